@@ -1,0 +1,2 @@
+// Shared device helpers for every fused pipeline: warp and block reductions.
+#pragma once

@@ -1,0 +1,247 @@
+//! Device layer: picks CPU or CUDA (`--device auto|cuda|cpu`), compiles the embedded `fused/*.cu`
+//! kernels with NVRTC for the GPU's own compute capability (PTX cached on disk by content hash), and
+//! holds the launch helpers every pipeline shares (dynamic shared memory opt-in, error context).
+//!
+//! cudarc loads libcuda and libnvrtc at run time and panics when one is missing or lacks a symbol;
+//! every entry into cudarc from here runs under `quietly`, which turns such a panic into an error.
+
+use anyhow::{Context, Result, anyhow, bail};
+use cudarc::driver::sys::CUfunction_attribute_enum as FuncAttr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+
+/// One `fused/*.cu` file, with its local includes inlined by build.rs.
+#[derive(Debug)]
+pub struct KernelSource {
+    pub name: &'static str,
+    pub hash: &'static str,
+    pub source: &'static str,
+}
+
+pub fn kernel_source(name: &str) -> Result<&'static KernelSource> {
+    KERNEL_SOURCES
+        .iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| anyhow!("kernel file fused/{name}.cu is not embedded in this binary"))
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// A CUDA GPU when one is usable, otherwise the CPU
+    #[default]
+    Auto,
+    /// A CUDA GPU, or an error saying why none is usable
+    Cuda,
+    /// The CPU reference implementation
+    Cpu,
+}
+
+/// Where a pipeline runs.
+pub enum Backend {
+    Cpu,
+    Cuda(Arc<Gpu>),
+}
+
+impl Backend {
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Cpu => "cpu".into(),
+            Backend::Cuda(gpu) => format!("cuda ({})", gpu.describe()),
+        }
+    }
+}
+
+/// Resolves `--device`. `auto` says on stderr what it picked and why (unless `quiet`).
+pub fn select(choice: DeviceChoice, quiet: bool) -> Result<Backend> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Backend::Cpu),
+        DeviceChoice::Cuda => Gpu::open(0).map(|gpu| Backend::Cuda(Arc::new(gpu))).context("--device cuda"),
+        DeviceChoice::Auto => match Gpu::open(0) {
+            Ok(gpu) => {
+                if !quiet {
+                    eprintln!("device: cuda, {} (--device auto found a usable GPU)", gpu.describe());
+                }
+                Ok(Backend::Cuda(Arc::new(gpu)))
+            }
+            Err(why) => {
+                if !quiet {
+                    eprintln!("device: cpu (--device auto: no usable GPU: {why:#})");
+                }
+                Ok(Backend::Cpu)
+            }
+        },
+    }
+}
+
+/// Runs `f`, turning a panic inside it (cudarc's missing-library or missing-symbol panics) into an error,
+/// without the panic message or a backtrace reaching the terminal.
+pub fn quietly<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    static HOOK_LOCK: Mutex<()> = Mutex::new(());
+    let _guard = HOOK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    match outcome {
+        Ok(result) => result,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown failure");
+            let msg = msg.split(" - searched for").next().unwrap_or(msg);
+            Err(anyhow!("{what}: {msg}"))
+        }
+    }
+}
+
+/// Checks that libnvrtc can be loaded, with a message that says what to install.
+pub fn nvrtc_available() -> Result<()> {
+    // SAFETY: only tries dlopen on cudarc's candidate library names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        bail!(
+            "NVRTC (libnvrtc.so) not found: install the CUDA toolkit's NVRTC, or `pip install \
+             nvidia-cuda-nvrtc-cu12` and add its nvidia/cuda_nvrtc/lib to LD_LIBRARY_PATH"
+        )
+    }
+}
+
+/// An opened CUDA GPU: one context, one stream, the device limits the launch code needs, and the
+/// kernel modules loaded so far.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub sm_count: u32,
+    /// Largest dynamic shared memory a block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+    pub max_shared_optin: usize,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+}
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        // SAFETY: only tries dlopen on cudarc's candidate library names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            bail!("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver)");
+        }
+        nvrtc_available()?;
+        quietly("CUDA initialisation failed", || {
+            use cudarc::driver::sys::CUdevice_attribute as Attr;
+            let count = CudaContext::device_count().map_err(|e| anyhow!("the driver reports {e}"))?;
+            if count <= ordinal as i32 {
+                bail!("no CUDA GPU found (the driver sees {count})");
+            }
+            let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a context on GPU {ordinal}: {e}"))?;
+            // One stream, no cross-stream event bookkeeping: it would add event records to captured graphs.
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx.default_stream();
+            let name = ctx.name()?;
+            let compute_capability = ctx.compute_capability()?;
+            let sm_count = ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+            let max_shared_optin =
+                ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+            Ok(Gpu { ctx, stream, name, compute_capability, sm_count, max_shared_optin, modules: Mutex::default() })
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        let (major, minor) = self.compute_capability;
+        format!("{}, sm_{major}{minor}, {} SMs", self.name, self.sm_count)
+    }
+
+    /// Loads one kernel of `fused/{unit}.cu`, compiling the file on first use.
+    pub fn function(&self, unit: &'static str, kernel: &str) -> Result<CudaFunction> {
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            match modules.get(unit) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = compile_cached(kernel_source(unit)?, self.compute_capability)?;
+                    let module = quietly("loading kernels", || {
+                        self.ctx
+                            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                            .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
+                    })?;
+                    modules.insert(unit, module.clone());
+                    module
+                }
+            }
+        };
+        module.load_function(kernel).with_context(|| format!("kernel {kernel} not found in fused/{unit}.cu"))
+    }
+
+    /// Allows `func` to use `bytes` of dynamic shared memory, opting in above the 48 KB default. When the
+    /// device cannot give that much, the error names the flag that shrinks it (`hint`, e.g. "--hidden").
+    pub fn reserve_shared(&self, func: &CudaFunction, bytes: usize, hint: &str) -> Result<()> {
+        let static_bytes = func.shared_size_bytes().unwrap_or(0) as usize;
+        if bytes + static_bytes > self.max_shared_optin {
+            bail!(
+                "this model shape needs {} KB of shared memory per block but {} allows {} KB; lower {hint}",
+                (bytes + static_bytes).div_ceil(1024),
+                self.name,
+                self.max_shared_optin / 1024
+            );
+        }
+        func.set_attribute(FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+            .with_context(|| format!("cannot opt in to {bytes} bytes of dynamic shared memory"))
+    }
+}
+
+/// NVRTC target for a compute capability: the virtual architecture, so the driver JITs for the exact GPU.
+pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {
+    format!("compute_{}{}", compute_capability.0, compute_capability.1)
+}
+
+/// Compiles `unit` to PTX with NVRTC (no cache). Errors carry NVRTC's log.
+pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32)) -> Result<String> {
+    nvrtc_available()?;
+    quietly("NVRTC", || {
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![
+                format!("--gpu-architecture={}", nvrtc_arch(compute_capability)),
+                "--std=c++17".into(),
+                "-default-device".into(),
+            ],
+            name: Some(format!("{}.cu", unit.name)),
+            ..Default::default()
+        };
+        match cudarc::nvrtc::compile_ptx_with_opts(unit.source, opts) {
+            Ok(ptx) => Ok(ptx.to_src()),
+            Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
+                bail!("NVRTC could not compile fused/{}.cu:\n{}", unit.name, log.to_string_lossy())
+            }
+            Err(e) => bail!("NVRTC failed on fused/{}.cu: {e:?}", unit.name),
+        }
+    })
+}
+
+/// Where compiled PTX is kept: `$TEXTNET_CACHE`, else the user's cache directory.
+pub fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("TEXTNET_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
+}
+
+/// `compile_ptx` behind an on-disk cache keyed by the source hash and the target architecture.
+/// A cache that cannot be read or written only costs a recompile.
+pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32)) -> Result<String> {
+    let file = cache_dir()
+        .map(|dir| dir.join("ptx").join(format!("{}-{}-{}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability))));
+    if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        return Ok(ptx);
+    }
+    let ptx = compile_ptx(unit, compute_capability)?;
+    if let Some(file) = file {
+        let _ = crate::fsutil::write_atomic(&file, ptx.as_bytes());
+    }
+    Ok(ptx)
+}

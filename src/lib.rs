@@ -1,0 +1,10 @@
+//! textnet: small neural networks trained with hand-written fused CUDA kernels (compiled at run time by
+//! NVRTC), each pipeline with a plain CPU reference of the same math.
+
+pub mod bench;
+pub mod cpu;
+pub mod device;
+pub mod fsutil;
+pub mod mnist;
+pub mod selftest;
+pub mod text;

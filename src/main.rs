@@ -1,0 +1,53 @@
+//! The `textnet` command line. Each subcommand lives with its pipeline; this file only dispatches and
+//! turns errors into one line on stderr and a non-zero exit.
+
+use clap::{Parser, Subcommand};
+use textnet::{bench, mnist, selftest, text};
+
+#[derive(Parser)]
+#[command(name = "textnet", version, about = "Small neural networks trained with fused CUDA kernels, with a CPU reference for each", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train the next-token model on a UTF-8 text corpus and write a .safetensors model file
+    Train(text::cli::TrainArgs),
+    /// Print the likeliest next tokens after a context, using a trained model file
+    Predict(text::cli::PredictArgs),
+    /// Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)
+    Mnist(mnist::cli::MnistArgs),
+    /// Check every GPU kernel against the CPU reference on this machine's GPU
+    Selftest(selftest::SelftestArgs),
+    /// Measure training speed on the GPU (text model, or `bench mnist`)
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    // Last line of defence: an internal bug prints one line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("unknown");
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
+    }));
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(args) => text::cli::train(args),
+        Command::Predict(args) => text::cli::predict(args),
+        Command::Mnist(args) => mnist::cli::run(args),
+        Command::Selftest(args) => selftest::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    if let Err(err) = result {
+        let text = format!("{err:#}");
+        eprintln!("textnet: error: {}", text.trim_end());
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,2 @@
+//! The MNIST / Fashion-MNIST classifier pipeline.
+pub mod cli;

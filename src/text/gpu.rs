@@ -1,0 +1,1 @@
+//! GPU text trainer (placeholder).

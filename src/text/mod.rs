@@ -1,0 +1,45 @@
+//! The text pipeline: corpus → tokens → vocabulary → next-token model, trained on the CPU reference
+//! (`model`) or the fused CUDA kernels (`gpu`, kernels in `fused/text.cu`).
+
+pub mod model;
+pub mod cli;
+pub mod gpu;
+
+use anyhow::Result;
+use model::{EvalSums, TextParams};
+
+/// A training backend. It owns the parameters (on the GPU: resident in device memory) and the token
+/// stream; callers address samples by the position of their target token in that stream.
+pub trait TextTrainer {
+    /// Trains on the samples at `positions`, in that order, `batch` samples per SGD step (the last step
+    /// may be shorter). Returns the summed per-sample loss.
+    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64>;
+    /// Loss and top-1/top-5 hits over `positions`, without updating anything.
+    fn evaluate(&mut self, positions: &[u32]) -> Result<EvalSums>;
+    /// A host copy of the current parameters.
+    fn params(&mut self) -> Result<TextParams>;
+}
+
+/// The CPU reference as a trainer.
+pub struct CpuTrainer {
+    pub params: TextParams,
+    pub tokens: std::sync::Arc<[u32]>,
+}
+
+impl TextTrainer for CpuTrainer {
+    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
+        let mut loss = 0.0;
+        for step in positions.chunks(batch.max(1)) {
+            loss += model::train_step(&mut self.params, &self.tokens, step, lr);
+        }
+        Ok(loss)
+    }
+
+    fn evaluate(&mut self, positions: &[u32]) -> Result<EvalSums> {
+        Ok(model::evaluate(&self.params, &self.tokens, positions))
+    }
+
+    fn params(&mut self) -> Result<TextParams> {
+        Ok(self.params.clone())
+    }
+}

@@ -1,2 +1,62 @@
-// Shared device helpers for every fused pipeline: warp and block reductions.
+// Device helpers shared by every fused pipeline: warp reductions, the online-softmax pair, and the
+// conventions the Rust launch layer relies on (256-thread blocks, extern dynamic shared memory).
+//
+// The launch layer (src/device.rs) compiles each fused/*.cu with NVRTC for the GPU it runs on and
+// passes the model's fixed sizes as -D defines, so per-lane register arrays have compile-time bounds.
 #pragma once
+
+#define FULL_MASK 0xffffffffu
+#define THREADS 256
+#define WARPS (THREADS / 32)
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+// Sum over a whole block of THREADS threads; every thread gets the result. `scratch` holds WARPS floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < WARPS ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// Softmax normaliser of a set of logits kept as (max, Σ exp(x − max)), so partial sets computed by
+// different warps or blocks combine exactly without a second pass over the logits.
+struct SoftmaxStat {
+    float max;
+    float sum;
+};
+
+__device__ __forceinline__ SoftmaxStat softmax_stat_empty() { return {NEG_INF, 0.0f}; }
+
+__device__ __forceinline__ SoftmaxStat softmax_merge(SoftmaxStat a, SoftmaxStat b) {
+    const float m = fmaxf(a.max, b.max);
+    if (m == NEG_INF) return a;
+    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+__device__ __forceinline__ SoftmaxStat softmax_push(SoftmaxStat a, float logit) {
+    return softmax_merge(a, {logit, 1.0f});
+}
+
+__device__ __forceinline__ SoftmaxStat warp_softmax_merge(SoftmaxStat s) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        SoftmaxStat o = {__shfl_xor_sync(FULL_MASK, s.max, offset), __shfl_xor_sync(FULL_MASK, s.sum, offset)};
+        s = softmax_merge(s, o);
+    }
+    return s;
+}

@@ -1,1 +1,377 @@
+// The text model's training step as three fused kernels (CPU twin: src/text/model.rs).
+//
+//   x = mean E[context]   z1 = W1·x + b1   h = ReLU(z1)   logits = W2·h + b2   loss = −log softmax[target]
+//
+// The output layer (V×H, 8 MB at V=8192, H=256) is the cost; it is split over the whole GPU: block b owns
+// vocabulary rows [b·R, b·R+R). Each step is
+//   1. text_forward   every block recomputes x and h (a few KB of work) so that no grid-wide barrier is
+//                     needed, forms its rows' logits and their softmax partial (max, Σexp) per sample.
+//   2. text_backward  every block combines the G partials into the global normaliser, forms
+//                     dlogits = (p − onehot)/B for its rows, reads each W2 row once and uses it twice:
+//                     dh partial from the old row and the SGD update of that row (W2 and b2 are updated
+//                     here, in place, while the row is in registers). The block owning the target adds
+//                     the sample's loss to a running double.
+//   3. text_update    blocks own hidden rows: sum the G dh partials, ReLU mask, update W1 and b1, and add
+//                     −lr/N · (W1ᵀ·dz1) into each context token's embedding row (atomics: a token may
+//                     appear in several contexts of a batch).
+// A step's samples are positions[*cursor + offset .. + B): the cursor lives on the device, so a CUDA graph
+// of many steps replays unchanged and text_advance moves the cursor after it.
+//
+// B samples go through each kernel SB at a time (SB compile-time, so accumulators stay in registers);
+// when B > SB the W2 gradient of the block's rows is summed in shared memory and applied at the end.
 #include "common.cuh"
+
+#ifndef TEXT_D
+#define TEXT_D 64
+#endif
+#ifndef TEXT_H
+#define TEXT_H 256
+#endif
+#ifndef TEXT_SB
+#define TEXT_SB 8
+#endif
+
+constexpr int D = TEXT_D;
+constexpr int H = TEXT_H;
+constexpr int SB = TEXT_SB;
+constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
+constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane
+constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per warp
+
+__device__ __forceinline__ unsigned sample_position(const unsigned* positions, const unsigned* cursor,
+                                                    unsigned offset, int s) {
+    return positions[*cursor + offset + s];
+}
+
+// xs[s][d] = mean over the N context tokens of E[token][d], for the chunk's samples.
+__device__ void load_context_means(float* xs, const float* E, const unsigned* tokens, const unsigned* positions,
+                                   const unsigned* cursor, unsigned offset, int c0, int sb, int N) {
+    const float inv_n = 1.0f / N;
+    for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+        const int s = i / D, d = i % D;
+        const unsigned pos = sample_position(positions, cursor, offset, c0 + s);
+        float sum = 0.0f;
+        for (int n = 0; n < N; ++n) sum += E[(size_t)tokens[pos - N + n] * D + d];
+        xs[i] = sum * inv_n;
+    }
+}
+
+// dynamic shared memory: xs[SB][D], hs[SB][H]
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_forward(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
+             const float* __restrict__ W2, const float* __restrict__ b2,
+             const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+             const unsigned* __restrict__ cursor, unsigned offset, int V, int N, int B, int rows_per_block,
+             float* __restrict__ x_out, float* __restrict__ z1_out, float* __restrict__ logits,
+             SoftmaxStat* __restrict__ stats) {
+    extern __shared__ float smem[];
+    float* xs = smem;
+    float* hs = xs + SB * D;
+    __shared__ SoftmaxStat warp_stats[WARPS][SB];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = blockIdx.x * rows_per_block;
+    const int rows = min(rows_per_block, V - row0);
+    const bool writes_hidden = blockIdx.x == 0;
+
+    for (int c0 = 0; c0 < B; c0 += SB) {
+        const int sb = min(SB, B - c0);
+        load_context_means(xs, E, tokens, positions, cursor, offset, c0, sb, N);
+        __syncthreads();
+        if (writes_hidden)
+            for (int i = threadIdx.x; i < sb * D; i += THREADS) x_out[(size_t)c0 * D + i] = xs[i];
+
+        for (int j = warp; j < H; j += WARPS) {
+            float w[DP];
+#pragma unroll
+            for (int i = 0; i < DP; ++i) w[i] = (lane + 32 * i < D) ? W1[(size_t)j * D + lane + 32 * i] : 0.0f;
+            const float bias = b1[j];
+#pragma unroll
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DP; ++i)
+                    if (lane + 32 * i < D) acc += w[i] * xs[s * D + lane + 32 * i];
+                const float z = warp_sum(acc) + bias;
+                if (lane == 0) {
+                    hs[s * H + j] = fmaxf(z, 0.0f);
+                    if (writes_hidden) z1_out[(size_t)(c0 + s) * H + j] = z;
+                }
+            }
+        }
+        __syncthreads();
+
+        SoftmaxStat st[SB];
+#pragma unroll
+        for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
+        for (int r = warp; r < rows; r += WARPS) {
+            const int v = row0 + r;
+            float w[HP];
+#pragma unroll
+            for (int i = 0; i < HP; ++i) w[i] = (lane + 32 * i < H) ? W2[(size_t)v * H + lane + 32 * i] : 0.0f;
+            const float bias = b2[v];
+#pragma unroll
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < HP; ++i)
+                    if (lane + 32 * i < H) acc += w[i] * hs[s * H + lane + 32 * i];
+                const float logit = warp_sum(acc) + bias;
+                if (lane == 0) logits[(size_t)(c0 + s) * V + v] = logit;
+                st[s] = softmax_push(st[s], logit);
+            }
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int s = 0; s < SB; ++s) warp_stats[warp][s] = st[s];
+        __syncthreads();
+        if (threadIdx.x < sb) {
+            SoftmaxStat total = softmax_stat_empty();
+            for (int w = 0; w < WARPS; ++w) total = softmax_merge(total, warp_stats[w][threadIdx.x]);
+            stats[(size_t)(c0 + threadIdx.x) * gridDim.x + blockIdx.x] = total;
+        }
+        __syncthreads();
+    }
+}
+
+// Global softmax normaliser of sample s from the G block partials: one warp. Returns (max, sum).
+__device__ __forceinline__ SoftmaxStat combine_partials(const SoftmaxStat* stats, int s, int G) {
+    const int lane = threadIdx.x % 32;
+    SoftmaxStat st = softmax_stat_empty();
+    for (int g = lane; g < G; g += 32) st = softmax_merge(st, stats[(size_t)s * G + g]);
+    return warp_softmax_merge(st);
+}
+
+// dynamic shared memory: hs[SB][H], dh[SB][H], dl[SB][R], and when B > SB: gw2[R][H], gb2[R]
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __restrict__ logits,
+              const SoftmaxStat* __restrict__ stats, const float* __restrict__ z1,
+              const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+              const unsigned* __restrict__ cursor, unsigned offset, int V, int B, int rows_per_block, float lr,
+              float* __restrict__ dh_partial, double* __restrict__ loss_sum) {
+    extern __shared__ float smem[];
+    const int R = rows_per_block;
+    float* hs = smem;
+    float* dh = hs + SB * H;
+    float* dl = dh + SB * H;
+    float* gw2 = dl + SB * R;
+    float* gb2 = gw2 + (size_t)R * H;
+    __shared__ float norm_max[SB], norm_inv_sum[SB];
+    __shared__ unsigned targets[SB];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int G = gridDim.x;
+    const int row0 = blockIdx.x * R;
+    const int rows = min(R, V - row0);
+    const bool one_chunk = B <= SB;
+    const float inv_b = 1.0f / B;
+
+    if (!one_chunk) {
+        for (int i = threadIdx.x; i < rows * H; i += THREADS) gw2[i] = 0.0f;
+        for (int i = threadIdx.x; i < rows; i += THREADS) gb2[i] = 0.0f;
+    }
+    for (int c0 = 0; c0 < B; c0 += SB) {
+        const int sb = min(SB, B - c0);
+        for (int s = warp; s < sb; s += WARPS) {
+            const SoftmaxStat st = combine_partials(stats, c0 + s, G);
+            if (lane == 0) {
+                const unsigned target = tokens[sample_position(positions, cursor, offset, c0 + s)];
+                norm_max[s] = st.max;
+                norm_inv_sum[s] = 1.0f / st.sum;
+                targets[s] = target;
+                if ((int)target >= row0 && (int)target < row0 + rows) {
+                    const float logsumexp = st.max + logf(st.sum);
+                    atomicAdd(loss_sum, (double)(logsumexp - logits[(size_t)(c0 + s) * V + target]));
+                }
+            }
+        }
+        for (int i = threadIdx.x; i < sb * H; i += THREADS) {
+            hs[i] = fmaxf(z1[(size_t)c0 * H + i], 0.0f);
+            dh[i] = 0.0f;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < sb * rows; i += THREADS) {
+            const int s = i / rows, r = i % rows, v = row0 + r;
+            const float p = expf(logits[(size_t)(c0 + s) * V + v] - norm_max[s]) * norm_inv_sum[s];
+            dl[s * R + r] = (p - (targets[s] == (unsigned)v ? 1.0f : 0.0f)) * inv_b;
+        }
+        __syncthreads();
+
+        float dh_acc[SB][HP];
+#pragma unroll
+        for (int s = 0; s < SB; ++s)
+#pragma unroll
+            for (int i = 0; i < HP; ++i) dh_acc[s][i] = 0.0f;
+        for (int r = warp; r < rows; r += WARPS) {
+            const int v = row0 + r;
+            float w[HP], gw[HP];
+#pragma unroll
+            for (int i = 0; i < HP; ++i) {
+                w[i] = (lane + 32 * i < H) ? W2[(size_t)v * H + lane + 32 * i] : 0.0f;
+                gw[i] = 0.0f;
+            }
+            float gb = 0.0f;
+#pragma unroll
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                const float g = dl[s * R + r];
+                gb += g;
+#pragma unroll
+                for (int i = 0; i < HP; ++i) {
+                    dh_acc[s][i] += g * w[i];
+                    if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
+                }
+            }
+            if (one_chunk) {
+#pragma unroll
+                for (int i = 0; i < HP; ++i)
+                    if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[i] - lr * gw[i];
+                if (lane == 0) b2[v] -= lr * gb;
+            } else {
+#pragma unroll
+                for (int i = 0; i < HP; ++i)
+                    if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
+                if (lane == 0) gb2[r] += gb;
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < SB; ++s) {
+            if (s >= sb) break;
+#pragma unroll
+            for (int i = 0; i < HP; ++i)
+                if (lane + 32 * i < H) atomicAdd(&dh[s * H + lane + 32 * i], dh_acc[s][i]);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < sb * H; i += THREADS) {
+            const int s = i / H, k = i % H;
+            dh_partial[((size_t)(c0 + s) * G + blockIdx.x) * H + k] = dh[i];
+        }
+        __syncthreads();
+    }
+    if (!one_chunk) {
+        for (int i = threadIdx.x; i < rows * H; i += THREADS) W2[(size_t)row0 * H + i] -= lr * gw2[i];
+        for (int i = threadIdx.x; i < rows; i += THREADS) b2[row0 + i] -= lr * gb2[i];
+    }
+}
+
+// One block per UPDATE_ROWS hidden rows. dynamic shared memory: xs[SB][D], dx[SB][D], dz[SB][UPDATE_ROWS]
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1,
+            const float* __restrict__ x, const float* __restrict__ z1, const float* __restrict__ dh_partial,
+            const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+            const unsigned* __restrict__ cursor, unsigned offset, int N, int B, int G, float lr) {
+    extern __shared__ float smem[];
+    float* xs = smem;
+    float* dx = xs + SB * D;
+    float* dz = dx + SB * D;
+    __shared__ float partial[THREADS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int j0 = blockIdx.x * UPDATE_ROWS;
+    const int j = j0 + warp;  // this warp's hidden row
+    const bool has_row = j < H;
+
+    float w[DP], gw[DP];
+#pragma unroll
+    for (int i = 0; i < DP; ++i) {
+        w[i] = (has_row && lane + 32 * i < D) ? W1[(size_t)j * D + lane + 32 * i] : 0.0f;
+        gw[i] = 0.0f;
+    }
+    float gb = 0.0f;
+    const float embed_scale = -lr / N;
+
+    for (int c0 = 0; c0 < B; c0 += SB) {
+        const int sb = min(SB, B - c0);
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+            xs[i] = x[(size_t)c0 * D + i];
+            dx[i] = 0.0f;
+        }
+        // dz[s][r] = Σ_g dh_partial[s][g][j0 + r], masked by ReLU'(z1): thread (g_lane, r) sums a stride of g.
+        {
+            const int r = threadIdx.x % UPDATE_ROWS, g_lane = threadIdx.x / UPDATE_ROWS;
+            constexpr int G_LANES = THREADS / UPDATE_ROWS;
+            for (int s = 0; s < sb; ++s) {
+                float sum = 0.0f;
+                if (j0 + r < H)
+                    for (int g = g_lane; g < G; g += G_LANES)
+                        sum += dh_partial[((size_t)(c0 + s) * G + g) * H + j0 + r];
+                partial[threadIdx.x] = sum;
+                __syncthreads();
+                if (threadIdx.x < UPDATE_ROWS) {
+                    float total = 0.0f;
+                    for (int l = 0; l < G_LANES; ++l) total += partial[l * UPDATE_ROWS + threadIdx.x];
+                    const int jj = j0 + threadIdx.x;
+                    dz[s * UPDATE_ROWS + threadIdx.x] =
+                        (jj < H && z1[(size_t)(c0 + s) * H + jj] > 0.0f) ? total : 0.0f;
+                }
+                __syncthreads();
+            }
+        }
+        if (has_row) {
+            for (int s = 0; s < sb; ++s) {
+                const float g = dz[s * UPDATE_ROWS + warp];
+                gb += g;
+#pragma unroll
+                for (int i = 0; i < DP; ++i) {
+                    const int k = lane + 32 * i;
+                    if (k < D) {
+                        gw[i] += g * xs[s * D + k];
+                        atomicAdd(&dx[s * D + k], g * w[i]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+            const int s = i / D, d = i % D;
+            const unsigned pos = sample_position(positions, cursor, offset, c0 + s);
+            const float delta = embed_scale * dx[i];
+            for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)tokens[pos - N + n] * D + d], delta);
+        }
+        __syncthreads();
+    }
+    if (has_row) {
+#pragma unroll
+        for (int i = 0; i < DP; ++i)
+            if (lane + 32 * i < D) W1[(size_t)j * D + lane + 32 * i] = w[i] - lr * gw[i];
+        if (lane == 0) b1[j] -= lr * gb;
+    }
+}
+
+// Moves the device-side sample cursor past the steps just run.
+extern "C" __global__ void text_advance(unsigned* cursor, unsigned samples) { *cursor += samples; }
+
+// Evaluation: after text_forward, counts per sample how many logits beat the target's (its rank).
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_eval_rank(const float* __restrict__ logits, const unsigned* __restrict__ tokens,
+               const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
+               int V, int B, int rows_per_block, unsigned* __restrict__ rank) {
+    const int row0 = blockIdx.x * rows_per_block;
+    const int rows = min(rows_per_block, V - row0);
+    for (int i = threadIdx.x; i < B * rows; i += THREADS) {
+        const int s = i / rows, v = row0 + i % rows;
+        const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+        const float* row = logits + (size_t)s * V;
+        if (row[v] > row[target]) atomicAdd(&rank[s], 1u);
+    }
+}
+
+// Evaluation: loss and top-1/top-5 hits of the B samples into running sums; resets the ranks. One block.
+// sums: [0] loss (double); counts: [0] top-1 hits, [1] top-5 hits.
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_eval_finish(const float* __restrict__ logits, const SoftmaxStat* __restrict__ stats,
+                 const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+                 const unsigned* __restrict__ cursor, unsigned offset, int V, int B, int G,
+                 unsigned* __restrict__ rank, double* __restrict__ loss_sum,
+                 unsigned long long* __restrict__ counts) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int s = warp; s < B; s += WARPS) {
+        const SoftmaxStat st = combine_partials(stats, s, G);
+        if (lane == 0) {
+            const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+            atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - logits[(size_t)s * V + target]));
+            if (rank[s] == 0) atomicAdd(&counts[0], 1ull);
+            if (rank[s] < 5) atomicAdd(&counts[1], 1ull);
+            rank[s] = 0;
+        }
+    }
+}

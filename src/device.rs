@@ -124,7 +124,7 @@ pub struct Gpu {
     pub sm_count: u32,
     /// Largest dynamic shared memory a block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin).
     pub max_shared_optin: usize,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
 }
 
 impl Gpu {
@@ -158,25 +158,28 @@ impl Gpu {
         format!("{}, sm_{major}{minor}, {} SMs", self.name, self.sm_count)
     }
 
-    /// Loads one kernel of `fused/{unit}.cu`, compiling the file on first use.
-    pub fn function(&self, unit: &'static str, kernel: &str) -> Result<CudaFunction> {
-        let module = {
-            let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-            match modules.get(unit) {
-                Some(m) => m.clone(),
-                None => {
-                    let ptx = compile_cached(kernel_source(unit)?, self.compute_capability)?;
-                    let module = quietly("loading kernels", || {
-                        self.ctx
-                            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                            .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
-                    })?;
-                    modules.insert(unit, module.clone());
-                    module
-                }
-            }
-        };
-        module.load_function(kernel).with_context(|| format!("kernel {kernel} not found in fused/{unit}.cu"))
+    /// The module of `fused/{unit}.cu` compiled with `defines` (the model's fixed sizes, as `-DNAME=value`),
+    /// compiled and loaded on first use and kept for the life of this `Gpu`.
+    pub fn module(&self, unit: &'static str, defines: &[(&str, i64)]) -> Result<Arc<CudaModule>> {
+        let defines: Vec<String> = defines.iter().map(|(name, value)| format!("-D{name}={value}")).collect();
+        let key = format!("{unit} {}", defines.join(" "));
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(module) = modules.get(&key) {
+            return Ok(module.clone());
+        }
+        let ptx = compile_cached(kernel_source(unit)?, self.compute_capability, &defines)?;
+        let module = quietly("loading kernels", || {
+            self.ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
+        })?;
+        modules.insert(key, module.clone());
+        Ok(module)
+    }
+
+    /// One kernel of a loaded module, with the error naming it.
+    pub fn function(module: &Arc<CudaModule>, kernel: &str) -> Result<CudaFunction> {
+        module.load_function(kernel).with_context(|| format!("kernel {kernel} not found"))
     }
 
     /// Allows `func` to use `bytes` of dynamic shared memory, opting in above the 48 KB default. When the
@@ -201,8 +204,9 @@ pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {
     format!("compute_{}{}", compute_capability.0, compute_capability.1)
 }
 
-/// Compiles `unit` to PTX with NVRTC (no cache). Errors carry NVRTC's log.
-pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32)) -> Result<String> {
+/// Compiles `unit` to PTX with NVRTC (no cache), with extra options such as `-DNAME=value`.
+/// Errors carry NVRTC's log.
+pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
     nvrtc_available()?;
     quietly("NVRTC", || {
         let opts = cudarc::nvrtc::CompileOptions {
@@ -210,7 +214,10 @@ pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32)) -> Resul
                 format!("--gpu-architecture={}", nvrtc_arch(compute_capability)),
                 "--std=c++17".into(),
                 "-default-device".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().cloned())
+            .collect(),
             name: Some(format!("{}.cu", unit.name)),
             ..Default::default()
         };
@@ -231,15 +238,17 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
 }
 
-/// `compile_ptx` behind an on-disk cache keyed by the source hash and the target architecture.
+/// `compile_ptx` behind an on-disk cache keyed by the source hash, the options and the architecture.
 /// A cache that cannot be read or written only costs a recompile.
-pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32)) -> Result<String> {
-    let file = cache_dir()
-        .map(|dir| dir.join("ptx").join(format!("{}-{}-{}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability))));
+pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
+    let options: String = extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
+    let file = cache_dir().map(|dir| {
+        dir.join("ptx").join(format!("{}-{}-{}-{options}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability)))
+    });
     if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
         return Ok(ptx);
     }
-    let ptx = compile_ptx(unit, compute_capability)?;
+    let ptx = compile_ptx(unit, compute_capability, extra)?;
     if let Some(file) = file {
         let _ = crate::fsutil::write_atomic(&file, ptx.as_bytes());
     }

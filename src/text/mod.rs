@@ -4,6 +4,12 @@
 pub mod model;
 pub mod cli;
 pub mod gpu;
+pub mod corpus;
+pub mod modelfile;
+pub mod predict;
+pub mod tokenizer;
+pub mod train;
+pub mod vocab;
 
 use anyhow::Result;
 use model::{EvalSums, TextParams};

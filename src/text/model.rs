@@ -169,6 +169,8 @@ pub struct Grads {
     pub b1: Vec<f32>,
     pub w2: Vec<f32>,
     pub b2: Vec<f32>,
+    /// B×H: ∂(mean loss)/∂h of each sample (before the ReLU mask), what the kernels pass between them.
+    pub dh: Vec<f32>,
     /// B×D: ∂(mean loss)/∂x of each sample (already divided by B).
     pub dx: Vec<f32>,
 }
@@ -231,7 +233,7 @@ pub fn backward(p: &TextParams, contexts: &[&[u32]], targets: &[u32]) -> (Grads,
             axpy(dz, row, &mut dx[s * d..][..d]);
         }
     }
-    (Grads { w1, b1, w2, b2, dx }, loss_sum)
+    (Grads { w1, b1, w2, b2, dh, dx }, loss_sum)
 }
 
 /// SGD: θ ← θ − lr·g on every parameter, the embedding rows of each sample's context included.

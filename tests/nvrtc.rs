@@ -1,0 +1,28 @@
+//! Every `fused/*.cu` file compiles through NVRTC, for Hopper and Ampere, with default sizes and with
+//! awkward ones. Needs libnvrtc (CI installs the `nvidia-cuda-nvrtc-cu12` wheel), not a GPU; it fails,
+//! never skips, when NVRTC is missing.
+
+use textnet::device::{KERNEL_SOURCES, compile_ptx};
+
+#[test]
+fn every_fused_kernel_compiles_with_nvrtc() {
+    assert!(!KERNEL_SOURCES.is_empty(), "build.rs embedded no kernels");
+    for unit in KERNEL_SOURCES {
+        for cc in [(9, 0), (8, 0)] {
+            let ptx = compile_ptx(unit, cc, &[]).unwrap_or_else(|e| panic!("fused/{}.cu for sm_{}{}: {e:#}", unit.name, cc.0, cc.1));
+            assert!(ptx.contains(".entry"), "fused/{}.cu produced PTX without kernels", unit.name);
+        }
+    }
+}
+
+#[test]
+fn text_kernels_compile_for_odd_shapes() {
+    let unit = textnet::device::kernel_source("text").unwrap();
+    for (d, h, sb) in [(1, 1, 8), (33, 100, 8), (64, 256, 8), (1024, 2048, 1)] {
+        let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}"), format!("-DTEXT_SB={sb}")];
+        let ptx = compile_ptx(unit, (9, 0), &defines).unwrap_or_else(|e| panic!("D={d} H={h}: {e:#}"));
+        for kernel in ["text_forward", "text_backward", "text_update", "text_advance", "text_eval_rank", "text_eval_finish"] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
+        }
+    }
+}

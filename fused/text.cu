@@ -11,9 +11,9 @@
 //                     dh partial from the old row and the SGD update of that row (W2 and b2 are updated
 //                     here, in place, while the row is in registers). The block owning the target adds
 //                     the sample's loss to a running double.
-//   3. text_update    blocks own hidden rows: sum the G dh partials, ReLU mask, update W1 and b1, and add
-//                     −lr/N · (W1ᵀ·dz1) into each context token's embedding row (atomics: a token may
-//                     appear in several contexts of a batch).
+//   3. text_update    blocks own hidden rows: sum the G dh partials, ReLU mask, update W1 and b1, and
+//                     sum their share of dx = W1ᵀ·dz1; the last block to finish adds −lr/N·dx to each
+//                     context token's embedding row (atomics: a token may recur within a batch).
 // A step's samples are positions[*cursor + offset .. + B): the cursor lives on the device, so a CUDA graph
 // of many steps replays unchanged and text_advance moves the cursor after it.
 //
@@ -37,6 +37,21 @@ constexpr int SB = TEXT_SB;
 constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane
 constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per warp
+// Rows a warp loads before using any of them: enough independent loads in flight to cover L2 latency.
+constexpr int HIDDEN_GROUP = DP <= 2 ? 8 : 4;
+constexpr int ROW_GROUP = HP <= 8 ? 4 : (HP <= 16 ? 2 : 1);
+
+// w[q][i] = row (first + q) of an H-wide matrix, element lane + 32·i; rows past `count` read as zero.
+__device__ __forceinline__ void load_rows(float (&w)[ROW_GROUP][HP], const float* M, int first, int count) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int q = 0; q < ROW_GROUP; ++q)
+#pragma unroll
+        for (int i = 0; i < HP; ++i) {
+            const int k = lane + 32 * i;
+            w[q][i] = (q < count && k < H) ? M[(size_t)(first + q) * H + k] : 0.0f;
+        }
+}
 
 __device__ __forceinline__ unsigned sample_position(const unsigned* positions, const unsigned* cursor,
                                                     unsigned offset, int s) {
@@ -80,22 +95,33 @@ text_forward(const float* __restrict__ E, const float* __restrict__ W1, const fl
         if (writes_hidden)
             for (int i = threadIdx.x; i < sb * D; i += THREADS) x_out[(size_t)c0 * D + i] = xs[i];
 
-        for (int j = warp; j < H; j += WARPS) {
-            float w[DP];
+        // z1 = W1·x + b1: each warp takes HIDDEN_GROUP rows at a time, all their loads issued first.
+        for (int j0 = warp * HIDDEN_GROUP; j0 < H; j0 += WARPS * HIDDEN_GROUP) {
+            float w[HIDDEN_GROUP][DP];
 #pragma unroll
-            for (int i = 0; i < DP; ++i) w[i] = (lane + 32 * i < D) ? W1[(size_t)j * D + lane + 32 * i] : 0.0f;
-            const float bias = b1[j];
+            for (int q = 0; q < HIDDEN_GROUP; ++q)
 #pragma unroll
-            for (int s = 0; s < SB; ++s) {
-                if (s >= sb) break;
-                float acc = 0.0f;
+                for (int i = 0; i < DP; ++i) {
+                    const int k = lane + 32 * i;
+                    w[q][i] = (j0 + q < H && k < D) ? W1[(size_t)(j0 + q) * D + k] : 0.0f;
+                }
 #pragma unroll
-                for (int i = 0; i < DP; ++i)
-                    if (lane + 32 * i < D) acc += w[i] * xs[s * D + lane + 32 * i];
-                const float z = warp_sum(acc) + bias;
-                if (lane == 0) {
-                    hs[s * H + j] = fmaxf(z, 0.0f);
-                    if (writes_hidden) z1_out[(size_t)(c0 + s) * H + j] = z;
+            for (int q = 0; q < HIDDEN_GROUP; ++q) {
+                const int j = j0 + q;
+                if (j >= H) break;
+                const float bias = b1[j];
+#pragma unroll
+                for (int s = 0; s < SB; ++s) {
+                    if (s >= sb) break;
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < DP; ++i)
+                        if (lane + 32 * i < D) acc += w[q][i] * xs[s * D + lane + 32 * i];
+                    const float z = warp_sum(acc) + bias;
+                    if (lane == 0) {
+                        hs[s * H + j] = fmaxf(z, 0.0f);
+                        if (writes_hidden) z1_out[(size_t)(c0 + s) * H + j] = z;
+                    }
                 }
             }
         }
@@ -104,22 +130,25 @@ text_forward(const float* __restrict__ E, const float* __restrict__ W1, const fl
         SoftmaxStat st[SB];
 #pragma unroll
         for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
-        for (int r = warp; r < rows; r += WARPS) {
-            const int v = row0 + r;
-            float w[HP];
+        for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
+            float w[ROW_GROUP][HP];
+            load_rows(w, W2, row0 + r0, rows - r0);
 #pragma unroll
-            for (int i = 0; i < HP; ++i) w[i] = (lane + 32 * i < H) ? W2[(size_t)v * H + lane + 32 * i] : 0.0f;
-            const float bias = b2[v];
+            for (int q = 0; q < ROW_GROUP; ++q) {
+                if (r0 + q >= rows) break;
+                const int v = row0 + r0 + q;
+                const float bias = b2[v];
 #pragma unroll
-            for (int s = 0; s < SB; ++s) {
-                if (s >= sb) break;
-                float acc = 0.0f;
+                for (int s = 0; s < SB; ++s) {
+                    if (s >= sb) break;
+                    float acc = 0.0f;
 #pragma unroll
-                for (int i = 0; i < HP; ++i)
-                    if (lane + 32 * i < H) acc += w[i] * hs[s * H + lane + 32 * i];
-                const float logit = warp_sum(acc) + bias;
-                if (lane == 0) logits[(size_t)(c0 + s) * V + v] = logit;
-                st[s] = softmax_push(st[s], logit);
+                    for (int i = 0; i < HP; ++i)
+                        if (lane + 32 * i < H) acc += w[q][i] * hs[s * H + lane + 32 * i];
+                    const float logit = warp_sum(acc) + bias;
+                    if (lane == 0) logits[(size_t)(c0 + s) * V + v] = logit;
+                    st[s] = softmax_push(st[s], logit);
+                }
             }
         }
         if (lane == 0)
@@ -202,36 +231,39 @@ text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __res
         for (int s = 0; s < SB; ++s)
 #pragma unroll
             for (int i = 0; i < HP; ++i) dh_acc[s][i] = 0.0f;
-        for (int r = warp; r < rows; r += WARPS) {
-            const int v = row0 + r;
-            float w[HP], gw[HP];
+        for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
+            float w[ROW_GROUP][HP];
+            load_rows(w, W2, row0 + r0, rows - r0);
 #pragma unroll
-            for (int i = 0; i < HP; ++i) {
-                w[i] = (lane + 32 * i < H) ? W2[(size_t)v * H + lane + 32 * i] : 0.0f;
-                gw[i] = 0.0f;
-            }
-            float gb = 0.0f;
+            for (int q = 0; q < ROW_GROUP; ++q) {
+                const int r = r0 + q, v = row0 + r;
+                if (r >= rows) break;
+                float gw[HP];
 #pragma unroll
-            for (int s = 0; s < SB; ++s) {
-                if (s >= sb) break;
-                const float g = dl[s * R + r];
-                gb += g;
+                for (int i = 0; i < HP; ++i) gw[i] = 0.0f;
+                float gb = 0.0f;
 #pragma unroll
-                for (int i = 0; i < HP; ++i) {
-                    dh_acc[s][i] += g * w[i];
-                    if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
+                for (int s = 0; s < SB; ++s) {
+                    if (s >= sb) break;
+                    const float g = dl[s * R + r];
+                    gb += g;
+#pragma unroll
+                    for (int i = 0; i < HP; ++i) {
+                        dh_acc[s][i] += g * w[q][i];
+                        if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
+                    }
                 }
-            }
-            if (one_chunk) {
+                if (one_chunk) {
 #pragma unroll
-                for (int i = 0; i < HP; ++i)
-                    if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[i] - lr * gw[i];
-                if (lane == 0) b2[v] -= lr * gb;
-            } else {
+                    for (int i = 0; i < HP; ++i)
+                        if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[q][i] - lr * gw[i];
+                    if (lane == 0) b2[v] -= lr * gb;
+                } else {
 #pragma unroll
-                for (int i = 0; i < HP; ++i)
-                    if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
-                if (lane == 0) gb2[r] += gb;
+                    for (int i = 0; i < HP; ++i)
+                        if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
+                    if (lane == 0) gb2[r] += gb;
+                }
             }
         }
 #pragma unroll
@@ -259,7 +291,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1,
             const float* __restrict__ x, const float* __restrict__ z1, const float* __restrict__ dh_partial,
             const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-            const unsigned* __restrict__ cursor, unsigned offset, int N, int B, int G, float lr) {
+            const unsigned* __restrict__ cursor, unsigned offset, int N, int B, int G, float lr,
+            float* __restrict__ dx_sum, unsigned* __restrict__ ticket) {
     extern __shared__ float smem[];
     float* xs = smem;
     float* dx = xs + SB * D;
@@ -321,12 +354,7 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
             }
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
-            const int s = i / D, d = i % D;
-            const unsigned pos = sample_position(positions, cursor, offset, c0 + s);
-            const float delta = embed_scale * dx[i];
-            for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)tokens[pos - N + n] * D + d], delta);
-        }
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) atomicAdd(&dx_sum[(size_t)c0 * D + i], dx[i]);
         __syncthreads();
     }
     if (has_row) {
@@ -335,6 +363,24 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
             if (lane + 32 * i < D) W1[(size_t)j * D + lane + 32 * i] = w[i] - lr * gw[i];
         if (lane == 0) b1[j] -= lr * gb;
     }
+
+    // The last block to finish owns the complete dx of every sample: it adds −lr/N·dx to each context
+    // row once (one rounding per row, as on the CPU) and leaves dx_sum and the ticket zeroed.
+    __shared__ bool is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < B * D; i += THREADS) {
+        const int s = i / D, d = i % D;
+        const unsigned pos = sample_position(positions, cursor, offset, s);
+        const float delta = embed_scale * __ldcg(&dx_sum[i]);
+        dx_sum[i] = 0.0f;
+        for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)tokens[pos - N + n] * D + d], delta);
+    }
+    if (threadIdx.x == 0) *ticket = 0;
 }
 
 // Moves the device-side sample cursor past the steps just run.

@@ -84,7 +84,7 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let configs = [
         ("single-sample, CUDA graph", 1, 25_600, true),
         ("single-sample, plain launches", 1, 5_000, false),
-        ("batch 256, CUDA graph", 256, 512, true),
+        ("batch 256, CUDA graph", 256, 256, true),
         ("batch 4096, CUDA graph", 4096, 128, true),
     ];
     for (label, batch, steps, graph) in configs {
@@ -115,6 +115,33 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
             repeats_ms: times,
         });
     }
+    // Each kernel alone: a graph of 128 launches of it (single sample), replayed.
+    let mut per_kernel = Vec::new();
+    {
+        let mut t = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
+        let positions: Vec<u32> = (0..1024).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
+        t.set_positions(&positions)?;
+        t.launch_step(1, 0, lr)?;
+        for (name, which) in [("text_forward", 0), ("text_backward", 1), ("text_update", 2)] {
+            let graph = t.capture(|t| {
+                for _ in 0..128 {
+                    match which {
+                        0 => t.launch_forward(1, 0)?,
+                        1 => t.launch_backward(1, 0, lr)?,
+                        _ => t.launch_update(1, 0, lr)?,
+                    }
+                }
+                Ok(())
+            })?;
+            graph.launch()?;
+            t.synchronize()?;
+            let times: Vec<f64> = (0..repeats)
+                .map(|_| time_on_device(gpu, || Ok(graph.launch()?)).map(|ms| ms * 1e3 / 128.0))
+                .collect::<Result<_>>()?;
+            per_kernel.push(serde_json::json!({"kernel": name, "us_median": median(&times), "us": times}));
+        }
+        per_kernel.push(serde_json::json!({"resources (name, registers, local bytes)": t.kernel_resources()}));
+    }
     // The floor of a single-sample step: W2 is read in text_forward and read + written in text_backward;
     // each forward block also reads W1 (the price of needing no grid-wide barrier).
     let f = 4.0;
@@ -127,6 +154,7 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
             "shape": {"vocab": shape.vocab, "embed": shape.embed, "hidden": shape.hidden, "context": shape.context},
             "grid": layout.grid, "rows_per_block": layout.rows_per_block,
             "single_sample_bytes_per_step": bytes_step,
+            "single_sample_kernels": per_kernel,
             "rows": rows,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -138,6 +166,9 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
                 "{:<32} {:>6} {:>8} {:>12.0} {:>14.0} {:>10.2}",
                 r.mode, r.batch, r.steps, r.steps_per_s, r.samples_per_s, r.us_per_step
             );
+        }
+        for k in &per_kernel {
+            println!("{k}");
         }
         println!(
             "single-sample bytes per step ≈ {:.1} MB → {:.1} µs at 5 TB/s (L2)",

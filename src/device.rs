@@ -143,7 +143,8 @@ impl Gpu {
             let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a context on GPU {ordinal}: {e}"))?;
             // One stream, no cross-stream event bookkeeping: it would add event records to captured graphs.
             unsafe { ctx.disable_event_tracking() };
-            let stream = ctx.default_stream();
+            // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
+            let stream = ctx.new_stream().map_err(|e| anyhow!("cannot create a stream: {e}"))?;
             let name = ctx.name()?;
             let compute_capability = ctx.compute_capability()?;
             let sm_count = ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;

@@ -1,2 +1,162 @@
-//! The MNIST / Fashion-MNIST classifier pipeline.
+//! The MNIST / Fashion-MNIST classifier (784 → hidden → 10 MLP): IDX loading (`idx`, `data`), the model
+//! and its CPU reference (`model`), the optimizers as flat elementwise updates (`optim`), the epoch loop
+//! (`train`) and `textnet mnist` (`cli`).
+//!
+//! Backends implement `MnistTrainer`. The caller hands a backend both splits once, as contiguous
+//! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every
+//! backend sees the same shuffles and the CPU reference can check any of them.
+
 pub mod cli;
+pub mod data;
+pub mod idx;
+pub mod model;
+pub mod optim;
+pub mod train;
+
+use crate::device::{Backend, Gpu};
+use anyhow::{Result, bail};
+use idx::Split;
+use model::{MlpParams, Workspace};
+use optim::{OptimConfig, Optimizer};
+use std::sync::Arc;
+
+/// Loss and confusion counts over an evaluation set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    pub samples: u64,
+    /// Summed per-sample loss.
+    pub loss: f64,
+    /// classes × classes, row = true class, column = predicted class.
+    pub confusion: Vec<u64>,
+    pub classes: usize,
+}
+
+impl Evaluation {
+    pub fn new(classes: usize) -> Evaluation {
+        Evaluation { samples: 0, loss: 0.0, confusion: vec![0; classes * classes], classes }
+    }
+
+    pub fn record(&mut self, truth: usize, predicted: usize) {
+        self.samples += 1;
+        self.confusion[truth * self.classes + predicted] += 1;
+    }
+
+    pub fn correct(&self) -> u64 {
+        (0..self.classes).map(|k| self.confusion[k * self.classes + k]).sum()
+    }
+
+    pub fn accuracy(&self) -> f64 {
+        self.correct() as f64 / self.samples.max(1) as f64
+    }
+
+    pub fn mean_loss(&self) -> f64 {
+        self.loss / self.samples.max(1) as f64
+    }
+
+    /// The confusion matrix as rows.
+    pub fn confusion_rows(&self) -> Vec<Vec<u64>> {
+        self.confusion.chunks(self.classes).map(<[u64]>::to_vec).collect()
+    }
+}
+
+/// A training backend. It owns the parameters, the optimizer state and both splits (on a GPU: resident
+/// in device memory).
+pub trait MnistTrainer {
+    /// One pass over the training samples `order` (indices into the training split), `batch` per
+    /// optimizer step (the last step may be shorter). Calls `progress` with the number of samples done
+    /// so far, at least once per step or group of steps. Returns the summed per-sample loss.
+    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64>;
+    /// Loss and confusion matrix over the whole test split, without updating anything.
+    fn evaluate(&mut self) -> Result<Evaluation>;
+    /// A host copy of the current parameters.
+    fn params(&mut self) -> Result<MlpParams>;
+}
+
+/// The trainer for `backend`.
+pub fn trainer(
+    backend: &Backend,
+    params: MlpParams,
+    optim: OptimConfig,
+    train: Arc<Split>,
+    test: Arc<Split>,
+) -> Result<Box<dyn MnistTrainer>> {
+    match backend {
+        Backend::Cpu => Ok(Box::new(CpuTrainer::new(params, optim, train, test))),
+        Backend::Cuda(gpu) => gpu_trainer(gpu, params, optim, train, test),
+    }
+}
+
+/// The CUDA backend's trainer.
+fn gpu_trainer(
+    _gpu: &Arc<Gpu>,
+    _params: MlpParams,
+    _optim: OptimConfig,
+    _train: Arc<Split>,
+    _test: Arc<Split>,
+) -> Result<Box<dyn MnistTrainer>> {
+    bail!("the MNIST GPU kernels are not there yet; use --device cpu")
+}
+
+/// Samples per forward pass when evaluating.
+const EVAL_CHUNK: usize = 256;
+
+/// The CPU reference as a trainer.
+pub struct CpuTrainer {
+    pub params: MlpParams,
+    pub optimizer: Optimizer,
+    grad: Vec<f32>,
+    ws: Workspace,
+    train: Arc<Split>,
+    test: Arc<Split>,
+}
+
+impl CpuTrainer {
+    pub fn new(params: MlpParams, optim: OptimConfig, train: Arc<Split>, test: Arc<Split>) -> CpuTrainer {
+        let n = params.flat.len();
+        CpuTrainer {
+            params,
+            optimizer: Optimizer::new(optim, n),
+            grad: vec![0.0; n],
+            ws: Workspace::default(),
+            train,
+            test,
+        }
+    }
+}
+
+impl MnistTrainer for CpuTrainer {
+    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
+        if batch == 0 {
+            bail!("the batch size must be at least 1");
+        }
+        if let Some(&bad) = order.iter().find(|&&i| i as usize >= self.train.len()) {
+            bail!("sample index {bad} is outside the training split ({} samples)", self.train.len());
+        }
+        let mut loss = 0.0;
+        let mut done = 0;
+        for rows in order.chunks(batch) {
+            loss += model::forward(&self.params, &self.train, rows, &mut self.ws);
+            model::backward(&self.params, &self.train, rows, &mut self.ws, &mut self.grad);
+            self.optimizer.step(&mut self.params.flat, &self.grad);
+            done += rows.len();
+            progress(done);
+        }
+        Ok(loss)
+    }
+
+    fn evaluate(&mut self) -> Result<Evaluation> {
+        let mut eval = Evaluation::new(self.params.shape.classes);
+        let all: Vec<u32> = (0..self.test.len() as u32).collect();
+        for rows in all.chunks(EVAL_CHUNK) {
+            eval.loss += model::forward(&self.params, &self.test, rows, &mut self.ws);
+            for (&row, &predicted) in rows.iter().zip(&self.ws.predicted) {
+                eval.record(self.test.label(row), predicted as usize);
+            }
+        }
+        Ok(eval)
+    }
+
+    fn params(&mut self) -> Result<MlpParams> {
+        Ok(self.params.clone())
+    }
+}

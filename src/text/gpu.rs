@@ -95,6 +95,10 @@ pub struct StepBuffers {
     /// [B][G][H] partial ∂loss/∂h of each block.
     pub dh_partial: CudaSlice<f32>,
     pub rank: CudaSlice<u32>,
+    /// [B][D] dx summed over text_update's blocks; zero between steps.
+    pub dx_sum: CudaSlice<f32>,
+    /// text_update's finished-block counter; zero between steps.
+    pub ticket: CudaSlice<u32>,
 }
 
 struct Kernels {
@@ -188,6 +192,8 @@ impl GpuTrainer {
             stats: alloc(capacity * g * 2)?,
             dh_partial: alloc(capacity * g * h)?,
             rank: s.alloc_zeros::<u32>(capacity)?,
+            dx_sum: alloc(capacity * d)?,
+            ticket: s.alloc_zeros::<u32>(1)?,
         })
     }
 
@@ -249,12 +255,12 @@ impl GpuTrainer {
         let (b, off) = (batch as i32, offset as u32);
         let cfg = blocks(self.layout.update_grid, self.layout.update_shared);
         let p = &mut self.params;
-        let buf = &self.buffers;
+        let buf = &mut self.buffers;
         let mut launch = self.gpu.stream.launch_builder(&self.kernels.update);
         launch.arg(&mut p.embedding).arg(&mut p.w1).arg(&mut p.b1);
         launch.arg(&buf.x).arg(&buf.z1).arg(&buf.dh_partial);
         launch.arg(&self.tokens).arg(&self.positions).arg(&self.cursor).arg(&off);
-        launch.arg(&n).arg(&b).arg(&g).arg(&lr);
+        launch.arg(&n).arg(&b).arg(&g).arg(&lr).arg(&mut buf.dx_sum).arg(&mut buf.ticket);
         unsafe { launch.launch(cfg) }.context("launching text_update")?;
         Ok(())
     }
@@ -275,27 +281,41 @@ impl GpuTrainer {
         self.launch_update(batch, offset, lr)
     }
 
-    /// A graph of GRAPH_STEPS steps of `batch` samples followed by the cursor advance.
-    fn capture(&mut self, batch: usize, lr: f32) -> Result<CudaGraph> {
+    /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.
+    pub fn capture(&mut self, enqueue: impl FnOnce(&mut Self) -> Result<()>) -> Result<CudaGraph> {
         let stream = self.gpu.stream.clone();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let enqueued = (|| -> Result<()> {
-            for step in 0..GRAPH_STEPS {
-                self.launch_step(batch, step * batch, lr)?;
-            }
-            self.launch_advance(GRAPH_STEPS * batch)
-        })();
+        let enqueued = enqueue(self);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         enqueued?;
-        let graph = graph.context("capturing the training steps as a CUDA graph")?;
+        let graph = graph.context("capturing kernels as a CUDA graph")?;
         graph.context("CUDA graph capture produced no graph")
+    }
+
+    /// GRAPH_STEPS steps of `batch` samples followed by the cursor advance.
+    fn capture_steps(&mut self, batch: usize, lr: f32) -> Result<CudaGraph> {
+        self.capture(|t| {
+            for step in 0..GRAPH_STEPS {
+                t.launch_step(batch, step * batch, lr)?;
+            }
+            t.launch_advance(GRAPH_STEPS * batch)
+        })
+    }
+
+    /// Registers and local (spill) bytes per thread of each kernel, from the driver.
+    pub fn kernel_resources(&self) -> Vec<(&'static str, i32, i32)> {
+        let k = &self.kernels;
+        [("text_forward", &k.forward), ("text_backward", &k.backward), ("text_update", &k.update)]
+            .into_iter()
+            .map(|(name, f)| (name, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)))
+            .collect()
     }
 
     fn graph_for(&mut self, batch: usize, lr: f32) -> Result<&CudaGraph> {
         let reuse = matches!(&self.captured, Some(c) if c.batch == batch && c.lr == lr);
         if !reuse {
             self.captured = None;
-            let graph = self.capture(batch, lr)?;
+            let graph = self.capture_steps(batch, lr)?;
             graph.upload()?;
             self.captured = Some(CapturedSteps { batch, lr, graph });
         }

@@ -1,0 +1,164 @@
+//! IDX files, the container MNIST and Fashion-MNIST ship in, and the in-memory split they load into.
+//!
+//! An IDX file is a big-endian u32 magic number (two zero bytes, a type code — 0x08 for unsigned bytes —
+//! and the number of dimensions), one big-endian u32 per dimension, then the data, row-major. Images
+//! are 0x00000803 (count × 28 × 28), labels 0x00000801 (count). Either file may be gzipped; the reader
+//! tells by the gzip magic, not the file name. One reader serves both kinds; `load_split` pairs them.
+//!
+//! A split is held as one contiguous f32 image buffer (pixels scaled to [0,1]) and one u8 label buffer,
+//! so a GPU backend uploads each with a single copy.
+
+use anyhow::{Context, Result, bail};
+use flate2::read::GzDecoder;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+pub const IMAGE_SIDE: usize = 28;
+pub const PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
+pub const CLASSES: usize = 10;
+
+/// Type code of unsigned-byte data, the third byte of the magic number.
+const UBYTE: u32 = 0x08;
+
+/// One IDX file of unsigned bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idx {
+    pub dims: Vec<usize>,
+    /// ∏ dims bytes, row-major.
+    pub data: Vec<u8>,
+}
+
+/// Reads an IDX file of unsigned bytes that must have `ndims` dimensions (3 for images, 1 for labels).
+/// Errors start with the file's path and say what is wrong with it.
+pub fn read_idx(path: &Path, ndims: usize) -> Result<Idx> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut buffered = BufReader::new(file);
+    let gzipped = buffered.fill_buf().map(|head| head.starts_with(&[0x1f, 0x8b])).unwrap_or(false);
+    let reader: Box<dyn Read> = if gzipped { Box::new(GzDecoder::new(buffered)) } else { Box::new(buffered) };
+    parse_idx(reader, ndims, gzipped).with_context(|| path.display().to_string())
+}
+
+/// Reads into `buf` until it is full or the stream ends; returns how many bytes arrived.
+fn read_up_to(reader: &mut dyn Read, buf: &mut [u8], gzipped: bool) -> Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if gzipped => bail!("truncated or corrupt gzip data ({e})"),
+            Err(e) => return Err(e).context("read error"),
+        }
+    }
+    Ok(filled)
+}
+
+fn parse_idx(mut reader: Box<dyn Read>, ndims: usize, gzipped: bool) -> Result<Idx> {
+    let reader = &mut *reader;
+    let expected_magic = UBYTE << 8 | ndims as u32;
+    let header_len = 4 + 4 * ndims;
+    let mut header = vec![0u8; header_len];
+    let got = read_up_to(reader, &mut header, gzipped)?;
+    if got >= 4 {
+        let magic = u32::from_be_bytes(header[..4].try_into().unwrap());
+        if magic != expected_magic {
+            bail!(
+                "wrong magic number 0x{magic:08x}, expected 0x{expected_magic:08x} (IDX unsigned bytes, {ndims} \
+                 dimension{}): not an MNIST {} file",
+                if ndims == 1 { "" } else { "s" },
+                if ndims == 1 { "label" } else { "image" }
+            );
+        }
+    }
+    if got < header_len {
+        bail!("truncated: the IDX header needs {header_len} bytes, the file has only {got}");
+    }
+    let dims: Vec<usize> =
+        header[4..].chunks_exact(4).map(|b| u32::from_be_bytes(b.try_into().unwrap()) as usize).collect();
+    let shown = dims.iter().map(usize::to_string).collect::<Vec<_>>().join("×");
+    let len = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .with_context(|| format!("dimensions {shown} are too large"))?;
+    // The header is not trusted with the allocation size: read what is there, then compare.
+    let mut data = Vec::with_capacity(len.min(64 << 20));
+    let mut body = (&mut *reader).take(len as u64);
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        let n = read_up_to(&mut body, &mut chunk, gzipped)?;
+        data.extend_from_slice(&chunk[..n]);
+        if n < chunk.len() {
+            break;
+        }
+    }
+    if data.len() < len {
+        bail!("truncated: the header promises {shown} = {len} data bytes but only {} follow", data.len());
+    }
+    if read_up_to(reader, &mut [0u8; 1], gzipped)? > 0 {
+        bail!("unexpected bytes after the {len} data bytes that the header ({shown}) promises");
+    }
+    Ok(Idx { dims, data })
+}
+
+/// Images and labels of one split, row i of `images` being the image of `labels[i]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    /// len × pixels, row-major, each pixel in [0,1].
+    pub images: Vec<f32>,
+    pub labels: Vec<u8>,
+    /// Values per image (784 for MNIST).
+    pub pixels: usize,
+}
+
+impl Split {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    #[inline]
+    pub fn image(&self, index: u32) -> &[f32] {
+        &self.images[index as usize * self.pixels..][..self.pixels]
+    }
+
+    #[inline]
+    pub fn label(&self, index: u32) -> usize {
+        self.labels[index as usize] as usize
+    }
+
+    /// Keeps only the first `n` samples.
+    pub fn truncate(&mut self, n: usize) {
+        self.labels.truncate(n);
+        self.images.truncate(n * self.pixels);
+    }
+}
+
+/// Loads an image file and its label file, checking each and that they agree.
+pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
+    let images = read_idx(images_path, 3)?;
+    let labels = read_idx(labels_path, 1)?;
+    let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
+    if (rows, cols) != (IMAGE_SIDE, IMAGE_SIDE) {
+        bail!("{}: images are {rows}×{cols} pixels, expected {IMAGE_SIDE}×{IMAGE_SIDE}", images_path.display());
+    }
+    if count != labels.dims[0] {
+        bail!(
+            "mismatched counts: {} holds {count} images but {} holds {} labels",
+            images_path.display(),
+            labels_path.display(),
+            labels.dims[0]
+        );
+    }
+    if count == 0 {
+        bail!("{}: holds no images", images_path.display());
+    }
+    if let Some(i) = labels.data.iter().position(|&l| l as usize >= CLASSES) {
+        bail!("{}: label {} at index {i} is not a class 0–{}", labels_path.display(), labels.data[i], CLASSES - 1);
+    }
+    let images = images.data.iter().map(|&p| p as f32 / 255.0).collect();
+    Ok(Split { images, labels: labels.data, pixels: PIXELS })
+}

@@ -1,0 +1,341 @@
+//! The MNIST classifier, a one-hidden-layer MLP, and its CPU reference: the oracle for GPU kernels and
+//! the no-GPU fallback. It is written in the shape batched kernels take (forward over the batch, then
+//! dlogits → the W2 pass that forms both ∂W2 and ∂a → the W1 pass), so the two read side by side.
+//!
+//! Over a batch of B images X (B×I), with labels y:
+//! ```text
+//! z1     = X·W1ᵀ + b1,   a = act(z1)                       (B×H)
+//! logits = a·W2ᵀ + b2,   p = softmax(logits)                (B×C)
+//! loss   = (1/B) Σ_s −log p[s, y_s]
+//! ```
+//! and backward
+//! ```text
+//! dlogits = (p − onehot(y)) / B
+//! ∂W2 = dlogitsᵀ·a,   ∂b2 = Σ_s dlogits,   da = dlogits·W2
+//! dz1 = da ⊙ act′(z1)
+//! ∂W1 = dz1ᵀ·X,       ∂b1 = Σ_s dz1
+//! ```
+//!
+//! All parameters live in one flat f32 vector, W1 (H×I, row-major) then b1 (H), W2 (C×H), b2 (C). The
+//! gradient and the optimizer state share that layout, so the optimizer is one elementwise pass and a
+//! GPU backend holds each of them in a single buffer.
+
+use super::idx::Split;
+use crate::cpu::{axpy, dot, softmax_in_place};
+use anyhow::{Context, Result, anyhow, bail};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, Uniform};
+use std::collections::HashMap;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    Sigmoid,
+    Tanh,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 3] = [Activation::Relu, Activation::Sigmoid, Activation::Tanh];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Activation> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    #[inline]
+    pub fn apply(self, z: f32) -> f32 {
+        match self {
+            Activation::Relu => z.max(0.0),
+            Activation::Sigmoid => 1.0 / (1.0 + (-z).exp()),
+            Activation::Tanh => z.tanh(),
+        }
+    }
+
+    /// act′(z), given z and a = act(z): ReLU reads z (0 at z = 0), sigmoid and tanh are cheapest from a.
+    #[inline]
+    pub fn derivative(self, z: f32, a: f32) -> f32 {
+        match self {
+            Activation::Relu => (z > 0.0) as u8 as f32,
+            Activation::Sigmoid => a * (1.0 - a),
+            Activation::Tanh => 1.0 - a * a,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlpShape {
+    pub inputs: usize,
+    pub hidden: usize,
+    pub classes: usize,
+    pub activation: Activation,
+}
+
+/// The four parameter tensors (or their gradients, or optimizer state) as views of one flat vector.
+pub struct Parts<T> {
+    pub w1: T,
+    pub b1: T,
+    pub w2: T,
+    pub b2: T,
+}
+
+/// Largest `--hidden` accepted: beyond it the four parameter-sized buffers (parameters, gradient, two
+/// Adam moments) would pass a few GB.
+pub const MAX_HIDDEN: usize = 1 << 16;
+
+impl MlpShape {
+    pub fn validate(&self) -> Result<()> {
+        if self.inputs == 0 || !(2..=256).contains(&self.classes) {
+            bail!("the model needs at least one input and 2 to 256 classes (labels are bytes)");
+        }
+        if self.hidden == 0 || self.hidden > MAX_HIDDEN {
+            bail!("--hidden must be between 1 and {MAX_HIDDEN}, got {}", self.hidden);
+        }
+        Ok(())
+    }
+
+    /// Length of the flat parameter vector.
+    pub fn param_count(&self) -> usize {
+        let MlpShape { inputs: i, hidden: h, classes: c, .. } = *self;
+        h * i + h + c * h + c
+    }
+
+    /// Names and shapes of the tensors in flat-vector (and file) order.
+    pub fn tensor_shapes(&self) -> [(&'static str, Vec<usize>); 4] {
+        let MlpShape { inputs: i, hidden: h, classes: c, .. } = *self;
+        [("w1", vec![h, i]), ("b1", vec![h]), ("w2", vec![c, h]), ("b2", vec![c])]
+    }
+
+    pub fn split<'a>(&self, flat: &'a [f32]) -> Parts<&'a [f32]> {
+        let MlpShape { inputs: i, hidden: h, classes: c, .. } = *self;
+        assert_eq!(flat.len(), self.param_count(), "flat buffer does not match the model shape");
+        let (w1, rest) = flat.split_at(h * i);
+        let (b1, rest) = rest.split_at(h);
+        let (w2, b2) = rest.split_at(c * h);
+        Parts { w1, b1, w2, b2 }
+    }
+
+    pub fn split_mut<'a>(&self, flat: &'a mut [f32]) -> Parts<&'a mut [f32]> {
+        let MlpShape { inputs: i, hidden: h, classes: c, .. } = *self;
+        assert_eq!(flat.len(), self.param_count(), "flat buffer does not match the model shape");
+        let (w1, rest) = flat.split_at_mut(h * i);
+        let (b1, rest) = rest.split_at_mut(h);
+        let (w2, b2) = rest.split_at_mut(c * h);
+        Parts { w1, b1, w2, b2 }
+    }
+}
+
+/// `format` metadata of the model file.
+pub const FORMAT: &str = "textnet-mnist";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// All trainable parameters, flat (see the module comment for the layout).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpParams {
+    pub shape: MlpShape,
+    pub flat: Vec<f32>,
+}
+
+impl MlpParams {
+    /// W1 and W2 Xavier/Glorot uniform, U(±√(6/(fan_in+fan_out))); biases zero.
+    pub fn init(shape: MlpShape, seed: u64) -> MlpParams {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut flat = vec![0.0f32; shape.param_count()];
+        let parts = shape.split_mut(&mut flat);
+        let MlpShape { inputs: i, hidden: h, classes: c, .. } = shape;
+        for (w, fan_in, fan_out) in [(parts.w1, i, h), (parts.w2, h, c)] {
+            let limit = (6.0 / (fan_in + fan_out) as f32).sqrt();
+            let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");
+            w.iter_mut().for_each(|x| *x = dist.sample(&mut rng));
+        }
+        MlpParams { shape, flat }
+    }
+
+    pub fn parts(&self) -> Parts<&[f32]> {
+        self.shape.split(&self.flat)
+    }
+
+    pub fn all_finite(&self) -> bool {
+        self.flat.iter().all(|x| x.is_finite())
+    }
+
+    /// The model as a .safetensors file: tensors w1, b1, w2, b2 (little-endian F32) and string metadata
+    /// `format` (`textnet-mnist`), `format_version`, `inputs`, `hidden`, `classes`, `activation`, plus
+    /// the caller's `extra` entries (`textnet mnist` adds `dataset`).
+    pub fn to_safetensors(&self, extra: &[(&str, &str)]) -> Result<Vec<u8>> {
+        use safetensors::tensor::{Dtype, TensorView};
+        let bytes: Vec<u8> = self.flat.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut offset = 0;
+        let mut views = Vec::new();
+        for (name, dims) in self.shape.tensor_shapes() {
+            let len = dims.iter().product::<usize>() * 4;
+            views.push((name, TensorView::new(Dtype::F32, dims, &bytes[offset..offset + len])?));
+            offset += len;
+        }
+        let s = self.shape;
+        let mut meta: HashMap<String, String> = [
+            ("format", FORMAT.to_string()),
+            ("format_version", FORMAT_VERSION.to_string()),
+            ("inputs", s.inputs.to_string()),
+            ("hidden", s.hidden.to_string()),
+            ("classes", s.classes.to_string()),
+            ("activation", s.activation.name().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Ok(safetensors::serialize(views, Some(meta))?)
+    }
+
+    /// Reads what `to_safetensors` wrote; returns the parameters and the file's metadata.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<(MlpParams, HashMap<String, String>)> {
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        if meta.get("format").map(String::as_str) != Some(FORMAT) {
+            bail!("not a textnet MNIST model file (metadata format is not {FORMAT:?})");
+        }
+        let number = |key: &str| -> Result<usize> {
+            meta.get(key)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("metadata entry {key:?} is missing or not a number"))
+        };
+        let activation = meta
+            .get("activation")
+            .and_then(|a| Activation::from_name(a))
+            .ok_or_else(|| anyhow!("metadata entry \"activation\" is missing or unknown"))?;
+        let shape =
+            MlpShape { inputs: number("inputs")?, hidden: number("hidden")?, classes: number("classes")?, activation };
+        shape.validate()?;
+        let tensors = safetensors::SafeTensors::deserialize(bytes)?;
+        let mut flat = Vec::with_capacity(shape.param_count());
+        for (name, dims) in shape.tensor_shapes() {
+            let t = tensors.tensor(name).with_context(|| format!("tensor {name}"))?;
+            if t.dtype() != safetensors::Dtype::F32 || t.shape() != dims.as_slice() {
+                bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
+            }
+            flat.extend(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())));
+        }
+        Ok((MlpParams { shape, flat }, meta))
+    }
+}
+
+/// Per-batch intermediate values, reused across batches (buffers only grow).
+#[derive(Default, Debug)]
+pub struct Workspace {
+    /// B×H pre-activations.
+    pub z1: Vec<f32>,
+    /// B×H activations.
+    pub a: Vec<f32>,
+    /// B×C softmax probabilities after `forward`; `backward` turns them into dlogits.
+    pub probs: Vec<f32>,
+    /// B×H: ∂loss/∂a, then dz1 in place.
+    pub dz1: Vec<f32>,
+    /// Predicted class of each sample (first index of the largest logit).
+    pub predicted: Vec<u8>,
+}
+
+impl Workspace {
+    fn fit(&mut self, shape: MlpShape, batch: usize) {
+        let (h, c) = (shape.hidden, shape.classes);
+        for (buf, len) in [
+            (&mut self.z1, batch * h),
+            (&mut self.a, batch * h),
+            (&mut self.dz1, batch * h),
+            (&mut self.probs, batch * c),
+        ] {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+        }
+        self.predicted.resize(batch, 0);
+    }
+}
+
+/// Forward over the samples `rows` of `data`: fills `ws` (z1, a, probs, predicted) and returns the
+/// summed loss Σ_s −log p[s, y_s].
+pub fn forward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace) -> f64 {
+    let shape = p.shape;
+    let (i, h, c) = (shape.inputs, shape.hidden, shape.classes);
+    assert_eq!(data.pixels, i, "image size does not match the model's inputs");
+    ws.fit(shape, rows.len());
+    let w = p.parts();
+    let mut loss = 0.0f64;
+    for (s, &row) in rows.iter().enumerate() {
+        let x = data.image(row);
+        let z1 = &mut ws.z1[s * h..][..h];
+        let a = &mut ws.a[s * h..][..h];
+        for j in 0..h {
+            z1[j] = dot(&w.w1[j * i..][..i], x) + w.b1[j];
+            a[j] = shape.activation.apply(z1[j]);
+        }
+        let logits = &mut ws.probs[s * c..][..c];
+        for (k, logit) in logits.iter_mut().enumerate() {
+            *logit = dot(&w.w2[k * h..][..h], a) + w.b2[k];
+        }
+        let best = (0..c).fold(0, |best, k| if logits[k] > logits[best] { k } else { best });
+        ws.predicted[s] = best as u8;
+        let target_logit = logits[data.label(row)];
+        let (max, sum) = softmax_in_place(logits);
+        // −log p[y] = logsumexp(logits) − logits[y]
+        loss += (max + sum.ln() - target_logit) as f64;
+    }
+    loss
+}
+
+/// Gradient of the mean loss over `rows` into `grad` (flat, parameter order), from the values the
+/// `forward` call on the same rows left in `ws`. Consumes `ws.probs` (turned into dlogits).
+pub fn backward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace, grad: &mut [f32]) {
+    let shape = p.shape;
+    let (i, h, c, b) = (shape.inputs, shape.hidden, shape.classes, rows.len());
+    let w = p.parts();
+    grad.fill(0.0);
+    let g = shape.split_mut(grad);
+    let inv_b = 1.0 / b as f32;
+    for (s, &row) in rows.iter().enumerate() {
+        let dlogits = &mut ws.probs[s * c..][..c];
+        dlogits[data.label(row)] -= 1.0;
+        dlogits.iter_mut().for_each(|d| *d *= inv_b);
+    }
+    // W2 pass: ∂W2[k] = Σ_s dlogits[s,k]·a_s and da_s = Σ_k dlogits[s,k]·W2[k], both from the old W2.
+    let da = &mut ws.dz1[..b * h];
+    da.fill(0.0);
+    for s in 0..b {
+        let a = &ws.a[s * h..][..h];
+        let da_s = &mut da[s * h..][..h];
+        for k in 0..c {
+            let d = ws.probs[s * c + k];
+            g.b2[k] += d;
+            axpy(d, a, &mut g.w2[k * h..][..h]);
+            axpy(d, &w.w2[k * h..][..h], da_s);
+        }
+    }
+    for ((d, &z), &a) in da.iter_mut().zip(&ws.z1[..b * h]).zip(&ws.a[..b * h]) {
+        *d *= shape.activation.derivative(z, a);
+    }
+    // W1 pass: ∂W1[j] = Σ_s dz1[s,j]·x_s (row j stays in cache across the batch).
+    for j in 0..h {
+        let grad_row = &mut g.w1[j * i..][..i];
+        for (s, &row) in rows.iter().enumerate() {
+            let dz = da[s * h + j];
+            g.b1[j] += dz;
+            if dz != 0.0 {
+                axpy(dz, data.image(row), grad_row);
+            }
+        }
+    }
+}
+
+/// Mean loss over `rows` and its gradient into `grad`: `forward` then `backward`.
+pub fn loss_and_grad(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace, grad: &mut [f32]) -> f64 {
+    let loss = forward(p, data, rows, ws);
+    backward(p, data, rows, ws, grad);
+    loss / rows.len() as f64
+}

@@ -1,0 +1,221 @@
+//! Optimizers as one fused elementwise update over the flat parameter vector: the math a GPU update
+//! kernel implements, and the reference it is checked against.
+//!
+//! Per step, with gradient g of the mean batch loss (PyTorch's order of operations):
+//! ```text
+//! 1. clip:         g ← g · min(1, clip / ‖g‖₂), ‖g‖₂ over the whole vector (when clip > 0)
+//! 2. weight decay: g ← g + wd·θ                         (L2 added to the gradient, all optimizers)
+//! 3. update, t = 1, 2, … counting steps:
+//!    sgd       θ ← θ − lr·g
+//!    momentum  m ← μ·m + g;  θ ← θ − lr·m               (heavy ball, no dampening)
+//!    adam      m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
+//!              θ ← θ − lr · (m / (1−β1ᵗ)) / (√(v / (1−β2ᵗ)) + ε)
+//! ```
+//!
+//! The scalars of a step (clip factor, bias corrections) are computed once per step on the host side
+//! (`StepScalars`); `update` is then a pure function of slices and those scalars.
+
+use anyhow::{Result, bail};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimKind {
+    /// Plain stochastic gradient descent
+    Sgd,
+    /// SGD with heavy-ball momentum (--momentum, default 0.9)
+    Momentum,
+    /// Adam with bias correction (β1 0.9, β2 0.999, ε 1e-8)
+    Adam,
+}
+
+impl OptimKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimKind::Sgd => "sgd",
+            OptimKind::Momentum => "momentum",
+            OptimKind::Adam => "adam",
+        }
+    }
+
+    /// The learning rate used when none is given. With μ 0.9 a steady gradient moves momentum's
+    /// parameters lr / (1 − μ) per step, so 0.05 there is a bolder step than SGD's 0.1; on (Fashion-)MNIST
+    /// it trains faster and stays stable.
+    pub fn default_lr(self) -> f32 {
+        match self {
+            OptimKind::Sgd => 0.1,
+            OptimKind::Momentum => 0.05,
+            OptimKind::Adam => 1e-3,
+        }
+    }
+}
+
+pub const DEFAULT_MOMENTUM: f32 = 0.9;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OptimConfig {
+    pub kind: OptimKind,
+    pub lr: f32,
+    /// μ of `Momentum`.
+    pub momentum: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// Largest global gradient L2 norm; 0 turns clipping off.
+    pub clip_norm: f32,
+}
+
+impl OptimConfig {
+    /// `kind` with its default learning rate and hyper-parameters, no weight decay, no clipping.
+    pub fn new(kind: OptimKind) -> OptimConfig {
+        OptimConfig {
+            kind,
+            lr: kind.default_lr(),
+            momentum: DEFAULT_MOMENTUM,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            clip_norm: 0.0,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            bail!("--lr must be a positive finite number, got {}", self.lr);
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            bail!("--momentum must be in [0, 1), got {}", self.momentum);
+        }
+        if !(0.0..1.0).contains(&self.beta1) || !(0.0..1.0).contains(&self.beta2) {
+            bail!("Adam's β1 and β2 must be in [0, 1), got {} and {}", self.beta1, self.beta2);
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            bail!("Adam's ε must be a positive finite number, got {}", self.eps);
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            bail!("--weight-decay must be a finite number ≥ 0, got {}", self.weight_decay);
+        }
+        if !(self.clip_norm.is_finite() && self.clip_norm >= 0.0) {
+            bail!("--clip-norm must be a finite number ≥ 0 (0 = off), got {}", self.clip_norm);
+        }
+        Ok(())
+    }
+
+    /// e.g. "adam lr 0.001, weight decay 0.0001, clip-norm 1".
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} lr {}", self.kind.name(), self.lr);
+        if self.kind == OptimKind::Momentum {
+            s += &format!(" μ {}", self.momentum);
+        }
+        if self.weight_decay > 0.0 {
+            s += &format!(", weight decay {}", self.weight_decay);
+        }
+        if self.clip_norm > 0.0 {
+            s += &format!(", clip-norm {}", self.clip_norm);
+        }
+        s
+    }
+
+    /// The scalars of step `t` (1-based) given the gradient's global L2 norm.
+    pub fn step_scalars(&self, t: u64, grad_norm: f32) -> StepScalars {
+        let t = t.min(i32::MAX as u64) as i32;
+        StepScalars {
+            lr: self.lr,
+            momentum: self.momentum,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            grad_scale: clip_scale(grad_norm, self.clip_norm),
+            bias1: (1.0 - (self.beta1 as f64).powi(t)) as f32,
+            bias2: (1.0 - (self.beta2 as f64).powi(t)) as f32,
+        }
+    }
+}
+
+/// Everything one update step needs besides the buffers: the arguments of a fused update kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepScalars {
+    pub lr: f32,
+    pub momentum: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// Clip factor applied to the gradient before weight decay (1 when not clipping).
+    pub grad_scale: f32,
+    /// Adam's bias corrections 1 − β1ᵗ and 1 − β2ᵗ.
+    pub bias1: f32,
+    pub bias2: f32,
+}
+
+/// ‖g‖₂, accumulated in f64.
+pub fn global_norm(g: &[f32]) -> f32 {
+    g.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32
+}
+
+/// The factor that brings a gradient of norm `norm` down to `clip` (1 when it is within, or clip is 0).
+pub fn clip_scale(norm: f32, clip: f32) -> f32 {
+    if clip > 0.0 && norm > clip { clip / norm } else { 1.0 }
+}
+
+/// One update of every element: `params`, `m` and `v` in place from `grads`. `m` is the momentum
+/// velocity or Adam's first moment, `v` Adam's second moment; an optimizer that does not use a buffer
+/// accepts it empty.
+pub fn update(kind: OptimKind, s: &StepScalars, params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f32]) {
+    assert_eq!(params.len(), grads.len());
+    let g_of = |g: f32, theta: f32| s.grad_scale * g + s.weight_decay * theta;
+    match kind {
+        OptimKind::Sgd => {
+            for (theta, &g) in params.iter_mut().zip(grads) {
+                *theta -= s.lr * g_of(g, *theta);
+            }
+        }
+        OptimKind::Momentum => {
+            assert_eq!(m.len(), params.len());
+            for ((theta, &g), m) in params.iter_mut().zip(grads).zip(m) {
+                *m = s.momentum * *m + g_of(g, *theta);
+                *theta -= s.lr * *m;
+            }
+        }
+        OptimKind::Adam => {
+            assert!(m.len() == params.len() && v.len() == params.len());
+            for (((theta, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+                let g = g_of(g, *theta);
+                *m = s.beta1 * *m + (1.0 - s.beta1) * g;
+                *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
+                *theta -= s.lr * (*m / s.bias1) / ((*v / s.bias2).sqrt() + s.eps);
+            }
+        }
+    }
+}
+
+/// Optimizer state over a flat parameter vector.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Optimizer {
+    pub config: OptimConfig,
+    /// Steps taken so far.
+    pub step: u64,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl Optimizer {
+    /// Zeroed state for `len` parameters; only the buffers `config.kind` uses are allocated.
+    pub fn new(config: OptimConfig, len: usize) -> Optimizer {
+        let (m, v) = match config.kind {
+            OptimKind::Sgd => (0, 0),
+            OptimKind::Momentum => (len, 0),
+            OptimKind::Adam => (len, len),
+        };
+        Optimizer { config, step: 0, m: vec![0.0; m], v: vec![0.0; v] }
+    }
+
+    /// Clips, then updates `params` from `grads`.
+    pub fn step(&mut self, params: &mut [f32], grads: &[f32]) {
+        self.step += 1;
+        let norm = if self.config.clip_norm > 0.0 { global_norm(grads) } else { 0.0 };
+        let scalars = self.config.step_scalars(self.step, norm);
+        update(self.config.kind, &scalars, params, grads, &mut self.m, &mut self.v);
+    }
+}

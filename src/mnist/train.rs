@@ -1,0 +1,85 @@
+//! The epoch loop every backend shares: a seeded reshuffle of the training order before each epoch, one
+//! `train_epoch`, then an evaluation on the test split.
+
+use super::{Evaluation, MnistTrainer};
+use anyhow::{Result, bail};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Mixed into `--seed` for the shuffle stream, so it differs from the initialisation stream.
+const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    pub epochs: usize,
+    pub batch: usize,
+    pub seed: u64,
+}
+
+/// What one epoch achieved (the figures of the per-epoch line and the JSON report).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct EpochStats {
+    /// 1-based.
+    pub epoch: usize,
+    /// Mean training loss over the epoch (parameters moving meanwhile).
+    pub train_loss: f64,
+    pub test_loss: f64,
+    pub test_accuracy: f64,
+    /// Training samples per second of this epoch's training time (evaluation excluded).
+    pub samples_per_sec: f64,
+    /// Seconds since training started, evaluation included.
+    pub elapsed_s: f64,
+}
+
+/// Hooks for progress display; every method defaults to nothing.
+pub trait Observer {
+    fn epoch_start(&mut self, _epoch: usize, _samples: usize) {}
+    fn progress(&mut self, _done: usize) {}
+    fn epoch_end(&mut self, _stats: &EpochStats, _eval: &Evaluation) {}
+}
+
+impl Observer for () {}
+
+/// Trains for `schedule.epochs` epochs on training samples 0..n_train. Returns the per-epoch figures and
+/// the last evaluation. Stops with an error when the loss stops being finite.
+pub fn run(
+    trainer: &mut dyn MnistTrainer,
+    n_train: usize,
+    schedule: Schedule,
+    observer: &mut dyn Observer,
+) -> Result<(Vec<EpochStats>, Evaluation)> {
+    let mut rng = StdRng::seed_from_u64(schedule.seed ^ SHUFFLE_STREAM);
+    let mut order: Vec<u32> = (0..n_train as u32).collect();
+    let start = Instant::now();
+    let mut history = Vec::with_capacity(schedule.epochs.min(1024));
+    let mut last = None;
+    for epoch in 1..=schedule.epochs {
+        order.shuffle(&mut rng);
+        observer.epoch_start(epoch, n_train);
+        let epoch_start = Instant::now();
+        let loss = trainer.train_epoch(&order, schedule.batch, &mut |done| observer.progress(done))?;
+        let train_secs = epoch_start.elapsed().as_secs_f64();
+        if !loss.is_finite() {
+            bail!("training diverged in epoch {epoch} (the loss became {loss}); lower --lr or set --clip-norm");
+        }
+        let eval = trainer.evaluate()?;
+        let stats = EpochStats {
+            epoch,
+            train_loss: loss / n_train.max(1) as f64,
+            test_loss: eval.mean_loss(),
+            test_accuracy: eval.accuracy(),
+            samples_per_sec: n_train as f64 / train_secs.max(1e-9),
+            elapsed_s: start.elapsed().as_secs_f64(),
+        };
+        observer.epoch_end(&stats, &eval);
+        history.push(stats);
+        last = Some(eval);
+    }
+    match last {
+        Some(eval) => Ok((history, eval)),
+        None => bail!("--epochs must be at least 1"),
+    }
+}

@@ -49,7 +49,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
     match args.target {
         BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json),
-        BenchTarget::Mnist => anyhow::bail!("bench mnist: the MNIST GPU pipeline is not built yet"),
+        BenchTarget::Mnist => crate::mnist::gpu::bench(&gpu, &args),
     }
 }
 

@@ -60,7 +60,8 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("selftest needs a CUDA GPU: {e:#}"))?);
     let seed = args.seed.unwrap_or_else(rand::random);
     eprintln!("selftest on {} (seed {seed})", gpu.describe());
-    let checks = text_checks(&gpu, seed, args.quick)?;
+    let mut checks = text_checks(&gpu, seed, args.quick)?;
+    checks.extend(crate::mnist::gpu::selftest_checks(&gpu, seed)?);
     let failed = checks.iter().filter(|c| !c.passed()).count();
     if args.json {
         let out = serde_json::json!({

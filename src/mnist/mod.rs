@@ -7,6 +7,7 @@
 //! backend sees the same shuffles and the CPU reference can check any of them.
 
 pub mod cli;
+pub mod gpu;
 pub mod data;
 pub mod idx;
 pub mod model;

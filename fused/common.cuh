@@ -22,6 +22,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch (sm_90+). A kernel launched with the programmatic-serialization
+// attribute may start while the previous kernel is still running: before grid_dependency_wait() it may
+// only read memory that the previous kernels do not write. Without the attribute, or before sm_90,
+// both calls do nothing.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Sum over a whole block of THREADS threads; every thread gets the result. `scratch` holds WARPS floats.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

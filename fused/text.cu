@@ -4,21 +4,27 @@
 //
 // The output layer (V×H, 8 MB at V=8192, H=256) is the cost; it is split over the whole GPU: block b owns
 // vocabulary rows [b·R, b·R+R). Each step is
-//   1. text_forward   every block recomputes x and h (a few KB of work) so that no grid-wide barrier is
-//                     needed, forms its rows' logits and their softmax partial (max, Σexp) per sample.
+//   1. text_forward   every block recomputes x and h (64 KB of W1, cheap next to a grid-wide barrier),
+//                     forms its rows' logits and their softmax partial (max, Σexp) per sample.
 //   2. text_backward  every block combines the G partials into the global normaliser, forms
 //                     dlogits = (p − onehot)/B for its rows, reads each W2 row once and uses it twice:
-//                     dh partial from the old row and the SGD update of that row (W2 and b2 are updated
-//                     here, in place, while the row is in registers). The block owning the target adds
-//                     the sample's loss to a running double.
+//                     the dh partial from the old row, and the SGD update of that row (W2 and b2 are
+//                     updated here, in place, while the row is in registers). The block owning the target
+//                     adds the sample's loss to a running double.
 //   3. text_update    blocks own hidden rows: sum the G dh partials, ReLU mask, update W1 and b1, and
 //                     sum their share of dx = W1ᵀ·dz1; the last block to finish adds −lr/N·dx to each
 //                     context token's embedding row (atomics: a token may recur within a batch).
-// A step's samples are positions[*cursor + offset .. + B): the cursor lives on the device, so a CUDA graph
-// of many steps replays unchanged and text_advance moves the cursor after it.
 //
-// B samples go through each kernel SB at a time (SB compile-time, so accumulators stay in registers);
-// when B > SB the W2 gradient of the block's rows is summed in shared memory and applied at the end.
+// A step is latency-bound, not bandwidth-bound, so each kernel is launched with programmatic dependent
+// launch: before grid_dependency_wait() it loads what the previous kernels do not write (sample tokens,
+// its own weight rows), overlapping the previous kernel's tail. Every kernel waits before it touches
+// anything the step before it writes, and allows its dependant to launch only after that wait, so a
+// kernel never overlaps the one two places before it.
+//
+// A step's samples are positions[*cursor + offset .. + B): the cursor lives on the device, so a CUDA graph
+// of many steps replays unchanged and text_advance moves the cursor after it. B samples go through each
+// kernel SB at a time (SB is compiled in: per-sample accumulators stay in registers); when B > SB, the W2
+// gradient of a block's rows is summed in shared memory and applied at the end.
 #include "common.cuh"
 
 #ifndef TEXT_D
@@ -37,11 +43,11 @@ constexpr int SB = TEXT_SB;
 constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane
 constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per warp
-// Rows a warp loads before using any of them: enough independent loads in flight to cover L2 latency.
-constexpr int HIDDEN_GROUP = DP <= 2 ? 8 : 4;
-constexpr int ROW_GROUP = HP <= 8 ? 4 : (HP <= 16 ? 2 : 1);
+constexpr int D_CHUNK = D < 64 ? D : 64; // W1 weights a thread loads at once in text_forward
+// W2 rows a warp holds in registers at once: enough independent loads in flight to cover L2 latency.
+constexpr int ROW_GROUP = HP <= 8 ? 8 : (HP <= 16 ? 4 : (HP <= 32 ? 2 : 1));
 
-// w[q][i] = row (first + q) of an H-wide matrix, element lane + 32·i; rows past `count` read as zero.
+// w[q][i] = element lane + 32·i of row (first + q) of the V×H matrix M; rows past `count` read as zero.
 __device__ __forceinline__ void load_rows(float (&w)[ROW_GROUP][HP], const float* M, int first, int count) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -49,32 +55,94 @@ __device__ __forceinline__ void load_rows(float (&w)[ROW_GROUP][HP], const float
 #pragma unroll
         for (int i = 0; i < HP; ++i) {
             const int k = lane + 32 * i;
-            w[q][i] = (q < count && k < H) ? M[(size_t)(first + q) * H + k] : 0.0f;
+            w[q][i] = (q < count && k < H) ? __ldcg(&M[(size_t)(first + q) * H + k]) : 0.0f;
         }
 }
 
-__device__ __forceinline__ unsigned sample_position(const unsigned* positions, const unsigned* cursor,
-                                                    unsigned offset, int s) {
-    return positions[*cursor + offset + s];
-}
-
-// xs[s][d] = mean over the N context tokens of E[token][d], for the chunk's samples.
-__device__ void load_context_means(float* xs, const float* E, const unsigned* tokens, const unsigned* positions,
-                                   const unsigned* cursor, unsigned offset, int c0, int sb, int N) {
-    const float inv_n = 1.0f / N;
-    for (int i = threadIdx.x; i < sb * D; i += THREADS) {
-        const int s = i / D, d = i % D;
-        const unsigned pos = sample_position(positions, cursor, offset, c0 + s);
-        float sum = 0.0f;
-        for (int n = 0; n < N; ++n) sum += E[(size_t)tokens[pos - N + n] * D + d];
-        xs[i] = sum * inv_n;
+// Targets (and, with `context`, the context tokens) of the step's samples c0 .. c0+sb, into shared memory.
+// Read-only data: safe before the grid dependency wait (only text_advance, never a step kernel, moves
+// the cursor).
+__device__ __forceinline__ void load_samples(unsigned* target, unsigned* context, const unsigned* tokens,
+                                             const unsigned* positions, const unsigned* cursor, unsigned offset,
+                                             int c0, int sb, int N) {
+    if (threadIdx.x < sb) {
+        const unsigned p = positions[*cursor + offset + c0 + threadIdx.x];
+        target[threadIdx.x] = tokens[p];
+        if (context)
+            for (int n = 0; n < N; ++n) context[threadIdx.x * N + n] = tokens[p - N + n];
     }
 }
 
-// dynamic shared memory: xs[SB][D], hs[SB][H]
+// hs[s][j] = ReLU(z1) and, if z1_out is given, z1_out[s][j] = W1[j]·xs[s] + b1[j], for the sb samples.
+// With D a multiple of 4 and D/4 dividing 32, ROW_LANES = D/4 consecutive lanes hold one W1 row as
+// float4s (coalesced, all loads in flight) and reduce with ROW_LANES-wide shuffles; otherwise one
+// thread per row reads D_CHUNK weights at a time.
+constexpr int ROW_LANES = D >= 4 ? D / 4 : 1;
+constexpr bool HIDDEN_VECTORISED = D >= 4 && D % 4 == 0 && ROW_LANES <= 32 && 32 % ROW_LANES == 0;
+
+__device__ __forceinline__ void hidden_layer(float* hs, const float* xs, const float* __restrict__ W1,
+                                             const float* __restrict__ b1, float* z1_out, int sb) {
+    if constexpr (HIDDEN_VECTORISED) {
+        constexpr int ROWS_PER_PASS = THREADS / ROW_LANES;
+        constexpr int PASSES = (H + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
+        const int part = threadIdx.x % ROW_LANES;  // which float4 of the row
+        const float4* W1v = reinterpret_cast<const float4*>(W1);
+        float4 w[PASSES];
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const int j = p * ROWS_PER_PASS + threadIdx.x / ROW_LANES;
+            w[p] = j < H ? W1v[(size_t)j * ROW_LANES + part] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const int j = p * ROWS_PER_PASS + threadIdx.x / ROW_LANES;
+#pragma unroll
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                const float* x = xs + s * D + 4 * part;
+                float acc = w[p].x * x[0] + w[p].y * x[1] + w[p].z * x[2] + w[p].w * x[3];
+#pragma unroll
+                for (int offset = ROW_LANES / 2; offset > 0; offset >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, offset);
+                if (part == 0 && j < H) {
+                    const float z = acc + b1[j];
+                    hs[s * H + j] = fmaxf(z, 0.0f);
+                    if (z1_out) z1_out[(size_t)s * H + j] = z;
+                }
+            }
+        }
+    } else {
+        for (int j = threadIdx.x; j < H; j += THREADS) {
+            float acc[SB];
+#pragma unroll
+            for (int s = 0; s < SB; ++s) acc[s] = 0.0f;
+            for (int k0 = 0; k0 < D; k0 += D_CHUNK) {
+                float w[D_CHUNK];
+#pragma unroll
+                for (int k = 0; k < D_CHUNK; ++k) w[k] = (k0 + k < D) ? W1[(size_t)j * D + k0 + k] : 0.0f;
+#pragma unroll
+                for (int s = 0; s < SB; ++s) {
+                    if (s >= sb) break;
+#pragma unroll
+                    for (int k = 0; k < D_CHUNK; ++k)
+                        if (k0 + k < D) acc[s] += w[k] * xs[s * D + k0 + k];
+                }
+            }
+            const float bias = b1[j];
+#pragma unroll
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                const float z = acc[s] + bias;
+                hs[s * H + j] = fmaxf(z, 0.0f);
+                if (z1_out) z1_out[(size_t)s * H + j] = z;
+            }
+        }
+    }
+}
+
+// dynamic shared memory: xs[SB][D], hs[SB][H], context tokens [SB][N]
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_forward(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-             const float* __restrict__ W2, const float* __restrict__ b2,
+             const float* W2, const float* __restrict__ b2,
              const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
              const unsigned* __restrict__ cursor, unsigned offset, int V, int N, int B, int rows_per_block,
              float* __restrict__ x_out, float* __restrict__ z1_out, float* __restrict__ logits,
@@ -82,49 +150,40 @@ text_forward(const float* __restrict__ E, const float* __restrict__ W1, const fl
     extern __shared__ float smem[];
     float* xs = smem;
     float* hs = xs + SB * D;
+    unsigned* context = (unsigned*)(hs + SB * H);
     __shared__ SoftmaxStat warp_stats[WARPS][SB];
+    __shared__ unsigned target[SB];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, V - row0);
     const bool writes_hidden = blockIdx.x == 0;
 
+    // Prologue: W2 and b2 were last written by text_backward, which finished before the step's
+    // previous kernel let this one launch.
+    float w_first[ROW_GROUP][HP];
+    load_rows(w_first, W2, row0 + warp * ROW_GROUP, rows - warp * ROW_GROUP);
+    load_samples(target, context, tokens, positions, cursor, offset, 0, min(SB, B), N);
+    grid_dependency_wait();
+    allow_dependent_launch();
+
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
-        load_context_means(xs, E, tokens, positions, cursor, offset, c0, sb, N);
-        __syncthreads();
-        if (writes_hidden)
-            for (int i = threadIdx.x; i < sb * D; i += THREADS) x_out[(size_t)c0 * D + i] = xs[i];
-
-        // z1 = W1·x + b1: each warp takes HIDDEN_GROUP rows at a time, all their loads issued first.
-        for (int j0 = warp * HIDDEN_GROUP; j0 < H; j0 += WARPS * HIDDEN_GROUP) {
-            float w[HIDDEN_GROUP][DP];
-#pragma unroll
-            for (int q = 0; q < HIDDEN_GROUP; ++q)
-#pragma unroll
-                for (int i = 0; i < DP; ++i) {
-                    const int k = lane + 32 * i;
-                    w[q][i] = (j0 + q < H && k < D) ? W1[(size_t)(j0 + q) * D + k] : 0.0f;
-                }
-#pragma unroll
-            for (int q = 0; q < HIDDEN_GROUP; ++q) {
-                const int j = j0 + q;
-                if (j >= H) break;
-                const float bias = b1[j];
-#pragma unroll
-                for (int s = 0; s < SB; ++s) {
-                    if (s >= sb) break;
-                    float acc = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < DP; ++i)
-                        if (lane + 32 * i < D) acc += w[q][i] * xs[s * D + lane + 32 * i];
-                    const float z = warp_sum(acc) + bias;
-                    if (lane == 0) {
-                        hs[s * H + j] = fmaxf(z, 0.0f);
-                        if (writes_hidden) z1_out[(size_t)(c0 + s) * H + j] = z;
-                    }
-                }
-            }
+        if (c0 > 0) {
+            __syncthreads();
+            load_samples(target, context, tokens, positions, cursor, offset, c0, sb, N);
         }
+        __syncthreads();
+        const float inv_n = 1.0f / N;
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+            const int s = i / D, d = i % D;
+            float sum = 0.0f;
+            for (int n = 0; n < N; ++n) sum += E[(size_t)context[s * N + n] * D + d];
+            xs[i] = sum * inv_n;
+            if (writes_hidden) x_out[(size_t)c0 * D + i] = xs[i];
+        }
+        __syncthreads();
+
+        hidden_layer(hs, xs, W1, b1, writes_hidden ? z1_out + (size_t)c0 * H : nullptr, sb);
         __syncthreads();
 
         SoftmaxStat st[SB];
@@ -132,7 +191,14 @@ text_forward(const float* __restrict__ E, const float* __restrict__ W1, const fl
         for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
         for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
             float w[ROW_GROUP][HP];
-            load_rows(w, W2, row0 + r0, rows - r0);
+            if (c0 == 0 && r0 == warp * ROW_GROUP) {
+#pragma unroll
+                for (int q = 0; q < ROW_GROUP; ++q)
+#pragma unroll
+                    for (int i = 0; i < HP; ++i) w[q][i] = w_first[q][i];
+            } else {
+                load_rows(w, W2, row0 + r0, rows - r0);
+            }
 #pragma unroll
             for (int q = 0; q < ROW_GROUP; ++q) {
                 if (r0 + q >= rows) break;
@@ -160,7 +226,6 @@ text_forward(const float* __restrict__ E, const float* __restrict__ W1, const fl
             for (int w = 0; w < WARPS; ++w) total = softmax_merge(total, warp_stats[w][threadIdx.x]);
             stats[(size_t)(c0 + threadIdx.x) * gridDim.x + blockIdx.x] = total;
         }
-        __syncthreads();
     }
 }
 
@@ -172,9 +237,9 @@ __device__ __forceinline__ SoftmaxStat combine_partials(const SoftmaxStat* stats
     return warp_softmax_merge(st);
 }
 
-// dynamic shared memory: hs[SB][H], dh[SB][H], dl[SB][R], and when B > SB: gw2[R][H], gb2[R]
+// dynamic shared memory: hs[SB][H], dh_warp[WARPS][SB][H], dl[SB][R], and when B > SB: gw2[R][H], gb2[R]
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __restrict__ logits,
+text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logits,
               const SoftmaxStat* __restrict__ stats, const float* __restrict__ z1,
               const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
               const unsigned* __restrict__ cursor, unsigned offset, int V, int B, int rows_per_block, float lr,
@@ -182,12 +247,12 @@ text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __res
     extern __shared__ float smem[];
     const int R = rows_per_block;
     float* hs = smem;
-    float* dh = hs + SB * H;
-    float* dl = dh + SB * H;
+    float* dh_warp = hs + SB * H;  // each warp's dh partial, summed without atomics
+    float* dl = dh_warp + WARPS * SB * H;
     float* gw2 = dl + SB * R;
     float* gb2 = gw2 + (size_t)R * H;
     __shared__ float norm_max[SB], norm_inv_sum[SB];
-    __shared__ unsigned targets[SB];
+    __shared__ unsigned target[SB];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int G = gridDim.x;
     const int row0 = blockIdx.x * R;
@@ -195,34 +260,42 @@ text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __res
     const bool one_chunk = B <= SB;
     const float inv_b = 1.0f / B;
 
+    // Prologue: this block's W2 rows were last written by the previous step's text_backward.
+    float w_first[ROW_GROUP][HP];
+    load_rows(w_first, W2, row0 + warp * ROW_GROUP, rows - warp * ROW_GROUP);
+    load_samples(target, nullptr, tokens, positions, cursor, offset, 0, min(SB, B), 0);
     if (!one_chunk) {
         for (int i = threadIdx.x; i < rows * H; i += THREADS) gw2[i] = 0.0f;
         for (int i = threadIdx.x; i < rows; i += THREADS) gb2[i] = 0.0f;
     }
+    grid_dependency_wait();
+    allow_dependent_launch();
+
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
+        if (c0 > 0) {
+            __syncthreads();
+            load_samples(target, nullptr, tokens, positions, cursor, offset, c0, sb, 0);
+        }
+        __syncthreads();
         for (int s = warp; s < sb; s += WARPS) {
             const SoftmaxStat st = combine_partials(stats, c0 + s, G);
             if (lane == 0) {
-                const unsigned target = tokens[sample_position(positions, cursor, offset, c0 + s)];
                 norm_max[s] = st.max;
                 norm_inv_sum[s] = 1.0f / st.sum;
-                targets[s] = target;
-                if ((int)target >= row0 && (int)target < row0 + rows) {
+                const int t = (int)target[s];
+                if (t >= row0 && t < row0 + rows) {
                     const float logsumexp = st.max + logf(st.sum);
-                    atomicAdd(loss_sum, (double)(logsumexp - logits[(size_t)(c0 + s) * V + target]));
+                    atomicAdd(loss_sum, (double)(logsumexp - logits[(size_t)(c0 + s) * V + t]));
                 }
             }
         }
-        for (int i = threadIdx.x; i < sb * H; i += THREADS) {
-            hs[i] = fmaxf(z1[(size_t)c0 * H + i], 0.0f);
-            dh[i] = 0.0f;
-        }
+        for (int i = threadIdx.x; i < sb * H; i += THREADS) hs[i] = fmaxf(z1[(size_t)c0 * H + i], 0.0f);
         __syncthreads();
         for (int i = threadIdx.x; i < sb * rows; i += THREADS) {
             const int s = i / rows, r = i % rows, v = row0 + r;
             const float p = expf(logits[(size_t)(c0 + s) * V + v] - norm_max[s]) * norm_inv_sum[s];
-            dl[s * R + r] = (p - (targets[s] == (unsigned)v ? 1.0f : 0.0f)) * inv_b;
+            dl[s * R + r] = (p - (target[s] == (unsigned)v ? 1.0f : 0.0f)) * inv_b;
         }
         __syncthreads();
 
@@ -233,7 +306,14 @@ text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __res
             for (int i = 0; i < HP; ++i) dh_acc[s][i] = 0.0f;
         for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
             float w[ROW_GROUP][HP];
-            load_rows(w, W2, row0 + r0, rows - r0);
+            if (c0 == 0 && r0 == warp * ROW_GROUP) {
+#pragma unroll
+                for (int q = 0; q < ROW_GROUP; ++q)
+#pragma unroll
+                    for (int i = 0; i < HP; ++i) w[q][i] = w_first[q][i];
+            } else {
+                load_rows(w, W2, row0 + r0, rows - r0);
+            }
 #pragma unroll
             for (int q = 0; q < ROW_GROUP; ++q) {
                 const int r = r0 + q, v = row0 + r;
@@ -271,22 +351,26 @@ text_backward(float* __restrict__ W2, float* __restrict__ b2, const float* __res
             if (s >= sb) break;
 #pragma unroll
             for (int i = 0; i < HP; ++i)
-                if (lane + 32 * i < H) atomicAdd(&dh[s * H + lane + 32 * i], dh_acc[s][i]);
+                if (lane + 32 * i < H) dh_warp[(warp * SB + s) * H + lane + 32 * i] = dh_acc[s][i];
         }
         __syncthreads();
         for (int i = threadIdx.x; i < sb * H; i += THREADS) {
             const int s = i / H, k = i % H;
-            dh_partial[((size_t)(c0 + s) * G + blockIdx.x) * H + k] = dh[i];
+            float sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) sum += dh_warp[(w * SB + s) * H + k];
+            dh_partial[((size_t)(c0 + s) * G + blockIdx.x) * H + k] = sum;
         }
-        __syncthreads();
     }
     if (!one_chunk) {
+        __syncthreads();
         for (int i = threadIdx.x; i < rows * H; i += THREADS) W2[(size_t)row0 * H + i] -= lr * gw2[i];
         for (int i = threadIdx.x; i < rows; i += THREADS) b2[row0 + i] -= lr * gb2[i];
     }
 }
 
-// One block per UPDATE_ROWS hidden rows. dynamic shared memory: xs[SB][D], dx[SB][D], dz[SB][UPDATE_ROWS]
+// One block per UPDATE_ROWS hidden rows. dynamic shared memory: xs[SB][D], dx_warp[WARPS][SB][D],
+// dz[SB][UPDATE_ROWS]
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1,
             const float* __restrict__ x, const float* __restrict__ z1, const float* __restrict__ dh_partial,
@@ -295,29 +379,30 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
             float* __restrict__ dx_sum, unsigned* __restrict__ ticket) {
     extern __shared__ float smem[];
     float* xs = smem;
-    float* dx = xs + SB * D;
-    float* dz = dx + SB * D;
+    float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx
+    float* dz = dx_warp + WARPS * SB * D;
     __shared__ float partial[THREADS];
+    __shared__ bool is_last;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
     const bool has_row = j < H;
 
+    // Prologue: W1 was last written by the previous step's text_update.
     float w[DP], gw[DP];
 #pragma unroll
     for (int i = 0; i < DP; ++i) {
-        w[i] = (has_row && lane + 32 * i < D) ? W1[(size_t)j * D + lane + 32 * i] : 0.0f;
+        w[i] = (has_row && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
         gw[i] = 0.0f;
     }
     float gb = 0.0f;
     const float embed_scale = -lr / N;
+    grid_dependency_wait();
+    allow_dependent_launch();
 
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
-        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
-            xs[i] = x[(size_t)c0 * D + i];
-            dx[i] = 0.0f;
-        }
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) xs[i] = x[(size_t)c0 * D + i];
         // dz[s][r] = Σ_g dh_partial[s][g][j0 + r], masked by ReLU'(z1): thread (g_lane, r) sums a stride of g.
         {
             const int r = threadIdx.x % UPDATE_ROWS, g_lane = threadIdx.x / UPDATE_ROWS;
@@ -339,22 +424,26 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
                 __syncthreads();
             }
         }
-        if (has_row) {
-            for (int s = 0; s < sb; ++s) {
-                const float g = dz[s * UPDATE_ROWS + warp];
-                gb += g;
+        for (int s = 0; s < sb; ++s) {
+            const float g = has_row ? dz[s * UPDATE_ROWS + warp] : 0.0f;
+            gb += g;
 #pragma unroll
-                for (int i = 0; i < DP; ++i) {
-                    const int k = lane + 32 * i;
-                    if (k < D) {
-                        gw[i] += g * xs[s * D + k];
-                        atomicAdd(&dx[s * D + k], g * w[i]);
-                    }
+            for (int i = 0; i < DP; ++i) {
+                const int k = lane + 32 * i;
+                if (k < D) {
+                    gw[i] += g * xs[s * D + k];
+                    dx_warp[(warp * SB + s) * D + k] = g * w[i];
                 }
             }
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < sb * D; i += THREADS) atomicAdd(&dx_sum[(size_t)c0 * D + i], dx[i]);
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+            const int s = i / D, k = i % D;
+            float sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) sum += dx_warp[(w * SB + s) * D + k];
+            atomicAdd(&dx_sum[(size_t)c0 * D + i], sum);
+        }
         __syncthreads();
     }
     if (has_row) {
@@ -366,7 +455,6 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
 
     // The last block to finish owns the complete dx of every sample: it adds −lr/N·dx to each context
     // row once (one rounding per row, as on the CPU) and leaves dx_sum and the ticket zeroed.
-    __shared__ bool is_last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
@@ -375,10 +463,10 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     __threadfence();
     for (int i = threadIdx.x; i < B * D; i += THREADS) {
         const int s = i / D, d = i % D;
-        const unsigned pos = sample_position(positions, cursor, offset, s);
+        const unsigned p = positions[*cursor + offset + s];
         const float delta = embed_scale * __ldcg(&dx_sum[i]);
         dx_sum[i] = 0.0f;
-        for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)tokens[pos - N + n] * D + d], delta);
+        for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)tokens[p - N + n] * D + d], delta);
     }
     if (threadIdx.x == 0) *ticket = 0;
 }
@@ -395,14 +483,14 @@ text_eval_rank(const float* __restrict__ logits, const unsigned* __restrict__ to
     const int rows = min(rows_per_block, V - row0);
     for (int i = threadIdx.x; i < B * rows; i += THREADS) {
         const int s = i / rows, v = row0 + i % rows;
-        const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+        const unsigned target = tokens[positions[*cursor + offset + s]];
         const float* row = logits + (size_t)s * V;
         if (row[v] > row[target]) atomicAdd(&rank[s], 1u);
     }
 }
 
 // Evaluation: loss and top-1/top-5 hits of the B samples into running sums; resets the ranks. One block.
-// sums: [0] loss (double); counts: [0] top-1 hits, [1] top-5 hits.
+// counts: [0] top-1 hits, [1] top-5 hits.
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_eval_finish(const float* __restrict__ logits, const SoftmaxStat* __restrict__ stats,
                  const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
@@ -413,7 +501,7 @@ text_eval_finish(const float* __restrict__ logits, const SoftmaxStat* __restrict
     for (int s = warp; s < B; s += WARPS) {
         const SoftmaxStat st = combine_partials(stats, s, G);
         if (lane == 0) {
-            const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+            const unsigned target = tokens[positions[*cursor + offset + s]];
             atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - logits[(size_t)s * V + target]));
             if (rank[s] == 0) atomicAdd(&counts[0], 1ull);
             if (rank[s] < 5) atomicAdd(&counts[1], 1ull);

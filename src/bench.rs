@@ -121,14 +121,14 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         let mut t = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
         let positions: Vec<u32> = (0..1024).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
         t.set_positions(&positions)?;
-        t.launch_step(1, 0, lr)?;
+        t.launch_step(1, 0, lr, false)?;
         for (name, which) in [("text_forward", 0), ("text_backward", 1), ("text_update", 2)] {
             let graph = t.capture(|t| {
                 for _ in 0..128 {
                     match which {
-                        0 => t.launch_forward(1, 0)?,
-                        1 => t.launch_backward(1, 0, lr)?,
-                        _ => t.launch_update(1, 0, lr)?,
+                        0 => t.launch_forward(1, 0, true)?,
+                        1 => t.launch_backward(1, 0, lr, true)?,
+                        _ => t.launch_update(1, 0, lr, true)?,
                     }
                 }
                 Ok(())

@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::sys::CUfunction_attribute_enum as FuncAttr;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -199,6 +199,73 @@ impl Gpu {
             .with_context(|| format!("cannot opt in to {bytes} bytes of dynamic shared memory"))
     }
 }
+
+/// One kernel argument: a device buffer's address or a 32-bit scalar (i32, u32 or f32 bits).
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    Word(u32),
+}
+
+impl Arg {
+    pub fn buf<T>(gpu: &Gpu, slice: &CudaSlice<T>) -> Arg {
+        let (ptr, _no_sync_needed) = slice.device_ptr(&gpu.stream);
+        Arg::Ptr(ptr)
+    }
+    pub fn i32(v: i32) -> Arg {
+        Arg::Word(v as u32)
+    }
+    pub fn u32(v: u32) -> Arg {
+        Arg::Word(v)
+    }
+    pub fn f32(v: f32) -> Arg {
+        Arg::Word(v.to_bits())
+    }
+}
+
+impl Gpu {
+    /// Launches `func` on the GPU's stream: `blocks` × 256 threads, `shared` bytes of dynamic shared
+    /// memory. With `programmatic`, the kernel may start before the previous one finishes (programmatic
+    /// dependent launch; the kernel must call grid_dependency_wait() before reading what that one writes).
+    pub fn launch(&self, name: &str, func: &CudaFunction, blocks: u32, shared: u32, programmatic: bool, args: &[Arg]) -> Result<()> {
+        use cudarc::driver::sys;
+        // Every argument lives in a u64; a 32-bit scalar in its low (first, little-endian) four bytes.
+        let mut storage: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) => p,
+                Arg::Word(w) => w as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = storage.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: THREADS_PER_BLOCK,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: programmatic as u32,
+        };
+        // SAFETY: `params` holds one pointer per kernel parameter, each to a live u64 of `storage`.
+        let status = unsafe {
+            sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+        };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            bail!("launching {name} failed: {status:?}");
+        }
+        Ok(())
+    }
+}
+
+/// Threads per block of every fused kernel (THREADS in fused/common.cuh).
+pub const THREADS_PER_BLOCK: u32 = 256;
 
 /// NVRTC target for a compute capability: the virtual architecture, so the driver JITs for the exact GPU.
 pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {

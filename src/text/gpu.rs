@@ -5,13 +5,13 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
-use crate::device::Gpu;
+use crate::device::{Arg, Gpu};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-const THREADS: u32 = 256;
 const WARPS: usize = 8;
 /// Samples per evaluation launch.
 const EVAL_BATCH: usize = 256;
@@ -24,18 +24,18 @@ pub const MAX_EMBED: usize = 1024;
 /// How the kernels split the work, derived from the model shape and the device.
 #[derive(Clone, Copy, Debug)]
 pub struct TextLayout {
-    /// Samples each kernel handles together (TEXT_SB).
-    pub chunk: usize,
+    pub shape: TextShape,
+    /// Most samples a kernel handles together (TEXT_SB); a step of B samples uses min(B, max_chunk).
+    pub max_chunk: usize,
     /// Vocabulary rows per block of text_forward / text_backward.
     pub rows_per_block: usize,
     /// Blocks of text_forward / text_backward (G).
     pub grid: usize,
     /// Blocks of text_update (one hidden row per warp).
     pub update_grid: usize,
-    pub forward_shared: usize,
-    pub backward_shared: usize,
-    pub update_shared: usize,
 }
+
+const F32: usize = std::mem::size_of::<f32>();
 
 impl TextLayout {
     pub fn new(shape: TextShape, sm_count: usize, max_shared: usize) -> Result<TextLayout> {
@@ -46,33 +46,38 @@ impl TextLayout {
         if d > MAX_EMBED {
             bail!("--embed {d} is above the GPU kernels' limit of {MAX_EMBED}; lower --embed or use --device cpu");
         }
-        let f = std::mem::size_of::<f32>();
-        let chunk = (2048 / h).clamp(1, 8);
-        // text_backward's shared memory: hs, dh [chunk][H], dl [chunk][R], gw2 [R][H], gb2 [R].
-        let fixed = 2 * chunk * h * f;
-        let per_row = (h + 1 + chunk) * f;
-        let fit_rows = max_shared.saturating_sub(fixed) / per_row;
+        let max_chunk = (2048 / h).min(2048 / d).clamp(1, 8);
+        let mut layout = TextLayout { shape, max_chunk, rows_per_block: 1, grid: v, update_grid: h.div_ceil(WARPS) };
+        // Rows per block: the vocabulary spread over every SM, fewer where text_backward's shared memory
+        // (its W2 gradient rows when B > SB) would not fit.
+        let fit_rows = max_shared.saturating_sub((1 + WARPS) * max_chunk * h * F32) / ((h + 1 + max_chunk) * F32);
         if fit_rows == 0 {
-            bail!(
-                "--hidden {h} needs more shared memory per block than this GPU has ({} KB); lower --hidden",
-                max_shared / 1024
-            );
+            bail!("--hidden {h} needs more shared memory per block than this GPU has ({} KB); lower --hidden", max_shared / 1024);
         }
-        let rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
-        Ok(TextLayout {
-            chunk,
-            rows_per_block,
-            grid: v.div_ceil(rows_per_block),
-            update_grid: h.div_ceil(WARPS),
-            forward_shared: chunk * (d + h) * f,
-            backward_shared: fixed + rows_per_block * per_row,
-            update_shared: (2 * chunk * d + chunk * WARPS) * f,
-        })
+        layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
+        layout.grid = v.div_ceil(layout.rows_per_block);
+        Ok(layout)
     }
-}
 
-fn blocks(count: usize, shared: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (count as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: shared as u32 }
+    pub fn chunk(&self, batch: usize) -> usize {
+        batch.clamp(1, self.max_chunk)
+    }
+
+    /// xs [chunk][D], hs [chunk][H], context tokens [chunk][N].
+    pub fn forward_shared(&self, chunk: usize) -> usize {
+        chunk * (self.shape.embed + self.shape.hidden + self.shape.context) * F32
+    }
+
+    /// hs [chunk][H], dh_warp [WARPS][chunk][H], dl [chunk][R], and for batches above the chunk
+    /// gw2 [R][H] and gb2 [R].
+    pub fn backward_shared(&self, chunk: usize, batch_above_chunk: bool) -> usize {
+        let (h, r) = (self.shape.hidden, self.rows_per_block);
+        ((1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
+    }
+
+    pub fn update_shared(&self, chunk: usize) -> usize {
+        ((1 + WARPS) * chunk * self.shape.embed + chunk * WARPS) * F32
+    }
 }
 
 /// Device copies of the five parameter tensors.
@@ -120,7 +125,8 @@ pub struct GpuTrainer {
     gpu: Arc<Gpu>,
     shape: TextShape,
     pub layout: TextLayout,
-    kernels: Kernels,
+    /// Kernels compiled for each chunk size in use (TEXT_SB).
+    kernels: HashMap<usize, Kernels>,
     pub params: DeviceParams,
     tokens: CudaSlice<u32>,
     positions: CudaSlice<u32>,
@@ -135,23 +141,6 @@ impl GpuTrainer {
     pub fn new(gpu: Arc<Gpu>, params: &TextParams, tokens: Arc<[u32]>) -> Result<GpuTrainer> {
         let shape = params.shape;
         let layout = TextLayout::new(shape, gpu.sm_count as usize, gpu.max_shared_optin)?;
-        let module = gpu.module(
-            "text",
-            &[("TEXT_D", shape.embed as i64), ("TEXT_H", shape.hidden as i64), ("TEXT_SB", layout.chunk as i64)],
-        )?;
-        let load = |name: &str| Gpu::function(&module, name);
-        let kernels = Kernels {
-            forward: load("text_forward")?,
-            backward: load("text_backward")?,
-            update: load("text_update")?,
-            advance: load("text_advance")?,
-            eval_rank: load("text_eval_rank")?,
-            eval_finish: load("text_eval_finish")?,
-        };
-        gpu.reserve_shared(&kernels.forward, layout.forward_shared, "--hidden or --embed")?;
-        gpu.reserve_shared(&kernels.backward, layout.backward_shared, "--hidden")?;
-        gpu.reserve_shared(&kernels.update, layout.update_shared, "--embed")?;
-
         let stream = gpu.stream.clone();
         let upload = |host: &[f32]| stream.clone_htod(host).context("copying the model to the GPU");
         let params = DeviceParams {
@@ -171,7 +160,7 @@ impl GpuTrainer {
             gpu,
             shape,
             layout,
-            kernels,
+            kernels: HashMap::new(),
             params,
             tokens,
             buffers,
@@ -179,10 +168,38 @@ impl GpuTrainer {
         })
     }
 
+    /// The kernels for steps of `batch` samples, compiled on first use.
+    fn kernels_for(&mut self, batch: usize) -> Result<&Kernels> {
+        let chunk = self.layout.chunk(batch);
+        if !self.kernels.contains_key(&chunk) {
+            let s = self.shape;
+            let module = self.gpu.module(
+                "text",
+                &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64), ("TEXT_SB", chunk as i64)],
+            )?;
+            let load = |name: &str| Gpu::function(&module, name);
+            let kernels = Kernels {
+                forward: load("text_forward")?,
+                backward: load("text_backward")?,
+                update: load("text_update")?,
+                advance: load("text_advance")?,
+                eval_rank: load("text_eval_rank")?,
+                eval_finish: load("text_eval_finish")?,
+            };
+            let l = &self.layout;
+            self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden or --embed")?;
+            self.gpu.reserve_shared(&kernels.backward, l.backward_shared(chunk, true), "--hidden")?;
+            self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk), "--embed")?;
+            self.kernels.insert(chunk, kernels);
+        }
+        Ok(&self.kernels[&chunk])
+    }
+
     fn alloc_buffers(gpu: &Gpu, shape: TextShape, layout: &TextLayout, capacity: usize) -> Result<StepBuffers> {
         let s = &gpu.stream;
         let TextShape { vocab: v, embed: d, hidden: h, .. } = shape;
         let g = layout.grid;
+        let capacity = capacity.max(1);
         let alloc = |n: usize| s.alloc_zeros::<f32>(n).context("GPU out of memory for the step buffers");
         Ok(StepBuffers {
             capacity,
@@ -217,68 +234,67 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// Kernel 1 for `batch` samples starting `offset` past the cursor.
-    pub fn launch_forward(&mut self, batch: usize, offset: usize) -> Result<()> {
-        let (v, n, rows) = (self.shape.vocab as i32, self.shape.context as i32, self.layout.rows_per_block as i32);
-        let (b, off) = (batch as i32, offset as u32);
-        let cfg = blocks(self.layout.grid, self.layout.forward_shared);
-        let p = &self.params;
-        let buf = &mut self.buffers;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.forward);
-        launch.arg(&p.embedding).arg(&p.w1).arg(&p.b1).arg(&p.w2).arg(&p.b2);
-        launch.arg(&self.tokens).arg(&self.positions).arg(&self.cursor).arg(&off);
-        launch.arg(&v).arg(&n).arg(&b).arg(&rows);
-        launch.arg(&mut buf.x).arg(&mut buf.z1).arg(&mut buf.logits).arg(&mut buf.stats);
-        unsafe { launch.launch(cfg) }.context("launching text_forward")?;
-        Ok(())
+    /// Kernel 1 for `batch` samples starting `offset` past the cursor. `programmatic`: may overlap the
+    /// kernel before it (only when that is a step kernel, never text_advance or a copy).
+    pub fn launch_forward(&mut self, batch: usize, offset: usize, programmatic: bool) -> Result<()> {
+        let chunk = self.layout.chunk(batch);
+        let func = self.kernels_for(batch)?.forward.clone();
+        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
+        let l = &self.layout;
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::i32(self.shape.vocab as i32), Arg::i32(self.shape.context as i32), Arg::i32(batch as i32),
+            Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats),
+        ];
+        g.launch("text_forward", &func, l.grid as u32, l.forward_shared(chunk) as u32, programmatic, &args)
     }
 
     /// Kernel 2: softmax normalisation, W2/b2 update, dh partials, loss.
-    pub fn launch_backward(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
-        let (v, rows) = (self.shape.vocab as i32, self.layout.rows_per_block as i32);
-        let (b, off) = (batch as i32, offset as u32);
-        let cfg = blocks(self.layout.grid, self.layout.backward_shared);
-        let p = &mut self.params;
-        let buf = &mut self.buffers;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.backward);
-        launch.arg(&mut p.w2).arg(&mut p.b2).arg(&buf.logits).arg(&buf.stats).arg(&buf.z1);
-        launch.arg(&self.tokens).arg(&self.positions).arg(&self.cursor).arg(&off);
-        launch.arg(&v).arg(&b).arg(&rows).arg(&lr);
-        launch.arg(&mut buf.dh_partial).arg(&mut self.loss_sum);
-        unsafe { launch.launch(cfg) }.context("launching text_backward")?;
-        Ok(())
+    pub fn launch_backward(&mut self, batch: usize, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
+        let chunk = self.layout.chunk(batch);
+        let func = self.kernels_for(batch)?.backward.clone();
+        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
+        let l = &self.layout;
+        let args = [
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.z1),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32), Arg::f32(lr),
+            Arg::buf(g, &b.dh_partial), Arg::buf(g, &self.loss_sum),
+        ];
+        let shared = l.backward_shared(chunk, batch > chunk);
+        g.launch("text_backward", &func, l.grid as u32, shared as u32, programmatic, &args)
     }
 
     /// Kernel 3: W1/b1 update and the embedding rows of the context tokens.
-    pub fn launch_update(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
-        let (n, g) = (self.shape.context as i32, self.layout.grid as i32);
-        let (b, off) = (batch as i32, offset as u32);
-        let cfg = blocks(self.layout.update_grid, self.layout.update_shared);
-        let p = &mut self.params;
-        let buf = &mut self.buffers;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.update);
-        launch.arg(&mut p.embedding).arg(&mut p.w1).arg(&mut p.b1);
-        launch.arg(&buf.x).arg(&buf.z1).arg(&buf.dh_partial);
-        launch.arg(&self.tokens).arg(&self.positions).arg(&self.cursor).arg(&off);
-        launch.arg(&n).arg(&b).arg(&g).arg(&lr).arg(&mut buf.dx_sum).arg(&mut buf.ticket);
-        unsafe { launch.launch(cfg) }.context("launching text_update")?;
-        Ok(())
+    pub fn launch_update(&mut self, batch: usize, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
+        let chunk = self.layout.chunk(batch);
+        let func = self.kernels_for(batch)?.update.clone();
+        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
+        let l = &self.layout;
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::i32(l.grid as i32), Arg::f32(lr),
+            Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket),
+        ];
+        g.launch("text_update", &func, l.update_grid as u32, l.update_shared(chunk) as u32, programmatic, &args)
     }
 
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {
-        let samples = samples as u32;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.advance);
-        launch.arg(&mut self.cursor).arg(&samples);
-        unsafe { launch.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }
-            .context("launching text_advance")?;
-        Ok(())
+        let func = self.kernels_for(1)?.advance.clone();
+        let args = [Arg::buf(&self.gpu, &self.cursor), Arg::u32(samples as u32)];
+        self.gpu.launch("text_advance", &func, 1, 0, false, &args)
     }
 
-    /// One SGD step: the three kernels.
-    pub fn launch_step(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
-        self.launch_forward(batch, offset)?;
-        self.launch_backward(batch, offset, lr)?;
-        self.launch_update(batch, offset, lr)
+    /// One SGD step: the three kernels, each overlapping the tail of the one before it.
+    /// `after_step`: the previous kernel on the stream is the last kernel of a step.
+    pub fn launch_step(&mut self, batch: usize, offset: usize, lr: f32, after_step: bool) -> Result<()> {
+        self.launch_forward(batch, offset, after_step)?;
+        self.launch_backward(batch, offset, lr, true)?;
+        self.launch_update(batch, offset, lr, true)
     }
 
     /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.
@@ -296,19 +312,21 @@ impl GpuTrainer {
     fn capture_steps(&mut self, batch: usize, lr: f32) -> Result<CudaGraph> {
         self.capture(|t| {
             for step in 0..GRAPH_STEPS {
-                t.launch_step(batch, step * batch, lr)?;
+                t.launch_step(batch, step * batch, lr, step > 0)?;
             }
             t.launch_advance(GRAPH_STEPS * batch)
         })
     }
 
-    /// Registers and local (spill) bytes per thread of each kernel, from the driver.
-    pub fn kernel_resources(&self) -> Vec<(&'static str, i32, i32)> {
-        let k = &self.kernels;
-        [("text_forward", &k.forward), ("text_backward", &k.backward), ("text_update", &k.update)]
-            .into_iter()
-            .map(|(name, f)| (name, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)))
-            .collect()
+    /// Registers and local (spill) bytes per thread of each kernel and chunk size, from the driver.
+    pub fn kernel_resources(&self) -> Vec<(&'static str, usize, i32, i32)> {
+        let mut rows = Vec::new();
+        for (chunk, k) in &self.kernels {
+            for (name, f) in [("text_forward", &k.forward), ("text_backward", &k.backward), ("text_update", &k.update)] {
+                rows.push((name, *chunk, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)));
+            }
+        }
+        rows
     }
 
     fn graph_for(&mut self, batch: usize, lr: f32) -> Result<&CudaGraph> {
@@ -334,12 +352,13 @@ impl GpuTrainer {
             }
         }
         for _ in done..steps {
-            self.launch_step(batch, 0, lr)?;
+            self.launch_step(batch, 0, lr, false)?;
             self.launch_advance(batch)?;
         }
         let rest = samples % batch;
         if rest > 0 {
-            self.launch_step(rest, 0, lr)?;
+            self.ensure_capacity(rest)?;
+            self.launch_step(rest, 0, lr, false)?;
             self.launch_advance(rest)?;
         }
         Ok(())
@@ -390,22 +409,23 @@ impl TextTrainer for GpuTrainer {
         self.set_positions(positions)?;
         self.zero_loss()?;
         self.gpu.stream.memcpy_htod(&[0u64, 0], &mut self.hit_counts)?;
-        let (v, g, rows) = (self.shape.vocab as i32, self.layout.grid as i32, self.layout.rows_per_block as i32);
+        let (v, grid, rows) = (self.shape.vocab as i32, self.layout.grid as i32, self.layout.rows_per_block as i32);
         for chunk in positions.chunks(EVAL_BATCH) {
-            let b = chunk.len() as i32;
-            let off = 0u32;
-            self.launch_forward(chunk.len(), 0)?;
-            let buf = &mut self.buffers;
-            let mut launch = self.gpu.stream.launch_builder(&self.kernels.eval_rank);
-            launch.arg(&buf.logits).arg(&self.tokens).arg(&self.positions).arg(&self.cursor).arg(&off);
-            launch.arg(&v).arg(&b).arg(&rows).arg(&mut buf.rank);
-            unsafe { launch.launch(blocks(self.layout.grid, 0)) }.context("launching text_eval_rank")?;
-            let mut launch = self.gpu.stream.launch_builder(&self.kernels.eval_finish);
-            launch.arg(&buf.logits).arg(&buf.stats).arg(&self.tokens).arg(&self.positions).arg(&self.cursor);
-            launch.arg(&off).arg(&v).arg(&b).arg(&g).arg(&mut buf.rank).arg(&mut self.loss_sum);
-            launch.arg(&mut self.hit_counts);
-            unsafe { launch.launch(blocks(1, 0)) }.context("launching text_eval_finish")?;
-            self.launch_advance(chunk.len())?;
+            let b = chunk.len();
+            self.launch_forward(b, 0, false)?;
+            let k = self.kernels_for(b)?;
+            let (rank_fn, finish_fn) = (k.eval_rank.clone(), k.eval_finish.clone());
+            let (g, buf) = (&*self.gpu, &self.buffers);
+            let (tokens, positions, cursor) = (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor));
+            let args = [Arg::buf(g, &buf.logits), tokens, positions, cursor, Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(rows), Arg::buf(g, &buf.rank)];
+            g.launch("text_eval_rank", &rank_fn, grid as u32, 0, false, &args)?;
+            let args = [
+                Arg::buf(g, &buf.logits), Arg::buf(g, &buf.stats), tokens, positions, cursor, Arg::u32(0),
+                Arg::i32(v), Arg::i32(b as i32), Arg::i32(grid), Arg::buf(g, &buf.rank), Arg::buf(g, &self.loss_sum),
+                Arg::buf(g, &self.hit_counts),
+            ];
+            g.launch("text_eval_finish", &finish_fn, 1, 0, false, &args)?;
+            self.launch_advance(b)?;
         }
         let counts = self.gpu.stream.clone_dtoh(&self.hit_counts).context("a text evaluation kernel failed")?;
         Ok(EvalSums { samples: positions.len() as u64, loss: self.read_loss()?, top1: counts[0], top5: counts[1] })

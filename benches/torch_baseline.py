@@ -6,7 +6,12 @@ Modes: batch 1 eager, batch 1 with the whole training step captured in a CUDA gr
 batch 4096 eager. Timed with CUDA events after warm-up; the median of several repeats. Prints one JSON
 object. Run it in the same device session as `textnet bench --json` so the numbers compare.
 
-usage: python3 benches/torch_baseline.py [--repeats 7]
+With --quality DIR (written by `textnet bench quality`): the same single-sample SGD run as textnet's,
+from textnet's initial parameters over textnet's sample order, then validation loss and top-1/top-5 on
+textnet's held-out samples, so the three implementations (GPU kernels, CPU reference, PyTorch) compare
+sample for sample.
+
+usage: python3 benches/torch_baseline.py [--repeats 7] [--quality DIR [--lr 0.05]]
 """
 import argparse
 import json
@@ -99,10 +104,63 @@ def graphed(batch, steps, repeats, gen):
     return time_ms(run, repeats)
 
 
+def quality(directory, lr):
+    import numpy as np
+    from safetensors.torch import load_file
+
+    def words(name):
+        return torch.from_numpy(np.fromfile(f"{directory}/{name}", dtype="<u4").astype(np.int64)).cuda()
+
+    tokens, order, val = words("tokens.u32"), words("order.u32"), words("val.u32")
+    init = load_file(f"{directory}/init.safetensors")
+    vocab, embed = init["embedding"].shape
+    hidden = init["w1"].shape[0]
+    emb = nn.Embedding(vocab, embed).cuda()
+    lin1, lin2 = nn.Linear(embed, hidden).cuda(), nn.Linear(hidden, vocab).cuda()
+    with torch.no_grad():
+        emb.weight.copy_(init["embedding"])
+        lin1.weight.copy_(init["w1"]); lin1.bias.copy_(init["b1"])
+        lin2.weight.copy_(init["w2"]); lin2.bias.copy_(init["b2"])
+    params = list(emb.parameters()) + list(lin1.parameters()) + list(lin2.parameters())
+    opt = torch.optim.SGD(params, lr=lr)
+    offsets = torch.arange(-N, 0, device="cuda")
+
+    def logits_of(positions):
+        x = emb(tokens[positions[:, None] + offsets]).mean(dim=1)
+        return lin2(F.relu(lin1(x)))
+
+    train_loss = 0.0
+    losses = torch.zeros(len(order), device="cuda")
+    for i in range(len(order)):
+        opt.zero_grad(set_to_none=True)
+        pos = order[i:i + 1]
+        loss = F.cross_entropy(logits_of(pos), tokens[pos])
+        loss.backward()
+        opt.step()
+        losses[i] = loss.detach()
+    train_loss = losses.mean().item()
+    with torch.no_grad():
+        total, top1, top5 = 0.0, 0, 0
+        for chunk in val.split(1024):
+            logits = logits_of(chunk)
+            target = tokens[chunk]
+            total += F.cross_entropy(logits, target, reduction="sum").item()
+            best = logits.topk(5, dim=1).indices
+            top1 += (best[:, 0] == target).sum().item()
+            top5 += (best == target[:, None]).any(dim=1).sum().item()
+    n = len(val)
+    print(json.dumps({"torch": torch.__version__, "samples": len(order), "lr": lr, "train_loss": train_loss,
+                      "val_loss": total / n, "top1_percent": 100 * top1 / n, "top5_percent": 100 * top5 / n}, indent=2))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--quality", metavar="DIR")
+    ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
+    if args.quality:
+        return quality(args.quality, args.lr)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for mode, batch, steps, fn in [

@@ -15,8 +15,13 @@ use std::sync::Arc;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BenchTarget {
+    /// Text model speed: single-sample and batched steps
     #[default]
     Text,
+    /// Text model quality: GPU and CPU reference trained on the same samples; writes what the
+    /// PyTorch baseline needs to repeat the run (`benches/torch_baseline.py --quality DIR`)
+    Quality,
+    /// MNIST pipeline speed and accuracy
     Mnist,
 }
 
@@ -31,6 +36,15 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table
     #[arg(long)]
     pub json: bool,
+    /// quality: the corpus to train on
+    #[arg(long, default_value = "corpus/shakespeare.txt")]
+    pub corpus: std::path::PathBuf,
+    /// quality: training samples (single-sample SGD steps)
+    #[arg(long, default_value_t = 20_000)]
+    pub samples: usize,
+    /// quality: where to write tokens, sample order and initial parameters for the PyTorch run
+    #[arg(long, default_value = "data/quality")]
+    pub dump: std::path::PathBuf,
 }
 
 #[derive(Serialize, Debug)]
@@ -49,6 +63,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
     match args.target {
         BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json),
+        BenchTarget::Quality => bench_quality(&gpu, &args),
         BenchTarget::Mnist => crate::mnist::gpu::bench(&gpu, &args),
     }
 }
@@ -176,5 +191,71 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
             bytes_step / 5e12 * 1e6
         );
     }
+    Ok(())
+}
+
+/// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
+/// same initial parameters in the same shuffled order, then the validation loss of each on the same
+/// held-out samples. The tokens, the order, the validation positions and the initial parameters are
+/// written to `dump` so that the PyTorch model repeats exactly this run.
+fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
+    use crate::text::corpus::{Corpus, CorpusOptions, Split};
+    use crate::text::train::spread_subset;
+    use crate::text::{CpuTrainer, TextTrainer};
+    use rand::seq::SliceRandom;
+
+    let corpus = Corpus::read(
+        &args.corpus,
+        CorpusOptions { tokenizer: Default::default(), max_vocab: BENCH_SHAPE.vocab, max_tokens: None },
+    )?;
+    let shape = TextShape { vocab: corpus.vocab.len(), ..BENCH_SHAPE };
+    let split = Split::new(corpus.tokens.len(), shape.context)?;
+    let mut order = split.train.clone();
+    order.shuffle(&mut StdRng::seed_from_u64(1));
+    order.truncate(args.samples.max(1));
+    let val = spread_subset(&split.val, 5000);
+    let params = TextParams::init(shape, 1);
+    let tokens: Arc<[u32]> = corpus.tokens.clone().into();
+    let lr = 0.05f32;
+
+    let started = std::time::Instant::now();
+    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
+    let gpu_train = gpu_trainer.train(&order, 1, lr)? / order.len() as f64;
+    let gpu_eval = gpu_trainer.evaluate(&val)?;
+    let gpu_secs = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
+    let cpu_train = cpu.train(&order, 1, lr)? / order.len() as f64;
+    let cpu_eval = cpu.evaluate(&val)?;
+    let cpu_secs = started.elapsed().as_secs_f64();
+
+    std::fs::create_dir_all(&args.dump).with_context(|| format!("cannot create {}", args.dump.display()))?;
+    let words = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    std::fs::write(args.dump.join("tokens.u32"), words(&tokens))?;
+    std::fs::write(args.dump.join("order.u32"), words(&order))?;
+    std::fs::write(args.dump.join("val.u32"), words(&val))?;
+    let views: Vec<(String, safetensors::tensor::TensorView)> = params
+        .tensors()
+        .into_iter()
+        .map(|(name, data, dims)| {
+            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), data.len() * 4) };
+            (name.to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, dims, bytes).unwrap())
+        })
+        .collect();
+    std::fs::write(args.dump.join("init.safetensors"), safetensors::serialize(views, None)?)?;
+
+    let summary = |train: f64, e: crate::text::model::EvalSums, secs: f64| {
+        let n = e.samples.max(1) as f64;
+        serde_json::json!({"train_loss": train, "val_loss": e.loss / n, "val_perplexity": (e.loss / n).exp(),
+            "top1_percent": 100.0 * e.top1 as f64 / n, "top5_percent": 100.0 * e.top5 as f64 / n, "seconds": secs})
+    };
+    let (gpu_val, cpu_val) = (gpu_eval.loss / gpu_eval.samples as f64, cpu_eval.loss / cpu_eval.samples as f64);
+    let out = serde_json::json!({
+        "device": gpu.describe(), "corpus": args.corpus, "vocab": shape.vocab, "samples": order.len(),
+        "val_samples": val.len(), "lr": lr, "batch": 1,
+        "gpu": summary(gpu_train, gpu_eval, gpu_secs), "cpu": summary(cpu_train, cpu_eval, cpu_secs),
+        "val_loss_rel_diff": (gpu_val - cpu_val).abs() / cpu_val, "dump": args.dump,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

@@ -1,0 +1,202 @@
+//! The training loop, the same for every backend: it drives a `TextTrainer` through seeded-shuffled
+//! epochs in chunks (so progress can be shown), validates after each epoch, and stops at the first
+//! non-finite loss, handing back the parameters of the last good epoch. Also the unigram baseline the
+//! epochs are measured against, and the choice of trainer for a `Backend`.
+
+use super::gpu::GpuTrainer;
+use super::model::{EvalSums, TextParams};
+use super::{CpuTrainer, TextTrainer};
+use crate::device::Backend;
+use anyhow::{Result, bail};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The trainer for `backend`, owning `params` and the token stream.
+pub fn make_trainer(backend: &Backend, params: TextParams, tokens: Arc<[u32]>) -> Result<Box<dyn TextTrainer>> {
+    match backend {
+        Backend::Cpu => Ok(Box::new(CpuTrainer { params, tokens })),
+        Backend::Cuda(gpu) => Ok(Box::new(GpuTrainer::new(gpu.clone(), &params, tokens)?)),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct TrainOptions {
+    pub lr: f32,
+    pub epochs: usize,
+    /// Samples per SGD step.
+    pub batch: usize,
+    /// Seeds the per-epoch shuffle (the parameter initialisation takes the seed separately).
+    pub seed: u64,
+    pub shuffle: bool,
+}
+
+/// What one epoch achieved. Losses are mean cross-entropy in nats; accuracies are percentages.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EpochMetrics {
+    pub epoch: usize,
+    /// Mean loss over the epoch's training samples, each taken just before its own update.
+    pub train_loss: f64,
+    pub val_loss: f64,
+    pub val_perplexity: f64,
+    pub top1_percent: f64,
+    pub top5_percent: f64,
+    /// Training samples per second (validation time excluded).
+    pub samples_per_sec: f64,
+    /// Seconds since training started, validation included.
+    pub elapsed_secs: f64,
+}
+
+/// Hooks for showing progress; every method defaults to doing nothing, so `()` shows nothing.
+pub trait Progress {
+    fn epoch_started(&mut self, _epoch: usize, _samples: usize) {}
+    fn advanced(&mut self, _samples: usize) {}
+    fn epoch_finished(&mut self, _metrics: &EpochMetrics) {}
+}
+
+impl Progress for () {}
+
+/// Where a run stopped early because the loss or the parameters stopped being finite.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Divergence {
+    pub epoch: usize,
+    /// What went non-finite, e.g. "training loss".
+    pub what: &'static str,
+}
+
+#[derive(Clone, Debug)]
+pub struct TrainRun {
+    /// Metrics of the completed epochs.
+    pub epochs: Vec<EpochMetrics>,
+    /// The final parameters, or after a divergence those of the last good epoch (the initial ones when
+    /// the first epoch diverged).
+    pub params: TextParams,
+    pub diverged: Option<Divergence>,
+}
+
+/// Samples per `trainer.train` call: about 1/256 of an epoch so progress moves, at least 256 and at most
+/// 8192 samples, and whole batches so no SGD step is split between calls.
+fn chunk_len(epoch_samples: usize, batch: usize) -> usize {
+    let target = (epoch_samples / 256).clamp(256, 8192);
+    (target / batch).max(1) * batch
+}
+
+/// Runs `options.epochs` epochs over the samples at `train`, validating on `val` after each.
+pub fn train(
+    trainer: &mut dyn TextTrainer,
+    train: &[u32],
+    val: &[u32],
+    options: &TrainOptions,
+    progress: &mut dyn Progress,
+) -> Result<TrainRun> {
+    if train.is_empty() || val.is_empty() {
+        bail!("internal: training needs at least one training and one validation sample");
+    }
+    // A stream apart from the one `TextParams::init` draws from the same seed.
+    let mut rng = StdRng::seed_from_u64(options.seed ^ 0x9E37_79B9_7F4A_7C15);
+    let mut order = train.to_vec();
+    let mut last_good = trainer.params()?;
+    let mut epochs = Vec::with_capacity(options.epochs);
+    let started = Instant::now();
+    for epoch in 1..=options.epochs {
+        if options.shuffle {
+            order.shuffle(&mut rng);
+        }
+        match run_epoch(trainer, epoch, &order, val, options, progress, started)? {
+            EpochEnd::Finished(metrics, params) => {
+                progress.epoch_finished(&metrics);
+                epochs.push(metrics);
+                last_good = params;
+            }
+            EpochEnd::NonFinite(what) => {
+                return Ok(TrainRun { epochs, params: last_good, diverged: Some(Divergence { epoch, what }) });
+            }
+        }
+    }
+    Ok(TrainRun { epochs, params: last_good, diverged: None })
+}
+
+enum EpochEnd {
+    Finished(EpochMetrics, TextParams),
+    /// What stopped being finite.
+    NonFinite(&'static str),
+}
+
+/// One pass over `order` in chunks, then validation and a copy of the parameters.
+fn run_epoch(
+    trainer: &mut dyn TextTrainer,
+    epoch: usize,
+    order: &[u32],
+    val: &[u32],
+    options: &TrainOptions,
+    progress: &mut dyn Progress,
+    started: Instant,
+) -> Result<EpochEnd> {
+    progress.epoch_started(epoch, order.len());
+    let epoch_started = Instant::now();
+    let mut loss_sum = 0.0f64;
+    for part in order.chunks(chunk_len(order.len(), options.batch)) {
+        let loss = trainer.train(part, options.batch, options.lr)?;
+        if !loss.is_finite() {
+            return Ok(EpochEnd::NonFinite("training loss"));
+        }
+        loss_sum += loss;
+        progress.advanced(part.len());
+    }
+    let samples_per_sec = order.len() as f64 / epoch_started.elapsed().as_secs_f64();
+    let eval = trainer.evaluate(val)?;
+    if !eval.loss.is_finite() {
+        return Ok(EpochEnd::NonFinite("validation loss"));
+    }
+    let params = trainer.params()?;
+    if !params.all_finite() {
+        return Ok(EpochEnd::NonFinite("parameters"));
+    }
+    let metrics = epoch_metrics(epoch, loss_sum / order.len() as f64, &eval, samples_per_sec, started);
+    Ok(EpochEnd::Finished(metrics, params))
+}
+
+fn epoch_metrics(
+    epoch: usize,
+    train_loss: f64,
+    eval: &EvalSums,
+    samples_per_sec: f64,
+    started: Instant,
+) -> EpochMetrics {
+    let n = eval.samples.max(1) as f64;
+    let val_loss = eval.loss / n;
+    EpochMetrics {
+        epoch,
+        train_loss,
+        val_loss,
+        val_perplexity: val_loss.exp(),
+        top1_percent: 100.0 * eval.top1 as f64 / n,
+        top5_percent: 100.0 * eval.top5 as f64 / n,
+        samples_per_sec,
+        elapsed_secs: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// At most `max` of `positions`, spread evenly over them (all of them when `max` is 0 or not smaller),
+/// so a capped validation set still covers the whole held-out text.
+pub fn spread_subset(positions: &[u32], max: usize) -> Vec<u32> {
+    if max == 0 || max >= positions.len() {
+        return positions.to_vec();
+    }
+    (0..max).map(|i| positions[i * positions.len() / max]).collect()
+}
+
+/// Validation loss of the unigram baseline: token frequencies of `training_tokens` with add-one
+/// smoothing over all `vocab_size` ids, scored on the targets at `val` positions of `tokens`.
+pub fn unigram_loss(tokens: &[u32], training_tokens: usize, vocab_size: usize, val: &[u32]) -> f64 {
+    let mut counts = vec![0u64; vocab_size];
+    for &t in &tokens[..training_tokens] {
+        counts[t as usize] += 1;
+    }
+    let total = (training_tokens + vocab_size) as f64;
+    let loss: f64 = val.iter().map(|&pos| -(((counts[tokens[pos as usize] as usize] + 1) as f64) / total).ln()).sum();
+    loss / val.len().max(1) as f64
+}

@@ -1,0 +1,44 @@
+//! GPU parity of the text kernels against the CPU reference (the checks `textnet selftest` prints).
+//! Run on a machine with a CUDA GPU: `cargo test --release -- --ignored`. Without one they fail.
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use textnet::selftest::{Check, test_gpu, text_kernel_checks, text_training_check};
+use textnet::text::model::TextShape;
+
+fn assert_all_pass(checks: &[Check]) {
+    let failed: Vec<_> = checks.iter().filter(|c| !c.passed()).collect();
+    assert!(failed.is_empty(), "failed checks: {failed:#?}");
+}
+
+fn shape(vocab: usize, embed: usize, hidden: usize, context: usize) -> TextShape {
+    TextShape { vocab, embed, hidden, context }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn each_text_kernel_matches_the_cpu_reference() {
+    let gpu = test_gpu();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    // The bench shape, a vocabulary that is no multiple of the rows per block, odd widths, batches below
+    // and above the kernels' sample chunk, and the largest hidden size the kernels take.
+    for (s, batch) in [
+        (shape(8192, 64, 256, 3), 1),
+        (shape(8192, 64, 256, 3), 19),
+        (shape(1000, 33, 100, 2), 5),
+        (shape(517, 16, 40, 1), 11),
+        (shape(50021, 256, textnet::text::gpu::MAX_HIDDEN, 4), 2),
+    ] {
+        assert_all_pass(&text_kernel_checks(&gpu, s, batch, &mut rng).unwrap());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_thousand_training_steps_match_the_cpu_reference() {
+    let gpu = test_gpu();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 64, 3), 1), (shape(2003, 32, 64, 3), 7)] {
+        assert_all_pass(&[text_training_check(&gpu, s, batch, 1000, &mut rng).unwrap()]);
+    }
+}

@@ -59,6 +59,20 @@ __device__ __forceinline__ void load_rows(float (&w)[ROW_GROUP][HP], const float
         }
 }
 
+// The warp's next row group: the prologue's prefetch when `prefetched` (first group, first chunk), else
+// loaded now.
+__device__ __forceinline__ void fetch_rows(float (&w)[ROW_GROUP][HP], const float (&first)[ROW_GROUP][HP],
+                                           bool prefetched, const float* M, int first_row, int count) {
+    if (prefetched) {
+#pragma unroll
+        for (int q = 0; q < ROW_GROUP; ++q)
+#pragma unroll
+            for (int i = 0; i < HP; ++i) w[q][i] = first[q][i];
+    } else {
+        load_rows(w, M, first_row, count);
+    }
+}
+
 // Targets (and, with `context`, the context tokens) of the step's samples c0 .. c0+sb, into shared memory.
 // Read-only data: safe before the grid dependency wait (only text_advance, never a step kernel, moves
 // the cursor).
@@ -191,14 +205,7 @@ text_forward(const float* __restrict__ E, const float* __restrict__ W1, const fl
         for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
         for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
             float w[ROW_GROUP][HP];
-            if (c0 == 0 && r0 == warp * ROW_GROUP) {
-#pragma unroll
-                for (int q = 0; q < ROW_GROUP; ++q)
-#pragma unroll
-                    for (int i = 0; i < HP; ++i) w[q][i] = w_first[q][i];
-            } else {
-                load_rows(w, W2, row0 + r0, rows - r0);
-            }
+            fetch_rows(w, w_first, c0 == 0 && r0 == warp * ROW_GROUP, W2, row0 + r0, rows - r0);
 #pragma unroll
             for (int q = 0; q < ROW_GROUP; ++q) {
                 if (r0 + q >= rows) break;
@@ -306,14 +313,7 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
             for (int i = 0; i < HP; ++i) dh_acc[s][i] = 0.0f;
         for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
             float w[ROW_GROUP][HP];
-            if (c0 == 0 && r0 == warp * ROW_GROUP) {
-#pragma unroll
-                for (int q = 0; q < ROW_GROUP; ++q)
-#pragma unroll
-                    for (int i = 0; i < HP; ++i) w[q][i] = w_first[q][i];
-            } else {
-                load_rows(w, W2, row0 + r0, rows - r0);
-            }
+            fetch_rows(w, w_first, c0 == 0 && r0 == warp * ROW_GROUP, W2, row0 + r0, rows - r0);
 #pragma unroll
             for (int q = 0; q < ROW_GROUP; ++q) {
                 const int r = r0 + q, v = row0 + r;

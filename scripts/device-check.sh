@@ -19,6 +19,7 @@ for what in "${@:-all}"; do
     selftest|all) $bin selftest 2>&1 | tee "$OUT/selftest.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;&
     bench|all) $bin bench --json >"$OUT/bench.json" 2>"$OUT/bench.err" || status=1; cat "$OUT/bench.json" "$OUT/bench.err" ;;&
     torch|all) PYTHONUNBUFFERED=1 python3 benches/torch_baseline.py >"$OUT/torch.json" 2>&1 || status=1; cat "$OUT/torch.json" ;;&
+    mnist|all) $bin bench mnist --json >"$OUT/bench_mnist.json" 2>"$OUT/bench_mnist.err" || status=1; PYTHONUNBUFFERED=1 python3 benches/torch_mnist.py >"$OUT/torch_mnist.json" 2>&1 || status=1; cat "$OUT/bench_mnist.json" "$OUT/bench_mnist.err" "$OUT/torch_mnist.json" ;;&
     *) ;;
   esac
 done

@@ -87,15 +87,15 @@ pub fn trainer(
     }
 }
 
-/// The CUDA backend's trainer.
+/// The CUDA backend's trainer: both splits are copied to the GPU once.
 fn gpu_trainer(
-    _gpu: &Arc<Gpu>,
-    _params: MlpParams,
-    _optim: OptimConfig,
-    _train: Arc<Split>,
-    _test: Arc<Split>,
+    gpu: &Arc<Gpu>,
+    params: MlpParams,
+    optim: OptimConfig,
+    train: Arc<Split>,
+    test: Arc<Split>,
 ) -> Result<Box<dyn MnistTrainer>> {
-    bail!("the MNIST GPU kernels are not there yet; use --device cpu")
+    Ok(Box::new(gpu::GpuTrainer::new(gpu.clone(), params, optim, &train, &test)?))
 }
 
 /// Samples per forward pass when evaluating.

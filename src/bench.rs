@@ -36,6 +36,9 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table
     #[arg(long)]
     pub json: bool,
+    /// text: only the single-sample configurations and the per-kernel timings
+    #[arg(long)]
+    pub single: bool,
     /// quality: the corpus to train on
     #[arg(long, default_value = "corpus/shakespeare.txt")]
     pub corpus: std::path::PathBuf,
@@ -62,7 +65,7 @@ pub struct TextBenchRow {
 pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
     match args.target {
-        BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json),
+        BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json, args.single),
         BenchTarget::Quality => bench_quality(&gpu, &args),
         BenchTarget::Mnist => crate::mnist::gpu::bench(&gpu, &args),
     }
@@ -88,7 +91,7 @@ pub fn time_on_device(gpu: &Gpu, work: impl FnOnce() -> Result<()>) -> Result<f6
 
 pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
 
-fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
+fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool) -> Result<()> {
     let shape = BENCH_SHAPE;
     let mut rng = StdRng::seed_from_u64(7);
     let tokens: Arc<[u32]> = (0..1usize << 20).map(|_| rng.random_range(0..shape.vocab as u32)).collect();
@@ -103,6 +106,9 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         ("batch 4096, CUDA graph", 4096, 128, true),
     ];
     for (label, batch, steps, graph) in configs {
+        if single_only && batch > 1 {
+            continue;
+        }
         let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
         let samples = batch * steps;
         let positions: Vec<u32> =

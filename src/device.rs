@@ -224,10 +224,18 @@ impl Arg {
 }
 
 impl Gpu {
-    /// Launches `func` on the GPU's stream: `blocks` × 256 threads, `shared` bytes of dynamic shared
-    /// memory. With `programmatic`, the kernel may start before the previous one finishes (programmatic
+    /// Launches `func` on the GPU's stream: a grid of `blocks` (x, y) blocks of 256 threads, `shared`
+    /// bytes of dynamic shared memory. With `programmatic`, the kernel may start before the previous one finishes (programmatic
     /// dependent launch; the kernel must call grid_dependency_wait() before reading what that one writes).
-    pub fn launch(&self, name: &str, func: &CudaFunction, blocks: u32, shared: u32, programmatic: bool, args: &[Arg]) -> Result<()> {
+    pub fn launch(
+        &self,
+        name: &str,
+        func: &CudaFunction,
+        blocks: (u32, u32),
+        shared: u32,
+        programmatic: bool,
+        args: &[Arg],
+    ) -> Result<()> {
         use cudarc::driver::sys;
         // Every argument lives in a u64; a 32-bit scalar in its low (first, little-endian) four bytes.
         let mut storage: Vec<u64> = args
@@ -242,8 +250,8 @@ impl Gpu {
         attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attribute.value.programmaticStreamSerializationAllowed = 1;
         let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
+            gridDimX: blocks.0,
+            gridDimY: blocks.1,
             gridDimZ: 1,
             blockDimX: THREADS_PER_BLOCK,
             blockDimY: 1,

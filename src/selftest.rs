@@ -133,9 +133,13 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
     for (s, batch) in cases {
         checks.extend(text_kernel_checks(gpu, s, batch, &mut rng)?);
     }
+    for (s, batch) in [(shape(8192, 64, 256, 3), 256), (shape(1000, 33, 100, 2), 300), (shape(517, 16, 40, 1), 64)] {
+        checks.extend(text_tiled_checks(gpu, s, batch, &mut rng)?);
+    }
     for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 64, 3), 1), (shape(2003, 32, 64, 3), 7)] {
         checks.push(text_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
+    checks.push(text_training_check(gpu, shape(2003, 32, 64, 3), 130, 100, &mut rng)?);
     Ok(checks)
 }
 
@@ -224,6 +228,51 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
     let de = grads.embedding_dense(s, &contexts);
     out.push(check("text_update embedding update", rel_error(&delta(&p.embedding, &e), &scaled(lr, &de))));
     Ok(out)
+}
+
+/// One step of the tiled large-batch kernels (fused/text_batch.cu) against the CPU reference: the logits
+/// and softmax normaliser after text_batch_forward, then every parameter's update and the loss after the
+/// whole step, at lr = 10 as in `text_kernel_checks`.
+pub fn text_tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut StdRng) -> Result<Vec<Check>> {
+    const TOL: f64 = 1e-5;
+    let lr = 10.0f32;
+    let (p, tokens, positions) = random_problem(s, batch, rng);
+    let label = format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch);
+    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();
+    let targets: Vec<u32> = positions.iter().map(|&pos| tokens[pos as usize]).collect();
+    let (mut logits, mut logsumexp) = (Vec::new(), Vec::new());
+    for ctx in &contexts {
+        let mut a = model::Activations::new(s);
+        model::forward(&p, ctx, &mut a);
+        logits.extend_from_slice(&a.logits);
+        logsumexp.push(a.logsumexp);
+    }
+    let (grads, loss) = model::backward(&p, &contexts, &targets);
+
+    let mut t = GpuTrainer::new(gpu.clone(), &p, tokens.clone())?;
+    if !t.layout.tiled(batch) {
+        bail!("the tiled kernels do not take B={batch} for {label} on this GPU");
+    }
+    t.set_positions(&positions)?;
+    t.poison_buffers()?;
+    t.zero_loss()?;
+    t.launch_tiled_step(batch, 0, lr)?;
+    t.synchronize()?;
+    let norm = t.download(&t.buffers.norm)?;
+    let gpu_lse: Vec<f32> = (0..batch).map(|i| norm[2 * i] - norm[2 * i + 1].ln()).collect();
+    let e = t.download(&t.params.embedding)?;
+    let contexts_dense = grads.embedding_dense(s, &contexts);
+    Ok(vec![
+        check("text_batch_forward logits", rel_error(&t.download(&t.buffers.logits)?[..batch * s.vocab], &logits)),
+        check("text_batch_forward normaliser", rel_error(&gpu_lse, &logsumexp)),
+        check("text_batch_forward loss", rel_error(&[t.read_loss()? as f32], &[loss as f32])),
+        check("text_batch step W2 update", rel_error(&delta(&p.w2, &t.download(&t.params.w2)?), &scaled(lr, &grads.w2))),
+        check("text_batch step b2 update", rel_error(&delta(&p.b2, &t.download(&t.params.b2)?), &scaled(lr, &grads.b2))),
+        check("text_batch step W1 update", rel_error(&delta(&p.w1, &t.download(&t.params.w1)?), &scaled(lr, &grads.w1))),
+        check("text_batch step b1 update", rel_error(&delta(&p.b1, &t.download(&t.params.b1)?), &scaled(lr, &grads.b1))),
+        check("text_batch step embedding update", rel_error(&delta(&p.embedding, &e), &scaled(lr, &contexts_dense))),
+    ])
 }
 
 /// `steps` whole SGD steps through the production path (CUDA graphs) against the CPU reference from the

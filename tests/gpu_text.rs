@@ -3,7 +3,7 @@
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use textnet::selftest::{Check, test_gpu, text_kernel_checks, text_training_check};
+use textnet::selftest::{Check, test_gpu, text_kernel_checks, text_tiled_checks, text_training_check};
 use textnet::text::model::TextShape;
 
 fn assert_all_pass(checks: &[Check]) {
@@ -31,6 +31,17 @@ fn each_text_kernel_matches_the_cpu_reference() {
     ] {
         assert_all_pass(&text_kernel_checks(&gpu, s, batch, &mut rng).unwrap());
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_tiled_large_batch_step_matches_the_cpu_reference() {
+    let gpu = test_gpu();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for (s, batch) in [(shape(8192, 64, 256, 3), 256), (shape(1000, 33, 100, 2), 300), (shape(517, 16, 40, 1), 64)] {
+        assert_all_pass(&text_tiled_checks(&gpu, s, batch, &mut rng).unwrap());
+    }
+    assert_all_pass(&[text_training_check(&gpu, shape(2003, 32, 64, 3), 130, 100, &mut rng).unwrap()]);
 }
 
 #[test]

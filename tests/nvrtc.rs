@@ -17,6 +17,14 @@ fn every_fused_kernel_compiles_with_nvrtc() {
 
 #[test]
 fn text_kernels_compile_for_odd_shapes() {
+    let batch_unit = textnet::device::kernel_source("text_batch").unwrap();
+    for (d, h) in [(1, 1), (33, 100), (64, 256), (256, 2048)] {
+        let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}")];
+        let ptx = compile_ptx(batch_unit, (9, 0), &defines).unwrap_or_else(|e| panic!("text_batch D={d} H={h}: {e:#}"));
+        for kernel in ["text_batch_forward", "text_batch_backward", "text_batch_update"] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
+        }
+    }
     let unit = textnet::device::kernel_source("text").unwrap();
     for (d, h, sb) in [(1, 1, 8), (33, 100, 8), (64, 256, 8), (1024, 2048, 1)] {
         let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}"), format!("-DTEXT_SB={sb}")];

@@ -13,6 +13,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 const WARPS: usize = 8;
+/// Steps of at least this many samples take the tiled-matmul kernels of `fused/text_batch.cu`.
+pub const TILED_MIN_BATCH: usize = 64;
+/// Tile edge, vocabulary slice and sample slice of fused/text_batch.cu (TILE, V_SLICE, B_SLICE).
+const TILE: usize = 128;
+const V_SLICE: usize = 1024;
+const B_SLICE: usize = 512;
+/// Floats of gemm_tile's shared-memory stage for 128×128 tiles, BK = 8 (GemmTile::SHARED_FLOATS).
+const GEMM_STAGE_FLOATS: usize = 8 * (TILE + 1 + TILE + 1);
+/// Blocks of text_batch_update that apply the W2 update.
+const W2_UPDATE_BLOCKS: usize = 132;
 /// Samples per evaluation launch.
 const EVAL_BATCH: usize = 256;
 /// Steps captured in one CUDA graph.
@@ -33,6 +43,9 @@ pub struct TextLayout {
     pub grid: usize,
     /// Blocks of text_update (one hidden row per warp).
     pub update_grid: usize,
+    /// Whether text_batch_forward's tiles fit the device's shared memory (else large batches also take
+    /// the chunked kernels).
+    pub tiled_fits: bool,
 }
 
 const F32: usize = std::mem::size_of::<f32>();
@@ -47,7 +60,9 @@ impl TextLayout {
             bail!("--embed {d} is above the GPU kernels' limit of {MAX_EMBED}; lower --embed or use --device cpu");
         }
         let max_chunk = (2048 / h).min(2048 / d).clamp(1, 8);
-        let mut layout = TextLayout { shape, max_chunk, rows_per_block: 1, grid: v, update_grid: h.div_ceil(WARPS) };
+        let mut layout =
+            TextLayout { shape, max_chunk, rows_per_block: 1, grid: v, update_grid: h.div_ceil(WARPS), tiled_fits: false };
+        layout.tiled_fits = layout.tiled_forward_shared() <= max_shared;
         // Rows per block: the vocabulary spread over every SM, fewer where text_backward's shared memory
         // (its W2 gradient rows when B > SB) would not fit.
         let fit_rows = max_shared.saturating_sub((1 + WARPS) * max_chunk * h * F32) / ((h + 1 + max_chunk) * F32);
@@ -57,6 +72,21 @@ impl TextLayout {
         layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
         layout.grid = v.div_ceil(layout.rows_per_block);
         Ok(layout)
+    }
+
+    /// Whether a step of `batch` samples takes the tiled kernels.
+    pub fn tiled(&self, batch: usize) -> bool {
+        batch >= TILED_MIN_BATCH && self.tiled_fits
+    }
+
+    /// text_batch_forward: hs [TILE][H], max(xs [TILE][D], logits [TILE][TILE]), the GEMM stage.
+    pub fn tiled_forward_shared(&self) -> usize {
+        (TILE * self.shape.hidden + self.shape.embed.max(TILE) * TILE + GEMM_STAGE_FLOATS) * F32
+    }
+
+    /// Vocabulary tiles of text_batch_forward.
+    pub fn vocab_tiles(&self) -> usize {
+        self.shape.vocab.div_ceil(TILE)
     }
 
     pub fn chunk(&self, batch: usize) -> usize {
@@ -104,6 +134,15 @@ pub struct StepBuffers {
     pub dx_sum: CudaSlice<f32>,
     /// text_update's finished-block counter; zero between steps.
     pub ticket: CudaSlice<u32>,
+    /// Tiled path: [B] (max, 1/Σexp) of each sample's softmax.
+    pub norm: CudaSlice<f32>,
+    /// Tiled path: text_batch_forward's finished-block counter per sample tile.
+    pub tile_tickets: CudaSlice<u32>,
+    /// Tiled path: gradients between text_batch_backward / text_batch_update (W1's zero between steps).
+    pub grad_w2: CudaSlice<f32>,
+    pub grad_b2: CudaSlice<f32>,
+    pub grad_w1: CudaSlice<f32>,
+    pub grad_b1: CudaSlice<f32>,
 }
 
 struct Kernels {
@@ -113,6 +152,12 @@ struct Kernels {
     advance: CudaFunction,
     eval_rank: CudaFunction,
     eval_finish: CudaFunction,
+}
+
+struct TiledKernels {
+    forward: CudaFunction,
+    backward: CudaFunction,
+    update: CudaFunction,
 }
 
 struct CapturedSteps {
@@ -127,6 +172,8 @@ pub struct GpuTrainer {
     pub layout: TextLayout,
     /// Kernels compiled for each chunk size in use (TEXT_SB).
     kernels: HashMap<usize, Kernels>,
+    /// fused/text_batch.cu, compiled on the first large batch.
+    tiled: Option<TiledKernels>,
     pub params: DeviceParams,
     tokens: CudaSlice<u32>,
     positions: CudaSlice<u32>,
@@ -161,6 +208,7 @@ impl GpuTrainer {
             shape,
             layout,
             kernels: HashMap::new(),
+            tiled: None,
             params,
             tokens,
             buffers,
@@ -195,6 +243,64 @@ impl GpuTrainer {
         Ok(&self.kernels[&chunk])
     }
 
+    fn tiled_kernels(&mut self) -> Result<&TiledKernels> {
+        if self.tiled.is_none() {
+            let s = self.shape;
+            let module = self.gpu.module("text_batch", &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64)])?;
+            let kernels = TiledKernels {
+                forward: Gpu::function(&module, "text_batch_forward")?,
+                backward: Gpu::function(&module, "text_batch_backward")?,
+                update: Gpu::function(&module, "text_batch_update")?,
+            };
+            let stage = GEMM_STAGE_FLOATS * F32;
+            self.gpu.reserve_shared(&kernels.forward, self.layout.tiled_forward_shared(), "--hidden")?;
+            self.gpu.reserve_shared(&kernels.backward, stage, "--hidden")?;
+            self.gpu.reserve_shared(&kernels.update, stage, "--hidden")?;
+            self.tiled = Some(kernels);
+        }
+        Ok(self.tiled.as_ref().unwrap())
+    }
+
+    /// One SGD step of `batch` samples through fused/text_batch.cu's three kernels.
+    pub fn launch_tiled_step(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
+        let k = self.tiled_kernels()?;
+        let (forward, backward, update) = (k.forward.clone(), k.backward.clone(), k.update.clone());
+        let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
+        let TextShape { vocab: v, embed: d, hidden: h, context: n } = self.shape;
+        let (tokens, positions, cursor, off) =
+            (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32));
+        let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
+        let stage = (GEMM_STAGE_FLOATS * F32) as u32;
+        let (v_tiles, s_tiles, h_tiles) = (l.vocab_tiles(), batch.div_ceil(TILE), h.div_ceil(TILE));
+
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
+            tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi,
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial), Arg::buf(g, &b.logits),
+            Arg::buf(g, &b.stats), Arg::buf(g, &b.norm), Arg::buf(g, &b.tile_tickets), Arg::buf(g, &self.loss_sum),
+        ];
+        let grid = (v_tiles as u32, s_tiles as u32);
+        g.launch("text_batch_forward", &forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
+
+        let args = [
+            Arg::buf(g, &p.w2), Arg::buf(g, &b.logits), Arg::buf(g, &b.norm), Arg::buf(g, &b.z1),
+            tokens, positions, cursor, off, vi, bi,
+            Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.dh_partial),
+        ];
+        let blocks = v_tiles * h_tiles + s_tiles * h_tiles * v.div_ceil(V_SLICE);
+        g.launch("text_batch_backward", &backward, (blocks as u32, 1), stage, false, &args)?;
+
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial), Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.grad_w1), Arg::buf(g, &b.grad_b1),
+            tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi, Arg::f32(lr),
+            Arg::i32(W2_UPDATE_BLOCKS as i32), Arg::buf(g, &b.ticket),
+        ];
+        let blocks = s_tiles * d.div_ceil(TILE) + h_tiles * (d + 1).div_ceil(TILE) * batch.div_ceil(B_SLICE) + W2_UPDATE_BLOCKS;
+        g.launch("text_batch_update", &update, (blocks as u32, 1), stage, false, &args)
+    }
+
     fn alloc_buffers(gpu: &Gpu, shape: TextShape, layout: &TextLayout, capacity: usize) -> Result<StepBuffers> {
         let s = &gpu.stream;
         let TextShape { vocab: v, embed: d, hidden: h, .. } = shape;
@@ -206,11 +312,17 @@ impl GpuTrainer {
             x: alloc(capacity * d)?,
             z1: alloc(capacity * h)?,
             logits: alloc(capacity * v)?,
-            stats: alloc(capacity * g * 2)?,
+            stats: alloc(capacity * g.max(layout.vocab_tiles()) * 2)?,
             dh_partial: alloc(capacity * g * h)?,
             rank: s.alloc_zeros::<u32>(capacity)?,
             dx_sum: alloc(capacity * d)?,
             ticket: s.alloc_zeros::<u32>(1)?,
+            norm: alloc(capacity * 2)?,
+            tile_tickets: s.alloc_zeros::<u32>(capacity.div_ceil(TILE))?,
+            grad_w2: alloc(v * h)?,
+            grad_b2: alloc(v)?,
+            grad_w1: alloc(h * d)?,
+            grad_b1: alloc(h)?,
         })
     }
 
@@ -248,7 +360,7 @@ impl GpuTrainer {
             Arg::i32(l.rows_per_block as i32),
             Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats),
         ];
-        g.launch("text_forward", &func, l.grid as u32, l.forward_shared(chunk) as u32, programmatic, &args)
+        g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
     }
 
     /// Kernel 2: softmax normalisation, W2/b2 update, dh partials, loss.
@@ -264,7 +376,7 @@ impl GpuTrainer {
             Arg::buf(g, &b.dh_partial), Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.backward_shared(chunk, batch > chunk);
-        g.launch("text_backward", &func, l.grid as u32, shared as u32, programmatic, &args)
+        g.launch("text_backward", &func, (l.grid as u32, 1), shared as u32, programmatic, &args)
     }
 
     /// Kernel 3: W1/b1 update and the embedding rows of the context tokens.
@@ -280,18 +392,22 @@ impl GpuTrainer {
             Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::i32(l.grid as i32), Arg::f32(lr),
             Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket),
         ];
-        g.launch("text_update", &func, l.update_grid as u32, l.update_shared(chunk) as u32, programmatic, &args)
+        g.launch("text_update", &func, (l.update_grid as u32, 1), l.update_shared(chunk) as u32, programmatic, &args)
     }
 
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {
         let func = self.kernels_for(1)?.advance.clone();
         let args = [Arg::buf(&self.gpu, &self.cursor), Arg::u32(samples as u32)];
-        self.gpu.launch("text_advance", &func, 1, 0, false, &args)
+        self.gpu.launch("text_advance", &func, (1, 1), 0, false, &args)
     }
 
-    /// One SGD step: the three kernels, each overlapping the tail of the one before it.
+    /// One SGD step: the three kernels, each overlapping the tail of the one before it (large batches: the
+    /// three tiled kernels).
     /// `after_step`: the previous kernel on the stream is the last kernel of a step.
     pub fn launch_step(&mut self, batch: usize, offset: usize, lr: f32, after_step: bool) -> Result<()> {
+        if self.layout.tiled(batch) {
+            return self.launch_tiled_step(batch, offset, lr);
+        }
         self.launch_forward(batch, offset, after_step)?;
         self.launch_backward(batch, offset, lr, true)?;
         self.launch_update(batch, offset, lr, true)
@@ -385,7 +501,7 @@ impl GpuTrainer {
     pub fn poison_buffers(&mut self) -> Result<()> {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
-        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh_partial] {
+        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh_partial, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
         }
@@ -418,13 +534,13 @@ impl TextTrainer for GpuTrainer {
             let (g, buf) = (&*self.gpu, &self.buffers);
             let (tokens, positions, cursor) = (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor));
             let args = [Arg::buf(g, &buf.logits), tokens, positions, cursor, Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(rows), Arg::buf(g, &buf.rank)];
-            g.launch("text_eval_rank", &rank_fn, grid as u32, 0, false, &args)?;
+            g.launch("text_eval_rank", &rank_fn, (grid as u32, 1), 0, false, &args)?;
             let args = [
                 Arg::buf(g, &buf.logits), Arg::buf(g, &buf.stats), tokens, positions, cursor, Arg::u32(0),
                 Arg::i32(v), Arg::i32(b as i32), Arg::i32(grid), Arg::buf(g, &buf.rank), Arg::buf(g, &self.loss_sum),
                 Arg::buf(g, &self.hit_counts),
             ];
-            g.launch("text_eval_finish", &finish_fn, 1, 0, false, &args)?;
+            g.launch("text_eval_finish", &finish_fn, (1, 1), 0, false, &args)?;
             self.launch_advance(b)?;
         }
         let counts = self.gpu.stream.clone_dtoh(&self.hit_counts).context("a text evaluation kernel failed")?;

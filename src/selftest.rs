@@ -175,6 +175,7 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
 
     let mut t = GpuTrainer::new(gpu.clone(), &p, tokens.clone())?;
     t.set_positions(&positions)?;
+    t.ensure_capacity(batch)?;
     t.poison_buffers()?;
     t.zero_loss()?;
     t.launch_forward(batch, 0, false)?;
@@ -255,6 +256,7 @@ pub fn text_tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut S
         bail!("the tiled kernels do not take B={batch} for {label} on this GPU");
     }
     t.set_positions(&positions)?;
+    t.ensure_capacity(batch)?;
     t.poison_buffers()?;
     t.zero_loss()?;
     t.launch_tiled_step(batch, 0, lr)?;

@@ -263,6 +263,7 @@ impl GpuTrainer {
 
     /// One SGD step of `batch` samples through fused/text_batch.cu's three kernels.
     pub fn launch_tiled_step(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
+        self.ensure_capacity(batch)?;
         let k = self.tiled_kernels()?;
         let (forward, backward, update) = (k.forward.clone(), k.backward.clone(), k.update.clone());
         let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
@@ -326,7 +327,8 @@ impl GpuTrainer {
         })
     }
 
-    fn ensure_capacity(&mut self, batch: usize) -> Result<()> {
+    /// Grows the step buffers to hold `batch` samples (a no-op when they already do).
+    pub fn ensure_capacity(&mut self, batch: usize) -> Result<()> {
         if batch > self.buffers.capacity {
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, self.shape, &self.layout, batch)?;
@@ -349,6 +351,7 @@ impl GpuTrainer {
     /// Kernel 1 for `batch` samples starting `offset` past the cursor. `programmatic`: may overlap the
     /// kernel before it (only when that is a step kernel, never text_advance or a copy).
     pub fn launch_forward(&mut self, batch: usize, offset: usize, programmatic: bool) -> Result<()> {
+        self.ensure_capacity(batch)?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.forward.clone();
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);

@@ -233,15 +233,13 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
 
 /// One step of the tiled large-batch kernels (fused/text_batch.cu) against the CPU reference: the logits
 /// and softmax normaliser after text_batch_forward, then every parameter's update and the loss after the
-/// whole step, at lr = 10 as in `text_kernel_checks`. With hundreds of samples a token recurs in many
-/// contexts, each adding a 1/B-sized share to its row in whatever order the atomics land; embeddings are
-/// drawn a further ten times smaller so that the rounding of those additions (relative to |E|) stays
-/// two orders under the tolerance of the update it is compared with.
+/// whole step. Gradients averaged over hundreds of samples are small next to the parameters, and the
+/// step's additions (atomics, in any order) round relative to the parameters, so the step runs at
+/// lr = 100 (every kernel is linear in lr): the deltas then stand well above that rounding floor.
 pub fn text_tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut StdRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
-    let lr = 10.0f32;
-    let (mut p, tokens, positions) = random_problem(s, batch, rng);
-    p.embedding.iter_mut().for_each(|e| *e *= 0.1);
+    let lr = 100.0f32;
+    let (p, tokens, positions) = random_problem(s, batch, rng);
     let label = format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch);
     let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
     let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();

@@ -16,6 +16,7 @@ usage: python3 benches/torch_baseline.py [--repeats 7] [--quality DIR [--lr 0.05
 import argparse
 import json
 import statistics
+import sys
 
 import torch
 import torch.nn as nn
@@ -176,7 +177,8 @@ def main():
             "steps_per_s": steps / (med / 1e3), "samples_per_s": batch * steps / (med / 1e3),
             "repeats_ms": times,
         })
-        print(f"# {mode}: {steps / (med / 1e3):,.0f} steps/s, {batch * steps / (med / 1e3):,.0f} samples/s", flush=True)
+        print(f"# {mode}: {steps / (med / 1e3):,.0f} steps/s, {batch * steps / (med / 1e3):,.0f} samples/s",
+              file=sys.stderr, flush=True)
     print(json.dumps({
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,

@@ -1,7 +1,8 @@
 //! The text model on a CUDA GPU: parameters, the token stream and each epoch's sample order stay in
-//! device memory; every SGD step is the three kernels of `fused/text.cu`; runs of steps are captured once
-//! as a CUDA graph and replayed, so a step costs three graph nodes instead of three launches. The host
-//! reads back only the summed loss, once per `train` call.
+//! device memory; every SGD step is three kernels, those of `fused/text.cu` for one or a few samples and
+//! those of `fused/text_batch.cu` (tiled matrix products) from TILED_MIN_BATCH samples on; runs of steps
+//! are captured once as a CUDA graph and replayed, so a step costs three graph nodes instead of three
+//! launches. The host reads back only the summed loss, once per `train` call.
 
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
@@ -509,10 +510,6 @@ impl GpuTrainer {
             s.memcpy_htod(&nan, buf)?;
         }
         Ok(())
-    }
-
-    pub fn stream_handle(&self) -> &Arc<cudarc::driver::CudaStream> {
-        &self.gpu.stream
     }
 }
 

@@ -38,6 +38,20 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// The last-block pattern: every block of the grid calls this once, after its writes; it is true in
+// exactly one block, the last to arrive, and there every other block's writes are visible. `ticket`
+// counts arrivals per gridDim.x blocks (pass one counter per grid row for 2-D grids); the last block
+// must set it back to zero for the next launch.
+__device__ __forceinline__ bool last_block_to_finish(unsigned* ticket) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // Sum over a whole block of THREADS threads; every thread gets the result. `scratch` holds WARPS floats.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

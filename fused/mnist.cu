@@ -83,7 +83,6 @@ __device__ __forceinline__ void forward_body(const float* __restrict__ images, c
                                              unsigned char* __restrict__ predicted, double* __restrict__ loss_sum,
                                              unsigned* __restrict__ tickets, float* smem) {
     __shared__ unsigned rows[FWD_BM];
-    __shared__ bool is_last;
     const float* W1 = params;
     const float* b1 = W1 + (size_t)H * I;
     const float* W2 = b1 + H;
@@ -105,12 +104,7 @@ __device__ __forceinline__ void forward_body(const float* __restrict__ images, c
         [&](int m, int n, float z) { act[(size_t)m * H + n] = activate(activation, z + b1[n]); }, smem);
 
     // The last block of this sample tile sees every block's activations.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&tickets[blockIdx.y], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_block_to_finish(&tickets[blockIdx.y])) return;
 
     float* a_tile = smem;             // [FWD_BM][H]
     float* w2 = a_tile + FWD_BM * H;  // [C][H]
@@ -256,7 +250,6 @@ mnist_update(float* __restrict__ params, const float* __restrict__ grad, float* 
              float weight_decay, float clip_norm, const float* __restrict__ norm_partials, int partial_count,
              unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
     __shared__ float grad_scale;
-    __shared__ bool is_last;
     const unsigned t = *step + 1;
     if (threadIdx.x < 32) {
         float scale = 1.0f;
@@ -297,11 +290,7 @@ mnist_update(float* __restrict__ params, const float* __restrict__ grad, float* 
         params[i] = theta;
     }
     // Every block read the step count before taking its ticket, so the last one may advance it.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (is_last && threadIdx.x == 0) {
+    if (last_block_to_finish(ticket) && threadIdx.x == 0) {
         *step = t;
         *ticket = 0;
     }

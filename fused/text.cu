@@ -382,7 +382,6 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx
     float* dz = dx_warp + WARPS * SB * D;
     __shared__ float partial[THREADS];
-    __shared__ bool is_last;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
@@ -455,12 +454,7 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
 
     // The last block to finish owns the complete dx of every sample: it adds −lr/N·dx to each context
     // row once (one rounding per row, as on the CPU) and leaves dx_sum and the ticket zeroed.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_block_to_finish(ticket)) return;
     for (int i = threadIdx.x; i < B * D; i += THREADS) {
         const int s = i / D, d = i % D;
         const unsigned p = positions[*cursor + offset + s];

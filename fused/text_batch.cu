@@ -52,7 +52,6 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
     float* xs = hs + TILE * H;
     float* ls = xs;  // logits tile, over xs once h is formed
     float* stage = xs + (D > TILE ? D : TILE) * TILE;
-    __shared__ bool is_last;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int v0 = blockIdx.x * TILE, s0 = blockIdx.y * TILE;
     const int sb = min(TILE, B - s0), vb = min(TILE, V - v0);
@@ -99,12 +98,7 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
         if (lane == 0) stats[(size_t)(s0 + m) * gridDim.x + blockIdx.x] = st;
     }
 
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&tickets[blockIdx.y], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_block_to_finish(&tickets[blockIdx.y])) return;
     for (int m = warp; m < sb; m += WARPS) {
         SoftmaxStat st = softmax_stat_empty();
         for (int g = lane; g < (int)gridDim.x; g += 32) {
@@ -192,7 +186,6 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
                   const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
                   int V, int N, int B, float lr, int w2_blocks, unsigned* __restrict__ ticket) {
     extern __shared__ float stage[];
-    __shared__ bool is_last;
     constexpr int D_TILES = (D + TILE - 1) / TILE;
     constexpr int D1_TILES = (D + 1 + TILE - 1) / TILE;
     constexpr int H_TILES = (H + TILE - 1) / TILE;
@@ -233,12 +226,7 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
         for (int v = b * THREADS + threadIdx.x; v < V; v += w2_blocks * THREADS) b2[v] -= lr * grad_b2[v];
     }
 
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_block_to_finish(ticket)) return;
     for (int i = threadIdx.x; i < H * D; i += THREADS) {
         W1[i] -= lr * __ldcg(&grad_w1[i]);
         grad_w1[i] = 0.0f;

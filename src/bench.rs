@@ -7,6 +7,7 @@ use crate::device::Gpu;
 use crate::text::gpu::GpuTrainer;
 use crate::text::model::{TextParams, TextShape};
 use anyhow::{Context, Result};
+use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::CUevent_flags;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -89,6 +90,14 @@ pub fn time_on_device(gpu: &Gpu, work: impl FnOnce() -> Result<()>) -> Result<f6
     Ok(start.elapsed_ms(&end).context("a benchmarked kernel failed")? as f64)
 }
 
+/// Microseconds per launch of `graph` (which holds `launches` launches of one kernel): one warm-up
+/// replay, then `repeats` timed replays.
+pub fn time_graph_launches(gpu: &Gpu, graph: &CudaGraph, launches: usize, repeats: usize) -> Result<Vec<f64>> {
+    graph.launch()?;
+    gpu.stream.synchronize().context("a benchmarked kernel failed")?;
+    (0..repeats).map(|_| time_on_device(gpu, || Ok(graph.launch()?)).map(|ms| ms * 1e3 / launches as f64)).collect()
+}
+
 pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
 
 fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool) -> Result<()> {
@@ -154,11 +163,7 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool) -> 
                 }
                 Ok(())
             })?;
-            graph.launch()?;
-            t.synchronize()?;
-            let times: Vec<f64> = (0..repeats)
-                .map(|_| time_on_device(gpu, || Ok(graph.launch()?)).map(|ms| ms * 1e3 / 128.0))
-                .collect::<Result<_>>()?;
+            let times = time_graph_launches(gpu, &graph, 128, repeats)?;
             per_kernel.push(serde_json::json!({"kernel": name, "us_median": median(&times), "us": times}));
         }
         per_kernel.push(serde_json::json!({"resources (name, registers, local bytes)": t.kernel_resources()}));

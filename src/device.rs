@@ -272,6 +272,22 @@ impl Gpu {
     }
 }
 
+/// Captures what `enqueue` launches on `stream` (it gets `target`, typically a trainer) as one CUDA
+/// graph. The capture is ended even when `enqueue` fails, so the stream is usable afterwards.
+pub fn capture_graph<T>(
+    stream: &Arc<CudaStream>,
+    target: &mut T,
+    enqueue: impl FnOnce(&mut T) -> Result<()>,
+) -> Result<cudarc::driver::CudaGraph> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let enqueued = enqueue(target);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    enqueued?;
+    let graph = graph.context("capturing kernels as a CUDA graph")?;
+    graph.context("CUDA graph capture produced no graph")
+}
+
 /// Threads per block of every fused kernel (THREADS in fused/common.cuh).
 pub const THREADS_PER_BLOCK: u32 = 256;
 

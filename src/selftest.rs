@@ -106,12 +106,56 @@ fn random_problem(shape: TextShape, batch: usize, rng: &mut StdRng) -> (TextPara
     (params, tokens, positions)
 }
 
-fn delta(before: &[f32], after: &[f32]) -> Vec<f32> {
-    before.iter().zip(after).map(|(b, a)| b - a).collect()
+/// Relative error of an SGD update: (before − after) against lr·grad.
+fn update_error(lr: f32, before: &[f32], after: &[f32], grad: &[f32]) -> f64 {
+    let delta: Vec<f32> = before.iter().zip(after).map(|(b, a)| b - a).collect();
+    let expected: Vec<f32> = grad.iter().map(|g| lr * g).collect();
+    rel_error(&delta, &expected)
 }
 
-fn scaled(lr: f32, g: &[f32]) -> Vec<f32> {
-    g.iter().map(|x| lr * x).collect()
+/// The CPU reference of one step over the samples at `positions`: forward values of every sample, the
+/// gradients of the mean loss (the embedding's as a dense V×D array) and the summed loss.
+struct CpuStep {
+    x: Vec<f32>,
+    z1: Vec<f32>,
+    logits: Vec<f32>,
+    logsumexp: Vec<f32>,
+    grads: model::Grads,
+    embedding_grad: Vec<f32>,
+    loss: f64,
+}
+
+fn cpu_step(p: &TextParams, tokens: &[u32], positions: &[u32]) -> CpuStep {
+    let s = p.shape;
+    let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(tokens, pos, s.context)).collect();
+    let targets: Vec<u32> = positions.iter().map(|&pos| tokens[pos as usize]).collect();
+    let (mut x, mut z1, mut logits, mut logsumexp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ctx in &contexts {
+        let mut a = model::Activations::new(s);
+        model::forward(p, ctx, &mut a);
+        x.extend_from_slice(&a.x);
+        z1.extend_from_slice(&a.z1);
+        logits.extend_from_slice(&a.logits);
+        logsumexp.push(a.logsumexp);
+    }
+    let (grads, loss) = model::backward(p, &contexts, &targets);
+    let embedding_grad = grads.embedding_dense(s, &contexts);
+    CpuStep { x, z1, logits, logsumexp, grads, embedding_grad, loss }
+}
+
+/// A trainer on `p`, with the sample order uploaded, buffers for `batch` samples poisoned with NaN and the
+/// loss sum zeroed: ready for one kernel or step to be checked.
+fn poisoned_trainer(gpu: &Arc<Gpu>, p: &TextParams, tokens: &Arc<[u32]>, positions: &[u32], batch: usize) -> Result<GpuTrainer> {
+    let mut t = GpuTrainer::new(gpu.clone(), p, tokens.clone())?;
+    t.set_positions(positions)?;
+    t.ensure_capacity(batch)?;
+    t.poison_buffers()?;
+    t.zero_loss()?;
+    Ok(t)
+}
+
+fn shape_label(s: TextShape, batch: usize) -> String {
+    format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch)
 }
 
 /// Per-kernel checks on one shape and batch, then whole training steps.
@@ -149,38 +193,18 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
     const TOL: f64 = 1e-5;
     let lr = 10.0f32;
     let (p, tokens, positions) = random_problem(s, batch, rng);
-    let label = format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch);
+    let label = shape_label(s, batch);
     let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let cpu = cpu_step(&p, &tokens, &positions);
 
-    // CPU reference.
-    let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();
-    let targets: Vec<u32> = positions.iter().map(|&pos| tokens[pos as usize]).collect();
-    let mut x = Vec::new();
-    let mut z1 = Vec::new();
-    let mut logits = Vec::new();
-    let mut logsumexp = Vec::new();
-    for ctx in &contexts {
-        let mut a = model::Activations::new(s);
-        model::forward(&p, ctx, &mut a);
-        x.extend_from_slice(&a.x);
-        z1.extend_from_slice(&a.z1);
-        logits.extend_from_slice(&a.logits);
-        logsumexp.push(a.logsumexp);
-    }
-    let (grads, loss) = model::backward(&p, &contexts, &targets);
-
-    let mut t = GpuTrainer::new(gpu.clone(), &p, tokens.clone())?;
-    t.set_positions(&positions)?;
-    t.ensure_capacity(batch)?;
-    t.poison_buffers()?;
-    t.zero_loss()?;
+    let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;
     t.launch_forward(batch, 0, false)?;
     t.synchronize()?;
     let b = &t.buffers;
     let mut out = vec![
-        check("text_forward x", rel_error(&t.download(&b.x)?[..batch * s.embed], &x)),
-        check("text_forward z1", rel_error(&t.download(&b.z1)?[..batch * s.hidden], &z1)),
-        check("text_forward logits", rel_error(&t.download(&b.logits)?[..batch * s.vocab], &logits)),
+        check("text_forward x", rel_error(&t.download(&b.x)?[..batch * s.embed], &cpu.x)),
+        check("text_forward z1", rel_error(&t.download(&b.z1)?[..batch * s.hidden], &cpu.z1)),
+        check("text_forward logits", rel_error(&t.download(&b.logits)?[..batch * s.vocab], &cpu.logits)),
     ];
     let stats = t.download(&b.stats)?;
     let g = t.layout.grid;
@@ -196,7 +220,7 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
             m + l.ln()
         })
         .collect();
-    out.push(check("text_forward softmax normaliser", rel_error(&gpu_lse, &logsumexp)));
+    out.push(check("text_forward softmax normaliser", rel_error(&gpu_lse, &cpu.logsumexp)));
 
     t.launch_backward(batch, 0, lr, false)?;
     t.synchronize()?;
@@ -210,20 +234,19 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
             (0..g).map(|blk| partial[(smp * g + blk) * h + k]).sum()
         })
         .collect();
-    out.push(check("text_backward W2 update", rel_error(&delta(&p.w2, &w2), &scaled(lr, &grads.w2))));
-    out.push(check("text_backward b2 update", rel_error(&delta(&p.b2, &b2), &scaled(lr, &grads.b2))));
-    out.push(check("text_backward dh", rel_error(&dh, &grads.dh)));
-    out.push(check("text_backward loss", rel_error(&[t.read_loss()? as f32], &[loss as f32])));
+    out.push(check("text_backward W2 update", update_error(lr, &p.w2, &w2, &cpu.grads.w2)));
+    out.push(check("text_backward b2 update", update_error(lr, &p.b2, &b2, &cpu.grads.b2)));
+    out.push(check("text_backward dh", rel_error(&dh, &cpu.grads.dh)));
+    out.push(check("text_backward loss", rel_error(&[t.read_loss()? as f32], &[cpu.loss as f32])));
 
     t.launch_update(batch, 0, lr, false)?;
     t.synchronize()?;
     let w1 = t.download(&t.params.w1)?;
     let b1 = t.download(&t.params.b1)?;
     let e = t.download(&t.params.embedding)?;
-    out.push(check("text_update W1 update", rel_error(&delta(&p.w1, &w1), &scaled(lr, &grads.w1))));
-    out.push(check("text_update b1 update", rel_error(&delta(&p.b1, &b1), &scaled(lr, &grads.b1))));
-    let de = grads.embedding_dense(s, &contexts);
-    out.push(check("text_update embedding update", rel_error(&delta(&p.embedding, &e), &scaled(lr, &de))));
+    out.push(check("text_update W1 update", update_error(lr, &p.w1, &w1, &cpu.grads.w1)));
+    out.push(check("text_update b1 update", update_error(lr, &p.b1, &b1, &cpu.grads.b1)));
+    out.push(check("text_update embedding update", update_error(lr, &p.embedding, &e, &cpu.embedding_grad)));
     Ok(out)
 }
 
@@ -236,42 +259,28 @@ pub fn text_tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut S
     const TOL: f64 = 1e-5;
     let lr = 100.0f32;
     let (p, tokens, positions) = random_problem(s, batch, rng);
-    let label = format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch);
+    let label = shape_label(s, batch);
     let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
-    let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();
-    let targets: Vec<u32> = positions.iter().map(|&pos| tokens[pos as usize]).collect();
-    let (mut logits, mut logsumexp) = (Vec::new(), Vec::new());
-    for ctx in &contexts {
-        let mut a = model::Activations::new(s);
-        model::forward(&p, ctx, &mut a);
-        logits.extend_from_slice(&a.logits);
-        logsumexp.push(a.logsumexp);
-    }
-    let (grads, loss) = model::backward(&p, &contexts, &targets);
+    let cpu = cpu_step(&p, &tokens, &positions);
 
-    let mut t = GpuTrainer::new(gpu.clone(), &p, tokens.clone())?;
+    let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;
     if !t.layout.tiled(batch) {
         bail!("the tiled kernels do not take B={batch} for {label} on this GPU");
     }
-    t.set_positions(&positions)?;
-    t.ensure_capacity(batch)?;
-    t.poison_buffers()?;
-    t.zero_loss()?;
     t.launch_tiled_step(batch, 0, lr)?;
     t.synchronize()?;
     let norm = t.download(&t.buffers.norm)?;
     let gpu_lse: Vec<f32> = (0..batch).map(|i| norm[2 * i] - norm[2 * i + 1].ln()).collect();
     let e = t.download(&t.params.embedding)?;
-    let contexts_dense = grads.embedding_dense(s, &contexts);
     Ok(vec![
-        check("text_batch_forward logits", rel_error(&t.download(&t.buffers.logits)?[..batch * s.vocab], &logits)),
-        check("text_batch_forward normaliser", rel_error(&gpu_lse, &logsumexp)),
-        check("text_batch_forward loss", rel_error(&[t.read_loss()? as f32], &[loss as f32])),
-        check("text_batch step W2 update", rel_error(&delta(&p.w2, &t.download(&t.params.w2)?), &scaled(lr, &grads.w2))),
-        check("text_batch step b2 update", rel_error(&delta(&p.b2, &t.download(&t.params.b2)?), &scaled(lr, &grads.b2))),
-        check("text_batch step W1 update", rel_error(&delta(&p.w1, &t.download(&t.params.w1)?), &scaled(lr, &grads.w1))),
-        check("text_batch step b1 update", rel_error(&delta(&p.b1, &t.download(&t.params.b1)?), &scaled(lr, &grads.b1))),
-        check("text_batch step embedding update", rel_error(&delta(&p.embedding, &e), &scaled(lr, &contexts_dense))),
+        check("text_batch_forward logits", rel_error(&t.download(&t.buffers.logits)?[..batch * s.vocab], &cpu.logits)),
+        check("text_batch_forward normaliser", rel_error(&gpu_lse, &cpu.logsumexp)),
+        check("text_batch_forward loss", rel_error(&[t.read_loss()? as f32], &[cpu.loss as f32])),
+        check("text_batch step W2 update", update_error(lr, &p.w2, &t.download(&t.params.w2)?, &cpu.grads.w2)),
+        check("text_batch step b2 update", update_error(lr, &p.b2, &t.download(&t.params.b2)?, &cpu.grads.b2)),
+        check("text_batch step W1 update", update_error(lr, &p.w1, &t.download(&t.params.w1)?, &cpu.grads.w1)),
+        check("text_batch step b1 update", update_error(lr, &p.b1, &t.download(&t.params.b1)?, &cpu.grads.b1)),
+        check("text_batch step embedding update", update_error(lr, &p.embedding, &e, &cpu.embedding_grad)),
     ])
 }
 
@@ -297,7 +306,7 @@ pub fn text_training_check(gpu: &Arc<Gpu>, s: TextShape, batch: usize, steps: us
     }
     Ok(Check {
         kernel: format!("{steps} steps (graph), worst: {}", worst.1),
-        shape: format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch),
+        shape: shape_label(s, batch),
         rel_error: worst.0,
         tolerance: 1e-3,
     })

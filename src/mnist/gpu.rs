@@ -11,7 +11,6 @@ use super::{CpuTrainer, Evaluation, MnistTrainer};
 use crate::device::Gpu;
 use crate::selftest::{Check, rel_error};
 use anyhow::{Context, Result, bail};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -377,12 +376,7 @@ impl GpuTrainer {
     /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.
     pub fn capture(&mut self, enqueue: impl FnOnce(&mut Self) -> Result<()>) -> Result<CudaGraph> {
         let stream = self.gpu.stream.clone();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let enqueued = enqueue(self);
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        enqueued?;
-        let graph = graph.context("capturing kernels as a CUDA graph")?;
-        graph.context("CUDA graph capture produced no graph")
+        crate::device::capture_graph(&stream, self, enqueue)
     }
 
     /// Steps over `samples` samples, `batch` at a time (the last step takes the rest), then the cursor
@@ -896,11 +890,7 @@ pub fn bench(gpu: &Arc<Gpu>, args: &crate::bench::BenchArgs) -> Result<()> {
             }
             Ok(())
         })?;
-        graph.launch()?;
-        trainer.synchronize()?;
-        let times: Vec<f64> = (0..repeats)
-            .map(|_| time_on_device(gpu, || Ok(graph.launch()?)).map(|ms| ms * 1e3 / 128.0))
-            .collect::<Result<_>>()?;
+        let times = crate::bench::time_graph_launches(gpu, &graph, 128, repeats)?;
         per_kernel.push(serde_json::json!({"kernel": name, "us_median": median(&times), "us": times}));
     }
     let layout = trainer.layout;

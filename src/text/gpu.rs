@@ -8,7 +8,6 @@ use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
 use crate::device::{Arg, Gpu};
 use anyhow::{Context, Result, bail};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -420,12 +419,7 @@ impl GpuTrainer {
     /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.
     pub fn capture(&mut self, enqueue: impl FnOnce(&mut Self) -> Result<()>) -> Result<CudaGraph> {
         let stream = self.gpu.stream.clone();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let enqueued = enqueue(self);
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        enqueued?;
-        let graph = graph.context("capturing kernels as a CUDA graph")?;
-        graph.context("CUDA graph capture produced no graph")
+        crate::device::capture_graph(&stream, self, enqueue)
     }
 
     /// GRAPH_STEPS steps of `batch` samples followed by the cursor advance.

@@ -4,8 +4,8 @@
 //
 // The output layer (V×H, 8 MB at V=8192, H=256) is the cost; it is split over the whole GPU: block b owns
 // vocabulary rows [b·R, b·R+R). Each step is
-//   1. text_forward   every block recomputes x and h (64 KB of W1, cheap next to a grid-wide barrier),
-//                     forms its rows' logits and their softmax partial (max, Σexp) per sample.
+//   1. text_forward   reads the step's z1 (formed by the step before, see 3), forms its rows' logits and
+//                     their softmax partial (max, Σexp) per sample.
 //   2. text_backward  every block combines the G partials into the global normaliser, forms
 //                     dlogits = (p − onehot)/B for its rows, reads each W2 row once and uses it twice:
 //                     the dh partial from the old row, and the SGD update of that row (W2 and b2 are
@@ -13,13 +13,19 @@
 //                     adds the sample's loss to a running double.
 //   3. text_update    blocks own hidden rows: sum the G dh partials, ReLU mask, update W1 and b1, and
 //                     sum their share of dx = W1ᵀ·dz1; the last block to finish adds −lr/N·dx to each
-//                     context token's embedding row (atomics: a token may recur within a batch).
+//                     context token's embedding row (atomics: a token may recur within a batch), then forms
+//                     x and z1 of the next step's samples from the updated E, W1 and b1.
+// Forming the next step's hidden layer in one block at the end of step t, rather than in every block of
+// text_forward, takes 131 redundant reads of W1 (8 MB of L2 traffic) and two dependent round trips off
+// the start of text_forward. text_hidden forms x and z1 where no step came before (the first step of a
+// run, evaluation).
 //
 // A step is latency-bound, not bandwidth-bound, so each kernel is launched with programmatic dependent
 // launch: before grid_dependency_wait() it loads what the previous kernels do not write (sample tokens,
 // its own weight rows), overlapping the previous kernel's tail. Every kernel waits before it touches
 // anything the step before it writes, and allows its dependant to launch only after that wait, so a
-// kernel never overlaps the one two places before it.
+// kernel never overlaps the one two places before it. After the wait, each kernel issues all its loads
+// before it uses any, so it pays one round trip to L2, not one per loop iteration.
 //
 // A step's samples are positions[*cursor + offset .. + B): the cursor lives on the device, so a CUDA graph
 // of many steps replays unchanged and text_advance moves the cursor after it. B samples go through each
@@ -44,6 +50,8 @@ constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane
 constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per warp
 constexpr int D_CHUNK = D < 64 ? D : 64; // W1 weights a thread loads at once in text_forward
+// Logits per thread that text_backward loads together with the softmax partials (the rest: one more trip).
+constexpr int DL_SLOTS = 4;
 // W2 rows a warp holds in registers at once: enough independent loads in flight to cover L2 latency.
 constexpr int ROW_GROUP = HP <= 8 ? 8 : (HP <= 16 ? 4 : (HP <= 32 ? 2 : 1));
 
@@ -87,15 +95,15 @@ __device__ __forceinline__ void load_samples(unsigned* target, unsigned* context
     }
 }
 
-// hs[s][j] = ReLU(z1) and, if z1_out is given, z1_out[s][j] = W1[j]·xs[s] + b1[j], for the sb samples.
+// z1_out[s][j] = W1[j]·xs[s] + b1[j] for the sb samples. W1 and b1 are read through L2 (__ldcg): in
+// text_update other blocks of the same launch have just written them.
 // With D a multiple of 4 and D/4 dividing 32, ROW_LANES = D/4 consecutive lanes hold one W1 row as
 // float4s (coalesced, all loads in flight) and reduce with ROW_LANES-wide shuffles; otherwise one
 // thread per row reads D_CHUNK weights at a time.
 constexpr int ROW_LANES = D >= 4 ? D / 4 : 1;
 constexpr bool HIDDEN_VECTORISED = D >= 4 && D % 4 == 0 && ROW_LANES <= 32 && 32 % ROW_LANES == 0;
 
-__device__ __forceinline__ void hidden_layer(float* hs, const float* xs, const float* __restrict__ W1,
-                                             const float* __restrict__ b1, float* z1_out, int sb) {
+__device__ __forceinline__ void hidden_layer(const float* xs, const float* W1, const float* b1, float* z1_out, int sb) {
     if constexpr (HIDDEN_VECTORISED) {
         constexpr int ROWS_PER_PASS = THREADS / ROW_LANES;
         constexpr int PASSES = (H + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
@@ -105,7 +113,7 @@ __device__ __forceinline__ void hidden_layer(float* hs, const float* xs, const f
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
             const int j = p * ROWS_PER_PASS + threadIdx.x / ROW_LANES;
-            w[p] = j < H ? W1v[(size_t)j * ROW_LANES + part] : make_float4(0.f, 0.f, 0.f, 0.f);
+            w[p] = j < H ? __ldcg(&W1v[(size_t)j * ROW_LANES + part]) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
@@ -117,11 +125,7 @@ __device__ __forceinline__ void hidden_layer(float* hs, const float* xs, const f
                 float acc = w[p].x * x[0] + w[p].y * x[1] + w[p].z * x[2] + w[p].w * x[3];
 #pragma unroll
                 for (int offset = ROW_LANES / 2; offset > 0; offset >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, offset);
-                if (part == 0 && j < H) {
-                    const float z = acc + b1[j];
-                    hs[s * H + j] = fmaxf(z, 0.0f);
-                    if (z1_out) z1_out[(size_t)s * H + j] = z;
-                }
+                if (part == 0 && j < H) z1_out[(size_t)s * H + j] = acc + __ldcg(&b1[j]);
             }
         }
     } else {
@@ -132,7 +136,7 @@ __device__ __forceinline__ void hidden_layer(float* hs, const float* xs, const f
             for (int k0 = 0; k0 < D; k0 += D_CHUNK) {
                 float w[D_CHUNK];
 #pragma unroll
-                for (int k = 0; k < D_CHUNK; ++k) w[k] = (k0 + k < D) ? W1[(size_t)j * D + k0 + k] : 0.0f;
+                for (int k = 0; k < D_CHUNK; ++k) w[k] = (k0 + k < D) ? __ldcg(&W1[(size_t)j * D + k0 + k]) : 0.0f;
 #pragma unroll
                 for (int s = 0; s < SB; ++s) {
                     if (s >= sb) break;
@@ -141,76 +145,100 @@ __device__ __forceinline__ void hidden_layer(float* hs, const float* xs, const f
                         if (k0 + k < D) acc[s] += w[k] * xs[s * D + k0 + k];
                 }
             }
-            const float bias = b1[j];
+            const float bias = __ldcg(&b1[j]);
 #pragma unroll
             for (int s = 0; s < SB; ++s) {
                 if (s >= sb) break;
-                const float z = acc[s] + bias;
-                hs[s * H + j] = fmaxf(z, 0.0f);
-                if (z1_out) z1_out[(size_t)s * H + j] = z;
+                z1_out[(size_t)s * H + j] = acc[s] + bias;
             }
         }
     }
 }
 
-// dynamic shared memory: xs[SB][D], hs[SB][H], context tokens [SB][N]
+// x and z1 of the samples at positions[first .. first + count): x_out[s] = mean E[context], z1_out[s] =
+// W1·x + b1. One block, SB samples at a time; xs holds SB·D floats, context SB·N tokens (shared memory).
+// E is read through L2: in text_update this block has just updated it with atomics.
+__device__ __forceinline__ void samples_hidden(const float* E, const float* W1, const float* b1,
+                                               const unsigned* __restrict__ tokens, const unsigned* positions,
+                                               unsigned first, int count, int N, float* x_out, float* z1_out,
+                                               float* xs, unsigned* context) {
+    const float inv_n = 1.0f / N;
+    for (int c0 = 0; c0 < count; c0 += SB) {
+        const int sb = min(SB, count - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < sb * N; i += THREADS) {
+            const unsigned p = positions[first + c0 + i / N];
+            context[i] = tokens[p - N + i % N];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+            const int s = i / D, d = i % D;
+            float sum = 0.0f;
+            for (int n = 0; n < N; ++n) sum += __ldcg(&E[(size_t)context[s * N + n] * D + d]);
+            xs[i] = sum * inv_n;
+            x_out[(size_t)c0 * D + i] = xs[i];
+        }
+        __syncthreads();
+        hidden_layer(xs, W1, b1, z1_out + (size_t)c0 * H, sb);
+    }
+}
+
+// x and z1 of a step's B samples, where no text_update formed them (the first step of a run, evaluation).
+// Block b takes samples [b·SB, b·SB + SB). dynamic shared memory: xs[SB][D], context tokens [SB][N]
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_forward(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-             const float* W2, const float* __restrict__ b2,
-             const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-             const unsigned* __restrict__ cursor, unsigned offset, int V, int N, int B, int rows_per_block,
-             float* __restrict__ x_out, float* __restrict__ z1_out, float* __restrict__ logits,
-             SoftmaxStat* __restrict__ stats) {
+text_hidden(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
+            const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+            const unsigned* __restrict__ cursor, unsigned offset, int N, int B, float* __restrict__ x_out,
+            float* __restrict__ z1_out) {
     extern __shared__ float smem[];
     float* xs = smem;
-    float* hs = xs + SB * D;
-    unsigned* context = (unsigned*)(hs + SB * H);
+    unsigned* context = (unsigned*)(xs + SB * D);
+    const int s0 = blockIdx.x * SB;
+    samples_hidden(E, W1, b1, tokens, positions, *cursor + offset + s0, min(SB, B - s0), N, x_out + (size_t)s0 * D,
+                   z1_out + (size_t)s0 * H, xs, context);
+}
+
+// dynamic shared memory: hs[SB][H]
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_forward(const float* W2, const float* __restrict__ b2, const float* __restrict__ z1, int V, int B,
+             int rows_per_block, float* __restrict__ logits, SoftmaxStat* __restrict__ stats) {
+    extern __shared__ float smem[];
+    float* hs = smem;
     __shared__ SoftmaxStat warp_stats[WARPS][SB];
-    __shared__ unsigned target[SB];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, V - row0);
-    const bool writes_hidden = blockIdx.x == 0;
 
     // Prologue: W2 and b2 were last written by text_backward, which finished before the step's
     // previous kernel let this one launch.
-    float w_first[ROW_GROUP][HP];
+    float w_first[ROW_GROUP][HP], bias_first[ROW_GROUP];
     load_rows(w_first, W2, row0 + warp * ROW_GROUP, rows - warp * ROW_GROUP);
-    load_samples(target, context, tokens, positions, cursor, offset, 0, min(SB, B), N);
+#pragma unroll
+    for (int q = 0; q < ROW_GROUP; ++q) {
+        const int r = warp * ROW_GROUP + q;
+        bias_first[q] = r < rows ? __ldcg(&b2[row0 + r]) : 0.0f;
+    }
     grid_dependency_wait();
     allow_dependent_launch();
 
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
-        if (c0 > 0) {
-            __syncthreads();
-            load_samples(target, context, tokens, positions, cursor, offset, c0, sb, N);
-        }
-        __syncthreads();
-        const float inv_n = 1.0f / N;
-        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
-            const int s = i / D, d = i % D;
-            float sum = 0.0f;
-            for (int n = 0; n < N; ++n) sum += E[(size_t)context[s * N + n] * D + d];
-            xs[i] = sum * inv_n;
-            if (writes_hidden) x_out[(size_t)c0 * D + i] = xs[i];
-        }
-        __syncthreads();
-
-        hidden_layer(hs, xs, W1, b1, writes_hidden ? z1_out + (size_t)c0 * H : nullptr, sb);
+        if (c0 > 0) __syncthreads();
+        for (int i = threadIdx.x; i < sb * H; i += THREADS) hs[i] = fmaxf(__ldcg(&z1[(size_t)c0 * H + i]), 0.0f);
         __syncthreads();
 
         SoftmaxStat st[SB];
 #pragma unroll
         for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
         for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
+            const bool prefetched = c0 == 0 && r0 == warp * ROW_GROUP;
             float w[ROW_GROUP][HP];
-            fetch_rows(w, w_first, c0 == 0 && r0 == warp * ROW_GROUP, W2, row0 + r0, rows - r0);
+            fetch_rows(w, w_first, prefetched, W2, row0 + r0, rows - r0);
 #pragma unroll
             for (int q = 0; q < ROW_GROUP; ++q) {
                 if (r0 + q >= rows) break;
                 const int v = row0 + r0 + q;
-                const float bias = b2[v];
+                const float bias = prefetched ? bias_first[q] : b2[v];
 #pragma unroll
                 for (int s = 0; s < SB; ++s) {
                     if (s >= sb) break;
@@ -258,7 +286,8 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
     float* dl = dh_warp + WARPS * SB * H;
     float* gw2 = dl + SB * R;
     float* gb2 = gw2 + (size_t)R * H;
-    __shared__ float norm_max[SB], norm_inv_sum[SB];
+    __shared__ float norm_max[SB], norm_inv_sum[SB], norm_lse[SB];
+    __shared__ SoftmaxStat warp_stat[WARPS][SB];
     __shared__ unsigned target[SB];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int G = gridDim.x;
@@ -284,26 +313,50 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
             __syncthreads();
             load_samples(target, nullptr, tokens, positions, cursor, offset, c0, sb, 0);
         }
-        __syncthreads();
-        for (int s = warp; s < sb; s += WARPS) {
-            const SoftmaxStat st = combine_partials(stats, c0 + s, G);
-            if (lane == 0) {
-                norm_max[s] = st.max;
-                norm_inv_sum[s] = 1.0f / st.sum;
-                const int t = (int)target[s];
-                if (t >= row0 && t < row0 + rows) {
-                    const float logsumexp = st.max + logf(st.sum);
-                    atomicAdd(loss_sum, (double)(logsumexp - logits[(size_t)(c0 + s) * V + t]));
-                }
-            }
+        // One round trip: every load of the chunk (softmax partials, z1, this block's logits) is issued
+        // before any is used.
+        SoftmaxStat st[SB];
+#pragma unroll
+        for (int s = 0; s < SB; ++s)
+            st[s] = (s < sb && (int)threadIdx.x < G) ? stats[(size_t)(c0 + s) * G + threadIdx.x] : softmax_stat_empty();
+        float lg[DL_SLOTS];
+#pragma unroll
+        for (int k = 0; k < DL_SLOTS; ++k) {
+            const int i = threadIdx.x + k * THREADS;
+            lg[k] = i < sb * rows ? logits[(size_t)(c0 + i / rows) * V + row0 + i % rows] : 0.0f;
         }
         for (int i = threadIdx.x; i < sb * H; i += THREADS) hs[i] = fmaxf(z1[(size_t)c0 * H + i], 0.0f);
-        __syncthreads();
-        for (int i = threadIdx.x; i < sb * rows; i += THREADS) {
-            const int s = i / rows, r = i % rows, v = row0 + r;
-            const float p = expf(logits[(size_t)(c0 + s) * V + v] - norm_max[s]) * norm_inv_sum[s];
-            dl[s * R + r] = (p - (target[s] == (unsigned)v ? 1.0f : 0.0f)) * inv_b;
+        for (int g = threadIdx.x + THREADS; g < G; g += THREADS)  // grids wider than a block
+            for (int s = 0; s < sb; ++s) st[s] = softmax_merge(st[s], stats[(size_t)(c0 + s) * G + g]);
+#pragma unroll
+        for (int s = 0; s < SB; ++s) {
+            st[s] = warp_softmax_merge(st[s]);
+            if (lane == 0) warp_stat[warp][s] = st[s];
         }
+        __syncthreads();
+        if (threadIdx.x < sb) {
+            SoftmaxStat total = softmax_stat_empty();
+            for (int w = 0; w < WARPS; ++w) total = softmax_merge(total, warp_stat[w][threadIdx.x]);
+            norm_max[threadIdx.x] = total.max;
+            norm_inv_sum[threadIdx.x] = 1.0f / total.sum;
+            norm_lse[threadIdx.x] = total.max + logf(total.sum);
+        }
+        __syncthreads();
+        // dl = (softmax − onehot)/B for this block's rows; the block owning a target adds the sample's loss.
+        const auto set_dl = [&](int i, float logit) {
+            const int s = i / rows, r = i % rows;
+            const bool is_target = target[s] == (unsigned)(row0 + r);
+            const float p = expf(logit - norm_max[s]) * norm_inv_sum[s];
+            dl[s * R + r] = (p - (is_target ? 1.0f : 0.0f)) * inv_b;
+            if (is_target) atomicAdd(loss_sum, (double)(norm_lse[s] - logit));
+        };
+#pragma unroll
+        for (int k = 0; k < DL_SLOTS; ++k) {
+            const int i = threadIdx.x + k * THREADS;
+            if (i < sb * rows) set_dl(i, lg[k]);
+        }
+        for (int i = threadIdx.x + DL_SLOTS * THREADS; i < sb * rows; i += THREADS)
+            set_dl(i, logits[(size_t)(c0 + i / rows) * V + row0 + i % rows]);
         __syncthreads();
 
         float dh_acc[SB][HP];
@@ -370,24 +423,27 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
 }
 
 // One block per UPDATE_ROWS hidden rows. dynamic shared memory: xs[SB][D], dx_warp[WARPS][SB][D],
-// dz[SB][UPDATE_ROWS]
+// dz[SB][UPDATE_ROWS], context tokens [SB][N]
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1,
-            const float* __restrict__ x, const float* __restrict__ z1, const float* __restrict__ dh_partial,
-            const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-            const unsigned* __restrict__ cursor, unsigned offset, int N, int B, int G, float lr,
-            float* __restrict__ dx_sum, unsigned* __restrict__ ticket) {
+text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
+            float* __restrict__ z1, const float* __restrict__ dh_partial, const unsigned* __restrict__ tokens,
+            const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
+            unsigned offset, int N, int B, int G, float lr, float* __restrict__ dx_sum,
+            unsigned* __restrict__ ticket) {
     extern __shared__ float smem[];
     float* xs = smem;
     float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx
     float* dz = dx_warp + WARPS * SB * D;
+    unsigned* context = (unsigned*)(dz + SB * UPDATE_ROWS);
     __shared__ float partial[THREADS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
     const bool has_row = j < H;
+    const unsigned first = *cursor + offset;
 
-    // Prologue: W1 was last written by the previous step's text_update.
+    // Prologue: W1 was last written by the previous step's text_update; tokens and positions are never
+    // written by a step.
     float w[DP], gw[DP];
 #pragma unroll
     for (int i = 0; i < DP; ++i) {
@@ -396,21 +452,25 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     }
     float gb = 0.0f;
     const float embed_scale = -lr / N;
+    for (int i = threadIdx.x; i < min(SB, B) * N; i += THREADS) context[i] = tokens[positions[first + i / N] - N + i % N];
     grid_dependency_wait();
     allow_dependent_launch();
 
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
         for (int i = threadIdx.x; i < sb * D; i += THREADS) xs[i] = x[(size_t)c0 * D + i];
-        // dz[s][r] = Σ_g dh_partial[s][g][j0 + r], masked by ReLU'(z1): thread (g_lane, r) sums a stride of g.
+        // dz[s][r] = Σ_g dh_partial[s][g][j0 + r], masked by ReLU'(z1): thread (g_lane, r) sums a stride of g,
+        // its loads all issued before the sum.
         {
             const int r = threadIdx.x % UPDATE_ROWS, g_lane = threadIdx.x / UPDATE_ROWS;
             constexpr int G_LANES = THREADS / UPDATE_ROWS;
             for (int s = 0; s < sb; ++s) {
                 float sum = 0.0f;
-                if (j0 + r < H)
-                    for (int g = g_lane; g < G; g += G_LANES)
-                        sum += dh_partial[((size_t)(c0 + s) * G + g) * H + j0 + r];
+                if (j0 + r < H) {
+                    const float* col = dh_partial + (size_t)(c0 + s) * G * H + j0 + r;
+#pragma unroll 8
+                    for (int g = g_lane; g < G; g += G_LANES) sum += col[(size_t)g * H];
+                }
                 partial[threadIdx.x] = sum;
                 __syncthreads();
                 if (threadIdx.x < UPDATE_ROWS) {
@@ -455,14 +515,28 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     // The last block to finish owns the complete dx of every sample: it adds −lr/N·dx to each context
     // row once (one rounding per row, as on the CPU) and leaves dx_sum and the ticket zeroed.
     if (!last_block_to_finish(ticket)) return;
-    for (int i = threadIdx.x; i < B * D; i += THREADS) {
-        const int s = i / D, d = i % D;
-        const unsigned p = positions[*cursor + offset + s];
-        const float delta = embed_scale * __ldcg(&dx_sum[i]);
-        dx_sum[i] = 0.0f;
-        for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)tokens[p - N + n] * D + d], delta);
+    for (int c0 = 0; c0 < B; c0 += SB) {
+        const int sb = min(SB, B - c0);
+        if (c0 > 0) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < sb * N; i += THREADS)
+                context[i] = tokens[positions[first + c0 + i / N] - N + i % N];
+            __syncthreads();
+        }
+        for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+            const int s = i / D, d = i % D;
+            const float delta = embed_scale * __ldcg(&dx_sum[(size_t)c0 * D + i]);
+            dx_sum[(size_t)c0 * D + i] = 0.0f;
+            for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[s * N + n] * D + d], delta);
+        }
     }
     if (threadIdx.x == 0) *ticket = 0;
+    // The next step's x and z1 (its samples follow this step's), from the parameters just updated.
+    const unsigned next = first + B;
+    if (next < positions_len) {
+        __syncthreads();
+        samples_hidden(E, W1, b1, tokens, positions, next, min(B, (int)(positions_len - next)), N, x, z1, xs, context);
+    }
 }
 
 // Moves the device-side sample cursor past the steps just run.

@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// text: only the single-sample configurations and the per-kernel timings
     #[arg(long)]
     pub single: bool,
+    /// text: only the configurations with this batch size (1, 256 or 4096)
+    #[arg(long)]
+    pub batch: Option<usize>,
     /// quality: the corpus to train on
     #[arg(long, default_value = "corpus/shakespeare.txt")]
     pub corpus: std::path::PathBuf,
@@ -66,7 +69,7 @@ pub struct TextBenchRow {
 pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
     match args.target {
-        BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json, args.single),
+        BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json, args.single, args.batch),
         BenchTarget::Quality => bench_quality(&gpu, &args),
         BenchTarget::Mnist => crate::mnist::gpu::bench(&gpu, &args),
     }
@@ -100,7 +103,7 @@ pub fn time_graph_launches(gpu: &Gpu, graph: &CudaGraph, launches: usize, repeat
 
 pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
 
-fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool) -> Result<()> {
+fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, only_batch: Option<usize>) -> Result<()> {
     let shape = BENCH_SHAPE;
     let mut rng = StdRng::seed_from_u64(7);
     let tokens: Arc<[u32]> = (0..1usize << 20).map(|_| rng.random_range(0..shape.vocab as u32)).collect();
@@ -115,7 +118,7 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool) -> 
         ("batch 4096, CUDA graph", 4096, 128, true),
     ];
     for (label, batch, steps, graph) in configs {
-        if single_only && batch > 1 {
+        if (single_only && batch > 1) || only_batch.is_some_and(|b| b != batch) {
             continue;
         }
         let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
@@ -156,7 +159,7 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool) -> 
             let graph = t.capture(|t| {
                 for _ in 0..128 {
                     match which {
-                        0 => t.launch_forward(1, 0, true)?,
+                        0 => t.launch_forward(1, true)?,
                         1 => t.launch_backward(1, 0, lr, true)?,
                         _ => t.launch_update(1, 0, lr, true)?,
                     }

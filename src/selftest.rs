@@ -125,6 +125,18 @@ struct CpuStep {
     loss: f64,
 }
 
+/// x and z1 of the samples at `positions` (CPU reference).
+fn cpu_hidden(p: &TextParams, tokens: &[u32], positions: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    let (mut x, mut z1) = (Vec::new(), Vec::new());
+    for &pos in positions {
+        let mut a = model::Activations::new(p.shape);
+        model::forward(p, context_of(tokens, pos, p.shape.context), &mut a);
+        x.extend_from_slice(&a.x);
+        z1.extend_from_slice(&a.z1);
+    }
+    (x, z1)
+}
+
 fn cpu_step(p: &TextParams, tokens: &[u32], positions: &[u32]) -> CpuStep {
     let s = p.shape;
     let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(tokens, pos, s.context)).collect();
@@ -187,25 +199,29 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
     Ok(checks)
 }
 
-/// Each of the three kernels alone against the CPU reference, at lr = 10 so that parameter deltas are
-/// far above the rounding of the parameters themselves (every kernel is linear in lr).
+/// Each kernel alone against the CPU reference, at lr = 10 so that parameter deltas are far above the
+/// rounding of the parameters themselves (every kernel is linear in lr). The step's samples are followed by
+/// a second step's, whose hidden layer text_update forms from the parameters it has just updated.
 pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut StdRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let lr = 10.0f32;
-    let (p, tokens, positions) = random_problem(s, batch, rng);
+    let (p, tokens, positions) = random_problem(s, 2 * batch, rng);
+    let (step, next) = positions.split_at(batch);
     let label = shape_label(s, batch);
     let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
-    let cpu = cpu_step(&p, &tokens, &positions);
+    let cpu = cpu_step(&p, &tokens, step);
 
     let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;
-    t.launch_forward(batch, 0, false)?;
+    t.launch_hidden(batch, 0)?;
+    t.synchronize()?;
+    let mut out = vec![
+        check("text_hidden x", rel_error(&t.download(&t.buffers.x)?[..batch * s.embed], &cpu.x)),
+        check("text_hidden z1", rel_error(&t.download(&t.buffers.z1)?[..batch * s.hidden], &cpu.z1)),
+    ];
+    t.launch_forward(batch, false)?;
     t.synchronize()?;
     let b = &t.buffers;
-    let mut out = vec![
-        check("text_forward x", rel_error(&t.download(&b.x)?[..batch * s.embed], &cpu.x)),
-        check("text_forward z1", rel_error(&t.download(&b.z1)?[..batch * s.hidden], &cpu.z1)),
-        check("text_forward logits", rel_error(&t.download(&b.logits)?[..batch * s.vocab], &cpu.logits)),
-    ];
+    out.push(check("text_forward logits", rel_error(&t.download(&b.logits)?[..batch * s.vocab], &cpu.logits)));
     let stats = t.download(&b.stats)?;
     let g = t.layout.grid;
     let gpu_lse: Vec<f32> = (0..batch)
@@ -247,6 +263,10 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
     out.push(check("text_update W1 update", update_error(lr, &p.w1, &w1, &cpu.grads.w1)));
     out.push(check("text_update b1 update", update_error(lr, &p.b1, &b1, &cpu.grads.b1)));
     out.push(check("text_update embedding update", update_error(lr, &p.embedding, &e, &cpu.embedding_grad)));
+    let updated = TextParams { embedding: e, w1, b1, ..p.clone() };
+    let (next_x, next_z1) = cpu_hidden(&updated, &tokens, next);
+    out.push(check("text_update next step's x", rel_error(&t.download(&t.buffers.x)?[..batch * s.embed], &next_x)));
+    out.push(check("text_update next step's z1", rel_error(&t.download(&t.buffers.z1)?[..batch * s.hidden], &next_z1)));
     Ok(out)
 }
 

@@ -93,9 +93,14 @@ impl TextLayout {
         batch.clamp(1, self.max_chunk)
     }
 
-    /// xs [chunk][D], hs [chunk][H], context tokens [chunk][N].
+    /// text_hidden: xs [chunk][D], context tokens [chunk][N].
+    pub fn hidden_shared(&self, chunk: usize) -> usize {
+        chunk * (self.shape.embed + self.shape.context) * F32
+    }
+
+    /// text_forward: hs [chunk][H].
     pub fn forward_shared(&self, chunk: usize) -> usize {
-        chunk * (self.shape.embed + self.shape.hidden + self.shape.context) * F32
+        chunk * self.shape.hidden * F32
     }
 
     /// hs [chunk][H], dh_warp [WARPS][chunk][H], dl [chunk][R], and for batches above the chunk
@@ -105,8 +110,9 @@ impl TextLayout {
         ((1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
     }
 
+    /// text_update: xs [chunk][D], dx_warp [WARPS][chunk][D], dz [chunk][WARPS], context tokens [chunk][N].
     pub fn update_shared(&self, chunk: usize) -> usize {
-        ((1 + WARPS) * chunk * self.shape.embed + chunk * WARPS) * F32
+        ((1 + WARPS) * chunk * self.shape.embed + chunk * WARPS + chunk * self.shape.context) * F32
     }
 }
 
@@ -146,6 +152,7 @@ pub struct StepBuffers {
 }
 
 struct Kernels {
+    hidden: CudaFunction,
     forward: CudaFunction,
     backward: CudaFunction,
     update: CudaFunction,
@@ -176,6 +183,8 @@ pub struct GpuTrainer {
     tiled: Option<TiledKernels>,
     pub params: DeviceParams,
     tokens: CudaSlice<u32>,
+    /// Sample positions; every entry, also past the uploaded ones, is a valid position (text_update reads
+    /// the next step's samples when it forms their hidden layer).
     positions: CudaSlice<u32>,
     cursor: CudaSlice<u32>,
     pub buffers: StepBuffers,
@@ -200,7 +209,7 @@ impl GpuTrainer {
         let tokens = stream.clone_htod(&tokens[..]).context("copying the token stream to the GPU")?;
         let buffers = Self::alloc_buffers(&gpu, shape, &layout, EVAL_BATCH)?;
         Ok(GpuTrainer {
-            positions: stream.alloc_zeros::<u32>(1)?,
+            positions: stream.clone_htod(&[shape.context as u32])?,
             cursor: stream.alloc_zeros::<u32>(1)?,
             loss_sum: stream.alloc_zeros::<f64>(1)?,
             hit_counts: stream.alloc_zeros::<u64>(2)?,
@@ -227,6 +236,7 @@ impl GpuTrainer {
             )?;
             let load = |name: &str| Gpu::function(&module, name);
             let kernels = Kernels {
+                hidden: load("text_hidden")?,
                 forward: load("text_forward")?,
                 backward: load("text_backward")?,
                 update: load("text_update")?,
@@ -235,7 +245,8 @@ impl GpuTrainer {
                 eval_finish: load("text_eval_finish")?,
             };
             let l = &self.layout;
-            self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden or --embed")?;
+            self.gpu.reserve_shared(&kernels.hidden, l.hidden_shared(chunk), "--embed")?;
+            self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden")?;
             self.gpu.reserve_shared(&kernels.backward, l.backward_shared(chunk, true), "--hidden")?;
             self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk), "--embed")?;
             self.kernels.insert(chunk, kernels);
@@ -340,7 +351,7 @@ impl GpuTrainer {
     pub fn set_positions(&mut self, positions: &[u32]) -> Result<()> {
         if positions.len() > self.positions.len() {
             self.captured = None;
-            self.positions = self.gpu.stream.alloc_zeros::<u32>(positions.len())?;
+            self.positions = self.gpu.stream.clone_htod(&vec![self.shape.context as u32; positions.len()])?;
         }
         let stream = &self.gpu.stream;
         stream.memcpy_htod(positions, &mut self.positions.slice_mut(..positions.len()))?;
@@ -348,20 +359,34 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// Kernel 1 for `batch` samples starting `offset` past the cursor. `programmatic`: may overlap the
-    /// kernel before it (only when that is a step kernel, never text_advance or a copy).
-    pub fn launch_forward(&mut self, batch: usize, offset: usize, programmatic: bool) -> Result<()> {
+    /// x and z1 of `batch` samples starting `offset` past the cursor, where no text_update formed them.
+    pub fn launch_hidden(&mut self, batch: usize, offset: usize) -> Result<()> {
+        self.ensure_capacity(batch)?;
+        let chunk = self.layout.chunk(batch);
+        let func = self.kernels_for(batch)?.hidden.clone();
+        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
+        ];
+        let blocks = batch.div_ceil(chunk) as u32;
+        g.launch("text_hidden", &func, (blocks, 1), self.layout.hidden_shared(chunk) as u32, false, &args)
+    }
+
+    /// Kernel 1 for `batch` samples, whose z1 is in place (text_hidden or the previous step's text_update).
+    /// `programmatic`: may overlap the kernel before it (only when that is a step kernel, never text_advance
+    /// or a copy).
+    pub fn launch_forward(&mut self, batch: usize, programmatic: bool) -> Result<()> {
         self.ensure_capacity(batch)?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.forward.clone();
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
         let l = &self.layout;
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.vocab as i32), Arg::i32(self.shape.context as i32), Arg::i32(batch as i32),
-            Arg::i32(l.rows_per_block as i32),
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats),
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
+            Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &b.logits), Arg::buf(g, &b.stats),
         ];
         g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
     }
@@ -382,7 +407,8 @@ impl GpuTrainer {
         g.launch("text_backward", &func, (l.grid as u32, 1), shared as u32, programmatic, &args)
     }
 
-    /// Kernel 3: W1/b1 update and the embedding rows of the context tokens.
+    /// Kernel 3: W1/b1 update and the embedding rows of the context tokens; then x and z1 of the next
+    /// `batch` samples.
     pub fn launch_update(&mut self, batch: usize, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.update.clone();
@@ -391,7 +417,8 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
             Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::u32(self.positions.len() as u32),
+            Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::i32(l.grid as i32), Arg::f32(lr),
             Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket),
         ];
@@ -406,12 +433,16 @@ impl GpuTrainer {
 
     /// One SGD step: the three kernels, each overlapping the tail of the one before it (large batches: the
     /// three tiled kernels).
-    /// `after_step`: the previous kernel on the stream is the last kernel of a step.
+    /// `after_step`: the previous kernels on the stream are a step of the same size, whose text_update
+    /// formed this step's hidden layer; otherwise text_hidden forms it first.
     pub fn launch_step(&mut self, batch: usize, offset: usize, lr: f32, after_step: bool) -> Result<()> {
         if self.layout.tiled(batch) {
             return self.launch_tiled_step(batch, offset, lr);
         }
-        self.launch_forward(batch, offset, after_step)?;
+        if !after_step {
+            self.launch_hidden(batch, offset)?;
+        }
+        self.launch_forward(batch, after_step)?;
         self.launch_backward(batch, offset, lr, true)?;
         self.launch_update(batch, offset, lr, true)
     }
@@ -436,7 +467,7 @@ impl GpuTrainer {
     pub fn kernel_resources(&self) -> Vec<(&'static str, usize, i32, i32)> {
         let mut rows = Vec::new();
         for (chunk, k) in &self.kernels {
-            for (name, f) in [("text_forward", &k.forward), ("text_backward", &k.backward), ("text_update", &k.update)] {
+            for (name, f) in [("text_hidden", &k.hidden), ("text_forward", &k.forward), ("text_backward", &k.backward), ("text_update", &k.update)] {
                 rows.push((name, *chunk, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)));
             }
         }
@@ -522,7 +553,8 @@ impl TextTrainer for GpuTrainer {
         let (v, grid, rows) = (self.shape.vocab as i32, self.layout.grid as i32, self.layout.rows_per_block as i32);
         for chunk in positions.chunks(EVAL_BATCH) {
             let b = chunk.len();
-            self.launch_forward(b, 0, false)?;
+            self.launch_hidden(b, 0)?;
+            self.launch_forward(b, false)?;
             let k = self.kernels_for(b)?;
             let (rank_fn, finish_fn) = (k.eval_rank.clone(), k.eval_finish.clone());
             let (g, buf) = (&*self.gpu, &self.buffers);

@@ -38,6 +38,43 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// Asynchronous copies from global to shared memory that bypass registers (cp.async, sm_80+), read
+// through L2. Issue, then cp_async_commit(); cp_async_wait_all() and a barrier before the data is used.
+__device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void* shared_dst, const void* global_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(global_src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// A barrier across the whole grid, whose blocks must all be resident at once (small grids only). state[0]
+// counts arrivals, state[1] is the generation; both start at zero and the barrier leaves them ready for
+// the next use. Every block's writes before the barrier are visible to every block after it.
+__device__ __forceinline__ void grid_barrier(unsigned* state) {
+    volatile unsigned* generation = state + 1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned gen = *generation;
+        __threadfence();
+        if (atomicAdd(&state[0], 1u) == gridDim.x - 1) {
+            atomicExch(&state[0], 0u);
+            __threadfence();
+            atomicAdd(&state[1], 1u);
+        } else {
+            while (*generation == gen) {
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // The last-block pattern: every block of the grid calls this once, after its writes; it is true in
 // exactly one block, the last to arrive, and there every other block's writes are visible. `ticket`
 // counts arrivals per gridDim.x blocks (pass one counter per grid row for 2-D grids); the last block

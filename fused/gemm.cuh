@@ -1,11 +1,17 @@
-// gemm_tile: one thread block's BM×BN tile of an fp32 matrix product C = op(A)·op(B), op(A) M×K and
-// op(B) K×N, staged through shared memory. Pipelines use it for their batch×hidden products.
+// Tiled fp32 matrix products C = op(A)·op(B), op(A) M×K and op(B) K×N, one thread block per output
+// tile, staged through shared memory, in two variants:
 //
-// Operands are read through the caller's functors a_at(m, k) and b_at(k, n), called only for indices
-// inside the matrices, so a caller can gather rows (a shuffled batch), append a column of ones (a bias
-// gradient from the same tile), or apply an activation as it loads. Each result goes to the caller's
-// store(m, n, value), called exactly once per element inside C, which is where epilogues fuse.
+//   gemm_tile   any tile shape (template sizes), small or split-k tiles; the MNIST pipeline's products.
+//   gemm_128    one fixed 128×128 tile tuned for throughput; the text model's large-batch products
+//               (fused/text_batch.cu), where a step is ~26 GMAC and the FMA pipe is what counts.
 //
+// Both read operands through the caller's functors, called only for indices inside the matrices, so a
+// caller can gather rows (a shuffled batch), append a column of ones (a bias gradient from the same
+// tile), or apply an activation as it loads; results go to the caller's store functor, which is where
+// epilogues fuse (bias, activation, atomics into a gradient, a transposed copy in shared memory).
+//
+// ---- gemm_tile ----
+// Each result goes to store(m, n, value), called exactly once per element inside C.
 // A_TRANS / B_TRANS say how the operands lie in memory, BLAS-style: A is M×K row-major unless A_TRANS
 // (then K×M), B is K×N row-major unless B_TRANS (then N×K). They only choose which index adjacent threads
 // walk when loading, so that global loads coalesce.
@@ -141,4 +147,136 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, A
         }
     }
     __syncthreads();
+}
+
+// ---- gemm_128 ----
+// A 128×128 tile of C over the block's 256 threads, each accumulating an 8×8 register tile: rows
+// 4·tm + i and 64 + 4·tm + i, columns 4·tn + j and 64 + 4·tn + j (i, j < 4; tm, tn < 16). A warp covers
+// 4 tm × 8 tn, so a k step reads a thread's 8 A and 8 B values as four 16-byte shared loads, each served
+// in one wavefront (4 distinct A addresses broadcast, 8 adjacent B addresses): 64 FMAs per 4 loads.
+//
+// Each operand is a k-major tile in shared memory (element [k][o] at k·G128_LD + o, the row stride 128 + 4
+// keeping rows 16-byte aligned and transposing stores on distinct banks), walked 8 k (a chunk) at a time:
+//   Staged<K_CONTIGUOUS>  read through at(o, k) for o < extent, k < K (zero outside) into registers and
+//                         stored to a double-buffered chunk: chunk c+1's loads are issued before chunk c's
+//                         FMAs and stored after them, so one barrier per chunk guards both buffers and the
+//                         loads' latency hides behind 512 FMAs per thread. K_CONTIGUOUS says which index
+//                         adjacent threads walk, so that each warp's loads coalesce.
+//   Resident              already in shared memory for the whole K, rows K … up to a multiple of 8 zero.
+// Results go to store(m, n, v) once per 4 adjacent columns inside C: m < M, n < N, n − n0 a multiple of
+// 4, v = C[m][n … n+3]; the caller checks n + j < N when N − n0 is not a multiple of 4. gemm_128 ends
+// with a barrier, so the caller may reuse the staged buffers afterwards.
+
+constexpr int G128 = 128;
+constexpr int G128_BK = 8;
+constexpr int G128_LD = G128 + 4;
+constexpr int G128_CHUNK = G128_BK * G128_LD;
+constexpr int G128_STAGED_FLOATS = 2 * G128_CHUNK;  // shared floats of one staged operand
+static_assert(THREADS == 256, "gemm_128 maps 256 threads onto its tile");
+
+template <bool K_CONTIGUOUS, class At>
+struct Staged {
+    At at;
+    int extent, o0, K;
+    float* smem;  // G128_STAGED_FLOATS
+    float v[4];
+
+    // Thread t's four elements of a chunk. K_CONTIGUOUS: row t/2, k = 4·(t mod 2) + r (a warp reads 16 rows
+    // × 8 k, and each thread's elements share a row: one address, one sample's normaliser). Otherwise row
+    // t mod 32 + 32r, k = t/32 (a warp reads 32 adjacent rows of one k). Both store conflict-free.
+    __device__ __forceinline__ static int row_of(int r) {
+        return K_CONTIGUOUS ? threadIdx.x / 2 : threadIdx.x % 32 + 32 * r;
+    }
+    __device__ __forceinline__ static int k_of(int r) {
+        return K_CONTIGUOUS ? threadIdx.x % 2 * 4 + r : threadIdx.x / 32;
+    }
+
+    // Inside tiles take the unchecked path, so the four at() calls can share their common work.
+    __device__ __forceinline__ void fetch(int k0) {
+        if (o0 + G128 <= extent && k0 + G128_BK <= K) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) v[r] = at(o0 + row_of(r), k0 + k_of(r));
+        } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int o = o0 + row_of(r), k = k0 + k_of(r);
+                v[r] = (o < extent && k < K) ? at(o, k) : 0.0f;
+            }
+        }
+    }
+    __device__ __forceinline__ void commit(int buf) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) smem[buf * G128_CHUNK + k_of(r) * G128_LD + row_of(r)] = v[r];
+    }
+    __device__ __forceinline__ const float* chunk(int buf, int) const { return smem + buf * G128_CHUNK; }
+};
+
+template <bool K_CONTIGUOUS, class At>
+__device__ __forceinline__ Staged<K_CONTIGUOUS, At> staged(At at, int extent, int o0, int K, float* smem) {
+    return {at, extent, o0, K, smem, {}};
+}
+
+struct Resident {
+    const float* smem;
+    __device__ __forceinline__ void fetch(int) {}
+    __device__ __forceinline__ void commit(int) {}
+    __device__ __forceinline__ const float* chunk(int, int k0) const { return smem + k0 * G128_LD; }
+};
+
+template <class A, class B, class Store>
+__device__ __forceinline__ void gemm_128(int M, int N, int K, int m0, int n0, A& a, B& b, Store store) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tm = warp / 2 * 4 + lane / 8, tn = warp % 2 * 8 + lane % 8;
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    a.fetch(0);
+    b.fetch(0);
+    a.commit(0);
+    b.commit(0);
+    __syncthreads();
+    int buf = 0;
+    for (int k0 = 0; k0 < K; k0 += G128_BK) {
+        const bool more = k0 + G128_BK < K;
+        if (more) {
+            a.fetch(k0 + G128_BK);
+            b.fetch(k0 + G128_BK);
+        }
+        const float* As = a.chunk(buf, k0);
+        const float* Bs = b.chunk(buf, k0);
+#pragma unroll
+        for (int k = 0; k < G128_BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(As + k * G128_LD + 4 * tm);
+            const float4 a1 = *reinterpret_cast<const float4*>(As + k * G128_LD + 64 + 4 * tm);
+            const float4 b0 = *reinterpret_cast<const float4*>(Bs + k * G128_LD + 4 * tn);
+            const float4 b1 = *reinterpret_cast<const float4*>(Bs + k * G128_LD + 64 + 4 * tn);
+            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if (more) {
+            a.commit(buf ^ 1);
+            b.commit(buf ^ 1);
+        }
+        __syncthreads();
+        buf ^= 1;
+    }
+
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int m = m0 + i / 4 * 64 + 4 * tm + i % 4;
+        if (m >= M) continue;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int n = n0 + half * 64 + 4 * tn;
+            const float* c = acc[i] + 4 * half;
+            if (n < N) store(m, n, make_float4(c[0], c[1], c[2], c[3]));
+        }
+    }
 }

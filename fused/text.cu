@@ -52,33 +52,29 @@ constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per
 constexpr int D_CHUNK = D < 64 ? D : 64; // W1 weights a thread loads at once in text_forward
 // Logits per thread that text_backward loads together with the softmax partials (the rest: one more trip).
 constexpr int DL_SLOTS = 4;
-// W2 rows a warp holds in registers at once: enough independent loads in flight to cover L2 latency.
+// W2 rows a warp takes together from shared memory: their reductions overlap.
 constexpr int ROW_GROUP = HP <= 8 ? 8 : (HP <= 16 ? 4 : (HP <= 32 ? 2 : 1));
 
-// w[q][i] = element lane + 32·i of row (first + q) of the V×H matrix M; rows past `count` read as zero.
-__device__ __forceinline__ void load_rows(float (&w)[ROW_GROUP][HP], const float* M, int first, int count) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int q = 0; q < ROW_GROUP; ++q)
-#pragma unroll
-        for (int i = 0; i < HP; ++i) {
-            const int k = lane + 32 * i;
-            w[q][i] = (q < count && k < H) ? __ldcg(&M[(size_t)(first + q) * H + k]) : 0.0f;
-        }
+// W2 rows [first, first + count) and their b2 entries into shared memory (ws [count][H], bs [count]) with
+// asynchronous copies, so the rows cost no registers while they wait: a kernel holding them leaves room
+// on the SM for the next kernel's blocks to launch early and stage theirs. The caller waits with
+// cp_async_wait_all() and a barrier.
+__device__ __forceinline__ void stage_rows(float* ws, float* bs, const float* W2, const float* b2, int first, int count) {
+    const float* src = W2 + (size_t)first * H;
+    const int n = count * H;
+    if constexpr (H % 4 == 0) {
+        for (int i = 4 * threadIdx.x; i < n; i += 4 * THREADS) cp_async16(ws + i, src + i);
+    } else {
+        for (int i = threadIdx.x; i < n; i += THREADS) cp_async4(ws + i, src + i);
+    }
+    for (int i = threadIdx.x; i < count; i += THREADS) cp_async4(bs + i, b2 + first + i);
+    cp_async_commit();
 }
 
-// The warp's next row group: the prologue's prefetch when `prefetched` (first group, first chunk), else
-// loaded now.
-__device__ __forceinline__ void fetch_rows(float (&w)[ROW_GROUP][HP], const float (&first)[ROW_GROUP][HP],
-                                           bool prefetched, const float* M, int first_row, int count) {
-    if (prefetched) {
-#pragma unroll
-        for (int q = 0; q < ROW_GROUP; ++q)
-#pragma unroll
-            for (int i = 0; i < HP; ++i) w[q][i] = first[q][i];
-    } else {
-        load_rows(w, M, first_row, count);
-    }
+// Whether the tile of rows starting at t0 must be staged now: all but the prologue's first tile, which
+// stays in shared memory for later chunks when it holds all the block's rows.
+__device__ __forceinline__ bool tile_needs_staging(int t0, int c0, int rows, int tile_rows) {
+    return t0 > 0 || (c0 > 0 && rows > tile_rows);
 }
 
 // Targets (and, with `context`, the context tokens) of the step's samples c0 .. c0+sb, into shared memory.
@@ -198,12 +194,14 @@ text_hidden(const float* __restrict__ E, const float* __restrict__ W1, const flo
                    z1_out + (size_t)s0 * H, xs, context);
 }
 
-// dynamic shared memory: hs[SB][H]
-extern "C" __global__ void __launch_bounds__(THREADS)
-text_forward(const float* W2, const float* __restrict__ b2, const float* __restrict__ z1, int V, int B,
-             int rows_per_block, float* __restrict__ logits, SoftmaxStat* __restrict__ stats) {
-    extern __shared__ float smem[];
-    float* hs = smem;
+// dynamic shared memory: ws[tile_rows][H], hs[SB][H], bs[tile_rows]
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+text_forward(const float* W2, const float* b2, const float* __restrict__ z1, int V, int B, int rows_per_block,
+             int tile_rows, float* __restrict__ logits, SoftmaxStat* __restrict__ stats, float* __restrict__ dx_sum) {
+    extern __shared__ float4 smem4[];
+    float* ws = reinterpret_cast<float*>(smem4);
+    float* hs = ws + (size_t)tile_rows * H;
+    float* bs = hs + SB * H;
     __shared__ SoftmaxStat warp_stats[WARPS][SB];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * rows_per_block;
@@ -211,44 +209,48 @@ text_forward(const float* W2, const float* __restrict__ b2, const float* __restr
 
     // Prologue: W2 and b2 were last written by text_backward, which finished before the step's
     // previous kernel let this one launch.
-    float w_first[ROW_GROUP][HP], bias_first[ROW_GROUP];
-    load_rows(w_first, W2, row0 + warp * ROW_GROUP, rows - warp * ROW_GROUP);
-#pragma unroll
-    for (int q = 0; q < ROW_GROUP; ++q) {
-        const int r = warp * ROW_GROUP + q;
-        bias_first[q] = r < rows ? __ldcg(&b2[row0 + r]) : 0.0f;
-    }
+    stage_rows(ws, bs, W2, b2, row0, min(rows, tile_rows));
     grid_dependency_wait();
     allow_dependent_launch();
+    if (blockIdx.x == 0)  // text_update sums this step's dx here
+        for (int i = threadIdx.x; i < B * D; i += THREADS) dx_sum[i] = 0.0f;
 
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
         if (c0 > 0) __syncthreads();
         for (int i = threadIdx.x; i < sb * H; i += THREADS) hs[i] = fmaxf(__ldcg(&z1[(size_t)c0 * H + i]), 0.0f);
-        __syncthreads();
 
         SoftmaxStat st[SB];
 #pragma unroll
         for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
-        for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
-            const bool prefetched = c0 == 0 && r0 == warp * ROW_GROUP;
-            float w[ROW_GROUP][HP];
-            fetch_rows(w, w_first, prefetched, W2, row0 + r0, rows - r0);
+        for (int t0 = 0; t0 < rows; t0 += tile_rows) {
+            const int tr = min(tile_rows, rows - t0);
+            if (tile_needs_staging(t0, c0, rows, tile_rows)) {
+                __syncthreads();
+                stage_rows(ws, bs, W2, b2, row0 + t0, tr);
+            }
+            cp_async_wait_all();
+            __syncthreads();
+            for (int r0 = warp * ROW_GROUP; r0 < tr; r0 += WARPS * ROW_GROUP) {
 #pragma unroll
-            for (int q = 0; q < ROW_GROUP; ++q) {
-                if (r0 + q >= rows) break;
-                const int v = row0 + r0 + q;
-                const float bias = prefetched ? bias_first[q] : b2[v];
+                for (int q = 0; q < ROW_GROUP; ++q) {
+                    const int r = r0 + q;
+                    if (r < tr) {
+                        float w[HP];
 #pragma unroll
-                for (int s = 0; s < SB; ++s) {
-                    if (s >= sb) break;
-                    float acc = 0.0f;
+                        for (int i = 0; i < HP; ++i) w[i] = lane + 32 * i < H ? ws[r * H + lane + 32 * i] : 0.0f;
 #pragma unroll
-                    for (int i = 0; i < HP; ++i)
-                        if (lane + 32 * i < H) acc += w[q][i] * hs[s * H + lane + 32 * i];
-                    const float logit = warp_sum(acc) + bias;
-                    if (lane == 0) logits[(size_t)(c0 + s) * V + v] = logit;
-                    st[s] = softmax_push(st[s], logit);
+                        for (int s = 0; s < SB; ++s) {
+                            if (s >= sb) break;
+                            float acc = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < HP; ++i)
+                                if (lane + 32 * i < H) acc += w[i] * hs[s * H + lane + 32 * i];
+                            const float logit = warp_sum(acc) + bs[r];
+                            if (lane == 0) logits[(size_t)(c0 + s) * V + row0 + t0 + r] = logit;
+                            st[s] = softmax_push(st[s], logit);
+                        }
+                    }
                 }
             }
         }
@@ -272,16 +274,19 @@ __device__ __forceinline__ SoftmaxStat combine_partials(const SoftmaxStat* stats
     return warp_softmax_merge(st);
 }
 
-// dynamic shared memory: hs[SB][H], dh_warp[WARPS][SB][H], dl[SB][R], and when B > SB: gw2[R][H], gb2[R]
-extern "C" __global__ void __launch_bounds__(THREADS)
-text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logits,
-              const SoftmaxStat* __restrict__ stats, const float* __restrict__ z1,
-              const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-              const unsigned* __restrict__ cursor, unsigned offset, int V, int B, int rows_per_block, float lr,
-              float* __restrict__ dh_partial, double* __restrict__ loss_sum) {
-    extern __shared__ float smem[];
+// dynamic shared memory: ws[tile_rows][H], bs[tile_rows], hs[SB][H], dh_warp[WARPS][SB][H], dl[SB][R],
+// and when B > SB: gw2[R][H], gb2[R]
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+text_backward(float* W2, float* b2, const float* __restrict__ logits, const SoftmaxStat* __restrict__ stats,
+              const float* __restrict__ z1, const unsigned* __restrict__ tokens,
+              const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset, int V,
+              int B, int rows_per_block, int tile_rows, float lr, float* __restrict__ dh_partial,
+              double* __restrict__ loss_sum) {
+    extern __shared__ float4 smem4[];
     const int R = rows_per_block;
-    float* hs = smem;
+    float* ws = reinterpret_cast<float*>(smem4);
+    float* bs = ws + (size_t)tile_rows * H;
+    float* hs = bs + tile_rows;
     float* dh_warp = hs + SB * H;  // each warp's dh partial, summed without atomics
     float* dl = dh_warp + WARPS * SB * H;
     float* gw2 = dl + SB * R;
@@ -297,8 +302,7 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
     const float inv_b = 1.0f / B;
 
     // Prologue: this block's W2 rows were last written by the previous step's text_backward.
-    float w_first[ROW_GROUP][HP];
-    load_rows(w_first, W2, row0 + warp * ROW_GROUP, rows - warp * ROW_GROUP);
+    stage_rows(ws, bs, W2, b2, row0, min(rows, tile_rows));
     load_samples(target, nullptr, tokens, positions, cursor, offset, 0, min(SB, B), 0);
     if (!one_chunk) {
         for (int i = threadIdx.x; i < rows * H; i += THREADS) gw2[i] = 0.0f;
@@ -364,38 +368,49 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
         for (int s = 0; s < SB; ++s)
 #pragma unroll
             for (int i = 0; i < HP; ++i) dh_acc[s][i] = 0.0f;
-        for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += WARPS * ROW_GROUP) {
-            float w[ROW_GROUP][HP];
-            fetch_rows(w, w_first, c0 == 0 && r0 == warp * ROW_GROUP, W2, row0 + r0, rows - r0);
+        for (int t0 = 0; t0 < rows; t0 += tile_rows) {
+            const int tr = min(tile_rows, rows - t0);
+            if (tile_needs_staging(t0, c0, rows, tile_rows)) {
+                __syncthreads();
+                stage_rows(ws, bs, W2, b2, row0 + t0, tr);
+            }
+            cp_async_wait_all();
+            __syncthreads();
+            for (int r0 = warp * ROW_GROUP; r0 < tr; r0 += WARPS * ROW_GROUP) {
 #pragma unroll
-            for (int q = 0; q < ROW_GROUP; ++q) {
-                const int r = r0 + q, v = row0 + r;
-                if (r >= rows) break;
-                float gw[HP];
+                for (int q = 0; q < ROW_GROUP; ++q) {
+                    const int tile_r = r0 + q, r = t0 + tile_r, v = row0 + r;
+                    if (tile_r < tr) {
+                        float w[HP], gw[HP];
 #pragma unroll
-                for (int i = 0; i < HP; ++i) gw[i] = 0.0f;
-                float gb = 0.0f;
+                        for (int i = 0; i < HP; ++i) {
+                            w[i] = lane + 32 * i < H ? ws[tile_r * H + lane + 32 * i] : 0.0f;
+                            gw[i] = 0.0f;
+                        }
+                        float gb = 0.0f;
 #pragma unroll
-                for (int s = 0; s < SB; ++s) {
-                    if (s >= sb) break;
-                    const float g = dl[s * R + r];
-                    gb += g;
+                        for (int s = 0; s < SB; ++s) {
+                            if (s >= sb) break;
+                            const float g = dl[s * R + r];
+                            gb += g;
 #pragma unroll
-                    for (int i = 0; i < HP; ++i) {
-                        dh_acc[s][i] += g * w[q][i];
-                        if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
+                            for (int i = 0; i < HP; ++i) {
+                                dh_acc[s][i] += g * w[i];
+                                if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
+                            }
+                        }
+                        if (one_chunk) {
+#pragma unroll
+                            for (int i = 0; i < HP; ++i)
+                                if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[i] - lr * gw[i];
+                            if (lane == 0) b2[v] = bs[tile_r] - lr * gb;
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < HP; ++i)
+                                if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
+                            if (lane == 0) gb2[r] += gb;
+                        }
                     }
-                }
-                if (one_chunk) {
-#pragma unroll
-                    for (int i = 0; i < HP; ++i)
-                        if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[q][i] - lr * gw[i];
-                    if (lane == 0) b2[v] -= lr * gb;
-                } else {
-#pragma unroll
-                    for (int i = 0; i < HP; ++i)
-                        if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
-                    if (lane == 0) gb2[r] += gb;
                 }
             }
         }
@@ -423,36 +438,56 @@ text_backward(float* W2, float* __restrict__ b2, const float* __restrict__ logit
 }
 
 // One block per UPDATE_ROWS hidden rows. dynamic shared memory: xs[SB][D], dx_warp[WARPS][SB][D],
-// dz[SB][UPDATE_ROWS], context tokens [SB][N]
+// dz[SB][UPDATE_ROWS], context tokens [SB][N], next step's context tokens [SB][N] and embedding rows
+// [SB][N][D].
+//
+// The next step's x and z1 are formed in one of two ways. When the step fits one chunk (B ≤ SB) and the
+// grid is resident at once (`by_barrier`), every block reads the next samples' embedding rows before a
+// grid barrier, adds to them this step's update of any row that is also a context row now, and forms z1 of
+// its own hidden rows from the W1 rows it has just updated, still in registers; block 0 writes x and
+// applies the embedding update after the barrier. Otherwise the last block to finish applies the
+// embedding update and forms x and z1 of every next sample from memory.
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
             float* __restrict__ z1, const float* __restrict__ dh_partial, const unsigned* __restrict__ tokens,
             const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
-            unsigned offset, int N, int B, int G, float lr, float* __restrict__ dx_sum,
-            unsigned* __restrict__ ticket) {
+            unsigned offset, int N, int B, int G, float lr, int by_barrier, float* __restrict__ dx_sum,
+            unsigned* __restrict__ ticket, unsigned* __restrict__ barrier) {
     extern __shared__ float smem[];
     float* xs = smem;
-    float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx
+    float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx; after the barrier: −lr/N·dx
     float* dz = dx_warp + WARPS * SB * D;
     unsigned* context = (unsigned*)(dz + SB * UPDATE_ROWS);
+    unsigned* next_context = context + SB * N;
+    float* next_rows = (float*)(next_context + SB * N);
     __shared__ float partial[THREADS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
     const bool has_row = j < H;
-    const unsigned first = *cursor + offset;
+    const unsigned first = *cursor + offset, next = first + B;
+    const int next_count = next < positions_len ? min(B, (int)(positions_len - next)) : 0;
+    const bool barrier_path = by_barrier && B <= SB;
+    const float embed_scale = -lr / N;
 
-    // Prologue: W1 was last written by the previous step's text_update; tokens and positions are never
-    // written by a step.
+    // Prologue: W1, b1 and E were last written by the previous step's text_update; tokens and positions are
+    // never written by a step.
     float w[DP], gw[DP];
 #pragma unroll
     for (int i = 0; i < DP; ++i) {
         w[i] = (has_row && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
         gw[i] = 0.0f;
     }
+    const float bias = has_row ? __ldcg(&b1[j]) : 0.0f;
     float gb = 0.0f;
-    const float embed_scale = -lr / N;
     for (int i = threadIdx.x; i < min(SB, B) * N; i += THREADS) context[i] = tokens[positions[first + i / N] - N + i % N];
+    if (barrier_path) {
+        for (int i = threadIdx.x; i < next_count * N; i += THREADS)
+            next_context[i] = tokens[positions[next + i / N] - N + i % N];
+        __syncthreads();
+        for (int i = threadIdx.x; i < next_count * N * D; i += THREADS)
+            next_rows[i] = __ldcg(&E[(size_t)next_context[i / D] * D + i % D]);
+    }
     grid_dependency_wait();
     allow_dependent_launch();
 
@@ -505,15 +540,57 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
         }
         __syncthreads();
     }
+    const float bias_new = bias - lr * gb;
+#pragma unroll
+    for (int i = 0; i < DP; ++i) w[i] -= lr * gw[i];  // W1's new row
     if (has_row) {
 #pragma unroll
         for (int i = 0; i < DP; ++i)
-            if (lane + 32 * i < D) W1[(size_t)j * D + lane + 32 * i] = w[i] - lr * gw[i];
-        if (lane == 0) b1[j] -= lr * gb;
+            if (lane + 32 * i < D) W1[(size_t)j * D + lane + 32 * i] = w[i];
+        if (lane == 0) b1[j] = bias_new;
+    }
+
+    if (barrier_path) {
+        grid_barrier(barrier);
+        float* delta = dx_warp;  // [B][D]: the embedding update of each sample's context rows
+        for (int i = threadIdx.x; i < B * D; i += THREADS) delta[i] = embed_scale * __ldcg(&dx_sum[i]);
+        __syncthreads();
+        // x of the next samples from their rows as this step leaves them (text_forward zeroes dx_sum).
+        const float inv_n = 1.0f / N;
+        for (int i = threadIdx.x; i < next_count * D; i += THREADS) {
+            const int s = i / D, d = i % D;
+            float sum = 0.0f;
+            for (int n = 0; n < N; ++n) {
+                const unsigned token = next_context[s * N + n];
+                float e = next_rows[(s * N + n) * D + d];
+                for (int c = 0; c < B * N; ++c)
+                    if (context[c] == token) e += delta[(c / N) * D + d];
+                sum += e;
+            }
+            xs[i] = sum * inv_n;
+            if (blockIdx.x == 0) x[i] = xs[i];
+        }
+        __syncthreads();
+        if (has_row)
+            for (int s = 0; s < next_count; ++s) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DP; ++i)
+                    if (lane + 32 * i < D) acc += w[i] * xs[s * D + lane + 32 * i];
+                acc = warp_sum(acc);
+                if (lane == 0) z1[(size_t)s * H + j] = acc + bias_new;
+            }
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < B * D; i += THREADS) {
+                const int s = i / D, d = i % D;
+                for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[s * N + n] * D + d], delta[i]);
+            }
+        return;
     }
 
     // The last block to finish owns the complete dx of every sample: it adds −lr/N·dx to each context
-    // row once (one rounding per row, as on the CPU) and leaves dx_sum and the ticket zeroed.
+    // row once (one rounding per row, as on the CPU), leaves the ticket zeroed and forms the next step's
+    // x and z1 from the parameters just updated.
     if (!last_block_to_finish(ticket)) return;
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
@@ -526,16 +603,13 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
         for (int i = threadIdx.x; i < sb * D; i += THREADS) {
             const int s = i / D, d = i % D;
             const float delta = embed_scale * __ldcg(&dx_sum[(size_t)c0 * D + i]);
-            dx_sum[(size_t)c0 * D + i] = 0.0f;
             for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[s * N + n] * D + d], delta);
         }
     }
     if (threadIdx.x == 0) *ticket = 0;
-    // The next step's x and z1 (its samples follow this step's), from the parameters just updated.
-    const unsigned next = first + B;
-    if (next < positions_len) {
+    if (next_count > 0) {
         __syncthreads();
-        samples_hidden(E, W1, b1, tokens, positions, next, min(B, (int)(positions_len - next)), N, x, z1, xs, context);
+        samples_hidden(E, W1, b1, tokens, positions, next, next_count, N, x, z1, xs, context);
     }
 }
 

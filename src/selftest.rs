@@ -180,6 +180,8 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
         (shape(1000, 33, 100, 2), 5),
         (shape(517, 16, 40, 1), 11),
         (shape(131, 8, 32, 4), 3),
+        // Blocks whose W2 rows take two shared-memory tiles; batches of two chunks.
+        (shape(20011, 32, 1024, 2), 3),
     ];
     if !quick {
         // The largest hidden size the kernels take, with a vocabulary far from any block multiple.

@@ -15,18 +15,30 @@ use std::sync::Arc;
 const WARPS: usize = 8;
 /// Steps of at least this many samples take the tiled-matmul kernels of `fused/text_batch.cu`.
 pub const TILED_MIN_BATCH: usize = 64;
-/// Tile edge, vocabulary slice and sample slice of fused/text_batch.cu (TILE, V_SLICE, B_SLICE).
+/// Tile edge, text_batch_backward's K per block and text_batch_update's samples per ∂W1 block of
+/// fused/text_batch.cu (TILE, SLICE, B_SLICE).
 const TILE: usize = 128;
-const V_SLICE: usize = 1024;
-const B_SLICE: usize = 512;
-/// Floats of gemm_tile's shared-memory stage for 128×128 tiles, BK = 8 (GemmTile::SHARED_FLOATS).
-const GEMM_STAGE_FLOATS: usize = 8 * (TILE + 1 + TILE + 1);
+const SLICE: usize = 1024;
+const B_SLICE: usize = 128;
+/// gemm_128's k per chunk and shared row stride (G128_BK, G128_LD in fused/gemm.cuh).
+const GEMM_BK: usize = 8;
+const GEMM_LD: usize = TILE + 4;
+/// Floats of one gemm_128 operand staged through shared memory: two chunk buffers (G128_STAGED_FLOATS).
+const GEMM_STAGED_FLOATS: usize = 2 * GEMM_BK * GEMM_LD;
+/// text_batch_backward's ∂b2 sums [WARPS][TILE], after its two staged operands.
+const TILED_B2_SUMS: usize = WARPS * TILE;
 /// Blocks of text_batch_update that apply the W2 update.
 const W2_UPDATE_BLOCKS: usize = 132;
 /// Samples per evaluation launch.
 const EVAL_BATCH: usize = 256;
 /// Steps captured in one CUDA graph.
 const GRAPH_STEPS: usize = 128;
+/// Bytes of W2 rows text_forward / text_backward stage in shared memory at once (a block's rows for the
+/// benchmark shape, 63 × 256 floats, fit in one tile).
+const W2_TILE_BYTES: usize = 72 * 1024;
+/// text_update forms the next step's z1 in every block after a grid barrier when its shared memory stays
+/// under this (beside the step's other kernels on the SM) and its grid fits the GPU at once.
+const UPDATE_BARRIER_SHARED: usize = 48 * 1024;
 /// The kernels keep per-lane register arrays of H/32 and D/32 values.
 pub const MAX_HIDDEN: usize = 2048;
 pub const MAX_EMBED: usize = 1024;
@@ -39,10 +51,15 @@ pub struct TextLayout {
     pub max_chunk: usize,
     /// Vocabulary rows per block of text_forward / text_backward.
     pub rows_per_block: usize,
+    /// W2 rows of a block staged in shared memory at once (≤ rows_per_block).
+    pub tile_rows: usize,
     /// Blocks of text_forward / text_backward (G).
     pub grid: usize,
     /// Blocks of text_update (one hidden row per warp).
     pub update_grid: usize,
+    /// Whether text_update forms the next step's z1 in every block after a grid barrier (for steps of one
+    /// chunk), rather than in its last block.
+    pub update_by_barrier: bool,
     /// Whether text_batch_forward's tiles fit the device's shared memory (else large batches also take
     /// the chunked kernels).
     pub tiled_fits: bool,
@@ -60,17 +77,30 @@ impl TextLayout {
             bail!("--embed {d} is above the GPU kernels' limit of {MAX_EMBED}; lower --embed or use --device cpu");
         }
         let max_chunk = (2048 / h).min(2048 / d).clamp(1, 8);
-        let mut layout =
-            TextLayout { shape, max_chunk, rows_per_block: 1, grid: v, update_grid: h.div_ceil(WARPS), tiled_fits: false };
+        let mut layout = TextLayout {
+            shape,
+            max_chunk,
+            rows_per_block: 1,
+            tile_rows: 1,
+            grid: v,
+            update_grid: h.div_ceil(WARPS),
+            update_by_barrier: false,
+            tiled_fits: false,
+        };
         layout.tiled_fits = layout.tiled_forward_shared() <= max_shared;
         // Rows per block: the vocabulary spread over every SM, fewer where text_backward's shared memory
-        // (its W2 gradient rows when B > SB) would not fit.
-        let fit_rows = max_shared.saturating_sub((1 + WARPS) * max_chunk * h * F32) / ((h + 1 + max_chunk) * F32);
+        // (a tile of W2 rows, and its W2 gradient rows when B > SB) would not fit.
+        let tile_cap = (W2_TILE_BYTES / (h * F32)).max(1);
+        let fixed = ((1 + WARPS) * max_chunk * h + tile_cap * (h + 1)) * F32;
+        let fit_rows = max_shared.saturating_sub(fixed) / ((h + 1 + max_chunk) * F32);
         if fit_rows == 0 {
             bail!("--hidden {h} needs more shared memory per block than this GPU has ({} KB); lower --hidden", max_shared / 1024);
         }
         layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
+        layout.tile_rows = layout.rows_per_block.min(tile_cap);
         layout.grid = v.div_ceil(layout.rows_per_block);
+        layout.update_by_barrier =
+            layout.update_grid <= sm_count && layout.update_shared(max_chunk, true) <= UPDATE_BARRIER_SHARED;
         Ok(layout)
     }
 
@@ -79,9 +109,11 @@ impl TextLayout {
         batch >= TILED_MIN_BATCH && self.tiled_fits
     }
 
-    /// text_batch_forward: hs [TILE][H], max(xs [TILE][D], logits [TILE][TILE]), the GEMM stage.
+    /// text_batch_forward: hT [H][LD] and max(xT [D][LD], logits [TILE][LD]) (H and D rounded up to
+    /// whole chunks), one staged operand, the softmax partials [TILE] (max, Σexp).
     pub fn tiled_forward_shared(&self) -> usize {
-        (TILE * self.shape.hidden + self.shape.embed.max(TILE) * TILE + GEMM_STAGE_FLOATS) * F32
+        let (h, d) = (self.shape.hidden.next_multiple_of(GEMM_BK), self.shape.embed.next_multiple_of(GEMM_BK));
+        ((h + d.max(TILE)) * GEMM_LD + GEMM_STAGED_FLOATS + 2 * TILE) * F32
     }
 
     /// Vocabulary tiles of text_batch_forward.
@@ -98,21 +130,25 @@ impl TextLayout {
         chunk * (self.shape.embed + self.shape.context) * F32
     }
 
-    /// text_forward: hs [chunk][H].
+    /// text_forward: W2 tile [tile_rows][H], hs [chunk][H], b2 tile [tile_rows].
     pub fn forward_shared(&self, chunk: usize) -> usize {
-        chunk * self.shape.hidden * F32
+        (self.tile_rows * (self.shape.hidden + 1) + chunk * self.shape.hidden) * F32
     }
 
-    /// hs [chunk][H], dh_warp [WARPS][chunk][H], dl [chunk][R], and for batches above the chunk
-    /// gw2 [R][H] and gb2 [R].
+    /// W2 and b2 tiles [tile_rows][H + 1], hs [chunk][H], dh_warp [WARPS][chunk][H], dl [chunk][R], and
+    /// for batches above the chunk gw2 [R][H] and gb2 [R].
     pub fn backward_shared(&self, chunk: usize, batch_above_chunk: bool) -> usize {
         let (h, r) = (self.shape.hidden, self.rows_per_block);
-        ((1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
+        let tile = self.tile_rows * (h + 1);
+        (tile + (1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
     }
 
-    /// text_update: xs [chunk][D], dx_warp [WARPS][chunk][D], dz [chunk][WARPS], context tokens [chunk][N].
-    pub fn update_shared(&self, chunk: usize) -> usize {
-        ((1 + WARPS) * chunk * self.shape.embed + chunk * WARPS + chunk * self.shape.context) * F32
+    /// text_update: xs [chunk][D], dx_warp [WARPS][chunk][D], dz [chunk][WARPS], this and the next step's
+    /// context tokens [chunk][N], and with `by_barrier` the next step's embedding rows [chunk][N][D].
+    pub fn update_shared(&self, chunk: usize, by_barrier: bool) -> usize {
+        let TextShape { embed: d, context: n, .. } = self.shape;
+        let next_rows = if by_barrier { chunk * n * d } else { 0 };
+        ((1 + WARPS) * chunk * d + chunk * WARPS + 2 * chunk * n + next_rows) * F32
     }
 }
 
@@ -136,10 +172,12 @@ pub struct StepBuffers {
     /// [B][G][H] partial ∂loss/∂h of each block.
     pub dh_partial: CudaSlice<f32>,
     pub rank: CudaSlice<u32>,
-    /// [B][D] dx summed over text_update's blocks; zero between steps.
+    /// [B][D] dx summed over text_update's blocks; text_forward zeroes it.
     pub dx_sum: CudaSlice<f32>,
     /// text_update's finished-block counter; zero between steps.
     pub ticket: CudaSlice<u32>,
+    /// text_update's grid barrier: arrivals (zero between steps) and generation.
+    pub barrier: CudaSlice<u32>,
     /// Tiled path: [B] (max, 1/Σexp) of each sample's softmax.
     pub norm: CudaSlice<f32>,
     /// Tiled path: text_batch_forward's finished-block counter per sample tile.
@@ -248,7 +286,7 @@ impl GpuTrainer {
             self.gpu.reserve_shared(&kernels.hidden, l.hidden_shared(chunk), "--embed")?;
             self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden")?;
             self.gpu.reserve_shared(&kernels.backward, l.backward_shared(chunk, true), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk), "--embed")?;
+            self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk, l.update_by_barrier), "--embed")?;
             self.kernels.insert(chunk, kernels);
         }
         Ok(&self.kernels[&chunk])
@@ -263,9 +301,9 @@ impl GpuTrainer {
                 backward: Gpu::function(&module, "text_batch_backward")?,
                 update: Gpu::function(&module, "text_batch_update")?,
             };
-            let stage = GEMM_STAGE_FLOATS * F32;
+            let stage = 2 * GEMM_STAGED_FLOATS * F32;
             self.gpu.reserve_shared(&kernels.forward, self.layout.tiled_forward_shared(), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.backward, stage, "--hidden")?;
+            self.gpu.reserve_shared(&kernels.backward, stage + TILED_B2_SUMS * F32, "--hidden")?;
             self.gpu.reserve_shared(&kernels.update, stage, "--hidden")?;
             self.tiled = Some(kernels);
         }
@@ -282,16 +320,19 @@ impl GpuTrainer {
         let (tokens, positions, cursor, off) =
             (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32));
         let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
-        let stage = (GEMM_STAGE_FLOATS * F32) as u32;
+        let stage = (2 * GEMM_STAGED_FLOATS * F32) as u32;
         let (v_tiles, s_tiles, h_tiles) = (l.vocab_tiles(), batch.div_ceil(TILE), h.div_ceil(TILE));
+        // text_batch_forward: one block per SM, each sample tile's vocabulary tiles split into groups.
+        let groups = (g.sm_count as usize / s_tiles).clamp(1, v_tiles);
 
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
             tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi,
             Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial), Arg::buf(g, &b.logits),
             Arg::buf(g, &b.stats), Arg::buf(g, &b.norm), Arg::buf(g, &b.tile_tickets), Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2),
         ];
-        let grid = (v_tiles as u32, s_tiles as u32);
+        let grid = (groups as u32, s_tiles as u32);
         g.launch("text_batch_forward", &forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
 
         let args = [
@@ -299,8 +340,10 @@ impl GpuTrainer {
             tokens, positions, cursor, off, vi, bi,
             Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.dh_partial),
         ];
-        let blocks = v_tiles * h_tiles + s_tiles * h_tiles * v.div_ceil(V_SLICE);
-        g.launch("text_batch_backward", &backward, (blocks as u32, 1), stage, false, &args)?;
+        // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
+        let blocks = batch.div_ceil(SLICE) * v.div_ceil(SLICE) * 2 * (SLICE / TILE) * h_tiles;
+        let shared = stage + (TILED_B2_SUMS * F32) as u32;
+        g.launch("text_batch_backward", &backward, (blocks as u32, 1), shared, false, &args)?;
 
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
@@ -329,6 +372,7 @@ impl GpuTrainer {
             rank: s.alloc_zeros::<u32>(capacity)?,
             dx_sum: alloc(capacity * d)?,
             ticket: s.alloc_zeros::<u32>(1)?,
+            barrier: s.alloc_zeros::<u32>(2)?,
             norm: alloc(capacity * 2)?,
             tile_tickets: s.alloc_zeros::<u32>(capacity.div_ceil(TILE))?,
             grad_w2: alloc(v * h)?,
@@ -386,7 +430,7 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
             Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::buf(g, &b.logits), Arg::buf(g, &b.stats),
+            Arg::i32(l.tile_rows as i32), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.dx_sum),
         ];
         g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
     }
@@ -400,8 +444,8 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.z1),
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32), Arg::f32(lr),
-            Arg::buf(g, &b.dh_partial), Arg::buf(g, &self.loss_sum),
+            Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
+            Arg::i32(l.tile_rows as i32), Arg::f32(lr), Arg::buf(g, &b.dh_partial), Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.backward_shared(chunk, batch > chunk);
         g.launch("text_backward", &func, (l.grid as u32, 1), shared as u32, programmatic, &args)
@@ -420,9 +464,10 @@ impl GpuTrainer {
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::u32(self.positions.len() as u32),
             Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::i32(l.grid as i32), Arg::f32(lr),
-            Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket),
+            Arg::i32(l.update_by_barrier as i32), Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket), Arg::buf(g, &b.barrier),
         ];
-        g.launch("text_update", &func, (l.update_grid as u32, 1), l.update_shared(chunk) as u32, programmatic, &args)
+        let shared = l.update_shared(chunk, l.update_by_barrier) as u32;
+        g.launch("text_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {

@@ -185,6 +185,14 @@ impl Gpu {
 
     /// Allows `func` to use `bytes` of dynamic shared memory, opting in above the 48 KB default. When the
     /// device cannot give that much, the error names the flag that shrinks it (`hint`, e.g. "--hidden").
+    /// Asks for the largest shared-memory carveout of the SM's unified L1/shared storage for `func`. Kernels
+    /// that follow one another with programmatic dependent launch should all ask: blocks of kernels with
+    /// different carveouts cannot share an SM, so the next kernel's blocks would wait for the SM to drain.
+    pub fn prefer_shared_carveout(&self, func: &CudaFunction) -> Result<()> {
+        func.set_attribute(FuncAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            .context("cannot set the shared-memory carveout")
+    }
+
     pub fn reserve_shared(&self, func: &CudaFunction, bytes: usize, hint: &str) -> Result<()> {
         let static_bytes = func.shared_size_bytes().unwrap_or(0) as usize;
         if bytes + static_bytes > self.max_shared_optin {

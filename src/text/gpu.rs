@@ -287,6 +287,9 @@ impl GpuTrainer {
             self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden")?;
             self.gpu.reserve_shared(&kernels.backward, l.backward_shared(chunk, true), "--hidden")?;
             self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk, l.update_by_barrier), "--embed")?;
+            for f in [&kernels.hidden, &kernels.forward, &kernels.backward, &kernels.update] {
+                self.gpu.prefer_shared_carveout(f)?;
+            }
             self.kernels.insert(chunk, kernels);
         }
         Ok(&self.kernels[&chunk])

@@ -8,10 +8,11 @@
 //                     their softmax partial (max, Σexp) per sample.
 //   2. text_backward  every block combines the G partials into the global normaliser, forms
 //                     dlogits = (p − onehot)/B for its rows, reads each W2 row once and uses it twice:
-//                     the dh partial from the old row, and the SGD update of that row (W2 and b2 are
+//                     its share of dh = W2ᵀ·dlogits from the old row (added to dh with atomics), and
+//                     the SGD update of that row (W2 and b2 are
 //                     updated here, in place, while the row is in registers). The block owning the target
 //                     adds the sample's loss to a running double.
-//   3. text_update    blocks own hidden rows: sum the G dh partials, ReLU mask, update W1 and b1, and
+//   3. text_update    blocks own hidden rows: ReLU mask on dh, update W1 and b1, and
 //                     sum their share of dx = W1ᵀ·dz1; the last block to finish adds −lr/N·dx to each
 //                     context token's embedding row (atomics: a token may recur within a batch), then forms
 //                     x and z1 of the next step's samples from the updated E, W1 and b1.
@@ -197,7 +198,8 @@ text_hidden(const float* __restrict__ E, const float* __restrict__ W1, const flo
 // dynamic shared memory: ws[tile_rows][H], hs[SB][H], bs[tile_rows]
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 text_forward(const float* W2, const float* b2, const float* __restrict__ z1, int V, int B, int rows_per_block,
-             int tile_rows, float* __restrict__ logits, SoftmaxStat* __restrict__ stats, float* __restrict__ dx_sum) {
+             int tile_rows, float* __restrict__ logits, SoftmaxStat* __restrict__ stats, float* __restrict__ dh,
+             float* __restrict__ dx_sum) {
     extern __shared__ float4 smem4[];
     float* ws = reinterpret_cast<float*>(smem4);
     float* hs = ws + (size_t)tile_rows * H;
@@ -212,8 +214,10 @@ text_forward(const float* W2, const float* b2, const float* __restrict__ z1, int
     stage_rows(ws, bs, W2, b2, row0, min(rows, tile_rows));
     grid_dependency_wait();
     allow_dependent_launch();
-    if (blockIdx.x == 0)  // text_update sums this step's dx here
+    if (blockIdx.x == 0) {  // text_backward sums this step's dh here, text_update its dx
+        for (int i = threadIdx.x; i < B * H; i += THREADS) dh[i] = 0.0f;
         for (int i = threadIdx.x; i < B * D; i += THREADS) dx_sum[i] = 0.0f;
+    }
 
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
@@ -280,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 text_backward(float* W2, float* b2, const float* __restrict__ logits, const SoftmaxStat* __restrict__ stats,
               const float* __restrict__ z1, const unsigned* __restrict__ tokens,
               const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset, int V,
-              int B, int rows_per_block, int tile_rows, float lr, float* __restrict__ dh_partial,
+              int B, int rows_per_block, int tile_rows, float lr, float* __restrict__ dh,
               double* __restrict__ loss_sum) {
     extern __shared__ float4 smem4[];
     const int R = rows_per_block;
@@ -427,7 +431,7 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
             float sum = 0.0f;
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) sum += dh_warp[(w * SB + s) * H + k];
-            dh_partial[((size_t)(c0 + s) * G + blockIdx.x) * H + k] = sum;
+            atomicAdd(&dh[(size_t)(c0 + s) * H + k], sum);
         }
     }
     if (!one_chunk) {
@@ -449,9 +453,9 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
 // embedding update and forms x and z1 of every next sample from memory.
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
-            float* __restrict__ z1, const float* __restrict__ dh_partial, const unsigned* __restrict__ tokens,
+            float* __restrict__ z1, const float* __restrict__ dh, const unsigned* __restrict__ tokens,
             const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
-            unsigned offset, int N, int B, int G, float lr, int by_barrier, float* __restrict__ dx_sum,
+            unsigned offset, int N, int B, float lr, int by_barrier, float* __restrict__ dx_sum,
             unsigned* __restrict__ ticket, unsigned* __restrict__ barrier) {
     extern __shared__ float smem[];
     float* xs = smem;
@@ -460,7 +464,6 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     unsigned* context = (unsigned*)(dz + SB * UPDATE_ROWS);
     unsigned* next_context = context + SB * N;
     float* next_rows = (float*)(next_context + SB * N);
-    __shared__ float partial[THREADS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
@@ -494,30 +497,13 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
         for (int i = threadIdx.x; i < sb * D; i += THREADS) xs[i] = x[(size_t)c0 * D + i];
-        // dz[s][r] = Σ_g dh_partial[s][g][j0 + r], masked by ReLU'(z1): thread (g_lane, r) sums a stride of g,
-        // its loads all issued before the sum.
-        {
-            const int r = threadIdx.x % UPDATE_ROWS, g_lane = threadIdx.x / UPDATE_ROWS;
-            constexpr int G_LANES = THREADS / UPDATE_ROWS;
-            for (int s = 0; s < sb; ++s) {
-                float sum = 0.0f;
-                if (j0 + r < H) {
-                    const float* col = dh_partial + (size_t)(c0 + s) * G * H + j0 + r;
-#pragma unroll 8
-                    for (int g = g_lane; g < G; g += G_LANES) sum += col[(size_t)g * H];
-                }
-                partial[threadIdx.x] = sum;
-                __syncthreads();
-                if (threadIdx.x < UPDATE_ROWS) {
-                    float total = 0.0f;
-                    for (int l = 0; l < G_LANES; ++l) total += partial[l * UPDATE_ROWS + threadIdx.x];
-                    const int jj = j0 + threadIdx.x;
-                    dz[s * UPDATE_ROWS + threadIdx.x] =
-                        (jj < H && z1[(size_t)(c0 + s) * H + jj] > 0.0f) ? total : 0.0f;
-                }
-                __syncthreads();
-            }
+        // dz = dh masked by ReLU'(z1), for this block's rows.
+        for (int i = threadIdx.x; i < sb * UPDATE_ROWS; i += THREADS) {
+            const int smp = i / UPDATE_ROWS, jj = j0 + i % UPDATE_ROWS;
+            const size_t at = (size_t)(c0 + smp) * H + jj;
+            dz[i] = (jj < H && z1[at] > 0.0f) ? __ldcg(&dh[at]) : 0.0f;
         }
+        __syncthreads();
         for (int s = 0; s < sb; ++s) {
             const float g = has_row ? dz[s * UPDATE_ROWS + warp] : 0.0f;
             gb += g;

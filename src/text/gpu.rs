@@ -25,8 +25,9 @@ const GEMM_BK: usize = 8;
 const GEMM_LD: usize = TILE + 4;
 /// Floats of one gemm_128 operand staged through shared memory: two chunk buffers (G128_STAGED_FLOATS).
 const GEMM_STAGED_FLOATS: usize = 2 * GEMM_BK * GEMM_LD;
-/// text_batch_backward's ∂b2 sums [WARPS][TILE], after its two staged operands.
-const TILED_B2_SUMS: usize = WARPS * TILE;
+/// Floats of text_batch_backward's shared memory after its two staged operands: the ∂W2 blocks' sample
+/// records [SLICE] (4 floats each) and ∂b2 sums [WARPS][TILE].
+const TILED_BACKWARD_EXTRA: usize = 4 * SLICE + WARPS * TILE;
 /// Blocks of text_batch_update that apply the W2 update.
 const W2_UPDATE_BLOCKS: usize = 132;
 /// Samples per evaluation launch.
@@ -109,11 +110,11 @@ impl TextLayout {
         batch >= TILED_MIN_BATCH && self.tiled_fits
     }
 
-    /// text_batch_forward: hT [H][LD] and max(xT [D][LD], logits [TILE][LD]) (H and D rounded up to
-    /// whole chunks), one staged operand, the softmax partials [TILE] (max, Σexp).
+    /// text_batch_forward: hT [H][LD] and xT [D][LD] (H and D rounded up to whole chunks), one staged
+    /// operand.
     pub fn tiled_forward_shared(&self) -> usize {
         let (h, d) = (self.shape.hidden.next_multiple_of(GEMM_BK), self.shape.embed.next_multiple_of(GEMM_BK));
-        ((h + d.max(TILE)) * GEMM_LD + GEMM_STAGED_FLOATS + 2 * TILE) * F32
+        ((h + d) * GEMM_LD + GEMM_STAGED_FLOATS) * F32
     }
 
     /// Vocabulary tiles of text_batch_forward.
@@ -169,7 +170,8 @@ pub struct StepBuffers {
     pub logits: CudaSlice<f32>,
     /// [B][G] softmax partials, (max, Σexp) as two floats.
     pub stats: CudaSlice<f32>,
-    /// [B][G][H] partial ∂loss/∂h of each block.
+    /// [B][H] ∂loss/∂h, summed with atomics by text_backward's blocks (text_forward zeroes it), and the
+    /// tiled path's ∂H.
     pub dh_partial: CudaSlice<f32>,
     pub rank: CudaSlice<u32>,
     /// [B][D] dx summed over text_update's blocks; text_forward zeroes it.
@@ -306,7 +308,7 @@ impl GpuTrainer {
             };
             let stage = 2 * GEMM_STAGED_FLOATS * F32;
             self.gpu.reserve_shared(&kernels.forward, self.layout.tiled_forward_shared(), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.backward, stage + TILED_B2_SUMS * F32, "--hidden")?;
+            self.gpu.reserve_shared(&kernels.backward, stage + TILED_BACKWARD_EXTRA * F32, "--hidden")?;
             self.gpu.reserve_shared(&kernels.update, stage, "--hidden")?;
             self.tiled = Some(kernels);
         }
@@ -335,6 +337,7 @@ impl GpuTrainer {
             Arg::buf(g, &b.stats), Arg::buf(g, &b.norm), Arg::buf(g, &b.tile_tickets), Arg::buf(g, &self.loss_sum),
             Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2),
         ];
+        // b.z1 holds h = ReLU(z1) on this path (text_batch_backward and text_batch_update read it).
         let grid = (groups as u32, s_tiles as u32);
         g.launch("text_batch_forward", &forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
 
@@ -345,7 +348,7 @@ impl GpuTrainer {
         ];
         // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
         let blocks = batch.div_ceil(SLICE) * v.div_ceil(SLICE) * 2 * (SLICE / TILE) * h_tiles;
-        let shared = stage + (TILED_B2_SUMS * F32) as u32;
+        let shared = stage + (TILED_BACKWARD_EXTRA * F32) as u32;
         g.launch("text_batch_backward", &backward, (blocks as u32, 1), shared, false, &args)?;
 
         let args = [
@@ -371,7 +374,7 @@ impl GpuTrainer {
             z1: alloc(capacity * h)?,
             logits: alloc(capacity * v)?,
             stats: alloc(capacity * g.max(layout.vocab_tiles()) * 2)?,
-            dh_partial: alloc(capacity * g * h)?,
+            dh_partial: alloc(capacity * h)?,
             rank: s.alloc_zeros::<u32>(capacity)?,
             dx_sum: alloc(capacity * d)?,
             ticket: s.alloc_zeros::<u32>(1)?,
@@ -433,7 +436,8 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
             Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::i32(l.tile_rows as i32), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.dx_sum),
+            Arg::i32(l.tile_rows as i32), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.dh_partial),
+            Arg::buf(g, &b.dx_sum),
         ];
         g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
     }
@@ -466,8 +470,7 @@ impl GpuTrainer {
             Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial),
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::u32(self.positions.len() as u32),
             Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::i32(l.grid as i32), Arg::f32(lr),
-            Arg::i32(l.update_by_barrier as i32), Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket), Arg::buf(g, &b.barrier),
+            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::f32(lr), Arg::i32(l.update_by_barrier as i32), Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket), Arg::buf(g, &b.barrier),
         ];
         let shared = l.update_shared(chunk, l.update_by_barrier) as u32;
         g.launch("text_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)

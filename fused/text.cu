@@ -3,30 +3,30 @@
 //   x = mean E[context]   z1 = W1·x + b1   h = ReLU(z1)   logits = W2·h + b2   loss = −log softmax[target]
 //
 // The output layer (V×H, 8 MB at V=8192, H=256) is the cost; it is split over the whole GPU: block b owns
-// vocabulary rows [b·R, b·R+R). Each step is
+// vocabulary rows [b·R, b·R+R) and stages them in shared memory. Each step is
 //   1. text_forward   reads the step's z1 (formed by the step before, see 3), forms its rows' logits and
 //                     their softmax partial (max, Σexp) per sample.
 //   2. text_backward  every block combines the G partials into the global normaliser, forms
-//                     dlogits = (p − onehot)/B for its rows, reads each W2 row once and uses it twice:
-//                     its share of dh = W2ᵀ·dlogits from the old row (added to dh with atomics), and
-//                     the SGD update of that row (W2 and b2 are
-//                     updated here, in place, while the row is in registers). The block owning the target
-//                     adds the sample's loss to a running double.
-//   3. text_update    blocks own hidden rows: ReLU mask on dh, update W1 and b1, and
-//                     sum their share of dx = W1ᵀ·dz1; the last block to finish adds −lr/N·dx to each
-//                     context token's embedding row (atomics: a token may recur within a batch), then forms
-//                     x and z1 of the next step's samples from the updated E, W1 and b1.
-// Forming the next step's hidden layer in one block at the end of step t, rather than in every block of
-// text_forward, takes 131 redundant reads of W1 (8 MB of L2 traffic) and two dependent round trips off
-// the start of text_forward. text_hidden forms x and z1 where no step came before (the first step of a
-// run, evaluation).
+//                     dlogits = (p − onehot)/B for its rows and uses each old W2 row twice: for its share
+//                     of dh = W2ᵀ·dlogits (added to dh with atomics) and for the row's SGD update (W2 and
+//                     b2 are updated here, in place). The block owning the target adds the sample's loss to
+//                     a running double.
+//   3. text_update    blocks own hidden rows: ReLU mask on dh, update W1 and b1, and sum their share of
+//                     dx = W1ᵀ·dz1; then the embedding rows of the context tokens get −lr/N·dx (atomics: a
+//                     token may recur within a batch), and x and z1 of the next step's samples are formed
+//                     from the updated E, W1 and b1 (two ways, see text_update).
+// Forming the next step's hidden layer at the end of step t, rather than in every block of text_forward,
+// takes 131 redundant reads of W1 (8 MB of L2 traffic) and two dependent round trips off the start of
+// text_forward. text_hidden forms x and z1 where no step came before (the first step of a run, evaluation).
 //
 // A step is latency-bound, not bandwidth-bound, so each kernel is launched with programmatic dependent
 // launch: before grid_dependency_wait() it loads what the previous kernels do not write (sample tokens,
-// its own weight rows), overlapping the previous kernel's tail. Every kernel waits before it touches
-// anything the step before it writes, and allows its dependant to launch only after that wait, so a
-// kernel never overlaps the one two places before it. After the wait, each kernel issues all its loads
-// before it uses any, so it pays one round trip to L2, not one per loop iteration.
+// its own weight rows), overlapping the previous kernel's tail. The W2 rows go to shared memory by
+// cp.async, not to registers, so a kernel's blocks leave room on their SM for the next kernel's blocks
+// (all four kernels ask for the same shared-memory carveout, see src/device.rs). Every kernel waits
+// before it touches anything the step before it writes, and allows its dependant to launch only after
+// that wait, so a kernel never overlaps the one two places before it. After the wait, each kernel issues
+// all its loads before it uses any, so it pays one round trip to L2, not one per loop iteration.
 //
 // A step's samples are positions[*cursor + offset .. + B): the cursor lives on the device, so a CUDA graph
 // of many steps replays unchanged and text_advance moves the cursor after it. B samples go through each

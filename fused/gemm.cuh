@@ -163,9 +163,13 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, A
 //                         loads' latency hides behind 512 FMAs per thread. K_CONTIGUOUS says which index
 //                         adjacent threads walk, so that each warp's loads coalesce.
 //   Resident              already in shared memory for the whole K, rows K … up to a multiple of 8 zero.
+// An operand may be any type with the same fetch(k0) / commit(buf) / chunk(buf, k0) interface: fetch
+// issues chunk loads into registers and commit stores them after the FFMAs, so whatever a commit computes
+// from the loaded values (the text model's softmax gradient) waits for them there, not before the FFMAs.
 // Results go to store(m, n, v) once per 4 adjacent columns inside C: m < M, n < N, n − n0 a multiple of
-// 4, v = C[m][n … n+3]; the caller checks n + j < N when N − n0 is not a multiple of 4. gemm_128 ends
-// with a barrier, so the caller may reuse the staged buffers afterwards.
+// 4, v = C[m][n … n+3]; the caller checks n + j < N when N − n0 is not a multiple of 4. gemm_128_acc
+// instead leaves the tile in the caller's registers (G128Thread says which elements a thread holds).
+// Both end with a barrier, so the caller may reuse the staged buffers afterwards.
 
 constexpr int G128 = 128;
 constexpr int G128_BK = 8;
@@ -223,11 +227,22 @@ struct Resident {
     __device__ __forceinline__ const float* chunk(int, int k0) const { return smem + k0 * G128_LD; }
 };
 
-template <class A, class B, class Store>
-__device__ __forceinline__ void gemm_128(int M, int N, int K, int m0, int n0, A& a, B& b, Store store) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tm = warp / 2 * 4 + lane / 8, tn = warp % 2 * 8 + lane % 8;
-    float acc[8][8];
+// Where a thread's register tile lies in the 128×128 tile: acc[i][j] is C[m0 + row(i)][n0 + col(j)].
+struct G128Thread {
+    int tm, tn;
+    __device__ __forceinline__ G128Thread() {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        tm = warp / 2 * 4 + lane / 8;
+        tn = warp % 2 * 8 + lane % 8;
+    }
+    __device__ __forceinline__ int row(int i) const { return i / 4 * 64 + 4 * tm + i % 4; }
+    __device__ __forceinline__ int col(int j) const { return j / 4 * 64 + 4 * tn + j % 4; }
+};
+
+// The product into the calling thread's register tile (overwritten): acc[i][j] = Σ_k A[row(i)][k]·B[k][col(j)].
+template <class A, class B>
+__device__ __forceinline__ void gemm_128_acc(int K, A& a, B& b, float (&acc)[8][8]) {
+    const G128Thread t;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -249,10 +264,10 @@ __device__ __forceinline__ void gemm_128(int M, int N, int K, int m0, int n0, A&
         const float* Bs = b.chunk(buf, k0);
 #pragma unroll
         for (int k = 0; k < G128_BK; ++k) {
-            const float4 a0 = *reinterpret_cast<const float4*>(As + k * G128_LD + 4 * tm);
-            const float4 a1 = *reinterpret_cast<const float4*>(As + k * G128_LD + 64 + 4 * tm);
-            const float4 b0 = *reinterpret_cast<const float4*>(Bs + k * G128_LD + 4 * tn);
-            const float4 b1 = *reinterpret_cast<const float4*>(Bs + k * G128_LD + 64 + 4 * tn);
+            const float4 a0 = *reinterpret_cast<const float4*>(As + k * G128_LD + 4 * t.tm);
+            const float4 a1 = *reinterpret_cast<const float4*>(As + k * G128_LD + 64 + 4 * t.tm);
+            const float4 b0 = *reinterpret_cast<const float4*>(Bs + k * G128_LD + 4 * t.tn);
+            const float4 b1 = *reinterpret_cast<const float4*>(Bs + k * G128_LD + 64 + 4 * t.tn);
             const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -267,14 +282,20 @@ __device__ __forceinline__ void gemm_128(int M, int N, int K, int m0, int n0, A&
         __syncthreads();
         buf ^= 1;
     }
+}
 
+template <class A, class B, class Store>
+__device__ __forceinline__ void gemm_128(int M, int N, int K, int m0, int n0, A& a, B& b, Store store) {
+    const G128Thread t;
+    float acc[8][8];
+    gemm_128_acc(K, a, b, acc);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int m = m0 + i / 4 * 64 + 4 * tm + i % 4;
+        const int m = m0 + t.row(i);
         if (m >= M) continue;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int n = n0 + half * 64 + 4 * tn;
+            const int n = n0 + t.col(4 * half);
             const float* c = acc[i] + 4 * half;
             if (n < N) store(m, n, make_float4(c[0], c[1], c[2], c[3]));
         }

@@ -5,18 +5,21 @@
 // ∂H = G·W2 with G = (softmax − onehot)/B, and the work is kept to those three at the FMA pipe's pace.
 //
 //   1. text_batch_forward   block (vocabulary group, sample tile), about one block per SM: x and
-//                           h = ReLU(z1) of its 128 samples, formed once and kept in shared memory, then
-//                           the 128×128 logits tiles of its group of vocabulary tiles, each written out
-//                           and folded into per-sample softmax partials; the last block of a sample tile
-//                           (ticket) combines the groups' partials into each sample's normaliser and adds
-//                           the loss. It also clears the buffers kernel 2 accumulates into.
+//                           h = ReLU(z1) of its 128 samples, formed once and kept in shared memory (the
+//                           first group also writes them out: h stands in for z1 downstream, as ReLU′(z1)
+//                           = [h > 0]), then the 128×128 logits tiles of its group of vocabulary tiles,
+//                           each written out from registers and folded into the thread's running softmax
+//                           partials of its rows; the last block of a sample tile (ticket) combines the
+//                           groups' partials into each sample's normaliser and adds the loss. It also
+//                           clears the buffers kernel 2 accumulates into.
 //   2. text_batch_backward  regions of SLICE samples × SLICE vocabulary rows; per region, blocks of two
 //                           kinds with the same work (128×128 outputs, K = SLICE), summed with atomics:
 //                           ∂W2 tiles (vocabulary tile × hidden tile over the region's samples, and ∂b2)
 //                           and ∂H tiles (sample tile × hidden tile over the region's vocabulary rows).
 //                           Blocks run region by region, so the region's logits are read from memory once
-//                           and then from L2. G is formed from the logits and the normaliser as the
-//                           operands are staged, never stored. W2 is only read here.
+//                           and then from L2. G is formed from the logits and each sample's record (max,
+//                           scale, target; read once per block) as the operands are staged, never stored.
+//                           W2 is only read here.
 //   3. text_batch_update    ∂x = (∂H ⊙ ReLU′)·W1 scattered into the context rows of E, ∂W1 and ∂b1 into
 //                           gradient buffers, W2 −= lr·∂W2; the last block (ticket) applies W1 and b1
 //                           once every block has read the old W1, and clears the gradient buffers.
@@ -61,22 +64,19 @@ __device__ __forceinline__ void atomic_add4(float* dst, float4 v, int count) {
         if (j < count) atomicAdd(dst + j, a[j]);
 }
 
-// dynamic shared memory: hT [H8][LD], then xT [D8][LD] or logits tile ls [TILE][LD] (ls over xT once h is
-// formed), then one staged operand, then the running softmax partials [TILE].
+// dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
                    const float* __restrict__ W2, const float* __restrict__ b2, const unsigned* __restrict__ tokens,
                    const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-                   int V, int N, int B, float* __restrict__ x_out, float* __restrict__ z1_out,
+                   int V, int N, int B, float* __restrict__ x_out, float* __restrict__ hidden_out,
                    float* __restrict__ dh_out, float* __restrict__ logits, SoftmaxStat* __restrict__ stats,
                    float* __restrict__ norm, unsigned* __restrict__ tickets, double* __restrict__ loss_sum,
                    float* __restrict__ grad_w2, float* __restrict__ grad_b2) {
     extern __shared__ __align__(16) float smem[];
     float* hT = smem;  // ReLU(z1) of the tile's samples, k-major: hT[h][m]
     float* xT = hT + H8 * LD;
-    float* ls = xT;
-    float* stage = xT + (D8 > TILE ? D8 : TILE) * LD;
-    SoftmaxStat* run = reinterpret_cast<SoftmaxStat*>(stage + G128_STAGED_FLOATS);
+    float* stage = xT + D8 * LD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int s0 = blockIdx.y * TILE, sb = min(TILE, B - s0);
     const int v_tiles = (V + TILE - 1) / TILE;
@@ -103,8 +103,6 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
     }
     for (int i = threadIdx.x; i < (D8 - D) * LD; i += THREADS) xT[D * LD + i] = 0.0f;
     for (int i = threadIdx.x; i < (H8 - H) * LD; i += THREADS) hT[H * LD + i] = 0.0f;
-    for (int m = warp; m < sb; m += WARPS)
-        if (lane == 0) run[m] = softmax_stat_empty();
     __syncthreads();
 
     Resident x_op{xT};
@@ -115,43 +113,73 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (n + j >= H) break;
-                const float zj = z[j] + b1[n + j];
-                hT[(n + j) * LD + m] = fmaxf(zj, 0.0f);
-                if (writes_hidden) z1_out[(size_t)(s0 + m) * H + n + j] = zj;
+                const float h = fmaxf(z[j] + b1[n + j], 0.0f);
+                hT[(n + j) * LD + m] = h;
+                if (writes_hidden) hidden_out[(size_t)(s0 + m) * H + n + j] = h;
             }
         });
     }
 
-    // The group's vocabulary tiles: logits out (coalesced, through ls) and each sample's softmax partials.
+    // The group's vocabulary tiles, straight from the register tiles: logits out (each warp store fills
+    // four 128-byte rows) and the running softmax partials of the thread's 8 rows over its 8 columns.
+    const G128Thread t;
+    SoftmaxStat run[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) run[i] = softmax_stat_empty();
     Resident h_op{hT};
     for (int vt = blockIdx.x; vt < v_tiles; vt += gridDim.x) {
-        const int v0 = vt * TILE, vb = min(TILE, V - v0);
+        const int v0 = vt * TILE;
         auto w2 = staged<true>([=](int v, int h) { return W2[(size_t)v * H + h]; }, V, v0, H, stage);
-        gemm_128(sb, V, H, 0, v0, h_op, w2, [&](int m, int v, float4 acc) {
-            const float4 bias = v + 3 < V ? *reinterpret_cast<const float4*>(b2 + v)  // v is a multiple of 4
-                                          : make_float4(b2[v], v + 1 < V ? b2[v + 1] : 0.0f,
-                                                        v + 2 < V ? b2[v + 2] : 0.0f, 0.0f);
-            *reinterpret_cast<float4*>(ls + m * LD + v - v0) =
-                make_float4(acc.x + bias.x, acc.y + bias.y, acc.z + bias.z, acc.w + bias.w);
-        });
-        __syncthreads();
-        for (int m = warp; m < sb; m += WARPS) {
-            const float* row = ls + m * LD;
+        float bias[8];  // −∞ past V, which leaves those columns out of the partials; loaded before the product
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bias[j] = v0 + t.col(j) < V ? b2[v0 + t.col(j)] : NEG_INF;
+        float acc[8][8];
+        gemm_128_acc(H, h_op, w2, acc);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int m = t.row(i);
+            if (m >= sb) continue;
+            float l[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) l[j] = acc[i][j] + bias[j];
             float* out = logits + (size_t)(s0 + m) * V + v0;
-            float max = NEG_INF;
-            for (int n = lane; n < vb; n += 32) {
-                out[n] = row[n];
-                max = fmaxf(max, row[n]);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int n = t.col(4 * half);
+                const float* q = l + 4 * half;
+                if (V % 4 == 0 && v0 + n + 3 < V)  // 16-byte aligned: rows of V floats, n a multiple of 4
+                    *reinterpret_cast<float4*>(out + n) = make_float4(q[0], q[1], q[2], q[3]);
+                else
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (v0 + n + j < V) out[n + j] = q[j];
             }
-            max = warp_max(max);
-            float sum = 0.0f;
-            for (int n = lane; n < vb; n += 32) sum += expf(row[n] - max);
-            sum = warp_sum(sum);
-            if (lane == 0) run[m] = softmax_merge(run[m], {max, sum});
+            float max = l[0];
+#pragma unroll
+            for (int j = 1; j < 8; ++j) max = fmaxf(max, l[j]);
+            if (max == NEG_INF) continue;  // every column past V
+            max = fmaxf(max, run[i].max);
+            float sum = run[i].sum * expf(run[i].max - max);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += expf(l[j] - max);
+            run[i] = {max, sum};
         }
     }
-    for (int m = warp; m < sb; m += WARPS)
-        if (lane == 0) stats[(size_t)(s0 + m) * gridDim.x + blockIdx.x] = run[m];
+
+    // A row's 16 partials: 8 lanes of a warp (lane mod 8), then the warp pair (warp mod 2) in shared memory.
+    SoftmaxStat* pair = reinterpret_cast<SoftmaxStat*>(stage);  // [2][TILE], over the staged operand
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+            const SoftmaxStat other = {__shfl_xor_sync(FULL_MASK, run[i].max, o), __shfl_xor_sync(FULL_MASK, run[i].sum, o)};
+            run[i] = softmax_merge(run[i], other);
+        }
+        if (lane % 8 == 0) pair[warp % 2 * TILE + t.row(i)] = run[i];
+    }
+    __syncthreads();
+    for (int m = threadIdx.x; m < sb; m += THREADS)
+        stats[(size_t)(s0 + m) * gridDim.x + blockIdx.x] = softmax_merge(pair[m], pair[TILE + m]);
 
     if (!last_block_to_finish(&tickets[blockIdx.y])) return;
     for (int m = warp; m < sb; m += WARPS) {
@@ -172,55 +200,109 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
     if (threadIdx.x == 0) tickets[blockIdx.y] = 0;
 }
 
-// G[s][v] = (softmax − onehot(target)) / B, from the logits and the normaliser.
-struct Dlogits {
-    const float* logits;
-    const float* norm;
-    const unsigned* tokens;
-    const unsigned* positions;
-    const unsigned* cursor;
-    unsigned offset;
-    int V;
-    float inv_b;
-    __device__ __forceinline__ float operator()(int s, int v) const {
-        const float p = expf(logits[(size_t)s * V + v] - norm[2 * s]) * norm[2 * s + 1];
-        const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
-        return (p - (target == (unsigned)v ? 1.0f : 0.0f)) * inv_b;
-    }
-};
-
-// A ∂W2 tile's G operand (rows: vocabulary, k: samples) that also sums each row over the block's samples,
-// for ∂b2, when `sums` is set. A warp stages one sample per chunk, so each thread adds its staged values
-// into its own slots of sums [WARPS][TILE] and the warps' slots are added at the end. In shared memory
-// rather than registers, which the product needs.
-template <class At>
-struct RowSummed : Staged<false, At> {
-    float* sums;
-    __device__ __forceinline__ void commit(int buf) {
-        Staged<false, At>::commit(buf);
-        if (sums)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) sums[threadIdx.x / 32 * TILE + this->row_of(r)] += this->v[r];
-    }
-};
-
-template <class At>
-__device__ __forceinline__ RowSummed<At> row_summed(At at, int extent, int o0, int K, float* smem, float* sums) {
-    return {{at, extent, o0, K, smem, {}}, sums};
+// G[s][v] = (softmax − onehot(target)) / B = exp(logit − max)·scale − [v = target]/B, scale = 1/(Σexp·B),
+// from a sample's record {max, scale, target as int bits}. The empty record {0, 0, −1} with logit −∞
+// (padding past B, V or the slice) gives 0.
+__device__ __forceinline__ float4 sample_record(const float* norm, const unsigned* tokens, const unsigned* positions,
+                                                const unsigned* cursor, unsigned offset, int s, float inv_b) {
+    const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+    return make_float4(norm[2 * s], norm[2 * s + 1] * inv_b, __int_as_float((int)target), 0.0f);
 }
+
+__device__ __forceinline__ float4 empty_record() { return make_float4(0.0f, 0.0f, __int_as_float(-1), 0.0f); }
+
+__device__ __forceinline__ float dlogit(float logit, float4 record, int v, float inv_b) {
+    const float g = expf(logit - record.x) * record.y;
+    return v == __float_as_int(record.z) ? g - inv_b : g;
+}
+
+// The G operands of text_batch_backward, in gemm_128's operand interface. fetch only loads logits;
+// commit forms G from them after the chunk's FFMAs, so a warp never waits for its loads before them.
+
+// A ∂W2 tile's G: rows vocabulary v0 + (t mod 32) + 32r, k the region's samples, one per warp and chunk
+// (a warp loads 32 adjacent logits of one sample), whose records wait in shared memory. With `sums`
+// set, commit also adds each G into the thread's own slots of sums [WARPS][TILE] (rows summed over the
+// block's samples, for ∂b2; the warps' slots are added at the end), in shared memory rather than the
+// registers the product needs.
+struct DlogitsByVocab {
+    const float* logits;    // the region's first sample's row
+    const float4* records;  // [SLICE], the region's samples, empty from K on
+    float* smem;            // G128_STAGED_FLOATS
+    float* sums;
+    int V, v0, K;
+    float inv_b;
+    float l[4];
+    int k;
+
+    __device__ __forceinline__ static int row(int r) { return threadIdx.x % 32 + 32 * r; }
+
+    __device__ __forceinline__ void fetch(int k0) {
+        k = k0 + threadIdx.x / 32;
+        const float* p = logits + (size_t)k * V + v0;
+        if (k < K && v0 + TILE <= V) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) l[r] = p[row(r)];
+        } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) l[r] = k < K && v0 + row(r) < V ? p[row(r)] : NEG_INF;
+        }
+    }
+    __device__ __forceinline__ void commit(int buf) {
+        const float4 record = records[k];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const float g = dlogit(l[r], record, v0 + row(r), inv_b);
+            smem[buf * G128_CHUNK + threadIdx.x / 32 * LD + row(r)] = g;
+            if (sums) sums[threadIdx.x / 32 * TILE + row(r)] += g;
+        }
+    }
+    __device__ __forceinline__ const float* chunk(int buf, int) const { return smem + buf * G128_CHUNK; }
+};
+
+// A ∂H tile's G: rows samples, k the region's vocabulary rows. Thread t stages row t/2 at k 4·(t mod 2)
+// … +3 (as Staged<true>), so its sample's record stays in registers and its four logits are adjacent: one
+// 16-byte load where V is a multiple of 4.
+struct DlogitsBySample {
+    const float* logits;  // the thread's sample's row, at the region's first vocabulary row
+    float4 record;        // target counted from the region's first row, −1 outside the region
+    float* smem;          // G128_STAGED_FLOATS
+    int K;                // the region's rows; 0 for a row past B
+    bool aligned;
+    float inv_b;
+    float l[4];
+    int k;
+
+    __device__ __forceinline__ void fetch(int k0) {
+        k = k0 + threadIdx.x % 2 * 4;
+        if (aligned && k + 4 <= K) {
+            const float4 q = *reinterpret_cast<const float4*>(logits + k);
+            l[0] = q.x, l[1] = q.y, l[2] = q.z, l[3] = q.w;
+        } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) l[r] = k + r < K ? logits[k + r] : NEG_INF;
+        }
+    }
+    __device__ __forceinline__ void commit(int buf) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            smem[buf * G128_CHUNK + (threadIdx.x % 2 * 4 + r) * LD + threadIdx.x / 2] = dlogit(l[r], record, k + r, inv_b);
+    }
+    __device__ __forceinline__ const float* chunk(int buf, int) const { return smem + buf * G128_CHUNK; }
+};
 
 // Blocks: regions of SLICE samples × SLICE vocabulary rows in (sample slice, vocabulary slice) order; in
 // each, SLICE/TILE × H_TILES ∂W2 blocks then as many ∂H blocks (those past V or B return at once).
-// dynamic shared memory: two staged operands, then the ∂b2 sums [WARPS][TILE].
+// dynamic shared memory: two staged operands, then the ∂W2 blocks' sample records [SLICE] (float4) and
+// ∂b2 sums [WARPS][TILE].
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logits, const float* __restrict__ norm,
-                    const float* __restrict__ z1, const unsigned* __restrict__ tokens,
+                    const float* __restrict__ hidden, const unsigned* __restrict__ tokens,
                     const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
                     int V, int B, float* __restrict__ grad_w2, float* __restrict__ grad_b2, float* __restrict__ dh) {
     extern __shared__ __align__(16) float smem[];
     float* a_stage = smem;
     float* b_stage = smem + G128_STAGED_FLOATS;
-    const Dlogits G{logits, norm, tokens, positions, cursor, offset, V, 1.0f / B};
+    const float inv_b = 1.0f / B;
     constexpr int KIND_BLOCKS = SLICE / TILE * H_TILES;
     const int v_slices = (V + SLICE - 1) / SLICE;
     const int region = blockIdx.x / (2 * KIND_BLOCKS), r = blockIdx.x % KIND_BLOCKS;
@@ -228,17 +310,20 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
     const int tile = r / H_TILES * TILE, n0 = r % H_TILES * TILE;
 
     if (blockIdx.x % (2 * KIND_BLOCKS) < KIND_BLOCKS) {
-        // ∂W2[v][h] += Σ_s G[s][v]·ReLU(z1[s][h]) over the region's samples; ∂b2[v] += Σ_s G[s][v].
+        // ∂W2[v][h] += Σ_s G[s][v]·hidden[s][h] over the region's samples; ∂b2[v] += Σ_s G[s][v].
         const int v0 = vs + tile, sn = min(SLICE, B - ss);
         if (v0 >= V) return;
-        float* sums = n0 == 0 ? smem + 2 * G128_STAGED_FLOATS : nullptr;
+        float4* records = reinterpret_cast<float4*>(smem + 2 * G128_STAGED_FLOATS);
+        float* sums = n0 == 0 ? smem + 2 * G128_STAGED_FLOATS + 4 * SLICE : nullptr;
+        for (int k = threadIdx.x; k < SLICE; k += THREADS)
+            records[k] = k < sn ? sample_record(norm, tokens, positions, cursor, offset, ss + k, inv_b) : empty_record();
         if (sums)
-            for (int i = threadIdx.x % 32; i < TILE; i += 32) sums[threadIdx.x / 32 * TILE + i] = 0.0f;
-        auto g = row_summed([=](int v, int k) { return G(ss + k, v); }, V, v0, sn, a_stage, sums);
-        auto hs = staged<false>([=](int h, int k) { return fmaxf(z1[(size_t)(ss + k) * H + h], 0.0f); }, H, n0, sn,
-                                b_stage);
-        gemm_128(V, H, sn, v0, n0, g, hs, [&](int v, int h, float4 acc) {
-            atomic_add4(&grad_w2[(size_t)v * H + h], acc, H - h);
+            for (int i = threadIdx.x; i < WARPS * TILE; i += THREADS) sums[i] = 0.0f;
+        __syncthreads();
+        DlogitsByVocab g{logits + (size_t)ss * V, records, a_stage, sums, V, v0, sn, inv_b, {}, 0};
+        auto hs = staged<false>([=](int n, int k) { return hidden[(size_t)(ss + k) * H + n]; }, H, n0, sn, b_stage);
+        gemm_128(V, H, sn, v0, n0, g, hs, [&](int v, int n, float4 acc) {
+            atomic_add4(&grad_w2[(size_t)v * H + n], acc, H - n);
         });
         if (sums && threadIdx.x < TILE && v0 + threadIdx.x < V) {
             float sum = 0.0f;
@@ -250,10 +335,18 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
         // ∂H[s][h] += Σ_v G[s][v]·W2[v][h] over the region's vocabulary rows.
         const int s0 = ss + tile, vn = min(SLICE, V - vs);
         if (s0 >= B) return;
-        auto g = staged<true>([=](int s, int k) { return G(s, vs + k); }, B, s0, vn, a_stage);
-        auto w2 = staged<false>([=](int h, int k) { return W2[(size_t)(vs + k) * H + h]; }, H, n0, vn, b_stage);
-        gemm_128(B, H, vn, s0, n0, g, w2, [&](int s, int h, float4 acc) {
-            atomic_add4(&dh[(size_t)s * H + h], acc, H - h);
+        const int s = s0 + threadIdx.x / 2;
+        DlogitsBySample g{logits, empty_record(), a_stage, 0, V % 4 == 0, inv_b, {}, 0};
+        if (s < B) {
+            g.logits = logits + (size_t)s * V + vs;
+            g.record = sample_record(norm, tokens, positions, cursor, offset, s, inv_b);
+            const int target = __float_as_int(g.record.z) - vs;
+            g.record.z = __int_as_float(target < vn ? target : -1);  // −1 (none) outside the region
+            g.K = vn;
+        }
+        auto w2 = staged<false>([=](int n, int k) { return W2[(size_t)(vs + k) * H + n]; }, H, n0, vn, b_stage);
+        gemm_128(B, H, vn, s0, n0, g, w2, [&](int s, int n, float4 acc) {
+            atomic_add4(&dh[(size_t)s * H + n], acc, H - n);
         });
     }
 }
@@ -262,7 +355,7 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
 // [W2 rows]. dynamic shared memory: two staged operands.
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ W2,
-                  float* __restrict__ b2, const float* __restrict__ x, const float* __restrict__ z1,
+                  float* __restrict__ b2, const float* __restrict__ x, const float* __restrict__ hidden,
                   const float* __restrict__ dh, const float* __restrict__ grad_w2, const float* __restrict__ grad_b2,
                   float* __restrict__ grad_w1, float* __restrict__ grad_b1, const unsigned* __restrict__ tokens,
                   const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
@@ -275,10 +368,10 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
     const int s_tiles = (B + TILE - 1) / TILE;
     const int b_slices = (B + B_SLICE - 1) / B_SLICE;
     const int dx_blocks = s_tiles * D_TILES, dw1_blocks = H_TILES * D1_TILES * b_slices;
-    // dz1 = ∂H ⊙ ReLU′(z1)
+    // dz1 = ∂H ⊙ ReLU′(z1), where z1 > 0 exactly where hidden = ReLU(z1) > 0
     const auto dz1 = [=](int s, int h) {
         const size_t i = (size_t)s * H + h;
-        return z1[i] > 0.0f ? dh[i] : 0.0f;
+        return hidden[i] > 0.0f ? dh[i] : 0.0f;
     };
     int b = blockIdx.x;
     if (b < dx_blocks) {

@@ -53,28 +53,6 @@ __device__ __forceinline__ void cp_async4(void* shared_dst, const void* global_s
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// A barrier across the whole grid, whose blocks must all be resident at once (small grids only). state[0]
-// counts arrivals, state[1] is the generation; both start at zero and the barrier leaves them ready for
-// the next use. Every block's writes before the barrier are visible to every block after it.
-__device__ __forceinline__ void grid_barrier(unsigned* state) {
-    volatile unsigned* generation = state + 1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned gen = *generation;
-        __threadfence();
-        if (atomicAdd(&state[0], 1u) == gridDim.x - 1) {
-            atomicExch(&state[0], 0u);
-            __threadfence();
-            atomicAdd(&state[1], 1u);
-        } else {
-            while (*generation == gen) {
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 // The last-block pattern: every block of the grid calls this once, after its writes; it is true in
 // exactly one block, the last to arrive, and there every other block's writes are visible. `ticket`
 // counts arrivals per gridDim.x blocks (pass one counter per grid row for 2-D grids); the last block

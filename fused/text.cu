@@ -442,35 +442,39 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
 }
 
 // One block per UPDATE_ROWS hidden rows. dynamic shared memory: xs[SB][D], dx_warp[WARPS][SB][D],
-// dz[SB][UPDATE_ROWS], context tokens [SB][N], next step's context tokens [SB][N] and embedding rows
-// [SB][N][D].
+// dz[SB][UPDATE_ROWS], context tokens [SB][N], next step's context tokens [SB][N]; with `whole_dx` also
+// the next step's embedding rows [SB][N][D], dz of every hidden row [SB][H] and W1 [H][D].
 //
-// The next step's x and z1 are formed in one of two ways. When the step fits one chunk (B ≤ SB) and the
-// grid is resident at once (`by_barrier`), every block reads the next samples' embedding rows before a
-// grid barrier, adds to them this step's update of any row that is also a context row now, and forms z1 of
-// its own hidden rows from the W1 rows it has just updated, still in registers; block 0 writes x and
-// applies the embedding update after the barrier. Otherwise the last block to finish applies the
-// embedding update and forms x and z1 of every next sample from memory.
+// The next step's x and z1 are formed in one of two ways. When the step fits one chunk (B ≤ SB) and W1 fits
+// in shared memory (`whole_dx`), every block stages all of W1 and the next samples' embedding rows before
+// its dependency wait, forms the whole dx = W1ᵀ·dz1 itself (16K multiply-adds at the benchmark shape, less
+// than one grid-wide reduction costs), adds this step's embedding update to any next-step row that is also a
+// context row now, and forms z1 of its own hidden rows from the W1 rows it has just updated; block 0 writes
+// x and applies the embedding update. No block waits for another. Otherwise the blocks sum dx with atomics
+// and the last block to finish applies the embedding update and forms x and z1 of every next sample.
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
             float* __restrict__ z1, const float* __restrict__ dh, const unsigned* __restrict__ tokens,
             const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
-            unsigned offset, int N, int B, float lr, int by_barrier, float* __restrict__ dx_sum,
-            unsigned* __restrict__ ticket, unsigned* __restrict__ barrier) {
-    extern __shared__ float smem[];
-    float* xs = smem;
-    float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx; after the barrier: −lr/N·dx
+            unsigned offset, int N, int B, float lr, int whole_dx, float* __restrict__ dx_sum,
+            unsigned* __restrict__ ticket) {
+    extern __shared__ float4 smem4[];
+    float* w1s = reinterpret_cast<float*>(smem4);          // [H][D] when whole_dx
+    float* xs = w1s + (whole_dx ? H * D : 0);
+    float* dx_warp = xs + SB * D;  // each warp's (hidden row's) share of dx; whole_dx: −lr/N·dx
     float* dz = dx_warp + WARPS * SB * D;
     unsigned* context = (unsigned*)(dz + SB * UPDATE_ROWS);
     unsigned* next_context = context + SB * N;
     float* next_rows = (float*)(next_context + SB * N);
+    float* dz_all = next_rows + SB * N * D;                 // [SB][H] when whole_dx
+    __shared__ float dx_part[THREADS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
     const bool has_row = j < H;
     const unsigned first = *cursor + offset, next = first + B;
     const int next_count = next < positions_len ? min(B, (int)(positions_len - next)) : 0;
-    const bool barrier_path = by_barrier && B <= SB;
+    const bool local = whole_dx && B <= SB;
     const float embed_scale = -lr / N;
 
     // Prologue: W1, b1 and E were last written by the previous step's text_update; tokens and positions are
@@ -484,7 +488,13 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     const float bias = has_row ? __ldcg(&b1[j]) : 0.0f;
     float gb = 0.0f;
     for (int i = threadIdx.x; i < min(SB, B) * N; i += THREADS) context[i] = tokens[positions[first + i / N] - N + i % N];
-    if (barrier_path) {
+    if (local) {
+        if constexpr (D % 4 == 0) {
+            for (int i = 4 * threadIdx.x; i < H * D; i += 4 * THREADS) cp_async16(w1s + i, W1 + i);
+        } else {
+            for (int i = threadIdx.x; i < H * D; i += THREADS) cp_async4(w1s + i, W1 + i);
+        }
+        cp_async_commit();
         for (int i = threadIdx.x; i < next_count * N; i += THREADS)
             next_context[i] = tokens[positions[next + i / N] - N + i % N];
         __syncthreads();
@@ -493,6 +503,89 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     }
     grid_dependency_wait();
     allow_dependent_launch();
+
+    if (local) {
+        // One round trip: x, and dz1 = dh ⊙ ReLU′(z1) of every hidden row.
+        for (int i = threadIdx.x; i < B * D; i += THREADS) xs[i] = x[i];
+        for (int i = threadIdx.x; i < B * H; i += THREADS) dz_all[i] = z1[i] > 0.0f ? __ldcg(&dh[i]) : 0.0f;
+        cp_async_wait_all();
+        __syncthreads();
+        // The whole dx, as the embedding update of each sample's context rows: thread (s, d, part) walks a
+        // part of the hidden rows, so that every thread has work when B·D < THREADS.
+        float* delta = dx_warp;
+        {
+            const int outputs = B * D;
+            const int parts = outputs >= THREADS ? 1 : THREADS / outputs;
+            const int per = (H + parts - 1) / parts;
+            for (int t = threadIdx.x; t < outputs * parts; t += THREADS) {
+                const int o = t % outputs, part = t / outputs, smp = o / D, d = o % D;
+                const int lo = part * per, hi = min(H, lo + per);
+                float sum = 0.0f;
+                for (int jj = lo; jj < hi; ++jj) sum += dz_all[smp * H + jj] * w1s[jj * D + d];
+                if (parts == 1)
+                    delta[o] = embed_scale * sum;
+                else
+                    dx_part[t] = sum;
+            }
+            if (parts > 1) {
+                __syncthreads();
+                for (int o = threadIdx.x; o < outputs; o += THREADS) {
+                    float sum = 0.0f;
+                    for (int p = 0; p < parts; ++p) sum += dx_part[p * outputs + o];
+                    delta[o] = embed_scale * sum;
+                }
+            }
+        }
+        // This warp's row of W1 and b1.
+        for (int smp = 0; smp < B; ++smp) {
+            const float g = has_row ? dz_all[smp * H + j] : 0.0f;
+            gb += g;
+#pragma unroll
+            for (int i = 0; i < DP; ++i)
+                if (lane + 32 * i < D) gw[i] += g * xs[smp * D + lane + 32 * i];
+        }
+        const float bias_new = bias - lr * gb;
+#pragma unroll
+        for (int i = 0; i < DP; ++i) w[i] -= lr * gw[i];
+        if (has_row) {
+#pragma unroll
+            for (int i = 0; i < DP; ++i)
+                if (lane + 32 * i < D) W1[(size_t)j * D + lane + 32 * i] = w[i];
+            if (lane == 0) b1[j] = bias_new;
+        }
+        __syncthreads();
+        // x of the next samples from their rows as this step leaves them.
+        const float inv_n = 1.0f / N;
+        for (int i = threadIdx.x; i < next_count * D; i += THREADS) {
+            const int smp = i / D, d = i % D;
+            float sum = 0.0f;
+            for (int n = 0; n < N; ++n) {
+                const unsigned token = next_context[smp * N + n];
+                float e = next_rows[(smp * N + n) * D + d];
+                for (int c = 0; c < B * N; ++c)
+                    if (context[c] == token) e += delta[(c / N) * D + d];
+                sum += e;
+            }
+            xs[i] = sum * inv_n;
+            if (blockIdx.x == 0) x[i] = xs[i];
+        }
+        __syncthreads();
+        if (has_row)
+            for (int smp = 0; smp < next_count; ++smp) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DP; ++i)
+                    if (lane + 32 * i < D) acc += w[i] * xs[smp * D + lane + 32 * i];
+                acc = warp_sum(acc);
+                if (lane == 0) z1[(size_t)smp * H + j] = acc + bias_new;
+            }
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < B * D; i += THREADS) {
+                const int smp = i / D, d = i % D;
+                for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[smp * N + n] * D + d], delta[i]);
+            }
+        return;
+    }
 
     for (int c0 = 0; c0 < B; c0 += SB) {
         const int sb = min(SB, B - c0);
@@ -526,52 +619,13 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
         }
         __syncthreads();
     }
-    const float bias_new = bias - lr * gb;
 #pragma unroll
     for (int i = 0; i < DP; ++i) w[i] -= lr * gw[i];  // W1's new row
     if (has_row) {
 #pragma unroll
         for (int i = 0; i < DP; ++i)
             if (lane + 32 * i < D) W1[(size_t)j * D + lane + 32 * i] = w[i];
-        if (lane == 0) b1[j] = bias_new;
-    }
-
-    if (barrier_path) {
-        grid_barrier(barrier);
-        float* delta = dx_warp;  // [B][D]: the embedding update of each sample's context rows
-        for (int i = threadIdx.x; i < B * D; i += THREADS) delta[i] = embed_scale * __ldcg(&dx_sum[i]);
-        __syncthreads();
-        // x of the next samples from their rows as this step leaves them (text_forward zeroes dx_sum).
-        const float inv_n = 1.0f / N;
-        for (int i = threadIdx.x; i < next_count * D; i += THREADS) {
-            const int s = i / D, d = i % D;
-            float sum = 0.0f;
-            for (int n = 0; n < N; ++n) {
-                const unsigned token = next_context[s * N + n];
-                float e = next_rows[(s * N + n) * D + d];
-                for (int c = 0; c < B * N; ++c)
-                    if (context[c] == token) e += delta[(c / N) * D + d];
-                sum += e;
-            }
-            xs[i] = sum * inv_n;
-            if (blockIdx.x == 0) x[i] = xs[i];
-        }
-        __syncthreads();
-        if (has_row)
-            for (int s = 0; s < next_count; ++s) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DP; ++i)
-                    if (lane + 32 * i < D) acc += w[i] * xs[s * D + lane + 32 * i];
-                acc = warp_sum(acc);
-                if (lane == 0) z1[(size_t)s * H + j] = acc + bias_new;
-            }
-        if (blockIdx.x == 0)
-            for (int i = threadIdx.x; i < B * D; i += THREADS) {
-                const int s = i / D, d = i % D;
-                for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[s * N + n] * D + d], delta[i]);
-            }
-        return;
+        if (lane == 0) b1[j] = bias - lr * gb;
     }
 
     // The last block to finish owns the complete dx of every sample: it adds −lr/N·dx to each context

@@ -37,9 +37,9 @@ const GRAPH_STEPS: usize = 128;
 /// Bytes of W2 rows text_forward / text_backward stage in shared memory at once (a block's rows for the
 /// benchmark shape, 63 × 256 floats, fit in one tile).
 const W2_TILE_BYTES: usize = 72 * 1024;
-/// text_update forms the next step's z1 in every block after a grid barrier when its shared memory stays
-/// under this (beside the step's other kernels on the SM) and its grid fits the GPU at once.
-const UPDATE_BARRIER_SHARED: usize = 48 * 1024;
+/// text_update forms the whole dx in every block (W1 staged in shared memory) when its shared memory stays
+/// under this, leaving room beside it on the SM for the step's other kernels.
+const UPDATE_WHOLE_DX_SHARED: usize = 112 * 1024;
 /// The kernels keep per-lane register arrays of H/32 and D/32 values.
 pub const MAX_HIDDEN: usize = 2048;
 pub const MAX_EMBED: usize = 1024;
@@ -58,9 +58,6 @@ pub struct TextLayout {
     pub grid: usize,
     /// Blocks of text_update (one hidden row per warp).
     pub update_grid: usize,
-    /// Whether text_update forms the next step's z1 in every block after a grid barrier (for steps of one
-    /// chunk), rather than in its last block.
-    pub update_by_barrier: bool,
     /// Whether text_batch_forward's tiles fit the device's shared memory (else large batches also take
     /// the chunked kernels).
     pub tiled_fits: bool,
@@ -85,7 +82,6 @@ impl TextLayout {
             tile_rows: 1,
             grid: v,
             update_grid: h.div_ceil(WARPS),
-            update_by_barrier: false,
             tiled_fits: false,
         };
         layout.tiled_fits = layout.tiled_forward_shared() <= max_shared;
@@ -100,8 +96,6 @@ impl TextLayout {
         layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
         layout.tile_rows = layout.rows_per_block.min(tile_cap);
         layout.grid = v.div_ceil(layout.rows_per_block);
-        layout.update_by_barrier =
-            layout.update_grid <= sm_count && layout.update_shared(max_chunk, true) <= UPDATE_BARRIER_SHARED;
         Ok(layout)
     }
 
@@ -144,12 +138,19 @@ impl TextLayout {
         (tile + (1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
     }
 
-    /// text_update: xs [chunk][D], dx_warp [WARPS][chunk][D], dz [chunk][WARPS], this and the next step's
-    /// context tokens [chunk][N], and with `by_barrier` the next step's embedding rows [chunk][N][D].
-    pub fn update_shared(&self, chunk: usize, by_barrier: bool) -> usize {
-        let TextShape { embed: d, context: n, .. } = self.shape;
-        let next_rows = if by_barrier { chunk * n * d } else { 0 };
-        ((1 + WARPS) * chunk * d + chunk * WARPS + 2 * chunk * n + next_rows) * F32
+    /// Whether every text_update block (compiled for `chunk`) forms the whole dx and the next step's z1 of its
+    /// rows, rather than the last block forming the next step's hidden layer (steps of one chunk only).
+    pub fn update_whole_dx(&self, chunk: usize) -> bool {
+        self.update_shared(chunk, true) <= UPDATE_WHOLE_DX_SHARED
+    }
+
+    /// text_update: W1 [H][D] with `whole_dx`, xs [chunk][D], dx_warp [WARPS][chunk][D], dz [chunk][WARPS],
+    /// this and the next step's context tokens [chunk][N], and with `whole_dx` the next step's embedding rows
+    /// [chunk][N][D] and dz1 of every hidden row [chunk][H].
+    pub fn update_shared(&self, chunk: usize, whole_dx: bool) -> usize {
+        let TextShape { embed: d, hidden: h, context: n, .. } = self.shape;
+        let whole = if whole_dx { chunk * n * d + chunk * h + h * d } else { 0 };
+        ((1 + WARPS) * chunk * d + chunk * WARPS + 2 * chunk * n + whole) * F32
     }
 }
 
@@ -178,8 +179,6 @@ pub struct StepBuffers {
     pub dx_sum: CudaSlice<f32>,
     /// text_update's finished-block counter; zero between steps.
     pub ticket: CudaSlice<u32>,
-    /// text_update's grid barrier: arrivals (zero between steps) and generation.
-    pub barrier: CudaSlice<u32>,
     /// Tiled path: [B] (max, 1/Σexp) of each sample's softmax.
     pub norm: CudaSlice<f32>,
     /// Tiled path: text_batch_forward's finished-block counter per sample tile.
@@ -288,7 +287,7 @@ impl GpuTrainer {
             self.gpu.reserve_shared(&kernels.hidden, l.hidden_shared(chunk), "--embed")?;
             self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden")?;
             self.gpu.reserve_shared(&kernels.backward, l.backward_shared(chunk, true), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk, l.update_by_barrier), "--embed")?;
+            self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk, l.update_whole_dx(chunk)), "--embed")?;
             for f in [&kernels.hidden, &kernels.forward, &kernels.backward, &kernels.update] {
                 self.gpu.prefer_shared_carveout(f)?;
             }
@@ -378,7 +377,6 @@ impl GpuTrainer {
             rank: s.alloc_zeros::<u32>(capacity)?,
             dx_sum: alloc(capacity * d)?,
             ticket: s.alloc_zeros::<u32>(1)?,
-            barrier: s.alloc_zeros::<u32>(2)?,
             norm: alloc(capacity * 2)?,
             tile_tickets: s.alloc_zeros::<u32>(capacity.div_ceil(TILE))?,
             grad_w2: alloc(v * h)?,
@@ -470,9 +468,10 @@ impl GpuTrainer {
             Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial),
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::u32(self.positions.len() as u32),
             Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::f32(lr), Arg::i32(l.update_by_barrier as i32), Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket), Arg::buf(g, &b.barrier),
+            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::f32(lr), Arg::i32(l.update_whole_dx(chunk) as i32),
+            Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket),
         ];
-        let shared = l.update_shared(chunk, l.update_by_barrier) as u32;
+        let shared = l.update_shared(chunk, l.update_whole_dx(chunk)) as u32;
         g.launch("text_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 

@@ -53,6 +53,18 @@ __device__ __forceinline__ void cp_async4(void* shared_dst, const void* global_s
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// *dst += v on four consecutive floats, dst 16-byte aligned: one vector atomic on sm_90, four before.
+__device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4*>(dst), v);
+#else
+    atomicAdd(dst, v.x);
+    atomicAdd(dst + 1, v.y);
+    atomicAdd(dst + 2, v.z);
+    atomicAdd(dst + 3, v.w);
+#endif
+}
+
 // The last-block pattern: every block of the grid calls this once, after its writes; it is true in
 // exactly one block, the last to arrive, and there every other block's writes are visible. `ticket`
 // counts arrivals per gridDim.x blocks (pass one counter per grid row for 2-D grids); the last block

@@ -50,18 +50,16 @@ __device__ __forceinline__ unsigned sample_position(const unsigned* positions, c
     return positions[*cursor + offset + s];
 }
 
-// dst[j] += v[j] for j < min(4, count): one 16-byte atomic where rows of H floats keep it aligned (sm_90).
-__device__ __forceinline__ void atomic_add4(float* dst, float4 v, int count) {
-#if __CUDA_ARCH__ >= 900
+// dst[j] += v[j] for j < min(4, count): one 16-byte atomic where rows of H floats keep it aligned.
+__device__ __forceinline__ void add_row4(float* dst, float4 v, int count) {
     if constexpr (H % 4 == 0) {
-        atomicAdd(reinterpret_cast<float4*>(dst), v);
-        return;
-    }
-#endif
-    const float a[4] = {v.x, v.y, v.z, v.w};
+        atomic_add4(dst, v);
+    } else {
+        const float a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-        if (j < count) atomicAdd(dst + j, a[j]);
+        for (int j = 0; j < 4; ++j)
+            if (j < count) atomicAdd(dst + j, a[j]);
+    }
 }
 
 // dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand.
@@ -323,7 +321,7 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
         DlogitsByVocab g{logits + (size_t)ss * V, records, a_stage, sums, V, v0, sn, inv_b, {}, 0};
         auto hs = staged<false>([=](int n, int k) { return hidden[(size_t)(ss + k) * H + n]; }, H, n0, sn, b_stage);
         gemm_128(V, H, sn, v0, n0, g, hs, [&](int v, int n, float4 acc) {
-            atomic_add4(&grad_w2[(size_t)v * H + n], acc, H - n);
+            add_row4(&grad_w2[(size_t)v * H + n], acc, H - n);
         });
         if (sums && threadIdx.x < TILE && v0 + threadIdx.x < V) {
             float sum = 0.0f;
@@ -346,7 +344,7 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
         }
         auto w2 = staged<false>([=](int n, int k) { return W2[(size_t)(vs + k) * H + n]; }, H, n0, vn, b_stage);
         gemm_128(B, H, vn, s0, n0, g, w2, [&](int s, int n, float4 acc) {
-            atomic_add4(&dh[(size_t)s * H + n], acc, H - n);
+            add_row4(&dh[(size_t)s * H + n], acc, H - n);
         });
     }
 }

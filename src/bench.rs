@@ -175,11 +175,11 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
         per_kernel.push(serde_json::json!({"resources (name, registers, local bytes)": t.kernel_resources()}));
     }
     // The floor of a single-sample step: W2 is read in text_forward and read + written in text_backward;
-    // W1 (64 KB) is read and written in text_update.
+    // every text_update block stages W1, which one of them writes.
     let f = 4.0;
     let (v, d, h) = (shape.vocab as f64, shape.embed as f64, shape.hidden as f64);
     let layout = crate::text::gpu::TextLayout::new(shape, gpu.sm_count as usize, gpu.max_shared_optin)?;
-    let bytes_step = 3.0 * v * h * f + 2.0 * h * d * f;
+    let bytes_step = 3.0 * v * h * f + (layout.update_grid as f64 + 1.0) * h * d * f;
     if json {
         let out = serde_json::json!({
             "device": gpu.describe(),

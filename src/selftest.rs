@@ -244,7 +244,7 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
     t.synchronize()?;
     let w2 = t.download(&t.params.w2)?;
     let b2 = t.download(&t.params.b2)?;
-    let dh = t.download(&t.buffers.dh_partial)?[..batch * s.hidden].to_vec();
+    let dh = t.download(&t.buffers.dh)?[..batch * s.hidden].to_vec();
     out.push(check("text_backward W2 update", update_error(lr, &p.w2, &w2, &cpu.grads.w2)));
     out.push(check("text_backward b2 update", update_error(lr, &p.b2, &b2, &cpu.grads.b2)));
     out.push(check("text_backward dh", rel_error(&dh, &cpu.grads.dh)));

@@ -173,7 +173,7 @@ pub struct StepBuffers {
     pub stats: CudaSlice<f32>,
     /// [B][H] ∂loss/∂h, summed with atomics by text_backward's blocks (text_forward zeroes it), and the
     /// tiled path's ∂H.
-    pub dh_partial: CudaSlice<f32>,
+    pub dh: CudaSlice<f32>,
     pub rank: CudaSlice<u32>,
     /// [B][D] dx summed over text_update's blocks; text_forward zeroes it.
     pub dx_sum: CudaSlice<f32>,
@@ -332,7 +332,7 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
             tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi,
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial), Arg::buf(g, &b.logits),
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh), Arg::buf(g, &b.logits),
             Arg::buf(g, &b.stats), Arg::buf(g, &b.norm), Arg::buf(g, &b.tile_tickets), Arg::buf(g, &self.loss_sum),
             Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2),
         ];
@@ -343,7 +343,7 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.w2), Arg::buf(g, &b.logits), Arg::buf(g, &b.norm), Arg::buf(g, &b.z1),
             tokens, positions, cursor, off, vi, bi,
-            Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.dh_partial),
+            Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.dh),
         ];
         // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
         let blocks = batch.div_ceil(SLICE) * v.div_ceil(SLICE) * 2 * (SLICE / TILE) * h_tiles;
@@ -352,7 +352,7 @@ impl GpuTrainer {
 
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial), Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh), Arg::buf(g, &b.grad_w2),
             Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.grad_w1), Arg::buf(g, &b.grad_b1),
             tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi, Arg::f32(lr),
             Arg::i32(W2_UPDATE_BLOCKS as i32), Arg::buf(g, &b.ticket),
@@ -373,7 +373,7 @@ impl GpuTrainer {
             z1: alloc(capacity * h)?,
             logits: alloc(capacity * v)?,
             stats: alloc(capacity * g.max(layout.vocab_tiles()) * 2)?,
-            dh_partial: alloc(capacity * h)?,
+            dh: alloc(capacity * h)?,
             rank: s.alloc_zeros::<u32>(capacity)?,
             dx_sum: alloc(capacity * d)?,
             ticket: s.alloc_zeros::<u32>(1)?,
@@ -434,7 +434,7 @@ impl GpuTrainer {
         let args = [
             Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
             Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::i32(l.tile_rows as i32), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.dh_partial),
+            Arg::i32(l.tile_rows as i32), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.dh),
             Arg::buf(g, &b.dx_sum),
         ];
         g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
@@ -450,7 +450,7 @@ impl GpuTrainer {
             Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.z1),
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::i32(l.tile_rows as i32), Arg::f32(lr), Arg::buf(g, &b.dh_partial), Arg::buf(g, &self.loss_sum),
+            Arg::i32(l.tile_rows as i32), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.backward_shared(chunk, batch > chunk);
         g.launch("text_backward", &func, (l.grid as u32, 1), shared as u32, programmatic, &args)
@@ -465,7 +465,7 @@ impl GpuTrainer {
         let l = &self.layout;
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh_partial),
+            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh),
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::u32(self.positions.len() as u32),
             Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::f32(lr), Arg::i32(l.update_whole_dx(chunk) as i32),
@@ -580,7 +580,7 @@ impl GpuTrainer {
     pub fn poison_buffers(&mut self) -> Result<()> {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
-        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh_partial, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2] {
+        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
         }

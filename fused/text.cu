@@ -50,7 +50,7 @@ constexpr int SB = TEXT_SB;
 constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane
 constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per warp
-constexpr int D_CHUNK = D < 64 ? D : 64; // W1 weights a thread loads at once in text_forward
+constexpr int D_CHUNK = D < 64 ? D : 64; // W1 weights a thread loads at once in hidden_layer
 // Logits per thread that text_backward loads together with the softmax partials (the rest: one more trip).
 constexpr int DL_SLOTS = 4;
 // W2 rows a warp takes together from shared memory: their reductions overlap.
@@ -72,24 +72,42 @@ __device__ __forceinline__ void stage_rows(float* ws, float* bs, const float* W2
     cp_async_commit();
 }
 
-// Whether the tile of rows starting at t0 must be staged now: all but the prologue's first tile, which
-// stays in shared memory for later chunks when it holds all the block's rows.
-__device__ __forceinline__ bool tile_needs_staging(int t0, int c0, int rows, int tile_rows) {
-    return t0 > 0 || (c0 > 0 && rows > tile_rows);
+// Walks the block's W2 rows [row0, row0 + rows) of chunk c0 tile by tile through shared memory and calls
+// row(r, w, bias) for each, r counted from row0, w[i] = W2[row0 + r][lane + 32·i] (zero past H), bias =
+// b2[row0 + r]; each warp takes ROW_GROUP rows at a time. Every tile is staged here except the prologue's
+// first, which stays for later chunks when it holds all the block's rows. All threads must call it.
+template <class Row>
+__device__ __forceinline__ void for_each_staged_row(float* ws, float* bs, const float* W2, const float* b2, int row0,
+                                                    int rows, int tile_rows, int c0, Row row) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int t0 = 0; t0 < rows; t0 += tile_rows) {
+        const int tr = min(tile_rows, rows - t0);
+        if (t0 > 0 || (c0 > 0 && rows > tile_rows)) {
+            __syncthreads();
+            stage_rows(ws, bs, W2, b2, row0 + t0, tr);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        for (int r0 = warp * ROW_GROUP; r0 < tr; r0 += WARPS * ROW_GROUP) {
+#pragma unroll
+            for (int q = 0; q < ROW_GROUP; ++q) {
+                const int tile_r = r0 + q;
+                if (tile_r < tr) {
+                    float w[HP];
+#pragma unroll
+                    for (int i = 0; i < HP; ++i) w[i] = lane + 32 * i < H ? ws[tile_r * H + lane + 32 * i] : 0.0f;
+                    row(t0 + tile_r, w, bs[tile_r]);
+                }
+            }
+        }
+    }
 }
 
-// Targets (and, with `context`, the context tokens) of the step's samples c0 .. c0+sb, into shared memory.
-// Read-only data: safe before the grid dependency wait (only text_advance, never a step kernel, moves
-// the cursor).
-__device__ __forceinline__ void load_samples(unsigned* target, unsigned* context, const unsigned* tokens,
-                                             const unsigned* positions, const unsigned* cursor, unsigned offset,
-                                             int c0, int sb, int N) {
-    if (threadIdx.x < sb) {
-        const unsigned p = positions[*cursor + offset + c0 + threadIdx.x];
-        target[threadIdx.x] = tokens[p];
-        if (context)
-            for (int n = 0; n < N; ++n) context[threadIdx.x * N + n] = tokens[p - N + n];
-    }
+// Targets of the step's samples c0 .. c0+sb, into shared memory. Read-only data: safe before the grid
+// dependency wait (only text_advance, never a step kernel, moves the cursor).
+__device__ __forceinline__ void load_targets(unsigned* target, const unsigned* tokens, const unsigned* positions,
+                                             const unsigned* cursor, unsigned offset, int c0, int sb) {
+    if (threadIdx.x < sb) target[threadIdx.x] = tokens[positions[*cursor + offset + c0 + threadIdx.x]];
 }
 
 // z1_out[s][j] = W1[j]·xs[s] + b1[j] for the sb samples. W1 and b1 are read through L2 (__ldcg): in
@@ -227,37 +245,19 @@ text_forward(const float* W2, const float* b2, const float* __restrict__ z1, int
         SoftmaxStat st[SB];
 #pragma unroll
         for (int s = 0; s < SB; ++s) st[s] = softmax_stat_empty();
-        for (int t0 = 0; t0 < rows; t0 += tile_rows) {
-            const int tr = min(tile_rows, rows - t0);
-            if (tile_needs_staging(t0, c0, rows, tile_rows)) {
-                __syncthreads();
-                stage_rows(ws, bs, W2, b2, row0 + t0, tr);
+        for_each_staged_row(ws, bs, W2, b2, row0, rows, tile_rows, c0, [&](int r, const float (&w)[HP], float bias) {
+#pragma unroll
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < HP; ++i)
+                    if (lane + 32 * i < H) acc += w[i] * hs[s * H + lane + 32 * i];
+                const float logit = warp_sum(acc) + bias;
+                if (lane == 0) logits[(size_t)(c0 + s) * V + row0 + r] = logit;
+                st[s] = softmax_push(st[s], logit);
             }
-            cp_async_wait_all();
-            __syncthreads();
-            for (int r0 = warp * ROW_GROUP; r0 < tr; r0 += WARPS * ROW_GROUP) {
-#pragma unroll
-                for (int q = 0; q < ROW_GROUP; ++q) {
-                    const int r = r0 + q;
-                    if (r < tr) {
-                        float w[HP];
-#pragma unroll
-                        for (int i = 0; i < HP; ++i) w[i] = lane + 32 * i < H ? ws[r * H + lane + 32 * i] : 0.0f;
-#pragma unroll
-                        for (int s = 0; s < SB; ++s) {
-                            if (s >= sb) break;
-                            float acc = 0.0f;
-#pragma unroll
-                            for (int i = 0; i < HP; ++i)
-                                if (lane + 32 * i < H) acc += w[i] * hs[s * H + lane + 32 * i];
-                            const float logit = warp_sum(acc) + bs[r];
-                            if (lane == 0) logits[(size_t)(c0 + s) * V + row0 + t0 + r] = logit;
-                            st[s] = softmax_push(st[s], logit);
-                        }
-                    }
-                }
-            }
-        }
+        });
         if (lane == 0)
 #pragma unroll
             for (int s = 0; s < SB; ++s) warp_stats[warp][s] = st[s];
@@ -307,7 +307,7 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
 
     // Prologue: this block's W2 rows were last written by the previous step's text_backward.
     stage_rows(ws, bs, W2, b2, row0, min(rows, tile_rows));
-    load_samples(target, nullptr, tokens, positions, cursor, offset, 0, min(SB, B), 0);
+    load_targets(target, tokens, positions, cursor, offset, 0, min(SB, B));
     if (!one_chunk) {
         for (int i = threadIdx.x; i < rows * H; i += THREADS) gw2[i] = 0.0f;
         for (int i = threadIdx.x; i < rows; i += THREADS) gb2[i] = 0.0f;
@@ -319,7 +319,7 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
         const int sb = min(SB, B - c0);
         if (c0 > 0) {
             __syncthreads();
-            load_samples(target, nullptr, tokens, positions, cursor, offset, c0, sb, 0);
+            load_targets(target, tokens, positions, cursor, offset, c0, sb);
         }
         // One round trip: every load of the chunk (softmax partials, z1, this block's logits) is issued
         // before any is used.
@@ -372,52 +372,35 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
         for (int s = 0; s < SB; ++s)
 #pragma unroll
             for (int i = 0; i < HP; ++i) dh_acc[s][i] = 0.0f;
-        for (int t0 = 0; t0 < rows; t0 += tile_rows) {
-            const int tr = min(tile_rows, rows - t0);
-            if (tile_needs_staging(t0, c0, rows, tile_rows)) {
-                __syncthreads();
-                stage_rows(ws, bs, W2, b2, row0 + t0, tr);
-            }
-            cp_async_wait_all();
-            __syncthreads();
-            for (int r0 = warp * ROW_GROUP; r0 < tr; r0 += WARPS * ROW_GROUP) {
+        for_each_staged_row(ws, bs, W2, b2, row0, rows, tile_rows, c0, [&](int r, const float (&w)[HP], float bias) {
+            const int v = row0 + r;
+            float gw[HP];
 #pragma unroll
-                for (int q = 0; q < ROW_GROUP; ++q) {
-                    const int tile_r = r0 + q, r = t0 + tile_r, v = row0 + r;
-                    if (tile_r < tr) {
-                        float w[HP], gw[HP];
+            for (int i = 0; i < HP; ++i) gw[i] = 0.0f;
+            float gb = 0.0f;
 #pragma unroll
-                        for (int i = 0; i < HP; ++i) {
-                            w[i] = lane + 32 * i < H ? ws[tile_r * H + lane + 32 * i] : 0.0f;
-                            gw[i] = 0.0f;
-                        }
-                        float gb = 0.0f;
+            for (int s = 0; s < SB; ++s) {
+                if (s >= sb) break;
+                const float g = dl[s * R + r];
+                gb += g;
 #pragma unroll
-                        for (int s = 0; s < SB; ++s) {
-                            if (s >= sb) break;
-                            const float g = dl[s * R + r];
-                            gb += g;
-#pragma unroll
-                            for (int i = 0; i < HP; ++i) {
-                                dh_acc[s][i] += g * w[i];
-                                if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
-                            }
-                        }
-                        if (one_chunk) {
-#pragma unroll
-                            for (int i = 0; i < HP; ++i)
-                                if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[i] - lr * gw[i];
-                            if (lane == 0) b2[v] = bs[tile_r] - lr * gb;
-                        } else {
-#pragma unroll
-                            for (int i = 0; i < HP; ++i)
-                                if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
-                            if (lane == 0) gb2[r] += gb;
-                        }
-                    }
+                for (int i = 0; i < HP; ++i) {
+                    dh_acc[s][i] += g * w[i];
+                    if (lane + 32 * i < H) gw[i] += g * hs[s * H + lane + 32 * i];
                 }
             }
-        }
+            if (one_chunk) {
+#pragma unroll
+                for (int i = 0; i < HP; ++i)
+                    if (lane + 32 * i < H) W2[(size_t)v * H + lane + 32 * i] = w[i] - lr * gw[i];
+                if (lane == 0) b2[v] = bias - lr * gb;
+            } else {
+#pragma unroll
+                for (int i = 0; i < HP; ++i)
+                    if (lane + 32 * i < H) gw2[(size_t)r * H + lane + 32 * i] += gw[i];
+                if (lane == 0) gb2[r] += gb;
+            }
+        });
 #pragma unroll
         for (int s = 0; s < SB; ++s) {
             if (s >= sb) break;

@@ -183,8 +183,6 @@ impl Gpu {
         module.load_function(kernel).with_context(|| format!("kernel {kernel} not found"))
     }
 
-    /// Allows `func` to use `bytes` of dynamic shared memory, opting in above the 48 KB default. When the
-    /// device cannot give that much, the error names the flag that shrinks it (`hint`, e.g. "--hidden").
     /// Asks for the largest shared-memory carveout of the SM's unified L1/shared storage for `func`. Kernels
     /// that follow one another with programmatic dependent launch should all ask: blocks of kernels with
     /// different carveouts cannot share an SM, so the next kernel's blocks would wait for the SM to drain.
@@ -193,6 +191,8 @@ impl Gpu {
             .context("cannot set the shared-memory carveout")
     }
 
+    /// Allows `func` to use `bytes` of dynamic shared memory, opting in above the 48 KB default. When the
+    /// device cannot give that much, the error names the flag that shrinks it (`hint`, e.g. "--hidden").
     pub fn reserve_shared(&self, func: &CudaFunction, bytes: usize, hint: &str) -> Result<()> {
         let static_bytes = func.shared_size_bytes().unwrap_or(0) as usize;
         if bytes + static_bytes > self.max_shared_optin {

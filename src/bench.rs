@@ -155,15 +155,25 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
         let positions: Vec<u32> = (0..1024).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
         t.set_positions(&positions)?;
         t.launch_step(1, 0, lr, false)?;
+        // Single samples take fused/text_sample.cu where the shape allows (it does at the bench shape).
         // The last entry, a one-thread kernel that does nothing (text_advance by 0), is the cost of a graph
         // node alone: the floor under each of the three.
-        for (name, which) in [("text_forward", 0), ("text_backward", 1), ("text_update", 2), ("empty kernel", 3)] {
+        let sample = t.sample_path(1);
+        let names = if sample {
+            ["sample_forward", "sample_backward", "sample_update"]
+        } else {
+            ["text_forward", "text_backward", "text_update"]
+        };
+        for (name, which) in [(names[0], 0), (names[1], 1), (names[2], 2), ("empty kernel", 3)] {
             let graph = t.capture(|t| {
                 for _ in 0..128 {
-                    match which {
-                        0 => t.launch_forward(1, true)?,
-                        1 => t.launch_backward(1, 0, lr, true)?,
-                        2 => t.launch_update(1, 0, lr, true)?,
+                    match (which, sample) {
+                        (0, true) => t.launch_sample_forward(true)?,
+                        (1, true) => t.launch_sample_backward(0, lr, true)?,
+                        (2, true) => t.launch_sample_update(0, lr, true)?,
+                        (0, false) => t.launch_forward(1, true)?,
+                        (1, false) => t.launch_backward(1, 0, lr, true)?,
+                        (2, false) => t.launch_update(1, 0, lr, true)?,
                         _ => t.launch_advance(0)?,
                     }
                 }
@@ -174,12 +184,12 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
         }
         per_kernel.push(serde_json::json!({"resources (name, registers, local bytes)": t.kernel_resources()}));
     }
-    // The floor of a single-sample step: W2 is read in text_forward and read + written in text_backward;
-    // every text_update block stages W1, which one of them writes.
+    // The floor of a single-sample step (fused/text_sample.cu): W2 is read and written once, by
+    // sample_forward; W1 is read and written once, by sample_backward, and read again by sample_update.
     let f = 4.0;
     let (v, d, h) = (shape.vocab as f64, shape.embed as f64, shape.hidden as f64);
     let layout = crate::text::gpu::TextLayout::new(shape, gpu.sm_count as usize, gpu.max_shared_optin)?;
-    let bytes_step = 3.0 * v * h * f + (layout.update_grid as f64 + 1.0) * h * d * f;
+    let bytes_step = 2.0 * v * h * f + 3.0 * h * d * f;
     if json {
         let out = serde_json::json!({
             "device": gpu.describe(),

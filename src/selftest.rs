@@ -191,10 +191,17 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
     for (s, batch) in cases {
         checks.extend(text_kernel_checks(gpu, s, batch, &mut rng)?);
     }
+    // The single-sample kernels on every shape they take: the bench shape, V no multiple of the rows per
+    // block, one row per block, H and D no multiple of 32.
+    for s in [shape(8192, 64, 256, 3), shape(1000, 33, 100, 2), shape(517, 16, 40, 1), shape(131, 8, 32, 4), shape(2003, 32, 64, 3)] {
+        checks.extend(text_sample_checks(gpu, s, &mut rng)?);
+    }
     for (s, batch) in [(shape(8192, 64, 256, 3), 256), (shape(1000, 33, 100, 2), 300), (shape(517, 16, 40, 1), 64)] {
         checks.extend(text_tiled_checks(gpu, s, batch, &mut rng)?);
     }
-    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 64, 3), 1), (shape(2003, 32, 64, 3), 7)] {
+    // Single samples through fused/text_sample.cu (the first two) and, H = 66 being no multiple of 4,
+    // through fused/text.cu.
+    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 64, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
         checks.push(text_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
     checks.push(text_training_check(gpu, shape(2003, 32, 64, 3), 130, 100, &mut rng)?);
@@ -224,20 +231,7 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
     t.synchronize()?;
     let b = &t.buffers;
     out.push(check("text_forward logits", rel_error(&t.download(&b.logits)?[..batch * s.vocab], &cpu.logits)));
-    let stats = t.download(&b.stats)?;
-    let g = t.layout.grid;
-    let gpu_lse: Vec<f32> = (0..batch)
-        .map(|i| {
-            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-            for k in 0..g {
-                let (pm, pl) = (stats[(i * g + k) * 2], stats[(i * g + k) * 2 + 1]);
-                let nm = m.max(pm);
-                l = l * (m - nm).exp() + pl * (pm - nm).exp();
-                m = nm;
-            }
-            m + l.ln()
-        })
-        .collect();
+    let gpu_lse = logsumexp_of_partials(&t.download(&b.stats)?, t.layout.grid, batch);
     out.push(check("text_forward softmax normaliser", rel_error(&gpu_lse, &cpu.logsumexp)));
 
     t.launch_backward(batch, 0, lr, false)?;
@@ -262,6 +256,89 @@ pub fn text_kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut 
     let (next_x, next_z1) = cpu_hidden(&updated, &tokens, next);
     out.push(check("text_update next step's x", rel_error(&t.download(&t.buffers.x)?[..batch * s.embed], &next_x)));
     out.push(check("text_update next step's z1", rel_error(&t.download(&t.buffers.z1)?[..batch * s.hidden], &next_z1)));
+    Ok(out)
+}
+
+/// log Σ exp(logits) of each of `batch` samples from the G blocks' softmax partials (max, Σexp) [B][G].
+fn logsumexp_of_partials(stats: &[f32], g: usize, batch: usize) -> Vec<f32> {
+    (0..batch)
+        .map(|i| {
+            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+            for k in 0..g {
+                let (pm, pl) = (stats[(i * g + k) * 2], stats[(i * g + k) * 2 + 1]);
+                let nm = m.max(pm);
+                l = l * (m - nm).exp() + pl * (pm - nm).exp();
+                m = nm;
+            }
+            m + l.ln()
+        })
+        .collect()
+}
+
+/// The single-sample kernels (fused/text_sample.cu) one at a time against the CPU reference, over two
+/// steps at lr = 10: step 1 from a state with nothing pending, then step 2's sample_forward, which first
+/// applies step 1's deferred W2/b2 update, its sample_backward, and sample_flush, which applies step 2's.
+pub fn text_sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<Vec<Check>> {
+    const TOL: f64 = 1e-5;
+    let lr = 10.0f32;
+    let (p, tokens, positions) = random_problem(s, 2, rng);
+    let label = shape_label(s, 1);
+    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let cpu1 = cpu_step(&p, &tokens, &positions[..1]);
+    let mut p1 = p.clone();
+    model::train_step(&mut p1, &tokens, &positions[..1], lr);
+    let cpu2 = cpu_step(&p1, &tokens, &positions[1..]);
+
+    let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, 1)?;
+    if !t.sample_path(1) {
+        bail!("the single-sample kernels do not take {label} on this GPU");
+    }
+    let (h, d) = (s.hidden, s.embed);
+    t.launch_hidden(1, 0)?;
+    t.launch_sample_forward(false)?;
+    t.synchronize()?;
+    let mut out = vec![
+        check("sample_forward logits", rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu1.logits)),
+        check("sample_forward softmax normaliser", rel_error(&logsumexp_of_partials(&t.download(&t.buffers.stats)?, t.layout.grid, 1), &cpu1.logsumexp)),
+        check("sample_forward, nothing pending: W2 kept", rel_error(&t.download(&t.params.w2)?, &p.w2)),
+    ];
+    t.launch_sample_backward(0, lr, false)?;
+    t.synchronize()?;
+    let relu: Vec<f32> = cpu1.z1.iter().map(|z| z.max(0.0)).collect();
+    out.extend([
+        check("sample_backward dh", rel_error(&t.download(&t.buffers.dh)?[..h], &cpu1.grads.dh)),
+        check("sample_backward loss", rel_error(&[t.read_loss()? as f32], &[cpu1.loss as f32])),
+        check("sample_backward W1 update", update_error(lr, &p.w1, &t.download(&t.params.w1)?, &cpu1.grads.w1)),
+        check("sample_backward b1 update", update_error(lr, &p.b1, &t.download(&t.params.b1)?, &cpu1.grads.b1)),
+        check("sample_backward pending h", rel_error(&t.download(&t.sample_buffers.h_pending)?, &relu)),
+    ]);
+    t.launch_sample_update(0, lr, false)?;
+    t.synchronize()?;
+    let e = t.download(&t.params.embedding)?;
+    out.extend([
+        check("sample_update embedding update", update_error(lr, &p.embedding, &e, &cpu1.embedding_grad)),
+        check("sample_update next sample's x", rel_error(&t.download(&t.buffers.x)?[..d], &cpu2.x)),
+        check("sample_update next sample's z1", rel_error(&t.download(&t.buffers.z1)?[..h], &cpu2.z1)),
+    ]);
+
+    t.launch_sample_forward(false)?;
+    t.synchronize()?;
+    let w2_step1 = t.download(&t.params.w2)?;
+    out.extend([
+        check("sample_forward pending W2 update", update_error(lr, &p.w2, &w2_step1, &cpu1.grads.w2)),
+        check("sample_forward pending b2 update", update_error(lr, &p.b2, &t.download(&t.params.b2)?, &cpu1.grads.b2)),
+        check("sample_forward logits, step 2", rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu2.logits)),
+    ]);
+    t.launch_sample_backward(1, lr, false)?;
+    t.synchronize()?;
+    out.push(check("sample_backward dh, step 2", rel_error(&t.download(&t.buffers.dh)?[..h], &cpu2.grads.dh)));
+    let b2_step1 = t.download(&t.params.b2)?;
+    t.settle_w2()?;
+    t.synchronize()?;
+    out.extend([
+        check("sample_flush W2 update", update_error(lr, &w2_step1, &t.download(&t.params.w2)?, &cpu2.grads.w2)),
+        check("sample_flush b2 update", update_error(lr, &b2_step1, &t.download(&t.params.b2)?, &cpu2.grads.b2)),
+    ]);
     Ok(out)
 }
 

@@ -25,6 +25,14 @@ fn text_kernels_compile_for_odd_shapes() {
             assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
         }
     }
+    let sample_unit = textnet::device::kernel_source("text_sample").unwrap();
+    for (d, h) in [(1, 4), (33, 100), (64, 256), (1024, 2048)] {
+        let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}")];
+        let ptx = compile_ptx(sample_unit, (9, 0), &defines).unwrap_or_else(|e| panic!("text_sample D={d} H={h}: {e:#}"));
+        for kernel in ["sample_forward", "sample_backward", "sample_update", "sample_flush"] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
+        }
+    }
     let unit = textnet::device::kernel_source("text").unwrap();
     for (d, h, sb) in [(1, 1, 8), (33, 100, 8), (64, 256, 8), (1024, 2048, 1)] {
         let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}"), format!("-DTEXT_SB={sb}")];

@@ -1,6 +1,7 @@
 //! The text model on a CUDA GPU: parameters, the token stream and each epoch's sample order stay in
-//! device memory; every SGD step is three kernels, those of `fused/text.cu` for one or a few samples and
-//! those of `fused/text_batch.cu` (tiled matrix products) from TILED_MIN_BATCH samples on; runs of steps
+//! device memory; every SGD step is three kernels: those of `fused/text_sample.cu` for one sample (where
+//! the shape allows), those of `fused/text.cu` for a few samples and those of `fused/text_batch.cu`
+//! (tiled matrix products) from TILED_MIN_BATCH samples on; runs of steps
 //! are captured once as a CUDA graph and replayed, so a step costs three graph nodes instead of three
 //! launches. The host reads back only the summed loss, once per `train` call.
 
@@ -40,6 +41,8 @@ const W2_TILE_BYTES: usize = 72 * 1024;
 /// text_update forms the whole dx in every block (W1 staged in shared memory) when its shared memory stays
 /// under this, leaving room beside it on the SM for the step's other kernels.
 const UPDATE_WHOLE_DX_SHARED: usize = 112 * 1024;
+/// Hidden units per sample_backward block (HS in fused/text_sample.cu).
+const SAMPLE_UNITS: usize = 16;
 /// The kernels keep per-lane register arrays of H/32 and D/32 values.
 pub const MAX_HIDDEN: usize = 2048;
 pub const MAX_EMBED: usize = 1024;
@@ -61,6 +64,9 @@ pub struct TextLayout {
     /// Whether text_batch_forward's tiles fit the device's shared memory (else large batches also take
     /// the chunked kernels).
     pub tiled_fits: bool,
+    /// Whether single-sample steps take fused/text_sample.cu (H a multiple of 4, a block's W2 rows in
+    /// shared memory at once); else fused/text.cu.
+    pub sample_fits: bool,
 }
 
 const F32: usize = std::mem::size_of::<f32>();
@@ -83,6 +89,7 @@ impl TextLayout {
             grid: v,
             update_grid: h.div_ceil(WARPS),
             tiled_fits: false,
+            sample_fits: false,
         };
         layout.tiled_fits = layout.tiled_forward_shared() <= max_shared;
         // Rows per block: the vocabulary spread over every SM, fewer where text_backward's shared memory
@@ -96,6 +103,7 @@ impl TextLayout {
         layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
         layout.tile_rows = layout.rows_per_block.min(tile_cap);
         layout.grid = v.div_ceil(layout.rows_per_block);
+        layout.sample_fits = h % 4 == 0 && layout.sample_forward_shared() <= max_shared;
         Ok(layout)
     }
 
@@ -136,6 +144,30 @@ impl TextLayout {
         let (h, r) = (self.shape.hidden, self.rows_per_block);
         let tile = self.tile_rows * (h + 1);
         (tile + (1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
+    }
+
+    /// sample_forward: hs [H], hp [H], the block's W2 rows [R][LD], bs, ls, es [R].
+    pub fn sample_forward_shared(&self) -> usize {
+        let (h, r) = (self.shape.hidden, self.rows_per_block);
+        let ld = h.next_multiple_of(32) + 16; // LD in fused/text_sample.cu
+        (2 * h + r * ld + 3 * r) * F32
+    }
+
+    /// Blocks of sample_backward: SAMPLE_UNITS hidden units each.
+    pub fn sample_backward_grid(&self) -> usize {
+        self.shape.hidden.div_ceil(SAMPLE_UNITS)
+    }
+
+    /// sample_backward: W1 rows [HS][D], xs [D], scale [G], sums [THREADS/HS][HS], dz [HS].
+    pub fn sample_backward_shared(&self) -> usize {
+        let threads = WARPS * 32;
+        (SAMPLE_UNITS * self.shape.embed + self.shape.embed + self.grid + threads + SAMPLE_UNITS) * F32
+    }
+
+    /// sample_update: context [N], next context [N], next rows [N][D], delta [D], xn [D].
+    pub fn sample_update_shared(&self) -> usize {
+        let TextShape { embed: d, context: n, .. } = self.shape;
+        (2 * n + n * d + 2 * d) * F32
     }
 
     /// Whether every text_update block (compiled for `chunk`) forms the whole dx and the next step's z1 of its
@@ -200,6 +232,24 @@ struct Kernels {
     eval_finish: CudaFunction,
 }
 
+struct SampleKernels {
+    forward: CudaFunction,
+    backward: CudaFunction,
+    update: CudaFunction,
+    flush: CudaFunction,
+}
+
+/// State between single-sample steps (fused/text_sample.cu): W2's update of a step is applied by the next
+/// step's sample_forward, or by sample_flush.
+pub struct SampleBuffers {
+    /// [G][H] each sample_forward block's Σ exp(logit − max_b)·W2 row.
+    pub partials: CudaSlice<f32>,
+    /// PendingStep (8 words): pending flag, target, lr, max, 1/Σexp.
+    pub pending: CudaSlice<u32>,
+    /// [H] h of the pending step.
+    pub h_pending: CudaSlice<f32>,
+}
+
 struct TiledKernels {
     forward: CudaFunction,
     backward: CudaFunction,
@@ -220,6 +270,11 @@ pub struct GpuTrainer {
     kernels: HashMap<usize, Kernels>,
     /// fused/text_batch.cu, compiled on the first large batch.
     tiled: Option<TiledKernels>,
+    /// fused/text_sample.cu, compiled on the first single-sample step.
+    sample: Option<SampleKernels>,
+    pub sample_buffers: SampleBuffers,
+    /// A single-sample step's W2/b2 update is still pending on the stream (see SampleBuffers).
+    w2_pending: bool,
     pub params: DeviceParams,
     tokens: CudaSlice<u32>,
     /// Sample positions; every entry, also past the uploaded ones, is a valid position (text_update reads
@@ -247,6 +302,11 @@ impl GpuTrainer {
         };
         let tokens = stream.clone_htod(&tokens[..]).context("copying the token stream to the GPU")?;
         let buffers = Self::alloc_buffers(&gpu, shape, &layout, EVAL_BATCH)?;
+        let sample_buffers = SampleBuffers {
+            partials: stream.alloc_zeros::<f32>(layout.grid * shape.hidden).context("GPU out of memory")?,
+            pending: stream.alloc_zeros::<u32>(8)?,
+            h_pending: stream.alloc_zeros::<f32>(shape.hidden)?,
+        };
         Ok(GpuTrainer {
             positions: stream.clone_htod(&[shape.context as u32])?,
             cursor: stream.alloc_zeros::<u32>(1)?,
@@ -257,6 +317,9 @@ impl GpuTrainer {
             layout,
             kernels: HashMap::new(),
             tiled: None,
+            sample: None,
+            sample_buffers,
+            w2_pending: false,
             params,
             tokens,
             buffers,
@@ -296,6 +359,101 @@ impl GpuTrainer {
         Ok(&self.kernels[&chunk])
     }
 
+    fn sample_kernels(&mut self) -> Result<&SampleKernels> {
+        if self.sample.is_none() {
+            let s = self.shape;
+            let module = self.gpu.module("text_sample", &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64)])?;
+            let kernels = SampleKernels {
+                forward: Gpu::function(&module, "sample_forward")?,
+                backward: Gpu::function(&module, "sample_backward")?,
+                update: Gpu::function(&module, "sample_update")?,
+                flush: Gpu::function(&module, "sample_flush")?,
+            };
+            let l = &self.layout;
+            self.gpu.reserve_shared(&kernels.forward, l.sample_forward_shared(), "--hidden")?;
+            self.gpu.reserve_shared(&kernels.backward, l.sample_backward_shared(), "--embed")?;
+            self.gpu.reserve_shared(&kernels.update, l.sample_update_shared(), "--embed")?;
+            for f in [&kernels.forward, &kernels.backward, &kernels.update] {
+                self.gpu.prefer_shared_carveout(f)?;
+            }
+            self.sample = Some(kernels);
+        }
+        Ok(self.sample.as_ref().unwrap())
+    }
+
+    /// Whether a step of `batch` samples takes fused/text_sample.cu.
+    pub fn sample_path(&self, batch: usize) -> bool {
+        batch == 1 && self.layout.sample_fits
+    }
+
+    /// Single-sample kernel 1: the pending step's W2/b2 update, then logits, softmax partials and the
+    /// partial sums U_b. z1 must be in place (text_hidden or the previous step's sample_update).
+    pub fn launch_sample_forward(&mut self, programmatic: bool) -> Result<()> {
+        self.ensure_capacity(1)?;
+        let func = self.sample_kernels()?.forward.clone();
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
+        let args = [
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1), Arg::buf(g, &sb.pending),
+            Arg::buf(g, &sb.h_pending), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &b.dx_sum),
+        ];
+        let shared = l.sample_forward_shared() as u32;
+        g.launch("sample_forward", &func, (l.grid as u32, 1), shared, programmatic, &args)?;
+        self.w2_pending = true; // from here on, the step that the record holds may be pending
+        Ok(())
+    }
+
+    /// Single-sample kernel 2: normaliser, loss, dh, W1/b1 update, dx; records the step as pending.
+    pub fn launch_sample_backward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
+        let func = self.sample_kernels()?.backward.clone();
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
+        let args = [
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &sb.partials), Arg::i32(l.grid as i32),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum), Arg::buf(g, &sb.pending),
+            Arg::buf(g, &sb.h_pending), Arg::buf(g, &self.loss_sum),
+        ];
+        let shared = l.sample_backward_shared() as u32;
+        g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)?;
+        self.w2_pending = true;
+        Ok(())
+    }
+
+    /// Single-sample kernel 3: the embedding update, then x and z1 of the next sample.
+    pub fn launch_sample_update(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
+        let func = self.sample_kernels()?.update.clone();
+        let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
+            Arg::u32(self.positions.len() as u32), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::i32(self.shape.context as i32), Arg::f32(lr),
+        ];
+        let shared = l.sample_update_shared() as u32;
+        g.launch("sample_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
+    }
+
+    /// Applies a single-sample step's pending W2/b2 update (sample_flush) and clears the record, so that
+    /// W2 and b2 in device memory are current. Every path that reads W2 other than sample_forward calls
+    /// this first; a no-op when nothing is pending.
+    pub fn settle_w2(&mut self) -> Result<()> {
+        if !self.w2_pending {
+            return Ok(());
+        }
+        let func = self.sample_kernels()?.flush.clone();
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
+        let args = [
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &sb.pending), Arg::buf(g, &sb.h_pending),
+            Arg::buf(g, &b.logits), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
+        ];
+        g.launch("sample_flush", &func, (l.grid as u32, 1), 0, false, &args)?;
+        let mut flag = self.sample_buffers.pending.slice_mut(0..1);
+        self.gpu.stream.memset_zeros(&mut flag).context("clearing the pending-step record")?;
+        self.w2_pending = false;
+        Ok(())
+    }
+
     fn tiled_kernels(&mut self) -> Result<&TiledKernels> {
         if self.tiled.is_none() {
             let s = self.shape;
@@ -317,6 +475,7 @@ impl GpuTrainer {
     /// One SGD step of `batch` samples through fused/text_batch.cu's three kernels.
     pub fn launch_tiled_step(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
         self.ensure_capacity(batch)?;
+        self.settle_w2()?;
         let k = self.tiled_kernels()?;
         let (forward, backward, update) = (k.forward.clone(), k.backward.clone(), k.update.clone());
         let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
@@ -427,6 +586,7 @@ impl GpuTrainer {
     /// or a copy).
     pub fn launch_forward(&mut self, batch: usize, programmatic: bool) -> Result<()> {
         self.ensure_capacity(batch)?;
+        self.settle_w2()?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.forward.clone();
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
@@ -442,6 +602,7 @@ impl GpuTrainer {
 
     /// Kernel 2: softmax normalisation, W2/b2 update, dh partials, loss.
     pub fn launch_backward(&mut self, batch: usize, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
+        self.settle_w2()?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.backward.clone();
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
@@ -492,6 +653,11 @@ impl GpuTrainer {
         if !after_step {
             self.launch_hidden(batch, offset)?;
         }
+        if self.sample_path(batch) {
+            self.launch_sample_forward(after_step)?;
+            self.launch_sample_backward(offset, lr, true)?;
+            return self.launch_sample_update(offset, lr, true);
+        }
         self.launch_forward(batch, after_step)?;
         self.launch_backward(batch, offset, lr, true)?;
         self.launch_update(batch, offset, lr, true)
@@ -521,6 +687,11 @@ impl GpuTrainer {
                 rows.push((name, *chunk, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)));
             }
         }
+        if let Some(k) = &self.sample {
+            for (name, f) in [("sample_forward", &k.forward), ("sample_backward", &k.backward), ("sample_update", &k.update)] {
+                rows.push((name, 1, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)));
+            }
+        }
         rows
     }
 
@@ -536,8 +707,12 @@ impl GpuTrainer {
     }
 
     /// Enqueues training over the uploaded positions without reading anything back.
+    /// A single-sample run leaves the last step's W2 update pending (see settle_w2).
     pub fn enqueue_training(&mut self, samples: usize, batch: usize, lr: f32, use_graph: bool) -> Result<()> {
         self.ensure_capacity(batch)?;
+        if !self.sample_path(batch) {
+            self.settle_w2()?; // before a graph is captured: a flush must not become part of it
+        }
         let steps = samples / batch;
         let mut done = 0;
         if use_graph {
@@ -580,7 +755,8 @@ impl GpuTrainer {
     pub fn poison_buffers(&mut self) -> Result<()> {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
-        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2] {
+        let sb = &mut self.sample_buffers;
+        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
         }
@@ -593,6 +769,7 @@ impl TextTrainer for GpuTrainer {
         self.set_positions(positions)?;
         self.zero_loss()?;
         self.enqueue_training(positions.len(), batch.max(1), lr, true)?;
+        self.settle_w2()?;
         self.read_loss()
     }
 
@@ -624,6 +801,7 @@ impl TextTrainer for GpuTrainer {
     }
 
     fn params(&mut self) -> Result<TextParams> {
+        self.settle_w2()?;
         let p = &self.params;
         Ok(TextParams {
             shape: self.shape,

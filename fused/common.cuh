@@ -117,3 +117,15 @@ __device__ __forceinline__ SoftmaxStat warp_softmax_merge(SoftmaxStat s) {
     }
     return s;
 }
+
+// softmax_merge over a whole block of THREADS threads; every thread gets the result. `scratch` holds
+// WARPS entries.
+__device__ __forceinline__ SoftmaxStat block_softmax_merge(SoftmaxStat s, SoftmaxStat* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    s = warp_softmax_merge(s);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = s;
+    __syncthreads();
+    s = lane < WARPS ? scratch[lane] : softmax_stat_empty();
+    return warp_softmax_merge(s);
+}

@@ -46,18 +46,32 @@ constexpr int HS = 16;                   // hidden units per sample_backward blo
 constexpr int GROUPS = THREADS / HS;     // sample_backward: threads summing the partials of one unit
 constexpr int PARTIALS_IN_FLIGHT = 16;   // partials per thread loaded together (grids up to 256 blocks)
 
-// The step whose W2/b2 update is still to be applied. Written by sample_backward's block 0.
+// The step whose W2/b2 update is still to be applied, one record per sample_forward block: each block
+// writes its own after its wait and reads it before the next step's wait, so no block can overwrite a
+// record that another block has yet to read. The step's softmax partials alternate between the two halves
+// of a [2][G] array for the same reason.
 struct PendingStep {
-    unsigned pending;  // 0: W2 and b2 are up to date
+    unsigned pending;  // 0: this block's W2 and b2 rows are up to date
     unsigned target;
     float lr;
-    float max;      // the step's softmax normaliser: max and 1/Σ exp(logit − max)
-    float inv_sum;
+    unsigned parity;   // the half of the softmax partials that holds the step's
 };
 
+// The softmax normaliser of a step from its G block partials: (max, 1/Σ exp(logit − max)), in every
+// thread. Read through L2: they were written by the previous step's kernels.
+__device__ __forceinline__ float2 step_normaliser(const SoftmaxStat* stats, int G, SoftmaxStat* scratch) {
+    SoftmaxStat st = softmax_stat_empty();
+    for (int b = threadIdx.x; b < G; b += THREADS) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(stats) + b);
+        st = softmax_merge(st, {v.x, v.y});
+    }
+    st = block_softmax_merge(st, scratch);
+    return make_float2(st.max, 1.0f / st.sum);
+}
+
 // ∂loss/∂logit_v of the pending step: softmax_v − onehot_v.
-__device__ __forceinline__ float pending_dlogit(const PendingStep& p, float logit, int v) {
-    return expf(logit - p.max) * p.inv_sum - (v == (int)p.target ? 1.0f : 0.0f);
+__device__ __forceinline__ float pending_dlogit(float2 norm, unsigned target, float logit, int v) {
+    return expf(logit - norm.x) * norm.y - (v == (int)target ? 1.0f : 0.0f);
 }
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
@@ -74,11 +88,13 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // dynamic shared memory: hs[H] (this step's h), hp[H] (the pending step's h), ws[R][LD], bs[R], ls[R], es[R]
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __restrict__ z1,
-               const PendingStep* __restrict__ pending, const float* __restrict__ h_pending, int V,
-               int rows_per_block, float* __restrict__ logits, SoftmaxStat* __restrict__ stats,
-               float* __restrict__ partials, float* __restrict__ dx) {
+               const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+               const unsigned* __restrict__ cursor, unsigned offset, float lr, int V, int rows_per_block,
+               PendingStep* __restrict__ records, float* __restrict__ h_pending, float* __restrict__ logits,
+               SoftmaxStat* __restrict__ stats, float* __restrict__ partials, float* __restrict__ w2_target,
+               float* __restrict__ dx) {
     extern __shared__ float4 smem4[];
-    const int R = rows_per_block;
+    const int R = rows_per_block, G = gridDim.x;
     float* hs = reinterpret_cast<float*>(smem4);
     float* hp = hs + H;
     float* ws = hp + H;
@@ -86,43 +102,48 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     float* ls = bs + R;
     float* es = ls + R;
     __shared__ float scratch[WARPS];
+    __shared__ SoftmaxStat stat_scratch[WARPS];
     const int row0 = blockIdx.x * R;
     const int rows = min(R, V - row0);
 
-    // Prologue. W2, b2, this block's logits and the pending record were last written by the previous
-    // step's sample_forward and sample_backward, which finished before the kernel before this one let it
-    // launch; that kernel (sample_update or text_hidden) touches none of them.
+    // Prologue. This block's W2 and b2 rows, logits, pending record and h_pending row were last written by
+    // the previous step's sample_forward (this block), the softmax partials by all of its blocks; it
+    // finished before sample_backward, two kernels back, passed its wait. Neither sample_backward nor
+    // sample_update, which may still run, touches W2 or b2.
     for (int i = threadIdx.x; i < rows * H4; i += THREADS) {
         const int r = i / H4, c = i % H4;
         cp_async16(ws + r * LD + 4 * c, W2 + (size_t)(row0 + r) * H + 4 * c);
     }
     cp_async_commit();
-    const PendingStep p = *pending;
-    if (p.pending) {
-        for (int i = threadIdx.x; i < H; i += THREADS) hp[i] = h_pending[i];
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(records) + blockIdx.x);
+    const PendingStep rec = {raw.x, raw.y, __uint_as_float(raw.z), raw.w};
+    const unsigned target = tokens[positions[*cursor + offset]];
+    if (rec.pending) {
+        const float2 norm = step_normaliser(stats + rec.parity * G, G, stat_scratch);
+        for (int i = threadIdx.x; i < H; i += THREADS) hp[i] = __ldcg(&h_pending[(size_t)blockIdx.x * H + i]);
         for (int r = threadIdx.x; r < rows; r += THREADS) {
             const int v = row0 + r;
-            const float g = pending_dlogit(p, logits[v], v);
+            const float g = pending_dlogit(norm, rec.target, __ldcg(&logits[v]), v);
             es[r] = g;
-            bs[r] = b2[v] - p.lr * g;
+            bs[r] = __ldcg(&b2[v]) - rec.lr * g;
             b2[v] = bs[r];
         }
     } else {
-        for (int r = threadIdx.x; r < rows; r += THREADS) bs[r] = b2[row0 + r];
+        for (int r = threadIdx.x; r < rows; r += THREADS) bs[r] = __ldcg(&b2[row0 + r]);
     }
     cp_async_wait_all();
     __syncthreads();
-    if (p.pending) {
+    if (rec.pending) {
         for (int i = threadIdx.x; i < rows * H4; i += THREADS) {
             const int r = i / H4, c = i % H4;
             float4* w = reinterpret_cast<float4*>(ws + r * LD + 4 * c);
             const float4 h = *reinterpret_cast<const float4*>(hp + 4 * c);
             const float g = es[r];
             float4 u = *w;
-            u.x -= p.lr * (g * h.x);
-            u.y -= p.lr * (g * h.y);
-            u.z -= p.lr * (g * h.z);
-            u.w -= p.lr * (g * h.w);
+            u.x -= rec.lr * (g * h.x);
+            u.y -= rec.lr * (g * h.y);
+            u.z -= rec.lr * (g * h.z);
+            u.w -= rec.lr * (g * h.w);
             *w = u;
             reinterpret_cast<float4*>(W2 + (size_t)(row0 + r) * H)[c] = u;
         }
@@ -179,29 +200,35 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
             for (int i = 0; i < 4; ++i) a[i] += es[r + i] * ws[(r + i) * LD + k];
         for (; r < rows; ++r) a[0] += es[r] * ws[r * LD + k];
         partials[(size_t)blockIdx.x * H + k] = (a[0] + a[1]) + (a[2] + a[3]);
+        h_pending[(size_t)blockIdx.x * H + k] = hs[k];
     }
-    if (threadIdx.x == 0) stats[blockIdx.x] = {m, s};
+    const int target_row = (int)target - row0;
+    if (target_row >= 0 && target_row < rows)  // sample_backward's copy: W2 may change before it reads
+        for (int k = threadIdx.x; k < H; k += THREADS) w2_target[k] = ws[target_row * LD + k];
+    const unsigned parity = rec.parity ^ 1u;
+    if (threadIdx.x == 0) {
+        stats[parity * G + blockIdx.x] = {m, s};
+        records[blockIdx.x] = {1u, target, lr, parity};
+    }
 }
 
 // Kernel 2. Block k owns hidden units [k·HS, k·HS + HS); G is sample_forward's grid.
 // dynamic shared memory: w1s[HS][D] (the units' W1 rows), xs[D], scale[G], sums[GROUPS][HS], dz[HS]
 extern "C" __global__ void __launch_bounds__(THREADS)
-sample_backward(const float* __restrict__ W2, float* __restrict__ W1, float* __restrict__ b1,
-                const float* __restrict__ x, const float* __restrict__ z1, const float* __restrict__ logits,
-                const SoftmaxStat* __restrict__ stats, const float* __restrict__ partials, int G,
+sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __restrict__ x,
+                const float* __restrict__ z1, const float* __restrict__ logits,
+                const PendingStep* __restrict__ records, const SoftmaxStat* __restrict__ stats,
+                const float* __restrict__ partials, const float* __restrict__ w2_target, int G,
                 const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
                 const unsigned* __restrict__ cursor, unsigned offset, float lr, float* __restrict__ dh,
-                float* __restrict__ dx, PendingStep* __restrict__ pending, float* __restrict__ h_pending,
-                double* __restrict__ loss_sum) {
+                float* __restrict__ dx, double* __restrict__ loss_sum) {
     extern __shared__ float4 smem4[];
     float* w1s = reinterpret_cast<float*>(smem4);
     float* xs = w1s + HS * D;
     float* scale = xs + D;
     float* sums = scale + G;
     float* dz = sums + GROUPS * HS;
-    __shared__ SoftmaxStat warp_stat[WARPS];
-    __shared__ float norm[2];  // max, Σexp
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __shared__ SoftmaxStat stat_scratch[WARPS];
     const int k0 = blockIdx.x * HS;
     const int units = min(HS, H - k0);
 
@@ -217,33 +244,32 @@ sample_backward(const float* __restrict__ W2, float* __restrict__ W1, float* __r
     grid_dependency_wait();
     allow_dependent_launch();
 
-    // One round trip: the G softmax partials, the G partial sums U_b of this thread's unit, W2[target]
-    // and the target's logit.
-    SoftmaxStat own = (int)threadIdx.x < G ? stats[threadIdx.x] : softmax_stat_empty();
+    // One round trip: the softmax partials (both halves: which one is the step's comes with them), the G
+    // partial sums U_b of this thread's unit, W2[target] and the target's logit.
+    const unsigned parity = __ldcg(&records[0].parity);
+    SoftmaxStat own[2] = {softmax_stat_empty(), softmax_stat_empty()};
+    if ((int)threadIdx.x < G)
+        for (int half = 0; half < 2; ++half) {
+            const float2 v = __ldcg(reinterpret_cast<const float2*>(stats) + half * G + threadIdx.x);
+            own[half] = {v.x, v.y};
+        }
     float u[PARTIALS_IN_FLIGHT];
 #pragma unroll
     for (int i = 0; i < PARTIALS_IN_FLIGHT; ++i) {
         const int b = group + GROUPS * i;
-        u[i] = (b < G && unit < units) ? partials[(size_t)b * H + k0 + unit] : 0.0f;
+        u[i] = (b < G && unit < units) ? __ldcg(&partials[(size_t)b * H + k0 + unit]) : 0.0f;
     }
-    const float w2_target = owns_unit ? W2[(size_t)target * H + k0 + unit] : 0.0f;
-    const float target_logit = threadIdx.x == 0 ? logits[target] : 0.0f;
+    const float w2_t = owns_unit ? __ldcg(&w2_target[k0 + unit]) : 0.0f;
+    const float target_logit = threadIdx.x == 0 ? __ldcg(&logits[target]) : 0.0f;
 
-    SoftmaxStat st = own;
-    for (int b = threadIdx.x + THREADS; b < G; b += THREADS) st = softmax_merge(st, stats[b]);  // wide grids
-    st = warp_softmax_merge(st);
-    if (lane == 0) warp_stat[warp] = st;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        SoftmaxStat total = softmax_stat_empty();
-        for (int w = 0; w < WARPS; ++w) total = softmax_merge(total, warp_stat[w]);
-        norm[0] = total.max;
-        norm[1] = total.sum;
-    }
-    __syncthreads();
-    const float max = norm[0], inv_sum = 1.0f / norm[1];
+    const SoftmaxStat* step_stats = stats + parity * G;
+    const SoftmaxStat mine = parity ? own[1] : own[0];
+    SoftmaxStat st = mine;
+    for (int b = threadIdx.x + THREADS; b < G; b += THREADS) st = softmax_merge(st, step_stats[b]);  // wide grids
+    st = block_softmax_merge(st, stat_scratch);
+    const float max = st.max, inv_sum = 1.0f / st.sum;
     for (int b = threadIdx.x; b < G; b += THREADS)
-        scale[b] = expf((b == (int)threadIdx.x ? own : stats[b]).max - max);
+        scale[b] = expf((b == (int)threadIdx.x ? mine : step_stats[b]).max - max);
     __syncthreads();
 
     float acc = 0.0f;
@@ -261,11 +287,10 @@ sample_backward(const float* __restrict__ W2, float* __restrict__ W1, float* __r
         float sum = 0.0f;
         for (int g = 0; g < GROUPS; ++g) sum += sums[g * HS + unit];
         const int j = k0 + unit;
-        const float dh_j = sum * inv_sum - w2_target;
+        const float dh_j = sum * inv_sum - w2_t;
         const float dz_j = z > 0.0f ? dh_j : 0.0f;
         dh[j] = dh_j;
         dz[unit] = dz_j;
-        h_pending[j] = fmaxf(z, 0.0f);
         b1[j] = bias - lr * dz_j;
     }
     __syncthreads();
@@ -277,10 +302,7 @@ sample_backward(const float* __restrict__ W2, float* __restrict__ W1, float* __r
     }
     for (int i = threadIdx.x; i < units * D; i += THREADS)
         W1[(size_t)k0 * D + i] = w1s[i] - lr * (dz[i / D] * xs[i % D]);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        *pending = {1u, target, lr, max, inv_sum};
-        atomicAdd(loss_sum, (double)(max + logf(norm[1]) - target_logit));
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(loss_sum, (double)(max + logf(st.sum) - target_logit));
 }
 
 // Kernel 3. One warp per hidden row j, WARPS rows per block.
@@ -301,6 +323,9 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     const unsigned first = *cursor + offset, next = first + 1;
     const bool has_next = next < positions_len;
 
+    // The next step's sample_forward may launch now: before its wait it touches only W2, b2 and its own
+    // records, which this kernel and sample_backward leave alone (see sample_forward).
+    allow_dependent_launch();
     // Prologue: E was last written by the previous step's sample_update. The next sample's embedding rows
     // go to shared memory now; this step's update is added to them after the wait.
     for (int i = threadIdx.x; i < N; i += THREADS) {
@@ -311,7 +336,6 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     if (has_next)
         for (int i = threadIdx.x; i < N * D; i += THREADS) next_rows[i] = __ldcg(&E[(size_t)next_context[i / D] * D + i % D]);
     grid_dependency_wait();
-    allow_dependent_launch();
 
     // One round trip: dx, and this warp's W1 row and b1 as sample_backward left them.
     for (int i = threadIdx.x; i < D; i += THREADS) delta[i] = -lr / N * __ldcg(&dx[i]);
@@ -348,21 +372,25 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
         for (int i = threadIdx.x; i < N * D; i += THREADS) atomicAdd(&E[(size_t)context[i / D] * D + i % D], delta[i % D]);
 }
 
-// Applies the pending step's W2/b2 update (see the top of this file) where no sample_forward follows.
-// The caller then clears PendingStep::pending. Same grid as sample_forward.
+// Applies each block's pending W2/b2 update (see the top of this file) where no sample_forward follows;
+// the caller then zeroes the records. Same grid as sample_forward.
 extern "C" __global__ void __launch_bounds__(THREADS)
-sample_flush(float* __restrict__ W2, float* __restrict__ b2, const PendingStep* __restrict__ pending,
-             const float* __restrict__ h_pending, const float* __restrict__ logits, int V, int rows_per_block) {
-    const PendingStep p = *pending;
-    if (!p.pending) return;
+sample_flush(float* __restrict__ W2, float* __restrict__ b2, const PendingStep* __restrict__ records,
+             const float* __restrict__ h_pending, const SoftmaxStat* __restrict__ stats,
+             const float* __restrict__ logits, int V, int rows_per_block) {
+    __shared__ SoftmaxStat stat_scratch[WARPS];
+    const PendingStep rec = records[blockIdx.x];
+    if (!rec.pending) return;
+    const float2 norm = step_normaliser(stats + rec.parity * gridDim.x, gridDim.x, stat_scratch);
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, V - row0);
+    const float* h = h_pending + (size_t)blockIdx.x * H;
     for (int i = threadIdx.x; i < rows * H; i += THREADS) {
         const int v = row0 + i / H, k = i % H;
-        W2[(size_t)v * H + k] -= p.lr * (pending_dlogit(p, logits[v], v) * h_pending[k]);
+        W2[(size_t)v * H + k] -= rec.lr * (pending_dlogit(norm, rec.target, logits[v], v) * h[k]);
     }
     for (int r = threadIdx.x; r < rows; r += THREADS) {
         const int v = row0 + r;
-        b2[v] -= p.lr * pending_dlogit(p, logits[v], v);
+        b2[v] -= rec.lr * pending_dlogit(norm, rec.target, logits[v], v);
     }
 }

@@ -168,7 +168,7 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
             let graph = t.capture(|t| {
                 for _ in 0..128 {
                     match (which, sample) {
-                        (0, true) => t.launch_sample_forward(true)?,
+                        (0, true) => t.launch_sample_forward(0, lr, true)?,
                         (1, true) => t.launch_sample_backward(0, lr, true)?,
                         (2, true) => t.launch_sample_update(0, lr, true)?,
                         (0, false) => t.launch_forward(1, true)?,

@@ -275,9 +275,10 @@ fn logsumexp_of_partials(stats: &[f32], g: usize, batch: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The single-sample kernels (fused/text_sample.cu) one at a time against the CPU reference, over two
-/// steps at lr = 10: step 1 from a state with nothing pending, then step 2's sample_forward, which first
-/// applies step 1's deferred W2/b2 update, its sample_backward, and sample_flush, which applies step 2's.
+/// The single-sample kernels (fused/text_sample.cu) one at a time against the CPU reference on the inputs
+/// each was given, over two steps at lr = 10: step 1 from a state with nothing pending, then step 2's
+/// sample_forward, which first applies step 1's deferred W2/b2 update, its sample_backward, and
+/// sample_flush, which applies step 2's.
 pub fn text_sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let lr = 10.0f32;
@@ -285,54 +286,54 @@ pub fn text_sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Res
     let label = shape_label(s, 1);
     let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
     let cpu1 = cpu_step(&p, &tokens, &positions[..1]);
-    let mut p1 = p.clone();
-    model::train_step(&mut p1, &tokens, &positions[..1], lr);
-    let cpu2 = cpu_step(&p1, &tokens, &positions[1..]);
 
     let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, 1)?;
     if !t.sample_path(1) {
         bail!("the single-sample kernels do not take {label} on this GPU");
     }
-    let (h, d) = (s.hidden, s.embed);
+    let (h, d, g) = (s.hidden, s.embed, t.layout.grid);
     t.launch_hidden(1, 0)?;
-    t.launch_sample_forward(false)?;
+    t.launch_sample_forward(0, lr, false)?;
     t.synchronize()?;
     let mut out = vec![
         check("sample_forward logits", rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu1.logits)),
-        check("sample_forward softmax normaliser", rel_error(&logsumexp_of_partials(&t.download(&t.buffers.stats)?, t.layout.grid, 1), &cpu1.logsumexp)),
+        check("sample_forward softmax normaliser", rel_error(&logsumexp_of_partials(&t.sample_stats()?, g, 1), &cpu1.logsumexp)),
         check("sample_forward, nothing pending: W2 kept", rel_error(&t.download(&t.params.w2)?, &p.w2)),
     ];
     t.launch_sample_backward(0, lr, false)?;
     t.synchronize()?;
-    let relu: Vec<f32> = cpu1.z1.iter().map(|z| z.max(0.0)).collect();
+    let w1 = t.download(&t.params.w1)?;
+    let b1 = t.download(&t.params.b1)?;
     out.extend([
         check("sample_backward dh", rel_error(&t.download(&t.buffers.dh)?[..h], &cpu1.grads.dh)),
         check("sample_backward loss", rel_error(&[t.read_loss()? as f32], &[cpu1.loss as f32])),
-        check("sample_backward W1 update", update_error(lr, &p.w1, &t.download(&t.params.w1)?, &cpu1.grads.w1)),
-        check("sample_backward b1 update", update_error(lr, &p.b1, &t.download(&t.params.b1)?, &cpu1.grads.b1)),
-        check("sample_backward pending h", rel_error(&t.download(&t.sample_buffers.h_pending)?, &relu)),
+        check("sample_backward W1 update", update_error(lr, &p.w1, &w1, &cpu1.grads.w1)),
+        check("sample_backward b1 update", update_error(lr, &p.b1, &b1, &cpu1.grads.b1)),
     ]);
     t.launch_sample_update(0, lr, false)?;
     t.synchronize()?;
     let e = t.download(&t.params.embedding)?;
+    let (next_x, next_z1) = cpu_hidden(&TextParams { embedding: e.clone(), w1: w1.clone(), b1: b1.clone(), ..p.clone() }, &tokens, &positions[1..]);
     out.extend([
         check("sample_update embedding update", update_error(lr, &p.embedding, &e, &cpu1.embedding_grad)),
-        check("sample_update next sample's x", rel_error(&t.download(&t.buffers.x)?[..d], &cpu2.x)),
-        check("sample_update next sample's z1", rel_error(&t.download(&t.buffers.z1)?[..h], &cpu2.z1)),
+        check("sample_update next sample's x", rel_error(&t.download(&t.buffers.x)?[..d], &next_x)),
+        check("sample_update next sample's z1", rel_error(&t.download(&t.buffers.z1)?[..h], &next_z1)),
     ]);
 
-    t.launch_sample_forward(false)?;
+    t.launch_sample_forward(1, lr, false)?;
     t.synchronize()?;
-    let w2_step1 = t.download(&t.params.w2)?;
+    let (w2_step1, b2_step1) = (t.download(&t.params.w2)?, t.download(&t.params.b2)?);
+    // Step 2 on the CPU from the parameters as the GPU left them after step 1.
+    let p1 = TextParams { embedding: e, w1, b1, w2: w2_step1.clone(), b2: b2_step1.clone(), ..p.clone() };
+    let cpu2 = cpu_step(&p1, &tokens, &positions[1..]);
     out.extend([
         check("sample_forward pending W2 update", update_error(lr, &p.w2, &w2_step1, &cpu1.grads.w2)),
-        check("sample_forward pending b2 update", update_error(lr, &p.b2, &t.download(&t.params.b2)?, &cpu1.grads.b2)),
+        check("sample_forward pending b2 update", update_error(lr, &p.b2, &b2_step1, &cpu1.grads.b2)),
         check("sample_forward logits, step 2", rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu2.logits)),
     ]);
     t.launch_sample_backward(1, lr, false)?;
     t.synchronize()?;
     out.push(check("sample_backward dh, step 2", rel_error(&t.download(&t.buffers.dh)?[..h], &cpu2.grads.dh)));
-    let b2_step1 = t.download(&t.params.b2)?;
     t.settle_w2()?;
     t.synchronize()?;
     out.extend([

@@ -239,15 +239,19 @@ struct SampleKernels {
     flush: CudaFunction,
 }
 
-/// State between single-sample steps (fused/text_sample.cu): W2's update of a step is applied by the next
+/// State between single-sample steps (fused/text_sample.cu): a step's W2 update is applied by the next
 /// step's sample_forward, or by sample_flush.
 pub struct SampleBuffers {
     /// [G][H] each sample_forward block's Σ exp(logit − max_b)·W2 row.
     pub partials: CudaSlice<f32>,
-    /// PendingStep (8 words): pending flag, target, lr, max, 1/Σexp.
-    pub pending: CudaSlice<u32>,
-    /// [H] h of the pending step.
+    /// [2][G] softmax partials (max, Σexp), alternate steps in alternate halves.
+    pub stats: CudaSlice<f32>,
+    /// [G] PendingStep records (4 words each: pending flag, target, lr, which half of `stats`).
+    pub records: CudaSlice<u32>,
+    /// [G][H] h of the pending step, one copy per block.
     pub h_pending: CudaSlice<f32>,
+    /// [H] W2[target] as the step's logits used it.
+    pub w2_target: CudaSlice<f32>,
 }
 
 struct TiledKernels {
@@ -302,10 +306,13 @@ impl GpuTrainer {
         };
         let tokens = stream.clone_htod(&tokens[..]).context("copying the token stream to the GPU")?;
         let buffers = Self::alloc_buffers(&gpu, shape, &layout, EVAL_BATCH)?;
+        let (g, h) = (layout.grid, shape.hidden);
         let sample_buffers = SampleBuffers {
-            partials: stream.alloc_zeros::<f32>(layout.grid * shape.hidden).context("GPU out of memory")?,
-            pending: stream.alloc_zeros::<u32>(8)?,
-            h_pending: stream.alloc_zeros::<f32>(shape.hidden)?,
+            partials: stream.alloc_zeros::<f32>(g * h).context("GPU out of memory")?,
+            stats: stream.alloc_zeros::<f32>(2 * g * 2)?,
+            records: stream.alloc_zeros::<u32>(4 * g)?,
+            h_pending: stream.alloc_zeros::<f32>(g * h)?,
+            w2_target: stream.alloc_zeros::<f32>(h)?,
         };
         Ok(GpuTrainer {
             positions: stream.clone_htod(&[shape.context as u32])?,
@@ -387,37 +394,37 @@ impl GpuTrainer {
     }
 
     /// Single-sample kernel 1: the pending step's W2/b2 update, then logits, softmax partials and the
-    /// partial sums U_b. z1 must be in place (text_hidden or the previous step's sample_update).
-    pub fn launch_sample_forward(&mut self, programmatic: bool) -> Result<()> {
+    /// partial sums U_b; records the step as pending. z1 must be in place (text_hidden or the previous
+    /// step's sample_update).
+    pub fn launch_sample_forward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         self.ensure_capacity(1)?;
         let func = self.sample_kernels()?.forward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1), Arg::buf(g, &sb.pending),
-            Arg::buf(g, &sb.h_pending), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &b.dx_sum),
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::f32(lr), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &sb.records), Arg::buf(g, &sb.h_pending), Arg::buf(g, &b.logits), Arg::buf(g, &sb.stats),
+            Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target), Arg::buf(g, &b.dx_sum),
         ];
         let shared = l.sample_forward_shared() as u32;
         g.launch("sample_forward", &func, (l.grid as u32, 1), shared, programmatic, &args)?;
-        self.w2_pending = true; // from here on, the step that the record holds may be pending
+        self.w2_pending = true;
         Ok(())
     }
 
-    /// Single-sample kernel 2: normaliser, loss, dh, W1/b1 update, dx; records the step as pending.
+    /// Single-sample kernel 2: normaliser, loss, dh, W1/b1 update, dx.
     pub fn launch_sample_backward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let func = self.sample_kernels()?.backward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &sb.partials), Arg::i32(l.grid as i32),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum), Arg::buf(g, &sb.pending),
-            Arg::buf(g, &sb.h_pending), Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits),
+            Arg::buf(g, &sb.records), Arg::buf(g, &sb.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
+            Arg::i32(l.grid as i32), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.sample_backward_shared() as u32;
-        g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)?;
-        self.w2_pending = true;
-        Ok(())
+        g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
     }
 
     /// Single-sample kernel 3: the embedding update, then x and z1 of the next sample.
@@ -434,8 +441,16 @@ impl GpuTrainer {
         g.launch("sample_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
-    /// Applies a single-sample step's pending W2/b2 update (sample_flush) and clears the record, so that
-    /// W2 and b2 in device memory are current. Every path that reads W2 other than sample_forward calls
+    /// The last sample_forward's softmax partials [G] (max, Σexp), from the half of the [2][G] array its
+    /// records name.
+    pub fn sample_stats(&self) -> Result<Vec<f32>> {
+        let (sb, g) = (&self.sample_buffers, self.layout.grid);
+        let parity = self.gpu.stream.clone_dtoh(&sb.records)?[3] as usize;
+        Ok(self.download(&sb.stats)?[parity * 2 * g..][..2 * g].to_vec())
+    }
+
+    /// Applies the last single-sample step's pending W2/b2 update (sample_flush) and clears the records, so
+    /// that W2 and b2 in device memory are current. Every path that reads W2 other than sample_forward calls
     /// this first; a no-op when nothing is pending.
     pub fn settle_w2(&mut self) -> Result<()> {
         if !self.w2_pending {
@@ -444,12 +459,12 @@ impl GpuTrainer {
         let func = self.sample_kernels()?.flush.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &sb.pending), Arg::buf(g, &sb.h_pending),
-            Arg::buf(g, &b.logits), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &sb.records), Arg::buf(g, &sb.h_pending),
+            Arg::buf(g, &sb.stats), Arg::buf(g, &b.logits), Arg::i32(self.shape.vocab as i32),
+            Arg::i32(l.rows_per_block as i32),
         ];
         g.launch("sample_flush", &func, (l.grid as u32, 1), 0, false, &args)?;
-        let mut flag = self.sample_buffers.pending.slice_mut(0..1);
-        self.gpu.stream.memset_zeros(&mut flag).context("clearing the pending-step record")?;
+        self.gpu.stream.memset_zeros(&mut self.sample_buffers.records).context("clearing the pending-step records")?;
         self.w2_pending = false;
         Ok(())
     }
@@ -654,7 +669,7 @@ impl GpuTrainer {
             self.launch_hidden(batch, offset)?;
         }
         if self.sample_path(batch) {
-            self.launch_sample_forward(after_step)?;
+            self.launch_sample_forward(offset, lr, after_step)?;
             self.launch_sample_backward(offset, lr, true)?;
             return self.launch_sample_update(offset, lr, true);
         }
@@ -756,7 +771,7 @@ impl GpuTrainer {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
         let sb = &mut self.sample_buffers;
-        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending] {
+        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending, &mut sb.w2_target] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
         }

@@ -57,31 +57,24 @@ struct PendingStep {
     unsigned parity;   // the half of the softmax partials that holds the step's
 };
 
-// The softmax normaliser of a step from its G block partials: (max, 1/Σ exp(logit − max)), in every
-// thread. Read through L2: they were written by the previous step's kernels.
-__device__ __forceinline__ float2 step_normaliser(const SoftmaxStat* stats, int G, SoftmaxStat* scratch) {
-    SoftmaxStat st = softmax_stat_empty();
-    for (int b = threadIdx.x; b < G; b += THREADS) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(stats) + b);
-        st = softmax_merge(st, {v.x, v.y});
-    }
-    st = block_softmax_merge(st, scratch);
-    return make_float2(st.max, 1.0f / st.sum);
+__device__ __forceinline__ SoftmaxStat load_stat(const SoftmaxStat* p) {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(p));
+    return {v.x, v.y};
 }
 
-// ∂loss/∂logit_v of the pending step: softmax_v − onehot_v.
+// The softmax normaliser of a step, (max, Σ exp(logit − max)), from its G block partials, in every thread.
+// `own` is partial threadIdx.x (empty past G), which the caller loads together with its other loads;
+// grids wider than a block read the rest here. sample_forward, sample_backward and sample_flush all
+// merge in this order, so they agree to the last bit.
+__device__ __forceinline__ SoftmaxStat step_normaliser(SoftmaxStat own, const SoftmaxStat* stats, int G,
+                                                       SoftmaxStat* scratch) {
+    for (int b = threadIdx.x + THREADS; b < G; b += THREADS) own = softmax_merge(own, load_stat(stats + b));
+    return block_softmax_merge(own, scratch);
+}
+
+// ∂loss/∂logit_v of the pending step: softmax_v − onehot_v, with norm = (max, 1/Σexp).
 __device__ __forceinline__ float pending_dlogit(float2 norm, unsigned target, float logit, int v) {
     return expf(logit - norm.x) * norm.y - (v == (int)target ? 1.0f : 0.0f);
-}
-
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < WARPS ? scratch[lane] : NEG_INF;
-    return warp_max(v);
 }
 
 // Kernel 1. Block b owns vocabulary rows [b·R, b·R + R).
@@ -101,7 +94,7 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     float* bs = ws + (size_t)R * LD;
     float* ls = bs + R;
     float* es = ls + R;
-    __shared__ float scratch[WARPS];
+    __shared__ float scratch[WARPS], sum_scratch[WARPS];
     __shared__ SoftmaxStat stat_scratch[WARPS];
     const int row0 = blockIdx.x * R;
     const int rows = min(R, V - row0);
@@ -115,21 +108,30 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
         cp_async16(ws + r * LD + 4 * c, W2 + (size_t)(row0 + r) * H + 4 * c);
     }
     cp_async_commit();
+    // One round trip: the record, both halves of the softmax partials (which one is the pending step's
+    // comes with the record), and the block's rows of the pending step's logits and of b2.
     const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(records) + blockIdx.x);
-    const PendingStep rec = {raw.x, raw.y, __uint_as_float(raw.z), raw.w};
+    SoftmaxStat half[2] = {softmax_stat_empty(), softmax_stat_empty()};
+    if ((int)threadIdx.x < G)
+        for (int k = 0; k < 2; ++k) half[k] = load_stat(stats + k * G + threadIdx.x);
+    const bool has_row = (int)threadIdx.x < rows;
+    const float old_logit = has_row ? __ldcg(&logits[row0 + threadIdx.x]) : 0.0f;
+    const float old_bias = has_row ? __ldcg(&b2[row0 + threadIdx.x]) : 0.0f;
+    for (int i = threadIdx.x; i < H; i += THREADS) hp[i] = __ldcg(&h_pending[(size_t)blockIdx.x * H + i]);
     const unsigned target = tokens[positions[*cursor + offset]];
+    const PendingStep rec = {raw.x, raw.y, __uint_as_float(raw.z), raw.w};
     if (rec.pending) {
-        const float2 norm = step_normaliser(stats + rec.parity * G, G, stat_scratch);
-        for (int i = threadIdx.x; i < H; i += THREADS) hp[i] = __ldcg(&h_pending[(size_t)blockIdx.x * H + i]);
+        const SoftmaxStat total = step_normaliser(rec.parity ? half[1] : half[0], stats + rec.parity * G, G, stat_scratch);
+        const float2 norm = make_float2(total.max, 1.0f / total.sum);
         for (int r = threadIdx.x; r < rows; r += THREADS) {
             const int v = row0 + r;
-            const float g = pending_dlogit(norm, rec.target, __ldcg(&logits[v]), v);
+            const float g = pending_dlogit(norm, rec.target, r == (int)threadIdx.x ? old_logit : __ldcg(&logits[v]), v);
             es[r] = g;
-            bs[r] = __ldcg(&b2[v]) - rec.lr * g;
+            bs[r] = (r == (int)threadIdx.x ? old_bias : __ldcg(&b2[v])) - rec.lr * g;
             b2[v] = bs[r];
         }
     } else {
-        for (int r = threadIdx.x; r < rows; r += THREADS) bs[r] = __ldcg(&b2[row0 + r]);
+        for (int r = threadIdx.x; r < rows; r += THREADS) bs[r] = r == (int)threadIdx.x ? old_bias : __ldcg(&b2[row0 + r]);
     }
     cp_async_wait_all();
     __syncthreads();
@@ -156,8 +158,9 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
         for (int i = threadIdx.x; i < D; i += THREADS) dx[i] = 0.0f;
     __syncthreads();
 
-    // Logits: QUAD threads per row, each summing every QUAD-th float4 of it.
-    const int q = threadIdx.x % QUAD;
+    // Logits: QUAD threads per row, each summing every QUAD-th float4 of it; then the block's max.
+    const int q = threadIdx.x % QUAD, warp = threadIdx.x / 32;
+    float m = NEG_INF;
     for (int base = 0; base < rows; base += THREADS / QUAD) {
         const int r = base + threadIdx.x / QUAD;
         float acc = 0.0f;
@@ -178,20 +181,26 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
             const float logit = acc + bs[r];
             ls[r] = logit;
             logits[row0 + r] = logit;
+            m = fmaxf(m, logit);
         }
     }
+    m = warp_max(m);
+    if (threadIdx.x % 32 == 0) scratch[warp] = m;
     __syncthreads();
+    m = scratch[0];
+    for (int w = 1; w < WARPS; ++w) m = fmaxf(m, scratch[w]);
 
     // The block's softmax partial, and U_b = Σ_r exp(logit_r − max_b)·W2[r].
-    float m = NEG_INF;
-    for (int r = threadIdx.x; r < rows; r += THREADS) m = fmaxf(m, ls[r]);
-    m = block_max(m, scratch);
     float s = 0.0f;
     for (int r = threadIdx.x; r < rows; r += THREADS) {
         es[r] = expf(ls[r] - m);
         s += es[r];
     }
-    s = block_sum(s, scratch);  // its barriers also publish es
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) sum_scratch[warp] = s;
+    __syncthreads();  // also publishes es
+    s = 0.0f;
+    for (int w = 0; w < WARPS; ++w) s += sum_scratch[w];
     for (int k = threadIdx.x; k < H; k += THREADS) {
         float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         int r = 0;
@@ -264,12 +273,10 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
 
     const SoftmaxStat* step_stats = stats + parity * G;
     const SoftmaxStat mine = parity ? own[1] : own[0];
-    SoftmaxStat st = mine;
-    for (int b = threadIdx.x + THREADS; b < G; b += THREADS) st = softmax_merge(st, step_stats[b]);  // wide grids
-    st = block_softmax_merge(st, stat_scratch);
+    const SoftmaxStat st = step_normaliser(mine, step_stats, G, stat_scratch);
     const float max = st.max, inv_sum = 1.0f / st.sum;
     for (int b = threadIdx.x; b < G; b += THREADS)
-        scale[b] = expf((b == (int)threadIdx.x ? mine : step_stats[b]).max - max);
+        scale[b] = expf((b == (int)threadIdx.x ? mine : load_stat(step_stats + b)).max - max);
     __syncthreads();
 
     float acc = 0.0f;
@@ -381,7 +388,11 @@ sample_flush(float* __restrict__ W2, float* __restrict__ b2, const PendingStep* 
     __shared__ SoftmaxStat stat_scratch[WARPS];
     const PendingStep rec = records[blockIdx.x];
     if (!rec.pending) return;
-    const float2 norm = step_normaliser(stats + rec.parity * gridDim.x, gridDim.x, stat_scratch);
+    const int G = gridDim.x;
+    const SoftmaxStat* step_stats = stats + rec.parity * G;
+    const SoftmaxStat own = (int)threadIdx.x < G ? load_stat(step_stats + threadIdx.x) : softmax_stat_empty();
+    const SoftmaxStat total = step_normaliser(own, step_stats, G, stat_scratch);
+    const float2 norm = make_float2(total.max, 1.0f / total.sum);
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, V - row0);
     const float* h = h_pending + (size_t)blockIdx.x * H;

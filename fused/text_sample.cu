@@ -169,9 +169,9 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
             const float4* h = reinterpret_cast<const float4*>(hs);
             float a[2] = {0.0f, 0.0f};
 #pragma unroll 4
-            for (int c = q; c < H4; c += QUAD) {
-                const float4 wv = w[c], hv = h[c];
-                a[(c / QUAD) & 1] += wv.x * hv.x + wv.y * hv.y + wv.z * hv.z + wv.w * hv.w;
+            for (int i = 0; q + QUAD * i < H4; ++i) {
+                const float4 wv = w[q + QUAD * i], hv = h[q + QUAD * i];
+                a[i % 2] += wv.x * hv.x + wv.y * hv.y + wv.z * hv.z + wv.w * hv.w;
             }
             acc = a[0] + a[1];
         }
@@ -202,13 +202,13 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     s = 0.0f;
     for (int w = 0; w < WARPS; ++w) s += sum_scratch[w];
     for (int k = threadIdx.x; k < H; k += THREADS) {
-        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float a[8] = {};
         int r = 0;
-        for (; r + 4 <= rows; r += 4)
+        for (; r + 8 <= rows; r += 8)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] += es[r + i] * ws[(r + i) * LD + k];
+            for (int i = 0; i < 8; ++i) a[i] += es[r + i] * ws[(r + i) * LD + k];
         for (; r < rows; ++r) a[0] += es[r] * ws[r * LD + k];
-        partials[(size_t)blockIdx.x * H + k] = (a[0] + a[1]) + (a[2] + a[3]);
+        partials[(size_t)blockIdx.x * H + k] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
         h_pending[(size_t)blockIdx.x * H + k] = hs[k];
     }
     const int target_row = (int)target - row0;

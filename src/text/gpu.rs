@@ -669,13 +669,19 @@ impl GpuTrainer {
             self.launch_hidden(batch, offset)?;
         }
         if self.sample_path(batch) {
-            self.launch_sample_forward(offset, lr, after_step)?;
-            self.launch_sample_backward(offset, lr, true)?;
-            return self.launch_sample_update(offset, lr, true);
+            return self.launch_sample_step(offset, lr, after_step);
         }
         self.launch_forward(batch, after_step)?;
         self.launch_backward(batch, offset, lr, true)?;
         self.launch_update(batch, offset, lr, true)
+    }
+
+    /// The three single-sample kernels (fused/text_sample.cu); z1 must be in place. `programmatic`: the
+    /// kernel before is the previous step's sample_update.
+    fn launch_sample_step(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
+        self.launch_sample_forward(offset, lr, programmatic)?;
+        self.launch_sample_backward(offset, lr, true)?;
+        self.launch_sample_update(offset, lr, true)
     }
 
     /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.
@@ -685,10 +691,18 @@ impl GpuTrainer {
     }
 
     /// GRAPH_STEPS steps of `batch` samples followed by the cursor advance.
+    /// Single samples: each step's sample_update forms the next sample's hidden layer, also across the
+    /// cursor advance, so the graph starts from the z1 that the previous replay (or, before the first,
+    /// text_hidden) left; larger batches form it with text_hidden at the start of each replay.
     fn capture_steps(&mut self, batch: usize, lr: f32) -> Result<CudaGraph> {
+        let sample = self.sample_path(batch);
         self.capture(|t| {
             for step in 0..GRAPH_STEPS {
-                t.launch_step(batch, step * batch, lr, step > 0)?;
+                if sample {
+                    t.launch_sample_step(step, lr, step > 0)?;
+                } else {
+                    t.launch_step(batch, step * batch, lr, step > 0)?;
+                }
             }
             t.launch_advance(GRAPH_STEPS * batch)
         })
@@ -731,6 +745,9 @@ impl GpuTrainer {
         let steps = samples / batch;
         let mut done = 0;
         if use_graph {
+            if self.sample_path(batch) && steps >= GRAPH_STEPS {
+                self.launch_hidden(1, 0)?;
+            }
             for _ in 0..steps / GRAPH_STEPS {
                 self.graph_for(batch, lr)?.launch().context("replaying the training graph")?;
                 done += GRAPH_STEPS;

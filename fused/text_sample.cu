@@ -107,6 +107,7 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
         const int r = i / H4, c = i % H4;
         cp_async16(ws + r * LD + 4 * c, W2 + (size_t)(row0 + r) * H + 4 * c);
     }
+    for (int i = 4 * threadIdx.x; i < H; i += 4 * THREADS) cp_async16(hp + i, h_pending + (size_t)blockIdx.x * H + i);
     cp_async_commit();
     // One round trip: the record, both halves of the softmax partials (which one is the pending step's
     // comes with the record), and the block's rows of the pending step's logits and of b2.
@@ -117,8 +118,6 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     const bool has_row = (int)threadIdx.x < rows;
     const float old_logit = has_row ? __ldcg(&logits[row0 + threadIdx.x]) : 0.0f;
     const float old_bias = has_row ? __ldcg(&b2[row0 + threadIdx.x]) : 0.0f;
-    for (int i = threadIdx.x; i < H; i += THREADS) hp[i] = __ldcg(&h_pending[(size_t)blockIdx.x * H + i]);
-    const unsigned target = tokens[positions[*cursor + offset]];
     const PendingStep rec = {raw.x, raw.y, __uint_as_float(raw.z), raw.w};
     if (rec.pending) {
         const SoftmaxStat total = step_normaliser(rec.parity ? half[1] : half[0], stats + rec.parity * G, G, stat_scratch);
@@ -150,6 +149,9 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
             reinterpret_cast<float4*>(W2 + (size_t)(row0 + r) * H)[c] = u;
         }
     }
+    // The step's target: three dependent loads, left to one thread here, where waiting costs nothing.
+    __shared__ unsigned target_s;
+    if (threadIdx.x == 0) target_s = tokens[positions[*cursor + offset]];
     grid_dependency_wait();
     allow_dependent_launch();
 
@@ -157,6 +159,7 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     if (blockIdx.x == 0)  // sample_backward sums this step's dx here
         for (int i = threadIdx.x; i < D; i += THREADS) dx[i] = 0.0f;
     __syncthreads();
+    const unsigned target = target_s;
 
     // Logits: QUAD threads per row, each summing every QUAD-th float4 of it; then the block's max.
     const int q = threadIdx.x % QUAD, warp = threadIdx.x / 32;
@@ -243,13 +246,14 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
 
     // Prologue: W1, b1 were last written by the previous step's sample_backward, x and z1 by its
     // sample_update; both finished before sample_forward, the kernel before this one, passed its wait.
-    for (int i = threadIdx.x; i < units * D; i += THREADS) w1s[i] = __ldcg(&W1[(size_t)k0 * D + i]);
-    for (int i = threadIdx.x; i < D; i += THREADS) xs[i] = __ldcg(&x[i]);
+    for (int i = threadIdx.x; i < units * D; i += THREADS) cp_async4(w1s + i, W1 + (size_t)k0 * D + i);
+    for (int i = threadIdx.x; i < D; i += THREADS) cp_async4(xs + i, x + i);
+    cp_async_commit();
     const int unit = threadIdx.x % HS, group = threadIdx.x / HS;
     const bool owns_unit = threadIdx.x < HS && unit < units;
     const float z = owns_unit ? __ldcg(&z1[k0 + unit]) : 0.0f;
     const float bias = owns_unit ? __ldcg(&b1[k0 + unit]) : 0.0f;
-    const unsigned target = tokens[positions[*cursor + offset]];
+    const unsigned target = threadIdx.x == 0 ? tokens[positions[*cursor + offset]] : 0u;  // thread 0 uses it
     grid_dependency_wait();
     allow_dependent_launch();
 
@@ -288,6 +292,7 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
     for (int b = group + GROUPS * PARTIALS_IN_FLIGHT; b < G; b += GROUPS)
         if (unit < units) acc += scale[b] * partials[(size_t)b * H + k0 + unit];
     sums[group * HS + unit] = acc;
+    cp_async_wait_all();
     __syncthreads();
 
     if (owns_unit) {
@@ -340,8 +345,10 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
         if (has_next) next_context[i] = tokens[positions[next] - N + i];
     }
     __syncthreads();
-    if (has_next)
-        for (int i = threadIdx.x; i < N * D; i += THREADS) next_rows[i] = __ldcg(&E[(size_t)next_context[i / D] * D + i % D]);
+    if (has_next) {
+        for (int i = threadIdx.x; i < N * D; i += THREADS) cp_async4(next_rows + i, E + (size_t)next_context[i / D] * D + i % D);
+        cp_async_commit();
+    }
     grid_dependency_wait();
 
     // One round trip: dx, and this warp's W1 row and b1 as sample_backward left them.
@@ -350,6 +357,7 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
 #pragma unroll
     for (int i = 0; i < DP; ++i) w[i] = (j < H && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
     const float bias = j < H ? __ldcg(&b1[j]) : 0.0f;
+    cp_async_wait_all();
     __syncthreads();
 
     if (has_next) {

@@ -81,8 +81,7 @@ __device__ __forceinline__ float pending_dlogit(float2 norm, unsigned target, fl
 // dynamic shared memory: hs[H] (this step's h), hp[H] (the pending step's h), ws[R][LD], bs[R], ls[R], es[R]
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __restrict__ z1,
-               const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-               const unsigned* __restrict__ cursor, unsigned offset, float lr, int V, int rows_per_block,
+               const unsigned* __restrict__ targets, float lr, int V, int rows_per_block,
                PendingStep* __restrict__ records, float* __restrict__ h_pending, float* __restrict__ logits,
                SoftmaxStat* __restrict__ stats, float* __restrict__ partials, float* __restrict__ w2_target,
                float* __restrict__ dx) {
@@ -149,12 +148,12 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
             reinterpret_cast<float4*>(W2 + (size_t)(row0 + r) * H)[c] = u;
         }
     }
-    // The step's target: three dependent loads, left to one thread here, where waiting costs nothing.
-    __shared__ unsigned target_s;
-    if (threadIdx.x == 0) target_s = tokens[positions[*cursor + offset]];
     grid_dependency_wait();
     allow_dependent_launch();
 
+    // One round trip: h and the target, which the step before formed with them.
+    __shared__ unsigned target_s;
+    if (threadIdx.x == 0) target_s = __ldcg(targets);
     for (int i = threadIdx.x; i < H; i += THREADS) hs[i] = fmaxf(__ldcg(&z1[i]), 0.0f);
     if (blockIdx.x == 0)  // sample_backward sums this step's dx here
         for (int i = threadIdx.x; i < D; i += THREADS) dx[i] = 0.0f;
@@ -231,8 +230,7 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
                 const float* __restrict__ z1, const float* __restrict__ logits,
                 const PendingStep* __restrict__ records, const SoftmaxStat* __restrict__ stats,
                 const float* __restrict__ partials, const float* __restrict__ w2_target, int G,
-                const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-                const unsigned* __restrict__ cursor, unsigned offset, float lr, float* __restrict__ dh,
+                const unsigned* __restrict__ targets, float lr, float* __restrict__ dh,
                 float* __restrict__ dx, double* __restrict__ loss_sum) {
     extern __shared__ float4 smem4[];
     float* w1s = reinterpret_cast<float*>(smem4);
@@ -244,8 +242,8 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
     const int k0 = blockIdx.x * HS;
     const int units = min(HS, H - k0);
 
-    // Prologue: W1, b1 were last written by the previous step's sample_backward, x and z1 by its
-    // sample_update; both finished before sample_forward, the kernel before this one, passed its wait.
+    // Prologue: W1, b1 were last written by the previous step's sample_backward, x, z1 and the target by
+    // its sample_update; both finished before sample_forward, the kernel before this one, passed its wait.
     for (int i = threadIdx.x; i < units * D; i += THREADS) cp_async4(w1s + i, W1 + (size_t)k0 * D + i);
     for (int i = threadIdx.x; i < D; i += THREADS) cp_async4(xs + i, x + i);
     cp_async_commit();
@@ -253,7 +251,7 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
     const bool owns_unit = threadIdx.x < HS && unit < units;
     const float z = owns_unit ? __ldcg(&z1[k0 + unit]) : 0.0f;
     const float bias = owns_unit ? __ldcg(&b1[k0 + unit]) : 0.0f;
-    const unsigned target = threadIdx.x == 0 ? tokens[positions[*cursor + offset]] : 0u;  // thread 0 uses it
+    const unsigned target = threadIdx.x == 0 ? __ldcg(targets) : 0u;  // thread 0 uses it
     grid_dependency_wait();
     allow_dependent_launch();
 
@@ -321,7 +319,7 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
 // dynamic shared memory: context[N], next_context[N], next_rows[N][D], delta[D] (−lr/N·dx), xn[D]
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-              float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx,
+              float* __restrict__ x, float* __restrict__ z1, unsigned* __restrict__ targets, const float* __restrict__ dx,
               const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
               unsigned positions_len, const unsigned* __restrict__ cursor, unsigned offset, int N, float lr) {
     extern __shared__ float4 smem4[];
@@ -340,10 +338,12 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     allow_dependent_launch();
     // Prologue: E was last written by the previous step's sample_update. The next sample's embedding rows
     // go to shared memory now; this step's update is added to them after the wait.
+    __shared__ unsigned next_target;
     for (int i = threadIdx.x; i < N; i += THREADS) {
         context[i] = tokens[positions[first] - N + i];
         if (has_next) next_context[i] = tokens[positions[next] - N + i];
     }
+    if (threadIdx.x == 0 && has_next) next_target = tokens[positions[next]];
     __syncthreads();
     if (has_next) {
         for (int i = threadIdx.x; i < N * D; i += THREADS) cp_async4(next_rows + i, E + (size_t)next_context[i / D] * D + i % D);
@@ -373,6 +373,7 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
             xn[d] = sum * (1.0f / N);
             if (blockIdx.x == 0) x[d] = xn[d];
         }
+        if (blockIdx.x == 0 && threadIdx.x == 0) *targets = next_target;
         __syncthreads();
         if (j < H) {
             float acc = 0.0f;

@@ -151,10 +151,17 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     grid_dependency_wait();
     allow_dependent_launch();
 
-    // One round trip: h and the target, which the step before formed with them.
+    // One round trip: h and the target, which the step before formed with them (both loads issued before
+    // either is stored: a warp stalls at its first use of a load).
     __shared__ unsigned target_s;
-    if (threadIdx.x == 0) target_s = __ldcg(targets);
-    for (int i = threadIdx.x; i < H; i += THREADS) hs[i] = fmaxf(__ldcg(&z1[i]), 0.0f);
+    const unsigned target_loaded = threadIdx.x == 0 ? __ldcg(targets) : 0u;
+    if (H <= THREADS) {
+        const float z = (int)threadIdx.x < H ? __ldcg(&z1[threadIdx.x]) : 0.0f;
+        if ((int)threadIdx.x < H) hs[threadIdx.x] = fmaxf(z, 0.0f);
+    } else {
+        for (int i = threadIdx.x; i < H; i += THREADS) hs[i] = fmaxf(__ldcg(&z1[i]), 0.0f);
+    }
+    if (threadIdx.x == 0) target_s = target_loaded;
     if (blockIdx.x == 0)  // sample_backward sums this step's dx here
         for (int i = threadIdx.x; i < D; i += THREADS) dx[i] = 0.0f;
     __syncthreads();
@@ -351,12 +358,18 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     }
     grid_dependency_wait();
 
-    // One round trip: dx, and this warp's W1 row and b1 as sample_backward left them.
-    for (int i = threadIdx.x; i < D; i += THREADS) delta[i] = -lr / N * __ldcg(&dx[i]);
+    // One round trip: dx, and this warp's W1 row and b1 as sample_backward left them (all loads issued
+    // before any is used).
     float w[DP];
 #pragma unroll
     for (int i = 0; i < DP; ++i) w[i] = (j < H && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
     const float bias = j < H ? __ldcg(&b1[j]) : 0.0f;
+    if (D <= THREADS) {
+        const float g = (int)threadIdx.x < D ? __ldcg(&dx[threadIdx.x]) : 0.0f;
+        if ((int)threadIdx.x < D) delta[threadIdx.x] = -lr / N * g;
+    } else {
+        for (int i = threadIdx.x; i < D; i += THREADS) delta[i] = -lr / N * __ldcg(&dx[i]);
+    }
     cp_async_wait_all();
     __syncthreads();
 

@@ -198,18 +198,17 @@ __device__ __forceinline__ void samples_hidden(const float* E, const float* W1, 
     }
 }
 
-// x, z1 and targets of a step's B samples, where no text_update formed them (the first step of a run,
-// evaluation). Block b takes samples [b·SB, b·SB + SB). dynamic shared memory: xs[SB][D], context tokens [SB][N]
+// x and z1 of a step's B samples, where no text_update formed them (the first step of a run, evaluation).
+// Block b takes samples [b·SB, b·SB + SB). dynamic shared memory: xs[SB][D], context tokens [SB][N]
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_hidden(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
             const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
             const unsigned* __restrict__ cursor, unsigned offset, int N, int B, float* __restrict__ x_out,
-            float* __restrict__ z1_out, unsigned* __restrict__ targets) {
+            float* __restrict__ z1_out) {
     extern __shared__ float smem[];
     float* xs = smem;
     unsigned* context = (unsigned*)(xs + SB * D);
     const int s0 = blockIdx.x * SB;
-    if ((int)threadIdx.x < min(SB, B - s0)) targets[s0 + threadIdx.x] = tokens[positions[*cursor + offset + s0 + threadIdx.x]];
     samples_hidden(E, W1, b1, tokens, positions, *cursor + offset + s0, min(SB, B - s0), N, x_out + (size_t)s0 * D,
                    z1_out + (size_t)s0 * H, xs, context);
 }

@@ -168,8 +168,8 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
             let graph = t.capture(|t| {
                 for _ in 0..128 {
                     match (which, sample) {
-                        (0, true) => t.launch_sample_forward(lr, true)?,
-                        (1, true) => t.launch_sample_backward(lr, true)?,
+                        (0, true) => t.launch_sample_forward(0, lr, true)?,
+                        (1, true) => t.launch_sample_backward(0, lr, true)?,
                         (2, true) => t.launch_sample_update(0, lr, true)?,
                         (0, false) => t.launch_forward(1, true)?,
                         (1, false) => t.launch_backward(1, 0, lr, true)?,

@@ -207,8 +207,6 @@ pub struct StepBuffers {
     /// tiled path's ∂H.
     pub dh: CudaSlice<f32>,
     pub rank: CudaSlice<u32>,
-    /// [B] the samples' targets, formed with their z1 (text_hidden, sample_update).
-    pub targets: CudaSlice<u32>,
     /// [B][D] dx summed over text_update's blocks; text_forward zeroes it.
     pub dx_sum: CudaSlice<f32>,
     /// text_update's finished-block counter; zero between steps.
@@ -398,12 +396,14 @@ impl GpuTrainer {
     /// Single-sample kernel 1: the pending step's W2/b2 update, then logits, softmax partials and the
     /// partial sums U_b; records the step as pending. z1 must be in place (text_hidden or the previous
     /// step's sample_update).
-    pub fn launch_sample_forward(&mut self, lr: f32, programmatic: bool) -> Result<()> {
+    pub fn launch_sample_forward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         self.ensure_capacity(1)?;
         let func = self.sample_kernels()?.forward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1), Arg::buf(g, &b.targets), Arg::f32(lr), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
+            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
+            Arg::f32(lr), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
             Arg::buf(g, &sb.records), Arg::buf(g, &sb.h_pending), Arg::buf(g, &b.logits), Arg::buf(g, &sb.stats),
             Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target), Arg::buf(g, &b.dx_sum),
         ];
@@ -414,13 +414,14 @@ impl GpuTrainer {
     }
 
     /// Single-sample kernel 2: normaliser, loss, dh, W1/b1 update, dx.
-    pub fn launch_sample_backward(&mut self, lr: f32, programmatic: bool) -> Result<()> {
+    pub fn launch_sample_backward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let func = self.sample_kernels()?.backward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
             Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits),
             Arg::buf(g, &sb.records), Arg::buf(g, &sb.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
-            Arg::i32(l.grid as i32), Arg::buf(g, &b.targets), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.loss_sum),
+            Arg::i32(l.grid as i32), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.sample_backward_shared() as u32;
         g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
@@ -432,7 +433,7 @@ impl GpuTrainer {
         let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.targets), Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
+            Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
             Arg::u32(self.positions.len() as u32), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::f32(lr),
         ];
@@ -548,7 +549,6 @@ impl GpuTrainer {
             stats: alloc(capacity * g.max(layout.vocab_tiles()) * 2)?,
             dh: alloc(capacity * h)?,
             rank: s.alloc_zeros::<u32>(capacity)?,
-            targets: s.alloc_zeros::<u32>(capacity)?,
             dx_sum: alloc(capacity * d)?,
             ticket: s.alloc_zeros::<u32>(1)?,
             norm: alloc(capacity * 2)?,
@@ -591,7 +591,6 @@ impl GpuTrainer {
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.targets),
         ];
         let blocks = batch.div_ceil(chunk) as u32;
         g.launch("text_hidden", &func, (blocks, 1), self.layout.hidden_shared(chunk) as u32, false, &args)
@@ -680,8 +679,8 @@ impl GpuTrainer {
     /// The three single-sample kernels (fused/text_sample.cu); z1 must be in place. `programmatic`: the
     /// kernel before is the previous step's sample_update.
     fn launch_sample_step(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
-        self.launch_sample_forward(lr, programmatic)?;
-        self.launch_sample_backward(lr, true)?;
+        self.launch_sample_forward(offset, lr, programmatic)?;
+        self.launch_sample_backward(offset, lr, true)?;
         self.launch_sample_update(offset, lr, true)
     }
 
@@ -780,10 +779,6 @@ impl GpuTrainer {
         Ok(self.gpu.stream.clone_dtoh(&self.loss_sum).context("a text kernel failed")?[0])
     }
 
-    pub fn gpu_targets(&self) -> Result<Vec<u32>> {
-        self.gpu.stream.clone_dtoh(&self.buffers.targets).context("copying from the GPU")
-    }
-
     pub fn download(&self, buffer: &CudaSlice<f32>) -> Result<Vec<f32>> {
         self.gpu.stream.clone_dtoh(buffer).context("copying from the GPU")
     }
@@ -793,7 +788,6 @@ impl GpuTrainer {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
         let sb = &mut self.sample_buffers;
-        s.memcpy_htod(&vec![u32::MAX; b.targets.len()], &mut b.targets)?;
         for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending, &mut sb.w2_target] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;

@@ -231,25 +231,42 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
 /// same initial parameters in the same shuffled order, then the validation loss of each on the same
 /// held-out samples. The tokens, the order, the validation positions and the initial parameters are
 /// written to `dump` so that the PyTorch model repeats exactly this run.
-fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
-    use crate::text::corpus::{Corpus, CorpusOptions, Split};
-    use crate::text::train::spread_subset;
-    use crate::text::{CpuTrainer, TextTrainer};
-    use rand::seq::SliceRandom;
+/// The quality run's inputs: the bench shape on `corpus`, `samples` training positions in an order drawn
+/// from `seed`, 5000 validation positions, initial parameters from `seed`, lr 0.05, one sample per step.
+pub struct QualityRun {
+    pub tokens: Arc<[u32]>,
+    pub order: Vec<u32>,
+    pub val: Vec<u32>,
+    pub params: TextParams,
+    pub lr: f32,
+}
 
-    let corpus = Corpus::read(
-        &args.corpus,
-        CorpusOptions { tokenizer: Default::default(), max_vocab: BENCH_SHAPE.vocab, max_tokens: None },
-    )?;
-    let shape = TextShape { vocab: corpus.vocab.len(), ..BENCH_SHAPE };
-    let split = Split::new(corpus.tokens.len(), shape.context)?;
-    let mut order = split.train.clone();
-    order.shuffle(&mut StdRng::seed_from_u64(args.seed));
-    order.truncate(args.samples.max(1));
-    let val = spread_subset(&split.val, 5000);
-    let params = TextParams::init(shape, args.seed);
-    let tokens: Arc<[u32]> = corpus.tokens.clone().into();
-    let lr = 0.05f32;
+impl QualityRun {
+    pub fn new(corpus: &std::path::Path, samples: usize, seed: u64) -> Result<QualityRun> {
+        use crate::text::corpus::{Corpus, CorpusOptions, Split};
+        use crate::text::train::spread_subset;
+        use rand::seq::SliceRandom;
+        let corpus =
+            Corpus::read(corpus, CorpusOptions { tokenizer: Default::default(), max_vocab: BENCH_SHAPE.vocab, max_tokens: None })?;
+        let shape = TextShape { vocab: corpus.vocab.len(), ..BENCH_SHAPE };
+        let split = Split::new(corpus.tokens.len(), shape.context)?;
+        let mut order = split.train.clone();
+        order.shuffle(&mut StdRng::seed_from_u64(seed));
+        order.truncate(samples.max(1));
+        Ok(QualityRun {
+            tokens: corpus.tokens.clone().into(),
+            order,
+            val: spread_subset(&split.val, 5000),
+            params: TextParams::init(shape, seed),
+            lr: 0.05,
+        })
+    }
+}
+
+fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
+    use crate::text::{CpuTrainer, TextTrainer};
+    let QualityRun { tokens, order, val, params, lr } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
+    let shape = params.shape;
 
     let started = std::time::Instant::now();
     let mut gpu_trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;

@@ -3,7 +3,10 @@
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use textnet::selftest::{Check, test_gpu, text_kernel_checks, text_sample_checks, text_tiled_checks, text_training_check};
+use textnet::selftest::{
+    Check, test_gpu, text_kernel_checks, text_repetitive_training_check, text_sample_checks, text_tiled_checks,
+    text_training_check,
+};
 use textnet::text::model::TextShape;
 
 fn assert_all_pass(checks: &[Check]) {
@@ -62,5 +65,15 @@ fn a_thousand_training_steps_match_the_cpu_reference() {
     // Single samples through fused/text_sample.cu, and through fused/text.cu (H = 66: no multiple of 4).
     for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 64, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
         assert_all_pass(&[text_training_check(&gpu, s, batch, 1000, &mut rng).unwrap()]);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn training_on_repetitive_text_matches_the_cpu_reference() {
+    let gpu = test_gpu();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
+        assert_all_pass(&[text_repetitive_training_check(&gpu, s, batch, 1000, &mut rng).unwrap()]);
     }
 }

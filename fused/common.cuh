@@ -79,15 +79,22 @@ __device__ __forceinline__ bool last_block_to_finish(unsigned* ticket) {
     return last;
 }
 
-// Sum over a whole block of THREADS threads; every thread gets the result. `scratch` holds WARPS floats.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Combines one value per thread over a whole block of THREADS threads with a warp-wide combine (each warp,
+// then the warps' results in every warp); every thread gets the result. `scratch` holds WARPS values,
+// `empty` is the combine's identity.
+template <class T, class WarpCombine>
+__device__ __forceinline__ T block_combine(T v, T* scratch, T empty, WarpCombine warp_combine) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    v = warp_sum(v);
+    v = warp_combine(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < WARPS ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < WARPS ? scratch[lane] : empty;
+    return warp_combine(v);
+}
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    return block_combine(v, scratch, 0.0f, [](float x) { return warp_sum(x); });
 }
 
 // Softmax normaliser of a set of logits kept as (max, Σ exp(x − max)), so partial sets computed by
@@ -118,14 +125,6 @@ __device__ __forceinline__ SoftmaxStat warp_softmax_merge(SoftmaxStat s) {
     return s;
 }
 
-// softmax_merge over a whole block of THREADS threads; every thread gets the result. `scratch` holds
-// WARPS entries.
 __device__ __forceinline__ SoftmaxStat block_softmax_merge(SoftmaxStat s, SoftmaxStat* scratch) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    s = warp_softmax_merge(s);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = s;
-    __syncthreads();
-    s = lane < WARPS ? scratch[lane] : softmax_stat_empty();
-    return warp_softmax_merge(s);
+    return block_combine(s, scratch, softmax_stat_empty(), [](SoftmaxStat x) { return warp_softmax_merge(x); });
 }

@@ -33,19 +33,12 @@
 // kernel SB at a time (SB is compiled in: per-sample accumulators stay in registers); when B > SB, the W2
 // gradient of a block's rows is summed in shared memory and applied at the end.
 #include "common.cuh"
+#include "text_shape.cuh"
 
-#ifndef TEXT_D
-#define TEXT_D 64
-#endif
-#ifndef TEXT_H
-#define TEXT_H 256
-#endif
 #ifndef TEXT_SB
 #define TEXT_SB 8
 #endif
 
-constexpr int D = TEXT_D;
-constexpr int H = TEXT_H;
 constexpr int SB = TEXT_SB;
 constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane

@@ -25,16 +25,8 @@
 //                           once every block has read the old W1, and clears the gradient buffers.
 #include "common.cuh"
 #include "gemm.cuh"
+#include "text_shape.cuh"
 
-#ifndef TEXT_D
-#define TEXT_D 64
-#endif
-#ifndef TEXT_H
-#define TEXT_H 256
-#endif
-
-constexpr int D = TEXT_D;
-constexpr int H = TEXT_H;
 constexpr int TILE = G128;  // samples × vocabulary rows per block tile
 constexpr int LD = G128_LD;
 constexpr int H_TILES = (H + TILE - 1) / TILE;

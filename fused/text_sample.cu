@@ -26,16 +26,8 @@
 // Every kernel waits (grid_dependency_wait) before it touches what the kernel before it writes. Each
 // prologue says what it reads before its wait and why no running kernel writes that.
 #include "common.cuh"
+#include "text_shape.cuh"
 
-#ifndef TEXT_D
-#define TEXT_D 64
-#endif
-#ifndef TEXT_H
-#define TEXT_H 256
-#endif
-
-constexpr int D = TEXT_D;
-constexpr int H = TEXT_H;
 static_assert(H % 4 == 0, "the single-sample kernels read W2 rows as float4s");
 constexpr int H4 = H / 4;
 constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane

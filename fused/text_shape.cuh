@@ -1,0 +1,13 @@
+// The text model's sizes, fixed at compile time: the launch layer (src/text/gpu.rs) passes the model's
+// embedding width and hidden width as -DTEXT_D / -DTEXT_H, so per-lane register arrays have constant bounds.
+#pragma once
+
+#ifndef TEXT_D
+#define TEXT_D 64
+#endif
+#ifndef TEXT_H
+#define TEXT_H 256
+#endif
+
+constexpr int D = TEXT_D;
+constexpr int H = TEXT_H;

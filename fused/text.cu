@@ -40,7 +40,6 @@
 #endif
 
 constexpr int SB = TEXT_SB;
-constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 constexpr int HP = (H + 31) / 32;  // elements of an H-vector per lane
 constexpr int UPDATE_ROWS = WARPS; // hidden rows per text_update block: one per warp
 constexpr int D_CHUNK = D < 64 ? D : 64; // W1 weights a thread loads at once in hidden_layer

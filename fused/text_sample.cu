@@ -30,7 +30,6 @@
 
 static_assert(H % 4 == 0, "the single-sample kernels read W2 rows as float4s");
 constexpr int H4 = H / 4;
-constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane
 // Row stride of the staged W2 rows, ≡ 16 (mod 32) floats: the two rows that a quarter-warp's float4 loads
 // touch in sample_forward's logits fall in different banks.
 constexpr int LD = (H + 31) / 32 * 32 + 16;
@@ -262,10 +261,7 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
     const unsigned parity = __ldcg(&records[0].parity);
     SoftmaxStat own[2] = {softmax_stat_empty(), softmax_stat_empty()};
     if ((int)threadIdx.x < G)
-        for (int half = 0; half < 2; ++half) {
-            const float2 v = __ldcg(reinterpret_cast<const float2*>(stats) + half * G + threadIdx.x);
-            own[half] = {v.x, v.y};
-        }
+        for (int half = 0; half < 2; ++half) own[half] = load_stat(stats + half * G + threadIdx.x);
     float u[PARTIALS_IN_FLIGHT];
 #pragma unroll
     for (int i = 0; i < PARTIALS_IN_FLIGHT; ++i) {
@@ -410,12 +406,11 @@ sample_flush(float* __restrict__ W2, float* __restrict__ b2, const PendingStep* 
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, V - row0);
     const float* h = h_pending + (size_t)blockIdx.x * H;
-    for (int i = threadIdx.x; i < rows * H; i += THREADS) {
-        const int v = row0 + i / H, k = i % H;
-        W2[(size_t)v * H + k] -= rec.lr * (pending_dlogit(norm, rec.target, logits[v], v) * h[k]);
-    }
-    for (int r = threadIdx.x; r < rows; r += THREADS) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < rows; r += WARPS) {  // a warp per row: its dlogit once
         const int v = row0 + r;
-        b2[v] -= rec.lr * pending_dlogit(norm, rec.target, logits[v], v);
+        const float g = pending_dlogit(norm, rec.target, logits[v], v);
+        for (int k = lane; k < H; k += 32) W2[(size_t)v * H + k] -= rec.lr * (g * h[k]);
+        if (lane == 0) b2[v] -= rec.lr * g;
     }
 }

@@ -11,3 +11,4 @@
 
 constexpr int D = TEXT_D;
 constexpr int H = TEXT_H;
+constexpr int DP = (D + 31) / 32;  // elements of a D-vector per lane of a warp

@@ -227,10 +227,6 @@ fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, onl
     Ok(())
 }
 
-/// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
-/// same initial parameters in the same shuffled order, then the validation loss of each on the same
-/// held-out samples. The tokens, the order, the validation positions and the initial parameters are
-/// written to `dump` so that the PyTorch model repeats exactly this run.
 /// The quality run's inputs: the bench shape on `corpus`, `samples` training positions in an order drawn
 /// from `seed`, 5000 validation positions, initial parameters from `seed`, lr 0.05, one sample per step.
 pub struct QualityRun {
@@ -263,6 +259,10 @@ impl QualityRun {
     }
 }
 
+/// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
+/// same initial parameters in the same shuffled order, then the validation loss of each on the same
+/// held-out samples. The tokens, the order, the validation positions and the initial parameters are
+/// written to `dump` so that the PyTorch model repeats exactly this run.
 fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
     use crate::text::{CpuTrainer, TextTrainer};
     let QualityRun { tokens, order, val, params, lr } = QualityRun::new(&args.corpus, args.samples, args.seed)?;

@@ -7,7 +7,7 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
-use crate::device::{Arg, Gpu};
+use crate::device::{Arg, Gpu, THREADS_PER_BLOCK};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
 use std::collections::HashMap;
@@ -160,7 +160,7 @@ impl TextLayout {
 
     /// sample_backward: W1 rows [HS][D], xs [D], scale [G], sums [THREADS/HS][HS], dz [HS].
     pub fn sample_backward_shared(&self) -> usize {
-        let threads = WARPS * 32;
+        let threads = THREADS_PER_BLOCK as usize;
         (SAMPLE_UNITS * self.shape.embed + self.shape.embed + self.grid + threads + SAMPLE_UNITS) * F32
     }
 
@@ -451,7 +451,8 @@ impl GpuTrainer {
 
     /// Applies the last single-sample step's pending W2/b2 update (sample_flush) and clears the records, so
     /// that W2 and b2 in device memory are current. Every path that reads W2 other than sample_forward calls
-    /// this first; a no-op when nothing is pending.
+    /// this first (the chunked and tiled steps, evaluation, `params`), and so does a reallocation of the
+    /// step buffers; a no-op when nothing is pending. Consecutive single-sample runs need none between them.
     pub fn settle_w2(&mut self) -> Result<()> {
         if !self.w2_pending {
             return Ok(());
@@ -563,6 +564,7 @@ impl GpuTrainer {
     /// Grows the step buffers to hold `batch` samples (a no-op when they already do).
     pub fn ensure_capacity(&mut self, batch: usize) -> Result<()> {
         if batch > self.buffers.capacity {
+            self.settle_w2()?; // a pending update's logits live in the buffers being replaced
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, self.shape, &self.layout, batch)?;
         }
@@ -801,7 +803,6 @@ impl TextTrainer for GpuTrainer {
         self.set_positions(positions)?;
         self.zero_loss()?;
         self.enqueue_training(positions.len(), batch.max(1), lr, true)?;
-        self.settle_w2()?;
         self.read_loss()
     }
 

@@ -1,11 +1,14 @@
 //! How far apart runs of the same single-sample SGD end when their arithmetic differs only in rounding:
-//! the CPU reference of `textnet bench quality` (seed 1), once as is and once per perturbation, which is
+//! the CPU reference of `textnet bench quality`, once as is and once per perturbation, which is
 //! either one W2 weight moved by one ulp at the start (`weight`) or the learning rate moved by k ulps
 //! (`lr`: a relative change of ~1e-7 that re-rounds every update of every step, as a different summation
 //! order does). Prints each run's validation loss: the noise under any GPU / CPU / PyTorch comparison of
 //! that benchmark's validation loss.
 //!
-//! usage: cargo run --release --example quality_noise -- [perturbations (default 3)] [weight|lr] [corpus]
+//! With 0 perturbations it prints the CPU reference's validation loss for `seed`, the number to set beside
+//! `textnet bench quality --seed N --no-cpu` and PyTorch's.
+//!
+//! usage: cargo run --release --example quality_noise -- [perturbations (default 3)] [weight|lr] [corpus] [seed (default 1)]
 
 use anyhow::{Result, bail};
 use textnet::bench::QualityRun;
@@ -19,7 +22,8 @@ fn main() -> Result<()> {
         bail!("the perturbation is `lr` or `weight`, not {kind:?}");
     }
     let corpus = args.next().unwrap_or_else(|| "corpus/shakespeare.txt".into());
-    let run = QualityRun::new(corpus.as_ref(), 20_000, 1)?;
+    let seed: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1);
+    let run = QualityRun::new(corpus.as_ref(), 20_000, seed)?;
     let runs: Vec<_> = (0..=perturbations)
         .map(|k| {
             let (mut params, mut lr) = (run.params.clone(), run.lr);

@@ -433,8 +433,9 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
 // its dependency wait, forms the whole dx = W1ᵀ·dz1 itself (16K multiply-adds at the benchmark shape, less
 // than one grid-wide reduction costs), adds this step's embedding update to any next-step row that is also a
 // context row now, and forms z1 of its own hidden rows from the W1 rows it has just updated; block 0 writes
-// x and applies the embedding update. No block waits for another. Otherwise the blocks sum dx with atomics
-// and the last block to finish applies the embedding update and forms x and z1 of every next sample.
+// x, and the last block to finish applies the embedding update, so that no block reads a next-step row that
+// already holds it. Otherwise the blocks sum dx with atomics and the last block to finish
+// applies the embedding update and forms x and z1 of every next sample.
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
             float* __restrict__ z1, const float* __restrict__ dh, const unsigned* __restrict__ tokens,
@@ -562,11 +563,13 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
                 acc = warp_sum(acc);
                 if (lane == 0) z1[(size_t)smp * H + j] = acc + bias_new;
             }
-        if (blockIdx.x == 0)
-            for (int i = threadIdx.x; i < B * D; i += THREADS) {
-                const int smp = i / D, d = i % D;
-                for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[smp * N + n] * D + d], delta[i]);
-            }
+        // Every block has its next rows by the time it arrives here.
+        if (!last_block_to_finish(ticket)) return;
+        for (int i = threadIdx.x; i < B * D; i += THREADS) {
+            const int smp = i / D, d = i % D;
+            for (int n = 0; n < N; ++n) atomicAdd(&E[(size_t)context[smp * N + n] * D + d], delta[i]);
+        }
+        if (threadIdx.x == 0) *ticket = 0;
         return;
     }
 

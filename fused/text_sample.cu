@@ -20,9 +20,11 @@
 //   1. sample_forward   pending W2/b2 update (before the wait), logits of the block's rows, softmax
 //                       partial (max, Σexp) and U_b.
 //   2. sample_backward  blocks own HS hidden units: normaliser, loss, dh and dz1 = dh·ReLU′(z1) of their
-//                       units, W1/b1 update of their rows, and their share of dx = W1ᵀ·dz1 (atomics).
+//                       units, W1/b1 update of their rows, their share of dx = W1ᵀ·dz1 (atomics), and
+//                       (last block, before its wait) a copy of the next sample's embedding rows.
 //   3. sample_update    the context rows of E get −lr/N·dx; every block forms the next sample's x from
-//                       the updated E and z1 of its hidden rows from the updated W1 (one warp per row).
+//                       that copy plus this step's update and z1 of its hidden rows from the updated W1
+//                       (one warp per row).
 // Every kernel waits (grid_dependency_wait) before it touches what the kernel before it writes. Each
 // prologue says what it reads before its wait and why no running kernel writes that.
 #include "common.cuh"
@@ -231,8 +233,9 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
                 const PendingStep* __restrict__ records, const SoftmaxStat* __restrict__ stats,
                 const float* __restrict__ partials, const float* __restrict__ w2_target, int G,
                 const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-                const unsigned* __restrict__ cursor, unsigned offset, float lr, float* __restrict__ dh,
-                float* __restrict__ dx, double* __restrict__ loss_sum) {
+                const unsigned* __restrict__ cursor, unsigned offset, unsigned positions_len, int N,
+                const float* __restrict__ E, float lr, float* __restrict__ dh, float* __restrict__ dx,
+                double* __restrict__ loss_sum, float* __restrict__ next_rows) {
     extern __shared__ float4 smem4[];
     float* w1s = reinterpret_cast<float*>(smem4);
     float* xs = w1s + HS * D;
@@ -253,6 +256,13 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
     const float z = owns_unit ? __ldcg(&z1[k0 + unit]) : 0.0f;
     const float bias = owns_unit ? __ldcg(&b1[k0 + unit]) : 0.0f;
     const unsigned target = threadIdx.x == 0 ? tokens[positions[*cursor + offset]] : 0u;  // thread 0 uses it
+    // The last block copies the next sample's embedding rows for sample_update, whose block 0 adds this
+    // step's update to E while its other blocks form the next x: from this copy, all of them see the rows
+    // as the step found them. E, like W1, was last written by the previous step's sample_update.
+    const unsigned next = *cursor + offset + 1;
+    if (blockIdx.x == gridDim.x - 1 && next < positions_len)
+        for (int i = threadIdx.x; i < N * D; i += THREADS)
+            next_rows[i] = __ldcg(&E[(size_t)tokens[positions[next] - N + i / D] * D + i % D]);
     grid_dependency_wait();
     allow_dependent_launch();
 
@@ -314,17 +324,18 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
 }
 
 // Kernel 3. One warp per hidden row j, WARPS rows per block.
-// dynamic shared memory: context[N], next_context[N], next_rows[N][D], delta[D] (−lr/N·dx), xn[D]
+// dynamic shared memory: context[N], next_context[N], rows[N][D] (the next sample's), delta[D] (−lr/N·dx), xn[D]
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
               float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx,
-              const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-              unsigned positions_len, const unsigned* __restrict__ cursor, unsigned offset, int N, float lr) {
+              const float* __restrict__ next_rows, const unsigned* __restrict__ tokens,
+              const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
+              unsigned offset, int N, float lr) {
     extern __shared__ float4 smem4[];
     unsigned* context = reinterpret_cast<unsigned*>(smem4);
     unsigned* next_context = context + N;
-    float* next_rows = reinterpret_cast<float*>(next_context + N);
-    float* delta = next_rows + N * D;
+    float* rows = reinterpret_cast<float*>(next_context + N);
+    float* delta = rows + N * D;
     float* xn = delta + D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j = blockIdx.x * WARPS + warp;
@@ -334,32 +345,28 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     // The next step's sample_forward may launch now: before its wait it touches only W2, b2 and its own
     // records, which this kernel and sample_backward leave alone (see sample_forward).
     allow_dependent_launch();
-    // Prologue: E was last written by the previous step's sample_update. The next sample's embedding rows
-    // go to shared memory now; this step's update is added to them after the wait.
+    // Prologue: only the token chain. The next sample's embedding rows come from sample_backward's copy,
+    // not from E: block 0 adds this step's update to E, and a block that read E itself could see it.
     for (int i = threadIdx.x; i < N; i += THREADS) {
         context[i] = tokens[positions[first] - N + i];
         if (has_next) next_context[i] = tokens[positions[next] - N + i];
     }
-    __syncthreads();
-    if (has_next) {
-        for (int i = threadIdx.x; i < N * D; i += THREADS) cp_async4(next_rows + i, E + (size_t)next_context[i / D] * D + i % D);
-        cp_async_commit();
-    }
     grid_dependency_wait();
 
-    // One round trip: dx, and this warp's W1 row and b1 as sample_backward left them (all loads issued
-    // before any is used).
+    // One round trip: dx, the next sample's rows, and this warp's W1 row and b1 as sample_backward left
+    // them (all loads issued before any is used).
     float w[DP];
 #pragma unroll
     for (int i = 0; i < DP; ++i) w[i] = (j < H && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
     const float bias = j < H ? __ldcg(&b1[j]) : 0.0f;
+    if (has_next)
+        for (int i = threadIdx.x; i < N * D; i += THREADS) rows[i] = __ldcg(&next_rows[i]);
     if (D <= THREADS) {
         const float g = (int)threadIdx.x < D ? __ldcg(&dx[threadIdx.x]) : 0.0f;
         if ((int)threadIdx.x < D) delta[threadIdx.x] = -lr / N * g;
     } else {
         for (int i = threadIdx.x; i < D; i += THREADS) delta[i] = -lr / N * __ldcg(&dx[i]);
     }
-    cp_async_wait_all();
     __syncthreads();
 
     if (has_next) {
@@ -367,7 +374,7 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
         for (int d = threadIdx.x; d < D; d += THREADS) {
             float sum = 0.0f;
             for (int n = 0; n < N; ++n) {
-                float e = next_rows[n * D + d];
+                float e = rows[n * D + d];
                 for (int c = 0; c < N; ++c)
                     if (context[c] == next_context[n]) e += delta[d];
                 sum += e;

@@ -2,7 +2,9 @@
 # Runs on the GPU machine, in one session (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
 # text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
 # Logs go under $OUT (default ./out), eight files at most.
-# usage: scripts/device-check.sh [selftest|bench|torch|quality|train|mnist|all]...
+# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|sanitize|all]...
+#   seeds:    the quality run (GPU only) and its PyTorch twin for each seed in $SEEDS (default 1 to 6)
+#   sanitize: `textnet selftest --quick` under compute-sanitizer memcheck (not part of all)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 bin=./target/release/textnet
@@ -21,6 +23,13 @@ for what in "${@:-all}"; do
     torch|all) python3 benches/torch_baseline.py >"$OUT/torch.json" || status=1; cat "$OUT/torch.json" ;;&
     quality|all) { $bin bench quality --json && python3 benches/torch_baseline.py --quality data/quality; } >"$OUT/quality.json" || status=1
                  cat "$OUT/quality.json" ;;&
+    seeds|all) for seed in ${SEEDS:-1 2 3 4 5 6}; do
+                 $bin bench quality --seed "$seed" --no-cpu --json --dump "data/quality-seed$seed" || status=1
+                 python3 benches/torch_baseline.py --quality "data/quality-seed$seed" || status=1
+               done >"$OUT/quality_seeds.json"; cat "$OUT/quality_seeds.json" ;;&
+    sanitize) sanitizer=$(command -v compute-sanitizer || find / -name compute-sanitizer -type f -not -path '/proc/*' 2>/dev/null | head -1)
+              if [ -z "$sanitizer" ]; then echo "compute-sanitizer not found" | tee "$OUT/sanitize.txt"; status=1
+              else "$sanitizer" --tool memcheck --leak-check full "$bin" selftest --quick >"$OUT/sanitize.txt" 2>&1 || status=1; tail -20 "$OUT/sanitize.txt"; fi ;;&
     train|all) { time $bin train corpus/shakespeare.txt --out /tmp/textnet.safetensors 2>&1
                  for c in "to be or" "my lord" "i pray you"; do $bin predict --model /tmp/textnet.safetensors --context "$c"; done
                } >"$OUT/train.txt" 2>&1 || status=1; cat "$OUT/train.txt" ;;&

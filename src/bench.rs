@@ -259,6 +259,25 @@ impl QualityRun {
     }
 }
 
+/// GPU and CPU parameters after the first 1000 steps of a quality run, per tensor (relative error): how
+/// close the two trainers stay on real text before rounding differences have had long to grow.
+fn early_parity(gpu: &Arc<Gpu>, params: &TextParams, tokens: &Arc<[u32]>, order: &[u32], lr: f32) -> Result<serde_json::Value> {
+    use crate::text::{CpuTrainer, TextTrainer};
+    let steps = &order[..order.len().min(1000)];
+    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), params, tokens.clone())?;
+    gpu_trainer.train(steps, 1, lr)?;
+    let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
+    cpu.train(steps, 1, lr)?;
+    let got = gpu_trainer.params()?;
+    let errors: serde_json::Map<String, serde_json::Value> = got
+        .tensors()
+        .iter()
+        .zip(cpu.params.tensors().iter())
+        .map(|((name, a, _), (_, b, _))| (name.to_string(), serde_json::json!(crate::selftest::rel_error(a, b))))
+        .collect();
+    Ok(serde_json::json!({"steps": steps.len(), "params_rel_error": errors}))
+}
+
 /// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
 /// same initial parameters in the same shuffled order, then the validation loss of each on the same
 /// held-out samples. The tokens, the order, the validation positions and the initial parameters are
@@ -281,6 +300,7 @@ fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
         let cpu_train = cpu.train(&order, 1, lr)? / order.len() as f64;
         Some((cpu_train, cpu.evaluate(&val)?, started.elapsed().as_secs_f64()))
     };
+    let early_parity = if args.no_cpu { serde_json::Value::Null } else { early_parity(gpu, &params, &tokens, &order, lr)? };
 
     std::fs::create_dir_all(&args.dump).with_context(|| format!("cannot create {}", args.dump.display()))?;
     let words = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -314,7 +334,7 @@ fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
         "device": gpu.describe(), "corpus": args.corpus, "vocab": shape.vocab, "samples": order.len(),
         "val_samples": val.len(), "lr": lr, "batch": 1, "seed": args.seed,
         "gpu": summary(gpu_train, gpu_eval, gpu_secs), "cpu": cpu,
-        "val_loss_rel_diff": rel_diff, "dump": args.dump,
+        "val_loss_rel_diff": rel_diff, "early_parity": early_parity, "dump": args.dump,
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -252,6 +252,8 @@ pub struct SampleBuffers {
     pub h_pending: CudaSlice<f32>,
     /// [H] W2[target] as the step's logits used it.
     pub w2_target: CudaSlice<f32>,
+    /// [N][D] the next sample's embedding rows before the step's update (sample_backward → sample_update).
+    pub next_rows: CudaSlice<f32>,
 }
 
 struct TiledKernels {
@@ -313,6 +315,7 @@ impl GpuTrainer {
             records: stream.alloc_zeros::<u32>(4 * g)?,
             h_pending: stream.alloc_zeros::<f32>(g * h)?,
             w2_target: stream.alloc_zeros::<f32>(h)?,
+            next_rows: stream.alloc_zeros::<f32>(shape.context * shape.embed)?,
         };
         Ok(GpuTrainer {
             positions: stream.clone_htod(&[shape.context as u32])?,
@@ -413,7 +416,8 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// Single-sample kernel 2: normaliser, loss, dh, W1/b1 update, dx.
+    /// Single-sample kernel 2: normaliser, loss, dh, W1/b1 update, dx; a copy of the next sample's
+    /// embedding rows for sample_update.
     pub fn launch_sample_backward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let func = self.sample_kernels()?.backward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
@@ -421,7 +425,9 @@ impl GpuTrainer {
             Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits),
             Arg::buf(g, &sb.records), Arg::buf(g, &sb.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
             Arg::i32(l.grid as i32), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor),
-            Arg::u32(offset as u32), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.loss_sum),
+            Arg::u32(offset as u32), Arg::u32(self.positions.len() as u32), Arg::i32(self.shape.context as i32),
+            Arg::buf(g, &p.embedding), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum),
+            Arg::buf(g, &self.loss_sum), Arg::buf(g, &sb.next_rows),
         ];
         let shared = l.sample_backward_shared() as u32;
         g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
@@ -430,10 +436,10 @@ impl GpuTrainer {
     /// Single-sample kernel 3: the embedding update, then x and z1 of the next sample.
     pub fn launch_sample_update(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let func = self.sample_kernels()?.update.clone();
-        let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.dx_sum), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
+            Arg::buf(g, &b.dx_sum), Arg::buf(g, &sb.next_rows), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
             Arg::u32(self.positions.len() as u32), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::f32(lr),
         ];

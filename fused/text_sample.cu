@@ -72,7 +72,9 @@ __device__ __forceinline__ float pending_dlogit(float2 norm, unsigned target, fl
 }
 
 // Kernel 1. Block b owns vocabulary rows [b·R, b·R + R).
-// dynamic shared memory: hs[H] (this step's h), hp[H] (the pending step's h), ws[R][LD], bs[R], ls[R], es[R]
+// dynamic shared memory: hs[H] (this step's h), hp[H] (the pending step's h), ws[R][LD], bs, ls, es [RP], with RP
+// = R rounded up to 4: the compiled code may read es in 8-byte pairs that reach one float past the last row
+// (compute-sanitizer memcheck saw this at R = 1; the extra value is never used).
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __restrict__ z1,
                const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
@@ -86,8 +88,9 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     float* hp = hs + H;
     float* ws = hp + H;
     float* bs = ws + (size_t)R * LD;
-    float* ls = bs + R;
-    float* es = ls + R;
+    const int RP = (R + 3) / 4 * 4;
+    float* ls = bs + RP;
+    float* es = ls + RP;
     __shared__ float scratch[WARPS], sum_scratch[WARPS];
     __shared__ SoftmaxStat stat_scratch[WARPS];
     const int row0 = blockIdx.x * R;
@@ -359,14 +362,17 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
 #pragma unroll
     for (int i = 0; i < DP; ++i) w[i] = (j < H && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
     const float bias = j < H ? __ldcg(&b1[j]) : 0.0f;
-    if (has_next)
-        for (int i = threadIdx.x; i < N * D; i += THREADS) rows[i] = __ldcg(&next_rows[i]);
+    const bool has_row_value = has_next && (int)threadIdx.x < N * D;
+    const float row_value = has_row_value ? __ldcg(&next_rows[threadIdx.x]) : 0.0f;
     if (D <= THREADS) {
         const float g = (int)threadIdx.x < D ? __ldcg(&dx[threadIdx.x]) : 0.0f;
         if ((int)threadIdx.x < D) delta[threadIdx.x] = -lr / N * g;
     } else {
         for (int i = threadIdx.x; i < D; i += THREADS) delta[i] = -lr / N * __ldcg(&dx[i]);
     }
+    if (has_row_value) rows[threadIdx.x] = row_value;
+    if (has_next)
+        for (int i = threadIdx.x + THREADS; i < N * D; i += THREADS) rows[i] = __ldcg(&next_rows[i]);
     __syncthreads();
 
     if (has_next) {

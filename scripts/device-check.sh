@@ -3,7 +3,8 @@
 # text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
 # Logs go under $OUT (default ./out), eight files at most.
 # usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|sanitize|all]...
-#   seeds:    the quality run (GPU only) and its PyTorch twin for each seed in $SEEDS (default 1 to 6)
+#   seeds:    the quality run (GPU only) and its PyTorch twin for each seed in $SEEDS (default 1 to 6),
+#             $JOBS (default 4) seeds at a time
 #   sanitize: `textnet selftest --quick` under compute-sanitizer memcheck (not part of all)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -23,10 +24,15 @@ for what in "${@:-all}"; do
     torch|all) python3 benches/torch_baseline.py >"$OUT/torch.json" || status=1; cat "$OUT/torch.json" ;;&
     quality|all) { $bin bench quality --json && python3 benches/torch_baseline.py --quality data/quality; } >"$OUT/quality.json" || status=1
                  cat "$OUT/quality.json" ;;&
-    seeds|all) for seed in ${SEEDS:-1 2 3 4 5 6}; do
-                 $bin bench quality --seed "$seed" --no-cpu --json --dump "data/quality-seed$seed" || status=1
-                 python3 benches/torch_baseline.py --quality "data/quality-seed$seed" || status=1
-               done >"$OUT/quality_seeds.json"; cat "$OUT/quality_seeds.json" ;;&
+    seeds|all) mkdir -p /tmp/quality-seeds
+               quality_seed() {
+                 $bin bench quality --seed "$1" --no-cpu --json --dump "data/quality-seed$1" &&
+                   python3 benches/torch_baseline.py --quality "data/quality-seed$1"
+               }
+               export -f quality_seed; export bin
+               printf '%s\n' ${SEEDS:-1 2 3 4 5 6} |
+                 xargs -P "${JOBS:-4}" -I{} bash -c 'quality_seed {} >/tmp/quality-seeds/{}.json 2>&1' || status=1
+               cat /tmp/quality-seeds/*.json >"$OUT/quality_seeds.json"; cat "$OUT/quality_seeds.json" ;;&
     sanitize) sanitizer=$(command -v compute-sanitizer || find / -name compute-sanitizer -type f -not -path '/proc/*' 2>/dev/null | head -1)
               if [ -z "$sanitizer" ]; then echo "compute-sanitizer not found" | tee "$OUT/sanitize.txt"; status=1
               else "$sanitizer" --tool memcheck --leak-check full "$bin" selftest --quick >"$OUT/sanitize.txt" 2>&1 || status=1; tail -20 "$OUT/sanitize.txt"; fi ;;&

@@ -146,11 +146,11 @@ impl TextLayout {
         (tile + (1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
     }
 
-    /// sample_forward: hs [H], hp [H], the block's W2 rows [R][LD], bs, ls, es [R].
+    /// sample_forward: hs [H], hp [H], the block's W2 rows [R][LD], bs, ls, es [R rounded up to 4].
     pub fn sample_forward_shared(&self) -> usize {
         let (h, r) = (self.shape.hidden, self.rows_per_block);
         let ld = h.next_multiple_of(32) + 16; // LD in fused/text_sample.cu
-        (2 * h + r * ld + 3 * r) * F32
+        (2 * h + r * ld + 3 * r.next_multiple_of(4)) * F32
     }
 
     /// Blocks of sample_backward: SAMPLE_UNITS hidden units each.

@@ -267,7 +267,7 @@ impl Gpu {
             sharedMemBytes: shared,
             hStream: self.stream.cu_stream(),
             attrs: &mut attribute,
-            numAttrs: programmatic as u32,
+            numAttrs: (programmatic && programmatic_launch_enabled()) as u32,
         };
         // SAFETY: `params` holds one pointer per kernel parameter, each to a live u64 of `storage`.
         let status = unsafe {
@@ -329,6 +329,14 @@ pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32), extra: &
             Err(e) => bail!("NVRTC failed on fused/{}.cu: {e:?}", unit.name),
         }
     })
+}
+
+/// Whether kernels may overlap the one before them (programmatic dependent launch). `TEXTNET_NO_PDL=1`
+/// turns it off: every kernel then waits for the previous one to finish (slower, same results), for
+/// ruling overlap in or out when a driver misbehaves.
+fn programmatic_launch_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_NO_PDL").is_none_or(|v| v.is_empty() || v == "0"))
 }
 
 /// Where compiled PTX is kept: `$TEXTNET_CACHE`, else the user's cache directory.

@@ -43,6 +43,9 @@ const W2_TILE_BYTES: usize = 72 * 1024;
 const UPDATE_WHOLE_DX_SHARED: usize = 112 * 1024;
 /// Hidden units per sample_backward block (HS in fused/text_sample.cu).
 const SAMPLE_UNITS: usize = 16;
+/// sample_forward's static __shared__ arrays (three of WARPS entries: 128 bytes), which count against the
+/// same per-block limit as its dynamic shared memory.
+const SAMPLE_FORWARD_STATIC_SHARED: usize = 128;
 /// The kernels keep per-lane register arrays of H/32 and D/32 values.
 pub const MAX_HIDDEN: usize = 2048;
 pub const MAX_EMBED: usize = 1024;
@@ -103,7 +106,7 @@ impl TextLayout {
         layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
         layout.tile_rows = layout.rows_per_block.min(tile_cap);
         layout.grid = v.div_ceil(layout.rows_per_block);
-        layout.sample_fits = h % 4 == 0 && layout.sample_forward_shared() <= max_shared;
+        layout.sample_fits = h % 4 == 0 && layout.sample_forward_shared() + SAMPLE_FORWARD_STATIC_SHARED <= max_shared;
         Ok(layout)
     }
 

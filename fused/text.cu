@@ -434,8 +434,8 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
 // than one grid-wide reduction costs), adds this step's embedding update to any next-step row that is also a
 // context row now, and forms z1 of its own hidden rows from the W1 rows it has just updated; block 0 writes
 // x, and the last block to finish applies the embedding update, so that no block reads a next-step row that
-// already holds it. Otherwise the blocks sum dx with atomics and the last block to finish
-// applies the embedding update and forms x and z1 of every next sample.
+// already holds it. Otherwise the blocks sum dx with atomics and the last block to finish applies the
+// embedding update and forms x and z1 of every next sample.
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
             float* __restrict__ z1, const float* __restrict__ dh, const unsigned* __restrict__ tokens,

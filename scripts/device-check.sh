@@ -10,11 +10,7 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 bin=./target/release/textnet
 export TEXTNET_CACHE=${TEXTNET_CACHE:-/tmp/textnet-cache} PYTHONUNBUFFERED=1
-# libnvrtc may sit outside the loader's path (a toolkit's lib64 or PyTorch's wheel): add its folder.
-if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
-  lib=$(find / -name 'libnvrtc.so*' -not -path '/proc/*' 2>/dev/null | grep -v builtins | head -1)
-  [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. "$(dirname "$0")/nvrtc-path.sh"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv; date -u; } | tee "$OUT/gpu.txt"
 status=0
 for what in "${@:-all}"; do

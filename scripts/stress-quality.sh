@@ -7,10 +7,7 @@
 #        TEXTNET_NO_PDL=1 to run without programmatic dependent launch)
 set -u
 [ $# -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 2; }
-if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
-  lib=$(find / -name 'libnvrtc.so*' -not -path '/proc/*' 2>/dev/null | grep -v builtins | head -1)
-  [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. "$(dirname "$0")/nvrtc-path.sh"
 export TEXTNET_CACHE=${TEXTNET_CACHE:-/tmp/textnet-cache}
 start=$(date +%s); work=$(mktemp -d)
 for b in "$@"; do "$b" bench quality --seed 1 --no-cpu --dump "$work/dump" >/dev/null 2>&1 || echo "warm-up failed: $b"; done

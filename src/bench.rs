@@ -259,25 +259,6 @@ impl QualityRun {
     }
 }
 
-/// GPU and CPU parameters after the first 1000 steps of a quality run, per tensor (relative error): how
-/// close the two trainers stay on real text before rounding differences have had long to grow.
-fn early_parity(gpu: &Arc<Gpu>, params: &TextParams, tokens: &Arc<[u32]>, order: &[u32], lr: f32) -> Result<serde_json::Value> {
-    use crate::text::{CpuTrainer, TextTrainer};
-    let steps = &order[..order.len().min(1000)];
-    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), params, tokens.clone())?;
-    gpu_trainer.train(steps, 1, lr)?;
-    let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
-    cpu.train(steps, 1, lr)?;
-    let got = gpu_trainer.params()?;
-    let errors: serde_json::Map<String, serde_json::Value> = got
-        .tensors()
-        .iter()
-        .zip(cpu.params.tensors().iter())
-        .map(|((name, a, _), (_, b, _))| (name.to_string(), serde_json::json!(crate::selftest::rel_error(a, b))))
-        .collect();
-    Ok(serde_json::json!({"steps": steps.len(), "params_rel_error": errors}))
-}
-
 /// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
 /// same initial parameters in the same shuffled order, then the validation loss of each on the same
 /// held-out samples. The tokens, the order, the validation positions and the initial parameters are
@@ -287,20 +268,40 @@ fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
     let QualityRun { tokens, order, val, params, lr } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
     let shape = params.shape;
 
+    // Each trainer runs the first PARITY_STEPS steps, then the rest; with the CPU run, the parameters
+    // in between are compared (how close the two stay on real text before rounding has long to grow).
+    const PARITY_STEPS: usize = 1000;
+    let (head, tail) = order.split_at(order.len().min(PARITY_STEPS));
     let started = std::time::Instant::now();
     let mut gpu_trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
-    let gpu_train = gpu_trainer.train(&order, 1, lr)? / order.len() as f64;
-    let gpu_eval = gpu_trainer.evaluate(&val)?;
-    let gpu_secs = started.elapsed().as_secs_f64();
-    let cpu_run = if args.no_cpu {
-        None
+    let mut gpu_loss = gpu_trainer.train(head, 1, lr)?;
+    let (gpu_head, snapshot_secs) = if args.no_cpu {
+        (None, 0.0)
     } else {
-        let started = std::time::Instant::now();
-        let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
-        let cpu_train = cpu.train(&order, 1, lr)? / order.len() as f64;
-        Some((cpu_train, cpu.evaluate(&val)?, started.elapsed().as_secs_f64()))
+        let snapshot = std::time::Instant::now();
+        (Some(gpu_trainer.params()?), snapshot.elapsed().as_secs_f64())
     };
-    let early_parity = if args.no_cpu { serde_json::Value::Null } else { early_parity(gpu, &params, &tokens, &order, lr)? };
+    if !tail.is_empty() {
+        gpu_loss += gpu_trainer.train(tail, 1, lr)?;
+    }
+    let gpu_train = gpu_loss / order.len() as f64;
+    let gpu_eval = gpu_trainer.evaluate(&val)?;
+    let gpu_secs = started.elapsed().as_secs_f64() - snapshot_secs;
+    let (cpu_run, early_parity) = match gpu_head {
+        None => (None, serde_json::Value::Null),
+        Some(gpu_head) => {
+            let started = std::time::Instant::now();
+            let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
+            let mut cpu_loss = cpu.train(head, 1, lr)?;
+            let errors: serde_json::Map<String, serde_json::Value> = crate::selftest::param_rel_errors(&gpu_head, &cpu.params)
+                .into_iter()
+                .map(|(name, err)| (name.to_string(), serde_json::json!(err)))
+                .collect();
+            cpu_loss += cpu.train(tail, 1, lr)?;
+            let cpu_run = (cpu_loss / order.len() as f64, cpu.evaluate(&val)?, started.elapsed().as_secs_f64());
+            (Some(cpu_run), serde_json::json!({"steps": head.len(), "params_rel_error": errors}))
+        }
+    };
 
     std::fs::create_dir_all(&args.dump).with_context(|| format!("cannot create {}", args.dump.display()))?;
     let words = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();

@@ -415,6 +415,11 @@ pub fn text_repetitive_training_check(gpu: &Arc<Gpu>, s: TextShape, batch: usize
     compare_training(gpu, &p, tokens, batch, steps, rng, ", 4 distinct tokens")
 }
 
+/// rel_error of each parameter tensor of `got` against `want`, by name.
+pub fn param_rel_errors(got: &TextParams, want: &TextParams) -> Vec<(&'static str, f64)> {
+    got.tensors().iter().zip(want.tensors().iter()).map(|((name, a, _), (_, b, _))| (*name, rel_error(a, b))).collect()
+}
+
 fn compare_training(
     gpu: &Arc<Gpu>,
     p: &TextParams,
@@ -432,10 +437,8 @@ fn compare_training(
     let cpu_loss = cpu.train(&positions, batch, lr)?;
     let mut gpu_trainer = GpuTrainer::new(gpu.clone(), p, tokens)?;
     let gpu_loss = gpu_trainer.train(&positions, batch, lr)?;
-    let got = gpu_trainer.params()?;
     let mut worst = (rel_error(&[gpu_loss as f32], &[cpu_loss as f32]), "loss");
-    for ((name, a, _), (_, b, _)) in got.tensors().iter().zip(cpu.params.tensors().iter()) {
-        let err = rel_error(a, b);
+    for (name, err) in param_rel_errors(&gpu_trainer.params()?, &cpu.params) {
         // NaN counts as worse than anything.
         if err.is_nan() || err > worst.0 {
             worst = (err, name);

@@ -6,17 +6,27 @@ Modes: batch 1 eager, batch 1 with the whole training step captured in a CUDA gr
 batch 4096 eager. Timed with CUDA events after warm-up; the median of several repeats. Prints one JSON
 object. Run it in the same device session as `textnet bench --json` so the numbers compare.
 
-With --quality DIR (written by `textnet bench quality`): the same single-sample SGD run as textnet's,
-from textnet's initial parameters over textnet's sample order, then validation loss and top-1/top-5 on
-textnet's held-out samples, so the three implementations (GPU kernels, CPU reference, PyTorch) compare
-sample for sample.
+With --quality DIR... (each written by `textnet bench quality`): the same single-sample SGD run as
+textnet's, from textnet's initial parameters over textnet's sample order, then validation loss and
+top-1/top-5 on textnet's held-out samples, so the three implementations (GPU kernels, CPU reference,
+PyTorch) compare sample for sample. One JSON object per directory, one per line (JSON Lines), with "dir"
+and, for a directory named ...seed<N>, "seed": N. --quality-mode graph (the default) captures the
+training step (gather the context, forward, cross-entropy, backward, SGD step) once in a CUDA graph and
+replays it per sample, the same ops as eager, many times as fast; --quality-mode eager
+runs it as plain PyTorch code. --quality-check also runs the first directory in the other mode and adds a
+line {"check": "graph vs eager", ...} with both validation losses.
 
-usage: python3 benches/torch_baseline.py [--repeats 7] [--quality DIR [--lr 0.05]]
+usage: python3 benches/torch_baseline.py [--repeats 7]
+       python3 benches/torch_baseline.py --quality DIR [DIR ...] [--lr 0.05] [--quality-mode graph|eager]
+                                         [--quality-check]
 """
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -105,40 +115,100 @@ def graphed(batch, steps, repeats, gen):
     return time_ms(run, repeats)
 
 
-def quality(directory, lr):
+def seed_of(directory):
+    """N when the directory's name ends in `seed<N>` (data/quality-seed7 -> 7), else None."""
+    m = re.search(r"seed(\d+)$", os.path.basename(os.path.normpath(directory)))
+    return int(m.group(1)) if m else None
+
+
+def quality(directory, lr, mode="graph", device="cuda"):
+    """Repeats `textnet bench quality`'s run from the dump in `directory`; returns the result as a dict.
+
+    eager: one step after another as plain PyTorch code. graph: the same step (the same ops and the same
+    SGD) captured once in a CUDA graph over static tensors and replayed per sample; off the GPU (the
+    hidden --quality-device cpu, for testing) the same static step is called directly instead."""
     import numpy as np
     from safetensors.torch import load_file
 
+    started = time.perf_counter()
+
     def words(name):
-        return torch.from_numpy(np.fromfile(f"{directory}/{name}", dtype="<u4").astype(np.int64)).cuda()
+        data = np.fromfile(os.path.join(directory, name), dtype="<u4").astype(np.int64)
+        return torch.from_numpy(data).to(device)
 
     tokens, order, val = words("tokens.u32"), words("order.u32"), words("val.u32")
-    init = load_file(f"{directory}/init.safetensors")
+    init = load_file(os.path.join(directory, "init.safetensors"))
     vocab, embed = init["embedding"].shape
     hidden = init["w1"].shape[0]
-    emb = nn.Embedding(vocab, embed).cuda()
-    lin1, lin2 = nn.Linear(embed, hidden).cuda(), nn.Linear(hidden, vocab).cuda()
+    emb = nn.Embedding(vocab, embed).to(device)
+    lin1, lin2 = nn.Linear(embed, hidden).to(device), nn.Linear(hidden, vocab).to(device)
     with torch.no_grad():
         emb.weight.copy_(init["embedding"])
         lin1.weight.copy_(init["w1"]); lin1.bias.copy_(init["b1"])
         lin2.weight.copy_(init["w2"]); lin2.bias.copy_(init["b2"])
     params = list(emb.parameters()) + list(lin1.parameters()) + list(lin2.parameters())
     opt = torch.optim.SGD(params, lr=lr)
-    offsets = torch.arange(-N, 0, device="cuda")
+    offsets = torch.arange(-N, 0, device=device)
 
     def logits_of(positions):
         x = emb(tokens[positions[:, None] + offsets]).mean(dim=1)
         return lin2(F.relu(lin1(x)))
 
-    train_loss = 0.0
-    losses = torch.zeros(len(order), device="cuda")
-    for i in range(len(order)):
-        opt.zero_grad(set_to_none=True)
-        pos = order[i:i + 1]
-        loss = F.cross_entropy(logits_of(pos), tokens[pos])
-        loss.backward()
-        opt.step()
-        losses[i] = loss.detach()
+    losses = torch.zeros(len(order), device=device)
+    if mode == "eager":
+        for i in range(len(order)):
+            opt.zero_grad(set_to_none=True)
+            pos = order[i:i + 1]
+            loss = F.cross_entropy(logits_of(pos), tokens[pos])
+            loss.backward()
+            opt.step()
+            losses[i] = loss.detach()
+    elif mode == "graph":
+        # Static inputs and grads: the sample's position is copied into static_pos before each replay,
+        # and the grads stay allocated (zeroed in place, then accumulated into by backward in place), so
+        # every replay reads and writes the same memory. 0 + g == g, so the update is the eager one's.
+        static_pos = order[:1].clone()
+        for p in params:
+            p.grad = torch.zeros_like(p)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(logits_of(static_pos), tokens[static_pos])
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        # The warm-up steps (PyTorch's whole-network capture recipe) train on static_pos: the initial
+        # parameters are put back exactly before the first real step.
+        initial = [p.detach().clone() for p in params]
+        if device == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_loss = step()
+            run = graph.replay
+        else:
+            for _ in range(3):
+                step()
+            static_loss = torch.zeros((), device=device)
+
+            def run():
+                static_loss.copy_(step())
+        with torch.no_grad():
+            for p, p0 in zip(params, initial):
+                p.copy_(p0)
+        del initial
+        for i in range(len(order)):
+            static_pos.copy_(order[i:i + 1])  # device to device: no host sync per step
+            run()
+            losses[i] = static_loss
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
     train_loss = losses.mean().item()
     with torch.no_grad():
         total, top1, top5 = 0.0, 0, 0
@@ -150,18 +220,56 @@ def quality(directory, lr):
             top1 += (best[:, 0] == target).sum().item()
             top5 += (best == target[:, None]).any(dim=1).sum().item()
     n = len(val)
-    print(json.dumps({"torch": torch.__version__, "samples": len(order), "lr": lr, "train_loss": train_loss,
-                      "val_loss": total / n, "top1_percent": 100 * top1 / n, "top5_percent": 100 * top5 / n}, indent=2))
+    result = {"dir": directory}
+    if seed_of(directory) is not None:
+        result["seed"] = seed_of(directory)
+    result.update({"torch": torch.__version__, "mode": mode, "samples": len(order), "lr": lr,
+                   "train_loss": train_loss, "val_loss": total / n, "top1_percent": 100 * top1 / n,
+                   "top5_percent": 100 * top5 / n, "seconds": time.perf_counter() - started})
+    return result
+
+
+def qualities(dirs, lr, mode, device, check):
+    """Runs `quality` on each directory in turn and prints one JSON line each (JSON Lines); a directory
+    that fails (a textnet run that wrote no dump) prints a line with "error" and the others go on. With
+    `check`, the first directory is run in both modes and a line compares them. Returns the exit code."""
+    status = 0
+    for k, directory in enumerate(dirs):
+        compare = None
+        try:
+            result = quality(directory, lr, mode, device)
+            if check and k == 0:
+                other = quality(directory, lr, "eager" if mode == "graph" else "graph", device)
+                eager, graph = (result, other) if mode == "eager" else (other, result)
+                compare = {"check": "graph vs eager", "dir": directory,
+                           "eager_val_loss": eager["val_loss"], "graph_val_loss": graph["val_loss"],
+                           "abs_diff": abs(eager["val_loss"] - graph["val_loss"]),
+                           "eager_train_loss": eager["train_loss"], "graph_train_loss": graph["train_loss"],
+                           "eager_seconds": eager["seconds"], "graph_seconds": graph["seconds"]}
+        except Exception as e:  # noqa: BLE001 -- one bad directory must not lose the others
+            status = 1
+            result = {"dir": directory, "error": f"{type(e).__name__}: {e}"}
+            if seed_of(directory) is not None:
+                result["seed"] = seed_of(directory)
+            print(f"# {directory}: {result['error']}", file=sys.stderr, flush=True)
+        print(json.dumps(result), flush=True)
+        if compare is not None:
+            print(json.dumps(compare), flush=True)
+    return status
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--quality", metavar="DIR")
+    ap.add_argument("--quality", metavar="DIR", nargs="+")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--quality-mode", choices=["graph", "eager"], default="graph")
+    ap.add_argument("--quality-check", action="store_true",
+                    help="also run the first DIR in the other mode and print both validation losses")
+    ap.add_argument("--quality-device", default="cuda", help=argparse.SUPPRESS)  # cpu: tests without a GPU
     args = ap.parse_args()
     if args.quality:
-        return quality(args.quality, args.lr)
+        return qualities(args.quality, args.lr, args.quality_mode, args.quality_device, args.quality_check)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for mode, batch, steps, fn in [
@@ -187,4 +295,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

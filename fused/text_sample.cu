@@ -20,9 +20,10 @@
 //   1. sample_forward   pending W2/b2 update (before the wait), logits of the block's rows, softmax
 //                       partial (max, Σexp) and U_b.
 //   2. sample_backward  blocks own HS hidden units: normaliser, loss, dh and dz1 = dh·ReLU′(z1) of their
-//                       units, W1/b1 update of their rows, their share of dx = W1ᵀ·dz1 (atomics), and
+//                       units, W1/b1 update of their rows, their share of dx = W1ᵀ·dz1, and
 //                       (last block, before its wait) a copy of the next sample's embedding rows.
-//   3. sample_update    the context rows of E get −lr/N·dx; every block forms the next sample's x from
+//   3. sample_update    dx from the blocks' shares, added in a fixed order (no atomics: a run repeats to
+//                       the bit); the context rows of E get −lr/N·dx; every block forms the next sample's x from
 //                       that copy plus this step's update and z1 of its hidden rows from the updated W1
 //                       (one warp per row).
 // Every kernel waits (grid_dependency_wait) before it touches what the kernel before it writes. Each
@@ -80,8 +81,7 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
                const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
                const unsigned* __restrict__ cursor, unsigned offset, float lr, int V, int rows_per_block,
                PendingStep* __restrict__ records, float* __restrict__ h_pending, float* __restrict__ logits,
-               SoftmaxStat* __restrict__ stats, float* __restrict__ partials, float* __restrict__ w2_target,
-               float* __restrict__ dx) {
+               SoftmaxStat* __restrict__ stats, float* __restrict__ partials, float* __restrict__ w2_target) {
     extern __shared__ float4 smem4[];
     const int R = rows_per_block, G = gridDim.x;
     float* hs = reinterpret_cast<float*>(smem4);
@@ -161,8 +161,6 @@ sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __re
     } else {
         for (int i = threadIdx.x; i < H; i += THREADS) hs[i] = fmaxf(__ldcg(&z1[i]), 0.0f);
     }
-    if (blockIdx.x == 0)  // sample_backward sums this step's dx here
-        for (int i = threadIdx.x; i < D; i += THREADS) dx[i] = 0.0f;
     __syncthreads();
 
     // Logits: QUAD threads per row, each summing every QUAD-th float4 of it; then the block's max.
@@ -237,7 +235,7 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
                 const float* __restrict__ partials, const float* __restrict__ w2_target, int G,
                 const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
                 const unsigned* __restrict__ cursor, unsigned offset, unsigned positions_len, int N,
-                const float* __restrict__ E, float lr, float* __restrict__ dh, float* __restrict__ dx,
+                const float* __restrict__ E, float lr, float* __restrict__ dh, float* __restrict__ dx_shares,
                 double* __restrict__ loss_sum, float* __restrict__ next_rows) {
     extern __shared__ float4 smem4[];
     float* w1s = reinterpret_cast<float*>(smem4);
@@ -315,22 +313,23 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
         b1[j] = bias - lr * dz_j;
     }
     __syncthreads();
-    // dx += W1ᵀ·dz1 over this block's units, with the old W1; then their W1 rows' update.
+    // The block's share of dx = W1ᵀ·dz1 (its units, the old W1; sample_update adds the shares), then the
+    // units' W1 rows' update.
     for (int d = threadIdx.x; d < D; d += THREADS) {
         float sum = 0.0f;
         for (int k = 0; k < units; ++k) sum += dz[k] * w1s[k * D + d];
-        atomicAdd(&dx[d], sum);
+        dx_shares[(size_t)blockIdx.x * D + d] = sum;
     }
     for (int i = threadIdx.x; i < units * D; i += THREADS)
         W1[(size_t)k0 * D + i] = w1s[i] - lr * (dz[i / D] * xs[i % D]);
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(loss_sum, (double)(max + logf(st.sum) - target_logit));
 }
 
-// Kernel 3. One warp per hidden row j, WARPS rows per block.
+// Kernel 3. One warp per hidden row j, WARPS rows per block; `shares` is sample_backward's grid.
 // dynamic shared memory: context[N], next_context[N], rows[N][D] (the next sample's), delta[D] (−lr/N·dx), xn[D]
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-              float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx,
+              float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx_shares, int shares,
               const float* __restrict__ next_rows, const unsigned* __restrict__ tokens,
               const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
               unsigned offset, int N, float lr) {
@@ -356,19 +355,39 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     }
     grid_dependency_wait();
 
-    // One round trip: dx, the next sample's rows, and this warp's W1 row and b1 as sample_backward left
-    // them (all loads issued before any is used).
+    // One round trip: the dx shares, the next sample's rows, and this warp's W1 row and b1 as
+    // sample_backward left them (all loads issued before any is used).
     float w[DP];
 #pragma unroll
     for (int i = 0; i < DP; ++i) w[i] = (j < H && lane + 32 * i < D) ? __ldcg(&W1[(size_t)j * D + lane + 32 * i]) : 0.0f;
     const float bias = j < H ? __ldcg(&b1[j]) : 0.0f;
     const bool has_row_value = has_next && (int)threadIdx.x < N * D;
     const float row_value = has_row_value ? __ldcg(&next_rows[threadIdx.x]) : 0.0f;
-    if (D <= THREADS) {
-        const float g = (int)threadIdx.x < D ? __ldcg(&dx[threadIdx.x]) : 0.0f;
-        if ((int)threadIdx.x < D) delta[threadIdx.x] = -lr / N * g;
+    // dx in a fixed order, so that a run repeats to the bit: with D ≤ THREADS / 4, the four lanes 4d … 4d + 3
+    // sum the shares ≡ 0, 1, 2, 3 (mod 4) of element d, then combine by shuffles; else a thread per element.
+    if (4 * D <= THREADS) {
+        constexpr int IN_FLIGHT = 8;
+        const int d = threadIdx.x / 4, part = threadIdx.x % 4;
+        float g = 0.0f;
+        for (int b0 = part; b0 < shares; b0 += 4 * IN_FLIGHT) {
+            float v[IN_FLIGHT];
+#pragma unroll
+            for (int i = 0; i < IN_FLIGHT; ++i) {
+                const int b = b0 + 4 * i;
+                v[i] = d < D && b < shares ? __ldcg(&dx_shares[(size_t)b * D + d]) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < IN_FLIGHT; ++i) g += v[i];
+        }
+        g += __shfl_xor_sync(FULL_MASK, g, 1);
+        g += __shfl_xor_sync(FULL_MASK, g, 2);
+        if (d < D && part == 0) delta[d] = -lr / N * g;
     } else {
-        for (int i = threadIdx.x; i < D; i += THREADS) delta[i] = -lr / N * __ldcg(&dx[i]);
+        for (int d = threadIdx.x; d < D; d += THREADS) {
+            float g = 0.0f;
+            for (int b = 0; b < shares; ++b) g += __ldcg(&dx_shares[(size_t)b * D + d]);
+            delta[d] = -lr / N * g;
+        }
     }
     if (has_row_value) rows[threadIdx.x] = row_value;
     if (has_next)

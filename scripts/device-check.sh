@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, in one session (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
 # text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
-# Logs go under $OUT (default ./out), eight files at most.
+# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (a device call brings back
+# eight files at most; `all` writes ten).
 # usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|sanitize|all]...
-#   seeds:    the quality run (GPU only) and its PyTorch twin for each seed in $SEEDS (default 1 to 6),
-#             $JOBS (default 4) seeds at a time
+#   seeds:    the quality run (GPU only) for each seed in $SEEDS (default 1 to 6), $JOBS (default 4) seeds
+#             at a time, into $OUT/quality_seeds.json; then their PyTorch twins (CUDA graph mode) in
+#             $TORCH_JOBS (default 2) processes over disjoint runs of the seeds, into
+#             $OUT/quality_seeds_torch.jsonl (one line per seed); TORCH_CHECK=1 adds --quality-check
+#             (the first seed in eager mode too) to the first process. Prints the summary of
+#             scripts/quality-seeds-summary.py.
 #   sanitize: `textnet selftest --quick` under compute-sanitizer memcheck (not part of all)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -20,15 +25,22 @@ for what in "${@:-all}"; do
     torch|all) python3 benches/torch_baseline.py >"$OUT/torch.json" || status=1; cat "$OUT/torch.json" ;;&
     quality|all) { $bin bench quality --json && python3 benches/torch_baseline.py --quality data/quality; } >"$OUT/quality.json" || status=1
                  cat "$OUT/quality.json" ;;&
-    seeds|all) mkdir -p /tmp/quality-seeds
-               quality_seed() {
-                 $bin bench quality --seed "$1" --no-cpu --json --dump "data/quality-seed$1" &&
-                   python3 benches/torch_baseline.py --quality "data/quality-seed$1"
-               }
-               export -f quality_seed; export bin
-               printf '%s\n' ${SEEDS:-1 2 3 4 5 6} |
-                 xargs -P "${JOBS:-4}" -I{} bash -c 'quality_seed {} >/tmp/quality-seeds/{}.json 2>&1' || status=1
-               cat /tmp/quality-seeds/*.json >"$OUT/quality_seeds.json"; cat "$OUT/quality_seeds.json" ;;&
+    seeds|all) rm -rf /tmp/quality-seeds; mkdir -p /tmp/quality-seeds
+               seeds=($(printf '%s\n' ${SEEDS:-1 2 3 4 5 6} | sort -n -u)); export bin
+               printf '%s\n' "${seeds[@]}" | xargs -P "${JOBS:-4}" -I{} bash -c \
+                 '$bin bench quality --seed {} --no-cpu --json --dump data/quality-seed{} >/tmp/quality-seeds/{}.json 2>&1' || status=1
+               for s in "${seeds[@]}"; do cat "/tmp/quality-seeds/$s.json"; done >"$OUT/quality_seeds.json"
+               tj=${TORCH_JOBS:-2}; [ "$tj" -ge 1 ] || tj=1; per=$(( (${#seeds[@]} + tj - 1) / tj )); pids=()
+               for ((j = 0; j * per < ${#seeds[@]}; j++)); do
+                 dirs=(); for s in "${seeds[@]:j*per:per}"; do dirs+=("data/quality-seed$s"); done
+                 check=(); [ "$j" = 0 ] && [ "${TORCH_CHECK:-0}" = 1 ] && check=(--quality-check)
+                 python3 benches/torch_baseline.py --quality "${dirs[@]}" ${check[@]+"${check[@]}"} \
+                   >"/tmp/quality-seeds/torch$j.jsonl" 2>"/tmp/quality-seeds/torch$j.log" & pids+=($!)
+               done
+               for p in ${pids[@]+"${pids[@]}"}; do wait "$p" || status=1; done
+               for ((j = 0; j < ${#pids[@]}; j++)); do cat "/tmp/quality-seeds/torch$j.jsonl"; done >"$OUT/quality_seeds_torch.jsonl"
+               for f in /tmp/quality-seeds/torch*.log; do [ -s "$f" ] && { echo "$f:"; tail -n 5 "$f"; }; done
+               python3 scripts/quality-seeds-summary.py --brief "$OUT/quality_seeds.json" "$OUT/quality_seeds_torch.jsonl" ;;&
     sanitize) sanitizer=$(command -v compute-sanitizer || find / -name compute-sanitizer -type f -not -path '/proc/*' 2>/dev/null | head -1)
               if [ -z "$sanitizer" ]; then echo "compute-sanitizer not found" | tee "$OUT/sanitize.txt"; status=1
               else "$sanitizer" --tool memcheck --leak-check full "$bin" selftest --quick >"$OUT/sanitize.txt" 2>&1 || status=1; tail -20 "$OUT/sanitize.txt"; fi ;;&

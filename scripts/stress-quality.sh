@@ -11,7 +11,7 @@ set -u
 export TEXTNET_CACHE=${TEXTNET_CACHE:-/tmp/textnet-cache}
 start=$(date +%s); work=$(mktemp -d)
 for b in "$@"; do "$b" bench quality --seed 1 --no-cpu --dump "$work/dump" >/dev/null 2>&1 || echo "warm-up failed: $b"; done
-load() { while true; do python3 benches/torch_baseline.py --quality "$work/dump" >/dev/null 2>&1; done; }
+load() { while true; do python3 benches/torch_baseline.py --quality "$work/dump" --quality-mode eager >/dev/null 2>&1; done; }
 load & load1=$!; load & load2=$!
 trap 'kill $load1 $load2 2>/dev/null' EXIT
 for round in $(seq 1 "${ROUNDS:-6}"); do

@@ -208,7 +208,37 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
     for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
         checks.push(text_repetitive_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
+    for s in [shape(8192, 64, 256, 3), shape(131, 8, 32, 4)] {
+        checks.push(text_repeat_check(gpu, s, &mut rng)?);
+    }
     Ok(checks)
+}
+
+/// The single-sample step sums every value in a fixed order (no floating-point atomics whose order
+/// varies), so training repeats to the bit: 300 steps (two graph replays and 44 plain steps, settled
+/// halfway) twice from the same start give the same parameters and loss.
+pub fn text_repeat_check(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<Check> {
+    const STEPS: usize = 300;
+    let (p, tokens, _) = random_problem(s, 1, rng);
+    let positions: Vec<u32> = (0..STEPS).map(|_| rng.random_range(s.context as u32..tokens.len() as u32)).collect();
+    let run = || -> Result<(TextParams, f64)> {
+        let mut t = GpuTrainer::new(gpu.clone(), &p, tokens.clone())?;
+        if !t.sample_path(1) {
+            bail!("the single-sample kernels do not take {} on this GPU", shape_label(s, 1));
+        }
+        let (head, tail) = positions.split_at(STEPS / 2);
+        let mut loss = t.train(head, 1, 0.1)?;
+        t.params()?;
+        loss += t.train(tail, 1, 0.1)?;
+        Ok((t.params()?, loss))
+    };
+    let ((a, loss_a), (b, loss_b)) = (run()?, run()?);
+    let rel_error = param_rel_errors(&a, &b)
+        .into_iter()
+        .map(|(_, e)| e)
+        .chain([rel_error(&[loss_a as f32], &[loss_b as f32])])
+        .fold(0.0, |worst: f64, e| if e.is_nan() { f64::INFINITY } else { worst.max(e) });
+    Ok(Check { kernel: format!("{STEPS} steps twice: same bits"), shape: shape_label(s, 1), rel_error, tolerance: 0.0 })
 }
 
 /// Each kernel alone against the CPU reference, at lr = 10 so that parameter deltas are far above the
@@ -399,7 +429,12 @@ pub fn text_tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut S
 }
 
 /// `steps` whole SGD steps through the production path (CUDA graphs) against the CPU reference from the
-/// same initial parameters and sample order: parameters and summed loss within 1e-3 relative.
+/// same initial parameters and sample order: parameters and summed loss within 1e-3 relative, or within
+/// four times the CPU reference's own spread where that is larger: the reference run again with lr moved
+/// by one ulp, a change the size of the GPU's different summation order. On streams of a few distinct
+/// tokens, a hidden unit can sit at ReLU's kink for a context, and that rounding then decides whether a
+/// step updates it: 9 of 400 such problems (4 tokens, B = 7, 1000 steps) moved by more than 1e-3 on the
+/// CPU alone, one by 2.4e-2 (`examples/training_check_spread.rs`).
 pub fn text_training_check(gpu: &Arc<Gpu>, s: TextShape, batch: usize, steps: usize, rng: &mut StdRng) -> Result<Check> {
     let (p, tokens, _) = random_problem(s, 1, rng);
     compare_training(gpu, &p, tokens, batch, steps, rng, "")
@@ -433,22 +468,32 @@ fn compare_training(
     let s = p.shape;
     let positions: Vec<u32> =
         (0..steps * batch).map(|_| rng.random_range(s.context as u32..tokens.len() as u32)).collect();
-    let mut cpu = crate::text::CpuTrainer { params: p.clone(), tokens: tokens.clone() };
-    let cpu_loss = cpu.train(&positions, batch, lr)?;
-    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), p, tokens)?;
+    let cpu_run = |lr: f32| -> Result<(TextParams, f64)> {
+        let mut cpu = crate::text::CpuTrainer { params: p.clone(), tokens: tokens.clone() };
+        let loss = cpu.train(&positions, batch, lr)?;
+        Ok((cpu.params, loss))
+    };
+    let (cpu, cpu_loss) = cpu_run(lr)?;
+    let (nudged, nudged_loss) = cpu_run(f32::from_bits(lr.to_bits() + 1))?;
+    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), p, tokens.clone())?;
     let gpu_loss = gpu_trainer.train(&positions, batch, lr)?;
-    let mut worst = (rel_error(&[gpu_loss as f32], &[cpu_loss as f32]), "loss");
-    for (name, err) in param_rel_errors(&gpu_trainer.params()?, &cpu.params) {
-        // NaN counts as worse than anything.
-        if err.is_nan() || err > worst.0 {
-            worst = (err, name);
+    // The largest relative error over the loss and the parameters, and where; NaN beats everything.
+    let worst = |got: &TextParams, got_loss: f64| {
+        let mut worst = (rel_error(&[got_loss as f32], &[cpu_loss as f32]), "loss");
+        for (name, err) in param_rel_errors(got, &cpu) {
+            if err.is_nan() || err > worst.0 {
+                worst = (if err.is_nan() { f64::INFINITY } else { err }, name);
+            }
         }
-    }
+        worst
+    };
+    let (error, at) = worst(&gpu_trainer.params()?, gpu_loss);
+    let (spread, _) = worst(&nudged, nudged_loss);
     Ok(Check {
-        kernel: format!("{steps} steps (graph){what}, worst: {}", worst.1),
+        kernel: format!("{steps} steps (graph){what}, worst: {at} (CPU spread {spread:.1e})"),
         shape: shape_label(s, batch),
-        rel_error: worst.0,
-        tolerance: 1e-3,
+        rel_error: error,
+        tolerance: (4.0 * spread).max(1e-3),
     })
 }
 

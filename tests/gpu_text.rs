@@ -4,8 +4,8 @@
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use textnet::selftest::{
-    Check, test_gpu, text_kernel_checks, text_repetitive_training_check, text_sample_checks, text_tiled_checks,
-    text_training_check,
+    Check, test_gpu, text_kernel_checks, text_repeat_check, text_repetitive_training_check, text_sample_checks,
+    text_tiled_checks, text_training_check,
 };
 use textnet::text::model::TextShape;
 
@@ -75,5 +75,15 @@ fn training_on_repetitive_text_matches_the_cpu_reference() {
     let mut rng = StdRng::seed_from_u64(rand::random());
     for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
         assert_all_pass(&[text_repetitive_training_check(&gpu, s, batch, 1000, &mut rng).unwrap()]);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn single_sample_training_repeats_to_the_bit() {
+    let gpu = test_gpu();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for s in [shape(8192, 64, 256, 3), shape(131, 8, 32, 4)] {
+        assert_all_pass(&[text_repeat_check(&gpu, s, &mut rng).unwrap()]);
     }
 }

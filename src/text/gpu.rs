@@ -253,6 +253,8 @@ pub struct SampleBuffers {
     pub records: CudaSlice<u32>,
     /// [G][H] h of the pending step, one copy per block.
     pub h_pending: CudaSlice<f32>,
+    /// [H / SAMPLE_UNITS][D] each sample_backward block's share of dx.
+    pub dx_shares: CudaSlice<f32>,
     /// [H] W2[target] as the step's logits used it.
     pub w2_target: CudaSlice<f32>,
     /// [N][D] the next sample's embedding rows before the step's update (sample_backward → sample_update).
@@ -317,6 +319,7 @@ impl GpuTrainer {
             stats: stream.alloc_zeros::<f32>(2 * g * 2)?,
             records: stream.alloc_zeros::<u32>(4 * g)?,
             h_pending: stream.alloc_zeros::<f32>(g * h)?,
+            dx_shares: stream.alloc_zeros::<f32>(layout.sample_backward_grid() * shape.embed)?,
             w2_target: stream.alloc_zeros::<f32>(h)?,
             next_rows: stream.alloc_zeros::<f32>(shape.context * shape.embed)?,
         };
@@ -411,7 +414,7 @@ impl GpuTrainer {
             Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::f32(lr), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
             Arg::buf(g, &sb.records), Arg::buf(g, &sb.h_pending), Arg::buf(g, &b.logits), Arg::buf(g, &sb.stats),
-            Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target), Arg::buf(g, &b.dx_sum),
+            Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
         ];
         let shared = l.sample_forward_shared() as u32;
         g.launch("sample_forward", &func, (l.grid as u32, 1), shared, programmatic, &args)?;
@@ -429,7 +432,7 @@ impl GpuTrainer {
             Arg::buf(g, &sb.records), Arg::buf(g, &sb.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
             Arg::i32(l.grid as i32), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor),
             Arg::u32(offset as u32), Arg::u32(self.positions.len() as u32), Arg::i32(self.shape.context as i32),
-            Arg::buf(g, &p.embedding), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &b.dx_sum),
+            Arg::buf(g, &p.embedding), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &sb.dx_shares),
             Arg::buf(g, &self.loss_sum), Arg::buf(g, &sb.next_rows),
         ];
         let shared = l.sample_backward_shared() as u32;
@@ -442,7 +445,7 @@ impl GpuTrainer {
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.dx_sum), Arg::buf(g, &sb.next_rows), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
+            Arg::buf(g, &sb.dx_shares), Arg::i32(l.sample_backward_grid() as i32), Arg::buf(g, &sb.next_rows), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
             Arg::u32(self.positions.len() as u32), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::f32(lr),
         ];
@@ -799,7 +802,7 @@ impl GpuTrainer {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
         let sb = &mut self.sample_buffers;
-        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending, &mut sb.w2_target] {
+        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending, &mut sb.dx_shares, &mut sb.w2_target] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
         }

@@ -23,9 +23,9 @@
 //                       units, W1/b1 update of their rows, their share of dx = W1ᵀ·dz1, and
 //                       (last block, before its wait) a copy of the next sample's embedding rows.
 //   3. sample_update    dx from the blocks' shares, added in a fixed order (no atomics: a run repeats to
-//                       the bit); the context rows of E get −lr/N·dx; every block forms the next sample's x from
-//                       that copy plus this step's update and z1 of its hidden rows from the updated W1
-//                       (one warp per row).
+//                       the bit); the context rows of E get −lr/N·dx; every block forms the next sample's
+//                       x from that copy plus this step's update and z1 of its hidden rows from the
+//                       updated W1 (one warp per row).
 // Every kernel waits (grid_dependency_wait) before it touches what the kernel before it writes. Each
 // prologue says what it reads before its wait and why no running kernel writes that.
 #include "common.cuh"

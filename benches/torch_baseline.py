@@ -238,7 +238,14 @@ def qualities(dirs, lr, mode, device, check):
         compare = None
         try:
             result = quality(directory, lr, mode, device)
-            if check and k == 0:
+        except Exception as e:  # noqa: BLE001 -- one bad directory must not lose the others
+            status = 1
+            result = {"dir": directory, "error": f"{type(e).__name__}: {e}"}
+            if seed_of(directory) is not None:
+                result["seed"] = seed_of(directory)
+            print(f"# {directory}: {result['error']}", file=sys.stderr, flush=True)
+        if check and k == 0 and "error" not in result:
+            try:
                 other = quality(directory, lr, "eager" if mode == "graph" else "graph", device)
                 eager, graph = (result, other) if mode == "eager" else (other, result)
                 compare = {"check": "graph vs eager", "dir": directory,
@@ -246,12 +253,9 @@ def qualities(dirs, lr, mode, device, check):
                            "abs_diff": abs(eager["val_loss"] - graph["val_loss"]),
                            "eager_train_loss": eager["train_loss"], "graph_train_loss": graph["train_loss"],
                            "eager_seconds": eager["seconds"], "graph_seconds": graph["seconds"]}
-        except Exception as e:  # noqa: BLE001 -- one bad directory must not lose the others
-            status = 1
-            result = {"dir": directory, "error": f"{type(e).__name__}: {e}"}
-            if seed_of(directory) is not None:
-                result["seed"] = seed_of(directory)
-            print(f"# {directory}: {result['error']}", file=sys.stderr, flush=True)
+            except Exception as e:  # noqa: BLE001 -- the run itself stands
+                status = 1
+                compare = {"check": "graph vs eager", "dir": directory, "error": f"{type(e).__name__}: {e}"}
         print(json.dumps(result), flush=True)
         if compare is not None:
             print(json.dumps(compare), flush=True)

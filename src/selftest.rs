@@ -36,7 +36,7 @@ pub struct Check {
 
 impl Check {
     pub fn passed(&self) -> bool {
-        self.rel_error <= self.tolerance
+        self.rel_error.is_finite() && self.rel_error <= self.tolerance
     }
 }
 
@@ -170,10 +170,29 @@ fn shape_label(s: TextShape, batch: usize) -> String {
     format!("V={} D={} H={} N={} B={}", s.vocab, s.embed, s.hidden, s.context, batch)
 }
 
+const fn shape(vocab: usize, embed: usize, hidden: usize, context: usize) -> TextShape {
+    TextShape { vocab, embed, hidden, context }
+}
+
+/// The 1000-step training checks: single samples through fused/text_sample.cu (the first four) and, H = 66
+/// being no multiple of 4, through fused/text.cu; then 7 samples a step. The third and fourth take
+/// sample_update's other ways of adding the dx shares: D above THREADS / 4 (a thread per element), and 65
+/// shares (more than one pass of the loads).
+pub const TRAINING_CASES: [(TextShape, usize); 6] = [
+    (shape(8192, 64, 256, 3), 1),
+    (shape(2003, 32, 64, 3), 1),
+    (shape(1000, 96, 100, 2), 1),
+    (shape(2003, 48, 1040, 2), 1),
+    (shape(2003, 32, 66, 3), 1),
+    (shape(2003, 32, 64, 3), 7),
+];
+
+/// The bit-for-bit repeat checks, on sample_update's three ways of adding the dx shares.
+pub const REPEAT_SHAPES: [TextShape; 3] = [shape(8192, 64, 256, 3), shape(1000, 96, 100, 2), shape(2003, 48, 1040, 2)];
+
 /// Per-kernel checks on one shape and batch, then whole training steps.
 pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let shape = |vocab, embed, hidden, context| TextShape { vocab, embed, hidden, context };
     let mut cases = vec![
         (shape(8192, 64, 256, 3), 1),
         (shape(8192, 64, 256, 3), 19),
@@ -199,16 +218,14 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
     for (s, batch) in [(shape(8192, 64, 256, 3), 256), (shape(1000, 33, 100, 2), 300), (shape(517, 16, 40, 1), 64)] {
         checks.extend(text_tiled_checks(gpu, s, batch, &mut rng)?);
     }
-    // Single samples through fused/text_sample.cu (the first two) and, H = 66 being no multiple of 4,
-    // through fused/text.cu.
-    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 64, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
+    for (s, batch) in TRAINING_CASES {
         checks.push(text_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
     checks.push(text_training_check(gpu, shape(2003, 32, 64, 3), 130, 100, &mut rng)?);
     for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
         checks.push(text_repetitive_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
-    for s in [shape(8192, 64, 256, 3), shape(131, 8, 32, 4)] {
+    for s in REPEAT_SHAPES {
         checks.push(text_repeat_check(gpu, s, &mut rng)?);
     }
     Ok(checks)
@@ -233,11 +250,16 @@ pub fn text_repeat_check(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Resu
         Ok((t.params()?, loss))
     };
     let ((a, loss_a), (b, loss_b)) = (run()?, run()?);
-    let rel_error = param_rel_errors(&a, &b)
-        .into_iter()
-        .map(|(_, e)| e)
-        .chain([rel_error(&[loss_a as f32], &[loss_b as f32])])
-        .fold(0.0, |worst: f64, e| if e.is_nan() { f64::INFINITY } else { worst.max(e) });
+    let bits = |p: &TextParams, loss: f64| -> Vec<u64> {
+        p.tensors().iter().flat_map(|(_, v, _)| v.iter().map(|x| x.to_bits() as u64)).chain([loss.to_bits()]).collect()
+    };
+    // 0 when every bit repeats; otherwise the relative difference, and never below the smallest positive
+    // f64 (a −0 / +0 or NaN-payload difference fails too).
+    let rel_error = if bits(&a, loss_a) == bits(&b, loss_b) {
+        0.0
+    } else {
+        worst_training_error(&b, loss_b, &a, loss_a).0.max(f64::MIN_POSITIVE)
+    };
     Ok(Check { kernel: format!("{STEPS} steps twice: same bits"), shape: shape_label(s, 1), rel_error, tolerance: 0.0 })
 }
 
@@ -429,25 +451,32 @@ pub fn text_tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut S
 }
 
 /// `steps` whole SGD steps through the production path (CUDA graphs) against the CPU reference from the
-/// same initial parameters and sample order: parameters and summed loss within 1e-3 relative, or within
-/// four times the CPU reference's own spread where that is larger: the reference run again with lr moved
-/// by one ulp, a change the size of the GPU's different summation order. On streams of a few distinct
-/// tokens, a hidden unit can sit at ReLU's kink for a context, and that rounding then decides whether a
-/// step updates it: 9 of 400 such problems (4 tokens, B = 7, 1000 steps) moved by more than 1e-3 on the
-/// CPU alone, one by 2.4e-2 (`examples/training_check_spread.rs`).
+/// same initial parameters and sample order: parameters and summed loss within 1e-3 relative.
+///
+/// Only a problem on which the CPU reference is reproducible can test that. On streams of a few distinct
+/// tokens a hidden unit can sit at ReLU's kink for a context, and rounding then decides whether a step
+/// updates it: run again with lr moved by one ulp (a change the size of the GPU's different summation
+/// order), 9 of 400 such problems (4 tokens, B = 7, 1000 steps) ended more than 1e-3 from themselves on the
+/// CPU alone, one 2.4e-2 away, where the median is 8e-7 (`examples/training_check_spread.rs`). So each
+/// problem is first run twice on the CPU, at lr and one ulp above, and drawn again (at most MAX_DRAWS times
+/// in all) while the two end more than WELL_POSED apart; the label says when it took more than one draw.
 pub fn text_training_check(gpu: &Arc<Gpu>, s: TextShape, batch: usize, steps: usize, rng: &mut StdRng) -> Result<Check> {
-    let (p, tokens, _) = random_problem(s, 1, rng);
-    compare_training(gpu, &p, tokens, batch, steps, rng, "")
+    compare_training(gpu, s, batch, steps, rng, "", |rng| {
+        let (p, tokens, _) = random_problem(s, 1, rng);
+        (p, tokens)
+    })
 }
 
 /// The same on a token stream of only four distinct tokens, so that nearly every context repeats a token
 /// and shares tokens with the next sample's: the case where a step's embedding update must reach the next
 /// sample's x (random tokens over a large vocabulary almost never exercise it).
 pub fn text_repetitive_training_check(gpu: &Arc<Gpu>, s: TextShape, batch: usize, steps: usize, rng: &mut StdRng) -> Result<Check> {
-    let (p, tokens, _) = random_problem(s, 1, rng);
-    let pool: Vec<u32> = (0..4).map(|_| rng.random_range(0..s.vocab as u32)).collect();
-    let tokens: Arc<[u32]> = tokens.iter().map(|_| pool[rng.random_range(0..pool.len())]).collect();
-    compare_training(gpu, &p, tokens, batch, steps, rng, ", 4 distinct tokens")
+    compare_training(gpu, s, batch, steps, rng, ", 4 distinct tokens", |rng| {
+        let (p, tokens, _) = random_problem(s, 1, rng);
+        let pool: Vec<u32> = (0..4).map(|_| rng.random_range(0..s.vocab as u32)).collect();
+        let tokens: Arc<[u32]> = tokens.iter().map(|_| pool[rng.random_range(0..pool.len())]).collect();
+        (p, tokens)
+    })
 }
 
 /// rel_error of each parameter tensor of `got` against `want`, by name.
@@ -455,45 +484,65 @@ pub fn param_rel_errors(got: &TextParams, want: &TextParams) -> Vec<(&'static st
     got.tensors().iter().zip(want.tensors().iter()).map(|((name, a, _), (_, b, _))| (*name, rel_error(a, b))).collect()
 }
 
+/// The largest relative error over the summed loss and the parameter tensors, and where; anything not
+/// finite (NaN included) counts as infinite.
+fn worst_training_error(got: &TextParams, got_loss: f64, want: &TextParams, want_loss: f64) -> (f64, &'static str) {
+    let mut worst = (rel_error(&[got_loss as f32], &[want_loss as f32]), "loss");
+    for (name, err) in param_rel_errors(got, want) {
+        let err = if err.is_finite() { err } else { f64::INFINITY };
+        if err > worst.0 {
+            worst = (err, name);
+        }
+    }
+    worst
+}
+
 fn compare_training(
     gpu: &Arc<Gpu>,
-    p: &TextParams,
-    tokens: Arc<[u32]>,
+    s: TextShape,
     batch: usize,
     steps: usize,
     rng: &mut StdRng,
     what: &str,
+    mut draw: impl FnMut(&mut StdRng) -> (TextParams, Arc<[u32]>),
 ) -> Result<Check> {
-    let lr = 0.1f32;
-    let s = p.shape;
-    let positions: Vec<u32> =
-        (0..steps * batch).map(|_| rng.random_range(s.context as u32..tokens.len() as u32)).collect();
-    let cpu_run = |lr: f32| -> Result<(TextParams, f64)> {
-        let mut cpu = crate::text::CpuTrainer { params: p.clone(), tokens: tokens.clone() };
-        let loss = cpu.train(&positions, batch, lr)?;
-        Ok((cpu.params, loss))
-    };
-    let (cpu, cpu_loss) = cpu_run(lr)?;
-    let (nudged, nudged_loss) = cpu_run(f32::from_bits(lr.to_bits() + 1))?;
-    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), p, tokens.clone())?;
-    let gpu_loss = gpu_trainer.train(&positions, batch, lr)?;
-    // The largest relative error over the loss and the parameters, and where; NaN beats everything.
-    let worst = |got: &TextParams, got_loss: f64| {
-        let mut worst = (rel_error(&[got_loss as f32], &[cpu_loss as f32]), "loss");
-        for (name, err) in param_rel_errors(got, &cpu) {
-            if err.is_nan() || err > worst.0 {
-                worst = (if err.is_nan() { f64::INFINITY } else { err }, name);
-            }
+    const LR: f32 = 0.1;
+    const MAX_DRAWS: usize = 5;
+    const WELL_POSED: f64 = 1e-4;
+    let mut draws = 0;
+    let (p, tokens, positions, cpu, cpu_loss) = loop {
+        draws += 1;
+        let (p, tokens) = draw(rng);
+        let positions: Vec<u32> =
+            (0..steps * batch).map(|_| rng.random_range(s.context as u32..tokens.len() as u32)).collect();
+        let cpu_run = |lr: f32| -> Result<(TextParams, f64)> {
+            let mut cpu = crate::text::CpuTrainer { params: p.clone(), tokens: tokens.clone() };
+            let loss = cpu.train(&positions, batch, lr)?;
+            Ok((cpu.params, loss))
+        };
+        let (cpu, cpu_loss) = cpu_run(LR)?;
+        let (nudged, nudged_loss) = cpu_run(f32::from_bits(LR.to_bits() + 1))?;
+        let (spread, _) = worst_training_error(&nudged, nudged_loss, &cpu, cpu_loss);
+        if spread <= WELL_POSED {
+            break (p, tokens, positions, cpu, cpu_loss);
         }
-        worst
+        if draws == MAX_DRAWS {
+            bail!(
+                "{steps} training steps{what} at {}: on {MAX_DRAWS} random problems in a row the CPU reference \
+                 moved by more than {WELL_POSED:e} when lr moved by one ulp (last: {spread:.1e}), so none can test the GPU",
+                shape_label(s, batch)
+            );
+        }
     };
-    let (error, at) = worst(&gpu_trainer.params()?, gpu_loss);
-    let (spread, _) = worst(&nudged, nudged_loss);
+    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), &p, tokens)?;
+    let gpu_loss = gpu_trainer.train(&positions, batch, LR)?;
+    let (rel_error, at) = worst_training_error(&gpu_trainer.params()?, gpu_loss, &cpu, cpu_loss);
+    let drawn = if draws > 1 { format!(" ({draws} problems drawn, {} ill-posed)", draws - 1) } else { String::new() };
     Ok(Check {
-        kernel: format!("{steps} steps (graph){what}, worst: {at} (CPU spread {spread:.1e})"),
+        kernel: format!("{steps} steps (graph){what}, worst: {at}{drawn}"),
         shape: shape_label(s, batch),
-        rel_error: error,
-        tolerance: (4.0 * spread).max(1e-3),
+        rel_error,
+        tolerance: 1e-3,
     })
 }
 

@@ -253,7 +253,7 @@ pub struct SampleBuffers {
     pub records: CudaSlice<u32>,
     /// [G][H] h of the pending step, one copy per block.
     pub h_pending: CudaSlice<f32>,
-    /// [H / SAMPLE_UNITS][D] each sample_backward block's share of dx.
+    /// [⌈H / SAMPLE_UNITS⌉][D] each sample_backward block's share of dx.
     pub dx_shares: CudaSlice<f32>,
     /// [H] W2[target] as the step's logits used it.
     pub w2_target: CudaSlice<f32>,

@@ -39,6 +39,7 @@ constexpr int LD = (H + 31) / 32 * 32 + 16;
 constexpr int QUAD = 4;                  // threads per W2 row in the logits
 constexpr int HS = 16;                   // hidden units per sample_backward block
 constexpr int GROUPS = THREADS / HS;     // sample_backward: threads summing the partials of one unit
+constexpr int SHARES = (H + HS - 1) / HS; // sample_backward's blocks: the shares of dx sample_update adds
 constexpr int PARTIALS_IN_FLIGHT = 16;   // partials per thread loaded together (grids up to 256 blocks)
 
 // The step whose W2/b2 update is still to be applied, one record per sample_forward block: each block
@@ -325,11 +326,11 @@ sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __r
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(loss_sum, (double)(max + logf(st.sum) - target_logit));
 }
 
-// Kernel 3. One warp per hidden row j, WARPS rows per block; `shares` is sample_backward's grid.
+// Kernel 3. One warp per hidden row j, WARPS rows per block.
 // dynamic shared memory: context[N], next_context[N], rows[N][D] (the next sample's), delta[D] (−lr/N·dx), xn[D]
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-              float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx_shares, int shares,
+              float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx_shares,
               const float* __restrict__ next_rows, const unsigned* __restrict__ tokens,
               const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
               unsigned offset, int N, float lr) {
@@ -369,12 +370,12 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
         constexpr int IN_FLIGHT = 8;
         const int d = threadIdx.x / 4, part = threadIdx.x % 4;
         float g = 0.0f;
-        for (int b0 = part; b0 < shares; b0 += 4 * IN_FLIGHT) {
+        for (int b0 = part; b0 < SHARES; b0 += 4 * IN_FLIGHT) {
             float v[IN_FLIGHT];
 #pragma unroll
             for (int i = 0; i < IN_FLIGHT; ++i) {
                 const int b = b0 + 4 * i;
-                v[i] = d < D && b < shares ? __ldcg(&dx_shares[(size_t)b * D + d]) : 0.0f;
+                v[i] = d < D && b < SHARES ? __ldcg(&dx_shares[(size_t)b * D + d]) : 0.0f;
             }
 #pragma unroll
             for (int i = 0; i < IN_FLIGHT; ++i) g += v[i];
@@ -385,7 +386,7 @@ sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* 
     } else {
         for (int d = threadIdx.x; d < D; d += THREADS) {
             float g = 0.0f;
-            for (int b = 0; b < shares; ++b) g += __ldcg(&dx_shares[(size_t)b * D + d]);
+            for (int b = 0; b < SHARES; ++b) g += __ldcg(&dx_shares[(size_t)b * D + d]);
             delta[d] = -lr / N * g;
         }
     }

@@ -187,6 +187,9 @@ pub const TRAINING_CASES: [(TextShape, usize); 6] = [
     (shape(2003, 32, 64, 3), 7),
 ];
 
+/// The 1000-step training checks on four distinct tokens: single samples on both kernel files, and 7 a step.
+pub const REPETITIVE_CASES: [(TextShape, usize); 3] = [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)];
+
 /// The bit-for-bit repeat checks, on sample_update's three ways of adding the dx shares.
 pub const REPEAT_SHAPES: [TextShape; 3] = [shape(8192, 64, 256, 3), shape(1000, 96, 100, 2), shape(2003, 48, 1040, 2)];
 
@@ -222,7 +225,7 @@ pub fn text_checks(gpu: &Arc<Gpu>, seed: u64, quick: bool) -> Result<Vec<Check>>
         checks.push(text_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
     checks.push(text_training_check(gpu, shape(2003, 32, 64, 3), 130, 100, &mut rng)?);
-    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
+    for (s, batch) in REPETITIVE_CASES {
         checks.push(text_repetitive_training_check(gpu, s, batch, 1000, &mut rng)?);
     }
     for s in REPEAT_SHAPES {

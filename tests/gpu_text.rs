@@ -4,7 +4,7 @@
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use textnet::selftest::{
-    Check, REPEAT_SHAPES, TRAINING_CASES, test_gpu, text_kernel_checks, text_repeat_check, text_repetitive_training_check, text_sample_checks,
+    Check, REPEAT_SHAPES, REPETITIVE_CASES, TRAINING_CASES, test_gpu, text_kernel_checks, text_repeat_check, text_repetitive_training_check, text_sample_checks,
     text_tiled_checks, text_training_check,
 };
 use textnet::text::model::TextShape;
@@ -80,7 +80,7 @@ fn a_thousand_training_steps_match_the_cpu_reference() {
 fn training_on_repetitive_text_matches_the_cpu_reference() {
     let gpu = test_gpu();
     let mut rng = fresh_rng();
-    for (s, batch) in [(shape(8192, 64, 256, 3), 1), (shape(2003, 32, 66, 3), 1), (shape(2003, 32, 64, 3), 7)] {
+    for (s, batch) in REPETITIVE_CASES {
         assert_all_pass(&[text_repetitive_training_check(&gpu, s, batch, 1000, &mut rng).unwrap()]);
     }
 }

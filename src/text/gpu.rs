@@ -445,8 +445,7 @@ impl GpuTrainer {
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
             Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &sb.dx_shares), Arg::i32(l.sample_backward_grid() as i32), Arg::buf(g, &sb.next_rows),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
+            Arg::buf(g, &sb.dx_shares), Arg::buf(g, &sb.next_rows), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
             Arg::u32(self.positions.len() as u32), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32), Arg::f32(lr),
         ];

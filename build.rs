@@ -1,8 +1,11 @@
 //! Embeds every `fused/*.cu` kernel file into the binary.
 //!
-//! Local `#include "x.cuh"` lines are inlined here (NVRTC then needs no include paths), and each resolved
+//! Local `#include "x.cuh"` lines are inlined (src/fused_source.rs; NVRTC then needs no include paths), and each resolved
 //! source gets a SHA-256 content hash that names its cached PTX at run time. The generated
 //! `$OUT_DIR/kernels.rs` holds one `KernelSource` per `.cu` file, sorted by name.
+
+#[path = "src/fused_source.rs"]
+mod fused_source;
 
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -26,7 +29,10 @@ fn main() {
     for unit in &units {
         println!("cargo:rerun-if-changed={}", unit.display());
         let name = unit.file_stem().unwrap().to_str().unwrap().to_owned();
-        let source = resolve_includes(unit, &mut BTreeSet::new());
+        let source = fused_source::resolve_includes(unit, &mut BTreeSet::new(), &mut |file| {
+            println!("cargo:rerun-if-changed={}", file.display())
+        })
+        .unwrap_or_else(|e| panic!("read {e}"));
         let hash: String = Sha256::digest(source.as_bytes())
             .iter()
             .take(12)
@@ -43,27 +49,4 @@ fn main() {
     }
     table.push_str("];\n");
     fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
-}
-
-/// Inlines `#include "file"` (quoted, relative to fused/) once per translation unit.
-fn resolve_includes(path: &Path, seen: &mut BTreeSet<PathBuf>) -> String {
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if let Some(rest) = trimmed.strip_prefix("#include \"") {
-            let file = rest.split('"').next().unwrap();
-            let include = path.parent().unwrap().join(file);
-            println!("cargo:rerun-if-changed={}", include.display());
-            if seen.insert(include.clone()) {
-                writeln!(out, "// ---- begin {file} ----").unwrap();
-                out.push_str(&resolve_includes(&include, seen));
-                writeln!(out, "// ---- end {file} ----").unwrap();
-            }
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
 }

@@ -293,7 +293,7 @@ fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
             let started = std::time::Instant::now();
             let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
             let mut cpu_loss = cpu.train(head, 1, lr)?;
-            let errors: serde_json::Map<String, serde_json::Value> = crate::selftest::param_rel_errors(&gpu_head, &cpu.params)
+            let errors: serde_json::Map<String, serde_json::Value> = crate::text::checks::param_rel_errors(&gpu_head, &cpu.params)
                 .into_iter()
                 .map(|(name, err)| (name.to_string(), serde_json::json!(err)))
                 .collect();

@@ -10,7 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum as FuncAttr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
@@ -19,15 +19,39 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 #[derive(Debug)]
 pub struct KernelSource {
     pub name: &'static str,
+    /// Content hash naming the cached PTX; empty for a source read at run time (not cached).
     pub hash: &'static str,
     pub source: &'static str,
 }
 
+/// The kernel file `fused/{name}.cu`: the copy embedded at build time or, when `TEXTNET_FUSED_DIR` names a
+/// directory, `{name}.cu` read from there (for trying a kernel change without rebuilding; such sources are
+/// compiled afresh, never cached).
 pub fn kernel_source(name: &str) -> Result<&'static KernelSource> {
-    KERNEL_SOURCES
-        .iter()
-        .find(|k| k.name == name)
-        .ok_or_else(|| anyhow!("kernel file fused/{name}.cu is not embedded in this binary"))
+    match std::env::var_os("TEXTNET_FUSED_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => kernel_source_from(Path::new(&dir), name),
+        None => KERNEL_SOURCES
+            .iter()
+            .find(|k| k.name == name)
+            .ok_or_else(|| anyhow!("kernel file fused/{name}.cu is not embedded in this binary")),
+    }
+}
+
+fn kernel_source_from(dir: &Path, name: &str) -> Result<&'static KernelSource> {
+    static LOADED: Mutex<Vec<&'static KernelSource>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(unit) = loaded.iter().find(|k| k.name == name) {
+        return Ok(unit);
+    }
+    let path = dir.join(format!("{name}.cu"));
+    let source = crate::fused_source::resolve_includes(&path, &mut Default::default(), &mut |_| {})
+        .with_context(|| format!("cannot read kernel file {name}.cu from TEXTNET_FUSED_DIR"))?;
+    eprintln!("note: fused/{name}.cu read from {} (TEXTNET_FUSED_DIR)", path.display());
+    // Kept for the life of the process, as the embedded sources are.
+    let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    let unit: &'static KernelSource = Box::leak(Box::new(KernelSource { name, hash: "", source: Box::leak(source.into_boxed_str()) }));
+    loaded.push(unit);
+    Ok(unit)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -350,7 +374,7 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// A cache that cannot be read or written only costs a recompile.
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
     let options: String = extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
-    let file = cache_dir().map(|dir| {
+    let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| {
         dir.join("ptx").join(format!("{}-{}-{}-{options}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability)))
     });
     if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {

@@ -2,9 +2,11 @@
 //! NVRTC), each pipeline with a plain CPU reference of the same math.
 
 pub mod bench;
+pub mod check;
 pub mod cpu;
 pub mod device;
 pub mod fsutil;
+mod fused_source;
 pub mod mnist;
 pub mod selftest;
 pub mod text;

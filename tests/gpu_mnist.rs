@@ -9,7 +9,7 @@ use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::optim::{OptimConfig, OptimKind};
 use textnet::mnist::train::{self, Schedule};
-use textnet::selftest::test_gpu;
+use textnet::check::test_gpu;
 
 #[test]
 fn mnist_kernels_compile_for_the_shapes_used() {
@@ -31,7 +31,7 @@ fn mnist_kernels_compile_for_the_shapes_used() {
 #[ignore = "needs a CUDA GPU"]
 fn every_mnist_gpu_check_passes() {
     let gpu = test_gpu();
-    let checks = selftest_checks(&gpu, 1).unwrap();
+    let checks = selftest_checks(&gpu, &textnet::check::Plan { seed: rand::random(), quick: false, groups: vec![] }).unwrap();
     assert!(!checks.is_empty());
     let failed: Vec<String> = checks
         .iter()

@@ -9,7 +9,7 @@ use super::model::{self, Activation, MlpParams, MlpShape, Workspace};
 use super::optim::{self, OptimConfig, OptimKind};
 use super::{CpuTrainer, Evaluation, MnistTrainer};
 use crate::device::Gpu;
-use crate::selftest::{Check, rel_error};
+use crate::check::{Check, Group, Plan, rel_error};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
 use rand::rngs::StdRng;
@@ -531,21 +531,16 @@ fn shape_label(s: MlpShape, batch: usize) -> String {
 }
 
 /// Each MNIST kernel and whole training steps against the CPU reference (see `textnet selftest`).
-pub fn selftest_checks(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x4d4e_4953_5400_0000);
+pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let shape = |inputs, hidden, classes, activation| MlpShape { inputs, hidden, classes, activation };
     let mut checks = Vec::new();
-    for (s, batch, test) in [
-        (shape(784, 128, 10, Activation::Relu), 64, 1000),
-        (shape(784, 100, 10, Activation::Sigmoid), 13, 77),
-        (shape(784, 37, 10, Activation::Tanh), 1, 5),
-        // Odd input and class counts, a wide hidden layer, and a test split of two evaluation launches.
-        (shape(50, 300, 7, Activation::Relu), 200, EVAL_CHUNK + 37),
-    ] {
-        checks.extend(kernel_checks(gpu, s, batch, test, &mut rng)?);
+    if plan.wants(Group::Kernels) {
+        checks.extend(all_kernel_checks(gpu, &mut plan.rng("mnist kernels"))?);
     }
-    checks.extend(update_checks(gpu, shape(784, 128, 10, Activation::Relu), &mut rng)?);
-
+    if !plan.wants(Group::Training) {
+        return Ok(checks);
+    }
+    let mut rng = plan.rng("mnist training");
     let config =
         |kind, lr, weight_decay, clip_norm| OptimConfig { lr, weight_decay, clip_norm, ..OptimConfig::new(kind) };
     use Activation::{Relu, Sigmoid, Tanh};
@@ -568,6 +563,23 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     ] {
         checks.push(training_check(gpu, shape(784, hidden, 10, activation), optim, samples, batch, 10, &mut rng)?);
     }
+    Ok(checks)
+}
+
+/// Each MNIST kernel alone on several shapes and activations, and the optimizer updates.
+fn all_kernel_checks(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Check>> {
+    let shape = |inputs, hidden, classes, activation| MlpShape { inputs, hidden, classes, activation };
+    let mut checks = Vec::new();
+    for (s, batch, test) in [
+        (shape(784, 128, 10, Activation::Relu), 64, 1000),
+        (shape(784, 100, 10, Activation::Sigmoid), 13, 77),
+        (shape(784, 37, 10, Activation::Tanh), 1, 5),
+        // Odd input and class counts, a wide hidden layer, and a test split of two evaluation launches.
+        (shape(50, 300, 7, Activation::Relu), 200, EVAL_CHUNK + 37),
+    ] {
+        checks.extend(kernel_checks(gpu, s, batch, test, rng)?);
+    }
+    checks.extend(update_checks(gpu, shape(784, 128, 10, Activation::Relu), rng)?);
     Ok(checks)
 }
 

@@ -1,0 +1,82 @@
+//! The harness every pipeline's selftest checks are built on: one check's result, the relative error it
+//! is judged by, which checks a run selects, and the random generator each group of checks draws from.
+
+use crate::device::{self, Gpu};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use std::sync::Arc;
+
+/// One comparison of a GPU result with the CPU reference.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Check {
+    pub kernel: String,
+    pub shape: String,
+    pub rel_error: f64,
+    pub tolerance: f64,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.rel_error.is_finite() && self.rel_error <= self.tolerance
+    }
+}
+
+/// ‖a − b‖ / ‖b‖ in f64; NaN anywhere (a poisoned value nobody wrote) gives infinity.
+pub fn rel_error(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        if !x.is_finite() || !y.is_finite() {
+            return f64::INFINITY;
+        }
+        diff += (x as f64 - y as f64).powi(2);
+        norm += (y as f64).powi(2);
+    }
+    if norm == 0.0 { if diff == 0.0 { 0.0 } else { f64::INFINITY } } else { (diff / norm).sqrt() }
+}
+
+/// The kinds of check every pipeline has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Group {
+    /// Each kernel alone on fresh random inputs
+    Kernels,
+    /// Whole training runs through the production path against the CPU reference
+    Training,
+    /// A training run twice: the same bits
+    Repeat,
+}
+
+/// What a selftest run asks of each pipeline.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub seed: u64,
+    /// Skip the largest shapes.
+    pub quick: bool,
+    /// The groups to run; empty: all.
+    pub groups: Vec<Group>,
+}
+
+impl Plan {
+    pub fn wants(&self, group: Group) -> bool {
+        self.groups.is_empty() || self.groups.contains(&group)
+    }
+
+    /// The generator of one named part of the checks. Each part draws from its own stream, so a seed gives
+    /// the same problems whichever other parts run (`--only training --seed S` repeats the full run's).
+    pub fn rng(&self, part: &str) -> StdRng {
+        // FNV-1a of the name, mixed into the seed.
+        let tag = part.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        StdRng::seed_from_u64(self.seed ^ tag)
+    }
+}
+
+/// Opens the GPU for the ignored tests, failing loudly (never skipping) when there is none.
+pub fn test_gpu() -> Arc<Gpu> {
+    match device::select(device::DeviceChoice::Cuda, true) {
+        Ok(device::Backend::Cuda(gpu)) => gpu,
+        Ok(device::Backend::Cpu) => unreachable!("--device cuda never falls back"),
+        Err(e) => panic!("this test needs a CUDA GPU: {e:#}"),
+    }
+}

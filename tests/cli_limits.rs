@@ -1,0 +1,95 @@
+//! Inputs that once crashed or hung the binary: absurd sizes and epoch counts, FIFOs, a corpus cut
+//! short while it is read, a model whose forward pass overflows. Each must end in a one-line error (or,
+//! for the corpus, a clean run), never a panic, an abort, a signal or a hang.
+
+mod text_common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs textnet with `args`, killing it (and failing) if it runs past `secs` seconds.
+fn textnet_within(args: &[&str], secs: u64) -> Output {
+    run_within(Command::new(env!("CARGO_BIN_EXE_textnet")).args(args), secs)
+}
+
+fn run_within(command: &mut Command, secs: u64) -> Output {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("cannot run textnet");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{command:?} still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Checks that `out` is a failure with one line on stderr, `textnet: error: …` containing `expected`.
+fn failed_with(out: &Output, expected: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "should fail with status 1; stderr: {stderr}");
+    assert!(stderr.starts_with("textnet: error: ") && !stderr.contains("internal error"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(expected), "{stderr:?} lacks {expected:?}");
+    stderr
+}
+
+/// A small CPU training run on `corpus`; `extra` flags replace the small defaults.
+fn train_args<'a>(corpus: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let small =
+        [("--device", "cpu"), ("--max-tokens", "20000"), ("--max-vocab", "300"), ("--embed", "8"), ("--hidden", "16")];
+    let mut args = vec!["train", corpus, "--out", out];
+    for (flag, value) in small.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
+        args.extend([flag, value]);
+    }
+    args.extend(extra);
+    args
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().expect("cannot run mkfifo");
+    assert!(status.success());
+}
+
+#[test]
+fn fifos_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let fifo = fifo.to_str().unwrap();
+    let out = dir.path().join("m.safetensors");
+    let args = train_args(fifo, out.to_str().unwrap(), &[]);
+    failed_with(&textnet_within(&args, 20), "is not a regular file");
+    failed_with(&textnet_within(&["predict", "--model", fifo, "--context", "to be"], 20), "is not a regular file");
+}
+
+#[test]
+fn a_corpus_truncated_while_read_never_kills_the_process() {
+    // The file flips between 64 MB and nothing while textnet reads it: whatever it sees, it must end
+    // with a result or a one-line error, never a signal (SIGBUS, when the corpus was memory-mapped).
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.txt");
+    let file = std::fs::File::create(&corpus).unwrap();
+    file.set_len(64 << 20).unwrap();
+    let out = dir.path().join("m.safetensors");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                file.set_len(0).unwrap();
+                file.set_len(64 << 20).unwrap();
+            }
+        })
+    };
+    let args = train_args(corpus.to_str().unwrap(), out.to_str().unwrap(), &["--epochs", "1"]);
+    let result = textnet_within(&args, 120);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().unwrap();
+    if !result.status.success() {
+        failed_with(&result, "corpus");
+    }
+}

@@ -6,5 +6,6 @@ pub mod cpu;
 pub mod device;
 pub mod fsutil;
 pub mod mnist;
+pub mod resources;
 pub mod selftest;
 pub mod text;

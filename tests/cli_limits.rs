@@ -7,6 +7,7 @@ mod text_common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use text_common::shakespeare;
 
 /// Runs textnet with `args`, killing it (and failing) if it runs past `secs` seconds.
 fn textnet_within(args: &[&str], secs: u64) -> Output {
@@ -55,6 +56,37 @@ fn mkfifo(path: &Path) {
 }
 
 #[test]
+fn absurd_epoch_counts_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.safetensors");
+    let out = out.to_str().unwrap();
+    let corpus = shakespeare();
+    let corpus = corpus.to_str().unwrap();
+    for epochs in ["18446744073709551615", "1000000000000", "1000001"] {
+        let args = train_args(corpus, out, &["--epochs", epochs]);
+        failed_with(&textnet_within(&args, 60), "--epochs must be at most 1000000");
+        let mnist = ["mnist", "--device", "cpu", "--data", "/nonexistent", "--out", out, "--epochs", epochs];
+        failed_with(&textnet_within(&mnist, 60), "--epochs must be at most 1000000");
+    }
+    assert!(!Path::new(out).exists());
+}
+
+#[test]
+fn a_model_too_large_for_memory_is_refused_before_allocating() {
+    // 300 × 1,000,000 embedding entries pass the per-tensor size check, but four 1.2 GB copies of the
+    // parameters do not fit under a 3 GB address-space limit.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.safetensors");
+    let corpus = shakespeare();
+    let args = train_args(corpus.to_str().unwrap(), out.to_str().unwrap(), &["--embed", "1000000", "--hidden", "4"]);
+    let mut command = Command::new("sh");
+    command.args(["-c", "ulimit -v 3000000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_textnet")]).args(&args);
+    let stderr = failed_with(&run_within(&mut command, 60), "of memory");
+    assert!(stderr.contains("lower --embed, --hidden or --max-vocab") && stderr.contains("GB"), "{stderr}");
+    assert!(!out.exists());
+}
+
+#[test]
 fn fifos_are_refused_without_blocking() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo");
@@ -92,4 +124,23 @@ fn a_corpus_truncated_while_read_never_kills_the_process() {
     if !result.status.success() {
         failed_with(&result, "corpus");
     }
+}
+
+#[test]
+fn the_memory_estimate_names_the_flags_that_shrink_its_largest_parts() {
+    use textnet::text::model::TextShape;
+    let shape = TextShape { vocab: 300, embed: 1_000_000, hidden: 4, context: 3 };
+    let need = shape.training_memory(1, 20_000, true);
+    let params = shape.parameter_count() * 4;
+    assert!(need.total() >= 4 * params && need.total() < 4 * params + (16 << 20), "{}", need.total());
+    need.check(None).unwrap();
+    need.check(Some(need.total())).unwrap();
+    let e = format!("{:#}", need.check(Some(2 << 30)).unwrap_err());
+    assert!(e.contains("needs about 4.5 GB") && e.contains("only 2.0 GB is available"), "{e}");
+    assert!(e.contains("lower --embed, --hidden or --max-vocab") && !e.contains("--batch"), "{e}");
+    // A GPU trainer keeps no host copy of its own, and a CPU batch holds each sample's forward values.
+    assert_eq!(shape.training_memory(1, 20_000, false).total(), need.total() - params - (2 * 1_000_000 + 12 + 600) * 4);
+    let wide = TextShape { vocab: 50_000, embed: 8, hidden: 16, context: 3 };
+    let e = format!("{:#}", wide.training_memory(100_000, 1_000_000, true).check(Some(1 << 30)).unwrap_err());
+    assert!(e.contains("lower --batch") && e.contains("only 1.0 GB is available"), "{e}");
 }

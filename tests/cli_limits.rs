@@ -4,10 +4,10 @@
 
 mod text_common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use text_common::shakespeare;
+use text_common::{shakespeare, tiny_model};
 
 /// Runs textnet with `args`, killing it (and failing) if it runs past `secs` seconds.
 fn textnet_within(args: &[&str], secs: u64) -> Output {
@@ -124,6 +124,22 @@ fn a_corpus_truncated_while_read_never_kills_the_process() {
     if !result.status.success() {
         failed_with(&result, "corpus");
     }
+}
+
+#[test]
+fn a_model_whose_forward_pass_overflows_is_an_error() {
+    let mut model = tiny_model();
+    model.params.w2.iter_mut().for_each(|w| *w = 3e38);
+    model.params.b1.iter_mut().for_each(|b| *b = 1.0);
+    let e = format!("{:#}", textnet::text::predict::predict(&model, "to be", 5).unwrap_err());
+    assert!(e.contains("not finite"), "{e}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path: PathBuf = dir.path().join("huge.safetensors");
+    model.save(&path).unwrap();
+    let out = textnet_within(&["predict", "--model", path.to_str().unwrap(), "--context", "to be"], 20);
+    failed_with(&out, "not finite");
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

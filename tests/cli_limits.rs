@@ -160,3 +160,19 @@ fn the_memory_estimate_names_the_flags_that_shrink_its_largest_parts() {
     let e = format!("{:#}", wide.training_memory(100_000, 1_000_000, true).check(Some(1 << 30)).unwrap_err());
     assert!(e.contains("lower --batch") && e.contains("only 1.0 GB is available"), "{e}");
 }
+
+#[test]
+fn a_shared_memory_shortfall_names_the_context_when_the_context_causes_it() {
+    use textnet::text::gpu::TextLayout;
+    use textnet::text::model::TextShape;
+    let max = 227 * 1024;
+    let long = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 100_000 };
+    let layout = TextLayout::new(long, 132, max).unwrap();
+    assert_eq!(layout.flag_at_fault(&|l| l.sample_update_shared(), max, "--embed"), "--context");
+    assert_eq!(layout.flag_at_fault(&|l| l.hidden_shared(8), max, "--embed"), "--context");
+    assert_eq!(layout.flag_at_fault(&|l| l.update_shared(8, false), max, "--embed"), "--context");
+    // Where the context is not what overflows, the kernel's own flag stays.
+    let short = TextLayout::new(TextShape { context: 3, ..long }, 132, max).unwrap();
+    assert_eq!(short.flag_at_fault(&|l| l.sample_update_shared(), 512, "--embed"), "--embed");
+    assert_eq!(layout.flag_at_fault(&|l| l.forward_shared(1), 1024, "--hidden"), "--hidden");
+}

@@ -41,7 +41,7 @@ fn address_space_left() -> Option<u64> {
     let pages: u64 = std::fs::read_to_string("/proc/self/statm").ok()?.split_whitespace().next()?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
-    Some((limit.rlim_cur as u64).saturating_sub(pages.saturating_mul(page_size)))
+    Some(limit.rlim_cur.saturating_sub(pages.saturating_mul(page_size)))
 }
 
 #[cfg(not(target_os = "linux"))]

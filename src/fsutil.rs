@@ -25,3 +25,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     result.with_context(|| format!("cannot write {}", path.display()))
 }
+
+/// Opens an input file for reading. Anything but a regular file (a directory, a FIFO, a device) is
+/// refused, and opening never blocks: a FIFO without a writer would otherwise hang in `open`.
+pub fn open_input(path: &Path, what: &str) -> Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).with_context(|| format!("cannot open {what} {}", path.display()))?;
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        anyhow::bail!("{what} {} is not a regular file", path.display());
+    }
+    Ok(file)
+}
+
+/// Reads a whole input file into memory (see `open_input`). A copy, unlike a memory map, cannot fault
+/// when another process truncates the file meanwhile.
+pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
+    let mut file = open_input(path, what)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    Ok(bytes)
+}

@@ -8,5 +8,6 @@ pub mod device;
 pub mod fsutil;
 mod fused_source;
 pub mod mnist;
+pub mod resources;
 pub mod selftest;
 pub mod text;

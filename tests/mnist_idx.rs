@@ -147,3 +147,49 @@ fn a_data_directory_needs_all_four_files() {
     check_split(&loaded.test, n_test);
     assert_eq!(loaded.dir, dir.path());
 }
+
+#[test]
+fn gzip_members_trailing_bytes_and_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = images_file(3);
+    // Several members concatenate (as `cat a.gz b.gz` or pigz make them).
+    let mut multi = gzip(&full[..1000]);
+    multi.extend(gzip(&full[1000..]));
+    let multi = write(dir.path(), "multi.gz", &multi);
+    assert_eq!(read_idx(&multi, 3).unwrap().data, &full[16..]);
+
+    let mut extra_member = gzip(&full);
+    extra_member.extend(gzip(&[0]));
+    let extra_member = write(dir.path(), "extra-member.gz", &extra_member);
+    let e = error_of(read_idx(&extra_member, 3));
+    assert!(e.contains("extra-member.gz") && e.contains("unexpected bytes"), "{e}");
+
+    // An empty member after the data adds no bytes.
+    let mut empty_member = gzip(&full);
+    empty_member.extend(gzip(&[]));
+    let empty_member = write(dir.path(), "empty-member.gz", &empty_member);
+    assert_eq!(read_idx(&empty_member, 3).unwrap().data, &full[16..]);
+
+    for (name, tail, expected) in [
+        ("garbage.gz", &b"not gzip"[..], "unexpected bytes after the gzip data"),
+        ("zeros.gz", &[0u8; 512][..], "unexpected bytes after the gzip data"),
+        ("cut-member.gz", &[0x1f][..], "truncated or corrupt gzip data"),
+    ] {
+        let mut bytes = gzip(&full);
+        bytes.extend(tail);
+        let path = write(dir.path(), name, &bytes);
+        let e = error_of(read_idx(&path, 3));
+        assert!(e.contains(name) && e.contains(expected), "{e}");
+    }
+
+    // A wrong CRC-32 (the first 4 bytes of the trailer) is reported as corruption, also where the stream
+    // holds more bytes than the header promises.
+    for (name, payload) in [("bad-crc.gz", full.clone()), ("bad-crc-long.gz", [&full[..], b"x"].concat())] {
+        let mut bytes = gzip(&payload);
+        let crc_at = bytes.len() - 8;
+        bytes[crc_at] ^= 0xff;
+        let path = write(dir.path(), name, &bytes);
+        let e = error_of(read_idx(&path, 3));
+        assert!(e.contains(name) && e.contains("checksum") && !e.contains("unexpected bytes"), "{e}");
+    }
+}

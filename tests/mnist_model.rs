@@ -191,3 +191,18 @@ fn model_file_round_trips() {
     assert!(parts.w1.iter().all(|w| w.abs() <= limit) && parts.w1.iter().any(|w| w.abs() > limit / 2.0));
     assert!(parts.b1.iter().chain(parts.b2).all(|&b| b == 0.0));
 }
+
+#[test]
+fn a_model_file_cannot_size_an_allocation_from_its_metadata() {
+    let shape = MlpShape { inputs: 784, hidden: 9, classes: 10, activation: Activation::Relu };
+    let bytes = MlpParams::init(shape, 3).to_safetensors(&[]).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for inputs in ["1000000000000", "18446744073709551615"] {
+        let mut meta = header.metadata().clone().unwrap();
+        meta.insert("inputs".into(), inputs.into());
+        let forged = safetensors::serialize(file.iter(), Some(meta)).unwrap();
+        let e = format!("{:#}", MlpParams::from_safetensors(&forged).unwrap_err());
+        assert!(e.contains("tensor w1") && e.contains(inputs), "{e}");
+    }
+}

@@ -100,9 +100,7 @@ fn check_args(args: &MnistArgs) -> Result<()> {
     if args.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    if args.epochs == 0 {
-        bail!("--epochs must be at least 1");
-    }
+    crate::resources::check_epochs(args.epochs)?;
     if args.train_limit == Some(0) {
         bail!("--train-limit must be at least 1");
     }

@@ -2,14 +2,15 @@
 //!
 //! An IDX file is a big-endian u32 magic number (two zero bytes, a type code — 0x08 for unsigned bytes —
 //! and the number of dimensions), one big-endian u32 per dimension, then the data, row-major. Images
-//! are 0x00000803 (count × 28 × 28), labels 0x00000801 (count). Either file may be gzipped; the reader
-//! tells by the gzip magic, not the file name. One reader serves both kinds; `load_split` pairs them.
+//! are 0x00000803 (count × 28 × 28), labels 0x00000801 (count). Either file may be gzipped, in one member
+//! or several; the reader tells by the gzip magic, not the file name. One reader serves both kinds;
+//! `load_split` pairs them.
 //!
 //! A split is held as one contiguous f32 image buffer (pixels scaled to [0,1]) and one u8 label buffer,
 //! so a GPU backend uploads each with a single copy.
 
 use anyhow::{Context, Result, bail};
-use flate2::read::GzDecoder;
+use flate2::bufread::GzDecoder;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -32,11 +33,48 @@ pub struct Idx {
 /// Reads an IDX file of unsigned bytes that must have `ndims` dimensions (3 for images, 1 for labels).
 /// Errors start with the file's path and say what is wrong with it.
 pub fn read_idx(path: &Path, ndims: usize) -> Result<Idx> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file = crate::fsutil::open_input(path, "IDX file")?;
     let mut buffered = BufReader::new(file);
     let gzipped = buffered.fill_buf().map(|head| head.starts_with(&[0x1f, 0x8b])).unwrap_or(false);
-    let reader: Box<dyn Read> = if gzipped { Box::new(GzDecoder::new(buffered)) } else { Box::new(buffered) };
+    let reader: Box<dyn Read> =
+        if gzipped { Box::new(GzMembers { member: Some(GzDecoder::new(buffered)) }) } else { Box::new(buffered) };
     parse_idx(reader, ndims, gzipped).with_context(|| path.display().to_string())
+}
+
+/// The members of a gzip file decoded one after another, like `flate2::read::MultiGzDecoder`, except
+/// that bytes after the last member which do not start another one are an error of their own
+/// (`NotGzip`), not a corrupt header.
+struct GzMembers {
+    member: Option<GzDecoder<BufReader<File>>>,
+}
+
+#[derive(Debug)]
+struct NotGzip;
+
+impl std::fmt::Display for NotGzip {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("bytes after the gzip data that are not gzip")
+    }
+}
+
+impl std::error::Error for NotGzip {}
+
+impl Read for GzMembers {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(member) = &mut self.member {
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let mut rest = self.member.take().map(GzDecoder::into_inner).expect("a member");
+            match rest.fill_buf()? {
+                [] => {}
+                [0x1f, ..] => self.member = Some(GzDecoder::new(rest)),
+                _ => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, NotGzip)),
+            }
+        }
+        Ok(0)
+    }
 }
 
 /// Reads into `buf` until it is full or the stream ends; returns how many bytes arrived.
@@ -47,6 +85,9 @@ fn read_up_to(reader: &mut dyn Read, buf: &mut [u8], gzipped: bool) -> Result<us
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.get_ref().is_some_and(|inner| inner.is::<NotGzip>()) => {
+                bail!("unexpected bytes after the gzip data (they do not start another gzip member)")
+            }
             Err(e) if gzipped => bail!("truncated or corrupt gzip data ({e})"),
             Err(e) => return Err(e).context("read error"),
         }
@@ -95,7 +136,15 @@ fn parse_idx(mut reader: Box<dyn Read>, ndims: usize, gzipped: bool) -> Result<I
     if data.len() < len {
         bail!("truncated: the header promises {shown} = {len} data bytes but only {} follow", data.len());
     }
-    if read_up_to(reader, &mut [0u8; 1], gzipped)? > 0 {
+    // To the end, so that a corrupt gzip stream is reported as such even where it decodes to extra bytes.
+    let mut extra = 0;
+    loop {
+        match read_up_to(reader, &mut chunk, gzipped)? {
+            0 => break,
+            n => extra += n,
+        }
+    }
+    if extra > 0 {
         bail!("unexpected bytes after the {len} data bytes that the header ({shown}) promises");
     }
     Ok(Idx { dims, data })

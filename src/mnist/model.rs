@@ -215,12 +215,17 @@ impl MlpParams {
             MlpShape { inputs: number("inputs")?, hidden: number("hidden")?, classes: number("classes")?, activation };
         shape.validate()?;
         let tensors = safetensors::SafeTensors::deserialize(bytes)?;
-        let mut flat = Vec::with_capacity(shape.param_count());
+        // Every tensor is checked before anything is allocated: the metadata alone could ask for any size.
+        let mut views = Vec::new();
         for (name, dims) in shape.tensor_shapes() {
             let t = tensors.tensor(name).with_context(|| format!("tensor {name}"))?;
             if t.dtype() != safetensors::Dtype::F32 || t.shape() != dims.as_slice() {
                 bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
             }
+            views.push(t);
+        }
+        let mut flat = Vec::with_capacity(views.iter().map(|t| t.data().len() / 4).sum());
+        for t in &views {
             flat.extend(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())));
         }
         Ok((MlpParams { shape, flat }, meta))

@@ -84,7 +84,6 @@ impl TrainArgs {
             ("--context", self.context, 1),
             ("--embed", self.embed, 1),
             ("--hidden", self.hidden, 1),
-            ("--epochs", self.epochs, 1),
             ("--batch", self.batch, 1),
             ("--max-tokens", self.max_tokens.unwrap_or(1), 1),
         ] {
@@ -92,6 +91,7 @@ impl TrainArgs {
                 bail!("{flag} must be at least {least}, got {value}");
             }
         }
+        crate::resources::check_epochs(self.epochs)?;
         if !(self.lr.is_finite() && self.lr > 0.0) {
             bail!("--lr must be a positive finite number, got {}", self.lr);
         }
@@ -232,6 +232,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
     check_size(shape)?;
 
     let backend = device::select(args.device, args.quiet)?;
+    let batch = args.batch.min(split.train.len());
+    let on_cpu = matches!(backend, device::Backend::Cpu);
+    shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
     let setup = Setup {
         args: &args,
         device: backend.describe(),

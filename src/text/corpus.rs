@@ -1,5 +1,5 @@
-//! The training corpus: a UTF-8 text file, memory-mapped (never copied), tokenized in one pass into a
-//! stream of vocabulary ids, and the split of that stream into training and validation samples.
+//! The training corpus: a UTF-8 text file, read into memory and tokenized in one pass into a stream of
+//! vocabulary ids, and the split of that stream into training and validation samples.
 //!
 //! Input that is not UTF-8 is rejected with the byte offset of the first invalid byte rather than
 //! decoded lossily: a wrong encoding would silently train a model on replacement characters.
@@ -7,7 +7,6 @@
 use super::tokenizer::Tokenizer;
 use super::vocab::Vocab;
 use anyhow::{Context, Result, bail};
-use memmap2::Mmap;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
@@ -35,30 +34,19 @@ pub struct Corpus {
     pub truncated: bool,
 }
 
-/// Maps a whole file read-only. `what` names the file in errors ("corpus", "model file").
-pub(crate) fn map_file(path: &Path, what: &str) -> Result<Mmap> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {what} {}", path.display()))?;
-    if !file.metadata().map(|m| m.is_file()).unwrap_or(false) {
-        bail!("{what} {} is not a regular file", path.display());
-    }
-    // SAFETY: the map is read-only and lives only while we read it; like every reader of a file we rely on
-    // no other process truncating it meanwhile.
-    unsafe { Mmap::map(&file) }.with_context(|| format!("cannot read {what} {}", path.display()))
-}
-
 impl Corpus {
     /// Reads and tokenizes the corpus file at `path`.
     pub fn read(path: &Path, options: CorpusOptions) -> Result<Corpus> {
-        let map = map_file(path, "corpus")?;
-        if map.is_empty() {
+        let bytes = crate::fsutil::read_input(path, "corpus")?;
+        if bytes.is_empty() {
             bail!("corpus {} is empty", path.display());
         }
-        let text = std::str::from_utf8(&map).map_err(|e| {
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
             let offset = e.valid_up_to();
             anyhow::anyhow!(
                 "corpus {} is not UTF-8 text: invalid byte 0x{:02X} at byte offset {offset} (convert it to UTF-8 first)",
                 path.display(),
-                map[offset]
+                bytes[offset]
             )
         })?;
         Corpus::from_text(text, options).with_context(|| format!("corpus {}", path.display()))

@@ -110,6 +110,18 @@ impl TextLayout {
         Ok(layout)
     }
 
+    /// The flag to name when `bytes` of shared memory per block exceed `max_shared`: `--context` where a
+    /// one-token context would fit, else `flag`.
+    pub fn flag_at_fault(
+        &self,
+        bytes: &dyn Fn(&TextLayout) -> usize,
+        max_shared: usize,
+        flag: &'static str,
+    ) -> &'static str {
+        let one_token = TextLayout { shape: TextShape { context: 1, ..self.shape }, ..*self };
+        if bytes(self) > max_shared && bytes(&one_token) <= max_shared { "--context" } else { flag }
+    }
+
     /// Whether a step of `batch` samples takes the tiled kernels.
     pub fn tiled(&self, batch: usize) -> bool {
         batch >= TILED_MIN_BATCH && self.tiled_fits
@@ -362,11 +374,14 @@ impl GpuTrainer {
                 eval_rank: load("text_eval_rank")?,
                 eval_finish: load("text_eval_finish")?,
             };
-            let l = &self.layout;
-            self.gpu.reserve_shared(&kernels.hidden, l.hidden_shared(chunk), "--embed")?;
-            self.gpu.reserve_shared(&kernels.forward, l.forward_shared(chunk), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.backward, l.backward_shared(chunk, true), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.update, l.update_shared(chunk, l.update_whole_dx(chunk)), "--embed")?;
+            let (l, max) = (&self.layout, self.gpu.max_shared_optin);
+            let reserve = |f: &CudaFunction, bytes: &dyn Fn(&TextLayout) -> usize, flag| {
+                self.gpu.reserve_shared(f, bytes(l), l.flag_at_fault(bytes, max, flag))
+            };
+            reserve(&kernels.hidden, &|l| l.hidden_shared(chunk), "--embed")?;
+            reserve(&kernels.forward, &|l| l.forward_shared(chunk), "--hidden")?;
+            reserve(&kernels.backward, &|l| l.backward_shared(chunk, true), "--hidden")?;
+            reserve(&kernels.update, &|l| l.update_shared(chunk, l.update_whole_dx(chunk)), "--embed")?;
             for f in [&kernels.hidden, &kernels.forward, &kernels.backward, &kernels.update] {
                 self.gpu.prefer_shared_carveout(f)?;
             }
@@ -385,10 +400,13 @@ impl GpuTrainer {
                 update: Gpu::function(&module, "sample_update")?,
                 flush: Gpu::function(&module, "sample_flush")?,
             };
-            let l = &self.layout;
-            self.gpu.reserve_shared(&kernels.forward, l.sample_forward_shared(), "--hidden")?;
-            self.gpu.reserve_shared(&kernels.backward, l.sample_backward_shared(), "--embed")?;
-            self.gpu.reserve_shared(&kernels.update, l.sample_update_shared(), "--embed")?;
+            let (l, max) = (&self.layout, self.gpu.max_shared_optin);
+            let reserve = |f: &CudaFunction, bytes: &dyn Fn(&TextLayout) -> usize, flag| {
+                self.gpu.reserve_shared(f, bytes(l), l.flag_at_fault(bytes, max, flag))
+            };
+            reserve(&kernels.forward, &|l| l.sample_forward_shared(), "--hidden")?;
+            reserve(&kernels.backward, &|l| l.sample_backward_shared(), "--embed")?;
+            reserve(&kernels.update, &|l| l.sample_update_shared(), "--embed")?;
             for f in [&kernels.forward, &kernels.backward, &kernels.update] {
                 self.gpu.prefer_shared_carveout(f)?;
             }

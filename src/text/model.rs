@@ -37,6 +37,39 @@ impl TextShape {
         }
         Ok(())
     }
+
+    pub fn parameter_count(&self) -> u64 {
+        let [v, d, h] = [self.vocab, self.embed, self.hidden].map(|n| n as u64);
+        v.saturating_mul(d)
+            .saturating_add(h.saturating_mul(d))
+            .saturating_add(h)
+            .saturating_add(v.saturating_mul(h))
+            .saturating_add(v)
+    }
+
+    /// Host memory a training run on `tokens` tokens takes at its peak, beyond the corpus already read.
+    /// The parameters exist four times on the CPU (the trainer's, the last good epoch's, and while saving
+    /// the model file's tensor bytes and serialized bytes) and three times with a GPU trainer, which
+    /// keeps none on the host; a CPU step of `batch` samples adds their forward values, ∂h and ∂x (its
+    /// dense gradients are smaller than the two copies that exist only while saving); the token stream
+    /// is copied once for the trainer and the training positions once for the shuffle.
+    pub fn training_memory(&self, batch: usize, tokens: usize, on_cpu: bool) -> crate::resources::MemoryNeed {
+        let [v, d, h, b] = [self.vocab, self.embed, self.hidden, batch].map(|n| n as u64);
+        let copies: u64 = if on_cpu { 4 } else { 3 };
+        let per_sample = 2 * d + 3 * h + 2 * v;
+        let activations = if on_cpu { b.saturating_mul(per_sample).saturating_mul(4) } else { 0 };
+        crate::resources::MemoryNeed {
+            parts: vec![
+                (
+                    "parameters and their copies",
+                    copies.saturating_mul(self.parameter_count()).saturating_mul(4),
+                    "--embed, --hidden or --max-vocab",
+                ),
+                ("a batch's activations", activations, "--batch"),
+                ("token arrays", 8 * tokens as u64, "--max-tokens"),
+            ],
+        }
+    }
 }
 
 /// All trainable parameters.

@@ -10,9 +10,8 @@
 //! | `lowercase`      | `true` or `false` (tokenizer setting)           |
 //! | `vocabulary`     | JSON array of the token strings in id order     |
 //!
-//! Written atomically; read through a memory map. Every way a file can be wrong is a one-line error.
+//! Written atomically; read into memory whole. Every way a file can be wrong is a one-line error.
 
-use super::corpus::map_file;
 use super::model::{TextParams, TextShape};
 use super::tokenizer::Tokenizer;
 use super::vocab::Vocab;
@@ -64,8 +63,8 @@ impl TextModel {
     }
 
     pub fn load(path: &Path) -> Result<TextModel> {
-        let map = map_file(path, "model file")?;
-        TextModel::from_bytes(&map).with_context(|| format!("model file {}", path.display()))
+        let bytes = crate::fsutil::read_input(path, "model file")?;
+        TextModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<TextModel> {

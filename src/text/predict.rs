@@ -50,6 +50,9 @@ pub fn predict(model: &TextModel, text: &str, k: usize) -> Result<Prediction> {
 
     let mut acts = Activations::new(model.params.shape);
     forward(&model.params, &ids, &mut acts);
+    if !acts.logsumexp.is_finite() || acts.probs.iter().any(|p| !p.is_finite()) {
+        bail!("the model's output is not finite for this context: its weights are too large to be a trained model");
+    }
     let top = top_k(&acts.probs, k.min(acts.probs.len()))
         .into_iter()
         .map(|id| Candidate {

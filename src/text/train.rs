@@ -99,7 +99,7 @@ pub fn train(
     let mut rng = StdRng::seed_from_u64(options.seed ^ 0x9E37_79B9_7F4A_7C15);
     let mut order = train.to_vec();
     let mut last_good = trainer.params()?;
-    let mut epochs = Vec::with_capacity(options.epochs);
+    let mut epochs = Vec::new();
     let started = Instant::now();
     for epoch in 1..=options.epochs {
         if options.shuffle {

@@ -2,9 +2,12 @@
 //! NVRTC), each pipeline with a plain CPU reference of the same math.
 
 pub mod bench;
+pub mod checkpoint;
+pub mod console;
 pub mod cpu;
 pub mod device;
 pub mod fsutil;
+pub mod interrupt;
 pub mod mnist;
 pub mod selftest;
 pub mod text;

@@ -71,7 +71,7 @@ pub struct MnistArgs {
     pub train_limit: Option<usize>,
     /// Hold out this fraction of the training images (the last ones) as a validation set, measured after
     /// every epoch; it is what --keep best chooses by
-    #[arg(long, value_name = "F")]
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
     pub val_split: Option<f64>,
     /// Which epoch the model file holds. `best` (lowest validation loss) needs --val-split: choosing by
     /// the test set would make its figures optimistic
@@ -339,6 +339,13 @@ pub fn run(args: MnistArgs) -> Result<()> {
         data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
     let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
     fsutil::check_output(&args.out, &inputs)?;
+    if shadows_data_file(&args.out, &data.dir) {
+        bail!(
+            "--out {} would be read as a data file of {}; choose another name",
+            args.out.display(),
+            data.dir.display()
+        );
+    }
     let full_train = data.train.len();
     if let Some(limit) = args.train_limit {
         data.train.truncate(limit);
@@ -470,6 +477,16 @@ pub fn run(args: MnistArgs) -> Result<()> {
         bail!("{outcome}");
     }
     Ok(())
+}
+
+/// Whether `out` is one of the names the data files are looked up under in `data_dir`.
+fn shadows_data_file(out: &Path, data_dir: &Path) -> bool {
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    fsutil::same_file(dir, data_dir) && data::FILES.iter().any(|f| *name == **f || *name == format!("{f}.gz"))
 }
 
 /// Moves the last `fraction` of `train` (at least one image, leaving at least one) into a validation split.

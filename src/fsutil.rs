@@ -1,22 +1,30 @@
 //! File helpers shared by every pipeline.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
-use std::path::Path;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The longest file name, in bytes, that common file systems (ext4, XFS, Btrfs, tmpfs) accept.
+const NAME_MAX: usize = 255;
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, flushed to disk, then
 /// renamed over the target. A crash or a full disk leaves either the old file or the new one, never half.
+/// A file it replaces keeps its permission bits; temporary files that an earlier, interrupted write to
+/// the same target left behind are removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = parent_dir(path);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    remove_stale_temps(path);
+    let tmp = temp_path(path);
     let result = (|| -> std::io::Result<()> {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(bytes)?;
+        if let Ok(old) = std::fs::metadata(path) {
+            file.set_permissions(old.permissions())?;
+        }
         file.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
@@ -24,6 +32,91 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result.with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Checks, before any work, that `out` can receive what `write_atomic` will write there: it names a
+/// file (no trailing slash, not a directory, device, FIFO or socket), the name fits a file system, the
+/// directory exists (it is created) and takes a new file, and it is none of the run's `inputs`
+/// (`(what, path)` pairs, e.g. `("corpus", …)`), which writing it would destroy.
+pub fn check_output(out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+    let shown = out.display();
+    if out.as_os_str().is_empty() {
+        bail!("--out must name a file");
+    }
+    let name = match out.file_name() {
+        Some(name) if !out.as_os_str().as_bytes().ends_with(b"/") => name,
+        _ => bail!("--out {shown} is a directory name; give a file name"),
+    };
+    if name.len() > NAME_MAX {
+        bail!(
+            "--out {shown}: the file name is {} bytes long, more than the {NAME_MAX} a file system accepts",
+            name.len()
+        );
+    }
+    if let Ok(meta) = std::fs::metadata(out) {
+        if meta.is_dir() {
+            bail!("--out {shown} is a directory; give a file name");
+        }
+        if !meta.is_file() {
+            bail!("--out {shown} is not a regular file (a device, FIFO or socket); give a file name");
+        }
+        for (what, input) in inputs {
+            if same_file(input, out) {
+                bail!("--out {shown} is the {what} {}; writing the model there would destroy it", input.display());
+            }
+        }
+    }
+    let dir = parent_dir(out);
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--out {shown}: cannot create directory {}", dir.display()))?;
+    let tmp = temp_path(out);
+    std::fs::File::create(&tmp).with_context(|| format!("--out {shown}: cannot write in {}", dir.display()))?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// Whether `a` and `b` name the same existing file (through links, `..` or another spelling).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// `.NAME.tmp-` for `path`, NAME cut so that the prefix plus any process id stays within `NAME_MAX`.
+fn temp_prefix(path: &Path) -> Vec<u8> {
+    let name = path.file_name().map(OsStr::as_bytes).unwrap_or_default();
+    const FIXED: usize = ".".len() + ".tmp-".len() + "4294967295".len();
+    let kept = &name[..name.len().min(NAME_MAX - FIXED)];
+    [b".", kept, b".tmp-"].concat()
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let mut name = temp_prefix(path);
+    name.extend(std::process::id().to_string().bytes());
+    parent_dir(path).join(OsString::from_vec(name))
+}
+
+/// Removes `path`'s temporary files whose writing process no longer runs.
+fn remove_stale_temps(path: &Path) {
+    let prefix = temp_prefix(path);
+    let Ok(entries) = std::fs::read_dir(parent_dir(path)) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.as_bytes().strip_prefix(prefix.as_slice()) else { continue };
+        let Some(pid) = std::str::from_utf8(pid).ok().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let running = pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
+        if !running && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Opens an input file for reading. Anything but a regular file (a directory, a FIFO, a device) is

@@ -3,10 +3,13 @@
 
 pub mod bench;
 pub mod check;
+pub mod checkpoint;
+pub mod console;
 pub mod cpu;
 pub mod device;
 pub mod fsutil;
 mod fused_source;
+pub mod interrupt;
 pub mod mnist;
 pub mod resources;
 pub mod selftest;

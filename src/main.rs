@@ -47,7 +47,8 @@ fn main() {
     };
     if let Err(err) = result {
         let text = format!("{err:#}");
-        eprintln!("textnet: error: {}", text.trim_end());
-        std::process::exit(1);
+        textnet::console::err(&format!("textnet: error: {}", text.trim_end()));
+        let interrupted = err.downcast_ref::<textnet::interrupt::Interrupted>().is_some();
+        std::process::exit(if interrupted { textnet::interrupt::EXIT_STATUS } else { 1 });
     }
 }

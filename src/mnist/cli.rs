@@ -6,16 +6,20 @@
 //! per-epoch lines and the confusion matrix, or with `--json` everything but the JSON.
 
 use super::data::{self, Dataset};
-use super::model::{Activation, MlpParams, MlpShape};
+use super::idx::Split;
+use super::model::{Activation, MlpParams, MlpShape, Workspace};
 use super::optim::{OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
-use super::{Evaluation, idx};
+use super::{Evaluation, evaluate_split, idx};
+use crate::checkpoint::{Keep, Keeper};
 use crate::device::{self, DeviceChoice};
-use anyhow::{Result, bail};
+use crate::interrupt::{self, Interrupted};
+use crate::{console, fsutil};
+use anyhow::{Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
@@ -65,6 +69,14 @@ pub struct MnistArgs {
     /// Train on only the first N training images (for quick runs)
     #[arg(long, value_name = "N")]
     pub train_limit: Option<usize>,
+    /// Hold out this fraction of the training images (the last ones) as a validation set, measured after
+    /// every epoch; it is what --keep best chooses by
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub val_split: Option<f64>,
+    /// Which epoch the model file holds. `best` (lowest validation loss) needs --val-split: choosing by
+    /// the test set would make its figures optimistic
+    #[arg(long, value_enum, default_value_t = Keep::Last)]
+    pub keep: Keep,
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Where to write the trained model
@@ -107,6 +119,14 @@ fn check_args(args: &MnistArgs) -> Result<()> {
     if args.out.as_os_str().is_empty() || args.out.is_dir() {
         bail!("--out {:?} must name a file", args.out);
     }
+    if let Some(f) = args.val_split {
+        if !(f > 0.0 && f < 1.0) {
+            bail!("--val-split must be a fraction between 0 and 1 (exclusive), got {f}");
+        }
+    }
+    if args.keep == Keep::Best && args.val_split.is_none() {
+        bail!("--keep best needs --val-split F: choosing the epoch by the test set would leak it into the model");
+    }
     Ok(())
 }
 
@@ -120,8 +140,7 @@ struct Human {
 
 impl Human {
     fn print(&self, text: &str) {
-        let _ =
-            if self.to_stderr { writeln!(std::io::stderr(), "{text}") } else { writeln!(std::io::stdout(), "{text}") };
+        console::line(self.to_stderr, text);
     }
 
     fn result(&self, text: &str) {
@@ -137,12 +156,53 @@ impl Human {
     }
 }
 
-/// Per-epoch lines and the progress bar.
+/// Per-epoch lines and the progress bar; the validation and the save after each epoch.
 struct Display<'a> {
     human: &'a Human,
     epochs: usize,
     show_bar: bool,
     bar: Option<ProgressBar>,
+    saver: Saver<'a>,
+}
+
+/// Writes the epochs that `keeper` keeps to `out`, judged by their validation loss (with --val-split),
+/// else by their test loss, which only `--keep last` (every epoch) uses.
+struct Saver<'a> {
+    out: &'a Path,
+    dataset: Dataset,
+    keeper: Keeper,
+    val: Option<&'a Split>,
+    ws: Workspace,
+    /// Validation loss and accuracy of each epoch, with --val-split.
+    val_history: Vec<(f64, f64)>,
+    /// The test evaluation of the epoch the file holds.
+    kept_eval: Option<Evaluation>,
+    note: &'static str,
+}
+
+impl Saver<'_> {
+    fn offer(&mut self, stats: &EpochStats, eval: &Evaluation, params: &MlpParams) -> Result<()> {
+        let loss = match self.val {
+            Some(val) => {
+                let v = evaluate_split(params, val, &mut self.ws);
+                self.val_history.push((v.mean_loss(), v.accuracy()));
+                v.mean_loss()
+            }
+            None => eval.mean_loss(),
+        };
+        self.note = if self.keeper.offer(stats.epoch, loss) {
+            fsutil::write_atomic(self.out, &params.to_safetensors(&[("dataset", self.dataset.name())])?)?;
+            self.kept_eval = Some(eval.clone());
+            "saved"
+        } else {
+            "not saved"
+        };
+        Ok(())
+    }
+
+    fn loss_name(&self) -> &'static str {
+        if self.val.is_some() { "val loss" } else { "test loss" }
+    }
 }
 
 impl Observer for Display<'_> {
@@ -164,13 +224,24 @@ impl Observer for Display<'_> {
         }
     }
 
+    fn epoch_completed(&mut self, stats: &EpochStats, eval: &Evaluation, params: &MlpParams) -> Result<bool> {
+        self.saver.offer(stats, eval, params)?;
+        Ok(!interrupt::requested())
+    }
+
     fn epoch_end(&mut self, s: &EpochStats, _eval: &Evaluation) {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
         let width = self.epochs.to_string().len();
+        let val = match (self.saver.val, self.saver.val_history.last()) {
+            (Some(_), Some((loss, accuracy))) => {
+                format!("  val loss {loss:.4}  val acc {:.2}%  {}", 100.0 * accuracy, self.saver.note)
+            }
+            _ => String::new(),
+        };
         self.human.result(&format!(
-            "epoch {:>width$}/{}  train loss {:.4}  test loss {:.4}  test acc {:.2}%  {:.0} samples/s  {:.1}s",
+            "epoch {:>width$}/{}  train loss {:.4}  test loss {:.4}  test acc {:.2}%  {:.0} samples/s  {:.1}s{val}",
             s.epoch,
             self.epochs,
             s.train_loss,
@@ -208,12 +279,26 @@ fn confusion_table(eval: &Evaluation, names: &[&str]) -> String {
     out
 }
 
+/// An epoch's figures in the `--json` report.
+#[derive(Serialize)]
+struct EpochReport {
+    #[serde(flatten)]
+    stats: EpochStats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    val_accuracy: Option<f64>,
+}
+
 #[derive(Serialize)]
 struct Report<'a> {
+    /// "ok", "interrupted" or "not_better".
+    status: &'a str,
     dataset: &'a str,
     data_dir: String,
     device: String,
     train_samples: usize,
+    val_samples: usize,
     test_samples: usize,
     inputs: usize,
     hidden: usize,
@@ -226,7 +311,10 @@ struct Report<'a> {
     clip_norm: f32,
     batch: usize,
     seed: u64,
-    epochs: &'a [EpochStats],
+    keep: &'a str,
+    epochs: Vec<EpochReport>,
+    /// The epoch the model file holds; the test figures below are that epoch's.
+    kept_epoch: Option<usize>,
     test_loss: f64,
     test_accuracy: f64,
     class_names: [&'a str; 10],
@@ -245,14 +333,36 @@ pub fn run(args: MnistArgs) -> Result<()> {
 
     let backend = device::select(args.device, args.quiet)?;
     let mut data = data::load(args.dataset, args.data.as_deref(), &|note| human.note(note))?;
+    let inputs: Vec<PathBuf> =
+        data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
+    let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
+    fsutil::check_output(&args.out, &inputs)?;
+    if shadows_data_file(&args.out, &data.dir) {
+        bail!(
+            "--out {} would be read as a data file of {}; choose another name",
+            args.out.display(),
+            data.dir.display()
+        );
+    }
     let full_train = data.train.len();
     if let Some(limit) = args.train_limit {
         data.train.truncate(limit);
     }
+    let val = match args.val_split {
+        Some(fraction) => Some(hold_out(&mut data.train, fraction)?),
+        None => None,
+    };
+    let existing = existing_out(&args.out)?;
     let (n_train, n_test) = (data.train.len(), data.test.len());
-    let limited = if n_train < full_train { format!(" (first {n_train} of {full_train})") } else { String::new() };
+    let n_val = val.as_ref().map_or(0, Split::len);
+    let limited = match (n_train + n_val < full_train, n_val) {
+        (false, _) => String::new(),
+        (true, 0) => format!(" (first {n_train} of {full_train})"),
+        (true, _) => format!(" (of the first {} of {full_train})", n_train + n_val),
+    };
+    let held_out = if n_val > 0 { format!(", {n_val} held out for validation") } else { String::new() };
     human.note(&format!(
-        "{} from {}: {n_train} training images{limited}, {n_test} test images",
+        "{} from {}: {n_train} training images{held_out}{limited}, {n_test} test images",
         args.dataset.title(),
         data.dir.display()
     ));
@@ -271,29 +381,68 @@ pub fn run(args: MnistArgs) -> Result<()> {
         backend.describe()
     ));
 
+    let mut ws = Workspace::default();
+    let baseline = match (&existing, &val) {
+        (Some(old), Some(val)) if old.shape.inputs == idx::PIXELS && old.shape.classes == idx::CLASSES => {
+            let loss = evaluate_split(old, val, &mut ws).mean_loss();
+            human.note(&format!(
+                "--out {} already holds a model of val loss {loss:.4}; only a better epoch replaces it",
+                args.out.display()
+            ));
+            Some(loss)
+        }
+        _ => None,
+    };
+
     let params = MlpParams::init(shape, args.seed);
     let mut trainer = super::trainer(&backend, params, optim, Arc::new(data.train), Arc::new(data.test))?;
     let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
     let show_bar = !args.quiet && std::io::stderr().is_terminal();
-    let mut display = Display { human: &human, epochs: args.epochs, show_bar, bar: None };
-    let (history, eval) = train::run(trainer.as_mut(), n_train, schedule, &mut display)?;
-
-    let params = trainer.params()?;
-    if !params.all_finite() {
-        bail!("training produced non-finite parameters; lower --lr or set --clip-norm");
-    }
-    let bytes = params.to_safetensors(&[("dataset", args.dataset.name())])?;
-    crate::fsutil::write_atomic(&args.out, &bytes)?;
+    let saver = Saver {
+        out: &args.out,
+        dataset: args.dataset,
+        keeper: Keeper::new(args.keep, baseline),
+        val: val.as_ref(),
+        ws,
+        val_history: Vec::new(),
+        kept_eval: None,
+        note: "",
+    };
+    let mut display = Display { human: &human, epochs: args.epochs, show_bar, bar: None, saver };
+    interrupt::install();
+    let result = train::run(trainer.as_mut(), n_train, schedule, &mut display);
+    let Display { saver, .. } = display;
+    let outcome = saver.keeper.outcome(&args.out, saver.loss_name());
+    let (history, _) = result.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
+    let interrupted = history.len() < args.epochs;
+    let status = match (interrupted, &saver.kept_eval) {
+        (true, _) => "interrupted",
+        (false, None) => "not_better",
+        (false, Some(_)) => "ok",
+    };
 
     let names = args.dataset.class_names();
-    human.result(&confusion_table(&eval, &names));
-    human.note(&format!("model written to {}", args.out.display()));
+    if let Some(eval) = &saver.kept_eval {
+        human.result(&confusion_table(eval, &names));
+    }
+    human.note(&outcome);
     if args.json {
+        let eval = saver.kept_eval.clone().unwrap_or_else(|| Evaluation::new(shape.classes));
+        let epochs = history
+            .iter()
+            .enumerate()
+            .map(|(i, &stats)| {
+                let v = saver.val_history.get(i);
+                EpochReport { stats, val_loss: v.map(|v| v.0), val_accuracy: v.map(|v| v.1) }
+            })
+            .collect();
         let report = Report {
+            status,
             dataset: args.dataset.name(),
             data_dir: data.dir.display().to_string(),
             device: backend.describe(),
             train_samples: n_train,
+            val_samples: n_val,
             test_samples: n_test,
             inputs: shape.inputs,
             hidden: shape.hidden,
@@ -306,16 +455,69 @@ pub fn run(args: MnistArgs) -> Result<()> {
             clip_norm: optim.clip_norm,
             batch: args.batch,
             seed: args.seed,
-            epochs: &history,
+            keep: args.keep.name(),
+            epochs,
+            kept_epoch: saver.keeper.kept_epoch(),
             test_loss: eval.mean_loss(),
             test_accuracy: eval.accuracy(),
             class_names: names,
             confusion: eval.confusion_rows(),
             model: args.out.display().to_string(),
         };
-        let mut stdout = std::io::stdout().lock();
-        serde_json::to_writer(&mut stdout, &report)?;
-        writeln!(stdout)?;
+        console::out(&serde_json::to_string(&report)?);
+    }
+    if interrupted {
+        return Err(
+            Interrupted(format!("interrupted after epoch {} of {}; {outcome}", history.len(), args.epochs)).into()
+        );
+    }
+    if saver.kept_eval.is_none() {
+        bail!("{outcome}");
     }
     Ok(())
+}
+
+/// Whether `out` is one of the names the data files are looked up under in `data_dir`.
+fn shadows_data_file(out: &Path, data_dir: &Path) -> bool {
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    fsutil::same_file(dir, data_dir) && data::FILES.iter().any(|f| *name == **f || *name == format!("{f}.gz"))
+}
+
+/// Moves the last `fraction` of `train` (at least one image, leaving at least one) into a validation split.
+fn hold_out(train: &mut Split, fraction: f64) -> Result<Split> {
+    let n = train.len();
+    let n_val = ((n as f64 * fraction).ceil() as usize).max(1);
+    if n_val >= n {
+        bail!("--val-split {fraction} of {n} training images leaves none to train on");
+    }
+    let keep = n - n_val;
+    let val = Split {
+        images: train.images[keep * train.pixels..].to_vec(),
+        labels: train.labels[keep..].to_vec(),
+        pixels: train.pixels,
+    };
+    train.truncate(keep);
+    Ok(val)
+}
+
+/// The model already at `out`: `None` when there is no file or an empty one. Anything there that is not
+/// an MNIST model is refused rather than overwritten.
+fn existing_out(out: &Path) -> Result<Option<MlpParams>> {
+    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
+    if meta.len() == 0 {
+        return Ok(None);
+    }
+    let parsed = std::fs::read(out).map_err(anyhow::Error::from).and_then(|bytes| MlpParams::from_safetensors(&bytes));
+    match parsed {
+        Ok((params, _)) => Ok(Some(params)),
+        Err(e) => bail!(
+            "--out {} exists and is not a textnet MNIST model, so it is not replaced (remove it or choose another \
+             --out): {e:#}",
+            out.display()
+        ),
+    }
 }

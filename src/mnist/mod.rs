@@ -101,6 +101,19 @@ fn gpu_trainer(
 /// Samples per forward pass when evaluating.
 const EVAL_CHUNK: usize = 256;
 
+/// Loss and confusion matrix of `params` over the whole of `data`, on the CPU.
+pub fn evaluate_split(params: &MlpParams, data: &Split, ws: &mut Workspace) -> Evaluation {
+    let mut eval = Evaluation::new(params.shape.classes);
+    let all: Vec<u32> = (0..data.len() as u32).collect();
+    for rows in all.chunks(EVAL_CHUNK) {
+        eval.loss += model::forward(params, data, rows, ws);
+        for (&row, &predicted) in rows.iter().zip(&ws.predicted) {
+            eval.record(data.label(row), predicted as usize);
+        }
+    }
+    eval
+}
+
 /// The CPU reference as a trainer.
 pub struct CpuTrainer {
     pub params: MlpParams,
@@ -146,15 +159,7 @@ impl MnistTrainer for CpuTrainer {
     }
 
     fn evaluate(&mut self) -> Result<Evaluation> {
-        let mut eval = Evaluation::new(self.params.shape.classes);
-        let all: Vec<u32> = (0..self.test.len() as u32).collect();
-        for rows in all.chunks(EVAL_CHUNK) {
-            eval.loss += model::forward(&self.params, &self.test, rows, &mut self.ws);
-            for (&row, &predicted) in rows.iter().zip(&self.ws.predicted) {
-                eval.record(self.test.label(row), predicted as usize);
-            }
-        }
-        Ok(eval)
+        Ok(evaluate_split(&self.params, &self.test, &mut self.ws))
     }
 
     fn params(&mut self) -> Result<MlpParams> {

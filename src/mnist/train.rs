@@ -1,6 +1,7 @@
 //! The epoch loop every backend shares: a seeded reshuffle of the training order before each epoch, one
 //! `train_epoch`, then an evaluation on the test split.
 
+use super::model::MlpParams;
 use super::{Evaluation, MnistTrainer};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -39,12 +40,18 @@ pub trait Observer {
     fn epoch_start(&mut self, _epoch: usize, _samples: usize) {}
     fn progress(&mut self, _done: usize) {}
     fn epoch_end(&mut self, _stats: &EpochStats, _eval: &Evaluation) {}
+    /// Called with each epoch's parameters (finite), before `epoch_end` (to save a checkpoint);
+    /// `Ok(false)` ends training after this epoch.
+    fn epoch_completed(&mut self, _stats: &EpochStats, _eval: &Evaluation, _params: &MlpParams) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 impl Observer for () {}
 
-/// Trains for `schedule.epochs` epochs on training samples 0..n_train. Returns the per-epoch figures and
-/// the last evaluation. Stops with an error when the loss stops being finite.
+/// Trains for `schedule.epochs` epochs on training samples 0..n_train (fewer when
+/// `observer.epoch_completed` says stop). Returns the per-epoch figures and the last evaluation. Stops
+/// with an error when the loss or the parameters stop being finite.
 pub fn run(
     trainer: &mut dyn MnistTrainer,
     n_train: usize,
@@ -74,9 +81,19 @@ pub fn run(
             samples_per_sec: n_train as f64 / train_secs.max(1e-9),
             elapsed_s: start.elapsed().as_secs_f64(),
         };
+        let params = trainer.params()?;
+        if !params.all_finite() {
+            bail!(
+                "training diverged in epoch {epoch} (the parameters became non-finite); lower --lr or set --clip-norm"
+            );
+        }
+        let go_on = observer.epoch_completed(&stats, &eval, &params)?;
         observer.epoch_end(&stats, &eval);
         history.push(stats);
         last = Some(eval);
+        if !go_on {
+            break;
+        }
     }
     match last {
         Some(eval) => Ok((history, eval)),

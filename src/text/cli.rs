@@ -11,20 +11,33 @@ use super::modelfile::TextModel;
 use super::predict::{Prediction, predict as predict_next, quoted};
 use super::tokenizer::Tokenizer;
 use super::train::{self, Divergence, EpochMetrics, Progress, TrainOptions, TrainRun};
-use crate::device::{self, DeviceChoice};
-use anyhow::{Result, bail};
+use super::vocab::{UNK_ID, Vocab};
+use super::{CpuTrainer, TextTrainer};
+use crate::checkpoint::{Keep, Keeper};
+use crate::console;
+use crate::device::{self, Backend, DeviceChoice};
+use crate::interrupt::{self, Interrupted};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// UTF-8 text file to train on (other encodings are rejected, naming the first invalid byte)
     pub corpus: PathBuf,
-    /// Where to write the model (.safetensors)
+    /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
     #[arg(long, default_value = "textnet.safetensors")]
     pub out: PathBuf,
+    /// Which epoch the model file holds: the one of lowest validation loss, or the last
+    #[arg(long, value_enum, default_value_t = Keep::Best)]
+    pub keep: Keep,
+    /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
+    /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
+    #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
+    pub resume: Option<PathBuf>,
     /// Vocabulary size cap, <unk> included; rarer tokens become <unk>
     #[arg(long, default_value_t = 8192)]
     pub max_vocab: usize,
@@ -101,21 +114,23 @@ impl TrainArgs {
         Ok(())
     }
 
-    fn config_json(&self) -> serde_json::Value {
+    fn config_json(&self, shape: TextShape, tokenizer: Tokenizer) -> serde_json::Value {
         json!({
             "corpus": self.corpus.display().to_string(),
             "out": self.out.display().to_string(),
+            "keep": self.keep.name(),
+            "resume": self.resume.as_ref().map(|p| p.display().to_string()),
             "max_vocab": self.max_vocab,
-            "context": self.context,
-            "embed": self.embed,
-            "hidden": self.hidden,
+            "context": shape.context,
+            "embed": shape.embed,
+            "hidden": shape.hidden,
             // Through its shortest decimal form, so 0.05 reads 0.05 and not 0.05000000074505806.
             "lr": self.lr.to_string().parse::<f64>().unwrap_or(f64::from(self.lr)),
             "epochs": self.epochs,
             "batch": self.batch,
             "seed": self.seed,
             "shuffle": !self.no_shuffle,
-            "keep_case": self.keep_case,
+            "keep_case": !tokenizer.lowercase,
             "max_tokens": self.max_tokens,
             "val_max": self.val_max,
             "device": device_name(self.device),
@@ -136,10 +151,8 @@ struct Report {
 
 impl Report {
     fn line(&self, text: &str) {
-        match (self.quiet, self.to_stderr) {
-            (true, _) => {}
-            (false, true) => eprintln!("{text}"),
-            (false, false) => println!("{text}"),
+        if !self.quiet {
+            console::line(self.to_stderr, text);
         }
     }
 
@@ -153,11 +166,40 @@ impl Report {
     }
 }
 
-/// A progress bar per epoch, replaced by the epoch's summary line when it ends.
+/// A progress bar per epoch, replaced by the epoch's summary line when it ends; and the save after
+/// each epoch.
 struct EpochBar {
     report: Report,
     epochs: usize,
     bar: Option<ProgressBar>,
+    saver: Saver,
+}
+
+/// Writes the epochs that `keeper` keeps to `out`.
+struct Saver {
+    out: PathBuf,
+    keeper: Keeper,
+    /// The parameters are replaced by each saved epoch's.
+    model: TextModel,
+    /// What happened to the last epoch, for its summary line.
+    note: String,
+}
+
+impl Saver {
+    fn offer(&mut self, m: &EpochMetrics, params: &TextParams) -> Result<()> {
+        if self.keeper.offer(m.epoch, m.val_loss) {
+            self.model.params = params.clone();
+            self.model.save(&self.out)?;
+            self.note = "saved".into();
+        } else {
+            self.note = match (self.keeper.kept, self.keeper.baseline) {
+                (Some((epoch, _)), _) => format!("not saved (the file keeps epoch {epoch})"),
+                (None, Some(baseline)) => format!("not saved (the starting model's val loss is {baseline:.4})"),
+                (None, None) => "not saved".into(),
+            };
+        }
+        Ok(())
+    }
 }
 
 impl Progress for EpochBar {
@@ -179,12 +221,17 @@ impl Progress for EpochBar {
         }
     }
 
+    fn epoch_completed(&mut self, m: &EpochMetrics, params: &TextParams) -> Result<bool> {
+        self.saver.offer(m, params)?;
+        Ok(!interrupt::requested())
+    }
+
     fn epoch_finished(&mut self, m: &EpochMetrics) {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
         self.report.line(&format!(
-            "epoch {}/{}: train loss {:.4}, val loss {:.4} (perplexity {:.1}), top-1 {:.1}%, top-5 {:.1}%, {:.0} samples/s, {} elapsed",
+            "epoch {}/{}: train loss {:.4}, val loss {:.4} (perplexity {:.1}), top-1 {:.1}%, top-5 {:.1}%, {:.0} samples/s, {} elapsed; {}",
             m.epoch,
             self.epochs,
             m.train_loss,
@@ -193,7 +240,8 @@ impl Progress for EpochBar {
             m.top1_percent,
             m.top5_percent,
             m.samples_per_sec,
-            duration(m.elapsed_secs)
+            duration(m.elapsed_secs),
+            self.saver.note
         ));
     }
 }
@@ -219,15 +267,25 @@ fn duration(secs: f64) -> String {
 
 pub fn train(args: TrainArgs) -> Result<()> {
     args.validate()?;
+    crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
     let report = Report { quiet: args.quiet, to_stderr: args.json };
-    let tokenizer = Tokenizer { lowercase: !args.keep_case };
-    let corpus = Corpus::read(
-        &args.corpus,
-        CorpusOptions { tokenizer, max_vocab: args.max_vocab, max_tokens: args.max_tokens },
-    )?;
-    let split = Split::new(corpus.tokens.len(), args.context)?;
+    let resumed = match &args.resume {
+        Some(path) => Some(TextModel::load(path).context("--resume")?),
+        None => None,
+    };
+    let existing = existing_out(&args.out, args.resume.as_deref())?;
+    let tokenizer = resumed.as_ref().map_or(Tokenizer { lowercase: !args.keep_case }, |m| m.tokenizer);
+    let max_vocab = if resumed.is_some() { usize::MAX } else { args.max_vocab };
+    let mut corpus = Corpus::read(&args.corpus, CorpusOptions { tokenizer, max_vocab, max_tokens: args.max_tokens })?;
+    if let Some(model) = &resumed {
+        corpus = in_vocabulary(corpus, &model.vocab);
+    }
+    let shape = match &resumed {
+        Some(model) => model.params.shape,
+        None => TextShape { vocab: corpus.vocab.len(), embed: args.embed, hidden: args.hidden, context: args.context },
+    };
+    let split = Split::new(corpus.tokens.len(), shape.context)?;
     let val = train::spread_subset(&split.val, args.val_max);
-    let shape = TextShape { vocab: corpus.vocab.len(), embed: args.embed, hidden: args.hidden, context: args.context };
     shape.validate()?;
     check_size(shape)?;
 
@@ -242,14 +300,42 @@ pub fn train(args: TrainArgs) -> Result<()> {
         truncated: corpus.truncated,
         unknown: corpus.unknown,
         shape,
+        tokenizer,
         train_samples: split.train.len(),
         val_samples: split.val.len(),
         val_evaluated: val.len(),
         unigram: train::unigram_loss(&corpus.tokens, split.val_start, shape.vocab, &val),
     };
     let Corpus { vocab, tokens, .. } = corpus;
-    let mut trainer = train::make_trainer(&backend, TextParams::init(shape, args.seed), tokens.into())?;
+    let tokens: Arc<[u32]> = tokens.into();
     setup.print(report);
+
+    let mut baseline = None;
+    if let Some(old) = existing {
+        if old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context {
+            let loss = val_loss(&backend, old.params, &tokens, &val)?;
+            report.line(&format!(
+                "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
+                args.out.display()
+            ));
+            baseline = Some(loss);
+        } else {
+            report.line(&format!(
+                "--out {} holds a model of another vocabulary or context; the first saved epoch replaces it",
+                args.out.display()
+            ));
+        }
+    }
+    let params = match resumed {
+        Some(model) => model.params,
+        None => TextParams::init(shape, args.seed),
+    };
+    let mut trainer = train::make_trainer(&backend, params.clone(), tokens)?;
+    if let Some(path) = &args.resume {
+        let loss = mean_loss(trainer.evaluate(&val)?);
+        report.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
+        baseline = Some(baseline.map_or(loss, |b: f64| b.min(loss)));
+    }
 
     let options = TrainOptions {
         lr: args.lr,
@@ -258,29 +344,87 @@ pub fn train(args: TrainArgs) -> Result<()> {
         seed: args.seed,
         shuffle: !args.no_shuffle,
     };
-    let mut bar = EpochBar { report, epochs: args.epochs, bar: None };
-    let TrainRun { epochs, params, diverged } = train::train(trainer.as_mut(), &split.train, &val, &options, &mut bar)?;
-    TextModel { params, tokenizer, vocab }.save(&args.out)?;
+    let saver = Saver {
+        out: args.out.clone(),
+        keeper: Keeper::new(args.keep, baseline),
+        model: TextModel { params, tokenizer, vocab },
+        note: String::new(),
+    };
+    let mut bar = EpochBar { report, epochs: args.epochs, bar: None, saver };
+    interrupt::install();
+    let run = train::train(trainer.as_mut(), &split.train, &val, &options, &mut bar);
+    let keeper = bar.saver.keeper.clone();
+    drop(bar);
+    let outcome = keeper.outcome(&args.out, "val loss");
+    let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
+    let interrupted = epochs.len() < args.epochs && diverged.is_none();
+    let status = match (&diverged, interrupted, keeper.kept) {
+        (Some(_), _, _) => "diverged",
+        (None, true, _) => "interrupted",
+        (None, false, None) => "not_better",
+        (None, false, Some(_)) => "ok",
+    };
 
     if args.json {
-        println!("{}", setup.json(&epochs, diverged.as_ref()));
+        console::out(&setup.json(status, &epochs, diverged.as_ref(), &keeper).to_string());
     }
     if let Some(d) = diverged {
-        let kept = match d.epoch - 1 {
-            0 => "the initial (untrained) parameters".to_string(),
-            good => format!("the parameters of epoch {good}"),
-        };
         bail!(
-            "training diverged in epoch {}: the {} became NaN or infinite; saved {kept} to {}; try a lower --lr (this run used {})",
+            "training diverged in epoch {}: the {} became NaN or infinite; {outcome}; try a lower --lr (this run used {})",
             d.epoch,
             d.what,
-            args.out.display(),
             args.lr
         );
     }
-    let last = epochs.last().map(|m| m.val_loss).unwrap_or(f64::NAN);
-    report.line(&format!("saved {} (val loss {last:.4}, unigram baseline {:.4})", args.out.display(), setup.unigram));
+    if interrupted {
+        return Err(
+            Interrupted(format!("interrupted after epoch {} of {}; {outcome}", epochs.len(), args.epochs)).into()
+        );
+    }
+    if keeper.kept.is_none() {
+        bail!("{outcome}");
+    }
+    report.line(&format!("{outcome}, kept by --keep {}; unigram baseline {:.4}", args.keep.name(), setup.unigram));
     Ok(())
+}
+
+/// The model already at `out`, which the run must not replace with a worse one: `None` when there is no
+/// file, an empty one, or the `--resume`d file itself (judged by its own loss). Anything there that is
+/// not a text model is refused rather than overwritten.
+fn existing_out(out: &Path, resume: Option<&Path>) -> Result<Option<TextModel>> {
+    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
+    if meta.len() == 0 || resume.is_some_and(|r| crate::fsutil::same_file(r, out)) {
+        return Ok(None);
+    }
+    TextModel::load(out).map(Some).map_err(|e| {
+        anyhow!(
+            "--out {} exists and is not a textnet text model, so it is not replaced (remove it or choose another \
+             --out): {e:#}",
+            out.display()
+        )
+    })
+}
+
+/// `corpus` in the ids of `vocab` (a resumed model's), tokens outside it becoming `<unk>`.
+fn in_vocabulary(corpus: Corpus, vocab: &Vocab) -> Corpus {
+    let ids: Vec<u32> = corpus.vocab.tokens().iter().map(|t| vocab.id(t)).collect();
+    let mut tokens = corpus.tokens;
+    tokens.iter_mut().for_each(|t| *t = ids[*t as usize]);
+    let unknown = tokens.iter().filter(|&&t| t == UNK_ID).count();
+    Corpus { vocab: vocab.clone(), tokens, unknown, truncated: corpus.truncated }
+}
+
+fn mean_loss(sums: super::model::EvalSums) -> f64 {
+    sums.loss / sums.samples.max(1) as f64
+}
+
+/// Validation loss of `params` on the run's device, or on the CPU where that device cannot take the shape.
+fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u32]) -> Result<f64> {
+    let sums = match train::make_trainer(backend, params.clone(), tokens.clone()) {
+        Ok(mut trainer) => trainer.evaluate(val)?,
+        Err(_) => CpuTrainer { params, tokens: tokens.clone() }.evaluate(val)?,
+    };
+    Ok(mean_loss(sums))
 }
 
 /// What a run trains on and with: printed before training and repeated in the `--json` summary.
@@ -291,6 +435,7 @@ struct Setup<'a> {
     truncated: bool,
     unknown: usize,
     shape: TextShape,
+    tokenizer: Tokenizer,
     train_samples: usize,
     val_samples: usize,
     val_evaluated: usize,
@@ -323,14 +468,23 @@ impl Setup<'_> {
             args.batch,
             args.epochs
         ));
+        if let Some(path) = &args.resume {
+            report.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));
+        }
         report.line(&format!("device: {}", self.device));
         report.line(&format!("unigram baseline: val loss {:.4} (perplexity {:.1})", self.unigram, self.unigram.exp()));
     }
 
-    fn json(&self, epochs: &[EpochMetrics], diverged: Option<&Divergence>) -> serde_json::Value {
+    fn json(
+        &self,
+        status: &str,
+        epochs: &[EpochMetrics],
+        diverged: Option<&Divergence>,
+        keeper: &Keeper,
+    ) -> serde_json::Value {
         json!({
-            "status": if diverged.is_some() { "diverged" } else { "ok" },
-            "config": self.args.config_json(),
+            "status": status,
+            "config": self.args.config_json(self.shape, self.tokenizer),
             "device": self.device,
             "tokens": self.tokens,
             "tokens_truncated": self.truncated,
@@ -346,6 +500,8 @@ impl Setup<'_> {
             "epochs": epochs,
             "diverged": diverged,
             "model": self.args.out.display().to_string(),
+            "kept_epoch": keeper.kept_epoch(),
+            "baseline_val_loss": keeper.baseline,
         })
     }
 }
@@ -396,7 +552,7 @@ pub fn predict(args: PredictArgs) -> Result<()> {
     if args.json {
         let mut value = serde_json::to_value(&prediction)?;
         value["model"] = json!(args.model.display().to_string());
-        println!("{value}");
+        console::out(&value.to_string());
     } else {
         print_prediction(&prediction, &args.model);
     }
@@ -404,23 +560,26 @@ pub fn predict(args: PredictArgs) -> Result<()> {
 }
 
 fn print_prediction(p: &Prediction, model: &Path) {
-    println!("model: {}", model.display());
-    println!("context: {}", quoted(&p.context));
+    console::out(&format!("model: {}", model.display()));
+    console::out(&format!("context: {}", quoted(&p.context)));
     if p.dropped > 0 {
-        println!("note: the model reads the last {} tokens; {} earlier ones were left out", p.model_context, p.dropped);
+        console::out(&format!(
+            "note: the model reads the last {} tokens; {} earlier ones were left out",
+            p.model_context, p.dropped
+        ));
     }
     if p.context.len() < p.model_context {
-        println!(
+        console::out(&format!(
             "note: the model was trained on {} context tokens; only {} given, using those",
             p.model_context,
             p.context.len()
-        );
+        ));
     }
     if !p.unknown.is_empty() {
-        println!("unknown (read as <unk>): {}", quoted(&p.unknown));
+        console::out(&format!("unknown (read as <unk>): {}", quoted(&p.unknown)));
     }
     let width = p.top.iter().map(|c| c.token.chars().count()).max().unwrap_or(0);
     for (rank, c) in p.top.iter().enumerate() {
-        println!("{:>3}. {:<width$}  {:.4}", rank + 1, c.token, c.probability);
+        console::out(&format!("{:>3}. {:<width$}  {:.4}", rank + 1, c.token, c.probability));
     }
 }

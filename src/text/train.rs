@@ -55,6 +55,11 @@ pub trait Progress {
     fn epoch_started(&mut self, _epoch: usize, _samples: usize) {}
     fn advanced(&mut self, _samples: usize) {}
     fn epoch_finished(&mut self, _metrics: &EpochMetrics) {}
+    /// Called with each completed epoch's parameters, before `epoch_finished` (to save a checkpoint);
+    /// `Ok(false)` ends training after this epoch.
+    fn epoch_completed(&mut self, _metrics: &EpochMetrics, _params: &TextParams) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 impl Progress for () {}
@@ -69,7 +74,7 @@ pub struct Divergence {
 
 #[derive(Clone, Debug)]
 pub struct TrainRun {
-    /// Metrics of the completed epochs.
+    /// Metrics of the completed epochs (fewer than asked for when stopped early).
     pub epochs: Vec<EpochMetrics>,
     /// The final parameters, or after a divergence those of the last good epoch (the initial ones when
     /// the first epoch diverged).
@@ -84,7 +89,8 @@ fn chunk_len(epoch_samples: usize, batch: usize) -> usize {
     (target / batch).max(1) * batch
 }
 
-/// Runs `options.epochs` epochs over the samples at `train`, validating on `val` after each.
+/// Runs `options.epochs` epochs over the samples at `train`, validating on `val` after each, or fewer
+/// when `progress.epoch_completed` says stop.
 pub fn train(
     trainer: &mut dyn TextTrainer,
     train: &[u32],
@@ -107,9 +113,13 @@ pub fn train(
         }
         match run_epoch(trainer, epoch, &order, val, options, progress, started)? {
             EpochEnd::Finished(metrics, params) => {
+                let go_on = progress.epoch_completed(&metrics, &params)?;
                 progress.epoch_finished(&metrics);
                 epochs.push(metrics);
                 last_good = params;
+                if !go_on {
+                    break;
+                }
             }
             EpochEnd::NonFinite(what) => {
                 return Ok(TrainRun { epochs, params: last_good, diverged: Some(Divergence { epoch, what }) });

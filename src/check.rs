@@ -37,6 +37,20 @@ pub fn rel_error(a: &[f32], b: &[f32]) -> f64 {
     if norm == 0.0 { if diff == 0.0 { 0.0 } else { f64::INFINITY } } else { (diff / norm).sqrt() }
 }
 
+/// How close a ReLU unit's pre-activation z = w·x + b comes to the kink at 0, relative to the terms summed
+/// into it: |z| / (|b| + Σ_k |w[k]·x[k]|). Any summation order rounds z by a few ulps of that denominator
+/// (relative 1e-7), so a unit whose ratio is far above that takes the same side of the kink on the GPU as
+/// on the CPU; one within rounding of it may take ReLU′ = 1 in one order and 0 in another.
+pub fn kink_ratio(w: &[f32], b: f32, x: &[f32]) -> f64 {
+    let (mut z, mut scale) = (b as f64, (b as f64).abs());
+    for (&wk, &xk) in w.iter().zip(x) {
+        let term = wk as f64 * xk as f64;
+        z += term;
+        scale += term.abs();
+    }
+    if scale == 0.0 { f64::INFINITY } else { z.abs() / scale }
+}
+
 /// The kinds of check every pipeline has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Group {

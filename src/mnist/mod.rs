@@ -118,6 +118,9 @@ pub fn evaluate_split(params: &MlpParams, data: &Split, ws: &mut Workspace) -> E
 pub struct CpuTrainer {
     pub params: MlpParams,
     pub optimizer: Optimizer,
+    /// When set, the smallest `model::kink_margin` of any training step so far (the selftest's training
+    /// checks watch it); None: not watched.
+    pub kink_margin: Option<f64>,
     grad: Vec<f32>,
     ws: Workspace,
     train: Arc<Split>,
@@ -130,6 +133,7 @@ impl CpuTrainer {
         CpuTrainer {
             params,
             optimizer: Optimizer::new(optim, n),
+            kink_margin: None,
             grad: vec![0.0; n],
             ws: Workspace::default(),
             train,
@@ -149,6 +153,9 @@ impl MnistTrainer for CpuTrainer {
         let mut loss = 0.0;
         let mut done = 0;
         for rows in order.chunks(batch) {
+            if let Some(margin) = &mut self.kink_margin {
+                *margin = margin.min(model::kink_margin(&self.params, &self.train, rows));
+            }
             loss += model::forward(&self.params, &self.train, rows, &mut self.ws);
             model::backward(&self.params, &self.train, rows, &mut self.ws, &mut self.grad);
             self.optimizer.step(&mut self.params.flat, &self.grad);

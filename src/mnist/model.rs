@@ -295,6 +295,20 @@ pub fn forward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace) ->
     loss
 }
 
+/// With ReLU, the smallest `check::kink_ratio` of any hidden unit over the images at `rows` (how close a
+/// step on them comes to ReLU′'s jump); infinite for the smooth activations.
+pub fn kink_margin(p: &MlpParams, data: &Split, rows: &[u32]) -> f64 {
+    let shape = p.shape;
+    if shape.activation != Activation::Relu {
+        return f64::INFINITY;
+    }
+    let (i, w) = (shape.inputs, p.parts());
+    rows.iter()
+        .flat_map(|&row| (0..shape.hidden).map(move |j| (row, j)))
+        .map(|(row, j)| crate::check::kink_ratio(&w.w1[j * i..][..i], w.b1[j], data.image(row)))
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// Gradient of the mean loss over `rows` into `grad` (flat, parameter order), from the values the
 /// `forward` call on the same rows left in `ws`. Consumes `ws.probs` (turned into dlogits).
 pub fn backward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace, grad: &mut [f32]) {

@@ -15,7 +15,7 @@
 use super::TextTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{self, TextParams, TextShape, context_of};
-use crate::check::{Check, Group, Plan, rel_error};
+use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::device::Gpu;
 use anyhow::{Result, bail};
 use rand::rngs::StdRng;
@@ -74,20 +74,6 @@ fn all_kernel_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         out.extend(tiled_checks(gpu, s, batch, &mut rng)?);
     }
     Ok(out)
-}
-
-/// How close a hidden unit's pre-activation z = W1[j]·x + b1[j] comes to ReLU's kink, relative to the terms
-/// summed into it: |z| / (|b1[j]| + Σ_k |W1[j][k]·x[k]|). Any summation order rounds z by a few ulps of that
-/// denominator (relative 1e-7), so a unit whose ratio is well above that takes the same side of the kink on
-/// the GPU as on the CPU.
-fn kink_ratio(w1_row: &[f32], b1: f32, x: &[f32]) -> f64 {
-    let (mut z, mut scale) = (b1 as f64, (b1 as f64).abs());
-    for (&w, &xk) in w1_row.iter().zip(x) {
-        let term = w as f64 * xk as f64;
-        z += term;
-        scale += term.abs();
-    }
-    if scale == 0.0 { f64::INFINITY } else { z.abs() / scale }
 }
 
 /// The inputs x of the samples at `positions` (the mean of their context embeddings).
@@ -490,9 +476,13 @@ pub const TRAINING_CASES: [TrainingCase; 10] = [
 ];
 
 /// The smallest kink ratio a training problem's reference run may reach. Over a whole run the GPU drifts
-/// from the reference by about a relative 1e-6 (different summation orders, compounded): a hundred times
-/// less.
+/// from the reference by well under a relative 1e-6 (different summation orders, compounded): a thousand
+/// times less.
 pub const TRAINING_MARGIN: f64 = 1e-3;
+
+/// The relative error a training check accepts: the GPU measured within 4e-7 of the reference over 40
+/// seeds of every case, kink-clear problems being far from chaotic.
+pub const TRAINING_TOLERANCE: f64 = 1e-4;
 
 /// Problems drawn for a training check before it gives up; a draw stays clear with probability above 0.9
 /// (`tests/text_checks.rs` measures it), so giving up is all but impossible.
@@ -573,7 +563,8 @@ pub fn training_references(plan: &Plan) -> Vec<Reference> {
 }
 
 /// Each reference's problem trained by the GPU through the production path (CUDA graphs), from the same
-/// initial parameters and sample order: the parameters and the summed loss within 1e-3 relative.
+/// initial parameters and sample order: the parameters and the summed loss within TRAINING_TOLERANCE
+/// relative.
 pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     for Reference { case, accepted, draws } in references {
@@ -587,7 +578,7 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
                 kernel: format!("{} steps{what}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's kink", case.steps),
                 shape,
                 rel_error: f64::INFINITY,
-                tolerance: 1e-3,
+                tolerance: TRAINING_TOLERANCE,
             });
             continue;
         };
@@ -595,7 +586,7 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
         let loss = trainer.train(&problem.positions, case.batch, case.lr)?;
         let (rel_error, at) = worst_training_error(&trainer.params()?, loss, &cpu.params, cpu.loss);
         let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
-        out.push(Check { kernel: format!("{} steps (graph){what}, worst: {at}{drawn}", case.steps), shape, rel_error, tolerance: 1e-3 });
+        out.push(Check { kernel: format!("{} steps (graph){what}, worst: {at}{drawn}", case.steps), shape, rel_error, tolerance: TRAINING_TOLERANCE });
     }
     Ok(out)
 }

@@ -186,7 +186,7 @@ impl Gpu {
     /// The module of `fused/{unit}.cu` compiled with `defines` (the model's fixed sizes, as `-DNAME=value`),
     /// compiled and loaded on first use and kept for the life of this `Gpu`.
     pub fn module(&self, unit: &'static str, defines: &[(&str, i64)]) -> Result<Arc<CudaModule>> {
-        let defines: Vec<String> = defines.iter().map(|(name, value)| format!("-D{name}={value}")).collect();
+        let defines = define_options(defines);
         let key = format!("{unit} {}", defines.join(" "));
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(&key) {
@@ -363,6 +363,26 @@ fn programmatic_launch_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_NO_PDL").is_none_or(|v| v.is_empty() || v == "0"))
 }
 
+fn define_options(defines: &[(&str, i64)]) -> Vec<String> {
+    defines.iter().map(|(name, value)| format!("-D{name}={value}")).collect()
+}
+
+/// A kernel file and the sizes it is compiled for, as `Gpu::module` takes them.
+pub type ModuleRequest = (&'static str, Vec<(&'static str, i64)>);
+
+/// Compiles every requested module on every core, into the PTX cache that `Gpu::module` reads: a run
+/// that needs many sizes (the selftest) then waits for the slowest compile instead of their sum. Errors
+/// are left for `Gpu::module` to report.
+pub fn precompile(compute_capability: (i32, i32), requests: &[ModuleRequest]) {
+    use rayon::prelude::*;
+    let unique: std::collections::BTreeSet<&ModuleRequest> = requests.iter().collect();
+    unique.into_par_iter().for_each(|(unit, defines)| {
+        if let Ok(source) = kernel_source(unit) {
+            let _ = compile_cached(source, compute_capability, &define_options(defines));
+        }
+    });
+}
+
 /// Where compiled PTX is kept: `$TEXTNET_CACHE`, else the user's cache directory.
 pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("TEXTNET_CACHE")
@@ -370,19 +390,27 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
 }
 
-/// `compile_ptx` behind an on-disk cache keyed by the source hash, the options and the architecture.
-/// A cache that cannot be read or written only costs a recompile.
+/// `compile_ptx` behind a cache in memory, for the life of the process, and on disk, keyed by the source
+/// hash, the options and the architecture. A disk cache that cannot be read or written only costs a
+/// recompile.
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
+    static MEMORY: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
     let options: String = extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
-    let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| {
-        dir.join("ptx").join(format!("{}-{}-{}-{options}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability)))
-    });
-    if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+    let name = format!("{}-{}-{}-{options}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability));
+    let remembered = |name: &str| MEMORY.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(name).cloned());
+    let remember = |name: String, ptx: &str| {
+        MEMORY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_default().insert(name, ptx.to_owned());
+    };
+    let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("ptx").join(&name));
+    if let Some(ptx) = remembered(&name).or_else(|| file.as_ref().and_then(|f| std::fs::read_to_string(f).ok())) {
         return Ok(ptx);
     }
     let ptx = compile_ptx(unit, compute_capability, extra)?;
     if let Some(file) = file {
         let _ = crate::fsutil::write_atomic(&file, ptx.as_bytes());
+    }
+    if !unit.hash.is_empty() {
+        remember(name, &ptx);
     }
     Ok(ptx)
 }

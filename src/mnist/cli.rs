@@ -7,7 +7,7 @@
 
 use super::data::{self, Dataset};
 use super::idx::Split;
-use super::model::{Activation, MlpParams, MlpShape, Workspace};
+use super::model::{Activation, MlpParams, MlpShape};
 use super::optim::{OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Evaluation, evaluate_split, idx};
@@ -172,7 +172,6 @@ struct Saver<'a> {
     dataset: Dataset,
     keeper: Keeper,
     val: Option<&'a Split>,
-    ws: Workspace,
     /// Validation loss and accuracy of each epoch, with --val-split.
     val_history: Vec<(f64, f64)>,
     /// The test evaluation of the epoch the file holds.
@@ -184,7 +183,7 @@ impl Saver<'_> {
     fn offer(&mut self, stats: &EpochStats, eval: &Evaluation, params: &MlpParams) -> Result<()> {
         let loss = match self.val {
             Some(val) => {
-                let v = evaluate_split(params, val, &mut self.ws);
+                let v = evaluate_split(params, val);
                 self.val_history.push((v.mean_loss(), v.accuracy()));
                 v.mean_loss()
             }
@@ -381,10 +380,9 @@ pub fn run(args: MnistArgs) -> Result<()> {
         backend.describe()
     ));
 
-    let mut ws = Workspace::default();
     let baseline = match (&existing, &val) {
         (Some(old), Some(val)) if old.shape.inputs == idx::PIXELS && old.shape.classes == idx::CLASSES => {
-            let loss = evaluate_split(old, val, &mut ws).mean_loss();
+            let loss = evaluate_split(old, val).mean_loss();
             human.note(&format!(
                 "--out {} already holds a model of val loss {loss:.4}; only a better epoch replaces it",
                 args.out.display()
@@ -403,7 +401,6 @@ pub fn run(args: MnistArgs) -> Result<()> {
         dataset: args.dataset,
         keeper: Keeper::new(args.keep, baseline),
         val: val.as_ref(),
-        ws,
         val_history: Vec::new(),
         kept_eval: None,
         note: "",

@@ -33,6 +33,21 @@ const TILED_BACKWARD_EXTRA: usize = 4 * SLICE + WARPS * TILE;
 const W2_UPDATE_BLOCKS: usize = 132;
 /// Samples per evaluation launch.
 const EVAL_BATCH: usize = 256;
+/// Most samples a text.cu kernel handles together for `shape` (TEXT_SB).
+pub fn max_chunk(shape: TextShape) -> usize {
+    (2048 / shape.hidden.max(1)).min(2048 / shape.embed.max(1)).clamp(1, 8)
+}
+
+/// The kernel modules a trainer of `shape` compiles for steps of `batch` samples (see `device::precompile`).
+pub fn modules(shape: TextShape, batch: usize) -> Vec<crate::device::ModuleRequest> {
+    let (d, h) = (("TEXT_D", shape.embed as i64), ("TEXT_H", shape.hidden as i64));
+    let mut out = vec![("text_sample", vec![d, h]), ("text_batch", vec![d, h])];
+    for chunk in [1, batch.clamp(1, max_chunk(shape))] {
+        out.push(("text", vec![d, h, ("TEXT_SB", chunk as i64)]));
+    }
+    out
+}
+
 /// Steps captured in one CUDA graph.
 const GRAPH_STEPS: usize = 128;
 /// Bytes of W2 rows text_forward / text_backward stage in shared memory at once (a block's rows for the
@@ -83,7 +98,7 @@ impl TextLayout {
         if d > MAX_EMBED {
             bail!("--embed {d} is above the GPU kernels' limit of {MAX_EMBED}; lower --embed or use --device cpu");
         }
-        let max_chunk = (2048 / h).min(2048 / d).clamp(1, 8);
+        let max_chunk = max_chunk(shape);
         let mut layout = TextLayout {
             shape,
             max_chunk,

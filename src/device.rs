@@ -1,5 +1,5 @@
 //! Device layer: picks CPU or CUDA (`--device auto|cuda|cpu`), compiles the embedded `fused/*.cu`
-//! kernels with NVRTC for the GPU's own compute capability (PTX cached on disk by content hash), and
+//! kernels with NVRTC for the GPU's own compute capability (machine code cached on disk by content hash), and
 //! holds the launch helpers every pipeline shares (dynamic shared memory opt-in, error context).
 //!
 //! cudarc loads libcuda and libnvrtc at run time and panics when one is missing or lacks a symbol;
@@ -19,7 +19,7 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 #[derive(Debug)]
 pub struct KernelSource {
     pub name: &'static str,
-    /// Content hash naming the cached PTX; empty for a source read at run time (not cached).
+    /// Content hash naming the cached machine code; empty for a source read at run time (not cached).
     pub hash: &'static str,
     pub source: &'static str,
 }
@@ -192,10 +192,10 @@ impl Gpu {
         if let Some(module) = modules.get(&key) {
             return Ok(module.clone());
         }
-        let ptx = compile_cached(kernel_source(unit)?, self.compute_capability, &defines)?;
+        let cubin = compile_cached(kernel_source(unit)?, self.compute_capability, &defines)?;
         let module = quietly("loading kernels", || {
             self.ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
                 .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
         })?;
         modules.insert(key, module.clone());
@@ -328,20 +328,20 @@ pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {
     format!("compute_{}{}", compute_capability.0, compute_capability.1)
 }
 
+fn nvrtc_options(arch: String, extra: &[String]) -> Vec<String> {
+    [format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
 /// Compiles `unit` to PTX with NVRTC (no cache), with extra options such as `-DNAME=value`.
 /// Errors carry NVRTC's log.
 pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
     nvrtc_available()?;
     quietly("NVRTC", || {
         let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![
-                format!("--gpu-architecture={}", nvrtc_arch(compute_capability)),
-                "--std=c++17".into(),
-                "-default-device".into(),
-            ]
-            .into_iter()
-            .chain(extra.iter().cloned())
-            .collect(),
+            options: nvrtc_options(nvrtc_arch(compute_capability), extra),
             name: Some(format!("{}.cu", unit.name)),
             ..Default::default()
         };
@@ -352,6 +352,45 @@ pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32), extra: &
             }
             Err(e) => bail!("NVRTC failed on fused/{}.cu: {e:?}", unit.name),
         }
+    })
+}
+
+/// Compiles `unit` with NVRTC to the machine code of one GPU architecture (a CUBIN for sm_XY), so that
+/// loading it leaves the driver nothing to compile: the driver's own PTX compile took most of a first
+/// selftest's 90 s, one module after another, where NVRTC's run on every core ahead of time
+/// (`precompile`). Errors carry NVRTC's log.
+pub fn compile_cubin(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    /// Destroys the program however the compile ends.
+    struct Program(sys::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: a program created by nvrtcCreateProgram, destroyed once.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    nvrtc_available()?;
+    quietly("NVRTC", || {
+        let failed = |e: result::NvrtcError| anyhow!("NVRTC failed on fused/{}.cu: {e}", unit.name);
+        let source = std::ffi::CString::new(unit.source).context("kernel source holds a NUL byte")?;
+        let name = std::ffi::CString::new(format!("{}.cu", unit.name)).context("kernel name holds a NUL byte")?;
+        let program = Program(result::create_program(&source, Some(&name)).map_err(failed)?);
+        let (major, minor) = compute_capability;
+        let options = nvrtc_options(format!("sm_{major}{minor}"), extra);
+        // SAFETY: `program` is live; the options are plain C strings.
+        if unsafe { result::compile_program(program.0, &options) }.is_err() {
+            // SAFETY: as above; the log is NUL-terminated.
+            let log = unsafe { result::get_program_log(program.0) }
+                .map(|log| log.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>())
+                .unwrap_or_default();
+            bail!("NVRTC could not compile fused/{}.cu:\n{log}", unit.name);
+        }
+        let mut size = 0usize;
+        // SAFETY: `program` compiled; the buffer holds the size NVRTC reported.
+        unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size).result() }.map_err(failed)?;
+        let mut cubin = vec![0u8; size];
+        unsafe { sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast()).result() }.map_err(failed)?;
+        Ok(cubin)
     })
 }
 
@@ -370,7 +409,7 @@ fn define_options(defines: &[(&str, i64)]) -> Vec<String> {
 /// A kernel file and the sizes it is compiled for, as `Gpu::module` takes them.
 pub type ModuleRequest = (&'static str, Vec<(&'static str, i64)>);
 
-/// Compiles every requested module on every core, into the PTX cache that `Gpu::module` reads: a run
+/// Compiles every requested module on every core, into the cache that `Gpu::module` reads: a run
 /// that needs many sizes (the selftest) then waits for the slowest compile instead of their sum. Errors
 /// are left for `Gpu::module` to report.
 pub fn precompile(compute_capability: (i32, i32), requests: &[ModuleRequest]) {
@@ -383,34 +422,33 @@ pub fn precompile(compute_capability: (i32, i32), requests: &[ModuleRequest]) {
     });
 }
 
-/// Where compiled PTX is kept: `$TEXTNET_CACHE`, else the user's cache directory.
+/// Where compiled kernels are kept: `$TEXTNET_CACHE`, else the user's cache directory.
 pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("TEXTNET_CACHE")
         .map(PathBuf::from)
         .or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
 }
 
-/// `compile_ptx` behind a cache in memory, for the life of the process, and on disk, keyed by the source
-/// hash, the options and the architecture. A disk cache that cannot be read or written only costs a
-/// recompile.
-pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
-    static MEMORY: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+/// `compile_cubin` behind a cache in memory, for the life of the process, and on disk, keyed by the
+/// source hash, the options and the architecture. A disk cache that cannot be read or written only costs
+/// a recompile.
+pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
+    static MEMORY: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
     let options: String = extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
-    let name = format!("{}-{}-{}-{options}.ptx", unit.name, unit.hash, nvrtc_arch(compute_capability));
-    let remembered = |name: &str| MEMORY.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(name).cloned());
-    let remember = |name: String, ptx: &str| {
-        MEMORY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_default().insert(name, ptx.to_owned());
-    };
-    let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("ptx").join(&name));
-    if let Some(ptx) = remembered(&name).or_else(|| file.as_ref().and_then(|f| std::fs::read_to_string(f).ok())) {
-        return Ok(ptx);
+    let (major, minor) = compute_capability;
+    let name = format!("{}-{}-sm_{major}{minor}-{options}.cubin", unit.name, unit.hash);
+    let memory = || MEMORY.lock().unwrap_or_else(|p| p.into_inner());
+    let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("cubin").join(&name));
+    let cached = memory().as_ref().and_then(|m| m.get(&name).cloned());
+    if let Some(cubin) = cached.or_else(|| file.as_ref().and_then(|f| std::fs::read(f).ok())) {
+        return Ok(cubin);
     }
-    let ptx = compile_ptx(unit, compute_capability, extra)?;
+    let cubin = compile_cubin(unit, compute_capability, extra)?;
     if let Some(file) = file {
-        let _ = crate::fsutil::write_atomic(&file, ptx.as_bytes());
+        let _ = crate::fsutil::write_atomic(&file, &cubin);
     }
     if !unit.hash.is_empty() {
-        remember(name, &ptx);
+        memory().get_or_insert_default().insert(name, cubin.clone());
     }
-    Ok(ptx)
+    Ok(cubin)
 }

@@ -42,3 +42,18 @@ fn text_kernels_compile_for_odd_shapes() {
         }
     }
 }
+
+#[test]
+fn kernels_compile_to_machine_code_for_the_gpu_at_hand() {
+    // What `Gpu::module` loads: a CUBIN (an ELF image) for the exact architecture, so the driver has
+    // nothing left to compile.
+    let unit = textnet::device::kernel_source("text_sample").unwrap();
+    let defines = ["-DTEXT_D=64".to_string(), "-DTEXT_H=256".to_string()];
+    for cc in [(9, 0), (8, 0)] {
+        let cubin = textnet::device::compile_cubin(unit, cc, &defines).unwrap_or_else(|e| panic!("sm_{}{}: {e:#}", cc.0, cc.1));
+        assert_eq!(&cubin[..4], b"\x7fELF", "sm_{}{}: not an ELF image", cc.0, cc.1);
+    }
+    let broken = textnet::device::KernelSource { name: "broken", hash: "", source: "__global__ void k() { undeclared; }" };
+    let err = textnet::device::compile_cubin(&broken, (9, 0), &[]).unwrap_err();
+    assert!(format!("{err:#}").contains("undeclared"), "the error carries NVRTC's log: {err:#}");
+}

@@ -65,8 +65,9 @@ pub struct SelftestArgs {
 pub fn run(args: SelftestArgs) -> Result<()> {
     let started = Instant::now();
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("selftest needs a CUDA GPU: {e:#}"))?);
+    let opened = started.elapsed().as_secs_f64();
     let seed = args.seed.unwrap_or_else(rand::random);
-    eprintln!("selftest on {} (seed {seed})", gpu.describe());
+    eprintln!("selftest on {} (seed {seed}; GPU opened in {opened:.1} s)", gpu.describe());
     let pipelines: Vec<Pipeline> = args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(*p) } else { None }).collect();
     let groups = args.only.iter().filter_map(|o| if let Only::Group(g) = o { Some(*g) } else { None }).collect();
     let plan = Plan { seed, quick: args.quick, groups };
@@ -80,7 +81,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
         let out = serde_json::json!({
-            "device": gpu.describe(), "seed": seed, "failed": failed, "seconds": seconds,
+            "device": gpu.describe(), "seed": seed, "failed": failed, "seconds": seconds, "gpu_open_seconds": opened,
             "checks": checks.iter().map(|c| serde_json::json!({
                 "kernel": c.kernel, "shape": c.shape, "rel_error": c.rel_error, "tolerance": c.tolerance, "pass": c.passed()
             })).collect::<Vec<_>>(),

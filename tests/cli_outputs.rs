@@ -8,30 +8,8 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use text_common::shakespeare;
+use text_common::{shakespeare, text, textnet, train_args};
 use textnet::text::modelfile::TextModel;
-
-fn textnet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_textnet")).args(args).output().expect("cannot run textnet")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// `train` on a small slice of the corpus at a small size, writing `out`; `extra` flags replace the
-/// small defaults.
-fn train_args(corpus: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let small =
-        [("--device", "cpu"), ("--max-tokens", "20000"), ("--max-vocab", "300"), ("--embed", "8"), ("--hidden", "16")];
-    let mut args: Vec<String> =
-        ["train", corpus.to_str().unwrap(), "--out", out.to_str().unwrap()].map(String::from).to_vec();
-    for (flag, value) in small.iter().filter(|(flag, _)| !extra.contains(flag)) {
-        args.extend([flag.to_string(), value.to_string()]);
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
 
 /// Runs textnet expecting exit status 1 and one line on stderr containing `expected`; returns stdout.
 fn fails<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S], expected: &str) -> String {

@@ -4,29 +4,7 @@
 mod text_common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use text_common::{broken_model_files, shakespeare, tiny_model};
-
-fn textnet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_textnet")).args(args).output().expect("cannot run textnet")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// `train` on a small slice at a small size, writing `out`; `extra` flags replace the small defaults.
-fn train_args(corpus: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let small =
-        [("--device", "cpu"), ("--max-tokens", "20000"), ("--max-vocab", "300"), ("--embed", "8"), ("--hidden", "16")];
-    let overridden = |flag: &str| extra.iter().any(|e| e.split('=').next() == Some(flag));
-    let mut args = strings(&["train", corpus.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    for (flag, value) in small.iter().filter(|(flag, _)| !overridden(flag)) {
-        args.extend(strings(&[flag, value]));
-    }
-    args.extend(strings(extra));
-    args
-}
+use text_common::{broken_model_files, shakespeare, strings, text, textnet, tiny_model, train_args};
 
 /// Runs textnet expecting failure: exit status 1 and exactly one line on stderr, `textnet: error: …`.
 fn fails(args: &[String], expected: &str) -> String {
@@ -38,10 +16,6 @@ fn fails(args: &[String], expected: &str) -> String {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     assert!(stderr.contains(expected), "{args:?}: {stderr:?} lacks {expected:?}");
     stderr
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| s.to_string()).collect()
 }
 
 #[test]

@@ -1,14 +1,42 @@
-//! Helpers shared by the text test files: a tiny model and a way to rewrite a model file into each
-//! kind of broken file the loader must reject.
+//! Helpers shared by the text test files: running the binary, a small `train` command line, a tiny model
+//! and a way to rewrite a model file into each kind of broken file the loader must reject.
 #![allow(dead_code)]
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use textnet::text::corpus::{Corpus, CorpusOptions};
 use textnet::text::model::{TextParams, TextShape};
 use textnet::text::modelfile::TextModel;
 use textnet::text::tokenizer::Tokenizer;
+
+/// Runs the textnet binary with `args`.
+pub fn textnet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_textnet")).args(args).output().expect("cannot run textnet")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `train` on a small slice of the corpus at a small size, writing `out`; `extra` flags (`--flag value`
+/// or `--flag=value`) replace the small defaults.
+pub fn train_args(corpus: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let small =
+        [("--device", "cpu"), ("--max-tokens", "20000"), ("--max-vocab", "300"), ("--embed", "8"), ("--hidden", "16")];
+    let overridden = |flag: &str| extra.iter().any(|e| e.split('=').next() == Some(flag));
+    let mut args = strings(&["train", corpus.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    for (flag, value) in small.iter().filter(|(flag, _)| !overridden(flag)) {
+        args.extend(strings(&[flag, value]));
+    }
+    args.extend(strings(extra));
+    args
+}
+
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
 
 /// The committed corpus.
 pub fn shakespeare() -> PathBuf {

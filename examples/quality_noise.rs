@@ -11,7 +11,7 @@
 //! usage: cargo run --release --example quality_noise -- [perturbations (default 3)] [weight|lr] [corpus] [seed (default 1)]
 
 use anyhow::{Result, bail};
-use textnet::bench::QualityRun;
+use textnet::text::bench::QualityRun;
 use textnet::text::{CpuTrainer, TextTrainer};
 
 fn main() -> Result<()> {

@@ -1,17 +1,9 @@
 //! `textnet bench`: training speed on the GPU, timed with device events after warm-up, median of several
-//! repeats. `bench text` (the default) measures the text model at V=8192, D=64, H=256, context 3:
-//! single-sample steps/s (CUDA graph and plain launches) and batched samples/s at B=256 and B=4096.
-//! `bench mnist` times the MNIST pipeline. Numbers go to BENCHMARKS.md; nothing here is asserted.
+//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`); this file only
+//! lists them. Numbers go to BENCHMARKS.md; nothing here is asserted.
 
 use crate::device::Gpu;
-use crate::text::gpu::GpuTrainer;
-use crate::text::model::{TextParams, TextShape};
-use anyhow::{Context, Result};
-use cudarc::driver::CudaGraph;
-use cudarc::driver::sys::CUevent_flags;
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
-use serde::Serialize;
+use anyhow::Result;
 use std::sync::Arc;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,283 +52,22 @@ pub struct BenchArgs {
     pub no_cpu: bool,
 }
 
-#[derive(Serialize, Debug)]
-pub struct TextBenchRow {
-    pub mode: String,
-    pub batch: usize,
-    pub steps: usize,
-    pub median_ms: f64,
-    pub steps_per_s: f64,
-    pub samples_per_s: f64,
-    pub us_per_step: f64,
-    pub repeats_ms: Vec<f64>,
-}
-
 pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
+    let repeats = args.repeats.max(1);
     match args.target {
-        BenchTarget::Text => bench_text(&gpu, args.repeats.max(1), args.json, args.single, args.batch),
-        BenchTarget::Quality => bench_quality(&gpu, &args),
-        BenchTarget::Mnist => crate::mnist::gpu::bench(&gpu, &args),
+        BenchTarget::Text => crate::text::bench::speed(&gpu, repeats, args.json, args.single, args.batch),
+        BenchTarget::Quality => crate::text::bench::quality(
+            &gpu,
+            &crate::text::bench::QualityOptions {
+                corpus: args.corpus,
+                samples: args.samples,
+                seed: args.seed,
+                dump: args.dump,
+                no_cpu: args.no_cpu,
+                json: args.json,
+            },
+        ),
+        BenchTarget::Mnist => crate::mnist::bench::bench(&gpu, repeats, args.json),
     }
-}
-
-/// Median of a list of timings.
-pub fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
-
-/// Device time of `work`, in milliseconds, between two events on the GPU's stream.
-pub fn time_on_device(gpu: &Gpu, work: impl FnOnce() -> Result<()>) -> Result<f64> {
-    let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    start.record(&gpu.stream)?;
-    work()?;
-    end.record(&gpu.stream)?;
-    Ok(start.elapsed_ms(&end).context("a benchmarked kernel failed")? as f64)
-}
-
-/// Microseconds per launch of `graph` (which holds `launches` launches of one kernel): one warm-up
-/// replay, then `repeats` timed replays.
-pub fn time_graph_launches(gpu: &Gpu, graph: &CudaGraph, launches: usize, repeats: usize) -> Result<Vec<f64>> {
-    graph.launch()?;
-    gpu.stream.synchronize().context("a benchmarked kernel failed")?;
-    (0..repeats).map(|_| time_on_device(gpu, || Ok(graph.launch()?)).map(|ms| ms * 1e3 / launches as f64)).collect()
-}
-
-pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
-
-fn bench_text(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, only_batch: Option<usize>) -> Result<()> {
-    let shape = BENCH_SHAPE;
-    let mut rng = StdRng::seed_from_u64(7);
-    let tokens: Arc<[u32]> = (0..1usize << 20).map(|_| rng.random_range(0..shape.vocab as u32)).collect();
-    let params = TextParams::init(shape, 1);
-    let lr = 0.01f32;
-    let mut rows = Vec::new();
-    // (label, batch, steps, CUDA graph)
-    let configs = [
-        ("single-sample, CUDA graph", 1, 25_600, true),
-        ("single-sample, plain launches", 1, 5_000, false),
-        ("batch 256, CUDA graph", 256, 256, true),
-        ("batch 4096, CUDA graph", 4096, 128, true),
-    ];
-    for (label, batch, steps, graph) in configs {
-        if (single_only && batch > 1) || only_batch.is_some_and(|b| b != batch) {
-            continue;
-        }
-        let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
-        let samples = batch * steps;
-        let positions: Vec<u32> =
-            (0..samples).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
-        // Warm-up: compiles, captures and uploads the graph, fills the caches.
-        trainer.set_positions(&positions)?;
-        trainer.enqueue_training(samples, batch, lr, graph)?;
-        trainer.synchronize()?;
-        let mut times = Vec::with_capacity(repeats);
-        for _ in 0..repeats {
-            trainer.set_positions(&positions)?;
-            trainer.synchronize()?;
-            times.push(time_on_device(gpu, || trainer.enqueue_training(samples, batch, lr, graph))?);
-        }
-        let median_ms = median(&times);
-        let secs = median_ms / 1e3;
-        rows.push(TextBenchRow {
-            mode: label.into(),
-            batch,
-            steps,
-            median_ms,
-            steps_per_s: steps as f64 / secs,
-            samples_per_s: samples as f64 / secs,
-            us_per_step: median_ms * 1e3 / steps as f64,
-            repeats_ms: times,
-        });
-    }
-    // Each kernel alone: a graph of 128 launches of it (single sample), replayed.
-    let mut per_kernel = Vec::new();
-    {
-        let mut t = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
-        let positions: Vec<u32> = (0..1024).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
-        t.set_positions(&positions)?;
-        t.launch_step(1, 0, lr, false)?;
-        // Single samples take fused/text_sample.cu where the shape allows (it does at the bench shape).
-        // The last entry, a one-thread kernel that does nothing (text_advance by 0), is the cost of a graph
-        // node alone: the floor under each of the three.
-        let sample = t.sample_path(1);
-        let names = if sample {
-            ["sample_forward", "sample_backward", "sample_update"]
-        } else {
-            ["text_forward", "text_backward", "text_update"]
-        };
-        for (name, which) in [(names[0], 0), (names[1], 1), (names[2], 2), ("empty kernel", 3)] {
-            let graph = t.capture(|t| {
-                for _ in 0..128 {
-                    match (which, sample) {
-                        (0, true) => t.launch_sample_forward(0, lr, true)?,
-                        (1, true) => t.launch_sample_backward(0, lr, true)?,
-                        (2, true) => t.launch_sample_update(0, lr, true)?,
-                        (0, false) => t.launch_forward(1, true)?,
-                        (1, false) => t.launch_backward(1, 0, lr, true)?,
-                        (2, false) => t.launch_update(1, 0, lr, true)?,
-                        _ => t.launch_advance(0)?,
-                    }
-                }
-                Ok(())
-            })?;
-            let times = time_graph_launches(gpu, &graph, 128, repeats)?;
-            per_kernel.push(serde_json::json!({"kernel": name, "us_median": median(&times), "us": times}));
-        }
-        per_kernel.push(serde_json::json!({"resources (name, registers, local bytes)": t.kernel_resources()}));
-    }
-    // The floor of a single-sample step (fused/text_sample.cu): W2 is read and written once, by
-    // sample_forward; W1 is read and written once, by sample_backward, and read again by sample_update.
-    let f = 4.0;
-    let (v, d, h) = (shape.vocab as f64, shape.embed as f64, shape.hidden as f64);
-    let layout = crate::text::gpu::TextLayout::new(shape, gpu.sm_count as usize, gpu.max_shared_optin)?;
-    let bytes_step = 2.0 * v * h * f + 3.0 * h * d * f;
-    if json {
-        let out = serde_json::json!({
-            "device": gpu.describe(),
-            "shape": {"vocab": shape.vocab, "embed": shape.embed, "hidden": shape.hidden, "context": shape.context},
-            "grid": layout.grid, "rows_per_block": layout.rows_per_block,
-            "single_sample_bytes_per_step": bytes_step,
-            "single_sample_kernels": per_kernel,
-            "rows": rows,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!("text model V={} D={} H={} N={} on {}", shape.vocab, shape.embed, shape.hidden, shape.context, gpu.describe());
-        println!("{:<32} {:>6} {:>8} {:>12} {:>14} {:>10}", "mode", "batch", "steps", "steps/s", "samples/s", "µs/step");
-        for r in &rows {
-            println!(
-                "{:<32} {:>6} {:>8} {:>12.0} {:>14.0} {:>10.2}",
-                r.mode, r.batch, r.steps, r.steps_per_s, r.samples_per_s, r.us_per_step
-            );
-        }
-        for k in &per_kernel {
-            println!("{k}");
-        }
-        println!(
-            "single-sample bytes per step ≈ {:.1} MB → {:.1} µs at 5 TB/s (L2)",
-            bytes_step / 1e6,
-            bytes_step / 5e12 * 1e6
-        );
-    }
-    Ok(())
-}
-
-/// The quality run's inputs: the bench shape on `corpus`, `samples` training positions in an order drawn
-/// from `seed`, 5000 validation positions, initial parameters from `seed`, lr 0.05, one sample per step.
-pub struct QualityRun {
-    pub tokens: Arc<[u32]>,
-    pub order: Vec<u32>,
-    pub val: Vec<u32>,
-    pub params: TextParams,
-    pub lr: f32,
-}
-
-impl QualityRun {
-    pub fn new(corpus: &std::path::Path, samples: usize, seed: u64) -> Result<QualityRun> {
-        use crate::text::corpus::{Corpus, CorpusOptions, Split};
-        use crate::text::train::spread_subset;
-        use rand::seq::SliceRandom;
-        let corpus =
-            Corpus::read(corpus, CorpusOptions { tokenizer: Default::default(), max_vocab: BENCH_SHAPE.vocab, max_tokens: None })?;
-        let shape = TextShape { vocab: corpus.vocab.len(), ..BENCH_SHAPE };
-        let split = Split::new(corpus.tokens.len(), shape.context)?;
-        let mut order = split.train.clone();
-        order.shuffle(&mut StdRng::seed_from_u64(seed));
-        order.truncate(samples.max(1));
-        Ok(QualityRun {
-            tokens: corpus.tokens.clone().into(),
-            order,
-            val: spread_subset(&split.val, 5000),
-            params: TextParams::init(shape, seed),
-            lr: 0.05,
-        })
-    }
-}
-
-/// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
-/// same initial parameters in the same shuffled order, then the validation loss of each on the same
-/// held-out samples. The tokens, the order, the validation positions and the initial parameters are
-/// written to `dump` so that the PyTorch model repeats exactly this run.
-fn bench_quality(gpu: &Arc<Gpu>, args: &BenchArgs) -> Result<()> {
-    use crate::text::{CpuTrainer, TextTrainer};
-    let QualityRun { tokens, order, val, params, lr } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
-    let shape = params.shape;
-
-    // Each trainer runs the first PARITY_STEPS steps, then the rest; with the CPU run, the parameters
-    // in between are compared (how close the two stay on real text before rounding has long to grow).
-    const PARITY_STEPS: usize = 1000;
-    let (head, tail) = order.split_at(order.len().min(PARITY_STEPS));
-    let started = std::time::Instant::now();
-    let mut gpu_trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
-    let mut gpu_loss = gpu_trainer.train(head, 1, lr)?;
-    let (gpu_head, snapshot_secs) = if args.no_cpu {
-        (None, 0.0)
-    } else {
-        let snapshot = std::time::Instant::now();
-        (Some(gpu_trainer.params()?), snapshot.elapsed().as_secs_f64())
-    };
-    if !tail.is_empty() {
-        gpu_loss += gpu_trainer.train(tail, 1, lr)?;
-    }
-    let gpu_train = gpu_loss / order.len() as f64;
-    let gpu_eval = gpu_trainer.evaluate(&val)?;
-    let gpu_secs = started.elapsed().as_secs_f64() - snapshot_secs;
-    let (cpu_run, early_parity) = match gpu_head {
-        None => (None, serde_json::Value::Null),
-        Some(gpu_head) => {
-            let started = std::time::Instant::now();
-            let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
-            let mut cpu_loss = cpu.train(head, 1, lr)?;
-            let errors: serde_json::Map<String, serde_json::Value> = crate::text::checks::param_rel_errors(&gpu_head, &cpu.params)
-                .into_iter()
-                .map(|(name, err)| (name.to_string(), serde_json::json!(err)))
-                .collect();
-            cpu_loss += cpu.train(tail, 1, lr)?;
-            let cpu_run = (cpu_loss / order.len() as f64, cpu.evaluate(&val)?, started.elapsed().as_secs_f64());
-            (Some(cpu_run), serde_json::json!({"steps": head.len(), "params_rel_error": errors}))
-        }
-    };
-
-    std::fs::create_dir_all(&args.dump).with_context(|| format!("cannot create {}", args.dump.display()))?;
-    let words = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    std::fs::write(args.dump.join("tokens.u32"), words(&tokens))?;
-    std::fs::write(args.dump.join("order.u32"), words(&order))?;
-    std::fs::write(args.dump.join("val.u32"), words(&val))?;
-    let views: Vec<(String, safetensors::tensor::TensorView)> = params
-        .tensors()
-        .into_iter()
-        .map(|(name, data, dims)| {
-            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), data.len() * 4) };
-            (name.to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, dims, bytes).unwrap())
-        })
-        .collect();
-    std::fs::write(args.dump.join("init.safetensors"), safetensors::serialize(views, None)?)?;
-
-    let summary = |train: f64, e: crate::text::model::EvalSums, secs: f64| {
-        let n = e.samples.max(1) as f64;
-        serde_json::json!({"train_loss": train, "val_loss": e.loss / n, "val_perplexity": (e.loss / n).exp(),
-            "top1_percent": 100.0 * e.top1 as f64 / n, "top5_percent": 100.0 * e.top5 as f64 / n, "seconds": secs})
-    };
-    let gpu_val = gpu_eval.loss / gpu_eval.samples as f64;
-    let (cpu, rel_diff) = match cpu_run {
-        Some((train, eval, secs)) => {
-            let cpu_val = eval.loss / eval.samples as f64;
-            (summary(train, eval, secs), serde_json::json!((gpu_val - cpu_val).abs() / cpu_val))
-        }
-        None => (serde_json::Value::Null, serde_json::Value::Null),
-    };
-    let out = serde_json::json!({
-        "device": gpu.describe(), "corpus": args.corpus, "vocab": shape.vocab, "samples": order.len(),
-        "val_samples": val.len(), "lr": lr, "batch": 1, "seed": args.seed,
-        "gpu": summary(gpu_train, gpu_eval, gpu_secs), "cpu": cpu,
-        "val_loss_rel_diff": rel_diff, "early_parity": early_parity, "dump": args.dump,
-    });
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(())
 }

@@ -14,3 +14,4 @@ pub mod mnist;
 pub mod resources;
 pub mod selftest;
 pub mod text;
+pub mod timing;

@@ -1,5 +1,5 @@
 //! `textnet selftest`: every pipeline's GPU kernels checked against its CPU reference on this machine's GPU
-//! (each pipeline's checks live with it: `text::checks`, `mnist::gpu::selftest_checks`). Prints a table
+//! (each pipeline's checks live with it: `text::checks`, `mnist::checks`). Prints a table
 //! (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
 use crate::check::{Check, Group, Plan};
@@ -19,7 +19,7 @@ impl Pipeline {
     fn checks(self, gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         match self {
             Pipeline::Text => crate::text::checks::checks(gpu, plan),
-            Pipeline::Mnist => crate::mnist::gpu::selftest_checks(gpu, plan),
+            Pipeline::Mnist => crate::mnist::checks::selftest_checks(gpu, plan),
         }
     }
 }

@@ -4,7 +4,8 @@
 
 use textnet::device::{compile_ptx, kernel_source};
 use textnet::mnist::data::{self, Dataset};
-use textnet::mnist::gpu::{GpuTrainer, selftest_checks};
+use textnet::mnist::checks::selftest_checks;
+use textnet::mnist::gpu::GpuTrainer;
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::optim::{OptimConfig, OptimKind};

@@ -5,7 +5,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::sync::Arc;
 use textnet::mnist::CpuTrainer;
-use textnet::mnist::gpu::{TRAINING_EPOCHS, TRAINING_MARGIN, training_cases, training_problem};
+use textnet::mnist::checks::{TRAINING_EPOCHS, TRAINING_MARGIN, training_cases, training_problem};
 use textnet::mnist::model::{Activation, kink_margin};
 use textnet::mnist::train::{self, Schedule};
 

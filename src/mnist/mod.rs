@@ -6,6 +6,8 @@
 //! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every
 //! backend sees the same shuffles and the CPU reference can check any of them.
 
+pub mod bench;
+pub mod checks;
 pub mod cli;
 pub mod gpu;
 pub mod data;

@@ -2,6 +2,7 @@
 //! (`model`) or the fused CUDA kernels (`gpu`, kernels in `fused/text.cu`).
 
 pub mod model;
+pub mod bench;
 pub mod checks;
 pub mod cli;
 pub mod gpu;

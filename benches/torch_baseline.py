@@ -4,7 +4,7 @@
 
 Modes: batch 1 eager, batch 1 with the whole training step captured in a CUDA graph, batch 256 and
 batch 4096 eager. Timed with CUDA events after warm-up; the median of several repeats. Prints one JSON
-object. Run it in the same device session as `textnet bench --json` so the numbers compare.
+object. Run it on the same machine right after `textnet bench --json` so the numbers compare.
 
 With --quality DIR... (each written by `textnet bench quality`): the same single-sample SGD run as
 textnet's, from textnet's initial parameters over textnet's sample order, then validation loss and

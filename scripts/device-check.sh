@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, in one session (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
+# Runs on the GPU machine, all in one run (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
 # text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
-# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (a device call brings back
-# eight files at most; `all` writes ten).
+# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (`all` writes ten).
 # usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|sanitize|all]...
 #   seeds:    the quality run (GPU only) for each seed in $SEEDS (default 1 to 6), $JOBS (default 4) seeds
 #             at a time, into $OUT/quality_seeds.json; then their PyTorch twins (CUDA graph mode) in

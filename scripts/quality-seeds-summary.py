@@ -15,7 +15,7 @@ usage: scripts/quality-seeds-summary.py [FILE...] [--cpu TABLE] [--summary JSON]
   --cpu TABLE     lines `seed val_loss` (the CPU reference, `cargo run --release --example quality_noise
                   -- 0 lr corpus/shakespeare.txt N`)
   --summary JSON  {"gpu": {seed: val_loss}, "torch": {...}, "cpu": {...}}, as in
-                  benches/results/2026-11-23-h100-session5/quality_seeds_summary.json
+                  benches/results/2026-11-23-h100-a965c8f/quality_seeds_summary.json
   --brief         no per-seed table (text output)
   --json          the same as one JSON object
 """

@@ -27,6 +27,7 @@
 //
 // Parameters, gradient and optimizer state are flat vectors: W1 (H×I), b1 (H), W2 (C×H), b2 (C). I and C
 // are compiled in (-DMNIST_I, -DMNIST_C); H, the batch and the activation are arguments.
+#include "activations.cuh"
 #include "common.cuh"
 #include "gemm.cuh"
 
@@ -47,27 +48,7 @@ using ForwardTile = GemmTile<FWD_BM, FWD_BN, I, FWD_TM, FWD_TN>;
 // Kernel 2: 16 rows (hidden units or classes) × 64 columns (pixels or hidden units), 64 samples per stage.
 constexpr int BWD_BM = 16, BWD_BN = 64, BWD_BK = 64, BWD_TM = 4, BWD_TN = 4;
 
-constexpr int ACT_RELU = 0, ACT_SIGMOID = 1, ACT_TANH = 2;
 constexpr int OPTIM_SGD = 0, OPTIM_MOMENTUM = 1, OPTIM_ADAM = 2;
-
-__device__ __forceinline__ float activate(int activation, float z) {
-    switch (activation) {
-        case ACT_SIGMOID: return 1.0f / (1.0f + expf(-z));
-        case ACT_TANH: return tanhf(z);
-        case ACT_RELU:
-        default: return fmaxf(z, 0.0f);
-    }
-}
-
-// act′(z) from a = act(z) (for ReLU, a > 0 exactly when z > 0).
-__device__ __forceinline__ float activation_slope(int activation, float a) {
-    switch (activation) {
-        case ACT_SIGMOID: return a * (1.0f - a);
-        case ACT_TANH: return 1.0f - a * a;
-        case ACT_RELU:
-        default: return a > 0.0f ? 1.0f : 0.0f;
-    }
-}
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 

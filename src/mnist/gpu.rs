@@ -5,7 +5,7 @@
 //! summed training loss once per epoch, and the test loss and predicted classes once per evaluation.
 
 use super::idx::Split;
-use super::model::{Activation, MlpParams, MlpShape};
+use super::model::{MlpParams, MlpShape};
 use super::optim::{OptimConfig, OptimKind};
 use super::{Evaluation, MnistTrainer};
 use crate::device::Gpu;
@@ -88,14 +88,6 @@ impl MnistLayout {
             + 2.0 * b * h * (i + 1.0)
             + 3.0 * 2.0 * b * c * (h + 1.0)
             + 12.0 * self.shape.param_count() as f64
-    }
-}
-
-fn activation_code(a: Activation) -> i32 {
-    match a {
-        Activation::Relu => 0,
-        Activation::Sigmoid => 1,
-        Activation::Tanh => 2,
     }
 }
 
@@ -295,7 +287,7 @@ impl GpuTrainer {
     /// Kernel 1 for `batch` samples starting `offset` past the cursor.
     pub fn launch_forward(&mut self, batch: usize, offset: usize) -> Result<()> {
         let (b, h, act, off) =
-            (batch as i32, self.shape.hidden as i32, activation_code(self.shape.activation), offset as u32);
+            (batch as i32, self.shape.hidden as i32, self.shape.activation.kernel_code(), offset as u32);
         let cfg = launch_config(self.layout.forward_grid(batch), self.layout.forward_shared);
         let buf = &mut self.buffers;
         let mut launch = self.gpu.stream.launch_builder(&self.kernels.forward);
@@ -358,7 +350,7 @@ impl GpuTrainer {
     /// Evaluation over test samples first .. first + batch: predicted classes and the summed loss.
     pub fn launch_evaluate(&mut self, first: usize, batch: usize) -> Result<()> {
         let (first, b, h, act) =
-            (first as u32, batch as i32, self.shape.hidden as i32, activation_code(self.shape.activation));
+            (first as u32, batch as i32, self.shape.hidden as i32, self.shape.activation.kernel_code());
         let cfg = launch_config(self.layout.forward_grid(batch), self.layout.forward_shared);
         let buf = &mut self.buffers;
         let mut launch = self.gpu.stream.launch_builder(&self.kernels.evaluate);

@@ -15,3 +15,4 @@ pub mod resources;
 pub mod selftest;
 pub mod text;
 pub mod timing;
+pub mod xor;

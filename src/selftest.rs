@@ -1,5 +1,5 @@
 //! `textnet selftest`: every pipeline's GPU kernels checked against its CPU reference on this machine's GPU
-//! (each pipeline's checks live with it: `text::checks`, `mnist::checks`). Prints a table
+//! (each pipeline's checks live with it: `text::checks`, `mnist::checks`, `xor::checks`). Prints a table
 //! (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
 use crate::check::{Check, Group, Plan};
@@ -13,6 +13,11 @@ use std::time::Instant;
 pub enum Pipeline {
     Text,
     Mnist,
+    Xor,
+}
+
+impl Pipeline {
+    pub const ALL: [Pipeline; 3] = [Pipeline::Text, Pipeline::Mnist, Pipeline::Xor];
 }
 
 impl Pipeline {
@@ -20,6 +25,7 @@ impl Pipeline {
         match self {
             Pipeline::Text => crate::text::checks::checks(gpu, plan),
             Pipeline::Mnist => crate::mnist::checks::selftest_checks(gpu, plan),
+            Pipeline::Xor => crate::xor::checks::selftest_checks(gpu, plan),
         }
     }
 }
@@ -34,7 +40,7 @@ pub enum Only {
 impl clap::ValueEnum for Only {
     fn value_variants<'a>() -> &'a [Self] {
         use Only::{Group as G, Pipeline as P};
-        &[P(Pipeline::Text), P(Pipeline::Mnist), G(Group::Kernels), G(Group::Training), G(Group::Repeat)]
+        &[P(Pipeline::Text), P(Pipeline::Mnist), P(Pipeline::Xor), G(Group::Kernels), G(Group::Training), G(Group::Repeat)]
     }
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
@@ -72,7 +78,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let groups = args.only.iter().filter_map(|o| if let Only::Group(g) = o { Some(*g) } else { None }).collect();
     let plan = Plan { seed, quick: args.quick, groups };
     let mut checks = Vec::new();
-    for pipeline in [Pipeline::Text, Pipeline::Mnist] {
+    for pipeline in Pipeline::ALL {
         if pipelines.is_empty() || pipelines.contains(&pipeline) {
             checks.extend(pipeline.checks(&gpu, &plan)?);
         }

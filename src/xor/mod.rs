@@ -2,4 +2,6 @@
 //! full-batch SGD on the four XOR points. CPU reference `model`, GPU trainer `gpu` (fused/xor.cu: the whole
 //! run in one launch), selftest checks `checks`.
 
+pub mod checks;
+pub mod gpu;
 pub mod model;

@@ -1,0 +1,159 @@
+//! The XOR pipeline's selftest checks: xor_train for one epoch against one SGD step of the CPU reference
+//! (relative 1e-5), and for the whole 5000-epoch run against the CPU reference's run (parameters and the
+//! recorded losses, relative 1e-3) with sigmoid and tanh. ReLU gets the one-epoch checks only: on the four
+//! XOR points its units drift onto the kink within tens of epochs (a unit inactive at a point is pushed to
+//! the boundary and stays there), where rounding decides ReLU′, so no long ReLU run can test the kernel.
+//!
+//! A long full-batch run is smooth but not always tame: near a saddle (where XOR training often waits),
+//! a difference at the rounding level can grow by orders of magnitude before the run escapes. So a run
+//! is compared only on a problem where the CPU reference itself, restarted from parameters moved by a
+//! relative 1e-6, ends within SENSITIVITY of itself; otherwise another seed is drawn.
+
+use super::gpu::GpuXor;
+use super::model::{self, INPUTS, XorParams};
+use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
+use crate::cpu::Activation;
+use crate::device::Gpu;
+use anyhow::Result;
+use rand::RngExt;
+use rand::rngs::StdRng;
+use std::sync::Arc;
+
+/// The roadmap's run: 5000 epochs at lr 0.5, the loss recorded every 500.
+pub const EPOCHS: usize = 5000;
+pub const LR: f32 = 0.5;
+pub const REPORT_EVERY: usize = 500;
+
+/// The learning rate of the whole-run check for `hidden` units: the output layer's curvature grows with
+/// the number of units (Σ a² over them), and plain SGD is stable only below 2 / curvature, so wider
+/// models run at 0.5 · 4 / H; tanh (|a| up to 1, against sigmoid's a around 1/2) at half that.
+pub fn run_lr(hidden: usize, activation: Activation) -> f32 {
+    let tanh = if activation == Activation::Tanh { 0.5 } else { 1.0 };
+    LR * tanh * (4.0 / hidden as f32).min(1.0)
+}
+
+/// How far the reference may move under a relative 1e-6 change of its start for a problem to be
+/// compared at TOLERANCE: a hundredfold growth at most.
+pub const SENSITIVITY: f64 = 1e-4;
+pub const TOLERANCE: f64 = 1e-3;
+const MAX_DRAWS: usize = 32;
+
+/// The shapes checked: one partial warp (the default H = 4), a partial warp of 37, and 100 units over
+/// four warps (the cross-warp sum).
+const HIDDEN: [usize; 3] = [4, 37, 100];
+
+pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    if plan.wants(Group::Kernels) {
+        let mut rng = plan.rng("xor kernels");
+        for activation in Activation::ALL {
+            for hidden in HIDDEN {
+                out.extend(step_checks(gpu, hidden, activation, &mut rng)?);
+            }
+        }
+    }
+    if plan.wants(Group::Training) {
+        let mut rng = plan.rng("xor training");
+        for activation in [Activation::Sigmoid, Activation::Tanh] {
+            for hidden in HIDDEN {
+                out.push(run_check(gpu, hidden, activation, &mut rng)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The smallest kink ratio of any hidden unit over the four points (infinite for smooth activations).
+pub fn kink_margin(p: &XorParams) -> f64 {
+    if p.activation != Activation::Relu {
+        return f64::INFINITY;
+    }
+    (0..p.hidden())
+        .flat_map(|j| INPUTS.iter().map(move |x| (j, x)))
+        .map(|(j, x)| kink_ratio(&p.w1[2 * j..2 * j + 2], p.b1[j], x))
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn label(hidden: usize, activation: Activation) -> String {
+    format!("H={hidden} {}", activation.name())
+}
+
+/// One epoch at lr 10 (the update far above the parameters' rounding) against one CPU step.
+fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut StdRng) -> Result<Vec<Check>> {
+    const STEP_LR: f32 = 10.0;
+    let p = loop {
+        let p = XorParams::init(hidden, activation, rng.random());
+        if kink_margin(&p) >= 1e-4 {
+            break p;
+        }
+    };
+    let (loss, g) = model::loss_and_grads(&p);
+    let mut t = GpuXor::new(gpu.clone(), &p)?;
+    let losses = t.train(1, STEP_LR, 1)?;
+    let after = t.params()?;
+    let delta = |before: &[f32], after: &[f32]| -> Vec<f32> { before.iter().zip(after).map(|(b, a)| b - a).collect() };
+    let scaled = |g: &[f32]| -> Vec<f32> { g.iter().map(|x| STEP_LR * x).collect() };
+    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label(hidden, activation), rel_error, tolerance: 1e-5 };
+    Ok(vec![
+        check("xor_train loss", rel_error(&losses, &[loss])),
+        check("xor_train W1 update", rel_error(&delta(&p.w1, &after.w1), &scaled(&g.w1))),
+        check("xor_train b1 update", rel_error(&delta(&p.b1, &after.b1), &scaled(&g.b1))),
+        check("xor_train w2 update", rel_error(&delta(&p.w2, &after.w2), &scaled(&g.w2))),
+        check("xor_train b2 update", rel_error(&[p.b2 - after.b2], &[STEP_LR * g.b2])),
+    ])
+}
+
+/// A problem for the whole-run check and the reference's run over it (final parameters and losses), or
+/// None when MAX_DRAWS seeds in a row were too sensitive.
+pub fn reference_problem(hidden: usize, activation: Activation, rng: &mut StdRng) -> (usize, Option<(XorParams, XorParams, Vec<f32>)>) {
+    for draws in 1..=MAX_DRAWS {
+        let start = XorParams::init(hidden, activation, rng.random());
+        let mut end = start.clone();
+        let mut losses = Vec::new();
+        for epoch in 0..EPOCHS {
+            let loss = model::sgd_step(&mut end, run_lr(hidden, activation));
+            if epoch % REPORT_EVERY == 0 {
+                losses.push(loss);
+            }
+        }
+        let mut moved = start.clone();
+        for w in moved.w1.iter_mut().chain(moved.b1.iter_mut()).chain(moved.w2.iter_mut()) {
+            *w *= 1.0 + 1e-6;
+        }
+        model::train(&mut moved, EPOCHS, run_lr(hidden, activation), REPORT_EVERY);
+        if worst_error(&moved, &end) <= SENSITIVITY {
+            return (draws, Some((start, end, losses)));
+        }
+    }
+    (MAX_DRAWS, None)
+}
+
+/// The largest relative error over the parameter tensors.
+pub fn worst_error(got: &XorParams, want: &XorParams) -> f64 {
+    [
+        rel_error(&got.w1, &want.w1),
+        rel_error(&got.b1, &want.b1),
+        rel_error(&got.w2, &want.w2),
+        rel_error(&[got.b2], &[want.b2]),
+    ]
+    .into_iter()
+    .fold(0.0, f64::max)
+}
+
+fn run_check(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut StdRng) -> Result<Check> {
+    let (draws, problem) = reference_problem(hidden, activation, rng);
+    let shape = label(hidden, activation);
+    let Some((start, cpu, cpu_losses)) = problem else {
+        return Ok(Check {
+            kernel: format!("{} epochs: no problem of {draws} was tame enough to compare", EPOCHS),
+            shape,
+            rel_error: f64::INFINITY,
+            tolerance: TOLERANCE,
+        });
+    };
+    let mut t = GpuXor::new(gpu.clone(), &start)?;
+    let losses = t.train(EPOCHS, run_lr(hidden, activation), REPORT_EVERY)?;
+    let rel_error = worst_error(&t.params()?, &cpu).max(rel_error(&losses, &cpu_losses));
+    let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
+    Ok(Check { kernel: format!("{} epochs in one launch{drawn}", EPOCHS), shape, rel_error, tolerance: TOLERANCE })
+}

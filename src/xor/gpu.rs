@@ -1,0 +1,77 @@
+//! The XOR run on the GPU: the whole of it in one launch of fused/xor.cu (see its header for why).
+
+use super::model::{MAX_HIDDEN, XorParams};
+use crate::device::Gpu;
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+/// The parameters on the device and the compiled kernel.
+pub struct GpuXor {
+    gpu: Arc<Gpu>,
+    kernel: CudaFunction,
+    activation: crate::cpu::Activation,
+    w1: CudaSlice<f32>,
+    b1: CudaSlice<f32>,
+    w2: CudaSlice<f32>,
+    b2: CudaSlice<f32>,
+}
+
+impl GpuXor {
+    pub fn new(gpu: Arc<Gpu>, p: &XorParams) -> Result<GpuXor> {
+        if p.hidden() == 0 || p.hidden() > MAX_HIDDEN {
+            bail!("--hidden must be between 1 and {MAX_HIDDEN} on the GPU, got {}", p.hidden());
+        }
+        let module = gpu.module("xor", &[])?;
+        let kernel = Gpu::function(&module, "xor_train")?;
+        let stream = &gpu.stream;
+        let upload = |v: &[f32]| stream.clone_htod(v).context("copying the model to the GPU");
+        Ok(GpuXor {
+            w1: upload(&p.w1)?,
+            b1: upload(&p.b1)?,
+            w2: upload(&p.w2)?,
+            b2: upload(&[p.b2])?,
+            activation: p.activation,
+            kernel,
+            gpu,
+        })
+    }
+
+    /// Queues `epochs` SGD epochs in one launch; the loss of every `report_every`-th epoch goes to
+    /// `losses` (at least ⌈epochs / report_every⌉ long).
+    pub fn enqueue(&mut self, epochs: usize, lr: f32, report_every: usize, losses: &mut CudaSlice<f32>) -> Result<()> {
+        let hidden = self.b1.len();
+        let threads = hidden.div_ceil(32) * 32;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+        let (h, act, e, every) = (hidden as i32, self.activation.kernel_code(), epochs as i32, report_every.max(1) as i32);
+        let mut launch = self.gpu.stream.launch_builder(&self.kernel);
+        launch.arg(&mut self.w1).arg(&mut self.b1).arg(&mut self.w2).arg(&mut self.b2);
+        launch.arg(&h).arg(&act).arg(&e).arg(&lr).arg(&every).arg(losses);
+        unsafe { launch.launch(cfg) }.context("launching xor_train")?;
+        Ok(())
+    }
+
+    /// `epochs` epochs; returns the recorded losses (poisoned with NaN first, so an unwritten one shows).
+    pub fn train(&mut self, epochs: usize, lr: f32, report_every: usize) -> Result<Vec<f32>> {
+        if epochs > i32::MAX as usize {
+            bail!("--epochs {epochs} is more than the GPU kernel counts to");
+        }
+        let reports = epochs.div_ceil(report_every.max(1));
+        let mut losses = self.gpu.stream.clone_htod(&vec![f32::NAN; reports.max(1)])?;
+        self.enqueue(epochs, lr, report_every, &mut losses)?;
+        let mut losses = self.gpu.stream.clone_dtoh(&losses).context("xor_train failed")?;
+        losses.truncate(reports);
+        Ok(losses)
+    }
+
+    /// A host copy of the parameters.
+    pub fn params(&self) -> Result<XorParams> {
+        let stream = &self.gpu.stream;
+        let get = |v: &CudaSlice<f32>| stream.clone_dtoh(v).context("copying from the GPU");
+        Ok(XorParams { activation: self.activation, w1: get(&self.w1)?, b1: get(&self.b1)?, w2: get(&self.w2)?, b2: get(&self.b2)?[0] })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+}

@@ -59,7 +59,7 @@ fn train_and_mnist_report_in_one_shape() {
         for key in ["out", "keep", "lr", "epochs", "batch", "seed", "device"] {
             assert!(!r["config"][key].is_null(), "{command}: config.{key}");
         }
-        assert_eq!(r["config"]["device"], "cpu");
+        assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
         assert!(r["data"]["train_samples"].as_u64().unwrap() > 0 && r["data"]["val_samples"].as_u64().unwrap() > 0);
 
         let row = &r["epochs"][0];

@@ -72,6 +72,7 @@ fn fashion_json_run_writes_a_model() {
     assert_eq!(report["data"]["train_samples"], 3000);
     assert_eq!(report["data"]["test_samples"], 10000);
     assert_eq!(report["config"]["hidden"], 32);
+    assert_eq!(report["config"]["seed"], 1, "the default seed");
     assert_eq!(report["parameters"], 784 * 32 + 32 + 32 * 10 + 10);
     let epochs = report["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 2);

@@ -60,7 +60,7 @@ pub struct MnistArgs {
     #[arg(long, default_value_t = 10)]
     pub epochs: usize,
     /// Seed of the initial parameters and of the shuffle
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Train on only the first N training images (for quick runs)
     #[arg(long, value_name = "N")]

@@ -76,6 +76,16 @@ impl Keeper {
         }
     }
 
+    /// What became of the epoch just offered, for its summary line: "saved", or why not.
+    pub fn note(&self, written: bool) -> String {
+        match (written, self.kept, self.baseline) {
+            (true, _, _) => "saved".into(),
+            (false, Some((epoch, _)), _) => format!("not saved (the file keeps epoch {epoch})"),
+            (false, None, Some(baseline)) => format!("not saved (the starting model's val loss is {baseline:.4})"),
+            (false, None, None) => "not saved".into(),
+        }
+    }
+
     /// The epoch the file holds, for the `--json` report.
     pub fn kept_epoch(&self) -> Option<usize> {
         self.kept.map(|(epoch, _)| epoch)

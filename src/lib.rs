@@ -11,6 +11,7 @@ pub mod fsutil;
 mod fused_source;
 pub mod interrupt;
 pub mod mnist;
+pub mod report;
 pub mod resources;
 pub mod selftest;
 pub mod text;

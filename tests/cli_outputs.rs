@@ -239,7 +239,7 @@ fn resume_continues_a_saved_model() {
     let summary = json(&textnet(&resume(&["--epochs", "1"])));
     assert_eq!(summary["status"], "ok");
     // The model's vocabulary and shape, not the defaults (8192 entries, embed 64).
-    assert_eq!((summary["vocab_size"].as_u64(), summary["config"]["embed"].as_u64()), (Some(300), Some(8)));
+    assert_eq!((summary["data"]["vocab_size"].as_u64(), summary["config"]["embed"].as_u64()), (Some(300), Some(8)));
     let baseline = summary["baseline_val_loss"].as_f64().unwrap();
     assert!((baseline - first_loss).abs() < 1e-9, "{baseline} vs {first_loss}");
     assert!(val_losses(&summary)[0] < first_loss);
@@ -281,28 +281,35 @@ fn mnist_keeps_best_only_with_a_validation_split() {
 
     let o = mnist(&model, &["--epochs", "2"]);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!((report["keep"].as_str(), report["kept_epoch"].as_u64()), (Some("last"), Some(2)));
+    assert_eq!((report["config"]["keep"].as_str(), report["kept_epoch"].as_u64()), (Some("last"), Some(2)));
 
     // Adam at a high rate overfits 1600 images quickly, so later epochs validate worse.
     let o = mnist(&model, &["--epochs", "5", "--val-split", "0.2", "--keep", "best", "--lr", "0.02"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!((report["train_samples"].as_u64(), report["val_samples"].as_u64()), (Some(1600), Some(400)));
+    let data = &report["data"];
+    assert_eq!((data["train_samples"].as_u64(), data["val_samples"].as_u64()), (Some(1600), Some(400)));
     let losses: Vec<f64> =
         report["epochs"].as_array().unwrap().iter().map(|e| e["val_loss"].as_f64().unwrap()).collect();
     let kept = argmin(&losses);
     assert_eq!(report["kept_epoch"], kept, "{losses:?}");
     let kept_test = report["epochs"][kept - 1]["test_accuracy"].as_f64().unwrap();
-    assert_eq!(report["test_accuracy"].as_f64().unwrap(), kept_test, "the final figures are the kept epoch's");
+    assert_eq!(report["final"]["test_accuracy"].as_f64().unwrap(), kept_test, "the final figures are the kept epoch's");
     let good = std::fs::read(&model).unwrap();
 
     // A later run that diverges or ends worse on the same validation images leaves the file alone.
     let o = mnist(&model, &["--epochs", "1", "--val-split", "0.2", "--lr", "1e-6"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("unchanged"), "{}", text(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let baseline = report["baseline_val_loss"].as_f64();
+    assert_eq!((report["status"].as_str(), baseline), (Some("not_better"), Some(losses[kept - 1])));
     let o = mnist(&model, &["--epochs", "1", "--val-split", "0.2", "--lr", "1e30"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("diverged"), "{}", text(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((report["status"].as_str(), &report["diverged"]["epoch"]), (Some("diverged"), &serde_json::json!(1)));
+    assert_eq!((report["kept_epoch"].as_null(), report["final"].as_null()), (Some(()), Some(())));
     assert_eq!(std::fs::read(&model).unwrap(), good);
 }
 

@@ -55,23 +55,28 @@ fn json_output_is_one_object() {
     let out = textnet(&train_args(&shakespeare(), &model, &extra));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
-    assert_eq!(summary["status"], "ok");
-    assert_eq!(summary["vocab_size"], 300);
+    assert_eq!((summary["status"].as_str(), summary["command"].as_str()), (Some("ok"), Some("train")));
+    assert_eq!(summary["textnet"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(summary["data"]["vocab_size"], 300);
     assert_eq!(summary["device"], "cpu");
     assert_eq!(summary["model"], model.display().to_string());
-    assert_eq!(summary["samples"]["validation_evaluated"], 500);
+    assert_eq!(summary["data"]["val_evaluated"], 500);
     assert_eq!(summary["config"]["keep_case"], true);
     assert_eq!(summary["config"]["shuffle"], false);
     assert_eq!(summary["config"]["batch"], 4);
-    let unigram = summary["unigram_val_loss"].as_f64().unwrap();
+    let unigram = summary["data"]["unigram_val_loss"].as_f64().unwrap();
     let epochs = summary["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 2);
     for key in
-        ["train_loss", "val_loss", "val_perplexity", "top1_percent", "top5_percent", "samples_per_sec", "elapsed_secs"]
+        ["train_loss", "val_loss", "val_perplexity", "val_accuracy", "val_top5_accuracy", "samples_per_s", "elapsed_s"]
     {
         assert!(epochs[1][key].as_f64().unwrap().is_finite(), "{key}");
     }
+    let (top1, top5) = (epochs[1]["val_accuracy"].as_f64().unwrap(), epochs[1]["val_top5_accuracy"].as_f64().unwrap());
+    assert!(0.0 < top1 && top1 <= top5 && top5 <= 1.0, "accuracies are fractions: {top1}, {top5}");
     assert!(epochs[1]["val_loss"].as_f64().unwrap() < unigram);
+    let kept = summary["kept_epoch"].as_u64().unwrap() as usize;
+    assert_eq!(summary["final"]["val_loss"], epochs[kept - 1]["val_loss"], "the final figures are the kept epoch's");
     // The human lines moved to stderr.
     assert!(text(&out.stderr).contains("epoch 2/2:"));
 

@@ -67,17 +67,22 @@ fn fashion_json_run_writes_a_model() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o), "", "--json --quiet prints only the JSON");
     let report: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("stdout is one JSON object");
-    assert_eq!(report["dataset"], "fashion");
-    assert_eq!(report["train_samples"], 3000);
-    assert_eq!(report["test_samples"], 10000);
-    assert_eq!(report["hidden"], 32);
+    assert_eq!((report["status"].as_str(), report["command"].as_str()), (Some("ok"), Some("mnist")));
+    assert_eq!(report["config"]["dataset"], "fashion");
+    assert_eq!(report["data"]["train_samples"], 3000);
+    assert_eq!(report["data"]["test_samples"], 10000);
+    assert_eq!(report["config"]["hidden"], 32);
+    assert_eq!(report["config"]["seed"], 1, "the default seed");
+    assert_eq!(report["parameters"], 784 * 32 + 32 + 32 * 10 + 10);
     let epochs = report["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 2);
-    for key in ["train_loss", "test_loss", "test_accuracy", "samples_per_sec", "elapsed_s"] {
+    for key in ["train_loss", "test_loss", "test_accuracy", "samples_per_s", "elapsed_s"] {
         assert!(epochs[1][key].as_f64().unwrap() > 0.0, "{key}");
     }
-    assert!(report["test_accuracy"].as_f64().unwrap() > 0.7, "{report}");
-    let confusion = report["confusion"].as_array().unwrap();
+    assert!(epochs[1].get("val_loss").is_none(), "no validation set without --val-split: {report}");
+    let accuracy = report["final"]["test_accuracy"].as_f64().unwrap();
+    assert!(accuracy > 0.7 && accuracy <= 1.0, "{report}");
+    let confusion = report["final"]["confusion"].as_array().unwrap();
     assert_eq!(confusion.len(), 10);
     let total: u64 = confusion.iter().flat_map(|r| r.as_array().unwrap()).map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(total, 10000);
@@ -120,7 +125,7 @@ fn human_output_on_a_data_directory() {
     let out = stdout(&o);
     assert!(out.contains("300 training images, 100 test images"), "{out}");
     assert!(out.contains("momentum lr 0.05 μ 0.8, weight decay 0.0001, clip-norm 2"), "{out}");
-    for line in ["epoch 1/3  train loss", "epoch 3/3  train loss", "confusion matrix, 100 test images", "recall"] {
+    for line in ["epoch 1/3: train loss", "epoch 3/3: train loss", "confusion matrix, 100 test images", "recall"] {
         assert!(out.contains(line), "missing {line:?} in\n{out}");
     }
     assert!(out.contains("accuracy 100.00%"), "the synthetic classes are trivially separable:\n{out}");

@@ -1,9 +1,6 @@
 //! `textnet mnist`: train the classifier on MNIST or Fashion-MNIST, report test loss and accuracy after
-//! every epoch and a confusion matrix at the end, and write the model as .safetensors.
-//!
-//! Output: human lines on stdout; with `--json` one JSON object on stdout and the human lines on
-//! stderr. `--quiet` drops the progress bar and the notes (device, data, model file), keeping the
-//! per-epoch lines and the confusion matrix, or with `--json` everything but the JSON.
+//! every epoch and a confusion matrix at the end, and write the model as .safetensors. What it prints
+//! goes through `report`, as for every training command.
 
 use super::data::{self, Dataset};
 use super::idx::Split;
@@ -13,12 +10,11 @@ use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Evaluation, evaluate_split, idx};
 use crate::checkpoint::{Keep, Keeper};
 use crate::device::{self, DeviceChoice};
+use crate::fsutil;
 use crate::interrupt::{self, Interrupted};
-use crate::{console, fsutil};
-use anyhow::{Result, anyhow, bail};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Serialize;
-use std::io::IsTerminal;
+use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use anyhow::{Result, bail};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,11 +56,11 @@ pub struct MnistArgs {
     /// Samples per optimizer step (the loss is the batch mean)
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// Passes over the training set
+    /// Passes over the training samples
     #[arg(long, default_value_t = 10)]
     pub epochs: usize,
-    /// Seed of the initialisation and of the per-epoch shuffles
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the initial parameters and of the shuffle
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Train on only the first N training images (for quick runs)
     #[arg(long, value_name = "N")]
@@ -77,15 +73,16 @@ pub struct MnistArgs {
     /// the test set would make its figures optimistic
     #[arg(long, value_enum, default_value_t = Keep::Last)]
     pub keep: Keep,
+    /// Where to train
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
-    /// Where to write the trained model
-    #[arg(long, value_name = "PATH", default_value = "mnist.safetensors")]
+    /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
+    #[arg(long, default_value = "mnist.safetensors")]
     pub out: PathBuf,
-    /// No progress bar and no notes
+    /// Print errors only: no progress bar and no other lines (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
-    /// Print one JSON object with per-epoch metrics and the confusion matrix at the end
+    /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
     pub json: bool,
 }
@@ -130,38 +127,11 @@ fn check_args(args: &MnistArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where human-readable lines go: stdout, or stderr when stdout carries JSON. Write errors (a closed
-/// pipe) are ignored so that training still finishes and saves the model.
-struct Human {
-    to_stderr: bool,
-    results: bool,
-    notes: bool,
-}
-
-impl Human {
-    fn print(&self, text: &str) {
-        console::line(self.to_stderr, text);
-    }
-
-    fn result(&self, text: &str) {
-        if self.results {
-            self.print(text);
-        }
-    }
-
-    fn note(&self, text: &str) {
-        if self.notes {
-            self.print(text);
-        }
-    }
-}
-
-/// Per-epoch lines and the progress bar; the validation and the save after each epoch.
-struct Display<'a> {
-    human: &'a Human,
-    epochs: usize,
-    show_bar: bool,
-    bar: Option<ProgressBar>,
+/// The progress display and the per-epoch lines, the rows of the report; the validation and the save
+/// after each epoch.
+struct Epochs<'a> {
+    display: Display,
+    rows: Vec<EpochRow>,
     saver: Saver<'a>,
 }
 
@@ -176,7 +146,7 @@ struct Saver<'a> {
     val_history: Vec<(f64, f64)>,
     /// The test evaluation of the epoch the file holds.
     kept_eval: Option<Evaluation>,
-    note: &'static str,
+    note: String,
 }
 
 impl Saver<'_> {
@@ -189,13 +159,12 @@ impl Saver<'_> {
             }
             None => eval.mean_loss(),
         };
-        self.note = if self.keeper.offer(stats.epoch, loss) {
+        let written = self.keeper.offer(stats.epoch, loss);
+        if written {
             fsutil::write_atomic(self.out, &params.to_safetensors(&[("dataset", self.dataset.name())])?)?;
             self.kept_eval = Some(eval.clone());
-            "saved"
-        } else {
-            "not saved"
-        };
+        }
+        self.note = self.keeper.note(written);
         Ok(())
     }
 
@@ -204,23 +173,13 @@ impl Saver<'_> {
     }
 }
 
-impl Observer for Display<'_> {
+impl Observer for Epochs<'_> {
     fn epoch_start(&mut self, epoch: usize, samples: usize) {
-        if self.show_bar {
-            let bar = ProgressBar::with_draw_target(Some(samples as u64), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("{prefix} [{bar:40}] {human_pos}/{human_len} images, eta {eta}")
-                .map(|s| s.progress_chars("=> "))
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
-            bar.set_style(style);
-            bar.set_prefix(format!("epoch {epoch}/{}", self.epochs));
-            self.bar = Some(bar);
-        }
+        self.display.epoch_started(epoch, samples);
     }
 
     fn progress(&mut self, done: usize) {
-        if let Some(bar) = &self.bar {
-            bar.set_position(done as u64);
-        }
+        self.display.reached(done);
     }
 
     fn epoch_completed(&mut self, stats: &EpochStats, eval: &Evaluation, params: &MlpParams) -> Result<bool> {
@@ -229,26 +188,24 @@ impl Observer for Display<'_> {
     }
 
     fn epoch_end(&mut self, s: &EpochStats, _eval: &Evaluation) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-        let width = self.epochs.to_string().len();
-        let val = match (self.saver.val, self.saver.val_history.last()) {
-            (Some(_), Some((loss, accuracy))) => {
-                format!("  val loss {loss:.4}  val acc {:.2}%  {}", 100.0 * accuracy, self.saver.note)
-            }
-            _ => String::new(),
+        let val = self.saver.val.and(self.saver.val_history.last().copied());
+        let row = EpochRow {
+            epoch: s.epoch,
+            train_loss: s.train_loss,
+            val_loss: val.map(|v| v.0),
+            val_accuracy: val.map(|v| v.1),
+            test_loss: Some(s.test_loss),
+            test_accuracy: Some(s.test_accuracy),
+            samples_per_s: s.samples_per_s,
+            elapsed_s: s.elapsed_s,
+            extra: Default::default(),
         };
-        self.human.result(&format!(
-            "epoch {:>width$}/{}  train loss {:.4}  test loss {:.4}  test acc {:.2}%  {:.0} samples/s  {:.1}s{val}",
-            s.epoch,
-            self.epochs,
-            s.train_loss,
-            s.test_loss,
-            100.0 * s.test_accuracy,
-            s.samples_per_sec,
-            s.elapsed_s
-        ));
+        let val = val.map_or(String::new(), |(loss, accuracy)| {
+            format!("val loss {loss:.4}, val acc {:.2}%, ", 100.0 * accuracy)
+        });
+        let figures = format!("{val}test loss {:.4}, test acc {:.2}%", s.test_loss, 100.0 * s.test_accuracy);
+        self.display.epoch_finished(&row, &figures, &self.saver.note);
+        self.rows.push(row);
     }
 }
 
@@ -278,60 +235,16 @@ fn confusion_table(eval: &Evaluation, names: &[&str]) -> String {
     out
 }
 
-/// An epoch's figures in the `--json` report.
-#[derive(Serialize)]
-struct EpochReport {
-    #[serde(flatten)]
-    stats: EpochStats,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    val_loss: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    val_accuracy: Option<f64>,
-}
-
-#[derive(Serialize)]
-struct Report<'a> {
-    /// "ok", "interrupted" or "not_better".
-    status: &'a str,
-    dataset: &'a str,
-    data_dir: String,
-    device: String,
-    train_samples: usize,
-    val_samples: usize,
-    test_samples: usize,
-    inputs: usize,
-    hidden: usize,
-    classes: usize,
-    activation: &'a str,
-    optimizer: &'a str,
-    lr: f32,
-    momentum: Option<f32>,
-    weight_decay: f32,
-    clip_norm: f32,
-    batch: usize,
-    seed: u64,
-    keep: &'a str,
-    epochs: Vec<EpochReport>,
-    /// The epoch the model file holds; the test figures below are that epoch's.
-    kept_epoch: Option<usize>,
-    test_loss: f64,
-    test_accuracy: f64,
-    class_names: [&'a str; 10],
-    /// Rows: true class; columns: predicted class.
-    confusion: Vec<Vec<u64>>,
-    model: String,
-}
-
 pub fn run(args: MnistArgs) -> Result<()> {
     check_args(&args)?;
     let optim = optim_config(&args)?;
     let shape =
         MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
     shape.validate()?;
-    let human = Human { to_stderr: args.json, results: !(args.json && args.quiet), notes: !args.quiet };
+    let display = Display::new(args.quiet, args.json, args.epochs);
 
     let backend = device::select(args.device, args.quiet)?;
-    let mut data = data::load(args.dataset, args.data.as_deref(), &|note| human.note(note))?;
+    let mut data = data::load(args.dataset, args.data.as_deref(), &|note| display.line(note))?;
     let inputs: Vec<PathBuf> =
         data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
     let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
@@ -360,12 +273,12 @@ pub fn run(args: MnistArgs) -> Result<()> {
         (true, _) => format!(" (of the first {} of {full_train})", n_train + n_val),
     };
     let held_out = if n_val > 0 { format!(", {n_val} held out for validation") } else { String::new() };
-    human.note(&format!(
+    display.line(&format!(
         "{} from {}: {n_train} training images{held_out}{limited}, {n_test} test images",
         args.dataset.title(),
         data.dir.display()
     ));
-    human.note(&format!(
+    display.line(&format!(
         "model {} → {} ({}) → {}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
         shape.inputs,
         shape.hidden,
@@ -383,7 +296,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
     let baseline = match (&existing, &val) {
         (Some(old), Some(val)) if old.shape.inputs == idx::PIXELS && old.shape.classes == idx::CLASSES => {
             let loss = evaluate_split(old, val).mean_loss();
-            human.note(&format!(
+            display.line(&format!(
                 "--out {} already holds a model of val loss {loss:.4}; only a better epoch replaces it",
                 args.out.display()
             ));
@@ -395,7 +308,6 @@ pub fn run(args: MnistArgs) -> Result<()> {
     let params = MlpParams::init(shape, args.seed);
     let mut trainer = super::trainer(&backend, params, optim, Arc::new(data.train), Arc::new(data.test))?;
     let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
-    let show_bar = !args.quiet && std::io::stderr().is_terminal();
     let saver = Saver {
         out: &args.out,
         dataset: args.dataset,
@@ -403,70 +315,81 @@ pub fn run(args: MnistArgs) -> Result<()> {
         val: val.as_ref(),
         val_history: Vec::new(),
         kept_eval: None,
-        note: "",
+        note: String::new(),
     };
-    let mut display = Display { human: &human, epochs: args.epochs, show_bar, bar: None, saver };
+    let mut epochs = Epochs { display, rows: Vec::new(), saver };
     interrupt::install();
-    let result = train::run(trainer.as_mut(), n_train, schedule, &mut display);
-    let Display { saver, .. } = display;
+    let result = train::run(trainer.as_mut(), n_train, schedule, &mut epochs);
+    let Epochs { display, rows, saver } = epochs;
     let outcome = saver.keeper.outcome(&args.out, saver.loss_name());
-    let (history, _) = result.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
-    let interrupted = history.len() < args.epochs;
-    let status = match (interrupted, &saver.kept_eval) {
-        (true, _) => "interrupted",
-        (false, None) => "not_better",
-        (false, Some(_)) => "ok",
+    let diverged = match result.map(drop).map_err(anyhow::Error::downcast::<Divergence>) {
+        Ok(()) => None,
+        Err(Ok(divergence)) => Some(divergence),
+        Err(Err(e)) => bail!("{e:#}; {outcome}"),
     };
+    let completed = rows.len();
+    let interrupted = diverged.is_none() && completed < args.epochs;
+    let status = Status::of(diverged.is_some(), interrupted, saver.kept_eval.is_some());
 
     let names = args.dataset.class_names();
-    if let Some(eval) = &saver.kept_eval {
-        human.result(&confusion_table(eval, &names));
+    if diverged.is_none() {
+        if let Some(eval) = &saver.kept_eval {
+            display.line(&confusion_table(eval, &names));
+        }
+        display.line(&outcome);
     }
-    human.note(&outcome);
     if args.json {
-        let eval = saver.kept_eval.clone().unwrap_or_else(|| Evaluation::new(shape.classes));
-        let epochs = history
-            .iter()
-            .enumerate()
-            .map(|(i, &stats)| {
-                let v = saver.val_history.get(i);
-                EpochReport { stats, val_loss: v.map(|v| v.0), val_accuracy: v.map(|v| v.1) }
-            })
-            .collect();
+        let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);
+        let mut final_extra = serde_json::Map::new();
+        final_extra.insert("confusion".into(), json!(confusion));
+        let config = json!({
+            "dataset": args.dataset.name(),
+            "data": args.data.as_ref().map(|p| p.display().to_string()),
+            "out": args.out.display().to_string(),
+            "keep": args.keep.name(),
+            "hidden": shape.hidden,
+            "activation": shape.activation.name(),
+            "optim": optim.kind.name(),
+            "lr": report::decimal(optim.lr),
+            "momentum": (optim.kind == OptimKind::Momentum).then(|| report::decimal(optim.momentum)),
+            "weight_decay": report::decimal(optim.weight_decay),
+            "clip_norm": report::decimal(optim.clip_norm),
+            "epochs": args.epochs,
+            "batch": args.batch,
+            "seed": args.seed,
+            "train_limit": args.train_limit,
+            "val_split": args.val_split,
+            "device": report::flag_value(&args.device),
+        });
         let report = Report {
+            textnet: report::VERSION,
+            command: "mnist",
             status,
-            dataset: args.dataset.name(),
-            data_dir: data.dir.display().to_string(),
+            config,
             device: backend.describe(),
-            train_samples: n_train,
-            val_samples: n_val,
-            test_samples: n_test,
-            inputs: shape.inputs,
-            hidden: shape.hidden,
-            classes: shape.classes,
-            activation: shape.activation.name(),
-            optimizer: optim.kind.name(),
-            lr: optim.lr,
-            momentum: (optim.kind == OptimKind::Momentum).then_some(optim.momentum),
-            weight_decay: optim.weight_decay,
-            clip_norm: optim.clip_norm,
-            batch: args.batch,
-            seed: args.seed,
-            keep: args.keep.name(),
-            epochs,
-            kept_epoch: saver.keeper.kept_epoch(),
-            test_loss: eval.mean_loss(),
-            test_accuracy: eval.accuracy(),
-            class_names: names,
-            confusion: eval.confusion_rows(),
+            data: json!({
+                "dataset": args.dataset.name(),
+                "dir": data.dir.display().to_string(),
+                "train_samples": n_train,
+                "val_samples": n_val,
+                "test_samples": n_test,
+                "class_names": names,
+            }),
+            parameters: shape.param_count(),
+            final_metrics: report::final_metrics(&rows, saver.keeper.kept_epoch(), final_extra),
+            epochs: rows,
             model: args.out.display().to_string(),
+            kept_epoch: saver.keeper.kept_epoch(),
+            baseline_val_loss: saver.keeper.baseline,
+            diverged: diverged.clone(),
         };
-        console::out(&serde_json::to_string(&report)?);
+        report.print()?;
+    }
+    if let Some(d) = diverged {
+        bail!("{d}; {outcome}; lower --lr or set --clip-norm (this run used --lr {})", report::decimal(optim.lr));
     }
     if interrupted {
-        return Err(
-            Interrupted(format!("interrupted after epoch {} of {}; {outcome}", history.len(), args.epochs)).into()
-        );
+        return Err(Interrupted(format!("interrupted after epoch {completed} of {}; {outcome}", args.epochs)).into());
     }
     if saver.kept_eval.is_none() {
         bail!("{outcome}");

@@ -3,11 +3,11 @@
 
 use super::model::MlpParams;
 use super::{Evaluation, MnistTrainer};
+use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use serde::Serialize;
 use std::time::Instant;
 
 /// Mixed into `--seed` for the shuffle stream, so it differs from the initialisation stream.
@@ -21,7 +21,7 @@ pub struct Schedule {
 }
 
 /// What one epoch achieved (the figures of the per-epoch line and the JSON report).
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug)]
 pub struct EpochStats {
     /// 1-based.
     pub epoch: usize,
@@ -30,7 +30,7 @@ pub struct EpochStats {
     pub test_loss: f64,
     pub test_accuracy: f64,
     /// Training samples per second of this epoch's training time (evaluation excluded).
-    pub samples_per_sec: f64,
+    pub samples_per_s: f64,
     /// Seconds since training started, evaluation included.
     pub elapsed_s: f64,
 }
@@ -51,7 +51,7 @@ impl Observer for () {}
 
 /// Trains for `schedule.epochs` epochs on training samples 0..n_train (fewer when
 /// `observer.epoch_completed` says stop). Returns the per-epoch figures and the last evaluation. Stops
-/// with an error when the loss or the parameters stop being finite.
+/// with a `Divergence` error when the loss or the parameters stop being finite.
 pub fn run(
     trainer: &mut dyn MnistTrainer,
     n_train: usize,
@@ -70,7 +70,7 @@ pub fn run(
         let loss = trainer.train_epoch(&order, schedule.batch, &mut |done| observer.progress(done))?;
         let train_secs = epoch_start.elapsed().as_secs_f64();
         if !loss.is_finite() {
-            bail!("training diverged in epoch {epoch} (the loss became {loss}); lower --lr or set --clip-norm");
+            return Err(Divergence { epoch, what: "training loss" }.into());
         }
         let eval = trainer.evaluate()?;
         let stats = EpochStats {
@@ -78,14 +78,12 @@ pub fn run(
             train_loss: loss / n_train.max(1) as f64,
             test_loss: eval.mean_loss(),
             test_accuracy: eval.accuracy(),
-            samples_per_sec: n_train as f64 / train_secs.max(1e-9),
+            samples_per_s: n_train as f64 / train_secs.max(1e-9),
             elapsed_s: start.elapsed().as_secs_f64(),
         };
         let params = trainer.params()?;
         if !params.all_finite() {
-            bail!(
-                "training diverged in epoch {epoch} (the parameters became non-finite); lower --lr or set --clip-norm"
-            );
+            return Err(Divergence { epoch, what: "parameters" }.into());
         }
         let go_on = observer.epoch_completed(&stats, &eval, &params)?;
         observer.epoch_end(&stats, &eval);

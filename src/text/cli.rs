@@ -1,25 +1,21 @@
-//! `textnet train` and `textnet predict`: argument checks, the human and `--json` output, and the
-//! progress bar. The work itself is in `corpus`, `train`, `modelfile` and `predict`.
-//!
-//! Output: human lines go to stdout, or to stderr with `--json`, whose single JSON object then owns
-//! stdout. `--quiet` drops the progress bar and the informational lines. Errors are returned and printed
-//! by `main` as one line.
+//! `textnet train` and `textnet predict`: argument checks and what they print (through `report`, as
+//! every training command does). The work itself is in `corpus`, `train`, `modelfile` and `predict`.
+//! Errors are returned and printed by `main` as one line.
 
 use super::corpus::{Corpus, CorpusOptions, Split};
 use super::model::{TextParams, TextShape};
 use super::modelfile::TextModel;
 use super::predict::{Prediction, predict as predict_next, quoted};
 use super::tokenizer::Tokenizer;
-use super::train::{self, Divergence, EpochMetrics, Progress, TrainOptions, TrainRun};
+use super::train::{self, EpochMetrics, Progress, TrainOptions, TrainRun};
 use super::vocab::{UNK_ID, Vocab};
 use super::{CpuTrainer, TextTrainer};
 use crate::checkpoint::{Keep, Keeper};
 use crate::console;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::interrupt::{self, Interrupted};
+use crate::report::{self, Display, EpochRow, Report, Status};
 use anyhow::{Context, Result, anyhow, bail};
-use clap::ValueEnum;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -82,10 +78,10 @@ pub struct TrainArgs {
     /// Where to train
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceChoice,
-    /// No progress bar and no informational lines
+    /// Print errors only: no progress bar and no other lines (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
-    /// Print one JSON object with the configuration and every epoch's metrics on stdout at the end
+    /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
     pub json: bool,
 }
@@ -124,8 +120,7 @@ impl TrainArgs {
             "context": shape.context,
             "embed": shape.embed,
             "hidden": shape.hidden,
-            // Through its shortest decimal form, so 0.05 reads 0.05 and not 0.05000000074505806.
-            "lr": self.lr.to_string().parse::<f64>().unwrap_or(f64::from(self.lr)),
+            "lr": report::decimal(self.lr),
             "epochs": self.epochs,
             "batch": self.batch,
             "seed": self.seed,
@@ -133,45 +128,14 @@ impl TrainArgs {
             "keep_case": !tokenizer.lowercase,
             "max_tokens": self.max_tokens,
             "val_max": self.val_max,
-            "device": device_name(self.device),
+            "device": report::flag_value(&self.device),
         })
     }
 }
 
-fn device_name(choice: DeviceChoice) -> String {
-    choice.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
-}
-
-/// Where human-readable lines go.
-#[derive(Clone, Copy)]
-struct Report {
-    quiet: bool,
-    to_stderr: bool,
-}
-
-impl Report {
-    fn line(&self, text: &str) {
-        if !self.quiet {
-            console::line(self.to_stderr, text);
-        }
-    }
-
-    /// Drawn on the stream the lines go to, so it disappears where they are redirected.
-    fn bar_target(&self) -> ProgressDrawTarget {
-        match (self.quiet, self.to_stderr) {
-            (true, _) => ProgressDrawTarget::hidden(),
-            (false, true) => ProgressDrawTarget::stderr(),
-            (false, false) => ProgressDrawTarget::stdout(),
-        }
-    }
-}
-
-/// A progress bar per epoch, replaced by the epoch's summary line when it ends; and the save after
-/// each epoch.
+/// The progress display, and the save after each epoch.
 struct EpochBar {
-    report: Report,
-    epochs: usize,
-    bar: Option<ProgressBar>,
+    display: Display,
     saver: Saver,
 }
 
@@ -187,38 +151,40 @@ struct Saver {
 
 impl Saver {
     fn offer(&mut self, m: &EpochMetrics, params: &TextParams) -> Result<()> {
-        if self.keeper.offer(m.epoch, m.val_loss) {
+        let written = self.keeper.offer(m.epoch, m.val_loss);
+        if written {
             self.model.params = params.clone();
             self.model.save(&self.out)?;
-            self.note = "saved".into();
-        } else {
-            self.note = match (self.keeper.kept, self.keeper.baseline) {
-                (Some((epoch, _)), _) => format!("not saved (the file keeps epoch {epoch})"),
-                (None, Some(baseline)) => format!("not saved (the starting model's val loss is {baseline:.4})"),
-                (None, None) => "not saved".into(),
-            };
         }
+        self.note = self.keeper.note(written);
         Ok(())
     }
 }
 
+/// An epoch's row in the `--json` report.
+fn epoch_row(m: &EpochMetrics) -> EpochRow {
+    EpochRow {
+        epoch: m.epoch,
+        train_loss: m.train_loss,
+        val_loss: Some(m.val_loss),
+        val_accuracy: Some(m.top1),
+        test_loss: None,
+        test_accuracy: None,
+        samples_per_s: m.samples_per_s,
+        elapsed_s: m.elapsed_s,
+        extra: Default::default(),
+    }
+    .with("val_perplexity", m.val_perplexity)
+    .with("val_top5_accuracy", m.top5)
+}
+
 impl Progress for EpochBar {
     fn epoch_started(&mut self, epoch: usize, samples: usize) {
-        let style = ProgressStyle::with_template(
-            "epoch {prefix} [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        let bar = ProgressBar::with_draw_target(Some(samples as u64), self.report.bar_target())
-            .with_style(style)
-            .with_prefix(format!("{epoch}/{}", self.epochs));
-        self.bar = Some(bar);
+        self.display.epoch_started(epoch, samples);
     }
 
     fn advanced(&mut self, samples: usize) {
-        if let Some(bar) = &self.bar {
-            bar.inc(samples as u64);
-        }
+        self.display.advanced(samples);
     }
 
     fn epoch_completed(&mut self, m: &EpochMetrics, params: &TextParams) -> Result<bool> {
@@ -227,48 +193,21 @@ impl Progress for EpochBar {
     }
 
     fn epoch_finished(&mut self, m: &EpochMetrics) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-        self.report.line(&format!(
-            "epoch {}/{}: train loss {:.4}, val loss {:.4} (perplexity {:.1}), top-1 {:.1}%, top-5 {:.1}%, {:.0} samples/s, {} elapsed; {}",
-            m.epoch,
-            self.epochs,
-            m.train_loss,
+        let figures = format!(
+            "val loss {:.4} (perplexity {:.1}), top-1 {:.1}%, top-5 {:.1}%",
             m.val_loss,
             m.val_perplexity,
-            m.top1_percent,
-            m.top5_percent,
-            m.samples_per_sec,
-            duration(m.elapsed_secs),
-            self.saver.note
-        ));
-    }
-}
-
-impl Drop for EpochBar {
-    /// Clears a bar left mid-epoch by a divergence or an error.
-    fn drop(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-/// `42.0s`, `3m05s`, `1h02m`.
-fn duration(secs: f64) -> String {
-    let whole = secs as u64;
-    match whole {
-        0..60 => format!("{secs:.1}s"),
-        60..3600 => format!("{}m{:02}s", whole / 60, whole % 60),
-        _ => format!("{}h{:02}m", whole / 3600, whole % 3600 / 60),
+            100.0 * m.top1,
+            100.0 * m.top5
+        );
+        self.display.epoch_finished(&epoch_row(m), &figures, &self.saver.note);
     }
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
     args.validate()?;
     crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
-    let report = Report { quiet: args.quiet, to_stderr: args.json };
+    let display = Display::new(args.quiet, args.json, args.epochs);
     let resumed = match &args.resume {
         Some(path) => Some(TextModel::load(path).context("--resume")?),
         None => None,
@@ -308,19 +247,19 @@ pub fn train(args: TrainArgs) -> Result<()> {
     };
     let Corpus { vocab, tokens, .. } = corpus;
     let tokens: Arc<[u32]> = tokens.into();
-    setup.print(report);
+    setup.print(&display);
 
     let mut baseline = None;
     if let Some(old) = existing {
         if old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context {
             let loss = val_loss(&backend, old.params, &tokens, &val)?;
-            report.line(&format!(
+            display.line(&format!(
                 "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
                 args.out.display()
             ));
             baseline = Some(loss);
         } else {
-            report.line(&format!(
+            display.line(&format!(
                 "--out {} holds a model of another vocabulary or context; the first saved epoch replaces it",
                 args.out.display()
             ));
@@ -333,7 +272,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let mut trainer = train::make_trainer(&backend, params.clone(), tokens)?;
     if let Some(path) = &args.resume {
         let loss = mean_loss(trainer.evaluate(&val)?);
-        report.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
+        display.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
         baseline = Some(baseline.map_or(loss, |b: f64| b.min(loss)));
     }
 
@@ -350,31 +289,21 @@ pub fn train(args: TrainArgs) -> Result<()> {
         model: TextModel { params, tokenizer, vocab },
         note: String::new(),
     };
-    let mut bar = EpochBar { report, epochs: args.epochs, bar: None, saver };
+    let mut bar = EpochBar { display, saver };
     interrupt::install();
     let run = train::train(trainer.as_mut(), &split.train, &val, &options, &mut bar);
-    let keeper = bar.saver.keeper.clone();
-    drop(bar);
+    let EpochBar { display, saver } = bar;
+    let keeper = saver.keeper;
     let outcome = keeper.outcome(&args.out, "val loss");
     let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
     let interrupted = epochs.len() < args.epochs && diverged.is_none();
-    let status = match (&diverged, interrupted, keeper.kept) {
-        (Some(_), _, _) => "diverged",
-        (None, true, _) => "interrupted",
-        (None, false, None) => "not_better",
-        (None, false, Some(_)) => "ok",
-    };
+    let status = Status::of(diverged.is_some(), interrupted, keeper.kept.is_some());
 
     if args.json {
-        console::out(&setup.json(status, &epochs, diverged.as_ref(), &keeper).to_string());
+        setup.report(status, &epochs, diverged.clone(), &keeper).print()?;
     }
     if let Some(d) = diverged {
-        bail!(
-            "training diverged in epoch {}: the {} became NaN or infinite; {outcome}; try a lower --lr (this run used {})",
-            d.epoch,
-            d.what,
-            args.lr
-        );
+        bail!("{d}; {outcome}; try a lower --lr (this run used {})", args.lr);
     }
     if interrupted {
         return Err(
@@ -384,7 +313,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     if keeper.kept.is_none() {
         bail!("{outcome}");
     }
-    report.line(&format!("{outcome}, kept by --keep {}; unigram baseline {:.4}", args.keep.name(), setup.unigram));
+    display.line(&format!("{outcome}, kept by --keep {}; unigram baseline {:.4}", args.keep.name(), setup.unigram));
     Ok(())
 }
 
@@ -444,21 +373,21 @@ struct Setup<'a> {
 }
 
 impl Setup<'_> {
-    fn print(&self, report: Report) {
+    fn print(&self, display: &Display) {
         let (args, shape) = (self.args, self.shape);
         let limit_note = if self.truncated { " (cut at --max-tokens)" } else { "" };
-        report.line(&format!(
+        display.line(&format!(
             "corpus: {}, {} tokens{limit_note}; vocabulary {} entries, {:.2}% of tokens are <unk>",
             args.corpus.display(),
             self.tokens,
             shape.vocab,
             100.0 * self.unknown as f64 / self.tokens as f64
         ));
-        report.line(&format!(
+        display.line(&format!(
             "samples: {} training, {} validation ({} evaluated each epoch, --val-max {})",
             self.train_samples, self.val_samples, self.val_evaluated, args.val_max
         ));
-        report.line(&format!(
+        display.line(&format!(
             "model: context {}, embed {}, hidden {}: {} parameters; lr {}, batch {}, {} epochs",
             shape.context,
             shape.embed,
@@ -469,40 +398,44 @@ impl Setup<'_> {
             args.epochs
         ));
         if let Some(path) = &args.resume {
-            report.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));
+            display.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));
         }
-        report.line(&format!("device: {}", self.device));
-        report.line(&format!("unigram baseline: val loss {:.4} (perplexity {:.1})", self.unigram, self.unigram.exp()));
+        display.line(&format!("device: {}", self.device));
+        display.line(&format!("unigram baseline: val loss {:.4} (perplexity {:.1})", self.unigram, self.unigram.exp()));
     }
 
-    fn json(
+    fn report(
         &self,
-        status: &str,
+        status: Status,
         epochs: &[EpochMetrics],
-        diverged: Option<&Divergence>,
+        diverged: Option<report::Divergence>,
         keeper: &Keeper,
-    ) -> serde_json::Value {
-        json!({
-            "status": status,
-            "config": self.args.config_json(self.shape, self.tokenizer),
-            "device": self.device,
-            "tokens": self.tokens,
-            "tokens_truncated": self.truncated,
-            "unknown_tokens": self.unknown,
-            "vocab_size": self.shape.vocab,
-            "parameters": parameter_count(self.shape),
-            "samples": {
-                "train": self.train_samples,
-                "validation": self.val_samples,
-                "validation_evaluated": self.val_evaluated,
-            },
-            "unigram_val_loss": self.unigram,
-            "epochs": epochs,
-            "diverged": diverged,
-            "model": self.args.out.display().to_string(),
-            "kept_epoch": keeper.kept_epoch(),
-            "baseline_val_loss": keeper.baseline,
-        })
+    ) -> Report {
+        let epochs: Vec<EpochRow> = epochs.iter().map(epoch_row).collect();
+        Report {
+            textnet: report::VERSION,
+            command: "train",
+            status,
+            config: self.args.config_json(self.shape, self.tokenizer),
+            device: self.device.clone(),
+            data: json!({
+                "tokens": self.tokens,
+                "tokens_truncated": self.truncated,
+                "unknown_tokens": self.unknown,
+                "vocab_size": self.shape.vocab,
+                "train_samples": self.train_samples,
+                "val_samples": self.val_samples,
+                "val_evaluated": self.val_evaluated,
+                "unigram_val_loss": self.unigram,
+            }),
+            parameters: parameter_count(self.shape),
+            final_metrics: report::final_metrics(&epochs, keeper.kept_epoch(), Default::default()),
+            epochs,
+            model: self.args.out.display().to_string(),
+            kept_epoch: keeper.kept_epoch(),
+            baseline_val_loss: keeper.baseline,
+            diverged,
+        }
     }
 }
 

@@ -7,11 +7,11 @@ use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
 use crate::device::Backend;
+use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,20 +34,20 @@ pub struct TrainOptions {
     pub shuffle: bool,
 }
 
-/// What one epoch achieved. Losses are mean cross-entropy in nats; accuracies are percentages.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// What one epoch achieved. Losses are mean cross-entropy in nats; accuracies are fractions.
+#[derive(Clone, Debug, PartialEq)]
 pub struct EpochMetrics {
     pub epoch: usize,
     /// Mean loss over the epoch's training samples, each taken just before its own update.
     pub train_loss: f64,
     pub val_loss: f64,
     pub val_perplexity: f64,
-    pub top1_percent: f64,
-    pub top5_percent: f64,
+    pub top1: f64,
+    pub top5: f64,
     /// Training samples per second (validation time excluded).
-    pub samples_per_sec: f64,
+    pub samples_per_s: f64,
     /// Seconds since training started, validation included.
-    pub elapsed_secs: f64,
+    pub elapsed_s: f64,
 }
 
 /// Hooks for showing progress; every method defaults to doing nothing, so `()` shows nothing.
@@ -63,14 +63,6 @@ pub trait Progress {
 }
 
 impl Progress for () {}
-
-/// Where a run stopped early because the loss or the parameters stopped being finite.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Divergence {
-    pub epoch: usize,
-    /// What went non-finite, e.g. "training loss".
-    pub what: &'static str,
-}
 
 #[derive(Clone, Debug)]
 pub struct TrainRun {
@@ -156,7 +148,7 @@ fn run_epoch(
         loss_sum += loss;
         progress.advanced(part.len());
     }
-    let samples_per_sec = order.len() as f64 / epoch_started.elapsed().as_secs_f64();
+    let samples_per_s = order.len() as f64 / epoch_started.elapsed().as_secs_f64();
     let eval = trainer.evaluate(val)?;
     if !eval.loss.is_finite() {
         return Ok(EpochEnd::NonFinite("validation loss"));
@@ -165,7 +157,7 @@ fn run_epoch(
     if !params.all_finite() {
         return Ok(EpochEnd::NonFinite("parameters"));
     }
-    let metrics = epoch_metrics(epoch, loss_sum / order.len() as f64, &eval, samples_per_sec, started);
+    let metrics = epoch_metrics(epoch, loss_sum / order.len() as f64, &eval, samples_per_s, started);
     Ok(EpochEnd::Finished(metrics, params))
 }
 
@@ -173,7 +165,7 @@ fn epoch_metrics(
     epoch: usize,
     train_loss: f64,
     eval: &EvalSums,
-    samples_per_sec: f64,
+    samples_per_s: f64,
     started: Instant,
 ) -> EpochMetrics {
     let n = eval.samples.max(1) as f64;
@@ -183,10 +175,10 @@ fn epoch_metrics(
         train_loss,
         val_loss,
         val_perplexity: val_loss.exp(),
-        top1_percent: 100.0 * eval.top1 as f64 / n,
-        top5_percent: 100.0 * eval.top5 as f64 / n,
-        samples_per_sec,
-        elapsed_secs: started.elapsed().as_secs_f64(),
+        top1: eval.top1 as f64 / n,
+        top5: eval.top5 as f64 / n,
+        samples_per_s,
+        elapsed_s: started.elapsed().as_secs_f64(),
     }
 }
 

@@ -1,0 +1,248 @@
+//! What every training command shows and reports, the same way in each pipeline: the informational
+//! lines, a progress bar per epoch that the epoch's summary line replaces, and the `--json` report.
+//!
+//! Human lines go to stdout, or to stderr with `--json`, whose report then owns stdout. The bar is drawn
+//! on stderr, and only where stderr is a terminal. `--quiet` leaves errors only: no bar and no lines
+//! (the `--json` report is still printed).
+
+use crate::console;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// How a training run ended: `status` in the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Every epoch ran and the model file holds one of them.
+    Ok,
+    Diverged,
+    /// Stopped by Ctrl-C.
+    Interrupted,
+    /// Every epoch ran, none beat the model the run started from, so nothing was written.
+    NotBetter,
+}
+
+impl Status {
+    pub fn of(diverged: bool, interrupted: bool, kept: bool) -> Status {
+        match (diverged, interrupted, kept) {
+            (true, _, _) => Status::Diverged,
+            (false, true, _) => Status::Interrupted,
+            (false, false, false) => Status::NotBetter,
+            (false, false, true) => Status::Ok,
+        }
+    }
+}
+
+/// Where a run stopped because a loss or the parameters stopped being finite.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Divergence {
+    pub epoch: usize,
+    /// What went non-finite, e.g. "training loss".
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "training diverged in epoch {}: the {} became NaN or infinite", self.epoch, self.what)
+    }
+}
+
+impl std::error::Error for Divergence {}
+
+/// One epoch in the report. Losses are mean cross-entropy per sample in nats, accuracies fractions
+/// (0 to 1); `val_` figures are on the held-out validation samples, `test_` ones on a test set, each
+/// present where the pipeline has that set.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EpochRow {
+    /// 1-based.
+    pub epoch: usize,
+    /// Mean over the epoch's training samples, each taken before its own update.
+    pub train_loss: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_accuracy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f64>,
+    /// Training samples per second of the epoch's training time (evaluation excluded).
+    pub samples_per_s: f64,
+    /// Seconds since training started, evaluation included.
+    pub elapsed_s: f64,
+    /// The pipeline's further figures on held-out data, e.g. `val_perplexity`.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl EpochRow {
+    /// Adds a pipeline's own figure.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> EpochRow {
+        self.extra.insert(key.to_string(), value.into());
+        self
+    }
+
+    /// The figures on held-out data: the row less `epoch`, `train_loss`, `samples_per_s` and `elapsed_s`.
+    fn evaluation(&self) -> Map<String, Value> {
+        let Ok(Value::Object(mut map)) = serde_json::to_value(self) else { return Map::new() };
+        for key in ["epoch", "train_loss", "samples_per_s", "elapsed_s"] {
+            map.remove(key);
+        }
+        map
+    }
+}
+
+/// The `--json` report of every training command: one JSON object on stdout when the run ends, also
+/// when it diverged, was interrupted or wrote nothing.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The version of textnet that wrote it.
+    pub textnet: &'static str,
+    /// The subcommand: "train", "mnist".
+    pub command: &'static str,
+    pub status: Status,
+    /// The settings, flat, one key per flag (defaults filled in); `out`, `keep`, `lr`, `epochs`,
+    /// `batch`, `seed` and `device` (as given: auto, cuda, cpu) in every pipeline.
+    pub config: Value,
+    /// The device the run trained on, described.
+    pub device: String,
+    /// What the run trained on; `train_samples` and `val_samples` in every pipeline.
+    pub data: Value,
+    /// Number of trainable parameters.
+    pub parameters: usize,
+    pub epochs: Vec<EpochRow>,
+    /// The held-out figures of the epoch the model file holds (those of its row, and the pipeline's
+    /// further ones); null when the run wrote none.
+    #[serde(rename = "final")]
+    pub final_metrics: Option<Map<String, Value>>,
+    /// The model file (`--out`).
+    pub model: String,
+    /// The epoch the model file holds, if the run wrote one.
+    pub kept_epoch: Option<usize>,
+    /// The validation loss an epoch had to beat to be written: that of the model the run started from.
+    pub baseline_val_loss: Option<f64>,
+    pub diverged: Option<Divergence>,
+}
+
+/// The version of textnet, for the report's `textnet`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The report's `final`: the held-out figures of the `kept` epoch's row with `extra` added, or none
+/// when no epoch was kept.
+pub fn final_metrics(
+    epochs: &[EpochRow],
+    kept: Option<usize>,
+    extra: Map<String, Value>,
+) -> Option<Map<String, Value>> {
+    let row = epochs.iter().find(|row| Some(row.epoch) == kept)?;
+    let mut figures = row.evaluation();
+    figures.extend(extra);
+    Some(figures)
+}
+
+impl Report {
+    /// The report as one line on stdout.
+    pub fn print(&self) -> serde_json::Result<()> {
+        console::out(&serde_json::to_string(self)?);
+        Ok(())
+    }
+}
+
+/// `f32` flags through their shortest decimal form, so `--lr 0.05` reports 0.05 and not
+/// 0.05000000074505806.
+pub fn decimal(value: f32) -> f64 {
+    value.to_string().parse::<f64>().unwrap_or(f64::from(value))
+}
+
+/// A value-enum flag's value as written on the command line, e.g. `auto` for `--device auto`.
+pub fn flag_value<T: clap::ValueEnum>(value: &T) -> String {
+    value.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+}
+
+/// The human side of a training run: informational lines, and per epoch a progress bar that the
+/// epoch's summary line replaces.
+pub struct Display {
+    quiet: bool,
+    to_stderr: bool,
+    epochs: usize,
+    bar: Option<ProgressBar>,
+}
+
+impl Display {
+    /// For a run of `epochs` epochs; `json`: the lines go to stderr.
+    pub fn new(quiet: bool, json: bool, epochs: usize) -> Display {
+        Display { quiet, to_stderr: json, epochs, bar: None }
+    }
+
+    /// An informational line (none with `--quiet`).
+    pub fn line(&self, text: &str) {
+        if !self.quiet {
+            console::line(self.to_stderr, text);
+        }
+    }
+
+    pub fn epoch_started(&mut self, epoch: usize, samples: usize) {
+        let target = if self.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+        let style = ProgressStyle::with_template(
+            "epoch {prefix} [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let bar = ProgressBar::with_draw_target(Some(samples as u64), target)
+            .with_style(style)
+            .with_prefix(format!("{epoch}/{}", self.epochs));
+        self.bar = Some(bar);
+    }
+
+    /// `samples` more of the epoch's training samples are done.
+    pub fn advanced(&self, samples: usize) {
+        if let Some(bar) = &self.bar {
+            bar.inc(samples as u64);
+        }
+    }
+
+    /// `done` of the epoch's training samples are done.
+    pub fn reached(&self, done: usize) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+        }
+    }
+
+    /// Replaces the bar by "epoch 2/5: train loss …, `figures`, … samples/s, … elapsed; `note`".
+    pub fn epoch_finished(&mut self, row: &EpochRow, figures: &str, note: &str) {
+        self.clear();
+        let note = if note.is_empty() { String::new() } else { format!("; {note}") };
+        self.line(&format!(
+            "epoch {}/{}: train loss {:.4}, {figures}, {:.0} samples/s, {} elapsed{note}",
+            row.epoch,
+            self.epochs,
+            row.train_loss,
+            row.samples_per_s,
+            duration(row.elapsed_s)
+        ));
+    }
+
+    fn clear(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Drop for Display {
+    /// Clears a bar left mid-epoch by a divergence or an error.
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// `42.0s`, `3m05s`, `1h02m`.
+pub fn duration(secs: f64) -> String {
+    let whole = secs as u64;
+    match whole {
+        0..60 => format!("{secs:.1}s"),
+        60..3600 => format!("{}m{:02}s", whole / 60, whole % 60),
+        _ => format!("{}h{:02}m", whole / 3600, whole % 3600 / 60),
+    }
+}

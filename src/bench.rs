@@ -1,5 +1,5 @@
 //! `textnet bench`: training speed on the GPU, timed with device events after warm-up, median of several
-//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`); this file only
+//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`); this file only
 //! lists them. Numbers go to BENCHMARKS.md; nothing here is asserted.
 
 use crate::device::Gpu;
@@ -16,6 +16,8 @@ pub enum BenchTarget {
     Quality,
     /// MNIST pipeline speed and accuracy
     Mnist,
+    /// XOR: the 5000-epoch run in one launch
+    Xor,
 }
 
 #[derive(clap::Args, Debug)]
@@ -69,5 +71,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
             },
         ),
         BenchTarget::Mnist => crate::mnist::bench::bench(&gpu, repeats, args.json),
+        BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
     }
 }

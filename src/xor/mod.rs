@@ -2,6 +2,7 @@
 //! full-batch SGD on the four XOR points. CPU reference `model`, GPU trainer `gpu` (fused/xor.cu: the whole
 //! run in one launch), selftest checks `checks`.
 
+pub mod bench;
 pub mod checks;
 pub mod gpu;
 pub mod model;

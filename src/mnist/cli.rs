@@ -116,10 +116,10 @@ fn check_args(args: &MnistArgs) -> Result<()> {
     if args.out.as_os_str().is_empty() || args.out.is_dir() {
         bail!("--out {:?} must name a file", args.out);
     }
-    if let Some(f) = args.val_split {
-        if !(f > 0.0 && f < 1.0) {
-            bail!("--val-split must be a fraction between 0 and 1 (exclusive), got {f}");
-        }
+    if let Some(f) = args.val_split
+        && !(f > 0.0 && f < 1.0)
+    {
+        bail!("--val-split must be a fraction between 0 and 1 (exclusive), got {f}");
     }
     if args.keep == Keep::Best && args.val_split.is_none() {
         bail!("--keep best needs --val-split F: choosing the epoch by the test set would leak it into the model");

@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// UTF-8 text file to train on (other encodings are rejected, naming the first invalid byte)
+    /// UTF-8 text file to train on, `-` for standard input (other encodings are rejected, naming the first
+    /// invalid byte)
     pub corpus: PathBuf,
     /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
     #[arg(long, default_value = "textnet.safetensors")]
@@ -459,19 +460,24 @@ fn parameter_count(s: TextShape) -> usize {
 
 #[derive(clap::Args, Debug)]
 pub struct PredictArgs {
-    /// The text to continue; its last N tokens are used (N = the model's context)
+    /// The text to continue; its last N tokens are used (N = the model's context). Without it (and
+    /// without --context), contexts are read from standard input, one per line
+    #[arg(allow_hyphen_values = true, conflicts_with = "context", value_name = "TEXT")]
+    pub text: Option<String>,
+    /// The text to continue (the same as the positional TEXT)
     #[arg(long, allow_hyphen_values = true)]
-    pub context: String,
+    pub context: Option<String>,
     /// How many candidates to print
     #[arg(long, default_value_t = 5)]
     pub top: usize,
     /// Model file written by `textnet train`
     #[arg(long, default_value = "textnet.safetensors")]
     pub model: PathBuf,
-    /// Print one JSON object instead of text
+    /// Print one JSON object per context instead of text (JSON Lines when reading standard input)
     #[arg(long)]
     pub json: bool,
-    /// Accepted for symmetry with `train`; a prediction is one small forward pass and runs on the CPU
+    /// A prediction is one small forward pass, done on the CPU: `cuda` checks that a GPU is usable and,
+    /// like `train --device cuda`, fails with the reason when none is
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceChoice,
 }
@@ -480,14 +486,34 @@ pub fn predict(args: PredictArgs) -> Result<()> {
     if args.top == 0 {
         bail!("--top must be at least 1");
     }
+    if args.device == DeviceChoice::Cuda {
+        device::select(DeviceChoice::Cuda, true)?;
+    }
     let model = TextModel::load(&args.model)?;
-    let prediction = predict_next(&model, &args.context, args.top)?;
-    if args.json {
-        let mut value = serde_json::to_value(&prediction)?;
-        value["model"] = json!(args.model.display().to_string());
-        console::out(&value.to_string());
-    } else {
-        print_prediction(&prediction, &args.model);
+    let show = |context: &str| -> Result<()> {
+        let prediction = predict_next(&model, context, args.top)?;
+        if args.json {
+            let mut value = serde_json::to_value(&prediction)?;
+            value["model"] = json!(args.model.display().to_string());
+            console::out(&value.to_string());
+        } else {
+            print_prediction(&prediction, &args.model);
+        }
+        Ok(())
+    };
+    if let Some(context) = args.text.as_deref().or(args.context.as_deref()) {
+        return show(context);
+    }
+    let stdin = std::io::stdin();
+    if std::io::IsTerminal::is_terminal(&stdin) {
+        bail!("give the text to continue: textnet predict \"to be or\" (or pipe contexts in, one per line)");
+    }
+    for (number, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
+        let line = line.with_context(|| format!("cannot read line {} of standard input", number + 1))?;
+        if number > 0 && !args.json {
+            console::out("");
+        }
+        show(&line).with_context(|| format!("line {} of standard input", number + 1))?;
     }
     Ok(())
 }

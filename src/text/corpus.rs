@@ -35,21 +35,27 @@ pub struct Corpus {
 }
 
 impl Corpus {
-    /// Reads and tokenizes the corpus file at `path`.
+    /// Reads and tokenizes the corpus file at `path`; `-` reads standard input to its end.
     pub fn read(path: &Path, options: CorpusOptions) -> Result<Corpus> {
-        let bytes = crate::fsutil::read_input(path, "corpus")?;
+        let bytes = if path == Path::new("-") {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes).context("cannot read the corpus from standard input")?;
+            bytes
+        } else {
+            crate::fsutil::read_input(path, "corpus")?
+        };
         if bytes.is_empty() {
-            bail!("corpus {} is empty", path.display());
+            bail!("corpus {} is empty", shown(path));
         }
         let text = std::str::from_utf8(&bytes).map_err(|e| {
             let offset = e.valid_up_to();
             anyhow::anyhow!(
                 "corpus {} is not UTF-8 text: invalid byte 0x{:02X} at byte offset {offset} (convert it to UTF-8 first)",
-                path.display(),
+                shown(path),
                 bytes[offset]
             )
         })?;
-        Corpus::from_text(text, options).with_context(|| format!("corpus {}", path.display()))
+        Corpus::from_text(text, options).with_context(|| format!("corpus {}", shown(path)))
     }
 
     /// Tokenizes `text`: one pass interns each distinct token under a provisional id and records the
@@ -124,4 +130,9 @@ impl Split {
             val_start,
         })
     }
+}
+
+/// A corpus path as messages name it: standard input for `-`.
+fn shown(path: &Path) -> String {
+    if path == Path::new("-") { "(standard input)".into() } else { path.display().to_string() }
 }

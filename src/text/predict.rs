@@ -37,7 +37,7 @@ pub fn predict(model: &TextModel, text: &str, k: usize) -> Result<Prediction> {
     let n = model.params.shape.context;
     let mut context: Vec<String> = model.tokenizer.tokens(text).map(|t| t.into_owned()).collect();
     if context.is_empty() {
-        bail!("the context has no tokens; give some words, e.g. --context \"to be or\"");
+        bail!("the context has no tokens; give some words, e.g. textnet predict \"to be or\"");
     }
     let dropped = context.len().saturating_sub(n);
     context.drain(..dropped);

@@ -14,6 +14,7 @@ pub mod mnist;
 pub mod report;
 pub mod resources;
 pub mod selftest;
+pub mod tensorfile;
 pub mod text;
 pub mod timing;
 pub mod xor;

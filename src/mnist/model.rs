@@ -130,17 +130,15 @@ impl MlpParams {
     /// `format` (`textnet-mnist`), `format_version`, `inputs`, `hidden`, `classes`, `activation`, plus
     /// the caller's `extra` entries (`textnet mnist` adds `dataset`).
     pub fn to_safetensors(&self, extra: &[(&str, &str)]) -> Result<Vec<u8>> {
-        use safetensors::tensor::{Dtype, TensorView};
-        let bytes: Vec<u8> = self.flat.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut offset = 0;
-        let mut views = Vec::new();
+        let mut tensors = Vec::new();
         for (name, dims) in self.shape.tensor_shapes() {
-            let len = dims.iter().product::<usize>() * 4;
-            views.push((name, TensorView::new(Dtype::F32, dims, &bytes[offset..offset + len])?));
+            let len = dims.iter().product::<usize>();
+            tensors.push((name, &self.flat[offset..offset + len], dims));
             offset += len;
         }
         let s = self.shape;
-        let mut meta: HashMap<String, String> = [
+        let mut meta: std::collections::BTreeMap<String, String> = [
             ("format", FORMAT.to_string()),
             ("format_version", FORMAT_VERSION.to_string()),
             ("inputs", s.inputs.to_string()),
@@ -152,7 +150,7 @@ impl MlpParams {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        Ok(safetensors::serialize(views, Some(meta))?)
+        crate::tensorfile::to_bytes(&tensors, meta)
     }
 
     /// Reads what `to_safetensors` wrote; returns the parameters and the file's metadata.

@@ -16,8 +16,8 @@ use super::model::{TextParams, TextShape};
 use super::tokenizer::Tokenizer;
 use super::vocab::Vocab;
 use anyhow::{Context, Result, anyhow, bail};
-use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
-use std::collections::HashMap;
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 pub const FORMAT: &str = "textnet-text";
@@ -37,7 +37,7 @@ impl TextModel {
         if self.vocab.len() != shape.vocab {
             bail!("internal: the vocabulary has {} tokens but the model {}", self.vocab.len(), shape.vocab);
         }
-        let metadata = HashMap::from([
+        let metadata = BTreeMap::from([
             ("format".to_string(), FORMAT.to_string()),
             ("format_version".to_string(), FORMAT_VERSION.to_string()),
             ("vocab_size".to_string(), shape.vocab.to_string()),
@@ -48,14 +48,8 @@ impl TextModel {
             ("vocabulary".to_string(), serde_json::to_string(self.vocab.tokens())?),
         ]);
         let tensors = self.params.tensors();
-        let bytes: Vec<Vec<u8>> =
-            tensors.iter().map(|(_, values, _)| values.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-        let views = tensors
-            .iter()
-            .zip(&bytes)
-            .map(|((name, _, dims), data)| Ok((*name, TensorView::new(Dtype::F32, dims.clone(), data)?)))
-            .collect::<Result<Vec<_>, SafeTensorError>>()?;
-        Ok(safetensors::serialize(views, Some(metadata))?)
+        let tensors: Vec<(&str, &[f32], Vec<usize>)> = tensors.iter().map(|(name, values, dims)| (*name, *values, dims.clone())).collect();
+        crate::tensorfile::to_bytes(&tensors, metadata)
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {

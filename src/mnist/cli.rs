@@ -161,7 +161,9 @@ impl Saver<'_> {
         };
         let written = self.keeper.offer(stats.epoch, loss);
         if written {
-            fsutil::write_atomic(self.out, &params.to_safetensors(&[("dataset", self.dataset.name())])?)?;
+            let classes = serde_json::to_string(&self.dataset.class_names())?;
+            let extra = [("dataset", self.dataset.name()), ("class_names", classes.as_str()), ("input_scaling", super::INPUT_SCALING)];
+            fsutil::write_atomic(self.out, &params.to_safetensors(&extra)?)?;
             self.kept_eval = Some(eval.clone());
         }
         self.note = self.keeper.note(written);

@@ -208,6 +208,7 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
     if let Some(i) = labels.data.iter().position(|&l| l as usize >= CLASSES) {
         bail!("{}: label {} at index {i} is not a class 0–{}", labels_path.display(), labels.data[i], CLASSES - 1);
     }
+    // super::INPUT_SCALING says this in the model file.
     let images = images.data.iter().map(|&p| p as f32 / 255.0).collect();
     Ok(Split { images, labels: labels.data, pixels: PIXELS })
 }

@@ -45,6 +45,7 @@ impl TextModel {
             ("hidden".to_string(), shape.hidden.to_string()),
             ("context".to_string(), shape.context.to_string()),
             ("lowercase".to_string(), self.tokenizer.lowercase.to_string()),
+            ("tokenizer".to_string(), self.tokenizer.description()),
             ("vocabulary".to_string(), serde_json::to_string(self.vocab.tokens())?),
         ]);
         let tensors = self.params.tensors();

@@ -17,7 +17,21 @@ impl Default for Tokenizer {
     }
 }
 
+/// The unicode-segmentation release whose word boundaries the tokenizer uses (its Unicode version fixes
+/// where boundaries fall; `tests/text_modelfile.rs` checks this against Cargo.lock).
+pub const SEGMENTATION_VERSION: &str = "1.13.3";
+
 impl Tokenizer {
+    /// How a model file names the tokenizer, so a reimplementation needs nothing else: the algorithm, the
+    /// library release, what is dropped and the case rule.
+    pub fn description(&self) -> String {
+        format!(
+            "UAX #29 word boundaries (unicode-segmentation {SEGMENTATION_VERSION}, split_word_bounds); pieces that are \
+             all whitespace dropped; {}",
+            if self.lowercase { "lowercased with str::to_lowercase" } else { "case kept" }
+        )
+    }
+
     /// The tokens of `text`, in order. Tokens borrow from `text` unless lowercasing changed them.
     pub fn tokens<'a>(&self, text: &'a str) -> impl Iterator<Item = Cow<'a, str>> {
         let lowercase = self.lowercase;

@@ -178,8 +178,8 @@ pub fn run(args: XorArgs) -> Result<()> {
             "every point is on the right side of 0.5: XOR learned".to_string()
         } else {
             format!(
-                "{wrong} of 4 points on the wrong side of 0.5: XOR not learned (try another --seed, more --epochs or \
-                 --hidden)"
+                "{wrong} of 4 points on the wrong side of 0.5: XOR not learned (try more --epochs, another --seed or \
+                 a lower --lr)"
             )
         });
     }

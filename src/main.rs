@@ -2,7 +2,7 @@
 //! turns errors into one line on stderr and a non-zero exit.
 
 use clap::{Parser, Subcommand};
-use textnet::{bench, mnist, selftest, text};
+use textnet::{bench, mnist, selftest, text, xor};
 
 #[derive(Parser)]
 #[command(name = "textnet", version, about = "Small neural networks trained with fused CUDA kernels, with a CPU reference for each", long_about = None)]
@@ -19,6 +19,8 @@ enum Command {
     Predict(text::cli::PredictArgs),
     /// Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)
     Mnist(mnist::cli::MnistArgs),
+    /// Train the XOR network (2 → hidden → 1, MSE) and print its truth table
+    Xor(xor::cli::XorArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
     Selftest(selftest::SelftestArgs),
     /// Measure training speed on the GPU (text model, or `bench mnist`)
@@ -42,6 +44,7 @@ fn main() {
         Command::Train(args) => text::cli::train(args),
         Command::Predict(args) => text::cli::predict(args),
         Command::Mnist(args) => mnist::cli::run(args),
+        Command::Xor(args) => xor::cli::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::Bench(args) => bench::run(args),
     };

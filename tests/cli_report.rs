@@ -17,6 +17,10 @@ fn mnist(out: &Path, extra: &[&str]) -> Output {
     textnet(&[&base[..], &["--epochs", "1", "--out", out.to_str().unwrap()], extra].concat())
 }
 
+fn xor(out: &Path, extra: &[&str]) -> Output {
+    textnet(&[&["xor", "--device", "cpu", "--epochs", "1000", "--out", out.to_str().unwrap()], extra].concat())
+}
+
 fn report(out: &Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
@@ -29,10 +33,11 @@ fn keys(value: &serde_json::Value) -> Vec<String> {
 }
 
 #[test]
-fn train_and_mnist_report_in_one_shape() {
+fn train_mnist_and_xor_report_in_one_shape() {
     let dir = tempfile::tempdir().unwrap();
     let text_report = report(&train(&dir.path().join("t.safetensors"), &["--json"]));
     let mnist_report = report(&mnist(&dir.path().join("m.safetensors"), &["--json", "--val-split", "0.2"]));
+    let xor_report = report(&xor(&dir.path().join("x.safetensors"), &["--json"]));
     let top = strings(&[
         "baseline_val_loss",
         "command",
@@ -50,6 +55,7 @@ fn train_and_mnist_report_in_one_shape() {
     ]);
     assert_eq!(keys(&text_report), top);
     assert_eq!(keys(&mnist_report), top);
+    assert_eq!(keys(&xor_report), top);
 
     for (r, command) in [(&text_report, "train"), (&mnist_report, "mnist")] {
         assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some(command), Some("ok")));
@@ -73,6 +79,26 @@ fn train_and_mnist_report_in_one_shape() {
     }
     let test_accuracy = mnist_report["epochs"][0]["test_accuracy"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&test_accuracy), "{test_accuracy}");
+
+    // XOR trains on its four points and has nothing held out: its rows carry the training loss, its
+    // final the loss and predictions after the last epoch.
+    let r = &xor_report;
+    assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some("xor"), Some("ok")));
+    assert_eq!(r["textnet"], env!("CARGO_PKG_VERSION"));
+    assert_eq!((r["device"].as_str(), r["kept_epoch"].as_u64()), (Some("cpu"), Some(1000)));
+    assert!(r["model"].as_str().unwrap().ends_with(".safetensors"));
+    for key in ["out", "keep", "lr", "epochs", "batch", "seed", "device"] {
+        assert!(!r["config"][key].is_null(), "xor: config.{key}");
+    }
+    assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
+    assert_eq!((r["data"]["train_samples"].as_u64(), r["data"]["val_samples"].as_u64()), (Some(4), Some(0)));
+    let row = &r["epochs"][0];
+    assert_eq!(row["epoch"], 1);
+    for key in ["train_loss", "samples_per_s", "elapsed_s"] {
+        assert!(row[key].as_f64().is_some_and(f64::is_finite), "xor: epochs[0].{key} in {row}");
+    }
+    assert!(r["final"]["loss"].as_f64().is_some_and(f64::is_finite));
+    assert_eq!(r["final"]["predictions"].as_array().map(Vec::len), Some(4));
 }
 
 #[test]
@@ -81,6 +107,7 @@ fn quiet_prints_nothing_on_success() {
     for (name, out) in [
         ("train", train(&dir.path().join("t.safetensors"), &["--quiet"])),
         ("mnist", mnist(&dir.path().join("m.safetensors"), &["--quiet"])),
+        ("xor", xor(&dir.path().join("x.safetensors"), &["--quiet"])),
     ] {
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
         assert_eq!((text(&out.stdout).as_str(), text(&out.stderr).as_str()), ("", ""), "{name} --quiet");
@@ -89,6 +116,7 @@ fn quiet_prints_nothing_on_success() {
     for (name, out) in [
         ("train", train(&dir.path().join("t2.safetensors"), &["--quiet", "--json"])),
         ("mnist", mnist(&dir.path().join("m2.safetensors"), &["--quiet", "--json"])),
+        ("xor", xor(&dir.path().join("x2.safetensors"), &["--quiet", "--json"])),
     ] {
         assert_eq!(text(&out.stderr), "", "{name} --quiet --json");
         assert_eq!(report(&out)["command"], name);

@@ -1,0 +1,272 @@
+//! `textnet xor`: train the XOR network by full-batch SGD on its four points, print the loss every
+//! --report-every epochs and the truth table, and write the model as .safetensors. What it prints goes
+//! through `report`, as for every training command.
+
+use super::gpu::GpuXor;
+use super::model::{self, INPUTS, MAX_HIDDEN, TARGETS, XorParams};
+use super::modelfile;
+use crate::cpu::Activation;
+use crate::device::{self, Backend, DeviceChoice};
+use crate::fsutil;
+use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use crate::resources::{self, MemoryNeed};
+use anyhow::{Result, bail};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct XorArgs {
+    /// Hidden units (at most 1024 on the GPU)
+    #[arg(long, default_value_t = 4)]
+    pub hidden: usize,
+    /// Hidden-layer activation
+    #[arg(long, value_enum, default_value_t = Activation::Sigmoid)]
+    pub activation: Activation,
+    /// SGD learning rate (with sigmoid, 0.5 solved XOR for each of 20 seeds; from about 1.0 plain SGD on
+    /// this MSE model is unstable)
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    pub lr: f32,
+    /// SGD steps, each on all four points
+    #[arg(long, default_value_t = 5000)]
+    pub epochs: usize,
+    /// Seed of the initial parameters
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the loss every N epochs
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    pub report_every: usize,
+    /// Where to train (on the GPU the whole run is one kernel launch)
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Where to write the model (.safetensors); an XOR model already there is replaced only by a
+    /// better one (lower loss)
+    #[arg(long, default_value = "xor.safetensors")]
+    pub out: PathBuf,
+    /// Print errors only (the --json report still comes)
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print one JSON report on stdout at the end (the other lines go to stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The four points make one full batch.
+const BATCH: usize = INPUTS.len();
+
+fn check_args(args: &XorArgs) -> Result<()> {
+    if args.hidden == 0 {
+        bail!("--hidden must be at least 1, got 0");
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        bail!("--lr must be a positive finite number, got {}", args.lr);
+    }
+    resources::check_epochs(args.epochs)?;
+    if args.report_every == 0 {
+        bail!("--report-every must be at least 1, got 0");
+    }
+    Ok(())
+}
+
+fn parameter_count(hidden: usize) -> usize {
+    4 * hidden + 1
+}
+
+pub fn run(args: XorArgs) -> Result<()> {
+    check_args(&args)?;
+    fsutil::check_output(&args.out, &[])?;
+    let existing = existing_out(&args.out)?;
+    let display = Display::new(args.quiet, args.json, args.epochs);
+    let backend = device::select(args.device, args.quiet)?;
+    if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
+        bail!(
+            "--hidden {} is more than the {MAX_HIDDEN} the GPU kernel takes; lower it or use --device cpu",
+            args.hidden
+        );
+    }
+    // Parameters, gradients, pre-activations and activations, and the copies made to write the file.
+    let bytes = (args.hidden as u64).saturating_mul(96);
+    MemoryNeed { parts: vec![("the model", bytes, "--hidden")] }.check(resources::available_memory())?;
+
+    let hidden = args.hidden;
+    display.line(&format!(
+        "model 2 → {hidden} ({}) → 1, {} parameters, mean squared error; SGD lr {} on all 4 points, {} epoch{}, \
+         seed {}; device {}",
+        args.activation.name(),
+        parameter_count(hidden),
+        args.lr,
+        args.epochs,
+        if args.epochs == 1 { "" } else { "s" },
+        args.seed,
+        backend.describe()
+    ));
+    let baseline = existing.map(|old| {
+        let loss = f64::from(model::loss_and_grads(&old).0);
+        display.line(&format!(
+            "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
+            args.out.display(),
+            loss_text(loss as f32)
+        ));
+        loss
+    });
+
+    let mut params = XorParams::init(hidden, args.activation, args.seed);
+    let (losses, seconds) = match &backend {
+        Backend::Cpu => {
+            let start = Instant::now();
+            let losses = model::train(&mut params, args.epochs, args.lr, args.report_every);
+            (losses, start.elapsed().as_secs_f64())
+        }
+        Backend::Cuda(gpu) => {
+            let mut trainer = GpuXor::new(gpu.clone(), &params)?;
+            let start = Instant::now();
+            let losses = trainer.train(args.epochs, args.lr, args.report_every)?;
+            let seconds = start.elapsed().as_secs_f64();
+            params = trainer.params()?;
+            (losses, seconds)
+        }
+    };
+    let final_loss = model::loss_and_grads(&params).0;
+    let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
+
+    // Each recorded loss is taken before its epoch's update, as a report row's train_loss is. The run is
+    // timed as a whole (on the GPU it is one launch), so a row's time is its share of it.
+    let mut rows = Vec::new();
+    let mut diverged = None;
+    for (i, &loss) in losses.iter().enumerate() {
+        let epoch = i * args.report_every + 1;
+        if !loss.is_finite() {
+            diverged = Some(Divergence { epoch, what: "loss" });
+            break;
+        }
+        let row = EpochRow {
+            epoch,
+            train_loss: f64::from(loss),
+            val_loss: None,
+            val_accuracy: None,
+            test_loss: None,
+            test_accuracy: None,
+            samples_per_s: (BATCH * args.epochs) as f64 / seconds.max(1e-9),
+            elapsed_s: seconds * epoch as f64 / args.epochs as f64,
+            extra: Default::default(),
+        };
+        display.line(&format!("epoch {epoch}/{}: loss {}", args.epochs, loss_text(loss)));
+        rows.push(row);
+    }
+    if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
+        diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
+    }
+
+    let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
+    // Replaced only by a model at least as good: rerunning the same command rewrites the same file.
+    let written = diverged.is_none() && baseline.is_none_or(|b| f64::from(final_loss) <= b);
+    let out = args.out.display();
+    let outcome = match baseline {
+        _ if written => format!("{out} holds the trained model (loss {})", loss_text(final_loss)),
+        Some(b) if diverged.is_none() => format!(
+            "nothing written: the run's loss {} is above the {} of the model {out} holds, so it is unchanged",
+            loss_text(final_loss),
+            loss_text(b as f32)
+        ),
+        _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
+        _ => format!("nothing written to {out}"),
+    };
+    if diverged.is_none() {
+        display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), args.epochs));
+        display.line(&truth_table(&predictions));
+        display.line(&if wrong == 0 {
+            "every point is on the right side of 0.5: XOR learned".to_string()
+        } else {
+            format!(
+                "{wrong} of 4 points on the wrong side of 0.5: XOR not learned (try more --epochs, another --seed or \
+                 a lower --lr)"
+            )
+        });
+    }
+    if written {
+        modelfile::save(&params, &args.out)?;
+        display.line(&outcome);
+    }
+    let status = Status::of(diverged.is_some(), false, written);
+    let kept_epoch = written.then_some(args.epochs);
+
+    if args.json {
+        let final_metrics = written.then(|| {
+            let mut figures = serde_json::Map::new();
+            figures.insert("loss".into(), json!(final_loss));
+            figures.insert("predictions".into(), json!(predictions));
+            figures.insert("correct".into(), json!(wrong == 0));
+            figures
+        });
+        let report = Report {
+            textnet: report::VERSION,
+            command: "xor",
+            status,
+            config: json!({
+                "out": args.out.display().to_string(),
+                "keep": "last",
+                "hidden": hidden,
+                "activation": args.activation.name(),
+                "lr": report::decimal(args.lr),
+                "epochs": args.epochs,
+                "batch": BATCH,
+                "seed": args.seed,
+                "report_every": args.report_every,
+                "device": report::flag_value(&args.device),
+            }),
+            device: backend.describe(),
+            data: json!({
+                "inputs": INPUTS,
+                "targets": TARGETS,
+                "train_samples": BATCH,
+                "val_samples": 0,
+            }),
+            parameters: parameter_count(hidden),
+            epochs: rows,
+            final_metrics,
+            model: args.out.display().to_string(),
+            kept_epoch,
+            baseline_val_loss: baseline,
+            diverged: diverged.clone(),
+        };
+        report.print()?;
+    }
+    if let Some(d) = diverged {
+        bail!("{d}; {outcome}; try a lower --lr (this run used {})", args.lr);
+    }
+    if !written {
+        bail!("{outcome}");
+    }
+    Ok(())
+}
+
+/// Six decimals, or three significant digits below 0.0001, where a trained model's loss often is.
+fn loss_text(loss: f32) -> String {
+    if loss == 0.0 || loss.abs() >= 1e-4 { format!("{loss:.6}") } else { format!("{loss:.2e}") }
+}
+
+/// `x1 x2 | target | prediction`, one row per point.
+fn truth_table(predictions: &[f32; 4]) -> String {
+    let mut out = "x1 x2 | target | prediction".to_string();
+    for ((x, t), y) in INPUTS.iter().zip(TARGETS).zip(predictions) {
+        out += &format!("\n{:>2} {:>2} | {t:>6} | {y:>10.4}", x[0], x[1]);
+    }
+    out
+}
+
+/// The model already at `out`: `None` when there is no file or an empty one. Anything there that is not
+/// an XOR model is refused rather than overwritten.
+fn existing_out(out: &Path) -> Result<Option<XorParams>> {
+    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
+    if meta.len() == 0 {
+        return Ok(None);
+    }
+    match fsutil::read_input(out, "file").and_then(|bytes| modelfile::from_bytes(&bytes)) {
+        Ok(params) => Ok(Some(params)),
+        Err(e) => bail!(
+            "--out {} exists and is not a textnet XOR model, so it is not replaced (remove it or choose another \
+             --out): {e:#}",
+            out.display()
+        ),
+    }
+}

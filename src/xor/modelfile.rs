@@ -1,0 +1,75 @@
+//! The XOR model file: `.safetensors` with the tensors `w1` [H,2], `b1` [H], `w2` [1,H], `b2` [1] as
+//! little-endian F32 (PyTorch's `nn.Linear` layouts, so `load_state_dict` takes them) and string metadata
+//! `kind` (`xor`), `activation` and `hidden`.
+
+use super::model::XorParams;
+use crate::cpu::Activation;
+use anyhow::{Context, Result, anyhow, bail};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use std::collections::HashMap;
+use std::path::Path;
+
+pub const KIND: &str = "xor";
+
+pub fn to_bytes(p: &XorParams) -> Result<Vec<u8>> {
+    let metadata = HashMap::from([
+        ("kind".to_string(), KIND.to_string()),
+        ("activation".to_string(), p.activation.name().to_string()),
+        ("hidden".to_string(), p.hidden().to_string()),
+    ]);
+    let tensors = p.tensors();
+    let bytes: Vec<Vec<u8>> =
+        tensors.iter().map(|(_, values, _)| values.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let mut views = Vec::new();
+    for ((name, _, dims), data) in tensors.iter().zip(&bytes) {
+        views.push((*name, TensorView::new(Dtype::F32, dims.clone(), data)?));
+    }
+    Ok(safetensors::serialize(views, Some(metadata))?)
+}
+
+pub fn save(p: &XorParams, path: &Path) -> Result<()> {
+    crate::fsutil::write_atomic(path, &to_bytes(p)?)
+}
+
+pub fn load(path: &Path) -> Result<XorParams> {
+    let bytes = crate::fsutil::read_input(path, "model file")?;
+    from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
+}
+
+pub fn from_bytes(bytes: &[u8]) -> Result<XorParams> {
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    match meta.get("kind") {
+        Some(kind) if kind == KIND => {}
+        Some(kind) => bail!("not a textnet XOR model file: metadata kind is {kind:?}, not {KIND:?}"),
+        None => bail!("not a textnet XOR model file (no metadata kind)"),
+    }
+    let activation = meta
+        .get("activation")
+        .and_then(|a| Activation::from_name(a))
+        .ok_or_else(|| anyhow!("metadata entry \"activation\" is missing or unknown"))?;
+    let hidden: usize = meta
+        .get("hidden")
+        .and_then(|h| h.parse().ok())
+        .filter(|&h| h >= 1)
+        .ok_or_else(|| anyhow!("metadata entry \"hidden\" is missing or not a positive number"))?;
+    let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
+    let read = |name: &str, dims: &[usize]| -> Result<Vec<f32>> {
+        let t = tensors.tensor(name).map_err(|_| anyhow!("tensor {name} is missing"))?;
+        if t.dtype() != Dtype::F32 || t.shape() != dims {
+            bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
+        }
+        Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+    };
+    let p = XorParams {
+        activation,
+        w1: read("w1", &[hidden, 2])?,
+        b1: read("b1", &[hidden])?,
+        w2: read("w2", &[1, hidden])?,
+        b2: read("b2", &[1])?[0],
+    };
+    if !p.all_finite() {
+        bail!("the parameters contain NaN or infinite values");
+    }
+    Ok(p)
+}

@@ -5,26 +5,21 @@
 use super::model::XorParams;
 use crate::cpu::Activation;
 use anyhow::{Context, Result, anyhow, bail};
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
-use std::collections::HashMap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 pub const KIND: &str = "xor";
 
 pub fn to_bytes(p: &XorParams) -> Result<Vec<u8>> {
-    let metadata = HashMap::from([
+    let metadata = BTreeMap::from([
         ("kind".to_string(), KIND.to_string()),
         ("activation".to_string(), p.activation.name().to_string()),
         ("hidden".to_string(), p.hidden().to_string()),
     ]);
     let tensors = p.tensors();
-    let bytes: Vec<Vec<u8>> =
-        tensors.iter().map(|(_, values, _)| values.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let mut views = Vec::new();
-    for ((name, _, dims), data) in tensors.iter().zip(&bytes) {
-        views.push((*name, TensorView::new(Dtype::F32, dims.clone(), data)?));
-    }
-    Ok(safetensors::serialize(views, Some(metadata))?)
+    let tensors: Vec<(&str, &[f32], Vec<usize>)> = tensors.iter().map(|(name, values, dims)| (*name, values.as_slice(), dims.clone())).collect();
+    crate::tensorfile::to_bytes(&tensors, metadata)
 }
 
 pub fn save(p: &XorParams, path: &Path) -> Result<()> {

@@ -82,22 +82,31 @@ impl Backend {
 
 /// Resolves `--device`. `auto` says on stderr what it picked and why (unless `quiet`).
 pub fn select(choice: DeviceChoice, quiet: bool) -> Result<Backend> {
+    let (backend, described) = select_described(choice)?;
+    if choice == DeviceChoice::Auto && !quiet {
+        eprintln!("device: {described}");
+    }
+    Ok(backend)
+}
+
+/// Resolves `--device` and describes the result for the command's own `device:` line, with what `auto`
+/// found: "cuda (NVIDIA H100 …) (--device auto found a usable GPU)" or "cpu (--device auto: no usable GPU:
+/// why)".
+pub fn select_described(choice: DeviceChoice) -> Result<(Backend, String)> {
     match choice {
-        DeviceChoice::Cpu => Ok(Backend::Cpu),
-        DeviceChoice::Cuda => Gpu::open(0).map(|gpu| Backend::Cuda(Arc::new(gpu))).context("--device cuda"),
+        DeviceChoice::Cpu => Ok((Backend::Cpu, Backend::Cpu.describe())),
+        DeviceChoice::Cuda => {
+            let backend = Gpu::open(0).map(|gpu| Backend::Cuda(Arc::new(gpu))).context("--device cuda")?;
+            let described = backend.describe();
+            Ok((backend, described))
+        }
         DeviceChoice::Auto => match Gpu::open(0) {
             Ok(gpu) => {
-                if !quiet {
-                    eprintln!("device: cuda, {} (--device auto found a usable GPU)", gpu.describe());
-                }
-                Ok(Backend::Cuda(Arc::new(gpu)))
+                let backend = Backend::Cuda(Arc::new(gpu));
+                let described = format!("{} (--device auto found a usable GPU)", backend.describe());
+                Ok((backend, described))
             }
-            Err(why) => {
-                if !quiet {
-                    eprintln!("device: cpu (--device auto: no usable GPU: {why:#})");
-                }
-                Ok(Backend::Cpu)
-            }
+            Err(why) => Ok((Backend::Cpu, format!("cpu (--device auto: no usable GPU: {why:#})"))),
         },
     }
 }

@@ -245,7 +245,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
     shape.validate()?;
     let display = Display::new(args.quiet, args.json, args.epochs);
 
-    let backend = device::select(args.device, args.quiet)?;
+    let (backend, device_line) = device::select_described(args.device)?;
     let mut data = data::load(args.dataset, args.data.as_deref(), &|note| display.line(note))?;
     let inputs: Vec<PathBuf> =
         data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
@@ -292,7 +292,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
         args.epochs,
         if args.epochs == 1 { "" } else { "s" },
         args.seed,
-        backend.describe()
+        device_line
     ));
 
     let baseline = match (&existing, &val) {

@@ -128,6 +128,9 @@ pub fn load(dataset: Dataset, data_dir: Option<&Path>, log: &dyn Fn(&str)) -> Re
 
 fn locate(dataset: Dataset, data_dir: Option<&Path>, log: &dyn Fn(&str)) -> Result<(PathBuf, [PathBuf; 4])> {
     if let Some(dir) = data_dir {
+        if dir.exists() && !dir.is_dir() {
+            bail!("--data {} is a file; give the directory that holds the four IDX files", dir.display());
+        }
         if !dir.is_dir() {
             bail!("--data {}: no such directory", dir.display());
         }

@@ -229,13 +229,13 @@ pub fn train(args: TrainArgs) -> Result<()> {
     shape.validate()?;
     check_size(shape)?;
 
-    let backend = device::select(args.device, args.quiet)?;
+    let (backend, device_line) = device::select_described(args.device)?;
     let batch = args.batch.min(split.train.len());
     let on_cpu = matches!(backend, device::Backend::Cpu);
     shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
     let setup = Setup {
         args: &args,
-        device: backend.describe(),
+        device: device_line,
         tokens: corpus.tokens.len(),
         truncated: corpus.truncated,
         unknown: corpus.unknown,
@@ -389,14 +389,15 @@ impl Setup<'_> {
             self.train_samples, self.val_samples, self.val_evaluated, args.val_max
         ));
         display.line(&format!(
-            "model: context {}, embed {}, hidden {}: {} parameters; lr {}, batch {}, {} epochs",
+            "model: context {}, embed {}, hidden {}: {} parameters; lr {}, batch {}, {} epoch{}",
             shape.context,
             shape.embed,
             shape.hidden,
             parameter_count(shape),
             args.lr,
             args.batch,
-            args.epochs
+            args.epochs,
+            if args.epochs == 1 { "" } else { "s" }
         ));
         if let Some(path) = &args.resume {
             display.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));

@@ -77,7 +77,7 @@ pub fn run(args: XorArgs) -> Result<()> {
     fsutil::check_output(&args.out, &[])?;
     let existing = existing_out(&args.out)?;
     let display = Display::new(args.quiet, args.json, args.epochs);
-    let backend = device::select(args.device, args.quiet)?;
+    let (backend, device_line) = device::select_described(args.device)?;
     if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
         bail!(
             "--hidden {} is more than the {MAX_HIDDEN} the GPU kernel takes; lower it or use --device cpu",
@@ -98,7 +98,7 @@ pub fn run(args: XorArgs) -> Result<()> {
         args.epochs,
         if args.epochs == 1 { "" } else { "s" },
         args.seed,
-        backend.describe()
+        device_line
     ));
     let baseline = existing.map(|old| {
         let loss = f64::from(model::loss_and_grads(&old).0);

@@ -27,3 +27,26 @@ fn mnist_data_that_is_a_file_says_so() {
     assert!(stderr.contains("is a file; give the directory"), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
+
+#[test]
+fn an_mnist_run_at_chance_level_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.safetensors");
+    let run = textnet(&[
+        "mnist", "--dataset", "fashion", "--device", "cpu", "--optim", "sgd", "--lr", "10", "--epochs", "1", "--train-limit",
+        "3000", "--json", "--out", out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(report["status"], "chance_level");
+    let last = text(&run.stderr).trim_end().lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("textnet: error: the model learned nothing") && last.contains("lower --lr"), "{last}");
+    // The same command at a learning rate that works is not flagged.
+    let good = textnet(&[
+        "mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--train-limit", "3000", "--json", "--out",
+        dir.path().join("g.safetensors").to_str().unwrap(),
+    ]);
+    assert!(good.status.success(), "{}", text(&good.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&good.stdout).unwrap();
+    assert_eq!(report["status"], "ok");
+}

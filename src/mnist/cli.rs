@@ -331,7 +331,13 @@ pub fn run(args: MnistArgs) -> Result<()> {
     };
     let completed = rows.len();
     let interrupted = diverged.is_none() && completed < args.epochs;
-    let status = Status::of(diverged.is_some(), interrupted, saver.kept_eval.is_some());
+    let mut status = Status::of(diverged.is_some(), interrupted, saver.kept_eval.is_some());
+    // At chance level: the kept epoch's test accuracy within half of chance's 1 / classes of it.
+    let chance = 1.0 / shape.classes as f64;
+    let at_chance = saver.kept_eval.as_ref().map(Evaluation::accuracy).filter(|&a| status == Status::Ok && a <= 1.5 * chance);
+    if at_chance.is_some() {
+        status = Status::ChanceLevel;
+    }
 
     let names = args.dataset.class_names();
     if diverged.is_none() {
@@ -395,6 +401,15 @@ pub fn run(args: MnistArgs) -> Result<()> {
     }
     if saver.kept_eval.is_none() {
         bail!("{outcome}");
+    }
+    if let Some(accuracy) = at_chance {
+        bail!(
+            "the model learned nothing: test accuracy {:.1}% where guessing gets {:.1}%; {outcome}; lower --lr (this run \
+             used {}) or try --optim adam",
+            100.0 * accuracy,
+            100.0 * chance,
+            report::decimal(optim.lr)
+        );
     }
     Ok(())
 }

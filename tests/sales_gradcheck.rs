@@ -6,9 +6,7 @@ use std::process::Command;
 use std::time::Instant;
 use textnet::mnist::optim::{OptimConfig, OptimKind};
 use textnet::sales::data::{Dataset, LoadOptions, Schema, Split, Stats, Table};
-use textnet::sales::model::{
-    SalesParams, SalesShape, Schedule, baseline_mae, evaluate, loss_and_grad, predict, train,
-};
+use textnet::sales::model::{SalesParams, SalesShape, Schedule, baseline_mae, evaluate, loss_and_grad, predict, train};
 
 const EPS: f32 = 1e-3;
 

@@ -10,8 +10,8 @@
 //!   date columns, each in the order the schema lists them.
 //! * A bad row (wrong number of fields; an empty, non-numeric, NaN or infinite value; a date that cannot
 //!   be read) is an error naming `file:line:column`, or with `skip_bad_rows` is dropped and counted.
-//! * The first `train_fraction` of the rows (rounded to the nearest row, in file order) trains, the rest
-//!   tests. Category vocabularies come from the training rows only; a category first seen in the test
+//! * The first `train_fraction` of the rows (rounded to the nearest row, at least one row on each side, in
+//!   file order) trains, the rest tests. Category vocabularies come from the training rows only; a category first seen in the test
 //!   rows is all zeros.
 //! * `Stats` holds the training split's mean and (population) standard deviation of every feature and of
 //!   the target; a constant column gets std 1.
@@ -250,16 +250,25 @@ impl DateValue {
     }
 }
 
-pub const DATE_FORMATS: &str =
-    "YYYY-MM-DD, YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY";
+pub const DATE_FORMATS: &str = "YYYY-MM-DD, YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY";
 
 const MONTHS: [&str; 12] = [
-    "january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november",
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
     "december",
 ];
 
 fn is_leap(year: u16) -> bool {
-    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+    (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400)
 }
 
 fn days_in_month(year: u16, month: u8) -> u8 {
@@ -396,8 +405,7 @@ pub fn parse_date(text: &str) -> Result<DateValue, String> {
         return Ok(DateValue::Slashed { first: a, second: b, year, order });
     }
     // D Mon YYYY, D-Mon-YYYY, Mon D YYYY, Mon D, YYYY
-    let words: Vec<&str> =
-        s.split(|c: char| c == ' ' || c == '-' || c == ',').filter(|w| !w.is_empty()).collect();
+    let words: Vec<&str> = s.split([' ', '-', ',']).filter(|w| !w.is_empty()).collect();
     if words.len() == 3 {
         let (day, month) = match (digits(words[0], 2), month_named(words[0])) {
             (Some(d), _) => (Some(d), month_named(words[1])),
@@ -430,14 +438,15 @@ fn is_number(field: &[u8]) -> bool {
     std::str::from_utf8(field).is_ok_and(|s| s.trim().parse::<f64>().is_ok_and(f64::is_finite))
 }
 
-/// The delimiter of the file whose first line is `first_line`: a tab if it has one outside quotes, else a
-/// comma if it has one.
+/// The delimiter of a file: a tab if its first non-blank line has one outside quotes, else a comma if it
+/// has one.
 fn detect_delimiter(bytes: &[u8]) -> Option<u8> {
     let (mut tabs, mut commas, mut quoted) = (0, 0, false);
-    for &b in bytes {
+    let start = bytes.iter().position(|b| !matches!(b, b'\r' | b'\n')).unwrap_or(bytes.len());
+    for &b in &bytes[start..] {
         match b {
             b'"' => quoted = !quoted,
-            b'\n' if !quoted => break,
+            b'\n' | b'\r' if !quoted => break,
             b'\t' if !quoted => tabs += 1,
             b',' if !quoted => commas += 1,
             _ => {}
@@ -467,6 +476,37 @@ fn width_problem(line: u64, len: usize, width: usize) -> Option<BadRow> {
             column: width + 1,
             message: format!("{len} fields, expected {width} (as in the first row)"),
         }),
+    }
+}
+
+/// Line numbers of record starts. The csv crate's own count is off after CRLF line ends and blank lines,
+/// and its byte offset of a record can point at the line ends before it; this skips those and counts
+/// `\n`, `\r\n` and a lone `\r` as one line end each.
+struct Lines<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    line: u64,
+}
+
+impl<'a> Lines<'a> {
+    fn new(bytes: &'a [u8]) -> Lines<'a> {
+        Lines { bytes, at: 0, line: 1 }
+    }
+
+    /// The line of the record whose reported start is `offset` (offsets must not decrease).
+    fn of(&mut self, offset: u64) -> u64 {
+        let mut start = (offset as usize).min(self.bytes.len());
+        while start < self.bytes.len() && matches!(self.bytes[start], b'\r' | b'\n') {
+            start += 1;
+        }
+        while self.at < start {
+            let b = self.bytes[self.at];
+            if b == b'\n' || (b == b'\r' && self.bytes.get(self.at + 1) != Some(&b'\n')) {
+                self.line += 1;
+            }
+            self.at += 1;
+        }
+        self.line
     }
 }
 
@@ -502,14 +542,11 @@ impl Table {
         let delimiter = match options.delimiter {
             Some(d) => d,
             None => detect_delimiter(bytes).ok_or_else(|| {
-                anyhow!("{source}: the first line has neither a tab nor a comma, so it is no table of several columns")
+                anyhow!("{source}: the first row has neither a tab nor a comma, so it is no table of several columns")
             })?,
         };
-        let mut reader = csv::ReaderBuilder::new()
-            .delimiter(delimiter)
-            .has_headers(false)
-            .flexible(true)
-            .from_reader(bytes);
+        let mut reader =
+            csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
         let mut record = csv::ByteRecord::new();
         let read = |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| -> Result<bool> {
             reader.read_byte_record(record).with_context(|| format!("{source}: cannot parse as CSV"))
@@ -525,9 +562,8 @@ impl Table {
         };
         let header: Option<Vec<String>> =
             has_header.then(|| record.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect());
-        let names: Option<Vec<String>> = header
-            .clone()
-            .or_else(|| options.schema.column_names.clone().filter(|names| names.len() == width));
+        let names: Option<Vec<String>> =
+            header.clone().or_else(|| options.schema.column_names.clone().filter(|names| names.len() == width));
         let columns = resolve_columns(source, &options.schema, width, names.as_deref(), has_header)?;
 
         // Each used column's role, in column order (a row's first bad field is the one reported).
@@ -543,12 +579,13 @@ impl Table {
         let mut bad: Vec<BadRow> = Vec::new();
         let mut seen_rows = 0usize;
         let mut first = !has_header;
+        let mut lines = Lines::new(bytes);
         loop {
             if !first && !read(&mut reader, &mut record)? {
                 break;
             }
             first = false;
-            let line = record.position().map_or(0, |p| p.line());
+            let line = lines.of(record.position().map_or(0, |p| p.byte()));
             seen_rows += 1;
             match parse_row(&record, line, width, &columns, &roles, &mut levels, &mut level_index) {
                 Ok(row) => pending.push(row),
@@ -836,22 +873,17 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Splits `table` in file order, the first `train_fraction` (rounded to the nearest row) training.
+    /// Splits `table` in file order, the first `train_fraction` (rounded to the nearest row, but leaving at
+    /// least one row on each side) training.
     pub fn from_table(table: &Table, train_fraction: f64) -> Result<Dataset> {
         if !(train_fraction.is_finite() && train_fraction > 0.0 && train_fraction < 1.0) {
             bail!("the training share of the rows must be between 0 and 1 (exclusive), got {train_fraction}");
         }
         let n = table.rows.len();
-        let n_train = (n as f64 * train_fraction).round() as usize;
-        if n_train == 0 || n_train == n {
-            bail!(
-                "{}: {n} usable row{} are too few to split {:.0} % / {:.0} %: at least one row must train and one test",
-                table.source,
-                if n == 1 { "" } else { "s" },
-                train_fraction * 100.0,
-                (1.0 - train_fraction) * 100.0
-            );
+        if n < 2 {
+            bail!("{}: only 1 usable row, too few to split: at least one row must train and one test", table.source);
         }
+        let n_train = ((n as f64 * train_fraction).round() as usize).clamp(1, n - 1);
         let (train_rows, test_rows) = table.rows.split_at(n_train);
         let cols = &table.columns;
 
@@ -947,8 +979,7 @@ impl Stats {
     /// The statistics of `train`.
     pub fn of(train: &Split) -> Stats {
         let f = train.features;
-        let (feature_mean, feature_std) =
-            (0..f).map(|j| mean_std(train.x.iter().skip(j).step_by(f).copied())).unzip();
+        let (feature_mean, feature_std) = (0..f).map(|j| mean_std(train.x.iter().skip(j).step_by(f).copied())).unzip();
         let (target_mean, target_std) = mean_std(train.y.iter().copied());
         Stats { feature_mean, feature_std, target_mean, target_std }
     }

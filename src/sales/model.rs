@@ -155,9 +155,9 @@ pub fn loss_and_grad(p: &SalesParams, data: &Split, rows: &[u32], grad: &mut [f3
         loss += (err as f64) * (err as f64);
         let dy = scale * err;
         g.b2[0] += dy;
-        for j in 0..h {
-            if z[j] > 0.0 {
-                g.w2[j] += dy * z[j];
+        for (j, &z) in z.iter().enumerate() {
+            if z > 0.0 {
+                g.w2[j] += dy * z;
                 let dz = dy * w.w2[j];
                 g.b1[j] += dz;
                 for (gw, &xi) in g.w1[j * n..][..n].iter_mut().zip(x) {

@@ -13,6 +13,7 @@ pub mod interrupt;
 pub mod mnist;
 pub mod report;
 pub mod resources;
+pub mod sales;
 pub mod selftest;
 pub mod tensorfile;
 pub mod text;

@@ -3,7 +3,7 @@
 
 use crate::device::{self, Gpu};
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use std::sync::Arc;
 
 /// One comparison of a GPU result with the CPU reference.
@@ -79,10 +79,10 @@ impl Plan {
 
     /// The generator of one named part of the checks. Each part draws from its own stream, so a seed gives
     /// the same problems whichever other parts run (`--only training --seed S` repeats the full run's).
-    pub fn rng(&self, part: &str) -> StdRng {
+    pub fn rng(&self, part: &str) -> SeededRng {
         // FNV-1a of the name, mixed into the seed.
         let tag = part.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-        StdRng::seed_from_u64(self.seed ^ tag)
+        SeededRng::seed_from_u64(self.seed ^ tag)
     }
 }
 

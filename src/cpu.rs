@@ -1,5 +1,11 @@
 //! Small dense kernels for the CPU references, written so the compiler vectorises them
-//! (eight independent accumulators) while the arithmetic stays plain fp32.
+//! (eight independent accumulators) while the arithmetic stays plain fp32; the activations; and the
+//! generator every seeded stream draws from.
+
+/// The generator of every seeded stream (initial parameters, shuffles, the selftest's problems):
+/// ChaCha8, whose output for a seed is promised not to change across platforms and releases, so a seed
+/// names the same run in every build (`rand`'s `StdRng` makes no such promise).
+pub type SeededRng = rand_chacha::ChaCha8Rng;
 
 /// Σ a[i]·b[i].
 #[inline]

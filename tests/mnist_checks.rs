@@ -2,7 +2,7 @@
 //! kink as often as the check's redraw rule counts on, and the watch sees a step that touches it.
 
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use textnet::cpu::SeededRng;
 use std::sync::Arc;
 use textnet::mnist::CpuTrainer;
 use textnet::mnist::checks::{TRAINING_EPOCHS, TRAINING_MARGIN, training_cases, training_problem};
@@ -11,7 +11,7 @@ use textnet::mnist::train::{self, Schedule};
 
 #[test]
 fn relu_training_problems_stay_clear_of_the_kink() {
-    let mut rng = StdRng::seed_from_u64(11);
+    let mut rng = SeededRng::seed_from_u64(11);
     let (mut clear, mut drawn) = (0, 0);
     for case in training_cases().into_iter().filter(|c| c.shape.activation == Activation::Relu) {
         for _ in 0..4 {
@@ -30,7 +30,7 @@ fn relu_training_problems_stay_clear_of_the_kink() {
 #[test]
 fn the_watch_sees_a_unit_at_the_kink() {
     let case = training_cases().into_iter().find(|c| c.shape.activation == Activation::Relu).unwrap();
-    let (train_split, _, mut p, _) = training_problem(case.shape, case.samples, &mut StdRng::seed_from_u64(2));
+    let (train_split, _, mut p, _) = training_problem(case.shape, case.samples, &mut SeededRng::seed_from_u64(2));
     assert!(kink_margin(&p, &train_split, &[0, 1, 2]) > 0.1);
     // Unit 3's pre-activation on image 1 set to 0.
     let (i, h) = (case.shape.inputs, case.shape.hidden);

@@ -8,7 +8,7 @@ use crate::device::Gpu;
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::Result;
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,7 +47,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     for _ in 0..repeats {
         trainer.reset(&params)?;
         trainer.synchronize()?;
-        let mut rng = StdRng::seed_from_u64(0);
+        let mut rng = SeededRng::seed_from_u64(0);
         let mut order: Vec<u32> = (0..n_train as u32).collect();
         let start = Instant::now();
         let mut epochs = Vec::with_capacity(BENCH_EPOCHS);

@@ -11,12 +11,12 @@ use super::{CpuTrainer, MnistTrainer};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::device::Gpu;
 use anyhow::Result;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand::RngExt;
 use std::sync::Arc;
 
 /// `n` random images of `inputs` pixels in [0,1] with random labels below `classes`.
-fn random_split(n: usize, shape: MlpShape, rng: &mut StdRng) -> Split {
+fn random_split(n: usize, shape: MlpShape, rng: &mut SeededRng) -> Split {
     Split {
         images: (0..n * shape.inputs).map(|_| rng.random::<f32>()).collect(),
         labels: (0..n).map(|_| rng.random_range(0..shape.classes as u32) as u8).collect(),
@@ -25,7 +25,7 @@ fn random_split(n: usize, shape: MlpShape, rng: &mut StdRng) -> Split {
 }
 
 /// Xavier-initialised parameters with non-zero biases.
-fn random_params(shape: MlpShape, rng: &mut StdRng) -> MlpParams {
+fn random_params(shape: MlpShape, rng: &mut SeededRng) -> MlpParams {
     let mut p = MlpParams::init(shape, rng.random());
     let (h, i, c) = (shape.hidden, shape.inputs, shape.classes);
     let flat = &mut p.flat;
@@ -100,7 +100,7 @@ pub fn training_cases() -> Vec<TrainingCase> {
 }
 
 /// Each MNIST kernel alone on several shapes and activations, and the optimizer updates.
-fn all_kernel_checks(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Check>> {
+fn all_kernel_checks(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Vec<Check>> {
     let shape = |inputs, hidden, classes, activation| MlpShape { inputs, hidden, classes, activation };
     let mut checks = Vec::new();
     for (s, batch, test) in [
@@ -118,7 +118,7 @@ fn all_kernel_checks(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Check>> {
 
 /// mnist_forward, mnist_backward and mnist_evaluate alone on fresh random inputs, each against the CPU
 /// reference, outputs poisoned before each run.
-fn kernel_checks(gpu: &Arc<Gpu>, s: MlpShape, batch: usize, n_test: usize, rng: &mut StdRng) -> Result<Vec<Check>> {
+fn kernel_checks(gpu: &Arc<Gpu>, s: MlpShape, batch: usize, n_test: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let label = shape_label(s, batch);
     let check =
@@ -213,7 +213,7 @@ fn kernel_checks(gpu: &Arc<Gpu>, s: MlpShape, batch: usize, n_test: usize, rng: 
 /// mnist_update alone for each optimizer against `optim::update`, at step 7, with weight decay and a clip
 /// that binds (and Adam once without either). At lr 0.5 the parameter deltas are far above the rounding
 /// of the parameters themselves.
-fn update_checks(gpu: &Arc<Gpu>, s: MlpShape, rng: &mut StdRng) -> Result<Vec<Check>> {
+fn update_checks(gpu: &Arc<Gpu>, s: MlpShape, rng: &mut SeededRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let n = s.param_count();
     let mut out = Vec::new();
@@ -289,7 +289,7 @@ pub const TRAINING_TOLERANCE: f64 = 1e-3;
 /// the shuffle seed. With ReLU every hidden unit starts firmly on or off for every image: its bias puts
 /// W1[j]·x + b1[j] 5 to 7 away from 0 at the mean image, where images move it by about 0.4 and the
 /// check's 100 steps by far less than 5.
-pub fn training_problem(s: MlpShape, samples: usize, rng: &mut StdRng) -> (Split, Split, MlpParams, u64) {
+pub fn training_problem(s: MlpShape, samples: usize, rng: &mut SeededRng) -> (Split, Split, MlpParams, u64) {
     let train = random_split(samples, s, rng);
     let test = random_split(97, s, rng);
     let mut p = random_params(s, rng);
@@ -317,7 +317,7 @@ fn training_check(
     samples: usize,
     batch: usize,
     epochs: usize,
-    rng: &mut StdRng,
+    rng: &mut SeededRng,
 ) -> Result<Check> {
     use super::train::{self, Schedule};
     const MAX_DRAWS: usize = 8;

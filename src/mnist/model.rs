@@ -24,7 +24,7 @@ use super::idx::Split;
 use crate::cpu::{axpy, dot, softmax_in_place};
 use anyhow::{Context, Result, anyhow, bail};
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand_distr::{Distribution, Uniform};
 use std::collections::HashMap;
 
@@ -106,7 +106,7 @@ pub struct MlpParams {
 impl MlpParams {
     /// W1 and W2 Xavier/Glorot uniform, U(±√(6/(fan_in+fan_out))); biases zero.
     pub fn init(shape: MlpShape, seed: u64) -> MlpParams {
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut rng = SeededRng::seed_from_u64(seed);
         let mut flat = vec![0.0f32; shape.param_count()];
         let parts = shape.split_mut(&mut flat);
         let MlpShape { inputs: i, hidden: h, classes: c, .. } = shape;

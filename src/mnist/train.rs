@@ -6,7 +6,7 @@ use super::{Evaluation, MnistTrainer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 use std::time::Instant;
 
@@ -58,7 +58,7 @@ pub fn run(
     schedule: Schedule,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<EpochStats>, Evaluation)> {
-    let mut rng = StdRng::seed_from_u64(schedule.seed ^ SHUFFLE_STREAM);
+    let mut rng = SeededRng::seed_from_u64(schedule.seed ^ SHUFFLE_STREAM);
     let mut order: Vec<u32> = (0..n_train as u32).collect();
     let start = Instant::now();
     let mut history = Vec::with_capacity(schedule.epochs.min(1024));

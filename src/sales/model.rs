@@ -21,7 +21,7 @@ use crate::mnist::optim::{OptimConfig, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 use rand_distr::{Distribution, Uniform};
 
@@ -90,7 +90,7 @@ impl SalesParams {
     /// PyTorch's `nn.Linear` initialisation: every weight and bias U(−1/√fan_in, 1/√fan_in), drawn in the
     /// order W1, b1, W2, b2.
     pub fn init(shape: SalesShape, seed: u64) -> SalesParams {
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut rng = SeededRng::seed_from_u64(seed);
         let mut flat = vec![0.0f32; shape.param_count()];
         let parts = shape.split_mut(&mut flat);
         for (values, fan_in) in
@@ -175,13 +175,13 @@ const SHUFFLE_STREAM: u64 = 0x5341_4c45_535f_5348;
 /// The training order of every epoch: 0..rows reshuffled before each epoch by one seeded stream, so
 /// every backend sees the same batches.
 pub struct Shuffle {
-    rng: StdRng,
+    rng: SeededRng,
     order: Vec<u32>,
 }
 
 impl Shuffle {
     pub fn new(rows: usize, seed: u64) -> Shuffle {
-        Shuffle { rng: StdRng::seed_from_u64(seed ^ SHUFFLE_STREAM), order: (0..rows as u32).collect() }
+        Shuffle { rng: SeededRng::seed_from_u64(seed ^ SHUFFLE_STREAM), order: (0..rows as u32).collect() }
     }
 
     /// The next epoch's order.

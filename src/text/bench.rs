@@ -7,7 +7,7 @@ use super::model::{TextParams, TextShape};
 use crate::device::Gpu;
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::{Context, Result};
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -43,7 +43,7 @@ pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 2
 /// B = 256 and 4096, at V = 8192, D = 64, H = 256, context 3 (`single_only`, `only_batch` pick a subset).
 pub fn speed(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, only_batch: Option<usize>) -> Result<()> {
     let shape = BENCH_SHAPE;
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = SeededRng::seed_from_u64(7);
     let tokens: Arc<[u32]> = (0..1usize << 20).map(|_| rng.random_range(0..shape.vocab as u32)).collect();
     let params = TextParams::init(shape, 1);
     let lr = 0.01f32;
@@ -179,7 +179,7 @@ impl QualityRun {
         let shape = TextShape { vocab: corpus.vocab.len(), ..BENCH_SHAPE };
         let split = Split::new(corpus.tokens.len(), shape.context)?;
         let mut order = split.train.clone();
-        order.shuffle(&mut StdRng::seed_from_u64(seed));
+        order.shuffle(&mut SeededRng::seed_from_u64(seed));
         order.truncate(samples.max(1));
         Ok(QualityRun {
             tokens: corpus.tokens.clone().into(),

@@ -18,7 +18,7 @@ use super::model::{self, TextParams, TextShape, context_of};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::device::Gpu;
 use anyhow::{Result, bail};
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand::RngExt;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -137,7 +137,7 @@ pub const KERNEL_MARGIN: f64 = 1e-4;
 
 /// Redraws the bias of every hidden unit that a sample at `positions` brings within KERNEL_MARGIN of the
 /// kink, until none does (each draw clears a unit with probability near 1).
-fn clear_of_kink(p: &mut TextParams, tokens: &[u32], positions: &[u32], rng: &mut StdRng) {
+fn clear_of_kink(p: &mut TextParams, tokens: &[u32], positions: &[u32], rng: &mut SeededRng) {
     let d = p.shape.embed;
     let xs = inputs_of(p, tokens, positions);
     for j in 0..p.shape.hidden {
@@ -151,7 +151,7 @@ fn clear_of_kink(p: &mut TextParams, tokens: &[u32], positions: &[u32], rng: &mu
 /// embedding-update check compares E_before − E_after with lr·grad, and the rounding of E itself (relative
 /// 6e-8 of |E|, once per sample that shares a row) would otherwise sit near the 1e-5 tolerance for batches
 /// with repeated tokens.
-fn random_params(shape: TextShape, rng: &mut StdRng) -> TextParams {
+fn random_params(shape: TextShape, rng: &mut SeededRng) -> TextParams {
     let mut params = TextParams::init(shape, rng.random());
     params.embedding.iter_mut().for_each(|e| *e *= 0.1);
     params.b1.iter_mut().for_each(|b| *b = rng.random_range(-0.2..0.2));
@@ -161,7 +161,7 @@ fn random_params(shape: TextShape, rng: &mut StdRng) -> TextParams {
 
 /// Random parameters, a random token stream and `batch` random sample positions, no sample of which brings
 /// a pre-activation near the kink.
-pub fn random_problem(shape: TextShape, batch: usize, rng: &mut StdRng) -> (TextParams, Arc<[u32]>, Vec<u32>) {
+pub fn random_problem(shape: TextShape, batch: usize, rng: &mut SeededRng) -> (TextParams, Arc<[u32]>, Vec<u32>) {
     let mut params = random_params(shape, rng);
     let len = 4 * batch + shape.context + 64;
     let tokens: Arc<[u32]> = (0..len).map(|_| rng.random_range(0..shape.vocab as u32)).collect();
@@ -244,7 +244,7 @@ pub const REPEAT_SHAPES: [TextShape; 3] = [shape(8192, 64, 256, 3), shape(1000, 
 /// The single-sample step sums every value in a fixed order (no floating-point atomics whose order
 /// varies), so training repeats to the bit: 300 steps (two graph replays and 44 plain steps, settled
 /// halfway) twice from the same start give the same parameters and loss.
-pub fn repeat_check(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<Check> {
+pub fn repeat_check(gpu: &Arc<Gpu>, s: TextShape, rng: &mut SeededRng) -> Result<Check> {
     const STEPS: usize = 300;
     let (p, tokens, _) = random_problem(s, 1, rng);
     let positions: Vec<u32> = (0..STEPS).map(|_| rng.random_range(s.context as u32..tokens.len() as u32)).collect();
@@ -276,7 +276,7 @@ pub fn repeat_check(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<Ch
 /// Each kernel alone against the CPU reference, at lr = 10 so that parameter deltas are far above the
 /// rounding of the parameters themselves (every kernel is linear in lr). The step's samples are followed by
 /// a second step's, whose hidden layer text_update forms from the parameters it has just updated.
-pub fn kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut StdRng) -> Result<Vec<Check>> {
+pub fn kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let lr = 10.0f32;
     let (p, tokens, positions) = random_problem(s, 2 * batch, rng);
@@ -346,7 +346,7 @@ fn logsumexp_of_partials(stats: &[f32], g: usize, batch: usize) -> Vec<f32> {
 /// lr = 0.1 and a second at lr = 10 through sample_backward and sample_flush: after a step at lr = 10 the
 /// logits reach hundreds, and softmax turns their f32 rounding (relative 6e-8) into relative errors of
 /// 1e-5 in dlogits on any implementation, so step 2 follows a gentle step 1.
-pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<Vec<Check>> {
+pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut SeededRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let lr = 10.0f32;
     let (p, tokens, positions) = random_problem(s, 2, rng);
@@ -431,7 +431,7 @@ pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut StdRng) -> Result<V
 /// whole step. Gradients averaged over hundreds of samples are small next to the parameters, and the
 /// step's additions (atomics, in any order) round relative to the parameters, so the step runs at
 /// lr = 100 (every kernel is linear in lr): the deltas then stand well above that rounding floor.
-pub fn tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut StdRng) -> Result<Vec<Check>> {
+pub fn tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
     const TOL: f64 = 1e-5;
     let lr = 100.0f32;
     let (p, tokens, positions) = random_problem(s, batch, rng);
@@ -530,7 +530,7 @@ pub struct TrainingProblem {
 
 /// A random problem for `case`, with every hidden unit starting firmly on or off: |b1| is 0.2 to 0.4, where
 /// |W1·x| starts near 0.04.
-pub fn training_problem(case: &TrainingCase, rng: &mut StdRng) -> TrainingProblem {
+pub fn training_problem(case: &TrainingCase, rng: &mut SeededRng) -> TrainingProblem {
     let s = case.shape;
     let mut params = random_params(s, rng);
     params.b1.iter_mut().for_each(|b| *b = rng.random_range(0.3..0.6) * if rng.random() { 1.0 } else { -1.0 });
@@ -574,7 +574,7 @@ pub struct Reference {
 }
 
 /// Draws problems for `case` until the reference run over one stays TRAINING_MARGIN clear of the kink.
-pub fn drawn_reference(case: TrainingCase, rng: &mut StdRng) -> Reference {
+pub fn drawn_reference(case: TrainingCase, rng: &mut SeededRng) -> Reference {
     for draws in 1..=MAX_DRAWS {
         let problem = training_problem(&case, rng);
         let run = reference_run(&problem, case.batch, case.lr);

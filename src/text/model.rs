@@ -12,7 +12,7 @@
 use crate::cpu::{axpy, dot, top_k};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand_distr::{Distribution, Normal, Uniform};
 use serde::{Deserialize, Serialize};
 
@@ -87,9 +87,9 @@ impl TextParams {
     /// Embedding ~ N(0, 1) (as torch.nn.Embedding); W1 and W2 Xavier/Glorot uniform; biases zero.
     pub fn init(shape: TextShape, seed: u64) -> TextParams {
         let TextShape { vocab: v, embed: d, hidden: h, .. } = shape;
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut rng = SeededRng::seed_from_u64(seed);
         let normal = Normal::new(0.0f32, 1.0).unwrap();
-        let xavier = |fan_in: usize, fan_out: usize, n: usize, rng: &mut StdRng| -> Vec<f32> {
+        let xavier = |fan_in: usize, fan_out: usize, n: usize, rng: &mut SeededRng| -> Vec<f32> {
             let limit = (6.0 / (fan_in + fan_out) as f32).sqrt();
             let dist = Uniform::new_inclusive(-limit, limit).unwrap();
             (0..n).map(|_| dist.sample(rng)).collect()

@@ -7,7 +7,7 @@
 
 use crate::cpu::Activation;
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use crate::cpu::SeededRng;
 use rand_distr::{Distribution, Uniform};
 
 /// The four XOR points and their targets.
@@ -31,7 +31,7 @@ pub struct XorParams {
 impl XorParams {
     /// PyTorch's `nn.Linear` initialisation: weights and biases U(−1/√fan_in, 1/√fan_in).
     pub fn init(hidden: usize, activation: Activation, seed: u64) -> XorParams {
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut rng = SeededRng::seed_from_u64(seed);
         let mut uniform = |fan_in: usize, n: usize| -> Vec<f32> {
             let limit = 1.0 / (fan_in as f32).sqrt();
             let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");

@@ -191,18 +191,22 @@ fn bad_inputs_fail_with_one_line() {
 #[test]
 fn missing_dataset_names_the_files_and_places() {
     let tmp = tempfile::tempdir().unwrap();
-    // Nothing anywhere, and no curl on PATH: the download cannot even start.
+    // Nothing anywhere, and the mirror a loopback port nothing listens on: the download cannot start.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mirror = format!("http://127.0.0.1:{port}");
     let o = Command::new(env!("CARGO_BIN_EXE_textnet"))
         .args(["mnist", "--device", "cpu", "--epochs", "1"])
         .current_dir(tmp.path())
         .env("TEXTNET_DATA", tmp.path().join("data-root"))
         .env("TEXTNET_CACHE", tmp.path().join("cache"))
-        .env("PATH", "")
+        .env("TEXTNET_MNIST_MIRROR", &mirror)
         .output()
         .unwrap();
     let err = stderr(&o);
     assert!(!o.status.success());
     assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!tmp.path().join("cache").join("mnist").exists(), "the failed download left its folder");
+    let downloading = format!("downloading from {mirror} failed");
     for needed in [
         "MNIST not found",
         "train-images-idx3-ubyte",
@@ -211,7 +215,7 @@ fn missing_dataset_names_the_files_and_places() {
         "t10k-labels-idx1-ubyte",
         "./data/mnist",
         "--data DIR",
-        "curl is not installed",
+        downloading.as_str(),
     ] {
         assert!(err.contains(needed), "missing {needed:?} in {err}");
     }

@@ -22,7 +22,8 @@ use std::sync::Arc;
 #[command(
     after_help = "Data: --data DIR, else searched in $TEXTNET_DATA (MNIST), $TEXTNET_DATA/<mnist|fashion-mnist>, \
 ./data/<mnist|fashion-mnist>, the textnet cache dir and, for Fashion-MNIST, /usr/share/datasets/fashion-mnist \
-(Debian package dataset-fashion-mnist); MNIST missing everywhere is downloaded into the cache with curl."
+(Debian package dataset-fashion-mnist); MNIST missing everywhere is downloaded into the cache \
+(HTTPS, checked against the published SHA-256 sums)."
 )]
 pub struct MnistArgs {
     /// Which dataset

@@ -4,13 +4,15 @@
 //! `$TEXTNET_DATA` (MNIST only; the files directly in it) → `$TEXTNET_DATA/<name>` → `./data/<name>` →
 //! the textnet cache (`$TEXTNET_CACHE` or the user's cache dir, then `textnet/<name>`) → for
 //! Fashion-MNIST the Debian package's `/usr/share/datasets/fashion-mnist`, where `<name>` is `mnist` or
-//! `fashion-mnist`. When none has all four files, `curl` (if installed) fetches them from a public mirror
-//! into the cache; failing that, the error names the files and the places to put them.
+//! `fashion-mnist`. When none has all four files, they are downloaded (HTTPS, through `ureq`) from a public
+//! mirror into the cache and checked against their published SHA-256 sums; failing that, the error names
+//! the files and the places to put them. `$TEXTNET_MNIST_MIRROR` replaces the mirror (a local copy).
 
 use super::idx::{Split, load_split};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
 
 /// The four files, in the order train images, train labels, test images, test labels.
 pub const FILES: [&str; 4] =
@@ -48,11 +50,34 @@ impl Dataset {
         }
     }
 
-    /// Where `FILES` + ".gz" can be downloaded from.
-    fn mirror(self) -> &'static str {
+    /// Where `FILES` + ".gz" can be downloaded from: `$TEXTNET_MNIST_MIRROR`, else the public mirror.
+    fn mirror(self) -> String {
+        if let Some(mirror) = std::env::var_os("TEXTNET_MNIST_MIRROR").filter(|m| !m.is_empty()) {
+            let mirror = mirror.to_string_lossy().into_owned();
+            return if mirror.ends_with('/') { mirror } else { format!("{mirror}/") };
+        }
         match self {
             Dataset::Mnist => "https://storage.googleapis.com/cvdf-datasets/mnist/",
-            Dataset::Fashion => "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            Dataset::Fashion => "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+        }
+        .to_string()
+    }
+
+    /// The published SHA-256 of each of `FILES` + ".gz", in that order.
+    fn sha256(self) -> [&'static str; 4] {
+        match self {
+            Dataset::Mnist => [
+                "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+                "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+                "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+                "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+            ],
+            Dataset::Fashion => [
+                "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+                "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+                "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+                "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+            ],
         }
     }
 
@@ -163,39 +188,60 @@ fn locate(dataset: Dataset, data_dir: Option<&Path>, log: &dyn Fn(&str)) -> Resu
         "{} not found: put {} (raw or .gz) in one of {places}{apt}, or pass --data DIR; downloading from {} failed: {why}",
         dataset.title(),
         FILES.join(", "),
-        dataset.mirror()
+        dataset.mirror().trim_end_matches('/')
     )
 }
 
-/// Fetches the missing gzipped files into `dir` with curl; each lands under a temporary name first, so
-/// an interrupted download never looks like a complete file.
+/// Fetches the missing gzipped files into `dir`, each under a temporary name until its SHA-256 matches
+/// the published one, so an interrupted or altered download never looks like a complete file. A `dir`
+/// this call created is removed again when nothing could be fetched into it.
 fn download(dataset: Dataset, dir: &Path, log: &dyn Fn(&str)) -> Result<()> {
+    let created = !dir.exists();
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    for file in FILES.iter().filter(|f| find_file(dir, f).is_none()) {
-        let url = format!("{}{file}.gz", dataset.mirror());
-        let target = dir.join(format!("{file}.gz"));
-        let part = dir.join(format!(".{file}.gz.part-{}", std::process::id()));
-        log(&format!("downloading {url} → {}", target.display()));
-        let output = Command::new("curl")
-            .args(["--fail", "--silent", "--show-error", "--location", "--connect-timeout", "10", "--max-time", "600"])
-            .arg("--output")
-            .arg(&part)
-            .arg(&url)
-            .output();
-        let failure = match output {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("curl is not installed".to_string()),
-            Err(e) => Some(format!("cannot run curl: {e}")),
-            Ok(out) if !out.status.success() => {
-                let stderr = String::from_utf8_lossy(&out.stderr);
-                Some(stderr.lines().last().unwrap_or("curl failed").trim().to_string())
+    let result = (|| -> Result<()> {
+        for (file, sha256) in FILES.iter().zip(dataset.sha256()).filter(|(f, _)| find_file(dir, f).is_none()) {
+            let url = format!("{}{file}.gz", dataset.mirror());
+            let target = dir.join(format!("{file}.gz"));
+            let part = dir.join(format!(".{file}.gz.part-{}", std::process::id()));
+            log(&format!("downloading {url} → {}", target.display()));
+            let fetched = fetch(&url, &part, sha256);
+            if fetched.is_err() {
+                let _ = std::fs::remove_file(&part);
             }
-            Ok(_) => None,
-        };
-        if let Some(why) = failure {
-            let _ = std::fs::remove_file(&part);
-            bail!("{why}");
+            fetched?;
+            std::fs::rename(&part, &target).with_context(|| format!("cannot move the download to {}", target.display()))?;
         }
-        std::fs::rename(&part, &target).with_context(|| format!("cannot move the download to {}", target.display()))?;
+        Ok(())
+    })();
+    if result.is_err() && created {
+        let _ = std::fs::remove_dir(dir);
+    }
+    result
+}
+
+/// Writes the body of `url` to `path`, checking its SHA-256.
+fn fetch(url: &str, path: &Path, sha256: &str) -> Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(std::time::Duration::from_secs(10)))
+        .timeout_global(Some(std::time::Duration::from_secs(600)))
+        .build()
+        .into();
+    let mut response = agent.get(url).call().map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let mut body = response.body_mut().with_config().limit(64 << 20).reader();
+    let mut out = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 16];
+    loop {
+        let n = body.read(&mut buffer).with_context(|| format!("{url}: the download broke off"))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        out.write_all(&buffer[..n]).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if got != sha256 {
+        bail!("{url}: SHA-256 {got} is not the published {sha256}; the file was not kept");
     }
     Ok(())
 }

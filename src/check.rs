@@ -38,7 +38,7 @@ pub fn rel_error(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// How close a ReLU unit's pre-activation z = w·x + b comes to the kink at 0, relative to the terms summed
-/// into it: |z| / (|b| + Σ_k |w[k]·x[k]|). Any summation order rounds z by a few ulps of that denominator
+/// into it: |z| / (|b| + Σ_k |`w[k]`·`x[k]`|). Any summation order rounds z by a few ulps of that denominator
 /// (relative 1e-7), so a unit whose ratio is far above that takes the same side of the kink on the GPU as
 /// on the CPU; one within rounding of it may take ReLU′ = 1 in one order and 0 in another.
 pub fn kink_ratio(w: &[f32], b: f32, x: &[f32]) -> f64 {

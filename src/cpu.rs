@@ -7,7 +7,7 @@
 /// names the same run in every build (`rand`'s `StdRng` makes no such promise).
 pub type SeededRng = rand_chacha::ChaCha8Rng;
 
-/// Σ a[i]·b[i].
+/// Σ `a[i]`·`b[i]`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
@@ -26,7 +26,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-/// y[i] += alpha·x[i].
+/// `y[i]` += alpha·`x[i]`.
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), y.len());

@@ -1,5 +1,44 @@
 //! textnet: small neural networks trained with hand-written fused CUDA kernels (compiled at run time by
 //! NVRTC), each pipeline with a plain CPU reference of the same math.
+//!
+//! The `textnet` command is the usual way in (see the README). As a library, each pipeline is a module:
+//! [`text`] (the next-token model), [`mnist`], [`xor`] and [`sales`] (its data and CPU reference so far).
+//! A pipeline has its CPU reference in `model`, its GPU trainer in `gpu` and the training loop both share.
+//!
+//! Train the text model on the CPU, save it, load it and predict:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use textnet::text::corpus::{Corpus, CorpusOptions};
+//! use textnet::text::model::{TextParams, TextShape};
+//! use textnet::text::modelfile::TextModel;
+//! use textnet::text::{CpuTrainer, TextTrainer, predict, tokenizer::Tokenizer};
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let tokenizer = Tokenizer::default();
+//! let text = "to be or not to be, that is the question. to be is to do. to do is to be.";
+//! let corpus = Corpus::from_text(text, CorpusOptions { tokenizer, max_vocab: 100, max_tokens: None })?;
+//! let shape = TextShape { vocab: corpus.vocab.len(), embed: 8, hidden: 16, context: 2 };
+//! let tokens: Arc<[u32]> = corpus.tokens.clone().into();
+//! // A sample is the position of its target token; its context is the two tokens before it.
+//! let positions: Vec<u32> = (2..tokens.len() as u32).collect();
+//! let mut trainer = CpuTrainer { params: TextParams::init(shape, 1), tokens };
+//! for _ in 0..50 {
+//!     trainer.train(&positions, 1, 0.1)?; // single-sample SGD at lr 0.1
+//! }
+//! let model = TextModel { params: trainer.params()?, tokenizer, vocab: corpus.vocab };
+//! let path = std::env::temp_dir().join("textnet-doc-example.safetensors");
+//! model.save(&path)?;
+//! let model = TextModel::load(&path)?;
+//! let next = predict::predict(&model, "to be", 3)?;
+//! println!("after \"to be\": {:?}", next.top.iter().map(|c| (&c.token, c.probability)).collect::<Vec<_>>());
+//! # std::fs::remove_file(&path)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! On a GPU, `text::gpu::GpuTrainer::new(gpu, &params, tokens)` (a `device::Gpu` from
+//! `device::select`) trains through the same [`text::TextTrainer`] trait with the fused kernels.
 
 pub mod bench;
 pub mod check;

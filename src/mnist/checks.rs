@@ -287,7 +287,7 @@ pub const TRAINING_TOLERANCE: f64 = 1e-3;
 
 /// A training check's problem: random images and labels, a 97-image test split, initial parameters and
 /// the shuffle seed. With ReLU every hidden unit starts firmly on or off for every image: its bias puts
-/// W1[j]·x + b1[j] 5 to 7 away from 0 at the mean image, where images move it by about 0.4 and the
+/// `W1[j]`·x + `b1[j]` 5 to 7 away from 0 at the mean image, where images move it by about 0.4 and the
 /// check's 100 steps by far less than 5.
 pub fn training_problem(s: MlpShape, samples: usize, rng: &mut SeededRng) -> (Split, Split, MlpParams, u64) {
     let train = random_split(samples, s, rng);

@@ -112,11 +112,11 @@ struct DeviceSplit {
 /// Per-step intermediates, sized for `capacity` samples.
 pub struct StepBuffers {
     pub capacity: usize,
-    /// [B][H] activations a.
+    /// `[B][H]` activations a.
     pub act: CudaSlice<f32>,
-    /// [B][C] (p − onehot)/B.
+    /// `[B][C]` (p − onehot)/B.
     pub dlogits: CudaSlice<f32>,
-    /// [B][H] ∂loss/∂z1.
+    /// `[B][H]` ∂loss/∂z1.
     pub dz1: CudaSlice<f32>,
     /// mnist_forward's finished-block counter per sample tile; zero between launches.
     pub tickets: CudaSlice<u32>,
@@ -150,7 +150,7 @@ pub struct GpuTrainer {
     pub v: CudaSlice<f32>,
     /// Optimizer steps taken.
     pub step: CudaSlice<u32>,
-    /// [backward_grid] Σg² of each mnist_backward block (written when clipping).
+    /// `[backward_grid]` Σg² of each mnist_backward block (written when clipping).
     pub norm_partials: CudaSlice<f32>,
     update_ticket: CudaSlice<u32>,
     train: DeviceSplit,

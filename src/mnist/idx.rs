@@ -6,7 +6,7 @@
 //! or several; the reader tells by the gzip magic, not the file name. One reader serves both kinds;
 //! `load_split` pairs them.
 //!
-//! A split is held as one contiguous f32 image buffer (pixels scaled to [0,1]) and one u8 label buffer,
+//! A split is held as one contiguous f32 image buffer (pixels scaled to `[0,1]`) and one u8 label buffer,
 //! so a GPU backend uploads each with a single copy.
 
 use anyhow::{Context, Result, bail};
@@ -153,7 +153,7 @@ fn parse_idx(mut reader: Box<dyn Read>, ndims: usize, gzipped: bool) -> Result<I
 /// Images and labels of one split, row i of `images` being the image of `labels[i]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Split {
-    /// len × pixels, row-major, each pixel in [0,1].
+    /// len × pixels, row-major, each pixel in `[0,1]`.
     pub images: Vec<f32>,
     pub labels: Vec<u8>,
     /// Values per image (784 for MNIST).

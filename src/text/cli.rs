@@ -35,8 +35,7 @@ pub struct TrainArgs {
     /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
     pub resume: Option<PathBuf>,
-    /// Vocabulary size cap, <unk> included; rarer tokens become <unk>
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, help = "Vocabulary size cap, <unk> included; rarer tokens become <unk>")]
     pub max_vocab: usize,
     /// Context tokens per prediction (N)
     #[arg(long, default_value_t = 3)]

@@ -142,7 +142,7 @@ impl TextLayout {
         batch >= TILED_MIN_BATCH && self.tiled_fits
     }
 
-    /// text_batch_forward: hT [H][LD] and xT [D][LD] (H and D rounded up to whole chunks), one staged
+    /// text_batch_forward: hT `[H][LD]` and xT `[D][LD]` (H and D rounded up to whole chunks), one staged
     /// operand.
     pub fn tiled_forward_shared(&self) -> usize {
         let (h, d) = (self.shape.hidden.next_multiple_of(GEMM_BK), self.shape.embed.next_multiple_of(GEMM_BK));
@@ -158,25 +158,25 @@ impl TextLayout {
         batch.clamp(1, self.max_chunk)
     }
 
-    /// text_hidden: xs [chunk][D], context tokens [chunk][N].
+    /// text_hidden: xs `[chunk][D]`, context tokens `[chunk][N]`.
     pub fn hidden_shared(&self, chunk: usize) -> usize {
         chunk * (self.shape.embed + self.shape.context) * F32
     }
 
-    /// text_forward: W2 tile [tile_rows][H], hs [chunk][H], b2 tile [tile_rows].
+    /// text_forward: W2 tile `[tile_rows][H]`, hs `[chunk][H]`, b2 tile `[tile_rows]`.
     pub fn forward_shared(&self, chunk: usize) -> usize {
         (self.tile_rows * (self.shape.hidden + 1) + chunk * self.shape.hidden) * F32
     }
 
-    /// W2 and b2 tiles [tile_rows][H + 1], hs [chunk][H], dh_warp [WARPS][chunk][H], dl [chunk][R], and
-    /// for batches above the chunk gw2 [R][H] and gb2 [R].
+    /// W2 and b2 tiles [tile_rows][H + 1], hs `[chunk][H]`, dh_warp `[WARPS][chunk][H]`, dl `[chunk][R]`, and
+    /// for batches above the chunk gw2 `[R][H]` and gb2 `[R]`.
     pub fn backward_shared(&self, chunk: usize, batch_above_chunk: bool) -> usize {
         let (h, r) = (self.shape.hidden, self.rows_per_block);
         let tile = self.tile_rows * (h + 1);
         (tile + (1 + WARPS) * chunk * h + chunk * r + if batch_above_chunk { r * (h + 1) } else { 0 }) * F32
     }
 
-    /// sample_forward: hs [H], hp [H], the block's W2 rows [R][LD], bs, ls, es [R rounded up to 4].
+    /// sample_forward: hs `[H]`, hp `[H]`, the block's W2 rows `[R][LD]`, bs, ls, es [R rounded up to 4].
     pub fn sample_forward_shared(&self) -> usize {
         let (h, r) = (self.shape.hidden, self.rows_per_block);
         let ld = h.next_multiple_of(32) + 16; // LD in fused/text_sample.cu
@@ -188,13 +188,13 @@ impl TextLayout {
         self.shape.hidden.div_ceil(SAMPLE_UNITS)
     }
 
-    /// sample_backward: W1 rows [HS][D], xs [D], scale [G], sums [THREADS/HS][HS], dz [HS].
+    /// sample_backward: W1 rows `[HS][D]`, xs `[D]`, scale `[G]`, sums `[THREADS/HS][HS]`, dz `[HS]`.
     pub fn sample_backward_shared(&self) -> usize {
         let threads = THREADS_PER_BLOCK as usize;
         (SAMPLE_UNITS * self.shape.embed + self.shape.embed + self.grid + threads + SAMPLE_UNITS) * F32
     }
 
-    /// sample_update: context [N], next context [N], next rows [N][D], delta [D], xn [D].
+    /// sample_update: context `[N]`, next context `[N]`, next rows `[N][D]`, delta `[D]`, xn `[D]`.
     pub fn sample_update_shared(&self) -> usize {
         let TextShape { embed: d, context: n, .. } = self.shape;
         (2 * n + n * d + 2 * d) * F32
@@ -206,9 +206,9 @@ impl TextLayout {
         self.update_shared(chunk, true) <= UPDATE_WHOLE_DX_SHARED
     }
 
-    /// text_update: W1 [H][D] with `whole_dx`, xs [chunk][D], dx_warp [WARPS][chunk][D], dz [chunk][WARPS],
-    /// this and the next step's context tokens [chunk][N], and with `whole_dx` the next step's embedding rows
-    /// [chunk][N][D] and dz1 of every hidden row [chunk][H].
+    /// text_update: W1 `[H][D]` with `whole_dx`, xs `[chunk][D]`, dx_warp `[WARPS][chunk][D]`, dz `[chunk][WARPS]`,
+    /// this and the next step's context tokens `[chunk][N]`, and with `whole_dx` the next step's embedding rows
+    /// `[chunk][N][D]` and dz1 of every hidden row `[chunk][H]`.
     pub fn update_shared(&self, chunk: usize, whole_dx: bool) -> usize {
         let TextShape { embed: d, hidden: h, context: n, .. } = self.shape;
         let whole = if whole_dx { chunk * n * d + chunk * h + h * d } else { 0 };
@@ -231,17 +231,17 @@ pub struct StepBuffers {
     pub x: CudaSlice<f32>,
     pub z1: CudaSlice<f32>,
     pub logits: CudaSlice<f32>,
-    /// [B][G] softmax partials, (max, Σexp) as two floats.
+    /// `[B][G]` softmax partials, (max, Σexp) as two floats.
     pub stats: CudaSlice<f32>,
-    /// [B][H] ∂loss/∂h, summed with atomics by text_backward's blocks (text_forward zeroes it), and the
+    /// `[B][H]` ∂loss/∂h, summed with atomics by text_backward's blocks (text_forward zeroes it), and the
     /// tiled path's ∂H.
     pub dh: CudaSlice<f32>,
     pub rank: CudaSlice<u32>,
-    /// [B][D] dx summed over text_update's blocks; text_forward zeroes it.
+    /// `[B][D]` dx summed over text_update's blocks; text_forward zeroes it.
     pub dx_sum: CudaSlice<f32>,
     /// text_update's finished-block counter; zero between steps.
     pub ticket: CudaSlice<u32>,
-    /// Tiled path: [B] (max, 1/Σexp) of each sample's softmax.
+    /// Tiled path: `[B]` (max, 1/Σexp) of each sample's softmax.
     pub norm: CudaSlice<f32>,
     /// Tiled path: text_batch_forward's finished-block counter per sample tile.
     pub tile_tickets: CudaSlice<u32>,
@@ -272,19 +272,19 @@ struct SampleKernels {
 /// State between single-sample steps (fused/text_sample.cu): a step's W2 update is applied by the next
 /// step's sample_forward, or by sample_flush.
 pub struct SampleBuffers {
-    /// [G][H] each sample_forward block's Σ exp(logit − max_b)·W2 row.
+    /// `[G][H]` each sample_forward block's Σ exp(logit − max_b)·W2 row.
     pub partials: CudaSlice<f32>,
-    /// [2][G] softmax partials (max, Σexp), alternate steps in alternate halves.
+    /// `[2][G]` softmax partials (max, Σexp), alternate steps in alternate halves.
     pub stats: CudaSlice<f32>,
-    /// [G] PendingStep records (4 words each: pending flag, target, lr, which half of `stats`).
+    /// `[G]` PendingStep records (4 words each: pending flag, target, lr, which half of `stats`).
     pub records: CudaSlice<u32>,
-    /// [G][H] h of the pending step, one copy per block.
+    /// `[G][H]` h of the pending step, one copy per block.
     pub h_pending: CudaSlice<f32>,
-    /// [⌈H / SAMPLE_UNITS⌉][D] each sample_backward block's share of dx.
+    /// `[⌈H / SAMPLE_UNITS⌉][D]` each sample_backward block's share of dx.
     pub dx_shares: CudaSlice<f32>,
-    /// [H] W2[target] as the step's logits used it.
+    /// `[H]` `W2[target]` as the step's logits used it.
     pub w2_target: CudaSlice<f32>,
-    /// [N][D] the next sample's embedding rows before the step's update (sample_backward → sample_update).
+    /// `[N][D]` the next sample's embedding rows before the step's update (sample_backward → sample_update).
     pub next_rows: CudaSlice<f32>,
 }
 
@@ -486,7 +486,7 @@ impl GpuTrainer {
         g.launch("sample_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
-    /// The last sample_forward's softmax partials [G] (max, Σexp), from the half of the [2][G] array its
+    /// The last sample_forward's softmax partials `[G]` (max, Σexp), from the half of the `[2][G]` array its
     /// records name.
     pub fn sample_stats(&self) -> Result<Vec<f32>> {
         let (sb, g) = (&self.sample_buffers, self.layout.grid);

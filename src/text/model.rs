@@ -2,10 +2,10 @@
 //! no-GPU fallback. The code is shaped like the kernels (forward → dlogits → row-wise W2 pass that both
 //! forms dh from the old W2 and the W2 gradient → W1 rows → embedding rows) so the two read side by side.
 //!
-//! x      = mean of E[t] over the N context tokens            (D)
+//! x      = mean of `E[t]` over the N context tokens            (D)
 //! z1     = W1·x + b1,  h = ReLU(z1)                           (H)
 //! logits = W2·h + b2,  p = softmax(logits)                    (V)
-//! loss   = −log p[target]
+//! loss   = −log `p[target]`
 //!
 //! Layouts are row-major: E is V×D, W1 is H×D, W2 is V×H.
 
@@ -133,7 +133,7 @@ pub struct Activations {
     pub logits: Vec<f32>,
     /// Softmax probabilities.
     pub probs: Vec<f32>,
-    /// log Σ exp(logits), so loss = logsumexp − logits[target].
+    /// log Σ exp(logits), so loss = logsumexp − `logits[target]`.
     pub logsumexp: f32,
 }
 

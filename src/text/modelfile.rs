@@ -1,5 +1,5 @@
 //! The model file: one `.safetensors` file (readable by Python's `safetensors.torch.load_file`) with the
-//! tensors `embedding` [V,D], `w1` [H,D], `b1` [H], `w2` [V,H], `b2` [V] as little-endian F32, and string
+//! tensors `embedding` `[V,D]`, `w1` `[H,D]`, `b1` `[H]`, `w2` `[V,H]`, `b2` `[V]` as little-endian F32, and string
 //! metadata that makes it self-contained for `predict`:
 //!
 //! | key              | value                                           |

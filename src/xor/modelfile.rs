@@ -1,4 +1,4 @@
-//! The XOR model file: `.safetensors` with the tensors `w1` [H,2], `b1` [H], `w2` [1,H], `b2` [1] as
+//! The XOR model file: `.safetensors` with the tensors `w1` `[H,2]`, `b1` `[H]`, `w2` `[1,H]`, `b2` `[1]` as
 //! little-endian F32 (PyTorch's `nn.Linear` layouts, so `load_state_dict` takes them) and string metadata
 //! `kind` (`xor`), `activation` and `hidden`.
 

@@ -4,7 +4,8 @@
 #     loader finds one, else the `nvidia-cuda-nvrtc-cu12` wheel (into a virtual environment under
 #     target/ where pip may not install for the user);
 #   - Fashion-MNIST for the MNIST tests (Debian/Ubuntu package `dataset-fashion-mnist`).
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test cli_text`). Tests that need a GPU are
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test cli_text`); without them the docs are
+# built too, warnings counting as errors. Tests that need a GPU are
 # ignored here; run them on a GPU machine with `cargo test --release -- --ignored`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,4 +37,10 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
 fi
 
 echo "+ cargo test --release --no-fail-fast $*"
-exec cargo test --release --no-fail-fast "$@"
+status=0
+cargo test --release --no-fail-fast "$@" || status=$?
+if [ $# -eq 0 ]; then
+  echo "+ cargo doc --no-deps (warnings are errors)"
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet || status=1
+fi
+exit $status

@@ -7,6 +7,14 @@
 /// names the same run in every build (`rand`'s `StdRng` makes no such promise).
 pub type SeededRng = rand_chacha::ChaCha8Rng;
 
+/// Fills `values` as PyTorch's `nn.Linear` initialises a layer's weights and bias: U(−1/√fan_in, 1/√fan_in).
+pub fn linear_init(values: &mut [f32], fan_in: usize, rng: &mut SeededRng) {
+    use rand_distr::{Distribution, Uniform};
+    let limit = 1.0 / (fan_in.max(1) as f32).sqrt();
+    let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");
+    values.iter_mut().for_each(|v| *v = dist.sample(rng));
+}
+
 /// Σ `a[i]`·`b[i]`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -23,7 +23,6 @@ use anyhow::{Result, bail};
 use rand::SeedableRng;
 use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
-use rand_distr::{Distribution, Uniform};
 
 pub const DEFAULT_HIDDEN: usize = 32;
 pub const DEFAULT_BATCH: usize = 64;
@@ -96,9 +95,7 @@ impl SalesParams {
         for (values, fan_in) in
             [(parts.w1, shape.inputs), (parts.b1, shape.inputs), (parts.w2, shape.hidden), (parts.b2, shape.hidden)]
         {
-            let limit = 1.0 / (fan_in as f32).sqrt();
-            let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");
-            values.iter_mut().for_each(|v| *v = dist.sample(&mut rng));
+            crate::cpu::linear_init(values, fan_in, &mut rng);
         }
         SalesParams { shape, flat }
     }

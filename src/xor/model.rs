@@ -8,7 +8,6 @@
 use crate::cpu::Activation;
 use rand::SeedableRng;
 use crate::cpu::SeededRng;
-use rand_distr::{Distribution, Uniform};
 
 /// The four XOR points and their targets.
 pub const INPUTS: [[f32; 2]; 4] = [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]];
@@ -33,9 +32,9 @@ impl XorParams {
     pub fn init(hidden: usize, activation: Activation, seed: u64) -> XorParams {
         let mut rng = SeededRng::seed_from_u64(seed);
         let mut uniform = |fan_in: usize, n: usize| -> Vec<f32> {
-            let limit = 1.0 / (fan_in as f32).sqrt();
-            let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");
-            (0..n).map(|_| dist.sample(&mut rng)).collect()
+            let mut values = vec![0.0; n];
+            crate::cpu::linear_init(&mut values, fan_in, &mut rng);
+            values
         };
         let w1 = uniform(2, 2 * hidden);
         let b1 = uniform(2, hidden);

@@ -194,6 +194,8 @@ impl Display {
         let bar = ProgressBar::with_draw_target(Some(samples as u64), target)
             .with_style(style)
             .with_prefix(format!("{epoch}/{}", self.epochs));
+        // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends.
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
         self.bar = Some(bar);
     }
 

@@ -74,8 +74,8 @@ pub struct TrainRun {
     pub diverged: Option<Divergence>,
 }
 
-/// Samples per `trainer.train` call: about 1/256 of an epoch so progress moves, at least 256 and at most
-/// 8192 samples, and whole batches so no SGD step is split between calls.
+/// The most samples per `trainer.train` call: about 1/256 of an epoch, at least 256 and at most 8192,
+/// whole batches so no SGD step is split between calls.
 fn chunk_len(epoch_samples: usize, batch: usize) -> usize {
     let target = (epoch_samples / 256).clamp(256, 8192);
     (target / batch).max(1) * batch
@@ -140,13 +140,22 @@ fn run_epoch(
     progress.epoch_started(epoch, order.len());
     let epoch_started = Instant::now();
     let mut loss_sum = 0.0f64;
-    for part in order.chunks(chunk_len(order.len(), options.batch)) {
+    let (batch, largest) = (options.batch.max(1), chunk_len(order.len(), options.batch));
+    // The first chunk is one batch, so progress moves within the first second however slow the
+    // trainer is; each next one twice the last, up to `largest`. The sizes depend on nothing but the
+    // epoch and the batch, so where a run's chunks fall never changes its result.
+    let mut chunk = batch;
+    let mut done = 0;
+    while done < order.len() {
+        let part = &order[done..(done + chunk).min(order.len())];
         let loss = trainer.train(part, options.batch, options.lr)?;
         if !loss.is_finite() {
             return Ok(EpochEnd::NonFinite("training loss"));
         }
         loss_sum += loss;
+        done += part.len();
         progress.advanced(part.len());
+        chunk = (2 * chunk).min(largest);
     }
     let samples_per_s = order.len() as f64 / epoch_started.elapsed().as_secs_f64();
     let eval = trainer.evaluate(val)?;

@@ -17,6 +17,10 @@ enum Command {
     Train(text::cli::TrainArgs),
     /// Print the likeliest next tokens after a context, using a trained model file
     Predict(text::cli::PredictArgs),
+    /// Continue a prompt by sampling tokens from a trained model file
+    Generate(text::generate::GenerateArgs),
+    /// Evaluate a trained text model on a corpus, without training
+    Eval(text::eval::EvalArgs),
     /// Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)
     Mnist(mnist::cli::MnistArgs),
     /// Train the XOR network (2 → hidden → 1, MSE) and print its truth table
@@ -43,6 +47,8 @@ fn main() {
     let result = match cli.command {
         Command::Train(args) => text::cli::train(args),
         Command::Predict(args) => text::cli::predict(args),
+        Command::Generate(args) => text::generate::run(args),
+        Command::Eval(args) => text::eval::run(args),
         Command::Mnist(args) => mnist::cli::run(args),
         Command::Xor(args) => xor::cli::run(args),
         Command::Selftest(args) => selftest::run(args),

@@ -8,7 +8,6 @@ use super::modelfile::TextModel;
 use super::predict::{Prediction, predict as predict_next, quoted};
 use super::tokenizer::Tokenizer;
 use super::train::{self, EpochMetrics, Progress, TrainOptions, TrainRun};
-use super::vocab::{UNK_ID, Vocab};
 use super::{CpuTrainer, TextTrainer};
 use crate::checkpoint::{Keep, Keeper};
 use crate::console;
@@ -217,7 +216,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let max_vocab = if resumed.is_some() { usize::MAX } else { args.max_vocab };
     let mut corpus = Corpus::read(&args.corpus, CorpusOptions { tokenizer, max_vocab, max_tokens: args.max_tokens })?;
     if let Some(model) = &resumed {
-        corpus = in_vocabulary(corpus, &model.vocab);
+        corpus = corpus.in_vocabulary(&model.vocab);
     }
     let shape = match &resumed {
         Some(model) => model.params.shape,
@@ -332,15 +331,6 @@ fn existing_out(out: &Path, resume: Option<&Path>) -> Result<Option<TextModel>> 
             out.display()
         )
     })
-}
-
-/// `corpus` in the ids of `vocab` (a resumed model's), tokens outside it becoming `<unk>`.
-fn in_vocabulary(corpus: Corpus, vocab: &Vocab) -> Corpus {
-    let ids: Vec<u32> = corpus.vocab.tokens().iter().map(|t| vocab.id(t)).collect();
-    let mut tokens = corpus.tokens;
-    tokens.iter_mut().for_each(|t| *t = ids[*t as usize]);
-    let unknown = tokens.iter().filter(|&&t| t == UNK_ID).count();
-    Corpus { vocab: vocab.clone(), tokens, unknown, truncated: corpus.truncated }
 }
 
 fn mean_loss(sums: super::model::EvalSums) -> f64 {

@@ -58,6 +58,15 @@ impl Corpus {
         Corpus::from_text(text, options).with_context(|| format!("corpus {}", shown(path)))
     }
 
+    /// The corpus in the ids of `vocab` (a saved model's), tokens outside it becoming `<unk>`.
+    pub fn in_vocabulary(self, vocab: &Vocab) -> Corpus {
+        let ids: Vec<u32> = self.vocab.tokens().iter().map(|t| vocab.id(t)).collect();
+        let mut tokens = self.tokens;
+        tokens.iter_mut().for_each(|t| *t = ids[*t as usize]);
+        let unknown = tokens.iter().filter(|&&t| t == super::vocab::UNK_ID).count();
+        Corpus { vocab: vocab.clone(), tokens, unknown, truncated: self.truncated }
+    }
+
     /// Tokenizes `text`: one pass interns each distinct token under a provisional id and records the
     /// stream; the vocabulary is then built from the counts and the stream renumbered.
     pub fn from_text(text: &str, options: CorpusOptions) -> Result<Corpus> {

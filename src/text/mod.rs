@@ -7,6 +7,8 @@ pub mod checks;
 pub mod cli;
 pub mod gpu;
 pub mod corpus;
+pub mod eval;
+pub mod generate;
 pub mod modelfile;
 pub mod predict;
 pub mod tokenizer;

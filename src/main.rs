@@ -23,6 +23,8 @@ enum Command {
     Eval(text::eval::EvalArgs),
     /// Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)
     Mnist(mnist::cli::MnistArgs),
+    /// Classify 28×28 greyscale images (PNG, PGM or IDX) with a trained MNIST model file
+    Classify(mnist::classify::ClassifyArgs),
     /// Train the XOR network (2 → hidden → 1, MSE) and print its truth table
     Xor(xor::cli::XorArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
@@ -50,6 +52,7 @@ fn main() {
         Command::Generate(args) => text::generate::run(args),
         Command::Eval(args) => text::eval::run(args),
         Command::Mnist(args) => mnist::cli::run(args),
+        Command::Classify(args) => mnist::classify::run(args),
         Command::Xor(args) => xor::cli::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::Bench(args) => bench::run(args),

@@ -12,6 +12,7 @@ pub const INPUT_SCALING: &str = "pixel byte / 255, row-major 28x28";
 
 pub mod bench;
 pub mod checks;
+pub mod classify;
 pub mod cli;
 pub mod gpu;
 pub mod data;

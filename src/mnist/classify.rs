@@ -1,0 +1,199 @@
+//! `textnet classify`: a saved MNIST model on images: PNG or PGM files (8-bit greyscale, 28×28) or IDX
+//! image files (every image in them), scaled as in training (`super::INPUT_SCALING`); with `--labels` the
+//! accuracy, loss and confusion matrix too. On the CPU reference.
+
+use super::idx::{self, CLASSES, IMAGE_SIDE, PIXELS, Split};
+use super::model::{self, MlpParams, Workspace};
+use super::Evaluation;
+use crate::console;
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct ClassifyArgs {
+    /// Images: PNG or PGM files (8-bit greyscale, 28×28), or IDX image files (raw or .gz)
+    #[arg(required = true)]
+    pub images: Vec<PathBuf>,
+    /// Model file written by `textnet mnist`
+    #[arg(long, default_value = "mnist.safetensors")]
+    pub model: PathBuf,
+    /// IDX labels of the one IDX image file given: report accuracy, loss and the confusion matrix
+    #[arg(long, value_name = "IDX")]
+    pub labels: Option<PathBuf>,
+    /// Print one JSON object
+    #[arg(long, conflicts_with = "tsv")]
+    pub json: bool,
+    /// Print tab-separated lines: input, class number, class name, probability
+    #[arg(long)]
+    pub tsv: bool,
+}
+
+/// Images read from one input, each with the name it is reported under.
+fn read_images(path: &Path) -> Result<(Vec<String>, Vec<f32>)> {
+    let bytes = crate::fsutil::read_input(path, "image file")?;
+    let shown = path.display().to_string();
+    if bytes.starts_with(b"\x89PNG") {
+        return Ok((vec![shown.clone()], png_pixels(&bytes).with_context(|| shown)?));
+    }
+    if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
+        return Ok((vec![shown.clone()], pgm_pixels(&bytes).with_context(|| shown)?));
+    }
+    if bytes.starts_with(&[0x1f, 0x8b]) || bytes.starts_with(&[0, 0, 8, 3]) {
+        let images = idx::read_idx(path, 3)?;
+        let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
+        if (rows, cols) != (IMAGE_SIDE, IMAGE_SIDE) {
+            bail!("{shown}: images are {rows}×{cols} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
+        }
+        let names = (0..count).map(|i| format!("{shown}#{i}")).collect();
+        return Ok((names, images.data.iter().map(|&p| p as f32 / 255.0).collect()));
+    }
+    bail!("{shown}: not a PNG, PGM or IDX image file")
+}
+
+fn png_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().context("not a readable PNG")?;
+    let info = reader.info();
+    let (width, height) = (info.width as usize, info.height as usize);
+    if (width, height) != (IMAGE_SIDE, IMAGE_SIDE) {
+        bail!("the image is {width}×{height} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
+    }
+    if info.color_type != png::ColorType::Grayscale || info.bit_depth != png::BitDepth::Eight {
+        bail!("a {:?} PNG of {:?} bits; the model reads 8-bit greyscale (convert it first)", info.color_type, info.bit_depth);
+    }
+    let mut buffer = vec![0; reader.output_buffer_size().context("PNG too large")?];
+    let frame = reader.next_frame(&mut buffer).context("cannot decode the PNG")?;
+    Ok(buffer[..frame.buffer_size()].iter().map(|&p| p as f32 / 255.0).collect())
+}
+
+/// Binary (P5) or plain (P2) PGM with a maximum value up to 255; pixels scaled by it.
+fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
+    // The header: magic, width, height, maxval, separated by whitespace, comments from # to line end.
+    let mut fields = Vec::new();
+    let mut at = 0;
+    while fields.len() < 4 {
+        while at < bytes.len() && (bytes[at].is_ascii_whitespace() || bytes[at] == b'#') {
+            if bytes[at] == b'#' {
+                while at < bytes.len() && bytes[at] != b'\n' {
+                    at += 1;
+                }
+            } else {
+                at += 1;
+            }
+        }
+        let start = at;
+        while at < bytes.len() && !bytes[at].is_ascii_whitespace() {
+            at += 1;
+        }
+        if start == at {
+            bail!("the PGM header ends early");
+        }
+        fields.push(std::str::from_utf8(&bytes[start..at]).unwrap_or("").to_string());
+    }
+    let number = |i: usize| fields[i].parse::<usize>().with_context(|| format!("PGM header field {:?} is not a number", fields[i]));
+    let (width, height, maxval) = (number(1)?, number(2)?, number(3)?);
+    if (width, height) != (IMAGE_SIDE, IMAGE_SIDE) {
+        bail!("the image is {width}×{height} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
+    }
+    if maxval == 0 || maxval > 255 {
+        bail!("PGM maximum value {maxval}; the model reads 8-bit greyscale (at most 255)");
+    }
+    let values: Vec<usize> = if fields[0] == "P5" {
+        let data = &bytes[at + 1.min(bytes.len() - at)..];
+        if data.len() < PIXELS {
+            bail!("the PGM holds {} of its {PIXELS} pixels", data.len());
+        }
+        data[..PIXELS].iter().map(|&p| p as usize).collect()
+    } else {
+        let text = std::str::from_utf8(&bytes[at..]).context("a plain PGM must be ASCII")?;
+        let values: Vec<usize> = text.split_ascii_whitespace().map(|v| v.parse()).collect::<Result<_, _>>().context("a PGM pixel is not a number")?;
+        if values.len() < PIXELS {
+            bail!("the PGM holds {} of its {PIXELS} pixels", values.len());
+        }
+        values[..PIXELS].to_vec()
+    };
+    if let Some(v) = values.iter().find(|&&v| v > maxval) {
+        bail!("PGM pixel {v} above its maximum value {maxval}");
+    }
+    Ok(values.iter().map(|&v| v as f32 / maxval as f32).collect())
+}
+
+pub fn run(args: ClassifyArgs) -> Result<()> {
+    let bytes = crate::fsutil::read_input(&args.model, "model file")?;
+    let (params, meta) = MlpParams::from_safetensors(&bytes).with_context(|| format!("model file {}", args.model.display()))?;
+    if params.shape.inputs != PIXELS || params.shape.classes != CLASSES {
+        bail!("{}: a model of {} inputs and {} classes; images need {PIXELS} and {CLASSES}", args.model.display(), params.shape.inputs, params.shape.classes);
+    }
+    let names: Vec<String> = meta
+        .get("class_names")
+        .and_then(|n| serde_json::from_str::<Vec<String>>(n).ok())
+        .filter(|n| n.len() == CLASSES)
+        .unwrap_or_else(|| (0..CLASSES).map(|c| c.to_string()).collect());
+
+    let (mut inputs, mut pixels) = (Vec::new(), Vec::new());
+    for path in &args.images {
+        let (n, p) = read_images(path)?;
+        inputs.extend(n);
+        pixels.extend(p);
+    }
+    let mut labels = vec![0u8; inputs.len()];
+    if let Some(path) = &args.labels {
+        if args.images.len() != 1 || inputs.len() == 1 && !inputs[0].contains('#') {
+            bail!("--labels goes with exactly one IDX image file");
+        }
+        let read = idx::read_idx(path, 1)?;
+        if read.dims[0] != inputs.len() {
+            bail!("{} holds {} labels for {} images", path.display(), read.dims[0], inputs.len());
+        }
+        if let Some(i) = read.data.iter().position(|&l| l as usize >= CLASSES) {
+            bail!("{}: label {} at index {i} is not a class 0–{}", path.display(), read.data[i], CLASSES - 1);
+        }
+        labels = read.data;
+    }
+    let split = Split { images: pixels, labels, pixels: PIXELS };
+    let rows: Vec<u32> = (0..split.len() as u32).collect();
+    let mut ws = Workspace::default();
+    let mut evaluation = Evaluation::new(CLASSES);
+    let mut predictions = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(256) {
+        evaluation.loss += model::forward(&params, &split, chunk, &mut ws);
+        for (s, &row) in chunk.iter().enumerate() {
+            let class = ws.predicted[s] as usize;
+            predictions.push((row as usize, class, ws.probs[s * CLASSES + class]));
+            evaluation.record(split.label(row), class);
+        }
+    }
+    if args.json {
+        let items: Vec<_> = predictions
+            .iter()
+            .map(|&(i, c, p)| json!({"input": inputs[i], "class": c, "name": names[c], "probability": p}))
+            .collect();
+        let mut out = json!({"model": args.model.display().to_string(), "predictions": items});
+        if args.labels.is_some() {
+            out["accuracy"] = json!(evaluation.accuracy());
+            out["loss"] = json!(evaluation.mean_loss());
+            out["confusion"] = json!(evaluation.confusion_rows());
+        }
+        console::out(&out.to_string());
+        return Ok(());
+    }
+    if args.tsv {
+        for &(i, c, p) in &predictions {
+            console::out(&format!("{}\t{c}\t{}\t{p:.6}", inputs[i], names[c]));
+        }
+    } else if args.labels.is_none() || predictions.len() <= 20 {
+        let width = inputs.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+        for &(i, c, p) in &predictions {
+            console::out(&format!("{:<width$}  {c} {:<12} {:.4}", inputs[i], names[c], p));
+        }
+    }
+    if args.labels.is_some() && !args.tsv {
+        console::out(&format!(
+            "{} images: accuracy {:.2}%, loss {:.4}",
+            predictions.len(),
+            100.0 * evaluation.accuracy(),
+            evaluation.mean_loss()
+        ));
+    }
+    Ok(())
+}

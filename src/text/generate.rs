@@ -14,8 +14,11 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// The text to continue (the model's tokenizer splits it; words outside its vocabulary read as <unk>)
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        help = "The text to continue (the model's tokenizer splits it; words outside its vocabulary read as <unk>)"
+    )]
     pub prompt: String,
     /// Tokens to generate
     #[arg(long, default_value_t = 50)]

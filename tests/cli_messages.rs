@@ -50,3 +50,18 @@ fn an_mnist_run_at_chance_level_says_so() {
     let report: serde_json::Value = serde_json::from_slice(&good.stdout).unwrap();
     assert_eq!(report["status"], "ok");
 }
+
+#[test]
+fn a_batch_at_the_single_sample_learning_rate_gets_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--epochs", "1", "--batch", "64"];
+        args.extend(extra);
+        let out = textnet(&train_args(&shakespeare(), &dir.path().join("b.safetensors"), &args));
+        assert!(out.status.success() || out.status.code() == Some(1), "{}", text(&out.stderr));
+        format!("{}{}", text(&out.stdout), text(&out.stderr))
+    };
+    let note = run(&[]);
+    assert!(note.contains("note: --batch 64 averages 64 samples' gradients") && note.contains("try --lr 1.28"), "{note}");
+    assert!(!run(&["--lr", "1.28"]).contains("note: --batch"), "no note at a scaled learning rate");
+}

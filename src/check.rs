@@ -88,7 +88,7 @@ impl Plan {
 
 /// Opens the GPU for the ignored tests, failing loudly (never skipping) when there is none.
 pub fn test_gpu() -> Arc<Gpu> {
-    match device::select(device::DeviceChoice::Cuda, true) {
+    match device::select(device::DeviceChoice::Cuda) {
         Ok(device::Backend::Cuda(gpu)) => gpu,
         Ok(device::Backend::Cpu) => unreachable!("--device cuda never falls back"),
         Err(e) => panic!("this test needs a CUDA GPU: {e:#}"),

@@ -80,13 +80,9 @@ impl Backend {
     }
 }
 
-/// Resolves `--device`. `auto` says on stderr what it picked and why (unless `quiet`).
-pub fn select(choice: DeviceChoice, quiet: bool) -> Result<Backend> {
-    let (backend, described) = select_described(choice)?;
-    if choice == DeviceChoice::Auto && !quiet {
-        eprintln!("device: {described}");
-    }
-    Ok(backend)
+/// Resolves `--device`.
+pub fn select(choice: DeviceChoice) -> Result<Backend> {
+    Ok(select_described(choice)?.0)
 }
 
 /// Resolves `--device` and describes the result for the command's own `device:` line, with what `auto`

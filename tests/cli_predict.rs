@@ -57,7 +57,7 @@ fn predict_on_cuda_fails_like_train_where_no_gpu_is_usable() {
     let dir = tempfile::tempdir().unwrap();
     let model = small_model(dir.path());
     let out = textnet(&["predict", "--model", &model, "--device", "cuda", "to be or"]);
-    match textnet::device::select(textnet::device::DeviceChoice::Cuda, true) {
+    match textnet::device::select(textnet::device::DeviceChoice::Cuda) {
         Ok(_) => assert!(out.status.success(), "a usable GPU: {}", text(&out.stderr)),
         Err(e) => {
             assert_eq!(out.status.code(), Some(1));

@@ -187,7 +187,7 @@ fn kernel_checks(gpu: &Arc<Gpu>, s: MlpShape, batch: usize, n_test: usize, rng: 
     let mut cpu_probs = Vec::with_capacity(n_test * c);
     let mut cpu_predicted = Vec::with_capacity(n_test);
     let all: Vec<u32> = (0..n_test as u32).collect();
-    for chunk in all.chunks(256) {
+    for chunk in all.chunks(super::CPU_CHUNK) {
         cpu_loss += model::forward(&p, &test, chunk, &mut ws);
         cpu_probs.extend_from_slice(&ws.probs[..chunk.len() * c]);
         cpu_predicted.extend_from_slice(&ws.predicted[..chunk.len()]);

@@ -155,7 +155,7 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     let mut ws = Workspace::default();
     let mut evaluation = Evaluation::new(CLASSES);
     let mut predictions = Vec::with_capacity(rows.len());
-    for chunk in rows.chunks(256) {
+    for chunk in rows.chunks(super::CPU_CHUNK) {
         evaluation.loss += model::forward(&params, &split, chunk, &mut ws);
         for (s, &row) in chunk.iter().enumerate() {
             let class = ws.predicted[s] as usize;

@@ -105,8 +105,8 @@ fn gpu_trainer(
     Ok(Box::new(gpu::GpuTrainer::new(gpu.clone(), params, optim, &train, &test)?))
 }
 
-/// Samples per forward pass when evaluating.
-const EVAL_CHUNK: usize = 256;
+/// Images per CPU forward pass when evaluating.
+pub(crate) const CPU_CHUNK: usize = 256;
 
 /// Loss and confusion matrix of `params` over the whole of `data`, on the CPU: chunks of images on every
 /// core, their sums added in chunk order (the same result on any number of cores).
@@ -115,7 +115,7 @@ pub fn evaluate_split(params: &MlpParams, data: &Split) -> Evaluation {
     let classes = params.shape.classes;
     let all: Vec<u32> = (0..data.len() as u32).collect();
     let chunks: Vec<Evaluation> = all
-        .par_chunks(EVAL_CHUNK)
+        .par_chunks(CPU_CHUNK)
         .map_init(Workspace::default, |ws, rows| {
             let mut eval = Evaluation::new(classes);
             eval.loss = model::forward(params, data, rows, ws);

@@ -499,7 +499,7 @@ pub fn predict(args: PredictArgs) -> Result<()> {
         bail!("--top must be at least 1");
     }
     if args.device == DeviceChoice::Cuda {
-        device::select(DeviceChoice::Cuda, true)?;
+        device::select(DeviceChoice::Cuda)?;
     }
     let model = TextModel::load(&args.model)?;
     let show = |context: &str| -> Result<()> {

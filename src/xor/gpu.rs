@@ -70,8 +70,4 @@ impl GpuXor {
         let get = |v: &CudaSlice<f32>| stream.clone_dtoh(v).context("copying from the GPU");
         Ok(XorParams { activation: self.activation, w1: get(&self.w1)?, b1: get(&self.b1)?, w2: get(&self.w2)?, b2: get(&self.b2)?[0] })
     }
-
-    pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
 }

@@ -1,4 +1,4 @@
-// The MNIST classifier's training step as three fused kernels (CPU twin: src/mnist/model.rs and optim.rs).
+// The MNIST classifier's training step as three fused kernels (CPU twin: src/mnist/model.rs and src/optim.rs).
 //
 //   z1 = X·W1ᵀ + b1   a = act(z1)   logits = a·W2ᵀ + b2   loss = −log softmax(logits)[y]
 //   X: B×I (a shuffled batch of images), W1: H×I, W2: C×H
@@ -16,7 +16,7 @@
 //                      makes the bias gradients fall out of the same tiles. Every gradient element is
 //                      written by one block (no atomics, deterministic). With clipping on, each block also
 //                      writes the Σg² of its elements.
-//   3. mnist_update    the optimizer over the flat parameter vector, the math and order of optim.rs `update`.
+//   3. mnist_update    the optimizer over the flat parameter vector (optim.cuh, twin of src/optim.rs `update`).
 //                      Every block sums the Σg² partials itself for the clip factor and derives Adam's bias
 //                      corrections from the step count, which lives on the device: the last block to finish
 //                      advances it, so a CUDA graph of many steps replays unchanged.
@@ -30,6 +30,7 @@
 #include "activations.cuh"
 #include "common.cuh"
 #include "gemm.cuh"
+#include "optim.cuh"
 
 #ifndef MNIST_I
 #define MNIST_I 784
@@ -48,7 +49,6 @@ using ForwardTile = GemmTile<FWD_BM, FWD_BN, I, FWD_TM, FWD_TN>;
 // Kernel 2: 16 rows (hidden units or classes) × 64 columns (pixels or hidden units), 64 samples per stage.
 constexpr int BWD_BM = 16, BWD_BN = 64, BWD_BK = 64, BWD_TM = 4, BWD_TN = 4;
 
-constexpr int OPTIM_SGD = 0, OPTIM_MOMENTUM = 1, OPTIM_ADAM = 2;
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -245,31 +245,9 @@ mnist_update(float* __restrict__ params, const float* __restrict__ grad, float* 
         if (threadIdx.x == 0) grad_scale = scale;
     }
     __syncthreads();
-    const float scale = grad_scale;
-    const float bias1 = (float)(1.0 - pow((double)beta1, (double)t));
-    const float bias2 = (float)(1.0 - pow((double)beta2, (double)t));
-    for (int i = blockIdx.x * THREADS + threadIdx.x; i < n; i += gridDim.x * THREADS) {
-        float theta = params[i];
-        const float g = scale * grad[i] + weight_decay * theta;
-        switch (kind) {
-            case OPTIM_SGD: theta -= lr * g; break;
-            case OPTIM_MOMENTUM: {
-                const float mi = momentum * m[i] + g;
-                m[i] = mi;
-                theta -= lr * mi;
-                break;
-            }
-            case OPTIM_ADAM:
-            default: {
-                const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-                const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-                m[i] = mi;
-                v[i] = vi;
-                theta -= lr * (mi / bias1) / (sqrtf(vi / bias2) + eps);
-            }
-        }
-        params[i] = theta;
-    }
+    OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, grad_scale, 1.0f, 1.0f};
+    optim_bias_corrections(s, t);
+    optim_update_range(s, params, grad, m, v, blockIdx.x * THREADS + threadIdx.x, n, gridDim.x * THREADS);
     // Every block read the step count before taking its ticket, so the last one may advance it.
     if (last_block_to_finish(ticket) && threadIdx.x == 0) {
         *step = t;

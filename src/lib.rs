@@ -50,6 +50,7 @@ pub mod fsutil;
 mod fused_source;
 pub mod interrupt;
 pub mod mnist;
+pub mod optim;
 pub mod report;
 pub mod resources;
 pub mod sales;

@@ -8,7 +8,7 @@ use textnet::mnist::checks::selftest_checks;
 use textnet::mnist::gpu::GpuTrainer;
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
-use textnet::mnist::optim::{OptimConfig, OptimKind};
+use textnet::optim::{OptimConfig, OptimKind};
 use textnet::mnist::train::{self, Schedule};
 use textnet::check::test_gpu;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use textnet::mnist::data::{self, Dataset, MnistData};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
-use textnet::mnist::optim::{OptimConfig, OptimKind};
+use textnet::optim::{OptimConfig, OptimKind};
 use textnet::mnist::train::{self, Schedule};
 use textnet::mnist::{CpuTrainer, MnistTrainer};
 

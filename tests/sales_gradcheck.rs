@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
-use textnet::mnist::optim::{OptimConfig, OptimKind};
+use textnet::optim::{OptimConfig, OptimKind};
 use textnet::sales::data::{Dataset, LoadOptions, Schema, Split, Stats, Table};
 use textnet::sales::model::{SalesParams, SalesShape, Schedule, baseline_mae, evaluate, loss_and_grad, predict, train};
 

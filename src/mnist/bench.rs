@@ -2,7 +2,7 @@
 
 use super::gpu::{EVAL_CHUNK, GpuTrainer};
 use super::model::{Activation, MlpParams, MlpShape};
-use super::optim::{OptimConfig, OptimKind};
+use crate::optim::{OptimConfig, OptimKind};
 use super::MnistTrainer;
 use crate::device::Gpu;
 use crate::timing::{median, time_graph_launches, time_on_device};

@@ -6,7 +6,7 @@
 use super::gpu::{EVAL_CHUNK, GpuTrainer};
 use super::idx::Split;
 use super::model::{self, Activation, MlpParams, MlpShape, Workspace};
-use super::optim::{self, OptimConfig, OptimKind};
+use crate::optim::{self, OptimConfig, OptimKind};
 use super::{CpuTrainer, MnistTrainer};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::device::Gpu;

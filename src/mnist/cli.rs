@@ -5,7 +5,7 @@
 use super::data::{self, Dataset};
 use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
-use super::optim::{OptimConfig, OptimKind};
+use crate::optim::{OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Evaluation, evaluate_split, idx};
 use crate::checkpoint::{Keep, Keeper};

@@ -6,7 +6,7 @@
 
 use super::idx::Split;
 use super::model::{MlpParams, MlpShape};
-use super::optim::{OptimConfig, OptimKind};
+use crate::optim::{OptimConfig, OptimKind};
 use super::{Evaluation, MnistTrainer};
 use crate::device::Gpu;
 use anyhow::{Context, Result, bail};

@@ -18,14 +18,13 @@ pub mod gpu;
 pub mod data;
 pub mod idx;
 pub mod model;
-pub mod optim;
 pub mod train;
 
 use crate::device::{Backend, Gpu};
 use anyhow::{Result, bail};
 use idx::Split;
 use model::{MlpParams, Workspace};
-use optim::{OptimConfig, Optimizer};
+use crate::optim::{OptimConfig, Optimizer};
 use std::sync::Arc;
 
 /// Loss and confusion counts over an evaluation set.

@@ -12,12 +12,12 @@
 //! ```
 //!
 //! The parameters live in one flat f32 vector, W1 (H×n, row-major), b1 (H), W2 (1×H), b2 (1), so the
-//! optimizers of `crate::mnist::optim` update them in one elementwise pass.
+//! optimizers of `crate::optim` update them in one elementwise pass.
 
 use super::data::{Split, Stats};
 use crate::cpu::dot;
 use crate::mnist::model::Parts;
-use crate::mnist::optim::{OptimConfig, Optimizer};
+use crate::optim::{OptimConfig, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;

@@ -22,7 +22,7 @@ xor_train(float* __restrict__ w1, float* __restrict__ b1, float* __restrict__ w2
     const float X0[4] = {0.0f, 0.0f, 1.0f, 1.0f}, X1[4] = {0.0f, 1.0f, 0.0f, 1.0f}, T[4] = {0.0f, 1.0f, 1.0f, 0.0f};
     const int j = threadIdx.x, lane = j % 32, warp = j / 32, warps = blockDim.x / 32;
     const bool unit = j < H;
-    // Threads past H hold a unit whose output weight is 0, so they add nothing to y.
+    // Threads past H hold a unit whose output weight stays 0, so they add nothing to y.
     float u0 = unit ? w1[2 * j] : 0.0f, u1 = unit ? w1[2 * j + 1] : 0.0f, bias = unit ? b1[j] : 0.0f;
     float v = unit ? w2[j] : 0.0f, c = *b2;
     for (int epoch = 0; epoch < epochs; ++epoch) {
@@ -64,10 +64,13 @@ xor_train(float* __restrict__ w1, float* __restrict__ b1, float* __restrict__ w2
             g1 += dz * X1[k];
             gb += dz;
         }
-        u0 -= lr * g0;
-        u1 -= lr * g1;
-        bias -= lr * gb;
-        v -= lr * gv;
+        // A padding unit's activation need not be 0 (sigmoid(0) = ½): it must keep v = 0 to add nothing.
+        if (unit) {
+            u0 -= lr * g0;
+            u1 -= lr * g1;
+            bias -= lr * gb;
+            v -= lr * gv;
+        }
         c -= lr * gc;
     }
     if (unit) {

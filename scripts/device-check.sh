@@ -2,7 +2,7 @@
 # Runs on the GPU machine, all in one run (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
 # text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
 # Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (`all` writes ten).
-# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|xor|sanitize|all]...
+# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|xor|sales|sanitize|all]...
 #   seeds:    the quality run (GPU only) for each seed in $SEEDS (default 1 to 6), $JOBS (default 4) seeds
 #             at a time, into $OUT/quality_seeds.json; then their PyTorch twins (CUDA graph mode) in
 #             $TORCH_JOBS (default 2) processes over disjoint runs of the seeds, into
@@ -48,6 +48,11 @@ for what in "${@:-all}"; do
                } >"$OUT/train.txt" 2>&1 || status=1; cat "$OUT/train.txt" ;;&
     xor|all) $bin bench xor --json >"$OUT/bench_xor.json" || status=1
              python3 benches/torch_xor.py >"$OUT/torch_xor.json" || status=1; cat "$OUT/bench_xor.json" "$OUT/torch_xor.json" ;;&
+    sales|all) [ -f data/sales.tsv ] || python3 scripts/make-sales.py --out data/sales.tsv
+               $bin bench sales --json >"$OUT/bench_sales.json" || status=1
+               python3 benches/torch_sales.py >"$OUT/torch_sales.json" || status=1
+               grep -E '"(train_device_ms|train_wall_s|us_per_step_device|test_mae|baseline_mae|cpu_test_mae|gpu_vs_cpu_mae)"' "$OUT/bench_sales.json"
+               grep -E '"(seconds|seconds_50_epochs_scaled|test_mae)"' "$OUT/torch_sales.json" ;;&
     mnist|all) $bin bench mnist --json >"$OUT/bench_mnist.json" || status=1
                python3 benches/torch_mnist.py >"$OUT/torch_mnist.json" || status=1; tail -c 600 "$OUT/bench_mnist.json"; tail -c 400 "$OUT/torch_mnist.json" ;;&
     *) ;;

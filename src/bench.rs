@@ -1,5 +1,5 @@
 //! `textnet bench`: training speed on the GPU, timed with device events after warm-up, median of several
-//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`); this file only
+//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`, `sales::bench`); this file only
 //! lists them. Numbers go to BENCHMARKS.md; nothing here is asserted.
 
 use crate::device::Gpu;
@@ -18,6 +18,8 @@ pub enum BenchTarget {
     Mnist,
     /// XOR: the 5000-epoch run in one launch
     Xor,
+    /// Tabular regression: 50 epochs over a sales table (--table), GPU and CPU reference
+    Sales,
 }
 
 #[derive(clap::Args, Debug)]
@@ -46,12 +48,18 @@ pub struct BenchArgs {
     /// quality: where to write tokens, sample order and initial parameters for the PyTorch run
     #[arg(long, default_value = "data/quality")]
     pub dump: std::path::PathBuf,
-    /// quality: seed of the sample order and of the initial parameters
+    /// quality, sales: seed of the sample order and of the initial parameters
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// quality: skip the CPU reference run (for repeats over seeds against PyTorch)
+    /// quality, sales: skip the CPU reference run
     #[arg(long)]
     pub no_cpu: bool,
+    /// sales: the table (scripts/make-sales.py writes it)
+    #[arg(long, default_value = "data/sales.tsv")]
+    pub table: std::path::PathBuf,
+    /// sales: epochs
+    #[arg(long, default_value_t = crate::sales::model::DEFAULT_EPOCHS)]
+    pub epochs: usize,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -72,5 +80,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ),
         BenchTarget::Mnist => crate::mnist::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
+        BenchTarget::Sales => crate::sales::bench::bench(
+            &gpu,
+            &crate::sales::bench::SalesBenchOptions {
+                table: &args.table,
+                epochs: args.epochs,
+                seed: args.seed,
+                no_cpu: args.no_cpu,
+                json: args.json,
+            },
+        ),
     }
 }

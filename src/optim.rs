@@ -36,6 +36,15 @@ impl OptimKind {
         }
     }
 
+    /// Its OPTIM_* code in fused/optim.cuh.
+    pub fn kernel_code(self) -> i32 {
+        match self {
+            OptimKind::Sgd => 0,
+            OptimKind::Momentum => 1,
+            OptimKind::Adam => 2,
+        }
+    }
+
     /// The learning rate used when none is given. With μ 0.9 a steady gradient moves momentum's
     /// parameters lr / (1 − μ) per step, so 0.05 there is a bolder step than SGD's 0.1; on (Fashion-)MNIST
     /// it trains faster and stays stable.

@@ -6,7 +6,7 @@
 
 use super::idx::Split;
 use super::model::{MlpParams, MlpShape};
-use crate::optim::{OptimConfig, OptimKind};
+use crate::optim::OptimConfig;
 use super::{Evaluation, MnistTrainer};
 use crate::device::Gpu;
 use anyhow::{Context, Result, bail};
@@ -88,14 +88,6 @@ impl MnistLayout {
             + 2.0 * b * h * (i + 1.0)
             + 3.0 * 2.0 * b * c * (h + 1.0)
             + 12.0 * self.shape.param_count() as f64
-    }
-}
-
-fn optim_code(kind: OptimKind) -> i32 {
-    match kind {
-        OptimKind::Sgd => 0,
-        OptimKind::Momentum => 1,
-        OptimKind::Adam => 2,
     }
 }
 
@@ -316,7 +308,7 @@ impl GpuTrainer {
     pub fn launch_update(&mut self) -> Result<()> {
         let o = self.optim;
         let (n, kind, partials) =
-            (self.shape.param_count() as i32, optim_code(o.kind), self.layout.backward_grid as i32);
+            (self.shape.param_count() as i32, o.kind.kernel_code(), self.layout.backward_grid as i32);
         let cfg = launch_config((self.layout.update_grid as u32, 1), 0);
         let mut launch = self.gpu.stream.launch_builder(&self.kernels.update);
         launch.arg(&mut self.params).arg(&self.grad).arg(&mut self.m).arg(&mut self.v).arg(&n).arg(&kind);

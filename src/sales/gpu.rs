@@ -1,20 +1,289 @@
-//! The sales trainer on the GPU (not yet written).
+//! The sales trainer on the GPU (fused/sales.cu, whose header says why one block runs an epoch): the
+//! splits are uploaded once, standardised on the device with statistics from its reduction kernels, and
+//! an epoch is three launches (gather the shuffled rows, train every step, nothing else) and one 8-byte
+//! read of the summed loss.
 
-use super::data::{Dataset, Stats};
-use super::model::{Evaluation, SalesParams};
+use super::data::{Dataset, Split, Stats};
+use super::model::{Evaluation, SalesParams, SalesShape};
 use super::train::SalesTrainer;
 use crate::device::Gpu;
 use crate::optim::OptimConfig;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
+const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
+/// Row chunks of the statistics' first kernel (grid: chunks × columns).
+const STAT_CHUNKS: usize = 64;
+
+/// Floats of dynamic shared memory of `sales_train_epoch`: parameters, two optimizer moments and each row
+/// group's gradient (GROUPS × P), rounded to whole float4s, then two staged batches of rows padded to
+/// whole float4s, and their targets (fused/sales.cu).
+pub fn train_shared_floats(shape: SalesShape, batch: usize) -> usize {
+    let SalesShape { inputs: n, hidden: h } = shape;
+    let group = if h >= 32 { 32 } else { h.next_power_of_two() };
+    let groups = THREADS / group;
+    let p = shape.param_count();
+    (3 * p + groups * p).div_ceil(4) * 4 + 2 * batch * (n.div_ceil(4) * 4 + 1)
+}
+
+struct Kernels {
+    partials: CudaFunction,
+    stats: CudaFunction,
+    normalize: CudaFunction,
+    gather: CudaFunction,
+    train: CudaFunction,
+    evaluate: CudaFunction,
+}
+
+/// One split on the device: rows × features, and the target.
+pub struct DeviceSplit {
+    pub x: CudaSlice<f32>,
+    pub y: CudaSlice<f32>,
+    pub rows: usize,
+}
+
+impl DeviceSplit {
+    fn upload(gpu: &Gpu, split: &Split) -> Result<DeviceSplit> {
+        let stream = &gpu.stream;
+        let room = "GPU out of memory for the table";
+        Ok(DeviceSplit {
+            x: stream.clone_htod(&pad(&split.x)).context(room)?,
+            y: stream.clone_htod(&pad(&split.y)).context(room)?,
+            rows: split.rows,
+        })
+    }
+}
+
+/// A device buffer may not be empty.
+fn pad(v: &[f32]) -> Vec<f32> {
+    if v.is_empty() { vec![0.0] } else { v.to_vec() }
+}
+
+fn grid(count: usize, gpu: &Gpu) -> u32 {
+    count.div_ceil(THREADS).clamp(1, 4 * gpu.sm_count as usize) as u32
+}
+
+fn config(blocks: (u32, u32), shared: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks.0, blocks.1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: shared as u32 }
+}
+
 pub struct GpuSales {
+    gpu: Arc<Gpu>,
+    kernels: Kernels,
+    shape: SalesShape,
+    optim: OptimConfig,
     stats: Stats,
+    pub train: DeviceSplit,
+    pub test: DeviceSplit,
+    /// The current epoch's rows in training order.
+    epoch: DeviceSplit,
+    order: CudaSlice<u32>,
+    params: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    step: CudaSlice<u32>,
+    loss_sum: CudaSlice<f64>,
+    eval_partials: CudaSlice<f64>,
+    eval_ticket: CudaSlice<u32>,
+    eval_result: CudaSlice<f64>,
+    /// The batch `sales_train_epoch` has opted in to shared memory for.
+    reserved_batch: usize,
 }
 
 impl GpuSales {
-    pub fn new(_gpu: Arc<Gpu>, _data: &Dataset, _params: SalesParams, _optim: OptimConfig) -> Result<GpuSales> {
-        bail!("the sales pipeline has no GPU trainer yet; use --device cpu")
+    /// Uploads both splits of `data` (in the file's units), computes the training split's statistics on the
+    /// GPU and standardises both splits with them there.
+    pub fn new(gpu: Arc<Gpu>, data: &Dataset, params: SalesParams, optim: OptimConfig) -> Result<GpuSales> {
+        optim.validate()?;
+        let shape = params.shape;
+        shape.validate()?;
+        if data.features() != shape.inputs {
+            bail!("the model has {} inputs but the table gives {} features", shape.inputs, data.features());
+        }
+        if data.train.rows > i32::MAX as usize / shape.inputs.max(1) || data.test.rows > i32::MAX as usize {
+            bail!("the table has more rows than the GPU kernels count to");
+        }
+        let module = gpu.module("sales", &[("SALES_N", shape.inputs as i64), ("SALES_H", shape.hidden as i64)])?;
+        let load = |name: &str| Gpu::function(&module, name);
+        let kernels = Kernels {
+            partials: load("sales_column_partials")?,
+            stats: load("sales_column_stats")?,
+            normalize: load("sales_normalize")?,
+            gather: load("sales_gather")?,
+            train: load("sales_train_epoch")?,
+            evaluate: load("sales_evaluate")?,
+        };
+        gpu.reserve_shared(&kernels.evaluate, shape.param_count() * 4, "--hidden")?;
+        let stream = gpu.stream.clone();
+        let p = shape.param_count();
+        let train = DeviceSplit::upload(&gpu, &data.train)?;
+        let test = DeviceSplit::upload(&gpu, &data.test)?;
+        let epoch = DeviceSplit {
+            x: stream.alloc_zeros::<f32>(train.x.len())?,
+            y: stream.alloc_zeros::<f32>(train.y.len())?,
+            rows: train.rows,
+        };
+        let eval_blocks = grid(data.test.rows.max(data.train.rows), &gpu) as usize;
+        let mut t = GpuSales {
+            order: stream.alloc_zeros::<u32>(train.rows.max(1))?,
+            params: stream.clone_htod(&params.flat).context("copying the model to the GPU")?,
+            m: stream.alloc_zeros::<f32>(p)?,
+            v: stream.alloc_zeros::<f32>(p)?,
+            step: stream.alloc_zeros::<u32>(1)?,
+            loss_sum: stream.alloc_zeros::<f64>(1)?,
+            eval_partials: stream.alloc_zeros::<f64>(2 * eval_blocks)?,
+            eval_ticket: stream.alloc_zeros::<u32>(1)?,
+            eval_result: stream.alloc_zeros::<f64>(2)?,
+            stats: Stats { feature_mean: vec![], feature_std: vec![], target_mean: 0.0, target_std: 1.0 },
+            reserved_batch: 0,
+            gpu,
+            kernels,
+            shape,
+            optim,
+            train,
+            test,
+            epoch,
+        };
+        t.stats = t.compute_stats()?;
+        for which in [true, false] {
+            t.normalize(which)?;
+        }
+        Ok(t)
+    }
+
+    /// Mean and std of every column of the (raw) training split, by the two-pass reduction kernels.
+    fn compute_stats(&mut self) -> Result<Stats> {
+        let stream = self.gpu.stream.clone();
+        let n = self.shape.inputs;
+        let (rows, cols) = (self.train.rows as i32, n as i32);
+        let mut partials = stream.alloc_zeros::<f64>(STAT_CHUNKS * (n + 1))?;
+        let mut mean = stream.alloc_zeros::<f64>(n + 1)?;
+        let mut mean_out = stream.clone_htod(&vec![f32::NAN; n + 1])?;
+        let mut std_out = stream.clone_htod(&vec![f32::NAN; n + 1])?;
+        let chunks = STAT_CHUNKS as i32;
+        for pass in [1i32, 2] {
+            let mut launch = stream.launch_builder(&self.kernels.partials);
+            launch.arg(&self.train.x).arg(&self.train.y).arg(&rows).arg(&cols);
+            if pass == 1 {
+                launch.arg(&0u64);
+            } else {
+                launch.arg(&mean);
+            }
+            launch.arg(&mut partials);
+            unsafe { launch.launch(config((STAT_CHUNKS as u32, n as u32 + 1), 0)) }
+                .context("launching sales_column_partials")?;
+            let mut launch = stream.launch_builder(&self.kernels.stats);
+            launch.arg(&partials).arg(&chunks).arg(&rows).arg(&pass).arg(&mut mean).arg(&mut mean_out).arg(&mut std_out);
+            unsafe { launch.launch(config((n as u32 + 1, 1), 0)) }.context("launching sales_column_stats")?;
+        }
+        let mean = stream.clone_dtoh(&mean_out).context("sales statistics failed")?;
+        let std = stream.clone_dtoh(&std_out)?;
+        Ok(Stats {
+            feature_mean: mean[..n].to_vec(),
+            feature_std: std[..n].to_vec(),
+            target_mean: mean[n],
+            target_std: std[n],
+        })
+    }
+
+    /// Standardises the training split (`train`) or the test split in place.
+    fn normalize(&mut self, train: bool) -> Result<()> {
+        let stream = self.gpu.stream.clone();
+        let s = &self.stats;
+        let mean: Vec<f32> = s.feature_mean.iter().copied().chain([s.target_mean]).collect();
+        let std: Vec<f32> = s.feature_std.iter().copied().chain([s.target_std]).collect();
+        let (mean, std) = (stream.clone_htod(&mean)?, stream.clone_htod(&std)?);
+        let split = if train { &mut self.train } else { &mut self.test };
+        let (rows, n) = (split.rows as i32, self.shape.inputs as i32);
+        let blocks = grid(split.rows * (self.shape.inputs + 1), &self.gpu);
+        let mut launch = stream.launch_builder(&self.kernels.normalize);
+        launch.arg(&mut split.x).arg(&mut split.y).arg(&rows).arg(&n).arg(&mean).arg(&std);
+        unsafe { launch.launch(config((blocks, 1), 0)) }.context("launching sales_normalize")?;
+        Ok(())
+    }
+
+    /// Host copies of a standardised split (the selftest compares them with the CPU's).
+    pub fn download(&self, train: bool) -> Result<(Vec<f32>, Vec<f32>)> {
+        let split = if train { &self.train } else { &self.test };
+        let stream = &self.gpu.stream;
+        let mut x = stream.clone_dtoh(&split.x).context("copying from the GPU")?;
+        let mut y = stream.clone_dtoh(&split.y)?;
+        x.truncate(split.rows * self.shape.inputs);
+        y.truncate(split.rows);
+        Ok((x, y))
+    }
+
+    /// Queues one epoch over `order`: the gather and the training kernel. The summed loss lands in
+    /// `loss_sum`.
+    pub fn enqueue_epoch(&mut self, order: &[u32], batch: usize) -> Result<()> {
+        if batch == 0 || batch > i32::MAX as usize {
+            bail!("the batch size must be at least 1");
+        }
+        if order.len() != self.train.rows {
+            bail!("an epoch's order must list each of the {} training rows once, got {}", self.train.rows, order.len());
+        }
+        if let Some(&bad) = order.iter().find(|&&i| i as usize >= self.train.rows) {
+            bail!("row index {bad} is outside the training split ({} rows)", self.train.rows);
+        }
+        let batch = batch.min(self.train.rows.max(1));
+        let shared = train_shared_floats(self.shape, batch) * 4;
+        if batch != self.reserved_batch {
+            self.gpu.reserve_shared(&self.kernels.train, shared, "--batch or --hidden")?;
+            self.reserved_batch = batch;
+        }
+        let stream = self.gpu.stream.clone();
+        if self.train.rows == 0 {
+            return Ok(());
+        }
+        stream.memcpy_htod(order, &mut self.order).context("copying the epoch's order to the GPU")?;
+        let (rows, n, b) = (self.train.rows as i32, self.shape.inputs as i32, batch as i32);
+        let blocks = grid(self.train.rows * self.shape.inputs, &self.gpu);
+        let mut launch = stream.launch_builder(&self.kernels.gather);
+        launch.arg(&self.train.x).arg(&self.train.y).arg(&self.order).arg(&rows).arg(&n);
+        launch.arg(&mut self.epoch.x).arg(&mut self.epoch.y);
+        unsafe { launch.launch(config((blocks, 1), 0)) }.context("launching sales_gather")?;
+
+        let o = self.optim;
+        let kind = o.kind.kernel_code();
+        let mut launch = stream.launch_builder(&self.kernels.train);
+        launch.arg(&self.epoch.x).arg(&self.epoch.y).arg(&rows).arg(&b);
+        launch.arg(&mut self.params).arg(&mut self.m).arg(&mut self.v).arg(&mut self.step).arg(&kind);
+        launch.arg(&o.lr).arg(&o.momentum).arg(&o.beta1).arg(&o.beta2).arg(&o.eps).arg(&o.weight_decay);
+        launch.arg(&o.clip_norm).arg(&mut self.loss_sum);
+        unsafe { launch.launch(config((1, 1), shared)) }.context("launching sales_train_epoch")?;
+        Ok(())
+    }
+
+    /// Squared- and absolute-error sums (standardised) of the model over a split.
+    fn error_sums(&mut self, train: bool) -> Result<(f64, f64)> {
+        let stream = self.gpu.stream.clone();
+        stream.memcpy_htod(&[f64::NAN, f64::NAN], &mut self.eval_result)?;
+        let split = if train { &self.train } else { &self.test };
+        if split.rows == 0 {
+            return Ok((0.0, 0.0));
+        }
+        let rows = split.rows as i32;
+        let blocks = grid(split.rows, &self.gpu);
+        let mut launch = stream.launch_builder(&self.kernels.evaluate);
+        launch.arg(&split.x).arg(&split.y).arg(&rows).arg(&self.params);
+        launch.arg(&mut self.eval_partials).arg(&mut self.eval_ticket).arg(&mut self.eval_result);
+        unsafe { launch.launch(config((blocks, 1), self.shape.param_count() * 4)) }
+            .context("launching sales_evaluate")?;
+        let sums = stream.clone_dtoh(&self.eval_result).context("sales_evaluate failed")?;
+        Ok((sums[0], sums[1]))
+    }
+
+    /// The model on every row of the training split (standardised MSE, MAE in target units).
+    pub fn evaluate_train(&mut self) -> Result<Evaluation> {
+        let rows = self.train.rows;
+        let (se, ae) = self.error_sums(true)?;
+        Ok(self.evaluation(rows, se, ae))
+    }
+
+    fn evaluation(&self, rows: usize, se: f64, ae: f64) -> Evaluation {
+        let n = rows.max(1) as f64;
+        Evaluation { rows, mse: se / n, mae: ae / n * self.stats.target_std as f64 }
     }
 }
 
@@ -22,13 +291,22 @@ impl SalesTrainer for GpuSales {
     fn stats(&self) -> &Stats {
         &self.stats
     }
-    fn train_epoch(&mut self, _order: &[u32], _batch: usize) -> Result<f64> {
-        bail!("no GPU trainer yet")
+
+    fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
+        self.gpu.stream.memcpy_htod(&[f64::NAN], &mut self.loss_sum)?;
+        self.enqueue_epoch(order, batch)?;
+        let loss = self.gpu.stream.clone_dtoh(&self.loss_sum).context("sales_train_epoch failed")?;
+        Ok(if self.train.rows == 0 { 0.0 } else { loss[0] })
     }
+
     fn evaluate_test(&mut self) -> Result<Evaluation> {
-        bail!("no GPU trainer yet")
+        let rows = self.test.rows;
+        let (se, ae) = self.error_sums(false)?;
+        Ok(self.evaluation(rows, se, ae))
     }
+
     fn params(&mut self) -> Result<SalesParams> {
-        bail!("no GPU trainer yet")
+        let flat = self.gpu.stream.clone_dtoh(&self.params).context("copying the model from the GPU")?;
+        Ok(SalesParams { shape: self.shape, flat })
     }
 }

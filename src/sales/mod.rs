@@ -3,6 +3,8 @@
 //! mean squared error on standardised values. Table loading and features `data`, CPU reference `model`,
 //! GPU trainer `gpu`, the interface over both `train`.
 
+pub mod bench;
+pub mod checks;
 pub mod data;
 pub mod gpu;
 pub mod model;

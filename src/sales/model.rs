@@ -188,14 +188,26 @@ impl Shuffle {
     }
 }
 
+/// The smallest `check::kink_ratio` of any hidden unit over the rows `rows` (how close a step on them comes
+/// to ReLU′'s jump).
+pub fn kink_margin(p: &SalesParams, data: &Split, rows: &[u32]) -> f64 {
+    let (n, w) = (p.shape.inputs, p.parts());
+    rows.iter()
+        .flat_map(|&row| (0..p.shape.hidden).map(move |j| (row, j)))
+        .map(|(row, j)| crate::check::kink_ratio(&w.w1[j * n..][..n], w.b1[j], data.row(row as usize)))
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// One pass over `order` in batches of `batch` (the last may be shorter), an optimizer step per batch.
-/// Returns the summed per-row loss, each row's taken before its batch's step.
+/// Returns the summed per-row loss, each row's taken before its batch's step. With `kink_margin`, lowers
+/// it to the `kink_margin` of every step's batch.
 pub fn train_epoch(
     p: &mut SalesParams,
     optimizer: &mut Optimizer,
     data: &Split,
     order: &[u32],
     batch: usize,
+    mut watch: Option<&mut f64>,
 ) -> Result<f64> {
     if batch == 0 {
         bail!("the batch size must be at least 1");
@@ -206,6 +218,9 @@ pub fn train_epoch(
     let mut grad = vec![0.0f32; p.flat.len()];
     let mut loss = 0.0;
     for rows in order.chunks(batch) {
+        if let Some(margin) = watch.as_deref_mut() {
+            *margin = margin.min(kink_margin(p, data, rows));
+        }
         loss += loss_and_grad(p, data, rows, &mut grad) * rows.len() as f64;
         optimizer.step(&mut p.flat, &grad);
     }
@@ -227,7 +242,7 @@ pub fn train(p: &mut SalesParams, optim: OptimConfig, train: &Split, schedule: S
     let mut shuffle = Shuffle::new(train.rows, schedule.seed);
     let mut losses = Vec::with_capacity(schedule.epochs);
     for epoch in 1..=schedule.epochs {
-        let loss = train_epoch(p, &mut optimizer, train, shuffle.next_epoch(), schedule.batch)?;
+        let loss = train_epoch(p, &mut optimizer, train, shuffle.next_epoch(), schedule.batch, None)?;
         if !loss.is_finite() {
             return Err(Divergence { epoch, what: "training loss" }.into());
         }

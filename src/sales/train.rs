@@ -28,6 +28,8 @@ pub struct CpuSales {
     stats: Stats,
     train: Split,
     test: Split,
+    /// When set, the smallest `model::kink_margin` of any step so far (the selftest's training checks).
+    pub kink_margin: Option<f64>,
 }
 
 impl CpuSales {
@@ -36,7 +38,14 @@ impl CpuSales {
         optim.validate()?;
         let stats = Stats::of(&data.train);
         let optimizer = Optimizer::new(optim, params.flat.len());
-        Ok(CpuSales { train: stats.normalize(&data.train), test: stats.normalize(&data.test), stats, params, optimizer })
+        Ok(CpuSales {
+            train: stats.normalize(&data.train),
+            test: stats.normalize(&data.test),
+            stats,
+            params,
+            optimizer,
+            kink_margin: None,
+        })
     }
 }
 
@@ -46,7 +55,7 @@ impl SalesTrainer for CpuSales {
     }
 
     fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
-        model::train_epoch(&mut self.params, &mut self.optimizer, &self.train, order, batch)
+        model::train_epoch(&mut self.params, &mut self.optimizer, &self.train, order, batch, self.kink_margin.as_mut())
     }
 
     fn evaluate_test(&mut self) -> Result<Evaluation> {

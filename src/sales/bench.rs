@@ -1,0 +1,130 @@
+//! `textnet bench sales`: the roadmap's run (50 epochs, batch 64, Adam 1e-3, H = 32) on a sales table,
+//! beside `benches/torch_sales.py` on the same file. Reports the GPU's training time (device events
+//! around all epochs, and wall time of the loop as the command runs it: host shuffles, one loss read an
+//! epoch, the test evaluation), the test MAE per epoch against the baseline, and the CPU reference's
+//! run from the same start and order for the GPU-vs-CPU MAE comparison.
+
+use super::data::{Dataset, LoadOptions, Schema};
+use super::gpu::GpuSales;
+use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
+use super::train::{CpuSales, SalesTrainer};
+use crate::device::Gpu;
+use crate::optim::{OptimConfig, OptimKind};
+use anyhow::{Context, Result};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct SalesBenchOptions<'a> {
+    pub table: &'a Path,
+    pub epochs: usize,
+    pub seed: u64,
+    /// Skip the CPU reference run.
+    pub no_cpu: bool,
+    pub json: bool,
+}
+
+/// Per epoch: (mean training loss, test MAE).
+fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64) -> Result<Vec<(f64, f64)>> {
+    let mut shuffle = Shuffle::new(rows, seed);
+    let mut history = Vec::with_capacity(epochs);
+    for _ in 0..epochs {
+        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH)?;
+        history.push((loss / rows as f64, t.evaluate_test()?.mae));
+    }
+    Ok(history)
+}
+
+pub fn bench(gpu: &Arc<Gpu>, o: &SalesBenchOptions) -> Result<()> {
+    let loaded = Instant::now();
+    let data = Dataset::load(o.table, &LoadOptions::new(Schema::sales_tsv()))
+        .with_context(|| format!("bench sales reads {} (make it with scripts/make-sales.py)", o.table.display()))?;
+    let load_s = loaded.elapsed().as_secs_f64();
+    let shape = SalesShape { inputs: data.features(), hidden: DEFAULT_HIDDEN };
+    let optim = OptimConfig::new(OptimKind::Adam);
+    let start = SalesParams::init(shape, o.seed);
+    let rows = data.train.rows;
+    let steps = o.epochs * rows.div_ceil(DEFAULT_BATCH);
+
+    // Warm-up: module compiled and loaded, shared memory reserved, one epoch run.
+    let mut warm = GpuSales::new(gpu.clone(), &data, start.clone(), optim)?;
+    warm.train_epoch(Shuffle::new(rows, o.seed).next_epoch(), DEFAULT_BATCH)?;
+
+    // Device time of the training kernels alone: every epoch's order made first, then all epochs queued
+    // between two events.
+    let mut t = GpuSales::new(gpu.clone(), &data, start.clone(), optim)?;
+    let mut shuffle = Shuffle::new(rows, o.seed);
+    let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();
+    let device_ms = crate::timing::time_on_device(gpu, || {
+        for order in &orders {
+            t.enqueue_epoch(order, DEFAULT_BATCH)?;
+        }
+        Ok(())
+    })?;
+    drop(orders);
+
+    // The loop as `textnet sales` runs it.
+    let setup = Instant::now();
+    let mut t = GpuSales::new(gpu.clone(), &data, start.clone(), optim)?;
+    let setup_s = setup.elapsed().as_secs_f64();
+    let wall = Instant::now();
+    let gpu_history = run_epochs(&mut t, rows, o.epochs, o.seed)?;
+    let wall_s = wall.elapsed().as_secs_f64();
+    let stats = t.stats().clone();
+    let baseline = model::baseline_mae(&stats.normalize(&data.test), &stats);
+
+    let cpu = if o.no_cpu {
+        None
+    } else {
+        let wall = Instant::now();
+        let mut c = CpuSales::new(&data, start, optim)?;
+        let history = run_epochs(&mut c, rows, o.epochs, o.seed)?;
+        Some((history, wall.elapsed().as_secs_f64()))
+    };
+
+    let final_mae = gpu_history.last().map(|h| h.1).unwrap_or(f64::NAN);
+    let cpu_mae = cpu.as_ref().and_then(|(h, _)| h.last().map(|h| h.1));
+    // The two runs take the same steps but round differently; over tens of thousands of steps the
+    // difference grows until single epochs' MAEs (which move 10–20 % from epoch to epoch) decorrelate.
+    // So also: each epoch's relative difference, and the means over the last ten epochs.
+    let last_mean = |h: &[(f64, f64)]| {
+        let tail = &h[h.len().saturating_sub(10)..];
+        tail.iter().map(|e| e.1).sum::<f64>() / tail.len().max(1) as f64
+    };
+    let by_epoch: Option<Vec<f64>> =
+        cpu.as_ref().map(|(h, _)| gpu_history.iter().zip(h).map(|(g, c)| (g.1 - c.1).abs() / c.1).collect());
+    let report = serde_json::json!({
+        "device": gpu.describe(),
+        "table": o.table.display().to_string(),
+        "train_rows": rows, "test_rows": data.test.rows, "features": shape.inputs,
+        "model": format!("Linear({},{}) -> ReLU -> Linear({},1), MSE", shape.inputs, shape.hidden, shape.hidden),
+        "optimizer": optim.describe(), "batch": DEFAULT_BATCH, "epochs": o.epochs, "steps": steps,
+        "load_s": load_s,
+        "setup_s": setup_s,
+        "train_device_ms": device_ms,
+        "us_per_step_device": device_ms * 1e3 / steps as f64,
+        "train_wall_s": wall_s,
+        "baseline_mae": baseline,
+        "test_mae": final_mae,
+        "mae_over_baseline": final_mae / baseline,
+        "gpu_history": gpu_history.iter().map(|(l, m)| serde_json::json!({"train_mse": l, "test_mae": m})).collect::<Vec<_>>(),
+        "cpu_test_mae": cpu_mae,
+        "cpu_history": cpu.as_ref().map(|(h, _)| h.iter().map(|(l, m)| serde_json::json!({"train_mse": l, "test_mae": m})).collect::<Vec<_>>()),
+        "cpu_wall_s": cpu.as_ref().map(|c| c.1),
+        "gpu_vs_cpu_mae": cpu_mae.map(|c| (final_mae - c).abs() / c),
+        "gpu_vs_cpu_mae_by_epoch": by_epoch,
+        "test_mae_last10_mean": last_mean(&gpu_history),
+        "cpu_test_mae_last10_mean": cpu.as_ref().map(|(h, _)| last_mean(h)),
+    });
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("sales on {}: {} epochs × {} rows, batch {DEFAULT_BATCH} ({steps} steps)", gpu.describe(), o.epochs, rows);
+        println!("  training kernels {device_ms:.1} ms on the device ({:.2} µs/step); the command's loop {wall_s:.3} s", device_ms * 1e3 / steps as f64);
+        println!("  test MAE {final_mae:.3} (baseline {baseline:.3}, ratio {:.3})", final_mae / baseline);
+        if let (Some(c), Some((_, s))) = (cpu_mae, &cpu) {
+            println!("  CPU reference: test MAE {c:.3} ({:.2} % from the GPU's), {s:.1} s", 100.0 * (final_mae - c).abs() / c);
+        }
+    }
+    Ok(())
+}

@@ -1,4 +1,4 @@
-// Device helpers shared by every fused pipeline: warp reductions, the online-softmax pair, and the
+// Device helpers shared by every fused pipeline: warp and block reductions, asynchronous copies, and the
 // conventions the Rust launch layer relies on (256-thread blocks, extern dynamic shared memory).
 //
 // The launch layer (src/device.rs) compiles each fused/*.cu with NVRTC for the GPU it runs on and
@@ -95,36 +95,4 @@ __device__ __forceinline__ T block_combine(T v, T* scratch, T empty, WarpCombine
 
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return block_combine(v, scratch, 0.0f, [](float x) { return warp_sum(x); });
-}
-
-// Softmax normaliser of a set of logits kept as (max, Σ exp(x − max)), so partial sets computed by
-// different warps or blocks combine exactly without a second pass over the logits.
-struct SoftmaxStat {
-    float max;
-    float sum;
-};
-
-__device__ __forceinline__ SoftmaxStat softmax_stat_empty() { return {NEG_INF, 0.0f}; }
-
-__device__ __forceinline__ SoftmaxStat softmax_merge(SoftmaxStat a, SoftmaxStat b) {
-    const float m = fmaxf(a.max, b.max);
-    if (m == NEG_INF) return a;
-    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
-}
-
-__device__ __forceinline__ SoftmaxStat softmax_push(SoftmaxStat a, float logit) {
-    return softmax_merge(a, {logit, 1.0f});
-}
-
-__device__ __forceinline__ SoftmaxStat warp_softmax_merge(SoftmaxStat s) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        SoftmaxStat o = {__shfl_xor_sync(FULL_MASK, s.max, offset), __shfl_xor_sync(FULL_MASK, s.sum, offset)};
-        s = softmax_merge(s, o);
-    }
-    return s;
-}
-
-__device__ __forceinline__ SoftmaxStat block_softmax_merge(SoftmaxStat s, SoftmaxStat* scratch) {
-    return block_combine(s, scratch, softmax_stat_empty(), [](SoftmaxStat x) { return warp_softmax_merge(x); });
 }

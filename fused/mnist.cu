@@ -30,6 +30,7 @@
 #include "activations.cuh"
 #include "common.cuh"
 #include "gemm.cuh"
+#include "losses.cuh"
 #include "optim.cuh"
 
 #ifndef MNIST_I
@@ -104,33 +105,19 @@ __device__ __forceinline__ void forward_body(const float* __restrict__ images, c
             for (int c = 0; c < C; ++c) logit[c] = fmaf(a, w2[c * H + j], logit[c]);
         }
         const int y = labels[rows[warp]];
-        float max = NEG_INF, target = 0.0f;
-        int best = 0;  // the first maximum, as on the CPU
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-            logit[c] = warp_sum(logit[c]) + b2[c];
-            if (logit[c] > max) {
-                max = logit[c];
-                best = c;
-            }
-            if (c == y) target = logit[c];
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            logit[c] = expf(logit[c] - max);
-            sum += logit[c];
-        }
+        for (int c = 0; c < C; ++c) logit[c] = warp_sum(logit[c]) + b2[c];
+        int best;
+        const float loss = softmax_xent(logit, y, 1.0f / B, best);  // logit now holds dlogits
         if (lane == 0) {
-            atomicAdd(loss_sum, (double)(max + logf(sum) - target));
+            atomicAdd(loss_sum, (double)loss);
             if (!TRAIN) predicted[rows[warp]] = (unsigned char)best;
         }
         if (TRAIN) {
-            const float inv_sum = 1.0f / sum, inv_b = 1.0f / B;
             const int s = m0 + warp;
 #pragma unroll
             for (int c = 0; c < C; ++c) {
-                const float d = (logit[c] * inv_sum - (c == y ? 1.0f : 0.0f)) * inv_b;
+                const float d = logit[c];
                 if (lane == c % 32) {
                     dlogits[(size_t)s * C + c] = d;
                     dl[warp * C + c] = d;

@@ -32,6 +32,7 @@
 //
 // The flat parameter vector is W1 (H×n, row-major), b1 (H), w2 (H), b2 (1), as in the model file.
 #include "common.cuh"
+#include "losses.cuh"
 #include "optim.cuh"
 
 #ifndef SALES_N
@@ -228,9 +229,10 @@ sales_train_epoch(const float* __restrict__ x, const float* __restrict__ y, int 
                 a[u] = fmaxf(z + b1r[u], 0.0f);
                 out = fmaf(w2r[u], a[u], out);
             }
-            const float err = group_sum(out) + b2 - (row ? yb[b] : 0.0f);
-            const float dy = row ? scale * err : 0.0f;
-            if (row && lane == 0) loss += (double)err * (double)err;
+            float dy;
+            const float square = squared_error(group_sum(out) + b2, row ? yb[b] : 0.0f, scale, dy);
+            if (!row) dy = 0.0f;
+            if (row && lane == 0) loss += (double)square;
             gb2 += dy;
 #pragma unroll
             for (int u = 0; u < UNITS; ++u) {

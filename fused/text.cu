@@ -33,6 +33,7 @@
 // kernel SB at a time (SB is compiled in: per-sample accumulators stay in registers); when B > SB, the W2
 // gradient of a block's rows is summed in shared memory and applied at the end.
 #include "common.cuh"
+#include "losses.cuh"
 #include "text_shape.cuh"
 
 #ifndef TEXT_SB

@@ -24,6 +24,7 @@
 //                           gradient buffers, W2 −= lr·∂W2; the last block (ticket) applies W1 and b1
 //                           once every block has read the old W1, and clears the gradient buffers.
 #include "common.cuh"
+#include "losses.cuh"
 #include "gemm.cuh"
 #include "text_shape.cuh"
 

@@ -29,6 +29,7 @@
 // Every kernel waits (grid_dependency_wait) before it touches what the kernel before it writes. Each
 // prologue says what it reads before its wait and why no running kernel writes that.
 #include "common.cuh"
+#include "losses.cuh"
 #include "text_shape.cuh"
 
 static_assert(H % 4 == 0, "the single-sample kernels read W2 rows as float4s");

@@ -14,6 +14,7 @@
 //              epoch's loss, taken before its update, as the CPU reference records it.
 #include "activations.cuh"
 #include "common.cuh"
+#include "losses.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
 xor_train(float* __restrict__ w1, float* __restrict__ b1, float* __restrict__ w2, float* __restrict__ b2, int H,
@@ -49,9 +50,7 @@ xor_train(float* __restrict__ w1, float* __restrict__ b1, float* __restrict__ w2
         float dy[4], loss = 0.0f, gc = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const float d = y[k] + c - T[k];
-            loss += d * d;
-            dy[k] = 0.5f * d;
+            loss += squared_error(y[k] + c, T[k], 0.5f, dy[k]);
             gc += dy[k];
         }
         if (j == 0 && epoch % report_every == 0) losses[epoch / report_every] = 0.25f * loss;

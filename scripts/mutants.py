@@ -24,8 +24,15 @@ MUTATIONS = [
      "if (!rec.pending) return;\n    const int G = gridDim.x;", "return;\n    const int G = gridDim.x;", "text"),
     ("embedding update divided by N + 1 (tiled step)", "text_batch.cu",
      "const float scale = -lr / N;\n        auto a = staged<true>", "const float scale = -lr / (N + 1);\n        auto a = staged<true>", "text"),
-    ("Adam without bias correction", "mnist.cu",
-     "theta -= lr * (mi / bias1) / (sqrtf(vi / bias2) + eps);", "theta -= lr * mi / (sqrtf(vi) + eps);", "mnist"),
+    ("Adam without bias correction", "optim.cuh",
+     "return theta - s.lr * (m / s.bias1) / (sqrtf(v / s.bias2) + s.eps);", "return theta - s.lr * m / (sqrtf(v) + s.eps);",
+     "mnist"),
+    ("ReLU' mask missing (sales step)", "sales.cu",
+     "const float dz = a[u] > 0.0f ? dy * w2r[u] : 0.0f;", "const float dz = dy * w2r[u];", "sales"),
+    ("last row group's gradient left out (sales step)", "sales.cu",
+     "for (int q = 1; q < GROUPS; ++q)", "for (int q = 1; q < GROUPS - 1; ++q)", "sales"),
+    ("padding units learn (xor, sigmoid)", "xor.cu", "        if (unit) {\n            u0 -= lr * g0;",
+     "        if (true) {\n            u0 -= lr * g0;", "xor"),
 ]
 
 

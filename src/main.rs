@@ -2,7 +2,7 @@
 //! turns errors into one line on stderr and a non-zero exit.
 
 use clap::{Parser, Subcommand};
-use textnet::{bench, mnist, selftest, text, xor};
+use textnet::{bench, mnist, sales, selftest, text, xor};
 
 #[derive(Parser)]
 #[command(name = "textnet", version, about = "Small neural networks trained with fused CUDA kernels, with a CPU reference for each", long_about = None)]
@@ -27,6 +27,8 @@ enum Command {
     Classify(mnist::classify::ClassifyArgs),
     /// Train the XOR network (2 → hidden → 1, MSE) and print its truth table
     Xor(xor::cli::XorArgs),
+    /// Train the tabular regressor (by default on the roadmap's sales.tsv), or predict with one
+    Sales(sales::cli::SalesArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
     Selftest(selftest::SelftestArgs),
     /// Measure training speed on the GPU (text model, or `bench mnist`)
@@ -54,6 +56,7 @@ fn main() {
         Command::Mnist(args) => mnist::cli::run(args),
         Command::Classify(args) => mnist::classify::run(args),
         Command::Xor(args) => xor::cli::run(args),
+        Command::Sales(args) => sales::cli::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::Bench(args) => bench::run(args),
     };

@@ -142,6 +142,46 @@ impl OptimConfig {
     }
 }
 
+/// The optimizer flags every training command shares (`#[command(flatten)]`); `--optim` defaults to Adam.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OptimArgs {
+    /// Optimizer
+    #[arg(long, value_enum, default_value_t = OptimKind::Adam)]
+    pub optim: OptimKind,
+    /// Learning rate [default: adam 0.001, sgd 0.1, momentum 0.05]
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f32>,
+    /// Momentum μ of --optim momentum [default: 0.9]
+    #[arg(long, allow_negative_numbers = true)]
+    pub momentum: Option<f32>,
+    /// L2 weight decay, added to the gradient as wd·θ
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub weight_decay: f32,
+    /// Clip the gradient's global L2 norm to this before each update (0 = off)
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub clip_norm: f32,
+}
+
+impl OptimArgs {
+    /// The configuration the flags ask for, checked.
+    pub fn config(&self) -> Result<OptimConfig> {
+        let mut config = OptimConfig::new(self.optim);
+        if let Some(lr) = self.lr {
+            config.lr = lr;
+        }
+        if let Some(momentum) = self.momentum {
+            if self.optim != OptimKind::Momentum {
+                bail!("--momentum applies to --optim momentum only (this run uses --optim {})", self.optim.name());
+            }
+            config.momentum = momentum;
+        }
+        config.weight_decay = self.weight_decay;
+        config.clip_norm = self.clip_norm;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
 /// Everything one update step needs besides the buffers: the arguments of a fused update kernel.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepScalars {

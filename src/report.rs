@@ -101,7 +101,7 @@ impl EpochRow {
 pub struct Report {
     /// The version of textnet that wrote it.
     pub textnet: &'static str,
-    /// The subcommand: "train", "mnist", "xor".
+    /// The subcommand: "train", "mnist", "xor", "sales".
     pub command: &'static str,
     pub status: Status,
     /// The settings, flat, one key per flag (defaults filled in); `out`, `keep`, `lr`, `epochs`,

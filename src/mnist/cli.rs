@@ -5,7 +5,7 @@
 use super::data::{self, Dataset};
 use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
-use crate::optim::{OptimConfig, OptimKind};
+use crate::optim::{OptimArgs, OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Evaluation, evaluate_split, idx};
 use crate::checkpoint::{Keep, Keeper};
@@ -39,21 +39,8 @@ pub struct MnistArgs {
     /// Hidden-layer activation
     #[arg(long, value_enum, default_value_t = Activation::Relu)]
     pub activation: Activation,
-    /// Optimizer
-    #[arg(long, value_enum, default_value_t = OptimKind::Adam)]
-    pub optim: OptimKind,
-    /// Learning rate [default: adam 0.001, sgd 0.1, momentum 0.05]
-    #[arg(long, allow_negative_numbers = true)]
-    pub lr: Option<f32>,
-    /// Momentum μ of --optim momentum [default: 0.9]
-    #[arg(long, allow_negative_numbers = true)]
-    pub momentum: Option<f32>,
-    /// L2 weight decay, added to the gradient as wd·θ
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub weight_decay: f32,
-    /// Clip the gradient's global L2 norm to this before each update (0 = off)
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub clip_norm: f32,
+    #[command(flatten)]
+    pub optim: OptimArgs,
     /// Samples per optimizer step (the loss is the batch mean)
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
@@ -90,20 +77,7 @@ pub struct MnistArgs {
 
 /// The optimizer settings from the flags, checked.
 fn optim_config(args: &MnistArgs) -> Result<OptimConfig> {
-    let mut config = OptimConfig::new(args.optim);
-    if let Some(lr) = args.lr {
-        config.lr = lr;
-    }
-    if let Some(momentum) = args.momentum {
-        if args.optim != OptimKind::Momentum {
-            bail!("--momentum applies to --optim momentum only (this run uses --optim {})", args.optim.name());
-        }
-        config.momentum = momentum;
-    }
-    config.weight_decay = args.weight_decay;
-    config.clip_norm = args.clip_norm;
-    config.validate()?;
-    Ok(config)
+    args.optim.config()
 }
 
 fn check_args(args: &MnistArgs) -> Result<()> {

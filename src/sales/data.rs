@@ -528,6 +528,41 @@ enum Role {
 
 impl Table {
     /// Reads and parses `path` (see the module comment).
+    /// The feature rows of `rows` (rows of this table): numeric values, each categorical column one-hot over
+    /// `vocabularies` (a value outside it: all zeros), then days of year.
+    pub fn features(&self, rows: &[Row], vocabularies: &[Vec<String>]) -> Split {
+        let slots: Vec<Vec<Option<usize>>> = self
+            .levels
+            .iter()
+            .zip(vocabularies)
+            .map(|(levels, vocabulary)| {
+                let slot: HashMap<&str, usize> = vocabulary.iter().enumerate().map(|(s, v)| (v.as_str(), s)).collect();
+                levels.iter().map(|l| slot.get(l.as_str()).copied()).collect()
+            })
+            .collect();
+        let features = self.columns.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + self.columns.date.len();
+        let mut x = vec![0.0f32; rows.len() * features];
+        for (row, out) in rows.iter().zip(x.chunks_exact_mut(features.max(1))) {
+            let (numeric, rest) = out.split_at_mut(row.numeric.len());
+            numeric.copy_from_slice(&row.numeric);
+            let mut at = 0;
+            for (k, vocabulary) in vocabularies.iter().enumerate() {
+                if let Some(s) = slots[k][row.categories[k] as usize] {
+                    rest[at + s] = 1.0;
+                }
+                at += vocabulary.len();
+            }
+            rest[at..].copy_from_slice(&row.days);
+        }
+        Split {
+            rows: rows.len(),
+            features,
+            x,
+            y: rows.iter().map(|r| r.target).collect(),
+            lines: rows.iter().map(|r| r.line).collect(),
+        }
+    }
+
     pub fn read(path: &Path, options: &LoadOptions) -> Result<Table> {
         let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         Table::parse(&path.display().to_string(), &bytes, options)
@@ -887,52 +922,29 @@ impl Dataset {
         let (train_rows, test_rows) = table.rows.split_at(n_train);
         let cols = &table.columns;
 
-        // Vocabulary of each categorical column: its values in the training rows; `slot` maps a table level
-        // to its one-hot position (None: not seen in training).
-        let mut vocabularies = Vec::new();
-        let mut slots: Vec<Vec<Option<usize>>> = Vec::new();
-        for (k, levels) in table.levels.iter().enumerate() {
-            let mut slot = vec![None; levels.len()];
-            let mut vocabulary = Vec::new();
-            for row in train_rows {
-                let level = row.categories[k] as usize;
-                if slot[level].is_none() {
-                    slot[level] = Some(vocabulary.len());
-                    vocabulary.push(levels[level].clone());
+        // Vocabulary of each categorical column: its values in the training rows, in order of appearance.
+        let vocabularies: Vec<Vec<String>> = table
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(k, levels)| {
+                let mut seen = vec![false; levels.len()];
+                let mut vocabulary = Vec::new();
+                for row in train_rows {
+                    let level = row.categories[k] as usize;
+                    if !std::mem::replace(&mut seen[level], true) {
+                        vocabulary.push(levels[level].clone());
+                    }
                 }
-            }
-            vocabularies.push(vocabulary);
-            slots.push(slot);
-        }
+                vocabulary
+            })
+            .collect();
         let mut feature_names: Vec<String> = cols.numeric.iter().map(|c| c.name.clone()).collect();
         for (c, vocabulary) in cols.categorical.iter().zip(&vocabularies) {
             feature_names.extend(vocabulary.iter().map(|v| format!("{}={v}", c.name)));
         }
         feature_names.extend(cols.date.iter().map(|c| format!("{} (day of year)", c.name)));
-        let features = feature_names.len();
-
-        let split = |rows: &[Row]| -> Split {
-            let mut x = vec![0.0f32; rows.len() * features];
-            for (row, out) in rows.iter().zip(x.chunks_exact_mut(features)) {
-                let (numeric, rest) = out.split_at_mut(row.numeric.len());
-                numeric.copy_from_slice(&row.numeric);
-                let mut at = 0;
-                for (k, vocabulary) in vocabularies.iter().enumerate() {
-                    if let Some(s) = slots[k][row.categories[k] as usize] {
-                        rest[at + s] = 1.0;
-                    }
-                    at += vocabulary.len();
-                }
-                rest[at..].copy_from_slice(&row.days);
-            }
-            Split {
-                rows: rows.len(),
-                features,
-                x,
-                y: rows.iter().map(|r| r.target).collect(),
-                lines: rows.iter().map(|r| r.line).collect(),
-            }
-        };
+        let split = |rows: &[Row]| table.features(rows, &vocabularies);
         Ok(Dataset {
             source: table.source.clone(),
             skipped: table.skipped,

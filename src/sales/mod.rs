@@ -5,7 +5,9 @@
 
 pub mod bench;
 pub mod checks;
+pub mod cli;
 pub mod data;
 pub mod gpu;
 pub mod model;
+pub mod modelfile;
 pub mod train;

@@ -1,0 +1,349 @@
+//! `textnet sales FILE`: train the regressor on a table and write the model; `textnet sales --model M
+//! --predict NEW` writes its predictions for new rows. What it prints goes through `report`, as for every
+//! training command.
+
+use super::data::{ColumnSpec, Dataset, HeaderMode, LoadOptions, Schema, Table};
+use super::gpu::GpuSales;
+use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
+use super::modelfile::{self, SalesModel};
+use super::train::{CpuSales, SalesTrainer};
+use crate::device::{self, Backend, DeviceChoice};
+use crate::fsutil;
+use crate::optim::OptimArgs;
+use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct SalesArgs {
+    /// The table: tab- or comma-separated, with or without a header row (default schema: the roadmap's
+    /// 10-column sales.tsv, see --target)
+    #[arg(value_name = "FILE", required_unless_present = "model")]
+    pub file: Option<PathBuf>,
+    /// The column to predict, by header name or 1-based number [default: 9, total price, with the sales.tsv
+    /// features]; giving any column flag replaces the default schema
+    #[arg(long, value_name = "COLUMN")]
+    pub target: Option<ColumnSpec>,
+    /// Numeric feature columns (comma-separated names or numbers)
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub numeric: Vec<ColumnSpec>,
+    /// Categorical feature columns, one-hot over the values seen in training
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub categorical: Vec<ColumnSpec>,
+    /// Date columns, each a day-of-year feature
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub date: Vec<ColumnSpec>,
+    /// Skip bad rows (wrong column count, non-numbers, empty fields, NaN or inf, unreadable dates) and
+    /// report how many, instead of stopping at the first
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+    /// Share of the rows, from the top of the file, that trains; the rest tests
+    #[arg(long, default_value_t = super::data::DEFAULT_TRAIN_FRACTION)]
+    pub split: f64,
+    /// Hidden units
+    #[arg(long, default_value_t = DEFAULT_HIDDEN)]
+    pub hidden: usize,
+    #[command(flatten)]
+    pub optim: OptimArgs,
+    /// Rows per optimizer step (the loss is the batch mean)
+    #[arg(long, default_value_t = DEFAULT_BATCH)]
+    pub batch: usize,
+    /// Passes over the training rows
+    #[arg(long, default_value_t = DEFAULT_EPOCHS)]
+    pub epochs: usize,
+    /// Seed of the initial parameters and of the row order
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where to train (on the GPU one block runs each epoch)
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Where to write the model (.safetensors); a sales model of the same features already there is
+    /// replaced only by one with a lower test MAE
+    #[arg(long, default_value = "sales.safetensors")]
+    pub out: PathBuf,
+    /// Predict with this model file instead of training (with --predict)
+    #[arg(long, value_name = "M", requires = "predict")]
+    pub model: Option<PathBuf>,
+    /// The table to predict, laid out as the training file (the target column too: any number, e.g. 0,
+    /// where it is unknown)
+    #[arg(long, value_name = "NEW", requires = "model")]
+    pub predict: Option<PathBuf>,
+    /// Where --predict writes its TSV (line, prediction); default stdout
+    #[arg(long, value_name = "FILE", requires = "predict")]
+    pub predictions: Option<PathBuf>,
+    /// Print errors only (the --json report still comes)
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print one JSON report on stdout at the end (the other lines go to stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn schema(args: &SalesArgs) -> Result<Schema> {
+    let custom = !(args.numeric.is_empty() && args.categorical.is_empty() && args.date.is_empty());
+    match (&args.target, custom) {
+        (None, false) => Ok(Schema::sales_tsv()),
+        (None, true) => bail!("--numeric, --categorical and --date describe another table: name its --target too"),
+        (Some(_), false) => {
+            bail!("--target needs the features too: at least one of --numeric, --categorical or --date")
+        }
+        (Some(target), true) => Ok(Schema {
+            target: target.clone(),
+            numeric: args.numeric.clone(),
+            categorical: args.categorical.clone(),
+            date: args.date.clone(),
+            column_names: None,
+        }),
+    }
+}
+
+pub fn run(args: SalesArgs) -> Result<()> {
+    if let (Some(model), Some(new)) = (&args.model, &args.predict) {
+        return predict(&args, model, new);
+    }
+    let Some(file) = args.file.clone() else { bail!("give the table to train on (or --model and --predict)") };
+    if args.hidden == 0 || args.hidden > model::MAX_HIDDEN {
+        bail!("--hidden must be between 1 and {}, got {}", model::MAX_HIDDEN, args.hidden);
+    }
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    crate::resources::check_epochs(args.epochs)?;
+    let optim = args.optim.config()?;
+    fsutil::check_output(&args.out, &[("the table", &file)])?;
+    let existing = existing_out(&args.out)?;
+    let mut options = LoadOptions::new(schema(&args)?);
+    options.skip_bad_rows = args.skip_bad_rows;
+    options.train_fraction = args.split;
+    let table = Table::read(&file, &options)?;
+    let data = Dataset::from_table(&table, args.split)?;
+    let mut display = Display::new(args.quiet, args.json, args.epochs);
+    if data.skipped > 0 {
+        display.line(&format!(
+            "skipped {} bad row{} (the first: {})",
+            data.skipped,
+            if data.skipped == 1 { "" } else { "s" },
+            data.first_skipped.as_deref().unwrap_or("?")
+        ));
+    }
+    if let Some(old) = &existing
+        && (old.feature_names != data.feature_names || old.target_name != data.target_name)
+    {
+        bail!(
+            "--out {} holds a sales model of other features or target, so this run cannot show it is better; \
+             choose another --out",
+            args.out.display()
+        );
+    }
+    let (backend, device_line) = device::select_described(args.device)?;
+    let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
+    let params = SalesParams::init(shape, args.seed);
+    display.line(&format!(
+        "{}: {} training and {} test rows, {} features → {} hidden (ReLU) → {}; {} parameters, MSE on \
+         standardised values",
+        data.source,
+        data.train.rows,
+        data.test.rows,
+        shape.inputs,
+        shape.hidden,
+        data.target_name,
+        shape.param_count(),
+    ));
+    display.line(&format!(
+        "{}, batch {}, {} epoch{}, seed {}; device {device_line}",
+        optim.describe(),
+        args.batch,
+        args.epochs,
+        if args.epochs == 1 { "" } else { "s" },
+        args.seed
+    ));
+
+    let mut trainer: Box<dyn SalesTrainer> = match &backend {
+        Backend::Cpu => Box::new(CpuSales::new(&data, params, optim)?),
+        Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim)?),
+    };
+    let stats = trainer.stats().clone();
+    let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
+        / data.test.rows as f64;
+    display.line(&format!("baseline test MAE (predicting the training mean): {baseline_mae:.4}"));
+    let old_mae = existing.as_ref().map(|old| {
+        let mae = model::evaluate(&old.params, &old.stats.normalize(&data.test), &old.stats).mae;
+        display.line(&format!(
+            "--out {} already holds a model of test MAE {mae:.4} on this split; only a better one replaces it",
+            args.out.display()
+        ));
+        mae
+    });
+
+    let rows = data.train.rows;
+    let mut shuffle = Shuffle::new(rows, args.seed);
+    let mut history = Vec::with_capacity(args.epochs);
+    let mut diverged = None;
+    let mut last = None;
+    let started = Instant::now();
+    for epoch in 1..=args.epochs {
+        display.epoch_started(epoch, rows);
+        let epoch_start = Instant::now();
+        let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch)? / rows as f64;
+        display.reached(rows);
+        let eval = trainer.evaluate_test()?;
+        if !loss.is_finite() || !eval.mse.is_finite() {
+            diverged = Some(Divergence { epoch, what: if loss.is_finite() { "test error" } else { "training loss" } });
+            break;
+        }
+        let row = EpochRow {
+            epoch,
+            train_loss: loss,
+            val_loss: None,
+            val_accuracy: None,
+            test_loss: Some(eval.mse),
+            test_accuracy: None,
+            samples_per_s: rows as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9),
+            elapsed_s: started.elapsed().as_secs_f64(),
+            extra: Default::default(),
+        }
+        .with("test_mae", eval.mae);
+        display.epoch_finished(&row, &format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae), "");
+        history.push(row);
+        last = Some(eval);
+    }
+    let params = trainer.params()?;
+    if diverged.is_none() && !params.all_finite() {
+        diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
+    }
+    let final_mae = last.map(|e| e.mae);
+    let written = diverged.is_none() && final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
+    let out = args.out.display();
+    let outcome = match (final_mae, old_mae) {
+        (Some(m), _) if written => format!("{out} holds the trained model (test MAE {m:.4})"),
+        (Some(m), Some(b)) if diverged.is_none() => format!(
+            "nothing written: the run's test MAE {m:.4} is above the {b:.4} of the model {out} holds, so it is unchanged"
+        ),
+        _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
+        _ => format!("nothing written to {out}"),
+    };
+    if written {
+        let model = SalesModel {
+            params,
+            stats,
+            schema: options.schema.clone(),
+            delimiter: table.delimiter,
+            header: table.header.is_some(),
+            feature_names: data.feature_names.clone(),
+            target_name: data.target_name.clone(),
+            vocabularies: data.vocabularies.clone(),
+        };
+        modelfile::save(&model, &args.out)?;
+    }
+    display.line(&outcome);
+
+    if args.json {
+        let final_metrics = written.then(|| {
+            let mut figures = serde_json::Map::new();
+            figures.insert("test_mae".into(), json!(final_mae));
+            figures.insert("test_mse".into(), json!(last.map(|e| e.mse)));
+            figures.insert("baseline_mae".into(), json!(baseline_mae));
+            figures
+        });
+        let o = args.optim.config()?;
+        Report {
+            textnet: report::VERSION,
+            command: "sales",
+            status: Status::of(diverged.is_some(), false, written),
+            config: json!({
+                "out": args.out.display().to_string(),
+                "keep": "last",
+                "hidden": args.hidden,
+                "optim": o.kind.name(),
+                "lr": report::decimal(o.lr),
+                "weight_decay": report::decimal(o.weight_decay),
+                "clip_norm": report::decimal(o.clip_norm),
+                "epochs": args.epochs,
+                "batch": args.batch,
+                "seed": args.seed,
+                "split": args.split,
+                "device": report::flag_value(&args.device),
+            }),
+            device: backend.describe(),
+            data: json!({
+                "file": data.source,
+                "train_samples": data.train.rows,
+                "val_samples": 0,
+                "test_samples": data.test.rows,
+                "skipped_rows": data.skipped,
+                "features": data.feature_names,
+                "target": data.target_name,
+            }),
+            parameters: shape.param_count(),
+            epochs: history,
+            final_metrics,
+            model: args.out.display().to_string(),
+            kept_epoch: written.then_some(args.epochs),
+            baseline_val_loss: None,
+            diverged: diverged.clone(),
+        }
+        .print()?;
+    }
+    if let Some(d) = diverged {
+        bail!("{d}; {outcome}; try a lower --lr");
+    }
+    if !written {
+        bail!("{outcome}");
+    }
+    Ok(())
+}
+
+/// The sales model already at `out`: `None` when there is no file or an empty one. Anything else there is
+/// refused rather than overwritten.
+fn existing_out(out: &Path) -> Result<Option<SalesModel>> {
+    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
+    if meta.len() == 0 {
+        return Ok(None);
+    }
+    match fsutil::read_input(out, "file").and_then(|bytes| modelfile::from_bytes(&bytes)) {
+        Ok(model) => Ok(Some(model)),
+        Err(e) => bail!(
+            "--out {} exists and is not a textnet sales model, so it is not replaced (remove it or choose another \
+             --out): {e:#}",
+            out.display()
+        ),
+    }
+}
+
+/// `--model M --predict NEW`: one line per good row of NEW, its file line and the prediction in the
+/// target's units.
+fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
+    let m = modelfile::load(model_path)?;
+    let mut options = LoadOptions::new(m.schema.clone());
+    options.delimiter = Some(m.delimiter);
+    options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
+    options.skip_bad_rows = args.skip_bad_rows;
+    let table = Table::read(new, &options)?;
+    if table.rows.is_empty() {
+        bail!("{}: no usable rows to predict", new.display());
+    }
+    let split = table.features(&table.rows, &m.vocabularies);
+    if split.features != m.params.shape.inputs {
+        bail!("{} gives {} features but the model takes {}", new.display(), split.features, m.params.shape.inputs);
+    }
+    let x = m.stats.normalize(&split);
+    let mut out = String::from("line\tprediction\n");
+    for i in 0..x.rows {
+        let y = m.stats.target_value(model::predict(&m.params, x.row(i)));
+        out += &format!("{}\t{y}\n", split.lines[i]);
+    }
+    match &args.predictions {
+        Some(path) => {
+            fsutil::check_output(path, &[("the model", model_path), ("the table", new)])
+                .context("--predictions")?;
+            fsutil::write_atomic(path, out.as_bytes())?;
+        }
+        None => crate::console::out(out.trim_end()),
+    }
+    if table.skipped > 0 && !args.quiet {
+        crate::console::err(&format!("skipped {} bad row{}", table.skipped, if table.skipped == 1 { "" } else { "s" }));
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! The sales model file: `.safetensors` with the tensors `w1` `[H,n]`, `b1` `[H]`, `w2` `[1,H]`, `b2` `[1]`
+//! (PyTorch's `nn.Linear` layouts) and string metadata: `kind` (`sales`), `hidden`, and as JSON what it
+//! takes to read new rows the same way and to undo the standardisation: the schema (column specs, column
+//! names, delimiter, header), the feature and target names, each categorical column's vocabulary (one-hot
+//! order), and the training split's feature and target mean and std.
+
+use super::data::{ColumnSpec, Schema, Stats};
+use super::model::{SalesParams, SalesShape};
+use anyhow::{Context, Result, anyhow, bail};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const KIND: &str = "sales";
+
+/// A trained model and everything needed to use it on new rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SalesModel {
+    pub params: SalesParams,
+    pub stats: Stats,
+    pub schema: Schema,
+    pub delimiter: u8,
+    pub header: bool,
+    pub feature_names: Vec<String>,
+    pub target_name: String,
+    pub vocabularies: Vec<Vec<String>>,
+}
+
+fn spec_text(spec: &ColumnSpec) -> String {
+    match spec {
+        ColumnSpec::Name(name) => name.clone(),
+        ColumnSpec::Number(n) => n.to_string(),
+    }
+}
+
+fn specs(specs: &[ColumnSpec]) -> Vec<String> {
+    specs.iter().map(spec_text).collect()
+}
+
+pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
+    let s = &m.schema;
+    let metadata = BTreeMap::from([
+        ("kind".to_string(), KIND.to_string()),
+        ("hidden".to_string(), m.params.shape.hidden.to_string()),
+        ("textnet".to_string(), crate::report::VERSION.to_string()),
+        (
+            "schema".to_string(),
+            json!({
+                "target": spec_text(&s.target), "numeric": specs(&s.numeric), "categorical": specs(&s.categorical),
+                "date": specs(&s.date), "column_names": s.column_names,
+                "delimiter": (m.delimiter as char).to_string(), "header": m.header,
+            })
+            .to_string(),
+        ),
+        ("features".to_string(), json!(m.feature_names).to_string()),
+        ("target".to_string(), m.target_name.clone()),
+        ("vocabularies".to_string(), json!(m.vocabularies).to_string()),
+        (
+            "stats".to_string(),
+            json!({
+                "feature_mean": m.stats.feature_mean, "feature_std": m.stats.feature_std,
+                "target_mean": m.stats.target_mean, "target_std": m.stats.target_std,
+            })
+            .to_string(),
+        ),
+    ]);
+    let p = m.params.parts();
+    let (h, n) = (m.params.shape.hidden, m.params.shape.inputs);
+    crate::tensorfile::to_bytes(
+        &[("w1", p.w1, vec![h, n]), ("b1", p.b1, vec![h]), ("w2", p.w2, vec![1, h]), ("b2", p.b2, vec![1])],
+        metadata,
+    )
+}
+
+pub fn save(m: &SalesModel, path: &Path) -> Result<()> {
+    crate::fsutil::write_atomic(path, &to_bytes(m)?)
+}
+
+pub fn load(path: &Path) -> Result<SalesModel> {
+    let bytes = crate::fsutil::read_input(path, "model file")?;
+    from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(meta: &std::collections::HashMap<String, String>, key: &str) -> Result<T> {
+    let text = meta.get(key).ok_or_else(|| anyhow!("metadata entry {key:?} is missing"))?;
+    serde_json::from_str(text).map_err(|e| anyhow!("metadata entry {key:?} is not what a sales model holds: {e}"))
+}
+
+pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    match meta.get("kind") {
+        Some(kind) if kind == KIND => {}
+        Some(kind) => bail!("not a textnet sales model file: metadata kind is {kind:?}, not {KIND:?}"),
+        None => bail!("not a textnet sales model file (no metadata kind)"),
+    }
+    let hidden: usize = meta
+        .get("hidden")
+        .and_then(|h| h.parse().ok())
+        .filter(|&h| h >= 1)
+        .ok_or_else(|| anyhow!("metadata entry \"hidden\" is missing or not a positive number"))?;
+    let feature_names: Vec<String> = parse_json(&meta, "features")?;
+    let vocabularies: Vec<Vec<String>> = parse_json(&meta, "vocabularies")?;
+    let target_name = meta.get("target").cloned().ok_or_else(|| anyhow!("metadata entry \"target\" is missing"))?;
+    let schema: Value = parse_json(&meta, "schema")?;
+    let stats: Value = parse_json(&meta, "stats")?;
+    let spec = |v: &Value| -> Result<ColumnSpec> { ColumnSpec::parse(v.as_str().ok_or_else(|| anyhow!("a column spec is not a string"))?) };
+    let spec_list = |key: &str| -> Result<Vec<ColumnSpec>> {
+        schema[key].as_array().ok_or_else(|| anyhow!("schema entry {key:?} is missing"))?.iter().map(spec).collect()
+    };
+    let floats = |key: &str| -> Result<Vec<f32>> {
+        serde_json::from_value(stats[key].clone()).map_err(|_| anyhow!("stats entry {key:?} is missing or not numbers"))
+    };
+    let float = |key: &str| -> Result<f32> {
+        stats[key].as_f64().map(|v| v as f32).ok_or_else(|| anyhow!("stats entry {key:?} is missing"))
+    };
+    let delimiter = match schema["delimiter"].as_str() {
+        Some("\t") => b'\t',
+        Some(",") => b',',
+        _ => bail!("schema entry \"delimiter\" must be a tab or a comma"),
+    };
+    let stats = Stats {
+        feature_mean: floats("feature_mean")?,
+        feature_std: floats("feature_std")?,
+        target_mean: float("target_mean")?,
+        target_std: float("target_std")?,
+    };
+    let n = feature_names.len();
+    if stats.feature_mean.len() != n || stats.feature_std.len() != n {
+        bail!("the statistics cover {} features, the model {n}", stats.feature_mean.len());
+    }
+    let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
+    let read = |name: &str, dims: &[usize]| -> Result<Vec<f32>> {
+        let t = tensors.tensor(name).map_err(|_| anyhow!("tensor {name} is missing"))?;
+        if t.dtype() != Dtype::F32 || t.shape() != dims {
+            bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
+        }
+        Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+    };
+    let shape = SalesShape { inputs: n, hidden };
+    let mut flat = read("w1", &[hidden, n])?;
+    flat.extend(read("b1", &[hidden])?);
+    flat.extend(read("w2", &[1, hidden])?);
+    flat.extend(read("b2", &[1])?);
+    let params = SalesParams { shape, flat };
+    if !params.all_finite() {
+        bail!("the parameters contain NaN or infinite values");
+    }
+    Ok(SalesModel {
+        params,
+        stats,
+        schema: Schema {
+            target: spec(&schema["target"])?,
+            numeric: spec_list("numeric")?,
+            categorical: spec_list("categorical")?,
+            date: spec_list("date")?,
+            column_names: serde_json::from_value(schema["column_names"].clone()).unwrap_or(None),
+        },
+        delimiter,
+        header: schema["header"].as_bool().unwrap_or(false),
+        feature_names,
+        target_name,
+        vocabularies,
+    })
+}

@@ -41,7 +41,7 @@ fn main() -> Result<()> {
             };
             let (tokens, order, val) = (run.tokens.clone(), run.order.clone(), run.val.clone());
             std::thread::spawn(move || -> Result<(String, f64)> {
-                let mut cpu = CpuTrainer { params, tokens };
+                let mut cpu = CpuTrainer::new(params, tokens);
                 cpu.train(&order, 1, lr)?;
                 let e = cpu.evaluate(&val)?;
                 Ok((what, e.loss / e.samples as f64))

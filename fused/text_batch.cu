@@ -23,9 +23,13 @@
 //   3. text_batch_update    ∂x = (∂H ⊙ ReLU′)·W1 scattered into the context rows of E, ∂W1 and ∂b1 into
 //                           gradient buffers, W2 −= lr·∂W2; the last block (ticket) applies W1 and b1
 //                           once every block has read the old W1, and clears the gradient buffers.
+//   4. text_batch_optimize  only for --optim momentum or adam: kernel 3 then leaves every gradient (∂E
+//                           dense, rows summed with atomics) in memory, and this pass applies optim.cuh's
+//                           update to every parameter.
 #include "common.cuh"
 #include "losses.cuh"
 #include "gemm.cuh"
+#include "optim.cuh"
 #include "text_shape.cuh"
 
 constexpr int TILE = G128;  // samples × vocabulary rows per block tile
@@ -350,8 +354,11 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
                   const float* __restrict__ dh, const float* __restrict__ grad_w2, const float* __restrict__ grad_b2,
                   float* __restrict__ grad_w1, float* __restrict__ grad_b1, const unsigned* __restrict__ tokens,
                   const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-                  int V, int N, int B, float lr, int w2_blocks, unsigned* __restrict__ ticket) {
+                  int V, int N, int B, float lr, int w2_blocks, unsigned* __restrict__ ticket,
+                  float* __restrict__ grad_E) {
     extern __shared__ __align__(16) float smem[];
+    // With grad_E, every gradient is left for text_batch_optimize: ∂E rows go there, W2 and W1 stay.
+    const bool fused_sgd = grad_E == nullptr;
     float* a_stage = smem;
     float* b_stage = smem + G128_STAGED_FLOATS;
     constexpr int D_TILES = (D + TILE - 1) / TILE;
@@ -367,14 +374,15 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
     int b = blockIdx.x;
     if (b < dx_blocks) {
         const int s0 = (b / D_TILES) * TILE, n0 = (b % D_TILES) * TILE;
-        const float scale = -lr / N;
+        const float scale = fused_sgd ? -lr / N : 1.0f / N;
+        float* target = fused_sgd ? E : grad_E;
         auto a = staged<true>(dz1, B, s0, H, a_stage);
         auto w1 = staged<false>([=](int d, int h) { return W1[(size_t)h * D + d]; }, D, n0, H, b_stage);
         gemm_128(B, D, H, s0, n0, a, w1, [&](int s, int d, float4 acc) {
             const float dx[4] = {acc.x, acc.y, acc.z, acc.w};
             const unsigned pos = sample_position(positions, cursor, offset, s);
             for (int n = 0; n < N; ++n) {
-                float* row = E + (size_t)tokens[pos - N + n] * D;
+                float* row = target + (size_t)tokens[pos - N + n] * D;
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     if (d + j < D) atomicAdd(&row[d + j], scale * dx[j]);
@@ -397,7 +405,7 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
                 else if (d + j == D) atomicAdd(&grad_b1[h], g[j]);
             }
         });
-    } else {
+    } else if (fused_sgd) {
         b -= dw1_blocks;
         const size_t n = (size_t)V * H;
         for (size_t i = (size_t)b * THREADS + threadIdx.x; i < n; i += (size_t)w2_blocks * THREADS) W2[i] -= lr * grad_w2[i];
@@ -405,6 +413,8 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
     }
 
     if (!last_block_to_finish(ticket)) return;
+    if (threadIdx.x == 0) *ticket = 0;
+    if (!fused_sgd) return;
     for (int i = threadIdx.x; i < H * D; i += THREADS) {
         W1[i] -= lr * __ldcg(&grad_w1[i]);
         grad_w1[i] = 0.0f;
@@ -413,5 +423,36 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
         b1[j] -= lr * __ldcg(&grad_b1[j]);
         grad_b1[j] = 0.0f;
     }
-    if (threadIdx.x == 0) *ticket = 0;
+}
+
+// The optimizer step (optim.cuh) of --optim momentum and adam, after text_batch_update left every
+// gradient in memory: a grid-stride pass over the parameters as one vector E, W1, b1, W2, b2 (m and v
+// laid out the same), clearing the gradients text_batch_update accumulates into (text_batch_forward
+// clears ∂W2 and ∂b2). step: optimizer steps taken, advanced by the last block; ticket zero between launches.
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_batch_optimize(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ W2,
+                    float* __restrict__ b2, float* __restrict__ grad_E, float* __restrict__ grad_w1,
+                    float* __restrict__ grad_b1, const float* __restrict__ grad_w2, const float* __restrict__ grad_b2,
+                    float* __restrict__ m, float* __restrict__ v, int V, int kind, float lr, float momentum, float beta1,
+                    float beta2, float eps, float weight_decay, unsigned* __restrict__ step,
+                    unsigned* __restrict__ ticket) {
+    const unsigned t = *step + 1;
+    OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
+    optim_bias_corrections(s, t);
+    float* params[5] = {E, W1, b1, W2, b2};
+    float* grads[5] = {grad_E, grad_w1, grad_b1, const_cast<float*>(grad_w2), const_cast<float*>(grad_b2)};
+    const size_t sizes[5] = {(size_t)V * D, (size_t)H * D, (size_t)H, (size_t)V * H, (size_t)V};
+    size_t base = 0;
+    for (int k = 0; k < 5; ++k) {
+        for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < sizes[k]; i += (size_t)gridDim.x * THREADS) {
+            const float g = grads[k][i];
+            params[k][i] = optim_update(s, params[k][i], g, m[base + i], v[base + i]);
+            if (k < 3) grads[k][i] = 0.0f;
+        }
+        base += sizes[k];
+    }
+    if (last_block_to_finish(ticket) && threadIdx.x == 0) {
+        *step = t;
+        *ticket = 0;
+    }
 }

@@ -22,7 +22,7 @@
 //! let tokens: Arc<[u32]> = corpus.tokens.clone().into();
 //! // A sample is the position of its target token; its context is the two tokens before it.
 //! let positions: Vec<u32> = (2..tokens.len() as u32).collect();
-//! let mut trainer = CpuTrainer { params: TextParams::init(shape, 1), tokens };
+//! let mut trainer = CpuTrainer::new(TextParams::init(shape, 1), tokens);
 //! for _ in 0..50 {
 //!     trainer.train(&positions, 1, 0.1)?; // single-sample SGD at lr 0.1
 //! }

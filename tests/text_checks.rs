@@ -9,6 +9,10 @@ use textnet::check::Plan;
 use textnet::text::checks::{KERNEL_MARGIN, TRAINING_CASES, TRAINING_MARGIN, TrainingProblem, kink_margin, random_problem, reference_run, training_problem};
 use textnet::text::model::{self, TextParams, TextShape};
 
+fn sgd(lr: f32) -> textnet::optim::OptimConfig {
+    textnet::optim::OptimConfig { lr, ..textnet::optim::OptimConfig::new(textnet::optim::OptimKind::Sgd) }
+}
+
 fn tiny() -> (TextParams, Arc<[u32]>) {
     let shape = TextShape { vocab: 11, embed: 5, hidden: 4, context: 2 };
     (TextParams::init(shape, 7), (0..40u32).map(|i| i * 7 % 11).collect())
@@ -33,13 +37,13 @@ fn a_reference_run_reports_a_step_that_touches_the_kink() {
     let (mut p, tokens) = tiny();
     let positions: Vec<u32> = (2..30).collect();
     p.b1 = vec![1.0, -1.0, 1.0, -1.0];
-    let clear = reference_run(&TrainingProblem { params: p.clone(), tokens: tokens.clone(), positions: positions.clone() }, 1, 0.01);
+    let clear = reference_run(&TrainingProblem { params: p.clone(), tokens: tokens.clone(), positions: positions.clone() }, 1, sgd(0.01));
     assert!(clear.margin > TRAINING_MARGIN);
     // The first sample's context puts unit 0 on the kink.
     let mut x = vec![0.0; 5];
     model::embed_context(&p, &tokens[positions[0] as usize - 2..positions[0] as usize], &mut x);
     p.b1[0] = -p.w1[..5].iter().zip(&x).map(|(w, x)| w * x).sum::<f32>();
-    let touching = reference_run(&TrainingProblem { params: p, tokens, positions }, 1, 0.01);
+    let touching = reference_run(&TrainingProblem { params: p, tokens, positions }, 1, sgd(0.01));
     assert!(touching.margin < 1e-6, "margin {}", touching.margin);
 }
 
@@ -67,7 +71,7 @@ fn training_problems_stay_clear_of_the_kink() {
         let mut rng = plan.rng(&format!("test training {i}"));
         for _ in 0..draws {
             let problem = training_problem(case, &mut rng);
-            let run = reference_run(&problem, case.batch, case.lr);
+            let run = reference_run(&problem, case.batch, case.optim_config());
             drawn += 1;
             clear += (run.margin >= TRAINING_MARGIN) as usize;
         }

@@ -30,7 +30,7 @@ fn setup(max_tokens: usize) -> Setup {
 
 fn run(s: &Setup, options: TrainOptions, progress: &mut dyn Progress) -> TrainRun {
     let tokens: Arc<[u32]> = s.corpus.tokens.clone().into();
-    let mut trainer = CpuTrainer { params: TextParams::init(s.shape, options.seed), tokens };
+    let mut trainer = CpuTrainer::new(TextParams::init(s.shape, options.seed), tokens);
     train(&mut trainer, &s.split.train, &s.split.val, &options, progress).unwrap()
 }
 

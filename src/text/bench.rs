@@ -223,7 +223,7 @@ pub fn quality(gpu: &Arc<Gpu>, args: &QualityOptions) -> Result<()> {
         None => (None, serde_json::Value::Null),
         Some(gpu_head) => {
             let started = std::time::Instant::now();
-            let mut cpu = CpuTrainer { params: params.clone(), tokens: tokens.clone() };
+            let mut cpu = CpuTrainer::new(params.clone(), tokens.clone());
             let mut cpu_loss = cpu.train(head, 1, lr)?;
             let errors: serde_json::Map<String, serde_json::Value> = super::checks::param_rel_errors(&gpu_head, &cpu.params)
                 .into_iter()

@@ -17,6 +17,7 @@ use super::gpu::GpuTrainer;
 use super::model::{self, TextParams, TextShape, context_of};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::device::Gpu;
+use crate::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::{Result, bail};
 use crate::cpu::SeededRng;
 use rand::RngExt;
@@ -471,14 +472,23 @@ pub enum Stream {
     FourTokens,
 }
 
-/// A whole training run to compare: shape, samples a step, steps, token stream and learning rate.
+/// A whole training run to compare: shape, samples a step, steps, token stream, optimizer and learning
+/// rate (Adam's with weight decay 1e-4).
 #[derive(Clone, Copy, Debug)]
 pub struct TrainingCase {
     pub shape: TextShape,
     pub batch: usize,
     pub steps: usize,
     pub stream: Stream,
+    pub optim: OptimKind,
     pub lr: f32,
+}
+
+impl TrainingCase {
+    pub fn optim_config(&self) -> OptimConfig {
+        let weight_decay = if self.optim == OptimKind::Adam { 1e-4 } else { 0.0 };
+        OptimConfig { lr: self.lr, weight_decay, ..OptimConfig::new(self.optim) }
+    }
 }
 
 const fn case(shape: TextShape, batch: usize, steps: usize, stream: Stream) -> TrainingCase {
@@ -486,7 +496,11 @@ const fn case(shape: TextShape, batch: usize, steps: usize, stream: Stream) -> T
         Stream::Random => 0.02,
         Stream::FourTokens => 0.005,
     };
-    TrainingCase { shape, batch, steps, stream, lr }
+    TrainingCase { shape, batch, steps, stream, optim: OptimKind::Sgd, lr }
+}
+
+const fn optimized(shape: TextShape, batch: usize, steps: usize, optim: OptimKind, lr: f32) -> TrainingCase {
+    TrainingCase { shape, batch, steps, stream: Stream::Random, optim, lr }
 }
 
 /// Single samples through fused/text_sample.cu (the first four) and, H = 66 being no multiple of 4, through
@@ -494,7 +508,9 @@ const fn case(shape: TextShape, batch: usize, steps: usize, stream: Stream) -> T
 /// sample_update's other ways of adding the dx shares: D above THREADS / 4 (a thread per element), and 65
 /// shares (more than one pass of the loads). Then the same on four distinct tokens. The largest shapes run
 /// 300 steps (two graph replays and a remainder), the CPU reference being slow there; the others 1000.
-pub const TRAINING_CASES: [TrainingCase; 10] = [
+/// The last three train with momentum and Adam, whose steps all go through the tiled kernels and
+/// text_batch_optimize, single samples and a partial tile included.
+pub const TRAINING_CASES: [TrainingCase; 13] = [
     case(shape(8192, 64, 256, 3), 1, 300, Stream::Random),
     case(shape(2003, 32, 64, 3), 1, 1000, Stream::Random),
     case(shape(1000, 96, 100, 2), 1, 1000, Stream::Random),
@@ -505,6 +521,9 @@ pub const TRAINING_CASES: [TrainingCase; 10] = [
     case(shape(8192, 64, 256, 3), 1, 300, Stream::FourTokens),
     case(shape(2003, 32, 66, 3), 1, 1000, Stream::FourTokens),
     case(shape(2003, 32, 64, 3), 7, 1000, Stream::FourTokens),
+    optimized(shape(2003, 32, 64, 3), 130, 100, OptimKind::Momentum, 0.002),
+    optimized(shape(2003, 32, 64, 3), 70, 100, OptimKind::Adam, 1e-3),
+    optimized(shape(517, 16, 40, 1), 1, 100, OptimKind::Adam, 1e-3),
 ];
 
 /// The smallest kink ratio a training problem's reference run may reach. Over a whole run the GPU drifts
@@ -555,12 +574,22 @@ pub struct ReferenceRun {
     pub margin: f64,
 }
 
-pub fn reference_run(problem: &TrainingProblem, batch: usize, lr: f32) -> ReferenceRun {
+pub fn reference_run(problem: &TrainingProblem, batch: usize, optim: OptimConfig) -> ReferenceRun {
     let mut params = problem.params.clone();
     let (mut loss, mut margin) = (0.0, f64::INFINITY);
+    let mut optimizer = Optimizer::new(optim, params.shape.parameter_count() as usize);
     for step in problem.positions.chunks(batch) {
         margin = margin.min(kink_margin(&params, &problem.tokens, step));
-        loss += model::train_step(&mut params, &problem.tokens, step, lr);
+        loss += if optim.kind == OptimKind::Sgd {
+            model::train_step(&mut params, &problem.tokens, step, optim.lr)
+        } else {
+            let n = params.shape.context;
+            let contexts: Vec<&[u32]> = step.iter().map(|&pos| context_of(&problem.tokens, pos, n)).collect();
+            let targets: Vec<u32> = step.iter().map(|&pos| problem.tokens[pos as usize]).collect();
+            let (g, step_loss) = model::backward(&params, &contexts, &targets);
+            model::optimizer_update(&mut params, &g, &contexts, &mut optimizer);
+            step_loss
+        };
     }
     ReferenceRun { params, loss, margin }
 }
@@ -577,7 +606,7 @@ pub struct Reference {
 pub fn drawn_reference(case: TrainingCase, rng: &mut SeededRng) -> Reference {
     for draws in 1..=MAX_DRAWS {
         let problem = training_problem(&case, rng);
-        let run = reference_run(&problem, case.batch, case.lr);
+        let run = reference_run(&problem, case.batch, case.optim_config());
         if run.margin >= TRAINING_MARGIN {
             return Reference { case, accepted: Some((problem, run)), draws };
         }
@@ -615,10 +644,17 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
             continue;
         };
         let mut trainer = GpuTrainer::new(gpu.clone(), &problem.params, problem.tokens.clone())?;
+        trainer.use_optimizer(case.optim_config())?;
         let loss = trainer.train(&problem.positions, case.batch, case.lr)?;
         let (rel_error, at) = worst_training_error(&trainer.params()?, loss, &cpu.params, cpu.loss);
         let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
-        out.push(Check { kernel: format!("{} steps (graph){what}, worst: {at}{drawn}", case.steps), shape, rel_error, tolerance: TRAINING_TOLERANCE });
+        let optim = if case.optim == OptimKind::Sgd { String::new() } else { format!(", {}", case.optim_config().describe()) };
+        out.push(Check {
+            kernel: format!("{} steps (graph){what}{optim}, worst: {at}{drawn}", case.steps),
+            shape,
+            rel_error,
+            tolerance: TRAINING_TOLERANCE,
+        });
     }
     Ok(out)
 }

@@ -13,6 +13,7 @@ use crate::checkpoint::{Keep, Keeper};
 use crate::console;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::interrupt::{self, Interrupted};
+use crate::optim::{OptimConfig, OptimKind};
 use crate::report::{self, Display, EpochRow, Report, Status};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
@@ -49,6 +50,17 @@ pub struct TrainArgs {
     /// With --batch B, B times this keeps an epoch's progress (a step averages B samples)
     #[arg(long, default_value_t = DEFAULT_LR, allow_negative_numbers = true)]
     pub lr: f32,
+    /// Optimizer: sgd is fused into the step kernels (single samples at full speed); momentum and adam take
+    /// every step through the batched kernels and the shared update, with --lr as their learning rate
+    /// (Adam wants about 1e-3)
+    #[arg(long, value_enum, default_value_t = OptimKind::Sgd)]
+    pub optim: OptimKind,
+    /// Momentum μ of --optim momentum [default: 0.9]
+    #[arg(long, allow_negative_numbers = true)]
+    pub momentum: Option<f32>,
+    /// L2 weight decay of --optim momentum or adam, added to the gradient as wd·θ
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub weight_decay: f32,
     /// Passes over the training samples
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,
@@ -107,7 +119,23 @@ impl TrainArgs {
         if self.out.is_dir() {
             bail!("--out {} is a directory; give a file name", self.out.display());
         }
+        self.optim_config().validate()?;
+        if self.momentum.is_some() && self.optim != OptimKind::Momentum {
+            bail!("--momentum applies to --optim momentum only (this run uses --optim {})", self.optim.name());
+        }
+        if self.weight_decay != 0.0 && self.optim == OptimKind::Sgd {
+            bail!("--weight-decay applies to --optim momentum and adam (the fused SGD update has none)");
+        }
         Ok(())
+    }
+
+    /// The update the flags ask for, at --lr.
+    fn optim_config(&self) -> OptimConfig {
+        let mut config = OptimConfig { lr: self.lr, weight_decay: self.weight_decay, ..OptimConfig::new(self.optim) };
+        if let Some(momentum) = self.momentum {
+            config.momentum = momentum;
+        }
+        config
     }
 
     fn config_json(&self, shape: TextShape, tokenizer: Tokenizer) -> serde_json::Value {
@@ -121,6 +149,8 @@ impl TrainArgs {
             "embed": shape.embed,
             "hidden": shape.hidden,
             "lr": report::decimal(self.lr),
+            "optim": self.optim.name(),
+            "weight_decay": report::decimal(self.weight_decay),
             "epochs": self.epochs,
             "batch": self.batch,
             "seed": self.seed,
@@ -269,7 +299,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
         Some(model) => model.params,
         None => TextParams::init(shape, args.seed),
     };
-    let mut trainer = train::make_trainer(&backend, params.clone(), tokens)?;
+    let mut trainer = train::make_trainer(&backend, params.clone(), tokens, args.optim_config())?;
     if let Some(path) = &args.resume {
         let loss = mean_loss(trainer.evaluate(&val)?);
         display.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
@@ -340,9 +370,9 @@ fn mean_loss(sums: super::model::EvalSums) -> f64 {
 
 /// Validation loss of `params` on the run's device, or on the CPU where that device cannot take the shape.
 fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u32]) -> Result<f64> {
-    let sums = match train::make_trainer(backend, params.clone(), tokens.clone()) {
+    let sums = match train::make_trainer(backend, params.clone(), tokens.clone(), OptimConfig::new(OptimKind::Sgd)) {
         Ok(mut trainer) => trainer.evaluate(val)?,
-        Err(_) => CpuTrainer { params, tokens: tokens.clone() }.evaluate(val)?,
+        Err(_) => CpuTrainer::new(params, tokens.clone()).evaluate(val)?,
     };
     Ok(mean_loss(sums))
 }
@@ -379,12 +409,12 @@ impl Setup<'_> {
             self.train_samples, self.val_samples, self.val_evaluated, args.val_max
         ));
         display.line(&format!(
-            "model: context {}, embed {}, hidden {}: {} parameters; lr {}, batch {}, {} epoch{}",
+            "model: context {}, embed {}, hidden {}: {} parameters; {}, batch {}, {} epoch{}",
             shape.context,
             shape.embed,
             shape.hidden,
             parameter_count(shape),
-            args.lr,
+            args.optim_config().describe(),
             args.batch,
             args.epochs,
             if args.epochs == 1 { "" } else { "s" }
@@ -394,7 +424,12 @@ impl Setup<'_> {
         }
         display.line(&format!("device: {}", self.device));
         display.line(&format!("unigram baseline: val loss {:.4} (perplexity {:.1})", self.unigram, self.unigram.exp()));
-        if let Some(note) = batch_lr_note(args.batch, args.lr) {
+        if args.optim == OptimKind::Adam && args.lr == DEFAULT_LR {
+            display.line(&format!(
+                "note: --lr {DEFAULT_LR} is the SGD default; Adam usually wants about 1e-3 (--lr 0.001)"
+            ));
+        }
+        if let Some(note) = batch_lr_note(args.batch, args.lr).filter(|_| args.optim == OptimKind::Sgd) {
             display.line(&note);
         }
     }

@@ -8,6 +8,7 @@
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
 use crate::device::{Arg, Gpu, THREADS_PER_BLOCK};
+use crate::optim::{OptimConfig, OptimKind};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
 use std::collections::HashMap;
@@ -294,6 +295,18 @@ struct TiledKernels {
     update: CudaFunction,
 }
 
+/// What `--optim momentum` or `adam` adds to the tiled step: text_batch_optimize, the optimizer state over
+/// the parameters as one vector (E, W1, b1, W2, b2), and the dense embedding gradient.
+struct OptimizerState {
+    config: OptimConfig,
+    kernel: CudaFunction,
+    m: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    grad_embedding: CudaSlice<f32>,
+    step: CudaSlice<u32>,
+    ticket: CudaSlice<u32>,
+}
+
 struct CapturedSteps {
     batch: usize,
     lr: f32,
@@ -323,6 +336,8 @@ pub struct GpuTrainer {
     loss_sum: CudaSlice<f64>,
     hit_counts: CudaSlice<u64>,
     captured: Option<CapturedSteps>,
+    /// Set for --optim momentum or adam: every step then takes the tiled path and this update.
+    optimizer: Option<OptimizerState>,
 }
 
 impl GpuTrainer {
@@ -367,7 +382,39 @@ impl GpuTrainer {
             tokens,
             buffers,
             captured: None,
+            optimizer: None,
         })
+    }
+
+    /// Trains with `config` from here on instead of the fused SGD update: every step, whatever its size,
+    /// goes through fused/text_batch.cu and then text_batch_optimize (optim.cuh). SGD keeps the fused paths.
+    pub fn use_optimizer(&mut self, config: OptimConfig) -> Result<()> {
+        config.validate()?;
+        if config.clip_norm > 0.0 {
+            bail!("--clip-norm is not available for the text model");
+        }
+        if config.kind == OptimKind::Sgd {
+            self.optimizer = None;
+            return Ok(());
+        }
+        self.settle_w2()?;
+        let s = self.shape;
+        let module = self.gpu.module("text_batch", &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64)])?;
+        let kernel = Gpu::function(&module, "text_batch_optimize")?;
+        let stream = &self.gpu.stream;
+        let count = s.parameter_count() as usize;
+        let room = "GPU out of memory for the optimizer state";
+        self.optimizer = Some(OptimizerState {
+            config,
+            kernel,
+            m: stream.alloc_zeros::<f32>(count).context(room)?,
+            v: stream.alloc_zeros::<f32>(count).context(room)?,
+            grad_embedding: stream.alloc_zeros::<f32>(s.vocab * s.embed).context(room)?,
+            step: stream.alloc_zeros::<u32>(1)?,
+            ticket: stream.alloc_zeros::<u32>(1)?,
+        });
+        self.captured = None;
+        Ok(())
     }
 
     /// The kernels for steps of `batch` samples, compiled on first use.
@@ -432,7 +479,7 @@ impl GpuTrainer {
 
     /// Whether a step of `batch` samples takes fused/text_sample.cu.
     pub fn sample_path(&self, batch: usize) -> bool {
-        batch == 1 && self.layout.sample_fits
+        batch == 1 && self.layout.sample_fits && self.optimizer.is_none()
     }
 
     /// Single-sample kernel 1: the pending step's W2/b2 update, then logits, softmax partials and the
@@ -576,9 +623,22 @@ impl GpuTrainer {
             Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.grad_w1), Arg::buf(g, &b.grad_b1),
             tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi, Arg::f32(lr),
             Arg::i32(W2_UPDATE_BLOCKS as i32), Arg::buf(g, &b.ticket),
+            self.optimizer.as_ref().map_or(Arg::Ptr(0), |o| Arg::buf(g, &o.grad_embedding)),
         ];
         let blocks = s_tiles * d.div_ceil(TILE) + h_tiles * (d + 1).div_ceil(TILE) * batch.div_ceil(B_SLICE) + W2_UPDATE_BLOCKS;
-        g.launch("text_batch_update", &update, (blocks as u32, 1), stage, false, &args)
+        g.launch("text_batch_update", &update, (blocks as u32, 1), stage, false, &args)?;
+
+        let Some(o) = &self.optimizer else { return Ok(()) };
+        let c = o.config;
+        let args = [
+            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
+            Arg::buf(g, &o.grad_embedding), Arg::buf(g, &b.grad_w1), Arg::buf(g, &b.grad_b1), Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2), Arg::buf(g, &o.m), Arg::buf(g, &o.v), vi, Arg::i32(c.kind.kernel_code()),
+            Arg::f32(c.lr), Arg::f32(c.momentum), Arg::f32(c.beta1), Arg::f32(c.beta2), Arg::f32(c.eps),
+            Arg::f32(c.weight_decay), Arg::buf(g, &o.step), Arg::buf(g, &o.ticket),
+        ];
+        let blocks = (self.shape.parameter_count() as usize).div_ceil(THREADS_PER_BLOCK as usize * 8).clamp(1, 4 * g.sm_count as usize);
+        g.launch("text_batch_optimize", &o.kernel, (blocks as u32, 1), 0, false, &args)
     }
 
     fn alloc_buffers(gpu: &Gpu, shape: TextShape, layout: &TextLayout, capacity: usize) -> Result<StepBuffers> {
@@ -709,7 +769,7 @@ impl GpuTrainer {
     /// `after_step`: the previous kernels on the stream are a step of the same size, whose text_update
     /// formed this step's hidden layer; otherwise text_hidden forms it first.
     pub fn launch_step(&mut self, batch: usize, offset: usize, lr: f32, after_step: bool) -> Result<()> {
-        if self.layout.tiled(batch) {
+        if self.layout.tiled(batch) || self.optimizer.is_some() {
             return self.launch_tiled_step(batch, offset, lr);
         }
         if !after_step {

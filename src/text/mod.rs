@@ -34,13 +34,32 @@ pub trait TextTrainer {
 pub struct CpuTrainer {
     pub params: TextParams,
     pub tokens: std::sync::Arc<[u32]>,
+    /// Momentum or Adam (`model::optimizer_update`) in place of SGD at the `train` call's lr.
+    pub optimizer: Option<crate::optim::Optimizer>,
+}
+
+impl CpuTrainer {
+    /// An SGD trainer.
+    pub fn new(params: TextParams, tokens: std::sync::Arc<[u32]>) -> CpuTrainer {
+        CpuTrainer { params, tokens, optimizer: None }
+    }
 }
 
 impl TextTrainer for CpuTrainer {
     fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
         let mut loss = 0.0;
+        let n = self.params.shape.context;
         for step in positions.chunks(batch.max(1)) {
-            loss += model::train_step(&mut self.params, &self.tokens, step, lr);
+            loss += match &mut self.optimizer {
+                None => model::train_step(&mut self.params, &self.tokens, step, lr),
+                Some(optimizer) => {
+                    let contexts: Vec<&[u32]> = step.iter().map(|&pos| model::context_of(&self.tokens, pos, n)).collect();
+                    let targets: Vec<u32> = step.iter().map(|&pos| self.tokens[pos as usize]).collect();
+                    let (g, step_loss) = model::backward(&self.params, &contexts, &targets);
+                    model::optimizer_update(&mut self.params, &g, &contexts, optimizer);
+                    step_loss
+                }
+            };
         }
         Ok(loss)
     }

@@ -7,6 +7,7 @@ use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
 use crate::device::Backend;
+use crate::optim::{OptimConfig, OptimKind, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -15,11 +16,21 @@ use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The trainer for `backend`, owning `params` and the token stream.
-pub fn make_trainer(backend: &Backend, params: TextParams, tokens: Arc<[u32]>) -> Result<Box<dyn TextTrainer>> {
+/// The trainer for `backend`, owning `params` and the token stream, updating with `optim` (SGD: the
+/// fused kernels' update at the lr of each `train` call).
+pub fn make_trainer(backend: &Backend, params: TextParams, tokens: Arc<[u32]>, optim: OptimConfig) -> Result<Box<dyn TextTrainer>> {
+    optim.validate()?;
     match backend {
-        Backend::Cpu => Ok(Box::new(CpuTrainer { params, tokens })),
-        Backend::Cuda(gpu) => Ok(Box::new(GpuTrainer::new(gpu.clone(), &params, tokens)?)),
+        Backend::Cpu => {
+            let count = params.shape.parameter_count() as usize;
+            let optimizer = (optim.kind != OptimKind::Sgd).then(|| Optimizer::new(optim, count));
+            Ok(Box::new(CpuTrainer { params, tokens, optimizer }))
+        }
+        Backend::Cuda(gpu) => {
+            let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens)?;
+            trainer.use_optimizer(optim)?;
+            Ok(Box::new(trainer))
+        }
     }
 }
 

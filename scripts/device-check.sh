@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, all in one run (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
 # text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
-# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (`all` writes ten).
-# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|xor|sales|sanitize|all]...
+# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (`all` writes sixteen).
+# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|xor|matmul|sales|sanitize|all]...
 #   seeds:    the quality run (GPU only) for each seed in $SEEDS (default 1 to 6), $JOBS (default 4) seeds
 #             at a time, into $OUT/quality_seeds.json; then their PyTorch twins (CUDA graph mode) in
 #             $TORCH_JOBS (default 2) processes over disjoint runs of the seeds, into
@@ -48,6 +48,8 @@ for what in "${@:-all}"; do
                } >"$OUT/train.txt" 2>&1 || status=1; cat "$OUT/train.txt" ;;&
     xor|all) $bin bench xor --json >"$OUT/bench_xor.json" || status=1
              python3 benches/torch_xor.py >"$OUT/torch_xor.json" || status=1; cat "$OUT/bench_xor.json" "$OUT/torch_xor.json" ;;&
+    matmul|all) $bin bench matmul --json >"$OUT/bench_matmul.json" || status=1
+                python3 benches/torch_matmul.py >"$OUT/torch_matmul.json" || status=1; cat "$OUT/bench_matmul.json" "$OUT/torch_matmul.json" ;;&
     sales|all) [ -f data/sales.tsv ] || python3 scripts/make-sales.py --out data/sales.tsv
                $bin bench sales --json >"$OUT/bench_sales.json" || status=1
                python3 benches/torch_sales.py >"$OUT/torch_sales.json" || status=1

@@ -1,5 +1,5 @@
 //! `textnet bench`: training speed on the GPU, timed with device events after warm-up, median of several
-//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`, `sales::bench`); this file only
+//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`, `sales::bench`, `matmul::bench`); this file only
 //! lists them. Numbers go to BENCHMARKS.md; nothing here is asserted.
 
 use crate::device::Gpu;
@@ -20,6 +20,8 @@ pub enum BenchTarget {
     Xor,
     /// Tabular regression: 50 epochs over a sales table (--table), GPU and CPU reference
     Sales,
+    /// 1024² fp32 matrix product: naive, tiled (gemm_128, 64² gemm_tile) and cuBLAS kernels
+    Matmul,
 }
 
 #[derive(clap::Args, Debug)]
@@ -80,6 +82,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ),
         BenchTarget::Mnist => crate::mnist::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
+        BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Sales => crate::sales::bench::bench(
             &gpu,
             &crate::sales::bench::SalesBenchOptions {

@@ -49,6 +49,7 @@ pub mod device;
 pub mod fsutil;
 mod fused_source;
 pub mod interrupt;
+pub mod matmul;
 pub mod mnist;
 pub mod optim;
 pub mod report;

@@ -6,6 +6,11 @@
 //   matmul_naive     grid (⌈N/256⌉, M): one thread per element of C, a loop over k; a warp reads 32
 //                    adjacent B elements (coalesced) and one A element (broadcast) per k.
 //   matmul_tile128   grid (⌈N/128⌉, ⌈M/128⌉), gemm_128; dynamic shared memory 2·G128_STAGED_FLOATS floats.
+//   matmul_tile128_split2  grid (2·⌈N/128⌉, ⌈M/128⌉): gemm_128 over one half of K per block (the two
+//                    halves of a tile are adjacent blocks), added into C with float atomics: twice the blocks
+//                    of matmul_tile128, so 1024² fills 128 of the 132 SMs. Two addends onto a zeroed C give
+//                    the same sum in either order (0 + a = a, and a + b = b + a), so the result repeats to the
+//                    bit. C must be zero first (the launch layer clears it).
 //   matmul_tile64    grid (⌈N/64⌉, ⌈M/64⌉), gemm_tile<64, 64, 16, 4, 4>: four times the blocks of the
 //                    128² tile, for products too small to fill the GPU with 128² tiles (1024² is 64
 //                    blocks); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats.
@@ -47,4 +52,26 @@ matmul_tile64(const float* __restrict__ A, const float* __restrict__ B, float* _
         [=](int m, int k) { return A[(size_t)m * K + k]; },
         [=](int k, int n) { return B[(size_t)k * N + n]; },
         [=](int m, int n, float v) { C[(size_t)m * N + n] = v; }, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+matmul_tile128_split2(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                      int K) {
+    extern __shared__ float smem[];
+    const int half = blockIdx.x & 1;
+    const int m0 = blockIdx.y * G128, n0 = (blockIdx.x >> 1) * G128;
+    const int k0 = half ? K / 2 : 0, kn = half ? K - K / 2 : K / 2;
+    auto a = staged<true>([=](int m, int k) { return A[(size_t)m * K + k0 + k]; }, M, m0, kn, smem);
+    auto b = staged<false>([=](int n, int k) { return B[(size_t)(k0 + k) * N + n]; }, N, n0, kn,
+                           smem + G128_STAGED_FLOATS);
+    const bool aligned = N % 4 == 0;
+    gemm_128(M, N, kn, m0, n0, a, b, [&](int m, int n, float4 v) {
+        float* c = C + (size_t)m * N + n;
+        if (aligned && n + 4 <= N) {
+            atomic_add4(c, v);
+        } else {
+            const float e[4] = {v.x, v.y, v.z, v.w};
+            for (int j = 0; j < 4 && n + j < N; ++j) atomicAdd(c + j, e[j]);
+        }
+    });
 }

@@ -1,4 +1,4 @@
-//! `textnet bench matmul`: C = A·B at 1024³ in fp32 by matmul_naive, matmul_tile128, matmul_tile64 and cuBLAS
+//! `textnet bench matmul`: C = A·B at 1024³ in fp32 by matmul_naive, matmul_tile128, matmul_tile64, matmul_tile128_split2 and cuBLAS
 //! sgemm (left out, with the reason, where libcublas is missing), beside `benches/torch_matmul.py`. Each
 //! row is timed with device events over LAUNCHES back-to-back launches after a warm-up (median of the
 //! repeats), and its result is checked against the CPU reference first: any row off by more than
@@ -95,12 +95,12 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("matmul on {}: {m}×{k} · {k}×{n} fp32, median of {repeats} ({LAUNCHES} launches each)", gpu.describe());
-        println!("  {:<16} {:>9} {:>9} {:>14} {:>11}", "kernel", "ms", "TFLOP/s", "cuBLAS/kernel", "rel. error");
+        println!("  {:<22} {:>9} {:>9} {:>14} {:>11}", "kernel", "ms", "TFLOP/s", "cuBLAS/kernel", "rel. error");
         for r in &rows {
             let ms = r.median_ms();
             let ratio = ratio(ms).map_or("-".into(), |x| format!("{x:.3}"));
             let verdict = if r.passed() { "" } else { "  FAIL" };
-            println!("  {:<16} {ms:>9.4} {:>9.2} {ratio:>14} {:>11.2e}{verdict}", r.name, tflops(ms), r.rel_error);
+            println!("  {:<22} {ms:>9.4} {:>9.2} {ratio:>14} {:>11.2e}{verdict}", r.name, tflops(ms), r.rel_error);
         }
         if let Err(why) = &cublas {
             println!("  cuBLAS left out: {why}");

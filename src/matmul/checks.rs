@@ -1,4 +1,4 @@
-//! The matmul selftest checks: matmul_naive, matmul_tile128 and matmul_tile64 against the CPU reference
+//! The matmul selftest checks: matmul_naive, matmul_tile128, matmul_tile64 and matmul_tile128_split2 against the CPU reference
 //! (relative 1e-5) on fresh uniform inputs in [−1, 1), over shapes that hit every edge of the tiles: one
 //! element, partial tiles in every dimension, exactly one 128² tile, and several partial ones. Each
 //! output is poisoned with NaN first, so an element no thread writes fails the check.

@@ -18,16 +18,18 @@ pub enum Kernel {
     Naive,
     Tile128,
     Tile64,
+    Tile128Split2,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 3] = [Kernel::Naive, Kernel::Tile128, Kernel::Tile64];
+    pub const ALL: [Kernel; 4] = [Kernel::Naive, Kernel::Tile128, Kernel::Tile64, Kernel::Tile128Split2];
 
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Naive => "matmul_naive",
             Kernel::Tile128 => "matmul_tile128",
             Kernel::Tile64 => "matmul_tile64",
+            Kernel::Tile128Split2 => "matmul_tile128_split2",
         }
     }
 
@@ -37,6 +39,7 @@ impl Kernel {
         match self {
             Kernel::Naive => ((n.div_ceil(THREADS_PER_BLOCK as usize), m), 0),
             Kernel::Tile128 => ((n.div_ceil(G128), m.div_ceil(G128)), 2 * G128_STAGED_FLOATS * f),
+            Kernel::Tile128Split2 => ((2 * n.div_ceil(G128), m.div_ceil(G128)), 2 * G128_STAGED_FLOATS * f),
             Kernel::Tile64 => {
                 let (b, bk, t) = TILE64;
                 let shared = crate::mnist::gpu::gemm_shared_floats(b, b, bk, t, t) * f;
@@ -80,6 +83,9 @@ impl GpuMatmul {
             return Ok(());
         }
         let gpu = &self.gpu;
+        if kernel == Kernel::Tile128Split2 {
+            gpu.stream.memset_zeros(c).context("clearing C")?;
+        }
         let args = [Arg::buf(gpu, a), Arg::buf(gpu, b), Arg::buf(gpu, c), Arg::i32(m as i32), Arg::i32(n as i32), Arg::i32(k as i32)];
         let function = &self.functions[kernel as usize];
         gpu.launch(kernel.name(), function, (bx as u32, by as u32), shared as u32, false, &args)

@@ -14,6 +14,7 @@ pub mod bench;
 pub mod checks;
 pub mod classify;
 pub mod cli;
+pub mod cnn;
 pub mod gpu;
 pub mod data;
 pub mod idx;

@@ -1,0 +1,357 @@
+//! The convolutional classifier (`textnet mnist --model cnn`) and its CPU reference: the oracle for the
+//! GPU kernels and the no-GPU path. For a `side`×`side` greyscale image x:
+//!
+//! ```text
+//! z1 = conv3x3(x; W1, b1), pad 1          (c1 × side × side)     a1 = relu(z1)    p1 = maxpool2(a1)
+//! z2 = conv3x3(p1; W2, b2), pad 1         (c2 × side/2 × side/2) a2 = relu(z2)    p2 = maxpool2(a2)
+//! f  = flatten(p2)                        (c2·(side/4)², channel-major, as torch.flatten)
+//! zh = Wf·f + bf,  h = relu(zh)           (fc)
+//! logits = Wo·h + bo                      (classes)   loss = −log softmax(logits)[label]
+//! ```
+//!
+//! Max pooling keeps the first largest of each 2×2 window in the order (0,0), (0,1), (1,0), (1,1), and
+//! the gradient goes to that element only. The parameters are one flat vector in PyTorch's layouts and
+//! `state_dict` order: conv1.weight `[c1,1,3,3]`, conv1.bias, conv2.weight `[c2,c1,3,3]`, conv2.bias,
+//! fc1.weight `[fc,c2·(side/4)²]`, fc1.bias, fc2.weight `[classes,fc]`, fc2.bias, so the shared optimizers
+//! update it in one pass and a model file loads into the same `torch.nn` model.
+//!
+//! The math is generic over the float type: training runs it in f32, and the finite-difference tests in
+//! f64, where a perturbation of 1e-6 is too small to cross a ReLU kink or change a pooling choice.
+
+use super::idx::Split;
+use crate::cpu::SeededRng;
+use anyhow::{Result, bail};
+use num_traits::Float;
+use rand::SeedableRng;
+
+/// The architecture's sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CnnShape {
+    /// Image side (a multiple of 4).
+    pub side: usize,
+    pub c1: usize,
+    pub c2: usize,
+    pub fc: usize,
+    pub classes: usize,
+}
+
+/// The names of the parameter tensors, in flat-vector order.
+pub const TENSOR_NAMES: [&str; 8] =
+    ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
+
+impl CnnShape {
+    /// The roadmap's model on 28×28 images: 8 and 16 channels, 64 hidden units, 10 classes.
+    pub const MNIST: CnnShape = CnnShape { side: 28, c1: 8, c2: 16, fc: 64, classes: 10 };
+
+    pub fn validate(&self) -> Result<()> {
+        if self.side == 0 || self.side % 4 != 0 {
+            bail!("the CNN needs an image side that is a positive multiple of 4, got {}", self.side);
+        }
+        if self.c1 == 0 || self.c2 == 0 || self.fc == 0 || self.classes < 2 {
+            bail!("the CNN needs at least one channel per layer, one hidden unit and two classes");
+        }
+        Ok(())
+    }
+
+    /// Inputs of fc1: c2 channels of (side/4)².
+    pub fn flat(&self) -> usize {
+        self.c2 * (self.side / 4) * (self.side / 4)
+    }
+
+    /// Names and shapes of the tensors in flat-vector order.
+    pub fn tensor_shapes(&self) -> [(&'static str, Vec<usize>); 8] {
+        let CnnShape { c1, c2, fc, classes, .. } = *self;
+        let shapes = [
+            vec![c1, 1, 3, 3],
+            vec![c1],
+            vec![c2, c1, 3, 3],
+            vec![c2],
+            vec![fc, self.flat()],
+            vec![fc],
+            vec![classes, fc],
+            vec![classes],
+        ];
+        let mut shapes = shapes.into_iter();
+        TENSOR_NAMES.map(|name| (name, shapes.next().expect("eight shapes")))
+    }
+
+    /// Start of each tensor in the flat vector, and the total.
+    pub fn offsets(&self) -> ([usize; 8], usize) {
+        let mut at = 0;
+        let starts = self.tensor_shapes().map(|(_, dims)| {
+            let start = at;
+            at += dims.iter().product::<usize>();
+            start
+        });
+        (starts, at)
+    }
+
+    pub fn param_count(&self) -> usize {
+        self.offsets().1
+    }
+}
+
+/// All trainable parameters, flat (see the module comment for the layout).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CnnParams {
+    pub shape: CnnShape,
+    pub flat: Vec<f32>,
+}
+
+impl CnnParams {
+    /// PyTorch's default initialisation of `nn.Conv2d` and `nn.Linear`: every weight and bias
+    /// U(−1/√fan_in, 1/√fan_in), fan_in = in_channels·3·3 for a convolution; drawn in tensor order.
+    pub fn init(shape: CnnShape, seed: u64) -> CnnParams {
+        let mut rng = SeededRng::seed_from_u64(seed);
+        let (starts, total) = shape.offsets();
+        let mut flat = vec![0.0f32; total];
+        let fan_in = [9, 9, 9 * shape.c1, 9 * shape.c1, shape.flat(), shape.flat(), shape.fc, shape.fc];
+        for k in 0..8 {
+            let end = if k + 1 < 8 { starts[k + 1] } else { total };
+            crate::cpu::linear_init(&mut flat[starts[k]..end], fan_in[k], &mut rng);
+        }
+        CnnParams { shape, flat }
+    }
+
+    pub fn all_finite(&self) -> bool {
+        self.flat.iter().all(|x| x.is_finite())
+    }
+}
+
+/// Views of the flat vector by tensor.
+struct Tensors<'a, T> {
+    w1: &'a [T],
+    b1: &'a [T],
+    w2: &'a [T],
+    b2: &'a [T],
+    wf: &'a [T],
+    bf: &'a [T],
+    wo: &'a [T],
+    bo: &'a [T],
+}
+
+fn tensors<T>(shape: CnnShape, flat: &[T]) -> Tensors<'_, T> {
+    let (starts, total) = shape.offsets();
+    assert_eq!(flat.len(), total, "flat buffer does not match the CNN shape");
+    let part = |k: usize| &flat[starts[k]..if k + 1 < 8 { starts[k + 1] } else { total }];
+    Tensors { w1: part(0), b1: part(1), w2: part(2), b2: part(3), wf: part(4), bf: part(5), wo: part(6), bo: part(7) }
+}
+
+/// One image's activations, kept for the backward pass.
+struct Forward<T> {
+    z1: Vec<T>,
+    p1: Vec<T>,
+    /// Per pooled element of p1, which of its window's four (0–3) it took.
+    arg1: Vec<u8>,
+    z2: Vec<T>,
+    f: Vec<T>,
+    arg2: Vec<u8>,
+    zh: Vec<T>,
+    logits: Vec<T>,
+}
+
+/// out[c][y][x] = b[c] + Σ_{ci,ky,kx} w[c][ci][ky][kx]·input[ci][y+ky−1][x+kx−1], zero outside.
+fn conv3x3<T: Float>(input: &[T], channels: usize, side: usize, w: &[T], b: &[T], out: &mut [T]) {
+    for (c, plane) in out.chunks_exact_mut(side * side).enumerate() {
+        for y in 0..side {
+            for x in 0..side {
+                let mut z = b[c];
+                for ci in 0..channels {
+                    for ky in 0..3 {
+                        let yy = y + ky;
+                        if yy < 1 || yy > side {
+                            continue;
+                        }
+                        for kx in 0..3 {
+                            let xx = x + kx;
+                            if xx < 1 || xx > side {
+                                continue;
+                            }
+                            let weight = w[((c * channels + ci) * 3 + ky) * 3 + kx];
+                            z = z + weight * input[(ci * side + yy - 1) * side + xx - 1];
+                        }
+                    }
+                }
+                plane[y * side + x] = z;
+            }
+        }
+    }
+}
+
+/// relu then 2×2 max pooling of `z` (channels × side × side): the pooled values and which element of
+/// each window they came from (the first largest).
+fn relu_pool<T: Float>(z: &[T], channels: usize, side: usize, pooled: &mut [T], arg: &mut [u8]) {
+    let half = side / 2;
+    for c in 0..channels {
+        for i in 0..half {
+            for j in 0..half {
+                let mut best = T::neg_infinity();
+                let mut which = 0u8;
+                for (k, (dy, dx)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                    let a = z[(c * side + 2 * i + dy) * side + 2 * j + dx].max(T::zero());
+                    if a > best {
+                        best = a;
+                        which = k as u8;
+                    }
+                }
+                pooled[(c * half + i) * half + j] = best;
+                arg[(c * half + i) * half + j] = which;
+            }
+        }
+    }
+}
+
+fn forward_one<T: Float>(shape: CnnShape, p: &Tensors<T>, image: &[f32]) -> Forward<T> {
+    let CnnShape { side, c1, c2, fc, classes } = shape;
+    let (s2, s3) = (side / 2, side / 4);
+    let x: Vec<T> = image.iter().map(|&v| T::from(v).expect("a float")).collect();
+    let mut z1 = vec![T::zero(); c1 * side * side];
+    conv3x3(&x, 1, side, p.w1, p.b1, &mut z1);
+    let (mut p1, mut arg1) = (vec![T::zero(); c1 * s2 * s2], vec![0u8; c1 * s2 * s2]);
+    relu_pool(&z1, c1, side, &mut p1, &mut arg1);
+    let mut z2 = vec![T::zero(); c2 * s2 * s2];
+    conv3x3(&p1, c1, s2, p.w2, p.b2, &mut z2);
+    let (mut f, mut arg2) = (vec![T::zero(); c2 * s3 * s3], vec![0u8; c2 * s3 * s3]);
+    relu_pool(&z2, c2, s2, &mut f, &mut arg2);
+    let n = f.len();
+    let zh: Vec<T> =
+        (0..fc).map(|j| p.wf[j * n..][..n].iter().zip(&f).fold(p.bf[j], |acc, (&w, &v)| acc + w * v)).collect();
+    let logits: Vec<T> = (0..classes)
+        .map(|k| p.wo[k * fc..][..fc].iter().zip(&zh).fold(p.bo[k], |acc, (&w, &z)| acc + w * z.max(T::zero())))
+        .collect();
+    Forward { z1, p1, arg1, z2, f, arg2, zh, logits }
+}
+
+/// −log softmax(logits)[label], and softmax − onehot(label) into `d`.
+fn softmax_xent<T: Float>(logits: &[T], label: usize, d: &mut [T]) -> T {
+    let max = logits.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
+    let sum = logits.iter().fold(T::zero(), |s, &v| s + (v - max).exp());
+    for (k, (d, &v)) in d.iter_mut().zip(logits).enumerate() {
+        *d = (v - max).exp() / sum - if k == label { T::one() } else { T::zero() };
+    }
+    max + sum.ln() - logits[label]
+}
+
+/// Sends each pooled gradient to the window element the forward pass took, through relu's mask (z > 0).
+fn unpool<T: Float>(d_pooled: &[T], arg: &[u8], z: &[T], channels: usize, side: usize, dz: &mut [T]) {
+    let half = side / 2;
+    dz.iter_mut().for_each(|v| *v = T::zero());
+    for c in 0..channels {
+        for i in 0..half {
+            for j in 0..half {
+                let k = (c * half + i) * half + j;
+                let (dy, dx) = ((arg[k] / 2) as usize, (arg[k] % 2) as usize);
+                let at = (c * side + 2 * i + dy) * side + 2 * j + dx;
+                if z[at] > T::zero() {
+                    dz[at] = d_pooled[k];
+                }
+            }
+        }
+    }
+}
+
+/// The weight and bias gradients of conv3x3 from dz (channels_out × side × side) and its input, and,
+/// when `d_input` is given, the input's gradient.
+#[allow(clippy::too_many_arguments)]
+fn conv3x3_backward<T: Float>(
+    input: &[T],
+    channels: usize,
+    side: usize,
+    w: &[T],
+    dz: &[T],
+    gw: &mut [T],
+    gb: &mut [T],
+    mut d_input: Option<&mut [T]>,
+) {
+    if let Some(d) = d_input.as_deref_mut() {
+        d.iter_mut().for_each(|v| *v = T::zero());
+    }
+    for (c, plane) in dz.chunks_exact(side * side).enumerate() {
+        for y in 0..side {
+            for x in 0..side {
+                let g = plane[y * side + x];
+                if g == T::zero() {
+                    continue;
+                }
+                gb[c] = gb[c] + g;
+                for ci in 0..channels {
+                    for ky in 0..3 {
+                        let yy = y + ky;
+                        if yy < 1 || yy > side {
+                            continue;
+                        }
+                        for kx in 0..3 {
+                            let xx = x + kx;
+                            if xx < 1 || xx > side {
+                                continue;
+                            }
+                            let wi = ((c * channels + ci) * 3 + ky) * 3 + kx;
+                            let ii = (ci * side + yy - 1) * side + xx - 1;
+                            gw[wi] = gw[wi] + g * input[ii];
+                            if let Some(d) = d_input.as_deref_mut() {
+                                d[ii] = d[ii] + g * w[wi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The summed loss over the images `rows` of `data` and the gradient of the mean loss into `grad`.
+pub fn loss_and_grad<T: Float>(shape: CnnShape, params: &[T], data: &Split, rows: &[u32], grad: &mut [T]) -> T {
+    let CnnShape { side, c1, c2, fc, classes } = shape;
+    let p = tensors(shape, params);
+    assert_eq!(grad.len(), params.len());
+    grad.iter_mut().for_each(|g| *g = T::zero());
+    if rows.is_empty() {
+        return T::zero();
+    }
+    let (starts, _) = shape.offsets();
+    let scale = T::one() / T::from(rows.len()).expect("a float");
+    let s2 = side / 2;
+    let mut loss = T::zero();
+    let mut d = vec![T::zero(); classes];
+    let (mut dz1, mut dp1, mut dz2) = (vec![T::zero(); c1 * side * side], vec![T::zero(); c1 * s2 * s2], vec![T::zero(); c2 * s2 * s2]);
+    for &row in rows {
+        let image = data.image(row);
+        let a = forward_one(shape, &p, image);
+        loss = loss + softmax_xent(&a.logits, data.label(row), &mut d);
+        d.iter_mut().for_each(|v| *v = *v * scale);
+        let n = a.f.len();
+        let mut dh = vec![T::zero(); fc];
+        for (k, &dk) in d.iter().enumerate() {
+            grad[starts[7] + k] = grad[starts[7] + k] + dk;
+            for j in 0..fc {
+                let h = a.zh[j].max(T::zero());
+                grad[starts[6] + k * fc + j] = grad[starts[6] + k * fc + j] + dk * h;
+                dh[j] = dh[j] + p.wo[k * fc + j] * dk;
+            }
+        }
+        let mut df = vec![T::zero(); n];
+        for j in 0..fc {
+            if a.zh[j] <= T::zero() {
+                continue;
+            }
+            grad[starts[5] + j] = grad[starts[5] + j] + dh[j];
+            for i in 0..n {
+                grad[starts[4] + j * n + i] = grad[starts[4] + j * n + i] + dh[j] * a.f[i];
+                df[i] = df[i] + p.wf[j * n + i] * dh[j];
+            }
+        }
+        unpool(&df, &a.arg2, &a.z2, c2, s2, &mut dz2);
+        let (g_lo, g_hi) = grad.split_at_mut(starts[3]);
+        conv3x3_backward(&a.p1, c1, s2, p.w2, &dz2, &mut g_lo[starts[2]..], &mut g_hi[..c2], Some(&mut dp1));
+        unpool(&dp1, &a.arg1, &a.z1, c1, side, &mut dz1);
+        let x: Vec<T> = image.iter().map(|&v| T::from(v).expect("a float")).collect();
+        let (g_lo, g_hi) = grad.split_at_mut(starts[1]);
+        conv3x3_backward(&x, 1, side, p.w1, &dz1, &mut g_lo[starts[0]..], &mut g_hi[..c1], None);
+    }
+    loss
+}
+
+/// The class scores of one image (the logits) under f32 parameters.
+pub fn logits(p: &CnnParams, image: &[f32]) -> Vec<f32> {
+    forward_one(p.shape, &tensors(p.shape, &p.flat), image).logits
+}

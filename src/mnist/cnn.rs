@@ -44,7 +44,7 @@ impl CnnShape {
     pub const MNIST: CnnShape = CnnShape { side: 28, c1: 8, c2: 16, fc: 64, classes: 10 };
 
     pub fn validate(&self) -> Result<()> {
-        if self.side == 0 || self.side % 4 != 0 {
+        if self.side == 0 || !self.side.is_multiple_of(4) {
             bail!("the CNN needs an image side that is a positive multiple of 4, got {}", self.side);
         }
         if self.c1 == 0 || self.c2 == 0 || self.fc == 0 || self.classes < 2 {

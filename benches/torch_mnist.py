@@ -8,7 +8,11 @@ step on a throwaway model (CUDA context, cuBLAS handles). Prints one JSON object
 
 Reads the four IDX files (raw or .gz) from ./data/fashion-mnist, else /usr/share/datasets/fashion-mnist.
 
-usage: python3 benches/torch_mnist.py [--data DIR] [--epochs 10] [--batch 64] [--seed 0]
+With --model cnn: Conv2d(1,8,3,pad 1) -> ReLU -> MaxPool2d(2) -> Conv2d(8,16,3,pad 1) -> ReLU -> MaxPool2d(2)
+-> Flatten -> Linear(784,64) -> ReLU -> Linear(64,10), PyTorch's default initialisation (`textnet bench mnist
+--model cnn`; cuDNN's convolution algorithms, TF32 off).
+
+usage: python3 benches/torch_mnist.py [--model mlp|cnn] [--data DIR] [--epochs 10] [--batch 64] [--seed 0]
 """
 import argparse
 import gzip
@@ -61,8 +65,23 @@ class Mlp(nn.Module):
         return self.out(F.relu(self.hidden(x)))
 
 
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc1 = nn.Linear(784, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x.view(-1, 1, 28, 28))), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     ap.add_argument("--data", default=None)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64)
@@ -76,14 +95,16 @@ def main():
     test_y = torch.tensor(read_idx(paths[3]), dtype=torch.long, device=dev)
     n = len(train_y)
 
-    warm = Mlp().to(dev)
+    torch.backends.cudnn.allow_tf32 = False
+    make = Cnn if args.model == "cnn" else Mlp
+    warm = make().to(dev)
     warm_opt = torch.optim.Adam(warm.parameters(), lr=1e-3)
     F.cross_entropy(warm(train_x[: args.batch]), train_y[: args.batch]).backward()
     warm_opt.step()
     torch.cuda.synchronize()
 
     torch.manual_seed(args.seed)
-    model = Mlp().to(dev)
+    model = make().to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     epochs = []
@@ -109,7 +130,7 @@ def main():
         })
     total = time.perf_counter() - start
     print(json.dumps({
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "mode": "eager",
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "mode": "eager", "model": args.model,
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "data_dir": data_dir,
         "batch": args.batch, "epochs": args.epochs, "optimizer": "adam lr 0.001",
         "total_s": total, "test_accuracy": epochs[-1]["test_accuracy"], "per_epoch": epochs,

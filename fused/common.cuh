@@ -69,15 +69,18 @@ __device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
 // exactly one block, the last to arrive, and there every other block's writes are visible. `ticket`
 // counts arrivals per gridDim.x blocks (pass one counter per grid row for 2-D grids); the last block
 // must set it back to zero for the next launch.
-__device__ __forceinline__ bool last_block_to_finish(unsigned* ticket) {
+// With `count`, the same over any group of `count` blocks that share `ticket`.
+__device__ __forceinline__ bool last_block_to_finish(unsigned* ticket, unsigned count) {
     __shared__ bool last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == count - 1;
     __syncthreads();
     if (last) __threadfence();
     return last;
 }
+
+__device__ __forceinline__ bool last_block_to_finish(unsigned* ticket) { return last_block_to_finish(ticket, gridDim.x); }
 
 // Combines one value per thread over a whole block of THREADS threads with a warp-wide combine (each warp,
 // then the warps' results in every warp); every thread gets the result. `scratch` holds WARPS values,

@@ -59,6 +59,9 @@ pub struct BenchArgs {
     /// sales: the table (scripts/make-sales.py writes it)
     #[arg(long, default_value = "data/sales.tsv")]
     pub table: std::path::PathBuf,
+    /// mnist: the model to time
+    #[arg(long, value_enum, default_value_t = crate::mnist::ModelKind::Mlp)]
+    pub model: crate::mnist::ModelKind,
     /// sales: epochs
     #[arg(long, default_value_t = crate::sales::model::DEFAULT_EPOCHS)]
     pub epochs: usize,
@@ -80,7 +83,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 json: args.json,
             },
         ),
-        BenchTarget::Mnist => crate::mnist::bench::bench(&gpu, repeats, args.json),
+        BenchTarget::Mnist => match args.model {
+            crate::mnist::ModelKind::Mlp => crate::mnist::bench::bench(&gpu, repeats, args.json),
+            crate::mnist::ModelKind::Cnn => crate::mnist::bench::cnn_bench(&gpu, args.json),
+        },
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Sales => crate::sales::bench::bench(

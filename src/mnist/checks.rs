@@ -46,6 +46,7 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     if plan.wants(Group::Kernels) {
         checks.extend(all_kernel_checks(gpu, &mut plan.rng("mnist kernels"))?);
     }
+    checks.extend(super::cnn_checks::selftest_checks(gpu, plan)?);
     if !plan.wants(Group::Training) {
         return Ok(checks);
     }

@@ -355,3 +355,80 @@ pub fn loss_and_grad<T: Float>(shape: CnnShape, params: &[T], data: &Split, rows
 pub fn logits(p: &CnnParams, image: &[f32]) -> Vec<f32> {
     forward_one(p.shape, &tensors(p.shape, &p.flat), image).logits
 }
+
+/// Loss and confusion matrix over all of `data` (f32, the first largest logit as the prediction).
+pub fn evaluate(p: &CnnParams, data: &Split) -> super::Evaluation {
+    let mut eval = super::Evaluation::new(p.shape.classes);
+    let mut d = vec![0.0f32; p.shape.classes];
+    for row in 0..data.len() as u32 {
+        let logits = logits(p, data.image(row));
+        eval.loss += softmax_xent(&logits, data.label(row), &mut d) as f64;
+        let best = logits.iter().enumerate().fold(0, |b, (k, &v)| if v > logits[b] { k } else { b });
+        eval.record(data.label(row), best);
+    }
+    eval
+}
+
+/// How close the images `rows` bring the model to a point where rounding could change its derivative: the
+/// smallest, over every pre-activation of conv1, conv2 and fc1, of |z| / (|b| + Σ|w·x|)
+/// (`check::kink_ratio`), and over every pooling window whose winner is positive, of the winner's lead
+/// over the runner-up relative to the winner.
+pub fn kink_margin(p: &CnnParams, data: &Split, rows: &[u32]) -> f64 {
+    let s = p.shape;
+    let t = tensors(s, &p.flat);
+    let (s1, s2) = (s.side, s.side / 2);
+    let mut margin = f64::INFINITY;
+    let conv_margin = |input: &[f32], channels: usize, side: usize, w: &[f32], b: &[f32], z: &[f32], margin: &mut f64| {
+        for (c, plane) in z.chunks_exact(side * side).enumerate() {
+            for y in 0..side {
+                for x in 0..side {
+                    let mut scale = b[c].abs() as f64;
+                    for ci in 0..channels {
+                        for ky in 0..3 {
+                            for kx in 0..3 {
+                                let (yy, xx) = (y + ky, x + kx);
+                                if yy >= 1 && yy <= side && xx >= 1 && xx <= side {
+                                    let weight = w[((c * channels + ci) * 3 + ky) * 3 + kx] as f64;
+                                    scale += (weight * input[(ci * side + yy - 1) * side + xx - 1] as f64).abs();
+                                }
+                            }
+                        }
+                    }
+                    if scale > 0.0 {
+                        *margin = margin.min(plane[y * side + x].abs() as f64 / scale);
+                    }
+                }
+            }
+        }
+    };
+    let pool_margin = |z: &[f32], channels: usize, side: usize, margin: &mut f64| {
+        let half = side / 2;
+        for c in 0..channels {
+            for i in 0..half {
+                for j in 0..half {
+                    let mut a: Vec<f32> = [(0, 0), (0, 1), (1, 0), (1, 1)]
+                        .iter()
+                        .map(|(dy, dx)| z[(c * side + 2 * i + dy) * side + 2 * j + dx].max(0.0))
+                        .collect();
+                    a.sort_by(|x, y| y.total_cmp(x));
+                    if a[0] > 0.0 {
+                        *margin = margin.min(((a[0] - a[1]) / a[0]) as f64);
+                    }
+                }
+            }
+        }
+    };
+    for &row in rows {
+        let image = data.image(row);
+        let a: Forward<f32> = forward_one(s, &t, image);
+        conv_margin(image, 1, s1, t.w1, t.b1, &a.z1, &mut margin);
+        pool_margin(&a.z1, s.c1, s1, &mut margin);
+        conv_margin(&a.p1, s.c1, s2, t.w2, t.b2, &a.z2, &mut margin);
+        pool_margin(&a.z2, s.c2, s2, &mut margin);
+        let n = a.f.len();
+        for j in 0..s.fc {
+            margin = margin.min(crate::check::kink_ratio(&t.wf[j * n..][..n], t.bf[j], &a.f));
+        }
+    }
+    margin
+}

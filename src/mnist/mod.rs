@@ -15,6 +15,8 @@ pub mod checks;
 pub mod classify;
 pub mod cli;
 pub mod cnn;
+pub mod cnn_checks;
+pub mod cnn_gpu;
 pub mod gpu;
 pub mod data;
 pub mod idx;
@@ -27,6 +29,16 @@ use idx::Split;
 use model::{MlpParams, Workspace};
 use crate::optim::{OptimConfig, Optimizer};
 use std::sync::Arc;
+
+/// The classifier's architecture.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ModelKind {
+    /// 784 → hidden → 10
+    #[default]
+    Mlp,
+    /// two conv3x3 + ReLU + maxpool2 layers (8, 16 channels), then 784 → 64 → 10
+    Cnn,
+}
 
 /// Loss and confusion counts over an evaluation set.
 #[derive(Clone, Debug, PartialEq)]

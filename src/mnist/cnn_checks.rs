@@ -1,0 +1,198 @@
+//! The CNN's selftest checks against the CPU reference (`cnn.rs`), on random images and labels:
+//!
+//! - kernels: one step of the three kernels (B = 3): every tensor's gradient (written over a NaN-poisoned
+//!   buffer), the updated parameters and the step's loss, on a problem whose reference stays MARGIN clear
+//!   of every point where rounding could change a derivative (`cnn::kink_margin`: ReLU kinks and
+//!   near-ties in max pooling; ~66,000 of them per image, so only a few images keep a draw clear);
+//! - training: 100 steps of 4 images through the production path (one CUDA graph) for SGD, momentum and
+//!   Adam with weight decay and clipping: the summed loss, every tensor and the test loss, on a small CNN
+//!   (8×8 images, 2 and 3 channels, 6 hidden units), whose run the reference watches at every step and
+//!   which must stay MARGIN clear of every switch. At the full size a run of 100 steps passes tens of
+//!   thousands of ReLU and pooling decisions per image, and some sit within rounding of their switch: a
+//!   flipped one moved fc1's bias by 4.6e-3 relative in one measured run, so no full-size run can be
+//!   compared tightly;
+//! - repeat: the full-size step twice from the same start gives the same bits.
+
+use super::cnn::{self, CnnParams, CnnShape};
+use super::cnn_gpu::GpuCnn;
+use super::idx::Split;
+use crate::check::{Check, Group, Plan, rel_error};
+use crate::cpu::SeededRng;
+use crate::device::Gpu;
+use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use anyhow::Result;
+use rand::RngExt;
+use std::sync::Arc;
+
+pub const KERNEL_TOLERANCE: f64 = 1e-4;
+pub const TRAINING_TOLERANCE: f64 = 1e-4;
+/// The smallest kink margin a one-step problem may reach (rounding moves values by ~1e-7 relative).
+pub const MARGIN: f64 = 1e-6;
+const MAX_DRAWS: usize = 8;
+/// The training checks' CNN.
+pub const TRAINING_SHAPE: CnnShape = CnnShape { side: 8, c1: 2, c2: 3, fc: 6, classes: 4 };
+
+pub fn random_split(shape: CnnShape, n: usize, rng: &mut SeededRng) -> Split {
+    let pixels = shape.side * shape.side;
+    Split {
+        images: (0..n * pixels).map(|_| rng.random_range(0.0f32..1.0)).collect(),
+        labels: (0..n).map(|_| rng.random_range(0..shape.classes as u8)).collect(),
+        pixels,
+    }
+}
+
+fn label(shape: CnnShape, batch: usize) -> String {
+    format!("{0}×{0} c{1} c{2} fc{3} B={batch}", shape.side, shape.c1, shape.c2, shape.fc)
+}
+
+pub fn optimizers() -> [OptimConfig; 3] {
+    [
+        OptimConfig { lr: 0.05, ..OptimConfig::new(OptimKind::Sgd) },
+        OptimConfig { lr: 0.01, ..OptimConfig::new(OptimKind::Momentum) },
+        OptimConfig { weight_decay: 1e-3, clip_norm: 0.5, ..OptimConfig::new(OptimKind::Adam) },
+    ]
+}
+
+/// Relative error of each tensor of `got` against `want` (flat vectors of `shape`), the worst and where.
+fn worst_tensor(shape: CnnShape, got: &[f32], want: &[f32]) -> (f64, &'static str) {
+    let (starts, total) = shape.offsets();
+    let mut worst = (0.0, "");
+    for (k, (name, _)) in shape.tensor_shapes().iter().enumerate() {
+        let end = if k + 1 < 8 { starts[k + 1] } else { total };
+        let err = rel_error(&got[starts[k]..end], &want[starts[k]..end]);
+        if err > worst.0 {
+            worst = (err, name);
+        }
+    }
+    worst
+}
+
+pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
+    let shape = CnnShape::MNIST;
+    let mut out = Vec::new();
+    if plan.wants(Group::Kernels) {
+        let mut rng = plan.rng("cnn kernels");
+        for optim in optimizers() {
+            out.push(step_check(gpu, shape, optim, 3, &mut rng)?);
+        }
+    }
+    if plan.wants(Group::Training) {
+        let mut rng = plan.rng("cnn training");
+        for optim in optimizers() {
+            out.push(training_check(gpu, TRAINING_SHAPE, optim, 4, 100, &mut rng)?);
+        }
+    }
+    if plan.wants(Group::Repeat) {
+        out.push(repeat_check(gpu, shape, &mut plan.rng("cnn repeat"))?);
+    }
+    Ok(out)
+}
+
+/// A problem whose reference stays MARGIN clear over `rows` (all of the split): the split and parameters,
+/// or None after MAX_DRAWS tries.
+fn clear_problem(shape: CnnShape, images: usize, rng: &mut SeededRng) -> Option<(Split, CnnParams, usize)> {
+    for draw in 1..=MAX_DRAWS {
+        let data = random_split(shape, images, rng);
+        let params = CnnParams::init(shape, rng.random());
+        let rows: Vec<u32> = (0..images as u32).collect();
+        if cnn::kink_margin(&params, &data, &rows) >= MARGIN {
+            return Some((data, params, draw));
+        }
+    }
+    None
+}
+
+/// One step: the gradient of every tensor, the updated parameters and the loss.
+fn step_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize, rng: &mut SeededRng) -> Result<Check> {
+    let name = format!("cnn step {}", optim.describe());
+    let Some((data, params, draws)) = clear_problem(shape, batch, rng) else {
+        return Ok(Check { kernel: format!("{name}: no clear problem"), shape: label(shape, batch), rel_error: f64::INFINITY, tolerance: KERNEL_TOLERANCE });
+    };
+    let order: Vec<u32> = (0..batch as u32).collect();
+    let mut want_grad = vec![0.0f32; params.flat.len()];
+    let want_loss = cnn::loss_and_grad(shape, &params.flat, &data, &order, &mut want_grad);
+    let mut want = params.clone();
+    Optimizer::new(optim, params.flat.len()).step(&mut want.flat, &want_grad);
+
+    let mut t = GpuCnn::new(gpu.clone(), params, optim, &data, &data)?;
+    t.poison_gradient()?;
+    let loss = t.train_epoch(&order, batch)?;
+    let (grad_err, grad_at) = worst_tensor(shape, &t.gradient()?, &want_grad);
+    let (param_err, param_at) = worst_tensor(shape, &t.params()?.flat, &want.flat);
+    let loss_err = rel_error(&[loss as f32], &[want_loss]);
+    let mut worst = (grad_err, format!("∂{grad_at}"));
+    if param_err > worst.0 {
+        worst = (param_err, param_at.to_string());
+    }
+    if loss_err > worst.0 {
+        worst = (loss_err, "loss".into());
+    }
+    let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
+    Ok(Check { kernel: format!("{name}, worst: {}{drawn}", worst.1), shape: label(shape, batch), rel_error: worst.0, tolerance: KERNEL_TOLERANCE })
+}
+
+/// `steps` steps of `batch` images (one epoch, one graph) on GPU and CPU from the same start.
+fn training_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize, steps: usize, rng: &mut SeededRng) -> Result<Check> {
+    let images = batch * steps;
+    let name = format!("cnn {steps} steps (graph) {}", optim.describe());
+    let test = random_split(shape, 50, rng);
+    let mut accepted = None;
+    for draw in 1..=MAX_DRAWS {
+        let data = random_split(shape, images, rng);
+        let start = CnnParams::init(shape, rng.random());
+        let mut cpu = start.clone();
+        let mut optimizer = Optimizer::new(optim, cpu.flat.len());
+        let mut grad = vec![0.0f32; cpu.flat.len()];
+        let (mut loss, mut margin) = (0.0f64, f64::INFINITY);
+        let order: Vec<u32> = (0..images as u32).collect();
+        for rows in order.chunks(batch) {
+            margin = margin.min(cnn::kink_margin(&cpu, &data, rows));
+            loss += cnn::loss_and_grad(shape, &cpu.flat, &data, rows, &mut grad) as f64;
+            optimizer.step(&mut cpu.flat, &grad);
+        }
+        if margin >= MARGIN && cpu.all_finite() {
+            accepted = Some((data, start, cpu, loss, draw));
+            break;
+        }
+    }
+    let Some((data, start, cpu, cpu_loss, draws)) = accepted else {
+        return Ok(Check { kernel: format!("{name}: no clear problem"), shape: label(shape, batch), rel_error: f64::INFINITY, tolerance: TRAINING_TOLERANCE });
+    };
+    let mut t = GpuCnn::new(gpu.clone(), start, optim, &data, &test)?;
+    let order: Vec<u32> = (0..images as u32).collect();
+    let loss = t.train_epoch(&order, batch)?;
+    let got = t.params()?;
+    let (mut worst, at) = worst_tensor(shape, &got.flat, &cpu.flat);
+    let mut at = at.to_string();
+    let loss_err = rel_error(&[loss as f32], &[cpu_loss as f32]);
+    if loss_err > worst {
+        (worst, at) = (loss_err, "loss".into());
+    }
+    let test_err = rel_error(&[t.evaluate()?.loss as f32], &[cnn::evaluate(&cpu, &test).loss as f32]);
+    if test_err > worst {
+        (worst, at) = (test_err, "test loss".into());
+    }
+    let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
+    Ok(Check { kernel: format!("{name}, worst: {at}{drawn}"), shape: label(shape, batch), rel_error: worst, tolerance: TRAINING_TOLERANCE })
+}
+
+/// Two steps of 64 images twice from the same start: the same parameters to the bit.
+fn repeat_check(gpu: &Arc<Gpu>, shape: CnnShape, rng: &mut SeededRng) -> Result<Check> {
+    let data = random_split(shape, 128, rng);
+    let start = CnnParams::init(shape, rng.random());
+    let optim = optimizers()[2];
+    let order: Vec<u32> = (0..128).collect();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let mut t = GpuCnn::new(gpu.clone(), start.clone(), optim, &data, &data)?;
+        let loss = t.train_epoch(&order, 64)?;
+        runs.push((loss.to_bits(), t.params()?.flat.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+    }
+    let same = runs[0] == runs[1];
+    Ok(Check {
+        kernel: "cnn 2 steps twice: the same bits".into(),
+        shape: label(shape, 64),
+        rel_error: if same { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    })
+}

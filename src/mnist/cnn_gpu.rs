@@ -1,0 +1,318 @@
+//! The CNN trainer on the GPU: fused/mnist_cnn.cu's three kernels per step (see its header), both splits
+//! resident on the device, an epoch's steps captured once as a CUDA graph and replayed over each epoch's
+//! order, the loss read once per epoch.
+
+use super::cnn::{CnnParams, CnnShape};
+use super::idx::Split;
+use super::Evaluation;
+use crate::device::{Arg, Gpu};
+use crate::optim::OptimConfig;
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
+use std::sync::Arc;
+
+const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
+/// cnn_update's blocks per conv channel (SLICES in fused/mnist_cnn.cu).
+const CONV_SLICES: usize = 8;
+/// Test images per evaluation launch (a block each).
+const EVAL_CHUNK: usize = 10_000;
+
+/// The kernels' buffer and shared-memory sizes for `shape` (mirroring fused/mnist_cnn.cu).
+struct Sizes {
+    pix: usize,
+    p1: usize,
+    z2: usize,
+    flat: usize,
+    forward_shared: usize,
+    backward_shared: usize,
+    update_blocks: usize,
+}
+
+impl Sizes {
+    fn of(s: CnnShape) -> Sizes {
+        let (s1, s2) = (s.side, s.side / 2);
+        let (pix, p1, z2, flat) = (s1 * s1, s.c1 * s2 * s2, s.c2 * s2 * s2, s.flat());
+        let conv_params = s.c1 * 9 + s.c1 + s.c2 * s.c1 * 9 + s.c2;
+        let fc_params = s.param_count() - conv_params;
+        Sizes {
+            pix,
+            p1,
+            z2,
+            flat,
+            forward_shared: 4 * (pix + conv_params + p1 + flat + s.fc + (p1 + flat).div_ceil(4)),
+            backward_shared: 4 * (s.fc + flat + z2 + s.c2 * s.c1 * 9 + flat + p1),
+            update_blocks: (s.c1 + s.c2) * CONV_SLICES + fc_params.div_ceil(THREADS),
+        }
+    }
+}
+
+struct Kernels {
+    forward: CudaFunction,
+    backward: CudaFunction,
+    update: CudaFunction,
+    evaluate: CudaFunction,
+}
+
+/// What one step keeps per image between its kernels, for `capacity` images.
+struct StepBuffers {
+    capacity: usize,
+    p1: CudaSlice<f32>,
+    arg1: CudaSlice<u8>,
+    f: CudaSlice<f32>,
+    arg2: CudaSlice<u8>,
+    h: CudaSlice<f32>,
+    dlogits: CudaSlice<f32>,
+    loss: CudaSlice<f32>,
+    dh: CudaSlice<f32>,
+    dz2: CudaSlice<f32>,
+    dz1: CudaSlice<f32>,
+    predicted: CudaSlice<u8>,
+}
+
+struct DeviceSplit {
+    images: CudaSlice<f32>,
+    labels: CudaSlice<u8>,
+    len: usize,
+}
+
+pub struct GpuCnn {
+    gpu: Arc<Gpu>,
+    shape: CnnShape,
+    sizes: Sizes,
+    optim: OptimConfig,
+    kernels: Kernels,
+    params: CudaSlice<f32>,
+    /// The last step's gradient of the batch mean loss (every element written each step).
+    pub grad: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    norm_partials: CudaSlice<f32>,
+    /// Per conv channel and slice, cnn_update's partial gradient sums (conv2's C1·9 + 1 floats each).
+    conv_partials: CudaSlice<f32>,
+    channel_tickets: CudaSlice<u32>,
+    step: CudaSlice<u32>,
+    ticket: CudaSlice<u32>,
+    loss_sum: CudaSlice<f64>,
+    order: CudaSlice<u32>,
+    train: DeviceSplit,
+    test: DeviceSplit,
+    test_labels: Vec<u8>,
+    buffers: StepBuffers,
+    /// An epoch's steps for (samples, batch), replayed each epoch.
+    captured: Option<(usize, usize, CudaGraph)>,
+}
+
+impl GpuCnn {
+    pub fn new(gpu: Arc<Gpu>, params: CnnParams, optim: OptimConfig, train: &Split, test: &Split) -> Result<GpuCnn> {
+        optim.validate()?;
+        let shape = params.shape;
+        shape.validate()?;
+        if train.pixels != shape.side * shape.side || test.pixels != train.pixels {
+            bail!("the CNN takes {0}×{0} images", shape.side);
+        }
+        let module = gpu.module(
+            "mnist_cnn",
+            &[
+                ("CNN_SIDE", shape.side as i64),
+                ("CNN_C1", shape.c1 as i64),
+                ("CNN_C2", shape.c2 as i64),
+                ("CNN_FC", shape.fc as i64),
+                ("CNN_CLASSES", shape.classes as i64),
+            ],
+        )?;
+        let load = |name: &str| Gpu::function(&module, name);
+        let kernels = Kernels {
+            forward: load("cnn_forward")?,
+            backward: load("cnn_backward")?,
+            update: load("cnn_update")?,
+            evaluate: load("cnn_evaluate")?,
+        };
+        let sizes = Sizes::of(shape);
+        gpu.reserve_shared(&kernels.forward, sizes.forward_shared, "the CNN's size")?;
+        gpu.reserve_shared(&kernels.evaluate, sizes.forward_shared, "the CNN's size")?;
+        gpu.reserve_shared(&kernels.backward, sizes.backward_shared, "the CNN's size")?;
+        let stream = gpu.stream.clone();
+        let upload = |split: &Split, what: &str| -> Result<DeviceSplit> {
+            Ok(DeviceSplit {
+                images: stream.clone_htod(&split.images).with_context(|| format!("copying the {what} images to the GPU"))?,
+                labels: stream.clone_htod(&split.labels).with_context(|| format!("copying the {what} labels to the GPU"))?,
+                len: split.len(),
+            })
+        };
+        let n = shape.param_count();
+        let zeros = |len: usize| stream.alloc_zeros::<f32>(len.max(1)).context("GPU out of memory for the model");
+        Ok(GpuCnn {
+            params: stream.clone_htod(&params.flat).context("copying the model to the GPU")?,
+            grad: zeros(n)?,
+            m: zeros(n)?,
+            v: zeros(n)?,
+            norm_partials: zeros(sizes.update_blocks)?,
+            conv_partials: zeros((shape.c1 + shape.c2) * CONV_SLICES * (shape.c1 * 9 + 1).max(10))?,
+            channel_tickets: stream.alloc_zeros::<u32>(shape.c1 + shape.c2)?,
+            step: stream.alloc_zeros::<u32>(1)?,
+            ticket: stream.alloc_zeros::<u32>(1)?,
+            loss_sum: stream.alloc_zeros::<f64>(1)?,
+            order: stream.alloc_zeros::<u32>(train.len().max(1))?,
+            train: upload(train, "training")?,
+            test: upload(test, "test")?,
+            test_labels: test.labels.clone(),
+            buffers: Self::alloc_buffers(&gpu, shape, &sizes, EVAL_CHUNK.min(test.len().max(1)).max(64))?,
+            gpu,
+            shape,
+            sizes,
+            optim,
+            kernels,
+            captured: None,
+        })
+    }
+
+    fn alloc_buffers(gpu: &Gpu, s: CnnShape, z: &Sizes, capacity: usize) -> Result<StepBuffers> {
+        let st = &gpu.stream;
+        let room = "GPU out of memory for the step buffers";
+        let f32s = |n: usize| st.alloc_zeros::<f32>(capacity * n).context(room);
+        let bytes = |n: usize| st.alloc_zeros::<u8>(capacity * n).context(room);
+        Ok(StepBuffers {
+            capacity,
+            p1: f32s(z.p1)?,
+            arg1: bytes(z.p1)?,
+            f: f32s(z.flat)?,
+            arg2: bytes(z.flat)?,
+            h: f32s(s.fc)?,
+            dlogits: f32s(s.classes)?,
+            loss: f32s(1)?,
+            dh: f32s(s.fc)?,
+            dz2: f32s(z.z2)?,
+            dz1: f32s(s.c1 * z.pix)?,
+            predicted: bytes(1)?,
+        })
+    }
+
+    fn ensure_capacity(&mut self, batch: usize) -> Result<()> {
+        if batch > 65_535 {
+            bail!("--batch {batch} is above the CNN kernels' limit of 65535");
+        }
+        if batch > self.buffers.capacity {
+            self.captured = None;
+            self.buffers = Self::alloc_buffers(&self.gpu, self.shape, &self.sizes, batch)?;
+        }
+        Ok(())
+    }
+
+    /// Queues one optimizer step on the `batch` images order[offset..].
+    pub fn enqueue_step(&mut self, batch: usize, offset: usize) -> Result<()> {
+        let (g, b, o) = (&*self.gpu, &self.buffers, self.optim);
+        let (off, bi) = (Arg::i32(offset as i32), Arg::i32(batch as i32));
+        let args = [
+            Arg::buf(g, &self.params), Arg::buf(g, &self.train.images), Arg::buf(g, &self.train.labels),
+            Arg::buf(g, &self.order), off, bi, Arg::buf(g, &b.p1), Arg::buf(g, &b.arg1), Arg::buf(g, &b.f),
+            Arg::buf(g, &b.arg2), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.loss),
+        ];
+        g.launch("cnn_forward", &self.kernels.forward, (batch as u32, 1), self.sizes.forward_shared as u32, false, &args)?;
+        let args = [
+            Arg::buf(g, &self.params), Arg::buf(g, &b.p1), Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2),
+            Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh), Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1),
+        ];
+        g.launch("cnn_backward", &self.kernels.backward, (batch as u32, 1), self.sizes.backward_shared as u32, false, &args)?;
+        let args = [
+            Arg::buf(g, &self.params), Arg::buf(g, &self.grad), Arg::buf(g, &self.m), Arg::buf(g, &self.v),
+            Arg::buf(g, &self.train.images), Arg::buf(g, &self.order), off, bi, Arg::buf(g, &b.p1), Arg::buf(g, &b.f),
+            Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh), Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1),
+            Arg::buf(g, &b.loss), Arg::i32(o.kind.kernel_code()), Arg::f32(o.lr), Arg::f32(o.momentum),
+            Arg::f32(o.beta1), Arg::f32(o.beta2), Arg::f32(o.eps), Arg::f32(o.weight_decay), Arg::f32(o.clip_norm),
+            Arg::buf(g, &self.norm_partials), Arg::buf(g, &self.conv_partials), Arg::buf(g, &self.channel_tickets),
+            Arg::buf(g, &self.step), Arg::buf(g, &self.ticket),
+            Arg::buf(g, &self.loss_sum),
+        ];
+        g.launch("cnn_update", &self.kernels.update, (self.sizes.update_blocks as u32, 1), 0, false, &args)
+    }
+
+    fn enqueue_steps(&mut self, samples: usize, batch: usize) -> Result<()> {
+        let mut offset = 0;
+        while offset < samples {
+            let b = batch.min(samples - offset);
+            self.enqueue_step(b, offset)?;
+            offset += b;
+        }
+        Ok(())
+    }
+
+    /// Uploads `order` (indices into the training split) for the next steps.
+    pub fn set_order(&mut self, order: &[u32]) -> Result<()> {
+        if let Some(&bad) = order.iter().find(|&&i| i as usize >= self.train.len) {
+            bail!("sample index {bad} is outside the training split ({} samples)", self.train.len);
+        }
+        if order.len() > self.order.len() {
+            self.captured = None;
+            self.order = self.gpu.stream.alloc_zeros::<u32>(order.len())?;
+        }
+        let mut view = self.order.slice_mut(..order.len());
+        self.gpu.stream.memcpy_htod(order, &mut view).context("copying the sample order to the GPU")?;
+        Ok(())
+    }
+
+    /// One epoch over `order`, `batch` images a step, as one CUDA graph (captured on the first epoch of
+    /// this size). Returns the summed per-image loss.
+    pub fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
+        if batch == 0 {
+            bail!("the batch size must be at least 1");
+        }
+        let batch = batch.min(order.len().max(1));
+        self.ensure_capacity(batch)?;
+        self.set_order(order)?;
+        self.gpu.stream.memset_zeros(&mut self.loss_sum)?;
+        let samples = order.len();
+        let reuse = matches!(&self.captured, Some((s, b, _)) if *s == samples && *b == batch);
+        if !reuse {
+            self.captured = None;
+            let stream = self.gpu.stream.clone();
+            let graph = crate::device::capture_graph(&stream, self, |t| t.enqueue_steps(samples, batch))?;
+            self.captured = Some((samples, batch, graph));
+        }
+        let (_, _, graph) = self.captured.as_ref().expect("captured above");
+        graph.launch().context("replaying the CNN training graph")?;
+        let loss = self.gpu.stream.clone_dtoh(&self.loss_sum).context("a CNN training kernel failed")?;
+        Ok(loss[0])
+    }
+
+    /// Loss and confusion matrix over the test split.
+    pub fn evaluate(&mut self) -> Result<Evaluation> {
+        let mut eval = Evaluation::new(self.shape.classes);
+        let n = self.test.len;
+        let mut first = 0;
+        while first < n {
+            let count = EVAL_CHUNK.min(n - first);
+            self.ensure_capacity(count)?;
+            let (g, b) = (&*self.gpu, &self.buffers);
+            let args = [
+                Arg::buf(g, &self.params), Arg::buf(g, &self.test.images), Arg::buf(g, &self.test.labels),
+                Arg::i32(first as i32), Arg::buf(g, &b.loss), Arg::buf(g, &b.predicted),
+            ];
+            g.launch("cnn_evaluate", &self.kernels.evaluate, (count as u32, 1), self.sizes.forward_shared as u32, false, &args)?;
+            let loss = g.stream.clone_dtoh(&b.loss).context("a CNN evaluation kernel failed")?;
+            let predicted = g.stream.clone_dtoh(&b.predicted)?;
+            for k in 0..count {
+                eval.loss += loss[k] as f64;
+                eval.record(self.test_labels[first + k] as usize, predicted[k] as usize);
+            }
+            first += count;
+        }
+        Ok(eval)
+    }
+
+    pub fn params(&self) -> Result<CnnParams> {
+        let flat = self.gpu.stream.clone_dtoh(&self.params).context("copying the model from the GPU")?;
+        Ok(CnnParams { shape: self.shape, flat })
+    }
+
+    /// The last step's gradient.
+    pub fn gradient(&self) -> Result<Vec<f32>> {
+        self.gpu.stream.clone_dtoh(&self.grad).context("copying the gradient from the GPU")
+    }
+
+    /// Fills the gradient with NaN (the checks poison it before a step).
+    pub fn poison_gradient(&mut self) -> Result<()> {
+        let nan = vec![f32::NAN; self.grad.len()];
+        self.gpu.stream.memcpy_htod(&nan, &mut self.grad)?;
+        Ok(())
+    }
+}

@@ -220,3 +220,36 @@ fn missing_dataset_names_the_files_and_places() {
         assert!(err.contains(needed), "missing {needed:?} in {err}");
     }
 }
+
+/// `--model cnn` on the CPU: it learns the synthetic bands, writes a CNN file under PyTorch's tensor names,
+/// and a model of the other kind is refused as `--out` and by `classify`.
+#[test]
+fn cnn_trains_writes_its_file_and_the_kinds_stay_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    write_synthetic(&data, 200, 50);
+    let cnn = tmp.path().join("cnn.safetensors");
+    let (d, c) = (data.to_str().unwrap(), cnn.to_str().unwrap());
+    let o = textnet(&["mnist", "--model", "cnn", "--data", d, "--device", "cpu", "--epochs", "3", "--out", c, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["config"]["model"], "cnn");
+    assert_eq!(r["parameters"], 52138);
+    assert!(r["final"]["test_accuracy"].as_f64().unwrap() > 0.5, "{r}");
+    let bytes = std::fs::read(&cnn).unwrap();
+    let (p, meta) = textnet::mnist::cnn::CnnParams::from_safetensors(&bytes).unwrap();
+    assert_eq!(p.shape, textnet::mnist::cnn::CnnShape::MNIST);
+    assert_eq!(meta["format"], "textnet-mnist-cnn");
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("conv2.weight").unwrap().shape(), &[16, 8, 3, 3]);
+
+    let o = textnet(&["mnist", "--model", "mlp", "--data", d, "--device", "cpu", "--epochs", "1", "--out", c]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("holds an MNIST CNN model and this run trains the MLP"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&cnn).unwrap(), bytes);
+    let images = data.join("t10k-images-idx3-ubyte.gz");
+    let o = textnet(&["classify", "--model", c, images.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("a CNN model; classify takes MLP models"), "{}", stderr(&o));
+}

@@ -357,7 +357,7 @@ fn training_check(
     if final_loss > worst.0 {
         worst = (final_loss, "test loss");
     }
-    let got = gpu_trainer.params()?;
+    let super::Classifier::Mlp(got) = gpu_trainer.params()? else { anyhow::bail!("the MLP trainer returned another model") };
     let (a, b) = (s.split(&got.flat), s.split(&cpu.params.flat));
     for (name, x, y) in [("w1", a.w1, b.w1), ("b1", a.b1, b.b1), ("w2", a.w2, b.w2), ("b2", a.b2, b.b2)] {
         let err = rel_error(x, y);

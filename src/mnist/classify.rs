@@ -3,7 +3,7 @@
 //! accuracy, loss and confusion matrix too. On the CPU reference.
 
 use super::idx::{self, CLASSES, IMAGE_SIDE, PIXELS, Split};
-use super::model::{self, MlpParams, Workspace};
+use super::model::{self, Workspace};
 use super::Evaluation;
 use crate::console;
 use anyhow::{Context, Result, bail};
@@ -120,7 +120,13 @@ fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
 
 pub fn run(args: ClassifyArgs) -> Result<()> {
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
-    let (params, meta) = MlpParams::from_safetensors(&bytes).with_context(|| format!("model file {}", args.model.display()))?;
+    let (params, meta) = match super::Classifier::from_safetensors(&bytes).with_context(|| format!("model file {}", args.model.display()))? {
+        (super::Classifier::Mlp(p), meta) => (p, meta),
+        (super::Classifier::Cnn(_), _) => bail!(
+            "{}: a CNN model; classify takes MLP models (train one with `textnet mnist --model mlp`)",
+            args.model.display()
+        ),
+    };
     if params.shape.inputs != PIXELS || params.shape.classes != CLASSES {
         bail!("{}: a model of {} inputs and {} classes; images need {PIXELS} and {CLASSES}", args.model.display(), params.shape.inputs, params.shape.classes);
     }

@@ -4,10 +4,12 @@
 
 use super::data::{self, Dataset};
 use super::idx::Split;
+use super::cnn::{CnnParams, CnnShape};
 use super::model::{Activation, MlpParams, MlpShape};
+use super::{Classifier, ModelKind};
 use crate::optim::{OptimArgs, OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
-use super::{Evaluation, evaluate_split, idx};
+use super::{Evaluation, idx};
 use crate::checkpoint::{Keep, Keeper};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
@@ -33,10 +35,14 @@ pub struct MnistArgs {
     /// t10k-labels-idx1-ubyte, each raw or .gz
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
-    /// Hidden units
+    /// The classifier: an MLP (784 → --hidden → 10), or the CNN (conv3x3 1→8, ReLU, maxpool 2, conv3x3
+    /// 8→16, ReLU, maxpool 2, 784 → 64 ReLU → 10; --hidden and --activation apply to the MLP)
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    pub model: ModelKind,
+    /// Hidden units (MLP)
     #[arg(long, default_value_t = 128)]
     pub hidden: usize,
-    /// Hidden-layer activation
+    /// Hidden-layer activation (MLP)
     #[arg(long, value_enum, default_value_t = Activation::Relu)]
     pub activation: Activation,
     #[command(flatten)]
@@ -125,10 +131,10 @@ struct Saver<'a> {
 }
 
 impl Saver<'_> {
-    fn offer(&mut self, stats: &EpochStats, eval: &Evaluation, params: &MlpParams) -> Result<()> {
+    fn offer(&mut self, stats: &EpochStats, eval: &Evaluation, params: &Classifier) -> Result<()> {
         let loss = match self.val {
             Some(val) => {
-                let v = evaluate_split(params, val);
+                let v = params.evaluate(val);
                 self.val_history.push((v.mean_loss(), v.accuracy()));
                 v.mean_loss()
             }
@@ -159,7 +165,7 @@ impl Observer for Epochs<'_> {
         self.display.reached(done);
     }
 
-    fn epoch_completed(&mut self, stats: &EpochStats, eval: &Evaluation, params: &MlpParams) -> Result<bool> {
+    fn epoch_completed(&mut self, stats: &EpochStats, eval: &Evaluation, params: &Classifier) -> Result<bool> {
         self.saver.offer(stats, eval, params)?;
         Ok(!interrupt::requested())
     }
@@ -242,6 +248,16 @@ pub fn run(args: MnistArgs) -> Result<()> {
         None => None,
     };
     let existing = existing_out(&args.out)?;
+    if let Some(old) = &existing
+        && old.kind() != args.model
+    {
+        bail!(
+            "--out {} holds an MNIST {} model and this run trains the {}; choose another --out",
+            args.out.display(),
+            report::flag_value(&old.kind()).to_uppercase(),
+            report::flag_value(&args.model).to_uppercase()
+        );
+    }
     let (n_train, n_test) = (data.train.len(), data.test.len());
     let n_val = val.as_ref().map_or(0, Split::len);
     let limited = match (n_train + n_val < full_train, n_val) {
@@ -255,13 +271,17 @@ pub fn run(args: MnistArgs) -> Result<()> {
         args.dataset.title(),
         data.dir.display()
     ));
+    let params = match args.model {
+        ModelKind::Mlp => Classifier::Mlp(MlpParams::init(shape, args.seed)),
+        ModelKind::Cnn => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
+    };
+    let architecture = match args.model {
+        ModelKind::Mlp => format!("{} → {} ({}) → {}", shape.inputs, shape.hidden, shape.activation.name(), shape.classes),
+        ModelKind::Cnn => "CNN conv3x3 1→8, ReLU, maxpool 2, conv3x3 8→16, ReLU, maxpool 2, 784 → 64 (ReLU) → 10".into(),
+    };
     display.line(&format!(
-        "model {} → {} ({}) → {}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
-        shape.inputs,
-        shape.hidden,
-        shape.activation.name(),
-        shape.classes,
-        shape.param_count(),
+        "model {architecture}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
+        params.param_count(),
         optim.describe(),
         args.batch,
         args.epochs,
@@ -271,8 +291,8 @@ pub fn run(args: MnistArgs) -> Result<()> {
     ));
 
     let baseline = match (&existing, &val) {
-        (Some(old), Some(val)) if old.shape.inputs == idx::PIXELS && old.shape.classes == idx::CLASSES => {
-            let loss = evaluate_split(old, val).mean_loss();
+        (Some(old), Some(val)) if old.fits_mnist() => {
+            let loss = old.evaluate(val).mean_loss();
             display.line(&format!(
                 "--out {} already holds a model of val loss {loss:.4}; only a better epoch replaces it",
                 args.out.display()
@@ -282,7 +302,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
         _ => None,
     };
 
-    let params = MlpParams::init(shape, args.seed);
+    let params_count = params.param_count();
     let mut trainer = super::trainer(&backend, params, optim, Arc::new(data.train), Arc::new(data.test))?;
     let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
     let saver = Saver {
@@ -330,8 +350,9 @@ pub fn run(args: MnistArgs) -> Result<()> {
             "data": args.data.as_ref().map(|p| p.display().to_string()),
             "out": args.out.display().to_string(),
             "keep": args.keep.name(),
-            "hidden": shape.hidden,
-            "activation": shape.activation.name(),
+            "model": report::flag_value(&args.model),
+            "hidden": (args.model == ModelKind::Mlp).then_some(shape.hidden),
+            "activation": (args.model == ModelKind::Mlp).then(|| shape.activation.name()),
             "optim": optim.kind.name(),
             "lr": report::decimal(optim.lr),
             "momentum": (optim.kind == OptimKind::Momentum).then(|| report::decimal(optim.momentum)),
@@ -358,7 +379,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
                 "test_samples": n_test,
                 "class_names": names,
             }),
-            parameters: shape.param_count(),
+            parameters: params_count,
             final_metrics: report::final_metrics(&rows, saver.keeper.kept_epoch(), final_extra),
             epochs: rows,
             model: args.out.display().to_string(),
@@ -417,13 +438,13 @@ fn hold_out(train: &mut Split, fraction: f64) -> Result<Split> {
 }
 
 /// The model already at `out`: `None` when there is no file or an empty one. Anything there that is not
-/// an MNIST model is refused rather than overwritten.
-fn existing_out(out: &Path) -> Result<Option<MlpParams>> {
+/// an MNIST model (MLP or CNN) is refused rather than overwritten.
+fn existing_out(out: &Path) -> Result<Option<Classifier>> {
     let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
     if meta.len() == 0 {
         return Ok(None);
     }
-    let parsed = std::fs::read(out).map_err(anyhow::Error::from).and_then(|bytes| MlpParams::from_safetensors(&bytes));
+    let parsed = std::fs::read(out).map_err(anyhow::Error::from).and_then(|bytes| Classifier::from_safetensors(&bytes));
     match parsed {
         Ok((params, _)) => Ok(Some(params)),
         Err(e) => bail!(

@@ -432,3 +432,61 @@ pub fn kink_margin(p: &CnnParams, data: &Split, rows: &[u32]) -> f64 {
     }
     margin
 }
+
+/// The `format` metadata of a CNN model file.
+pub const FORMAT: &str = "textnet-mnist-cnn";
+
+impl CnnParams {
+    /// The model as a .safetensors file: the tensors under PyTorch's `state_dict` names and layouts
+    /// (`conv1.weight` `[c1,1,3,3]` … `fc2.bias`), so `load_state_dict` takes them, and metadata `format`
+    /// (`textnet-mnist-cnn`), `side`, `c1`, `c2`, `fc`, `classes`, plus the caller's `extra` entries.
+    pub fn to_safetensors(&self, extra: &[(&str, &str)]) -> Result<Vec<u8>> {
+        let (starts, total) = self.shape.offsets();
+        let tensors: Vec<(&str, &[f32], Vec<usize>)> = self
+            .shape
+            .tensor_shapes()
+            .into_iter()
+            .enumerate()
+            .map(|(k, (name, dims))| (name, &self.flat[starts[k]..if k + 1 < 8 { starts[k + 1] } else { total }], dims))
+            .collect();
+        let s = self.shape;
+        let mut meta: std::collections::BTreeMap<String, String> = [
+            ("format", FORMAT.to_string()),
+            ("side", s.side.to_string()),
+            ("c1", s.c1.to_string()),
+            ("c2", s.c2.to_string()),
+            ("fc", s.fc.to_string()),
+            ("classes", s.classes.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        crate::tensorfile::to_bytes(&tensors, meta)
+    }
+
+    /// Reads what `to_safetensors` wrote; returns the parameters and the file's metadata.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<(CnnParams, std::collections::HashMap<String, String>)> {
+        use anyhow::{Context, anyhow};
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        if meta.get("format").map(String::as_str) != Some(FORMAT) {
+            bail!("not a textnet MNIST CNN model file (metadata format is not {FORMAT:?})");
+        }
+        let number = |key: &str| -> Result<usize> {
+            meta.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("metadata entry {key:?} is missing or not a number"))
+        };
+        let shape = CnnShape { side: number("side")?, c1: number("c1")?, c2: number("c2")?, fc: number("fc")?, classes: number("classes")? };
+        shape.validate()?;
+        let tensors = safetensors::SafeTensors::deserialize(bytes)?;
+        let mut flat = Vec::with_capacity(shape.param_count());
+        for (name, dims) in shape.tensor_shapes() {
+            let t = tensors.tensor(name).with_context(|| format!("tensor {name}"))?;
+            if t.dtype() != safetensors::Dtype::F32 || t.shape() != dims.as_slice() {
+                bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
+            }
+            flat.extend(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())));
+        }
+        Ok((CnnParams { shape, flat }, meta))
+    }
+}

@@ -118,7 +118,7 @@ fn step_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize,
     t.poison_gradient()?;
     let loss = t.train_epoch(&order, batch)?;
     let (grad_err, grad_at) = worst_tensor(shape, &t.gradient()?, &want_grad);
-    let (param_err, param_at) = worst_tensor(shape, &t.params()?.flat, &want.flat);
+    let (param_err, param_at) = worst_tensor(shape, &t.cnn_params()?.flat, &want.flat);
     let loss_err = rel_error(&[loss as f32], &[want_loss]);
     let mut worst = (grad_err, format!("∂{grad_at}"));
     if param_err > worst.0 {
@@ -161,7 +161,7 @@ fn training_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: us
     let mut t = GpuCnn::new(gpu.clone(), start, optim, &data, &test)?;
     let order: Vec<u32> = (0..images as u32).collect();
     let loss = t.train_epoch(&order, batch)?;
-    let got = t.params()?;
+    let got = t.cnn_params()?;
     let (mut worst, at) = worst_tensor(shape, &got.flat, &cpu.flat);
     let mut at = at.to_string();
     let loss_err = rel_error(&[loss as f32], &[cpu_loss as f32]);
@@ -186,7 +186,7 @@ fn repeat_check(gpu: &Arc<Gpu>, shape: CnnShape, rng: &mut SeededRng) -> Result<
     for _ in 0..2 {
         let mut t = GpuCnn::new(gpu.clone(), start.clone(), optim, &data, &data)?;
         let loss = t.train_epoch(&order, 64)?;
-        runs.push((loss.to_bits(), t.params()?.flat.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+        runs.push((loss.to_bits(), t.cnn_params()?.flat.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
     }
     let same = runs[0] == runs[1];
     Ok(Check {

@@ -299,7 +299,7 @@ impl GpuCnn {
         Ok(eval)
     }
 
-    pub fn params(&self) -> Result<CnnParams> {
+    pub fn cnn_params(&self) -> Result<CnnParams> {
         let flat = self.gpu.stream.clone_dtoh(&self.params).context("copying the model from the GPU")?;
         Ok(CnnParams { shape: self.shape, flat })
     }
@@ -314,5 +314,21 @@ impl GpuCnn {
         let nan = vec![f32::NAN; self.grad.len()];
         self.gpu.stream.memcpy_htod(&nan, &mut self.grad)?;
         Ok(())
+    }
+}
+
+impl super::MnistTrainer for GpuCnn {
+    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
+        let loss = GpuCnn::train_epoch(self, order, batch)?;
+        progress(order.len());
+        Ok(loss)
+    }
+
+    fn evaluate(&mut self) -> Result<Evaluation> {
+        GpuCnn::evaluate(self)
+    }
+
+    fn params(&mut self) -> Result<super::Classifier> {
+        Ok(super::Classifier::Cnn(self.cnn_params()?))
     }
 }

@@ -478,7 +478,7 @@ impl MnistTrainer for GpuTrainer {
         Ok(eval)
     }
 
-    fn params(&mut self) -> Result<MlpParams> {
-        Ok(MlpParams { shape: self.shape, flat: self.download(&self.params)? })
+    fn params(&mut self) -> Result<super::Classifier> {
+        Ok(super::Classifier::Mlp(MlpParams { shape: self.shape, flat: self.download(&self.params)? }))
     }
 }

@@ -23,7 +23,7 @@ pub mod idx;
 pub mod model;
 pub mod train;
 
-use crate::device::{Backend, Gpu};
+use crate::device::Backend;
 use anyhow::{Result, bail};
 use idx::Split;
 use model::{MlpParams, Workspace};
@@ -38,6 +38,70 @@ pub enum ModelKind {
     Mlp,
     /// two conv3x3 + ReLU + maxpool2 layers (8, 16 channels), then 784 → 64 → 10
     Cnn,
+}
+
+/// A classifier's parameters: the MLP or the CNN.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Classifier {
+    Mlp(MlpParams),
+    Cnn(cnn::CnnParams),
+}
+
+impl Classifier {
+    pub fn kind(&self) -> ModelKind {
+        match self {
+            Classifier::Mlp(_) => ModelKind::Mlp,
+            Classifier::Cnn(_) => ModelKind::Cnn,
+        }
+    }
+
+    pub fn param_count(&self) -> usize {
+        match self {
+            Classifier::Mlp(p) => p.flat.len(),
+            Classifier::Cnn(p) => p.flat.len(),
+        }
+    }
+
+    pub fn all_finite(&self) -> bool {
+        match self {
+            Classifier::Mlp(p) => p.all_finite(),
+            Classifier::Cnn(p) => p.all_finite(),
+        }
+    }
+
+    /// Whether it takes 28×28 images into the 10 MNIST classes.
+    pub fn fits_mnist(&self) -> bool {
+        match self {
+            Classifier::Mlp(p) => p.shape.inputs == idx::PIXELS && p.shape.classes == idx::CLASSES,
+            Classifier::Cnn(p) => p.shape.side * p.shape.side == idx::PIXELS && p.shape.classes == idx::CLASSES,
+        }
+    }
+
+    /// Loss and confusion matrix over all of `data`, on the CPU.
+    pub fn evaluate(&self, data: &Split) -> Evaluation {
+        match self {
+            Classifier::Mlp(p) => evaluate_split(p, data),
+            Classifier::Cnn(p) => cnn::evaluate(p, data),
+        }
+    }
+
+    pub fn to_safetensors(&self, extra: &[(&str, &str)]) -> Result<Vec<u8>> {
+        match self {
+            Classifier::Mlp(p) => p.to_safetensors(extra),
+            Classifier::Cnn(p) => p.to_safetensors(extra),
+        }
+    }
+
+    /// Either kind of MNIST model file, told apart by its `format` metadata.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<(Classifier, std::collections::HashMap<String, String>)> {
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| anyhow::anyhow!("not a safetensors file ({e})"))?;
+        let is_cnn = header.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str) == Some(cnn::FORMAT);
+        if is_cnn {
+            cnn::CnnParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Cnn(p), meta))
+        } else {
+            MlpParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Mlp(p), meta))
+        }
+    }
 }
 
 /// Loss and confusion counts over an evaluation set.
@@ -89,32 +153,87 @@ pub trait MnistTrainer {
     /// Loss and confusion matrix over the whole test split, without updating anything.
     fn evaluate(&mut self) -> Result<Evaluation>;
     /// A host copy of the current parameters.
-    fn params(&mut self) -> Result<MlpParams>;
+    fn params(&mut self) -> Result<Classifier>;
 }
 
-/// The trainer for `backend`.
+/// The trainer for `backend` and the model's kind; on a GPU both splits are copied to it once.
 pub fn trainer(
     backend: &Backend,
-    params: MlpParams,
+    params: Classifier,
     optim: OptimConfig,
     train: Arc<Split>,
     test: Arc<Split>,
 ) -> Result<Box<dyn MnistTrainer>> {
-    match backend {
-        Backend::Cpu => Ok(Box::new(CpuTrainer::new(params, optim, train, test))),
-        Backend::Cuda(gpu) => gpu_trainer(gpu, params, optim, train, test),
+    Ok(match (backend, params) {
+        (Backend::Cpu, Classifier::Mlp(p)) => Box::new(CpuTrainer::new(p, optim, train, test)),
+        (Backend::Cpu, Classifier::Cnn(p)) => Box::new(CpuCnnTrainer::new(p, optim, train, test)),
+        (Backend::Cuda(gpu), Classifier::Mlp(p)) => Box::new(gpu::GpuTrainer::new(gpu.clone(), p, optim, &train, &test)?),
+        (Backend::Cuda(gpu), Classifier::Cnn(p)) => Box::new(cnn_gpu::GpuCnn::new(gpu.clone(), p, optim, &train, &test)?),
+    })
+}
+
+/// The CNN's CPU reference as a trainer: batches on every core (rayon), their gradients added in batch
+/// order.
+pub struct CpuCnnTrainer {
+    pub params: cnn::CnnParams,
+    optimizer: Optimizer,
+    train: Arc<Split>,
+    test: Arc<Split>,
+}
+
+impl CpuCnnTrainer {
+    pub fn new(params: cnn::CnnParams, optim: OptimConfig, train: Arc<Split>, test: Arc<Split>) -> CpuCnnTrainer {
+        let n = params.flat.len();
+        CpuCnnTrainer { params, optimizer: Optimizer::new(optim, n), train, test }
     }
 }
 
-/// The CUDA backend's trainer: both splits are copied to the GPU once.
-fn gpu_trainer(
-    gpu: &Arc<Gpu>,
-    params: MlpParams,
-    optim: OptimConfig,
-    train: Arc<Split>,
-    test: Arc<Split>,
-) -> Result<Box<dyn MnistTrainer>> {
-    Ok(Box::new(gpu::GpuTrainer::new(gpu.clone(), params, optim, &train, &test)?))
+impl MnistTrainer for CpuCnnTrainer {
+    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
+        use rayon::prelude::*;
+        if batch == 0 {
+            bail!("the batch size must be at least 1");
+        }
+        if let Some(&bad) = order.iter().find(|&&i| i as usize >= self.train.len()) {
+            bail!("sample index {bad} is outside the training split ({} samples)", self.train.len());
+        }
+        let (shape, n) = (self.params.shape, self.params.flat.len());
+        let (mut loss, mut done) = (0.0, 0);
+        for rows in order.chunks(batch) {
+            // Each core takes a run of the batch's images; the runs' gradients (of their summed loss) add
+            // in run order, then scale to the batch mean.
+            let part = rows.len().div_ceil(rayon::current_num_threads()).max(1);
+            let parts: Vec<(f32, Vec<f32>)> = rows
+                .par_chunks(part)
+                .map(|run| {
+                    let mut grad = vec![0.0f32; n];
+                    let l = cnn::loss_and_grad(shape, &self.params.flat, &self.train, run, &mut grad);
+                    let scale = run.len() as f32;
+                    grad.iter_mut().for_each(|g| *g *= scale);
+                    (l, grad)
+                })
+                .collect();
+            let mut grad = vec![0.0f32; n];
+            for (l, g) in &parts {
+                loss += *l as f64;
+                grad.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+            }
+            let inv = 1.0 / rows.len() as f32;
+            grad.iter_mut().for_each(|g| *g *= inv);
+            self.optimizer.step(&mut self.params.flat, &grad);
+            done += rows.len();
+            progress(done);
+        }
+        Ok(loss)
+    }
+
+    fn evaluate(&mut self) -> Result<Evaluation> {
+        Ok(cnn::evaluate(&self.params, &self.test))
+    }
+
+    fn params(&mut self) -> Result<Classifier> {
+        Ok(Classifier::Cnn(self.params.clone()))
+    }
 }
 
 /// Images per CPU forward pass when evaluating.
@@ -201,7 +320,7 @@ impl MnistTrainer for CpuTrainer {
         Ok(evaluate_split(&self.params, &self.test))
     }
 
-    fn params(&mut self) -> Result<MlpParams> {
-        Ok(self.params.clone())
+    fn params(&mut self) -> Result<Classifier> {
+        Ok(Classifier::Mlp(self.params.clone()))
     }
 }

@@ -1,8 +1,7 @@
 //! The epoch loop every backend shares: a seeded reshuffle of the training order before each epoch, one
 //! `train_epoch`, then an evaluation on the test split.
 
-use super::model::MlpParams;
-use super::{Evaluation, MnistTrainer};
+use super::{Classifier, Evaluation, MnistTrainer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -42,7 +41,7 @@ pub trait Observer {
     fn epoch_end(&mut self, _stats: &EpochStats, _eval: &Evaluation) {}
     /// Called with each epoch's parameters (finite), before `epoch_end` (to save a checkpoint);
     /// `Ok(false)` ends training after this epoch.
-    fn epoch_completed(&mut self, _stats: &EpochStats, _eval: &Evaluation, _params: &MlpParams) -> Result<bool> {
+    fn epoch_completed(&mut self, _stats: &EpochStats, _eval: &Evaluation, _params: &Classifier) -> Result<bool> {
         Ok(true)
     }
 }

@@ -3,6 +3,7 @@
 //! non-finite loss, handing back the parameters of the last good epoch. Also the unigram baseline the
 //! epochs are measured against, and the choice of trainer for a `Backend`.
 
+use super::cpu_batch::BatchTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
@@ -15,10 +16,18 @@ use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The trainer for `backend`, owning `params` and the token stream.
-pub fn make_trainer(backend: &Backend, params: TextParams, tokens: Arc<[u32]>) -> Result<Box<dyn TextTrainer>> {
+/// The trainer for `backend`, owning `params` and the token stream, for SGD steps of `batch` samples. On
+/// the CPU single samples take the reference (`CpuTrainer`), batches the batched, multi-threaded
+/// `cpu_batch::BatchTrainer` (the same math).
+pub fn make_trainer(
+    backend: &Backend,
+    params: TextParams,
+    tokens: Arc<[u32]>,
+    batch: usize,
+) -> Result<Box<dyn TextTrainer>> {
     match backend {
-        Backend::Cpu => Ok(Box::new(CpuTrainer { params, tokens })),
+        Backend::Cpu if batch <= 1 => Ok(Box::new(CpuTrainer { params, tokens })),
+        Backend::Cpu => Ok(Box::new(BatchTrainer::new(params, tokens))),
         Backend::Cuda(gpu) => Ok(Box::new(GpuTrainer::new(gpu.clone(), &params, tokens)?)),
     }
 }

@@ -353,6 +353,9 @@ impl TextTrainer for BatchTrainer {
     }
 }
 
+/// The most samples `measure` trains.
+const MEASURED_SAMPLES: usize = 4096;
+
 /// How fast a trainer went over a few of the run's own samples.
 #[derive(Clone, Copy, Debug)]
 pub struct Speed {
@@ -367,8 +370,9 @@ impl Speed {
     }
 }
 
-/// Times `trainer` (a throwaway copy: it is trained) on the first samples of `train` for about
-/// `budget` after one untimed warm-up step, then its evaluation on the first of `val`.
+/// Times `trainer` (a throwaway copy: it is trained) on the first samples of `train` after one untimed
+/// warm-up step, for about `budget` or `MEASURED_SAMPLES` samples, whichever comes first (a small model
+/// is timed in milliseconds), then its evaluation on the first `EVAL_CHUNK` of `val`.
 pub fn measure(
     trainer: &mut dyn TextTrainer,
     train: &[u32],
@@ -385,7 +389,7 @@ pub fn measure(
     trainer.train(steps.next().unwrap_or_default(), batch, lr)?;
     let started = Instant::now();
     let mut samples = 0;
-    while started.elapsed() < budget || samples == 0 {
+    while samples == 0 || (started.elapsed() < budget && samples < MEASURED_SAMPLES) {
         let step = steps.next().unwrap_or_default();
         trainer.train(step, batch, lr)?;
         samples += step.len();

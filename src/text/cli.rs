@@ -3,6 +3,7 @@
 //! Errors are returned and printed by `main` as one line.
 
 use super::corpus::{Corpus, CorpusOptions, Split};
+use super::cpu_batch;
 use super::model::{TextParams, TextShape};
 use super::modelfile::TextModel;
 use super::predict::{Prediction, predict as predict_next, quoted};
@@ -46,10 +47,11 @@ pub struct TrainArgs {
     /// Hidden layer width (H)
     #[arg(long, default_value_t = 256)]
     pub hidden: usize,
-    /// SGD learning rate (0.01-0.02 did best on the Shakespeare corpus at the default size; 0.1 is worse).
-    /// With --batch B, B times this keeps an epoch's progress (a step averages B samples)
-    #[arg(long, default_value_t = DEFAULT_LR, allow_negative_numbers = true)]
-    pub lr: f32,
+    /// SGD learning rate (single samples: 0.01-0.02 did best on the Shakespeare corpus at the default size;
+    /// 0.1 is worse). With --batch B, B times this keeps an epoch's progress (a step averages B samples)
+    /// [default: 0.02; on the CPU without --batch: 2.56, for its batch of 256]
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f32>,
     /// Optimizer: sgd is fused into the step kernels (single samples at full speed); momentum and adam take
     /// every step through the batched kernels and the shared update, with --lr as their learning rate
     /// (Adam wants about 1e-3)
@@ -61,12 +63,14 @@ pub struct TrainArgs {
     /// L2 weight decay of --optim momentum or adam, added to the gradient as wd·θ
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f32,
-    /// Passes over the training samples
-    #[arg(long, default_value_t = 5)]
-    pub epochs: usize,
-    /// Samples per SGD step
-    #[arg(long, default_value_t = 1)]
-    pub batch: usize,
+    /// Passes over the training samples [default: 5; on the CPU: 3]
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Samples per SGD step. On the CPU, given neither --batch nor --lr, steps of 256 samples at lr 2.56
+    /// (single samples would take hours there); given either, the other takes its GPU default
+    /// [default: 1; on the CPU: 256]
+    #[arg(long)]
+    pub batch: Option<usize>,
     /// Seed of the initial parameters and of the shuffle
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -80,8 +84,7 @@ pub struct TrainArgs {
     /// Keep upper case (by default all text is lowercased; the model remembers which)
     #[arg(long)]
     pub keep_case: bool,
-    /// Use only the first N tokens of the corpus (the vocabulary is built from them too). The CPU trains
-    /// only about 600 samples per second at the default size, so give it a slice, e.g. 100000
+    /// Use only the first N tokens of the corpus (the vocabulary is built from them too)
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<usize>,
     /// Validate on at most N samples, spread evenly over the held-out last 10% (0 = all of them)
@@ -105,21 +108,23 @@ impl TrainArgs {
             ("--context", self.context, 1),
             ("--embed", self.embed, 1),
             ("--hidden", self.hidden, 1),
-            ("--batch", self.batch, 1),
+            ("--batch", self.batch.unwrap_or(1), 1),
             ("--max-tokens", self.max_tokens.unwrap_or(1), 1),
         ] {
             if value < least {
                 bail!("{flag} must be at least {least}, got {value}");
             }
         }
-        crate::resources::check_epochs(self.epochs)?;
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            bail!("--lr must be a positive finite number, got {}", self.lr);
+        if let Some(epochs) = self.epochs {
+            crate::resources::check_epochs(epochs)?;
+        }
+        if let Some(lr) = self.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
+            bail!("--lr must be a positive finite number, got {lr}");
         }
         if self.out.is_dir() {
             bail!("--out {} is a directory; give a file name", self.out.display());
         }
-        self.optim_config().validate()?;
+        self.optim_config(self.lr.unwrap_or(DEFAULT_LR)).validate()?;
         if self.momentum.is_some() && self.optim != OptimKind::Momentum {
             bail!("--momentum applies to --optim momentum only (this run uses --optim {})", self.optim.name());
         }
@@ -129,16 +134,27 @@ impl TrainArgs {
         Ok(())
     }
 
-    /// The update the flags ask for, at --lr.
-    fn optim_config(&self) -> OptimConfig {
-        let mut config = OptimConfig { lr: self.lr, weight_decay: self.weight_decay, ..OptimConfig::new(self.optim) };
+    /// The update the flags ask for, at learning rate `lr`.
+    fn optim_config(&self, lr: f32) -> OptimConfig {
+        let mut config = OptimConfig { lr, weight_decay: self.weight_decay, ..OptimConfig::new(self.optim) };
         if let Some(momentum) = self.momentum {
             config.momentum = momentum;
         }
         config
     }
 
-    fn config_json(&self, shape: TextShape, tokenizer: Tokenizer) -> serde_json::Value {
+    /// The flags with the defaults of the device the run trains on filled in.
+    fn plan(&self, on_cpu: bool) -> Plan {
+        let cpu_default = on_cpu && self.batch.is_none() && self.lr.is_none() && self.optim == OptimKind::Sgd;
+        let (lr, batch) = match cpu_default {
+            true => (CPU_LR, CPU_BATCH),
+            false => (self.lr.unwrap_or(DEFAULT_LR), self.batch.unwrap_or(1)),
+        };
+        let epochs = self.epochs.unwrap_or(if on_cpu { CPU_EPOCHS } else { DEFAULT_EPOCHS });
+        Plan { lr, batch, epochs, cpu_default }
+    }
+
+    fn config_json(&self, shape: TextShape, tokenizer: Tokenizer, plan: &Plan) -> serde_json::Value {
         json!({
             "corpus": self.corpus.display().to_string(),
             "out": self.out.display().to_string(),
@@ -148,11 +164,11 @@ impl TrainArgs {
             "context": shape.context,
             "embed": shape.embed,
             "hidden": shape.hidden,
-            "lr": report::decimal(self.lr),
+            "lr": report::decimal(plan.lr),
             "optim": self.optim.name(),
             "weight_decay": report::decimal(self.weight_decay),
-            "epochs": self.epochs,
-            "batch": self.batch,
+            "epochs": plan.epochs,
+            "batch": plan.batch,
             "seed": self.seed,
             "shuffle": !self.no_shuffle,
             "keep_case": !tokenizer.lowercase,
@@ -237,7 +253,6 @@ impl Progress for EpochBar {
 pub fn train(args: TrainArgs) -> Result<()> {
     args.validate()?;
     crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
-    let display = Display::new(args.quiet, args.json, args.epochs);
     let resumed = match &args.resume {
         Some(path) => Some(TextModel::load(path).context("--resume")?),
         None => None,
@@ -259,13 +274,26 @@ pub fn train(args: TrainArgs) -> Result<()> {
     check_size(shape)?;
 
     let (backend, device_line) = device::select_described(args.device)?;
-    let batch = args.batch.min(split.train.len());
     let on_cpu = matches!(backend, device::Backend::Cpu);
+    let plan = args.plan(on_cpu);
+    let display = Display::new(args.quiet, args.json, plan.epochs);
+    let batch = plan.batch.min(split.train.len());
     shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
+    let params = match resumed {
+        Some(model) => model.params,
+        None => TextParams::init(shape, args.seed),
+    };
+    let tokens: Arc<[u32]> = std::mem::take(&mut corpus.tokens).into();
+    let cpu_line = match on_cpu {
+        true => Some(cpu_plan_line(&plan, args.optim_config(plan.lr), &params, &tokens, &split.train, &val)?),
+        false => None,
+    };
     let setup = Setup {
+        plan,
+        cpu_line,
         args: &args,
         device: device_line,
-        tokens: corpus.tokens.len(),
+        tokens: tokens.len(),
         truncated: corpus.truncated,
         unknown: corpus.unknown,
         shape,
@@ -273,10 +301,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
         train_samples: split.train.len(),
         val_samples: split.val.len(),
         val_evaluated: val.len(),
-        unigram: train::unigram_loss(&corpus.tokens, split.val_start, shape.vocab, &val),
+        unigram: train::unigram_loss(&tokens, split.val_start, shape.vocab, &val),
     };
-    let Corpus { vocab, tokens, .. } = corpus;
-    let tokens: Arc<[u32]> = tokens.into();
+    let Corpus { vocab, .. } = corpus;
     setup.print(&display);
 
     let mut baseline = None;
@@ -295,11 +322,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
             ));
         }
     }
-    let params = match resumed {
-        Some(model) => model.params,
-        None => TextParams::init(shape, args.seed),
-    };
-    let mut trainer = train::make_trainer(&backend, params.clone(), tokens, args.optim_config())?;
+    let mut trainer = train::make_trainer(&backend, params.clone(), tokens, plan.batch, args.optim_config(plan.lr))?;
     if let Some(path) = &args.resume {
         let loss = mean_loss(trainer.evaluate(&val)?);
         display.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
@@ -307,9 +330,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
     }
 
     let options = TrainOptions {
-        lr: args.lr,
-        epochs: args.epochs,
-        batch: args.batch,
+        lr: plan.lr,
+        epochs: plan.epochs,
+        batch: plan.batch,
         seed: args.seed,
         shuffle: !args.no_shuffle,
     };
@@ -326,18 +349,18 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let keeper = saver.keeper;
     let outcome = keeper.outcome(&args.out, "val loss");
     let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
-    let interrupted = epochs.len() < args.epochs && diverged.is_none();
+    let interrupted = epochs.len() < plan.epochs && diverged.is_none();
     let status = Status::of(diverged.is_some(), interrupted, keeper.kept.is_some());
 
     if args.json {
         setup.report(status, &epochs, diverged.clone(), &keeper).print()?;
     }
     if let Some(d) = diverged {
-        bail!("{d}; {outcome}; try a lower --lr (this run used {})", args.lr);
+        bail!("{d}; {outcome}; try a lower --lr (this run used {})", plan.lr);
     }
     if interrupted {
         return Err(
-            Interrupted(format!("interrupted after epoch {} of {}; {outcome}", epochs.len(), args.epochs)).into()
+            Interrupted(format!("interrupted after epoch {} of {}; {outcome}", epochs.len(), plan.epochs)).into()
         );
     }
     if keeper.kept.is_none() {
@@ -370,7 +393,8 @@ fn mean_loss(sums: super::model::EvalSums) -> f64 {
 
 /// Validation loss of `params` on the run's device, or on the CPU where that device cannot take the shape.
 fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u32]) -> Result<f64> {
-    let sums = match train::make_trainer(backend, params.clone(), tokens.clone(), OptimConfig::new(OptimKind::Sgd)) {
+    // A batched CPU trainer evaluates on every core.
+    let sums = match train::make_trainer(backend, params.clone(), tokens.clone(), CPU_BATCH, OptimConfig::new(OptimKind::Sgd)) {
         Ok(mut trainer) => trainer.evaluate(val)?,
         Err(_) => CpuTrainer::new(params, tokens.clone()).evaluate(val)?,
     };
@@ -380,6 +404,9 @@ fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u
 /// What a run trains on and with: printed before training and repeated in the `--json` summary.
 struct Setup<'a> {
     args: &'a TrainArgs,
+    plan: Plan,
+    /// On the CPU: what it trains with and how long that should take.
+    cpu_line: Option<String>,
     device: String,
     tokens: usize,
     truncated: bool,
@@ -395,7 +422,7 @@ struct Setup<'a> {
 
 impl Setup<'_> {
     fn print(&self, display: &Display) {
-        let (args, shape) = (self.args, self.shape);
+        let (args, shape, plan) = (self.args, self.shape, self.plan);
         let limit_note = if self.truncated { " (cut at --max-tokens)" } else { "" };
         display.line(&format!(
             "corpus: {}, {} tokens{limit_note}; vocabulary {} entries, {:.2}% of tokens are <unk>",
@@ -414,22 +441,25 @@ impl Setup<'_> {
             shape.embed,
             shape.hidden,
             parameter_count(shape),
-            args.optim_config().describe(),
-            args.batch,
-            args.epochs,
-            if args.epochs == 1 { "" } else { "s" }
+            args.optim_config(plan.lr).describe(),
+            plan.batch,
+            plan.epochs,
+            if plan.epochs == 1 { "" } else { "s" }
         ));
         if let Some(path) = &args.resume {
             display.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));
         }
         display.line(&format!("device: {}", self.device));
+        if let Some(line) = &self.cpu_line {
+            display.line(line);
+        }
         display.line(&format!("unigram baseline: val loss {:.4} (perplexity {:.1})", self.unigram, self.unigram.exp()));
-        if args.optim == OptimKind::Adam && args.lr == DEFAULT_LR {
+        if args.optim == OptimKind::Adam && plan.lr == DEFAULT_LR {
             display.line(&format!(
                 "note: --lr {DEFAULT_LR} is the SGD default; Adam usually wants about 1e-3 (--lr 0.001)"
             ));
         }
-        if let Some(note) = batch_lr_note(args.batch, args.lr).filter(|_| args.optim == OptimKind::Sgd) {
+        if let Some(note) = batch_lr_note(plan).filter(|_| args.optim == OptimKind::Sgd) {
             display.line(&note);
         }
     }
@@ -446,7 +476,7 @@ impl Setup<'_> {
             textnet: report::VERSION,
             command: "train",
             status,
-            config: self.args.config_json(self.shape, self.tokenizer),
+            config: self.args.config_json(self.shape, self.tokenizer, &self.plan),
             device: self.device.clone(),
             data: json!({
                 "tokens": self.tokens,
@@ -485,14 +515,73 @@ fn check_size(s: TextShape) -> Result<()> {
 
 /// The single-sample default learning rate.
 const DEFAULT_LR: f32 = 0.02;
+/// The default number of epochs on a GPU.
+const DEFAULT_EPOCHS: usize = 5;
+
+/// The CPU's defaults. Single-sample SGD runs at about 600 samples a second there (over two hours for
+/// the corpus's five epochs on 2 cores); SGD steps of 256 samples at 256 × 0.01 run on every core at thousands
+/// a second and follow the single-sample run's validation loss epoch for epoch, so three epochs reach
+/// about the loss the GPU's five do (BENCHMARKS.md, "CPU fallback").
+const CPU_BATCH: usize = 256;
+const CPU_LR: f32 = 2.56;
+const CPU_EPOCHS: usize = 3;
+
+/// What a run trains with: the flags, with the defaults of its device filled in.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    lr: f32,
+    batch: usize,
+    epochs: usize,
+    /// The CPU's own batch and learning rate (neither --batch nor --lr given on the CPU).
+    cpu_default: bool,
+}
+
+/// Says what a CPU run trains with and how long it should take, from a few steps timed on a copy of
+/// the trainer (about a third of a second).
+fn cpu_plan_line(
+    plan: &Plan,
+    optim: OptimConfig,
+    params: &TextParams,
+    tokens: &Arc<[u32]>,
+    train: &[u32],
+    val: &[u32],
+) -> Result<String> {
+    let mut probe = train::make_trainer(&Backend::Cpu, params.clone(), tokens.clone(), plan.batch, optim)?;
+    let budget = std::time::Duration::from_millis(250);
+    let speed = cpu_batch::measure(probe.as_mut(), train, val, plan.batch, plan.lr, budget)?;
+    drop(probe);
+    let about = report::duration(speed.estimate_s(plan.epochs, train.len(), val.len()));
+    let rate = speed.train_samples_per_s.round();
+    let epochs = format!("{} epoch{}", plan.epochs, if plan.epochs == 1 { "" } else { "s" });
+    let threads = rayon::current_num_threads();
+    let threads = format!("{threads} thread{}", if threads == 1 { "" } else { "s" });
+    let how = match (plan.cpu_default, plan.batch > 1) {
+        _ if optim.kind != crate::optim::OptimKind::Sgd => {
+            format!("batch {} and {} on the reference (one thread), {epochs}", plan.batch, optim.describe())
+        }
+        (true, _) => format!(
+            "batch {} and SGD lr {} (the CPU's defaults: single samples at lr {DEFAULT_LR}, as on a GPU, would take \
+             hours here), {epochs} on {threads}",
+            plan.batch, plan.lr
+        ),
+        (false, true) => format!("batch {} and SGD lr {}, {epochs} on {threads}", plan.batch, plan.lr),
+        (false, false) => format!("single-sample SGD lr {} on the reference (one thread), {epochs}", plan.lr),
+    };
+    let why = match plan.batch > 1 {
+        true => String::new(),
+        false => format!("; without --batch and --lr the CPU trains batches of {CPU_BATCH}, far faster"),
+    };
+    Ok(format!("cpu: training with {how}: about {about} (measured {rate} samples/s){why}"))
+}
 
 /// A note for a batch run at the single-sample learning rate: each step averages `batch` samples'
 /// gradients, so at the same lr an epoch moves the parameters about `batch` times less (`--batch 64` at
 /// 0.02 ended worse than the unigram baseline on the corpus). On a 300,000-token slice (embed 32,
 /// hidden 64, one epoch) batch 64 reached val loss 5.28 at lr 0.02, 5.19 at 0.16 and 5.11 at 1.28, where
 /// single samples at 0.02 reached 5.10.
-fn batch_lr_note(batch: usize, lr: f32) -> Option<String> {
-    (batch > 1 && lr == DEFAULT_LR).then(|| {
+fn batch_lr_note(plan: Plan) -> Option<String> {
+    let batch = plan.batch;
+    (batch > 1 && plan.lr == DEFAULT_LR).then(|| {
         format!(
             "note: --batch {batch} averages {batch} samples' gradients per step, so at the single-sample --lr {DEFAULT_LR} an \
              epoch moves the model about {batch} times less; try --lr {} ({DEFAULT_LR} × {batch})",

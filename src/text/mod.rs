@@ -7,6 +7,7 @@ pub mod checks;
 pub mod cli;
 pub mod gpu;
 pub mod corpus;
+pub mod cpu_batch;
 pub mod eval;
 pub mod generate;
 pub mod modelfile;

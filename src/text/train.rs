@@ -3,6 +3,7 @@
 //! non-finite loss, handing back the parameters of the last good epoch. Also the unigram baseline the
 //! epochs are measured against, and the choice of trainer for a `Backend`.
 
+use super::cpu_batch::BatchTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
@@ -16,15 +17,26 @@ use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The trainer for `backend`, owning `params` and the token stream, updating with `optim` (SGD: the
-/// fused kernels' update at the lr of each `train` call).
-pub fn make_trainer(backend: &Backend, params: TextParams, tokens: Arc<[u32]>, optim: OptimConfig) -> Result<Box<dyn TextTrainer>> {
+/// The trainer for `backend`, owning `params` and the token stream, for steps of `batch` samples updated
+/// with `optim`. SGD: on the GPU the fused kernels' update at the lr of each `train` call; on the CPU
+/// single samples take the reference (`CpuTrainer`), batches the batched, multi-threaded
+/// `cpu_batch::BatchTrainer` (the same math). Momentum and Adam: the GPU's tiled path with the shared
+/// update, or the reference with `model::optimizer_update`.
+pub fn make_trainer(
+    backend: &Backend,
+    params: TextParams,
+    tokens: Arc<[u32]>,
+    batch: usize,
+    optim: OptimConfig,
+) -> Result<Box<dyn TextTrainer>> {
     optim.validate()?;
+    let sgd = optim.kind == OptimKind::Sgd;
     match backend {
+        Backend::Cpu if sgd && batch <= 1 => Ok(Box::new(CpuTrainer::new(params, tokens))),
+        Backend::Cpu if sgd => Ok(Box::new(BatchTrainer::new(params, tokens))),
         Backend::Cpu => {
             let count = params.shape.parameter_count() as usize;
-            let optimizer = (optim.kind != OptimKind::Sgd).then(|| Optimizer::new(optim, count));
-            Ok(Box::new(CpuTrainer { params, tokens, optimizer }))
+            Ok(Box::new(CpuTrainer { params, tokens, optimizer: Some(Optimizer::new(optim, count)) }))
         }
         Backend::Cuda(gpu) => {
             let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens)?;

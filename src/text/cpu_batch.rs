@@ -1,0 +1,403 @@
+//! The CPU trainer for batches: the text model's SGD step for B samples at once as matrix products
+//! (`matrixmultiply`'s sgemm, their rows shared out over rayon's threads), and a batched evaluation.
+//!
+//! Why: the single-sample reference (`model.rs`) is a chain of dot products and AXPYs, one sample at a
+//! time on one core; on the whole Shakespeare corpus (V = 8192) that is about 600 samples a second on
+//! the 2-core development machine, over two hours for the default five epochs. A batch turns the three
+//! V×H passes of a step (logits, ∂W2, ∂h) into matrix products on SIMD FMA kernels, on every core. The
+//! math is the reference's: `gradients` returns the same `Grads` as `model::backward` (up to the order
+//! of the sums), and a step is `model::train_step`'s. `model.rs` stays the oracle;
+//! tests/text_cpu_batch.rs holds this file to it.
+//!
+//! For B samples with inputs X (B×D, the mean of each sample's context embeddings):
+//! ```text
+//! Z1 = X·W1ᵀ + b1,  Hd = ReLU(Z1)                               B×H
+//! L  = Hd·W2ᵀ + b2,  G = (softmax(L) − onehot(target)) / B       B×V (G = ∂ mean loss / ∂L)
+//! ∂W2 = Gᵀ·Hd,  ∂b2 = Σ_rows G,  ∂Hd = G·W2                      V×H, V, B×H
+//! ∂Z1 = ∂Hd ⊙ [Z1 > 0],  ∂W1 = ∂Z1ᵀ·X,  ∂b1 = Σ_rows ∂Z1,  ∂X = ∂Z1·W1
+//! ∂E[t] += ∂X[s] / N  for each of sample s's N context tokens t
+//! ```
+//! then θ ← θ − lr·∂θ, all gradients taken from the parameters before the step; only the embedding rows
+//! of the batch's contexts change, as in the reference.
+//!
+//! Batches of B samples at lr ≈ B × the single-sample rate follow single-sample SGD's validation loss
+//! epoch for epoch on the corpus (BENCHMARKS.md, "CPU fallback"), which is why `textnet train` uses this
+//! trainer with batch 256 on the CPU by default (`cli.rs`); `measure` times a few steps so the command
+//! can say how long the run will take before it starts.
+
+use super::TextTrainer;
+use super::model::{EvalSums, Grads, TextParams, TextShape, context_of};
+use crate::cpu::top_k;
+use anyhow::{Result, bail};
+use rayon::prelude::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Samples per forward pass when evaluating (the logits of a chunk are chunk × V floats).
+pub const EVAL_CHUNK: usize = 512;
+
+/// A read-only matrix: element (i, j) is `data[i·rs + j·cs]`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> View<'a> {
+    /// The first `rows`×`cols` elements of `data`, row-major.
+    fn rows_of(data: &'a [f32], rows: usize, cols: usize) -> View<'a> {
+        View { data, rows, cols, rs: cols, cs: 1 }
+    }
+
+    fn t(self) -> View<'a> {
+        View { data: self.data, rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
+    }
+
+    /// Rows `start..start + rows`.
+    fn slice_rows(self, start: usize, rows: usize) -> View<'a> {
+        View { data: &self.data[(start * self.rs).min(self.data.len())..], rows, ..self }
+    }
+
+    /// Whether every element lies inside `data` (what makes the unsafe call below sound).
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// C = A·B + beta·C, with C (A.rows × B.cols) row-major and dense in `c`.
+fn gemm(a: View, b: View, beta: f32, c: &mut [f32]) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert!(b.rows == k && c.len() == m * n && a.fits() && b.fits(), "gemm: shapes do not match");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.iter_mut().for_each(|x| *x *= beta);
+        return;
+    }
+    // SAFETY: `fits` holds for A and B, so every (i, l) and (l, j) they address is inside their
+    // slices; C is `c`, m×n dense with row stride n, which `c.len() == m·n` covers, and it aliases
+    // neither (it is borrowed mutably).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            a.rs as isize,
+            a.cs as isize,
+            b.data.as_ptr(),
+            b.rs as isize,
+            b.cs as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// `gemm` with C's rows shared out over rayon's threads (each element's sum is the same however the
+/// rows are split).
+fn par_gemm(a: View, b: View, beta: f32, c: &mut [f32]) {
+    let (m, n) = (a.rows, b.cols);
+    let threads = rayon::current_num_threads().max(1);
+    let rows = m.div_ceil(threads).max(1);
+    if threads == 1 || m < 2 || n == 0 {
+        return gemm(a, b, beta, c);
+    }
+    c.par_chunks_mut(rows * n).enumerate().for_each(|(i, part)| {
+        let start = i * rows;
+        gemm(a.slice_rows(start, part.len() / n), b, beta, part);
+    });
+}
+
+/// The step's buffers, kept between steps (sized for the largest batch seen).
+#[derive(Default)]
+struct Work {
+    /// B×D inputs: the mean of each sample's context embeddings.
+    x: Vec<f32>,
+    /// B×H pre-activations, B×H activations.
+    z1: Vec<f32>,
+    h: Vec<f32>,
+    /// B×V logits, turned into ∂(mean loss)/∂logits in place.
+    logits: Vec<f32>,
+    /// B×H ∂/∂z1 (∂/∂h through the ReLU mask).
+    dz1: Vec<f32>,
+    targets: Vec<u32>,
+    /// Per sample: loss (training), or loss and top-1/top-5 hits (evaluation).
+    rows: Vec<(f32, bool, bool)>,
+}
+
+impl Work {
+    fn size(&mut self, s: TextShape, b: usize) {
+        let fit = |v: &mut Vec<f32>, n: usize| v.resize(n, 0.0);
+        fit(&mut self.x, b * s.embed);
+        fit(&mut self.z1, b * s.hidden);
+        fit(&mut self.h, b * s.hidden);
+        fit(&mut self.logits, b * s.vocab);
+        fit(&mut self.dz1, b * s.hidden);
+    }
+}
+
+/// Gradient buffers of the shape's size (`Grads` as `model::backward` returns it).
+fn zero_grads(s: TextShape, b: usize) -> Grads {
+    Grads {
+        w1: vec![0.0; s.hidden * s.embed],
+        b1: vec![0.0; s.hidden],
+        w2: vec![0.0; s.vocab * s.hidden],
+        b2: vec![0.0; s.vocab],
+        dh: vec![0.0; b * s.hidden],
+        dx: vec![0.0; b * s.embed],
+    }
+}
+
+/// The forward pass of the samples whose targets sit at `positions`: `w.x`, `w.z1`, `w.h` and the
+/// logits in `w.logits`, all row-major, one row per sample.
+fn forward(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work) {
+    let TextShape { vocab: v, embed: d, hidden: h, context: n } = p.shape;
+    let b = positions.len();
+    w.size(p.shape, b);
+    w.x[..b * d].par_chunks_mut(d).zip(positions).for_each(|(x, &pos)| {
+        super::model::embed_context(p, context_of(tokens, pos, n), x);
+    });
+    let (x, z1, hd) = (&w.x[..b * d], &mut w.z1[..b * h], &mut w.h[..b * h]);
+    z1.chunks_mut(h).for_each(|row| row.copy_from_slice(&p.b1));
+    par_gemm(View::rows_of(x, b, d), View::rows_of(&p.w1, h, d).t(), 1.0, z1);
+    hd.iter_mut().zip(z1.iter()).for_each(|(a, &z)| *a = z.max(0.0));
+    let logits = &mut w.logits[..b * v];
+    logits.par_chunks_mut(v).for_each(|row| row.copy_from_slice(&p.b2));
+    par_gemm(View::rows_of(hd, b, h), View::rows_of(&p.w2, v, h).t(), 1.0, logits);
+}
+
+/// eˣ for x ≤ 0 (what a softmax takes after subtracting the maximum), within 2 ulp of `f32::exp`
+/// down to x = −87 (below that ~1e-38 or less): Cephes' `expf` (2ᵏ·eʳ, |r| ≤ ln 2 / 2, a degree-6
+/// polynomial), free of branches and calls so a loop of it vectorizes; libm's `expf` per element took
+/// a fifth of a step.
+#[inline]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Round to nearest by adding and subtracting 1.5·2²³.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.max(-87.0);
+    let k = (x * LOG2E + ROUND) - ROUND;
+    let r = x - k * LN2_HI - k * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e_r = p * r * r + r + 1.0;
+    e_r * f32::from_bits(((k as i32 + 127) as u32) << 23)
+}
+
+/// Replaces `row` by exp(row − max) and returns the max and Σ exp(row − max).
+fn exp_shifted(row: &mut [f32]) -> (f32, f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    row.iter_mut().for_each(|l| *l = exp_nonpositive(*l - max));
+    // Eight running sums, as `cpu::dot`, so the sum vectorizes too.
+    let mut acc = [0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] += c[k];
+        }
+    }
+    (max, acc.iter().sum::<f32>() + rest)
+}
+
+/// Forward and backward over the samples at `positions`: fills `g` with the gradients of their mean
+/// loss (all parameters read as they are, none updated) and returns the summed loss.
+fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work, g: &mut Grads) -> f64 {
+    let TextShape { vocab: v, embed: d, hidden: h, .. } = p.shape;
+    let b = positions.len();
+    forward(p, tokens, positions, w);
+    w.targets.clear();
+    w.targets.extend(positions.iter().map(|&pos| tokens[pos as usize]));
+    // G = (softmax − onehot) / B in place of the logits, and each sample's loss.
+    let inv_b = 1.0 / b as f32;
+    w.rows.resize(b, (0.0, false, false));
+    w.logits[..b * v].par_chunks_mut(v).zip(&w.targets).zip(&mut w.rows[..b]).for_each(|((row, &t), out)| {
+        let target = row[t as usize];
+        let (max, sum) = exp_shifted(row);
+        out.0 = max + sum.ln() - target;
+        let scale = inv_b / sum;
+        row.iter_mut().for_each(|q| *q *= scale);
+        row[t as usize] -= inv_b;
+    });
+    let loss: f64 = w.rows[..b].iter().map(|r| r.0 as f64).sum();
+    let (x, z1, hd, gl) = (&w.x[..b * d], &w.z1[..b * h], &w.h[..b * h], &w.logits[..b * v]);
+
+    // ∂b2: column sums of G, in sample order; ∂W2 = Gᵀ·Hd; ∂Hd = G·W2 (the old W2).
+    let threads = rayon::current_num_threads().max(1);
+    g.b2.par_chunks_mut(v.div_ceil(threads).max(1)).enumerate().for_each(|(i, part)| {
+        let start = i * v.div_ceil(threads).max(1);
+        part.fill(0.0);
+        for row in gl.chunks(v) {
+            part.iter_mut().zip(&row[start..]).for_each(|(s, &x)| *s += x);
+        }
+    });
+    par_gemm(View::rows_of(gl, b, v).t(), View::rows_of(hd, b, h), 0.0, &mut g.w2);
+    g.dh.resize(b * h, 0.0);
+    par_gemm(View::rows_of(gl, b, v), View::rows_of(&p.w2, v, h), 0.0, &mut g.dh);
+
+    // Through the ReLU: ∂Z1, ∂b1, ∂W1 = ∂Z1ᵀ·X, ∂X = ∂Z1·W1 (the old W1).
+    let dz1 = &mut w.dz1[..b * h];
+    dz1.iter_mut().zip(&g.dh).zip(z1).for_each(|((o, &dh), &z)| *o = if z > 0.0 { dh } else { 0.0 });
+    g.b1.fill(0.0);
+    for row in dz1.chunks(h) {
+        g.b1.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+    }
+    gemm(View::rows_of(dz1, b, h).t(), View::rows_of(x, b, d), 0.0, &mut g.w1);
+    g.dx.resize(b * d, 0.0);
+    gemm(View::rows_of(dz1, b, h), View::rows_of(&p.w1, h, d), 0.0, &mut g.dx);
+    loss
+}
+
+/// The gradients of the mean loss over the samples at `positions` and their summed loss: what
+/// `model::backward` computes for the same samples, as batched matrix products.
+pub fn gradients(p: &TextParams, tokens: &[u32], positions: &[u32]) -> (Grads, f64) {
+    let mut g = zero_grads(p.shape, positions.len());
+    let loss = gradients_into(p, tokens, positions, &mut Work::default(), &mut g);
+    (g, loss)
+}
+
+/// θ ← θ − lr·g over a dense tensor, its elements shared out over the threads.
+fn par_sgd(theta: &mut [f32], g: &[f32], lr: f32) {
+    theta.par_chunks_mut(1 << 14).zip(g.par_chunks(1 << 14)).for_each(|(t, g)| crate::cpu::axpy(-lr, g, t));
+}
+
+/// Loss and top-1/top-5 hits over `positions`, in chunks of `EVAL_CHUNK` samples.
+fn evaluate_with(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work) -> EvalSums {
+    let v = p.shape.vocab;
+    let mut sums = EvalSums::default();
+    for chunk in positions.chunks(EVAL_CHUNK) {
+        forward(p, tokens, chunk, w);
+        w.rows.resize(chunk.len(), (0.0, false, false));
+        w.logits[..chunk.len() * v].par_chunks_mut(v).zip(chunk).zip(&mut w.rows[..chunk.len()]).for_each(
+            |((row, &pos), out)| {
+                let target = tokens[pos as usize] as usize;
+                let best = top_k(row, 5);
+                let logit = row[target];
+                let (max, sum) = exp_shifted(row);
+                *out = (max + sum.ln() - logit, best.first() == Some(&target), best.contains(&target));
+            },
+        );
+        for &(loss, top1, top5) in &w.rows[..chunk.len()] {
+            sums.samples += 1;
+            sums.loss += loss as f64;
+            sums.top1 += top1 as u64;
+            sums.top5 += top5 as u64;
+        }
+    }
+    sums
+}
+
+/// The batched CPU trainer: SGD steps of whole batches, on all of rayon's threads.
+pub struct BatchTrainer {
+    params: TextParams,
+    tokens: Arc<[u32]>,
+    work: Work,
+    grads: Grads,
+}
+
+impl BatchTrainer {
+    pub fn new(params: TextParams, tokens: Arc<[u32]>) -> BatchTrainer {
+        let grads = zero_grads(params.shape, 0);
+        BatchTrainer { params, tokens, work: Work::default(), grads }
+    }
+
+    /// One SGD step on the samples at `positions` (what `model::train_step` does); returns their summed
+    /// loss.
+    pub fn step(&mut self, positions: &[u32], lr: f32) -> f64 {
+        let loss = gradients_into(&self.params, &self.tokens, positions, &mut self.work, &mut self.grads);
+        let (p, g) = (&mut self.params, &self.grads);
+        par_sgd(&mut p.w2, &g.w2, lr);
+        par_sgd(&mut p.b2, &g.b2, lr);
+        par_sgd(&mut p.w1, &g.w1, lr);
+        par_sgd(&mut p.b1, &g.b1, lr);
+        // The embedding rows in sample order, as the reference: a token in several contexts gets each
+        // share in turn.
+        let (d, n) = (p.shape.embed, p.shape.context);
+        let scale = -lr / n as f32;
+        for (s, &pos) in positions.iter().enumerate() {
+            for &t in context_of(&self.tokens, pos, n) {
+                crate::cpu::axpy(scale, &g.dx[s * d..][..d], &mut p.embedding[t as usize * d..][..d]);
+            }
+        }
+        loss
+    }
+}
+
+impl TextTrainer for BatchTrainer {
+    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
+        Ok(positions.chunks(batch.max(1)).map(|step| self.step(step, lr)).sum())
+    }
+
+    fn evaluate(&mut self, positions: &[u32]) -> Result<EvalSums> {
+        Ok(evaluate_with(&self.params, &self.tokens, positions, &mut self.work))
+    }
+
+    fn params(&mut self) -> Result<TextParams> {
+        Ok(self.params.clone())
+    }
+}
+
+/// The most samples `measure` trains.
+const MEASURED_SAMPLES: usize = 4096;
+
+/// How fast a trainer went over a few of the run's own samples.
+#[derive(Clone, Copy, Debug)]
+pub struct Speed {
+    pub train_samples_per_s: f64,
+    pub eval_samples_per_s: f64,
+}
+
+impl Speed {
+    /// Seconds for `epochs` epochs of `train` samples, each followed by evaluating `val` samples.
+    pub fn estimate_s(&self, epochs: usize, train: usize, val: usize) -> f64 {
+        epochs as f64 * (train as f64 / self.train_samples_per_s + val as f64 / self.eval_samples_per_s)
+    }
+}
+
+/// Times `trainer` (a throwaway copy: it is trained) on the first samples of `train` after one untimed
+/// warm-up step, for about `budget` or `MEASURED_SAMPLES` samples, whichever comes first (a small model
+/// is timed in milliseconds), then its evaluation on the first `EVAL_CHUNK` of `val`.
+pub fn measure(
+    trainer: &mut dyn TextTrainer,
+    train: &[u32],
+    val: &[u32],
+    batch: usize,
+    lr: f32,
+    budget: Duration,
+) -> Result<Speed> {
+    if train.is_empty() {
+        bail!("internal: nothing to time");
+    }
+    let batch = batch.clamp(1, train.len());
+    let mut steps = train.chunks(batch).cycle();
+    trainer.train(steps.next().unwrap_or_default(), batch, lr)?;
+    let started = Instant::now();
+    let mut samples = 0;
+    while samples == 0 || (started.elapsed() < budget && samples < MEASURED_SAMPLES) {
+        let step = steps.next().unwrap_or_default();
+        trainer.train(step, batch, lr)?;
+        samples += step.len();
+    }
+    let train_samples_per_s = samples as f64 / started.elapsed().as_secs_f64();
+    let part = &val[..val.len().min(EVAL_CHUNK)];
+    let started = Instant::now();
+    trainer.evaluate(part)?;
+    let eval_samples_per_s = part.len().max(1) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    Ok(Speed { train_samples_per_s, eval_samples_per_s })
+}

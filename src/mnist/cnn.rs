@@ -299,8 +299,42 @@ fn conv3x3_backward<T: Float>(
     }
 }
 
+/// What the GPU's forward and backward kernels keep per image, image after image, for the selftest's
+/// checks of each kernel alone: the pooled maps p1 and f, the hidden layer h, dlogits (already divided
+/// by the batch), the loss; dh (through ReLU′), dz2 and dz1.
+#[derive(Clone, Debug, Default)]
+pub struct Intermediates {
+    pub p1: Vec<f32>,
+    pub f: Vec<f32>,
+    pub h: Vec<f32>,
+    pub dlogits: Vec<f32>,
+    pub loss: Vec<f32>,
+    pub dh: Vec<f32>,
+    pub dz2: Vec<f32>,
+    pub dz1: Vec<f32>,
+}
+
+/// The intermediates of a step on the images `rows` (f32).
+pub fn intermediates(p: &CnnParams, data: &Split, rows: &[u32]) -> Intermediates {
+    let mut record = Intermediates::default();
+    let mut grad = vec![0.0f32; p.flat.len()];
+    step(p.shape, &p.flat, data, rows, &mut grad, Some(&mut record));
+    record
+}
+
 /// The summed loss over the images `rows` of `data` and the gradient of the mean loss into `grad`.
 pub fn loss_and_grad<T: Float>(shape: CnnShape, params: &[T], data: &Split, rows: &[u32], grad: &mut [T]) -> T {
+    step(shape, params, data, rows, grad, None)
+}
+
+fn step<T: Float>(
+    shape: CnnShape,
+    params: &[T],
+    data: &Split,
+    rows: &[u32],
+    grad: &mut [T],
+    mut record: Option<&mut Intermediates>,
+) -> T {
     let CnnShape { side, c1, c2, fc, classes } = shape;
     let p = tensors(shape, params);
     assert_eq!(grad.len(), params.len());
@@ -317,7 +351,8 @@ pub fn loss_and_grad<T: Float>(shape: CnnShape, params: &[T], data: &Split, rows
     for &row in rows {
         let image = data.image(row);
         let a = forward_one(shape, &p, image);
-        loss = loss + softmax_xent(&a.logits, data.label(row), &mut d);
+        let loss_one = softmax_xent(&a.logits, data.label(row), &mut d);
+        loss = loss + loss_one;
         d.iter_mut().for_each(|v| *v = *v * scale);
         let n = a.f.len();
         let mut dh = vec![T::zero(); fc];
@@ -344,6 +379,17 @@ pub fn loss_and_grad<T: Float>(shape: CnnShape, params: &[T], data: &Split, rows
         let (g_lo, g_hi) = grad.split_at_mut(starts[3]);
         conv3x3_backward(&a.p1, c1, s2, p.w2, &dz2, &mut g_lo[starts[2]..], &mut g_hi[..c2], Some(&mut dp1));
         unpool(&dp1, &a.arg1, &a.z1, c1, side, &mut dz1);
+        if let Some(r) = record.as_deref_mut() {
+            let f32s = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.to_f32().unwrap_or(f32::NAN)).collect() };
+            r.p1.extend(f32s(&a.p1));
+            r.f.extend(f32s(&a.f));
+            r.h.extend(a.zh.iter().map(|z| z.max(T::zero()).to_f32().unwrap_or(f32::NAN)));
+            r.dlogits.extend(f32s(&d));
+            r.loss.push(loss_one.to_f32().unwrap_or(f32::NAN));
+            r.dh.extend(dh.iter().zip(&a.zh).map(|(g, z)| if *z > T::zero() { g.to_f32().unwrap_or(f32::NAN) } else { 0.0 }));
+            r.dz2.extend(f32s(&dz2));
+            r.dz1.extend(f32s(&dz1));
+        }
         let x: Vec<T> = image.iter().map(|&v| T::from(v).expect("a float")).collect();
         let (g_lo, g_hi) = grad.split_at_mut(starts[1]);
         conv3x3_backward(&x, 1, side, p.w1, &dz1, &mut g_lo[starts[0]..], &mut g_hi[..c1], None);

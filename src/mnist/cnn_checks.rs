@@ -1,6 +1,7 @@
 //! The CNN's selftest checks against the CPU reference (`cnn.rs`), on random images and labels:
 //!
-//! - kernels: one step of the three kernels (B = 3): every tensor's gradient (written over a NaN-poisoned
+//! - kernels: cnn_forward alone (p1, f, h, dlogits, loss) and cnn_backward alone (dh, dz2, dz1) against
+//!   the reference's intermediates; then one step of the three kernels (B = 3): every tensor's gradient (written over a NaN-poisoned
 //!   buffer), the updated parameters and the step's loss, on a problem whose reference stays MARGIN clear
 //!   of every point where rounding could change a derivative (`cnn::kink_margin`: ReLU kinks and
 //!   near-ties in max pooling; ~66,000 of them per image, so only a few images keep a draw clear);
@@ -72,6 +73,7 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if plan.wants(Group::Kernels) {
         let mut rng = plan.rng("cnn kernels");
+        out.extend(kernel_checks(gpu, shape, 3, &mut rng)?);
         for optim in optimizers() {
             out.push(step_check(gpu, shape, optim, 3, &mut rng)?);
         }
@@ -195,4 +197,33 @@ fn repeat_check(gpu: &Arc<Gpu>, shape: CnnShape, rng: &mut SeededRng) -> Result<
         rel_error: if same { 0.0 } else { f64::INFINITY },
         tolerance: 0.0,
     })
+}
+
+/// cnn_forward and cnn_backward each alone against the reference's intermediates.
+fn kernel_checks(gpu: &Arc<Gpu>, shape: CnnShape, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
+    let Some((data, params, draws)) = clear_problem(shape, batch, rng) else {
+        return Ok(vec![Check { kernel: "cnn_forward, cnn_backward: no clear problem".into(), shape: label(shape, batch), rel_error: f64::INFINITY, tolerance: KERNEL_TOLERANCE }]);
+    };
+    let order: Vec<u32> = (0..batch as u32).collect();
+    let want = cnn::intermediates(&params, &data, &order);
+    let mut t = GpuCnn::new(gpu.clone(), params, optimizers()[0], &data, &data)?;
+    let got = t.forward_alone(&order)?;
+    let (dh, dz2, dz1) = t.backward_alone(batch)?;
+    let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
+    let check = |what: &str, a: &[f32], b: &[f32]| Check {
+        kernel: format!("{what}{drawn}"),
+        shape: label(shape, batch),
+        rel_error: rel_error(a, b),
+        tolerance: KERNEL_TOLERANCE,
+    };
+    Ok(vec![
+        check("cnn_forward p1", &got.p1, &want.p1),
+        check("cnn_forward f", &got.f, &want.f),
+        check("cnn_forward h", &got.h, &want.h),
+        check("cnn_forward dlogits", &got.dlogits, &want.dlogits),
+        check("cnn_forward loss", &got.loss, &want.loss),
+        check("cnn_backward dh", &dh, &want.dh),
+        check("cnn_backward dz2", &dz2, &want.dz2),
+        check("cnn_backward dz1", &dz1, &want.dz1),
+    ])
 }

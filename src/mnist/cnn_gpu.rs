@@ -200,30 +200,91 @@ impl GpuCnn {
 
     /// Queues one optimizer step on the `batch` images order[offset..].
     pub fn enqueue_step(&mut self, batch: usize, offset: usize) -> Result<()> {
-        let (g, b, o) = (&*self.gpu, &self.buffers, self.optim);
-        let (off, bi) = (Arg::i32(offset as i32), Arg::i32(batch as i32));
+        self.launch_forward(batch, offset)?;
+        self.launch_backward(batch)?;
+        self.launch_update(batch, offset)
+    }
+
+    fn launch_forward(&self, batch: usize, offset: usize) -> Result<()> {
+        let (g, b) = (&*self.gpu, &self.buffers);
         let args = [
             Arg::buf(g, &self.params), Arg::buf(g, &self.train.images), Arg::buf(g, &self.train.labels),
-            Arg::buf(g, &self.order), off, bi, Arg::buf(g, &b.p1), Arg::buf(g, &b.arg1), Arg::buf(g, &b.f),
-            Arg::buf(g, &b.arg2), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.loss),
+            Arg::buf(g, &self.order), Arg::i32(offset as i32), Arg::i32(batch as i32), Arg::buf(g, &b.p1),
+            Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits),
+            Arg::buf(g, &b.loss),
         ];
-        g.launch("cnn_forward", &self.kernels.forward, (batch as u32, 1), self.sizes.forward_shared as u32, false, &args)?;
+        g.launch("cnn_forward", &self.kernels.forward, (batch as u32, 1), self.sizes.forward_shared as u32, false, &args)
+    }
+
+    fn launch_backward(&self, batch: usize) -> Result<()> {
+        let (g, b) = (&*self.gpu, &self.buffers);
         let args = [
             Arg::buf(g, &self.params), Arg::buf(g, &b.p1), Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2),
             Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh), Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1),
         ];
-        g.launch("cnn_backward", &self.kernels.backward, (batch as u32, 1), self.sizes.backward_shared as u32, false, &args)?;
+        g.launch("cnn_backward", &self.kernels.backward, (batch as u32, 1), self.sizes.backward_shared as u32, false, &args)
+    }
+
+    fn launch_update(&self, batch: usize, offset: usize) -> Result<()> {
+        let (g, b, o) = (&*self.gpu, &self.buffers, self.optim);
         let args = [
             Arg::buf(g, &self.params), Arg::buf(g, &self.grad), Arg::buf(g, &self.m), Arg::buf(g, &self.v),
-            Arg::buf(g, &self.train.images), Arg::buf(g, &self.order), off, bi, Arg::buf(g, &b.p1), Arg::buf(g, &b.f),
-            Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh), Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1),
-            Arg::buf(g, &b.loss), Arg::i32(o.kind.kernel_code()), Arg::f32(o.lr), Arg::f32(o.momentum),
-            Arg::f32(o.beta1), Arg::f32(o.beta2), Arg::f32(o.eps), Arg::f32(o.weight_decay), Arg::f32(o.clip_norm),
-            Arg::buf(g, &self.norm_partials), Arg::buf(g, &self.conv_partials), Arg::buf(g, &self.channel_tickets),
-            Arg::buf(g, &self.step), Arg::buf(g, &self.ticket),
-            Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &self.train.images), Arg::buf(g, &self.order), Arg::i32(offset as i32), Arg::i32(batch as i32),
+            Arg::buf(g, &b.p1), Arg::buf(g, &b.f), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh),
+            Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1), Arg::buf(g, &b.loss), Arg::i32(o.kind.kernel_code()),
+            Arg::f32(o.lr), Arg::f32(o.momentum), Arg::f32(o.beta1), Arg::f32(o.beta2), Arg::f32(o.eps),
+            Arg::f32(o.weight_decay), Arg::f32(o.clip_norm), Arg::buf(g, &self.norm_partials),
+            Arg::buf(g, &self.conv_partials), Arg::buf(g, &self.channel_tickets), Arg::buf(g, &self.step),
+            Arg::buf(g, &self.ticket), Arg::buf(g, &self.loss_sum),
         ];
         g.launch("cnn_update", &self.kernels.update, (self.sizes.update_blocks as u32, 1), 0, false, &args)
+    }
+
+    /// cnn_forward alone on the images `order` (one batch), its outputs poisoned with NaN first: per image
+    /// p1, f, h, dlogits and the loss, as `cnn::intermediates` lays them out.
+    pub fn forward_alone(&mut self, order: &[u32]) -> Result<super::cnn::Intermediates> {
+        let batch = order.len();
+        self.ensure_capacity(batch)?;
+        self.set_order(order)?;
+        let stream = self.gpu.stream.clone();
+        let b = &mut self.buffers;
+        for buf in [&mut b.p1, &mut b.f, &mut b.h, &mut b.dlogits, &mut b.loss] {
+            stream.memcpy_htod(&vec![f32::NAN; buf.len()], buf)?;
+        }
+        self.launch_forward(batch, 0)?;
+        let z = &self.sizes;
+        let get = |buf: &CudaSlice<f32>, per: usize| -> Result<Vec<f32>> {
+            let mut v = stream.clone_dtoh(buf).context("cnn_forward failed")?;
+            v.truncate(batch * per);
+            Ok(v)
+        };
+        let b = &self.buffers;
+        Ok(super::cnn::Intermediates {
+            p1: get(&b.p1, z.p1)?,
+            f: get(&b.f, z.flat)?,
+            h: get(&b.h, self.shape.fc)?,
+            dlogits: get(&b.dlogits, self.shape.classes)?,
+            loss: get(&b.loss, 1)?,
+            ..Default::default()
+        })
+    }
+
+    /// cnn_backward alone on what the last `forward_alone` of `batch` images left: per image dh, dz2 and
+    /// dz1, poisoned with NaN first.
+    pub fn backward_alone(&mut self, batch: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let stream = self.gpu.stream.clone();
+        let b = &mut self.buffers;
+        for buf in [&mut b.dh, &mut b.dz2, &mut b.dz1] {
+            stream.memcpy_htod(&vec![f32::NAN; buf.len()], buf)?;
+        }
+        self.launch_backward(batch)?;
+        let get = |buf: &CudaSlice<f32>, per: usize| -> Result<Vec<f32>> {
+            let mut v = stream.clone_dtoh(buf).context("cnn_backward failed")?;
+            v.truncate(batch * per);
+            Ok(v)
+        };
+        let b = &self.buffers;
+        Ok((get(&b.dh, self.shape.fc)?, get(&b.dz2, self.sizes.z2)?, get(&b.dz1, self.shape.c1 * self.sizes.pix)?))
     }
 
     fn enqueue_steps(&mut self, samples: usize, batch: usize) -> Result<()> {

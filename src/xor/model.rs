@@ -84,23 +84,38 @@ pub struct XorGrads {
 
 /// The loss and its gradients at `p`.
 pub fn loss_and_grads(p: &XorParams) -> (f32, XorGrads) {
+    loss_and_grads_summed(p, false)
+}
+
+/// The same math, or with `perturbed` a probe of how far rounding-sized differences move a whole run:
+/// every sum over hidden units and points in the opposite order, and each activation off by a relative
+/// 1e-6 (up for even units, down for odd ones), several times what a different summation order or `exp`
+/// implementation changes at each step.
+pub fn loss_and_grads_summed(p: &XorParams, perturbed: bool) -> (f32, XorGrads) {
     let h = p.hidden();
     let mut z = vec![[0f32; 4]; h];
     let mut a = vec![[0f32; 4]; h];
     let mut y = [p.b2; 4];
-    for j in 0..h {
-        for (k, x) in INPUTS.iter().enumerate() {
+    let units: Vec<usize> = if perturbed { (0..h).rev().collect() } else { (0..h).collect() };
+    let points: Vec<usize> = if perturbed { vec![3, 2, 1, 0] } else { vec![0, 1, 2, 3] };
+    for &j in &units {
+        for &k in &points {
+            let x = INPUTS[k];
             z[j][k] = p.w1[2 * j] * x[0] + p.w1[2 * j + 1] * x[1] + p.b1[j];
             a[j][k] = p.activation.apply(z[j][k]);
+            if perturbed {
+                a[j][k] *= if j % 2 == 0 { 1.0 + 1e-6 } else { 1.0 - 1e-6 };
+            }
             y[k] += p.w2[j] * a[j][k];
         }
     }
     // ∂loss/∂y for each point: 2(y − t)/4.
     let dy: [f32; 4] = std::array::from_fn(|k| 0.5 * (y[k] - TARGETS[k]));
     let loss = (0..4).map(|k| (y[k] - TARGETS[k]) * (y[k] - TARGETS[k])).sum::<f32>() / 4.0;
-    let mut g = XorGrads { w1: vec![0.0; 2 * h], b1: vec![0.0; h], w2: vec![0.0; h], b2: dy.iter().sum() };
+    let mut g = XorGrads { w1: vec![0.0; 2 * h], b1: vec![0.0; h], w2: vec![0.0; h], b2: points.iter().map(|&k| dy[k]).sum() };
     for j in 0..h {
-        for (k, x) in INPUTS.iter().enumerate() {
+        for &k in &points {
+            let x = INPUTS[k];
             g.w2[j] += dy[k] * a[j][k];
             let dz = dy[k] * p.w2[j] * p.activation.derivative(z[j][k], a[j][k]);
             g.w1[2 * j] += dz * x[0];
@@ -113,7 +128,12 @@ pub fn loss_and_grads(p: &XorParams) -> (f32, XorGrads) {
 
 /// One SGD step; returns the loss before it.
 pub fn sgd_step(p: &mut XorParams, lr: f32) -> f32 {
-    let (loss, g) = loss_and_grads(p);
+    sgd_step_summed(p, lr, false)
+}
+
+/// `sgd_step` with `loss_and_grads_summed(p, perturbed)`.
+pub fn sgd_step_summed(p: &mut XorParams, lr: f32, perturbed: bool) -> f32 {
+    let (loss, g) = loss_and_grads_summed(p, perturbed);
     for (w, g) in p.w1.iter_mut().zip(&g.w1) {
         *w -= lr * g;
     }

@@ -142,3 +142,20 @@ pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
     Ok(bytes)
 }
+
+/// The model already at `out`, read by `parse`: `None` when there is no file or an empty one. A file
+/// `parse` refuses is not a `kind` model, and is refused rather than overwritten.
+pub fn existing_model<T>(out: &Path, kind: &str, parse: impl FnOnce(&[u8]) -> Result<T>) -> Result<Option<T>> {
+    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
+    if meta.len() == 0 {
+        return Ok(None);
+    }
+    match read_input(out, "file").and_then(|bytes| parse(&bytes)) {
+        Ok(model) => Ok(Some(model)),
+        Err(e) => anyhow::bail!(
+            "--out {} exists and is not a textnet {kind} model, so it is not replaced (remove it or choose another \
+             --out): {e:#}",
+            out.display()
+        ),
+    }
+}

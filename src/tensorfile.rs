@@ -35,3 +35,12 @@ fn sort_header(bytes: &mut [u8]) -> Result<()> {
     bytes[8 + sorted.len()..8 + len].fill(b' ');
     Ok(())
 }
+
+/// The f32 tensor `name` of `tensors`, which must have shape `dims`, as values.
+pub fn read_f32(tensors: &safetensors::SafeTensors, name: &str, dims: &[usize]) -> Result<Vec<f32>> {
+    let t = tensors.tensor(name).map_err(|_| anyhow::anyhow!("tensor {name} is missing"))?;
+    if t.dtype() != Dtype::F32 || t.shape() != dims {
+        bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
+    }
+    Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("four bytes"))).collect())
+}

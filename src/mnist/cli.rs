@@ -459,20 +459,7 @@ fn hold_out(train: &mut Split, fraction: f64) -> Result<Split> {
     Ok(val)
 }
 
-/// The model already at `out`: `None` when there is no file or an empty one. Anything there that is not
-/// an MNIST model (MLP or CNN) is refused rather than overwritten.
+/// The MNIST model (MLP or CNN) already at `out` (anything else there is refused).
 fn existing_out(out: &Path) -> Result<Option<Classifier>> {
-    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
-    if meta.len() == 0 {
-        return Ok(None);
-    }
-    let parsed = std::fs::read(out).map_err(anyhow::Error::from).and_then(|bytes| Classifier::from_safetensors(&bytes));
-    match parsed {
-        Ok((params, _)) => Ok(Some(params)),
-        Err(e) => bail!(
-            "--out {} exists and is not a textnet MNIST model, so it is not replaced (remove it or choose another \
-             --out): {e:#}",
-            out.display()
-        ),
-    }
+    fsutil::existing_model(out, "MNIST", |bytes| Classifier::from_safetensors(bytes).map(|(model, _)| model))
 }

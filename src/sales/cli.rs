@@ -295,21 +295,9 @@ pub fn run(args: SalesArgs) -> Result<()> {
     Ok(())
 }
 
-/// The sales model already at `out`: `None` when there is no file or an empty one. Anything else there is
-/// refused rather than overwritten.
+/// The sales model already at `out` (anything else there is refused).
 fn existing_out(out: &Path) -> Result<Option<SalesModel>> {
-    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
-    if meta.len() == 0 {
-        return Ok(None);
-    }
-    match fsutil::read_input(out, "file").and_then(|bytes| modelfile::from_bytes(&bytes)) {
-        Ok(model) => Ok(Some(model)),
-        Err(e) => bail!(
-            "--out {} exists and is not a textnet sales model, so it is not replaced (remove it or choose another \
-             --out): {e:#}",
-            out.display()
-        ),
-    }
+    fsutil::existing_model(out, "sales", modelfile::from_bytes)
 }
 
 /// `--model M --predict NEW`: one line per good row of NEW, its file line and the prediction in the

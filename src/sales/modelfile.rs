@@ -7,7 +7,7 @@
 use super::data::{ColumnSpec, Schema, Stats};
 use super::model::{SalesParams, SalesShape};
 use anyhow::{Context, Result, anyhow, bail};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -131,13 +131,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
         bail!("the statistics cover {} features, the model {n}", stats.feature_mean.len());
     }
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
-    let read = |name: &str, dims: &[usize]| -> Result<Vec<f32>> {
-        let t = tensors.tensor(name).map_err(|_| anyhow!("tensor {name} is missing"))?;
-        if t.dtype() != Dtype::F32 || t.shape() != dims {
-            bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
-        }
-        Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
-    };
+    let read = |name: &str, dims: &[usize]| crate::tensorfile::read_f32(&tensors, name, dims);
     let shape = SalesShape { inputs: n, hidden };
     let mut flat = read("w1", &[hidden, n])?;
     flat.extend(read("b1", &[hidden])?);

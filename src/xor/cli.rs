@@ -254,19 +254,7 @@ fn truth_table(predictions: &[f32; 4]) -> String {
     out
 }
 
-/// The model already at `out`: `None` when there is no file or an empty one. Anything there that is not
-/// an XOR model is refused rather than overwritten.
+/// The XOR model already at `out` (anything else there is refused).
 fn existing_out(out: &Path) -> Result<Option<XorParams>> {
-    let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
-    if meta.len() == 0 {
-        return Ok(None);
-    }
-    match fsutil::read_input(out, "file").and_then(|bytes| modelfile::from_bytes(&bytes)) {
-        Ok(params) => Ok(Some(params)),
-        Err(e) => bail!(
-            "--out {} exists and is not a textnet XOR model, so it is not replaced (remove it or choose another \
-             --out): {e:#}",
-            out.display()
-        ),
-    }
+    fsutil::existing_model(out, "XOR", modelfile::from_bytes)
 }

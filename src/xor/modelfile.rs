@@ -5,7 +5,7 @@
 use super::model::XorParams;
 use crate::cpu::Activation;
 use anyhow::{Context, Result, anyhow, bail};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -49,13 +49,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<XorParams> {
         .filter(|&h| h >= 1)
         .ok_or_else(|| anyhow!("metadata entry \"hidden\" is missing or not a positive number"))?;
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
-    let read = |name: &str, dims: &[usize]| -> Result<Vec<f32>> {
-        let t = tensors.tensor(name).map_err(|_| anyhow!("tensor {name} is missing"))?;
-        if t.dtype() != Dtype::F32 || t.shape() != dims {
-            bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
-        }
-        Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
-    };
+    let read = |name: &str, dims: &[usize]| crate::tensorfile::read_f32(&tensors, name, dims);
     let p = XorParams {
         activation,
         w1: read("w1", &[hidden, 2])?,

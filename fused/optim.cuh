@@ -2,10 +2,11 @@
 // operations as PyTorch's): per parameter, with g the gradient of the mean batch loss,
 //
 //   clip          g ← grad_scale·g      (grad_scale = min(1, clip / ‖g‖₂), computed by the caller)
-//   weight decay  g ← g + wd·θ          (L2 added to the gradient, every optimizer)
+//   weight decay  g ← g + wd·θ          (L2 added to the gradient; all but adamw)
 //   sgd           θ ← θ − lr·g
 //   momentum      m ← μ·m + g;  θ ← θ − lr·m
 //   adam          m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  θ ← θ − lr·(m/bias1) / (√(v/bias2) + ε)
+//   adamw         θ ← θ·(1 − lr·wd), then adam's update with the clipped g (decoupled weight decay)
 //
 // It is one element's update so a pipeline can fuse it where its gradient is formed (the sales step keeps
 // gradient, parameters and moments in one block's registers) or run it as its own grid-stride pass
@@ -13,7 +14,7 @@
 // corrections 1 − βᵗ — are computed once per step by the caller.
 #pragma once
 
-constexpr int OPTIM_SGD = 0, OPTIM_MOMENTUM = 1, OPTIM_ADAM = 2;
+constexpr int OPTIM_SGD = 0, OPTIM_MOMENTUM = 1, OPTIM_ADAM = 2, OPTIM_ADAMW = 3;
 
 struct OptimStep {
     int kind;  // OPTIM_*
@@ -30,13 +31,19 @@ __device__ __forceinline__ void optim_bias_corrections(OptimStep& s, unsigned t)
 
 // θ after one step from gradient g; m and v are the element's optimizer state (unused ones untouched).
 __device__ __forceinline__ float optim_update(const OptimStep& s, float theta, float g, float& m, float& v) {
-    g = s.grad_scale * g + s.weight_decay * theta;
+    if (s.kind == OPTIM_ADAMW) {
+        g = s.grad_scale * g;
+        theta *= 1.0f - s.lr * s.weight_decay;
+    } else {
+        g = s.grad_scale * g + s.weight_decay * theta;
+    }
     switch (s.kind) {
         case OPTIM_SGD: return theta - s.lr * g;
         case OPTIM_MOMENTUM:
             m = s.momentum * m + g;
             return theta - s.lr * m;
         case OPTIM_ADAM:
+        case OPTIM_ADAMW:
         default:
             m = s.beta1 * m + (1.0f - s.beta1) * g;
             v = s.beta2 * v + (1.0f - s.beta2) * g * g;

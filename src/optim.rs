@@ -4,12 +4,13 @@
 //! Per step, with gradient g of the mean batch loss (PyTorch's order of operations):
 //! ```text
 //! 1. clip:         g ← g · min(1, clip / ‖g‖₂), ‖g‖₂ over the whole vector (when clip > 0)
-//! 2. weight decay: g ← g + wd·θ                         (L2 added to the gradient, all optimizers)
+//! 2. weight decay: g ← g + wd·θ                         (L2 added to the gradient; all but adamw)
 //! 3. update, t = 1, 2, … counting steps:
 //!    sgd       θ ← θ − lr·g
 //!    momentum  m ← μ·m + g;  θ ← θ − lr·m               (heavy ball, no dampening)
 //!    adam      m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
 //!              θ ← θ − lr · (m / (1−β1ᵗ)) / (√(v / (1−β2ᵗ)) + ε)
+//!    adamw     θ ← θ·(1 − lr·wd), then adam's update     (decoupled weight decay, torch.optim.AdamW)
 //! ```
 //!
 //! The scalars of a step (clip factor, bias corrections) are computed once per step on the host side
@@ -25,6 +26,9 @@ pub enum OptimKind {
     Momentum,
     /// Adam with bias correction (β1 0.9, β2 0.999, ε 1e-8)
     Adam,
+    /// Adam with decoupled weight decay: θ shrinks by lr·wd·θ each step instead of wd·θ joining the gradient
+    #[value(name = "adamw")]
+    AdamW,
 }
 
 impl OptimKind {
@@ -33,6 +37,7 @@ impl OptimKind {
             OptimKind::Sgd => "sgd",
             OptimKind::Momentum => "momentum",
             OptimKind::Adam => "adam",
+            OptimKind::AdamW => "adamw",
         }
     }
 
@@ -42,6 +47,7 @@ impl OptimKind {
             OptimKind::Sgd => 0,
             OptimKind::Momentum => 1,
             OptimKind::Adam => 2,
+            OptimKind::AdamW => 3,
         }
     }
 
@@ -52,7 +58,7 @@ impl OptimKind {
         match self {
             OptimKind::Sgd => 0.1,
             OptimKind::Momentum => 0.05,
-            OptimKind::Adam => 1e-3,
+            OptimKind::Adam | OptimKind::AdamW => 1e-3,
         }
     }
 }
@@ -154,7 +160,7 @@ pub struct OptimArgs {
     /// Momentum μ of --optim momentum [default: 0.9]
     #[arg(long, allow_negative_numbers = true)]
     pub momentum: Option<f32>,
-    /// L2 weight decay, added to the gradient as wd·θ
+    /// Weight decay: L2, added to the gradient as wd·θ (adamw: decoupled, θ shrinks by lr·wd·θ)
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f32,
     /// Clip the gradient's global L2 norm to this before each update (0 = off)
@@ -214,6 +220,11 @@ pub fn clip_scale(norm: f32, clip: f32) -> f32 {
 pub fn update(kind: OptimKind, s: &StepScalars, params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f32]) {
     assert_eq!(params.len(), grads.len());
     let g_of = |g: f32, theta: f32| s.grad_scale * g + s.weight_decay * theta;
+    let adam = |theta: &mut f32, g: f32, m: &mut f32, v: &mut f32| {
+        *m = s.beta1 * *m + (1.0 - s.beta1) * g;
+        *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
+        *theta -= s.lr * (*m / s.bias1) / ((*v / s.bias2).sqrt() + s.eps);
+    };
     match kind {
         OptimKind::Sgd => {
             for (theta, &g) in params.iter_mut().zip(grads) {
@@ -230,10 +241,14 @@ pub fn update(kind: OptimKind, s: &StepScalars, params: &mut [f32], grads: &[f32
         OptimKind::Adam => {
             assert!(m.len() == params.len() && v.len() == params.len());
             for (((theta, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
-                let g = g_of(g, *theta);
-                *m = s.beta1 * *m + (1.0 - s.beta1) * g;
-                *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
-                *theta -= s.lr * (*m / s.bias1) / ((*v / s.bias2).sqrt() + s.eps);
+                adam(theta, g_of(g, *theta), m, v);
+            }
+        }
+        OptimKind::AdamW => {
+            assert!(m.len() == params.len() && v.len() == params.len());
+            for (((theta, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+                *theta *= 1.0 - s.lr * s.weight_decay;
+                adam(theta, s.grad_scale * g, m, v);
             }
         }
     }
@@ -255,7 +270,7 @@ impl Optimizer {
         let (m, v) = match config.kind {
             OptimKind::Sgd => (0, 0),
             OptimKind::Momentum => (len, 0),
-            OptimKind::Adam => (len, len),
+            OptimKind::Adam | OptimKind::AdamW => (len, len),
         };
         Optimizer { config, step: 0, m: vec![0.0; m], v: vec![0.0; v] }
     }

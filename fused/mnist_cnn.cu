@@ -23,6 +23,12 @@
 //                    The last block also advances the step count and adds the batch's losses, in image
 //                    order, to the running sum.
 //
+// cnn_forward, cnn_evaluate and cnn_backward run blocks of CNN_IMAGE_THREADS (1024) threads: with a block
+// per image, a step of 64 images fills 64 of the 132 SMs, so each block needs all the threads an SM holds
+// to hide the shared-memory latency of the conv loops (at 256 threads a block kept 8 warps per SM busy and
+// the forward pass took 47 µs; at 1024, conv2's 784 pooled outputs are one per thread). cnn_update keeps
+// THREADS (256).
+//
 // Sizes are compiled in (-DCNN_SIDE, -DCNN_C1, -DCNN_C2, -DCNN_FC, -DCNN_CLASSES). A step's images are
 // order[offset + b], b < B: a CUDA graph of an epoch's steps bakes in each offset and replays over any
 // order the host writes into the same buffer.
@@ -45,6 +51,10 @@
 #ifndef CNN_CLASSES
 #define CNN_CLASSES 10
 #endif
+#ifndef CNN_IMAGE_THREADS
+#define CNN_IMAGE_THREADS 1024
+#endif
+constexpr int IMAGE_THREADS = CNN_IMAGE_THREADS, IMAGE_WARPS = IMAGE_THREADS / 32;
 
 constexpr int S1 = CNN_SIDE, S2 = S1 / 2, S3 = S1 / 4;
 constexpr int C1 = CNN_C1, C2 = CNN_C2, FC = CNN_FC, K = CNN_CLASSES;
@@ -57,11 +67,15 @@ constexpr int W1_AT = 0, B1_AT = W1_AT + C1 * 9, W2_AT = B1_AT + C1, B2_AT = W2_
               BF_AT = WF_AT + FC * FLAT, WO_AT = BF_AT + FC, BO_AT = WO_AT + K * FC, PARAMS = BO_AT + K;
 // cnn_update's blocks: SLICES per conv1 channel and per conv2 channel (each over its share of the batch's
 // images), then the FC parameters a thread each.
-constexpr int SLICES = 8;
+constexpr int SLICES = 32;
+// A conv block stages STAGE images at a time in shared memory (the channel's gradient and its input), so
+// the sums read shared memory, not a chain of global loads.
+constexpr int STAGE = 2;
+constexpr int STAGE_FLOATS = STAGE * (2 * PIX > S2 * S2 + P1 ? 2 * PIX : S2 * S2 + P1);
 constexpr int CONV_BLOCKS = (C1 + C2) * SLICES;
 constexpr int FC_PARAMS = PARAMS - WF_AT;
 constexpr int UPDATE_BLOCKS = CONV_BLOCKS + (FC_PARAMS + THREADS - 1) / THREADS;
-// Gradients a conv block sums: conv2's C1·9 weights and bias (conv1's 9 + 1 are fewer).
+// Gradients a conv block sums: conv2's C1·9 weights and bias (conv1's 9 + 1 are fewer, never more).
 constexpr int CONV_SUMS = C1 * 9 + 1 > 10 ? C1 * 9 + 1 : 10;
 
 // Saved per image by cnn_forward (floats, then bytes).
@@ -102,7 +116,7 @@ template <int CIN, int COUT, int SIDE>
 __device__ __forceinline__ void conv_relu_pool(const float* in, const float* w, const float* b, float* pooled,
                                                unsigned char* arg) {
     constexpr int HALF = SIDE / 2;
-    for (int o = threadIdx.x; o < COUT * HALF * HALF; o += THREADS) {
+    for (int o = threadIdx.x; o < COUT * HALF * HALF; o += IMAGE_THREADS) {
         const int c = o / (HALF * HALF), i = (o / HALF) % HALF, j = o % HALF;
         float best = NEG_INF;
         int which = 0;
@@ -136,15 +150,15 @@ __device__ void forward_image(const float* __restrict__ params, const float* __r
     float* h = f + FLAT;
     unsigned char* arg1 = reinterpret_cast<unsigned char*>(h + FC);
     unsigned char* arg2 = arg1 + P1;
-    for (int i = threadIdx.x; i < PIX; i += THREADS) x[i] = image[i];
-    for (int i = threadIdx.x; i < B2_AT + C2; i += THREADS) w[i] = params[i];
+    for (int i = threadIdx.x; i < PIX; i += IMAGE_THREADS) x[i] = image[i];
+    for (int i = threadIdx.x; i < B2_AT + C2; i += IMAGE_THREADS) w[i] = params[i];
     __syncthreads();
     conv_relu_pool<1, C1, S1>(x, w + W1_AT, w + B1_AT, p1, arg1);
     __syncthreads();
     conv_relu_pool<C1, C2, S2>(p1, w + W2_AT, w + B2_AT, f, arg2);
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int j = warp; j < FC; j += WARPS) {
+    for (int j = warp; j < FC; j += IMAGE_WARPS) {
         const float* row = params + WF_AT + (size_t)j * FLAT;
         float z = 0.0f;
         for (int i = lane; i < FLAT; i += 32) z = fmaf(row[i], f[i], z);
@@ -173,19 +187,19 @@ __device__ void forward_image(const float* __restrict__ params, const float* __r
         }
     }
     if (TRAIN) {
-        for (int i = threadIdx.x; i < P1; i += THREADS) {
+        for (int i = threadIdx.x; i < P1; i += IMAGE_THREADS) {
             saved.p1[(size_t)b * P1 + i] = p1[i];
             saved.arg1[(size_t)b * P1 + i] = arg1[i];
         }
-        for (int i = threadIdx.x; i < FLAT; i += THREADS) {
+        for (int i = threadIdx.x; i < FLAT; i += IMAGE_THREADS) {
             saved.f[(size_t)b * FLAT + i] = f[i];
             saved.arg2[(size_t)b * FLAT + i] = arg2[i];
         }
-        for (int i = threadIdx.x; i < FC; i += THREADS) saved.h[b * FC + i] = h[i];
+        for (int i = threadIdx.x; i < FC; i += IMAGE_THREADS) saved.h[b * FC + i] = h[i];
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(IMAGE_THREADS)
 cnn_forward(const float* __restrict__ params, const float* __restrict__ images, const unsigned char* __restrict__ labels,
             const unsigned* __restrict__ order, int offset, int B, float* p1, unsigned char* arg1, float* f,
             unsigned char* arg2, float* h, float* dlogits, float* loss) {
@@ -196,7 +210,7 @@ cnn_forward(const float* __restrict__ params, const float* __restrict__ images, 
 }
 
 // Images [first + blockIdx.x] in file order: loss[blockIdx.x] and predicted[blockIdx.x].
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(IMAGE_THREADS)
 cnn_evaluate(const float* __restrict__ params, const float* __restrict__ images, const unsigned char* __restrict__ labels,
              int first, float* loss, unsigned char* predicted) {
     const int b = blockIdx.x, sample = first + b;
@@ -209,7 +223,7 @@ cnn_evaluate(const float* __restrict__ params, const float* __restrict__ images,
 constexpr int BACKWARD_SHARED_FLOATS = FC + FLAT + Z2 + C2 * C1 * 9 + FLAT + P1;
 
 // Grid B: the activation gradients of image b: dh [B][FC], dz2 [B][Z2], dz1 [B][C1·S1·S1].
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(IMAGE_THREADS)
 cnn_backward(const float* __restrict__ params, const float* __restrict__ p1_saved, const unsigned char* __restrict__ arg1,
              const float* __restrict__ f_saved, const unsigned char* __restrict__ arg2, const float* __restrict__ h,
              const float* __restrict__ dlogits, float* __restrict__ dh_out, float* __restrict__ dz2_out,
@@ -222,11 +236,11 @@ cnn_backward(const float* __restrict__ params, const float* __restrict__ p1_save
     float* f = w2 + C2 * C1 * 9;
     float* p1 = f + FLAT;
     const int b = blockIdx.x;
-    for (int i = threadIdx.x; i < C2 * C1 * 9; i += THREADS) w2[i] = params[W2_AT + i];
-    for (int i = threadIdx.x; i < FLAT; i += THREADS) f[i] = f_saved[(size_t)b * FLAT + i];
-    for (int i = threadIdx.x; i < P1; i += THREADS) p1[i] = p1_saved[(size_t)b * P1 + i];
-    for (int i = threadIdx.x; i < Z2; i += THREADS) dz2[i] = 0.0f;
-    for (int j = threadIdx.x; j < FC; j += THREADS) {
+    for (int i = threadIdx.x; i < C2 * C1 * 9; i += IMAGE_THREADS) w2[i] = params[W2_AT + i];
+    for (int i = threadIdx.x; i < FLAT; i += IMAGE_THREADS) f[i] = f_saved[(size_t)b * FLAT + i];
+    for (int i = threadIdx.x; i < P1; i += IMAGE_THREADS) p1[i] = p1_saved[(size_t)b * P1 + i];
+    for (int i = threadIdx.x; i < Z2; i += IMAGE_THREADS) dz2[i] = 0.0f;
+    for (int j = threadIdx.x; j < FC; j += IMAGE_THREADS) {
         float g = 0.0f;
 #pragma unroll
         for (int k = 0; k < K; ++k) g = fmaf(params[WO_AT + k * FC + j], dlogits[b * K + k], g);
@@ -236,7 +250,7 @@ cnn_backward(const float* __restrict__ params, const float* __restrict__ p1_save
     }
     __syncthreads();
     // df[i] = Σ_j Wf[j][i]·dh[j], routed to its pooling winner when that was positive.
-    for (int i = threadIdx.x; i < FLAT; i += THREADS) {
+    for (int i = threadIdx.x; i < FLAT; i += IMAGE_THREADS) {
         float g = 0.0f;
         for (int j = 0; j < FC; ++j) g = fmaf(params[WF_AT + (size_t)j * FLAT + i], dh[j], g);
         df[i] = g;
@@ -246,12 +260,12 @@ cnn_backward(const float* __restrict__ params, const float* __restrict__ p1_save
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < Z2; i += THREADS) dz2_out[(size_t)b * Z2 + i] = dz2[i];
+    for (int i = threadIdx.x; i < Z2; i += IMAGE_THREADS) dz2_out[(size_t)b * Z2 + i] = dz2[i];
     // dp1 = conv2ᵀ(dz2) at each pooled layer-1 element, routed to its winner in dz1 when that was positive.
     float* dz1 = dz1_out + (size_t)b * C1 * PIX;
-    for (int i = threadIdx.x; i < C1 * PIX; i += THREADS) dz1[i] = 0.0f;
+    for (int i = threadIdx.x; i < C1 * PIX; i += IMAGE_THREADS) dz1[i] = 0.0f;
     __syncthreads();
-    for (int o = threadIdx.x; o < P1; o += THREADS) {
+    for (int o = threadIdx.x; o < P1; o += IMAGE_THREADS) {
         if (!(p1[o] > 0.0f)) continue;
         const int ci = o / (S2 * S2), y = (o / S2) % S2, x = o % S2;
         float g = 0.0f;
@@ -303,7 +317,8 @@ cnn_update(float* __restrict__ params, float* __restrict__ grad, float* __restri
            float beta1, float beta2, float eps, float weight_decay, float clip_norm, float* __restrict__ norm_partials,
            float* __restrict__ conv_partials, unsigned* __restrict__ channel_tickets, unsigned* __restrict__ step,
            unsigned* __restrict__ ticket, double* __restrict__ loss_sum) {
-    __shared__ float scratch[WARPS * CONV_SUMS];
+    __shared__ float scratch[THREADS * 10];
+    __shared__ float staged[STAGE_FLOATS];
     __shared__ float sums[CONV_SUMS];
     __shared__ float square_sum;
     const unsigned t = *step + 1;
@@ -318,47 +333,80 @@ cnn_update(float* __restrict__ params, float* __restrict__ grad, float* __restri
         const int channel = block / SLICES, slice = block % SLICES;
         const int per = (B + SLICES - 1) / SLICES, first = slice * per, count = max(0, min(B, first + per) - first);
         const bool layer1 = channel < C1;
-        float acc[CONV_SUMS] = {};
+        // Each thread keeps 10 sums: a 3×3 kernel's weights and the bias. conv1: one kernel per channel,
+        // summed over the block (block_sums). conv2: thread t serves input channel t % C1 (the bias from
+        // ci = 0 only), and the threads of one ci are added in thread order.
+        float acc[10] = {};
         if (layer1) {
             const int c = channel;
-            for (int e = threadIdx.x; e < count * PIX; e += THREADS) {
-                const int b = first + e / PIX, y = (e / S1) % S1, x = e % S1;
-                const float g = dz1[((size_t)b * C1 + c) * PIX + y * S1 + x];
-                if (g == 0.0f) continue;
-                const float* image = images + (size_t)order[offset + b] * PIX;
-#pragma unroll
-                for (int ky = 0; ky < 3; ++ky) {
-#pragma unroll
-                    for (int kx = 0; kx < 3; ++kx) {
-                        const int yy = y + ky - 1, xx = x + kx - 1;
-                        if (yy >= 0 && yy < S1 && xx >= 0 && xx < S1) acc[ky * 3 + kx] = fmaf(g, image[yy * S1 + xx], acc[ky * 3 + kx]);
-                    }
+            float* gs = staged;              // dz1 of channel c, STAGE images
+            float* xs = staged + STAGE * PIX;  // their input images
+            for (int b0 = first; b0 < first + count; b0 += STAGE) {
+                const int n = min(STAGE, first + count - b0);
+                for (int e = threadIdx.x; e < n * PIX; e += THREADS) {
+                    const int b = b0 + e / PIX, p = e % PIX;
+                    gs[e] = dz1[((size_t)b * C1 + c) * PIX + p];
+                    xs[e] = images[(size_t)order[offset + b] * PIX + p];
                 }
-                acc[9] += g;
-            }
-        } else {
-            const int c = channel - C1;
-            for (int e = threadIdx.x; e < count * S2 * S2; e += THREADS) {
-                const int b = first + e / (S2 * S2), y = (e / S2) % S2, x = e % S2;
-                const float g = dz2[((size_t)b * C2 + c) * S2 * S2 + y * S2 + x];
-                if (g == 0.0f) continue;
-                const float* in = p1 + (size_t)b * P1;
-#pragma unroll
-                for (int ci = 0; ci < C1; ++ci) {
+                __syncthreads();
+                for (int e = threadIdx.x; e < n * PIX; e += THREADS) {
+                    const float g = gs[e];
+                    if (g == 0.0f) continue;
+                    const int y = (e / S1) % S1, x = e % S1;
+                    const float* image = xs + (e / PIX) * PIX;
 #pragma unroll
                     for (int ky = 0; ky < 3; ++ky) {
 #pragma unroll
                         for (int kx = 0; kx < 3; ++kx) {
                             const int yy = y + ky - 1, xx = x + kx - 1;
-                            if (yy >= 0 && yy < S2 && xx >= 0 && xx < S2)
-                                acc[(ci * 3 + ky) * 3 + kx] = fmaf(g, in[(ci * S2 + yy) * S2 + xx], acc[(ci * 3 + ky) * 3 + kx]);
+                            if (yy >= 0 && yy < S1 && xx >= 0 && xx < S1) acc[ky * 3 + kx] = fmaf(g, image[yy * S1 + xx], acc[ky * 3 + kx]);
                         }
                     }
+                    acc[9] += g;
                 }
-                acc[C1 * 9] += g;
+                __syncthreads();
             }
+            block_sums(acc, scratch, sums);
+        } else {
+            const int c = channel - C1, ci = threadIdx.x % C1, lanes = THREADS / C1;
+            float* gs = staged;                   // dz2 of channel c, STAGE images
+            float* ins = staged + STAGE * S2 * S2;  // their p1
+            for (int b0 = first; b0 < first + count; b0 += STAGE) {
+                const int n = min(STAGE, first + count - b0);
+                for (int e = threadIdx.x; e < n * S2 * S2; e += THREADS)
+                    gs[e] = dz2[((size_t)(b0 + e / (S2 * S2)) * C2 + c) * S2 * S2 + e % (S2 * S2)];
+                for (int e = threadIdx.x; e < n * P1; e += THREADS) ins[e] = p1[(size_t)b0 * P1 + e];
+                __syncthreads();
+                if (threadIdx.x < lanes * C1) {
+                    for (int e = threadIdx.x / C1; e < n * S2 * S2; e += lanes) {
+                        const float g = gs[e];
+                        if (g == 0.0f) continue;
+                        const int y = (e / S2) % S2, x = e % S2;
+                        const float* in = ins + (e / (S2 * S2)) * P1 + ci * S2 * S2;
+#pragma unroll
+                        for (int ky = 0; ky < 3; ++ky) {
+#pragma unroll
+                            for (int kx = 0; kx < 3; ++kx) {
+                                const int yy = y + ky - 1, xx = x + kx - 1;
+                                if (yy >= 0 && yy < S2 && xx >= 0 && xx < S2) acc[ky * 3 + kx] = fmaf(g, in[yy * S2 + xx], acc[ky * 3 + kx]);
+                            }
+                        }
+                        if (ci == 0) acc[9] += g;
+                    }
+                }
+                __syncthreads();
+            }
+#pragma unroll
+            for (int k = 0; k < 10; ++k) scratch[threadIdx.x * 10 + k] = acc[k];
+            __syncthreads();
+            for (int k = threadIdx.x; k < C1 * 9 + 1; k += THREADS) {
+                const int group = k < C1 * 9 ? k / 9 : 0, at = k < C1 * 9 ? k % 9 : 9;
+                float sum = 0.0f;
+                for (int l = 0; l < lanes; ++l) sum += scratch[(l * C1 + group) * 10 + at];
+                sums[k] = sum;
+            }
+            __syncthreads();
         }
-        block_sums(acc, scratch, sums);
         const int n = layer1 ? 10 : C1 * 9 + 1;
         float* mine = conv_partials + (size_t)block * CONV_SUMS;
         for (int k = threadIdx.x; k < n; k += THREADS) mine[k] = sums[k];

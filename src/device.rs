@@ -273,6 +273,21 @@ impl Gpu {
         programmatic: bool,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_sized(name, func, blocks, THREADS_PER_BLOCK, shared, programmatic, args)
+    }
+
+    /// `launch` with blocks of `threads` threads, for a kernel compiled for that block size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_sized(
+        &self,
+        name: &str,
+        func: &CudaFunction,
+        blocks: (u32, u32),
+        threads: u32,
+        shared: u32,
+        programmatic: bool,
+        args: &[Arg],
+    ) -> Result<()> {
         use cudarc::driver::sys;
         // Every argument lives in a u64; a 32-bit scalar in its low (first, little-endian) four bytes.
         let mut storage: Vec<u64> = args
@@ -290,7 +305,7 @@ impl Gpu {
             gridDimX: blocks.0,
             gridDimY: blocks.1,
             gridDimZ: 1,
-            blockDimX: THREADS_PER_BLOCK,
+            blockDimX: threads,
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: shared,

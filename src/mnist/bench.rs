@@ -245,6 +245,14 @@ pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
     }
     let total_s = start.elapsed().as_secs_f64();
     let eval = last.expect("ten epochs");
+    // Each kernel alone: a graph of 128 launches of it on a full batch, replayed (after the run, so the
+    // timing launches do not change its parameters).
+    let mut per_kernel = Vec::new();
+    for (kernel, name) in ["cnn_forward", "cnn_backward", "cnn_update"].into_iter().enumerate() {
+        let graph = trainer.kernel_graph(kernel, BENCH_BATCH, 128)?;
+        let times = time_graph_launches(gpu, &graph, 128, 7)?;
+        per_kernel.push(serde_json::json!({"kernel": name, "us_median": median(&times), "us": times}));
+    }
     let train_ms: f64 = epochs.iter().map(|e| e["train_device_ms"].as_f64().unwrap_or(0.0)).sum();
     let steps = BENCH_EPOCHS * n_train.div_ceil(BENCH_BATCH);
     let out = serde_json::json!({
@@ -257,10 +265,14 @@ pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
         "total_s": total_s,
         "test_accuracy": eval.accuracy(), "test_loss": eval.mean_loss(),
         "per_epoch": epochs,
+        "per_kernel": per_kernel,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
+        for k in &per_kernel {
+            println!("  {} alone: {:.1} µs", k["kernel"].as_str().unwrap_or(""), k["us_median"].as_f64().unwrap_or(0.0));
+        }
         println!(
             "mnist cnn on {}: 10 epochs {:.3} s of training on the device ({:.1} µs/step), {total_s:.3} s with evaluations; test accuracy {:.2} %",
             gpu.describe(),

@@ -12,8 +12,10 @@ use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
 use std::sync::Arc;
 
 const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
+/// Threads of a block of cnn_forward, cnn_evaluate and cnn_backward (a block per image; CNN_IMAGE_THREADS).
+const IMAGE_THREADS: u32 = 1024;
 /// cnn_update's blocks per conv channel (SLICES in fused/mnist_cnn.cu).
-const CONV_SLICES: usize = 8;
+const CONV_SLICES: usize = 32;
 /// Test images per evaluation launch (a block each).
 const EVAL_CHUNK: usize = 10_000;
 
@@ -118,6 +120,7 @@ impl GpuCnn {
                 ("CNN_C2", shape.c2 as i64),
                 ("CNN_FC", shape.fc as i64),
                 ("CNN_CLASSES", shape.classes as i64),
+                ("CNN_IMAGE_THREADS", IMAGE_THREADS as i64),
             ],
         )?;
         let load = |name: &str| Gpu::function(&module, name);
@@ -213,7 +216,7 @@ impl GpuCnn {
             Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits),
             Arg::buf(g, &b.loss),
         ];
-        g.launch("cnn_forward", &self.kernels.forward, (batch as u32, 1), self.sizes.forward_shared as u32, false, &args)
+        g.launch_sized("cnn_forward", &self.kernels.forward, (batch as u32, 1), IMAGE_THREADS, self.sizes.forward_shared as u32, false, &args)
     }
 
     fn launch_backward(&self, batch: usize) -> Result<()> {
@@ -222,7 +225,7 @@ impl GpuCnn {
             Arg::buf(g, &self.params), Arg::buf(g, &b.p1), Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2),
             Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh), Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1),
         ];
-        g.launch("cnn_backward", &self.kernels.backward, (batch as u32, 1), self.sizes.backward_shared as u32, false, &args)
+        g.launch_sized("cnn_backward", &self.kernels.backward, (batch as u32, 1), IMAGE_THREADS, self.sizes.backward_shared as u32, false, &args)
     }
 
     fn launch_update(&self, batch: usize, offset: usize) -> Result<()> {
@@ -287,6 +290,25 @@ impl GpuCnn {
         Ok((get(&b.dh, self.shape.fc)?, get(&b.dz2, self.sizes.z2)?, get(&b.dz1, self.shape.c1 * self.sizes.pix)?))
     }
 
+    /// A CUDA graph of `launches` launches of one kernel (0 forward, 1 backward, 2 update) on the first
+    /// `batch` images of the training split, for timing each kernel alone.
+    pub fn kernel_graph(&mut self, kernel: usize, batch: usize, launches: usize) -> Result<cudarc::driver::CudaGraph> {
+        self.ensure_capacity(batch)?;
+        self.set_order(&(0..batch as u32).collect::<Vec<_>>())?;
+        self.enqueue_step(batch, 0)?;
+        let stream = self.gpu.stream.clone();
+        crate::device::capture_graph(&stream, self, |t| {
+            for _ in 0..launches {
+                match kernel {
+                    0 => t.launch_forward(batch, 0)?,
+                    1 => t.launch_backward(batch)?,
+                    _ => t.launch_update(batch, 0)?,
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn enqueue_steps(&mut self, samples: usize, batch: usize) -> Result<()> {
         let mut offset = 0;
         while offset < samples {
@@ -348,7 +370,7 @@ impl GpuCnn {
                 Arg::buf(g, &self.params), Arg::buf(g, &self.test.images), Arg::buf(g, &self.test.labels),
                 Arg::i32(first as i32), Arg::buf(g, &b.loss), Arg::buf(g, &b.predicted),
             ];
-            g.launch("cnn_evaluate", &self.kernels.evaluate, (count as u32, 1), self.sizes.forward_shared as u32, false, &args)?;
+            g.launch_sized("cnn_evaluate", &self.kernels.evaluate, (count as u32, 1), IMAGE_THREADS, self.sizes.forward_shared as u32, false, &args)?;
             let loss = g.stream.clone_dtoh(&b.loss).context("a CNN evaluation kernel failed")?;
             let predicted = g.stream.clone_dtoh(&b.predicted)?;
             for k in 0..count {

@@ -23,3 +23,17 @@ __device__ __forceinline__ float activation_slope(int activation, float a) {
         default: return a > 0.0f ? 1.0f : 0.0f;
     }
 }
+
+// GELU in PyTorch's tanh form (nn.GELU(approximate="tanh")): the Transformer's FFN, which keeps the
+// pre-activation and takes the slope from it.
+constexpr float GELU_K = 0.7978845608028654f;  // √(2/π)
+constexpr float GELU_C = 0.044715f;
+
+__device__ __forceinline__ float gelu(float z) {
+    return 0.5f * z * (1.0f + tanhf(GELU_K * (z + GELU_C * z * z * z)));
+}
+
+__device__ __forceinline__ float gelu_slope(float z) {
+    const float z2 = z * z, th = tanhf(GELU_K * (z + GELU_C * z * z2));
+    return 0.5f * (1.0f + th) + 0.5f * z * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * z2);
+}

@@ -10,6 +10,8 @@
 #define WARPS (THREADS / 32)
 #define NEG_INF __int_as_float(0xff800000)
 
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);

@@ -51,7 +51,6 @@ using ForwardTile = GemmTile<FWD_BM, FWD_BN, I, FWD_TM, FWD_TN>;
 constexpr int BWD_BM = 16, BWD_BN = 64, BWD_BK = 64, BWD_TM = 4, BWD_TN = 4;
 
 
-__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // Kernel 1's body. Grid: (⌈H/FWD_BN⌉ hidden tiles, ⌈B/FWD_BM⌉ sample tiles). Sample s of the batch is image
 // order[*cursor + offset + s] when training, image offset + s when evaluating (order == nullptr).

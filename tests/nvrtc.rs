@@ -57,3 +57,16 @@ fn kernels_compile_to_machine_code_for_the_gpu_at_hand() {
     let err = textnet::device::compile_cubin(&broken, (9, 0), &[]).unwrap_err();
     assert!(format!("{err:#}").contains("undeclared"), "the error carries NVRTC's log: {err:#}");
 }
+
+#[test]
+fn transformer_kernels_compile_for_other_shapes() {
+    let unit = textnet::device::kernel_source("transformer").unwrap();
+    for (c, hs, t) in [(32, 8, 5), (64, 16, 64), (96, 32, 33), (384, 64, 256)] {
+        let defines = [format!("-DTF_C={c}"), format!("-DTF_HS={hs}"), format!("-DTF_T={t}")];
+        let ptx = compile_ptx(unit, (9, 0), &defines).unwrap_or_else(|e| panic!("transformer C={c} HS={hs} T={t}: {e:#}"));
+        for kernel in ["tf_embed_layernorm", "tf_linear_forward", "tf_attention_forward", "tf_classifier", "tf_linear_backward",
+                       "tf_layernorm_backward", "tf_attention_backward", "tf_embedding_backward", "tf_adamw"] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for C={c} HS={hs} T={t}");
+        }
+    }
+}

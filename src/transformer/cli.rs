@@ -1,0 +1,273 @@
+//! `textnet transformer CORPUS`: trains the character-level Transformer (AdamW, random windows of the
+//! corpus's first 90 %), reports the validation loss every --eval-every steps and writes the model file.
+//! What it prints goes through `report`, as for every training command; a step is what an epoch is
+//! elsewhere (a report row per evaluation).
+
+use super::data::{self, Corpus};
+use super::gpu::GpuTransformer;
+use super::model::{self, Config, CpuTrainer};
+use super::modelfile::TransformerModel;
+use crate::cpu::SeededRng;
+use crate::device::{self, Backend, DeviceChoice};
+use crate::fsutil;
+use crate::optim::{OptimConfig, OptimKind};
+use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use anyhow::{Result, bail};
+use rand::SeedableRng;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct TransformerArgs {
+    /// UTF-8 text to train on (the last 10 % is held out for validation)
+    pub corpus: PathBuf,
+    /// Transformer blocks
+    #[arg(long, default_value_t = model::DEFAULT_LAYERS)]
+    pub layers: usize,
+    /// Attention heads per block (must divide --embed)
+    #[arg(long, default_value_t = model::DEFAULT_HEADS)]
+    pub heads: usize,
+    /// Embedding width d_model (the MLP is 4× as wide; on the GPU a multiple of 32)
+    #[arg(long, default_value_t = model::DEFAULT_EMBED)]
+    pub embed: usize,
+    /// Context length in characters
+    #[arg(long, default_value_t = model::DEFAULT_BLOCK)]
+    pub block: usize,
+    /// Sequences per step
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Optimizer steps
+    #[arg(long, default_value_t = 1000)]
+    pub steps: usize,
+    /// AdamW learning rate
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
+    pub lr: f32,
+    /// AdamW's decoupled weight decay
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
+    pub weight_decay: f32,
+    /// Largest vocabulary, the unknown character included (rarer characters read as unknown)
+    #[arg(long, default_value_t = 256)]
+    pub vocab: usize,
+    /// Validation loss every N steps (and after the last)
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub eval_every: usize,
+    /// Seed of the initial parameters and of the batches
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where to train
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Where to write the model (.safetensors); a Transformer already there is replaced only by one of
+    /// lower validation loss
+    #[arg(long, default_value = "transformer.safetensors")]
+    pub out: PathBuf,
+    /// Print errors only (the --json report still comes)
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print one JSON report on stdout at the end (the other lines go to stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl TransformerArgs {
+    fn check(&self) -> Result<Config> {
+        if self.steps == 0 {
+            bail!("--steps must be at least 1, got 0");
+        }
+        if self.batch == 0 {
+            bail!("--batch must be at least 1, got 0");
+        }
+        if self.eval_every == 0 {
+            bail!("--eval-every must be at least 1, got 0");
+        }
+        if self.vocab < 2 {
+            bail!("--vocab must be at least 2 (the unknown character and one more), got {}", self.vocab);
+        }
+        let config = Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn optim(&self) -> Result<OptimConfig> {
+        let config = OptimConfig { lr: self.lr, weight_decay: self.weight_decay, ..OptimConfig::new(OptimKind::AdamW) };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// A trainer on either device: steps over given batch offsets, and the validation loss.
+enum Trainer {
+    Cpu(Box<CpuTrainer>),
+    Gpu(Box<GpuTransformer>),
+}
+
+impl Trainer {
+    /// The mean loss of each step over `offsets` (`batch` per step).
+    fn train(&mut self, corpus: &Corpus, offsets: &[u32], batch: usize) -> Result<Vec<f64>> {
+        match self {
+            Trainer::Cpu(t) => Ok(offsets
+                .chunks(batch)
+                .map(|o| {
+                    let (tokens, targets) = data::windows(&corpus.train, o, t.config.block);
+                    f64::from(t.step(&tokens, &targets, batch))
+                })
+                .collect()),
+            Trainer::Gpu(t) => t.train_steps(offsets, batch),
+        }
+    }
+
+    fn val_loss(&mut self, corpus: &Corpus, offsets: &[u32], batch: usize) -> Result<f64> {
+        match self {
+            Trainer::Cpu(t) => Ok(model::mean_loss(&t.config, &t.params, &corpus.val, offsets)),
+            Trainer::Gpu(t) => t.val_loss(offsets, batch),
+        }
+    }
+
+    fn params(&self) -> Result<Vec<f32>> {
+        match self {
+            Trainer::Cpu(t) => Ok(t.params.clone()),
+            Trainer::Gpu(t) => t.params(),
+        }
+    }
+}
+
+pub fn run(args: TransformerArgs) -> Result<()> {
+    let shape = args.check()?;
+    let optim = args.optim()?;
+    fsutil::check_output(&args.out, &[("the corpus", &args.corpus)])?;
+    let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
+    let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
+    let config = Config { vocab: corpus.vocab.len(), ..shape };
+    let evals = args.steps.div_ceil(args.eval_every);
+    let mut display = Display::new(args.quiet, args.json, evals);
+    let (backend, device_line) = device::select_described(args.device)?;
+    let params = model::init(&config, args.seed);
+    display.line(&format!(
+        "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \
+         {} parameters; AdamW lr {} weight decay {}, batch {} × {}, {} steps, seed {}; device {device_line}",
+        config.layers,
+        config.heads,
+        config.embed,
+        config.block,
+        config.vocab,
+        corpus.unknown,
+        corpus.train.len() + corpus.val.len(),
+        params.len(),
+        args.lr,
+        args.weight_decay,
+        args.batch,
+        config.block,
+        args.steps,
+        args.seed,
+    ));
+    let baseline = existing.as_ref().map(|old| {
+        display.line(&format!(
+            "--out {} already holds a Transformer of validation loss {:.4}; only a better one replaces it",
+            args.out.display(),
+            old.val_loss
+        ));
+        f64::from(old.val_loss)
+    });
+    let mut trainer = match &backend {
+        Backend::Cpu => Trainer::Cpu(Box::new(CpuTrainer::new(config, params, optim)?)),
+        Backend::Cuda(gpu) => Trainer::Gpu(Box::new(GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?)),
+    };
+    let val_offsets = data::val_offsets(corpus.val.len(), config.block);
+    let mut rng = SeededRng::seed_from_u64(args.seed);
+    let start = Instant::now();
+    let mut rows = Vec::new();
+    let mut diverged = None;
+    let mut done = 0;
+    let mut last_val = f64::NAN;
+    for eval in 1..=evals {
+        let steps = args.eval_every.min(args.steps - done);
+        display.epoch_started(eval, steps * args.batch);
+        let offsets: Vec<u32> = (0..steps).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch)).collect();
+        let losses = trainer.train(&corpus, &offsets, args.batch)?;
+        display.reached(steps * args.batch);
+        done += steps;
+        let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
+        let val = trainer.val_loss(&corpus, &val_offsets, args.batch)?;
+        let elapsed = start.elapsed().as_secs_f64();
+        if !(train_loss.is_finite() && val.is_finite()) {
+            diverged = Some(Divergence { epoch: done, what: "loss" });
+            break;
+        }
+        last_val = val;
+        let row = EpochRow {
+            epoch: done,
+            train_loss,
+            val_loss: Some(val),
+            val_accuracy: None,
+            test_loss: None,
+            test_accuracy: None,
+            samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
+            elapsed_s: elapsed,
+            extra: Default::default(),
+        }
+        .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
+        display.epoch_finished(&row, &format!("step {done}/{}, val loss {val:.4}", args.steps), "");
+        rows.push(row);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let written = diverged.is_none() && baseline.is_none_or(|b| last_val < b);
+    let out = args.out.display();
+    if written {
+        let model = TransformerModel { config, vocab: corpus.vocab.clone(), params: trainer.params()?, val_loss: last_val as f32, steps: args.steps };
+        fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+        display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
+    }
+    let outcome = match baseline {
+        _ if written => String::new(),
+        Some(b) if diverged.is_none() => {
+            format!("nothing written: the run's validation loss {last_val:.4} is not below the {b:.4} of the model {out} holds, so it is unchanged")
+        }
+        _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
+        _ => format!("nothing written to {out}"),
+    };
+    if args.json {
+        let report = Report {
+            textnet: report::VERSION,
+            command: "transformer",
+            status: Status::of(diverged.is_some(), false, written),
+            config: json!({
+                "corpus": args.corpus.display().to_string(),
+                "out": out.to_string(),
+                "keep": "best",
+                "layers": config.layers, "heads": config.heads, "embed": config.embed, "block": config.block,
+                "batch": args.batch, "steps": args.steps, "lr": report::decimal(args.lr),
+                "weight_decay": report::decimal(args.weight_decay), "vocab": args.vocab,
+                "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
+            }),
+            device: backend.describe(),
+            data: json!({
+                "train_chars": corpus.train.len(),
+                "val_chars": corpus.val.len(),
+                "val_windows": val_offsets.len(),
+                "vocabulary": config.vocab,
+                "unknown_chars": corpus.unknown,
+            }),
+            parameters: model::Layout::new(&config).len(),
+            epochs: rows,
+            final_metrics: written.then(|| {
+                let mut m = serde_json::Map::new();
+                m.insert("val_loss".into(), json!(last_val));
+                m.insert("train_s".into(), json!(seconds));
+                m
+            }),
+            model: out.to_string(),
+            kept_epoch: written.then_some(args.steps),
+            baseline_val_loss: baseline,
+            diverged: diverged.clone(),
+        };
+        report.print()?;
+    }
+    if let Some(d) = diverged {
+        bail!("{d}; {outcome}; try a lower --lr (this run used {})", args.lr);
+    }
+    if !written {
+        bail!("{outcome}");
+    }
+    Ok(())
+}

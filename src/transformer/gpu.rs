@@ -1,0 +1,603 @@
+//! The Transformer's GPU trainer: the kernels of fused/transformer.cu launched step after step, many
+//! steps to a CUDA graph. Parameters, AdamW's moments, the training and validation ids and every
+//! activation stay on the device; the host uploads each graph's batch offsets and reads its losses back.
+
+use super::data::Corpus;
+use super::model::{Config, Layout};
+use crate::device::{Arg, Gpu, THREADS_PER_BLOCK};
+use crate::optim::OptimConfig;
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, DevicePtr};
+use std::sync::Arc;
+
+const THREADS: usize = THREADS_PER_BLOCK as usize;
+const WARPS: usize = THREADS / 32;
+/// gemm_tile's dynamic shared memory for the linear kernels (LIN_SHARED_FLOATS in fused/transformer.cu:
+/// the 32×64 tile's two k-major stages of 32 rows, padded by one).
+const LINEAR_SHARED_BYTES: usize = 4 * 32 * (33 + 65);
+/// Weight-gradient tile (WG_BM × WG_BN) and the rows per warp of tf_layernorm_backward.
+const WG_TILE: usize = 32;
+const LN_ROWS_PER_BLOCK: usize = WARPS * 4;
+
+struct Kernels {
+    embed_layernorm: CudaFunction,
+    residual_layernorm: CudaFunction,
+    linear_forward: CudaFunction,
+    attention_forward: CudaFunction,
+    classifier: CudaFunction,
+    linear_backward: CudaFunction,
+    layernorm_backward: CudaFunction,
+    attention_backward: CudaFunction,
+    embedding_backward: CudaFunction,
+    adamw: CudaFunction,
+}
+
+/// One block's saved activations over the N rows of a step.
+struct BlockActs {
+    x: CudaSlice<f32>,
+    ln1: CudaSlice<f32>,
+    ln1_stats: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    lse: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+    attn_out: CudaSlice<f32>,
+    x_attn: CudaSlice<f32>,
+    ln2: CudaSlice<f32>,
+    ln2_stats: CudaSlice<f32>,
+    u: CudaSlice<f32>,
+    gelu: CudaSlice<f32>,
+    mlp_out: CudaSlice<f32>,
+}
+
+/// Activations and gradients of one step of `batch` sequences.
+struct StepBuffers {
+    batch: usize,
+    blocks: Vec<BlockActs>,
+    x_final: CudaSlice<f32>,
+    lnf: CudaSlice<f32>,
+    lnf_stats: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    row_loss: CudaSlice<f32>,
+    d_res: CudaSlice<f32>,
+    d_ln: CudaSlice<f32>,
+    d_u: CudaSlice<f32>,
+    d_y: CudaSlice<f32>,
+    d_qkv: CudaSlice<f32>,
+    linear_partials: CudaSlice<f32>,
+    linear_tickets: CudaSlice<u32>,
+    ln_partials: CudaSlice<f32>,
+}
+
+/// What a GPU forward pass of one batch left, as `model::Forward` lays it out (for the kernel checks).
+#[derive(Debug, Default)]
+pub struct ForwardOut {
+    pub x: Vec<Vec<f32>>,
+    pub ln1: Vec<Vec<f32>>,
+    pub qkv: Vec<Vec<f32>>,
+    pub y: Vec<Vec<f32>>,
+    pub x_attn: Vec<Vec<f32>>,
+    pub ln2: Vec<Vec<f32>>,
+    pub u: Vec<Vec<f32>>,
+    pub gelu: Vec<Vec<f32>>,
+    pub xf: Vec<f32>,
+    /// (softmax − onehot)/N after the classifier.
+    pub d_logits: Vec<f32>,
+    pub losses: Vec<f32>,
+}
+
+pub struct GpuTransformer {
+    gpu: Arc<Gpu>,
+    pub config: Config,
+    layout: Layout,
+    optim: OptimConfig,
+    kernels: Kernels,
+    attention_forward_shared: usize,
+    attention_backward_shared: usize,
+    params: CudaSlice<f32>,
+    grad: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    step: CudaSlice<u32>,
+    tickets: CudaSlice<u32>,
+    train: CudaSlice<u32>,
+    val: CudaSlice<u32>,
+    n_train: usize,
+    /// Batch offsets of the steps of one graph, `batch` per step.
+    offsets: CudaSlice<u32>,
+    /// The summed loss of each step of a graph (a step's rows added in order).
+    losses: CudaSlice<f64>,
+    buffers: StepBuffers,
+    /// (steps, batch) and the graph of that many steps.
+    captured: Option<(usize, usize, CudaGraph)>,
+}
+
+/// Tickets: one for the classifier, one for layernorm_backward, one for AdamW, then the linear tiles'.
+const TICKET_CLASSIFIER: usize = 0;
+const TICKET_LAYERNORM: usize = 1;
+const TICKET_ADAMW: usize = 2;
+
+impl GpuTransformer {
+    pub fn new(gpu: Arc<Gpu>, config: Config, params: &[f32], optim: OptimConfig, corpus: &Corpus) -> Result<GpuTransformer> {
+        config.validate()?;
+        optim.validate()?;
+        if config.embed % 32 != 0 {
+            bail!("the GPU trainer needs --embed to be a multiple of 32, got {}", config.embed);
+        }
+        let layout = Layout::new(&config);
+        if params.len() != layout.len() {
+            bail!("internal: {} parameters for a model of {}", params.len(), layout.len());
+        }
+        let module = gpu.module(
+            "transformer",
+            &[("TF_C", config.embed as i64), ("TF_HS", config.head_size() as i64), ("TF_T", config.block as i64)],
+        )?;
+        let load = |name: &str| Gpu::function(&module, name);
+        let kernels = Kernels {
+            embed_layernorm: load("tf_embed_layernorm")?,
+            residual_layernorm: load("tf_residual_layernorm")?,
+            linear_forward: load("tf_linear_forward")?,
+            attention_forward: load("tf_attention_forward")?,
+            classifier: load("tf_classifier")?,
+            linear_backward: load("tf_linear_backward")?,
+            layernorm_backward: load("tf_layernorm_backward")?,
+            attention_backward: load("tf_attention_backward")?,
+            embedding_backward: load("tf_embedding_backward")?,
+            adamw: load("tf_adamw")?,
+        };
+        // attention.cuh's AttentionSizes.
+        let (t, hs) = (config.block, config.head_size());
+        let attention_forward_shared = 4 * (3 * t * (hs + 1) + WARPS * t);
+        let attention_backward_shared = 4 * (4 * t * (hs + 1) + 2 * t * (t + 1) + t);
+        gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
+        gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
+        gpu.reserve_shared(&kernels.linear_forward, LINEAR_SHARED_BYTES, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward, LINEAR_SHARED_BYTES, "--embed")?;
+        let stream = gpu.stream.clone();
+        let n = layout.len();
+        let upload_f32 = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
+        let buffers = Self::alloc_buffers(&gpu, &config, 1)?;
+        Ok(GpuTransformer {
+            params: upload_f32(params)?,
+            grad: stream.alloc_zeros(n)?,
+            m: stream.alloc_zeros(n)?,
+            v: stream.alloc_zeros(n)?,
+            step: stream.alloc_zeros(1)?,
+            tickets: stream.alloc_zeros(3)?,
+            train: stream.clone_htod(&corpus.train)?,
+            val: stream.clone_htod(&corpus.val)?,
+            n_train: corpus.train.len(),
+            offsets: stream.alloc_zeros(1)?,
+            losses: stream.alloc_zeros(1)?,
+            buffers,
+            captured: None,
+            attention_forward_shared,
+            attention_backward_shared,
+            kernels,
+            layout,
+            optim,
+            config,
+            gpu,
+        })
+    }
+
+    fn alloc_buffers(gpu: &Gpu, c: &Config, batch: usize) -> Result<StepBuffers> {
+        let s = &gpu.stream;
+        let rows = batch * c.block;
+        let (e, f, v) = (c.embed, c.ffn(), c.vocab);
+        let z = |len: usize| -> Result<CudaSlice<f32>> { Ok(s.alloc_zeros::<f32>(len.max(1))?) };
+        let mut blocks = Vec::with_capacity(c.layers);
+        for _ in 0..c.layers {
+            blocks.push(BlockActs {
+                x: z(rows * e)?,
+                ln1: z(rows * e)?,
+                ln1_stats: z(2 * rows)?,
+                qkv: z(rows * 3 * e)?,
+                lse: z(batch * c.heads * c.block)?,
+                y: z(rows * e)?,
+                attn_out: z(rows * e)?,
+                x_attn: z(rows * e)?,
+                ln2: z(rows * e)?,
+                ln2_stats: z(2 * rows)?,
+                u: z(rows * f)?,
+                gelu: z(rows * f)?,
+                mlp_out: z(rows * e)?,
+            });
+        }
+        // The largest linear backward: its weight-gradient tiles, and those times their row slices.
+        let tiles: Vec<usize> =
+            [(3 * e, e), (e, e), (f, e), (e, f), (v, e)].iter().map(|&(o, i)| o.div_ceil(WG_TILE) * (i + 1).div_ceil(WG_TILE)).collect();
+        let max_tiles = tiles.iter().copied().max().unwrap_or(1);
+        let max_blocks = tiles.iter().map(|&t| t * Self::slices(gpu, t, rows)).max().unwrap_or(1);
+        Ok(StepBuffers {
+            batch,
+            blocks,
+            x_final: z(rows * e)?,
+            lnf: z(rows * e)?,
+            lnf_stats: z(2 * rows)?,
+            logits: z(rows * v)?,
+            row_loss: z(rows)?,
+            d_res: z(rows * e)?,
+            d_ln: z(rows * e)?,
+            d_u: z(rows * f)?,
+            d_y: z(rows * e)?,
+            d_qkv: z(rows * 3 * e)?,
+            linear_partials: z(max_blocks * WG_TILE * WG_TILE)?,
+            linear_tickets: s.alloc_zeros(max_tiles)?,
+            ln_partials: z(rows.div_ceil(LN_ROWS_PER_BLOCK) * 2 * e)?,
+        })
+    }
+
+    /// Row slices per weight-gradient tile: about two blocks per SM over all tiles, each slice at least
+    /// 32 rows.
+    fn slices(gpu: &Gpu, tiles: usize, rows: usize) -> usize {
+        (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, rows.div_ceil(32).max(1))
+    }
+
+    fn ensure_batch(&mut self, batch: usize) -> Result<()> {
+        if self.buffers.batch != batch {
+            self.captured = None;
+            self.buffers = Self::alloc_buffers(&self.gpu, &self.config, batch)?;
+        }
+        Ok(())
+    }
+
+    fn ptr<T>(&self, slice: &CudaSlice<T>) -> u64 {
+        let (p, _) = slice.device_ptr(&self.gpu.stream);
+        p
+    }
+
+    /// Parameter tensor `name` (or its gradient) as a kernel argument.
+    fn tensor(&self, of: &CudaSlice<f32>, name: &str) -> Arg {
+        let t = self.layout.get(name).unwrap_or_else(|| panic!("internal: no tensor {name}"));
+        Arg::Ptr(self.ptr(of) + 4 * t.offset as u64)
+    }
+    fn param(&self, name: &str) -> Arg {
+        self.tensor(&self.params, name)
+    }
+    fn grad_of(&self, name: &str) -> Arg {
+        self.tensor(&self.grad, name)
+    }
+
+    fn buf<T>(&self, slice: &CudaSlice<T>) -> Arg {
+        Arg::Ptr(self.ptr(slice))
+    }
+
+    fn rows(&self) -> usize {
+        self.buffers.batch * self.config.block
+    }
+
+    fn launch(&self, name: &str, func: &CudaFunction, blocks: usize, shared: usize, args: &[Arg]) -> Result<()> {
+        self.gpu.launch(name, func, (blocks as u32, 1), shared as u32, false, args)
+    }
+
+    fn linear_forward(&self, input: Arg, layer: &str, out: Arg, pre: Arg, out_features: usize, in_features: usize) -> Result<()> {
+        let n = self.rows();
+        let args = [
+            input, self.param(&format!("{layer}.weight")), self.param(&format!("{layer}.bias")), out, pre,
+            Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32),
+        ];
+        let grid = (out_features.div_ceil(64) as u32, n.div_ceil(32) as u32);
+        self.gpu.launch("tf_linear_forward", &self.kernels.linear_forward, grid, LINEAR_SHARED_BYTES as u32, false, &args)
+    }
+
+    /// dW, db of `layer` from dy and its input x; dx = dy·W (× GELU′(pre)) unless dx is null.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(&self, dy: Arg, x: Arg, layer: &str, out_features: usize, in_features: usize, dx: Arg, pre: Arg) -> Result<()> {
+        let n = self.rows();
+        let tiles = out_features.div_ceil(WG_TILE) * (in_features + 1).div_ceil(WG_TILE);
+        let slices = Self::slices(&self.gpu, tiles, n);
+        let dx_blocks = if matches!(dx, Arg::Ptr(0)) { 0 } else { in_features.div_ceil(64) * n.div_ceil(32) };
+        let b = &self.buffers;
+        let args = [
+            dy, x, self.param(&format!("{layer}.weight")), Arg::i32(n as i32), Arg::i32(out_features as i32),
+            Arg::i32(in_features as i32), Arg::i32(slices as i32), self.grad_of(&format!("{layer}.weight")),
+            self.grad_of(&format!("{layer}.bias")), self.buf(&b.linear_partials), self.buf(&b.linear_tickets), dx, pre,
+        ];
+        self.launch("tf_linear_backward", &self.kernels.linear_backward, tiles * slices + dx_blocks, LINEAR_SHARED_BYTES, &args)
+    }
+
+    fn layernorm_backward(&self, x: Arg, stats: &CudaSlice<f32>, ln: &str, accumulate: bool) -> Result<()> {
+        let n = self.rows();
+        let b = &self.buffers;
+        let stats_ptr = self.ptr(stats);
+        let args = [
+            x, Arg::Ptr(stats_ptr), Arg::Ptr(stats_ptr + 4 * n as u64), self.param(&format!("{ln}.weight")),
+            self.buf(&b.d_ln), self.buf(&b.d_res), Arg::i32(accumulate as i32), Arg::i32(n as i32),
+            self.grad_of(&format!("{ln}.weight")), self.grad_of(&format!("{ln}.bias")), self.buf(&b.ln_partials),
+            Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_LAYERNORM as u64),
+        ];
+        self.launch("tf_layernorm_backward", &self.kernels.layernorm_backward, n.div_ceil(LN_ROWS_PER_BLOCK), 0, &args)
+    }
+
+    /// The forward pass of the batch at `offsets` (device pointer to `batch` offsets into `data`), ending
+    /// with the classifier: row losses, dlogits scaled by `scale`, the rows' loss sum added to `loss_sum`.
+    fn enqueue_forward(&self, data: Arg, offsets: Arg, scale: f32, loss_sum: Arg) -> Result<()> {
+        let c = &self.config;
+        let n = self.rows();
+        let (e, f) = (c.embed, c.ffn());
+        let b = &self.buffers;
+        let row_blocks = n.div_ceil(WARPS);
+        let stats = |s: &CudaSlice<f32>| -> (Arg, Arg) {
+            let p = self.ptr(s);
+            (Arg::Ptr(p), Arg::Ptr(p + 4 * n as u64))
+        };
+        let (m0, r0) = stats(&b.blocks[0].ln1_stats);
+        self.launch(
+            "tf_embed_layernorm",
+            &self.kernels.embed_layernorm,
+            row_blocks,
+            0,
+            &[
+                data, offsets, Arg::i32(n as i32), self.param("tok_emb.weight"), self.param("pos_emb.weight"),
+                self.buf(&b.blocks[0].x), self.param("blocks.0.ln1.weight"), self.param("blocks.0.ln1.bias"),
+                self.buf(&b.blocks[0].ln1), m0, r0,
+            ],
+        )?;
+        let null = Arg::Ptr(0);
+        for l in 0..c.layers {
+            let a = &b.blocks[l];
+            let p = format!("blocks.{l}");
+            self.linear_forward(self.buf(&a.ln1), &format!("{p}.attn.qkv"), self.buf(&a.qkv), null, 3 * e, e)?;
+            self.launch(
+                "tf_attention_forward",
+                &self.kernels.attention_forward,
+                b.batch * c.heads,
+                self.attention_forward_shared,
+                &[self.buf(&a.qkv), self.buf(&a.y), self.buf(&a.lse), Arg::i32(c.heads as i32)],
+            )?;
+            self.linear_forward(self.buf(&a.y), &format!("{p}.attn.proj"), self.buf(&a.attn_out), null, e, e)?;
+            let (m2, r2) = stats(&a.ln2_stats);
+            self.launch(
+                "tf_residual_layernorm",
+                &self.kernels.residual_layernorm,
+                row_blocks,
+                0,
+                &[
+                    self.buf(&a.x), self.buf(&a.attn_out), self.buf(&a.x_attn), Arg::i32(n as i32),
+                    self.param(&format!("{p}.ln2.weight")), self.param(&format!("{p}.ln2.bias")), self.buf(&a.ln2), m2, r2,
+                ],
+            )?;
+            self.linear_forward(self.buf(&a.ln2), &format!("{p}.mlp.fc"), self.buf(&a.gelu), self.buf(&a.u), f, e)?;
+            self.linear_forward(self.buf(&a.gelu), &format!("{p}.mlp.proj"), self.buf(&a.mlp_out), null, e, f)?;
+            let last = l + 1 == c.layers;
+            let (next_x, next_ln, next_stats, ln) = if last {
+                (&b.x_final, &b.lnf, &b.lnf_stats, "ln_f".to_string())
+            } else {
+                let nb = &b.blocks[l + 1];
+                (&nb.x, &nb.ln1, &nb.ln1_stats, format!("blocks.{}.ln1", l + 1))
+            };
+            let (mn, rn) = stats(next_stats);
+            self.launch(
+                "tf_residual_layernorm",
+                &self.kernels.residual_layernorm,
+                row_blocks,
+                0,
+                &[
+                    self.buf(&a.x_attn), self.buf(&a.mlp_out), self.buf(next_x), Arg::i32(n as i32),
+                    self.param(&format!("{ln}.weight")), self.param(&format!("{ln}.bias")), self.buf(next_ln), mn, rn,
+                ],
+            )?;
+        }
+        self.linear_forward(self.buf(&b.lnf), "head", self.buf(&b.logits), null, c.vocab, e)?;
+        self.launch(
+            "tf_classifier",
+            &self.kernels.classifier,
+            row_blocks,
+            0,
+            &[
+                self.buf(&b.logits), data, offsets, Arg::i32(n as i32), Arg::i32(c.vocab as i32), Arg::f32(scale),
+                self.buf(&b.row_loss), Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_CLASSIFIER as u64), loss_sum,
+            ],
+        )
+    }
+
+    /// The backward pass after `enqueue_forward` (training data at `offsets`): every gradient, written.
+    fn enqueue_backward(&self, offsets: Arg) -> Result<()> {
+        let c = &self.config;
+        let n = self.rows();
+        let (e, f) = (c.embed, c.ffn());
+        let b = &self.buffers;
+        let null = Arg::Ptr(0);
+        self.linear_backward(self.buf(&b.logits), self.buf(&b.lnf), "head", c.vocab, e, self.buf(&b.d_ln), null)?;
+        self.layernorm_backward(self.buf(&b.x_final), &b.lnf_stats, "ln_f", false)?;
+        for l in (0..c.layers).rev() {
+            let a = &b.blocks[l];
+            let p = format!("blocks.{l}");
+            self.linear_backward(self.buf(&b.d_res), self.buf(&a.gelu), &format!("{p}.mlp.proj"), e, f, self.buf(&b.d_u), self.buf(&a.u))?;
+            self.linear_backward(self.buf(&b.d_u), self.buf(&a.ln2), &format!("{p}.mlp.fc"), f, e, self.buf(&b.d_ln), null)?;
+            self.layernorm_backward(self.buf(&a.x_attn), &a.ln2_stats, &format!("{p}.ln2"), true)?;
+            self.linear_backward(self.buf(&b.d_res), self.buf(&a.y), &format!("{p}.attn.proj"), e, e, self.buf(&b.d_y), null)?;
+            self.launch(
+                "tf_attention_backward",
+                &self.kernels.attention_backward,
+                b.batch * c.heads,
+                self.attention_backward_shared,
+                &[self.buf(&a.qkv), self.buf(&b.d_y), self.buf(&a.lse), self.buf(&b.d_qkv), Arg::i32(c.heads as i32)],
+            )?;
+            self.linear_backward(self.buf(&b.d_qkv), self.buf(&a.ln1), &format!("{p}.attn.qkv"), 3 * e, e, self.buf(&b.d_ln), null)?;
+            self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true)?;
+        }
+        self.launch(
+            "tf_embedding_backward",
+            &self.kernels.embedding_backward,
+            c.vocab + c.block,
+            0,
+            &[
+                self.buf(&b.d_res), self.buf(&self.train), offsets, Arg::i32(n as i32), Arg::i32(c.vocab as i32),
+                self.grad_of("tok_emb.weight"), self.grad_of("pos_emb.weight"),
+            ],
+        )
+    }
+
+    fn enqueue_update(&self) -> Result<()> {
+        let o = &self.optim;
+        let n = self.layout.len();
+        let blocks = n.div_ceil(THREADS * 4).clamp(1, 4 * self.gpu.sm_count as usize);
+        self.launch(
+            "tf_adamw",
+            &self.kernels.adamw,
+            blocks,
+            0,
+            &[
+                self.buf(&self.params), self.buf(&self.grad), self.buf(&self.m), self.buf(&self.v), Arg::i32(n as i32),
+                Arg::f32(o.lr), Arg::f32(o.beta1), Arg::f32(o.beta2), Arg::f32(o.eps), Arg::f32(o.weight_decay),
+                self.buf(&self.step), Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_ADAMW as u64),
+            ],
+        )
+    }
+
+    /// One training step on the batch whose offsets are at `offsets`, its loss sum added at `loss_sum`.
+    fn enqueue_step(&self, offsets: Arg, loss_sum: Arg) -> Result<()> {
+        let scale = 1.0 / self.rows() as f32;
+        self.enqueue_forward(self.buf(&self.train), offsets, scale, loss_sum)?;
+        self.enqueue_backward(offsets)?;
+        self.enqueue_update()
+    }
+
+    fn check_offsets(&self, offsets: &[u32], len: usize, what: &str) -> Result<()> {
+        let limit = len.saturating_sub(self.config.block + 1);
+        if let Some(&bad) = offsets.iter().find(|&&o| o as usize > limit) {
+            bail!("internal: {what} offset {bad} is past {limit}");
+        }
+        Ok(())
+    }
+
+    /// Captures the CUDA graph of `steps` training steps of `batch` sequences (`train_steps` does it on
+    /// first use; a bench calls it first so that the capture is not timed).
+    pub fn prepare(&mut self, steps: usize, batch: usize) -> Result<()> {
+        self.ensure_batch(batch)?;
+        if self.offsets.len() < steps * batch || self.losses.len() < steps {
+            self.captured = None;
+            self.offsets = self.gpu.stream.alloc_zeros(steps * batch)?;
+            self.losses = self.gpu.stream.alloc_zeros(steps)?;
+        }
+        if !matches!(&self.captured, Some((s, b, _)) if *s == steps && *b == batch) {
+            self.captured = None;
+            let stream = self.gpu.stream.clone();
+            let graph = crate::device::capture_graph(&stream, self, |t| {
+                for s in 0..steps {
+                    let offsets = Arg::Ptr(t.ptr(&t.offsets) + 4 * (s * batch) as u64);
+                    let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
+                    t.enqueue_step(offsets, loss)?;
+                }
+                Ok(())
+            })?;
+            self.captured = Some((steps, batch, graph));
+        }
+        Ok(())
+    }
+
+    /// Trains len(offsets) / batch steps (the offsets of step s at [s·batch, (s+1)·batch)) as one CUDA
+    /// graph, captured on first use for this many steps. Returns each step's mean loss.
+    pub fn train_steps(&mut self, offsets: &[u32], batch: usize) -> Result<Vec<f64>> {
+        if batch == 0 || offsets.is_empty() || !offsets.len().is_multiple_of(batch) {
+            bail!("internal: {} offsets for batch {batch}", offsets.len());
+        }
+        self.check_offsets(offsets, self.n_train, "training")?;
+        let steps = offsets.len() / batch;
+        self.prepare(steps, batch)?;
+        let stream = self.gpu.stream.clone();
+        let mut view = self.offsets.slice_mut(..offsets.len());
+        stream.memcpy_htod(offsets, &mut view).context("copying batch offsets to the GPU")?;
+        stream.memset_zeros(&mut self.losses)?;
+        let (_, _, graph) = self.captured.as_ref().expect("captured above");
+        graph.launch().context("replaying the Transformer's training graph")?;
+        let sums = stream.clone_dtoh(&self.losses).context("a Transformer training kernel failed")?;
+        let rows = (batch * self.config.block) as f64;
+        Ok(sums[..steps].iter().map(|s| s / rows).collect())
+    }
+
+    /// Mean loss over the validation windows at `offsets`, `batch` windows at a time (the last batch may
+    /// hold fewer).
+    pub fn val_loss(&mut self, offsets: &[u32], batch: usize) -> Result<f64> {
+        self.check_offsets(offsets, self.val.len(), "validation")?;
+        self.ensure_batch(batch)?;
+        let stream = self.gpu.stream.clone();
+        let mut sum_dev: CudaSlice<f64> = stream.alloc_zeros(1)?;
+        let mut window_offsets: CudaSlice<u32> = stream.alloc_zeros(batch)?;
+        let mut rows = 0usize;
+        for chunk in offsets.chunks(batch) {
+            // A short last chunk repeats its first window to fill the batch; only its own rows count.
+            let mut padded = chunk.to_vec();
+            padded.resize(batch, chunk[0]);
+            stream.memcpy_htod(&padded, &mut window_offsets)?;
+            if chunk.len() == batch {
+                self.enqueue_forward(self.buf(&self.val), self.buf(&window_offsets), 0.0, self.buf(&sum_dev))?;
+            } else {
+                let mut one: CudaSlice<f64> = stream.alloc_zeros(1)?;
+                self.enqueue_forward(self.buf(&self.val), self.buf(&window_offsets), 0.0, self.buf(&one))?;
+                let row_loss = stream.clone_dtoh(&self.buffers.row_loss)?;
+                let extra: f64 = row_loss[..chunk.len() * self.config.block].iter().map(|&x| x as f64).sum();
+                let mut host = stream.clone_dtoh(&sum_dev)?;
+                host[0] += extra;
+                stream.memcpy_htod(&host, &mut sum_dev)?;
+                stream.memset_zeros(&mut one)?;
+            }
+            rows += chunk.len() * self.config.block;
+        }
+        let sum = stream.clone_dtoh(&sum_dev).context("a Transformer evaluation kernel failed")?;
+        Ok(sum[0] / rows.max(1) as f64)
+    }
+
+    /// The parameters, copied back.
+    pub fn params(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.stream.clone_dtoh(&self.params)?)
+    }
+
+    /// The gradient of the last step.
+    pub fn gradient(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.stream.clone_dtoh(&self.grad)?)
+    }
+
+    /// Forward and backward of one training batch (offsets into the training ids), no update, every
+    /// output poisoned with NaN first: what the kernel checks compare with `model::forward` / `backward`.
+    pub fn forward_backward_alone(&mut self, offsets: &[u32]) -> Result<ForwardOut> {
+        let batch = offsets.len();
+        self.check_offsets(offsets, self.n_train, "training")?;
+        self.ensure_batch(batch)?;
+        let stream = self.gpu.stream.clone();
+        let poison = |buf: &mut CudaSlice<f32>| -> Result<()> { Ok(stream.memcpy_htod(&vec![f32::NAN; buf.len()], buf)?) };
+        {
+            let b = &mut self.buffers;
+            for a in &mut b.blocks {
+                for buf in [&mut a.x, &mut a.ln1, &mut a.qkv, &mut a.y, &mut a.x_attn, &mut a.ln2, &mut a.u, &mut a.gelu] {
+                    poison(buf)?;
+                }
+            }
+            for buf in [&mut b.lnf, &mut b.logits, &mut b.row_loss, &mut b.d_res] {
+                poison(buf)?;
+            }
+        }
+        poison(&mut self.grad)?;
+        let mut dev_offsets: CudaSlice<u32> = stream.clone_htod(offsets)?;
+        let mut sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
+        let scale = 1.0 / self.rows() as f32;
+        self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.buf(&sum))?;
+        let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> { stream.clone_dtoh(buf).context("a Transformer forward kernel failed") };
+        let b = &self.buffers;
+        let mut out = ForwardOut::default();
+        for a in &b.blocks {
+            out.x.push(get(&a.x)?);
+            out.ln1.push(get(&a.ln1)?);
+            out.qkv.push(get(&a.qkv)?);
+            out.y.push(get(&a.y)?);
+            out.x_attn.push(get(&a.x_attn)?);
+            out.ln2.push(get(&a.ln2)?);
+            out.u.push(get(&a.u)?);
+            out.gelu.push(get(&a.gelu)?);
+        }
+        out.xf = get(&b.lnf)?;
+        out.d_logits = get(&b.logits)?;
+        out.losses = get(&b.row_loss)?;
+        self.enqueue_backward(self.buf(&dev_offsets))?;
+        stream.synchronize().context("a Transformer backward kernel failed")?;
+        stream.memset_zeros(&mut dev_offsets)?;
+        stream.memset_zeros(&mut sum)?;
+        Ok(out)
+    }
+
+    /// The residual stream's gradient left by the last backward pass (d of the embeddings' sum).
+    pub fn embedding_sum_gradient(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.stream.clone_dtoh(&self.buffers.d_res)?)
+    }
+}

@@ -5,7 +5,7 @@
 //! descending, ties by code point ascending, the `max_vocab − 1` most frequent kept. A U+FFFD in the
 //! corpus itself is counted as the unknown id rather than given an id of its own (two ids would print
 //! alike). The first floor(0.9·n) ids train, the rest validate. A window at offset o takes the inputs
-//! ids[o..o+T] and the targets ids[o+1..o+T+1].
+//! `ids[o..o+T]` and the targets `ids[o+1..o+T+1]`.
 
 use crate::cpu::SeededRng;
 use anyhow::{Result, anyhow, bail};
@@ -144,11 +144,14 @@ fn utf8<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str> {
     }
     std::str::from_utf8(bytes).map_err(|e| {
         let offset = e.valid_up_to();
-        anyhow!("{what} is not UTF-8 text: invalid byte 0x{:02X} at byte offset {offset} (convert it to UTF-8 first)", bytes[offset])
+        anyhow!(
+            "{what} is not UTF-8 text: invalid byte 0x{:02X} at byte offset {offset} (convert it to UTF-8 first)",
+            bytes[offset]
+        )
     })
 }
 
-/// `batch` window offsets drawn uniformly in [0, n − block − 1], for a part of `n` ids (n ≥ block + 1).
+/// `batch` window offsets drawn uniformly in `[0, n − block − 1]`, for a part of `n` ids (n ≥ block + 1).
 pub fn train_offsets(rng: &mut SeededRng, n: usize, block: usize, batch: usize) -> Vec<u32> {
     assert!(n > block, "a part of {n} ids has no window of {block} + 1");
     let last = (n - block - 1) as u32;
@@ -159,14 +162,10 @@ pub fn train_offsets(rng: &mut SeededRng, n: usize, block: usize, batch: usize) 
 /// 1) / 256), while o_i + block + 1 ≤ n_val and i < 256.
 pub fn val_offsets(n_val: usize, block: usize) -> Vec<u32> {
     let stride = block.max(n_val.saturating_sub(block + 1) / MAX_VAL_WINDOWS);
-    (0..MAX_VAL_WINDOWS)
-        .map(|i| i * stride)
-        .take_while(|&o| o + block < n_val)
-        .map(|o| o as u32)
-        .collect()
+    (0..MAX_VAL_WINDOWS).map(|i| i * stride).take_while(|&o| o + block < n_val).map(|o| o as u32).collect()
 }
 
-/// The inputs ids[o..o+block] and the targets ids[o+1..o+block+1] of the windows at `offsets`, one
+/// The inputs `ids[o..o+block]` and the targets `ids[o+1..o+block+1]` of the windows at `offsets`, one
 /// window after another.
 pub fn windows(ids: &[u32], offsets: &[u32], block: usize) -> (Vec<u32>, Vec<u32>) {
     let mut inputs = Vec::with_capacity(offsets.len() * block);

@@ -17,7 +17,7 @@ pub fn linear_init(values: &mut [f32], fan_in: usize, rng: &mut SeededRng) {
 
 /// The float types the CPU references compute in (f32 to train, f64 for finite-difference tests), each
 /// with its `matrixmultiply` kernel.
-pub trait Real: num_traits::Float + Send + Sync + std::fmt::Debug + 'static {
+pub trait Real: num_traits::Float + Default + Send + Sync + std::fmt::Debug + 'static {
     /// `matrixmultiply::sgemm` or `dgemm`: C = alpha·A·B + beta·C over strided raw pointers.
     ///
     /// # Safety

@@ -59,4 +59,5 @@ pub mod selftest;
 pub mod tensorfile;
 pub mod text;
 pub mod timing;
+pub mod transformer;
 pub mod xor;

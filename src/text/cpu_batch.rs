@@ -27,7 +27,7 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, Grads, TextParams, TextShape, context_of};
-use crate::cpu::top_k;
+use crate::cpu::{Mat, gemm, top_k};
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -36,76 +36,9 @@ use std::time::{Duration, Instant};
 /// Samples per forward pass when evaluating (the logits of a chunk are chunk × V floats).
 pub const EVAL_CHUNK: usize = 512;
 
-/// A read-only matrix: element (i, j) is `data[i·rs + j·cs]`.
-#[derive(Clone, Copy)]
-struct View<'a> {
-    data: &'a [f32],
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a> View<'a> {
-    /// The first `rows`×`cols` elements of `data`, row-major.
-    fn rows_of(data: &'a [f32], rows: usize, cols: usize) -> View<'a> {
-        View { data, rows, cols, rs: cols, cs: 1 }
-    }
-
-    fn t(self) -> View<'a> {
-        View { data: self.data, rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
-    }
-
-    /// Rows `start..start + rows`.
-    fn slice_rows(self, start: usize, rows: usize) -> View<'a> {
-        View { data: &self.data[(start * self.rs).min(self.data.len())..], rows, ..self }
-    }
-
-    /// Whether every element lies inside `data` (what makes the unsafe call below sound).
-    fn fits(&self) -> bool {
-        self.rows == 0
-            || self.cols == 0
-            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
-    }
-}
-
-/// C = A·B + beta·C, with C (A.rows × B.cols) row-major and dense in `c`.
-fn gemm(a: View, b: View, beta: f32, c: &mut [f32]) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert!(b.rows == k && c.len() == m * n && a.fits() && b.fits(), "gemm: shapes do not match");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        c.iter_mut().for_each(|x| *x *= beta);
-        return;
-    }
-    // SAFETY: `fits` holds for A and B, so every (i, l) and (l, j) they address is inside their
-    // slices; C is `c`, m×n dense with row stride n, which `c.len() == m·n` covers, and it aliases
-    // neither (it is borrowed mutably).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.data.as_ptr(),
-            a.rs as isize,
-            a.cs as isize,
-            b.data.as_ptr(),
-            b.rs as isize,
-            b.cs as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
-}
-
 /// `gemm` with C's rows shared out over rayon's threads (each element's sum is the same however the
 /// rows are split).
-fn par_gemm(a: View, b: View, beta: f32, c: &mut [f32]) {
+fn par_gemm(a: Mat<f32>, b: Mat<f32>, beta: f32, c: &mut [f32]) {
     let (m, n) = (a.rows, b.cols);
     let threads = rayon::current_num_threads().max(1);
     let rows = m.div_ceil(threads).max(1);
@@ -169,11 +102,11 @@ fn forward(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work) {
     });
     let (x, z1, hd) = (&w.x[..b * d], &mut w.z1[..b * h], &mut w.h[..b * h]);
     z1.chunks_mut(h).for_each(|row| row.copy_from_slice(&p.b1));
-    par_gemm(View::rows_of(x, b, d), View::rows_of(&p.w1, h, d).t(), 1.0, z1);
+    par_gemm(Mat::rows_of(x, b, d), Mat::rows_of(&p.w1, h, d).t(), 1.0, z1);
     hd.iter_mut().zip(z1.iter()).for_each(|(a, &z)| *a = z.max(0.0));
     let logits = &mut w.logits[..b * v];
     logits.par_chunks_mut(v).for_each(|row| row.copy_from_slice(&p.b2));
-    par_gemm(View::rows_of(hd, b, h), View::rows_of(&p.w2, v, h).t(), 1.0, logits);
+    par_gemm(Mat::rows_of(hd, b, h), Mat::rows_of(&p.w2, v, h).t(), 1.0, logits);
 }
 
 /// eˣ for x ≤ 0 (what a softmax takes after subtracting the maximum), within 2 ulp of `f32::exp`
@@ -247,9 +180,9 @@ fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Wor
             part.iter_mut().zip(&row[start..]).for_each(|(s, &x)| *s += x);
         }
     });
-    par_gemm(View::rows_of(gl, b, v).t(), View::rows_of(hd, b, h), 0.0, &mut g.w2);
+    par_gemm(Mat::rows_of(gl, b, v).t(), Mat::rows_of(hd, b, h), 0.0, &mut g.w2);
     g.dh.resize(b * h, 0.0);
-    par_gemm(View::rows_of(gl, b, v), View::rows_of(&p.w2, v, h), 0.0, &mut g.dh);
+    par_gemm(Mat::rows_of(gl, b, v), Mat::rows_of(&p.w2, v, h), 0.0, &mut g.dh);
 
     // Through the ReLU: ∂Z1, ∂b1, ∂W1 = ∂Z1ᵀ·X, ∂X = ∂Z1·W1 (the old W1).
     let dz1 = &mut w.dz1[..b * h];
@@ -258,9 +191,9 @@ fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Wor
     for row in dz1.chunks(h) {
         g.b1.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
     }
-    gemm(View::rows_of(dz1, b, h).t(), View::rows_of(x, b, d), 0.0, &mut g.w1);
+    gemm(Mat::rows_of(dz1, b, h).t(), Mat::rows_of(x, b, d), 0.0, &mut g.w1);
     g.dx.resize(b * d, 0.0);
-    gemm(View::rows_of(dz1, b, h), View::rows_of(&p.w1, h, d), 0.0, &mut g.dx);
+    gemm(Mat::rows_of(dz1, b, h), Mat::rows_of(&p.w1, h, d), 0.0, &mut g.dx);
     loss
 }
 

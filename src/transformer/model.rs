@@ -1,0 +1,849 @@
+//! The character-level Transformer's CPU reference: forward pass, backward pass and AdamW training of a
+//! GPT-style decoder (pre-LayerNorm blocks, causal multi-head attention, GELU MLP), the oracle for the GPU
+//! kernels and the no-GPU path. For a sequence of T ≤ block token ids (positions t = 0..T−1):
+//!
+//! ```text
+//! x[t] = tok_emb[token[t]] + pos_emb[t]
+//! per block:  a = LN1(x);  qkv = a·W_qkvᵀ + b_qkv                        [T][3C]: q, k, v; head h = dims h·hs..(h+1)·hs
+//!             s[t][u] = q_h[t]·k_h[u] / √hs (u ≤ t);  p = softmax_u(s);  y_h[t] = Σ_u p[t][u]·v_h[u]
+//!             x = x + y·W_projᵀ + b_proj
+//!             m = LN2(x);  u = m·W_fcᵀ + b_fc;  g = gelu(u);  x = x + g·W_mprojᵀ + b_mproj
+//! xf = LN_f(x);  logits = xf·W_headᵀ + b_head;  loss = mean over all B·T positions of −log softmax(logits)[target]
+//! ```
+//!
+//! LayerNorm over C: mean μ, biased variance σ², r = 1/√(σ² + 1e-5), out = (x − μ)·r·w + b; GELU in its tanh
+//! form. The parameters are one flat vector in PyTorch's `state_dict` order and layouts (`Layout`), so the
+//! shared optimizers update it in one pass and a model file loads into the PyTorch twin.
+//!
+//! The math is generic over the float type (`cpu::Real`): training runs it in f32, the finite-difference
+//! tests in f64. Sequences are independent until the loss: each is computed alone, in parallel where
+//! there are several, and their parameter gradients are added in sequence order, so a run repeats to
+//! the bit whatever the thread count.
+
+use crate::cpu::{Mat, Real, SeededRng, gemm};
+use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use anyhow::{Result, bail};
+use num_traits::Float;
+use rand::SeedableRng;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// The ε of every LayerNorm.
+pub const LN_EPS: f64 = 1e-5;
+
+/// The spec's default sizes (besides the vocabulary, which the corpus sets).
+pub const DEFAULT_BLOCK: usize = 64;
+pub const DEFAULT_EMBED: usize = 64;
+pub const DEFAULT_HEADS: usize = 4;
+pub const DEFAULT_LAYERS: usize = 2;
+
+/// The architecture's sizes; the MLP is 4·embed wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub vocab: usize,
+    /// The longest sequence (positions of `pos_emb`).
+    pub block: usize,
+    pub embed: usize,
+    pub heads: usize,
+    pub layers: usize,
+}
+
+impl Config {
+    /// The default model over `vocab` ids.
+    pub fn new(vocab: usize) -> Config {
+        Config { vocab, block: DEFAULT_BLOCK, embed: DEFAULT_EMBED, heads: DEFAULT_HEADS, layers: DEFAULT_LAYERS }
+    }
+
+    /// The MLP's width F = 4·embed.
+    pub fn ffn(&self) -> usize {
+        4 * self.embed
+    }
+
+    pub fn head_size(&self) -> usize {
+        self.embed / self.heads
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.vocab < 2 {
+            bail!("the vocabulary must have at least 2 ids (the unknown id and one character), got {}", self.vocab);
+        }
+        for (flag, value) in
+            [("--block", self.block), ("--embed", self.embed), ("--heads", self.heads), ("--layers", self.layers)]
+        {
+            if value == 0 {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        if !self.embed.is_multiple_of(self.heads) {
+            bail!("--heads {} must divide --embed {} (each head takes embed / heads dimensions)", self.heads, self.embed);
+        }
+        Ok(())
+    }
+
+    /// Parameters in all.
+    pub fn param_count(&self) -> usize {
+        Layout::new(self).len()
+    }
+}
+
+/// The names of a block's tensors after `blocks.{l}.`, in order.
+pub const BLOCK_TENSORS: [&str; 12] = [
+    "ln1.weight",
+    "ln1.bias",
+    "attn.qkv.weight",
+    "attn.qkv.bias",
+    "attn.proj.weight",
+    "attn.proj.bias",
+    "ln2.weight",
+    "ln2.bias",
+    "mlp.fc.weight",
+    "mlp.fc.bias",
+    "mlp.proj.weight",
+    "mlp.proj.bias",
+];
+
+// Tensor indices: the embeddings, then per block 12 (BLOCK_TENSORS, each weight followed by its bias),
+// then ln_f and head.
+const TOK: usize = 0;
+const POS: usize = 1;
+const LN1: usize = 0;
+const QKV: usize = 2;
+const PROJ: usize = 4;
+const LN2: usize = 6;
+const FC: usize = 8;
+const MPROJ: usize = 10;
+
+fn block_tensor(l: usize, k: usize) -> usize {
+    2 + BLOCK_TENSORS.len() * l + k
+}
+
+fn lnf_tensor(c: &Config) -> usize {
+    block_tensor(c.layers, 0)
+}
+
+fn head_tensor(c: &Config) -> usize {
+    lnf_tensor(c) + 2
+}
+
+/// One named tensor of the flat parameter vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    pub name: String,
+    pub offset: usize,
+    pub shape: Vec<usize>,
+}
+
+impl Tensor {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where it lies in the flat vector.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// The flat parameter vector's tensors, in order (the module comment's list).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    tensors: Vec<Tensor>,
+    len: usize,
+}
+
+impl Layout {
+    pub fn new(c: &Config) -> Layout {
+        let (v, t, e, f) = (c.vocab, c.block, c.embed, c.ffn());
+        let mut shapes: Vec<(String, Vec<usize>)> =
+            vec![("tok_emb.weight".into(), vec![v, e]), ("pos_emb.weight".into(), vec![t, e])];
+        for l in 0..c.layers {
+            // In BLOCK_TENSORS' order: ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj, each weight then bias.
+            let block = [vec![e], vec![e], vec![3 * e, e], vec![3 * e], vec![e, e], vec![e]]
+                .into_iter()
+                .chain([vec![e], vec![e], vec![f, e], vec![f], vec![e, f], vec![e]]);
+            shapes.extend(BLOCK_TENSORS.iter().zip(block).map(|(name, dims)| (format!("blocks.{l}.{name}"), dims)));
+        }
+        shapes.extend([
+            ("ln_f.weight".into(), vec![e]),
+            ("ln_f.bias".into(), vec![e]),
+            ("head.weight".into(), vec![v, e]),
+            ("head.bias".into(), vec![v]),
+        ]);
+        let mut offset = 0;
+        let tensors = shapes
+            .into_iter()
+            .map(|(name, shape)| {
+                let tensor = Tensor { name, offset, shape };
+                offset += tensor.len();
+                tensor
+            })
+            .collect();
+        Layout { tensors, len: offset }
+    }
+
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The tensor names in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.tensors.iter().map(|t| t.name.as_str()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Elements of the flat vector.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `flat` cut into its tensors.
+    fn views<'a, F>(&self, flat: &'a [F]) -> Vec<&'a [F]> {
+        assert_eq!(flat.len(), self.len, "the parameter vector does not match the model's layout");
+        self.tensors.iter().map(|t| &flat[t.range()]).collect()
+    }
+
+    fn views_mut<'a, F>(&self, mut flat: &'a mut [F]) -> Vec<&'a mut [F]> {
+        assert_eq!(flat.len(), self.len, "the gradient vector does not match the model's layout");
+        self.tensors
+            .iter()
+            .map(|t| {
+                let (head, rest) = std::mem::take(&mut flat).split_at_mut(t.len());
+                flat = rest;
+                head
+            })
+            .collect()
+    }
+}
+
+/// A parameter vector cut into its tensors, with the model's sizes.
+struct Weights<'a, F> {
+    config: &'a Config,
+    layout: Layout,
+    p: Vec<&'a [F]>,
+}
+
+impl<'a, F> Weights<'a, F> {
+    fn new(config: &'a Config, params: &'a [F]) -> Weights<'a, F> {
+        let layout = Layout::new(config);
+        let p = layout.views(params);
+        Weights { config, layout, p }
+    }
+}
+
+/// The initial parameters: every weight matrix and both embeddings ~ Normal(0, 0.02), drawn in tensor
+/// order from `seed`; biases 0; LayerNorm weights 1.
+pub fn init(config: &Config, seed: u64) -> Vec<f32> {
+    use rand_distr::{Distribution, Normal};
+    let layout = Layout::new(config);
+    let normal = Normal::new(0.0f32, 0.02).expect("a valid normal distribution");
+    let mut rng = SeededRng::seed_from_u64(seed);
+    let mut flat = vec![0.0f32; layout.len()];
+    for t in layout.tensors() {
+        let values = &mut flat[t.range()];
+        if t.shape.len() == 2 {
+            values.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
+        } else if t.name.ends_with(".weight") {
+            values.fill(1.0);
+        }
+    }
+    flat
+}
+
+fn constant<F: Float>(v: f64) -> F {
+    F::from(v).expect("a float constant")
+}
+
+/// GELU, tanh form: 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))).
+pub fn gelu<F: Float>(u: F) -> F {
+    let k: F = constant(std::f64::consts::FRAC_2_PI.sqrt());
+    let half: F = constant(0.5);
+    half * u * (F::one() + (k * (u + constant::<F>(0.044715) * u * u * u)).tanh())
+}
+
+/// d gelu(u) / du.
+pub fn gelu_grad<F: Float>(u: F) -> F {
+    let k: F = constant(std::f64::consts::FRAC_2_PI.sqrt());
+    let (a, half): (F, F) = (constant(0.044715), constant(0.5));
+    let th = (k * (u + a * u * u * u)).tanh();
+    half * (F::one() + th) + half * u * (F::one() - th * th) * k * (F::one() + constant::<F>(3.0) * a * u * u)
+}
+
+/// LayerNorm of one row into `out`; returns its mean and 1/√(σ² + ε).
+pub fn layer_norm<F: Float>(x: &[F], w: &[F], b: &[F], out: &mut [F]) -> (F, F) {
+    let n: F = constant(x.len() as f64);
+    let mean = x.iter().fold(F::zero(), |s, &v| s + v) / n;
+    let var = x.iter().fold(F::zero(), |s, &v| s + (v - mean) * (v - mean)) / n;
+    let rstd = F::one() / (var + constant(LN_EPS)).sqrt();
+    for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * rstd * w + b;
+    }
+    (mean, rstd)
+}
+
+/// `−log softmax(logits)[target]`, and softmax − onehot(target) into `d`.
+pub fn cross_entropy<F: Float>(logits: &[F], target: usize, d: &mut [F]) -> F {
+    let max = logits.iter().fold(F::neg_infinity(), |m, &v| m.max(v));
+    let sum = logits.iter().fold(F::zero(), |s, &v| s + (v - max).exp());
+    for (k, (d, &v)) in d.iter_mut().zip(logits).enumerate() {
+        *d = (v - max).exp() / sum - if k == target { F::one() } else { F::zero() };
+    }
+    max + sum.ln() - logits[target]
+}
+
+/// One block's activations over the batch: rows b·T + t, sequence after sequence.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BlockForward<F> {
+    /// The residual stream entering the block, `[B·T][C]`.
+    pub x: Vec<F>,
+    /// LN1's output `[B·T][C]`, and the mean and 1/√(σ² + ε) of each row `[B·T]`.
+    pub ln1: Vec<F>,
+    pub ln1_mean: Vec<F>,
+    pub ln1_rstd: Vec<F>,
+    /// `[B·T][3C]`: q, k, v.
+    pub qkv: Vec<F>,
+    /// The attention probabilities `[B][NH][T][T]`, zero above the diagonal.
+    pub att: Vec<F>,
+    /// The heads' outputs side by side, before the projection, `[B·T][C]`.
+    pub y: Vec<F>,
+    /// x after the attention's residual, `[B·T][C]`.
+    pub x_attn: Vec<F>,
+    pub ln2: Vec<F>,
+    pub ln2_mean: Vec<F>,
+    pub ln2_rstd: Vec<F>,
+    /// The MLP's pre-activation `[B·T][F]` and its GELU.
+    pub u: Vec<F>,
+    pub gelu: Vec<F>,
+    /// x after the MLP's residual, `[B·T][C]`: the next block's `x`.
+    pub x_out: Vec<F>,
+}
+
+/// Everything a forward pass computes, kept for the backward pass and for checking GPU kernels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Forward<F> {
+    pub batch: usize,
+    /// Positions per sequence, T ≤ block.
+    pub seq: usize,
+    /// The input ids, `[B·T]`.
+    pub tokens: Vec<u32>,
+    pub blocks: Vec<BlockForward<F>>,
+    /// The final LayerNorm's output `[B·T][C]`, its means and 1/√(σ² + ε) `[B·T]`.
+    pub xf: Vec<F>,
+    pub lnf_mean: Vec<F>,
+    pub lnf_rstd: Vec<F>,
+    /// `[B·T][V]`.
+    pub logits: Vec<F>,
+    /// `−log softmax(logits)[target]` per position `[B·T]`; empty without targets.
+    pub losses: Vec<F>,
+    /// Their mean; `None` without targets.
+    pub loss: Option<F>,
+}
+
+/// One block's gradients of the loss with respect to its activations (layouts as `BlockForward`'s).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BlockBackward<F> {
+    /// d x leaving the block (after the MLP's residual): the next block's `d_x`, or LN_f's input's.
+    pub d_x_out: Vec<F>,
+    pub d_gelu: Vec<F>,
+    pub d_u: Vec<F>,
+    pub d_ln2: Vec<F>,
+    /// d x after the attention's residual, both of its paths (LN2 and the residual) summed.
+    pub d_x_attn: Vec<F>,
+    pub d_y: Vec<F>,
+    /// d attention probabilities and d scores (q·k/√hs, before the softmax), `[B][NH][T][T]`, zero above
+    /// the diagonal.
+    pub d_att: Vec<F>,
+    pub d_scores: Vec<F>,
+    pub d_qkv: Vec<F>,
+    pub d_ln1: Vec<F>,
+    /// d x entering the block: the previous block's `d_x_out`; for block 0, d of the embeddings' sum.
+    pub d_x: Vec<F>,
+}
+
+/// The gradient of the mean loss: over the parameters, and over the activations stage by stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Backward<F> {
+    /// Same layout as the parameters.
+    pub grad: Vec<F>,
+    /// `[B·T][V]`: (softmax − onehot) / (B·T).
+    pub d_logits: Vec<F>,
+    /// d LN_f's output, `[B·T][C]`.
+    pub d_xf: Vec<F>,
+    pub blocks: Vec<BlockBackward<F>>,
+}
+
+/// Sequence `b`'s part of a batch-wide array (every array is sequence after sequence).
+fn part<F>(v: &[F], b: usize, batch: usize) -> &[F] {
+    let n = v.len() / batch;
+    &v[b * n..(b + 1) * n]
+}
+
+/// `part` of sequence `b` as a function.
+fn sequence<F>(b: usize, batch: usize) -> impl Fn(&[F]) -> &[F] {
+    move |v| part(v, b, batch)
+}
+
+/// Appends `src` to `dst` (moves it in when `dst` is empty).
+fn push<F: Copy>(dst: &mut Vec<F>, src: Vec<F>) {
+    if dst.is_empty() {
+        *dst = src;
+    } else {
+        dst.extend_from_slice(&src);
+    }
+}
+
+/// out (rows × n) = x (rows × k)·wᵀ + b, w being n × k (PyTorch's Linear).
+fn linear<F: Real>(x: &[F], rows: usize, w: &[F], b: &[F]) -> Vec<F> {
+    let (n, k) = (b.len(), x.len() / rows.max(1));
+    let mut out: Vec<F> = b.iter().copied().cycle().take(rows * n).collect();
+    gemm(Mat::rows_of(x, rows, k), Mat::rows_of(w, n, k).t(), F::one(), &mut out);
+    out
+}
+
+/// `linear`'s backward: adds d_outᵀ·x to `gw` and d_out's column sums to `gb`; returns d x = d_out·w.
+fn linear_backward<F: Real>(x: &[F], d_out: &[F], rows: usize, w: &[F], gw: &mut [F], gb: &mut [F]) -> Vec<F> {
+    let (n, k) = (gb.len(), x.len() / rows.max(1));
+    gemm(Mat::rows_of(d_out, rows, n).t(), Mat::rows_of(x, rows, k), F::one(), gw);
+    for row in d_out.chunks_exact(n) {
+        gb.iter_mut().zip(row).for_each(|(g, &d)| *g = *g + d);
+    }
+    let mut d_x = vec![F::zero(); rows * k];
+    gemm(Mat::rows_of(d_out, rows, n), Mat::rows_of(w, n, k), F::zero(), &mut d_x);
+    d_x
+}
+
+/// LayerNorm of each row of `x`: the outputs, means and 1/√(σ² + ε).
+fn layer_norm_rows<F: Float>(x: &[F], w: &[F], b: &[F]) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let mut out = vec![F::zero(); x.len()];
+    let (mean, rstd) =
+        x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())).map(|(x, o)| layer_norm(x, w, b, o)).unzip();
+    (out, mean, rstd)
+}
+
+/// LayerNorm's backward over rows: adds to `gw` and `gb`, returns d x.
+fn layer_norm_backward<F: Float>(
+    x: &[F],
+    mean: &[F],
+    rstd: &[F],
+    w: &[F],
+    d_out: &[F],
+    gw: &mut [F],
+    gb: &mut [F],
+) -> Vec<F> {
+    let c = w.len();
+    let n: F = constant(c as f64);
+    let mut d_x = vec![F::zero(); x.len()];
+    let mut xhat = vec![F::zero(); c];
+    let mut d_xhat = vec![F::zero(); c];
+    for (((x, d_out), d_x), (&mean, &rstd)) in
+        x.chunks_exact(c).zip(d_out.chunks_exact(c)).zip(d_x.chunks_exact_mut(c)).zip(mean.iter().zip(rstd))
+    {
+        for i in 0..c {
+            xhat[i] = (x[i] - mean) * rstd;
+            d_xhat[i] = d_out[i] * w[i];
+            gw[i] = gw[i] + d_out[i] * xhat[i];
+            gb[i] = gb[i] + d_out[i];
+        }
+        let mean_d = d_xhat.iter().fold(F::zero(), |s, &v| s + v) / n;
+        let mean_dx = d_xhat.iter().zip(&xhat).fold(F::zero(), |s, (&d, &h)| s + d * h) / n;
+        for i in 0..c {
+            d_x[i] = rstd * (d_xhat[i] - mean_d - xhat[i] * mean_dx);
+        }
+    }
+    d_x
+}
+
+fn dot<F: Float>(a: &[F], b: &[F]) -> F {
+    a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y)
+}
+
+/// Causal attention of one sequence of `n` positions from its qkv rows: y `[n][C]` and the probabilities
+/// `[NH][n][n]`.
+fn attention<F: Float>(qkv: &[F], n: usize, heads: usize, hs: usize) -> (Vec<F>, Vec<F>) {
+    let c = heads * hs;
+    let scale = F::one() / constant::<F>(hs as f64).sqrt();
+    let mut y = vec![F::zero(); n * c];
+    let mut att = vec![F::zero(); heads * n * n];
+    for h in 0..heads {
+        let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
+        for t in 0..n {
+            let p = &mut att[(h * n + t) * n..][..t + 1];
+            let q_t = &qkv[t * 3 * c + q..][..hs];
+            for (u, s) in p.iter_mut().enumerate() {
+                *s = dot(q_t, &qkv[u * 3 * c + k..][..hs]) * scale;
+            }
+            let max = p.iter().fold(F::neg_infinity(), |m, &s| m.max(s));
+            p.iter_mut().for_each(|s| *s = (*s - max).exp());
+            let sum = p.iter().fold(F::zero(), |a, &e| a + e);
+            p.iter_mut().for_each(|s| *s = *s / sum);
+            let y_t = &mut y[t * c + h * hs..][..hs];
+            for (u, &p) in p.iter().enumerate() {
+                y_t.iter_mut().zip(&qkv[u * 3 * c + v..][..hs]).for_each(|(y, &v)| *y = *y + p * v);
+            }
+        }
+    }
+    (y, att)
+}
+
+/// `attention`'s backward from d y: d probabilities, d scores and d qkv.
+fn attention_backward<F: Float>(
+    qkv: &[F],
+    att: &[F],
+    d_y: &[F],
+    n: usize,
+    heads: usize,
+    hs: usize,
+) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let c = heads * hs;
+    let scale = F::one() / constant::<F>(hs as f64).sqrt();
+    let mut d_att = vec![F::zero(); heads * n * n];
+    let mut d_scores = vec![F::zero(); heads * n * n];
+    let mut d_qkv = vec![F::zero(); n * 3 * c];
+    for h in 0..heads {
+        let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
+        for t in 0..n {
+            let row = (h * n + t) * n;
+            let p = &att[row..][..t + 1];
+            let d_y_t = &d_y[t * c + h * hs..][..hs];
+            for u in 0..=t {
+                d_att[row + u] = dot(d_y_t, &qkv[u * 3 * c + v..][..hs]);
+                let d_v = &mut d_qkv[u * 3 * c + v..][..hs];
+                d_v.iter_mut().zip(d_y_t).for_each(|(d, &g)| *d = *d + p[u] * g);
+            }
+            let pd = dot(p, &d_att[row..][..t + 1]);
+            for u in 0..=t {
+                let d_s = p[u] * (d_att[row + u] - pd);
+                d_scores[row + u] = d_s;
+                let g = d_s * scale;
+                for i in 0..hs {
+                    let (qi, ki) = (qkv[t * 3 * c + q + i], qkv[u * 3 * c + k + i]);
+                    d_qkv[t * 3 * c + q + i] = d_qkv[t * 3 * c + q + i] + g * ki;
+                    d_qkv[u * 3 * c + k + i] = d_qkv[u * 3 * c + k + i] + g * qi;
+                }
+            }
+        }
+    }
+    (d_att, d_scores, d_qkv)
+}
+
+impl<F: Real> Forward<F> {
+    fn empty(config: &Config, batch: usize, seq: usize) -> Forward<F> {
+        Forward {
+            batch,
+            seq,
+            tokens: Vec::with_capacity(batch * seq),
+            blocks: vec![BlockForward::default(); config.layers],
+            xf: Vec::new(),
+            lnf_mean: Vec::new(),
+            lnf_rstd: Vec::new(),
+            logits: Vec::new(),
+            losses: Vec::new(),
+            loss: None,
+        }
+    }
+
+    /// Appends the activations of one sequence (its per-position losses too when `targets` is given).
+    fn push_sequence(&mut self, w: &Weights<F>, tokens: &[u32], targets: Option<&[u32]>) {
+        let (config, p) = (w.config, &w.p);
+        let (n, c) = (tokens.len(), config.embed);
+        let mut x = vec![F::zero(); n * c];
+        for (t, (row, &token)) in x.chunks_exact_mut(c).zip(tokens).enumerate() {
+            assert!((token as usize) < config.vocab, "token id {token} is outside the vocabulary of {}", config.vocab);
+            let (e, pe) = (&p[TOK][token as usize * c..][..c], &p[POS][t * c..][..c]);
+            row.iter_mut().zip(e.iter().zip(pe)).for_each(|(x, (&e, &pe))| *x = e + pe);
+        }
+        for (l, out) in self.blocks.iter_mut().enumerate() {
+            let w = |k: usize| p[block_tensor(l, k)];
+            let (ln1, ln1_mean, ln1_rstd) = layer_norm_rows(&x, w(LN1), w(LN1 + 1));
+            let qkv = linear(&ln1, n, w(QKV), w(QKV + 1));
+            let (y, att) = attention(&qkv, n, config.heads, config.head_size());
+            let mut x_attn = linear(&y, n, w(PROJ), w(PROJ + 1));
+            x_attn.iter_mut().zip(&x).for_each(|(a, &x)| *a = *a + x);
+            let (ln2, ln2_mean, ln2_rstd) = layer_norm_rows(&x_attn, w(LN2), w(LN2 + 1));
+            let u = linear(&ln2, n, w(FC), w(FC + 1));
+            let g: Vec<F> = u.iter().map(|&u| gelu(u)).collect();
+            let mut x_out = linear(&g, n, w(MPROJ), w(MPROJ + 1));
+            x_out.iter_mut().zip(&x_attn).for_each(|(o, &x)| *o = *o + x);
+            for (dst, src) in [
+                (&mut out.x, x),
+                (&mut out.ln1, ln1),
+                (&mut out.ln1_mean, ln1_mean),
+                (&mut out.ln1_rstd, ln1_rstd),
+                (&mut out.qkv, qkv),
+                (&mut out.att, att),
+                (&mut out.y, y),
+                (&mut out.x_attn, x_attn),
+                (&mut out.ln2, ln2),
+                (&mut out.ln2_mean, ln2_mean),
+                (&mut out.ln2_rstd, ln2_rstd),
+                (&mut out.u, u),
+                (&mut out.gelu, g),
+                (&mut out.x_out, x_out.clone()),
+            ] {
+                push(dst, src);
+            }
+            x = x_out;
+        }
+        let lnf = lnf_tensor(config);
+        let (xf, lnf_mean, lnf_rstd) = layer_norm_rows(&x, p[lnf], p[lnf + 1]);
+        let head = head_tensor(config);
+        let logits = linear(&xf, n, p[head], p[head + 1]);
+        if let Some(targets) = targets {
+            let mut d = vec![F::zero(); config.vocab];
+            let losses = logits
+                .chunks_exact(config.vocab)
+                .zip(targets)
+                .map(|(row, &t)| cross_entropy(row, t as usize, &mut d))
+                .collect();
+            push(&mut self.losses, losses);
+        }
+        self.tokens.extend_from_slice(tokens);
+        for (dst, src) in
+            [(&mut self.xf, xf), (&mut self.lnf_mean, lnf_mean), (&mut self.lnf_rstd, lnf_rstd), (&mut self.logits, logits)]
+        {
+            push(dst, src);
+        }
+    }
+}
+
+/// The sizes of a batch of `tokens`: positions per sequence, checked against the model.
+fn sequence_length(config: &Config, tokens: &[u32], batch: usize, targets: Option<&[u32]>) -> usize {
+    assert!(
+        batch > 0 && !tokens.is_empty() && tokens.len().is_multiple_of(batch),
+        "{} tokens do not make {batch} sequences",
+        tokens.len()
+    );
+    let seq = tokens.len() / batch;
+    assert!(seq <= config.block, "sequences of {seq} positions are longer than the block of {}", config.block);
+    if let Some(targets) = targets {
+        assert_eq!(targets.len(), tokens.len(), "one target per input position");
+        assert!(targets.iter().all(|&t| (t as usize) < config.vocab), "a target id is outside the vocabulary");
+    }
+    seq
+}
+
+/// The forward pass of `batch` sequences of equal length, one after another in `tokens`; with `targets`
+/// (one per position), the losses too.
+pub fn forward<F: Real>(config: &Config, params: &[F], tokens: &[u32], batch: usize, targets: Option<&[u32]>) -> Forward<F> {
+    let seq = sequence_length(config, tokens, batch, targets);
+    let w = Weights::new(config, params);
+    let mut f = Forward::empty(config, batch, seq);
+    for b in 0..batch {
+        f.push_sequence(&w, part(tokens, b, batch), targets.map(|t| part(t, b, batch)));
+    }
+    if targets.is_some() {
+        f.loss = Some(mean(&f.losses));
+    }
+    f
+}
+
+fn mean<F: Float>(v: &[F]) -> F {
+    v.iter().fold(F::zero(), |s, &x| s + x) / constant(v.len() as f64)
+}
+
+impl<F: Real> Backward<F> {
+    fn empty(config: &Config, params: usize) -> Backward<F> {
+        Backward {
+            grad: vec![F::zero(); params],
+            d_logits: Vec::new(),
+            d_xf: Vec::new(),
+            blocks: vec![BlockBackward::default(); config.layers],
+        }
+    }
+
+    /// Appends the activation gradients of sequence `b` of `f` and adds its parameter gradient to `grad`.
+    /// `scale` is 1 / (positions in the whole batch).
+    fn push_sequence(&mut self, w: &Weights<F>, f: &Forward<F>, b: usize, targets: &[u32], scale: F) {
+        let (config, p, layout) = (w.config, &w.p, &w.layout);
+        let (n, v) = (f.seq, config.vocab);
+        let at = sequence(b, f.batch);
+        let mut own = vec![F::zero(); layout.len()];
+        let mut g = layout.views_mut(&mut own);
+        let mut d_logits = vec![F::zero(); n * v];
+        for ((d, row), &t) in d_logits.chunks_exact_mut(v).zip(at(&f.logits).chunks_exact(v)).zip(targets) {
+            cross_entropy(row, t as usize, d);
+            d.iter_mut().for_each(|d| *d = *d * scale);
+        }
+        let head = head_tensor(config);
+        let (gw, gb) = pair_mut(&mut g, head);
+        let d_xf = linear_backward(at(&f.xf), &d_logits, n, p[head], gw, gb);
+        let lnf = lnf_tensor(config);
+        let last = &f.blocks[config.layers - 1].x_out;
+        let (gw, gb) = pair_mut(&mut g, lnf);
+        let mut d_x = layer_norm_backward(at(last), at(&f.lnf_mean), at(&f.lnf_rstd), p[lnf], &d_xf, gw, gb);
+        for l in (0..config.layers).rev() {
+            let (fw, out) = (&f.blocks[l], &mut self.blocks[l]);
+            let i = |k: usize| block_tensor(l, k);
+            let d_x_out = d_x;
+            let (gw, gb) = pair_mut(&mut g, i(MPROJ));
+            let d_gelu = linear_backward(at(&fw.gelu), &d_x_out, n, p[i(MPROJ)], gw, gb);
+            let d_u: Vec<F> = d_gelu.iter().zip(at(&fw.u)).map(|(&d, &u)| d * gelu_grad(u)).collect();
+            let (gw, gb) = pair_mut(&mut g, i(FC));
+            let d_ln2 = linear_backward(at(&fw.ln2), &d_u, n, p[i(FC)], gw, gb);
+            let (gw, gb) = pair_mut(&mut g, i(LN2));
+            let mut d_x_attn =
+                layer_norm_backward(at(&fw.x_attn), at(&fw.ln2_mean), at(&fw.ln2_rstd), p[i(LN2)], &d_ln2, gw, gb);
+            d_x_attn.iter_mut().zip(&d_x_out).for_each(|(d, &r)| *d = *d + r);
+            let (gw, gb) = pair_mut(&mut g, i(PROJ));
+            let d_y = linear_backward(at(&fw.y), &d_x_attn, n, p[i(PROJ)], gw, gb);
+            let (d_att, d_scores, d_qkv) =
+                attention_backward(at(&fw.qkv), at(&fw.att), &d_y, n, config.heads, config.head_size());
+            let (gw, gb) = pair_mut(&mut g, i(QKV));
+            let d_ln1 = linear_backward(at(&fw.ln1), &d_qkv, n, p[i(QKV)], gw, gb);
+            let (gw, gb) = pair_mut(&mut g, i(LN1));
+            let mut d_x_in = layer_norm_backward(at(&fw.x), at(&fw.ln1_mean), at(&fw.ln1_rstd), p[i(LN1)], &d_ln1, gw, gb);
+            d_x_in.iter_mut().zip(&d_x_attn).for_each(|(d, &r)| *d = *d + r);
+            for (dst, src) in [
+                (&mut out.d_x_out, d_x_out),
+                (&mut out.d_gelu, d_gelu),
+                (&mut out.d_u, d_u),
+                (&mut out.d_ln2, d_ln2),
+                (&mut out.d_x_attn, d_x_attn),
+                (&mut out.d_y, d_y),
+                (&mut out.d_att, d_att),
+                (&mut out.d_scores, d_scores),
+                (&mut out.d_qkv, d_qkv),
+                (&mut out.d_ln1, d_ln1),
+                (&mut out.d_x, d_x_in.clone()),
+            ] {
+                push(dst, src);
+            }
+            d_x = d_x_in;
+        }
+        let c = config.embed;
+        let (g_tok, g_pos) = pair_mut(&mut g, TOK);
+        for (t, (d, &token)) in d_x.chunks_exact(c).zip(part(&f.tokens, b, f.batch)).enumerate() {
+            let rows = [&mut g_tok[token as usize * c..][..c], &mut g_pos[t * c..][..c]];
+            for row in rows {
+                row.iter_mut().zip(d).for_each(|(g, &d)| *g = *g + d);
+            }
+        }
+        push(&mut self.d_logits, d_logits);
+        push(&mut self.d_xf, d_xf);
+        add_into(&mut self.grad, &own);
+    }
+}
+
+/// `acc` += `v`, element by element.
+fn add_into<F: Float>(acc: &mut [F], v: &[F]) {
+    acc.iter_mut().zip(v).for_each(|(a, &v)| *a = *a + v);
+}
+
+/// Tensors `i` and `i + 1` of `g` (a weight and its bias, or the two embeddings), both mutable.
+fn pair_mut<'a, F>(g: &'a mut [&mut [F]], i: usize) -> (&'a mut [F], &'a mut [F]) {
+    let (a, b) = g.split_at_mut(i + 1);
+    (&mut *a[i], &mut *b[0])
+}
+
+/// The gradient of `f`'s mean loss over `targets`: the parameters' and every stage's activations'.
+/// Each sequence's parameter gradient is computed alone and added in sequence order, as
+/// `loss_and_grad` does, so both give the same bits.
+pub fn backward<F: Real>(config: &Config, params: &[F], f: &Forward<F>, targets: &[u32]) -> Backward<F> {
+    sequence_length(config, &f.tokens, f.batch, Some(targets));
+    let w = Weights::new(config, params);
+    let scale = F::one() / constant(f.tokens.len() as f64);
+    let mut back = Backward::empty(config, params.len());
+    for b in 0..f.batch {
+        back.push_sequence(&w, f, b, part(targets, b, f.batch), scale);
+    }
+    back
+}
+
+/// The mean loss of `batch` sequences and its gradient, the sequences spread over rayon's threads.
+pub fn loss_and_grad<F: Real>(config: &Config, params: &[F], tokens: &[u32], targets: &[u32], batch: usize) -> (F, Vec<F>) {
+    sequence_length(config, tokens, batch, Some(targets));
+    let w = Weights::new(config, params);
+    let scale = F::one() / constant(tokens.len() as f64);
+    let parts: Vec<(Vec<F>, Vec<F>)> = (0..batch)
+        .into_par_iter()
+        .map(|b| {
+            let (tokens, targets) = (part(tokens, b, batch), part(targets, b, batch));
+            let mut f = Forward::empty(config, 1, tokens.len());
+            f.push_sequence(&w, tokens, Some(targets));
+            let mut back = Backward::empty(config, params.len());
+            back.push_sequence(&w, &f, 0, targets, scale);
+            (f.losses, back.grad)
+        })
+        .collect();
+    let mut grad = vec![F::zero(); params.len()];
+    let mut losses = Vec::with_capacity(tokens.len());
+    for (l, g) in parts {
+        losses.extend(l);
+        add_into(&mut grad, &g);
+    }
+    (mean(&losses), grad)
+}
+
+/// The logits after the last position of `context` (at least one id), cropped to its last `block` ids:
+/// the next character's scores, for generation.
+pub fn next_logits(config: &Config, params: &[f32], context: &[u32]) -> Vec<f32> {
+    assert!(!context.is_empty(), "generation needs a context of at least one id");
+    let context = &context[context.len().saturating_sub(config.block)..];
+    let f = forward(config, params, context, 1, None);
+    f.logits[f.logits.len() - config.vocab..].to_vec()
+}
+
+/// The mean loss over the windows of `ids` at `offsets` (inputs `ids[o..o+block]`, targets one further),
+/// summed in f64 window by window; NaN without windows.
+pub fn mean_loss(config: &Config, params: &[f32], ids: &[u32], offsets: &[u32]) -> f64 {
+    let w = Weights::new(config, params);
+    let block = config.block;
+    let sums: Vec<f64> = offsets
+        .par_iter()
+        .map(|&o| {
+            let o = o as usize;
+            let mut f = Forward::empty(config, 1, block);
+            f.push_sequence(&w, &ids[o..o + block], Some(&ids[o + 1..o + block + 1]));
+            f.losses.iter().map(|&l| l as f64).sum::<f64>()
+        })
+        .collect();
+    sums.iter().sum::<f64>() / (offsets.len() * block) as f64
+}
+
+/// The spec's optimizer: AdamW, lr 1e-3, β (0.9, 0.999), ε 1e-8, weight decay 0.01 on every parameter.
+pub fn default_optim() -> OptimConfig {
+    OptimConfig { weight_decay: 0.01, ..OptimConfig::new(OptimKind::AdamW) }
+}
+
+/// Trains the parameters on the CPU in f32.
+#[derive(Clone, Debug)]
+pub struct CpuTrainer {
+    pub config: Config,
+    pub params: Vec<f32>,
+    pub optimizer: Optimizer,
+}
+
+impl CpuTrainer {
+    pub fn new(config: Config, params: Vec<f32>, optim: OptimConfig) -> Result<CpuTrainer> {
+        config.validate()?;
+        optim.validate()?;
+        let expected = config.param_count();
+        if params.len() != expected {
+            bail!("the model has {expected} parameters but {} were given", params.len());
+        }
+        Ok(CpuTrainer { config, optimizer: Optimizer::new(optim, params.len()), params })
+    }
+
+    /// One optimizer step on `batch` sequences (inputs `tokens`, one target per position); returns their
+    /// mean loss before the step.
+    pub fn step(&mut self, tokens: &[u32], targets: &[u32], batch: usize) -> f32 {
+        let (loss, grad) = loss_and_grad(&self.config, &self.params, tokens, targets, batch);
+        self.optimizer.step(&mut self.params, &grad);
+        loss
+    }
+
+    /// The mean loss over the validation windows of `val` at `offsets` (`data::val_offsets`).
+    pub fn val_loss(&self, val: &[u32], offsets: &[u32]) -> f64 {
+        mean_loss(&self.config, &self.params, val, offsets)
+    }
+}

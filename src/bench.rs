@@ -1,5 +1,5 @@
 //! `textnet bench`: training speed on the GPU, timed with device events after warm-up, median of several
-//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`, `sales::bench`, `matmul::bench`); this file only
+//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`, `sales::bench`, `matmul::bench`, `transformer::bench`); this file only
 //! lists them. Numbers go to BENCHMARKS.md; nothing here is asserted.
 
 use crate::device::Gpu;
@@ -22,6 +22,8 @@ pub enum BenchTarget {
     Sales,
     /// 1024² fp32 matrix product: naive, tiled (gemm_128, 64² gemm_tile) and cuBLAS kernels
     Matmul,
+    /// The character-level Transformer: 1000 steps on --corpus
+    Transformer,
 }
 
 #[derive(clap::Args, Debug)]
@@ -41,7 +43,7 @@ pub struct BenchArgs {
     /// text: only the configurations with this batch size (1, 256 or 4096)
     #[arg(long)]
     pub batch: Option<usize>,
-    /// quality: the corpus to train on
+    /// quality, transformer: the corpus to train on
     #[arg(long, default_value = "corpus/shakespeare.txt")]
     pub corpus: std::path::PathBuf,
     /// quality: training samples (single-sample SGD steps)
@@ -50,7 +52,7 @@ pub struct BenchArgs {
     /// quality: where to write tokens, sample order and initial parameters for the PyTorch run
     #[arg(long, default_value = "data/quality")]
     pub dump: std::path::PathBuf,
-    /// quality, sales: seed of the sample order and of the initial parameters
+    /// quality, sales, transformer: seed of the sample order and of the initial parameters
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// quality, sales: skip the CPU reference run
@@ -89,6 +91,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
+        BenchTarget::Transformer => crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.json),
         BenchTarget::Sales => crate::sales::bench::bench(
             &gpu,
             &crate::sales::bench::SalesBenchOptions {

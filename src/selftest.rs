@@ -1,5 +1,5 @@
 //! `textnet selftest`: every pipeline's GPU kernels checked against its CPU reference on this machine's GPU
-//! (each pipeline's checks live with it: `text::checks`, `mnist::checks`, `xor::checks`, `sales::checks`, `matmul::checks`). Prints a table
+//! (each pipeline's checks live with it: `text::checks`, `mnist::checks`, `xor::checks`, `sales::checks`, `matmul::checks`, `transformer::checks`). Prints a table
 //! (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
 use crate::check::{Check, Group, Plan};
@@ -16,10 +16,12 @@ pub enum Pipeline {
     Xor,
     Sales,
     Matmul,
+    Transformer,
 }
 
 impl Pipeline {
-    pub const ALL: [Pipeline; 5] = [Pipeline::Text, Pipeline::Mnist, Pipeline::Xor, Pipeline::Sales, Pipeline::Matmul];
+    pub const ALL: [Pipeline; 6] =
+        [Pipeline::Text, Pipeline::Mnist, Pipeline::Xor, Pipeline::Sales, Pipeline::Matmul, Pipeline::Transformer];
 }
 
 impl Pipeline {
@@ -30,6 +32,7 @@ impl Pipeline {
             Pipeline::Xor => crate::xor::checks::selftest_checks(gpu, plan),
             Pipeline::Sales => crate::sales::checks::selftest_checks(gpu, plan),
             Pipeline::Matmul => crate::matmul::checks::selftest_checks(gpu, plan),
+            Pipeline::Transformer => crate::transformer::checks::selftest_checks(gpu, plan),
         }
     }
 }
@@ -44,7 +47,17 @@ pub enum Only {
 impl clap::ValueEnum for Only {
     fn value_variants<'a>() -> &'a [Self] {
         use Only::{Group as G, Pipeline as P};
-        &[P(Pipeline::Text), P(Pipeline::Mnist), P(Pipeline::Xor), P(Pipeline::Sales), P(Pipeline::Matmul), G(Group::Kernels), G(Group::Training), G(Group::Repeat)]
+        &[
+            P(Pipeline::Text),
+            P(Pipeline::Mnist),
+            P(Pipeline::Xor),
+            P(Pipeline::Sales),
+            P(Pipeline::Matmul),
+            P(Pipeline::Transformer),
+            G(Group::Kernels),
+            G(Group::Training),
+            G(Group::Repeat),
+        ]
     }
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {

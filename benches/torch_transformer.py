@@ -4,7 +4,7 @@ blocks of causal multi-head attention and a tanh-GELU MLP, learned position embe
 head), the same vocabulary, split, batches and validation windows, AdamW on every parameter, fp32, eager
 mode, TF32 off. Module names make `model.state_dict()` keys the tensor names of a textnet model file
 (`tok_emb.weight`, `blocks.0.attn.qkv.weight`, ...), so --load evaluates one (heads from its metadata key
-`heads`, else --heads; its vocabulary from the metadata key `vocabulary`, else rebuilt from the corpus).
+`heads`, else --heads; its vocabulary from the metadata key `vocab`, else rebuilt from the corpus).
 
 Vocabulary: id 0 = unknown, ids 1.. = characters by descending count in the whole corpus, ties by code
 point, at most --vocab ids in all. Train = the first floor(0.9 n) ids, validation = the rest. Each step
@@ -14,7 +14,7 @@ loss is the mean over at most 256 windows at offsets i * max(T, (n_val - T - 1) 
 Timed: the training steps only, with CUDA events (wall clock on the CPU), after 3 untimed warm-up steps and
 one evaluation whose updates are then undone. Each run of steps between two evaluations is a span of its
 own; train_s sums the spans and the evaluations are timed apart (eval_s). Prints one JSON object.
---save writes the trained state_dict as safetensors (metadata: heads, block, vocabulary); --generate N
+--save writes the trained state_dict as safetensors (metadata: heads, block, vocab); --generate N
 samples N characters after --prompt from the eager model (--temperature 0: always the likeliest).
 
 usage: python3 benches/torch_transformer.py [CORPUS=corpus/shakespeare.txt] [--steps 1000] [--batch 32]
@@ -160,7 +160,7 @@ def main():
 
     with open(a.corpus, encoding="utf-8", newline="") as f:
         text = f.read()
-    vocabulary = json.loads(meta["vocabulary"]) if "vocabulary" in meta else None
+    vocabulary = json.loads(meta["vocab"]) if "vocab" in meta else None
     if vocabulary is None:
         counts = Counter(text)
         vocabulary = [UNKNOWN] + sorted(counts, key=lambda c: (-counts[c], ord(c)))[: a.vocab - 1]
@@ -224,7 +224,7 @@ def main():
     if loaded is not None:
         for k in ("batch", "steps", "lr", "betas", "eps", "weight_decay", "eval_every"):
             del report["config"][k]
-        report.update(load=a.load, metadata={k: v for k, v in meta.items() if k != "vocabulary"}, val_loss=evaluate(model))
+        report.update(load=a.load, metadata={k: v for k, v in meta.items() if k != "vocab"}, val_loss=evaluate(model))
     else:
         initial = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -273,7 +273,7 @@ def main():
             final_train_loss=loss.item(), final_val_loss=evals[-1]["val_loss"])
         if a.save:
             write_safetensors(a.save, model.state_dict(), {"source": "benches/torch_transformer.py", "heads": str(a.heads),
-                                                           "block": str(T), "vocabulary": json.dumps(vocabulary)})
+                                                           "block": str(T), "vocab": json.dumps(vocabulary)})
             report["saved"] = a.save
     if a.generate > 0:
         sampler = torch.Generator(device=dev).manual_seed(a.seed)

@@ -2,7 +2,8 @@
 //! NVRTC), each pipeline with a plain CPU reference of the same math.
 //!
 //! The `textnet` command is the usual way in (see the README). As a library, each pipeline is a module:
-//! [`text`] (the next-token model), [`mnist`], [`xor`] and [`sales`] (its data and CPU reference so far).
+//! [`text`] (the next-token model), [`mnist`], [`xor`], [`sales`] (its data and CPU reference so far) and
+//! [`transformer`] (the character-level Transformer: its data, CPU reference and model file so far).
 //! A pipeline has its CPU reference in `model`, its GPU trainer in `gpu` and the training loop both share.
 //!
 //! Train the text model on the CPU, save it, load it and predict:

@@ -2,7 +2,7 @@
 //! turns errors into one line on stderr and a non-zero exit.
 
 use clap::{Parser, Subcommand};
-use textnet::{bench, mnist, sales, selftest, text, xor};
+use textnet::{bench, mnist, sales, selftest, text, transformer, xor};
 
 #[derive(Parser)]
 #[command(name = "textnet", version, about = "Small neural networks trained with fused CUDA kernels, with a CPU reference for each", long_about = None)]
@@ -29,6 +29,8 @@ enum Command {
     Xor(xor::cli::XorArgs),
     /// Train the tabular regressor (by default on the roadmap's sales.tsv), or predict with one
     Sales(sales::cli::SalesArgs),
+    /// Train the character-level Transformer on a UTF-8 corpus and write a .safetensors model file
+    Transformer(transformer::cli::TransformerArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
     Selftest(selftest::SelftestArgs),
     /// Measure training speed on the GPU (text model, or `bench mnist`)
@@ -57,6 +59,7 @@ fn main() {
         Command::Classify(args) => mnist::classify::run(args),
         Command::Xor(args) => xor::cli::run(args),
         Command::Sales(args) => sales::cli::run(args),
+        Command::Transformer(args) => transformer::cli::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::Bench(args) => bench::run(args),
     };

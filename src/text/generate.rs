@@ -20,7 +20,7 @@ pub struct GenerateArgs {
         help = "The text to continue (the model's tokenizer splits it; words outside its vocabulary read as <unk>)"
     )]
     pub prompt: String,
-    /// Tokens to generate
+    /// Tokens to generate (characters, for a Transformer model)
     #[arg(long, default_value_t = 50)]
     pub length: usize,
     /// Softmax temperature: 1 samples the model's own distribution, lower is more conservative, 0 always
@@ -33,7 +33,7 @@ pub struct GenerateArgs {
     /// Seed of the sampling
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Model file written by `textnet train`
+    /// Model file written by `textnet train` or `textnet transformer`
     #[arg(long, default_value = "textnet.safetensors")]
     pub model: PathBuf,
     /// Print one JSON object (the tokens as a list too)
@@ -45,6 +45,8 @@ pub struct GenerateArgs {
 pub enum Generator {
     /// The next-token model of `textnet train`.
     Text(TextModel),
+    /// The character-level Transformer of `textnet transformer`.
+    Transformer(crate::transformer::modelfile::TransformerModel),
 }
 
 impl Generator {
@@ -59,6 +61,9 @@ impl Generator {
             .unwrap_or_default();
         match kind.as_str() {
             modelfile::FORMAT => Ok(Generator::Text(TextModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))?)),
+            crate::transformer::modelfile::FORMAT => Ok(Generator::Transformer(
+                crate::transformer::modelfile::TransformerModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))?,
+            )),
             crate::mnist::model::FORMAT => bail!("{} is an MNIST classifier: it does not generate text", path.display()),
             crate::xor::modelfile::KIND => bail!("{} is an XOR network: it does not generate text", path.display()),
             _ => bail!("{} is not a textnet model that generates text", path.display()),
@@ -134,7 +139,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
     }
-    let Generator::Text(model) = Generator::load(&args.model)?;
+    let model = match Generator::load(&args.model)? {
+        Generator::Text(model) => model,
+        Generator::Transformer(model) => return run_transformer(&args, &model),
+    };
     let (prompt, generated) = generate(&model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
     let text = join(&prompt.iter().chain(&generated).cloned().collect::<Vec<_>>());
     if args.json {
@@ -144,6 +152,29 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }).to_string());
     } else {
         console::out(&text);
+    }
+    Ok(())
+}
+
+/// `textnet generate` with a Transformer: characters, not tokens (--length counts characters).
+fn run_transformer(args: &GenerateArgs, model: &crate::transformer::modelfile::TransformerModel) -> Result<()> {
+    let (generated, unknown) =
+        crate::transformer::generate::generate(model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
+    if unknown > 0 {
+        console::err(&format!(
+            "note: {unknown} character{} of the prompt {} not in the model's vocabulary and read as unknown",
+            if unknown == 1 { "" } else { "s" },
+            if unknown == 1 { "is" } else { "are" }
+        ));
+    }
+    if args.json {
+        console::out(&json!({
+            "model": args.model.display().to_string(), "prompt": args.prompt, "generated": generated,
+            "text": format!("{}{generated}", args.prompt), "unknown_prompt_chars": unknown,
+            "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
+        }).to_string());
+    } else {
+        console::out(&format!("{}{generated}", args.prompt));
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `textnet transformer CORPUS`: trains the character-level Transformer (AdamW, random windows of the
 //! corpus's first 90 %), reports the validation loss every --eval-every steps and writes the model file.
-//! What it prints goes through `report`, as for every training command; a step is what an epoch is
-//! elsewhere (a report row per evaluation).
+//! What it prints goes through `report`, as for every training command: an "epoch" there is the
+//! --eval-every steps between two evaluations, and each report row also gives its last step.
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
@@ -191,12 +191,12 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         let val = trainer.val_loss(&corpus, &val_offsets, args.batch)?;
         let elapsed = start.elapsed().as_secs_f64();
         if !(train_loss.is_finite() && val.is_finite()) {
-            diverged = Some(Divergence { epoch: done, what: "loss" });
+            diverged = Some(Divergence { epoch: eval, what: "loss" });
             break;
         }
         last_val = val;
         let row = EpochRow {
-            epoch: done,
+            epoch: eval,
             train_loss,
             val_loss: Some(val),
             val_accuracy: None,
@@ -206,6 +206,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
             elapsed_s: elapsed,
             extra: Default::default(),
         }
+        .with("step", done)
         .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
         display.epoch_finished(&row, &format!("step {done}/{}, val loss {val:.4}", args.steps), "");
         rows.push(row);
@@ -257,7 +258,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
                 m
             }),
             model: out.to_string(),
-            kept_epoch: written.then_some(args.steps),
+            kept_epoch: written.then_some(evals),
             baseline_val_loss: baseline,
             diverged: diverged.clone(),
         };

@@ -1,0 +1,132 @@
+//! The transformer's model file: `.safetensors` with every parameter tensor under its PyTorch
+//! `state_dict` name and layout (`model::Layout`: `tok_emb.weight` … `head.bias`) as little-endian F32, so
+//! `load_state_dict` takes them, and string metadata that makes it self-contained:
+//!
+//! | key                                 | value                                                      |
+//! |-------------------------------------|------------------------------------------------------------|
+//! | `format`                            | `textnet-transformer`                                      |
+//! | `vocab`                             | JSON array of the characters in id order, one-character strings, U+FFFD first |
+//! | `block`, `embed`, `heads`, `layers` | the sizes (decimal); the vocabulary size is the array's length |
+//! | `val_loss`                          | the validation loss when it was saved                      |
+//! | `steps`                             | the training steps taken                                   |
+
+use super::data::CharVocab;
+use super::model::{Config, Layout};
+use anyhow::{Context, Result, anyhow, bail};
+use safetensors::SafeTensors;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+pub const FORMAT: &str = "textnet-transformer";
+
+/// A trained transformer and what it takes to use it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerModel {
+    pub config: Config,
+    pub vocab: CharVocab,
+    /// Flat, in `Layout` order.
+    pub params: Vec<f32>,
+    pub val_loss: f32,
+    pub steps: usize,
+}
+
+impl TransformerModel {
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let c = self.config;
+        if self.vocab.len() != c.vocab {
+            bail!("internal: the vocabulary has {} characters but the model {}", self.vocab.len(), c.vocab);
+        }
+        let layout = Layout::new(&c);
+        if self.params.len() != layout.len() {
+            bail!("internal: {} parameters for a model of {}", self.params.len(), layout.len());
+        }
+        let chars: Vec<String> = self.vocab.chars().iter().map(char::to_string).collect();
+        let metadata = BTreeMap::from([
+            ("format".to_string(), FORMAT.to_string()),
+            ("vocab".to_string(), serde_json::to_string(&chars)?),
+            ("block".to_string(), c.block.to_string()),
+            ("embed".to_string(), c.embed.to_string()),
+            ("heads".to_string(), c.heads.to_string()),
+            ("layers".to_string(), c.layers.to_string()),
+            ("val_loss".to_string(), self.val_loss.to_string()),
+            ("steps".to_string(), self.steps.to_string()),
+        ]);
+        let tensors: Vec<(&str, &[f32], Vec<usize>)> =
+            layout.tensors().iter().map(|t| (t.name.as_str(), &self.params[t.range()], t.shape.clone())).collect();
+        crate::tensorfile::to_bytes(&tensors, metadata)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::fsutil::write_atomic(path, &self.to_bytes()?)
+    }
+
+    pub fn load(path: &Path) -> Result<TransformerModel> {
+        let bytes = crate::fsutil::read_input(path, "model file")?;
+        TransformerModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<TransformerModel> {
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
+        let no_metadata = HashMap::new();
+        let meta = header.metadata().as_ref().unwrap_or(&no_metadata);
+        match meta.get("format").or_else(|| meta.get("kind")).map(String::as_str) {
+            Some(FORMAT) => {}
+            Some(other) => {
+                bail!("not a textnet transformer model file: it is {} (metadata format {other:?})", kind_name(other))
+            }
+            None => bail!("not a textnet transformer model file (no metadata format)"),
+        }
+        let entry =
+            |key: &str| meta.get(key).map(String::as_str).ok_or_else(|| anyhow!("metadata entry {key:?} is missing"));
+        let number = |key: &str| -> Result<usize> {
+            let value = entry(key)?;
+            value.parse().map_err(|_| anyhow!("metadata entry {key:?} is not a number: {value:?}"))
+        };
+        let chars: Vec<String> = serde_json::from_str(entry("vocab")?)
+            .map_err(|e| anyhow!("metadata entry \"vocab\" is not a JSON array of strings: {e}"))?;
+        let chars = chars
+            .iter()
+            .map(|s| {
+                let mut it = s.chars();
+                match (it.next(), it.next()) {
+                    (Some(c), None) => Ok(c),
+                    _ => Err(anyhow!("metadata entry \"vocab\" lists {s:?}, not one character")),
+                }
+            })
+            .collect::<Result<Vec<char>>>()?;
+        let vocab = CharVocab::from_chars(chars).map_err(|e| anyhow!("metadata entry \"vocab\": {e}"))?;
+        let config = Config {
+            vocab: vocab.len(),
+            block: number("block")?,
+            embed: number("embed")?,
+            heads: number("heads")?,
+            layers: number("layers")?,
+        };
+        config.validate().map_err(|e| anyhow!("invalid sizes in the metadata: {e}"))?;
+        let val_loss = entry("val_loss")?;
+        let val_loss: f32 =
+            val_loss.parse().map_err(|_| anyhow!("metadata entry \"val_loss\" is not a number: {val_loss:?}"))?;
+        let steps = number("steps")?;
+        let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
+        let layout = Layout::new(&config);
+        let mut params = Vec::with_capacity(layout.len());
+        for t in layout.tensors() {
+            params.extend(crate::tensorfile::read_f32(&tensors, &t.name, &t.shape)?);
+        }
+        if !params.iter().all(|v| v.is_finite()) {
+            bail!("the parameters contain NaN or infinite values");
+        }
+        Ok(TransformerModel { config, vocab, params, val_loss, steps })
+    }
+}
+
+/// What another textnet model file's `format` (or `kind`) says it is.
+fn kind_name(format: &str) -> &'static str {
+    match format {
+        crate::text::modelfile::FORMAT => "a next-token text model (textnet train)",
+        crate::mnist::model::FORMAT | crate::mnist::cnn::FORMAT => "an MNIST classifier",
+        crate::xor::modelfile::KIND => "an XOR network",
+        crate::sales::modelfile::KIND => "a sales model",
+        _ => "another kind of file",
+    }
+}

@@ -2,6 +2,7 @@
 // tile, staged through shared memory, in two variants:
 //
 //   gemm_tile   any tile shape (template sizes), small or split-k tiles; the MNIST pipeline's products.
+//   gemm_tile_tf32  the same contract on the tensor cores (TF32 mma); the Transformer's --tf32 products.
 //   gemm_128    one fixed 128×128 tile tuned for throughput; the text model's large-batch products
 //               (fused/text_batch.cu), where a step is ~26 GMAC and the FMA pipe is what counts.
 //
@@ -146,6 +147,91 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, A
             store(m, n, sum);
         }
     }
+    __syncthreads();
+}
+
+// ---- gemm_tile_tf32 ----
+// gemm_tile's contract (functors, staging, store once per element inside C) on the tensor cores: the
+// block's 8 warps as 2 × 4, each owning a (BM/2) × (BN/4) part of the tile as m16n8k8 TF32 `mma`s with
+// fp32 accumulators. Operands are rounded to TF32 (10-bit mantissa, cvt.rna) as they leave shared
+// memory, so products carry ~1e-3 relative rounding, not fp32's ~1e-7. sm_80 or later.
+
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+template <int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Store>
+__device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
+                                               float* smem) {
+    constexpr int LDA = BM + 1, LDB = BN + 1;  // GemmTile's, so its SHARED_FLOATS covers the stages
+    constexpr int WN = WARPS / 2, MW = BM / 2, NW = BN / WN, MT = MW / 16, NT = NW / 8;
+    static_assert(MW % 16 == 0 && NW % 8 == 0 && BK % 8 == 0, "the warp tiles must be whole m16n8k8 tiles");
+    float* As = smem;
+    float* Bs = smem + BK * LDA;
+    GemmStage<BM, BK, LDA, !A_TRANS> a_stage;
+    GemmStage<BN, BK, LDB, B_TRANS> b_stage;
+    const auto b_by_row = [&](int n, int k) { return b_at(k, n); };
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int wm = warp / WN * MW, wn = warp % WN * NW;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+
+    a_stage.load(a_at, M, m0, K, 0);
+    b_stage.load(b_by_row, N, n0, K, 0);
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        a_stage.store(As);
+        b_stage.store(Bs);
+        __syncthreads();
+        if (k0 + BK < K) {
+            a_stage.load(a_at, M, m0, K, k0 + BK);
+            b_stage.load(b_by_row, N, n0, K, k0 + BK);
+        }
+        const int k_end = min(BK, K - k0);  // the stage is zero past K
+#pragma unroll 2
+        for (int k = 0; k < k_end; k += 8) {
+            unsigned a[MT][4], b[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int m = wm + i * 16 + gid;
+                a[i][0] = to_tf32(As[(k + tig) * LDA + m]);
+                a[i][1] = to_tf32(As[(k + tig) * LDA + m + 8]);
+                a[i][2] = to_tf32(As[(k + tig + 4) * LDA + m]);
+                a[i][3] = to_tf32(As[(k + tig + 4) * LDA + m + 8]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const int n = wn + j * 8 + gid;
+                b[j][0] = to_tf32(Bs[(k + tig) * LDB + n]);
+                b[j][1] = to_tf32(Bs[(k + tig + 4) * LDB + n]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int m = m0 + wm + i * 16 + gid + (r / 2) * 8, n = n0 + wn + j * 8 + 2 * tig + r % 2;
+                if (m < M && n < N) store(m, n, acc[i][j][r]);
+            }
     __syncthreads();
 }
 

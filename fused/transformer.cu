@@ -9,7 +9,8 @@
 //
 //   tf_embed_layernorm     x = tok_emb + pos_emb, then block 0's LN1 (a warp per row; layernorm.cuh)
 //   tf_residual_layernorm  x = x + delta (the sublayer's output), then the next LayerNorm
-//   tf_linear_forward      out = in·Wᵀ + b, and with `pre` the FFN's GELU in the epilogue (gemm.cuh)
+//   tf_linear_forward      out = in·Wᵀ + b, and with `pre` the FFN's GELU in the epilogue (gemm.cuh; with
+//                          `tf32` every product of the linear layers runs on the tensor cores)
 //   tf_attention_forward   a block per (sequence, head), scores in shared memory (attention.cuh)
 //   tf_classifier          softmax + cross-entropy over a row's V logits, leaving dlogits in place, and
 //                          the step's loss summed over the rows in row order by the last block
@@ -86,25 +87,25 @@ tf_residual_layernorm(const float* __restrict__ x_in, const float* __restrict__ 
 }
 
 // Grid (ceil(out_features / LIN_BN), ceil(N / LIN_BM)). out = in·Wᵀ + bias (W: out_features × in_features).
-// With `pre`: pre = in·Wᵀ + bias and out = gelu(pre).
+// With `pre`: pre = in·Wᵀ + bias and out = gelu(pre). tf32: the product on the tensor cores.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
-                  float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features) {
+                  float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features, int tf32) {
     extern __shared__ float smem[];
     const int K = in_features, O = out_features;
-    gemm_tile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN, false, true>(
-        N, O, K, blockIdx.y * LIN_BM, blockIdx.x * LIN_BN,
-        [&](int m, int k) { return in[(size_t)m * K + k]; },
-        [&](int k, int n) { return W[(size_t)n * K + k]; },
-        [&](int m, int n, float z) {
-            z += bias[n];
-            if (pre) {
-                pre[(size_t)m * O + n] = z;
-                z = gelu(z);
-            }
-            out[(size_t)m * O + n] = z;
-        },
-        smem);
+    const auto a_at = [&](int m, int k) { return in[(size_t)m * K + k]; };
+    const auto b_at = [&](int k, int n) { return W[(size_t)n * K + k]; };
+    const auto store = [&](int m, int n, float z) {
+        z += bias[n];
+        if (pre) {
+            pre[(size_t)m * O + n] = z;
+            z = gelu(z);
+        }
+        out[(size_t)m * O + n] = z;
+    };
+    const int m0 = blockIdx.y * LIN_BM, n0 = blockIdx.x * LIN_BN;
+    if (tf32) gemm_tile_tf32<LIN_BM, LIN_BN, LIN_BK, false, true>(N, O, K, m0, n0, a_at, b_at, store, smem);
+    else gemm_tile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN, false, true>(N, O, K, m0, n0, a_at, b_at, store, smem);
 }
 
 // Grid B·heads: block (b, h) over rows b·T … of the step.
@@ -138,10 +139,19 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
         if (lane == 0) row_loss[row] = max + logf(sum) - target_logit;
     }
     if (!last_block_to_finish(ticket)) return;
+    // Each thread adds a run of rows, then the runs are added pairwise in a fixed tree.
+    __shared__ double partial[THREADS];
+    const int per = ceil_div(N, THREADS), r0 = threadIdx.x * per;
+    double total = 0.0;
+    for (int r = r0; r < min(N, r0 + per); ++r) total += __ldcg(&row_loss[r]);
+    partial[threadIdx.x] = total;
+    __syncthreads();
+    for (int stride = THREADS / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+        __syncthreads();
+    }
     if (threadIdx.x == 0) {
-        double total = 0.0;
-        for (int r = 0; r < N; ++r) total += __ldcg(&row_loss[r]);
-        *loss_sum += total;
+        *loss_sum += partial[0];
         *ticket = 0;
     }
 }
@@ -154,12 +164,13 @@ __device__ __forceinline__ int wgrad_tiles(int out_features, int in_features) {
 
 // Grid wgrad_tiles·slices + (dx ? dx tiles : 0). dy: N × out_features, x: N × in_features (the layer's
 // input), W: out_features × in_features. grad_W, grad_b: the gradient (written, not added). dx = dy·W,
-// times gelu′(pre) when pre is given. partials: wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per tile.
+// times gelu′(pre) when pre is given; tf32: the products on the tensor cores. partials:
+// wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per tile.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
                    int out_features, int in_features, int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
                    float* __restrict__ partials, unsigned* __restrict__ tickets, float* __restrict__ dx,
-                   const float* __restrict__ pre) {
+                   const float* __restrict__ pre, int tf32) {
     extern __shared__ float smem[];
     const int O = out_features, K = in_features;
     const int tiles = wgrad_tiles(O, K), columns = ceil_div(K + 1, WG_BN);
@@ -169,11 +180,11 @@ tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, co
         const int rows = ceil_div(N, slices), r0 = slice * rows, count = max(0, min(N, r0 + rows) - r0);
         const int m0 = tile / columns * WG_BM, n0 = tile % columns * WG_BN;
         float* mine = partials + (size_t)block * WG_BM * WG_BN;
-        gemm_tile<WG_BM, WG_BN, WG_BK, WG_TM, WG_TN, true, false>(
-            O, K + 1, count, m0, n0,
-            [&](int o, int r) { return dy[(size_t)(r0 + r) * O + o]; },
-            [&](int r, int k) { return k < K ? x[(size_t)(r0 + r) * K + k] : 1.0f; },
-            [&](int o, int k, float g) { mine[(o - m0) * WG_BN + k - n0] = g; }, smem);
+        const auto a_at = [&](int o, int r) { return dy[(size_t)(r0 + r) * O + o]; };
+        const auto b_at = [&](int r, int k) { return k < K ? x[(size_t)(r0 + r) * K + k] : 1.0f; };
+        const auto store = [&](int o, int k, float g) { mine[(o - m0) * WG_BN + k - n0] = g; };
+        if (tf32) gemm_tile_tf32<WG_BM, WG_BN, WG_BK, true, false>(O, K + 1, count, m0, n0, a_at, b_at, store, smem);
+        else gemm_tile<WG_BM, WG_BN, WG_BK, WG_TM, WG_TN, true, false>(O, K + 1, count, m0, n0, a_at, b_at, store, smem);
         if (!last_block_to_finish(&tickets[tile], slices)) return;
         for (int i = threadIdx.x; i < WG_BM * WG_BN; i += THREADS) {
             const int o = m0 + i / WG_BN, k = n0 + i % WG_BN;
@@ -188,11 +199,12 @@ tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, co
     }
     block -= tiles * slices;
     const int dx_columns = ceil_div(K, LIN_BN);
-    gemm_tile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN, false, false>(
-        N, K, O, block / dx_columns * LIN_BM, block % dx_columns * LIN_BN,
-        [&](int m, int o) { return dy[(size_t)m * O + o]; },
-        [&](int o, int k) { return W[(size_t)o * K + k]; },
-        [&](int m, int k, float g) { dx[(size_t)m * K + k] = pre ? g * gelu_slope(pre[(size_t)m * K + k]) : g; }, smem);
+    const int m0 = block / dx_columns * LIN_BM, n0 = block % dx_columns * LIN_BN;
+    const auto a_at = [&](int m, int o) { return dy[(size_t)m * O + o]; };
+    const auto b_at = [&](int o, int k) { return W[(size_t)o * K + k]; };
+    const auto store = [&](int m, int k, float g) { dx[(size_t)m * K + k] = pre ? g * gelu_slope(pre[(size_t)m * K + k]) : g; };
+    if (tf32) gemm_tile_tf32<LIN_BM, LIN_BN, LIN_BK, false, false>(N, K, O, m0, n0, a_at, b_at, store, smem);
+    else gemm_tile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN, false, false>(N, K, O, m0, n0, a_at, b_at, store, smem);
 }
 
 // Grid ceil(N / (WARPS·LN_ROWS_PER_WARP)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's
@@ -242,13 +254,17 @@ tf_attention_backward(const float* __restrict__ qkv, const float* __restrict__ d
 }
 
 // Grid V + T: block v < V sums the rows whose token is v into grad_tok[v]; block V + t sums position t's
-// rows into grad_pos[t]. THREADS / C (at least 1) row groups per column, added in group order.
+// rows into grad_pos[t]. THREADS / C (at least 1) row groups per column, added in group order. Dynamic
+// shared memory: the step's N tokens.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_embedding_backward(const float* __restrict__ dres, const unsigned* __restrict__ data,
                       const unsigned* __restrict__ offsets, int N, int V, float* __restrict__ grad_tok,
                       float* __restrict__ grad_pos) {
     constexpr int GROUPS = THREADS / C > 0 ? THREADS / C : 1;
     __shared__ float group_sums[GROUPS][C];
+    extern __shared__ unsigned tokens[];
+    for (int r = threadIdx.x; r < N; r += THREADS) tokens[r] = token_at(data, offsets, r, 0);
+    __syncthreads();
     const bool token_row = (int)blockIdx.x < V;
     const int which = token_row ? blockIdx.x : blockIdx.x - V;
     const int group = THREADS >= C ? threadIdx.x / C : 0;
@@ -257,7 +273,7 @@ tf_embedding_backward(const float* __restrict__ dres, const unsigned* __restrict
         for (int c = THREADS >= C ? threadIdx.x % C : threadIdx.x; c < C; c += THREADS >= C ? C : THREADS) {
             float s = 0.0f;
             for (int r = r0; r < r1; ++r) {
-                const bool mine = token_row ? token_at(data, offsets, r, 0) == (unsigned)which : r % T == which;
+                const bool mine = token_row ? tokens[r] == (unsigned)which : r % T == which;
                 if (mine) s += dres[(size_t)r * C + c];
             }
             group_sums[group][c] = s;

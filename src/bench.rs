@@ -64,6 +64,9 @@ pub struct BenchArgs {
     /// mnist: the model to time
     #[arg(long, value_enum, default_value_t = crate::mnist::ModelKind::Mlp)]
     pub model: crate::mnist::ModelKind,
+    /// transformer: the linear layers on the tensor cores in TF32
+    #[arg(long)]
+    pub tf32: bool,
     /// sales: epochs
     #[arg(long, default_value_t = crate::sales::model::DEFAULT_EPOCHS)]
     pub epochs: usize,
@@ -91,7 +94,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
-        BenchTarget::Transformer => crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.json),
+        BenchTarget::Transformer => crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.tf32, args.json),
         BenchTarget::Sales => crate::sales::bench::bench(
             &gpu,
             &crate::sales::bench::SalesBenchOptions {

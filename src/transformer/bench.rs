@@ -1,6 +1,7 @@
 //! `textnet bench transformer`: 1000 training steps of the default model on a corpus (batch 32 × block
 //! 64, AdamW 1e-3), in graphs of 100 steps timed with device events (the graph captured before timing;
-//! the validation loss after each graph is timed apart), beside `benches/torch_transformer.py`.
+//! the validation loss after each graph is timed apart), beside `benches/torch_transformer.py`; with
+//! --tf32 the linear layers run on the tensor cores (beside the twin's --tf32).
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
@@ -19,7 +20,7 @@ pub const STEPS: usize = 1000;
 pub const BATCH: usize = 32;
 const CHUNK: usize = 100;
 
-pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, json: bool) -> Result<()> {
+pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, json: bool) -> Result<()> {
     let shape = Config::new(256);
     let corpus = Corpus::load(corpus_path, shape.vocab, shape.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };
@@ -27,6 +28,7 @@ pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, json: bool) -> Resul
     let params = model::init(&config, seed);
     let setup = Instant::now();
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
+    trainer.set_tf32(tf32);
     trainer.prepare(CHUNK, BATCH)?;
     let setup_s = setup.elapsed().as_secs_f64();
     let val_offsets = data::val_offsets(corpus.val.len(), config.block);
@@ -59,7 +61,8 @@ pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, json: bool) -> Resul
         "device": gpu.describe(),
         "corpus": corpus_path.display().to_string(),
         "config": {"vocab": config.vocab, "block": config.block, "embed": config.embed, "heads": config.heads,
-                   "layers": config.layers, "batch": BATCH, "steps": STEPS, "optimizer": optim.describe(), "seed": seed},
+                   "layers": config.layers, "batch": BATCH, "steps": STEPS, "optimizer": optim.describe(), "seed": seed,
+                   "linear_layers": if tf32 { "tf32 tensor cores" } else { "fp32" }},
         "params": params.len(),
         "setup_s": setup_s,
         "train_s": train_ms / 1e3,

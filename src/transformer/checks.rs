@@ -5,7 +5,8 @@
 //! - kernels: one batch's forward pass, stage by stage (each block's residual stream, LN1, qkv,
 //!   attention output, the stream after attention, LN2, the FFN's pre-activation and GELU; LN_f, the
 //!   losses and dlogits), then its backward pass: every parameter tensor's gradient, written over NaN,
-//!   and the gradient of the embeddings' sum;
+//!   and the gradient of the embeddings' sum; in fp32 at 1e-4, and with the linear layers in TF32 on the
+//!   tensor cores against the same fp32 reference at TF32_TOLERANCE;
 //! - training: 100 AdamW steps through the production path (CUDA graphs of 50 steps) against
 //!   `CpuTrainer` on the same batches: every tensor (the key bias aside, see `worst_tensor`) and the
 //!   steps' losses;
@@ -27,6 +28,8 @@ use rand_distr::{Distribution, Normal};
 use std::sync::Arc;
 
 pub const KERNEL_TOLERANCE: f64 = 1e-4;
+/// With --tf32 the linear layers' operands are rounded to a 10-bit mantissa (relative 2⁻¹¹ ≈ 4.9e-4 each).
+pub const TF32_TOLERANCE: f64 = 1e-2;
 pub const TRAINING_TOLERANCE: f64 = 1e-3;
 const TRAINING_STEPS: usize = 100;
 
@@ -107,8 +110,10 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     if plan.wants(Group::Kernels) {
         let mut rng = plan.rng("transformer kernels");
         for (config, batch) in kernel_shapes(plan.quick) {
-            out.extend(kernel_checks(gpu, config, batch, &mut rng)?);
+            out.extend(kernel_checks(gpu, config, batch, false, &mut rng)?);
         }
+        let (config, batch) = kernel_shapes(false).pop().expect("the default shape");
+        out.extend(kernel_checks(gpu, config, batch, true, &mut rng)?);
     }
     if plan.wants(Group::Training) {
         let mut rng = plan.rng("transformer training");
@@ -121,8 +126,9 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// Forward stage by stage and backward (every gradient) of one batch.
-pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
+/// Forward stage by stage and backward (every gradient) of one batch; with `tf32`, the linear layers on
+/// the tensor cores, against the same fp32 reference at TF32_TOLERANCE.
+pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, tf32: bool, rng: &mut SeededRng) -> Result<Vec<Check>> {
     let corpus = random_corpus(&config, 40 * config.block, rng);
     let params = random_params(&config, rng);
     let offsets = data::train_offsets(rng, corpus.train.len(), config.block, batch);
@@ -131,11 +137,12 @@ pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, rng: &mut See
     let back = model::backward(&config, &params, &f, &targets);
 
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
+    trainer.set_tf32(tf32);
     let got = trainer.forward_backward_alone(&offsets)?;
-    let shape = label(&config, batch);
+    let (shape, tolerance) = if tf32 { (format!("{} tf32", label(&config, batch)), TF32_TOLERANCE) } else { (label(&config, batch), KERNEL_TOLERANCE) };
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
-        out.push(Check { kernel, shape: shape.clone(), rel_error: rel_error(got, want), tolerance: KERNEL_TOLERANCE });
+        out.push(Check { kernel, shape: shape.clone(), rel_error: rel_error(got, want), tolerance });
     };
     for (l, want) in f.blocks.iter().enumerate() {
         check(format!("transformer block {l} x (embed/residual)"), &got.x[l], &want.x);
@@ -153,13 +160,13 @@ pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, rng: &mut See
     let grad = trainer.gradient()?;
     let layout = Layout::new(&config);
     let (e, name) = worst_tensor(&layout, &grad, &back.grad, false);
-    out.push(Check { kernel: format!("transformer backward, worst: ∂{name}"), shape: shape.clone(), rel_error: e, tolerance: KERNEL_TOLERANCE });
+    out.push(Check { kernel: format!("transformer backward, worst: ∂{name}"), shape: shape.clone(), rel_error: e, tolerance });
     let d_embed = trainer.embedding_sum_gradient()?;
     out.push(Check {
         kernel: "transformer backward ∂(tok_emb + pos_emb)".into(),
         shape,
         rel_error: rel_error(&d_embed, &back.blocks[0].d_x),
-        tolerance: KERNEL_TOLERANCE,
+        tolerance,
     });
     Ok(out)
 }

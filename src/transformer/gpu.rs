@@ -109,6 +109,8 @@ pub struct GpuTransformer {
     buffers: StepBuffers,
     /// (steps, batch) and the graph of that many steps.
     captured: Option<(usize, usize, CudaGraph)>,
+    /// The linear layers' products on the tensor cores (TF32).
+    tf32: bool,
 }
 
 /// Tickets: one for the classifier, one for layernorm_backward, one for AdamW, then the linear tiles'.
@@ -170,6 +172,7 @@ impl GpuTransformer {
             losses: stream.alloc_zeros(1)?,
             buffers,
             captured: None,
+            tf32: false,
             attention_forward_shared,
             attention_backward_shared,
             kernels,
@@ -233,8 +236,19 @@ impl GpuTransformer {
         (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, rows.div_ceil(32).max(1))
     }
 
+    /// Runs the linear layers' products on the tensor cores in TF32 (operands rounded to a 10-bit
+    /// mantissa, fp32 accumulation), or in fp32 (the default).
+    pub fn set_tf32(&mut self, on: bool) {
+        if self.tf32 != on {
+            self.captured = None;
+            self.tf32 = on;
+        }
+    }
+
     fn ensure_batch(&mut self, batch: usize) -> Result<()> {
         if self.buffers.batch != batch {
+            // tf_embedding_backward stages the step's tokens in shared memory.
+            self.gpu.reserve_shared(&self.kernels.embedding_backward, 4 * batch * self.config.block, "--batch or --block")?;
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, &self.config, batch)?;
         }
@@ -274,7 +288,7 @@ impl GpuTransformer {
         let n = self.rows();
         let args = [
             input, self.param(&format!("{layer}.weight")), self.param(&format!("{layer}.bias")), out, pre,
-            Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32),
+            Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32), Arg::i32(self.tf32 as i32),
         ];
         let grid = (out_features.div_ceil(64) as u32, n.div_ceil(32) as u32);
         self.gpu.launch("tf_linear_forward", &self.kernels.linear_forward, grid, LINEAR_SHARED_BYTES as u32, false, &args)
@@ -292,6 +306,7 @@ impl GpuTransformer {
             dy, x, self.param(&format!("{layer}.weight")), Arg::i32(n as i32), Arg::i32(out_features as i32),
             Arg::i32(in_features as i32), Arg::i32(slices as i32), self.grad_of(&format!("{layer}.weight")),
             self.grad_of(&format!("{layer}.bias")), self.buf(&b.linear_partials), self.buf(&b.linear_tickets), dx, pre,
+            Arg::i32(self.tf32 as i32),
         ];
         self.launch("tf_linear_backward", &self.kernels.linear_backward, tiles * slices + dx_blocks, LINEAR_SHARED_BYTES, &args)
     }
@@ -421,7 +436,7 @@ impl GpuTransformer {
             "tf_embedding_backward",
             &self.kernels.embedding_backward,
             c.vocab + c.block,
-            0,
+            4 * n,
             &[
                 self.buf(&b.d_res), self.buf(&self.train), offsets, Arg::i32(n as i32), Arg::i32(c.vocab as i32),
                 self.grad_of("tok_emb.weight"), self.grad_of("pos_emb.weight"),

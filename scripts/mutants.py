@@ -38,6 +38,19 @@ MUTATIONS = [
      "for (int q = 1; q < GROUPS; ++q)", "for (int q = 1; q < GROUPS - 1; ++q)", "sales"),
     ("padding units learn (xor, sigmoid)", "xor.cu", "        if (unit) {\n            u0 -= lr * g0;",
      "        if (true) {\n            u0 -= lr * g0;", "xor"),
+    ("attention backward: dk without the 1/sqrt(hs) scale", "attention.cuh", "row[C] = dk * scale;", "row[C] = dk;",
+     "transformer"),
+    ("LayerNorm backward without its mean(g*xhat) term", "layernorm.cuh",
+     "const float dx = rstd * (g[i] - sum_g - xhat[i] * sum_gx);", "const float dx = rstd * (g[i] - sum_g);", "transformer"),
+    ("GELU slope without the tanh derivative", "activations.cuh",
+     "return 0.5f * (1.0f + th) + 0.5f * z * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * z2);",
+     "return 0.5f * (1.0f + th);", "transformer"),
+    ("AdamW's decay applied twice", "optim.cuh", "theta *= 1.0f - s.lr * s.weight_decay;",
+     "theta *= 1.0f - 2.0f * s.lr * s.weight_decay;", "transformer"),
+    ("a weight gradient's last row slice left out (transformer)", "transformer.cu",
+     "for (int s = 0; s < slices; ++s) g +=", "for (int s = 0; s < slices - 1; ++s) g +=", "transformer"),
+    ("TF32 mma: A fragment's second register from the wrong row", "gemm.cuh",
+     "a[i][1] = to_tf32(As[(k + tig) * LDA + m + 8]);", "a[i][1] = to_tf32(As[(k + tig) * LDA + m]);", "transformer"),
 ]
 
 

@@ -79,8 +79,10 @@ pub fn random_params(config: &Config, rng: &mut SeededRng) -> Vec<f32> {
     params
 }
 
+/// AdamW with ten times the default decay, so that 100 steps shrink the weights by a relative 1e-2
+/// and a wrong decay shows.
 fn adamw() -> OptimConfig {
-    OptimConfig { weight_decay: 0.01, ..OptimConfig::new(OptimKind::AdamW) }
+    OptimConfig { weight_decay: 0.1, ..OptimConfig::new(OptimKind::AdamW) }
 }
 
 /// The worst relative error over the tensors of `layout` and the tensor's name. With `skip_key_bias`,

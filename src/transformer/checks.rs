@@ -100,7 +100,7 @@ fn worst_tensor(layout: &Layout, got: &[f32], want: &[f32], skip_key_bias: bool)
         } else {
             rel_error(got, want)
         };
-        if !(e <= worst.0) {
+        if e.is_nan() || e > worst.0 {
             worst = (e, t.name.clone());
         }
     }
@@ -199,7 +199,7 @@ pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
     let (mut e, mut name) = worst_tensor(&Layout::new(&config), &got, &cpu.params, true);
     let gpu_losses: Vec<f32> = gpu_losses.iter().map(|&l| l as f32).collect();
     let loss_error = rel_error(&gpu_losses, &cpu_losses);
-    if !(loss_error <= e) {
+    if loss_error.is_nan() || loss_error > e {
         (e, name) = (loss_error, "the steps' losses".into());
     }
     Ok(Check {

@@ -122,7 +122,7 @@ impl GpuTransformer {
     pub fn new(gpu: Arc<Gpu>, config: Config, params: &[f32], optim: OptimConfig, corpus: &Corpus) -> Result<GpuTransformer> {
         config.validate()?;
         optim.validate()?;
-        if config.embed % 32 != 0 {
+        if !config.embed.is_multiple_of(32) {
             bail!("the GPU trainer needs --embed to be a multiple of 32, got {}", config.embed);
         }
         let layout = Layout::new(&config);

@@ -21,6 +21,12 @@ fn xor(out: &Path, extra: &[&str]) -> Output {
     textnet(&[&["xor", "--device", "cpu", "--epochs", "1000", "--out", out.to_str().unwrap()], extra].concat())
 }
 
+fn transformer(out: &Path, extra: &[&str]) -> Output {
+    let tiny = ["--device", "cpu", "--embed", "32", "--heads", "2", "--block", "16", "--batch", "4", "--eval-every", "10"];
+    let corpus = shakespeare();
+    textnet(&[&["transformer", corpus.to_str().unwrap()][..], &tiny, &["--steps", "20", "--out", out.to_str().unwrap()], extra].concat())
+}
+
 fn report(out: &Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
@@ -38,6 +44,7 @@ fn train_mnist_and_xor_report_in_one_shape() {
     let text_report = report(&train(&dir.path().join("t.safetensors"), &["--json"]));
     let mnist_report = report(&mnist(&dir.path().join("m.safetensors"), &["--json", "--val-split", "0.2"]));
     let xor_report = report(&xor(&dir.path().join("x.safetensors"), &["--json"]));
+    let transformer_report = report(&transformer(&dir.path().join("tf.safetensors"), &["--json"]));
     let top = strings(&[
         "baseline_val_loss",
         "command",
@@ -56,6 +63,7 @@ fn train_mnist_and_xor_report_in_one_shape() {
     assert_eq!(keys(&text_report), top);
     assert_eq!(keys(&mnist_report), top);
     assert_eq!(keys(&xor_report), top);
+    assert_eq!(keys(&transformer_report), top);
 
     for (r, command) in [(&text_report, "train"), (&mnist_report, "mnist")] {
         assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some(command), Some("ok")));
@@ -99,6 +107,25 @@ fn train_mnist_and_xor_report_in_one_shape() {
     }
     assert!(r["final"]["loss"].as_f64().is_some_and(f64::is_finite));
     assert_eq!(r["final"]["predictions"].as_array().map(Vec::len), Some(4));
+
+    // The Transformer counts steps, not epochs: a row is an evaluation (every --eval-every steps) and
+    // carries its last step; its final is the last evaluation's.
+    let r = &transformer_report;
+    assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some("transformer"), Some("ok")));
+    assert_eq!(r["textnet"], env!("CARGO_PKG_VERSION"));
+    assert_eq!((r["device"].as_str(), r["kept_epoch"].as_u64()), (Some("cpu"), Some(2)));
+    assert!(r["model"].as_str().unwrap().ends_with(".safetensors"));
+    for key in ["out", "keep", "lr", "steps", "batch", "seed", "device"] {
+        assert!(!r["config"][key].is_null(), "transformer: config.{key}");
+    }
+    assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
+    assert!(r["data"]["train_chars"].as_u64().unwrap() > 0 && r["data"]["val_chars"].as_u64().unwrap() > 0);
+    let row = &r["epochs"][1];
+    assert_eq!((row["epoch"].as_u64(), row["step"].as_u64()), (Some(2), Some(20)));
+    for key in ["train_loss", "val_loss", "samples_per_s", "elapsed_s"] {
+        assert!(row[key].as_f64().is_some_and(f64::is_finite), "transformer: epochs[1].{key} in {row}");
+    }
+    assert_eq!(r["final"]["val_loss"], row["val_loss"], "transformer: final is the last evaluation's");
 }
 
 #[test]
@@ -108,6 +135,7 @@ fn quiet_prints_nothing_on_success() {
         ("train", train(&dir.path().join("t.safetensors"), &["--quiet"])),
         ("mnist", mnist(&dir.path().join("m.safetensors"), &["--quiet"])),
         ("xor", xor(&dir.path().join("x.safetensors"), &["--quiet"])),
+        ("transformer", transformer(&dir.path().join("tf.safetensors"), &["--quiet"])),
     ] {
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
         assert_eq!((text(&out.stdout).as_str(), text(&out.stderr).as_str()), ("", ""), "{name} --quiet");
@@ -117,6 +145,7 @@ fn quiet_prints_nothing_on_success() {
         ("train", train(&dir.path().join("t2.safetensors"), &["--quiet", "--json"])),
         ("mnist", mnist(&dir.path().join("m2.safetensors"), &["--quiet", "--json"])),
         ("xor", xor(&dir.path().join("x2.safetensors"), &["--quiet", "--json"])),
+        ("transformer", transformer(&dir.path().join("tf2.safetensors"), &["--quiet", "--json"])),
     ] {
         assert_eq!(text(&out.stderr), "", "{name} --quiet --json");
         assert_eq!(report(&out)["command"], name);

@@ -112,7 +112,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
     }
     crate::resources::check_epochs(args.epochs)?;
     let optim = args.optim.config()?;
-    fsutil::check_output(&args.out, &[("the table", &file)])?;
+    fsutil::check_output(&args.out, &[("table", &file)])?;
     let existing = existing_out(&args.out)?;
     let mut options = LoadOptions::new(schema(&args)?);
     options.skip_bad_rows = args.skip_bad_rows;
@@ -324,7 +324,7 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     match &args.predictions {
         Some(path) => {
-            fsutil::check_output(path, &[("the model", model_path), ("the table", new)])
+            fsutil::check_output(path, &[("model", model_path), ("table", new)])
                 .context("--predictions")?;
             fsutil::write_atomic(path, out.as_bytes())?;
         }

@@ -12,6 +12,7 @@ use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::optim::{OptimConfig, OptimKind};
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use crate::resources::{self, MemoryNeed};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use serde_json::json;
@@ -63,7 +64,7 @@ pub struct TransformerArgs {
     #[arg(long)]
     pub tf32: bool,
     /// Where to write the model (.safetensors); a Transformer already there is replaced only by one of
-    /// lower validation loss
+    /// equal or lower validation loss
     #[arg(long, default_value = "transformer.safetensors")]
     pub out: PathBuf,
     /// Print errors only (the --json report still comes)
@@ -90,7 +91,26 @@ impl TransformerArgs {
         }
         let config = Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
         config.validate()?;
+        self.memory_need().check(resources::available_memory())?;
         Ok(config)
+    }
+
+    /// What a run holds at once, counted before anything is allocated: the parameters with their
+    /// gradient and AdamW's two moments, a step's activations (18·embed + the vocabulary a row per block,
+    /// about as much again for the gradients), and an evaluation interval's batch offsets.
+    fn memory_need(&self) -> MemoryNeed {
+        let (v, t, c, l) = (self.vocab as u64, self.block as u64, self.embed as u64, self.layers as u64);
+        let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
+        let params = l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
+        let rows = (self.batch as u64).saturating_mul(t);
+        let row_floats = l.saturating_mul(18 * c).saturating_add(12 * c).saturating_add(v);
+        MemoryNeed {
+            parts: vec![
+                ("the parameters and AdamW's state", params.saturating_mul(16), "--embed or --layers"),
+                ("a step's activations", rows.saturating_mul(row_floats).saturating_mul(8), "--batch, --block or --layers"),
+                ("an evaluation interval's batches", (self.eval_every as u64).saturating_mul(self.batch as u64).saturating_mul(4), "--eval-every"),
+            ],
+        }
     }
 
     fn optim(&self) -> Result<OptimConfig> {
@@ -139,7 +159,7 @@ impl Trainer {
 pub fn run(args: TransformerArgs) -> Result<()> {
     let shape = args.check()?;
     let optim = args.optim()?;
-    fsutil::check_output(&args.out, &[("the corpus", &args.corpus)])?;
+    fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
     let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
     let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };
@@ -167,7 +187,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     ));
     let baseline = existing.as_ref().map(|old| {
         display.line(&format!(
-            "--out {} already holds a Transformer of validation loss {:.4}; only a better one replaces it",
+            "--out {} already holds a Transformer of validation loss {:.4}; only one at least as good replaces it",
             args.out.display(),
             old.val_loss
         ));
@@ -223,7 +243,8 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         rows.push(row);
     }
     let seconds = start.elapsed().as_secs_f64();
-    let written = diverged.is_none() && baseline.is_none_or(|b| last_val < b);
+    // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
+    let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
     let out = args.out.display();
     if written {
         let model = TransformerModel { config, vocab: corpus.vocab.clone(), params: trainer.params()?, val_loss: last_val as f32, steps: args.steps };
@@ -233,7 +254,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     let outcome = match baseline {
         _ if written => String::new(),
         Some(b) if diverged.is_none() => {
-            format!("nothing written: the run's validation loss {last_val:.4} is not below the {b:.4} of the model {out} holds, so it is unchanged")
+            format!("nothing written: the run's validation loss {last_val:.4} is above the {b:.4} of the model {out} holds, so it is unchanged")
         }
         _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
         _ => format!("nothing written to {out}"),

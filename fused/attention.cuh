@@ -3,9 +3,12 @@
 //
 //   forward   a warp per query row t: s_u = q_t·k_u/√hs for u ≤ t, p = softmax(s), y_t = Σ_u p_u·v_u.
 //             Saves only lse_t = max + log Σ exp, from which the backward pass rebuilds p.
-//   backward  p_tu = exp(s_tu − lse_t), dp_tu = dy_t·v_u, D_t = Σ_u p_tu·dp_tu, ds_tu = p_tu·(dp_tu − D_t);
-//             dq_t = Σ_u ds_tu·k_u/√hs, dk_u = Σ_t ds_tu·q_t/√hs, dv_u = Σ_t p_tu·dy_t: each output is one
-//             thread's sum in a fixed order, so no atomics.
+//   backward  a block per (sequence, head, chunk of 64 keys), so that its shared memory does not grow
+//             with T²: over the query rows t ≥ the chunk's first key, 64 at a time, p_tu = exp(s_tu −
+//             lse_t), dp_tu = dy_t·v_u, D_t = dy_t·y_t, ds_tu = p_tu·(dp_tu − D_t); dk_u = Σ_t ds_tu·q_t/√hs
+//             and dv_u = Σ_t p_tu·dy_t in registers, and the chunk's share of dq_t = Σ_u ds_tu·k_u/√hs to
+//             global memory; the last chunk of the (sequence, head) to finish adds the shares in chunk
+//             order. Each output is a sum in a fixed order, so no atomics.
 //
 // q, k and v of head h are columns h·HS … of the row's [q | k | v] (row stride 3C); y, dy have stride C.
 // Shared memory: attention_forward_floats / attention_backward_floats (the launch layer mirrors them).
@@ -15,9 +18,11 @@
 template <int T, int HS>
 struct AttentionSizes {
     static constexpr int LD = HS + 1;  // q, k, v rows, padded against bank conflicts
-    static constexpr int LDP = T + 1;  // score rows
     static constexpr int FORWARD_FLOATS = 3 * T * LD + WARPS * T;
-    static constexpr int BACKWARD_FLOATS = 4 * T * LD + 2 * T * LDP + T;
+    // The backward pass takes keys and queries KC at a time.
+    static constexpr int KC = T < 64 ? T : 64;
+    static constexpr int CHUNKS = (T + KC - 1) / KC;
+    static constexpr int BACKWARD_FLOATS = 4 * KC * LD + 2 * KC * (KC + 1) + 2 * KC;
 };
 
 // Stages rows [0, len) of q, k, v (and dy when given) for head h into shared memory.
@@ -83,55 +88,101 @@ __device__ __forceinline__ void attention_forward(const float* qkv, int C, int h
     }
 }
 
+// The backward pass of keys [u0, u0 + KC) (chunk `chunk`) of one (sequence, head), over query rows in
+// chunks of QC: dk, dv of those keys in registers, and this chunk's share of dq for every query row
+// t ≥ u0 into dq_part (rows × HS, unscaled). y is the forward output (for D_t = dy_t·y_t).
 template <int T, int HS>
-__device__ __forceinline__ void attention_backward(const float* qkv, const float* dy, const float* lse, int C, int h,
-                                                   int len, float* dqkv, float* smem) {
+__device__ __forceinline__ void attention_backward_keys(const float* qkv, const float* y, const float* dy,
+                                                        const float* lse, int C, int h, int len, int chunk,
+                                                        float* dqkv, float* dq_part, float* smem) {
     using S = AttentionSizes<T, HS>;
-    constexpr int LD = S::LD, LDP = S::LDP;
-    float *q = smem, *k = q + T * LD, *v = k + T * LD, *dys = v + T * LD;
-    float *p = dys + T * LD, *ds = p + T * LDP, *D = ds + T * LDP;
-    attention_stage<T, HS>(qkv, dy, C, h, len, q, k, v, dys);
+    constexpr int LD = S::LD, KC = S::KC, QC = S::KC, LDC = KC + 1, PAIRS = (KC * HS + THREADS - 1) / THREADS;
+    float *ks = smem, *vs = ks + KC * LD, *qs = vs + KC * LD, *dys = qs + QC * LD;
+    float *p = dys + QC * LD, *ds = p + QC * LDC, *D = ds + QC * LDC, *lse_s = D + QC;
+    const int u0 = chunk * KC, nk = min(KC, len - u0);
     const float scale = 1.0f / sqrtf((float)HS);
-    for (int i = threadIdx.x; i < len * len; i += THREADS) {
-        const int t = i / len, u = i % len;
-        float pt = 0.0f, dp = 0.0f;
-        if (u <= t) {
-            float dot = 0.0f;
+    for (int i = threadIdx.x; i < nk * HS; i += THREADS) {
+        const int j = i / HS, d = i % HS;
+        const float* row = qkv + (size_t)(u0 + j) * 3 * C + h * HS + d;
+        ks[j * LD + d] = row[C];
+        vs[j * LD + d] = row[2 * C];
+    }
+    float dk[PAIRS], dv[PAIRS];
 #pragma unroll
-            for (int d = 0; d < HS; ++d) {
-                dot = fmaf(q[t * LD + d], k[u * LD + d], dot);
-                dp = fmaf(dys[t * LD + d], v[u * LD + d], dp);
-            }
-            pt = expf(dot * scale - lse[t]);
-        }
-        p[t * LDP + u] = pt;
-        ds[t * LDP + u] = dp;
-    }
-    __syncthreads();
+    for (int r = 0; r < PAIRS; ++r) dk[r] = dv[r] = 0.0f;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int t = warp; t < len; t += WARPS) {
-        float sum = 0.0f;
-        for (int u = lane; u <= t; u += 32) sum = fmaf(p[t * LDP + u], ds[t * LDP + u], sum);
-        sum = warp_sum(sum);
-        if (lane == 0) D[t] = sum;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < len * len; i += THREADS) {
-        const int t = i / len, u = i % len;
-        ds[t * LDP + u] = p[t * LDP + u] * (ds[t * LDP + u] - D[t]);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < len * HS; i += THREADS) {
-        const int r = i / HS, d = i % HS;
-        float dq = 0.0f, dk = 0.0f, dv = 0.0f;
-        for (int u = 0; u <= r; ++u) dq = fmaf(ds[r * LDP + u], k[u * LD + d], dq);
-        for (int t = r; t < len; ++t) {
-            dk = fmaf(ds[t * LDP + r], q[t * LD + d], dk);
-            dv = fmaf(p[t * LDP + r], dys[t * LD + d], dv);
+    for (int t0 = u0; t0 < len; t0 += QC) {
+        const int nq = min(QC, len - t0);
+        __syncthreads();  // the previous chunk's readers are done
+        for (int i = threadIdx.x; i < nq * HS; i += THREADS) {
+            const int r = i / HS, d = i % HS;
+            qs[r * LD + d] = qkv[(size_t)(t0 + r) * 3 * C + h * HS + d];
+            dys[r * LD + d] = dy[(size_t)(t0 + r) * C + h * HS + d];
         }
-        float* row = dqkv + (size_t)r * 3 * C + h * HS + d;
-        row[0] = dq * scale;
-        row[C] = dk * scale;
-        row[2 * C] = dv;
+        for (int r = warp; r < nq; r += WARPS) {
+            float sum = 0.0f;
+            for (int d = lane; d < HS; d += 32) sum = fmaf(dy[(size_t)(t0 + r) * C + h * HS + d], y[(size_t)(t0 + r) * C + h * HS + d], sum);
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                D[r] = sum;
+                lse_s[r] = lse[t0 + r];
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < nq * nk; i += THREADS) {
+            const int r = i / nk, j = i % nk;
+            float pt = 0.0f, dst = 0.0f;
+            if (u0 + j <= t0 + r) {
+                float dot = 0.0f, dp = 0.0f;
+#pragma unroll
+                for (int d = 0; d < HS; ++d) {
+                    dot = fmaf(qs[r * LD + d], ks[j * LD + d], dot);
+                    dp = fmaf(dys[r * LD + d], vs[j * LD + d], dp);
+                }
+                pt = expf(dot * scale - lse_s[r]);
+                dst = pt * (dp - D[r]);
+            }
+            p[r * LDC + j] = pt;
+            ds[r * LDC + j] = dst;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < PAIRS; ++q) {
+            const int i = threadIdx.x + q * THREADS, j = i / HS, d = i % HS;
+            if (j >= nk) continue;
+            for (int r = 0; r < nq; ++r) {
+                dv[q] = fmaf(p[r * LDC + j], dys[r * LD + d], dv[q]);
+                dk[q] = fmaf(ds[r * LDC + j], qs[r * LD + d], dk[q]);
+            }
+        }
+        for (int i = threadIdx.x; i < nq * HS; i += THREADS) {
+            const int r = i / HS, d = i % HS;
+            float dq = 0.0f;
+            for (int j = 0; j < nk; ++j) dq = fmaf(ds[r * LDC + j], ks[j * LD + d], dq);
+            dq_part[(size_t)(t0 + r) * HS + d] = dq;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < PAIRS; ++q) {
+        const int i = threadIdx.x + q * THREADS, j = i / HS, d = i % HS;
+        if (j >= nk) continue;
+        float* row = dqkv + (size_t)(u0 + j) * 3 * C + h * HS + d;
+        row[C] = dk[q] * scale;
+        row[2 * C] = dv[q];
+    }
+}
+
+// dq of one (sequence, head) from the key chunks' shares, added in chunk order (row t has shares from
+// the chunks with u0 ≤ t). part_stride: floats between two chunks' shares.
+template <int T, int HS>
+__device__ __forceinline__ void attention_backward_dq(const float* dq_part, size_t part_stride, int C, int h, int len,
+                                                      float* dqkv) {
+    constexpr int KC = AttentionSizes<T, HS>::KC;
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int i = threadIdx.x; i < len * HS; i += THREADS) {
+        const int t = i / HS, d = i % HS;
+        float dq = 0.0f;
+        for (int c = 0; c <= t / KC; ++c) dq += __ldcg(&dq_part[c * part_stride + (size_t)t * HS + d]);
+        dqkv[(size_t)t * 3 * C + h * HS + d] = dq * scale;
     }
 }

@@ -17,7 +17,8 @@
 //   tf_linear_backward     dW, db = Σ_rows dy·[x | 1] (each tile over row slices, the slices added in
 //                          order by the tile's last block) and dx = dy·W (× GELU′ of `pre`), one launch
 //   tf_layernorm_backward  dx added into the residual gradient; dw, db from per-block partials
-//   tf_attention_backward  dq, dk, dv of a (sequence, head), p rebuilt from the saved log-sum-exp
+//   tf_attention_backward  dq, dk, dv of a (sequence, head) a chunk of keys per block, p rebuilt from the
+//                          saved log-sum-exp
 //   tf_embedding_backward  tok_emb and pos_emb gradients, each element one thread's sum in row order
 //   tf_adamw               every parameter in one launch (optim.cuh), the step count advanced once
 //
@@ -243,14 +244,22 @@ tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mea
     if (threadIdx.x == 0) *ticket = 0;
 }
 
-// Grid B·heads.
+// Grid B·heads·CHUNKS (AttentionSizes): block (b, h, key chunk). dq_part: CHUNKS·N·C floats; tickets: one
+// per (b, h).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_attention_backward(const float* __restrict__ qkv, const float* __restrict__ dy, const float* __restrict__ lse,
-                      float* __restrict__ dqkv, int heads) {
+tf_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
+                      const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int N,
+                      float* __restrict__ dq_part, unsigned* __restrict__ tickets) {
     extern __shared__ float smem[];
-    const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-    attention_backward<T, HS>(qkv + (size_t)b * T * 3 * C, dy + (size_t)b * T * C, lse + ((size_t)b * heads + h) * T,
-                              C, h, T, dqkv + (size_t)b * T * 3 * C, smem);
+    constexpr int CHUNKS = AttentionSizes<T, HS>::CHUNKS;
+    const int chunk = blockIdx.x % CHUNKS, bh = blockIdx.x / CHUNKS, b = bh / heads, h = bh % heads;
+    const size_t rows = (size_t)b * T, part_stride = (size_t)N * C;
+    float* part = dq_part + ((size_t)bh * T) * HS;  // [chunk][B·heads][T][HS] as N·C floats per chunk
+    attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T, C, h, T, chunk,
+                                   dqkv + rows * 3 * C, part + chunk * part_stride, smem);
+    if (!last_block_to_finish(&tickets[bh], CHUNKS)) return;
+    attention_backward_dq<T, HS>(part, part_stride, C, h, T, dqkv + rows * 3 * C);
+    if (threadIdx.x == 0) tickets[bh] = 0;
 }
 
 // Grid V + T: block v < V sums the rows whose token is v into grad_tok[v]; block V + t sums position t's

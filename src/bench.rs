@@ -67,6 +67,9 @@ pub struct BenchArgs {
     /// transformer: the linear layers on the tensor cores in TF32
     #[arg(long)]
     pub tf32: bool,
+    /// transformer: the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64), 200 steps
+    #[arg(long)]
+    pub large: bool,
     /// sales: epochs
     #[arg(long, default_value_t = crate::sales::model::DEFAULT_EPOCHS)]
     pub epochs: usize,
@@ -94,7 +97,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
-        BenchTarget::Transformer => crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.tf32, args.json),
+        BenchTarget::Transformer => crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.tf32, args.large, args.json),
         BenchTarget::Sales => crate::sales::bench::bench(
             &gpu,
             &crate::sales::bench::SalesBenchOptions {

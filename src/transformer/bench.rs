@@ -1,7 +1,8 @@
 //! `textnet bench transformer`: 1000 training steps of the default model on a corpus (batch 32 × block
 //! 64, AdamW 1e-3), in graphs of 100 steps timed with device events (the graph captured before timing;
 //! the validation loss after each graph is timed apart), beside `benches/torch_transformer.py`; with
-//! --tf32 the linear layers run on the tensor cores (beside the twin's --tf32).
+//! --tf32 the linear layers run on the tensor cores (beside the twin's --tf32); with --large, 200 steps
+//! of the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64) in graphs of 50.
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
@@ -16,12 +17,21 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub const STEPS: usize = 1000;
-pub const BATCH: usize = 32;
-const CHUNK: usize = 100;
+/// A timed run: the model, batch, steps and the steps per graph.
+struct Run {
+    shape: Config,
+    batch: usize,
+    steps: usize,
+    chunk: usize,
+}
 
-pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, json: bool) -> Result<()> {
-    let shape = Config::new(256);
+/// The default model, 1000 steps of 32 windows.
+const DEFAULT: Run = Run { shape: Config { vocab: 256, block: 64, embed: 64, heads: 4, layers: 2 }, batch: 32, steps: 1000, chunk: 100 };
+/// The larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64): 200 steps, for tokens/s.
+const LARGE: Run = Run { shape: Config { vocab: 256, block: 256, embed: 384, heads: 6, layers: 6 }, batch: 64, steps: 200, chunk: 50 };
+
+pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, large: bool, json: bool) -> Result<()> {
+    let Run { shape, batch, steps, chunk } = if large { LARGE } else { DEFAULT };
     let corpus = Corpus::load(corpus_path, shape.vocab, shape.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };
     let optim = OptimConfig { weight_decay: 0.01, ..OptimConfig::new(OptimKind::AdamW) };
@@ -29,7 +39,7 @@ pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, json: bo
     let setup = Instant::now();
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
     trainer.set_tf32(tf32);
-    trainer.prepare(CHUNK, BATCH)?;
+    trainer.prepare(chunk, batch)?;
     let setup_s = setup.elapsed().as_secs_f64();
     let val_offsets = data::val_offsets(corpus.val.len(), config.block);
     let mut rng = SeededRng::seed_from_u64(seed);
@@ -38,52 +48,52 @@ pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, json: bo
     let mut rows = Vec::new();
     let mut last_loss = f64::NAN;
     let start = Instant::now();
-    for chunk in 0..STEPS / CHUNK {
-        let offsets: Vec<u32> = (0..CHUNK).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, BATCH)).collect();
+    for graph in 0..steps / chunk {
+        let offsets: Vec<u32> = (0..chunk).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, batch)).collect();
         let mut losses = Vec::new();
         train_ms += time_on_device(gpu, || {
-            losses = trainer.train_steps(&offsets, BATCH)?;
+            losses = trainer.train_steps(&offsets, batch)?;
             Ok(())
         })?;
         let mut val = 0.0;
         eval_ms += time_on_device(gpu, || {
-            val = trainer.val_loss(&val_offsets, BATCH)?;
+            val = trainer.val_loss(&val_offsets, batch)?;
             Ok(())
         })?;
         last_loss = *losses.last().unwrap_or(&f64::NAN);
         let mean = losses.iter().sum::<f64>() / losses.len() as f64;
-        rows.push(serde_json::json!({"step": (chunk + 1) * CHUNK, "train_loss": mean, "val_loss": val}));
+        rows.push(serde_json::json!({"step": (graph + 1) * chunk, "train_loss": mean, "val_loss": val}));
     }
     let wall_s = start.elapsed().as_secs_f64();
-    let tokens = (STEPS * BATCH * config.block) as f64;
+    let tokens = (steps * batch * config.block) as f64;
     let final_val = rows.last().map(|r| r["val_loss"].as_f64().unwrap_or(f64::NAN)).unwrap_or(f64::NAN);
     let out = serde_json::json!({
         "device": gpu.describe(),
         "corpus": corpus_path.display().to_string(),
         "config": {"vocab": config.vocab, "block": config.block, "embed": config.embed, "heads": config.heads,
-                   "layers": config.layers, "batch": BATCH, "steps": STEPS, "optimizer": optim.describe(), "seed": seed,
+                   "layers": config.layers, "batch": batch, "steps": steps, "optimizer": optim.describe(), "seed": seed,
                    "linear_layers": if tf32 { "tf32 tensor cores" } else { "fp32" }},
         "params": params.len(),
         "setup_s": setup_s,
         "train_s": train_ms / 1e3,
         "eval_s": eval_ms / 1e3,
         "wall_s": wall_s,
-        "ms_per_step": train_ms / STEPS as f64,
+        "ms_per_step": train_ms / steps as f64,
         "tokens_per_s": tokens / (train_ms / 1e3),
         "final_train_loss": last_loss,
         "final_val_loss": final_val,
         "evals": rows,
-        "timing": "device events around each graph of 100 training steps (captured before timing), summed; validation timed apart",
+        "timing": format!("device events around each graph of {chunk} training steps (captured before timing), summed; validation timed apart"),
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "transformer on {}: {STEPS} steps in {:.3} s of training on the device ({:.3} ms/step, {:.0} tokens/s); \
+            "transformer on {}: {steps} steps in {:.3} s of training on the device ({:.3} ms/step, {:.0} tokens/s); \
              last step's loss {last_loss:.4}, validation loss {final_val:.4}",
             gpu.describe(),
             train_ms / 1e3,
-            train_ms / STEPS as f64,
+            train_ms / steps as f64,
             tokens / (train_ms / 1e3)
         );
     }

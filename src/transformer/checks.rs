@@ -33,9 +33,13 @@ pub const TF32_TOLERANCE: f64 = 1e-2;
 pub const TRAINING_TOLERANCE: f64 = 1e-3;
 const TRAINING_STEPS: usize = 100;
 
-/// (config, batch) of the kernel checks: a small model with two heads of 16, and the default one.
+/// (config, batch) of the kernel checks: a small model with two heads of 16, a block of 150 (the
+/// attention backward's three key chunks, the last one partial, and heads of 32), and the default one.
 fn kernel_shapes(quick: bool) -> Vec<(Config, usize)> {
-    let mut shapes = vec![(Config { vocab: 37, block: 16, embed: 32, heads: 2, layers: 2 }, 3)];
+    let mut shapes = vec![
+        (Config { vocab: 37, block: 16, embed: 32, heads: 2, layers: 2 }, 3),
+        (Config { vocab: 29, block: 150, embed: 64, heads: 2, layers: 1 }, 2),
+    ];
     if !quick {
         shapes.push((Config { vocab: 65, block: 64, embed: 64, heads: 4, layers: 2 }, 4));
     }

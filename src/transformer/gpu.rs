@@ -18,6 +18,8 @@ const LINEAR_SHARED_BYTES: usize = 4 * 32 * (33 + 65);
 /// Weight-gradient tile (WG_BM × WG_BN) and the rows per warp of tf_layernorm_backward.
 const WG_TILE: usize = 32;
 const LN_ROWS_PER_BLOCK: usize = WARPS * 4;
+/// Keys per block of tf_attention_backward (AttentionSizes::KC, for blocks of 64 and more).
+const ATTENTION_KEY_CHUNK: usize = 64;
 
 struct Kernels {
     embed_layernorm: CudaFunction,
@@ -66,6 +68,9 @@ struct StepBuffers {
     linear_partials: CudaSlice<f32>,
     linear_tickets: CudaSlice<u32>,
     ln_partials: CudaSlice<f32>,
+    /// tf_attention_backward's dq shares (one N × C per key chunk) and a ticket per (sequence, head).
+    dq_part: CudaSlice<f32>,
+    attention_tickets: CudaSlice<u32>,
 }
 
 /// What a GPU forward pass of one batch left, as `model::Forward` lays it out (for the kernel checks).
@@ -149,7 +154,8 @@ impl GpuTransformer {
         // attention.cuh's AttentionSizes.
         let (t, hs) = (config.block, config.head_size());
         let attention_forward_shared = 4 * (3 * t * (hs + 1) + WARPS * t);
-        let attention_backward_shared = 4 * (4 * t * (hs + 1) + 2 * t * (t + 1) + t);
+        let kc = t.min(ATTENTION_KEY_CHUNK);
+        let attention_backward_shared = 4 * (4 * kc * (hs + 1) + 2 * kc * (kc + 1) + 2 * kc);
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
         gpu.reserve_shared(&kernels.linear_forward, LINEAR_SHARED_BYTES, "--embed")?;
@@ -227,7 +233,13 @@ impl GpuTransformer {
             linear_partials: z(max_blocks * WG_TILE * WG_TILE)?,
             linear_tickets: s.alloc_zeros(max_tiles)?,
             ln_partials: z(rows.div_ceil(LN_ROWS_PER_BLOCK) * 2 * e)?,
+            dq_part: z(Self::key_chunks(c) * rows * e)?,
+            attention_tickets: s.alloc_zeros(batch * c.heads)?,
         })
+    }
+
+    fn key_chunks(c: &Config) -> usize {
+        c.block.div_ceil(c.block.min(ATTENTION_KEY_CHUNK))
     }
 
     /// Row slices per weight-gradient tile: about two blocks per SM over all tiles, each slice at least
@@ -425,9 +437,12 @@ impl GpuTransformer {
             self.launch(
                 "tf_attention_backward",
                 &self.kernels.attention_backward,
-                b.batch * c.heads,
+                b.batch * c.heads * Self::key_chunks(c),
                 self.attention_backward_shared,
-                &[self.buf(&a.qkv), self.buf(&b.d_y), self.buf(&a.lse), self.buf(&b.d_qkv), Arg::i32(c.heads as i32)],
+                &[
+                    self.buf(&a.qkv), self.buf(&a.y), self.buf(&b.d_y), self.buf(&a.lse), self.buf(&b.d_qkv),
+                    Arg::i32(c.heads as i32), Arg::i32(n as i32), self.buf(&b.dq_part), self.buf(&b.attention_tickets),
+                ],
             )?;
             self.linear_backward(self.buf(&b.d_qkv), self.buf(&a.ln1), &format!("{p}.attn.qkv"), 3 * e, e, self.buf(&b.d_ln), null)?;
             self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true)?;

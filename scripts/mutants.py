@@ -38,7 +38,7 @@ MUTATIONS = [
      "for (int q = 1; q < GROUPS; ++q)", "for (int q = 1; q < GROUPS - 1; ++q)", "sales"),
     ("padding units learn (xor, sigmoid)", "xor.cu", "        if (unit) {\n            u0 -= lr * g0;",
      "        if (true) {\n            u0 -= lr * g0;", "xor"),
-    ("attention backward: dk without the 1/sqrt(hs) scale", "attention.cuh", "row[C] = dk * scale;", "row[C] = dk;",
+    ("attention backward: dk without the 1/sqrt(hs) scale", "attention.cuh", "row[C] = dk[q] * scale;", "row[C] = dk[q];",
      "transformer"),
     ("LayerNorm backward without its mean(g*xhat) term", "layernorm.cuh",
      "const float dx = rstd * (g[i] - sum_g - xhat[i] * sum_gx);", "const float dx = rstd * (g[i] - sum_g);", "transformer"),

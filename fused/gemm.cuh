@@ -77,25 +77,15 @@ struct GemmStage {
     }
 };
 
-template <int BM, int BN, int BK, int TM, int TN, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Store>
-__device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
-                                          float* smem) {
-    using T = GemmTile<BM, BN, BK, TM, TN>;
-    float* As = smem;
-    float* Bs = smem + BK * T::LDA;
-    GemmStage<BM, BK, T::LDA, !A_TRANS> a_stage;
-    GemmStage<BN, BK, T::LDB, B_TRANS> b_stage;
+// Walks K a chunk of BK at a time through shared memory (As[k][m], Bs[k][n], rows padded by one), the next
+// chunk's loads in flight while this one is used: chunk(k_count) runs with k [k0, k0 + k_count) staged,
+// zero past K, between two barriers.
+template <int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Chunk>
+__device__ __forceinline__ void gemm_stages(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, float* As,
+                                            float* Bs, Chunk chunk) {
+    GemmStage<BM, BK, BM + 1, !A_TRANS> a_stage;
+    GemmStage<BN, BK, BN + 1, B_TRANS> b_stage;
     const auto b_by_row = [&](int n, int k) { return b_at(k, n); };
-
-    const int group = threadIdx.x / T::GROUP;
-    const int tm = threadIdx.x % T::GROUP / T::THREADS_N;
-    const int tn = threadIdx.x % T::THREADS_N;
-    float acc[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-
     a_stage.load(a_at, M, m0, K, 0);
     b_stage.load(b_by_row, N, n0, K, 0);
     for (int k0 = 0; k0 < K; k0 += BK) {
@@ -106,7 +96,27 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, A
             a_stage.load(a_at, M, m0, K, k0 + BK);
             b_stage.load(b_by_row, N, n0, K, k0 + BK);
         }
-        const int k_count = min(BK, K - k0);
+        chunk(min(BK, K - k0));
+        __syncthreads();
+    }
+}
+
+template <int BM, int BN, int BK, int TM, int TN, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Store>
+__device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
+                                          float* smem) {
+    using T = GemmTile<BM, BN, BK, TM, TN>;
+    float* As = smem;
+    float* Bs = smem + BK * T::LDA;
+    const int group = threadIdx.x / T::GROUP;
+    const int tm = threadIdx.x % T::GROUP / T::THREADS_N;
+    const int tn = threadIdx.x % T::THREADS_N;
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+    gemm_stages<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, As, Bs, [&](int k_count) {
 #pragma unroll 4
         for (int k = group; k < k_count; k += T::KSPLIT) {
             float a[TM], b[TN];
@@ -119,8 +129,7 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, A
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
-        __syncthreads();
-    }
+    });
 
     if constexpr (T::KSPLIT == 1) {
 #pragma unroll
@@ -170,9 +179,6 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
     static_assert(MW % 16 == 0 && NW % 8 == 0 && BK % 8 == 0, "the warp tiles must be whole m16n8k8 tiles");
     float* As = smem;
     float* Bs = smem + BK * LDA;
-    GemmStage<BM, BK, LDA, !A_TRANS> a_stage;
-    GemmStage<BN, BK, LDB, B_TRANS> b_stage;
-    const auto b_by_row = [&](int n, int k) { return b_at(k, n); };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     const int wm = warp / WN * MW, wn = warp % WN * NW;
     float acc[MT][NT][4];
@@ -183,19 +189,9 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
 
-    a_stage.load(a_at, M, m0, K, 0);
-    b_stage.load(b_by_row, N, n0, K, 0);
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        a_stage.store(As);
-        b_stage.store(Bs);
-        __syncthreads();
-        if (k0 + BK < K) {
-            a_stage.load(a_at, M, m0, K, k0 + BK);
-            b_stage.load(b_by_row, N, n0, K, k0 + BK);
-        }
-        const int k_end = min(BK, K - k0);  // the stage is zero past K
+    gemm_stages<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, As, Bs, [&](int k_count) {
 #pragma unroll 2
-        for (int k = 0; k < k_end; k += 8) {
+        for (int k = 0; k < k_count; k += 8) {  // the stage is zero past K
             unsigned a[MT][4], b[NT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
@@ -221,8 +217,7 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
                         : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
                         : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
         }
-        __syncthreads();
-    }
+    });
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll

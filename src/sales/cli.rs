@@ -286,13 +286,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
         }
         .print()?;
     }
-    if let Some(d) = diverged {
-        bail!("{d}; {outcome}; try a lower --lr");
-    }
-    if !written {
-        bail!("{outcome}");
-    }
-    Ok(())
+    report::conclude(diverged.as_ref(), written, &outcome, "try a lower --lr")
 }
 
 /// The sales model already at `out` (anything else there is refused).

@@ -297,11 +297,5 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         };
         report.print()?;
     }
-    if let Some(d) = diverged {
-        bail!("{d}; {outcome}; try a lower --lr (this run used {})", args.lr);
-    }
-    if !written {
-        bail!("{outcome}");
-    }
-    Ok(())
+    report::conclude(diverged.as_ref(), written, &outcome, &format!("try a lower --lr (this run used {})", args.lr))
 }

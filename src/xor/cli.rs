@@ -231,13 +231,7 @@ pub fn run(args: XorArgs) -> Result<()> {
         };
         report.print()?;
     }
-    if let Some(d) = diverged {
-        bail!("{d}; {outcome}; try a lower --lr (this run used {})", args.lr);
-    }
-    if !written {
-        bail!("{outcome}");
-    }
-    Ok(())
+    report::conclude(diverged.as_ref(), written, &outcome, &format!("try a lower --lr (this run used {})", args.lr))
 }
 
 /// Six decimals, or three significant digits below 0.0001, where a trained model's loss often is.

@@ -119,10 +119,12 @@ tf_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float
 }
 
 // Grid ceil(N / WARPS): row r's loss −log softmax(logits_r)[target] into row_loss[r], logits_r ←
-// (softmax − onehot)·scale. The last block adds the rows' losses in row order to *loss_sum.
+// (softmax − onehot)·scale. The last block adds the losses of rows [0, counted) in row order to
+// *loss_sum (a padded evaluation batch counts its real windows only).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, const unsigned* __restrict__ offsets, int N,
-              int V, float scale, float* __restrict__ row_loss, unsigned* __restrict__ ticket, double* __restrict__ loss_sum) {
+              int V, float scale, float* __restrict__ row_loss, int counted, unsigned* __restrict__ ticket,
+              double* __restrict__ loss_sum) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row < N) {
         float* z = logits + (size_t)row * V;
@@ -142,9 +144,9 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
     if (!last_block_to_finish(ticket)) return;
     // Each thread adds a run of rows, then the runs are added pairwise in a fixed tree.
     __shared__ double partial[THREADS];
-    const int per = ceil_div(N, THREADS), r0 = threadIdx.x * per;
+    const int per = ceil_div(counted, THREADS), r0 = threadIdx.x * per;
     double total = 0.0;
-    for (int r = r0; r < min(N, r0 + per); ++r) total += __ldcg(&row_loss[r]);
+    for (int r = r0; r < min(counted, r0 + per); ++r) total += __ldcg(&row_loss[r]);
     partial[threadIdx.x] = total;
     __syncthreads();
     for (int stride = THREADS / 2; stride > 0; stride /= 2) {

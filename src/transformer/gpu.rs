@@ -337,8 +337,9 @@ impl GpuTransformer {
     }
 
     /// The forward pass of the batch at `offsets` (device pointer to `batch` offsets into `data`), ending
-    /// with the classifier: row losses, dlogits scaled by `scale`, the rows' loss sum added to `loss_sum`.
-    fn enqueue_forward(&self, data: Arg, offsets: Arg, scale: f32, loss_sum: Arg) -> Result<()> {
+    /// with the classifier: row losses, dlogits scaled by `scale`, the loss sum of the first `counted`
+    /// rows added to `loss_sum`.
+    fn enqueue_forward(&self, data: Arg, offsets: Arg, scale: f32, counted: usize, loss_sum: Arg) -> Result<()> {
         let c = &self.config;
         let n = self.rows();
         let (e, f) = (c.embed, c.ffn());
@@ -413,7 +414,8 @@ impl GpuTransformer {
             0,
             &[
                 self.buf(&b.logits), data, offsets, Arg::i32(n as i32), Arg::i32(c.vocab as i32), Arg::f32(scale),
-                self.buf(&b.row_loss), Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_CLASSIFIER as u64), loss_sum,
+                self.buf(&b.row_loss), Arg::i32(counted as i32), Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_CLASSIFIER as u64),
+                loss_sum,
             ],
         )
     }
@@ -479,7 +481,7 @@ impl GpuTransformer {
     /// One training step on the batch whose offsets are at `offsets`, its loss sum added at `loss_sum`.
     fn enqueue_step(&self, offsets: Arg, loss_sum: Arg) -> Result<()> {
         let scale = 1.0 / self.rows() as f32;
-        self.enqueue_forward(self.buf(&self.train), offsets, scale, loss_sum)?;
+        self.enqueue_forward(self.buf(&self.train), offsets, scale, self.rows(), loss_sum)?;
         self.enqueue_backward(offsets)?;
         self.enqueue_update()
     }
@@ -543,7 +545,7 @@ impl GpuTransformer {
         self.check_offsets(offsets, self.val.len(), "validation")?;
         self.ensure_batch(batch)?;
         let stream = self.gpu.stream.clone();
-        let mut sum_dev: CudaSlice<f64> = stream.alloc_zeros(1)?;
+        let sum_dev: CudaSlice<f64> = stream.alloc_zeros(1)?;
         let mut window_offsets: CudaSlice<u32> = stream.alloc_zeros(batch)?;
         let mut rows = 0usize;
         for chunk in offsets.chunks(batch) {
@@ -551,19 +553,9 @@ impl GpuTransformer {
             let mut padded = chunk.to_vec();
             padded.resize(batch, chunk[0]);
             stream.memcpy_htod(&padded, &mut window_offsets)?;
-            if chunk.len() == batch {
-                self.enqueue_forward(self.buf(&self.val), self.buf(&window_offsets), 0.0, self.buf(&sum_dev))?;
-            } else {
-                let mut one: CudaSlice<f64> = stream.alloc_zeros(1)?;
-                self.enqueue_forward(self.buf(&self.val), self.buf(&window_offsets), 0.0, self.buf(&one))?;
-                let row_loss = stream.clone_dtoh(&self.buffers.row_loss)?;
-                let extra: f64 = row_loss[..chunk.len() * self.config.block].iter().map(|&x| x as f64).sum();
-                let mut host = stream.clone_dtoh(&sum_dev)?;
-                host[0] += extra;
-                stream.memcpy_htod(&host, &mut sum_dev)?;
-                stream.memset_zeros(&mut one)?;
-            }
-            rows += chunk.len() * self.config.block;
+            let counted = chunk.len() * self.config.block;
+            self.enqueue_forward(self.buf(&self.val), self.buf(&window_offsets), 0.0, counted, self.buf(&sum_dev))?;
+            rows += counted;
         }
         let sum = stream.clone_dtoh(&sum_dev).context("a Transformer evaluation kernel failed")?;
         Ok(sum[0] / rows.max(1) as f64)
@@ -599,10 +591,10 @@ impl GpuTransformer {
             }
         }
         poison(&mut self.grad)?;
-        let mut dev_offsets: CudaSlice<u32> = stream.clone_htod(offsets)?;
-        let mut sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
+        let dev_offsets: CudaSlice<u32> = stream.clone_htod(offsets)?;
+        let sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
         let scale = 1.0 / self.rows() as f32;
-        self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.buf(&sum))?;
+        self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum))?;
         let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> { stream.clone_dtoh(buf).context("a Transformer forward kernel failed") };
         let b = &self.buffers;
         let mut out = ForwardOut::default();
@@ -621,8 +613,6 @@ impl GpuTransformer {
         out.losses = get(&b.row_loss)?;
         self.enqueue_backward(self.buf(&dev_offsets))?;
         stream.synchronize().context("a Transformer backward kernel failed")?;
-        stream.memset_zeros(&mut dev_offsets)?;
-        stream.memset_zeros(&mut sum)?;
         Ok(out)
     }
 

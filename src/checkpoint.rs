@@ -8,9 +8,41 @@
 //!   `--keep last` writes each.
 //!
 //! So a run never replaces a model with a worse one, a run that diverges before its first epoch ends
-//! writes nothing, and one that diverges later leaves the epoch last written.
+//! writes nothing, and one that diverges later leaves the epoch last written. An epoch counts as kept
+//! only once its write has succeeded: a failed write (a full disk, an immutable file) leaves the file
+//! as it was, and the closing line says so.
 
+use anyhow::{Result, bail};
 use std::path::Path;
+
+/// The help of every training command's `--overwrite`.
+pub const OVERWRITE_HELP: &str = "Replace the model at --out even when it was trained on other data or does better than \
+this run (by default a model there is replaced only by an epoch measured better on this run's data; a file of another \
+kind is never replaced)";
+
+/// The baseline of a run whose `--out` holds a model of the same data: that model's `loss` on this
+/// run's validation data. A loss that is not finite (a damaged or diverged model) could never be beaten,
+/// so it is refused with what to do.
+pub fn baseline(out: &Path, loss: f64, loss_name: &str) -> Result<f64> {
+    if !loss.is_finite() {
+        bail!(
+            "--out {} holds a model whose outputs on this data are not finite ({loss_name} {loss}), so no epoch could \
+             beat it; remove it, choose another --out, or pass --overwrite",
+            out.display()
+        );
+    }
+    Ok(loss)
+}
+
+/// The error of a run whose `--out` holds a model of the same kind trained on other data (`what`, e.g.
+/// "a model of another vocabulary"), which this run's figures cannot be compared with.
+pub fn other_data(out: &Path, what: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--out {} holds {what}, which this run cannot be compared with, so it is not replaced; choose another \
+         --out, or pass --overwrite to replace it",
+        out.display()
+    )
+}
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keep {
@@ -38,27 +70,35 @@ pub struct Keeper {
     pub kept: Option<(usize, f64)>,
     /// The run's lowest validation loss so far, and its epoch.
     pub best: Option<(usize, f64)>,
+    /// A write of a kept epoch failed, so the file is as it was before that write.
+    pub write_failed: bool,
 }
 
 impl Keeper {
     pub fn new(keep: Keep, baseline: Option<f64>) -> Keeper {
-        Keeper { keep, baseline, kept: None, best: None }
+        Keeper { keep, baseline, kept: None, best: None, write_failed: false }
     }
 
-    /// Whether `epoch`, of validation loss `loss`, is to be written; if so it is recorded as kept.
-    pub fn offer(&mut self, epoch: usize, loss: f64) -> bool {
+    /// Offers `epoch`, of validation loss `loss`: when the rule keeps it, `write` writes it, and only
+    /// once that succeeded is it recorded as kept. Returns whether it was written.
+    pub fn offer(&mut self, epoch: usize, loss: f64, write: impl FnOnce() -> Result<()>) -> Result<bool> {
         if self.best.is_none_or(|(_, best)| loss < best) {
             self.best = Some((epoch, loss));
         }
         let beats_baseline = self.baseline.is_none_or(|b| loss < b);
-        let write = match self.keep {
+        let keep = match self.keep {
             Keep::Best => beats_baseline && self.kept.is_none_or(|(_, kept)| loss < kept),
             Keep::Last => beats_baseline,
         };
-        if write {
-            self.kept = Some((epoch, loss));
+        if !keep {
+            return Ok(false);
         }
-        write
+        if let Err(e) = write() {
+            self.write_failed = true;
+            return Err(e);
+        }
+        self.kept = Some((epoch, loss));
+        Ok(true)
     }
 
     /// What the file at `out` holds after the run, for its closing line: "OUT holds epoch 3 (val loss
@@ -67,7 +107,7 @@ impl Keeper {
         let out = path.display();
         match (self.kept, self.baseline, self.best) {
             (Some((epoch, loss)), _, _) => format!("{out} holds epoch {epoch} ({loss_name} {loss:.4})"),
-            (None, Some(baseline), Some((epoch, loss))) => format!(
+            (None, Some(baseline), Some((epoch, loss))) if !self.write_failed => format!(
                 "nothing written: no epoch beat the {loss_name} {baseline:.4} of the model the run started from \
                  (best: epoch {epoch}, {loss:.4}), so {out} is unchanged"
             ),

@@ -1,19 +1,27 @@
-//! Lines for the user that never panic and never stop a run: a closed stdout (`| head -1`) or stderr
-//! only silences them. After the first failed write to a stream nothing more is sent to it, so a run
-//! that lost its reader goes on to save its model and exits quietly.
+//! Lines for the user that never panic. A closed stdout (`| head -1`, EPIPE) only silences them: after
+//! it nothing more is sent there, a run that lost its reader goes on to save its model and exits
+//! quietly, and readers of standard input (`predict`) stop. Any other failed write to stdout (a full
+//! disk, /dev/full, an I/O error) loses the command's product, so it is kept and `finish` turns it into
+//! the command's error and a non-zero exit.
 
-use std::io::Write;
+use std::io::{ErrorKind, Write};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 static STDERR_CLOSED: AtomicBool = AtomicBool::new(false);
+/// The first failed write to stdout that was not EPIPE.
+static STDOUT_ERROR: Mutex<Option<std::io::Error>> = Mutex::new(None);
 
 /// `text` and a newline on stdout.
 pub fn out(text: &str) {
     if !STDOUT_CLOSED.load(Ordering::Relaxed) {
         let mut stdout = std::io::stdout().lock();
-        if writeln!(stdout, "{text}").and_then(|()| stdout.flush()).is_err() {
+        if let Err(e) = writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
             STDOUT_CLOSED.store(true, Ordering::Relaxed);
+            if e.kind() != ErrorKind::BrokenPipe {
+                STDOUT_ERROR.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            }
         }
     }
 }
@@ -28,4 +36,17 @@ pub fn err(text: &str) {
 /// `text` on stderr when `to_stderr`, else on stdout.
 pub fn line(to_stderr: bool, text: &str) {
     if to_stderr { err(text) } else { out(text) }
+}
+
+/// Whether stdout can take no more lines (its reader is gone, or a write failed).
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
+/// The end of every command: an error if something written to stdout was lost to anything but EPIPE.
+pub fn finish() -> anyhow::Result<()> {
+    match STDOUT_ERROR.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(e) => Err(anyhow::anyhow!("cannot write to standard output: {e}; what it should have printed is lost")),
+        None => Ok(()),
+    }
 }

@@ -13,8 +13,10 @@ const NAME_MAX: usize = 255;
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, flushed to disk, then
 /// renamed over the target. A crash or a full disk leaves either the old file or the new one, never half.
 /// A file it replaces keeps its permission bits; temporary files that an earlier, interrupted write to
-/// the same target left behind are removed.
+/// the same target left behind are removed. A symbolic link is written through: its target is replaced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let shown = path;
+    let path = &resolve_link(path);
     let dir = parent_dir(path);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
     remove_stale_temps(path);
@@ -31,48 +33,58 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result.with_context(|| format!("cannot write {}", path.display()))
+    result.with_context(|| format!("cannot write {}", shown.display()))
 }
 
 /// Checks, before any work, that `out` can receive what `write_atomic` will write there: it names a
 /// file (no trailing slash, not a directory, device, FIFO or socket), the name fits a file system, the
 /// directory exists (it is created) and takes a new file, and it is none of the run's `inputs`
-/// (`(what, path)` pairs, e.g. `("corpus", …)`), which writing it would destroy.
-pub fn check_output(out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+/// (`(what, path)` pairs, e.g. `("corpus", …)`), which writing it would destroy. An existing file
+/// without write permission is refused too, as `cp` and `rm` would ask first. The returned lock holds
+/// `out` for the run (see `OutputLock`); a symbolic link is checked and locked as its target.
+pub fn check_output(out: &Path, inputs: &[(&str, &Path)]) -> Result<OutputLock> {
+    check_output_named("--out", out, inputs)
+}
+
+/// `check_output` for an output given by another flag, e.g. `--predictions`.
+pub fn check_output_named(flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> Result<OutputLock> {
     let shown = out.display();
     if out.as_os_str().is_empty() {
-        bail!("--out must name a file");
+        bail!("{flag} must name a file");
     }
     let name = match out.file_name() {
         Some(name) if !out.as_os_str().as_bytes().ends_with(b"/") => name,
-        _ => bail!("--out {shown} is a directory name; give a file name"),
+        _ => bail!("{flag} {shown} is a directory name; give a file name"),
     };
     if name.len() > NAME_MAX {
         bail!(
-            "--out {shown}: the file name is {} bytes long, more than the {NAME_MAX} a file system accepts",
+            "{flag} {shown}: the file name is {} bytes long, more than the {NAME_MAX} a file system accepts",
             name.len()
         );
     }
     if let Ok(meta) = std::fs::metadata(out) {
         if meta.is_dir() {
-            bail!("--out {shown} is a directory; give a file name");
+            bail!("{flag} {shown} is a directory; give a file name");
         }
         if !meta.is_file() {
-            bail!("--out {shown} is not a regular file (a device, FIFO or socket); give a file name");
+            bail!("{flag} {shown} is not a regular file (a device, FIFO or socket); give a file name");
         }
         for (what, input) in inputs {
             if same_file(input, out) {
-                bail!("--out {shown} is the {what} {}; writing the model there would destroy it", input.display());
+                bail!("{flag} {shown} is the {what} {}; writing there would destroy it", input.display());
             }
+        }
+        if meta.permissions().readonly() {
+            bail!("{flag} {shown} is write-protected, so it is not replaced (make it writable or choose another {flag})");
         }
     }
     let dir = parent_dir(out);
     std::fs::create_dir_all(dir)
-        .with_context(|| format!("--out {shown}: cannot create directory {}", dir.display()))?;
+        .with_context(|| format!("{flag} {shown}: cannot create directory {}", dir.display()))?;
     let tmp = temp_path(out);
-    std::fs::File::create(&tmp).with_context(|| format!("--out {shown}: cannot write in {}", dir.display()))?;
+    std::fs::File::create(&tmp).with_context(|| format!("{flag} {shown}: cannot write in {}", dir.display()))?;
     let _ = std::fs::remove_file(&tmp);
-    Ok(())
+    lock_output(&resolve_link(out))
 }
 
 /// Whether `a` and `b` name the same existing file (through links, `..` or another spelling).
@@ -119,43 +131,134 @@ fn remove_stale_temps(path: &Path) {
     }
 }
 
-/// Opens an input file for reading. Anything but a regular file (a directory, a FIFO, a device) is
-/// refused, and opening never blocks: a FIFO without a writer would otherwise hang in `open`.
+/// Opens an input file for reading. Anything but a regular file (a directory, a FIFO, a device, a
+/// socket) is refused, and opening never blocks: a FIFO without a writer would otherwise hang in `open`.
 pub fn open_input(path: &Path, what: &str) -> Result<std::fs::File> {
+    let not_regular = || {
+        let stdin = if path == Path::new("/dev/stdin") { " (for standard input, give - instead)" } else { "" };
+        anyhow::anyhow!("{what} {} is not a regular file{stdin}", path.display())
+    };
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(not_regular());
+    }
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
     let file = options.open(path).with_context(|| format!("cannot open {what} {}", path.display()))?;
     if !file.metadata().is_ok_and(|m| m.is_file()) {
-        anyhow::bail!("{what} {} is not a regular file", path.display());
+        return Err(not_regular());
     }
     Ok(file)
 }
 
-/// Reads a whole input file into memory (see `open_input`). A copy, unlike a memory map, cannot fault
-/// when another process truncates the file meanwhile.
+/// Whether `path` is `-`, standard input.
+pub fn is_stdin(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
+/// Reads a whole input file into memory (see `open_input`), or standard input to its end for `-`. A
+/// copy, unlike a memory map, cannot fault when another process truncates the file meanwhile.
 pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
-    let mut file = open_input(path, what)?;
     let mut bytes = Vec::new();
+    if is_stdin(path) {
+        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)
+            .with_context(|| format!("cannot read the {what} from standard input"))?;
+        return Ok(bytes);
+    }
+    let mut file = open_input(path, what)?;
     std::io::Read::read_to_end(&mut file, &mut bytes)
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
     Ok(bytes)
 }
 
+/// `path` as messages show it: "(standard input)" for `-`.
+pub fn shown(path: &Path) -> String {
+    if is_stdin(path) { "(standard input)".into() } else { path.display().to_string() }
+}
+
 /// The model already at `out`, read by `parse`: `None` when there is no file or an empty one. A file
-/// `parse` refuses is not a `kind` model, and is refused rather than overwritten.
+/// that cannot be read, or that `parse` refuses (not a `kind` model), is refused rather than overwritten.
 pub fn existing_model<T>(out: &Path, kind: &str, parse: impl FnOnce(&[u8]) -> Result<T>) -> Result<Option<T>> {
     let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
     if meta.len() == 0 {
         return Ok(None);
     }
-    match read_input(out, "file").and_then(|bytes| parse(&bytes)) {
+    let bytes = read_input(out, "file").map_err(|e| {
+        anyhow::anyhow!("--out {} cannot be read, so it is not replaced: {:#}", out.display(), e.root_cause())
+    })?;
+    match parse(&bytes) {
         Ok(model) => Ok(Some(model)),
         Err(e) => anyhow::bail!(
             "--out {} exists and is not a textnet {kind} model, so it is not replaced (remove it or choose another \
              --out): {e:#}",
             out.display()
         ),
+    }
+}
+
+/// Holds `--out` for one run: a second run on the same file is refused at its start instead of the two
+/// overwriting each other's epochs. The lock is an exclusive `flock` on `.NAME.lock` beside the file,
+/// removed when the run ends; the kernel releases it if the process dies.
+#[derive(Debug)]
+pub struct OutputLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl Drop for OutputLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Locks `out` (see `OutputLock`).
+pub fn lock_output(out: &Path) -> Result<OutputLock> {
+    let name = out.file_name().map(OsStr::as_bytes).unwrap_or_default();
+    let kept = &name[..name.len().min(NAME_MAX - ".".len() - ".lock".len())];
+    let path = parent_dir(out).join(OsString::from_vec([b".", kept, b".lock"].concat()));
+    loop {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("--out {}: cannot create the lock file {}", out.display(), path.display()))?;
+        // SAFETY: flock takes a descriptor `file` owns and keeps open for the call.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let mut holder = String::new();
+            let _ = std::io::Read::read_to_string(&mut file, &mut holder);
+            let holder = holder.trim();
+            let by = if holder.is_empty() { String::new() } else { format!(" (process {holder})") };
+            bail!(
+                "--out {} is being written by another textnet run{by}; wait for it to end or choose another --out",
+                out.display()
+            );
+        }
+        // The holder before us may have removed the file between our open and our lock: lock the file
+        // that is there now.
+        let ours = file.metadata().map(|m| (m.dev(), m.ino())).ok();
+        let there = std::fs::metadata(&path).map(|m| (m.dev(), m.ino())).ok();
+        if ours.is_some() && ours == there {
+            file.set_len(0)?;
+            write!(file, "{}", std::process::id())?;
+            return Ok(OutputLock { path, _file: file });
+        }
+    }
+}
+
+/// The file a write to `path` should replace: the target of a symbolic link (so that the link stays a
+/// link), else `path` itself.
+pub fn resolve_link(path: &Path) -> PathBuf {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => match std::fs::canonicalize(path) {
+            Ok(target) => target,
+            Err(_) => match std::fs::read_link(path) {
+                Ok(target) => parent_dir(path).join(target),
+                Err(_) => path.to_path_buf(),
+            },
+        },
+        _ => path.to_path_buf(),
     }
 }

@@ -1,7 +1,8 @@
 //! The `textnet` command line. Each subcommand lives with its pipeline; this file only dispatches and
 //! turns errors into one line on stderr and a non-zero exit.
 
-use clap::{Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use textnet::{bench, mnist, sales, selftest, text, transformer, xor};
 
 #[derive(Parser)]
@@ -49,7 +50,7 @@ fn main() {
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
     }));
-    let cli = Cli::parse();
+    let cli = parse_args();
     let result = match cli.command {
         Command::Train(args) => text::cli::train(args),
         Command::Predict(args) => text::cli::predict(args),
@@ -63,10 +64,44 @@ fn main() {
         Command::Selftest(args) => selftest::run(args),
         Command::Bench(args) => bench::run(args),
     };
+    let result = result.and_then(|()| textnet::console::finish());
     if let Err(err) = result {
         let text = format!("{err:#}");
         textnet::console::err(&format!("textnet: error: {}", text.trim_end()));
         let interrupted = err.downcast_ref::<textnet::interrupt::Interrupted>().is_some();
         std::process::exit(if interrupted { textnet::interrupt::EXIT_STATUS } else { 1 });
     }
+}
+
+/// The command line, with negative numbers read as values wherever a flag takes one (`--seed -1` is
+/// then refused by the flag's own type, naming the flag, rather than read as an unknown flag `-1`).
+fn parse_args() -> Cli {
+    fn numbers_may_be_negative(command: clap::Command) -> clap::Command {
+        command.mut_args(|arg| arg.allow_negative_numbers(true)).mut_subcommands(numbers_may_be_negative)
+    }
+    let matches = numbers_may_be_negative(Cli::command()).try_get_matches().and_then(|m| Cli::from_arg_matches(&m));
+    matches.unwrap_or_else(|err| {
+        if let Some(line) = negative_value_error(&err) {
+            textnet::console::err(&line);
+            std::process::exit(2);
+        }
+        err.exit()
+    })
+}
+
+/// One line for a negative value given to a flag that takes whole numbers of 0 or more.
+fn negative_value_error(err: &clap::Error) -> Option<String> {
+    if err.kind() != ErrorKind::ValueValidation {
+        return None;
+    }
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) =
+        (err.get(ContextKind::InvalidArg), err.get(ContextKind::InvalidValue))
+    else {
+        return None;
+    };
+    let flag = arg.split_whitespace().next().unwrap_or(arg);
+    let unsigned = std::error::Error::source(err)
+        .and_then(|e| e.downcast_ref::<std::num::ParseIntError>())
+        .is_some_and(|e| *e.kind() == std::num::IntErrorKind::InvalidDigit);
+    (value.starts_with('-') && unsigned).then(|| format!("textnet: error: {flag} takes a whole number of 0 or more, got {value}"))
 }

@@ -140,11 +140,13 @@ impl Saver<'_> {
             }
             None => eval.mean_loss(),
         };
-        let written = self.keeper.offer(stats.epoch, loss);
+        let (dataset, out) = (self.dataset, self.out);
+        let written = self.keeper.offer(stats.epoch, loss, || {
+            let classes = serde_json::to_string(&dataset.class_names())?;
+            let extra = [("dataset", dataset.name()), ("class_names", classes.as_str()), ("input_scaling", super::INPUT_SCALING)];
+            fsutil::write_atomic(out, &params.to_safetensors(&extra)?)
+        })?;
         if written {
-            let classes = serde_json::to_string(&self.dataset.class_names())?;
-            let extra = [("dataset", self.dataset.name()), ("class_names", classes.as_str()), ("input_scaling", super::INPUT_SCALING)];
-            fsutil::write_atomic(self.out, &params.to_safetensors(&extra)?)?;
             self.kept_eval = Some(eval.clone());
         }
         self.note = self.keeper.note(written);
@@ -243,7 +245,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
     let inputs: Vec<PathBuf> =
         data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
     let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
-    fsutil::check_output(&args.out, &inputs)?;
+    let _lock = fsutil::check_output(&args.out, &inputs)?;
     if shadows_data_file(&args.out, &data.dir) {
         bail!(
             "--out {} would be read as a data file of {}; choose another name",

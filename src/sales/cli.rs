@@ -11,7 +11,7 @@ use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::optim::OptimArgs;
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -112,7 +112,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
     }
     crate::resources::check_epochs(args.epochs)?;
     let optim = args.optim.config()?;
-    fsutil::check_output(&args.out, &[("table", &file)])?;
+    let _lock = fsutil::check_output(&args.out, &[("table", &file)])?;
     let existing = existing_out(&args.out)?;
     let mut options = LoadOptions::new(schema(&args)?);
     options.skip_bad_rows = args.skip_bad_rows;
@@ -318,8 +318,7 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     match &args.predictions {
         Some(path) => {
-            fsutil::check_output(path, &[("model", model_path), ("table", new)])
-                .context("--predictions")?;
+            let _lock = fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?;
             fsutil::write_atomic(path, out.as_bytes())?;
         }
         None => crate::console::out(out.trim_end()),

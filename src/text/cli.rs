@@ -197,11 +197,11 @@ struct Saver {
 
 impl Saver {
     fn offer(&mut self, m: &EpochMetrics, params: &TextParams) -> Result<()> {
-        let written = self.keeper.offer(m.epoch, m.val_loss);
-        if written {
-            self.model.params = params.clone();
-            self.model.save(&self.out)?;
-        }
+        let (model, out) = (&mut self.model, &self.out);
+        let written = self.keeper.offer(m.epoch, m.val_loss, || {
+            model.params = params.clone();
+            model.save(out)
+        })?;
         self.note = self.keeper.note(written);
         Ok(())
     }
@@ -252,7 +252,7 @@ impl Progress for EpochBar {
 
 pub fn train(args: TrainArgs) -> Result<()> {
     args.validate()?;
-    crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+    let _lock = crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
     let resumed = match &args.resume {
         Some(path) => Some(TextModel::load(path).context("--resume")?),
         None => None,

@@ -159,7 +159,7 @@ impl Trainer {
 pub fn run(args: TransformerArgs) -> Result<()> {
     let shape = args.check()?;
     let optim = args.optim()?;
-    fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+    let _lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
     let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
     let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };

@@ -74,7 +74,7 @@ fn parameter_count(hidden: usize) -> usize {
 
 pub fn run(args: XorArgs) -> Result<()> {
     check_args(&args)?;
-    fsutil::check_output(&args.out, &[])?;
+    let _lock = fsutil::check_output(&args.out, &[])?;
     let existing = existing_out(&args.out)?;
     let display = Display::new(args.quiet, args.json, args.epochs);
     let (backend, device_line) = device::select_described(args.device)?;

@@ -52,6 +52,7 @@ mod fused_source;
 pub mod interrupt;
 pub mod matmul;
 pub mod mnist;
+pub mod modelkind;
 pub mod optim;
 pub mod report;
 pub mod resources;

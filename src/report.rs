@@ -21,7 +21,7 @@ pub enum Status {
     Interrupted,
     /// Every epoch ran, none beat the model the run started from, so nothing was written.
     NotBetter,
-    /// Every epoch ran and the file holds one, but the model does no better than guessing.
+    /// Every epoch ran, but the model does no better than guessing, so none of it was written.
     ChanceLevel,
 }
 

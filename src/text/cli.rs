@@ -10,7 +10,7 @@ use super::predict::{Prediction, predict as predict_next, quoted};
 use super::tokenizer::Tokenizer;
 use super::train::{self, EpochMetrics, Progress, TrainOptions, TrainRun};
 use super::{CpuTrainer, TextTrainer};
-use crate::checkpoint::{Keep, Keeper};
+use crate::checkpoint::{self, Keep, Keeper};
 use crate::console;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::interrupt::{self, Interrupted};
@@ -32,6 +32,8 @@ pub struct TrainArgs {
     /// Which epoch the model file holds: the one of lowest validation loss, or the last
     #[arg(long, value_enum, default_value_t = Keep::Best)]
     pub keep: Keep,
+    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    pub overwrite: bool,
     /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
     /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
@@ -159,6 +161,7 @@ impl TrainArgs {
             "corpus": self.corpus.display().to_string(),
             "out": self.out.display().to_string(),
             "keep": self.keep.name(),
+            "overwrite": self.overwrite,
             "resume": self.resume.as_ref().map(|p| p.display().to_string()),
             "max_vocab": self.max_vocab,
             "context": shape.context,
@@ -258,11 +261,13 @@ pub fn train(args: TrainArgs) -> Result<()> {
         None => None,
     };
     let existing = existing_out(&args.out, args.resume.as_deref())?;
+    let existing = existing.filter(|_| !args.overwrite);
     let tokenizer = resumed.as_ref().map_or(Tokenizer { lowercase: !args.keep_case }, |m| m.tokenizer);
     let max_vocab = if resumed.is_some() { usize::MAX } else { args.max_vocab };
     let mut corpus = Corpus::read(&args.corpus, CorpusOptions { tokenizer, max_vocab, max_tokens: args.max_tokens })?;
-    if let Some(model) = &resumed {
+    if let (Some(model), Some(path)) = (&resumed, &args.resume) {
         corpus = corpus.in_vocabulary(&model.vocab);
+        check_resumable(&corpus, path, &args.corpus)?;
     }
     let shape = match &resumed {
         Some(model) => model.params.shape,
@@ -308,23 +313,28 @@ pub fn train(args: TrainArgs) -> Result<()> {
 
     let mut baseline = None;
     if let Some(old) = existing {
-        if old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context {
-            let loss = val_loss(&backend, old.params, &tokens, &val)?;
-            display.line(&format!(
-                "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
-                args.out.display()
-            ));
-            baseline = Some(loss);
-        } else {
-            display.line(&format!(
-                "--out {} holds a model of another vocabulary or context; the first saved epoch replaces it",
-                args.out.display()
-            ));
+        if !(old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context) {
+            return Err(checkpoint::other_data(&args.out, "a text model of another vocabulary, tokenizer or context"));
         }
+        let loss = checkpoint::baseline(&args.out, val_loss(&backend, old.params, &tokens, &val)?, "val loss")?;
+        display.line(&format!(
+            "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
+            args.out.display()
+        ));
+        baseline = Some(loss);
+    } else if args.overwrite && args.out.exists() {
+        display.line(&format!("--overwrite: the first saved epoch replaces the model at --out {}", args.out.display()));
     }
     let mut trainer = train::make_trainer(&backend, params.clone(), tokens, plan.batch, args.optim_config(plan.lr))?;
     if let Some(path) = &args.resume {
         let loss = mean_loss(trainer.evaluate(&val)?);
+        if !loss.is_finite() {
+            bail!(
+                "--resume {}: the model's outputs on this corpus are not finite (val loss {loss}), so it cannot be trained \
+                 further; train a new model instead",
+                path.display()
+            );
+        }
         display.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
         baseline = Some(baseline.map_or(loss, |b: f64| b.min(loss)));
     }
@@ -385,6 +395,25 @@ fn existing_out(out: &Path, resume: Option<&Path>) -> Result<Option<TextModel>> 
             out.display()
         )
     })
+}
+
+/// The most of a corpus's tokens that may lie outside a resumed model's vocabulary: beyond it, training
+/// would mostly teach the model to predict `<unk>`, and a validation set of `<unk>`s would call that
+/// better.
+const MAX_UNKNOWN_TO_RESUME: f64 = 0.5;
+
+fn check_resumable(corpus: &Corpus, model: &Path, corpus_path: &Path) -> Result<()> {
+    let unknown = corpus.unknown as f64 / corpus.tokens.len().max(1) as f64;
+    if unknown > MAX_UNKNOWN_TO_RESUME {
+        bail!(
+            "--resume {}: {:.1}% of the tokens of {} are not in the model's vocabulary (they read as <unk>), so training \
+             would teach it to predict <unk>; train a new model on this corpus instead (without --resume)",
+            model.display(),
+            100.0 * unknown,
+            crate::fsutil::shown(corpus_path)
+        );
+    }
+    Ok(())
 }
 
 fn mean_loss(sums: super::model::EvalSums) -> f64 {
@@ -644,12 +673,21 @@ pub fn predict(args: PredictArgs) -> Result<()> {
     if std::io::IsTerminal::is_terminal(&stdin) {
         bail!("give the text to continue: textnet predict \"to be or\" (or pipe contexts in, one per line)");
     }
+    let mut read = 0;
     for (number, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
         let line = line.with_context(|| format!("cannot read line {} of standard input", number + 1))?;
         if number > 0 && !args.json {
             console::out("");
         }
         show(&line).with_context(|| format!("line {} of standard input", number + 1))?;
+        read += 1;
+        // Nobody reads the answers any more (`| head -1`): stop, as a filter does.
+        if console::stdout_closed() {
+            break;
+        }
+    }
+    if read == 0 {
+        bail!("standard input holds no contexts: give the text to continue (textnet predict \"to be or\") or pipe contexts in, one per line");
     }
     Ok(())
 }

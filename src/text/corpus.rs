@@ -11,6 +11,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
 /// How a corpus is turned into ids.
 #[derive(Clone, Copy, Debug)]
 pub struct CorpusOptions {
@@ -37,25 +39,23 @@ pub struct Corpus {
 impl Corpus {
     /// Reads and tokenizes the corpus file at `path`; `-` reads standard input to its end.
     pub fn read(path: &Path, options: CorpusOptions) -> Result<Corpus> {
-        let bytes = if path == Path::new("-") {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes).context("cannot read the corpus from standard input")?;
-            bytes
-        } else {
-            crate::fsutil::read_input(path, "corpus")?
-        };
+        let mut bytes = crate::fsutil::read_input(path, "corpus")?;
+        // A byte-order mark is no text: left in, it would become a token of its own.
+        if bytes.starts_with(UTF8_BOM) {
+            bytes.drain(..UTF8_BOM.len());
+        }
         if bytes.is_empty() {
-            bail!("corpus {} is empty", shown(path));
+            bail!("corpus {} is empty", crate::fsutil::shown(path));
         }
         let text = std::str::from_utf8(&bytes).map_err(|e| {
             let offset = e.valid_up_to();
             anyhow::anyhow!(
                 "corpus {} is not UTF-8 text: invalid byte 0x{:02X} at byte offset {offset} (convert it to UTF-8 first)",
-                shown(path),
+                crate::fsutil::shown(path),
                 bytes[offset]
             )
         })?;
-        Corpus::from_text(text, options).with_context(|| format!("corpus {}", shown(path)))
+        Corpus::from_text(text, options).with_context(|| format!("corpus {}", crate::fsutil::shown(path)))
     }
 
     /// The corpus in the ids of `vocab` (a saved model's), tokens outside it becoming `<unk>`.
@@ -139,9 +139,4 @@ impl Split {
             val_start,
         })
     }
-}
-
-/// A corpus path as messages name it: standard input for `-`.
-fn shown(path: &Path) -> String {
-    if path == Path::new("-") { "(standard input)".into() } else { path.display().to_string() }
 }

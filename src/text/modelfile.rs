@@ -68,6 +68,9 @@ impl TextModel {
         let no_metadata = HashMap::new();
         let meta = Metadata(header.metadata().as_ref().unwrap_or(&no_metadata));
 
+        if let Some(other) = crate::modelkind::describe(header.metadata().as_ref()).filter(|_| meta.get("format").ok() != Some(FORMAT)) {
+            bail!("not a text model of textnet train: {other}");
+        }
         let format = meta.get("format").context("not a textnet model file")?;
         if format != FORMAT {
             bail!("not a textnet model file: metadata format is {format:?}, not {FORMAT:?}");

@@ -6,6 +6,7 @@ use super::gpu::GpuXor;
 use super::model::{self, INPUTS, MAX_HIDDEN, TARGETS, XorParams};
 use super::modelfile;
 use crate::cpu::Activation;
+use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
@@ -43,6 +44,8 @@ pub struct XorArgs {
     /// better one (lower loss)
     #[arg(long, default_value = "xor.safetensors")]
     pub out: PathBuf,
+    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    pub overwrite: bool,
     /// Print errors only (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
@@ -75,7 +78,7 @@ fn parameter_count(hidden: usize) -> usize {
 pub fn run(args: XorArgs) -> Result<()> {
     check_args(&args)?;
     let _lock = fsutil::check_output(&args.out, &[])?;
-    let existing = existing_out(&args.out)?;
+    let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
     let display = Display::new(args.quiet, args.json, args.epochs);
     let (backend, device_line) = device::select_described(args.device)?;
     if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
@@ -100,15 +103,18 @@ pub fn run(args: XorArgs) -> Result<()> {
         args.seed,
         device_line
     ));
-    let baseline = existing.map(|old| {
-        let loss = f64::from(model::loss_and_grads(&old).0);
-        display.line(&format!(
-            "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
-            args.out.display(),
-            loss_text(loss as f32)
-        ));
-        loss
-    });
+    let baseline = match existing {
+        Some(old) => {
+            let loss = checkpoint::baseline(&args.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
+            display.line(&format!(
+                "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
+                args.out.display(),
+                loss_text(loss as f32)
+            ));
+            Some(loss)
+        }
+        None => None,
+    };
 
     let mut params = XorParams::init(hidden, args.activation, args.seed);
     let (losses, seconds) = match &backend {
@@ -158,11 +164,15 @@ pub fn run(args: XorArgs) -> Result<()> {
     }
 
     let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
-    // Replaced only by a model at least as good: rerunning the same command rewrites the same file.
-    let written = diverged.is_none() && baseline.is_none_or(|b| f64::from(final_loss) <= b);
+    // A model that has not learned XOR is not written. One that has replaces only a model at least as
+    // good: rerunning the same command rewrites the same file.
+    let learned = wrong == 0;
+    let written = diverged.is_none() && learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
     let out = args.out.display();
     let outcome = match baseline {
         _ if written => format!("{out} holds the trained model (loss {})", loss_text(final_loss)),
+        _ if !learned && args.out.exists() => format!("nothing written, so {out} is unchanged"),
+        _ if !learned => format!("nothing written to {out}"),
         Some(b) if diverged.is_none() => format!(
             "nothing written: the run's loss {} is above the {} of the model {out} holds, so it is unchanged",
             loss_text(final_loss),
@@ -178,8 +188,7 @@ pub fn run(args: XorArgs) -> Result<()> {
             "every point is on the right side of 0.5: XOR learned".to_string()
         } else {
             format!(
-                "{wrong} of 4 points on the wrong side of 0.5: XOR not learned (try more --epochs, another --seed or \
-                 a lower --lr)"
+                "{wrong} of 4 points on the wrong side of 0.5: XOR not learned"
             )
         });
     }
@@ -187,7 +196,10 @@ pub fn run(args: XorArgs) -> Result<()> {
         modelfile::save(&params, &args.out)?;
         display.line(&outcome);
     }
-    let status = Status::of(diverged.is_some(), false, written);
+    let mut status = Status::of(diverged.is_some(), false, written);
+    if diverged.is_none() && !learned {
+        status = Status::ChanceLevel;
+    }
     let kept_epoch = written.then_some(args.epochs);
 
     if args.json {
@@ -212,6 +224,7 @@ pub fn run(args: XorArgs) -> Result<()> {
                 "batch": BATCH,
                 "seed": args.seed,
                 "report_every": args.report_every,
+                "overwrite": args.overwrite,
                 "device": report::flag_value(&args.device),
             }),
             device: backend.describe(),
@@ -230,6 +243,14 @@ pub fn run(args: XorArgs) -> Result<()> {
             diverged: diverged.clone(),
         };
         report.print()?;
+    }
+    if diverged.is_none() && !learned {
+        bail!(
+            "XOR not learned: {wrong} of 4 points on the wrong side of 0.5 after {} epochs; {outcome}; try more --epochs, \
+             another --seed or a lower --lr (this run used {})",
+            args.epochs,
+            args.lr
+        );
     }
     report::conclude(diverged.as_ref(), written, &outcome, &format!("try a lower --lr (this run used {})", args.lr))
 }

@@ -134,7 +134,7 @@ fn bad_input_gets_one_line_errors() {
 
     // A model file of another kind, as --model or as --out.
     let xor = dir.path().join("xor.safetensors");
-    assert!(textnet(&["xor", "--device", "cpu", "--epochs", "10", "--out", s(&xor)]).status.success());
+    assert!(textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--out", s(&xor)]).status.success());
     fails_with(&textnet(&["sales", "--model", s(&xor), "--predict", s(&dir.path().join("skip.csv"))]), "not a textnet sales model");
     let o = textnet(&["sales", s(&dir.path().join("skip.csv")), "--target", "y", "--numeric", "a,b", "--skip-bad-rows", "--device", "cpu", "--out", s(&xor)]);
     fails_with(&o, "is not a textnet sales model");

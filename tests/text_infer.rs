@@ -107,9 +107,12 @@ fn eval_reports_the_reference_figures_on_another_corpus() {
     let sums = textnet::text::model::evaluate(&model.params, &tokens, &positions);
     assert_eq!(report["samples"], serde_json::json!(sums.samples));
     let loss = report["loss"].as_f64().unwrap();
-    assert!((loss - sums.loss / sums.samples as f64).abs() < 1e-9);
+    // eval runs the batched evaluator (matrix products on every core), whose sums round differently.
+    let reference = sums.loss / sums.samples as f64;
+    assert!((loss - reference).abs() < 1e-5 * reference, "loss {loss}, reference {reference}");
     assert!((report["perplexity"].as_f64().unwrap() - loss.exp()).abs() < 1e-6);
-    assert_eq!(report["top5_accuracy"].as_f64().unwrap(), sums.top5 as f64 / sums.samples as f64);
+    let top5 = report["top5_accuracy"].as_f64().unwrap();
+    assert!((top5 - sums.top5 as f64 / sums.samples as f64).abs() <= 2.0 / sums.samples as f64, "top-5 {top5}");
 
     std::fs::write(&other, "to be").unwrap();
     let short = textnet(&["eval", "--model", path.to_str().unwrap(), other.to_str().unwrap()]);

@@ -255,7 +255,7 @@ fn bad_input_gets_one_line_errors_and_writes_nothing() {
 
     // --out holding another kind of model, or something else.
     let xor = dir.path().join("x.safetensors");
-    let o = textnet(&["xor", "--device", "cpu", "--epochs", "10", "--quiet", "--out", s(&xor)]);
+    let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let xor_bytes = std::fs::read(&xor).unwrap();
     fails_with(&transformer(&corpus, &xor, &[]), &["is not a textnet Transformer model", "XOR", "not replaced"]);
@@ -351,7 +351,7 @@ fn other_commands_refuse_a_transformer_file_and_generate_refuses_other_models() 
     let before = std::fs::read(&model).unwrap();
 
     let o = textnet(&["predict", "--model", s(&model), "--context", "to be"]);
-    fails_with(&o, &["m.safetensors", "not a textnet model file", "textnet-transformer"]);
+    fails_with(&o, &["m.safetensors", "not a text model of textnet train", "it is a character-level Transformer"]);
 
     let png = dir.path().join("digit.png");
     let file = std::fs::File::create(&png).unwrap();
@@ -364,7 +364,7 @@ fn other_commands_refuse_a_transformer_file_and_generate_refuses_other_models() 
     assert!(std::fs::read(&model).unwrap() == before);
 
     let xor = dir.path().join("x.safetensors");
-    let o = textnet(&["xor", "--device", "cpu", "--epochs", "10", "--quiet", "--out", s(&xor)]);
+    let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
     assert!(o.status.success(), "{}", stderr(&o));
     fails_with(&generate(&xor, &["--prompt", "to be", "--length", "5"]), &["x.safetensors is an XOR network", "does not generate text"]);
     let notes = dir.path().join("notes.txt");

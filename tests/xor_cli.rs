@@ -155,7 +155,7 @@ fn a_model_is_replaced_only_by_one_at_least_as_good() {
     assert!(xor(&out, &["--quiet"]).status.success());
     let trained = modelfile::load(&out).unwrap();
 
-    let o = xor(&out, &["--epochs", "1000", "--json", "--quiet"]);
+    let o = xor(&out, &["--epochs", "300", "--json", "--quiet"]);
     fails_with(&o, "nothing written");
     let r = report(&o);
     assert_eq!((r["status"].as_str(), r["kept_epoch"].is_null()), (Some("not_better"), true));

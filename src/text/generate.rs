@@ -20,7 +20,7 @@ pub struct GenerateArgs {
         help = "The text to continue (the model's tokenizer splits it; words outside its vocabulary read as <unk>)"
     )]
     pub prompt: String,
-    /// Tokens to generate (characters, for a Transformer model)
+    /// Tokens to generate (characters, for a Transformer model), at most 100,000
     #[arg(long, default_value_t = 50)]
     pub length: usize,
     /// Softmax temperature: 1 samples the model's own distribution, lower is more conservative, 0 always
@@ -116,7 +116,7 @@ pub fn generate(model: &TextModel, prompt: &str, length: usize, temperature: f32
     let mut ids: Vec<u32> = prompt.iter().map(|t| model.vocab.id(t)).collect();
     let mut rng = SeededRng::seed_from_u64(seed);
     let mut acts = Activations::new(model.params.shape);
-    let mut generated = Vec::with_capacity(length);
+    let mut generated = Vec::new();
     for _ in 0..length {
         forward(&model.params, &ids[ids.len().saturating_sub(n)..], &mut acts);
         if acts.logits.iter().any(|l| !l.is_finite()) {
@@ -129,9 +129,12 @@ pub fn generate(model: &TextModel, prompt: &str, length: usize, temperature: f32
     Ok((prompt, generated))
 }
 
+/// The most tokens (or characters) one `generate` writes.
+pub const MAX_LENGTH: usize = 100_000;
+
 pub fn run(args: GenerateArgs) -> Result<()> {
-    if args.length == 0 {
-        bail!("--length must be at least 1");
+    if !(1..=MAX_LENGTH).contains(&args.length) {
+        bail!("--length must be between 1 and {MAX_LENGTH}, got {}", args.length);
     }
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         bail!("--temperature must be 0 or more, got {}", args.temperature);

@@ -8,6 +8,7 @@ use super::gpu::GpuTransformer;
 use super::model::{self, Config, CpuTrainer};
 use super::modelfile::TransformerModel;
 use crate::cpu::SeededRng;
+use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::optim::{OptimConfig, OptimKind};
@@ -63,10 +64,12 @@ pub struct TransformerArgs {
     /// to a 10-bit mantissa). Default: fp32 throughout
     #[arg(long)]
     pub tf32: bool,
-    /// Where to write the model (.safetensors); a Transformer already there is replaced only by one of
-    /// equal or lower validation loss
+    /// Where to write the model (.safetensors); a Transformer already there (of the same vocabulary and
+    /// block) is replaced only by one of equal or lower validation loss on this run's validation windows
     #[arg(long, default_value = "transformer.safetensors")]
     pub out: PathBuf,
+    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    pub overwrite: bool,
     /// Print errors only (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
@@ -91,15 +94,16 @@ impl TransformerArgs {
         }
         let config = Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
         config.validate()?;
-        self.memory_need().check(resources::available_memory())?;
+        // The vocabulary here is the cap; the corpus's own, often far smaller, is checked once read.
+        self.memory_need(2).check(resources::available_memory())?;
         Ok(config)
     }
 
     /// What a run holds at once, counted before anything is allocated: the parameters with their
     /// gradient and AdamW's two moments, a step's activations (18·embed + the vocabulary a row per block,
     /// about as much again for the gradients), and an evaluation interval's batch offsets.
-    fn memory_need(&self) -> MemoryNeed {
-        let (v, t, c, l) = (self.vocab as u64, self.block as u64, self.embed as u64, self.layers as u64);
+    fn memory_need(&self, vocab: usize) -> MemoryNeed {
+        let (v, t, c, l) = (vocab as u64, self.block as u64, self.embed as u64, self.layers as u64);
         let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
         let params = l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
         let rows = (self.batch as u64).saturating_mul(t);
@@ -161,8 +165,15 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     let optim = args.optim()?;
     let _lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
     let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
+    let existing = existing.filter(|_| !args.overwrite);
     let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };
+    args.memory_need(config.vocab).check(resources::available_memory())?;
+    if let Some(old) = &existing
+        && (old.vocab != corpus.vocab || old.config.block != config.block)
+    {
+        return Err(checkpoint::other_data(&args.out, "a Transformer of another vocabulary or block"));
+    }
     let evals = args.steps.div_ceil(args.eval_every);
     let mut display = Display::new(args.quiet, args.json, evals);
     let (backend, device_line) = device::select_described(args.device)?;
@@ -185,14 +196,27 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         args.steps,
         args.seed,
     ));
-    let baseline = existing.as_ref().map(|old| {
-        display.line(&format!(
-            "--out {} already holds a Transformer of validation loss {:.4}; only one at least as good replaces it",
-            args.out.display(),
-            old.val_loss
-        ));
-        f64::from(old.val_loss)
-    });
+    let val_offsets = data::val_offsets(corpus.val.len(), config.block);
+    // The model already at --out, measured on this run's validation windows (its stored val_loss was
+    // measured on whatever corpus it was trained on).
+    let baseline = match &existing {
+        Some(old) => {
+            let loss = match &backend {
+                Backend::Cpu => model::mean_loss(&old.config, &old.params, &corpus.val, &val_offsets),
+                Backend::Cuda(gpu) => {
+                    GpuTransformer::new(gpu.clone(), old.config, &old.params, optim, &corpus)?.val_loss(&val_offsets, args.batch)?
+                }
+            };
+            let loss = checkpoint::baseline(&args.out, loss, "validation loss")?;
+            display.line(&format!(
+                "--out {} already holds a Transformer of validation loss {loss:.4} here; only one at least as good \
+                 replaces it",
+                args.out.display()
+            ));
+            Some(loss)
+        }
+        None => None,
+    };
     let mut trainer = match &backend {
         Backend::Cpu => Trainer::Cpu(Box::new(CpuTrainer::new(config, params, optim)?)),
         Backend::Cuda(gpu) => {
@@ -204,13 +228,13 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     if args.tf32 && matches!(backend, Backend::Cpu) {
         display.line("note: --tf32 applies to the GPU only; the CPU trains in fp32");
     }
-    let val_offsets = data::val_offsets(corpus.val.len(), config.block);
     let mut rng = SeededRng::seed_from_u64(args.seed);
     let start = Instant::now();
     let mut rows = Vec::new();
     let mut diverged = None;
     let mut done = 0;
     let mut last_val = f64::NAN;
+    crate::interrupt::install();
     for eval in 1..=evals {
         let steps = args.eval_every.min(args.steps - done);
         display.epoch_started(eval, steps * args.batch);
@@ -241,7 +265,11 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
         display.epoch_finished(&row, &format!("step {done}/{}, val loss {val:.4}", args.steps), "");
         rows.push(row);
+        if crate::interrupt::requested() {
+            break;
+        }
     }
+    let interrupted = diverged.is_none() && done < args.steps;
     let seconds = start.elapsed().as_secs_f64();
     // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
     let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
@@ -263,7 +291,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         let report = Report {
             textnet: report::VERSION,
             command: "transformer",
-            status: Status::of(diverged.is_some(), false, written),
+            status: Status::of(diverged.is_some(), interrupted, written),
             config: json!({
                 "corpus": args.corpus.display().to_string(),
                 "out": out.to_string(),
@@ -273,6 +301,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
                 "weight_decay": report::decimal(args.weight_decay), "vocab": args.vocab,
                 "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
                 "tf32": args.tf32,
+                "overwrite": args.overwrite,
             }),
             device: backend.describe(),
             data: json!({
@@ -297,5 +326,14 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         };
         report.print()?;
     }
-    report::conclude(diverged.as_ref(), written, &outcome, &format!("try a lower --lr (this run used {})", args.lr))
+    if interrupted {
+        let saved = if written { format!("{out} holds the model of step {done}") } else { outcome };
+        return Err(crate::interrupt::Interrupted(format!("interrupted at step {done} of {}; {saved}", args.steps)).into());
+    }
+    let remedy = format!(
+        "try a lower --lr (this run used {}){}",
+        args.lr,
+        if args.weight_decay > 1.0 { format!(" or a far lower --weight-decay (this run used {})", args.weight_decay) } else { String::new() }
+    );
+    report::conclude(diverged.as_ref(), written, &outcome, &remedy)
 }

@@ -106,13 +106,17 @@ impl Corpus {
     /// Reads the corpus file at `path` (see `from_bytes`).
     pub fn load(path: &Path, max_vocab: usize, block: usize) -> Result<Corpus> {
         let bytes = crate::fsutil::read_input(path, "corpus")?;
-        Corpus::from_bytes(&bytes, &format!("corpus {}", path.display()), max_vocab, block)
+        Corpus::from_bytes(&bytes, &format!("corpus {}", crate::fsutil::shown(path)), max_vocab, block)
     }
 
     /// The corpus `bytes` (UTF-8 text; `what` names it in messages, e.g. "corpus data/tiny.txt") with its
     /// own vocabulary of at most `max_vocab` ids; both parts must hold `block` + 1 ids.
     pub fn from_bytes(bytes: &[u8], what: &str, max_vocab: usize, block: usize) -> Result<Corpus> {
-        let vocab = CharVocab::from_text(utf8(bytes, what)?, max_vocab)?;
+        let text = utf8(bytes, what)?;
+        if !text.is_empty() && text.chars().all(|c| c == UNKNOWN) {
+            bail!("{what} holds only U+FFFD replacement characters, which read as the unknown character: no text to learn");
+        }
+        let vocab = CharVocab::from_text(text, max_vocab)?;
         Corpus::with_vocab(bytes, what, vocab, block)
     }
 

@@ -108,6 +108,7 @@ impl TransformerModel {
             val_loss.parse().map_err(|_| anyhow!("metadata entry \"val_loss\" is not a number: {val_loss:?}"))?;
         let steps = number("steps")?;
         let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
+        sizes_match_tensors(&config, &tensors)?;
         let layout = Layout::new(&config);
         let mut params = Vec::with_capacity(layout.len());
         for t in layout.tensors() {
@@ -119,6 +120,31 @@ impl TransformerModel {
         Ok(TransformerModel { config, vocab, params, val_loss, steps })
     }
 }
+
+/// Checks the metadata's sizes against the tensors the file holds before anything is sized by them
+/// (a layout of `layers` blocks, vectors of `block × embed`): a file that claims a billion layers or an
+/// embedding of 10^12 rows is refused here rather than by an allocation that aborts.
+fn sizes_match_tensors(config: &Config, tensors: &SafeTensors) -> Result<()> {
+    let expected = config.layers.checked_mul(super::model::BLOCK_TENSORS.len()).and_then(|n| n.checked_add(FIXED_TENSORS));
+    if expected != Some(tensors.len()) {
+        bail!(
+            "the metadata says {} layers ({} tensors) but the file holds {} tensors",
+            config.layers,
+            expected.map_or("too many".to_string(), |n| n.to_string()),
+            tensors.len()
+        );
+    }
+    for (name, rows, what) in [("tok_emb.weight", config.vocab, "vocab"), ("pos_emb.weight", config.block, "block")] {
+        let shape = tensors.tensor(name).map_err(|e| anyhow!("tensor {name}: {e}"))?.shape().to_vec();
+        if shape != [rows, config.embed] {
+            bail!("the metadata says {what} {rows} and embed {} but tensor {name} is {shape:?}", config.embed);
+        }
+    }
+    Ok(())
+}
+
+/// The tensors outside the blocks: the two embeddings, the last LayerNorm's two and the head's two.
+const FIXED_TENSORS: usize = 6;
 
 /// What another textnet model file's `format` (or `kind`) says it is.
 fn kind_name(format: &str) -> &'static str {

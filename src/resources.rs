@@ -85,7 +85,7 @@ impl MemoryNeed {
 }
 
 /// `512 MB`, `11.2 GB`.
-fn size(bytes: u64) -> String {
+pub fn size(bytes: u64) -> String {
     const GB: f64 = (1u64 << 30) as f64;
     let b = bytes as f64;
     if b >= GB { format!("{:.1} GB", b / GB) } else { format!("{} MB", (b / (1u64 << 20) as f64).ceil() as u64) }

@@ -7,6 +7,7 @@ use super::gpu::GpuSales;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
 use super::train::{CpuSales, SalesTrainer};
+use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::optim::OptimArgs;
@@ -63,6 +64,8 @@ pub struct SalesArgs {
     /// replaced only by one with a lower test MAE
     #[arg(long, default_value = "sales.safetensors")]
     pub out: PathBuf,
+    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    pub overwrite: bool,
     /// Predict with this model file instead of training (with --predict)
     #[arg(long, value_name = "M", requires = "predict")]
     pub model: Option<PathBuf>,
@@ -113,11 +116,18 @@ pub fn run(args: SalesArgs) -> Result<()> {
     crate::resources::check_epochs(args.epochs)?;
     let optim = args.optim.config()?;
     let _lock = fsutil::check_output(&args.out, &[("table", &file)])?;
-    let existing = existing_out(&args.out)?;
+    let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
     let mut options = LoadOptions::new(schema(&args)?);
     options.skip_bad_rows = args.skip_bad_rows;
     options.train_fraction = args.split;
-    let table = Table::read(&file, &options)?;
+    let table = Table::read(&file, &options).map_err(|e| match &args.target {
+        Some(_) => e,
+        None => anyhow::anyhow!(
+            "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target and its \
+             feature columns)"
+        ),
+    })?;
+    check_feature_memory(&table)?;
     let data = Dataset::from_table(&table, args.split)?;
     let mut display = Display::new(args.quiet, args.json, args.epochs);
     if data.skipped > 0 {
@@ -131,11 +141,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
     if let Some(old) = &existing
         && (old.feature_names != data.feature_names || old.target_name != data.target_name)
     {
-        bail!(
-            "--out {} holds a sales model of other features or target, so this run cannot show it is better; \
-             choose another --out",
-            args.out.display()
-        );
+        return Err(checkpoint::other_data(&args.out, "a sales model of other features or target"));
     }
     let (backend, device_line) = device::select_described(args.device)?;
     let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
@@ -168,14 +174,18 @@ pub fn run(args: SalesArgs) -> Result<()> {
     let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
         / data.test.rows as f64;
     display.line(&format!("baseline test MAE (predicting the training mean): {baseline_mae:.4}"));
-    let old_mae = existing.as_ref().map(|old| {
-        let mae = model::evaluate(&old.params, &old.stats.normalize(&data.test), &old.stats).mae;
-        display.line(&format!(
-            "--out {} already holds a model of test MAE {mae:.4} on this split; only a better one replaces it",
-            args.out.display()
-        ));
-        mae
-    });
+    let old_mae = match &existing {
+        Some(old) => {
+            let mae = model::evaluate(&old.params, &old.stats.normalize(&data.test), &old.stats).mae;
+            let mae = checkpoint::baseline(&args.out, mae, "test MAE")?;
+            display.line(&format!(
+                "--out {} already holds a model of test MAE {mae:.4} on this split; only a better one replaces it",
+                args.out.display()
+            ));
+            Some(mae)
+        }
+        None => None,
+    };
 
     let rows = data.train.rows;
     let mut shuffle = Shuffle::new(rows, args.seed);
@@ -183,6 +193,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
     let mut diverged = None;
     let mut last = None;
     let started = Instant::now();
+    crate::interrupt::install();
     for epoch in 1..=args.epochs {
         display.epoch_started(epoch, rows);
         let epoch_start = Instant::now();
@@ -208,7 +219,11 @@ pub fn run(args: SalesArgs) -> Result<()> {
         display.epoch_finished(&row, &format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae), "");
         history.push(row);
         last = Some(eval);
+        if crate::interrupt::requested() {
+            break;
+        }
     }
+    let interrupted = diverged.is_none() && history.len() < args.epochs;
     let params = trainer.params()?;
     if diverged.is_none() && !params.all_finite() {
         diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
@@ -239,6 +254,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
     }
     display.line(&outcome);
 
+    let history_len = history.len();
     if args.json {
         let final_metrics = written.then(|| {
             let mut figures = serde_json::Map::new();
@@ -251,7 +267,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
         Report {
             textnet: report::VERSION,
             command: "sales",
-            status: Status::of(diverged.is_some(), false, written),
+            status: Status::of(diverged.is_some(), interrupted, written),
             config: json!({
                 "out": args.out.display().to_string(),
                 "keep": "last",
@@ -286,7 +302,47 @@ pub fn run(args: SalesArgs) -> Result<()> {
         }
         .print()?;
     }
+    if interrupted {
+        let message = format!("interrupted after epoch {} of {}; {outcome}", history_len, args.epochs);
+        return Err(crate::interrupt::Interrupted(message).into());
+    }
     report::conclude(diverged.as_ref(), written, &outcome, "try a lower --lr")
+}
+
+/// Refuses a table whose one-hot feature matrix would not fit in memory, before it is built (an
+/// allocation that fails aborts): an identifier given as a categorical column has a level per row.
+fn check_feature_memory(table: &Table) -> Result<()> {
+    let levels: usize = table.levels.iter().map(Vec::len).sum();
+    let features = table.columns.numeric.len() + levels + table.columns.date.len();
+    // The features, their standardised copy and the split's copy, in f32.
+    let bytes = (table.rows.len() as u64).saturating_mul(features as u64).saturating_mul(12);
+    let Some(available) = crate::resources::available_memory() else { return Ok(()) };
+    if bytes <= available {
+        return Ok(());
+    }
+    let widest = table.columns.categorical.iter().zip(&table.levels).max_by_key(|(_, l)| l.len());
+    let culprit = widest.map_or(String::new(), |(c, l)| format!("; the categorical column {:?} alone has {} levels", c.name, l.len()));
+    bail!(
+        "{}: {} rows × {features} one-hot features need about {} of memory but only {} is available{culprit}; \
+         leave columns with a level per row (identifiers) out of --categorical",
+        table.source,
+        table.rows.len(),
+        crate::resources::size(bytes),
+        crate::resources::size(available)
+    )
+}
+
+fn delimiter_name(delimiter: u8) -> &'static str {
+    if delimiter == b'\t' { "tab-separated" } else { "comma-separated" }
+}
+
+/// How `path`'s first line is separated, when by the other of tab and comma than `expected` alone.
+fn other_delimiter(path: &Path, expected: u8) -> Option<&'static str> {
+    let file = fsutil::open_input(path, "table").ok()?;
+    let mut first = Vec::new();
+    std::io::BufRead::read_until(&mut std::io::BufReader::new(std::io::Read::take(file, 1 << 20)), b'\n', &mut first).ok()?;
+    let other = if expected == b'\t' { b',' } else { b'\t' };
+    (first.contains(&other) && !first.contains(&expected)).then(|| delimiter_name(other))
 }
 
 /// The sales model already at `out` (anything else there is refused).
@@ -302,7 +358,14 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     options.delimiter = Some(m.delimiter);
     options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
     options.skip_bad_rows = args.skip_bad_rows;
-    let table = Table::read(new, &options)?;
+    let table = Table::read(new, &options).map_err(|e| match other_delimiter(new, m.delimiter) {
+        Some(theirs) => anyhow::anyhow!(
+            "{}: the model reads {} rows but this file is {theirs}; write it as the model's training table was",
+            new.display(),
+            delimiter_name(m.delimiter)
+        ),
+        None => e,
+    })?;
     if table.rows.is_empty() {
         bail!("{}: no usable rows to predict", new.display());
     }
@@ -319,6 +382,11 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     match &args.predictions {
         Some(path) => {
             let _lock = fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?;
+            let is_model = path.exists()
+                && fsutil::read_input(path, "file").is_ok_and(|b| safetensors::SafeTensors::read_metadata(&b).is_ok());
+            if is_model {
+                bail!("--predictions {} holds a model file (safetensors); choose another file for the predictions", path.display());
+            }
             fsutil::write_atomic(path, out.as_bytes())?;
         }
         None => crate::console::out(out.trim_end()),

@@ -564,20 +564,35 @@ impl Table {
     }
 
     pub fn read(path: &Path, options: &LoadOptions) -> Result<Table> {
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Table::parse(&path.display().to_string(), &bytes, options)
+        let bytes = crate::fsutil::read_input(path, "table")?;
+        Table::parse(&crate::fsutil::shown(path), &bytes, options)
     }
 
     /// Parses the contents of a file called `source`.
     pub fn parse(source: &str, bytes: &[u8], options: &LoadOptions) -> Result<Table> {
+        if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || bytes.iter().take(4096).any(|&b| b == 0) {
+            bail!("{source} is not UTF-8 text (it looks like UTF-16 or binary); convert it to UTF-8 first");
+        }
         let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
         if bytes.iter().all(u8::is_ascii_whitespace) {
             bail!("{source} is empty");
         }
+        // Quotes inside a quoted field are doubled, so an odd count leaves one open to the end of the file.
+        if bytes.iter().filter(|&&b| b == b'"').count() % 2 == 1 {
+            let last = bytes.iter().rposition(|&b| b == b'"').unwrap_or(0);
+            let line = 1 + bytes[..last].iter().filter(|&&b| b == b'\n').count();
+            bail!("{source}: a quoted field (\"…) is never closed (the last quote is on line {line})");
+        }
         let delimiter = match options.delimiter {
             Some(d) => d,
             None => detect_delimiter(bytes).ok_or_else(|| {
-                anyhow!("{source}: the first row has neither a tab nor a comma, so it is no table of several columns")
+                let first_row = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+                let semicolons = if first_row.contains(&b';') {
+                    " (semicolon-separated tables are not read: convert it to commas, or tabs, with '.' as the decimal mark)"
+                } else {
+                    ""
+                };
+                anyhow!("{source}: the first row has neither a tab nor a comma, so it is no table of several columns{semicolons}")
             })?,
         };
         let mut reader =

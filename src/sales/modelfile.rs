@@ -130,6 +130,29 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     if stats.feature_mean.len() != n || stats.feature_std.len() != n {
         bail!("the statistics cover {} features, the model {n}", stats.feature_mean.len());
     }
+    let means_finite = stats.feature_mean.iter().chain([&stats.target_mean]).all(|v| v.is_finite());
+    let scales_positive = stats.feature_std.iter().chain([&stats.target_std]).all(|&s| s.is_finite() && s > 0.0);
+    if !(means_finite && scales_positive) {
+        bail!("the statistics are not finite positive scales (a mean or standard deviation is NaN, infinite or not above 0)");
+    }
+    let schema_parsed = Schema {
+        target: spec(&schema["target"])?,
+        numeric: spec_list("numeric")?,
+        categorical: spec_list("categorical")?,
+        date: spec_list("date")?,
+        column_names: serde_json::from_value(schema["column_names"].clone()).unwrap_or(None),
+    };
+    if vocabularies.len() != schema_parsed.categorical.len() {
+        bail!(
+            "the schema has {} categorical columns but the file lists {} vocabularies",
+            schema_parsed.categorical.len(),
+            vocabularies.len()
+        );
+    }
+    let inputs = schema_parsed.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + schema_parsed.date.len();
+    if inputs != n {
+        bail!("the schema and vocabularies make {inputs} features but the model names {n}");
+    }
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
     let read = |name: &str, dims: &[usize]| crate::tensorfile::read_f32(&tensors, name, dims);
     let shape = SalesShape { inputs: n, hidden };
@@ -144,13 +167,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     Ok(SalesModel {
         params,
         stats,
-        schema: Schema {
-            target: spec(&schema["target"])?,
-            numeric: spec_list("numeric")?,
-            categorical: spec_list("categorical")?,
-            date: spec_list("date")?,
-            column_names: serde_json::from_value(schema["column_names"].clone()).unwrap_or(None),
-        },
+        schema: schema_parsed,
         delimiter,
         header: schema["header"].as_bool().unwrap_or(false),
         feature_names,

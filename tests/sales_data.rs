@@ -236,7 +236,7 @@ fn empty_all_bad_and_too_few_rows_are_clear_errors() {
         assert!(Dataset::from_table(&two, fraction).unwrap_err().to_string().contains("between 0 and 1"));
     }
     let missing = Table::read(std::path::Path::new("/nonexistent/sales.tsv"), &options()).unwrap_err();
-    assert!(format!("{missing:#}").starts_with("cannot read /nonexistent/sales.tsv: "), "{missing:#}");
+    assert!(format!("{missing:#}").starts_with("cannot open table /nonexistent/sales.tsv: "), "{missing:#}");
 }
 
 fn date(year: u16, month: u8, day: u8) -> DateValue {

@@ -30,23 +30,40 @@ pub struct ClassifyArgs {
 }
 
 /// Images read from one input, each with the name it is reported under.
-fn read_images(path: &Path) -> Result<(Vec<String>, Vec<f32>)> {
+/// The images of one file: their names, their pixels, and whether the file was an IDX image file.
+fn read_images(path: &Path) -> Result<(Vec<String>, Vec<f32>, bool)> {
+    let shown = crate::fsutil::shown(path);
+    let is_idx = |head: &[u8]| head.starts_with(&[0x1f, 0x8b]) || head.starts_with(&[0, 0, 8, 3]);
+    if !crate::fsutil::is_stdin(path) {
+        // An IDX file is decoded as it is read (it may be gzipped and large), not read whole first.
+        let mut head = [0u8; 4];
+        let read = std::io::Read::read(&mut crate::fsutil::open_input(path, "image file")?, &mut head).unwrap_or(0);
+        if is_idx(&head[..read]) {
+            let images = idx::read_idx(path, 3)?;
+            let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
+            if count == 0 {
+                bail!("{shown}: holds no images");
+            }
+            if (rows, cols) != (IMAGE_SIDE, IMAGE_SIDE) {
+                bail!("{shown}: images are {rows}×{cols} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
+            }
+            idx::check_float_memory(path, count)?;
+            let names = (0..count).map(|i| format!("{shown}#{i}")).collect();
+            return Ok((names, images.data.iter().map(|&p| p as f32 / 255.0).collect(), true));
+        }
+    }
     let bytes = crate::fsutil::read_input(path, "image file")?;
-    let shown = path.display().to_string();
     if bytes.starts_with(b"\x89PNG") {
-        return Ok((vec![shown.clone()], png_pixels(&bytes).with_context(|| shown)?));
+        return Ok((vec![shown.clone()], png_pixels(&bytes).with_context(|| shown)?, false));
     }
     if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
-        return Ok((vec![shown.clone()], pgm_pixels(&bytes).with_context(|| shown)?));
+        return Ok((vec![shown.clone()], pgm_pixels(&bytes).with_context(|| shown)?, false));
     }
-    if bytes.starts_with(&[0x1f, 0x8b]) || bytes.starts_with(&[0, 0, 8, 3]) {
-        let images = idx::read_idx(path, 3)?;
-        let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
-        if (rows, cols) != (IMAGE_SIDE, IMAGE_SIDE) {
-            bail!("{shown}: images are {rows}×{cols} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
-        }
-        let names = (0..count).map(|i| format!("{shown}#{i}")).collect();
-        return Ok((names, images.data.iter().map(|&p| p as f32 / 255.0).collect()));
+    if bytes.starts_with(&[0, 0, 8, 1]) {
+        bail!("{shown} is an IDX label file, not images; give it with --labels");
+    }
+    if is_idx(&bytes) {
+        bail!("{shown}: an IDX image file must be given as a file, not on standard input");
     }
     bail!("{shown}: not a PNG, PGM or IDX image file")
 }
@@ -136,15 +153,16 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
         .filter(|n| n.len() == CLASSES)
         .unwrap_or_else(|| (0..CLASSES).map(|c| c.to_string()).collect());
 
-    let (mut inputs, mut pixels) = (Vec::new(), Vec::new());
+    let (mut inputs, mut pixels, mut one_idx_file) = (Vec::new(), Vec::new(), false);
     for path in &args.images {
-        let (n, p) = read_images(path)?;
+        let (n, p, is_idx) = read_images(path)?;
         inputs.extend(n);
         pixels.extend(p);
+        one_idx_file = is_idx && args.images.len() == 1;
     }
     let mut labels = vec![0u8; inputs.len()];
     if let Some(path) = &args.labels {
-        if args.images.len() != 1 || inputs.len() == 1 && !inputs[0].contains('#') {
+        if !one_idx_file {
             bail!("--labels goes with exactly one IDX image file");
         }
         let read = idx::read_idx(path, 1)?;
@@ -163,6 +181,9 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     let mut predictions = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(super::CPU_CHUNK) {
         evaluation.loss += model::forward(&params, &split, chunk, &mut ws);
+        if ws.probs[..chunk.len() * CLASSES].iter().any(|p| !p.is_finite()) {
+            bail!("the model's output is not finite: its weights are too large to be a trained model");
+        }
         for (s, &row) in chunk.iter().enumerate() {
             let class = ws.predicted[s] as usize;
             predictions.push((row as usize, class, ws.probs[s * CLASSES + class]));

@@ -10,7 +10,7 @@ use super::{Classifier, ModelKind};
 use crate::optim::{OptimArgs, OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Evaluation, idx};
-use crate::checkpoint::{Keep, Keeper};
+use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
 use crate::interrupt::{self, Interrupted};
@@ -73,6 +73,8 @@ pub struct MnistArgs {
     /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
     #[arg(long, default_value = "mnist.safetensors")]
     pub out: PathBuf,
+    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    pub overwrite: bool,
     /// Print errors only: no progress bar and no other lines (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
@@ -117,7 +119,8 @@ struct Epochs<'a> {
 }
 
 /// Writes the epochs that `keeper` keeps to `out`, judged by their validation loss (with --val-split),
-/// else by their test loss, which only `--keep last` (every epoch) uses.
+/// else by their test loss, which only `--keep last` (every epoch) uses. An epoch at chance level is
+/// never written.
 struct Saver<'a> {
     out: &'a Path,
     dataset: Dataset,
@@ -132,6 +135,10 @@ struct Saver<'a> {
 
 impl Saver<'_> {
     fn offer(&mut self, stats: &EpochStats, eval: &Evaluation, params: &Classifier) -> Result<()> {
+        if at_chance(eval.accuracy(), eval.classes) {
+            self.note = "not saved (chance level)".into();
+            return Ok(());
+        }
         let loss = match self.val {
             Some(val) => {
                 let v = params.evaluate(val);
@@ -192,6 +199,11 @@ impl Observer for Epochs<'_> {
         self.display.epoch_finished(&row, &figures, &self.saver.note);
         self.rows.push(row);
     }
+}
+
+/// Whether a test accuracy is no better than guessing: within half of chance's 1 / classes of it.
+fn at_chance(accuracy: f64, classes: usize) -> bool {
+    accuracy <= 1.5 / classes as f64
 }
 
 /// The confusion matrix as text: a header of predicted classes, one row per true class with its recall.
@@ -262,6 +274,14 @@ pub fn run(args: MnistArgs) -> Result<()> {
         None => None,
     };
     let existing = existing_out(&args.out)?;
+    if let Some((_, meta)) = &existing
+        && !args.overwrite
+        && meta.get("dataset").is_some_and(|d| d != args.dataset.name())
+    {
+        let what = format!("an MNIST model of another dataset ({})", meta.get("dataset").map_or("", String::as_str));
+        return Err(checkpoint::other_data(&args.out, &what));
+    }
+    let existing = existing.map(|(old, _)| old).filter(|_| !args.overwrite);
     if let Some(old) = &existing
         && old.kind() != args.model
     {
@@ -304,17 +324,24 @@ pub fn run(args: MnistArgs) -> Result<()> {
         device_line
     ));
 
-    let baseline = match (&existing, &val) {
-        (Some(old), Some(val)) if old.fits_mnist() => {
-            let loss = old.evaluate(val).mean_loss();
+    // The model already at --out, measured on the data each epoch is judged by: the validation split,
+    // else the test set.
+    let baseline = match &existing {
+        Some(old) if old.fits_mnist() => {
+            let (set, name) = match &val {
+                Some(val) => (val, "val loss"),
+                None => (&data.test, "test loss"),
+            };
+            let loss = checkpoint::baseline(&args.out, old.evaluate(set).mean_loss(), name)?;
             display.line(&format!(
-                "--out {} already holds a model of val loss {loss:.4}; only a better epoch replaces it",
+                "--out {} already holds a model of {name} {loss:.4}; only a better epoch replaces it",
                 args.out.display()
             ));
             Some(loss)
         }
         _ => None,
     };
+    let one_class = data.train.labels.first().filter(|&&first| data.train.labels.iter().all(|&l| l == first)).copied();
 
     let params_count = params.param_count();
     let mut trainer = super::trainer(&backend, params, optim, Arc::new(data.train), Arc::new(data.test))?;
@@ -344,9 +371,12 @@ pub fn run(args: MnistArgs) -> Result<()> {
     let completed = rows.len();
     let interrupted = diverged.is_none() && completed < args.epochs;
     let mut status = Status::of(diverged.is_some(), interrupted, saver.kept_eval.is_some());
-    // At chance level: the kept epoch's test accuracy within half of chance's 1 / classes of it.
+    // At chance level: the last epoch's test accuracy within half of chance's 1 / classes of it, so no
+    // epoch was written.
     let chance = 1.0 / shape.classes as f64;
-    let at_chance = saver.kept_eval.as_ref().map(Evaluation::accuracy).filter(|&a| status == Status::Ok && a <= 1.5 * chance);
+    let last_accuracy = rows.last().and_then(|r| r.test_accuracy);
+    let at_chance = last_accuracy
+        .filter(|&a| saver.kept_eval.is_none() && diverged.is_none() && !interrupted && at_chance(a, shape.classes));
     if at_chance.is_some() {
         status = Status::ChanceLevel;
     }
@@ -387,6 +417,7 @@ pub fn run(args: MnistArgs) -> Result<()> {
             "seed": args.seed,
             "train_limit": args.train_limit,
             "val_split": args.val_split,
+            "overwrite": args.overwrite,
             "device": report::flag_value(&args.device),
         });
         let report = Report {
@@ -414,22 +445,32 @@ pub fn run(args: MnistArgs) -> Result<()> {
         report.print()?;
     }
     if let Some(d) = diverged {
-        bail!("{d}; {outcome}; lower --lr or set --clip-norm (this run used --lr {})", report::decimal(optim.lr));
+        let decay = match optim.weight_decay > 1.0 {
+            true => format!(", or a far lower --weight-decay (this run used {})", report::decimal(optim.weight_decay)),
+            false => String::new(),
+        };
+        bail!("{d}; {outcome}; lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr));
     }
     if interrupted {
         return Err(Interrupted(format!("interrupted after epoch {completed} of {}; {outcome}", args.epochs)).into());
     }
+    if let Some(accuracy) = at_chance {
+        let advice = match (one_class, n_train) {
+            (_, n) if n < FEW_IMAGES => {
+                format!("{n} training images are too few to learn from; train on more (--train-limit, --val-split)")
+            }
+            (Some(label), _) => format!("every training image is labelled {label}, so there is nothing to tell apart"),
+            _ if optim.kind == OptimKind::Adam => format!("lower --lr (this run used {})", report::decimal(optim.lr)),
+            _ => format!("lower --lr (this run used {}) or try --optim adam", report::decimal(optim.lr)),
+        };
+        bail!(
+            "the model learned nothing: test accuracy {:.1}% where guessing gets {:.1}%; {outcome}; {advice}",
+            100.0 * accuracy,
+            100.0 * chance
+        );
+    }
     if saver.kept_eval.is_none() {
         bail!("{outcome}");
-    }
-    if let Some(accuracy) = at_chance {
-        bail!(
-            "the model learned nothing: test accuracy {:.1}% where guessing gets {:.1}%; {outcome}; lower --lr (this run \
-             used {}) or try --optim adam",
-            100.0 * accuracy,
-            100.0 * chance,
-            report::decimal(optim.lr)
-        );
     }
     Ok(())
 }
@@ -461,7 +502,10 @@ fn hold_out(train: &mut Split, fraction: f64) -> Result<Split> {
     Ok(val)
 }
 
-/// The MNIST model (MLP or CNN) already at `out` (anything else there is refused).
-fn existing_out(out: &Path) -> Result<Option<Classifier>> {
-    fsutil::existing_model(out, "MNIST", |bytes| Classifier::from_safetensors(bytes).map(|(model, _)| model))
+/// Fewer training images than this give a chance-level model its own explanation.
+const FEW_IMAGES: usize = 100;
+
+/// The MNIST model (MLP or CNN) already at `out`, with its metadata (anything else there is refused).
+fn existing_out(out: &Path) -> Result<Option<(Classifier, std::collections::HashMap<String, String>)>> {
+    fsutil::existing_model(out, "MNIST", Classifier::from_safetensors)
 }

@@ -208,7 +208,25 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
     if let Some(i) = labels.data.iter().position(|&l| l as usize >= CLASSES) {
         bail!("{}: label {} at index {i} is not a class 0–{}", labels_path.display(), labels.data[i], CLASSES - 1);
     }
+    check_float_memory(images_path, count)?;
     // super::INPUT_SCALING says this in the model file.
     let images = images.data.iter().map(|&p| p as f32 / 255.0).collect();
     Ok(Split { images, labels: labels.data, pixels: PIXELS })
+}
+
+/// Refuses `count` images whose 32-bit float copy would not fit in the memory left, before making it
+/// (an allocation that fails aborts).
+pub fn check_float_memory(path: &Path, count: usize) -> Result<()> {
+    let bytes = (count as u64).saturating_mul((PIXELS * std::mem::size_of::<f32>()) as u64);
+    if let Some(available) = crate::resources::available_memory()
+        && bytes > available
+    {
+        bail!(
+            "{}: {count} images take {} as 32-bit floats but only {} of memory is available",
+            path.display(),
+            crate::resources::size(bytes),
+            crate::resources::size(available)
+        );
+    }
+    Ok(())
 }

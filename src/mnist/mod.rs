@@ -96,11 +96,19 @@ impl Classifier {
     pub fn from_safetensors(bytes: &[u8]) -> Result<(Classifier, std::collections::HashMap<String, String>)> {
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| anyhow::anyhow!("not a safetensors file ({e})"))?;
         let is_cnn = header.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str) == Some(cnn::FORMAT);
-        if is_cnn {
-            cnn::CnnParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Cnn(p), meta))
+        let (model, meta) = if is_cnn {
+            cnn::CnnParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Cnn(p), meta))?
         } else {
-            MlpParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Mlp(p), meta))
+            MlpParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Mlp(p), meta))?
+        };
+        let finite = match &model {
+            Classifier::Mlp(p) => p.all_finite(),
+            Classifier::Cnn(p) => p.all_finite(),
+        };
+        if !finite {
+            anyhow::bail!("the parameters contain NaN or infinite values");
         }
+        Ok((model, meta))
     }
 }
 

@@ -68,7 +68,7 @@ fn bad_generate_inputs_are_one_line_errors() {
     let path = small_model(dir.path());
     let model = path.to_str().unwrap();
     for (args, expected) in [
-        (vec!["--prompt", "to be", "--length", "0"], "--length must be at least 1"),
+        (vec!["--prompt", "to be", "--length", "0"], "--length must be between 1 and 100000"),
         (vec!["--prompt", "to be", "--temperature", "-1"], "--temperature must be 0 or more"),
         (vec!["--prompt", "to be", "--top-k", "0"], "--top-k must be at least 1"),
         (vec!["--prompt", "   "], "the prompt has no tokens"),

@@ -203,7 +203,9 @@ fn a_better_model_is_not_replaced_by_a_worse_one() {
     let r = report(&o);
     assert_eq!(r["status"], "not_better");
     assert!(r["final"].is_null() && r["kept_epoch"].is_null());
-    assert_eq!(r["baseline_val_loss"].as_f64(), Some(f64::from(kept)));
+    // The model at --out is measured again on this run's windows: the loss it stored, up to f32 rounding.
+    let baseline = r["baseline_val_loss"].as_f64().unwrap();
+    assert!((baseline - f64::from(kept)).abs() < 1e-5 * baseline, "{baseline} against the stored {kept}");
     assert!(r["epochs"][0]["val_loss"].as_f64().unwrap() > f64::from(kept));
     assert!(std::fs::read(&out).unwrap() == before, "the better model's bytes changed");
 

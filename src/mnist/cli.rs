@@ -456,9 +456,10 @@ pub fn run(args: MnistArgs) -> Result<()> {
     }
     if let Some(accuracy) = at_chance {
         let advice = match (one_class, n_train) {
-            (_, n) if n < FEW_IMAGES => {
-                format!("{n} training images are too few to learn from; train on more (--train-limit, --val-split)")
-            }
+            (_, n) if n < FEW_IMAGES => format!(
+                "{n} training image{} too few to learn from; train on more (--train-limit, --val-split)",
+                if n == 1 { " is" } else { "s are" }
+            ),
             (Some(label), _) => format!("every training image is labelled {label}, so there is nothing to tell apart"),
             _ if optim.kind == OptimKind::Adam => format!("lower --lr (this run used {})", report::decimal(optim.lr)),
             _ => format!("lower --lr (this run used {}) or try --optim adam", report::decimal(optim.lr)),

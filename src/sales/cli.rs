@@ -120,7 +120,8 @@ pub fn run(args: SalesArgs) -> Result<()> {
     let mut options = LoadOptions::new(schema(&args)?);
     options.skip_bad_rows = args.skip_bad_rows;
     options.train_fraction = args.split;
-    let table = Table::read(&file, &options).map_err(|e| match &args.target {
+    let bytes = fsutil::read_input(&file, "table")?;
+    let table = Table::parse(&fsutil::shown(&file), &bytes, &options).map_err(|e| match &args.target {
         Some(_) => e,
         None => anyhow::anyhow!(
             "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target and its \

@@ -40,6 +40,14 @@ fn idx_set(dir: &Path, n_train: usize, n_test: usize, shift: usize, labels: impl
     write("t10k", n_test, n_train);
 }
 
+/// A black 28×28 8-bit greyscale PNG at `path`.
+fn black_png(path: &Path) {
+    let mut encoder = png::Encoder::new(std::fs::File::create(path).unwrap(), 28, 28);
+    encoder.set_color(png::ColorType::Grayscale);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.write_header().unwrap().write_image_data(&[0u8; 784]).unwrap();
+}
+
 fn digit(i: usize) -> u8 {
     (i * 7 % 10) as u8
 }
@@ -144,10 +152,7 @@ fn i038_l008_l020_an_idx_file_of_no_images_is_refused() {
 fn l005_i048_labels_need_one_idx_image_file_and_label_files_are_named() {
     let dir = trained();
     let png = dir.path().join("a#1.png");
-    let mut encoder = png::Encoder::new(std::fs::File::create(&png).unwrap(), 28, 28);
-    encoder.set_color(png::ColorType::Grayscale);
-    encoder.set_depth(png::BitDepth::Eight);
-    encoder.write_header().unwrap().write_image_data(&[0u8; 784]).unwrap();
+    black_png(&png);
     idx_set(&dir.path().join("one"), 1, 1, 0, digit);
     let args = ["classify", "--model", "good.st", "a#1.png", "--labels", "one/t10k-labels-idx1-ubyte"];
     run(dir.path(), &args).fails_with(&["--labels goes with exactly one IDX image file"]);
@@ -186,10 +191,7 @@ fn n055_a_model_at_out_whose_output_is_not_finite_is_named() {
 fn l018_one_image_can_come_from_standard_input() {
     let dir = trained();
     let png = dir.path().join("x.png");
-    let mut encoder = png::Encoder::new(std::fs::File::create(&png).unwrap(), 28, 28);
-    encoder.set_color(png::ColorType::Grayscale);
-    encoder.set_depth(png::BitDepth::Eight);
-    encoder.write_header().unwrap().write_image_data(&[0u8; 784]).unwrap();
+    black_png(&png);
     let mut command = bad_input::textnet(dir.path(), &["classify", "--model", "good.st", "-"]);
     command.stdin(std::fs::File::open(&png).unwrap());
     let run = bad_input::run_for(command, std::time::Duration::from_secs(60));

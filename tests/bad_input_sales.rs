@@ -35,20 +35,13 @@ fn trained() -> tempfile::TempDir {
     dir
 }
 
-/// `model` rewritten to `out` with metadata entry `key` passed through `change` (tensors unchanged).
+/// `model` rewritten to `out` with the JSON in metadata entry `key` passed through `change`.
 fn with_metadata(model: &Path, out: &Path, key: &str, change: impl FnOnce(&mut serde_json::Value)) {
-    let file = bytes(model);
-    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
-    let mut value: serde_json::Value = serde_json::from_str(header["__metadata__"][key].as_str().unwrap()).unwrap();
-    change(&mut value);
-    header["__metadata__"][key] = serde_json::Value::String(value.to_string());
-    let mut text = serde_json::to_vec(&header).unwrap();
-    text.resize(text.len().next_multiple_of(8), b' ');
-    let mut rewritten = (text.len() as u64).to_le_bytes().to_vec();
-    rewritten.extend(text);
-    rewritten.extend(&file[8 + n..]);
-    std::fs::write(out, rewritten).unwrap();
+    bad_input::with_metadata(model, out, |meta| {
+        let mut value: serde_json::Value = serde_json::from_str(meta[key].as_str().unwrap()).unwrap();
+        change(&mut value);
+        meta.insert(key.into(), serde_json::Value::String(value.to_string()));
+    });
 }
 
 fn mkfifo(path: &Path) {

@@ -24,16 +24,7 @@ fn transformer(dir: &Path, corpus: &str, out: &str, extra: &[&str]) -> bad_input
 
 /// `model` rewritten to `out` with metadata entry `key` set to `value` (tensors unchanged).
 fn with_metadata(model: &Path, out: &Path, key: &str, value: &str) {
-    let file = bytes(model);
-    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
-    header["__metadata__"][key] = serde_json::Value::String(value.into());
-    let mut text = serde_json::to_vec(&header).unwrap();
-    text.resize(text.len().next_multiple_of(8), b' ');
-    let mut rewritten = (text.len() as u64).to_le_bytes().to_vec();
-    rewritten.extend(text);
-    rewritten.extend(&file[8 + n..]);
-    std::fs::write(out, rewritten).unwrap();
+    bad_input::with_metadata(model, out, |meta| drop(meta.insert(key.into(), value.into())));
 }
 
 /// The old model stored a validation loss measured on its own corpus; a run compared with that number

@@ -19,7 +19,7 @@ enum Command {
     /// Print the likeliest next tokens after a context, using a trained model file
     Predict(text::cli::PredictArgs),
     /// Continue a prompt by sampling tokens from a trained model file
-    Generate(text::generate::GenerateArgs),
+    Generate(textnet::generate::GenerateArgs),
     /// Evaluate a trained text model on a corpus, without training
     Eval(text::eval::EvalArgs),
     /// Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)
@@ -54,7 +54,7 @@ fn main() {
     let result = match cli.command {
         Command::Train(args) => text::cli::train(args),
         Command::Predict(args) => text::cli::predict(args),
-        Command::Generate(args) => text::generate::run(args),
+        Command::Generate(args) => textnet::generate::run(args),
         Command::Eval(args) => text::eval::run(args),
         Command::Mnist(args) => mnist::cli::run(args),
         Command::Classify(args) => mnist::classify::run(args),

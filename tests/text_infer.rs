@@ -4,7 +4,8 @@ mod text_common;
 
 use std::path::Path;
 use text_common::{shakespeare, text, textnet, train_args};
-use textnet::text::generate::{generate, join, sample};
+use textnet::sampling::sample;
+use textnet::text::generate::{generate, join};
 use textnet::text::model::{Activations, forward};
 use textnet::text::modelfile::TextModel;
 
@@ -52,7 +53,7 @@ fn sampling_follows_the_temperature() {
     use rand::SeedableRng;
     let logits = [5.0f32, 1.0, 0.0, 0.5];
     let mut rng = textnet::cpu::SeededRng::seed_from_u64(1);
-    let draws: Vec<usize> = (0..4000).map(|_| sample(&logits, 1.0, None, &mut rng)).collect();
+    let draws: Vec<usize> = (0..4000).map(|_| sample(&logits, 1.0, None, Some(0), &mut rng)).collect();
     assert!(!draws.contains(&0), "<unk> (id 0) drawn while others were left");
     let share = |i: usize| draws.iter().filter(|&&d| d == i).count() as f64 / draws.len() as f64;
     // exp(1) : exp(0) : exp(0.5) over ids 1, 2, 3.

@@ -368,7 +368,7 @@ fn other_commands_refuse_a_transformer_file_and_generate_refuses_other_models() 
     let xor = dir.path().join("x.safetensors");
     let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    fails_with(&generate(&xor, &["--prompt", "to be", "--length", "5"]), &["x.safetensors is an XOR network", "does not generate text"]);
+    fails_with(&generate(&xor, &["--prompt", "to be", "--length", "5"]), &["x.safetensors: it is an XOR network", "does not generate text"]);
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "To be, or not to be").unwrap();
     fails_with(&generate(&notes, &["--prompt", "to be"]), &["not a textnet model that generates text"]);

@@ -91,12 +91,12 @@ fn other_kinds_of_model_file_are_refused() {
     };
     assert_eq!(
         refusal(&as_kind("format", "textnet-mnist")),
-        "not a textnet transformer model file: it is an MNIST classifier (metadata format \"textnet-mnist\")"
+        "not a textnet transformer model file: it is an MNIST MLP classifier (for textnet classify)"
     );
-    assert!(refusal(&as_kind("format", "textnet-mnist-cnn")).contains("an MNIST classifier"));
+    assert!(refusal(&as_kind("format", "textnet-mnist-cnn")).contains("an MNIST CNN classifier"));
     assert!(refusal(&as_kind("format", "textnet-text")).contains("a next-token text model"));
     assert!(refusal(&as_kind("kind", "xor")).contains("an XOR network"));
-    assert!(refusal(&as_kind("kind", "sales")).contains("a sales model"));
+    assert!(refusal(&as_kind("kind", "sales")).contains("a sales (table) regressor"));
     assert!(refusal(&as_kind("format", "gguf")).contains("another kind of file"));
     assert_eq!(refusal(&edited(&m, |meta| meta.clear(), None)), "not a textnet transformer model file (no metadata format)");
     assert!(refusal(b"hello, world").starts_with("not a safetensors file"));

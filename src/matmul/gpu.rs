@@ -5,10 +5,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaFunction, CudaSlice};
 use std::sync::Arc;
+use crate::gemm::{G128, G128_STAGED_FLOATS};
 
-/// gemm_128's tile and shared floats per operand (G128, G128_STAGED_FLOATS in fused/gemm.cuh).
-const G128: usize = 128;
-const G128_STAGED_FLOATS: usize = 2 * 8 * (G128 + 4);
 /// matmul_tile64's gemm_tile sizes: BM = BN, BK, TM = TN.
 const TILE64: (usize, usize, usize) = (64, 16, 4);
 
@@ -42,7 +40,7 @@ impl Kernel {
             Kernel::Tile128Split2 => ((2 * n.div_ceil(G128), m.div_ceil(G128)), 2 * G128_STAGED_FLOATS * f),
             Kernel::Tile64 => {
                 let (b, bk, t) = TILE64;
-                let shared = crate::mnist::gpu::gemm_shared_floats(b, b, bk, t, t) * f;
+                let shared = crate::gemm::tile_shared_floats(b, b, bk, t, t) * f;
                 ((n.div_ceil(b), m.div_ceil(b)), shared)
             }
         }

@@ -24,14 +24,6 @@ const BACKWARD_REGISTER_TILE: (usize, usize) = (4, 4);
 /// Test samples per mnist_evaluate launch: the whole (Fashion-)MNIST test split in one.
 pub(crate) const EVAL_CHUNK: usize = 10_000;
 
-/// Floats of shared memory one `gemm_tile` needs: `GemmTile<BM, BN, BK, TM, TN>::SHARED_FLOATS` in
-/// fused/gemm.cuh (k-major stages padded by one float per row, or the split-k partial tiles).
-pub fn gemm_shared_floats(bm: usize, bn: usize, bk: usize, tm: usize, tn: usize) -> usize {
-    let ksplit = THREADS / ((bm / tm) * (bn / tn));
-    let stages = bk * (bm + 1 + bn + 1);
-    let partials = if ksplit > 1 { ksplit * bm * bn } else { 0 };
-    stages.max(partials)
-}
 
 /// Grids and shared memory of the three kernels for one model shape.
 #[derive(Clone, Copy, Debug)]
@@ -51,14 +43,14 @@ impl MnistLayout {
         let MlpShape { inputs: i, hidden: h, classes: c, .. } = shape;
         let f = std::mem::size_of::<f32>();
         let (fm, fn_) = FORWARD_TILE;
-        let gemm = gemm_shared_floats(fm, fn_, i, FORWARD_REGISTER_TILE.0, FORWARD_REGISTER_TILE.1);
+        let gemm = crate::gemm::tile_shared_floats(fm, fn_, i, FORWARD_REGISTER_TILE.0, FORWARD_REGISTER_TILE.1);
         let output_layer = (fm + c) * h + fm * c;
         let (bm, bn, bk) = BACKWARD_TILE;
         let tiles = |rows: usize, cols: usize| rows.div_ceil(bm) * cols.div_ceil(bn);
         MnistLayout {
             shape,
             forward_shared: gemm.max(output_layer) * f,
-            backward_shared: gemm_shared_floats(bm, bn, bk, BACKWARD_REGISTER_TILE.0, BACKWARD_REGISTER_TILE.1) * f,
+            backward_shared: crate::gemm::tile_shared_floats(bm, bn, bk, BACKWARD_REGISTER_TILE.0, BACKWARD_REGISTER_TILE.1) * f,
             backward_grid: tiles(h, i + 1) + tiles(c, h + 1),
             update_grid: shape.param_count().div_ceil(THREADS).min(4 * sm_count).max(1),
         }

@@ -38,13 +38,7 @@ pub struct MlpShape {
     pub activation: Activation,
 }
 
-/// The four parameter tensors (or their gradients, or optimizer state) as views of one flat vector.
-pub struct Parts<T> {
-    pub w1: T,
-    pub b1: T,
-    pub w2: T,
-    pub b2: T,
-}
+pub use crate::mlp::Parts;
 
 /// Largest `--hidden` accepted: beyond it the four parameter-sized buffers (parameters, gradient, two
 /// Adam moments) would pass a few GB.
@@ -74,21 +68,11 @@ impl MlpShape {
     }
 
     pub fn split<'a>(&self, flat: &'a [f32]) -> Parts<&'a [f32]> {
-        let MlpShape { inputs: i, hidden: h, classes: c, .. } = *self;
-        assert_eq!(flat.len(), self.param_count(), "flat buffer does not match the model shape");
-        let (w1, rest) = flat.split_at(h * i);
-        let (b1, rest) = rest.split_at(h);
-        let (w2, b2) = rest.split_at(c * h);
-        Parts { w1, b1, w2, b2 }
+        Parts::of(flat, self.inputs, self.hidden, self.classes)
     }
 
     pub fn split_mut<'a>(&self, flat: &'a mut [f32]) -> Parts<&'a mut [f32]> {
-        let MlpShape { inputs: i, hidden: h, classes: c, .. } = *self;
-        assert_eq!(flat.len(), self.param_count(), "flat buffer does not match the model shape");
-        let (w1, rest) = flat.split_at_mut(h * i);
-        let (b1, rest) = rest.split_at_mut(h);
-        let (w2, b2) = rest.split_at_mut(c * h);
-        Parts { w1, b1, w2, b2 }
+        Parts::of_mut(flat, self.inputs, self.hidden, self.classes)
     }
 }
 

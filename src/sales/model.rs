@@ -16,7 +16,7 @@
 
 use super::data::{Split, Stats};
 use crate::cpu::dot;
-use crate::mnist::model::Parts;
+use crate::mlp::Parts;
 use crate::optim::{OptimConfig, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
@@ -60,21 +60,11 @@ impl SalesShape {
     }
 
     pub fn split<'a>(&self, flat: &'a [f32]) -> Parts<&'a [f32]> {
-        let SalesShape { inputs: n, hidden: h } = *self;
-        assert_eq!(flat.len(), self.param_count(), "flat buffer does not match the model shape");
-        let (w1, rest) = flat.split_at(h * n);
-        let (b1, rest) = rest.split_at(h);
-        let (w2, b2) = rest.split_at(h);
-        Parts { w1, b1, w2, b2 }
+        Parts::of(flat, self.inputs, self.hidden, 1)
     }
 
     pub fn split_mut<'a>(&self, flat: &'a mut [f32]) -> Parts<&'a mut [f32]> {
-        let SalesShape { inputs: n, hidden: h } = *self;
-        assert_eq!(flat.len(), self.param_count(), "flat buffer does not match the model shape");
-        let (w1, rest) = flat.split_at_mut(h * n);
-        let (b1, rest) = rest.split_at_mut(h);
-        let (w2, b2) = rest.split_at_mut(h);
-        Parts { w1, b1, w2, b2 }
+        Parts::of_mut(flat, self.inputs, self.hidden, 1)
     }
 }
 

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
+use crate::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
 
 const WARPS: usize = 8;
 /// Steps of at least this many samples take the tiled-matmul kernels of `fused/text_batch.cu`.
@@ -22,11 +23,6 @@ pub const TILED_MIN_BATCH: usize = 64;
 const TILE: usize = 128;
 const SLICE: usize = 1024;
 const B_SLICE: usize = 128;
-/// gemm_128's k per chunk and shared row stride (G128_BK, G128_LD in fused/gemm.cuh).
-const GEMM_BK: usize = 8;
-const GEMM_LD: usize = TILE + 4;
-/// Floats of one gemm_128 operand staged through shared memory: two chunk buffers (G128_STAGED_FLOATS).
-const GEMM_STAGED_FLOATS: usize = 2 * GEMM_BK * GEMM_LD;
 /// Floats of text_batch_backward's shared memory after its two staged operands: the ∂W2 blocks' sample
 /// records [SLICE] (4 floats each) and ∂b2 sums [WARPS][TILE].
 const TILED_BACKWARD_EXTRA: usize = 4 * SLICE + WARPS * TILE;
@@ -146,8 +142,8 @@ impl TextLayout {
     /// text_batch_forward: hT `[H][LD]` and xT `[D][LD]` (H and D rounded up to whole chunks), one staged
     /// operand.
     pub fn tiled_forward_shared(&self) -> usize {
-        let (h, d) = (self.shape.hidden.next_multiple_of(GEMM_BK), self.shape.embed.next_multiple_of(GEMM_BK));
-        ((h + d) * GEMM_LD + GEMM_STAGED_FLOATS) * F32
+        let (h, d) = (self.shape.hidden.next_multiple_of(G128_BK), self.shape.embed.next_multiple_of(G128_BK));
+        ((h + d) * G128_LD + G128_STAGED_FLOATS) * F32
     }
 
     /// Vocabulary tiles of text_batch_forward.
@@ -571,7 +567,7 @@ impl GpuTrainer {
                 backward: Gpu::function(&module, "text_batch_backward")?,
                 update: Gpu::function(&module, "text_batch_update")?,
             };
-            let stage = 2 * GEMM_STAGED_FLOATS * F32;
+            let stage = 2 * G128_STAGED_FLOATS * F32;
             self.gpu.reserve_shared(&kernels.forward, self.layout.tiled_forward_shared(), "--hidden")?;
             self.gpu.reserve_shared(&kernels.backward, stage + TILED_BACKWARD_EXTRA * F32, "--hidden")?;
             self.gpu.reserve_shared(&kernels.update, stage, "--hidden")?;
@@ -591,7 +587,7 @@ impl GpuTrainer {
         let (tokens, positions, cursor, off) =
             (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32));
         let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
-        let stage = (2 * GEMM_STAGED_FLOATS * F32) as u32;
+        let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
         let (v_tiles, s_tiles, h_tiles) = (l.vocab_tiles(), batch.div_ceil(TILE), h.div_ceil(TILE));
         // text_batch_forward: one block per SM, each sample tile's vocabulary tiles split into groups.
         let groups = (g.sm_count as usize / s_tiles).clamp(1, v_tiles);

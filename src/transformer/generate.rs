@@ -5,7 +5,7 @@
 use super::model;
 use super::modelfile::TransformerModel;
 use crate::cpu::SeededRng;
-use crate::text::generate::sample;
+use crate::sampling::sample;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 
@@ -22,7 +22,7 @@ pub fn generate(model: &TransformerModel, prompt: &str, length: usize, temperatu
         if logits.iter().any(|l| !l.is_finite()) {
             bail!("the model's output is not finite: its weights are too large to be a trained model");
         }
-        ids.push(sample(&logits, temperature, top_k, &mut rng) as u32);
+        ids.push(sample(&logits, temperature, top_k, Some(super::data::UNKNOWN_ID as usize), &mut rng) as u32);
     }
     Ok((model.vocab.decode(&ids[first..]), unknown))
 }

@@ -71,9 +71,10 @@ impl TransformerModel {
         let meta = header.metadata().as_ref().unwrap_or(&no_metadata);
         match meta.get("format").or_else(|| meta.get("kind")).map(String::as_str) {
             Some(FORMAT) => {}
-            Some(other) => {
-                bail!("not a textnet transformer model file: it is {} (metadata format {other:?})", kind_name(other))
-            }
+            Some(other) => match crate::modelkind::describe(Some(meta)) {
+                Some(what) => bail!("not a textnet transformer model file: {what}"),
+                None => bail!("not a textnet transformer model file: it is another kind of file (metadata format {other:?})"),
+            },
             None => bail!("not a textnet transformer model file (no metadata format)"),
         }
         let entry =
@@ -141,14 +142,3 @@ fn sizes_match_tensors(config: &Config, tensors: &SafeTensors) -> Result<()> {
 
 /// The tensors outside the blocks: the two embeddings, the last LayerNorm's two and the head's two.
 const FIXED_TENSORS: usize = 6;
-
-/// What another textnet model file's `format` (or `kind`) says it is.
-fn kind_name(format: &str) -> &'static str {
-    match format {
-        crate::text::modelfile::FORMAT => "a next-token text model (textnet train)",
-        crate::mnist::model::FORMAT | crate::mnist::cnn::FORMAT => "an MNIST classifier",
-        crate::xor::modelfile::KIND => "an XOR network",
-        crate::sales::modelfile::KIND => "a sales model",
-        _ => "another kind of file",
-    }
-}

@@ -86,7 +86,7 @@ fn bad_generate_inputs_are_one_line_errors() {
     let run = textnet(&["mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--hidden", "8", "--train-limit", "300", "--quiet", "--out", mnist.to_str().unwrap()]);
     assert!(run.status.success(), "{}", text(&run.stderr));
     let out = textnet(&["generate", "--model", mnist.to_str().unwrap(), "--prompt", "to be"]);
-    assert!(text(&out.stderr).contains("is an MNIST classifier"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("it is an MNIST MLP classifier"), "{}", text(&out.stderr));
 }
 
 #[test]

@@ -33,11 +33,7 @@ fn main() {
             println!("cargo:rerun-if-changed={}", file.display())
         })
         .unwrap_or_else(|e| panic!("read {e}"));
-        let hash: String = Sha256::digest(source.as_bytes())
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash: String = Sha256::digest(source.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect();
         let resolved = out_dir.join(format!("{name}.cu"));
         fs::write(&resolved, &source).expect("write resolved kernel source");
         writeln!(

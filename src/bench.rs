@@ -97,7 +97,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
         BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
         BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
-        BenchTarget::Transformer => crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.tf32, args.large, args.json),
+        BenchTarget::Transformer => {
+            crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.tf32, args.large, args.json)
+        }
         BenchTarget::Sales => crate::sales::bench::bench(
             &gpu,
             &crate::sales::bench::SalesBenchOptions {

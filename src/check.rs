@@ -1,9 +1,9 @@
 //! The harness every pipeline's selftest checks are built on: one check's result, the relative error it
 //! is judged by, which checks a run selects, and the random generator each group of checks draws from.
 
+use crate::cpu::SeededRng;
 use crate::device::{self, Gpu};
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use std::sync::Arc;
 
 /// One comparison of a GPU result with the CPU reference.

@@ -49,7 +49,8 @@ fn kernel_source_from(dir: &Path, name: &str) -> Result<&'static KernelSource> {
     eprintln!("note: fused/{name}.cu read from {} (TEXTNET_FUSED_DIR)", path.display());
     // Kept for the life of the process, as the embedded sources are.
     let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
-    let unit: &'static KernelSource = Box::leak(Box::new(KernelSource { name, hash: "", source: Box::leak(source.into_boxed_str()) }));
+    let unit: &'static KernelSource =
+        Box::leak(Box::new(KernelSource { name, hash: "", source: Box::leak(source.into_boxed_str()) }));
     loaded.push(unit);
     Ok(unit)
 }
@@ -169,7 +170,8 @@ impl Gpu {
             if count <= ordinal as i32 {
                 bail!("no CUDA GPU found (the driver sees {count})");
             }
-            let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a context on GPU {ordinal}: {e}"))?;
+            let ctx =
+                CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a context on GPU {ordinal}: {e}"))?;
             // One stream, no cross-stream event bookkeeping: it would add event records to captured graphs.
             unsafe { ctx.disable_event_tracking() };
             // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
@@ -177,8 +179,7 @@ impl Gpu {
             let name = ctx.name()?;
             let compute_capability = ctx.compute_capability()?;
             let sm_count = ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-            let max_shared_optin =
-                ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+            let max_shared_optin = ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
             Ok(Gpu { ctx, stream, name, compute_capability, sm_count, max_shared_optin, modules: Mutex::default() })
         })
     }
@@ -314,9 +315,8 @@ impl Gpu {
             numAttrs: (programmatic && programmatic_launch_enabled()) as u32,
         };
         // SAFETY: `params` holds one pointer per kernel parameter, each to a live u64 of `storage`.
-        let status = unsafe {
-            sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
-        };
+        let status =
+            unsafe { sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) };
         if status != sys::CUresult::CUDA_SUCCESS {
             bail!("launching {name} failed: {status:?}");
         }
@@ -444,9 +444,7 @@ pub fn precompile(compute_capability: (i32, i32), requests: &[ModuleRequest]) {
 
 /// Where compiled kernels are kept: `$TEXTNET_CACHE`, else the user's cache directory.
 pub fn cache_dir() -> Option<PathBuf> {
-    std::env::var_os("TEXTNET_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
+    std::env::var_os("TEXTNET_CACHE").map(PathBuf::from).or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
 }
 
 /// `compile_cubin` behind a cache in memory, for the life of the process, and on disk, keyed by the
@@ -454,7 +452,8 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// a recompile.
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
     static MEMORY: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
-    let options: String = extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
+    let options: String =
+        extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
     let (major, minor) = compute_capability;
     let name = format!("{}-{}-sm_{major}{minor}-{options}.cubin", unit.name, unit.hash);
     let memory = || MEMORY.lock().unwrap_or_else(|p| p.into_inner());

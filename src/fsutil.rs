@@ -78,7 +78,9 @@ pub fn check_output_named(flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> R
             bail!("{flag} {shown} cannot be read ({e}), so it is not replaced; choose another {flag}");
         }
         if meta.permissions().readonly() {
-            bail!("{flag} {shown} is write-protected, so it is not replaced (make it writable or choose another {flag})");
+            bail!(
+                "{flag} {shown} is write-protected, so it is not replaced (make it writable or choose another {flag})"
+            );
         }
     }
     let dir = parent_dir(out);

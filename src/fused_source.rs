@@ -7,9 +7,14 @@ use std::path::{Path, PathBuf};
 
 /// The text of `path` with each quoted include (relative to the including file) inlined once per
 /// translation unit; `visit` sees every file read.
-pub fn resolve_includes(path: &Path, seen: &mut BTreeSet<PathBuf>, visit: &mut dyn FnMut(&Path)) -> std::io::Result<String> {
+pub fn resolve_includes(
+    path: &Path,
+    seen: &mut BTreeSet<PathBuf>,
+    visit: &mut dyn FnMut(&Path),
+) -> std::io::Result<String> {
     visit(path);
-    let text = std::fs::read_to_string(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         if let Some(rest) = line.trim_start().strip_prefix("#include \"") {

@@ -58,7 +58,9 @@ impl Generator {
             })
             .unwrap_or_default();
         match kind.as_str() {
-            modelfile::FORMAT => Ok(Generator::Text(TextModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))?)),
+            modelfile::FORMAT => Ok(Generator::Text(
+                TextModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))?,
+            )),
             crate::transformer::modelfile::FORMAT => Ok(Generator::Transformer(
                 TransformerModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))?,
             )),
@@ -90,10 +92,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let (prompt, generated) = generate(&model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
     let text = join(&prompt.iter().chain(&generated).cloned().collect::<Vec<_>>());
     if args.json {
-        console::out(&json!({
-            "model": args.model.display().to_string(), "prompt": prompt, "tokens": generated, "text": text,
-            "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
-        }).to_string());
+        console::out(
+            &json!({
+                "model": args.model.display().to_string(), "prompt": prompt, "tokens": generated, "text": text,
+                "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
+            })
+            .to_string(),
+        );
     } else {
         console::out(&text);
     }
@@ -102,8 +107,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// `textnet generate` with a Transformer: characters, not tokens (--length counts characters).
 fn run_transformer(args: &GenerateArgs, model: &TransformerModel) -> Result<()> {
-    let (generated, unknown) =
-        crate::transformer::generate::generate(model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
+    let (generated, unknown) = crate::transformer::generate::generate(
+        model,
+        &args.prompt,
+        args.length,
+        args.temperature,
+        args.top_k,
+        args.seed,
+    )?;
     if unknown > 0 {
         console::err(&format!(
             "note: {unknown} character{} of the prompt {} not in the model's vocabulary and read as unknown",
@@ -112,11 +123,14 @@ fn run_transformer(args: &GenerateArgs, model: &TransformerModel) -> Result<()> 
         ));
     }
     if args.json {
-        console::out(&json!({
-            "model": args.model.display().to_string(), "prompt": args.prompt, "generated": generated,
-            "text": format!("{}{generated}", args.prompt), "unknown_prompt_chars": unknown,
-            "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
-        }).to_string());
+        console::out(
+            &json!({
+                "model": args.model.display().to_string(), "prompt": args.prompt, "generated": generated,
+                "text": format!("{}{generated}", args.prompt), "unknown_prompt_chars": unknown,
+                "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
+            })
+            .to_string(),
+        );
     } else {
         console::out(&format!("{}{generated}", args.prompt));
     }

@@ -103,5 +103,6 @@ fn negative_value_error(err: &clap::Error) -> Option<String> {
     let unsigned = std::error::Error::source(err)
         .and_then(|e| e.downcast_ref::<std::num::ParseIntError>())
         .is_some_and(|e| *e.kind() == std::num::IntErrorKind::InvalidDigit);
-    (value.starts_with('-') && unsigned).then(|| format!("textnet: error: {flag} takes a whole number of 0 or more, got {value}"))
+    (value.starts_with('-') && unsigned)
+        .then(|| format!("textnet: error: {flag} takes a whole number of 0 or more, got {value}"))
 }

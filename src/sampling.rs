@@ -7,7 +7,13 @@ use rand::RngExt;
 
 /// The index drawn from `logits` at `temperature` (0: the largest), among the `top_k` largest, never
 /// `skip` (the unknown token's id) while another candidate is left.
-pub fn sample(logits: &[f32], temperature: f32, top_k: Option<usize>, skip: Option<usize>, rng: &mut SeededRng) -> usize {
+pub fn sample(
+    logits: &[f32],
+    temperature: f32,
+    top_k: Option<usize>,
+    skip: Option<usize>,
+    rng: &mut SeededRng,
+) -> usize {
     let mut candidates: Vec<usize> = (0..logits.len()).filter(|&i| Some(i) != skip || logits.len() == 1).collect();
     candidates.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     candidates.truncate(top_k.unwrap_or(usize::MAX).max(1));

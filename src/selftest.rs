@@ -91,7 +91,8 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let opened = started.elapsed().as_secs_f64();
     let seed = args.seed.unwrap_or_else(rand::random);
     eprintln!("selftest on {} (seed {seed}; GPU opened in {opened:.1} s)", gpu.describe());
-    let pipelines: Vec<Pipeline> = args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(*p) } else { None }).collect();
+    let pipelines: Vec<Pipeline> =
+        args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(*p) } else { None }).collect();
     let groups = args.only.iter().filter_map(|o| if let Only::Group(g) = o { Some(*g) } else { None }).collect();
     let plan = Plan { seed, quick: args.quick, groups };
     let mut checks = Vec::new();

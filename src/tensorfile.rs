@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Named f32 tensors (row-major, with their shapes) and metadata as safetensors bytes.
 pub fn to_bytes(tensors: &[(&str, &[f32], Vec<usize>)], metadata: BTreeMap<String, String>) -> Result<Vec<u8>> {
-    let data: Vec<Vec<u8>> = tensors.iter().map(|(_, values, _)| values.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let data: Vec<Vec<u8>> =
+        tensors.iter().map(|(_, values, _)| values.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
     let views = tensors
         .iter()
         .zip(&data)

@@ -34,7 +34,8 @@ fn idx_set(dir: &Path, n_train: usize, n_test: usize, shift: usize, labels: impl
         let count = (n as u32).to_be_bytes();
         let header = [&[0u8, 0, 8, 3][..], &count, &28u32.to_be_bytes(), &28u32.to_be_bytes()].concat();
         std::fs::write(dir.join(format!("{name}-images-idx3-ubyte")), [header, images].concat()).unwrap();
-        std::fs::write(dir.join(format!("{name}-labels-idx1-ubyte")), [&[0u8, 0, 8, 1][..], &count, &classes].concat()).unwrap();
+        std::fs::write(dir.join(format!("{name}-labels-idx1-ubyte")), [&[0u8, 0, 8, 1][..], &count, &classes].concat())
+            .unwrap();
     };
     write("train", n_train, 0);
     write("t10k", n_test, n_train);
@@ -75,7 +76,8 @@ fn n046_a_chance_level_run_writes_nothing() {
     let run = mnist(dir.path(), "digits", "m.st", &["--train-limit", "1", "--epochs", "1"]);
     run.fails_with(&["learned nothing", "m.st is unchanged", "1 training image is too few"]);
     assert_eq!(bytes(&dir.path().join("m.st")), before);
-    mnist(dir.path(), "digits", "new.st", &["--train-limit", "1", "--epochs", "1"]).fails_with(&["nothing written to new.st"]);
+    mnist(dir.path(), "digits", "new.st", &["--train-limit", "1", "--epochs", "1"])
+        .fails_with(&["nothing written to new.st"]);
     assert!(!dir.path().join("new.st").exists());
 }
 
@@ -94,7 +96,8 @@ fn n048_a_model_of_another_dataset_is_kept_unless_overwrite() {
     idx_set(&dir.path().join("fashion"), 2000, 500, 4, digit);
     let before = bytes(&dir.path().join("good.st"));
     let args = ["--dataset", "fashion", "--val-split", "0.1", "--epochs", "1"];
-    mnist(dir.path(), "fashion", "good.st", &args).fails_with(&["holds an MNIST model of another dataset (mnist)", "--overwrite"]);
+    mnist(dir.path(), "fashion", "good.st", &args)
+        .fails_with(&["holds an MNIST model of another dataset (mnist)", "--overwrite"]);
     assert_eq!(bytes(&dir.path().join("good.st")), before);
     mnist(dir.path(), "fashion", "good.st", &[&args[..], &["--overwrite"]].concat()).succeeds();
 }
@@ -133,9 +136,11 @@ fn c002_c003_c004_classify_refuses_non_finite_models_and_outputs() {
     with_tensor(&model, &dir.path().join("huge.st"), "w1", 3e38);
     let images = "digits/t10k-images-idx3-ubyte";
     for crafted in ["nan.st", "inf.st"] {
-        run(dir.path(), &["classify", "--model", crafted, images]).fails_with(&["the parameters contain NaN or infinite values"]);
+        run(dir.path(), &["classify", "--model", crafted, images])
+            .fails_with(&["the parameters contain NaN or infinite values"]);
     }
-    run(dir.path(), &["classify", "--model", "huge.st", images, "--json"]).fails_with(&["the model's output is not finite"]);
+    run(dir.path(), &["classify", "--model", "huge.st", images, "--json"])
+        .fails_with(&["the model's output is not finite"]);
 }
 
 #[test]

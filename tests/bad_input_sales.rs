@@ -77,7 +77,8 @@ fn d014_a_one_hot_matrix_too_large_for_memory_is_refused() {
     std::fs::write(dir.path().join("ids.csv"), format!("price,qty,cat,date,total\n{rows}")).unwrap();
     let mut args = vec!["sales", "ids.csv", "--out", "s.st", "--device", "cpu", "--epochs", "1"];
     args.extend(SCHEMA);
-    run_limited(dir.path(), &args, 1 << 31).fails_with(&["one-hot features need about", "\"cat\" alone has 50000 levels"]);
+    run_limited(dir.path(), &args, 1 << 31)
+        .fails_with(&["one-hot features need about", "\"cat\" alone has 50000 levels"]);
     assert!(!dir.path().join("s.st").exists());
 }
 
@@ -85,10 +86,13 @@ fn d014_a_one_hot_matrix_too_large_for_memory_is_refused() {
 fn p113_p115_vocabularies_must_match_the_schema() {
     let dir = trained();
     let model = dir.path().join("s.st");
-    with_metadata(&model, &dir.path().join("extra.st"), "vocabularies", |v| v.as_array_mut().unwrap().push(serde_json::json!(["x"])));
+    with_metadata(&model, &dir.path().join("extra.st"), "vocabularies", |v| {
+        v.as_array_mut().unwrap().push(serde_json::json!(["x"]))
+    });
     with_metadata(&model, &dir.path().join("nocat.st"), "schema", |v| v["categorical"] = serde_json::json!([]));
     for crafted in ["extra.st", "nocat.st"] {
-        run(dir.path(), &["sales", "--model", crafted, "--predict", "ok.csv"]).fails_with(&["categorical columns but the file lists"]);
+        run(dir.path(), &["sales", "--model", crafted, "--predict", "ok.csv"])
+            .fails_with(&["categorical columns but the file lists"]);
     }
 }
 
@@ -102,7 +106,8 @@ fn p111_p112_statistics_must_be_finite_positive_scales() {
     });
     with_metadata(&model, &dir.path().join("huge.st"), "stats", |v| v["target_std"] = serde_json::json!(1e300));
     for crafted in ["std0.st", "huge.st"] {
-        run(dir.path(), &["sales", "--model", crafted, "--predict", "ok.csv"]).fails_with(&["the statistics are not finite positive"]);
+        run(dir.path(), &["sales", "--model", crafted, "--predict", "ok.csv"])
+            .fails_with(&["the statistics are not finite positive"]);
     }
 }
 
@@ -122,7 +127,20 @@ fn p123_predictions_never_overwrite_a_model_file() {
 fn a_sales_model_of_other_features_at_out_is_kept_unless_overwrite() {
     let dir = trained();
     let before = bytes(&dir.path().join("s.st"));
-    let args = ["sales", "ok.csv", "--out", "s.st", "--device", "cpu", "--epochs", "2", "--target", "total", "--numeric", "price"];
+    let args = [
+        "sales",
+        "ok.csv",
+        "--out",
+        "s.st",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--target",
+        "total",
+        "--numeric",
+        "price",
+    ];
     run(dir.path(), &args).fails_with(&["holds a sales model of other features", "--overwrite"]);
     assert_eq!(bytes(&dir.path().join("s.st")), before);
     run(dir.path(), &[&args[..], &["--overwrite", "--quiet"]].concat()).succeeds();
@@ -137,17 +155,20 @@ fn d023_d040_d041_p109_tables_that_cannot_be_read_say_why() {
     let utf16: Vec<u8> = "\u{feff}price,qty,total\n1,2,3\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
     write("utf16.csv", &utf16);
     write("tabs.tsv", table(20).replace(',', "\t").as_bytes());
-    let train = |file: &str| run(dir.path(), &["sales", file, "--target", "total", "--numeric", "price,qty", "--out", "x.st"]);
+    let train =
+        |file: &str| run(dir.path(), &["sales", file, "--target", "total", "--numeric", "price,qty", "--out", "x.st"]);
     train("semi.csv").fails_with(&["semicolon-separated tables are not read"]);
     train("open.csv").fails_with(&["a quoted field (\"…) is never closed"]);
     train("utf16.csv").fails_with(&["is not UTF-8 text", "convert it to UTF-8"]);
-    run(dir.path(), &["sales", "--model", "s.st", "--predict", "tabs.tsv"]).fails_with(&["the model reads comma-separated rows", "tab-separated"]);
+    run(dir.path(), &["sales", "--model", "s.st", "--predict", "tabs.tsv"])
+        .fails_with(&["the model reads comma-separated rows", "tab-separated"]);
 }
 
 #[test]
 fn d083_without_target_the_default_schema_is_named() {
     let dir = trained();
-    run(dir.path(), &["sales", "ok.csv", "--out", "x.st"]).fails_with(&["without --target the 10-column sales.tsv schema is assumed"]);
+    run(dir.path(), &["sales", "ok.csv", "--out", "x.st"])
+        .fails_with(&["without --target the 10-column sales.tsv schema is assumed"]);
 }
 
 #[test]

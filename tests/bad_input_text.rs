@@ -66,7 +66,8 @@ fn k002_a_model_of_another_vocabulary_at_out_is_kept() {
     let (dir, model) = trained();
     std::fs::write(dir.path().join("five.txt"), "a b c d e ".repeat(20)).unwrap();
     let before = bytes(&model);
-    train(dir.path(), "five.txt", "m.st", &[]).fails_with(&["--out m.st holds a text model of another vocabulary", "--overwrite"]);
+    train(dir.path(), "five.txt", "m.st", &[])
+        .fails_with(&["--out m.st holds a text model of another vocabulary", "--overwrite"]);
     assert_eq!(bytes(&model), before, "the model was replaced");
     train(dir.path(), "five.txt", "m.st", &["--overwrite"]).succeeds();
     assert_ne!(bytes(&model), before, "--overwrite did not replace it");
@@ -75,7 +76,8 @@ fn k002_a_model_of_another_vocabulary_at_out_is_kept() {
 #[test]
 fn o026_a_second_run_on_the_same_out_is_refused_while_the_first_runs() {
     let (dir, model) = trained();
-    let mut first = textnet(dir.path(), &["train", "english.txt", "--out", "m.st", "--device", "cpu", "--epochs", "1000"]);
+    let mut first =
+        textnet(dir.path(), &["train", "english.txt", "--out", "m.st", "--device", "cpu", "--epochs", "1000"]);
     let mut first = first.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let lock = dir.path().join(".m.st.lock");
     let start = Instant::now();
@@ -129,7 +131,8 @@ fn large_vocabulary(dir: &Path, words: usize, distinct: usize) {
     let text = text.join(" ");
     std::fs::write(dir.join("big.txt"), &text).unwrap();
     let tokenizer = Tokenizer::default();
-    let corpus = Corpus::from_text(&text, CorpusOptions { tokenizer, max_vocab: usize::MAX, max_tokens: None }).unwrap();
+    let corpus =
+        Corpus::from_text(&text, CorpusOptions { tokenizer, max_vocab: usize::MAX, max_tokens: None }).unwrap();
     let shape = TextShape { vocab: corpus.vocab.len(), embed: 64, hidden: 256, context: 3 };
     TextModel { params: TextParams::init(shape, 1), tokenizer, vocab: corpus.vocab }.save(&dir.join("big.st")).unwrap();
 }
@@ -141,7 +144,8 @@ fn large_vocabulary(dir: &Path, words: usize, distinct: usize) {
 fn e017_u008_eval_of_a_large_corpus_does_not_take_minutes() {
     let dir = tempfile::tempdir().unwrap();
     large_vocabulary(dir.path(), 600_000, 8000);
-    let run = run_for(textnet(dir.path(), &["eval", "big.txt", "--model", "big.st", "--json"]), Duration::from_secs(100));
+    let run =
+        run_for(textnet(dir.path(), &["eval", "big.txt", "--model", "big.st", "--json"]), Duration::from_secs(100));
     run.succeeds();
     let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["samples"], 600_000 - 3);
@@ -172,13 +176,18 @@ fn m044_resuming_a_model_whose_output_is_not_finite_is_refused_as_such() {
 fn m045_a_model_at_out_whose_output_is_not_finite_is_named() {
     let (dir, model) = trained();
     with_huge_weights(&model, &model, 3e38);
-    train(dir.path(), "english.txt", "m.st", &[]).fails_with(&["--out m.st holds a model whose outputs", "not finite", "--overwrite"]);
+    train(dir.path(), "english.txt", "m.st", &[]).fails_with(&[
+        "--out m.st holds a model whose outputs",
+        "not finite",
+        "--overwrite",
+    ]);
 }
 
 #[test]
 fn e005_eval_refuses_max_tokens_0() {
     let (dir, _) = trained();
-    run(dir.path(), &["eval", "english.txt", "--model", "m.st", "--max-tokens", "0"]).fails_with(&["--max-tokens must be at least 1"]);
+    run(dir.path(), &["eval", "english.txt", "--model", "m.st", "--max-tokens", "0"])
+        .fails_with(&["--max-tokens must be at least 1"]);
 }
 
 #[test]
@@ -241,12 +250,14 @@ fn o022_o023_a_failed_save_says_the_file_is_unchanged() {
     };
     // About 124 kB of parameters.
     let large = ["--embed", "64", "--hidden", "256"];
-    train(dir.path(), "english.txt", "full/m.st", &large).fails_with(&["No space left on device", "nothing written to full/m.st"]);
+    train(dir.path(), "english.txt", "full/m.st", &large)
+        .fails_with(&["No space left on device", "nothing written to full/m.st"]);
     // Room for a small old model but not for the new one beside it.
     let small = dir.path().join("full/m.st");
     std::fs::write(&small, bytes(&model)).unwrap();
     let args = [&large[..], &["--keep", "last", "--overwrite"]].concat();
-    train(dir.path(), "english.txt", "full/m.st", &args).fails_with(&["No space left on device", "full/m.st is unchanged"]);
+    train(dir.path(), "english.txt", "full/m.st", &args)
+        .fails_with(&["No space left on device", "full/m.st is unchanged"]);
     assert_eq!(bytes(&small), bytes(&model));
 }
 
@@ -264,7 +275,8 @@ fn w014_w015_output_lost_to_a_full_disk_fails_the_command() {
     };
     let predict = to_full(&["predict", "--model", "m.st", "to be"], full.try_clone().unwrap());
     predict.fails_with(&["cannot write to standard output", "No space left on device"]);
-    let report = to_full(&["train", "english.txt", "--out", "j.st", "--device", "cpu", "--epochs", "1", "--json"], full);
+    let report =
+        to_full(&["train", "english.txt", "--out", "j.st", "--device", "cpu", "--epochs", "1", "--json"], full);
     report.fails_with(&["cannot write to standard output"]);
 }
 
@@ -275,7 +287,8 @@ fn t026_t028_inputs_that_are_no_files_are_named_so() {
     piped.stdin(Stdio::piped());
     run_for(piped, Duration::from_secs(60)).fails_with(&["corpus /dev/stdin is not a regular file", "give - instead"]);
     let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
-    run(dir.path(), &["train", "sock", "--out", "m.st", "--device", "cpu"]).fails_with(&["corpus sock is not a regular file"]);
+    run(dir.path(), &["train", "sock", "--out", "m.st", "--device", "cpu"])
+        .fails_with(&["corpus sock is not a regular file"]);
 }
 
 #[test]

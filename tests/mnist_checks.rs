@@ -2,8 +2,8 @@
 //! kink as often as the check's redraw rule counts on, and the watch sees a step that touches it.
 
 use rand::SeedableRng;
-use textnet::cpu::SeededRng;
 use std::sync::Arc;
+use textnet::cpu::SeededRng;
 use textnet::mnist::CpuTrainer;
 use textnet::mnist::checks::{TRAINING_EPOCHS, TRAINING_MARGIN, training_cases, training_problem};
 use textnet::mnist::model::{Activation, kink_margin};

@@ -23,8 +23,21 @@ fn images_in_every_format_get_the_models_predictions() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = dir.path().join("m.safetensors");
     let train = textnet(&[
-        "mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--hidden", "16", "--train-limit", "3000",
-        "--quiet", "--json", "--out", model_path.to_str().unwrap(),
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--hidden",
+        "16",
+        "--train-limit",
+        "3000",
+        "--quiet",
+        "--json",
+        "--out",
+        model_path.to_str().unwrap(),
     ]);
     assert!(train.status.success(), "{}", text(&train.stderr));
     let report: serde_json::Value = serde_json::from_slice(&train.stdout).unwrap();
@@ -40,12 +53,24 @@ fn images_in_every_format_get_the_models_predictions() {
     let png_path = dir.path().join("c.png");
     write_png(&png_path, pixels(2), 28, png::ColorType::Grayscale);
 
-    let out = textnet(&["classify", "--model", model_path.to_str().unwrap(), "--json", p5.to_str().unwrap(), p2.to_str().unwrap(), png_path.to_str().unwrap()]);
+    let out = textnet(&[
+        "classify",
+        "--model",
+        model_path.to_str().unwrap(),
+        "--json",
+        p5.to_str().unwrap(),
+        p2.to_str().unwrap(),
+        png_path.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
 
     let (params, _) = MlpParams::from_safetensors(&std::fs::read(&model_path).unwrap()).unwrap();
-    let split = load_split(&Path::new(DATA).join("t10k-images-idx3-ubyte.gz"), &Path::new(DATA).join("t10k-labels-idx1-ubyte.gz")).unwrap();
+    let split = load_split(
+        &Path::new(DATA).join("t10k-images-idx3-ubyte.gz"),
+        &Path::new(DATA).join("t10k-labels-idx1-ubyte.gz"),
+    )
+    .unwrap();
     let mut ws = Workspace::default();
     model::forward(&params, &split, &[0, 1, 2], &mut ws);
     for i in 0..3 {
@@ -54,12 +79,21 @@ fn images_in_every_format_get_the_models_predictions() {
         let p = got["predictions"][i]["probability"].as_f64().unwrap();
         assert!((p - ws.probs[i * 10 + class] as f64).abs() < 1e-6);
     }
-    assert_eq!(got["predictions"][0]["name"].as_str().unwrap(), ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"][ws.predicted[0] as usize]);
+    assert_eq!(
+        got["predictions"][0]["name"].as_str().unwrap(),
+        ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+            [ws.predicted[0] as usize]
+    );
 
     // The IDX test set with its labels: the accuracy the training run reported.
     let eval = textnet(&[
-        "classify", "--model", model_path.to_str().unwrap(), "--json",
-        &format!("{DATA}/t10k-images-idx3-ubyte.gz"), "--labels", &format!("{DATA}/t10k-labels-idx1-ubyte.gz"),
+        "classify",
+        "--model",
+        model_path.to_str().unwrap(),
+        "--json",
+        &format!("{DATA}/t10k-images-idx3-ubyte.gz"),
+        "--labels",
+        &format!("{DATA}/t10k-labels-idx1-ubyte.gz"),
     ]);
     assert!(eval.status.success(), "{}", text(&eval.stderr));
     let eval: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
@@ -77,8 +111,20 @@ fn images_the_model_cannot_read_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = dir.path().join("m.safetensors");
     let train = textnet(&[
-        "mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--hidden", "8", "--train-limit", "300",
-        "--quiet", "--out", model_path.to_str().unwrap(),
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--hidden",
+        "8",
+        "--train-limit",
+        "300",
+        "--quiet",
+        "--out",
+        model_path.to_str().unwrap(),
     ]);
     assert!(train.status.success(), "{}", text(&train.stderr));
     let narrow = dir.path().join("narrow.pgm");

@@ -231,7 +231,8 @@ fn cnn_trains_writes_its_file_and_the_kinds_stay_apart() {
     write_synthetic(&data, 200, 50);
     let cnn = tmp.path().join("cnn.safetensors");
     let (d, c) = (data.to_str().unwrap(), cnn.to_str().unwrap());
-    let o = textnet(&["mnist", "--model", "cnn", "--data", d, "--device", "cpu", "--epochs", "3", "--out", c, "--json"]);
+    let o =
+        textnet(&["mnist", "--model", "cnn", "--data", d, "--device", "cpu", "--epochs", "3", "--out", c, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["config"]["model"], "cnn");

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use textnet::mnist::data::{self, Dataset, MnistData};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
-use textnet::optim::{OptimConfig, OptimKind};
 use textnet::mnist::train::{self, Schedule};
 use textnet::mnist::{CpuTrainer, MnistTrainer};
+use textnet::optim::{OptimConfig, OptimKind};
 
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 

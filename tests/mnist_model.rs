@@ -1,8 +1,8 @@
 //! The MLP's gradients against finite differences, the optimizers against hand-computed steps, and the
 //! model file round trip.
 
-use textnet::cpu::SeededRng;
 use rand::{RngExt, SeedableRng};
+use textnet::cpu::SeededRng;
 use textnet::mnist::idx::Split;
 use textnet::mnist::model::{self, Activation, MlpParams, MlpShape, Workspace};
 use textnet::optim::{OptimConfig, OptimKind, Optimizer, clip_scale, global_norm};
@@ -57,7 +57,12 @@ fn gradients_match_finite_differences() {
             skipped[k] = crosses_up || crosses_down;
             *numeric = ((up - down) / (2.0 * h as f64)) as f32;
         }
-        assert!(skipped.iter().filter(|&&s| s).count() * 4 < grad.len(), "a quarter of the entries cross the kink: {} of {}", skipped.iter().filter(|&&s| s).count(), grad.len());
+        assert!(
+            skipped.iter().filter(|&&s| s).count() * 4 < grad.len(),
+            "a quarter of the entries cross the kink: {} of {}",
+            skipped.iter().filter(|&&s| s).count(),
+            grad.len()
+        );
         for (k, _) in skipped.iter().enumerate().filter(|(_, s)| **s) {
             numeric[k] = 0.0;
             grad[k] = 0.0;

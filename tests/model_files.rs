@@ -35,8 +35,20 @@ fn the_same_seed_writes_the_same_file() {
     let mnist = |name: &str| {
         let out = dir.path().join(name);
         let r = textnet(&[
-            "mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--hidden", "8", "--train-limit", "500",
-            "--quiet", "--out", out.to_str().unwrap(),
+            "mnist",
+            "--dataset",
+            "fashion",
+            "--device",
+            "cpu",
+            "--epochs",
+            "1",
+            "--hidden",
+            "8",
+            "--train-limit",
+            "500",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
         ]);
         assert!(r.status.success(), "{}", text(&r.stderr));
         std::fs::read(out).unwrap()
@@ -70,8 +82,20 @@ fn model_files_say_how_their_inputs_are_made() {
 
     let out = dir.path().join("m.safetensors");
     let r = textnet(&[
-        "mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--hidden", "8", "--train-limit", "500", "--quiet",
-        "--out", out.to_str().unwrap(),
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--hidden",
+        "8",
+        "--train-limit",
+        "500",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(r.status.success(), "{}", text(&r.stderr));
     let bytes = std::fs::read(&out).unwrap();

@@ -2,11 +2,11 @@
 //! of ReLU's kink nearly always (the selftest draws again, up to 8 times, when one does not), for every
 //! optimizer the checks use.
 
+use rand::RngExt;
 use rand::SeedableRng;
 use textnet::cpu::SeededRng;
 use textnet::sales::checks::{TRAINING_CASE, TRAINING_MARGIN, clear_params, optimizers, random_dataset, run};
 use textnet::sales::train::CpuSales;
-use rand::RngExt;
 
 #[test]
 fn training_problems_stay_finite_and_clear_of_the_kink() {

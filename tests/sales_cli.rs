@@ -97,8 +97,23 @@ fn any_table_by_header_names() {
     std::fs::write(&csv, text).unwrap();
     let out = dir.path().join("t.safetensors");
     let o = textnet(&[
-        "sales", s(&csv), "--target", "area", "--numeric", "width,height", "--categorical", "kind",
-        "--date", "when", "--device", "cpu", "--epochs", "30", "--out", s(&out), "--json",
+        "sales",
+        s(&csv),
+        "--target",
+        "area",
+        "--numeric",
+        "width,height",
+        "--categorical",
+        "kind",
+        "--date",
+        "when",
+        "--device",
+        "cpu",
+        "--epochs",
+        "30",
+        "--out",
+        s(&out),
+        "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -120,7 +135,26 @@ fn bad_input_gets_one_line_errors() {
         rows += &format!("{i},{},{}\n", i % 3, 2 * i);
     }
     let train = |p: &Path, extra: &[&str]| {
-        textnet(&[&["sales", s(p), "--target", "y", "--numeric", "a,b", "--device", "cpu", "--epochs", "1", "--out", s(&out)], extra].concat())
+        textnet(
+            &[
+                &[
+                    "sales",
+                    s(p),
+                    "--target",
+                    "y",
+                    "--numeric",
+                    "a,b",
+                    "--device",
+                    "cpu",
+                    "--epochs",
+                    "1",
+                    "--out",
+                    s(&out),
+                ],
+                extra,
+            ]
+            .concat(),
+        )
     };
     fails_with(&train(&file("nan.csv", &(rows.clone() + "3,NaN,4\n")), &[]), "nan.csv:22:2");
     fails_with(&train(&file("word.csv", &(rows.clone() + "3,x,4\n")), &[]), "word.csv:22:2");
@@ -135,7 +169,22 @@ fn bad_input_gets_one_line_errors() {
     // A model file of another kind, as --model or as --out.
     let xor = dir.path().join("xor.safetensors");
     assert!(textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--out", s(&xor)]).status.success());
-    fails_with(&textnet(&["sales", "--model", s(&xor), "--predict", s(&dir.path().join("skip.csv"))]), "not a textnet sales model");
-    let o = textnet(&["sales", s(&dir.path().join("skip.csv")), "--target", "y", "--numeric", "a,b", "--skip-bad-rows", "--device", "cpu", "--out", s(&xor)]);
+    fails_with(
+        &textnet(&["sales", "--model", s(&xor), "--predict", s(&dir.path().join("skip.csv"))]),
+        "not a textnet sales model",
+    );
+    let o = textnet(&[
+        "sales",
+        s(&dir.path().join("skip.csv")),
+        "--target",
+        "y",
+        "--numeric",
+        "a,b",
+        "--skip-bad-rows",
+        "--device",
+        "cpu",
+        "--out",
+        s(&xor),
+    ]);
     fails_with(&o, "is not a textnet sales model");
 }

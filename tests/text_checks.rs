@@ -3,10 +3,13 @@
 //! reference run as often as `MAX_DRAWS` counts on.
 
 use rand::SeedableRng;
-use textnet::cpu::SeededRng;
 use std::sync::Arc;
 use textnet::check::Plan;
-use textnet::text::checks::{KERNEL_MARGIN, TRAINING_CASES, TRAINING_MARGIN, TrainingProblem, kink_margin, random_problem, reference_run, training_problem};
+use textnet::cpu::SeededRng;
+use textnet::text::checks::{
+    KERNEL_MARGIN, TRAINING_CASES, TRAINING_MARGIN, TrainingProblem, kink_margin, random_problem, reference_run,
+    training_problem,
+};
 use textnet::text::model::{self, TextParams, TextShape};
 
 fn sgd(lr: f32) -> textnet::optim::OptimConfig {
@@ -37,7 +40,11 @@ fn a_reference_run_reports_a_step_that_touches_the_kink() {
     let (mut p, tokens) = tiny();
     let positions: Vec<u32> = (2..30).collect();
     p.b1 = vec![1.0, -1.0, 1.0, -1.0];
-    let clear = reference_run(&TrainingProblem { params: p.clone(), tokens: tokens.clone(), positions: positions.clone() }, 1, sgd(0.01));
+    let clear = reference_run(
+        &TrainingProblem { params: p.clone(), tokens: tokens.clone(), positions: positions.clone() },
+        1,
+        sgd(0.01),
+    );
     assert!(clear.margin > TRAINING_MARGIN);
     // The first sample's context puts unit 0 on the kink.
     let mut x = vec![0.0; 5];
@@ -50,7 +57,10 @@ fn a_reference_run_reports_a_step_that_touches_the_kink() {
 #[test]
 fn kernel_check_problems_are_clear_of_the_kink() {
     let mut rng = SeededRng::seed_from_u64(3);
-    for (shape, batch) in [(TextShape { vocab: 1000, embed: 33, hidden: 100, context: 2 }, 300), (TextShape { vocab: 517, embed: 16, hidden: 40, context: 1 }, 64)] {
+    for (shape, batch) in [
+        (TextShape { vocab: 1000, embed: 33, hidden: 100, context: 2 }, 300),
+        (TextShape { vocab: 517, embed: 16, hidden: 40, context: 1 }, 64),
+    ] {
         for _ in 0..5 {
             let (p, tokens, positions) = random_problem(shape, batch, &mut rng);
             assert!(kink_margin(&p, &tokens, &positions) >= KERNEL_MARGIN);

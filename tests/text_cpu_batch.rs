@@ -12,9 +12,9 @@ use std::sync::Arc;
 use text_common::{shakespeare, text, textnet, train_args};
 use textnet::check::rel_error;
 use textnet::cpu::SeededRng;
-use textnet::text::{CpuTrainer, TextTrainer};
 use textnet::text::cpu_batch::{BatchTrainer, exp_nonpositive, gradients};
 use textnet::text::model::{self, TextParams, TextShape, context_of};
+use textnet::text::{CpuTrainer, TextTrainer};
 
 const SHAPE: TextShape = TextShape { vocab: 53, embed: 12, hidden: 20, context: 3 };
 

@@ -35,14 +35,26 @@ fn generation_repeats_for_a_seed_and_greedy_takes_the_likeliest() {
     let mut acts = Activations::new(model.params.shape);
     for token in &greedy {
         forward(&model.params, &ids[ids.len() - n..], &mut acts);
-        let best = (1..acts.logits.len()).max_by(|&x, &y| acts.logits[x].total_cmp(&acts.logits[y]).then(y.cmp(&x))).unwrap();
+        let best =
+            (1..acts.logits.len()).max_by(|&x, &y| acts.logits[x].total_cmp(&acts.logits[y]).then(y.cmp(&x))).unwrap();
         assert_eq!(model.vocab.token(best as u32), token);
         ids.push(best as u32);
     }
     // top-k 1 is greedy too.
     assert_eq!(generate(&model, "to be or", 10, 1.0, Some(1), 3).unwrap().1, greedy);
 
-    let cli = textnet(&["generate", "--model", path.to_str().unwrap(), "--prompt", "to be or", "--length", "30", "--seed", "7", "--json"]);
+    let cli = textnet(&[
+        "generate",
+        "--model",
+        path.to_str().unwrap(),
+        "--prompt",
+        "to be or",
+        "--length",
+        "30",
+        "--seed",
+        "7",
+        "--json",
+    ]);
     assert!(cli.status.success(), "{}", text(&cli.stderr));
     let report: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
     assert_eq!(report["tokens"], serde_json::json!(a));
@@ -60,7 +72,10 @@ fn sampling_follows_the_temperature() {
     let total = 1f64.exp() + 1.0 + 0.5f64.exp();
     assert!((share(1) - 1f64.exp() / total).abs() < 0.03, "{}", share(1));
     assert!((share(2) - 1.0 / total).abs() < 0.03, "{}", share(2));
-    assert_eq!(join(&["my".into(), "lord".into(), ",".into(), "(".into(), "aside".into(), ")".into()]), "my lord, (aside)");
+    assert_eq!(
+        join(&["my".into(), "lord".into(), ",".into(), "(".into(), "aside".into(), ")".into()]),
+        "my lord, (aside)"
+    );
 }
 
 #[test]
@@ -83,7 +98,22 @@ fn bad_generate_inputs_are_one_line_errors() {
     }
     // A model file of another kind says what it is.
     let mnist = dir.path().join("mnist.safetensors");
-    let run = textnet(&["mnist", "--dataset", "fashion", "--device", "cpu", "--epochs", "1", "--hidden", "8", "--train-limit", "300", "--quiet", "--out", mnist.to_str().unwrap()]);
+    let run = textnet(&[
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--hidden",
+        "8",
+        "--train-limit",
+        "300",
+        "--quiet",
+        "--out",
+        mnist.to_str().unwrap(),
+    ]);
     assert!(run.status.success(), "{}", text(&run.stderr));
     let out = textnet(&["generate", "--model", mnist.to_str().unwrap(), "--prompt", "to be"]);
     assert!(text(&out.stderr).contains("it is an MNIST MLP classifier"), "{}", text(&out.stderr));
@@ -101,8 +131,12 @@ fn eval_reports_the_reference_figures_on_another_corpus() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
 
     let model = TextModel::load(&path).unwrap();
-    let options = textnet::text::corpus::CorpusOptions { tokenizer: model.tokenizer, max_vocab: usize::MAX, max_tokens: None };
-    let tokens = textnet::text::corpus::Corpus::from_text(&corpus[300_000..350_000], options).unwrap().in_vocabulary(&model.vocab).tokens;
+    let options =
+        textnet::text::corpus::CorpusOptions { tokenizer: model.tokenizer, max_vocab: usize::MAX, max_tokens: None };
+    let tokens = textnet::text::corpus::Corpus::from_text(&corpus[300_000..350_000], options)
+        .unwrap()
+        .in_vocabulary(&model.vocab)
+        .tokens;
     let n = model.params.shape.context as u32;
     let positions: Vec<u32> = (n..tokens.len() as u32).collect();
     let sums = textnet::text::model::evaluate(&model.params, &tokens, &positions);

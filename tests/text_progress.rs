@@ -2,9 +2,9 @@
 //! next one twice as many (up to a cap), never splitting a batch.
 
 use std::time::{Duration, Instant};
+use textnet::text::TextTrainer;
 use textnet::text::model::{EvalSums, TextParams, TextShape};
 use textnet::text::train::{Progress, TrainOptions, train};
-use textnet::text::TextTrainer;
 
 /// A trainer that takes 2 ms a sample and records how many samples each call got.
 struct Slow {

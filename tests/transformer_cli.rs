@@ -114,8 +114,19 @@ fn a_run_writes_the_model_and_reports_the_validation_loss() {
     assert_eq!(
         keys,
         [
-            "baseline_val_loss", "command", "config", "data", "device", "diverged", "epochs", "final", "kept_epoch",
-            "model", "parameters", "status", "textnet",
+            "baseline_val_loss",
+            "command",
+            "config",
+            "data",
+            "device",
+            "diverged",
+            "epochs",
+            "final",
+            "kept_epoch",
+            "model",
+            "parameters",
+            "status",
+            "textnet",
         ]
     );
     assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some("transformer"), Some("ok")));
@@ -127,7 +138,10 @@ fn a_run_writes_the_model_and_reports_the_validation_loss() {
         assert!(!r["config"][key].is_null(), "config.{key}");
     }
     assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
-    assert_eq!(r["data"]["train_chars"].as_u64().unwrap() + r["data"]["val_chars"].as_u64().unwrap(), 20 * TEXT.len() as u64);
+    assert_eq!(
+        r["data"]["train_chars"].as_u64().unwrap() + r["data"]["val_chars"].as_u64().unwrap(),
+        20 * TEXT.len() as u64
+    );
     assert!(r["data"]["val_windows"].as_u64().unwrap() > 0);
     assert_eq!(r["data"]["unknown_chars"], 0);
 
@@ -231,7 +245,10 @@ fn bad_input_gets_one_line_errors_and_writes_nothing() {
     latin1[1234] = 0xE9;
     fails_with(&transformer(&file("latin1.txt", &latin1), &out, &[]), &["not UTF-8", "byte offset 1234", "0xE9"]);
     // 100 characters: 10 to validate, fewer than --block 16 + 1.
-    fails_with(&transformer(&file("short.txt", &b"abcdefghij".repeat(10)), &out, &[]), &["--block", "validation part (10)"]);
+    fails_with(
+        &transformer(&file("short.txt", &b"abcdefghij".repeat(10)), &out, &[]),
+        &["--block", "validation part (10)"],
+    );
     fails_with(&transformer(&file("empty.txt", b""), &out, &[]), &["is empty"]);
     fails_with(&transformer(&corpus, &out, &["--heads", "3"]), &["--heads 3", "--embed 32"]);
     fails_with(&transformer(&corpus, &out, &["--steps", "0"]), &["--steps must be at least 1"]);
@@ -368,7 +385,10 @@ fn other_commands_refuse_a_transformer_file_and_generate_refuses_other_models() 
     let xor = dir.path().join("x.safetensors");
     let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    fails_with(&generate(&xor, &["--prompt", "to be", "--length", "5"]), &["x.safetensors: it is an XOR network", "does not generate text"]);
+    fails_with(
+        &generate(&xor, &["--prompt", "to be", "--length", "5"]),
+        &["x.safetensors: it is an XOR network", "does not generate text"],
+    );
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "To be, or not to be").unwrap();
     fails_with(&generate(&notes, &["--prompt", "to be"]), &["not a textnet model that generates text"]);

@@ -24,7 +24,10 @@ fn a_round_trip_keeps_every_bit() {
     let back = TransformerModel::from_bytes(&bytes).unwrap();
     assert_eq!((back.config, &back.vocab, back.steps), (m.config, &m.vocab, m.steps));
     assert_eq!(back.val_loss.to_bits(), m.val_loss.to_bits());
-    assert!(back.params.len() == m.params.len() && back.params.iter().zip(&m.params).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(
+        back.params.len() == m.params.len()
+            && back.params.iter().zip(&m.params).all(|(a, b)| a.to_bits() == b.to_bits())
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.safetensors");
@@ -50,7 +53,8 @@ fn the_file_holds_pytorchs_names_and_the_metadata() {
     let meta = header.metadata().clone().unwrap();
     assert_eq!(meta["format"], FORMAT);
     assert_eq!(meta["vocab"], r#"["�","a","\t","\n"," ","\"","\\","b","c","d","é","😀"]"#);
-    let sizes: Vec<&str> = ["block", "embed", "heads", "layers", "val_loss", "steps"].iter().map(|k| meta[*k].as_str()).collect();
+    let sizes: Vec<&str> =
+        ["block", "embed", "heads", "layers", "val_loss", "steps"].iter().map(|k| meta[*k].as_str()).collect();
     assert_eq!(sizes, ["6", "8", "2", "2", "1.2345678", "1234"]);
 }
 
@@ -98,7 +102,10 @@ fn other_kinds_of_model_file_are_refused() {
     assert!(refusal(&as_kind("kind", "xor")).contains("an XOR network"));
     assert!(refusal(&as_kind("kind", "sales")).contains("a sales (table) regressor"));
     assert!(refusal(&as_kind("format", "gguf")).contains("another kind of file"));
-    assert_eq!(refusal(&edited(&m, |meta| meta.clear(), None)), "not a textnet transformer model file (no metadata format)");
+    assert_eq!(
+        refusal(&edited(&m, |meta| meta.clear(), None)),
+        "not a textnet transformer model file (no metadata format)"
+    );
     assert!(refusal(b"hello, world").starts_with("not a safetensors file"));
     // A real XOR model file.
     let xor = textnet::xor::model::XorParams::init(4, textnet::cpu::Activation::Tanh, 1);

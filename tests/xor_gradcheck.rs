@@ -13,7 +13,13 @@ fn flat(p: &XorParams) -> Vec<f32> {
 
 fn unflat(p: &XorParams, v: &[f32]) -> XorParams {
     let h = p.hidden();
-    XorParams { activation: p.activation, w1: v[..2 * h].to_vec(), b1: v[2 * h..3 * h].to_vec(), w2: v[3 * h..4 * h].to_vec(), b2: v[4 * h] }
+    XorParams {
+        activation: p.activation,
+        w1: v[..2 * h].to_vec(),
+        b1: v[2 * h..3 * h].to_vec(),
+        w2: v[3 * h..4 * h].to_vec(),
+        b2: v[4 * h],
+    }
 }
 
 fn relative(a: &[f64], b: &[f64]) -> f64 {
@@ -27,7 +33,9 @@ fn every_gradient_matches_finite_differences() {
     for activation in [Activation::Sigmoid, Activation::Tanh, Activation::Relu] {
         // For ReLU, the first seed whose pre-activations all stay clear of the perturbation's reach.
         let clear = |p: &XorParams| {
-            (0..p.hidden()).all(|j| INPUTS.iter().all(|x| (p.w1[2 * j] * x[0] + p.w1[2 * j + 1] * x[1] + p.b1[j]).abs() > 3.0 * EPS))
+            (0..p.hidden()).all(|j| {
+                INPUTS.iter().all(|x| (p.w1[2 * j] * x[0] + p.w1[2 * j + 1] * x[1] + p.b1[j]).abs() > 3.0 * EPS)
+            })
         };
         let p = (3..)
             .map(|seed| XorParams::init(5, activation, seed))

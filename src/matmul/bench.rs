@@ -60,7 +60,9 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let kernels = GpuMatmul::new(gpu.clone())?;
     let mut rows = Kernel::ALL
         .into_iter()
-        .map(|kernel| measure(gpu, kernel.name(), &want, repeats, |c| kernels.enqueue(kernel, &a_dev, &b_dev, c, m, n, k)))
+        .map(|kernel| {
+            measure(gpu, kernel.name(), &want, repeats, |c| kernels.enqueue(kernel, &a_dev, &b_dev, c, m, n, k))
+        })
         .collect::<Result<Vec<Row>>>()?;
     let cublas = match Cublas::new(gpu) {
         Ok(blas) => {
@@ -94,7 +96,10 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("matmul on {}: {m}×{k} · {k}×{n} fp32, median of {repeats} ({LAUNCHES} launches each)", gpu.describe());
+        println!(
+            "matmul on {}: {m}×{k} · {k}×{n} fp32, median of {repeats} ({LAUNCHES} launches each)",
+            gpu.describe()
+        );
         println!("  {:<22} {:>9} {:>9} {:>14} {:>11}", "kernel", "ms", "TFLOP/s", "cuBLAS/kernel", "rel. error");
         for r in &rows {
             let ms = r.median_ms();

@@ -1,11 +1,11 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
 use crate::device::{Arg, Gpu, THREADS_PER_BLOCK, quietly};
+use crate::gemm::{G128, G128_STAGED_FLOATS};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaFunction, CudaSlice};
 use std::sync::Arc;
-use crate::gemm::{G128, G128_STAGED_FLOATS};
 
 /// matmul_tile64's gemm_tile sizes: BM = BN, BK, TM = TN.
 const TILE64: (usize, usize, usize) = (64, 16, 4);
@@ -84,7 +84,14 @@ impl GpuMatmul {
         if kernel == Kernel::Tile128Split2 {
             gpu.stream.memset_zeros(c).context("clearing C")?;
         }
-        let args = [Arg::buf(gpu, a), Arg::buf(gpu, b), Arg::buf(gpu, c), Arg::i32(m as i32), Arg::i32(n as i32), Arg::i32(k as i32)];
+        let args = [
+            Arg::buf(gpu, a),
+            Arg::buf(gpu, b),
+            Arg::buf(gpu, c),
+            Arg::i32(m as i32),
+            Arg::i32(n as i32),
+            Arg::i32(k as i32),
+        ];
         let function = &self.functions[kernel as usize];
         gpu.launch(kernel.name(), function, (bx as u32, by as u32), shared as u32, false, &args)
     }
@@ -112,12 +119,22 @@ impl Cublas {
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             bail!("libcublas could not be loaded");
         }
-        let blas = quietly("cuBLAS", || CudaBlas::new(gpu.stream.clone()).map_err(|e| anyhow!("cannot create a handle: {e}")))?;
+        let blas = quietly("cuBLAS", || {
+            CudaBlas::new(gpu.stream.clone()).map_err(|e| anyhow!("cannot create a handle: {e}"))
+        })?;
         Ok(Cublas { blas })
     }
 
     /// Queues C = A·B (row-major, as `GpuMatmul::enqueue`) by sgemm: column-major, that is Cᵀ = Bᵀ·Aᵀ.
-    pub fn enqueue(&self, a: &CudaSlice<f32>, b: &CudaSlice<f32>, c: &mut CudaSlice<f32>, m: usize, n: usize, k: usize) -> Result<()> {
+    pub fn enqueue(
+        &self,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         check_shape(a, b, c, m, n, k)?;
         if m == 0 || n == 0 {
             return Ok(());

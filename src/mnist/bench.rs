@@ -1,14 +1,14 @@
 //! `textnet bench mnist`: the MNIST step's speed and accuracy on the GPU, beside `benches/torch_mnist.py`.
 
+use super::MnistTrainer;
 use super::gpu::{EVAL_CHUNK, GpuTrainer};
 use super::model::{Activation, MlpParams, MlpShape};
-use crate::optim::{OptimConfig, OptimKind};
-use super::MnistTrainer;
+use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::optim::{OptimConfig, OptimKind};
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::Result;
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
@@ -271,7 +271,11 @@ pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         for k in &per_kernel {
-            println!("  {} alone: {:.1} µs", k["kernel"].as_str().unwrap_or(""), k["us_median"].as_f64().unwrap_or(0.0));
+            println!(
+                "  {} alone: {:.1} µs",
+                k["kernel"].as_str().unwrap_or(""),
+                k["us_median"].as_f64().unwrap_or(0.0)
+            );
         }
         println!(
             "mnist cnn on {}: 10 epochs {:.3} s of training on the device ({:.1} µs/step), {total_s:.3} s with evaluations; test accuracy {:.2} %",

@@ -6,12 +6,12 @@
 use super::gpu::{EVAL_CHUNK, GpuTrainer};
 use super::idx::Split;
 use super::model::{self, Activation, MlpParams, MlpShape, Workspace};
-use crate::optim::{self, OptimConfig, OptimKind};
 use super::{CpuTrainer, MnistTrainer};
 use crate::check::{Check, Group, Plan, rel_error};
-use crate::device::Gpu;
-use anyhow::Result;
 use crate::cpu::SeededRng;
+use crate::device::Gpu;
+use crate::optim::{self, OptimConfig, OptimKind};
+use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;
 
@@ -40,7 +40,8 @@ fn shape_label(s: MlpShape, batch: usize) -> String {
 
 /// Each MNIST kernel and whole training steps against the CPU reference (see `textnet selftest`).
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
-    let modules = |inputs: usize, classes: usize| ("mnist", vec![("MNIST_I", inputs as i64), ("MNIST_C", classes as i64)]);
+    let modules =
+        |inputs: usize, classes: usize| ("mnist", vec![("MNIST_I", inputs as i64), ("MNIST_C", classes as i64)]);
     crate::device::precompile(gpu.compute_capability, &[modules(784, 10), modules(50, 7)]);
     let mut checks = Vec::new();
     if plan.wants(Group::Kernels) {
@@ -295,7 +296,9 @@ pub fn training_problem(s: MlpShape, samples: usize, rng: &mut SeededRng) -> (Sp
     let test = random_split(97, s, rng);
     let mut p = random_params(s, rng);
     if s.activation == Activation::Relu {
-        let mean: Vec<f32> = (0..s.inputs).map(|k| (0..samples).map(|r| train.image(r as u32)[k]).sum::<f32>() / samples as f32).collect();
+        let mean: Vec<f32> = (0..s.inputs)
+            .map(|k| (0..samples).map(|r| train.image(r as u32)[k]).sum::<f32>() / samples as f32)
+            .collect();
         let (i, h) = (s.inputs, s.hidden);
         let (w1, b1) = p.flat.split_at_mut(h * i);
         for (j, b) in b1[..h].iter_mut().enumerate() {
@@ -338,7 +341,10 @@ fn training_check(
         }
         if draws == MAX_DRAWS {
             return Ok(Check {
-                kernel: format!("{steps} steps {}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's kink", optim.describe()),
+                kernel: format!(
+                    "{steps} steps {}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's kink",
+                    optim.describe()
+                ),
                 shape: label,
                 rel_error: f64::INFINITY,
                 tolerance: TRAINING_TOLERANCE,
@@ -357,7 +363,9 @@ fn training_check(
     if final_loss > worst.0 {
         worst = (final_loss, "test loss");
     }
-    let super::Classifier::Mlp(got) = gpu_trainer.params()? else { anyhow::bail!("the MLP trainer returned another model") };
+    let super::Classifier::Mlp(got) = gpu_trainer.params()? else {
+        anyhow::bail!("the MLP trainer returned another model")
+    };
     let (a, b) = (s.split(&got.flat), s.split(&cpu.params.flat));
     for (name, x, y) in [("w1", a.w1, b.w1), ("b1", a.b1, b.b1), ("w2", a.w2, b.w2), ("b2", a.b2, b.b2)] {
         let err = rel_error(x, y);

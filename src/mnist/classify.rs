@@ -2,9 +2,9 @@
 //! image files (every image in them), scaled as in training (`super::INPUT_SCALING`); with `--labels` the
 //! accuracy, loss and confusion matrix too. On the CPU reference.
 
+use super::Evaluation;
 use super::idx::{self, CLASSES, IMAGE_SIDE, PIXELS, Split};
 use super::model::{self, Workspace};
-use super::Evaluation;
 use crate::console;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -76,7 +76,11 @@ fn png_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
         bail!("the image is {width}×{height} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
     }
     if info.color_type != png::ColorType::Grayscale || info.bit_depth != png::BitDepth::Eight {
-        bail!("a {:?} PNG of {:?} bits; the model reads 8-bit greyscale (convert it first)", info.color_type, info.bit_depth);
+        bail!(
+            "a {:?} PNG of {:?} bits; the model reads 8-bit greyscale (convert it first)",
+            info.color_type,
+            info.bit_depth
+        );
     }
     let mut buffer = vec![0; reader.output_buffer_size().context("PNG too large")?];
     let frame = reader.next_frame(&mut buffer).context("cannot decode the PNG")?;
@@ -107,7 +111,9 @@ fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
         }
         fields.push(std::str::from_utf8(&bytes[start..at]).unwrap_or("").to_string());
     }
-    let number = |i: usize| fields[i].parse::<usize>().with_context(|| format!("PGM header field {:?} is not a number", fields[i]));
+    let number = |i: usize| {
+        fields[i].parse::<usize>().with_context(|| format!("PGM header field {:?} is not a number", fields[i]))
+    };
     let (width, height, maxval) = (number(1)?, number(2)?, number(3)?);
     if (width, height) != (IMAGE_SIDE, IMAGE_SIDE) {
         bail!("the image is {width}×{height} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
@@ -123,7 +129,11 @@ fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
         data[..PIXELS].iter().map(|&p| p as usize).collect()
     } else {
         let text = std::str::from_utf8(&bytes[at..]).context("a plain PGM must be ASCII")?;
-        let values: Vec<usize> = text.split_ascii_whitespace().map(|v| v.parse()).collect::<Result<_, _>>().context("a PGM pixel is not a number")?;
+        let values: Vec<usize> = text
+            .split_ascii_whitespace()
+            .map(|v| v.parse())
+            .collect::<Result<_, _>>()
+            .context("a PGM pixel is not a number")?;
         if values.len() < PIXELS {
             bail!("the PGM holds {} of its {PIXELS} pixels", values.len());
         }
@@ -137,7 +147,9 @@ fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
 
 pub fn run(args: ClassifyArgs) -> Result<()> {
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
-    let (params, meta) = match super::Classifier::from_safetensors(&bytes).with_context(|| format!("model file {}", args.model.display()))? {
+    let (params, meta) = match super::Classifier::from_safetensors(&bytes)
+        .with_context(|| format!("model file {}", args.model.display()))?
+    {
         (super::Classifier::Mlp(p), meta) => (p, meta),
         (super::Classifier::Cnn(_), _) => bail!(
             "{}: a CNN model; classify takes MLP models (train one with `textnet mnist --model mlp`)",
@@ -145,7 +157,12 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
         ),
     };
     if params.shape.inputs != PIXELS || params.shape.classes != CLASSES {
-        bail!("{}: a model of {} inputs and {} classes; images need {PIXELS} and {CLASSES}", args.model.display(), params.shape.inputs, params.shape.classes);
+        bail!(
+            "{}: a model of {} inputs and {} classes; images need {PIXELS} and {CLASSES}",
+            args.model.display(),
+            params.shape.inputs,
+            params.shape.classes
+        );
     }
     let names: Vec<String> = meta
         .get("class_names")

@@ -2,18 +2,18 @@
 //! every epoch and a confusion matrix at the end, and write the model as .safetensors. What it prints
 //! goes through `report`, as for every training command.
 
+use super::cnn::{CnnParams, CnnShape};
 use super::data::{self, Dataset};
 use super::idx::Split;
-use super::cnn::{CnnParams, CnnShape};
 use super::model::{Activation, MlpParams, MlpShape};
-use super::{Classifier, ModelKind};
-use crate::optim::{OptimArgs, OptimConfig, OptimKind};
 use super::train::{self, EpochStats, Observer, Schedule};
+use super::{Classifier, ModelKind};
 use super::{Evaluation, idx};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
 use crate::interrupt::{self, Interrupted};
+use crate::optim::{OptimArgs, OptimConfig, OptimKind};
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -150,7 +150,11 @@ impl Saver<'_> {
         let (dataset, out) = (self.dataset, self.out);
         let written = self.keeper.offer(stats.epoch, loss, || {
             let classes = serde_json::to_string(&dataset.class_names())?;
-            let extra = [("dataset", dataset.name()), ("class_names", classes.as_str()), ("input_scaling", super::INPUT_SCALING)];
+            let extra = [
+                ("dataset", dataset.name()),
+                ("class_names", classes.as_str()),
+                ("input_scaling", super::INPUT_SCALING),
+            ];
             fsutil::write_atomic(out, &params.to_safetensors(&extra)?)
         })?;
         if written {
@@ -310,8 +314,12 @@ pub fn run(args: MnistArgs) -> Result<()> {
         ModelKind::Cnn => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
     };
     let architecture = match args.model {
-        ModelKind::Mlp => format!("{} → {} ({}) → {}", shape.inputs, shape.hidden, shape.activation.name(), shape.classes),
-        ModelKind::Cnn => "CNN conv3x3 1→8, ReLU, maxpool 2, conv3x3 8→16, ReLU, maxpool 2, 784 → 64 (ReLU) → 10".into(),
+        ModelKind::Mlp => {
+            format!("{} → {} ({}) → {}", shape.inputs, shape.hidden, shape.activation.name(), shape.classes)
+        }
+        ModelKind::Cnn => {
+            "CNN conv3x3 1→8, ReLU, maxpool 2, conv3x3 8→16, ReLU, maxpool 2, 784 → 64 (ReLU) → 10".into()
+        }
     };
     display.line(&format!(
         "model {architecture}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
@@ -449,7 +457,10 @@ pub fn run(args: MnistArgs) -> Result<()> {
             true => format!(", or a far lower --weight-decay (this run used {})", report::decimal(optim.weight_decay)),
             false => String::new(),
         };
-        bail!("{d}; {outcome}; lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr));
+        bail!(
+            "{d}; {outcome}; lower --lr or set --clip-norm (this run used --lr {}){decay}",
+            report::decimal(optim.lr)
+        );
     }
     if interrupted {
         return Err(Interrupted(format!("interrupted after epoch {completed} of {}; {outcome}", args.epochs)).into());

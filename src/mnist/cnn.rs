@@ -347,7 +347,8 @@ fn step<T: Float>(
     let s2 = side / 2;
     let mut loss = T::zero();
     let mut d = vec![T::zero(); classes];
-    let (mut dz1, mut dp1, mut dz2) = (vec![T::zero(); c1 * side * side], vec![T::zero(); c1 * s2 * s2], vec![T::zero(); c2 * s2 * s2]);
+    let (mut dz1, mut dp1, mut dz2) =
+        (vec![T::zero(); c1 * side * side], vec![T::zero(); c1 * s2 * s2], vec![T::zero(); c2 * s2 * s2]);
     for &row in rows {
         let image = data.image(row);
         let a = forward_one(shape, &p, image);
@@ -386,7 +387,9 @@ fn step<T: Float>(
             r.h.extend(a.zh.iter().map(|z| z.max(T::zero()).to_f32().unwrap_or(f32::NAN)));
             r.dlogits.extend(f32s(&d));
             r.loss.push(loss_one.to_f32().unwrap_or(f32::NAN));
-            r.dh.extend(dh.iter().zip(&a.zh).map(|(g, z)| if *z > T::zero() { g.to_f32().unwrap_or(f32::NAN) } else { 0.0 }));
+            r.dh.extend(
+                dh.iter().zip(&a.zh).map(|(g, z)| if *z > T::zero() { g.to_f32().unwrap_or(f32::NAN) } else { 0.0 }),
+            );
             r.dz2.extend(f32s(&dz2));
             r.dz1.extend(f32s(&dz1));
         }
@@ -424,29 +427,30 @@ pub fn kink_margin(p: &CnnParams, data: &Split, rows: &[u32]) -> f64 {
     let t = tensors(s, &p.flat);
     let (s1, s2) = (s.side, s.side / 2);
     let mut margin = f64::INFINITY;
-    let conv_margin = |input: &[f32], channels: usize, side: usize, w: &[f32], b: &[f32], z: &[f32], margin: &mut f64| {
-        for (c, plane) in z.chunks_exact(side * side).enumerate() {
-            for y in 0..side {
-                for x in 0..side {
-                    let mut scale = b[c].abs() as f64;
-                    for ci in 0..channels {
-                        for ky in 0..3 {
-                            for kx in 0..3 {
-                                let (yy, xx) = (y + ky, x + kx);
-                                if yy >= 1 && yy <= side && xx >= 1 && xx <= side {
-                                    let weight = w[((c * channels + ci) * 3 + ky) * 3 + kx] as f64;
-                                    scale += (weight * input[(ci * side + yy - 1) * side + xx - 1] as f64).abs();
+    let conv_margin =
+        |input: &[f32], channels: usize, side: usize, w: &[f32], b: &[f32], z: &[f32], margin: &mut f64| {
+            for (c, plane) in z.chunks_exact(side * side).enumerate() {
+                for y in 0..side {
+                    for x in 0..side {
+                        let mut scale = b[c].abs() as f64;
+                        for ci in 0..channels {
+                            for ky in 0..3 {
+                                for kx in 0..3 {
+                                    let (yy, xx) = (y + ky, x + kx);
+                                    if yy >= 1 && yy <= side && xx >= 1 && xx <= side {
+                                        let weight = w[((c * channels + ci) * 3 + ky) * 3 + kx] as f64;
+                                        scale += (weight * input[(ci * side + yy - 1) * side + xx - 1] as f64).abs();
+                                    }
                                 }
                             }
                         }
-                    }
-                    if scale > 0.0 {
-                        *margin = margin.min(plane[y * side + x].abs() as f64 / scale);
+                        if scale > 0.0 {
+                            *margin = margin.min(plane[y * side + x].abs() as f64 / scale);
+                        }
                     }
                 }
             }
-        }
-    };
+        };
     let pool_margin = |z: &[f32], channels: usize, side: usize, margin: &mut f64| {
         let half = side / 2;
         for c in 0..channels {
@@ -520,9 +524,17 @@ impl CnnParams {
             bail!("not a textnet MNIST CNN model file (metadata format is not {FORMAT:?})");
         }
         let number = |key: &str| -> Result<usize> {
-            meta.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("metadata entry {key:?} is missing or not a number"))
+            meta.get(key)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("metadata entry {key:?} is missing or not a number"))
         };
-        let shape = CnnShape { side: number("side")?, c1: number("c1")?, c2: number("c2")?, fc: number("fc")?, classes: number("classes")? };
+        let shape = CnnShape {
+            side: number("side")?,
+            c1: number("c1")?,
+            c2: number("c2")?,
+            fc: number("fc")?,
+            classes: number("classes")?,
+        };
         shape.validate()?;
         let tensors = safetensors::SafeTensors::deserialize(bytes)?;
         let mut flat = Vec::with_capacity(shape.param_count());

@@ -108,7 +108,12 @@ fn clear_problem(shape: CnnShape, images: usize, rng: &mut SeededRng) -> Option<
 fn step_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize, rng: &mut SeededRng) -> Result<Check> {
     let name = format!("cnn step {}", optim.describe());
     let Some((data, params, draws)) = clear_problem(shape, batch, rng) else {
-        return Ok(Check { kernel: format!("{name}: no clear problem"), shape: label(shape, batch), rel_error: f64::INFINITY, tolerance: KERNEL_TOLERANCE });
+        return Ok(Check {
+            kernel: format!("{name}: no clear problem"),
+            shape: label(shape, batch),
+            rel_error: f64::INFINITY,
+            tolerance: KERNEL_TOLERANCE,
+        });
     };
     let order: Vec<u32> = (0..batch as u32).collect();
     let mut want_grad = vec![0.0f32; params.flat.len()];
@@ -130,11 +135,23 @@ fn step_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize,
         worst = (loss_err, "loss".into());
     }
     let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
-    Ok(Check { kernel: format!("{name}, worst: {}{drawn}", worst.1), shape: label(shape, batch), rel_error: worst.0, tolerance: KERNEL_TOLERANCE })
+    Ok(Check {
+        kernel: format!("{name}, worst: {}{drawn}", worst.1),
+        shape: label(shape, batch),
+        rel_error: worst.0,
+        tolerance: KERNEL_TOLERANCE,
+    })
 }
 
 /// `steps` steps of `batch` images (one epoch, one graph) on GPU and CPU from the same start.
-fn training_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize, steps: usize, rng: &mut SeededRng) -> Result<Check> {
+fn training_check(
+    gpu: &Arc<Gpu>,
+    shape: CnnShape,
+    optim: OptimConfig,
+    batch: usize,
+    steps: usize,
+    rng: &mut SeededRng,
+) -> Result<Check> {
     let images = batch * steps;
     let name = format!("cnn {steps} steps (graph) {}", optim.describe());
     let test = random_split(shape, 50, rng);
@@ -158,7 +175,12 @@ fn training_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: us
         }
     }
     let Some((data, start, cpu, cpu_loss, draws)) = accepted else {
-        return Ok(Check { kernel: format!("{name}: no clear problem"), shape: label(shape, batch), rel_error: f64::INFINITY, tolerance: TRAINING_TOLERANCE });
+        return Ok(Check {
+            kernel: format!("{name}: no clear problem"),
+            shape: label(shape, batch),
+            rel_error: f64::INFINITY,
+            tolerance: TRAINING_TOLERANCE,
+        });
     };
     let mut t = GpuCnn::new(gpu.clone(), start, optim, &data, &test)?;
     let order: Vec<u32> = (0..images as u32).collect();
@@ -175,7 +197,12 @@ fn training_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: us
         (worst, at) = (test_err, "test loss".into());
     }
     let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
-    Ok(Check { kernel: format!("{name}, worst: {at}{drawn}"), shape: label(shape, batch), rel_error: worst, tolerance: TRAINING_TOLERANCE })
+    Ok(Check {
+        kernel: format!("{name}, worst: {at}{drawn}"),
+        shape: label(shape, batch),
+        rel_error: worst,
+        tolerance: TRAINING_TOLERANCE,
+    })
 }
 
 /// Two steps of 64 images twice from the same start: the same parameters to the bit.
@@ -202,7 +229,12 @@ fn repeat_check(gpu: &Arc<Gpu>, shape: CnnShape, rng: &mut SeededRng) -> Result<
 /// cnn_forward and cnn_backward each alone against the reference's intermediates.
 fn kernel_checks(gpu: &Arc<Gpu>, shape: CnnShape, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
     let Some((data, params, draws)) = clear_problem(shape, batch, rng) else {
-        return Ok(vec![Check { kernel: "cnn_forward, cnn_backward: no clear problem".into(), shape: label(shape, batch), rel_error: f64::INFINITY, tolerance: KERNEL_TOLERANCE }]);
+        return Ok(vec![Check {
+            kernel: "cnn_forward, cnn_backward: no clear problem".into(),
+            shape: label(shape, batch),
+            rel_error: f64::INFINITY,
+            tolerance: KERNEL_TOLERANCE,
+        }]);
     };
     let order: Vec<u32> = (0..batch as u32).collect();
     let want = cnn::intermediates(&params, &data, &order);

@@ -2,9 +2,9 @@
 //! resident on the device, an epoch's steps captured once as a CUDA graph and replayed over each epoch's
 //! order, the loss read once per epoch.
 
+use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
 use super::idx::Split;
-use super::Evaluation;
 use crate::device::{Arg, Gpu};
 use crate::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
@@ -137,8 +137,12 @@ impl GpuCnn {
         let stream = gpu.stream.clone();
         let upload = |split: &Split, what: &str| -> Result<DeviceSplit> {
             Ok(DeviceSplit {
-                images: stream.clone_htod(&split.images).with_context(|| format!("copying the {what} images to the GPU"))?,
-                labels: stream.clone_htod(&split.labels).with_context(|| format!("copying the {what} labels to the GPU"))?,
+                images: stream
+                    .clone_htod(&split.images)
+                    .with_context(|| format!("copying the {what} images to the GPU"))?,
+                labels: stream
+                    .clone_htod(&split.labels)
+                    .with_context(|| format!("copying the {what} labels to the GPU"))?,
                 len: split.len(),
             })
         };
@@ -211,34 +215,89 @@ impl GpuCnn {
     fn launch_forward(&self, batch: usize, offset: usize) -> Result<()> {
         let (g, b) = (&*self.gpu, &self.buffers);
         let args = [
-            Arg::buf(g, &self.params), Arg::buf(g, &self.train.images), Arg::buf(g, &self.train.labels),
-            Arg::buf(g, &self.order), Arg::i32(offset as i32), Arg::i32(batch as i32), Arg::buf(g, &b.p1),
-            Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &self.train.images),
+            Arg::buf(g, &self.train.labels),
+            Arg::buf(g, &self.order),
+            Arg::i32(offset as i32),
+            Arg::i32(batch as i32),
+            Arg::buf(g, &b.p1),
+            Arg::buf(g, &b.arg1),
+            Arg::buf(g, &b.f),
+            Arg::buf(g, &b.arg2),
+            Arg::buf(g, &b.h),
+            Arg::buf(g, &b.dlogits),
             Arg::buf(g, &b.loss),
         ];
-        g.launch_sized("cnn_forward", &self.kernels.forward, (batch as u32, 1), IMAGE_THREADS, self.sizes.forward_shared as u32, false, &args)
+        g.launch_sized(
+            "cnn_forward",
+            &self.kernels.forward,
+            (batch as u32, 1),
+            IMAGE_THREADS,
+            self.sizes.forward_shared as u32,
+            false,
+            &args,
+        )
     }
 
     fn launch_backward(&self, batch: usize) -> Result<()> {
         let (g, b) = (&*self.gpu, &self.buffers);
         let args = [
-            Arg::buf(g, &self.params), Arg::buf(g, &b.p1), Arg::buf(g, &b.arg1), Arg::buf(g, &b.f), Arg::buf(g, &b.arg2),
-            Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh), Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &b.p1),
+            Arg::buf(g, &b.arg1),
+            Arg::buf(g, &b.f),
+            Arg::buf(g, &b.arg2),
+            Arg::buf(g, &b.h),
+            Arg::buf(g, &b.dlogits),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &b.dz2),
+            Arg::buf(g, &b.dz1),
         ];
-        g.launch_sized("cnn_backward", &self.kernels.backward, (batch as u32, 1), IMAGE_THREADS, self.sizes.backward_shared as u32, false, &args)
+        g.launch_sized(
+            "cnn_backward",
+            &self.kernels.backward,
+            (batch as u32, 1),
+            IMAGE_THREADS,
+            self.sizes.backward_shared as u32,
+            false,
+            &args,
+        )
     }
 
     fn launch_update(&self, batch: usize, offset: usize) -> Result<()> {
         let (g, b, o) = (&*self.gpu, &self.buffers, self.optim);
         let args = [
-            Arg::buf(g, &self.params), Arg::buf(g, &self.grad), Arg::buf(g, &self.m), Arg::buf(g, &self.v),
-            Arg::buf(g, &self.train.images), Arg::buf(g, &self.order), Arg::i32(offset as i32), Arg::i32(batch as i32),
-            Arg::buf(g, &b.p1), Arg::buf(g, &b.f), Arg::buf(g, &b.h), Arg::buf(g, &b.dlogits), Arg::buf(g, &b.dh),
-            Arg::buf(g, &b.dz2), Arg::buf(g, &b.dz1), Arg::buf(g, &b.loss), Arg::i32(o.kind.kernel_code()),
-            Arg::f32(o.lr), Arg::f32(o.momentum), Arg::f32(o.beta1), Arg::f32(o.beta2), Arg::f32(o.eps),
-            Arg::f32(o.weight_decay), Arg::f32(o.clip_norm), Arg::buf(g, &self.norm_partials),
-            Arg::buf(g, &self.conv_partials), Arg::buf(g, &self.channel_tickets), Arg::buf(g, &self.step),
-            Arg::buf(g, &self.ticket), Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &self.grad),
+            Arg::buf(g, &self.m),
+            Arg::buf(g, &self.v),
+            Arg::buf(g, &self.train.images),
+            Arg::buf(g, &self.order),
+            Arg::i32(offset as i32),
+            Arg::i32(batch as i32),
+            Arg::buf(g, &b.p1),
+            Arg::buf(g, &b.f),
+            Arg::buf(g, &b.h),
+            Arg::buf(g, &b.dlogits),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &b.dz2),
+            Arg::buf(g, &b.dz1),
+            Arg::buf(g, &b.loss),
+            Arg::i32(o.kind.kernel_code()),
+            Arg::f32(o.lr),
+            Arg::f32(o.momentum),
+            Arg::f32(o.beta1),
+            Arg::f32(o.beta2),
+            Arg::f32(o.eps),
+            Arg::f32(o.weight_decay),
+            Arg::f32(o.clip_norm),
+            Arg::buf(g, &self.norm_partials),
+            Arg::buf(g, &self.conv_partials),
+            Arg::buf(g, &self.channel_tickets),
+            Arg::buf(g, &self.step),
+            Arg::buf(g, &self.ticket),
+            Arg::buf(g, &self.loss_sum),
         ];
         g.launch("cnn_update", &self.kernels.update, (self.sizes.update_blocks as u32, 1), 0, false, &args)
     }
@@ -367,10 +426,22 @@ impl GpuCnn {
             self.ensure_capacity(count)?;
             let (g, b) = (&*self.gpu, &self.buffers);
             let args = [
-                Arg::buf(g, &self.params), Arg::buf(g, &self.test.images), Arg::buf(g, &self.test.labels),
-                Arg::i32(first as i32), Arg::buf(g, &b.loss), Arg::buf(g, &b.predicted),
+                Arg::buf(g, &self.params),
+                Arg::buf(g, &self.test.images),
+                Arg::buf(g, &self.test.labels),
+                Arg::i32(first as i32),
+                Arg::buf(g, &b.loss),
+                Arg::buf(g, &b.predicted),
             ];
-            g.launch_sized("cnn_evaluate", &self.kernels.evaluate, (count as u32, 1), IMAGE_THREADS, self.sizes.forward_shared as u32, false, &args)?;
+            g.launch_sized(
+                "cnn_evaluate",
+                &self.kernels.evaluate,
+                (count as u32, 1),
+                IMAGE_THREADS,
+                self.sizes.forward_shared as u32,
+                false,
+                &args,
+            )?;
             let loss = g.stream.clone_dtoh(&b.loss).context("a CNN evaluation kernel failed")?;
             let predicted = g.stream.clone_dtoh(&b.predicted)?;
             for k in 0..count {

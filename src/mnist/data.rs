@@ -10,9 +10,9 @@
 
 use super::idx::{Split, load_split};
 use anyhow::{Context, Result, bail};
-use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 /// The four files, in the order train images, train labels, test images, test labels.
 pub const FILES: [&str; 4] =
@@ -209,7 +209,8 @@ fn download(dataset: Dataset, dir: &Path, log: &dyn Fn(&str)) -> Result<()> {
                 let _ = std::fs::remove_file(&part);
             }
             fetched?;
-            std::fs::rename(&part, &target).with_context(|| format!("cannot move the download to {}", target.display()))?;
+            std::fs::rename(&part, &target)
+                .with_context(|| format!("cannot move the download to {}", target.display()))?;
         }
         Ok(())
     })();

@@ -6,9 +6,9 @@
 
 use super::idx::Split;
 use super::model::{MlpParams, MlpShape};
-use crate::optim::OptimConfig;
 use super::{Evaluation, MnistTrainer};
 use crate::device::Gpu;
+use crate::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
@@ -23,7 +23,6 @@ const BACKWARD_TILE: (usize, usize, usize) = (16, 64, 64);
 const BACKWARD_REGISTER_TILE: (usize, usize) = (4, 4);
 /// Test samples per mnist_evaluate launch: the whole (Fashion-)MNIST test split in one.
 pub(crate) const EVAL_CHUNK: usize = 10_000;
-
 
 /// Grids and shared memory of the three kernels for one model shape.
 #[derive(Clone, Copy, Debug)]
@@ -50,7 +49,13 @@ impl MnistLayout {
         MnistLayout {
             shape,
             forward_shared: gemm.max(output_layer) * f,
-            backward_shared: crate::gemm::tile_shared_floats(bm, bn, bk, BACKWARD_REGISTER_TILE.0, BACKWARD_REGISTER_TILE.1) * f,
+            backward_shared: crate::gemm::tile_shared_floats(
+                bm,
+                bn,
+                bk,
+                BACKWARD_REGISTER_TILE.0,
+                BACKWARD_REGISTER_TILE.1,
+            ) * f,
             backward_grid: tiles(h, i + 1) + tiles(c, h + 1),
             update_grid: shape.param_count().div_ceil(THREADS).min(4 * sm_count).max(1),
         }

@@ -17,17 +17,17 @@ pub mod cli;
 pub mod cnn;
 pub mod cnn_checks;
 pub mod cnn_gpu;
-pub mod gpu;
 pub mod data;
+pub mod gpu;
 pub mod idx;
 pub mod model;
 pub mod train;
 
 use crate::device::Backend;
+use crate::optim::{OptimConfig, Optimizer};
 use anyhow::{Result, bail};
 use idx::Split;
 use model::{MlpParams, Workspace};
-use crate::optim::{OptimConfig, Optimizer};
 use std::sync::Arc;
 
 /// The classifier's architecture.
@@ -94,7 +94,8 @@ impl Classifier {
 
     /// Either kind of MNIST model file, told apart by its `format` metadata.
     pub fn from_safetensors(bytes: &[u8]) -> Result<(Classifier, std::collections::HashMap<String, String>)> {
-        let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| anyhow::anyhow!("not a safetensors file ({e})"))?;
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| anyhow::anyhow!("not a safetensors file ({e})"))?;
         let is_cnn = header.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str) == Some(cnn::FORMAT);
         let (model, meta) = if is_cnn {
             cnn::CnnParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Cnn(p), meta))?
@@ -175,8 +176,12 @@ pub fn trainer(
     Ok(match (backend, params) {
         (Backend::Cpu, Classifier::Mlp(p)) => Box::new(CpuTrainer::new(p, optim, train, test)),
         (Backend::Cpu, Classifier::Cnn(p)) => Box::new(CpuCnnTrainer::new(p, optim, train, test)),
-        (Backend::Cuda(gpu), Classifier::Mlp(p)) => Box::new(gpu::GpuTrainer::new(gpu.clone(), p, optim, &train, &test)?),
-        (Backend::Cuda(gpu), Classifier::Cnn(p)) => Box::new(cnn_gpu::GpuCnn::new(gpu.clone(), p, optim, &train, &test)?),
+        (Backend::Cuda(gpu), Classifier::Mlp(p)) => {
+            Box::new(gpu::GpuTrainer::new(gpu.clone(), p, optim, &train, &test)?)
+        }
+        (Backend::Cuda(gpu), Classifier::Cnn(p)) => {
+            Box::new(cnn_gpu::GpuCnn::new(gpu.clone(), p, optim, &train, &test)?)
+        }
     })
 }
 

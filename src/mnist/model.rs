@@ -21,10 +21,10 @@
 //! GPU backend holds each of them in a single buffer.
 
 use super::idx::Split;
+use crate::cpu::SeededRng;
 use crate::cpu::{axpy, dot, softmax_in_place};
 use anyhow::{Context, Result, anyhow, bail};
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use rand_distr::{Distribution, Uniform};
 use std::collections::HashMap;
 

@@ -2,10 +2,10 @@
 //! `train_epoch`, then an evaluation on the test split.
 
 use super::{Classifier, Evaluation, MnistTrainer};
+use crate::cpu::SeededRng;
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 use std::time::Instant;
 

@@ -119,11 +119,22 @@ pub fn bench(gpu: &Arc<Gpu>, o: &SalesBenchOptions) -> Result<()> {
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("sales on {}: {} epochs × {} rows, batch {DEFAULT_BATCH} ({steps} steps)", gpu.describe(), o.epochs, rows);
-        println!("  training kernels {device_ms:.1} ms on the device ({:.2} µs/step); the command's loop {wall_s:.3} s", device_ms * 1e3 / steps as f64);
+        println!(
+            "sales on {}: {} epochs × {} rows, batch {DEFAULT_BATCH} ({steps} steps)",
+            gpu.describe(),
+            o.epochs,
+            rows
+        );
+        println!(
+            "  training kernels {device_ms:.1} ms on the device ({:.2} µs/step); the command's loop {wall_s:.3} s",
+            device_ms * 1e3 / steps as f64
+        );
         println!("  test MAE {final_mae:.3} (baseline {baseline:.3}, ratio {:.3})", final_mae / baseline);
         if let (Some(c), Some((_, s))) = (cpu_mae, &cpu) {
-            println!("  CPU reference: test MAE {c:.3} ({:.2} % from the GPU's), {s:.1} s", 100.0 * (final_mae - c).abs() / c);
+            println!(
+                "  CPU reference: test MAE {c:.3} ({:.2} % from the GPU's), {s:.1} s",
+                100.0 * (final_mae - c).abs() / c
+            );
         }
     }
     Ok(())

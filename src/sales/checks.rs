@@ -92,7 +92,8 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if plan.wants(Group::Kernels) {
         let mut rng = plan.rng("sales kernels");
-        let mut shapes = vec![(SalesShape { inputs: 1, hidden: 1 }, 3, 1), (SalesShape { inputs: 19, hidden: 32 }, 1000, 64)];
+        let mut shapes =
+            vec![(SalesShape { inputs: 1, hidden: 1 }, 3, 1), (SalesShape { inputs: 19, hidden: 32 }, 1000, 64)];
         if !plan.quick {
             shapes.push((SalesShape { inputs: 37, hidden: 70 }, 20_011, 100));
         }
@@ -115,7 +116,13 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
 }
 
 /// Statistics, standardisation, evaluation and one epoch per optimizer, each against the reference.
-fn kernel_checks(gpu: &Arc<Gpu>, shape: SalesShape, rows: usize, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
+fn kernel_checks(
+    gpu: &Arc<Gpu>,
+    shape: SalesShape,
+    rows: usize,
+    batch: usize,
+    rng: &mut SeededRng,
+) -> Result<Vec<Check>> {
     let data = random_dataset(rows, 97, shape.inputs, rng);
     let shape_label = label(shape, rows, batch);
     let check = |kernel: &str, rel_error: f64| Check {
@@ -176,7 +183,13 @@ fn kernel_checks(gpu: &Arc<Gpu>, shape: SalesShape, rows: usize, batch: usize, r
 }
 
 /// Per epoch the training loss and test MSE and MAE, then the parameters.
-pub fn run(trainer: &mut dyn SalesTrainer, rows: usize, batch: usize, epochs: usize, seed: u64) -> Result<(Vec<f32>, SalesParams)> {
+pub fn run(
+    trainer: &mut dyn SalesTrainer,
+    rows: usize,
+    batch: usize,
+    epochs: usize,
+    seed: u64,
+) -> Result<(Vec<f32>, SalesParams)> {
     let mut shuffle = Shuffle::new(rows, seed);
     let mut history = Vec::new();
     for _ in 0..epochs {
@@ -215,7 +228,10 @@ fn training_check(
         }
         if draws == MAX_DRAWS {
             return Ok(Check {
-                kernel: format!("{steps} steps {}: no problem of {draws} stayed finite and clear of ReLU's kink", optim.describe()),
+                kernel: format!(
+                    "{steps} steps {}: no problem of {draws} stayed finite and clear of ReLU's kink",
+                    optim.describe()
+                ),
                 shape: label(shape, rows, batch),
                 rel_error: f64::INFINITY,
                 tolerance: TRAINING_TOLERANCE,

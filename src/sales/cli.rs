@@ -172,8 +172,8 @@ pub fn run(args: SalesArgs) -> Result<()> {
         Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim)?),
     };
     let stats = trainer.stats().clone();
-    let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
-        / data.test.rows as f64;
+    let baseline_mae =
+        data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>() / data.test.rows as f64;
     display.line(&format!("baseline test MAE (predicting the training mean): {baseline_mae:.4}"));
     let old_mae = match &existing {
         Some(old) => {
@@ -322,7 +322,8 @@ fn check_feature_memory(table: &Table) -> Result<()> {
         return Ok(());
     }
     let widest = table.columns.categorical.iter().zip(&table.levels).max_by_key(|(_, l)| l.len());
-    let culprit = widest.map_or(String::new(), |(c, l)| format!("; the categorical column {:?} alone has {} levels", c.name, l.len()));
+    let culprit = widest
+        .map_or(String::new(), |(c, l)| format!("; the categorical column {:?} alone has {} levels", c.name, l.len()));
     bail!(
         "{}: {} rows × {features} one-hot features need about {} of memory but only {} is available{culprit}; \
          leave columns with a level per row (identifiers) out of --categorical",
@@ -341,7 +342,8 @@ fn delimiter_name(delimiter: u8) -> &'static str {
 fn other_delimiter(path: &Path, expected: u8) -> Option<&'static str> {
     let file = fsutil::open_input(path, "table").ok()?;
     let mut first = Vec::new();
-    std::io::BufRead::read_until(&mut std::io::BufReader::new(std::io::Read::take(file, 1 << 20)), b'\n', &mut first).ok()?;
+    std::io::BufRead::read_until(&mut std::io::BufReader::new(std::io::Read::take(file, 1 << 20)), b'\n', &mut first)
+        .ok()?;
     let other = if expected == b'\t' { b',' } else { b'\t' };
     (first.contains(&other) && !first.contains(&expected)).then(|| delimiter_name(other))
 }
@@ -386,7 +388,10 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
             let is_model = path.exists()
                 && fsutil::read_input(path, "file").is_ok_and(|b| safetensors::SafeTensors::read_metadata(&b).is_ok());
             if is_model {
-                bail!("--predictions {} holds a model file (safetensors); choose another file for the predictions", path.display());
+                bail!(
+                    "--predictions {} holds a model file (safetensors); choose another file for the predictions",
+                    path.display()
+                );
             }
             fsutil::write_atomic(path, out.as_bytes())?;
         }

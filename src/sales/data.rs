@@ -540,7 +540,8 @@ impl Table {
                 levels.iter().map(|l| slot.get(l.as_str()).copied()).collect()
             })
             .collect();
-        let features = self.columns.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + self.columns.date.len();
+        let features =
+            self.columns.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + self.columns.date.len();
         let mut x = vec![0.0f32; rows.len() * features];
         for (row, out) in rows.iter().zip(x.chunks_exact_mut(features.max(1))) {
             let (numeric, rest) = out.split_at_mut(row.numeric.len());
@@ -570,7 +571,8 @@ impl Table {
 
     /// Parses the contents of a file called `source`.
     pub fn parse(source: &str, bytes: &[u8], options: &LoadOptions) -> Result<Table> {
-        if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || bytes.iter().take(4096).any(|&b| b == 0) {
+        if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || bytes.iter().take(4096).any(|&b| b == 0)
+        {
             bail!("{source} is not UTF-8 text (it looks like UTF-16 or binary); convert it to UTF-8 first");
         }
         let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);

@@ -65,7 +65,11 @@ fn grid(count: usize, gpu: &Gpu) -> u32 {
 }
 
 fn config(blocks: (u32, u32), shared: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (blocks.0, blocks.1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: shared as u32 }
+    LaunchConfig {
+        grid_dim: (blocks.0, blocks.1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
 }
 
 pub struct GpuSales {
@@ -174,7 +178,14 @@ impl GpuSales {
             unsafe { launch.launch(config((STAT_CHUNKS as u32, n as u32 + 1), 0)) }
                 .context("launching sales_column_partials")?;
             let mut launch = stream.launch_builder(&self.kernels.stats);
-            launch.arg(&partials).arg(&chunks).arg(&rows).arg(&pass).arg(&mut mean).arg(&mut mean_out).arg(&mut std_out);
+            launch
+                .arg(&partials)
+                .arg(&chunks)
+                .arg(&rows)
+                .arg(&pass)
+                .arg(&mut mean)
+                .arg(&mut mean_out)
+                .arg(&mut std_out);
             unsafe { launch.launch(config((n as u32 + 1, 1), 0)) }.context("launching sales_column_stats")?;
         }
         let mean = stream.clone_dtoh(&mean_out).context("sales statistics failed")?;

@@ -15,13 +15,13 @@
 //! optimizers of `crate::optim` update them in one elementwise pass.
 
 use super::data::{Split, Stats};
+use crate::cpu::SeededRng;
 use crate::cpu::dot;
 use crate::mlp::Parts;
 use crate::optim::{OptimConfig, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 
 pub const DEFAULT_HIDDEN: usize = 32;

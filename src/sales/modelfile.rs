@@ -82,7 +82,10 @@ pub fn load(path: &Path) -> Result<SalesModel> {
     from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(meta: &std::collections::HashMap<String, String>, key: &str) -> Result<T> {
+fn parse_json<T: serde::de::DeserializeOwned>(
+    meta: &std::collections::HashMap<String, String>,
+    key: &str,
+) -> Result<T> {
     let text = meta.get(key).ok_or_else(|| anyhow!("metadata entry {key:?} is missing"))?;
     serde_json::from_str(text).map_err(|e| anyhow!("metadata entry {key:?} is not what a sales model holds: {e}"))
 }
@@ -105,7 +108,9 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     let target_name = meta.get("target").cloned().ok_or_else(|| anyhow!("metadata entry \"target\" is missing"))?;
     let schema: Value = parse_json(&meta, "schema")?;
     let stats: Value = parse_json(&meta, "stats")?;
-    let spec = |v: &Value| -> Result<ColumnSpec> { ColumnSpec::parse(v.as_str().ok_or_else(|| anyhow!("a column spec is not a string"))?) };
+    let spec = |v: &Value| -> Result<ColumnSpec> {
+        ColumnSpec::parse(v.as_str().ok_or_else(|| anyhow!("a column spec is not a string"))?)
+    };
     let spec_list = |key: &str| -> Result<Vec<ColumnSpec>> {
         schema[key].as_array().ok_or_else(|| anyhow!("schema entry {key:?} is missing"))?.iter().map(spec).collect()
     };
@@ -133,7 +138,9 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     let means_finite = stats.feature_mean.iter().chain([&stats.target_mean]).all(|v| v.is_finite());
     let scales_positive = stats.feature_std.iter().chain([&stats.target_std]).all(|&s| s.is_finite() && s > 0.0);
     if !(means_finite && scales_positive) {
-        bail!("the statistics are not finite positive scales (a mean or standard deviation is NaN, infinite or not above 0)");
+        bail!(
+            "the statistics are not finite positive scales (a mean or standard deviation is NaN, infinite or not above 0)"
+        );
     }
     let schema_parsed = Schema {
         target: spec(&schema["target"])?,
@@ -149,7 +156,8 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
             vocabularies.len()
         );
     }
-    let inputs = schema_parsed.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + schema_parsed.date.len();
+    let inputs =
+        schema_parsed.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + schema_parsed.date.len();
     if inputs != n {
         bail!("the schema and vocabularies make {inputs} features but the model names {n}");
     }

@@ -4,10 +4,10 @@
 
 use super::gpu::GpuTrainer;
 use super::model::{TextParams, TextShape};
+use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::{Context, Result};
-use crate::cpu::SeededRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -90,7 +90,8 @@ pub fn speed(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, only
     let mut per_kernel = Vec::new();
     {
         let mut t = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
-        let positions: Vec<u32> = (0..1024).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
+        let positions: Vec<u32> =
+            (0..1024).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
         t.set_positions(&positions)?;
         t.launch_step(1, 0, lr, false)?;
         // Single samples take fused/text_sample.cu where the shape allows (it does at the bench shape).
@@ -139,8 +140,18 @@ pub fn speed(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, only
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("text model V={} D={} H={} N={} on {}", shape.vocab, shape.embed, shape.hidden, shape.context, gpu.describe());
-        println!("{:<32} {:>6} {:>8} {:>12} {:>14} {:>10}", "mode", "batch", "steps", "steps/s", "samples/s", "µs/step");
+        println!(
+            "text model V={} D={} H={} N={} on {}",
+            shape.vocab,
+            shape.embed,
+            shape.hidden,
+            shape.context,
+            gpu.describe()
+        );
+        println!(
+            "{:<32} {:>6} {:>8} {:>12} {:>14} {:>10}",
+            "mode", "batch", "steps", "steps/s", "samples/s", "µs/step"
+        );
         for r in &rows {
             println!(
                 "{:<32} {:>6} {:>8} {:>12.0} {:>14.0} {:>10.2}",
@@ -174,8 +185,10 @@ impl QualityRun {
         use super::corpus::{Corpus, CorpusOptions, Split};
         use super::train::spread_subset;
         use rand::seq::SliceRandom;
-        let corpus =
-            Corpus::read(corpus, CorpusOptions { tokenizer: Default::default(), max_vocab: BENCH_SHAPE.vocab, max_tokens: None })?;
+        let corpus = Corpus::read(
+            corpus,
+            CorpusOptions { tokenizer: Default::default(), max_vocab: BENCH_SHAPE.vocab, max_tokens: None },
+        )?;
         let shape = TextShape { vocab: corpus.vocab.len(), ..BENCH_SHAPE };
         let split = Split::new(corpus.tokens.len(), shape.context)?;
         let mut order = split.train.clone();
@@ -225,10 +238,11 @@ pub fn quality(gpu: &Arc<Gpu>, args: &QualityOptions) -> Result<()> {
             let started = std::time::Instant::now();
             let mut cpu = CpuTrainer::new(params.clone(), tokens.clone());
             let mut cpu_loss = cpu.train(head, 1, lr)?;
-            let errors: serde_json::Map<String, serde_json::Value> = super::checks::param_rel_errors(&gpu_head, &cpu.params)
-                .into_iter()
-                .map(|(name, err)| (name.to_string(), serde_json::json!(err)))
-                .collect();
+            let errors: serde_json::Map<String, serde_json::Value> =
+                super::checks::param_rel_errors(&gpu_head, &cpu.params)
+                    .into_iter()
+                    .map(|(name, err)| (name.to_string(), serde_json::json!(err)))
+                    .collect();
             cpu_loss += cpu.train(tail, 1, lr)?;
             let cpu_run = (cpu_loss / order.len() as f64, cpu.evaluate(&val)?, started.elapsed().as_secs_f64());
             (Some(cpu_run), serde_json::json!({"steps": head.len(), "params_rel_error": errors}))

@@ -16,10 +16,10 @@ use super::TextTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{self, TextParams, TextShape, context_of};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
+use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::{Result, bail};
-use crate::cpu::SeededRng;
 use rand::RngExt;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -67,11 +67,17 @@ const LARGEST_CASE: (TextShape, usize) = (shape(50021, 256, super::gpu::MAX_HIDD
 
 /// The single-sample kernels on every shape they take: the bench shape, V no multiple of the rows per
 /// block, one row per block, H and D no multiple of 32.
-const SAMPLE_SHAPES: [TextShape; 5] =
-    [shape(8192, 64, 256, 3), shape(1000, 33, 100, 2), shape(517, 16, 40, 1), shape(131, 8, 32, 4), shape(2003, 32, 64, 3)];
+const SAMPLE_SHAPES: [TextShape; 5] = [
+    shape(8192, 64, 256, 3),
+    shape(1000, 33, 100, 2),
+    shape(517, 16, 40, 1),
+    shape(131, 8, 32, 4),
+    shape(2003, 32, 64, 3),
+];
 
 /// The tiled large-batch step.
-const TILED_CASES: [(TextShape, usize); 3] = [(shape(8192, 64, 256, 3), 256), (shape(1000, 33, 100, 2), 300), (shape(517, 16, 40, 1), 64)];
+const TILED_CASES: [(TextShape, usize); 3] =
+    [(shape(8192, 64, 256, 3), 256), (shape(1000, 33, 100, 2), 300), (shape(517, 16, 40, 1), 64)];
 
 fn kernel_cases(plan: &Plan) -> impl Iterator<Item = (TextShape, usize)> {
     KERNEL_CASES.into_iter().chain((!plan.quick).then_some(LARGEST_CASE))
@@ -222,7 +228,13 @@ fn cpu_step(p: &TextParams, tokens: &[u32], positions: &[u32]) -> CpuStep {
 
 /// A trainer on `p`, with the sample order uploaded, buffers for `batch` samples poisoned with NaN and the
 /// loss sum zeroed: ready for one kernel or step to be checked.
-fn poisoned_trainer(gpu: &Arc<Gpu>, p: &TextParams, tokens: &Arc<[u32]>, positions: &[u32], batch: usize) -> Result<GpuTrainer> {
+fn poisoned_trainer(
+    gpu: &Arc<Gpu>,
+    p: &TextParams,
+    tokens: &Arc<[u32]>,
+    positions: &[u32],
+    batch: usize,
+) -> Result<GpuTrainer> {
     let mut t = GpuTrainer::new(gpu.clone(), p, tokens.clone())?;
     t.set_positions(positions)?;
     t.ensure_capacity(batch)?;
@@ -283,7 +295,8 @@ pub fn kernel_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut Seede
     let (p, tokens, positions) = random_problem(s, 2 * batch, rng);
     let (step, next) = positions.split_at(batch);
     let label = shape_label(s, batch);
-    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let check =
+        |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
     let cpu = cpu_step(&p, &tokens, step);
 
     let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;
@@ -352,7 +365,8 @@ pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut SeededRng) -> Resul
     let lr = 10.0f32;
     let (p, tokens, positions) = random_problem(s, 2, rng);
     let label = shape_label(s, 1);
-    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let check =
+        |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
     let cpu1 = cpu_step(&p, &tokens, &positions[..1]);
 
     let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, 1)?;
@@ -365,7 +379,10 @@ pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut SeededRng) -> Resul
     t.synchronize()?;
     let mut out = vec![
         check("sample_forward logits", rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu1.logits)),
-        check("sample_forward softmax normaliser", rel_error(&logsumexp_of_partials(&t.sample_stats()?, g, 1), &cpu1.logsumexp)),
+        check(
+            "sample_forward softmax normaliser",
+            rel_error(&logsumexp_of_partials(&t.sample_stats()?, g, 1), &cpu1.logsumexp),
+        ),
         check("sample_forward, nothing pending: W2 kept", rel_error(&t.download(&t.params.w2)?, &p.w2)),
     ];
     t.launch_sample_backward(0, lr, false)?;
@@ -381,7 +398,11 @@ pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut SeededRng) -> Resul
     t.launch_sample_update(0, lr, false)?;
     t.synchronize()?;
     let e = t.download(&t.params.embedding)?;
-    let (next_x, next_z1) = cpu_hidden(&TextParams { embedding: e.clone(), w1: w1.clone(), b1: b1.clone(), ..p.clone() }, &tokens, &positions[1..]);
+    let (next_x, next_z1) = cpu_hidden(
+        &TextParams { embedding: e.clone(), w1: w1.clone(), b1: b1.clone(), ..p.clone() },
+        &tokens,
+        &positions[1..],
+    );
     out.extend([
         check("sample_update embedding update", update_error(lr, &p.embedding, &e, &cpu1.embedding_grad)),
         check("sample_update next sample's x", rel_error(&t.download(&t.buffers.x)?[..d], &next_x)),
@@ -394,7 +415,10 @@ pub fn sample_checks(gpu: &Arc<Gpu>, s: TextShape, rng: &mut SeededRng) -> Resul
     out.extend([
         check("sample_forward pending W2 update", update_error(lr, &p.w2, &w2_step1, &cpu1.grads.w2)),
         check("sample_forward pending b2 update", update_error(lr, &p.b2, &b2_step1, &cpu1.grads.b2)),
-        check("sample_forward logits, step 2", rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu_step(&p1, &tokens, &positions[1..]).logits)),
+        check(
+            "sample_forward logits, step 2",
+            rel_error(&t.download(&t.buffers.logits)?[..s.vocab], &cpu_step(&p1, &tokens, &positions[1..]).logits),
+        ),
     ]);
 
     let gentle = 0.1f32;
@@ -437,7 +461,8 @@ pub fn tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut Seeded
     let lr = 100.0f32;
     let (p, tokens, positions) = random_problem(s, batch, rng);
     let label = shape_label(s, batch);
-    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let check =
+        |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
     let cpu = cpu_step(&p, &tokens, &positions);
 
     let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;
@@ -636,7 +661,10 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
         let shape = shape_label(case.shape, case.batch);
         let Some((problem, cpu)) = accepted else {
             out.push(Check {
-                kernel: format!("{} steps{what}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's kink", case.steps),
+                kernel: format!(
+                    "{} steps{what}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's kink",
+                    case.steps
+                ),
                 shape,
                 rel_error: f64::INFINITY,
                 tolerance: TRAINING_TOLERANCE,
@@ -648,7 +676,8 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
         let loss = trainer.train(&problem.positions, case.batch, case.lr)?;
         let (rel_error, at) = worst_training_error(&trainer.params()?, loss, &cpu.params, cpu.loss);
         let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
-        let optim = if case.optim == OptimKind::Sgd { String::new() } else { format!(", {}", case.optim_config().describe()) };
+        let optim =
+            if case.optim == OptimKind::Sgd { String::new() } else { format!(", {}", case.optim_config().describe()) };
         out.push(Check {
             kernel: format!("{} steps (graph){what}{optim}, worst: {at}{drawn}", case.steps),
             shape,

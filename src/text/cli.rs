@@ -423,10 +423,12 @@ fn mean_loss(sums: super::model::EvalSums) -> f64 {
 /// Validation loss of `params` on the run's device, or on the CPU where that device cannot take the shape.
 fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u32]) -> Result<f64> {
     // A batched CPU trainer evaluates on every core.
-    let sums = match train::make_trainer(backend, params.clone(), tokens.clone(), CPU_BATCH, OptimConfig::new(OptimKind::Sgd)) {
-        Ok(mut trainer) => trainer.evaluate(val)?,
-        Err(_) => CpuTrainer::new(params, tokens.clone()).evaluate(val)?,
-    };
+    let sums =
+        match train::make_trainer(backend, params.clone(), tokens.clone(), CPU_BATCH, OptimConfig::new(OptimKind::Sgd))
+        {
+            Ok(mut trainer) => trainer.evaluate(val)?,
+            Err(_) => CpuTrainer::new(params, tokens.clone()).evaluate(val)?,
+        };
     Ok(mean_loss(sums))
 }
 
@@ -687,7 +689,9 @@ pub fn predict(args: PredictArgs) -> Result<()> {
         }
     }
     if read == 0 {
-        bail!("standard input holds no contexts: give the text to continue (textnet predict \"to be or\") or pipe contexts in, one per line");
+        bail!(
+            "standard input holds no contexts: give the text to continue (textnet predict \"to be or\") or pipe contexts in, one per line"
+        );
     }
     Ok(())
 }

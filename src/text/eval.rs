@@ -2,12 +2,12 @@
 //! top-5 accuracy over its samples, on every core (the batched CPU evaluator `train` validates with),
 //! with a progress bar on a terminal.
 
+use super::TextTrainer;
 use super::corpus::{Corpus, CorpusOptions};
+use super::cpu_batch::BatchTrainer;
 use super::model;
 use super::modelfile::TextModel;
-use super::cpu_batch::BatchTrainer;
 use super::train::spread_subset;
-use super::TextTrainer;
 use crate::console;
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -43,16 +43,23 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let corpus = Corpus::read(&args.corpus, options)?.in_vocabulary(&model.vocab);
     let n = model.params.shape.context;
     if corpus.tokens.len() <= n {
-        bail!("the corpus has {} tokens; the model reads {n} before each one it predicts, so it needs at least {}", corpus.tokens.len(), n + 1);
+        bail!(
+            "the corpus has {} tokens; the model reads {n} before each one it predicts, so it needs at least {}",
+            corpus.tokens.len(),
+            n + 1
+        );
     }
     let all: Vec<u32> = (n as u32..corpus.tokens.len() as u32).collect();
     let positions = spread_subset(&all, args.max_samples);
-    let bar = indicatif::ProgressBar::with_draw_target(Some(positions.len() as u64), indicatif::ProgressDrawTarget::stderr())
-        .with_style(
-            indicatif::ProgressStyle::with_template("evaluating [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}")
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(positions.len() as u64), indicatif::ProgressDrawTarget::stderr())
+            .with_style(
+                indicatif::ProgressStyle::with_template(
+                    "evaluating [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}",
+                )
                 .map(|s| s.progress_chars("=> "))
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
+            );
     let mut evaluator = BatchTrainer::new(model.params, corpus.tokens.clone().into());
     let mut sums = model::EvalSums::default();
     for chunk in positions.chunks(PROGRESS_CHUNK) {
@@ -63,15 +70,20 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let samples = sums.samples.max(1) as f64;
     let (loss, top1, top5) = (sums.loss / samples, sums.top1 as f64 / samples, sums.top5 as f64 / samples);
     if !loss.is_finite() {
-        bail!("the model's output is not finite on this corpus (loss {loss}): its weights are too large to be a trained model");
+        bail!(
+            "the model's output is not finite on this corpus (loss {loss}): its weights are too large to be a trained model"
+        );
     }
     let unknown = corpus.unknown as f64 / corpus.tokens.len() as f64;
     if args.json {
-        console::out(&json!({
-            "model": args.model.display().to_string(), "corpus": args.corpus.display().to_string(),
-            "tokens": corpus.tokens.len(), "unknown_tokens": corpus.unknown, "samples": sums.samples,
-            "loss": loss, "perplexity": loss.exp(), "top1_accuracy": top1, "top5_accuracy": top5,
-        }).to_string());
+        console::out(
+            &json!({
+                "model": args.model.display().to_string(), "corpus": args.corpus.display().to_string(),
+                "tokens": corpus.tokens.len(), "unknown_tokens": corpus.unknown, "samples": sums.samples,
+                "loss": loss, "perplexity": loss.exp(), "top1_accuracy": top1, "top5_accuracy": top5,
+            })
+            .to_string(),
+        );
     } else {
         console::out(&format!(
             "{}: {} tokens ({:.2}% outside the model's vocabulary), {} samples",
@@ -80,7 +92,12 @@ pub fn run(args: EvalArgs) -> Result<()> {
             100.0 * unknown,
             sums.samples
         ));
-        console::out(&format!("loss {loss:.4} (perplexity {:.1}), top-1 {:.1}%, top-5 {:.1}%", loss.exp(), 100.0 * top1, 100.0 * top5));
+        console::out(&format!(
+            "loss {loss:.4} (perplexity {:.1}), top-1 {:.1}%, top-5 {:.1}%",
+            loss.exp(),
+            100.0 * top1,
+            100.0 * top5
+        ));
     }
     Ok(())
 }

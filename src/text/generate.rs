@@ -24,7 +24,14 @@ pub fn join(tokens: &[String]) -> String {
 }
 
 /// The prompt's tokens and `length` generated ones.
-pub fn generate(model: &TextModel, prompt: &str, length: usize, temperature: f32, top_k: Option<usize>, seed: u64) -> Result<(Vec<String>, Vec<String>)> {
+pub fn generate(
+    model: &TextModel,
+    prompt: &str,
+    length: usize,
+    temperature: f32,
+    top_k: Option<usize>,
+    seed: u64,
+) -> Result<(Vec<String>, Vec<String>)> {
     let prompt: Vec<String> = model.tokenizer.tokens(prompt).map(|t| t.into_owned()).collect();
     if prompt.is_empty() {
         bail!("the prompt has no tokens; give some words, e.g. --prompt \"to be or\"");

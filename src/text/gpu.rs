@@ -8,12 +8,12 @@
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
 use crate::device::{Arg, Gpu, THREADS_PER_BLOCK};
+use crate::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
 use crate::optim::{OptimConfig, OptimKind};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
-use crate::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
 
 const WARPS: usize = 8;
 /// Steps of at least this many samples take the tiled-matmul kernels of `fused/text_batch.cu`.
@@ -113,7 +113,10 @@ impl TextLayout {
         let fixed = ((1 + WARPS) * max_chunk * h + tile_cap * (h + 1)) * F32;
         let fit_rows = max_shared.saturating_sub(fixed) / ((h + 1 + max_chunk) * F32);
         if fit_rows == 0 {
-            bail!("--hidden {h} needs more shared memory per block than this GPU has ({} KB); lower --hidden", max_shared / 1024);
+            bail!(
+                "--hidden {h} needs more shared memory per block than this GPU has ({} KB); lower --hidden",
+                max_shared / 1024
+            );
         }
         layout.rows_per_block = v.div_ceil(sm_count).min(fit_rows).max(1);
         layout.tile_rows = layout.rows_per_block.min(tile_cap);
@@ -486,11 +489,22 @@ impl GpuTrainer {
         let func = self.sample_kernels()?.forward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::f32(lr), Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::buf(g, &sb.records), Arg::buf(g, &sb.h_pending), Arg::buf(g, &b.logits), Arg::buf(g, &sb.stats),
-            Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::f32(lr),
+            Arg::i32(self.shape.vocab as i32),
+            Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &sb.records),
+            Arg::buf(g, &sb.h_pending),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &sb.stats),
+            Arg::buf(g, &sb.partials),
+            Arg::buf(g, &sb.w2_target),
         ];
         let shared = l.sample_forward_shared() as u32;
         g.launch("sample_forward", &func, (l.grid as u32, 1), shared, programmatic, &args)?;
@@ -504,12 +518,28 @@ impl GpuTrainer {
         let func = self.sample_kernels()?.backward.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.logits),
-            Arg::buf(g, &sb.records), Arg::buf(g, &sb.stats), Arg::buf(g, &sb.partials), Arg::buf(g, &sb.w2_target),
-            Arg::i32(l.grid as i32), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor),
-            Arg::u32(offset as u32), Arg::u32(self.positions.len() as u32), Arg::i32(self.shape.context as i32),
-            Arg::buf(g, &p.embedding), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &sb.dx_shares),
-            Arg::buf(g, &self.loss_sum), Arg::buf(g, &sb.next_rows),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &sb.records),
+            Arg::buf(g, &sb.stats),
+            Arg::buf(g, &sb.partials),
+            Arg::buf(g, &sb.w2_target),
+            Arg::i32(l.grid as i32),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::u32(self.positions.len() as u32),
+            Arg::i32(self.shape.context as i32),
+            Arg::buf(g, &p.embedding),
+            Arg::f32(lr),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &sb.dx_shares),
+            Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &sb.next_rows),
         ];
         let shared = l.sample_backward_shared() as u32;
         g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
@@ -520,10 +550,20 @@ impl GpuTrainer {
         let func = self.sample_kernels()?.update.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
-            Arg::buf(g, &sb.dx_shares), Arg::buf(g, &sb.next_rows), Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions),
-            Arg::u32(self.positions.len() as u32), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.context as i32), Arg::f32(lr),
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &sb.dx_shares),
+            Arg::buf(g, &sb.next_rows),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::u32(self.positions.len() as u32),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::i32(self.shape.context as i32),
+            Arg::f32(lr),
         ];
         let shared = l.sample_update_shared() as u32;
         g.launch("sample_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
@@ -548,8 +588,13 @@ impl GpuTrainer {
         let func = self.sample_kernels()?.flush.clone();
         let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &sb.records), Arg::buf(g, &sb.h_pending),
-            Arg::buf(g, &sb.stats), Arg::buf(g, &b.logits), Arg::i32(self.shape.vocab as i32),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &sb.records),
+            Arg::buf(g, &sb.h_pending),
+            Arg::buf(g, &sb.stats),
+            Arg::buf(g, &b.logits),
+            Arg::i32(self.shape.vocab as i32),
             Arg::i32(l.rows_per_block as i32),
         ];
         g.launch("sample_flush", &func, (l.grid as u32, 1), 0, false, &args)?;
@@ -584,8 +629,12 @@ impl GpuTrainer {
         let (forward, backward, update) = (k.forward.clone(), k.backward.clone(), k.update.clone());
         let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
         let TextShape { vocab: v, embed: d, hidden: h, context: n } = self.shape;
-        let (tokens, positions, cursor, off) =
-            (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32));
+        let (tokens, positions, cursor, off) = (
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+        );
         let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
         let (v_tiles, s_tiles, h_tiles) = (l.vocab_tiles(), batch.div_ceil(TILE), h.div_ceil(TILE));
@@ -593,20 +642,47 @@ impl GpuTrainer {
         let groups = (g.sm_count as usize / s_tiles).clamp(1, v_tiles);
 
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
-            tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi,
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh), Arg::buf(g, &b.logits),
-            Arg::buf(g, &b.stats), Arg::buf(g, &b.norm), Arg::buf(g, &b.tile_tickets), Arg::buf(g, &self.loss_sum),
-            Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2),
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            tokens,
+            positions,
+            cursor,
+            off,
+            vi,
+            Arg::i32(n as i32),
+            bi,
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &b.stats),
+            Arg::buf(g, &b.norm),
+            Arg::buf(g, &b.tile_tickets),
+            Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2),
         ];
         // b.z1 holds h = ReLU(z1) on this path (text_batch_backward and text_batch_update read it).
         let grid = (groups as u32, s_tiles as u32);
         g.launch("text_batch_forward", &forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
 
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &b.logits), Arg::buf(g, &b.norm), Arg::buf(g, &b.z1),
-            tokens, positions, cursor, off, vi, bi,
-            Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.dh),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &b.norm),
+            Arg::buf(g, &b.z1),
+            tokens,
+            positions,
+            cursor,
+            off,
+            vi,
+            bi,
+            Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2),
+            Arg::buf(g, &b.dh),
         ];
         // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
         let blocks = batch.div_ceil(SLICE) * v.div_ceil(SLICE) * 2 * (SLICE / TILE) * h_tiles;
@@ -614,26 +690,63 @@ impl GpuTrainer {
         g.launch("text_batch_backward", &backward, (blocks as u32, 1), shared, false, &args)?;
 
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh), Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2), Arg::buf(g, &b.grad_w1), Arg::buf(g, &b.grad_b1),
-            tokens, positions, cursor, off, vi, Arg::i32(n as i32), bi, Arg::f32(lr),
-            Arg::i32(W2_UPDATE_BLOCKS as i32), Arg::buf(g, &b.ticket),
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2),
+            Arg::buf(g, &b.grad_w1),
+            Arg::buf(g, &b.grad_b1),
+            tokens,
+            positions,
+            cursor,
+            off,
+            vi,
+            Arg::i32(n as i32),
+            bi,
+            Arg::f32(lr),
+            Arg::i32(W2_UPDATE_BLOCKS as i32),
+            Arg::buf(g, &b.ticket),
             self.optimizer.as_ref().map_or(Arg::Ptr(0), |o| Arg::buf(g, &o.grad_embedding)),
         ];
-        let blocks = s_tiles * d.div_ceil(TILE) + h_tiles * (d + 1).div_ceil(TILE) * batch.div_ceil(B_SLICE) + W2_UPDATE_BLOCKS;
+        let blocks =
+            s_tiles * d.div_ceil(TILE) + h_tiles * (d + 1).div_ceil(TILE) * batch.div_ceil(B_SLICE) + W2_UPDATE_BLOCKS;
         g.launch("text_batch_update", &update, (blocks as u32, 1), stage, false, &args)?;
 
         let Some(o) = &self.optimizer else { return Ok(()) };
         let c = o.config;
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1), Arg::buf(g, &p.w2), Arg::buf(g, &p.b2),
-            Arg::buf(g, &o.grad_embedding), Arg::buf(g, &b.grad_w1), Arg::buf(g, &b.grad_b1), Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2), Arg::buf(g, &o.m), Arg::buf(g, &o.v), vi, Arg::i32(c.kind.kernel_code()),
-            Arg::f32(c.lr), Arg::f32(c.momentum), Arg::f32(c.beta1), Arg::f32(c.beta2), Arg::f32(c.eps),
-            Arg::f32(c.weight_decay), Arg::buf(g, &o.step), Arg::buf(g, &o.ticket),
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &o.grad_embedding),
+            Arg::buf(g, &b.grad_w1),
+            Arg::buf(g, &b.grad_b1),
+            Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2),
+            Arg::buf(g, &o.m),
+            Arg::buf(g, &o.v),
+            vi,
+            Arg::i32(c.kind.kernel_code()),
+            Arg::f32(c.lr),
+            Arg::f32(c.momentum),
+            Arg::f32(c.beta1),
+            Arg::f32(c.beta2),
+            Arg::f32(c.eps),
+            Arg::f32(c.weight_decay),
+            Arg::buf(g, &o.step),
+            Arg::buf(g, &o.ticket),
         ];
-        let blocks = (self.shape.parameter_count() as usize).div_ceil(THREADS_PER_BLOCK as usize * 8).clamp(1, 4 * g.sm_count as usize);
+        let blocks = (self.shape.parameter_count() as usize)
+            .div_ceil(THREADS_PER_BLOCK as usize * 8)
+            .clamp(1, 4 * g.sm_count as usize);
         g.launch("text_batch_optimize", &o.kernel, (blocks as u32, 1), 0, false, &args)
     }
 
@@ -691,9 +804,17 @@ impl GpuTrainer {
         let func = self.kernels_for(batch)?.hidden.clone();
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::buf(g, &b.x), Arg::buf(g, &b.z1),
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::i32(self.shape.context as i32),
+            Arg::i32(batch as i32),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
         ];
         let blocks = batch.div_ceil(chunk) as u32;
         g.launch("text_hidden", &func, (blocks, 1), self.layout.hidden_shared(chunk) as u32, false, &args)
@@ -710,9 +831,16 @@ impl GpuTrainer {
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
         let l = &self.layout;
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.z1),
-            Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::i32(l.tile_rows as i32), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.dh),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &b.z1),
+            Arg::i32(self.shape.vocab as i32),
+            Arg::i32(batch as i32),
+            Arg::i32(l.rows_per_block as i32),
+            Arg::i32(l.tile_rows as i32),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &b.stats),
+            Arg::buf(g, &b.dh),
             Arg::buf(g, &b.dx_sum),
         ];
         g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
@@ -726,10 +854,22 @@ impl GpuTrainer {
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
         let l = &self.layout;
         let args = [
-            Arg::buf(g, &p.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.logits), Arg::buf(g, &b.stats), Arg::buf(g, &b.z1),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.vocab as i32), Arg::i32(batch as i32), Arg::i32(l.rows_per_block as i32),
-            Arg::i32(l.tile_rows as i32), Arg::f32(lr), Arg::buf(g, &b.dh), Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &b.stats),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::i32(self.shape.vocab as i32),
+            Arg::i32(batch as i32),
+            Arg::i32(l.rows_per_block as i32),
+            Arg::i32(l.tile_rows as i32),
+            Arg::f32(lr),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.backward_shared(chunk, batch > chunk);
         g.launch("text_backward", &func, (l.grid as u32, 1), shared as u32, programmatic, &args)
@@ -743,12 +883,23 @@ impl GpuTrainer {
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
         let l = &self.layout;
         let args = [
-            Arg::buf(g, &p.embedding), Arg::buf(g, &p.w1), Arg::buf(g, &p.b1),
-            Arg::buf(g, &b.x), Arg::buf(g, &b.z1), Arg::buf(g, &b.dh),
-            Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::u32(self.positions.len() as u32),
-            Arg::buf(g, &self.cursor), Arg::u32(offset as u32),
-            Arg::i32(self.shape.context as i32), Arg::i32(batch as i32), Arg::f32(lr), Arg::i32(l.update_whole_dx(chunk) as i32),
-            Arg::buf(g, &b.dx_sum), Arg::buf(g, &b.ticket),
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::u32(self.positions.len() as u32),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::i32(self.shape.context as i32),
+            Arg::i32(batch as i32),
+            Arg::f32(lr),
+            Arg::i32(l.update_whole_dx(chunk) as i32),
+            Arg::buf(g, &b.dx_sum),
+            Arg::buf(g, &b.ticket),
         ];
         let shared = l.update_shared(chunk, l.update_whole_dx(chunk)) as u32;
         g.launch("text_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
@@ -815,12 +966,19 @@ impl GpuTrainer {
     pub fn kernel_resources(&self) -> Vec<(&'static str, usize, i32, i32)> {
         let mut rows = Vec::new();
         for (chunk, k) in &self.kernels {
-            for (name, f) in [("text_hidden", &k.hidden), ("text_forward", &k.forward), ("text_backward", &k.backward), ("text_update", &k.update)] {
+            for (name, f) in [
+                ("text_hidden", &k.hidden),
+                ("text_forward", &k.forward),
+                ("text_backward", &k.backward),
+                ("text_update", &k.update),
+            ] {
                 rows.push((name, *chunk, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)));
             }
         }
         if let Some(k) = &self.sample {
-            for (name, f) in [("sample_forward", &k.forward), ("sample_backward", &k.backward), ("sample_update", &k.update)] {
+            for (name, f) in
+                [("sample_forward", &k.forward), ("sample_backward", &k.backward), ("sample_update", &k.update)]
+            {
                 rows.push((name, 1, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)));
             }
         }
@@ -891,7 +1049,20 @@ impl GpuTrainer {
         let s = self.gpu.stream.clone();
         let b = &mut self.buffers;
         let sb = &mut self.sample_buffers;
-        for buf in [&mut b.x, &mut b.z1, &mut b.logits, &mut b.stats, &mut b.dh, &mut b.norm, &mut b.grad_w2, &mut b.grad_b2, &mut sb.partials, &mut sb.h_pending, &mut sb.dx_shares, &mut sb.w2_target] {
+        for buf in [
+            &mut b.x,
+            &mut b.z1,
+            &mut b.logits,
+            &mut b.stats,
+            &mut b.dh,
+            &mut b.norm,
+            &mut b.grad_w2,
+            &mut b.grad_b2,
+            &mut sb.partials,
+            &mut sb.h_pending,
+            &mut sb.dx_shares,
+            &mut sb.w2_target,
+        ] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
         }
@@ -919,12 +1090,32 @@ impl TextTrainer for GpuTrainer {
             let k = self.kernels_for(b)?;
             let (rank_fn, finish_fn) = (k.eval_rank.clone(), k.eval_finish.clone());
             let (g, buf) = (&*self.gpu, &self.buffers);
-            let (tokens, positions, cursor) = (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor));
-            let args = [Arg::buf(g, &buf.logits), tokens, positions, cursor, Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(rows), Arg::buf(g, &buf.rank)];
+            let (tokens, positions, cursor) =
+                (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor));
+            let args = [
+                Arg::buf(g, &buf.logits),
+                tokens,
+                positions,
+                cursor,
+                Arg::u32(0),
+                Arg::i32(v),
+                Arg::i32(b as i32),
+                Arg::i32(rows),
+                Arg::buf(g, &buf.rank),
+            ];
             g.launch("text_eval_rank", &rank_fn, (grid as u32, 1), 0, false, &args)?;
             let args = [
-                Arg::buf(g, &buf.logits), Arg::buf(g, &buf.stats), tokens, positions, cursor, Arg::u32(0),
-                Arg::i32(v), Arg::i32(b as i32), Arg::i32(grid), Arg::buf(g, &buf.rank), Arg::buf(g, &self.loss_sum),
+                Arg::buf(g, &buf.logits),
+                Arg::buf(g, &buf.stats),
+                tokens,
+                positions,
+                cursor,
+                Arg::u32(0),
+                Arg::i32(v),
+                Arg::i32(b as i32),
+                Arg::i32(grid),
+                Arg::buf(g, &buf.rank),
+                Arg::buf(g, &self.loss_sum),
                 Arg::buf(g, &self.hit_counts),
             ];
             g.launch("text_eval_finish", &finish_fn, (1, 1), 0, false, &args)?;

@@ -1,15 +1,15 @@
 //! The text pipeline: corpus → tokens → vocabulary → next-token model, trained on the CPU reference
 //! (`model`) or the fused CUDA kernels (`gpu`, kernels in `fused/text.cu`).
 
-pub mod model;
 pub mod bench;
 pub mod checks;
 pub mod cli;
-pub mod gpu;
 pub mod corpus;
 pub mod cpu_batch;
 pub mod eval;
 pub mod generate;
+pub mod gpu;
+pub mod model;
 pub mod modelfile;
 pub mod predict;
 pub mod tokenizer;
@@ -54,7 +54,8 @@ impl TextTrainer for CpuTrainer {
             loss += match &mut self.optimizer {
                 None => model::train_step(&mut self.params, &self.tokens, step, lr),
                 Some(optimizer) => {
-                    let contexts: Vec<&[u32]> = step.iter().map(|&pos| model::context_of(&self.tokens, pos, n)).collect();
+                    let contexts: Vec<&[u32]> =
+                        step.iter().map(|&pos| model::context_of(&self.tokens, pos, n)).collect();
                     let targets: Vec<u32> = step.iter().map(|&pos| self.tokens[pos as usize]).collect();
                     let (g, step_loss) = model::backward(&self.params, &contexts, &targets);
                     model::optimizer_update(&mut self.params, &g, &contexts, optimizer);

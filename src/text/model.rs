@@ -9,10 +9,10 @@
 //!
 //! Layouts are row-major: E is V×D, W1 is H×D, W2 is V×H.
 
+use crate::cpu::SeededRng;
 use crate::cpu::{axpy, dot, top_k};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use rand_distr::{Distribution, Normal, Uniform};
 use serde::{Deserialize, Serialize};
 

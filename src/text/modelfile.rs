@@ -49,7 +49,8 @@ impl TextModel {
             ("vocabulary".to_string(), serde_json::to_string(self.vocab.tokens())?),
         ]);
         let tensors = self.params.tensors();
-        let tensors: Vec<(&str, &[f32], Vec<usize>)> = tensors.iter().map(|(name, values, dims)| (*name, *values, dims.clone())).collect();
+        let tensors: Vec<(&str, &[f32], Vec<usize>)> =
+            tensors.iter().map(|(name, values, dims)| (*name, *values, dims.clone())).collect();
         crate::tensorfile::to_bytes(&tensors, metadata)
     }
 
@@ -68,7 +69,9 @@ impl TextModel {
         let no_metadata = HashMap::new();
         let meta = Metadata(header.metadata().as_ref().unwrap_or(&no_metadata));
 
-        if let Some(other) = crate::modelkind::describe(header.metadata().as_ref()).filter(|_| meta.get("format").ok() != Some(FORMAT)) {
+        if let Some(other) =
+            crate::modelkind::describe(header.metadata().as_ref()).filter(|_| meta.get("format").ok() != Some(FORMAT))
+        {
             bail!("not a text model of textnet train: {other}");
         }
         let format = meta.get("format").context("not a textnet model file")?;

@@ -7,12 +7,12 @@ use super::cpu_batch::BatchTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
+use crate::cpu::SeededRng;
 use crate::device::Backend;
 use crate::optim::{OptimConfig, OptimKind, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
-use crate::cpu::SeededRng;
 use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
@@ -193,13 +193,7 @@ fn run_epoch(
     Ok(EpochEnd::Finished(metrics, params))
 }
 
-fn epoch_metrics(
-    epoch: usize,
-    train_loss: f64,
-    eval: &EvalSums,
-    samples_per_s: f64,
-    started: Instant,
-) -> EpochMetrics {
+fn epoch_metrics(epoch: usize, train_loss: f64, eval: &EvalSums, samples_per_s: f64, started: Instant) -> EpochMetrics {
     let n = eval.samples.max(1) as f64;
     let val_loss = eval.loss / n;
     EpochMetrics {

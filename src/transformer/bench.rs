@@ -26,9 +26,11 @@ struct Run {
 }
 
 /// The default model, 1000 steps of 32 windows.
-const DEFAULT: Run = Run { shape: Config { vocab: 256, block: 64, embed: 64, heads: 4, layers: 2 }, batch: 32, steps: 1000, chunk: 100 };
+const DEFAULT: Run =
+    Run { shape: Config { vocab: 256, block: 64, embed: 64, heads: 4, layers: 2 }, batch: 32, steps: 1000, chunk: 100 };
 /// The larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64): 200 steps, for tokens/s.
-const LARGE: Run = Run { shape: Config { vocab: 256, block: 256, embed: 384, heads: 6, layers: 6 }, batch: 64, steps: 200, chunk: 50 };
+const LARGE: Run =
+    Run { shape: Config { vocab: 256, block: 256, embed: 384, heads: 6, layers: 6 }, batch: 64, steps: 200, chunk: 50 };
 
 pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, large: bool, json: bool) -> Result<()> {
     let Run { shape, batch, steps, chunk } = if large { LARGE } else { DEFAULT };
@@ -49,7 +51,8 @@ pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, large: b
     let mut last_loss = f64::NAN;
     let start = Instant::now();
     for graph in 0..steps / chunk {
-        let offsets: Vec<u32> = (0..chunk).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, batch)).collect();
+        let offsets: Vec<u32> =
+            (0..chunk).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, batch)).collect();
         let mut losses = Vec::new();
         train_ms += time_on_device(gpu, || {
             losses = trainer.train_steps(&offsets, batch)?;

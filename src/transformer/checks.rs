@@ -56,7 +56,9 @@ fn label(c: &Config, batch: usize) -> String {
 
 /// A corpus of random ids over `config.vocab` characters.
 pub fn random_corpus(config: &Config, len: usize, rng: &mut SeededRng) -> Corpus {
-    let chars: Vec<char> = std::iter::once(UNKNOWN).chain((0..config.vocab as u32 - 1).map(|i| char::from_u32(0x41 + i).unwrap_or('?'))).collect();
+    let chars: Vec<char> = std::iter::once(UNKNOWN)
+        .chain((0..config.vocab as u32 - 1).map(|i| char::from_u32(0x41 + i).unwrap_or('?')))
+        .collect();
     let vocab = CharVocab::from_chars(chars).expect("distinct characters");
     let mut ids = || -> Vec<u32> { (0..len).map(|_| rng.random_range(0..config.vocab as u32)).collect() };
     let (train, val) = (ids(), ids());
@@ -134,7 +136,13 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
 
 /// Forward stage by stage and backward (every gradient) of one batch; with `tf32`, the linear layers on
 /// the tensor cores, against the same fp32 reference at TF32_TOLERANCE.
-pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, tf32: bool, rng: &mut SeededRng) -> Result<Vec<Check>> {
+pub fn kernel_checks(
+    gpu: &Arc<Gpu>,
+    config: Config,
+    batch: usize,
+    tf32: bool,
+    rng: &mut SeededRng,
+) -> Result<Vec<Check>> {
     let corpus = random_corpus(&config, 40 * config.block, rng);
     let params = random_params(&config, rng);
     let offsets = data::train_offsets(rng, corpus.train.len(), config.block, batch);
@@ -145,7 +153,11 @@ pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, tf32: bool, r
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
     trainer.set_tf32(tf32);
     let got = trainer.forward_backward_alone(&offsets)?;
-    let (shape, tolerance) = if tf32 { (format!("{} tf32", label(&config, batch)), TF32_TOLERANCE) } else { (label(&config, batch), KERNEL_TOLERANCE) };
+    let (shape, tolerance) = if tf32 {
+        (format!("{} tf32", label(&config, batch)), TF32_TOLERANCE)
+    } else {
+        (label(&config, batch), KERNEL_TOLERANCE)
+    };
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
         out.push(Check { kernel, shape: shape.clone(), rel_error: rel_error(got, want), tolerance });
@@ -166,7 +178,12 @@ pub fn kernel_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, tf32: bool, r
     let grad = trainer.gradient()?;
     let layout = Layout::new(&config);
     let (e, name) = worst_tensor(&layout, &grad, &back.grad, false);
-    out.push(Check { kernel: format!("transformer backward, worst: ∂{name}"), shape: shape.clone(), rel_error: e, tolerance });
+    out.push(Check {
+        kernel: format!("transformer backward, worst: ∂{name}"),
+        shape: shape.clone(),
+        rel_error: e,
+        tolerance,
+    });
     let d_embed = trainer.embedding_sum_gradient()?;
     out.push(Check {
         kernel: "transformer backward ∂(tok_emb + pos_emb)".into(),
@@ -219,7 +236,8 @@ pub fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
     let config = Config { vocab: 65, block: 64, embed: 64, heads: 4, layers: 2 };
     let corpus = random_corpus(&config, 40 * config.block, rng);
     let params = model::init(&config, rng.random());
-    let offsets: Vec<u32> = (0..20).flat_map(|_| data::train_offsets(rng, corpus.train.len(), config.block, 32)).collect();
+    let offsets: Vec<u32> =
+        (0..20).flat_map(|_| data::train_offsets(rng, corpus.train.len(), config.block, 32)).collect();
     let mut runs = Vec::new();
     for _ in 0..2 {
         let mut t = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;

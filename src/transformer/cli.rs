@@ -7,8 +7,8 @@ use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
 use super::model::{self, Config, CpuTrainer};
 use super::modelfile::TransformerModel;
-use crate::cpu::SeededRng;
 use crate::checkpoint;
+use crate::cpu::SeededRng;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::optim::{OptimConfig, OptimKind};
@@ -92,7 +92,8 @@ impl TransformerArgs {
         if self.vocab < 2 {
             bail!("--vocab must be at least 2 (the unknown character and one more), got {}", self.vocab);
         }
-        let config = Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
+        let config =
+            Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
         config.validate()?;
         // The vocabulary here is the cap; the corpus's own, often far smaller, is checked once read.
         self.memory_need(2).check(resources::available_memory())?;
@@ -105,14 +106,23 @@ impl TransformerArgs {
     fn memory_need(&self, vocab: usize) -> MemoryNeed {
         let (v, t, c, l) = (vocab as u64, self.block as u64, self.embed as u64, self.layers as u64);
         let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
-        let params = l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
+        let params =
+            l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
         let rows = (self.batch as u64).saturating_mul(t);
         let row_floats = l.saturating_mul(18 * c).saturating_add(12 * c).saturating_add(v);
         MemoryNeed {
             parts: vec![
                 ("the parameters and AdamW's state", params.saturating_mul(16), "--embed or --layers"),
-                ("a step's activations", rows.saturating_mul(row_floats).saturating_mul(8), "--batch, --block or --layers"),
-                ("an evaluation interval's batches", (self.eval_every as u64).saturating_mul(self.batch as u64).saturating_mul(4), "--eval-every"),
+                (
+                    "a step's activations",
+                    rows.saturating_mul(row_floats).saturating_mul(8),
+                    "--batch, --block or --layers",
+                ),
+                (
+                    "an evaluation interval's batches",
+                    (self.eval_every as u64).saturating_mul(self.batch as u64).saturating_mul(4),
+                    "--eval-every",
+                ),
             ],
         }
     }
@@ -203,9 +213,8 @@ pub fn run(args: TransformerArgs) -> Result<()> {
         Some(old) => {
             let loss = match &backend {
                 Backend::Cpu => model::mean_loss(&old.config, &old.params, &corpus.val, &val_offsets),
-                Backend::Cuda(gpu) => {
-                    GpuTransformer::new(gpu.clone(), old.config, &old.params, optim, &corpus)?.val_loss(&val_offsets, args.batch)?
-                }
+                Backend::Cuda(gpu) => GpuTransformer::new(gpu.clone(), old.config, &old.params, optim, &corpus)?
+                    .val_loss(&val_offsets, args.batch)?,
             };
             let loss = checkpoint::baseline(&args.out, loss, "validation loss")?;
             display.line(&format!(
@@ -238,7 +247,9 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     for eval in 1..=evals {
         let steps = args.eval_every.min(args.steps - done);
         display.epoch_started(eval, steps * args.batch);
-        let offsets: Vec<u32> = (0..steps).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch)).collect();
+        let offsets: Vec<u32> = (0..steps)
+            .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
+            .collect();
         let losses = trainer.train(&corpus, &offsets, args.batch)?;
         display.reached(steps * args.batch);
         done += steps;
@@ -275,14 +286,22 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
     let out = args.out.display();
     if written {
-        let model = TransformerModel { config, vocab: corpus.vocab.clone(), params: trainer.params()?, val_loss: last_val as f32, steps: args.steps };
+        let model = TransformerModel {
+            config,
+            vocab: corpus.vocab.clone(),
+            params: trainer.params()?,
+            val_loss: last_val as f32,
+            steps: args.steps,
+        };
         fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
         display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
     }
     let outcome = match baseline {
         _ if written => String::new(),
         Some(b) if diverged.is_none() => {
-            format!("nothing written: the run's validation loss {last_val:.4} is above the {b:.4} of the model {out} holds, so it is unchanged")
+            format!(
+                "nothing written: the run's validation loss {last_val:.4} is above the {b:.4} of the model {out} holds, so it is unchanged"
+            )
         }
         _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
         _ => format!("nothing written to {out}"),
@@ -328,12 +347,18 @@ pub fn run(args: TransformerArgs) -> Result<()> {
     }
     if interrupted {
         let saved = if written { format!("{out} holds the model of step {done}") } else { outcome };
-        return Err(crate::interrupt::Interrupted(format!("interrupted at step {done} of {}; {saved}", args.steps)).into());
+        return Err(
+            crate::interrupt::Interrupted(format!("interrupted at step {done} of {}; {saved}", args.steps)).into()
+        );
     }
     let remedy = format!(
         "try a lower --lr (this run used {}){}",
         args.lr,
-        if args.weight_decay > 1.0 { format!(" or a far lower --weight-decay (this run used {})", args.weight_decay) } else { String::new() }
+        if args.weight_decay > 1.0 {
+            format!(" or a far lower --weight-decay (this run used {})", args.weight_decay)
+        } else {
+            String::new()
+        }
     );
     report::conclude(diverged.as_ref(), written, &outcome, &remedy)
 }

@@ -114,7 +114,9 @@ impl Corpus {
     pub fn from_bytes(bytes: &[u8], what: &str, max_vocab: usize, block: usize) -> Result<Corpus> {
         let text = utf8(bytes, what)?;
         if !text.is_empty() && text.chars().all(|c| c == UNKNOWN) {
-            bail!("{what} holds only U+FFFD replacement characters, which read as the unknown character: no text to learn");
+            bail!(
+                "{what} holds only U+FFFD replacement characters, which read as the unknown character: no text to learn"
+            );
         }
         let vocab = CharVocab::from_text(text, max_vocab)?;
         Corpus::with_vocab(bytes, what, vocab, block)

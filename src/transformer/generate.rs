@@ -10,7 +10,14 @@ use anyhow::{Result, bail};
 use rand::SeedableRng;
 
 /// The continuation of `prompt`: `length` characters, and how many of the prompt's were unknown.
-pub fn generate(model: &TransformerModel, prompt: &str, length: usize, temperature: f32, top_k: Option<usize>, seed: u64) -> Result<(String, usize)> {
+pub fn generate(
+    model: &TransformerModel,
+    prompt: &str,
+    length: usize,
+    temperature: f32,
+    top_k: Option<usize>,
+    seed: u64,
+) -> Result<(String, usize)> {
     if prompt.is_empty() {
         bail!("the prompt is empty; give at least one character, e.g. --prompt \"ROMEO:\"");
     }

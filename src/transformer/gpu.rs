@@ -124,7 +124,13 @@ const TICKET_LAYERNORM: usize = 1;
 const TICKET_ADAMW: usize = 2;
 
 impl GpuTransformer {
-    pub fn new(gpu: Arc<Gpu>, config: Config, params: &[f32], optim: OptimConfig, corpus: &Corpus) -> Result<GpuTransformer> {
+    pub fn new(
+        gpu: Arc<Gpu>,
+        config: Config,
+        params: &[f32],
+        optim: OptimConfig,
+        corpus: &Corpus,
+    ) -> Result<GpuTransformer> {
         config.validate()?;
         optim.validate()?;
         if !config.embed.is_multiple_of(32) {
@@ -213,8 +219,10 @@ impl GpuTransformer {
             });
         }
         // The largest linear backward: its weight-gradient tiles, and those times their row slices.
-        let tiles: Vec<usize> =
-            [(3 * e, e), (e, e), (f, e), (e, f), (v, e)].iter().map(|&(o, i)| o.div_ceil(WG_TILE) * (i + 1).div_ceil(WG_TILE)).collect();
+        let tiles: Vec<usize> = [(3 * e, e), (e, e), (f, e), (e, f), (v, e)]
+            .iter()
+            .map(|&(o, i)| o.div_ceil(WG_TILE) * (i + 1).div_ceil(WG_TILE))
+            .collect();
         let max_tiles = tiles.iter().copied().max().unwrap_or(1);
         let max_blocks = tiles.iter().map(|&t| t * Self::slices(gpu, t, rows)).max().unwrap_or(1);
         Ok(StepBuffers {
@@ -260,7 +268,11 @@ impl GpuTransformer {
     fn ensure_batch(&mut self, batch: usize) -> Result<()> {
         if self.buffers.batch != batch {
             // tf_embedding_backward stages the step's tokens in shared memory.
-            self.gpu.reserve_shared(&self.kernels.embedding_backward, 4 * batch * self.config.block, "--batch or --block")?;
+            self.gpu.reserve_shared(
+                &self.kernels.embedding_backward,
+                4 * batch * self.config.block,
+                "--batch or --block",
+            )?;
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, &self.config, batch)?;
         }
@@ -296,31 +308,78 @@ impl GpuTransformer {
         self.gpu.launch(name, func, (blocks as u32, 1), shared as u32, false, args)
     }
 
-    fn linear_forward(&self, input: Arg, layer: &str, out: Arg, pre: Arg, out_features: usize, in_features: usize) -> Result<()> {
+    fn linear_forward(
+        &self,
+        input: Arg,
+        layer: &str,
+        out: Arg,
+        pre: Arg,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<()> {
         let n = self.rows();
         let args = [
-            input, self.param(&format!("{layer}.weight")), self.param(&format!("{layer}.bias")), out, pre,
-            Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32), Arg::i32(self.tf32 as i32),
+            input,
+            self.param(&format!("{layer}.weight")),
+            self.param(&format!("{layer}.bias")),
+            out,
+            pre,
+            Arg::i32(n as i32),
+            Arg::i32(out_features as i32),
+            Arg::i32(in_features as i32),
+            Arg::i32(self.tf32 as i32),
         ];
         let grid = (out_features.div_ceil(64) as u32, n.div_ceil(32) as u32);
-        self.gpu.launch("tf_linear_forward", &self.kernels.linear_forward, grid, LINEAR_SHARED_BYTES as u32, false, &args)
+        self.gpu.launch(
+            "tf_linear_forward",
+            &self.kernels.linear_forward,
+            grid,
+            LINEAR_SHARED_BYTES as u32,
+            false,
+            &args,
+        )
     }
 
     /// dW, db of `layer` from dy and its input x; dx = dy·W (× GELU′(pre)) unless dx is null.
     #[allow(clippy::too_many_arguments)]
-    fn linear_backward(&self, dy: Arg, x: Arg, layer: &str, out_features: usize, in_features: usize, dx: Arg, pre: Arg) -> Result<()> {
+    fn linear_backward(
+        &self,
+        dy: Arg,
+        x: Arg,
+        layer: &str,
+        out_features: usize,
+        in_features: usize,
+        dx: Arg,
+        pre: Arg,
+    ) -> Result<()> {
         let n = self.rows();
         let tiles = out_features.div_ceil(WG_TILE) * (in_features + 1).div_ceil(WG_TILE);
         let slices = Self::slices(&self.gpu, tiles, n);
         let dx_blocks = if matches!(dx, Arg::Ptr(0)) { 0 } else { in_features.div_ceil(64) * n.div_ceil(32) };
         let b = &self.buffers;
         let args = [
-            dy, x, self.param(&format!("{layer}.weight")), Arg::i32(n as i32), Arg::i32(out_features as i32),
-            Arg::i32(in_features as i32), Arg::i32(slices as i32), self.grad_of(&format!("{layer}.weight")),
-            self.grad_of(&format!("{layer}.bias")), self.buf(&b.linear_partials), self.buf(&b.linear_tickets), dx, pre,
+            dy,
+            x,
+            self.param(&format!("{layer}.weight")),
+            Arg::i32(n as i32),
+            Arg::i32(out_features as i32),
+            Arg::i32(in_features as i32),
+            Arg::i32(slices as i32),
+            self.grad_of(&format!("{layer}.weight")),
+            self.grad_of(&format!("{layer}.bias")),
+            self.buf(&b.linear_partials),
+            self.buf(&b.linear_tickets),
+            dx,
+            pre,
             Arg::i32(self.tf32 as i32),
         ];
-        self.launch("tf_linear_backward", &self.kernels.linear_backward, tiles * slices + dx_blocks, LINEAR_SHARED_BYTES, &args)
+        self.launch(
+            "tf_linear_backward",
+            &self.kernels.linear_backward,
+            tiles * slices + dx_blocks,
+            LINEAR_SHARED_BYTES,
+            &args,
+        )
     }
 
     fn layernorm_backward(&self, x: Arg, stats: &CudaSlice<f32>, ln: &str, accumulate: bool) -> Result<()> {
@@ -328,9 +387,17 @@ impl GpuTransformer {
         let b = &self.buffers;
         let stats_ptr = self.ptr(stats);
         let args = [
-            x, Arg::Ptr(stats_ptr), Arg::Ptr(stats_ptr + 4 * n as u64), self.param(&format!("{ln}.weight")),
-            self.buf(&b.d_ln), self.buf(&b.d_res), Arg::i32(accumulate as i32), Arg::i32(n as i32),
-            self.grad_of(&format!("{ln}.weight")), self.grad_of(&format!("{ln}.bias")), self.buf(&b.ln_partials),
+            x,
+            Arg::Ptr(stats_ptr),
+            Arg::Ptr(stats_ptr + 4 * n as u64),
+            self.param(&format!("{ln}.weight")),
+            self.buf(&b.d_ln),
+            self.buf(&b.d_res),
+            Arg::i32(accumulate as i32),
+            Arg::i32(n as i32),
+            self.grad_of(&format!("{ln}.weight")),
+            self.grad_of(&format!("{ln}.bias")),
+            self.buf(&b.ln_partials),
             Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_LAYERNORM as u64),
         ];
         self.launch("tf_layernorm_backward", &self.kernels.layernorm_backward, n.div_ceil(LN_ROWS_PER_BLOCK), 0, &args)
@@ -356,9 +423,17 @@ impl GpuTransformer {
             row_blocks,
             0,
             &[
-                data, offsets, Arg::i32(n as i32), self.param("tok_emb.weight"), self.param("pos_emb.weight"),
-                self.buf(&b.blocks[0].x), self.param("blocks.0.ln1.weight"), self.param("blocks.0.ln1.bias"),
-                self.buf(&b.blocks[0].ln1), m0, r0,
+                data,
+                offsets,
+                Arg::i32(n as i32),
+                self.param("tok_emb.weight"),
+                self.param("pos_emb.weight"),
+                self.buf(&b.blocks[0].x),
+                self.param("blocks.0.ln1.weight"),
+                self.param("blocks.0.ln1.bias"),
+                self.buf(&b.blocks[0].ln1),
+                m0,
+                r0,
             ],
         )?;
         let null = Arg::Ptr(0);
@@ -381,8 +456,15 @@ impl GpuTransformer {
                 row_blocks,
                 0,
                 &[
-                    self.buf(&a.x), self.buf(&a.attn_out), self.buf(&a.x_attn), Arg::i32(n as i32),
-                    self.param(&format!("{p}.ln2.weight")), self.param(&format!("{p}.ln2.bias")), self.buf(&a.ln2), m2, r2,
+                    self.buf(&a.x),
+                    self.buf(&a.attn_out),
+                    self.buf(&a.x_attn),
+                    Arg::i32(n as i32),
+                    self.param(&format!("{p}.ln2.weight")),
+                    self.param(&format!("{p}.ln2.bias")),
+                    self.buf(&a.ln2),
+                    m2,
+                    r2,
                 ],
             )?;
             self.linear_forward(self.buf(&a.ln2), &format!("{p}.mlp.fc"), self.buf(&a.gelu), self.buf(&a.u), f, e)?;
@@ -401,8 +483,15 @@ impl GpuTransformer {
                 row_blocks,
                 0,
                 &[
-                    self.buf(&a.x_attn), self.buf(&a.mlp_out), self.buf(next_x), Arg::i32(n as i32),
-                    self.param(&format!("{ln}.weight")), self.param(&format!("{ln}.bias")), self.buf(next_ln), mn, rn,
+                    self.buf(&a.x_attn),
+                    self.buf(&a.mlp_out),
+                    self.buf(next_x),
+                    Arg::i32(n as i32),
+                    self.param(&format!("{ln}.weight")),
+                    self.param(&format!("{ln}.bias")),
+                    self.buf(next_ln),
+                    mn,
+                    rn,
                 ],
             )?;
         }
@@ -413,8 +502,15 @@ impl GpuTransformer {
             row_blocks,
             0,
             &[
-                self.buf(&b.logits), data, offsets, Arg::i32(n as i32), Arg::i32(c.vocab as i32), Arg::f32(scale),
-                self.buf(&b.row_loss), Arg::i32(counted as i32), Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_CLASSIFIER as u64),
+                self.buf(&b.logits),
+                data,
+                offsets,
+                Arg::i32(n as i32),
+                Arg::i32(c.vocab as i32),
+                Arg::f32(scale),
+                self.buf(&b.row_loss),
+                Arg::i32(counted as i32),
+                Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_CLASSIFIER as u64),
                 loss_sum,
             ],
         )
@@ -432,21 +528,60 @@ impl GpuTransformer {
         for l in (0..c.layers).rev() {
             let a = &b.blocks[l];
             let p = format!("blocks.{l}");
-            self.linear_backward(self.buf(&b.d_res), self.buf(&a.gelu), &format!("{p}.mlp.proj"), e, f, self.buf(&b.d_u), self.buf(&a.u))?;
-            self.linear_backward(self.buf(&b.d_u), self.buf(&a.ln2), &format!("{p}.mlp.fc"), f, e, self.buf(&b.d_ln), null)?;
+            self.linear_backward(
+                self.buf(&b.d_res),
+                self.buf(&a.gelu),
+                &format!("{p}.mlp.proj"),
+                e,
+                f,
+                self.buf(&b.d_u),
+                self.buf(&a.u),
+            )?;
+            self.linear_backward(
+                self.buf(&b.d_u),
+                self.buf(&a.ln2),
+                &format!("{p}.mlp.fc"),
+                f,
+                e,
+                self.buf(&b.d_ln),
+                null,
+            )?;
             self.layernorm_backward(self.buf(&a.x_attn), &a.ln2_stats, &format!("{p}.ln2"), true)?;
-            self.linear_backward(self.buf(&b.d_res), self.buf(&a.y), &format!("{p}.attn.proj"), e, e, self.buf(&b.d_y), null)?;
+            self.linear_backward(
+                self.buf(&b.d_res),
+                self.buf(&a.y),
+                &format!("{p}.attn.proj"),
+                e,
+                e,
+                self.buf(&b.d_y),
+                null,
+            )?;
             self.launch(
                 "tf_attention_backward",
                 &self.kernels.attention_backward,
                 b.batch * c.heads * Self::key_chunks(c),
                 self.attention_backward_shared,
                 &[
-                    self.buf(&a.qkv), self.buf(&a.y), self.buf(&b.d_y), self.buf(&a.lse), self.buf(&b.d_qkv),
-                    Arg::i32(c.heads as i32), Arg::i32(n as i32), self.buf(&b.dq_part), self.buf(&b.attention_tickets),
+                    self.buf(&a.qkv),
+                    self.buf(&a.y),
+                    self.buf(&b.d_y),
+                    self.buf(&a.lse),
+                    self.buf(&b.d_qkv),
+                    Arg::i32(c.heads as i32),
+                    Arg::i32(n as i32),
+                    self.buf(&b.dq_part),
+                    self.buf(&b.attention_tickets),
                 ],
             )?;
-            self.linear_backward(self.buf(&b.d_qkv), self.buf(&a.ln1), &format!("{p}.attn.qkv"), 3 * e, e, self.buf(&b.d_ln), null)?;
+            self.linear_backward(
+                self.buf(&b.d_qkv),
+                self.buf(&a.ln1),
+                &format!("{p}.attn.qkv"),
+                3 * e,
+                e,
+                self.buf(&b.d_ln),
+                null,
+            )?;
             self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true)?;
         }
         self.launch(
@@ -455,8 +590,13 @@ impl GpuTransformer {
             c.vocab + c.block,
             4 * n,
             &[
-                self.buf(&b.d_res), self.buf(&self.train), offsets, Arg::i32(n as i32), Arg::i32(c.vocab as i32),
-                self.grad_of("tok_emb.weight"), self.grad_of("pos_emb.weight"),
+                self.buf(&b.d_res),
+                self.buf(&self.train),
+                offsets,
+                Arg::i32(n as i32),
+                Arg::i32(c.vocab as i32),
+                self.grad_of("tok_emb.weight"),
+                self.grad_of("pos_emb.weight"),
             ],
         )
     }
@@ -471,9 +611,18 @@ impl GpuTransformer {
             blocks,
             0,
             &[
-                self.buf(&self.params), self.buf(&self.grad), self.buf(&self.m), self.buf(&self.v), Arg::i32(n as i32),
-                Arg::f32(o.lr), Arg::f32(o.beta1), Arg::f32(o.beta2), Arg::f32(o.eps), Arg::f32(o.weight_decay),
-                self.buf(&self.step), Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_ADAMW as u64),
+                self.buf(&self.params),
+                self.buf(&self.grad),
+                self.buf(&self.m),
+                self.buf(&self.v),
+                Arg::i32(n as i32),
+                Arg::f32(o.lr),
+                Arg::f32(o.beta1),
+                Arg::f32(o.beta2),
+                Arg::f32(o.eps),
+                Arg::f32(o.weight_decay),
+                self.buf(&self.step),
+                Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_ADAMW as u64),
             ],
         )
     }
@@ -578,11 +727,14 @@ impl GpuTransformer {
         self.check_offsets(offsets, self.n_train, "training")?;
         self.ensure_batch(batch)?;
         let stream = self.gpu.stream.clone();
-        let poison = |buf: &mut CudaSlice<f32>| -> Result<()> { Ok(stream.memcpy_htod(&vec![f32::NAN; buf.len()], buf)?) };
+        let poison =
+            |buf: &mut CudaSlice<f32>| -> Result<()> { Ok(stream.memcpy_htod(&vec![f32::NAN; buf.len()], buf)?) };
         {
             let b = &mut self.buffers;
             for a in &mut b.blocks {
-                for buf in [&mut a.x, &mut a.ln1, &mut a.qkv, &mut a.y, &mut a.x_attn, &mut a.ln2, &mut a.u, &mut a.gelu] {
+                for buf in
+                    [&mut a.x, &mut a.ln1, &mut a.qkv, &mut a.y, &mut a.x_attn, &mut a.ln2, &mut a.u, &mut a.gelu]
+                {
                     poison(buf)?;
                 }
             }
@@ -595,7 +747,9 @@ impl GpuTransformer {
         let sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
         let scale = 1.0 / self.rows() as f32;
         self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum))?;
-        let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> { stream.clone_dtoh(buf).context("a Transformer forward kernel failed") };
+        let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> {
+            stream.clone_dtoh(buf).context("a Transformer forward kernel failed")
+        };
         let b = &self.buffers;
         let mut out = ForwardOut::default();
         for a in &b.blocks {

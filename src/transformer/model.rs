@@ -75,7 +75,11 @@ impl Config {
             }
         }
         if !self.embed.is_multiple_of(self.heads) {
-            bail!("--heads {} must divide --embed {} (each head takes embed / heads dimensions)", self.heads, self.embed);
+            bail!(
+                "--heads {} must divide --embed {} (each head takes embed / heads dimensions)",
+                self.heads,
+                self.embed
+            );
         }
         Ok(())
     }
@@ -162,9 +166,14 @@ impl Layout {
             vec![("tok_emb.weight".into(), vec![v, e]), ("pos_emb.weight".into(), vec![t, e])];
         for l in 0..c.layers {
             // In BLOCK_TENSORS' order: ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj, each weight then bias.
-            let block = [vec![e], vec![e], vec![3 * e, e], vec![3 * e], vec![e, e], vec![e]]
-                .into_iter()
-                .chain([vec![e], vec![e], vec![f, e], vec![f], vec![e, f], vec![e]]);
+            let block = [vec![e], vec![e], vec![3 * e, e], vec![3 * e], vec![e, e], vec![e]].into_iter().chain([
+                vec![e],
+                vec![e],
+                vec![f, e],
+                vec![f],
+                vec![e, f],
+                vec![e],
+            ]);
             shapes.extend(BLOCK_TENSORS.iter().zip(block).map(|(name, dims)| (format!("blocks.{l}.{name}"), dims)));
         }
         shapes.extend([
@@ -608,9 +617,12 @@ impl<F: Real> Forward<F> {
             push(&mut self.losses, losses);
         }
         self.tokens.extend_from_slice(tokens);
-        for (dst, src) in
-            [(&mut self.xf, xf), (&mut self.lnf_mean, lnf_mean), (&mut self.lnf_rstd, lnf_rstd), (&mut self.logits, logits)]
-        {
+        for (dst, src) in [
+            (&mut self.xf, xf),
+            (&mut self.lnf_mean, lnf_mean),
+            (&mut self.lnf_rstd, lnf_rstd),
+            (&mut self.logits, logits),
+        ] {
             push(dst, src);
         }
     }
@@ -634,7 +646,13 @@ fn sequence_length(config: &Config, tokens: &[u32], batch: usize, targets: Optio
 
 /// The forward pass of `batch` sequences of equal length, one after another in `tokens`; with `targets`
 /// (one per position), the losses too.
-pub fn forward<F: Real>(config: &Config, params: &[F], tokens: &[u32], batch: usize, targets: Option<&[u32]>) -> Forward<F> {
+pub fn forward<F: Real>(
+    config: &Config,
+    params: &[F],
+    tokens: &[u32],
+    batch: usize,
+    targets: Option<&[u32]>,
+) -> Forward<F> {
     let seq = sequence_length(config, tokens, batch, targets);
     let w = Weights::new(config, params);
     let mut f = Forward::empty(config, batch, seq);
@@ -701,7 +719,8 @@ impl<F: Real> Backward<F> {
             let (gw, gb) = pair_mut(&mut g, i(QKV));
             let d_ln1 = linear_backward(at(&fw.ln1), &d_qkv, n, p[i(QKV)], gw, gb);
             let (gw, gb) = pair_mut(&mut g, i(LN1));
-            let mut d_x_in = layer_norm_backward(at(&fw.x), at(&fw.ln1_mean), at(&fw.ln1_rstd), p[i(LN1)], &d_ln1, gw, gb);
+            let mut d_x_in =
+                layer_norm_backward(at(&fw.x), at(&fw.ln1_mean), at(&fw.ln1_rstd), p[i(LN1)], &d_ln1, gw, gb);
             d_x_in.iter_mut().zip(&d_x_attn).for_each(|(d, &r)| *d = *d + r);
             for (dst, src) in [
                 (&mut out.d_x_out, d_x_out),
@@ -760,7 +779,13 @@ pub fn backward<F: Real>(config: &Config, params: &[F], f: &Forward<F>, targets:
 }
 
 /// The mean loss of `batch` sequences and its gradient, the sequences spread over rayon's threads.
-pub fn loss_and_grad<F: Real>(config: &Config, params: &[F], tokens: &[u32], targets: &[u32], batch: usize) -> (F, Vec<F>) {
+pub fn loss_and_grad<F: Real>(
+    config: &Config,
+    params: &[F],
+    tokens: &[u32],
+    targets: &[u32],
+    batch: usize,
+) -> (F, Vec<F>) {
     sequence_length(config, tokens, batch, Some(targets));
     let w = Weights::new(config, params);
     let scale = F::one() / constant(tokens.len() as f64);

@@ -73,7 +73,9 @@ impl TransformerModel {
             Some(FORMAT) => {}
             Some(other) => match crate::modelkind::describe(Some(meta)) {
                 Some(what) => bail!("not a textnet transformer model file: {what}"),
-                None => bail!("not a textnet transformer model file: it is another kind of file (metadata format {other:?})"),
+                None => bail!(
+                    "not a textnet transformer model file: it is another kind of file (metadata format {other:?})"
+                ),
             },
             None => bail!("not a textnet transformer model file (no metadata format)"),
         }
@@ -129,7 +131,11 @@ fn sizes_match_tensors(config: &Config, tensors: &SafeTensors) -> Result<()> {
     // More layers than tensors cannot be; fewer missing tensors are named one by one when read.
     if config.layers > tensors.len() {
         let expected = config.layers.saturating_mul(super::model::BLOCK_TENSORS.len()).saturating_add(FIXED_TENSORS);
-        bail!("the metadata says {} layers ({expected} tensors) but the file holds {} tensors", config.layers, tensors.len());
+        bail!(
+            "the metadata says {} layers ({expected} tensors) but the file holds {} tensors",
+            config.layers,
+            tensors.len()
+        );
     }
     for (name, rows, what) in [("tok_emb.weight", config.vocab, "vocab"), ("pos_emb.weight", config.block, "block")] {
         let shape = tensors.tensor(name).map_err(|e| anyhow!("tensor {name}: {e}"))?.shape().to_vec();

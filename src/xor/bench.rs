@@ -67,7 +67,11 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
             ms * 1e3 / EPOCHS as f64,
             median(&round_trip_ms)
         );
-        println!("  CPU reference {cpu_ms:.3} ms; final loss {:?} (CPU {:?}); solved: {solved}", gpu_losses.last(), cpu_losses.last());
+        println!(
+            "  CPU reference {cpu_ms:.3} ms; final loss {:?} (CPU {:?}); solved: {solved}",
+            gpu_losses.last(),
+            cpu_losses.last()
+        );
     }
     Ok(())
 }

@@ -16,10 +16,10 @@ use super::gpu::GpuXor;
 use super::model::{self, INPUTS, XorParams};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::cpu::Activation;
+use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use anyhow::Result;
 use rand::RngExt;
-use crate::cpu::SeededRng;
 use std::sync::Arc;
 
 /// The roadmap's run: 5000 epochs at lr 0.5, the loss recorded every 500.
@@ -101,7 +101,12 @@ fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut 
     let after = t.params()?;
     let delta = |before: &[f32], after: &[f32]| -> Vec<f32> { before.iter().zip(after).map(|(b, a)| b - a).collect() };
     let scaled = |g: &[f32]| -> Vec<f32> { g.iter().map(|x| STEP_LR * x).collect() };
-    let check = |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label(hidden, activation), rel_error, tolerance: 1e-5 };
+    let check = |kernel: &str, rel_error: f64| Check {
+        kernel: kernel.into(),
+        shape: label(hidden, activation),
+        rel_error,
+        tolerance: 1e-5,
+    };
     // Every gradient is a sum over the four points whose terms often cancel: the update's error is
     // measured against the size of the terms (lr·Σ_k |term_k|), not of the sum, which rounding can move by
     // far more than 1e-5 relative when it cancels (3 seeds in 300 did, on b2 and w2).
@@ -117,7 +122,11 @@ fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut 
         let diff: Vec<f32> = got.iter().zip(want).map(|(a, b)| a - b).collect();
         let scale: Vec<f32> = scale.iter().map(|s| STEP_LR * s).collect();
         let norm: f64 = scale.iter().map(|&s| (s as f64).powi(2)).sum::<f64>().sqrt();
-        if norm == 0.0 { rel_error(got, want) } else { diff.iter().map(|&d| (d as f64).powi(2)).sum::<f64>().sqrt() / norm }
+        if norm == 0.0 {
+            rel_error(got, want)
+        } else {
+            diff.iter().map(|&d| (d as f64).powi(2)).sum::<f64>().sqrt() / norm
+        }
     };
     // Σ_k |dz_jk·x|, with dz_jk = dy_k·w2_j·act′(z_jk) and x each input (1 for the bias).
     let hidden_scale = |j: usize, input: Option<usize>| -> f32 {
@@ -146,7 +155,11 @@ fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut 
 
 /// A problem for the whole-run check and the reference's run over it (final parameters and losses), or
 /// None when MAX_DRAWS seeds in a row were too sensitive.
-pub fn reference_problem(hidden: usize, activation: Activation, rng: &mut SeededRng) -> (usize, Option<(XorParams, XorParams, Vec<f32>)>) {
+pub fn reference_problem(
+    hidden: usize,
+    activation: Activation,
+    rng: &mut SeededRng,
+) -> (usize, Option<(XorParams, XorParams, Vec<f32>)>) {
     for draws in 1..=MAX_DRAWS {
         let start = XorParams::init(hidden, activation, rng.random());
         let mut end = start.clone();

@@ -5,8 +5,8 @@
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, MAX_HIDDEN, TARGETS, XorParams};
 use super::modelfile;
-use crate::cpu::Activation;
 use crate::checkpoint;
+use crate::cpu::Activation;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
@@ -187,9 +187,7 @@ pub fn run(args: XorArgs) -> Result<()> {
         display.line(&if wrong == 0 {
             "every point is on the right side of 0.5: XOR learned".to_string()
         } else {
-            format!(
-                "{wrong} of 4 points on the wrong side of 0.5: XOR not learned"
-            )
+            format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
         });
     }
     if written {

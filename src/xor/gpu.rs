@@ -43,7 +43,8 @@ impl GpuXor {
         let hidden = self.b1.len();
         let threads = hidden.div_ceil(32) * 32;
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
-        let (h, act, e, every) = (hidden as i32, self.activation.kernel_code(), epochs as i32, report_every.max(1) as i32);
+        let (h, act, e, every) =
+            (hidden as i32, self.activation.kernel_code(), epochs as i32, report_every.max(1) as i32);
         let mut launch = self.gpu.stream.launch_builder(&self.kernel);
         launch.arg(&mut self.w1).arg(&mut self.b1).arg(&mut self.w2).arg(&mut self.b2);
         launch.arg(&h).arg(&act).arg(&e).arg(&lr).arg(&every).arg(losses);
@@ -68,6 +69,12 @@ impl GpuXor {
     pub fn params(&self) -> Result<XorParams> {
         let stream = &self.gpu.stream;
         let get = |v: &CudaSlice<f32>| stream.clone_dtoh(v).context("copying from the GPU");
-        Ok(XorParams { activation: self.activation, w1: get(&self.w1)?, b1: get(&self.b1)?, w2: get(&self.w2)?, b2: get(&self.b2)?[0] })
+        Ok(XorParams {
+            activation: self.activation,
+            w1: get(&self.w1)?,
+            b1: get(&self.b1)?,
+            w2: get(&self.w2)?,
+            b2: get(&self.b2)?[0],
+        })
     }
 }

@@ -6,8 +6,8 @@
 //! points in turn) so the two read side by side.
 
 use crate::cpu::Activation;
-use rand::SeedableRng;
 use crate::cpu::SeededRng;
+use rand::SeedableRng;
 
 /// The four XOR points and their targets.
 pub const INPUTS: [[f32; 2]; 4] = [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]];
@@ -112,7 +112,8 @@ pub fn loss_and_grads_summed(p: &XorParams, perturbed: bool) -> (f32, XorGrads) 
     // ∂loss/∂y for each point: 2(y − t)/4.
     let dy: [f32; 4] = std::array::from_fn(|k| 0.5 * (y[k] - TARGETS[k]));
     let loss = (0..4).map(|k| (y[k] - TARGETS[k]) * (y[k] - TARGETS[k])).sum::<f32>() / 4.0;
-    let mut g = XorGrads { w1: vec![0.0; 2 * h], b1: vec![0.0; h], w2: vec![0.0; h], b2: points.iter().map(|&k| dy[k]).sum() };
+    let mut g =
+        XorGrads { w1: vec![0.0; 2 * h], b1: vec![0.0; h], w2: vec![0.0; h], b2: points.iter().map(|&k| dy[k]).sum() };
     for j in 0..h {
         for &k in &points {
             let x = INPUTS[k];

@@ -18,7 +18,8 @@ pub fn to_bytes(p: &XorParams) -> Result<Vec<u8>> {
         ("hidden".to_string(), p.hidden().to_string()),
     ]);
     let tensors = p.tensors();
-    let tensors: Vec<(&str, &[f32], Vec<usize>)> = tensors.iter().map(|(name, values, dims)| (*name, values.as_slice(), dims.clone())).collect();
+    let tensors: Vec<(&str, &[f32], Vec<usize>)> =
+        tensors.iter().map(|(name, values, dims)| (*name, values.as_slice(), dims.clone())).collect();
     crate::tensorfile::to_bytes(&tensors, metadata)
 }
 

@@ -78,7 +78,7 @@ fn d014_a_one_hot_matrix_too_large_for_memory_is_refused() {
     let mut args = vec!["sales", "ids.csv", "--out", "s.st", "--device", "cpu", "--epochs", "1"];
     args.extend(SCHEMA);
     run_limited(dir.path(), &args, 1 << 31)
-        .fails_with(&["one-hot features need about", "\"cat\" alone has 50000 levels"]);
+        .fails_with(&["50000 rows × 50003 features: this run needs about", "\"cat\" alone has 50000 levels"]);
     assert!(!dir.path().join("s.st").exists());
 }
 
@@ -121,6 +121,9 @@ fn p123_predictions_never_overwrite_a_model_file() {
     assert_eq!(bytes(&dir.path().join("precious.safetensors")), before);
     let args = ["sales", "--model", "s.st", "--predict", "ok.csv", "--predictions", "s.st"];
     run(dir.path(), &args).fails_with(&["--predictions s.st is the model s.st"]);
+    // P122: nor the table it reads.
+    let args = ["sales", "--model", "s.st", "--predict", "ok.csv", "--predictions", "ok.csv"];
+    run(dir.path(), &args).fails_with(&["--predictions ok.csv is the table ok.csv"]);
 }
 
 #[test]
@@ -158,7 +161,7 @@ fn d023_d040_d041_p109_tables_that_cannot_be_read_say_why() {
     let train =
         |file: &str| run(dir.path(), &["sales", file, "--target", "total", "--numeric", "price,qty", "--out", "x.st"]);
     train("semi.csv").fails_with(&["semicolon-separated tables are not read"]);
-    train("open.csv").fails_with(&["a quoted field (\"…) is never closed"]);
+    train("open.csv").fails_with(&["open.csv:2: a quoted field (\"…) opens here and is never closed"]);
     train("utf16.csv").fails_with(&["is not UTF-8 text", "convert it to UTF-8"]);
     run(dir.path(), &["sales", "--model", "s.st", "--predict", "tabs.tsv"])
         .fails_with(&["the model reads comma-separated rows", "tab-separated"]);
@@ -180,4 +183,95 @@ fn d049_the_table_can_come_from_standard_input() {
     command.stdin(std::fs::File::open(dir.path().join("ok.csv")).unwrap());
     run_for(command, Duration::from_secs(60)).succeeds();
     assert!(dir.path().join("x.st").exists());
+}
+
+/// A quote inside an unquoted field (an inch mark) is text, not a quoted field left open.
+#[test]
+fn d040_a_quote_inside_a_field_is_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let item = |i: usize| if i == 0 { "Monitor 27\"" } else { ["Desk", "Lamp"][i % 2] };
+    let rows: String = (0..40).map(|i| format!("{},{},{},{}\n", i % 9, i % 4, item(i), i % 9 * (i % 4))).collect();
+    std::fs::write(dir.path().join("inch.csv"), format!("price,qty,item,total\n{rows}")).unwrap();
+    let args = ["sales", "inch.csv", "--target", "total", "--numeric", "price,qty", "--categorical", "item"];
+    run(dir.path(), &[&args[..], &["--out", "s.st", "--device", "cpu", "--epochs", "2", "--quiet"]].concat())
+        .succeeds();
+}
+
+#[test]
+fn d054_a_negative_split_reaches_its_own_check() {
+    let dir = trained();
+    let mut args = vec!["sales", "ok.csv", "--out", "x.st", "--device", "cpu", "--split", "-0.5"];
+    args.extend(SCHEMA);
+    run(dir.path(), &args).fails_with(&["--split must be between 0 and 1 (exclusive), got -0.5"]);
+}
+
+/// W016: predictions that cannot be written to standard output (a full disk) fail the command.
+#[test]
+fn w016_predictions_lost_on_a_full_stdout_fail_the_command() {
+    let dir = trained();
+    let mut command = textnet(dir.path(), &["sales", "--model", "s.st", "--predict", "ok.csv"]);
+    command.stdout(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("cannot write to standard output: No space left on device"), "stderr: {stderr}");
+}
+
+/// S010: Ctrl-C stops the run after the epoch, writes the model and exits with 130.
+#[test]
+fn s010_ctrl_c_stops_after_the_epoch_and_saves() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.csv"), table(2000)).unwrap();
+    let mut args = vec!["sales", "big.csv", "--out", "s.st", "--device", "cpu", "--epochs", "1000000"];
+    args.extend(SCHEMA);
+    let mut command = textnet(dir.path(), &args);
+    command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("epoch 1/") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "no epoch line");
+    }
+    // SAFETY: kill sends a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("still running 30 s after Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "stderr: {stderr}");
+    assert!(stderr.contains("textnet: error: interrupted after epoch"), "stderr: {stderr}");
+    assert!(stderr.contains("s.st holds the trained model"), "stderr: {stderr}");
+    run(dir.path(), &["sales", "--model", "s.st", "--predict", "big.csv"]).succeeds();
+}
+
+/// D040: a field is left open only by a quote that starts it; `""` inside a quoted field is a quote.
+#[test]
+fn d040_only_a_quote_that_opens_a_field_can_be_left_open() {
+    use textnet::sales::data::{ColumnSpec, LoadOptions, Schema, Table};
+    let spec = |s: &str| ColumnSpec::parse(s).unwrap();
+    let schema = Schema {
+        target: spec("total"),
+        numeric: vec![spec("qty")],
+        categorical: vec![spec("item")],
+        date: vec![],
+        column_names: None,
+    };
+    let parse = |text: &str| Table::parse("t.csv", text.as_bytes(), &LoadOptions::new(schema.clone()));
+    let header = "qty,item,total\n";
+    assert!(parse(&format!("{header}1,\"a \"\"27\"\"\"\" b\",2\n3,c,4\n")).is_ok());
+    assert!(parse(&format!("{header}1,27\" a,2\n3,c,4\n")).is_ok());
+    let open = parse(&format!("{header}1,a,2\n3,\"c,4\n5,d,6\n")).unwrap_err().to_string();
+    assert!(open.contains("t.csv:3: a quoted field"), "{open}");
 }

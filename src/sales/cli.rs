@@ -12,7 +12,8 @@ use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::optim::OptimArgs;
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
-use anyhow::{Result, bail};
+use crate::resources::{MemoryNeed, available_memory};
+use anyhow::{Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -114,6 +115,9 @@ pub fn run(args: SalesArgs) -> Result<()> {
         bail!("--batch must be at least 1");
     }
     crate::resources::check_epochs(args.epochs)?;
+    if !(args.split > 0.0 && args.split < 1.0) {
+        bail!("--split must be between 0 and 1 (exclusive), got {}", args.split);
+    }
     let optim = args.optim.config()?;
     let _lock = fsutil::check_output(&args.out, &[("table", &file)])?;
     let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
@@ -123,12 +127,12 @@ pub fn run(args: SalesArgs) -> Result<()> {
     let bytes = fsutil::read_input(&file, "table")?;
     let table = Table::parse(&fsutil::shown(&file), &bytes, &options).map_err(|e| match &args.target {
         Some(_) => e,
-        None => anyhow::anyhow!(
+        None => anyhow!(
             "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target and its \
              feature columns)"
         ),
     })?;
-    check_feature_memory(&table)?;
+    check_feature_memory(&table, args.hidden)?;
     let data = Dataset::from_table(&table, args.split)?;
     let mut display = Display::new(args.quiet, args.json, args.epochs);
     if data.skipped > 0 {
@@ -227,7 +231,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
     let interrupted = diverged.is_none() && history.len() < args.epochs;
     let params = trainer.params()?;
     if diverged.is_none() && !params.all_finite() {
-        diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
+        diverged = Some(Divergence { epoch: history.len(), what: "parameters" });
     }
     let final_mae = last.map(|e| e.mae);
     let written = diverged.is_none() && final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
@@ -297,7 +301,7 @@ pub fn run(args: SalesArgs) -> Result<()> {
             epochs: history,
             final_metrics,
             model: args.out.display().to_string(),
-            kept_epoch: written.then_some(args.epochs),
+            kept_epoch: written.then_some(history_len),
             baseline_val_loss: None,
             diverged: diverged.clone(),
         }
@@ -310,28 +314,40 @@ pub fn run(args: SalesArgs) -> Result<()> {
     report::conclude(diverged.as_ref(), written, &outcome, "try a lower --lr")
 }
 
-/// Refuses a table whose one-hot feature matrix would not fit in memory, before it is built (an
-/// allocation that fails aborts): an identifier given as a categorical column has a level per row.
-fn check_feature_memory(table: &Table) -> Result<()> {
+/// What a run on `rows` rows of `features` features (`copies` f32 copies of them at once) and a model
+/// of `hidden` units needs in memory, counted before it is allocated (an allocation that fails aborts).
+fn feature_memory(rows: usize, features: usize, copies: u64, hidden: usize, fewer_rows: &'static str) -> MemoryNeed {
+    let parameters = SalesShape { inputs: features, hidden }.param_count() as u64;
+    let values = (rows as u64).saturating_mul(features as u64);
+    MemoryNeed {
+        parts: vec![
+            ("the one-hot feature rows", values.saturating_mul(4 * copies), fewer_rows),
+            // Parameters, gradients and the optimizer's two moments.
+            ("the model", parameters.saturating_mul(16), "--hidden"),
+        ],
+    }
+}
+
+/// Refuses a training table whose one-hot feature rows would not fit in memory, naming the categorical
+/// column with the most levels: an identifier given as one has a level per row.
+fn check_feature_memory(table: &Table, hidden: usize) -> Result<()> {
     let levels: usize = table.levels.iter().map(Vec::len).sum();
     let features = table.columns.numeric.len() + levels + table.columns.date.len();
-    // The features, their standardised copy and the split's copy, in f32.
-    let bytes = (table.rows.len() as u64).saturating_mul(features as u64).saturating_mul(12);
-    let Some(available) = crate::resources::available_memory() else { return Ok(()) };
-    if bytes <= available {
-        return Ok(());
-    }
-    let widest = table.columns.categorical.iter().zip(&table.levels).max_by_key(|(_, l)| l.len());
-    let culprit = widest
-        .map_or(String::new(), |(c, l)| format!("; the categorical column {:?} alone has {} levels", c.name, l.len()));
-    bail!(
-        "{}: {} rows × {features} one-hot features need about {} of memory but only {} is available{culprit}; \
-         leave columns with a level per row (identifiers) out of --categorical",
-        table.source,
-        table.rows.len(),
-        crate::resources::size(bytes),
-        crate::resources::size(available)
-    )
+    // Copies of the rows at once: the split's, the trainer's standardised (on a GPU: staged) one, and the
+    // test rows' for a model at --out.
+    let need = feature_memory(table.rows.len(), features, 3, hidden, "--categorical (fewer or narrower columns)");
+    need.check(available_memory()).map_err(|e| {
+        let widest = table.columns.categorical.iter().zip(&table.levels).max_by_key(|(_, levels)| levels.len());
+        let culprit = widest.map_or(String::new(), |(c, levels)| {
+            format!(
+                "; the categorical column {:?} alone has {} levels (a column with a level per row, such as an \
+                 identifier, does not belong in --categorical)",
+                c.name,
+                levels.len()
+            )
+        });
+        anyhow!("{}: {} rows × {features} features: {e}{culprit}", table.source, table.rows.len())
+    })
 }
 
 fn delimiter_name(delimiter: u8) -> &'static str {
@@ -356,13 +372,17 @@ fn existing_out(out: &Path) -> Result<Option<SalesModel>> {
 /// `--model M --predict NEW`: one line per good row of NEW, its file line and the prediction in the
 /// target's units.
 fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
+    let _lock = match &args.predictions {
+        Some(path) => Some(check_predictions(path, model_path, new)?),
+        None => None,
+    };
     let m = modelfile::load(model_path)?;
     let mut options = LoadOptions::new(m.schema.clone());
     options.delimiter = Some(m.delimiter);
     options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
     options.skip_bad_rows = args.skip_bad_rows;
     let table = Table::read(new, &options).map_err(|e| match other_delimiter(new, m.delimiter) {
-        Some(theirs) => anyhow::anyhow!(
+        Some(theirs) => anyhow!(
             "{}: the model reads {} rows but this file is {theirs}; write it as the model's training table was",
             new.display(),
             delimiter_name(m.delimiter)
@@ -372,6 +392,11 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     if table.rows.is_empty() {
         bail!("{}: no usable rows to predict", new.display());
     }
+    // The feature rows and their standardised copy.
+    let SalesShape { inputs, hidden } = m.params.shape;
+    feature_memory(table.rows.len(), inputs, 2, hidden, "the rows of --predict (predict them in parts)")
+        .check(available_memory())
+        .map_err(|e| anyhow!("{}: {e}", new.display()))?;
     let split = table.features(&table.rows, &m.vocabularies);
     if split.features != m.params.shape.inputs {
         bail!("{} gives {} features but the model takes {}", new.display(), split.features, m.params.shape.inputs);
@@ -383,22 +408,26 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
         out += &format!("{}\t{y}\n", split.lines[i]);
     }
     match &args.predictions {
-        Some(path) => {
-            let _lock = fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?;
-            let is_model = path.exists()
-                && fsutil::read_input(path, "file").is_ok_and(|b| safetensors::SafeTensors::read_metadata(&b).is_ok());
-            if is_model {
-                bail!(
-                    "--predictions {} holds a model file (safetensors); choose another file for the predictions",
-                    path.display()
-                );
-            }
-            fsutil::write_atomic(path, out.as_bytes())?;
-        }
+        Some(path) => fsutil::write_atomic(path, out.as_bytes())?,
         None => crate::console::out(out.trim_end()),
     }
     if table.skipped > 0 && !args.quiet {
         crate::console::err(&format!("skipped {} bad row{}", table.skipped, if table.skipped == 1 { "" } else { "s" }));
     }
     Ok(())
+}
+
+/// Checks `--predictions` before any work (see `fsutil::check_output`), and refuses a model file there:
+/// predictions never replace a model.
+fn check_predictions(path: &Path, model_path: &Path, new: &Path) -> Result<fsutil::OutputLock> {
+    let lock = fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?;
+    let is_model = std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
+        && fsutil::read_input(path, "file").is_ok_and(|b| safetensors::SafeTensors::read_metadata(&b).is_ok());
+    if is_model {
+        bail!(
+            "--predictions {} holds a model file (safetensors); choose another file for the predictions",
+            path.display()
+        );
+    }
+    Ok(lock)
 }

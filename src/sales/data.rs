@@ -461,6 +461,35 @@ fn detect_delimiter(bytes: &[u8]) -> Option<u8> {
     }
 }
 
+/// The line of a quoted field that runs to the end of the file, read as the CSV reader does: a quote
+/// opens a field only at its start, `""` inside it is a quote, and a quote inside an unquoted field
+/// (`27" screen`) is text.
+fn unclosed_quote(bytes: &[u8], delimiter: u8) -> Option<usize> {
+    enum State {
+        FieldStart,
+        Unquoted,
+        Quoted,
+        QuoteInQuoted,
+    }
+    let (mut state, mut line, mut opened) = (State::FieldStart, 1, 1);
+    for &b in bytes {
+        let ends_field = b == delimiter || b == b'\n' || b == b'\r';
+        state = match state {
+            State::FieldStart if b == b'"' => {
+                opened = line;
+                State::Quoted
+            }
+            State::Quoted if b == b'"' => State::QuoteInQuoted,
+            State::Quoted => State::Quoted,
+            State::QuoteInQuoted if b == b'"' => State::Quoted,
+            _ if ends_field => State::FieldStart,
+            _ => State::Unquoted,
+        };
+        line += usize::from(b == b'\n');
+    }
+    matches!(state, State::Quoted).then_some(opened)
+}
+
 /// What a row is missing or has too much of, or None when it has `width` fields.
 fn width_problem(line: u64, len: usize, width: usize) -> Option<BadRow> {
     use std::cmp::Ordering::*;
@@ -579,12 +608,6 @@ impl Table {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             bail!("{source} is empty");
         }
-        // Quotes inside a quoted field are doubled, so an odd count leaves one open to the end of the file.
-        if bytes.iter().filter(|&&b| b == b'"').count() % 2 == 1 {
-            let last = bytes.iter().rposition(|&b| b == b'"').unwrap_or(0);
-            let line = 1 + bytes[..last].iter().filter(|&&b| b == b'\n').count();
-            bail!("{source}: a quoted field (\"…) is never closed (the last quote is on line {line})");
-        }
         let delimiter = match options.delimiter {
             Some(d) => d,
             None => detect_delimiter(bytes).ok_or_else(|| {
@@ -597,6 +620,9 @@ impl Table {
                 anyhow!("{source}: the first row has neither a tab nor a comma, so it is no table of several columns{semicolons}")
             })?,
         };
+        if let Some(line) = unclosed_quote(bytes, delimiter) {
+            bail!("{source}:{line}: a quoted field (\"…) opens here and is never closed");
+        }
         let mut reader =
             csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
         let mut record = csv::ByteRecord::new();

@@ -117,11 +117,11 @@ impl Keeper {
     }
 
     /// What became of the epoch just offered, for its summary line: "saved", or why not.
-    pub fn note(&self, written: bool) -> String {
+    pub fn note(&self, written: bool, loss_name: &str) -> String {
         match (written, self.kept, self.baseline) {
             (true, _, _) => "saved".into(),
             (false, Some((epoch, _)), _) => format!("not saved (the file keeps epoch {epoch})"),
-            (false, None, Some(baseline)) => format!("not saved (the starting model's val loss is {baseline:.4})"),
+            (false, None, Some(baseline)) => format!("not saved (the starting model's {loss_name} is {baseline:.4})"),
             (false, None, None) => "not saved".into(),
         }
     }

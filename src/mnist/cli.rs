@@ -160,7 +160,7 @@ impl Saver<'_> {
         if written {
             self.kept_eval = Some(eval.clone());
         }
-        self.note = self.keeper.note(written);
+        self.note = self.keeper.note(written, self.loss_name());
         Ok(())
     }
 

@@ -205,7 +205,7 @@ impl Saver {
             model.params = params.clone();
             model.save(out)
         })?;
-        self.note = self.keeper.note(written);
+        self.note = self.keeper.note(written, "val loss");
         Ok(())
     }
 }

@@ -171,9 +171,7 @@ pub fn run(args: XorArgs) -> Result<()> {
     let out = args.out.display();
     let outcome = match baseline {
         _ if written => format!("{out} holds the trained model (loss {})", loss_text(final_loss)),
-        _ if !learned && args.out.exists() => format!("nothing written, so {out} is unchanged"),
-        _ if !learned => format!("nothing written to {out}"),
-        Some(b) if diverged.is_none() => format!(
+        Some(b) if diverged.is_none() && learned => format!(
             "nothing written: the run's loss {} is above the {} of the model {out} holds, so it is unchanged",
             loss_text(final_loss),
             loss_text(b as f32)

@@ -1,114 +1,111 @@
 //! `textnet bench`: training speed on the GPU, timed with device events after warm-up, median of several
-//! repeats (`timing`). Each pipeline's bench lives with it (`text::bench`, `mnist::bench`, `xor::bench`, `sales::bench`, `matmul::bench`, `transformer::bench`); this file only
-//! lists them. Numbers go to BENCHMARKS.md; nothing here is asserted.
+//! repeats (`timing`). Each pipeline's benches live with it and own their flags (`Pipeline::benches`);
+//! this file makes them subcommands. `textnet bench` alone runs the first (the text model's speed), with
+//! its flags. Numbers go to BENCHMARKS.md; nothing here is asserted.
 
 use crate::device::Gpu;
+use crate::pipeline::{Bench, BenchOptions};
+use crate::pipelines;
 use anyhow::Result;
+use clap::{ArgMatches, FromArgMatches};
 use std::sync::Arc;
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum BenchTarget {
-    /// Text model speed: single-sample and batched steps
-    #[default]
-    Text,
-    /// Text model quality: GPU and CPU reference trained on the same samples; writes what the
-    /// PyTorch baseline needs to repeat the run (`benches/torch_baseline.py --quality DIR`)
-    Quality,
-    /// MNIST pipeline speed and accuracy
-    Mnist,
-    /// XOR: the 5000-epoch run in one launch
-    Xor,
-    /// Tabular regression: 50 epochs over a sales table (--table), GPU and CPU reference
-    Sales,
-    /// 1024² fp32 matrix product: naive, tiled (gemm_128, 64² gemm_tile) and cuBLAS kernels
-    Matmul,
-    /// The character-level Transformer: 1000 steps on --corpus
-    Transformer,
+/// The flags of `textnet bench`: the shared ones, and the bench to run with its own.
+#[derive(Debug)]
+pub struct BenchArgs {
+    pub options: BenchOptions,
+    pub bench: &'static Bench,
+    matches: ArgMatches,
 }
 
-#[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    /// Which pipeline to time
-    #[arg(value_enum, default_value_t = BenchTarget::Text)]
-    pub target: BenchTarget,
-    /// Timed repeats per configuration (the median is reported)
-    #[arg(long, default_value_t = 7)]
-    pub repeats: usize,
-    /// Print one JSON object instead of a table
-    #[arg(long)]
-    pub json: bool,
-    /// text: only the single-sample configurations and the per-kernel timings
-    #[arg(long)]
-    pub single: bool,
-    /// text: only the configurations with this batch size (1, 256 or 4096)
-    #[arg(long)]
-    pub batch: Option<usize>,
-    /// quality, transformer: the corpus to train on
-    #[arg(long, default_value = "corpus/shakespeare.txt")]
-    pub corpus: std::path::PathBuf,
-    /// quality: training samples (single-sample SGD steps)
-    #[arg(long, default_value_t = 20_000)]
-    pub samples: usize,
-    /// quality: where to write tokens, sample order and initial parameters for the PyTorch run
-    #[arg(long, default_value = "data/quality")]
-    pub dump: std::path::PathBuf,
-    /// quality, sales, transformer: seed of the sample order and of the initial parameters
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// quality, sales: skip the CPU reference run
-    #[arg(long)]
-    pub no_cpu: bool,
-    /// sales: the table (scripts/make-sales.py writes it)
-    #[arg(long, default_value = "data/sales.tsv")]
-    pub table: std::path::PathBuf,
-    /// mnist: the model to time
-    #[arg(long, value_enum, default_value_t = crate::mnist::ModelKind::Mlp)]
-    pub model: crate::mnist::ModelKind,
-    /// transformer: the linear layers on the tensor cores in TF32
-    #[arg(long)]
-    pub tf32: bool,
-    /// transformer: the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64), 200 steps
-    #[arg(long)]
-    pub large: bool,
-    /// sales: epochs
-    #[arg(long, default_value_t = crate::sales::model::DEFAULT_EPOCHS)]
-    pub epochs: usize,
+fn benches() -> impl Iterator<Item = &'static Bench> {
+    pipelines::ALL.iter().flat_map(|p| p.benches.iter())
+}
+
+/// The bench `textnet bench` runs without a subcommand.
+fn default_bench() -> &'static Bench {
+    benches().next().expect("a pipeline has a bench")
+}
+
+impl clap::Args for BenchArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        let command = command
+            .arg(
+                clap::Arg::new("repeats")
+                    .long("repeats")
+                    .value_name("REPEATS")
+                    .global(true)
+                    .value_parser(clap::value_parser!(usize))
+                    .default_value("7")
+                    .help("Timed repeats per configuration (the median is reported)"),
+            )
+            .arg(
+                clap::Arg::new("json")
+                    .long("json")
+                    .global(true)
+                    .action(clap::ArgAction::SetTrue)
+                    .help("Print one JSON object instead of a table"),
+            )
+            .subcommand_value_name("BENCH")
+            .subcommand_help_heading("Benches");
+        let default = default_bench();
+        let command = (default.args)(command)
+            .after_help(format!("Without a BENCH, runs `{}` (its flags may be given here).", default.name));
+        benches().fold(command, |command, b| command.subcommand((b.args)(clap::Command::new(b.name)).about(b.about)))
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
+}
+
+impl FromArgMatches for BenchArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let options = BenchOptions {
+            repeats: matches.get_one::<usize>("repeats").copied().unwrap_or(7).max(1),
+            json: matches.get_flag("json"),
+        };
+        let (bench, matches) = match matches.subcommand() {
+            Some((name, sub)) => {
+                if let Some(flag) = default_bench_flag_given(matches) {
+                    return Err(clap::Error::raw(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        format!(
+                            "--{flag} is a flag of `bench {}`, not of `bench {name}` (see `textnet bench {name} --help`)",
+                            default_bench().name
+                        ),
+                    ));
+                }
+                (
+                    benches()
+                        .find(|b| b.name == name)
+                        .ok_or_else(|| clap::Error::raw(clap::error::ErrorKind::InvalidSubcommand, name))?,
+                    sub.clone(),
+                )
+            }
+            None => (default_bench(), matches.clone()),
+        };
+        Ok(BenchArgs { options, bench, matches })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+/// A flag of the default bench given on the command line (`bench --single mnist`), which a subcommand
+/// would silently ignore.
+fn default_bench_flag_given(matches: &ArgMatches) -> Option<String> {
+    matches
+        .ids()
+        .map(|id| id.as_str())
+        .filter(|id| !matches!(*id, "repeats" | "json"))
+        .find(|id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        .map(str::to_owned)
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
-    let repeats = args.repeats.max(1);
-    match args.target {
-        BenchTarget::Text => crate::text::bench::speed(&gpu, repeats, args.json, args.single, args.batch),
-        BenchTarget::Quality => crate::text::bench::quality(
-            &gpu,
-            &crate::text::bench::QualityOptions {
-                corpus: args.corpus,
-                samples: args.samples,
-                seed: args.seed,
-                dump: args.dump,
-                no_cpu: args.no_cpu,
-                json: args.json,
-            },
-        ),
-        BenchTarget::Mnist => match args.model {
-            crate::mnist::ModelKind::Mlp => crate::mnist::bench::bench(&gpu, repeats, args.json),
-            crate::mnist::ModelKind::Cnn => crate::mnist::bench::cnn_bench(&gpu, args.json),
-        },
-        BenchTarget::Xor => crate::xor::bench::bench(&gpu, repeats, args.json),
-        BenchTarget::Matmul => crate::matmul::bench::bench(&gpu, repeats, args.json),
-        BenchTarget::Transformer => {
-            crate::transformer::bench::bench(&gpu, &args.corpus, args.seed, args.tf32, args.large, args.json)
-        }
-        BenchTarget::Sales => crate::sales::bench::bench(
-            &gpu,
-            &crate::sales::bench::SalesBenchOptions {
-                table: &args.table,
-                epochs: args.epochs,
-                seed: args.seed,
-                no_cpu: args.no_cpu,
-                json: args.json,
-            },
-        ),
-    }
+    (args.bench.run)(&gpu, &args.options, &args.matches)
 }

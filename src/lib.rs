@@ -57,6 +57,8 @@ pub mod mlp;
 pub mod mnist;
 pub mod modelkind;
 pub mod optim;
+pub mod pipeline;
+pub mod pipelines;
 pub mod report;
 pub mod resources;
 pub mod sales;

@@ -2,40 +2,32 @@
 //! turns errors into one line on stderr and a non-zero exit.
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use textnet::{bench, mnist, sales, selftest, text, transformer, xor};
+use clap::{FromArgMatches, Subcommand};
+use textnet::pipelines;
 
-#[derive(Parser)]
-#[command(name = "textnet", version, about = "Small neural networks trained with fused CUDA kernels, with a CPU reference for each", long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
+// The commands of textnet itself; each pipeline's come from its entry in `pipelines::ALL`.
 #[derive(Subcommand)]
 enum Command {
-    /// Train the next-token model on a UTF-8 text corpus and write a .safetensors model file
-    Train(text::cli::TrainArgs),
-    /// Print the likeliest next tokens after a context, using a trained model file
-    Predict(text::cli::PredictArgs),
     /// Continue a prompt by sampling tokens from a trained model file
-    Generate(textnet::generate::GenerateArgs),
-    /// Evaluate a trained text model on a corpus, without training
-    Eval(text::eval::EvalArgs),
-    /// Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)
-    Mnist(mnist::cli::MnistArgs),
-    /// Classify 28×28 greyscale images (PNG, PGM or IDX) with a trained MNIST model file
-    Classify(mnist::classify::ClassifyArgs),
-    /// Train the XOR network (2 → hidden → 1, MSE) and print its truth table
-    Xor(xor::cli::XorArgs),
-    /// Train the tabular regressor (by default on the roadmap's sales.tsv), or predict with one
-    Sales(sales::cli::SalesArgs),
-    /// Train the character-level Transformer on a UTF-8 corpus and write a .safetensors model file
-    Transformer(transformer::cli::TransformerArgs),
+    Generate(textnet::sampling::GenerateArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
-    Selftest(selftest::SelftestArgs),
-    /// Measure training speed on the GPU (text model, or `bench mnist`)
-    Bench(bench::BenchArgs),
+    Selftest(textnet::selftest::SelftestArgs),
+    /// Measure training speed on the GPU (the text model, or `bench BENCH`)
+    Bench(textnet::bench::BenchArgs),
+}
+
+/// The whole command line: the pipelines' commands, in the list's order, then textnet's own.
+fn command_line() -> clap::Command {
+    let command = clap::Command::new("textnet")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("Small neural networks trained with fused CUDA kernels, with a CPU reference for each")
+        .subcommand_required(true)
+        .arg_required_else_help(true);
+    let pipelines = pipelines::ALL
+        .iter()
+        .flat_map(|p| p.commands.iter())
+        .map(|c| (c.args)(clap::Command::new(c.name)).about(c.about));
+    Command::augment_subcommands(command.subcommands(pipelines))
 }
 
 fn main() {
@@ -50,20 +42,8 @@ fn main() {
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
     }));
-    let cli = parse_args();
-    let result = match cli.command {
-        Command::Train(args) => text::cli::train(args),
-        Command::Predict(args) => text::cli::predict(args),
-        Command::Generate(args) => textnet::generate::run(args),
-        Command::Eval(args) => text::eval::run(args),
-        Command::Mnist(args) => mnist::cli::run(args),
-        Command::Classify(args) => mnist::classify::run(args),
-        Command::Xor(args) => xor::cli::run(args),
-        Command::Sales(args) => sales::cli::run(args),
-        Command::Transformer(args) => transformer::cli::run(args),
-        Command::Selftest(args) => selftest::run(args),
-        Command::Bench(args) => bench::run(args),
-    };
+    let matches = parse_args();
+    let result = run(&matches);
     let result = result.and_then(|()| textnet::console::finish());
     if let Err(err) = result {
         let text = format!("{err:#}");
@@ -73,13 +53,28 @@ fn main() {
     }
 }
 
+/// The chosen command, run.
+fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
+    let (name, sub) = matches.subcommand().expect("a subcommand is required");
+    if let Some(command) = pipelines::ALL.iter().flat_map(|p| p.commands.iter()).find(|c| c.name == name) {
+        return (command.run)(sub);
+    }
+    // A parse error found here (a flag given to the wrong bench) exits as clap's own do.
+    let command = Command::from_arg_matches(matches).unwrap_or_else(|err| err.format(&mut command_line()).exit());
+    match command {
+        Command::Generate(args) => textnet::generate::run(args),
+        Command::Selftest(args) => textnet::selftest::run(args),
+        Command::Bench(args) => textnet::bench::run(args),
+    }
+}
+
 /// The command line, with negative numbers read as values wherever a flag takes one (`--seed -1` is
 /// then refused by the flag's own type, naming the flag, rather than read as an unknown flag `-1`).
-fn parse_args() -> Cli {
+fn parse_args() -> clap::ArgMatches {
     fn numbers_may_be_negative(command: clap::Command) -> clap::Command {
         command.mut_args(|arg| arg.allow_negative_numbers(true)).mut_subcommands(numbers_may_be_negative)
     }
-    let matches = numbers_may_be_negative(Cli::command()).try_get_matches().and_then(|m| Cli::from_arg_matches(&m));
+    let matches = numbers_may_be_negative(command_line()).try_get_matches();
     matches.unwrap_or_else(|err| {
         if let Some(line) = negative_value_error(&err) {
             textnet::console::err(&line);

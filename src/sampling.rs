@@ -4,6 +4,40 @@
 
 use crate::cpu::SeededRng;
 use rand::RngExt;
+use std::path::PathBuf;
+
+/// The flags of `textnet generate`, shared by every pipeline that generates.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        help = "The text to continue (the model's tokenizer splits it; words outside its vocabulary read as <unk>)"
+    )]
+    pub prompt: String,
+    /// Tokens to generate (characters, for a Transformer model), at most 100,000
+    #[arg(long, default_value_t = 50)]
+    pub length: usize,
+    /// Softmax temperature: 1 samples the model's own distribution, lower is more conservative, 0 always
+    /// takes the likeliest token
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// Sample only among the K likeliest tokens
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Seed of the sampling
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Model file written by `textnet train` or `textnet transformer`
+    #[arg(long, default_value = "textnet.safetensors")]
+    pub model: PathBuf,
+    /// Print one JSON object (the tokens as a list too)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The most tokens (or characters) one `generate` writes.
+pub const MAX_LENGTH: usize = 100_000;
 
 /// The index drawn from `logits` at `temperature` (0: the largest), among the `top_k` largest, never
 /// `skip` (the unknown token's id) while another candidate is left.

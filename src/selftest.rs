@@ -1,68 +1,45 @@
 //! `textnet selftest`: every pipeline's GPU kernels checked against its CPU reference on this machine's GPU
-//! (each pipeline's checks live with it: `text::checks`, `mnist::checks`, `xor::checks`, `sales::checks`, `matmul::checks`, `transformer::checks`). Prints a table
-//! (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
+//! (each pipeline's checks live with it, in `Pipeline::checks`; this file loops over `pipelines::ALL`).
+//! Prints a table (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
-use crate::check::{Check, Group, Plan};
+use crate::check::{Group, Plan};
 use crate::device::Gpu;
+use crate::pipeline::Pipeline;
+use crate::pipelines;
 use anyhow::{Result, bail};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The pipelines, each with its checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Pipeline {
-    Text,
-    Mnist,
-    Xor,
-    Sales,
-    Matmul,
-    Transformer,
+/// A pipeline or a group of checks, for `--only`.
+#[derive(Clone, Copy, Debug)]
+pub enum Only {
+    Pipeline(&'static Pipeline),
+    Group(Group),
 }
 
-impl Pipeline {
-    pub const ALL: [Pipeline; 6] =
-        [Pipeline::Text, Pipeline::Mnist, Pipeline::Xor, Pipeline::Sales, Pipeline::Matmul, Pipeline::Transformer];
-}
-
-impl Pipeline {
-    fn checks(self, gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
-        match self {
-            Pipeline::Text => crate::text::checks::checks(gpu, plan),
-            Pipeline::Mnist => crate::mnist::checks::selftest_checks(gpu, plan),
-            Pipeline::Xor => crate::xor::checks::selftest_checks(gpu, plan),
-            Pipeline::Sales => crate::sales::checks::selftest_checks(gpu, plan),
-            Pipeline::Matmul => crate::matmul::checks::selftest_checks(gpu, plan),
-            Pipeline::Transformer => crate::transformer::checks::selftest_checks(gpu, plan),
+impl PartialEq for Only {
+    fn eq(&self, other: &Only) -> bool {
+        match (self, other) {
+            (Only::Pipeline(a), Only::Pipeline(b)) => a.name == b.name,
+            (Only::Group(a), Only::Group(b)) => a == b,
+            _ => false,
         }
     }
 }
 
-/// A pipeline or a group of checks, for `--only`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Only {
-    Pipeline(Pipeline),
-    Group(Group),
-}
-
 impl clap::ValueEnum for Only {
     fn value_variants<'a>() -> &'a [Self] {
-        use Only::{Group as G, Pipeline as P};
-        &[
-            P(Pipeline::Text),
-            P(Pipeline::Mnist),
-            P(Pipeline::Xor),
-            P(Pipeline::Sales),
-            P(Pipeline::Matmul),
-            P(Pipeline::Transformer),
-            G(Group::Kernels),
-            G(Group::Training),
-            G(Group::Repeat),
-        ]
+        static VARIANTS: std::sync::LazyLock<Vec<Only>> = std::sync::LazyLock::new(|| {
+            let pipelines = pipelines::ALL.iter().map(|p| Only::Pipeline(p));
+            let groups = Group::value_variants().iter().map(|g| Only::Group(*g));
+            pipelines.chain(groups).collect()
+        });
+        &VARIANTS
     }
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
         match self {
-            Only::Pipeline(p) => p.to_possible_value(),
+            Only::Pipeline(p) => Some(clap::builder::PossibleValue::new(p.name)),
             Only::Group(g) => g.to_possible_value(),
         }
     }
@@ -91,14 +68,14 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let opened = started.elapsed().as_secs_f64();
     let seed = args.seed.unwrap_or_else(rand::random);
     eprintln!("selftest on {} (seed {seed}; GPU opened in {opened:.1} s)", gpu.describe());
-    let pipelines: Vec<Pipeline> =
-        args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(*p) } else { None }).collect();
+    let chosen: Vec<&str> =
+        args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(p.name) } else { None }).collect();
     let groups = args.only.iter().filter_map(|o| if let Only::Group(g) = o { Some(*g) } else { None }).collect();
     let plan = Plan { seed, quick: args.quick, groups };
     let mut checks = Vec::new();
-    for pipeline in Pipeline::ALL {
-        if pipelines.is_empty() || pipelines.contains(&pipeline) {
-            checks.extend(pipeline.checks(&gpu, &plan)?);
+    for pipeline in pipelines::ALL {
+        if chosen.is_empty() || chosen.contains(&pipeline.name) {
+            checks.extend((pipeline.checks)(&gpu, &plan)?);
         }
     }
     let failed = checks.iter().filter(|c| !c.passed()).count();

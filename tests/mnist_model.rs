@@ -206,7 +206,7 @@ fn model_file_round_trips() {
     assert_eq!(meta["hidden"], "9");
     assert_eq!(meta["activation"], "sigmoid");
     let foreign = safetensors::serialize(Vec::<(&str, safetensors::tensor::TensorView)>::new(), None).unwrap();
-    assert!(format!("{:#}", MlpParams::from_safetensors(&foreign).unwrap_err()).contains("not a textnet MNIST model"));
+    assert!(format!("{:#}", MlpParams::from_safetensors(&foreign).unwrap_err()).contains("not a textnet model file"));
     assert!(MlpParams::from_safetensors(b"garbage").is_err());
     let limit = (6.0f32 / (784 + 9) as f32).sqrt();
     let parts = p.parts();

@@ -101,10 +101,10 @@ fn other_kinds_of_model_file_are_refused() {
     assert!(refusal(&as_kind("format", "textnet-text")).contains("a next-token text model"));
     assert!(refusal(&as_kind("kind", "xor")).contains("an XOR network"));
     assert!(refusal(&as_kind("kind", "sales")).contains("a sales (table) regressor"));
-    assert!(refusal(&as_kind("format", "gguf")).contains("another kind of file"));
+    assert!(refusal(&as_kind("format", "gguf")).contains("its metadata names the format \"gguf\""));
     assert_eq!(
         refusal(&edited(&m, |meta| meta.clear(), None)),
-        "not a textnet transformer model file (no metadata format)"
+        "not a textnet model file: its metadata names no format (expected a textnet transformer model file)"
     );
     assert!(refusal(b"hello, world").starts_with("not a safetensors file"));
     // A real XOR model file.

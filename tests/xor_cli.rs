@@ -77,7 +77,10 @@ fn default_run_learns_xor_and_writes_what_it_reports() {
     }
     let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
     let meta = header.metadata().clone().unwrap();
-    assert_eq!((meta["kind"].as_str(), meta["activation"].as_str(), meta["hidden"].as_str()), ("xor", "sigmoid", "4"));
+    assert_eq!(
+        (meta["format"].as_str(), meta["activation"].as_str(), meta["hidden"].as_str()),
+        ("textnet-xor", "sigmoid", "4")
+    );
 }
 
 #[test]
@@ -183,6 +186,20 @@ fn device_cuda_never_panics() {
     fails_with(&o, "");
 }
 
+/// Files written before the kind moved to `format` name it in `kind`, and still load.
+#[test]
+fn a_file_with_the_old_kind_entry_loads() {
+    let params = XorParams::init(3, Activation::Tanh, 7);
+    let bytes = modelfile::to_bytes(&params).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap();
+    meta.remove("format");
+    meta.insert("kind".into(), "xor".into());
+    let old = safetensors::serialize(file.tensors(), Some(meta)).unwrap();
+    assert_eq!(modelfile::from_bytes(&old).unwrap(), params);
+}
+
 #[test]
 fn the_loader_refuses_other_files() {
     let params = XorParams::init(3, Activation::Tanh, 7);
@@ -198,7 +215,7 @@ fn the_loader_refuses_other_files() {
         edited[at..at + to.len()].copy_from_slice(to.as_bytes());
         edited
     };
-    assert!(err(&edited("\"kind\":\"xor\"", "\"kind\":\"abc\"")).contains("not a textnet XOR model file"));
+    assert!(err(&edited("\"textnet-xor\"", "\"textnet-abc\"")).contains("names the format \"textnet-abc\""));
     assert!(err(&edited("\"hidden\":\"3\"", "\"hidden\":\"4\"")).contains("tensor w1"));
     assert!(err(&edited("\"activation\":\"tanh\"", "\"activation\":\"tank\"")).contains("activation"));
 }

@@ -30,3 +30,18 @@ pub fn reference(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Result<V
     });
     Ok(c)
 }
+
+/// `bench matmul` and its selftest checks (no command or model file of its own).
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "matmul",
+    commands: &[],
+    checks: checks::selftest_checks,
+    benches: &[crate::pipeline::Bench {
+        name: "matmul",
+        about: "1024² fp32 matrix product: naive, tiled (gemm_128, 64² gemm_tile) and cuBLAS kernels",
+        args: |command| command,
+        run: |gpu, options, _| bench::bench(gpu, options.repeats, options.json),
+    }],
+    models: &[],
+    generate: None,
+};

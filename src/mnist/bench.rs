@@ -22,6 +22,22 @@ const BENCH_HIDDEN: usize = 128;
 /// data on the GPU, evaluating the test split after each epoch, as `textnet mnist` does. Reports the wall
 /// time of the 10 epochs (the first run includes capturing the epoch's graph), per-epoch wall and device
 /// times, test accuracy, and a per-step breakdown. Repeats from fresh parameters; reports the median.
+/// The flags of `bench mnist`.
+#[derive(clap::Args, Debug)]
+pub struct MnistBenchArgs {
+    /// The model to time
+    #[arg(long, value_enum, default_value_t = super::ModelKind::Mlp)]
+    pub model: super::ModelKind,
+}
+
+/// `textnet bench mnist`: the MLP's or the CNN's run.
+pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &MnistBenchArgs) -> Result<()> {
+    match args.model {
+        super::ModelKind::Mlp => bench(gpu, options.repeats, options.json),
+        super::ModelKind::Cnn => cnn_bench(gpu, options.json),
+    }
+}
+
 pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     use super::data::{self, Dataset};
     let repeats = repeats.max(1);

@@ -484,7 +484,7 @@ pub fn kink_margin(p: &CnnParams, data: &Split, rows: &[u32]) -> f64 {
 }
 
 /// The `format` metadata of a CNN model file.
-pub const FORMAT: &str = "textnet-mnist-cnn";
+pub const FORMAT: &str = crate::modelkind::MNIST_CNN.tag;
 
 impl CnnParams {
     /// The model as a .safetensors file: the tensors under PyTorch's `state_dict` names and layouts
@@ -501,7 +501,7 @@ impl CnnParams {
             .collect();
         let s = self.shape;
         let mut meta: std::collections::BTreeMap<String, String> = [
-            ("format", FORMAT.to_string()),
+            (crate::modelkind::KEY, FORMAT.to_string()),
             ("side", s.side.to_string()),
             ("c1", s.c1.to_string()),
             ("c2", s.c2.to_string()),
@@ -520,9 +520,7 @@ impl CnnParams {
         use anyhow::{Context, anyhow};
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
         let meta = header.metadata().clone().unwrap_or_default();
-        if meta.get("format").map(String::as_str) != Some(FORMAT) {
-            bail!("not a textnet MNIST CNN model file (metadata format is not {FORMAT:?})");
-        }
+        crate::modelkind::MNIST_CNN.check(Some(&meta), "textnet MNIST CNN model file")?;
         let number = |key: &str| -> Result<usize> {
             meta.get(key)
                 .and_then(|v| v.parse().ok())

@@ -96,7 +96,7 @@ impl Classifier {
     pub fn from_safetensors(bytes: &[u8]) -> Result<(Classifier, std::collections::HashMap<String, String>)> {
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| anyhow::anyhow!("not a safetensors file ({e})"))?;
-        let is_cnn = header.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str) == Some(cnn::FORMAT);
+        let is_cnn = header.metadata().as_ref().is_some_and(|m| crate::modelkind::MNIST_CNN.matches(m));
         let (model, meta) = if is_cnn {
             cnn::CnnParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Cnn(p), meta))?
         } else {
@@ -337,3 +337,31 @@ impl MnistTrainer for CpuTrainer {
         Ok(Classifier::Mlp(self.params.clone()))
     }
 }
+
+/// The MNIST pipeline as the command line, `selftest` and `bench` see it.
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "mnist",
+    commands: &[
+        crate::pipeline::Command {
+            name: "mnist",
+            about: "Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)",
+            args: <cli::MnistArgs as clap::Args>::augment_args,
+            run: |m| cli::run(crate::pipeline::parsed(m)?),
+        },
+        crate::pipeline::Command {
+            name: "classify",
+            about: "Classify 28×28 greyscale images (PNG, PGM or IDX) with a trained MNIST model file",
+            args: <classify::ClassifyArgs as clap::Args>::augment_args,
+            run: |m| classify::run(crate::pipeline::parsed(m)?),
+        },
+    ],
+    checks: checks::selftest_checks,
+    benches: &[crate::pipeline::Bench {
+        name: "mnist",
+        about: "MNIST pipeline speed and accuracy",
+        args: <bench::MnistBenchArgs as clap::Args>::augment_args,
+        run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
+    }],
+    models: &[&crate::modelkind::MNIST_MLP, &crate::modelkind::MNIST_CNN],
+    generate: None,
+};

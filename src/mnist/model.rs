@@ -77,7 +77,7 @@ impl MlpShape {
 }
 
 /// `format` metadata of the model file.
-pub const FORMAT: &str = "textnet-mnist";
+pub const FORMAT: &str = crate::modelkind::MNIST_MLP.tag;
 pub const FORMAT_VERSION: u32 = 1;
 
 /// All trainable parameters, flat (see the module comment for the layout).
@@ -123,7 +123,7 @@ impl MlpParams {
         }
         let s = self.shape;
         let mut meta: std::collections::BTreeMap<String, String> = [
-            ("format", FORMAT.to_string()),
+            (crate::modelkind::KEY, FORMAT.to_string()),
             ("format_version", FORMAT_VERSION.to_string()),
             ("inputs", s.inputs.to_string()),
             ("hidden", s.hidden.to_string()),
@@ -141,9 +141,7 @@ impl MlpParams {
     pub fn from_safetensors(bytes: &[u8]) -> Result<(MlpParams, HashMap<String, String>)> {
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
         let meta = header.metadata().clone().unwrap_or_default();
-        if meta.get("format").map(String::as_str) != Some(FORMAT) {
-            bail!("not a textnet MNIST model file (metadata format is not {FORMAT:?})");
-        }
+        crate::modelkind::MNIST_MLP.check(Some(&meta), "textnet MNIST model file")?;
         let number = |key: &str| -> Result<usize> {
             meta.get(key)
                 .and_then(|v| v.parse().ok())

@@ -10,18 +10,27 @@ use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape,
 use super::train::{CpuSales, SalesTrainer};
 use crate::device::Gpu;
 use crate::optim::{OptimConfig, OptimKind};
+use crate::pipeline::BenchOptions;
 use anyhow::{Context, Result};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub struct SalesBenchOptions<'a> {
-    pub table: &'a Path,
+/// The flags of `bench sales`.
+#[derive(clap::Args, Debug)]
+pub struct SalesBenchArgs {
+    /// The table (scripts/make-sales.py writes it)
+    #[arg(long, default_value = "data/sales.tsv")]
+    pub table: PathBuf,
+    /// Epochs
+    #[arg(long, default_value_t = model::DEFAULT_EPOCHS)]
     pub epochs: usize,
+    /// Seed of the initial parameters and of the sample order
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Skip the CPU reference run.
+    /// Skip the CPU reference run
+    #[arg(long)]
     pub no_cpu: bool,
-    pub json: bool,
 }
 
 /// Per epoch: (mean training loss, test MAE).
@@ -35,9 +44,9 @@ fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64) -
     Ok(history)
 }
 
-pub fn bench(gpu: &Arc<Gpu>, o: &SalesBenchOptions) -> Result<()> {
+pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Result<()> {
     let loaded = Instant::now();
-    let data = Dataset::load(o.table, &LoadOptions::new(Schema::sales_tsv()))
+    let data = Dataset::load(&o.table, &LoadOptions::new(Schema::sales_tsv()))
         .with_context(|| format!("bench sales reads {} (make it with scripts/make-sales.py)", o.table.display()))?;
     let load_s = loaded.elapsed().as_secs_f64();
     let shape = SalesShape { inputs: data.features(), hidden: DEFAULT_HIDDEN };
@@ -116,7 +125,7 @@ pub fn bench(gpu: &Arc<Gpu>, o: &SalesBenchOptions) -> Result<()> {
         "test_mae_last10_mean": last_mean(&gpu_history),
         "cpu_test_mae_last10_mean": cpu.as_ref().map(|(h, _)| last_mean(h)),
     });
-    if o.json {
+    if options.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(

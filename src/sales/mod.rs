@@ -11,3 +11,23 @@ pub mod gpu;
 pub mod model;
 pub mod modelfile;
 pub mod train;
+
+/// The sales pipeline as the command line, `selftest` and `bench` see it.
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "sales",
+    commands: &[crate::pipeline::Command {
+        name: "sales",
+        about: "Train the tabular regressor (by default on the roadmap's sales.tsv), or predict with one",
+        args: <cli::SalesArgs as clap::Args>::augment_args,
+        run: |m| cli::run(crate::pipeline::parsed(m)?),
+    }],
+    checks: checks::selftest_checks,
+    benches: &[crate::pipeline::Bench {
+        name: "sales",
+        about: "Tabular regression: 50 epochs over a sales table (--table), GPU and CPU reference",
+        args: <bench::SalesBenchArgs as clap::Args>::augment_args,
+        run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
+    }],
+    models: &[&crate::modelkind::SALES],
+    generate: None,
+};

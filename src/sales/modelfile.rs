@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-pub const KIND: &str = "sales";
+pub const KIND: &str = crate::modelkind::SALES.tag;
 
 /// A trained model and everything needed to use it on new rows.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,7 +41,7 @@ fn specs(specs: &[ColumnSpec]) -> Vec<String> {
 pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
     let s = &m.schema;
     let metadata = BTreeMap::from([
-        ("kind".to_string(), KIND.to_string()),
+        crate::modelkind::SALES.entry(),
         ("hidden".to_string(), m.params.shape.hidden.to_string()),
         ("textnet".to_string(), crate::report::VERSION.to_string()),
         (
@@ -93,11 +93,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(
 pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();
-    match meta.get("kind") {
-        Some(kind) if kind == KIND => {}
-        Some(kind) => bail!("not a textnet sales model file: metadata kind is {kind:?}, not {KIND:?}"),
-        None => bail!("not a textnet sales model file (no metadata kind)"),
-    }
+    crate::modelkind::SALES.check(Some(&meta), "textnet sales model file")?;
     let hidden: usize = meta
         .get("hidden")
         .and_then(|h| h.parse().ok())

@@ -6,6 +6,7 @@ use super::gpu::GpuTrainer;
 use super::model::{TextParams, TextShape};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::pipeline::BenchOptions;
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::{Context, Result};
 use rand::{RngExt, SeedableRng};
@@ -13,16 +14,36 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// The flags of `bench text`.
+#[derive(clap::Args, Debug)]
+pub struct SpeedArgs {
+    /// Only the single-sample configurations and the per-kernel timings
+    #[arg(long)]
+    pub single: bool,
+    /// Only the configurations with this batch size (1, 256 or 4096)
+    #[arg(long)]
+    pub batch: Option<usize>,
+}
+
 /// What `bench quality` runs: the corpus, training samples, seed, where the PyTorch twin's inputs go, and
 /// whether the CPU reference runs too.
-#[derive(Clone, Debug)]
-pub struct QualityOptions {
+#[derive(clap::Args, Clone, Debug)]
+pub struct QualityArgs {
+    /// The corpus to train on
+    #[arg(long, default_value = "corpus/shakespeare.txt")]
     pub corpus: PathBuf,
+    /// Training samples (single-sample SGD steps)
+    #[arg(long, default_value_t = 20_000)]
     pub samples: usize,
+    /// Seed of the sample order and of the initial parameters
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Where to write tokens, sample order and initial parameters for the PyTorch run
+    #[arg(long, default_value = "data/quality")]
     pub dump: PathBuf,
+    /// Skip the CPU reference run
+    #[arg(long)]
     pub no_cpu: bool,
-    pub json: bool,
 }
 
 #[derive(Serialize, Debug)]
@@ -41,7 +62,9 @@ pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 2
 
 /// `textnet bench [text]`: single-sample steps/s (CUDA graph and plain launches) and batched samples/s at
 /// B = 256 and 4096, at V = 8192, D = 64, H = 256, context 3 (`single_only`, `only_batch` pick a subset).
-pub fn speed(gpu: &Arc<Gpu>, repeats: usize, json: bool, single_only: bool, only_batch: Option<usize>) -> Result<()> {
+pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result<()> {
+    let BenchOptions { repeats, json } = *options;
+    let (single_only, only_batch) = (args.single, args.batch);
     let shape = BENCH_SHAPE;
     let mut rng = SeededRng::seed_from_u64(7);
     let tokens: Arc<[u32]> = (0..1usize << 20).map(|_| rng.random_range(0..shape.vocab as u32)).collect();
@@ -208,7 +231,8 @@ impl QualityRun {
 /// same initial parameters in the same shuffled order, then the validation loss of each on the same
 /// held-out samples. The tokens, the order, the validation positions and the initial parameters are
 /// written to `dump` so that the PyTorch model repeats exactly this run.
-pub fn quality(gpu: &Arc<Gpu>, args: &QualityOptions) -> Result<()> {
+/// It always prints JSON.
+pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<()> {
     use super::{CpuTrainer, TextTrainer};
     let QualityRun { tokens, order, val, params, lr } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
     let shape = params.shape;

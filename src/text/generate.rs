@@ -1,13 +1,34 @@
 //! Sampling a continuation from the next-token text model, one token at a time on the CPU, and joining
-//! the tokens for reading; `textnet generate` (src/generate.rs) calls it for text model files.
+//! the tokens for reading: `textnet generate` for text model files.
 
 use super::model::{Activations, forward};
 use super::modelfile::TextModel;
 use super::vocab::UNK_ID;
+use crate::console;
 use crate::cpu::SeededRng;
-use crate::sampling::sample;
-use anyhow::{Result, bail};
+use crate::sampling::{GenerateArgs, sample};
+use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
+use serde_json::json;
+
+/// `textnet generate` with a text model file's bytes.
+pub fn run(bytes: &[u8], args: &GenerateArgs) -> Result<()> {
+    let model = TextModel::from_bytes(bytes).with_context(|| format!("model file {}", args.model.display()))?;
+    let (prompt, generated) = generate(&model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
+    let text = join(&prompt.iter().chain(&generated).cloned().collect::<Vec<_>>());
+    if args.json {
+        console::out(
+            &json!({
+                "model": args.model.display().to_string(), "prompt": prompt, "tokens": generated, "text": text,
+                "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
+            })
+            .to_string(),
+        );
+    } else {
+        console::out(&text);
+    }
+    Ok(())
+}
 
 /// Tokens joined for reading: a space between them, none before closing punctuation or after an opening
 /// bracket.

@@ -74,3 +74,46 @@ impl TextTrainer for CpuTrainer {
         Ok(self.params.clone())
     }
 }
+
+/// The text pipeline as the command line, `selftest`, `bench` and `generate` see it.
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "text",
+    commands: &[
+        crate::pipeline::Command {
+            name: "train",
+            about: "Train the next-token model on a UTF-8 text corpus and write a .safetensors model file",
+            args: <cli::TrainArgs as clap::Args>::augment_args,
+            run: |m| cli::train(crate::pipeline::parsed(m)?),
+        },
+        crate::pipeline::Command {
+            name: "predict",
+            about: "Print the likeliest next tokens after a context, using a trained model file",
+            args: <cli::PredictArgs as clap::Args>::augment_args,
+            run: |m| cli::predict(crate::pipeline::parsed(m)?),
+        },
+        crate::pipeline::Command {
+            name: "eval",
+            about: "Evaluate a trained text model on a corpus, without training",
+            args: <eval::EvalArgs as clap::Args>::augment_args,
+            run: |m| eval::run(crate::pipeline::parsed(m)?),
+        },
+    ],
+    checks: checks::checks,
+    benches: &[
+        crate::pipeline::Bench {
+            name: "text",
+            about: "Text model speed: single-sample and batched steps",
+            args: <bench::SpeedArgs as clap::Args>::augment_args,
+            run: |gpu, options, m| bench::speed(gpu, options, &crate::pipeline::parsed(m)?),
+        },
+        crate::pipeline::Bench {
+            name: "quality",
+            about: "Text model quality: GPU and CPU reference trained on the same samples; writes what the \
+                    PyTorch baseline needs to repeat the run (`benches/torch_baseline.py --quality DIR`)",
+            args: <bench::QualityArgs as clap::Args>::augment_args,
+            run: |gpu, options, m| bench::quality(gpu, options, &crate::pipeline::parsed(m)?),
+        },
+    ],
+    models: &[&crate::modelkind::TEXT],
+    generate: Some(generate::run),
+};

@@ -20,7 +20,7 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-pub const FORMAT: &str = "textnet-text";
+pub const FORMAT: &str = crate::modelkind::TEXT.tag;
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Everything `predict` needs: the parameters, how to split text, and what the ids mean.
@@ -38,7 +38,7 @@ impl TextModel {
             bail!("internal: the vocabulary has {} tokens but the model {}", self.vocab.len(), shape.vocab);
         }
         let metadata = BTreeMap::from([
-            ("format".to_string(), FORMAT.to_string()),
+            crate::modelkind::TEXT.entry(),
             ("format_version".to_string(), FORMAT_VERSION.to_string()),
             ("vocab_size".to_string(), shape.vocab.to_string()),
             ("embed".to_string(), shape.embed.to_string()),
@@ -69,15 +69,7 @@ impl TextModel {
         let no_metadata = HashMap::new();
         let meta = Metadata(header.metadata().as_ref().unwrap_or(&no_metadata));
 
-        if let Some(other) =
-            crate::modelkind::describe(header.metadata().as_ref()).filter(|_| meta.get("format").ok() != Some(FORMAT))
-        {
-            bail!("not a text model of textnet train: {other}");
-        }
-        let format = meta.get("format").context("not a textnet model file")?;
-        if format != FORMAT {
-            bail!("not a textnet model file: metadata format is {format:?}, not {FORMAT:?}");
-        }
+        crate::modelkind::TEXT.check(header.metadata().as_ref(), "text model of textnet train")?;
         let version: u32 = meta.parse("format_version")?;
         if version != FORMAT_VERSION {
             bail!("format version {version} is not supported (this textnet reads version {FORMAT_VERSION})");

@@ -10,10 +10,11 @@ use super::model::{self, Config};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::optim::{OptimConfig, OptimKind};
+use crate::pipeline::BenchOptions;
 use crate::timing::time_on_device;
 use anyhow::Result;
 use rand::SeedableRng;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,7 +33,26 @@ const DEFAULT: Run =
 const LARGE: Run =
     Run { shape: Config { vocab: 256, block: 256, embed: 384, heads: 6, layers: 6 }, batch: 64, steps: 200, chunk: 50 };
 
-pub fn bench(gpu: &Arc<Gpu>, corpus_path: &Path, seed: u64, tf32: bool, large: bool, json: bool) -> Result<()> {
+/// The flags of `bench transformer`.
+#[derive(clap::Args, Debug)]
+pub struct TransformerBenchArgs {
+    /// The corpus to train on
+    #[arg(long, default_value = "corpus/shakespeare.txt")]
+    pub corpus: PathBuf,
+    /// Seed of the initial parameters and of the windows
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The linear layers on the tensor cores in TF32
+    #[arg(long)]
+    pub tf32: bool,
+    /// The larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64), 200 steps
+    #[arg(long)]
+    pub large: bool,
+}
+
+pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs) -> Result<()> {
+    let TransformerBenchArgs { corpus: ref corpus_path, seed, tf32, large } = *args;
+    let json = options.json;
     let Run { shape, batch, steps, chunk } = if large { LARGE } else { DEFAULT };
     let corpus = Corpus::load(corpus_path, shape.vocab, shape.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };

@@ -4,10 +4,39 @@
 
 use super::model;
 use super::modelfile::TransformerModel;
+use crate::console;
 use crate::cpu::SeededRng;
-use crate::sampling::sample;
-use anyhow::{Result, bail};
+use crate::sampling::{GenerateArgs, sample};
+use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
+use serde_json::json;
+
+/// `textnet generate` with a Transformer model file's bytes: characters, not tokens (--length counts
+/// characters).
+pub fn run(bytes: &[u8], args: &GenerateArgs) -> Result<()> {
+    let model = TransformerModel::from_bytes(bytes).with_context(|| format!("model file {}", args.model.display()))?;
+    let (generated, unknown) = generate(&model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
+    if unknown > 0 {
+        console::err(&format!(
+            "note: {unknown} character{} of the prompt {} not in the model's vocabulary and read as unknown",
+            if unknown == 1 { "" } else { "s" },
+            if unknown == 1 { "is" } else { "are" }
+        ));
+    }
+    if args.json {
+        console::out(
+            &json!({
+                "model": args.model.display().to_string(), "prompt": args.prompt, "generated": generated,
+                "text": format!("{}{generated}", args.prompt), "unknown_prompt_chars": unknown,
+                "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
+            })
+            .to_string(),
+        );
+    } else {
+        console::out(&format!("{}{generated}", args.prompt));
+    }
+    Ok(())
+}
 
 /// The continuation of `prompt`: `length` characters, and how many of the prompt's were unknown.
 pub fn generate(

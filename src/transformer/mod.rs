@@ -12,3 +12,23 @@ pub mod generate;
 pub mod gpu;
 pub mod model;
 pub mod modelfile;
+
+/// The Transformer pipeline as the command line, `selftest`, `bench` and `generate` see it.
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "transformer",
+    commands: &[crate::pipeline::Command {
+        name: "transformer",
+        about: "Train the character-level Transformer on a UTF-8 corpus and write a .safetensors model file",
+        args: <cli::TransformerArgs as clap::Args>::augment_args,
+        run: |m| cli::run(crate::pipeline::parsed(m)?),
+    }],
+    checks: checks::selftest_checks,
+    benches: &[crate::pipeline::Bench {
+        name: "transformer",
+        about: "The character-level Transformer: 1000 steps on --corpus",
+        args: <bench::TransformerBenchArgs as clap::Args>::augment_args,
+        run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
+    }],
+    models: &[&crate::modelkind::TRANSFORMER],
+    generate: Some(generate::run),
+};

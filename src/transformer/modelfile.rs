@@ -17,7 +17,7 @@ use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-pub const FORMAT: &str = "textnet-transformer";
+pub const FORMAT: &str = crate::modelkind::TRANSFORMER.tag;
 
 /// A trained transformer and what it takes to use it.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,7 +42,7 @@ impl TransformerModel {
         }
         let chars: Vec<String> = self.vocab.chars().iter().map(char::to_string).collect();
         let metadata = BTreeMap::from([
-            ("format".to_string(), FORMAT.to_string()),
+            crate::modelkind::TRANSFORMER.entry(),
             ("vocab".to_string(), serde_json::to_string(&chars)?),
             ("block".to_string(), c.block.to_string()),
             ("embed".to_string(), c.embed.to_string()),
@@ -69,16 +69,7 @@ impl TransformerModel {
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
         let no_metadata = HashMap::new();
         let meta = header.metadata().as_ref().unwrap_or(&no_metadata);
-        match meta.get("format").or_else(|| meta.get("kind")).map(String::as_str) {
-            Some(FORMAT) => {}
-            Some(other) => match crate::modelkind::describe(Some(meta)) {
-                Some(what) => bail!("not a textnet transformer model file: {what}"),
-                None => bail!(
-                    "not a textnet transformer model file: it is another kind of file (metadata format {other:?})"
-                ),
-            },
-            None => bail!("not a textnet transformer model file (no metadata format)"),
-        }
+        crate::modelkind::TRANSFORMER.check(Some(meta), "textnet transformer model file")?;
         let entry =
             |key: &str| meta.get(key).map(String::as_str).ok_or_else(|| anyhow!("metadata entry {key:?} is missing"));
         let number = |key: &str| -> Result<usize> {

@@ -9,11 +9,11 @@ use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-pub const KIND: &str = "xor";
+pub const KIND: &str = crate::modelkind::XOR.tag;
 
 pub fn to_bytes(p: &XorParams) -> Result<Vec<u8>> {
     let metadata = BTreeMap::from([
-        ("kind".to_string(), KIND.to_string()),
+        crate::modelkind::XOR.entry(),
         ("activation".to_string(), p.activation.name().to_string()),
         ("hidden".to_string(), p.hidden().to_string()),
     ]);
@@ -35,11 +35,7 @@ pub fn load(path: &Path) -> Result<XorParams> {
 pub fn from_bytes(bytes: &[u8]) -> Result<XorParams> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();
-    match meta.get("kind") {
-        Some(kind) if kind == KIND => {}
-        Some(kind) => bail!("not a textnet XOR model file: metadata kind is {kind:?}, not {KIND:?}"),
-        None => bail!("not a textnet XOR model file (no metadata kind)"),
-    }
+    crate::modelkind::XOR.check(Some(&meta), "textnet XOR model file")?;
     let activation = meta
         .get("activation")
         .and_then(|a| Activation::from_name(a))

@@ -1,0 +1,71 @@
+//! What a pipeline shows the rest of textnet: its commands, its selftest checks, its benches, the kinds of
+//! model file it writes and, for those that continue text, how it generates. Each pipeline describes
+//! itself in one `PIPELINE` constant in its `mod.rs`; `pipelines::ALL` lists them, and the command line,
+//! `selftest`, `bench` and `generate` loop over that list instead of naming pipelines.
+
+use crate::check::{Check, Plan};
+use crate::device::Gpu;
+use crate::modelkind::Kind;
+use crate::sampling::GenerateArgs;
+use anyhow::Result;
+use std::sync::Arc;
+
+pub struct Pipeline {
+    /// The name `selftest --only` and the layout know it by (its folder under `src/`).
+    pub name: &'static str,
+    pub commands: &'static [Command],
+    /// The GPU-against-CPU checks `textnet selftest` runs.
+    pub checks: fn(&Arc<Gpu>, &Plan) -> Result<Vec<Check>>,
+    pub benches: &'static [Bench],
+    /// The kinds of model file it writes.
+    pub models: &'static [&'static Kind],
+    /// `textnet generate` for its model files, if they continue text: the file's bytes and the arguments.
+    pub generate: Option<Generate>,
+}
+
+/// How a pipeline continues a prompt: the model file's bytes and `textnet generate`'s arguments.
+pub type Generate = fn(&[u8], &GenerateArgs) -> Result<()>;
+
+/// A subcommand of `textnet`.
+pub struct Command {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// Its flags (`<Args as clap::Args>::augment_args`).
+    pub args: fn(clap::Command) -> clap::Command,
+    pub run: fn(&clap::ArgMatches) -> Result<()>,
+}
+
+/// A subcommand of `textnet bench`, with its own flags.
+pub struct Bench {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub args: fn(clap::Command) -> clap::Command,
+    pub run: fn(&Arc<Gpu>, &BenchOptions, &clap::ArgMatches) -> Result<()>,
+}
+
+/// The flags every bench takes.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions {
+    /// Timed repeats per configuration (the median is reported), at least 1.
+    pub repeats: usize,
+    /// One JSON object instead of a table.
+    pub json: bool,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl std::fmt::Debug for Bench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// Parses a command's flags from its matches (the derive's own parser, as a plain function so a
+/// `Command`'s or `Bench`'s `run` can be a closure without captures).
+pub fn parsed<A: clap::FromArgMatches>(matches: &clap::ArgMatches) -> Result<A> {
+    Ok(A::from_arg_matches(matches)?)
+}

@@ -4,7 +4,7 @@
 #     loader finds one, else the `nvidia-cuda-nvrtc-cu12` wheel (into a virtual environment under
 #     target/ where pip may not install for the user);
 #   - Fashion-MNIST for the MNIST tests (Debian/Ubuntu package `dataset-fashion-mnist`).
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test cli_text`); without them the docs are
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test it cli_text`); without them the docs are
 # built too, warnings counting as errors. Tests that need a GPU are
 # ignored here; run them on a GPU machine with `cargo test --release -- --ignored`.
 set -euo pipefail

@@ -561,7 +561,7 @@ pub const TRAINING_MARGIN: f64 = 1e-3;
 pub const TRAINING_TOLERANCE: f64 = 1e-4;
 
 /// Problems drawn for a training check before it gives up; a draw stays clear with probability above 0.9
-/// (`tests/text_checks.rs` measures it), so giving up is all but impossible.
+/// (`tests/it/text_checks.rs` measures it), so giving up is all but impossible.
 const MAX_DRAWS: usize = 8;
 
 /// A training check's problem: initial parameters, token stream and the positions of its samples in order.

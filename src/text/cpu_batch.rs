@@ -7,7 +7,7 @@
 //! V×H passes of a step (logits, ∂W2, ∂h) into matrix products on SIMD FMA kernels, on every core. The
 //! math is the reference's: `gradients` returns the same `Grads` as `model::backward` (up to the order
 //! of the sums), and a step is `model::train_step`'s. `model.rs` stays the oracle;
-//! tests/text_cpu_batch.rs holds this file to it.
+//! tests/it/text_cpu_batch.rs holds this file to it.
 //!
 //! For B samples with inputs X (B×D, the mean of each sample's context embeddings):
 //! ```text

@@ -18,7 +18,7 @@ impl Default for Tokenizer {
 }
 
 /// The unicode-segmentation release whose word boundaries the tokenizer uses (its Unicode version fixes
-/// where boundaries fall; `tests/text_modelfile.rs` checks this against Cargo.lock).
+/// where boundaries fall; `tests/it/text_modelfile.rs` checks this against Cargo.lock).
 pub const SEGMENTATION_VERSION: &str = "1.13.3";
 
 impl Tokenizer {

@@ -1,0 +1,161 @@
+//! What every training command prints, the same way: one `--json` report shape (the same top-level keys,
+//! the same per-epoch names and units for the same quantities) and nothing at all with `--quiet` when the
+//! run succeeds.
+
+use crate::common::text::{shakespeare, train_args};
+use crate::common::{strings, text, textnet};
+use std::path::Path;
+use std::process::Output;
+
+fn train(out: &Path, extra: &[&str]) -> Output {
+    textnet(&train_args(&shakespeare(), out, &[&["--epochs", "1"], extra].concat()))
+}
+
+fn mnist(out: &Path, extra: &[&str]) -> Output {
+    let base = ["mnist", "--dataset", "fashion", "--device", "cpu", "--train-limit", "1000", "--hidden", "8"];
+    textnet(&[&base[..], &["--epochs", "1", "--out", out.to_str().unwrap()], extra].concat())
+}
+
+fn xor(out: &Path, extra: &[&str]) -> Output {
+    textnet(&[&["xor", "--device", "cpu", "--epochs", "1000", "--out", out.to_str().unwrap()], extra].concat())
+}
+
+fn transformer(out: &Path, extra: &[&str]) -> Output {
+    let tiny =
+        ["--device", "cpu", "--embed", "32", "--heads", "2", "--block", "16", "--batch", "4", "--eval-every", "10"];
+    let corpus = shakespeare();
+    textnet(
+        &[
+            &["transformer", corpus.to_str().unwrap()][..],
+            &tiny,
+            &["--steps", "20", "--out", out.to_str().unwrap()],
+            extra,
+        ]
+        .concat(),
+    )
+}
+
+fn report(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+fn keys(value: &serde_json::Value) -> Vec<String> {
+    let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn train_mnist_and_xor_report_in_one_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let text_report = report(&train(&dir.path().join("t.safetensors"), &["--json"]));
+    let mnist_report = report(&mnist(&dir.path().join("m.safetensors"), &["--json", "--val-split", "0.2"]));
+    let xor_report = report(&xor(&dir.path().join("x.safetensors"), &["--json"]));
+    let transformer_report = report(&transformer(&dir.path().join("tf.safetensors"), &["--json"]));
+    let top = strings(&[
+        "baseline_val_loss",
+        "command",
+        "config",
+        "data",
+        "device",
+        "diverged",
+        "epochs",
+        "final",
+        "kept_epoch",
+        "model",
+        "parameters",
+        "status",
+        "textnet",
+    ]);
+    assert_eq!(keys(&text_report), top);
+    assert_eq!(keys(&mnist_report), top);
+    assert_eq!(keys(&xor_report), top);
+    assert_eq!(keys(&transformer_report), top);
+
+    for (r, command) in [(&text_report, "train"), (&mnist_report, "mnist")] {
+        assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some(command), Some("ok")));
+        assert_eq!(r["textnet"], env!("CARGO_PKG_VERSION"));
+        assert_eq!((r["device"].as_str(), r["kept_epoch"].as_u64()), (Some("cpu"), Some(1)));
+        assert!(r["model"].as_str().unwrap().ends_with(".safetensors"));
+        for key in ["out", "keep", "lr", "epochs", "batch", "seed", "device"] {
+            assert!(!r["config"][key].is_null(), "{command}: config.{key}");
+        }
+        assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
+        assert!(r["data"]["train_samples"].as_u64().unwrap() > 0 && r["data"]["val_samples"].as_u64().unwrap() > 0);
+
+        let row = &r["epochs"][0];
+        assert_eq!(row["epoch"], 1);
+        for key in ["train_loss", "val_loss", "val_accuracy", "samples_per_s", "elapsed_s"] {
+            assert!(row[key].as_f64().is_some_and(f64::is_finite), "{command}: epochs[0].{key} in {row}");
+        }
+        let accuracy = row["val_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&accuracy), "{command}: an accuracy is a fraction: {accuracy}");
+        assert_eq!(r["final"]["val_loss"], row["val_loss"], "{command}: final is the kept epoch's");
+    }
+    let test_accuracy = mnist_report["epochs"][0]["test_accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&test_accuracy), "{test_accuracy}");
+
+    // XOR trains on its four points and has nothing held out: its rows carry the training loss, its
+    // final the loss and predictions after the last epoch.
+    let r = &xor_report;
+    assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some("xor"), Some("ok")));
+    assert_eq!(r["textnet"], env!("CARGO_PKG_VERSION"));
+    assert_eq!((r["device"].as_str(), r["kept_epoch"].as_u64()), (Some("cpu"), Some(1000)));
+    assert!(r["model"].as_str().unwrap().ends_with(".safetensors"));
+    for key in ["out", "keep", "lr", "epochs", "batch", "seed", "device"] {
+        assert!(!r["config"][key].is_null(), "xor: config.{key}");
+    }
+    assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
+    assert_eq!((r["data"]["train_samples"].as_u64(), r["data"]["val_samples"].as_u64()), (Some(4), Some(0)));
+    let row = &r["epochs"][0];
+    assert_eq!(row["epoch"], 1);
+    for key in ["train_loss", "samples_per_s", "elapsed_s"] {
+        assert!(row[key].as_f64().is_some_and(f64::is_finite), "xor: epochs[0].{key} in {row}");
+    }
+    assert!(r["final"]["loss"].as_f64().is_some_and(f64::is_finite));
+    assert_eq!(r["final"]["predictions"].as_array().map(Vec::len), Some(4));
+
+    // The Transformer counts steps, not epochs: a row is an evaluation (every --eval-every steps) and
+    // carries its last step; its final is the last evaluation's.
+    let r = &transformer_report;
+    assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some("transformer"), Some("ok")));
+    assert_eq!(r["textnet"], env!("CARGO_PKG_VERSION"));
+    assert_eq!((r["device"].as_str(), r["kept_epoch"].as_u64()), (Some("cpu"), Some(2)));
+    assert!(r["model"].as_str().unwrap().ends_with(".safetensors"));
+    for key in ["out", "keep", "lr", "steps", "batch", "seed", "device"] {
+        assert!(!r["config"][key].is_null(), "transformer: config.{key}");
+    }
+    assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
+    assert!(r["data"]["train_chars"].as_u64().unwrap() > 0 && r["data"]["val_chars"].as_u64().unwrap() > 0);
+    let row = &r["epochs"][1];
+    assert_eq!((row["epoch"].as_u64(), row["step"].as_u64()), (Some(2), Some(20)));
+    for key in ["train_loss", "val_loss", "samples_per_s", "elapsed_s"] {
+        assert!(row[key].as_f64().is_some_and(f64::is_finite), "transformer: epochs[1].{key} in {row}");
+    }
+    assert_eq!(r["final"]["val_loss"], row["val_loss"], "transformer: final is the last evaluation's");
+}
+
+#[test]
+fn quiet_prints_nothing_on_success() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, out) in [
+        ("train", train(&dir.path().join("t.safetensors"), &["--quiet"])),
+        ("mnist", mnist(&dir.path().join("m.safetensors"), &["--quiet"])),
+        ("xor", xor(&dir.path().join("x.safetensors"), &["--quiet"])),
+        ("transformer", transformer(&dir.path().join("tf.safetensors"), &["--quiet"])),
+    ] {
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        assert_eq!((text(&out.stdout).as_str(), text(&out.stderr).as_str()), ("", ""), "{name} --quiet");
+    }
+    // With --json: the report alone.
+    for (name, out) in [
+        ("train", train(&dir.path().join("t2.safetensors"), &["--quiet", "--json"])),
+        ("mnist", mnist(&dir.path().join("m2.safetensors"), &["--quiet", "--json"])),
+        ("xor", xor(&dir.path().join("x2.safetensors"), &["--quiet", "--json"])),
+        ("transformer", transformer(&dir.path().join("tf2.safetensors"), &["--quiet", "--json"])),
+    ] {
+        assert_eq!(text(&out.stderr), "", "{name} --quiet --json");
+        assert_eq!(report(&out)["command"], name);
+    }
+}

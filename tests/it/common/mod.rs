@@ -1,0 +1,60 @@
+//! Helpers every test module may use: running the binary and reading what it printed, the one-line
+//! error every failing command must print, and the relative error of two vectors.
+#![allow(dead_code)]
+
+pub mod bad_input;
+pub mod text;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs the textnet binary with `args`.
+pub fn textnet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_textnet")).args(args).output().expect("cannot run textnet")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    text(&o.stdout)
+}
+
+pub fn stderr(o: &Output) -> String {
+    text(&o.stderr)
+}
+
+/// The JSON report a command printed on stdout.
+pub fn report(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// Exit status 1 and one line on stderr, `textnet: error: …` containing each of `expected`, and no
+/// panic.
+pub fn fails_with(o: &Output, expected: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("textnet: error: "), "{err}");
+    for e in expected {
+        assert!(err.contains(e), "expected {e:?}: {err}");
+    }
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
+}
+
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// A path as the &str a command line takes.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn relative(a: &[f64], b: &[f64]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    (diff / norm).sqrt()
+}

@@ -1,0 +1,54 @@
+//! Every pipeline's GPU kernels against its CPU reference on fresh random inputs (the checks `textnet
+//! selftest` prints), and a training run on real data. Run on a machine with a CUDA GPU: `cargo test
+//! --release -- --ignored`. Without one they fail, never skip.
+
+use textnet::check::{Plan, test_gpu};
+use textnet::mnist::data::{self, Dataset};
+use textnet::mnist::gpu::GpuTrainer;
+use textnet::mnist::idx::{CLASSES, PIXELS};
+use textnet::mnist::model::{Activation, MlpParams, MlpShape};
+use textnet::mnist::train::{self, Schedule};
+use textnet::optim::{OptimConfig, OptimKind};
+use textnet::pipelines;
+
+/// Each pipeline in the list, all groups of checks, from one seed printed so that a failure can be
+/// repeated (`textnet selftest --seed S` draws the same inputs).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_pipeline_matches_its_cpu_reference() {
+    let gpu = test_gpu();
+    let seed: u64 = rand::random();
+    println!("random inputs from seed {seed}");
+    let plan = Plan { seed, quick: false, groups: vec![] };
+    let mut failed = Vec::new();
+    for pipeline in pipelines::ALL {
+        let checks = (pipeline.checks)(&gpu, &plan).unwrap_or_else(|e| panic!("{}: {e:#}", pipeline.name));
+        assert!(!checks.is_empty(), "{} has no checks", pipeline.name);
+        failed.extend(checks.iter().filter(|c| !c.passed()).map(|c| {
+            format!("{}: {} [{}]: {:.3e} > {:.0e}", pipeline.name, c.kernel, c.shape, c.rel_error, c.tolerance)
+        }));
+    }
+    assert!(failed.is_empty(), "failed checks (seed {seed}):\n{}", failed.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_training_on_fashion_mnist_learns() {
+    // The default search: $TEXTNET_DATA, ./data/fashion-mnist, the cache, /usr/share/datasets/fashion-mnist.
+    let data =
+        data::load(Dataset::Fashion, None, &|_| {}).unwrap_or_else(|e| panic!("this test needs Fashion-MNIST: {e:#}"));
+    let shape = MlpShape { inputs: PIXELS, hidden: 128, classes: CLASSES, activation: Activation::Relu };
+    let mut t = GpuTrainer::new(
+        test_gpu(),
+        MlpParams::init(shape, 3),
+        OptimConfig::new(OptimKind::Adam),
+        &data.train,
+        &data.test,
+    )
+    .unwrap();
+    let (history, eval) =
+        train::run(&mut t, data.train.len(), Schedule { epochs: 2, batch: 64, seed: 3 }, &mut ()).unwrap();
+    assert_eq!(eval.samples, 10_000);
+    assert!(history[1].train_loss < history[0].train_loss, "{history:?}");
+    assert!(eval.accuracy() >= 0.83, "test accuracy {:.4} after 2 epochs", eval.accuracy());
+}

@@ -1,0 +1,52 @@
+//! The integration tests, one crate (one link step): `common` holds the helpers, then one module per
+//! subject, named after the pipeline it tests (`text_*`, `mnist_*`, `xor_*`, `sales_*`, `transformer_*`,
+//! `matmul_*`), the command-line behaviour shared by all (`cli_*`, `model_files`), the bad-input audit's
+//! regressions (`bad_input_*`), the import rule (`layering`), NVRTC (`nvrtc`) and the GPU (`gpu`, ignored
+//! without one: `cargo test --release -- --ignored`).
+
+mod common;
+
+mod bad_input_mnist;
+mod bad_input_sales;
+mod bad_input_text;
+mod bad_input_transformer;
+mod cli_limits;
+mod cli_messages;
+mod cli_outputs;
+mod cli_predict;
+mod cli_report;
+mod cli_text;
+mod gpu;
+mod layering;
+mod matmul_cpu;
+mod mnist_checks;
+mod mnist_classify;
+mod mnist_cli;
+mod mnist_cnn;
+mod mnist_download;
+mod mnist_fashion;
+mod mnist_idx;
+mod mnist_model;
+mod model_files;
+mod nvrtc;
+mod sales_checks;
+mod sales_cli;
+mod sales_data;
+mod sales_gradcheck;
+mod text_checks;
+mod text_cpu_batch;
+mod text_gradcheck;
+mod text_infer;
+mod text_modelfile;
+mod text_predict;
+mod text_progress;
+mod text_train;
+mod text_vocab;
+mod transformer_cli;
+mod transformer_data;
+mod transformer_gradcheck;
+mod transformer_model;
+mod transformer_modelfile;
+mod xor_checks;
+mod xor_cli;
+mod xor_gradcheck;

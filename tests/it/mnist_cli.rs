@@ -1,0 +1,245 @@
+//! `textnet mnist` end to end on the CPU: human and JSON output, the model file, and one-line errors.
+
+use crate::common::{stderr, stdout, textnet};
+use flate2::{Compression, write::GzEncoder};
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use textnet::mnist::model::MlpParams;
+
+/// A tiny MNIST-format dataset in `dir`: class k images are bright in band k, so it is learnable.
+fn write_synthetic(dir: &Path, n_train: usize, n_test: usize) {
+    let gz = |bytes: &[u8]| {
+        let mut e = GzEncoder::new(Vec::new(), Compression::fast());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    };
+    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
+        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+        let mut images = Vec::new();
+        images.extend(0x803u32.to_be_bytes());
+        [n as u32, 28, 28].iter().for_each(|d| images.extend(d.to_be_bytes()));
+        for (i, &label) in labels.iter().enumerate() {
+            images.extend(
+                (0..784).map(|p| if p / 28 / 3 == label as usize { 200 + (i % 50) as u8 } else { (p % 7) as u8 }),
+            );
+        }
+        let mut label_file = 0x801u32.to_be_bytes().to_vec();
+        label_file.extend((n as u32).to_be_bytes());
+        label_file.extend(&labels);
+        std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte.gz")), gz(&images)).unwrap();
+        std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), label_file).unwrap();
+    }
+}
+
+#[test]
+fn fashion_json_run_writes_a_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("fashion.safetensors");
+    let o = textnet(&[
+        "mnist",
+        "--dataset",
+        "fashion",
+        "--device",
+        "cpu",
+        "--train-limit",
+        "3000",
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+        "--json",
+        "--quiet",
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "--json --quiet prints only the JSON");
+    let report: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("stdout is one JSON object");
+    assert_eq!((report["status"].as_str(), report["command"].as_str()), (Some("ok"), Some("mnist")));
+    assert_eq!(report["config"]["dataset"], "fashion");
+    assert_eq!(report["data"]["train_samples"], 3000);
+    assert_eq!(report["data"]["test_samples"], 10000);
+    assert_eq!(report["config"]["hidden"], 32);
+    assert_eq!(report["config"]["seed"], 1, "the default seed");
+    assert_eq!(report["parameters"], 784 * 32 + 32 + 32 * 10 + 10);
+    let epochs = report["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 2);
+    for key in ["train_loss", "test_loss", "test_accuracy", "samples_per_s", "elapsed_s"] {
+        assert!(epochs[1][key].as_f64().unwrap() > 0.0, "{key}");
+    }
+    assert!(epochs[1].get("val_loss").is_none(), "no validation set without --val-split: {report}");
+    let accuracy = report["final"]["test_accuracy"].as_f64().unwrap();
+    assert!(accuracy > 0.7 && accuracy <= 1.0, "{report}");
+    let confusion = report["final"]["confusion"].as_array().unwrap();
+    assert_eq!(confusion.len(), 10);
+    let total: u64 = confusion.iter().flat_map(|r| r.as_array().unwrap()).map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(total, 10000);
+    let (params, meta) = MlpParams::from_safetensors(&std::fs::read(&model).unwrap()).unwrap();
+    assert_eq!((params.shape.inputs, params.shape.hidden, params.shape.classes), (784, 32, 10));
+    assert_eq!((meta["dataset"].as_str(), meta["activation"].as_str()), ("fashion", "relu"));
+}
+
+#[test]
+fn human_output_on_a_data_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_synthetic(tmp.path(), 300, 100);
+    let model = tmp.path().join("m.safetensors");
+    let o = textnet(&[
+        "mnist",
+        "--data",
+        tmp.path().to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--epochs",
+        "3",
+        "--hidden",
+        "16",
+        "--activation",
+        "tanh",
+        "--optim",
+        "momentum",
+        "--momentum",
+        "0.8",
+        "--batch",
+        "10",
+        "--clip-norm",
+        "2",
+        "--weight-decay",
+        "1e-4",
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("300 training images, 100 test images"), "{out}");
+    assert!(out.contains("momentum lr 0.05 μ 0.8, weight decay 0.0001, clip-norm 2"), "{out}");
+    for line in ["epoch 1/3: train loss", "epoch 3/3: train loss", "confusion matrix, 100 test images", "recall"] {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+    assert!(out.contains("accuracy 100.00%"), "the synthetic classes are trivially separable:\n{out}");
+    assert!(model.is_file());
+}
+
+#[test]
+fn bad_inputs_fail_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    write_synthetic(&data, 20, 10);
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let corrupt = tmp.path().join("corrupt");
+    std::fs::create_dir(&corrupt).unwrap();
+    write_synthetic(&corrupt, 20, 10);
+    std::fs::write(corrupt.join("t10k-labels-idx1-ubyte"), [0, 0, 8, 1, 0, 0, 0, 10, 1, 2]).unwrap();
+    let (d, e, c) = (data.to_str().unwrap(), empty.to_str().unwrap(), corrupt.to_str().unwrap());
+    let out = tmp.path().join("m.safetensors");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--lr", "0"], "--lr"),
+        (&["--lr", "-0.5"], "--lr"),
+        (&["--lr", "nan"], "--lr"),
+        (&["--lr", "inf"], "--lr"),
+        (&["--batch", "0"], "--batch"),
+        (&["--hidden", "0"], "--hidden"),
+        (&["--hidden", "100000000"], "--hidden"),
+        (&["--epochs", "0"], "--epochs"),
+        (&["--clip-norm", "-1"], "--clip-norm"),
+        (&["--weight-decay", "-0.1"], "--weight-decay"),
+        (&["--optim", "momentum", "--momentum", "1.5"], "--momentum"),
+        (&["--momentum", "0.5"], "--momentum"),
+        (&["--train-limit", "0"], "--train-limit"),
+        (&["--out", d], "--out"),
+        (&["--data", "/nonexistent/textnet-data"], "no such directory"),
+        (&["--data", e], "train-images-idx3-ubyte"),
+        (&["--data", c], "truncated"),
+    ];
+    for (extra, expect) in cases {
+        let mut args = vec!["mnist", "--device", "cpu"];
+        for (flag, default) in [("--data", d), ("--out", out.to_str().unwrap())] {
+            if !extra.contains(&flag) {
+                args.extend([flag, default]);
+            }
+        }
+        args.extend(*extra);
+        let o = textnet(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{extra:?} succeeded");
+        assert!(!err.contains("panicked") && !err.contains("internal error"), "{extra:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{extra:?}: not one line: {err}");
+        assert!(err.starts_with("textnet: error:") && err.contains(expect), "{extra:?}: {err}");
+    }
+    // Arguments clap rejects: an error and usage hint, still no panic.
+    for extra in [["--batch", "-3"], ["--activation", "softplus"], ["--lr", "fast"], ["--dataset", "cifar"]] {
+        let o = textnet(&[&["mnist", "--device", "cpu"], &extra[..]].concat());
+        assert!(!o.status.success() && !stderr(&o).contains("panicked"), "{extra:?}");
+    }
+    assert!(!out.exists(), "a failed run must not write a model");
+}
+
+#[test]
+fn missing_dataset_names_the_files_and_places() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Nothing anywhere, and the mirror a loopback port nothing listens on: the download cannot start.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mirror = format!("http://127.0.0.1:{port}");
+    let o = Command::new(env!("CARGO_BIN_EXE_textnet"))
+        .args(["mnist", "--device", "cpu", "--epochs", "1"])
+        .current_dir(tmp.path())
+        .env("TEXTNET_DATA", tmp.path().join("data-root"))
+        .env("TEXTNET_CACHE", tmp.path().join("cache"))
+        .env("TEXTNET_MNIST_MIRROR", &mirror)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!tmp.path().join("cache").join("mnist").exists(), "the failed download left its folder");
+    let downloading = format!("downloading from {mirror} failed");
+    for needed in [
+        "MNIST not found",
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+        "./data/mnist",
+        "--data DIR",
+        downloading.as_str(),
+    ] {
+        assert!(err.contains(needed), "missing {needed:?} in {err}");
+    }
+}
+
+/// `--model cnn` on the CPU: it learns the synthetic bands, writes a CNN file under PyTorch's tensor names,
+/// and a model of the other kind is refused as `--out` and by `classify`.
+#[test]
+fn cnn_trains_writes_its_file_and_the_kinds_stay_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    write_synthetic(&data, 200, 50);
+    let cnn = tmp.path().join("cnn.safetensors");
+    let (d, c) = (data.to_str().unwrap(), cnn.to_str().unwrap());
+    let o =
+        textnet(&["mnist", "--model", "cnn", "--data", d, "--device", "cpu", "--epochs", "3", "--out", c, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["config"]["model"], "cnn");
+    assert_eq!(r["parameters"], 52138);
+    assert!(r["final"]["test_accuracy"].as_f64().unwrap() > 0.5, "{r}");
+    let bytes = std::fs::read(&cnn).unwrap();
+    let (p, meta) = textnet::mnist::cnn::CnnParams::from_safetensors(&bytes).unwrap();
+    assert_eq!(p.shape, textnet::mnist::cnn::CnnShape::MNIST);
+    assert_eq!(meta["format"], "textnet-mnist-cnn");
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("conv2.weight").unwrap().shape(), &[16, 8, 3, 3]);
+
+    let o = textnet(&["mnist", "--model", "mlp", "--data", d, "--device", "cpu", "--epochs", "1", "--out", c]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("holds an MNIST CNN model and this run trains the MLP"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&cnn).unwrap(), bytes);
+    let images = data.join("t10k-images-idx3-ubyte.gz");
+    let o = textnet(&["classify", "--model", c, images.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("a CNN model; classify takes MLP models"), "{}", stderr(&o));
+}

@@ -1,0 +1,105 @@
+//! Every `fused/*.cu` file compiles through NVRTC, for Hopper and Ampere, with default sizes and with
+//! awkward ones. Needs libnvrtc (CI installs the `nvidia-cuda-nvrtc-cu12` wheel), not a GPU; it fails,
+//! never skips, when NVRTC is missing.
+
+use textnet::device::{KERNEL_SOURCES, compile_ptx, kernel_source};
+use textnet::mnist::idx::{CLASSES, PIXELS};
+
+#[test]
+fn every_fused_kernel_compiles_with_nvrtc() {
+    assert!(!KERNEL_SOURCES.is_empty(), "build.rs embedded no kernels");
+    for unit in KERNEL_SOURCES {
+        for cc in [(9, 0), (8, 0)] {
+            let ptx = compile_ptx(unit, cc, &[])
+                .unwrap_or_else(|e| panic!("fused/{}.cu for sm_{}{}: {e:#}", unit.name, cc.0, cc.1));
+            assert!(ptx.contains(".entry"), "fused/{}.cu produced PTX without kernels", unit.name);
+        }
+    }
+}
+
+#[test]
+fn text_kernels_compile_for_odd_shapes() {
+    let batch_unit = textnet::device::kernel_source("text_batch").unwrap();
+    for (d, h) in [(1, 1), (33, 100), (64, 256), (256, 2048)] {
+        let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}")];
+        let ptx = compile_ptx(batch_unit, (9, 0), &defines).unwrap_or_else(|e| panic!("text_batch D={d} H={h}: {e:#}"));
+        for kernel in ["text_batch_forward", "text_batch_backward", "text_batch_update"] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
+        }
+    }
+    let sample_unit = textnet::device::kernel_source("text_sample").unwrap();
+    for (d, h) in [(1, 4), (33, 100), (64, 256), (1024, 2048)] {
+        let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}")];
+        let ptx =
+            compile_ptx(sample_unit, (9, 0), &defines).unwrap_or_else(|e| panic!("text_sample D={d} H={h}: {e:#}"));
+        for kernel in ["sample_forward", "sample_backward", "sample_update", "sample_flush"] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
+        }
+    }
+    let unit = textnet::device::kernel_source("text").unwrap();
+    for (d, h, sb) in [(1, 1, 8), (33, 100, 8), (64, 256, 8), (1024, 2048, 1)] {
+        let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}"), format!("-DTEXT_SB={sb}")];
+        let ptx = compile_ptx(unit, (9, 0), &defines).unwrap_or_else(|e| panic!("D={d} H={h}: {e:#}"));
+        for kernel in
+            ["text_forward", "text_backward", "text_update", "text_advance", "text_eval_rank", "text_eval_finish"]
+        {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
+        }
+    }
+}
+
+#[test]
+fn kernels_compile_to_machine_code_for_the_gpu_at_hand() {
+    // What `Gpu::module` loads: a CUBIN (an ELF image) for the exact architecture, so the driver has
+    // nothing left to compile.
+    let unit = textnet::device::kernel_source("text_sample").unwrap();
+    let defines = ["-DTEXT_D=64".to_string(), "-DTEXT_H=256".to_string()];
+    for cc in [(9, 0), (8, 0)] {
+        let cubin =
+            textnet::device::compile_cubin(unit, cc, &defines).unwrap_or_else(|e| panic!("sm_{}{}: {e:#}", cc.0, cc.1));
+        assert_eq!(&cubin[..4], b"\x7fELF", "sm_{}{}: not an ELF image", cc.0, cc.1);
+    }
+    let broken =
+        textnet::device::KernelSource { name: "broken", hash: "", source: "__global__ void k() { undeclared; }" };
+    let err = textnet::device::compile_cubin(&broken, (9, 0), &[]).unwrap_err();
+    assert!(format!("{err:#}").contains("undeclared"), "the error carries NVRTC's log: {err:#}");
+}
+
+#[test]
+fn transformer_kernels_compile_for_other_shapes() {
+    let unit = textnet::device::kernel_source("transformer").unwrap();
+    for (c, hs, t) in [(32, 8, 5), (64, 16, 64), (96, 32, 33), (384, 64, 256)] {
+        let defines = [format!("-DTF_C={c}"), format!("-DTF_HS={hs}"), format!("-DTF_T={t}")];
+        let ptx =
+            compile_ptx(unit, (9, 0), &defines).unwrap_or_else(|e| panic!("transformer C={c} HS={hs} T={t}: {e:#}"));
+        for kernel in [
+            "tf_embed_layernorm",
+            "tf_linear_forward",
+            "tf_attention_forward",
+            "tf_classifier",
+            "tf_linear_backward",
+            "tf_layernorm_backward",
+            "tf_attention_backward",
+            "tf_embedding_backward",
+            "tf_adamw",
+        ] {
+            assert!(ptx.contains(kernel), "{kernel} missing from the PTX for C={c} HS={hs} T={t}");
+        }
+    }
+}
+
+#[test]
+fn mnist_kernels_compile_for_the_shapes_used() {
+    let unit = kernel_source("mnist").unwrap();
+    // (inputs, classes): (Fashion-)MNIST, the selftest's odd shape, and the smallest model.
+    for (inputs, classes) in [(PIXELS, CLASSES), (50, 7), (1, 2)] {
+        for cc in [(9, 0), (8, 0)] {
+            let defines = [format!("-DMNIST_I={inputs}"), format!("-DMNIST_C={classes}")];
+            let ptx = compile_ptx(unit, cc, &defines)
+                .unwrap_or_else(|e| panic!("I={inputs} C={classes} sm_{}{}: {e:#}", cc.0, cc.1));
+            for kernel in ["mnist_forward", "mnist_evaluate", "mnist_backward", "mnist_update", "mnist_advance"] {
+                assert!(ptx.contains(kernel), "{kernel} missing from the PTX for I={inputs} C={classes}");
+            }
+        }
+    }
+}

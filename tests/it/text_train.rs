@@ -1,0 +1,122 @@
+//! Training on the CPU reference: a slice of the committed Shakespeare corpus beats the unigram
+//! baseline; runs are reproducible from the seed; a diverging run hands back its last good parameters;
+//! and a trained model predicts the same after a trip through its file.
+
+use crate::common::text::shakespeare;
+use std::sync::Arc;
+use textnet::text::CpuTrainer;
+use textnet::text::corpus::{Corpus, CorpusOptions, Split};
+use textnet::text::model::{TextParams, TextShape};
+use textnet::text::modelfile::TextModel;
+use textnet::text::predict::predict;
+use textnet::text::tokenizer::Tokenizer;
+use textnet::text::train::{EpochMetrics, Progress, TrainOptions, TrainRun, train, unigram_loss};
+
+struct Setup {
+    corpus: Corpus,
+    split: Split,
+    shape: TextShape,
+}
+
+fn setup(max_tokens: usize) -> Setup {
+    let options = CorpusOptions { tokenizer: Tokenizer::default(), max_vocab: 300, max_tokens: Some(max_tokens) };
+    let corpus = Corpus::read(&shakespeare(), options).unwrap();
+    let split = Split::new(corpus.tokens.len(), 3).unwrap();
+    let shape = TextShape { vocab: corpus.vocab.len(), embed: 16, hidden: 32, context: 3 };
+    Setup { corpus, split, shape }
+}
+
+fn run(s: &Setup, options: TrainOptions, progress: &mut dyn Progress) -> TrainRun {
+    let tokens: Arc<[u32]> = s.corpus.tokens.clone().into();
+    let mut trainer = CpuTrainer::new(TextParams::init(s.shape, options.seed), tokens);
+    train(&mut trainer, &s.split.train, &s.split.val, &options, progress).unwrap()
+}
+
+const OPTIONS: TrainOptions = TrainOptions { lr: 0.05, epochs: 2, batch: 1, seed: 5, shuffle: true };
+
+/// Counts what the hooks report.
+#[derive(Default)]
+struct Counter {
+    started: Vec<usize>,
+    advanced: usize,
+    finished: Vec<usize>,
+}
+
+impl Progress for Counter {
+    fn epoch_started(&mut self, epoch: usize, samples: usize) {
+        self.started.push(epoch);
+        assert!(samples > 0);
+    }
+    fn advanced(&mut self, samples: usize) {
+        self.advanced += samples;
+    }
+    fn epoch_finished(&mut self, metrics: &EpochMetrics) {
+        self.finished.push(metrics.epoch);
+    }
+}
+
+#[test]
+fn training_beats_the_unigram_baseline_and_predicts_the_same_after_saving() {
+    let s = setup(40_000);
+    assert_eq!(s.corpus.vocab.len(), 300);
+    let unigram = unigram_loss(&s.corpus.tokens, s.split.val_start, s.shape.vocab, &s.split.val);
+    let mut counter = Counter::default();
+    let result = run(&s, OPTIONS, &mut counter);
+    assert!(result.diverged.is_none());
+    assert_eq!((counter.started, counter.finished), (vec![1, 2], vec![1, 2]));
+    assert_eq!(counter.advanced, 2 * s.split.train.len());
+
+    let [first, last] = &result.epochs[..] else { panic!("{:?}", result.epochs) };
+    assert!(last.train_loss < first.train_loss, "{first:?} → {last:?}");
+    assert!(last.val_loss < unigram - 0.1, "val loss {} vs unigram {unigram}", last.val_loss);
+    assert!((last.val_perplexity - last.val_loss.exp()).abs() < 1e-9);
+    assert!(last.top1 > 0.05 && last.top5 >= last.top1 && last.top5 <= 1.0);
+    assert!(last.samples_per_s > 0.0 && last.elapsed_s > 0.0);
+
+    let model = TextModel { params: result.params, tokenizer: Tokenizer::default(), vocab: s.corpus.vocab.clone() };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    model.save(&path).unwrap();
+    let loaded = TextModel::load(&path).unwrap();
+    let everything = s.shape.vocab;
+    for context in ["to be or", "my lord", "I pray you ,", "xyzzy the king"] {
+        let before = predict(&model, context, everything).unwrap();
+        let after = predict(&loaded, context, everything).unwrap();
+        assert_eq!(before, after, "{context}");
+        let total: f32 = after.top.iter().map(|c| c.probability).sum();
+        assert!((total - 1.0).abs() < 1e-4, "{context}: probabilities sum to {total}");
+    }
+}
+
+#[test]
+fn the_seed_decides_the_run() {
+    let s = setup(3_000);
+    let options = TrainOptions { epochs: 1, ..OPTIONS };
+    let a = run(&s, options, &mut ());
+    let b = run(&s, options, &mut ());
+    assert_eq!(a.params, b.params);
+    assert_eq!(a.epochs[0].val_loss, b.epochs[0].val_loss);
+    let unshuffled = run(&s, TrainOptions { shuffle: false, ..options }, &mut ());
+    assert_ne!(a.params, unshuffled.params);
+    let other_seed = run(&s, TrainOptions { seed: 6, ..options }, &mut ());
+    assert_ne!(a.params, other_seed.params);
+}
+
+#[test]
+fn batches_larger_than_one_train_too() {
+    let s = setup(3_000);
+    let result = run(&s, TrainOptions { batch: 7, lr: 0.2, epochs: 2, ..OPTIONS }, &mut ());
+    assert!(result.diverged.is_none());
+    assert!(result.epochs[1].train_loss < result.epochs[0].train_loss);
+}
+
+#[test]
+fn divergence_keeps_the_last_good_parameters() {
+    let s = setup(3_000);
+    let initial = TextParams::init(s.shape, OPTIONS.seed);
+    let result = run(&s, TrainOptions { lr: 1e9, epochs: 3, ..OPTIONS }, &mut ());
+    let divergence = result.diverged.expect("lr 1e9 must diverge");
+    assert_eq!(divergence.epoch, 1);
+    assert!(result.epochs.is_empty());
+    assert_eq!(result.params, initial);
+}

@@ -1,0 +1,365 @@
+//! `textnet transformer` and `textnet generate` with its model files, end to end on the CPU with tiny
+//! models on a few KB of text: the report, the model file, the same bytes from the same seed, keep-best,
+//! one-line errors for bad input, sampling, and the other commands refusing a Transformer file.
+
+use crate::common::{fails_with, report, s, stderr, stdout, textnet};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use textnet::transformer::modelfile::{FORMAT, TransformerModel};
+
+/// About 4 KB of English, no '€' in it.
+const TEXT: &str = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer \
+the slings and arrows of outrageous fortune, or to take arms against a sea of troubles and by opposing end them.\n";
+
+fn corpus(dir: &Path) -> PathBuf {
+    let path = dir.join("corpus.txt");
+    std::fs::write(&path, TEXT.repeat(20)).unwrap();
+    path
+}
+
+/// `transformer CORPUS --out OUT` at the tiny size on the CPU; a flag in `extra` replaces its default.
+fn transformer(corpus: &Path, out: &Path, extra: &[&str]) -> Output {
+    let tiny = [
+        ("--device", "cpu"),
+        ("--embed", "32"),
+        ("--heads", "2"),
+        ("--block", "16"),
+        ("--batch", "4"),
+        ("--steps", "20"),
+        ("--eval-every", "10"),
+    ];
+    let mut args = vec!["transformer", s(corpus), "--out", s(out)];
+    for (flag, value) in tiny.iter().filter(|(flag, _)| !extra.contains(flag)) {
+        args.extend([*flag, *value]);
+    }
+    args.extend(extra);
+    textnet(&args)
+}
+
+/// A trained tiny model at `dir/m.safetensors`.
+fn trained(dir: &Path) -> PathBuf {
+    let out = dir.join("m.safetensors");
+    let o = transformer(&corpus(dir), &out, &["--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+fn generate(model: &Path, extra: &[&str]) -> Output {
+    textnet(&[&["generate", "--model", s(model)], extra].concat())
+}
+
+/// What `generate` printed after the prompt (its line's newline taken off), checking the prompt leads.
+fn continuation(o: &Output, prompt: &str) -> String {
+    assert!(o.status.success(), "{}", stderr(o));
+    let out = stdout(o);
+    let text = out.strip_suffix('\n').unwrap_or_else(|| panic!("no closing newline: {out:?}"));
+    text.strip_prefix(prompt).unwrap_or_else(|| panic!("does not start with {prompt:?}: {text:?}")).to_string()
+}
+
+#[test]
+fn a_run_writes_the_model_and_reports_the_validation_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+
+    // Human output: a line per evaluation with its validation loss, then the file written.
+    let out = dir.path().join("m.safetensors");
+    let o = transformer(&corpus, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let evals: Vec<&str> = text.lines().filter(|l| l.contains("val loss")).collect();
+    assert_eq!(evals.len(), 2, "{text}");
+    assert!(evals[0].contains("step 10/20") && evals[1].contains("step 20/20"), "{text}");
+    assert!(text.contains("m.safetensors holds the trained model (validation loss "), "{text}");
+    assert!(out.exists());
+
+    // --json: one report on stdout, the other lines on stderr.
+    let out = dir.path().join("j.safetensors");
+    let o = transformer(&corpus, &out, &["--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("val loss"), "{}", stderr(&o));
+    let r = report(&o);
+    let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "baseline_val_loss",
+            "command",
+            "config",
+            "data",
+            "device",
+            "diverged",
+            "epochs",
+            "final",
+            "kept_epoch",
+            "model",
+            "parameters",
+            "status",
+            "textnet",
+        ]
+    );
+    assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some("transformer"), Some("ok")));
+    assert_eq!(r["textnet"], env!("CARGO_PKG_VERSION"));
+    assert_eq!((r["device"].as_str(), r["kept_epoch"].as_u64()), (Some("cpu"), Some(2)));
+    assert_eq!(r["model"].as_str(), Some(s(&out)));
+    assert!(r["baseline_val_loss"].is_null() && r["diverged"].is_null());
+    for key in ["out", "keep", "lr", "batch", "seed", "device", "steps", "eval_every", "embed", "heads", "block"] {
+        assert!(!r["config"][key].is_null(), "config.{key}");
+    }
+    assert_eq!((r["config"]["seed"].as_u64(), r["config"]["device"].as_str()), (Some(1), Some("cpu")));
+    assert_eq!(
+        r["data"]["train_chars"].as_u64().unwrap() + r["data"]["val_chars"].as_u64().unwrap(),
+        20 * TEXT.len() as u64
+    );
+    assert!(r["data"]["val_windows"].as_u64().unwrap() > 0);
+    assert_eq!(r["data"]["unknown_chars"], 0);
+
+    let rows = r["epochs"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!((row["epoch"].as_u64(), row["step"].as_u64()), (Some(i as u64 + 1), Some(10 * (i as u64 + 1))));
+        for key in ["train_loss", "val_loss", "samples_per_s", "elapsed_s", "last_step_loss"] {
+            assert!(row[key].as_f64().is_some_and(f64::is_finite), "epochs[{i}].{key} in {row}");
+        }
+    }
+    let val_loss = r["final"]["val_loss"].as_f64().unwrap();
+    assert!(val_loss.is_finite() && val_loss > 0.0, "{val_loss}");
+    assert_eq!(r["final"]["val_loss"], rows[1]["val_loss"], "final is the last evaluation's");
+    let chance = (r["data"]["vocabulary"].as_u64().unwrap() as f64).ln();
+    assert!(val_loss < chance, "20 steps learn something: {val_loss} against ln(vocab) {chance}");
+
+    // The file is a Transformer of the run's sizes, vocabulary and loss.
+    let m = TransformerModel::load(&out).unwrap();
+    assert_eq!((m.config.embed, m.config.heads, m.config.block, m.steps), (32, 2, 16, 20));
+    assert_eq!(m.config.vocab as u64, r["data"]["vocabulary"].as_u64().unwrap());
+    assert_eq!(m.params.len() as u64, r["parameters"].as_u64().unwrap());
+    assert_eq!(m.val_loss, val_loss as f32);
+    let bytes = std::fs::read(&out).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(header.metadata().as_ref().unwrap()["format"], FORMAT);
+
+    // --quiet prints nothing; with --json, the report alone.
+    let o = transformer(&corpus, &dir.path().join("q.safetensors"), &["--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!((stdout(&o).as_str(), stderr(&o).as_str()), ("", ""));
+    let o = transformer(&corpus, &dir.path().join("q2.safetensors"), &["--quiet", "--json"]);
+    assert_eq!(stderr(&o), "");
+    assert_eq!(report(&o)["command"], "transformer");
+}
+
+#[test]
+fn the_same_seed_writes_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let o = transformer(&corpus, &out, &[&["--quiet"], extra].concat());
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        std::fs::read(&out).unwrap()
+    };
+    let a = run("a.safetensors", &["--seed", "7"]);
+    let b = run("b.safetensors", &["--seed", "7"]);
+    assert!(a == b, "seed 7 twice gave different files");
+    let c = run("c.safetensors", &["--seed", "8"]);
+    assert!(a != c, "seeds 7 and 8 gave the same file");
+
+    // The same run again into the same --out may or may not count as better, but leaves the same bytes.
+    let out = dir.path().join("a.safetensors");
+    // The same run again ties with the file, and a tie rewrites the same bytes.
+    let o = transformer(&corpus, &out, &["--quiet", "--seed", "7"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(&out).unwrap() == a);
+}
+
+#[test]
+fn a_better_model_is_not_replaced_by_a_worse_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("m.safetensors");
+    let o = transformer(&corpus, &out, &["--steps", "40", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = std::fs::read(&out).unwrap();
+    let kept = TransformerModel::load(&out).unwrap().val_loss;
+
+    let o = transformer(&corpus, &out, &["--steps", "2", "--json", "--quiet"]);
+    fails_with(&o, &["nothing written", "is above", "unchanged"]);
+    let r = report(&o);
+    assert_eq!(r["status"], "not_better");
+    assert!(r["final"].is_null() && r["kept_epoch"].is_null());
+    // The model at --out is measured again on this run's windows: the loss it stored, up to f32 rounding.
+    let baseline = r["baseline_val_loss"].as_f64().unwrap();
+    assert!((baseline - f64::from(kept)).abs() < 1e-5 * baseline, "{baseline} against the stored {kept}");
+    assert!(r["epochs"][0]["val_loss"].as_f64().unwrap() > f64::from(kept));
+    assert!(std::fs::read(&out).unwrap() == before, "the better model's bytes changed");
+
+    // Without --quiet it says what is there first.
+    let o = transformer(&corpus, &out, &["--steps", "2"]);
+    assert!(stdout(&o).contains("already holds a Transformer of validation loss"), "{}", stdout(&o));
+    fails_with(&o, &["nothing written"]);
+    assert!(std::fs::read(&out).unwrap() == before);
+}
+
+#[test]
+fn bad_input_gets_one_line_errors_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("m.safetensors");
+    let file = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+
+    let mut latin1 = TEXT.repeat(20).into_bytes();
+    latin1[1234] = 0xE9;
+    fails_with(&transformer(&file("latin1.txt", &latin1), &out, &[]), &["not UTF-8", "byte offset 1234", "0xE9"]);
+    // 100 characters: 10 to validate, fewer than --block 16 + 1.
+    fails_with(
+        &transformer(&file("short.txt", &b"abcdefghij".repeat(10)), &out, &[]),
+        &["--block", "validation part (10)"],
+    );
+    fails_with(&transformer(&file("empty.txt", b""), &out, &[]), &["is empty"]);
+    fails_with(&transformer(&corpus, &out, &["--heads", "3"]), &["--heads 3", "--embed 32"]);
+    fails_with(&transformer(&corpus, &out, &["--steps", "0"]), &["--steps must be at least 1"]);
+    fails_with(&transformer(&corpus, &out, &["--batch", "0"]), &["--batch must be at least 1"]);
+    fails_with(&transformer(&corpus, &out, &["--eval-every", "0"]), &["--eval-every must be at least 1"]);
+    fails_with(&transformer(&corpus, &out, &["--vocab", "1"]), &["--vocab must be at least 2"]);
+    for flag in ["--block", "--embed", "--heads", "--layers"] {
+        fails_with(&transformer(&corpus, &out, &[flag, "0"]), &[flag]);
+    }
+    fails_with(&transformer(&corpus, &out, &["--lr", "0"]), &["--lr"]);
+    fails_with(&transformer(&corpus, &out, &["--weight-decay", "-1"]), &["--weight-decay"]);
+    fails_with(&transformer(&dir.path().join("missing.txt"), &out, &[]), &["cannot open corpus", "missing.txt"]);
+    fails_with(&transformer(dir.path(), &out, &[]), &["not a regular file"]);
+    assert!(!out.exists());
+
+    // --out naming the corpus, by its own name or another spelling of it.
+    let before = std::fs::read(&corpus).unwrap();
+    fails_with(&transformer(&corpus, &corpus, &[]), &["--out", "corpus", "destroy"]);
+    let spelled = dir.path().join(".").join("corpus.txt");
+    fails_with(&transformer(&corpus, &spelled, &[]), &["--out", "corpus", "destroy"]);
+    assert!(std::fs::read(&corpus).unwrap() == before, "the corpus changed");
+    fails_with(&transformer(&corpus, dir.path(), &[]), &["is a directory"]);
+
+    // --out holding another kind of model, or something else.
+    let xor = dir.path().join("x.safetensors");
+    let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let xor_bytes = std::fs::read(&xor).unwrap();
+    fails_with(&transformer(&corpus, &xor, &[]), &["is not a textnet Transformer model", "XOR", "not replaced"]);
+    assert!(std::fs::read(&xor).unwrap() == xor_bytes, "the XOR file changed");
+    let notes = file("notes.txt", b"keep me");
+    fails_with(&transformer(&corpus, &notes, &[]), &["is not a textnet Transformer model", "not replaced"]);
+    assert_eq!(std::fs::read(&notes).unwrap(), b"keep me");
+}
+
+#[test]
+fn device_cuda_never_panics() {
+    // Without a usable GPU this is a one-line error; with one it trains.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.safetensors");
+    let o = transformer(&corpus(dir.path()), &out, &["--device", "cuda", "--quiet"]);
+    if !o.status.success() {
+        fails_with(&o, &["--device cuda"]);
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn generate_continues_the_prompt_by_length_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = trained(dir.path());
+
+    let o = generate(&model, &["--prompt", "To be", "--length", "30"]);
+    assert_eq!(continuation(&o, "To be").chars().count(), 30);
+    assert_eq!(stderr(&o), "");
+
+    let o = generate(&model, &["--prompt", "To be", "--length", "30", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = report(&o);
+    let generated = r["generated"].as_str().unwrap();
+    assert_eq!(generated.chars().count(), 30, "{generated:?}");
+    assert_eq!(r["prompt"], "To be");
+    assert_eq!(r["text"].as_str().unwrap(), format!("To be{generated}"));
+    assert_eq!(r["unknown_prompt_chars"], 0);
+    // The same seed (1 by default) as the plain run: the same characters.
+    assert_eq!(continuation(&generate(&model, &["--prompt", "To be", "--length", "30"]), "To be"), generated);
+
+    // A prompt longer than --block (16) uses its last 16 characters.
+    let long = "whether 'tis nobler in the mind to suffer the slings";
+    assert_eq!(continuation(&generate(&model, &["--prompt", long, "--length", "30"]), long).chars().count(), 30);
+}
+
+#[test]
+fn generate_reads_unknown_characters_and_refuses_an_empty_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = trained(dir.path());
+
+    let o = generate(&model, &["--prompt", "€ to be", "--length", "30"]);
+    assert_eq!(continuation(&o, "€ to be").chars().count(), 30);
+    let err = stderr(&o);
+    assert!(err.starts_with("note: 1 character ") && err.contains("unknown"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let o = generate(&model, &["--prompt", "€€", "--length", "30", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(report(&o)["unknown_prompt_chars"], 2);
+    assert!(stderr(&o).contains("2 characters") && stderr(&o).contains("unknown"), "{}", stderr(&o));
+
+    fails_with(&generate(&model, &["--prompt", "", "--length", "30"]), &["prompt is empty"]);
+    fails_with(&generate(&model, &["--prompt", "to", "--length", "0"]), &["--length"]);
+    fails_with(&generate(&model, &["--prompt", "to", "--temperature", "-1"]), &["--temperature"]);
+    fails_with(&generate(&model, &["--prompt", "to", "--top-k", "0"]), &["--top-k"]);
+}
+
+#[test]
+fn generate_is_deterministic_by_seed_and_at_temperature_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = trained(dir.path());
+    let sample = |extra: &[&str]| {
+        continuation(&generate(&model, &[&["--prompt", "To be", "--length", "30"], extra].concat()), "To be")
+    };
+    let seed5 = sample(&["--seed", "5"]);
+    assert_eq!(sample(&["--seed", "5"]), seed5);
+    assert_ne!(sample(&["--seed", "6"]), seed5);
+
+    let greedy = sample(&["--temperature", "0", "--seed", "5"]);
+    assert_eq!(greedy.chars().count(), 30);
+    assert_eq!(sample(&["--temperature", "0", "--seed", "6"]), greedy);
+    assert_eq!(sample(&["--temperature", "0", "--seed", "123456"]), greedy);
+    // The likeliest character is the likeliest among any top k.
+    assert_eq!(sample(&["--temperature", "0", "--top-k", "3", "--seed", "9"]), greedy);
+    // --top-k 1 takes the likeliest character at any temperature.
+    assert_eq!(sample(&["--top-k", "1", "--seed", "9"]), greedy);
+}
+
+#[test]
+fn other_commands_refuse_a_transformer_file_and_generate_refuses_other_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = trained(dir.path());
+    let before = std::fs::read(&model).unwrap();
+
+    let o = textnet(&["predict", "--model", s(&model), "--context", "to be"]);
+    fails_with(&o, &["m.safetensors", "not a text model of textnet train", "it is a character-level Transformer"]);
+
+    let png = dir.path().join("digit.png");
+    let file = std::fs::File::create(&png).unwrap();
+    let mut encoder = png::Encoder::new(file, 28, 28);
+    encoder.set_color(png::ColorType::Grayscale);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.write_header().unwrap().write_image_data(&[0u8; 28 * 28]).unwrap();
+    let o = textnet(&["classify", "--model", s(&model), s(&png)]);
+    fails_with(&o, &["m.safetensors", "not a textnet MNIST model file"]);
+    assert!(std::fs::read(&model).unwrap() == before);
+
+    let xor = dir.path().join("x.safetensors");
+    let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    fails_with(
+        &generate(&xor, &["--prompt", "to be", "--length", "5"]),
+        &["x.safetensors: it is an XOR network", "does not generate text"],
+    );
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "To be, or not to be").unwrap();
+    fails_with(&generate(&notes, &["--prompt", "to be"]), &["not a textnet model that generates text"]);
+    fails_with(&generate(&dir.path().join("none.safetensors"), &["--prompt", "to be"]), &["cannot open model file"]);
+}

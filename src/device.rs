@@ -173,6 +173,8 @@ impl Gpu {
             let ctx =
                 CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a context on GPU {ordinal}: {e}"))?;
             // One stream, no cross-stream event bookkeeping: it would add event records to captured graphs.
+            // SAFETY: nothing is allocated yet, and every buffer of this context lives on the one stream
+            // made below, so no access needs the events cudarc would record.
             unsafe { ctx.disable_event_tracking() };
             // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
             let stream = ctx.new_stream().map_err(|e| anyhow!("cannot create a stream: {e}"))?;
@@ -208,9 +210,12 @@ impl Gpu {
         Ok(module)
     }
 
-    /// One kernel of a loaded module, with the error naming it.
-    pub fn function(module: &Arc<CudaModule>, kernel: &str) -> Result<CudaFunction> {
-        module.load_function(kernel).with_context(|| format!("kernel {kernel} not found"))
+    /// One kernel of a loaded module, with the error naming it, and its parameters' sizes read once so
+    /// that every launch can be checked against them.
+    pub fn function(module: &Arc<CudaModule>, kernel: &str) -> Result<Kernel> {
+        let func = module.load_function(kernel).with_context(|| format!("kernel {kernel} not found"))?;
+        let params = parameter_sizes(&func);
+        Ok(Kernel { name: kernel.into(), func, params: params.map(Into::into) })
     }
 
     /// Asks for the largest shared-memory carveout of the SM's unified L1/shared storage for `func`. Kernels
@@ -236,6 +241,65 @@ impl Gpu {
         func.set_attribute(FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
             .with_context(|| format!("cannot opt in to {bytes} bytes of dynamic shared memory"))
     }
+}
+
+/// A kernel ready to launch: its name (for errors) and the byte size of each of its parameters, as the
+/// compiled code declares them (`None` where the driver is older than CUDA 12.4 and cannot say).
+#[derive(Clone)]
+pub struct Kernel {
+    pub name: Arc<str>,
+    func: CudaFunction,
+    params: Option<Arc<[usize]>>,
+}
+
+impl std::ops::Deref for Kernel {
+    type Target = CudaFunction;
+    fn deref(&self) -> &CudaFunction {
+        &self.func
+    }
+}
+
+/// The byte sizes of `func`'s parameters, from `cuFuncGetParamInfo`, which answers an error past the last.
+fn parameter_sizes(func: &CudaFunction) -> Option<Vec<usize>> {
+    use cudarc::driver::sys;
+    quietly("reading a kernel's parameters", || {
+        let mut sizes = Vec::new();
+        loop {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: a live function handle and two writable usizes.
+            let status = unsafe { sys::cuFuncGetParamInfo(func.cu_function(), sizes.len(), &mut offset, &mut size) };
+            if status != sys::CUresult::CUDA_SUCCESS {
+                return Ok(sizes);
+            }
+            sizes.push(size);
+        }
+    })
+    .ok()
+}
+
+impl Kernel {
+    /// The byte size of each parameter, as the driver reports them (None: it cannot).
+    pub fn parameter_sizes(&self) -> Option<&[usize]> {
+        self.params.as_deref()
+    }
+}
+
+/// An error unless `args` match the parameters of kernel `name` (`sizes`, in bytes) in number and size: a
+/// pointer (8 bytes) where it takes a pointer, a 32-bit word where it takes an int, unsigned or float.
+pub fn check_arguments(name: &str, sizes: &[usize], args: &[Arg]) -> Result<()> {
+    if sizes.len() != args.len() {
+        bail!("internal: {name} takes {} arguments, given {}", sizes.len(), args.len());
+    }
+    for (i, (size, arg)) in sizes.iter().zip(args).enumerate() {
+        let given = match arg {
+            Arg::Ptr(_) => 8,
+            Arg::Word(_) => 4,
+        };
+        if *size != given {
+            bail!("internal: argument {i} of {name} is {size} bytes, given {given} ({arg:?})");
+        }
+    }
+    Ok(())
 }
 
 /// One kernel argument: a device buffer's address or a 32-bit scalar (i32, u32 or f32 bits).
@@ -267,22 +331,19 @@ impl Gpu {
     /// dependent launch; the kernel must call grid_dependency_wait() before reading what that one writes).
     pub fn launch(
         &self,
-        name: &str,
-        func: &CudaFunction,
+        kernel: &Kernel,
         blocks: (u32, u32),
         shared: u32,
         programmatic: bool,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_sized(name, func, blocks, THREADS_PER_BLOCK, shared, programmatic, args)
+        self.launch_sized(kernel, blocks, THREADS_PER_BLOCK, shared, programmatic, args)
     }
 
     /// `launch` with blocks of `threads` threads, for a kernel compiled for that block size.
-    #[allow(clippy::too_many_arguments)]
     pub fn launch_sized(
         &self,
-        name: &str,
-        func: &CudaFunction,
+        kernel: &Kernel,
         blocks: (u32, u32),
         threads: u32,
         shared: u32,
@@ -290,6 +351,9 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         use cudarc::driver::sys;
+        if let Some(sizes) = kernel.parameter_sizes() {
+            check_arguments(&kernel.name, sizes, args)?;
+        }
         // Every argument lives in a u64; a 32-bit scalar in its low (first, little-endian) four bytes.
         let mut storage: Vec<u64> = args
             .iter()
@@ -299,6 +363,7 @@ impl Gpu {
             })
             .collect();
         let mut params: Vec<*mut std::ffi::c_void> = storage.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
+        // SAFETY: CUlaunchAttribute is a plain C struct and union, for which all zero bytes are valid.
         let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attribute.value.programmaticStreamSerializationAllowed = 1;
@@ -316,9 +381,9 @@ impl Gpu {
         };
         // SAFETY: `params` holds one pointer per kernel parameter, each to a live u64 of `storage`.
         let status =
-            unsafe { sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) };
+            unsafe { sys::cuLaunchKernelEx(&config, kernel.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) };
         if status != sys::CUresult::CUDA_SUCCESS {
-            bail!("launching {name} failed: {status:?}");
+            bail!("launching {} failed: {status:?}", kernel.name);
         }
         Ok(())
     }
@@ -470,4 +535,19 @@ pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra
         memory().get_or_insert_default().insert(name, cubin.clone());
     }
     Ok(cubin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked_in_number_and_size() {
+        let sizes = [8, 4, 4];
+        assert!(check_arguments("k", &sizes, &[Arg::Ptr(0), Arg::i32(1), Arg::f32(1.0)]).is_ok());
+        let err = check_arguments("k", &sizes, &[Arg::Ptr(0), Arg::i32(1)]).unwrap_err().to_string();
+        assert_eq!(err, "internal: k takes 3 arguments, given 2");
+        let err = check_arguments("k", &sizes, &[Arg::Ptr(0), Arg::Ptr(0), Arg::f32(1.0)]).unwrap_err().to_string();
+        assert!(err.starts_with("internal: argument 1 of k is 4 bytes, given 8"), "{err}");
+    }
 }

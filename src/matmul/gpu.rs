@@ -1,10 +1,10 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
-use crate::device::{Arg, Gpu, THREADS_PER_BLOCK, quietly};
+use crate::device::{self, Arg, Gpu, THREADS_PER_BLOCK, quietly};
 use crate::gemm::{G128, G128_STAGED_FLOATS};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use cudarc::driver::{CudaFunction, CudaSlice};
+use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 /// matmul_tile64's gemm_tile sizes: BM = BN, BK, TM = TN.
@@ -50,7 +50,7 @@ impl Kernel {
 /// The compiled kernels.
 pub struct GpuMatmul {
     gpu: Arc<Gpu>,
-    functions: Vec<CudaFunction>,
+    functions: Vec<device::Kernel>,
 }
 
 impl GpuMatmul {
@@ -93,7 +93,7 @@ impl GpuMatmul {
             Arg::i32(k as i32),
         ];
         let function = &self.functions[kernel as usize];
-        gpu.launch(kernel.name(), function, (bx as u32, by as u32), shared as u32, false, &args)
+        gpu.launch(function, (bx as u32, by as u32), shared as u32, false, &args)
     }
 }
 

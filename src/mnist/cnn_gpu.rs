@@ -5,10 +5,10 @@
 use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
 use super::idx::Split;
-use crate::device::{Arg, Gpu};
+use crate::device::{Arg, Gpu, Kernel};
 use crate::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use std::sync::Arc;
 
 const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
@@ -49,10 +49,10 @@ impl Sizes {
 }
 
 struct Kernels {
-    forward: CudaFunction,
-    backward: CudaFunction,
-    update: CudaFunction,
-    evaluate: CudaFunction,
+    forward: Kernel,
+    backward: Kernel,
+    update: Kernel,
+    evaluate: Kernel,
 }
 
 /// What one step keeps per image between its kernels, for `capacity` images.
@@ -230,7 +230,6 @@ impl GpuCnn {
             Arg::buf(g, &b.loss),
         ];
         g.launch_sized(
-            "cnn_forward",
             &self.kernels.forward,
             (batch as u32, 1),
             IMAGE_THREADS,
@@ -255,7 +254,6 @@ impl GpuCnn {
             Arg::buf(g, &b.dz1),
         ];
         g.launch_sized(
-            "cnn_backward",
             &self.kernels.backward,
             (batch as u32, 1),
             IMAGE_THREADS,
@@ -299,7 +297,7 @@ impl GpuCnn {
             Arg::buf(g, &self.ticket),
             Arg::buf(g, &self.loss_sum),
         ];
-        g.launch("cnn_update", &self.kernels.update, (self.sizes.update_blocks as u32, 1), 0, false, &args)
+        g.launch(&self.kernels.update, (self.sizes.update_blocks as u32, 1), 0, false, &args)
     }
 
     /// cnn_forward alone on the images `order` (one batch), its outputs poisoned with NaN first: per image
@@ -434,7 +432,6 @@ impl GpuCnn {
                 Arg::buf(g, &b.predicted),
             ];
             g.launch_sized(
-                "cnn_evaluate",
                 &self.kernels.evaluate,
                 (count as u32, 1),
                 IMAGE_THREADS,

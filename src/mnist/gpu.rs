@@ -7,13 +7,13 @@
 use super::idx::Split;
 use super::model::{MlpParams, MlpShape};
 use super::{Evaluation, MnistTrainer};
-use crate::device::Gpu;
+use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
 use crate::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use std::sync::Arc;
 
-const THREADS: usize = 256;
+const THREADS: usize = THREADS_PER_BLOCK as usize;
 /// mnist_forward's block tile, samples × hidden units, and its register tile (FWD_BM, FWD_BN, FWD_TM,
 /// FWD_TN in fused/mnist.cu).
 const FORWARD_TILE: (usize, usize) = (8, 8);
@@ -88,10 +88,6 @@ impl MnistLayout {
     }
 }
 
-fn launch_config(grid: (u32, u32), shared: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: shared as u32 }
-}
-
 struct DeviceSplit {
     images: CudaSlice<f32>,
     labels: CudaSlice<u8>,
@@ -112,11 +108,11 @@ pub struct StepBuffers {
 }
 
 struct Kernels {
-    forward: CudaFunction,
-    evaluate: CudaFunction,
-    backward: CudaFunction,
-    update: CudaFunction,
-    advance: CudaFunction,
+    forward: Kernel,
+    evaluate: Kernel,
+    backward: Kernel,
+    update: Kernel,
+    advance: Kernel,
 }
 
 struct CapturedEpoch {
@@ -275,58 +271,79 @@ impl GpuTrainer {
 
     /// Kernel 1 for `batch` samples starting `offset` past the cursor.
     pub fn launch_forward(&mut self, batch: usize, offset: usize) -> Result<()> {
-        let (b, h, act, off) =
-            (batch as i32, self.shape.hidden as i32, self.shape.activation.kernel_code(), offset as u32);
-        let cfg = launch_config(self.layout.forward_grid(batch), self.layout.forward_shared);
-        let buf = &mut self.buffers;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.forward);
-        launch.arg(&self.train.images).arg(&self.train.labels).arg(&self.order).arg(&self.cursor).arg(&off);
-        launch.arg(&b).arg(&h).arg(&act).arg(&self.params);
-        launch.arg(&mut buf.act).arg(&mut buf.dlogits).arg(&mut buf.dz1).arg(&mut self.loss_sum).arg(&mut buf.tickets);
-        unsafe { launch.launch(cfg) }.context("launching mnist_forward")?;
-        Ok(())
+        let g = &*self.gpu;
+        let buf = &self.buffers;
+        let args = [
+            Arg::buf(g, &self.train.images),
+            Arg::buf(g, &self.train.labels),
+            Arg::buf(g, &self.order),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::i32(batch as i32),
+            Arg::i32(self.shape.hidden as i32),
+            Arg::i32(self.shape.activation.kernel_code()),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &buf.act),
+            Arg::buf(g, &buf.dlogits),
+            Arg::buf(g, &buf.dz1),
+            Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &buf.tickets),
+        ];
+        let grid = self.layout.forward_grid(batch);
+        g.launch(&self.kernels.forward, grid, self.layout.forward_shared as u32, false, &args)
     }
 
     /// Kernel 2: the gradient (and its Σg² partials when clipping).
     pub fn launch_backward(&mut self, batch: usize, offset: usize) -> Result<()> {
-        let (b, h, off) = (batch as i32, self.shape.hidden as i32, offset as u32);
-        let want_norm = (self.optim.clip_norm > 0.0) as i32;
-        let cfg = launch_config((self.layout.backward_grid as u32, 1), self.layout.backward_shared);
+        let g = &*self.gpu;
         let buf = &self.buffers;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.backward);
-        launch.arg(&self.train.images).arg(&self.order).arg(&self.cursor).arg(&off).arg(&b).arg(&h);
-        launch.arg(&buf.act).arg(&buf.dlogits).arg(&buf.dz1).arg(&mut self.grad).arg(&want_norm);
-        launch.arg(&mut self.norm_partials);
-        unsafe { launch.launch(cfg) }.context("launching mnist_backward")?;
-        Ok(())
+        let args = [
+            Arg::buf(g, &self.train.images),
+            Arg::buf(g, &self.order),
+            Arg::buf(g, &self.cursor),
+            Arg::u32(offset as u32),
+            Arg::i32(batch as i32),
+            Arg::i32(self.shape.hidden as i32),
+            Arg::buf(g, &buf.act),
+            Arg::buf(g, &buf.dlogits),
+            Arg::buf(g, &buf.dz1),
+            Arg::buf(g, &self.grad),
+            Arg::i32((self.optim.clip_norm > 0.0) as i32),
+            Arg::buf(g, &self.norm_partials),
+        ];
+        let grid = (self.layout.backward_grid as u32, 1);
+        g.launch(&self.kernels.backward, grid, self.layout.backward_shared as u32, false, &args)
     }
 
     /// Kernel 3: one optimizer step over every parameter.
     pub fn launch_update(&mut self) -> Result<()> {
+        let g = &*self.gpu;
         let o = self.optim;
-        let (n, kind, partials) =
-            (self.shape.param_count() as i32, o.kind.kernel_code(), self.layout.backward_grid as i32);
-        let cfg = launch_config((self.layout.update_grid as u32, 1), 0);
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.update);
-        launch.arg(&mut self.params).arg(&self.grad).arg(&mut self.m).arg(&mut self.v).arg(&n).arg(&kind);
-        launch.arg(&o.lr).arg(&o.momentum).arg(&o.beta1).arg(&o.beta2).arg(&o.eps).arg(&o.weight_decay);
-        launch
-            .arg(&o.clip_norm)
-            .arg(&self.norm_partials)
-            .arg(&partials)
-            .arg(&mut self.step)
-            .arg(&mut self.update_ticket);
-        unsafe { launch.launch(cfg) }.context("launching mnist_update")?;
-        Ok(())
+        let args = [
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &self.grad),
+            Arg::buf(g, &self.m),
+            Arg::buf(g, &self.v),
+            Arg::i32(self.shape.param_count() as i32),
+            Arg::i32(o.kind.kernel_code()),
+            Arg::f32(o.lr),
+            Arg::f32(o.momentum),
+            Arg::f32(o.beta1),
+            Arg::f32(o.beta2),
+            Arg::f32(o.eps),
+            Arg::f32(o.weight_decay),
+            Arg::f32(o.clip_norm),
+            Arg::buf(g, &self.norm_partials),
+            Arg::i32(self.layout.backward_grid as i32),
+            Arg::buf(g, &self.step),
+            Arg::buf(g, &self.update_ticket),
+        ];
+        g.launch(&self.kernels.update, (self.layout.update_grid as u32, 1), 0, false, &args)
     }
 
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {
-        let samples = samples as u32;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.advance);
-        launch.arg(&mut self.cursor).arg(&samples);
-        unsafe { launch.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }
-            .context("launching mnist_advance")?;
-        Ok(())
+        let args = [Arg::buf(&self.gpu, &self.cursor), Arg::u32(samples as u32)];
+        self.gpu.launch_sized(&self.kernels.advance, (1, 1), 1, 0, false, &args)
     }
 
     /// One optimizer step: the three kernels.
@@ -338,15 +355,23 @@ impl GpuTrainer {
 
     /// Evaluation over test samples first .. first + batch: predicted classes and the summed loss.
     pub fn launch_evaluate(&mut self, first: usize, batch: usize) -> Result<()> {
-        let (first, b, h, act) =
-            (first as u32, batch as i32, self.shape.hidden as i32, self.shape.activation.kernel_code());
-        let cfg = launch_config(self.layout.forward_grid(batch), self.layout.forward_shared);
-        let buf = &mut self.buffers;
-        let mut launch = self.gpu.stream.launch_builder(&self.kernels.evaluate);
-        launch.arg(&self.test.images).arg(&self.test.labels).arg(&first).arg(&b).arg(&h).arg(&act).arg(&self.params);
-        launch.arg(&mut buf.act).arg(&mut self.predicted).arg(&mut self.loss_sum).arg(&mut buf.tickets);
-        unsafe { launch.launch(cfg) }.context("launching mnist_evaluate")?;
-        Ok(())
+        let g = &*self.gpu;
+        let buf = &self.buffers;
+        let args = [
+            Arg::buf(g, &self.test.images),
+            Arg::buf(g, &self.test.labels),
+            Arg::u32(first as u32),
+            Arg::i32(batch as i32),
+            Arg::i32(self.shape.hidden as i32),
+            Arg::i32(self.shape.activation.kernel_code()),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &buf.act),
+            Arg::buf(g, &self.predicted),
+            Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &buf.tickets),
+        ];
+        let grid = self.layout.forward_grid(batch);
+        g.launch(&self.kernels.evaluate, grid, self.layout.forward_shared as u32, false, &args)
     }
 
     /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.

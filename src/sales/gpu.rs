@@ -6,10 +6,10 @@
 use super::data::{Dataset, Split, Stats};
 use super::model::{Evaluation, SalesParams, SalesShape};
 use super::train::SalesTrainer;
-use crate::device::Gpu;
+use crate::device::{Arg, Gpu, Kernel};
 use crate::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
@@ -28,12 +28,12 @@ pub fn train_shared_floats(shape: SalesShape, batch: usize) -> usize {
 }
 
 struct Kernels {
-    partials: CudaFunction,
-    stats: CudaFunction,
-    normalize: CudaFunction,
-    gather: CudaFunction,
-    train: CudaFunction,
-    evaluate: CudaFunction,
+    partials: Kernel,
+    stats: Kernel,
+    normalize: Kernel,
+    gather: Kernel,
+    train: Kernel,
+    evaluate: Kernel,
 }
 
 /// One split on the device: rows × features, and the target.
@@ -62,14 +62,6 @@ fn pad(v: &[f32]) -> Vec<f32> {
 
 fn grid(count: usize, gpu: &Gpu) -> u32 {
     count.div_ceil(THREADS).clamp(1, 4 * gpu.sm_count as usize) as u32
-}
-
-fn config(blocks: (u32, u32), shared: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (blocks.0, blocks.1, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: shared as u32,
-    }
 }
 
 pub struct GpuSales {
@@ -161,32 +153,27 @@ impl GpuSales {
         let stream = self.gpu.stream.clone();
         let n = self.shape.inputs;
         let (rows, cols) = (self.train.rows as i32, n as i32);
-        let mut partials = stream.alloc_zeros::<f64>(STAT_CHUNKS * (n + 1))?;
-        let mut mean = stream.alloc_zeros::<f64>(n + 1)?;
-        let mut mean_out = stream.clone_htod(&vec![f32::NAN; n + 1])?;
-        let mut std_out = stream.clone_htod(&vec![f32::NAN; n + 1])?;
-        let chunks = STAT_CHUNKS as i32;
+        let partials = stream.alloc_zeros::<f64>(STAT_CHUNKS * (n + 1))?;
+        let mean = stream.alloc_zeros::<f64>(n + 1)?;
+        let mean_out = stream.clone_htod(&vec![f32::NAN; n + 1])?;
+        let std_out = stream.clone_htod(&vec![f32::NAN; n + 1])?;
+        let g = &*self.gpu;
         for pass in [1i32, 2] {
-            let mut launch = stream.launch_builder(&self.kernels.partials);
-            launch.arg(&self.train.x).arg(&self.train.y).arg(&rows).arg(&cols);
-            if pass == 1 {
-                launch.arg(&0u64);
-            } else {
-                launch.arg(&mean);
-            }
-            launch.arg(&mut partials);
-            unsafe { launch.launch(config((STAT_CHUNKS as u32, n as u32 + 1), 0)) }
-                .context("launching sales_column_partials")?;
-            let mut launch = stream.launch_builder(&self.kernels.stats);
-            launch
-                .arg(&partials)
-                .arg(&chunks)
-                .arg(&rows)
-                .arg(&pass)
-                .arg(&mut mean)
-                .arg(&mut mean_out)
-                .arg(&mut std_out);
-            unsafe { launch.launch(config((n as u32 + 1, 1), 0)) }.context("launching sales_column_stats")?;
+            // The first pass sums the values, the second their squared distances from the mean.
+            let mean_in = if pass == 1 { Arg::Ptr(0) } else { Arg::buf(g, &mean) };
+            let args = [Arg::buf(g, &self.train.x), Arg::buf(g, &self.train.y), Arg::i32(rows), Arg::i32(cols)];
+            let args = [&args[..], &[mean_in, Arg::buf(g, &partials)]].concat();
+            g.launch(&self.kernels.partials, (STAT_CHUNKS as u32, n as u32 + 1), 0, false, &args)?;
+            let args = [
+                Arg::buf(g, &partials),
+                Arg::i32(STAT_CHUNKS as i32),
+                Arg::i32(rows),
+                Arg::i32(pass),
+                Arg::buf(g, &mean),
+                Arg::buf(g, &mean_out),
+                Arg::buf(g, &std_out),
+            ];
+            g.launch(&self.kernels.stats, (n as u32 + 1, 1), 0, false, &args)?;
         }
         let mean = stream.clone_dtoh(&mean_out).context("sales statistics failed")?;
         let std = stream.clone_dtoh(&std_out)?;
@@ -205,13 +192,18 @@ impl GpuSales {
         let mean: Vec<f32> = s.feature_mean.iter().copied().chain([s.target_mean]).collect();
         let std: Vec<f32> = s.feature_std.iter().copied().chain([s.target_std]).collect();
         let (mean, std) = (stream.clone_htod(&mean)?, stream.clone_htod(&std)?);
-        let split = if train { &mut self.train } else { &mut self.test };
-        let (rows, n) = (split.rows as i32, self.shape.inputs as i32);
-        let blocks = grid(split.rows * (self.shape.inputs + 1), &self.gpu);
-        let mut launch = stream.launch_builder(&self.kernels.normalize);
-        launch.arg(&mut split.x).arg(&mut split.y).arg(&rows).arg(&n).arg(&mean).arg(&std);
-        unsafe { launch.launch(config((blocks, 1), 0)) }.context("launching sales_normalize")?;
-        Ok(())
+        let split = if train { &self.train } else { &self.test };
+        let g = &*self.gpu;
+        let blocks = grid(split.rows * (self.shape.inputs + 1), g);
+        let args = [
+            Arg::buf(g, &split.x),
+            Arg::buf(g, &split.y),
+            Arg::i32(split.rows as i32),
+            Arg::i32(self.shape.inputs as i32),
+            Arg::buf(g, &mean),
+            Arg::buf(g, &std),
+        ];
+        g.launch(&self.kernels.normalize, (blocks, 1), 0, false, &args)
     }
 
     /// Host copies of a standardised split (the selftest compares them with the CPU's).
@@ -248,22 +240,41 @@ impl GpuSales {
             return Ok(());
         }
         stream.memcpy_htod(order, &mut self.order).context("copying the epoch's order to the GPU")?;
-        let (rows, n, b) = (self.train.rows as i32, self.shape.inputs as i32, batch as i32);
-        let blocks = grid(self.train.rows * self.shape.inputs, &self.gpu);
-        let mut launch = stream.launch_builder(&self.kernels.gather);
-        launch.arg(&self.train.x).arg(&self.train.y).arg(&self.order).arg(&rows).arg(&n);
-        launch.arg(&mut self.epoch.x).arg(&mut self.epoch.y);
-        unsafe { launch.launch(config((blocks, 1), 0)) }.context("launching sales_gather")?;
+        let g = &*self.gpu;
+        let rows = self.train.rows as i32;
+        let blocks = grid(self.train.rows * self.shape.inputs, g);
+        let args = [
+            Arg::buf(g, &self.train.x),
+            Arg::buf(g, &self.train.y),
+            Arg::buf(g, &self.order),
+            Arg::i32(rows),
+            Arg::i32(self.shape.inputs as i32),
+            Arg::buf(g, &self.epoch.x),
+            Arg::buf(g, &self.epoch.y),
+        ];
+        g.launch(&self.kernels.gather, (blocks, 1), 0, false, &args)?;
 
         let o = self.optim;
-        let kind = o.kind.kernel_code();
-        let mut launch = stream.launch_builder(&self.kernels.train);
-        launch.arg(&self.epoch.x).arg(&self.epoch.y).arg(&rows).arg(&b);
-        launch.arg(&mut self.params).arg(&mut self.m).arg(&mut self.v).arg(&mut self.step).arg(&kind);
-        launch.arg(&o.lr).arg(&o.momentum).arg(&o.beta1).arg(&o.beta2).arg(&o.eps).arg(&o.weight_decay);
-        launch.arg(&o.clip_norm).arg(&mut self.loss_sum);
-        unsafe { launch.launch(config((1, 1), shared)) }.context("launching sales_train_epoch")?;
-        Ok(())
+        let args = [
+            Arg::buf(g, &self.epoch.x),
+            Arg::buf(g, &self.epoch.y),
+            Arg::i32(rows),
+            Arg::i32(batch as i32),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &self.m),
+            Arg::buf(g, &self.v),
+            Arg::buf(g, &self.step),
+            Arg::i32(o.kind.kernel_code()),
+            Arg::f32(o.lr),
+            Arg::f32(o.momentum),
+            Arg::f32(o.beta1),
+            Arg::f32(o.beta2),
+            Arg::f32(o.eps),
+            Arg::f32(o.weight_decay),
+            Arg::f32(o.clip_norm),
+            Arg::buf(g, &self.loss_sum),
+        ];
+        g.launch(&self.kernels.train, (1, 1), shared as u32, false, &args)
     }
 
     /// Squared- and absolute-error sums (standardised) of the model over a split.
@@ -274,13 +285,18 @@ impl GpuSales {
         if split.rows == 0 {
             return Ok((0.0, 0.0));
         }
-        let rows = split.rows as i32;
-        let blocks = grid(split.rows, &self.gpu);
-        let mut launch = stream.launch_builder(&self.kernels.evaluate);
-        launch.arg(&split.x).arg(&split.y).arg(&rows).arg(&self.params);
-        launch.arg(&mut self.eval_partials).arg(&mut self.eval_ticket).arg(&mut self.eval_result);
-        unsafe { launch.launch(config((blocks, 1), self.shape.param_count() * 4)) }
-            .context("launching sales_evaluate")?;
+        let g = &*self.gpu;
+        let args = [
+            Arg::buf(g, &split.x),
+            Arg::buf(g, &split.y),
+            Arg::i32(split.rows as i32),
+            Arg::buf(g, &self.params),
+            Arg::buf(g, &self.eval_partials),
+            Arg::buf(g, &self.eval_ticket),
+            Arg::buf(g, &self.eval_result),
+        ];
+        let shared = (self.shape.param_count() * 4) as u32;
+        g.launch(&self.kernels.evaluate, (grid(split.rows, g), 1), shared, false, &args)?;
         let sums = stream.clone_dtoh(&self.eval_result).context("sales_evaluate failed")?;
         Ok((sums[0], sums[1]))
     }

@@ -278,15 +278,8 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
     std::fs::write(args.dump.join("tokens.u32"), words(&tokens))?;
     std::fs::write(args.dump.join("order.u32"), words(&order))?;
     std::fs::write(args.dump.join("val.u32"), words(&val))?;
-    let views: Vec<(String, safetensors::tensor::TensorView)> = params
-        .tensors()
-        .into_iter()
-        .map(|(name, data, dims)| {
-            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), data.len() * 4) };
-            (name.to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, dims, bytes).unwrap())
-        })
-        .collect();
-    std::fs::write(args.dump.join("init.safetensors"), safetensors::serialize(views, None)?)?;
+    let init = crate::tensorfile::to_bytes(&params.tensors(), Default::default())?;
+    std::fs::write(args.dump.join("init.safetensors"), init)?;
 
     let summary = |train: f64, e: crate::text::model::EvalSums, secs: f64| {
         let n = e.samples.max(1) as f64;

@@ -7,11 +7,11 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
-use crate::device::{Arg, Gpu, THREADS_PER_BLOCK};
+use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
 use crate::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
 use crate::optim::{OptimConfig, OptimKind};
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -253,20 +253,20 @@ pub struct StepBuffers {
 }
 
 struct Kernels {
-    hidden: CudaFunction,
-    forward: CudaFunction,
-    backward: CudaFunction,
-    update: CudaFunction,
-    advance: CudaFunction,
-    eval_rank: CudaFunction,
-    eval_finish: CudaFunction,
+    hidden: Kernel,
+    forward: Kernel,
+    backward: Kernel,
+    update: Kernel,
+    advance: Kernel,
+    eval_rank: Kernel,
+    eval_finish: Kernel,
 }
 
 struct SampleKernels {
-    forward: CudaFunction,
-    backward: CudaFunction,
-    update: CudaFunction,
-    flush: CudaFunction,
+    forward: Kernel,
+    backward: Kernel,
+    update: Kernel,
+    flush: Kernel,
 }
 
 /// State between single-sample steps (fused/text_sample.cu): a step's W2 update is applied by the next
@@ -289,16 +289,16 @@ pub struct SampleBuffers {
 }
 
 struct TiledKernels {
-    forward: CudaFunction,
-    backward: CudaFunction,
-    update: CudaFunction,
+    forward: Kernel,
+    backward: Kernel,
+    update: Kernel,
 }
 
 /// What `--optim momentum` or `adam` adds to the tiled step: text_batch_optimize, the optimizer state over
 /// the parameters as one vector (E, W1, b1, W2, b2), and the dense embedding gradient.
 struct OptimizerState {
     config: OptimConfig,
-    kernel: CudaFunction,
+    kernel: Kernel,
     m: CudaSlice<f32>,
     v: CudaSlice<f32>,
     grad_embedding: CudaSlice<f32>,
@@ -436,7 +436,7 @@ impl GpuTrainer {
                 eval_finish: load("text_eval_finish")?,
             };
             let (l, max) = (&self.layout, self.gpu.max_shared_optin);
-            let reserve = |f: &CudaFunction, bytes: &dyn Fn(&TextLayout) -> usize, flag| {
+            let reserve = |f: &Kernel, bytes: &dyn Fn(&TextLayout) -> usize, flag| {
                 self.gpu.reserve_shared(f, bytes(l), l.flag_at_fault(bytes, max, flag))
             };
             reserve(&kernels.hidden, &|l| l.hidden_shared(chunk), "--embed")?;
@@ -462,7 +462,7 @@ impl GpuTrainer {
                 flush: Gpu::function(&module, "sample_flush")?,
             };
             let (l, max) = (&self.layout, self.gpu.max_shared_optin);
-            let reserve = |f: &CudaFunction, bytes: &dyn Fn(&TextLayout) -> usize, flag| {
+            let reserve = |f: &Kernel, bytes: &dyn Fn(&TextLayout) -> usize, flag| {
                 self.gpu.reserve_shared(f, bytes(l), l.flag_at_fault(bytes, max, flag))
             };
             reserve(&kernels.forward, &|l| l.sample_forward_shared(), "--hidden")?;
@@ -507,7 +507,7 @@ impl GpuTrainer {
             Arg::buf(g, &sb.w2_target),
         ];
         let shared = l.sample_forward_shared() as u32;
-        g.launch("sample_forward", &func, (l.grid as u32, 1), shared, programmatic, &args)?;
+        g.launch(&func, (l.grid as u32, 1), shared, programmatic, &args)?;
         self.w2_pending = true;
         Ok(())
     }
@@ -542,7 +542,7 @@ impl GpuTrainer {
             Arg::buf(g, &sb.next_rows),
         ];
         let shared = l.sample_backward_shared() as u32;
-        g.launch("sample_backward", &func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
+        g.launch(&func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
     }
 
     /// Single-sample kernel 3: the embedding update, then x and z1 of the next sample.
@@ -566,7 +566,7 @@ impl GpuTrainer {
             Arg::f32(lr),
         ];
         let shared = l.sample_update_shared() as u32;
-        g.launch("sample_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
+        g.launch(&func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
     /// The last sample_forward's softmax partials `[G]` (max, Σexp), from the half of the `[2][G]` array its
@@ -597,7 +597,7 @@ impl GpuTrainer {
             Arg::i32(self.shape.vocab as i32),
             Arg::i32(l.rows_per_block as i32),
         ];
-        g.launch("sample_flush", &func, (l.grid as u32, 1), 0, false, &args)?;
+        g.launch(&func, (l.grid as u32, 1), 0, false, &args)?;
         self.gpu.stream.memset_zeros(&mut self.sample_buffers.records).context("clearing the pending-step records")?;
         self.w2_pending = false;
         Ok(())
@@ -667,7 +667,7 @@ impl GpuTrainer {
         ];
         // b.z1 holds h = ReLU(z1) on this path (text_batch_backward and text_batch_update read it).
         let grid = (groups as u32, s_tiles as u32);
-        g.launch("text_batch_forward", &forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
+        g.launch(&forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
 
         let args = [
             Arg::buf(g, &p.w2),
@@ -687,7 +687,7 @@ impl GpuTrainer {
         // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
         let blocks = batch.div_ceil(SLICE) * v.div_ceil(SLICE) * 2 * (SLICE / TILE) * h_tiles;
         let shared = stage + (TILED_BACKWARD_EXTRA * F32) as u32;
-        g.launch("text_batch_backward", &backward, (blocks as u32, 1), shared, false, &args)?;
+        g.launch(&backward, (blocks as u32, 1), shared, false, &args)?;
 
         let args = [
             Arg::buf(g, &p.embedding),
@@ -716,7 +716,7 @@ impl GpuTrainer {
         ];
         let blocks =
             s_tiles * d.div_ceil(TILE) + h_tiles * (d + 1).div_ceil(TILE) * batch.div_ceil(B_SLICE) + W2_UPDATE_BLOCKS;
-        g.launch("text_batch_update", &update, (blocks as u32, 1), stage, false, &args)?;
+        g.launch(&update, (blocks as u32, 1), stage, false, &args)?;
 
         let Some(o) = &self.optimizer else { return Ok(()) };
         let c = o.config;
@@ -747,7 +747,7 @@ impl GpuTrainer {
         let blocks = (self.shape.parameter_count() as usize)
             .div_ceil(THREADS_PER_BLOCK as usize * 8)
             .clamp(1, 4 * g.sm_count as usize);
-        g.launch("text_batch_optimize", &o.kernel, (blocks as u32, 1), 0, false, &args)
+        g.launch(&o.kernel, (blocks as u32, 1), 0, false, &args)
     }
 
     fn alloc_buffers(gpu: &Gpu, shape: TextShape, layout: &TextLayout, capacity: usize) -> Result<StepBuffers> {
@@ -817,7 +817,7 @@ impl GpuTrainer {
             Arg::buf(g, &b.z1),
         ];
         let blocks = batch.div_ceil(chunk) as u32;
-        g.launch("text_hidden", &func, (blocks, 1), self.layout.hidden_shared(chunk) as u32, false, &args)
+        g.launch(&func, (blocks, 1), self.layout.hidden_shared(chunk) as u32, false, &args)
     }
 
     /// Kernel 1 for `batch` samples, whose z1 is in place (text_hidden or the previous step's text_update).
@@ -843,7 +843,7 @@ impl GpuTrainer {
             Arg::buf(g, &b.dh),
             Arg::buf(g, &b.dx_sum),
         ];
-        g.launch("text_forward", &func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
+        g.launch(&func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
     }
 
     /// Kernel 2: softmax normalisation, W2/b2 update, dh partials, loss.
@@ -872,7 +872,7 @@ impl GpuTrainer {
             Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.backward_shared(chunk, batch > chunk);
-        g.launch("text_backward", &func, (l.grid as u32, 1), shared as u32, programmatic, &args)
+        g.launch(&func, (l.grid as u32, 1), shared as u32, programmatic, &args)
     }
 
     /// Kernel 3: W1/b1 update and the embedding rows of the context tokens; then x and z1 of the next
@@ -902,13 +902,13 @@ impl GpuTrainer {
             Arg::buf(g, &b.ticket),
         ];
         let shared = l.update_shared(chunk, l.update_whole_dx(chunk)) as u32;
-        g.launch("text_update", &func, (l.update_grid as u32, 1), shared, programmatic, &args)
+        g.launch(&func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {
         let func = self.kernels_for(1)?.advance.clone();
         let args = [Arg::buf(&self.gpu, &self.cursor), Arg::u32(samples as u32)];
-        self.gpu.launch("text_advance", &func, (1, 1), 0, false, &args)
+        self.gpu.launch(&func, (1, 1), 0, false, &args)
     }
 
     /// One SGD step: the three kernels, each overlapping the tail of the one before it (large batches: the
@@ -1103,7 +1103,7 @@ impl TextTrainer for GpuTrainer {
                 Arg::i32(rows),
                 Arg::buf(g, &buf.rank),
             ];
-            g.launch("text_eval_rank", &rank_fn, (grid as u32, 1), 0, false, &args)?;
+            g.launch(&rank_fn, (grid as u32, 1), 0, false, &args)?;
             let args = [
                 Arg::buf(g, &buf.logits),
                 Arg::buf(g, &buf.stats),
@@ -1118,7 +1118,7 @@ impl TextTrainer for GpuTrainer {
                 Arg::buf(g, &self.loss_sum),
                 Arg::buf(g, &self.hit_counts),
             ];
-            g.launch("text_eval_finish", &finish_fn, (1, 1), 0, false, &args)?;
+            g.launch(&finish_fn, (1, 1), 0, false, &args)?;
             self.launch_advance(b)?;
         }
         let counts = self.gpu.stream.clone_dtoh(&self.hit_counts).context("a text evaluation kernel failed")?;

@@ -4,10 +4,10 @@
 
 use super::data::Corpus;
 use super::model::{Config, Layout};
-use crate::device::{Arg, Gpu, THREADS_PER_BLOCK};
+use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
 use crate::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, DevicePtr};
+use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
 use std::sync::Arc;
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
@@ -22,16 +22,16 @@ const LN_ROWS_PER_BLOCK: usize = WARPS * 4;
 const ATTENTION_KEY_CHUNK: usize = 64;
 
 struct Kernels {
-    embed_layernorm: CudaFunction,
-    residual_layernorm: CudaFunction,
-    linear_forward: CudaFunction,
-    attention_forward: CudaFunction,
-    classifier: CudaFunction,
-    linear_backward: CudaFunction,
-    layernorm_backward: CudaFunction,
-    attention_backward: CudaFunction,
-    embedding_backward: CudaFunction,
-    adamw: CudaFunction,
+    embed_layernorm: Kernel,
+    residual_layernorm: Kernel,
+    linear_forward: Kernel,
+    attention_forward: Kernel,
+    classifier: Kernel,
+    linear_backward: Kernel,
+    layernorm_backward: Kernel,
+    attention_backward: Kernel,
+    embedding_backward: Kernel,
+    adamw: Kernel,
 }
 
 /// One block's saved activations over the N rows of a step.
@@ -304,8 +304,8 @@ impl GpuTransformer {
         self.buffers.batch * self.config.block
     }
 
-    fn launch(&self, name: &str, func: &CudaFunction, blocks: usize, shared: usize, args: &[Arg]) -> Result<()> {
-        self.gpu.launch(name, func, (blocks as u32, 1), shared as u32, false, args)
+    fn launch(&self, kernel: &Kernel, blocks: usize, shared: usize, args: &[Arg]) -> Result<()> {
+        self.gpu.launch(kernel, (blocks as u32, 1), shared as u32, false, args)
     }
 
     fn linear_forward(
@@ -330,14 +330,7 @@ impl GpuTransformer {
             Arg::i32(self.tf32 as i32),
         ];
         let grid = (out_features.div_ceil(64) as u32, n.div_ceil(32) as u32);
-        self.gpu.launch(
-            "tf_linear_forward",
-            &self.kernels.linear_forward,
-            grid,
-            LINEAR_SHARED_BYTES as u32,
-            false,
-            &args,
-        )
+        self.gpu.launch(&self.kernels.linear_forward, grid, LINEAR_SHARED_BYTES as u32, false, &args)
     }
 
     /// dW, db of `layer` from dy and its input x; dx = dy·W (× GELU′(pre)) unless dx is null.
@@ -373,13 +366,7 @@ impl GpuTransformer {
             pre,
             Arg::i32(self.tf32 as i32),
         ];
-        self.launch(
-            "tf_linear_backward",
-            &self.kernels.linear_backward,
-            tiles * slices + dx_blocks,
-            LINEAR_SHARED_BYTES,
-            &args,
-        )
+        self.launch(&self.kernels.linear_backward, tiles * slices + dx_blocks, LINEAR_SHARED_BYTES, &args)
     }
 
     fn layernorm_backward(&self, x: Arg, stats: &CudaSlice<f32>, ln: &str, accumulate: bool) -> Result<()> {
@@ -400,7 +387,7 @@ impl GpuTransformer {
             self.buf(&b.ln_partials),
             Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_LAYERNORM as u64),
         ];
-        self.launch("tf_layernorm_backward", &self.kernels.layernorm_backward, n.div_ceil(LN_ROWS_PER_BLOCK), 0, &args)
+        self.launch(&self.kernels.layernorm_backward, n.div_ceil(LN_ROWS_PER_BLOCK), 0, &args)
     }
 
     /// The forward pass of the batch at `offsets` (device pointer to `batch` offsets into `data`), ending
@@ -418,7 +405,6 @@ impl GpuTransformer {
         };
         let (m0, r0) = stats(&b.blocks[0].ln1_stats);
         self.launch(
-            "tf_embed_layernorm",
             &self.kernels.embed_layernorm,
             row_blocks,
             0,
@@ -442,7 +428,6 @@ impl GpuTransformer {
             let p = format!("blocks.{l}");
             self.linear_forward(self.buf(&a.ln1), &format!("{p}.attn.qkv"), self.buf(&a.qkv), null, 3 * e, e)?;
             self.launch(
-                "tf_attention_forward",
                 &self.kernels.attention_forward,
                 b.batch * c.heads,
                 self.attention_forward_shared,
@@ -451,7 +436,6 @@ impl GpuTransformer {
             self.linear_forward(self.buf(&a.y), &format!("{p}.attn.proj"), self.buf(&a.attn_out), null, e, e)?;
             let (m2, r2) = stats(&a.ln2_stats);
             self.launch(
-                "tf_residual_layernorm",
                 &self.kernels.residual_layernorm,
                 row_blocks,
                 0,
@@ -478,7 +462,6 @@ impl GpuTransformer {
             };
             let (mn, rn) = stats(next_stats);
             self.launch(
-                "tf_residual_layernorm",
                 &self.kernels.residual_layernorm,
                 row_blocks,
                 0,
@@ -497,7 +480,6 @@ impl GpuTransformer {
         }
         self.linear_forward(self.buf(&b.lnf), "head", self.buf(&b.logits), null, c.vocab, e)?;
         self.launch(
-            "tf_classifier",
             &self.kernels.classifier,
             row_blocks,
             0,
@@ -557,7 +539,6 @@ impl GpuTransformer {
                 null,
             )?;
             self.launch(
-                "tf_attention_backward",
                 &self.kernels.attention_backward,
                 b.batch * c.heads * Self::key_chunks(c),
                 self.attention_backward_shared,
@@ -585,7 +566,6 @@ impl GpuTransformer {
             self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true)?;
         }
         self.launch(
-            "tf_embedding_backward",
             &self.kernels.embedding_backward,
             c.vocab + c.block,
             4 * n,
@@ -606,7 +586,6 @@ impl GpuTransformer {
         let n = self.layout.len();
         let blocks = n.div_ceil(THREADS * 4).clamp(1, 4 * self.gpu.sm_count as usize);
         self.launch(
-            "tf_adamw",
             &self.kernels.adamw,
             blocks,
             0,

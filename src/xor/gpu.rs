@@ -1,15 +1,15 @@
 //! The XOR run on the GPU: the whole of it in one launch of fused/xor.cu (see its header for why).
 
 use super::model::{MAX_HIDDEN, XorParams};
-use crate::device::Gpu;
+use crate::device::{Arg, Gpu, Kernel};
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 /// The parameters on the device and the compiled kernel.
 pub struct GpuXor {
     gpu: Arc<Gpu>,
-    kernel: CudaFunction,
+    kernel: Kernel,
     activation: crate::cpu::Activation,
     w1: CudaSlice<f32>,
     b1: CudaSlice<f32>,
@@ -42,14 +42,20 @@ impl GpuXor {
     pub fn enqueue(&mut self, epochs: usize, lr: f32, report_every: usize, losses: &mut CudaSlice<f32>) -> Result<()> {
         let hidden = self.b1.len();
         let threads = hidden.div_ceil(32) * 32;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
-        let (h, act, e, every) =
-            (hidden as i32, self.activation.kernel_code(), epochs as i32, report_every.max(1) as i32);
-        let mut launch = self.gpu.stream.launch_builder(&self.kernel);
-        launch.arg(&mut self.w1).arg(&mut self.b1).arg(&mut self.w2).arg(&mut self.b2);
-        launch.arg(&h).arg(&act).arg(&e).arg(&lr).arg(&every).arg(losses);
-        unsafe { launch.launch(cfg) }.context("launching xor_train")?;
-        Ok(())
+        let g = &*self.gpu;
+        let args = [
+            Arg::buf(g, &self.w1),
+            Arg::buf(g, &self.b1),
+            Arg::buf(g, &self.w2),
+            Arg::buf(g, &self.b2),
+            Arg::i32(hidden as i32),
+            Arg::i32(self.activation.kernel_code()),
+            Arg::i32(epochs as i32),
+            Arg::f32(lr),
+            Arg::i32(report_every.max(1) as i32),
+            Arg::buf(g, losses),
+        ];
+        g.launch_sized(&self.kernel, (1, 1), threads as u32, 0, false, &args)
     }
 
     /// `epochs` epochs; returns the recorded losses (poisoned with NaN first, so an unwritten one shows).

@@ -52,3 +52,15 @@ fn gpu_training_on_fashion_mnist_learns() {
     assert!(history[1].train_loss < history[0].train_loss, "{history:?}");
     assert!(eval.accuracy() >= 0.83, "test accuracy {:.4} after 2 epochs", eval.accuracy());
 }
+
+/// The launch check's source of truth: the driver's parameter sizes of a kernel whose signature is known
+/// (`xor_train(float* w1, float* b1, float* w2, float* b2, int H, int activation, int epochs, float lr,
+/// int report_every, float* losses)`).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn kernel_parameters_are_read_at_load() {
+    let gpu = test_gpu();
+    let module = gpu.module("xor", &[]).unwrap();
+    let kernel = textnet::device::Gpu::function(&module, "xor_train").unwrap();
+    assert_eq!(kernel.parameter_sizes(), Some(&[8, 8, 8, 8, 4, 4, 4, 4, 4, 8][..]));
+}

@@ -1,5 +1,5 @@
 // Hidden-layer activations and their slopes, shared by every fused pipeline (CPU twin:
-// src/cpu.rs `Activation`). The activation is a kernel argument, not a template: the pipelines pick it
+// src/ops/activations.rs). The activation is a kernel argument, not a template: the pipelines pick it
 // per run, and the switch costs a uniform branch.
 #pragma once
 

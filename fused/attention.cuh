@@ -1,5 +1,5 @@
 // Causal self-attention of one (sequence, head) in one block, flash-style: the T×T scores live only in
-// shared memory (T ≤ a few hundred fits), never in global memory (CPU twin: src/transformer/model.rs).
+// shared memory (T ≤ a few hundred fits), never in global memory (CPU twin: src/ops/attention.rs).
 //
 //   forward   a warp per query row t: s_u = q_t·k_u/√hs for u ≤ t, p = softmax(s), y_t = Σ_u p_u·v_u.
 //             Saves only lse_t = max + log Σ exp, from which the backward pass rebuilds p.

@@ -1,5 +1,5 @@
 // LayerNorm over rows of C values, one warp per row, with the residual add it follows fused in (as
-// llm.c's fused_residual_forward) (CPU twin: src/transformer/model.rs):
+// llm.c's fused_residual_forward) (CPU twin: src/ops/layernorm.rs):
 //
 //   forward   x ← x_in + delta; μ and σ² by Welford over the row (each lane's C/32 values, then the
 //             lanes' partial statistics merged by butterflies); r = 1/√(σ² + 1e-5); out = (x − μ)·r·w + b.

@@ -1,4 +1,4 @@
-// Losses and their gradients, shared by every fused pipeline (CPU twins: the pipelines' model.rs).
+// Losses and their gradients, shared by every fused pipeline (CPU twin: src/ops/losses.rs).
 //
 //   squared_error   (y − t)² and ∂/∂y scaled by the caller (2/B for a batch mean): xor, sales.
 //   softmax_xent    −log softmax(logits)[y] over C logits held in registers, leaving (p − onehot)·scale

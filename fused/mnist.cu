@@ -1,4 +1,4 @@
-// The MNIST classifier's training step as three fused kernels (CPU twin: src/mnist/model.rs and src/optim.rs).
+// The MNIST classifier's training step as three fused kernels (CPU twin: src/mnist/model.rs and src/ops/optim.rs).
 //
 //   z1 = X·W1ᵀ + b1   a = act(z1)   logits = a·W2ᵀ + b2   loss = −log softmax(logits)[y]
 //   X: B×I (a shuffled batch of images), W1: H×I, W2: C×H
@@ -16,7 +16,7 @@
 //                      makes the bias gradients fall out of the same tiles. Every gradient element is
 //                      written by one block (no atomics, deterministic). With clipping on, each block also
 //                      writes the Σg² of its elements.
-//   3. mnist_update    the optimizer over the flat parameter vector (optim.cuh, twin of src/optim.rs `update`).
+//   3. mnist_update    the optimizer over the flat parameter vector (optim.cuh, twin of src/ops/optim.rs `update`).
 //                      Every block sums the Σg² partials itself for the clip factor and derives Adam's bias
 //                      corrections from the step count, which lives on the device: the last block to finish
 //                      advances it, so a CUDA graph of many steps replays unchanged.

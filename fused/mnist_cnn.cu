@@ -1,4 +1,4 @@
-// The MNIST CNN's training step as three fused kernels (CPU twin: src/mnist/cnn.rs, src/optim.rs):
+// The MNIST CNN's training step as three fused kernels (CPU twin: src/mnist/cnn.rs, src/ops/optim.rs):
 //
 //   conv3x3(1→C1) → ReLU → maxpool2 → conv3x3(C1→C2) → ReLU → maxpool2 → flatten → FC → ReLU → FC → softmax
 //

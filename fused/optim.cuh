@@ -1,4 +1,4 @@
-// The optimizer update, shared by every fused pipeline (CPU twin: src/optim.rs `update`, same order of
+// The optimizer update, shared by every fused pipeline (CPU twin: src/ops/optim.rs `update`, same order of
 // operations as PyTorch's): per parameter, with g the gradient of the mean batch loss,
 //
 //   clip          g ← grad_scale·g      (grad_scale = min(1, clip / ‖g‖₂), computed by the caller)

@@ -1,4 +1,4 @@
-// The character-level Transformer's training step (CPU twin: src/transformer/model.rs, src/optim.rs):
+// The character-level Transformer's training step (CPU twin: src/transformer/model.rs, src/ops/optim.rs):
 //
 //   x = tok_emb[token] + pos_emb[t]
 //   per block:  x += proj(attention(LN1(x)));  x += mproj(gelu(fc(LN2(x))))

@@ -1,6 +1,6 @@
 //! Small dense kernels for the CPU references, written so the compiler vectorises them
 //! (eight independent accumulators) while the arithmetic stays plain fp32; matrix products through
-//! `matrixmultiply` in f32 or f64; the activations; and the generator every seeded stream draws from.
+//! `matrixmultiply` in f32 or f64; and the generator every seeded stream draws from.
 
 /// The generator of every seeded stream (initial parameters, shuffles, the selftest's problems):
 /// ChaCha8, whose output for a seed is promised not to change across platforms and releases, so a seed
@@ -208,57 +208,4 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<usize> {
         best.truncate(k);
     }
     best
-}
-
-/// The hidden-layer activations the pipelines offer, with their derivatives (the same math as
-/// fused/activations.cuh).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    Relu,
-    Sigmoid,
-    Tanh,
-}
-
-impl Activation {
-    pub const ALL: [Activation; 3] = [Activation::Relu, Activation::Sigmoid, Activation::Tanh];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu",
-            Activation::Sigmoid => "sigmoid",
-            Activation::Tanh => "tanh",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Activation> {
-        Self::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    #[inline]
-    pub fn apply(self, z: f32) -> f32 {
-        match self {
-            Activation::Relu => z.max(0.0),
-            Activation::Sigmoid => 1.0 / (1.0 + (-z).exp()),
-            Activation::Tanh => z.tanh(),
-        }
-    }
-
-    /// Its ACT_* code in fused/activations.cuh.
-    pub fn kernel_code(self) -> i32 {
-        match self {
-            Activation::Relu => 0,
-            Activation::Sigmoid => 1,
-            Activation::Tanh => 2,
-        }
-    }
-
-    /// act′(z), given z and a = act(z): ReLU reads z (0 at z = 0), sigmoid and tanh are cheapest from a.
-    #[inline]
-    pub fn derivative(self, z: f32, a: f32) -> f32 {
-        match self {
-            Activation::Relu => (z > 0.0) as u8 as f32,
-            Activation::Sigmoid => a * (1.0 - a),
-            Activation::Tanh => 1.0 - a * a,
-        }
-    }
 }

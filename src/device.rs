@@ -420,22 +420,49 @@ fn nvrtc_options(arch: String, extra: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The values of integer constant expressions as kernel file `unit` computes them with `defines` (e.g.
+/// `GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS`), read from the PTX of the file with the expressions
+/// appended as constants. The launch code's mirrors of kernel sizes are tested against this, so a size
+/// has one source, the kernel file. Needs NVRTC, not a GPU.
+pub fn kernel_constants(unit: &str, defines: &[(&str, i64)], expressions: &[&str]) -> Result<Vec<i64>> {
+    let mut source = kernel_source(unit)?.source.to_string();
+    for (i, e) in expressions.iter().enumerate() {
+        source.push_str(&format!("extern \"C\" __constant__ long long textnet_probe_{i} = (long long)({e});\n"));
+    }
+    let ptx = compile_ptx_source(unit, &source, (9, 0), &define_options(defines))?;
+    (0..expressions.len())
+        .map(|i| {
+            let name = format!("textnet_probe_{i} = ");
+            let line = ptx.lines().find(|l| l.contains(&name));
+            let value = line.and_then(|l| l.split(&name).nth(1)).map(|v| v.trim_end_matches(';').trim());
+            value
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("no value for {} in the PTX of fused/{unit}.cu", expressions[i]))
+        })
+        .collect()
+}
+
 /// Compiles `unit` to PTX with NVRTC (no cache), with extra options such as `-DNAME=value`.
 /// Errors carry NVRTC's log.
 pub fn compile_ptx(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
+    compile_ptx_source(unit.name, unit.source, compute_capability, extra)
+}
+
+/// `compile_ptx` of the text `source`, named as fused/{name}.cu in errors.
+fn compile_ptx_source(name: &str, source: &str, compute_capability: (i32, i32), extra: &[String]) -> Result<String> {
     nvrtc_available()?;
     quietly("NVRTC", || {
         let opts = cudarc::nvrtc::CompileOptions {
             options: nvrtc_options(nvrtc_arch(compute_capability), extra),
-            name: Some(format!("{}.cu", unit.name)),
+            name: Some(format!("{name}.cu")),
             ..Default::default()
         };
-        match cudarc::nvrtc::compile_ptx_with_opts(unit.source, opts) {
+        match cudarc::nvrtc::compile_ptx_with_opts(source, opts) {
             Ok(ptx) => Ok(ptx.to_src()),
             Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
-                bail!("NVRTC could not compile fused/{}.cu:\n{}", unit.name, log.to_string_lossy())
+                bail!("NVRTC could not compile fused/{name}.cu:\n{}", log.to_string_lossy())
             }
-            Err(e) => bail!("NVRTC failed on fused/{}.cu: {e:?}", unit.name),
+            Err(e) => bail!("NVRTC failed on fused/{name}.cu: {e:?}"),
         }
     })
 }
@@ -540,6 +567,13 @@ pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_constants_are_read_from_the_kernel_file() {
+        let values = kernel_constants("matmul", &[], &["THREADS", "WARPS * 3", "G128_LD"]).unwrap();
+        assert_eq!(values, [THREADS_PER_BLOCK as i64, 24, 132]);
+        assert!(kernel_constants("matmul", &[], &["NO_SUCH_NAME"]).is_err());
+    }
 
     #[test]
     fn arguments_are_checked_in_number_and_size() {

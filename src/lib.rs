@@ -1,10 +1,12 @@
 //! textnet: small neural networks trained with hand-written fused CUDA kernels (compiled at run time by
 //! NVRTC), each pipeline with a plain CPU reference of the same math.
 //!
-//! The `textnet` command is the usual way in (see the README). As a library, each pipeline is a module:
-//! [`text`] (the next-token model), [`mnist`], [`xor`], [`sales`] (its data and CPU reference so far) and
-//! [`transformer`] (the character-level Transformer: its data, CPU reference and model file so far).
-//! A pipeline has its CPU reference in `model`, its GPU trainer in `gpu` and the training loop both share.
+//! The `textnet` command is the usual way in (see the README). As a library, each pipeline is a module
+//! listed in [`pipelines::ALL`]: [`text`] (the next-token model), [`mnist`] (MLP and CNN), [`xor`],
+//! [`sales`] (tabular regression), [`transformer`] (the character-level Transformer) and [`matmul`]. A
+//! pipeline has its CPU reference in `model`, its GPU trainer in `gpu`, its command in `cli`, its selftest
+//! checks in `checks` and its bench in `bench`. Below them, [`ops`] holds the CPU twins of the shared
+//! kernels in `fused/*.cuh`, and the other modules the harness every pipeline uses.
 //!
 //! Train the text model on the CPU, save it, load it and predict:
 //!
@@ -49,14 +51,12 @@ pub mod cpu;
 pub mod device;
 pub mod fsutil;
 mod fused_source;
-pub mod gemm;
 pub mod generate;
 pub mod interrupt;
 pub mod matmul;
-pub mod mlp;
 pub mod mnist;
 pub mod modelkind;
-pub mod optim;
+pub mod ops;
 pub mod pipeline;
 pub mod pipelines;
 pub mod report;

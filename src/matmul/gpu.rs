@@ -1,7 +1,7 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
 use crate::device::{self, Arg, Gpu, THREADS_PER_BLOCK, quietly};
-use crate::gemm::{G128, G128_STAGED_FLOATS};
+use crate::ops::gemm::{G128, G128_STAGED_FLOATS};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::CudaSlice;
@@ -40,7 +40,7 @@ impl Kernel {
             Kernel::Tile128Split2 => ((2 * n.div_ceil(G128), m.div_ceil(G128)), 2 * G128_STAGED_FLOATS * f),
             Kernel::Tile64 => {
                 let (b, bk, t) = TILE64;
-                let shared = crate::gemm::tile_shared_floats(b, b, bk, t, t) * f;
+                let shared = crate::ops::gemm::tile_shared_floats(b, b, bk, t, t) * f;
                 ((n.div_ceil(b), m.div_ceil(b)), shared)
             }
         }

@@ -5,7 +5,7 @@ use super::gpu::{EVAL_CHUNK, GpuTrainer};
 use super::model::{Activation, MlpParams, MlpShape};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::Result;
 use rand::SeedableRng;

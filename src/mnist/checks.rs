@@ -10,7 +10,7 @@ use super::{CpuTrainer, MnistTrainer};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{self, OptimConfig, OptimKind};
+use crate::ops::optim::{self, OptimConfig, OptimKind};
 use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
 use crate::interrupt::{self, Interrupted};
-use crate::optim::{OptimArgs, OptimConfig, OptimKind};
+use crate::ops::optim::{OptimArgs, OptimConfig, OptimKind};
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
 use anyhow::{Result, bail};
 use serde_json::json;

@@ -20,6 +20,7 @@
 
 use super::idx::Split;
 use crate::cpu::SeededRng;
+use crate::ops::losses::softmax_xent;
 use anyhow::{Result, bail};
 use num_traits::Float;
 use rand::SeedableRng;
@@ -220,16 +221,6 @@ fn forward_one<T: Float>(shape: CnnShape, p: &Tensors<T>, image: &[f32]) -> Forw
         .map(|k| p.wo[k * fc..][..fc].iter().zip(&zh).fold(p.bo[k], |acc, (&w, &z)| acc + w * z.max(T::zero())))
         .collect();
     Forward { z1, p1, arg1, z2, f, arg2, zh, logits }
-}
-
-/// −log softmax(logits)[label], and softmax − onehot(label) into `d`.
-fn softmax_xent<T: Float>(logits: &[T], label: usize, d: &mut [T]) -> T {
-    let max = logits.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
-    let sum = logits.iter().fold(T::zero(), |s, &v| s + (v - max).exp());
-    for (k, (d, &v)) in d.iter_mut().zip(logits).enumerate() {
-        *d = (v - max).exp() / sum - if k == label { T::one() } else { T::zero() };
-    }
-    max + sum.ln() - logits[label]
 }
 
 /// Sends each pooled gradient to the window element the forward pass took, through relu's mask (z > 0).

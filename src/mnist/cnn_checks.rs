@@ -20,7 +20,7 @@ use super::idx::Split;
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;

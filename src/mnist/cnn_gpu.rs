@@ -6,7 +6,7 @@ use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
 use super::idx::Split;
 use crate::device::{Arg, Gpu, Kernel};
-use crate::optim::OptimConfig;
+use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use std::sync::Arc;
@@ -46,6 +46,18 @@ impl Sizes {
             update_blocks: (s.c1 + s.c2) * CONV_SLICES + fc_params.div_ceil(THREADS),
         }
     }
+}
+
+/// The -D sizes fused/mnist_cnn.cu is compiled with for `shape`.
+fn defines(shape: CnnShape) -> [(&'static str, i64); 6] {
+    [
+        ("CNN_SIDE", shape.side as i64),
+        ("CNN_C1", shape.c1 as i64),
+        ("CNN_C2", shape.c2 as i64),
+        ("CNN_FC", shape.fc as i64),
+        ("CNN_CLASSES", shape.classes as i64),
+        ("CNN_IMAGE_THREADS", IMAGE_THREADS as i64),
+    ]
 }
 
 struct Kernels {
@@ -112,17 +124,7 @@ impl GpuCnn {
         if train.pixels != shape.side * shape.side || test.pixels != train.pixels {
             bail!("the CNN takes {0}×{0} images", shape.side);
         }
-        let module = gpu.module(
-            "mnist_cnn",
-            &[
-                ("CNN_SIDE", shape.side as i64),
-                ("CNN_C1", shape.c1 as i64),
-                ("CNN_C2", shape.c2 as i64),
-                ("CNN_FC", shape.fc as i64),
-                ("CNN_CLASSES", shape.classes as i64),
-                ("CNN_IMAGE_THREADS", IMAGE_THREADS as i64),
-            ],
-        )?;
+        let module = gpu.module("mnist_cnn", &defines(shape))?;
         let load = |name: &str| Gpu::function(&module, name);
         let kernels = Kernels {
             forward: load("cnn_forward")?,
@@ -481,5 +483,24 @@ impl super::MnistTrainer for GpuCnn {
 
     fn params(&mut self) -> Result<super::Classifier> {
         Ok(super::Classifier::Cnn(self.cnn_params()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn sizes_match_the_kernel_file() {
+        let odd = CnnShape { side: 12, c1: 3, c2: 5, fc: 7, classes: 4 };
+        for shape in [CnnShape::MNIST, odd] {
+            let expressions =
+                ["PIX", "P1", "Z2", "FLAT", "FORWARD_SHARED_FLOATS * 4", "BACKWARD_SHARED_FLOATS * 4", "SLICES"];
+            let kernel = kernel_constants("mnist_cnn", &defines(shape), &expressions).unwrap();
+            let s = Sizes::of(shape);
+            let mirror = [s.pix, s.p1, s.z2, s.flat, s.forward_shared, s.backward_shared, CONV_SLICES];
+            assert_eq!(kernel, mirror.map(|v| v as i64), "{shape:?}");
+        }
     }
 }

@@ -8,7 +8,7 @@ use super::idx::Split;
 use super::model::{MlpParams, MlpShape};
 use super::{Evaluation, MnistTrainer};
 use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
-use crate::optim::OptimConfig;
+use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use std::sync::Arc;
@@ -42,14 +42,14 @@ impl MnistLayout {
         let MlpShape { inputs: i, hidden: h, classes: c, .. } = shape;
         let f = std::mem::size_of::<f32>();
         let (fm, fn_) = FORWARD_TILE;
-        let gemm = crate::gemm::tile_shared_floats(fm, fn_, i, FORWARD_REGISTER_TILE.0, FORWARD_REGISTER_TILE.1);
+        let gemm = crate::ops::gemm::tile_shared_floats(fm, fn_, i, FORWARD_REGISTER_TILE.0, FORWARD_REGISTER_TILE.1);
         let output_layer = (fm + c) * h + fm * c;
         let (bm, bn, bk) = BACKWARD_TILE;
         let tiles = |rows: usize, cols: usize| rows.div_ceil(bm) * cols.div_ceil(bn);
         MnistLayout {
             shape,
             forward_shared: gemm.max(output_layer) * f,
-            backward_shared: crate::gemm::tile_shared_floats(
+            backward_shared: crate::ops::gemm::tile_shared_floats(
                 bm,
                 bn,
                 bk,
@@ -502,5 +502,33 @@ impl MnistTrainer for GpuTrainer {
 
     fn params(&mut self) -> Result<super::Classifier> {
         Ok(super::Classifier::Mlp(MlpParams { shape: self.shape, flat: self.download(&self.params)? }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn sizes_match_the_kernel_file() {
+        let tiles = ["FWD_BM", "FWD_BN", "FWD_TM", "FWD_TN", "BWD_BM", "BWD_BN", "BWD_BK", "BWD_TM", "BWD_TN"];
+        let kernel = kernel_constants("mnist", &[], &tiles).unwrap();
+        let ((fm, fn_), (ftm, ftn)) = (FORWARD_TILE, FORWARD_REGISTER_TILE);
+        let ((bm, bn, bk), (btm, btn)) = (BACKWARD_TILE, BACKWARD_REGISTER_TILE);
+        assert_eq!(kernel, [fm, fn_, ftm, ftn, bm, bn, bk, btm, btn].map(|v| v as i64));
+        for (inputs, classes) in [(784, 10), (50, 7)] {
+            let defines = [("MNIST_I", inputs), ("MNIST_C", classes)];
+            let kernel = kernel_constants("mnist", &defines, &["ForwardTile::SHARED_FLOATS"]).unwrap();
+            let shape = MlpShape {
+                inputs: inputs as usize,
+                hidden: 1,
+                classes: classes as usize,
+                activation: crate::ops::activations::Activation::Relu,
+            };
+            let forward_gemm = crate::ops::gemm::tile_shared_floats(fm, fn_, shape.inputs, ftm, ftn);
+            assert_eq!(kernel, [forward_gemm as i64], "I = {inputs}");
+            assert!(MnistLayout::new(shape, 132).forward_shared >= forward_gemm * 4);
+        }
     }
 }

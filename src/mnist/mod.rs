@@ -24,7 +24,7 @@ pub mod model;
 pub mod train;
 
 use crate::device::Backend;
-use crate::optim::{OptimConfig, Optimizer};
+use crate::ops::optim::{OptimConfig, Optimizer};
 use anyhow::{Result, bail};
 use idx::Split;
 use model::{MlpParams, Workspace};

@@ -28,7 +28,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Uniform};
 use std::collections::HashMap;
 
-pub use crate::cpu::Activation;
+pub use crate::ops::activations::Activation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlpShape {
@@ -38,7 +38,7 @@ pub struct MlpShape {
     pub activation: Activation,
 }
 
-pub use crate::mlp::Parts;
+pub use crate::ops::mlp::Parts;
 
 /// Largest `--hidden` accepted: beyond it the four parameter-sized buffers (parameters, gradient, two
 /// Adam moments) would pass a few GB.

@@ -9,7 +9,7 @@ use super::gpu::GpuSales;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
 use super::train::{CpuSales, SalesTrainer};
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
 use anyhow::{Context, Result};
 use std::path::PathBuf;

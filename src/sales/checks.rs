@@ -18,7 +18,7 @@ use super::train::{CpuSales, SalesTrainer};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;

@@ -10,7 +10,7 @@ use super::train::{CpuSales, SalesTrainer};
 use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
-use crate::optim::OptimArgs;
+use crate::ops::optim::OptimArgs;
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
 use crate::resources::{MemoryNeed, available_memory};
 use anyhow::{Result, anyhow, bail};

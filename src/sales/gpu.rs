@@ -7,7 +7,7 @@ use super::data::{Dataset, Split, Stats};
 use super::model::{Evaluation, SalesParams, SalesShape};
 use super::train::SalesTrainer;
 use crate::device::{Arg, Gpu, Kernel};
-use crate::optim::OptimConfig;
+use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;

@@ -12,13 +12,13 @@
 //! ```
 //!
 //! The parameters live in one flat f32 vector, W1 (H×n, row-major), b1 (H), W2 (1×H), b2 (1), so the
-//! optimizers of `crate::optim` update them in one elementwise pass.
+//! optimizers of `crate::ops::optim` update them in one elementwise pass.
 
 use super::data::{Split, Stats};
 use crate::cpu::SeededRng;
 use crate::cpu::dot;
-use crate::mlp::Parts;
-use crate::optim::{OptimConfig, Optimizer};
+use crate::ops::mlp::Parts;
+use crate::ops::optim::{OptimConfig, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;

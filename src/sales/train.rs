@@ -3,7 +3,7 @@
 
 use super::data::{Dataset, Split, Stats};
 use super::model::{self, Evaluation, SalesParams};
-use crate::optim::{OptimConfig, Optimizer};
+use crate::ops::optim::{OptimConfig, Optimizer};
 use anyhow::Result;
 
 /// A model being trained on one dataset: the training split standardised with its own statistics, the

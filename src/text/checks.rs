@@ -18,7 +18,7 @@ use super::model::{self, TextParams, TextShape, context_of};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::{Result, bail};
 use rand::RngExt;
 use rayon::prelude::*;

@@ -14,7 +14,7 @@ use crate::checkpoint::{self, Keep, Keeper};
 use crate::console;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::interrupt::{self, Interrupted};
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::report::{self, Display, EpochRow, Report, Status};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
@@ -587,7 +587,7 @@ fn cpu_plan_line(
     let threads = rayon::current_num_threads();
     let threads = format!("{threads} thread{}", if threads == 1 { "" } else { "s" });
     let how = match (plan.cpu_default, plan.batch > 1) {
-        _ if optim.kind != crate::optim::OptimKind::Sgd => {
+        _ if optim.kind != crate::ops::optim::OptimKind::Sgd => {
             format!("batch {} and {} on the reference (one thread), {epochs}", plan.batch, optim.describe())
         }
         (true, _) => format!(

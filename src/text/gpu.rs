@@ -8,8 +8,8 @@
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
 use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
-use crate::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use std::collections::HashMap;
@@ -1136,5 +1136,19 @@ impl TextTrainer for GpuTrainer {
             w2: self.download(&p.w2)?,
             b2: self.download(&p.b2)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn sizes_match_the_kernel_files() {
+        let batch = kernel_constants("text_batch", &[], &["TILE", "SLICE", "B_SLICE", "WARPS"]).unwrap();
+        assert_eq!(batch, [TILE, SLICE, B_SLICE, WARPS].map(|v| v as i64));
+        let sample = kernel_constants("text_sample", &[], &["HS"]).unwrap();
+        assert_eq!(sample, [SAMPLE_UNITS as i64]);
     }
 }

@@ -36,7 +36,7 @@ pub struct CpuTrainer {
     pub params: TextParams,
     pub tokens: std::sync::Arc<[u32]>,
     /// Momentum or Adam (`model::optimizer_update`) in place of SGD at the `train` call's lr.
-    pub optimizer: Option<crate::optim::Optimizer>,
+    pub optimizer: Option<crate::ops::optim::Optimizer>,
 }
 
 impl CpuTrainer {

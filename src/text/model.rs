@@ -284,11 +284,16 @@ pub fn sgd_update(p: &mut TextParams, g: &Grads, contexts: &[&[u32]], lr: f32) {
     }
 }
 
-/// One step of `optimizer` (momentum or Adam; `src/optim.rs`) over every parameter, flattened in the
+/// One step of `optimizer` (momentum or Adam; `src/ops/optim.rs`) over every parameter, flattened in the
 /// order E, W1, b1, W2, b2. Unlike `sgd_update`, the embedding's gradient is dense: rows no context used
 /// get a zero gradient and still move under momentum, weight decay or Adam's moments, as a PyTorch
 /// `nn.Embedding` does with a dense optimizer.
-pub fn optimizer_update(p: &mut TextParams, g: &Grads, contexts: &[&[u32]], optimizer: &mut crate::optim::Optimizer) {
+pub fn optimizer_update(
+    p: &mut TextParams,
+    g: &Grads,
+    contexts: &[&[u32]],
+    optimizer: &mut crate::ops::optim::Optimizer,
+) {
     let grad: Vec<f32> = [&g.embedding_dense(p.shape, contexts)[..], &g.w1, &g.b1, &g.w2, &g.b2].concat();
     let mut flat: Vec<f32> = [&p.embedding[..], &p.w1, &p.b1, &p.w2, &p.b2].concat();
     optimizer.step(&mut flat, &grad);

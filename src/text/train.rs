@@ -9,7 +9,7 @@ use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
 use crate::cpu::SeededRng;
 use crate::device::Backend;
-use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;

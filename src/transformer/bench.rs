@@ -9,7 +9,7 @@ use super::gpu::GpuTransformer;
 use super::model::{self, Config};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
 use crate::timing::time_on_device;
 use anyhow::Result;

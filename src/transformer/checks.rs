@@ -21,7 +21,7 @@ use super::model::{self, Config, CpuTrainer, Layout};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use anyhow::Result;
 use rand::RngExt;
 use rand_distr::{Distribution, Normal};

@@ -11,7 +11,7 @@ use crate::checkpoint;
 use crate::cpu::SeededRng;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
-use crate::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
 use crate::resources::{self, MemoryNeed};
 use anyhow::{Result, bail};

@@ -5,21 +5,32 @@
 use super::data::Corpus;
 use super::model::{Config, Layout};
 use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
-use crate::optim::OptimConfig;
+use crate::ops::attention::AttentionSizes;
+use crate::ops::gemm::tile_shared_floats;
+use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
 use std::sync::Arc;
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 const WARPS: usize = THREADS / 32;
-/// gemm_tile's dynamic shared memory for the linear kernels (LIN_SHARED_FLOATS in fused/transformer.cu:
-/// the 32×64 tile's two k-major stages of 32 rows, padded by one).
-const LINEAR_SHARED_BYTES: usize = 4 * 32 * (33 + 65);
-/// Weight-gradient tile (WG_BM × WG_BN) and the rows per warp of tf_layernorm_backward.
+/// The linear kernels' output tile (LIN_BM × LIN_BN × LIN_BK with a LIN_TM × LIN_TN register tile) and
+/// weight-gradient tile (WG_BM = WG_BN = WG_BK, WG_TM = WG_TN) in fused/transformer.cu.
+const LINEAR_TILE: [usize; 5] = [32, 64, 32, 2, 4];
 const WG_TILE: usize = 32;
+const WG_REGISTER_TILE: usize = 2;
+/// gemm_tile's dynamic shared memory for the linear kernels: the larger of the two tiles'
+/// (LIN_SHARED_FLOATS).
+const LINEAR_SHARED_BYTES: usize = 4 * max(
+    tile_shared_floats(LINEAR_TILE[0], LINEAR_TILE[1], LINEAR_TILE[2], LINEAR_TILE[3], LINEAR_TILE[4]),
+    tile_shared_floats(WG_TILE, WG_TILE, WG_TILE, WG_REGISTER_TILE, WG_REGISTER_TILE),
+);
+/// Rows per block of tf_layernorm_backward (WARPS × LN_ROWS_PER_WARP).
 const LN_ROWS_PER_BLOCK: usize = WARPS * 4;
-/// Keys per block of tf_attention_backward (AttentionSizes::KC, for blocks of 64 and more).
-const ATTENTION_KEY_CHUNK: usize = 64;
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
 
 struct Kernels {
     embed_layernorm: Kernel,
@@ -157,11 +168,9 @@ impl GpuTransformer {
             embedding_backward: load("tf_embedding_backward")?,
             adamw: load("tf_adamw")?,
         };
-        // attention.cuh's AttentionSizes.
-        let (t, hs) = (config.block, config.head_size());
-        let attention_forward_shared = 4 * (3 * t * (hs + 1) + WARPS * t);
-        let kc = t.min(ATTENTION_KEY_CHUNK);
-        let attention_backward_shared = 4 * (4 * kc * (hs + 1) + 2 * kc * (kc + 1) + 2 * kc);
+        let sizes = AttentionSizes { t: config.block, hs: config.head_size(), warps: WARPS };
+        let attention_forward_shared = 4 * sizes.forward_floats();
+        let attention_backward_shared = 4 * sizes.backward_floats();
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
         gpu.reserve_shared(&kernels.linear_forward, LINEAR_SHARED_BYTES, "--embed")?;
@@ -247,7 +256,7 @@ impl GpuTransformer {
     }
 
     fn key_chunks(c: &Config) -> usize {
-        c.block.div_ceil(c.block.min(ATTENTION_KEY_CHUNK))
+        c.block.div_ceil(AttentionSizes { t: c.block, hs: c.head_size(), warps: WARPS }.key_chunk())
     }
 
     /// Row slices per weight-gradient tile: about two blocks per SM over all tiles, each slice at least
@@ -752,5 +761,23 @@ impl GpuTransformer {
     /// The residual stream's gradient left by the last backward pass (d of the embeddings' sum).
     pub fn embedding_sum_gradient(&self) -> Result<Vec<f32>> {
         Ok(self.gpu.stream.clone_dtoh(&self.buffers.d_res)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn sizes_match_the_kernel_file() {
+        let names = ["LIN_BM", "LIN_BN", "LIN_BK", "LIN_TM", "LIN_TN", "WG_BM", "WG_BN", "WG_BK", "WG_TM", "WG_TN"];
+        let mut expressions = names.to_vec();
+        expressions.extend(["LIN_SHARED_FLOATS * 4", "WARPS * LN_ROWS_PER_WARP"]);
+        let kernel = kernel_constants("transformer", &[], &expressions).unwrap();
+        let [bm, bn, bk, tm, tn] = LINEAR_TILE;
+        let (wg, wt) = (WG_TILE, WG_REGISTER_TILE);
+        let mirror = [bm, bn, bk, tm, tn, wg, wg, wg, wt, wt, LINEAR_SHARED_BYTES, LN_ROWS_PER_BLOCK];
+        assert_eq!(kernel, mirror.map(|v| v as i64));
     }
 }

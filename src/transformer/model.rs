@@ -21,15 +21,17 @@
 //! the bit whatever the thread count.
 
 use crate::cpu::{Mat, Real, SeededRng, gemm};
-use crate::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::activations::{gelu, gelu_grad};
+use crate::ops::attention::{attention, attention_backward};
+use crate::ops::constant;
+use crate::ops::layernorm::{layer_norm_backward, layer_norm_rows};
+use crate::ops::losses::softmax_xent;
+use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::{Result, bail};
 use num_traits::Float;
 use rand::SeedableRng;
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// The ε of every LayerNorm.
-pub const LN_EPS: f64 = 1e-5;
 
 /// The spec's default sizes (besides the vocabulary, which the corpus sets).
 pub const DEFAULT_BLOCK: usize = 64;
@@ -269,47 +271,6 @@ pub fn init(config: &Config, seed: u64) -> Vec<f32> {
     flat
 }
 
-fn constant<F: Float>(v: f64) -> F {
-    F::from(v).expect("a float constant")
-}
-
-/// GELU, tanh form: 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))).
-pub fn gelu<F: Float>(u: F) -> F {
-    let k: F = constant(std::f64::consts::FRAC_2_PI.sqrt());
-    let half: F = constant(0.5);
-    half * u * (F::one() + (k * (u + constant::<F>(0.044715) * u * u * u)).tanh())
-}
-
-/// d gelu(u) / du.
-pub fn gelu_grad<F: Float>(u: F) -> F {
-    let k: F = constant(std::f64::consts::FRAC_2_PI.sqrt());
-    let (a, half): (F, F) = (constant(0.044715), constant(0.5));
-    let th = (k * (u + a * u * u * u)).tanh();
-    half * (F::one() + th) + half * u * (F::one() - th * th) * k * (F::one() + constant::<F>(3.0) * a * u * u)
-}
-
-/// LayerNorm of one row into `out`; returns its mean and 1/√(σ² + ε).
-pub fn layer_norm<F: Float>(x: &[F], w: &[F], b: &[F], out: &mut [F]) -> (F, F) {
-    let n: F = constant(x.len() as f64);
-    let mean = x.iter().fold(F::zero(), |s, &v| s + v) / n;
-    let var = x.iter().fold(F::zero(), |s, &v| s + (v - mean) * (v - mean)) / n;
-    let rstd = F::one() / (var + constant(LN_EPS)).sqrt();
-    for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(w).zip(b) {
-        *o = (v - mean) * rstd * w + b;
-    }
-    (mean, rstd)
-}
-
-/// `−log softmax(logits)[target]`, and softmax − onehot(target) into `d`.
-pub fn cross_entropy<F: Float>(logits: &[F], target: usize, d: &mut [F]) -> F {
-    let max = logits.iter().fold(F::neg_infinity(), |m, &v| m.max(v));
-    let sum = logits.iter().fold(F::zero(), |s, &v| s + (v - max).exp());
-    for (k, (d, &v)) in d.iter_mut().zip(logits).enumerate() {
-        *d = (v - max).exp() / sum - if k == target { F::one() } else { F::zero() };
-    }
-    max + sum.ln() - logits[target]
-}
-
 /// One block's activations over the batch: rows b·T + t, sequence after sequence.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BlockForward<F> {
@@ -431,120 +392,6 @@ fn linear_backward<F: Real>(x: &[F], d_out: &[F], rows: usize, w: &[F], gw: &mut
     d_x
 }
 
-/// LayerNorm of each row of `x`: the outputs, means and 1/√(σ² + ε).
-fn layer_norm_rows<F: Float>(x: &[F], w: &[F], b: &[F]) -> (Vec<F>, Vec<F>, Vec<F>) {
-    let mut out = vec![F::zero(); x.len()];
-    let (mean, rstd) =
-        x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())).map(|(x, o)| layer_norm(x, w, b, o)).unzip();
-    (out, mean, rstd)
-}
-
-/// LayerNorm's backward over rows: adds to `gw` and `gb`, returns d x.
-fn layer_norm_backward<F: Float>(
-    x: &[F],
-    mean: &[F],
-    rstd: &[F],
-    w: &[F],
-    d_out: &[F],
-    gw: &mut [F],
-    gb: &mut [F],
-) -> Vec<F> {
-    let c = w.len();
-    let n: F = constant(c as f64);
-    let mut d_x = vec![F::zero(); x.len()];
-    let mut xhat = vec![F::zero(); c];
-    let mut d_xhat = vec![F::zero(); c];
-    for (((x, d_out), d_x), (&mean, &rstd)) in
-        x.chunks_exact(c).zip(d_out.chunks_exact(c)).zip(d_x.chunks_exact_mut(c)).zip(mean.iter().zip(rstd))
-    {
-        for i in 0..c {
-            xhat[i] = (x[i] - mean) * rstd;
-            d_xhat[i] = d_out[i] * w[i];
-            gw[i] = gw[i] + d_out[i] * xhat[i];
-            gb[i] = gb[i] + d_out[i];
-        }
-        let mean_d = d_xhat.iter().fold(F::zero(), |s, &v| s + v) / n;
-        let mean_dx = d_xhat.iter().zip(&xhat).fold(F::zero(), |s, (&d, &h)| s + d * h) / n;
-        for i in 0..c {
-            d_x[i] = rstd * (d_xhat[i] - mean_d - xhat[i] * mean_dx);
-        }
-    }
-    d_x
-}
-
-fn dot<F: Float>(a: &[F], b: &[F]) -> F {
-    a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y)
-}
-
-/// Causal attention of one sequence of `n` positions from its qkv rows: y `[n][C]` and the probabilities
-/// `[NH][n][n]`.
-fn attention<F: Float>(qkv: &[F], n: usize, heads: usize, hs: usize) -> (Vec<F>, Vec<F>) {
-    let c = heads * hs;
-    let scale = F::one() / constant::<F>(hs as f64).sqrt();
-    let mut y = vec![F::zero(); n * c];
-    let mut att = vec![F::zero(); heads * n * n];
-    for h in 0..heads {
-        let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
-        for t in 0..n {
-            let p = &mut att[(h * n + t) * n..][..t + 1];
-            let q_t = &qkv[t * 3 * c + q..][..hs];
-            for (u, s) in p.iter_mut().enumerate() {
-                *s = dot(q_t, &qkv[u * 3 * c + k..][..hs]) * scale;
-            }
-            let max = p.iter().fold(F::neg_infinity(), |m, &s| m.max(s));
-            p.iter_mut().for_each(|s| *s = (*s - max).exp());
-            let sum = p.iter().fold(F::zero(), |a, &e| a + e);
-            p.iter_mut().for_each(|s| *s = *s / sum);
-            let y_t = &mut y[t * c + h * hs..][..hs];
-            for (u, &p) in p.iter().enumerate() {
-                y_t.iter_mut().zip(&qkv[u * 3 * c + v..][..hs]).for_each(|(y, &v)| *y = *y + p * v);
-            }
-        }
-    }
-    (y, att)
-}
-
-/// `attention`'s backward from d y: d probabilities, d scores and d qkv.
-fn attention_backward<F: Float>(
-    qkv: &[F],
-    att: &[F],
-    d_y: &[F],
-    n: usize,
-    heads: usize,
-    hs: usize,
-) -> (Vec<F>, Vec<F>, Vec<F>) {
-    let c = heads * hs;
-    let scale = F::one() / constant::<F>(hs as f64).sqrt();
-    let mut d_att = vec![F::zero(); heads * n * n];
-    let mut d_scores = vec![F::zero(); heads * n * n];
-    let mut d_qkv = vec![F::zero(); n * 3 * c];
-    for h in 0..heads {
-        let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
-        for t in 0..n {
-            let row = (h * n + t) * n;
-            let p = &att[row..][..t + 1];
-            let d_y_t = &d_y[t * c + h * hs..][..hs];
-            for u in 0..=t {
-                d_att[row + u] = dot(d_y_t, &qkv[u * 3 * c + v..][..hs]);
-                let d_v = &mut d_qkv[u * 3 * c + v..][..hs];
-                d_v.iter_mut().zip(d_y_t).for_each(|(d, &g)| *d = *d + p[u] * g);
-            }
-            let pd = dot(p, &d_att[row..][..t + 1]);
-            for u in 0..=t {
-                let d_s = p[u] * (d_att[row + u] - pd);
-                d_scores[row + u] = d_s;
-                let g = d_s * scale;
-                for i in 0..hs {
-                    let (qi, ki) = (qkv[t * 3 * c + q + i], qkv[u * 3 * c + k + i]);
-                    d_qkv[t * 3 * c + q + i] = d_qkv[t * 3 * c + q + i] + g * ki;
-                    d_qkv[u * 3 * c + k + i] = d_qkv[u * 3 * c + k + i] + g * qi;
-                }
-            }
-        }
-    }
-    (d_att, d_scores, d_qkv)
-}
-
 impl<F: Real> Forward<F> {
     fn empty(config: &Config, batch: usize, seq: usize) -> Forward<F> {
         Forward {
@@ -612,7 +459,7 @@ impl<F: Real> Forward<F> {
             let losses = logits
                 .chunks_exact(config.vocab)
                 .zip(targets)
-                .map(|(row, &t)| cross_entropy(row, t as usize, &mut d))
+                .map(|(row, &t)| softmax_xent(row, t as usize, &mut d))
                 .collect();
             push(&mut self.losses, losses);
         }
@@ -689,7 +536,7 @@ impl<F: Real> Backward<F> {
         let mut g = layout.views_mut(&mut own);
         let mut d_logits = vec![F::zero(); n * v];
         for ((d, row), &t) in d_logits.chunks_exact_mut(v).zip(at(&f.logits).chunks_exact(v)).zip(targets) {
-            cross_entropy(row, t as usize, d);
+            softmax_xent(row, t as usize, d);
             d.iter_mut().for_each(|d| *d = *d * scale);
         }
         let head = head_tensor(config);

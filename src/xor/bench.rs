@@ -6,8 +6,8 @@
 use super::checks::{EPOCHS, LR, REPORT_EVERY, worst_error};
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, TARGETS, XorParams};
-use crate::cpu::Activation;
 use crate::device::Gpu;
+use crate::ops::activations::Activation;
 use crate::timing::{median, time_on_device};
 use anyhow::Result;
 use std::sync::Arc;

@@ -15,9 +15,9 @@
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, XorParams};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
-use crate::cpu::Activation;
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::ops::activations::Activation;
 use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;

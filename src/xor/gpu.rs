@@ -10,7 +10,7 @@ use std::sync::Arc;
 pub struct GpuXor {
     gpu: Arc<Gpu>,
     kernel: Kernel,
-    activation: crate::cpu::Activation,
+    activation: crate::ops::activations::Activation,
     w1: CudaSlice<f32>,
     b1: CudaSlice<f32>,
     w2: CudaSlice<f32>,

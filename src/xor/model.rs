@@ -5,8 +5,9 @@
 //! trained by full-batch SGD. The arithmetic runs in the kernel's order (hidden units in turn, the four
 //! points in turn) so the two read side by side.
 
-use crate::cpu::Activation;
 use crate::cpu::SeededRng;
+use crate::ops::activations::Activation;
+use crate::ops::losses::squared_error;
 use rand::SeedableRng;
 
 /// The four XOR points and their targets.
@@ -109,9 +110,10 @@ pub fn loss_and_grads_summed(p: &XorParams, perturbed: bool) -> (f32, XorGrads) 
             y[k] += p.w2[j] * a[j][k];
         }
     }
-    // ∂loss/∂y for each point: 2(y − t)/4.
-    let dy: [f32; 4] = std::array::from_fn(|k| 0.5 * (y[k] - TARGETS[k]));
-    let loss = (0..4).map(|k| (y[k] - TARGETS[k]) * (y[k] - TARGETS[k])).sum::<f32>() / 4.0;
+    // Each point's (y − t)² and ∂loss/∂y = 2(y − t)/4.
+    let errors: [(f32, f32); 4] = std::array::from_fn(|k| squared_error(y[k], TARGETS[k], 0.5));
+    let dy = errors.map(|(_, dy)| dy);
+    let loss = errors.iter().map(|(e, _)| e).sum::<f32>() / 4.0;
     let mut g =
         XorGrads { w1: vec![0.0; 2 * h], b1: vec![0.0; h], w2: vec![0.0; h], b2: points.iter().map(|&k| dy[k]).sum() };
     for j in 0..h {

@@ -3,7 +3,7 @@
 //! `kind` (`xor`), `activation` and `hidden`.
 
 use super::model::XorParams;
-use crate::cpu::Activation;
+use crate::ops::activations::Activation;
 use anyhow::{Context, Result, anyhow, bail};
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@ use textnet::mnist::gpu::GpuTrainer;
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
-use textnet::optim::{OptimConfig, OptimKind};
+use textnet::ops::optim::{OptimConfig, OptimKind};
 use textnet::pipelines;
 
 /// Each pipeline in the list, all groups of checks, from one seed printed so that a failure can be

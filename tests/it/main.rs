@@ -1,6 +1,6 @@
 //! The integration tests, one crate (one link step): `common` holds the helpers, then one module per
 //! subject, named after the pipeline it tests (`text_*`, `mnist_*`, `xor_*`, `sales_*`, `transformer_*`,
-//! `matmul_*`), the command-line behaviour shared by all (`cli_*`, `model_files`), the bad-input audit's
+//! `matmul_*`), the shared operations (`ops`), the command-line behaviour shared by all (`cli_*`, `model_files`), the bad-input audit's
 //! regressions (`bad_input_*`), the import rule (`layering`), NVRTC (`nvrtc`) and the GPU (`gpu`, ignored
 //! without one: `cargo test --release -- --ignored`).
 
@@ -29,6 +29,7 @@ mod mnist_idx;
 mod mnist_model;
 mod model_files;
 mod nvrtc;
+mod ops;
 mod sales_checks;
 mod sales_cli;
 mod sales_data;

@@ -96,7 +96,7 @@ fn the_roadmap_shape_has_its_parameter_count() {
 fn training_check_problems_stay_clear_nearly_always() {
     use textnet::mnist::cnn::kink_margin;
     use textnet::mnist::cnn_checks::{MARGIN, TRAINING_SHAPE, optimizers, random_split};
-    use textnet::optim::Optimizer;
+    use textnet::ops::optim::Optimizer;
     let mut rng = SeededRng::seed_from_u64(20261123);
     let (mut clear, mut drawn) = (0, 0);
     for optim in optimizers() {

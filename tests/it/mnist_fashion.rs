@@ -8,7 +8,7 @@ use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
 use textnet::mnist::{CpuTrainer, MnistTrainer};
-use textnet::optim::{OptimConfig, OptimKind};
+use textnet::ops::optim::{OptimConfig, OptimKind};
 
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 

@@ -5,7 +5,7 @@ use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
 use textnet::mnist::idx::Split;
 use textnet::mnist::model::{self, Activation, MlpParams, MlpShape, Workspace};
-use textnet::optim::{OptimConfig, OptimKind, Optimizer, clip_scale, global_norm};
+use textnet::ops::optim::{OptimConfig, OptimKind, Optimizer, clip_scale, global_norm};
 
 /// `n` random samples of `inputs` values in [0,1], labels below `classes`.
 fn random_split(n: usize, inputs: usize, classes: usize, rng: &mut SeededRng) -> Split {

@@ -5,7 +5,7 @@ use crate::common::relative;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
-use textnet::optim::{OptimConfig, OptimKind};
+use textnet::ops::optim::{OptimConfig, OptimKind};
 use textnet::sales::data::{Dataset, LoadOptions, Schema, Split, Stats, Table};
 use textnet::sales::model::{SalesParams, SalesShape, Schedule, baseline_mae, evaluate, loss_and_grad, predict, train};
 

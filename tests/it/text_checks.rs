@@ -12,8 +12,11 @@ use textnet::text::checks::{
 };
 use textnet::text::model::{self, TextParams, TextShape};
 
-fn sgd(lr: f32) -> textnet::optim::OptimConfig {
-    textnet::optim::OptimConfig { lr, ..textnet::optim::OptimConfig::new(textnet::optim::OptimKind::Sgd) }
+fn sgd(lr: f32) -> textnet::ops::optim::OptimConfig {
+    textnet::ops::optim::OptimConfig {
+        lr,
+        ..textnet::ops::optim::OptimConfig::new(textnet::ops::optim::OptimKind::Sgd)
+    }
 }
 
 fn tiny() -> (TextParams, Arc<[u32]>) {

@@ -7,7 +7,8 @@ use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use textnet::cpu::SeededRng;
-use textnet::transformer::model::{Backward, Config, Layout, backward, cross_entropy, forward, init, loss_and_grad};
+use textnet::ops::losses::softmax_xent;
+use textnet::transformer::model::{Backward, Config, Layout, backward, forward, init, loss_and_grad};
 
 const CONFIG: Config = Config { vocab: 7, block: 5, embed: 8, heads: 2, layers: 2 };
 const H: f64 = 1e-5;
@@ -119,7 +120,7 @@ fn d_logits_matches_finite_differences() {
     let v = CONFIG.vocab;
     let loss_of = |logits: &[f64]| -> f64 {
         let mut d = vec![0.0; v];
-        logits.chunks(v).zip(&targets).map(|(row, &t)| cross_entropy(row, t as usize, &mut d)).sum::<f64>()
+        logits.chunks(v).zip(&targets).map(|(row, &t)| softmax_xent(row, t as usize, &mut d)).sum::<f64>()
             / targets.len() as f64
     };
     assert!((loss_of(&f.logits) - f.loss.unwrap()).abs() < 1e-15);

@@ -1,15 +1,13 @@
 //! The transformer's CPU reference beyond its gradients: the parameter layout and initialisation, the
-//! sizes it refuses, LayerNorm / softmax cross-entropy / GELU at hand-computed values, causality, the
+//! sizes it refuses, causality, the
 //! logits for generation, and training: repeatable to the bit at any thread count, and a short run on a
 //! repetitive text whose loss falls clearly.
 
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
-use textnet::optim::OptimConfig;
+use textnet::ops::optim::OptimConfig;
 use textnet::transformer::data::{Corpus, train_offsets, val_offsets, windows};
-use textnet::transformer::model::{
-    Config, CpuTrainer, Layout, cross_entropy, default_optim, forward, gelu, gelu_grad, init, layer_norm, next_logits,
-};
+use textnet::transformer::model::{Config, CpuTrainer, Layout, default_optim, forward, init, next_logits};
 
 const TINY: Config = Config { vocab: 7, block: 5, embed: 8, heads: 2, layers: 2 };
 
@@ -94,52 +92,6 @@ fn sizes_are_checked_with_one_line_errors() {
     assert_eq!(err(Config { embed: 0, ..TINY }), "--embed must be at least 1");
     assert_eq!(err(Config { heads: 0, ..TINY }), "--heads must be at least 1");
     assert_eq!(err(Config { layers: 0, ..TINY }), "--layers must be at least 1");
-}
-
-fn assert_close(got: f64, want: f64) {
-    assert!((got - want).abs() < 1e-12, "{got} is not {want}");
-}
-
-#[test]
-fn layer_norm_softmax_and_gelu_at_hand_computed_values() {
-    // x = [1, 2, 3, 4]: μ 2.5, σ² 1.25, r = 1/√1.25001.
-    let mut out = [0.0; 4];
-    let (mean, rstd) = layer_norm(&[1.0, 2.0, 3.0, 4.0], &[1.0; 4], &[0.0; 4], &mut out);
-    assert_close(mean, 2.5);
-    assert_close(rstd, 0.894423613312618);
-    for (o, want) in out.iter().zip([-1.3416354199689269, -0.447211806656309, 0.447211806656309, 1.3416354199689269]) {
-        assert_close(*o, want);
-    }
-    // x = [0.5, −1.5, 2], w 2, b 1: μ 1/3, σ² 2.0556.
-    let mut out = [0.0; 3];
-    layer_norm(&[0.5, -1.5, 2.0], &[2.0; 3], &[1.0; 3], &mut out);
-    for (o, want) in out.iter().zip([1.2324947119606486, -1.557441831567135, 3.3249471196064864]) {
-        assert_close(*o, want);
-    }
-    // logits [1, 2, 3]: log Σ eˡ = 3.40760596444438.
-    let mut d = [0.0; 3];
-    assert_close(cross_entropy(&[1.0, 2.0, 3.0], 0, &mut d), 2.40760596444438);
-    for (g, want) in d.iter().zip([0.09003057317038048 - 1.0, 0.2447284710547977, 0.665240955774822]) {
-        assert_close(*g, want);
-    }
-    assert_close(cross_entropy(&[1.0, 2.0, 3.0], 2, &mut d), 0.40760596444438013);
-    // Large logits do not overflow.
-    assert_close(cross_entropy(&[1000.0, 1001.0, 1002.0], 2, &mut d), 0.40760596444438013);
-    for (u, want) in [
-        (1.0, 0.8411919906082768),
-        (-1.0, -0.15880800939172324),
-        (2.0, 1.954597694087775),
-        (-3.0, -0.0036373920817729943),
-        (0.0, 0.0),
-    ] {
-        assert_close(gelu(u), want);
-    }
-    for (u, want) in [(1.0, 1.0829640838457826), (-1.0, -0.08296408384578255), (0.5, 0.8673699035346424), (0.0, 0.5)] {
-        assert_close(gelu_grad(u), want);
-        assert!((gelu_grad(u) - (gelu(u + 1e-6) - gelu(u - 1e-6)) / 2e-6).abs() < 1e-9);
-    }
-    // f32 agrees.
-    assert!((gelu(1.0f32) - 0.841_192).abs() < 1e-6);
 }
 
 fn random_params(config: &Config, seed: u64) -> Vec<f64> {

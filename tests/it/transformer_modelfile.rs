@@ -108,7 +108,7 @@ fn other_kinds_of_model_file_are_refused() {
     );
     assert!(refusal(b"hello, world").starts_with("not a safetensors file"));
     // A real XOR model file.
-    let xor = textnet::xor::model::XorParams::init(4, textnet::cpu::Activation::Tanh, 1);
+    let xor = textnet::xor::model::XorParams::init(4, textnet::ops::activations::Activation::Tanh, 1);
     assert!(refusal(&textnet::xor::modelfile::to_bytes(&xor).unwrap()).contains("an XOR network"));
 }
 

@@ -2,8 +2,8 @@
 //! draws for the smooth activations and every width, and its sensitivity test sees a run that is not tame.
 
 use rand::SeedableRng;
-use textnet::cpu::Activation;
 use textnet::cpu::SeededRng;
+use textnet::ops::activations::Activation;
 use textnet::xor::checks::{EPOCHS, LR, SENSITIVITY, reference_problem, worst_error};
 use textnet::xor::model::{XorParams, train};
 

@@ -4,7 +4,7 @@ use crate::common::{fails_with, report, stderr, stdout, textnet};
 use safetensors::SafeTensors;
 use std::path::Path;
 use std::process::Output;
-use textnet::cpu::Activation;
+use textnet::ops::activations::Activation;
 use textnet::xor::model::{self, INPUTS, TARGETS, XorParams};
 use textnet::xor::modelfile;
 

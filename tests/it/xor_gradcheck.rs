@@ -2,7 +2,7 @@
 //! parameter, with each activation (ReLU at a point where no perturbation crosses the kink).
 
 use crate::common::relative;
-use textnet::cpu::Activation;
+use textnet::ops::activations::Activation;
 use textnet::xor::model::{INPUTS, TARGETS, XorParams, loss_and_grads, predict, train};
 
 const EPS: f32 = 1e-2;

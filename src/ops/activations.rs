@@ -1,0 +1,73 @@
+//! The CPU twin of fused/activations.cuh: the hidden-layer activations the pipelines offer, with their
+//! derivatives, and the Transformer's GELU (tanh form).
+
+use super::constant;
+use num_traits::Float;
+
+/// The hidden-layer activations the pipelines offer, with their derivatives (the same math as
+/// fused/activations.cuh).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    Sigmoid,
+    Tanh,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 3] = [Activation::Relu, Activation::Sigmoid, Activation::Tanh];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Activation> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    #[inline]
+    pub fn apply(self, z: f32) -> f32 {
+        match self {
+            Activation::Relu => z.max(0.0),
+            Activation::Sigmoid => 1.0 / (1.0 + (-z).exp()),
+            Activation::Tanh => z.tanh(),
+        }
+    }
+
+    /// Its ACT_* code in fused/activations.cuh.
+    pub fn kernel_code(self) -> i32 {
+        match self {
+            Activation::Relu => 0,
+            Activation::Sigmoid => 1,
+            Activation::Tanh => 2,
+        }
+    }
+
+    /// act′(z), given z and a = act(z): ReLU reads z (0 at z = 0), sigmoid and tanh are cheapest from a.
+    #[inline]
+    pub fn derivative(self, z: f32, a: f32) -> f32 {
+        match self {
+            Activation::Relu => (z > 0.0) as u8 as f32,
+            Activation::Sigmoid => a * (1.0 - a),
+            Activation::Tanh => 1.0 - a * a,
+        }
+    }
+}
+
+/// GELU, tanh form: 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))).
+pub fn gelu<F: Float>(u: F) -> F {
+    let k: F = constant(std::f64::consts::FRAC_2_PI.sqrt());
+    let half: F = constant(0.5);
+    half * u * (F::one() + (k * (u + constant::<F>(0.044715) * u * u * u)).tanh())
+}
+
+/// d gelu(u) / du.
+pub fn gelu_grad<F: Float>(u: F) -> F {
+    let k: F = constant(std::f64::consts::FRAC_2_PI.sqrt());
+    let (a, half): (F, F) = (constant(0.044715), constant(0.5));
+    let th = (k * (u + a * u * u * u)).tanh();
+    half * (F::one() + th) + half * u * (F::one() - th * th) * k * (F::one() + constant::<F>(3.0) * a * u * u)
+}

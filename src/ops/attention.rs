@@ -1,0 +1,129 @@
+//! The CPU twin of fused/attention.cuh: causal multi-head self-attention of one sequence from its packed
+//! q, k, v rows (`[n][3C]`, head h at dims h·hs..(h+1)·hs of each third), forward and backward, with the
+//! T×T probabilities kept (the GPU keeps only their log-sum-exp and rebuilds them).
+
+use super::constant;
+use num_traits::Float;
+
+/// attention.cuh's `AttentionSizes<T, HS>`: the launch code's one mirror of its shared-memory sizes, for
+/// sequences of `t` positions and heads of `hs` dims in blocks of `warps` warps (tested against the
+/// kernel file).
+pub struct AttentionSizes {
+    pub t: usize,
+    pub hs: usize,
+    pub warps: usize,
+}
+
+impl AttentionSizes {
+    /// Keys per block of the backward pass (KC).
+    pub fn key_chunk(&self) -> usize {
+        self.t.min(64)
+    }
+
+    /// Floats of the forward kernel's shared memory (FORWARD_FLOATS): q, k, v rows padded by one, and a
+    /// row of probabilities per warp.
+    pub fn forward_floats(&self) -> usize {
+        3 * self.t * (self.hs + 1) + self.warps * self.t
+    }
+
+    /// Floats of the backward kernel's shared memory (BACKWARD_FLOATS).
+    pub fn backward_floats(&self) -> usize {
+        let kc = self.key_chunk();
+        4 * kc * (self.hs + 1) + 2 * kc * (kc + 1) + 2 * kc
+    }
+}
+
+fn dot<F: Float>(a: &[F], b: &[F]) -> F {
+    a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y)
+}
+
+/// Causal attention of one sequence of `n` positions from its qkv rows: y `[n][C]` and the probabilities
+/// `[NH][n][n]`.
+pub fn attention<F: Float>(qkv: &[F], n: usize, heads: usize, hs: usize) -> (Vec<F>, Vec<F>) {
+    let c = heads * hs;
+    let scale = F::one() / constant::<F>(hs as f64).sqrt();
+    let mut y = vec![F::zero(); n * c];
+    let mut att = vec![F::zero(); heads * n * n];
+    for h in 0..heads {
+        let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
+        for t in 0..n {
+            let p = &mut att[(h * n + t) * n..][..t + 1];
+            let q_t = &qkv[t * 3 * c + q..][..hs];
+            for (u, s) in p.iter_mut().enumerate() {
+                *s = dot(q_t, &qkv[u * 3 * c + k..][..hs]) * scale;
+            }
+            let max = p.iter().fold(F::neg_infinity(), |m, &s| m.max(s));
+            p.iter_mut().for_each(|s| *s = (*s - max).exp());
+            let sum = p.iter().fold(F::zero(), |a, &e| a + e);
+            p.iter_mut().for_each(|s| *s = *s / sum);
+            let y_t = &mut y[t * c + h * hs..][..hs];
+            for (u, &p) in p.iter().enumerate() {
+                y_t.iter_mut().zip(&qkv[u * 3 * c + v..][..hs]).for_each(|(y, &v)| *y = *y + p * v);
+            }
+        }
+    }
+    (y, att)
+}
+
+/// `attention`'s backward from d y: d probabilities, d scores and d qkv.
+pub fn attention_backward<F: Float>(
+    qkv: &[F],
+    att: &[F],
+    d_y: &[F],
+    n: usize,
+    heads: usize,
+    hs: usize,
+) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let c = heads * hs;
+    let scale = F::one() / constant::<F>(hs as f64).sqrt();
+    let mut d_att = vec![F::zero(); heads * n * n];
+    let mut d_scores = vec![F::zero(); heads * n * n];
+    let mut d_qkv = vec![F::zero(); n * 3 * c];
+    for h in 0..heads {
+        let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
+        for t in 0..n {
+            let row = (h * n + t) * n;
+            let p = &att[row..][..t + 1];
+            let d_y_t = &d_y[t * c + h * hs..][..hs];
+            for u in 0..=t {
+                d_att[row + u] = dot(d_y_t, &qkv[u * 3 * c + v..][..hs]);
+                let d_v = &mut d_qkv[u * 3 * c + v..][..hs];
+                d_v.iter_mut().zip(d_y_t).for_each(|(d, &g)| *d = *d + p[u] * g);
+            }
+            let pd = dot(p, &d_att[row..][..t + 1]);
+            for u in 0..=t {
+                let d_s = p[u] * (d_att[row + u] - pd);
+                d_scores[row + u] = d_s;
+                let g = d_s * scale;
+                for i in 0..hs {
+                    let (qi, ki) = (qkv[t * 3 * c + q + i], qkv[u * 3 * c + k + i]);
+                    d_qkv[t * 3 * c + q + i] = d_qkv[t * 3 * c + q + i] + g * ki;
+                    d_qkv[u * 3 * c + k + i] = d_qkv[u * 3 * c + k + i] + g * qi;
+                }
+            }
+        }
+    }
+    (d_att, d_scores, d_qkv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AttentionSizes;
+    use crate::device::{THREADS_PER_BLOCK, kernel_constants};
+
+    #[test]
+    fn sizes_match_the_kernel_file() {
+        for (t, hs) in [(64, 16), (256, 64), (32, 8), (5, 3), (100, 12)] {
+            let sizes = AttentionSizes { t, hs, warps: THREADS_PER_BLOCK as usize / 32 };
+            let s = format!("AttentionSizes<{t}, {hs}>");
+            let kernel = kernel_constants(
+                "transformer",
+                &[],
+                &[&format!("{s}::KC"), &format!("{s}::FORWARD_FLOATS"), &format!("{s}::BACKWARD_FLOATS")],
+            )
+            .unwrap();
+            let mirror = [sizes.key_chunk(), sizes.forward_floats(), sizes.backward_floats()];
+            assert_eq!(kernel, mirror.map(|v| v as i64), "T = {t}, HS = {hs}");
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! The shared operations below every pipeline: the CPU twin of each shared kernel header in `fused/`, and
+//! the sizes those kernels need from the launch code. A pipeline's CPU reference is built from these, as
+//! its kernels are built from the headers, so the two stay the same math.
+//!
+//! | module | twin of | what |
+//! |---|---|---|
+//! | [`activations`] | `activations.cuh` | ReLU, sigmoid, tanh with their derivatives; GELU |
+//! | [`losses`] | `losses.cuh` | softmax cross-entropy, squared error |
+//! | [`layernorm`] | `layernorm.cuh` | LayerNorm forward and backward |
+//! | [`attention`] | `attention.cuh` | causal multi-head self-attention forward and backward |
+//! | [`optim`] | `optim.cuh` | SGD, momentum, Adam, AdamW, weight decay, clipping |
+//! | [`gemm`] | `gemm.cuh` | the tiles' shared-memory sizes (the products themselves: `crate::cpu::gemm`) |
+//! | [`mlp`] | the MLP kernels' layout | a two-layer perceptron's parameters as views of one flat vector |
+
+pub mod activations;
+pub mod attention;
+pub mod gemm;
+pub mod layernorm;
+pub mod losses;
+pub mod mlp;
+pub mod optim;
+
+use num_traits::Float;
+
+/// `v` in the float type `F`.
+pub fn constant<F: Float>(v: f64) -> F {
+    F::from(v).expect("a float constant")
+}

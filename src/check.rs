@@ -37,6 +37,13 @@ pub fn rel_error(a: &[f32], b: &[f32]) -> f64 {
     if norm == 0.0 { if diff == 0.0 { 0.0 } else { f64::INFINITY } } else { (diff / norm).sqrt() }
 }
 
+/// The largest of named relative errors and its name; anything not finite (NaN included) counts as
+/// infinite, so a poisoned value is never hidden by a smaller error beside it.
+pub fn worst<N: Default>(errors: impl IntoIterator<Item = (N, f64)>) -> (f64, N) {
+    let finite = |e: f64| if e.is_finite() { e } else { f64::INFINITY };
+    errors.into_iter().fold((0.0, N::default()), |w, (name, e)| if finite(e) > w.0 { (finite(e), name) } else { w })
+}
+
 /// How close a ReLU unit's pre-activation z = w·x + b comes to the kink at 0, relative to the terms summed
 /// into it: |z| / (|b| + Σ_k |`w[k]`·`x[k]`|). Any summation order rounds z by a few ulps of that denominator
 /// (relative 1e-7), so a unit whose ratio is far above that takes the same side of the kink on the GPU as
@@ -92,5 +99,17 @@ pub fn test_gpu() -> Arc<Gpu> {
         Ok(device::Backend::Cuda(gpu)) => gpu,
         Ok(device::Backend::Cpu) => unreachable!("--device cuda never falls back"),
         Err(e) => panic!("this test needs a CUDA GPU: {e:#}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_error_is_found_and_nan_is_worst() {
+        assert_eq!(worst([("a", 1e-6), ("b", 3e-5), ("c", 2e-5)]), (3e-5, "b"));
+        assert_eq!(worst([("a", 1e-6), ("b", f64::NAN), ("c", 2e-5)]), (f64::INFINITY, "b"));
+        assert_eq!(worst(Vec::<(&str, f64)>::new()), (0.0, ""));
     }
 }

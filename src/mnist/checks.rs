@@ -7,7 +7,7 @@ use super::gpu::{EVAL_CHUNK, GpuTrainer};
 use super::idx::Split;
 use super::model::{self, Activation, MlpParams, MlpShape, Workspace};
 use super::{CpuTrainer, MnistTrainer};
-use crate::check::{Check, Group, Plan, rel_error};
+use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{self, OptimConfig, OptimKind};
@@ -357,22 +357,18 @@ fn training_check(
     let losses = |h: &[train::EpochStats]| -> Vec<f32> {
         h.iter().flat_map(|e| [e.train_loss as f32, e.test_loss as f32]).collect()
     };
-    // rel_error is never NaN (a non-finite value gives infinity), so `>` picks the worst.
-    let mut worst = (rel_error(&losses(&gpu_history), &losses(&cpu_history)), "loss");
-    let final_loss = rel_error(&[gpu_eval.loss as f32], &[cpu_eval.loss as f32]);
-    if final_loss > worst.0 {
-        worst = (final_loss, "test loss");
-    }
     let super::Classifier::Mlp(got) = gpu_trainer.params()? else {
         anyhow::bail!("the MLP trainer returned another model")
     };
     let (a, b) = (s.split(&got.flat), s.split(&cpu.params.flat));
-    for (name, x, y) in [("w1", a.w1, b.w1), ("b1", a.b1, b.b1), ("w2", a.w2, b.w2), ("b2", a.b2, b.b2)] {
-        let err = rel_error(x, y);
-        if err > worst.0 {
-            worst = (err, name);
-        }
-    }
+    let worst = worst([
+        ("loss", rel_error(&losses(&gpu_history), &losses(&cpu_history))),
+        ("test loss", rel_error(&[gpu_eval.loss as f32], &[cpu_eval.loss as f32])),
+        ("w1", rel_error(a.w1, b.w1)),
+        ("b1", rel_error(a.b1, b.b1)),
+        ("w2", rel_error(a.w2, b.w2)),
+        ("b2", rel_error(a.b2, b.b2)),
+    ]);
     let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
     Ok(Check {
         kernel: format!("{steps} steps (graph) {}, worst: {}{drawn}", optim.describe(), worst.1),

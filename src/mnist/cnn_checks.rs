@@ -17,7 +17,7 @@
 use super::cnn::{self, CnnParams, CnnShape};
 use super::cnn_gpu::GpuCnn;
 use super::idx::Split;
-use crate::check::{Check, Group, Plan, rel_error};
+use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
@@ -57,15 +57,10 @@ pub fn optimizers() -> [OptimConfig; 3] {
 /// Relative error of each tensor of `got` against `want` (flat vectors of `shape`), the worst and where.
 fn worst_tensor(shape: CnnShape, got: &[f32], want: &[f32]) -> (f64, &'static str) {
     let (starts, total) = shape.offsets();
-    let mut worst = (0.0, "");
-    for (k, (name, _)) in shape.tensor_shapes().iter().enumerate() {
+    worst(shape.tensor_shapes().iter().enumerate().map(|(k, (name, _))| {
         let end = if k + 1 < 8 { starts[k + 1] } else { total };
-        let err = rel_error(&got[starts[k]..end], &want[starts[k]..end]);
-        if err > worst.0 {
-            worst = (err, name);
-        }
-    }
-    worst
+        (*name, rel_error(&got[starts[k]..end], &want[starts[k]..end]))
+    }))
 }
 
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {

@@ -15,7 +15,7 @@ use super::data::{Dataset, Split, Stats};
 use super::gpu::GpuSales;
 use super::model::{self, SalesParams, SalesShape, Shuffle};
 use super::train::{CpuSales, SalesTrainer};
-use crate::check::{Check, Group, Plan, rel_error};
+use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind};
@@ -240,14 +240,14 @@ fn training_check(
     };
     let mut gpu_trainer = GpuSales::new(gpu.clone(), &data, params, optim)?;
     let (gpu_history, gpu_params) = run(&mut gpu_trainer, rows, batch, epochs, seed)?;
-    let mut worst = (rel_error(&gpu_history, &cpu_history), "losses");
     let (a, b) = (shape.split(&gpu_params.flat), shape.split(&cpu_params.flat));
-    for (name, x, y) in [("w1", a.w1, b.w1), ("b1", a.b1, b.b1), ("w2", a.w2, b.w2), ("b2", a.b2, b.b2)] {
-        let err = rel_error(x, y);
-        if err > worst.0 {
-            worst = (err, name);
-        }
-    }
+    let worst = worst([
+        ("losses", rel_error(&gpu_history, &cpu_history)),
+        ("w1", rel_error(a.w1, b.w1)),
+        ("b1", rel_error(a.b1, b.b1)),
+        ("w2", rel_error(a.w2, b.w2)),
+        ("b2", rel_error(a.b2, b.b2)),
+    ]);
     let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
     Ok(Check {
         kernel: format!("{steps} steps {}, worst: {}{drawn}", optim.describe(), worst.1),

@@ -15,7 +15,7 @@
 use super::TextTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{self, TextParams, TextShape, context_of};
-use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
+use crate::check::{Check, Group, Plan, kink_ratio, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
@@ -696,12 +696,6 @@ pub fn param_rel_errors(got: &TextParams, want: &TextParams) -> Vec<(&'static st
 /// The largest relative error over the summed loss and the parameter tensors, and where; anything not
 /// finite (NaN included) counts as infinite.
 fn worst_training_error(got: &TextParams, got_loss: f64, want: &TextParams, want_loss: f64) -> (f64, &'static str) {
-    let mut worst = (rel_error(&[got_loss as f32], &[want_loss as f32]), "loss");
-    for (name, err) in param_rel_errors(got, want) {
-        let err = if err.is_finite() { err } else { f64::INFINITY };
-        if err > worst.0 {
-            worst = (err, name);
-        }
-    }
-    worst
+    let loss = rel_error(&[got_loss as f32], &[want_loss as f32]);
+    worst([("loss", loss)].into_iter().chain(param_rel_errors(got, want)))
 }

@@ -18,7 +18,7 @@
 use super::data::{self, CharVocab, Corpus, UNKNOWN};
 use super::gpu::GpuTransformer;
 use super::model::{self, Config, CpuTrainer, Layout};
-use crate::check::{Check, Group, Plan, rel_error};
+use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind};
@@ -96,8 +96,7 @@ fn adamw() -> OptimConfig {
 /// unchanged, so its exact gradient is zero and what the GPU and the reference compute there is rounding;
 /// Adam scales that to steps of ±lr, a random walk that two correct implementations do not share.
 fn worst_tensor(layout: &Layout, got: &[f32], want: &[f32], skip_key_bias: bool) -> (f64, String) {
-    let mut worst = (0.0, String::new());
-    for t in layout.tensors() {
+    worst(layout.tensors().iter().map(|t| {
         let (got, want) = (&got[t.range()], &want[t.range()]);
         let e = if skip_key_bias && t.name.ends_with("attn.qkv.bias") {
             let third = t.len() / 3;
@@ -106,11 +105,8 @@ fn worst_tensor(layout: &Layout, got: &[f32], want: &[f32], skip_key_bias: bool)
         } else {
             rel_error(got, want)
         };
-        if e.is_nan() || e > worst.0 {
-            worst = (e, t.name.clone());
-        }
-    }
-    worst
+        (t.name.clone(), e)
+    }))
 }
 
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {

@@ -1,4 +1,4 @@
-// XOR (roadmap phase 3b) trained in one launch (CPU twin: src/xor/model.rs).
+// XOR trained in one launch (CPU twin: src/xor/model.rs).
 //
 //   z = W1·x + b1 (H)   a = act(z)   y = w2·a + b2   loss = mean over the four points of (y − t)²
 //

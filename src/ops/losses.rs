@@ -3,7 +3,7 @@
 
 use num_traits::Float;
 
-/// −log softmax(logits)[target], and softmax − onehot(target) into `d`.
+/// `−log softmax(logits)[target]`, and softmax − onehot(target) into `d`.
 pub fn softmax_xent<F: Float>(logits: &[F], target: usize, d: &mut [F]) -> F {
     let max = logits.iter().fold(F::neg_infinity(), |m, &v| m.max(v));
     let sum = logits.iter().fold(F::zero(), |s, &v| s + (v - max).exp());

@@ -4,9 +4,10 @@
 //! epoch, the test evaluation), the test MAE per epoch against the baseline, and the CPU reference's
 //! run from the same start and order for the GPU-vs-CPU MAE comparison.
 
-use super::data::{Dataset, LoadOptions, Schema};
+use super::data::Dataset;
 use super::gpu::GpuSales;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
+use super::table::{LoadOptions, Schema};
 use super::train::{CpuSales, SalesTrainer};
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind};

@@ -2,10 +2,11 @@
 //! --predict NEW` writes its predictions for new rows. What it prints goes through `report`, as for every
 //! training command.
 
-use super::data::{ColumnSpec, Dataset, HeaderMode, LoadOptions, Schema, Table};
+use super::data::{Dataset, Split};
 use super::gpu::GpuSales;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
+use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 use super::train::{CpuSales, SalesTrainer};
 use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
@@ -42,7 +43,7 @@ pub struct SalesArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
     /// Share of the rows, from the top of the file, that trains; the rest tests
-    #[arg(long, default_value_t = super::data::DEFAULT_TRAIN_FRACTION)]
+    #[arg(long, default_value_t = super::table::DEFAULT_TRAIN_FRACTION)]
     pub split: f64,
     /// Hidden units
     #[arg(long, default_value_t = DEFAULT_HIDDEN)]
@@ -397,7 +398,7 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     feature_memory(table.rows.len(), inputs, 2, hidden, "the rows of --predict (predict them in parts)")
         .check(available_memory())
         .map_err(|e| anyhow!("{}: {e}", new.display()))?;
-    let split = table.features(&table.rows, &m.vocabularies);
+    let split = Split::of_rows(&table, &table.rows, &m.vocabularies);
     if split.features != m.params.shape.inputs {
         bail!("{} gives {} features but the model takes {}", new.display(), split.features, m.params.shape.inputs);
     }

@@ -4,8 +4,9 @@
 //! names, delimiter, header), the feature and target names, each categorical column's vocabulary (one-hot
 //! order), and the training split's feature and target mean and std.
 
-use super::data::{ColumnSpec, Schema, Stats};
+use super::data::Stats;
 use super::model::{SalesParams, SalesShape};
+use super::table::{ColumnSpec, Schema};
 use anyhow::{Context, Result, anyhow, bail};
 use safetensors::SafeTensors;
 use serde_json::{Value, json};

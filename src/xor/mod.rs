@@ -1,4 +1,4 @@
-//! The XOR pipeline (roadmap phase 3b): Linear(2, H) → activation → Linear(H, 1), mean squared error,
+//! The XOR pipeline: Linear(2, H) → activation → Linear(H, 1), mean squared error,
 //! full-batch SGD on the four XOR points. CPU reference `model`, GPU trainer `gpu` (fused/xor.cu: the whole
 //! run in one launch), selftest checks `checks`, the model file `modelfile`, the `textnet xor` command `cli`.
 

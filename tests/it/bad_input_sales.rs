@@ -259,7 +259,7 @@ fn s010_ctrl_c_stops_after_the_epoch_and_saves() {
 /// D040: a field is left open only by a quote that starts it; `""` inside a quoted field is a quote.
 #[test]
 fn d040_only_a_quote_that_opens_a_field_can_be_left_open() {
-    use textnet::sales::data::{ColumnSpec, LoadOptions, Schema, Table};
+    use textnet::sales::table::{ColumnSpec, LoadOptions, Schema, Table};
     let spec = |s: &str| ColumnSpec::parse(s).unwrap();
     let schema = Schema {
         target: spec("total"),

@@ -1,9 +1,9 @@
 //! Loading tables for `textnet sales`: delimiters, headers, column choice, quoting, bad rows (each named
 //! by file, line and column), dates, one-hot features, the split and the normalisation statistics.
 
-use textnet::sales::data::{
-    ColumnSpec, Dataset, DateValue, HeaderMode, LoadOptions, Schema, SlashOrder, Stats, Table, day_of_year, parse_date,
-};
+use textnet::sales::data::{Dataset, Stats};
+use textnet::sales::dates::{DateValue, SlashOrder, day_of_year, parse_date};
+use textnet::sales::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 
 fn spec(s: &str) -> ColumnSpec {
     ColumnSpec::parse(s).unwrap()

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 use textnet::ops::optim::{OptimConfig, OptimKind};
-use textnet::sales::data::{Dataset, LoadOptions, Schema, Split, Stats, Table};
+use textnet::sales::data::{Dataset, Split, Stats};
 use textnet::sales::model::{SalesParams, SalesShape, Schedule, baseline_mae, evaluate, loss_and_grad, predict, train};
+use textnet::sales::table::{LoadOptions, Schema, Table};
 
 const EPS: f32 = 1e-3;
 

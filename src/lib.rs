@@ -61,6 +61,7 @@ pub mod pipeline;
 pub mod pipelines;
 pub mod report;
 pub mod resources;
+pub mod run;
 pub mod sales;
 pub mod sampling;
 pub mod selftest;

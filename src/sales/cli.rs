@@ -2,9 +2,9 @@
 //! --predict NEW` writes its predictions for new rows. What it prints goes through `report`, as for every
 //! training command.
 
-use super::data::{Dataset, Split};
+use super::data::{Dataset, Split, Stats};
 use super::gpu::GpuSales;
-use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
+use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 use super::train::{CpuSales, SalesTrainer};
@@ -12,8 +12,9 @@ use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::OptimArgs;
-use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{MemoryNeed, available_memory};
+use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -108,211 +109,274 @@ pub fn run(args: SalesArgs) -> Result<()> {
     if let (Some(model), Some(new)) = (&args.model, &args.predict) {
         return predict(&args, model, new);
     }
-    let Some(file) = args.file.clone() else { bail!("give the table to train on (or --model and --predict)") };
-    if args.hidden == 0 || args.hidden > model::MAX_HIDDEN {
-        bail!("--hidden must be between 1 and {}, got {}", model::MAX_HIDDEN, args.hidden);
-    }
-    if args.batch == 0 {
-        bail!("--batch must be at least 1");
-    }
-    crate::resources::check_epochs(args.epochs)?;
-    if !(args.split > 0.0 && args.split < 1.0) {
-        bail!("--split must be between 0 and 1 (exclusive), got {}", args.split);
-    }
-    let optim = args.optim.config()?;
-    let _lock = fsutil::check_output(&args.out, &[("table", &file)])?;
-    let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
-    let mut options = LoadOptions::new(schema(&args)?);
-    options.skip_bad_rows = args.skip_bad_rows;
-    options.train_fraction = args.split;
-    let bytes = fsutil::read_input(&file, "table")?;
-    let table = Table::parse(&fsutil::shown(&file), &bytes, &options).map_err(|e| match &args.target {
-        Some(_) => e,
-        None => anyhow!(
-            "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target and its \
-             feature columns)"
-        ),
-    })?;
-    check_feature_memory(&table, args.hidden)?;
-    let data = Dataset::from_table(&table, args.split)?;
-    let mut display = Display::new(args.quiet, args.json, args.epochs);
-    if data.skipped > 0 {
-        display.line(&format!(
-            "skipped {} bad row{} (the first: {})",
-            data.skipped,
-            if data.skipped == 1 { "" } else { "s" },
-            data.first_skipped.as_deref().unwrap_or("?")
-        ));
-    }
-    if let Some(old) = &existing
-        && (old.feature_names != data.feature_names || old.target_name != data.target_name)
-    {
-        return Err(checkpoint::other_data(&args.out, "a sales model of other features or target"));
-    }
-    let (backend, device_line) = device::select_described(args.device)?;
-    let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
-    let params = SalesParams::init(shape, args.seed);
-    display.line(&format!(
-        "{}: {} training and {} test rows, {} features → {} hidden (ReLU) → {}; {} parameters, MSE on \
-         standardised values",
-        data.source,
-        data.train.rows,
-        data.test.rows,
-        shape.inputs,
-        shape.hidden,
-        data.target_name,
-        shape.param_count(),
-    ));
-    display.line(&format!(
-        "{}, batch {}, {} epoch{}, seed {}; device {device_line}",
-        optim.describe(),
-        args.batch,
-        args.epochs,
-        if args.epochs == 1 { "" } else { "s" },
-        args.seed
-    ));
+    run::run(&args)
+}
 
-    let mut trainer: Box<dyn SalesTrainer> = match &backend {
-        Backend::Cpu => Box::new(CpuSales::new(&data, params, optim)?),
-        Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim)?),
-    };
-    let stats = trainer.stats().clone();
-    let baseline_mae =
-        data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>() / data.test.rows as f64;
-    display.line(&format!("baseline test MAE (predicting the training mean): {baseline_mae:.4}"));
-    let old_mae = match &existing {
-        Some(old) => {
-            let mae = model::evaluate(&old.params, &old.stats.normalize(&data.test), &old.stats).mae;
-            let mae = checkpoint::baseline(&args.out, mae, "test MAE")?;
+/// What `setup` read, checked and built.
+pub struct Setup {
+    _lock: fsutil::OutputLock,
+    display: Display,
+    schema: Schema,
+    delimiter: u8,
+    header: bool,
+    data: Dataset,
+    backend: Backend,
+    shape: SalesShape,
+    trainer: Box<dyn SalesTrainer>,
+    stats: Stats,
+    baseline_mae: f64,
+    /// The test MAE of the sales model already at --out, which a run must match to replace it.
+    old_mae: Option<f64>,
+}
+
+/// What `train` hands to `finish`.
+pub struct Trained {
+    setup: Setup,
+    history: Vec<EpochRow>,
+    diverged: Option<Divergence>,
+    last: Option<Evaluation>,
+    params: SalesParams,
+}
+
+impl TrainingCommand for SalesArgs {
+    type Setup = Setup;
+    type Trained = Trained;
+
+    fn setup(&self) -> Result<Setup> {
+        let args = self;
+        let Some(file) = args.file.clone() else { bail!("give the table to train on (or --model and --predict)") };
+        if args.hidden == 0 || args.hidden > model::MAX_HIDDEN {
+            bail!("--hidden must be between 1 and {}, got {}", model::MAX_HIDDEN, args.hidden);
+        }
+        if args.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        crate::resources::check_epochs(args.epochs)?;
+        if !(args.split > 0.0 && args.split < 1.0) {
+            bail!("--split must be between 0 and 1 (exclusive), got {}", args.split);
+        }
+        let optim = args.optim.config()?;
+        let lock = fsutil::check_output(&args.out, &[("table", &file)])?;
+        let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
+        let mut options = LoadOptions::new(schema(args)?);
+        options.skip_bad_rows = args.skip_bad_rows;
+        options.train_fraction = args.split;
+        let bytes = fsutil::read_input(&file, "table")?;
+        let table = Table::parse(&fsutil::shown(&file), &bytes, &options).map_err(|e| match &args.target {
+            Some(_) => e,
+            None => anyhow!(
+                "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target and its \
+                 feature columns)"
+            ),
+        })?;
+        check_feature_memory(&table, args.hidden)?;
+        let data = Dataset::from_table(&table, args.split)?;
+        let display = Display::new(args.quiet, args.json, args.epochs);
+        if data.skipped > 0 {
             display.line(&format!(
-                "--out {} already holds a model of test MAE {mae:.4} on this split; only a better one replaces it",
-                args.out.display()
+                "skipped {} bad row{} (the first: {})",
+                data.skipped,
+                if data.skipped == 1 { "" } else { "s" },
+                data.first_skipped.as_deref().unwrap_or("?")
             ));
-            Some(mae)
         }
-        None => None,
-    };
+        if let Some(old) = &existing
+            && (old.feature_names != data.feature_names || old.target_name != data.target_name)
+        {
+            return Err(checkpoint::other_data(&args.out, "a sales model of other features or target"));
+        }
+        let (backend, device_line) = device::select_described(args.device)?;
+        let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
+        let params = SalesParams::init(shape, args.seed);
+        display.line(&format!(
+            "{}: {} training and {} test rows, {} features → {} hidden (ReLU) → {}; {} parameters, MSE on \
+             standardised values",
+            data.source,
+            data.train.rows,
+            data.test.rows,
+            shape.inputs,
+            shape.hidden,
+            data.target_name,
+            shape.param_count(),
+        ));
+        display.line(&format!(
+            "{}, batch {}, {} epoch{}, seed {}; device {device_line}",
+            optim.describe(),
+            args.batch,
+            args.epochs,
+            if args.epochs == 1 { "" } else { "s" },
+            args.seed
+        ));
 
-    let rows = data.train.rows;
-    let mut shuffle = Shuffle::new(rows, args.seed);
-    let mut history = Vec::with_capacity(args.epochs);
-    let mut diverged = None;
-    let mut last = None;
-    let started = Instant::now();
-    crate::interrupt::install();
-    for epoch in 1..=args.epochs {
-        display.epoch_started(epoch, rows);
-        let epoch_start = Instant::now();
-        let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch)? / rows as f64;
-        display.reached(rows);
-        let eval = trainer.evaluate_test()?;
-        if !loss.is_finite() || !eval.mse.is_finite() {
-            diverged = Some(Divergence { epoch, what: if loss.is_finite() { "test error" } else { "training loss" } });
-            break;
-        }
-        let row = EpochRow {
-            epoch,
-            train_loss: loss,
-            val_loss: None,
-            val_accuracy: None,
-            test_loss: Some(eval.mse),
-            test_accuracy: None,
-            samples_per_s: rows as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9),
-            elapsed_s: started.elapsed().as_secs_f64(),
-            extra: Default::default(),
-        }
-        .with("test_mae", eval.mae);
-        display.epoch_finished(&row, &format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae), "");
-        history.push(row);
-        last = Some(eval);
-        if crate::interrupt::requested() {
-            break;
-        }
-    }
-    let interrupted = diverged.is_none() && history.len() < args.epochs;
-    let params = trainer.params()?;
-    if diverged.is_none() && !params.all_finite() {
-        diverged = Some(Divergence { epoch: history.len(), what: "parameters" });
-    }
-    let final_mae = last.map(|e| e.mae);
-    let written = diverged.is_none() && final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
-    let out = args.out.display();
-    let outcome = match (final_mae, old_mae) {
-        (Some(m), _) if written => format!("{out} holds the trained model (test MAE {m:.4})"),
-        (Some(m), Some(b)) if diverged.is_none() => format!(
-            "nothing written: the run's test MAE {m:.4} is above the {b:.4} of the model {out} holds, so it is unchanged"
-        ),
-        _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
-        _ => format!("nothing written to {out}"),
-    };
-    if written {
-        let model = SalesModel {
-            params,
-            stats,
-            schema: options.schema.clone(),
+        let trainer: Box<dyn SalesTrainer> = match &backend {
+            Backend::Cpu => Box::new(CpuSales::new(&data, params, optim)?),
+            Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim)?),
+        };
+        let stats = trainer.stats().clone();
+        let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
+            / data.test.rows as f64;
+        display.line(&format!("baseline test MAE (predicting the training mean): {baseline_mae:.4}"));
+        let old_mae = match &existing {
+            Some(old) => {
+                let mae = model::evaluate(&old.params, &old.stats.normalize(&data.test), &old.stats).mae;
+                let mae = checkpoint::baseline(&args.out, mae, "test MAE")?;
+                display.line(&format!(
+                    "--out {} already holds a model of test MAE {mae:.4} on this split; only a better one replaces it",
+                    args.out.display()
+                ));
+                Some(mae)
+            }
+            None => None,
+        };
+        Ok(Setup {
+            _lock: lock,
+            display,
+            schema: options.schema,
             delimiter: table.delimiter,
             header: table.header.is_some(),
-            feature_names: data.feature_names.clone(),
-            target_name: data.target_name.clone(),
-            vocabularies: data.vocabularies.clone(),
-        };
-        modelfile::save(&model, &args.out)?;
+            data,
+            backend,
+            shape,
+            trainer,
+            stats,
+            baseline_mae,
+            old_mae,
+        })
     }
-    display.line(&outcome);
 
-    let history_len = history.len();
-    if args.json {
-        let final_metrics = written.then(|| {
-            let mut figures = serde_json::Map::new();
-            figures.insert("test_mae".into(), json!(final_mae));
-            figures.insert("test_mse".into(), json!(last.map(|e| e.mse)));
-            figures.insert("baseline_mae".into(), json!(baseline_mae));
-            figures
-        });
-        let o = args.optim.config()?;
-        Report {
-            textnet: report::VERSION,
-            command: "sales",
-            status: Status::of(diverged.is_some(), interrupted, written),
-            config: json!({
-                "out": args.out.display().to_string(),
-                "keep": "last",
-                "hidden": args.hidden,
-                "optim": o.kind.name(),
-                "lr": report::decimal(o.lr),
-                "weight_decay": report::decimal(o.weight_decay),
-                "clip_norm": report::decimal(o.clip_norm),
-                "epochs": args.epochs,
-                "batch": args.batch,
-                "seed": args.seed,
-                "split": args.split,
-                "device": report::flag_value(&args.device),
-            }),
-            device: backend.describe(),
-            data: json!({
-                "file": data.source,
-                "train_samples": data.train.rows,
-                "val_samples": 0,
-                "test_samples": data.test.rows,
-                "skipped_rows": data.skipped,
-                "features": data.feature_names,
-                "target": data.target_name,
-            }),
-            parameters: shape.param_count(),
-            epochs: history,
-            final_metrics,
-            model: args.out.display().to_string(),
-            kept_epoch: written.then_some(history_len),
-            baseline_val_loss: None,
-            diverged: diverged.clone(),
+    fn train(&self, mut setup: Setup) -> Result<Trained> {
+        let args = self;
+        let Setup { ref mut display, ref mut trainer, ref data, .. } = setup;
+        let rows = data.train.rows;
+        let mut shuffle = Shuffle::new(rows, args.seed);
+        let mut history = Vec::with_capacity(args.epochs);
+        let mut diverged = None;
+        let mut last = None;
+        let started = Instant::now();
+        for epoch in 1..=args.epochs {
+            display.epoch_started(epoch, rows);
+            let epoch_start = Instant::now();
+            let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch)? / rows as f64;
+            display.reached(rows);
+            let eval = trainer.evaluate_test()?;
+            if !loss.is_finite() || !eval.mse.is_finite() {
+                diverged =
+                    Some(Divergence { epoch, what: if loss.is_finite() { "test error" } else { "training loss" } });
+                break;
+            }
+            let row = EpochRow {
+                epoch,
+                train_loss: loss,
+                val_loss: None,
+                val_accuracy: None,
+                test_loss: Some(eval.mse),
+                test_accuracy: None,
+                samples_per_s: rows as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9),
+                elapsed_s: started.elapsed().as_secs_f64(),
+                extra: Default::default(),
+            }
+            .with("test_mae", eval.mae);
+            display.epoch_finished(&row, &format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae), "");
+            history.push(row);
+            last = Some(eval);
+            if crate::interrupt::requested() {
+                break;
+            }
         }
-        .print()?;
+        let params = trainer.params()?;
+        Ok(Trained { setup, history, diverged, last, params })
     }
-    if interrupted {
-        let message = format!("interrupted after epoch {} of {}; {outcome}", history_len, args.epochs);
-        return Err(crate::interrupt::Interrupted(message).into());
+
+    fn finish(&self, trained: Trained) -> Result<Ending> {
+        let args = self;
+        let Trained { setup, history, mut diverged, last, params } = trained;
+        let Setup { display, schema, delimiter, header, data, backend, shape, stats, baseline_mae, old_mae, .. } =
+            setup;
+        let interrupted = diverged.is_none() && history.len() < args.epochs;
+        if diverged.is_none() && !params.all_finite() {
+            diverged = Some(Divergence { epoch: history.len(), what: "parameters" });
+        }
+        let final_mae = last.map(|e| e.mae);
+        let written = diverged.is_none() && final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
+        let outcome = run::write_once_outcome(
+            &args.out,
+            written,
+            final_mae.filter(|_| diverged.is_none()).map(|m| format!("test MAE {m:.4}")),
+            old_mae.map(|b| format!("{b:.4}")),
+        );
+        if written {
+            let model = SalesModel {
+                params,
+                stats,
+                schema,
+                delimiter,
+                header,
+                feature_names: data.feature_names.clone(),
+                target_name: data.target_name.clone(),
+                vocabularies: data.vocabularies.clone(),
+            };
+            modelfile::save(&model, &args.out)?;
+        }
+        display.line(&outcome);
+
+        let history_len = history.len();
+        let mut ending = Ending {
+            report: None,
+            diverged,
+            interrupted: interrupted.then_some((history_len, args.epochs)),
+            failed: None,
+            written,
+            outcome,
+            remedy: "try a lower --lr".into(),
+        };
+        if args.json {
+            let final_metrics = written.then(|| {
+                let mut figures = serde_json::Map::new();
+                figures.insert("test_mae".into(), json!(final_mae));
+                figures.insert("test_mse".into(), json!(last.map(|e| e.mse)));
+                figures.insert("baseline_mae".into(), json!(baseline_mae));
+                figures
+            });
+            let o = args.optim.config()?;
+            ending.report = Some(Report {
+                textnet: report::VERSION,
+                command: "sales",
+                status: ending.status(),
+                config: json!({
+                    "out": args.out.display().to_string(),
+                    "keep": "last",
+                    "hidden": args.hidden,
+                    "optim": o.kind.name(),
+                    "lr": report::decimal(o.lr),
+                    "weight_decay": report::decimal(o.weight_decay),
+                    "clip_norm": report::decimal(o.clip_norm),
+                    "epochs": args.epochs,
+                    "batch": args.batch,
+                    "seed": args.seed,
+                    "split": args.split,
+                    "device": report::flag_value(&args.device),
+                }),
+                device: backend.describe(),
+                data: json!({
+                    "file": data.source,
+                    "train_samples": data.train.rows,
+                    "val_samples": 0,
+                    "test_samples": data.test.rows,
+                    "skipped_rows": data.skipped,
+                    "features": data.feature_names,
+                    "target": data.target_name,
+                }),
+                parameters: shape.param_count(),
+                epochs: history,
+                final_metrics,
+                model: args.out.display().to_string(),
+                kept_epoch: written.then_some(history_len),
+                baseline_val_loss: None,
+                diverged: ending.diverged.clone(),
+            });
+        }
+        Ok(ending)
     }
-    report::conclude(diverged.as_ref(), written, &outcome, "try a lower --lr")
 }
 
 /// What a run on `rows` rows of `features` features (`copies` f32 copies of them at once) and a model

@@ -9,8 +9,9 @@ use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::activations::Activation;
-use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
+use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -76,179 +77,212 @@ fn parameter_count(hidden: usize) -> usize {
 }
 
 pub fn run(args: XorArgs) -> Result<()> {
-    check_args(&args)?;
-    let _lock = fsutil::check_output(&args.out, &[])?;
-    let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
-    let display = Display::new(args.quiet, args.json, args.epochs);
-    let (backend, device_line) = device::select_described(args.device)?;
-    if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
-        bail!(
-            "--hidden {} is more than the {MAX_HIDDEN} the GPU kernel takes; lower it or use --device cpu",
-            args.hidden
-        );
-    }
-    // Parameters, gradients, pre-activations and activations, and the copies made to write the file.
-    let bytes = (args.hidden as u64).saturating_mul(96);
-    MemoryNeed { parts: vec![("the model", bytes, "--hidden")] }.check(resources::available_memory())?;
+    run::run(&args)
+}
 
-    let hidden = args.hidden;
-    display.line(&format!(
-        "model 2 → {hidden} ({}) → 1, {} parameters, mean squared error; SGD lr {} on all 4 points, {} epoch{}, \
-         seed {}; device {}",
-        args.activation.name(),
-        parameter_count(hidden),
-        args.lr,
-        args.epochs,
-        if args.epochs == 1 { "" } else { "s" },
-        args.seed,
-        device_line
-    ));
-    let baseline = match existing {
-        Some(old) => {
-            let loss = checkpoint::baseline(&args.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
-            display.line(&format!(
-                "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
-                args.out.display(),
-                loss_text(loss as f32)
-            ));
-            Some(loss)
+/// What `setup` checked and prepared.
+pub struct Setup {
+    _lock: fsutil::OutputLock,
+    display: Display,
+    backend: Backend,
+    /// The loss of the XOR model already at --out, which a run must match to replace it.
+    baseline: Option<f64>,
+}
+
+/// What `train` hands to `finish`: the trained parameters and the loss of every --report-every-th epoch.
+pub struct Trained {
+    setup: Setup,
+    params: XorParams,
+    losses: Vec<f32>,
+    seconds: f64,
+}
+
+impl TrainingCommand for XorArgs {
+    type Setup = Setup;
+    type Trained = Trained;
+
+    fn setup(&self) -> Result<Setup> {
+        let args = self;
+        check_args(args)?;
+        let lock = fsutil::check_output(&args.out, &[])?;
+        let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
+        let display = Display::new(args.quiet, args.json, args.epochs);
+        let (backend, device_line) = device::select_described(args.device)?;
+        if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
+            bail!(
+                "--hidden {} is more than the {MAX_HIDDEN} the GPU kernel takes; lower it or use --device cpu",
+                args.hidden
+            );
         }
-        None => None,
-    };
-
-    let mut params = XorParams::init(hidden, args.activation, args.seed);
-    let (losses, seconds) = match &backend {
-        Backend::Cpu => {
-            let start = Instant::now();
-            let losses = model::train(&mut params, args.epochs, args.lr, args.report_every);
-            (losses, start.elapsed().as_secs_f64())
-        }
-        Backend::Cuda(gpu) => {
-            let mut trainer = GpuXor::new(gpu.clone(), &params)?;
-            let start = Instant::now();
-            let losses = trainer.train(args.epochs, args.lr, args.report_every)?;
-            let seconds = start.elapsed().as_secs_f64();
-            params = trainer.params()?;
-            (losses, seconds)
-        }
-    };
-    let final_loss = model::loss_and_grads(&params).0;
-    let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
-
-    // Each recorded loss is taken before its epoch's update, as a report row's train_loss is. The run is
-    // timed as a whole (on the GPU it is one launch), so a row's time is its share of it.
-    let mut rows = Vec::new();
-    let mut diverged = None;
-    for (i, &loss) in losses.iter().enumerate() {
-        let epoch = i * args.report_every + 1;
-        if !loss.is_finite() {
-            diverged = Some(Divergence { epoch, what: "loss" });
-            break;
-        }
-        let row = EpochRow {
-            epoch,
-            train_loss: f64::from(loss),
-            val_loss: None,
-            val_accuracy: None,
-            test_loss: None,
-            test_accuracy: None,
-            samples_per_s: (BATCH * args.epochs) as f64 / seconds.max(1e-9),
-            elapsed_s: seconds * epoch as f64 / args.epochs as f64,
-            extra: Default::default(),
-        };
-        display.line(&format!("epoch {epoch}/{}: loss {}", args.epochs, loss_text(loss)));
-        rows.push(row);
-    }
-    if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
-        diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
-    }
-
-    let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
-    // A model that has not learned XOR is not written. One that has replaces only a model at least as
-    // good: rerunning the same command rewrites the same file.
-    let learned = wrong == 0;
-    let written = diverged.is_none() && learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
-    let out = args.out.display();
-    let outcome = match baseline {
-        _ if written => format!("{out} holds the trained model (loss {})", loss_text(final_loss)),
-        Some(b) if diverged.is_none() && learned => format!(
-            "nothing written: the run's loss {} is above the {} of the model {out} holds, so it is unchanged",
-            loss_text(final_loss),
-            loss_text(b as f32)
-        ),
-        _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
-        _ => format!("nothing written to {out}"),
-    };
-    if diverged.is_none() {
-        display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), args.epochs));
-        display.line(&truth_table(&predictions));
-        display.line(&if wrong == 0 {
-            "every point is on the right side of 0.5: XOR learned".to_string()
-        } else {
-            format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
-        });
-    }
-    if written {
-        modelfile::save(&params, &args.out)?;
-        display.line(&outcome);
-    }
-    let mut status = Status::of(diverged.is_some(), false, written);
-    if diverged.is_none() && !learned {
-        status = Status::ChanceLevel;
-    }
-    let kept_epoch = written.then_some(args.epochs);
-
-    if args.json {
-        let final_metrics = written.then(|| {
-            let mut figures = serde_json::Map::new();
-            figures.insert("loss".into(), json!(final_loss));
-            figures.insert("predictions".into(), json!(predictions));
-            figures.insert("correct".into(), json!(wrong == 0));
-            figures
-        });
-        let report = Report {
-            textnet: report::VERSION,
-            command: "xor",
-            status,
-            config: json!({
-                "out": args.out.display().to_string(),
-                "keep": "last",
-                "hidden": hidden,
-                "activation": args.activation.name(),
-                "lr": report::decimal(args.lr),
-                "epochs": args.epochs,
-                "batch": BATCH,
-                "seed": args.seed,
-                "report_every": args.report_every,
-                "overwrite": args.overwrite,
-                "device": report::flag_value(&args.device),
-            }),
-            device: backend.describe(),
-            data: json!({
-                "inputs": INPUTS,
-                "targets": TARGETS,
-                "train_samples": BATCH,
-                "val_samples": 0,
-            }),
-            parameters: parameter_count(hidden),
-            epochs: rows,
-            final_metrics,
-            model: args.out.display().to_string(),
-            kept_epoch,
-            baseline_val_loss: baseline,
-            diverged: diverged.clone(),
-        };
-        report.print()?;
-    }
-    if diverged.is_none() && !learned {
-        bail!(
-            "XOR not learned: {wrong} of 4 points on the wrong side of 0.5 after {} epochs; {outcome}; try more --epochs, \
-             another --seed or a lower --lr (this run used {})",
+        // Parameters, gradients, pre-activations and activations, and the copies made to write the file.
+        let bytes = (args.hidden as u64).saturating_mul(96);
+        MemoryNeed { parts: vec![("the model", bytes, "--hidden")] }.check(resources::available_memory())?;
+        display.line(&format!(
+            "model 2 → {} ({}) → 1, {} parameters, mean squared error; SGD lr {} on all 4 points, {} epoch{}, \
+             seed {}; device {}",
+            args.hidden,
+            args.activation.name(),
+            parameter_count(args.hidden),
+            args.lr,
             args.epochs,
-            args.lr
-        );
+            if args.epochs == 1 { "" } else { "s" },
+            args.seed,
+            device_line
+        ));
+        let baseline = match existing {
+            Some(old) => {
+                let loss = checkpoint::baseline(&args.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
+                display.line(&format!(
+                    "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
+                    args.out.display(),
+                    loss_text(loss as f32)
+                ));
+                Some(loss)
+            }
+            None => None,
+        };
+        Ok(Setup { _lock: lock, display, backend, baseline })
     }
-    report::conclude(diverged.as_ref(), written, &outcome, &format!("try a lower --lr (this run used {})", args.lr))
+
+    fn train(&self, setup: Setup) -> Result<Trained> {
+        let args = self;
+        let mut params = XorParams::init(args.hidden, args.activation, args.seed);
+        let (losses, seconds) = match &setup.backend {
+            Backend::Cpu => {
+                let start = Instant::now();
+                let losses = model::train(&mut params, args.epochs, args.lr, args.report_every);
+                (losses, start.elapsed().as_secs_f64())
+            }
+            Backend::Cuda(gpu) => {
+                let mut trainer = GpuXor::new(gpu.clone(), &params)?;
+                let start = Instant::now();
+                let losses = trainer.train(args.epochs, args.lr, args.report_every)?;
+                let seconds = start.elapsed().as_secs_f64();
+                params = trainer.params()?;
+                (losses, seconds)
+            }
+        };
+        Ok(Trained { setup, params, losses, seconds })
+    }
+
+    fn finish(&self, trained: Trained) -> Result<Ending> {
+        let args = self;
+        let Trained { setup: Setup { display, backend, baseline, .. }, params, losses, seconds } = trained;
+        let final_loss = model::loss_and_grads(&params).0;
+        let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
+
+        // Each recorded loss is taken before its epoch's update, as a report row's train_loss is. The run
+        // is timed as a whole (on the GPU it is one launch), so a row's time is its share of it.
+        let mut rows = Vec::new();
+        let mut diverged = None;
+        for (i, &loss) in losses.iter().enumerate() {
+            let epoch = i * args.report_every + 1;
+            if !loss.is_finite() {
+                diverged = Some(Divergence { epoch, what: "loss" });
+                break;
+            }
+            let row = EpochRow {
+                epoch,
+                train_loss: f64::from(loss),
+                val_loss: None,
+                val_accuracy: None,
+                test_loss: None,
+                test_accuracy: None,
+                samples_per_s: (BATCH * args.epochs) as f64 / seconds.max(1e-9),
+                elapsed_s: seconds * epoch as f64 / args.epochs as f64,
+                extra: Default::default(),
+            };
+            display.line(&format!("epoch {epoch}/{}: loss {}", args.epochs, loss_text(loss)));
+            rows.push(row);
+        }
+        if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
+            diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
+        }
+
+        let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
+        // A model that has not learned XOR is not written. One that has replaces only a model at least as
+        // good: rerunning the same command rewrites the same file.
+        let learned = wrong == 0;
+        let written = diverged.is_none() && learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
+        let not_better = diverged.is_none() && learned;
+        let outcome = run::write_once_outcome(
+            &args.out,
+            written,
+            (written || not_better).then(|| format!("loss {}", loss_text(final_loss))),
+            baseline.filter(|_| not_better).map(|b| loss_text(b as f32)),
+        );
+        if diverged.is_none() {
+            display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), args.epochs));
+            display.line(&truth_table(&predictions));
+            display.line(&if wrong == 0 {
+                "every point is on the right side of 0.5: XOR learned".to_string()
+            } else {
+                format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
+            });
+        }
+        if written {
+            modelfile::save(&params, &args.out)?;
+            display.line(&outcome);
+        }
+        let failed = (diverged.is_none() && !learned).then(|| {
+            format!(
+                "XOR not learned: {wrong} of 4 points on the wrong side of 0.5 after {} epochs; {outcome}; try more \
+                 --epochs, another --seed or a lower --lr (this run used {})",
+                args.epochs, args.lr
+            )
+        });
+        let mut ending = Ending {
+            report: None,
+            diverged,
+            interrupted: None,
+            failed,
+            written,
+            outcome,
+            remedy: format!("try a lower --lr (this run used {})", args.lr),
+        };
+        if args.json {
+            let final_metrics = written.then(|| {
+                let mut figures = serde_json::Map::new();
+                figures.insert("loss".into(), json!(final_loss));
+                figures.insert("predictions".into(), json!(predictions));
+                figures.insert("correct".into(), json!(wrong == 0));
+                figures
+            });
+            ending.report = Some(Report {
+                textnet: report::VERSION,
+                command: "xor",
+                status: ending.status(),
+                config: json!({
+                    "out": args.out.display().to_string(),
+                    "keep": "last",
+                    "hidden": args.hidden,
+                    "activation": args.activation.name(),
+                    "lr": report::decimal(args.lr),
+                    "epochs": args.epochs,
+                    "batch": BATCH,
+                    "seed": args.seed,
+                    "report_every": args.report_every,
+                    "overwrite": args.overwrite,
+                    "device": report::flag_value(&args.device),
+                }),
+                device: backend.describe(),
+                data: json!({
+                    "inputs": INPUTS,
+                    "targets": TARGETS,
+                    "train_samples": BATCH,
+                    "val_samples": 0,
+                }),
+                parameters: parameter_count(args.hidden),
+                epochs: rows,
+                final_metrics,
+                model: args.out.display().to_string(),
+                kept_epoch: written.then_some(args.epochs),
+                baseline_val_loss: baseline,
+                diverged: ending.diverged.clone(),
+            });
+        }
+        Ok(ending)
+    }
 }
 
 /// Six decimals, or three significant digits below 0.0001, where a trained model's loss often is.

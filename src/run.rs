@@ -1,0 +1,143 @@
+//! The skeleton every training command follows, so that each ends, reports and fails the same way:
+//!
+//! 1. `setup`: check the flags, lock `--out`, read the data, open the device, build the model and measure
+//!    the model already at `--out` (the baseline a run must beat). Nothing is trained yet, so a bad input
+//!    costs no training time.
+//! 2. `train`: the epochs, with Ctrl-C handled (the run stops after the current epoch).
+//! 3. `finish`: write the model if it earned it, print the last lines, and say how the run ended as an
+//!    `Ending`: its `--json` report and what the exit status and error line are.
+//!
+//! `run` calls the three in order and then `Ending::conclude`: the report is printed, then the run
+//! succeeds or fails with one line naming what happened to `--out`.
+
+use crate::interrupt::{self, Interrupted};
+use crate::report::{Divergence, Report, Status};
+use anyhow::{Result, bail};
+
+/// A training command in three stages (module comment).
+pub trait TrainingCommand {
+    /// What `setup` prepared for training.
+    type Setup;
+    /// What `train` hands to `finish`.
+    type Trained;
+    fn setup(&self) -> Result<Self::Setup>;
+    fn train(&self, setup: Self::Setup) -> Result<Self::Trained>;
+    fn finish(&self, trained: Self::Trained) -> Result<Ending>;
+}
+
+/// Runs `command`'s three stages and concludes.
+pub fn run<C: TrainingCommand>(command: &C) -> Result<()> {
+    let setup = command.setup()?;
+    interrupt::install();
+    let trained = command.train(setup)?;
+    command.finish(trained)?.conclude()
+}
+
+/// How a run ended.
+#[derive(Debug, Default)]
+pub struct Ending {
+    /// The `--json` report, when asked for.
+    pub report: Option<Report>,
+    pub diverged: Option<Divergence>,
+    /// Stopped by Ctrl-C after this many of the epochs asked for: (done, asked).
+    pub interrupted: Option<(usize, usize)>,
+    /// The model was trained but is no good (at chance level, XOR not learned): the error line.
+    pub failed: Option<String>,
+    /// Whether `--out` now holds this run's model.
+    pub written: bool,
+    /// What happened to `--out`, e.g. "m.safetensors holds the trained model (test MAE 6.5799)".
+    pub outcome: String,
+    /// What to try after a divergence, e.g. "try a lower --lr (this run used 0.5)".
+    pub remedy: String,
+}
+
+impl Ending {
+    /// The report's `status`.
+    pub fn status(&self) -> Status {
+        match (&self.failed, self.diverged.is_some()) {
+            (Some(_), false) => Status::ChanceLevel,
+            _ => Status::of(self.diverged.is_some(), self.interrupted.is_some(), self.written),
+        }
+    }
+
+    /// Prints the report, then: an error naming the divergence and the remedy; the interruption (exit
+    /// status 130); the failure; "nothing written" when `--out` did not get this run's model; else Ok.
+    pub fn conclude(self) -> Result<()> {
+        if let Some(report) = &self.report {
+            report.print()?;
+        }
+        let outcome = &self.outcome;
+        if let Some(d) = &self.diverged {
+            bail!("{d}; {outcome}; {}", self.remedy);
+        }
+        if let Some((done, asked)) = self.interrupted {
+            return Err(Interrupted(format!("interrupted after epoch {done} of {asked}; {outcome}")).into());
+        }
+        if let Some(failure) = self.failed {
+            bail!("{failure}");
+        }
+        if !self.written {
+            bail!("{outcome}");
+        }
+        Ok(())
+    }
+}
+
+/// What happened to `out` in a run that writes its model once, at the end, if `written`; `figure`
+/// names the run's result ("test MAE 6.5799") and `baseline` the result of the model `out` held, which
+/// the run did not beat.
+pub fn write_once_outcome(
+    out: &std::path::Path,
+    written: bool,
+    figure: Option<String>,
+    baseline: Option<String>,
+) -> String {
+    let shown = out.display();
+    match (figure, baseline) {
+        (Some(figure), _) if written => format!("{shown} holds the trained model ({figure})"),
+        (Some(figure), Some(baseline)) => format!(
+            "nothing written: the run's {figure} is above the {baseline} of the model {shown} holds, so it is unchanged"
+        ),
+        _ if out.exists() => format!("nothing written, so {shown} is unchanged"),
+        _ => format!("nothing written to {shown}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ending() -> Ending {
+        Ending {
+            written: true,
+            outcome: "m holds the trained model".into(),
+            remedy: "lower --lr".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_ending_has_its_status_and_line() {
+        assert_eq!(ending().status(), Status::Ok);
+        assert!(ending().conclude().is_ok());
+
+        let diverged = Ending { diverged: Some(Divergence { epoch: 3, what: "loss" }), written: false, ..ending() };
+        assert_eq!(diverged.status(), Status::Diverged);
+        let err = diverged.conclude().unwrap_err().to_string();
+        assert!(err.starts_with("training diverged in epoch 3") && err.ends_with("; lower --lr"), "{err}");
+
+        let stopped = Ending { interrupted: Some((2, 5)), ..ending() };
+        assert_eq!(stopped.status(), Status::Interrupted);
+        let err = stopped.conclude().unwrap_err();
+        assert!(err.downcast_ref::<Interrupted>().is_some());
+        assert_eq!(err.to_string(), "interrupted after epoch 2 of 5; m holds the trained model");
+
+        let failed = Ending { failed: Some("XOR not learned".into()), written: false, ..ending() };
+        assert_eq!(failed.status(), Status::ChanceLevel);
+        assert_eq!(failed.conclude().unwrap_err().to_string(), "XOR not learned");
+
+        let kept = Ending { written: false, outcome: "nothing written".into(), ..ending() };
+        assert_eq!(kept.status(), Status::NotBetter);
+        assert_eq!(kept.conclude().unwrap_err().to_string(), "nothing written");
+    }
+}

@@ -39,8 +39,8 @@ pub struct Ending {
     /// The `--json` report, when asked for.
     pub report: Option<Report>,
     pub diverged: Option<Divergence>,
-    /// Stopped by Ctrl-C after this many of the epochs asked for: (done, asked).
-    pub interrupted: Option<(usize, usize)>,
+    /// Stopped by Ctrl-C: where, e.g. "after epoch 2 of 5".
+    pub interrupted: Option<String>,
     /// The model was trained but is no good (at chance level, XOR not learned): the error line.
     pub failed: Option<String>,
     /// Whether `--out` now holds this run's model.
@@ -70,8 +70,8 @@ impl Ending {
         if let Some(d) = &self.diverged {
             bail!("{d}; {outcome}; {}", self.remedy);
         }
-        if let Some((done, asked)) = self.interrupted {
-            return Err(Interrupted(format!("interrupted after epoch {done} of {asked}; {outcome}")).into());
+        if let Some(at) = &self.interrupted {
+            return Err(Interrupted(format!("interrupted {at}; {outcome}")).into());
         }
         if let Some(failure) = self.failed {
             bail!("{failure}");
@@ -126,7 +126,7 @@ mod tests {
         let err = diverged.conclude().unwrap_err().to_string();
         assert!(err.starts_with("training diverged in epoch 3") && err.ends_with("; lower --lr"), "{err}");
 
-        let stopped = Ending { interrupted: Some((2, 5)), ..ending() };
+        let stopped = Ending { interrupted: Some("after epoch 2 of 5".into()), ..ending() };
         assert_eq!(stopped.status(), Status::Interrupted);
         let err = stopped.conclude().unwrap_err();
         assert!(err.downcast_ref::<Interrupted>().is_some());

@@ -323,7 +323,7 @@ impl TrainingCommand for SalesArgs {
         let mut ending = Ending {
             report: None,
             diverged,
-            interrupted: interrupted.then_some((history_len, args.epochs)),
+            interrupted: interrupted.then(|| format!("after epoch {history_len} of {}", args.epochs)),
             failed: None,
             written,
             outcome,

@@ -12,8 +12,9 @@ use crate::cpu::SeededRng;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::{OptimConfig, OptimKind};
-use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
+use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use serde_json::json;
@@ -171,194 +172,244 @@ impl Trainer {
 }
 
 pub fn run(args: TransformerArgs) -> Result<()> {
-    let shape = args.check()?;
-    let optim = args.optim()?;
-    let _lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
-    let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
-    let existing = existing.filter(|_| !args.overwrite);
-    let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
-    let config = Config { vocab: corpus.vocab.len(), ..shape };
-    args.memory_need(config.vocab).check(resources::available_memory())?;
-    if let Some(old) = &existing
-        && (old.vocab != corpus.vocab || old.config.block != config.block)
-    {
-        return Err(checkpoint::other_data(&args.out, "a Transformer of another vocabulary or block"));
+    run::run(&args)
+}
+
+/// What `setup` read, checked and built.
+pub struct Setup {
+    _lock: fsutil::OutputLock,
+    display: Display,
+    corpus: Corpus,
+    config: Config,
+    backend: Backend,
+    val_offsets: Vec<u32>,
+    /// The validation loss of the Transformer already at --out on this run's windows.
+    baseline: Option<f64>,
+    trainer: Trainer,
+    /// Evaluations in the run (one per --eval-every steps): the report's rows.
+    evals: usize,
+}
+
+/// What `train` hands to `finish`.
+pub struct Trained {
+    setup: Setup,
+    rows: Vec<EpochRow>,
+    diverged: Option<Divergence>,
+    /// Steps done.
+    done: usize,
+    last_val: f64,
+    seconds: f64,
+}
+
+impl TrainingCommand for TransformerArgs {
+    type Setup = Setup;
+    type Trained = Trained;
+
+    fn setup(&self) -> Result<Setup> {
+        let args = self;
+        let shape = args.check()?;
+        let optim = args.optim()?;
+        let lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
+        let existing = existing.filter(|_| !args.overwrite);
+        let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
+        let config = Config { vocab: corpus.vocab.len(), ..shape };
+        args.memory_need(config.vocab).check(resources::available_memory())?;
+        if let Some(old) = &existing
+            && (old.vocab != corpus.vocab || old.config.block != config.block)
+        {
+            return Err(checkpoint::other_data(&args.out, "a Transformer of another vocabulary or block"));
+        }
+        let evals = args.steps.div_ceil(args.eval_every);
+        let display = Display::new(args.quiet, args.json, evals);
+        let (backend, device_line) = device::select_described(args.device)?;
+        let params = model::init(&config, args.seed);
+        display.line(&format!(
+            "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \
+             {} parameters; AdamW lr {} weight decay {}, batch {} × {}, {} steps, seed {}; device {device_line}",
+            config.layers,
+            config.heads,
+            config.embed,
+            config.block,
+            config.vocab,
+            corpus.unknown,
+            corpus.train.len() + corpus.val.len(),
+            params.len(),
+            args.lr,
+            args.weight_decay,
+            args.batch,
+            config.block,
+            args.steps,
+            args.seed,
+        ));
+        let val_offsets = data::val_offsets(corpus.val.len(), config.block);
+        // The model already at --out, measured on this run's validation windows (its stored val_loss was
+        // measured on whatever corpus it was trained on).
+        let baseline = match &existing {
+            Some(old) => {
+                let loss = match &backend {
+                    Backend::Cpu => model::mean_loss(&old.config, &old.params, &corpus.val, &val_offsets),
+                    Backend::Cuda(gpu) => GpuTransformer::new(gpu.clone(), old.config, &old.params, optim, &corpus)?
+                        .val_loss(&val_offsets, args.batch)?,
+                };
+                let loss = checkpoint::baseline(&args.out, loss, "validation loss")?;
+                display.line(&format!(
+                    "--out {} already holds a Transformer of validation loss {loss:.4} here; only one at least as good \
+                     replaces it",
+                    args.out.display()
+                ));
+                Some(loss)
+            }
+            None => None,
+        };
+        let trainer = match &backend {
+            Backend::Cpu => Trainer::Cpu(Box::new(CpuTrainer::new(config, params, optim)?)),
+            Backend::Cuda(gpu) => {
+                let mut t = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
+                t.set_tf32(args.tf32);
+                Trainer::Gpu(Box::new(t))
+            }
+        };
+        if args.tf32 && matches!(backend, Backend::Cpu) {
+            display.line("note: --tf32 applies to the GPU only; the CPU trains in fp32");
+        }
+        Ok(Setup { _lock: lock, display, corpus, config, backend, val_offsets, baseline, trainer, evals })
     }
-    let evals = args.steps.div_ceil(args.eval_every);
-    let mut display = Display::new(args.quiet, args.json, evals);
-    let (backend, device_line) = device::select_described(args.device)?;
-    let params = model::init(&config, args.seed);
-    display.line(&format!(
-        "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \
-         {} parameters; AdamW lr {} weight decay {}, batch {} × {}, {} steps, seed {}; device {device_line}",
-        config.layers,
-        config.heads,
-        config.embed,
-        config.block,
-        config.vocab,
-        corpus.unknown,
-        corpus.train.len() + corpus.val.len(),
-        params.len(),
-        args.lr,
-        args.weight_decay,
-        args.batch,
-        config.block,
-        args.steps,
-        args.seed,
-    ));
-    let val_offsets = data::val_offsets(corpus.val.len(), config.block);
-    // The model already at --out, measured on this run's validation windows (its stored val_loss was
-    // measured on whatever corpus it was trained on).
-    let baseline = match &existing {
-        Some(old) => {
-            let loss = match &backend {
-                Backend::Cpu => model::mean_loss(&old.config, &old.params, &corpus.val, &val_offsets),
-                Backend::Cuda(gpu) => GpuTransformer::new(gpu.clone(), old.config, &old.params, optim, &corpus)?
-                    .val_loss(&val_offsets, args.batch)?,
+
+    fn train(&self, mut setup: Setup) -> Result<Trained> {
+        let args = self;
+        let Setup { ref mut display, ref mut trainer, ref corpus, ref val_offsets, config, evals, .. } = setup;
+        let mut rng = SeededRng::seed_from_u64(args.seed);
+        let start = Instant::now();
+        let mut rows = Vec::new();
+        let mut diverged = None;
+        let mut done = 0;
+        let mut last_val = f64::NAN;
+        for eval in 1..=evals {
+            let steps = args.eval_every.min(args.steps - done);
+            display.epoch_started(eval, steps * args.batch);
+            let offsets: Vec<u32> = (0..steps)
+                .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
+                .collect();
+            let losses = trainer.train(&corpus, &offsets, args.batch)?;
+            display.reached(steps * args.batch);
+            done += steps;
+            let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
+            let val = trainer.val_loss(&corpus, &val_offsets, args.batch)?;
+            let elapsed = start.elapsed().as_secs_f64();
+            if !(train_loss.is_finite() && val.is_finite()) {
+                diverged = Some(Divergence { epoch: eval, what: "loss" });
+                break;
+            }
+            last_val = val;
+            let row = EpochRow {
+                epoch: eval,
+                train_loss,
+                val_loss: Some(val),
+                val_accuracy: None,
+                test_loss: None,
+                test_accuracy: None,
+                samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
+                elapsed_s: elapsed,
+                extra: Default::default(),
+            }
+            .with("step", done)
+            .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
+            display.epoch_finished(&row, &format!("step {done}/{}, val loss {val:.4}", args.steps), "");
+            rows.push(row);
+            if crate::interrupt::requested() {
+                break;
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        Ok(Trained { setup, rows, diverged, done, last_val, seconds })
+    }
+
+    fn finish(&self, trained: Trained) -> Result<Ending> {
+        let args = self;
+        let Trained { setup, rows, diverged, done, last_val, seconds } = trained;
+        let Setup { display, trainer, corpus, config, backend, val_offsets, baseline, evals, .. } = setup;
+        let interrupted = diverged.is_none() && done < args.steps;
+        // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
+        let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
+        let out = args.out.display();
+        if written {
+            let model = TransformerModel {
+                config,
+                vocab: corpus.vocab.clone(),
+                params: trainer.params()?,
+                val_loss: last_val as f32,
+                steps: args.steps,
             };
-            let loss = checkpoint::baseline(&args.out, loss, "validation loss")?;
-            display.line(&format!(
-                "--out {} already holds a Transformer of validation loss {loss:.4} here; only one at least as good \
-                 replaces it",
-                args.out.display()
-            ));
-            Some(loss)
+            fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+            display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
         }
-        None => None,
-    };
-    let mut trainer = match &backend {
-        Backend::Cpu => Trainer::Cpu(Box::new(CpuTrainer::new(config, params, optim)?)),
-        Backend::Cuda(gpu) => {
-            let mut t = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
-            t.set_tf32(args.tf32);
-            Trainer::Gpu(Box::new(t))
-        }
-    };
-    if args.tf32 && matches!(backend, Backend::Cpu) {
-        display.line("note: --tf32 applies to the GPU only; the CPU trains in fp32");
-    }
-    let mut rng = SeededRng::seed_from_u64(args.seed);
-    let start = Instant::now();
-    let mut rows = Vec::new();
-    let mut diverged = None;
-    let mut done = 0;
-    let mut last_val = f64::NAN;
-    crate::interrupt::install();
-    for eval in 1..=evals {
-        let steps = args.eval_every.min(args.steps - done);
-        display.epoch_started(eval, steps * args.batch);
-        let offsets: Vec<u32> = (0..steps)
-            .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
-            .collect();
-        let losses = trainer.train(&corpus, &offsets, args.batch)?;
-        display.reached(steps * args.batch);
-        done += steps;
-        let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
-        let val = trainer.val_loss(&corpus, &val_offsets, args.batch)?;
-        let elapsed = start.elapsed().as_secs_f64();
-        if !(train_loss.is_finite() && val.is_finite()) {
-            diverged = Some(Divergence { epoch: eval, what: "loss" });
-            break;
-        }
-        last_val = val;
-        let row = EpochRow {
-            epoch: eval,
-            train_loss,
-            val_loss: Some(val),
-            val_accuracy: None,
-            test_loss: None,
-            test_accuracy: None,
-            samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
-            elapsed_s: elapsed,
-            extra: Default::default(),
-        }
-        .with("step", done)
-        .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
-        display.epoch_finished(&row, &format!("step {done}/{}, val loss {val:.4}", args.steps), "");
-        rows.push(row);
-        if crate::interrupt::requested() {
-            break;
-        }
-    }
-    let interrupted = diverged.is_none() && done < args.steps;
-    let seconds = start.elapsed().as_secs_f64();
-    // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
-    let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
-    let out = args.out.display();
-    if written {
-        let model = TransformerModel {
-            config,
-            vocab: corpus.vocab.clone(),
-            params: trainer.params()?,
-            val_loss: last_val as f32,
-            steps: args.steps,
+        let outcome = match baseline {
+            _ if written => String::new(),
+            Some(b) if diverged.is_none() => {
+                format!(
+                    "nothing written: the run's validation loss {last_val:.4} is above the {b:.4} of the model {out} holds, so it is unchanged"
+                )
+            }
+            _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
+            _ => format!("nothing written to {out}"),
         };
-        fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
-        display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
-    }
-    let outcome = match baseline {
-        _ if written => String::new(),
-        Some(b) if diverged.is_none() => {
-            format!(
-                "nothing written: the run's validation loss {last_val:.4} is above the {b:.4} of the model {out} holds, so it is unchanged"
-            )
-        }
-        _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
-        _ => format!("nothing written to {out}"),
-    };
-    if args.json {
-        let report = Report {
-            textnet: report::VERSION,
-            command: "transformer",
-            status: Status::of(diverged.is_some(), interrupted, written),
-            config: json!({
-                "corpus": args.corpus.display().to_string(),
-                "out": out.to_string(),
-                "keep": "best",
-                "layers": config.layers, "heads": config.heads, "embed": config.embed, "block": config.block,
-                "batch": args.batch, "steps": args.steps, "lr": report::decimal(args.lr),
-                "weight_decay": report::decimal(args.weight_decay), "vocab": args.vocab,
-                "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
-                "tf32": args.tf32,
-                "overwrite": args.overwrite,
-            }),
-            device: backend.describe(),
-            data: json!({
-                "train_chars": corpus.train.len(),
-                "val_chars": corpus.val.len(),
-                "val_windows": val_offsets.len(),
-                "vocabulary": config.vocab,
-                "unknown_chars": corpus.unknown,
-            }),
-            parameters: model::Layout::new(&config).len(),
-            epochs: rows,
-            final_metrics: written.then(|| {
-                let mut m = serde_json::Map::new();
-                m.insert("val_loss".into(), json!(last_val));
-                m.insert("train_s".into(), json!(seconds));
-                m
-            }),
-            model: out.to_string(),
-            kept_epoch: written.then_some(evals),
-            baseline_val_loss: baseline,
-            diverged: diverged.clone(),
-        };
-        report.print()?;
-    }
-    if interrupted {
-        let saved = if written { format!("{out} holds the model of step {done}") } else { outcome };
-        return Err(
-            crate::interrupt::Interrupted(format!("interrupted at step {done} of {}; {saved}", args.steps)).into()
+        let remedy = format!(
+            "try a lower --lr (this run used {}){}",
+            args.lr,
+            if args.weight_decay > 1.0 {
+                format!(" or a far lower --weight-decay (this run used {})", args.weight_decay)
+            } else {
+                String::new()
+            }
         );
-    }
-    let remedy = format!(
-        "try a lower --lr (this run used {}){}",
-        args.lr,
-        if args.weight_decay > 1.0 {
-            format!(" or a far lower --weight-decay (this run used {})", args.weight_decay)
-        } else {
-            String::new()
+        let mut ending = Ending {
+            report: None,
+            diverged,
+            interrupted: interrupted.then(|| format!("at step {done} of {}", args.steps)),
+            failed: None,
+            written,
+            outcome: if written && interrupted { format!("{out} holds the model of step {done}") } else { outcome },
+            remedy,
+        };
+        if args.json {
+            ending.report = Some(Report {
+                textnet: report::VERSION,
+                command: "transformer",
+                status: ending.status(),
+                config: json!({
+                    "corpus": args.corpus.display().to_string(),
+                    "out": out.to_string(),
+                    "keep": "best",
+                    "layers": config.layers, "heads": config.heads, "embed": config.embed, "block": config.block,
+                    "batch": args.batch, "steps": args.steps, "lr": report::decimal(args.lr),
+                    "weight_decay": report::decimal(args.weight_decay), "vocab": args.vocab,
+                    "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
+                    "tf32": args.tf32,
+                    "overwrite": args.overwrite,
+                }),
+                device: backend.describe(),
+                data: json!({
+                    "train_chars": corpus.train.len(),
+                    "val_chars": corpus.val.len(),
+                    "val_windows": val_offsets.len(),
+                    "vocabulary": config.vocab,
+                    "unknown_chars": corpus.unknown,
+                }),
+                parameters: model::Layout::new(&config).len(),
+                epochs: rows,
+                final_metrics: written.then(|| {
+                    let mut m = serde_json::Map::new();
+                    m.insert("val_loss".into(), json!(last_val));
+                    m.insert("train_s".into(), json!(seconds));
+                    m
+                }),
+                model: out.to_string(),
+                kept_epoch: written.then_some(evals),
+                baseline_val_loss: baseline,
+                diverged: ending.diverged.clone(),
+            });
         }
-    );
-    report::conclude(diverged.as_ref(), written, &outcome, &remedy)
+        Ok(ending)
+    }
 }

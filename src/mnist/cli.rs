@@ -12,9 +12,10 @@ use super::{Evaluation, idx};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
-use crate::interrupt::{self, Interrupted};
+use crate::interrupt;
 use crate::ops::optim::{OptimArgs, OptimConfig, OptimKind};
-use crate::report::{self, Display, Divergence, EpochRow, Report, Status};
+use crate::report::{self, Display, Divergence, EpochRow, Report};
+use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -112,20 +113,20 @@ fn check_args(args: &MnistArgs) -> Result<()> {
 
 /// The progress display and the per-epoch lines, the rows of the report; the validation and the save
 /// after each epoch.
-struct Epochs<'a> {
+struct Epochs {
     display: Display,
     rows: Vec<EpochRow>,
-    saver: Saver<'a>,
+    saver: Saver,
 }
 
 /// Writes the epochs that `keeper` keeps to `out`, judged by their validation loss (with --val-split),
 /// else by their test loss, which only `--keep last` (every epoch) uses. An epoch at chance level is
 /// never written.
-struct Saver<'a> {
-    out: &'a Path,
+struct Saver {
+    out: PathBuf,
     dataset: Dataset,
     keeper: Keeper,
-    val: Option<&'a Split>,
+    val: Option<Split>,
     /// Validation loss and accuracy of each epoch, with --val-split.
     val_history: Vec<(f64, f64)>,
     /// The test evaluation of the epoch the file holds.
@@ -133,13 +134,13 @@ struct Saver<'a> {
     note: String,
 }
 
-impl Saver<'_> {
+impl Saver {
     fn offer(&mut self, stats: &EpochStats, eval: &Evaluation, params: &Classifier) -> Result<()> {
         if at_chance(eval.accuracy(), eval.classes) {
             self.note = "not saved (chance level)".into();
             return Ok(());
         }
-        let loss = match self.val {
+        let loss = match &self.val {
             Some(val) => {
                 let v = params.evaluate(val);
                 self.val_history.push((v.mean_loss(), v.accuracy()));
@@ -147,7 +148,7 @@ impl Saver<'_> {
             }
             None => eval.mean_loss(),
         };
-        let (dataset, out) = (self.dataset, self.out);
+        let (dataset, out) = (self.dataset, &self.out);
         let written = self.keeper.offer(stats.epoch, loss, || {
             let classes = serde_json::to_string(&dataset.class_names())?;
             let extra = [
@@ -169,7 +170,7 @@ impl Saver<'_> {
     }
 }
 
-impl Observer for Epochs<'_> {
+impl Observer for Epochs {
     fn epoch_start(&mut self, epoch: usize, samples: usize) {
         self.display.epoch_started(epoch, samples);
     }
@@ -184,7 +185,7 @@ impl Observer for Epochs<'_> {
     }
 
     fn epoch_end(&mut self, s: &EpochStats, _eval: &Evaluation) {
-        let val = self.saver.val.and(self.saver.val_history.last().copied());
+        let val = self.saver.val.as_ref().and(self.saver.val_history.last().copied());
         let row = EpochRow {
             epoch: s.epoch,
             train_loss: s.train_loss,
@@ -237,254 +238,343 @@ fn confusion_table(eval: &Evaluation, names: &[&str]) -> String {
 }
 
 pub fn run(args: MnistArgs) -> Result<()> {
-    check_args(&args)?;
-    let optim = optim_config(&args)?;
-    let shape =
-        MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
-    shape.validate()?;
-    let display = Display::new(args.quiet, args.json, args.epochs);
+    run::run(&args)
+}
 
-    let started = std::time::Instant::now();
-    // Opening the GPU (a CUDA context: ~0.5 s) and decoding the data files (~0.3 s) overlap.
-    let (device, data, device_s, data_s) = std::thread::scope(|scope| {
-        let reading = scope.spawn(|| {
-            let data = data::load(args.dataset, args.data.as_deref(), &|note| display.line(note));
-            (data, started.elapsed().as_secs_f64())
+/// What `setup` read, checked and built.
+pub struct Setup {
+    run: RunInfo,
+    display: Display,
+    params: Classifier,
+    train: Split,
+    test: Split,
+    /// The images held out for validation (--val-split).
+    val: Option<Split>,
+    /// The loss of the model already at --out, on the data each epoch is judged by.
+    baseline: Option<f64>,
+}
+
+/// What a run's end reports about its setup.
+struct RunInfo {
+    _lock: fsutil::OutputLock,
+    backend: device::Backend,
+    optim: OptimConfig,
+    shape: MlpShape,
+    data_dir: PathBuf,
+    n_train: usize,
+    n_val: usize,
+    n_test: usize,
+    /// The one label of every training image, if they all have the same.
+    one_class: Option<u8>,
+    started: std::time::Instant,
+    /// When opening the device and reading the data (side by side) ended, counted from `started`.
+    device_s: f64,
+    data_s: f64,
+}
+
+/// What `train` hands to `finish`.
+pub struct Trained {
+    run: RunInfo,
+    epochs: Epochs,
+    result: Result<(Vec<EpochStats>, Evaluation)>,
+    params_count: usize,
+    setup_s: f64,
+    training_s: f64,
+}
+
+impl TrainingCommand for MnistArgs {
+    type Setup = Setup;
+    type Trained = Trained;
+
+    fn setup(&self) -> Result<Setup> {
+        let args = self;
+        check_args(args)?;
+        let optim = optim_config(args)?;
+        let shape =
+            MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
+        shape.validate()?;
+        let display = Display::new(args.quiet, args.json, args.epochs);
+
+        let started = std::time::Instant::now();
+        // Opening the GPU (a CUDA context: ~0.5 s) and decoding the data files (~0.3 s) overlap.
+        let (device, data, device_s, data_s) = std::thread::scope(|scope| {
+            let reading = scope.spawn(|| {
+                let data = data::load(args.dataset, args.data.as_deref(), &|note| display.line(note));
+                (data, started.elapsed().as_secs_f64())
+            });
+            let device = device::select_described(args.device);
+            let device_s = started.elapsed().as_secs_f64();
+            let (data, data_s) =
+                reading.join().unwrap_or_else(|_| (Err(anyhow::anyhow!("reading the data failed")), 0.0));
+            (device, data, device_s, data_s)
         });
-        let device = device::select_described(args.device);
-        let device_s = started.elapsed().as_secs_f64();
-        let (data, data_s) = reading.join().unwrap_or_else(|_| (Err(anyhow::anyhow!("reading the data failed")), 0.0));
-        (device, data, device_s, data_s)
-    });
-    let (backend, device_line) = device?;
-    let mut data = data?;
-    let inputs: Vec<PathBuf> =
-        data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
-    let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
-    let _lock = fsutil::check_output(&args.out, &inputs)?;
-    if shadows_data_file(&args.out, &data.dir) {
-        bail!(
-            "--out {} would be read as a data file of {}; choose another name",
-            args.out.display(),
-            data.dir.display()
-        );
-    }
-    let full_train = data.train.len();
-    if let Some(limit) = args.train_limit {
-        data.train.truncate(limit);
-    }
-    let val = match args.val_split {
-        Some(fraction) => Some(hold_out(&mut data.train, fraction)?),
-        None => None,
-    };
-    let existing = existing_out(&args.out)?;
-    if let Some((_, meta)) = &existing
-        && !args.overwrite
-        && meta.get("dataset").is_some_and(|d| d != args.dataset.name())
-    {
-        let what = format!("an MNIST model of another dataset ({})", meta.get("dataset").map_or("", String::as_str));
-        return Err(checkpoint::other_data(&args.out, &what));
-    }
-    let existing = existing.map(|(old, _)| old).filter(|_| !args.overwrite);
-    if let Some(old) = &existing
-        && old.kind() != args.model
-    {
-        bail!(
-            "--out {} holds an MNIST {} model and this run trains the {}; choose another --out",
-            args.out.display(),
-            report::flag_value(&old.kind()).to_uppercase(),
-            report::flag_value(&args.model).to_uppercase()
-        );
-    }
-    let (n_train, n_test) = (data.train.len(), data.test.len());
-    let n_val = val.as_ref().map_or(0, Split::len);
-    let limited = match (n_train + n_val < full_train, n_val) {
-        (false, _) => String::new(),
-        (true, 0) => format!(" (first {n_train} of {full_train})"),
-        (true, _) => format!(" (of the first {} of {full_train})", n_train + n_val),
-    };
-    let held_out = if n_val > 0 { format!(", {n_val} held out for validation") } else { String::new() };
-    display.line(&format!(
-        "{} from {}: {n_train} training images{held_out}{limited}, {n_test} test images",
-        args.dataset.title(),
-        data.dir.display()
-    ));
-    let params = match args.model {
-        ModelKind::Mlp => Classifier::Mlp(MlpParams::init(shape, args.seed)),
-        ModelKind::Cnn => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
-    };
-    let architecture = match args.model {
-        ModelKind::Mlp => {
-            format!("{} → {} ({}) → {}", shape.inputs, shape.hidden, shape.activation.name(), shape.classes)
+        let (backend, device_line) = device?;
+        let mut data = data?;
+        let inputs: Vec<PathBuf> =
+            data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
+        let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
+        let lock = fsutil::check_output(&args.out, &inputs)?;
+        if shadows_data_file(&args.out, &data.dir) {
+            bail!(
+                "--out {} would be read as a data file of {}; choose another name",
+                args.out.display(),
+                data.dir.display()
+            );
         }
-        ModelKind::Cnn => {
-            "CNN conv3x3 1→8, ReLU, maxpool 2, conv3x3 8→16, ReLU, maxpool 2, 784 → 64 (ReLU) → 10".into()
+        let full_train = data.train.len();
+        if let Some(limit) = args.train_limit {
+            data.train.truncate(limit);
         }
-    };
-    display.line(&format!(
-        "model {architecture}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
-        params.param_count(),
-        optim.describe(),
-        args.batch,
-        args.epochs,
-        if args.epochs == 1 { "" } else { "s" },
-        args.seed,
-        device_line
-    ));
-
-    // The model already at --out, measured on the data each epoch is judged by: the validation split,
-    // else the test set.
-    let baseline = match &existing {
-        Some(old) if old.fits_mnist() => {
-            let (set, name) = match &val {
-                Some(val) => (val, "val loss"),
-                None => (&data.test, "test loss"),
-            };
-            let loss = checkpoint::baseline(&args.out, old.evaluate(set).mean_loss(), name)?;
-            display.line(&format!(
-                "--out {} already holds a model of {name} {loss:.4}; only a better epoch replaces it",
-                args.out.display()
-            ));
-            Some(loss)
-        }
-        _ => None,
-    };
-    let one_class = data.train.labels.first().filter(|&&first| data.train.labels.iter().all(|&l| l == first)).copied();
-
-    let params_count = params.param_count();
-    let mut trainer = super::trainer(&backend, params, optim, Arc::new(data.train), Arc::new(data.test))?;
-    let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
-    let saver = Saver {
-        out: &args.out,
-        dataset: args.dataset,
-        keeper: Keeper::new(args.keep, baseline),
-        val: val.as_ref(),
-        val_history: Vec::new(),
-        kept_eval: None,
-        note: String::new(),
-    };
-    let mut epochs = Epochs { display, rows: Vec::new(), saver };
-    interrupt::install();
-    let setup_s = started.elapsed().as_secs_f64() - device_s.max(data_s);
-    let training = std::time::Instant::now();
-    let result = train::run(trainer.as_mut(), n_train, schedule, &mut epochs);
-    let training_s = training.elapsed().as_secs_f64();
-    let Epochs { display, rows, saver } = epochs;
-    let outcome = saver.keeper.outcome(&args.out, saver.loss_name());
-    let diverged = match result.map(drop).map_err(anyhow::Error::downcast::<Divergence>) {
-        Ok(()) => None,
-        Err(Ok(divergence)) => Some(divergence),
-        Err(Err(e)) => bail!("{e:#}; {outcome}"),
-    };
-    let completed = rows.len();
-    let interrupted = diverged.is_none() && completed < args.epochs;
-    let mut status = Status::of(diverged.is_some(), interrupted, saver.kept_eval.is_some());
-    // At chance level: the last epoch's test accuracy within half of chance's 1 / classes of it, so no
-    // epoch was written.
-    let chance = 1.0 / shape.classes as f64;
-    let last_accuracy = rows.last().and_then(|r| r.test_accuracy);
-    let at_chance = last_accuracy
-        .filter(|&a| saver.kept_eval.is_none() && diverged.is_none() && !interrupted && at_chance(a, shape.classes));
-    if at_chance.is_some() {
-        status = Status::ChanceLevel;
-    }
-
-    let names = args.dataset.class_names();
-    if diverged.is_none() {
-        if let Some(eval) = &saver.kept_eval {
-            display.line(&confusion_table(eval, &names));
-        }
-        display.line(&outcome);
-    }
-    if args.json {
-        let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);
-        let mut final_extra = serde_json::Map::new();
-        final_extra.insert("confusion".into(), json!(confusion));
-        // Where the command's time went: when opening the device and reading the data (side by side)
-        // ended, counted from the start; then building the trainer (uploads, kernel modules), and the
-        // epochs with their evaluations and saves.
-        final_extra.insert(
-            "wall_s".into(),
-            json!({"device": device_s, "data": data_s, "setup": setup_s, "training": training_s, "total": started.elapsed().as_secs_f64()}),
-        );
-        let config = json!({
-            "dataset": args.dataset.name(),
-            "data": args.data.as_ref().map(|p| p.display().to_string()),
-            "out": args.out.display().to_string(),
-            "keep": args.keep.name(),
-            "model": report::flag_value(&args.model),
-            "hidden": (args.model == ModelKind::Mlp).then_some(shape.hidden),
-            "activation": (args.model == ModelKind::Mlp).then(|| shape.activation.name()),
-            "optim": optim.kind.name(),
-            "lr": report::decimal(optim.lr),
-            "momentum": (optim.kind == OptimKind::Momentum).then(|| report::decimal(optim.momentum)),
-            "weight_decay": report::decimal(optim.weight_decay),
-            "clip_norm": report::decimal(optim.clip_norm),
-            "epochs": args.epochs,
-            "batch": args.batch,
-            "seed": args.seed,
-            "train_limit": args.train_limit,
-            "val_split": args.val_split,
-            "overwrite": args.overwrite,
-            "device": report::flag_value(&args.device),
-        });
-        let report = Report {
-            textnet: report::VERSION,
-            command: "mnist",
-            status,
-            config,
-            device: backend.describe(),
-            data: json!({
-                "dataset": args.dataset.name(),
-                "dir": data.dir.display().to_string(),
-                "train_samples": n_train,
-                "val_samples": n_val,
-                "test_samples": n_test,
-                "class_names": names,
-            }),
-            parameters: params_count,
-            final_metrics: report::final_metrics(&rows, saver.keeper.kept_epoch(), final_extra),
-            epochs: rows,
-            model: args.out.display().to_string(),
-            kept_epoch: saver.keeper.kept_epoch(),
-            baseline_val_loss: saver.keeper.baseline,
-            diverged: diverged.clone(),
+        let val = match args.val_split {
+            Some(fraction) => Some(hold_out(&mut data.train, fraction)?),
+            None => None,
         };
-        report.print()?;
+        let existing = existing_out(&args.out)?;
+        if let Some((_, meta)) = &existing
+            && !args.overwrite
+            && meta.get("dataset").is_some_and(|d| d != args.dataset.name())
+        {
+            let what =
+                format!("an MNIST model of another dataset ({})", meta.get("dataset").map_or("", String::as_str));
+            return Err(checkpoint::other_data(&args.out, &what));
+        }
+        let existing = existing.map(|(old, _)| old).filter(|_| !args.overwrite);
+        if let Some(old) = &existing
+            && old.kind() != args.model
+        {
+            bail!(
+                "--out {} holds an MNIST {} model and this run trains the {}; choose another --out",
+                args.out.display(),
+                report::flag_value(&old.kind()).to_uppercase(),
+                report::flag_value(&args.model).to_uppercase()
+            );
+        }
+        let (n_train, n_test) = (data.train.len(), data.test.len());
+        let n_val = val.as_ref().map_or(0, Split::len);
+        let limited = match (n_train + n_val < full_train, n_val) {
+            (false, _) => String::new(),
+            (true, 0) => format!(" (first {n_train} of {full_train})"),
+            (true, _) => format!(" (of the first {} of {full_train})", n_train + n_val),
+        };
+        let held_out = if n_val > 0 { format!(", {n_val} held out for validation") } else { String::new() };
+        display.line(&format!(
+            "{} from {}: {n_train} training images{held_out}{limited}, {n_test} test images",
+            args.dataset.title(),
+            data.dir.display()
+        ));
+        let params = match args.model {
+            ModelKind::Mlp => Classifier::Mlp(MlpParams::init(shape, args.seed)),
+            ModelKind::Cnn => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
+        };
+        let architecture = match args.model {
+            ModelKind::Mlp => {
+                format!("{} → {} ({}) → {}", shape.inputs, shape.hidden, shape.activation.name(), shape.classes)
+            }
+            ModelKind::Cnn => {
+                "CNN conv3x3 1→8, ReLU, maxpool 2, conv3x3 8→16, ReLU, maxpool 2, 784 → 64 (ReLU) → 10".into()
+            }
+        };
+        display.line(&format!(
+            "model {architecture}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
+            params.param_count(),
+            optim.describe(),
+            args.batch,
+            args.epochs,
+            if args.epochs == 1 { "" } else { "s" },
+            args.seed,
+            device_line
+        ));
+
+        // The model already at --out, measured on the data each epoch is judged by: the validation split,
+        // else the test set.
+        let baseline = match &existing {
+            Some(old) if old.fits_mnist() => {
+                let (set, name) = match &val {
+                    Some(val) => (val, "val loss"),
+                    None => (&data.test, "test loss"),
+                };
+                let loss = checkpoint::baseline(&args.out, old.evaluate(set).mean_loss(), name)?;
+                display.line(&format!(
+                    "--out {} already holds a model of {name} {loss:.4}; only a better epoch replaces it",
+                    args.out.display()
+                ));
+                Some(loss)
+            }
+            _ => None,
+        };
+        let one_class =
+            data.train.labels.first().filter(|&&first| data.train.labels.iter().all(|&l| l == first)).copied();
+        let run = RunInfo {
+            _lock: lock,
+            backend,
+            optim,
+            shape,
+            data_dir: data.dir,
+            n_train,
+            n_val,
+            n_test,
+            one_class,
+            started,
+            device_s,
+            data_s,
+        };
+        Ok(Setup { run, display, params, train: data.train, test: data.test, val, baseline })
     }
-    if let Some(d) = diverged {
+
+    fn train(&self, setup: Setup) -> Result<Trained> {
+        let args = self;
+        let Setup { run, display, params, train, test, val, baseline } = setup;
+        let params_count = params.param_count();
+        let mut trainer = super::trainer(&run.backend, params, run.optim, Arc::new(train), Arc::new(test))?;
+        let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
+        let saver = Saver {
+            out: args.out.clone(),
+            dataset: args.dataset,
+            keeper: Keeper::new(args.keep, baseline),
+            val,
+            val_history: Vec::new(),
+            kept_eval: None,
+            note: String::new(),
+        };
+        let mut epochs = Epochs { display, rows: Vec::new(), saver };
+        let setup_s = run.started.elapsed().as_secs_f64() - run.device_s.max(run.data_s);
+        let training = std::time::Instant::now();
+        let result = train::run(trainer.as_mut(), run.n_train, schedule, &mut epochs);
+        let training_s = training.elapsed().as_secs_f64();
+        Ok(Trained { run, epochs, result, params_count, setup_s, training_s })
+    }
+
+    fn finish(&self, trained: Trained) -> Result<Ending> {
+        let args = self;
+        let Trained { run, epochs, result, params_count, setup_s, training_s } = trained;
+        let RunInfo {
+            backend,
+            optim,
+            shape,
+            data_dir,
+            n_train,
+            n_val,
+            n_test,
+            one_class,
+            started,
+            device_s,
+            data_s,
+            ..
+        } = run;
+        let Epochs { display, rows, saver } = epochs;
+        let outcome = saver.keeper.outcome(&args.out, saver.loss_name());
+        let diverged = match result.map(drop).map_err(anyhow::Error::downcast::<Divergence>) {
+            Ok(()) => None,
+            Err(Ok(divergence)) => Some(divergence),
+            Err(Err(e)) => bail!("{e:#}; {outcome}"),
+        };
+        let completed = rows.len();
+        let interrupted = diverged.is_none() && completed < args.epochs;
+        // At chance level: the last epoch's test accuracy within half of chance's 1 / classes of it, so no
+        // epoch was written.
+        let chance = 1.0 / shape.classes as f64;
+        let last_accuracy = rows.last().and_then(|r| r.test_accuracy);
+        let at_chance = last_accuracy.filter(|&a| {
+            saver.kept_eval.is_none() && diverged.is_none() && !interrupted && at_chance(a, shape.classes)
+        });
+
+        let names = args.dataset.class_names();
+        if diverged.is_none() {
+            if let Some(eval) = &saver.kept_eval {
+                display.line(&confusion_table(eval, &names));
+            }
+            display.line(&outcome);
+        }
+        let failed = at_chance.map(|accuracy| {
+            let advice = match (one_class, n_train) {
+                (_, n) if n < FEW_IMAGES => format!(
+                    "{n} training image{} too few to learn from; train on more (--train-limit, --val-split)",
+                    if n == 1 { " is" } else { "s are" }
+                ),
+                (Some(label), _) => {
+                    format!("every training image is labelled {label}, so there is nothing to tell apart")
+                }
+                _ if optim.kind == OptimKind::Adam => {
+                    format!("lower --lr (this run used {})", report::decimal(optim.lr))
+                }
+                _ => format!("lower --lr (this run used {}) or try --optim adam", report::decimal(optim.lr)),
+            };
+            format!(
+                "the model learned nothing: test accuracy {:.1}% where guessing gets {:.1}%; {outcome}; {advice}",
+                100.0 * accuracy,
+                100.0 * chance
+            )
+        });
         let decay = match optim.weight_decay > 1.0 {
             true => format!(", or a far lower --weight-decay (this run used {})", report::decimal(optim.weight_decay)),
             false => String::new(),
         };
-        bail!(
-            "{d}; {outcome}; lower --lr or set --clip-norm (this run used --lr {}){decay}",
-            report::decimal(optim.lr)
-        );
-    }
-    if interrupted {
-        return Err(Interrupted(format!("interrupted after epoch {completed} of {}; {outcome}", args.epochs)).into());
-    }
-    if let Some(accuracy) = at_chance {
-        let advice = match (one_class, n_train) {
-            (_, n) if n < FEW_IMAGES => format!(
-                "{n} training image{} too few to learn from; train on more (--train-limit, --val-split)",
-                if n == 1 { " is" } else { "s are" }
-            ),
-            (Some(label), _) => format!("every training image is labelled {label}, so there is nothing to tell apart"),
-            _ if optim.kind == OptimKind::Adam => format!("lower --lr (this run used {})", report::decimal(optim.lr)),
-            _ => format!("lower --lr (this run used {}) or try --optim adam", report::decimal(optim.lr)),
+        let mut ending = Ending {
+            report: None,
+            diverged,
+            interrupted: interrupted.then(|| format!("after epoch {completed} of {}", args.epochs)),
+            failed,
+            written: saver.kept_eval.is_some(),
+            outcome,
+            remedy: format!("lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr)),
         };
-        bail!(
-            "the model learned nothing: test accuracy {:.1}% where guessing gets {:.1}%; {outcome}; {advice}",
-            100.0 * accuracy,
-            100.0 * chance
-        );
+        if args.json {
+            let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);
+            let mut final_extra = serde_json::Map::new();
+            final_extra.insert("confusion".into(), json!(confusion));
+            // Where the command's time went: when opening the device and reading the data (side by side)
+            // ended, counted from the start; then building the trainer (uploads, kernel modules), and the
+            // epochs with their evaluations and saves.
+            final_extra.insert(
+                "wall_s".into(),
+                json!({"device": device_s, "data": data_s, "setup": setup_s, "training": training_s, "total": started.elapsed().as_secs_f64()}),
+            );
+            let config = json!({
+                "dataset": args.dataset.name(),
+                "data": args.data.as_ref().map(|p| p.display().to_string()),
+                "out": args.out.display().to_string(),
+                "keep": args.keep.name(),
+                "model": report::flag_value(&args.model),
+                "hidden": (args.model == ModelKind::Mlp).then_some(shape.hidden),
+                "activation": (args.model == ModelKind::Mlp).then(|| shape.activation.name()),
+                "optim": optim.kind.name(),
+                "lr": report::decimal(optim.lr),
+                "momentum": (optim.kind == OptimKind::Momentum).then(|| report::decimal(optim.momentum)),
+                "weight_decay": report::decimal(optim.weight_decay),
+                "clip_norm": report::decimal(optim.clip_norm),
+                "epochs": args.epochs,
+                "batch": args.batch,
+                "seed": args.seed,
+                "train_limit": args.train_limit,
+                "val_split": args.val_split,
+                "overwrite": args.overwrite,
+                "device": report::flag_value(&args.device),
+            });
+            ending.report = Some(Report {
+                textnet: report::VERSION,
+                command: "mnist",
+                status: ending.status(),
+                config,
+                device: backend.describe(),
+                data: json!({
+                    "dataset": args.dataset.name(),
+                    "dir": data_dir.display().to_string(),
+                    "train_samples": n_train,
+                    "val_samples": n_val,
+                    "test_samples": n_test,
+                    "class_names": names,
+                }),
+                parameters: params_count,
+                final_metrics: report::final_metrics(&rows, saver.keeper.kept_epoch(), final_extra),
+                epochs: rows,
+                model: args.out.display().to_string(),
+                kept_epoch: saver.keeper.kept_epoch(),
+                baseline_val_loss: saver.keeper.baseline,
+                diverged: ending.diverged.clone(),
+            });
+        }
+        Ok(ending)
     }
-    if saver.kept_eval.is_none() {
-        bail!("{outcome}");
-    }
-    Ok(())
 }
 
 /// Whether `out` is one of the names the data files are looked up under in `data_dir`.

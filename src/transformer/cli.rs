@@ -291,11 +291,11 @@ impl TrainingCommand for TransformerArgs {
             let offsets: Vec<u32> = (0..steps)
                 .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
                 .collect();
-            let losses = trainer.train(&corpus, &offsets, args.batch)?;
+            let losses = trainer.train(corpus, &offsets, args.batch)?;
             display.reached(steps * args.batch);
             done += steps;
             let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
-            let val = trainer.val_loss(&corpus, &val_offsets, args.batch)?;
+            let val = trainer.val_loss(corpus, val_offsets, args.batch)?;
             let elapsed = start.elapsed().as_secs_f64();
             if !(train_loss.is_finite() && val.is_finite()) {
                 diverged = Some(Divergence { epoch: eval, what: "loss" });

@@ -13,9 +13,10 @@ use super::{CpuTrainer, TextTrainer};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::console;
 use crate::device::{self, Backend, DeviceChoice};
-use crate::interrupt::{self, Interrupted};
+use crate::interrupt;
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::report::{self, Display, EpochRow, Report, Status};
+use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -254,130 +255,188 @@ impl Progress for EpochBar {
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
-    args.validate()?;
-    let _lock = crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
-    let resumed = match &args.resume {
-        Some(path) => Some(TextModel::load(path).context("--resume")?),
-        None => None,
-    };
-    let existing = existing_out(&args.out, args.resume.as_deref())?;
-    let existing = existing.filter(|_| !args.overwrite);
-    let tokenizer = resumed.as_ref().map_or(Tokenizer { lowercase: !args.keep_case }, |m| m.tokenizer);
-    let max_vocab = if resumed.is_some() { usize::MAX } else { args.max_vocab };
-    let mut corpus = Corpus::read(&args.corpus, CorpusOptions { tokenizer, max_vocab, max_tokens: args.max_tokens })?;
-    if let (Some(model), Some(path)) = (&resumed, &args.resume) {
-        corpus = corpus.in_vocabulary(&model.vocab);
-        check_resumable(&corpus, path, &args.corpus)?;
-    }
-    let shape = match &resumed {
-        Some(model) => model.params.shape,
-        None => TextShape { vocab: corpus.vocab.len(), embed: args.embed, hidden: args.hidden, context: args.context },
-    };
-    let split = Split::new(corpus.tokens.len(), shape.context)?;
-    let val = train::spread_subset(&split.val, args.val_max);
-    shape.validate()?;
-    check_size(shape)?;
+    run::run(&args)
+}
 
-    let (backend, device_line) = device::select_described(args.device)?;
-    let on_cpu = matches!(backend, device::Backend::Cpu);
-    let plan = args.plan(on_cpu);
-    let display = Display::new(args.quiet, args.json, plan.epochs);
-    let batch = plan.batch.min(split.train.len());
-    shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
-    let params = match resumed {
-        Some(model) => model.params,
-        None => TextParams::init(shape, args.seed),
-    };
-    let tokens: Arc<[u32]> = std::mem::take(&mut corpus.tokens).into();
-    let cpu_line = match on_cpu {
-        true => Some(cpu_plan_line(&plan, args.optim_config(plan.lr), &params, &tokens, &split.train, &val)?),
-        false => None,
-    };
-    let setup = Setup {
-        plan,
-        cpu_line,
-        args: &args,
-        device: device_line,
-        tokens: tokens.len(),
-        truncated: corpus.truncated,
-        unknown: corpus.unknown,
-        shape,
-        tokenizer,
-        train_samples: split.train.len(),
-        val_samples: split.val.len(),
-        val_evaluated: val.len(),
-        unigram: train::unigram_loss(&tokens, split.val_start, shape.vocab, &val),
-    };
-    let Corpus { vocab, .. } = corpus;
-    setup.print(&display);
+/// What `setup` read, checked and built for `train`.
+pub struct Prepared {
+    _lock: crate::fsutil::OutputLock,
+    summary: Summary,
+    display: Display,
+    trainer: Box<dyn TextTrainer>,
+    train: Vec<u32>,
+    /// The validation samples evaluated each epoch.
+    val: Vec<u32>,
+    /// The val loss a saved epoch must beat: the model at --out's, or the --resume'd one's.
+    baseline: Option<f64>,
+    /// The model as the run starts (its parameters are replaced by each saved epoch's).
+    model: TextModel,
+}
 
-    let mut baseline = None;
-    if let Some(old) = existing {
-        if !(old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context) {
-            return Err(checkpoint::other_data(&args.out, "a text model of another vocabulary, tokenizer or context"));
+/// What `train` hands to `finish`.
+pub struct Trained {
+    _lock: crate::fsutil::OutputLock,
+    summary: Summary,
+    bar: EpochBar,
+    run: Result<TrainRun>,
+}
+
+impl TrainingCommand for TrainArgs {
+    type Setup = Prepared;
+    type Trained = Trained;
+
+    fn setup(&self) -> Result<Prepared> {
+        let args = self;
+        args.validate()?;
+        let lock = crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let resumed = match &args.resume {
+            Some(path) => Some(TextModel::load(path).context("--resume")?),
+            None => None,
+        };
+        let existing = existing_out(&args.out, args.resume.as_deref())?;
+        let existing = existing.filter(|_| !args.overwrite);
+        let tokenizer = resumed.as_ref().map_or(Tokenizer { lowercase: !args.keep_case }, |m| m.tokenizer);
+        let max_vocab = if resumed.is_some() { usize::MAX } else { args.max_vocab };
+        let mut corpus =
+            Corpus::read(&args.corpus, CorpusOptions { tokenizer, max_vocab, max_tokens: args.max_tokens })?;
+        if let (Some(model), Some(path)) = (&resumed, &args.resume) {
+            corpus = corpus.in_vocabulary(&model.vocab);
+            check_resumable(&corpus, path, &args.corpus)?;
         }
-        let loss = checkpoint::baseline(&args.out, val_loss(&backend, old.params, &tokens, &val)?, "val loss")?;
-        display.line(&format!(
-            "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
-            args.out.display()
-        ));
-        baseline = Some(loss);
-    } else if args.overwrite && args.out.exists() {
-        display.line(&format!("--overwrite: the first saved epoch replaces the model at --out {}", args.out.display()));
-    }
-    let mut trainer = train::make_trainer(&backend, params.clone(), tokens, plan.batch, args.optim_config(plan.lr))?;
-    if let Some(path) = &args.resume {
-        let loss = mean_loss(trainer.evaluate(&val)?);
-        if !loss.is_finite() {
-            bail!(
-                "--resume {}: the model's outputs on this corpus are not finite (val loss {loss}), so it cannot be trained \
-                 further; train a new model instead",
-                path.display()
-            );
+        let shape = match &resumed {
+            Some(model) => model.params.shape,
+            None => {
+                TextShape { vocab: corpus.vocab.len(), embed: args.embed, hidden: args.hidden, context: args.context }
+            }
+        };
+        let split = Split::new(corpus.tokens.len(), shape.context)?;
+        let val = train::spread_subset(&split.val, args.val_max);
+        shape.validate()?;
+        check_size(shape)?;
+
+        let (backend, device_line) = device::select_described(args.device)?;
+        let on_cpu = matches!(backend, device::Backend::Cpu);
+        let plan = args.plan(on_cpu);
+        let display = Display::new(args.quiet, args.json, plan.epochs);
+        let batch = plan.batch.min(split.train.len());
+        shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
+        let params = match resumed {
+            Some(model) => model.params,
+            None => TextParams::init(shape, args.seed),
+        };
+        let tokens: Arc<[u32]> = std::mem::take(&mut corpus.tokens).into();
+        let cpu_line = match on_cpu {
+            true => Some(cpu_plan_line(&plan, args.optim_config(plan.lr), &params, &tokens, &split.train, &val)?),
+            false => None,
+        };
+        let summary = Summary {
+            plan,
+            cpu_line,
+            device: device_line,
+            tokens: tokens.len(),
+            truncated: corpus.truncated,
+            unknown: corpus.unknown,
+            shape,
+            tokenizer,
+            train_samples: split.train.len(),
+            val_samples: split.val.len(),
+            val_evaluated: val.len(),
+            unigram: train::unigram_loss(&tokens, split.val_start, shape.vocab, &val),
+        };
+        let Corpus { vocab, .. } = corpus;
+        summary.print(args, &display);
+
+        let mut baseline = None;
+        if let Some(old) = existing {
+            if !(old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context) {
+                return Err(checkpoint::other_data(
+                    &args.out,
+                    "a text model of another vocabulary, tokenizer or context",
+                ));
+            }
+            let loss = checkpoint::baseline(&args.out, val_loss(&backend, old.params, &tokens, &val)?, "val loss")?;
+            display.line(&format!(
+                "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
+                args.out.display()
+            ));
+            baseline = Some(loss);
+        } else if args.overwrite && args.out.exists() {
+            display.line(&format!(
+                "--overwrite: the first saved epoch replaces the model at --out {}",
+                args.out.display()
+            ));
         }
-        display.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
-        baseline = Some(baseline.map_or(loss, |b: f64| b.min(loss)));
+        let mut trainer =
+            train::make_trainer(&backend, params.clone(), tokens, plan.batch, args.optim_config(plan.lr))?;
+        if let Some(path) = &args.resume {
+            let loss = mean_loss(trainer.evaluate(&val)?);
+            if !loss.is_finite() {
+                bail!(
+                    "--resume {}: the model's outputs on this corpus are not finite (val loss {loss}), so it cannot be trained \
+                     further; train a new model instead",
+                    path.display()
+                );
+            }
+            display.line(&format!("{} has val loss {loss:.4} here; only a better epoch is saved", path.display()));
+            baseline = Some(baseline.map_or(loss, |b: f64| b.min(loss)));
+        }
+        Ok(Prepared {
+            _lock: lock,
+            summary,
+            display,
+            trainer,
+            train: split.train,
+            val,
+            baseline,
+            model: TextModel { params, tokenizer, vocab },
+        })
     }
 
-    let options = TrainOptions {
-        lr: plan.lr,
-        epochs: plan.epochs,
-        batch: plan.batch,
-        seed: args.seed,
-        shuffle: !args.no_shuffle,
-    };
-    let saver = Saver {
-        out: args.out.clone(),
-        keeper: Keeper::new(args.keep, baseline),
-        model: TextModel { params, tokenizer, vocab },
-        note: String::new(),
-    };
-    let mut bar = EpochBar { display, saver };
-    interrupt::install();
-    let run = train::train(trainer.as_mut(), &split.train, &val, &options, &mut bar);
-    let EpochBar { display, saver } = bar;
-    let keeper = saver.keeper;
-    let outcome = keeper.outcome(&args.out, "val loss");
-    let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
-    let interrupted = epochs.len() < plan.epochs && diverged.is_none();
-    let status = Status::of(diverged.is_some(), interrupted, keeper.kept.is_some());
+    fn train(&self, setup: Prepared) -> Result<Trained> {
+        let args = self;
+        let Prepared { _lock, summary, display, mut trainer, train, val, baseline, model } = setup;
+        let plan = summary.plan;
+        let options = TrainOptions {
+            lr: plan.lr,
+            epochs: plan.epochs,
+            batch: plan.batch,
+            seed: args.seed,
+            shuffle: !args.no_shuffle,
+        };
+        let saver =
+            Saver { out: args.out.clone(), keeper: Keeper::new(args.keep, baseline), model, note: String::new() };
+        let mut bar = EpochBar { display, saver };
+        let run = train::train(trainer.as_mut(), &train, &val, &options, &mut bar);
+        Ok(Trained { _lock, summary, bar, run })
+    }
 
-    if args.json {
-        setup.report(status, &epochs, diverged.clone(), &keeper).print()?;
+    fn finish(&self, trained: Trained) -> Result<Ending> {
+        let args = self;
+        let Trained { summary, bar, run, .. } = trained;
+        let plan = summary.plan;
+        let EpochBar { display, saver } = bar;
+        let keeper = saver.keeper;
+        let outcome = keeper.outcome(&args.out, "val loss");
+        let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
+        let interrupted = epochs.len() < plan.epochs && diverged.is_none();
+        let mut ending = Ending {
+            report: None,
+            diverged,
+            interrupted: interrupted.then(|| format!("after epoch {} of {}", epochs.len(), plan.epochs)),
+            failed: None,
+            written: keeper.kept.is_some(),
+            outcome,
+            remedy: format!("try a lower --lr (this run used {})", plan.lr),
+        };
+        if args.json {
+            ending.report = Some(summary.report(args, ending.status(), &epochs, ending.diverged.clone(), &keeper));
+        }
+        if ending.written && ending.diverged.is_none() && !interrupted {
+            let kept = format!("{}, kept by --keep {}", ending.outcome, args.keep.name());
+            display.line(&format!("{kept}; unigram baseline {:.4}", summary.unigram));
+        }
+        Ok(ending)
     }
-    if let Some(d) = diverged {
-        bail!("{d}; {outcome}; try a lower --lr (this run used {})", plan.lr);
-    }
-    if interrupted {
-        return Err(
-            Interrupted(format!("interrupted after epoch {} of {}; {outcome}", epochs.len(), plan.epochs)).into()
-        );
-    }
-    if keeper.kept.is_none() {
-        bail!("{outcome}");
-    }
-    display.line(&format!("{outcome}, kept by --keep {}; unigram baseline {:.4}", args.keep.name(), setup.unigram));
-    Ok(())
 }
 
 /// The model already at `out`, which the run must not replace with a worse one: `None` when there is no
@@ -433,8 +492,7 @@ fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u
 }
 
 /// What a run trains on and with: printed before training and repeated in the `--json` summary.
-struct Setup<'a> {
-    args: &'a TrainArgs,
+struct Summary {
     plan: Plan,
     /// On the CPU: what it trains with and how long that should take.
     cpu_line: Option<String>,
@@ -451,9 +509,9 @@ struct Setup<'a> {
     unigram: f64,
 }
 
-impl Setup<'_> {
-    fn print(&self, display: &Display) {
-        let (args, shape, plan) = (self.args, self.shape, self.plan);
+impl Summary {
+    fn print(&self, args: &TrainArgs, display: &Display) {
+        let (shape, plan) = (self.shape, self.plan);
         let limit_note = if self.truncated { " (cut at --max-tokens)" } else { "" };
         display.line(&format!(
             "corpus: {}, {} tokens{limit_note}; vocabulary {} entries, {:.2}% of tokens are <unk>",
@@ -497,6 +555,7 @@ impl Setup<'_> {
 
     fn report(
         &self,
+        args: &TrainArgs,
         status: Status,
         epochs: &[EpochMetrics],
         diverged: Option<report::Divergence>,
@@ -507,7 +566,7 @@ impl Setup<'_> {
             textnet: report::VERSION,
             command: "train",
             status,
-            config: self.args.config_json(self.shape, self.tokenizer, &self.plan),
+            config: args.config_json(self.shape, self.tokenizer, &self.plan),
             device: self.device.clone(),
             data: json!({
                 "tokens": self.tokens,
@@ -522,7 +581,7 @@ impl Setup<'_> {
             parameters: parameter_count(self.shape),
             final_metrics: report::final_metrics(&epochs, keeper.kept_epoch(), Default::default()),
             epochs,
-            model: self.args.out.display().to_string(),
+            model: args.out.display().to_string(),
             kept_epoch: keeper.kept_epoch(),
             baseline_val_loss: keeper.baseline,
             diverged,

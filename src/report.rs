@@ -52,18 +52,6 @@ impl std::fmt::Display for Divergence {
 
 impl std::error::Error for Divergence {}
 
-/// How a training command that writes its model once ends: an error naming the divergence and what to
-/// try (`remedy`), or one saying nothing was written (`outcome`); else success.
-pub fn conclude(diverged: Option<&Divergence>, written: bool, outcome: &str, remedy: &str) -> anyhow::Result<()> {
-    if let Some(d) = diverged {
-        anyhow::bail!("{d}; {outcome}; {remedy}");
-    }
-    if !written {
-        anyhow::bail!("{outcome}");
-    }
-    Ok(())
-}
-
 /// One epoch in the report. Losses are mean cross-entropy per sample in nats, accuracies fractions
 /// (0 to 1); `val_` figures are on the held-out validation samples, `test_` ones on a test set, each
 /// present where the pipeline has that set.
@@ -113,7 +101,7 @@ impl EpochRow {
 pub struct Report {
     /// The version of textnet that wrote it.
     pub textnet: &'static str,
-    /// The subcommand: "train", "mnist", "xor", "sales".
+    /// The subcommand: "train", "mnist", "xor", "sales", "transformer".
     pub command: &'static str,
     pub status: Status,
     /// The settings, flat, one key per flag (defaults filled in); `out`, `keep`, `lr`, `epochs`,

@@ -1,6 +1,7 @@
-//! The MNIST / Fashion-MNIST classifier (784 → hidden → 10 MLP): IDX loading (`idx`, `data`), the model
-//! and its CPU reference (`model`), the optimizers as flat elementwise updates (`optim`), the epoch loop
-//! (`train`) and `textnet mnist` (`cli`).
+//! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
+//! `data`), the MLP's CPU reference (`model`) and GPU trainer (`gpu`), the CNN's (`cnn`, `cnn_gpu`), the
+//! epoch loop both share (`train`), `textnet mnist` (`cli`) and `textnet classify` (`classify`). The
+//! optimizers are the shared `ops::optim`.
 //!
 //! Backends implement `MnistTrainer`. The caller hands a backend both splits once, as contiguous
 //! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every

@@ -320,24 +320,22 @@ impl GpuTrainer {
         let g = &*self.gpu;
         let o = self.optim;
         let args = [
-            Arg::buf(g, &self.params),
-            Arg::buf(g, &self.grad),
-            Arg::buf(g, &self.m),
-            Arg::buf(g, &self.v),
-            Arg::i32(self.shape.param_count() as i32),
-            Arg::i32(o.kind.kernel_code()),
-            Arg::f32(o.lr),
-            Arg::f32(o.momentum),
-            Arg::f32(o.beta1),
-            Arg::f32(o.beta2),
-            Arg::f32(o.eps),
-            Arg::f32(o.weight_decay),
-            Arg::f32(o.clip_norm),
-            Arg::buf(g, &self.norm_partials),
-            Arg::i32(self.layout.backward_grid as i32),
-            Arg::buf(g, &self.step),
-            Arg::buf(g, &self.update_ticket),
-        ];
+            &[
+                Arg::buf(g, &self.params),
+                Arg::buf(g, &self.grad),
+                Arg::buf(g, &self.m),
+                Arg::buf(g, &self.v),
+                Arg::i32(self.shape.param_count() as i32),
+            ][..],
+            &o.kernel_args(),
+            &[
+                Arg::buf(g, &self.norm_partials),
+                Arg::i32(self.layout.backward_grid as i32),
+                Arg::buf(g, &self.step),
+                Arg::buf(g, &self.update_ticket),
+            ],
+        ]
+        .concat();
         g.launch(&self.kernels.update, (self.layout.update_grid as u32, 1), 0, false, &args)
     }
 

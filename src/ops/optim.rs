@@ -16,6 +16,7 @@
 //! The scalars of a step (clip factor, bias corrections) are computed once per step on the host side
 //! (`StepScalars`); `update` is then a pure function of slices and those scalars.
 
+use crate::device::Arg;
 use anyhow::{Result, bail};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +81,21 @@ pub struct OptimConfig {
 }
 
 impl OptimConfig {
+    /// The kernel arguments `kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm`, in the
+    /// order every fused update kernel takes them (a kernel without clipping takes the first seven).
+    pub fn kernel_args(&self) -> [Arg; 8] {
+        [
+            Arg::i32(self.kind.kernel_code()),
+            Arg::f32(self.lr),
+            Arg::f32(self.momentum),
+            Arg::f32(self.beta1),
+            Arg::f32(self.beta2),
+            Arg::f32(self.eps),
+            Arg::f32(self.weight_decay),
+            Arg::f32(self.clip_norm),
+        ]
+    }
+
     /// `kind` with its default learning rate and hyper-parameters, no weight decay, no clipping.
     pub fn new(kind: OptimKind) -> OptimConfig {
         OptimConfig {

@@ -256,24 +256,20 @@ impl GpuSales {
 
         let o = self.optim;
         let args = [
-            Arg::buf(g, &self.epoch.x),
-            Arg::buf(g, &self.epoch.y),
-            Arg::i32(rows),
-            Arg::i32(batch as i32),
-            Arg::buf(g, &self.params),
-            Arg::buf(g, &self.m),
-            Arg::buf(g, &self.v),
-            Arg::buf(g, &self.step),
-            Arg::i32(o.kind.kernel_code()),
-            Arg::f32(o.lr),
-            Arg::f32(o.momentum),
-            Arg::f32(o.beta1),
-            Arg::f32(o.beta2),
-            Arg::f32(o.eps),
-            Arg::f32(o.weight_decay),
-            Arg::f32(o.clip_norm),
-            Arg::buf(g, &self.loss_sum),
-        ];
+            &[
+                Arg::buf(g, &self.epoch.x),
+                Arg::buf(g, &self.epoch.y),
+                Arg::i32(rows),
+                Arg::i32(batch as i32),
+                Arg::buf(g, &self.params),
+                Arg::buf(g, &self.m),
+                Arg::buf(g, &self.v),
+                Arg::buf(g, &self.step),
+            ][..],
+            &o.kernel_args(),
+            &[Arg::buf(g, &self.loss_sum)],
+        ]
+        .concat();
         g.launch(&self.kernels.train, (1, 1), shared as u32, false, &args)
     }
 

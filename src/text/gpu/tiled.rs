@@ -179,29 +179,25 @@ impl GpuTrainer {
         let Some(o) = &self.optimizer else { return Ok(()) };
         let c = o.config;
         let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &p.b2),
-            Arg::buf(g, &o.grad_embedding),
-            Arg::buf(g, &b.grad_w1),
-            Arg::buf(g, &b.grad_b1),
-            Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2),
-            Arg::buf(g, &o.m),
-            Arg::buf(g, &o.v),
-            vi,
-            Arg::i32(c.kind.kernel_code()),
-            Arg::f32(c.lr),
-            Arg::f32(c.momentum),
-            Arg::f32(c.beta1),
-            Arg::f32(c.beta2),
-            Arg::f32(c.eps),
-            Arg::f32(c.weight_decay),
-            Arg::buf(g, &o.step),
-            Arg::buf(g, &o.ticket),
-        ];
+            &[
+                Arg::buf(g, &p.embedding),
+                Arg::buf(g, &p.w1),
+                Arg::buf(g, &p.b1),
+                Arg::buf(g, &p.w2),
+                Arg::buf(g, &p.b2),
+                Arg::buf(g, &o.grad_embedding),
+                Arg::buf(g, &b.grad_w1),
+                Arg::buf(g, &b.grad_b1),
+                Arg::buf(g, &b.grad_w2),
+                Arg::buf(g, &b.grad_b2),
+                Arg::buf(g, &o.m),
+                Arg::buf(g, &o.v),
+                vi,
+            ][..],
+            &c.kernel_args()[..7],
+            &[Arg::buf(g, &o.step), Arg::buf(g, &o.ticket)],
+        ]
+        .concat();
         let blocks = (self.shape.parameter_count() as usize)
             .div_ceil(THREADS_PER_BLOCK as usize * 8)
             .clamp(1, 4 * g.sm_count as usize);

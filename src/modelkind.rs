@@ -39,8 +39,12 @@ pub const TRANSFORMER: Kind = Kind {
 };
 pub const MNIST_MLP: Kind =
     Kind { tag: "textnet-mnist", legacy_tag: None, what: "an MNIST MLP classifier", used_by: "textnet classify" };
-pub const MNIST_CNN: Kind =
-    Kind { tag: "textnet-mnist-cnn", legacy_tag: None, what: "an MNIST CNN classifier", used_by: "textnet classify" };
+pub const MNIST_CNN: Kind = Kind {
+    tag: "textnet-mnist-cnn",
+    legacy_tag: None,
+    what: "an MNIST CNN classifier",
+    used_by: "textnet mnist --model cnn",
+};
 pub const XOR: Kind =
     Kind { tag: "textnet-xor", legacy_tag: Some("xor"), what: "an XOR network", used_by: "textnet xor" };
 pub const SALES: Kind = Kind {

@@ -146,7 +146,7 @@ __device__ __forceinline__ float group_sum(float v) {
     return v;
 }
 
-// Grid 1, dynamic shared memory PARTIAL_END + 2·B·(NP + 1) floats (src/sales/gpu.rs mirrors it). x, y: the epoch's rows in order
+// Grid 1, dynamic shared memory PARTIAL_END + 2·B·(NP + 1) floats (src/sales/gpu.rs mirrors it, tested against this file). x, y: the epoch's rows in order
 // (sales_gather). step: optimizer steps taken so far (advanced). m, v: optimizer state, read and written
 // back. clip_norm 0: no clipping. loss_sum: the epoch's summed squared error.
 extern "C" __global__ void __launch_bounds__(THREADS)

@@ -1,4 +1,4 @@
-// The text model's sizes, fixed at compile time: the launch layer (src/text/gpu.rs) passes the model's
+// The text model's sizes, fixed at compile time: the launch layer (src/text/gpu/) passes the model's
 // embedding width and hidden width as -DTEXT_D / -DTEXT_H, so per-lane register arrays have constant bounds.
 #pragma once
 

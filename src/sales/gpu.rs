@@ -333,3 +333,21 @@ impl SalesTrainer for GpuSales {
         Ok(SalesParams { shape: self.shape, flat })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn sizes_match_the_kernel_file() {
+        for (inputs, hidden, batch) in [(19, 32, 64), (3, 5, 7), (40, 100, 1), (1, 1, 256)] {
+            let defines = [("SALES_N", inputs as i64), ("SALES_H", hidden as i64)];
+            let expression = format!("PARTIAL_END + 2 * {batch} * (NP + 1)");
+            let kernel = kernel_constants("sales", &defines, &["P", &expression]).unwrap();
+            let shape = SalesShape { inputs, hidden };
+            let mirror = [shape.param_count(), train_shared_floats(shape, batch)];
+            assert_eq!(kernel, mirror.map(|v| v as i64), "N = {inputs}, H = {hidden}, B = {batch}");
+        }
+    }
+}

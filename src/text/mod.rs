@@ -88,8 +88,8 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         crate::pipeline::Command {
             name: "predict",
             about: "Print the likeliest next tokens after a context, using a trained model file",
-            args: <cli::PredictArgs as clap::Args>::augment_args,
-            run: |m| cli::predict(crate::pipeline::parsed(m)?),
+            args: <predict::PredictArgs as clap::Args>::augment_args,
+            run: |m| predict::run(crate::pipeline::parsed(m)?),
         },
         crate::pipeline::Command {
             name: "eval",

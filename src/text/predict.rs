@@ -1,12 +1,17 @@
 //! Next-token prediction with a trained model, on the CPU reference: tokenize the context with the
-//! model's own tokenizer settings, keep the last N tokens, average their embeddings, one forward pass.
+//! model's own tokenizer settings, keep the last N tokens, average their embeddings, one forward pass;
+//! and `textnet predict` (`PredictArgs`, `run`), which prints it for a context or each line of stdin.
 
 use super::model::{Activations, forward};
 use super::modelfile::TextModel;
 use super::vocab::UNK_ID;
+use crate::console;
 use crate::cpu::top_k;
-use anyhow::{Result, bail};
+use crate::device::{self, DeviceChoice};
+use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use serde_json::json;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Candidate {
@@ -67,4 +72,100 @@ pub fn predict(model: &TextModel, text: &str, k: usize) -> Result<Prediction> {
 /// `"a", "b"`: tokens as they appear in messages.
 pub fn quoted(tokens: &[String]) -> String {
     tokens.iter().map(|t| format!("{t:?}")).collect::<Vec<_>>().join(", ")
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PredictArgs {
+    /// The text to continue; its last N tokens are used (N = the model's context). Without it (and
+    /// without --context), contexts are read from standard input, one per line
+    #[arg(allow_hyphen_values = true, conflicts_with = "context", value_name = "TEXT")]
+    pub text: Option<String>,
+    /// The text to continue (the same as the positional TEXT)
+    #[arg(long, allow_hyphen_values = true)]
+    pub context: Option<String>,
+    /// How many candidates to print
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+    /// Model file written by `textnet train`
+    #[arg(long, default_value = "textnet.safetensors")]
+    pub model: PathBuf,
+    /// Print one JSON object per context instead of text (JSON Lines when reading standard input)
+    #[arg(long)]
+    pub json: bool,
+    /// A prediction is one small forward pass, done on the CPU: `cuda` checks that a GPU is usable and,
+    /// like `train --device cuda`, fails with the reason when none is
+    #[arg(long, value_enum, default_value_t)]
+    pub device: DeviceChoice,
+}
+
+pub fn run(args: PredictArgs) -> Result<()> {
+    if args.top == 0 {
+        bail!("--top must be at least 1");
+    }
+    if args.device == DeviceChoice::Cuda {
+        device::select(DeviceChoice::Cuda)?;
+    }
+    let model = TextModel::load(&args.model)?;
+    let show = |context: &str| -> Result<()> {
+        let prediction = predict(&model, context, args.top)?;
+        if args.json {
+            let mut value = serde_json::to_value(&prediction)?;
+            value["model"] = json!(args.model.display().to_string());
+            console::out(&value.to_string());
+        } else {
+            print_prediction(&prediction, &args.model);
+        }
+        Ok(())
+    };
+    if let Some(context) = args.text.as_deref().or(args.context.as_deref()) {
+        return show(context);
+    }
+    let stdin = std::io::stdin();
+    if std::io::IsTerminal::is_terminal(&stdin) {
+        bail!("give the text to continue: textnet predict \"to be or\" (or pipe contexts in, one per line)");
+    }
+    let mut read = 0;
+    for (number, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
+        let line = line.with_context(|| format!("cannot read line {} of standard input", number + 1))?;
+        if number > 0 && !args.json {
+            console::out("");
+        }
+        show(&line).with_context(|| format!("line {} of standard input", number + 1))?;
+        read += 1;
+        // Nobody reads the answers any more (`| head -1`): stop, as a filter does.
+        if console::stdout_closed() {
+            break;
+        }
+    }
+    if read == 0 {
+        bail!(
+            "standard input holds no contexts: give the text to continue (textnet predict \"to be or\") or pipe contexts in, one per line"
+        );
+    }
+    Ok(())
+}
+
+fn print_prediction(p: &Prediction, model: &Path) {
+    console::out(&format!("model: {}", model.display()));
+    console::out(&format!("context: {}", quoted(&p.context)));
+    if p.dropped > 0 {
+        console::out(&format!(
+            "note: the model reads the last {} tokens; {} earlier ones were left out",
+            p.model_context, p.dropped
+        ));
+    }
+    if p.context.len() < p.model_context {
+        console::out(&format!(
+            "note: the model was trained on {} context tokens; only {} given, using those",
+            p.model_context,
+            p.context.len()
+        ));
+    }
+    if !p.unknown.is_empty() {
+        console::out(&format!("unknown (read as <unk>): {}", quoted(&p.unknown)));
+    }
+    let width = p.top.iter().map(|c| c.token.chars().count()).max().unwrap_or(0);
+    for (rank, c) in p.top.iter().enumerate() {
+        console::out(&format!("{:>3}. {:<width$}  {:.4}", rank + 1, c.token, c.probability));
+    }
 }

@@ -1,7 +1,7 @@
 //! `textnet classify`: a saved MNIST model on PNG, PGM and IDX images gives the model's own predictions,
 //! evaluates an IDX test set as training did, and refuses images it cannot read as the model's input.
 
-use crate::common::{text, textnet};
+use crate::common::{small_mnist_model, text, textnet};
 use std::path::Path;
 use textnet::mnist::idx::{load_split, read_idx};
 use textnet::mnist::model::{self, MlpParams, Workspace};
@@ -108,23 +108,7 @@ fn images_in_every_format_get_the_models_predictions() {
 fn images_the_model_cannot_read_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = dir.path().join("m.safetensors");
-    let train = textnet(&[
-        "mnist",
-        "--dataset",
-        "fashion",
-        "--device",
-        "cpu",
-        "--epochs",
-        "1",
-        "--hidden",
-        "8",
-        "--train-limit",
-        "300",
-        "--quiet",
-        "--out",
-        model_path.to_str().unwrap(),
-    ]);
-    assert!(train.status.success(), "{}", text(&train.stderr));
+    small_mnist_model(&model_path, 300);
     let narrow = dir.path().join("narrow.pgm");
     std::fs::write(&narrow, [b"P5 27 28 255\n".as_slice(), &[0u8; 27 * 28]].concat()).unwrap();
     let rgb = dir.path().join("rgb.png");

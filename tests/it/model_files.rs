@@ -2,7 +2,7 @@
 //! model file, for `train`, `mnist` and `xor` on the CPU.
 
 use crate::common::text::{shakespeare, train_args};
-use crate::common::{text, textnet};
+use crate::common::{small_mnist_model, text, textnet};
 use std::collections::BTreeMap;
 
 #[test]
@@ -33,23 +33,7 @@ fn the_same_seed_writes_the_same_file() {
 
     let mnist = |name: &str| {
         let out = dir.path().join(name);
-        let r = textnet(&[
-            "mnist",
-            "--dataset",
-            "fashion",
-            "--device",
-            "cpu",
-            "--epochs",
-            "1",
-            "--hidden",
-            "8",
-            "--train-limit",
-            "500",
-            "--quiet",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        assert!(r.status.success(), "{}", text(&r.stderr));
+        small_mnist_model(&out, 500);
         std::fs::read(out).unwrap()
     };
     assert_eq!(mnist("m1.safetensors"), mnist("m2.safetensors"), "mnist: two runs of one seed differ");
@@ -80,23 +64,7 @@ fn model_files_say_how_their_inputs_are_made() {
     assert!(tokenizer.contains("UAX #29") && tokenizer.contains("lowercased"), "{tokenizer}");
 
     let out = dir.path().join("m.safetensors");
-    let r = textnet(&[
-        "mnist",
-        "--dataset",
-        "fashion",
-        "--device",
-        "cpu",
-        "--epochs",
-        "1",
-        "--hidden",
-        "8",
-        "--train-limit",
-        "500",
-        "--quiet",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(r.status.success(), "{}", text(&r.stderr));
+    small_mnist_model(&out, 500);
     let bytes = std::fs::read(&out).unwrap();
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     let meta = header.metadata().as_ref().unwrap();

@@ -1,7 +1,7 @@
 //! `textnet generate` and `textnet eval` on a small model trained on the CPU.
 
 use crate::common::text::{shakespeare, train_args};
-use crate::common::{text, textnet};
+use crate::common::{small_mnist_model, text, textnet};
 use std::path::Path;
 use textnet::sampling::sample;
 use textnet::text::generate::{generate, join};
@@ -97,23 +97,7 @@ fn bad_generate_inputs_are_one_line_errors() {
     }
     // A model file of another kind says what it is.
     let mnist = dir.path().join("mnist.safetensors");
-    let run = textnet(&[
-        "mnist",
-        "--dataset",
-        "fashion",
-        "--device",
-        "cpu",
-        "--epochs",
-        "1",
-        "--hidden",
-        "8",
-        "--train-limit",
-        "300",
-        "--quiet",
-        "--out",
-        mnist.to_str().unwrap(),
-    ]);
-    assert!(run.status.success(), "{}", text(&run.stderr));
+    small_mnist_model(&mnist, 300);
     let out = textnet(&["generate", "--model", mnist.to_str().unwrap(), "--prompt", "to be"]);
     assert!(text(&out.stderr).contains("it is an MNIST MLP classifier"), "{}", text(&out.stderr));
 }

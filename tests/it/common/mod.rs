@@ -47,6 +47,16 @@ pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
+/// `textnet mnist` on the CPU, writing `out`: one epoch of a 784 → 8 → 10 model on the first `images`
+/// Fashion-MNIST training images.
+pub fn small_mnist_model(out: &Path, images: usize) {
+    let images = images.to_string();
+    let args =
+        ["--device", "cpu", "--epochs", "1", "--hidden", "8", "--train-limit", &images, "--quiet", "--out", s(out)];
+    let o = textnet(&[&["mnist", "--dataset", "fashion"][..], &args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 /// A path as the &str a command line takes.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -1,7 +1,8 @@
-//! Dates as `textnet sales` reads them from a table's date columns (see `parse_date`): `YYYY-MM-DD`
-//! (optionally followed by a time, `T` or a space between), `YYYY/MM/DD`, `DD.MM.YYYY`, `DD/MM/YYYY` or
-//! `MM/DD/YYYY`, `D Mon YYYY` (or `D-Mon-YYYY`) and `Mon D, YYYY`, with English month names, full or
-//! abbreviated. Day and month may have one or two digits, the year has four. Which of `DD/MM/YYYY` and
+//! Dates as `textnet sales` reads them from a table's date columns (see `parse_date`): ISO 8601 dates and
+//! date-times, extended or basic, with or without a zone (`2014-10-13`, `2014-10-13T13:08:00+02:00`,
+//! `2014-10-13 13:08`, `20141013T000000`, `20141013`; read by the `jiff` crate), `YYYY/MM/DD`,
+//! `DD.MM.YYYY`, `DD/MM/YYYY` or `MM/DD/YYYY`, `D Mon YYYY` (or `D-Mon-YYYY`) and `Mon D, YYYY`, with
+//! English month names, full or abbreviated. Day and month may have one or two digits, the year has four. Which of `DD/MM/YYYY` and
 //! `MM/DD/YYYY` a column uses is settled by the table (`table::settle_dates`) from its first date with a
 //! part above 12.
 
@@ -44,7 +45,7 @@ impl DateValue {
     }
 }
 
-pub const DATE_FORMATS: &str = "YYYY-MM-DD, YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY";
+pub const DATE_FORMATS: &str = "ISO 8601 such as YYYY-MM-DD[THH:MM[:SS]] or YYYYMMDD[THHMMSS], YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY";
 
 const MONTHS: [&str; 12] = [
     "january",
@@ -105,31 +106,48 @@ fn month_named(s: &str) -> Option<u8> {
     MONTHS.iter().position(|m| s.len() >= 3 && (*m == s || (s.len() == 3 && m.starts_with(&s)))).map(|i| i as u8 + 1)
 }
 
-/// `HH:MM[:SS[.fff]]` then `Z`, `±HH`, `±HHMM` or `±HH:MM`, or nothing.
-fn valid_time(t: &str) -> bool {
-    let (clock, zone) = match t.find(['Z', 'z', '+', '-']) {
-        Some(i) => t.split_at(i),
-        None => (t, ""),
+/// ISO 8601's calendar date, alone or with a time of day and a zone, in the extended form
+/// (`2014-10-13`, `2014-10-13T13:08:00+02:00`, `2014-10-13 13:08`) or the basic one (`20141013`,
+/// `20141013T000000Z`), read by jiff: the year, month and day as written (a zone does not move the date).
+/// None when `s` has neither shape; an error says what is wrong with a date that has one.
+fn iso_date(text: &str, s: &str) -> Option<Result<(u16, u32, u32), String>> {
+    let b = s.as_bytes();
+    let year_digits = b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit);
+    let extended = year_digits && b[4] == b'-';
+    let basic = b.len() >= 8 && b[..8].iter().all(u8::is_ascii_digit) && matches!(b.get(8), None | Some(b'T' | b't'));
+    if !extended && !basic {
+        return None;
+    }
+    let civil = s.strip_suffix(['Z', 'z']).unwrap_or(s);
+    if let Ok(t) = civil.parse::<jiff::civil::DateTime>() {
+        return Some(Ok((t.year() as u16, t.month() as u32, t.day() as u32)));
+    }
+    // Say what is wrong: the date itself, or what follows it.
+    let (y, m, d) = if extended {
+        let mut parts = s[..s.find(['T', 't', ' ']).unwrap_or(s.len())].split('-');
+        (parts.next(), parts.next(), parts.next().filter(|_| parts.next().is_none()))
+    } else {
+        (Some(&s[..4]), Some(&s[4..6]), Some(&s[6..8]))
     };
-    let mut parts = clock.split(':');
-    let (h, m) = (parts.next().and_then(|h| digits(h, 2)), parts.next().and_then(|m| digits(m, 2)));
-    let ok_hm = matches!((h, m), (Some(h), Some(m)) if h <= 23 && m <= 59);
-    let ok_s = match parts.next() {
-        None => true,
-        Some(s) => {
-            let (whole, frac) = s.split_once('.').unwrap_or((s, "0"));
-            matches!(digits(whole, 2), Some(s) if s <= 60) && digits(frac, 9).is_some()
-        }
+    let unreadable = format!("{text:?} is not a date in any accepted format ({DATE_FORMATS})");
+    let (Some(y), Some(m), Some(d)) =
+        (y.and_then(|y| digits(y, 4)), m.and_then(|m| digits(m, 2)), d.and_then(|d| digits(d, 2)))
+    else {
+        return Some(Err(unreadable));
     };
-    let ok_zone = match zone {
-        "" | "Z" | "z" => true,
-        z => {
-            let z = z[1..].replace(':', "");
-            let hhmm = if z.len() == 2 { z + "00" } else { z };
-            hhmm.len() == 4 && digits(&hhmm, 4).is_some_and(|v| v / 100 <= 23 && v % 100 <= 59)
-        }
-    };
-    ok_hm && ok_s && ok_zone && parts.next().is_none()
+    if y == 0 {
+        return Some(Err(format!("{text:?}: there is no year 0")));
+    }
+    if let Err(why) = check_date(y as u16, m.min(99) as u8, d.min(99) as u8) {
+        return Some(Err(format!("{text:?}: {why}")));
+    }
+    // A valid date that jiff did not take has one-digit parts (`2024-3-5`): read it with them padded.
+    let time_at = if extended { s.find(['T', 't', ' ']).unwrap_or(s.len()) } else { 8 };
+    let time = &civil[time_at.min(civil.len())..];
+    match format!("{y:04}-{m:02}-{d:02}{time}").parse::<jiff::civil::DateTime>() {
+        Ok(_) => Some(Ok((y as u16, m, d))),
+        Err(_) => Some(Err(format!("{text:?}: the time after the date is not HH:MM[:SS] (with an optional zone)"))),
+    }
 }
 
 /// Reads one date in the accepted formats (module comment). The error says what is wrong with a date of
@@ -150,26 +168,19 @@ pub fn parse_date(text: &str) -> Result<DateValue, String> {
         check_date(year, month, day).map_err(|why| format!("{text:?}: {why}"))?;
         Ok(DateValue::Date { year, month, day })
     };
+    if let Some(iso) = iso_date(text, s) {
+        return iso.and_then(|(year, month, day)| date(year, month, day));
+    }
     let bytes = s.as_bytes();
-    if bytes.len() >= 5 && bytes[..4].iter().all(u8::is_ascii_digit) && matches!(bytes[4], b'-' | b'/') {
-        // YYYY-MM-DD[(T| )time] or YYYY/MM/DD
-        let sep = bytes[4] as char;
-        let (day_part, time) = match s.find(['T', 't', ' ']) {
-            Some(i) if sep == '-' => (&s[..i], Some(s[i + 1..].trim_start())),
-            _ => (s, None),
-        };
-        let parts: Vec<&str> = day_part.split(sep).collect();
+    if bytes.len() >= 5 && bytes[..4].iter().all(u8::is_ascii_digit) && bytes[4] == b'/' {
+        // YYYY/MM/DD
+        let parts: Vec<&str> = s.split('/').collect();
         let (Some(m), Some(d)) = (parts.get(1).and_then(|m| digits(m, 2)), parts.get(2).and_then(|d| digits(d, 2)))
         else {
             return Err(unreadable());
         };
         if parts.len() != 3 {
             return Err(unreadable());
-        }
-        if let Some(t) = time
-            && !valid_time(t)
-        {
-            return Err(format!("{text:?}: the time after the date is not HH:MM[:SS] (with an optional zone)"));
         }
         return date(with_year(parts[0])?, m, d);
     }

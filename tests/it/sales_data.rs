@@ -177,7 +177,7 @@ fn each_kind_of_bad_row_names_its_line_and_column() {
         ("2,4.5,a,2024-02-30,9\n", "t.csv:3:4: day: \"2024-02-30\": February 2024 has no day 30"),
         (
             "2,4.5,a,soon,9\n",
-            "t.csv:3:4: day: \"soon\" is not a date in any accepted format (YYYY-MM-DD, YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY)",
+            "t.csv:3:4: day: \"soon\" is not a date in any accepted format (ISO 8601 such as YYYY-MM-DD[THH:MM[:SS]] or YYYYMMDD[THHMMSS], YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY)",
         ),
         ("x,4.5,a,soon,9\n", "t.csv:3:1: qty: \"x\" is not a number"),
     ];
@@ -254,6 +254,13 @@ fn the_documented_date_formats_are_read() {
         ("2024-03-05T14:22:01.123+05:30", date(2024, 3, 5)),
         ("2024-03-05T23:59:60-0800", date(2024, 3, 5)),
         ("2024/03/05", date(2024, 3, 5)),
+        // ISO 8601's basic form, and date-times with a zone, as the King County house-sales table writes them.
+        ("20141013T000000", date(2014, 10, 13)),
+        ("20141013", date(2014, 10, 13)),
+        ("20141013T130800Z", date(2014, 10, 13)),
+        ("2014-10-13T13:08:00Z", date(2014, 10, 13)),
+        ("2014-10-13T23:08:00-05:00", date(2014, 10, 13)),
+        ("2014-10-13 13:08", date(2014, 10, 13)),
         ("05.03.2024", date(2024, 3, 5)),
         ("5.3.2024", date(2024, 3, 5)),
         ("5 Mar 2024", date(2024, 3, 5)),
@@ -284,10 +291,14 @@ fn the_documented_date_formats_are_read() {
 
 #[test]
 fn unreadable_dates_say_why() {
-    let formats = "(YYYY-MM-DD, YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY)";
+    let formats = format!("({})", textnet::sales::dates::DATE_FORMATS);
     for (text, expected) in [
         ("2024-13-01", "\"2024-13-01\": there is no month 13".to_string()),
         ("2023-02-29", "\"2023-02-29\": February 2023 has no day 29".to_string()),
+        ("20141313", "\"20141313\": there is no month 13".to_string()),
+        ("20230229T000000", "\"20230229T000000\": February 2023 has no day 29".to_string()),
+        ("20140229T250000", "\"20140229T250000\": February 2014 has no day 29".to_string()),
+        ("20240229T250000", "\"20240229T250000\": the time after the date is not HH:MM[:SS] (with an optional zone)".to_string()),
         ("31.04.2024", "\"31.04.2024\": April 2024 has no day 31".to_string()),
         ("32 Jan 2024", "\"32 Jan 2024\": January 2024 has no day 32".to_string()),
         ("03/04/24", "\"03/04/24\": the year must have four digits".to_string()),

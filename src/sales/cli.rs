@@ -2,7 +2,7 @@
 //! --predict NEW` writes its predictions for new rows. What it prints goes through `report`, as for every
 //! training command.
 
-use super::data::{Dataset, Split, Stats};
+use super::data::{Dataset, Split, SplitOrder, Stats};
 use super::gpu::GpuSales;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
@@ -43,9 +43,12 @@ pub struct SalesArgs {
     /// report how many, instead of stopping at the first
     #[arg(long)]
     pub skip_bad_rows: bool,
-    /// Share of the rows, from the top of the file, that trains; the rest tests
+    /// Share of the rows that trains; the rest tests
     #[arg(long, default_value_t = super::table::DEFAULT_TRAIN_FRACTION)]
     pub split: f64,
+    /// Which rows train: the first --split of a shuffle of them seeded by --seed, or of the file as it is
+    #[arg(long, value_enum, default_value_t)]
+    pub split_order: SplitOrder,
     /// Hidden units
     #[arg(long, default_value_t = DEFAULT_HIDDEN)]
     pub hidden: usize,
@@ -57,7 +60,7 @@ pub struct SalesArgs {
     /// Passes over the training rows
     #[arg(long, default_value_t = DEFAULT_EPOCHS)]
     pub epochs: usize,
-    /// Seed of the initial parameters and of the row order
+    /// Seed of the initial parameters, of the train/test split and of the row order
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Where to train (on the GPU one block runs each epoch)
@@ -170,8 +173,15 @@ impl TrainingCommand for SalesArgs {
             ),
         })?;
         check_feature_memory(&table, args.hidden)?;
-        let data = Dataset::from_table(&table, args.split)?;
+        let data = Dataset::from_table(&table, args.split, args.split_order, args.seed)?;
         let display = Display::new(args.quiet, args.json, args.epochs);
+        if let Some(warning) = data.split_shift() {
+            let hint = match args.split_order {
+                SplitOrder::File => " (the file may be sorted: --split-order shuffled mixes the rows first)",
+                SplitOrder::Shuffled => "",
+            };
+            display.line(&format!("{warning}{hint}"));
+        }
         if data.skipped > 0 {
             display.line(&format!(
                 "skipped {} bad row{} (the first: {})",
@@ -189,11 +199,15 @@ impl TrainingCommand for SalesArgs {
         let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
         let params = SalesParams::init(shape, args.seed);
         display.line(&format!(
-            "{}: {} training and {} test rows, {} features → {} hidden (ReLU) → {}; {} parameters, MSE on \
-             standardised values",
+            "{}: {} training and {} test rows ({}), {} features → {} hidden (ReLU) → {}; {} parameters, MSE \
+             on standardised values",
             data.source,
             data.train.rows,
             data.test.rows,
+            match args.split_order {
+                SplitOrder::Shuffled => "rows shuffled by the seed",
+                SplitOrder::File => "in file order",
+            },
             shape.inputs,
             shape.hidden,
             data.target_name,
@@ -354,6 +368,7 @@ impl TrainingCommand for SalesArgs {
                     "batch": args.batch,
                     "seed": args.seed,
                     "split": args.split,
+                    "split_order": args.split_order.name(),
                     "device": report::flag_value(&args.device),
                 }),
                 device: backend.describe(),

@@ -2,14 +2,18 @@
 //!
 //! * Features are laid out numeric columns first, then each categorical column's one-hot block, then the
 //!   date columns, each in the order the schema lists them.
-//! * The first `train_fraction` of the rows (rounded to the nearest row, at least one row on each side, in
-//!   file order) trains, the rest tests. Category vocabularies come from the training rows only; a
-//!   category first seen in the test rows is all zeros.
+//! * The first `train_fraction` of the rows (rounded to the nearest row, at least one row on each side)
+//!   trains, the rest tests: of a seeded shuffle of the rows, or in file order (`SplitOrder`). Category
+//!   vocabularies come from the training rows only; a category first seen in the test rows is all zeros.
 //! * `Stats` holds the training split's mean and (population) standard deviation of every feature and of
 //!   the target; a constant column gets std 1.
 
 use super::table::{LoadOptions, Row, Table};
+use crate::cpu::SeededRng;
 use anyhow::{Result, bail};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -28,7 +32,7 @@ pub struct Split {
 impl Split {
     /// The feature rows of `rows` (rows of `table`): numeric values, each categorical column one-hot over
     /// `vocabularies` (a value outside it: all zeros), then days of year.
-    pub fn of_rows(table: &Table, rows: &[Row], vocabularies: &[Vec<String>]) -> Split {
+    pub fn of_rows<R: Borrow<Row>>(table: &Table, rows: &[R], vocabularies: &[Vec<String>]) -> Split {
         let slots: Vec<Vec<Option<usize>>> = table
             .levels
             .iter()
@@ -41,7 +45,8 @@ impl Split {
         let features =
             table.columns.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + table.columns.date.len();
         let mut x = vec![0.0f32; rows.len() * features];
-        for (row, out) in rows.iter().zip(x.chunks_exact_mut(features.max(1))) {
+        for (row, out) in rows.iter().map(Borrow::borrow).zip(x.chunks_exact_mut(features.max(1))) {
+            let row: &Row = row;
             let (numeric, rest) = out.split_at_mut(row.numeric.len());
             numeric.copy_from_slice(&row.numeric);
             let mut at = 0;
@@ -57,8 +62,8 @@ impl Split {
             rows: rows.len(),
             features,
             x,
-            y: rows.iter().map(|r| r.target).collect(),
-            lines: rows.iter().map(|r| r.line).collect(),
+            y: rows.iter().map(|r| r.borrow().target).collect(),
+            lines: rows.iter().map(|r| r.borrow().line).collect(),
         }
     }
 
@@ -89,10 +94,29 @@ pub struct Dataset {
     pub test: Split,
 }
 
+/// Which rows train: the first of the file, or the first of a seeded shuffle of them.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitOrder {
+    /// Rows in a shuffled order (seeded by --seed), so a sorted table splits as a random one
+    #[default]
+    Shuffled,
+    /// Rows in file order: the first --split train, the rest test (for time series)
+    File,
+}
+
+impl SplitOrder {
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitOrder::Shuffled => "shuffled",
+            SplitOrder::File => "file",
+        }
+    }
+}
+
 impl Dataset {
-    /// Splits `table` in file order, the first `train_fraction` (rounded to the nearest row, but leaving at
-    /// least one row on each side) training.
-    pub fn from_table(table: &Table, train_fraction: f64) -> Result<Dataset> {
+    /// Splits `table`: the first `train_fraction` of its rows (rounded to the nearest row, but leaving at
+    /// least one row on each side) train, in file order or in the order of a shuffle seeded by `seed`.
+    pub fn from_table(table: &Table, train_fraction: f64, order: SplitOrder, seed: u64) -> Result<Dataset> {
         if !(train_fraction.is_finite() && train_fraction > 0.0 && train_fraction < 1.0) {
             bail!("the training share of the rows must be between 0 and 1 (exclusive), got {train_fraction}");
         }
@@ -101,7 +125,11 @@ impl Dataset {
             bail!("{}: only 1 usable row, too few to split: at least one row must train and one test", table.source);
         }
         let n_train = ((n as f64 * train_fraction).round() as usize).clamp(1, n - 1);
-        let (train_rows, test_rows) = table.rows.split_at(n_train);
+        let mut rows: Vec<&Row> = table.rows.iter().collect();
+        if order == SplitOrder::Shuffled {
+            rows.shuffle(&mut SeededRng::seed_from_u64(seed));
+        }
+        let (train_rows, test_rows) = rows.split_at(n_train);
         let cols = &table.columns;
 
         // Vocabulary of each categorical column: its values in the training rows, in order of appearance.
@@ -126,7 +154,7 @@ impl Dataset {
             feature_names.extend(vocabulary.iter().map(|v| format!("{}={v}", c.name)));
         }
         feature_names.extend(cols.date.iter().map(|c| format!("{} (day of year)", c.name)));
-        let split = |rows: &[Row]| Split::of_rows(table, rows, &vocabularies);
+        let split = |rows: &[&Row]| Split::of_rows(table, rows, &vocabularies);
         Ok(Dataset {
             source: table.source.clone(),
             skipped: table.skipped,
@@ -139,9 +167,26 @@ impl Dataset {
         })
     }
 
-    /// Reads `path` and builds the dataset.
+    /// Reads `path` and builds the dataset, split in file order.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Dataset> {
-        Dataset::from_table(&Table::read(path, options)?, options.train_fraction)
+        Dataset::from_table(&Table::read(path, options)?, options.train_fraction, SplitOrder::File, 0)
+    }
+
+    /// A warning when the target of the test rows lies far from that of the training rows (their means
+    /// half a training standard deviation or more apart, or their spreads twice or more apart): the MAE
+    /// of the model and of the baseline are then measured on data unlike what it trained on.
+    pub fn split_shift(&self) -> Option<String> {
+        let (train_mean, train_std) = mean_std(self.train.y.iter().copied());
+        let (test_mean, test_std) = mean_std(self.test.y.iter().copied());
+        let apart = (test_mean - train_mean).abs() / train_std;
+        let spread = (test_std / train_std).max(train_std / test_std);
+        (apart >= 0.5 || spread >= 2.0).then(|| {
+            format!(
+                "warning: the test rows' {} (mean {test_mean:.4}, std {test_std:.4}) is unlike the training rows' \
+                 (mean {train_mean:.4}, std {train_std:.4}), so test figures measure other data than the model learned from",
+                self.target_name
+            )
+        })
     }
 
     pub fn features(&self) -> usize {

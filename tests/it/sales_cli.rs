@@ -24,10 +24,17 @@ fn trains_beats_the_baseline_reports_and_predicts() {
     let dir = tempfile::tempdir().unwrap();
     let table = sales_table(dir.path());
     let out = dir.path().join("m.safetensors");
-    let o = textnet(&["sales", s(&table), "--device", "cpu", "--epochs", "5", "--out", s(&out), "--json"]);
+    // In file order, as the generator's table is meant to be split (the last rows test).
+    let sales = |extra: &[&str]| {
+        textnet(
+            &[&["sales", s(&table), "--device", "cpu", "--split-order", "file", "--out", s(&out)][..], extra].concat(),
+        )
+    };
+    let o = sales(&["--epochs", "5", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["command"], "sales");
+    assert_eq!(r["config"]["split_order"], "file");
     assert_eq!(r["status"], "ok");
     assert_eq!(r["epochs"].as_array().unwrap().len(), 5);
     assert_eq!(r["data"]["train_samples"], 2400);
@@ -56,7 +63,7 @@ fn trains_beats_the_baseline_reports_and_predicts() {
 
     // A worse run (1 epoch) leaves the file's bytes alone and says so.
     let before = std::fs::read(&out).unwrap();
-    let o = textnet(&["sales", s(&table), "--device", "cpu", "--epochs", "1", "--out", s(&out)]);
+    let o = sales(&["--epochs", "1"]);
     fails_with(&o, &["is above the"]);
     assert_eq!(std::fs::read(&out).unwrap(), before);
 }
@@ -164,4 +171,29 @@ fn bad_input_gets_one_line_errors() {
         s(&xor),
     ]);
     fails_with(&o, &["is not a textnet sales model"]);
+}
+
+/// A table sorted by its target splits as a random one by default; in file order the run warns that
+/// its test rows are unlike its training rows.
+#[test]
+fn a_sorted_table_is_shuffled_before_it_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("sorted.csv");
+    let rows: String = (0..500).map(|i| format!("{},{i}\n", i % 7)).collect();
+    std::fs::write(&csv, format!("x,y\n{rows}")).unwrap();
+    let run = |extra: &[&str]| {
+        let out = dir.path().join("m.safetensors");
+        let args = ["sales", s(&csv), "--target", "y", "--numeric", "x", "--device", "cpu", "--epochs", "2"];
+        textnet(&[&args[..], &["--overwrite", "--out", s(&out)], extra].concat())
+    };
+    let shuffled = run(&[]);
+    assert!(shuffled.status.success(), "{}", stderr(&shuffled));
+    assert!(stdout(&shuffled).contains("rows shuffled by the seed") && !stdout(&shuffled).contains("warning"));
+    let file = run(&["--split-order", "file"]);
+    let text = stdout(&file);
+    assert!(text.contains("in file order"), "{text}");
+    assert!(
+        text.contains("warning: the test rows' y (mean 449.5000") && text.contains("--split-order shuffled"),
+        "{text}"
+    );
 }

@@ -1,7 +1,7 @@
 //! Loading tables for `textnet sales`: delimiters, headers, column choice, quoting, bad rows (each named
 //! by file, line and column), dates, one-hot features, the split and the normalisation statistics.
 
-use textnet::sales::data::{Dataset, Stats};
+use textnet::sales::data::{Dataset, SplitOrder, Stats};
 use textnet::sales::dates::{DateValue, SlashOrder, day_of_year, parse_date};
 use textnet::sales::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 
@@ -210,7 +210,7 @@ fn skipping_counts_bad_rows_and_reports_the_first() {
     assert_eq!(t.skipped, 3);
     assert_eq!(t.first_skipped.as_deref(), Some("t.csv:3:1: qty: \"x\" is not a number"));
     assert_eq!(error(&text, &options()), "t.csv:3:1: qty: \"x\" is not a number");
-    let d = Dataset::from_table(&t, 0.5).unwrap();
+    let d = Dataset::from_table(&t, 0.5, SplitOrder::File, 0).unwrap();
     assert_eq!((d.skipped, d.train.rows, d.test.rows), (3, 1, 1));
 }
 
@@ -225,15 +225,20 @@ fn empty_all_bad_and_too_few_rows_are_clear_errors() {
         "t.csv: all 2 rows are bad; the first: t.csv:2:1: qty: \"x\" is not a number"
     );
     let one = load(&format!("{HEAD}1,1,a,2024-01-01,1\n"), &options()).unwrap();
-    let e = Dataset::from_table(&one, 0.8).unwrap_err().to_string();
+    let e = Dataset::from_table(&one, 0.8, SplitOrder::File, 0).unwrap_err().to_string();
     assert_eq!(e, "t.csv: only 1 usable row, too few to split: at least one row must train and one test");
     let two = load(&format!("{HEAD}1,1,a,2024-01-01,1\n2,1,a,2024-01-01,2\n"), &options()).unwrap();
     for fraction in [0.8, 0.01, 0.99] {
-        let d = Dataset::from_table(&two, fraction).unwrap();
+        let d = Dataset::from_table(&two, fraction, SplitOrder::File, 0).unwrap();
         assert_eq!((d.train.rows, d.test.rows), (1, 1), "one row each side at {fraction}");
     }
     for fraction in [0.0, 1.0, -0.5, f64::NAN] {
-        assert!(Dataset::from_table(&two, fraction).unwrap_err().to_string().contains("between 0 and 1"));
+        assert!(
+            Dataset::from_table(&two, fraction, SplitOrder::File, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("between 0 and 1")
+        );
     }
     let missing = Table::read(std::path::Path::new("/nonexistent/sales.tsv"), &options()).unwrap_err();
     assert!(format!("{missing:#}").starts_with("cannot open table /nonexistent/sales.tsv: "), "{missing:#}");
@@ -354,7 +359,7 @@ fn one_hot_vocabulary_comes_from_the_training_rows() {
     let text = "qty,cat,total\n1,b,1\n2,a,2\n3,b,3\n4,c,4\n5,a,5\n";
     let t = load(text, &LoadOptions::new(schema("total", &["qty"], &["cat"], &[]))).unwrap();
     assert_eq!(t.levels[0], ["b", "a", "c"]);
-    let d = Dataset::from_table(&t, 0.6).unwrap();
+    let d = Dataset::from_table(&t, 0.6, SplitOrder::File, 0).unwrap();
     assert_eq!(d.vocabularies, [vec!["b", "a"]]);
     assert_eq!(d.feature_names, ["qty", "cat=b", "cat=a"]);
     assert_eq!(d.train.x, [1.0, 1.0, 0.0, 2.0, 0.0, 1.0, 3.0, 1.0, 0.0]);
@@ -369,7 +374,7 @@ fn one_hot_vocabulary_comes_from_the_training_rows() {
 #[test]
 fn features_are_laid_out_numeric_one_hot_then_dates() {
     let t = load(&sales_rows('\t'), &LoadOptions::new(Schema::sales_tsv())).unwrap();
-    let d = Dataset::from_table(&t, 0.67).unwrap();
+    let d = Dataset::from_table(&t, 0.67, SplitOrder::File, 0).unwrap();
     assert_eq!((d.train.rows, d.test.rows), (2, 1));
     assert_eq!(d.feature_names, ["quantity", "unit price", "category=Home", "category=Office", "date (day of year)"]);
     assert_eq!(d.target_name, "total price");
@@ -381,7 +386,7 @@ fn features_are_laid_out_numeric_one_hot_then_dates() {
 fn stats_are_the_training_split_mean_and_std() {
     let text = "qty,cat,total\n1,a,10\n3,a,30\n5,b,20\n7,a,40\n100,a,1000\n";
     let t = load(text, &LoadOptions::new(schema("total", &["qty"], &["cat"], &[]))).unwrap();
-    let d = Dataset::from_table(&t, 0.8).unwrap();
+    let d = Dataset::from_table(&t, 0.8, SplitOrder::File, 0).unwrap();
     let s = Stats::of(&d.train);
     // qty 1,3,5,7: mean 4, population std √5; cat=a 1,1,0,1: mean 0.75, std √0.1875; total mean 25.
     assert_eq!(s.feature_mean, [4.0, 0.75, 0.25]);
@@ -399,7 +404,7 @@ fn stats_are_the_training_split_mean_and_std() {
     assert!((s.target_value(test.y[0]) - 1000.0).abs() < 1e-3);
     // A constant feature gets std 1 (and so stays finite).
     let t = load("qty,total\n2,1\n2,2\n2,3\n", &LoadOptions::new(schema("total", &["qty"], &[], &[]))).unwrap();
-    let d = Dataset::from_table(&t, 0.67).unwrap();
+    let d = Dataset::from_table(&t, 0.67, SplitOrder::File, 0).unwrap();
     let s = Stats::of(&d.train);
     assert_eq!((s.feature_mean[0], s.feature_std[0]), (2.0, 1.0));
     assert_eq!(s.normalize(&d.test).x, [0.0]);
@@ -410,9 +415,37 @@ fn the_split_is_in_file_order() {
     let text: String =
         std::iter::once("qty,total\n".to_string()).chain((1..=10).map(|i| format!("{i},{}\n", 2 * i))).collect();
     let t = load(&text, &LoadOptions::new(schema("total", &["qty"], &[], &[]))).unwrap();
-    let d = Dataset::from_table(&t, 0.8).unwrap();
+    let d = Dataset::from_table(&t, 0.8, SplitOrder::File, 0).unwrap();
     assert_eq!(d.train.x, (1..=8).map(|i| i as f32).collect::<Vec<_>>());
     assert_eq!(d.test.x, [9.0, 10.0]);
-    let d = Dataset::from_table(&t, 0.75).unwrap();
+    let d = Dataset::from_table(&t, 0.75, SplitOrder::File, 0).unwrap();
     assert_eq!((d.train.rows, d.test.rows), (8, 2), "7.5 rounds to 8");
+}
+
+/// A table sorted by its target, as many published tables are.
+fn sorted_table(rows: usize) -> Table {
+    let text: String = (0..rows).map(|i| format!("{i},1,a,2024-01-01,{i}\n")).collect();
+    load(&format!("{HEAD}{text}"), &options()).unwrap()
+}
+
+#[test]
+fn the_shuffled_split_is_seeded_and_mixes_a_sorted_table() {
+    let t = sorted_table(200);
+    let lines = |d: &Dataset| -> Vec<u64> { d.train.lines.iter().chain(&d.test.lines).copied().collect() };
+    let a = Dataset::from_table(&t, 0.8, SplitOrder::Shuffled, 1).unwrap();
+    let mut all = lines(&a);
+    all.sort_unstable();
+    assert_eq!(all, (2..202).collect::<Vec<u64>>(), "every row once");
+    assert_eq!((a.train.rows, a.test.rows), (160, 40));
+    assert_eq!(lines(&Dataset::from_table(&t, 0.8, SplitOrder::Shuffled, 1).unwrap()), lines(&a), "same seed");
+    assert_ne!(lines(&Dataset::from_table(&t, 0.8, SplitOrder::Shuffled, 2).unwrap()), lines(&a), "other seed");
+    // The test rows come from the whole table, not its top fifth.
+    let mean = |y: &[f32]| y.iter().sum::<f32>() / y.len() as f32;
+    assert!((mean(&a.test.y) - 99.5).abs() < 25.0, "test mean {}", mean(&a.test.y));
+    assert_eq!(a.split_shift(), None);
+    // In file order the test split is the top fifth, and the warning says so.
+    let f = Dataset::from_table(&t, 0.8, SplitOrder::File, 1).unwrap();
+    assert_eq!((mean(&f.test.y), f.test.lines[0]), (179.5, 162));
+    let warning = f.split_shift().expect("a shifted split is named");
+    assert!(warning.contains("test rows' total (mean 179.5000") && warning.contains("training rows'"), "{warning}");
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 use textnet::ops::optim::{OptimConfig, OptimKind};
-use textnet::sales::data::{Dataset, Split, Stats};
+use textnet::sales::data::{Dataset, Split, SplitOrder, Stats};
 use textnet::sales::model::{SalesParams, SalesShape, Schedule, baseline_mae, evaluate, loss_and_grad, predict, train};
 use textnet::sales::table::{LoadOptions, Schema, Table};
 
@@ -146,7 +146,7 @@ fn twenty_epochs_on_a_generated_table_halve_the_baseline_error() {
     let (_dir, path) = generated(20_000, 1);
     let table = Table::read(&path, &LoadOptions::new(Schema::sales_tsv())).unwrap();
     assert_eq!((table.rows.len(), table.skipped), (20_000, 0));
-    let data = Dataset::from_table(&table, 0.8).unwrap();
+    let data = Dataset::from_table(&table, 0.8, SplitOrder::File, 0).unwrap();
     assert_eq!((data.train.rows, data.test.rows), (16_000, 4_000));
     let stats = Stats::of(&data.train);
     let (train_split, test_split) = (stats.normalize(&data.train), stats.normalize(&data.test));

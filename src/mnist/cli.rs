@@ -71,8 +71,9 @@ pub struct MnistArgs {
     /// Where to train
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
-    /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
-    #[arg(long, default_value = "mnist.safetensors")]
+    /// Where to write the model (.safetensors; mnist-cnn.safetensors for --model cnn); it is written after
+    /// every epoch that --keep keeps
+    #[arg(long, default_value = "mnist.safetensors", default_value_if("model", "cnn", "mnist-cnn.safetensors"))]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,

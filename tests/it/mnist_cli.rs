@@ -243,3 +243,23 @@ fn cnn_trains_writes_its_file_and_the_kinds_stay_apart() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("a CNN model; classify takes MLP models"), "{}", stderr(&o));
 }
+
+/// `mnist` and `mnist --model cnn` with their default --out write two files, not one over the other.
+#[test]
+fn the_mlp_and_the_cnn_have_their_own_default_files() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), 200, 50);
+    let data = dir.path().to_str().unwrap();
+    for model in ["mlp", "cnn"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_textnet"))
+            .args(["mnist", "--data", data, "--model", model, "--device", "cpu", "--epochs", "1", "--quiet"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{model}: {}", stderr(&o));
+    }
+    let mlp = std::fs::read(dir.path().join("mnist.safetensors")).unwrap();
+    assert!(MlpParams::from_safetensors(&mlp).is_ok());
+    let cnn = std::fs::read(dir.path().join("mnist-cnn.safetensors")).unwrap();
+    assert!(textnet::mnist::cnn::CnnParams::from_safetensors(&cnn).is_ok());
+}

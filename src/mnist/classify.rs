@@ -3,9 +3,12 @@
 //! accuracy, loss and confusion matrix too. On the CPU reference.
 
 use super::Evaluation;
+use super::cnn::CnnParams;
 use super::idx::{self, CLASSES, IMAGE_SIDE, PIXELS, Split};
-use super::model::{self, Workspace};
+use super::model::{self, MlpParams, Workspace};
 use crate::console;
+use crate::cpu::softmax_in_place;
+use crate::ops::losses::softmax_xent;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -145,23 +148,60 @@ fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(values.iter().map(|&v| v as f32 / maxval as f32).collect())
 }
 
+/// Each image's class and its probability (image index, class, probability), and the loss and confusion
+/// matrix against the split's labels.
+type Classified = (Evaluation, Vec<(usize, usize, f32)>);
+
+fn classify_mlp(params: &MlpParams, split: &Split) -> Result<Classified> {
+    let rows: Vec<u32> = (0..split.len() as u32).collect();
+    let mut ws = Workspace::default();
+    let mut evaluation = Evaluation::new(CLASSES);
+    let mut predictions = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(super::CPU_CHUNK) {
+        evaluation.loss += model::forward(params, split, chunk, &mut ws);
+        if ws.probs[..chunk.len() * CLASSES].iter().any(|p| !p.is_finite()) {
+            bail!("the model's output is not finite: its weights are too large to be a trained model");
+        }
+        for (s, &row) in chunk.iter().enumerate() {
+            let class = ws.predicted[s] as usize;
+            predictions.push((row as usize, class, ws.probs[s * CLASSES + class]));
+            evaluation.record(split.label(row), class);
+        }
+    }
+    Ok((evaluation, predictions))
+}
+
+fn classify_cnn(params: &CnnParams, split: &Split) -> Result<Classified> {
+    let mut evaluation = Evaluation::new(CLASSES);
+    let mut predictions = Vec::with_capacity(split.len());
+    let mut d = vec![0.0f32; CLASSES];
+    for row in 0..split.len() as u32 {
+        let mut probs = super::cnn::logits(params, split.image(row));
+        evaluation.loss += softmax_xent(&probs, split.label(row), &mut d) as f64;
+        softmax_in_place(&mut probs);
+        if probs.iter().any(|p| !p.is_finite()) {
+            bail!("the model's output is not finite: its weights are too large to be a trained model");
+        }
+        // The first largest, as the MLP's kernels and the CNN's evaluation pick it.
+        let class = probs.iter().enumerate().fold(0, |b, (k, &p)| if p > probs[b] { k } else { b });
+        predictions.push((row as usize, class, probs[class]));
+        evaluation.record(split.label(row), class);
+    }
+    Ok((evaluation, predictions))
+}
+
 pub fn run(args: ClassifyArgs) -> Result<()> {
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
-    let (params, meta) = match super::Classifier::from_safetensors(&bytes)
-        .with_context(|| format!("model file {}", args.model.display()))?
-    {
-        (super::Classifier::Mlp(p), meta) => (p, meta),
-        (super::Classifier::Cnn(_), _) => bail!(
-            "{}: a CNN model; classify takes MLP models (train one with `textnet mnist --model mlp`)",
-            args.model.display()
-        ),
-    };
-    if params.shape.inputs != PIXELS || params.shape.classes != CLASSES {
+    let (classifier, meta) =
+        super::Classifier::from_safetensors(&bytes).with_context(|| format!("model file {}", args.model.display()))?;
+    if !classifier.fits_mnist() {
+        let (inputs, classes) = match &classifier {
+            super::Classifier::Mlp(p) => (p.shape.inputs, p.shape.classes),
+            super::Classifier::Cnn(p) => (p.shape.side * p.shape.side, p.shape.classes),
+        };
         bail!(
-            "{}: a model of {} inputs and {} classes; images need {PIXELS} and {CLASSES}",
-            args.model.display(),
-            params.shape.inputs,
-            params.shape.classes
+            "{}: a model of {inputs} inputs and {classes} classes; images need {PIXELS} and {CLASSES}",
+            args.model.display()
         );
     }
     let names: Vec<String> = meta
@@ -192,21 +232,10 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
         labels = read.data;
     }
     let split = Split { images: pixels, labels, pixels: PIXELS };
-    let rows: Vec<u32> = (0..split.len() as u32).collect();
-    let mut ws = Workspace::default();
-    let mut evaluation = Evaluation::new(CLASSES);
-    let mut predictions = Vec::with_capacity(rows.len());
-    for chunk in rows.chunks(super::CPU_CHUNK) {
-        evaluation.loss += model::forward(&params, &split, chunk, &mut ws);
-        if ws.probs[..chunk.len() * CLASSES].iter().any(|p| !p.is_finite()) {
-            bail!("the model's output is not finite: its weights are too large to be a trained model");
-        }
-        for (s, &row) in chunk.iter().enumerate() {
-            let class = ws.predicted[s] as usize;
-            predictions.push((row as usize, class, ws.probs[s * CLASSES + class]));
-            evaluation.record(split.label(row), class);
-        }
-    }
+    let (evaluation, predictions) = match &classifier {
+        super::Classifier::Mlp(params) => classify_mlp(params, &split)?,
+        super::Classifier::Cnn(params) => classify_cnn(params, &split)?,
+    };
     if args.json {
         let items: Vec<_> = predictions
             .iter()

@@ -1,6 +1,6 @@
 //! `textnet mnist` end to end on the CPU: human and JSON output, the model file, and one-line errors.
 
-use crate::common::{stderr, stdout, textnet};
+use crate::common::{s, stderr, stdout, textnet};
 use flate2::{Compression, write::GzEncoder};
 use std::io::Write;
 use std::path::Path;
@@ -238,10 +238,14 @@ fn cnn_trains_writes_its_file_and_the_kinds_stay_apart() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("holds an MNIST CNN model and this run trains the MLP"), "{}", stderr(&o));
     assert_eq!(std::fs::read(&cnn).unwrap(), bytes);
+    // classify takes the CNN too: on the test images it finds the accuracy the run reported.
     let images = data.join("t10k-images-idx3-ubyte.gz");
-    let o = textnet(&["classify", "--model", c, images.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("a CNN model; classify takes MLP models"), "{}", stderr(&o));
+    let labels = data.join("t10k-labels-idx1-ubyte");
+    let o = textnet(&["classify", "--model", c, images.to_str().unwrap(), "--labels", s(&labels), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let classified: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(classified["accuracy"].as_f64(), r["final"]["test_accuracy"].as_f64(), "{classified}");
+    assert!((classified["loss"].as_f64().unwrap() - r["final"]["test_loss"].as_f64().unwrap()).abs() < 1e-4);
 }
 
 /// `mnist` and `mnist --model cnn` with their default --out write two files, not one over the other.

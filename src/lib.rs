@@ -33,7 +33,7 @@
 //! let path = std::env::temp_dir().join("textnet-doc-example.safetensors");
 //! model.save(&path)?;
 //! let model = TextModel::load(&path)?;
-//! let next = predict::predict(&model, "to be", 3)?;
+//! let next = predict::predict(&model, "to be", 3, false)?;
 //! println!("after \"to be\": {:?}", next.top.iter().map(|c| (&c.token, c.probability)).collect::<Vec<_>>());
 //! # std::fs::remove_file(&path)?;
 //! # Ok(())

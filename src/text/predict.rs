@@ -34,8 +34,9 @@ pub struct Prediction {
     pub top: Vec<Candidate>,
 }
 
-/// The `k` likeliest next tokens after `text` (all of them when `k` exceeds the vocabulary).
-pub fn predict(model: &TextModel, text: &str, k: usize) -> Result<Prediction> {
+/// The `k` likeliest next tokens after `text` (all of them when `k` exceeds the vocabulary), `<unk>` left
+/// out unless `show_unk` (as `generate` never samples it).
+pub fn predict(model: &TextModel, text: &str, k: usize, show_unk: bool) -> Result<Prediction> {
     if k == 0 {
         bail!("--top must be at least 1");
     }
@@ -58,7 +59,12 @@ pub fn predict(model: &TextModel, text: &str, k: usize) -> Result<Prediction> {
     if !acts.logsumexp.is_finite() || acts.probs.iter().any(|p| !p.is_finite()) {
         bail!("the model's output is not finite for this context: its weights are too large to be a trained model");
     }
-    let top = top_k(&acts.probs, k.min(acts.probs.len()))
+    let mut probs = acts.probs.clone();
+    if !show_unk {
+        probs[UNK_ID as usize] = f32::NEG_INFINITY;
+    }
+    let candidates = probs.len() - usize::from(!show_unk);
+    let top = top_k(&probs, k.min(candidates))
         .into_iter()
         .map(|id| Candidate {
             token: model.vocab.token(id as u32).to_string(),
@@ -86,6 +92,9 @@ pub struct PredictArgs {
     /// How many candidates to print
     #[arg(long, default_value_t = 5)]
     pub top: usize,
+    /// Count <unk> (words outside the vocabulary) among the candidates
+    #[arg(long)]
+    pub show_unk: bool,
     /// Model file written by `textnet train`
     #[arg(long, default_value = "textnet.safetensors")]
     pub model: PathBuf,
@@ -107,7 +116,7 @@ pub fn run(args: PredictArgs) -> Result<()> {
     }
     let model = TextModel::load(&args.model)?;
     let show = |context: &str| -> Result<()> {
-        let prediction = predict(&model, context, args.top)?;
+        let prediction = predict(&model, context, args.top, args.show_unk)?;
         if args.json {
             let mut value = serde_json::to_value(&prediction)?;
             value["model"] = json!(args.model.display().to_string());

@@ -129,7 +129,7 @@ fn a_model_whose_forward_pass_overflows_is_an_error() {
     let mut model = tiny_model();
     model.params.w2.iter_mut().for_each(|w| *w = 3e38);
     model.params.b1.iter_mut().for_each(|b| *b = 1.0);
-    let e = format!("{:#}", textnet::text::predict::predict(&model, "to be", 5).unwrap_err());
+    let e = format!("{:#}", textnet::text::predict::predict(&model, "to be", 5, false).unwrap_err());
     assert!(e.contains("not finite"), "{e}");
 
     let dir = tempfile::tempdir().unwrap();

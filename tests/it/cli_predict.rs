@@ -88,3 +88,27 @@ fn train_reads_the_corpus_from_standard_input() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(text(&bad.stderr).contains("(standard input) is not UTF-8 text"), "{}", text(&bad.stderr));
 }
+
+/// `<unk>` is no answer by default (generate never samples it either); `--show-unk` lists it. With --top
+/// at the vocabulary's size every other token is listed either way.
+#[test]
+fn unk_is_left_out_of_the_candidates_unless_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.safetensors");
+    let run = textnet(&train_args(&shakespeare(), &out, &["--epochs", "1", "--quiet", "--max-vocab", "40"]));
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let vocab = TextModel::load(&out).unwrap().vocab.len();
+    let model = out.to_str().unwrap();
+    let top = |extra: &[&str]| -> Vec<String> {
+        let o = textnet(&[&["predict", "--model", model, "--json", "--top", "1000", "to be"][..], extra].concat());
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["top"].as_array().unwrap().iter().map(|c| c["token"].as_str().unwrap().to_string()).collect()
+    };
+    let hidden = top(&[]);
+    assert_eq!(hidden.len(), vocab - 1);
+    assert!(!hidden.iter().any(|t| t == "<unk>"), "{hidden:?}");
+    let shown = top(&["--show-unk"]);
+    assert_eq!(shown.len(), vocab);
+    assert!(shown.iter().any(|t| t == "<unk>"), "{shown:?}");
+}

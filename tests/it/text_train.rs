@@ -80,8 +80,8 @@ fn training_beats_the_unigram_baseline_and_predicts_the_same_after_saving() {
     let loaded = TextModel::load(&path).unwrap();
     let everything = s.shape.vocab;
     for context in ["to be or", "my lord", "I pray you ,", "xyzzy the king"] {
-        let before = predict(&model, context, everything).unwrap();
-        let after = predict(&loaded, context, everything).unwrap();
+        let before = predict(&model, context, everything, true).unwrap();
+        let after = predict(&loaded, context, everything, true).unwrap();
         assert_eq!(before, after, "{context}");
         let total: f32 = after.top.iter().map(|c| c.probability).sum();
         assert!((total - 1.0).abs() < 1e-4, "{context}: probabilities sum to {total}");

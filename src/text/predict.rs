@@ -92,7 +92,7 @@ pub struct PredictArgs {
     /// How many candidates to print
     #[arg(long, default_value_t = 5)]
     pub top: usize,
-    /// Count <unk> (words outside the vocabulary) among the candidates
+    /// Count `<unk>` (words outside the vocabulary) among the candidates
     #[arg(long)]
     pub show_unk: bool,
     /// Model file written by `textnet train`

@@ -3,7 +3,7 @@
 use crate::common::{fails_with, report, stderr, stdout, textnet};
 use safetensors::SafeTensors;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
 use textnet::ops::activations::Activation;
 use textnet::xor::model::{self, INPUTS, TARGETS, XorParams};
 use textnet::xor::modelfile;
@@ -195,4 +195,26 @@ fn the_loader_refuses_other_files() {
     assert!(err(&edited("\"textnet-xor\"", "\"textnet-abc\"")).contains("names the format \"textnet-abc\""));
     assert!(err(&edited("\"hidden\":\"3\"", "\"hidden\":\"4\"")).contains("tensor w1"));
     assert!(err(&edited("\"activation\":\"tanh\"", "\"activation\":\"tank\"")).contains("activation"));
+}
+
+/// The README's example run is what the command prints (`...` standing for the lines it leaves out).
+#[test]
+fn the_readme_example_is_the_real_output() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start =
+        readme.find("$ textnet xor --device cpu\n").expect("the example") + "$ textnet xor --device cpu\n".len();
+    let example: Vec<&str> = readme[start..readme[start..].find("```").unwrap() + start].lines().collect();
+    let dir = tempfile::tempdir().unwrap();
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_textnet")).args(["xor", "--device", "cpu"]).current_dir(dir.path()).output();
+    let o = o.unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed = stdout(&o);
+    let mut lines = printed.lines();
+    for want in example {
+        if want == "..." {
+            continue;
+        }
+        assert!(lines.any(|got| got == want), "README line {want:?} is not printed in order:\n{printed}");
+    }
 }

@@ -133,13 +133,21 @@ pub fn run(args: PredictArgs) -> Result<()> {
     if std::io::IsTerminal::is_terminal(&stdin) {
         bail!("give the text to continue: textnet predict \"to be or\" (or pipe contexts in, one per line)");
     }
-    let mut read = 0;
+    // Every line gets its answer; a line that has none gets an error in its place (on stderr, or as a
+    // JSON object with `--json`, so that answers stay in line with the input) and the rest go on.
+    let (mut read, mut failed) = (0, 0);
     for (number, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
         let line = line.with_context(|| format!("cannot read line {} of standard input", number + 1))?;
         if number > 0 && !args.json {
             console::out("");
         }
-        show(&line).with_context(|| format!("line {} of standard input", number + 1))?;
+        if let Err(e) = show(&line) {
+            failed += 1;
+            match args.json {
+                true => console::out(&json!({"line": number + 1, "error": format!("{e:#}")}).to_string()),
+                false => console::err(&format!("textnet: line {} of standard input: {e:#}", number + 1)),
+            }
+        }
         read += 1;
         // Nobody reads the answers any more (`| head -1`): stop, as a filter does.
         if console::stdout_closed() {
@@ -150,6 +158,9 @@ pub fn run(args: PredictArgs) -> Result<()> {
         bail!(
             "standard input holds no contexts: give the text to continue (textnet predict \"to be or\") or pipe contexts in, one per line"
         );
+    }
+    if failed > 0 {
+        bail!("{failed} of {read} lines of standard input had no prediction (each is named above)");
     }
     Ok(())
 }

@@ -45,10 +45,23 @@ fn the_context_is_positional_or_a_flag_or_standard_input() {
     assert_eq!(text(&positional.stdout).trim(), serde_json::to_string(&lines[0]).unwrap());
     assert_eq!(lines[1]["context"], serde_json::json!(["my", "lord"]));
 
-    // A line without tokens is an error that names it.
-    let blank = with_stdin(&["predict", "--model", &model], b"to be or\n\n");
+    // A line without tokens gets an error of its own and the others their answers; the exit status says a
+    // line failed. With --json the error stands in the line's place.
+    let blank = with_stdin(&["predict", "--model", &model], b"to be or\n\nmy lord\n");
     assert_eq!(blank.status.code(), Some(1));
-    assert!(text(&blank.stderr).contains("line 2 of standard input"), "{}", text(&blank.stderr));
+    let err = text(&blank.stderr);
+    assert!(err.contains("textnet: line 2 of standard input: the context has no tokens"), "{err}");
+    assert!(
+        err.trim_end()
+            .ends_with("textnet: error: 1 of 3 lines of standard input had no prediction (each is named above)"),
+        "{err}"
+    );
+    assert_eq!(text(&blank.stdout).matches("context: ").count(), 2, "{}", text(&blank.stdout));
+    let blank = with_stdin(&["predict", "--model", &model, "--json"], b"to be or\n\nmy lord\n");
+    let lines: Vec<serde_json::Value> = text(&blank.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!((lines[1]["line"].as_u64(), lines[2]["context"].clone()), (Some(2), serde_json::json!(["my", "lord"])));
+    assert!(lines[1]["error"].as_str().unwrap().contains("no tokens"));
 }
 
 #[test]

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod gpu;
 pub mod model;
 pub mod modelfile;
+pub mod neighbors;
 pub mod predict;
 pub mod tokenizer;
 pub mod train;
@@ -90,6 +91,12 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
             about: "Print the likeliest next tokens after a context, using a trained model file",
             args: <predict::PredictArgs as clap::Args>::augment_args,
             run: |m| predict::run(crate::pipeline::parsed(m)?),
+        },
+        crate::pipeline::Command {
+            name: "neighbors",
+            about: "Print the words whose embeddings lie nearest a word's in a trained text model",
+            args: <neighbors::NeighborsArgs as clap::Args>::augment_args,
+            run: |m| neighbors::run(crate::pipeline::parsed(m)?),
         },
         crate::pipeline::Command {
             name: "eval",

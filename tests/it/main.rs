@@ -39,6 +39,7 @@ mod text_cpu_batch;
 mod text_gradcheck;
 mod text_infer;
 mod text_modelfile;
+mod text_neighbors;
 mod text_predict;
 mod text_progress;
 mod text_train;

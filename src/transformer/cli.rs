@@ -344,16 +344,12 @@ impl TrainingCommand for TransformerArgs {
             fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
             display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
         }
-        let outcome = match baseline {
-            _ if written => String::new(),
-            Some(b) if diverged.is_none() => {
-                format!(
-                    "nothing written: the run's validation loss {last_val:.4} is above the {b:.4} of the model {out} holds, so it is unchanged"
-                )
-            }
-            _ if args.out.exists() => format!("nothing written, so {out} is unchanged"),
-            _ => format!("nothing written to {out}"),
-        };
+        let outcome = run::write_once_outcome(
+            &args.out,
+            written,
+            diverged.is_none().then(|| format!("validation loss {last_val:.4}")),
+            baseline.map(|b| format!("{b:.4}")),
+        );
         let remedy = format!(
             "try a lower --lr (this run used {}){}",
             args.lr,

@@ -5,6 +5,7 @@
 //! cudarc loads libcuda and libnvrtc at run time and panics when one is missing or lacks a symbol;
 //! every entry into cudarc from here runs under `quietly`, which turns such a panic into an error.
 
+use crate::phases;
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::sys::CUfunction_attribute_enum as FuncAttr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
@@ -12,6 +13,8 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
@@ -160,11 +163,12 @@ pub struct Gpu {
 impl Gpu {
     pub fn open(ordinal: usize) -> Result<Gpu> {
         // SAFETY: only tries dlopen on cudarc's candidate library names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !phases::timed(|| unsafe { cudarc::driver::sys::is_culib_present() }, |_| "found the driver (libcuda)".into()) {
             bail!("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver)");
         }
-        nvrtc_available()?;
-        quietly("CUDA initialisation failed", || {
+        phases::timed(nvrtc_available, |_| "found NVRTC (libnvrtc)".into())?;
+        let started = Instant::now();
+        let gpu = quietly("CUDA initialisation failed", || {
             use cudarc::driver::sys::CUdevice_attribute as Attr;
             let count = CudaContext::device_count().map_err(|e| anyhow!("the driver reports {e}"))?;
             if count <= ordinal as i32 {
@@ -183,7 +187,9 @@ impl Gpu {
             let sm_count = ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
             let max_shared_optin = ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
             Ok(Gpu { ctx, stream, name, compute_capability, sm_count, max_shared_optin, modules: Mutex::default() })
-        })
+        })?;
+        phases::note(started, &format!("opened GPU {ordinal} (driver initialised, context and stream created)"));
+        Ok(gpu)
     }
 
     pub fn describe(&self) -> String {
@@ -193,19 +199,22 @@ impl Gpu {
 
     /// The module of `fused/{unit}.cu` compiled with `defines` (the model's fixed sizes, as `-DNAME=value`),
     /// compiled and loaded on first use and kept for the life of this `Gpu`.
-    pub fn module(&self, unit: &'static str, defines: &[(&str, i64)]) -> Result<Arc<CudaModule>> {
-        let defines = define_options(defines);
+    pub fn module(&self, request: &ModuleRequest) -> Result<Arc<CudaModule>> {
+        let (unit, defines) = (request.0, define_options(&request.1));
         let key = format!("{unit} {}", defines.join(" "));
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(&key) {
             return Ok(module.clone());
         }
         let cubin = compile_cached(kernel_source(unit)?, self.compute_capability, &defines)?;
-        let module = quietly("loading kernels", || {
-            self.ctx
-                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-                .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
-        })?;
+        let load = || {
+            quietly("loading kernels", || {
+                self.ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                    .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
+            })
+        };
+        let module = phases::timed(load, |_| format!("loaded fused/{unit}.cu {}", defines.join(" ")))?;
         modules.insert(key, module.clone());
         Ok(module)
     }
@@ -413,12 +422,6 @@ pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {
     format!("compute_{}{}", compute_capability.0, compute_capability.1)
 }
 
-fn nvrtc_options(arch: String, extra: &[String]) -> Vec<String> {
-    [format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()]
-        .into_iter()
-        .chain(extra.iter().cloned())
-        .collect()
-}
 
 /// The values of integer constant expressions as kernel file `unit` computes them with `defines` (e.g.
 /// `GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS`), read from the PTX of the file with the expressions
@@ -453,7 +456,7 @@ fn compile_ptx_source(name: &str, source: &str, compute_capability: (i32, i32), 
     nvrtc_available()?;
     quietly("NVRTC", || {
         let opts = cudarc::nvrtc::CompileOptions {
-            options: nvrtc_options(nvrtc_arch(compute_capability), extra),
+            options: crate::fused_source::nvrtc_options(&nvrtc_arch(compute_capability), extra),
             name: Some(format!("{name}.cu")),
             ..Default::default()
         };
@@ -488,7 +491,7 @@ pub fn compile_cubin(unit: &KernelSource, compute_capability: (i32, i32), extra:
         let name = std::ffi::CString::new(format!("{}.cu", unit.name)).context("kernel name holds a NUL byte")?;
         let program = Program(result::create_program(&source, Some(&name)).map_err(failed)?);
         let (major, minor) = compute_capability;
-        let options = nvrtc_options(format!("sm_{major}{minor}"), extra);
+        let options = crate::fused_source::nvrtc_options(&format!("sm_{major}{minor}"), extra);
         // SAFETY: `program` is live; the options are plain C strings.
         if unsafe { result::compile_program(program.0, &options) }.is_err() {
             // SAFETY: as above; the log is NUL-terminated.
@@ -539,22 +542,54 @@ pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("TEXTNET_CACHE").map(PathBuf::from).or_else(|| dirs::cache_dir().map(|d| d.join("textnet")))
 }
 
-/// `compile_cubin` behind a cache in memory, for the life of the process, and on disk, keyed by the
-/// source hash, the options and the architecture. A disk cache that cannot be read or written only costs
-/// a recompile.
+include!(concat!(env!("OUT_DIR"), "/precompiled.rs"));
+
+/// The machine code build.rs compiled ahead of time for `unit` (fused/precompiled.txt lists which
+/// modules, for sm_80 and sm_90): for this architecture, or else for the same major version at minor 0,
+/// which runs on every later minor version (a GPU of sm_86 or sm_89 runs sm_80 code).
+fn precompiled(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Option<&'static [u8]> {
+    if unit.hash.is_empty() {
+        return None;
+    }
+    let (major, minor) = compute_capability;
+    let names = [format!("sm_{major}{minor}"), format!("sm_{major}0")]
+        .map(|sm| crate::fused_source::cubin_name(unit.name, unit.hash, &sm, extra));
+    names.iter().find_map(|name| PRECOMPILED.iter().find(|(n, _)| n == name).map(|(_, cubin)| *cubin))
+}
+
+/// Whether this binary holds machine code compiled at build time (none where build.rs found no NVRTC),
+/// and why not.
+pub fn precompiled_count() -> (usize, &'static str) {
+    (PRECOMPILED.len(), PRECOMPILED_NOTE)
+}
+
+/// `compile_cubin` behind the machine code compiled at build time, a cache in memory for the life of the
+/// process, and one on disk, keyed by the source hash, the options and the architecture. A disk cache
+/// that cannot be read or written only costs a recompile.
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
     static MEMORY: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
-    let options: String =
-        extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect::<Vec<_>>().join("-");
     let (major, minor) = compute_capability;
-    let name = format!("{}-{}-sm_{major}{minor}-{options}.cubin", unit.name, unit.hash);
+    let name = crate::fused_source::cubin_name(unit.name, unit.hash, &format!("sm_{major}{minor}"), extra);
     let memory = || MEMORY.lock().unwrap_or_else(|p| p.into_inner());
     let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("cubin").join(&name));
-    let cached = memory().as_ref().and_then(|m| m.get(&name).cloned());
-    if let Some(cubin) = cached.or_else(|| file.as_ref().and_then(|f| std::fs::read(f).ok())) {
+    if let Some(cubin) = memory().as_ref().and_then(|m| m.get(&name).cloned()) {
         return Ok(cubin);
     }
-    let cubin = compile_cubin(unit, compute_capability, extra)?;
+    if let Some(cubin) = precompiled(unit, compute_capability, extra) {
+        phases::note(Instant::now(), &format!("fused/{}.cu {}: compiled at build time", unit.name, extra.join(" ")));
+        return Ok(cubin.to_vec());
+    }
+    let read = || file.as_ref().and_then(|f| std::fs::read(f).ok());
+    let described = |found: &Option<Vec<u8>>| {
+        let how = if found.is_some() { "read from the cache" } else { "not in the cache" };
+        format!("fused/{}.cu {}: {how}", unit.name, extra.join(" "))
+    };
+    if let Some(cubin) = phases::timed(read, described) {
+        memory().get_or_insert_default().insert(name, cubin.clone());
+        return Ok(cubin);
+    }
+    let compile = || compile_cubin(unit, compute_capability, extra);
+    let cubin = phases::timed(compile, |_| format!("compiled fused/{}.cu {}", unit.name, extra.join(" ")))?;
     if let Some(file) = file {
         let _ = crate::fsutil::write_atomic(&file, &cubin);
     }
@@ -567,6 +602,19 @@ pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unless the build was asked not to (TEXTNET_PRECOMPILE=0), every module fused/precompiled.txt lists
+    /// is in the binary for both architectures; a build that found no NVRTC fails this.
+    #[test]
+    fn every_listed_module_was_compiled_at_build_time() {
+        let (count, note) = precompiled_count();
+        if note.contains("TEXTNET_PRECOMPILE=0") {
+            return;
+        }
+        let manifest = include_str!("../fused/precompiled.txt");
+        let listed = manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).count();
+        assert_eq!(count, 2 * listed, "{note}");
+    }
 
     #[test]
     fn kernel_constants_are_read_from_the_kernel_file() {

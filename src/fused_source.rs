@@ -1,6 +1,8 @@
-//! Inlines the local `#include "x.cuh"` lines of a `fused/*.cu` file, so NVRTC needs no include paths.
-//! build.rs embeds every kernel file through it, and `TEXTNET_FUSED_DIR` reads kernel files through it at
-//! run time; it uses std alone, so that build.rs can include it too.
+//! What build.rs and the run-time compiler must agree on, in std alone so that build.rs can include it:
+//! inlining the local `#include "x.cuh"` lines of a `fused/*.cu` file (NVRTC then needs no include
+//! paths; build.rs embeds every kernel file through it, and `TEXTNET_FUSED_DIR` reads kernel files
+//! through it at run time), NVRTC's options, and the name of a compiled module (the key of the kernel
+//! cache and of the modules build.rs compiles ahead of time).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -31,4 +33,19 @@ pub fn resolve_includes(
         out.push('\n');
     }
     Ok(out)
+}
+
+/// NVRTC's options for machine code of architecture `sm` (e.g. "sm_90"), with extra options such as
+/// `-DNAME=value`.
+pub fn nvrtc_options(sm: &str, extra: &[String]) -> Vec<String> {
+    [format!("--gpu-architecture={sm}"), "--std=c++17".into(), "-default-device".into()]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
+/// The name of kernel file `unit` (of content hash `hash`) compiled for `sm` with `extra` options.
+pub fn cubin_name(unit: &str, hash: &str, sm: &str, extra: &[String]) -> String {
+    let options: Vec<String> = extra.iter().map(|o| o.trim_start_matches('-').replace('=', "")).collect();
+    format!("{unit}-{hash}-{sm}-{}.cubin", options.join("-"))
 }

@@ -57,6 +57,7 @@ pub mod matmul;
 pub mod mnist;
 pub mod modelkind;
 pub mod ops;
+pub mod phases;
 pub mod pipeline;
 pub mod pipelines;
 pub mod report;

@@ -14,6 +14,13 @@ enum Command {
     Selftest(textnet::selftest::SelftestArgs),
     /// Measure training speed on the GPU (the text model, or `bench BENCH`)
     Bench(textnet::bench::BenchArgs),
+    /// Print a shell completion script, e.g. `textnet completions bash > ~/.local/share/bash-completion/completions/textnet`
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `textnet man > textnet.1 && man ./textnet.1`
+    Man,
 }
 
 /// The whole command line: the pipelines' commands, in the list's order, then textnet's own.
@@ -22,7 +29,15 @@ fn command_line() -> clap::Command {
         .version(env!("CARGO_PKG_VERSION"))
         .about("Small neural networks trained with fused CUDA kernels, with a CPU reference for each")
         .subcommand_required(true)
-        .arg_required_else_help(true);
+        .arg_required_else_help(true)
+        .arg(
+            clap::Arg::new("verbose")
+                .short('v')
+                .long("verbose")
+                .global(true)
+                .action(clap::ArgAction::SetTrue)
+                .help("Print where the start-up time goes: finding the driver, opening the GPU, each kernel compile"),
+        );
     let pipelines = pipelines::ALL
         .iter()
         .flat_map(|p| p.commands.iter())
@@ -43,6 +58,7 @@ fn main() {
         eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
     }));
     let matches = parse_args();
+    textnet::phases::set_verbose(matches.get_flag("verbose"));
     let result = run(&matches);
     let result = result.and_then(|()| textnet::console::finish());
     if let Err(err) = result {
@@ -65,6 +81,18 @@ fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
         Command::Generate(args) => textnet::generate::run(args),
         Command::Selftest(args) => textnet::selftest::run(args),
         Command::Bench(args) => textnet::bench::run(args),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command_line(), "textnet", &mut script);
+            textnet::console::out(String::from_utf8_lossy(&script).trim_end());
+            Ok(())
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(command_line()).render(&mut page)?;
+            textnet::console::out(String::from_utf8_lossy(&page).trim_end());
+            Ok(())
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! `selftest`, `bench` and `generate` loop over that list instead of naming pipelines.
 
 use crate::check::{Check, Plan};
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use crate::modelkind::Kind;
 use crate::sampling::GenerateArgs;
 use anyhow::Result;
@@ -16,6 +16,8 @@ pub struct Pipeline {
     pub commands: &'static [Command],
     /// The GPU-against-CPU checks `textnet selftest` runs.
     pub checks: fn(&Arc<Gpu>, &Plan) -> Result<Vec<Check>>,
+    /// The kernel modules those checks compile, so that the selftest compiles them all at once first.
+    pub modules: fn(&Plan) -> Vec<ModuleRequest>,
     pub benches: &'static [Bench],
     /// The kinds of model file it writes.
     pub models: &'static [&'static Kind],

@@ -169,12 +169,16 @@ pub struct Display {
     to_stderr: bool,
     epochs: usize,
     bar: Option<ProgressBar>,
+    /// A run counted in steps (`steps_started`): tokens per step, and the last step and time the bar's
+    /// speed was measured from.
+    tokens_per_step: usize,
+    last: (usize, std::time::Instant),
 }
 
 impl Display {
     /// For a run of `epochs` epochs; `json`: the lines go to stderr.
     pub fn new(quiet: bool, json: bool, epochs: usize) -> Display {
-        Display { quiet, to_stderr: json, epochs, bar: None }
+        Display { quiet, to_stderr: json, epochs, bar: None, tokens_per_step: 0, last: (0, std::time::Instant::now()) }
     }
 
     /// An informational line (none with `--quiet`).
@@ -197,6 +201,47 @@ impl Display {
         // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends.
         bar.enable_steady_tick(std::time::Duration::from_millis(250));
         self.bar = Some(bar);
+    }
+
+    /// A run counted in optimizer steps, as nanoGPT counts them: one bar for the whole run, "step 120/1000"
+    /// with the tokens/s and ms/step of the latest steps, and each evaluation's line (`evaluated`) printed
+    /// above it.
+    pub fn steps_started(&mut self, steps: usize, tokens_per_step: usize) {
+        let target = if self.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+        let style = ProgressStyle::with_template("step {human_pos}/{human_len} [{bar:30}] {msg}, ETA {eta}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let bar = ProgressBar::with_draw_target(Some(steps as u64), target).with_style(style);
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        self.bar = Some(bar);
+        self.tokens_per_step = tokens_per_step;
+        self.last = (0, std::time::Instant::now());
+    }
+
+    /// `done` steps of the run are done.
+    pub fn steps_reached(&mut self, done: usize) {
+        let (step, at) = self.last;
+        if let Some(bar) = &self.bar
+            && done > step
+        {
+            let seconds_per_step = at.elapsed().as_secs_f64() / (done - step) as f64;
+            bar.set_message(format!(
+                "{} tokens/s, {:.1} ms/step",
+                thousands(self.tokens_per_step as f64 / seconds_per_step.max(1e-12)),
+                seconds_per_step * 1e3
+            ));
+            bar.set_position(done as u64);
+        }
+        self.last = (done, std::time::Instant::now());
+    }
+
+    /// An evaluation's line, above the run's bar; the speed after it is measured afresh.
+    pub fn evaluated(&mut self, text: &str) {
+        match &self.bar {
+            Some(bar) if !self.quiet => bar.suspend(|| console::line(self.to_stderr, text)),
+            _ => self.line(text),
+        }
+        self.last.1 = std::time::Instant::now();
     }
 
     /// `samples` more of the epoch's training samples are done.
@@ -227,7 +272,8 @@ impl Display {
         ));
     }
 
-    fn clear(&mut self) {
+    /// Takes the bar off the screen.
+    pub fn clear(&mut self) {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
@@ -239,6 +285,11 @@ impl Drop for Display {
     fn drop(&mut self) {
         self.clear();
     }
+}
+
+/// A count a person reads, rounded, with thousands separators: `1,234,567`.
+pub fn thousands(value: f64) -> String {
+    indicatif::HumanCount(value.round().max(0.0) as u64).to_string()
 }
 
 /// `42.0s`, `3m05s`, `1h02m`.

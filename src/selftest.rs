@@ -72,11 +72,19 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(p.name) } else { None }).collect();
     let groups = args.only.iter().filter_map(|o| if let Only::Group(g) = o { Some(*g) } else { None }).collect();
     let plan = Plan { seed, quick: args.quick, groups };
+    let wanted = || pipelines::ALL.iter().filter(|p| chosen.is_empty() || chosen.contains(&p.name));
+    // Every kernel module first, on every core: the checks then wait for the slowest compile, not the sum.
+    let compiling = Instant::now();
+    let mut modules: Vec<_> = wanted().flat_map(|p| (p.modules)(&plan)).collect();
+    modules.sort();
+    modules.dedup();
+    crate::device::precompile(gpu.compute_capability, &modules);
+    crate::phases::note(compiling, &format!("{} kernel modules ready", modules.len()));
     let mut checks = Vec::new();
-    for pipeline in pipelines::ALL {
-        if chosen.is_empty() || chosen.contains(&pipeline.name) {
-            checks.extend((pipeline.checks)(&gpu, &plan)?);
-        }
+    for pipeline in wanted() {
+        let checking = Instant::now();
+        checks.extend((pipeline.checks)(&gpu, &plan)?);
+        crate::phases::note(checking, &format!("{} checks", pipeline.name));
     }
     let failed = checks.iter().filter(|c| !c.passed()).count();
     let seconds = started.elapsed().as_secs_f64();
@@ -106,4 +114,38 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         bail!("{failed} of {} GPU checks failed (seed {seed})", checks.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Plan;
+    use std::collections::BTreeSet;
+
+    /// The lines of fused/precompiled.txt: kernel file and sizes.
+    fn precompiled_lines() -> Vec<String> {
+        let manifest = include_str!("../fused/precompiled.txt");
+        let lines = manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+        lines.map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+    }
+
+    fn line(request: &crate::device::ModuleRequest) -> String {
+        let sizes = request.1.iter().map(|(name, value)| format!(" {name}={value}"));
+        std::iter::once(request.0.to_string()).chain(sizes).collect()
+    }
+
+    #[test]
+    fn every_module_the_selftest_compiles_is_compiled_at_build_time() {
+        let listed = precompiled_lines();
+        let mut missing = BTreeSet::new();
+        for quick in [false, true] {
+            let plan = Plan { seed: 1, quick, groups: Vec::new() };
+            for pipeline in pipelines::ALL {
+                missing.extend((pipeline.modules)(&plan).iter().map(line).filter(|l| !listed.contains(l)));
+            }
+        }
+        assert!(missing.is_empty(), "add to fused/precompiled.txt:\n{}", missing.into_iter().collect::<Vec<_>>().join("\n"));
+        let distinct: BTreeSet<&String> = listed.iter().collect();
+        assert_eq!(distinct.len(), listed.len(), "fused/precompiled.txt lists a module twice");
+    }
 }

@@ -6,7 +6,7 @@
 use super::gpu::{GpuMatmul, Kernel};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use anyhow::{Context, Result};
 use rand::RngExt;
 use std::sync::Arc;
@@ -19,6 +19,11 @@ const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (33, 65, 17), (128, 128, 
 /// `len` uniform values in [−1, 1).
 pub fn random_matrix(len: usize, rng: &mut SeededRng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+/// The kernel module the checks compile.
+pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
+    vec![super::gpu::MODULE]
 }
 
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {

@@ -1,6 +1,6 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
-use crate::device::{self, Arg, Gpu, THREADS_PER_BLOCK, quietly};
+use crate::device::{self, Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK, quietly};
 use crate::ops::gemm::{G128, G128_STAGED_FLOATS};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
@@ -47,6 +47,9 @@ impl Kernel {
     }
 }
 
+/// The kernel module (`fused/matmul.cu` takes no sizes).
+pub const MODULE: ModuleRequest = ("matmul", Vec::new());
+
 /// The compiled kernels.
 pub struct GpuMatmul {
     gpu: Arc<Gpu>,
@@ -55,7 +58,7 @@ pub struct GpuMatmul {
 
 impl GpuMatmul {
     pub fn new(gpu: Arc<Gpu>) -> Result<GpuMatmul> {
-        let module = gpu.module("matmul", &[])?;
+        let module = gpu.module(&MODULE)?;
         let functions = Kernel::ALL.iter().map(|k| Gpu::function(&module, k.name())).collect::<Result<_>>()?;
         Ok(GpuMatmul { gpu, functions })
     }

@@ -36,6 +36,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     name: "matmul",
     commands: &[],
     checks: checks::selftest_checks,
+    modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "matmul",
         about: "1024² fp32 matrix product: naive, tiled (gemm_128, 64² gemm_tile) and cuBLAS kernels",

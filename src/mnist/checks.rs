@@ -3,13 +3,13 @@
 //! the production path (a CUDA graph per epoch) against the CPU trainer. ReLU problems are kept clear of
 //! the kink as the text checks' are (`check::kink_ratio`).
 
-use super::gpu::{EVAL_CHUNK, GpuTrainer};
+use super::gpu::{EVAL_CHUNK, GpuTrainer, module_request};
 use super::idx::Split;
 use super::model::{self, Activation, MlpParams, MlpShape, Workspace};
 use super::{CpuTrainer, MnistTrainer};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use crate::ops::optim::{self, OptimConfig, OptimKind};
 use anyhow::Result;
 use rand::RngExt;
@@ -38,11 +38,16 @@ fn shape_label(s: MlpShape, batch: usize) -> String {
     format!("I={} H={} C={} {} B={batch}", s.inputs, s.hidden, s.classes, s.activation.name())
 }
 
+/// The kernel modules the checks compile (the MLP's depend on its input and class counts alone).
+pub fn modules(plan: &Plan) -> Vec<ModuleRequest> {
+    let mlp = |inputs, classes| MlpShape { inputs, hidden: 1, classes, activation: Activation::Relu };
+    let mut out = vec![module_request(mlp(784, 10)), module_request(mlp(50, 7))];
+    out.extend(super::cnn_checks::modules(plan));
+    out
+}
+
 /// Each MNIST kernel and whole training steps against the CPU reference (see `textnet selftest`).
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
-    let modules =
-        |inputs: usize, classes: usize| ("mnist", vec![("MNIST_I", inputs as i64), ("MNIST_C", classes as i64)]);
-    crate::device::precompile(gpu.compute_capability, &[modules(784, 10), modules(50, 7)]);
     let mut checks = Vec::new();
     if plan.wants(Group::Kernels) {
         checks.extend(all_kernel_checks(gpu, &mut plan.rng("mnist kernels"))?);

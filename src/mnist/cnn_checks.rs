@@ -15,11 +15,11 @@
 //! - repeat: the full-size step twice from the same start gives the same bits.
 
 use super::cnn::{self, CnnParams, CnnShape};
-use super::cnn_gpu::GpuCnn;
+use super::cnn_gpu::{GpuCnn, module_request};
 use super::idx::Split;
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::Result;
 use rand::RngExt;
@@ -61,6 +61,11 @@ fn worst_tensor(shape: CnnShape, got: &[f32], want: &[f32]) -> (f64, &'static st
         let end = if k + 1 < 8 { starts[k + 1] } else { total };
         (*name, rel_error(&got[starts[k]..end], &want[starts[k]..end]))
     }))
+}
+
+/// The kernel modules the checks compile.
+pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
+    vec![module_request(CnnShape::MNIST), module_request(TRAINING_SHAPE)]
 }
 
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {

@@ -5,7 +5,7 @@
 use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
 use super::idx::Split;
-use crate::device::{Arg, Gpu, Kernel};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice};
@@ -49,15 +49,17 @@ impl Sizes {
 }
 
 /// The -D sizes fused/mnist_cnn.cu is compiled with for `shape`.
-fn defines(shape: CnnShape) -> [(&'static str, i64); 6] {
-    [
+/// The kernel module a trainer of `shape` compiles.
+pub fn module_request(shape: CnnShape) -> ModuleRequest {
+    let defines = vec![
         ("CNN_SIDE", shape.side as i64),
         ("CNN_C1", shape.c1 as i64),
         ("CNN_C2", shape.c2 as i64),
         ("CNN_FC", shape.fc as i64),
         ("CNN_CLASSES", shape.classes as i64),
         ("CNN_IMAGE_THREADS", IMAGE_THREADS as i64),
-    ]
+    ];
+    ("mnist_cnn", defines)
 }
 
 struct Kernels {
@@ -124,7 +126,7 @@ impl GpuCnn {
         if train.pixels != shape.side * shape.side || test.pixels != train.pixels {
             bail!("the CNN takes {0}×{0} images", shape.side);
         }
-        let module = gpu.module("mnist_cnn", &defines(shape))?;
+        let module = gpu.module(&module_request(shape))?;
         let load = |name: &str| Gpu::function(&module, name);
         let kernels = Kernels {
             forward: load("cnn_forward")?,
@@ -495,7 +497,7 @@ mod tests {
         for shape in [CnnShape::MNIST, odd] {
             let expressions =
                 ["PIX", "P1", "Z2", "FLAT", "FORWARD_SHARED_FLOATS * 4", "BACKWARD_SHARED_FLOATS * 4", "SLICES"];
-            let kernel = kernel_constants("mnist_cnn", &defines(shape), &expressions).unwrap();
+            let kernel = kernel_constants("mnist_cnn", &module_request(shape).1, &expressions).unwrap();
             let s = Sizes::of(shape);
             let mirror = [s.pix, s.p1, s.z2, s.flat, s.forward_shared, s.backward_shared, CONV_SLICES];
             assert_eq!(kernel, mirror.map(|v| v as i64), "{shape:?}");

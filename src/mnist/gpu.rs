@@ -7,7 +7,7 @@
 use super::idx::Split;
 use super::model::{MlpParams, MlpShape};
 use super::{Evaluation, MnistTrainer};
-use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice};
@@ -150,6 +150,11 @@ pub struct GpuTrainer {
     captured: Option<CapturedEpoch>,
 }
 
+/// The kernel module a trainer of `shape` compiles.
+pub fn module_request(shape: MlpShape) -> ModuleRequest {
+    ("mnist", vec![("MNIST_I", shape.inputs as i64), ("MNIST_C", shape.classes as i64)])
+}
+
 impl GpuTrainer {
     pub fn new(
         gpu: Arc<Gpu>,
@@ -165,7 +170,7 @@ impl GpuTrainer {
             }
         }
         let layout = MnistLayout::new(shape, gpu.sm_count as usize);
-        let module = gpu.module("mnist", &[("MNIST_I", shape.inputs as i64), ("MNIST_C", shape.classes as i64)])?;
+        let module = gpu.module(&module_request(shape))?;
         let load = |name: &str| Gpu::function(&module, name);
         let kernels = Kernels {
             forward: load("mnist_forward")?,

@@ -357,6 +357,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         },
     ],
     checks: checks::selftest_checks,
+    modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "mnist",
         about: "MNIST pipeline speed and accuracy",

@@ -12,12 +12,12 @@
 //! unit between the two sides.
 
 use super::data::{Dataset, Split, Stats};
-use super::gpu::GpuSales;
+use super::gpu::{GpuSales, module_request};
 use super::model::{self, SalesParams, SalesShape, Shuffle};
 use super::train::{CpuSales, SalesTrainer};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use anyhow::Result;
 use rand::RngExt;
@@ -88,16 +88,26 @@ fn label(shape: SalesShape, rows: usize, batch: usize) -> String {
     format!("n={} H={} rows={rows} B={batch}", shape.inputs, shape.hidden)
 }
 
+/// (shape, rows, batch) of the kernel checks.
+fn kernel_cases(quick: bool) -> Vec<(SalesShape, usize, usize)> {
+    let mut cases = vec![(SalesShape { inputs: 1, hidden: 1 }, 3, 1), (REPEAT_CASE.0, 1000, 64)];
+    if !quick {
+        cases.push((SalesShape { inputs: 37, hidden: 70 }, 20_011, 100));
+    }
+    cases
+}
+
+/// The kernel modules the checks compile.
+pub fn modules(plan: &Plan) -> Vec<ModuleRequest> {
+    let shapes = kernel_cases(plan.quick).into_iter().map(|(shape, _, _)| shape);
+    shapes.chain([TRAINING_CASE.0, REPEAT_CASE.0]).map(module_request).collect()
+}
+
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if plan.wants(Group::Kernels) {
         let mut rng = plan.rng("sales kernels");
-        let mut shapes =
-            vec![(SalesShape { inputs: 1, hidden: 1 }, 3, 1), (SalesShape { inputs: 19, hidden: 32 }, 1000, 64)];
-        if !plan.quick {
-            shapes.push((SalesShape { inputs: 37, hidden: 70 }, 20_011, 100));
-        }
-        for (shape, rows, batch) in shapes {
+        for (shape, rows, batch) in kernel_cases(plan.quick) {
             out.extend(kernel_checks(gpu, shape, rows, batch, &mut rng)?);
         }
     }
@@ -258,8 +268,11 @@ fn training_check(
 }
 
 /// The same run twice on the GPU: identical losses and parameters.
+/// (shape, rows, batch) of the repeat check.
+const REPEAT_CASE: (SalesShape, usize, usize) = (SalesShape { inputs: 19, hidden: 32 }, 3000, 64);
+
 fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
-    let (shape, rows, batch) = (SalesShape { inputs: 19, hidden: 32 }, 3000, 64);
+    let (shape, rows, batch) = REPEAT_CASE;
     let data = random_dataset(rows, 97, shape.inputs, rng);
     let params = SalesParams::init(shape, rng.random());
     let optim = optimizers()[2];

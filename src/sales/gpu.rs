@@ -6,7 +6,7 @@
 use super::data::{Dataset, Split, Stats};
 use super::model::{Evaluation, SalesParams, SalesShape};
 use super::train::SalesTrainer;
-use crate::device::{Arg, Gpu, Kernel};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
@@ -34,6 +34,11 @@ struct Kernels {
     gather: Kernel,
     train: Kernel,
     evaluate: Kernel,
+}
+
+/// The kernel module a trainer of `shape` compiles.
+pub fn module_request(shape: SalesShape) -> ModuleRequest {
+    ("sales", vec![("SALES_N", shape.inputs as i64), ("SALES_H", shape.hidden as i64)])
 }
 
 /// One split on the device: rows × features, and the target.
@@ -100,7 +105,7 @@ impl GpuSales {
         if data.train.rows > i32::MAX as usize / shape.inputs.max(1) || data.test.rows > i32::MAX as usize {
             bail!("the table has more rows than the GPU kernels count to");
         }
-        let module = gpu.module("sales", &[("SALES_N", shape.inputs as i64), ("SALES_H", shape.hidden as i64)])?;
+        let module = gpu.module(&module_request(shape))?;
         let load = |name: &str| Gpu::function(&module, name);
         let kernels = Kernels {
             partials: load("sales_column_partials")?,

@@ -24,6 +24,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
     checks: checks::selftest_checks,
+    modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "sales",
         about: "Tabular regression: 50 epochs over a sales table (--table), GPU and CPU reference",

@@ -24,11 +24,10 @@ use rand::RngExt;
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// Every text check the plan asks for. Their kernel modules are compiled first, on every core; then the
-/// CPU references of the training checks, the slow part, run on every core while the GPU works through
+/// Every text check the plan asks for (their kernel modules compiled first, by the selftest). The CPU
+/// references of the training checks, the slow part, run on every core while the GPU works through
 /// the kernel checks.
 pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
-    crate::device::precompile(gpu.compute_capability, &modules_needed(plan));
     std::thread::scope(|scope| {
         let references = plan.wants(Group::Training).then(|| scope.spawn(|| training_references(plan)));
         let mut out = Vec::new();
@@ -83,8 +82,8 @@ fn kernel_cases(plan: &Plan) -> impl Iterator<Item = (TextShape, usize)> {
     KERNEL_CASES.into_iter().chain((!plan.quick).then_some(LARGEST_CASE))
 }
 
-/// The kernel modules the plan's checks compile, to be compiled on every core first.
-fn modules_needed(plan: &Plan) -> Vec<crate::device::ModuleRequest> {
+/// The kernel modules the plan's checks compile.
+pub fn modules(plan: &Plan) -> Vec<crate::device::ModuleRequest> {
     let mut cases = Vec::new();
     if plan.wants(Group::Kernels) {
         cases.extend(kernel_cases(plan));

@@ -106,6 +106,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         },
     ],
     checks: checks::checks,
+    modules: checks::modules,
     benches: &[
         crate::pipeline::Bench {
             name: "text",

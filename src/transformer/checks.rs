@@ -16,11 +16,11 @@
 //! and the reference differ by rounding only, amplified by AdamW where a gradient is near zero.
 
 use super::data::{self, CharVocab, Corpus, UNKNOWN};
-use super::gpu::GpuTransformer;
+use super::gpu::{GpuTransformer, module_request};
 use super::model::{self, Config, CpuTrainer, Layout};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use anyhow::Result;
 use rand::RngExt;
@@ -107,6 +107,12 @@ fn worst_tensor(layout: &Layout, got: &[f32], want: &[f32], skip_key_bias: bool)
         };
         (t.name.clone(), e)
     }))
+}
+
+/// The kernel modules the checks compile (`--quick` too: its TF32 checks take the largest kernel shape).
+pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
+    let configs = kernel_shapes(false).into_iter().map(|(config, _)| config).chain([TRAINING_SHAPE, REPEAT_SHAPE]);
+    configs.map(|config| module_request(&config)).collect()
 }
 
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
@@ -228,8 +234,11 @@ pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
 }
 
 /// 20 steps twice from the same start: the same bits.
+/// The repeat check's model.
+const REPEAT_SHAPE: Config = Config { vocab: 65, block: 64, embed: 64, heads: 4, layers: 2 };
+
 pub fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
-    let config = Config { vocab: 65, block: 64, embed: 64, heads: 4, layers: 2 };
+    let config = REPEAT_SHAPE;
     let corpus = random_corpus(&config, 40 * config.block, rng);
     let params = model::init(&config, rng.random());
     let offsets: Vec<u32> =

@@ -1,7 +1,8 @@
 //! `textnet transformer CORPUS`: trains the character-level Transformer (AdamW, random windows of the
-//! corpus's first 90 %), reports the validation loss every --eval-every steps and writes the model file.
-//! What it prints goes through `report`, as for every training command: an "epoch" there is the
-//! --eval-every steps between two evaluations, and each report row also gives its last step.
+//! corpus's first 90 %), reports the train and validation loss every --eval-every steps and writes the
+//! model file. Progress is counted in steps, as nanoGPT counts them: one bar for the run with tokens/s
+//! and ms/step, and a line per evaluation. In the `--json` report an "epoch" is the --eval-every steps
+//! between two evaluations, and each row also gives its last step.
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
@@ -15,7 +16,7 @@ use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
 use crate::run::{self, Ending, TrainingCommand};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
 use serde_json::json;
 use std::path::PathBuf;
@@ -71,6 +72,10 @@ pub struct TransformerArgs {
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
+    /// Continue training this Transformer model file: its shape and vocabulary are kept (--layers,
+    /// --heads, --embed, --block and --vocab are not used); AdamW's moments start afresh
+    #[arg(long, value_name = "MODEL")]
+    pub resume: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
@@ -97,15 +102,15 @@ impl TransformerArgs {
             Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
         config.validate()?;
         // The vocabulary here is the cap; the corpus's own, often far smaller, is checked once read.
-        self.memory_need(2).check(resources::available_memory())?;
+        self.memory_need(&Config { vocab: 2, ..config }).check(resources::available_memory())?;
         Ok(config)
     }
 
     /// What a run holds at once, counted before anything is allocated: the parameters with their
     /// gradient and AdamW's two moments, a step's activations (18·embed + the vocabulary a row per block,
     /// about as much again for the gradients), and an evaluation interval's batch offsets.
-    fn memory_need(&self, vocab: usize) -> MemoryNeed {
-        let (v, t, c, l) = (vocab as u64, self.block as u64, self.embed as u64, self.layers as u64);
+    fn memory_need(&self, config: &Config) -> MemoryNeed {
+        let (v, t, c, l) = (config.vocab as u64, config.block as u64, config.embed as u64, config.layers as u64);
         let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
         let params =
             l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
@@ -142,17 +147,30 @@ enum Trainer {
 }
 
 impl Trainer {
-    /// The mean loss of each step over `offsets` (`batch` per step).
-    fn train(&mut self, corpus: &Corpus, offsets: &[u32], batch: usize) -> Result<Vec<f64>> {
+    /// The mean loss of each step over `offsets` (`batch` per step); `stepped(n)` after each n steps
+    /// done (every step on the CPU; on the GPU, whose steps run as one graph, once).
+    fn train(
+        &mut self,
+        corpus: &Corpus,
+        offsets: &[u32],
+        batch: usize,
+        stepped: &mut dyn FnMut(usize),
+    ) -> Result<Vec<f64>> {
         match self {
             Trainer::Cpu(t) => Ok(offsets
                 .chunks(batch)
                 .map(|o| {
                     let (tokens, targets) = data::windows(&corpus.train, o, t.config.block);
-                    f64::from(t.step(&tokens, &targets, batch))
+                    let loss = f64::from(t.step(&tokens, &targets, batch));
+                    stepped(1);
+                    loss
                 })
                 .collect()),
-            Trainer::Gpu(t) => t.train_steps(offsets, batch),
+            Trainer::Gpu(t) => {
+                let losses = t.train_steps(offsets, batch)?;
+                stepped(losses.len());
+                Ok(losses)
+            }
         }
     }
 
@@ -188,6 +206,8 @@ pub struct Setup {
     trainer: Trainer,
     /// Evaluations in the run (one per --eval-every steps): the report's rows.
     evals: usize,
+    /// Steps the --resume'd model had taken.
+    steps_before: usize,
 }
 
 /// What `train` hands to `finish`.
@@ -212,9 +232,26 @@ impl TrainingCommand for TransformerArgs {
         let lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
         let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
         let existing = existing.filter(|_| !args.overwrite);
-        let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
-        let config = Config { vocab: corpus.vocab.len(), ..shape };
-        args.memory_need(config.vocab).check(resources::available_memory())?;
+        let resumed = match &args.resume {
+            Some(path) => Some(TransformerModel::load(path).context("--resume")?),
+            None => None,
+        };
+        let steps_before = resumed.as_ref().map_or(0, |m| m.steps);
+        let (corpus, config, params) = match resumed {
+            Some(model) => {
+                let what = format!("corpus {}", fsutil::shown(&args.corpus));
+                let bytes = fsutil::read_input(&args.corpus, "corpus")?;
+                let corpus = Corpus::with_vocab(&bytes, &what, model.vocab, model.config.block)?;
+                check_unknown_share(&corpus, args.resume.as_deref().unwrap_or(&args.out))?;
+                (corpus, model.config, model.params)
+            }
+            None => {
+                let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
+                let config = Config { vocab: corpus.vocab.len(), ..shape };
+                (corpus, config, model::init(&config, args.seed))
+            }
+        };
+        args.memory_need(&config).check(resources::available_memory())?;
         if let Some(old) = &existing
             && (old.vocab != corpus.vocab || old.config.block != config.block)
         {
@@ -223,7 +260,12 @@ impl TrainingCommand for TransformerArgs {
         let evals = args.steps.div_ceil(args.eval_every);
         let display = Display::new(args.quiet, args.json, evals);
         let (backend, device_line) = device::select_described(args.device)?;
-        let params = model::init(&config, args.seed);
+        if let Some(path) = &args.resume {
+            display.line(&format!(
+                "resuming {} (its shape and vocabulary; AdamW's moments start afresh)",
+                path.display()
+            ));
+        }
         display.line(&format!(
             "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \
              {} parameters; AdamW lr {} weight decay {}, batch {} × {}, {} steps, seed {}; device {device_line}",
@@ -273,7 +315,7 @@ impl TrainingCommand for TransformerArgs {
         if args.tf32 && matches!(backend, Backend::Cpu) {
             display.line("note: --tf32 applies to the GPU only; the CPU trains in fp32");
         }
-        Ok(Setup { _lock: lock, display, corpus, config, backend, val_offsets, baseline, trainer, evals })
+        Ok(Setup { _lock: lock, display, corpus, config, backend, val_offsets, baseline, trainer, evals, steps_before })
     }
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
@@ -285,14 +327,17 @@ impl TrainingCommand for TransformerArgs {
         let mut diverged = None;
         let mut done = 0;
         let mut last_val = f64::NAN;
+        display.steps_started(args.steps, args.batch * config.block);
         for eval in 1..=evals {
             let steps = args.eval_every.min(args.steps - done);
-            display.epoch_started(eval, steps * args.batch);
             let offsets: Vec<u32> = (0..steps)
                 .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
                 .collect();
-            let losses = trainer.train(corpus, &offsets, args.batch)?;
-            display.reached(steps * args.batch);
+            let mut reached = done;
+            let losses = trainer.train(corpus, &offsets, args.batch, &mut |n| {
+                reached += n;
+                display.steps_reached(reached);
+            })?;
             done += steps;
             let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
             let val = trainer.val_loss(corpus, val_offsets, args.batch)?;
@@ -315,12 +360,18 @@ impl TrainingCommand for TransformerArgs {
             }
             .with("step", done)
             .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
-            display.epoch_finished(&row, &format!("step {done}/{}, val loss {val:.4}", args.steps), "");
+            display.evaluated(&format!(
+                "step {done}/{}: train loss {train_loss:.4}, val loss {val:.4}, {} tokens/s, {} elapsed",
+                args.steps,
+                report::thousands(row.samples_per_s * config.block as f64),
+                report::duration(elapsed)
+            ));
             rows.push(row);
             if crate::interrupt::requested() {
                 break;
             }
         }
+        display.clear();
         let seconds = start.elapsed().as_secs_f64();
         Ok(Trained { setup, rows, diverged, done, last_val, seconds })
     }
@@ -328,7 +379,7 @@ impl TrainingCommand for TransformerArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, rows, diverged, done, last_val, seconds } = trained;
-        let Setup { display, trainer, corpus, config, backend, val_offsets, baseline, evals, .. } = setup;
+        let Setup { display, trainer, corpus, config, backend, val_offsets, baseline, evals, steps_before, .. } = setup;
         let interrupted = diverged.is_none() && done < args.steps;
         // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
         let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
@@ -339,7 +390,7 @@ impl TrainingCommand for TransformerArgs {
                 vocab: corpus.vocab.clone(),
                 params: trainer.params()?,
                 val_loss: last_val as f32,
-                steps: args.steps,
+                steps: steps_before + done,
             };
             fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
             display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
@@ -382,6 +433,7 @@ impl TrainingCommand for TransformerArgs {
                     "weight_decay": report::decimal(args.weight_decay), "vocab": args.vocab,
                     "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
                     "tf32": args.tf32,
+                    "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                     "overwrite": args.overwrite,
                 }),
                 device: backend.describe(),
@@ -408,4 +460,19 @@ impl TrainingCommand for TransformerArgs {
         }
         Ok(ending)
     }
+}
+
+/// A --resume'd model reads characters outside its vocabulary as unknown: past half of the corpus, it
+/// would learn to predict the unknown character.
+fn check_unknown_share(corpus: &Corpus, model: &std::path::Path) -> Result<()> {
+    let total = corpus.train.len() + corpus.val.len();
+    if corpus.unknown * 2 > total {
+        bail!(
+            "--resume {}: {:.1}% of the corpus's characters are not in the model's vocabulary (they read as unknown); \
+             train a new model on this corpus instead (without --resume)",
+            model.display(),
+            100.0 * corpus.unknown as f64 / total as f64
+        );
+    }
+    Ok(())
 }

@@ -23,6 +23,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
     checks: checks::selftest_checks,
+    modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "transformer",
         about: "The character-level Transformer: 1000 steps on --corpus",

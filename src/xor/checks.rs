@@ -16,7 +16,7 @@ use super::gpu::GpuXor;
 use super::model::{self, INPUTS, XorParams};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::cpu::SeededRng;
-use crate::device::Gpu;
+use crate::device::{Gpu, ModuleRequest};
 use crate::ops::activations::Activation;
 use anyhow::Result;
 use rand::RngExt;
@@ -49,6 +49,11 @@ const HIDDEN: [usize; 3] = [4, 37, 100];
 /// less than 1e-4; what the GPU's run does differently there is not found yet. H = 4 keeps its one-epoch
 /// checks, and `bench xor` reports its whole run's distance from the reference.
 const RUN_HIDDEN: [usize; 2] = [37, 100];
+
+/// The kernel module the checks compile.
+pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
+    vec![super::gpu::MODULE]
+}
 
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();

@@ -1,10 +1,13 @@
 //! The XOR run on the GPU: the whole of it in one launch of fused/xor.cu (see its header for why).
 
 use super::model::{MAX_HIDDEN, XorParams};
-use crate::device::{Arg, Gpu, Kernel};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;
+
+/// The kernel module (`fused/xor.cu` takes no sizes).
+pub const MODULE: ModuleRequest = ("xor", Vec::new());
 
 /// The parameters on the device and the compiled kernel.
 pub struct GpuXor {
@@ -22,7 +25,7 @@ impl GpuXor {
         if p.hidden() == 0 || p.hidden() > MAX_HIDDEN {
             bail!("--hidden must be between 1 and {MAX_HIDDEN} on the GPU, got {}", p.hidden());
         }
-        let module = gpu.module("xor", &[])?;
+        let module = gpu.module(&MODULE)?;
         let kernel = Gpu::function(&module, "xor_train")?;
         let stream = &gpu.stream;
         let upload = |v: &[f32]| stream.clone_htod(v).context("copying the model to the GPU");

@@ -19,6 +19,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
     checks: checks::selftest_checks,
+    modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "xor",
         about: "XOR: the 5000-epoch run in one launch",

@@ -15,6 +15,7 @@ mod cli_messages;
 mod cli_outputs;
 mod cli_predict;
 mod cli_report;
+mod cli_shell;
 mod cli_text;
 mod gpu;
 mod layering;

@@ -363,3 +363,57 @@ fn other_commands_refuse_a_transformer_file_and_generate_refuses_other_models() 
     fails_with(&generate(&notes, &["--prompt", "to be"]), &["not a textnet model that generates text"]);
     fails_with(&generate(&dir.path().join("none.safetensors"), &["--prompt", "to be"]), &["cannot open model file"]);
 }
+
+#[test]
+fn each_evaluation_line_gives_the_step_train_and_val_loss_and_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = transformer(&corpus(dir.path()), &dir.path().join("m.safetensors"), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let evals: Vec<&str> = text.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(evals.len(), 2, "{text}");
+    for line in evals {
+        for part in [": train loss ", ", val loss ", " tokens/s, ", " elapsed"] {
+            assert!(line.contains(part), "{part:?} in {line:?}");
+        }
+    }
+}
+
+#[test]
+fn resume_continues_a_model_and_refuses_what_it_cannot_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = trained(dir.path());
+    let before = TransformerModel::load(&first).unwrap();
+
+    // Its shape and vocabulary are kept whatever the flags say; the steps add up; the loss goes on down.
+    let out = dir.path().join("resumed.safetensors");
+    let o = transformer(&corpus(dir.path()), &out, &["--resume", s(&first), "--embed", "64", "--steps", "40"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("resuming "), "{}", stdout(&o));
+    let after = TransformerModel::load(&out).unwrap();
+    assert_eq!((after.config, after.vocab.clone(), after.steps), (before.config, before.vocab.clone(), 60));
+    assert!(after.val_loss < before.val_loss, "{} then {}", before.val_loss, after.val_loss);
+
+    // Resuming the model at --out itself: it is replaced only by a better one.
+    let o = transformer(&corpus(dir.path()), &out, &["--resume", s(&out), "--steps", "10", "--lr", "0.5", "--json"]);
+    let now = TransformerModel::load(&out).unwrap();
+    if report(&o)["status"] == "ok" {
+        assert!(now.val_loss <= after.val_loss);
+    } else {
+        assert_eq!(now, after, "a worse model left the file as it was");
+    }
+
+    // Another kind of model file, a missing file, a corpus the vocabulary does not cover.
+    let xor = dir.path().join("xor.safetensors");
+    let o = textnet(&["xor", "--device", "cpu", "--epochs", "1000", "--quiet", "--out", s(&xor)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fresh = dir.path().join("fresh.safetensors");
+    fails_with(&transformer(&corpus(dir.path()), &fresh, &["--resume", s(&xor)]), &["--resume", "XOR"]);
+    let missing = dir.path().join("missing.safetensors");
+    fails_with(&transformer(&corpus(dir.path()), &fresh, &["--resume", s(&missing)]), &["--resume", "missing"]);
+    let greek = dir.path().join("greek.txt");
+    std::fs::write(&greek, "αβγδεζηθικλμνξοπρστυφχψω ".repeat(200)).unwrap();
+    let o = transformer(&greek, &fresh, &["--resume", s(&first)]);
+    fails_with(&o, &["not in the model's vocabulary", "without --resume"]);
+    assert!(!fresh.exists());
+}

@@ -3,7 +3,7 @@
 //! tested against those files), and which path a step of B samples takes.
 
 use super::super::model::TextShape;
-use crate::device::THREADS_PER_BLOCK;
+use crate::device::{ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
 use anyhow::{Result, bail};
 
@@ -28,13 +28,23 @@ pub fn max_chunk(shape: TextShape) -> usize {
 }
 
 /// The kernel modules a trainer of `shape` compiles for steps of `batch` samples (see `device::precompile`).
-pub fn modules(shape: TextShape, batch: usize) -> Vec<crate::device::ModuleRequest> {
-    let (d, h) = (("TEXT_D", shape.embed as i64), ("TEXT_H", shape.hidden as i64));
-    let mut out = vec![("text_sample", vec![d, h]), ("text_batch", vec![d, h])];
+pub fn modules(shape: TextShape, batch: usize) -> Vec<ModuleRequest> {
+    let mut out = vec![module_request("text_batch", shape, None)];
+    // The single-sample kernels read W2 rows as float4s (`TextLayout::sample_fits`).
+    if shape.hidden.is_multiple_of(4) {
+        out.push(module_request("text_sample", shape, None));
+    }
     for chunk in [1, batch.clamp(1, max_chunk(shape))] {
-        out.push(("text", vec![d, h, ("TEXT_SB", chunk as i64)]));
+        out.push(module_request("text", shape, Some(chunk)));
     }
     out
+}
+
+/// The module of kernel file `unit` for `shape`; `text.cu` also takes the samples per chunk (TEXT_SB).
+pub fn module_request(unit: &'static str, shape: TextShape, chunk: Option<usize>) -> ModuleRequest {
+    let mut defines = vec![("TEXT_D", shape.embed as i64), ("TEXT_H", shape.hidden as i64)];
+    defines.extend(chunk.map(|c| ("TEXT_SB", c as i64)));
+    (unit, defines)
 }
 
 /// Steps captured in one CUDA graph.

@@ -156,10 +156,7 @@ impl GpuTrainer {
         let chunk = self.layout.chunk(batch);
         if !self.kernels.contains_key(&chunk) {
             let s = self.shape;
-            let module = self.gpu.module(
-                "text",
-                &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64), ("TEXT_SB", chunk as i64)],
-            )?;
+            let module = self.gpu.module(&layout::module_request("text", s, Some(chunk)))?;
             let load = |name: &str| Gpu::function(&module, name);
             let kernels = Kernels {
                 hidden: load("text_hidden")?,

@@ -36,7 +36,7 @@ impl GpuTrainer {
     fn sample_kernels(&mut self) -> Result<&SampleKernels> {
         if self.sample.is_none() {
             let s = self.shape;
-            let module = self.gpu.module("text_sample", &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64)])?;
+            let module = self.gpu.module(&super::layout::module_request("text_sample", s, None))?;
             let kernels = SampleKernels {
                 forward: Gpu::function(&module, "sample_forward")?,
                 backward: Gpu::function(&module, "sample_backward")?,

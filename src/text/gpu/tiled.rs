@@ -43,7 +43,7 @@ impl GpuTrainer {
         }
         self.settle_w2()?;
         let s = self.shape;
-        let module = self.gpu.module("text_batch", &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64)])?;
+        let module = self.gpu.module(&super::layout::module_request("text_batch", s, None))?;
         let kernel = Gpu::function(&module, "text_batch_optimize")?;
         let stream = &self.gpu.stream;
         let count = s.parameter_count() as usize;
@@ -64,7 +64,7 @@ impl GpuTrainer {
     fn tiled_kernels(&mut self) -> Result<&TiledKernels> {
         if self.tiled.is_none() {
             let s = self.shape;
-            let module = self.gpu.module("text_batch", &[("TEXT_D", s.embed as i64), ("TEXT_H", s.hidden as i64)])?;
+            let module = self.gpu.module(&super::layout::module_request("text_batch", s, None))?;
             let kernels = TiledKernels {
                 forward: Gpu::function(&module, "text_batch_forward")?,
                 backward: Gpu::function(&module, "text_batch_backward")?,

@@ -7,7 +7,7 @@ mod step;
 
 use super::data::Corpus;
 use super::model::{Config, Layout};
-use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::attention::AttentionSizes;
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
@@ -87,6 +87,12 @@ struct StepBuffers {
     attention_tickets: CudaSlice<u32>,
 }
 
+/// The kernel module a trainer of `config` compiles.
+pub fn module_request(config: &Config) -> ModuleRequest {
+    let defines = [("TF_C", config.embed), ("TF_HS", config.head_size()), ("TF_T", config.block)];
+    ("transformer", defines.map(|(name, value)| (name, value as i64)).to_vec())
+}
+
 /// What a GPU forward pass of one batch left, as `model::Forward` lays it out (for the kernel checks).
 #[derive(Debug, Default)]
 pub struct ForwardOut {
@@ -154,10 +160,7 @@ impl GpuTransformer {
         if params.len() != layout.len() {
             bail!("internal: {} parameters for a model of {}", params.len(), layout.len());
         }
-        let module = gpu.module(
-            "transformer",
-            &[("TF_C", config.embed as i64), ("TF_HS", config.head_size() as i64), ("TF_T", config.block as i64)],
-        )?;
+        let module = gpu.module(&module_request(&config))?;
         let load = |name: &str| Gpu::function(&module, name);
         let kernels = Kernels {
             embed_layernorm: load("tf_embed_layernorm")?,

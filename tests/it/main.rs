@@ -34,6 +34,7 @@ mod sales_checks;
 mod sales_cli;
 mod sales_data;
 mod sales_gradcheck;
+mod sales_tables;
 mod text_checks;
 mod text_cpu_batch;
 mod text_gradcheck;

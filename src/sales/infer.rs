@@ -3,9 +3,9 @@
 //!
 //! In this order: a column without a name, or named `id`, is an identifier and ignored; one whose every
 //! value reads as a date (`dates::parse_date`, so `20141013` too) is a date; one whose every value is a
-//! number (quoted or not) is numeric, unless its values are the whole numbers of a row count (1, 2, 3, …
-//! in any order), an identifier; a column of text whose every value differs is an identifier; any other
-//! is categorical. Empty fields are passed over here (reading the table reports them).
+//! number (quoted or not) is numeric, unless its values are consecutive whole numbers, each once, in any
+//! order (a row number: an identifier); a column of text whose every value differs is an identifier; any
+//! other is categorical. Empty fields are passed over here (reading the table reports them).
 
 use super::dates::parse_date_time;
 use super::table::{self, ColumnSpec, Schema};
@@ -128,7 +128,7 @@ impl Profile {
         if self.all_numbers {
             let row_count = self.all_integers && !self.repeats && self.max - self.min == (self.values - 1) as f64;
             if row_count && self.values > 2 {
-                return (Role::Ignored, "an identifier: the whole numbers of a row count".into());
+                return (Role::Ignored, "an identifier: consecutive whole numbers, each once".into());
             }
             return (Role::Numeric, "every value is a number".into());
         }

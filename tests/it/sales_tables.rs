@@ -98,10 +98,11 @@ fn the_target_alone_is_enough_and_each_column_says_why() {
 #[test]
 fn identifiers_and_text_columns_are_told_apart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut text = String::from(",order,kind,note,qty,total\n");
+    let mut text = String::from(",order,row,kind,note,qty,total\n");
     for i in 0..60 {
         let kind = ["box", "bag", "crate"][i % 3];
-        text += &format!("{i},A-{:04},{kind},\"free text {i}\",{},{}\n", 7 * i + 3, 1 + i % 4, (1 + i % 4) * 10);
+        let row = 100 + (i * 7) % 60;
+        text += &format!("{i},A-{:04},{row},{kind},\"free text {i}\",{},{}\n", 7 * i + 3, 1 + i % 4, (1 + i % 4) * 10);
     }
     let table = write(dir.path(), "t.csv", &text);
     let out = dir.path().join("t.safetensors");
@@ -111,6 +112,7 @@ fn identifiers_and_text_columns_are_told_apart() {
     for line in [
         "  column 1: ignored (an identifier: the column has no name)",
         "  order: ignored (an identifier: every value is different)",
+        "  row: ignored (an identifier: consecutive whole numbers, each once)",
         "  kind: categorical (3 distinct values)",
         "  note: ignored (an identifier: every value is different)",
         "  qty: numeric (every value is a number)",
@@ -118,7 +120,7 @@ fn identifiers_and_text_columns_are_told_apart() {
         assert!(text.lines().any(|l| l == line), "no line {line:?} in:\n{text}");
     }
     // Overriding the inference of a column the table cannot hold as asked is a one-line error.
-    fails_with(&textnet(&train_args(&table, &out, &["--target", "total", "--numeric", "kind"])), &["t.csv:2:3"]);
+    fails_with(&textnet(&train_args(&table, &out, &["--target", "total", "--numeric", "kind"])), &["t.csv:2:4"]);
 }
 
 #[test]

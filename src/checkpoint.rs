@@ -44,6 +44,20 @@ pub fn other_data(out: &Path, what: &str) -> anyhow::Error {
     )
 }
 
+/// Checks `--val-split F` (a fraction between 0 and 1) and that `--keep best` comes with it: choosing the
+/// epoch by the test set would make its figures optimistic.
+pub fn check_val_split(val_split: Option<f64>, keep: Keep) -> Result<()> {
+    if let Some(f) = val_split
+        && !(f > 0.0 && f < 1.0)
+    {
+        bail!("--val-split must be a fraction between 0 and 1 (exclusive), got {f}");
+    }
+    if keep == Keep::Best && val_split.is_none() {
+        bail!("--keep best needs --val-split F: choosing the epoch by the test set would leak it into the model");
+    }
+    Ok(())
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keep {
     /// The epoch with the lowest validation loss

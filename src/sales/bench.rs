@@ -57,12 +57,12 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     let steps = o.epochs * rows.div_ceil(DEFAULT_BATCH);
 
     // Warm-up: module compiled and loaded, shared memory reserved, one epoch run.
-    let mut warm = GpuSales::new(gpu.clone(), &data, start.clone(), optim)?;
+    let mut warm = GpuSales::new(gpu.clone(), &data, start.clone(), optim, None)?;
     warm.train_epoch(Shuffle::new(rows, o.seed).next_epoch(), DEFAULT_BATCH)?;
 
     // Device time of the training kernels alone: every epoch's order made first, then all epochs queued
     // between two events.
-    let mut t = GpuSales::new(gpu.clone(), &data, start.clone(), optim)?;
+    let mut t = GpuSales::new(gpu.clone(), &data, start.clone(), optim, None)?;
     let mut shuffle = Shuffle::new(rows, o.seed);
     let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();
     let device_ms = crate::timing::time_on_device(gpu, || {
@@ -75,7 +75,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
 
     // The loop as `textnet sales` runs it.
     let setup = Instant::now();
-    let mut t = GpuSales::new(gpu.clone(), &data, start.clone(), optim)?;
+    let mut t = GpuSales::new(gpu.clone(), &data, start.clone(), optim, None)?;
     let setup_s = setup.elapsed().as_secs_f64();
     let wall = Instant::now();
     let gpu_history = run_epochs(&mut t, rows, o.epochs, o.seed)?;
@@ -87,7 +87,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
         None
     } else {
         let wall = Instant::now();
-        let mut c = CpuSales::new(&data, start, optim)?;
+        let mut c = CpuSales::new(&data, start, optim, None)?;
         let history = run_epochs(&mut c, rows, o.epochs, o.seed)?;
         Some((history, wall.elapsed().as_secs_f64()))
     };

@@ -55,6 +55,7 @@ pub fn random_dataset(rows: usize, test: usize, n: usize, rng: &mut SeededRng) -
         feature_names: (1..=n).map(|c| format!("f{c}")).collect(),
         target_name: "target".into(),
         vocabularies: vec![],
+        val: split(0),
         train,
         test,
     }
@@ -145,7 +146,7 @@ fn kernel_checks(
     let stats = Stats::of(&data.train);
     let (train, test) = (stats.normalize(&data.train), stats.normalize(&data.test));
     let params = clear_params(shape, rng);
-    let mut t = GpuSales::new(gpu.clone(), &data, params.clone(), optimizers()[0])?;
+    let mut t = GpuSales::new(gpu.clone(), &data, params.clone(), optimizers()[0], None)?;
     let flat = |s: &Stats| -> Vec<f32> {
         s.feature_mean.iter().chain(&s.feature_std).copied().chain([s.target_mean, s.target_std]).collect()
     };
@@ -175,8 +176,8 @@ fn kernel_checks(
             },
             ..data.clone()
         };
-        let mut gpu_run = GpuSales::new(gpu.clone(), &part, params.clone(), optim)?;
-        let mut cpu_run = CpuSales::new(&part, params.clone(), optim)?;
+        let mut gpu_run = GpuSales::new(gpu.clone(), &part, params.clone(), optim, None)?;
+        let mut cpu_run = CpuSales::new(&part, params.clone(), optim, None)?;
         let identity: Vec<u32> = (0..order.len() as u32).collect();
         let gpu_loss = gpu_run.train_epoch(&identity, batch)?;
         let cpu_loss = cpu_run.train_epoch(&identity, batch)?;
@@ -229,7 +230,7 @@ fn training_check(
         let data = random_dataset(rows, 97, shape.inputs, rng);
         let params = clear_params(shape, rng);
         let seed = rng.random();
-        let mut cpu = CpuSales::new(&data, params.clone(), optim)?;
+        let mut cpu = CpuSales::new(&data, params.clone(), optim, None)?;
         cpu.kink_margin = Some(f64::INFINITY);
         let (history, cpu_params) = run(&mut cpu, rows, batch, epochs, seed)?;
         let finite = history.iter().all(|v| v.is_finite()) && cpu_params.all_finite();
@@ -248,7 +249,7 @@ fn training_check(
             });
         }
     };
-    let mut gpu_trainer = GpuSales::new(gpu.clone(), &data, params, optim)?;
+    let mut gpu_trainer = GpuSales::new(gpu.clone(), &data, params, optim, None)?;
     let (gpu_history, gpu_params) = run(&mut gpu_trainer, rows, batch, epochs, seed)?;
     let (a, b) = (shape.split(&gpu_params.flat), shape.split(&cpu_params.flat));
     let worst = worst([
@@ -279,7 +280,7 @@ fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
     let seed = rng.random();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let mut t = GpuSales::new(gpu.clone(), &data, params.clone(), optim)?;
+        let mut t = GpuSales::new(gpu.clone(), &data, params.clone(), optim, None)?;
         let (history, p) = run(&mut t, rows, batch, 2, seed)?;
         runs.push(history.into_iter().chain(p.flat).map(f32::to_bits).collect::<Vec<_>>());
     }

@@ -1,33 +1,38 @@
-//! `textnet sales FILE`: train the regressor on a table and write the model; `textnet sales --model M
-//! --predict NEW` writes its predictions for new rows. What it prints goes through `report`, as for every
-//! training command.
+//! `textnet sales FILE`: train the regressor on a table (its schema inferred from `--target`, `infer`)
+//! and write the model, or go on training one (`--resume`); `textnet sales --model M --predict NEW` writes
+//! its predictions for new rows. What it prints goes through `report`, as for every training command.
 
 use super::data::{Dataset, Split, SplitOrder, Stats};
 use super::gpu::GpuSales;
+use super::infer::{self, Overrides};
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 use super::train::{CpuSales, SalesTrainer};
-use crate::checkpoint;
+use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::OptimArgs;
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{MemoryNeed, available_memory};
 use crate::run::{self, Ending, TrainingCommand};
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
+#[command(
+    override_usage = "textnet sales [OPTIONS] <FILE>\n       textnet sales --model <M> --predict <NEW> [--predictions <OUT>]"
+)]
 pub struct SalesArgs {
     /// The table: tab- or comma-separated, with or without a header row (default schema: the roadmap's
     /// 10-column sales.tsv, see --target)
-    #[arg(value_name = "FILE", required_unless_present = "model")]
+    #[arg(value_name = "FILE", required_unless_present_any = ["model", "predict"])]
     pub file: Option<PathBuf>,
-    /// The column to predict, by header name or 1-based number [default: 9, total price, with the sales.tsv
-    /// features]; giving any column flag replaces the default schema
+    /// The column to predict, by header name or 1-based number; the other columns' roles are inferred
+    /// from their values (and printed), unless a column flag names them [default: the roadmap's sales.tsv:
+    /// column 9, total price, from its quantity, unit price, category and date]
     #[arg(long, value_name = "COLUMN")]
     pub target: Option<ColumnSpec>,
     /// Numeric feature columns (comma-separated names or numbers)
@@ -36,9 +41,17 @@ pub struct SalesArgs {
     /// Categorical feature columns, one-hot over the values seen in training
     #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
     pub categorical: Vec<ColumnSpec>,
-    /// Date columns, each a day-of-year feature
+    /// Date columns, each giving its year, day of year and day of week (and time of day, when it has
+    /// times)
     #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
     pub date: Vec<ColumnSpec>,
+    /// Columns to leave out
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub ignore: Vec<ColumnSpec>,
+    /// Go on training this sales model on FILE, with its schema, vocabularies, standardisation and shape
+    /// (so no column flag or --hidden goes with it)
+    #[arg(long, value_name = "M", conflicts_with_all = ["target", "numeric", "categorical", "date", "ignore", "hidden"])]
+    pub resume: Option<PathBuf>,
     /// Skip bad rows (wrong column count, non-numbers, empty fields, NaN or inf, unreadable dates) and
     /// report how many, instead of stopping at the first
     #[arg(long)]
@@ -46,6 +59,14 @@ pub struct SalesArgs {
     /// Share of the rows that trains; the rest tests
     #[arg(long, default_value_t = super::table::DEFAULT_TRAIN_FRACTION)]
     pub split: f64,
+    /// Hold out this fraction of the training rows (the last of them) as validation rows, measured after
+    /// every epoch; --keep chooses the epoch by them, never by the test rows
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub val_split: Option<f64>,
+    /// Which epoch the model file holds. `best` (lowest validation MAE) needs --val-split: choosing by the
+    /// test rows would make their figures optimistic
+    #[arg(long, value_enum, default_value_t = Keep::Last)]
+    pub keep: Keep,
     /// Which rows train: the first --split of a shuffle of them seeded by --seed, or of the file as it is
     #[arg(long, value_enum, default_value_t)]
     pub split_order: SplitOrder,
@@ -67,20 +88,20 @@ pub struct SalesArgs {
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Where to write the model (.safetensors); a sales model of the same features already there is
-    /// replaced only by one with a lower test MAE
+    /// replaced only by one with a lower test MAE (validation MAE with --val-split)
     #[arg(long, default_value = "sales.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
     /// Predict with this model file instead of training (with --predict)
-    #[arg(long, value_name = "M", requires = "predict")]
+    #[arg(long, value_name = "M", requires = "predict", conflicts_with = "resume")]
     pub model: Option<PathBuf>,
-    /// The table to predict, laid out as the training file (the target column too: any number, e.g. 0,
-    /// where it is unknown)
+    /// The table to predict, laid out as the training file; its target column may be left out or left
+    /// empty (where it is given, the MAE is reported)
     #[arg(long, value_name = "NEW", requires = "model")]
     pub predict: Option<PathBuf>,
     /// Where --predict writes its TSV (line, prediction); default stdout
-    #[arg(long, value_name = "FILE", requires = "predict")]
+    #[arg(long, value_name = "OUT", requires = "predict")]
     pub predictions: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
     #[arg(long)]
@@ -90,21 +111,33 @@ pub struct SalesArgs {
     pub json: bool,
 }
 
-fn schema(args: &SalesArgs) -> Result<Schema> {
-    let custom = !(args.numeric.is_empty() && args.categorical.is_empty() && args.date.is_empty());
-    match (&args.target, custom) {
-        (None, false) => Ok(Schema::sales_tsv()),
-        (None, true) => bail!("--numeric, --categorical and --date describe another table: name its --target too"),
-        (Some(_), false) => {
-            bail!("--target needs the features too: at least one of --numeric, --categorical or --date")
+impl SalesArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            numeric: self.numeric.clone(),
+            categorical: self.categorical.clone(),
+            date: self.date.clone(),
+            ignore: self.ignore.clone(),
         }
-        (Some(target), true) => Ok(Schema {
-            target: target.clone(),
-            numeric: args.numeric.clone(),
-            categorical: args.categorical.clone(),
-            date: args.date.clone(),
-            column_names: None,
-        }),
+    }
+
+    /// The schema of `bytes`, the table `source`: the given target's, with the other columns' roles
+    /// inferred (each printed with its reason), or the default sales.tsv one.
+    fn schema(&self, source: &str, bytes: &[u8], display: &Display) -> Result<Schema> {
+        let overrides = self.overrides();
+        let Some(target) = &self.target else {
+            let given = [&overrides.numeric, &overrides.categorical, &overrides.date, &overrides.ignore];
+            if given.iter().any(|specs| !specs.is_empty()) {
+                bail!("--numeric, --categorical, --date and --ignore describe another table: name its --target too");
+            }
+            return Ok(Schema::sales_tsv());
+        };
+        let (schema, choices) = infer::infer(source, bytes, target, &overrides)?;
+        display.line(&format!("columns of {source}:"));
+        for choice in &choices {
+            display.line(&choice.line());
+        }
+        Ok(schema)
     }
 }
 
@@ -122,13 +155,17 @@ pub struct Setup {
     schema: Schema,
     delimiter: u8,
     header: bool,
+    width: usize,
     data: Dataset,
     backend: Backend,
     shape: SalesShape,
     trainer: Box<dyn SalesTrainer>,
     stats: Stats,
     baseline_mae: f64,
-    /// The test MAE of the sales model already at --out, which a run must match to replace it.
+    /// The validation rows, standardised, with --val-split.
+    val: Option<Split>,
+    /// The MAE a run must match to replace the model at --out (and to be written after --resume): of
+    /// that model and of the resumed one, on the rows epochs are judged by (validation, else test).
     old_mae: Option<f64>,
 }
 
@@ -139,6 +176,14 @@ pub struct Trained {
     diverged: Option<Divergence>,
     last: Option<Evaluation>,
     params: SalesParams,
+    /// With --val-split: the epochs kept by --keep, and the parameters and test evaluation of the last one.
+    keeper: Option<Keeper>,
+    kept: Option<(SalesParams, Evaluation)>,
+}
+
+/// The MAE on `split` (in the file's units) of `model`.
+fn mae_of(model: &SalesModel, split: &Split) -> f64 {
+    model::evaluate(&model.params, &model.stats.normalize(split), &model.stats).mae
 }
 
 impl TrainingCommand for SalesArgs {
@@ -158,23 +203,60 @@ impl TrainingCommand for SalesArgs {
         if !(args.split > 0.0 && args.split < 1.0) {
             bail!("--split must be between 0 and 1 (exclusive), got {}", args.split);
         }
+        checkpoint::check_val_split(args.val_split, args.keep)?;
         let optim = args.optim.config()?;
+        // The --resume model may be --out itself: it is read whole before training, and replaced only by
+        // a better model.
         let lock = fsutil::check_output(&args.out, &[("table", &file)])?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
-        let mut options = LoadOptions::new(schema(args)?);
+        let resumed = match &args.resume {
+            Some(path) => Some(modelfile::load(path).context("--resume")?),
+            None => None,
+        };
+        let display = Display::new(args.quiet, args.json, args.epochs);
+        let bytes = fsutil::read_input(&file, "table")?;
+        let source = fsutil::shown(&file);
+        let mut options = LoadOptions::new(match &resumed {
+            Some(m) => m.schema.clone(),
+            None => args.schema(&source, &bytes, &display)?,
+        });
         options.skip_bad_rows = args.skip_bad_rows;
         options.train_fraction = args.split;
-        let bytes = fsutil::read_input(&file, "table")?;
-        let table = Table::parse(&fsutil::shown(&file), &bytes, &options).map_err(|e| match &args.target {
-            Some(_) => e,
-            None => anyhow!(
-                "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target and its \
-                 feature columns)"
+        if let Some(m) = &resumed {
+            options.delimiter = Some(m.delimiter);
+            options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
+            options.width = m.width;
+        }
+        let table = Table::parse(&source, &bytes, &options).map_err(|e| match (&resumed, &args.target) {
+            (Some(_), _) => anyhow!(
+                "--resume {}: {source} does not match the table the model was trained on: {e:#}",
+                args.resume.as_deref().unwrap_or(Path::new("")).display()
+            ),
+            (None, Some(_)) => e,
+            (None, None) => anyhow!(
+                "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target, \
+                 and its other columns' roles are inferred)"
             ),
         })?;
-        check_feature_memory(&table, args.hidden)?;
-        let data = Dataset::from_table(&table, args.split, args.split_order, args.seed)?;
-        let display = Display::new(args.quiet, args.json, args.epochs);
+        check_feature_memory(&table, resumed.as_ref().map_or(args.hidden, |m| m.params.shape.hidden))?;
+        let vocabularies = resumed.as_ref().map(|m| m.vocabularies.as_slice());
+        let mut data = Dataset::from_table_with(&table, args.split, args.split_order, args.seed, vocabularies)?;
+        if let Some(m) = &resumed
+            && (m.feature_names != data.feature_names || m.target_name != data.target_name)
+        {
+            bail!(
+                "--resume {}: {source} does not match the model: it gives the features {:?} and target {:?}, the model \
+                 takes {:?} and {:?}",
+                args.resume.as_deref().unwrap_or(Path::new("")).display(),
+                data.feature_names,
+                data.target_name,
+                m.feature_names,
+                m.target_name
+            );
+        }
+        if let Some(fraction) = args.val_split {
+            data.hold_out(fraction)?;
+        }
         if let Some(warning) = data.split_shift() {
             let hint = match args.split_order {
                 SplitOrder::File => " (the file may be sorted: --split-order shuffled mixes the rows first)",
@@ -196,13 +278,22 @@ impl TrainingCommand for SalesArgs {
             return Err(checkpoint::other_data(&args.out, "a sales model of other features or target"));
         }
         let (backend, device_line) = device::select_described(args.device)?;
-        let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
-        let params = SalesParams::init(shape, args.seed);
+        let (shape, params) = match &resumed {
+            Some(m) => (m.params.shape, m.params.clone()),
+            None => {
+                let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
+                (shape, SalesParams::init(shape, args.seed))
+            }
+        };
+        let held_out = match data.val.rows {
+            0 => String::new(),
+            n => format!(", {n} of them held out for validation"),
+        };
         display.line(&format!(
-            "{}: {} training and {} test rows ({}), {} features → {} hidden (ReLU) → {}; {} parameters, MSE \
-             on standardised values",
+            "{}: {} training and {} test rows ({}){held_out}, {} features → {} hidden (ReLU) → {}; {} parameters, \
+             MSE on standardised values",
             data.source,
-            data.train.rows,
+            data.train.rows + data.val.rows,
             data.test.rows,
             match args.split_order {
                 SplitOrder::Shuffled => "rows shuffled by the seed",
@@ -222,50 +313,70 @@ impl TrainingCommand for SalesArgs {
             args.seed
         ));
 
+        let given_stats = resumed.as_ref().map(|m| m.stats.clone());
         let trainer: Box<dyn SalesTrainer> = match &backend {
-            Backend::Cpu => Box::new(CpuSales::new(&data, params, optim)?),
-            Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim)?),
+            Backend::Cpu => Box::new(CpuSales::new(&data, params, optim, given_stats)?),
+            Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim, given_stats)?),
         };
         let stats = trainer.stats().clone();
         let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
             / data.test.rows as f64;
         display.line(&format!("baseline test MAE (predicting the training mean): {baseline_mae:.4}"));
-        let old_mae = match &existing {
-            Some(old) => {
-                let mae = model::evaluate(&old.params, &old.stats.normalize(&data.test), &old.stats).mae;
-                let mae = checkpoint::baseline(&args.out, mae, "test MAE")?;
-                display.line(&format!(
-                    "--out {} already holds a model of test MAE {mae:.4} on this split; only a better one replaces it",
-                    args.out.display()
-                ));
-                Some(mae)
+        let (judged, judged_name) = if data.val.is_empty() { (&data.test, "test MAE") } else { (&data.val, "val MAE") };
+        let mut old_mae = None;
+        if let Some(old) = &existing {
+            let mae = checkpoint::baseline(&args.out, mae_of(old, judged), judged_name)?;
+            display.line(&format!(
+                "--out {} already holds a model of {judged_name} {mae:.4} on this split; only a better one replaces it",
+                args.out.display()
+            ));
+            old_mae = Some(mae);
+        }
+        if let (Some(m), Some(path)) = (&resumed, &args.resume) {
+            let mae = mae_of(m, judged);
+            if !mae.is_finite() {
+                bail!(
+                    "--resume {}: the model's outputs on this table are not finite ({judged_name} {mae}), so it cannot \
+                     be trained further; train a new model instead",
+                    path.display()
+                );
             }
-            None => None,
-        };
+            display.line(&format!(
+                "--resume {}: {judged_name} {mae:.4} on this split before training; only a better model is written",
+                path.display()
+            ));
+            old_mae = Some(old_mae.map_or(mae, |b: f64| b.min(mae)));
+        }
+        let val = (!data.val.is_empty()).then(|| stats.normalize(&data.val));
         Ok(Setup {
             _lock: lock,
             display,
-            schema: options.schema,
+            // The date features as this table settled them, which rows to predict must be given too.
+            schema: Schema { date_features: Some(table.date_features.clone()), ..options.schema },
             delimiter: table.delimiter,
             header: table.header.is_some(),
+            width: table.width,
             data,
             backend,
             shape,
             trainer,
             stats,
             baseline_mae,
+            val,
             old_mae,
         })
     }
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
         let args = self;
-        let Setup { ref mut display, ref mut trainer, ref data, .. } = setup;
+        let Setup { ref mut display, ref mut trainer, ref data, ref val, ref stats, old_mae, .. } = setup;
         let rows = data.train.rows;
         let mut shuffle = Shuffle::new(rows, args.seed);
         let mut history = Vec::with_capacity(args.epochs);
         let mut diverged = None;
         let mut last = None;
+        let mut keeper = val.as_ref().map(|_| Keeper::new(args.keep, old_mae));
+        let mut kept = None;
         let started = Instant::now();
         for epoch in 1..=args.epochs {
             display.epoch_started(epoch, rows);
@@ -273,15 +384,32 @@ impl TrainingCommand for SalesArgs {
             let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch)? / rows as f64;
             display.reached(rows);
             let eval = trainer.evaluate_test()?;
-            if !loss.is_finite() || !eval.mse.is_finite() {
+            let judged = match val {
+                Some(val) => {
+                    let params = trainer.params()?;
+                    Some((model::evaluate(&params, val, stats), params))
+                }
+                None => None,
+            };
+            let val_eval = judged.as_ref().map(|(e, _)| *e);
+            let finite = [Some(eval.mse), val_eval.map(|e| e.mse)].into_iter().flatten().all(f64::is_finite);
+            if !loss.is_finite() || !finite {
                 diverged =
                     Some(Divergence { epoch, what: if loss.is_finite() { "test error" } else { "training loss" } });
                 break;
             }
-            let row = EpochRow {
+            let mut note = String::new();
+            if let (Some(keeper), Some((v, params))) = (keeper.as_mut(), judged) {
+                let written = keeper.offer(epoch, v.mae, || {
+                    kept = Some((params, eval));
+                    Ok(())
+                })?;
+                note = keeper.note(written, "val MAE").replace("saved", "kept");
+            }
+            let mut row = EpochRow {
                 epoch,
                 train_loss: loss,
-                val_loss: None,
+                val_loss: val_eval.map(|v| v.mse),
                 val_accuracy: None,
                 test_loss: Some(eval.mse),
                 test_accuracy: None,
@@ -290,7 +418,12 @@ impl TrainingCommand for SalesArgs {
                 extra: Default::default(),
             }
             .with("test_mae", eval.mae);
-            display.epoch_finished(&row, &format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae), "");
+            let mut figures = format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae);
+            if let Some(v) = val_eval {
+                row = row.with("val_mae", v.mae);
+                figures = format!("val MAE {:.4}, {figures}", v.mae);
+            }
+            display.epoch_finished(&row, &figures, &note);
             history.push(row);
             last = Some(eval);
             if crate::interrupt::requested() {
@@ -298,33 +431,45 @@ impl TrainingCommand for SalesArgs {
             }
         }
         let params = trainer.params()?;
-        Ok(Trained { setup, history, diverged, last, params })
+        Ok(Trained { setup, history, diverged, last, params, keeper, kept })
     }
 
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
-        let Trained { setup, history, mut diverged, last, params } = trained;
-        let Setup { display, schema, delimiter, header, data, backend, shape, stats, baseline_mae, old_mae, .. } =
-            setup;
+        let Trained { setup, history, mut diverged, last, params, keeper, kept } = trained;
+        let Setup {
+            display, schema, delimiter, header, width, data, backend, shape, stats, baseline_mae, old_mae, ..
+        } = setup;
         let interrupted = diverged.is_none() && history.len() < args.epochs;
         if diverged.is_none() && !params.all_finite() {
             diverged = Some(Divergence { epoch: history.len(), what: "parameters" });
         }
-        let final_mae = last.map(|e| e.mae);
-        let written = diverged.is_none() && final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
-        let outcome = run::write_once_outcome(
-            &args.out,
-            written,
-            final_mae.filter(|_| diverged.is_none()).map(|m| format!("test MAE {m:.4}")),
-            old_mae.map(|b| format!("{b:.4}")),
-        );
-        if written {
+        // With --val-split the epoch --keep chose, else the last one if it did not diverge; and what became
+        // of --out.
+        let (chosen, outcome) = match &keeper {
+            Some(keeper) => (kept, keeper.outcome(&args.out, "val MAE")),
+            None => {
+                let final_mae = last.map(|e| e.mae).filter(|_| diverged.is_none());
+                let better = final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
+                let outcome = run::write_once_outcome(
+                    &args.out,
+                    better,
+                    final_mae.map(|m| format!("test MAE {m:.4}")),
+                    old_mae.map(|b| format!("{b:.4}")),
+                );
+                (better.then(|| (params, last.expect("a better run has an epoch"))), outcome)
+            }
+        };
+        let written = chosen.is_some();
+        let kept_eval = chosen.as_ref().map(|(_, e)| *e);
+        if let Some((params, _)) = chosen {
             let model = SalesModel {
                 params,
                 stats,
                 schema,
                 delimiter,
                 header,
+                width: Some(width),
                 feature_names: data.feature_names.clone(),
                 target_name: data.target_name.clone(),
                 vocabularies: data.vocabularies.clone(),
@@ -334,6 +479,10 @@ impl TrainingCommand for SalesArgs {
         display.line(&outcome);
 
         let history_len = history.len();
+        let kept_epoch = match &keeper {
+            Some(keeper) => keeper.kept_epoch(),
+            None => written.then_some(history_len),
+        };
         let mut ending = Ending {
             report: None,
             diverged,
@@ -344,11 +493,14 @@ impl TrainingCommand for SalesArgs {
             remedy: "try a lower --lr".into(),
         };
         if args.json {
-            let final_metrics = written.then(|| {
+            let final_metrics = kept_eval.map(|eval| {
                 let mut figures = serde_json::Map::new();
-                figures.insert("test_mae".into(), json!(final_mae));
-                figures.insert("test_mse".into(), json!(last.map(|e| e.mse)));
+                figures.insert("test_mae".into(), json!(eval.mae));
+                figures.insert("test_mse".into(), json!(eval.mse));
                 figures.insert("baseline_mae".into(), json!(baseline_mae));
+                if let Some((_, val_mae)) = keeper.as_ref().and_then(|k| k.kept) {
+                    figures.insert("val_mae".into(), json!(val_mae));
+                }
                 figures
             });
             let o = args.optim.config()?;
@@ -358,8 +510,10 @@ impl TrainingCommand for SalesArgs {
                 status: ending.status(),
                 config: json!({
                     "out": args.out.display().to_string(),
-                    "keep": "last",
-                    "hidden": args.hidden,
+                    "keep": args.keep.name(),
+                    "val_split": args.val_split,
+                    "resume": args.resume.as_ref().map(|p| p.display().to_string()),
+                    "hidden": shape.hidden,
                     "optim": o.kind.name(),
                     "lr": report::decimal(o.lr),
                     "weight_decay": report::decimal(o.weight_decay),
@@ -375,7 +529,7 @@ impl TrainingCommand for SalesArgs {
                 data: json!({
                     "file": data.source,
                     "train_samples": data.train.rows,
-                    "val_samples": 0,
+                    "val_samples": data.val.rows,
                     "test_samples": data.test.rows,
                     "skipped_rows": data.skipped,
                     "features": data.feature_names,
@@ -385,8 +539,8 @@ impl TrainingCommand for SalesArgs {
                 epochs: history,
                 final_metrics,
                 model: args.out.display().to_string(),
-                kept_epoch: written.then_some(history_len),
-                baseline_val_loss: None,
+                kept_epoch,
+                baseline_val_loss: keeper.as_ref().and_then(|k| k.baseline),
                 diverged: ending.diverged.clone(),
             });
         }
@@ -412,7 +566,8 @@ fn feature_memory(rows: usize, features: usize, copies: u64, hidden: usize, fewe
 /// column with the most levels: an identifier given as one has a level per row.
 fn check_feature_memory(table: &Table, hidden: usize) -> Result<()> {
     let levels: usize = table.levels.iter().map(Vec::len).sum();
-    let features = table.columns.numeric.len() + levels + table.columns.date.len();
+    let dates: usize = table.date_features.iter().map(|f| f.count()).sum();
+    let features = table.columns.numeric.len() + levels + dates;
     // Copies of the rows at once: the split's, the trainer's standardised (on a GPU: staged) one, and the
     // test rows' for a model at --out.
     let need = feature_memory(table.rows.len(), features, 3, hidden, "--categorical (fewer or narrower columns)");
@@ -450,7 +605,7 @@ fn existing_out(out: &Path) -> Result<Option<SalesModel>> {
 }
 
 /// `--model M --predict NEW`: one line per good row of NEW, its file line and the prediction in the
-/// target's units.
+/// target's units; the MAE over the rows that give the target.
 fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     let _lock = match &args.predictions {
         Some(path) => Some(check_predictions(path, model_path, new)?),
@@ -461,6 +616,8 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     options.delimiter = Some(m.delimiter);
     options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
     options.skip_bad_rows = args.skip_bad_rows;
+    options.width = m.width;
+    options.target_optional = true;
     let table = Table::read(new, &options).map_err(|e| match other_delimiter(new, m.delimiter) {
         Some(theirs) => anyhow!(
             "{}: the model reads {} rows but this file is {theirs}; write it as the model's training table was",
@@ -483,9 +640,14 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     let x = m.stats.normalize(&split);
     let mut out = String::from("line\tprediction\n");
+    let (mut with_target, mut error_sum) = (0usize, 0f64);
     for i in 0..x.rows {
         let y = m.stats.target_value(model::predict(&m.params, x.row(i)));
         out += &format!("{}\t{y}\n", split.lines[i]);
+        if split.y[i].is_finite() {
+            with_target += 1;
+            error_sum += (y as f64 - split.y[i] as f64).abs();
+        }
     }
     match &args.predictions {
         Some(path) => fsutil::write_atomic(path, out.as_bytes())?,
@@ -493,6 +655,10 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     if table.skipped > 0 && !args.quiet {
         crate::console::err(&format!("skipped {} bad row{}", table.skipped, if table.skipped == 1 { "" } else { "s" }));
+    }
+    if with_target > 0 && !args.quiet {
+        let mae = error_sum / with_target as f64;
+        crate::console::err(&format!("MAE over {with_target} rows with a {}: {mae:.4}", m.target_name));
     }
     Ok(())
 }

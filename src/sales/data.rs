@@ -1,10 +1,12 @@
 //! A table (`table`) turned into what the model trains on: a feature matrix and a target per split.
 //!
 //! * Features are laid out numeric columns first, then each categorical column's one-hot block, then the
-//!   date columns, each in the order the schema lists them.
+//!   date columns' features (`dates::DateFeatures`), each in the order the schema lists them.
 //! * The first `train_fraction` of the rows (rounded to the nearest row, at least one row on each side)
 //!   trains, the rest tests: of a seeded shuffle of the rows, or in file order (`SplitOrder`). Category
 //!   vocabularies come from the training rows only; a category first seen in the test rows is all zeros.
+//! * Validation rows (`Dataset::hold_out`) are the last of the training rows, carved out before the
+//!   statistics are taken.
 //! * `Stats` holds the training split's mean and (population) standard deviation of every feature and of
 //!   the target; a constant column gets std 1.
 
@@ -31,7 +33,7 @@ pub struct Split {
 
 impl Split {
     /// The feature rows of `rows` (rows of `table`): numeric values, each categorical column one-hot over
-    /// `vocabularies` (a value outside it: all zeros), then days of year.
+    /// `vocabularies` (a value outside it: all zeros), then the date features.
     pub fn of_rows<R: Borrow<Row>>(table: &Table, rows: &[R], vocabularies: &[Vec<String>]) -> Split {
         let slots: Vec<Vec<Option<usize>>> = table
             .levels
@@ -42,8 +44,8 @@ impl Split {
                 levels.iter().map(|l| slot.get(l.as_str()).copied()).collect()
             })
             .collect();
-        let features =
-            table.columns.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + table.columns.date.len();
+        let date_features: usize = table.date_features.iter().map(|f| f.count()).sum();
+        let features = table.columns.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + date_features;
         let mut x = vec![0.0f32; rows.len() * features];
         for (row, out) in rows.iter().map(Borrow::borrow).zip(x.chunks_exact_mut(features.max(1))) {
             let row: &Row = row;
@@ -56,7 +58,7 @@ impl Split {
                 }
                 at += vocabulary.len();
             }
-            rest[at..].copy_from_slice(&row.days);
+            rest[at..].copy_from_slice(&row.dates);
         }
         Split {
             rows: rows.len(),
@@ -74,6 +76,19 @@ impl Split {
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
+
+    /// Leaves the first `at` rows here and returns the rest.
+    pub fn split_off(&mut self, at: usize) -> Split {
+        let rest = Split {
+            rows: self.rows - at,
+            features: self.features,
+            x: self.x.split_off(at * self.features),
+            y: self.y.split_off(at),
+            lines: self.lines.split_off(at),
+        };
+        self.rows = at;
+        rest
+    }
 }
 
 /// A table turned into features: both splits in the file's units.
@@ -84,13 +99,16 @@ pub struct Dataset {
     /// Bad rows dropped while reading (with `skip_bad_rows`), and the first of them as an error message.
     pub skipped: usize,
     pub first_skipped: Option<String>,
-    /// Per feature: the column name, "name=value" for a one-hot entry, "name (day of year)" for a date.
+    /// Per feature: the column name, "name=value" for a one-hot entry, "name (year)" and so on for a date
+    /// (`DateFeatures::feature_names`).
     pub feature_names: Vec<String>,
     pub target_name: String,
     /// Per categorical column, its vocabulary (the values of the training rows, in order of appearance):
     /// entry v is one-hot feature v of that column's block.
     pub vocabularies: Vec<Vec<String>>,
     pub train: Split,
+    /// Rows held out of `train` to choose an epoch by (`hold_out`); none by default.
+    pub val: Split,
     pub test: Split,
 }
 
@@ -117,6 +135,18 @@ impl Dataset {
     /// Splits `table`: the first `train_fraction` of its rows (rounded to the nearest row, but leaving at
     /// least one row on each side) train, in file order or in the order of a shuffle seeded by `seed`.
     pub fn from_table(table: &Table, train_fraction: f64, order: SplitOrder, seed: u64) -> Result<Dataset> {
+        Dataset::from_table_with(table, train_fraction, order, seed, None)
+    }
+
+    /// `from_table`, with the one-hot vocabularies given (a model's, to go on training it) instead of
+    /// taken from the training rows.
+    pub fn from_table_with(
+        table: &Table,
+        train_fraction: f64,
+        order: SplitOrder,
+        seed: u64,
+        vocabularies: Option<&[Vec<String>]>,
+    ) -> Result<Dataset> {
         if !(train_fraction.is_finite() && train_fraction > 0.0 && train_fraction < 1.0) {
             bail!("the training share of the rows must be between 0 and 1 (exclusive), got {train_fraction}");
         }
@@ -131,37 +161,44 @@ impl Dataset {
         }
         let (train_rows, test_rows) = rows.split_at(n_train);
         let cols = &table.columns;
+        let Some(target) = &cols.target else { bail!("{}: the target column is missing", table.source) };
 
         // Vocabulary of each categorical column: its values in the training rows, in order of appearance.
-        let vocabularies: Vec<Vec<String>> = table
-            .levels
-            .iter()
-            .enumerate()
-            .map(|(k, levels)| {
-                let mut seen = vec![false; levels.len()];
-                let mut vocabulary = Vec::new();
-                for row in train_rows {
-                    let level = row.categories[k] as usize;
-                    if !std::mem::replace(&mut seen[level], true) {
-                        vocabulary.push(levels[level].clone());
+        let vocabularies: Vec<Vec<String>> = match vocabularies {
+            Some(given) => given.to_vec(),
+            None => table
+                .levels
+                .iter()
+                .enumerate()
+                .map(|(k, levels)| {
+                    let mut seen = vec![false; levels.len()];
+                    let mut vocabulary = Vec::new();
+                    for row in train_rows {
+                        let level = row.categories[k] as usize;
+                        if !std::mem::replace(&mut seen[level], true) {
+                            vocabulary.push(levels[level].clone());
+                        }
                     }
-                }
-                vocabulary
-            })
-            .collect();
+                    vocabulary
+                })
+                .collect(),
+        };
         let mut feature_names: Vec<String> = cols.numeric.iter().map(|c| c.name.clone()).collect();
         for (c, vocabulary) in cols.categorical.iter().zip(&vocabularies) {
             feature_names.extend(vocabulary.iter().map(|v| format!("{}={v}", c.name)));
         }
-        feature_names.extend(cols.date.iter().map(|c| format!("{} (day of year)", c.name)));
+        for (c, features) in cols.date.iter().zip(&table.date_features) {
+            feature_names.extend(features.feature_names(&c.name));
+        }
         let split = |rows: &[&Row]| Split::of_rows(table, rows, &vocabularies);
         Ok(Dataset {
             source: table.source.clone(),
             skipped: table.skipped,
             first_skipped: table.first_skipped.clone(),
             feature_names,
-            target_name: cols.target.name.clone(),
+            target_name: target.name.clone(),
             train: split(train_rows),
+            val: split(&[]),
             test: split(test_rows),
             vocabularies,
         })
@@ -187,6 +224,17 @@ impl Dataset {
                 self.target_name
             )
         })
+    }
+
+    /// Moves the last `fraction` of the training rows (rounded up, at least one) to `val`.
+    pub fn hold_out(&mut self, fraction: f64) -> Result<()> {
+        let n = self.train.rows;
+        let n_val = ((n as f64 * fraction).ceil() as usize).max(1);
+        if n_val >= n {
+            bail!("--val-split {fraction} of {n} training rows leaves none to train on");
+        }
+        self.val = self.train.split_off(n - n_val);
+        Ok(())
     }
 
     pub fn features(&self) -> usize {

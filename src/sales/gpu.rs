@@ -94,8 +94,14 @@ pub struct GpuSales {
 
 impl GpuSales {
     /// Uploads both splits of `data` (in the file's units), computes the training split's statistics on the
-    /// GPU and standardises both splits with them there.
-    pub fn new(gpu: Arc<Gpu>, data: &Dataset, params: SalesParams, optim: OptimConfig) -> Result<GpuSales> {
+    /// GPU (unless `stats`, a resumed model's, are given) and standardises both splits with them there.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        data: &Dataset,
+        params: SalesParams,
+        optim: OptimConfig,
+        stats: Option<Stats>,
+    ) -> Result<GpuSales> {
         optim.validate()?;
         let shape = params.shape;
         shape.validate()?;
@@ -146,7 +152,10 @@ impl GpuSales {
             test,
             epoch,
         };
-        t.stats = t.compute_stats()?;
+        t.stats = match stats {
+            Some(stats) => stats,
+            None => t.compute_stats()?,
+        };
         for which in [true, false] {
             t.normalize(which)?;
         }

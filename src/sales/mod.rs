@@ -9,6 +9,7 @@ pub mod cli;
 pub mod data;
 pub mod dates;
 pub mod gpu;
+pub mod infer;
 pub mod model;
 pub mod modelfile;
 pub mod table;

@@ -1,10 +1,12 @@
 //! The sales model file: `.safetensors` with the tensors `w1` `[H,n]`, `b1` `[H]`, `w2` `[1,H]`, `b2` `[1]`
 //! (PyTorch's `nn.Linear` layouts) and string metadata: `kind` (`sales`), `hidden`, and as JSON what it
 //! takes to read new rows the same way and to undo the standardisation: the schema (column specs, column
-//! names, delimiter, header), the feature and target names, each categorical column's vocabulary (one-hot
+//! names, delimiter, header, the number of columns, each date column's features; a file without the
+//! last two reads the day of year alone and any number of columns), the feature and target names, each categorical column's vocabulary (one-hot
 //! order), and the training split's feature and target mean and std.
 
 use super::data::Stats;
+use super::dates::DateFeatures;
 use super::model::{SalesParams, SalesShape};
 use super::table::{ColumnSpec, Schema};
 use anyhow::{Context, Result, anyhow, bail};
@@ -23,6 +25,8 @@ pub struct SalesModel {
     pub schema: Schema,
     pub delimiter: u8,
     pub header: bool,
+    /// The number of columns of the training table's rows.
+    pub width: Option<usize>,
     pub feature_names: Vec<String>,
     pub target_name: String,
     pub vocabularies: Vec<Vec<String>>,
@@ -50,7 +54,8 @@ pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
             json!({
                 "target": spec_text(&s.target), "numeric": specs(&s.numeric), "categorical": specs(&s.categorical),
                 "date": specs(&s.date), "column_names": s.column_names,
-                "delimiter": (m.delimiter as char).to_string(), "header": m.header,
+                "delimiter": (m.delimiter as char).to_string(), "header": m.header, "columns": m.width,
+                "date_features": s.date_features.as_ref().map(|f| f.iter().map(|f| f.name()).collect::<Vec<_>>()),
             })
             .to_string(),
         ),
@@ -139,11 +144,22 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
             "the statistics are not finite positive scales (a mean or standard deviation is NaN, infinite or not above 0)"
         );
     }
+    let date_count = spec_list("date")?.len();
+    let date_features: Vec<DateFeatures> = match schema["date_features"].as_array() {
+        None => vec![DateFeatures::DayOfYear; date_count],
+        Some(names) => names
+            .iter()
+            .map(|n| n.as_str().and_then(DateFeatures::from_name))
+            .collect::<Option<Vec<_>>>()
+            .filter(|f| f.len() == date_count)
+            .ok_or_else(|| anyhow!("schema entry \"date_features\" does not name the features of each date column"))?,
+    };
     let schema_parsed = Schema {
         target: spec(&schema["target"])?,
         numeric: spec_list("numeric")?,
         categorical: spec_list("categorical")?,
         date: spec_list("date")?,
+        date_features: Some(date_features.clone()),
         column_names: serde_json::from_value(schema["column_names"].clone()).unwrap_or(None),
     };
     if vocabularies.len() != schema_parsed.categorical.len() {
@@ -153,8 +169,9 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
             vocabularies.len()
         );
     }
-    let inputs =
-        schema_parsed.numeric.len() + vocabularies.iter().map(Vec::len).sum::<usize>() + schema_parsed.date.len();
+    let inputs = schema_parsed.numeric.len()
+        + vocabularies.iter().map(Vec::len).sum::<usize>()
+        + date_features.iter().map(|f| f.count()).sum::<usize>();
     if inputs != n {
         bail!("the schema and vocabularies make {inputs} features but the model names {n}");
     }
@@ -175,6 +192,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
         schema: schema_parsed,
         delimiter,
         header: schema["header"].as_bool().unwrap_or(false),
+        width: schema["columns"].as_u64().map(|w| w as usize),
         feature_names,
         target_name,
         vocabularies,

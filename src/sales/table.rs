@@ -4,15 +4,17 @@
 //! * Delimiter: a tab when the first line has one outside quotes, else a comma (or set it).
 //! * Header: the first row is a header when none of its fields is a number (or say so either way).
 //! * Columns are chosen by header name or 1-based number (`ColumnSpec`): a numeric target, numeric
-//!   features, categorical features (one-hot) and date features (day of year, 1–366, `dates`). Without a
+//!   features, categorical features (one-hot) and date features (`dates::DateFeatures`). Without a
 //!   header, `Schema::column_names` can name the columns; `Schema::sales_tsv` is the default file's schema.
+//! * Rows to predict (`LoadOptions::target_optional`) may leave the target empty, or leave its column out
+//!   (one column fewer than `LoadOptions::width`).
 //! * A bad row (wrong number of fields; an empty, non-numeric, NaN or infinite value; a date that cannot
 //!   be read) is an error naming `file:line:column`, or with `skip_bad_rows` is dropped and counted.
 //! * A date column's day/month order is settled by its first date with a part above 12; a later date that
 //!   reads only the other way is a bad row, and a column where no date settles it (and some are
 //!   ambiguous, like 03/04/2024) is an error.
 
-use super::dates::{DateValue, SlashOrder, parse_date};
+use super::dates::{DateFeatures, DateValue, SlashOrder, parse_date_time};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::HashMap;
 use std::fmt;
@@ -66,8 +68,10 @@ pub struct Schema {
     pub target: ColumnSpec,
     pub numeric: Vec<ColumnSpec>,
     pub categorical: Vec<ColumnSpec>,
-    /// Each becomes one feature, its day of year.
     pub date: Vec<ColumnSpec>,
+    /// The features of each date column; None: `DateFeatures::Calendar`, with the time of day when some
+    /// value of the column has a time other than midnight.
+    pub date_features: Option<Vec<DateFeatures>>,
     /// Names for the columns of a file without a header (in messages and feature names, and for
     /// `ColumnSpec::Name`); used only when the file has exactly this many columns.
     pub column_names: Option<Vec<String>>,
@@ -88,6 +92,37 @@ pub const SALES_COLUMNS: [&str; 10] = [
 ];
 
 impl Schema {
+    /// The schema of the same table with the target's column left out: the columns after it, given by
+    /// number, move one to the left (the target keeps its spec but is not looked for).
+    pub fn without_target(&self) -> Schema {
+        let target = match &self.target {
+            ColumnSpec::Number(n) => Some(n - 1),
+            ColumnSpec::Name(name) => self.column_names.as_ref().and_then(|names| names.iter().position(|c| c == name)),
+        };
+        let Some(target) = target else { return self.clone() };
+        let shift = |specs: &[ColumnSpec]| -> Vec<ColumnSpec> {
+            specs
+                .iter()
+                .map(|spec| match spec {
+                    ColumnSpec::Number(n) if *n > target + 1 => ColumnSpec::Number(n - 1),
+                    other => other.clone(),
+                })
+                .collect()
+        };
+        let mut column_names = self.column_names.clone();
+        if let Some(names) = column_names.as_mut().filter(|names| target < names.len()) {
+            names.remove(target);
+        }
+        Schema {
+            target: self.target.clone(),
+            numeric: shift(&self.numeric),
+            categorical: shift(&self.categorical),
+            date: shift(&self.date),
+            date_features: self.date_features.clone(),
+            column_names,
+        }
+    }
+
     /// The default file: features quantity and unit price (columns 5 and 6), category (7) one-hot, the day
     /// of year of the date (3); target total price (9).
     pub fn sales_tsv() -> Schema {
@@ -96,6 +131,7 @@ impl Schema {
             numeric: vec![ColumnSpec::Number(5), ColumnSpec::Number(6)],
             categorical: vec![ColumnSpec::Number(7)],
             date: vec![ColumnSpec::Number(3)],
+            date_features: Some(vec![DateFeatures::DayOfYear]),
             column_names: Some(SALES_COLUMNS.iter().map(|s| s.to_string()).collect()),
         }
     }
@@ -119,6 +155,10 @@ pub struct LoadOptions {
     pub skip_bad_rows: bool,
     /// Share of the rows, from the top of the file, that trains (the rest tests).
     pub train_fraction: f64,
+    /// The number of columns a row must have (None: as many as the first row).
+    pub width: Option<usize>,
+    /// Rows to predict: the target may be empty, or its column left out (then `width` counts it).
+    pub target_optional: bool,
 }
 
 pub const DEFAULT_TRAIN_FRACTION: f64 = 0.8;
@@ -131,6 +171,8 @@ impl LoadOptions {
             header: HeaderMode::Auto,
             skip_bad_rows: false,
             train_fraction: DEFAULT_TRAIN_FRACTION,
+            width: None,
+            target_optional: false,
         }
     }
 }
@@ -147,7 +189,8 @@ pub struct Column {
 /// The schema's columns, found in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Columns {
-    pub target: Column,
+    /// None only for rows to predict that leave the target's column out.
+    pub target: Option<Column>,
     pub numeric: Vec<Column>,
     pub categorical: Vec<Column>,
     pub date: Vec<Column>,
@@ -161,8 +204,9 @@ pub struct Row {
     pub numeric: Vec<f32>,
     /// Per categorical column, an index into `Table::levels` of that column.
     pub categories: Vec<u32>,
-    /// Per date column, the day of year (1–366).
-    pub days: Vec<f32>,
+    /// The date columns' features, each column's `Table::date_features` in turn.
+    pub dates: Vec<f32>,
+    /// NaN where rows to predict have no target.
     pub target: f32,
 }
 
@@ -179,6 +223,8 @@ pub struct Table {
     pub columns: Columns,
     /// Per categorical column, its values in order of first appearance in the file (bad rows' included).
     pub levels: Vec<Vec<String>>,
+    /// The features of each date column.
+    pub date_features: Vec<DateFeatures>,
     pub rows: Vec<Row>,
     /// Bad rows dropped (with `skip_bad_rows`).
     pub skipped: usize,
@@ -326,12 +372,16 @@ struct PendingRow {
     line: u64,
     numeric: Vec<f32>,
     categories: Vec<u32>,
-    dates: Vec<DateValue>,
+    /// Each date and its minute of the day, when it has a time.
+    dates: Vec<(DateValue, Option<u16>)>,
     target: f32,
 }
 
 enum Role {
-    Target,
+    /// `optional`: rows to predict may leave it empty.
+    Target {
+        optional: bool,
+    },
     Numeric(usize),
     Categorical(usize),
     Date(usize),
@@ -346,31 +396,7 @@ impl Table {
 
     /// Parses the contents of a file called `source`.
     pub fn parse(source: &str, bytes: &[u8], options: &LoadOptions) -> Result<Table> {
-        if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || bytes.iter().take(4096).any(|&b| b == 0)
-        {
-            bail!("{source} is not UTF-8 text (it looks like UTF-16 or binary); convert it to UTF-8 first");
-        }
-        let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            bail!("{source} is empty");
-        }
-        let delimiter = match options.delimiter {
-            Some(d) => d,
-            None => detect_delimiter(bytes).ok_or_else(|| {
-                let first_row = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
-                let semicolons = if first_row.contains(&b';') {
-                    " (semicolon-separated tables are not read: convert it to commas, or tabs, with '.' as the decimal mark)"
-                } else {
-                    ""
-                };
-                anyhow!("{source}: the first row has neither a tab nor a comma, so it is no table of several columns{semicolons}")
-            })?,
-        };
-        if let Some(line) = unclosed_quote(bytes, delimiter) {
-            bail!("{source}:{line}: a quoted field (\"…) opens here and is never closed");
-        }
-        let mut reader =
-            csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
+        let OpenCsv { bytes, delimiter, mut reader } = open_csv(source, bytes, options.delimiter)?;
         let mut record = csv::ByteRecord::new();
         let read = |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| -> Result<bool> {
             reader.read_byte_record(record).with_context(|| format!("{source}: cannot parse as CSV"))
@@ -382,16 +408,30 @@ impl Table {
         let has_header = match options.header {
             HeaderMode::Present => true,
             HeaderMode::Absent => false,
-            HeaderMode::Auto => !record.iter().any(is_number),
+            HeaderMode::Auto => looks_like_header(&record),
         };
         let header: Option<Vec<String>> =
             has_header.then(|| record.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect());
+        let target_left_out = match options.width {
+            Some(full) if options.target_optional && width + 1 == full => true,
+            Some(full) if width != full => bail!(
+                "{source} has {width} columns, but the model reads {full}{}",
+                if options.target_optional {
+                    format!(" (or {} without the target {})", full - 1, options.schema.target)
+                } else {
+                    String::new()
+                }
+            ),
+            _ => false,
+        };
+        let schema = if target_left_out { options.schema.without_target() } else { options.schema.clone() };
         let names: Option<Vec<String>> =
-            header.clone().or_else(|| options.schema.column_names.clone().filter(|names| names.len() == width));
-        let columns = resolve_columns(source, &options.schema, width, names.as_deref(), has_header)?;
+            header.clone().or_else(|| schema.column_names.clone().filter(|names| names.len() == width));
+        let columns = resolve_columns(source, &schema, width, names.as_deref(), has_header, target_left_out)?;
 
         // Each used column's role, in column order (a row's first bad field is the one reported).
-        let mut roles: Vec<(usize, Role)> = vec![(columns.target.index, Role::Target)];
+        let mut roles: Vec<(usize, Role)> =
+            columns.target.iter().map(|c| (c.index, Role::Target { optional: options.target_optional })).collect();
         roles.extend(columns.numeric.iter().enumerate().map(|(k, c)| (c.index, Role::Numeric(k))));
         roles.extend(columns.categorical.iter().enumerate().map(|(k, c)| (c.index, Role::Categorical(k))));
         roles.extend(columns.date.iter().enumerate().map(|(k, c)| (c.index, Role::Date(k))));
@@ -411,7 +451,8 @@ impl Table {
             first = false;
             let line = lines.of(record.position().map_or(0, |p| p.byte()));
             seen_rows += 1;
-            match parse_row(&record, line, width, &columns, &roles, &mut levels, &mut level_index) {
+            let parsed = parse_row(&record, line, width, &columns, &roles, &mut levels, &mut level_index);
+            match parsed {
                 Ok(row) => pending.push(row),
                 Err(e) => {
                     bad.push(e);
@@ -424,7 +465,19 @@ impl Table {
         if seen_rows == 0 {
             bail!("{source} has a header row but no data rows");
         }
-        let (rows, date_bad) = settle_dates(source, &columns, pending, !options.skip_bad_rows && !bad.is_empty())?;
+        let date_features = match &options.schema.date_features {
+            Some(features) if features.len() == columns.date.len() => features.clone(),
+            Some(features) => {
+                bail!("the schema gives features for {} date columns but names {}", features.len(), columns.date.len())
+            }
+            None => (0..columns.date.len())
+                .map(|k| DateFeatures::Calendar {
+                    time_of_day: pending.iter().any(|r: &PendingRow| r.dates[k].1.is_some_and(|minute| minute != 0)),
+                })
+                .collect(),
+        };
+        let stopped_early = !options.skip_bad_rows && !bad.is_empty();
+        let (rows, date_bad) = settle_dates(source, &columns, &date_features, pending, stopped_early)?;
         bad.extend(date_bad);
         bad.sort_by_key(|b| b.line);
         if !options.skip_bad_rows
@@ -442,11 +495,105 @@ impl Table {
             width,
             columns,
             levels,
+            date_features,
             rows,
             skipped: bad.len(),
             first_skipped: bad.first().map(|b| b.describe(source)),
         })
     }
+}
+
+/// A file's bytes checked as UTF-8 text (a byte-order mark dropped), its delimiter (`delimiter`, else
+/// detected), and a CSV reader over its records.
+pub(super) fn open_csv<'a>(source: &str, bytes: &'a [u8], delimiter: Option<u8>) -> Result<OpenCsv<'a>> {
+    if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || bytes.iter().take(4096).any(|&b| b == 0) {
+        bail!("{source} is not UTF-8 text (it looks like UTF-16 or binary); convert it to UTF-8 first");
+    }
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        bail!("{source} is empty");
+    }
+    let delimiter = match delimiter {
+        Some(d) => d,
+        None => detect_delimiter(bytes).ok_or_else(|| {
+            let first_row = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+            let semicolons = if first_row.contains(&b';') {
+                " (semicolon-separated tables are not read: convert it to commas, or tabs, with '.' as the decimal mark)"
+            } else {
+                ""
+            };
+            anyhow!("{source}: the first row has neither a tab nor a comma, so it is no table of several columns{semicolons}")
+        })?,
+    };
+    if let Some(line) = unclosed_quote(bytes, delimiter) {
+        bail!("{source}:{line}: a quoted field (\"…) opens here and is never closed");
+    }
+    let reader = csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
+    Ok(OpenCsv { bytes, delimiter, reader })
+}
+
+/// What `open_csv` opened.
+pub(super) struct OpenCsv<'a> {
+    /// The file's bytes without a byte-order mark.
+    pub bytes: &'a [u8],
+    pub delimiter: u8,
+    pub reader: csv::Reader<&'a [u8]>,
+}
+
+/// Whether a first row is a header: none of its fields is a number.
+pub(super) fn looks_like_header(record: &csv::ByteRecord) -> bool {
+    !record.iter().any(is_number)
+}
+
+/// Finds the column `spec` (the `role` column, in messages) among `width` columns named `names`.
+pub(super) fn resolve_column(
+    source: &str,
+    spec: &ColumnSpec,
+    role: &str,
+    width: usize,
+    names: Option<&[String]>,
+    has_header: bool,
+) -> Result<Column> {
+    let index = match spec {
+        ColumnSpec::Number(n) => {
+            if *n == 0 || *n > width {
+                bail!("{source}: the {role} column is number {n}, but the rows have {width} columns");
+            }
+            n - 1
+        }
+        ColumnSpec::Name(name) => {
+            let Some(names) = names else {
+                bail!(
+                    "{source}: the {role} column is given by the name {name:?}, but the file has no header \
+                     row (its first row holds numbers); give its number instead"
+                );
+            };
+            let exact: Vec<usize> = (0..names.len()).filter(|&i| names[i] == *name).collect();
+            let matches = if exact.is_empty() {
+                (0..names.len()).filter(|&i| names[i].eq_ignore_ascii_case(name)).collect()
+            } else {
+                exact
+            };
+            match matches[..] {
+                [i] => i,
+                [] => bail!(
+                    "{source}: no column is named {name:?} (the {}: {})",
+                    if has_header { "header has" } else { "columns are" },
+                    names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+                ),
+                _ => bail!(
+                    "{source}: {} columns are named {name:?} (numbers {}); give the {role} column by number",
+                    matches.len(),
+                    matches.iter().map(|i| (i + 1).to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        }
+    };
+    let name = match names {
+        Some(names) if !names[index].is_empty() => names[index].clone(),
+        _ => format!("column {}", index + 1),
+    };
+    Ok(Column { index, name })
 }
 
 /// Finds every schema column in the file.
@@ -456,50 +603,10 @@ fn resolve_columns(
     width: usize,
     names: Option<&[String]>,
     has_header: bool,
+    target_left_out: bool,
 ) -> Result<Columns> {
-    let resolve = |spec: &ColumnSpec, role: &str| -> Result<Column> {
-        let index = match spec {
-            ColumnSpec::Number(n) => {
-                if *n == 0 || *n > width {
-                    bail!("{source}: the {role} column is number {n}, but the rows have {width} columns");
-                }
-                n - 1
-            }
-            ColumnSpec::Name(name) => {
-                let Some(names) = names else {
-                    bail!(
-                        "{source}: the {role} column is given by the name {name:?}, but the file has no header \
-                         row (its first row holds numbers); give its number instead"
-                    );
-                };
-                let exact: Vec<usize> = (0..names.len()).filter(|&i| names[i] == *name).collect();
-                let matches = if exact.is_empty() {
-                    (0..names.len()).filter(|&i| names[i].eq_ignore_ascii_case(name)).collect()
-                } else {
-                    exact
-                };
-                match matches[..] {
-                    [i] => i,
-                    [] => bail!(
-                        "{source}: no column is named {name:?} (the {}: {})",
-                        if has_header { "header has" } else { "columns are" },
-                        names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
-                    ),
-                    _ => bail!(
-                        "{source}: {} columns are named {name:?} (numbers {}); give the {role} column by number",
-                        matches.len(),
-                        matches.iter().map(|i| (i + 1).to_string()).collect::<Vec<_>>().join(", ")
-                    ),
-                }
-            }
-        };
-        let name = match names {
-            Some(names) if !names[index].is_empty() => names[index].clone(),
-            _ => format!("column {}", index + 1),
-        };
-        Ok(Column { index, name })
-    };
-    let target = resolve(&schema.target, "target")?;
+    let resolve = |spec: &ColumnSpec, role: &str| resolve_column(source, spec, role, width, names, has_header);
+    let target = if target_left_out { None } else { Some(resolve(&schema.target, "target")?) };
     let many = |specs: &[ColumnSpec], role: &str| specs.iter().map(|s| resolve(s, role)).collect::<Result<Vec<_>>>();
     let columns = Columns {
         target,
@@ -510,7 +617,7 @@ fn resolve_columns(
     if columns.numeric.is_empty() && columns.categorical.is_empty() && columns.date.is_empty() {
         bail!("{source}: no feature columns are chosen (numeric, categorical or date)");
     }
-    let mut used: Vec<(&Column, &str)> = vec![(&columns.target, "the target")];
+    let mut used: Vec<(&Column, &str)> = columns.target.iter().map(|c| (c, "the target")).collect();
     used.extend(columns.numeric.iter().map(|c| (c, "a numeric feature")));
     used.extend(columns.categorical.iter().map(|c| (c, "a categorical feature")));
     used.extend(columns.date.iter().map(|c| (c, "a date feature")));
@@ -539,12 +646,12 @@ fn parse_row(
         numeric: vec![0.0; columns.numeric.len()],
         categories: vec![0; columns.categorical.len()],
         dates: Vec::with_capacity(columns.date.len()),
-        target: 0.0,
+        target: f32::NAN,
     };
-    let mut dates: Vec<Option<DateValue>> = vec![None; columns.date.len()];
+    let mut dates: Vec<Option<(DateValue, Option<u16>)>> = vec![None; columns.date.len()];
     for (index, role) in roles {
         let name = match role {
-            Role::Target => &columns.target.name,
+            Role::Target { .. } => &columns.target.as_ref().expect("a target role has its column").name,
             Role::Numeric(k) => &columns.numeric[*k].name,
             Role::Categorical(k) => &columns.categorical[*k].name,
             Role::Date(k) => &columns.date[*k].name,
@@ -552,7 +659,8 @@ fn parse_row(
         let bad = |why: String| BadRow { line, column: index + 1, message: format!("{name}: {why}") };
         let text = std::str::from_utf8(&record[*index]).map_err(|_| bad("not valid UTF-8 text".to_string()))?;
         match role {
-            Role::Target => row.target = parse_number(text).map_err(bad)?,
+            Role::Target { optional: true } if text.trim().is_empty() => row.target = f32::NAN,
+            Role::Target { .. } => row.target = parse_number(text).map_err(bad)?,
             Role::Numeric(k) => row.numeric[*k] = parse_number(text).map_err(bad)?,
             Role::Categorical(k) => {
                 let value = text.trim();
@@ -570,7 +678,7 @@ fn parse_row(
                 if text.trim().is_empty() {
                     return Err(bad("empty field, expected a date".to_string()));
                 }
-                dates[*k] = Some(parse_date(text).map_err(bad)?);
+                dates[*k] = Some(parse_date_time(text).map_err(bad)?);
             }
         }
     }
@@ -584,6 +692,7 @@ fn parse_row(
 fn settle_dates(
     source: &str,
     columns: &Columns,
+    date_features: &[DateFeatures],
     pending: Vec<PendingRow>,
     stopped_early: bool,
 ) -> Result<(Vec<Row>, Vec<BadRow>)> {
@@ -593,10 +702,11 @@ fn settle_dates(
     for (k, column) in columns.date.iter().enumerate() {
         let mut ambiguous = None;
         for (r, row) in pending.iter().enumerate() {
-            let DateValue::Slashed { first, second, order, .. } = row.dates[k] else { continue };
+            let (date, _) = row.dates[k];
+            let DateValue::Slashed { first, second, order, .. } = date else { continue };
             match (order, orders[k]) {
-                (None, _) if first != second && ambiguous.is_none() => ambiguous = Some((row.line, row.dates[k])),
-                (Some(own), None) => orders[k] = Some((own, row.line, row.dates[k])),
+                (None, _) if first != second && ambiguous.is_none() => ambiguous = Some((row.line, date)),
+                (Some(own), None) => orders[k] = Some((own, row.line, date)),
                 (Some(own), Some((settled, at, example))) if own != settled => {
                     contradicting[r] = true;
                     bad.push(BadRow {
@@ -605,7 +715,7 @@ fn settle_dates(
                         message: format!(
                             "{}: {} reads only as {}, but this column is {} (line {at} has {})",
                             column.name,
-                            slashed_text(row.dates[k]),
+                            slashed_text(date),
                             own.name(),
                             settled.name(),
                             slashed_text(example)
@@ -637,12 +747,14 @@ fn settle_dates(
             numeric: p.numeric,
             categories: p.categories,
             // An unsettled order (possible only when reading stopped early, or first == second) reads day/month.
-            days: p
-                .dates
-                .iter()
-                .zip(&orders)
-                .map(|(d, o)| d.day_of_year(Some(o.map_or(SlashOrder::DayMonth, |o| o.0))).unwrap_or(0) as f32)
-                .collect(),
+            dates: {
+                let mut features = Vec::new();
+                for ((&(date, minute), order), encoding) in p.dates.iter().zip(&orders).zip(date_features) {
+                    let ymd = date.ymd(Some(order.map_or(SlashOrder::DayMonth, |o| o.0)));
+                    encoding.encode(ymd.expect("an order is given"), minute.unwrap_or(0), &mut features);
+                }
+                features
+            },
             target: p.target,
         })
         .collect();

@@ -33,10 +33,10 @@ pub struct CpuSales {
 }
 
 impl CpuSales {
-    /// Standardises both splits of `data` with the training split's statistics.
-    pub fn new(data: &Dataset, params: SalesParams, optim: OptimConfig) -> Result<CpuSales> {
+    /// Standardises both splits of `data` with `stats` (a resumed model's), else the training split's.
+    pub fn new(data: &Dataset, params: SalesParams, optim: OptimConfig, stats: Option<Stats>) -> Result<CpuSales> {
         optim.validate()?;
-        let stats = Stats::of(&data.train);
+        let stats = stats.unwrap_or_else(|| Stats::of(&data.train));
         let optimizer = Optimizer::new(optim, params.flat.len());
         Ok(CpuSales {
             train: stats.normalize(&data.train),

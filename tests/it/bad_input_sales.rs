@@ -78,7 +78,8 @@ fn d014_a_one_hot_matrix_too_large_for_memory_is_refused() {
     let mut args = vec!["sales", "ids.csv", "--out", "s.st", "--device", "cpu", "--epochs", "1"];
     args.extend(SCHEMA);
     run_limited(dir.path(), &args, 1 << 31)
-        .fails_with(&["50000 rows × 50003 features: this run needs about", "\"cat\" alone has 50000 levels"]);
+        // price, qty, 50,000 levels of cat, and the date's 5 calendar features.
+        .fails_with(&["50000 rows × 50007 features: this run needs about", "\"cat\" alone has 50000 levels"]);
     assert!(!dir.path().join("s.st").exists());
 }
 
@@ -143,6 +144,8 @@ fn a_sales_model_of_other_features_at_out_is_kept_unless_overwrite() {
         "total",
         "--numeric",
         "price",
+        "--ignore",
+        "qty,cat,date",
     ];
     run(dir.path(), &args).fails_with(&["holds a sales model of other features", "--overwrite"]);
     assert_eq!(bytes(&dir.path().join("s.st")), before);
@@ -266,6 +269,7 @@ fn d040_only_a_quote_that_opens_a_field_can_be_left_open() {
         numeric: vec![spec("qty")],
         categorical: vec![spec("item")],
         date: vec![],
+        date_features: None,
         column_names: None,
     };
     let parse = |text: &str| Table::parse("t.csv", text.as_bytes(), &LoadOptions::new(schema.clone()));

@@ -35,6 +35,7 @@ mod sales_checks;
 mod sales_cli;
 mod sales_data;
 mod sales_gradcheck;
+mod sales_tables;
 mod text_checks;
 mod text_cpu_batch;
 mod text_gradcheck;

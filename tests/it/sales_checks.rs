@@ -17,7 +17,7 @@ fn training_problems_stay_finite_and_clear_of_the_kink() {
         let draws = 20;
         for _ in 0..draws {
             let data = random_dataset(rows, 97, shape.inputs, &mut rng);
-            let mut cpu = CpuSales::new(&data, clear_params(shape, &mut rng), optim).unwrap();
+            let mut cpu = CpuSales::new(&data, clear_params(shape, &mut rng), optim, None).unwrap();
             cpu.kink_margin = Some(f64::INFINITY);
             let (history, params) = run(&mut cpu, rows, batch, epochs, rng.random()).unwrap();
             let finite = history.iter().all(|v| v.is_finite()) && params.all_finite();

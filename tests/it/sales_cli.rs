@@ -101,7 +101,8 @@ fn any_table_by_header_names() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["data"]["features"].as_array().unwrap().len(), 2 + 3 + 1);
+    // Two numbers, three one-hot, the date's year, day of year and day of week (sin, cos).
+    assert_eq!(r["data"]["features"].as_array().unwrap().len(), 2 + 3 + 5);
     assert_eq!(r["data"]["target"], "area");
 }
 

@@ -2,20 +2,22 @@
 //! by file, line and column), dates, one-hot features, the split and the normalisation statistics.
 
 use textnet::sales::data::{Dataset, SplitOrder, Stats};
-use textnet::sales::dates::{DateValue, SlashOrder, day_of_year, parse_date};
+use textnet::sales::dates::{DateFeatures, DateValue, SlashOrder, day_of_year, parse_date, parse_date_time};
 use textnet::sales::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 
 fn spec(s: &str) -> ColumnSpec {
     ColumnSpec::parse(s).unwrap()
 }
 
-/// target, numeric, categorical, date columns, each given as names or numbers.
+/// target, numeric, categorical, date columns, each given as names or numbers; each date column gives
+/// its day of year.
 fn schema(target: &str, numeric: &[&str], categorical: &[&str], date: &[&str]) -> Schema {
     Schema {
         target: spec(target),
         numeric: numeric.iter().map(|s| spec(s)).collect(),
         categorical: categorical.iter().map(|s| spec(s)).collect(),
         date: date.iter().map(|s| spec(s)).collect(),
+        date_features: Some(vec![DateFeatures::DayOfYear; date.len()]),
         column_names: None,
     }
 }
@@ -52,16 +54,16 @@ fn the_default_schema_reads_a_sales_tsv() {
     assert_eq!(t.delimiter, b'\t');
     assert_eq!(t.header, None);
     assert_eq!(t.width, 10);
-    assert_eq!(t.columns.target.name, "total price");
+    assert_eq!(t.columns.target.as_ref().unwrap().name, "total price");
     assert_eq!(t.columns.numeric.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["quantity", "unit price"]);
     assert_eq!(t.levels, [vec!["Home", "Office", "Outdoor"]]);
     assert_eq!(t.rows.len(), 3);
     let r = &t.rows[1];
     assert_eq!(
-        (r.line, r.numeric.clone(), r.categories.clone(), r.days.clone(), r.target),
+        (r.line, r.numeric.clone(), r.categories.clone(), r.dates.clone(), r.target),
         (2, vec![10.0, 1.25], vec![1], vec![32.0], 12.5)
     );
-    assert_eq!(t.rows[2].days, [366.0]);
+    assert_eq!(t.rows[2].dates, [366.0]);
 }
 
 #[test]
@@ -92,15 +94,15 @@ fn headers_are_detected_and_columns_found_by_name_or_number() {
     assert_eq!(by_name.rows, by_number.rows);
     assert_eq!(by_name.header.as_ref().unwrap().len(), 5);
     assert_eq!(by_name.columns.numeric[1].name, "Price", "case-insensitive match, the header's spelling");
-    assert_eq!(by_number.columns.target.name, "Total");
+    assert_eq!(by_number.columns.target.as_ref().unwrap().name, "Total");
     assert_eq!(by_name.rows[0].line, 2, "lines count the header");
-    assert_eq!(by_name.rows[2].days, [61.0]);
+    assert_eq!(by_name.rows[2].dates, [61.0]);
 
     // Forced either way.
     let mut options = LoadOptions::new(schema("3", &["1"], &[], &[]));
     options.header = HeaderMode::Present;
     let t = load("1,2,3\n4,5,6\n7,8,9\n", &options).unwrap();
-    assert_eq!((t.rows.len(), t.columns.target.name.as_str()), (2, "3"));
+    assert_eq!((t.rows.len(), t.columns.target.as_ref().unwrap().name.as_str()), (2, "3"));
     options.header = HeaderMode::Absent;
     assert!(error("a,b,c\n4,5,6\n", &options).contains("t.csv:1:1: column 1: \"a\" is not a number"));
 
@@ -124,7 +126,7 @@ fn headers_are_detected_and_columns_found_by_name_or_number() {
     let mut named = schema("total price", &["quantity"], &[], &[]);
     named.column_names = Some(vec!["quantity".into(), "total price".into()]);
     let t = load("2,9\n3,12\n", &LoadOptions::new(named)).unwrap();
-    assert_eq!((t.header.clone(), t.columns.target.index, t.rows.len()), (None, 1, 2));
+    assert_eq!((t.header.clone(), t.columns.target.as_ref().unwrap().index, t.rows.len()), (None, 1, 2));
 
     assert_eq!(ColumnSpec::parse(" 12 ").unwrap(), ColumnSpec::Number(12));
     assert_eq!(ColumnSpec::parse("unit price").unwrap(), ColumnSpec::Name("unit price".into()));
@@ -325,13 +327,13 @@ fn slashed_dates_follow_the_column_order() {
     let opts = || LoadOptions::new(schema("total", &["qty"], &[], &["day"]));
     // 25/12 settles day/month; 03/04 then reads as 3 April.
     let t = load("qty,day,total\n1,03/04/2024,1\n1,25/12/2024,1\n", &opts()).unwrap();
-    assert_eq!(t.rows.iter().map(|r| r.days[0]).collect::<Vec<_>>(), [94.0, 360.0]);
+    assert_eq!(t.rows.iter().map(|r| r.dates[0]).collect::<Vec<_>>(), [94.0, 360.0]);
     // 12/25 settles month/day; 03/04 is 4 March.
     let t = load("qty,day,total\n1,03/04/2024,1\n1,12/25/2024,1\n", &opts()).unwrap();
-    assert_eq!(t.rows.iter().map(|r| r.days[0]).collect::<Vec<_>>(), [64.0, 360.0]);
+    assert_eq!(t.rows.iter().map(|r| r.dates[0]).collect::<Vec<_>>(), [64.0, 360.0]);
     // Equal parts need no settling.
     let t = load("qty,day,total\n1,04/04/2024,1\n1,01/01/2024,1\n", &opts()).unwrap();
-    assert_eq!(t.rows.iter().map(|r| r.days[0]).collect::<Vec<_>>(), [95.0, 1.0]);
+    assert_eq!(t.rows.iter().map(|r| r.dates[0]).collect::<Vec<_>>(), [95.0, 1.0]);
     // Nothing settles 03/04: an error for the table.
     let e = error("qty,day,total\n1,03/04/2024,1\n1,05/04/2024,1\n", &opts());
     assert_eq!(
@@ -346,7 +348,7 @@ fn slashed_dates_follow_the_column_order() {
     skip.skip_bad_rows = true;
     let t = load(text, &skip).unwrap();
     assert_eq!((t.rows.len(), t.skipped, t.first_skipped.as_deref()), (2, 1, Some(expected)));
-    assert_eq!(t.rows[1].days, [32.0]);
+    assert_eq!(t.rows[1].dates, [32.0]);
     // A bad row before any date settles the order is reported as itself.
     assert_eq!(
         error("qty,day,total\n1,03/04/2024,1\nx,05/04/2024,1\n1,25/12/2024,1\n", &opts()),
@@ -448,4 +450,64 @@ fn the_shuffled_split_is_seeded_and_mixes_a_sorted_table() {
     assert_eq!((mean(&f.test.y), f.test.lines[0]), (179.5, 162));
     let warning = f.split_shift().expect("a shifted split is named");
     assert!(warning.contains("test rows' total (mean 179.5000") && warning.contains("training rows'"), "{warning}");
+}
+
+/// A date column's calendar features: the year, then the day of year and the day of week on a circle, and
+/// the time of day on a circle in a column where some value has a time other than midnight.
+#[test]
+fn calendar_features_of_a_date_column() {
+    let circle = |at: f64, period: f64| {
+        let angle = std::f64::consts::TAU * at / period;
+        [angle.sin() as f32, angle.cos() as f32]
+    };
+    let mut schema = schema("y", &[], &[], &["when"]);
+    schema.date_features = None;
+    let options = LoadOptions::new(schema);
+    // 13 October 2014 was a Monday (day 286 of 365), 1 January 2016 a Friday.
+    let t = load("when,y\n2014-10-13T18:30,1\n2016-01-01,2\n", &options).unwrap();
+    assert_eq!(t.date_features, [DateFeatures::Calendar { time_of_day: true }]);
+    let want: Vec<f32> =
+        [&[2014.0][..], &circle(285.0, 365.0), &circle(0.0, 7.0), &circle(18.5 * 60.0, 1440.0)].concat();
+    assert_eq!(t.rows[0].dates, want);
+    let want: Vec<f32> = [&[2016.0][..], &circle(0.0, 366.0), &circle(4.0, 7.0), &circle(0.0, 1440.0)].concat();
+    assert_eq!(t.rows[1].dates, want);
+    // Midnight only: no time-of-day features.
+    let t = load("when,y\n20141013T000000,1\n20141014,2\n", &options).unwrap();
+    assert_eq!(t.date_features, [DateFeatures::Calendar { time_of_day: false }]);
+    assert_eq!(t.rows[1].dates.len(), 5);
+    assert_eq!(parse_date_time("2014-10-13 13:08").map(|(_, m)| m), Ok(Some(13 * 60 + 8)));
+    assert_eq!(parse_date_time("2014-10-13T13:08:00+02:00").map(|(_, m)| m), Ok(Some(13 * 60 + 8)));
+    assert_eq!(parse_date_time("20141013").map(|(_, m)| m), Ok(None));
+    assert_eq!(parse_date_time("13/10/2014").map(|(_, m)| m), Ok(None));
+}
+
+/// Rows to predict may leave the target empty or its column out; other widths are refused.
+#[test]
+fn rows_to_predict_need_no_target() {
+    let mut options = LoadOptions::new(schema("3", &["1"], &["2"], &[]));
+    options.width = Some(3);
+    options.target_optional = true;
+    let t = load("1,a,\n2,b,5\n", &options).unwrap();
+    assert!(t.rows[0].target.is_nan());
+    assert_eq!(t.rows[1].target, 5.0);
+    let t = load("1,a\n2,b\n", &options).unwrap();
+    assert_eq!(t.columns.target, None);
+    assert!(t.rows.iter().all(|r| r.target.is_nan()));
+    assert_eq!(t.levels, [vec!["a", "b"]]);
+    // By name, with the target first: the other columns are found by their names.
+    let mut options = LoadOptions::new(schema("y", &["x"], &["k"], &[]));
+    options.width = Some(3);
+    options.target_optional = true;
+    let t = load("x,k\n1,a\n", &options).unwrap();
+    assert_eq!(t.columns.target, None);
+    assert_eq!(
+        error("x,k,y,z\n1,a,2,3\n", &options),
+        "t.csv has 4 columns, but the model reads 3 (or 2 without the target \"y\")"
+    );
+    // By number, with the target before a feature: the feature moves one to the left.
+    let mut options = LoadOptions::new(schema("1", &["3"], &["2"], &[]));
+    options.width = Some(3);
+    options.target_optional = true;
+    let t = load("a,7\nb,8\n", &options).unwrap();
+    assert_eq!(t.rows[1].numeric, [8.0]);
 }

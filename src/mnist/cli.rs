@@ -212,32 +212,6 @@ fn at_chance(accuracy: f64, classes: usize) -> bool {
     accuracy <= 1.5 / classes as f64
 }
 
-/// The confusion matrix as text: a header of predicted classes, one row per true class with its recall.
-fn confusion_table(eval: &Evaluation, names: &[&str]) -> String {
-    let c = eval.classes;
-    let label = |k: usize| if names[k] == k.to_string() { k.to_string() } else { format!("{k} {}", names[k]) };
-    let label_width = (0..c).map(|k| label(k).chars().count()).max().unwrap_or(1);
-    let mut out = format!(
-        "confusion matrix, {} test images (rows: true class, columns: predicted), accuracy {:.2}%\n{:label_width$}",
-        eval.samples,
-        100.0 * eval.accuracy(),
-        ""
-    );
-    for k in 0..c {
-        out += &format!(" {k:>6}");
-    }
-    out += "  recall";
-    for (k, row) in eval.confusion_rows().iter().enumerate() {
-        out += &format!("\n{:<label_width$}", label(k));
-        for n in row {
-            out += &format!(" {n:>6}");
-        }
-        let total: u64 = row.iter().sum();
-        out += &format!("  {:>5.1}%", 100.0 * row[k] as f64 / total.max(1) as f64);
-    }
-    out
-}
-
 pub fn run(args: MnistArgs) -> Result<()> {
     run::run(&args)
 }
@@ -482,7 +456,7 @@ impl TrainingCommand for MnistArgs {
         let names = args.dataset.class_names();
         if diverged.is_none() {
             if let Some(eval) = &saver.kept_eval {
-                display.line(&confusion_table(eval, &names));
+                display.line(&eval.confusion_table(&names, "test images"));
             }
             display.line(&outcome);
         }

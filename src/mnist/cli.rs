@@ -99,7 +99,7 @@ fn check_args(args: &MnistArgs) -> Result<()> {
         bail!("--train-limit must be at least 1");
     }
     if args.out.as_os_str().is_empty() || args.out.is_dir() {
-        bail!("--out {:?} must name a file", args.out);
+        bail!("--out \"{}\" must name a file", args.out.display());
     }
     if let Some(f) = args.val_split
         && !(f > 0.0 && f < 1.0)

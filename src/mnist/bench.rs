@@ -219,7 +219,9 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         for k in &per_kernel {
             println!("{k}");
         }
-        println!("resources (name, registers, local bytes): {:?}", trainer.kernel_resources());
+        for (name, registers, local_bytes) in trainer.kernel_resources() {
+            println!("{name}: {registers} registers, {local_bytes} bytes of local memory per thread");
+        }
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
-//! `textnet classify`: a saved MNIST model on images: PNG or PGM files (8-bit greyscale, 28×28) or IDX
-//! image files (every image in them), scaled as in training (`super::INPUT_SCALING`); with `--labels` the
-//! accuracy, loss and confusion matrix too. On the CPU reference.
+//! `textnet classify`: a saved MNIST model on images: PNG, JPEG or PNM files (made 8-bit greyscale 28×28
+//! by `images`) or IDX image files (every image in them), scaled as in training (`super::INPUT_SCALING`);
+//! with `--labels` the accuracy, loss and confusion matrix too. On the CPU reference.
 
 use super::Evaluation;
 use super::cnn::CnnParams;
 use super::idx::{self, CLASSES, IMAGE_SIDE, PIXELS, Split};
+use super::images;
 use super::model::{self, MlpParams, Workspace};
 use crate::console;
 use crate::cpu::softmax_in_place;
@@ -15,7 +16,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct ClassifyArgs {
-    /// Images: PNG or PGM files (8-bit greyscale, 28×28), or IDX image files (raw or .gz)
+    /// Images: PNG, JPEG or PGM/PPM files (colour ones converted to greyscale and other sizes resized to
+    /// 28×28, as torchvision's Grayscale and Resize do), or IDX image files (raw or .gz)
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
     /// Model file written by `textnet mnist`
@@ -30,11 +32,14 @@ pub struct ClassifyArgs {
     /// Print tab-separated lines: input, class number, class name, probability
     #[arg(long)]
     pub tsv: bool,
+    /// No notes on stderr about images converted to 8-bit greyscale 28×28 (errors only)
+    #[arg(long)]
+    pub quiet: bool,
 }
 
-/// Images read from one input, each with the name it is reported under.
-/// The images of one file: their names, their pixels, and whether the file was an IDX image file.
-fn read_images(path: &Path) -> Result<(Vec<String>, Vec<f32>, bool)> {
+/// The images of one file: their names, their pixels, and whether the file was an IDX image file. An
+/// image converted to the model's input gets a note on stderr unless `quiet`.
+fn read_images(path: &Path, quiet: bool) -> Result<(Vec<String>, Vec<f32>, bool)> {
     let shown = crate::fsutil::shown(path);
     let is_idx = |head: &[u8]| head.starts_with(&[0x1f, 0x8b]) || head.starts_with(&[0, 0, 8, 3]);
     if !crate::fsutil::is_stdin(path) {
@@ -56,96 +61,19 @@ fn read_images(path: &Path) -> Result<(Vec<String>, Vec<f32>, bool)> {
         }
     }
     let bytes = crate::fsutil::read_input(path, "image file")?;
-    if bytes.starts_with(b"\x89PNG") {
-        return Ok((vec![shown.clone()], png_pixels(&bytes).with_context(|| shown)?, false));
-    }
-    if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
-        return Ok((vec![shown.clone()], pgm_pixels(&bytes).with_context(|| shown)?, false));
-    }
     if bytes.starts_with(&[0, 0, 8, 1]) {
         bail!("{shown} is an IDX label file, not images; give it with --labels");
     }
     if is_idx(&bytes) {
         bail!("{shown}: an IDX image file must be given as a file, not on standard input");
     }
-    bail!("{shown}: not a PNG, PGM or IDX image file")
-}
-
-fn png_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
-    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().context("not a readable PNG")?;
-    let info = reader.info();
-    let (width, height) = (info.width as usize, info.height as usize);
-    if (width, height) != (IMAGE_SIDE, IMAGE_SIDE) {
-        bail!("the image is {width}×{height} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
+    let image = images::decode(&bytes).with_context(|| shown.clone())?;
+    if let Some(conversion) = &image.conversion
+        && !quiet
+    {
+        console::err(&format!("{shown}: {conversion}"));
     }
-    if info.color_type != png::ColorType::Grayscale || info.bit_depth != png::BitDepth::Eight {
-        bail!(
-            "a {:?} PNG of {:?} bits; the model reads 8-bit greyscale (convert it first)",
-            info.color_type,
-            info.bit_depth
-        );
-    }
-    let mut buffer = vec![0; reader.output_buffer_size().context("PNG too large")?];
-    let frame = reader.next_frame(&mut buffer).context("cannot decode the PNG")?;
-    Ok(buffer[..frame.buffer_size()].iter().map(|&p| p as f32 / 255.0).collect())
-}
-
-/// Binary (P5) or plain (P2) PGM with a maximum value up to 255; pixels scaled by it.
-fn pgm_pixels(bytes: &[u8]) -> Result<Vec<f32>> {
-    // The header: magic, width, height, maxval, separated by whitespace, comments from # to line end.
-    let mut fields = Vec::new();
-    let mut at = 0;
-    while fields.len() < 4 {
-        while at < bytes.len() && (bytes[at].is_ascii_whitespace() || bytes[at] == b'#') {
-            if bytes[at] == b'#' {
-                while at < bytes.len() && bytes[at] != b'\n' {
-                    at += 1;
-                }
-            } else {
-                at += 1;
-            }
-        }
-        let start = at;
-        while at < bytes.len() && !bytes[at].is_ascii_whitespace() {
-            at += 1;
-        }
-        if start == at {
-            bail!("the PGM header ends early");
-        }
-        fields.push(std::str::from_utf8(&bytes[start..at]).unwrap_or("").to_string());
-    }
-    let number = |i: usize| {
-        fields[i].parse::<usize>().with_context(|| format!("PGM header field {:?} is not a number", fields[i]))
-    };
-    let (width, height, maxval) = (number(1)?, number(2)?, number(3)?);
-    if (width, height) != (IMAGE_SIDE, IMAGE_SIDE) {
-        bail!("the image is {width}×{height} pixels; the model reads {IMAGE_SIDE}×{IMAGE_SIDE}");
-    }
-    if maxval == 0 || maxval > 255 {
-        bail!("PGM maximum value {maxval}; the model reads 8-bit greyscale (at most 255)");
-    }
-    let values: Vec<usize> = if fields[0] == "P5" {
-        let data = &bytes[at + 1.min(bytes.len() - at)..];
-        if data.len() < PIXELS {
-            bail!("the PGM holds {} of its {PIXELS} pixels", data.len());
-        }
-        data[..PIXELS].iter().map(|&p| p as usize).collect()
-    } else {
-        let text = std::str::from_utf8(&bytes[at..]).context("a plain PGM must be ASCII")?;
-        let values: Vec<usize> = text
-            .split_ascii_whitespace()
-            .map(|v| v.parse())
-            .collect::<Result<_, _>>()
-            .context("a PGM pixel is not a number")?;
-        if values.len() < PIXELS {
-            bail!("the PGM holds {} of its {PIXELS} pixels", values.len());
-        }
-        values[..PIXELS].to_vec()
-    };
-    if let Some(v) = values.iter().find(|&&v| v > maxval) {
-        bail!("PGM pixel {v} above its maximum value {maxval}");
-    }
-    Ok(values.iter().map(|&v| v as f32 / maxval as f32).collect())
+    Ok((vec![shown], image.pixels.iter().map(|&p| p as f32 / 255.0).collect(), false))
 }
 
 /// Each image's class and its probability (image index, class, probability), and the loss and confusion
@@ -212,7 +140,7 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
 
     let (mut inputs, mut pixels, mut one_idx_file) = (Vec::new(), Vec::new(), false);
     for path in &args.images {
-        let (n, p, is_idx) = read_images(path)?;
+        let (n, p, is_idx) = read_images(path, args.quiet)?;
         inputs.extend(n);
         pixels.extend(p);
         one_idx_file = is_idx && args.images.len() == 1;
@@ -267,6 +195,8 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
             100.0 * evaluation.accuracy(),
             evaluation.mean_loss()
         ));
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        console::out(&evaluation.confusion_table(&names, "images"));
     }
     Ok(())
 }

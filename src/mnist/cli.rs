@@ -77,6 +77,10 @@ pub struct MnistArgs {
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
+    /// Go on training this model file (a fresh optimizer state); only an epoch better than it is saved. It
+    /// must be of this run's --dataset, --model, --hidden and --activation (the file at --out may be it)
+    #[arg(long, value_name = "MODEL")]
+    pub resume: Option<PathBuf>,
     /// Print errors only: no progress bar and no other lines (the --json report still comes)
     #[arg(long)]
     pub quiet: bool,
@@ -99,7 +103,7 @@ fn check_args(args: &MnistArgs) -> Result<()> {
         bail!("--train-limit must be at least 1");
     }
     if args.out.as_os_str().is_empty() || args.out.is_dir() {
-        bail!("--out {:?} must name a file", args.out);
+        bail!("--out \"{}\" must name a file", args.out.display());
     }
     if let Some(f) = args.val_split
         && !(f > 0.0 && f < 1.0)
@@ -212,32 +216,6 @@ fn at_chance(accuracy: f64, classes: usize) -> bool {
     accuracy <= 1.5 / classes as f64
 }
 
-/// The confusion matrix as text: a header of predicted classes, one row per true class with its recall.
-fn confusion_table(eval: &Evaluation, names: &[&str]) -> String {
-    let c = eval.classes;
-    let label = |k: usize| if names[k] == k.to_string() { k.to_string() } else { format!("{k} {}", names[k]) };
-    let label_width = (0..c).map(|k| label(k).chars().count()).max().unwrap_or(1);
-    let mut out = format!(
-        "confusion matrix, {} test images (rows: true class, columns: predicted), accuracy {:.2}%\n{:label_width$}",
-        eval.samples,
-        100.0 * eval.accuracy(),
-        ""
-    );
-    for k in 0..c {
-        out += &format!(" {k:>6}");
-    }
-    out += "  recall";
-    for (k, row) in eval.confusion_rows().iter().enumerate() {
-        out += &format!("\n{:<label_width$}", label(k));
-        for n in row {
-            out += &format!(" {n:>6}");
-        }
-        let total: u64 = row.iter().sum();
-        out += &format!("  {:>5.1}%", 100.0 * row[k] as f64 / total.max(1) as f64);
-    }
-    out
-}
-
 pub fn run(args: MnistArgs) -> Result<()> {
     run::run(&args)
 }
@@ -294,6 +272,7 @@ impl TrainingCommand for MnistArgs {
         let shape =
             MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
         shape.validate()?;
+        let resumed = resumed_model(args, shape)?;
         let display = Display::new(args.quiet, args.json, args.epochs);
 
         let started = std::time::Instant::now();
@@ -330,7 +309,10 @@ impl TrainingCommand for MnistArgs {
             Some(fraction) => Some(hold_out(&mut data.train, fraction)?),
             None => None,
         };
-        let existing = existing_out(&args.out)?;
+        let existing = match &args.resume {
+            Some(resume) if fsutil::same_file(resume, &args.out) => None,
+            _ => existing_out(&args.out)?,
+        };
         if let Some((_, meta)) = &existing
             && !args.overwrite
             && meta.get("dataset").is_some_and(|d| d != args.dataset.name())
@@ -363,9 +345,10 @@ impl TrainingCommand for MnistArgs {
             args.dataset.title(),
             data.dir.display()
         ));
-        let params = match args.model {
-            ModelKind::Mlp => Classifier::Mlp(MlpParams::init(shape, args.seed)),
-            ModelKind::Cnn => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
+        let params = match (resumed, args.model) {
+            (Some(model), _) => model,
+            (None, ModelKind::Mlp) => Classifier::Mlp(MlpParams::init(shape, args.seed)),
+            (None, ModelKind::Cnn) => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
         };
         let architecture = match args.model {
             ModelKind::Mlp => {
@@ -386,23 +369,38 @@ impl TrainingCommand for MnistArgs {
             device_line
         ));
 
-        // The model already at --out, measured on the data each epoch is judged by: the validation split,
-        // else the test set.
-        let baseline = match &existing {
+        if let Some(path) = &args.resume {
+            display.line(&format!("resuming: {} (its parameters; a fresh optimizer state)", path.display()));
+        }
+        // The model already at --out and the --resume'd one, measured on the data each epoch is judged by:
+        // the validation split, else the test set. An epoch is saved only when it beats both.
+        let (judged_by, loss_name) = match &val {
+            Some(val) => (val, "val loss"),
+            None => (&data.test, "test loss"),
+        };
+        let mut baseline = match &existing {
             Some(old) if old.fits_mnist() => {
-                let (set, name) = match &val {
-                    Some(val) => (val, "val loss"),
-                    None => (&data.test, "test loss"),
-                };
-                let loss = checkpoint::baseline(&args.out, old.evaluate(set).mean_loss(), name)?;
+                let loss = checkpoint::baseline(&args.out, old.evaluate(judged_by).mean_loss(), loss_name)?;
                 display.line(&format!(
-                    "--out {} already holds a model of {name} {loss:.4}; only a better epoch replaces it",
+                    "--out {} already holds a model of {loss_name} {loss:.4}; only a better epoch replaces it",
                     args.out.display()
                 ));
                 Some(loss)
             }
             _ => None,
         };
+        if let Some(path) = &args.resume {
+            let loss = params.evaluate(judged_by).mean_loss();
+            if !loss.is_finite() {
+                bail!(
+                    "--resume {}: the model's outputs on this data are not finite ({loss_name} {loss}), so it cannot be \
+                     trained further; train a new model instead",
+                    path.display()
+                );
+            }
+            display.line(&format!("{} has {loss_name} {loss:.4}; only a better epoch is saved", path.display()));
+            baseline = Some(baseline.map_or(loss, |b| b.min(loss)));
+        }
         let one_class =
             data.train.labels.first().filter(|&&first| data.train.labels.iter().all(|&l| l == first)).copied();
         let run = RunInfo {
@@ -482,7 +480,7 @@ impl TrainingCommand for MnistArgs {
         let names = args.dataset.class_names();
         if diverged.is_none() {
             if let Some(eval) = &saver.kept_eval {
-                display.line(&confusion_table(eval, &names));
+                display.line(&eval.confusion_table(&names, "test images"));
             }
             display.line(&outcome);
         }
@@ -549,6 +547,7 @@ impl TrainingCommand for MnistArgs {
                 "train_limit": args.train_limit,
                 "val_split": args.val_split,
                 "overwrite": args.overwrite,
+                "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                 "device": report::flag_value(&args.device),
             });
             ending.report = Some(Report {
@@ -607,6 +606,58 @@ fn hold_out(train: &mut Split, fraction: f64) -> Result<Split> {
 
 /// Fewer training images than this give a chance-level model its own explanation.
 const FEW_IMAGES: usize = 100;
+
+/// The `--resume` model, refused unless it is of this run's dataset, kind and `shape` (the MLP's; the
+/// CNN has one).
+fn resumed_model(args: &MnistArgs, shape: MlpShape) -> Result<Option<Classifier>> {
+    let Some(path) = &args.resume else { return Ok(None) };
+    let bytes = fsutil::read_input(path, "model file")?;
+    let shown = path.display();
+    let (model, meta) = Classifier::from_safetensors(&bytes)
+        .map_err(|e| anyhow::anyhow!("--resume {shown} is not a textnet MNIST model file: {e:#}"))?;
+    if let Some(name) = meta.get("dataset").filter(|&d| d != args.dataset.name()) {
+        let title = <Dataset as clap::ValueEnum>::from_str(name, false).map_or(name.as_str(), |d| d.title());
+        bail!(
+            "--resume {shown}: a model trained on {title}, and this run trains on {} (give --dataset {name})",
+            args.dataset.title()
+        );
+    }
+    if model.kind() != args.model {
+        let kind = report::flag_value(&model.kind());
+        bail!(
+            "--resume {shown}: an MNIST {} model, and this run trains the {} (give --model {kind})",
+            kind.to_uppercase(),
+            report::flag_value(&args.model).to_uppercase()
+        );
+    }
+    match &model {
+        Classifier::Mlp(p) if !model.fits_mnist() => bail!(
+            "--resume {shown}: an MLP of {} inputs and {} classes; MNIST images need {} and {}",
+            p.shape.inputs,
+            p.shape.classes,
+            idx::PIXELS,
+            idx::CLASSES
+        ),
+        Classifier::Mlp(p) if p.shape != shape => bail!(
+            "--resume {shown}: an MLP of {} hidden units ({}), and this run's has {} ({}) (give --hidden {} \
+             --activation {})",
+            p.shape.hidden,
+            p.shape.activation.name(),
+            shape.hidden,
+            shape.activation.name(),
+            p.shape.hidden,
+            p.shape.activation.name()
+        ),
+        Classifier::Cnn(p) if p.shape != CnnShape::MNIST => bail!(
+            "--resume {shown}: a CNN of another shape than the one this command trains ({} channels, then {}; \
+             {} hidden units)",
+            CnnShape::MNIST.c1,
+            CnnShape::MNIST.c2,
+            CnnShape::MNIST.fc
+        ),
+        _ => Ok(Some(model)),
+    }
+}
 
 /// The MNIST model (MLP or CNN) already at `out`, with its metadata (anything else there is refused).
 fn existing_out(out: &Path) -> Result<Option<(Classifier, std::collections::HashMap<String, String>)>> {

@@ -530,7 +530,7 @@ impl CnnParams {
         for (name, dims) in shape.tensor_shapes() {
             let t = tensors.tensor(name).with_context(|| format!("tensor {name}"))?;
             if t.dtype() != safetensors::Dtype::F32 || t.shape() != dims.as_slice() {
-                bail!("tensor {name} is {:?} {:?}, expected F32 {dims:?}", t.dtype(), t.shape());
+                bail!("tensor {name} is {} of shape {:?}, expected F32 of shape {dims:?}", t.dtype(), t.shape());
             }
             flat.extend(t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())));
         }

@@ -21,6 +21,7 @@ pub mod cnn_gpu;
 pub mod data;
 pub mod gpu;
 pub mod idx;
+pub mod images;
 pub mod model;
 pub mod train;
 
@@ -150,6 +151,34 @@ impl Evaluation {
     /// The confusion matrix as rows.
     pub fn confusion_rows(&self) -> Vec<Vec<u64>> {
         self.confusion.chunks(self.classes).map(<[u64]>::to_vec).collect()
+    }
+
+    /// The confusion matrix as text: a heading that counts the `images` ("test images"), a header of
+    /// predicted classes, one row per true class (its number and, when `names` has more, its name) with
+    /// its recall.
+    pub fn confusion_table(&self, names: &[&str], images: &str) -> String {
+        let c = self.classes;
+        let label = |k: usize| if names[k] == k.to_string() { k.to_string() } else { format!("{k} {}", names[k]) };
+        let label_width = (0..c).map(|k| label(k).chars().count()).max().unwrap_or(1);
+        let mut out = format!(
+            "confusion matrix, {} {images} (rows: true class, columns: predicted), accuracy {:.2}%\n{:label_width$}",
+            self.samples,
+            100.0 * self.accuracy(),
+            ""
+        );
+        for k in 0..c {
+            out += &format!(" {k:>6}");
+        }
+        out += "  recall";
+        for (k, row) in self.confusion_rows().iter().enumerate() {
+            out += &format!("\n{:<label_width$}", label(k));
+            for n in row {
+                out += &format!(" {n:>6}");
+            }
+            let total: u64 = row.iter().sum();
+            out += &format!("  {:>5.1}%", 100.0 * row[k] as f64 / total.max(1) as f64);
+        }
+        out
     }
 }
 
@@ -351,7 +380,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         },
         crate::pipeline::Command {
             name: "classify",
-            about: "Classify 28×28 greyscale images (PNG, PGM or IDX) with a trained MNIST model file",
+            about: "Classify images (PNG, JPEG, PGM/PPM or IDX) with a trained MNIST model file",
             args: <classify::ClassifyArgs as clap::Args>::augment_args,
             run: |m| classify::run(crate::pipeline::parsed(m)?),
         },

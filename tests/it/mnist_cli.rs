@@ -267,3 +267,74 @@ fn the_mlp_and_the_cnn_have_their_own_default_files() {
     let cnn = std::fs::read(dir.path().join("mnist-cnn.safetensors")).unwrap();
     assert!(textnet::mnist::cnn::CnnParams::from_safetensors(&cnn).is_ok());
 }
+
+/// `--resume M` goes on from M's parameters, MLP and CNN: the resumed epoch starts where M left off, so
+/// its training loss is below a fresh run's first epoch, and it is saved only when better than M; a model
+/// of another dataset, kind or shape is refused in one line, before any data is read.
+#[test]
+fn resume_continues_training_and_refuses_other_models() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    write_synthetic(&data, 300, 50);
+    // The --json report of a run, and whether it exited 0.
+    let try_run = |model: &str, out: &Path, extra: &[&str]| -> (serde_json::Value, bool) {
+        let mut args = vec!["mnist", "--model", model, "--data", s(&data), "--device", "cpu", "--epochs", "1"];
+        args.extend(["--hidden", "16", "--quiet", "--json", "--out", s(out)]);
+        args.extend(extra);
+        let o = textnet(&args);
+        (serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", stderr(&o))), o.status.success())
+    };
+    let run = |model: &str, out: &Path, extra: &[&str]| -> serde_json::Value {
+        let (report, ok) = try_run(model, out, extra);
+        assert!(ok, "{report}");
+        report
+    };
+    for model in ["mlp", "cnn"] {
+        let out = tmp.path().join(format!("{model}.safetensors"));
+        let fresh = run(model, &out, &[]);
+        let first = std::fs::read(&out).unwrap();
+        let one_epoch = tmp.path().join(format!("{model}-1.safetensors"));
+        std::fs::write(&one_epoch, &first).unwrap();
+        // Resuming from the file at --out itself, judged against its own loss.
+        let resumed = run(model, &out, &["--resume", s(&out)]);
+        assert_eq!(resumed["config"]["resume"], s(&out));
+        assert_eq!(resumed["baseline_val_loss"], fresh["final"]["test_loss"], "{resumed}");
+        let loss = |r: &serde_json::Value, key: &str| r["epochs"][0][key].as_f64().unwrap();
+        assert!(loss(&resumed, "train_loss") < loss(&fresh, "train_loss"), "{model}: {fresh} then {resumed}");
+        assert!(loss(&resumed, "test_loss") < loss(&fresh, "test_loss"), "{model}: {fresh} then {resumed}");
+        assert_eq!(resumed["kept_epoch"], 1);
+        let second = std::fs::read(&out).unwrap();
+        assert_ne!(second, first);
+        // From the one-epoch model into --out, which now holds a better one, at a rate too small to catch
+        // up: nothing is written.
+        let (behind, ok) = try_run(model, &out, &["--resume", s(&one_epoch), "--lr", "1e-9"]);
+        assert!(!ok && behind["status"] == "not_better" && behind["kept_epoch"].is_null(), "{behind}");
+        assert_eq!(std::fs::read(&out).unwrap(), second);
+    }
+
+    let mlp = tmp.path().join("mlp.safetensors");
+    let note = tmp.path().join("note.txt");
+    std::fs::write(&note, "hello").unwrap();
+    let out = tmp.path().join("new.safetensors");
+    for (args, expected) in [
+        (
+            vec!["--dataset", "fashion", "--hidden", "16"],
+            "a model trained on MNIST, and this run trains on Fashion-MNIST (give --dataset mnist)",
+        ),
+        (vec!["--model", "cnn"], "an MNIST MLP model, and this run trains the CNN (give --model mlp)"),
+        (vec!["--hidden", "32"], "an MLP of 16 hidden units (relu), and this run's has 32 (relu)"),
+        (vec!["--hidden", "16", "--activation", "tanh"], "(give --hidden 16 --activation relu)"),
+    ] {
+        let mut all = vec!["mnist", "--data", s(&data), "--device", "cpu", "--out", s(&out), "--resume", s(&mlp)];
+        all.extend(args);
+        let o = textnet(&all);
+        assert_eq!(o.status.code(), Some(1), "{all:?}");
+        let err = stderr(&o);
+        assert!(err.contains(expected) && err.trim_end().lines().count() == 1, "{all:?}: {err}");
+        assert!(!out.exists());
+    }
+    let o = textnet(&["mnist", "--data", s(&data), "--device", "cpu", "--out", s(&out), "--resume", s(&note)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("is not a textnet MNIST model file") && stderr(&o).trim_end().lines().count() == 1);
+}

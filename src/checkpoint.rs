@@ -86,11 +86,19 @@ pub struct Keeper {
     pub best: Option<(usize, f64)>,
     /// A write of a kept epoch failed, so the file is as it was before that write.
     pub write_failed: bool,
+    /// The loss of the task's trivial model (the unigram model for text), which an epoch must also beat
+    /// to be written: one no better learned nothing (`run::not_learned`).
+    pub floor: Option<f64>,
 }
 
 impl Keeper {
     pub fn new(keep: Keep, baseline: Option<f64>) -> Keeper {
-        Keeper { keep, baseline, kept: None, best: None, write_failed: false }
+        Keeper { keep, baseline, kept: None, best: None, write_failed: false, floor: None }
+    }
+
+    /// The same, with an epoch no better than `floor` never written.
+    pub fn with_floor(self, floor: f64) -> Keeper {
+        Keeper { floor: Some(floor), ..self }
     }
 
     /// Offers `epoch`, of validation loss `loss`: when the rule keeps it, `write` writes it, and only
@@ -99,7 +107,7 @@ impl Keeper {
         if self.best.is_none_or(|(_, best)| loss < best) {
             self.best = Some((epoch, loss));
         }
-        let beats_baseline = self.baseline.is_none_or(|b| loss < b);
+        let beats_baseline = self.baseline.is_none_or(|b| loss < b) && self.floor.is_none_or(|f| loss < f);
         let keep = match self.keep {
             Keep::Best => beats_baseline && self.kept.is_none_or(|(_, kept)| loss < kept),
             Keep::Last => beats_baseline,
@@ -121,7 +129,7 @@ impl Keeper {
         let out = path.display();
         match (self.kept, self.baseline, self.best) {
             (Some((epoch, loss)), _, _) => format!("{out} holds epoch {epoch} ({loss_name} {loss:.4})"),
-            (None, Some(baseline), Some((epoch, loss))) if !self.write_failed => format!(
+            (None, Some(baseline), Some((epoch, loss))) if !self.write_failed && loss >= baseline => format!(
                 "nothing written: no epoch beat the {loss_name} {baseline:.4} of the model the run started from \
                  (best: epoch {epoch}, {loss:.4}), so {out} is unchanged"
             ),

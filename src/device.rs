@@ -79,7 +79,15 @@ impl Backend {
     pub fn describe(&self) -> String {
         match self {
             Backend::Cpu => "cpu".into(),
-            Backend::Cuda(gpu) => format!("cuda ({})", gpu.describe()),
+            Backend::Cuda(gpu) => format!("{} ({})", self.id(), gpu.describe()),
+        }
+    }
+
+    /// The device as PyTorch names it: "cpu" or "cuda:0".
+    pub fn id(&self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda(_) => "cuda:0",
         }
     }
 }
@@ -93,22 +101,32 @@ pub fn select(choice: DeviceChoice) -> Result<Backend> {
 /// found: "cuda (NVIDIA H100 …) (--device auto found a usable GPU)" or "cpu (--device auto: no usable GPU:
 /// why)".
 pub fn select_described(choice: DeviceChoice) -> Result<(Backend, String)> {
-    match choice {
-        DeviceChoice::Cpu => Ok((Backend::Cpu, Backend::Cpu.describe())),
+    let (backend, reason) = match choice {
+        DeviceChoice::Cpu => (Backend::Cpu, "--device cpu".to_string()),
         DeviceChoice::Cuda => {
             let backend = Gpu::open(0).map(|gpu| Backend::Cuda(Arc::new(gpu))).context("--device cuda")?;
-            let described = backend.describe();
-            Ok((backend, described))
+            (backend, "--device cuda".into())
         }
         DeviceChoice::Auto => match Gpu::open(0) {
-            Ok(gpu) => {
-                let backend = Backend::Cuda(Arc::new(gpu));
-                let described = format!("{} (--device auto found a usable GPU)", backend.describe());
-                Ok((backend, described))
-            }
-            Err(why) => Ok((Backend::Cpu, format!("cpu (--device auto: no usable GPU: {why:#})"))),
+            Ok(gpu) => (Backend::Cuda(Arc::new(gpu)), "--device auto found a usable GPU".into()),
+            Err(why) => (Backend::Cpu, format!("--device auto: no usable GPU: {why:#}")),
         },
-    }
+    };
+    let described = match choice {
+        DeviceChoice::Auto => format!("{} ({reason})", backend.describe()),
+        _ => backend.describe(),
+    };
+    let _ = SELECTION_REASON.set(reason);
+    Ok((backend, described))
+}
+
+/// Why this process's run trains where it does (set by `select_described`, for the report's
+/// `device_reason`).
+static SELECTION_REASON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The reason `select_described` gave, if it was called.
+pub fn selection_reason() -> Option<&'static str> {
+    SELECTION_REASON.get().map(String::as_str)
 }
 
 /// Runs `f`, turning a panic inside it (cudarc's missing-library or missing-symbol panics) into an error,

@@ -104,12 +104,33 @@ fn parse_args() -> clap::ArgMatches {
     }
     let matches = numbers_may_be_negative(command_line()).try_get_matches();
     matches.unwrap_or_else(|err| {
-        if let Some(line) = negative_value_error(&err) {
-            textnet::console::err(&line);
-            std::process::exit(2);
-        }
-        err.exit()
+        let line = match err.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                err.exit()
+            }
+            _ => negative_value_error(&err).unwrap_or_else(|| one_line(&err)),
+        };
+        textnet::console::err(&line);
+        std::process::exit(err.exit_code());
     })
+}
+
+/// A usage error in one line, as the program's own errors are: clap's message and tip, then the usage.
+fn one_line(err: &clap::Error) -> String {
+    let text = err.render().to_string();
+    let (mut message, mut usage) = (Vec::new(), Vec::new());
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("For more information")) {
+        match line.strip_prefix("Usage: ") {
+            Some(form) => usage.push(form),
+            None if !usage.is_empty() => usage.push(line),
+            None => message.push(line.strip_prefix("error: ").unwrap_or(line)),
+        }
+    }
+    let usage = match usage.is_empty() {
+        true => String::new(),
+        false => format!(" (usage: {}; more with --help)", usage.join(" | ")),
+    };
+    format!("textnet: error: {}{usage}", message.join(" "))
 }
 
 /// One line for a negative value given to a flag that takes whole numbers of 0 or more.

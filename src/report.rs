@@ -21,8 +21,9 @@ pub enum Status {
     Interrupted,
     /// Every epoch ran, none beat the model the run started from, so nothing was written.
     NotBetter,
-    /// Every epoch ran, but the model does no better than guessing, so none of it was written.
-    ChanceLevel,
+    /// Every epoch ran, but the model does no better than its task's trivial baseline, so none of it was
+    /// written (`run::not_learned` says which baseline each pipeline has).
+    NotLearned,
 }
 
 impl Status {
@@ -107,8 +108,9 @@ pub struct Report {
     /// The settings, flat, one key per flag (defaults filled in); `out`, `keep`, `lr`, `epochs`,
     /// `batch`, `seed` and `device` (as given: auto, cuda, cpu) in every pipeline.
     pub config: Value,
-    /// The device the run trained on, described.
-    pub device: String,
+    /// `device` ("cpu" or "cuda:0"), `device_name` and `device_reason`.
+    #[serde(flatten)]
+    pub device: DeviceFields,
     /// What the run trained on; `train_samples` and `val_samples` in every pipeline.
     pub data: Value,
     /// Number of trainable parameters.
@@ -125,6 +127,28 @@ pub struct Report {
     /// The validation loss an epoch had to beat to be written: that of the model the run started from.
     pub baseline_val_loss: Option<f64>,
     pub diverged: Option<Divergence>,
+}
+
+/// Where a run trained: `device` as PyTorch names it ("cpu" or "cuda:0"), the GPU's name (null on the
+/// CPU), and why that device (`--device cpu`, `--device auto found a usable GPU`, …).
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceFields {
+    pub device: &'static str,
+    pub device_name: Option<String>,
+    pub device_reason: String,
+}
+
+impl DeviceFields {
+    pub fn of(backend: &crate::device::Backend) -> DeviceFields {
+        DeviceFields {
+            device: backend.id(),
+            device_name: match backend {
+                crate::device::Backend::Cpu => None,
+                crate::device::Backend::Cuda(gpu) => Some(gpu.describe()),
+            },
+            device_reason: crate::device::selection_reason().unwrap_or_default().to_string(),
+        }
+    }
 }
 
 /// The version of textnet, for the report's `textnet`.
@@ -173,12 +197,28 @@ pub struct Display {
     /// speed was measured from.
     tokens_per_step: usize,
     last: (usize, std::time::Instant),
+    /// `--log-every`: an epoch line every this many epochs (and the first and last).
+    log_every: usize,
 }
 
 impl Display {
     /// For a run of `epochs` epochs; `json`: the lines go to stderr.
     pub fn new(quiet: bool, json: bool, epochs: usize) -> Display {
-        Display { quiet, to_stderr: json, epochs, bar: None, tokens_per_step: 0, last: (0, std::time::Instant::now()) }
+        Display {
+            quiet,
+            to_stderr: json,
+            epochs,
+            bar: None,
+            tokens_per_step: 0,
+            last: (0, std::time::Instant::now()),
+            log_every: 1,
+        }
+    }
+
+    /// The same, printing an epoch's line only every `n` epochs, the first and the last (`--log-every`).
+    pub fn log_every(mut self, n: usize) -> Display {
+        self.log_every = n.max(1);
+        self
     }
 
     /// An informational line (none with `--quiet`).
@@ -258,16 +298,26 @@ impl Display {
         }
     }
 
-    /// Replaces the bar by "epoch 2/5: train loss …, `figures`, … samples/s, … elapsed; `note`".
+    /// Replaces the bar by "epoch 2/5: train loss …, `figures`, … samples/s, … elapsed, about … left;
+    /// `note`" (the time left at the run's mean speed so far).
     pub fn epoch_finished(&mut self, row: &EpochRow, figures: &str, note: &str) {
         self.clear();
+        if !(row.epoch == 1 || row.epoch.is_multiple_of(self.log_every) || row.epoch >= self.epochs) {
+            return;
+        }
         let note = if note.is_empty() { String::new() } else { format!("; {note}") };
+        let left = match self.epochs.checked_sub(row.epoch) {
+            Some(left) if left > 0 && row.epoch > 0 => {
+                format!(", about {} left", duration(row.elapsed_s / row.epoch as f64 * left as f64))
+            }
+            _ => String::new(),
+        };
         self.line(&format!(
-            "epoch {}/{}: train loss {:.4}, {figures}, {:.0} samples/s, {} elapsed{note}",
+            "epoch {}/{}: train loss {:.4}, {figures}, {} samples/s, {} elapsed{left}{note}",
             row.epoch,
             self.epochs,
             row.train_loss,
-            row.samples_per_s,
+            thousands(row.samples_per_s),
             duration(row.elapsed_s)
         ));
     }

@@ -41,7 +41,7 @@ pub struct Ending {
     pub diverged: Option<Divergence>,
     /// Stopped by Ctrl-C: where, e.g. "after epoch 2 of 5".
     pub interrupted: Option<String>,
-    /// The model was trained but is no good (at chance level, XOR not learned): the error line.
+    /// The model was trained but learned nothing (`not_learned`): the error line.
     pub failed: Option<String>,
     /// Whether `--out` now holds this run's model.
     pub written: bool,
@@ -55,7 +55,7 @@ impl Ending {
     /// The report's `status`.
     pub fn status(&self) -> Status {
         match (&self.failed, self.diverged.is_some()) {
-            (Some(_), false) => Status::ChanceLevel,
+            (Some(_), false) => Status::NotLearned,
             _ => Status::of(self.diverged.is_some(), self.interrupted.is_some(), self.written),
         }
     }
@@ -133,11 +133,20 @@ mod tests {
         assert_eq!(err.to_string(), "interrupted after epoch 2 of 5; m holds the trained model");
 
         let failed = Ending { failed: Some("XOR not learned".into()), written: false, ..ending() };
-        assert_eq!(failed.status(), Status::ChanceLevel);
+        assert_eq!(failed.status(), Status::NotLearned);
         assert_eq!(failed.conclude().unwrap_err().to_string(), "XOR not learned");
 
         let kept = Ending { written: false, outcome: "nothing written".into(), ..ending() };
         assert_eq!(kept.status(), Status::NotBetter);
         assert_eq!(kept.conclude().unwrap_err().to_string(), "nothing written");
     }
+}
+
+/// The one rule for a run that did not learn, in every pipeline: its model is no better than the trivial
+/// baseline of its task (guessing for MNIST, the unigram model for text, the training mean for sales,
+/// the characters' frequencies for the Transformer; for XOR, a point on the wrong side). Such a model is
+/// never written, and the run fails with status `not_learned` and this line: "the model did not learn:
+/// `finding`; `outcome`; `advice`".
+pub fn not_learned(finding: &str, outcome: &str, advice: &str) -> String {
+    format!("the model did not learn: {finding}; {outcome}; {advice}")
 }

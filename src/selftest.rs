@@ -90,7 +90,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
         let out = serde_json::json!({
-            "device": gpu.describe(), "seed": seed, "failed": failed, "seconds": seconds, "gpu_open_seconds": opened,
+            "device": "cuda:0", "device_name": gpu.describe(), "seed": seed, "failed": failed, "seconds": seconds, "gpu_open_seconds": opened,
             "checks": checks.iter().map(|c| serde_json::json!({
                 "kernel": c.kernel, "shape": c.shape, "rel_error": c.rel_error, "tolerance": c.tolerance, "pass": c.passed()
             })).collect::<Vec<_>>(),

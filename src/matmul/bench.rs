@@ -82,7 +82,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let failed: Vec<&str> = rows.iter().filter(|r| !r.passed()).map(|r| r.name).collect();
     if json {
         let report = serde_json::json!({
-            "device": gpu.describe(),
+            "device": "cuda:0", "device_name": gpu.describe(),
             "m": m, "n": n, "k": k, "dtype": "fp32", "launches_per_repeat": LAUNCHES,
             "rows": rows.iter().map(|r| serde_json::json!({
                 "kernel": r.name, "ms_median": r.median_ms(), "ms": r.ms, "tflops": tflops(r.median_ms()),

@@ -139,7 +139,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let bytes = layout.bytes_per_step(BENCH_BATCH);
     let flops = layout.flops_per_step(BENCH_BATCH);
     let out = serde_json::json!({
-        "device": gpu.describe(),
+        "device": "cuda:0", "device_name": gpu.describe(),
         "dataset": Dataset::Fashion.title(),
         "data_dir": data.dir.display().to_string(),
         "train_samples": n_train,
@@ -274,7 +274,7 @@ pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
     let train_ms: f64 = epochs.iter().map(|e| e["train_device_ms"].as_f64().unwrap_or(0.0)).sum();
     let steps = BENCH_EPOCHS * n_train.div_ceil(BENCH_BATCH);
     let out = serde_json::json!({
-        "device": gpu.describe(),
+        "device": "cuda:0", "device_name": gpu.describe(),
         "dataset": Dataset::Fashion.title(),
         "model": "conv3x3(1→8) relu pool → conv3x3(8→16) relu pool → 784 → 64 relu → 10",
         "optimizer": optim.describe(), "batch": BENCH_BATCH, "epochs": BENCH_EPOCHS,

@@ -21,7 +21,7 @@ pub struct ClassifyArgs {
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
     /// Model file written by `textnet mnist`
-    #[arg(long, default_value = "mnist.safetensors")]
+    #[arg(short = 'm', long, default_value = "mnist.safetensors")]
     pub model: PathBuf,
     /// IDX labels of the one IDX image file given: report accuracy, loss and the confusion matrix
     #[arg(long, value_name = "IDX")]
@@ -33,7 +33,7 @@ pub struct ClassifyArgs {
     #[arg(long)]
     pub tsv: bool,
     /// No notes on stderr about images converted to 8-bit greyscale 28×28 (errors only)
-    #[arg(long)]
+    #[arg(short = 'q', long)]
     pub quiet: bool,
 }
 

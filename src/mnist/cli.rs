@@ -52,7 +52,7 @@ pub struct MnistArgs {
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
     /// Passes over the training samples
-    #[arg(long, default_value_t = 10)]
+    #[arg(short = 'e', long, default_value_t = 10)]
     pub epochs: usize,
     /// Seed of the initial parameters and of the shuffle
     #[arg(long, default_value_t = 1)]
@@ -73,7 +73,7 @@ pub struct MnistArgs {
     pub device: DeviceChoice,
     /// Where to write the model (.safetensors; mnist-cnn.safetensors for --model cnn); it is written after
     /// every epoch that --keep keeps
-    #[arg(long, default_value = "mnist.safetensors", default_value_if("model", "cnn", "mnist-cnn.safetensors"))]
+    #[arg(short = 'o', long, default_value = "mnist.safetensors", default_value_if("model", "cnn", "mnist-cnn.safetensors"))]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
@@ -81,8 +81,11 @@ pub struct MnistArgs {
     /// must be of this run's --dataset, --model, --hidden and --activation (the file at --out may be it)
     #[arg(long, value_name = "MODEL")]
     pub resume: Option<PathBuf>,
+    /// Print an epoch's line only every N epochs (and the first and last), for long runs
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub log_every: usize,
     /// Print errors only: no progress bar and no other lines (the --json report still comes)
-    #[arg(long)]
+    #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
@@ -273,7 +276,7 @@ impl TrainingCommand for MnistArgs {
             MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
         shape.validate()?;
         let resumed = resumed_model(args, shape)?;
-        let display = Display::new(args.quiet, args.json, args.epochs);
+        let display = Display::new(args.quiet, args.json, args.epochs).log_every(args.log_every);
 
         let started = std::time::Instant::now();
         // Opening the GPU (a CUDA context: ~0.5 s) and decoding the data files (~0.3 s) overlap.
@@ -498,11 +501,9 @@ impl TrainingCommand for MnistArgs {
                 }
                 _ => format!("lower --lr (this run used {}) or try --optim adam", report::decimal(optim.lr)),
             };
-            format!(
-                "the model learned nothing: test accuracy {:.1}% where guessing gets {:.1}%; {outcome}; {advice}",
-                100.0 * accuracy,
-                100.0 * chance
-            )
+            let finding =
+                format!("test accuracy {:.1}% where guessing gets {:.1}%", 100.0 * accuracy, 100.0 * chance);
+            run::not_learned(&finding, &outcome, &advice)
         });
         let decay = match optim.weight_decay > 1.0 {
             true => format!(", or a far lower --weight-decay (this run used {})", report::decimal(optim.weight_decay)),
@@ -526,7 +527,7 @@ impl TrainingCommand for MnistArgs {
             // epochs with their evaluations and saves.
             final_extra.insert(
                 "wall_s".into(),
-                json!({"device": device_s, "data": data_s, "setup": setup_s, "training": training_s, "total": started.elapsed().as_secs_f64()}),
+                json!({"device_open": device_s, "data": data_s, "setup": setup_s, "training": training_s, "total": started.elapsed().as_secs_f64()}),
             );
             let config = json!({
                 "dataset": args.dataset.name(),
@@ -555,7 +556,7 @@ impl TrainingCommand for MnistArgs {
                 command: "mnist",
                 status: ending.status(),
                 config,
-                device: backend.describe(),
+                device: report::DeviceFields::of(&backend),
                 data: json!({
                     "dataset": args.dataset.name(),
                     "dir": data_dir.display().to_string(),

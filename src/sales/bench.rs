@@ -104,7 +104,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     let by_epoch: Option<Vec<f64>> =
         cpu.as_ref().map(|(h, _)| gpu_history.iter().zip(h).map(|(g, c)| (g.1 - c.1).abs() / c.1).collect());
     let report = serde_json::json!({
-        "device": gpu.describe(),
+        "device": "cuda:0", "device_name": gpu.describe(),
         "table": o.table.display().to_string(),
         "train_rows": rows, "test_rows": data.test.rows, "features": shape.inputs,
         "model": format!("Linear({},{}) -> ReLU -> Linear({},1), MSE", shape.inputs, shape.hidden, shape.hidden),

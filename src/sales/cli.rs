@@ -79,7 +79,7 @@ pub struct SalesArgs {
     #[arg(long, default_value_t = DEFAULT_BATCH)]
     pub batch: usize,
     /// Passes over the training rows
-    #[arg(long, default_value_t = DEFAULT_EPOCHS)]
+    #[arg(short = 'e', long, default_value_t = DEFAULT_EPOCHS)]
     pub epochs: usize,
     /// Seed of the initial parameters, of the train/test split and of the row order
     #[arg(long, default_value_t = 1)]
@@ -89,12 +89,12 @@ pub struct SalesArgs {
     pub device: DeviceChoice,
     /// Where to write the model (.safetensors); a sales model of the same features already there is
     /// replaced only by one with a lower test MAE (validation MAE with --val-split)
-    #[arg(long, default_value = "sales.safetensors")]
+    #[arg(short = 'o', long, default_value = "sales.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
     /// Predict with this model file instead of training (with --predict)
-    #[arg(long, value_name = "M", requires = "predict", conflicts_with = "resume")]
+    #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with = "resume")]
     pub model: Option<PathBuf>,
     /// The table to predict, laid out as the training file; its target column may be left out or left
     /// empty (where it is given, the MAE is reported)
@@ -103,8 +103,11 @@ pub struct SalesArgs {
     /// Where --predict writes its TSV (line, prediction); default stdout
     #[arg(long, value_name = "OUT", requires = "predict")]
     pub predictions: Option<PathBuf>,
+    /// Print an epoch's line only every N epochs (and the first and last), for long runs
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub log_every: usize,
     /// Print errors only (the --json report still comes)
-    #[arg(long)]
+    #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
@@ -213,7 +216,7 @@ impl TrainingCommand for SalesArgs {
             Some(path) => Some(modelfile::load(path).context("--resume")?),
             None => None,
         };
-        let display = Display::new(args.quiet, args.json, args.epochs);
+        let display = Display::new(args.quiet, args.json, args.epochs).log_every(args.log_every);
         let bytes = fsutil::read_input(&file, "table")?;
         let source = fsutil::shown(&file);
         let mut options = LoadOptions::new(match &resumed {
@@ -460,6 +463,21 @@ impl TrainingCommand for SalesArgs {
                 (better.then(|| (params, last.expect("a better run has an epoch"))), outcome)
             }
         };
+        // A model no better than predicting the training mean learned nothing, and is not written.
+        let not_learned = chosen.as_ref().map(|(_, e)| e.mae).filter(|&mae| mae >= baseline_mae);
+        let chosen = chosen.filter(|_| not_learned.is_none());
+        let outcome = match not_learned {
+            Some(_) if args.out.exists() => format!("nothing written, so {} is unchanged", args.out.display()),
+            Some(_) => format!("nothing written to {}", args.out.display()),
+            None => outcome,
+        };
+        let failed = not_learned.filter(|_| !interrupted && diverged.is_none()).map(|mae| {
+            run::not_learned(
+                &format!("its test MAE {mae:.4} is no better than predicting the training mean ({baseline_mae:.4})"),
+                &outcome,
+                "try more --epochs or another --lr",
+            )
+        });
         let written = chosen.is_some();
         let kept_eval = chosen.as_ref().map(|(_, e)| *e);
         if let Some((params, _)) = chosen {
@@ -476,7 +494,9 @@ impl TrainingCommand for SalesArgs {
             };
             modelfile::save(&model, &args.out)?;
         }
-        display.line(&outcome);
+        if failed.is_none() {
+            display.line(&outcome);
+        }
 
         let history_len = history.len();
         let kept_epoch = match &keeper {
@@ -487,7 +507,7 @@ impl TrainingCommand for SalesArgs {
             report: None,
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {history_len} of {}", args.epochs)),
-            failed: None,
+            failed,
             written,
             outcome,
             remedy: "try a lower --lr".into(),
@@ -525,7 +545,7 @@ impl TrainingCommand for SalesArgs {
                     "split_order": args.split_order.name(),
                     "device": report::flag_value(&args.device),
                 }),
-                device: backend.describe(),
+                device: report::DeviceFields::of(&backend),
                 data: json!({
                     "file": data.source,
                     "train_samples": data.train.rows,

@@ -154,7 +154,7 @@ pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result
     let bytes_step = 2.0 * v * h * f + 3.0 * h * d * f;
     if json {
         let out = serde_json::json!({
-            "device": gpu.describe(),
+            "device": "cuda:0", "device_name": gpu.describe(),
             "shape": {"vocab": shape.vocab, "embed": shape.embed, "hidden": shape.hidden, "context": shape.context},
             "grid": layout.grid, "rows_per_block": layout.rows_per_block,
             "single_sample_bytes_per_step": bytes_step,
@@ -295,7 +295,7 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
         None => (serde_json::Value::Null, serde_json::Value::Null),
     };
     let out = serde_json::json!({
-        "device": gpu.describe(), "corpus": args.corpus, "vocab": shape.vocab, "samples": order.len(),
+        "device": "cuda:0", "device_name": gpu.describe(), "corpus": args.corpus, "vocab": shape.vocab, "samples": order.len(),
         "val_samples": val.len(), "lr": lr, "batch": 1, "seed": args.seed,
         "gpu": summary(gpu_train, gpu_eval, gpu_secs), "cpu": cpu,
         "val_loss_rel_diff": rel_diff, "early_parity": early_parity, "dump": args.dump,

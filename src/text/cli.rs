@@ -26,7 +26,7 @@ pub struct TrainArgs {
     /// invalid byte)
     pub corpus: PathBuf,
     /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
-    #[arg(long, default_value = "textnet.safetensors")]
+    #[arg(short = 'o', long, default_value = "textnet.safetensors")]
     pub out: PathBuf,
     /// Which epoch the model file holds: the one of lowest validation loss, or the last
     #[arg(long, value_enum, default_value_t = Keep::Best)]
@@ -50,7 +50,7 @@ pub struct TrainArgs {
     pub hidden: usize,
     /// SGD learning rate (single samples: 0.01-0.02 did best on the Shakespeare corpus at the default size;
     /// 0.1 is worse). With --batch B, B times this keeps an epoch's progress (a step averages B samples)
-    /// [default: 0.02; on the CPU without --batch: 2.56, for its batch of 256]
+    /// [default: 0.02; on the CPU 0.01 × the batch: 2.56 for its default batch of 256, 0.64 for --batch 64]
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f32>,
     /// Optimizer: sgd is fused into the step kernels (single samples at full speed); momentum and adam take
@@ -65,7 +65,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f32,
     /// Passes over the training samples [default: 5; on the CPU: 3]
-    #[arg(long)]
+    #[arg(short = 'e', long)]
     pub epochs: Option<usize>,
     /// Samples per SGD step. On the CPU, given neither --batch nor --lr, steps of 256 samples at lr 2.56
     /// (single samples would take hours there); given either, the other takes its GPU default
@@ -94,8 +94,11 @@ pub struct TrainArgs {
     /// Where to train
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceChoice,
+    /// Print an epoch's line only every N epochs (and the first and last), for long runs
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub log_every: usize,
     /// Print errors only: no progress bar and no other lines (the --json report still comes)
-    #[arg(long)]
+    #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
@@ -146,13 +149,16 @@ impl TrainArgs {
 
     /// The flags with the defaults of the device the run trains on filled in.
     fn plan(&self, on_cpu: bool) -> Plan {
-        let cpu_default = on_cpu && self.batch.is_none() && self.lr.is_none() && self.optim == OptimKind::Sgd;
-        let (lr, batch) = match cpu_default {
-            true => (CPU_LR, CPU_BATCH),
-            false => (self.lr.unwrap_or(DEFAULT_LR), self.batch.unwrap_or(1)),
+        let cpu_rule = on_cpu && self.lr.is_none() && self.optim == OptimKind::Sgd;
+        let cpu_default = cpu_rule && self.batch.is_none();
+        let batch = self.batch.unwrap_or(if cpu_default { CPU_BATCH } else { 1 });
+        let lr = match self.lr {
+            Some(lr) => lr,
+            None if cpu_rule && batch > 1 => CPU_LR_PER_SAMPLE * batch as f32,
+            None => DEFAULT_LR,
         };
         let epochs = self.epochs.unwrap_or(if on_cpu { CPU_EPOCHS } else { DEFAULT_EPOCHS });
-        Plan { lr, batch, epochs, cpu_default }
+        Plan { lr, batch, epochs, cpu_default, cpu_rule: cpu_rule && batch > 1 }
     }
 
     fn config_json(&self, shape: TextShape, tokenizer: Tokenizer, plan: &Plan) -> serde_json::Value {
@@ -315,7 +321,7 @@ impl TrainingCommand for TrainArgs {
         let (backend, device_line) = device::select_described(args.device)?;
         let on_cpu = matches!(backend, device::Backend::Cpu);
         let plan = args.plan(on_cpu);
-        let display = Display::new(args.quiet, args.json, plan.epochs);
+        let display = Display::new(args.quiet, args.json, plan.epochs).log_every(args.log_every);
         let batch = plan.batch.min(split.train.len());
         shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
         let params = match resumed {
@@ -331,6 +337,7 @@ impl TrainingCommand for TrainArgs {
             plan,
             cpu_line,
             device: device_line,
+            device_fields: report::DeviceFields::of(&backend),
             tokens: tokens.len(),
             truncated: corpus.truncated,
             unknown: corpus.unknown,
@@ -401,8 +408,9 @@ impl TrainingCommand for TrainArgs {
             seed: args.seed,
             shuffle: !args.no_shuffle,
         };
-        let saver =
-            Saver { out: args.out.clone(), keeper: Keeper::new(args.keep, baseline), model, note: String::new() };
+        // An epoch no better than the unigram model learned nothing, and is never written.
+        let keeper = Keeper::new(args.keep, baseline).with_floor(summary.unigram);
+        let saver = Saver { out: args.out.clone(), keeper, model, note: String::new() };
         let mut bar = EpochBar { display, saver };
         let run = train::train(trainer.as_mut(), &train, &val, &options, &mut bar);
         Ok(Trained { _lock, summary, bar, run })
@@ -417,11 +425,21 @@ impl TrainingCommand for TrainArgs {
         let outcome = keeper.outcome(&args.out, "val loss");
         let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
         let interrupted = epochs.len() < plan.epochs && diverged.is_none();
+        let failed = match keeper.best {
+            Some((_, best)) if keeper.kept.is_none() && diverged.is_none() && !interrupted && best >= summary.unigram => {
+                Some(run::not_learned(
+                    &format!("its best val loss {best:.4} is no better than the unigram model's {:.4}", summary.unigram),
+                    &outcome,
+                    &format!("try more --epochs or another --lr (this run used {})", plan.lr),
+                ))
+            }
+            _ => None,
+        };
         let mut ending = Ending {
             report: None,
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {} of {}", epochs.len(), plan.epochs)),
-            failed: None,
+            failed,
             written: keeper.kept.is_some(),
             outcome,
             remedy: format!("try a lower --lr (this run used {})", plan.lr),
@@ -495,6 +513,8 @@ struct Summary {
     /// On the CPU: what it trains with and how long that should take.
     cpu_line: Option<String>,
     device: String,
+    /// The report's device fields.
+    device_fields: report::DeviceFields,
     tokens: usize,
     truncated: bool,
     unknown: usize,
@@ -565,7 +585,7 @@ impl Summary {
             command: "train",
             status,
             config: args.config_json(self.shape, self.tokenizer, &self.plan),
-            device: self.device.clone(),
+            device: self.device_fields.clone(),
             data: json!({
                 "tokens": self.tokens,
                 "tokens_truncated": self.truncated,
@@ -611,7 +631,8 @@ const DEFAULT_EPOCHS: usize = 5;
 /// a second and follow the single-sample run's validation loss epoch for epoch, so three epochs reach
 /// about the loss the GPU's five do (BENCHMARKS.md, "CPU fallback").
 const CPU_BATCH: usize = 256;
-const CPU_LR: f32 = 2.56;
+/// The CPU's SGD learning rate per sample of a batch: 2.56 for its batch of 256.
+const CPU_LR_PER_SAMPLE: f32 = 0.01;
 const CPU_EPOCHS: usize = 3;
 
 /// What a run trains with: the flags, with the defaults of its device filled in.
@@ -622,6 +643,8 @@ struct Plan {
     epochs: usize,
     /// The CPU's own batch and learning rate (neither --batch nor --lr given on the CPU).
     cpu_default: bool,
+    /// The learning rate is the CPU's rule for the batch (SGD batches on the CPU without --lr).
+    cpu_rule: bool,
 }
 
 /// Says what a CPU run trains with and how long it should take, from a few steps timed on a copy of
@@ -650,6 +673,10 @@ fn cpu_plan_line(
         (true, _) => format!(
             "batch {} and SGD lr {} (the CPU's defaults: single samples at lr {DEFAULT_LR}, as on a GPU, would take \
              hours here), {epochs} on {threads}",
+            plan.batch, plan.lr
+        ),
+        (false, true) if plan.cpu_rule => format!(
+            "batch {} and SGD lr {} (the CPU's rule: {CPU_LR_PER_SAMPLE} × the batch), {epochs} on {threads}",
             plan.batch, plan.lr
         ),
         (false, true) => format!("batch {} and SGD lr {}, {epochs} on {threads}", plan.batch, plan.lr),

@@ -319,7 +319,11 @@ pub fn measure(
     }
     let batch = batch.clamp(1, train.len());
     let mut steps = train.chunks(batch).cycle();
-    trainer.train(steps.next().unwrap_or_default(), batch, lr)?;
+    // Warm first (caches, the allocator, rayon's threads): timing a cold trainer overstated a run by half.
+    let warming = Instant::now();
+    while warming.elapsed() < budget / 2 {
+        trainer.train(steps.next().unwrap_or_default(), batch, lr)?;
+    }
     let started = Instant::now();
     let mut samples = 0;
     while samples == 0 || (started.elapsed() < budget && samples < MEASURED_SAMPLES) {

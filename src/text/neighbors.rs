@@ -20,7 +20,7 @@ pub struct NeighborsArgs {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     /// Model file written by `textnet train`
-    #[arg(long, default_value = "textnet.safetensors")]
+    #[arg(short = 'm', long, default_value = "textnet.safetensors")]
     pub model: PathBuf,
     /// Print one JSON object
     #[arg(long)]

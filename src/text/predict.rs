@@ -96,7 +96,7 @@ pub struct PredictArgs {
     #[arg(long)]
     pub show_unk: bool,
     /// Model file written by `textnet train`
-    #[arg(long, default_value = "textnet.safetensors")]
+    #[arg(short = 'm', long, default_value = "textnet.safetensors")]
     pub model: PathBuf,
     /// Print one JSON object per context instead of text (JSON Lines when reading standard input)
     #[arg(long)]

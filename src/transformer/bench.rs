@@ -91,7 +91,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
     let tokens = (steps * batch * config.block) as f64;
     let final_val = rows.last().map(|r| r["val_loss"].as_f64().unwrap_or(f64::NAN)).unwrap_or(f64::NAN);
     let out = serde_json::json!({
-        "device": gpu.describe(),
+        "device": "cuda:0", "device_name": gpu.describe(),
         "corpus": corpus_path.display().to_string(),
         "config": {"vocab": config.vocab, "block": config.block, "embed": config.embed, "heads": config.heads,
                    "layers": config.layers, "batch": batch, "steps": steps, "optimizer": optim.describe(), "seed": seed,

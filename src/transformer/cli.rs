@@ -68,7 +68,7 @@ pub struct TransformerArgs {
     pub tf32: bool,
     /// Where to write the model (.safetensors); a Transformer already there (of the same vocabulary and
     /// block) is replaced only by one of equal or lower validation loss on this run's validation windows
-    #[arg(long, default_value = "transformer.safetensors")]
+    #[arg(short = 'o', long, default_value = "transformer.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
@@ -77,7 +77,7 @@ pub struct TransformerArgs {
     #[arg(long, value_name = "MODEL")]
     pub resume: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
-    #[arg(long)]
+    #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
@@ -381,8 +381,10 @@ impl TrainingCommand for TransformerArgs {
         let Trained { setup, rows, diverged, done, last_val, seconds } = trained;
         let Setup { display, trainer, corpus, config, backend, val_offsets, baseline, evals, steps_before, .. } = setup;
         let interrupted = diverged.is_none() && done < args.steps;
+        let unigram = corpus.unigram_loss();
+        let learned = last_val < unigram;
         // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
-        let written = diverged.is_none() && baseline.is_none_or(|b| last_val as f32 <= b as f32);
+        let written = diverged.is_none() && learned && baseline.is_none_or(|b| last_val as f32 <= b as f32);
         let out = args.out.display();
         if written {
             let model = TransformerModel {
@@ -410,11 +412,18 @@ impl TrainingCommand for TransformerArgs {
                 String::new()
             }
         );
+        let failed = (diverged.is_none() && !interrupted && !learned).then(|| {
+            run::not_learned(
+                &format!("its val loss {last_val:.4} is no better than the unigram model's {unigram:.4}"),
+                &outcome,
+                &format!("try more --steps or another --lr (this run used {})", args.lr),
+            )
+        });
         let mut ending = Ending {
             report: None,
             diverged,
             interrupted: interrupted.then(|| format!("at step {done} of {}", args.steps)),
-            failed: None,
+            failed,
             written,
             outcome: if written && interrupted { format!("{out} holds the model of step {done}") } else { outcome },
             remedy,
@@ -436,13 +445,14 @@ impl TrainingCommand for TransformerArgs {
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                     "overwrite": args.overwrite,
                 }),
-                device: backend.describe(),
+                device: report::DeviceFields::of(&backend),
                 data: json!({
                     "train_chars": corpus.train.len(),
                     "val_chars": corpus.val.len(),
                     "val_windows": val_offsets.len(),
                     "vocabulary": config.vocab,
                     "unknown_chars": corpus.unknown,
+                    "unigram_val_loss": unigram,
                 }),
                 parameters: model::Layout::new(&config).len(),
                 epochs: rows,

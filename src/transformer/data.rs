@@ -143,6 +143,21 @@ impl Corpus {
     }
 }
 
+impl Corpus {
+    /// The validation loss of the unigram model: each character predicted by its frequency in the
+    /// training part (add-one smoothed over the vocabulary), whatever came before. A Transformer no
+    /// better than this learned nothing.
+    pub fn unigram_loss(&self) -> f64 {
+        let mut counts = vec![1.0f64; self.vocab.len()];
+        for &id in &self.train {
+            counts[id as usize] += 1.0;
+        }
+        let total: f64 = counts.iter().sum();
+        let loss: f64 = self.val.iter().map(|&id| (total / counts[id as usize]).ln()).sum();
+        loss / self.val.len().max(1) as f64
+    }
+}
+
 /// `bytes` as text: not empty, and UTF-8 (else the offset of the first invalid byte).
 fn utf8<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str> {
     if bytes.is_empty() {

@@ -46,7 +46,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let solved = predictions.iter().zip(TARGETS).all(|(y, t)| (y - t).abs() < 0.5);
     let ms = median(&device_ms);
     let report = serde_json::json!({
-        "device": gpu.describe(),
+        "device": "cuda:0", "device_name": gpu.describe(),
         "model": "Linear(2,4) -> sigmoid -> Linear(4,1), MSE, full-batch SGD",
         "lr": LR, "epochs": EPOCHS,
         "device_ms_median": ms, "device_ms": device_ms,

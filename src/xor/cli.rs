@@ -1,5 +1,5 @@
 //! `textnet xor`: train the XOR network by full-batch SGD on its four points, print the loss every
-//! --report-every epochs and the truth table, and write the model as .safetensors. What it prints goes
+//! --log-every epochs and the truth table, and write the model as .safetensors. What it prints goes
 //! through `report`, as for every training command.
 
 use super::gpu::GpuXor;
@@ -30,25 +30,25 @@ pub struct XorArgs {
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     pub lr: f32,
     /// SGD steps, each on all four points
-    #[arg(long, default_value_t = 5000)]
+    #[arg(short = 'e', long, default_value_t = 5000)]
     pub epochs: usize,
     /// Seed of the initial parameters
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Print the loss every N epochs
-    #[arg(long, value_name = "N", default_value_t = 500)]
+    /// Print the loss every N epochs (also spelt --report-every)
+    #[arg(long = "log-every", alias = "report-every", value_name = "N", default_value_t = 500)]
     pub report_every: usize,
     /// Where to train (on the GPU the whole run is one kernel launch)
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Where to write the model (.safetensors); an XOR model already there is replaced only by a
     /// better one (lower loss)
-    #[arg(long, default_value = "xor.safetensors")]
+    #[arg(short = 'o', long, default_value = "xor.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     pub overwrite: bool,
     /// Print errors only (the --json report still comes)
-    #[arg(long)]
+    #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Print one JSON report on stdout at the end (the other lines go to stderr)
     #[arg(long)]
@@ -67,7 +67,7 @@ fn check_args(args: &XorArgs) -> Result<()> {
     }
     resources::check_epochs(args.epochs)?;
     if args.report_every == 0 {
-        bail!("--report-every must be at least 1, got 0");
+        bail!("--log-every must be at least 1, got 0");
     }
     Ok(())
 }
@@ -89,7 +89,7 @@ pub struct Setup {
     baseline: Option<f64>,
 }
 
-/// What `train` hands to `finish`: the trained parameters and the loss of every --report-every-th epoch.
+/// What `train` hands to `finish`: the trained parameters and the loss of every --log-every-th epoch.
 pub struct Trained {
     setup: Setup,
     params: XorParams,
@@ -225,10 +225,10 @@ impl TrainingCommand for XorArgs {
             display.line(&outcome);
         }
         let failed = (diverged.is_none() && !learned).then(|| {
-            format!(
-                "XOR not learned: {wrong} of 4 points on the wrong side of 0.5 after {} epochs; {outcome}; try more \
-                 --epochs, another --seed or a lower --lr (this run used {})",
-                args.epochs, args.lr
+            run::not_learned(
+                &format!("{wrong} of 4 points are on the wrong side of 0.5 after {} epochs", args.epochs),
+                &outcome,
+                &format!("try more --epochs, another --seed or a lower --lr (this run used {})", args.lr),
             )
         });
         let mut ending = Ending {
@@ -265,7 +265,7 @@ impl TrainingCommand for XorArgs {
                     "overwrite": args.overwrite,
                     "device": report::flag_value(&args.device),
                 }),
-                device: backend.describe(),
+                device: report::DeviceFields::of(&backend),
                 data: json!({
                     "inputs": INPUTS,
                     "targets": TARGETS,

@@ -59,6 +59,8 @@ fn train_mnist_and_xor_report_in_one_shape() {
         "config",
         "data",
         "device",
+        "device_name",
+        "device_reason",
         "diverged",
         "epochs",
         "final",
@@ -72,6 +74,11 @@ fn train_mnist_and_xor_report_in_one_shape() {
     assert_eq!(keys(&mnist_report), top);
     assert_eq!(keys(&xor_report), top);
     assert_eq!(keys(&transformer_report), top);
+    // The device as PyTorch names it, the GPU's name (none on the CPU), and why that device.
+    for r in [&text_report, &mnist_report, &xor_report, &transformer_report] {
+        assert_eq!((r["device"].as_str(), r["device_name"].as_str()), (Some("cpu"), None));
+        assert_eq!(r["device_reason"], "--device cpu");
+    }
 
     for (r, command) in [(&text_report, "train"), (&mnist_report, "mnist")] {
         assert_eq!((r["command"].as_str(), r["status"].as_str()), (Some(command), Some("ok")));

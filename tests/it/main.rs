@@ -14,6 +14,7 @@ mod cli_limits;
 mod cli_messages;
 mod cli_outputs;
 mod cli_predict;
+mod cli_habits;
 mod cli_report;
 mod cli_shell;
 mod cli_text;

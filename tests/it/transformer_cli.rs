@@ -88,6 +88,8 @@ fn a_run_writes_the_model_and_reports_the_validation_loss() {
             "config",
             "data",
             "device",
+            "device_name",
+            "device_reason",
             "diverged",
             "epochs",
             "final",

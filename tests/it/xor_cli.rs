@@ -102,7 +102,7 @@ fn bad_inputs_are_one_line_errors_and_write_nothing() {
         (&["--lr", "0"], "--lr must be a positive finite number"),
         (&["--epochs", "0"], "--epochs must be at least 1"),
         (&["--epochs", "100000000"], "--epochs must be at most"),
-        (&["--report-every", "0"], "--report-every must be at least 1"),
+        (&["--log-every", "0"], "--log-every must be at least 1"),
         (&["--hidden", "100000000000000"], "lower --hidden"),
     ] {
         fails_with(&xor(&out, flags), &[expected]);

@@ -17,7 +17,7 @@ pub const SEPARATOR: &str = "---------------";
 
 /// `textnet generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let sampling = args.sampling()?;
+    let sampling = args.check()?;
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
     let (model, kind) = language_model(&bytes, &args.model, "it does not generate text")?;
     let (mut generator, prompt) =
@@ -40,16 +40,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             }
             console::print(&prompt.shown);
         }
+        // Nobody reads the text any more (`| head -1`): the sample ends, and no other follows.
         let mut emit = |piece: &str| {
             if !args.json {
                 console::print(piece);
             }
+            !console::stdout_closed()
         };
         let sample =
             continuation(generator.as_mut(), &prompt, &sampling, args.length, &args.stop, &mut rng, &mut emit)?;
         if !args.json {
             console::out("");
-            // Nobody reads the text any more (`| head -1`): stop, as a filter does.
             if console::stdout_closed() {
                 return Ok(());
             }

@@ -68,8 +68,8 @@ impl GenerateArgs {
         self.prompt.as_deref().or(self.prompt_flag.as_deref()).unwrap_or("")
     }
 
-    /// How tokens are drawn, checked; an error names the flag that is out of range.
-    pub fn sampling(&self) -> Result<Sampling> {
+    /// Checks every flag (an error names the one out of range) and gives how tokens are drawn.
+    pub fn check(&self) -> Result<Sampling> {
         if !(1..=MAX_LENGTH).contains(&self.length) {
             bail!("--length must be between 1 and {MAX_LENGTH}, got {}", self.length);
         }
@@ -209,7 +209,8 @@ pub struct Sample {
 }
 
 /// Draws one continuation of `prompt`: at most `length` tokens, ending after the token whose text makes
-/// the continuation contain one of `stops`. `emit` gets each token's text as it is drawn.
+/// the continuation contain one of `stops`. `emit` gets each token's text as it is drawn, and ends the
+/// sample there by answering false (its reader is gone).
 pub fn continuation(
     generator: &mut dyn Generator,
     prompt: &Prompt,
@@ -217,7 +218,7 @@ pub fn continuation(
     length: usize,
     stops: &[String],
     rng: &mut SeededRng,
-    emit: &mut dyn FnMut(&str),
+    emit: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Sample> {
     let mut context = prompt.ids.clone();
     let mut written = prompt.shown.clone();
@@ -232,7 +233,7 @@ pub fn continuation(
         let id = sample(&logits, sampling, skip, rng) as u32;
         context.push(id);
         let piece = generator.piece(id, &written);
-        emit(&piece);
+        let read = emit(&piece);
         // Only a match that ends in this piece is new: search from where such a match could begin.
         let mut from = written.len().saturating_sub(longest_stop.saturating_sub(1)).max(start);
         while !written.is_char_boundary(from) {
@@ -241,6 +242,9 @@ pub fn continuation(
         written.push_str(&piece);
         if stops.iter().any(|stop| written[from..].contains(stop.as_str())) {
             return Ok(sample_of(context, prompt, written, Stopped::Stop));
+        }
+        if !read {
+            break;
         }
     }
     Ok(sample_of(context, prompt, written, Stopped::Length))
@@ -338,12 +342,15 @@ mod tests {
         let mut rng = SeededRng::seed_from_u64(1);
         let mut streamed = String::new();
         let stops = ["xyz".to_string(), "de".to_string()];
-        let s =
-            continuation(&mut Letters, &prompt, &greedy, 10, &stops, &mut rng, &mut |p| streamed.push_str(p)).unwrap();
+        let s = continuation(&mut Letters, &prompt, &greedy, 10, &stops, &mut rng, &mut |p| {
+            streamed.push_str(p);
+            true
+        })
+        .unwrap();
         assert_eq!((s.text.as_str(), s.stopped, streamed.as_str()), ("bcde", Stopped::Stop, "bcde"));
         assert_eq!(s.ids, [1, 2, 3, 4]);
         // The prompt is not searched: "a" alone stops nothing.
-        let s = continuation(&mut Letters, &prompt, &greedy, 3, &["ab".into()], &mut rng, &mut |_| ()).unwrap();
+        let s = continuation(&mut Letters, &prompt, &greedy, 3, &["ab".into()], &mut rng, &mut |_| true).unwrap();
         assert_eq!((s.text.as_str(), s.stopped), ("bcd", Stopped::Length));
     }
 }

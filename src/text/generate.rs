@@ -105,7 +105,7 @@ pub fn generate(
     let prompt = read_prompt(model, prompt)?;
     let mut generator = TextGenerator::new(model.clone());
     let mut rng = SeededRng::seed_from_u64(seed);
-    let sample = continuation(&mut generator, &prompt, sampling, length, &[], &mut rng, &mut |_| ())?;
+    let sample = continuation(&mut generator, &prompt, sampling, length, &[], &mut rng, &mut |_| true)?;
     let tokens = sample.ids.iter().map(|&id| model.vocab.token(id).to_string()).collect();
     Ok((prompt, tokens))
 }

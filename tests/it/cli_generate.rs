@@ -146,7 +146,8 @@ fn json_has_one_shape_for_both_kinds() {
     assert_eq!((a["top_p"].as_f64(), a["top_k"].as_u64(), a["device"].as_str()), (Some(0.9), Some(5), Some("cpu")));
 }
 
-/// The first token is on stdout while the rest are still being drawn (the run would take minutes).
+/// The first token is on stdout while the rest are still being drawn (the run would take minutes), and
+/// a closed stdout ends the run.
 #[test]
 fn text_streams_as_it_is_drawn() {
     let dir = tempfile::tempdir().unwrap();
@@ -165,10 +166,17 @@ fn text_streams_as_it_is_drawn() {
         });
         let first = receive.recv_timeout(Duration::from_secs(60));
         let running = child.try_wait().unwrap().is_none();
+        // The reader is gone (its end of the pipe closed with the thread): generation stops soon after.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let ended = child.try_wait().unwrap();
         child.kill().ok();
         child.wait().unwrap();
         assert!(matches!(first, Ok(Ok(_))), "nothing printed within a minute: {first:?}");
         assert!(running, "the first byte came only at the end");
+        assert_eq!(ended.map(|status| status.code()), Some(Some(0)), "still drawing for a closed stdout");
     }
 }
 

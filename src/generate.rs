@@ -20,8 +20,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let sampling = args.check()?;
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
     let (model, kind) = language_model(&bytes, &args.model, "it does not generate text")?;
-    let (mut generator, prompt) =
-        (model.open)(&bytes, args.prompt()).with_context(|| format!("model file {}", args.model.display()))?;
+    let mut generator = (model.open)(&bytes).with_context(|| format!("model file {}", args.model.display()))?;
+    let prompt = generator.read_prompt(args.prompt())?;
     if prompt.unknown > 0 {
         console::err(&format!(
             "note: {} {}{} of the prompt {} not in the model's vocabulary and read as unknown",

@@ -8,7 +8,7 @@ use crate::check::{Check, Plan};
 use crate::device::Gpu;
 use crate::eval::{EvalArgs, Evaluation};
 use crate::modelkind::Kind;
-use crate::sampling::{Generator, Prompt};
+use crate::sampling::Generator;
 use anyhow::Result;
 use indicatif::ProgressBar;
 use std::sync::Arc;
@@ -29,8 +29,8 @@ pub struct Pipeline {
 /// How a pipeline's language model files generate and are evaluated; the commands around both are shared
 /// (`generate`, `sampling`, `eval`).
 pub struct LanguageModel {
-    /// The model file's bytes read for sampling, and the prompt (empty: unconditional) as it reads it.
-    pub open: fn(&[u8], &str) -> Result<Opened>,
+    /// The model file's bytes read for sampling.
+    pub open: fn(&[u8]) -> Result<Box<dyn Generator>>,
     /// The model file's bytes scored on `eval`'s corpus, advancing the bar by the samples done (it sets
     /// the bar's length).
     pub evaluate: fn(&[u8], &EvalArgs, &ProgressBar) -> Result<Evaluation>,
@@ -61,9 +61,6 @@ pub struct BenchOptions {
     /// One JSON object instead of a table.
     pub json: bool,
 }
-
-/// A language model file ready to sample from, and the prompt as it reads it.
-pub type Opened = (Box<dyn Generator>, Prompt);
 
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

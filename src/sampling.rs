@@ -173,6 +173,8 @@ pub trait Generator {
     fn unknown_id(&self) -> u32;
     /// What one token is: "token" (a word or punctuation) or "character".
     fn unit(&self) -> &'static str;
+    /// The prompt as the model reads it; empty: the model's start context, for an unconditional sample.
+    fn read_prompt(&self, text: &str) -> Result<Prompt>;
     /// The text token `id` adds after `before`, the text written so far.
     fn piece(&self, id: u32, before: &str) -> String;
 }
@@ -329,6 +331,9 @@ mod tests {
         }
         fn unit(&self) -> &'static str {
             "character"
+        }
+        fn read_prompt(&self, _text: &str) -> Result<Prompt> {
+            unimplemented!("the tests give the prompt's ids")
         }
         fn piece(&self, id: u32, _before: &str) -> String {
             char::from(b'a' + id as u8).to_string()

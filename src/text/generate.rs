@@ -7,7 +7,6 @@ use super::modelfile::TextModel;
 use super::predict::quoted;
 use super::vocab::UNK_ID;
 use crate::cpu::SeededRng;
-use crate::pipeline::Opened;
 use crate::sampling::{Generator, Prompt, Sampling, continuation};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -42,13 +41,15 @@ impl Generator for TextGenerator {
     fn piece(&self, id: u32, before: &str) -> String {
         joined(before, self.model.vocab.token(id))
     }
+
+    fn read_prompt(&self, text: &str) -> Result<Prompt> {
+        read_prompt(&self.model, text)
+    }
 }
 
-/// `generate`'s hook: a text model file's bytes and the prompt.
-pub fn open(bytes: &[u8], prompt: &str) -> Result<Opened> {
-    let model = TextModel::from_bytes(bytes)?;
-    let prompt = read_prompt(&model, prompt)?;
-    Ok((Box::new(TextGenerator::new(model)), prompt))
+/// `generate`'s hook: a text model file's bytes.
+pub fn open(bytes: &[u8]) -> Result<Box<dyn Generator>> {
+    Ok(Box::new(TextGenerator::new(TextModel::from_bytes(bytes)?)))
 }
 
 /// The prompt in the model's ids, shown as its tokens joined. Empty: the start context, as after the end

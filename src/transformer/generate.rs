@@ -6,7 +6,6 @@
 use super::data::UNKNOWN_ID;
 use super::model;
 use super::modelfile::TransformerModel;
-use crate::pipeline::Opened;
 use crate::sampling::{Generator, Prompt};
 use anyhow::Result;
 
@@ -34,17 +33,20 @@ impl Generator for TransformerGenerator {
     fn piece(&self, id: u32, _before: &str) -> String {
         self.model.vocab.decode(&[id])
     }
+
+    /// The prompt's characters, shown as given.
+    fn read_prompt(&self, text: &str) -> Result<Prompt> {
+        Ok(if text.is_empty() {
+            // A vocabulary without a newline reads it as the unknown id, which is then the start.
+            Prompt { ids: self.model.vocab.encode(START).0, shown: String::new(), unknown: 0 }
+        } else {
+            let (ids, unknown) = self.model.vocab.encode(text);
+            Prompt { ids, shown: text.to_string(), unknown }
+        })
+    }
 }
 
-/// `generate`'s hook: a Transformer file's bytes and the prompt, shown as given.
-pub fn open(bytes: &[u8], prompt: &str) -> Result<Opened> {
-    let model = TransformerModel::from_bytes(bytes)?;
-    let prompt = if prompt.is_empty() {
-        // A vocabulary without a newline reads it as the unknown id, which is then the start.
-        Prompt { ids: model.vocab.encode(START).0, shown: String::new(), unknown: 0 }
-    } else {
-        let (ids, unknown) = model.vocab.encode(prompt);
-        Prompt { ids, shown: prompt.to_string(), unknown }
-    };
-    Ok((Box::new(TransformerGenerator { model }), prompt))
+/// `generate`'s hook: a Transformer file's bytes.
+pub fn open(bytes: &[u8]) -> Result<Box<dyn Generator>> {
+    Ok(Box::new(TransformerGenerator { model: TransformerModel::from_bytes(bytes)? }))
 }

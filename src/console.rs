@@ -15,9 +15,14 @@ static STDOUT_ERROR: Mutex<Option<std::io::Error>> = Mutex::new(None);
 
 /// `text` and a newline on stdout.
 pub fn out(text: &str) {
+    print(&format!("{text}\n"));
+}
+
+/// `text` on stdout, flushed at once (no newline added): a piece of a line that streams.
+pub fn print(text: &str) {
     if !STDOUT_CLOSED.load(Ordering::Relaxed) {
         let mut stdout = std::io::stdout().lock();
-        if let Err(e) = writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
             STDOUT_CLOSED.store(true, Ordering::Relaxed);
             if e.kind() != ErrorKind::BrokenPipe {
                 STDOUT_ERROR.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);

@@ -49,6 +49,7 @@ pub mod checkpoint;
 pub mod console;
 pub mod cpu;
 pub mod device;
+pub mod eval;
 pub mod fsutil;
 mod fused_source;
 pub mod generate;

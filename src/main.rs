@@ -10,6 +10,8 @@ use textnet::pipelines;
 enum Command {
     /// Continue a prompt by sampling tokens from a trained model file
     Generate(textnet::sampling::GenerateArgs),
+    /// Evaluate a trained text model or Transformer on a corpus, without training
+    Eval(textnet::eval::EvalArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
     Selftest(textnet::selftest::SelftestArgs),
     /// Measure training speed on the GPU (the text model, or `bench BENCH`)
@@ -79,6 +81,7 @@ fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
     let command = Command::from_arg_matches(matches).unwrap_or_else(|err| err.format(&mut command_line()).exit());
     match command {
         Command::Generate(args) => textnet::generate::run(args),
+        Command::Eval(args) => textnet::generate::evaluate(args),
         Command::Selftest(args) => textnet::selftest::run(args),
         Command::Bench(args) => textnet::bench::run(args),
         Command::Completions { shell } => {

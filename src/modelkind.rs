@@ -35,7 +35,7 @@ pub const TRANSFORMER: Kind = Kind {
     tag: "textnet-transformer",
     legacy_tag: None,
     what: "a character-level Transformer",
-    used_by: "textnet generate",
+    used_by: "textnet generate or eval",
 };
 pub const MNIST_MLP: Kind =
     Kind { tag: "textnet-mnist", legacy_tag: None, what: "an MNIST MLP classifier", used_by: "textnet classify" };

@@ -1,13 +1,16 @@
 //! What a pipeline shows the rest of textnet: its commands, its selftest checks, its benches, the kinds of
-//! model file it writes and, for those that continue text, how it generates. Each pipeline describes
-//! itself in one `PIPELINE` constant in its `mod.rs`; `pipelines::ALL` lists them, and the command line,
-//! `selftest`, `bench` and `generate` loop over that list instead of naming pipelines.
+//! model file it writes and, for language models, how they generate and are evaluated. Each pipeline
+//! describes itself in one `PIPELINE` constant in its `mod.rs`; `pipelines::ALL` lists them, and the
+//! command line, `selftest`, `bench`, `generate` and `eval` loop over that list instead of naming
+//! pipelines.
 
 use crate::check::{Check, Plan};
 use crate::device::{Gpu, ModuleRequest};
+use crate::eval::{EvalArgs, Evaluation};
 use crate::modelkind::Kind;
-use crate::sampling::GenerateArgs;
+use crate::sampling::Generator;
 use anyhow::Result;
+use indicatif::ProgressBar;
 use std::sync::Arc;
 
 pub struct Pipeline {
@@ -21,12 +24,19 @@ pub struct Pipeline {
     pub benches: &'static [Bench],
     /// The kinds of model file it writes.
     pub models: &'static [&'static Kind],
-    /// `textnet generate` for its model files, if they continue text: the file's bytes and the arguments.
-    pub generate: Option<Generate>,
+    /// `textnet generate` and `textnet eval` for its model files, if they are language models.
+    pub generate: Option<LanguageModel>,
 }
 
-/// How a pipeline continues a prompt: the model file's bytes and `textnet generate`'s arguments.
-pub type Generate = fn(&[u8], &GenerateArgs) -> Result<()>;
+/// How a pipeline's language model files generate and are evaluated; the commands around both are shared
+/// (`generate`, `sampling`, `eval`).
+pub struct LanguageModel {
+    /// The model file's bytes read for sampling.
+    pub open: fn(&[u8]) -> Result<Box<dyn Generator>>,
+    /// The model file's bytes scored on `eval`'s corpus, advancing the bar by the samples done (it sets
+    /// the bar's length).
+    pub evaluate: fn(&[u8], &EvalArgs, &ProgressBar) -> Result<Evaluation>,
+}
 
 /// A subcommand of `textnet`.
 pub struct Command {

@@ -32,7 +32,7 @@ mod tests {
             list.dedup();
             assert_eq!(list.len(), len, "{list:?}");
         }
-        for top in ["generate", "selftest", "bench", "help"] {
+        for top in ["generate", "eval", "selftest", "bench", "help"] {
             assert!(!commands.contains(&top), "{top} is a command of textnet itself");
         }
     }

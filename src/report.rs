@@ -229,18 +229,7 @@ impl Display {
     }
 
     pub fn epoch_started(&mut self, epoch: usize, samples: usize) {
-        let target = if self.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
-        let style = ProgressStyle::with_template(
-            "epoch {prefix} [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        let bar = ProgressBar::with_draw_target(Some(samples as u64), target)
-            .with_style(style)
-            .with_prefix(format!("{epoch}/{}", self.epochs));
-        // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends.
-        bar.enable_steady_tick(std::time::Duration::from_millis(250));
-        self.bar = Some(bar);
+        self.bar = Some(progress_bar(self.quiet, &format!("epoch {epoch}/{}", self.epochs), samples));
     }
 
     /// A run counted in optimizer steps, as nanoGPT counts them: one bar for the whole run, "step 120/1000"
@@ -340,6 +329,21 @@ impl Drop for Display {
 /// A count a person reads, rounded, with thousands separators: `1,234,567`.
 pub fn thousands(value: f64) -> String {
     indicatif::HumanCount(value.round().max(0.0) as u64).to_string()
+}
+
+/// A bar over `samples` samples on stderr, led by `label` ("epoch 2/5"): drawn only where stderr is a
+/// terminal, never with `quiet`.
+pub fn progress_bar(quiet: bool, label: &str, samples: usize) -> ProgressBar {
+    let target = if quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+    let style =
+        ProgressStyle::with_template("{prefix} [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let bar =
+        ProgressBar::with_draw_target(Some(samples as u64), target).with_style(style).with_prefix(label.to_string());
+    // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends.
+    bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    bar
 }
 
 /// `42.0s`, `3m05s`, `1h02m`.

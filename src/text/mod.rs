@@ -98,12 +98,6 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
             args: <neighbors::NeighborsArgs as clap::Args>::augment_args,
             run: |m| neighbors::run(crate::pipeline::parsed(m)?),
         },
-        crate::pipeline::Command {
-            name: "eval",
-            about: "Evaluate a trained text model on a corpus, without training",
-            args: <eval::EvalArgs as clap::Args>::augment_args,
-            run: |m| eval::run(crate::pipeline::parsed(m)?),
-        },
     ],
     checks: checks::checks,
     modules: checks::modules,
@@ -123,5 +117,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         },
     ],
     models: &[&crate::modelkind::TEXT],
-    generate: Some(generate::run),
+    generate: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
 };

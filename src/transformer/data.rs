@@ -159,7 +159,7 @@ impl Corpus {
 }
 
 /// `bytes` as text: not empty, and UTF-8 (else the offset of the first invalid byte).
-fn utf8<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str> {
+pub fn utf8<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str> {
     if bytes.is_empty() {
         bail!("{what} is empty");
     }

@@ -1,64 +1,52 @@
 //! Sampling from a Transformer model file for `textnet generate`: the prompt's characters (those outside
-//! the vocabulary read as the unknown id, and the caller is told how many), then one character at a time
-//! from the logits after the last `block` characters, on the CPU.
+//! the vocabulary read as the unknown id), then one character at a time from the logits after the last
+//! `block` characters, on the CPU. Without a prompt, the context is a newline, as nanoGPT's sample.py
+//! starts.
 
+use super::data::UNKNOWN_ID;
 use super::model;
 use super::modelfile::TransformerModel;
-use crate::console;
-use crate::cpu::SeededRng;
-use crate::sampling::{GenerateArgs, sample};
-use anyhow::{Context, Result, bail};
-use rand::SeedableRng;
-use serde_json::json;
+use crate::sampling::{Generator, Prompt};
+use anyhow::Result;
 
-/// `textnet generate` with a Transformer model file's bytes: characters, not tokens (--length counts
-/// characters).
-pub fn run(bytes: &[u8], args: &GenerateArgs) -> Result<()> {
-    let model = TransformerModel::from_bytes(bytes).with_context(|| format!("model file {}", args.model.display()))?;
-    let (generated, unknown) = generate(&model, &args.prompt, args.length, args.temperature, args.top_k, args.seed)?;
-    if unknown > 0 {
-        console::err(&format!(
-            "note: {unknown} character{} of the prompt {} not in the model's vocabulary and read as unknown",
-            if unknown == 1 { "" } else { "s" },
-            if unknown == 1 { "is" } else { "are" }
-        ));
-    }
-    if args.json {
-        console::out(
-            &json!({
-                "model": args.model.display().to_string(), "prompt": args.prompt, "generated": generated,
-                "text": format!("{}{generated}", args.prompt), "unknown_prompt_chars": unknown,
-                "temperature": crate::report::decimal(args.temperature), "top_k": args.top_k, "seed": args.seed,
-            })
-            .to_string(),
-        );
-    } else {
-        console::out(&format!("{}{generated}", args.prompt));
-    }
-    Ok(())
+/// The context of an unconditional sample (not printed).
+pub const START: &str = "\n";
+
+/// A Transformer ready to sample from.
+pub struct TransformerGenerator {
+    model: TransformerModel,
 }
 
-/// The continuation of `prompt`: `length` characters, and how many of the prompt's were unknown.
-pub fn generate(
-    model: &TransformerModel,
-    prompt: &str,
-    length: usize,
-    temperature: f32,
-    top_k: Option<usize>,
-    seed: u64,
-) -> Result<(String, usize)> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty; give at least one character, e.g. --prompt \"ROMEO:\"");
+impl Generator for TransformerGenerator {
+    fn logits(&mut self, ids: &[u32]) -> Vec<f32> {
+        model::next_logits(&self.model.config, &self.model.params, ids)
     }
-    let (mut ids, unknown) = model.vocab.encode(prompt);
-    let mut rng = SeededRng::seed_from_u64(seed);
-    let first = ids.len();
-    for _ in 0..length {
-        let logits = model::next_logits(&model.config, &model.params, &ids);
-        if logits.iter().any(|l| !l.is_finite()) {
-            bail!("the model's output is not finite: its weights are too large to be a trained model");
-        }
-        ids.push(sample(&logits, temperature, top_k, Some(super::data::UNKNOWN_ID as usize), &mut rng) as u32);
+
+    fn unknown_id(&self) -> u32 {
+        UNKNOWN_ID
     }
-    Ok((model.vocab.decode(&ids[first..]), unknown))
+
+    fn unit(&self) -> &'static str {
+        "character"
+    }
+
+    fn piece(&self, id: u32, _before: &str) -> String {
+        self.model.vocab.decode(&[id])
+    }
+
+    /// The prompt's characters, shown as given.
+    fn read_prompt(&self, text: &str) -> Result<Prompt> {
+        Ok(if text.is_empty() {
+            // A vocabulary without a newline reads it as the unknown id, which is then the start.
+            Prompt { ids: self.model.vocab.encode(START).0, shown: String::new(), unknown: 0 }
+        } else {
+            let (ids, unknown) = self.model.vocab.encode(text);
+            Prompt { ids, shown: text.to_string(), unknown }
+        })
+    }
+}
+
+/// `generate`'s hook: a Transformer file's bytes.
+pub fn open(bytes: &[u8]) -> Result<Box<dyn Generator>> {
+    Ok(Box::new(TransformerGenerator { model: TransformerModel::from_bytes(bytes)? }))
 }

@@ -2,12 +2,14 @@
 //! characters, trained with AdamW. The character vocabulary, the corpus split and the training and
 //! validation windows `data`; the CPU reference of the model (forward, backward, training) `model`; the
 //! GPU trainer over fused/transformer.cu `gpu`; the model file `modelfile`; the command `cli`; sampling
-//! for `textnet generate` `generate`; selftest checks `checks` and `bench`.
+//! for `textnet generate` `generate`; scoring a corpus for `textnet eval` `eval`; selftest checks `checks`
+//! and `bench`.
 
 pub mod bench;
 pub mod checks;
 pub mod cli;
 pub mod data;
+pub mod eval;
 pub mod generate;
 pub mod gpu;
 pub mod model;
@@ -31,5 +33,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
     }],
     models: &[&crate::modelkind::TRANSFORMER],
-    generate: Some(generate::run),
+    generate: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
 };

@@ -10,6 +10,8 @@ mod bad_input_mnist;
 mod bad_input_sales;
 mod bad_input_text;
 mod bad_input_transformer;
+mod cli_eval;
+mod cli_generate;
 mod cli_limits;
 mod cli_messages;
 mod cli_outputs;

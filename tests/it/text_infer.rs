@@ -3,12 +3,12 @@
 use crate::common::text::{shakespeare, train_args};
 use crate::common::{small_mnist_model, text, textnet};
 use std::path::Path;
-use textnet::sampling::sample;
+use textnet::sampling::{Sampling, sample};
 use textnet::text::generate::{generate, join};
 use textnet::text::model::{Activations, forward};
 use textnet::text::modelfile::TextModel;
 
-fn small_model(dir: &Path) -> std::path::PathBuf {
+pub fn small_model(dir: &Path) -> std::path::PathBuf {
     let out = dir.join("m.safetensors");
     let run = textnet(&train_args(&shakespeare(), &out, &["--epochs", "1", "--quiet"]));
     assert!(run.status.success(), "{}", text(&run.stderr));
@@ -20,17 +20,18 @@ fn generation_repeats_for_a_seed_and_greedy_takes_the_likeliest() {
     let dir = tempfile::tempdir().unwrap();
     let path = small_model(dir.path());
     let model = TextModel::load(&path).unwrap();
-    let (_, a) = generate(&model, "to be or", 30, 1.0, None, 7).unwrap();
-    let (_, b) = generate(&model, "to be or", 30, 1.0, None, 7).unwrap();
-    let (_, c) = generate(&model, "to be or", 30, 1.0, None, 8).unwrap();
+    let plain = Sampling::PLAIN;
+    let (_, a) = generate(&model, "to be or", 30, &plain, 7).unwrap();
+    let (_, b) = generate(&model, "to be or", 30, &plain, 7).unwrap();
+    let (_, c) = generate(&model, "to be or", 30, &plain, 8).unwrap();
     assert_eq!(a, b);
     assert_ne!(a, c, "another seed, the same 30 tokens");
     assert!(a.iter().all(|t| t != "<unk>"), "<unk> sampled: {a:?}");
 
     // Greedy: each token the largest logit after the last N, <unk> left out.
-    let (prompt, greedy) = generate(&model, "to be or", 10, 0.0, None, 1).unwrap();
+    let (prompt, greedy) = generate(&model, "to be or", 10, &Sampling { temperature: 0.0, ..plain }, 1).unwrap();
     let n = model.params.shape.context;
-    let mut ids: Vec<u32> = prompt.iter().map(|t| model.vocab.id(t)).collect();
+    let mut ids = prompt.ids.clone();
     let mut acts = Activations::new(model.params.shape);
     for token in &greedy {
         forward(&model.params, &ids[ids.len() - n..], &mut acts);
@@ -40,7 +41,7 @@ fn generation_repeats_for_a_seed_and_greedy_takes_the_likeliest() {
         ids.push(best as u32);
     }
     // top-k 1 is greedy too.
-    assert_eq!(generate(&model, "to be or", 10, 1.0, Some(1), 3).unwrap().1, greedy);
+    assert_eq!(generate(&model, "to be or", 10, &Sampling { top_k: Some(1), ..plain }, 3).unwrap().1, greedy);
 
     let cli = textnet(&[
         "generate",
@@ -56,7 +57,10 @@ fn generation_repeats_for_a_seed_and_greedy_takes_the_likeliest() {
     ]);
     assert!(cli.status.success(), "{}", text(&cli.stderr));
     let report: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
-    assert_eq!(report["tokens"], serde_json::json!(a));
+    let sample = &report["samples"][0];
+    assert_eq!(sample["tokens"], 30);
+    let words: Vec<String> = ["to", "be", "or"].iter().map(|w| w.to_string()).chain(a).collect();
+    assert_eq!(sample["text"], join(&words));
 }
 
 #[test]
@@ -64,7 +68,7 @@ fn sampling_follows_the_temperature() {
     use rand::SeedableRng;
     let logits = [5.0f32, 1.0, 0.0, 0.5];
     let mut rng = textnet::cpu::SeededRng::seed_from_u64(1);
-    let draws: Vec<usize> = (0..4000).map(|_| sample(&logits, 1.0, None, Some(0), &mut rng)).collect();
+    let draws: Vec<usize> = (0..4000).map(|_| sample(&logits, &Sampling::PLAIN, Some(0), &mut rng)).collect();
     assert!(!draws.contains(&0), "<unk> (id 0) drawn while others were left");
     let share = |i: usize| draws.iter().filter(|&&d| d == i).count() as f64 / draws.len() as f64;
     // exp(1) : exp(0) : exp(0.5) over ids 1, 2, 3.

@@ -37,7 +37,7 @@ fn transformer(corpus: &Path, out: &Path, extra: &[&str]) -> Output {
 }
 
 /// A trained tiny model at `dir/m.safetensors`.
-fn trained(dir: &Path) -> PathBuf {
+pub fn trained(dir: &Path) -> PathBuf {
     let out = dir.join("m.safetensors");
     let o = transformer(&corpus(dir), &out, &["--quiet"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -279,11 +279,11 @@ fn generate_continues_the_prompt_by_length_characters() {
     let o = generate(&model, &["--prompt", "To be", "--length", "30", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = report(&o);
-    let generated = r["generated"].as_str().unwrap();
+    let generated = r["samples"][0]["generated"].as_str().unwrap();
     assert_eq!(generated.chars().count(), 30, "{generated:?}");
     assert_eq!(r["prompt"], "To be");
-    assert_eq!(r["text"].as_str().unwrap(), format!("To be{generated}"));
-    assert_eq!(r["unknown_prompt_chars"], 0);
+    assert_eq!(r["samples"][0]["text"].as_str().unwrap(), format!("To be{generated}"));
+    assert_eq!(r["prompt_unknown"], 0);
     // The same seed (1 by default) as the plain run: the same characters.
     assert_eq!(continuation(&generate(&model, &["--prompt", "To be", "--length", "30"]), "To be"), generated);
 
@@ -293,7 +293,7 @@ fn generate_continues_the_prompt_by_length_characters() {
 }
 
 #[test]
-fn generate_reads_unknown_characters_and_refuses_an_empty_prompt() {
+fn generate_reads_unknown_characters_and_refuses_bad_flags() {
     let dir = tempfile::tempdir().unwrap();
     let model = trained(dir.path());
 
@@ -304,10 +304,9 @@ fn generate_reads_unknown_characters_and_refuses_an_empty_prompt() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let o = generate(&model, &["--prompt", "€€", "--length", "30", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(report(&o)["unknown_prompt_chars"], 2);
+    assert_eq!(report(&o)["prompt_unknown"], 2);
     assert!(stderr(&o).contains("2 characters") && stderr(&o).contains("unknown"), "{}", stderr(&o));
 
-    fails_with(&generate(&model, &["--prompt", "", "--length", "30"]), &["prompt is empty"]);
     fails_with(&generate(&model, &["--prompt", "to", "--length", "0"]), &["--length"]);
     fails_with(&generate(&model, &["--prompt", "to", "--temperature", "-1"]), &["--temperature"]);
     fails_with(&generate(&model, &["--prompt", "to", "--top-k", "0"]), &["--top-k"]);

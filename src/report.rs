@@ -288,18 +288,18 @@ impl Display {
     }
 
     /// Replaces the bar by "epoch 2/5: train loss …, `figures`, … samples/s, … elapsed, about … left;
-    /// `note`" (the time left at the run's mean speed so far).
+    /// `note`" (the time left at the run's mean speed so far, when a second or more).
     pub fn epoch_finished(&mut self, row: &EpochRow, figures: &str, note: &str) {
         self.clear();
         if !(row.epoch == 1 || row.epoch.is_multiple_of(self.log_every) || row.epoch >= self.epochs) {
             return;
         }
         let note = if note.is_empty() { String::new() } else { format!("; {note}") };
-        let left = match self.epochs.checked_sub(row.epoch) {
-            Some(left) if left > 0 && row.epoch > 0 => {
-                format!(", about {} left", duration(row.elapsed_s / row.epoch as f64 * left as f64))
-            }
-            _ => String::new(),
+        let epochs_left = self.epochs.saturating_sub(row.epoch) as f64;
+        let seconds_left = row.elapsed_s / row.epoch.max(1) as f64 * epochs_left;
+        let left = match seconds_left >= 1.0 {
+            true => format!(", about {} left", duration(seconds_left)),
+            false => String::new(),
         };
         self.line(&format!(
             "epoch {}/{}: train loss {:.4}, {figures}, {} samples/s, {} elapsed{left}{note}",
@@ -326,7 +326,12 @@ impl Drop for Display {
     }
 }
 
-/// A count a person reads, rounded, with thousands separators: `1,234,567`.
+/// A count a person reads, with thousands separators: `1,234,567`.
+pub fn count(n: usize) -> String {
+    indicatif::HumanCount(n as u64).to_string()
+}
+
+/// A rate or count a person reads, rounded, with thousands separators: `1,234,567`.
 pub fn thousands(value: f64) -> String {
     indicatif::HumanCount(value.round().max(0.0) as u64).to_string()
 }

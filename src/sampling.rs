@@ -15,7 +15,7 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     /// The text to continue (the model's tokenizer reads it; for a text model, words outside its
-    /// vocabulary read as <unk>, and at least one must be known). Without it, or empty, the sample is
+    /// vocabulary read as `<unk>`, and at least one must be known). Without it, or empty, the sample is
     /// unconditional: a text model starts as after the end of a sentence (the context ".", or its most
     /// frequent token when "." is not in its vocabulary), a Transformer from a newline, as nanoGPT's
     /// sample.py does; that start is not printed

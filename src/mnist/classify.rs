@@ -191,7 +191,7 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     if args.labels.is_some() && !args.tsv {
         console::out(&format!(
             "{} images: accuracy {:.2}%, loss {:.4}",
-            predictions.len(),
+            crate::report::count(predictions.len()),
             100.0 * evaluation.accuracy(),
             evaluation.mean_loss()
         ));

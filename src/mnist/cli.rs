@@ -344,9 +344,11 @@ impl TrainingCommand for MnistArgs {
         };
         let held_out = if n_val > 0 { format!(", {n_val} held out for validation") } else { String::new() };
         display.line(&format!(
-            "{} from {}: {n_train} training images{held_out}{limited}, {n_test} test images",
+            "{} from {}: {} training images{held_out}{limited}, {} test images",
             args.dataset.title(),
-            data.dir.display()
+            data.dir.display(),
+            report::count(n_train),
+            report::count(n_test)
         ));
         let params = match (resumed, args.model) {
             (Some(model), _) => model,
@@ -363,7 +365,7 @@ impl TrainingCommand for MnistArgs {
         };
         display.line(&format!(
             "model {architecture}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
-            params.param_count(),
+            report::count(params.param_count()),
             optim.describe(),
             args.batch,
             args.epochs,

@@ -240,7 +240,7 @@ fn training_check(
         if draws == MAX_DRAWS {
             return Ok(Check {
                 kernel: format!(
-                    "{steps} steps {}: no problem of {draws} stayed finite and clear of ReLU's kink",
+                    "{steps} steps {}: no problem of {draws} stayed finite and clear of ReLU's switch at 0",
                     optim.describe()
                 ),
                 shape: label(shape, rows, batch),

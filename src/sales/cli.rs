@@ -26,12 +26,12 @@ use std::time::Instant;
     override_usage = "textnet sales [OPTIONS] <FILE>\n       textnet sales --model <M> --predict <NEW> [--predictions <OUT>]"
 )]
 pub struct SalesArgs {
-    /// The table: tab- or comma-separated, with or without a header row (default schema: the roadmap's
+    /// The table: tab- or comma-separated, with or without a header row (default schema: the
     /// 10-column sales.tsv, see --target)
     #[arg(value_name = "FILE", required_unless_present_any = ["model", "predict"])]
     pub file: Option<PathBuf>,
     /// The column to predict, by header name or 1-based number; the other columns' roles are inferred
-    /// from their values (and printed), unless a column flag names them [default: the roadmap's sales.tsv:
+    /// from their values (and printed), unless a column flag names them [default: sales.tsv as scripts/make-sales.py writes it:
     /// column 9, total price, from its quantity, unit price, category and date]
     #[arg(long, value_name = "COLUMN")]
     pub target: Option<ColumnSpec>,
@@ -296,8 +296,8 @@ impl TrainingCommand for SalesArgs {
             "{}: {} training and {} test rows ({}){held_out}, {} features → {} hidden (ReLU) → {}; {} parameters, \
              MSE on standardised values",
             data.source,
-            data.train.rows + data.val.rows,
-            data.test.rows,
+            report::count(data.train.rows + data.val.rows),
+            report::count(data.test.rows),
             match args.split_order {
                 SplitOrder::Shuffled => "rows shuffled by the seed",
                 SplitOrder::File => "in file order",
@@ -305,7 +305,7 @@ impl TrainingCommand for SalesArgs {
             shape.inputs,
             shape.hidden,
             data.target_name,
-            shape.param_count(),
+            report::count(shape.param_count()),
         ));
         display.line(&format!(
             "{}, batch {}, {} epoch{}, seed {}; device {device_line}",

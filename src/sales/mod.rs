@@ -1,4 +1,4 @@
-//! Regression on a table, by default the roadmap's `sales.tsv`: Linear(n, H) → ReLU → Linear(H, 1)
+//! Regression on a table, by default `sales.tsv` (scripts/make-sales.py): Linear(n, H) → ReLU → Linear(H, 1)
 //! predicting a numeric column from numeric, one-hot categorical and day-of-year features, mean squared
 //! error on standardised values. Reading the table `table` (its dates `dates`), features and splits
 //! `data`, CPU reference `model`, GPU trainer `gpu`, the interface over both `train`, command `cli`.
@@ -20,7 +20,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     name: "sales",
     commands: &[crate::pipeline::Command {
         name: "sales",
-        about: "Train the tabular regressor (by default on the roadmap's sales.tsv), or predict with one",
+        about: "Train a regressor on a table (CSV or TSV; a column --target), or predict with one",
         args: <cli::SalesArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],

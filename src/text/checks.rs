@@ -661,7 +661,7 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
         let Some((problem, cpu)) = accepted else {
             out.push(Check {
                 kernel: format!(
-                    "{} steps{what}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's kink",
+                    "{} steps{what}: no problem of {draws} stayed {TRAINING_MARGIN:e} clear of ReLU's switch at 0",
                     case.steps
                 ),
                 shape,

@@ -408,8 +408,10 @@ impl TrainingCommand for TrainArgs {
             seed: args.seed,
             shuffle: !args.no_shuffle,
         };
-        // An epoch no better than the unigram model learned nothing, and is never written.
-        let keeper = Keeper::new(args.keep, baseline).with_floor(summary.unigram);
+        // An epoch no better than guessing (every token equally likely: ln V) learned nothing, and is never
+        // written.
+        let guessing = (summary.shape.vocab as f64).ln();
+        let keeper = Keeper::new(args.keep, baseline).with_floor(guessing);
         let saver = Saver { out: args.out.clone(), keeper, model, note: String::new() };
         let mut bar = EpochBar { display, saver };
         let run = train::train(trainer.as_mut(), &train, &val, &options, &mut bar);
@@ -425,10 +427,11 @@ impl TrainingCommand for TrainArgs {
         let outcome = keeper.outcome(&args.out, "val loss");
         let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
         let interrupted = epochs.len() < plan.epochs && diverged.is_none();
+        let guessing = (summary.shape.vocab as f64).ln();
         let failed = match keeper.best {
-            Some((_, best)) if keeper.kept.is_none() && diverged.is_none() && !interrupted && best >= summary.unigram => {
+            Some((_, best)) if keeper.kept.is_none() && diverged.is_none() && !interrupted && best >= guessing => {
                 Some(run::not_learned(
-                    &format!("its best val loss {best:.4} is no better than the unigram model's {:.4}", summary.unigram),
+                    &format!("its best val loss {best:.4} is no better than guessing (ln {} = {guessing:.4})", summary.shape.vocab),
                     &outcome,
                     &format!("try more --epochs or another --lr (this run used {})", plan.lr),
                 ))
@@ -450,6 +453,9 @@ impl TrainingCommand for TrainArgs {
         if ending.written && ending.diverged.is_none() && !interrupted {
             let kept = format!("{}, kept by --keep {}", ending.outcome, args.keep.name());
             display.line(&format!("{kept}; unigram baseline {:.4}", summary.unigram));
+            if let Some((_, loss)) = keeper.kept.filter(|&(_, loss)| loss >= summary.unigram) {
+                display.line(&run::weaker_than_unigram(loss, summary.unigram, "token"));
+            }
         }
         Ok(ending)
     }
@@ -534,20 +540,23 @@ impl Summary {
         display.line(&format!(
             "corpus: {}, {} tokens{limit_note}; vocabulary {} entries, {:.2}% of tokens are <unk>",
             args.corpus.display(),
-            self.tokens,
-            shape.vocab,
+            report::count(self.tokens),
+            report::count(shape.vocab),
             100.0 * self.unknown as f64 / self.tokens as f64
         ));
         display.line(&format!(
             "samples: {} training, {} validation ({} evaluated each epoch, --val-max {})",
-            self.train_samples, self.val_samples, self.val_evaluated, args.val_max
+            report::count(self.train_samples),
+            report::count(self.val_samples),
+            report::count(self.val_evaluated),
+            args.val_max
         ));
         display.line(&format!(
             "model: context {}, embed {}, hidden {}: {} parameters; {}, batch {}, {} epoch{}",
             shape.context,
             shape.embed,
             shape.hidden,
-            parameter_count(shape),
+            report::count(parameter_count(shape)),
             args.optim_config(plan.lr).describe(),
             plan.batch,
             plan.epochs,

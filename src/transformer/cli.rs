@@ -274,9 +274,9 @@ impl TrainingCommand for TransformerArgs {
             config.embed,
             config.block,
             config.vocab,
-            corpus.unknown,
-            corpus.train.len() + corpus.val.len(),
-            params.len(),
+            report::count(corpus.unknown),
+            report::count(corpus.train.len() + corpus.val.len()),
+            report::count(params.len()),
             args.lr,
             args.weight_decay,
             args.batch,
@@ -382,7 +382,8 @@ impl TrainingCommand for TransformerArgs {
         let Setup { display, trainer, corpus, config, backend, val_offsets, baseline, evals, steps_before, .. } = setup;
         let interrupted = diverged.is_none() && done < args.steps;
         let unigram = corpus.unigram_loss();
-        let learned = last_val < unigram;
+        let guessing = (config.vocab as f64).ln();
+        let learned = last_val < guessing;
         // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
         let written = diverged.is_none() && learned && baseline.is_none_or(|b| last_val as f32 <= b as f32);
         let out = args.out.display();
@@ -396,6 +397,9 @@ impl TrainingCommand for TransformerArgs {
             };
             fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
             display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
+            if last_val >= unigram {
+                display.line(&run::weaker_than_unigram(last_val, unigram, "character"));
+            }
         }
         let outcome = run::write_once_outcome(
             &args.out,
@@ -414,7 +418,7 @@ impl TrainingCommand for TransformerArgs {
         );
         let failed = (diverged.is_none() && !interrupted && !learned).then(|| {
             run::not_learned(
-                &format!("its val loss {last_val:.4} is no better than the unigram model's {unigram:.4}"),
+                &format!("its val loss {last_val:.4} is no better than guessing (ln {} = {guessing:.4})", config.vocab),
                 &outcome,
                 &format!("try more --steps or another --lr (this run used {})", args.lr),
             )

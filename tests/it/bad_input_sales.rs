@@ -29,7 +29,7 @@ const SCHEMA: [&str; 8] = ["--target", "total", "--numeric", "price,qty", "--cat
 fn trained() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ok.csv"), table(300)).unwrap();
-    let mut args = vec!["sales", "ok.csv", "--out", "s.st", "--device", "cpu", "--epochs", "5", "--quiet"];
+    let mut args = vec!["sales", "ok.csv", "--out", "s.st", "--device", "cpu", "--epochs", "30", "--quiet"];
     args.extend(SCHEMA);
     run(dir.path(), &args).succeeds();
     dir
@@ -75,7 +75,7 @@ fn d014_a_one_hot_matrix_too_large_for_memory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let rows: String = (0..50_000).map(|i| format!("{},{},id{i},2024-01-01,{}\n", i % 97, i % 10, i % 977)).collect();
     std::fs::write(dir.path().join("ids.csv"), format!("price,qty,cat,date,total\n{rows}")).unwrap();
-    let mut args = vec!["sales", "ids.csv", "--out", "s.st", "--device", "cpu", "--epochs", "1"];
+    let mut args = vec!["sales", "ids.csv", "--out", "s.st", "--device", "cpu", "--epochs", "30"];
     args.extend(SCHEMA);
     run_limited(dir.path(), &args, 1 << 31)
         // price, qty, 50,000 levels of cat, and the date's 5 calendar features.
@@ -180,7 +180,7 @@ fn d083_without_target_the_default_schema_is_named() {
 #[test]
 fn d049_the_table_can_come_from_standard_input() {
     let dir = trained();
-    let mut args = vec!["sales", "-", "--out", "x.st", "--device", "cpu", "--epochs", "2", "--quiet"];
+    let mut args = vec!["sales", "-", "--out", "x.st", "--device", "cpu", "--epochs", "30", "--quiet"];
     args.extend(SCHEMA);
     let mut command = textnet(dir.path(), &args);
     command.stdin(std::fs::File::open(dir.path().join("ok.csv")).unwrap());
@@ -196,7 +196,7 @@ fn d040_a_quote_inside_a_field_is_text() {
     let rows: String = (0..40).map(|i| format!("{},{},{},{}\n", i % 9, i % 4, item(i), i % 9 * (i % 4))).collect();
     std::fs::write(dir.path().join("inch.csv"), format!("price,qty,item,total\n{rows}")).unwrap();
     let args = ["sales", "inch.csv", "--target", "total", "--numeric", "price,qty", "--categorical", "item"];
-    run(dir.path(), &[&args[..], &["--out", "s.st", "--device", "cpu", "--epochs", "2", "--quiet"]].concat())
+    run(dir.path(), &[&args[..], &["--out", "s.st", "--device", "cpu", "--epochs", "30", "--quiet"]].concat())
         .succeeds();
 }
 

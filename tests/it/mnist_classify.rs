@@ -295,8 +295,8 @@ fn labels_print_the_confusion_matrix_after_the_accuracy() {
     let printed = text(&out.stdout);
     let lines: Vec<&str> = printed.lines().collect();
     assert_eq!(lines.len(), 13, "{printed}");
-    assert!(lines[0].starts_with("10000 images: accuracy "), "{printed}");
-    assert!(lines[1].starts_with("confusion matrix, 10000 images (rows: true class, columns: predicted)"));
+    assert!(lines[0].starts_with("10,000 images: accuracy "), "{printed}");
+    assert!(lines[1].starts_with("confusion matrix, 10,000 images (rows: true class, columns: predicted)"));
     assert!(lines[2].trim_start().starts_with("0      1      2"), "{printed}");
     assert!(lines[3].starts_with("0 T-shirt/top ") && lines[12].starts_with("9 Ankle boot "), "{printed}");
     // Aligned: every row as long as the header, the counts of a row summing to the class's 1000 images.

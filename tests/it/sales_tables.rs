@@ -84,13 +84,13 @@ fn the_target_alone_is_enough_and_each_column_says_why() {
     let o = textnet(&train_args(
         &table,
         &out,
-        &["--target", "price", "--epochs", "1", "--overwrite", "--categorical", "bedrooms", "--ignore", "zipcode,lat"],
+        &["--target", "price", "--epochs", "30", "--overwrite", "--categorical", "bedrooms", "--ignore", "zipcode,lat"],
     ));
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("  bedrooms: categorical (--categorical)"), "{text}");
     assert!(text.contains("  zipcode: ignored (--ignore)") && text.contains("  lat: ignored (--ignore)"), "{text}");
-    let quiet = textnet(&train_args(&table, &out, &["--target", "price", "--epochs", "1", "--overwrite", "--quiet"]));
+    let quiet = textnet(&train_args(&table, &out, &["--target", "price", "--epochs", "30", "--overwrite", "--quiet"]));
     assert!(quiet.status.success(), "{}", stderr(&quiet));
     assert_eq!(stdout(&quiet) + &stderr(&quiet), "");
 }
@@ -106,7 +106,7 @@ fn identifiers_and_text_columns_are_told_apart() {
     }
     let table = write(dir.path(), "t.csv", &text);
     let out = dir.path().join("t.safetensors");
-    let o = textnet(&train_args(&table, &out, &["--target", "total", "--epochs", "1"]));
+    let o = textnet(&train_args(&table, &out, &["--target", "total", "--epochs", "30"]));
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     for line in [
@@ -146,7 +146,7 @@ fn every_date_form_reads_and_gives_calendar_features() {
         }
         let table = write(dir.path(), &format!("{name}.csv"), &text);
         let out = dir.path().join(format!("{name}.safetensors"));
-        let o = textnet(&train_args(&table, &out, &["--target", "y", "--epochs", "1", "--json"]));
+        let o = textnet(&train_args(&table, &out, &["--target", "y", "--epochs", "30", "--json"]));
         assert!(o.status.success(), "{name}: {}", stderr(&o));
         let kind = if times { "some with a time of day" } else { "none with a time of day" };
         assert!(
@@ -265,7 +265,7 @@ fn predict_does_not_ask_for_the_training_file() {
     let o = textnet(&["sales", "--predict", "new.csv"]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    let missing = err.split("Usage:").next().unwrap();
+    let missing = err.split("(usage:").next().unwrap();
     assert!(missing.contains("--model <M>") && !missing.contains("<FILE>"), "{err}");
 }
 
@@ -274,7 +274,7 @@ fn resume_goes_on_from_the_model_and_refuses_another_table() {
     let dir = tempfile::tempdir().unwrap();
     let table = write(dir.path(), "kc.csv", &house_sales(300, 9));
     let first = dir.path().join("first.safetensors");
-    let o = textnet(&train_args(&table, &first, &["--target", "price", "--epochs", "3", "--json"]));
+    let o = textnet(&train_args(&table, &first, &["--target", "price", "--epochs", "30", "--json"]));
     assert!(o.status.success(), "{}", stderr(&o));
     let first_mae = report(&o)["final"]["test_mae"].as_f64().unwrap();
 

@@ -225,11 +225,11 @@ fn train_on_the_cpu_says_its_plan_before_training() {
         report["epochs"].as_array().unwrap().iter().map(|e| e["val_loss"].as_f64().unwrap()).collect();
     assert!(losses[2] < report["data"]["unigram_val_loss"].as_f64().unwrap(), "{losses:?}");
 
-    // --batch or --lr: the other flag takes its GPU default.
+    // --batch alone: the CPU's rule, lr = 0.01 × the batch; --lr alone: single samples, as on a GPU.
     let (stderr, report) = run(&["--epochs", "1", "--batch", "8"]);
-    assert_eq!(config(&report), (8, 0.02, 1));
+    assert_eq!(config(&report), (8, 0.08, 1));
     let line = plan_line(&stderr);
-    assert!(line.contains("batch 8 and SGD lr 0.02, 1 epoch on") && !line.contains("defaults"), "{line}");
+    assert!(line.contains("batch 8 and SGD lr 0.08 (the CPU's rule") && !line.contains("defaults"), "{line}");
     let (stderr, report) = run(&["--epochs", "1", "--lr", "0.05"]);
     assert_eq!(config(&report), (1, 0.05, 1));
     let line = plan_line(&stderr);

@@ -43,6 +43,8 @@
 //! On a GPU, `text::gpu::GpuTrainer::new(gpu, &params, tokens)` (a `device::Gpu` from
 //! `device::select`) trains through the same [`text::TextTrainer`] trait with the fused kernels.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod check;
 pub mod checkpoint;
@@ -51,6 +53,7 @@ pub mod cpu;
 pub mod device;
 pub mod fsutil;
 mod fused_source;
+#[allow(missing_docs)]
 pub mod generate;
 pub mod interrupt;
 pub mod matmul;
@@ -64,6 +67,7 @@ pub mod report;
 pub mod resources;
 pub mod run;
 pub mod sales;
+#[allow(missing_docs)]
 pub mod sampling;
 pub mod selftest;
 pub mod tensorfile;

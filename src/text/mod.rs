@@ -6,7 +6,9 @@ pub mod checks;
 pub mod cli;
 pub mod corpus;
 pub mod cpu_batch;
+#[allow(missing_docs)]
 pub mod eval;
+#[allow(missing_docs)]
 pub mod generate;
 pub mod gpu;
 pub mod model;

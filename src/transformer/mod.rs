@@ -8,6 +8,7 @@ pub mod bench;
 pub mod checks;
 pub mod cli;
 pub mod data;
+#[allow(missing_docs)]
 pub mod generate;
 pub mod gpu;
 pub mod model;

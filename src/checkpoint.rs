@@ -93,7 +93,8 @@ pub struct Keeper {
 }
 
 impl Keeper {
-    /// A keeper that has written nothing yet; `baseline` is the validation loss of the model the run started from, if any.
+    /// A keeper that has written nothing yet; `baseline` is the validation loss of the model the run started from, if
+    /// any.
     pub fn new(keep: Keep, baseline: Option<f64>) -> Keeper {
         Keeper { keep, baseline, kept: None, best: None, write_failed: false }
     }

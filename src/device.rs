@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-
 /// Every `fused/*.cu` file, embedded by build.rs (`KernelSource`).
 pub use embedded::KERNEL_SOURCES;
 

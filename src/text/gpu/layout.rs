@@ -91,7 +91,8 @@ pub struct TextLayout {
 pub(super) const F32: usize = std::mem::size_of::<f32>();
 
 impl TextLayout {
-    /// The layout for `shape` on a GPU of `sm_count` multiprocessors and `max_shared` bytes of shared memory a block may use; errors when the kernels cannot take the shape.
+    /// The layout for `shape` on a GPU of `sm_count` multiprocessors and `max_shared` bytes of shared memory a block
+    /// may use; errors when the kernels cannot take the shape.
     pub fn new(shape: TextShape, sm_count: usize, max_shared: usize) -> Result<TextLayout> {
         let TextShape { vocab: v, embed: d, hidden: h, .. } = shape;
         if h > MAX_HIDDEN {

@@ -124,7 +124,8 @@ pub struct GpuTrainer {
 }
 
 impl GpuTrainer {
-    /// Uploads `params` and the corpus `tokens` to `gpu` and loads the kernels; errors when the kernels cannot take the shape.
+    /// Uploads `params` and the corpus `tokens` to `gpu` and loads the kernels; errors when the kernels cannot take the
+    /// shape.
     pub fn new(gpu: Arc<Gpu>, params: &TextParams, tokens: Arc<[u32]>) -> Result<GpuTrainer> {
         let shape = params.shape;
         let layout = TextLayout::new(shape, gpu.sm_count as usize, gpu.max_shared_optin)?;

@@ -168,7 +168,7 @@ impl Activations {
         }
     }
 
-    /// Cross-entropy of `target`: −log p[target], in nats.
+    /// Cross-entropy of `target`: −log `p[target]`, in nats.
     pub fn loss(&self, target: u32) -> f32 {
         self.logsumexp - self.logits[target as usize]
     }

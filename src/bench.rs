@@ -13,7 +13,9 @@ use std::sync::Arc;
 /// The flags of `textnet bench`: the shared ones, and the bench to run with its own.
 #[derive(Debug)]
 pub struct BenchArgs {
+    /// The flags every bench takes (`--repeats`, `--json`).
     pub options: BenchOptions,
+    /// The bench to run.
     pub bench: &'static Bench,
     matches: ArgMatches,
 }
@@ -105,6 +107,7 @@ fn default_bench_flag_given(matches: &ArgMatches) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Runs the chosen bench on GPU 0.
 pub fn run(args: BenchArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("bench needs a CUDA GPU: {e:#}"))?);
     (args.bench.run)(&gpu, &args.options, &args.matches)

@@ -9,13 +9,18 @@ use std::sync::Arc;
 /// One comparison of a GPU result with the CPU reference.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Check {
+    /// The kernel or run compared, e.g. "matmul_tile128".
     pub kernel: String,
+    /// The shape it was compared at, in words.
     pub shape: String,
+    /// Relative error of the GPU result against the CPU reference (`rel_error`).
     pub rel_error: f64,
+    /// The largest relative error that passes.
     pub tolerance: f64,
 }
 
 impl Check {
+    /// Whether the error is finite and within the tolerance.
     pub fn passed(&self) -> bool {
         self.rel_error.is_finite() && self.rel_error <= self.tolerance
     }
@@ -72,6 +77,7 @@ pub enum Group {
 /// What a selftest run asks of each pipeline.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// Seed of the random inputs.
     pub seed: u64,
     /// Skip the largest shapes.
     pub quick: bool,
@@ -80,6 +86,7 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether this run includes the checks of `group` (every group when none was named).
     pub fn wants(&self, group: Group) -> bool {
         self.groups.is_empty() || self.groups.contains(&group)
     }

@@ -59,6 +59,7 @@ pub fn check_val_split(val_split: Option<f64>, keep: Keep) -> Result<()> {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+/// Which epochs `--keep` writes to `--out`.
 pub enum Keep {
     /// The epoch with the lowest validation loss
     Best,
@@ -67,6 +68,7 @@ pub enum Keep {
 }
 
 impl Keep {
+    /// The flag value, "best" or "last".
     pub fn name(self) -> &'static str {
         match self {
             Keep::Best => "best",
@@ -76,7 +78,9 @@ impl Keep {
 }
 
 #[derive(Clone, Debug)]
+/// Applies the rule above to each epoch of a run and remembers what the model file holds.
 pub struct Keeper {
+    /// Which epochs are written.
     pub keep: Keep,
     /// The validation loss an epoch must beat to be written at all.
     pub baseline: Option<f64>,
@@ -92,6 +96,8 @@ pub struct Keeper {
 }
 
 impl Keeper {
+    /// A keeper that has written nothing yet; `baseline` is the validation loss of the model the run started from, if
+    /// any.
     pub fn new(keep: Keep, baseline: Option<f64>) -> Keeper {
         Keeper { keep, baseline, kept: None, best: None, write_failed: false, floor: None }
     }

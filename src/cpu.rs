@@ -89,10 +89,15 @@ impl Real for f64 {
 /// A read-only matrix: element (i, j) is `data[i·rs + j·cs]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Mat<'a, F> {
+    /// The elements, of which the matrix views a part.
     pub data: &'a [F],
+    /// Number of rows.
     pub rows: usize,
+    /// Number of columns.
     pub cols: usize,
+    /// Row stride: elements from one row to the next.
     pub rs: usize,
+    /// Column stride: elements from one column to the next.
     pub cs: usize,
 }
 

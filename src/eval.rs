@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::PathBuf;
 
+/// `textnet eval`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
     /// UTF-8 text to evaluate on, `-` for standard input
@@ -37,10 +38,13 @@ pub struct Evaluation {
     pub tokens: usize,
     /// Of them, those outside the model's vocabulary (read as its unknown token).
     pub unknown_tokens: usize,
+    /// The samples scored: positions with a full context before them.
     pub samples: u64,
     /// The summed cross-entropy (nats), in sample order.
     pub loss_sum: f64,
+    /// Samples whose target was the model's first choice.
     pub top1: u64,
+    /// Samples whose target was among the model's five first choices.
     pub top5: u64,
 }
 

@@ -43,6 +43,8 @@
 //! On a GPU, `text::gpu::GpuTrainer::new(gpu, &params, tokens)` (a `device::Gpu` from
 //! `device::select`) trains through the same [`text::TextTrainer`] trait with the fused kernels.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod check;
 pub mod checkpoint;

@@ -14,9 +14,13 @@ use std::collections::HashMap;
 /// carried under `kind`, what it is, and the command that uses it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Kind {
+    /// The tag under `format` in the file's metadata, e.g. "textnet-xor".
     pub tag: &'static str,
+    /// The tag files written before `format` carried under `kind`, if this kind had one.
     pub legacy_tag: Option<&'static str>,
+    /// What the file holds, in words for messages, e.g. "an XOR network".
     pub what: &'static str,
+    /// The command that reads or writes such files, for messages.
     pub used_by: &'static str,
 }
 
@@ -25,28 +29,34 @@ pub const KEY: &str = "format";
 /// The key the XOR and sales files used before `format`.
 const LEGACY_KEY: &str = "kind";
 
+/// The next-token text model.
 pub const TEXT: Kind = Kind {
     tag: "textnet-text",
     legacy_tag: None,
     what: "a next-token text model",
     used_by: "textnet predict, generate or eval",
 };
+/// The character-level Transformer.
 pub const TRANSFORMER: Kind = Kind {
     tag: "textnet-transformer",
     legacy_tag: None,
     what: "a character-level Transformer",
     used_by: "textnet generate or eval",
 };
+/// The MNIST multilayer perceptron.
 pub const MNIST_MLP: Kind =
     Kind { tag: "textnet-mnist", legacy_tag: None, what: "an MNIST MLP classifier", used_by: "textnet classify" };
+/// The MNIST convolutional network.
 pub const MNIST_CNN: Kind = Kind {
     tag: "textnet-mnist-cnn",
     legacy_tag: None,
     what: "an MNIST CNN classifier",
     used_by: "textnet mnist --model cnn",
 };
+/// The XOR network.
 pub const XOR: Kind =
     Kind { tag: "textnet-xor", legacy_tag: Some("xor"), what: "an XOR network", used_by: "textnet xor" };
+/// The sales table regressor.
 pub const SALES: Kind = Kind {
     tag: "textnet-sales",
     legacy_tag: Some("sales"),

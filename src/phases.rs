@@ -15,6 +15,7 @@ pub fn set_verbose(on: bool) {
     VERBOSE.store(on, Ordering::Relaxed);
 }
 
+/// Whether `--verbose` turned the phase lines on.
 pub fn verbose() -> bool {
     VERBOSE.load(Ordering::Relaxed)
 }

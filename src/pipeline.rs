@@ -13,14 +13,17 @@ use anyhow::Result;
 use indicatif::ProgressBar;
 use std::sync::Arc;
 
+/// One pipeline: its commands, selftest checks, benches and the model files it writes.
 pub struct Pipeline {
     /// The name `selftest --only` and the layout know it by (its folder under `src/`).
     pub name: &'static str,
+    /// Its subcommands of `textnet`.
     pub commands: &'static [Command],
     /// The GPU-against-CPU checks `textnet selftest` runs.
     pub checks: fn(&Arc<Gpu>, &Plan) -> Result<Vec<Check>>,
     /// The kernel modules those checks compile, so that the selftest compiles them all at once first.
     pub modules: fn(&Plan) -> Vec<ModuleRequest>,
+    /// Its subcommands of `textnet bench`.
     pub benches: &'static [Bench],
     /// The kinds of model file it writes.
     pub models: &'static [&'static Kind],
@@ -40,18 +43,25 @@ pub struct LanguageModel {
 
 /// A subcommand of `textnet`.
 pub struct Command {
+    /// The subcommand's name, e.g. "xor".
     pub name: &'static str,
+    /// Its one-line description in `--help`.
     pub about: &'static str,
     /// Its flags (`<Args as clap::Args>::augment_args`).
     pub args: fn(clap::Command) -> clap::Command,
+    /// Parses its flags from the matches and runs it.
     pub run: fn(&clap::ArgMatches) -> Result<()>,
 }
 
 /// A subcommand of `textnet bench`, with its own flags.
 pub struct Bench {
+    /// The bench's name, e.g. "matmul".
     pub name: &'static str,
+    /// Its one-line description in `--help`.
     pub about: &'static str,
+    /// Its own flags (`<Args as clap::Args>::augment_args`).
     pub args: fn(clap::Command) -> clap::Command,
+    /// Runs it on the GPU with the shared options and its own parsed flags.
     pub run: fn(&Arc<Gpu>, &BenchOptions, &clap::ArgMatches) -> Result<()>,
 }
 

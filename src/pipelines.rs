@@ -3,6 +3,7 @@
 
 use crate::pipeline::Pipeline;
 
+/// Every pipeline, in the order `--help`, the selftest and `textnet bench` list them.
 pub const ALL: &[&Pipeline] = &[
     &crate::text::PIPELINE,
     &crate::mnist::PIPELINE,

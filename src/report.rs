@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 pub enum Status {
     /// Every epoch ran and the model file holds one of them.
     Ok,
+    /// A loss or the parameters stopped being finite.
     Diverged,
     /// Stopped by Ctrl-C.
     Interrupted,
@@ -27,6 +28,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status of a run from whether it diverged, was interrupted and wrote the model file.
     pub fn of(diverged: bool, interrupted: bool, kept: bool) -> Status {
         match (diverged, interrupted, kept) {
             (true, _, _) => Status::Diverged,
@@ -40,6 +42,7 @@ impl Status {
 /// Where a run stopped because a loss or the parameters stopped being finite.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Divergence {
+    /// The epoch (1-based) in which it happened.
     pub epoch: usize,
     /// What went non-finite, e.g. "training loss".
     pub what: &'static str,
@@ -63,12 +66,16 @@ pub struct EpochRow {
     /// Mean over the epoch's training samples, each taken before its own update.
     pub train_loss: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Mean loss on the validation set after the epoch.
     pub val_loss: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Accuracy on the validation set after the epoch.
     pub val_accuracy: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Mean loss on the test set after the epoch.
     pub test_loss: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Accuracy on the test set after the epoch.
     pub test_accuracy: Option<f64>,
     /// Training samples per second of the epoch's training time (evaluation excluded).
     pub samples_per_s: f64,
@@ -104,6 +111,7 @@ pub struct Report {
     pub textnet: &'static str,
     /// The subcommand: "train", "mnist", "xor", "sales", "transformer".
     pub command: &'static str,
+    /// How the run ended.
     pub status: Status,
     /// The settings, flat, one key per flag (defaults filled in); `out`, `keep`, `lr`, `epochs`,
     /// `batch`, `seed` and `device` (as given: auto, cuda, cpu) in every pipeline.
@@ -115,6 +123,7 @@ pub struct Report {
     pub data: Value,
     /// Number of trainable parameters.
     pub parameters: usize,
+    /// One row per completed epoch.
     pub epochs: Vec<EpochRow>,
     /// The held-out figures of the epoch the model file holds (those of its row, and the pipeline's
     /// further ones); null when the run wrote none.
@@ -126,6 +135,7 @@ pub struct Report {
     pub kept_epoch: Option<usize>,
     /// The validation loss an epoch had to beat to be written: that of the model the run started from.
     pub baseline_val_loss: Option<f64>,
+    /// Where the run diverged, if it did.
     pub diverged: Option<Divergence>,
 }
 
@@ -133,12 +143,16 @@ pub struct Report {
 /// CPU), and why that device (`--device cpu`, `--device auto found a usable GPU`, …).
 #[derive(Clone, Debug, Serialize)]
 pub struct DeviceFields {
+    /// "cpu" or "cuda:0".
     pub device: &'static str,
+    /// The GPU's name, compute capability and SM count; none on the CPU.
     pub device_name: Option<String>,
+    /// Why this device: the `--device` flag, or what `--device auto` found.
     pub device_reason: String,
 }
 
 impl DeviceFields {
+    /// The fields of the run's backend, with the reason `device::select_described` gave.
     pub fn of(backend: &crate::device::Backend) -> DeviceFields {
         DeviceFields {
             device: backend.id(),
@@ -228,6 +242,7 @@ impl Display {
         }
     }
 
+    /// Starts the progress bar of `epoch`, over `samples` training samples (hidden with `--quiet`).
     pub fn epoch_started(&mut self, epoch: usize, samples: usize) {
         self.bar = Some(progress_bar(self.quiet, &format!("epoch {epoch}/{}", self.epochs), samples));
     }

@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 /// Largest `--epochs` a training command takes.
 pub const MAX_EPOCHS: usize = 1_000_000;
 
+/// Ok when `--epochs` is between 1 and `MAX_EPOCHS`, otherwise the error line.
 pub fn check_epochs(epochs: usize) -> Result<()> {
     if epochs == 0 {
         bail!("--epochs must be at least 1, got 0");
@@ -51,10 +52,12 @@ fn address_space_left() -> Option<u64> {
 
 /// Memory a run needs, in parts, each with the flags that shrink it.
 pub struct MemoryNeed {
+    /// Each part: what it is, its size in bytes, and the flags that shrink it.
     pub parts: Vec<(&'static str, u64, &'static str)>,
 }
 
 impl MemoryNeed {
+    /// The whole need in bytes (saturating).
     pub fn total(&self) -> u64 {
         self.parts.iter().fold(0u64, |sum, &(_, bytes, _)| sum.saturating_add(bytes))
     }

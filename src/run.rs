@@ -20,8 +20,11 @@ pub trait TrainingCommand {
     type Setup;
     /// What `train` hands to `finish`.
     type Trained;
+    /// Stage 1: checks the flags, reads the data, builds the model and measures the baseline.
     fn setup(&self) -> Result<Self::Setup>;
+    /// Stage 2: trains the epochs.
     fn train(&self, setup: Self::Setup) -> Result<Self::Trained>;
+    /// Stage 3: writes the model if it earned it and says how the run ended.
     fn finish(&self, trained: Self::Trained) -> Result<Ending>;
 }
 
@@ -38,6 +41,7 @@ pub fn run<C: TrainingCommand>(command: &C) -> Result<()> {
 pub struct Ending {
     /// The `--json` report, when asked for.
     pub report: Option<Report>,
+    /// Where the run diverged, if it did.
     pub diverged: Option<Divergence>,
     /// Stopped by Ctrl-C: where, e.g. "after epoch 2 of 5".
     pub interrupted: Option<String>,

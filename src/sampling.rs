@@ -99,6 +99,7 @@ impl GenerateArgs {
 pub struct Sampling {
     /// 0: always the likeliest.
     pub temperature: f32,
+    /// Sample among the k likeliest only; `None` keeps every candidate.
     pub top_k: Option<usize>,
     /// In (0, 1]; `None` keeps every candidate top-k left.
     pub top_p: Option<f32>,
@@ -204,9 +205,11 @@ pub enum Stopped {
 /// One sampled continuation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
+    /// The sampled ids, in order.
     pub ids: Vec<u32>,
     /// The continuation's text, stop string included (the prompt not).
     pub text: String,
+    /// Why the sample ended: its length, or a stop string.
     pub stopped: Stopped,
 }
 

@@ -13,7 +13,9 @@ use std::time::Instant;
 /// A pipeline or a group of checks, for `--only`.
 #[derive(Clone, Copy, Debug)]
 pub enum Only {
+    /// Every check of one pipeline.
     Pipeline(&'static Pipeline),
+    /// One group of checks across the pipelines.
     Group(Group),
 }
 
@@ -46,6 +48,7 @@ impl clap::ValueEnum for Only {
 }
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet selftest`.
 pub struct SelftestArgs {
     /// Seed of the random inputs (default: a fresh one, printed so a failure can be repeated)
     #[arg(long)]
@@ -62,6 +65,7 @@ pub struct SelftestArgs {
     pub json: bool,
 }
 
+/// Runs the selected checks on GPU 0 and prints each result (or the JSON report).
 pub fn run(args: SelftestArgs) -> Result<()> {
     let started = Instant::now();
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("selftest needs a CUDA GPU: {e:#}"))?);

@@ -14,6 +14,7 @@ use cudarc::driver::CudaSlice;
 use rand::SeedableRng;
 use std::sync::Arc;
 
+/// The side of the square matrices multiplied (M = N = K).
 pub const SIZE: usize = 1024;
 const LAUNCHES: usize = 10;
 const TARGET: f64 = 0.6;
@@ -50,6 +51,8 @@ fn measure(
     Ok(Row { name, ms, rel_error: rel_error(&got, want) })
 }
 
+/// `textnet bench matmul`: times each kernel and cuBLAS at SIZE³ (`repeats` repeats, median; a table, or one JSON
+/// object with `json`).
 pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let (m, n, k) = (SIZE, SIZE, SIZE);
     let mut rng = crate::cpu::SeededRng::seed_from_u64(1);

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use rand::RngExt;
 use std::sync::Arc;
 
+/// Largest relative error a kernel's product may have against the CPU reference.
 pub const TOLERANCE: f64 = 1e-5;
 
 /// (M, N, K).
@@ -26,6 +27,7 @@ pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
     vec![super::gpu::MODULE]
 }
 
+/// The selftest checks of every matmul kernel against the CPU product.
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if !plan.wants(Group::Kernels) {

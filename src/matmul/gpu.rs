@@ -13,15 +13,21 @@ const TILE64: (usize, usize, usize) = (64, 16, 4);
 /// The kernels of fused/matmul.cu.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// `matmul_naive`: one thread per element of C.
     Naive,
+    /// `matmul_tile128`: 128×128 tiles of C per block.
     Tile128,
+    /// `matmul_tile64`: 64×64 tiles, four times the blocks of Tile128.
     Tile64,
+    /// `matmul_tile128_split2`: 128×128 tiles with K split over two blocks, added with atomics.
     Tile128Split2,
 }
 
 impl Kernel {
+    /// Every kernel, in the order the bench lists them.
     pub const ALL: [Kernel; 4] = [Kernel::Naive, Kernel::Tile128, Kernel::Tile64, Kernel::Tile128Split2];
 
+    /// The kernel's function name in fused/matmul.cu.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Naive => "matmul_naive",
@@ -57,6 +63,7 @@ pub struct GpuMatmul {
 }
 
 impl GpuMatmul {
+    /// Loads fused/matmul.cu on `gpu` and looks up its kernels.
     pub fn new(gpu: Arc<Gpu>) -> Result<GpuMatmul> {
         let module = gpu.module(&MODULE)?;
         let functions = Kernel::ALL.iter().map(|k| Gpu::function(&module, k.name())).collect::<Result<_>>()?;

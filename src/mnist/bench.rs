@@ -38,6 +38,8 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &Mnist
     }
 }
 
+/// `textnet bench mnist`: times training epochs of the MLP on (Fashion-)MNIST (`repeats` repeats, median; a table, or
+/// one JSON object with `json`).
 pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     use super::data::{self, Dataset};
     let repeats = repeats.max(1);

@@ -66,9 +66,13 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
 /// A whole training run to compare: model shape, optimizer, random training images and images a step.
 #[derive(Clone, Copy, Debug)]
 pub struct TrainingCase {
+    /// The MLP's sizes.
     pub shape: MlpShape,
+    /// The optimizer.
     pub optim: OptimConfig,
+    /// Random training images.
     pub samples: usize,
+    /// Images per optimizer step.
     pub batch: usize,
 }
 

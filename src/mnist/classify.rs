@@ -15,6 +15,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet classify`.
 pub struct ClassifyArgs {
     /// Images: PNG, JPEG or PGM/PPM files (colour ones converted to greyscale and other sizes resized to
     /// 28×28, as torchvision's Grayscale and Resize do), or IDX image files (raw or .gz)
@@ -118,6 +119,7 @@ fn classify_cnn(params: &CnnParams, split: &Split) -> Result<Classified> {
     Ok((evaluation, predictions))
 }
 
+/// Runs `textnet classify`.
 pub fn run(args: ClassifyArgs) -> Result<()> {
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
     let (classifier, meta) =

@@ -28,6 +28,7 @@ use std::sync::Arc;
 (Debian package dataset-fashion-mnist); MNIST missing everywhere is downloaded into the cache \
 (HTTPS, checked against the published SHA-256 sums)."
 )]
+/// The flags of `textnet mnist`.
 pub struct MnistArgs {
     /// Which dataset
     #[arg(long, value_enum, default_value_t = Dataset::Mnist)]
@@ -47,6 +48,7 @@ pub struct MnistArgs {
     #[arg(long, value_enum, default_value_t = Activation::Relu)]
     pub activation: Activation,
     #[command(flatten)]
+    /// The optimizer flags (`--optim`, `--lr`, ...).
     pub optim: OptimArgs,
     /// Samples per optimizer step (the loss is the batch mean)
     #[arg(long, default_value_t = 64)]
@@ -76,6 +78,7 @@ pub struct MnistArgs {
     #[arg(short = 'o', long, default_value = "mnist.safetensors", default_value_if("model", "cnn", "mnist-cnn.safetensors"))]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
     /// Go on training this model file (a fresh optimizer state); only an epoch better than it is saved. It
     /// must be of this run's --dataset, --model, --hidden and --activation (the file at --out may be it)
@@ -219,6 +222,7 @@ fn at_chance(accuracy: f64, classes: usize) -> bool {
     accuracy <= 1.5 / classes as f64
 }
 
+/// Runs `textnet mnist`.
 pub fn run(args: MnistArgs) -> Result<()> {
     run::run(&args)
 }

@@ -30,9 +30,13 @@ use rand::SeedableRng;
 pub struct CnnShape {
     /// Image side (a multiple of 4).
     pub side: usize,
+    /// Channels of the first convolution.
     pub c1: usize,
+    /// Channels of the second convolution.
     pub c2: usize,
+    /// Hidden units of the fully connected layer.
     pub fc: usize,
+    /// Number of classes (outputs).
     pub classes: usize,
 }
 
@@ -41,9 +45,10 @@ pub const TENSOR_NAMES: [&str; 8] =
     ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
 
 impl CnnShape {
-    /// The roadmap's model on 28×28 images: 8 and 16 channels, 64 hidden units, 10 classes.
+    /// The MNIST model on 28×28 images: 8 and 16 channels, 64 hidden units, 10 classes.
     pub const MNIST: CnnShape = CnnShape { side: 28, c1: 8, c2: 16, fc: 64, classes: 10 };
 
+    /// Ok when the sizes are usable, otherwise the error line.
     pub fn validate(&self) -> Result<()> {
         if self.side == 0 || !self.side.is_multiple_of(4) {
             bail!("the CNN needs an image side that is a positive multiple of 4, got {}", self.side);
@@ -87,6 +92,7 @@ impl CnnShape {
         (starts, at)
     }
 
+    /// Number of parameters.
     pub fn param_count(&self) -> usize {
         self.offsets().1
     }
@@ -95,7 +101,9 @@ impl CnnShape {
 /// All trainable parameters, flat (see the module comment for the layout).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CnnParams {
+    /// The sizes.
     pub shape: CnnShape,
+    /// Every parameter, in the layout of the module comment.
     pub flat: Vec<f32>,
 }
 
@@ -114,6 +122,7 @@ impl CnnParams {
         CnnParams { shape, flat }
     }
 
+    /// Whether every parameter is finite.
     pub fn all_finite(&self) -> bool {
         self.flat.iter().all(|x| x.is_finite())
     }
@@ -295,13 +304,21 @@ fn conv3x3_backward<T: Float>(
 /// by the batch), the loss; dh (through ReLU′), dz2 and dz1.
 #[derive(Clone, Debug, Default)]
 pub struct Intermediates {
+    /// First pooled map p1, `[c1][side/2][side/2]` per image.
     pub p1: Vec<f32>,
+    /// Flattened second pooled map f, `[c2·(side/4)²]` per image.
     pub f: Vec<f32>,
+    /// Hidden layer h after ReLU, `[fc]` per image.
     pub h: Vec<f32>,
+    /// Gradient of the loss at the logits, divided by the batch, `[classes]` per image.
     pub dlogits: Vec<f32>,
+    /// Cross-entropy loss, one per image.
     pub loss: Vec<f32>,
+    /// Gradient at the hidden layer's pre-activation (through ReLU′), `[fc]` per image.
     pub dh: Vec<f32>,
+    /// Gradient at the second convolution's output z2, `[c2][side/2][side/2]` per image.
     pub dz2: Vec<f32>,
+    /// Gradient at the first convolution's output z1, `[c1][side][side]` per image.
     pub dz1: Vec<f32>,
 }
 

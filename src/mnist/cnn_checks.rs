@@ -25,7 +25,9 @@ use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;
 
+/// Largest relative error of a single kernel or step against the CPU reference.
 pub const KERNEL_TOLERANCE: f64 = 1e-4;
+/// Largest relative error of a whole training run against the CPU reference.
 pub const TRAINING_TOLERANCE: f64 = 1e-4;
 /// The smallest kink margin a one-step problem may reach (rounding moves values by ~1e-7 relative).
 pub const MARGIN: f64 = 1e-6;
@@ -33,6 +35,7 @@ const MAX_DRAWS: usize = 8;
 /// The training checks' CNN.
 pub const TRAINING_SHAPE: CnnShape = CnnShape { side: 8, c1: 2, c2: 3, fc: 6, classes: 4 };
 
+/// `n` random images (pixels uniform in [0, 1)) with random labels, for `shape`.
 pub fn random_split(shape: CnnShape, n: usize, rng: &mut SeededRng) -> Split {
     let pixels = shape.side * shape.side;
     Split {
@@ -46,6 +49,7 @@ fn label(shape: CnnShape, batch: usize) -> String {
     format!("{0}×{0} c{1} c{2} fc{3} B={batch}", shape.side, shape.c1, shape.c2, shape.fc)
 }
 
+/// The optimizers the training checks run: SGD, momentum, and Adam with weight decay and clipping.
 pub fn optimizers() -> [OptimConfig; 3] {
     [
         OptimConfig { lr: 0.05, ..OptimConfig::new(OptimKind::Sgd) },
@@ -68,6 +72,7 @@ pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
     vec![module_request(CnnShape::MNIST), module_request(TRAINING_SHAPE)]
 }
 
+/// The selftest checks of fused/mnist_cnn.cu against the CPU reference.
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let shape = CnnShape::MNIST;
     let mut out = Vec::new();

@@ -91,6 +91,7 @@ struct DeviceSplit {
     len: usize,
 }
 
+/// The CNN trainer on a CUDA GPU: both splits, the parameters and the optimizer state in device memory.
 pub struct GpuCnn {
     gpu: Arc<Gpu>,
     shape: CnnShape,
@@ -119,6 +120,7 @@ pub struct GpuCnn {
 }
 
 impl GpuCnn {
+    /// Uploads the splits and the parameters to `gpu` and loads the kernels for `params.shape`.
     pub fn new(gpu: Arc<Gpu>, params: CnnParams, optim: OptimConfig, train: &Split, test: &Split) -> Result<GpuCnn> {
         optim.validate()?;
         let shape = params.shape;
@@ -452,6 +454,7 @@ impl GpuCnn {
         Ok(eval)
     }
 
+    /// The parameters, copied back from the GPU.
     pub fn cnn_params(&self) -> Result<CnnParams> {
         let flat = self.gpu.stream.clone_dtoh(&self.params).context("copying the model from the GPU")?;
         Ok(CnnParams { shape: self.shape, flat })

@@ -19,6 +19,7 @@ pub const FILES: [&str; 4] =
     ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+/// The `--dataset` flag: which image set to train on.
 pub enum Dataset {
     /// Handwritten digits 0–9
     Mnist,
@@ -35,6 +36,7 @@ impl Dataset {
         }
     }
 
+    /// The dataset's name for people, e.g. "Fashion-MNIST".
     pub fn title(self) -> &'static str {
         match self {
             Dataset::Mnist => "MNIST",
@@ -81,6 +83,7 @@ impl Dataset {
         }
     }
 
+    /// The name of each class, by label.
     pub fn class_names(self) -> [&'static str; 10] {
         match self {
             Dataset::Mnist => ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"],
@@ -123,8 +126,11 @@ impl Dataset {
 
 /// Both splits of a dataset and the directory they came from.
 pub struct MnistData {
+    /// The training split.
     pub train: Split,
+    /// The test split.
     pub test: Split,
+    /// The directory the files were read from.
     pub dir: PathBuf,
 }
 

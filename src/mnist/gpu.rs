@@ -27,17 +27,21 @@ pub(crate) const EVAL_CHUNK: usize = 10_000;
 /// Grids and shared memory of the three kernels for one model shape.
 #[derive(Clone, Copy, Debug)]
 pub struct MnistLayout {
+    /// The model's sizes.
     pub shape: MlpShape,
     /// Dynamic shared memory of mnist_forward / mnist_evaluate: the tile's gemm stages, then the output
     /// layer's activations, W2 and dlogits.
     pub forward_shared: usize,
+    /// Dynamic shared memory of mnist_backward, in bytes.
     pub backward_shared: usize,
     /// Blocks of mnist_backward: [∂W1 | ∂b1] tiles, then [∂W2 | ∂b2] tiles. Also the number of Σg² partials.
     pub backward_grid: usize,
+    /// Blocks of the update kernel.
     pub update_grid: usize,
 }
 
 impl MnistLayout {
+    /// The layout for `shape` on a GPU of `sm_count` multiprocessors.
     pub fn new(shape: MlpShape, sm_count: usize) -> MnistLayout {
         let MlpShape { inputs: i, hidden: h, classes: c, .. } = shape;
         let f = std::mem::size_of::<f32>();
@@ -96,6 +100,7 @@ struct DeviceSplit {
 
 /// Per-step intermediates, sized for `capacity` samples.
 pub struct StepBuffers {
+    /// Samples the buffers hold.
     pub capacity: usize,
     /// `[B][H]` activations a.
     pub act: CudaSlice<f32>,
@@ -121,17 +126,24 @@ struct CapturedEpoch {
     graph: CudaGraph,
 }
 
+/// The MLP trainer on a CUDA GPU: both splits, the parameters and the optimizer state in device memory.
 pub struct GpuTrainer {
     gpu: Arc<Gpu>,
+    /// The model's sizes.
     pub shape: MlpShape,
+    /// The optimizer and its hyper-parameters.
     pub optim: OptimConfig,
+    /// Grids and shared memory of the kernels.
     pub layout: MnistLayout,
     kernels: Kernels,
     /// Flat parameters, gradient, and optimizer state (momentum velocity or Adam's moments), all in the
     /// layout of `MlpParams::flat`.
     pub params: CudaSlice<f32>,
+    /// Gradient of the mean batch loss.
     pub grad: CudaSlice<f32>,
+    /// Momentum's velocity or Adam's first moment.
     pub m: CudaSlice<f32>,
+    /// Adam's second moment.
     pub v: CudaSlice<f32>,
     /// Optimizer steps taken.
     pub step: CudaSlice<u32>,
@@ -143,6 +155,7 @@ pub struct GpuTrainer {
     test_labels: Vec<u8>,
     order: CudaSlice<u32>,
     cursor: CudaSlice<u32>,
+    /// Per-step intermediates.
     pub buffers: StepBuffers,
     loss_sum: CudaSlice<f64>,
     /// [test samples] predicted class of each.
@@ -156,6 +169,7 @@ pub fn module_request(shape: MlpShape) -> ModuleRequest {
 }
 
 impl GpuTrainer {
+    /// Uploads the splits and the parameters to `gpu` and loads the kernels for `params.shape`.
     pub fn new(
         gpu: Arc<Gpu>,
         params: MlpParams,
@@ -259,6 +273,7 @@ impl GpuTrainer {
         self.set_cursor(0)
     }
 
+    /// Sets the device cursor: the position in the uploaded order where the next step starts.
     pub fn set_cursor(&mut self, cursor: usize) -> Result<()> {
         self.gpu.stream.memcpy_htod(&[cursor as u32], &mut self.cursor)?;
         Ok(())
@@ -344,6 +359,7 @@ impl GpuTrainer {
         g.launch(&self.kernels.update, (self.layout.update_grid as u32, 1), 0, false, &args)
     }
 
+    /// Moves the device cursor `samples` samples on.
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {
         let args = [Arg::buf(&self.gpu, &self.cursor), Arg::u32(samples as u32)];
         self.gpu.launch_sized(&self.kernels.advance, (1, 1), 1, 0, false, &args)
@@ -429,19 +445,23 @@ impl GpuTrainer {
             .collect()
     }
 
+    /// Waits for the queued kernels; an error names a failed MNIST kernel.
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.stream.synchronize().context("an MNIST kernel failed")
     }
 
+    /// Zeroes the summed training loss.
     pub fn zero_loss(&mut self) -> Result<()> {
         self.gpu.stream.memcpy_htod(&[0f64], &mut self.loss_sum)?;
         Ok(())
     }
 
+    /// The summed training loss since `zero_loss`.
     pub fn read_loss(&self) -> Result<f64> {
         Ok(self.gpu.stream.clone_dtoh(&self.loss_sum).context("an MNIST kernel failed")?[0])
     }
 
+    /// Copies a device buffer to the host.
     pub fn download<T: cudarc::driver::DeviceRepr>(&self, buffer: &CudaSlice<T>) -> Result<Vec<T>> {
         self.gpu.stream.clone_dtoh(buffer).context("copying from the GPU")
     }

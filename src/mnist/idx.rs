@@ -15,8 +15,11 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
+/// Side of an (Fashion-)MNIST image in pixels.
 pub const IMAGE_SIDE: usize = 28;
+/// Pixels per image.
 pub const PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
+/// Number of classes.
 pub const CLASSES: usize = 10;
 
 /// Type code of unsigned-byte data, the third byte of the magic number.
@@ -25,6 +28,7 @@ const UBYTE: u32 = 0x08;
 /// One IDX file of unsigned bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Idx {
+    /// The size of each dimension, e.g. [count, 28, 28].
     pub dims: Vec<usize>,
     /// ∏ dims bytes, row-major.
     pub data: Vec<u8>,
@@ -155,26 +159,31 @@ fn parse_idx(mut reader: Box<dyn Read>, ndims: usize, gzipped: bool) -> Result<I
 pub struct Split {
     /// len × pixels, row-major, each pixel in `[0,1]`.
     pub images: Vec<f32>,
+    /// The class of each image.
     pub labels: Vec<u8>,
     /// Values per image (784 for MNIST).
     pub pixels: usize,
 }
 
 impl Split {
+    /// Number of images.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// Whether the split holds no image.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
 
     #[inline]
+    /// The pixels of image `index`.
     pub fn image(&self, index: u32) -> &[f32] {
         &self.images[index as usize * self.pixels..][..self.pixels]
     }
 
     #[inline]
+    /// The label of image `index`.
     pub fn label(&self, index: u32) -> usize {
         self.labels[index as usize] as usize
     }

@@ -45,11 +45,14 @@ pub enum ModelKind {
 /// A classifier's parameters: the MLP or the CNN.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Classifier {
+    /// The multilayer perceptron.
     Mlp(MlpParams),
+    /// The convolutional network.
     Cnn(cnn::CnnParams),
 }
 
 impl Classifier {
+    /// Which architecture it is.
     pub fn kind(&self) -> ModelKind {
         match self {
             Classifier::Mlp(_) => ModelKind::Mlp,
@@ -57,6 +60,7 @@ impl Classifier {
         }
     }
 
+    /// Number of parameters.
     pub fn param_count(&self) -> usize {
         match self {
             Classifier::Mlp(p) => p.flat.len(),
@@ -64,6 +68,7 @@ impl Classifier {
         }
     }
 
+    /// Whether every parameter is finite.
     pub fn all_finite(&self) -> bool {
         match self {
             Classifier::Mlp(p) => p.all_finite(),
@@ -87,6 +92,7 @@ impl Classifier {
         }
     }
 
+    /// The model file's bytes (.safetensors), with `extra` metadata entries added.
     pub fn to_safetensors(&self, extra: &[(&str, &str)]) -> Result<Vec<u8>> {
         match self {
             Classifier::Mlp(p) => p.to_safetensors(extra),
@@ -118,32 +124,39 @@ impl Classifier {
 /// Loss and confusion counts over an evaluation set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evaluation {
+    /// Number of samples evaluated.
     pub samples: u64,
     /// Summed per-sample loss.
     pub loss: f64,
     /// classes × classes, row = true class, column = predicted class.
     pub confusion: Vec<u64>,
+    /// Number of classes.
     pub classes: usize,
 }
 
 impl Evaluation {
+    /// An empty evaluation over `classes` classes.
     pub fn new(classes: usize) -> Evaluation {
         Evaluation { samples: 0, loss: 0.0, confusion: vec![0; classes * classes], classes }
     }
 
+    /// Counts one sample of class `truth` predicted as `predicted` (its loss is added separately).
     pub fn record(&mut self, truth: usize, predicted: usize) {
         self.samples += 1;
         self.confusion[truth * self.classes + predicted] += 1;
     }
 
+    /// Samples predicted right.
     pub fn correct(&self) -> u64 {
         (0..self.classes).map(|k| self.confusion[k * self.classes + k]).sum()
     }
 
+    /// Fraction predicted right, 0 to 1.
     pub fn accuracy(&self) -> f64 {
         self.correct() as f64 / self.samples.max(1) as f64
     }
 
+    /// Mean loss per sample.
     pub fn mean_loss(&self) -> f64 {
         self.loss / self.samples.max(1) as f64
     }
@@ -218,6 +231,7 @@ pub fn trainer(
 /// The CNN's CPU reference as a trainer: batches on every core (rayon), their gradients added in batch
 /// order.
 pub struct CpuCnnTrainer {
+    /// The parameters being trained.
     pub params: cnn::CnnParams,
     optimizer: Optimizer,
     train: Arc<Split>,
@@ -225,6 +239,7 @@ pub struct CpuCnnTrainer {
 }
 
 impl CpuCnnTrainer {
+    /// A trainer of `params` with a fresh optimizer state over the two splits.
     pub fn new(params: cnn::CnnParams, optim: OptimConfig, train: Arc<Split>, test: Arc<Split>) -> CpuCnnTrainer {
         let n = params.flat.len();
         CpuCnnTrainer { params, optimizer: Optimizer::new(optim, n), train, test }
@@ -310,7 +325,9 @@ pub fn evaluate_split(params: &MlpParams, data: &Split) -> Evaluation {
 
 /// The CPU reference as a trainer.
 pub struct CpuTrainer {
+    /// The parameters being trained.
     pub params: MlpParams,
+    /// The optimizer and its state.
     pub optimizer: Optimizer,
     /// When set, the smallest `model::kink_margin` of any training step so far (the selftest's training
     /// checks watch it); None: not watched.
@@ -322,6 +339,7 @@ pub struct CpuTrainer {
 }
 
 impl CpuTrainer {
+    /// A trainer of `params` with a fresh optimizer state over the two splits.
     pub fn new(params: MlpParams, optim: OptimConfig, train: Arc<Split>, test: Arc<Split>) -> CpuTrainer {
         let n = params.flat.len();
         CpuTrainer {

@@ -31,10 +31,15 @@ use std::collections::HashMap;
 pub use crate::ops::activations::Activation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The MLP's sizes and hidden activation.
 pub struct MlpShape {
+    /// Inputs I: pixels per image.
     pub inputs: usize,
+    /// Hidden units H.
     pub hidden: usize,
+    /// Classes C (outputs).
     pub classes: usize,
+    /// Hidden-layer activation.
     pub activation: Activation,
 }
 
@@ -45,6 +50,7 @@ pub use crate::ops::mlp::Parts;
 pub const MAX_HIDDEN: usize = 1 << 16;
 
 impl MlpShape {
+    /// Ok when the sizes are usable, otherwise the error line.
     pub fn validate(&self) -> Result<()> {
         if self.inputs == 0 || !(2..=256).contains(&self.classes) {
             bail!("the model needs at least one input and 2 to 256 classes (labels are bytes)");
@@ -67,10 +73,12 @@ impl MlpShape {
         [("w1", vec![h, i]), ("b1", vec![h]), ("w2", vec![c, h]), ("b2", vec![c])]
     }
 
+    /// `flat` cut into the four parameter tensors.
     pub fn split<'a>(&self, flat: &'a [f32]) -> Parts<&'a [f32]> {
         Parts::of(flat, self.inputs, self.hidden, self.classes)
     }
 
+    /// `flat` cut into the four parameter tensors, writable.
     pub fn split_mut<'a>(&self, flat: &'a mut [f32]) -> Parts<&'a mut [f32]> {
         Parts::of_mut(flat, self.inputs, self.hidden, self.classes)
     }
@@ -78,12 +86,15 @@ impl MlpShape {
 
 /// `format` metadata of the model file.
 pub const FORMAT: &str = crate::modelkind::MNIST_MLP.tag;
+/// Version of the model file layout, in its metadata.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// All trainable parameters, flat (see the module comment for the layout).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MlpParams {
+    /// The sizes.
     pub shape: MlpShape,
+    /// Every parameter: W1, b1, W2, b2 (module comment).
     pub flat: Vec<f32>,
 }
 
@@ -102,10 +113,12 @@ impl MlpParams {
         MlpParams { shape, flat }
     }
 
+    /// The four parameter tensors.
     pub fn parts(&self) -> Parts<&[f32]> {
         self.shape.split(&self.flat)
     }
 
+    /// Whether every parameter is finite.
     pub fn all_finite(&self) -> bool {
         self.flat.iter().all(|x| x.is_finite())
     }

@@ -13,9 +13,13 @@ use std::time::Instant;
 const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
 
 #[derive(Clone, Copy, Debug)]
+/// How long to train and in what order.
 pub struct Schedule {
+    /// Passes over the training split.
     pub epochs: usize,
+    /// Samples per optimizer step.
     pub batch: usize,
+    /// Seed of the shuffle before each epoch.
     pub seed: u64,
 }
 
@@ -26,7 +30,9 @@ pub struct EpochStats {
     pub epoch: usize,
     /// Mean training loss over the epoch (parameters moving meanwhile).
     pub train_loss: f64,
+    /// Mean loss on the test split after the epoch.
     pub test_loss: f64,
+    /// Fraction of the test split classified right, 0 to 1.
     pub test_accuracy: f64,
     /// Training samples per second of this epoch's training time (evaluation excluded).
     pub samples_per_s: f64,
@@ -36,8 +42,11 @@ pub struct EpochStats {
 
 /// Hooks for progress display; every method defaults to nothing.
 pub trait Observer {
+    /// An epoch of `samples` training samples begins.
     fn epoch_start(&mut self, _epoch: usize, _samples: usize) {}
+    /// `done` training samples of the epoch so far.
     fn progress(&mut self, _done: usize) {}
+    /// An epoch ended, with its figures and test evaluation.
     fn epoch_end(&mut self, _stats: &EpochStats, _eval: &Evaluation) {}
     /// Called with each epoch's parameters (finite), before `epoch_end` (to save a checkpoint);
     /// `Ok(false)` ends training after this epoch.

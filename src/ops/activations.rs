@@ -5,8 +5,9 @@ use super::constant;
 use num_traits::Float;
 
 /// The hidden-layer activations the pipelines offer, with their derivatives (the same math as
-/// fused/activations.cuh).
+/// fused/activations.cuh): `Relu` max(0, z), `Sigmoid` 1 / (1 + e^−z) and `Tanh` tanh z.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // a variant's doc comment would become clap's --help text for the value
 pub enum Activation {
     Relu,
     Sigmoid,
@@ -14,8 +15,10 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// Every activation.
     pub const ALL: [Activation; 3] = [Activation::Relu, Activation::Sigmoid, Activation::Tanh];
 
+    /// The name `--activation` and model files use: "relu", "sigmoid" or "tanh".
     pub fn name(self) -> &'static str {
         match self {
             Activation::Relu => "relu",
@@ -24,11 +27,13 @@ impl Activation {
         }
     }
 
+    /// The activation of that name, if any.
     pub fn from_name(name: &str) -> Option<Activation> {
         Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
     #[inline]
+    /// The activation of the pre-activation `z`.
     pub fn apply(self, z: f32) -> f32 {
         match self {
             Activation::Relu => z.max(0.0),

@@ -9,8 +9,11 @@ use num_traits::Float;
 /// sequences of `t` positions and heads of `hs` dims in blocks of `warps` warps (tested against the
 /// kernel file).
 pub struct AttentionSizes {
+    /// Sequence length T (positions).
     pub t: usize,
+    /// Head size: dims per head.
     pub hs: usize,
+    /// Warps per block.
     pub warps: usize,
 }
 

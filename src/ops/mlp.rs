@@ -4,9 +4,13 @@
 
 /// The four parameter tensors (or their gradients, or optimizer state) as views of one flat vector.
 pub struct Parts<T> {
+    /// Hidden weights, `[hidden][inputs]` row-major.
     pub w1: T,
+    /// Hidden biases, `[hidden]`.
     pub b1: T,
+    /// Output weights, `[outputs][hidden]` row-major.
     pub w2: T,
+    /// Output biases, `[outputs]`.
     pub b2: T,
 }
 

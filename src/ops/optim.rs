@@ -20,6 +20,7 @@ use crate::device::Arg;
 use anyhow::{Result, bail};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+/// The `--optim` flag: which update rule trains the parameters.
 pub enum OptimKind {
     /// Plain stochastic gradient descent
     Sgd,
@@ -33,6 +34,7 @@ pub enum OptimKind {
 }
 
 impl OptimKind {
+    /// The flag value, e.g. "adamw".
     pub fn name(self) -> &'static str {
         match self {
             OptimKind::Sgd => "sgd",
@@ -64,17 +66,25 @@ impl OptimKind {
     }
 }
 
+/// Momentum μ when `--momentum` is not given.
 pub const DEFAULT_MOMENTUM: f32 = 0.9;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
+/// An optimizer and its hyper-parameters, as the flags give them.
 pub struct OptimConfig {
+    /// The update rule.
     pub kind: OptimKind,
+    /// The learning rate.
     pub lr: f32,
     /// μ of `Momentum`.
     pub momentum: f32,
+    /// Adam's β1: decay of the gradient's running mean.
     pub beta1: f32,
+    /// Adam's β2: decay of the squared gradient's running mean.
     pub beta2: f32,
+    /// Adam's ε, added to the denominator.
     pub eps: f32,
+    /// Weight decay (L2 for all but adamw, decoupled for adamw); 0 turns it off.
     pub weight_decay: f32,
     /// Largest global gradient L2 norm; 0 turns clipping off.
     pub clip_norm: f32,
@@ -110,6 +120,7 @@ impl OptimConfig {
         }
     }
 
+    /// Ok when every hyper-parameter is in range, otherwise the error line naming its flag.
     pub fn validate(&self) -> Result<()> {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             bail!("--lr must be a positive finite number, got {}", self.lr);
@@ -207,16 +218,23 @@ impl OptimArgs {
 /// Everything one update step needs besides the buffers: the arguments of a fused update kernel.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepScalars {
+    /// The learning rate.
     pub lr: f32,
+    /// Momentum μ.
     pub momentum: f32,
+    /// Adam's β1.
     pub beta1: f32,
+    /// Adam's β2.
     pub beta2: f32,
+    /// Adam's ε.
     pub eps: f32,
+    /// Weight decay.
     pub weight_decay: f32,
     /// Clip factor applied to the gradient before weight decay (1 when not clipping).
     pub grad_scale: f32,
     /// Adam's bias corrections 1 − β1ᵗ and 1 − β2ᵗ.
     pub bias1: f32,
+    /// Adam's bias correction 1 − β2ᵗ.
     pub bias2: f32,
 }
 
@@ -273,10 +291,13 @@ pub fn update(kind: OptimKind, s: &StepScalars, params: &mut [f32], grads: &[f32
 /// Optimizer state over a flat parameter vector.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Optimizer {
+    /// The optimizer and its hyper-parameters.
     pub config: OptimConfig,
     /// Steps taken so far.
     pub step: u64,
+    /// First-moment state: momentum's velocity or Adam's running mean of g (empty for SGD).
     pub m: Vec<f32>,
+    /// Adam's running mean of g² (empty for SGD and momentum).
     pub v: Vec<f32>,
 }
 

@@ -45,6 +45,8 @@ fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64) -
     Ok(history)
 }
 
+/// `textnet bench sales`: times training on the table `o.table` on the GPU (and the CPU reference unless skipped), with
+/// the shared bench options.
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Result<()> {
     let loaded = Instant::now();
     let data = Dataset::load(&o.table, &LoadOptions::new(Schema::sales_tsv()))

@@ -104,6 +104,7 @@ pub fn modules(plan: &Plan) -> Vec<ModuleRequest> {
     shapes.chain([TRAINING_CASE.0, REPEAT_CASE.0]).map(module_request).collect()
 }
 
+/// The selftest checks of fused/sales.cu against the CPU reference.
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if plan.wants(Group::Kernels) {

@@ -25,6 +25,7 @@ use std::time::Instant;
 #[command(
     override_usage = "textnet sales [OPTIONS] <FILE>\n       textnet sales --model <M> --predict <NEW> [--predictions <OUT>]"
 )]
+/// The flags of `textnet sales`.
 pub struct SalesArgs {
     /// The table: tab- or comma-separated, with or without a header row (default schema: the
     /// 10-column sales.tsv, see --target)
@@ -74,6 +75,7 @@ pub struct SalesArgs {
     #[arg(long, default_value_t = DEFAULT_HIDDEN)]
     pub hidden: usize,
     #[command(flatten)]
+    /// The optimizer flags (`--optim`, `--lr`, ...).
     pub optim: OptimArgs,
     /// Rows per optimizer step (the loss is the batch mean)
     #[arg(long, default_value_t = DEFAULT_BATCH)]
@@ -92,6 +94,7 @@ pub struct SalesArgs {
     #[arg(short = 'o', long, default_value = "sales.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
     /// Predict with this model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with = "resume")]
@@ -144,6 +147,7 @@ impl SalesArgs {
     }
 }
 
+/// Runs `textnet sales`: trains, or predicts with `--model` and `--predict`.
 pub fn run(args: SalesArgs) -> Result<()> {
     if let (Some(model), Some(new)) = (&args.model, &args.predict) {
         return predict(&args, model, new);

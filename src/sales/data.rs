@@ -22,10 +22,13 @@ use std::path::Path;
 /// Features and targets of one split, in the units of the file (or normalised, after `Stats::normalize`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
+    /// Number of rows.
     pub rows: usize,
+    /// Features per row.
     pub features: usize,
     /// rows × features, row-major.
     pub x: Vec<f32>,
+    /// The target of each row.
     pub y: Vec<f32>,
     /// The file line of each row.
     pub lines: Vec<u64>,
@@ -69,10 +72,12 @@ impl Split {
         }
     }
 
+    /// The features of row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.x[i * self.features..][..self.features]
     }
 
+    /// Whether the split has no row.
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
@@ -98,17 +103,21 @@ pub struct Dataset {
     pub source: String,
     /// Bad rows dropped while reading (with `skip_bad_rows`), and the first of them as an error message.
     pub skipped: usize,
+    /// The first bad row dropped, as an error message.
     pub first_skipped: Option<String>,
     /// Per feature: the column name, "name=value" for a one-hot entry, "name (year)" and so on for a date
     /// (`DateFeatures::feature_names`).
     pub feature_names: Vec<String>,
+    /// The target column's name.
     pub target_name: String,
     /// Per categorical column, its vocabulary (the values of the training rows, in order of appearance):
     /// entry v is one-hot feature v of that column's block.
     pub vocabularies: Vec<Vec<String>>,
+    /// The rows that train.
     pub train: Split,
     /// Rows held out of `train` to choose an epoch by (`hold_out`); none by default.
     pub val: Split,
+    /// The rows that test.
     pub test: Split,
 }
 
@@ -123,6 +132,7 @@ pub enum SplitOrder {
 }
 
 impl SplitOrder {
+    /// The `--split-order` value, "shuffled" or "file".
     pub fn name(self) -> &'static str {
         match self {
             SplitOrder::Shuffled => "shuffled",
@@ -237,6 +247,7 @@ impl Dataset {
         Ok(())
     }
 
+    /// Number of features.
     pub fn features(&self) -> usize {
         self.feature_names.len()
     }
@@ -246,10 +257,13 @@ impl Dataset {
 /// sees is (value − mean) / std.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stats {
+    /// Mean of each feature.
     pub feature_mean: Vec<f32>,
     /// Population standard deviation; 1 for a constant feature.
     pub feature_std: Vec<f32>,
+    /// Mean of the target.
     pub target_mean: f32,
+    /// Population standard deviation of the target; 1 for a constant target.
     pub target_std: f32,
 }
 

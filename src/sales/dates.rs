@@ -15,11 +15,14 @@
 /// How a column writes `NN/NN/YYYY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlashOrder {
+    /// `DD/MM/YYYY`.
     DayMonth,
+    /// `MM/DD/YYYY`.
     MonthDay,
 }
 
 impl SlashOrder {
+    /// The order in words, "day/month/year" or "month/day/year".
     pub fn name(self) -> &'static str {
         match self {
             SlashOrder::DayMonth => "day/month/year",
@@ -32,10 +35,26 @@ impl SlashOrder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DateValue {
     /// A date with no doubt about it.
-    Date { year: u16, month: u8, day: u8 },
+    Date {
+        /// The year, e.g. 2024.
+        year: u16,
+        /// The month, 1–12.
+        month: u8,
+        /// The day of the month, 1–31.
+        day: u8,
+    },
     /// `first/second/year`: day/month or month/day, settled per column. Both readings are valid dates when
     /// both parts are at most 12; otherwise only one is, and `order` says which.
-    Slashed { first: u8, second: u8, year: u16, order: Option<SlashOrder> },
+    Slashed {
+        /// The number before the first slash.
+        first: u8,
+        /// The number between the slashes.
+        second: u8,
+        /// The year.
+        year: u16,
+        /// The only valid reading, when just one of the two is a valid date.
+        order: Option<SlashOrder>,
+    },
 }
 
 impl DateValue {
@@ -62,6 +81,7 @@ impl DateValue {
     }
 }
 
+/// The date formats a date column may use, in words for messages.
 pub const DATE_FORMATS: &str = "ISO 8601 such as YYYY-MM-DD[THH:MM[:SS]] or YYYYMMDD[THHMMSS], YYYY/MM/DD, DD.MM.YYYY, DD/MM/YYYY or MM/DD/YYYY, D Mon YYYY, Mon D YYYY";
 
 const MONTHS: [&str; 12] = [
@@ -98,7 +118,10 @@ pub enum DateFeatures {
     /// The day of year, 1–366, as one number (the roadmap's sales.tsv schema, and older models).
     DayOfYear,
     /// Year; day of year and day of week as sin/cos; with `time_of_day`, the time of day as sin/cos.
-    Calendar { time_of_day: bool },
+    Calendar {
+        /// Whether the time of day is among the features.
+        time_of_day: bool,
+    },
 }
 
 impl DateFeatures {
@@ -111,6 +134,7 @@ impl DateFeatures {
         }
     }
 
+    /// The features of that name (as model files store them), if any.
     pub fn from_name(name: &str) -> Option<DateFeatures> {
         [
             DateFeatures::DayOfYear,
@@ -139,6 +163,7 @@ impl DateFeatures {
         parts.iter().map(|p| format!("{column} ({p})")).collect()
     }
 
+    /// Number of features a date column gives.
     pub fn count(self) -> usize {
         match self {
             DateFeatures::DayOfYear => 1,

@@ -43,8 +43,11 @@ pub fn module_request(shape: SalesShape) -> ModuleRequest {
 
 /// One split on the device: rows × features, and the target.
 pub struct DeviceSplit {
+    /// Features, rows × features, row-major.
     pub x: CudaSlice<f32>,
+    /// The target of each row.
     pub y: CudaSlice<f32>,
+    /// Number of rows.
     pub rows: usize,
 }
 
@@ -69,13 +72,16 @@ fn grid(count: usize, gpu: &Gpu) -> u32 {
     count.div_ceil(THREADS).clamp(1, 4 * gpu.sm_count as usize) as u32
 }
 
+/// The regressor's trainer on a CUDA GPU: both splits, the parameters and the optimizer state in device memory.
 pub struct GpuSales {
     gpu: Arc<Gpu>,
     kernels: Kernels,
     shape: SalesShape,
     optim: OptimConfig,
     stats: Stats,
+    /// The training split.
     pub train: DeviceSplit,
+    /// The test split.
     pub test: DeviceSplit,
     /// The current epoch's rows in training order.
     epoch: DeviceSplit,

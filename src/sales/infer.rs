@@ -15,22 +15,33 @@ use std::collections::HashSet;
 /// The columns flags give a role, overriding the inference.
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
+    /// Columns `--numeric` names.
     pub numeric: Vec<ColumnSpec>,
+    /// Columns `--categorical` names.
     pub categorical: Vec<ColumnSpec>,
+    /// Columns `--date` names.
     pub date: Vec<ColumnSpec>,
+    /// Columns `--ignore` names.
     pub ignore: Vec<ColumnSpec>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a column is used as.
 pub enum Role {
+    /// The value to predict.
     Target,
+    /// A number feature.
     Numeric,
+    /// A categorical feature, one-hot encoded.
     Categorical,
+    /// A date, turned into calendar features.
     Date,
+    /// Not used.
     Ignored,
 }
 
 impl Role {
+    /// The role in words, e.g. "categorical".
     pub fn name(self) -> &'static str {
         match self {
             Role::Target => "target",
@@ -47,7 +58,9 @@ impl Role {
 pub struct Choice {
     /// Its header name, or "column N".
     pub name: String,
+    /// What the column is used as.
     pub role: Role,
+    /// Why, in words for the printed schema.
     pub reason: String,
 }
 

@@ -24,19 +24,26 @@ use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
+/// Hidden units when `--hidden` is not given.
 pub const DEFAULT_HIDDEN: usize = 32;
+/// Rows per step when `--batch` is not given.
 pub const DEFAULT_BATCH: usize = 64;
+/// Epochs when `--epochs` is not given.
 pub const DEFAULT_EPOCHS: usize = 50;
 /// Largest `--hidden` accepted.
 pub const MAX_HIDDEN: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The regressor's sizes.
 pub struct SalesShape {
+    /// Input features n.
     pub inputs: usize,
+    /// Hidden units H.
     pub hidden: usize,
 }
 
 impl SalesShape {
+    /// Ok when the sizes are usable, otherwise the error line.
     pub fn validate(&self) -> Result<()> {
         if self.inputs == 0 {
             bail!("the model needs at least one input feature");
@@ -59,10 +66,12 @@ impl SalesShape {
         [("w1", vec![h, n]), ("b1", vec![h]), ("w2", vec![1, h]), ("b2", vec![1])]
     }
 
+    /// `flat` cut into the four parameter tensors.
     pub fn split<'a>(&self, flat: &'a [f32]) -> Parts<&'a [f32]> {
         Parts::of(flat, self.inputs, self.hidden, 1)
     }
 
+    /// `flat` cut into the four parameter tensors, writable.
     pub fn split_mut<'a>(&self, flat: &'a mut [f32]) -> Parts<&'a mut [f32]> {
         Parts::of_mut(flat, self.inputs, self.hidden, 1)
     }
@@ -71,7 +80,9 @@ impl SalesShape {
 /// All trainable parameters, flat (see the module comment for the layout).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SalesParams {
+    /// The sizes.
     pub shape: SalesShape,
+    /// Every parameter: W1, b1, W2, b2 (module comment).
     pub flat: Vec<f32>,
 }
 
@@ -90,10 +101,12 @@ impl SalesParams {
         SalesParams { shape, flat }
     }
 
+    /// The four parameter tensors.
     pub fn parts(&self) -> Parts<&[f32]> {
         self.shape.split(&self.flat)
     }
 
+    /// Whether every parameter is finite.
     pub fn all_finite(&self) -> bool {
         self.flat.iter().all(|x| x.is_finite())
     }
@@ -167,6 +180,7 @@ pub struct Shuffle {
 }
 
 impl Shuffle {
+    /// The order of `rows` rows for a run seeded with `seed`.
     pub fn new(rows: usize, seed: u64) -> Shuffle {
         Shuffle { rng: SeededRng::seed_from_u64(seed ^ SHUFFLE_STREAM), order: (0..rows as u32).collect() }
     }
@@ -218,9 +232,13 @@ pub fn train_epoch(
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How long to train and in what order.
 pub struct Schedule {
+    /// Passes over the training split.
     pub epochs: usize,
+    /// Rows per optimizer step.
     pub batch: usize,
+    /// Seed of the shuffle before each epoch.
     pub seed: u64,
 }
 
@@ -247,6 +265,7 @@ pub fn train(p: &mut SalesParams, optim: OptimConfig, train: &Split, schedule: S
 /// How well the model predicts a split.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Evaluation {
+    /// Number of rows evaluated.
     pub rows: usize,
     /// Mean squared error of the standardised target.
     pub mse: f64,

@@ -15,20 +15,29 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The model file's `format` tag.
 pub const KIND: &str = crate::modelkind::SALES.tag;
 
 /// A trained model and everything needed to use it on new rows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SalesModel {
+    /// The trained parameters.
     pub params: SalesParams,
+    /// The training split's means and deviations, to standardise new rows and undo it on predictions.
     pub stats: Stats,
+    /// Which columns are the target and the features.
     pub schema: Schema,
+    /// The training table's field separator, `b'\t'` or `b','`.
     pub delimiter: u8,
+    /// Whether the training table had a header row.
     pub header: bool,
     /// The number of columns of the training table's rows.
     pub width: Option<usize>,
+    /// The name of each feature (`Dataset::feature_names`).
     pub feature_names: Vec<String>,
+    /// The target column's name.
     pub target_name: String,
+    /// Each categorical column's vocabulary, for its one-hot features.
     pub vocabularies: Vec<Vec<String>>,
 }
 
@@ -43,6 +52,7 @@ fn specs(specs: &[ColumnSpec]) -> Vec<String> {
     specs.iter().map(spec_text).collect()
 }
 
+/// The model as .safetensors bytes (module comment).
 pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
     let s = &m.schema;
     let metadata = BTreeMap::from([
@@ -79,10 +89,12 @@ pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
     )
 }
 
+/// Writes the model to `path` (atomically).
 pub fn save(m: &SalesModel, path: &Path) -> Result<()> {
     crate::fsutil::write_atomic(path, &to_bytes(m)?)
 }
 
+/// Reads a sales model file.
 pub fn load(path: &Path) -> Result<SalesModel> {
     let bytes = crate::fsutil::read_input(path, "model file")?;
     from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
@@ -96,6 +108,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(
     serde_json::from_str(text).map_err(|e| anyhow!("metadata entry {key:?} is not what a sales model holds: {e}"))
 }
 
+/// Parses .safetensors bytes as a sales model; errors when they hold another kind of model.
 pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();

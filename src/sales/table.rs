@@ -23,6 +23,7 @@ use std::path::Path;
 /// A column chosen by its header name or its 1-based number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ColumnSpec {
+    /// Its header name.
     Name(String),
     /// 1-based.
     Number(usize),
@@ -65,9 +66,13 @@ impl fmt::Display for ColumnSpec {
 /// Which columns are the target and the features.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schema {
+    /// The column to predict.
     pub target: ColumnSpec,
+    /// Number columns.
     pub numeric: Vec<ColumnSpec>,
+    /// Categorical columns, one-hot encoded.
     pub categorical: Vec<ColumnSpec>,
+    /// Date columns.
     pub date: Vec<ColumnSpec>,
     /// The features of each date column; None: `DateFeatures::Calendar`, with the time of day when some
     /// value of the column has a time other than midnight.
@@ -138,18 +143,24 @@ impl Schema {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Whether the table's first row is a header.
 pub enum HeaderMode {
     /// The first row is a header when none of its fields is a number.
     Auto,
+    /// The first row is a header.
     Present,
+    /// Every row is data.
     Absent,
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// How to read a table.
 pub struct LoadOptions {
+    /// Which columns to read and as what.
     pub schema: Schema,
     /// `b'\t'` or `b','`; None: detected from the first line.
     pub delimiter: Option<u8>,
+    /// Whether the first row is a header.
     pub header: HeaderMode,
     /// Drop bad rows and count them, instead of failing on the first.
     pub skip_bad_rows: bool,
@@ -161,9 +172,11 @@ pub struct LoadOptions {
     pub target_optional: bool,
 }
 
+/// Fraction of the rows that train when `--split` is not given, 0 to 1.
 pub const DEFAULT_TRAIN_FRACTION: f64 = 0.8;
 
 impl LoadOptions {
+    /// Options for `schema` with the defaults: delimiter and header detected, bad rows fatal.
     pub fn new(schema: Schema) -> LoadOptions {
         LoadOptions {
             schema,
@@ -191,8 +204,11 @@ pub struct Column {
 pub struct Columns {
     /// None only for rows to predict that leave the target's column out.
     pub target: Option<Column>,
+    /// The number columns, in schema order.
     pub numeric: Vec<Column>,
+    /// The categorical columns, in schema order.
     pub categorical: Vec<Column>,
+    /// The date columns, in schema order.
     pub date: Vec<Column>,
 }
 
@@ -201,6 +217,7 @@ pub struct Columns {
 pub struct Row {
     /// 1-based line of the file where the row starts.
     pub line: u64,
+    /// The value of each number column.
     pub numeric: Vec<f32>,
     /// Per categorical column, an index into `Table::levels` of that column.
     pub categories: Vec<u32>,
@@ -215,16 +232,19 @@ pub struct Row {
 pub struct Table {
     /// The file name as given (messages start with it).
     pub source: String,
+    /// The field separator, `b'\t'` or `b','`.
     pub delimiter: u8,
     /// The header row's fields, when the file has one.
     pub header: Option<Vec<String>>,
     /// Fields per row (those of the first row).
     pub width: usize,
+    /// The schema's columns, found in the file.
     pub columns: Columns,
     /// Per categorical column, its values in order of first appearance in the file (bad rows' included).
     pub levels: Vec<Vec<String>>,
     /// The features of each date column.
     pub date_features: Vec<DateFeatures>,
+    /// The rows read.
     pub rows: Vec<Row>,
     /// Bad rows dropped (with `skip_bad_rows`).
     pub skipped: usize,

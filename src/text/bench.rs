@@ -47,17 +47,27 @@ pub struct QualityArgs {
 }
 
 #[derive(Serialize, Debug)]
+/// One row of `textnet bench [text]`: a configuration and its timing.
 pub struct TextBenchRow {
+    /// The configuration in words, e.g. "batch 256, CUDA graph".
     pub mode: String,
+    /// Samples per step.
     pub batch: usize,
+    /// Steps timed per repeat.
     pub steps: usize,
+    /// Median time of the steps over the repeats, in milliseconds.
     pub median_ms: f64,
+    /// Optimizer steps per second at the median.
     pub steps_per_s: f64,
+    /// Training samples per second at the median.
     pub samples_per_s: f64,
+    /// Microseconds per step at the median.
     pub us_per_step: f64,
+    /// Each repeat's time in milliseconds.
     pub repeats_ms: Vec<f64>,
 }
 
+/// The model the speed bench trains: V = 8192, D = 64, H = 256, context 3.
 pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
 
 /// `textnet bench [text]`: single-sample steps/s (CUDA graph and plain launches) and batched samples/s at
@@ -196,14 +206,20 @@ pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result
 /// The quality run's inputs: the bench shape on `corpus`, `samples` training positions in an order drawn
 /// from `seed`, 5000 validation positions, initial parameters from `seed`, lr 0.05, one sample per step.
 pub struct QualityRun {
+    /// The corpus's token ids.
     pub tokens: Arc<[u32]>,
+    /// The training positions, in the order they are trained.
     pub order: Vec<u32>,
+    /// The validation positions.
     pub val: Vec<u32>,
+    /// The initial parameters.
     pub params: TextParams,
+    /// The learning rate.
     pub lr: f32,
 }
 
 impl QualityRun {
+    /// Reads `corpus` and draws the run's `samples` training positions and initial parameters from `seed`.
     pub fn new(corpus: &std::path::Path, samples: usize, seed: u64) -> Result<QualityRun> {
         use super::corpus::{Corpus, CorpusOptions, Split};
         use super::train::spread_subset;

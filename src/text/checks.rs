@@ -500,15 +500,22 @@ pub enum Stream {
 /// rate (Adam's with weight decay 1e-4).
 #[derive(Clone, Copy, Debug)]
 pub struct TrainingCase {
+    /// The model's sizes.
     pub shape: TextShape,
+    /// Samples per step.
     pub batch: usize,
+    /// Optimizer steps.
     pub steps: usize,
+    /// The tokens the samples are drawn from.
     pub stream: Stream,
+    /// The update rule.
     pub optim: OptimKind,
+    /// The learning rate.
     pub lr: f32,
 }
 
 impl TrainingCase {
+    /// The case's optimizer: its kind at `lr`, with weight decay 1e-4 for Adam.
     pub fn optim_config(&self) -> OptimConfig {
         let weight_decay = if self.optim == OptimKind::Adam { 1e-4 } else { 0.0 };
         OptimConfig { lr: self.lr, weight_decay, ..OptimConfig::new(self.optim) }
@@ -566,8 +573,11 @@ const MAX_DRAWS: usize = 8;
 /// A training check's problem: initial parameters, token stream and the positions of its samples in order.
 #[derive(Clone, Debug)]
 pub struct TrainingProblem {
+    /// The initial parameters.
     pub params: TextParams,
+    /// The token stream.
     pub tokens: Arc<[u32]>,
+    /// The target position of each sample, in training order.
     pub positions: Vec<u32>,
 }
 
@@ -593,11 +603,15 @@ pub fn training_problem(case: &TrainingCase, rng: &mut SeededRng) -> TrainingPro
 /// step's samples reached (each step's, before that step's update).
 #[derive(Clone, Debug)]
 pub struct ReferenceRun {
+    /// The parameters after the last step.
     pub params: TextParams,
+    /// The summed loss of every step's samples.
     pub loss: f64,
+    /// The smallest kink ratio any step's samples reached.
     pub margin: f64,
 }
 
+/// Trains a copy of `problem.params` on the CPU over `problem.positions`, `batch` samples a step.
 pub fn reference_run(problem: &TrainingProblem, batch: usize, optim: OptimConfig) -> ReferenceRun {
     let mut params = problem.params.clone();
     let (mut loss, mut margin) = (0.0, f64::INFINITY);
@@ -621,8 +635,11 @@ pub fn reference_run(problem: &TrainingProblem, batch: usize, optim: OptimConfig
 /// A training case with its accepted problem and reference run (None when MAX_DRAWS problems in a row
 /// came too close to the kink), and how many problems were drawn.
 pub struct Reference {
+    /// The training case.
     pub case: TrainingCase,
+    /// Its accepted problem and reference run, if a draw was accepted.
     pub accepted: Option<(TrainingProblem, ReferenceRun)>,
+    /// How many problems were drawn.
     pub draws: usize,
 }
 

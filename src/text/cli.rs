@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet train`.
 pub struct TrainArgs {
     /// UTF-8 text file to train on, `-` for standard input (other encodings are rejected, naming the first
     /// invalid byte)
@@ -32,12 +33,14 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Keep::Best)]
     pub keep: Keep,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
     /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
     /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
     pub resume: Option<PathBuf>,
     #[arg(long, default_value_t = 8192, help = "Vocabulary size cap, <unk> included; rarer tokens become <unk>")]
+    /// Vocabulary size cap, `<unk>` included; rarer tokens become `<unk>`.
     pub max_vocab: usize,
     /// Context tokens per prediction (N)
     #[arg(long, default_value_t = 3)]
@@ -258,6 +261,7 @@ impl Progress for EpochBar {
     }
 }
 
+/// Runs `textnet train`.
 pub fn train(args: TrainArgs) -> Result<()> {
     run::run(&args)
 }

@@ -16,6 +16,7 @@ const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 /// How a corpus is turned into ids.
 #[derive(Clone, Copy, Debug)]
 pub struct CorpusOptions {
+    /// How text is split into tokens.
     pub tokenizer: Tokenizer,
     /// Vocabulary cap, `<unk>` included.
     pub max_vocab: usize,
@@ -114,13 +115,16 @@ impl Corpus {
 /// part would leave no training sample it shrinks to keep one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Split {
+    /// Target positions of the training samples.
     pub train: Vec<u32>,
+    /// Target positions of the validation samples.
     pub val: Vec<u32>,
     /// First held-out token position: `train` targets lie before it, `val` targets from it on.
     pub val_start: usize,
 }
 
 impl Split {
+    /// The split of a corpus of `n_tokens` tokens for a model of `context` context tokens.
     pub fn new(n_tokens: usize, context: usize) -> Result<Split> {
         if n_tokens > u32::MAX as usize {
             bail!("the corpus has more than {} tokens; use --max-tokens to take a part of it", u32::MAX);

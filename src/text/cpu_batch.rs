@@ -245,6 +245,7 @@ pub struct BatchTrainer {
 }
 
 impl BatchTrainer {
+    /// A trainer of `params` on the corpus `tokens`.
     pub fn new(params: TextParams, tokens: Arc<[u32]>) -> BatchTrainer {
         let grads = zero_grads(params.shape, 0);
         BatchTrainer { params, tokens, work: Work::default(), grads }
@@ -292,7 +293,9 @@ const MEASURED_SAMPLES: usize = 4096;
 /// How fast a trainer went over a few of the run's own samples.
 #[derive(Clone, Copy, Debug)]
 pub struct Speed {
+    /// Training samples per second.
     pub train_samples_per_s: f64,
+    /// Evaluation samples per second.
     pub eval_samples_per_s: f64,
 }
 

@@ -18,6 +18,7 @@ pub struct TextGenerator {
 }
 
 impl TextGenerator {
+    /// A generator of `model`, with the buffers its steps reuse.
     pub fn new(model: TextModel) -> TextGenerator {
         TextGenerator { acts: Activations::new(model.params.shape), model }
     }

@@ -34,7 +34,9 @@ pub trait TextTrainer {
 
 /// The CPU reference as a trainer.
 pub struct CpuTrainer {
+    /// The parameters being trained.
     pub params: TextParams,
+    /// The corpus's token ids.
     pub tokens: std::sync::Arc<[u32]>,
     /// Momentum or Adam (`model::optimizer_update`) in place of SGD at the `train` call's lr.
     pub optimizer: Option<crate::ops::optim::Optimizer>,

@@ -17,14 +17,20 @@ use rand_distr::{Distribution, Normal, Uniform};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The text model's sizes.
 pub struct TextShape {
+    /// Vocabulary size V, `<unk>` included.
     pub vocab: usize,
+    /// Embedding width D.
     pub embed: usize,
+    /// Hidden units H.
     pub hidden: usize,
+    /// Context tokens N per prediction.
     pub context: usize,
 }
 
 impl TextShape {
+    /// Ok when the sizes are usable, otherwise the error line.
     pub fn validate(&self) -> Result<()> {
         if self.vocab < 2 {
             bail!("the vocabulary needs at least 2 entries (<unk> and one token), got {}", self.vocab);
@@ -38,6 +44,7 @@ impl TextShape {
         Ok(())
     }
 
+    /// Number of parameters (saturating).
     pub fn parameter_count(&self) -> u64 {
         let [v, d, h] = [self.vocab, self.embed, self.hidden].map(|n| n as u64);
         v.saturating_mul(d)
@@ -75,11 +82,17 @@ impl TextShape {
 /// All trainable parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextParams {
+    /// The sizes.
     pub shape: TextShape,
+    /// Embedding E, `[V][D]` row-major.
     pub embedding: Vec<f32>,
+    /// Hidden weights W1, `[H][D]` row-major.
     pub w1: Vec<f32>,
+    /// Hidden biases b1, `[H]`.
     pub b1: Vec<f32>,
+    /// Output weights W2, `[V][H]` row-major.
     pub w2: Vec<f32>,
+    /// Output biases b2, `[V]`.
     pub b2: Vec<f32>,
 }
 
@@ -112,6 +125,7 @@ impl TextParams {
         ]
     }
 
+    /// Whether every parameter is finite.
     pub fn all_finite(&self) -> bool {
         self.tensors().iter().all(|(_, t, _)| t.iter().all(|x| x.is_finite()))
     }
@@ -127,9 +141,13 @@ pub fn context_of(tokens: &[u32], pos: u32, n: usize) -> &[u32] {
 /// Forward-pass values of one sample.
 #[derive(Clone, Debug)]
 pub struct Activations {
+    /// Mean context embedding x, `[D]`.
     pub x: Vec<f32>,
+    /// Hidden pre-activation z1, `[H]`.
     pub z1: Vec<f32>,
+    /// Hidden layer h = ReLU(z1), `[H]`.
     pub h: Vec<f32>,
+    /// Logits, `[V]`.
     pub logits: Vec<f32>,
     /// Softmax probabilities.
     pub probs: Vec<f32>,
@@ -138,6 +156,7 @@ pub struct Activations {
 }
 
 impl Activations {
+    /// Zeroed values for `shape`.
     pub fn new(shape: TextShape) -> Activations {
         Activations {
             x: vec![0.0; shape.embed],
@@ -149,6 +168,7 @@ impl Activations {
         }
     }
 
+    /// Cross-entropy of `target`: −log `p[target]`, in nats.
     pub fn loss(&self, target: u32) -> f32 {
         self.logsumexp - self.logits[target as usize]
     }
@@ -189,6 +209,7 @@ pub fn forward_from_x(p: &TextParams, a: &mut Activations) {
     a.logsumexp = max + sum.ln();
 }
 
+/// Runs the model on `context` (N token ids), filling `a`.
 pub fn forward(p: &TextParams, context: &[u32], a: &mut Activations) {
     embed_context(p, context, &mut a.x);
     forward_from_x(p, a);
@@ -198,9 +219,13 @@ pub fn forward(p: &TextParams, context: &[u32], a: &mut Activations) {
 /// one `dx` row per sample (∂loss/∂x), which reaches each of that sample's N context rows divided by N.
 #[derive(Clone, Debug)]
 pub struct Grads {
+    /// W1's gradient, `[H][D]`.
     pub w1: Vec<f32>,
+    /// b1's gradient, `[H]`.
     pub b1: Vec<f32>,
+    /// W2's gradient, `[V][H]`.
     pub w2: Vec<f32>,
+    /// b2's gradient, `[V]`.
     pub b2: Vec<f32>,
     /// B×H: ∂(mean loss)/∂h of each sample (before the ReLU mask), what the kernels pass between them.
     pub dh: Vec<f32>,
@@ -318,13 +343,18 @@ pub fn train_step(p: &mut TextParams, tokens: &[u32], positions: &[u32], lr: f32
 /// Sums over an evaluation set: loss, and how often the target is the top-1 / within the top-5.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EvalSums {
+    /// Samples evaluated.
     pub samples: u64,
+    /// Summed loss in nats.
     pub loss: f64,
+    /// Samples whose target was the top prediction.
     pub top1: u64,
+    /// Samples whose target was among the top 5.
     pub top5: u64,
 }
 
 impl EvalSums {
+    /// Adds another set's sums to these.
     pub fn add(&mut self, other: EvalSums) {
         self.samples += other.samples;
         self.loss += other.loss;

@@ -20,18 +20,24 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// The model file's `format` tag.
 pub const FORMAT: &str = crate::modelkind::TEXT.tag;
+/// Version of the model file layout, in its metadata.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Everything `predict` needs: the parameters, how to split text, and what the ids mean.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextModel {
+    /// The trained parameters.
     pub params: TextParams,
+    /// How text is split into tokens.
     pub tokenizer: Tokenizer,
+    /// The token of each id.
     pub vocab: Vocab,
 }
 
 impl TextModel {
+    /// The model as .safetensors bytes: the five tensors, and the shape, tokenizer and vocabulary in the metadata.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let shape = self.params.shape;
         if self.vocab.len() != shape.vocab {
@@ -54,15 +60,18 @@ impl TextModel {
         crate::tensorfile::to_bytes(&tensors, metadata)
     }
 
+    /// Writes the model to `path` (atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
         crate::fsutil::write_atomic(path, &self.to_bytes()?)
     }
 
+    /// Reads a text model file.
     pub fn load(path: &Path) -> Result<TextModel> {
         let bytes = crate::fsutil::read_input(path, "model file")?;
         TextModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
     }
 
+    /// Parses .safetensors bytes as a text model; errors when they hold another kind of model.
     pub fn from_bytes(bytes: &[u8]) -> Result<TextModel> {
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(describe_format_error)?;
         let tensors = SafeTensors::deserialize(bytes).map_err(describe_format_error)?;

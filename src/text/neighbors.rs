@@ -12,6 +12,7 @@ use serde_json::json;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet neighbors`.
 pub struct NeighborsArgs {
     /// The word (read with the model's tokenizer: one token)
     #[arg(allow_hyphen_values = true)]
@@ -30,7 +31,9 @@ pub struct NeighborsArgs {
 /// A word and the cosine similarity of its embedding to the asked word's.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Neighbor {
+    /// The word.
     pub token: String,
+    /// Cosine similarity of its embedding to the asked word's, −1 to 1.
     pub similarity: f32,
 }
 
@@ -69,6 +72,7 @@ pub fn neighbors(model: &TextModel, word: &str, k: usize) -> Result<Vec<Neighbor
         .collect())
 }
 
+/// Runs `textnet neighbors`.
 pub fn run(args: NeighborsArgs) -> Result<()> {
     if args.top == 0 {
         bail!("--top must be at least 1");

@@ -14,13 +14,18 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// One possible next token.
 pub struct Candidate {
+    /// The token's text.
     pub token: String,
+    /// Its id in the vocabulary.
     pub id: u32,
+    /// Its probability, 0 to 1.
     pub probability: f32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// The model's prediction after a text.
 pub struct Prediction {
     /// The context tokens the model read (at most its context length: the last ones of the text).
     pub context: Vec<String>,
@@ -81,6 +86,7 @@ pub fn quoted(tokens: &[String]) -> String {
 }
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet predict`.
 pub struct PredictArgs {
     /// The text to continue; its last N tokens are used (N = the model's context). Without it (and
     /// without --context), contexts are read from standard input, one per line
@@ -107,6 +113,7 @@ pub struct PredictArgs {
     pub device: DeviceChoice,
 }
 
+/// Runs `textnet predict`.
 pub fn run(args: PredictArgs) -> Result<()> {
     if args.top == 0 {
         bail!("--top must be at least 1");

@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use unicode_segmentation::UnicodeSegmentation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How text is split into tokens.
 pub struct Tokenizer {
+    /// Whether text is lowercased first.
     pub lowercase: bool,
 }
 

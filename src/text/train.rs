@@ -47,25 +47,34 @@ pub fn make_trainer(
 }
 
 #[derive(Clone, Copy, Debug)]
+/// How the training loop runs.
 pub struct TrainOptions {
+    /// The learning rate.
     pub lr: f32,
+    /// Passes over the training samples.
     pub epochs: usize,
     /// Samples per SGD step.
     pub batch: usize,
     /// Seeds the per-epoch shuffle (the parameter initialisation takes the seed separately).
     pub seed: u64,
+    /// Whether the training order is reshuffled before each epoch.
     pub shuffle: bool,
 }
 
 /// What one epoch achieved. Losses are mean cross-entropy in nats; accuracies are fractions.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EpochMetrics {
+    /// The epoch, 1-based.
     pub epoch: usize,
     /// Mean loss over the epoch's training samples, each taken just before its own update.
     pub train_loss: f64,
+    /// Mean loss on the validation samples after the epoch.
     pub val_loss: f64,
+    /// Validation perplexity, e^val_loss.
     pub val_perplexity: f64,
+    /// Fraction of validation samples whose target was the top prediction.
     pub top1: f64,
+    /// Fraction of validation samples whose target was among the top 5.
     pub top5: f64,
     /// Training samples per second (validation time excluded).
     pub samples_per_s: f64,
@@ -75,8 +84,11 @@ pub struct EpochMetrics {
 
 /// Hooks for showing progress; every method defaults to doing nothing, so `()` shows nothing.
 pub trait Progress {
+    /// An epoch of `samples` training samples begins.
     fn epoch_started(&mut self, _epoch: usize, _samples: usize) {}
+    /// `samples` more training samples are done.
     fn advanced(&mut self, _samples: usize) {}
+    /// An epoch ended, with its metrics.
     fn epoch_finished(&mut self, _metrics: &EpochMetrics) {}
     /// Called with each completed epoch's parameters, before `epoch_finished` (to save a checkpoint);
     /// `Ok(false)` ends training after this epoch.
@@ -88,12 +100,14 @@ pub trait Progress {
 impl Progress for () {}
 
 #[derive(Clone, Debug)]
+/// What a training run produced.
 pub struct TrainRun {
     /// Metrics of the completed epochs (fewer than asked for when stopped early).
     pub epochs: Vec<EpochMetrics>,
     /// The final parameters, or after a divergence those of the last good epoch (the initial ones when
     /// the first epoch diverged).
     pub params: TextParams,
+    /// Where the run diverged, if it did.
     pub diverged: Option<Divergence>,
 }
 

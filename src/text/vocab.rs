@@ -8,9 +8,11 @@ use std::collections::HashMap;
 /// The string of id 0, which every token outside the vocabulary maps to. The tokenizer never produces
 /// it (`<`, `unk` and `>` are separate word-boundary pieces).
 pub const UNK: &str = "<unk>";
+/// The id of `UNK`.
 pub const UNK_ID: u32 = 0;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// The vocabulary: each token's id and each id's token.
 pub struct Vocab {
     tokens: Vec<String>,
     ids: HashMap<String, u32>,
@@ -48,6 +50,7 @@ impl Vocab {
         Ok(Vocab { tokens, ids })
     }
 
+    /// Number of tokens, `<unk>` included.
     pub fn len(&self) -> usize {
         self.tokens.len()
     }

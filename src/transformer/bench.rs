@@ -50,6 +50,7 @@ pub struct TransformerBenchArgs {
     pub large: bool,
 }
 
+/// `textnet bench transformer`: times training steps on `args.corpus` on the GPU, with the shared bench options.
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs) -> Result<()> {
     let TransformerBenchArgs { corpus: ref corpus_path, seed, tf32, large } = *args;
     let json = options.json;

@@ -27,9 +27,11 @@ use rand::RngExt;
 use rand_distr::{Distribution, Normal};
 use std::sync::Arc;
 
+/// Largest relative error of a kernel's fp32 result against the CPU reference.
 pub const KERNEL_TOLERANCE: f64 = 1e-4;
 /// With --tf32 the linear layers' operands are rounded to a 10-bit mantissa (relative 2⁻¹¹ ≈ 4.9e-4 each).
 pub const TF32_TOLERANCE: f64 = 1e-2;
+/// Largest relative error of a whole training run against the CPU reference.
 pub const TRAINING_TOLERANCE: f64 = 1e-3;
 const TRAINING_STEPS: usize = 100;
 
@@ -115,6 +117,7 @@ pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
     configs.map(|config| module_request(&config)).collect()
 }
 
+/// The selftest checks of fused/transformer.cu against the CPU reference.
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if plan.wants(Group::Kernels) {
@@ -233,10 +236,10 @@ pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
     })
 }
 
-/// 20 steps twice from the same start: the same bits.
 /// The repeat check's model.
 const REPEAT_SHAPE: Config = Config { vocab: 65, block: 64, embed: 64, heads: 4, layers: 2 };
 
+/// The repeat check: 20 training steps twice from the same start must give the same bits.
 pub fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Check> {
     let config = REPEAT_SHAPE;
     let corpus = random_corpus(&config, 40 * config.block, rng);

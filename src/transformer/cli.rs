@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet transformer`.
 pub struct TransformerArgs {
     /// UTF-8 text to train on (the last 10 % is held out for validation)
     pub corpus: PathBuf,
@@ -71,6 +72,7 @@ pub struct TransformerArgs {
     #[arg(short = 'o', long, default_value = "transformer.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
     /// Continue training this Transformer model file: its shape and vocabulary are kept (--layers,
     /// --heads, --embed, --block and --vocab are not used); AdamW's moments start afresh
@@ -189,6 +191,7 @@ impl Trainer {
     }
 }
 
+/// Runs `textnet transformer`.
 pub fn run(args: TransformerArgs) -> Result<()> {
     run::run(&args)
 }

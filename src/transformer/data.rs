@@ -15,6 +15,7 @@ use std::path::Path;
 
 /// The character of id 0, which every character outside the vocabulary maps to.
 pub const UNKNOWN: char = '\u{FFFD}';
+/// The id of `UNKNOWN`.
 pub const UNKNOWN_ID: u32 = 0;
 
 /// Validation windows at most (see `val_offsets`).
@@ -60,6 +61,7 @@ impl CharVocab {
         Ok(CharVocab { chars, ids })
     }
 
+    /// Number of ids, the unknown one included.
     pub fn len(&self) -> usize {
         self.chars.len()
     }
@@ -95,8 +97,11 @@ impl CharVocab {
 /// A corpus as ids, split.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Corpus {
+    /// The characters and their ids.
     pub vocab: CharVocab,
+    /// The training part, as ids.
     pub train: Vec<u32>,
+    /// The held-out validation part, as ids.
     pub val: Vec<u32>,
     /// How many characters became the unknown id (outside the cap, or U+FFFD).
     pub unknown: usize,

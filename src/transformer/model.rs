@@ -35,18 +35,25 @@ use std::ops::Range;
 
 /// The spec's default sizes (besides the vocabulary, which the corpus sets).
 pub const DEFAULT_BLOCK: usize = 64;
+/// Embedding width C when `--embed` is not given.
 pub const DEFAULT_EMBED: usize = 64;
+/// Attention heads when `--heads` is not given.
 pub const DEFAULT_HEADS: usize = 4;
+/// Blocks when `--layers` is not given.
 pub const DEFAULT_LAYERS: usize = 2;
 
 /// The architecture's sizes; the MLP is 4·embed wide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
+    /// Vocabulary size V (characters, the unknown id included).
     pub vocab: usize,
     /// The longest sequence (positions of `pos_emb`).
     pub block: usize,
+    /// Embedding width C.
     pub embed: usize,
+    /// Attention heads NH; C must be a multiple of it.
     pub heads: usize,
+    /// Number of Transformer blocks.
     pub layers: usize,
 }
 
@@ -61,10 +68,12 @@ impl Config {
         4 * self.embed
     }
 
+    /// Dims per head, hs = C / NH.
     pub fn head_size(&self) -> usize {
         self.embed / self.heads
     }
 
+    /// Ok when the sizes are usable, otherwise the error line.
     pub fn validate(&self) -> Result<()> {
         if self.vocab < 2 {
             bail!("the vocabulary must have at least 2 ids (the unknown id and one character), got {}", self.vocab);
@@ -134,16 +143,21 @@ fn head_tensor(c: &Config) -> usize {
 /// One named tensor of the flat parameter vector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tensor {
+    /// Its name, e.g. "blocks.0.attn.qkv.weight".
     pub name: String,
+    /// Where it starts in the flat vector.
     pub offset: usize,
+    /// Its dimensions, row-major.
     pub shape: Vec<usize>,
 }
 
 impl Tensor {
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether it has no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -162,6 +176,7 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The tensors of a model of `c`, in order, and their offsets.
     pub fn new(c: &Config) -> Layout {
         let (v, t, e, f) = (c.vocab, c.block, c.embed, c.ffn());
         let mut shapes: Vec<(String, Vec<usize>)> =
@@ -196,6 +211,7 @@ impl Layout {
         Layout { tensors, len: offset }
     }
 
+    /// Every tensor, in order.
     pub fn tensors(&self) -> &[Tensor] {
         &self.tensors
     }
@@ -205,6 +221,7 @@ impl Layout {
         self.tensors.iter().map(|t| t.name.as_str()).collect()
     }
 
+    /// The tensor of that name, if any.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|t| t.name == name)
     }
@@ -214,6 +231,7 @@ impl Layout {
         self.len
     }
 
+    /// Whether the vector has no parameter.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -278,7 +296,9 @@ pub struct BlockForward<F> {
     pub x: Vec<F>,
     /// LN1's output `[B·T][C]`, and the mean and 1/√(σ² + ε) of each row `[B·T]`.
     pub ln1: Vec<F>,
+    /// Mean of each row of LN1's input, `[B·T]`.
     pub ln1_mean: Vec<F>,
+    /// 1/√(σ² + ε) of each row of LN1's input, `[B·T]`.
     pub ln1_rstd: Vec<F>,
     /// `[B·T][3C]`: q, k, v.
     pub qkv: Vec<F>,
@@ -288,11 +308,15 @@ pub struct BlockForward<F> {
     pub y: Vec<F>,
     /// x after the attention's residual, `[B·T][C]`.
     pub x_attn: Vec<F>,
+    /// LN2's output, `[B·T][C]`.
     pub ln2: Vec<F>,
+    /// Mean of each row of LN2's input, `[B·T]`.
     pub ln2_mean: Vec<F>,
+    /// 1/√(σ² + ε) of each row of LN2's input, `[B·T]`.
     pub ln2_rstd: Vec<F>,
     /// The MLP's pre-activation `[B·T][F]` and its GELU.
     pub u: Vec<F>,
+    /// GELU of the MLP's pre-activation, `[B·T][F]`.
     pub gelu: Vec<F>,
     /// x after the MLP's residual, `[B·T][C]`: the next block's `x`.
     pub x_out: Vec<F>,
@@ -301,15 +325,19 @@ pub struct BlockForward<F> {
 /// Everything a forward pass computes, kept for the backward pass and for checking GPU kernels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Forward<F> {
+    /// Sequences in the batch, B.
     pub batch: usize,
     /// Positions per sequence, T ≤ block.
     pub seq: usize,
     /// The input ids, `[B·T]`.
     pub tokens: Vec<u32>,
+    /// Each block's activations.
     pub blocks: Vec<BlockForward<F>>,
     /// The final LayerNorm's output `[B·T][C]`, its means and 1/√(σ² + ε) `[B·T]`.
     pub xf: Vec<F>,
+    /// Mean of each row of the final LayerNorm's input, `[B·T]`.
     pub lnf_mean: Vec<F>,
+    /// 1/√(σ² + ε) of each row of the final LayerNorm's input, `[B·T]`.
     pub lnf_rstd: Vec<F>,
     /// `[B·T][V]`.
     pub logits: Vec<F>,
@@ -324,17 +352,24 @@ pub struct Forward<F> {
 pub struct BlockBackward<F> {
     /// d x leaving the block (after the MLP's residual): the next block's `d_x`, or LN_f's input's.
     pub d_x_out: Vec<F>,
+    /// d GELU's output, `[B·T][F]`.
     pub d_gelu: Vec<F>,
+    /// d the MLP's pre-activation, `[B·T][F]`.
     pub d_u: Vec<F>,
+    /// d LN2's output, `[B·T][C]`.
     pub d_ln2: Vec<F>,
     /// d x after the attention's residual, both of its paths (LN2 and the residual) summed.
     pub d_x_attn: Vec<F>,
+    /// d the heads' outputs before the projection, `[B·T][C]`.
     pub d_y: Vec<F>,
     /// d attention probabilities and d scores (q·k/√hs, before the softmax), `[B][NH][T][T]`, zero above
     /// the diagonal.
     pub d_att: Vec<F>,
+    /// d scores (q·k/√hs, before the softmax), `[B][NH][T][T]`, zero above the diagonal.
     pub d_scores: Vec<F>,
+    /// d q, k, v, `[B·T][3C]`.
     pub d_qkv: Vec<F>,
+    /// d LN1's output, `[B·T][C]`.
     pub d_ln1: Vec<F>,
     /// d x entering the block: the previous block's `d_x_out`; for block 0, d of the embeddings' sum.
     pub d_x: Vec<F>,
@@ -349,6 +384,7 @@ pub struct Backward<F> {
     pub d_logits: Vec<F>,
     /// d LN_f's output, `[B·T][C]`.
     pub d_xf: Vec<F>,
+    /// Each block's gradients.
     pub blocks: Vec<BlockBackward<F>>,
 }
 
@@ -690,12 +726,16 @@ pub fn default_optim() -> OptimConfig {
 /// Trains the parameters on the CPU in f32.
 #[derive(Clone, Debug)]
 pub struct CpuTrainer {
+    /// The model's sizes.
     pub config: Config,
+    /// Every parameter, flat, in `Layout` order.
     pub params: Vec<f32>,
+    /// AdamW (or the given optimizer) and its state.
     pub optimizer: Optimizer,
 }
 
 impl CpuTrainer {
+    /// A trainer of `params` with a fresh optimizer state; errors when the sizes or hyper-parameters are not usable.
     pub fn new(config: Config, params: Vec<f32>, optim: OptimConfig) -> Result<CpuTrainer> {
         config.validate()?;
         optim.validate()?;

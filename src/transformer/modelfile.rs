@@ -17,20 +17,26 @@ use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// The model file's `format` tag.
 pub const FORMAT: &str = crate::modelkind::TRANSFORMER.tag;
 
 /// A trained transformer and what it takes to use it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TransformerModel {
+    /// The model's sizes.
     pub config: Config,
+    /// The characters and their ids.
     pub vocab: CharVocab,
     /// Flat, in `Layout` order.
     pub params: Vec<f32>,
+    /// The validation loss when the model was saved.
     pub val_loss: f32,
+    /// Training steps taken.
     pub steps: usize,
 }
 
 impl TransformerModel {
+    /// The model as .safetensors bytes: the tensors, and the sizes, vocabulary, loss and steps in the metadata.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let c = self.config;
         if self.vocab.len() != c.vocab {
@@ -56,15 +62,18 @@ impl TransformerModel {
         crate::tensorfile::to_bytes(&tensors, metadata)
     }
 
+    /// Writes the model to `path` (atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
         crate::fsutil::write_atomic(path, &self.to_bytes()?)
     }
 
+    /// Reads a Transformer model file.
     pub fn load(path: &Path) -> Result<TransformerModel> {
         let bytes = crate::fsutil::read_input(path, "model file")?;
         TransformerModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
     }
 
+    /// Parses .safetensors bytes as a Transformer model; errors when they hold another kind of model.
     pub fn from_bytes(bytes: &[u8]) -> Result<TransformerModel> {
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
         let no_metadata = HashMap::new();

@@ -13,6 +13,8 @@ use anyhow::Result;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// `textnet bench xor`: times the whole 5000-epoch run in one launch (`repeats` repeats, median; a table, or one JSON
+/// object with `json`).
 pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let start = XorParams::init(4, Activation::Sigmoid, 1);
     let reports = EPOCHS.div_ceil(REPORT_EVERY);

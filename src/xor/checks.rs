@@ -22,9 +22,11 @@ use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;
 
-/// The roadmap's run: 5000 epochs at lr 0.5, the loss recorded every 500.
+/// The whole run the checks and the bench time: 5000 epochs at lr 0.5, the loss recorded every 500.
 pub const EPOCHS: usize = 5000;
+/// Learning rate of that run.
 pub const LR: f32 = 0.5;
+/// Epochs between recorded losses in that run.
 pub const REPORT_EVERY: usize = 500;
 
 /// The learning rate of the whole-run check for `hidden` units: the output layer's curvature grows with
@@ -38,6 +40,7 @@ pub fn run_lr(hidden: usize, activation: Activation) -> f32 {
 /// How far the reference may move under a relative 1e-6 change of its start for a problem to be
 /// compared at TOLERANCE: a hundredfold growth at most.
 pub const SENSITIVITY: f64 = 1e-4;
+/// Largest relative error the GPU may have against the CPU reference.
 pub const TOLERANCE: f64 = 1e-3;
 const MAX_DRAWS: usize = 32;
 
@@ -55,6 +58,7 @@ pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
     vec![super::gpu::MODULE]
 }
 
+/// The selftest checks of fused/xor.cu against the CPU reference.
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     if plan.wants(Group::Kernels) {

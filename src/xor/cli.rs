@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
+/// The flags of `textnet xor`.
 pub struct XorArgs {
     /// Hidden units (at most 1024 on the GPU)
     #[arg(long, default_value_t = 4)]
@@ -46,6 +47,7 @@ pub struct XorArgs {
     #[arg(short = 'o', long, default_value = "xor.safetensors")]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
     /// Print errors only (the --json report still comes)
     #[arg(short = 'q', long)]
@@ -76,6 +78,7 @@ fn parameter_count(hidden: usize) -> usize {
     4 * hidden + 1
 }
 
+/// Runs `textnet xor`.
 pub fn run(args: XorArgs) -> Result<()> {
     run::run(&args)
 }

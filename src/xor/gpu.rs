@@ -21,6 +21,7 @@ pub struct GpuXor {
 }
 
 impl GpuXor {
+    /// Uploads `p` to `gpu` and loads the kernel; errors when the hidden width is 0 or above MAX_HIDDEN.
     pub fn new(gpu: Arc<Gpu>, p: &XorParams) -> Result<GpuXor> {
         if p.hidden() == 0 || p.hidden() > MAX_HIDDEN {
             bail!("--hidden must be between 1 and {MAX_HIDDEN} on the GPU, got {}", p.hidden());

@@ -12,19 +12,24 @@ use rand::SeedableRng;
 
 /// The four XOR points and their targets.
 pub const INPUTS: [[f32; 2]; 4] = [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]];
+/// The XOR target of each point in `INPUTS`.
 pub const TARGETS: [f32; 4] = [0.0, 1.0, 1.0, 0.0];
 
 /// Most hidden units the fused kernel takes (one thread each, one block).
 pub const MAX_HIDDEN: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq)]
+/// The XOR network's parameters: 2 inputs, H hidden units, 1 output.
 pub struct XorParams {
+    /// Hidden-layer activation.
     pub activation: Activation,
     /// H×2, row-major.
     pub w1: Vec<f32>,
+    /// Hidden biases, H.
     pub b1: Vec<f32>,
     /// 1×H.
     pub w2: Vec<f32>,
+    /// Output bias.
     pub b2: f32,
 }
 
@@ -44,6 +49,7 @@ impl XorParams {
         XorParams { activation, w1, b1, w2, b2 }
     }
 
+    /// Number of hidden units H.
     pub fn hidden(&self) -> usize {
         self.b1.len()
     }
@@ -59,6 +65,7 @@ impl XorParams {
         ]
     }
 
+    /// Whether every parameter is finite.
     pub fn all_finite(&self) -> bool {
         self.w1.iter().chain(&self.b1).chain(&self.w2).all(|x| x.is_finite()) && self.b2.is_finite()
     }
@@ -77,9 +84,13 @@ pub fn predict(p: &XorParams, x: [f32; 2]) -> f32 {
 /// Gradients of the mean squared error over the four points, in the parameters' layout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct XorGrads {
+    /// Gradient of the hidden weights, H×2 row-major.
     pub w1: Vec<f32>,
+    /// Gradient of the hidden biases, H.
     pub b1: Vec<f32>,
+    /// Gradient of the output weights, 1×H.
     pub w2: Vec<f32>,
+    /// Gradient of the output bias.
     pub b2: f32,
 }
 

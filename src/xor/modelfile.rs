@@ -9,8 +9,10 @@ use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The model file's `format` tag.
 pub const KIND: &str = crate::modelkind::XOR.tag;
 
+/// The model as .safetensors bytes: its tensors, and the kind and activation in the metadata.
 pub fn to_bytes(p: &XorParams) -> Result<Vec<u8>> {
     let metadata = BTreeMap::from([
         crate::modelkind::XOR.entry(),
@@ -23,15 +25,18 @@ pub fn to_bytes(p: &XorParams) -> Result<Vec<u8>> {
     crate::tensorfile::to_bytes(&tensors, metadata)
 }
 
+/// Writes the model to `path` (atomically).
 pub fn save(p: &XorParams, path: &Path) -> Result<()> {
     crate::fsutil::write_atomic(path, &to_bytes(p)?)
 }
 
+/// Reads an XOR model file.
 pub fn load(path: &Path) -> Result<XorParams> {
     let bytes = crate::fsutil::read_input(path, "model file")?;
     from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
 }
 
+/// Parses .safetensors bytes as an XOR model; errors when they hold another kind of model.
 pub fn from_bytes(bytes: &[u8]) -> Result<XorParams> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();

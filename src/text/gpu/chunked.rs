@@ -115,6 +115,7 @@ impl GpuTrainer {
         g.launch(&func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
+    /// Moves the device cursor `samples` samples on.
     pub fn launch_advance(&mut self, samples: usize) -> Result<()> {
         let func = self.kernels_for(1)?.advance.clone();
         let args = [Arg::buf(&self.gpu, &self.cursor), Arg::u32(samples as u32)];

@@ -62,11 +62,13 @@ pub(super) const SAMPLE_UNITS: usize = 16;
 pub(super) const SAMPLE_FORWARD_STATIC_SHARED: usize = 128;
 /// The kernels keep per-lane register arrays of H/32 and D/32 values.
 pub const MAX_HIDDEN: usize = 2048;
+/// Largest embedding width D the kernels take.
 pub const MAX_EMBED: usize = 1024;
 
 /// How the kernels split the work, derived from the model shape and the device.
 #[derive(Clone, Copy, Debug)]
 pub struct TextLayout {
+    /// The model's sizes.
     pub shape: TextShape,
     /// Most samples a kernel handles together (TEXT_SB); a step of B samples uses min(B, max_chunk).
     pub max_chunk: usize,
@@ -89,6 +91,8 @@ pub struct TextLayout {
 pub(super) const F32: usize = std::mem::size_of::<f32>();
 
 impl TextLayout {
+    /// The layout for `shape` on a GPU of `sm_count` multiprocessors and `max_shared` bytes of shared memory a block
+    /// may use; errors when the kernels cannot take the shape.
     pub fn new(shape: TextShape, sm_count: usize, max_shared: usize) -> Result<TextLayout> {
         let TextShape { vocab: v, embed: d, hidden: h, .. } = shape;
         if h > MAX_HIDDEN {
@@ -156,6 +160,7 @@ impl TextLayout {
         self.shape.vocab.div_ceil(TILE)
     }
 
+    /// Samples a kernel handles together for a step of `batch` samples.
     pub fn chunk(&self, batch: usize) -> usize {
         batch.clamp(1, self.max_chunk)
     }

@@ -28,24 +28,34 @@ use tiled::{OptimizerState, TiledKernels};
 
 /// Device copies of the five parameter tensors.
 pub struct DeviceParams {
+    /// Embedding E, `[V][D]` row-major.
     pub embedding: CudaSlice<f32>,
+    /// Hidden weights W1, `[H][D]` row-major.
     pub w1: CudaSlice<f32>,
+    /// Hidden biases b1, `[H]`.
     pub b1: CudaSlice<f32>,
+    /// Output weights W2, `[V][H]` row-major.
     pub w2: CudaSlice<f32>,
+    /// Output biases b2, `[V]`.
     pub b2: CudaSlice<f32>,
 }
 
 /// Per-step intermediates, sized for `capacity` samples.
 pub struct StepBuffers {
+    /// Samples the buffers hold.
     pub capacity: usize,
+    /// `[B][D]` mean context embedding x of each sample.
     pub x: CudaSlice<f32>,
+    /// `[B][H]` hidden pre-activations z1.
     pub z1: CudaSlice<f32>,
+    /// `[B][V]` logits.
     pub logits: CudaSlice<f32>,
     /// `[B][G]` softmax partials, (max, Σexp) as two floats.
     pub stats: CudaSlice<f32>,
     /// `[B][H]` ∂loss/∂h, summed with atomics by text_backward's blocks (text_forward zeroes it), and the
     /// tiled path's ∂H.
     pub dh: CudaSlice<f32>,
+    /// `[B]` evaluation: how many logits beat the target's (its rank).
     pub rank: CudaSlice<u32>,
     /// `[B][D]` dx summed over text_update's blocks; text_forward zeroes it.
     pub dx_sum: CudaSlice<f32>,
@@ -57,8 +67,11 @@ pub struct StepBuffers {
     pub tile_tickets: CudaSlice<u32>,
     /// Tiled path: gradients between text_batch_backward / text_batch_update (W1's zero between steps).
     pub grad_w2: CudaSlice<f32>,
+    /// Tiled path: b2's gradient, `[V]`.
     pub grad_b2: CudaSlice<f32>,
+    /// Tiled path: W1's gradient, `[H][D]`.
     pub grad_w1: CudaSlice<f32>,
+    /// Tiled path: b1's gradient, `[H]`.
     pub grad_b1: CudaSlice<f32>,
 }
 
@@ -78,9 +91,11 @@ struct CapturedSteps {
     graph: CudaGraph,
 }
 
+/// The text model's trainer on a CUDA GPU: parameters, corpus and sample positions in device memory.
 pub struct GpuTrainer {
     gpu: Arc<Gpu>,
     shape: TextShape,
+    /// How the kernels split the work for this shape and GPU.
     pub layout: TextLayout,
     /// Kernels compiled for each chunk size in use (TEXT_SB).
     kernels: HashMap<usize, Kernels>,
@@ -88,15 +103,18 @@ pub struct GpuTrainer {
     tiled: Option<TiledKernels>,
     /// fused/text_sample.cu, compiled on the first single-sample step.
     sample: Option<SampleKernels>,
+    /// Buffers of the single-sample path (fused/text_sample.cu).
     pub sample_buffers: SampleBuffers,
     /// A single-sample step's W2/b2 update is still pending on the stream (see SampleBuffers).
     w2_pending: bool,
+    /// The parameters.
     pub params: DeviceParams,
     tokens: CudaSlice<u32>,
     /// Sample positions; every entry, also past the uploaded ones, is a valid position (text_update reads
     /// the next step's samples when it forms their hidden layer).
     positions: CudaSlice<u32>,
     cursor: CudaSlice<u32>,
+    /// Per-step intermediates.
     pub buffers: StepBuffers,
     loss_sum: CudaSlice<f64>,
     hit_counts: CudaSlice<u64>,
@@ -106,6 +124,8 @@ pub struct GpuTrainer {
 }
 
 impl GpuTrainer {
+    /// Uploads `params` and the corpus `tokens` to `gpu` and loads the kernels; errors when the kernels cannot take the
+    /// shape.
     pub fn new(gpu: Arc<Gpu>, params: &TextParams, tokens: Arc<[u32]>) -> Result<GpuTrainer> {
         let shape = params.shape;
         let layout = TextLayout::new(shape, gpu.sm_count as usize, gpu.max_shared_optin)?;
@@ -338,19 +358,23 @@ impl GpuTrainer {
         Ok(())
     }
 
+    /// Waits for the queued kernels; an error names a failed text kernel.
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.stream.synchronize().context("a text kernel failed")
     }
 
+    /// Zeroes the summed training loss.
     pub fn zero_loss(&mut self) -> Result<()> {
         self.gpu.stream.memcpy_htod(&[0f64], &mut self.loss_sum)?;
         Ok(())
     }
 
+    /// The summed training loss since `zero_loss`.
     pub fn read_loss(&self) -> Result<f64> {
         Ok(self.gpu.stream.clone_dtoh(&self.loss_sum).context("a text kernel failed")?[0])
     }
 
+    /// Copies a device buffer to the host.
     pub fn download(&self, buffer: &CudaSlice<f32>) -> Result<Vec<f32>> {
         self.gpu.stream.clone_dtoh(buffer).context("copying from the GPU")
     }

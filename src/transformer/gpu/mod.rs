@@ -96,22 +96,34 @@ pub fn module_request(config: &Config) -> ModuleRequest {
 /// What a GPU forward pass of one batch left, as `model::Forward` lays it out (for the kernel checks).
 #[derive(Debug, Default)]
 pub struct ForwardOut {
+    /// Each block's residual stream entering it, `[B·T][C]`.
     pub x: Vec<Vec<f32>>,
+    /// Each block's LN1 output, `[B·T][C]`.
     pub ln1: Vec<Vec<f32>>,
+    /// Each block's q, k, v, `[B·T][3C]`.
     pub qkv: Vec<Vec<f32>>,
+    /// Each block's attention heads' outputs before the projection, `[B·T][C]`.
     pub y: Vec<Vec<f32>>,
+    /// Each block's residual stream after attention, `[B·T][C]`.
     pub x_attn: Vec<Vec<f32>>,
+    /// Each block's LN2 output, `[B·T][C]`.
     pub ln2: Vec<Vec<f32>>,
+    /// Each block's MLP pre-activation, `[B·T][F]`.
     pub u: Vec<Vec<f32>>,
+    /// Each block's GELU output, `[B·T][F]`.
     pub gelu: Vec<Vec<f32>>,
+    /// The final LayerNorm's output, `[B·T][C]`.
     pub xf: Vec<f32>,
     /// (softmax − onehot)/N after the classifier.
     pub d_logits: Vec<f32>,
+    /// Loss at each position, `[B·T]`.
     pub losses: Vec<f32>,
 }
 
+/// The Transformer's trainer on a CUDA GPU: parameters, optimizer state and corpus in device memory.
 pub struct GpuTransformer {
     gpu: Arc<Gpu>,
+    /// The model's sizes.
     pub config: Config,
     layout: Layout,
     optim: OptimConfig,
@@ -144,6 +156,7 @@ const TICKET_LAYERNORM: usize = 1;
 const TICKET_ADAMW: usize = 2;
 
 impl GpuTransformer {
+    /// Uploads `params` (flat, in `Layout` order) and `corpus` to `gpu` and loads the kernels for `config`.
     pub fn new(
         gpu: Arc<Gpu>,
         config: Config,

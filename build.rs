@@ -94,7 +94,8 @@ fn precompile(units: &[Unit], manifest: &str, dir: &Path) -> (Vec<(String, PathB
     for line in manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
         let mut words = line.split_whitespace();
         let name = words.next().unwrap();
-        let unit = units.iter().find(|u| u.name == name).unwrap_or_else(|| panic!("fused/precompiled.txt: no {name}.cu"));
+        let unit =
+            units.iter().find(|u| u.name == name).unwrap_or_else(|| panic!("fused/precompiled.txt: no {name}.cu"));
         let defines: Vec<String> = words.map(|w| format!("-D{w}")).collect();
         jobs.extend(ARCHITECTURES.map(|sm| (unit, sm, defines.clone())));
     }
@@ -149,7 +150,14 @@ impl Nvrtc {
     }
 
     fn compile(&self, name: &str, source: &str, options: &[String]) -> Result<Vec<u8>, String> {
-        type Create = unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int;
+        type Create = unsafe extern "C" fn(
+            *mut Program,
+            *const c_char,
+            *const c_char,
+            c_int,
+            *const *const c_char,
+            *const *const c_char,
+        ) -> c_int;
         type Compile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
         type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
         type Read = unsafe extern "C" fn(Program, *mut c_char) -> c_int;

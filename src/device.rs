@@ -199,7 +199,10 @@ impl Gpu {
     /// Opens GPU `ordinal` (0 is the first): loads the driver, creates its context and stream.
     pub fn open(ordinal: usize) -> Result<Gpu> {
         // SAFETY: only tries dlopen on cudarc's candidate library names.
-        if !phases::timed(|| unsafe { cudarc::driver::sys::is_culib_present() }, |_| "found the driver (libcuda)".into()) {
+        if !phases::timed(
+            || unsafe { cudarc::driver::sys::is_culib_present() },
+            |_| "found the driver (libcuda)".into(),
+        ) {
             bail!("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver)");
         }
         phases::timed(nvrtc_available, |_| "found NVRTC (libnvrtc)".into())?;
@@ -465,7 +468,6 @@ pub const THREADS_PER_BLOCK: u32 = 256;
 pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {
     format!("compute_{}{}", compute_capability.0, compute_capability.1)
 }
-
 
 /// The values of integer constant expressions as kernel file `unit` computes them with `defines` (e.g.
 /// `GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS`), read from the PTX of the file with the expressions

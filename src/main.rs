@@ -108,9 +108,9 @@ fn parse_args() -> clap::ArgMatches {
     let matches = numbers_may_be_negative(command_line()).try_get_matches();
     matches.unwrap_or_else(|err| {
         let line = match err.kind() {
-            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-                err.exit()
-            }
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
             _ => negative_value_error(&err).unwrap_or_else(|| one_line(&err)),
         };
         textnet::console::err(&line);

@@ -107,6 +107,24 @@ pub fn write_once_outcome(
     }
 }
 
+/// The one rule for a run that did not learn, in every pipeline: its model is no better than guessing,
+/// the prediction that uses nothing of the input (every class or token equally likely for MNIST, the
+/// text model and the Transformer; the training mean for sales; for XOR, a point on the wrong side).
+/// Such a model is never written, and the run fails with status `not_learned` and this line: "the model
+/// did not learn: `finding`; `outcome`; `advice`".
+pub fn not_learned(finding: &str, outcome: &str, advice: &str) -> String {
+    format!("the model did not learn: {finding}; {outcome}; {advice}")
+}
+
+/// The warning for a language model written although no better than the unigram model (each `unit`
+/// predicted by its frequency alone): it learned something, but less than word or character counts know.
+pub fn weaker_than_unigram(loss: f64, unigram: f64, unit: &str) -> String {
+    format!(
+        "warning: its validation loss {loss:.4} is no better than the unigram model's {unigram:.4} (each {unit} \
+         predicted by its frequency alone); train longer or with another --lr"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,22 +162,4 @@ mod tests {
         assert_eq!(kept.status(), Status::NotBetter);
         assert_eq!(kept.conclude().unwrap_err().to_string(), "nothing written");
     }
-}
-
-/// The one rule for a run that did not learn, in every pipeline: its model is no better than guessing,
-/// the prediction that uses nothing of the input (every class or token equally likely for MNIST, the
-/// text model and the Transformer; the training mean for sales; for XOR, a point on the wrong side).
-/// Such a model is never written, and the run fails with status `not_learned` and this line: "the model
-/// did not learn: `finding`; `outcome`; `advice`".
-pub fn not_learned(finding: &str, outcome: &str, advice: &str) -> String {
-    format!("the model did not learn: {finding}; {outcome}; {advice}")
-}
-
-/// The warning for a language model written although no better than the unigram model (each `unit`
-/// predicted by its frequency alone): it learned something, but less than word or character counts know.
-pub fn weaker_than_unigram(loss: f64, unigram: f64, unit: &str) -> String {
-    format!(
-        "warning: its validation loss {loss:.4} is no better than the unigram model's {unigram:.4} (each {unit} \
-         predicted by its frequency alone); train longer or with another --lr"
-    )
 }

@@ -148,7 +148,11 @@ mod tests {
                 missing.extend((pipeline.modules)(&plan).iter().map(line).filter(|l| !listed.contains(l)));
             }
         }
-        assert!(missing.is_empty(), "add to fused/precompiled.txt:\n{}", missing.into_iter().collect::<Vec<_>>().join("\n"));
+        assert!(
+            missing.is_empty(),
+            "add to fused/precompiled.txt:\n{}",
+            missing.into_iter().collect::<Vec<_>>().join("\n")
+        );
         let distinct: BTreeSet<&String> = listed.iter().collect();
         assert_eq!(distinct.len(), listed.len(), "fused/precompiled.txt lists a module twice");
     }

@@ -75,7 +75,12 @@ pub struct MnistArgs {
     pub device: DeviceChoice,
     /// Where to write the model (.safetensors; mnist-cnn.safetensors for --model cnn); it is written after
     /// every epoch that --keep keeps
-    #[arg(short = 'o', long, default_value = "mnist.safetensors", default_value_if("model", "cnn", "mnist-cnn.safetensors"))]
+    #[arg(
+        short = 'o',
+        long,
+        default_value = "mnist.safetensors",
+        default_value_if("model", "cnn", "mnist-cnn.safetensors")
+    )]
     pub out: PathBuf,
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
@@ -507,8 +512,7 @@ impl TrainingCommand for MnistArgs {
                 }
                 _ => format!("lower --lr (this run used {}) or try --optim adam", report::decimal(optim.lr)),
             };
-            let finding =
-                format!("test accuracy {:.1}% where guessing gets {:.1}%", 100.0 * accuracy, 100.0 * chance);
+            let finding = format!("test accuracy {:.1}% where guessing gets {:.1}%", 100.0 * accuracy, 100.0 * chance);
             run::not_learned(&finding, &outcome, &advice)
         });
         let decay = match optim.weight_decay > 1.0 {

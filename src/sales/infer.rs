@@ -9,7 +9,7 @@
 
 use super::dates::parse_date_time;
 use super::table::{self, ColumnSpec, Schema};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use std::collections::HashSet;
 
 /// The columns flags give a role, overriding the inference.
@@ -157,9 +157,8 @@ impl Profile {
 pub fn infer(source: &str, bytes: &[u8], target: &ColumnSpec, overrides: &Overrides) -> Result<(Schema, Vec<Choice>)> {
     let mut reader = table::open_csv(source, bytes, None)?.reader;
     let mut record = csv::ByteRecord::new();
-    let read = |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| -> Result<bool> {
-        reader.read_byte_record(record).with_context(|| format!("{source}: cannot parse as CSV"))
-    };
+    let read =
+        |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| table::read_record(source, reader, record);
     if !read(&mut reader, &mut record)? {
         bail!("{source} is empty");
     }

@@ -418,9 +418,7 @@ impl Table {
     pub fn parse(source: &str, bytes: &[u8], options: &LoadOptions) -> Result<Table> {
         let OpenCsv { bytes, delimiter, mut reader } = open_csv(source, bytes, options.delimiter)?;
         let mut record = csv::ByteRecord::new();
-        let read = |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| -> Result<bool> {
-            reader.read_byte_record(record).with_context(|| format!("{source}: cannot parse as CSV"))
-        };
+        let read = |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| read_record(source, reader, record);
         if !read(&mut reader, &mut record)? {
             bail!("{source} is empty");
         }
@@ -786,4 +784,10 @@ fn slashed_text(d: DateValue) -> String {
         DateValue::Slashed { first, second, year, .. } => format!("{first:02}/{second:02}/{year}"),
         DateValue::Date { year, month, day } => format!("{year}-{month:02}-{day:02}"),
     }
+}
+
+/// Reads the next record of the table `source` into `record`: false at its end, an error naming
+/// `source` where the bytes are not CSV.
+pub fn read_record(source: &str, reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord) -> Result<bool> {
+    reader.read_byte_record(record).with_context(|| format!("{source}: cannot parse as CSV"))
 }

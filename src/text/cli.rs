@@ -435,7 +435,10 @@ impl TrainingCommand for TrainArgs {
         let failed = match keeper.best {
             Some((_, best)) if keeper.kept.is_none() && diverged.is_none() && !interrupted && best >= guessing => {
                 Some(run::not_learned(
-                    &format!("its best val loss {best:.4} is no better than guessing (ln {} = {guessing:.4})", summary.shape.vocab),
+                    &format!(
+                        "its best val loss {best:.4} is no better than guessing (ln {} = {guessing:.4})",
+                        summary.shape.vocab
+                    ),
                     &outcome,
                     &format!("try more --epochs or another --lr (this run used {})", plan.lr),
                 ))

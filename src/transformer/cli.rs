@@ -264,10 +264,8 @@ impl TrainingCommand for TransformerArgs {
         let display = Display::new(args.quiet, args.json, evals);
         let (backend, device_line) = device::select_described(args.device)?;
         if let Some(path) = &args.resume {
-            display.line(&format!(
-                "resuming {} (its shape and vocabulary; AdamW's moments start afresh)",
-                path.display()
-            ));
+            display
+                .line(&format!("resuming {} (its shape and vocabulary; AdamW's moments start afresh)", path.display()));
         }
         display.line(&format!(
             "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \

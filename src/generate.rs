@@ -101,7 +101,7 @@ fn language_model(bytes: &[u8], path: &Path, refusal: &str) -> Result<(&'static 
     let model = crate::pipelines::ALL
         .iter()
         .find(|p| kind.is_some_and(|k| p.models.contains(&k)))
-        .and_then(|p| p.generate.as_ref());
+        .and_then(|p| p.language_model.as_ref());
     match (model, kind) {
         (Some(model), Some(kind)) => Ok((model, kind.tag)),
         (_, Some(kind)) => bail!("{}: it is {} (for {}); {refusal}", path.display(), kind.what, kind.used_by),

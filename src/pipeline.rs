@@ -28,7 +28,7 @@ pub struct Pipeline {
     /// The kinds of model file it writes.
     pub models: &'static [&'static Kind],
     /// `textnet generate` and `textnet eval` for its model files, if they are language models.
-    pub generate: Option<LanguageModel>,
+    pub language_model: Option<LanguageModel>,
 }
 
 /// How a pipeline's language model files generate and are evaluated; the commands around both are shared

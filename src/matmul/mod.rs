@@ -44,5 +44,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |gpu, options, _| bench::bench(gpu, options.repeats, options.json),
     }],
     models: &[],
-    generate: None,
+    language_model: None,
 };

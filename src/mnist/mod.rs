@@ -412,5 +412,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
     }],
     models: &[&crate::modelkind::MNIST_MLP, &crate::modelkind::MNIST_CNN],
-    generate: None,
+    language_model: None,
 };

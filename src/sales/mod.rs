@@ -33,5 +33,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
     }],
     models: &[&crate::modelkind::SALES],
-    generate: None,
+    language_model: None,
 };

@@ -119,5 +119,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         },
     ],
     models: &[&crate::modelkind::TEXT],
-    generate: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
+    language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
 };

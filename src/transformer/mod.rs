@@ -33,5 +33,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
     }],
     models: &[&crate::modelkind::TRANSFORMER],
-    generate: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
+    language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
 };

@@ -27,5 +27,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         run: |gpu, options, _| bench::bench(gpu, options.repeats, options.json),
     }],
     models: &[&crate::modelkind::XOR],
-    generate: None,
+    language_model: None,
 };

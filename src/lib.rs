@@ -52,6 +52,7 @@ pub mod console;
 pub mod cpu;
 pub mod device;
 pub mod eval;
+pub mod fit;
 pub mod fsutil;
 mod fused_source;
 pub mod generate;

@@ -572,15 +572,17 @@ pub type ModuleRequest = (&'static str, Vec<(&'static str, i64)>);
 
 /// Compiles every requested module on every core, into the cache that `Gpu::module` reads: a run
 /// that needs many sizes (the selftest) then waits for the slowest compile instead of their sum. Errors
-/// are left for `Gpu::module` to report.
-pub fn precompile(compute_capability: (i32, i32), requests: &[ModuleRequest]) {
+/// are left for `Gpu::module` to report. Returns how many distinct modules were asked for.
+pub fn precompile(compute_capability: (i32, i32), requests: &[ModuleRequest]) -> usize {
     use rayon::prelude::*;
     let unique: std::collections::BTreeSet<&ModuleRequest> = requests.iter().collect();
+    let count = unique.len();
     unique.into_par_iter().for_each(|(unit, defines)| {
         if let Ok(source) = kernel_source(unit) {
             let _ = compile_cached(source, compute_capability, &define_options(defines));
         }
     });
+    count
 }
 
 /// Where compiled kernels are kept: `$TEXTNET_CACHE`, else the user's cache directory.

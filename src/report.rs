@@ -251,13 +251,8 @@ impl Display {
     /// with the tokens/s and ms/step of the latest steps, and each evaluation's line (`evaluated`) printed
     /// above it.
     pub fn steps_started(&mut self, steps: usize, tokens_per_step: usize) {
-        let target = if self.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
-        let style = ProgressStyle::with_template("step {human_pos}/{human_len} [{bar:30}] {msg}, ETA {eta}")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-        let bar = ProgressBar::with_draw_target(Some(steps as u64), target).with_style(style);
-        bar.enable_steady_tick(std::time::Duration::from_millis(250));
-        self.bar = Some(bar);
+        let template = "step {human_pos}/{human_len} [{bar:30}] {msg}, ETA {eta}";
+        self.bar = Some(bar(self.quiet, template, steps));
         self.tokens_per_step = tokens_per_step;
         self.last = (0, std::time::Instant::now());
     }
@@ -354,13 +349,18 @@ pub fn thousands(value: f64) -> String {
 /// A bar over `samples` samples on stderr, led by `label` ("epoch 2/5"): drawn only where stderr is a
 /// terminal, never with `quiet`.
 pub fn progress_bar(quiet: bool, label: &str, samples: usize) -> ProgressBar {
+    let template = "{prefix} [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}";
+    bar(quiet, template, samples).with_prefix(label.to_string())
+}
+
+/// A bar of `len` on stderr drawn with indicatif's `template`: only where stderr is a terminal, never
+/// with `quiet`.
+fn bar(quiet: bool, template: &str, len: usize) -> ProgressBar {
     let target = if quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
-    let style =
-        ProgressStyle::with_template("{prefix} [{bar:30}] {human_pos}/{human_len} samples, {per_sec:0}, ETA {eta}")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-    let bar =
-        ProgressBar::with_draw_target(Some(samples as u64), target).with_style(style).with_prefix(label.to_string());
+    let style = ProgressStyle::with_template(template)
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let bar = ProgressBar::with_draw_target(Some(len as u64), target).with_style(style);
     // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends.
     bar.enable_steady_tick(std::time::Duration::from_millis(250));
     bar

@@ -79,11 +79,9 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let wanted = || pipelines::ALL.iter().filter(|p| chosen.is_empty() || chosen.contains(&p.name));
     // Every kernel module first, on every core: the checks then wait for the slowest compile, not the sum.
     let compiling = Instant::now();
-    let mut modules: Vec<_> = wanted().flat_map(|p| (p.modules)(&plan)).collect();
-    modules.sort();
-    modules.dedup();
-    crate::device::precompile(gpu.compute_capability, &modules);
-    crate::phases::note(compiling, &format!("{} kernel modules ready", modules.len()));
+    let modules: Vec<_> = wanted().flat_map(|p| (p.modules)(&plan)).collect();
+    let count = crate::device::precompile(gpu.compute_capability, &modules);
+    crate::phases::note(compiling, &format!("{count} kernel modules ready"));
     let mut checks = Vec::new();
     for pipeline in wanted() {
         let checking = Instant::now();

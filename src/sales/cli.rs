@@ -471,8 +471,7 @@ impl TrainingCommand for SalesArgs {
         let not_learned = chosen.as_ref().map(|(_, e)| e.mae).filter(|&mae| mae >= baseline_mae);
         let chosen = chosen.filter(|_| not_learned.is_none());
         let outcome = match not_learned {
-            Some(_) if args.out.exists() => format!("nothing written, so {} is unchanged", args.out.display()),
-            Some(_) => format!("nothing written to {}", args.out.display()),
+            Some(_) => run::write_once_outcome(&args.out, false, None, None),
             None => outcome,
         };
         let failed = not_learned.filter(|_| !interrupted && diverged.is_none()).map(|mae| {

@@ -412,9 +412,8 @@ impl TrainingCommand for TrainArgs {
             seed: args.seed,
             shuffle: !args.no_shuffle,
         };
-        // An epoch no better than guessing (every token equally likely: ln V) learned nothing, and is never
-        // written.
-        let guessing = (summary.shape.vocab as f64).ln();
+        // An epoch no better than guessing learned nothing, and is never written.
+        let guessing = summary.guessing_loss();
         let keeper = Keeper::new(args.keep, baseline).with_floor(guessing);
         let saver = Saver { out: args.out.clone(), keeper, model, note: String::new() };
         let mut bar = EpochBar { display, saver };
@@ -431,7 +430,7 @@ impl TrainingCommand for TrainArgs {
         let outcome = keeper.outcome(&args.out, "val loss");
         let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
         let interrupted = epochs.len() < plan.epochs && diverged.is_none();
-        let guessing = (summary.shape.vocab as f64).ln();
+        let guessing = summary.guessing_loss();
         let failed = match keeper.best {
             Some((_, best)) if keeper.kept.is_none() && diverged.is_none() && !interrupted && best >= guessing => {
                 Some(run::not_learned(
@@ -541,6 +540,12 @@ struct Summary {
 }
 
 impl Summary {
+    /// The validation loss of guessing, every token equally likely (ln V): an epoch no better learned
+    /// nothing.
+    fn guessing_loss(&self) -> f64 {
+        (self.shape.vocab as f64).ln()
+    }
+
     fn print(&self, args: &TrainArgs, display: &Display) {
         let (shape, plan) = (self.shape, self.plan);
         let limit_note = if self.truncated { " (cut at --max-tokens)" } else { "" };

@@ -1,0 +1,595 @@
+//! The CPU reference of `textnet fit`: any `Spec` as a network over a batch, forward, loss and backward,
+//! in f32 (to train) or f64 (for finite-difference checks). `fused/fit.cu` is its GPU twin.
+//!
+//! Tensors are batch-major: a batch of `rows` samples of shape `s` is `rows × s.size()` values, images
+//! channel-major (`[c][y][x]`), as PyTorch lays out `[N, C, H, W]`.
+//!
+//! Parameters are one flat vector, layer by layer in spec order, each layer's weight then its bias, in
+//! PyTorch's layouts (`Linear`: `[out][in]`; `Conv2d`: `[out][in][k][k]`), so the flat vector cut at
+//! `Network::tensors` is `nn.Sequential`'s `state_dict`.
+//!
+//! Dropout's mask is a hash of (seed, step, layer, element) (`dropout_keeps`), so the GPU draws the same
+//! mask without a generator's state and a step is repeatable to the bit.
+
+use super::spec::{Layer, Shape, Spec};
+use crate::cpu::{Mat, Real, SeededRng, gemm};
+use crate::ops::activations::{gelu, gelu_grad};
+use crate::ops::constant;
+use anyhow::{Result, bail};
+use rand::SeedableRng;
+use std::ops::Range;
+
+/// The training loss.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Softmax cross-entropy over the outputs against a class (`nn.CrossEntropyLoss`).
+    Ce,
+    /// Mean squared error of the outputs against the target values (`nn.MSELoss`).
+    Mse,
+}
+
+impl Loss {
+    /// The name the flag and the model file use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Loss::Ce => "ce",
+            Loss::Mse => "mse",
+        }
+    }
+}
+
+/// How the weights start.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Init {
+    /// PyTorch's defaults: weights and biases U(±1/√fan_in).
+    #[default]
+    Pytorch,
+    /// Glorot: weights U(±√(6/(fan_in + fan_out))), biases 0.
+    Xavier,
+    /// Kaiming normal for ReLU: weights N(0, 2/fan_in), biases 0.
+    He,
+}
+
+/// What the batch is measured against: a class per sample, or `outputs` values per sample.
+#[derive(Clone, Copy, Debug)]
+pub enum Targets<'a> {
+    /// Class index of each sample.
+    Classes(&'a [u32]),
+    /// `rows × outputs` target values.
+    Values(&'a [f32]),
+}
+
+/// Where one layer's parameters lie in the flat vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerParams {
+    /// The weight's elements.
+    pub weight: Range<usize>,
+    /// The bias's, if the layer has one.
+    pub bias: Option<Range<usize>>,
+}
+
+/// A spec bound to an input shape: every layer's input width known, every shape and parameter offset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Network {
+    /// The layers, `Linear`'s inputs all filled in.
+    pub layers: Vec<Layer>,
+    /// `shapes[i]` flows into layer i; the last is the output.
+    pub shapes: Vec<Shape>,
+    /// Each layer's parameters (None for layers without any).
+    pub params: Vec<Option<LayerParams>>,
+    /// Length of the flat parameter vector.
+    pub param_count: usize,
+}
+
+/// Number of values of one sample of shape `s`.
+pub fn size(s: Shape) -> usize {
+    match s {
+        Shape::Flat(n) => n,
+        Shape::Image { channels, height, width } => channels * height * width,
+    }
+}
+
+/// 32-bit integer hash (Chris Wellons' lowbias32): every input bit moves every output bit.
+pub fn mix32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
+/// Which dropout mask a training step draws: the run's seed and the step's number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropoutKey {
+    /// From `--seed`.
+    pub seed: u32,
+    /// Optimizer steps taken before this one.
+    pub step: u32,
+}
+
+impl DropoutKey {
+    /// The hash key of layer `layer`'s mask in this step (`fused/fit.cu` computes the same on the host's
+    /// behalf: it is passed in).
+    pub fn layer_key(self, layer: usize) -> u32 {
+        mix32(mix32(self.seed ^ (layer as u32).wrapping_mul(0x9e37_79b9)).wrapping_add(self.step))
+    }
+}
+
+/// The hash threshold below which dropout with probability `p` drops a value.
+pub fn dropout_threshold(p: f32) -> u32 {
+    (p as f64 * 4_294_967_296.0).min(u32::MAX as f64) as u32
+}
+
+/// Whether element `element` (sample-in-batch × width + index) survives under `key` and `threshold`.
+pub fn dropout_keeps(key: u32, element: u32, threshold: u32) -> bool {
+    mix32(key ^ mix32(element)) >= threshold
+}
+
+impl Network {
+    /// `spec` over samples of shape `input`, or the error of `Spec::chain`.
+    pub fn new(spec: &Spec, input: Shape) -> Result<Network> {
+        let after = spec.chain(input)?;
+        let mut shapes = vec![input];
+        shapes.extend(after);
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        let mut params = Vec::with_capacity(spec.layers.len());
+        let mut at = 0usize;
+        let mut take = |n: usize| {
+            let r = at..at + n;
+            at += n;
+            r
+        };
+        for (i, layer) in spec.layers.iter().enumerate() {
+            let layer = match *layer {
+                Layer::Linear { outputs, bias, .. } => Layer::Linear { inputs: Some(size(shapes[i])), outputs, bias },
+                other => other,
+            };
+            if let Layer::Dropout(p) = layer
+                && !(0.0..1.0).contains(&p)
+            {
+                bail!("layer {} (Dropout): p must be at least 0 and below 1, not {p}", i + 1);
+            }
+            params.push(match layer {
+                Layer::Linear { inputs, outputs, bias } => Some(LayerParams {
+                    weight: take(outputs * inputs.unwrap_or(0)),
+                    bias: bias.then(|| take(outputs)),
+                }),
+                Layer::Conv2d { inputs, outputs, kernel, .. } => Some(LayerParams {
+                    weight: take(outputs * inputs * kernel * kernel),
+                    bias: Some(take(outputs)),
+                }),
+                _ => None,
+            });
+            layers.push(layer);
+        }
+        Ok(Network { layers, shapes, params, param_count: at })
+    }
+
+    /// Values per sample going in.
+    pub fn inputs(&self) -> usize {
+        size(self.shapes[0])
+    }
+
+    /// Values per sample coming out.
+    pub fn outputs(&self) -> usize {
+        size(*self.shapes.last().expect("a network has an input shape"))
+    }
+
+    /// The parameter tensors under `nn.Sequential`'s `state_dict` names (`0.weight`, `0.bias`, …), with
+    /// their shapes and places in the flat vector.
+    pub fn tensors(&self) -> Vec<(String, Vec<usize>, Range<usize>)> {
+        let mut out = Vec::new();
+        for (i, (layer, p)) in self.layers.iter().zip(&self.params).enumerate() {
+            let Some(p) = p else { continue };
+            let (dims, outputs) = match *layer {
+                Layer::Linear { inputs, outputs, .. } => (vec![outputs, inputs.unwrap_or(0)], outputs),
+                Layer::Conv2d { inputs, outputs, kernel, .. } => (vec![outputs, inputs, kernel, kernel], outputs),
+                _ => unreachable!("only Linear and Conv2d have parameters"),
+            };
+            out.push((format!("{i}.weight"), dims, p.weight.clone()));
+            if let Some(b) = &p.bias {
+                out.push((format!("{i}.bias"), vec![outputs], b.clone()));
+            }
+        }
+        out
+    }
+
+    /// Initial parameters drawn from `seed`, layer by layer, each weight then its bias. `Xavier` with
+    /// biases is what `textnet mnist` draws, `Pytorch` what `textnet sales` draws, for the same layers.
+    pub fn init(&self, init: Init, seed: u64) -> Vec<f32> {
+        use rand_distr::{Distribution, Normal, Uniform};
+        let mut rng = SeededRng::seed_from_u64(seed);
+        let mut flat = vec![0.0f32; self.param_count];
+        for (layer, p) in self.layers.iter().zip(&self.params) {
+            let Some(p) = p else { continue };
+            let (fan_in, fan_out) = match *layer {
+                Layer::Linear { inputs, outputs, .. } => (inputs.unwrap_or(0), outputs),
+                Layer::Conv2d { inputs, outputs, kernel, .. } => (inputs * kernel * kernel, outputs * kernel * kernel),
+                _ => unreachable!("only Linear and Conv2d have parameters"),
+            };
+            let weight = &mut flat[p.weight.clone()];
+            match init {
+                Init::Pytorch => crate::cpu::linear_init(weight, fan_in, &mut rng),
+                Init::Xavier => {
+                    let limit = (6.0 / (fan_in + fan_out).max(1) as f32).sqrt();
+                    let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");
+                    weight.iter_mut().for_each(|x| *x = dist.sample(&mut rng));
+                }
+                Init::He => {
+                    let dist = Normal::new(0.0, (2.0 / fan_in.max(1) as f32).sqrt()).expect("finite deviation");
+                    weight.iter_mut().for_each(|x| *x = dist.sample(&mut rng));
+                }
+            }
+            if let (Some(b), Init::Pytorch) = (&p.bias, init) {
+                crate::cpu::linear_init(&mut flat[b.clone()], fan_in, &mut rng);
+            }
+        }
+        flat
+    }
+}
+
+/// Every layer's output over one batch (`values[0]` is the input), and what backward needs besides.
+#[derive(Clone, Debug)]
+pub struct Trace<F> {
+    /// Samples in the batch.
+    pub rows: usize,
+    /// `values[i]`: what flows into layer i, `rows × size(shapes[i])`; the last is the output.
+    pub values: Vec<Vec<F>>,
+    /// Per MaxPool2d layer, the input index each output came from (per batch, flat).
+    pub argmax: Vec<Vec<u32>>,
+}
+
+/// The network's output on `rows` samples `x` (`rows × inputs`). `dropout`: the training step's mask,
+/// None in evaluation (dropout off).
+pub fn forward<F: Real>(net: &Network, params: &[F], x: &[F], rows: usize, dropout: Option<DropoutKey>) -> Trace<F> {
+    assert_eq!(params.len(), net.param_count, "parameter vector of another network");
+    assert_eq!(x.len(), rows * net.inputs(), "input of another shape");
+    let mut values = vec![x.to_vec()];
+    let mut argmax = vec![Vec::new(); net.layers.len()];
+    for (i, layer) in net.layers.iter().enumerate() {
+        let input = &values[i];
+        let (sin, sout) = (net.shapes[i], net.shapes[i + 1]);
+        let (n_in, n_out) = (size(sin), size(sout));
+        let mut out = vec![F::zero(); rows * n_out];
+        match *layer {
+            Layer::Linear { inputs, outputs, .. } => {
+                let p = net.params[i].as_ref().expect("Linear has parameters");
+                let w = Mat::rows_of(&params[p.weight.clone()], outputs, inputs.unwrap_or(0));
+                if let Some(b) = &p.bias {
+                    let b = &params[b.clone()];
+                    out.chunks_mut(outputs).for_each(|row| row.copy_from_slice(b));
+                }
+                gemm(Mat::rows_of(input, rows, n_in), w.t(), F::one(), &mut out);
+            }
+            Layer::Relu | Layer::Sigmoid | Layer::Tanh | Layer::Gelu => {
+                out.iter_mut().zip(input).for_each(|(o, &z)| *o = activate(*layer, z));
+            }
+            Layer::Dropout(p) => match dropout {
+                Some(key) if p > 0.0 => {
+                    let (key, threshold) = (key.layer_key(i), dropout_threshold(p));
+                    let scale = F::one() / constant::<F>(1.0 - p as f64);
+                    for (e, (o, &v)) in out.iter_mut().zip(input).enumerate() {
+                        *o = if dropout_keeps(key, e as u32, threshold) { v * scale } else { F::zero() };
+                    }
+                }
+                _ => out.copy_from_slice(input),
+            },
+            Layer::Flatten => out.copy_from_slice(input),
+            Layer::Conv2d { kernel, stride, padding, .. } => {
+                let p = net.params[i].as_ref().expect("Conv2d has parameters");
+                let (w, b) = (&params[p.weight.clone()], &params[p.bias.clone().expect("Conv2d has a bias")]);
+                let conv = Conv::new(sin, sout, kernel, stride, padding);
+                for (x, y) in input.chunks(n_in).zip(out.chunks_mut(n_out)) {
+                    conv.forward(x, w, b, y);
+                }
+            }
+            Layer::MaxPool2d(k) => {
+                let (channels, h, w) = image(sin);
+                let (oh, ow) = (h / k, w / k);
+                let mut from = vec![0u32; rows * n_out];
+                for s in 0..rows {
+                    for c in 0..channels {
+                        for oy in 0..oh {
+                            for ox in 0..ow {
+                                let mut best = (F::neg_infinity(), 0usize);
+                                for dy in 0..k {
+                                    for dx in 0..k {
+                                        let at = (c * h + oy * k + dy) * w + ox * k + dx;
+                                        let v = input[s * n_in + at];
+                                        if v > best.0 {
+                                            best = (v, at);
+                                        }
+                                    }
+                                }
+                                let o = s * n_out + (c * oh + oy) * ow + ox;
+                                out[o] = best.0;
+                                from[o] = best.1 as u32;
+                            }
+                        }
+                    }
+                }
+                argmax[i] = from;
+            }
+        }
+        values.push(out);
+    }
+    Trace { rows, values, argmax }
+}
+
+/// The loss summed over the batch, and its gradient with respect to the outputs scaled for the batch
+/// mean (`rows × outputs`). Cross-entropy: −log softmax(out)[class]; squared error: the mean over the
+/// outputs of (out − target)².
+pub fn loss<F: Real>(loss: Loss, out: &[F], rows: usize, outputs: usize, targets: Targets) -> (F, Vec<F>) {
+    let mut d = vec![F::zero(); out.len()];
+    let mut sum = F::zero();
+    let batch = constant::<F>(rows.max(1) as f64);
+    match (loss, targets) {
+        (Loss::Ce, Targets::Classes(classes)) => {
+            for (s, (o, d)) in out.chunks(outputs).zip(d.chunks_mut(outputs)).enumerate() {
+                sum = sum + crate::ops::losses::softmax_xent(o, classes[s] as usize, d);
+                d.iter_mut().for_each(|v| *v = *v / batch);
+            }
+        }
+        (Loss::Mse, Targets::Values(values)) => {
+            let scale = constant::<F>(2.0) / (batch * constant::<F>(outputs as f64));
+            let per_output = F::one() / constant::<F>(outputs as f64);
+            for ((&y, &t), d) in out.iter().zip(values).zip(d.iter_mut()) {
+                let (l, dy) = crate::ops::losses::squared_error(y, constant::<F>(t as f64), scale);
+                sum = sum + l * per_output;
+                *d = dy;
+            }
+        }
+        (loss, _) => panic!("{} loss against targets of the other kind", loss.name()),
+    }
+    (sum, d)
+}
+
+/// The gradient of the loss whose output gradient is `d_out` with respect to every parameter (flat,
+/// as `params`), from the forward `trace` with the same `dropout`.
+pub fn backward<F: Real>(
+    net: &Network,
+    params: &[F],
+    trace: &Trace<F>,
+    d_out: Vec<F>,
+    dropout: Option<DropoutKey>,
+) -> Vec<F> {
+    let rows = trace.rows;
+    let mut grad = vec![F::zero(); net.param_count];
+    let mut d = d_out;
+    for i in (0..net.layers.len()).rev() {
+        let input = &trace.values[i];
+        let output = &trace.values[i + 1];
+        let (sin, sout) = (net.shapes[i], net.shapes[i + 1]);
+        let (n_in, n_out) = (size(sin), size(sout));
+        let needs_input_grad = i > 0;
+        let mut d_in = vec![F::zero(); rows * n_in];
+        match net.layers[i] {
+            Layer::Linear { inputs, outputs, .. } => {
+                let p = net.params[i].as_ref().expect("Linear has parameters");
+                let k = inputs.unwrap_or(0);
+                let dz = Mat::rows_of(&d, rows, outputs);
+                gemm(dz.t(), Mat::rows_of(input, rows, k), F::zero(), &mut grad[p.weight.clone()]);
+                if let Some(b) = &p.bias {
+                    let gb = &mut grad[b.clone()];
+                    for row in d.chunks(outputs) {
+                        gb.iter_mut().zip(row).for_each(|(g, &v)| *g = *g + v);
+                    }
+                }
+                if needs_input_grad {
+                    let w = Mat::rows_of(&params[p.weight.clone()], outputs, k);
+                    gemm(dz, w, F::zero(), &mut d_in);
+                }
+            }
+            layer @ (Layer::Relu | Layer::Sigmoid | Layer::Tanh | Layer::Gelu) => {
+                for (((di, &dv), &z), &a) in d_in.iter_mut().zip(&d).zip(input).zip(output) {
+                    *di = dv * slope(layer, z, a);
+                }
+            }
+            Layer::Dropout(p) => match dropout {
+                Some(key) if p > 0.0 => {
+                    let (key, threshold) = (key.layer_key(i), dropout_threshold(p));
+                    let scale = F::one() / constant::<F>(1.0 - p as f64);
+                    for (e, (di, &dv)) in d_in.iter_mut().zip(&d).enumerate() {
+                        *di = if dropout_keeps(key, e as u32, threshold) { dv * scale } else { F::zero() };
+                    }
+                }
+                _ => d_in.copy_from_slice(&d),
+            },
+            Layer::Flatten => d_in.copy_from_slice(&d),
+            Layer::Conv2d { kernel, stride, padding, .. } => {
+                let p = net.params[i].as_ref().expect("Conv2d has parameters");
+                let bias = p.bias.clone().expect("Conv2d has a bias");
+                let conv = Conv::new(sin, sout, kernel, stride, padding);
+                let mut gw = vec![F::zero(); p.weight.len()];
+                let mut gb = vec![F::zero(); bias.len()];
+                let w = &params[p.weight.clone()];
+                for s in 0..rows {
+                    let (x, dy) = (&input[s * n_in..][..n_in], &d[s * n_out..][..n_out]);
+                    conv.backward(x, w, dy, &mut gw, &mut gb, needs_input_grad.then(|| &mut d_in[s * n_in..][..n_in]));
+                }
+                grad[p.weight.clone()].copy_from_slice(&gw);
+                grad[bias].copy_from_slice(&gb);
+            }
+            Layer::MaxPool2d(_) => {
+                for s in 0..rows {
+                    for o in 0..n_out {
+                        let at = trace.argmax[i][s * n_out + o] as usize;
+                        d_in[s * n_in + at] = d_in[s * n_in + at] + d[s * n_out + o];
+                    }
+                }
+            }
+        }
+        d = d_in;
+    }
+    grad
+}
+
+/// The summed loss of one batch and the gradient of its mean.
+pub fn loss_and_grad<F: Real>(
+    net: &Network,
+    params: &[F],
+    x: &[F],
+    rows: usize,
+    targets: Targets,
+    kind: Loss,
+    dropout: Option<DropoutKey>,
+) -> (F, Vec<F>) {
+    let trace = forward(net, params, x, rows, dropout);
+    let (sum, d) = loss(kind, trace.values.last().expect("an output"), rows, net.outputs(), targets);
+    (sum, backward(net, params, &trace, d, dropout))
+}
+
+/// How close a batch comes to a kink of the network (ReLU's jump, a max-pool tie): the smallest |z| over
+/// ReLU inputs and the smallest gap between a window's largest and second-largest value, each relative to
+/// the largest magnitude of its tensor. A GPU and the CPU may round such a point to different sides.
+pub fn kink_margin<F: Real>(net: &Network, trace: &Trace<F>) -> f64 {
+    let mut margin = f64::INFINITY;
+    for (i, layer) in net.layers.iter().enumerate() {
+        let input = &trace.values[i];
+        let scale = input.iter().fold(0.0f64, |m, v| m.max(v.to_f64().unwrap_or(0.0).abs())).max(1e-30);
+        match *layer {
+            Layer::Relu => {
+                for v in input {
+                    margin = margin.min(v.to_f64().unwrap_or(0.0).abs() / scale);
+                }
+            }
+            Layer::MaxPool2d(k) => {
+                let (channels, h, w) = image(net.shapes[i]);
+                let n_in = size(net.shapes[i]);
+                for sample in input.chunks(n_in) {
+                    for c in 0..channels {
+                        for oy in 0..h / k {
+                            for ox in 0..w / k {
+                                let mut top = [f64::NEG_INFINITY; 2];
+                                for dy in 0..k {
+                                    for dx in 0..k {
+                                        let v = sample[(c * h + oy * k + dy) * w + ox * k + dx].to_f64().unwrap_or(0.0);
+                                        if v > top[0] {
+                                            top = [v, top[0]];
+                                        } else if v > top[1] {
+                                            top[1] = v;
+                                        }
+                                    }
+                                }
+                                if k > 1 {
+                                    margin = margin.min((top[0] - top[1]) / scale);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    margin
+}
+
+fn image(s: Shape) -> (usize, usize, usize) {
+    match s {
+        Shape::Image { channels, height, width } => (channels, height, width),
+        Shape::Flat(_) => unreachable!("Spec::chain puts only images into image layers"),
+    }
+}
+
+fn activate<F: Real>(layer: Layer, z: F) -> F {
+    match layer {
+        Layer::Relu => z.max(F::zero()),
+        Layer::Sigmoid => F::one() / (F::one() + (-z).exp()),
+        Layer::Tanh => z.tanh(),
+        Layer::Gelu => gelu(z),
+        _ => unreachable!("not an activation"),
+    }
+}
+
+/// d activation / dz from the input z and the output a.
+fn slope<F: Real>(layer: Layer, z: F, a: F) -> F {
+    match layer {
+        Layer::Relu => {
+            if z > F::zero() {
+                F::one()
+            } else {
+                F::zero()
+            }
+        }
+        Layer::Sigmoid => a * (F::one() - a),
+        Layer::Tanh => F::one() - a * a,
+        Layer::Gelu => gelu_grad(z),
+        _ => unreachable!("not an activation"),
+    }
+}
+
+/// One Conv2d layer's sizes: `[cin][h][w]` in, `[cout][oh][ow]` out, `k`×`k` kernel.
+struct Conv {
+    cin: usize,
+    h: usize,
+    w: usize,
+    cout: usize,
+    oh: usize,
+    ow: usize,
+    k: usize,
+    stride: usize,
+    padding: usize,
+}
+
+impl Conv {
+    fn new(sin: Shape, sout: Shape, k: usize, stride: usize, padding: usize) -> Conv {
+        let ((cin, h, w), (cout, oh, ow)) = (image(sin), image(sout));
+        Conv { cin, h, w, cout, oh, ow, k, stride, padding }
+    }
+
+    /// The input index under output (oy, ox) at kernel offset (ky, kx) of channel c, or None in the padding.
+    fn source(&self, c: usize, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<usize> {
+        let y = (oy * self.stride + ky).checked_sub(self.padding).filter(|&y| y < self.h)?;
+        let x = (ox * self.stride + kx).checked_sub(self.padding).filter(|&x| x < self.w)?;
+        Some((c * self.h + y) * self.w + x)
+    }
+
+    fn weight_index(&self, co: usize, ci: usize, ky: usize, kx: usize) -> usize {
+        ((co * self.cin + ci) * self.k + ky) * self.k + kx
+    }
+
+    fn forward<F: Real>(&self, x: &[F], w: &[F], b: &[F], y: &mut [F]) {
+        for co in 0..self.cout {
+            for oy in 0..self.oh {
+                for ox in 0..self.ow {
+                    let mut acc = b[co];
+                    for ci in 0..self.cin {
+                        for ky in 0..self.k {
+                            for kx in 0..self.k {
+                                if let Some(at) = self.source(ci, oy, ox, ky, kx) {
+                                    acc = acc + w[self.weight_index(co, ci, ky, kx)] * x[at];
+                                }
+                            }
+                        }
+                    }
+                    y[(co * self.oh + oy) * self.ow + ox] = acc;
+                }
+            }
+        }
+    }
+
+    fn backward<F: Real>(&self, x: &[F], w: &[F], dy: &[F], gw: &mut [F], gb: &mut [F], mut dx: Option<&mut [F]>) {
+        for co in 0..self.cout {
+            for oy in 0..self.oh {
+                for ox in 0..self.ow {
+                    let g = dy[(co * self.oh + oy) * self.ow + ox];
+                    gb[co] = gb[co] + g;
+                    for ci in 0..self.cin {
+                        for ky in 0..self.k {
+                            for kx in 0..self.k {
+                                if let Some(at) = self.source(ci, oy, ox, ky, kx) {
+                                    let wi = self.weight_index(co, ci, ky, kx);
+                                    gw[wi] = gw[wi] + g * x[at];
+                                    if let Some(dx) = dx.as_deref_mut() {
+                                        dx[at] = dx[at] + g * w[wi];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -143,7 +143,10 @@ mod tests {
         for quick in [false, true] {
             let plan = Plan { seed: 1, quick, groups: Vec::new() };
             for pipeline in pipelines::ALL {
-                missing.extend((pipeline.modules)(&plan).iter().map(line).filter(|l| !listed.contains(l)));
+                // `fit` compiles a module per layer shape of the user's spec, so its modules are compiled at
+                // run time (the selftest compiles them all at once, in parallel, before its checks).
+                let fixed = (pipeline.modules)(&plan).into_iter().filter(|r| r.0 != "fit");
+                missing.extend(fixed.map(|r| line(&r)).filter(|l| !listed.contains(l)));
             }
         }
         assert!(

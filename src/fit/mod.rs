@@ -5,6 +5,9 @@
 //! them once), then drives it with per-epoch sample orders and per-step learning rates, so every backend
 //! sees the same shuffles and schedule and the CPU reference can check any of them.
 
+pub mod bench;
+pub mod checks;
+pub mod gpu;
 pub mod model;
 pub mod spec;
 
@@ -79,3 +82,19 @@ pub trait FitTrainer {
     /// A host copy of the current parameters.
     fn params(&mut self) -> Result<Vec<f32>>;
 }
+
+/// The fit pipeline as the command line, `selftest` and `bench` see it.
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "fit",
+    commands: &[],
+    checks: checks::selftest_checks,
+    modules: checks::modules,
+    benches: &[crate::pipeline::Bench {
+        name: "fit",
+        about: "A --layers model's training speed and accuracy on Fashion-MNIST",
+        args: <bench::FitBenchArgs as clap::Args>::augment_args,
+        run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
+    }],
+    models: &[],
+    language_model: None,
+};

@@ -448,8 +448,9 @@ pub fn kink_margin<F: Real>(net: &Network, trace: &Trace<F>) -> f64 {
         let input = &trace.values[i];
         let scale = input.iter().fold(0.0f64, |m, v| m.max(v.to_f64().unwrap_or(0.0).abs())).max(1e-30);
         match *layer {
+            // Exact zeros (a dropped value, a ReLU output) are exact on every device: no kink to cross.
             Layer::Relu => {
-                for v in input {
+                for v in input.iter().filter(|v| !v.is_zero()) {
                     margin = margin.min(v.to_f64().unwrap_or(0.0).abs() / scale);
                 }
             }
@@ -471,7 +472,7 @@ pub fn kink_margin<F: Real>(net: &Network, trace: &Trace<F>) -> f64 {
                                         }
                                     }
                                 }
-                                if k > 1 {
+                                if k > 1 && !(top[0] == 0.0 && top[1] == 0.0) {
                                     margin = margin.min((top[0] - top[1]) / scale);
                                 }
                             }

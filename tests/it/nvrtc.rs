@@ -103,3 +103,17 @@ fn mnist_kernels_compile_for_the_shapes_used() {
         }
     }
 }
+
+#[test]
+fn fit_kernels_compile_for_every_spec_the_quick_selftest_checks() {
+    use std::collections::BTreeSet;
+    let plan = textnet::check::Plan { seed: 1, quick: true, groups: Vec::new() };
+    let unit = kernel_source("fit").unwrap();
+    let requests: BTreeSet<_> = textnet::fit::checks::modules(&plan).into_iter().collect();
+    assert!(requests.len() > 10, "{requests:?}");
+    for (name, defines) in requests {
+        let options: Vec<String> = defines.iter().map(|(n, v)| format!("-D{n}={v}")).collect();
+        let ptx = compile_ptx(unit, (9, 0), &options).unwrap_or_else(|e| panic!("{name} {options:?}: {e:#}"));
+        assert!(ptx.contains(".entry"), "{options:?} produced no kernels");
+    }
+}

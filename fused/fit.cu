@@ -1,0 +1,398 @@
+// The kernels of `textnet fit`: a model the user writes (`--layers`), compiled per layer for its shapes.
+// CPU twin: src/fit/model.rs; launch layer: src/fit/gpu.rs.
+//
+// The launch layer cuts the spec into layer groups and compiles this file once per distinct group,
+// FIT_OP choosing which family of kernels and the other -D defines giving the group's fixed sizes, so
+// every loop bound and index below is a compile-time constant (what torch.compile does for a PyTorch
+// model, here done by NVRTC at run time and cached by content hash):
+//
+//   FIT_OP 1  dense   Linear(IN, OUT) [+ activation ACT] [+ Dropout]: forward with bias, activation and
+//                     dropout in the gemm epilogue; backward as one grid of [∂W | ∂b] tiles and ∂x tiles,
+//                     both reading dz = dy·mask·act′(z) on the fly from the operand functors.
+//   FIT_OP 2  conv    Conv2d [+ activation]: forward one thread per output; ∂W and ∂b one block per
+//                     element (a block sum over batch × positions); ∂x one thread per input (a gather).
+//   FIT_OP 3  pool    MaxPool2d(K): forward keeps each window's winner; backward hands each input its
+//                     window's gradient when it was the winner.
+//   FIT_OP 4  pointwise  an activation or Dropout not fused into a layer before it.
+//   FIT_OP 5  loss    softmax cross-entropy or squared error over the outputs, one warp per sample.
+//   FIT_OP 6  update  the optimizer over the flat parameter vector (optim.cuh), clipped by the Σg² partials
+//                     the backward grids wrote, at the learning rate the step's schedule entry gives.
+//
+// No float atomics: every gradient element and every per-sample loss is written by one thread in a fixed
+// order, so a run repeats to the bit. Dropout's mask is the hash of src/fit/model.rs `dropout_keeps`; the
+// step count it mixes in lives on the device (the update advances it), so a CUDA graph of an epoch
+// replays unchanged. Training batches gather their rows through `rows` (the epoch's order); evaluation
+// passes rows = nullptr and reads the split in order.
+#ifndef FIT_OP
+#define FIT_OP 6  // the update, the one family without sizes
+#endif
+#include "activations.cuh"
+#include "common.cuh"
+#include "gemm.cuh"
+#include "optim.cuh"
+
+// Activation codes of the group (ACT_RELU, ACT_SIGMOID, ACT_TANH from activations.cuh).
+constexpr int ACT_NONE = -1, ACT_GELU = 3;
+
+__device__ __forceinline__ float fit_activate(int act, float z) {
+    if (act == ACT_NONE) return z;
+    if (act == ACT_GELU) return gelu(z);
+    return activate(act, z);
+}
+
+// act′(z), from z alone (as the CPU twin's `slope`, with a = act(z) recomputed).
+__device__ __forceinline__ float fit_slope(int act, float z) {
+    if (act == ACT_NONE) return 1.0f;
+    if (act == ACT_GELU) return gelu_slope(z);
+    if (act == ACT_RELU) return z > 0.0f ? 1.0f : 0.0f;
+    return activation_slope(act, activate(act, z));
+}
+
+__device__ __forceinline__ unsigned mix32(unsigned x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+// The mask key of one layer in this step: `layer_seed` = mix32(seed ^ layer·0x9e3779b9), from the host.
+__device__ __forceinline__ unsigned dropout_key(unsigned layer_seed, const unsigned* step) {
+    return mix32(layer_seed + *step);
+}
+
+__device__ __forceinline__ float dropout_factor(unsigned key, unsigned element, unsigned threshold, float scale) {
+    return mix32(key ^ mix32(element)) >= threshold ? scale : 0.0f;
+}
+
+// Row s of a batch: rows[s] when gathering a shuffled batch, s otherwise.
+__device__ __forceinline__ size_t row_of(const unsigned* rows, int s) { return rows ? rows[s] : (size_t)s; }
+
+// Σg² of one block's gradient elements into partials[blockIdx.x] (clipping's norm, summed by the update).
+__device__ __forceinline__ void write_norm_partial(float sq, float* partials) {
+    __shared__ float scratch[WARPS];
+    sq = block_sum(sq, scratch);
+    if (partials && threadIdx.x == 0) partials[blockIdx.x] = sq;
+}
+
+#if FIT_OP == 1
+// ---- dense: y = drop(act(x·Wᵀ + b)), x: B×IN, W: OUT×IN ----
+constexpr int IN = FIT_IN, OUT = FIT_OUT, ACT = FIT_ACT;
+constexpr bool BIAS = FIT_BIAS, DROP = FIT_DROP;
+constexpr int WEIGHT_COLUMNS = BIAS ? IN + 1 : IN;  // [∂W | ∂b]
+// Forward tile: 8 samples × 8 outputs, K staged FWD_BK at a time. Backward tiles: 16 × 64, 64 deep.
+constexpr int FWD_BM = 8, FWD_BN = 8, FWD_BK = IN < 256 ? IN : 256, FWD_TM = 2, FWD_TN = 2;
+constexpr int BWD_BM = 16, BWD_BN = 64, BWD_BK = 64, BWD_TM = 4, BWD_TN = 4;
+
+// Grid: (⌈OUT/FWD_BN⌉, ⌈B/FWD_BM⌉). z (pre-activation) is written when ACT != ACT_NONE.
+// threshold 0 and scale 1 turn dropout off (evaluation).
+extern "C" __global__ void __launch_bounds__(THREADS)
+dense_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ W,
+              const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y, unsigned layer_seed,
+              const unsigned* __restrict__ step, unsigned threshold, float scale) {
+    extern __shared__ float smem[];
+    const unsigned key = DROP ? dropout_key(layer_seed, step) : 0u;
+    gemm_tile<FWD_BM, FWD_BN, FWD_BK, FWD_TM, FWD_TN, false, true>(
+        B, OUT, IN, blockIdx.y * FWD_BM, blockIdx.x * FWD_BN,
+        [&](int s, int k) { return x[row_of(rows, s) * IN + k]; },
+        [&](int k, int o) { return W[(size_t)o * IN + k]; },
+        [&](int s, int o, float acc) {
+            const size_t e = (size_t)s * OUT + o;
+            const float pre = BIAS ? acc + bias[o] : acc;
+            if (ACT != ACT_NONE) z[e] = pre;
+            float v = fit_activate(ACT, pre);
+            if (DROP) v *= dropout_factor(key, (unsigned)e, threshold, scale);
+            y[e] = v;
+        },
+        smem);
+}
+
+// dz = dy · dropout factor · act′(z) of element (s, o).
+struct DenseDz {
+    const float* dy;
+    const float* z;
+    unsigned key, threshold;
+    float scale;
+    __device__ __forceinline__ float operator()(int s, int o) const {
+        const size_t e = (size_t)s * OUT + o;
+        float d = dy[e];
+        if (DROP) d *= dropout_factor(key, (unsigned)e, threshold, scale);
+        if (ACT != ACT_NONE) d *= fit_slope(ACT, z[e]);
+        return d;
+    }
+};
+
+constexpr int dense_weight_tiles() { return ((OUT + BWD_BM - 1) / BWD_BM) * ((WEIGHT_COLUMNS + BWD_BN - 1) / BWD_BN); }
+
+// Grid: dense_weight_tiles() blocks of [∂W | ∂b] = dzᵀ·[x | 1] (OUT × IN+1 over the batch), then, when dx
+// is not null, ⌈B/BWD_BM⌉·⌈IN/BWD_BN⌉ blocks of ∂x = dz·W. Weight block b writes its Σg² to partials[b]
+// (unless partials is null), so their number does not depend on the batch.
+extern "C" __global__ void __launch_bounds__(THREADS)
+dense_backward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ W,
+               const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
+               float* __restrict__ gb, float* __restrict__ dx, unsigned layer_seed, const unsigned* __restrict__ step,
+               unsigned threshold, float scale, float* __restrict__ partials) {
+    extern __shared__ float smem[];
+    const DenseDz dz{dy, z, DROP ? dropout_key(layer_seed, step) : 0u, threshold, scale};
+    const int weight_tiles = dense_weight_tiles();
+    if ((int)blockIdx.x < weight_tiles) {
+        constexpr int columns = (WEIGHT_COLUMNS + BWD_BN - 1) / BWD_BN;
+        const int m0 = blockIdx.x / columns * BWD_BM, n0 = blockIdx.x % columns * BWD_BN;
+        float sq = 0.0f;
+        gemm_tile<BWD_BM, BWD_BN, BWD_BK, BWD_TM, BWD_TN, true, false>(
+            OUT, WEIGHT_COLUMNS, B, m0, n0, [&](int o, int s) { return dz(s, o); },
+            [&](int s, int k) { return k < IN ? x[row_of(rows, s) * IN + k] : 1.0f; },
+            [&](int o, int k, float g) {
+                if (k < IN) gW[(size_t)o * IN + k] = g;
+                else gb[o] = g;
+                sq += g * g;
+            },
+            smem);
+        write_norm_partial(sq, partials);
+    } else {
+        const int tile = blockIdx.x - weight_tiles;
+        constexpr int columns = (IN + BWD_BN - 1) / BWD_BN;
+        const int m0 = tile / columns * BWD_BM, n0 = tile % columns * BWD_BN;
+        gemm_tile<BWD_BM, BWD_BN, BWD_BK, BWD_TM, BWD_TN, false, false>(
+            B, IN, OUT, m0, n0, [&](int s, int o) { return dz(s, o); },
+            [&](int o, int k) { return W[(size_t)o * IN + k]; },
+            [&](int s, int k, float g) { dx[(size_t)s * IN + k] = g; }, smem);
+    }
+}
+#endif
+
+#if FIT_OP == 2
+// ---- conv: [CIN][H][W] → [COUT][OH][OW], K×K kernel, stride S, padding P, then activation ACT ----
+constexpr int CIN = FIT_CIN, H = FIT_H, W = FIT_W, COUT = FIT_COUT, K = FIT_K, S = FIT_S, P = FIT_P, ACT = FIT_ACT;
+constexpr int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+constexpr int IN_SIZE = CIN * H * W, OUT_SIZE = COUT * OH * OW, WEIGHTS = COUT * CIN * K * K;
+
+// Grid: ⌈B·OUT_SIZE/THREADS⌉ blocks, one thread per output value.
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ Wt,
+             const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y) {
+    const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    if (e >= (size_t)B * OUT_SIZE) return;
+    const int s = e / OUT_SIZE, o = e % OUT_SIZE;
+    const int co = o / (OH * OW), oy = o / OW % OH, ox = o % OW;
+    const float* in = x + row_of(rows, s) * IN_SIZE;
+    float acc = bias[co];
+    for (int ci = 0; ci < CIN; ++ci)
+#pragma unroll
+        for (int ky = 0; ky < K; ++ky) {
+            const int iy = oy * S + ky - P;
+            if (iy < 0 || iy >= H) continue;
+#pragma unroll
+            for (int kx = 0; kx < K; ++kx) {
+                const int ix = ox * S + kx - P;
+                if (ix < 0 || ix >= W) continue;
+                acc += Wt[((co * CIN + ci) * K + ky) * K + kx] * in[(ci * H + iy) * W + ix];
+            }
+        }
+    if (ACT != ACT_NONE) z[e] = acc;
+    y[e] = fit_activate(ACT, acc);
+}
+
+__device__ __forceinline__ float conv_dz(const float* dy, const float* z, size_t e) {
+    return ACT == ACT_NONE ? dy[e] : dy[e] * fit_slope(ACT, z[e]);
+}
+
+// Grid: WEIGHTS + COUT blocks, one per weight (then bias) element: its sum over the batch and the output
+// positions, in a fixed order. Each block writes its Σg² to partials.
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_backward_weights(const float* __restrict__ x, const unsigned* __restrict__ rows, int B,
+                      const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
+                      float* __restrict__ gb, float* __restrict__ partials) {
+    __shared__ float scratch[WARPS];
+    const int w = blockIdx.x;
+    const bool is_bias = w >= WEIGHTS;
+    const int co = is_bias ? w - WEIGHTS : w / (CIN * K * K);
+    const int ci = w / (K * K) % CIN, ky = w / K % K, kx = w % K;
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < B * OH * OW; i += THREADS) {
+        const int s = i / (OH * OW), oy = i / OW % OH, ox = i % OW;
+        const float d = conv_dz(dy, z, (size_t)s * OUT_SIZE + (co * OH + oy) * OW + ox);
+        if (is_bias) {
+            acc += d;
+        } else {
+            const int iy = oy * S + ky - P, ix = ox * S + kx - P;
+            if (iy >= 0 && iy < H && ix >= 0 && ix < W) acc += d * x[row_of(rows, s) * IN_SIZE + (ci * H + iy) * W + ix];
+        }
+    }
+    const float g = block_sum(acc, scratch);
+    if (threadIdx.x == 0) {
+        if (is_bias) gb[co] = g;
+        else gW[w] = g;
+        if (partials) partials[blockIdx.x] = g * g;
+    }
+}
+
+// Grid: ⌈B·IN_SIZE/THREADS⌉ blocks, one thread per input value: Σ over the outputs its window feeds.
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_backward_input(int B, const float* __restrict__ Wt, const float* __restrict__ z, const float* __restrict__ dy,
+                    float* __restrict__ dx) {
+    const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    if (e >= (size_t)B * IN_SIZE) return;
+    const int s = e / IN_SIZE, i = e % IN_SIZE;
+    const int ci = i / (H * W), iy = i / W % H, ix = i % W;
+    float acc = 0.0f;
+    for (int co = 0; co < COUT; ++co)
+#pragma unroll
+        for (int ky = 0; ky < K; ++ky) {
+            const int ty = iy + P - ky;
+            if (ty < 0 || ty % S != 0 || ty / S >= OH) continue;
+#pragma unroll
+            for (int kx = 0; kx < K; ++kx) {
+                const int tx = ix + P - kx;
+                if (tx < 0 || tx % S != 0 || tx / S >= OW) continue;
+                acc += Wt[((co * CIN + ci) * K + ky) * K + kx] *
+                       conv_dz(dy, z, (size_t)s * OUT_SIZE + (co * OH + ty / S) * OW + tx / S);
+            }
+        }
+    dx[e] = acc;
+}
+#endif
+
+#if FIT_OP == 3
+// ---- max pool: [C][H][W] → [C][H/K][W/K], windows K×K not overlapping ----
+constexpr int C = FIT_C, H = FIT_H, W = FIT_W, K = FIT_K;
+constexpr int OH = H / K, OW = W / K, IN_SIZE = C * H * W, OUT_SIZE = C * OH * OW;
+
+// Grid: ⌈B·OUT_SIZE/THREADS⌉. winner: the input index (within the sample) each output came from; the
+// first largest in row-major window order, as the CPU twin.
+extern "C" __global__ void __launch_bounds__(THREADS)
+pool_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, float* __restrict__ y,
+             unsigned* __restrict__ winner) {
+    const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    if (e >= (size_t)B * OUT_SIZE) return;
+    const int s = e / OUT_SIZE, o = e % OUT_SIZE;
+    const int c = o / (OH * OW), oy = o / OW % OH, ox = o % OW;
+    const float* in = x + row_of(rows, s) * IN_SIZE;
+    float best = NEG_INF;
+    int at = 0;
+#pragma unroll
+    for (int dy = 0; dy < K; ++dy)
+#pragma unroll
+        for (int dx = 0; dx < K; ++dx) {
+            const int i = (c * H + oy * K + dy) * W + ox * K + dx;
+            if (in[i] > best) {
+                best = in[i];
+                at = i;
+            }
+        }
+    y[e] = best;
+    winner[e] = at;
+}
+
+// Grid: ⌈B·IN_SIZE/THREADS⌉, one thread per input value.
+extern "C" __global__ void __launch_bounds__(THREADS)
+pool_backward(int B, const unsigned* __restrict__ winner, const float* __restrict__ dy, float* __restrict__ dx) {
+    const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    if (e >= (size_t)B * IN_SIZE) return;
+    const int s = e / IN_SIZE, i = e % IN_SIZE;
+    const int c = i / (H * W), iy = i / W % H, ix = i % W;
+    float d = 0.0f;
+    if (iy / K < OH && ix / K < OW) {
+        const size_t o = (size_t)s * OUT_SIZE + (c * OH + iy / K) * OW + ix / K;
+        if (winner[o] == (unsigned)i) d = dy[o];
+    }
+    dx[e] = d;
+}
+#endif
+
+#if FIT_OP == 4
+// ---- pointwise: an activation ACT, or (ACT == ACT_NONE) Dropout, over SIZE values per sample ----
+constexpr int SIZE = FIT_SIZE, ACT = FIT_ACT;
+// Grid: ⌈B·SIZE/THREADS⌉. threshold 0 and scale 1 turn dropout off.
+extern "C" __global__ void __launch_bounds__(THREADS)
+pointwise_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, float* __restrict__ y,
+                  unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold, float scale) {
+    const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    if (e >= (size_t)B * SIZE) return;
+    const float v = x[row_of(rows, e / SIZE) * SIZE + e % SIZE];
+    y[e] = ACT == ACT_NONE ? v * dropout_factor(dropout_key(layer_seed, step), (unsigned)e, threshold, scale)
+                           : fit_activate(ACT, v);
+}
+
+// x: the forward input (for act′), not read for dropout.
+extern "C" __global__ void __launch_bounds__(THREADS)
+pointwise_backward(const float* __restrict__ x, int B, const float* __restrict__ dy, float* __restrict__ dx,
+                   unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold, float scale) {
+    const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    if (e >= (size_t)B * SIZE) return;
+    dx[e] = ACT == ACT_NONE ? dy[e] * dropout_factor(dropout_key(layer_seed, step), (unsigned)e, threshold, scale)
+                            : dy[e] * fit_slope(ACT, x[e]);
+}
+#endif
+
+#if FIT_OP == 5
+// ---- loss over OUT outputs per sample: LOSS 0 cross-entropy (classes), 1 squared error (values) ----
+constexpr int OUT = FIT_OUT, LOSS = FIT_LOSS;
+// Grid: ⌈B/WARPS⌉, one warp per sample. loss[s]: the sample's loss; dy (unless null): ∂(mean loss)/∂y.
+extern "C" __global__ void __launch_bounds__(THREADS)
+loss_forward(const float* __restrict__ y, const unsigned* __restrict__ rows, int B,
+             const unsigned* __restrict__ classes, const float* __restrict__ values, float* __restrict__ loss,
+             float* __restrict__ dy) {
+    const int s = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (s >= B) return;
+    const float* out = y + (size_t)s * OUT;
+    const size_t row = row_of(rows, s);
+    if (LOSS == 0) {
+        float m = NEG_INF;
+        for (int j = lane; j < OUT; j += 32) m = fmaxf(m, out[j]);
+        m = warp_max(m);
+        float sum = 0.0f;
+        for (int j = lane; j < OUT; j += 32) sum += expf(out[j] - m);
+        sum = warp_sum(sum);
+        const unsigned c = classes[row];
+        if (dy)
+            for (int j = lane; j < OUT; j += 32)
+                dy[(size_t)s * OUT + j] = (expf(out[j] - m) / sum - (j == (int)c ? 1.0f : 0.0f)) / B;
+        if (lane == 0) loss[s] = m + logf(sum) - out[c];
+    } else {
+        float sq = 0.0f;
+        for (int j = lane; j < OUT; j += 32) {
+            const float err = out[j] - values[row * OUT + j];
+            sq += err * err;
+            if (dy) dy[(size_t)s * OUT + j] = 2.0f / ((float)B * OUT) * err;
+        }
+        sq = warp_sum(sq);
+        if (lane == 0) loss[s] = sq * (1.0f / OUT);
+    }
+}
+#endif
+
+#if FIT_OP == 6
+// ---- the optimizer step over n parameters ----
+// A grid-stride pass. lr: this step's entry of the epoch's schedule. clip_norm 0 turns clipping off (then
+// partials is not read). step: steps taken, advanced by the last block to finish (ticket zero between
+// launches).
+extern "C" __global__ void __launch_bounds__(THREADS)
+fit_update(float* __restrict__ params, const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v,
+           int n, int kind, const float* __restrict__ lr, float momentum, float beta1, float beta2, float eps,
+           float weight_decay, float clip_norm, const float* __restrict__ partials, int partial_count,
+           unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
+    __shared__ float grad_scale;
+    const unsigned t = *step + 1;
+    if (threadIdx.x < 32) {
+        float scale = 1.0f;
+        if (clip_norm > 0.0f) {
+            double sum = 0.0;
+            for (int i = threadIdx.x; i < partial_count; i += 32) sum += partials[i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+            const float norm = (float)sqrt(sum);
+            if (norm > clip_norm) scale = clip_norm / norm;
+        }
+        if (threadIdx.x == 0) grad_scale = scale;
+    }
+    __syncthreads();
+    OptimStep s{kind, *lr, momentum, beta1, beta2, eps, weight_decay, grad_scale, 1.0f, 1.0f};
+    optim_bias_corrections(s, t);
+    optim_update_range(s, params, grad, m, v, blockIdx.x * THREADS + threadIdx.x, n, gridDim.x * THREADS);
+    if (last_block_to_finish(ticket) && threadIdx.x == 0) {
+        *step = t;
+        *ticket = 0;
+    }
+}
+#endif

@@ -1,0 +1,155 @@
+//! `textnet bench fit`: a spec trained on Fashion-MNIST on the GPU, timed as `textnet bench mnist` times
+//! the hand-fused MLP (same data, batch, optimizer, shuffle stream and, with `--init xavier`, the same
+//! initial weights), beside `benches/fit_torch.py --train`.
+
+use super::gpu::GpuTrainer;
+use super::model::{Init, Loss, Network};
+use super::spec::{self, Layer, Shape};
+use super::{FitTrainer, Samples, Setup, Target};
+use crate::cpu::SeededRng;
+use crate::device::Gpu;
+use crate::ops::optim::OptimArgs;
+use crate::timing::{median, time_on_device};
+use anyhow::Result;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The flags of `bench fit`.
+#[derive(clap::Args, Debug)]
+pub struct FitBenchArgs {
+    /// The model, as `textnet fit --layers` takes it
+    #[arg(long, default_value = "Linear(784, 128), ReLU, Linear(128, 10)")]
+    pub layers: String,
+    /// Initial weights (`xavier` draws what `textnet mnist` draws for its MLP)
+    #[arg(long, value_enum, default_value_t = Init::Xavier)]
+    pub init: Init,
+    #[command(flatten)]
+    /// The optimizer flags.
+    pub optim: OptimArgs,
+    /// Passes over the training images
+    #[arg(long, default_value_t = 10)]
+    pub epochs: usize,
+    /// Samples per step
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Seed of the weights, the shuffle and dropout (0 is `bench mnist`'s)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// A split of (Fashion-)MNIST as `fit` reads it.
+pub fn image_samples(split: &crate::mnist::idx::Split) -> Samples {
+    Samples {
+        features: split.pixels,
+        x: split.images.clone(),
+        target: Target::Classes(split.labels.iter().map(|&l| l as u32).collect()),
+    }
+}
+
+/// `textnet bench fit`.
+pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBenchArgs) -> Result<()> {
+    use crate::mnist::data::{self, Dataset};
+    let spec = spec::parse(&args.layers)?;
+    let input = match spec.layers.first() {
+        Some(Layer::Conv2d { .. }) => Shape::Image { channels: 1, height: 28, width: 28 },
+        _ => Shape::Flat(crate::mnist::idx::PIXELS),
+    };
+    let net = Network::new(&spec, input)?;
+    let data = data::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
+    let (train, test) = (Arc::new(image_samples(&data.train)), Arc::new(image_samples(&data.test)));
+    let optim = args.optim.config()?;
+    let params = net.init(args.init, args.seed);
+    let setup_start = Instant::now();
+    let setup = Setup {
+        net: net.clone(),
+        params: params.clone(),
+        loss: Loss::Ce,
+        optim,
+        dropout_seed: args.seed as u32,
+        splits: vec![train.clone(), test.clone()],
+    };
+    let mut trainer = GpuTrainer::new(gpu.clone(), setup, args.batch)?;
+    trainer.synchronize()?;
+    let setup_s = setup_start.elapsed().as_secs_f64();
+    let n_train = train.rows();
+    let steps_per_epoch = n_train.div_ceil(args.batch);
+    let lr = vec![optim.lr; steps_per_epoch];
+    let labels = match &test.target {
+        Target::Classes(c) => c.clone(),
+        Target::Values(_) => unreachable!("images have classes"),
+    };
+
+    let mut runs = Vec::new();
+    for _ in 0..options.repeats.max(1) {
+        trainer.reset(&params)?;
+        trainer.synchronize()?;
+        let mut rng = SeededRng::seed_from_u64(args.seed);
+        let mut order: Vec<u32> = (0..n_train as u32).collect();
+        let start = Instant::now();
+        let (mut train_ms, mut accuracy, mut test_loss) = (0.0, 0.0, 0.0);
+        for _ in 0..args.epochs {
+            order.shuffle(&mut rng);
+            trainer.set_epoch(&order, &lr)?;
+            train_ms += time_on_device(gpu, || trainer.launch_epoch(n_train, args.batch))?;
+            let (loss, outputs) = trainer.evaluate(1)?;
+            let classes = net.outputs();
+            let correct = outputs
+                .chunks(classes)
+                .zip(&labels)
+                .filter(|(o, l)| crate::cpu::top_k(o, 1)[0] == **l as usize)
+                .count();
+            accuracy = correct as f64 / labels.len() as f64;
+            test_loss = loss / labels.len() as f64;
+        }
+        runs.push(serde_json::json!({
+            "total_s": start.elapsed().as_secs_f64(),
+            "train_device_ms": train_ms,
+            "us_per_step": train_ms * 1e3 / (args.epochs * steps_per_epoch) as f64,
+            "test_accuracy": accuracy,
+            "test_loss": test_loss,
+        }));
+    }
+    let field = |key: &str| -> Vec<f64> { runs.iter().map(|r| r[key].as_f64().unwrap_or(f64::NAN)).collect() };
+    let out = serde_json::json!({
+        "device": "cuda:0",
+        "device_name": gpu.describe(),
+        "dataset": Dataset::Fashion.title(),
+        "train_samples": n_train,
+        "test_samples": test.rows(),
+        "layers": args.layers,
+        "parameters": net.param_count,
+        "init": format!("{:?}", args.init).to_lowercase(),
+        "optimizer": optim.describe(),
+        "batch": args.batch,
+        "epochs": args.epochs,
+        "setup_s": setup_s,
+        "total_s": median(&field("total_s")),
+        "train_device_ms": median(&field("train_device_ms")),
+        "us_per_step": median(&field("us_per_step")),
+        "test_accuracy": runs.last().map(|r| r["test_accuracy"].clone()),
+        "launches_per_step": trainer.launches_per_step(),
+        "arena_bytes": trainer.arena_bytes(),
+        "device_bytes_allocated_during_training": trainer.device_bytes_allocated_by_training(),
+        "runs": runs,
+    });
+    if options.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{} on Fashion-MNIST, {}, batch {}, {} epochs on {}: {:.3} s ({:.2} µs/step on the device, {} launches a step), test accuracy {:.2}%, {} bytes allocated during training",
+            args.layers,
+            optim.describe(),
+            args.batch,
+            args.epochs,
+            gpu.describe(),
+            out["total_s"].as_f64().unwrap_or(f64::NAN),
+            out["us_per_step"].as_f64().unwrap_or(f64::NAN),
+            trainer.launches_per_step(),
+            100.0 * out["test_accuracy"].as_f64().unwrap_or(f64::NAN),
+            trainer.device_bytes_allocated_by_training(),
+        );
+    }
+    Ok(())
+}

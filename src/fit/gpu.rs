@@ -1,0 +1,834 @@
+//! `textnet fit` on a CUDA GPU: the launch layer of `fused/fit.cu`.
+//!
+//! The network is cut into groups (`plan`): a Linear or Conv2d with the activation and Dropout after it
+//! fused in, a MaxPool2d, or a lone activation or Dropout; Flatten is only a new view of the same values.
+//! Each distinct group compiles its own module of `fused/fit.cu` with its sizes as defines. A step is one
+//! forward kernel per group, the loss, one backward grid per group down to the first layer with
+//! parameters, and the update.
+//!
+//! Memory is one arena, allocated when the trainer is built: parameters, gradient, optimizer state, every
+//! group's activations for `capacity` samples, two gradient buffers used in turn, the per-sample losses,
+//! the epoch's order and learning rates, and every split. Training allocates nothing
+//! (`device_bytes_allocated_by_training` measures it). An epoch's steps are captured once as a CUDA graph
+//! and replayed every epoch after the order and the rates are uploaded; the host reads back the
+//! per-sample losses once per epoch and sums them in order.
+
+use super::model::{DropoutKey, Loss, Network, dropout_threshold, mix32, size};
+use super::spec::{Layer, Shape};
+use super::{FitTrainer, Setup, Target};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
+use crate::ops::gemm::tile_shared_floats;
+use crate::ops::optim::OptimConfig;
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use std::sync::Arc;
+
+const THREADS: usize = THREADS_PER_BLOCK as usize;
+/// dense_forward's tile: samples × outputs, register tile, and the most k staged at once (FWD_* in fit.cu).
+const FORWARD_TILE: (usize, usize, usize, usize, usize) = (8, 8, 256, 2, 2);
+/// dense_backward's tiles (BWD_*).
+const BACKWARD_TILE: (usize, usize, usize, usize, usize) = (16, 64, 64, 4, 4);
+/// Samples evaluated per forward pass, at least (the batch when larger).
+const EVAL_ROWS: usize = 1024;
+const NO_ACTIVATION: i64 = -1;
+
+/// What one group computes. `act` is an activation code (0 ReLU, 1 sigmoid, 2 tanh, 3 GELU; −1 none) and
+/// `dropout` the spec index and probability of a Dropout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum Op {
+    /// Linear(inputs, outputs), then the activation, then the dropout.
+    Dense { inputs: usize, outputs: usize, bias: bool, act: i64, dropout: Option<(usize, f32)> },
+    /// Conv2d over `input` (channels, height, width) images, then the activation.
+    Conv { input: (usize, usize, usize), outputs: usize, kernel: usize, stride: usize, padding: usize, act: i64 },
+    /// MaxPool2d(k) over `input` images.
+    Pool { input: (usize, usize, usize), k: usize },
+    /// A lone activation, or (act −1) a lone dropout, over `size` values per sample.
+    Pointwise { size: usize, act: i64, dropout: Option<(usize, f32)> },
+}
+
+/// One group: what it computes, the spec layer whose parameters it holds (if any), its output's size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    /// The computation.
+    pub op: Op,
+    /// Spec index of its Linear or Conv2d.
+    pub layer: Option<usize>,
+    /// Values per sample it outputs.
+    pub out_size: usize,
+}
+
+fn activation_code(layer: &Layer) -> Option<i64> {
+    match layer {
+        Layer::Relu => Some(0),
+        Layer::Sigmoid => Some(1),
+        Layer::Tanh => Some(2),
+        Layer::Gelu => Some(3),
+        _ => None,
+    }
+}
+
+fn image(s: Shape) -> (usize, usize, usize) {
+    match s {
+        Shape::Image { channels, height, width } => (channels, height, width),
+        Shape::Flat(n) => (n, 1, 1),
+    }
+}
+
+/// The network cut into groups (see the module comment).
+pub fn plan(net: &Network) -> Vec<Group> {
+    let mut groups = Vec::new();
+    let layers = &net.layers;
+    let mut i = 0;
+    while i < layers.len() {
+        let start = i;
+        let dropout_at = |j: usize| match layers.get(j) {
+            Some(Layer::Dropout(p)) => Some((j, *p)),
+            _ => None,
+        };
+        let (op, layer) = match layers[i] {
+            Layer::Linear { inputs, outputs, bias } => {
+                let act = layers.get(i + 1).and_then(activation_code);
+                let after = i + 1 + act.is_some() as usize;
+                let dropout = dropout_at(after);
+                i = after + dropout.is_some() as usize;
+                let act = act.unwrap_or(NO_ACTIVATION);
+                (Op::Dense { inputs: inputs.unwrap_or(0), outputs, bias, act, dropout }, Some(start))
+            }
+            Layer::Conv2d { outputs, kernel, stride, padding, .. } => {
+                let act = layers.get(i + 1).and_then(activation_code);
+                i += 1 + act.is_some() as usize;
+                let input = image(net.shapes[start]);
+                let act = act.unwrap_or(NO_ACTIVATION);
+                (Op::Conv { input, outputs, kernel, stride, padding, act }, Some(start))
+            }
+            Layer::MaxPool2d(k) => {
+                i += 1;
+                (Op::Pool { input: image(net.shapes[start]), k }, None)
+            }
+            Layer::Flatten => {
+                i += 1;
+                continue;
+            }
+            ref other => {
+                i += 1;
+                let size = size(net.shapes[start]);
+                let dropout = dropout_at(start);
+                (Op::Pointwise { size, act: activation_code(other).unwrap_or(NO_ACTIVATION), dropout }, None)
+            }
+        };
+        groups.push(Group { op, layer, out_size: size(net.shapes[i]) });
+    }
+    groups
+}
+
+/// The module of `fused/fit.cu` a group compiles.
+pub fn group_module(op: &Op) -> ModuleRequest {
+    let n = |v: usize| v as i64;
+    match *op {
+        Op::Dense { inputs, outputs, bias, act, dropout } => (
+            "fit",
+            vec![
+                ("FIT_OP", 1),
+                ("FIT_IN", n(inputs)),
+                ("FIT_OUT", n(outputs)),
+                ("FIT_ACT", act),
+                ("FIT_BIAS", bias as i64),
+                ("FIT_DROP", dropout.is_some_and(|(_, p)| p > 0.0) as i64),
+            ],
+        ),
+        Op::Conv { input: (c, h, w), outputs, kernel, stride, padding, act } => (
+            "fit",
+            vec![
+                ("FIT_OP", 2),
+                ("FIT_CIN", n(c)),
+                ("FIT_H", n(h)),
+                ("FIT_W", n(w)),
+                ("FIT_COUT", n(outputs)),
+                ("FIT_K", n(kernel)),
+                ("FIT_S", n(stride)),
+                ("FIT_P", n(padding)),
+                ("FIT_ACT", act),
+            ],
+        ),
+        Op::Pool { input: (c, h, w), k } => {
+            ("fit", vec![("FIT_OP", 3), ("FIT_C", n(c)), ("FIT_H", n(h)), ("FIT_W", n(w)), ("FIT_K", n(k))])
+        }
+        Op::Pointwise { size, act, .. } => ("fit", vec![("FIT_OP", 4), ("FIT_SIZE", n(size)), ("FIT_ACT", act)]),
+    }
+}
+
+/// The loss module for `outputs` values per sample.
+pub fn loss_module(loss: Loss, outputs: usize) -> ModuleRequest {
+    ("fit", vec![("FIT_OP", 5), ("FIT_OUT", outputs as i64), ("FIT_LOSS", (loss == Loss::Mse) as i64)])
+}
+
+/// The update module (the same for every network).
+pub fn update_module() -> ModuleRequest {
+    ("fit", vec![("FIT_OP", 6)])
+}
+
+/// Every module a trainer of `net` with `loss` compiles.
+pub fn modules(net: &Network, loss: Loss) -> Vec<ModuleRequest> {
+    let mut out: Vec<ModuleRequest> = plan(net).iter().map(|g| group_module(&g.op)).collect();
+    out.push(loss_module(loss, net.outputs()));
+    out.push(update_module());
+    out
+}
+
+/// A region of the arena, in bytes from its start.
+#[derive(Clone, Copy, Debug, Default)]
+struct Region {
+    offset: usize,
+    bytes: usize,
+}
+
+/// Hands out 256-byte-aligned regions of the arena before it is allocated.
+#[derive(Default)]
+struct Layout {
+    end: usize,
+}
+
+impl Layout {
+    fn take(&mut self, values: usize) -> Region {
+        let r = Region { offset: self.end, bytes: 4 * values };
+        self.end += (4 * values).div_ceil(256) * 256;
+        r
+    }
+}
+
+struct DeviceSplit {
+    rows: usize,
+    x: Region,
+    /// u32 classes or f32 values.
+    target: Region,
+}
+
+struct GroupKernels {
+    forward: Kernel,
+    backward: Option<Kernel>,
+    backward_input: Option<Kernel>,
+    /// Shared memory of dense forward and backward, bytes.
+    shared: (usize, usize),
+}
+
+struct GroupBuffers {
+    /// Output values (None: the group's output is its input, never the case for a group).
+    y: Region,
+    /// Pre-activation values (fused activations) or a pool's winners.
+    z: Option<Region>,
+    /// Where this group's Σg² partials start, and how many.
+    partials: (usize, usize),
+}
+
+struct CapturedEpoch {
+    samples: usize,
+    batch: usize,
+    graph: CudaGraph,
+}
+
+/// The trainer of a `fit` network on a CUDA GPU (see the module comment).
+pub struct GpuTrainer {
+    gpu: Arc<Gpu>,
+    net: Network,
+    groups: Vec<Group>,
+    kernels: Vec<GroupKernels>,
+    loss_kernel: Kernel,
+    update_kernel: Kernel,
+    loss: Loss,
+    optim: OptimConfig,
+    dropout_seed: u32,
+    capacity: usize,
+    arena: CudaSlice<u8>,
+    base: u64,
+    params: Region,
+    grad: Region,
+    m: Region,
+    v: Region,
+    partials: Region,
+    partial_count: usize,
+    counters: Region,
+    buffers: Vec<GroupBuffers>,
+    d: [Region; 2],
+    losses: Region,
+    order: Region,
+    lr: Region,
+    splits: Vec<DeviceSplit>,
+    update_grid: u32,
+    captured: Option<CapturedEpoch>,
+    free_after_setup: usize,
+}
+
+fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
+    // SAFETY: f32 and u32 (the only types passed) have no padding and every byte pattern of them is a
+    // valid u8; the slice covers exactly their bytes.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+fn free_device_bytes() -> usize {
+    cudarc::driver::result::mem_get_info().map(|(free, _)| free).unwrap_or(0)
+}
+
+impl GpuTrainer {
+    /// Compiles the network's modules, allocates the arena for batches of up to `batch` samples and uploads
+    /// the parameters and every split.
+    pub fn new(gpu: Arc<Gpu>, setup: Setup, batch: usize) -> Result<GpuTrainer> {
+        let Setup { net, params, loss, optim, dropout_seed, splits } = setup;
+        if params.len() != net.param_count {
+            bail!("internal: {} parameters given for a network of {}", params.len(), net.param_count);
+        }
+        let groups = plan(&net);
+        let outputs = net.outputs();
+        let capacity = batch.max(EVAL_ROWS.min(splits.iter().map(|s| s.rows()).max().unwrap_or(1))).max(1);
+        if capacity.div_ceil(FORWARD_TILE.0) > 65_535 {
+            bail!("--batch {batch} is above the GPU kernels' limit of {}", 65_535 * FORWARD_TILE.0);
+        }
+
+        let mut kernels = Vec::with_capacity(groups.len());
+        for g in &groups {
+            let module = gpu.module(&group_module(&g.op))?;
+            let load = |name: &str| Gpu::function(&module, name);
+            let k = match g.op {
+                Op::Dense { inputs, .. } => {
+                    let (fm, fn_, fk, ftm, ftn) = FORWARD_TILE;
+                    let (bm, bn, bk, btm, btn) = BACKWARD_TILE;
+                    let shared = (
+                        4 * tile_shared_floats(fm, fn_, inputs.min(fk), ftm, ftn),
+                        4 * tile_shared_floats(bm, bn, bk, btm, btn),
+                    );
+                    let k = GroupKernels {
+                        forward: load("dense_forward")?,
+                        backward: Some(load("dense_backward")?),
+                        backward_input: None,
+                        shared,
+                    };
+                    gpu.reserve_shared(&k.forward, shared.0, "the layer widths")?;
+                    gpu.reserve_shared(k.backward.as_ref().expect("loaded"), shared.1, "the layer widths")?;
+                    k
+                }
+                Op::Conv { .. } => GroupKernels {
+                    forward: load("conv_forward")?,
+                    backward: Some(load("conv_backward_weights")?),
+                    backward_input: Some(load("conv_backward_input")?),
+                    shared: (0, 0),
+                },
+                Op::Pool { .. } => GroupKernels {
+                    forward: load("pool_forward")?,
+                    backward: Some(load("pool_backward")?),
+                    backward_input: None,
+                    shared: (0, 0),
+                },
+                Op::Pointwise { .. } => GroupKernels {
+                    forward: load("pointwise_forward")?,
+                    backward: Some(load("pointwise_backward")?),
+                    backward_input: None,
+                    shared: (0, 0),
+                },
+            };
+            kernels.push(k);
+        }
+        let loss_kernel = Gpu::function(&gpu.module(&loss_module(loss, outputs))?, "loss_forward")?;
+        let update_kernel = Gpu::function(&gpu.module(&update_module())?, "fit_update")?;
+
+        // The arena's layout.
+        let n = net.param_count;
+        let mut layout = Layout::default();
+        let (p_params, p_grad, p_m, p_v) = (layout.take(n), layout.take(n), layout.take(n), layout.take(n));
+        let counters = layout.take(2); // step, update ticket
+        let mut partial_count = 0;
+        let mut buffers = Vec::with_capacity(groups.len());
+        let mut widest = outputs;
+        for (g, shape_in) in groups.iter().zip(group_inputs(&net, &groups)) {
+            widest = widest.max(g.out_size).max(shape_in);
+            let count = match g.op {
+                Op::Dense { inputs, outputs, bias, .. } => {
+                    let (bm, bn, ..) = BACKWARD_TILE;
+                    outputs.div_ceil(bm) * (inputs + bias as usize).div_ceil(bn)
+                }
+                Op::Conv { input: (c, ..), outputs, kernel, .. } => outputs * c * kernel * kernel + outputs,
+                _ => 0,
+            };
+            let z = match g.op {
+                Op::Dense { act, .. } | Op::Conv { act, .. } if act != NO_ACTIVATION => Some(layout.take(capacity * g.out_size)),
+                Op::Pool { .. } => Some(layout.take(capacity * g.out_size)),
+                _ => None,
+            };
+            buffers.push(GroupBuffers { y: layout.take(capacity * g.out_size), z, partials: (partial_count, count) });
+            partial_count += count;
+        }
+        let partials = layout.take(partial_count.max(1));
+        let d = [layout.take(capacity * widest), layout.take(capacity * widest)];
+        let train_rows = splits.first().map_or(0, |s| s.rows());
+        let losses = layout.take(train_rows.max(capacity));
+        let order = layout.take(train_rows.max(1));
+        let lr = layout.take(train_rows.max(1));
+        let mut device_splits = Vec::with_capacity(splits.len());
+        for s in &splits {
+            if s.features != net.inputs() {
+                bail!("the data has {} values per sample but the network takes {}", s.features, net.inputs());
+            }
+            let targets = match &s.target {
+                Target::Classes(c) => c.len(),
+                Target::Values(v) => v.len(),
+            };
+            device_splits.push(DeviceSplit { rows: s.rows(), x: layout.take(s.x.len()), target: layout.take(targets) });
+        }
+
+        let stream = gpu.stream.clone();
+        let mut arena = stream.alloc_zeros::<u8>(layout.end.max(256)).map_err(|_| {
+            anyhow::anyhow!(
+                "the GPU has no room for this model and data ({} MB): lower --batch, the layer widths or the data",
+                layout.end.div_ceil(1 << 20)
+            )
+        })?;
+        let base = Arg::buf(&gpu, &arena);
+        let Arg::Ptr(base) = base else { unreachable!("a buffer is a pointer") };
+        let mut put = |region: Region, bytes: &[u8]| -> Result<()> {
+            stream
+                .memcpy_htod(bytes, &mut arena.slice_mut(region.offset..region.offset + bytes.len()))
+                .context("copying to the GPU")
+        };
+        put(p_params, bytes_of(&params))?;
+        for (s, d) in splits.iter().zip(&device_splits) {
+            put(d.x, bytes_of(&s.x))?;
+            match &s.target {
+                Target::Classes(c) => put(d.target, bytes_of(c))?,
+                Target::Values(v) => put(d.target, bytes_of(v))?,
+            }
+        }
+        stream.synchronize().context("copying to the GPU")?;
+        let update_grid = n.div_ceil(THREADS).clamp(1, 4 * gpu.sm_count as usize) as u32;
+        Ok(GpuTrainer {
+            free_after_setup: free_device_bytes(),
+            gpu,
+            net,
+            groups,
+            kernels,
+            loss_kernel,
+            update_kernel,
+            loss,
+            optim,
+            dropout_seed,
+            capacity,
+            arena,
+            base,
+            params: p_params,
+            grad: p_grad,
+            m: p_m,
+            v: p_v,
+            partials,
+            partial_count,
+            counters,
+            buffers,
+            d,
+            losses,
+            order,
+            lr,
+            splits: device_splits,
+            update_grid,
+            captured: None,
+        })
+    }
+
+    fn ptr(&self, region: Region) -> Arg {
+        Arg::Ptr(self.base + region.offset as u64)
+    }
+
+    fn ptr_at(&self, region: Region, element: usize) -> Arg {
+        Arg::Ptr(self.base + (region.offset + 4 * element) as u64)
+    }
+
+    fn param_ptr(&self, region: Region, layer: usize, bias: bool) -> Arg {
+        let p = self.net.params[layer].as_ref().expect("a group with a layer has parameters");
+        let at = if bias { p.bias.as_ref().map_or(0, |b| b.start) } else { p.weight.start };
+        self.ptr_at(region, at)
+    }
+
+    fn step_ptr(&self) -> Arg {
+        self.ptr(self.counters)
+    }
+
+    /// Dropout's (layer seed, threshold, scale) for a group, off when not `training`.
+    fn dropout_args(&self, dropout: Option<(usize, f32)>, training: bool) -> [Arg; 3] {
+        match dropout {
+            Some((layer, p)) if training && p > 0.0 => [
+                Arg::u32(mix32(self.dropout_seed ^ (layer as u32).wrapping_mul(0x9e37_79b9))),
+                Arg::u32(dropout_threshold(p)),
+                Arg::f32(1.0 / (1.0 - p as f64) as f32),
+            ],
+            _ => [Arg::u32(0), Arg::u32(0), Arg::f32(1.0)],
+        }
+    }
+
+    /// The forward kernels of every group over `b` samples: of split `split` gathered through the order
+    /// from `offset` when training, else its samples `offset..offset + b` in order.
+    fn launch_forward(&self, split: usize, offset: usize, b: usize, training: bool) -> Result<()> {
+        let g = &*self.gpu;
+        let data = &self.splits[split];
+        let features = self.net.inputs();
+        for (i, group) in self.groups.iter().enumerate() {
+            let (input, rows) = if i == 0 {
+                if training {
+                    (self.ptr(data.x), self.ptr_at(self.order, offset))
+                } else {
+                    (self.ptr_at(data.x, offset * features), Arg::Ptr(0))
+                }
+            } else {
+                (self.ptr(self.buffers[i - 1].y), Arg::Ptr(0))
+            };
+            let buf = &self.buffers[i];
+            let k = &self.kernels[i];
+            let y = self.ptr(buf.y);
+            let z = buf.z.map_or(Arg::Ptr(0), |z| self.ptr(z));
+            let blocks = |values: usize| ((b * values).div_ceil(THREADS) as u32, 1);
+            match group.op {
+                Op::Dense { outputs, dropout, .. } => {
+                    let layer = group.layer.expect("dense has a layer");
+                    let mut args = vec![
+                        input,
+                        rows,
+                        Arg::i32(b as i32),
+                        self.param_ptr(self.params, layer, false),
+                        self.param_ptr(self.params, layer, true),
+                        z,
+                        y,
+                    ];
+                    let [seed, threshold, scale] = self.dropout_args(dropout, training);
+                    args.extend([seed, self.step_ptr(), threshold, scale]);
+                    let grid = (outputs.div_ceil(FORWARD_TILE.1) as u32, b.div_ceil(FORWARD_TILE.0) as u32);
+                    g.launch(&k.forward, grid, k.shared.0 as u32, false, &args)?;
+                }
+                Op::Conv { .. } => {
+                    let layer = group.layer.expect("conv has a layer");
+                    let args = [
+                        input,
+                        rows,
+                        Arg::i32(b as i32),
+                        self.param_ptr(self.params, layer, false),
+                        self.param_ptr(self.params, layer, true),
+                        z,
+                        y,
+                    ];
+                    g.launch(&k.forward, blocks(group.out_size), 0, false, &args)?;
+                }
+                Op::Pool { .. } => {
+                    g.launch(&k.forward, blocks(group.out_size), 0, false, &[input, rows, Arg::i32(b as i32), y, z])?;
+                }
+                Op::Pointwise { dropout, .. } => {
+                    let [seed, threshold, scale] = self.dropout_args(dropout, training);
+                    let args = [input, rows, Arg::i32(b as i32), y, seed, self.step_ptr(), threshold, scale];
+                    g.launch(&k.forward, blocks(group.out_size), 0, false, &args)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The loss kernel over the last group's output: per-sample losses into `losses[at..]`, and (when
+    /// training) the output gradient into `d[0]`.
+    fn launch_loss(&self, split: usize, offset: usize, b: usize, training: bool, at: usize) -> Result<()> {
+        let data = &self.splits[split];
+        let last = self.buffers.last().expect("a network has a group").y;
+        let outputs = self.net.outputs();
+        let (rows, target_at) = if training { (self.ptr_at(self.order, offset), 0) } else { (Arg::Ptr(0), offset) };
+        let (classes, values) = match self.loss {
+            Loss::Ce => (self.ptr_at(data.target, target_at), Arg::Ptr(0)),
+            Loss::Mse => (Arg::Ptr(0), self.ptr_at(data.target, target_at * outputs)),
+        };
+        let dy = if training { self.ptr(self.d[0]) } else { Arg::Ptr(0) };
+        let args = [self.ptr(last), rows, Arg::i32(b as i32), classes, values, self.ptr_at(self.losses, at), dy];
+        let blocks = b.div_ceil(THREADS / 32) as u32;
+        self.gpu.launch(&self.loss_kernel, (blocks, 1), 0, false, &args)
+    }
+
+    /// The backward grids, last group first, down to the first group with parameters.
+    fn launch_backward(&self, offset: usize, b: usize) -> Result<()> {
+        let g = &*self.gpu;
+        let Some(first) = self.groups.iter().position(|g| g.layer.is_some()) else { return Ok(()) };
+        let clipping = self.optim.clip_norm > 0.0;
+        let mut current = 0;
+        for i in (first..self.groups.len()).rev() {
+            let group = &self.groups[i];
+            let k = &self.kernels[i];
+            let buf = &self.buffers[i];
+            let (input, rows) = if i == 0 {
+                (self.ptr(self.splits[0].x), self.ptr_at(self.order, offset))
+            } else {
+                (self.ptr(self.buffers[i - 1].y), Arg::Ptr(0))
+            };
+            let wants_dx = i > first;
+            let (dy, dx) = (self.ptr(self.d[current]), self.ptr(self.d[1 - current]));
+            let z = buf.z.map_or(Arg::Ptr(0), |z| self.ptr(z));
+            let partials =
+                if clipping && buf.partials.1 > 0 { self.ptr_at(self.partials, buf.partials.0) } else { Arg::Ptr(0) };
+            let blocks = |values: usize| ((b * values).div_ceil(THREADS) as u32, 1);
+            let in_size = if i == 0 { self.net.inputs() } else { self.groups[i - 1].out_size };
+            match group.op {
+                Op::Dense { inputs, dropout, .. } => {
+                    let layer = group.layer.expect("dense has a layer");
+                    let [seed, threshold, scale] = self.dropout_args(dropout, true);
+                    let args = [
+                        input,
+                        rows,
+                        Arg::i32(b as i32),
+                        self.param_ptr(self.params, layer, false),
+                        z,
+                        dy,
+                        self.param_ptr(self.grad, layer, false),
+                        self.param_ptr(self.grad, layer, true),
+                        if wants_dx { dx } else { Arg::Ptr(0) },
+                        seed,
+                        self.step_ptr(),
+                        threshold,
+                        scale,
+                        partials,
+                    ];
+                    let (bm, bn, ..) = BACKWARD_TILE;
+                    let dx_tiles = if wants_dx { b.div_ceil(bm) * inputs.div_ceil(bn) } else { 0 };
+                    let grid = (buf.partials.1 + dx_tiles) as u32;
+                    g.launch(k.backward.as_ref().expect("loaded"), (grid, 1), k.shared.1 as u32, false, &args)?;
+                }
+                Op::Conv { .. } => {
+                    let layer = group.layer.expect("conv has a layer");
+                    let args = [
+                        input,
+                        rows,
+                        Arg::i32(b as i32),
+                        z,
+                        dy,
+                        self.param_ptr(self.grad, layer, false),
+                        self.param_ptr(self.grad, layer, true),
+                        partials,
+                    ];
+                    g.launch(k.backward.as_ref().expect("loaded"), (buf.partials.1 as u32, 1), 0, false, &args)?;
+                    if wants_dx {
+                        let args =
+                            [Arg::i32(b as i32), self.param_ptr(self.params, layer, false), z, dy, dx];
+                        g.launch(k.backward_input.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
+                    }
+                }
+                Op::Pool { .. } => {
+                    let args = [Arg::i32(b as i32), z, dy, dx];
+                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
+                }
+                Op::Pointwise { dropout, .. } => {
+                    let [seed, threshold, scale] = self.dropout_args(dropout, true);
+                    let args = [input, Arg::i32(b as i32), dy, dx, seed, self.step_ptr(), threshold, scale];
+                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
+                }
+            }
+            current = 1 - current;
+        }
+        Ok(())
+    }
+
+    /// The optimizer step at the rate of entry `step_in_epoch` of the uploaded schedule.
+    fn launch_update(&self, step_in_epoch: usize) -> Result<()> {
+        let o = self.optim;
+        let mut args = vec![
+            self.ptr(self.params),
+            self.ptr(self.grad),
+            self.ptr(self.m),
+            self.ptr(self.v),
+            Arg::i32(self.net.param_count as i32),
+        ];
+        let optim = o.kernel_args();
+        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm; the rate comes from
+        // the schedule instead.
+        args.push(optim[0]);
+        args.push(self.ptr_at(self.lr, step_in_epoch));
+        args.extend_from_slice(&optim[2..]);
+        args.extend([
+            self.ptr(self.partials),
+            Arg::i32(self.partial_count as i32),
+            self.step_ptr(),
+            Arg::Ptr(self.base + self.counters.offset as u64 + 4),
+        ]);
+        self.gpu.launch(&self.update_kernel, (self.update_grid, 1), 0, false, &args)
+    }
+
+    /// One training step over `b` samples of the order from `offset`.
+    pub fn launch_step(&self, offset: usize, b: usize, step_in_epoch: usize) -> Result<()> {
+        self.launch_forward(0, offset, b, true)?;
+        self.launch_loss(0, offset, b, true, offset)?;
+        self.launch_backward(offset, b)?;
+        self.launch_update(step_in_epoch)
+    }
+
+    fn enqueue_epoch(&self, samples: usize, batch: usize) -> Result<()> {
+        let (mut offset, mut k) = (0, 0);
+        while offset < samples {
+            let b = batch.min(samples - offset);
+            self.launch_step(offset, b, k)?;
+            offset += b;
+            k += 1;
+        }
+        Ok(())
+    }
+
+    fn upload(&mut self, region: Region, bytes: &[u8]) -> Result<()> {
+        let r = region.offset..region.offset + bytes.len();
+        self.gpu.stream.memcpy_htod(bytes, &mut self.arena.slice_mut(r)).context("copying to the GPU")
+    }
+
+    fn download(&self, region: Region, values: usize) -> Result<Vec<f32>> {
+        let r = region.offset..region.offset + 4 * values;
+        let bytes = self.gpu.stream.clone_dtoh(&self.arena.slice(r)).context("a fit kernel failed")?;
+        Ok(f32s(&bytes))
+    }
+
+    /// Uploads an epoch's order and rates (samples of split 0; one rate per step).
+    pub fn set_epoch(&mut self, order: &[u32], lr: &[f32]) -> Result<()> {
+        self.upload(self.order, bytes_of(order))?;
+        self.upload(self.lr, bytes_of(lr))
+    }
+
+    /// The gradient of the last step (flat, as the parameters).
+    pub fn gradient(&self) -> Result<Vec<f32>> {
+        self.download(self.grad, self.net.param_count)
+    }
+
+    /// Replaces the parameters and zeroes the optimizer state and step count.
+    pub fn reset(&mut self, params: &[f32]) -> Result<()> {
+        self.upload(self.params, bytes_of(params))?;
+        let zeros = vec![0u8; self.m.bytes];
+        self.upload(self.m, &zeros)?;
+        self.upload(self.v, &zeros)?;
+        self.upload(self.counters, &[0u8; 8])
+    }
+
+    /// Fills the gradient and every group's outputs with NaN, so a value a kernel fails to write cannot
+    /// pass a check.
+    pub fn poison(&mut self) -> Result<()> {
+        let nan = |r: Region| bytes_of(&vec![f32::NAN; r.bytes / 4]).to_vec();
+        let mut regions = vec![self.grad, self.d[0], self.d[1]];
+        regions.extend(self.buffers.iter().map(|b| b.y));
+        for r in regions {
+            let bytes = nan(r);
+            self.upload(r, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the queued kernels.
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.stream.synchronize().context("a fit kernel failed")
+    }
+
+    /// Device memory taken since the trainer was built (by anything on this GPU), in bytes: 0 when
+    /// training allocates nothing.
+    pub fn device_bytes_allocated_by_training(&self) -> usize {
+        self.free_after_setup.saturating_sub(free_device_bytes())
+    }
+
+    /// Bytes of the arena.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.len()
+    }
+
+    /// Graph nodes per step (kernel launches).
+    pub fn launches_per_step(&self) -> usize {
+        let backward: usize = match self.groups.iter().position(|g| g.layer.is_some()) {
+            Some(first) => (first..self.groups.len())
+                .map(|i| 1 + (matches!(self.groups[i].op, Op::Conv { .. }) && i > first) as usize)
+                .sum(),
+            None => 0,
+        };
+        self.groups.len() + 1 + backward + 1
+    }
+
+    /// Captures (once per epoch size and batch) the epoch's graph.
+    fn prepare_epoch(&mut self, samples: usize, batch: usize) -> Result<()> {
+        if matches!(&self.captured, Some(c) if c.samples == samples && c.batch == batch) {
+            return Ok(());
+        }
+        self.captured = None;
+        let stream = self.gpu.stream.clone();
+        let graph = crate::device::capture_graph(&stream, self, |t| t.enqueue_epoch(samples, batch))?;
+        graph.upload()?;
+        self.captured = Some(CapturedEpoch { samples, batch, graph });
+        Ok(())
+    }
+
+    /// Runs one epoch's graph over the uploaded order and rates, without reading anything back.
+    pub fn launch_epoch(&mut self, samples: usize, batch: usize) -> Result<()> {
+        self.prepare_epoch(samples, batch)?;
+        self.captured.as_ref().expect("prepared").graph.launch().context("replaying the epoch's graph")?;
+        Ok(())
+    }
+
+    /// The dropout key of the next step, as the CPU reference computes it.
+    pub fn dropout_key(&self) -> Result<DropoutKey> {
+        let step = self.download(self.counters, 1)?[0].to_bits();
+        Ok(DropoutKey { seed: self.dropout_seed, step })
+    }
+}
+
+/// Values per sample going into each group.
+fn group_inputs(net: &Network, groups: &[Group]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(groups.len());
+    let mut prev = net.inputs();
+    for g in groups {
+        out.push(prev);
+        prev = g.out_size;
+    }
+    out
+}
+
+impl FitTrainer for GpuTrainer {
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        lr: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        let rows = self.splits[0].rows;
+        if batch == 0 || batch > self.capacity {
+            bail!("internal: batch {batch} for a trainer built for up to {}", self.capacity);
+        }
+        if order.len() > rows {
+            bail!("internal: an order of {} samples for a split of {rows}", order.len());
+        }
+        if let Some(&bad) = order.iter().find(|&&i| i as usize >= rows) {
+            bail!("sample index {bad} is outside the training split ({rows} samples)");
+        }
+        if lr.len() != order.len().div_ceil(batch) {
+            bail!("internal: {} rates for {} steps", lr.len(), order.len().div_ceil(batch));
+        }
+        if order.is_empty() {
+            return Ok(0.0);
+        }
+        self.set_epoch(order, lr)?;
+        self.launch_epoch(order.len(), batch)?;
+        let losses = self.download(self.losses, order.len())?;
+        progress(order.len());
+        Ok(losses.iter().map(|&l| l as f64).sum())
+    }
+
+    fn evaluate(&mut self, split: usize) -> Result<(f64, Vec<f32>)> {
+        let rows = self.splits.get(split).map(|s| s.rows).context("internal: no such split")?;
+        let outputs = self.net.outputs();
+        let last = self.buffers.last().expect("a network has a group").y;
+        let (mut sum, mut out) = (0.0, Vec::with_capacity(rows * outputs));
+        let mut first = 0;
+        while first < rows {
+            let b = self.capacity.min(rows - first);
+            self.launch_forward(split, first, b, false)?;
+            self.launch_loss(split, first, b, false, 0)?;
+            sum += self.download(self.losses, b)?.iter().map(|&l| l as f64).sum::<f64>();
+            out.extend(self.download(last, b * outputs)?);
+            first += b;
+        }
+        Ok((sum, out))
+    }
+
+    fn params(&mut self) -> Result<Vec<f32>> {
+        self.download(self.params, self.net.param_count)
+    }
+}
+

@@ -11,6 +11,7 @@ pub const ALL: &[&Pipeline] = &[
     &crate::sales::PIPELINE,
     &crate::matmul::PIPELINE,
     &crate::transformer::PIPELINE,
+    &crate::fit::PIPELINE,
 ];
 
 /// The pipeline named `name`.

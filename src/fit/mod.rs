@@ -5,7 +5,11 @@
 //! them once), then drives it with per-epoch sample orders and per-step learning rates, so every backend
 //! sees the same shuffles and schedule and the CPU reference can check any of them.
 
+pub mod cli;
+pub mod cpu;
+pub mod data;
 pub mod model;
+pub mod modelfile;
 pub mod spec;
 
 use anyhow::Result;
@@ -79,3 +83,27 @@ pub trait FitTrainer {
     /// A host copy of the current parameters.
     fn params(&mut self) -> Result<Vec<f32>>;
 }
+
+/// The trainer of `setup` on `backend`: the CPU reference (`cpu::CpuTrainer`) or the GPU's.
+pub fn trainer(backend: &crate::device::Backend, setup: Setup) -> Result<Box<dyn FitTrainer>> {
+    match backend {
+        crate::device::Backend::Cpu => Ok(Box::new(cpu::CpuTrainer::new(setup)?)),
+        crate::device::Backend::Cuda(_gpu) => anyhow::bail!("fit on the GPU is wired in by src/fit/gpu.rs"),
+    }
+}
+
+/// The fit pipeline as the command line, `selftest` and `bench` see it.
+pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
+    name: "fit",
+    commands: &[crate::pipeline::Command {
+        name: "fit",
+        about: "Train a network written as layers (--layers \"Linear(784, 128), ReLU, Linear(128, 10)\") on images or a table, or predict with one",
+        args: <cli::FitArgs as clap::Args>::augment_args,
+        run: |m| cli::run(crate::pipeline::parsed(m)?),
+    }],
+    checks: |_, _| Ok(Vec::new()),
+    modules: |_| Vec::new(),
+    benches: &[],
+    models: &[&crate::modelkind::FIT],
+    language_model: None,
+};

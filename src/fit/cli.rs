@@ -460,6 +460,8 @@ impl TrainingCommand for FitArgs {
         let mut keeper = Keeper::new(args.keep(), setup.baseline);
         let judged_name = if setup.data.val.is_some() { "val loss" } else { "test loss" };
         let (mut rows, mut diverged, mut stopped_early, mut last) = (Vec::new(), None, None, None);
+        // The epoch of the lowest judged loss so far (every epoch, saved or not), for --patience.
+        let mut best: Option<(usize, f64)> = None;
         let training = Instant::now();
         for epoch in 1..=args.epochs {
             order.shuffle(&mut rng);
@@ -492,6 +494,9 @@ impl TrainingCommand for FitArgs {
                 _ => true,
             };
             let judged = val.map_or(test.loss, |v| v.loss);
+            if best.is_none_or(|(_, b)| judged < b) {
+                best = Some((epoch, judged));
+            }
             let note = if learned {
                 let model = FitModel {
                     net: setup.net.clone(),
@@ -538,7 +543,7 @@ impl TrainingCommand for FitArgs {
             setup.display.epoch_finished(&row, &text, &note);
             rows.push(row);
             last = Some(test);
-            if let (Some(patience), Some((best, _))) = (args.patience, keeper.best)
+            if let (Some(patience), Some((best, _))) = (args.patience, best)
                 && epoch - best >= patience
             {
                 setup.display.line(&format!(

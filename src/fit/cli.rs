@@ -189,7 +189,6 @@ impl FitArgs {
         if !(self.split > 0.0 && self.split < 1.0) {
             bail!("--split must be between 0 and 1 (exclusive), got {}", self.split);
         }
-        checkpoint::check_val_split(self.val_split, self.keep())?;
         if let Some(p) = self.patience {
             if p == 0 {
                 bail!("--patience must be at least 1 epoch");
@@ -201,6 +200,7 @@ impl FitArgs {
                 bail!("--patience keeps the best epoch; leave out --keep last");
             }
         }
+        checkpoint::check_val_split(self.val_split, self.keep())?;
         Ok(())
     }
 }

@@ -456,8 +456,11 @@ impl Table {
         let columns = resolve_columns(source, &schema, width, names.as_deref(), has_header, target_left_out)?;
 
         // Each used column's role, in column order (a row's first bad field is the one reported).
-        let mut roles: Vec<(usize, Role)> =
-            columns.target.iter().map(|c| (c.index, Role::Target { optional: options.target_optional, labels: options.target_labels })).collect();
+        let mut roles: Vec<(usize, Role)> = columns
+            .target
+            .iter()
+            .map(|c| (c.index, Role::Target { optional: options.target_optional, labels: options.target_labels }))
+            .collect();
         roles.extend(columns.numeric.iter().enumerate().map(|(k, c)| (c.index, Role::Numeric(k))));
         roles.extend(columns.categorical.iter().enumerate().map(|(k, c)| (c.index, Role::Categorical(k))));
         roles.extend(columns.date.iter().enumerate().map(|(k, c)| (c.index, Role::Date(k))));

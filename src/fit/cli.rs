@@ -332,9 +332,11 @@ impl TrainingCommand for FitArgs {
         let spec = spec::parse(text)?;
         let source = args.source()?;
         if let Source::Table { file, .. } = &source
-            && let Some((i, layer)) = spec.layers.iter().enumerate().find(|(_, l)| {
-                matches!(l, Layer::Conv2d { .. } | Layer::MaxPool2d(_) | Layer::Flatten)
-            })
+            && let Some((i, layer)) = spec
+                .layers
+                .iter()
+                .enumerate()
+                .find(|(_, l)| matches!(l, Layer::Conv2d { .. } | Layer::MaxPool2d(_) | Layer::Flatten))
         {
             bail!(
                 "layer {} ({}) takes images, but --table {} gives rows of features: leave the image layers out",
@@ -368,7 +370,9 @@ impl TrainingCommand for FitArgs {
             _ => e,
         })?;
         check_outputs(&net, &data)?;
-        memory_need(&net, &data, args.batch).check(available_memory()).map_err(|e| anyhow!("--layers {text:?}: {e}"))?;
+        memory_need(&net, &data, args.batch)
+            .check(available_memory())
+            .map_err(|e| anyhow!("--layers {text:?}: {e}"))?;
         let steps = data.train.rows().div_ceil(args.batch) * args.epochs;
         schedule.check(steps)?;
         let (backend, device_line) = device::select_described(args.device)?;
@@ -402,12 +406,14 @@ impl TrainingCommand for FitArgs {
 
         let params = net.init(args.init, args.seed);
         let limited = match args.train_limit {
-            Some(limit) if limit < data.full_train => format!(" (the first {limit} of {})", data.full_train),
+            Some(limit) if limit < data.full_train => {
+                format!(" (the first {} of {})", report::count(limit), report::count(data.full_train))
+            }
             _ => String::new(),
         };
         let held_out = data.val.as_ref().map_or(String::new(), |v| format!(", {} held out for validation", v.rows()));
         display.line(&format!(
-            "{}: {} training samples{limited}{held_out}, {} test samples; {} in",
+            "{}: {} training samples{limited}{held_out}, {} test samples; input {}",
             data.source,
             report::count(data.train.rows()),
             report::count(data.test.rows()),
@@ -438,16 +444,22 @@ impl TrainingCommand for FitArgs {
         }
         let mut splits = vec![Arc::new(data.train.clone()), Arc::new(data.test.clone())];
         splits.extend(data.val.clone().map(Arc::new));
-        let setup = TrainerSetup {
-            net: net.clone(),
-            params,
-            loss: data.loss,
-            optim,
-            dropout_seed: args.seed as u32,
-            splits,
-        };
+        let setup =
+            TrainerSetup { net: net.clone(), params, loss: data.loss, optim, dropout_seed: args.seed as u32, splits };
         let trainer = super::trainer(&backend, setup)?;
-        Ok(Setup { _lock: lock, display, data, net, backend, optim, schedule, trainer, baseline, baseline_mae, started })
+        Ok(Setup {
+            _lock: lock,
+            display,
+            data,
+            net,
+            backend,
+            optim,
+            schedule,
+            trainer,
+            baseline,
+            baseline_mae,
+            started,
+        })
     }
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
@@ -573,11 +585,7 @@ impl TrainingCommand for FitArgs {
         let failed = match (written, diverged.is_some() || interrupted, last) {
             (false, false, Some(f)) => match (&data.target, f.accuracy, f.mae) {
                 (TargetInfo::Classes { names }, Some(a), _) if a <= 1.5 / names.len() as f64 => Some(run::not_learned(
-                    &format!(
-                        "test accuracy {:.1}% where guessing gets {:.1}%",
-                        100.0 * a,
-                        100.0 / names.len() as f64
-                    ),
+                    &format!("test accuracy {:.1}% where guessing gets {:.1}%", 100.0 * a, 100.0 / names.len() as f64),
                     &outcome,
                     &format!("lower --lr (this run used {}) or train longer", report::decimal(optim.lr)),
                 )),
@@ -706,7 +714,9 @@ impl Data {
 /// name, or the value in the target's units); the accuracy or MAE over the rows that give the target.
 fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
     let _lock = match &args.predictions {
-        Some(path) => Some(fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?),
+        Some(path) => {
+            Some(fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?)
+        }
         None => None,
     };
     let m = modelfile::load(model_path)?;
@@ -778,4 +788,3 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     Ok(())
 }
-

@@ -157,13 +157,7 @@ pub fn evaluate(net: &Network, params: &[f32], s: &Samples, kind: model::Loss) -
 }
 
 impl FitTrainer for CpuTrainer {
-    fn train_epoch(
-        &mut self,
-        order: &[u32],
-        batch: usize,
-        lr: &[f32],
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<f64> {
+    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
         if batch == 0 {
             bail!("the batch size must be at least 1");
         }

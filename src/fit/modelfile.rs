@@ -198,7 +198,8 @@ fn input_of(value: &Value) -> Result<InputSchema> {
             if t.feature_mean.len() != n || t.feature_std.len() != n {
                 bail!("the statistics cover {} features, the schema {n}", t.feature_mean.len());
             }
-            if !t.feature_std.iter().all(|s| s.is_finite() && *s > 0.0) || !t.feature_mean.iter().all(|m| m.is_finite()) {
+            if !t.feature_std.iter().all(|s| s.is_finite() && *s > 0.0) || !t.feature_mean.iter().all(|m| m.is_finite())
+            {
                 bail!("the feature statistics are not finite positive scales");
             }
             if t.vocabularies.len() != t.schema.categorical.len() {
@@ -249,8 +250,8 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
             TargetInfo::Classes { names }
         }
         Loss::Mse => {
-            let t: Value = serde_json::from_str(entry(&meta, "target")?)
-                .map_err(|e| anyhow!("metadata entry \"target\": {e}"))?;
+            let t: Value =
+                serde_json::from_str(entry(&meta, "target")?).map_err(|e| anyhow!("metadata entry \"target\": {e}"))?;
             let (mean, std) = (t["mean"].as_f64().unwrap_or(f64::NAN) as f32, t["std"].as_f64().unwrap_or(0.0) as f32);
             if !(mean.is_finite() && std.is_finite() && std > 0.0) {
                 bail!("metadata entry \"target\" has no finite mean and positive std");
@@ -258,8 +259,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
             TargetInfo::Value { name: parse_json(&t["name"], "the target's name")?, mean, std }
         }
     };
-    let tensors =
-        safetensors::SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
+    let tensors = safetensors::SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
     let expected = net.tensors();
     let mut params = vec![0.0f32; net.param_count];
     for (name, dims, range) in &expected {

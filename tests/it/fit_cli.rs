@@ -77,15 +77,11 @@ fn fit_images_json_run_writes_state_dict_names_and_metadata() {
     let accuracy = r["final"]["test_accuracy"].as_f64().unwrap();
     assert!(accuracy > 0.65 && accuracy <= 1.0, "{r}");
     let (tensors, meta) = read_model(&out);
-    let expected: HashMap<String, Vec<usize>> = [
-        ("0.weight", vec![32, 784]),
-        ("0.bias", vec![32]),
-        ("3.weight", vec![10, 32]),
-        ("3.bias", vec![10]),
-    ]
-    .into_iter()
-    .map(|(n, d)| (n.to_string(), d))
-    .collect();
+    let expected: HashMap<String, Vec<usize>> =
+        [("0.weight", vec![32, 784]), ("0.bias", vec![32]), ("3.weight", vec![10, 32]), ("3.bias", vec![10])]
+            .into_iter()
+            .map(|(n, d)| (n.to_string(), d))
+            .collect();
     assert_eq!(tensors, expected);
     assert_eq!(meta["format"], "textnet-fit");
     assert_eq!(meta["spec"], "Linear(784, 32), ReLU, Dropout(0.1), Linear(32, 10)");
@@ -138,7 +134,10 @@ fn fit_a_conv_spec_reads_images_as_images() {
     assert!(o.status.success(), "{}", stderr(&o));
     let r = report(&o);
     assert_eq!(r["data"]["input_shape"], serde_json::json!([1, 28, 28]));
-    assert_eq!(r["config"]["layers"], "Conv2d(1, 4, 3, stride=1, padding=1), ReLU, MaxPool2d(4), Flatten, Linear(196, 10)");
+    assert_eq!(
+        r["config"]["layers"],
+        "Conv2d(1, 4, 3, stride=1, padding=1), ReLU, MaxPool2d(4), Flatten, Linear(196, 10)"
+    );
     let (tensors, _) = read_model(&out);
     assert_eq!(tensors["0.weight"], vec![4, 1, 3, 3]);
     assert_eq!(tensors["4.weight"], vec![10, 196]);
@@ -243,9 +242,28 @@ fn fit_patience_stops_early_and_keeps_the_best_epoch() {
     let (tmp, path) = table(300);
     let out = tmp.path().join("p.safetensors");
     let o = fit(&[
-        "--table", s(&path), "--target", "y", "--ignore", "label", "--layers", "Linear(32), ReLU, Linear(1)",
-        "--epochs", "200", "--lr", "0.05", "--batch", "8", "--val-split", "0.3", "--patience", "2", "--json",
-        "--quiet", "--out", s(&out),
+        "--table",
+        s(&path),
+        "--target",
+        "y",
+        "--ignore",
+        "label",
+        "--layers",
+        "Linear(32), ReLU, Linear(1)",
+        "--epochs",
+        "200",
+        "--lr",
+        "0.05",
+        "--batch",
+        "8",
+        "--val-split",
+        "0.3",
+        "--patience",
+        "2",
+        "--json",
+        "--quiet",
+        "--out",
+        s(&out),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = report(&o);
@@ -266,8 +284,25 @@ fn fit_the_schedule_changes_the_run_and_is_reported() {
     let run = |schedule: &str, out: &str| {
         let out = tmp.path().join(out);
         let o = fit(&[
-            "--table", s(&path), "--target", "y", "--ignore", "label", "--layers", "Linear(8), ReLU, Linear(1)",
-            "--epochs", "10", "--lr", "0.02", "--lr-schedule", schedule, "--warmup", "3", "--json", "--quiet", "--out",
+            "--table",
+            s(&path),
+            "--target",
+            "y",
+            "--ignore",
+            "label",
+            "--layers",
+            "Linear(8), ReLU, Linear(1)",
+            "--epochs",
+            "10",
+            "--lr",
+            "0.02",
+            "--lr-schedule",
+            schedule,
+            "--warmup",
+            "3",
+            "--json",
+            "--quiet",
+            "--out",
             s(&out),
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -276,13 +311,26 @@ fn fit_the_schedule_changes_the_run_and_is_reported() {
     let (constant, a) = run("constant", "a.safetensors");
     let (cosine, b) = run("cosine", "b.safetensors");
     let (step, c) = run("step", "c.safetensors");
-    assert_eq!((cosine["config"]["lr_schedule"].as_str(), cosine["config"]["warmup"].as_u64()), (Some("cosine"), Some(3)));
+    assert_eq!(
+        (cosine["config"]["lr_schedule"].as_str(), cosine["config"]["warmup"].as_u64()),
+        (Some("cosine"), Some(3))
+    );
     assert_eq!(step["config"]["lr_schedule"], "step");
     assert_eq!(constant["config"]["lr_schedule"], "constant");
     assert!(a != b && b != c && a != c, "each schedule trains differently");
     let o = fit(&[
-        "--table", s(&path), "--target", "y", "--layers", "Linear(1)", "--epochs", "1", "--warmup", "1000",
-        "--out", s(&tmp.path().join("w.safetensors")),
+        "--table",
+        s(&path),
+        "--target",
+        "y",
+        "--layers",
+        "Linear(1)",
+        "--epochs",
+        "1",
+        "--warmup",
+        "1000",
+        "--out",
+        s(&tmp.path().join("w.safetensors")),
     ]);
     fails_with(&o, &["--warmup 1000 is as long as the whole run"]);
 }
@@ -317,8 +365,21 @@ fn fit_refuses_a_file_whose_tensors_do_not_match_its_spec() {
     let (tmp, path) = table(100);
     let out = tmp.path().join("m.safetensors");
     let o = fit(&[
-        "--table", s(&path), "--target", "y", "--ignore", "label", "--layers", "Linear(6), ReLU, Linear(1)",
-        "--epochs", "20", "--lr", "0.01", "--quiet", "--out", s(&out),
+        "--table",
+        s(&path),
+        "--target",
+        "y",
+        "--ignore",
+        "label",
+        "--layers",
+        "Linear(6), ReLU, Linear(1)",
+        "--epochs",
+        "20",
+        "--lr",
+        "0.01",
+        "--quiet",
+        "--out",
+        s(&out),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let bytes = std::fs::read(&out).unwrap();
@@ -347,7 +408,8 @@ fn fit_bad_inputs_are_one_line_before_training() {
     let (tmp, path) = table(60);
     let out = tmp.path().join("never.safetensors");
     let table_run = |layers: &str, extra: &[&str]| {
-        let mut a = vec!["--table", s(&path), "--target", "y", "--ignore", "label", "--layers", layers, "--out", s(&out)];
+        let mut a =
+            vec!["--table", s(&path), "--target", "y", "--ignore", "label", "--layers", layers, "--out", s(&out)];
         a.extend_from_slice(extra);
         fit(&a)
     };
@@ -361,14 +423,27 @@ fn fit_bad_inputs_are_one_line_before_training() {
         &image_run("Linear(784, 128), ReLU, Linear(64, 10)", &[]),
         &["layer 3 (Linear) takes 64 inputs but layer 2 gives 128"],
     );
-    fails_with(&table_run("Linear(9, 4), ReLU, Linear(1)", &[]), &["layer 1 (Linear) takes 9 inputs but the data gives 5", "Linear(5)"]);
-    fails_with(&image_run("Conv2d(1, 4, 3), Flatten, Conv2d(4, 4, 3), Linear(10)", &[]), &["layer 3 (Conv2d) takes images"]);
+    fails_with(
+        &table_run("Linear(9, 4), ReLU, Linear(1)", &[]),
+        &["layer 1 (Linear) takes 9 inputs but the data gives 5", "Linear(5)"],
+    );
+    fails_with(
+        &image_run("Conv2d(1, 4, 3), Flatten, Conv2d(4, 4, 3), Linear(10)", &[]),
+        &["layer 3 (Conv2d) takes images"],
+    );
     fails_with(&table_run("Conv2d(1, 4, 3), Flatten, Linear(1)", &[]), &["layer 1 (Conv2d) takes images, but --table"]);
     fails_with(&image_run("Linear(10)", &["--loss", "mse"]), &["--loss mse needs a numeric target", "--loss ce"]);
-    let o = fit(&["--table", s(&path), "--target", "label", "--layers", "Linear(1)", "--loss", "mse", "--out", s(&out)]);
+    let o =
+        fit(&["--table", s(&path), "--target", "label", "--layers", "Linear(1)", "--loss", "mse", "--out", s(&out)]);
     fails_with(&o, &["--loss mse needs a numeric target", "\"high\"", "--loss ce"]);
-    fails_with(&image_run("Linear(32), ReLU, Linear(3)", &[]), &["layer 3 (Linear) gives 3 outputs but the target has 10 classes", "Linear(10)"]);
-    fails_with(&table_run("Linear(4), ReLU, Linear(2)", &[]), &["gives 2 outputs but the numeric target y is one value", "Linear(1)"]);
+    fails_with(
+        &image_run("Linear(32), ReLU, Linear(3)", &[]),
+        &["layer 3 (Linear) gives 3 outputs but the target has 10 classes", "Linear(10)"],
+    );
+    fails_with(
+        &table_run("Linear(4), ReLU, Linear(2)", &[]),
+        &["gives 2 outputs but the numeric target y is one value", "Linear(1)"],
+    );
     fails_with(
         &image_run("Linear(784, 4000000), ReLU, Linear(10)", &[]),
         &["--layers", "needs about", "lower the widths or channels in --layers"],

@@ -18,6 +18,11 @@
 //   FIT_OP 6  update  the optimizer over the flat parameter vector (optim.cuh), clipped by the Σg² partials
 //                     the backward grids wrote, at the learning rate the step's schedule entry gives.
 //
+// Every kernel is launched with programmatic dependent launch and waits for the kernel before it at its
+// first line (grid_dependency_wait). The small grids (dense, loss, update) then let the next kernel start
+// launching at once, so its launch overlaps their work; the many-wave grids (conv, pool, pointwise) do
+// not, so that waiting blocks never take their SMs.
+//
 // No float atomics: every gradient element and every per-sample loss is written by one thread in a fixed
 // order, so a run repeats to the bit. Dropout's mask is the hash of src/fit/model.rs `dropout_keeps`; the
 // step count it mixes in lives on the device (the update advances it), so a CUDA graph of an epoch
@@ -90,6 +95,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 dense_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ W,
               const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y, unsigned layer_seed,
               const unsigned* __restrict__ step, unsigned threshold, float scale) {
+    grid_dependency_wait();
+    allow_dependent_launch();
     extern __shared__ float smem[];
     const unsigned key = DROP ? dropout_key(layer_seed, step) : 0u;
     gemm_tile<FWD_BM, FWD_BN, FWD_BK, FWD_TM, FWD_TN, false, true>(
@@ -132,6 +139,8 @@ dense_backward(const float* __restrict__ x, const unsigned* __restrict__ rows, i
                const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
                float* __restrict__ gb, float* __restrict__ dx, unsigned layer_seed, const unsigned* __restrict__ step,
                unsigned threshold, float scale, float* __restrict__ partials) {
+    grid_dependency_wait();
+    allow_dependent_launch();
     extern __shared__ float smem[];
     const DenseDz dz{dy, z, DROP ? dropout_key(layer_seed, step) : 0u, threshold, scale};
     const int weight_tiles = dense_weight_tiles();
@@ -171,6 +180,7 @@ constexpr int IN_SIZE = CIN * H * W, OUT_SIZE = COUT * OH * OW, WEIGHTS = COUT *
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ Wt,
              const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y) {
+    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * OUT_SIZE) return;
     const int s = e / OUT_SIZE, o = e % OUT_SIZE;
@@ -203,6 +213,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 conv_backward_weights(const float* __restrict__ x, const unsigned* __restrict__ rows, int B,
                       const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
                       float* __restrict__ gb, float* __restrict__ partials) {
+    grid_dependency_wait();
     __shared__ float scratch[WARPS];
     const int w = blockIdx.x;
     const bool is_bias = w >= WEIGHTS;
@@ -231,6 +242,7 @@ conv_backward_weights(const float* __restrict__ x, const unsigned* __restrict__ 
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_backward_input(int B, const float* __restrict__ Wt, const float* __restrict__ z, const float* __restrict__ dy,
                     float* __restrict__ dx) {
+    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * IN_SIZE) return;
     const int s = e / IN_SIZE, i = e % IN_SIZE;
@@ -263,6 +275,7 @@ constexpr int OH = H / K, OW = W / K, IN_SIZE = C * H * W, OUT_SIZE = C * OH * O
 extern "C" __global__ void __launch_bounds__(THREADS)
 pool_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, float* __restrict__ y,
              unsigned* __restrict__ winner) {
+    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * OUT_SIZE) return;
     const int s = e / OUT_SIZE, o = e % OUT_SIZE;
@@ -287,6 +300,7 @@ pool_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int
 // Grid: ⌈B·IN_SIZE/THREADS⌉, one thread per input value.
 extern "C" __global__ void __launch_bounds__(THREADS)
 pool_backward(int B, const unsigned* __restrict__ winner, const float* __restrict__ dy, float* __restrict__ dx) {
+    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * IN_SIZE) return;
     const int s = e / IN_SIZE, i = e % IN_SIZE;
@@ -307,6 +321,7 @@ constexpr int SIZE = FIT_SIZE, ACT = FIT_ACT;
 extern "C" __global__ void __launch_bounds__(THREADS)
 pointwise_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, float* __restrict__ y,
                   unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold, float scale) {
+    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * SIZE) return;
     const float v = x[row_of(rows, e / SIZE) * SIZE + e % SIZE];
@@ -318,6 +333,7 @@ pointwise_forward(const float* __restrict__ x, const unsigned* __restrict__ rows
 extern "C" __global__ void __launch_bounds__(THREADS)
 pointwise_backward(const float* __restrict__ x, int B, const float* __restrict__ dy, float* __restrict__ dx,
                    unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold, float scale) {
+    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * SIZE) return;
     dx[e] = ACT == ACT_NONE ? dy[e] * dropout_factor(dropout_key(layer_seed, step), (unsigned)e, threshold, scale)
@@ -333,6 +349,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 loss_forward(const float* __restrict__ y, const unsigned* __restrict__ rows, int B,
              const unsigned* __restrict__ classes, const float* __restrict__ values, float* __restrict__ loss,
              float* __restrict__ dy) {
+    grid_dependency_wait();
+    allow_dependent_launch();
     const int s = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (s >= B) return;
     const float* out = y + (size_t)s * OUT;
@@ -372,6 +390,8 @@ fit_update(float* __restrict__ params, const float* __restrict__ grad, float* __
            int n, int kind, const float* __restrict__ lr, float momentum, float beta1, float beta2, float eps,
            float weight_decay, float clip_norm, const float* __restrict__ partials, int partial_count,
            unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
+    grid_dependency_wait();
+    allow_dependent_launch();
     __shared__ float grad_scale;
     const unsigned t = *step + 1;
     if (threadIdx.x < 32) {

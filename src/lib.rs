@@ -50,6 +50,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod console;
 pub mod cpu;
+pub mod datasets;
 pub mod device;
 pub mod eval;
 pub mod fit;

@@ -64,8 +64,16 @@ pub const SALES: Kind = Kind {
     used_by: "textnet sales --model",
 };
 
+/// A network written as a spec (`textnet fit --layers`).
+pub const FIT: Kind = Kind {
+    tag: "textnet-fit",
+    legacy_tag: None,
+    what: "a network of textnet fit",
+    used_by: "textnet fit --model, or textnet classify for images",
+};
+
 /// Every kind textnet writes.
-pub const ALL: [&Kind; 6] = [&TEXT, &TRANSFORMER, &MNIST_MLP, &MNIST_CNN, &XOR, &SALES];
+pub const ALL: [&Kind; 7] = [&TEXT, &TRANSFORMER, &MNIST_MLP, &MNIST_CNN, &XOR, &SALES, &FIT];
 
 impl Kind {
     /// The metadata entry that names this kind, for a file being written.

@@ -5,7 +5,7 @@
 use super::gpu::GpuTrainer;
 use super::model::{Init, Loss, Network};
 use super::spec::{self, Layer, Shape};
-use super::{FitTrainer, Samples, Setup, Target};
+use super::{FitTrainer, Setup, Target};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::OptimArgs;
@@ -39,26 +39,17 @@ pub struct FitBenchArgs {
     pub seed: u64,
 }
 
-/// A split of (Fashion-)MNIST as `fit` reads it.
-pub fn image_samples(split: &crate::mnist::idx::Split) -> Samples {
-    Samples {
-        features: split.pixels,
-        x: split.images.clone(),
-        target: Target::Classes(split.labels.iter().map(|&l| l as u32).collect()),
-    }
-}
-
 /// `textnet bench fit`.
 pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBenchArgs) -> Result<()> {
-    use crate::mnist::data::{self, Dataset};
+    use crate::datasets::mnist::{self as data, Dataset};
     let spec = spec::parse(&args.layers)?;
     let input = match spec.layers.first() {
         Some(Layer::Conv2d { .. }) => Shape::Image { channels: 1, height: 28, width: 28 },
-        _ => Shape::Flat(crate::mnist::idx::PIXELS),
+        _ => Shape::Flat(crate::datasets::idx::PIXELS),
     };
     let net = Network::new(&spec, input)?;
     let data = data::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
-    let (train, test) = (Arc::new(image_samples(&data.train)), Arc::new(image_samples(&data.test)));
+    let (train, test) = (Arc::new(super::data::image_samples(&data.train)), Arc::new(super::data::image_samples(&data.test)));
     let optim = args.optim.config()?;
     let params = net.init(args.init, args.seed);
     let setup_start = Instant::now();
@@ -111,6 +102,24 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBe
             "test_loss": test_loss,
         }));
     }
+    // Each phase of a step alone: a graph of 64 of it on a full batch, replayed.
+    let mut phases = serde_json::Map::new();
+    for phase in ["forward", "loss", "backward", "update"] {
+        let stream = gpu.stream.clone();
+        let graph = crate::device::capture_graph(&stream, &mut trainer, |t| {
+            for _ in 0..64 {
+                match phase {
+                    "forward" => t.launch_forward(0, 0, args.batch, true)?,
+                    "loss" => t.launch_loss(0, 0, args.batch, true, 0)?,
+                    "backward" => t.launch_backward(0, args.batch)?,
+                    _ => t.launch_update(0)?,
+                }
+            }
+            Ok(())
+        })?;
+        let times = crate::timing::time_graph_launches(gpu, &graph, 64, options.repeats.max(1))?;
+        phases.insert(phase.into(), median(&times).into());
+    }
     let field = |key: &str| -> Vec<f64> { runs.iter().map(|r| r[key].as_f64().unwrap_or(f64::NAN)).collect() };
     let out = serde_json::json!({
         "device": "cuda:0",
@@ -132,6 +141,8 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBe
         "launches_per_step": trainer.launches_per_step(),
         "arena_bytes": trainer.arena_bytes(),
         "device_bytes_allocated_during_training": trainer.device_bytes_allocated_by_training(),
+        "epoch_graph_bytes": trainer.graph_bytes(),
+        "us_per_phase": phases,
         "runs": runs,
     });
     if options.json {

@@ -9,9 +9,11 @@
 //! - repeat: the same training twice on the GPU gives the same bits.
 //!
 //! The kink rule: a GPU and the CPU round a ReLU input or a max-pool's runner-up differently by about a
-//! relative 1e-7, so a problem whose reference run comes within KINK_MARGIN (ten times that) of a kink is
-//! drawn again. Exact zeros (dropped values, ReLU outputs pooled together) are no kink: they are exact
-//! on both.
+//! relative 1e-7, so they may take different sides of a kink that close. The one-step check draws its
+//! problem again while it comes within KINK_MARGIN (ten times that) of a kink; a training run touches
+//! far more values, so a training check that misses is drawn again only when its reference run came
+//! that close (at most MAX_DRAWS times). Exact zeros (dropped values, ReLU outputs pooled together) are
+//! no kink: they are exact on both.
 //!
 //! The random specs come from a fixed stream (so `modules` can list what the selftest compiles); the
 //! parameters and data come from the run's seed.
@@ -302,37 +304,29 @@ fn training_check(
 ) -> Result<Check> {
     let (batch, rows, epochs) = (4, 200, 2);
     let mut draws = 0;
-    let (p, orders, lr, cpu) = loop {
+    loop {
         draws += 1;
         let p = draw(net, loss, rows, rng);
         let (orders, lr) = schedule(rows, batch, epochs, optim.lr, rng);
-        let cpu = reference_run(net, loss, optim, &p, &orders, batch, &lr);
-        if cpu.2 >= KINK_MARGIN {
-            break (p, orders, lr, cpu);
+        let (cpu_sums, cpu_params, margin) = reference_run(net, loss, optim, &p, &orders, batch, &lr);
+        let mut t = GpuTrainer::new(gpu.clone(), setup(net, loss, optim, &p), batch)?;
+        let mut sums = Vec::new();
+        for order in &orders {
+            sums.push(t.train_epoch(order, batch, &lr, &mut |_| {})? as f32);
         }
-        if draws == MAX_DRAWS {
+        let cpu_sums: Vec<f32> = cpu_sums.iter().map(|&s| s as f32).collect();
+        let w = worst([("losses", rel_error(&sums, &cpu_sums)), ("parameters", rel_error(&t.params()?, &cpu_params))]);
+        // Only a run near a kink excuses a miss; a miss clear of every kink, or on every draw, fails.
+        let excused = w.0 > TRAINING_TOLERANCE && margin < KINK_MARGIN && draws < MAX_DRAWS;
+        if !excused {
             return Ok(Check {
-                kernel: format!("fit 100 steps {}: no problem of {draws} stayed {KINK_MARGIN:e} clear of the kinks", optim.describe()),
+                kernel: format!("fit 100 steps (graph) {}, worst: {}{}", optim.describe(), w.1, drawn(draws)),
                 shape: label(text, input, loss),
-                rel_error: f64::INFINITY,
+                rel_error: w.0,
                 tolerance: TRAINING_TOLERANCE,
             });
         }
-    };
-    let mut t = GpuTrainer::new(gpu.clone(), setup(net, loss, optim, &p), batch)?;
-    let mut sums = Vec::new();
-    for order in &orders {
-        sums.push(t.train_epoch(order, batch, &lr, &mut |_| {})? as f32);
     }
-    let params = t.params()?;
-    let cpu_sums: Vec<f32> = cpu.0.iter().map(|&s| s as f32).collect();
-    let w = worst([("losses", rel_error(&sums, &cpu_sums)), ("parameters", rel_error(&params, &cpu.1))]);
-    Ok(Check {
-        kernel: format!("fit 100 steps (graph) {}, worst: {}{}", optim.describe(), w.1, drawn(draws)),
-        shape: label(text, input, loss),
-        rel_error: w.0,
-        tolerance: TRAINING_TOLERANCE,
-    })
 }
 
 /// Two identical GPU runs: 0 when every parameter has the same bits.

@@ -257,6 +257,7 @@ pub struct GpuTrainer {
     update_grid: u32,
     captured: Option<CapturedEpoch>,
     free_after_setup: usize,
+    graph_bytes: usize,
 }
 
 fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
@@ -431,6 +432,7 @@ impl GpuTrainer {
             splits: device_splits,
             update_grid,
             captured: None,
+            graph_bytes: 0,
         })
     }
 
@@ -466,7 +468,7 @@ impl GpuTrainer {
 
     /// The forward kernels of every group over `b` samples: of split `split` gathered through the order
     /// from `offset` when training, else its samples `offset..offset + b` in order.
-    fn launch_forward(&self, split: usize, offset: usize, b: usize, training: bool) -> Result<()> {
+    pub fn launch_forward(&self, split: usize, offset: usize, b: usize, training: bool) -> Result<()> {
         let g = &*self.gpu;
         let data = &self.splits[split];
         let features = self.net.inputs();
@@ -500,7 +502,7 @@ impl GpuTrainer {
                     let [seed, threshold, scale] = self.dropout_args(dropout, training);
                     args.extend([seed, self.step_ptr(), threshold, scale]);
                     let grid = (outputs.div_ceil(FORWARD_TILE.1) as u32, b.div_ceil(FORWARD_TILE.0) as u32);
-                    g.launch(&k.forward, grid, k.shared.0 as u32, false, &args)?;
+                    g.launch(&k.forward, grid, k.shared.0 as u32, true, &args)?;
                 }
                 Op::Conv { .. } => {
                     let layer = group.layer.expect("conv has a layer");
@@ -513,15 +515,15 @@ impl GpuTrainer {
                         z,
                         y,
                     ];
-                    g.launch(&k.forward, blocks(group.out_size), 0, false, &args)?;
+                    g.launch(&k.forward, blocks(group.out_size), 0, true, &args)?;
                 }
                 Op::Pool { .. } => {
-                    g.launch(&k.forward, blocks(group.out_size), 0, false, &[input, rows, Arg::i32(b as i32), y, z])?;
+                    g.launch(&k.forward, blocks(group.out_size), 0, true, &[input, rows, Arg::i32(b as i32), y, z])?;
                 }
                 Op::Pointwise { dropout, .. } => {
                     let [seed, threshold, scale] = self.dropout_args(dropout, training);
                     let args = [input, rows, Arg::i32(b as i32), y, seed, self.step_ptr(), threshold, scale];
-                    g.launch(&k.forward, blocks(group.out_size), 0, false, &args)?;
+                    g.launch(&k.forward, blocks(group.out_size), 0, true, &args)?;
                 }
             }
         }
@@ -530,7 +532,7 @@ impl GpuTrainer {
 
     /// The loss kernel over the last group's output: per-sample losses into `losses[at..]`, and (when
     /// training) the output gradient into `d[0]`.
-    fn launch_loss(&self, split: usize, offset: usize, b: usize, training: bool, at: usize) -> Result<()> {
+    pub fn launch_loss(&self, split: usize, offset: usize, b: usize, training: bool, at: usize) -> Result<()> {
         let data = &self.splits[split];
         let last = self.buffers.last().expect("a network has a group").y;
         let outputs = self.net.outputs();
@@ -542,11 +544,11 @@ impl GpuTrainer {
         let dy = if training { self.ptr(self.d[0]) } else { Arg::Ptr(0) };
         let args = [self.ptr(last), rows, Arg::i32(b as i32), classes, values, self.ptr_at(self.losses, at), dy];
         let blocks = b.div_ceil(THREADS / 32) as u32;
-        self.gpu.launch(&self.loss_kernel, (blocks, 1), 0, false, &args)
+        self.gpu.launch(&self.loss_kernel, (blocks, 1), 0, true, &args)
     }
 
     /// The backward grids, last group first, down to the first group with parameters.
-    fn launch_backward(&self, offset: usize, b: usize) -> Result<()> {
+    pub fn launch_backward(&self, offset: usize, b: usize) -> Result<()> {
         let g = &*self.gpu;
         let Some(first) = self.groups.iter().position(|g| g.layer.is_some()) else { return Ok(()) };
         let clipping = self.optim.clip_norm > 0.0;
@@ -590,7 +592,7 @@ impl GpuTrainer {
                     let (bm, bn, ..) = BACKWARD_TILE;
                     let dx_tiles = if wants_dx { b.div_ceil(bm) * inputs.div_ceil(bn) } else { 0 };
                     let grid = (buf.partials.1 + dx_tiles) as u32;
-                    g.launch(k.backward.as_ref().expect("loaded"), (grid, 1), k.shared.1 as u32, false, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), (grid, 1), k.shared.1 as u32, true, &args)?;
                 }
                 Op::Conv { .. } => {
                     let layer = group.layer.expect("conv has a layer");
@@ -604,21 +606,21 @@ impl GpuTrainer {
                         self.param_ptr(self.grad, layer, true),
                         partials,
                     ];
-                    g.launch(k.backward.as_ref().expect("loaded"), (buf.partials.1 as u32, 1), 0, false, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), (buf.partials.1 as u32, 1), 0, true, &args)?;
                     if wants_dx {
                         let args =
                             [Arg::i32(b as i32), self.param_ptr(self.params, layer, false), z, dy, dx];
-                        g.launch(k.backward_input.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
+                        g.launch(k.backward_input.as_ref().expect("loaded"), blocks(in_size), 0, true, &args)?;
                     }
                 }
                 Op::Pool { .. } => {
                     let args = [Arg::i32(b as i32), z, dy, dx];
-                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, true, &args)?;
                 }
                 Op::Pointwise { dropout, .. } => {
                     let [seed, threshold, scale] = self.dropout_args(dropout, true);
                     let args = [input, Arg::i32(b as i32), dy, dx, seed, self.step_ptr(), threshold, scale];
-                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, true, &args)?;
                 }
             }
             current = 1 - current;
@@ -627,7 +629,7 @@ impl GpuTrainer {
     }
 
     /// The optimizer step at the rate of entry `step_in_epoch` of the uploaded schedule.
-    fn launch_update(&self, step_in_epoch: usize) -> Result<()> {
+    pub fn launch_update(&self, step_in_epoch: usize) -> Result<()> {
         let o = self.optim;
         let mut args = vec![
             self.ptr(self.params),
@@ -648,7 +650,7 @@ impl GpuTrainer {
             self.step_ptr(),
             Arg::Ptr(self.base + self.counters.offset as u64 + 4),
         ]);
-        self.gpu.launch(&self.update_kernel, (self.update_grid, 1), 0, false, &args)
+        self.gpu.launch(&self.update_kernel, (self.update_grid, 1), 0, true, &args)
     }
 
     /// One training step over `b` samples of the order from `offset`.
@@ -719,10 +721,15 @@ impl GpuTrainer {
         self.gpu.stream.synchronize().context("a fit kernel failed")
     }
 
-    /// Device memory taken since the trainer was built (by anything on this GPU), in bytes: 0 when
-    /// training allocates nothing.
+    /// Device memory taken since the trainer was built (by anything on this GPU), apart from the epoch
+    /// graphs' own (`graph_bytes`), in bytes: 0 when training allocates nothing.
     pub fn device_bytes_allocated_by_training(&self) -> usize {
         self.free_after_setup.saturating_sub(free_device_bytes())
+    }
+
+    /// Device memory the driver took for the captured epoch graphs.
+    pub fn graph_bytes(&self) -> usize {
+        self.graph_bytes
     }
 
     /// Bytes of the arena.
@@ -747,9 +754,16 @@ impl GpuTrainer {
             return Ok(());
         }
         self.captured = None;
+        self.synchronize()?;
+        let free_before = free_device_bytes();
         let stream = self.gpu.stream.clone();
         let graph = crate::device::capture_graph(&stream, self, |t| t.enqueue_epoch(samples, batch))?;
         graph.upload()?;
+        self.synchronize()?;
+        // The driver's memory for the graph itself, once per capture: not counted as training's.
+        let graph_bytes = free_before.saturating_sub(free_device_bytes());
+        self.graph_bytes += graph_bytes;
+        self.free_after_setup = self.free_after_setup.saturating_sub(graph_bytes);
         self.captured = Some(CapturedEpoch { samples, batch, graph });
         Ok(())
     }

@@ -7,8 +7,12 @@
 
 pub mod bench;
 pub mod checks;
+pub mod cli;
+pub mod cpu;
+pub mod data;
 pub mod gpu;
 pub mod model;
+pub mod modelfile;
 pub mod spec;
 
 use anyhow::Result;
@@ -83,10 +87,24 @@ pub trait FitTrainer {
     fn params(&mut self) -> Result<Vec<f32>>;
 }
 
+/// The trainer of `setup` on `backend`: the CPU reference (`cpu::CpuTrainer`) or the GPU's.
+/// `batch`: the most samples a training step takes (the GPU sizes its buffers for it).
+pub fn trainer(backend: &crate::device::Backend, setup: Setup, batch: usize) -> Result<Box<dyn FitTrainer>> {
+    match backend {
+        crate::device::Backend::Cpu => Ok(Box::new(cpu::CpuTrainer::new(setup)?)),
+        crate::device::Backend::Cuda(gpu) => Ok(Box::new(gpu::GpuTrainer::new(gpu.clone(), setup, batch)?)),
+    }
+}
+
 /// The fit pipeline as the command line, `selftest` and `bench` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     name: "fit",
-    commands: &[],
+    commands: &[crate::pipeline::Command {
+        name: "fit",
+        about: "Train a network written as layers (--layers \"Linear(784, 128), ReLU, Linear(128, 10)\") on images or a table, or predict with one",
+        args: <cli::FitArgs as clap::Args>::augment_args,
+        run: |m| cli::run(crate::pipeline::parsed(m)?),
+    }],
     checks: checks::selftest_checks,
     modules: checks::modules,
     benches: &[crate::pipeline::Bench {
@@ -95,6 +113,6 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <bench::FitBenchArgs as clap::Args>::augment_args,
         run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
     }],
-    models: &[],
+    models: &[&crate::modelkind::FIT],
     language_model: None,
 };

@@ -242,6 +242,20 @@ pub struct Trace<F> {
 /// The network's output on `rows` samples `x` (`rows × inputs`). `dropout`: the training step's mask,
 /// None in evaluation (dropout off).
 pub fn forward<F: Real>(net: &Network, params: &[F], x: &[F], rows: usize, dropout: Option<DropoutKey>) -> Trace<F> {
+    forward_part(net, params, x, rows, dropout, 0)
+}
+
+/// `forward` on a run of a batch that starts at the batch's sample `first_row`: dropout's mask is the one
+/// the whole batch draws for those samples (its elements numbered from the batch's start), so a batch
+/// split into runs trains as the whole batch does.
+pub fn forward_part<F: Real>(
+    net: &Network,
+    params: &[F],
+    x: &[F],
+    rows: usize,
+    dropout: Option<DropoutKey>,
+    first_row: usize,
+) -> Trace<F> {
     assert_eq!(params.len(), net.param_count, "parameter vector of another network");
     assert_eq!(x.len(), rows * net.inputs(), "input of another shape");
     let mut values = vec![x.to_vec()];
@@ -268,8 +282,9 @@ pub fn forward<F: Real>(net: &Network, params: &[F], x: &[F], rows: usize, dropo
                 Some(key) if p > 0.0 => {
                     let (key, threshold) = (key.layer_key(i), dropout_threshold(p));
                     let scale = F::one() / constant::<F>(1.0 - p as f64);
+                    let offset = first_row * n_in;
                     for (e, (o, &v)) in out.iter_mut().zip(input).enumerate() {
-                        *o = if dropout_keeps(key, e as u32, threshold) { v * scale } else { F::zero() };
+                        *o = if dropout_keeps(key, (offset + e) as u32, threshold) { v * scale } else { F::zero() };
                     }
                 }
                 _ => out.copy_from_slice(input),
@@ -353,6 +368,18 @@ pub fn backward<F: Real>(
     d_out: Vec<F>,
     dropout: Option<DropoutKey>,
 ) -> Vec<F> {
+    backward_part(net, params, trace, d_out, dropout, 0)
+}
+
+/// `backward` of a `forward_part` trace of the run starting at the batch's sample `first_row`.
+pub fn backward_part<F: Real>(
+    net: &Network,
+    params: &[F],
+    trace: &Trace<F>,
+    d_out: Vec<F>,
+    dropout: Option<DropoutKey>,
+    first_row: usize,
+) -> Vec<F> {
     let rows = trace.rows;
     let mut grad = vec![F::zero(); net.param_count];
     let mut d = d_out;
@@ -389,8 +416,9 @@ pub fn backward<F: Real>(
                 Some(key) if p > 0.0 => {
                     let (key, threshold) = (key.layer_key(i), dropout_threshold(p));
                     let scale = F::one() / constant::<F>(1.0 - p as f64);
+                    let offset = first_row * n_in;
                     for (e, (di, &dv)) in d_in.iter_mut().zip(&d).enumerate() {
-                        *di = if dropout_keeps(key, e as u32, threshold) { dv * scale } else { F::zero() };
+                        *di = if dropout_keeps(key, (offset + e) as u32, threshold) { dv * scale } else { F::zero() };
                     }
                 }
                 _ => d_in.copy_from_slice(&d),

@@ -7,20 +7,17 @@
 //! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every
 //! backend sees the same shuffles and the CPU reference can check any of them.
 
-/// What the model's inputs are, recorded in its file: the IDX pixel bytes, row by row (28×28), divided
-/// by 255.
-pub const INPUT_SCALING: &str = "pixel byte / 255, row-major 28x28";
+pub use crate::datasets::mnist::INPUT_SCALING;
 
 pub mod bench;
 pub mod checks;
+pub use crate::datasets::{idx, mnist as data};
 pub mod classify;
 pub mod cli;
 pub mod cnn;
 pub mod cnn_checks;
 pub mod cnn_gpu;
-pub mod data;
 pub mod gpu;
-pub mod idx;
 pub mod images;
 pub mod model;
 pub mod train;

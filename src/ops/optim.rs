@@ -320,3 +320,180 @@ impl Optimizer {
         update(self.config.kind, &scalars, params, grads, &mut self.m, &mut self.v);
     }
 }
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The `--lr-schedule` flag: how the learning rate moves over a run (after `--warmup`).
+pub enum LrScheduleKind {
+    /// --lr at every step
+    #[default]
+    Constant,
+    /// Half a cosine from --lr down to --min-lr over the run (nanoGPT's and `CosineAnnealingLR`'s curve)
+    Cosine,
+    /// --lr, ×0.1 from 50 % of the run's steps and ×0.01 from 75 % (`MultiStepLR`, as DenseNet trains)
+    Step,
+}
+
+impl LrScheduleKind {
+    /// The flag value, e.g. "cosine".
+    pub fn name(self) -> &'static str {
+        match self {
+            LrScheduleKind::Constant => "constant",
+            LrScheduleKind::Cosine => "cosine",
+            LrScheduleKind::Step => "step",
+        }
+    }
+}
+
+/// The learning-rate schedule flags every training command can share (`#[command(flatten)]`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ScheduleArgs {
+    /// How the learning rate moves over the run
+    #[arg(long, value_enum, default_value_t)]
+    pub lr_schedule: LrScheduleKind,
+    /// Optimizer steps of linear warm-up first: step k (from 0) of them runs at --lr × (k + 1) / (N + 1)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub warmup: usize,
+    /// Where --lr-schedule cosine ends
+    #[arg(long, value_name = "LR", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub min_lr: f32,
+}
+
+/// A learning-rate schedule: the rate of every step from the base rate and the run's length in steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LrSchedule {
+    /// The curve after the warm-up.
+    pub kind: LrScheduleKind,
+    /// Steps of linear warm-up.
+    pub warmup: usize,
+    /// The rate cosine decays to.
+    pub min_lr: f32,
+}
+
+/// The factor of `LrScheduleKind::Step` at each of its milestones.
+pub const STEP_DECAY: f32 = 0.1;
+
+impl ScheduleArgs {
+    /// The schedule the flags ask for, checked against the base rate `lr`.
+    pub fn schedule(&self, lr: f32) -> Result<LrSchedule> {
+        if !(self.min_lr.is_finite() && self.min_lr >= 0.0) {
+            bail!("--min-lr must be a finite number ≥ 0, got {}", self.min_lr);
+        }
+        if self.min_lr > lr {
+            bail!("--min-lr {} is above --lr {lr}: the cosine schedule decays from --lr down to --min-lr", self.min_lr);
+        }
+        if self.min_lr > 0.0 && self.lr_schedule != LrScheduleKind::Cosine {
+            bail!("--min-lr applies to --lr-schedule cosine only (this run uses {})", self.lr_schedule.name());
+        }
+        Ok(LrSchedule { kind: self.lr_schedule, warmup: self.warmup, min_lr: self.min_lr })
+    }
+}
+
+impl LrSchedule {
+    /// Ok when the warm-up leaves steps to the schedule in a run of `total` steps.
+    pub fn check(&self, total: usize) -> Result<()> {
+        if self.warmup > 0 && self.warmup >= total {
+            bail!(
+                "--warmup {} is as long as the whole run ({total} optimizer steps): lower it, or train longer",
+                self.warmup
+            );
+        }
+        Ok(())
+    }
+
+    /// The rate of step `step` (from 0) of a run of `total` steps whose base rate is `lr`.
+    pub fn rate(&self, lr: f32, step: usize, total: usize) -> f32 {
+        if step < self.warmup {
+            return (lr as f64 * (step + 1) as f64 / (self.warmup + 1) as f64) as f32;
+        }
+        let span = total.saturating_sub(self.warmup).max(1);
+        let at = (step - self.warmup).min(span);
+        match self.kind {
+            LrScheduleKind::Constant => lr,
+            LrScheduleKind::Cosine => {
+                let progress = at as f64 / span as f64;
+                let coeff = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+                (self.min_lr as f64 + coeff * (lr as f64 - self.min_lr as f64)) as f32
+            }
+            LrScheduleKind::Step => {
+                let passed = [span / 2, span * 3 / 4].iter().filter(|&&m| at >= m).count();
+                lr * STEP_DECAY.powi(passed as i32)
+            }
+        }
+    }
+
+    /// The rate of each of `total` steps.
+    pub fn rates(&self, lr: f32, total: usize) -> Vec<f32> {
+        (0..total).map(|k| self.rate(lr, k, total)).collect()
+    }
+
+    /// e.g. "cosine schedule to 0.0001, 100 warm-up steps"; empty for a constant rate without warm-up.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match self.kind {
+            LrScheduleKind::Constant => {}
+            LrScheduleKind::Cosine => parts.push(format!("cosine schedule to {}", self.min_lr)),
+            LrScheduleKind::Step => parts.push("step schedule (×0.1 at 50 % and 75 %)".to_string()),
+        }
+        if self.warmup > 0 {
+            parts.push(format!("{} warm-up steps", self.warmup));
+        }
+        parts.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    fn schedule(kind: LrScheduleKind, warmup: usize, min_lr: f32) -> LrSchedule {
+        LrSchedule { kind, warmup, min_lr }
+    }
+
+    #[test]
+    fn constant_is_the_base_rate_after_a_linear_warmup() {
+        let s = schedule(LrScheduleKind::Constant, 3, 0.0);
+        let rates = s.rates(0.8, 6);
+        assert_eq!(rates, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8]);
+        assert_eq!(schedule(LrScheduleKind::Constant, 0, 0.0).rates(0.5, 3), [0.5; 3]);
+    }
+
+    #[test]
+    fn cosine_falls_from_the_base_rate_to_the_floor() {
+        let s = schedule(LrScheduleKind::Cosine, 0, 0.1);
+        let rates = s.rates(1.0, 100);
+        assert_eq!(rates[0], 1.0);
+        assert!((rates[50] - 0.55).abs() < 1e-6, "halfway is the mean of the ends: {}", rates[50]);
+        assert!(rates.windows(2).all(|w| w[1] < w[0]), "strictly falling");
+        assert!(rates[99] > 0.1 && rates[99] < 0.1 + 1e-3, "{}", rates[99]);
+        // With a warm-up the cosine starts after it.
+        let w = schedule(LrScheduleKind::Cosine, 10, 0.0).rates(1.0, 110);
+        assert!((w[9] - 10.0 / 11.0).abs() < 1e-6);
+        assert_eq!(w[10], 1.0);
+        assert!((w[60] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn step_decays_tenfold_at_half_and_three_quarters() {
+        let rates = schedule(LrScheduleKind::Step, 0, 0.0).rates(1.0, 8);
+        let hundredth = STEP_DECAY.powi(2);
+        assert_eq!(rates, [1.0, 1.0, 1.0, 1.0, 0.1, 0.1, hundredth, hundredth]);
+        let warm = schedule(LrScheduleKind::Step, 2, 0.0).rates(1.0, 10);
+        assert_eq!(&warm[..2], [1.0 / 3.0, 2.0 / 3.0]);
+        assert_eq!(warm[2..6], [1.0; 4]);
+        assert_eq!(warm[6], 0.1);
+        assert_eq!(warm[8], STEP_DECAY.powi(2));
+    }
+
+    #[test]
+    fn the_flags_are_checked() {
+        let args = |kind, warmup, min_lr| ScheduleArgs { lr_schedule: kind, warmup, min_lr };
+        assert!(args(LrScheduleKind::Cosine, 0, 0.01).schedule(0.1).is_ok());
+        let err = args(LrScheduleKind::Cosine, 0, 0.5).schedule(0.1).unwrap_err().to_string();
+        assert!(err.contains("--min-lr 0.5 is above --lr 0.1"), "{err}");
+        let err = args(LrScheduleKind::Step, 0, 0.01).schedule(0.1).unwrap_err().to_string();
+        assert!(err.contains("cosine only"), "{err}");
+        let s = args(LrScheduleKind::Constant, 10, 0.0).schedule(0.1).unwrap();
+        assert!(s.check(11).is_ok());
+        assert!(s.check(10).unwrap_err().to_string().contains("--warmup 10 is as long as the whole run (10"));
+    }
+}

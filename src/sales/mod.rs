@@ -6,13 +6,10 @@
 pub mod bench;
 pub mod checks;
 pub mod cli;
-pub mod data;
-pub mod dates;
+pub use crate::datasets::{dates, features as data, infer, table};
 pub mod gpu;
-pub mod infer;
 pub mod model;
 pub mod modelfile;
-pub mod table;
 pub mod train;
 
 /// The sales pipeline as the command line, `selftest` and `bench` see it.

@@ -13,7 +13,7 @@ fn src() -> PathBuf {
 }
 
 /// Folders of the shared layer (the rest of `src/`'s folders are pipelines).
-const SHARED_FOLDERS: [&str; 1] = ["ops"];
+const SHARED_FOLDERS: [&str; 2] = ["datasets", "ops"];
 
 fn pipelines() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(src())

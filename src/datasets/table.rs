@@ -170,6 +170,9 @@ pub struct LoadOptions {
     pub width: Option<usize>,
     /// Rows to predict: the target may be empty, or its column left out (then `width` counts it).
     pub target_optional: bool,
+    /// The target is a class label (any text, numbers included) rather than a number: each row's
+    /// `Row::target` is the index of its label in `Table::target_levels`.
+    pub target_labels: bool,
 }
 
 /// Fraction of the rows that train when `--split` is not given, 0 to 1.
@@ -186,6 +189,7 @@ impl LoadOptions {
             train_fraction: DEFAULT_TRAIN_FRACTION,
             width: None,
             target_optional: false,
+            target_labels: false,
         }
     }
 }
@@ -223,7 +227,8 @@ pub struct Row {
     pub categories: Vec<u32>,
     /// The date columns' features, each column's `Table::date_features` in turn.
     pub dates: Vec<f32>,
-    /// NaN where rows to predict have no target.
+    /// NaN where rows to predict have no target; with `LoadOptions::target_labels`, the index of the
+    /// row's label in `Table::target_levels`.
     pub target: f32,
 }
 
@@ -242,6 +247,8 @@ pub struct Table {
     pub columns: Columns,
     /// Per categorical column, its values in order of first appearance in the file (bad rows' included).
     pub levels: Vec<Vec<String>>,
+    /// With `LoadOptions::target_labels`: the target's labels in order of first appearance (else empty).
+    pub target_levels: Vec<String>,
     /// The features of each date column.
     pub date_features: Vec<DateFeatures>,
     /// The rows read.
@@ -401,6 +408,7 @@ enum Role {
     /// `optional`: rows to predict may leave it empty.
     Target {
         optional: bool,
+        labels: bool,
     },
     Numeric(usize),
     Categorical(usize),
@@ -448,8 +456,11 @@ impl Table {
         let columns = resolve_columns(source, &schema, width, names.as_deref(), has_header, target_left_out)?;
 
         // Each used column's role, in column order (a row's first bad field is the one reported).
-        let mut roles: Vec<(usize, Role)> =
-            columns.target.iter().map(|c| (c.index, Role::Target { optional: options.target_optional })).collect();
+        let mut roles: Vec<(usize, Role)> = columns
+            .target
+            .iter()
+            .map(|c| (c.index, Role::Target { optional: options.target_optional, labels: options.target_labels }))
+            .collect();
         roles.extend(columns.numeric.iter().enumerate().map(|(k, c)| (c.index, Role::Numeric(k))));
         roles.extend(columns.categorical.iter().enumerate().map(|(k, c)| (c.index, Role::Categorical(k))));
         roles.extend(columns.date.iter().enumerate().map(|(k, c)| (c.index, Role::Date(k))));
@@ -457,6 +468,9 @@ impl Table {
 
         let mut levels: Vec<Vec<String>> = vec![Vec::new(); columns.categorical.len()];
         let mut level_index: Vec<HashMap<String, u32>> = vec![HashMap::new(); columns.categorical.len()];
+        // The target's labels, after the categorical columns' (with `target_labels`).
+        levels.push(Vec::new());
+        level_index.push(HashMap::new());
         let mut pending = Vec::new();
         let mut bad: Vec<BadRow> = Vec::new();
         let mut seen_rows = 0usize;
@@ -506,7 +520,9 @@ impl Table {
         if rows.is_empty() {
             bail!("{source}: all {} rows are bad; the first: {}", bad.len(), bad[0].describe(source));
         }
+        let target_levels = levels.pop().unwrap_or_default();
         Ok(Table {
+            target_levels,
             source: source.to_string(),
             delimiter,
             header,
@@ -677,7 +693,20 @@ fn parse_row(
         let bad = |why: String| BadRow { line, column: index + 1, message: format!("{name}: {why}") };
         let text = std::str::from_utf8(&record[*index]).map_err(|_| bad("not valid UTF-8 text".to_string()))?;
         match role {
-            Role::Target { optional: true } if text.trim().is_empty() => row.target = f32::NAN,
+            Role::Target { optional: true, .. } if text.trim().is_empty() => row.target = f32::NAN,
+            Role::Target { labels: true, .. } => {
+                let value = text.trim();
+                if value.is_empty() {
+                    return Err(bad("empty field, expected a class label".to_string()));
+                }
+                let k = levels.len() - 1;
+                let next = levels[k].len() as u32;
+                let id = *level_index[k].entry(value.to_string()).or_insert(next);
+                if id == next {
+                    levels[k].push(value.to_string());
+                }
+                row.target = id as f32;
+            }
             Role::Target { .. } => row.target = parse_number(text).map_err(bad)?,
             Role::Numeric(k) => row.numeric[*k] = parse_number(text).map_err(bad)?,
             Role::Categorical(k) => {

@@ -9,6 +9,10 @@
 //! the files and the places to put them. `$TEXTNET_MNIST_MIRROR` replaces the mirror (a local copy).
 
 use super::idx::{Split, load_split};
+
+/// What an MNIST model's inputs are, recorded in its file: the IDX pixel bytes, row by row (28×28),
+/// divided by 255.
+pub const INPUT_SCALING: &str = "pixel byte / 255, row-major 28x28";
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};

@@ -218,7 +218,7 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
         bail!("{}: label {} at index {i} is not a class 0–{}", labels_path.display(), labels.data[i], CLASSES - 1);
     }
     check_float_memory(images_path, count)?;
-    // super::INPUT_SCALING says this in the model file.
+    // datasets::mnist::INPUT_SCALING says this in the model file.
     let images = images.data.iter().map(|&p| p as f32 / 255.0).collect();
     Ok(Split { images, labels: labels.data, pixels: PIXELS })
 }

@@ -236,6 +236,8 @@ def main():
                 optim.zero_grad(set_to_none=True)
                 l.backward()
                 optim.step()
+            fresh.eval()
+            measure(fresh, test_x, test_y, loss, target)  # every epoch, as textnet fit evaluates
         if device == "cuda":
             torch.cuda.synchronize()
         result["torch_train"] = {"seconds": time.perf_counter() - start, "epochs": args.epochs, "batch": args.batch,

@@ -8,20 +8,17 @@
 //
 //   FIT_OP 1  dense   Linear(IN, OUT) [+ activation ACT] [+ Dropout]: forward with bias, activation and
 //                     dropout in the gemm epilogue; backward as one grid of [∂W | ∂b] tiles and ∂x tiles,
-//                     both reading dz = dy·mask·act′(z) on the fly from the operand functors.
-//   FIT_OP 2  conv    Conv2d [+ activation]: forward one thread per output; ∂W and ∂b one block per
-//                     element (a block sum over batch × positions); ∂x one thread per input (a gather).
+//                     both reading dz = dy·mask·act′(z) on the fly from the operand functors. A plain last
+//                     Linear of ≤ 64 outputs also forms the loss, ∂y and ∂x in its forward (FIT_LOSS).
+//   FIT_OP 2  conv    Conv2d [+ activation]: forward one thread per output; ∂W and ∂b per run of samples
+//                     and channel, then summed over the runs; ∂x one thread per input (a gather).
 //   FIT_OP 3  pool    MaxPool2d(K): forward keeps each window's winner; backward hands each input its
 //                     window's gradient when it was the winner.
 //   FIT_OP 4  pointwise  an activation or Dropout not fused into a layer before it.
-//   FIT_OP 5  loss    softmax cross-entropy or squared error over the outputs, one warp per sample.
+//   FIT_OP 5  loss    softmax cross-entropy or squared error over the outputs, one warp per sample, where it
+//                     does not fuse into the last layer.
 //   FIT_OP 6  update  the optimizer over the flat parameter vector (optim.cuh), clipped by the Σg² partials
 //                     the backward grids wrote, at the learning rate the step's schedule entry gives.
-//
-// Every kernel is launched with programmatic dependent launch and waits for the kernel before it at its
-// first line (grid_dependency_wait). The small grids (dense, loss, update) then let the next kernel start
-// launching at once, so its launch overlaps their work; the many-wave grids (conv, pool, pointwise) do
-// not, so that waiting blocks never take their SMs.
 //
 // No float atomics: every gradient element and every per-sample loss is written by one thread in a fixed
 // order, so a run repeats to the bit. Dropout's mask is the hash of src/fit/model.rs `dropout_keeps`; the
@@ -80,10 +77,42 @@ __device__ __forceinline__ void write_norm_partial(float sq, float* partials) {
     if (partials && threadIdx.x == 0) partials[blockIdx.x] = sq;
 }
 
+// One warp: the loss of one sample from its OUT outputs `out` (LOSS 0: cross-entropy against class
+// `cls`; 1: the mean over the outputs of (out − target)²) into *loss (lane 0) and, unless dy is null,
+// ∂(mean batch loss)/∂out into dy[0..OUT).
+template <int OUT, int LOSS>
+__device__ __forceinline__ void warp_sample_loss(const float* out, unsigned cls, const float* target, int B,
+                                                 float* loss, float* dy) {
+    const int lane = threadIdx.x % 32;
+    if (LOSS == 0) {
+        float m = NEG_INF;
+        for (int j = lane; j < OUT; j += 32) m = fmaxf(m, out[j]);
+        m = warp_max(m);
+        float sum = 0.0f;
+        for (int j = lane; j < OUT; j += 32) sum += expf(out[j] - m);
+        sum = warp_sum(sum);
+        if (dy)
+            for (int j = lane; j < OUT; j += 32) dy[j] = (expf(out[j] - m) / sum - (j == (int)cls ? 1.0f : 0.0f)) / B;
+        if (lane == 0) *loss = m + logf(sum) - out[cls];
+    } else {
+        float sq = 0.0f;
+        for (int j = lane; j < OUT; j += 32) {
+            const float err = out[j] - target[j];
+            sq += err * err;
+            if (dy) dy[j] = 2.0f / ((float)B * OUT) * err;
+        }
+        sq = warp_sum(sq);
+        if (lane == 0) *loss = sq * (1.0f / OUT);
+    }
+}
+
 #if FIT_OP == 1
 // ---- dense: y = drop(act(x·Wᵀ + b)), x: B×IN, W: OUT×IN ----
 constexpr int IN = FIT_IN, OUT = FIT_OUT, ACT = FIT_ACT;
 constexpr bool BIAS = FIT_BIAS, DROP = FIT_DROP;
+#ifndef FIT_LOSS
+#define FIT_LOSS -1  // no loss fused
+#endif
 constexpr int WEIGHT_COLUMNS = BIAS ? IN + 1 : IN;  // [∂W | ∂b]
 // Forward tile: 8 samples × 8 outputs, K staged FWD_BK at a time. Backward tiles: 16 × 64, 64 deep.
 constexpr int FWD_BM = 8, FWD_BN = 8, FWD_BK = IN < 256 ? IN : 256, FWD_TM = 2, FWD_TN = 2;
@@ -95,8 +124,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 dense_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ W,
               const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y, unsigned layer_seed,
               const unsigned* __restrict__ step, unsigned threshold, float scale) {
-    grid_dependency_wait();
-    allow_dependent_launch();
     extern __shared__ float smem[];
     const unsigned key = DROP ? dropout_key(layer_seed, step) : 0u;
     gemm_tile<FWD_BM, FWD_BN, FWD_BK, FWD_TM, FWD_TN, false, true>(
@@ -139,8 +166,6 @@ dense_backward(const float* __restrict__ x, const unsigned* __restrict__ rows, i
                const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
                float* __restrict__ gb, float* __restrict__ dx, unsigned layer_seed, const unsigned* __restrict__ step,
                unsigned threshold, float scale, float* __restrict__ partials) {
-    grid_dependency_wait();
-    allow_dependent_launch();
     extern __shared__ float smem[];
     const DenseDz dz{dy, z, DROP ? dropout_key(layer_seed, step) : 0u, threshold, scale};
     const int weight_tiles = dense_weight_tiles();
@@ -168,6 +193,58 @@ dense_backward(const float* __restrict__ x, const unsigned* __restrict__ rows, i
             [&](int s, int k, float g) { dx[(size_t)s * IN + k] = g; }, smem);
     }
 }
+
+#if FIT_LOSS >= 0
+// ---- the last layer with the loss fused (FIT_LOSS 0 cross-entropy, 1 squared error; no activation or
+// dropout after it, OUT ≤ 64): one block holds every output of LOSS_BM samples, so it forms their losses
+// and ∂loss/∂y itself, and ∂x = ∂y·W for the layer before (the products are tiny: LOSS_BM·OUT·IN). The
+// loss kernel and this layer's ∂x tiles drop out of the step. ----
+static_assert(OUT <= 64 && ACT == ACT_NONE && !DROP, "the loss fuses only into a plain last Linear of ≤ 64 outputs");
+constexpr int LOSS_BN = OUT <= 8 ? 8 : OUT <= 16 ? 16 : OUT <= 32 ? 32 : 64;
+constexpr int LOSS_BM = 8, LOSS_TN = LOSS_BN == 64 ? 2 : 1, LOSS_BK = IN < 128 ? IN : 128;
+
+// Grid: ⌈B/LOSS_BM⌉. x is gathered through x_rows, the targets through target_rows (the first layer reads
+// both through the batch's order; a later one reads x in batch order). y: the outputs; loss[s]: each
+// sample's loss; dy, dx: written unless null (evaluation passes both null; the first layer with
+// parameters passes dx null).
+extern "C" __global__ void __launch_bounds__(THREADS)
+dense_forward_loss(const float* __restrict__ x, const unsigned* __restrict__ x_rows,
+                   const unsigned* __restrict__ target_rows, int B, const float* __restrict__ W,
+                   const float* __restrict__ bias, const unsigned* __restrict__ classes,
+                   const float* __restrict__ values, float* __restrict__ y, float* __restrict__ loss,
+                   float* __restrict__ dy, float* __restrict__ dx) {
+    extern __shared__ float smem[];
+    __shared__ float out[LOSS_BM][OUT], d[LOSS_BM][OUT];
+    const int m0 = blockIdx.x * LOSS_BM, bm = min(LOSS_BM, B - m0);
+    gemm_tile<LOSS_BM, LOSS_BN, LOSS_BK, 1, LOSS_TN, false, true>(
+        B, OUT, IN, m0, 0, [&](int s, int k) { return x[row_of(x_rows, s) * IN + k]; },
+        [&](int k, int o) { return W[(size_t)o * IN + k]; },
+        [&](int s, int o, float acc) {
+            const float v = BIAS ? acc + bias[o] : acc;
+            out[s - m0][o] = v;
+            y[(size_t)s * OUT + o] = v;
+        },
+        smem);
+    __syncthreads();
+    const int warp = threadIdx.x / 32;
+    if (warp < bm) {
+        const size_t row = row_of(target_rows, m0 + warp);
+        warp_sample_loss<OUT, FIT_LOSS>(out[warp], FIT_LOSS == 0 ? classes[row] : 0u,
+                                        FIT_LOSS == 0 ? nullptr : values + row * OUT, B, loss + m0 + warp, d[warp]);
+    }
+    if (!dy) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < bm * OUT; i += THREADS) dy[(size_t)m0 * OUT + i] = d[i / OUT][i % OUT];
+    if (dx)
+        for (int i = threadIdx.x; i < bm * IN; i += THREADS) {
+            const int s = i / IN, k = i % IN;
+            float acc = 0.0f;
+#pragma unroll
+            for (int o = 0; o < OUT; ++o) acc = fmaf(d[s][o], W[(size_t)o * IN + k], acc);
+            dx[(size_t)(m0 + s) * IN + k] = acc;
+        }
+}
+#endif
 #endif
 
 #if FIT_OP == 2
@@ -180,7 +257,6 @@ constexpr int IN_SIZE = CIN * H * W, OUT_SIZE = COUT * OH * OW, WEIGHTS = COUT *
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ Wt,
              const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y) {
-    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * OUT_SIZE) return;
     const int s = e / OUT_SIZE, o = e % OUT_SIZE;
@@ -207,42 +283,82 @@ __device__ __forceinline__ float conv_dz(const float* dy, const float* z, size_t
     return ACT == ACT_NONE ? dy[e] : dy[e] * fit_slope(ACT, z[e]);
 }
 
-// Grid: WEIGHTS + COUT blocks, one per weight (then bias) element: its sum over the batch and the output
-// positions, in a fixed order. Each block writes its Σg² to partials.
+// The weight gradient in two passes, both spread over the whole GPU and summed in a fixed order:
+// conv_weight_partials forms the contribution of a run of SAMPLES samples to one output channel's CIN·K·K
+// weights and bias (a block per run and channel, threads over the runs' output positions, at least ~1024
+// of them so each thread has several), conv_weight_sum adds the runs.
+constexpr int PER_CHANNEL = CIN * K * K + 1;  // a channel's weights, then its bias
+constexpr int CHUNK = PER_CHANNEL < 32 ? PER_CHANNEL : 32;  // accumulators a thread holds at once
+constexpr int SAMPLES = (1024 + OH * OW - 1) / (OH * OW);
+
+// Grid: ⌈B/SAMPLES⌉·COUT blocks (run r, channel co). partial[(r·COUT + co)·PER_CHANNEL + w].
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv_backward_weights(const float* __restrict__ x, const unsigned* __restrict__ rows, int B,
-                      const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
-                      float* __restrict__ gb, float* __restrict__ partials) {
-    grid_dependency_wait();
-    __shared__ float scratch[WARPS];
-    const int w = blockIdx.x;
-    const bool is_bias = w >= WEIGHTS;
-    const int co = is_bias ? w - WEIGHTS : w / (CIN * K * K);
-    const int ci = w / (K * K) % CIN, ky = w / K % K, kx = w % K;
-    float acc = 0.0f;
-    for (int i = threadIdx.x; i < B * OH * OW; i += THREADS) {
-        const int s = i / (OH * OW), oy = i / OW % OH, ox = i % OW;
-        const float d = conv_dz(dy, z, (size_t)s * OUT_SIZE + (co * OH + oy) * OW + ox);
-        if (is_bias) {
-            acc += d;
-        } else {
-            const int iy = oy * S + ky - P, ix = ox * S + kx - P;
-            if (iy >= 0 && iy < H && ix >= 0 && ix < W) acc += d * x[row_of(rows, s) * IN_SIZE + (ci * H + iy) * W + ix];
+conv_weight_partials(const float* __restrict__ x, const unsigned* __restrict__ rows, int B,
+                     const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ partial) {
+    __shared__ float warp_sums[CHUNK][WARPS];
+    const int run = blockIdx.x / COUT, co = blockIdx.x % COUT;
+    const int s0 = run * SAMPLES, positions = min(SAMPLES, B - s0) * OH * OW;
+    for (int w0 = 0; w0 < PER_CHANNEL; w0 += CHUNK) {
+        float acc[CHUNK];
+#pragma unroll
+        for (int c = 0; c < CHUNK; ++c) acc[c] = 0.0f;
+        for (int p = threadIdx.x; p < positions; p += THREADS) {
+            const int s = s0 + p / (OH * OW), oy = p / OW % OH, ox = p % OW;
+            const float d = conv_dz(dy, z, (size_t)s * OUT_SIZE + (co * OH + oy) * OW + ox);
+            const float* in = x + row_of(rows, s) * IN_SIZE;
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) {
+                const int w = w0 + c;
+                if (w >= PER_CHANNEL) break;
+                if (w == PER_CHANNEL - 1) {
+                    acc[c] += d;
+                } else {
+                    const int ci = w / (K * K), ky = w / K % K, kx = w % K;
+                    const int iy = oy * S + ky - P, ix = ox * S + kx - P;
+                    if (iy >= 0 && iy < H && ix >= 0 && ix < W) acc[c] += d * in[(ci * H + iy) * W + ix];
+                }
+            }
         }
+#pragma unroll
+        for (int c = 0; c < CHUNK; ++c) {
+            const float v = warp_sum(acc[c]);
+            if (threadIdx.x % 32 == 0) warp_sums[c][threadIdx.x / 32] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < CHUNK && w0 + threadIdx.x < PER_CHANNEL) {
+            float total = 0.0f;
+#pragma unroll
+            for (int q = 0; q < WARPS; ++q) total += warp_sums[threadIdx.x][q];
+            partial[(size_t)blockIdx.x * PER_CHANNEL + w0 + threadIdx.x] = total;
+        }
+        __syncthreads();
     }
-    const float g = block_sum(acc, scratch);
-    if (threadIdx.x == 0) {
-        if (is_bias) gb[co] = g;
-        else gW[w] = g;
-        if (partials) partials[blockIdx.x] = g * g;
-    }
+}
+
+// Grid: ⌈(WEIGHTS + COUT)/WARPS⌉, one warp per weight (then bias) element: the sum over the ⌈B/SAMPLES⌉
+// runs, lane l taking runs l, l + 32, … and the lanes added in a fixed order; its square into partials[e]
+// for clipping's norm (unless null).
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_weight_sum(int B, const float* __restrict__ partial, float* __restrict__ gW, float* __restrict__ gb,
+                float* __restrict__ partials) {
+    const int runs = (B + SAMPLES - 1) / SAMPLES;
+    const int e = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (e >= WEIGHTS + COUT) return;
+    const bool is_bias = e >= WEIGHTS;
+    const int co = is_bias ? e - WEIGHTS : e / (PER_CHANNEL - 1), w = is_bias ? PER_CHANNEL - 1 : e % (PER_CHANNEL - 1);
+    float g = 0.0f;
+    for (int r = lane; r < runs; r += 32) g += partial[((size_t)r * COUT + co) * PER_CHANNEL + w];
+    g = warp_sum(g);
+    if (lane != 0) return;
+    if (is_bias) gb[co] = g;
+    else gW[e] = g;
+    if (partials) partials[e] = g * g;
 }
 
 // Grid: ⌈B·IN_SIZE/THREADS⌉ blocks, one thread per input value: Σ over the outputs its window feeds.
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_backward_input(int B, const float* __restrict__ Wt, const float* __restrict__ z, const float* __restrict__ dy,
                     float* __restrict__ dx) {
-    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * IN_SIZE) return;
     const int s = e / IN_SIZE, i = e % IN_SIZE;
@@ -275,7 +391,6 @@ constexpr int OH = H / K, OW = W / K, IN_SIZE = C * H * W, OUT_SIZE = C * OH * O
 extern "C" __global__ void __launch_bounds__(THREADS)
 pool_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, float* __restrict__ y,
              unsigned* __restrict__ winner) {
-    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * OUT_SIZE) return;
     const int s = e / OUT_SIZE, o = e % OUT_SIZE;
@@ -300,7 +415,6 @@ pool_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int
 // Grid: ⌈B·IN_SIZE/THREADS⌉, one thread per input value.
 extern "C" __global__ void __launch_bounds__(THREADS)
 pool_backward(int B, const unsigned* __restrict__ winner, const float* __restrict__ dy, float* __restrict__ dx) {
-    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * IN_SIZE) return;
     const int s = e / IN_SIZE, i = e % IN_SIZE;
@@ -321,7 +435,6 @@ constexpr int SIZE = FIT_SIZE, ACT = FIT_ACT;
 extern "C" __global__ void __launch_bounds__(THREADS)
 pointwise_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, float* __restrict__ y,
                   unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold, float scale) {
-    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * SIZE) return;
     const float v = x[row_of(rows, e / SIZE) * SIZE + e % SIZE];
@@ -333,7 +446,6 @@ pointwise_forward(const float* __restrict__ x, const unsigned* __restrict__ rows
 extern "C" __global__ void __launch_bounds__(THREADS)
 pointwise_backward(const float* __restrict__ x, int B, const float* __restrict__ dy, float* __restrict__ dx,
                    unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold, float scale) {
-    grid_dependency_wait();
     const size_t e = (size_t)blockIdx.x * THREADS + threadIdx.x;
     if (e >= (size_t)B * SIZE) return;
     dx[e] = ACT == ACT_NONE ? dy[e] * dropout_factor(dropout_key(layer_seed, step), (unsigned)e, threshold, scale)
@@ -349,34 +461,12 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 loss_forward(const float* __restrict__ y, const unsigned* __restrict__ rows, int B,
              const unsigned* __restrict__ classes, const float* __restrict__ values, float* __restrict__ loss,
              float* __restrict__ dy) {
-    grid_dependency_wait();
-    allow_dependent_launch();
-    const int s = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int s = blockIdx.x * WARPS + threadIdx.x / 32;
     if (s >= B) return;
-    const float* out = y + (size_t)s * OUT;
     const size_t row = row_of(rows, s);
-    if (LOSS == 0) {
-        float m = NEG_INF;
-        for (int j = lane; j < OUT; j += 32) m = fmaxf(m, out[j]);
-        m = warp_max(m);
-        float sum = 0.0f;
-        for (int j = lane; j < OUT; j += 32) sum += expf(out[j] - m);
-        sum = warp_sum(sum);
-        const unsigned c = classes[row];
-        if (dy)
-            for (int j = lane; j < OUT; j += 32)
-                dy[(size_t)s * OUT + j] = (expf(out[j] - m) / sum - (j == (int)c ? 1.0f : 0.0f)) / B;
-        if (lane == 0) loss[s] = m + logf(sum) - out[c];
-    } else {
-        float sq = 0.0f;
-        for (int j = lane; j < OUT; j += 32) {
-            const float err = out[j] - values[row * OUT + j];
-            sq += err * err;
-            if (dy) dy[(size_t)s * OUT + j] = 2.0f / ((float)B * OUT) * err;
-        }
-        sq = warp_sum(sq);
-        if (lane == 0) loss[s] = sq * (1.0f / OUT);
-    }
+    warp_sample_loss<OUT, LOSS>(y + (size_t)s * OUT, LOSS == 0 ? classes[row] : 0u,
+                                LOSS == 0 ? nullptr : values + row * OUT, B, loss + s,
+                                dy ? dy + (size_t)s * OUT : nullptr);
 }
 #endif
 
@@ -390,8 +480,6 @@ fit_update(float* __restrict__ params, const float* __restrict__ grad, float* __
            int n, int kind, const float* __restrict__ lr, float momentum, float beta1, float beta2, float eps,
            float weight_decay, float clip_norm, const float* __restrict__ partials, int partial_count,
            unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
-    grid_dependency_wait();
-    allow_dependent_launch();
     __shared__ float grad_scale;
     const unsigned t = *step + 1;
     if (threadIdx.x < 32) {

@@ -51,6 +51,18 @@ MUTATIONS = [
      "for (int s = 0; s < slices; ++s) g +=", "for (int s = 0; s < slices - 1; ++s) g +=", "transformer"),
     ("TF32 mma: A fragment's second register from the wrong row", "gemm.cuh",
      "a[i][1] = to_tf32(As[(k + tig) * LDA + m + 8]);", "a[i][1] = to_tf32(As[(k + tig) * LDA + m]);", "transformer"),
+    ("dropout mask left out of the dense backward (fit)", "fit.cu",
+     "        if (DROP) d *= dropout_factor(key, (unsigned)e, threshold, scale);\n", "", "fit"),
+    ("dense bias gradient halved (fit)", "fit.cu", "                else gb[o] = g;\n                sq += g * g;",
+     "                else gb[o] = 0.5f * g;\n                sq += g * g;", "fit"),
+    ("conv input gradient ignores the stride (fit)", "fit.cu",
+     "if (ty < 0 || ty % S != 0 || ty / S >= OH) continue;", "if (ty < 0 || ty / S >= OH) continue;", "fit"),
+    ("max-pool gradient to every input of the window (fit)", "fit.cu",
+     "if (winner[o] == (unsigned)i) d = dy[o];", "d = dy[o];", "fit"),
+    ("conv weight gradient of the last run of samples left out (fit)", "fit.cu",
+     "for (int r = lane; r < runs; r += 32) g += partial", "for (int r = lane; r < runs - 1; r += 32) g += partial", "fit"),
+    ("fused loss: the layer before's gradient from the first sample's (fit)", "fit.cu",
+     "acc = fmaf(d[s][o], W[(size_t)o * IN + k], acc);", "acc = fmaf(d[0][o], W[(size_t)o * IN + k], acc);", "fit"),
 ]
 
 

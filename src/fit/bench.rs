@@ -49,7 +49,8 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBe
     };
     let net = Network::new(&spec, input)?;
     let data = data::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
-    let (train, test) = (Arc::new(super::data::image_samples(&data.train)), Arc::new(super::data::image_samples(&data.test)));
+    let (train, test) =
+        (Arc::new(super::data::image_samples(&data.train)), Arc::new(super::data::image_samples(&data.test)));
     let optim = args.optim.config()?;
     let params = net.init(args.init, args.seed);
     let setup_start = Instant::now();

@@ -53,7 +53,7 @@ fn fixed_specs() -> Vec<(String, Shape, Loss)> {
             image(1, 28, 28),
             Loss::Ce,
         ),
-        ("Conv2d(3, 5, 4, stride=2, padding=2), Tanh, Conv2d(5, 4, 3), MaxPool2d(3), Flatten, Dropout(0.3), Linear(6)", image(3, 13, 11), Loss::Ce),
+        ("Conv2d(3, 5, 4, stride=2, padding=2), Tanh, Conv2d(5, 4, 3, stride=2, padding=1), MaxPool2d(3), Flatten, Dropout(0.3), Linear(6)", image(3, 13, 11), Loss::Ce),
         ("ReLU, Flatten, Linear(2)", image(2, 5, 7), Loss::Mse),
     ]
     .into_iter()
@@ -72,7 +72,8 @@ fn random_spec(rng: &mut SeededRng, quick: bool) -> (String, Shape, Loss) {
         let (mut c, mut h, mut w) = (rng.random_range(1..4), rng.random_range(5..20), rng.random_range(5..20));
         let input = Shape::Image { channels: c, height: h, width: w };
         for _ in 0..rng.random_range(1..3) {
-            let (k, stride, padding) = (rng.random_range(1..5usize), rng.random_range(1..3usize), rng.random_range(0..3usize));
+            let (k, stride, padding) =
+                (rng.random_range(1..5usize), rng.random_range(1..3usize), rng.random_range(0..3usize));
             let (oh, ow) = ((h + 2 * padding).checked_sub(k), (w + 2 * padding).checked_sub(k));
             let (Some(oh), Some(ow)) = (oh, ow) else { continue };
             let cout = rng.random_range(1..9);
@@ -212,7 +213,13 @@ fn reference_run(
             let key = DropoutKey { seed: p.dropout_seed, step: optimizer.step as u32 };
             let trace = model::forward(net, &params, &x, rows.len(), Some(key));
             margin = margin.min(model::kink_margin(net, &trace));
-            let (l, d) = model::loss(loss, trace.values.last().expect("output"), rows.len(), net.outputs(), batch_samples.targets());
+            let (l, d) = model::loss(
+                loss,
+                trace.values.last().expect("output"),
+                rows.len(),
+                net.outputs(),
+                batch_samples.targets(),
+            );
             let grad = model::backward(net, &params, &trace, d, Some(key));
             optimizer.config.lr = lr[k];
             optimizer.step(&mut params, &grad);
@@ -228,7 +235,14 @@ fn label(text: &str, input: Shape, loss: Loss) -> String {
 }
 
 /// One step at learning rate 0 on every output poisoned: losses, gradient and evaluation outputs.
-fn step_check(gpu: &Arc<Gpu>, net: &Network, loss: Loss, text: &str, input: Shape, rng: &mut SeededRng) -> Result<Check> {
+fn step_check(
+    gpu: &Arc<Gpu>,
+    net: &Network,
+    loss: Loss,
+    text: &str,
+    input: Shape,
+    rng: &mut SeededRng,
+) -> Result<Check> {
     let batch = 8;
     let mut draws = 0;
     let (p, order, x, batch_samples, key) = loop {
@@ -241,7 +255,9 @@ fn step_check(gpu: &Arc<Gpu>, net: &Network, loss: Loss, text: &str, input: Shap
         let key = DropoutKey { seed: p.dropout_seed, step: 0 };
         let trace = model::forward(net, &p.params, &x, batch, Some(key));
         let eval_trace = model::forward(net, &p.params, &p.eval.x, p.eval.rows(), None);
-        if model::kink_margin(net, &trace).min(model::kink_margin(net, &eval_trace)) >= KINK_MARGIN || draws == MAX_DRAWS {
+        if model::kink_margin(net, &trace).min(model::kink_margin(net, &eval_trace)) >= KINK_MARGIN
+            || draws == MAX_DRAWS
+        {
             break (p, order, x, batch_samples, key);
         }
     };
@@ -251,7 +267,8 @@ fn step_check(gpu: &Arc<Gpu>, net: &Network, loss: Loss, text: &str, input: Shap
     let gpu_loss = t.train_epoch(&order, batch, &[0.0], &mut |_| {})?;
     let gpu_grad = t.gradient()?;
     let (gpu_eval_loss, gpu_outputs) = t.evaluate(1)?;
-    let (cpu_loss, cpu_grad) = model::loss_and_grad(net, &p.params, &x, batch, batch_samples.targets(), loss, Some(key));
+    let (cpu_loss, cpu_grad) =
+        model::loss_and_grad(net, &p.params, &x, batch, batch_samples.targets(), loss, Some(key));
     let eval_trace = model::forward(net, &p.params, &p.eval.x, p.eval.rows(), None);
     let cpu_outputs = eval_trace.values.last().expect("output");
     let (cpu_eval_loss, _) = model::loss(loss, cpu_outputs, p.eval.rows(), net.outputs(), p.eval.targets());
@@ -330,7 +347,14 @@ fn training_check(
 }
 
 /// Two identical GPU runs: 0 when every parameter has the same bits.
-fn repeat_check(gpu: &Arc<Gpu>, net: &Network, loss: Loss, text: &str, input: Shape, rng: &mut SeededRng) -> Result<Check> {
+fn repeat_check(
+    gpu: &Arc<Gpu>,
+    net: &Network,
+    loss: Loss,
+    text: &str,
+    input: Shape,
+    rng: &mut SeededRng,
+) -> Result<Check> {
     let (batch, rows) = (16, 160);
     let p = draw(net, loss, rows, rng);
     let (orders, lr) = schedule(rows, batch, 2, 1e-3, rng);

@@ -122,21 +122,39 @@ pub fn plan(net: &Network) -> Vec<Group> {
     groups
 }
 
-/// The module of `fused/fit.cu` a group compiles.
-pub fn group_module(op: &Op) -> ModuleRequest {
+/// Samples per block of conv_weight_partials for outputs of `positions` values per channel (SAMPLES in
+/// fit.cu): at least 1024 output positions a block.
+fn conv_samples_per_run(positions: usize) -> usize {
+    1024usize.div_ceil(positions)
+}
+
+/// Whether the last group forms the loss itself (`dense_forward_loss`): a plain last Linear of at most
+/// 64 outputs.
+pub fn fuses_loss(groups: &[Group]) -> bool {
+    matches!(groups.last().map(|g| g.op), Some(Op::Dense { outputs, act: NO_ACTIVATION, dropout, .. })
+        if outputs <= 64 && dropout.is_none_or(|(_, p)| p == 0.0))
+}
+
+fn loss_code(loss: Loss) -> i64 {
+    (loss == Loss::Mse) as i64
+}
+
+/// The module of `fused/fit.cu` a group compiles; `fused_loss`: the loss the group forms itself.
+pub fn group_module(op: &Op, fused_loss: Option<Loss>) -> ModuleRequest {
     let n = |v: usize| v as i64;
     match *op {
-        Op::Dense { inputs, outputs, bias, act, dropout } => (
-            "fit",
-            vec![
+        Op::Dense { inputs, outputs, bias, act, dropout } => {
+            let mut defines = vec![
                 ("FIT_OP", 1),
                 ("FIT_IN", n(inputs)),
                 ("FIT_OUT", n(outputs)),
                 ("FIT_ACT", act),
                 ("FIT_BIAS", bias as i64),
                 ("FIT_DROP", dropout.is_some_and(|(_, p)| p > 0.0) as i64),
-            ],
-        ),
+            ];
+            defines.extend(fused_loss.map(|l| ("FIT_LOSS", loss_code(l))));
+            ("fit", defines)
+        }
         Op::Conv { input: (c, h, w), outputs, kernel, stride, padding, act } => (
             "fit",
             vec![
@@ -160,7 +178,7 @@ pub fn group_module(op: &Op) -> ModuleRequest {
 
 /// The loss module for `outputs` values per sample.
 pub fn loss_module(loss: Loss, outputs: usize) -> ModuleRequest {
-    ("fit", vec![("FIT_OP", 5), ("FIT_OUT", outputs as i64), ("FIT_LOSS", (loss == Loss::Mse) as i64)])
+    ("fit", vec![("FIT_OP", 5), ("FIT_OUT", outputs as i64), ("FIT_LOSS", loss_code(loss))])
 }
 
 /// The update module (the same for every network).
@@ -170,8 +188,14 @@ pub fn update_module() -> ModuleRequest {
 
 /// Every module a trainer of `net` with `loss` compiles.
 pub fn modules(net: &Network, loss: Loss) -> Vec<ModuleRequest> {
-    let mut out: Vec<ModuleRequest> = plan(net).iter().map(|g| group_module(&g.op)).collect();
-    out.push(loss_module(loss, net.outputs()));
+    let groups = plan(net);
+    let fused = fuses_loss(&groups);
+    let last = groups.len() - 1;
+    let mut out: Vec<ModuleRequest> =
+        groups.iter().enumerate().map(|(i, g)| group_module(&g.op, (fused && i == last).then_some(loss))).collect();
+    if !fused {
+        out.push(loss_module(loss, net.outputs()));
+    }
     out.push(update_module());
     out
 }
@@ -208,6 +232,8 @@ struct GroupKernels {
     forward: Kernel,
     backward: Option<Kernel>,
     backward_input: Option<Kernel>,
+    /// conv_weight_sum.
+    backward_sum: Option<Kernel>,
     /// Shared memory of dense forward and backward, bytes.
     shared: (usize, usize),
 }
@@ -219,6 +245,8 @@ struct GroupBuffers {
     z: Option<Region>,
     /// Where this group's Σg² partials start, and how many.
     partials: (usize, usize),
+    /// A conv's per-sample weight gradients.
+    conv_partial: Option<Region>,
 }
 
 struct CapturedEpoch {
@@ -233,7 +261,10 @@ pub struct GpuTrainer {
     net: Network,
     groups: Vec<Group>,
     kernels: Vec<GroupKernels>,
+    /// loss_forward, or the last group's dense_forward_loss when it forms the loss itself.
     loss_kernel: Kernel,
+    fused_loss: bool,
+    loss_shared: usize,
     update_kernel: Kernel,
     loss: Loss,
     optim: OptimConfig,
@@ -289,9 +320,20 @@ impl GpuTrainer {
             bail!("--batch {batch} is above the GPU kernels' limit of {}", 65_535 * FORWARD_TILE.0);
         }
 
+        let fused_loss = fuses_loss(&groups);
         let mut kernels = Vec::with_capacity(groups.len());
-        for g in &groups {
-            let module = gpu.module(&group_module(&g.op))?;
+        let (mut loss_kernel, mut loss_shared) = (None, 0);
+        for (i, g) in groups.iter().enumerate() {
+            let fuses = fused_loss && i + 1 == groups.len();
+            let module = gpu.module(&group_module(&g.op, fuses.then_some(loss)))?;
+            if let (true, Op::Dense { inputs, outputs, .. }) = (fuses, g.op) {
+                let kernel = Gpu::function(&module, "dense_forward_loss")?;
+                let bn = outputs.next_power_of_two().max(8);
+                let tn = if bn == 64 { 2 } else { 1 };
+                loss_shared = 4 * tile_shared_floats(8, bn, inputs.min(128), 1, tn);
+                gpu.reserve_shared(&kernel, loss_shared, "the layer widths")?;
+                loss_kernel = Some(kernel);
+            }
             let load = |name: &str| Gpu::function(&module, name);
             let k = match g.op {
                 Op::Dense { inputs, .. } => {
@@ -305,6 +347,7 @@ impl GpuTrainer {
                         forward: load("dense_forward")?,
                         backward: Some(load("dense_backward")?),
                         backward_input: None,
+                        backward_sum: None,
                         shared,
                     };
                     gpu.reserve_shared(&k.forward, shared.0, "the layer widths")?;
@@ -313,26 +356,32 @@ impl GpuTrainer {
                 }
                 Op::Conv { .. } => GroupKernels {
                     forward: load("conv_forward")?,
-                    backward: Some(load("conv_backward_weights")?),
+                    backward: Some(load("conv_weight_partials")?),
                     backward_input: Some(load("conv_backward_input")?),
+                    backward_sum: Some(load("conv_weight_sum")?),
                     shared: (0, 0),
                 },
                 Op::Pool { .. } => GroupKernels {
                     forward: load("pool_forward")?,
                     backward: Some(load("pool_backward")?),
                     backward_input: None,
+                    backward_sum: None,
                     shared: (0, 0),
                 },
                 Op::Pointwise { .. } => GroupKernels {
                     forward: load("pointwise_forward")?,
                     backward: Some(load("pointwise_backward")?),
                     backward_input: None,
+                    backward_sum: None,
                     shared: (0, 0),
                 },
             };
             kernels.push(k);
         }
-        let loss_kernel = Gpu::function(&gpu.module(&loss_module(loss, outputs))?, "loss_forward")?;
+        let loss_kernel = match loss_kernel {
+            Some(k) => k,
+            None => Gpu::function(&gpu.module(&loss_module(loss, outputs))?, "loss_forward")?,
+        };
         let update_kernel = Gpu::function(&gpu.module(&update_module())?, "fit_update")?;
 
         // The arena's layout.
@@ -354,11 +403,20 @@ impl GpuTrainer {
                 _ => 0,
             };
             let z = match g.op {
-                Op::Dense { act, .. } | Op::Conv { act, .. } if act != NO_ACTIVATION => Some(layout.take(capacity * g.out_size)),
+                Op::Dense { act, .. } | Op::Conv { act, .. } if act != NO_ACTIVATION => {
+                    Some(layout.take(capacity * g.out_size))
+                }
                 Op::Pool { .. } => Some(layout.take(capacity * g.out_size)),
                 _ => None,
             };
-            buffers.push(GroupBuffers { y: layout.take(capacity * g.out_size), z, partials: (partial_count, count) });
+            let conv_partial = match g.op {
+                Op::Conv { input: (c, ..), outputs, kernel, .. } => {
+                    Some(layout.take(capacity * outputs * (c * kernel * kernel + 1)))
+                }
+                _ => None,
+            };
+            let y = layout.take(capacity * g.out_size);
+            buffers.push(GroupBuffers { y, z, partials: (partial_count, count), conv_partial });
             partial_count += count;
         }
         let partials = layout.take(partial_count.max(1));
@@ -410,6 +468,8 @@ impl GpuTrainer {
             groups,
             kernels,
             loss_kernel,
+            fused_loss,
+            loss_shared,
             update_kernel,
             loss,
             optim,
@@ -470,18 +530,9 @@ impl GpuTrainer {
     /// from `offset` when training, else its samples `offset..offset + b` in order.
     pub fn launch_forward(&self, split: usize, offset: usize, b: usize, training: bool) -> Result<()> {
         let g = &*self.gpu;
-        let data = &self.splits[split];
-        let features = self.net.inputs();
-        for (i, group) in self.groups.iter().enumerate() {
-            let (input, rows) = if i == 0 {
-                if training {
-                    (self.ptr(data.x), self.ptr_at(self.order, offset))
-                } else {
-                    (self.ptr_at(data.x, offset * features), Arg::Ptr(0))
-                }
-            } else {
-                (self.ptr(self.buffers[i - 1].y), Arg::Ptr(0))
-            };
+        let unfused = self.groups.len() - self.fused_loss as usize;
+        for (i, group) in self.groups.iter().enumerate().take(unfused) {
+            let (input, rows) = self.group_input(split, i, offset, training);
             let buf = &self.buffers[i];
             let k = &self.kernels[i];
             let y = self.ptr(buf.y);
@@ -502,7 +553,7 @@ impl GpuTrainer {
                     let [seed, threshold, scale] = self.dropout_args(dropout, training);
                     args.extend([seed, self.step_ptr(), threshold, scale]);
                     let grid = (outputs.div_ceil(FORWARD_TILE.1) as u32, b.div_ceil(FORWARD_TILE.0) as u32);
-                    g.launch(&k.forward, grid, k.shared.0 as u32, true, &args)?;
+                    g.launch(&k.forward, grid, k.shared.0 as u32, false, &args)?;
                 }
                 Op::Conv { .. } => {
                     let layer = group.layer.expect("conv has a layer");
@@ -515,23 +566,35 @@ impl GpuTrainer {
                         z,
                         y,
                     ];
-                    g.launch(&k.forward, blocks(group.out_size), 0, true, &args)?;
+                    g.launch(&k.forward, blocks(group.out_size), 0, false, &args)?;
                 }
                 Op::Pool { .. } => {
-                    g.launch(&k.forward, blocks(group.out_size), 0, true, &[input, rows, Arg::i32(b as i32), y, z])?;
+                    g.launch(&k.forward, blocks(group.out_size), 0, false, &[input, rows, Arg::i32(b as i32), y, z])?;
                 }
                 Op::Pointwise { dropout, .. } => {
                     let [seed, threshold, scale] = self.dropout_args(dropout, training);
                     let args = [input, rows, Arg::i32(b as i32), y, seed, self.step_ptr(), threshold, scale];
-                    g.launch(&k.forward, blocks(group.out_size), 0, true, &args)?;
+                    g.launch(&k.forward, blocks(group.out_size), 0, false, &args)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The loss kernel over the last group's output: per-sample losses into `losses[at..]`, and (when
-    /// training) the output gradient into `d[0]`.
+    /// Group `i`'s input and the rows it gathers: split `split` through the order from `offset` (training)
+    /// or its samples from `offset` in order for the first group, the group before's output otherwise.
+    fn group_input(&self, split: usize, i: usize, offset: usize, training: bool) -> (Arg, Arg) {
+        let data = &self.splits[split];
+        match (i, training) {
+            (0, true) => (self.ptr(data.x), self.ptr_at(self.order, offset)),
+            (0, false) => (self.ptr_at(data.x, offset * self.net.inputs()), Arg::Ptr(0)),
+            _ => (self.ptr(self.buffers[i - 1].y), Arg::Ptr(0)),
+        }
+    }
+
+    /// The loss over the last group's output: per-sample losses into `losses[at..]`, and (when training)
+    /// the output gradient into `d[0]`. Where the last group forms the loss itself, this is that group's
+    /// forward, which also writes the layer before's gradient into `d[1]`.
     pub fn launch_loss(&self, split: usize, offset: usize, b: usize, training: bool, at: usize) -> Result<()> {
         let data = &self.splits[split];
         let last = self.buffers.last().expect("a network has a group").y;
@@ -542,9 +605,36 @@ impl GpuTrainer {
             Loss::Mse => (Arg::Ptr(0), self.ptr_at(data.target, target_at * outputs)),
         };
         let dy = if training { self.ptr(self.d[0]) } else { Arg::Ptr(0) };
+        if self.fused_loss {
+            let i = self.groups.len() - 1;
+            let layer = self.groups[i].layer.expect("dense has a layer");
+            let wants_dx = training && self.groups.iter().position(|g| g.layer.is_some()).is_some_and(|f| f < i);
+            let (input, input_rows) = self.group_input(split, i, offset, training);
+            let args = [
+                input,
+                input_rows,
+                rows,
+                Arg::i32(b as i32),
+                self.param_ptr(self.params, layer, false),
+                self.param_ptr(self.params, layer, true),
+                classes,
+                values,
+                self.ptr(last),
+                self.ptr_at(self.losses, at),
+                dy,
+                if wants_dx { self.ptr(self.d[1]) } else { Arg::Ptr(0) },
+            ];
+            return self.gpu.launch(
+                &self.loss_kernel,
+                (b.div_ceil(8) as u32, 1),
+                self.loss_shared as u32,
+                false,
+                &args,
+            );
+        }
         let args = [self.ptr(last), rows, Arg::i32(b as i32), classes, values, self.ptr_at(self.losses, at), dy];
         let blocks = b.div_ceil(THREADS / 32) as u32;
-        self.gpu.launch(&self.loss_kernel, (blocks, 1), 0, true, &args)
+        self.gpu.launch(&self.loss_kernel, (blocks, 1), 0, false, &args)
     }
 
     /// The backward grids, last group first, down to the first group with parameters.
@@ -562,7 +652,8 @@ impl GpuTrainer {
             } else {
                 (self.ptr(self.buffers[i - 1].y), Arg::Ptr(0))
             };
-            let wants_dx = i > first;
+            // A last layer that forms the loss wrote the layer before's ∂x in its forward.
+            let wants_dx = i > first && !(self.fused_loss && i + 1 == self.groups.len());
             let (dy, dx) = (self.ptr(self.d[current]), self.ptr(self.d[1 - current]));
             let z = buf.z.map_or(Arg::Ptr(0), |z| self.ptr(z));
             let partials =
@@ -592,35 +683,36 @@ impl GpuTrainer {
                     let (bm, bn, ..) = BACKWARD_TILE;
                     let dx_tiles = if wants_dx { b.div_ceil(bm) * inputs.div_ceil(bn) } else { 0 };
                     let grid = (buf.partials.1 + dx_tiles) as u32;
-                    g.launch(k.backward.as_ref().expect("loaded"), (grid, 1), k.shared.1 as u32, true, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), (grid, 1), k.shared.1 as u32, false, &args)?;
                 }
-                Op::Conv { .. } => {
+                Op::Conv { outputs, .. } => {
                     let layer = group.layer.expect("conv has a layer");
+                    let conv_partial = self.ptr(buf.conv_partial.expect("a conv has its partial sums"));
+                    let args = [input, rows, Arg::i32(b as i32), z, dy, conv_partial];
+                    let runs = b.div_ceil(conv_samples_per_run(group.out_size / outputs));
+                    g.launch(k.backward.as_ref().expect("loaded"), ((runs * outputs) as u32, 1), 0, false, &args)?;
                     let args = [
-                        input,
-                        rows,
                         Arg::i32(b as i32),
-                        z,
-                        dy,
+                        conv_partial,
                         self.param_ptr(self.grad, layer, false),
                         self.param_ptr(self.grad, layer, true),
                         partials,
                     ];
-                    g.launch(k.backward.as_ref().expect("loaded"), (buf.partials.1 as u32, 1), 0, true, &args)?;
+                    let sum = k.backward_sum.as_ref().expect("loaded");
+                    g.launch(sum, (buf.partials.1.div_ceil(THREADS / 32) as u32, 1), 0, false, &args)?;
                     if wants_dx {
-                        let args =
-                            [Arg::i32(b as i32), self.param_ptr(self.params, layer, false), z, dy, dx];
-                        g.launch(k.backward_input.as_ref().expect("loaded"), blocks(in_size), 0, true, &args)?;
+                        let args = [Arg::i32(b as i32), self.param_ptr(self.params, layer, false), z, dy, dx];
+                        g.launch(k.backward_input.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
                     }
                 }
                 Op::Pool { .. } => {
                     let args = [Arg::i32(b as i32), z, dy, dx];
-                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, true, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
                 }
                 Op::Pointwise { dropout, .. } => {
                     let [seed, threshold, scale] = self.dropout_args(dropout, true);
                     let args = [input, Arg::i32(b as i32), dy, dx, seed, self.step_ptr(), threshold, scale];
-                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, true, &args)?;
+                    g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
                 }
             }
             current = 1 - current;
@@ -650,7 +742,7 @@ impl GpuTrainer {
             self.step_ptr(),
             Arg::Ptr(self.base + self.counters.offset as u64 + 4),
         ]);
-        self.gpu.launch(&self.update_kernel, (self.update_grid, 1), 0, true, &args)
+        self.gpu.launch(&self.update_kernel, (self.update_grid, 1), 0, false, &args)
     }
 
     /// One training step over `b` samples of the order from `offset`.
@@ -741,11 +833,14 @@ impl GpuTrainer {
     pub fn launches_per_step(&self) -> usize {
         let backward: usize = match self.groups.iter().position(|g| g.layer.is_some()) {
             Some(first) => (first..self.groups.len())
-                .map(|i| 1 + (matches!(self.groups[i].op, Op::Conv { .. }) && i > first) as usize)
+                .map(|i| match self.groups[i].op {
+                    Op::Conv { .. } => 2 + (i > first) as usize,
+                    _ => 1,
+                })
                 .sum(),
             None => 0,
         };
-        self.groups.len() + 1 + backward + 1
+        self.groups.len() + !self.fused_loss as usize + backward + 1
     }
 
     /// Captures (once per epoch size and batch) the epoch's graph.
@@ -794,13 +889,7 @@ fn group_inputs(net: &Network, groups: &[Group]) -> Vec<usize> {
 }
 
 impl FitTrainer for GpuTrainer {
-    fn train_epoch(
-        &mut self,
-        order: &[u32],
-        batch: usize,
-        lr: &[f32],
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<f64> {
+    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
         let rows = self.splits[0].rows;
         if batch == 0 || batch > self.capacity {
             bail!("internal: batch {batch} for a trainer built for up to {}", self.capacity);
@@ -845,4 +934,3 @@ impl FitTrainer for GpuTrainer {
         self.download(self.params, self.net.param_count)
     }
 }
-

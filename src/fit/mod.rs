@@ -78,8 +78,7 @@ pub trait FitTrainer {
     /// shorter), step k at learning rate `lr[k]` (`lr.len()` = the number of steps). Calls `progress`
     /// with the samples done so far, at least once per step or group of steps. Returns the summed
     /// per-sample loss.
-    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize))
-    -> Result<f64>;
+    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64>;
     /// The summed loss over split `split` and the network's outputs (`rows × outputs`), dropout off,
     /// nothing updated.
     fn evaluate(&mut self, split: usize) -> Result<(f64, Vec<f32>)>;

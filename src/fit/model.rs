@@ -150,14 +150,12 @@ impl Network {
                 bail!("layer {} (Dropout): p must be at least 0 and below 1, not {p}", i + 1);
             }
             params.push(match layer {
-                Layer::Linear { inputs, outputs, bias } => Some(LayerParams {
-                    weight: take(outputs * inputs.unwrap_or(0)),
-                    bias: bias.then(|| take(outputs)),
-                }),
-                Layer::Conv2d { inputs, outputs, kernel, .. } => Some(LayerParams {
-                    weight: take(outputs * inputs * kernel * kernel),
-                    bias: Some(take(outputs)),
-                }),
+                Layer::Linear { inputs, outputs, bias } => {
+                    Some(LayerParams { weight: take(outputs * inputs.unwrap_or(0)), bias: bias.then(|| take(outputs)) })
+                }
+                Layer::Conv2d { inputs, outputs, kernel, .. } => {
+                    Some(LayerParams { weight: take(outputs * inputs * kernel * kernel), bias: Some(take(outputs)) })
+                }
                 _ => None,
             });
             layers.push(layer);

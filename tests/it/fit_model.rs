@@ -122,7 +122,8 @@ fn squared_error_with_several_outputs_matches_finite_differences() {
 
 #[test]
 fn a_wrong_gradient_fails_the_comparison() {
-    let (analytic, numeric) = gradients("Conv2d(2, 3, 3, padding=1), ReLU, MaxPool2d(2), Flatten, Linear(2)", IMAGE, Loss::Ce);
+    let (analytic, numeric) =
+        gradients("Conv2d(2, 3, 3, padding=1), ReLU, MaxPool2d(2), Flatten, Linear(2)", IMAGE, Loss::Ce);
     assert!(relative(&numeric, &analytic) < 1e-6);
     // One conv weight's gradient 1 % off is enough to fail.
     let mut wrong = analytic.clone();
@@ -148,12 +149,19 @@ fn dropout_drops_about_p_of_the_values_and_is_off_in_evaluation() {
 #[test]
 fn the_tensors_are_nn_sequential_state_dict_names() {
     let net = Network::new(
-        &spec::parse("Conv2d(1, 4, 3), ReLU, MaxPool2d(2), Flatten, Linear(16), ReLU, Linear(16, 10, bias=false)").unwrap(),
+        &spec::parse("Conv2d(1, 4, 3), ReLU, MaxPool2d(2), Flatten, Linear(16), ReLU, Linear(16, 10, bias=false)")
+            .unwrap(),
         Shape::Image { channels: 1, height: 10, width: 10 },
     )
     .unwrap();
     let names: Vec<(String, Vec<usize>)> = net.tensors().into_iter().map(|(n, d, _)| (n, d)).collect();
-    let expect = [("0.weight", vec![4, 1, 3, 3]), ("0.bias", vec![4]), ("4.weight", vec![16, 64]), ("4.bias", vec![16]), ("6.weight", vec![10, 16])];
+    let expect = [
+        ("0.weight", vec![4, 1, 3, 3]),
+        ("0.bias", vec![4]),
+        ("4.weight", vec![16, 64]),
+        ("4.bias", vec![16]),
+        ("6.weight", vec![10, 16]),
+    ];
     assert_eq!(names, expect.map(|(n, d)| (n.to_string(), d)));
     let ends: Vec<usize> = net.tensors().iter().map(|t| t.2.end).collect();
     assert_eq!(*ends.last().unwrap(), net.param_count);

@@ -330,7 +330,7 @@ pub fn forward_part<F: Real>(
 }
 
 /// The loss summed over the batch, and its gradient with respect to the outputs scaled for the batch
-/// mean (`rows × outputs`). Cross-entropy: −log softmax(out)[class]; squared error: the mean over the
+/// mean (`rows × outputs`). Cross-entropy: −log softmax(out)`[class]`; squared error: the mean over the
 /// outputs of (out − target)².
 pub fn loss<F: Real>(loss: Loss, out: &[F], rows: usize, outputs: usize, targets: Targets) -> (F, Vec<F>) {
     let mut d = vec![F::zero(); out.len()];

@@ -48,6 +48,8 @@
 pub mod bench;
 pub mod check;
 pub mod checkpoint;
+pub mod classifier;
+pub mod classify;
 pub mod console;
 pub mod cpu;
 pub mod datasets;

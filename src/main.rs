@@ -12,6 +12,8 @@ enum Command {
     Generate(textnet::sampling::GenerateArgs),
     /// Evaluate a trained text model or Transformer on a corpus, without training
     Eval(textnet::eval::EvalArgs),
+    /// Classify images (PNG, JPEG, PGM/PPM or IDX) with a trained image model file of textnet mnist or fit
+    Classify(textnet::classify::ClassifyArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
     Selftest(textnet::selftest::SelftestArgs),
     /// Measure training speed on the GPU (the text model, or `bench BENCH`)
@@ -78,34 +80,46 @@ fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
         return (command.run)(sub);
     }
     // A parse error found here (a flag given to the wrong bench) exits as clap's own do.
-    let command = Command::from_arg_matches(matches).unwrap_or_else(|err| err.format(&mut command_line()).exit());
+    let command = Command::from_arg_matches(matches).unwrap_or_else(|err| err.format(&mut full_command_line()).exit());
     match command {
         Command::Generate(args) => textnet::generate::run(args),
         Command::Eval(args) => textnet::generate::evaluate(args),
+        Command::Classify(args) => textnet::classify::run(args),
         Command::Selftest(args) => textnet::selftest::run(args),
         Command::Bench(args) => textnet::bench::run(args),
         Command::Completions { shell } => {
             let mut script = Vec::new();
-            clap_complete::generate(shell, &mut command_line(), "textnet", &mut script);
+            clap_complete::generate(shell, &mut full_command_line(), "textnet", &mut script);
             textnet::console::out(String::from_utf8_lossy(&script).trim_end());
             Ok(())
         }
         Command::Man => {
             let mut page = Vec::new();
-            clap_mangen::Man::new(command_line()).render(&mut page)?;
+            clap_mangen::Man::new(full_command_line()).render(&mut page)?;
             textnet::console::out(String::from_utf8_lossy(&page).trim_end());
             Ok(())
         }
     }
 }
 
-/// The command line, with negative numbers read as values wherever a flag takes one (`--seed -1` is
-/// then refused by the flag's own type, naming the flag, rather than read as an unknown flag `-1`).
-fn parse_args() -> clap::ArgMatches {
-    fn numbers_may_be_negative(command: clap::Command) -> clap::Command {
-        command.mut_args(|arg| arg.allow_negative_numbers(true)).mut_subcommands(numbers_may_be_negative)
+/// The command line, with negative numbers read as values wherever an argument takes one (`--seed -1`
+/// is then refused by the flag's own type, naming the flag, rather than read as an unknown flag `-1`).
+/// Only there: clap refuses the setting on a flag that takes no value (`--verbose`, `--json`), in its
+/// debug assertions.
+fn full_command_line() -> clap::Command {
+    fn takes_values(arg: &clap::Arg) -> bool {
+        arg.get_action().takes_values() && arg.get_num_args().is_none_or(|n| n.takes_values())
     }
-    let matches = numbers_may_be_negative(command_line()).try_get_matches();
+    fn numbers_may_be_negative(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| if takes_values(&arg) { arg.allow_negative_numbers(true) } else { arg })
+            .mut_subcommands(numbers_may_be_negative)
+    }
+    numbers_may_be_negative(command_line())
+}
+
+fn parse_args() -> clap::ArgMatches {
+    let matches = full_command_line().try_get_matches();
     matches.unwrap_or_else(|err| {
         let line = match err.kind() {
             ErrorKind::DisplayHelp
@@ -152,4 +166,38 @@ fn negative_value_error(err: &clap::Error) -> Option<String> {
         .is_some_and(|e| *e.kind() == std::num::IntErrorKind::InvalidDigit);
     (value.starts_with('-') && unsigned)
         .then(|| format!("textnet: error: {flag} takes a whole number of 0 or more, got {value}"))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every subcommand, at any depth, of `command` (built), with `command` itself first.
+    fn all_commands(command: &clap::Command) -> Vec<&clap::Command> {
+        std::iter::once(command).chain(command.get_subcommands().flat_map(all_commands)).collect()
+    }
+
+    /// clap's own checks of the whole command tree (they run in debug builds, where a contradiction
+    /// crashes `textnet --help` at start-up), and the one they once caught checked here too, so that it
+    /// fails in release test builds, where clap compiles its checks out.
+    #[test]
+    fn the_command_line_passes_claps_debug_assertions() {
+        super::full_command_line().debug_assert();
+        let mut command = super::full_command_line();
+        command.build();
+        let mut negative = 0;
+        for sub in all_commands(&command) {
+            for arg in sub.get_arguments().filter(|a| a.is_allow_negative_numbers_set()) {
+                let takes = arg.get_num_args().is_some_and(|n| n.takes_values());
+                assert!(
+                    takes,
+                    "{} --{}: negative numbers allowed on an argument that takes no value",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+                negative += 1;
+            }
+        }
+        assert!(negative > 10, "negative numbers allowed on only {negative} arguments");
+        let verbose = command.get_arguments().find(|a| a.get_id() == "verbose").expect("--verbose");
+        assert!(!verbose.is_allow_negative_numbers_set());
+    }
 }

@@ -1,10 +1,11 @@
 //! What a pipeline shows the rest of textnet: its commands, its selftest checks, its benches, the kinds of
-//! model file it writes and, for language models, how they generate and are evaluated. Each pipeline
-//! describes itself in one `PIPELINE` constant in its `mod.rs`; `pipelines::ALL` lists them, and the
-//! command line, `selftest`, `bench`, `generate` and `eval` loop over that list instead of naming
-//! pipelines.
+//! model file it writes and, for language models, how they generate and are evaluated; for image
+//! classifiers, how they are opened for `classify`. Each pipeline describes itself in one `PIPELINE`
+//! constant in its `mod.rs`; `pipelines::ALL` lists them, and the command line, `selftest`, `bench`,
+//! `generate`, `eval` and `classify` loop over that list instead of naming pipelines.
 
 use crate::check::{Check, Plan};
+use crate::classifier::ImageModel;
 use crate::device::{Gpu, ModuleRequest};
 use crate::eval::{EvalArgs, Evaluation};
 use crate::modelkind::Kind;
@@ -29,6 +30,8 @@ pub struct Pipeline {
     pub models: &'static [&'static Kind],
     /// `textnet generate` and `textnet eval` for its model files, if they are language models.
     pub language_model: Option<LanguageModel>,
+    /// `textnet classify` for its model files, if they can be image classifiers.
+    pub image_classifier: Option<ImageClassifier>,
 }
 
 /// How a pipeline's language model files generate and are evaluated; the commands around both are shared
@@ -39,6 +42,14 @@ pub struct LanguageModel {
     /// The model file's bytes scored on `eval`'s corpus, advancing the bar by the samples done (it sets
     /// the bar's length).
     pub evaluate: fn(&[u8], &EvalArgs, &ProgressBar) -> Result<Evaluation>,
+}
+
+/// How a pipeline's model files are opened as image classifiers; the command around it is shared
+/// (`classify`).
+pub struct ImageClassifier {
+    /// The model file's bytes, read from the path given (for messages), opened as an image classifier;
+    /// an error when the file holds a model of something else (a table).
+    pub open: fn(&[u8], &std::path::Path) -> Result<ImageModel>,
 }
 
 /// A subcommand of `textnet`.

@@ -1,5 +1,6 @@
 //! Models the user writes (`textnet fit --layers SPEC`): the spec, parsed and its shapes followed through
-//! every layer (`spec`), the network's CPU reference (`model`), and the trainers that run it.
+//! every layer (`spec`), the network's CPU reference (`model`), the trainers that run it, and its image
+//! models opened for the shared `textnet classify` (`classify`).
 //!
 //! Backends implement `FitTrainer`. The caller hands a backend every split once (a GPU backend uploads
 //! them once), then drives it with per-epoch sample orders and per-step learning rates, so every backend
@@ -7,6 +8,7 @@
 
 pub mod bench;
 pub mod checks;
+pub mod classify;
 pub mod cli;
 pub mod cpu;
 pub mod data;
@@ -114,4 +116,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     }],
     models: &[&crate::modelkind::FIT],
     language_model: None,
+    image_classifier: Some(crate::pipeline::ImageClassifier { open: classify::open }),
 };

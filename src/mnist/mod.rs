@@ -1,7 +1,7 @@
 //! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
 //! `data`), the MLP's CPU reference (`model`) and GPU trainer (`gpu`), the CNN's (`cnn`, `cnn_gpu`), the
-//! epoch loop both share (`train`), `textnet mnist` (`cli`) and `textnet classify` (`classify`). The
-//! optimizers are the shared `ops::optim`.
+//! epoch loop both share (`train`), `textnet mnist` (`cli`) and its model files opened for the shared
+//! `textnet classify` (`classify`). The optimizers are the shared `ops::optim`.
 //!
 //! Backends implement `MnistTrainer`. The caller hands a backend both splits once, as contiguous
 //! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every
@@ -11,6 +11,7 @@ pub use crate::datasets::mnist::INPUT_SCALING;
 
 pub mod bench;
 pub mod checks;
+pub use crate::classifier::Evaluation;
 pub use crate::datasets::{idx, mnist as data};
 pub mod classify;
 pub mod cli;
@@ -18,7 +19,7 @@ pub mod cnn;
 pub mod cnn_checks;
 pub mod cnn_gpu;
 pub mod gpu;
-pub mod images;
+pub use crate::datasets::images;
 pub mod model;
 pub mod train;
 
@@ -115,80 +116,6 @@ impl Classifier {
             anyhow::bail!("the parameters contain NaN or infinite values");
         }
         Ok((model, meta))
-    }
-}
-
-/// Loss and confusion counts over an evaluation set.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Evaluation {
-    /// Number of samples evaluated.
-    pub samples: u64,
-    /// Summed per-sample loss.
-    pub loss: f64,
-    /// classes × classes, row = true class, column = predicted class.
-    pub confusion: Vec<u64>,
-    /// Number of classes.
-    pub classes: usize,
-}
-
-impl Evaluation {
-    /// An empty evaluation over `classes` classes.
-    pub fn new(classes: usize) -> Evaluation {
-        Evaluation { samples: 0, loss: 0.0, confusion: vec![0; classes * classes], classes }
-    }
-
-    /// Counts one sample of class `truth` predicted as `predicted` (its loss is added separately).
-    pub fn record(&mut self, truth: usize, predicted: usize) {
-        self.samples += 1;
-        self.confusion[truth * self.classes + predicted] += 1;
-    }
-
-    /// Samples predicted right.
-    pub fn correct(&self) -> u64 {
-        (0..self.classes).map(|k| self.confusion[k * self.classes + k]).sum()
-    }
-
-    /// Fraction predicted right, 0 to 1.
-    pub fn accuracy(&self) -> f64 {
-        self.correct() as f64 / self.samples.max(1) as f64
-    }
-
-    /// Mean loss per sample.
-    pub fn mean_loss(&self) -> f64 {
-        self.loss / self.samples.max(1) as f64
-    }
-
-    /// The confusion matrix as rows.
-    pub fn confusion_rows(&self) -> Vec<Vec<u64>> {
-        self.confusion.chunks(self.classes).map(<[u64]>::to_vec).collect()
-    }
-
-    /// The confusion matrix as text: a heading that counts the `images` ("test images"), a header of
-    /// predicted classes, one row per true class (its number and, when `names` has more, its name) with
-    /// its recall.
-    pub fn confusion_table(&self, names: &[&str], images: &str) -> String {
-        let c = self.classes;
-        let label = |k: usize| if names[k] == k.to_string() { k.to_string() } else { format!("{k} {}", names[k]) };
-        let label_width = (0..c).map(|k| label(k).chars().count()).max().unwrap_or(1);
-        let mut out = format!(
-            "confusion matrix, {} {images} (rows: true class, columns: predicted), accuracy {:.2}%\n{:label_width$}",
-            crate::report::count(self.samples as usize),
-            100.0 * self.accuracy(),
-            ""
-        );
-        for k in 0..c {
-            out += &format!(" {k:>6}");
-        }
-        out += "  recall";
-        for (k, row) in self.confusion_rows().iter().enumerate() {
-            out += &format!("\n{:<label_width$}", label(k));
-            for n in row {
-                out += &format!(" {n:>6}");
-            }
-            let total: u64 = row.iter().sum();
-            out += &format!("  {:>5.1}%", 100.0 * row[k] as f64 / total.max(1) as f64);
-        }
-        out
     }
 }
 
@@ -386,20 +313,12 @@ impl MnistTrainer for CpuTrainer {
 /// The MNIST pipeline as the command line, `selftest` and `bench` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     name: "mnist",
-    commands: &[
-        crate::pipeline::Command {
-            name: "mnist",
-            about: "Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)",
-            args: <cli::MnistArgs as clap::Args>::augment_args,
-            run: |m| cli::run(crate::pipeline::parsed(m)?),
-        },
-        crate::pipeline::Command {
-            name: "classify",
-            about: "Classify images (PNG, JPEG, PGM/PPM or IDX) with a trained MNIST model file",
-            args: <classify::ClassifyArgs as clap::Args>::augment_args,
-            run: |m| classify::run(crate::pipeline::parsed(m)?),
-        },
-    ],
+    commands: &[crate::pipeline::Command {
+        name: "mnist",
+        about: "Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)",
+        args: <cli::MnistArgs as clap::Args>::augment_args,
+        run: |m| cli::run(crate::pipeline::parsed(m)?),
+    }],
     checks: checks::selftest_checks,
     modules: checks::modules,
     benches: &[crate::pipeline::Bench {
@@ -410,4 +329,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     }],
     models: &[&crate::modelkind::MNIST_MLP, &crate::modelkind::MNIST_CNN],
     language_model: None,
+    image_classifier: Some(crate::pipeline::ImageClassifier { open: classify::open }),
 };

@@ -217,6 +217,16 @@ impl Workspace {
     }
 }
 
+/// The class scores (logits) of one image `x`, as `forward` computes them before the softmax.
+pub fn logits(p: &MlpParams, x: &[f32]) -> Vec<f32> {
+    let shape = p.shape;
+    let (i, h, c) = (shape.inputs, shape.hidden, shape.classes);
+    assert_eq!(x.len(), i, "image size does not match the model's inputs");
+    let w = p.parts();
+    let a: Vec<f32> = (0..h).map(|j| shape.activation.apply(dot(&w.w1[j * i..][..i], x) + w.b1[j])).collect();
+    (0..c).map(|k| dot(&w.w2[k * h..][..h], &a) + w.b2[k]).collect()
+}
+
 /// Forward over the samples `rows` of `data`: fills `ws` (z1, a, probs, predicted) and returns the
 /// summed loss Σ_s −log p[s, y_s].
 pub fn forward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace) -> f64 {

@@ -34,4 +34,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     }],
     models: &[&crate::modelkind::TRANSFORMER],
     language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
+    image_classifier: None,
 };

@@ -5,6 +5,7 @@
 //! without one: `cargo test --release -- --ignored`).
 
 mod common;
+mod fit_classify;
 mod fit_cli;
 mod fit_model;
 mod fit_spec;

@@ -1,8 +1,9 @@
-//! Image files as the model's input: PNG, JPEG and PNM (PGM, PPM, PBM, PAM) decoded by the `image` crate,
-//! then made 8-bit greyscale 28×28 as a torchvision pipeline of `transforms.Grayscale()` and
-//! `transforms.Resize((28, 28))` on a PIL image makes them: PIL's ITU-R 601-2 luma, alpha dropped (what
-//! PIL's `convert("L")` does), and PIL's bilinear resampling, antialiased when downscaling, in its
-//! fixed-point arithmetic. 16-bit samples are first scaled to 8 bits.
+//! Image files as a model's input: PNG, JPEG and PNM (PGM, PPM, PBM, PAM) decoded by the `image` crate,
+//! then made 8-bit greyscale of the model's size (28×28 for MNIST) as a torchvision pipeline of
+//! `transforms.Grayscale()` and `transforms.Resize((28, 28))` on a PIL image makes them: PIL's ITU-R
+//! 601-2 luma, alpha dropped (what PIL's `convert("L")` does), and PIL's bilinear resampling,
+//! antialiased when downscaling, in its fixed-point arithmetic. 16-bit samples are first scaled to 8
+//! bits. `textnet classify` reads its images through it.
 
 use super::idx::IMAGE_SIDE;
 use anyhow::{Result, bail};
@@ -10,15 +11,20 @@ use image::DynamicImage;
 
 /// An image as the model reads it, and what was done to get there.
 pub struct Decoded {
-    /// IMAGE_SIDE × IMAGE_SIDE greyscale bytes, row by row.
+    /// The model's width × height greyscale bytes, row by row.
     pub pixels: Vec<u8>,
     /// What the file held and how it was converted ("640×480 RGB, converted to greyscale and resized
-    /// to 28×28 as torchvision's Grayscale and Resize do"); None when it was 8-bit greyscale 28×28.
+    /// to 28×28 as torchvision's Grayscale and Resize do"); None when it was 8-bit greyscale of the size.
     pub conversion: Option<String>,
 }
 
-/// Decodes a PNG, JPEG or PNM file into the model's input.
+/// Decodes a PNG, JPEG or PNM file into an MNIST model's input (28×28).
 pub fn decode(bytes: &[u8]) -> Result<Decoded> {
+    decode_sized(bytes, IMAGE_SIDE, IMAGE_SIDE)
+}
+
+/// Decodes a PNG, JPEG or PNM file into the input of a model of `out_width` × `out_height` images.
+pub fn decode_sized(bytes: &[u8], out_width: usize, out_height: usize) -> Result<Decoded> {
     let reader = image::ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format()?;
     let format = match reader.format() {
         Some(format @ (image::ImageFormat::Png | image::ImageFormat::Jpeg | image::ImageFormat::Pnm)) => format,
@@ -36,7 +42,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded> {
         1 | 2 => samples.iter().step_by(channels).copied().collect(),
         _ => samples.chunks_exact(channels).map(|p| luma(p[0], p[1], p[2])).collect(),
     };
-    let pixels = resize_bilinear(&grey, width, height, IMAGE_SIDE, IMAGE_SIDE);
+    let pixels = resize_bilinear(&grey, width, height, out_width, out_height);
 
     let mut done = Vec::new();
     if sixteen_bits {
@@ -48,9 +54,9 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded> {
     if colour.has_alpha() {
         done.push("alpha dropped".into());
     }
-    let resized = (width, height) != (IMAGE_SIDE, IMAGE_SIDE);
+    let resized = (width, height) != (out_width, out_height);
     if resized {
-        done.push(format!("resized to {IMAGE_SIDE}×{IMAGE_SIDE}"));
+        done.push(format!("resized to {out_width}×{out_height}"));
     }
     if done.is_empty() {
         return Ok(Decoded { pixels, conversion: None });

@@ -239,7 +239,7 @@ struct GroupKernels {
 }
 
 struct GroupBuffers {
-    /// Output values (None: the group's output is its input, never the case for a group).
+    /// Output values, for `capacity` samples.
     y: Region,
     /// Pre-activation values (fused activations) or a pool's winners.
     z: Option<Region>,

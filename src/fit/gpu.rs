@@ -934,3 +934,83 @@ impl FitTrainer for GpuTrainer {
         self.download(self.params, self.net.param_count)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+    use crate::fit::spec;
+
+    fn net(layers: &str, input: Shape) -> Network {
+        Network::new(&spec::parse(layers).unwrap(), input).unwrap()
+    }
+
+    #[test]
+    fn activations_and_dropout_fuse_into_the_layer_before_and_flatten_is_a_view() {
+        let mlp = plan(&net("Linear(784, 128), ReLU, Dropout(0.1), Linear(10)", Shape::Flat(784)));
+        let dense = |inputs, outputs, act, dropout| Op::Dense { inputs, outputs, bias: true, act, dropout };
+        assert_eq!(
+            mlp.iter().map(|g| (g.op, g.layer, g.out_size)).collect::<Vec<_>>(),
+            [(dense(784, 128, 0, Some((2, 0.1))), Some(0), 128), (dense(128, 10, -1, None), Some(3), 10)]
+        );
+        assert!(fuses_loss(&mlp));
+        // Dropout before the activation stays on the Linear; the activation after it stands alone.
+        let odd = plan(&net("Linear(4, 8), Dropout(0.5), ReLU, Linear(70)", Shape::Flat(4)));
+        assert_eq!(odd[0].op, dense(4, 8, -1, Some((1, 0.5))));
+        assert_eq!(odd[1].op, Op::Pointwise { size: 8, act: 0, dropout: None });
+        assert!(!fuses_loss(&odd), "70 outputs are more than one block of the fused loss holds");
+        let image = Shape::Image { channels: 1, height: 28, width: 28 };
+        let cnn = plan(&net("Conv2d(1, 8, 3, padding=1), ReLU, MaxPool2d(2), Flatten, Linear(10)", image));
+        let kinds: Vec<_> = cnn.iter().map(|g| (std::mem::discriminant(&g.op), g.out_size)).collect();
+        let conv = std::mem::discriminant(&Op::Conv {
+            input: (1, 1, 1),
+            outputs: 1,
+            kernel: 1,
+            stride: 1,
+            padding: 0,
+            act: 0,
+        });
+        let pool = std::mem::discriminant(&Op::Pool { input: (1, 1, 1), k: 1 });
+        let linear = std::mem::discriminant(&dense(1, 1, 0, None));
+        assert_eq!(kinds, [(conv, 8 * 28 * 28), (pool, 8 * 14 * 14), (linear, 10)]);
+    }
+
+    #[test]
+    fn a_fused_loss_needs_no_loss_module_and_an_unfused_one_does() {
+        let fused = modules(&net("Linear(5, 3), Tanh, Linear(2)", Shape::Flat(5)), Loss::Mse);
+        assert!(fused.iter().all(|(_, d)| !d.contains(&("FIT_OP", 5))));
+        assert!(fused[1].1.contains(&("FIT_LOSS", 1)));
+        let unfused = modules(&net("Linear(5, 3), Tanh, Linear(2), Sigmoid", Shape::Flat(5)), Loss::Mse);
+        assert!(unfused.iter().any(|(_, d)| d == &vec![("FIT_OP", 5), ("FIT_OUT", 2), ("FIT_LOSS", 1)]));
+        assert_eq!(unfused.last(), Some(&update_module()));
+    }
+
+    #[test]
+    fn sizes_match_the_kernel_file() {
+        let dense =
+            [("FIT_OP", 1), ("FIT_IN", 784), ("FIT_OUT", 10), ("FIT_ACT", -1), ("FIT_BIAS", 1), ("FIT_DROP", 0)];
+        let names =
+            ["FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "BWD_BM", "BWD_BN", "BWD_BK", "BWD_TM", "BWD_TN"];
+        let (f, b) = (FORWARD_TILE, BACKWARD_TILE);
+        let host = [f.0, f.1, f.2, f.3, f.4, b.0, b.1, b.2, b.3, b.4].map(|v| v as i64);
+        assert_eq!(kernel_constants("fit", &dense, &names).unwrap(), host);
+        for outputs in [1, 10, 33, 64] {
+            let mut defines = dense.to_vec();
+            defines[2] = ("FIT_OUT", outputs);
+            defines.push(("FIT_LOSS", 0));
+            let bn = (outputs as usize).next_power_of_two().max(8) as i64;
+            assert_eq!(
+                kernel_constants("fit", &defines, &["LOSS_BN", "LOSS_TN"]).unwrap(),
+                [bn, if bn == 64 { 2 } else { 1 }]
+            );
+        }
+        for (side, padding) in [(28, 1), (14, 1), (5, 0)] {
+            let conv = [("FIT_OP", 2), ("FIT_CIN", 3), ("FIT_H", side), ("FIT_W", side), ("FIT_COUT", 4), ("FIT_K", 3)];
+            let conv = [&conv[..], &[("FIT_S", 1), ("FIT_P", padding), ("FIT_ACT", 0)]].concat();
+            let [positions, samples] = kernel_constants("fit", &conv, &["OH * OW", "SAMPLES"]).unwrap()[..] else {
+                panic!("two constants asked for")
+            };
+            assert_eq!(samples, conv_samples_per_run(positions as usize) as i64, "side {side}");
+        }
+    }
+}

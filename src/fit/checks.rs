@@ -230,19 +230,23 @@ fn reference_run(
     (sums, params, margin)
 }
 
-fn label(text: &str, input: Shape, loss: Loss) -> String {
-    format!("{text} on {input}, {}", loss.name())
+/// One checked spec: its text, the input shape and loss it is checked with, and its network.
+struct Case {
+    text: String,
+    input: Shape,
+    loss: Loss,
+    net: Network,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        format!("{} on {}, {}", self.text, self.input, self.loss.name())
+    }
 }
 
 /// One step at learning rate 0 on every output poisoned: losses, gradient and evaluation outputs.
-fn step_check(
-    gpu: &Arc<Gpu>,
-    net: &Network,
-    loss: Loss,
-    text: &str,
-    input: Shape,
-    rng: &mut SeededRng,
-) -> Result<Check> {
+fn step_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check> {
+    let (net, loss) = (&case.net, case.loss);
     let batch = 8;
     let mut draws = 0;
     let (p, order, x, batch_samples, key) = loop {
@@ -280,7 +284,7 @@ fn step_check(
     ]);
     Ok(Check {
         kernel: format!("fit step, every kernel, worst: {}{}", w.1, drawn(draws)),
-        shape: label(text, input, loss),
+        shape: case.label(),
         rel_error: w.0,
         tolerance: STEP_TOLERANCE,
     })
@@ -310,15 +314,8 @@ fn schedule(rows: usize, batch: usize, epochs: usize, base: f32, rng: &mut Seede
 }
 
 /// 100 steps (two epochs of 50) of `optim` on the GPU and the reference.
-fn training_check(
-    gpu: &Arc<Gpu>,
-    net: &Network,
-    loss: Loss,
-    optim: OptimConfig,
-    text: &str,
-    input: Shape,
-    rng: &mut SeededRng,
-) -> Result<Check> {
+fn training_check(gpu: &Arc<Gpu>, case: &Case, optim: OptimConfig, rng: &mut SeededRng) -> Result<Check> {
+    let (net, loss) = (&case.net, case.loss);
     let (batch, rows, epochs) = (4, 200, 2);
     let mut draws = 0;
     loop {
@@ -338,7 +335,7 @@ fn training_check(
         if !excused {
             return Ok(Check {
                 kernel: format!("fit 100 steps (graph) {}, worst: {}{}", optim.describe(), w.1, drawn(draws)),
-                shape: label(text, input, loss),
+                shape: case.label(),
                 rel_error: w.0,
                 tolerance: TRAINING_TOLERANCE,
             });
@@ -347,14 +344,8 @@ fn training_check(
 }
 
 /// Two identical GPU runs: 0 when every parameter has the same bits.
-fn repeat_check(
-    gpu: &Arc<Gpu>,
-    net: &Network,
-    loss: Loss,
-    text: &str,
-    input: Shape,
-    rng: &mut SeededRng,
-) -> Result<Check> {
+fn repeat_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check> {
+    let (net, loss) = (&case.net, case.loss);
     let (batch, rows) = (16, 160);
     let p = draw(net, loss, rows, rng);
     let (orders, lr) = schedule(rows, batch, 2, 1e-3, rng);
@@ -371,7 +362,7 @@ fn repeat_check(
     let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
     Ok(Check {
         kernel: format!("fit two runs, same bits ({differ} parameters differ)"),
-        shape: label(text, input, loss),
+        shape: case.label(),
         rel_error: if differ == 0 { 0.0 } else { f64::INFINITY },
         tolerance: 0.0,
     })
@@ -383,9 +374,10 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let specs = specs(plan);
     let mut rng = plan.rng("fit");
     for (i, (text, input, loss)) in specs.iter().enumerate() {
-        let net = network(text, *input)?;
+        let case = Case { text: text.clone(), input: *input, loss: *loss, net: network(text, *input)? };
+        let net = &case.net;
         if plan.wants(Group::Kernels) {
-            out.push(step_check(gpu, &net, *loss, text, *input, &mut rng)?);
+            out.push(step_check(gpu, &case, &mut rng)?);
         }
         // Training and repeat on the fixed specs and the narrower random ones.
         let narrow = net.shapes.iter().all(|s| model::size(*s) <= 256) || i < fixed_specs().len();
@@ -397,11 +389,11 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
                     optim.weight_decay = 0.01;
                     optim.clip_norm = 0.5;
                 }
-                out.push(training_check(gpu, &net, *loss, optim, text, *input, &mut rng)?);
+                out.push(training_check(gpu, &case, optim, &mut rng)?);
             }
         }
         if plan.wants(Group::Repeat) && i < fixed_specs().len() {
-            out.push(repeat_check(gpu, &net, *loss, text, *input, &mut rng)?);
+            out.push(repeat_check(gpu, &case, &mut rng)?);
         }
     }
     Ok(out)

@@ -22,7 +22,6 @@ itself (json + struct).
 """
 import argparse
 import csv
-import gzip
 import json
 import os
 import struct
@@ -32,6 +31,8 @@ import time
 import numpy as np
 import torch
 import torch.nn as nn
+
+from torch_mnist import FILES, read_idx  # the IDX reader of the MNIST twin, beside this script
 
 
 def read_safetensors(path):
@@ -101,19 +102,6 @@ def build(spec):
             modules.append({"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "flatten": nn.Flatten,
                             "gelu": lambda: nn.GELU(approximate="tanh")}[name]())
     return nn.Sequential(*modules)
-
-
-FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-
-
-def read_idx(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    ndims = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndims).reshape(dims).copy()
 
 
 def images(dataset, data_dir, shape):

@@ -38,6 +38,16 @@ fn fit(args: &[&str]) -> std::process::Output {
     textnet(&[&["fit", "--device", "cpu"][..], args].concat())
 }
 
+/// The flags that train `layers` on the table at `path` to predict its column y (the label left out).
+fn y_args<'a>(path: &'a Path, layers: &'a str) -> Vec<&'a str> {
+    vec!["--table", s(path), "--target", "y", "--ignore", "label", "--layers", layers]
+}
+
+/// `fit` of `layers` on the table at `path`, predicting y, with `extra` flags.
+fn fit_y(path: &Path, layers: &str, extra: &[&str]) -> std::process::Output {
+    fit(&[&y_args(path, layers)[..], extra].concat())
+}
+
 /// A table in a fresh directory, and the directory.
 fn table(rows: usize) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
@@ -147,25 +157,11 @@ fn fit_a_conv_spec_reads_images_as_images() {
 fn fit_a_numeric_target_reports_mae_and_predicts_in_its_units() {
     let (tmp, path) = table(600);
     let out = tmp.path().join("reg.safetensors");
-    let o = fit(&[
-        "--table",
-        s(&path),
-        "--target",
-        "y",
-        "--ignore",
-        "label",
-        "--layers",
+    let o = fit_y(
+        &path,
         "Linear(16), ReLU, Linear(1)",
-        "--epochs",
-        "40",
-        "--batch",
-        "32",
-        "--lr",
-        "0.01",
-        "--json",
-        "--out",
-        s(&out),
-    ]);
+        &["--epochs", "40", "--batch", "32", "--lr", "0.01", "--json", "--out", s(&out)],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let r = report(&o);
     assert_eq!(r["config"]["loss"], "mse", "a numeric target trains with squared error by default");
@@ -241,30 +237,26 @@ fn fit_a_text_target_is_a_class_and_predicts_its_names() {
 fn fit_patience_stops_early_and_keeps_the_best_epoch() {
     let (tmp, path) = table(300);
     let out = tmp.path().join("p.safetensors");
-    let o = fit(&[
-        "--table",
-        s(&path),
-        "--target",
-        "y",
-        "--ignore",
-        "label",
-        "--layers",
+    let o = fit_y(
+        &path,
         "Linear(32), ReLU, Linear(1)",
-        "--epochs",
-        "200",
-        "--lr",
-        "0.05",
-        "--batch",
-        "8",
-        "--val-split",
-        "0.3",
-        "--patience",
-        "2",
-        "--json",
-        "--quiet",
-        "--out",
-        s(&out),
-    ]);
+        &[
+            "--epochs",
+            "200",
+            "--lr",
+            "0.05",
+            "--batch",
+            "8",
+            "--val-split",
+            "0.3",
+            "--patience",
+            "2",
+            "--json",
+            "--quiet",
+            "--out",
+            s(&out),
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let r = report(&o);
     let epochs = r["epochs"].as_array().unwrap();
@@ -283,28 +275,24 @@ fn fit_the_schedule_changes_the_run_and_is_reported() {
     let (tmp, path) = table(200);
     let run = |schedule: &str, out: &str| {
         let out = tmp.path().join(out);
-        let o = fit(&[
-            "--table",
-            s(&path),
-            "--target",
-            "y",
-            "--ignore",
-            "label",
-            "--layers",
+        let o = fit_y(
+            &path,
             "Linear(8), ReLU, Linear(1)",
-            "--epochs",
-            "10",
-            "--lr",
-            "0.02",
-            "--lr-schedule",
-            schedule,
-            "--warmup",
-            "3",
-            "--json",
-            "--quiet",
-            "--out",
-            s(&out),
-        ]);
+            &[
+                "--epochs",
+                "10",
+                "--lr",
+                "0.02",
+                "--lr-schedule",
+                schedule,
+                "--warmup",
+                "3",
+                "--json",
+                "--quiet",
+                "--out",
+                s(&out),
+            ],
+        );
         assert!(o.status.success(), "{}", stderr(&o));
         (report(&o), std::fs::read(&out).unwrap())
     };
@@ -340,7 +328,7 @@ fn fit_never_replaces_a_better_model_nor_one_of_other_data() {
     let (tmp, path) = table(300);
     let out = tmp.path().join("k.safetensors");
     let args = |epochs: &'static str, lr: &'static str, layers: &'static str| {
-        let mut a = vec!["--table", s(&path), "--target", "y", "--ignore", "label", "--layers", layers];
+        let mut a = y_args(&path, layers);
         a.extend(["--epochs", epochs, "--lr", lr, "--quiet", "--out", s(&out)]);
         a.into_iter().map(String::from).collect::<Vec<_>>()
     };
@@ -364,23 +352,8 @@ fn fit_never_replaces_a_better_model_nor_one_of_other_data() {
 fn fit_refuses_a_file_whose_tensors_do_not_match_its_spec() {
     let (tmp, path) = table(100);
     let out = tmp.path().join("m.safetensors");
-    let o = fit(&[
-        "--table",
-        s(&path),
-        "--target",
-        "y",
-        "--ignore",
-        "label",
-        "--layers",
-        "Linear(6), ReLU, Linear(1)",
-        "--epochs",
-        "20",
-        "--lr",
-        "0.01",
-        "--quiet",
-        "--out",
-        s(&out),
-    ]);
+    let o =
+        fit_y(&path, "Linear(6), ReLU, Linear(1)", &["--epochs", "20", "--lr", "0.01", "--quiet", "--out", s(&out)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let bytes = std::fs::read(&out).unwrap();
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
@@ -407,12 +380,7 @@ fn fit_refuses_a_file_whose_tensors_do_not_match_its_spec() {
 fn fit_bad_inputs_are_one_line_before_training() {
     let (tmp, path) = table(60);
     let out = tmp.path().join("never.safetensors");
-    let table_run = |layers: &str, extra: &[&str]| {
-        let mut a =
-            vec!["--table", s(&path), "--target", "y", "--ignore", "label", "--layers", layers, "--out", s(&out)];
-        a.extend_from_slice(extra);
-        fit(&a)
-    };
+    let table_run = |layers: &str, extra: &[&str]| fit_y(&path, layers, &[&["--out", s(&out)][..], extra].concat());
     let image_run = |layers: &str, extra: &[&str]| {
         let mut a = vec!["--dataset", "fashion", "--train-limit", "100", "--layers", layers, "--out", s(&out)];
         a.extend_from_slice(extra);

@@ -470,6 +470,444 @@ loss_forward(const float* __restrict__ y, const unsigned* __restrict__ rows, int
 }
 #endif
 
+#if FIT_OP == 7
+// ---- the whole epoch in one block, for a small chain of Linear layers (each with its activation and
+// dropout) whose weights fit in registers: the sales-table shape, `Linear(32), ReLU, Linear(1)`. A step
+// of such a model is a few µs of work; as separate kernels it would pay a graph node (~0.9 µs) per
+// kernel and a grid-wide round trip per layer, so this kernel runs every step of an epoch as the sales
+// pipeline's does. Every warp holds a copy of the weights in registers and takes samples warp, warp +
+// WARPS, … of the batch through the whole network, forward and backward, adding its gradient in
+// registers; the warps' gradients meet in shared memory after one barrier, are summed in warp order (no
+// atomics: the same bits every run), and the optimizer updates the parameters, kept in shared memory
+// with their moments. Two barriers a step (four with clipping). The next batch is copied in with
+// cp.async while the current one computes.
+//
+// Within a warp a layer is laid out one of two ways (chosen at compile time by the layer's shape):
+//   ROWS  lane l owns outputs l, l + 32, … and their rows of W: the input comes whole to every lane (the
+//         staged batch row, read from shared memory), the output stays spread over the lanes. Only the
+//         first layer can be ROWS (its ∂x is never needed).
+//   COLS  lane l owns inputs l, l + 32, … and their columns of W: each lane forms a partial product of
+//         every output, a butterfly of shuffles sums them (every lane gets the same bits), so the output
+//         is whole in every lane and ∂x = W·dz lands spread over the lanes as the input was.
+// FIT_LAYERn packs layer n: inputs | outputs << 16 | (act + 1) << 32 | bias << 35 | dropout << 36 (the
+// launch layer's `whole_epoch_code`); FIT_BATCH is the batch, FIT_LOSS the loss.
+#ifndef FIT_LAYER1
+#define FIT_LAYER1 0
+#endif
+#ifndef FIT_LAYER2
+#define FIT_LAYER2 0
+#endif
+#ifndef FIT_LAYER3
+#define FIT_LAYER3 0
+#endif
+constexpr long long LAYER_CODES[4] = {FIT_LAYER0, FIT_LAYER1, FIT_LAYER2, FIT_LAYER3};
+constexpr int layer_count() {
+    int n = 0;
+    while (n < 4 && LAYER_CODES[n] != 0) ++n;
+    return n;
+}
+constexpr int LAYERS = layer_count(), BATCH = FIT_BATCH, LOSS = FIT_LOSS;
+static_assert(LAYERS >= 1 && BATCH >= 1 && BATCH <= THREADS, "1–4 layers, a batch of at most THREADS");
+
+struct DenseShape {
+    int in, out, act;
+    bool bias, drop;
+    int weight, bias_at, end;  // offsets in the flat parameter vector (`Network`'s layout)
+};
+constexpr DenseShape dense_shape(int l) {
+    DenseShape s{0, 0, ACT_NONE, false, false, 0, 0, 0};
+    for (int i = 0; i <= l && i < 4; ++i) {
+        const long long c = LAYER_CODES[i];
+        const int start = s.end;
+        s = DenseShape{(int)(c & 0xffff), (int)((c >> 16) & 0xffff), (int)((c >> 32) & 7) - 1, ((c >> 35) & 1) != 0,
+                       ((c >> 36) & 1) != 0, start, 0, 0};
+        s.bias_at = s.weight + s.in * s.out;
+        s.end = s.bias_at + (s.bias ? s.out : 0);
+    }
+    return s;
+}
+constexpr int P = dense_shape(LAYERS - 1).end;  // parameters
+constexpr int IN0 = dense_shape(0).in, OUTS = dense_shape(LAYERS - 1).out;
+constexpr int TARGET = LOSS == 0 ? 1 : OUTS;   // a staged target: a class, or OUTS values
+constexpr int PS = (P + 3) / 4 * 4;           // a parameter vector's stride in shared memory
+constexpr int XS = (IN0 + 3) / 4 * 4;         // a staged row's stride (float4 reads)
+
+template <int L>
+struct Dense {
+    static constexpr DenseShape S = dense_shape(L);
+    static constexpr int IN = S.in, OUT = S.out;
+    static constexpr bool ROWS = L == 0 && LAYERS > 1 && IN < 5 * OUT;
+    static constexpr int OWN = ROWS ? (OUT + 31) / 32 : (IN + 31) / 32;  // rows or columns a lane owns
+    static constexpr int SPAN = ROWS ? IN : OUT;                          // weights in each
+    static constexpr int VALS = ROWS ? OWN : OUT;                         // outputs a lane holds
+    float w[OWN][SPAN], g[OWN][SPAN];
+    float b[VALS], gb[VALS];
+    float z[VALS], y[VALS], dy[VALS];
+    float in[ROWS ? IN : OWN];  // the inputs kept for the weight gradient: the whole row (ROWS) or the lane's
+    unsigned key, threshold;   // dropout's key this step, and its threshold
+    float scale;
+
+    // Flat index of weight (own i, span j) for lane `lane`, or −1 where the lane owns nothing.
+    __device__ __forceinline__ static int weight_index(int lane, int i, int j) {
+        const int unit = lane + 32 * i;
+        if (ROWS) return unit < OUT ? S.weight + unit * IN + j : -1;
+        return unit < IN ? S.weight + j * IN + unit : -1;
+    }
+    __device__ __forceinline__ static int bias_index(int lane, int v) {
+        if (!S.bias) return -1;
+        if (ROWS) return lane + 32 * v < OUT ? S.bias_at + lane + 32 * v : -1;
+        return S.bias_at + v;
+    }
+    // Output value v of this lane: its index among the layer's outputs.
+    __device__ __forceinline__ static int output_index(int lane, int v) { return ROWS ? lane + 32 * v : v; }
+
+    __device__ __forceinline__ void load(const float* params, int lane, unsigned step, const unsigned* drop) {
+#pragma unroll
+        for (int i = 0; i < OWN; ++i)
+#pragma unroll
+            for (int j = 0; j < SPAN; ++j) {
+                const int at = weight_index(lane, i, j);
+                w[i][j] = at >= 0 ? params[at] : 0.0f;
+                g[i][j] = 0.0f;
+            }
+#pragma unroll
+        for (int v = 0; v < VALS; ++v) {
+            const int at = bias_index(lane, v);
+            b[v] = at >= 0 ? params[at] : 0.0f;
+            gb[v] = 0.0f;
+        }
+        if constexpr (S.drop) {
+            key = mix32(drop[3 * L] + step);
+            threshold = drop[3 * L + 1];
+            scale = __uint_as_float(drop[3 * L + 2]);
+        }
+    }
+
+    __device__ __forceinline__ float dropout(int s, int v) const {
+        return dropout_factor(key, (unsigned)(s * OUT + output_index(threadIdx.x % 32, v)), threshold, scale);
+    }
+
+    __device__ __forceinline__ void finish_output(int s) {
+#pragma unroll
+        for (int v = 0; v < VALS; ++v) {
+            y[v] = fit_activate(S.act, z[v]);
+            if constexpr (S.drop) y[v] *= dropout(s, v);
+        }
+    }
+
+    // Layer 0: the input is the staged batch row x (16-byte aligned; every lane reads it whole for ROWS).
+    __device__ __forceinline__ void forward_from_row(const float* x, int s) {
+        const int lane = threadIdx.x % 32;
+        if constexpr (ROWS) {
+#pragma unroll
+            for (int q = 0; q < XS / 4; ++q) {
+                const float4 four = reinterpret_cast<const float4*>(x)[q];
+                const float parts[4] = {four.x, four.y, four.z, four.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (4 * q + e < IN) in[4 * q + e] = parts[e];
+            }
+#pragma unroll
+            for (int i = 0; i < OWN; ++i) z[i] = b[i];
+#pragma unroll
+            for (int k = 0; k < IN; ++k)
+#pragma unroll
+                for (int i = 0; i < OWN; ++i) z[i] = fmaf(w[i][k], in[k], z[i]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < OWN; ++c) in[c] = lane + 32 * c < IN ? x[lane + 32 * c] : 0.0f;
+            columns_forward();
+        }
+        finish_output(s);
+    }
+
+    // A later layer: its input is the layer before's output (spread over the lanes or whole in each).
+    template <class Before>
+    __device__ __forceinline__ void forward_from(const Before& before, int s) {
+        static_assert(!ROWS, "only the first layer is ROWS");
+        const int lane = threadIdx.x % 32;
+#pragma unroll
+        for (int c = 0; c < OWN; ++c) {
+            if constexpr (Before::ROWS) {
+                in[c] = before.y[c];
+            } else {  // pick the lane's own inputs out of the whole output
+                float v = 0.0f;
+#pragma unroll
+                for (int k = 0; k < IN; ++k)
+                    if (k == lane + 32 * c) v = before.y[k];
+                in[c] = v;
+            }
+        }
+        columns_forward();
+        finish_output(s);
+    }
+
+    __device__ __forceinline__ void columns_forward() {
+#pragma unroll
+        for (int o = 0; o < OUT; ++o) {
+            float p = 0.0f;
+#pragma unroll
+            for (int c = 0; c < OWN; ++c) p = fmaf(w[c][o], in[c], p);
+            z[o] = warp_sum(p) + b[o];
+        }
+    }
+
+    // dy → dz in place, then the gradient: this layer's into g, gb; ∂x (COLS only) into dx[OWN], spread
+    // over the lanes as the input was.
+    __device__ __forceinline__ void backward(int s, float (&dx)[OWN]) {
+#pragma unroll
+        for (int v = 0; v < VALS; ++v) {
+            float d = dy[v];
+            if constexpr (S.drop) d *= dropout(s, v);
+            if (S.act != ACT_NONE) d *= fit_slope(S.act, z[v]);
+            dy[v] = d;
+            gb[v] += d;
+        }
+        if constexpr (ROWS) {
+#pragma unroll
+            for (int k = 0; k < IN; ++k)
+#pragma unroll
+                for (int i = 0; i < OWN; ++i) g[i][k] = fmaf(dy[i], in[k], g[i][k]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < OWN; ++c) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int o = 0; o < OUT; ++o) {
+                    g[c][o] = fmaf(dy[o], in[c], g[c][o]);
+                    acc = fmaf(dy[o], w[c][o], acc);
+                }
+                dx[c] = acc;
+            }
+        }
+    }
+
+    // The output gradient from the layer after's ∂x (spread over the lanes as this layer's output feeds it).
+    __device__ __forceinline__ void take_gradient(const float* dx) {
+        if constexpr (ROWS) {
+#pragma unroll
+            for (int i = 0; i < OWN; ++i) dy[i] = dx[i];
+        } else {  // whole in every lane again
+#pragma unroll
+            for (int o = 0; o < OUT; ++o) dy[o] = __shfl_sync(FULL_MASK, dx[o / 32], o % 32);
+        }
+    }
+
+    // The warp's gradient into its row of shared memory (every parameter written by exactly one lane).
+    __device__ __forceinline__ void store(float* partial, int lane) const {
+#pragma unroll
+        for (int i = 0; i < OWN; ++i)
+#pragma unroll
+            for (int j = 0; j < SPAN; ++j) {
+                const int at = weight_index(lane, i, j);
+                if (at >= 0) partial[at] = g[i][j];
+            }
+#pragma unroll
+        for (int v = 0; v < VALS; ++v) {
+            const int at = bias_index(lane, v);
+            if (at >= 0 && (ROWS || lane == 0)) partial[at] = gb[v];
+        }
+    }
+};
+
+// Layers L.. of the network, each with the ones after it.
+template <int L, bool LAST = (L + 1 == LAYERS)>
+struct Chain;
+
+template <int L>
+struct Chain<L, true> {
+    Dense<L> d;
+    __device__ __forceinline__ Dense<L>& last() { return d; }
+    __device__ __forceinline__ void load(const float* p, int lane, unsigned step, const unsigned* drop) {
+        d.load(p, lane, step, drop);
+    }
+    template <class Before>
+    __device__ __forceinline__ void forward(const Before& before, int s) {
+        d.forward_from(before, s);
+    }
+    __device__ __forceinline__ void forward_rest(int) {}
+    __device__ __forceinline__ void store(float* partial, int lane) const { d.store(partial, lane); }
+};
+
+template <int L>
+struct Chain<L, false> {
+    Dense<L> d;
+    Chain<L + 1> rest;
+    __device__ __forceinline__ Dense<LAYERS - 1>& last() { return rest.last(); }
+    __device__ __forceinline__ void load(const float* p, int lane, unsigned step, const unsigned* drop) {
+        d.load(p, lane, step, drop);
+        rest.load(p, lane, step, drop);
+    }
+    template <class Before>
+    __device__ __forceinline__ void forward(const Before& before, int s) {
+        d.forward_from(before, s);
+        rest.forward(d, s);
+    }
+    __device__ __forceinline__ void forward_rest(int s) { rest.forward(d, s); }
+    __device__ __forceinline__ void store(float* partial, int lane) const {
+        d.store(partial, lane);
+        rest.store(partial, lane);
+    }
+};
+
+// Backward through layers L.. given the last layer's dy: each layer hands ∂x to the one before.
+template <int L>
+__device__ __forceinline__ void chain_backward(Chain<L, true>& c, int s, float (&dx)[Dense<L>::OWN]) {
+    c.d.backward(s, dx);
+}
+template <int L>
+__device__ __forceinline__ void chain_backward(Chain<L, false>& c, int s, float (&dx)[Dense<L>::OWN]) {
+    float after[Dense<L + 1>::OWN];
+    chain_backward(c.rest, s, after);
+    c.d.take_gradient(after);
+    c.d.backward(s, dx);
+}
+
+// Forward for sample s (staged row x), its loss into *loss (lane 0) and the last layer's dy, then
+// backward, adding the sample's gradient to the chain's.
+__device__ __forceinline__ void sample_step(Chain<0>& net, int s, const float* x, const float* target, int b,
+                                            float* loss) {
+    net.d.forward_from_row(x, s);
+    net.forward_rest(s);
+    Dense<LAYERS - 1>& out = net.last();
+    static_assert(!Dense<LAYERS - 1>::ROWS, "the last layer holds its outputs whole");
+    float l;
+    if (LOSS == 0) {
+        const int cls = (int)__float_as_uint(target[0]);
+        float m = NEG_INF, picked = 0.0f;
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o) {
+            m = fmaxf(m, out.y[o]);
+            if (o == cls) picked = out.y[o];
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o) sum += expf(out.y[o] - m);
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o) out.dy[o] = (expf(out.y[o] - m) / sum - (o == cls ? 1.0f : 0.0f)) / b;
+        l = m + logf(sum) - picked;
+    } else {
+        float sq = 0.0f;
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o) {
+            const float err = out.y[o] - target[o];
+            sq += err * err;
+            out.dy[o] = 2.0f / ((float)b * OUTS) * err;
+        }
+        l = sq * (1.0f / OUTS);
+    }
+    if (threadIdx.x % 32 == 0) *loss = l;
+    float unused[Dense<0>::OWN];
+    chain_backward(net, s, unused);
+}
+
+// Dynamic shared memory, in floats: parameters, m, v (PS each), a gradient row per warp (PS each), two
+// staged batches (BATCH rows XS apart), two staged targets (BATCH·TARGET), two batches of row indices.
+constexpr int SMEM_PARAMS = 0, SMEM_M = PS, SMEM_V = 2 * PS, SMEM_PARTIAL = 3 * PS;
+constexpr int SMEM_X = SMEM_PARTIAL + WARPS * PS, SMEM_T = SMEM_X + 2 * BATCH * XS;
+constexpr int SMEM_ROWS = SMEM_T + 2 * BATCH * TARGET, SMEM_FLOATS = SMEM_ROWS + 2 * BATCH;
+
+// Copies the rows of one batch (indices in `rows`) and their targets into shared memory, asynchronously.
+__device__ __forceinline__ void stage_batch(float* xs, float* ts, const unsigned* rows, int b, const float* x,
+                                            const unsigned* classes, const float* values) {
+    for (int e = threadIdx.x; e < b * IN0; e += THREADS) {
+        const int s = e / IN0, k = e % IN0;
+        cp_async4(xs + s * XS + k, x + (size_t)rows[s] * IN0 + k);
+    }
+    for (int e = threadIdx.x; e < b * TARGET; e += THREADS) {
+        const int s = e / TARGET, o = e % TARGET;
+        if (LOSS == 0) cp_async4(ts + e, classes + rows[s]);
+        else cp_async4(ts + e, values + (size_t)rows[s] * OUTS + o);
+    }
+    cp_async_commit();
+}
+
+// Grid 1. The epoch's n samples are x rows order[0..n), BATCH a step (the last step may be shorter),
+// step k at rate lr[k]; per-sample losses (each before its step) into loss[0..n). params, m, v: the
+// flat vectors, read at the start and written back at the end; grad: the last step's gradient (unclipped).
+// step: steps taken before (advanced by the epoch's). drop: per layer (seed, threshold, scale bits).
+// shared_floats: the dynamic shared memory given, checked against SMEM_FLOATS.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+dense_train_epoch(const float* __restrict__ x, const unsigned* __restrict__ classes,
+                  const float* __restrict__ values, const unsigned* __restrict__ order, int n,
+                  const float* __restrict__ lr, float* __restrict__ params, float* __restrict__ grad,
+                  float* __restrict__ m, float* __restrict__ v, int kind, float momentum, float beta1,
+                  float beta2, float eps, float weight_decay, float clip_norm, unsigned* __restrict__ step,
+                  float* __restrict__ loss, const unsigned* __restrict__ drop, int shared_floats) {
+    extern __shared__ float smem[];
+    __shared__ float scratch[WARPS];
+    if (shared_floats < SMEM_FLOATS) __trap();
+    float *p_s = smem + SMEM_PARAMS, *m_s = smem + SMEM_M, *v_s = smem + SMEM_V;
+    unsigned* rows_s = reinterpret_cast<unsigned*>(smem + SMEM_ROWS);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, steps = (n + BATCH - 1) / BATCH;
+    const unsigned t0 = *step;
+    // Adam's βᵗ, advanced a step at a time (as the sales kernel does) rather than a pow per step.
+    double beta1_t = pow((double)beta1, (double)t0), beta2_t = pow((double)beta2, (double)t0);
+    for (int i = threadIdx.x; i < PS; i += THREADS) {
+        p_s[i] = i < P ? params[i] : 0.0f;
+        m_s[i] = i < P ? m[i] : 0.0f;
+        v_s[i] = i < P ? v[i] : 0.0f;
+    }
+    for (int s = threadIdx.x; s < 2 * BATCH; s += THREADS) rows_s[s] = s < n ? order[s] : 0u;
+    __syncthreads();
+    stage_batch(smem + SMEM_X, smem + SMEM_T, rows_s, min(BATCH, n), x, classes, values);
+
+    for (int k = 0; k < steps; ++k) {
+        const int first = k * BATCH, b = min(BATCH, n - first), cur = k & 1;
+        cp_async_wait_all();
+        __syncthreads();  // batch k staged, the last update done, the next batch's row indices written
+        if (k + 1 < steps)
+            stage_batch(smem + SMEM_X + (cur ^ 1) * BATCH * XS, smem + SMEM_T + (cur ^ 1) * BATCH * TARGET,
+                        rows_s + (cur ^ 1) * BATCH, min(BATCH, n - first - BATCH), x, classes, values);
+        // Row indices two steps ahead, stored into this step's slot once the loads have landed.
+        const int ahead = first + 2 * BATCH + threadIdx.x;
+        const unsigned ahead_row = threadIdx.x < BATCH && ahead < n ? order[ahead] : 0u;
+        const float rate = lr[k];
+
+        Chain<0> net;
+        net.load(p_s, lane, t0 + k, drop);
+        const float* xs = smem + SMEM_X + cur * BATCH * XS;
+        const float* ts = smem + SMEM_T + cur * BATCH * TARGET;
+        for (int s = warp; s < b; s += WARPS) sample_step(net, s, xs + s * XS, ts + s * TARGET, b, loss + first + s);
+        float* partial = smem + SMEM_PARTIAL + warp * PS;
+        net.store(partial, lane);
+        if (threadIdx.x < BATCH) rows_s[cur * BATCH + threadIdx.x] = ahead_row;
+        __syncthreads();  // every warp's gradient stored
+
+        beta1_t *= beta1;
+        beta2_t *= beta2;
+        OptimStep o{kind, rate, momentum, beta1, beta2, eps, weight_decay, 1.0f, (float)(1.0 - beta1_t),
+                    (float)(1.0 - beta2_t)};
+        float* summed = smem + SMEM_PARTIAL;  // row 0 takes the sums when clipping needs them all first
+        float sq = 0.0f;
+        for (int i = threadIdx.x; i < P; i += THREADS) {
+            float g = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) g += smem[SMEM_PARTIAL + w * PS + i];
+            if (k + 1 == steps) grad[i] = g;
+            if (clip_norm > 0.0f) {
+                summed[i] = g;
+                sq = fmaf(g, g, sq);
+            } else {
+                p_s[i] = optim_update(o, p_s[i], g, m_s[i], v_s[i]);
+            }
+        }
+        if (clip_norm > 0.0f) {  // uniform: every thread takes block_sum's barriers
+            const float norm = sqrtf(block_sum(sq, scratch));
+            if (norm > clip_norm) o.grad_scale = clip_norm / norm;
+            for (int i = threadIdx.x; i < P; i += THREADS) p_s[i] = optim_update(o, p_s[i], summed[i], m_s[i], v_s[i]);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += THREADS) {
+        params[i] = p_s[i];
+        m[i] = m_s[i];
+        v[i] = v_s[i];
+    }
+    if (threadIdx.x == 0) *step = t0 + steps;
+}
+#endif
+
 #if FIT_OP == 6
 // ---- the optimizer step over n parameters ----
 // A grid-stride pass. lr: this step's entry of the epoch's schedule. clip_norm 0 turns clipping off (then

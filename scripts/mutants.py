@@ -63,6 +63,12 @@ MUTATIONS = [
      "for (int r = lane; r < runs; r += 32) g += partial", "for (int r = lane; r < runs - 1; r += 32) g += partial", "fit"),
     ("fused loss: the layer before's gradient from the first sample's (fit)", "fit.cu",
      "acc = fmaf(d[s][o], W[(size_t)o * IN + k], acc);", "acc = fmaf(d[0][o], W[(size_t)o * IN + k], acc);", "fit"),
+    ("whole epoch: the last warp's gradient left out of the sum (fit)", "fit.cu",
+     "for (int w = 0; w < WARPS; ++w) g += smem[SMEM_PARTIAL + w * PS + i];",
+     "for (int w = 0; w < WARPS - 1; ++w) g += smem[SMEM_PARTIAL + w * PS + i];", "fit"),
+    ("whole epoch: backward without the activation's slope (fit)", "fit.cu",
+     "            if (S.act != ACT_NONE) d *= fit_slope(S.act, z[v]);\n",
+     "", "fit"),
 ]
 
 

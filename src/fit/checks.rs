@@ -8,6 +8,9 @@
 //!   warmup-and-cosine schedule) against the reference's 100 steps: the summed losses and parameters;
 //! - repeat: the same training twice on the GPU gives the same bits.
 //!
+//! Each check runs on the layer kernels, and again on the whole-epoch kernel where that takes the spec
+//! at the check's batch.
+//!
 //! The kink rule: a GPU and the CPU round a ReLU input or a max-pool's runner-up differently by about a
 //! relative 1e-7, so they may take different sides of a kink that close. The one-step check draws its
 //! problem again while it comes within KINK_MARGIN (ten times that) of a kink; a training run touches
@@ -18,7 +21,9 @@
 //! The random specs come from a fixed stream (so `modules` can list what the selftest compiles); the
 //! parameters and data come from the run's seed.
 
-use super::gpu::{GpuTrainer, modules as network_modules};
+use super::gpu::{
+    GpuTrainer, StepPath, modules as network_modules, plan as group_plan, whole_epoch_module, whole_epoch_plan,
+};
 use super::model::{self, DropoutKey, Init, Loss, Network};
 use super::spec::{self, Shape};
 use super::{FitTrainer, Samples, Setup, Target};
@@ -55,6 +60,9 @@ fn fixed_specs() -> Vec<(String, Shape, Loss)> {
         ),
         ("Conv2d(3, 5, 4, stride=2, padding=2), Tanh, Conv2d(5, 4, 3, stride=2, padding=1), MaxPool2d(3), Flatten, Dropout(0.3), Linear(6)", image(3, 13, 11), Loss::Ce),
         ("ReLU, Flatten, Linear(2)", image(2, 5, 7), Loss::Mse),
+        ("Linear(19, 32), ReLU, Linear(1)", Shape::Flat(19), Loss::Mse),
+        ("Linear(6, 40), Tanh, Dropout(0.3), Linear(8, bias=false), Sigmoid, Linear(2)", Shape::Flat(6), Loss::Mse),
+        ("Linear(50, 3)", Shape::Flat(50), Loss::Ce),
     ]
     .into_iter()
     .map(|(s, shape, loss)| (s.to_string(), shape, loss))
@@ -129,15 +137,40 @@ fn network(spec_text: &str, input: Shape) -> Result<Network> {
     Network::new(&spec::parse(spec_text)?, input)
 }
 
+/// Batches of the step, training and repeat checks.
+const STEP_BATCH: usize = 8;
+const TRAINING_BATCH: usize = 4;
+const REPEAT_BATCH: usize = 16;
+
+/// The paths a check of `net` at `batch` runs on: the layer kernels, and the whole-epoch kernel where it
+/// takes the network.
+fn paths(net: &Network, loss: Loss, batch: usize) -> Vec<StepPath> {
+    let mut out = vec![StepPath::Layers];
+    if whole_epoch_plan(net, &group_plan(net), loss, batch).is_some() {
+        out.push(StepPath::WholeEpoch);
+    }
+    out
+}
+
 /// The kernel modules the checks compile (so the selftest compiles them all at once first).
 pub fn modules(plan: &Plan) -> Vec<ModuleRequest> {
     let mut out = Vec::new();
     for (text, input, loss) in specs(plan) {
         if let Ok(net) = network(&text, input) {
             out.extend(network_modules(&net, loss));
+            for batch in [STEP_BATCH, TRAINING_BATCH, REPEAT_BATCH] {
+                if let Some(p) = whole_epoch_plan(&net, &group_plan(&net), loss, batch) {
+                    out.push(whole_epoch_module(&p, loss, batch));
+                }
+            }
         }
     }
     out
+}
+
+/// How a check's label names the path (the layer kernels' checks keep their plain names).
+fn on_path(path: StepPath) -> &'static str {
+    if path == StepPath::WholeEpoch { " (whole epoch)" } else { "" }
 }
 
 /// A random split of `rows` samples for `net` with `loss`'s targets.
@@ -245,9 +278,9 @@ impl Case {
 }
 
 /// One step at learning rate 0 on every output poisoned: losses, gradient and evaluation outputs.
-fn step_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check> {
+fn step_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng) -> Result<Check> {
     let (net, loss) = (&case.net, case.loss);
-    let batch = 8;
+    let batch = STEP_BATCH;
     let mut draws = 0;
     let (p, order, x, batch_samples, key) = loop {
         draws += 1;
@@ -266,7 +299,7 @@ fn step_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check>
         }
     };
     let optim = OptimConfig::new(OptimKind::Sgd);
-    let mut t = GpuTrainer::new(gpu.clone(), setup(net, loss, optim, &p), batch)?;
+    let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
     t.poison()?;
     let gpu_loss = t.train_epoch(&order, batch, &[0.0], &mut |_| {})?;
     let gpu_grad = t.gradient()?;
@@ -283,7 +316,7 @@ fn step_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check>
         ("eval loss", rel_error(&[gpu_eval_loss as f32], &[cpu_eval_loss])),
     ]);
     Ok(Check {
-        kernel: format!("fit step, every kernel, worst: {}{}", w.1, drawn(draws)),
+        kernel: format!("fit step{}, every kernel, worst: {}{}", on_path(path), w.1, drawn(draws)),
         shape: case.label(),
         rel_error: w.0,
         tolerance: STEP_TOLERANCE,
@@ -314,16 +347,22 @@ fn schedule(rows: usize, batch: usize, epochs: usize, base: f32, rng: &mut Seede
 }
 
 /// 100 steps (two epochs of 50) of `optim` on the GPU and the reference.
-fn training_check(gpu: &Arc<Gpu>, case: &Case, optim: OptimConfig, rng: &mut SeededRng) -> Result<Check> {
+fn training_check(
+    gpu: &Arc<Gpu>,
+    case: &Case,
+    optim: OptimConfig,
+    path: StepPath,
+    rng: &mut SeededRng,
+) -> Result<Check> {
     let (net, loss) = (&case.net, case.loss);
-    let (batch, rows, epochs) = (4, 200, 2);
+    let (batch, rows, epochs) = (TRAINING_BATCH, 200, 2);
     let mut draws = 0;
     loop {
         draws += 1;
         let p = draw(net, loss, rows, rng);
         let (orders, lr) = schedule(rows, batch, epochs, optim.lr, rng);
         let (cpu_sums, cpu_params, margin) = reference_run(net, loss, optim, &p, &orders, batch, &lr);
-        let mut t = GpuTrainer::new(gpu.clone(), setup(net, loss, optim, &p), batch)?;
+        let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
         let mut sums = Vec::new();
         for order in &orders {
             sums.push(t.train_epoch(order, batch, &lr, &mut |_| {})? as f32);
@@ -334,7 +373,13 @@ fn training_check(gpu: &Arc<Gpu>, case: &Case, optim: OptimConfig, rng: &mut See
         let excused = w.0 > TRAINING_TOLERANCE && margin < KINK_MARGIN && draws < MAX_DRAWS;
         if !excused {
             return Ok(Check {
-                kernel: format!("fit 100 steps (graph) {}, worst: {}{}", optim.describe(), w.1, drawn(draws)),
+                kernel: format!(
+                    "fit 100 steps ({}) {}, worst: {}{}",
+                    if path == StepPath::WholeEpoch { "whole epoch" } else { "graph" },
+                    optim.describe(),
+                    w.1,
+                    drawn(draws)
+                ),
                 shape: case.label(),
                 rel_error: w.0,
                 tolerance: TRAINING_TOLERANCE,
@@ -344,15 +389,15 @@ fn training_check(gpu: &Arc<Gpu>, case: &Case, optim: OptimConfig, rng: &mut See
 }
 
 /// Two identical GPU runs: 0 when every parameter has the same bits.
-fn repeat_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check> {
+fn repeat_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng) -> Result<Check> {
     let (net, loss) = (&case.net, case.loss);
-    let (batch, rows) = (16, 160);
+    let (batch, rows) = (REPEAT_BATCH, 160);
     let p = draw(net, loss, rows, rng);
     let (orders, lr) = schedule(rows, batch, 2, 1e-3, rng);
     let mut optim = OptimConfig::new(OptimKind::Adam);
     optim.clip_norm = 1.0;
     let run = || -> Result<Vec<u32>> {
-        let mut t = GpuTrainer::new(gpu.clone(), setup(net, loss, optim, &p), batch)?;
+        let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
         for order in &orders {
             t.train_epoch(order, batch, &lr, &mut |_| {})?;
         }
@@ -361,7 +406,7 @@ fn repeat_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Chec
     let (a, b) = (run()?, run()?);
     let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
     Ok(Check {
-        kernel: format!("fit two runs, same bits ({differ} parameters differ)"),
+        kernel: format!("fit two runs{}, same bits ({differ} parameters differ)", on_path(path)),
         shape: case.label(),
         rel_error: if differ == 0 { 0.0 } else { f64::INFINITY },
         tolerance: 0.0,
@@ -377,23 +422,29 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         let case = Case { text: text.clone(), input: *input, loss: *loss, net: network(text, *input)? };
         let net = &case.net;
         if plan.wants(Group::Kernels) {
-            out.push(step_check(gpu, &case, &mut rng)?);
+            for path in paths(net, *loss, STEP_BATCH) {
+                out.push(step_check(gpu, &case, path, &mut rng)?);
+            }
         }
         // Training and repeat on the fixed specs and the narrower random ones.
         let narrow = net.shapes.iter().all(|s| model::size(*s) <= 256) || i < fixed_specs().len();
         if plan.wants(Group::Training) && narrow {
-            for kind in [OptimKind::Sgd, OptimKind::Momentum, OptimKind::Adam, OptimKind::AdamW] {
-                let mut optim = OptimConfig::new(kind);
-                optim.lr = if matches!(kind, OptimKind::Sgd | OptimKind::Momentum) { 0.02 } else { 2e-3 };
-                if kind == OptimKind::AdamW {
-                    optim.weight_decay = 0.01;
-                    optim.clip_norm = 0.5;
+            for path in paths(net, *loss, TRAINING_BATCH) {
+                for kind in [OptimKind::Sgd, OptimKind::Momentum, OptimKind::Adam, OptimKind::AdamW] {
+                    let mut optim = OptimConfig::new(kind);
+                    optim.lr = if matches!(kind, OptimKind::Sgd | OptimKind::Momentum) { 0.02 } else { 2e-3 };
+                    if kind == OptimKind::AdamW {
+                        optim.weight_decay = 0.01;
+                        optim.clip_norm = 0.5;
+                    }
+                    out.push(training_check(gpu, &case, optim, path, &mut rng)?);
                 }
-                out.push(training_check(gpu, &case, optim, &mut rng)?);
             }
         }
         if plan.wants(Group::Repeat) && i < fixed_specs().len() {
-            out.push(repeat_check(gpu, &case, &mut rng)?);
+            for path in paths(net, *loss, REPEAT_BATCH) {
+                out.push(repeat_check(gpu, &case, path, &mut rng)?);
+            }
         }
     }
     Ok(out)

@@ -50,34 +50,9 @@ pub struct FitArgs {
     /// Directory of the --dataset's four IDX files (else searched as `textnet mnist` searches)
     #[arg(long, value_name = "DIR", requires = "dataset")]
     pub data: Option<PathBuf>,
-    /// Train on this table (tab- or comma-separated), predicting --target from the other columns
-    #[arg(long, value_name = "FILE", requires = "target")]
-    pub table: Option<PathBuf>,
-    /// The column to predict, by header name or 1-based number: a class label with --loss ce, a number
-    /// with --loss mse
-    #[arg(long, value_name = "COLUMN", requires = "table")]
-    pub target: Option<ColumnSpec>,
-    /// Numeric feature columns (comma-separated names or numbers; the other columns' roles are inferred)
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
-    pub numeric: Vec<ColumnSpec>,
-    /// Categorical feature columns, one-hot over the values seen in training
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
-    pub categorical: Vec<ColumnSpec>,
-    /// Date columns
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
-    pub date: Vec<ColumnSpec>,
-    /// Columns to leave out
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
-    pub ignore: Vec<ColumnSpec>,
-    /// Skip the table's bad rows (and report how many) instead of stopping at the first
-    #[arg(long)]
-    pub skip_bad_rows: bool,
-    /// Share of the table's rows that trains; the rest tests
-    #[arg(long, default_value_t = crate::datasets::table::DEFAULT_TRAIN_FRACTION)]
-    pub split: f64,
-    /// Which of the table's rows train: the first --split of a shuffle seeded by --seed, or of the file
-    #[arg(long, value_enum, default_value_t)]
-    pub split_order: SplitOrder,
+    #[command(flatten)]
+    /// The table flags (`--table`, `--target`, the column roles, `--split`).
+    pub tabular: TableArgs,
     /// The loss [default: ce for images and for a target column that is not all numbers, mse for a numeric one]
     #[arg(long, value_enum)]
     pub loss: Option<Loss>,
@@ -142,6 +117,62 @@ pub struct FitArgs {
     pub json: bool,
 }
 
+/// A table to train on and how its columns are read: the flags `fit` and `bench fit` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TableArgs {
+    /// Train on this table (tab- or comma-separated), predicting --target from the other columns
+    #[arg(long, value_name = "FILE", requires = "target")]
+    pub table: Option<PathBuf>,
+    /// The column to predict, by header name or 1-based number: a class label with --loss ce, a number
+    /// with --loss mse
+    #[arg(long, value_name = "COLUMN", requires = "table")]
+    pub target: Option<ColumnSpec>,
+    /// Numeric feature columns (comma-separated names or numbers; the other columns' roles are inferred)
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
+    pub numeric: Vec<ColumnSpec>,
+    /// Categorical feature columns, one-hot over the values seen in training
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
+    pub categorical: Vec<ColumnSpec>,
+    /// Date columns
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
+    pub date: Vec<ColumnSpec>,
+    /// Columns to leave out
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "table")]
+    pub ignore: Vec<ColumnSpec>,
+    /// Skip the table's bad rows (and report how many) instead of stopping at the first
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+    /// Share of the table's rows that trains; the rest tests
+    #[arg(long, default_value_t = crate::datasets::table::DEFAULT_TRAIN_FRACTION)]
+    pub split: f64,
+    /// Which of the table's rows train: the first --split of a shuffle seeded by --seed, or of the file
+    #[arg(long, value_enum, default_value_t)]
+    pub split_order: SplitOrder,
+}
+
+impl TableArgs {
+    /// The table source, or None without --table.
+    pub fn source(&self) -> Result<Option<Source>> {
+        let Some(file) = &self.table else { return Ok(None) };
+        if !(self.split > 0.0 && self.split < 1.0) {
+            bail!("--split must be between 0 and 1 (exclusive), got {}", self.split);
+        }
+        Ok(Some(Source::Table {
+            file: file.clone(),
+            target: self.target.clone().ok_or_else(|| anyhow!("--table needs --target COLUMN"))?,
+            overrides: Overrides {
+                numeric: self.numeric.clone(),
+                categorical: self.categorical.clone(),
+                date: self.date.clone(),
+                ignore: self.ignore.clone(),
+            },
+            split: self.split,
+            order: self.split_order,
+            skip_bad_rows: self.skip_bad_rows,
+        }))
+    }
+}
+
 /// Mixed into `--seed` for the shuffle stream, so it differs from the initialisation stream.
 const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
 
@@ -159,21 +190,9 @@ impl FitArgs {
     }
 
     fn source(&self) -> Result<Source> {
-        match (&self.dataset, &self.table) {
+        match (&self.dataset, self.tabular.source()?) {
             (Some(dataset), None) => Ok(Source::Images { dataset: *dataset, dir: self.data.clone() }),
-            (None, Some(file)) => Ok(Source::Table {
-                file: file.clone(),
-                target: self.target.clone().ok_or_else(|| anyhow!("--table needs --target COLUMN"))?,
-                overrides: Overrides {
-                    numeric: self.numeric.clone(),
-                    categorical: self.categorical.clone(),
-                    date: self.date.clone(),
-                    ignore: self.ignore.clone(),
-                },
-                split: self.split,
-                order: self.split_order,
-                skip_bad_rows: self.skip_bad_rows,
-            }),
+            (None, Some(table)) => Ok(table),
             _ => bail!("give the data to train on: --dataset mnist|fashion, or --table FILE --target COLUMN"),
         }
     }
@@ -185,9 +204,6 @@ impl FitArgs {
         crate::resources::check_epochs(self.epochs)?;
         if self.train_limit == Some(0) {
             bail!("--train-limit must be at least 1");
-        }
-        if !(self.split > 0.0 && self.split < 1.0) {
-            bail!("--split must be between 0 and 1 (exclusive), got {}", self.split);
         }
         if let Some(p) = self.patience {
             if p == 0 {
@@ -256,17 +272,17 @@ fn memory_need(net: &Network, data: &Data, batch: usize) -> MemoryNeed {
 
 /// The figures of one split's evaluation.
 #[derive(Clone, Copy, Debug, Default)]
-struct Figures {
+pub(super) struct Figures {
     /// Mean loss.
-    loss: f64,
+    pub loss: f64,
     /// Classes: the fraction right.
-    accuracy: Option<f64>,
+    pub accuracy: Option<f64>,
     /// Values: the mean absolute error in the file's units.
-    mae: Option<f64>,
+    pub mae: Option<f64>,
 }
 
 /// The figures of `outputs` on `s` (of `loss_sum` summed loss); `raw`: the targets in the file's units.
-fn figures(target: &TargetInfo, s: &Samples, raw: &[f32], loss_sum: f64, outputs: &[f32]) -> Figures {
+pub(super) fn figures(target: &TargetInfo, s: &Samples, raw: &[f32], loss_sum: f64, outputs: &[f32]) -> Figures {
     let rows = s.rows().max(1);
     let loss = loss_sum / rows as f64;
     match (target, &s.target) {
@@ -623,7 +639,7 @@ impl TrainingCommand for FitArgs {
             extra.insert("wall_s".into(), json!({"training": training_s, "total": started.elapsed().as_secs_f64()}));
             let (dataset, table) = match &args.dataset {
                 Some(d) => (Some(d.name()), None),
-                None => (None, args.table.as_ref().map(|p| p.display().to_string())),
+                None => (None, args.tabular.table.as_ref().map(|p| p.display().to_string())),
             };
             let classes = match &data.target {
                 TargetInfo::Classes { names } => Some(names.clone()),
@@ -637,7 +653,7 @@ impl TrainingCommand for FitArgs {
                     "layers": modelfile::spec_text(&net.layers),
                     "dataset": dataset,
                     "table": table,
-                    "target": args.target.as_ref().map(|t| t.to_string()),
+                    "target": args.tabular.target.as_ref().map(|t| t.to_string()),
                     "loss": data.loss.name(),
                     "init": report::flag_value(&args.init),
                     "optim": optim.kind.name(),
@@ -654,7 +670,7 @@ impl TrainingCommand for FitArgs {
                     "seed": args.seed,
                     "train_limit": args.train_limit,
                     "val_split": args.val_split,
-                    "split": args.table.as_ref().map(|_| args.split),
+                    "split": args.tabular.table.as_ref().map(|_| args.tabular.split),
                     "keep": args.keep().name(),
                     "out": args.out.display().to_string(),
                     "overwrite": args.overwrite,
@@ -731,7 +747,7 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
     let mut options = LoadOptions::new(t.schema.clone());
     options.delimiter = Some(t.delimiter);
     options.header = if t.header { HeaderMode::Present } else { HeaderMode::Absent };
-    options.skip_bad_rows = args.skip_bad_rows;
+    options.skip_bad_rows = args.tabular.skip_bad_rows;
     options.width = Some(t.width);
     options.target_optional = true;
     options.target_labels = m.loss == Loss::Ce;

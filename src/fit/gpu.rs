@@ -6,6 +6,10 @@
 //! forward kernel per group, the loss, one backward grid per group down to the first layer with
 //! parameters, and the update.
 //!
+//! A small chain of Linear layers (`whole_epoch_plan`: up to four, their weights within a warp's
+//! registers, a batch of at most 256) trains instead in one launch an epoch, `dense_train_epoch`, one
+//! block running every step; the layer kernels still evaluate it.
+//!
 //! Memory is one arena, allocated when the trainer is built: parameters, gradient, optimizer state, every
 //! group's activations for `capacity` samples, two gradient buffers used in turn, the per-sample losses,
 //! the epoch's order and learning rates, and every split. Training allocates nothing
@@ -31,6 +35,34 @@ const BACKWARD_TILE: (usize, usize, usize, usize, usize) = (16, 64, 64, 4, 4);
 /// Samples evaluated per forward pass, at least (the batch when larger).
 const EVAL_ROWS: usize = 1024;
 const NO_ACTIVATION: i64 = -1;
+/// The whole-epoch kernel's limits: Linear layers (FIT_LAYER0..3), batch (a thread per sample stages
+/// row indices), and the floats a lane holds in registers across a step (weights, their gradient, and
+/// one sample's activations), past which the compiler would spill them.
+const WHOLE_EPOCH_LAYERS: usize = 4;
+const WHOLE_EPOCH_BATCH: usize = THREADS;
+const WHOLE_EPOCH_REGISTERS: usize = 200;
+
+/// How a trainer runs its training steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPath {
+    /// The whole-epoch kernel where the network and batch fit it, else the layer kernels.
+    Auto,
+    /// The layer kernels, an epoch of them captured as one CUDA graph.
+    Layers,
+    /// The whole-epoch kernel (an error for a network or batch it does not take).
+    WholeEpoch,
+}
+
+impl StepPath {
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StepPath::Auto => "auto",
+            StepPath::Layers => "layer kernels",
+            StepPath::WholeEpoch => "whole epoch in one kernel",
+        }
+    }
+}
 
 /// What one group computes. `act` is an activation code (0 ReLU, 1 sigmoid, 2 tanh, 3 GELU; −1 none) and
 /// `dropout` the spec index and probability of a Dropout.
@@ -176,6 +208,66 @@ pub fn group_module(op: &Op, fused_loss: Option<Loss>) -> ModuleRequest {
     }
 }
 
+/// The whole-epoch kernel's view of a network (see `dense_train_epoch` in fit.cu): each Linear layer
+/// packed as FIT_LAYERn, and the dynamic shared memory it needs, in floats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WholeEpochPlan {
+    /// inputs | outputs << 16 | (act + 1) << 32 | bias << 35 | dropout << 36, per layer.
+    pub codes: Vec<i64>,
+    /// SMEM_FLOATS.
+    pub shared_floats: usize,
+}
+
+/// The whole-epoch plan of `net` (cut into `groups`) at `batch`, or None where the kernel does not take
+/// it: anything but Linear layers (with their activations and dropout), more than four of them, a batch
+/// above 256, or weights past a lane's registers. Mirrors `Dense` in fit.cu: only the first layer of
+/// several lays its rows over the lanes (when its inputs are fewer than 5 × its outputs), the others
+/// their columns.
+pub fn whole_epoch_plan(net: &Network, groups: &[Group], loss: Loss, batch: usize) -> Option<WholeEpochPlan> {
+    if groups.is_empty() || groups.len() > WHOLE_EPOCH_LAYERS || batch == 0 || batch > WHOLE_EPOCH_BATCH {
+        return None;
+    }
+    let (mut codes, mut registers, mut at) = (Vec::new(), 0, 0);
+    for (l, g) in groups.iter().enumerate() {
+        let Op::Dense { inputs, outputs, bias, act, dropout } = g.op else { return None };
+        // The kernel lays the parameters out layer by layer, weights then bias, as `Network` does.
+        let params = net.params[g.layer?].as_ref()?;
+        if params.weight.start != at || params.bias.as_ref().is_some_and(|b| b.start != at + inputs * outputs) {
+            return None;
+        }
+        at += inputs * outputs + if bias { outputs } else { 0 };
+        let rows = l == 0 && groups.len() > 1 && inputs < 5 * outputs;
+        let (own, span, values) = if rows {
+            (outputs.div_ceil(32), inputs, outputs.div_ceil(32))
+        } else {
+            (inputs.div_ceil(32), outputs, outputs)
+        };
+        registers += 2 * own * span + 3 * values + if rows { inputs } else { own };
+        if inputs >= 1 << 16 || outputs >= 1 << 16 {
+            return None;
+        }
+        let drop = dropout.is_some_and(|(_, p)| p > 0.0);
+        codes
+            .push(inputs as i64 | (outputs as i64) << 16 | (act + 1) << 32 | (bias as i64) << 35 | (drop as i64) << 36);
+    }
+    if registers > WHOLE_EPOCH_REGISTERS {
+        return None;
+    }
+    let ps = net.param_count.div_ceil(4) * 4;
+    let target = if loss == Loss::Ce { 1 } else { net.outputs() };
+    let shared_floats = (3 + THREADS / 32) * ps + 2 * batch * (net.inputs().div_ceil(4) * 4 + target + 1);
+    Some(WholeEpochPlan { codes, shared_floats })
+}
+
+const LAYER_DEFINES: [&str; WHOLE_EPOCH_LAYERS] = ["FIT_LAYER0", "FIT_LAYER1", "FIT_LAYER2", "FIT_LAYER3"];
+
+/// The whole-epoch module of a plan, for `loss` and `batch`.
+pub fn whole_epoch_module(plan: &WholeEpochPlan, loss: Loss, batch: usize) -> ModuleRequest {
+    let mut defines = vec![("FIT_OP", 7), ("FIT_BATCH", batch as i64), ("FIT_LOSS", loss_code(loss))];
+    defines.extend(LAYER_DEFINES.iter().zip(&plan.codes).map(|(name, &code)| (*name, code)));
+    ("fit", defines)
+}
+
 /// The loss module for `outputs` values per sample.
 pub fn loss_module(loss: Loss, outputs: usize) -> ModuleRequest {
     ("fit", vec![("FIT_OP", 5), ("FIT_OUT", outputs as i64), ("FIT_LOSS", loss_code(loss))])
@@ -249,6 +341,15 @@ struct GroupBuffers {
     conv_partial: Option<Region>,
 }
 
+/// The whole-epoch kernel of a trainer: compiled for `batch`, with the per-layer dropout table it reads.
+struct WholeEpoch {
+    kernel: Kernel,
+    batch: usize,
+    shared_floats: usize,
+    /// Per group: the layer seed, threshold and scale bits of its dropout (zeros without).
+    dropout: Region,
+}
+
 struct CapturedEpoch {
     samples: usize,
     batch: usize,
@@ -287,6 +388,7 @@ pub struct GpuTrainer {
     splits: Vec<DeviceSplit>,
     update_grid: u32,
     captured: Option<CapturedEpoch>,
+    whole_epoch: Option<WholeEpoch>,
     free_after_setup: usize,
     graph_bytes: usize,
 }
@@ -307,8 +409,13 @@ fn free_device_bytes() -> usize {
 
 impl GpuTrainer {
     /// Compiles the network's modules, allocates the arena for batches of up to `batch` samples and uploads
-    /// the parameters and every split.
+    /// the parameters and every split; steps run as `StepPath::Auto` chooses.
     pub fn new(gpu: Arc<Gpu>, setup: Setup, batch: usize) -> Result<GpuTrainer> {
+        GpuTrainer::with_path(gpu, setup, batch, StepPath::Auto)
+    }
+
+    /// As `new`, with the steps' path chosen.
+    pub fn with_path(gpu: Arc<Gpu>, setup: Setup, batch: usize, path: StepPath) -> Result<GpuTrainer> {
         let Setup { net, params, loss, optim, dropout_seed, splits } = setup;
         if params.len() != net.param_count {
             bail!("internal: {} parameters given for a network of {}", params.len(), net.param_count);
@@ -383,6 +490,12 @@ impl GpuTrainer {
             None => Gpu::function(&gpu.module(&loss_module(loss, outputs))?, "loss_forward")?,
         };
         let update_kernel = Gpu::function(&gpu.module(&update_module())?, "fit_update")?;
+        let whole_plan = whole_epoch_plan(&net, &groups, loss, batch)
+            .filter(|p| 4 * p.shared_floats <= gpu.max_shared_optin)
+            .filter(|_| path != StepPath::Layers);
+        if path == StepPath::WholeEpoch && whole_plan.is_none() {
+            bail!("internal: the whole-epoch kernel does not take this network at batch {batch}");
+        }
 
         // The arena's layout.
         let n = net.param_count;
@@ -425,6 +538,7 @@ impl GpuTrainer {
         let losses = layout.take(train_rows.max(capacity));
         let order = layout.take(train_rows.max(1));
         let lr = layout.take(train_rows.max(1));
+        let dropout_table = layout.take(3 * groups.len());
         let mut device_splits = Vec::with_capacity(splits.len());
         for s in &splits {
             if s.features != net.inputs() {
@@ -452,6 +566,17 @@ impl GpuTrainer {
                 .context("copying to the GPU")
         };
         put(p_params, bytes_of(&params))?;
+        let table: Vec<u32> = groups
+            .iter()
+            .flat_map(|g| match g.op {
+                Op::Dense { dropout, .. } => {
+                    let (seed, threshold, scale) = dropout_values(dropout_seed, dropout, true);
+                    [seed, threshold, scale.to_bits()]
+                }
+                _ => [0; 3],
+            })
+            .collect();
+        put(dropout_table, bytes_of(&table))?;
         for (s, d) in splits.iter().zip(&device_splits) {
             put(d.x, bytes_of(&s.x))?;
             match &s.target {
@@ -461,6 +586,14 @@ impl GpuTrainer {
         }
         stream.synchronize().context("copying to the GPU")?;
         let update_grid = n.div_ceil(THREADS).clamp(1, 4 * gpu.sm_count as usize) as u32;
+        let whole_epoch = match whole_plan {
+            Some(p) => {
+                let kernel = Gpu::function(&gpu.module(&whole_epoch_module(&p, loss, batch))?, "dense_train_epoch")?;
+                gpu.reserve_shared(&kernel, 4 * p.shared_floats, "--batch")?;
+                Some(WholeEpoch { kernel, batch, shared_floats: p.shared_floats, dropout: dropout_table })
+            }
+            None => None,
+        };
         Ok(GpuTrainer {
             free_after_setup: free_device_bytes(),
             gpu,
@@ -492,6 +625,7 @@ impl GpuTrainer {
             splits: device_splits,
             update_grid,
             captured: None,
+            whole_epoch,
             graph_bytes: 0,
         })
     }
@@ -516,14 +650,8 @@ impl GpuTrainer {
 
     /// Dropout's (layer seed, threshold, scale) for a group, off when not `training`.
     fn dropout_args(&self, dropout: Option<(usize, f32)>, training: bool) -> [Arg; 3] {
-        match dropout {
-            Some((layer, p)) if training && p > 0.0 => [
-                Arg::u32(mix32(self.dropout_seed ^ (layer as u32).wrapping_mul(0x9e37_79b9))),
-                Arg::u32(dropout_threshold(p)),
-                Arg::f32(1.0 / (1.0 - p as f64) as f32),
-            ],
-            _ => [Arg::u32(0), Arg::u32(0), Arg::f32(1.0)],
-        }
+        let (seed, threshold, scale) = dropout_values(self.dropout_seed, dropout, training);
+        [Arg::u32(seed), Arg::u32(threshold), Arg::f32(scale)]
     }
 
     /// The forward kernels of every group over `b` samples: of split `split` gathered through the order
@@ -863,17 +991,70 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// Runs one epoch's graph over the uploaded order and rates, without reading anything back.
+    /// Runs one epoch over the uploaded order and rates, without reading anything back: the whole-epoch
+    /// kernel where the trainer has it for this batch, else the epoch's graph.
     pub fn launch_epoch(&mut self, samples: usize, batch: usize) -> Result<()> {
+        if let Some(w) = self.whole_epoch.as_ref().filter(|w| w.batch == batch) {
+            return self.launch_whole_epoch(w, samples);
+        }
         self.prepare_epoch(samples, batch)?;
         self.captured.as_ref().expect("prepared").graph.launch().context("replaying the epoch's graph")?;
         Ok(())
+    }
+
+    fn launch_whole_epoch(&self, w: &WholeEpoch, samples: usize) -> Result<()> {
+        let data = &self.splits[0];
+        let (classes, values) = match self.loss {
+            Loss::Ce => (self.ptr(data.target), Arg::Ptr(0)),
+            Loss::Mse => (Arg::Ptr(0), self.ptr(data.target)),
+        };
+        let optim = self.optim.kernel_args();
+        let mut args = vec![
+            self.ptr(data.x),
+            classes,
+            values,
+            self.ptr(self.order),
+            Arg::i32(samples as i32),
+            self.ptr(self.lr),
+            self.ptr(self.params),
+            self.ptr(self.grad),
+            self.ptr(self.m),
+            self.ptr(self.v),
+            optim[0],
+        ];
+        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm; the rates come from
+        // the schedule instead.
+        args.extend_from_slice(&optim[2..]);
+        args.extend([self.step_ptr(), self.ptr(self.losses), self.ptr(w.dropout), Arg::i32(w.shared_floats as i32)]);
+        self.gpu.launch(&w.kernel, (1, 1), (4 * w.shared_floats) as u32, false, &args)
+    }
+
+    /// How this trainer runs an epoch of `batch`.
+    pub fn path(&self, batch: usize) -> StepPath {
+        if self.whole_epoch.as_ref().is_some_and(|w| w.batch == batch) {
+            StepPath::WholeEpoch
+        } else {
+            StepPath::Layers
+        }
     }
 
     /// The dropout key of the next step, as the CPU reference computes it.
     pub fn dropout_key(&self) -> Result<DropoutKey> {
         let step = self.download(self.counters, 1)?[0].to_bits();
         Ok(DropoutKey { seed: self.dropout_seed, step })
+    }
+}
+
+/// Dropout's (layer seed, threshold, scale) for a group's dropout, off (0, 0, 1) without one or when not
+/// `training`.
+fn dropout_values(seed: u32, dropout: Option<(usize, f32)>, training: bool) -> (u32, u32, f32) {
+    match dropout {
+        Some((layer, p)) if training && p > 0.0 => (
+            mix32(seed ^ (layer as u32).wrapping_mul(0x9e37_79b9)),
+            dropout_threshold(p),
+            (1.0 / (1.0 - p as f64)) as f32,
+        ),
+        _ => (0, 0, 1.0),
     }
 }
 
@@ -983,6 +1164,48 @@ mod tests {
         let unfused = modules(&net("Linear(5, 3), Tanh, Linear(2), Sigmoid", Shape::Flat(5)), Loss::Mse);
         assert!(unfused.iter().any(|(_, d)| d == &vec![("FIT_OP", 5), ("FIT_OUT", 2), ("FIT_LOSS", 1)]));
         assert_eq!(unfused.last(), Some(&update_module()));
+    }
+
+    #[test]
+    fn the_whole_epoch_kernel_takes_small_dense_chains_only() {
+        let plan_of = |layers: &str, inputs: usize, batch: usize| {
+            let n = net(layers, Shape::Flat(inputs));
+            whole_epoch_plan(&n, &plan(&n), Loss::Mse, batch)
+        };
+        assert!(plan_of("Linear(32), ReLU, Linear(1)", 19, 64).is_some(), "the sales shape");
+        assert!(plan_of("Linear(32), ReLU, Linear(1)", 19, WHOLE_EPOCH_BATCH + 1).is_none(), "batch");
+        assert!(plan_of("Linear(128), ReLU, Linear(10)", 784, 64).is_none(), "the MNIST MLP's weights");
+        assert!(
+            plan_of("Linear(4), ReLU, Linear(4), ReLU, Linear(4), ReLU, Linear(4), ReLU, Linear(1)", 3, 8).is_none()
+        );
+        assert!(plan_of("ReLU, Linear(1)", 3, 8).is_none(), "a lone activation");
+        let conv = net("Conv2d(1, 2, 3), Flatten, Linear(1)", Shape::Image { channels: 1, height: 5, width: 5 });
+        assert!(whole_epoch_plan(&conv, &plan(&conv), Loss::Mse, 8).is_none());
+    }
+
+    #[test]
+    fn whole_epoch_sizes_match_the_kernel_file() {
+        for (layers, inputs, loss, batch) in [
+            ("Linear(32), ReLU, Linear(1)", 19, Loss::Mse, 64),
+            ("Linear(6, 40), Tanh, Dropout(0.3), Linear(8, bias=false), Sigmoid, Linear(2)", 6, Loss::Mse, 4),
+            ("Linear(20, 33), GELU, Linear(33, 7), ReLU, Dropout(0.5), Linear(5)", 20, Loss::Ce, 256),
+            ("Linear(50, 3)", 50, Loss::Ce, 8),
+        ] {
+            let n = net(layers, Shape::Flat(inputs));
+            let p = whole_epoch_plan(&n, &plan(&n), loss, batch).unwrap_or_else(|| panic!("{layers}: no plan"));
+            let (_, defines) = whole_epoch_module(&p, loss, batch);
+            let rows = p.codes.iter().enumerate().map(|(l, &c)| {
+                let (i, o) = ((c & 0xffff) as usize, (c >> 16 & 0xffff) as usize);
+                1 + (l == 0 && p.codes.len() > 1 && i < 5 * o) as i64
+            });
+            // (1 + …: a constant of 0 has no initializer in the PTX.)
+            let expressions: Vec<String> = (0..p.codes.len()).map(|l| format!("1 + Dense<{l}>::ROWS")).collect();
+            let mut asked = vec!["SMEM_FLOATS", "P", "LAYERS"];
+            asked.extend(expressions.iter().map(String::as_str));
+            let mut host = vec![p.shared_floats as i64, n.param_count as i64, p.codes.len() as i64];
+            host.extend(rows);
+            assert_eq!(kernel_constants("fit", &defines, &asked).unwrap(), host, "{layers}");
+        }
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "fit",
-        about: "A --layers model's training speed and accuracy on Fashion-MNIST",
+        about: "A --layers model's training speed and accuracy on Fashion-MNIST or a --table",
         args: <bench::FitBenchArgs as clap::Args>::augment_args,
         run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
     }],

@@ -19,6 +19,8 @@
 //                     does not fuse into the last layer.
 //   FIT_OP 6  update  the optimizer over the flat parameter vector (optim.cuh), clipped by the Σg² partials
 //                     the backward grids wrote, at the learning rate the step's schedule entry gives.
+//   FIT_OP 7  whole epoch  a chain of up to four Linear layers small enough for a warp's registers: every
+//                     step of an epoch in one block (`dense_train_epoch`), in place of families 1, 5 and 6.
 //
 // No float atomics: every gradient element and every per-sample loss is written by one thread in a fixed
 // order, so a run repeats to the bit. Dropout's mask is the hash of src/fit/model.rs `dropout_keeps`; the

@@ -406,6 +406,21 @@ impl Gpu {
         programmatic: bool,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_on(&self.stream, kernel, blocks, threads, shared, programmatic, args)
+    }
+
+    /// As `launch_sized`, on `stream` (one of this GPU's context) instead of the GPU's own.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_on(
+        &self,
+        stream: &CudaStream,
+        kernel: &Kernel,
+        blocks: (u32, u32),
+        threads: u32,
+        shared: u32,
+        programmatic: bool,
+        args: &[Arg],
+    ) -> Result<()> {
         use cudarc::driver::sys;
         if let Some(sizes) = kernel.parameter_sizes() {
             check_arguments(&kernel.name, sizes, args)?;
@@ -431,7 +446,7 @@ impl Gpu {
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: shared,
-            hStream: self.stream.cu_stream(),
+            hStream: stream.cu_stream(),
             attrs: &mut attribute,
             numAttrs: (programmatic && programmatic_launch_enabled()) as u32,
         };

@@ -102,6 +102,8 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBe
             "test_loss": figs.loss,
         }));
     }
+    // Measured before the phase graphs below, which are not training and take their own memory.
+    let allocated = trainer.device_bytes_allocated_by_training();
     // Each phase of a step alone on the layer kernels: a graph of 64 of it on a full batch, replayed.
     let mut phases = serde_json::Map::new();
     if path == StepPath::Layers {
@@ -153,7 +155,7 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBe
         "launches": launches,
         "launches_per_step": (path == StepPath::Layers).then(|| trainer.launches_per_step()),
         "arena_bytes": trainer.arena_bytes(),
-        "device_bytes_allocated_during_training": trainer.device_bytes_allocated_by_training(),
+        "device_bytes_allocated_during_training": allocated,
         "epoch_graph_bytes": trainer.graph_bytes(),
         "us_per_phase": phases,
         "runs": runs,
@@ -177,7 +179,7 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &FitBe
             out["total_s"].as_f64().unwrap_or(f64::NAN),
             out["us_per_step"].as_f64().unwrap_or(f64::NAN),
             path.name(),
-            trainer.device_bytes_allocated_by_training(),
+            allocated,
         );
     }
     Ok(())

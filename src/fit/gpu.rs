@@ -4,14 +4,15 @@
 //! fused in, a MaxPool2d, or a lone activation or Dropout; Flatten is only a new view of the same values.
 //! Each distinct group compiles its own module of `fused/fit.cu` with its sizes as defines. A step is one
 //! forward kernel per group, the loss, one backward grid per group down to the first layer with
-//! parameters, and the update.
+//! parameters, and the update. The weight gradients that no ∂x waits for run on side streams beside the
+//! chain of ∂x kernels, so the epoch's graph has them as parallel branches.
 //!
 //! A small chain of Linear layers (`whole_epoch_plan`: up to four, their weights within a warp's
 //! registers, a batch of at most 256) trains instead in one launch an epoch, `dense_train_epoch`, one
 //! block running every step; the layer kernels still evaluate it.
 //!
 //! Memory is one arena, allocated when the trainer is built: parameters, gradient, optimizer state, every
-//! group's activations for `capacity` samples, two gradient buffers used in turn, the per-sample losses,
+//! group's activations and output gradient for `capacity` samples, the per-sample losses,
 //! the epoch's order and learning rates, and every split. Training allocates nothing
 //! (`device_bytes_allocated_by_training` measures it). An epoch's steps are captured once as a CUDA graph
 //! and replayed every epoch after the order and the rates are uploaded; the host reads back the
@@ -24,7 +25,7 @@ use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaGraph, CudaSlice};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use std::sync::Arc;
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
@@ -381,7 +382,11 @@ pub struct GpuTrainer {
     partial_count: usize,
     counters: Region,
     buffers: Vec<GroupBuffers>,
-    d: [Region; 2],
+    /// Each group's output gradient, for `capacity` samples.
+    dy: Vec<Region>,
+    /// Per group, the stream its weight gradient runs on beside the main stream's chain of ∂x kernels
+    /// (None: on the main stream, within a grid that also forms ∂x).
+    sides: Vec<Option<Arc<CudaStream>>>,
     losses: Region,
     order: Region,
     lr: Region,
@@ -504,9 +509,7 @@ impl GpuTrainer {
         let counters = layout.take(2); // step, update ticket
         let mut partial_count = 0;
         let mut buffers = Vec::with_capacity(groups.len());
-        let mut widest = outputs;
-        for (g, shape_in) in groups.iter().zip(group_inputs(&net, &groups)) {
-            widest = widest.max(g.out_size).max(shape_in);
+        for g in &groups {
             let count = match g.op {
                 Op::Dense { inputs, outputs, bias, .. } => {
                     let (bm, bn, ..) = BACKWARD_TILE;
@@ -533,7 +536,7 @@ impl GpuTrainer {
             partial_count += count;
         }
         let partials = layout.take(partial_count.max(1));
-        let d = [layout.take(capacity * widest), layout.take(capacity * widest)];
+        let dy: Vec<Region> = groups.iter().map(|g| layout.take(capacity * g.out_size)).collect();
         let train_rows = splits.first().map_or(0, |s| s.rows());
         let losses = layout.take(train_rows.max(capacity));
         let order = layout.take(train_rows.max(1));
@@ -586,6 +589,10 @@ impl GpuTrainer {
         }
         stream.synchronize().context("copying to the GPU")?;
         let update_grid = n.div_ceil(THREADS).clamp(1, 4 * gpu.sm_count as usize) as u32;
+        let mut sides = Vec::with_capacity(groups.len());
+        for beside in weights_beside(&groups, fused_loss) {
+            sides.push(if beside { Some(gpu.stream.fork().context("creating a CUDA stream")?) } else { None });
+        }
         let whole_epoch = match whole_plan {
             Some(p) => {
                 let kernel = Gpu::function(&gpu.module(&whole_epoch_module(&p, loss, batch))?, "dense_train_epoch")?;
@@ -618,7 +625,8 @@ impl GpuTrainer {
             partial_count,
             counters,
             buffers,
-            d,
+            dy,
+            sides,
             losses,
             order,
             lr,
@@ -721,8 +729,8 @@ impl GpuTrainer {
     }
 
     /// The loss over the last group's output: per-sample losses into `losses[at..]`, and (when training)
-    /// the output gradient into `d[0]`. Where the last group forms the loss itself, this is that group's
-    /// forward, which also writes the layer before's gradient into `d[1]`.
+    /// the output gradient into the last group's `dy`. Where the last group forms the loss itself, this is
+    /// that group's forward, which also writes the layer before's gradient into that group's `dy`.
     pub fn launch_loss(&self, split: usize, offset: usize, b: usize, training: bool, at: usize) -> Result<()> {
         let data = &self.splits[split];
         let last = self.buffers.last().expect("a network has a group").y;
@@ -732,7 +740,8 @@ impl GpuTrainer {
             Loss::Ce => (self.ptr_at(data.target, target_at), Arg::Ptr(0)),
             Loss::Mse => (Arg::Ptr(0), self.ptr_at(data.target, target_at * outputs)),
         };
-        let dy = if training { self.ptr(self.d[0]) } else { Arg::Ptr(0) };
+        let last_group = self.groups.len() - 1;
+        let dy = if training { self.ptr(self.dy[last_group]) } else { Arg::Ptr(0) };
         if self.fused_loss {
             let i = self.groups.len() - 1;
             let layer = self.groups[i].layer.expect("dense has a layer");
@@ -750,7 +759,7 @@ impl GpuTrainer {
                 self.ptr(last),
                 self.ptr_at(self.losses, at),
                 dy,
-                if wants_dx { self.ptr(self.d[1]) } else { Arg::Ptr(0) },
+                if wants_dx { self.ptr(self.dy[i - 1]) } else { Arg::Ptr(0) },
             ];
             return self.gpu.launch(
                 &self.loss_kernel,
@@ -765,12 +774,17 @@ impl GpuTrainer {
         self.gpu.launch(&self.loss_kernel, (blocks, 1), 0, false, &args)
     }
 
-    /// The backward grids, last group first, down to the first group with parameters.
+    /// The backward grids, last group first, down to the first group with parameters. The chain of ∂x
+    /// kernels runs on the main stream; a weight gradient that nothing else waits for (a conv's, or a
+    /// dense group's that forms no ∂x) runs on its group's side stream from the moment its ∂y is ready,
+    /// and the main stream waits for all of them at the end. Each group has its own ∂y buffer, so a side
+    /// stream still reading one is never overwritten.
     pub fn launch_backward(&self, offset: usize, b: usize) -> Result<()> {
         let g = &*self.gpu;
         let Some(first) = self.groups.iter().position(|g| g.layer.is_some()) else { return Ok(()) };
         let clipping = self.optim.clip_norm > 0.0;
-        let mut current = 0;
+        let main = &g.stream;
+        let mut joined = Vec::new();
         for i in (first..self.groups.len()).rev() {
             let group = &self.groups[i];
             let k = &self.kernels[i];
@@ -780,9 +794,18 @@ impl GpuTrainer {
             } else {
                 (self.ptr(self.buffers[i - 1].y), Arg::Ptr(0))
             };
-            // A last layer that forms the loss wrote the layer before's ∂x in its forward.
-            let wants_dx = i > first && !(self.fused_loss && i + 1 == self.groups.len());
-            let (dy, dx) = (self.ptr(self.d[current]), self.ptr(self.d[1 - current]));
+            let wants_dx = wants_dx(&self.groups, self.fused_loss, i);
+            let dy = self.ptr(self.dy[i]);
+            let dx = if i > 0 { self.ptr(self.dy[i - 1]) } else { Arg::Ptr(0) };
+            // The stream of this group's weight gradient, started once its ∂y is in.
+            let weights = match &self.sides[i] {
+                Some(side) => {
+                    side.join(main).context("ordering the CUDA streams")?;
+                    joined.push(side);
+                    side
+                }
+                None => main,
+            };
             let z = buf.z.map_or(Arg::Ptr(0), |z| self.ptr(z));
             let partials =
                 if clipping && buf.partials.1 > 0 { self.ptr_at(self.partials, buf.partials.0) } else { Arg::Ptr(0) };
@@ -811,14 +834,16 @@ impl GpuTrainer {
                     let (bm, bn, ..) = BACKWARD_TILE;
                     let dx_tiles = if wants_dx { b.div_ceil(bm) * inputs.div_ceil(bn) } else { 0 };
                     let grid = (buf.partials.1 + dx_tiles) as u32;
-                    g.launch(k.backward.as_ref().expect("loaded"), (grid, 1), k.shared.1 as u32, false, &args)?;
+                    let kernel = k.backward.as_ref().expect("loaded");
+                    g.launch_on(weights, kernel, (grid, 1), THREADS as u32, k.shared.1 as u32, false, &args)?;
                 }
                 Op::Conv { outputs, .. } => {
                     let layer = group.layer.expect("conv has a layer");
                     let conv_partial = self.ptr(buf.conv_partial.expect("a conv has its partial sums"));
                     let args = [input, rows, Arg::i32(b as i32), z, dy, conv_partial];
                     let runs = b.div_ceil(conv_samples_per_run(group.out_size / outputs));
-                    g.launch(k.backward.as_ref().expect("loaded"), ((runs * outputs) as u32, 1), 0, false, &args)?;
+                    let kernel = k.backward.as_ref().expect("loaded");
+                    g.launch_on(weights, kernel, ((runs * outputs) as u32, 1), THREADS as u32, 0, false, &args)?;
                     let args = [
                         Arg::i32(b as i32),
                         conv_partial,
@@ -827,7 +852,8 @@ impl GpuTrainer {
                         partials,
                     ];
                     let sum = k.backward_sum.as_ref().expect("loaded");
-                    g.launch(sum, (buf.partials.1.div_ceil(THREADS / 32) as u32, 1), 0, false, &args)?;
+                    let grid = (buf.partials.1.div_ceil(THREADS / 32) as u32, 1);
+                    g.launch_on(weights, sum, grid, THREADS as u32, 0, false, &args)?;
                     if wants_dx {
                         let args = [Arg::i32(b as i32), self.param_ptr(self.params, layer, false), z, dy, dx];
                         g.launch(k.backward_input.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
@@ -843,7 +869,9 @@ impl GpuTrainer {
                     g.launch(k.backward.as_ref().expect("loaded"), blocks(in_size), 0, false, &args)?;
                 }
             }
-            current = 1 - current;
+        }
+        for side in joined {
+            main.join(side).context("ordering the CUDA streams")?;
         }
         Ok(())
     }
@@ -927,7 +955,8 @@ impl GpuTrainer {
     /// pass a check.
     pub fn poison(&mut self) -> Result<()> {
         let nan = |r: Region| bytes_of(&vec![f32::NAN; r.bytes / 4]).to_vec();
-        let mut regions = vec![self.grad, self.d[0], self.d[1]];
+        let mut regions = vec![self.grad];
+        regions.extend(self.dy.iter().copied());
         regions.extend(self.buffers.iter().map(|b| b.y));
         for r in regions {
             let bytes = nan(r);
@@ -1058,15 +1087,23 @@ fn dropout_values(seed: u32, dropout: Option<(usize, f32)>, training: bool) -> (
     }
 }
 
-/// Values per sample going into each group.
-fn group_inputs(net: &Network, groups: &[Group]) -> Vec<usize> {
-    let mut out = Vec::with_capacity(groups.len());
-    let mut prev = net.inputs();
-    for g in groups {
-        out.push(prev);
-        prev = g.out_size;
-    }
-    out
+/// Per group, whether its weight gradient runs on a side stream: a conv's (its ∂x is a kernel of its own),
+/// or a dense group's whose backward grid forms no ∂x.
+pub fn weights_beside(groups: &[Group], fused_loss: bool) -> Vec<bool> {
+    (0..groups.len())
+        .map(|i| match groups[i].op {
+            Op::Dense { .. } => groups[i].layer.is_some() && !wants_dx(groups, fused_loss, i),
+            Op::Conv { .. } => true,
+            _ => false,
+        })
+        .collect()
+}
+
+/// Whether group `i`'s backward forms ∂x: a group after the first with parameters, unless it is a last
+/// layer that forms the loss (which wrote the layer before's ∂x in its forward).
+fn wants_dx(groups: &[Group], fused_loss: bool, i: usize) -> bool {
+    let first = groups.iter().position(|g| g.layer.is_some());
+    first.is_some_and(|f| i > f) && !(fused_loss && i + 1 == groups.len())
 }
 
 impl FitTrainer for GpuTrainer {
@@ -1164,6 +1201,23 @@ mod tests {
         let unfused = modules(&net("Linear(5, 3), Tanh, Linear(2), Sigmoid", Shape::Flat(5)), Loss::Mse);
         assert!(unfused.iter().any(|(_, d)| d == &vec![("FIT_OP", 5), ("FIT_OUT", 2), ("FIT_LOSS", 1)]));
         assert_eq!(unfused.last(), Some(&update_module()));
+    }
+
+    #[test]
+    fn weight_gradients_that_no_input_gradient_waits_for_run_beside() {
+        let beside = |layers: &str, input: Shape| {
+            let n = net(layers, input);
+            let groups = plan(&n);
+            weights_beside(&groups, fuses_loss(&groups))
+        };
+        // The MLP: the first layer forms no ∂x, the last formed it in the loss kernel.
+        assert_eq!(beside("Linear(784, 128), ReLU, Linear(128, 10)", Shape::Flat(784)), [true, true]);
+        assert_eq!(beside("Linear(512), ReLU, Linear(256), ReLU, Linear(10)", Shape::Flat(784)), [true, false, true]);
+        let image = Shape::Image { channels: 1, height: 28, width: 28 };
+        let cnn = "Conv2d(1,8,3,padding=1), ReLU, MaxPool2d(2), Conv2d(8,16,3,padding=1), ReLU, MaxPool2d(2), Flatten, Linear(64), ReLU, Linear(10)";
+        assert_eq!(beside(cnn, image), [true, false, true, false, false, true]);
+        // An unfused loss (an activation after the last layer): that layer forms its ∂x itself.
+        assert_eq!(beside("Linear(8), Tanh, Linear(3), Sigmoid", Shape::Flat(5)), [true, false]);
     }
 
     #[test]

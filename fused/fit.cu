@@ -492,7 +492,9 @@ loss_forward(const float* __restrict__ y, const unsigned* __restrict__ rows, int
 //         every output, a butterfly of shuffles sums them (every lane gets the same bits), so the output
 //         is whole in every lane and ∂x = W·dz lands spread over the lanes as the input was.
 // FIT_LAYERn packs layer n: inputs | outputs << 16 | (act + 1) << 32 | bias << 35 | dropout << 36 (the
-// launch layer's `whole_epoch_code`); FIT_BATCH is the batch, FIT_LOSS the loss.
+// launch layer's `whole_epoch_plan`); FIT_BATCH is the batch, FIT_LOSS the loss. With FIT_PAIR 2 a warp takes
+// two samples at a time (s and s + WARPS), so the two samples' chains of dependent FMAs and shuffles
+// interleave; the gradient still adds the samples in the same order.
 #ifndef FIT_LAYER1
 #define FIT_LAYER1 0
 #endif
@@ -508,8 +510,19 @@ constexpr int layer_count() {
     while (n < 4 && LAYER_CODES[n] != 0) ++n;
     return n;
 }
-constexpr int LAYERS = layer_count(), BATCH = FIT_BATCH, LOSS = FIT_LOSS;
+#ifndef FIT_PAIR
+#define FIT_PAIR 1
+#endif
+constexpr int LAYERS = layer_count(), BATCH = FIT_BATCH, LOSS = FIT_LOSS, PAIR = FIT_PAIR;
 static_assert(LAYERS >= 1 && BATCH >= 1 && BATCH <= THREADS, "1–4 layers, a batch of at most THREADS");
+static_assert(PAIR == 1 || PAIR == 2, "one or two samples a warp at a time");
+
+// The samples a warp takes at once: s[q] = first + q·WARPS, those past the batch marked not ok (their
+// input reads as 0 and their output gradient is 0, so they add nothing).
+struct Samples {
+    int s[PAIR];
+    bool ok[PAIR];
+};
 
 struct DenseShape {
     int in, out, act;
@@ -544,8 +557,8 @@ struct Dense {
     static constexpr int VALS = ROWS ? OWN : OUT;                         // outputs a lane holds
     float w[OWN][SPAN], g[OWN][SPAN];
     float b[VALS], gb[VALS];
-    float z[VALS], y[VALS], dy[VALS];
-    float in[ROWS ? IN : OWN];  // the inputs kept for the weight gradient: the whole row (ROWS) or the lane's
+    float z[PAIR][VALS], y[PAIR][VALS], dy[PAIR][VALS];
+    float in[PAIR][ROWS ? IN : OWN];  // the inputs kept for the weight gradient: the whole row (ROWS) or the lane's
     unsigned key, threshold;   // dropout's key this step, and its threshold
     float scale;
 
@@ -589,109 +602,142 @@ struct Dense {
         return dropout_factor(key, (unsigned)(s * OUT + output_index(threadIdx.x % 32, v)), threshold, scale);
     }
 
-    __device__ __forceinline__ void finish_output(int s) {
+    __device__ __forceinline__ void finish_output(const Samples& p) {
 #pragma unroll
-        for (int v = 0; v < VALS; ++v) {
-            y[v] = fit_activate(S.act, z[v]);
-            if constexpr (S.drop) y[v] *= dropout(s, v);
-        }
+        for (int q = 0; q < PAIR; ++q)
+#pragma unroll
+            for (int v = 0; v < VALS; ++v) {
+                y[q][v] = fit_activate(S.act, z[q][v]);
+                if constexpr (S.drop) y[q][v] *= dropout(p.s[q], v);
+            }
     }
 
-    // Layer 0: the input is the staged batch row x (16-byte aligned; every lane reads it whole for ROWS).
-    __device__ __forceinline__ void forward_from_row(const float* x, int s) {
+    // Layer 0: the input is the staged batch xs, rows XS apart (16-byte aligned; every lane reads a row
+    // whole for ROWS).
+    __device__ __forceinline__ void forward_from_rows(const float* xs, const Samples& p) {
         const int lane = threadIdx.x % 32;
         if constexpr (ROWS) {
 #pragma unroll
-            for (int q = 0; q < XS / 4; ++q) {
-                const float4 four = reinterpret_cast<const float4*>(x)[q];
-                const float parts[4] = {four.x, four.y, four.z, four.w};
+            for (int q = 0; q < PAIR; ++q)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (4 * q + e < IN) in[4 * q + e] = parts[e];
-            }
+                for (int f = 0; f < XS / 4; ++f) {
+                    const float4 four =
+                        p.ok[q] ? reinterpret_cast<const float4*>(xs + p.s[q] * XS)[f] : make_float4(0, 0, 0, 0);
+                    const float parts[4] = {four.x, four.y, four.z, four.w};
 #pragma unroll
-            for (int i = 0; i < OWN; ++i) z[i] = b[i];
+                    for (int e = 0; e < 4; ++e)
+                        if (4 * f + e < IN) in[q][4 * f + e] = parts[e];
+                }
+#pragma unroll
+            for (int q = 0; q < PAIR; ++q)
+#pragma unroll
+                for (int i = 0; i < OWN; ++i) z[q][i] = b[i];
 #pragma unroll
             for (int k = 0; k < IN; ++k)
 #pragma unroll
-                for (int i = 0; i < OWN; ++i) z[i] = fmaf(w[i][k], in[k], z[i]);
+                for (int q = 0; q < PAIR; ++q)
+#pragma unroll
+                    for (int i = 0; i < OWN; ++i) z[q][i] = fmaf(w[i][k], in[q][k], z[q][i]);
         } else {
 #pragma unroll
-            for (int c = 0; c < OWN; ++c) in[c] = lane + 32 * c < IN ? x[lane + 32 * c] : 0.0f;
+            for (int q = 0; q < PAIR; ++q)
+#pragma unroll
+                for (int c = 0; c < OWN; ++c)
+                    in[q][c] = p.ok[q] && lane + 32 * c < IN ? xs[p.s[q] * XS + lane + 32 * c] : 0.0f;
             columns_forward();
         }
-        finish_output(s);
+        finish_output(p);
     }
 
     // A later layer: its input is the layer before's output (spread over the lanes or whole in each).
     template <class Before>
-    __device__ __forceinline__ void forward_from(const Before& before, int s) {
+    __device__ __forceinline__ void forward_from(const Before& before, const Samples& p) {
         static_assert(!ROWS, "only the first layer is ROWS");
         const int lane = threadIdx.x % 32;
 #pragma unroll
-        for (int c = 0; c < OWN; ++c) {
-            if constexpr (Before::ROWS) {
-                in[c] = before.y[c];
-            } else {  // pick the lane's own inputs out of the whole output
-                float v = 0.0f;
+        for (int q = 0; q < PAIR; ++q)
 #pragma unroll
-                for (int k = 0; k < IN; ++k)
-                    if (k == lane + 32 * c) v = before.y[k];
-                in[c] = v;
+            for (int c = 0; c < OWN; ++c) {
+                if constexpr (Before::ROWS) {
+                    in[q][c] = before.y[q][c];
+                } else {  // pick the lane's own inputs out of the whole output
+                    float v = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < IN; ++k)
+                        if (k == lane + 32 * c) v = before.y[q][k];
+                    in[q][c] = v;
+                }
             }
-        }
         columns_forward();
-        finish_output(s);
+        finish_output(p);
     }
 
     __device__ __forceinline__ void columns_forward() {
 #pragma unroll
         for (int o = 0; o < OUT; ++o) {
-            float p = 0.0f;
+            float part[PAIR];
 #pragma unroll
-            for (int c = 0; c < OWN; ++c) p = fmaf(w[c][o], in[c], p);
-            z[o] = warp_sum(p) + b[o];
+            for (int q = 0; q < PAIR; ++q) {
+                part[q] = 0.0f;
+#pragma unroll
+                for (int c = 0; c < OWN; ++c) part[q] = fmaf(w[c][o], in[q][c], part[q]);
+            }
+#pragma unroll
+            for (int q = 0; q < PAIR; ++q) z[q][o] = warp_sum(part[q]) + b[o];
         }
     }
 
     // dy → dz in place, then the gradient: this layer's into g, gb; ∂x (COLS only) into dx[OWN], spread
     // over the lanes as the input was.
-    __device__ __forceinline__ void backward(int s, float (&dx)[OWN]) {
+    __device__ __forceinline__ void backward(const Samples& p, float (&dx)[PAIR][OWN]) {
 #pragma unroll
-        for (int v = 0; v < VALS; ++v) {
-            float d = dy[v];
-            if constexpr (S.drop) d *= dropout(s, v);
-            if (S.act != ACT_NONE) d *= fit_slope(S.act, z[v]);
-            dy[v] = d;
-            gb[v] += d;
-        }
+        for (int q = 0; q < PAIR; ++q)
+#pragma unroll
+            for (int v = 0; v < VALS; ++v) {
+                float d = dy[q][v];
+                if constexpr (S.drop) d *= dropout(p.s[q], v);
+                if (S.act != ACT_NONE) d *= fit_slope(S.act, z[q][v]);
+                dy[q][v] = d;
+                gb[v] += d;
+            }
         if constexpr (ROWS) {
 #pragma unroll
             for (int k = 0; k < IN; ++k)
 #pragma unroll
-                for (int i = 0; i < OWN; ++i) g[i][k] = fmaf(dy[i], in[k], g[i][k]);
+                for (int i = 0; i < OWN; ++i)
+#pragma unroll
+                    for (int q = 0; q < PAIR; ++q) g[i][k] = fmaf(dy[q][i], in[q][k], g[i][k]);
         } else {
 #pragma unroll
             for (int c = 0; c < OWN; ++c) {
-                float acc = 0.0f;
+                float acc[PAIR];
 #pragma unroll
-                for (int o = 0; o < OUT; ++o) {
-                    g[c][o] = fmaf(dy[o], in[c], g[c][o]);
-                    acc = fmaf(dy[o], w[c][o], acc);
-                }
-                dx[c] = acc;
+                for (int q = 0; q < PAIR; ++q) acc[q] = 0.0f;
+#pragma unroll
+                for (int o = 0; o < OUT; ++o)
+#pragma unroll
+                    for (int q = 0; q < PAIR; ++q) {
+                        g[c][o] = fmaf(dy[q][o], in[q][c], g[c][o]);
+                        acc[q] = fmaf(dy[q][o], w[c][o], acc[q]);
+                    }
+#pragma unroll
+                for (int q = 0; q < PAIR; ++q) dx[q][c] = acc[q];
             }
         }
     }
 
     // The output gradient from the layer after's ∂x (spread over the lanes as this layer's output feeds it).
-    __device__ __forceinline__ void take_gradient(const float* dx) {
-        if constexpr (ROWS) {
+    template <int N>
+    __device__ __forceinline__ void take_gradient(const float (&dx)[PAIR][N]) {
 #pragma unroll
-            for (int i = 0; i < OWN; ++i) dy[i] = dx[i];
-        } else {  // whole in every lane again
+        for (int q = 0; q < PAIR; ++q) {
+            if constexpr (ROWS) {
 #pragma unroll
-            for (int o = 0; o < OUT; ++o) dy[o] = __shfl_sync(FULL_MASK, dx[o / 32], o % 32);
+                for (int i = 0; i < OWN; ++i) dy[q][i] = dx[q][i];
+            } else {  // whole in every lane again
+#pragma unroll
+                for (int o = 0; o < OUT; ++o) dy[q][o] = __shfl_sync(FULL_MASK, dx[q][o / 32], o % 32);
+            }
         }
     }
 
@@ -724,10 +770,10 @@ struct Chain<L, true> {
         d.load(p, lane, step, drop);
     }
     template <class Before>
-    __device__ __forceinline__ void forward(const Before& before, int s) {
-        d.forward_from(before, s);
+    __device__ __forceinline__ void forward(const Before& before, const Samples& p) {
+        d.forward_from(before, p);
     }
-    __device__ __forceinline__ void forward_rest(int) {}
+    __device__ __forceinline__ void forward_rest(const Samples&) {}
     __device__ __forceinline__ void store(float* partial, int lane) const { d.store(partial, lane); }
 };
 
@@ -741,11 +787,11 @@ struct Chain<L, false> {
         rest.load(p, lane, step, drop);
     }
     template <class Before>
-    __device__ __forceinline__ void forward(const Before& before, int s) {
-        d.forward_from(before, s);
-        rest.forward(d, s);
+    __device__ __forceinline__ void forward(const Before& before, const Samples& p) {
+        d.forward_from(before, p);
+        rest.forward(d, p);
     }
-    __device__ __forceinline__ void forward_rest(int s) { rest.forward(d, s); }
+    __device__ __forceinline__ void forward_rest(const Samples& p) { rest.forward(d, p); }
     __device__ __forceinline__ void store(float* partial, int lane) const {
         d.store(partial, lane);
         rest.store(partial, lane);
@@ -754,53 +800,60 @@ struct Chain<L, false> {
 
 // Backward through layers L.. given the last layer's dy: each layer hands ∂x to the one before.
 template <int L>
-__device__ __forceinline__ void chain_backward(Chain<L, true>& c, int s, float (&dx)[Dense<L>::OWN]) {
-    c.d.backward(s, dx);
+__device__ __forceinline__ void chain_backward(Chain<L, true>& c, const Samples& p, float (&dx)[PAIR][Dense<L>::OWN]) {
+    c.d.backward(p, dx);
 }
 template <int L>
-__device__ __forceinline__ void chain_backward(Chain<L, false>& c, int s, float (&dx)[Dense<L>::OWN]) {
-    float after[Dense<L + 1>::OWN];
-    chain_backward(c.rest, s, after);
+__device__ __forceinline__ void chain_backward(Chain<L, false>& c, const Samples& p, float (&dx)[PAIR][Dense<L>::OWN]) {
+    float after[PAIR][Dense<L + 1>::OWN];
+    chain_backward(c.rest, p, after);
     c.d.take_gradient(after);
-    c.d.backward(s, dx);
+    c.d.backward(p, dx);
 }
 
-// Forward for sample s (staged row x), its loss into *loss (lane 0) and the last layer's dy, then
-// backward, adding the sample's gradient to the chain's.
-__device__ __forceinline__ void sample_step(Chain<0>& net, int s, const float* x, const float* target, int b,
+// Forward for the samples p (of the staged batch xs, targets ts), their losses into loss[s] (lane 0) and
+// the last layer's dy, then backward, adding their gradient to the chain's.
+__device__ __forceinline__ void sample_step(Chain<0>& net, const Samples& p, const float* xs, const float* ts, int b,
                                             float* loss) {
-    net.d.forward_from_row(x, s);
-    net.forward_rest(s);
+    net.d.forward_from_rows(xs, p);
+    net.forward_rest(p);
     Dense<LAYERS - 1>& out = net.last();
     static_assert(!Dense<LAYERS - 1>::ROWS, "the last layer holds its outputs whole");
-    float l;
-    if (LOSS == 0) {
-        const int cls = (int)__float_as_uint(target[0]);
-        float m = NEG_INF, picked = 0.0f;
 #pragma unroll
-        for (int o = 0; o < OUTS; ++o) {
-            m = fmaxf(m, out.y[o]);
-            if (o == cls) picked = out.y[o];
+    for (int q = 0; q < PAIR; ++q) {
+        const float* target = ts + (p.ok[q] ? p.s[q] : 0) * TARGET;
+        const float* y = out.y[q];
+        float* dy = out.dy[q];
+        float l;
+        if (LOSS == 0) {
+            const int cls = (int)__float_as_uint(target[0]);
+            float m = NEG_INF, picked = 0.0f;
+#pragma unroll
+            for (int o = 0; o < OUTS; ++o) {
+                m = fmaxf(m, y[o]);
+                if (o == cls) picked = y[o];
+            }
+            float sum = 0.0f;
+#pragma unroll
+            for (int o = 0; o < OUTS; ++o) sum += expf(y[o] - m);
+#pragma unroll
+            for (int o = 0; o < OUTS; ++o)
+                dy[o] = p.ok[q] ? (expf(y[o] - m) / sum - (o == cls ? 1.0f : 0.0f)) / b : 0.0f;
+            l = m + logf(sum) - picked;
+        } else {
+            float sq = 0.0f;
+#pragma unroll
+            for (int o = 0; o < OUTS; ++o) {
+                const float err = y[o] - target[o];
+                sq += err * err;
+                dy[o] = p.ok[q] ? 2.0f / ((float)b * OUTS) * err : 0.0f;
+            }
+            l = sq * (1.0f / OUTS);
         }
-        float sum = 0.0f;
-#pragma unroll
-        for (int o = 0; o < OUTS; ++o) sum += expf(out.y[o] - m);
-#pragma unroll
-        for (int o = 0; o < OUTS; ++o) out.dy[o] = (expf(out.y[o] - m) / sum - (o == cls ? 1.0f : 0.0f)) / b;
-        l = m + logf(sum) - picked;
-    } else {
-        float sq = 0.0f;
-#pragma unroll
-        for (int o = 0; o < OUTS; ++o) {
-            const float err = out.y[o] - target[o];
-            sq += err * err;
-            out.dy[o] = 2.0f / ((float)b * OUTS) * err;
-        }
-        l = sq * (1.0f / OUTS);
+        if (p.ok[q] && threadIdx.x % 32 == 0) loss[p.s[q]] = l;
     }
-    if (threadIdx.x % 32 == 0) *loss = l;
-    float unused[Dense<0>::OWN];
-    chain_backward(net, s, unused);
+    float unused[PAIR][Dense<0>::OWN];
+    chain_backward(net, p, unused);
 }
 
 // Dynamic shared memory, in floats: parameters, m, v (PS each), a gradient row per warp (PS each), two
@@ -870,7 +923,15 @@ dense_train_epoch(const float* __restrict__ x, const unsigned* __restrict__ clas
         net.load(p_s, lane, t0 + k, drop);
         const float* xs = smem + SMEM_X + cur * BATCH * XS;
         const float* ts = smem + SMEM_T + cur * BATCH * TARGET;
-        for (int s = warp; s < b; s += WARPS) sample_step(net, s, xs + s * XS, ts + s * TARGET, b, loss + first + s);
+        for (int s = warp; s < b; s += PAIR * WARPS) {
+            Samples p;
+#pragma unroll
+            for (int q = 0; q < PAIR; ++q) {
+                p.s[q] = s + q * WARPS;
+                p.ok[q] = p.s[q] < b;
+            }
+            sample_step(net, p, xs, ts, b, loss + first);
+        }
         float* partial = smem + SMEM_PARTIAL + warp * PS;
         net.store(partial, lane);
         if (threadIdx.x < BATCH) rows_s[cur * BATCH + threadIdx.x] = ahead_row;

@@ -67,7 +67,7 @@ MUTATIONS = [
      "for (int w = 0; w < WARPS; ++w) g += smem[SMEM_PARTIAL + w * PS + i];",
      "for (int w = 0; w < WARPS - 1; ++w) g += smem[SMEM_PARTIAL + w * PS + i];", "fit"),
     ("whole epoch: backward without the activation's slope (fit)", "fit.cu",
-     "            if (S.act != ACT_NONE) d *= fit_slope(S.act, z[v]);\n",
+     "                if (S.act != ACT_NONE) d *= fit_slope(S.act, z[q][v]);\n",
      "", "fit"),
 ]
 

@@ -217,6 +217,8 @@ pub struct WholeEpochPlan {
     pub codes: Vec<i64>,
     /// SMEM_FLOATS.
     pub shared_floats: usize,
+    /// Samples a warp takes at once (FIT_PAIR): 2 where the second sample's activations fit the registers.
+    pub pair: usize,
 }
 
 /// The whole-epoch plan of `net` (cut into `groups`) at `batch`, or None where the kernel does not take
@@ -228,7 +230,9 @@ pub fn whole_epoch_plan(net: &Network, groups: &[Group], loss: Loss, batch: usiz
     if groups.is_empty() || groups.len() > WHOLE_EPOCH_LAYERS || batch == 0 || batch > WHOLE_EPOCH_BATCH {
         return None;
     }
-    let (mut codes, mut registers, mut at) = (Vec::new(), 0, 0);
+    // Registers a lane needs: its weights and their gradient, and per sample taken at once, the sample's
+    // activations and kept inputs.
+    let (mut codes, mut fixed, mut per_sample, mut at) = (Vec::new(), 0, 0, 0);
     for (l, g) in groups.iter().enumerate() {
         let Op::Dense { inputs, outputs, bias, act, dropout } = g.op else { return None };
         // The kernel lays the parameters out layer by layer, weights then bias, as `Network` does.
@@ -243,7 +247,8 @@ pub fn whole_epoch_plan(net: &Network, groups: &[Group], loss: Loss, batch: usiz
         } else {
             (inputs.div_ceil(32), outputs, outputs)
         };
-        registers += 2 * own * span + 3 * values + if rows { inputs } else { own };
+        fixed += 2 * own * span;
+        per_sample += 3 * values + if rows { inputs } else { own };
         if inputs >= 1 << 16 || outputs >= 1 << 16 {
             return None;
         }
@@ -251,20 +256,25 @@ pub fn whole_epoch_plan(net: &Network, groups: &[Group], loss: Loss, batch: usiz
         codes
             .push(inputs as i64 | (outputs as i64) << 16 | (act + 1) << 32 | (bias as i64) << 35 | (drop as i64) << 36);
     }
-    if registers > WHOLE_EPOCH_REGISTERS {
+    let pair = if fixed + 2 * per_sample <= WHOLE_EPOCH_REGISTERS {
+        2
+    } else if fixed + per_sample <= WHOLE_EPOCH_REGISTERS {
+        1
+    } else {
         return None;
-    }
+    };
     let ps = net.param_count.div_ceil(4) * 4;
     let target = if loss == Loss::Ce { 1 } else { net.outputs() };
     let shared_floats = (3 + THREADS / 32) * ps + 2 * batch * (net.inputs().div_ceil(4) * 4 + target + 1);
-    Some(WholeEpochPlan { codes, shared_floats })
+    Some(WholeEpochPlan { codes, shared_floats, pair })
 }
 
 const LAYER_DEFINES: [&str; WHOLE_EPOCH_LAYERS] = ["FIT_LAYER0", "FIT_LAYER1", "FIT_LAYER2", "FIT_LAYER3"];
 
 /// The whole-epoch module of a plan, for `loss` and `batch`.
 pub fn whole_epoch_module(plan: &WholeEpochPlan, loss: Loss, batch: usize) -> ModuleRequest {
-    let mut defines = vec![("FIT_OP", 7), ("FIT_BATCH", batch as i64), ("FIT_LOSS", loss_code(loss))];
+    let mut defines =
+        vec![("FIT_OP", 7), ("FIT_BATCH", batch as i64), ("FIT_LOSS", loss_code(loss)), ("FIT_PAIR", plan.pair as i64)];
     defines.extend(LAYER_DEFINES.iter().zip(&plan.codes).map(|(name, &code)| (*name, code)));
     ("fit", defines)
 }
@@ -1254,9 +1264,9 @@ mod tests {
             });
             // (1 + …: a constant of 0 has no initializer in the PTX.)
             let expressions: Vec<String> = (0..p.codes.len()).map(|l| format!("1 + Dense<{l}>::ROWS")).collect();
-            let mut asked = vec!["SMEM_FLOATS", "P", "LAYERS"];
+            let mut asked = vec!["SMEM_FLOATS", "P", "LAYERS", "PAIR"];
             asked.extend(expressions.iter().map(String::as_str));
-            let mut host = vec![p.shared_floats as i64, n.param_count as i64, p.codes.len() as i64];
+            let mut host = vec![p.shared_floats as i64, n.param_count as i64, p.codes.len() as i64, p.pair as i64];
             host.extend(rows);
             assert_eq!(kernel_constants("fit", &defines, &asked).unwrap(), host, "{layers}");
         }

@@ -38,7 +38,7 @@ const EVAL_ROWS: usize = 1024;
 const NO_ACTIVATION: i64 = -1;
 /// The whole-epoch kernel's limits: Linear layers (FIT_LAYER0..3), batch (a thread per sample stages
 /// row indices), and the floats a lane holds in registers across a step (weights, their gradient, and
-/// one sample's activations), past which the compiler would spill them.
+/// the activations of the one or two samples it takes at once), past which the compiler would spill them.
 const WHOLE_EPOCH_LAYERS: usize = 4;
 const WHOLE_EPOCH_BATCH: usize = THREADS;
 const WHOLE_EPOCH_REGISTERS: usize = 200;

@@ -7,7 +7,7 @@
 use super::data::Dataset;
 use super::gpu::GpuSales;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
-use super::table::{LoadOptions, Schema};
+use super::table::LoadOptions;
 use super::train::{CpuSales, SalesTrainer};
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind};
@@ -32,6 +32,9 @@ pub struct SalesBenchArgs {
     /// Skip the CPU reference run
     #[arg(long)]
     pub no_cpu: bool,
+    #[command(flatten)]
+    /// The column flags, as `textnet sales` takes them (default: the sales.tsv schema).
+    pub columns: super::cli::ColumnArgs,
 }
 
 /// Per epoch: (mean training loss, test MAE).
@@ -49,7 +52,12 @@ fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64) -
 /// the shared bench options.
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Result<()> {
     let loaded = Instant::now();
-    let data = Dataset::load(&o.table, &LoadOptions::new(Schema::sales_tsv()))
+    let read = || -> Result<Dataset> {
+        let bytes = crate::fsutil::read_input(&o.table, "table")?;
+        let schema = o.columns.schema(&crate::fsutil::shown(&o.table), &bytes, &|line| eprintln!("{line}"))?;
+        Dataset::load(&o.table, &LoadOptions::new(schema))
+    };
+    let data = read()
         .with_context(|| format!("bench sales reads {} (make it with scripts/make-sales.py)", o.table.display()))?;
     let load_s = loaded.elapsed().as_secs_f64();
     let shape = SalesShape { inputs: data.features(), hidden: DEFAULT_HIDDEN };

@@ -31,24 +31,9 @@ pub struct SalesArgs {
     /// 10-column sales.tsv, see --target)
     #[arg(value_name = "FILE", required_unless_present_any = ["model", "predict"])]
     pub file: Option<PathBuf>,
-    /// The column to predict, by header name or 1-based number; the other columns' roles are inferred
-    /// from their values (and printed), unless a column flag names them [default: sales.tsv as scripts/make-sales.py writes it:
-    /// column 9, total price, from its quantity, unit price, category and date]
-    #[arg(long, value_name = "COLUMN")]
-    pub target: Option<ColumnSpec>,
-    /// Numeric feature columns (comma-separated names or numbers)
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
-    pub numeric: Vec<ColumnSpec>,
-    /// Categorical feature columns, one-hot over the values seen in training
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
-    pub categorical: Vec<ColumnSpec>,
-    /// Date columns, each giving its year, day of year and day of week (and time of day, when it has
-    /// times)
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
-    pub date: Vec<ColumnSpec>,
-    /// Columns to leave out
-    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
-    pub ignore: Vec<ColumnSpec>,
+    #[command(flatten)]
+    /// The column flags (`--target`, `--numeric`, `--categorical`, `--date`, `--ignore`).
+    pub columns: ColumnArgs,
     /// Go on training this sales model on FILE, with its schema, vocabularies, standardisation and shape
     /// (so no column flag or --hidden goes with it)
     #[arg(long, value_name = "M", conflicts_with_all = ["target", "numeric", "categorical", "date", "ignore", "hidden"])]
@@ -117,7 +102,30 @@ pub struct SalesArgs {
     pub json: bool,
 }
 
-impl SalesArgs {
+/// Which column `sales` and `bench sales` predict and the other columns' roles.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ColumnArgs {
+    /// The column to predict, by header name or 1-based number; the other columns' roles are inferred
+    /// from their values (and printed), unless a column flag names them [default: sales.tsv as scripts/make-sales.py writes it:
+    /// column 9, total price, from its quantity, unit price, category and date]
+    #[arg(long, value_name = "COLUMN")]
+    pub target: Option<ColumnSpec>,
+    /// Numeric feature columns (comma-separated names or numbers)
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub numeric: Vec<ColumnSpec>,
+    /// Categorical feature columns, one-hot over the values seen in training
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub categorical: Vec<ColumnSpec>,
+    /// Date columns, each giving its year, day of year and day of week (and time of day, when it has
+    /// times)
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub date: Vec<ColumnSpec>,
+    /// Columns to leave out
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub ignore: Vec<ColumnSpec>,
+}
+
+impl ColumnArgs {
     fn overrides(&self) -> Overrides {
         Overrides {
             numeric: self.numeric.clone(),
@@ -128,8 +136,8 @@ impl SalesArgs {
     }
 
     /// The schema of `bytes`, the table `source`: the given target's, with the other columns' roles
-    /// inferred (each printed with its reason), or the default sales.tsv one.
-    fn schema(&self, source: &str, bytes: &[u8], display: &Display) -> Result<Schema> {
+    /// inferred (each given to `log` with its reason), or the default sales.tsv one.
+    pub fn schema(&self, source: &str, bytes: &[u8], log: &dyn Fn(&str)) -> Result<Schema> {
         let overrides = self.overrides();
         let Some(target) = &self.target else {
             let given = [&overrides.numeric, &overrides.categorical, &overrides.date, &overrides.ignore];
@@ -139,9 +147,9 @@ impl SalesArgs {
             return Ok(Schema::sales_tsv());
         };
         let (schema, choices) = infer::infer(source, bytes, target, &overrides)?;
-        display.line(&format!("columns of {source}:"));
+        log(&format!("columns of {source}:"));
         for choice in &choices {
-            display.line(&choice.line());
+            log(&choice.line());
         }
         Ok(schema)
     }
@@ -225,7 +233,7 @@ impl TrainingCommand for SalesArgs {
         let source = fsutil::shown(&file);
         let mut options = LoadOptions::new(match &resumed {
             Some(m) => m.schema.clone(),
-            None => args.schema(&source, &bytes, &display)?,
+            None => args.columns.schema(&source, &bytes, &|line| display.line(line))?,
         });
         options.skip_bad_rows = args.skip_bad_rows;
         options.train_fraction = args.split;
@@ -234,7 +242,7 @@ impl TrainingCommand for SalesArgs {
             options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
             options.width = m.width;
         }
-        let table = Table::parse(&source, &bytes, &options).map_err(|e| match (&resumed, &args.target) {
+        let table = Table::parse(&source, &bytes, &options).map_err(|e| match (&resumed, &args.columns.target) {
             (Some(_), _) => anyhow!(
                 "--resume {}: {source} does not match the table the model was trained on: {e:#}",
                 args.resume.as_deref().unwrap_or(Path::new("")).display()

@@ -2,36 +2,13 @@
 //! classify PNG and PGM images as the fit CPU reference's forward does, an IDX test set to the accuracy
 //! the training run reported, and a model trained on a table is refused with the command that takes it.
 
-use crate::common::{fails_with, report, s, stderr, textnet};
+use crate::common::{fails_with, report, s, small_fit_model, stderr, textnet};
 use std::path::Path;
 use textnet::fit::data::TargetInfo;
 use textnet::fit::{model, modelfile};
 use textnet::mnist::idx::read_idx;
 
 const DATA: &str = "/usr/share/datasets/fashion-mnist";
-
-/// `fit --layers LAYERS` on the CPU for one epoch on the first 1,000 Fashion-MNIST images; its report.
-fn train(layers: &str, out: &Path) -> serde_json::Value {
-    let o = textnet(&[
-        "fit",
-        "--device",
-        "cpu",
-        "--layers",
-        layers,
-        "--dataset",
-        "fashion",
-        "--train-limit",
-        "1000",
-        "--epochs",
-        "1",
-        "--json",
-        "--quiet",
-        "--out",
-        s(out),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    report(&o)
-}
 
 fn write_png(path: &Path, pixels: &[u8]) {
     let mut encoder = png::Encoder::new(std::fs::File::create(path).unwrap(), 28, 28);
@@ -45,7 +22,7 @@ fn write_png(path: &Path, pixels: &[u8]) {
 fn classifies_as_the_cpu_forward(layers: &str) {
     let dir = tempfile::tempdir().unwrap();
     let model_path = dir.path().join("fit.safetensors");
-    let trained = train(layers, &model_path);
+    let trained = small_fit_model(layers, &model_path);
 
     let images = read_idx(&Path::new(DATA).join("t10k-images-idx3-ubyte.gz"), 3).unwrap();
     let pixels = |i: usize| &images.data[i * 784..(i + 1) * 784];

@@ -2,7 +2,7 @@
 //! names and metadata, `--predict`, `--patience`, the schedule, the keep-best rules, and
 //! every bad input refused before training.
 
-use crate::common::{fails_with, report, s, stderr, stdout, textnet};
+use crate::common::{fails_with, report, s, small_fit_model, stderr, stdout, textnet};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -127,22 +127,7 @@ fn fit_images_json_run_writes_state_dict_names_and_metadata() {
 fn fit_a_conv_spec_reads_images_as_images() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("cnn.safetensors");
-    let o = fit(&[
-        "--layers",
-        "Conv2d(1, 4, 3, padding=1), ReLU, MaxPool2d(4), Flatten, Linear(10)",
-        "--dataset",
-        "fashion",
-        "--train-limit",
-        "1000",
-        "--epochs",
-        "1",
-        "--json",
-        "--quiet",
-        "--out",
-        s(&out),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = report(&o);
+    let r = small_fit_model("Conv2d(1, 4, 3, padding=1), ReLU, MaxPool2d(4), Flatten, Linear(10)", &out);
     assert_eq!(r["data"]["input_shape"], serde_json::json!([1, 28, 28]));
     assert_eq!(
         r["config"]["layers"],

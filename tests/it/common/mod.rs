@@ -57,6 +57,15 @@ pub fn small_mnist_model(out: &Path, images: usize) {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// `textnet fit --layers LAYERS` on the CPU, writing `out`: one epoch on the first 1,000 Fashion-MNIST
+/// training images; its JSON report.
+pub fn small_fit_model(layers: &str, out: &Path) -> serde_json::Value {
+    let args = ["--layers", layers, "--dataset", "fashion", "--train-limit", "1000", "--epochs", "1"];
+    let o = textnet(&[&["fit", "--device", "cpu"][..], &args, &["--json", "--quiet", "--out", s(out)]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    report(&o)
+}
+
 /// A path as the &str a command line takes.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()

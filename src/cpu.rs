@@ -214,3 +214,8 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<usize> {
     }
     best
 }
+
+/// The index of the first largest value (0 for an empty slice).
+pub fn argmax(values: &[f32]) -> usize {
+    values.iter().enumerate().fold(0, |best, (k, &v)| if v > values[best] { k } else { best })
+}

@@ -585,6 +585,18 @@ fn define_options(defines: &[(&str, i64)]) -> Vec<String> {
 /// A kernel file and the sizes it is compiled for, as `Gpu::module` takes them.
 pub type ModuleRequest = (&'static str, Vec<(&'static str, i64)>);
 
+/// Whether fused/precompiled.txt lists `request`, so that build.rs compiles it ahead of time (where it
+/// finds NVRTC).
+pub fn listed_for_precompiling(request: &ModuleRequest) -> bool {
+    let line: String = std::iter::once(request.0.to_string())
+        .chain(request.1.iter().map(|(name, value)| format!(" {name}={value}")))
+        .collect();
+    include_str!("../fused/precompiled.txt")
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .any(|l| l == line)
+}
+
 /// Compiles every requested module on every core, into the cache that `Gpu::module` reads: a run
 /// that needs many sizes (the selftest) then waits for the slowest compile instead of their sum. Errors
 /// are left for `Gpu::module` to report. Returns how many distinct modules were asked for.

@@ -12,7 +12,7 @@ use super::modelfile::{self, FitModel};
 use super::spec::{self, Layer, Shape};
 use super::{FitTrainer, Samples, Setup as TrainerSetup, Target};
 use crate::checkpoint::{self, Keep, Keeper};
-use crate::cpu::SeededRng;
+use crate::cpu::{SeededRng, argmax};
 use crate::datasets::features::{Split, SplitOrder};
 use crate::datasets::infer::Overrides;
 use crate::datasets::mnist::Dataset;
@@ -297,11 +297,6 @@ pub(super) fn figures(target: &TargetInfo, s: &Samples, raw: &[f32], loss_sum: f
         }
         _ => Figures { loss, ..Default::default() },
     }
-}
-
-/// The first largest value's index.
-fn argmax(values: &[f32]) -> usize {
-    values.iter().enumerate().fold(0, |best, (k, &v)| if v > values[best] { k } else { best })
 }
 
 /// What `setup` read, checked and built.

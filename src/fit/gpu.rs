@@ -289,7 +289,15 @@ pub fn update_module() -> ModuleRequest {
     ("fit", vec![("FIT_OP", 6)])
 }
 
-/// Every module a trainer of `net` with `loss` compiles.
+/// Every module a trainer of `net` with `loss` for batches of up to `batch` compiles: the layer kernels'
+/// and, where the network takes it, the whole-epoch kernel's.
+pub fn trainer_modules(net: &Network, loss: Loss, batch: usize) -> Vec<ModuleRequest> {
+    let mut out = modules(net, loss);
+    out.extend(whole_epoch_plan(net, &plan(net), loss, batch).map(|p| whole_epoch_module(&p, loss, batch)));
+    out
+}
+
+/// Every module the layer kernels of a trainer of `net` with `loss` compile.
 pub fn modules(net: &Network, loss: Loss) -> Vec<ModuleRequest> {
     let groups = plan(net);
     let fused = fuses_loss(&groups);

@@ -158,7 +158,7 @@ impl Saver {
         }
         let loss = match &self.val {
             Some(val) => {
-                let v = params.evaluate(val);
+                let v = params.evaluate(val)?;
                 self.val_history.push((v.mean_loss(), v.accuracy()));
                 v.mean_loss()
             }
@@ -394,7 +394,7 @@ impl TrainingCommand for MnistArgs {
         };
         let mut baseline = match &existing {
             Some(old) if old.fits_mnist() => {
-                let loss = checkpoint::baseline(&args.out, old.evaluate(judged_by).mean_loss(), loss_name)?;
+                let loss = checkpoint::baseline(&args.out, old.evaluate(judged_by)?.mean_loss(), loss_name)?;
                 display.line(&format!(
                     "--out {} already holds a model of {loss_name} {loss:.4}; only a better epoch replaces it",
                     args.out.display()
@@ -404,7 +404,7 @@ impl TrainingCommand for MnistArgs {
             _ => None,
         };
         if let Some(path) = &args.resume {
-            let loss = params.evaluate(judged_by).mean_loss();
+            let loss = params.evaluate(judged_by)?.mean_loss();
             if !loss.is_finite() {
                 bail!(
                     "--resume {}: the model's outputs on this data are not finite ({loss_name} {loss}), so it cannot be \
@@ -438,7 +438,7 @@ impl TrainingCommand for MnistArgs {
         let args = self;
         let Setup { run, display, params, train, test, val, baseline } = setup;
         let params_count = params.param_count();
-        let mut trainer = super::trainer(&run.backend, params, run.optim, Arc::new(train), Arc::new(test))?;
+        let mut trainer = super::trainer(&run.backend, params, run.optim, Arc::new(train), Arc::new(test), args.batch)?;
         let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
         let saver = Saver {
             out: args.out.clone(),

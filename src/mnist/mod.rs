@@ -1,7 +1,9 @@
 //! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
-//! `data`), the MLP's CPU reference (`model`) and GPU trainer (`gpu`), the CNN's (`cnn`, `cnn_gpu`), the
-//! epoch loop both share (`train`), `textnet mnist` (`cli`) and its model files opened for the shared
-//! `textnet classify` (`classify`). The optimizers are the shared `ops::optim`.
+//! `data`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as
+//! a `textnet fit` model, on fit's CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
+//! GPU trainer (`cnn`, `cnn_gpu`), the epoch loop both share (`train`), `textnet mnist` (`cli`) and its
+//! model files opened for the shared `textnet classify` (`classify`). The optimizers are the shared
+//! `ops::optim`.
 //!
 //! Backends implement `MnistTrainer`. The caller hands a backend both splits once, as contiguous
 //! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every
@@ -10,7 +12,6 @@
 pub use crate::datasets::mnist::INPUT_SCALING;
 
 pub mod bench;
-pub mod checks;
 pub use crate::classifier::Evaluation;
 pub use crate::datasets::{idx, mnist as data};
 pub mod classify;
@@ -18,8 +19,8 @@ pub mod cli;
 pub mod cnn;
 pub mod cnn_checks;
 pub mod cnn_gpu;
-pub mod gpu;
 pub use crate::datasets::images;
+pub mod mlp;
 pub mod model;
 pub mod train;
 
@@ -27,7 +28,7 @@ use crate::device::Backend;
 use crate::ops::optim::{OptimConfig, Optimizer};
 use anyhow::{Result, bail};
 use idx::Split;
-use model::{MlpParams, Workspace};
+use model::MlpParams;
 use std::sync::Arc;
 
 /// The classifier's architecture.
@@ -82,12 +83,12 @@ impl Classifier {
         }
     }
 
-    /// Loss and confusion matrix over all of `data`, on the CPU.
-    pub fn evaluate(&self, data: &Split) -> Evaluation {
-        match self {
-            Classifier::Mlp(p) => evaluate_split(p, data),
+    /// Loss and confusion matrix over all of `data`, on the CPU (the MLP's as its trainer evaluates).
+    pub fn evaluate(&self, data: &Split) -> Result<Evaluation> {
+        Ok(match self {
+            Classifier::Mlp(p) => mlp::evaluate(p, data)?,
             Classifier::Cnn(p) => cnn::evaluate(p, data),
-        }
+        })
     }
 
     /// The model file's bytes (.safetensors), with `extra` metadata entries added.
@@ -132,20 +133,19 @@ pub trait MnistTrainer {
     fn params(&mut self) -> Result<Classifier>;
 }
 
-/// The trainer for `backend` and the model's kind; on a GPU both splits are copied to it once.
+/// The trainer for `backend` and the model's kind, for batches of up to `batch` samples; on a GPU both
+/// splits are copied to it once.
 pub fn trainer(
     backend: &Backend,
     params: Classifier,
     optim: OptimConfig,
     train: Arc<Split>,
     test: Arc<Split>,
+    batch: usize,
 ) -> Result<Box<dyn MnistTrainer>> {
     Ok(match (backend, params) {
-        (Backend::Cpu, Classifier::Mlp(p)) => Box::new(CpuTrainer::new(p, optim, train, test)),
+        (_, Classifier::Mlp(p)) => Box::new(mlp::FitMlp::new(backend, p, optim, &train, &test, batch)?),
         (Backend::Cpu, Classifier::Cnn(p)) => Box::new(CpuCnnTrainer::new(p, optim, train, test)),
-        (Backend::Cuda(gpu), Classifier::Mlp(p)) => {
-            Box::new(gpu::GpuTrainer::new(gpu.clone(), p, optim, &train, &test)?)
-        }
         (Backend::Cuda(gpu), Classifier::Cnn(p)) => {
             Box::new(cnn_gpu::GpuCnn::new(gpu.clone(), p, optim, &train, &test)?)
         }
@@ -218,98 +218,6 @@ impl MnistTrainer for CpuCnnTrainer {
     }
 }
 
-/// Images per CPU forward pass when evaluating.
-pub(crate) const CPU_CHUNK: usize = 256;
-
-/// Loss and confusion matrix of `params` over the whole of `data`, on the CPU: chunks of images on every
-/// core, their sums added in chunk order (the same result on any number of cores).
-pub fn evaluate_split(params: &MlpParams, data: &Split) -> Evaluation {
-    use rayon::prelude::*;
-    let classes = params.shape.classes;
-    let all: Vec<u32> = (0..data.len() as u32).collect();
-    let chunks: Vec<Evaluation> = all
-        .par_chunks(CPU_CHUNK)
-        .map_init(Workspace::default, |ws, rows| {
-            let mut eval = Evaluation::new(classes);
-            eval.loss = model::forward(params, data, rows, ws);
-            for (&row, &predicted) in rows.iter().zip(&ws.predicted) {
-                eval.record(data.label(row), predicted as usize);
-            }
-            eval
-        })
-        .collect();
-    let mut eval = Evaluation::new(classes);
-    for chunk in chunks {
-        eval.samples += chunk.samples;
-        eval.loss += chunk.loss;
-        eval.confusion.iter_mut().zip(&chunk.confusion).for_each(|(a, b)| *a += b);
-    }
-    eval
-}
-
-/// The CPU reference as a trainer.
-pub struct CpuTrainer {
-    /// The parameters being trained.
-    pub params: MlpParams,
-    /// The optimizer and its state.
-    pub optimizer: Optimizer,
-    /// When set, the smallest `model::kink_margin` of any training step so far (the selftest's training
-    /// checks watch it); None: not watched.
-    pub kink_margin: Option<f64>,
-    grad: Vec<f32>,
-    ws: Workspace,
-    train: Arc<Split>,
-    test: Arc<Split>,
-}
-
-impl CpuTrainer {
-    /// A trainer of `params` with a fresh optimizer state over the two splits.
-    pub fn new(params: MlpParams, optim: OptimConfig, train: Arc<Split>, test: Arc<Split>) -> CpuTrainer {
-        let n = params.flat.len();
-        CpuTrainer {
-            params,
-            optimizer: Optimizer::new(optim, n),
-            kink_margin: None,
-            grad: vec![0.0; n],
-            ws: Workspace::default(),
-            train,
-            test,
-        }
-    }
-}
-
-impl MnistTrainer for CpuTrainer {
-    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
-        if batch == 0 {
-            bail!("the batch size must be at least 1");
-        }
-        if let Some(&bad) = order.iter().find(|&&i| i as usize >= self.train.len()) {
-            bail!("sample index {bad} is outside the training split ({} samples)", self.train.len());
-        }
-        let mut loss = 0.0;
-        let mut done = 0;
-        for rows in order.chunks(batch) {
-            if let Some(margin) = &mut self.kink_margin {
-                *margin = margin.min(model::kink_margin(&self.params, &self.train, rows));
-            }
-            loss += model::forward(&self.params, &self.train, rows, &mut self.ws);
-            model::backward(&self.params, &self.train, rows, &mut self.ws, &mut self.grad);
-            self.optimizer.step(&mut self.params.flat, &self.grad);
-            done += rows.len();
-            progress(done);
-        }
-        Ok(loss)
-    }
-
-    fn evaluate(&mut self) -> Result<Evaluation> {
-        Ok(evaluate_split(&self.params, &self.test))
-    }
-
-    fn params(&mut self) -> Result<Classifier> {
-        Ok(Classifier::Mlp(self.params.clone()))
-    }
-}
-
 /// The MNIST pipeline as the command line, `selftest` and `bench` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     name: "mnist",
@@ -319,8 +227,9 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <cli::MnistArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
-    checks: checks::selftest_checks,
-    modules: checks::modules,
+    // The MLP trains on fit's kernels, which fit's checks cover; the CNN's are its own.
+    checks: cnn_checks::selftest_checks,
+    modules: cnn_checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "mnist",
         about: "MNIST pipeline speed and accuracy",

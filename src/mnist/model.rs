@@ -1,28 +1,17 @@
-//! The MNIST classifier, a one-hidden-layer MLP, and its CPU reference: the oracle for GPU kernels and
-//! the no-GPU fallback. It is written in the shape batched kernels take (forward over the batch, then
-//! dlogits → the W2 pass that forms both ∂W2 and ∂a → the W1 pass), so the two read side by side.
-//!
-//! Over a batch of B images X (B×I), with labels y:
+//! The MNIST classifier, a one-hidden-layer MLP: its sizes, parameters, initialisation, model file, and
+//! its forward pass on the CPU (a model file's figures, `textnet classify`). Over a batch of B images X
+//! (B×I), with labels y:
 //! ```text
 //! z1     = X·W1ᵀ + b1,   a = act(z1)                       (B×H)
 //! logits = a·W2ᵀ + b2,   p = softmax(logits)                (B×C)
 //! loss   = (1/B) Σ_s −log p[s, y_s]
 //! ```
-//! and backward
-//! ```text
-//! dlogits = (p − onehot(y)) / B
-//! ∂W2 = dlogitsᵀ·a,   ∂b2 = Σ_s dlogits,   da = dlogits·W2
-//! dz1 = da ⊙ act′(z1)
-//! ∂W1 = dz1ᵀ·X,       ∂b1 = Σ_s dz1
-//! ```
-//!
-//! All parameters live in one flat f32 vector, W1 (H×I, row-major) then b1 (H), W2 (C×H), b2 (C). The
-//! gradient and the optimizer state share that layout, so the optimizer is one elementwise pass and a
-//! GPU backend holds each of them in a single buffer.
+//! It trains as the `textnet fit` network `Linear(I, H), act, Linear(H, C)` (`super::mlp`), whose CPU
+//! reference and finite-difference checks are fit's. All parameters live in one flat f32 vector, W1 (H×I,
+//! row-major) then b1 (H), W2 (C×H), b2 (C): `nn.Linear`'s layouts, and fit's.
 
-use super::idx::Split;
 use crate::cpu::SeededRng;
-use crate::cpu::{axpy, dot, softmax_in_place};
+use crate::cpu::dot;
 use anyhow::{Context, Result, anyhow, bail};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Uniform};
@@ -185,39 +174,7 @@ impl MlpParams {
     }
 }
 
-/// Per-batch intermediate values, reused across batches (buffers only grow).
-#[derive(Default, Debug)]
-pub struct Workspace {
-    /// B×H pre-activations.
-    pub z1: Vec<f32>,
-    /// B×H activations.
-    pub a: Vec<f32>,
-    /// B×C softmax probabilities after `forward`; `backward` turns them into dlogits.
-    pub probs: Vec<f32>,
-    /// B×H: ∂loss/∂a, then dz1 in place.
-    pub dz1: Vec<f32>,
-    /// Predicted class of each sample (first index of the largest logit).
-    pub predicted: Vec<u8>,
-}
-
-impl Workspace {
-    fn fit(&mut self, shape: MlpShape, batch: usize) {
-        let (h, c) = (shape.hidden, shape.classes);
-        for (buf, len) in [
-            (&mut self.z1, batch * h),
-            (&mut self.a, batch * h),
-            (&mut self.dz1, batch * h),
-            (&mut self.probs, batch * c),
-        ] {
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-        }
-        self.predicted.resize(batch, 0);
-    }
-}
-
-/// The class scores (logits) of one image `x`, as `forward` computes them before the softmax.
+/// The class scores (logits) of one image `x` (for `textnet classify`).
 pub fn logits(p: &MlpParams, x: &[f32]) -> Vec<f32> {
     let shape = p.shape;
     let (i, h, c) = (shape.inputs, shape.hidden, shape.classes);
@@ -225,99 +182,4 @@ pub fn logits(p: &MlpParams, x: &[f32]) -> Vec<f32> {
     let w = p.parts();
     let a: Vec<f32> = (0..h).map(|j| shape.activation.apply(dot(&w.w1[j * i..][..i], x) + w.b1[j])).collect();
     (0..c).map(|k| dot(&w.w2[k * h..][..h], &a) + w.b2[k]).collect()
-}
-
-/// Forward over the samples `rows` of `data`: fills `ws` (z1, a, probs, predicted) and returns the
-/// summed loss Σ_s −log p[s, y_s].
-pub fn forward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace) -> f64 {
-    let shape = p.shape;
-    let (i, h, c) = (shape.inputs, shape.hidden, shape.classes);
-    assert_eq!(data.pixels, i, "image size does not match the model's inputs");
-    ws.fit(shape, rows.len());
-    let w = p.parts();
-    let mut loss = 0.0f64;
-    for (s, &row) in rows.iter().enumerate() {
-        let x = data.image(row);
-        let z1 = &mut ws.z1[s * h..][..h];
-        let a = &mut ws.a[s * h..][..h];
-        for j in 0..h {
-            z1[j] = dot(&w.w1[j * i..][..i], x) + w.b1[j];
-            a[j] = shape.activation.apply(z1[j]);
-        }
-        let logits = &mut ws.probs[s * c..][..c];
-        for (k, logit) in logits.iter_mut().enumerate() {
-            *logit = dot(&w.w2[k * h..][..h], a) + w.b2[k];
-        }
-        let best = (0..c).fold(0, |best, k| if logits[k] > logits[best] { k } else { best });
-        ws.predicted[s] = best as u8;
-        let target_logit = logits[data.label(row)];
-        let (max, sum) = softmax_in_place(logits);
-        // −log p[y] = logsumexp(logits) − logits[y]
-        loss += (max + sum.ln() - target_logit) as f64;
-    }
-    loss
-}
-
-/// With ReLU, the smallest `check::kink_ratio` of any hidden unit over the images at `rows` (how close a
-/// step on them comes to ReLU′'s jump); infinite for the smooth activations.
-pub fn kink_margin(p: &MlpParams, data: &Split, rows: &[u32]) -> f64 {
-    let shape = p.shape;
-    if shape.activation != Activation::Relu {
-        return f64::INFINITY;
-    }
-    let (i, w) = (shape.inputs, p.parts());
-    rows.iter()
-        .flat_map(|&row| (0..shape.hidden).map(move |j| (row, j)))
-        .map(|(row, j)| crate::check::kink_ratio(&w.w1[j * i..][..i], w.b1[j], data.image(row)))
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// Gradient of the mean loss over `rows` into `grad` (flat, parameter order), from the values the
-/// `forward` call on the same rows left in `ws`. Consumes `ws.probs` (turned into dlogits).
-pub fn backward(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace, grad: &mut [f32]) {
-    let shape = p.shape;
-    let (i, h, c, b) = (shape.inputs, shape.hidden, shape.classes, rows.len());
-    let w = p.parts();
-    grad.fill(0.0);
-    let g = shape.split_mut(grad);
-    let inv_b = 1.0 / b as f32;
-    for (s, &row) in rows.iter().enumerate() {
-        let dlogits = &mut ws.probs[s * c..][..c];
-        dlogits[data.label(row)] -= 1.0;
-        dlogits.iter_mut().for_each(|d| *d *= inv_b);
-    }
-    // W2 pass: ∂W2[k] = Σ_s dlogits[s,k]·a_s and da_s = Σ_k dlogits[s,k]·W2[k], both from the old W2.
-    let da = &mut ws.dz1[..b * h];
-    da.fill(0.0);
-    for s in 0..b {
-        let a = &ws.a[s * h..][..h];
-        let da_s = &mut da[s * h..][..h];
-        for k in 0..c {
-            let d = ws.probs[s * c + k];
-            g.b2[k] += d;
-            axpy(d, a, &mut g.w2[k * h..][..h]);
-            axpy(d, &w.w2[k * h..][..h], da_s);
-        }
-    }
-    for ((d, &z), &a) in da.iter_mut().zip(&ws.z1[..b * h]).zip(&ws.a[..b * h]) {
-        *d *= shape.activation.derivative(z, a);
-    }
-    // W1 pass: ∂W1[j] = Σ_s dz1[s,j]·x_s (row j stays in cache across the batch).
-    for j in 0..h {
-        let grad_row = &mut g.w1[j * i..][..i];
-        for (s, &row) in rows.iter().enumerate() {
-            let dz = da[s * h + j];
-            g.b1[j] += dz;
-            if dz != 0.0 {
-                axpy(dz, data.image(row), grad_row);
-            }
-        }
-    }
-}
-
-/// Mean loss over `rows` and its gradient into `grad`: `forward` then `backward`.
-pub fn loss_and_grad(p: &MlpParams, data: &Split, rows: &[u32], ws: &mut Workspace, grad: &mut [f32]) -> f64 {
-    let loss = forward(p, data, rows, ws);
-    backward(p, data, rows, ws, grad);
-    loss / rows.len() as f64
 }

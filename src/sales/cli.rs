@@ -3,12 +3,11 @@
 //! its predictions for new rows. What it prints goes through `report`, as for every training command.
 
 use super::data::{Dataset, Split, SplitOrder, Stats};
-use super::gpu::GpuSales;
 use super::infer::{self, Overrides};
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
-use super::train::{CpuSales, SalesTrainer};
+use super::train::{FitSales, SalesTrainer};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
@@ -71,7 +70,7 @@ pub struct SalesArgs {
     /// Seed of the initial parameters, of the train/test split and of the row order
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Where to train (on the GPU one block runs each epoch)
+    /// Where to train
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Where to write the model (.safetensors); a sales model of the same features already there is
@@ -197,8 +196,8 @@ pub struct Trained {
 }
 
 /// The MAE on `split` (in the file's units) of `model`.
-fn mae_of(model: &SalesModel, split: &Split) -> f64 {
-    model::evaluate(&model.params, &model.stats.normalize(split), &model.stats).mae
+fn mae_of(model: &SalesModel, split: &Split) -> Result<f64> {
+    Ok(model::evaluate(&model.params, &model.stats.normalize(split), &model.stats)?.mae)
 }
 
 impl TrainingCommand for SalesArgs {
@@ -329,10 +328,8 @@ impl TrainingCommand for SalesArgs {
         ));
 
         let given_stats = resumed.as_ref().map(|m| m.stats.clone());
-        let trainer: Box<dyn SalesTrainer> = match &backend {
-            Backend::Cpu => Box::new(CpuSales::new(&data, params, optim, given_stats)?),
-            Backend::Cuda(gpu) => Box::new(GpuSales::new(gpu.clone(), &data, params, optim, given_stats)?),
-        };
+        let trainer: Box<dyn SalesTrainer> =
+            Box::new(FitSales::new(&backend, &data, params, optim, given_stats, args.batch)?);
         let stats = trainer.stats().clone();
         let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
             / data.test.rows as f64;
@@ -340,7 +337,7 @@ impl TrainingCommand for SalesArgs {
         let (judged, judged_name) = if data.val.is_empty() { (&data.test, "test MAE") } else { (&data.val, "val MAE") };
         let mut old_mae = None;
         if let Some(old) = &existing {
-            let mae = checkpoint::baseline(&args.out, mae_of(old, judged), judged_name)?;
+            let mae = checkpoint::baseline(&args.out, mae_of(old, judged)?, judged_name)?;
             display.line(&format!(
                 "--out {} already holds a model of {judged_name} {mae:.4} on this split; only a better one replaces it",
                 args.out.display()
@@ -348,7 +345,7 @@ impl TrainingCommand for SalesArgs {
             old_mae = Some(mae);
         }
         if let (Some(m), Some(path)) = (&resumed, &args.resume) {
-            let mae = mae_of(m, judged);
+            let mae = mae_of(m, judged)?;
             if !mae.is_finite() {
                 bail!(
                     "--resume {}: the model's outputs on this table are not finite ({judged_name} {mae}), so it cannot \
@@ -402,7 +399,7 @@ impl TrainingCommand for SalesArgs {
             let judged = match val {
                 Some(val) => {
                     let params = trainer.params()?;
-                    Some((model::evaluate(&params, val, stats), params))
+                    Some((model::evaluate(&params, val, stats)?, params))
                 }
                 None => None,
             };
@@ -672,8 +669,9 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     let x = m.stats.normalize(&split);
     let mut out = String::from("line\tprediction\n");
     let (mut with_target, mut error_sum) = (0usize, 0f64);
-    for i in 0..x.rows {
-        let y = m.stats.target_value(model::predict(&m.params, x.row(i)));
+    let predictions = model::predict(&m.params, &x.x)?;
+    for (i, &prediction) in predictions.iter().enumerate() {
+        let y = m.stats.target_value(prediction);
         out += &format!("{}\t{y}\n", split.lines[i]);
         if split.y[i].is_finite() {
             with_target += 1;

@@ -5,7 +5,7 @@ use crate::common::{small_mnist_model, text, textnet};
 use std::path::Path;
 use textnet::mnist::idx::{load_split, read_idx};
 use textnet::mnist::images::{decode, luma, resize_bilinear};
-use textnet::mnist::model::{self, MlpParams, Workspace};
+use textnet::mnist::model::{self, MlpParams};
 
 const DATA: &str = "/usr/share/datasets/fashion-mnist";
 
@@ -70,18 +70,20 @@ fn images_in_every_format_get_the_models_predictions() {
         &Path::new(DATA).join("t10k-labels-idx1-ubyte.gz"),
     )
     .unwrap();
-    let mut ws = Workspace::default();
-    model::forward(&params, &split, &[0, 1, 2], &mut ws);
+    let mut predicted = Vec::new();
     for i in 0..3 {
-        let class = ws.predicted[i] as usize;
-        assert_eq!(got["predictions"][i]["class"], serde_json::json!(class), "image {i}");
-        let p = got["predictions"][i]["probability"].as_f64().unwrap();
-        assert!((p - ws.probs[i * 10 + class] as f64).abs() < 1e-6);
+        let logits = model::logits(&params, split.image(i));
+        let class = textnet::cpu::argmax(&logits);
+        let total: f64 = logits.iter().map(|&l| ((l - logits[class]) as f64).exp()).sum();
+        assert_eq!(got["predictions"][i as usize]["class"], serde_json::json!(class), "image {i}");
+        let p = got["predictions"][i as usize]["probability"].as_f64().unwrap();
+        assert!((p - 1.0 / total).abs() < 1e-6, "{p} vs {}", 1.0 / total);
+        predicted.push(class);
     }
     assert_eq!(
         got["predictions"][0]["name"].as_str().unwrap(),
         ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
-            [ws.predicted[0] as usize]
+            [predicted[0]]
     );
 
     // The IDX test set with its labels: the accuracy the training run reported.

@@ -2,12 +2,13 @@
 //! data fails the test: CI installs the package, so its absence is a setup error, not a reason to skip.
 
 use std::path::Path;
-use std::sync::Arc;
+use textnet::device::Backend;
+use textnet::mnist::MnistTrainer;
 use textnet::mnist::data::{self, Dataset, MnistData};
 use textnet::mnist::idx::{CLASSES, PIXELS};
+use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
-use textnet::mnist::{CpuTrainer, MnistTrainer};
 use textnet::ops::optim::{OptimConfig, OptimKind};
 
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
@@ -22,9 +23,9 @@ fn fashion(train: usize, test: usize) -> MnistData {
     data
 }
 
-fn trainer(data: &MnistData, activation: Activation, optim: OptimConfig, seed: u64) -> CpuTrainer {
+fn trainer(data: &MnistData, activation: Activation, optim: OptimConfig, seed: u64) -> FitMlp {
     let shape = MlpShape { inputs: PIXELS, hidden: 64, classes: CLASSES, activation };
-    CpuTrainer::new(MlpParams::init(shape, seed), optim, Arc::new(data.train.clone()), Arc::new(data.test.clone()))
+    FitMlp::new(&Backend::Cpu, MlpParams::init(shape, seed), optim, &data.train, &data.test, 64).unwrap()
 }
 
 #[test]

@@ -1,10 +1,10 @@
-//! The MLP's gradients against finite differences, the optimizers against hand-computed steps, and the
-//! model file round trip.
+//! The MLP's forward pass and its layout as fit's network, the optimizers against hand-computed steps, and
+//! the model file round trip.
 
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
 use textnet::mnist::idx::Split;
-use textnet::mnist::model::{self, Activation, MlpParams, MlpShape, Workspace};
+use textnet::mnist::model::{self, Activation, MlpParams, MlpShape};
 use textnet::ops::optim::{OptimConfig, OptimKind, Optimizer, clip_scale, global_norm};
 
 /// `n` random samples of `inputs` values in [0,1], labels below `classes`.
@@ -16,73 +16,24 @@ fn random_split(n: usize, inputs: usize, classes: usize, rng: &mut SeededRng) ->
     }
 }
 
-fn mean_loss(p: &MlpParams, data: &Split, rows: &[u32]) -> f64 {
-    model::forward(p, data, rows, &mut Workspace::default()) / rows.len() as f64
-}
-
+/// The MLP trains as fit's network (whose gradients fit's finite-difference checks cover): that network,
+/// given the MLP's flat parameters, computes the MLP's logits, for every activation.
 #[test]
-fn gradients_match_finite_differences() {
+fn the_fit_network_reads_the_mlp_layout() {
     for activation in Activation::ALL {
         let shape = MlpShape { inputs: 7, hidden: 6, classes: 4, activation };
         let mut rng = SeededRng::seed_from_u64(7);
         let data = random_split(5, shape.inputs, shape.classes, &mut rng);
-        let rows = [3u32, 0, 4, 3]; // a repeated sample counts twice
         let mut p = MlpParams::init(shape, 11);
-        // Non-zero biases, and weights large enough that the loss is far from flat.
         p.flat.iter_mut().for_each(|x| *x = *x * 2.0 + rng.random_range(-0.3..0.3));
-
-        let mut grad = vec![0.0f32; shape.param_count()];
-        let loss = model::loss_and_grad(&p, &data, &rows, &mut Workspace::default(), &mut grad);
-        assert!((loss - mean_loss(&p, &data, &rows)).abs() < 1e-6);
-
-        let h = 1e-2f32;
-        // Which hidden units are active on which image: a finite difference across ReLU's kink is no
-        // derivative, so with ReLU an entry whose perturbation changes this is left out (both sides 0).
-        let pattern = |q: &MlpParams| -> Vec<bool> {
-            let mut ws = Workspace::default();
-            model::forward(q, &data, &rows, &mut ws);
-            ws.z1[..rows.len() * shape.hidden].iter().map(|&z| z > 0.0).collect()
-        };
-        let base = pattern(&p);
-        let mut numeric = vec![0.0f32; grad.len()];
-        let mut skipped = vec![false; grad.len()];
-        for (k, numeric) in numeric.iter_mut().enumerate() {
-            let mut q = p.clone();
-            q.flat[k] = p.flat[k] + h;
-            let up = mean_loss(&q, &data, &rows);
-            let crosses_up = activation == Activation::Relu && pattern(&q) != base;
-            q.flat[k] = p.flat[k] - h;
-            let down = mean_loss(&q, &data, &rows);
-            let crosses_down = activation == Activation::Relu && pattern(&q) != base;
-            skipped[k] = crosses_up || crosses_down;
-            *numeric = ((up - down) / (2.0 * h as f64)) as f32;
-        }
-        assert!(
-            skipped.iter().filter(|&&s| s).count() * 4 < grad.len(),
-            "a quarter of the entries cross the kink: {} of {}",
-            skipped.iter().filter(|&&s| s).count(),
-            grad.len()
-        );
-        for (k, _) in skipped.iter().enumerate().filter(|(_, s)| **s) {
-            numeric[k] = 0.0;
-            grad[k] = 0.0;
-        }
-        let analytic = shape.split(&grad);
-        let numeric = shape.split(&numeric);
-        let tensors = [
-            ("w1", analytic.w1, numeric.w1),
-            ("b1", analytic.b1, numeric.b1),
-            ("w2", analytic.w2, numeric.w2),
-            ("b2", analytic.b2, numeric.b2),
-        ];
-        for (name, a, n) in tensors {
-            let diff = a.iter().zip(n).map(|(x, y)| (x - y) * (x - y)).sum::<f32>().sqrt();
-            let scale = global_norm(a).max(global_norm(n));
-            assert!(scale > 1e-3, "{activation:?} {name}: gradient is ~0, the check would prove nothing");
-            let rel = diff / scale;
-            assert!(rel < 1e-3, "{activation:?} {name}: relative error {rel:e}\nanalytic {a:?}\nnumeric  {n:?}");
-            for (x, y) in a.iter().zip(n) {
-                assert!((x - y).abs() <= 2e-4 + 2e-2 * x.abs().max(y.abs()), "{activation:?} {name}: {x} vs {y}");
+        let net = textnet::mnist::mlp::network(shape).unwrap();
+        assert_eq!(net.param_count, shape.param_count());
+        let trace = textnet::fit::model::forward(&net, &p.flat, &data.images, 5, None);
+        let fit_logits = trace.values.last().unwrap();
+        for s in 0..5u32 {
+            let want = model::logits(&p, data.image(s));
+            for (got, want) in fit_logits[s as usize * 4..][..4].iter().zip(&want) {
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{activation:?}: {got} vs {want}");
             }
         }
     }
@@ -96,13 +47,17 @@ fn forward_matches_a_direct_evaluation() {
         flat: vec![0.1, -0.2, 0.3, 0.4, 0.5, -0.6, 0.05, -0.05, 1.0, -1.0, 0.5, 0.5, 2.0, 0.0, 0.1, 0.2, 0.3],
     };
     let data = Split { images: vec![1.0, 0.5, 0.25], labels: vec![2], pixels: 3 };
-    let mut ws = Workspace::default();
-    let loss = model::forward(&p, &data, &[0], &mut ws);
+    let eval = textnet::mnist::mlp::evaluate(&p, &data).unwrap();
+    let loss = eval.loss;
     let a = [(0.1f64 - 0.1 + 0.075 + 0.05).tanh(), (0.4f64 + 0.25 - 0.15 - 0.05).tanh()];
     let logits = [a[0] - a[1] + 0.1, 0.5 * a[0] + 0.5 * a[1] + 0.2, 2.0 * a[0] + 0.3];
     let lse = logits.iter().map(|l| l.exp()).sum::<f64>().ln();
     assert!((loss - (lse - logits[2])).abs() < 1e-6, "{loss}");
-    assert_eq!(ws.predicted[0], 2);
+    assert_eq!(eval.confusion[2 * 3 + 2], 1, "predicted class 2");
+    let logits_got = model::logits(&p, data.image(0));
+    for (got, want) in logits_got.iter().zip(&logits) {
+        assert!((*got as f64 - want).abs() < 1e-6);
+    }
 }
 
 fn close(got: &[f32], want: &[f64]) {

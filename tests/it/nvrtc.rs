@@ -3,7 +3,6 @@
 //! never skips, when NVRTC is missing.
 
 use textnet::device::{KERNEL_SOURCES, compile_ptx, kernel_source};
-use textnet::mnist::idx::{CLASSES, PIXELS};
 
 #[test]
 fn every_fused_kernel_compiles_with_nvrtc() {
@@ -84,22 +83,6 @@ fn transformer_kernels_compile_for_other_shapes() {
             "tf_adamw",
         ] {
             assert!(ptx.contains(kernel), "{kernel} missing from the PTX for C={c} HS={hs} T={t}");
-        }
-    }
-}
-
-#[test]
-fn mnist_kernels_compile_for_the_shapes_used() {
-    let unit = kernel_source("mnist").unwrap();
-    // (inputs, classes): (Fashion-)MNIST, the selftest's odd shape, and the smallest model.
-    for (inputs, classes) in [(PIXELS, CLASSES), (50, 7), (1, 2)] {
-        for cc in [(9, 0), (8, 0)] {
-            let defines = [format!("-DMNIST_I={inputs}"), format!("-DMNIST_C={classes}")];
-            let ptx = compile_ptx(unit, cc, &defines)
-                .unwrap_or_else(|e| panic!("I={inputs} C={classes} sm_{}{}: {e:#}", cc.0, cc.1));
-            for kernel in ["mnist_forward", "mnist_evaluate", "mnist_backward", "mnist_update", "mnist_advance"] {
-                assert!(ptx.contains(kernel), "{kernel} missing from the PTX for I={inputs} C={classes}");
-            }
         }
     }
 }

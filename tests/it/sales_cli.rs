@@ -56,7 +56,7 @@ fn trains_beats_the_baseline_reports_and_predicts() {
     let options = textnet::sales::table::LoadOptions::new(m.schema.clone());
     let t = textnet::sales::table::Table::read(&table, &options).unwrap();
     let split = textnet::sales::data::Split::of_rows(&t, &t.rows[2400..2401], &m.vocabularies);
-    let want = m.stats.target_value(model::predict(&m.params, m.stats.normalize(&split).row(0)));
+    let want = m.stats.target_value(model::predict(&m.params, m.stats.normalize(&split).row(0)).unwrap()[0]);
     let got: f32 = lines[2400].split('\t').nth(1).unwrap().parse().unwrap();
     assert_eq!(lines[2400].split('\t').next(), Some("2401"));
     assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{got} vs {want}");

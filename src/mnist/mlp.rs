@@ -1,0 +1,119 @@
+//! How `textnet mnist` trains its MLP: as the `textnet fit` network `Linear(I, H), act, Linear(H, C)` under
+//! cross-entropy, on fit's trainers (the CPU reference, or on a GPU fit's layer kernels, which match the
+//! hand-fused MLP they replaced to within 1 % a step). Fit's flat layout is the MLP's (`nn.Linear`'s
+//! tensors in order), so the parameters, the model files and `textnet classify` stay as they were.
+
+use super::idx::Split;
+use super::model::{Activation, MlpParams, MlpShape};
+use super::{Classifier, Evaluation, MnistTrainer};
+use crate::device::Backend;
+use crate::fit::{self, FitTrainer, Samples, Target};
+use crate::ops::optim::OptimConfig;
+use anyhow::Result;
+use std::sync::Arc;
+
+/// The MLP as a fit network of `shape`.
+pub fn network(shape: MlpShape) -> Result<fit::model::Network> {
+    let act = match shape.activation {
+        Activation::Relu => "ReLU",
+        Activation::Sigmoid => "Sigmoid",
+        Activation::Tanh => "Tanh",
+    };
+    let text = format!("Linear({}, {h}), {act}, Linear({h}, {})", shape.inputs, shape.classes, h = shape.hidden);
+    fit::model::Network::new(&fit::spec::parse(&text)?, fit::spec::Shape::Flat(shape.inputs))
+}
+
+/// An image split as fit's samples.
+fn samples(split: &Split) -> Samples {
+    Samples {
+        features: split.pixels,
+        x: split.images.clone(),
+        target: Target::Classes(split.labels.iter().map(|&l| l as u32).collect()),
+    }
+}
+
+/// The evaluation of a split of `labels` from its summed loss and its logits.
+fn evaluation(loss: f64, logits: &[f32], labels: &[u8], classes: usize) -> Evaluation {
+    let mut eval = Evaluation::new(classes);
+    for (row, &label) in logits.chunks(classes).zip(labels) {
+        eval.record(label as usize, crate::cpu::argmax(row));
+    }
+    eval.loss = loss;
+    eval
+}
+
+/// Loss and confusion matrix of `params` over all of `data`, on the CPU: fit's CPU evaluation, as the
+/// trainer's.
+pub fn evaluate(params: &MlpParams, data: &Split) -> Result<Evaluation> {
+    let net = network(params.shape)?;
+    let (loss, logits) = fit::cpu::evaluate(&net, &params.flat, &samples(data), fit::model::Loss::Ce);
+    Ok(evaluation(loss, &logits, &data.labels, params.shape.classes))
+}
+
+/// The MLP on fit's trainer for a backend.
+pub struct FitMlp {
+    trainer: Box<dyn FitTrainer>,
+    shape: MlpShape,
+    lr: f32,
+    test_labels: Vec<u8>,
+}
+
+impl FitMlp {
+    /// A trainer of `params` on `backend` for batches of up to `batch` samples, with a fresh optimizer
+    /// state (on a GPU both splits are copied to it once).
+    pub fn new(
+        backend: &Backend,
+        params: MlpParams,
+        optim: OptimConfig,
+        train: &Split,
+        test: &Split,
+        batch: usize,
+    ) -> Result<FitMlp> {
+        optim.validate()?;
+        params.shape.validate()?;
+        let setup = fit::Setup {
+            net: network(params.shape)?,
+            params: params.flat,
+            loss: fit::model::Loss::Ce,
+            optim,
+            dropout_seed: 0,
+            splits: vec![Arc::new(samples(train)), Arc::new(samples(test))],
+        };
+        Ok(FitMlp {
+            trainer: fit::trainer(backend, setup, batch.max(1))?,
+            shape: params.shape,
+            lr: optim.lr,
+            test_labels: test.labels.clone(),
+        })
+    }
+}
+
+impl MnistTrainer for FitMlp {
+    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
+        let lr = vec![self.lr; order.len().div_ceil(batch.max(1))];
+        self.trainer.train_epoch(order, batch, &lr, progress)
+    }
+
+    fn evaluate(&mut self) -> Result<Evaluation> {
+        let (loss, logits) = self.trainer.evaluate(1)?;
+        Ok(evaluation(loss, &logits, &self.test_labels, self.shape.classes))
+    }
+
+    fn params(&mut self) -> Result<Classifier> {
+        Ok(Classifier::Mlp(MlpParams { shape: self.shape, flat: self.trainer.params()? }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `textnet mnist` at its defaults (784 → 128 ReLU → 10, batch 64) compiles nothing on a first run.
+    #[test]
+    fn the_default_run_is_precompiled() {
+        let shape = MlpShape { inputs: 784, hidden: 128, classes: 10, activation: Activation::Relu };
+        let modules = fit::gpu::trainer_modules(&network(shape).unwrap(), fit::model::Loss::Ce, 64);
+        let missing: Vec<_> = modules.iter().filter(|m| !crate::device::listed_for_precompiling(m)).collect();
+        assert!(missing.is_empty(), "add to fused/precompiled.txt: {missing:?}");
+    }
+}

@@ -38,9 +38,15 @@ pub fn samples(split: &Split) -> Samples {
     Samples { features: split.features, x: split.x.clone(), target: Target::Values(split.y.clone()) }
 }
 
+/// Fit's trainer on a backend, the GPU's kept by type so that `bench sales` can time its kernels alone.
+enum Backed {
+    Cpu(Box<dyn FitTrainer>),
+    Gpu(fit::gpu::GpuTrainer),
+}
+
 /// The regressor on fit's trainer for a backend.
 pub struct FitSales {
-    trainer: Box<dyn FitTrainer>,
+    trainer: Backed,
     shape: SalesShape,
     stats: Stats,
     lr: f32,
@@ -71,13 +77,33 @@ impl FitSales {
             dropout_seed: 0,
             splits: vec![train, test.clone()],
         };
-        Ok(FitSales {
-            trainer: fit::trainer(backend, setup, batch.max(1))?,
-            shape: params.shape,
-            stats,
-            lr: optim.lr,
-            test,
-        })
+        let trainer = match backend {
+            Backend::Cpu => Backed::Cpu(fit::trainer(backend, setup, batch.max(1))?),
+            Backend::Cuda(gpu) => Backed::Gpu(fit::gpu::GpuTrainer::new(gpu.clone(), setup, batch.max(1))?),
+        };
+        Ok(FitSales { trainer, shape: params.shape, stats, lr: optim.lr, test })
+    }
+}
+
+impl FitSales {
+    fn trainer(&mut self) -> &mut dyn FitTrainer {
+        match &mut self.trainer {
+            Backed::Cpu(t) => t.as_mut(),
+            Backed::Gpu(t) => t,
+        }
+    }
+
+    /// The GPU trainer, when it trains on one: `bench sales` queues its epochs' kernels alone.
+    pub fn gpu(&mut self) -> Option<&mut fit::gpu::GpuTrainer> {
+        match &mut self.trainer {
+            Backed::Cpu(_) => None,
+            Backed::Gpu(t) => Some(t),
+        }
+    }
+
+    /// The learning rate of each of the `steps` steps of an epoch.
+    pub fn rates(&self, steps: usize) -> Vec<f32> {
+        vec![self.lr; steps]
     }
 }
 
@@ -87,18 +113,18 @@ impl SalesTrainer for FitSales {
     }
 
     fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
-        let lr = vec![self.lr; order.len().div_ceil(batch.max(1))];
-        self.trainer.train_epoch(order, batch, &lr, &mut |_| {})
+        let lr = self.rates(order.len().div_ceil(batch.max(1)));
+        self.trainer().train_epoch(order, batch, &lr, &mut |_| {})
     }
 
     fn evaluate_test(&mut self) -> Result<Evaluation> {
-        let (squares, outputs) = self.trainer.evaluate(1)?;
+        let (squares, outputs) = self.trainer().evaluate(1)?;
         let Target::Values(y) = &self.test.target else { unreachable!("the sales target is a value") };
         Ok(Evaluation::of(squares, &outputs, y, self.stats.target_std))
     }
 
     fn params(&mut self) -> Result<SalesParams> {
-        Ok(SalesParams { shape: self.shape, flat: self.trainer.params()? })
+        Ok(SalesParams { shape: self.shape, flat: self.trainer().params()? })
     }
 }
 

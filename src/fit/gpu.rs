@@ -33,8 +33,12 @@ const THREADS: usize = THREADS_PER_BLOCK as usize;
 const FORWARD_TILE: (usize, usize, usize, usize, usize) = (8, 8, 256, 2, 2);
 /// dense_backward's tiles (BWD_*).
 const BACKWARD_TILE: (usize, usize, usize, usize, usize) = (16, 64, 64, 4, 4);
-/// Samples evaluated per forward pass, at least (the batch when larger).
+/// Samples evaluated per forward pass, at least (the batch when larger)...
 const EVAL_ROWS: usize = 1024;
+/// ... and more, up to a whole split, while the activations of one pass stay within this many bytes: each
+/// pass reads its outputs back, so a test split of 73,200 rows in 1,024-row passes spent ~4 ms an epoch
+/// waiting on the host.
+const EVAL_BYTES: usize = 64 << 20;
 const NO_ACTIVATION: i64 = -1;
 /// The whole-epoch kernel's limits: Linear layers (FIT_LAYER0..3), batch (a thread per sample stages
 /// row indices), and the floats a lane holds in registers across a step (weights, their gradient, and
@@ -445,7 +449,20 @@ impl GpuTrainer {
         }
         let groups = plan(&net);
         let outputs = net.outputs();
-        let capacity = batch.max(EVAL_ROWS.min(splits.iter().map(|s| s.rows()).max().unwrap_or(1))).max(1);
+        // Floats per sample of the buffers sized by `capacity` (outputs, pre-activations, output gradients,
+        // and a conv's per-sample weight-gradient partials).
+        let per_sample: usize = groups
+            .iter()
+            .map(|g| {
+                3 * g.out_size
+                    + match g.op {
+                        Op::Conv { input: (c, ..), outputs, kernel, .. } => outputs * (c * kernel * kernel + 1),
+                        _ => 0,
+                    }
+            })
+            .sum();
+        let eval_rows = (EVAL_BYTES / (4 * per_sample.max(1))).clamp(EVAL_ROWS, 65_535 * FORWARD_TILE.0);
+        let capacity = batch.max(eval_rows.min(splits.iter().map(|s| s.rows()).max().unwrap_or(1))).max(1);
         if capacity.div_ceil(FORWARD_TILE.0) > 65_535 {
             bail!("--batch {batch} is above the GPU kernels' limit of {}", 65_535 * FORWARD_TILE.0);
         }

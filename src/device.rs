@@ -585,16 +585,23 @@ fn define_options(defines: &[(&str, i64)]) -> Vec<String> {
 /// A kernel file and the sizes it is compiled for, as `Gpu::module` takes them.
 pub type ModuleRequest = (&'static str, Vec<(&'static str, i64)>);
 
-/// Whether fused/precompiled.txt lists `request`, so that build.rs compiles it ahead of time (where it
-/// finds NVRTC).
+/// The modules fused/precompiled.txt lists for build.rs to compile ahead of time (where it finds NVRTC),
+/// one line each: the kernel file's name and its sizes, `NAME=value`, one space apart.
+pub fn precompiled_lines() -> Vec<String> {
+    let manifest = include_str!("../fused/precompiled.txt");
+    let lines = manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+    lines.map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+}
+
+/// `request` as a line of fused/precompiled.txt.
+pub fn precompiled_line(request: &ModuleRequest) -> String {
+    let sizes = request.1.iter().map(|(name, value)| format!(" {name}={value}"));
+    std::iter::once(request.0.to_string()).chain(sizes).collect()
+}
+
+/// Whether fused/precompiled.txt lists `request`.
 pub fn listed_for_precompiling(request: &ModuleRequest) -> bool {
-    let line: String = std::iter::once(request.0.to_string())
-        .chain(request.1.iter().map(|(name, value)| format!(" {name}={value}")))
-        .collect();
-    include_str!("../fused/precompiled.txt")
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .any(|l| l == line)
+    precompiled_lines().contains(&precompiled_line(request))
 }
 
 /// Compiles every requested module on every core, into the cache that `Gpu::module` reads: a run

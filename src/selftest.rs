@@ -124,21 +124,9 @@ mod tests {
     use crate::check::Plan;
     use std::collections::BTreeSet;
 
-    /// The lines of fused/precompiled.txt: kernel file and sizes.
-    fn precompiled_lines() -> Vec<String> {
-        let manifest = include_str!("../fused/precompiled.txt");
-        let lines = manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
-        lines.map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
-    }
-
-    fn line(request: &crate::device::ModuleRequest) -> String {
-        let sizes = request.1.iter().map(|(name, value)| format!(" {name}={value}"));
-        std::iter::once(request.0.to_string()).chain(sizes).collect()
-    }
-
     #[test]
     fn every_module_the_selftest_compiles_is_compiled_at_build_time() {
-        let listed = precompiled_lines();
+        let listed = crate::device::precompiled_lines();
         let mut missing = BTreeSet::new();
         for quick in [false, true] {
             let plan = Plan { seed: 1, quick, groups: Vec::new() };
@@ -146,7 +134,7 @@ mod tests {
                 // `fit` compiles a module per layer shape of the user's spec, so its modules are compiled at
                 // run time (the selftest compiles them all at once, in parallel, before its checks).
                 let fixed = (pipeline.modules)(&plan).into_iter().filter(|r| r.0 != "fit");
-                missing.extend(fixed.map(|r| line(&r)).filter(|l| !listed.contains(l)));
+                missing.extend(fixed.map(|r| crate::device::precompiled_line(&r)).filter(|l| !listed.contains(l)));
             }
         }
         assert!(

@@ -81,6 +81,10 @@ pub trait FitTrainer {
     /// with the samples done so far, at least once per step or group of steps. Returns the summed
     /// per-sample loss.
     fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64>;
+    /// `train_epoch` at the one learning rate `lr` for every step.
+    fn train_epoch_at(&mut self, order: &[u32], batch: usize, lr: f32, progress: &mut dyn FnMut(usize)) -> Result<f64> {
+        self.train_epoch(order, batch, &vec![lr; order.len().div_ceil(batch.max(1))], progress)
+    }
     /// The summed loss over split `split` and the network's outputs (`rows × outputs`), dropout off,
     /// nothing updated.
     fn evaluate(&mut self, split: usize) -> Result<(f64, Vec<f32>)>;

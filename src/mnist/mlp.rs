@@ -90,8 +90,7 @@ impl FitMlp {
 
 impl MnistTrainer for FitMlp {
     fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
-        let lr = vec![self.lr; order.len().div_ceil(batch.max(1))];
-        self.trainer.train_epoch(order, batch, &lr, progress)
+        self.trainer.train_epoch_at(order, batch, self.lr, progress)
     }
 
     fn evaluate(&mut self) -> Result<Evaluation> {

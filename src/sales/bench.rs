@@ -74,15 +74,15 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
 
     // Device time of the training kernels alone: every epoch's order made first, then each epoch's order
     // uploaded and its kernels queued, all between two events.
-    let mut timed = FitSales::new(&on_gpu, &data, start.clone(), optim, None, DEFAULT_BATCH)?;
-    let lr = timed.rates(rows.div_ceil(DEFAULT_BATCH));
+    let (setup, _) = FitSales::setup(&data, start.clone(), optim, None)?;
+    let mut timed = crate::fit::gpu::GpuTrainer::new(gpu.clone(), setup, DEFAULT_BATCH)?;
+    let lr = vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)];
     let mut shuffle = Shuffle::new(rows, o.seed);
     let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();
-    let g = timed.gpu().expect("a GPU trainer");
     let device_ms = crate::timing::time_on_device(gpu, || {
         for order in &orders {
-            g.set_epoch(order, &lr)?;
-            g.launch_epoch(rows, DEFAULT_BATCH)?;
+            timed.set_epoch(order, &lr)?;
+            timed.launch_epoch(rows, DEFAULT_BATCH)?;
         }
         Ok(())
     })?;

@@ -38,15 +38,9 @@ pub fn samples(split: &Split) -> Samples {
     Samples { features: split.features, x: split.x.clone(), target: Target::Values(split.y.clone()) }
 }
 
-/// Fit's trainer on a backend, the GPU's kept by type so that `bench sales` can time its kernels alone.
-enum Backed {
-    Cpu(Box<dyn FitTrainer>),
-    Gpu(fit::gpu::GpuTrainer),
-}
-
 /// The regressor on fit's trainer for a backend.
 pub struct FitSales {
-    trainer: Backed,
+    trainer: Box<dyn FitTrainer>,
     shape: SalesShape,
     stats: Stats,
     lr: f32,
@@ -54,8 +48,32 @@ pub struct FitSales {
 }
 
 impl FitSales {
-    /// A trainer of `params` on `backend` for batches of up to `batch` rows, both splits of `data`
-    /// standardised with `stats` (a resumed model's), else with the training split's.
+    /// Fit's setup of `params` on `data`, both splits standardised with `stats` (a resumed model's), else
+    /// with the training split's; and those statistics.
+    pub fn setup(
+        data: &Dataset,
+        params: SalesParams,
+        optim: OptimConfig,
+        stats: Option<Stats>,
+    ) -> Result<(fit::Setup, Stats)> {
+        optim.validate()?;
+        params.shape.validate()?;
+        let stats = stats.unwrap_or_else(|| Stats::of(&data.train));
+        let setup = fit::Setup {
+            net: network(params.shape)?,
+            params: params.flat,
+            loss: fit::model::Loss::Mse,
+            optim,
+            dropout_seed: 0,
+            splits: vec![
+                Arc::new(samples(&stats.normalize(&data.train))),
+                Arc::new(samples(&stats.normalize(&data.test))),
+            ],
+        };
+        Ok((setup, stats))
+    }
+
+    /// A trainer of `params` on `backend` for batches of up to `batch` rows (see `setup`).
     pub fn new(
         backend: &Backend,
         data: &Dataset,
@@ -64,46 +82,10 @@ impl FitSales {
         stats: Option<Stats>,
         batch: usize,
     ) -> Result<FitSales> {
-        optim.validate()?;
-        params.shape.validate()?;
-        let stats = stats.unwrap_or_else(|| Stats::of(&data.train));
-        let train = Arc::new(samples(&stats.normalize(&data.train)));
-        let test = Arc::new(samples(&stats.normalize(&data.test)));
-        let setup = fit::Setup {
-            net: network(params.shape)?,
-            params: params.flat,
-            loss: fit::model::Loss::Mse,
-            optim,
-            dropout_seed: 0,
-            splits: vec![train, test.clone()],
-        };
-        let trainer = match backend {
-            Backend::Cpu => Backed::Cpu(fit::trainer(backend, setup, batch.max(1))?),
-            Backend::Cuda(gpu) => Backed::Gpu(fit::gpu::GpuTrainer::new(gpu.clone(), setup, batch.max(1))?),
-        };
-        Ok(FitSales { trainer, shape: params.shape, stats, lr: optim.lr, test })
-    }
-}
-
-impl FitSales {
-    fn trainer(&mut self) -> &mut dyn FitTrainer {
-        match &mut self.trainer {
-            Backed::Cpu(t) => t.as_mut(),
-            Backed::Gpu(t) => t,
-        }
-    }
-
-    /// The GPU trainer, when it trains on one: `bench sales` queues its epochs' kernels alone.
-    pub fn gpu(&mut self) -> Option<&mut fit::gpu::GpuTrainer> {
-        match &mut self.trainer {
-            Backed::Cpu(_) => None,
-            Backed::Gpu(t) => Some(t),
-        }
-    }
-
-    /// The learning rate of each of the `steps` steps of an epoch.
-    pub fn rates(&self, steps: usize) -> Vec<f32> {
-        vec![self.lr; steps]
+        let shape = params.shape;
+        let (setup, stats) = FitSales::setup(data, params, optim, stats)?;
+        let test = setup.splits[1].clone();
+        Ok(FitSales { trainer: fit::trainer(backend, setup, batch.max(1))?, shape, stats, lr: optim.lr, test })
     }
 }
 
@@ -113,18 +95,17 @@ impl SalesTrainer for FitSales {
     }
 
     fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
-        let lr = self.rates(order.len().div_ceil(batch.max(1)));
-        self.trainer().train_epoch(order, batch, &lr, &mut |_| {})
+        self.trainer.train_epoch_at(order, batch, self.lr, &mut |_| {})
     }
 
     fn evaluate_test(&mut self) -> Result<Evaluation> {
-        let (squares, outputs) = self.trainer().evaluate(1)?;
+        let (squares, outputs) = self.trainer.evaluate(1)?;
         let Target::Values(y) = &self.test.target else { unreachable!("the sales target is a value") };
         Ok(Evaluation::of(squares, &outputs, y, self.stats.target_std))
     }
 
     fn params(&mut self) -> Result<SalesParams> {
-        Ok(SalesParams { shape: self.shape, flat: self.trainer().params()? })
+        Ok(SalesParams { shape: self.shape, flat: self.trainer.params()? })
     }
 }
 

@@ -67,6 +67,7 @@ pub mod ops;
 pub mod phases;
 pub mod pipeline;
 pub mod pipelines;
+pub mod plot;
 pub mod report;
 pub mod resources;
 pub mod run;

@@ -53,6 +53,9 @@ pub struct Ending {
     pub outcome: String,
     /// What to try after a divergence, e.g. "try a lower --lr (this run used 0.5)".
     pub remedy: String,
+    /// The error of a `--plot` that could not be written (`plot::training_curves`): the run fails with
+    /// it, after its report, and its line names what became of `--out` too.
+    pub plot_failed: Option<String>,
 }
 
 impl Ending {
@@ -65,12 +68,14 @@ impl Ending {
     }
 
     /// Prints the report, then: an error naming the divergence and the remedy; the interruption (exit
-    /// status 130); the failure; "nothing written" when `--out` did not get this run's model; else Ok.
+    /// status 130); the failure; "nothing written" when `--out` did not get this run's model; the
+    /// `--plot` that could not be written; else Ok. A `--plot` failure is added to any of these lines.
     pub fn conclude(self) -> Result<()> {
         if let Some(report) = &self.report {
             report.print()?;
         }
-        let outcome = &self.outcome;
+        let plot = self.plot_failed.as_ref().map_or(String::new(), |e| format!("; {e}"));
+        let outcome = &format!("{}{plot}", self.outcome);
         if let Some(d) = &self.diverged {
             bail!("{d}; {outcome}; {}", self.remedy);
         }
@@ -78,10 +83,13 @@ impl Ending {
             return Err(Interrupted(format!("interrupted {at}; {outcome}")).into());
         }
         if let Some(failure) = self.failed {
-            bail!("{failure}");
+            bail!("{failure}{plot}");
         }
         if !self.written {
             bail!("{outcome}");
+        }
+        if let Some(e) = self.plot_failed {
+            bail!("{e}; {}", self.outcome);
         }
         Ok(())
     }
@@ -161,5 +169,24 @@ mod tests {
         let kept = Ending { written: false, outcome: "nothing written".into(), ..ending() };
         assert_eq!(kept.status(), Status::NotBetter);
         assert_eq!(kept.conclude().unwrap_err().to_string(), "nothing written");
+    }
+
+    #[test]
+    fn a_plot_that_could_not_be_written_fails_the_run_and_says_what_became_of_out() {
+        let plot = || Some("--plot p.png not written: cannot write p.png".to_string());
+        let drawn = Ending { plot_failed: plot(), ..ending() };
+        assert_eq!(drawn.status(), Status::Ok, "the model is written");
+        let err = drawn.conclude().unwrap_err().to_string();
+        assert_eq!(err, "--plot p.png not written: cannot write p.png; m holds the trained model");
+
+        let stopped = Ending { interrupted: Some("after epoch 2 of 5".into()), plot_failed: plot(), ..ending() };
+        let err = stopped.conclude().unwrap_err();
+        assert!(err.downcast_ref::<Interrupted>().is_some());
+        assert!(err.to_string().ends_with("m holds the trained model; --plot p.png not written: cannot write p.png"));
+
+        let diverged =
+            Ending { diverged: Some(Divergence { epoch: 3, what: "loss" }), plot_failed: plot(), ..ending() };
+        let err = diverged.conclude().unwrap_err().to_string();
+        assert!(err.contains("; --plot p.png not written: cannot write p.png; lower --lr"), "{err}");
     }
 }

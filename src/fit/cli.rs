@@ -97,6 +97,9 @@ pub struct FitArgs {
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds.
     pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::plot::HELP, conflicts_with = "model")]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
     /// Predict with this table model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with_all = ["layers", "dataset", "table"])]
     pub model: Option<PathBuf>,
@@ -367,6 +370,7 @@ impl TrainingCommand for FitArgs {
         let data = data::load(&source, &spec, request, &|note| display.line(note))?;
         let inputs: Vec<(&str, &Path)> = data.files.iter().map(|p| ("data file", p.as_path())).collect();
         let lock = fsutil::check_output(&args.out, &inputs)?;
+        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         for note in &data.notes {
             display.line(note);
         }
@@ -625,6 +629,18 @@ impl TrainingCommand for FitArgs {
             written,
             outcome,
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {})", report::decimal(optim.lr)),
+            plot_failed: crate::plot::training_curves(
+                args.plot.as_deref(),
+                &format!(
+                    "textnet fit on {}: {}; {}, batch {}",
+                    data.source.split(" from ").next().unwrap_or_default(),
+                    modelfile::spec_text(&net.layers),
+                    optim.describe(),
+                    args.batch
+                ),
+                &rows,
+                &display,
+            ),
         };
         if args.json {
             let mut extra = serde_json::Map::new();
@@ -670,6 +686,7 @@ impl TrainingCommand for FitArgs {
                     "out": args.out.display().to_string(),
                     "overwrite": args.overwrite,
                     "device": report::flag_value(&args.device),
+                    "plot": args.plot.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

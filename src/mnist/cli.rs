@@ -85,6 +85,9 @@ pub struct MnistArgs {
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
     /// Go on training this model file (a fresh optimizer state); only an epoch better than it is saved. It
     /// must be of this run's --dataset, --model, --hidden and --activation (the file at --out may be it)
     #[arg(long, value_name = "MODEL")]
@@ -306,6 +309,9 @@ impl TrainingCommand for MnistArgs {
             data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
         let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
         let lock = fsutil::check_output(&args.out, &inputs)?;
+        let mut inputs = inputs;
+        inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
+        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         if shadows_data_file(&args.out, &data.dir) {
             bail!(
                 "--out {} would be read as a data file of {}; choose another name",
@@ -527,6 +533,7 @@ impl TrainingCommand for MnistArgs {
             written: saver.kept_eval.is_some(),
             outcome,
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr)),
+            plot_failed: crate::plot::training_curves(args.plot.as_deref(), &plot_title(args, &optim), &rows, &display),
         };
         if args.json {
             let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);
@@ -560,6 +567,7 @@ impl TrainingCommand for MnistArgs {
                 "overwrite": args.overwrite,
                 "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                 "device": report::flag_value(&args.device),
+                "plot": args.plot.as_ref().map(|p| p.display().to_string()),
             });
             ending.report = Some(Report {
                 textnet: report::VERSION,
@@ -586,6 +594,15 @@ impl TrainingCommand for MnistArgs {
         }
         Ok(ending)
     }
+}
+
+/// The title of the `--plot` picture.
+fn plot_title(args: &MnistArgs, optim: &OptimConfig) -> String {
+    let model = match args.model {
+        ModelKind::Mlp => format!("MLP 784 → {} ({}) → 10", args.hidden, args.activation.name()),
+        ModelKind::Cnn => "CNN".to_string(),
+    };
+    format!("textnet mnist on {}: {model}; {}, batch {}", args.dataset.title(), optim.describe(), args.batch)
 }
 
 /// Whether `out` is one of the names the data files are looked up under in `data_dir`.

@@ -80,6 +80,9 @@ pub struct SalesArgs {
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::plot::HELP, conflicts_with = "model")]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
     /// Predict with this model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with = "resume")]
     pub model: Option<PathBuf>,
@@ -222,6 +225,9 @@ impl TrainingCommand for SalesArgs {
         // The --resume model may be --out itself: it is read whole before training, and replaced only by
         // a better model.
         let lock = fsutil::check_output(&args.out, &[("table", &file)])?;
+        let mut inputs = vec![("table", file.as_path())];
+        inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
+        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
         let resumed = match &args.resume {
             Some(path) => Some(modelfile::load(path).context("--resume")?),
@@ -519,6 +525,20 @@ impl TrainingCommand for SalesArgs {
             written,
             outcome,
             remedy: "try a lower --lr".into(),
+            plot_failed: crate::plot::training_curves(
+                args.plot.as_deref(),
+                &format!(
+                    "textnet sales on {}: {} features → {} hidden (ReLU) → {}; {}, batch {}",
+                    data.source,
+                    shape.inputs,
+                    shape.hidden,
+                    data.target_name,
+                    args.optim.config()?.describe(),
+                    args.batch
+                ),
+                &history,
+                &display,
+            ),
         };
         if args.json {
             let final_metrics = kept_eval.map(|eval| {
@@ -552,6 +572,7 @@ impl TrainingCommand for SalesArgs {
                     "split": args.split,
                     "split_order": args.split_order.name(),
                     "device": report::flag_value(&args.device),
+                    "plot": args.plot.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

@@ -35,6 +35,9 @@ pub struct TrainArgs {
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
     /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
     /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
@@ -186,6 +189,7 @@ impl TrainArgs {
             "max_tokens": self.max_tokens,
             "val_max": self.val_max,
             "device": report::flag_value(&self.device),
+            "plot": self.plot.as_ref().map(|p| p.display().to_string()),
         })
     }
 }
@@ -297,6 +301,9 @@ impl TrainingCommand for TrainArgs {
         let args = self;
         args.validate()?;
         let lock = crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let mut inputs = vec![("corpus", args.corpus.as_path())];
+        inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
+        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         let resumed = match &args.resume {
             Some(path) => Some(TextModel::load(path).context("--resume")?),
             None => None,
@@ -452,6 +459,12 @@ impl TrainingCommand for TrainArgs {
             written: keeper.kept.is_some(),
             outcome,
             remedy: format!("try a lower --lr (this run used {})", plan.lr),
+            plot_failed: crate::plot::training_curves(
+                args.plot.as_deref(),
+                &summary.plot_title(args),
+                &epochs.iter().map(epoch_row).collect::<Vec<_>>(),
+                &display,
+            ),
         };
         if args.json {
             ending.report = Some(summary.report(args, ending.status(), &epochs, ending.diverged.clone(), &keeper));
@@ -590,6 +603,20 @@ impl Summary {
         if let Some(note) = batch_lr_note(plan).filter(|_| args.optim == OptimKind::Sgd) {
             display.line(&note);
         }
+    }
+
+    /// The title of the `--plot` picture.
+    fn plot_title(&self, args: &TrainArgs) -> String {
+        let (shape, plan) = (self.shape, self.plan);
+        format!(
+            "textnet train on {}: context {}, embed {}, hidden {}; {}, batch {}",
+            crate::fsutil::shown(&args.corpus),
+            shape.context,
+            shape.embed,
+            shape.hidden,
+            args.optim_config(plan.lr).describe(),
+            plan.batch
+        )
     }
 
     fn report(

@@ -74,6 +74,9 @@ pub struct TransformerArgs {
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
     /// Continue training this Transformer model file: its shape and vocabulary are kept (--layers,
     /// --heads, --embed, --block and --vocab are not used); AdamW's moments start afresh
     #[arg(long, value_name = "MODEL")]
@@ -233,6 +236,9 @@ impl TrainingCommand for TransformerArgs {
         let shape = args.check()?;
         let optim = args.optim()?;
         let lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let mut inputs = vec![("corpus", args.corpus.as_path())];
+        inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
+        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
         let existing = existing.filter(|_| !args.overwrite);
         let resumed = match &args.resume {
@@ -432,6 +438,22 @@ impl TrainingCommand for TransformerArgs {
             written,
             outcome: if written && interrupted { format!("{out} holds the model of step {done}") } else { outcome },
             remedy,
+            plot_failed: crate::plot::training_curves(
+                args.plot.as_deref(),
+                &format!(
+                    "textnet transformer on {}: {} layer{}, {} heads, embed {}, block {}; AdamW lr {}, batch {}",
+                    fsutil::shown(&args.corpus),
+                    config.layers,
+                    if config.layers == 1 { "" } else { "s" },
+                    config.heads,
+                    config.embed,
+                    config.block,
+                    args.lr,
+                    args.batch
+                ),
+                &rows,
+                &display,
+            ),
         };
         if args.json {
             ending.report = Some(Report {
@@ -449,6 +471,7 @@ impl TrainingCommand for TransformerArgs {
                     "tf32": args.tf32,
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                     "overwrite": args.overwrite,
+                    "plot": args.plot.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

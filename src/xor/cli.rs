@@ -49,6 +49,9 @@ pub struct XorArgs {
     #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -108,6 +111,7 @@ impl TrainingCommand for XorArgs {
         let args = self;
         check_args(args)?;
         let lock = fsutil::check_output(&args.out, &[])?;
+        crate::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
         let display = Display::new(args.quiet, args.json, args.epochs);
         let (backend, device_line) = device::select_described(args.device)?;
@@ -234,6 +238,13 @@ impl TrainingCommand for XorArgs {
                 &format!("try more --epochs, another --seed or a lower --lr (this run used {})", args.lr),
             )
         });
+        let title = format!(
+            "textnet xor: 2 → {} ({}) → 1, SGD lr {}, seed {}",
+            args.hidden,
+            args.activation.name(),
+            args.lr,
+            args.seed
+        );
         let mut ending = Ending {
             report: None,
             diverged,
@@ -242,6 +253,7 @@ impl TrainingCommand for XorArgs {
             written,
             outcome,
             remedy: format!("try a lower --lr (this run used {})", args.lr),
+            plot_failed: crate::plot::training_curves(args.plot.as_deref(), &title, &rows, &display),
         };
         if args.json {
             let final_metrics = written.then(|| {
@@ -267,6 +279,7 @@ impl TrainingCommand for XorArgs {
                     "report_every": args.report_every,
                     "overwrite": args.overwrite,
                     "device": report::flag_value(&args.device),
+                    "plot": args.plot.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

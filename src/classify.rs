@@ -30,6 +30,10 @@ pub struct ClassifyArgs {
     /// IDX labels of the one IDX image file given: report accuracy, loss and the confusion matrix
     #[arg(long, value_name = "IDX")]
     pub labels: Option<PathBuf>,
+    /// Draw the confusion matrix (with --labels) to FILE.svg or FILE.png: true classes in rows, predicted
+    /// ones in columns, the count in each cell
+    #[arg(long, value_name = "FILE", requires = "labels")]
+    pub plot: Option<PathBuf>,
     /// Print one JSON object
     #[arg(long, conflicts_with = "tsv")]
     pub json: bool,
@@ -154,6 +158,10 @@ fn classify(model: &ImageModel, inputs: &[f32], labels: &[u8]) -> Result<(Evalua
 
 /// Runs `textnet classify`.
 pub fn run(args: ClassifyArgs) -> Result<()> {
+    let mut inputs: Vec<(&str, &Path)> = vec![("model file", args.model.as_path())];
+    inputs.extend(args.images.iter().map(|p| ("image file", p.as_path())));
+    inputs.extend(args.labels.as_deref().map(|p| ("--labels file", p)));
+    crate::plot::check(args.plot.as_deref(), None, &inputs)?;
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
     let model = open(&bytes, &args.model)
         .and_then(|model| scale(&model).map(|scale| (model, scale)))
@@ -183,6 +191,21 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
         labels = read.data;
     }
     let (evaluation, predictions) = classify(&model, &pixels, &labels)?;
+    if let Some(path) = &args.plot {
+        // Files by their names: the picture's title has no room for their directories.
+        let name = |p: &Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into());
+        let title = format!(
+            "{} on {}: {} images, accuracy {:.2}%",
+            name(&args.model),
+            args.images.first().map_or(String::new(), |p| name(p)),
+            crate::report::count(predictions.len()),
+            100.0 * evaluation.accuracy()
+        );
+        crate::plot::confusion_matrix(path, &title, &evaluation, names)?;
+        if !args.quiet {
+            console::err(&format!("--plot {}: the confusion matrix", path.display()));
+        }
+    }
     if args.json {
         let items: Vec<_> = predictions
             .iter()

@@ -20,6 +20,7 @@ mod cli_habits;
 mod cli_limits;
 mod cli_messages;
 mod cli_outputs;
+mod cli_plot;
 mod cli_predict;
 mod cli_report;
 mod cli_shell;

@@ -164,17 +164,99 @@ pub fn quietly<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     }
 }
 
-/// Checks that libnvrtc can be loaded, with a message that says what to install.
+/// Checks that libnvrtc can be loaded, with a message that says what to install. When the loader's own
+/// search finds none, NVRTC is looked for as `nvrtc_search` says and loaded from there.
 pub fn nvrtc_available() -> Result<()> {
     // SAFETY: only tries dlopen on cudarc's candidate library names.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    let present = || unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    if present() || (preload_nvrtc() && present()) {
         Ok(())
     } else {
         bail!(
             "NVRTC (libnvrtc.so) not found: install the CUDA toolkit's NVRTC, or `pip install \
-             nvidia-cuda-nvrtc-cu12` and add its nvidia/cuda_nvrtc/lib to LD_LIBRARY_PATH"
+             nvidia-cuda-nvrtc-cu12` (or `pip install textnet[cuda]`) into the Python that `python3` runs, or \
+             set TEXTNET_NVRTC to the library's path"
         )
     }
+}
+
+/// Folders the Python package found NVRTC in (`add_nvrtc_dir`).
+static NVRTC_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Adds a folder to look for libnvrtc in (the Python package passes its `nvidia-cuda-nvrtc` wheel's).
+pub fn add_nvrtc_dir(dir: PathBuf) {
+    NVRTC_DIRS.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
+}
+
+/// Where NVRTC is looked for when the loader does not find it, in order:
+///
+/// 1. `TEXTNET_NVRTC`: the library, or its folder;
+/// 2. folders the Python package added (`add_nvrtc_dir`);
+/// 3. the `nvidia-*` wheels of the virtual environment the executable is installed in
+///    (`<venv>/bin/textnet` → `<venv>/lib/python3.*/site-packages/nvidia/*/lib`);
+/// 4. the `nvidia-*` wheels of the Python that `python3` runs (`nvidia/cuda_nvrtc/lib` of
+///    `nvidia-cuda-nvrtc-cu12`, `nvidia/cu13/lib` of CUDA 13's).
+///
+/// So nobody sets `LD_LIBRARY_PATH` by hand.
+pub fn nvrtc_search() -> Vec<PathBuf> {
+    let mut places = Vec::new();
+    if let Some(path) = std::env::var_os("TEXTNET_NVRTC") {
+        places.push(PathBuf::from(path));
+    }
+    places.extend(NVRTC_DIRS.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+    let nvidia_libs = |nvidia: &Path| -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(nvidia)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path().join("lib")))
+            .collect();
+        dirs.sort();
+        dirs
+    };
+    if let Some(venv) = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("lib"))) {
+        for python in std::fs::read_dir(venv).into_iter().flatten().filter_map(|e| e.ok()) {
+            places.extend(nvidia_libs(&python.path().join("site-packages/nvidia")));
+        }
+    }
+    let script =
+        "import nvidia, os; print('\\n'.join(os.path.join(p, d) for p in nvidia.__path__ for d in os.listdir(p)))";
+    if let Ok(out) =
+        std::process::Command::new("python3").args(["-c", script]).stderr(std::process::Stdio::null()).output()
+    {
+        places.extend(String::from_utf8_lossy(&out.stdout).lines().map(|dir| Path::new(dir).join("lib")));
+    }
+    places
+}
+
+/// Loads the first libnvrtc found in `nvrtc_search`'s places and keeps it loaded, so that cudarc's own
+/// load by name (`libnvrtc.so.12`, …) finds it (the loader matches a loaded library by its soname).
+/// Returns whether one was loaded.
+fn preload_nvrtc() -> bool {
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| {
+        for place in nvrtc_search() {
+            let mut candidates = vec![place.clone()];
+            if place.is_dir() {
+                let mut found: Vec<PathBuf> = std::fs::read_dir(&place)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc.so")))
+                    .collect();
+                found.sort();
+                candidates = found;
+            }
+            for library in candidates.iter().filter(|p| p.is_file()) {
+                // SAFETY: loading NVRTC runs only its initialisers; the library stays loaded for the
+                // process's life (cudarc holds its own handle to it).
+                if let Ok(lib) = unsafe { libloading::Library::new(library) } {
+                    std::mem::forget(lib);
+                    return true;
+                }
+            }
+        }
+        false
+    })
 }
 
 /// An opened CUDA GPU: one context, one stream, the device limits the launch code needs, and the

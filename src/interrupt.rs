@@ -5,18 +5,39 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
+/// Set where the embedding program (the Python package) catches Ctrl-C itself and calls `request`.
+static HOSTED: AtomicBool = AtomicBool::new(false);
 
 /// The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
 pub const EXIT_STATUS: i32 = 130;
 
 /// Installs the handler. Where it cannot be installed, Ctrl-C keeps its default effect.
 pub fn install() {
+    if HOSTED.load(Ordering::SeqCst) {
+        return;
+    }
     let _ = ctrlc::set_handler(|| {
         if REQUESTED.swap(true, Ordering::SeqCst) {
             std::process::exit(EXIT_STATUS);
         }
         crate::console::err("textnet: stopping after this epoch is saved (Ctrl-C again to stop at once)");
     });
+}
+
+/// For a program that embeds textnet and catches Ctrl-C itself (Python raises `KeyboardInterrupt`):
+/// `install` then leaves the signal alone, and the host calls `request` instead.
+pub fn hosted() {
+    HOSTED.store(true, Ordering::SeqCst);
+}
+
+/// Asks the run to stop after the current epoch, as a first Ctrl-C does.
+pub fn request() {
+    REQUESTED.store(true, Ordering::SeqCst);
+}
+
+/// Forgets a request, before the next run of a program that runs several.
+pub fn reset() {
+    REQUESTED.store(false, Ordering::SeqCst);
 }
 
 /// Whether Ctrl-C was pressed.

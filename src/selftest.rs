@@ -2,7 +2,7 @@
 //! (each pipeline's checks live with it, in `Pipeline::checks`; this file loops over `pipelines::ALL`).
 //! Prints a table (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
-use crate::check::{Group, Plan};
+use crate::check::{Check, Group, Plan};
 use crate::device::Gpu;
 use crate::pipeline::Pipeline;
 use crate::pipelines;
@@ -65,8 +65,21 @@ pub struct SelftestArgs {
     pub json: bool,
 }
 
-/// Runs the selected checks on GPU 0 and prints each result (or the JSON report).
-pub fn run(args: SelftestArgs) -> Result<()> {
+/// What a selftest found: the GPU, the seed of its inputs and every check.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The GPU, described.
+    pub device_name: String,
+    /// Seed of the random inputs.
+    pub seed: u64,
+    /// Seconds the GPU took to open.
+    pub gpu_open_seconds: f64,
+    /// Every check, in the pipelines' order.
+    pub checks: Vec<Check>,
+}
+
+/// Runs the selected checks on GPU 0 (progress on stderr) and returns them, passed or not.
+pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
     let started = Instant::now();
     let gpu = Arc::new(Gpu::open(0).map_err(|e| anyhow::anyhow!("selftest needs a CUDA GPU: {e:#}"))?);
     let opened = started.elapsed().as_secs_f64();
@@ -88,11 +101,18 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         checks.extend((pipeline.checks)(&gpu, &plan)?);
         crate::phases::note(checking, &format!("{} checks", pipeline.name));
     }
+    Ok(Outcome { device_name: gpu.describe(), seed, gpu_open_seconds: opened, checks })
+}
+
+/// Runs the selected checks on GPU 0 and prints each result (or the JSON report).
+pub fn run(args: SelftestArgs) -> Result<()> {
+    let started = Instant::now();
+    let Outcome { device_name, seed, gpu_open_seconds: opened, checks } = checks(&args)?;
     let failed = checks.iter().filter(|c| !c.passed()).count();
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
         let out = serde_json::json!({
-            "device": "cuda:0", "device_name": gpu.describe(), "seed": seed, "failed": failed, "seconds": seconds, "gpu_open_seconds": opened,
+            "device": "cuda:0", "device_name": device_name, "seed": seed, "failed": failed, "seconds": seconds, "gpu_open_seconds": opened,
             "checks": checks.iter().map(|c| serde_json::json!({
                 "kernel": c.kernel, "shape": c.shape, "rel_error": c.rel_error, "tolerance": c.tolerance, "pass": c.passed()
             })).collect::<Vec<_>>(),

@@ -16,6 +16,8 @@ pub fn open(bytes: &[u8], path: &Path) -> Result<ImageModel> {
     let m = modelfile::from_bytes(bytes)?;
     let (shape, scaling) = match &m.input {
         InputSchema::Images { shape, scaling, .. } => (*shape, scaling.clone()),
+        // Arrays of 28×28 values are taken as `textnet.datasets.mnist` gives them (data.rs).
+        InputSchema::Array { shape } => (*shape, crate::datasets::mnist::INPUT_SCALING.to_string()),
         InputSchema::Table(_) => {
             bail!("this model was trained on a table; use textnet fit --model {} --predict FILE", path.display())
         }

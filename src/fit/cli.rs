@@ -177,7 +177,7 @@ impl TableArgs {
 }
 
 /// Mixed into `--seed` for the shuffle stream, so it differs from the initialisation stream.
-const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
+pub const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
 
 /// Runs `textnet fit`: trains, or predicts with `--model` and `--predict`.
 pub fn run(args: FitArgs) -> Result<()> {
@@ -750,6 +750,11 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
     let m = modelfile::load(model_path)?;
     let t = match &m.input {
         InputSchema::Table(t) => t,
+        InputSchema::Array { .. } => bail!(
+            "{} is a model of arrays; predict with it in Python: textnet.load({:?}).predict(X)",
+            model_path.display(),
+            model_path.display().to_string()
+        ),
         InputSchema::Images { .. } => bail!(
             "{} is a model of images; classify images with textnet classify --model {} IMAGE…",
             model_path.display(),

@@ -81,6 +81,13 @@ pub enum InputSchema {
     },
     /// Rows of a table.
     Table(TableSchema),
+    /// Arrays given to the Python package, taken as they are: the network's input shape. A 28×28 one
+    /// (784 values, or 1×28×28) is read by `textnet classify` as an image scaled as `datasets::mnist`'s
+    /// (`textnet.datasets.mnist` gives its arrays so).
+    Array {
+        /// Flat features, or channels × height × width.
+        shape: Shape,
+    },
 }
 
 /// How a table's rows become a model's inputs.
@@ -192,7 +199,9 @@ pub fn load(source: &Source, spec: &Spec, request: Request, log: &dyn Fn(&str)) 
     }
 }
 
-fn check_val_room(n: usize, fraction: f64, what: &str) -> Result<usize> {
+/// How many of `n` training `what` (samples, rows) a validation fraction holds out: at least one, and never
+/// all of them.
+pub fn check_val_room(n: usize, fraction: f64, what: &str) -> Result<usize> {
     let n_val = ((n as f64 * fraction).ceil() as usize).max(1);
     if n_val >= n {
         bail!("--val-split {fraction} of {n} training {what} leaves none to train on");

@@ -6,7 +6,8 @@
 //! * `spec`: the layers, every width written out (`Linear(784, 128), ReLU, Linear(128, 10)`), which
 //!   `spec::parse` reads back;
 //! * `loss`: `ce` or `mse`;
-//! * `input`: JSON, `{"kind": "images", "dataset", "shape": [1, 28, 28] or [784], "scaling"}` or
+//! * `input`: JSON, `{"kind": "images", "dataset", "shape": [1, 28, 28] or [784], "scaling"}`,
+//!   `{"kind": "array", "shape"}` (a model of the Python package, trained on arrays as they were given) or
 //!   `{"kind": "table", "schema": {target, numeric, categorical, date, date_features, column_names,
 //!   delimiter, header, columns}, "features", "vocabularies", "feature_mean", "feature_std", "target"}`;
 //! * `class_names` (JSON list) for a class target, `target` (JSON `{name, mean, std}`) for a numeric one.
@@ -79,6 +80,7 @@ fn input_json(input: &InputSchema) -> Value {
         InputSchema::Images { dataset, shape, scaling } => {
             json!({"kind": "images", "dataset": dataset, "shape": shape_dims(*shape), "scaling": scaling})
         }
+        InputSchema::Array { shape } => json!({"kind": "array", "shape": shape_dims(*shape)}),
         InputSchema::Table(t) => {
             let s = &t.schema;
             let specs = |v: &[ColumnSpec]| v.iter().map(column_text).collect::<Vec<_>>();
@@ -141,21 +143,23 @@ fn parse_json<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Resu
     serde_json::from_value(value.clone()).map_err(|e| anyhow!("{what} is not what a fit model holds: {e}"))
 }
 
+fn shape_of(input: &Value) -> Result<Shape> {
+    let dims: Vec<usize> = parse_json(&input["shape"], "the input's shape")?;
+    match dims[..] {
+        [n] if n > 0 => Ok(Shape::Flat(n)),
+        [channels, height, width] if channels * height * width > 0 => Ok(Shape::Image { channels, height, width }),
+        _ => bail!("the input's shape {dims:?} is neither [features] nor [channels, height, width]"),
+    }
+}
+
 fn input_of(value: &Value) -> Result<InputSchema> {
     match value["kind"].as_str() {
-        Some("images") => {
-            let dims: Vec<usize> = parse_json(&value["shape"], "the input's shape")?;
-            let shape = match dims[..] {
-                [n] => Shape::Flat(n),
-                [channels, height, width] => Shape::Image { channels, height, width },
-                _ => bail!("the input's shape {dims:?} is neither [features] nor [channels, height, width]"),
-            };
-            Ok(InputSchema::Images {
-                dataset: parse_json(&value["dataset"], "the input's dataset")?,
-                shape,
-                scaling: parse_json(&value["scaling"], "the input's scaling")?,
-            })
-        }
+        Some("images") => Ok(InputSchema::Images {
+            dataset: parse_json(&value["dataset"], "the input's dataset")?,
+            shape: shape_of(value)?,
+            scaling: parse_json(&value["scaling"], "the input's scaling")?,
+        }),
+        Some("array") => Ok(InputSchema::Array { shape: shape_of(value)? }),
         Some("table") => {
             let s = &value["schema"];
             let spec = |v: &Value| -> Result<ColumnSpec> {
@@ -211,14 +215,14 @@ fn input_of(value: &Value) -> Result<InputSchema> {
             }
             Ok(InputSchema::Table(t))
         }
-        _ => bail!("metadata entry \"input\" names no input kind (images or table)"),
+        _ => bail!("metadata entry \"input\" names no input kind (images, table or array)"),
     }
 }
 
 /// The network's input shape for an input schema.
 pub fn input_shape(input: &InputSchema) -> Shape {
     match input {
-        InputSchema::Images { shape, .. } => *shape,
+        InputSchema::Images { shape, .. } | InputSchema::Array { shape } => *shape,
         InputSchema::Table(t) => Shape::Flat(t.feature_names.len()),
     }
 }
@@ -283,6 +287,25 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_of_arrays_reads_back() {
+        for shape in [Shape::Flat(5), Shape::Image { channels: 1, height: 4, width: 4 }] {
+            let spec = spec::parse("Flatten, Linear(3), ReLU, Linear(2)").unwrap();
+            let net = Network::new(&spec, shape).unwrap();
+            let params = net.init(super::super::model::Init::Pytorch, 3);
+            let model = FitModel {
+                net,
+                params,
+                loss: Loss::Ce,
+                input: InputSchema::Array { shape },
+                target: TargetInfo::Classes { names: vec!["no".into(), "yes".into()] },
+            };
+            let read = from_bytes(&to_bytes(&model).unwrap()).unwrap();
+            assert_eq!(read, model);
+            assert_eq!(input_shape(&read.input), shape);
+        }
+    }
 
     #[test]
     fn the_spec_text_reads_back_as_the_same_layers() {

@@ -100,3 +100,36 @@ fn fit_kernels_compile_for_every_spec_the_quick_selftest_checks() {
         assert!(ptx.contains(".entry"), "{options:?} produced no kernels");
     }
 }
+
+/// The folder of the libnvrtc this process loads through `LD_LIBRARY_PATH`, if it comes from there.
+fn nvrtc_folder_on_library_path() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("LD_LIBRARY_PATH")?;
+    std::env::split_paths(&path).find(|dir| {
+        std::fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()).any(|e| {
+            let name = e.file_name();
+            name.to_str().is_some_and(|n| n.starts_with("libnvrtc.so"))
+        })
+    })
+}
+
+#[test]
+fn nvrtc_is_found_without_ld_library_path() {
+    // This test binary again, running only the compile below, with LD_LIBRARY_PATH taken away and the
+    // folder named by TEXTNET_NVRTC instead (as a user would not set LD_LIBRARY_PATH). Where the loader
+    // finds NVRTC by itself (a CUDA toolkit), the child finds it that way.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.args(["--exact", "nvrtc::one_module_compiles", "--include-ignored", "--quiet"]).env_remove("LD_LIBRARY_PATH");
+    if let Some(dir) = nvrtc_folder_on_library_path() {
+        child.env("TEXTNET_NVRTC", dir);
+    }
+    let out = child.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+#[test]
+#[ignore = "run by nvrtc_is_found_without_ld_library_path, in a process of its own"]
+fn one_module_compiles() {
+    let ptx = compile_ptx(kernel_source("xor").unwrap(), (9, 0), &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(ptx.contains(".entry"));
+}

@@ -6,7 +6,8 @@
 #   - Fashion-MNIST for the MNIST tests (Debian/Ubuntu package `dataset-fashion-mnist`), asking first
 #     when that needs sudo on a terminal.
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test it cli_text`); without them the docs are
-# built too, warnings counting as errors. Tests that need a GPU are
+# built too, warnings counting as errors, and the Python package is built and installed into a virtual
+# environment under target/ (`pip install ".[cuda,test]"`) and its pytest suite (tests/python) run. Tests that need a GPU are
 # ignored here; run them on a GPU machine with `cargo test --release -- --ignored`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,5 +54,14 @@ if [ $# -eq 0 ]; then
   echo "+ cargo doc --no-deps (warnings are errors)"
   # The docs need no compiled kernels: TEXTNET_PRECOMPILE=0 spares cargo doc's own run of build.rs.
   TEXTNET_PRECOMPILE=0 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet || status=1
+  # The package's own environment, never the user's Python; pip builds it with maturin (from PyPI).
+  venv=target/test-venv
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  echo "+ pip install \".[cuda,test]\" into $venv, then pytest tests/python"
+  if "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ".[cuda,test]"; then
+    TEXTNET_BIN=target/release/textnet "$venv/bin/python" -m pytest -q tests/python || status=1
+  else
+    status=1
+  fi
 fi
 exit $status

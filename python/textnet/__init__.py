@@ -1,0 +1,70 @@
+"""textnet from Python: small neural networks trained with hand-written fused CUDA kernels (or their CPU
+reference), on NumPy arrays.
+
+    import textnet
+    (X, y), (X_test, y_test) = textnet.datasets.mnist("fashion")
+    model = textnet.Sequential("Linear(784, 128), ReLU, Linear(128, 10)")
+    history = model.fit(X, y, epochs=10, validation_split=0.1)
+    print(model.evaluate(X_test, y_test))     # {'loss': ..., 'accuracy': ...}
+    model.save("fashion.safetensors")         # the file `textnet classify` reads
+
+Layers mirror ``torch.nn`` (`Linear`, `ReLU`, `Sigmoid`, `Tanh`, `GELU`, `Dropout`, `Conv2d`,
+`MaxPool2d`, `Flatten`), `fit` mirrors Keras. Errors are exceptions carrying the command line's one-line
+messages: `ValueError` for bad arguments or data, `FileNotFoundError`, `RuntimeError` for the GPU.
+"""
+
+from . import _native
+from ._nvrtc import register_nvrtc as _register_nvrtc
+
+_register_nvrtc()
+
+from . import datasets  # noqa: E402
+from .language import TextModel, Transformer  # noqa: E402
+from .nn import (  # noqa: E402
+    GELU,
+    Conv2d,
+    Dropout,
+    Flatten,
+    History,
+    Layer,
+    Linear,
+    MaxPool2d,
+    NeuralNetworkGPU,
+    ReLU,
+    Sequential,
+    Sigmoid,
+    Tanh,
+    load,
+)
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "GELU",
+    "Conv2d",
+    "Dropout",
+    "Flatten",
+    "History",
+    "Layer",
+    "Linear",
+    "MaxPool2d",
+    "NeuralNetworkGPU",
+    "ReLU",
+    "Sequential",
+    "Sigmoid",
+    "Tanh",
+    "TextModel",
+    "Transformer",
+    "datasets",
+    "load",
+    "selftest",
+]
+
+
+def selftest(quick: bool = False, only: "list[str] | None" = None, seed: "int | None" = None) -> "list[dict]":
+    """Checks every GPU kernel against the CPU reference on this machine's GPU, as ``textnet selftest``
+    does, and returns the check table: one dict per check with ``kernel``, ``shape``, ``rel_error``,
+    ``tolerance``, ``passed`` (and the ``seed`` and ``device``). ``quick`` skips the largest shapes;
+    ``only`` names pipelines or groups (``["fit"]``, ``["training"]``). Raises ``RuntimeError`` without a
+    usable GPU."""
+    return _native.selftest(quick=quick, only=only, seed=seed)

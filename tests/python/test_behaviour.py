@@ -1,0 +1,77 @@
+"""Training releases the GIL, and Ctrl-C stops after the current epoch, which the model keeps."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import textnet
+
+SPEC = "Linear(784, 64), ReLU, Linear(64, 10)"
+
+
+def test_training_releases_the_gil(small):
+    """Another thread that needs the GIL every millisecond keeps running while the model trains."""
+    X, y, _, _ = small
+    wakeups = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            time.sleep(0.001)  # releases the GIL, and needs it back to return
+            wakeups.append(time.perf_counter())
+
+    model = textnet.Sequential(SPEC, device="cpu")
+    thread = threading.Thread(target=tick)
+    thread.start()
+    try:
+        started = time.perf_counter()
+        model.fit(X, y, epochs=10, verbose=0)
+        ended = time.perf_counter()
+    finally:
+        stop.set()
+        thread.join()
+    during = [t for t in wakeups if started <= t <= ended]
+    seconds = ended - started
+    # Held through training, the GIL would let the thread run only between epochs: a few wakeups.
+    assert seconds > 0.3
+    assert len(during) > 100 * seconds, (len(during), seconds)
+
+
+SCRIPT = """
+import sys, textnet
+(X, y), _ = textnet.datasets.mnist("fashion")
+model = textnet.Sequential("Linear(784, 64), ReLU, Linear(64, 10)", device="cpu")
+before = model.state_dict()["0.weight"].copy()
+class Announce:
+    def __init__(self): self.seen = 0
+def on_line(*a): pass
+try:
+    model.fit(X[:20000], y[:20000], epochs=100, verbose=2)
+except KeyboardInterrupt as e:
+    print("KeyboardInterrupt:", e, flush=True)
+    print("epochs kept:", len(model.history.epoch), flush=True)
+    print("changed:", bool((model.state_dict()["0.weight"] != before).any()), flush=True)
+"""
+
+
+def test_ctrl_c_stops_after_the_current_epoch():
+    child = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    lines = []
+    for line in child.stdout:
+        lines.append(line)
+        if line.startswith("Epoch 1/100"):
+            child.send_signal(signal.SIGINT)
+            break
+    out, err = child.communicate(timeout=120)
+    lines += out.splitlines(keepends=True)
+    text = "".join(lines)
+    assert child.returncode == 0, text + err
+    assert "KeyboardInterrupt: stopped after epoch" in text, text + err
+    kept = int(text.split("epochs kept: ")[1].split()[0])
+    assert 1 <= kept < 100
+    assert sum(l.startswith("Epoch ") for l in lines) == kept
+    assert "changed: True" in text

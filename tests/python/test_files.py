@@ -1,0 +1,77 @@
+"""Model files shared with the command line, state_dict and to_torch."""
+
+import json
+
+import numpy as np
+import pytest
+
+import textnet
+from conftest import pgm
+
+SPEC = "Linear(784, 32), ReLU, Linear(32, 10)"
+
+
+def test_a_python_model_is_used_by_textnet_classify(small, cli, tmp_path):
+    X, y, X_test, _ = small
+    model = textnet.Sequential(SPEC, device="cpu", class_names=textnet.datasets.class_names("fashion"))
+    model.fit(X, y, epochs=2, verbose=0)
+    path = tmp_path / "python.safetensors"
+    model.save(path)
+    images = [pgm(tmp_path / f"{i}.pgm", X_test[i]) for i in range(8)]
+    predictions = json.loads(cli("classify", "--model", path, *images, "--json").stdout)["predictions"]
+    expected = model.predict(X_test[:8])
+    assert [p["class"] for p in predictions] == list(expected.argmax(axis=1))
+    assert [p["name"] for p in predictions] == [model.class_names[c] for c in expected.argmax(axis=1)]
+    assert np.allclose([p["probability"] for p in predictions], expected.max(axis=1), rtol=1e-5)
+
+
+def test_a_cli_model_is_used_from_python(cli, fashion, tmp_path):
+    _, _, X_test, y_test = fashion
+    path = tmp_path / "cli.safetensors"
+    done = cli("fit", "--layers", SPEC, "--dataset", "fashion", "--train-limit", 3000, "--epochs", 2,
+               "--device", "cpu", "-o", path, "--json")
+    report = json.loads(done.stdout)
+    model = textnet.load(path)
+    assert model.class_names[0] == "T-shirt/top"
+    scores = model.evaluate(X_test, y_test)
+    assert scores["accuracy"] == pytest.approx(report["epochs"][-1]["test_accuracy"])
+    assert scores["loss"] == pytest.approx(report["epochs"][-1]["test_loss"], rel=1e-6)
+    # Saved again from Python, the file is the same model.
+    again = tmp_path / "again.safetensors"
+    model.save(again)
+    assert np.array_equal(textnet.load(again).predict(X_test[:50]), model.predict(X_test[:50]))
+
+
+def test_state_dict_round_trip(small):
+    X, y, X_test, _ = small
+    a = textnet.Sequential(SPEC, device="cpu", seed=1)
+    a.fit(X[:500], y[:500], epochs=1, verbose=0)
+    b = textnet.Sequential(SPEC, device="cpu", seed=2)
+    assert not np.array_equal(a.predict(X_test[:20]), b.predict(X_test[:20]))
+    state = a.state_dict()
+    assert list(state) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert state["0.weight"].shape == (32, 784) and state["0.weight"].dtype == np.float32
+    b.load_state_dict(state)
+    assert np.array_equal(a.predict(X_test[:20]), b.predict(X_test[:20]))
+    with pytest.raises(ValueError):
+        b.load_state_dict({"0.weight": np.zeros((3, 3), np.float32)})
+    with pytest.raises(ValueError):
+        b.load_state_dict({"9.weight": np.zeros((3, 3), np.float32)})
+
+
+def test_to_torch_reproduces_the_predictions(small):
+    torch = pytest.importorskip("torch")
+    X, y, X_test, _ = small
+    for spec, shape in (
+        (SPEC, (-1, 784)),
+        ("Conv2d(1, 4, 3, padding=1), GELU, MaxPool2d(2), Flatten, Dropout(0.2), Linear(16), Tanh, Linear(10)",
+         (-1, 1, 28, 28)),
+    ):
+        model = textnet.Sequential(spec, device="cpu")
+        model.fit(X[:300].reshape(shape), y[:300], epochs=1, verbose=0)
+        torch_model = model.to_torch()
+        assert isinstance(torch_model, torch.nn.Sequential)
+        with torch.no_grad():
+            logits = torch_model(torch.from_numpy(X_test[:64].reshape(shape)))
+        expected = model.predict(X_test[:64].reshape(shape))
+        assert np.abs(logits.softmax(dim=1).numpy() - expected).max() < 1e-5

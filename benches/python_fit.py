@@ -6,7 +6,7 @@ the seconds of `fit` (the call, from the arrays to the trained model), of its se
 samples handed over) and of its epochs with their evaluations (as `textnet fit`'s `wall_s.training`), of
 loading the data, of everything from `import textnet` on, and the accuracy.
 
-usage: python3 benches/python_fit.py [--device auto|cuda|cpu] [--epochs 10] [--batch 64]
+usage: python3 benches/python_fit.py [--device auto|cuda|cpu] [--epochs 10] [--batch 64] [--verbose 0|1]
 """
 import argparse
 import json
@@ -23,15 +23,18 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--verbose", type=int, default=0, help="fit's verbose: 1 draws the progress bar")
     args = ap.parse_args()
     loading = time.perf_counter()
     (X, y), (X_test, y_test) = textnet.datasets.mnist("fashion")
     loaded = time.perf_counter()
     model = textnet.Sequential(SPEC, device=args.device)
-    history = model.fit(X, y, epochs=args.epochs, batch_size=args.batch, validation_data=(X_test, y_test), verbose=0)
+    history = model.fit(X, y, epochs=args.epochs, batch_size=args.batch, validation_data=(X_test, y_test),
+                        verbose=args.verbose)
     fitted = time.perf_counter()
     print(json.dumps({
         "device": history.device,
+        "verbose": args.verbose,
         "fit_s": fitted - loaded,
         "fit_setup_s": history.setup_seconds,
         "fit_training_s": history.training_seconds,

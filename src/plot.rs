@@ -400,6 +400,57 @@ impl Ranged for XAxis {
     }
 }
 
+/// A logarithmic y axis whose ticks read at any span: 1, 2 and 5 × 10^k over a decade or two, the
+/// powers of ten over more (every other one, or fewer, where there are many).
+#[derive(Clone, Debug)]
+struct LogAxis {
+    lo: f64,
+    hi: f64,
+    ticks: Vec<f64>,
+}
+
+impl LogAxis {
+    fn new(lo: f64, hi: f64) -> LogAxis {
+        LogAxis { ticks: log_ticks(lo, hi), lo, hi }
+    }
+}
+
+impl Ranged for LogAxis {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        let share = (value.max(f64::MIN_POSITIVE).log10() - self.lo.log10()) / (self.hi.log10() - self.lo.log10());
+        limit.0 + (share * f64::from(limit.1 - limit.0)).round() as i32
+    }
+
+    fn key_points<Hint: plotters::coord::ranged1d::KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.weight().allow_light_points() { Vec::new() } else { self.ticks.clone() }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.lo..self.hi
+    }
+}
+
+/// The ticks of a log axis from `lo` to `hi` (both positive), see `LogAxis`.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let decades = (hi / lo).log10();
+    let (multiples, every): (&[f64], i32) = match decades {
+        d if d < 1.2 => (&[1.0, 1.5, 2.0, 3.0, 5.0, 7.0], 1),
+        d if d < 2.5 => (&[1.0, 2.0, 5.0], 1),
+        d if d < 7.0 => (&[1.0], 1),
+        d => (&[1.0], (d / 7.0).ceil() as i32),
+    };
+    let (first, last) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+    (first..=last)
+        .filter(|k| k.rem_euclid(every) == 0)
+        // Divided rather than multiplied below 1, so that 0.3 is the 0.3 a person writes.
+        .flat_map(|k| multiples.iter().map(move |m| if k >= 0 { m * 10f64.powi(k) } else { m / 10f64.powi(-k) }))
+        .filter(|v| (lo..=hi).contains(v))
+        .collect()
+}
+
 /// The x axis's ticks: whole numbers (epochs, steps) 1, 2 or 5 × 10^k apart, about eight of them.
 fn x_ticks(range: &std::ops::Range<f64>) -> Vec<f64> {
     let span = (range.end - range.start).max(1.0);
@@ -430,7 +481,7 @@ impl Picture for Curves {
         for (panel, area) in self.panels.iter().zip(&areas) {
             let Some((lo, hi)) = panel.range() else { continue };
             if panel.log_scale() {
-                let y = (lo / 1.25..hi * 1.25).log_scale();
+                let y = LogAxis::new(lo / 1.25, hi * 1.25);
                 draw_panel(area, panel, self.x_name, x_range.clone(), y)?;
             } else {
                 let pad = if hi > lo { (hi - lo) * 0.06 } else { lo.abs().max(1.0) * 0.05 };
@@ -741,6 +792,7 @@ mod tests {
         let curves = Curves::of("xor", &rows);
         assert_eq!(names(&curves), [vec!["train loss"]]);
         assert!(curves.panels[0].log_scale(), "a loss over three decades is drawn on a log axis");
+        assert_eq!(log_ticks(0.0005 / 1.25, 0.7 * 1.25), [0.001, 0.01, 0.1]);
         assert_eq!(curves.x_range(), -24.0..1026.0);
         assert_eq!(x_ticks(&curves.x_range()), [0.0, 200.0, 400.0, 600.0, 800.0, 1000.0]);
         for format in [Format::Svg, Format::Png] {
@@ -780,6 +832,13 @@ mod tests {
         assert!(Curves::of("none", &[]).panels.is_empty());
         let curves = Curves::of("nan", &[row(1, f64::NAN, Some(f64::INFINITY), None)]);
         assert!(curves.panels.is_empty(), "{curves:?}");
+    }
+
+    #[test]
+    fn a_log_axis_has_ticks_at_any_span() {
+        assert_eq!(log_ticks(0.009, 0.25), [0.01, 0.02, 0.05, 0.1, 0.2]);
+        assert_eq!(log_ticks(0.3, 2.0), [0.3, 0.5, 0.7, 1.0, 1.5, 2.0]);
+        assert_eq!(log_ticks(1e-13, 2.0), [1e-12, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2, 1.0]);
     }
 
     #[test]

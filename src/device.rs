@@ -141,6 +141,15 @@ pub fn selection_reason() -> Option<&'static str> {
     SELECTION_REASON.get().map(String::as_str)
 }
 
+/// The text a panic carries ("unknown failure" when it is neither a `String` nor a `&str`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown failure")
+}
+
 /// Runs `f`, turning a panic inside it (cudarc's missing-library or missing-symbol panics) into an error,
 /// without the panic message or a backtrace reaching the terminal.
 pub fn quietly<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -153,11 +162,7 @@ pub fn quietly<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match outcome {
         Ok(result) => result,
         Err(payload) => {
-            let msg = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown failure");
+            let msg = panic_message(payload.as_ref());
             let msg = msg.split(" - searched for").next().unwrap_or(msg);
             Err(anyhow!("{what}: {msg}"))
         }

@@ -52,12 +52,7 @@ fn command_line() -> clap::Command {
 fn main() {
     // Last line of defence: an internal bug prints one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("unknown");
+        let msg = textnet::device::panic_message(info.payload());
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
     }));

@@ -150,11 +150,7 @@ fn drive<T: Send>(
     let result = match outcome {
         Ok(result) => result.map_err(error)?,
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown");
+            let what = textnet::device::panic_message(panic.as_ref());
             return Err(PyRuntimeError::new_err(format!(
                 "textnet: internal error: {what} (this is a bug; please report it)"
             )));

@@ -2,7 +2,7 @@
 //! kept epoch, never replaced by a worse one, never written over an input or to a place found unusable
 //! only after training, kept when stdout closes or Ctrl-C stops the run; and `train --resume`.
 
-use crate::common::text::{shakespeare, train_args};
+use crate::common::text::{shakespeare, train_args, train_until_ctrl_c};
 use crate::common::{text, textnet};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -198,17 +198,7 @@ fn a_closed_stdout_keeps_the_model() {
 fn ctrl_c_stops_after_the_epoch_is_saved() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.safetensors");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_textnet"))
-        .args(train_args(&shakespeare(), &model, &["--epochs", "1000", "--keep", "last"]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(lines.any(|l| l.unwrap().starts_with("epoch 1/1000")));
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    let rest: Vec<String> = lines.map(Result::unwrap).collect();
-    let out = child.wait_with_output().unwrap();
+    let (out, rest) = train_until_ctrl_c(&model, &["--keep", "last"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     let last = stderr.lines().last().unwrap();

@@ -2,11 +2,10 @@
 //! confusion matrix; a bad `--plot` is refused before any work, writing nothing; an interrupted or
 //! diverged run draws the epochs it has, and one with none draws nothing.
 
-use crate::common::text::{shakespeare, train_args};
+use crate::common::text::{shakespeare, train_args, train_until_ctrl_c};
 use crate::common::{fails_with, report, s, small_fit_model, stderr, stdout, textnet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 /// The first bytes of every PNG file.
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
@@ -227,17 +226,7 @@ fn ctrl_c_still_draws_the_epochs_done() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.safetensors");
     let plot = dir.path().join("stopped.png");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_textnet"))
-        .args(train_args(&shakespeare(), &model, &["--epochs", "1000", "--plot", s(&plot)]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(lines.any(|l| l.unwrap().starts_with("epoch 1/1000")));
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    let rest: Vec<String> = lines.map(Result::unwrap).collect();
-    let out = child.wait_with_output().unwrap();
+    let (out, rest) = train_until_ctrl_c(&model, &["--plot", s(&plot)]);
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     assert!(rest.iter().any(|l| l.contains("the training curves")), "{rest:?}");
     png_size(&plot);

@@ -25,6 +25,25 @@ pub fn train_args(corpus: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// Runs `train` (`train_args` with `--epochs 1000` and `extra`), presses Ctrl-C once its first epoch line
+/// is out, and returns how it ended and its stdout lines after that one.
+pub fn train_until_ctrl_c(out: &Path, extra: &[&str]) -> (std::process::Output, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let extra: Vec<&str> = ["--epochs", "1000"].iter().chain(extra).copied().collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_textnet"))
+        .args(train_args(&shakespeare(), out, &extra))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().starts_with("epoch 1/1000")));
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    (child.wait_with_output().unwrap(), rest)
+}
+
 /// The committed corpus.
 pub fn shakespeare() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus/shakespeare.txt")

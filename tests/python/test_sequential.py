@@ -163,6 +163,18 @@ def test_the_roadmap_example(small, capsys):
     assert nn.predict(X_test[:5]).shape == (5,)
 
 
+def test_the_roadmap_model_saves_a_model_file(small, tmp_path):
+    X_train, y_train, X_test, _ = small
+    nn = textnet.NeuralNetworkGPU(784, 16, 10, device="cpu")
+    assert not nn.model.history
+    nn.fit(X_train[:500], y_train[:500], epochs=1, verbose=0)
+    nn.save(tmp_path / "roadmap.safetensors")
+    loaded = textnet.load(tmp_path / "roadmap.safetensors")
+    assert loaded.built and loaded.input_shape == (784,)
+    assert "12,730 parameters" in loaded.summary()
+    assert np.array_equal(loaded.predict_classes(X_test[:50]), nn.predict(X_test[:50]))
+
+
 def test_help_says_what_the_readme_says():
     doc = textnet.Sequential.fit.__doc__
     for words in ("validation_split", "KeyboardInterrupt", "float32", "tqdm"):

@@ -13,20 +13,20 @@ import textnet
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fashion():
     (X, y), (X_test, y_test) = textnet.datasets.mnist("fashion")
     return X, y, X_test, y_test
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def small(fashion):
     """3,000 training and 1,000 test samples: enough to learn, quick on the CPU."""
     X, y, X_test, y_test = fashion
     return X[:3000], y[:3000], X_test[:1000], y_test[:1000]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cli():
     """Runs the `textnet` binary of this checkout (TEXTNET_BIN, else target/release/textnet)."""
     binary = os.environ.get("TEXTNET_BIN", str(ROOT / "target" / "release" / "textnet"))
@@ -41,7 +41,7 @@ def cli():
     return run
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def corpus(tmp_path_factory):
     """The first 60 kB of the repository's Shakespeare."""
     path = tmp_path_factory.mktemp("corpus") / "small.txt"

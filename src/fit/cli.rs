@@ -176,9 +176,6 @@ impl TableArgs {
     }
 }
 
-/// Mixed into `--seed` for the shuffle stream, so it differs from the initialisation stream.
-pub const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
-
 /// Runs `textnet fit`: trains, or predicts with `--model` and `--predict`.
 pub fn run(args: FitArgs) -> Result<()> {
     if let (Some(model), Some(new)) = (&args.model, &args.predict) {
@@ -482,7 +479,7 @@ impl TrainingCommand for FitArgs {
         let n = setup.data.train.rows();
         let steps_per_epoch = n.div_ceil(args.batch);
         let rates = setup.schedule.rates(setup.optim.lr, steps_per_epoch * args.epochs);
-        let mut rng = SeededRng::seed_from_u64(args.seed ^ SHUFFLE_STREAM);
+        let mut rng = SeededRng::seed_from_u64(args.seed ^ super::SHUFFLE_STREAM);
         let mut order: Vec<u32> = (0..n as u32).collect();
         let mut keeper = Keeper::new(args.keep(), setup.baseline);
         let judged_name = if setup.data.val.is_some() { "val loss" } else { "test loss" };

@@ -21,6 +21,10 @@ use anyhow::Result;
 use model::Loss;
 use std::sync::Arc;
 
+/// Mixed into the seed for the stream of per-epoch shuffles, so it differs from the initialisation stream;
+/// every trainer of a fit network (`textnet fit`, its presets, the Python package) shuffles with it.
+pub const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
+
 /// One split in memory: `rows` samples of `features` values, and their targets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Samples {

@@ -9,9 +9,6 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use std::time::Instant;
 
-/// Mixed into `--seed` for the shuffle stream, so it differs from the initialisation stream.
-const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4553;
-
 #[derive(Clone, Copy, Debug)]
 /// How long to train and in what order.
 pub struct Schedule {
@@ -66,7 +63,7 @@ pub fn run(
     schedule: Schedule,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<EpochStats>, Evaluation)> {
-    let mut rng = SeededRng::seed_from_u64(schedule.seed ^ SHUFFLE_STREAM);
+    let mut rng = SeededRng::seed_from_u64(schedule.seed ^ crate::fit::SHUFFLE_STREAM);
     let mut order: Vec<u32> = (0..n_train as u32).collect();
     let start = Instant::now();
     let mut history = Vec::with_capacity(schedule.epochs.min(1024));

@@ -1,0 +1,123 @@
+//! `LanguageModel`: a model file of `textnet train` or `textnet transformer` held in memory, for
+//! `textnet.TextModel` and `textnet.Transformer`.
+
+use crate::errors::value_error;
+use crate::refuse_non_model;
+use anyhow::Context;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use rand::SeedableRng;
+use std::path::PathBuf;
+use textnet::cpu::SeededRng;
+
+/// A model file of `textnet train` or `textnet transformer`, held in memory.
+#[pyclass(module = "textnet._native")]
+pub(crate) struct LanguageModel {
+    bytes: Vec<u8>,
+    /// "text" or "transformer".
+    #[pyo3(get)]
+    kind: &'static str,
+}
+
+#[pymethods]
+impl LanguageModel {
+    /// Reads a model file of `kind` ("text" or "transformer").
+    #[staticmethod]
+    fn load(py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<LanguageModel> {
+        let bytes = py.detach(|| textnet::fsutil::read_input(&path, "model file")).map_err(value_error)?;
+        let kind = match kind {
+            "text" => {
+                textnet::text::modelfile::TextModel::from_bytes(&bytes)
+                    .with_context(|| format!("model file {}", path.display()))
+                    .map_err(value_error)?;
+                "text"
+            }
+            "transformer" => {
+                textnet::transformer::modelfile::TransformerModel::from_bytes(&bytes)
+                    .with_context(|| format!("model file {}", path.display()))
+                    .map_err(value_error)?;
+                "transformer"
+            }
+            other => {
+                return Err(PyValueError::new_err(format!("kind must be \"text\" or \"transformer\", got {other:?}")));
+            }
+        };
+        Ok(LanguageModel { bytes, kind })
+    }
+
+    /// Writes the model file atomically; refuses to replace a file that is not a model unless `overwrite`.
+    #[pyo3(signature = (path, overwrite=false))]
+    fn save(&self, path: PathBuf, overwrite: bool) -> PyResult<()> {
+        refuse_non_model(&path, overwrite)?;
+        textnet::fsutil::write_atomic(&path, &self.bytes).map_err(value_error)
+    }
+
+    /// The `top` likeliest next tokens after `text`, as (token, probability) pairs (text models).
+    #[pyo3(signature = (text, top=5))]
+    fn predict(&self, text: &str, top: usize) -> PyResult<Vec<(String, f32)>> {
+        if self.kind != "text" {
+            return Err(PyValueError::new_err("predict takes a text model; a Transformer generates (generate)"));
+        }
+        if top == 0 {
+            return Err(PyValueError::new_err("top must be at least 1"));
+        }
+        let model = textnet::text::modelfile::TextModel::from_bytes(&self.bytes).map_err(value_error)?;
+        let prediction = textnet::text::predict::predict(&model, text, top, false).map_err(value_error)?;
+        Ok(prediction.top.into_iter().map(|c| (c.token, c.probability)).collect())
+    }
+
+    /// A continuation of `prompt`: `length` tokens (characters for a Transformer) sampled at
+    /// `temperature`, among the `top_k` likeliest and the `top_p` nucleus, from `seed`; it ends early after
+    /// a `stop` string. Returns the generated text (without the prompt).
+    #[pyo3(signature = (prompt="", length=50, temperature=1.0, top_k=None, top_p=None, seed=1, stop=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompt: &str,
+        length: usize,
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        seed: u64,
+        stop: Vec<String>,
+    ) -> PyResult<String> {
+        let args = textnet::sampling::GenerateArgs {
+            prompt: Some(prompt.to_string()),
+            prompt_flag: None,
+            length,
+            temperature,
+            top_k,
+            top_p,
+            num_samples: 1,
+            stop,
+            seed,
+            model: PathBuf::new(),
+            json: false,
+        };
+        let sampling = args.check().map_err(|e| {
+            PyValueError::new_err(
+                format!("{e:#}").replace("--top-k", "top_k").replace("--top-p", "top_p").replace("--", ""),
+            )
+        })?;
+        py.detach(|| -> anyhow::Result<String> {
+            let mut generator = match self.kind {
+                "text" => textnet::text::generate::open(&self.bytes)?,
+                _ => textnet::transformer::generate::open(&self.bytes)?,
+            };
+            let prompt = generator.read_prompt(args.prompt())?;
+            let mut rng = SeededRng::seed_from_u64(seed);
+            let sample = textnet::sampling::continuation(
+                generator.as_mut(),
+                &prompt,
+                &sampling,
+                args.length,
+                &args.stop,
+                &mut rng,
+                &mut |_| true,
+            )?;
+            Ok(sample.text)
+        })
+        .map_err(value_error)
+    }
+}

@@ -1,0 +1,638 @@
+//! `Model`, what `textnet.Sequential` holds: a `textnet fit` network and its parameters, the arrays it
+//! takes and gives, and its training loop (`textnet fit`'s, reporting to the calling thread).
+
+use crate::errors::{choice, runtime_error, value_error};
+use crate::refuse_non_model;
+use crate::worker::{Event, backend, device_name, drive};
+use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rayon::prelude::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+use textnet::cpu::SeededRng;
+use textnet::device::{Backend, DeviceChoice};
+use textnet::fit::data::{InputSchema, TargetInfo};
+use textnet::fit::model::{Init, Loss, Network};
+use textnet::fit::modelfile::{self, FitModel};
+use textnet::fit::spec::{self, Shape};
+use textnet::fit::{FitTrainer, Samples, Setup, Target};
+use textnet::ops::optim::{OptimConfig, OptimKind};
+
+/// The rows of `x` (float32, C-contiguous, as the Python half makes it) as samples of `shape`: checks the
+/// shape and that every value is finite.
+fn features(x: &PyReadonlyArrayDyn<'_, f32>, shape: Shape, what: &str) -> PyResult<(usize, Vec<f32>)> {
+    let dims = x.shape();
+    let per_row = textnet::fit::model::size(shape);
+    let row_dims: Vec<usize> = match shape {
+        Shape::Flat(n) => vec![n],
+        Shape::Image { channels, height, width } => vec![channels, height, width],
+    };
+    let fits = match dims {
+        [_, rest @ ..] => rest == row_dims.as_slice() || rest == [per_row],
+        [] => false,
+    };
+    if !fits {
+        let wanted = row_dims.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+        return Err(PyValueError::new_err(format!(
+            "{what} has shape {dims:?} but the model takes samples of shape ({wanted}): give an array of shape (n, {wanted})"
+        )));
+    }
+    let values = x.as_slice().map_err(|_| PyValueError::new_err(format!("{what} is not a contiguous array")))?;
+    if dims[0] == 0 {
+        return Err(PyValueError::new_err(format!("{what} has no samples")));
+    }
+    // Copied and checked in one pass, in parallel: a training set is hundreds of megabytes.
+    const CHUNK: usize = 1 << 16;
+    let mut copy = vec![0.0f32; values.len()];
+    let first_bad = copy
+        .par_chunks_mut(CHUNK)
+        .zip(values.par_chunks(CHUNK))
+        .enumerate()
+        .filter_map(|(k, (to, from))| {
+            to.copy_from_slice(from);
+            from.iter().position(|v| !v.is_finite()).map(|i| k * CHUNK + i)
+        })
+        .min();
+    if let Some(i) = first_bad {
+        return Err(PyValueError::new_err(format!(
+            "{what} holds a non-finite value ({}) at sample {}, feature {}",
+            values[i],
+            i / per_row.max(1),
+            i % per_row.max(1)
+        )));
+    }
+    Ok((dims[0], copy))
+}
+
+/// The targets `y` of `rows` samples for `loss`: class indices below `outputs` (int64, as the Python half
+/// makes them), or `outputs` finite values per sample.
+fn targets(y: &Bound<'_, PyAny>, rows: usize, loss: Loss, outputs: usize, what: &str) -> PyResult<Target> {
+    match loss {
+        Loss::Ce => {
+            let y: PyReadonlyArrayDyn<'_, i64> = y.extract()?;
+            let labels =
+                y.as_slice().map_err(|_| PyValueError::new_err(format!("{what} is not a contiguous array")))?;
+            if y.ndim() != 1 || labels.len() != rows {
+                return Err(PyValueError::new_err(format!(
+                    "{what} has shape {:?} but there are {rows} samples: give one class label per sample, shape ({rows},)",
+                    y.shape()
+                )));
+            }
+            if let Some(i) = labels.iter().position(|&c| c < 0 || c as usize >= outputs) {
+                return Err(PyValueError::new_err(format!(
+                    "{what}[{i}] is {} but the model has {outputs} outputs: labels must be 0 to {}",
+                    labels[i],
+                    outputs - 1
+                )));
+            }
+            Ok(Target::Classes(labels.iter().map(|&c| c as u32).collect()))
+        }
+        Loss::Mse => {
+            let y: PyReadonlyArrayDyn<'_, f32> = y.extract()?;
+            let values =
+                y.as_slice().map_err(|_| PyValueError::new_err(format!("{what} is not a contiguous array")))?;
+            if values.len() != rows * outputs || y.shape().first() != Some(&rows) {
+                return Err(PyValueError::new_err(format!(
+                    "{what} has shape {:?} but there are {rows} samples of {outputs} output{}: give shape ({rows},{})",
+                    y.shape(),
+                    if outputs == 1 { "" } else { "s" },
+                    if outputs == 1 { String::new() } else { format!(" {outputs}") }
+                )));
+            }
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(PyValueError::new_err(format!("{what} holds a non-finite value ({}) at {i}", values[i])));
+            }
+            Ok(Target::Values(values.to_vec()))
+        }
+    }
+}
+
+/// Mean loss and accuracy (classes) or mean absolute error (values) of `outputs` against `s`'s targets.
+fn figures(s: &Samples, loss_sum: f64, outputs: &[f32], k: usize) -> Vec<(&'static str, f64)> {
+    let rows = s.rows().max(1);
+    let mut out = vec![("loss", loss_sum / rows as f64)];
+    match &s.target {
+        Target::Classes(classes) => {
+            let right = outputs.chunks(k).zip(classes).filter(|(o, c)| textnet::cpu::argmax(o) == **c as usize).count();
+            out.push(("accuracy", right as f64 / rows as f64));
+        }
+        Target::Values(values) => {
+            let sum: f64 = outputs.iter().zip(values).map(|(o, y)| (o - y).abs() as f64).sum();
+            out.push(("mae", sum / values.len().max(1) as f64));
+        }
+    }
+    out
+}
+
+/// A `textnet fit` network with its parameters: what `textnet.Sequential` holds.
+#[pyclass(module = "textnet._native")]
+pub(crate) struct Model {
+    model: FitModel,
+}
+
+fn parse_shape(dims: &[usize]) -> PyResult<Shape> {
+    match *dims {
+        [n] if n > 0 => Ok(Shape::Flat(n)),
+        [channels, height, width] if channels * height * width > 0 => Ok(Shape::Image { channels, height, width }),
+        _ => Err(PyValueError::new_err(format!(
+            "input shape {dims:?} is neither (features,) nor (channels, height, width)"
+        ))),
+    }
+}
+
+fn class_target(net: &Network, loss: Loss, names: Option<Vec<String>>) -> PyResult<TargetInfo> {
+    Ok(match loss {
+        Loss::Ce => {
+            let k = net.outputs();
+            let names = names.unwrap_or_else(|| (0..k).map(|c| c.to_string()).collect());
+            if names.len() != k {
+                return Err(PyValueError::new_err(format!(
+                    "{} class names for a network of {k} outputs: give one name per output",
+                    names.len()
+                )));
+            }
+            TargetInfo::Classes { names }
+        }
+        Loss::Mse => TargetInfo::Value { name: "target".into(), mean: 0.0, std: 1.0 },
+    })
+}
+
+/// The settings of one `fit` call.
+struct FitRequest {
+    epochs: usize,
+    batch: usize,
+    optim: OptimConfig,
+    device: DeviceChoice,
+    seed: u64,
+    /// Whether anyone draws the progress (else no progress events are sent).
+    progress: bool,
+}
+
+/// The least time between two progress events: a bar redrawn 50 times a second looks smooth.
+const PROGRESS_EVERY: Duration = Duration::from_millis(20);
+
+#[pymethods]
+impl Model {
+    /// A network of `spec` ("Linear(784, 128), ReLU, Linear(128, 10)") taking samples of `input_shape`,
+    /// its parameters drawn by `init` from `seed` as `textnet fit` draws them.
+    #[new]
+    #[pyo3(signature = (spec, input_shape, loss="ce", init="pytorch", seed=1, class_names=None))]
+    fn new(
+        spec: &str,
+        input_shape: Vec<usize>,
+        loss: &str,
+        init: &str,
+        seed: u64,
+        class_names: Option<Vec<String>>,
+    ) -> PyResult<Model> {
+        let loss: Loss = choice("loss", loss)?;
+        let init: Init = choice("init", init)?;
+        let parsed = spec::parse(spec).map_err(value_error)?;
+        let shape = parse_shape(&input_shape)?;
+        let net = Network::new(&parsed, shape).map_err(value_error)?;
+        let target = class_target(&net, loss, class_names)?;
+        let params = net.init(init, seed);
+        Ok(Model { model: FitModel { net, params, loss, input: InputSchema::Array { shape }, target } })
+    }
+
+    /// Reads a `textnet fit` model file (of images, a table or arrays).
+    #[staticmethod]
+    fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
+        let model = py.detach(|| modelfile::load(&path)).map_err(value_error)?;
+        Ok(Model { model })
+    }
+
+    /// Writes the model file atomically; refuses to replace a file that is not a model unless `overwrite`.
+    #[pyo3(signature = (path, overwrite=false))]
+    fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
+        refuse_non_model(&path, overwrite)?;
+        py.detach(|| modelfile::save(&self.model, &path)).map_err(value_error)
+    }
+
+    /// The layers, every width written out.
+    #[getter]
+    fn spec(&self) -> String {
+        modelfile::spec_text(&self.model.net.layers)
+    }
+
+    /// The shape of one sample.
+    #[getter]
+    fn input_shape(&self) -> Vec<usize> {
+        match modelfile::input_shape(&self.model.input) {
+            Shape::Flat(n) => vec![n],
+            Shape::Image { channels, height, width } => vec![channels, height, width],
+        }
+    }
+
+    /// Outputs per sample.
+    #[getter]
+    fn outputs(&self) -> usize {
+        self.model.net.outputs()
+    }
+
+    /// "ce" or "mse".
+    #[getter]
+    fn loss(&self) -> &'static str {
+        self.model.loss.name()
+    }
+
+    /// Number of parameters.
+    #[getter]
+    fn param_count(&self) -> usize {
+        self.model.net.param_count
+    }
+
+    /// The class names (None for a model of values).
+    #[getter]
+    fn class_names(&self) -> Option<Vec<String>> {
+        match &self.model.target {
+            TargetInfo::Classes { names } => Some(names.clone()),
+            TargetInfo::Value { .. } => None,
+        }
+    }
+
+    #[setter]
+    fn set_class_names(&mut self, names: Vec<String>) -> PyResult<()> {
+        if self.model.loss != Loss::Ce {
+            return Err(PyValueError::new_err("a model of values (loss mse) has no class names"));
+        }
+        self.model.target = class_target(&self.model.net, Loss::Ce, Some(names))?;
+        Ok(())
+    }
+
+    /// The target's mean and deviation: a value model's outputs are (value − mean) / std.
+    #[getter]
+    fn target_scale(&self) -> Option<(f32, f32)> {
+        match &self.model.target {
+            TargetInfo::Value { mean, std, .. } => Some((*mean, *std)),
+            TargetInfo::Classes { .. } => None,
+        }
+    }
+
+    /// What the model's inputs are: "array", "images" or "table".
+    #[getter]
+    fn input_kind(&self) -> &'static str {
+        match &self.model.input {
+            InputSchema::Array { .. } => "array",
+            InputSchema::Images { .. } => "images",
+            InputSchema::Table(_) => "table",
+        }
+    }
+
+    /// Every tensor under PyTorch's `nn.Sequential` names, as (name, float32 array of its shape).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+        let mut out = Vec::new();
+        for (name, dims, range) in self.model.net.tensors() {
+            let array = self.model.params[range].to_vec().into_pyarray(py).reshape(dims)?;
+            out.push((name, array.into_any()));
+        }
+        Ok(out)
+    }
+
+    /// Replaces the tensors named in `tensors` (name → float32 array of the tensor's shape).
+    fn load_state_dict(&mut self, tensors: Vec<(String, PyReadonlyArrayDyn<'_, f32>)>) -> PyResult<()> {
+        let expected = self.model.net.tensors();
+        let mut params = self.model.params.clone();
+        for (name, array) in &tensors {
+            let Some((_, dims, range)) = expected.iter().find(|(n, _, _)| n == name) else {
+                let names: Vec<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
+                return Err(PyValueError::new_err(format!(
+                    "no tensor {name} in this model: it has {}",
+                    names.join(", ")
+                )));
+            };
+            if array.shape() != dims.as_slice() {
+                return Err(PyValueError::new_err(format!("tensor {name} is {dims:?}, got {:?}", array.shape())));
+            }
+            let values =
+                array.as_slice().map_err(|_| PyValueError::new_err(format!("tensor {name} is not contiguous")))?;
+            if values.iter().any(|v| !v.is_finite()) {
+                return Err(PyValueError::new_err(format!("tensor {name} holds NaN or infinite values")));
+            }
+            params[range.clone()].copy_from_slice(values);
+        }
+        self.model.params = params;
+        Ok(())
+    }
+
+    /// The network's outputs for `x` (rows × outputs, float32): logits for "ce", values for "mse" (in the
+    /// units trained on), dropout off. `batch` bounds the rows a GPU pass takes.
+    #[pyo3(signature = (x, device="auto", batch=1024))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, f32>,
+        device: &str,
+        batch: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let device: DeviceChoice = choice("device", device)?;
+        let shape = modelfile::input_shape(&self.model.input);
+        let (rows, values) = features(&x, shape, "X")?;
+        let k = self.model.net.outputs();
+        let target = match self.model.loss {
+            Loss::Ce => Target::Classes(vec![0; rows]),
+            Loss::Mse => Target::Values(vec![0.0; rows * k]),
+        };
+        let samples = Samples { features: values.len() / rows, x: values, target };
+        let (_, outputs) = py.detach(|| self.evaluate_samples(samples, device, batch.max(1))).map_err(runtime_error)?;
+        Ok(outputs.into_pyarray(py).reshape([rows, k])?.into_any())
+    }
+
+    /// Mean loss and accuracy (classes) or MAE (values) on `x`, `y`, as a dict.
+    #[pyo3(signature = (x, y, device="auto", batch=1024))]
+    fn evaluate<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, f32>,
+        y: &Bound<'py, PyAny>,
+        device: &str,
+        batch: usize,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let device: DeviceChoice = choice("device", device)?;
+        let (rows, values) = features(&x, modelfile::input_shape(&self.model.input), "X")?;
+        let k = self.model.net.outputs();
+        let target = targets(y, rows, self.model.loss, k, "y")?;
+        let samples = Samples { features: values.len() / rows, x: values, target };
+        let logs = py
+            .detach(|| -> anyhow::Result<_> {
+                let (sum, outputs) = self.evaluate_samples(samples.clone(), device, batch.max(1))?;
+                Ok(figures(&samples, sum, &outputs, k))
+            })
+            .map_err(runtime_error)?;
+        let dict = PyDict::new(py);
+        for (key, value) in logs {
+            dict.set_item(key, value)?;
+        }
+        Ok(dict)
+    }
+
+    /// Trains for `epochs` passes over `x`, `y` (shuffled per epoch from `seed`, as `textnet fit` does),
+    /// measuring `x_val`, `y_val` (or the last `validation_split` of the samples) after each.
+    /// `on_progress(epoch, done, total)` and `on_epoch(epoch, logs)` are called on this thread. Returns
+    /// {"history": {name: [per epoch]}, "interrupted": bool, "diverged": None or the message, "device": str,
+    /// "seconds", "setup_seconds", "training_seconds": float}; the model
+    /// keeps the parameters of the last epoch finished (the last finite one, if training diverged).
+    #[pyo3(signature = (x, y, x_val=None, y_val=None, validation_split=None, epochs=10, batch_size=64,
+        optimizer="adam", lr=None, momentum=None, weight_decay=0.0, clip_norm=0.0, device="auto", seed=1,
+        on_progress=None, on_epoch=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn fit<'py>(
+        &mut self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, f32>,
+        y: &Bound<'py, PyAny>,
+        x_val: Option<PyReadonlyArrayDyn<'py, f32>>,
+        y_val: Option<&Bound<'py, PyAny>>,
+        validation_split: Option<f64>,
+        epochs: usize,
+        batch_size: usize,
+        optimizer: &str,
+        lr: Option<f32>,
+        momentum: Option<f32>,
+        weight_decay: f32,
+        clip_norm: f32,
+        device: &str,
+        seed: u64,
+        on_progress: Option<Py<PyAny>>,
+        on_epoch: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let kind: OptimKind = choice("optimizer", optimizer)?;
+        let device: DeviceChoice = choice("device", device)?;
+        if batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size must be at least 1"));
+        }
+        textnet::resources::check_epochs(epochs).map_err(value_error)?;
+        let mut optim = OptimConfig::new(kind);
+        if let Some(lr) = lr {
+            optim.lr = lr;
+        }
+        if let Some(m) = momentum {
+            if kind != OptimKind::Momentum {
+                return Err(PyValueError::new_err(format!(
+                    "momentum applies to optimizer=\"momentum\" only (this model uses {})",
+                    kind.name()
+                )));
+            }
+            optim.momentum = m;
+        }
+        optim.weight_decay = weight_decay;
+        optim.clip_norm = clip_norm;
+        optim.validate().map_err(|e| {
+            PyValueError::new_err(
+                format!("{e:#}")
+                    .replace("--lr", "lr")
+                    .replace("--momentum", "momentum")
+                    .replace("--weight-decay", "weight_decay"),
+            )
+        })?;
+
+        let shape = modelfile::input_shape(&self.model.input);
+        let k = self.model.net.outputs();
+        let (rows, values) = features(&x, shape, "X")?;
+        let target = targets(y, rows, self.model.loss, k, "y")?;
+        let mut train = Samples { features: values.len() / rows, x: values, target };
+        let val = match (x_val, y_val, validation_split) {
+            (Some(_), _, Some(_)) => {
+                return Err(PyValueError::new_err("give validation_data or validation_split, not both"));
+            }
+            (Some(xv), Some(yv), None) => {
+                let (rows, values) = features(&xv, shape, "X_val")?;
+                let target = targets(yv, rows, self.model.loss, k, "y_val")?;
+                Some(Samples { features: values.len() / rows, x: values, target })
+            }
+            (Some(_), None, None) | (None, Some(_), _) => {
+                return Err(PyValueError::new_err("validation_data must be a pair (X_val, y_val)"));
+            }
+            (None, None, Some(fraction)) => {
+                if !(fraction > 0.0 && fraction < 1.0) {
+                    return Err(PyValueError::new_err(format!(
+                        "validation_split must be a fraction between 0 and 1 (exclusive), got {fraction}"
+                    )));
+                }
+                let held = textnet::fit::data::check_val_room(rows, fraction, "samples")
+                    .map_err(|e| PyValueError::new_err(format!("{e:#}").replace("--val-split", "validation_split")))?;
+                Some(split_off(&mut train, rows - held, k))
+            }
+            (None, None, None) => None,
+        };
+        let request = FitRequest { epochs, batch: batch_size, optim, device, seed, progress: on_progress.is_some() };
+        let net = self.model.net.clone();
+        let (params, loss) = (self.model.params.clone(), self.model.loss);
+        let mut history: Vec<(&'static str, Vec<f64>)> = Vec::new();
+        let started = Instant::now();
+        let (trained, interrupted) = drive(
+            py,
+            move |events| train_epochs(net, params, loss, train, val, request, events),
+            |py, event| match event {
+                Event::Progress { epoch, done, total } => match &on_progress {
+                    Some(f) => f.call1(py, (epoch, done, total)).map(drop),
+                    None => Ok(()),
+                },
+                Event::Epoch { epoch, logs } => {
+                    let dict = PyDict::new(py);
+                    for (key, value) in &logs {
+                        dict.set_item(*key, *value)?;
+                        match history.iter_mut().find(|(k, _)| k == key) {
+                            Some((_, values)) => values.push(*value),
+                            None => history.push((*key, vec![*value])),
+                        }
+                    }
+                    match &on_epoch {
+                        Some(f) => f.call1(py, (epoch, dict)).map(drop),
+                        None => Ok(()),
+                    }
+                }
+            },
+            runtime_error,
+        )?;
+        self.model.params = trained.params;
+        let out = PyDict::new(py);
+        let hist = PyDict::new(py);
+        for (key, values) in history {
+            hist.set_item(key, PyList::new(py, values)?)?;
+        }
+        out.set_item("history", hist)?;
+        out.set_item("interrupted", interrupted)?;
+        out.set_item("diverged", trained.diverged)?;
+        out.set_item("device", trained.device)?;
+        out.set_item("seconds", started.elapsed().as_secs_f64())?;
+        // As `textnet fit` reports them: opening the device and handing the samples to the trainer, then
+        // the epochs with their evaluations (its `wall_s.training`).
+        out.set_item("setup_seconds", trained.setup_s)?;
+        out.set_item("training_seconds", trained.training_s)?;
+        Ok(out)
+    }
+}
+
+impl Model {
+    /// The summed loss and the outputs of `samples`, on `device` (a GPU pass takes at most `batch` rows).
+    fn evaluate_samples(
+        &self,
+        samples: Samples,
+        device: DeviceChoice,
+        batch: usize,
+    ) -> anyhow::Result<(f64, Vec<f32>)> {
+        let m = &self.model;
+        match backend(device)? {
+            Backend::Cpu => Ok(textnet::fit::cpu::evaluate(&m.net, &m.params, &samples, m.loss)),
+            backend => {
+                let setup = Setup {
+                    net: m.net.clone(),
+                    params: m.params.clone(),
+                    loss: m.loss,
+                    optim: OptimConfig::new(OptimKind::Sgd),
+                    dropout_seed: 0,
+                    splits: vec![Arc::new(samples)],
+                };
+                textnet::fit::trainer(&backend, setup, batch)?.evaluate(0)
+            }
+        }
+    }
+}
+
+/// Moves the samples from `keep` on out of `train` into a validation split.
+fn split_off(train: &mut Samples, keep: usize, outputs: usize) -> Samples {
+    let x = train.x.split_off(keep * train.features);
+    let target = match &mut train.target {
+        Target::Classes(c) => Target::Classes(c.split_off(keep)),
+        Target::Values(v) => Target::Values(v.split_off(keep * outputs)),
+    };
+    Samples { features: train.features, x, target }
+}
+
+/// What `train_epochs` ends with.
+struct Trained {
+    /// The parameters of the last epoch finished with finite figures (the starting ones before any).
+    params: Vec<f32>,
+    /// Where and how training diverged, in words, if it did.
+    diverged: Option<String>,
+    /// The device it ran on, described.
+    device: String,
+    /// Seconds to open the device and hand the trainer the samples.
+    setup_s: f64,
+    /// Seconds of the epochs and their evaluations.
+    training_s: f64,
+}
+
+/// The training loop of `textnet fit` (its shuffles, its learning rate per step, its check for
+/// divergence), reporting to `events`.
+fn train_epochs(
+    net: Network,
+    params: Vec<f32>,
+    loss: Loss,
+    train: Samples,
+    val: Option<Samples>,
+    request: FitRequest,
+    events: &Sender<Event>,
+) -> anyhow::Result<Trained> {
+    let begun = Instant::now();
+    let backend = backend(request.device)?;
+    let device = device_name(&backend);
+    let k = net.outputs();
+    let n = train.rows();
+    let mut splits = vec![Arc::new(train)];
+    splits.extend(val.map(Arc::new));
+    let has_val = splits.len() > 1;
+    let setup = Setup {
+        net,
+        params: params.clone(),
+        loss,
+        optim: request.optim,
+        dropout_seed: request.seed as u32,
+        splits: splits.clone(),
+    };
+    let mut trainer: Box<dyn FitTrainer> = textnet::fit::trainer(&backend, setup, request.batch)?;
+    let setup_s = begun.elapsed().as_secs_f64();
+    let training = Instant::now();
+    let mut rng = SeededRng::seed_from_u64(request.seed ^ textnet::fit::SHUFFLE_STREAM);
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let mut kept = params;
+    for epoch in 1..=request.epochs {
+        order.shuffle(&mut rng);
+        let started = Instant::now();
+        let mut last_sent: Option<Instant> = None;
+        let mut progress = |done: usize| {
+            if request.progress && (done == n || last_sent.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)) {
+                last_sent = Some(Instant::now());
+                let _ = events.send(Event::Progress { epoch, done, total: n });
+            }
+        };
+        let sum = trainer.train_epoch_at(&order, request.batch, request.optim.lr, &mut progress)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let mut logs = vec![("loss", sum / n.max(1) as f64)];
+        if has_val {
+            let (val_sum, outputs) = trainer.evaluate(1)?;
+            logs.extend(figures(&splits[1], val_sum, &outputs, k).into_iter().map(|(key, v)| match key {
+                "loss" => ("val_loss", v),
+                "accuracy" => ("val_accuracy", v),
+                _ => ("val_mae", v),
+            }));
+        }
+        logs.push(("seconds", seconds));
+        let params = trainer.params()?;
+        if logs.iter().any(|(_, v)| !v.is_finite()) || !params.iter().all(|p| p.is_finite()) {
+            let what = if !logs[0].1.is_finite() { "training loss" } else { "parameters" };
+            let diverged = format!(
+                "training diverged at epoch {epoch}: the {what} stopped being finite; the model keeps epoch {}; \
+                 try a lower lr (this run used {}) or clip_norm",
+                epoch - 1,
+                textnet::report::decimal(request.optim.lr)
+            );
+            let training_s = training.elapsed().as_secs_f64();
+            return Ok(Trained { params: kept, diverged: Some(diverged), device, setup_s, training_s });
+        }
+        kept = params;
+        let _ = events.send(Event::Epoch { epoch, logs });
+        if textnet::interrupt::requested() {
+            break;
+        }
+    }
+    let training_s = training.elapsed().as_secs_f64();
+    Ok(Trained { params: kept, diverged: None, device, setup_s, training_s })
+}

@@ -51,6 +51,9 @@ pub struct TransformerArgs {
     /// AdamW's decoupled weight decay
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
     pub weight_decay: f32,
+    /// AdamW's β2, the decay of the squared gradient's running mean (nanoGPT's small models use 0.99)
+    #[arg(long, default_value_t = 0.999, allow_negative_numbers = true)]
+    pub beta2: f32,
     /// Largest vocabulary, the unknown character included (rarer characters read as unknown)
     #[arg(long, default_value_t = 256)]
     pub vocab: usize,
@@ -139,7 +142,15 @@ impl TransformerArgs {
     }
 
     fn optim(&self) -> Result<OptimConfig> {
-        let config = OptimConfig { lr: self.lr, weight_decay: self.weight_decay, ..OptimConfig::new(OptimKind::AdamW) };
+        if !(0.0..1.0).contains(&self.beta2) {
+            bail!("--beta2 must be in [0, 1), got {}", self.beta2);
+        }
+        let config = OptimConfig {
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            beta2: self.beta2,
+            ..OptimConfig::new(OptimKind::AdamW)
+        };
         config.validate()?;
         Ok(config)
     }
@@ -275,7 +286,7 @@ impl TrainingCommand for TransformerArgs {
         }
         display.line(&format!(
             "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \
-             {} parameters; AdamW lr {} weight decay {}, batch {} × {}, {} steps, seed {}; device {device_line}",
+             {} parameters; AdamW lr {} weight decay {} β2 {}, batch {} × {}, {} steps, seed {}; device {device_line}",
             config.layers,
             config.heads,
             config.embed,
@@ -286,6 +297,7 @@ impl TrainingCommand for TransformerArgs {
             report::count(params.len()),
             args.lr,
             args.weight_decay,
+            args.beta2,
             args.batch,
             config.block,
             args.steps,
@@ -466,7 +478,8 @@ impl TrainingCommand for TransformerArgs {
                     "keep": "best",
                     "layers": config.layers, "heads": config.heads, "embed": config.embed, "block": config.block,
                     "batch": args.batch, "steps": args.steps, "lr": report::decimal(args.lr),
-                    "weight_decay": report::decimal(args.weight_decay), "vocab": args.vocab,
+                    "weight_decay": report::decimal(args.weight_decay), "beta2": report::decimal(args.beta2),
+                    "vocab": args.vocab,
                     "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
                     "tf32": args.tf32,
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),

@@ -418,3 +418,23 @@ fn resume_continues_a_model_and_refuses_what_it_cannot_continue() {
     fails_with(&o, &["not in the model's vocabulary", "without --resume"]);
     assert!(!fresh.exists());
 }
+
+#[test]
+fn beta2_reaches_adamw_and_its_range_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let final_loss = |name: &str, extra: &[&str]| {
+        let o = transformer(&corpus, &dir.path().join(name), &[&["--json"], extra].concat());
+        let r = report(&o);
+        (r["config"]["beta2"].as_f64(), r["final"]["val_loss"].as_f64().unwrap())
+    };
+    let (default_beta2, default_loss) = final_loss("a.safetensors", &[]);
+    let (beta2, loss) = final_loss("b.safetensors", &["--beta2", "0.9"]);
+    assert_eq!((default_beta2, beta2), (Some(0.999), Some(0.9)));
+    // The second moment decays faster, so the steps differ and so does the model.
+    assert_ne!(default_loss, loss);
+    for bad in ["1", "-0.1", "nan"] {
+        let o = transformer(&corpus, &dir.path().join("c.safetensors"), &["--beta2", bad]);
+        fails_with(&o, &["--beta2 must be in [0, 1)"]);
+    }
+}

@@ -9,11 +9,14 @@ use pyo3::prelude::*;
 use rand::SeedableRng;
 use std::path::PathBuf;
 use textnet::cpu::SeededRng;
+use textnet::text::modelfile::TextModel;
 
 /// A model file of `textnet train` or `textnet transformer`, held in memory.
 #[pyclass(module = "textnet._native")]
 pub(crate) struct LanguageModel {
     bytes: Vec<u8>,
+    /// The text model read from `bytes`, for `predict` (None for a Transformer).
+    text: Option<TextModel>,
     /// "text" or "transformer".
     #[pyo3(get)]
     kind: &'static str,
@@ -25,11 +28,13 @@ impl LanguageModel {
     #[staticmethod]
     fn load(py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<LanguageModel> {
         let bytes = py.detach(|| textnet::fsutil::read_input(&path, "model file")).map_err(value_error)?;
+        let mut text = None;
         let kind = match kind {
             "text" => {
-                textnet::text::modelfile::TextModel::from_bytes(&bytes)
+                let model = TextModel::from_bytes(&bytes)
                     .with_context(|| format!("model file {}", path.display()))
                     .map_err(value_error)?;
+                text = Some(model);
                 "text"
             }
             "transformer" => {
@@ -42,7 +47,7 @@ impl LanguageModel {
                 return Err(PyValueError::new_err(format!("kind must be \"text\" or \"transformer\", got {other:?}")));
             }
         };
-        Ok(LanguageModel { bytes, kind })
+        Ok(LanguageModel { bytes, text, kind })
     }
 
     /// Writes the model file atomically; refuses to replace a file that is not a model unless `overwrite`.
@@ -55,14 +60,13 @@ impl LanguageModel {
     /// The `top` likeliest next tokens after `text`, as (token, probability) pairs (text models).
     #[pyo3(signature = (text, top=5))]
     fn predict(&self, text: &str, top: usize) -> PyResult<Vec<(String, f32)>> {
-        if self.kind != "text" {
+        let Some(model) = &self.text else {
             return Err(PyValueError::new_err("predict takes a text model; a Transformer generates (generate)"));
-        }
+        };
         if top == 0 {
             return Err(PyValueError::new_err("top must be at least 1"));
         }
-        let model = textnet::text::modelfile::TextModel::from_bytes(&self.bytes).map_err(value_error)?;
-        let prediction = textnet::text::predict::predict(&model, text, top, false).map_err(value_error)?;
+        let prediction = textnet::text::predict::predict(model, text, top, false).map_err(value_error)?;
         Ok(prediction.top.into_iter().map(|c| (c.token, c.probability)).collect())
     }
 

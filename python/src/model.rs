@@ -339,7 +339,7 @@ impl Model {
             Loss::Ce => Target::Classes(vec![0; rows]),
             Loss::Mse => Target::Values(vec![0.0; rows * k]),
         };
-        let samples = Samples { features: values.len() / rows, x: values, target };
+        let samples = Arc::new(Samples { features: values.len() / rows, x: values, target });
         let (_, outputs) = py.detach(|| self.evaluate_samples(samples, device, batch.max(1))).map_err(runtime_error)?;
         Ok(outputs.into_pyarray(py).reshape([rows, k])?.into_any())
     }
@@ -358,7 +358,7 @@ impl Model {
         let (rows, values) = features(&x, modelfile::input_shape(&self.model.input), "X")?;
         let k = self.model.net.outputs();
         let target = targets(y, rows, self.model.loss, k, "y")?;
-        let samples = Samples { features: values.len() / rows, x: values, target };
+        let samples = Arc::new(Samples { features: values.len() / rows, x: values, target });
         let logs = py
             .detach(|| -> anyhow::Result<_> {
                 let (sum, outputs) = self.evaluate_samples(samples.clone(), device, batch.max(1))?;
@@ -514,7 +514,7 @@ impl Model {
     /// The summed loss and the outputs of `samples`, on `device` (a GPU pass takes at most `batch` rows).
     fn evaluate_samples(
         &self,
-        samples: Samples,
+        samples: Arc<Samples>,
         device: DeviceChoice,
         batch: usize,
     ) -> anyhow::Result<(f64, Vec<f32>)> {
@@ -528,7 +528,7 @@ impl Model {
                     loss: m.loss,
                     optim: OptimConfig::new(OptimKind::Sgd),
                     dropout_seed: 0,
-                    splits: vec![Arc::new(samples)],
+                    splits: vec![samples],
                 };
                 textnet::fit::trainer(&backend, setup, batch)?.evaluate(0)
             }

@@ -2,7 +2,8 @@
 """PyTorch twin of `textnet transformer`: the same character-level decoder-only Transformer (pre-LayerNorm
 blocks of causal multi-head attention and a tanh-GELU MLP, learned position embeddings, a biased output
 head), the same vocabulary, split, batches and validation windows, AdamW on every parameter, fp32, eager
-mode, TF32 off. Module names make `model.state_dict()` keys the tensor names of a textnet model file
+mode, TF32 off (--tf32: TF32 products; --bf16: bf16 autocast over the forward pass and loss, fp32 weights,
+as `textnet transformer --precision bf16`). Module names make `model.state_dict()` keys the tensor names of a textnet model file
 (`tok_emb.weight`, `blocks.0.attn.qkv.weight`, ...), so --load evaluates one (heads from its metadata key
 `heads`, else --heads; its vocabulary from the metadata key `vocab`, else rebuilt from the corpus).
 
@@ -19,7 +20,7 @@ samples N characters after --prompt from the eager model (--temperature 0: alway
 
 usage: python3 benches/torch_transformer.py [CORPUS=corpus/shakespeare.txt] [--steps 1000] [--batch 32]
     [--block 64] [--embed 64] [--heads 4] [--layers 2] [--vocab 256] [--lr 1e-3] [--weight-decay 0.01]
-    [--eval-every 100] [--seed 0] [--tf32] [--compile] [--attention manual|sdpa] [--device cuda|cpu]
+    [--eval-every 100] [--seed 0] [--tf32] [--bf16] [--compile] [--attention manual|sdpa] [--device cuda|cpu]
     [--load MODEL.safetensors] [--save MODEL.safetensors] [--generate N] [--prompt "ROMEO:"] [--temperature 1]
 larger shape: --layers 6 --heads 6 --embed 384 --block 256 --batch 64
 """
@@ -136,6 +137,7 @@ def main():
                                 ("--generate", int, 0), ("--temperature", float, 1.0)]:
         ap.add_argument(flag, type=kind, default=default)
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast around the forward pass and loss (fp32 weights)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--attention", choices=["manual", "sdpa"], default="manual")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -190,12 +192,17 @@ def main():
         total = torch.zeros((), device=dev)
         for i in range(0, len(val_offsets), chunk):
             w = val[val_offsets[i:i + chunk, None] + window]
-            total += F.cross_entropy(fwd(w[:, :-1]).flatten(0, 1), w[:, 1:].flatten(), reduction="sum")
+            with autocast():
+                total += F.cross_entropy(fwd(w[:, :-1]).flatten(0, 1).float(), w[:, 1:].flatten(), reduction="sum")
         return total.item() / (len(val_offsets) * T)
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16)
 
     def step(fwd, opt, gen):
         w = train[torch.randint(0, n_train - T, (B, 1), device=dev, generator=gen) + window]
-        loss = F.cross_entropy(fwd(w[:, :-1]).flatten(0, 1), w[:, 1:].flatten())
+        with autocast():
+            loss = F.cross_entropy(fwd(w[:, :-1]).flatten(0, 1), w[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -215,7 +222,7 @@ def main():
         return end - start if not cuda else start.elapsed_time(end) / 1e3
 
     report = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__, "mode": "eager",
-              "tf32": a.tf32, "attention": a.attention, "corpus": a.corpus,
+              "tf32": a.tf32, "bf16": a.bf16, "attention": a.attention, "corpus": a.corpus,
               "config": {"vocab": V, "vocab_cap": a.vocab, "block": T, "embed": a.embed, "heads": a.heads, "layers": a.layers,
                          "ffn": 4 * a.embed, "batch": B, "steps": a.steps, "lr": a.lr, "betas": [0.9, 0.999], "eps": 1e-8,
                          "weight_decay": a.weight_decay, "eval_every": a.eval_every, "seed": a.seed},

@@ -10,10 +10,16 @@
 //             global memory; the last chunk of the (sequence, head) to finish adds the shares in chunk
 //             order. Each output is a sum in a fixed order, so no atomics.
 //
+// Dropout on the probabilities (nanoGPT's attn_dropout): y_t = Σ_u m_tu·p_tu·v_u with m_tu = 0 or
+// drop_scale by dropout.cuh's hash of element first + t·T + u under drop_key (first = (b·heads + h)·T·T;
+// drop_threshold 0: off). The backward pass redraws m: dv_u = Σ_t m_tu·p_tu·dy_t, ds_tu = p_tu·(m_tu·dp_tu
+// − D_t), where D_t = dy_t·y_t still equals Σ_u p_tu·m_tu·dp_tu.
+//
 // q, k and v of head h are columns h·HS … of the row's [q | k | v] (row stride 3C); y, dy have stride C.
 // Shared memory: attention_forward_floats / attention_backward_floats (the launch layer mirrors them).
 #pragma once
 #include "common.cuh"
+#include "dropout.cuh"
 
 template <int T, int HS>
 struct AttentionSizes {
@@ -43,7 +49,8 @@ __device__ __forceinline__ void attention_stage(const float* qkv, const float* d
 
 template <int T, int HS>
 __device__ __forceinline__ void attention_forward(const float* qkv, int C, int h, int len, float* y, float* lse,
-                                                  float* smem) {
+                                                  float* smem, unsigned drop_key, unsigned drop_threshold,
+                                                  float drop_scale, unsigned first) {
     using S = AttentionSizes<T, HS>;
     constexpr int LD = S::LD, KEYS = (T + 31) / 32;
     float *q = smem, *k = q + T * LD, *v = k + T * LD;
@@ -75,8 +82,13 @@ __device__ __forceinline__ void attention_forward(const float* qkv, int C, int h
         sum = warp_sum(sum);
         const float inv = 1.0f / sum;
 #pragma unroll
-        for (int j = 0; j < KEYS; ++j)
-            if (lane + 32 * j < T) p[lane + 32 * j] = s[j] * inv;
+        for (int j = 0; j < KEYS; ++j) {
+            const int u = lane + 32 * j;
+            if (u >= T) continue;
+            float keep = 1.0f;
+            if (drop_threshold) keep = dropout_factor(drop_key, first + (unsigned)(t * T + u), drop_threshold, drop_scale);
+            p[u] = s[j] * inv * keep;
+        }
         __syncwarp();
         for (int d = lane; d < HS; d += 32) {
             float acc = 0.0f;
@@ -94,7 +106,8 @@ __device__ __forceinline__ void attention_forward(const float* qkv, int C, int h
 template <int T, int HS>
 __device__ __forceinline__ void attention_backward_keys(const float* qkv, const float* y, const float* dy,
                                                         const float* lse, int C, int h, int len, int chunk,
-                                                        float* dqkv, float* dq_part, float* smem) {
+                                                        float* dqkv, float* dq_part, float* smem, unsigned drop_key,
+                                                        unsigned drop_threshold, float drop_scale, unsigned first) {
     using S = AttentionSizes<T, HS>;
     constexpr int LD = S::LD, KC = S::KC, QC = S::KC, LDC = KC + 1, PAIRS = (KC * HS + THREADS - 1) / THREADS;
     float *ks = smem, *vs = ks + KC * LD, *qs = vs + KC * LD, *dys = qs + QC * LD;
@@ -139,8 +152,12 @@ __device__ __forceinline__ void attention_backward_keys(const float* qkv, const 
                     dot = fmaf(qs[r * LD + d], ks[j * LD + d], dot);
                     dp = fmaf(dys[r * LD + d], vs[j * LD + d], dp);
                 }
-                pt = expf(dot * scale - lse_s[r]);
-                dst = pt * (dp - D[r]);
+                const float p_tu = expf(dot * scale - lse_s[r]);
+                float keep = 1.0f;
+                if (drop_threshold)
+                    keep = dropout_factor(drop_key, first + (unsigned)((t0 + r) * T + u0 + j), drop_threshold, drop_scale);
+                pt = p_tu * keep;
+                dst = p_tu * (keep * dp - D[r]);
             }
             p[r * LDC + j] = pt;
             ds[r * LDC + j] = dst;

@@ -23,7 +23,7 @@
 //                     step of an epoch in one block (`dense_train_epoch`), in place of families 1, 5 and 6.
 //
 // No float atomics: every gradient element and every per-sample loss is written by one thread in a fixed
-// order, so a run repeats to the bit. Dropout's mask is the hash of src/fit/model.rs `dropout_keeps`; the
+// order, so a run repeats to the bit. Dropout's mask is the hash of dropout.cuh (one site per layer); the
 // step count it mixes in lives on the device (the update advances it), so a CUDA graph of an epoch
 // replays unchanged. Training batches gather their rows through `rows` (the epoch's order); evaluation
 // passes rows = nullptr and reads the split in order.
@@ -32,6 +32,7 @@
 #endif
 #include "activations.cuh"
 #include "common.cuh"
+#include "dropout.cuh"
 #include "gemm.cuh"
 #include "optim.cuh"
 
@@ -50,23 +51,6 @@ __device__ __forceinline__ float fit_slope(int act, float z) {
     if (act == ACT_GELU) return gelu_slope(z);
     if (act == ACT_RELU) return z > 0.0f ? 1.0f : 0.0f;
     return activation_slope(act, activate(act, z));
-}
-
-__device__ __forceinline__ unsigned mix32(unsigned x) {
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    return x ^ (x >> 16);
-}
-
-// The mask key of one layer in this step: `layer_seed` = mix32(seed ^ layer·0x9e3779b9), from the host.
-__device__ __forceinline__ unsigned dropout_key(unsigned layer_seed, const unsigned* step) {
-    return mix32(layer_seed + *step);
-}
-
-__device__ __forceinline__ float dropout_factor(unsigned key, unsigned element, unsigned threshold, float scale) {
-    return mix32(key ^ mix32(element)) >= threshold ? scale : 0.0f;
 }
 
 // Row s of a batch: rows[s] when gathering a shuffled batch, s otherwise.

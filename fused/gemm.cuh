@@ -3,10 +3,14 @@
 //
 //   gemm_tile   any tile shape (template sizes), small or split-k tiles; the MNIST pipeline's products.
 //   gemm_tile_tf32  the same contract on the tensor cores (TF32 mma); the Transformer's --tf32 products.
+//   gemm_tile_bf16  the same contract on the bf16 tensor cores (operands rounded to bf16, fp32 sums, as
+//               PyTorch autocast's bf16 matmul), 128×128 or 64×64 tiles; the matmul benchmark's products.
+//   gemm_tile_bf16_cp  gemm_tile_bf16's arithmetic on fp32 operands read from memory (leading dimensions,
+//               not functors) through multi-stage cp.async; the Transformer's linear layers.
 //   gemm_128    one fixed 128×128 tile tuned for throughput; the text model's large-batch products
 //               (fused/text_batch.cu), where a step is ~26 GMAC and the FMA pipe is what counts.
 //
-// Both read operands through the caller's functors, called only for indices inside the matrices, so a
+// All but gemm_tile_bf16_cp read operands through the caller's functors, called only for indices inside the matrices, so a
 // caller can gather rows (a shuffled batch), append a column of ones (a bias gradient from the same
 // tile), or apply an activation as it loads; results go to the caller's store functor, which is where
 // epilogues fuse (bias, activation, atomics into a gradient, a transposed copy in shared memory).
@@ -227,6 +231,409 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
                 const int m = m0 + wm + i * 16 + gid + (r / 2) * 8, n = n0 + wn + j * 8 + 2 * tig + r % 2;
                 if (m < M && n < N) store(m, n, acc[i][j][r]);
             }
+    __syncthreads();
+}
+
+// ---- gemm_tile_bf16 ----
+// gemm_tile's contract (functors, store once per element inside C, A_TRANS / B_TRANS) on the bf16
+// tensor cores: the block's 8 warps as 2 × 4, each owning a (BM/2) × (BN/4) part of the tile as
+// m16n8k16 bf16 `mma`s with fp32 accumulators. Operands are rounded to bf16 (to nearest even) as they
+// are staged; products of bf16 values are exact and summed in fp32, as in PyTorch autocast's bf16
+// matmul. sm_80 or later.
+//
+//   stage    A chunk of BK k of each operand lies in shared memory as bf16 the way it lies in global
+//            memory: [o][k] when k is the operand's contiguous index (A row-major, B transposed), else
+//            [k][o]. Each thread loads two elements adjacent along the contiguous index (the warp's
+//            loads coalesce) and stores them as one bf16 pair. Rows are padded by 16 bytes, so the eight
+//            row addresses of each ldmatrix phase fall in distinct bank groups; [k][o] chunks are read
+//            with ldmatrix.trans, which hands out the same fragments.
+//   pipeline Two chunk buffers: chunk c+1's loads are issued into registers before chunk c's mma and
+//            stored to the other buffer after them, one barrier per chunk.
+//
+// Dynamic shared memory: GemmBf16<BM, BN, BK>::SHARED_FLOATS floats, whatever A_TRANS and B_TRANS (the
+// launch layer mirrors the formula). gemm_tile_bf16 ends with a barrier.
+
+// Two floats rounded to bf16 (to nearest even) and packed, lo in the low half.
+__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+    const unsigned at = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+    const unsigned at = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+
+// d += a·b on the tensor cores: one m16n8k16 bf16 product with fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The m16n8 accumulator tiles of a warp, zeroed.
+template <int MT, int NT>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+}
+
+// Shared layout of one operand's chunk: EXTENT rows (o) × BK (k) as [o][k] when K_CONTIGUOUS, else
+// [k][o], rows padded by 8 bf16. SLOT: bf16 of the larger of the two layouts, so a buffer's size does
+// not depend on the layout.
+template <int EXTENT, int BK, bool K_CONTIGUOUS>
+struct Bf16Layout {
+    static constexpr int ROWS = K_CONTIGUOUS ? EXTENT : BK;
+    static constexpr int COLS = K_CONTIGUOUS ? BK : EXTENT;
+    static constexpr int LD = COLS + 8;
+    static constexpr int SLOT = EXTENT * (BK + 8) > BK * (EXTENT + 8) ? EXTENT * (BK + 8) : BK * (EXTENT + 8);
+};
+
+template <int BM, int BN, int BK>
+struct GemmBf16 {
+    static constexpr int MW = BM / 2, NW = BN / (WARPS / 2);  // a warp's part of the tile
+    static constexpr int MT = MW / 16, NT = NW / 8;            // its m16n8 accumulator tiles
+    static_assert(WARPS == 8 && MW % 16 == 0 && NW % 16 == 0 && BK % 16 == 0,
+                  "8 warps as 2 × 4, warp tiles of whole m16n16 parts, k in steps of 16");
+    static constexpr int A_SLOT = Bf16Layout<BM, BK, true>::SLOT;
+    static constexpr int B_SLOT = Bf16Layout<BN, BK, true>::SLOT;
+    static constexpr int BUFFER = A_SLOT + B_SLOT;  // bf16 of one chunk buffer (a multiple of 8)
+    static constexpr int SHARED_FLOATS = BUFFER;    // two buffers of bf16, as floats
+};
+
+// One operand's chunk, o [o0, o0 + EXTENT) × k [k0, k0 + BK), held as floats in registers between its
+// load and its store to shared memory as bf16 pairs. Pair p covers row p / (COLS/2) of the layout,
+// columns 2·(p mod COLS/2) + {0, 1}. When a layout row is 16 pairs (BK = 32, [o][k]), a warp's two rows
+// are taken 4 apart (rows 0, 4, 1, 5, … of each 8), whose 80-byte strides put them on disjoint banks.
+template <int EXTENT, int BK, bool K_CONTIGUOUS>
+struct Bf16Stage {
+    using L = Bf16Layout<EXTENT, BK, K_CONTIGUOUS>;
+    static constexpr int ROW_PAIRS = L::COLS / 2;
+    static constexpr int PAIRS = L::ROWS * ROW_PAIRS;
+    static constexpr int PER_THREAD = (PAIRS + THREADS - 1) / THREADS;
+    static constexpr bool INTERLEAVE = ROW_PAIRS == 16 && L::ROWS % 8 == 0;
+    static_assert(L::COLS % 2 == 0, "pairs along the contiguous index");
+    float v[PER_THREAD][2];
+
+    __device__ __forceinline__ static bool valid(int r) {
+        return PAIRS % THREADS == 0 || (int)threadIdx.x + r * THREADS < PAIRS;
+    }
+    __device__ __forceinline__ static int row_of(int r) {
+        const int q = ((int)threadIdx.x + r * THREADS) / ROW_PAIRS;
+        return INTERLEAVE ? (q & ~7) | (q & 1) << 2 | (q >> 1 & 3) : q;
+    }
+    __device__ __forceinline__ static int col_of(int r) { return ((int)threadIdx.x + r * THREADS) % ROW_PAIRS * 2; }
+
+    // at(o, k) for o < extent, k < K; zero outside. Chunks wholly inside skip the bounds checks.
+    template <class At>
+    __device__ __forceinline__ void load(At at, int extent, int o0, int K, int k0) {
+        const bool inside = o0 + EXTENT <= extent && k0 + BK <= K;
+#pragma unroll
+        for (int r = 0; r < PER_THREAD; ++r)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int row = row_of(r), col = col_of(r) + j;
+                const int o = o0 + (K_CONTIGUOUS ? row : col), k = k0 + (K_CONTIGUOUS ? col : row);
+                v[r][j] = valid(r) && (inside || (o < extent && k < K)) ? at(o, k) : 0.0f;
+            }
+    }
+
+    __device__ __forceinline__ void store(unsigned short* s) const {
+#pragma unroll
+        for (int r = 0; r < PER_THREAD; ++r)
+            if (valid(r)) *reinterpret_cast<unsigned*>(s + row_of(r) * L::LD + col_of(r)) = bf16x2(v[r][0], v[r][1]);
+    }
+};
+
+// acc += the chunk's products over k [0, k_count) (the chunk is zero from k_count to the next multiple
+// of 16): As, Bs one buffer's chunks in their layouts, (wm, wn) the warp's corner in the tile.
+template <int BM, int BN, int BK, bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
+__device__ __forceinline__ void gemm_bf16_chunk(const unsigned short* As, const unsigned short* Bs, int k_count, int wm,
+                                                int wn, float (&acc)[GemmBf16<BM, BN, BK>::MT][GemmBf16<BM, BN, BK>::NT][4]) {
+    using G = GemmBf16<BM, BN, BK>;
+    constexpr int LDA = Bf16Layout<BM, BK, A_K_CONTIGUOUS>::LD, LDB = Bf16Layout<BN, BK, B_K_CONTIGUOUS>::LD;
+    const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
+#pragma unroll
+    for (int ks = 0; ks < BK; ks += 16) {
+        if (ks >= k_count) break;
+        unsigned a[G::MT][4], b[G::NT][2];
+#pragma unroll
+        for (int i = 0; i < G::MT; ++i) {
+            // Matrices 0…3: (m 0–7, k 0–7), (m 8–15, k 0–7), (m 0–7, k 8–15), (m 8–15, k 8–15).
+            if constexpr (A_K_CONTIGUOUS) {
+                ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * LDA + ks + lane / 16 * 8);
+            } else {
+                ldmatrix_x4_trans(a[i], As + (ks + quad / 2 * 8 + row8) * LDA + wm + i * 16 + quad % 2 * 8);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < G::NT; j += 2) {
+            // Matrices 0…3: (n 0–7, k 0–7), (n 0–7, k 8–15), (n 8–15, k 0–7), (n 8–15, k 8–15).
+            unsigned r[4];
+            if constexpr (B_K_CONTIGUOUS) {
+                ldmatrix_x4(r, Bs + (wn + j * 8 + quad / 2 * 8 + row8) * LDB + ks + quad % 2 * 8);
+            } else {
+                ldmatrix_x4_trans(r, Bs + (ks + quad % 2 * 8 + row8) * LDB + wn + j * 8 + quad / 2 * 8);
+            }
+            b[j][0] = r[0];
+            b[j][1] = r[1];
+            b[j + 1][0] = r[2];
+            b[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < G::MT; ++i)
+#pragma unroll
+            for (int j = 0; j < G::NT; ++j)
+                mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+}
+
+// The warp's corner in the tile, and store(m, n, ·) of its accumulators inside C.
+template <int BM, int BN, int BK>
+struct Bf16Warp {
+    using G = GemmBf16<BM, BN, BK>;
+    int wm, wn;
+    __device__ __forceinline__ Bf16Warp() : wm(threadIdx.x / 32 / (WARPS / 2) * G::MW), wn(threadIdx.x / 32 % (WARPS / 2) * G::NW) {}
+
+    template <class Store>
+    __device__ __forceinline__ void store(int M, int N, int m0, int n0, const float (&acc)[G::MT][G::NT][4],
+                                          Store store) const {
+        const int gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
+#pragma unroll
+        for (int i = 0; i < G::MT; ++i)
+#pragma unroll
+            for (int j = 0; j < G::NT; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int m = m0 + wm + i * 16 + gid + r / 2 * 8, n = n0 + wn + j * 8 + 2 * tig + r % 2;
+                    if (m < M && n < N) store(m, n, acc[i][j][r]);
+                }
+    }
+};
+
+template <int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Store>
+__device__ __forceinline__ void gemm_tile_bf16(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
+                                               float* smem) {
+    using G = GemmBf16<BM, BN, BK>;
+    unsigned short* buffers = reinterpret_cast<unsigned short*>(smem);  // [2][A_SLOT + B_SLOT] bf16
+    const Bf16Warp<BM, BN, BK> warp;
+    float acc[G::MT][G::NT][4];
+    zero_accumulators(acc);
+
+    Bf16Stage<BM, BK, !A_TRANS> a_stage;
+    Bf16Stage<BN, BK, B_TRANS> b_stage;
+    const auto b_by_row = [&](int n, int k) { return b_at(k, n); };
+    a_stage.load(a_at, M, m0, K, 0);
+    b_stage.load(b_by_row, N, n0, K, 0);
+    a_stage.store(buffers);
+    b_stage.store(buffers + G::A_SLOT);
+    __syncthreads();
+    int buf = 0;
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        const bool more = k0 + BK < K;
+        if (more) {
+            a_stage.load(a_at, M, m0, K, k0 + BK);
+            b_stage.load(b_by_row, N, n0, K, k0 + BK);
+        }
+        const unsigned short* As = buffers + buf * G::BUFFER;
+        gemm_bf16_chunk<BM, BN, BK, !A_TRANS, B_TRANS>(As, As + G::A_SLOT, min(BK, K - k0), warp.wm, warp.wn, acc);
+        if (more) {
+            a_stage.store(buffers + (buf ^ 1) * G::BUFFER);
+            b_stage.store(buffers + (buf ^ 1) * G::BUFFER + G::A_SLOT);
+        }
+        __syncthreads();
+        buf ^= 1;
+    }
+    warp.store(M, N, m0, n0, acc, store);
+    __syncthreads();
+}
+
+// ---- gemm_tile_bf16_cp ----
+// gemm_tile_bf16's arithmetic (operands rounded to bf16 to nearest even, m16n8k16 `mma`s, fp32 sums; the
+// 8 warps as 2 × 4, and Bf16Warp's corners and store) on fp32 operands read straight from memory rather
+// than through functors: element (m, k) of A is A[k·lda + m] if A_TRANS else A[m·lda + k]; (k, n) of B
+// is B[n·ldb + k] if B_TRANS else B[k·ldb + n]; column ones_col of B (none when negative) reads as 1
+// (a bias gradient from the same tile); outside M, N, K reads 0. Store contract as gemm_tile's.
+//
+//   stage    STAGES chunks of BK k are in flight, copied by cp.async as fp32 into shared memory the way
+//            they lie in global memory, [o][k] when k is the operand's contiguous index, else [k][o]:
+//            16 bytes at a time where a row's 4 floats are all inside and the operand is 16-byte aligned
+//            with ld a multiple of 4, else 4 bytes (zero-filled outside, 1 written for ones_col).
+//   compute  Fragments are read from the fp32 chunk and rounded as they go: [o][k] as float2 pairs
+//            along k (rows BK + 8 floats, so a half-warp's eight rows × four pairs hit distinct banks),
+//            [k][o] as two floats (rows EXTENT + 4: k rows 2·tig apart land 8·tig banks apart).
+//   budget   Per 16 k a block copies (BM + BN)·64 bytes and its warps read 8·(MW + NW)·64 bytes back,
+//            0.5 KB of shared traffic per mma at 128 × 128; three stages of BK = 32 (120 KB at 128 × 128)
+//            keep two chunks of loads in flight. The fp32 operands cost twice bf16's bytes from L2: at
+//            the Transformer's shapes a 128 × 128 tile takes ~1 µs per 32 k on an H100, ~4 TB/s of L2
+//            reads over the GPU, and a fourth stage or a 256 × 128 tile did not make it faster.
+//
+// Dynamic shared memory: GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS floats, whatever the layouts (the
+// launch layer mirrors the formula); more than 48 KB needs the kernel's opt-in. Ends with a barrier.
+
+// 16 bytes (4 bytes) from global to shared memory, or zeros when `inside` is false (src is then not read).
+__device__ __forceinline__ void cp_async16_or_zero(void* shared_dst, const void* global_src, bool inside) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global_src), "r"(inside ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async4_or_zero(void* shared_dst, const void* global_src, bool inside) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global_src), "r"(inside ? 4 : 0)
+                 : "memory");
+}
+
+// Waits until at most N committed groups of this thread's copies are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_pending() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Shared layout of one operand's fp32 chunk: EXTENT rows (o) × BK (k) as [o][k] when K_CONTIGUOUS, else
+// [k][o]. SLOT: floats of the larger of the two layouts, so a stage's size does not depend on the layout.
+template <int EXTENT, int BK, bool K_CONTIGUOUS>
+struct CpLayout {
+    static constexpr int ROWS = K_CONTIGUOUS ? EXTENT : BK;
+    static constexpr int COLS = K_CONTIGUOUS ? BK : EXTENT;
+    static constexpr int LD = K_CONTIGUOUS ? BK + 8 : EXTENT + 4;
+    static constexpr int SLOT = EXTENT * (BK + 8) > BK * (EXTENT + 4) ? EXTENT * (BK + 8) : BK * (EXTENT + 4);
+};
+
+template <int BM, int BN, int BK, int STAGES>
+struct GemmBf16Cp {
+    static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0 && STAGES >= 2,
+                  "conflict-free [k][o] rows need extents of whole 32s; k in steps of 16; two stages or more");
+    static constexpr int A_SLOT = CpLayout<BM, BK, true>::SLOT;
+    static constexpr int STAGE = A_SLOT + CpLayout<BN, BK, true>::SLOT;
+    static constexpr int SHARED_FLOATS = STAGES * STAGE;
+};
+
+// One operand of gemm_tile_bf16_cp: element (o, k) at p[o·ld + k] when K_CONTIGUOUS, else p[k·ld + o],
+// for o < extent, k < K; o == ones reads 1.
+template <int EXTENT, int BK, bool K_CONTIGUOUS>
+struct CpOperand {
+    using L = CpLayout<EXTENT, BK, K_CONTIGUOUS>;
+    static constexpr int SEGMENTS = L::ROWS * L::COLS / 4;  // 4 floats along the layout's rows
+    static_assert(L::COLS % 4 == 0, "whole 16-byte segments");
+    const float* p;
+    int ld, extent, K, o0, ones;
+    bool vector;  // 16-byte copies allowed
+
+    __device__ __forceinline__ CpOperand(const float* p, int ld, int extent, int K, int o0, int ones)
+        : p(p), ld(ld), extent(extent), K(K), o0(o0), ones(ones),
+          vector(ld % 4 == 0 && reinterpret_cast<size_t>(p) % 16 == 0) {}
+
+    // Copies k [k0, k0 + BK) into the chunk at s.
+    __device__ __forceinline__ void issue(float* s, int k0) const {
+#pragma unroll
+        for (int r = 0; r < (SEGMENTS + THREADS - 1) / THREADS; ++r) {
+            const int v = threadIdx.x + r * THREADS;
+            if (SEGMENTS % THREADS != 0 && v >= SEGMENTS) break;
+            const int row = v / (L::COLS / 4), col = v % (L::COLS / 4) * 4;
+            const int o = o0 + (K_CONTIGUOUS ? row : col), k = k0 + (K_CONTIGUOUS ? col : row);
+            float* dst = s + row * L::LD + col;
+            const float* src = p + (K_CONTIGUOUS ? (size_t)o * ld + k : (size_t)k * ld + o);
+            const bool whole = K_CONTIGUOUS ? o < extent && o != ones && k + 4 <= K
+                                            : k < K && o + 4 <= extent && (unsigned)(ones - o) >= 4u;
+            if (vector && whole) {
+                cp_async16_or_zero(dst, src, true);
+                continue;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int oe = o + (K_CONTIGUOUS ? 0 : e), ke = k + (K_CONTIGUOUS ? e : 0);
+                const bool inside = oe < extent && ke < K;
+                if (oe == ones) dst[e] = inside ? 1.0f : 0.0f;
+                else cp_async4_or_zero(dst + e, inside ? src + e : p, inside);
+            }
+        }
+    }
+
+    // Rows o and k, k + 1 of the chunk at s, rounded to a bf16 pair (k in the low half).
+    __device__ __forceinline__ static unsigned pair(const float* s, int o, int k) {
+        if constexpr (K_CONTIGUOUS) {
+            const float2 v = *reinterpret_cast<const float2*>(s + o * L::LD + k);
+            return bf16x2(v.x, v.y);
+        } else {
+            return bf16x2(s[k * L::LD + o], s[(k + 1) * L::LD + o]);
+        }
+    }
+};
+
+template <int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
+__device__ __forceinline__ void gemm_tile_bf16_cp(int M, int N, int K, int m0, int n0, const float* A, int lda,
+                                                  const float* B, int ldb, int ones_col, Store store, float* smem) {
+    using G = GemmBf16Cp<BM, BN, BK, STAGES>;
+    using W = GemmBf16<BM, BN, BK>;
+    using AOp = CpOperand<BM, BK, !A_TRANS>;
+    using BOp = CpOperand<BN, BK, B_TRANS>;
+    const AOp a(A, lda, M, K, m0, -1);
+    const BOp b(B, ldb, N, K, n0, ones_col);
+    const Bf16Warp<BM, BN, BK> warp;
+    const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    float acc[W::MT][W::NT][4];
+    zero_accumulators(acc);
+
+    // Group c holds chunk c (empty past K), so waiting until STAGES − 2 groups are pending leaves chunk c
+    // complete; the barrier then also ends every warp's reads of the stage refilled next.
+    const auto issue = [&](int c) {
+        if (c * BK < K) {
+            float* s = smem + c % STAGES * G::STAGE;
+            a.issue(s, c * BK);
+            b.issue(s + G::A_SLOT, c * BK);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int c = 0; c < STAGES - 1; ++c) issue(c);
+    for (int c = 0; c * BK < K; ++c) {
+        cp_async_wait_pending<STAGES - 2>();
+        __syncthreads();
+        issue(c + STAGES - 1);
+        const float* As = smem + c % STAGES * G::STAGE;
+        const float* Bs = As + G::A_SLOT;
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += 16) {  // the chunk is zero past K
+            unsigned af[W::MT][4], bf[W::NT][2];
+#pragma unroll
+            for (int i = 0; i < W::MT; ++i) {
+                const int m = warp.wm + i * 16 + gid, k = ks + 2 * tig;
+                af[i][0] = AOp::pair(As, m, k);
+                af[i][1] = AOp::pair(As, m + 8, k);
+                af[i][2] = AOp::pair(As, m, k + 8);
+                af[i][3] = AOp::pair(As, m + 8, k + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < W::NT; ++j) {
+                const int n = warp.wn + j * 8 + gid, k = ks + 2 * tig;
+                bf[j][0] = BOp::pair(Bs, n, k);
+                bf[j][1] = BOp::pair(Bs, n, k + 8);
+            }
+#pragma unroll
+            for (int i = 0; i < W::MT; ++i)
+#pragma unroll
+                for (int j = 0; j < W::NT; ++j)
+                    mma_bf16(acc[i][j], af[i], bf[j][0], bf[j][1]);
+        }
+    }
+    cp_async_wait_pending<0>();
+    warp.store(M, N, m0, n0, acc, store);
     __syncthreads();
 }
 

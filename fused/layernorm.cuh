@@ -1,7 +1,7 @@
 // LayerNorm over rows of C values, one warp per row, with the residual add it follows fused in (as
 // llm.c's fused_residual_forward) (CPU twin: src/ops/layernorm.rs):
 //
-//   forward   x ← x_in + delta; μ and σ² by Welford over the row (each lane's C/32 values, then the
+//   forward   x ← x_in + delta (the caller's sum, with its dropout); μ and σ² by Welford over the row (each lane's C/32 values, then the
 //             lanes' partial statistics merged by butterflies); r = 1/√(σ² + 1e-5); out = (x − μ)·r·w + b.
 //             μ and r are saved for the backward pass.
 //   backward  x̂ = (x − μ)·r, g = dout·w; dx = r·(g − mean(g) − x̂·mean(g·x̂)), written or added into the
@@ -39,20 +39,13 @@ __device__ __forceinline__ void layernorm_stats(const float (&v)[C / 32], float&
     rstd = 1.0f / sqrtf(__shfl_sync(FULL_MASK, m2, 0) / (float)C + LN_EPS);
 }
 
-// One row: x_out = x (+ delta when given), out = LayerNorm(x_out); lane 0 writes μ and r.
+// One row whose C/32 values each lane holds in v (lane l: elements l, l + 32, …): out = LayerNorm(v);
+// lane 0 writes μ and r.
 template <int C>
-__device__ __forceinline__ void layernorm_row_forward(const float* x, const float* delta, float* x_out,
-                                                      const float* w, const float* b, float* out,
-                                                      float* mean_out, float* rstd_out) {
+__device__ __forceinline__ void layernorm_row_normalize(const float (&v)[C / 32], const float* w, const float* b,
+                                                        float* out, float* mean_out, float* rstd_out) {
     constexpr int PER = C / 32;
     const int lane = threadIdx.x % 32;
-    float v[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        v[i] = x[i * 32 + lane];
-        if (delta) v[i] += delta[i * 32 + lane];
-        if (x_out) x_out[i * 32 + lane] = v[i];
-    }
     float mean, rstd;
     layernorm_stats<C>(v, mean, rstd);
 #pragma unroll

@@ -7,10 +7,11 @@
 // as a chain of fused kernels over the N = B·T rows of a step, llm.c's layout: each op family is one
 // kernel that does all of its work, with what follows it fused in where it is elementwise.
 //
-//   tf_embed_layernorm     x = tok_emb + pos_emb, then block 0's LN1 (a warp per row; layernorm.cuh)
-//   tf_residual_layernorm  x = x + delta (the sublayer's output), then the next LayerNorm
+//   tf_embed_layernorm     x = dropout(tok_emb + pos_emb), then block 0's LN1 (a warp per row; layernorm.cuh)
+//   tf_residual_layernorm  x = x + dropout(delta) (the sublayer's output), then the next LayerNorm
 //   tf_linear_forward      out = in·Wᵀ + b, and with `pre` the FFN's GELU in the epilogue (gemm.cuh; with
-//                          `tf32` every product of the linear layers runs on the tensor cores)
+//                          `tf32` every product of the linear layers runs on the tensor cores in TF32;
+//                          the _bf16 twins of both linear kernels run them in bf16 with fp32 sums)
 //   tf_attention_forward   a block per (sequence, head), scores in shared memory (attention.cuh)
 //   tf_classifier          softmax + cross-entropy over a row's V logits, leaving dlogits in place, and
 //                          the step's loss summed over the rows in row order by the last block
@@ -19,20 +20,34 @@
 //   tf_layernorm_backward  dx added into the residual gradient; dw, db from per-block partials
 //   tf_attention_backward  dq, dk, dv of a (sequence, head) a chunk of keys per block, p rebuilt from the
 //                          saved log-sum-exp
-//   tf_embedding_backward  tok_emb and pos_emb gradients, each element one thread's sum in row order
-//   tf_adamw               every parameter in one launch (optim.cuh), the step count advanced once
+//   tf_flash_attention_forward, tf_flash_attention_backward
+//                          the same in bf16 on the tensor cores, with dropout (flash_attention.cuh)
+//   tf_dropout_backward    a residual branch's gradient: d_branch = mask ⊙ d_residual
+//   tf_embedding_backward  tok_emb and pos_emb gradients (through the embedding dropout's mask): a
+//                          token's rows found a slice of rows per block, the slices added in order
+//   tf_grad_norm           the gradient's global L2 norm in a fixed order, and clipping's factor from it
+//   tf_adamw               every parameter in one launch (optim.cuh) at the step's scheduled rate, the
+//                          step count advanced once
 //
 // No float atomics anywhere: a run repeats to the bit. Row r of a step is position t = r % T of sequence
 // b = r / T, whose tokens are data[offsets[b] + t] and targets data[offsets[b] + t + 1]; a CUDA graph of
-// many steps bakes in each step's offsets pointer and loss slot.
+// many steps bakes in each step's offsets pointer, learning-rate slot and loss slot.
+//
+// Dropout (dropout.cuh) in training, nanoGPT's four places: the embeddings' sum, the attention
+// probabilities, and the attention and MLP branches before their residual adds. Each place is a site
+// whose per-run seed the host passes with the threshold and scale (threshold 0: off, as in evaluation);
+// the step number comes from the device's step counter, so a graph's steps draw fresh masks. Element
+// (row, c) of a row-wise site is row·C + c; attention's are ((b·heads + h)·T + t)·T + u.
 //
 // Sizes compiled in: TF_C (embedding, a multiple of 32), TF_HS (head size), TF_T (block, the longest
 // sequence). THREADS (256) per block everywhere.
 #include "common.cuh"
 #include "gemm.cuh"
 #include "activations.cuh"
+#include "dropout.cuh"
 #include "layernorm.cuh"
 #include "attention.cuh"
+#include "flash_attention.cuh"
 #include "optim.cuh"
 
 #ifndef TF_C
@@ -48,14 +63,52 @@ constexpr int C = TF_C, HS = TF_HS, T = TF_T;
 static_assert(C % 32 == 0, "the embedding must be a multiple of 32");
 constexpr int PER_LANE = C / 32;
 
-// Linear layers through gemm_tile: forward and dx tiles 32 rows × 64 columns, weight-gradient tiles
-// 32 × 32 over a slice of LIN_SLICE_ROWS rows.
-constexpr int LIN_BM = 32, LIN_BN = 64, LIN_BK = 32, LIN_TM = 2, LIN_TN = 4;
-constexpr int WG_BM = 32, WG_BN = 32, WG_BK = 32, WG_TM = 2, WG_TN = 2;
-constexpr int LIN_SHARED_FLOATS = GemmTile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN>::SHARED_FLOATS >
-                                          GemmTile<WG_BM, WG_BN, WG_BK, WG_TM, WG_TN>::SHARED_FLOATS
-                                      ? GemmTile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN>::SHARED_FLOATS
-                                      : GemmTile<WG_BM, WG_BN, WG_BK, WG_TM, WG_TN>::SHARED_FLOATS;
+// The linear layers' tile products, by precision (the launch layer mirrors these in LinearTiles):
+//   fp32, tf32  gemm_tile / gemm_tile_tf32: forward and dx tiles 32 rows × 64 columns, weight-gradient
+//               tiles 32 × 32 over a slice of the rows;
+//   bf16        gemm_tile_bf16_cp on the operands' memory: forward, dx and weight-gradient tiles all
+//               128 × 128, three stages of 32 k (the bias column's tile is mostly empty, but at 128 × 64
+//               the fragment reads per mma cost more than it saves).
+enum Precision { FP32 = 0, TF32 = 1, BF16 = 2 };
+
+template <int P>
+struct LinearTiles;
+template <>
+struct LinearTiles<FP32> {
+    static constexpr int BM = 32, BN = 64, BK = 32, WG_BM = 32, WG_BN = 32, WG_BK = 32;
+    static constexpr int SHARED_FLOATS = GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS > GemmTile<WG_BM, WG_BN, WG_BK, 2, 2>::SHARED_FLOATS
+                                             ? GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS
+                                             : GemmTile<WG_BM, WG_BN, WG_BK, 2, 2>::SHARED_FLOATS;
+};
+template <>
+struct LinearTiles<TF32> : LinearTiles<FP32> {};
+template <>
+struct LinearTiles<BF16> {
+    static constexpr int BM = 128, BN = 128, BK = 32, WG_BM = 128, WG_BN = 128, WG_BK = 32, STAGES = 3;
+    static constexpr int SHARED_FLOATS = GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS > GemmBf16Cp<WG_BM, WG_BN, WG_BK, STAGES>::SHARED_FLOATS
+                                             ? GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS
+                                             : GemmBf16Cp<WG_BM, WG_BN, WG_BK, STAGES>::SHARED_FLOATS;
+};
+
+// One tile product of precision P (gemm.cuh's contract) of A (leading dimension lda, K×M when A_TRANS)
+// and B (ldb, N×K when B_TRANS), column ones_col of B read as 1 (none when negative); the fp32 register
+// tile is 2 × (BN / 16).
+template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store>
+__device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const float* A, int lda,
+                                             const float* B, int ldb, int ones_col, Store store, float* smem) {
+    if constexpr (P == BF16) {
+        gemm_tile_bf16_cp<BM, BN, BK, LinearTiles<BF16>::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb,
+                                                                                 ones_col, store, smem);
+    } else {
+        const auto a_at = [&](int m, int k) { return A_TRANS ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]; };
+        const auto b_at = [&](int k, int n) {
+            return n == ones_col ? 1.0f : B_TRANS ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
+        };
+        if constexpr (P == TF32) gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, store, smem);
+        else gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, store, smem);
+    }
+}
+
 // LayerNorm backward: rows per warp (a block covers WARPS × LN_ROWS_PER_WARP rows).
 constexpr int LN_ROWS_PER_WARP = 4;
 
@@ -63,39 +116,78 @@ __device__ __forceinline__ unsigned token_at(const unsigned* data, const unsigne
     return data[offsets[row / T] + row % T + shift];
 }
 
-// Grid ceil(N / WARPS): a warp per row.
+// One site's dropout in this step: its key from the per-run seed and the device's step counter.
+// threshold 0 turns it off (every factor 1).
+struct SiteDropout {
+    unsigned key, threshold;
+    float scale;
+    __device__ __forceinline__ SiteDropout(unsigned seed, const unsigned* step, unsigned threshold, float scale)
+        : key(threshold ? dropout_key(seed, step) : 0u), threshold(threshold), scale(scale) {}
+    __device__ __forceinline__ float factor(size_t element) const {
+        return threshold ? dropout_factor(key, (unsigned)element, threshold, scale) : 1.0f;
+    }
+};
+
+// Grid ceil(N / WARPS): a warp per row. x = dropout(tok_emb + pos_emb), out = LayerNorm(x).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_embed_layernorm(const unsigned* __restrict__ data, const unsigned* __restrict__ offsets, int N,
                    const float* __restrict__ tok_emb, const float* __restrict__ pos_emb, float* __restrict__ x,
                    const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ out,
-                   float* __restrict__ mean, float* __restrict__ rstd) {
-    const int row = blockIdx.x * WARPS + threadIdx.x / 32;
+                   float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
+                   const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const unsigned token = token_at(data, offsets, row, 0);
-    layernorm_row_forward<C>(tok_emb + (size_t)token * C, pos_emb + (size_t)(row % T) * C, x + (size_t)row * C, w, b,
-                             out + (size_t)row * C, mean + row, rstd + row);
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const float *tok = tok_emb + (size_t)token_at(data, offsets, row, 0) * C, *pos = pos_emb + (size_t)(row % T) * C;
+    const size_t at = (size_t)row * C;
+    float v[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int c = i * 32 + lane;
+        v[i] = (tok[c] + pos[c]) * drop.factor(at + c);
+        x[at + c] = v[i];
+    }
+    layernorm_row_normalize<C>(v, w, b, out + at, mean + row, rstd + row);
 }
 
-// Grid ceil(N / WARPS): x_out = x_in + delta, out = LayerNorm(x_out).
+// Grid ceil(N / WARPS): x_out = x_in + dropout(delta), out = LayerNorm(x_out).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_residual_layernorm(const float* __restrict__ x_in, const float* __restrict__ delta, float* __restrict__ x_out, int N,
                       const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ out,
-                      float* __restrict__ mean, float* __restrict__ rstd) {
-    const int row = blockIdx.x * WARPS + threadIdx.x / 32;
+                      float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
+                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
     const size_t at = (size_t)row * C;
-    layernorm_row_forward<C>(x_in + at, delta + at, x_out + at, w, b, out + at, mean + row, rstd + row);
+    float v[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int c = i * 32 + lane;
+        v[i] = x_in[at + c] + delta[at + c] * drop.factor(at + c);
+        x_out[at + c] = v[i];
+    }
+    layernorm_row_normalize<C>(v, w, b, out + at, mean + row, rstd + row);
 }
 
-// Grid (ceil(out_features / LIN_BN), ceil(N / LIN_BM)). out = in·Wᵀ + bias (W: out_features × in_features).
-// With `pre`: pre = in·Wᵀ + bias and out = gelu(pre). tf32: the product on the tensor cores.
+// Grid any: d_branch = mask ⊙ d_res over the n = N·C elements (a residual branch's dropout, backward).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
-                  float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features, int tf32) {
-    extern __shared__ float smem[];
+tf_dropout_backward(const float* __restrict__ d_res, float* __restrict__ d_branch, int n, unsigned drop_seed,
+                    const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    for (int e = blockIdx.x * THREADS + threadIdx.x; e < n; e += gridDim.x * THREADS)
+        d_branch[e] = d_res[e] * drop.factor(e);
+}
+
+// Grid (ceil(out_features / BN), ceil(N / BM)) of LinearTiles<P>. out = in·Wᵀ + bias (W: out_features ×
+// in_features). With `pre`: pre = in·Wᵀ + bias and out = gelu(pre).
+template <int P>
+__device__ __forceinline__ void linear_forward(const float* __restrict__ in, const float* __restrict__ W,
+                                               const float* __restrict__ bias, float* __restrict__ out,
+                                               float* __restrict__ pre, int N, int out_features, int in_features,
+                                               float* smem) {
+    using L = LinearTiles<P>;
     const int K = in_features, O = out_features;
-    const auto a_at = [&](int m, int k) { return in[(size_t)m * K + k]; };
-    const auto b_at = [&](int k, int n) { return W[(size_t)n * K + k]; };
     const auto store = [&](int m, int n, float z) {
         z += bias[n];
         if (pre) {
@@ -104,18 +196,35 @@ tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, con
         }
         out[(size_t)m * O + n] = z;
     };
-    const int m0 = blockIdx.y * LIN_BM, n0 = blockIdx.x * LIN_BN;
-    if (tf32) gemm_tile_tf32<LIN_BM, LIN_BN, LIN_BK, false, true>(N, O, K, m0, n0, a_at, b_at, store, smem);
-    else gemm_tile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN, false, true>(N, O, K, m0, n0, a_at, b_at, store, smem);
+    tile_product<P, L::BM, L::BN, L::BK, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, -1,
+                                                      store, smem);
+}
+
+// fp32, or TF32 on the tensor cores when `tf32`.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
+                  float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features, int tf32) {
+    extern __shared__ float smem[];
+    if (tf32) linear_forward<TF32>(in, W, bias, out, pre, N, out_features, in_features, smem);
+    else linear_forward<FP32>(in, W, bias, out, pre, N, out_features, in_features, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_linear_forward_bf16(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
+                       float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features) {
+    extern __shared__ __align__(16) float smem[];
+    linear_forward<BF16>(in, W, bias, out, pre, N, out_features, in_features, smem);
 }
 
 // Grid B·heads: block (b, h) over rows b·T … of the step.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads) {
+tf_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads,
+                     unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
     extern __shared__ float smem[];
     const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
     attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, T, y + (size_t)b * T * C, lse + ((size_t)b * heads + h) * T,
-                             smem);
+                             smem, drop.key, drop.threshold, drop.scale, (unsigned)blockIdx.x * T * T);
 }
 
 // Grid ceil(N / WARPS): row r's loss −log softmax(logits_r)[target] into row_loss[r], logits_r ←
@@ -159,35 +268,38 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
     }
 }
 
-// The weight-gradient tiles: (out_features × (in_features + 1)) in WG tiles, each over `slices` slices of
-// the N rows. Then ceil(in_features / LIN_BN) × ceil(N / LIN_BM) dx tiles (none when dx is null).
+// The weight-gradient tiles of LinearTiles<P>: out_features × (in_features + 1) in WG_BM × WG_BN tiles,
+// each over `slices` slices of the N rows. Then ceil(in_features / BN) × ceil(N / BM) dx tiles (none when
+// dx is null).
+template <int P>
 __device__ __forceinline__ int wgrad_tiles(int out_features, int in_features) {
-    return ceil_div(out_features, WG_BM) * ceil_div(in_features + 1, WG_BN);
+    using L = LinearTiles<P>;
+    return ceil_div(out_features, L::WG_BM) * ceil_div(in_features + 1, L::WG_BN);
 }
 
 // Grid wgrad_tiles·slices + (dx ? dx tiles : 0). dy: N × out_features, x: N × in_features (the layer's
 // input), W: out_features × in_features. grad_W, grad_b: the gradient (written, not added). dx = dy·W,
-// times gelu′(pre) when pre is given; tf32: the products on the tensor cores. partials:
-// wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per tile.
-extern "C" __global__ void __launch_bounds__(THREADS)
-tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
-                   int out_features, int in_features, int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
-                   float* __restrict__ partials, unsigned* __restrict__ tickets, float* __restrict__ dx,
-                   const float* __restrict__ pre, int tf32) {
-    extern __shared__ float smem[];
+// times gelu′(pre) when pre is given. partials: wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per
+// tile.
+template <int P>
+__device__ __forceinline__ void linear_backward(const float* __restrict__ dy, const float* __restrict__ x,
+                                                const float* __restrict__ W, int N, int out_features, int in_features,
+                                                int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
+                                                float* __restrict__ partials, unsigned* __restrict__ tickets,
+                                                float* __restrict__ dx, const float* __restrict__ pre, float* smem) {
+    using L = LinearTiles<P>;
+    constexpr int WG_BM = L::WG_BM, WG_BN = L::WG_BN;
     const int O = out_features, K = in_features;
-    const int tiles = wgrad_tiles(O, K), columns = ceil_div(K + 1, WG_BN);
+    const int tiles = wgrad_tiles<P>(O, K), columns = ceil_div(K + 1, WG_BN);
     int block = blockIdx.x;
     if (block < tiles * slices) {
         const int tile = block / slices, slice = block % slices;
         const int rows = ceil_div(N, slices), r0 = slice * rows, count = max(0, min(N, r0 + rows) - r0);
         const int m0 = tile / columns * WG_BM, n0 = tile % columns * WG_BN;
         float* mine = partials + (size_t)block * WG_BM * WG_BN;
-        const auto a_at = [&](int o, int r) { return dy[(size_t)(r0 + r) * O + o]; };
-        const auto b_at = [&](int r, int k) { return k < K ? x[(size_t)(r0 + r) * K + k] : 1.0f; };
         const auto store = [&](int o, int k, float g) { mine[(o - m0) * WG_BN + k - n0] = g; };
-        if (tf32) gemm_tile_tf32<WG_BM, WG_BN, WG_BK, true, false>(O, K + 1, count, m0, n0, a_at, b_at, store, smem);
-        else gemm_tile<WG_BM, WG_BN, WG_BK, WG_TM, WG_TN, true, false>(O, K + 1, count, m0, n0, a_at, b_at, store, smem);
+        tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K + 1, count, m0, n0, dy + (size_t)r0 * O, O,
+                                                             x + (size_t)r0 * K, K, K, store, smem);
         if (!last_block_to_finish(&tickets[tile], slices)) return;
         for (int i = threadIdx.x; i < WG_BM * WG_BN; i += THREADS) {
             const int o = m0 + i / WG_BN, k = n0 + i % WG_BN;
@@ -201,13 +313,35 @@ tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, co
         return;
     }
     block -= tiles * slices;
-    const int dx_columns = ceil_div(K, LIN_BN);
-    const int m0 = block / dx_columns * LIN_BM, n0 = block % dx_columns * LIN_BN;
-    const auto a_at = [&](int m, int o) { return dy[(size_t)m * O + o]; };
-    const auto b_at = [&](int o, int k) { return W[(size_t)o * K + k]; };
+    const int dx_columns = ceil_div(K, L::BN);
+    const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
     const auto store = [&](int m, int k, float g) { dx[(size_t)m * K + k] = pre ? g * gelu_slope(pre[(size_t)m * K + k]) : g; };
-    if (tf32) gemm_tile_tf32<LIN_BM, LIN_BN, LIN_BK, false, false>(N, K, O, m0, n0, a_at, b_at, store, smem);
-    else gemm_tile<LIN_BM, LIN_BN, LIN_BK, LIN_TM, LIN_TN, false, false>(N, K, O, m0, n0, a_at, b_at, store, smem);
+    tile_product<P, L::BM, L::BN, L::BK, false, false>(N, K, O, m0, n0, dy, O, W, K, -1, store, smem);
+}
+
+// fp32, or TF32 on the tensor cores when `tf32`.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
+                   int out_features, int in_features, int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
+                   float* __restrict__ partials, unsigned* __restrict__ tickets, float* __restrict__ dx,
+                   const float* __restrict__ pre, int tf32) {
+    extern __shared__ float smem[];
+    if (tf32)
+        linear_backward<TF32>(dy, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx, pre,
+                              smem);
+    else
+        linear_backward<FP32>(dy, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx, pre,
+                              smem);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_linear_backward_bf16(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
+                        int out_features, int in_features, int slices, float* __restrict__ grad_W,
+                        float* __restrict__ grad_b, float* __restrict__ partials, unsigned* __restrict__ tickets,
+                        float* __restrict__ dx, const float* __restrict__ pre) {
+    extern __shared__ __align__(16) float smem[];
+    linear_backward<BF16>(dy, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx, pre,
+                          smem);
 }
 
 // Grid ceil(N / (WARPS·LN_ROWS_PER_WARP)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's
@@ -251,60 +385,129 @@ tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mea
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
                       const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int N,
-                      float* __restrict__ dq_part, unsigned* __restrict__ tickets) {
+                      float* __restrict__ dq_part, unsigned* __restrict__ tickets, unsigned drop_seed,
+                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
     extern __shared__ float smem[];
     constexpr int CHUNKS = AttentionSizes<T, HS>::CHUNKS;
     const int chunk = blockIdx.x % CHUNKS, bh = blockIdx.x / CHUNKS, b = bh / heads, h = bh % heads;
     const size_t rows = (size_t)b * T, part_stride = (size_t)N * C;
     float* part = dq_part + ((size_t)bh * T) * HS;  // [chunk][B·heads][T][HS] as N·C floats per chunk
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
     attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T, C, h, T, chunk,
-                                   dqkv + rows * 3 * C, part + chunk * part_stride, smem);
+                                   dqkv + rows * 3 * C, part + chunk * part_stride, smem, drop.key, drop.threshold,
+                                   drop.scale, (unsigned)bh * T * T);
     if (!last_block_to_finish(&tickets[bh], CHUNKS)) return;
     attention_backward_dq<T, HS>(part, part_stride, C, h, T, dqkv + rows * 3 * C);
     if (threadIdx.x == 0) tickets[bh] = 0;
 }
 
-// Grid V + T: block v < V sums the rows whose token is v into grad_tok[v]; block V + t sums position t's
-// rows into grad_pos[t]. THREADS / C (at least 1) row groups per column, added in group order. Dynamic
-// shared memory: the step's N tokens.
+// Rows of a step per slice of tf_embedding_backward's token sums.
+constexpr int EMB_SLICE_ROWS = 512;
+
+// Grid (V + T, ceil(N / EMB_SLICE_ROWS)). Block (v < V, s) sums the rows of slice s whose token is v,
+// each row's gradient through the embedding dropout's mask, into its partial (partials: V × slices × C
+// floats); the last of v's slices to finish adds the partials in slice order into grad_tok[v], then, with a
+// tied head, its share head_grad[v] (the head's weight gradient). Block (V + t, 0) sums position t's rows
+// t, t + T, … in row order into grad_pos[t] (its other slices have nothing to do). tickets: one per token.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_embedding_backward(const float* __restrict__ dres, const unsigned* __restrict__ data,
                       const unsigned* __restrict__ offsets, int N, int V, float* __restrict__ grad_tok,
-                      float* __restrict__ grad_pos) {
-    constexpr int GROUPS = THREADS / C > 0 ? THREADS / C : 1;
-    __shared__ float group_sums[GROUPS][C];
-    extern __shared__ unsigned tokens[];
-    for (int r = threadIdx.x; r < N; r += THREADS) tokens[r] = token_at(data, offsets, r, 0);
-    __syncthreads();
-    const bool token_row = (int)blockIdx.x < V;
-    const int which = token_row ? blockIdx.x : blockIdx.x - V;
-    const int group = THREADS >= C ? threadIdx.x / C : 0;
-    const int per = ceil_div(N, GROUPS), r0 = group * per, r1 = min(N, r0 + per);
-    if (group < GROUPS) {
-        for (int c = THREADS >= C ? threadIdx.x % C : threadIdx.x; c < C; c += THREADS >= C ? C : THREADS) {
+                      float* __restrict__ grad_pos, const float* __restrict__ head_grad,
+                      float* __restrict__ partials, unsigned* __restrict__ tickets, unsigned drop_seed,
+                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const int slice = blockIdx.y, slices = gridDim.y;
+    if ((int)blockIdx.x >= V) {
+        if (slice != 0) return;
+        const int t = blockIdx.x - V;
+        for (int c = threadIdx.x; c < C; c += THREADS) {
             float s = 0.0f;
-            for (int r = r0; r < r1; ++r) {
-                const bool mine = token_row ? tokens[r] == (unsigned)which : r % T == which;
-                if (mine) s += dres[(size_t)r * C + c];
-            }
-            group_sums[group][c] = s;
+            for (int r = t; r < N; r += T) s += dres[(size_t)r * C + c] * drop.factor((size_t)r * C + c);
+            grad_pos[(size_t)t * C + c] = s;
         }
+        return;
     }
+    const int v = blockIdx.x, r0 = slice * EMB_SLICE_ROWS, r1 = min(N, r0 + EMB_SLICE_ROWS);
+    __shared__ int rows[EMB_SLICE_ROWS];
+    __shared__ int count;
+    if (threadIdx.x == 0) count = 0;
     __syncthreads();
-    float* out = token_row ? grad_tok + (size_t)which * C : grad_pos + (size_t)which * C;
+    // The slice's rows of token v, in row order: each warp's matches placed by a ballot, the warps' runs
+    // one after another.
+    for (int base = r0; base < r1; base += THREADS) {
+        const int r = base + threadIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const bool mine = r < r1 && token_at(data, offsets, r, 0) == (unsigned)v;
+        const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        __shared__ int warp_counts[WARPS];
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int at = count;
+        for (int w = 0; w < warp; ++w) at += warp_counts[w];
+        if (mine) rows[at + __popc(ballot & ((1u << lane) - 1))] = r;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int w = 0; w < WARPS; ++w) count += warp_counts[w];
+        __syncthreads();
+    }
+    float* mine = partials + ((size_t)v * slices + slice) * C;
     for (int c = threadIdx.x; c < C; c += THREADS) {
         float s = 0.0f;
-        for (int g = 0; g < GROUPS; ++g) s += group_sums[g][c];
-        out[c] = s;
+        for (int i = 0; i < count; ++i) {
+            const size_t e = (size_t)rows[i] * C + c;
+            s += dres[e] * drop.factor(e);
+        }
+        mine[c] = s;
+    }
+    if (!last_block_to_finish(&tickets[v], slices)) return;
+    for (int c = threadIdx.x; c < C; c += THREADS) {
+        float s = 0.0f;
+        for (int k = 0; k < slices; ++k) s += __ldcg(&partials[((size_t)v * slices + k) * C + c]);
+        if (head_grad) s += head_grad[(size_t)v * C + c];
+        grad_tok[(size_t)v * C + c] = s;
+    }
+    if (threadIdx.x == 0) tickets[v] = 0;
+}
+
+// Grid G (the host's choice, fixed for a run): clipping's factor min(1, clip / ‖grad‖₂) into *grad_scale.
+// Block k sums the squares of its contiguous share of the n elements (each thread a strided run, then a
+// fixed tree) into partials[k] in double; the last block adds the G partials in a fixed tree.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_grad_norm(const float* __restrict__ grad, int n, float clip, double* __restrict__ partials,
+             unsigned* __restrict__ ticket, float* __restrict__ grad_scale) {
+    __shared__ double sums[THREADS];
+    const int per = ceil_div(n, (int)gridDim.x), begin = blockIdx.x * per, end = min(n, begin + per);
+    double s = 0.0;
+    for (int i = begin + threadIdx.x; i < end; i += THREADS) s += (double)grad[i] * grad[i];
+    sums[threadIdx.x] = s;
+    __syncthreads();
+    for (int stride = THREADS / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+    if (!last_block_to_finish(ticket)) return;
+    s = 0.0;
+    for (unsigned k = threadIdx.x; k < gridDim.x; k += THREADS) s += __ldcg(&partials[k]);
+    sums[threadIdx.x] = s;
+    __syncthreads();
+    for (int stride = THREADS / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float norm = (float)sqrt(sums[0]);
+        *grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+        *ticket = 0;
     }
 }
 
-// Grid any: AdamW over all n parameters; the step count (Adam's t) advanced by the last block.
+// Grid any: AdamW over all n parameters at rate *lr, the gradient times *grad_scale (clipping's factor;
+// null: 1); the step count (Adam's t) advanced by the last block.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_adamw(float* __restrict__ params, const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v, int n,
-         float lr, float beta1, float beta2, float eps, float weight_decay, unsigned* __restrict__ step,
-         unsigned* __restrict__ ticket) {
-    OptimStep s{OPTIM_ADAMW, lr, 0.0f, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
+         const float* __restrict__ lr, float beta1, float beta2, float eps, float weight_decay,
+         const float* __restrict__ grad_scale, unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
+    OptimStep s{OPTIM_ADAMW, *lr, 0.0f, beta1, beta2, eps, weight_decay, grad_scale ? *grad_scale : 1.0f, 1.0f, 1.0f};
     const unsigned t = *step + 1;
     optim_bias_corrections(s, t);
     optim_update_range(s, params, grad, m, v, blockIdx.x * THREADS + threadIdx.x, n, gridDim.x * THREADS);
@@ -312,5 +515,55 @@ tf_adamw(float* __restrict__ params, const float* __restrict__ grad, float* __re
     if (threadIdx.x == 0) {
         *step = t;
         *ticket = 0;
+    }
+}
+
+// bf16 attention on the tensor cores (flash_attention.cuh), for --precision bf16; the launch layer:
+// src/transformer/gpu/flash.rs. Grid (B·heads, FlashSizes<T, HS>::BLOCKS), FORWARD_BYTES of dynamic shared
+// memory: block (b·heads + h, i) takes query block BLOCKS − 1 − i (the longest first) of sequence b's rows
+// [b·T, b·T + len). Dropout on the probabilities as tf_attention_forward's (threshold 0: off). Two blocks
+// per SM (128 registers a thread, a few spilled): 12% faster at nanoGPT's shape than one block of 166.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads,
+                           int len, unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold,
+                           float drop_scale) {
+    using S = FlashSizes<T, HS>;
+    extern __shared__ __align__(16) float flash_smem[];
+    if constexpr (S::SUPPORTED) {
+        const int bh = blockIdx.x, b = bh / heads, h = bh % heads;
+        const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+        flash_attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, bh, S::BLOCKS - 1 - blockIdx.y, len,
+                                       y + (size_t)b * T * C, lse + (size_t)bh * T, drop.key, drop.threshold,
+                                       drop.scale, flash_smem);
+    } else {
+        __trap();  // the launch layer refuses head sizes that are not a multiple of 16
+    }
+}
+
+// Grid (B·heads, 2·FlashSizes<T, HS>::BLOCKS), BACKWARD_BYTES of dynamic shared memory: block
+// (b·heads + h, i) writes dk, dv of key block i / 2 when i is even, dq of query block BLOCKS − 1 − i / 2
+// when odd (the longest of each kind first), from dy (stride C), y and lse of the forward pass.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_flash_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
+                            const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int len,
+                            unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold,
+                            float drop_scale) {
+    using S = FlashSizes<T, HS>;
+    extern __shared__ __align__(16) float flash_smem[];
+    if constexpr (S::SUPPORTED) {
+        const int bh = blockIdx.x, b = bh / heads, h = bh % heads, i = blockIdx.y;
+        const size_t rows = (size_t)b * T;
+        const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+        if (i % 2 == 0)
+            flash_attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T,
+                                                 C, h, bh, i / 2, len, dqkv + rows * 3 * C, drop.key, drop.threshold,
+                                                 drop.scale, flash_smem);
+        else
+            flash_attention_backward_queries<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C,
+                                                    lse + (size_t)bh * T, C, h, bh, S::BLOCKS - 1 - i / 2, len,
+                                                    dqkv + rows * 3 * C, drop.key, drop.threshold, drop.scale,
+                                                    flash_smem);
+    } else {
+        __trap();
     }
 }

@@ -68,6 +68,7 @@ pub mod phases;
 pub mod pipeline;
 pub mod pipelines;
 pub mod plot;
+pub mod precision;
 pub mod report;
 pub mod resources;
 pub mod run;

@@ -24,12 +24,13 @@
 use super::gpu::{
     GpuTrainer, StepPath, modules as network_modules, plan as group_plan, whole_epoch_module, whole_epoch_plan,
 };
-use super::model::{self, DropoutKey, Init, Loss, Network};
+use super::model::{self, Init, Loss, Network};
 use super::spec::{self, Shape};
 use super::{FitTrainer, Samples, Setup, Target};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
+use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
 use anyhow::Result;
 use rand::{RngExt, SeedableRng};

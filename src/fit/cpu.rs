@@ -6,8 +6,9 @@
 //! whole batch's mean, and its dropout mask is the whole batch's (`model::forward_part`), so splitting
 //! changes nothing but the order of additions.
 
-use super::model::{self, DropoutKey, Network};
+use super::model::{self, Network};
 use super::{FitTrainer, Samples, Setup, Target};
+use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::Optimizer;
 use anyhow::{Result, bail};
 use rayon::prelude::*;

@@ -18,10 +18,11 @@
 //! and replayed every epoch after the order and the rates are uploaded; the host reads back the
 //! per-sample losses once per epoch and sums them in order.
 
-use super::model::{DropoutKey, Loss, Network, dropout_threshold, mix32, size};
+use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
 use super::{FitTrainer, Setup, Target};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
+use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
@@ -1113,11 +1114,7 @@ impl GpuTrainer {
 /// `training`.
 fn dropout_values(seed: u32, dropout: Option<(usize, f32)>, training: bool) -> (u32, u32, f32) {
     match dropout {
-        Some((layer, p)) if training && p > 0.0 => (
-            mix32(seed ^ (layer as u32).wrapping_mul(0x9e37_79b9)),
-            dropout_threshold(p),
-            (1.0 / (1.0 - p as f64)) as f32,
-        ),
+        Some((layer, p)) if training && p > 0.0 => (site_seed(seed, layer), dropout_threshold(p), dropout_scale(p)),
         _ => (0, 0, 1.0),
     }
 }

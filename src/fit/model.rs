@@ -8,13 +8,14 @@
 //! PyTorch's layouts (`Linear`: `[out][in]`; `Conv2d`: `[out][in][k][k]`), so the flat vector cut at
 //! `Network::tensors` is `nn.Sequential`'s `state_dict`.
 //!
-//! Dropout's mask is a hash of (seed, step, layer, element) (`dropout_keeps`), so the GPU draws the same
-//! mask without a generator's state and a step is repeatable to the bit.
+//! Dropout's mask is a hash of (seed, step, layer, element) (`crate::ops::dropout`, one site per layer), so
+//! the GPU draws the same mask without a generator's state and a step is repeatable to the bit.
 
 use super::spec::{Layer, Shape, Spec};
 use crate::cpu::{Mat, Real, SeededRng, gemm};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::constant;
+use crate::ops::dropout::{DropoutKey, dropout_keeps, dropout_threshold};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use std::ops::Range;
@@ -87,42 +88,6 @@ pub fn size(s: Shape) -> usize {
         Shape::Flat(n) => n,
         Shape::Image { channels, height, width } => channels * height * width,
     }
-}
-
-/// 32-bit integer hash (Chris Wellons' lowbias32): every input bit moves every output bit.
-pub fn mix32(mut x: u32) -> u32 {
-    x ^= x >> 16;
-    x = x.wrapping_mul(0x7feb_352d);
-    x ^= x >> 15;
-    x = x.wrapping_mul(0x846c_a68b);
-    x ^ (x >> 16)
-}
-
-/// Which dropout mask a training step draws: the run's seed and the step's number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DropoutKey {
-    /// From `--seed`.
-    pub seed: u32,
-    /// Optimizer steps taken before this one.
-    pub step: u32,
-}
-
-impl DropoutKey {
-    /// The hash key of layer `layer`'s mask in this step (`fused/fit.cu` computes the same on the host's
-    /// behalf: it is passed in).
-    pub fn layer_key(self, layer: usize) -> u32 {
-        mix32(mix32(self.seed ^ (layer as u32).wrapping_mul(0x9e37_79b9)).wrapping_add(self.step))
-    }
-}
-
-/// The hash threshold below which dropout with probability `p` drops a value.
-pub fn dropout_threshold(p: f32) -> u32 {
-    (p as f64 * 4_294_967_296.0).min(u32::MAX as f64) as u32
-}
-
-/// Whether element `element` (sample-in-batch × width + index) survives under `key` and `threshold`.
-pub fn dropout_keeps(key: u32, element: u32, threshold: u32) -> bool {
-    mix32(key ^ mix32(element)) >= threshold
 }
 
 impl Network {
@@ -278,7 +243,7 @@ pub fn forward_part<F: Real>(
             }
             Layer::Dropout(p) => match dropout {
                 Some(key) if p > 0.0 => {
-                    let (key, threshold) = (key.layer_key(i), dropout_threshold(p));
+                    let (key, threshold) = (key.site_key(i), dropout_threshold(p));
                     let scale = F::one() / constant::<F>(1.0 - p as f64);
                     let offset = first_row * n_in;
                     for (e, (o, &v)) in out.iter_mut().zip(input).enumerate() {
@@ -412,7 +377,7 @@ pub fn backward_part<F: Real>(
             }
             Layer::Dropout(p) => match dropout {
                 Some(key) if p > 0.0 => {
-                    let (key, threshold) = (key.layer_key(i), dropout_threshold(p));
+                    let (key, threshold) = (key.site_key(i), dropout_threshold(p));
                     let scale = F::one() / constant::<F>(1.0 - p as f64);
                     let offset = first_row * n_in;
                     for (e, (di, &dv)) in d_in.iter_mut().zip(&d).enumerate() {

@@ -3,9 +3,16 @@
 //! row is timed with device events over LAUNCHES back-to-back launches after a warm-up (median of the
 //! repeats), and its result is checked against the CPU reference first: any row off by more than
 //! relative 1e-5 makes the bench fail. The tiled kernels' target is 60 % of cuBLAS's speed.
+//!
+//! Then bf16 on the tensor cores (operands rounded to bf16, fp32 sums and output): matmul_bf16 (gemm_tile_bf16
+//! through functors), matmul_bf16_async (128×128 tiles fed by cp.async) and cuBLAS GemmEx at 1024³ and
+//! 4096³; and gemm_tile_bf16 at the products of the Transformer's linear layers at nanoGPT's shape (16384
+//! rows, 384 wide), both tile sides, on fp32 operands in the layouts the layers read, beside cuBLAS bf16
+//! at the same M, N, K. Each bf16 row is checked against the CPU product of the bf16-rounded operands,
+//! within `bf16_tolerance`.
 
-use super::checks::{TOLERANCE, random_matrix};
-use super::gpu::{Cublas, GpuMatmul, Kernel};
+use super::checks::{TOLERANCE, bf16_matrix, bf16_tolerance, random_matrix, rounded, sum_slices, transpose};
+use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel};
 use crate::check::rel_error;
 use crate::device::Gpu;
 use crate::timing::{median, time_on_device};
@@ -16,13 +23,22 @@ use std::sync::Arc;
 
 /// The side of the square matrices multiplied (M = N = K).
 pub const SIZE: usize = 1024;
+/// The sides of the square bf16 products.
+pub const BF16_SIZES: [usize; 2] = [1024, 4096];
+/// Rows of the Transformer's products (nanoGPT's batch 64 × block 256) and its width.
+const ROWS: usize = 16384;
+const WIDTH: usize = 384;
 const LAUNCHES: usize = 10;
 const TARGET: f64 = 0.6;
+const CUBLAS_BF16: &str = "cublas_gemmex_bf16";
 
 struct Row {
-    name: &'static str,
+    name: String,
+    /// M, N, K.
+    shape: (usize, usize, usize),
     ms: Vec<f64>,
     rel_error: f64,
+    tolerance: f64,
 }
 
 impl Row {
@@ -30,72 +46,150 @@ impl Row {
         median(&self.ms)
     }
     fn passed(&self) -> bool {
-        self.rel_error.is_finite() && self.rel_error <= TOLERANCE
+        self.rel_error.is_finite() && self.rel_error <= self.tolerance
+    }
+    fn tflops(&self) -> f64 {
+        let (m, n, k) = self.shape;
+        2.0 * (m * n * k) as f64 / (self.median_ms() * 1e-3) / 1e12
     }
 }
 
-/// Checks then times one way of computing C (`enqueue` queues one product into its argument).
+/// What a row is checked against: the CPU product and the tolerance.
+struct Want<'a> {
+    c: &'a [f32],
+    shape: (usize, usize, usize),
+    tolerance: f64,
+}
+
+/// Checks then times one way of computing C (`enqueue` queues one product into its argument, which holds
+/// `slices` partial products to be summed).
 fn measure(
     gpu: &Gpu,
-    name: &'static str,
-    want: &[f32],
+    name: String,
+    want: &Want,
+    slices: usize,
     repeats: usize,
     mut enqueue: impl FnMut(&mut CudaSlice<f32>) -> Result<()>,
 ) -> Result<Row> {
-    let mut c = gpu.stream.clone_htod(&vec![f32::NAN; want.len()])?;
+    let mut c = gpu.stream.clone_htod(&vec![f32::NAN; slices * want.c.len()])?;
     enqueue(&mut c)?;
     let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{name} failed"))?;
+    let rel_error = rel_error(&sum_slices(&got, slices), want.c);
     let ms = (0..repeats)
         .map(|_| time_on_device(gpu, || (0..LAUNCHES).try_for_each(|_| enqueue(&mut c))).map(|ms| ms / LAUNCHES as f64))
         .collect::<Result<Vec<f64>>>()?;
-    Ok(Row { name, ms, rel_error: rel_error(&got, want) })
+    Ok(Row { name, shape: want.shape, ms, rel_error, tolerance: want.tolerance })
+}
+
+/// One of the Transformer's products as C = op(A)·op(B).
+struct LayerProduct {
+    what: &'static str,
+    tile_a_trans: bool,
+    tile_b_trans: bool,
+    /// M, N, K.
+    shape: (usize, usize, usize),
+}
+
+/// The linear layers' products at nanoGPT's shape: forward in·Wᵀ (W out × in), dx = dy·W, and dW = dyᵀ·[x | 1]
+/// (the bias gradient as an extra column) over row slices; for the attention's qkv (384 → 1152), its
+/// projection (384 → 384), the MLP (384 → 1536 → 384) and the vocabulary head (384 → 65).
+fn layer_products() -> Vec<LayerProduct> {
+    let layers = [(WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH), (WIDTH, 65)];
+    let mut out = Vec::new();
+    for (what, a_trans, b_trans) in [("forward", false, true), ("dx", false, false), ("dW", true, false)] {
+        for &(inputs, outputs) in &layers {
+            let shape = match what {
+                "forward" => (ROWS, outputs, inputs),
+                "dx" => (ROWS, inputs, outputs),
+                _ => (outputs, inputs + 1, ROWS),
+            };
+            out.push(LayerProduct { what, tile_a_trans: a_trans, tile_b_trans: b_trans, shape });
+        }
+    }
+    out
+}
+
+/// Row slices for a weight gradient of `tiles` tiles over `rows` rows, as the Transformer cuts them: about
+/// two blocks per SM over all tiles, each slice at least 32 rows.
+fn slices(gpu: &Gpu, tiles: usize, rows: usize) -> usize {
+    (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, rows.div_ceil(32).max(1))
+}
+
+/// A bf16 product to time: operands A M×K, B K×N (row-major, uniform in [−1, 1)), the CPU product of their
+/// bf16 roundings and its tolerance.
+struct Bf16Problem {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    tolerance: f64,
+}
+
+impl Bf16Problem {
+    fn new(m: usize, n: usize, k: usize, seed: u64) -> Result<Bf16Problem> {
+        let mut rng = crate::cpu::SeededRng::seed_from_u64(seed);
+        let (a, b) = (random_matrix(m * k, &mut rng), random_matrix(k * n, &mut rng));
+        let (a16, b16) = (rounded(&a), rounded(&b));
+        let c = super::reference(&a16, &b16, m, n, k)?;
+        let tolerance = bf16_tolerance(&a16, &b16, &c, k);
+        Ok(Bf16Problem { a, b, c, tolerance })
+    }
 }
 
 /// `textnet bench matmul`: times each kernel and cuBLAS at SIZE³ (`repeats` repeats, median; a table, or one JSON
-/// object with `json`).
+/// object with `json`), then the bf16 products.
 pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let (m, n, k) = (SIZE, SIZE, SIZE);
     let mut rng = crate::cpu::SeededRng::seed_from_u64(1);
     let (a, b) = (random_matrix(m * k, &mut rng), random_matrix(k * n, &mut rng));
     let want = super::reference(&a, &b, m, n, k)?;
+    let want = Want { c: &want, shape: (m, n, k), tolerance: TOLERANCE };
     let (a_dev, b_dev) = (gpu.stream.clone_htod(&a)?, gpu.stream.clone_htod(&b)?);
 
     let kernels = GpuMatmul::new(gpu.clone())?;
     let mut rows = Kernel::ALL
         .into_iter()
         .map(|kernel| {
-            measure(gpu, kernel.name(), &want, repeats, |c| kernels.enqueue(kernel, &a_dev, &b_dev, c, m, n, k))
+            measure(gpu, kernel.name().into(), &want, 1, repeats, |c| {
+                kernels.enqueue(kernel, &a_dev, &b_dev, c, m, n, k)
+            })
         })
         .collect::<Result<Vec<Row>>>()?;
-    let cublas = match Cublas::new(gpu) {
+    let blas = Cublas::new(gpu).map_err(|why| format!("{why:#}"));
+    let cublas = match &blas {
         Ok(blas) => {
-            rows.push(measure(gpu, "cublas_sgemm", &want, repeats, |c| blas.enqueue(&a_dev, &b_dev, c, m, n, k))?);
+            rows.push(measure(gpu, "cublas_sgemm".into(), &want, 1, repeats, |c| {
+                blas.enqueue(&a_dev, &b_dev, c, m, n, k)
+            })?);
             Ok(rows.last().map(Row::median_ms).unwrap_or(f64::NAN))
         }
-        Err(why) => Err(format!("{why:#}")),
+        Err(why) => Err(why.clone()),
     };
+    drop((a_dev, b_dev));
+    let bf16_rows = bench_bf16(gpu, &kernels, blas.as_ref().ok(), repeats)?;
+    let layer_rows = bench_layers(gpu, &kernels, blas.as_ref().ok(), repeats)?;
 
-    let flop = 2.0 * (m * n * k) as f64;
-    let tflops = |ms: f64| flop / (ms * 1e-3) / 1e12;
     let ratio = |ms: f64| cublas.as_ref().ok().map(|c| c / ms);
     let best_tiled = rows
         .iter()
         .filter(|r| r.name != Kernel::Naive.name() && r.name != "cublas_sgemm")
         .min_by(|x, y| x.median_ms().total_cmp(&y.median_ms()));
-    let failed: Vec<&str> = rows.iter().filter(|r| !r.passed()).map(|r| r.name).collect();
+    let failed: Vec<&str> =
+        rows.iter().chain(&bf16_rows).chain(&layer_rows).filter(|r| !r.passed()).map(|r| r.name.as_str()).collect();
     if json {
         let report = serde_json::json!({
             "device": "cuda:0", "device_name": gpu.describe(),
             "m": m, "n": n, "k": k, "dtype": "fp32", "launches_per_repeat": LAUNCHES,
             "rows": rows.iter().map(|r| serde_json::json!({
-                "kernel": r.name, "ms_median": r.median_ms(), "ms": r.ms, "tflops": tflops(r.median_ms()),
+                "kernel": r.name, "ms_median": r.median_ms(), "ms": r.ms, "tflops": r.tflops(),
                 "cublas_ms_over_ms": ratio(r.median_ms()), "rel_error_vs_cpu": r.rel_error, "pass": r.passed(),
             })).collect::<Vec<_>>(),
             "cublas_missing": cublas.as_ref().err(),
-            "best_tiled": best_tiled.map(|r| r.name),
+            "best_tiled": best_tiled.map(|r| r.name.as_str()),
             "best_tiled_fraction_of_cublas": best_tiled.and_then(|r| ratio(r.median_ms())),
             "target_fraction_of_cublas": TARGET,
             "tolerance": TOLERANCE,
+            "bf16_rows": bf16_json(&bf16_rows),
+            "bf16_transformer_rows": bf16_json(&layer_rows),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -108,7 +202,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
             let ms = r.median_ms();
             let ratio = ratio(ms).map_or("-".into(), |x| format!("{x:.3}"));
             let verdict = if r.passed() { "" } else { "  FAIL" };
-            println!("  {:<22} {ms:>9.4} {:>9.2} {ratio:>14} {:>11.2e}{verdict}", r.name, tflops(ms), r.rel_error);
+            println!("  {:<22} {ms:>9.4} {:>9.2} {ratio:>14} {:>11.2e}{verdict}", r.name, r.tflops(), r.rel_error);
         }
         if let Err(why) = &cublas {
             println!("  cuBLAS left out: {why}");
@@ -116,9 +210,107 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         if let Some((r, x)) = best_tiled.and_then(|r| ratio(r.median_ms()).map(|x| (r, x))) {
             println!("  best tiled: {} at {:.0} % of cuBLAS (target {:.0} %)", r.name, 100.0 * x, 100.0 * TARGET);
         }
+        println!("bf16 on the tensor cores (operands rounded to bf16, fp32 sums and output):");
+        print_bf16(&bf16_rows);
+        println!("gemm_tile_bf16 at the Transformer's products ({ROWS} rows, width {WIDTH}; fp32 operands):");
+        print_bf16(&layer_rows);
     }
     if !failed.is_empty() {
-        bail!("{} off the CPU reference by more than {TOLERANCE:e}", failed.join(", "));
+        bail!("{} off the CPU reference by more than the tolerance", failed.join(", "));
     }
     Ok(())
+}
+
+/// matmul_bf16, matmul_bf16_async and cuBLAS GemmEx at each of BF16_SIZES.
+fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: usize) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for size in BF16_SIZES {
+        let (m, n, k) = (size, size, size);
+        let Bf16Problem { a, b, c: product, tolerance } = Bf16Problem::new(m, n, k, size as u64)?;
+        let want = Want { c: &product, shape: (m, n, k), tolerance };
+        let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
+        let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
+        for kernel in Bf16Kernel::ALL {
+            rows.push(measure(gpu, format!("{} {size}³", kernel.name()), &want, 1, repeats, |c| {
+                kernels.enqueue_bf16(kernel, &a_dev, &b_dev, c, m, n, k)
+            })?);
+        }
+        if let Some(blas) = blas {
+            rows.push(measure(gpu, format!("{CUBLAS_BF16} {size}³"), &want, 1, repeats, |c| {
+                blas.enqueue_bf16(&a_dev, &b_dev, c, m, n, k)
+            })?);
+        }
+    }
+    Ok(rows)
+}
+
+/// gemm_tile_bf16 (both tile sides) at each of the Transformer's products, then cuBLAS GemmEx at its M, N, K
+/// (row-major, no transposes: the same work).
+fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: usize) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (i, p) in layer_products().into_iter().enumerate() {
+        let (m, n, k) = p.shape;
+        let Bf16Problem { a, b, c: product, tolerance } = Bf16Problem::new(m, n, k, 100 + i as u64)?;
+        let want = Want { c: &product, shape: p.shape, tolerance };
+        let label = format!("{} {m}×{n}×{k}", p.what);
+        {
+            let a_dev = gpu.stream.clone_htod(&if p.tile_a_trans { transpose(&a, m, k) } else { a.clone() })?;
+            let b_dev = gpu.stream.clone_htod(&if p.tile_b_trans { transpose(&b, k, n) } else { b.clone() })?;
+            for side in Bf16Tile::SIDES {
+                let tile = Bf16Tile { a_trans: p.tile_a_trans, b_trans: p.tile_b_trans, side };
+                let (bx, by) = tile.blocks(m, n);
+                let s = if p.tile_a_trans { slices(gpu, bx * by, k) } else { 1 };
+                let name =
+                    if s > 1 { format!("{} {label} /{s}", tile.name()) } else { format!("{} {label}", tile.name()) };
+                rows.push(measure(gpu, name, &want, s, repeats, |c| {
+                    kernels.enqueue_tile(tile, &a_dev, &b_dev, c, m, n, k, s)
+                })?);
+            }
+        }
+        if let Some(blas) = blas {
+            let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
+            let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
+            rows.push(measure(gpu, format!("{CUBLAS_BF16} {label}"), &want, 1, repeats, |c| {
+                blas.enqueue_bf16(&a_dev, &b_dev, c, m, n, k)
+            })?);
+        }
+    }
+    Ok(rows)
+}
+
+/// The cuBLAS row of a bf16 row's problem (the same M, N, K), if there is one.
+fn cublas_of<'a>(rows: &'a [Row], row: &Row) -> Option<&'a Row> {
+    rows.iter().find(|r| r.name.starts_with(CUBLAS_BF16) && r.shape == row.shape)
+}
+
+fn bf16_json(rows: &[Row]) -> Vec<serde_json::Value> {
+    rows.iter()
+        .map(|r| {
+            let (m, n, k) = r.shape;
+            serde_json::json!({
+                "kernel": r.name, "m": m, "n": n, "k": k, "ms_median": r.median_ms(), "ms": r.ms,
+                "tflops": r.tflops(), "cublas_ms_over_ms": cublas_of(rows, r).map(|c| c.median_ms() / r.median_ms()),
+                "rel_error_vs_cpu": r.rel_error, "tolerance": r.tolerance, "pass": r.passed(),
+            })
+        })
+        .collect()
+}
+
+fn print_bf16(rows: &[Row]) {
+    println!(
+        "  {:<46} {:>9} {:>9} {:>14} {:>11} {:>11}",
+        "kernel", "ms", "TFLOP/s", "cuBLAS/kernel", "rel. error", "tolerance"
+    );
+    for r in rows {
+        let ms = r.median_ms();
+        let ratio = cublas_of(rows, r).map_or("-".into(), |c| format!("{:.3}", c.median_ms() / ms));
+        let verdict = if r.passed() { "" } else { "  FAIL" };
+        println!(
+            "  {:<46} {ms:>9.4} {:>9.2} {ratio:>14} {:>11.2e} {:>11.2e}{verdict}",
+            r.name,
+            r.tflops(),
+            r.rel_error,
+            r.tolerance
+        );
+    }
 }

@@ -2,11 +2,19 @@
 //! (relative 1e-5) on fresh uniform inputs in [−1, 1), over shapes that hit every edge of the tiles: one
 //! element, partial tiles in every dimension, exactly one 128² tile, and several partial ones. Each
 //! output is poisoned with NaN first, so an element no thread writes fails the check.
+//!
+//! Then the bf16 tensor-core products, against the CPU product of the bf16-rounded operands (tolerance
+//! `bf16_tolerance`): gemm_tile_bf16 in all four operand layouts and both tile sides, once with K in row
+//! slices, and matmul_bf16 / matmul_bf16_async, on shapes that are multiples of nothing; and
+//! gemm_tile_bf16_cp (the Transformer's linear layers) in all four layouts, with leading dimensions that
+//! are multiples of 4 (16-byte copies) and that are not (4-byte copies), and a column of B read as ones.
+//! Its operands' padding and the ones column in memory hold NaN, so a read of either fails the check.
 
-use super::gpu::{GpuMatmul, Kernel};
+use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
+use crate::ops::gemm::{bf16_bits, round_bf16};
 use anyhow::{Context, Result};
 use rand::RngExt;
 use std::sync::Arc;
@@ -16,6 +24,52 @@ pub const TOLERANCE: f64 = 1e-5;
 
 /// (M, N, K).
 const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (33, 65, 17), (128, 128, 128), (257, 129, 300)];
+
+/// (M, N, K) of the bf16 checks: partial tiles in every dimension, K not a multiple of the 32-k chunk (one
+/// chunk and a bit; twelve and a bit), and many tiles.
+const BF16_SHAPES: [(usize, usize, usize); 2] = [(77, 131, 45), (515, 1031, 389)];
+/// matmul_bf16_async's, whose K and N are multiples of 8.
+const BF16_ASYNC_SHAPES: [(usize, usize, usize); 2] = [(77, 136, 40), (515, 1032, 392)];
+/// Row slices of the sliced check (gemm_tile_bf16 over K cut in slices, partials summed after).
+const SLICES: usize = 3;
+
+/// The largest relative error (Frobenius, as `rel_error`) a bf16 tensor-core product C = A·B may have
+/// against `want`, the f64 product of the same bf16 operands `a`, `b` rounded to f32, over K terms.
+/// Products of bf16 values are exact in fp32 (8-bit significands), so only the sums differ. Summing K
+/// terms in any order with unit roundoff u is off by at most γ_K·Σ_k |a_ik|·|b_kj|, γ_K = K·u/(1 − K·u)
+/// (Higham, Accuracy and Stability of Numerical Algorithms, §3.1), with u = 2⁻²³ because the tensor cores
+/// may truncate rather than round as they align and add. Over C, ‖|A|·|B|‖ ≤ ‖A‖·‖B‖ (Cauchy–Schwarz, row
+/// by column), and `want` is within 2⁻²⁴ of the exact product: γ_K·‖A‖·‖B‖/‖want‖ + 2⁻²⁴. For uniform
+/// operands that is about 1.2e-7·K^1.5: 4e-5 at K = 45, 1e-3 at K = 389, while a dropped chunk or
+/// misplaced fragment costs 1e-1 or more, and operands truncated instead of rounded to nearest 1e-3.
+pub fn bf16_tolerance(a: &[f32], b: &[f32], want: &[f32], k: usize) -> f64 {
+    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let u = 2f64.powi(-23);
+    let gamma = k as f64 * u / (1.0 - k as f64 * u);
+    let want_norm = norm(want);
+    if want_norm == 0.0 { 2f64.powi(-24) } else { gamma * norm(a) * norm(b) / want_norm + 2f64.powi(-24) }
+}
+
+/// `values` rounded to bf16 (to nearest even).
+pub fn rounded(values: &[f32]) -> Vec<f32> {
+    values.iter().map(|&x| round_bf16(x)).collect()
+}
+
+/// The bf16 bits of `values` (rounded to nearest even), for kernels that read bf16.
+pub fn bf16_matrix(values: &[f32]) -> Vec<u16> {
+    values.iter().map(|&x| bf16_bits(x)).collect()
+}
+
+/// The `cols`×`rows` transpose of a row-major `rows`×`cols` matrix.
+pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| values[(i % rows) * cols + i / rows]).collect()
+}
+
+/// The sum of `slices` equal parts of `values`, added in order in f64.
+pub fn sum_slices(values: &[f32], slices: usize) -> Vec<f32> {
+    let len = values.len() / slices.max(1);
+    (0..len).map(|i| (0..slices).map(|s| values[s * len + i] as f64).sum::<f64>() as f32).collect()
+}
 
 /// `len` uniform values in [−1, 1).
 pub fn random_matrix(len: usize, rng: &mut SeededRng) -> Vec<f32> {
@@ -51,5 +105,116 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
             });
         }
     }
+    bf16_checks(gpu, &kernels, &mut plan.rng("matmul bf16"), &mut out)?;
+    bf16_cp_checks(gpu, &kernels, &mut plan.rng("matmul bf16 cp"), &mut out)?;
     Ok(out)
+}
+
+/// A row-major `rows`×`cols` matrix stored with `ld` floats per row, the padding NaN.
+fn with_ld(values: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; rows * ld];
+    for (r, row) in values.chunks(cols.max(1)).take(rows).enumerate() {
+        out[r * ld..r * ld + cols].copy_from_slice(row);
+    }
+    out
+}
+
+/// gemm_tile_bf16_cp against the CPU product of the bf16-rounded operands, B's ones column set to 1.
+fn bf16_cp_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
+    // Leading dimensions: a multiple of 4 past the row (`aligned`), or one that is not.
+    let ld_of = |cols: usize, aligned: bool| match aligned {
+        true => cols.next_multiple_of(4) + 4,
+        false if (cols + 1).is_multiple_of(4) => cols + 2,
+        false => cols + 1,
+    };
+    for (m, n, k) in BF16_SHAPES {
+        let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
+        // (aligned, ones column): none; one inside a 16-byte segment; the last, as the Transformer's
+        // bias column.
+        let variants = [
+            (true, None, "ld ≡ 0 mod 4"),
+            (true, Some(n / 2), "ld ≡ 0 mod 4, ones"),
+            (false, Some(n - 1), "odd ld, ones"),
+        ];
+        for (aligned, ones, variant) in variants {
+            // B as the kernel reads it, and as it lies in memory (NaN where the ones are read).
+            let (mut b_logical, mut b_memory) = (b.clone(), b.clone());
+            if let Some(col) = ones {
+                (0..k).for_each(|row| b_logical[row * n + col] = 1.0);
+                (0..k).for_each(|row| b_memory[row * n + col] = f32::NAN);
+            }
+            let (a16, b16) = (rounded(&a), rounded(&b_logical));
+            let want = super::reference(&a16, &b16, m, n, k)?;
+            let tolerance = bf16_tolerance(&a16, &b16, &want, k);
+            for (a_trans, b_trans) in [(false, false), (false, true), (true, false), (true, true)] {
+                let (a_rows, a_cols) = if a_trans { (k, m) } else { (m, k) };
+                let (b_rows, b_cols) = if b_trans { (n, k) } else { (k, n) };
+                let a_stored = if a_trans { transpose(&a, m, k) } else { a.clone() };
+                let b_stored = if b_trans { transpose(&b_memory, k, n) } else { b_memory.clone() };
+                let a_layout = Strided { trans: a_trans, ld: ld_of(a_cols, aligned) };
+                let b_layout = Strided { trans: b_trans, ld: ld_of(b_cols, aligned) };
+                let a_dev = gpu.stream.clone_htod(&with_ld(&a_stored, a_rows, a_cols, a_layout.ld))?;
+                let b_dev = gpu.stream.clone_htod(&with_ld(&b_stored, b_rows, b_cols, b_layout.ld))?;
+                let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
+                let letter = |t: bool| if t { 't' } else { 'n' };
+                let kernel = format!("gemm_bf16_cp_{}{} ({variant})", letter(a_trans), letter(b_trans));
+                kernels.enqueue_cp((&a_dev, a_layout), (&b_dev, b_layout), &mut c, m, n, k, ones)?;
+                let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{kernel} failed"))?;
+                out.push(Check {
+                    kernel,
+                    shape: format!("{m}×{k} · {k}×{n}"),
+                    rel_error: rel_error(&got, &want),
+                    tolerance,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// gemm_tile_bf16 (every layout and tile, and sliced), matmul_bf16 and matmul_bf16_async against the CPU
+/// product of the bf16-rounded operands.
+fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
+    let shape = |m: usize, n: usize, k: usize| format!("{m}×{k} · {k}×{n}");
+    for (m, n, k) in BF16_SHAPES {
+        let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
+        let (a16, b16) = (rounded(&a), rounded(&b));
+        let want = super::reference(&a16, &b16, m, n, k)?;
+        let tolerance = bf16_tolerance(&a16, &b16, &want, k);
+        let sliced = Bf16Tile { a_trans: true, b_trans: false, side: 128 };
+        for (tile, slices) in Bf16Tile::all().map(|t| (t, 1)).chain([(sliced, SLICES)]) {
+            let a_dev = gpu.stream.clone_htod(&if tile.a_trans { transpose(&a, m, k) } else { a.clone() })?;
+            let b_dev = gpu.stream.clone_htod(&if tile.b_trans { transpose(&b, k, n) } else { b.clone() })?;
+            let mut c = gpu.stream.clone_htod(&vec![f32::NAN; slices * m * n])?;
+            kernels.enqueue_tile(tile, &a_dev, &b_dev, &mut c, m, n, k, slices)?;
+            let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{} failed", tile.name()))?;
+            let kernel = if slices == 1 { tile.name() } else { format!("{} in {slices} slices", tile.name()) };
+            out.push(Check {
+                kernel,
+                shape: shape(m, n, k),
+                rel_error: rel_error(&sum_slices(&got, slices), &want),
+                tolerance,
+            });
+        }
+    }
+    for kernel in Bf16Kernel::ALL {
+        let shapes = if kernel == Bf16Kernel::Tile { BF16_SHAPES } else { BF16_ASYNC_SHAPES };
+        for (m, n, k) in shapes {
+            let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
+            let (a16, b16) = (rounded(&a), rounded(&b));
+            let want = super::reference(&a16, &b16, m, n, k)?;
+            let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
+            let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
+            let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
+            kernels.enqueue_bf16(kernel, &a_dev, &b_dev, &mut c, m, n, k)?;
+            let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{} failed", kernel.name()))?;
+            out.push(Check {
+                kernel: kernel.name().into(),
+                shape: shape(m, n, k),
+                rel_error: rel_error(&got, &want),
+                tolerance: bf16_tolerance(&a16, &b16, &want, k),
+            });
+        }
+    }
+    Ok(())
 }

@@ -1,10 +1,10 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
 use crate::device::{self, Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK, quietly};
-use crate::ops::gemm::{G128, G128_STAGED_FLOATS};
+use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_cp_shared_floats, bf16_shared_floats};
 use anyhow::{Context, Result, anyhow, bail};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use cudarc::driver::CudaSlice;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys, sys::cublasOperation_t};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
 /// matmul_tile64's gemm_tile sizes: BM = BN, BK, TM = TN.
@@ -53,6 +53,99 @@ impl Kernel {
     }
 }
 
+/// The bf16 kernels of fused/matmul.cu that read bf16 operands (bits in u16): row-major A M×K, B K×N.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// `matmul_bf16`: gemm_tile_bf16 through functors, 128×128 tiles.
+    Tile,
+    /// `matmul_bf16_async`: 128×128 tiles fed by cp.async; K and N multiples of 8.
+    Async,
+}
+
+/// The side of the bf16 kernels' square tiles, and matmul_bf16's k per chunk.
+const BF16_TILE: (usize, usize) = (128, 32);
+/// `matmul_bf16_async`'s chunks in flight (`ASYNC_STAGES`) and k per chunk (`ASYNC_BK`).
+pub const ASYNC_STAGES: usize = 3;
+/// See `ASYNC_STAGES`.
+pub const ASYNC_BK: usize = 64;
+
+impl Bf16Kernel {
+    /// Both, in the order the bench lists them.
+    pub const ALL: [Bf16Kernel; 2] = [Bf16Kernel::Tile, Bf16Kernel::Async];
+
+    /// The kernel's function name in fused/matmul.cu.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Kernel::Tile => "matmul_bf16",
+            Bf16Kernel::Async => "matmul_bf16_async",
+        }
+    }
+
+    /// Dynamic shared bytes: two chunk buffers, or ASYNC_STAGES.
+    fn shared_bytes(self) -> usize {
+        let two_buffers = |bk| bf16_shared_floats(BF16_TILE.0, BF16_TILE.0, bk) * std::mem::size_of::<f32>();
+        match self {
+            Bf16Kernel::Tile => two_buffers(BF16_TILE.1),
+            Bf16Kernel::Async => ASYNC_STAGES * two_buffers(ASYNC_BK) / 2,
+        }
+    }
+}
+
+/// gemm_tile_bf16 on fp32 operands in one layout, with square tiles of `side` (128 or 64) and k chunks of
+/// 32: `gemm_bf16_{nn,nt,tn,tt}_{side}` (A M×K, or K×M with `a_trans`; B K×N, or N×K with `b_trans`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bf16Tile {
+    /// A is stored K×M.
+    pub a_trans: bool,
+    /// B is stored N×K.
+    pub b_trans: bool,
+    /// The tile's side.
+    pub side: usize,
+}
+
+impl Bf16Tile {
+    /// The tile sides compiled.
+    pub const SIDES: [usize; 2] = [128, 64];
+
+    /// Every layout and side.
+    pub fn all() -> impl Iterator<Item = Bf16Tile> {
+        Self::SIDES.into_iter().flat_map(|side| {
+            [(false, false), (false, true), (true, false), (true, true)].map(|(a_trans, b_trans)| Bf16Tile {
+                a_trans,
+                b_trans,
+                side,
+            })
+        })
+    }
+
+    /// The kernel's function name in fused/matmul.cu.
+    pub fn name(self) -> String {
+        let letter = |t: bool| if t { 't' } else { 'n' };
+        format!("gemm_bf16_{}{}_{}", letter(self.a_trans), letter(self.b_trans), self.side)
+    }
+
+    /// Blocks of an M×N product (x over N, y over M), for one row slice.
+    pub fn blocks(self, m: usize, n: usize) -> (usize, usize) {
+        (n.div_ceil(self.side), m.div_ceil(self.side))
+    }
+
+    fn shared_bytes(self) -> usize {
+        bf16_shared_floats(self.side, self.side, BF16_TILE.1) * std::mem::size_of::<f32>()
+    }
+}
+
+/// `gemm_bf16_cp_*`'s tile side, k per chunk and chunks in flight (`CP_TILE`, `CP_BK`, `CP_STAGES`).
+pub const CP_TILE: (usize, usize, usize) = (128, 32, 3);
+
+/// An operand of `gemm_bf16_cp_*` as it lies in memory: transposed or not, and its leading dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strided {
+    /// Stored transposed (A K×M, B N×K).
+    pub trans: bool,
+    /// Floats between consecutive rows of the stored matrix.
+    pub ld: usize,
+}
+
 /// The kernel module (`fused/matmul.cu` takes no sizes).
 pub const MODULE: ModuleRequest = ("matmul", Vec::new());
 
@@ -60,6 +153,10 @@ pub const MODULE: ModuleRequest = ("matmul", Vec::new());
 pub struct GpuMatmul {
     gpu: Arc<Gpu>,
     functions: Vec<device::Kernel>,
+    bf16: Vec<device::Kernel>,
+    tiles: Vec<(Bf16Tile, device::Kernel)>,
+    /// gemm_bf16_cp_{nn, nt, tn, tt}.
+    cp: Vec<device::Kernel>,
 }
 
 impl GpuMatmul {
@@ -67,7 +164,134 @@ impl GpuMatmul {
     pub fn new(gpu: Arc<Gpu>) -> Result<GpuMatmul> {
         let module = gpu.module(&MODULE)?;
         let functions = Kernel::ALL.iter().map(|k| Gpu::function(&module, k.name())).collect::<Result<_>>()?;
-        Ok(GpuMatmul { gpu, functions })
+        let function = |name: &str, shared: usize| {
+            let function = Gpu::function(&module, name)?;
+            gpu.reserve_shared(&function, shared, "the tile")?;
+            Ok(function)
+        };
+        let bf16 = Bf16Kernel::ALL.iter().map(|k| function(k.name(), k.shared_bytes())).collect::<Result<_>>()?;
+        let tiles = Bf16Tile::all().map(|t| Ok((t, function(&t.name(), t.shared_bytes())?))).collect::<Result<_>>()?;
+        let cp_shared = bf16_cp_shared_floats(CP_TILE.0, CP_TILE.0, CP_TILE.1, CP_TILE.2) * std::mem::size_of::<f32>();
+        let cp = ["nn", "nt", "tn", "tt"]
+            .iter()
+            .map(|layout| function(&format!("gemm_bf16_cp_{layout}"), cp_shared))
+            .collect::<Result<_>>()?;
+        Ok(GpuMatmul { gpu, functions, bf16, tiles, cp })
+    }
+
+    /// Queues C = A·B of bf16 operands (row-major A M×K, B K×N, fp32 C M×N) by `kernel`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue_bf16(
+        &self,
+        kernel: Bf16Kernel,
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        check_shape(a.len(), b.len(), c.len(), m, n, k)?;
+        if kernel == Bf16Kernel::Async && !(k.is_multiple_of(8) && n.is_multiple_of(8)) {
+            bail!("{} needs K and N multiples of 8 (whole 16-byte rows), not {k} and {n}", kernel.name());
+        }
+        let side = BF16_TILE.0;
+        let args = [
+            Arg::buf(&self.gpu, a),
+            Arg::buf(&self.gpu, b),
+            Arg::buf(&self.gpu, c),
+            Arg::i32(m as i32),
+            Arg::i32(n as i32),
+            Arg::i32(k as i32),
+        ];
+        self.launch(&self.bf16[kernel as usize], (n.div_ceil(side), m.div_ceil(side)), kernel.shared_bytes(), &args)
+    }
+
+    /// Queues gemm_tile_bf16 by `tile` on fp32 operands (A M×K or K×M, B K×N or N×K, as `tile` says) with K
+    /// cut into `slices` row slices: slice s's product goes to C[s·M·N …] (C holds slices·M·N floats).
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue_tile(
+        &self,
+        tile: Bf16Tile,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        slices: usize,
+    ) -> Result<()> {
+        if slices == 0 || c.len() != slices * m * n {
+            bail!("C of {} floats is not {slices} slices of {m}×{n}", c.len());
+        }
+        check_shape(a.len(), b.len(), m * n, m, n, k)?;
+        let function = &self.tiles.iter().find(|(t, _)| *t == tile).context("no such bf16 tile")?.1;
+        let args = [
+            Arg::buf(&self.gpu, a),
+            Arg::buf(&self.gpu, b),
+            Arg::buf(&self.gpu, c),
+            Arg::i32(m as i32),
+            Arg::i32(n as i32),
+            Arg::i32(k as i32),
+            Arg::i32(slices as i32),
+        ];
+        let (bx, by) = tile.blocks(m, n);
+        self.launch(function, (slices * bx, by), tile.shared_bytes(), &args)
+    }
+
+    /// Queues C = A·B (M×N, row-major) by gemm_tile_bf16_cp on fp32 operands lying as `a_layout` (M×K, or
+    /// K×M when transposed) and `b_layout` (K×N, or N×K) say, column `ones_col` of B read as 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue_cp(
+        &self,
+        (a, a_layout): (&CudaSlice<f32>, Strided),
+        (b, b_layout): (&CudaSlice<f32>, Strided),
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        ones_col: Option<usize>,
+    ) -> Result<()> {
+        let fits = |len: usize, (rows, cols): (usize, usize), ld: usize| {
+            rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= len)
+        };
+        let (a_shape, b_shape) =
+            (if a_layout.trans { (k, m) } else { (m, k) }, if b_layout.trans { (n, k) } else { (k, n) });
+        if !fits(a.len(), a_shape, a_layout.ld) || !fits(b.len(), b_shape, b_layout.ld) || c.len() != m * n {
+            bail!(
+                "operands of {} and {} floats (ld {} and {}) or C of {} do not fit {m}×{k} · {k}×{n}",
+                a.len(),
+                b.len(),
+                a_layout.ld,
+                b_layout.ld,
+                c.len()
+            );
+        }
+        let layout = 2 * a_layout.trans as usize + b_layout.trans as usize;
+        let args = [
+            Arg::buf(&self.gpu, a),
+            Arg::buf(&self.gpu, b),
+            Arg::buf(&self.gpu, c),
+            Arg::i32(m as i32),
+            Arg::i32(n as i32),
+            Arg::i32(k as i32),
+            Arg::i32(a_layout.ld as i32),
+            Arg::i32(b_layout.ld as i32),
+            Arg::i32(ones_col.map_or(-1, |c| c as i32)),
+        ];
+        let side = CP_TILE.0;
+        let shared = bf16_cp_shared_floats(side, side, CP_TILE.1, CP_TILE.2) * std::mem::size_of::<f32>();
+        self.launch(&self.cp[layout], (n.div_ceil(side), m.div_ceil(side)), shared, &args)
+    }
+
+    fn launch(&self, function: &device::Kernel, (bx, by): (usize, usize), shared: usize, args: &[Arg]) -> Result<()> {
+        if by > 65_535 || bx > i32::MAX as usize {
+            bail!("{} cannot launch {bx}×{by} blocks", function.name);
+        }
+        if bx == 0 || by == 0 {
+            return Ok(());
+        }
+        self.gpu.launch(function, (bx as u32, by as u32), shared as u32, false, args)
     }
 
     /// Queues C = A·B (row-major A M×K, B K×N, C M×N) by `kernel`.
@@ -82,7 +306,7 @@ impl GpuMatmul {
         n: usize,
         k: usize,
     ) -> Result<()> {
-        check_shape(a, b, c, m, n, k)?;
+        check_shape(a.len(), b.len(), c.len(), m, n, k)?;
         let ((bx, by), shared) = kernel.layout(m, n);
         if by > 65_535 {
             bail!("{} cannot launch {by} block rows (at most 65535)", kernel.name());
@@ -107,9 +331,10 @@ impl GpuMatmul {
     }
 }
 
-fn check_shape(a: &CudaSlice<f32>, b: &CudaSlice<f32>, c: &CudaSlice<f32>, m: usize, n: usize, k: usize) -> Result<()> {
-    if a.len() != m * k || b.len() != k * n || c.len() != m * n {
-        bail!("buffers of {}, {} and {} floats are not {m}×{k}, {k}×{n} and {m}×{n}", a.len(), b.len(), c.len());
+/// An error unless buffers of `a`, `b` and `c` elements hold M×K, K×N and M×N and every side fits an i32.
+fn check_shape(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) -> Result<()> {
+    if a != m * k || b != k * n || c != m * n {
+        bail!("buffers of {a}, {b} and {c} elements are not {m}×{k}, {k}×{n} and {m}×{n}");
     }
     if [m, n, k].into_iter().any(|d| d > i32::MAX as usize) {
         bail!("{m}×{k}·{k}×{n} has a side past i32");
@@ -120,6 +345,7 @@ fn check_shape(a: &CudaSlice<f32>, b: &CudaSlice<f32>, c: &CudaSlice<f32>, m: us
 /// cuBLAS on the GPU's stream.
 pub struct Cublas {
     blas: CudaBlas,
+    stream: Arc<CudaStream>,
 }
 
 impl Cublas {
@@ -132,7 +358,7 @@ impl Cublas {
         let blas = quietly("cuBLAS", || {
             CudaBlas::new(gpu.stream.clone()).map_err(|e| anyhow!("cannot create a handle: {e}"))
         })?;
-        Ok(Cublas { blas })
+        Ok(Cublas { blas, stream: gpu.stream.clone() })
     }
 
     /// Queues C = A·B (row-major, as `GpuMatmul::enqueue`) by sgemm: column-major, that is Cᵀ = Bᵀ·Aᵀ.
@@ -145,7 +371,7 @@ impl Cublas {
         n: usize,
         k: usize,
     ) -> Result<()> {
-        check_shape(a, b, c, m, n, k)?;
+        check_shape(a.len(), b.len(), c.len(), m, n, k)?;
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -164,5 +390,79 @@ impl Cublas {
         };
         // SAFETY: the buffers hold the sizes check_shape confirmed, so sgemm stays inside them.
         unsafe { self.blas.gemm(cfg, b, a, c) }.context("cuBLAS sgemm")
+    }
+    /// Queues C = A·B of bf16 operands (row-major, as `GpuMatmul::enqueue_bf16`) by cublasGemmEx: bf16
+    /// inputs, fp32 output and compute, column-major Cᵀ = Bᵀ·Aᵀ.
+    pub fn enqueue_bf16(
+        &self,
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        use std::ffi::c_void;
+        check_shape(a.len(), b.len(), c.len(), m, n, k)?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (m, n, k) = (m as i32, n as i32, k as i32);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (a, _a_read) = a.device_ptr(&self.stream);
+        let (b, _b_read) = b.device_ptr(&self.stream);
+        let (c, _c_written) = c.device_ptr_mut(&self.stream);
+        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+        // SAFETY: the handle is live and bound to this stream; the buffers hold the sizes check_shape
+        // confirmed, so the product stays inside them; alpha and beta outlive the call, which reads them
+        // before it returns (host pointer mode).
+        let status = unsafe {
+            sys::cublasGemmEx(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_N,
+                cublasOperation_t::CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast::<c_void>(),
+                b as *const c_void,
+                bf16,
+                n,
+                a as *const c_void,
+                bf16,
+                k.max(1),
+                (&beta as *const f32).cast::<c_void>(),
+                c as *mut c_void,
+                sys::cudaDataType::CUDA_R_32F,
+                n,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            bail!("cublasGemmEx (bf16) failed: {status:?}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn async_sizes_match_the_kernel_file() {
+        let kernel = kernel_constants("matmul", &[], &["ASYNC_STAGES", "ASYNC_BK"]).unwrap();
+        assert_eq!(kernel, [ASYNC_STAGES as i64, ASYNC_BK as i64]);
+        let kernel = kernel_constants("matmul", &[], &["CP_TILE", "CP_BK", "CP_STAGES"]).unwrap();
+        assert_eq!(kernel, [CP_TILE.0 as i64, CP_TILE.1 as i64, CP_TILE.2 as i64]);
+    }
+
+    #[test]
+    fn tile_names_cover_every_layout_and_side() {
+        let names: Vec<String> = Bf16Tile::all().map(Bf16Tile::name).collect();
+        assert_eq!(names.len(), 8);
+        assert!(names.contains(&"gemm_bf16_nt_128".to_string()) && names.contains(&"gemm_bf16_tn_64".to_string()));
     }
 }

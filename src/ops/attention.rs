@@ -1,9 +1,36 @@
 //! The CPU twin of fused/attention.cuh: causal multi-head self-attention of one sequence from its packed
 //! q, k, v rows (`[n][3C]`, head h at dims h·hs..(h+1)·hs of each third), forward and backward, with the
-//! T×T probabilities kept (the GPU keeps only their log-sum-exp and rebuilds them).
+//! T×T probabilities kept (the GPU keeps only their log-sum-exp and rebuilds them). With dropout, y_t =
+//! Σ_u m_tu·p_tu·v_u for a mask m of 0 or 1/(1 − p) (`AttentionDropout`); the probabilities kept are p's.
 
 use super::constant;
+use super::dropout::Mask;
 use num_traits::Float;
+
+/// Dropout on one sequence's attention probabilities. Element (h, t, u) of sequence b is
+/// ((b·heads + h)·T + t)·T + u with T the block (the kernels' compiled T, whatever the sequence's length),
+/// as fused/attention.cuh numbers them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionDropout {
+    /// The step's mask of the attention site.
+    pub mask: Mask,
+    /// The element of (b, h 0, t 0, u 0): b·heads·T·T.
+    pub first: usize,
+    /// T, the model's block.
+    pub block: usize,
+}
+
+impl AttentionDropout {
+    /// m_tu of head h.
+    fn factor<F: Float>(&self, h: usize, t: usize, u: usize) -> F {
+        constant(self.mask.factor(self.first + (h * self.block + t) * self.block + u) as f64)
+    }
+}
+
+/// m_tu, 1 without dropout.
+fn keep<F: Float>(drop: Option<&AttentionDropout>, h: usize, t: usize, u: usize) -> F {
+    drop.map_or(F::one(), |d| d.factor(h, t, u))
+}
 
 /// attention.cuh's `AttentionSizes<T, HS>`: the launch code's one mirror of its shared-memory sizes, for
 /// sequences of `t` positions and heads of `hs` dims in blocks of `warps` warps (tested against the
@@ -41,8 +68,14 @@ fn dot<F: Float>(a: &[F], b: &[F]) -> F {
 }
 
 /// Causal attention of one sequence of `n` positions from its qkv rows: y `[n][C]` and the probabilities
-/// `[NH][n][n]`.
-pub fn attention<F: Float>(qkv: &[F], n: usize, heads: usize, hs: usize) -> (Vec<F>, Vec<F>) {
+/// `[NH][n][n]` (before dropout).
+pub fn attention<F: Float>(
+    qkv: &[F],
+    n: usize,
+    heads: usize,
+    hs: usize,
+    drop: Option<&AttentionDropout>,
+) -> (Vec<F>, Vec<F>) {
     let c = heads * hs;
     let scale = F::one() / constant::<F>(hs as f64).sqrt();
     let mut y = vec![F::zero(); n * c];
@@ -61,6 +94,7 @@ pub fn attention<F: Float>(qkv: &[F], n: usize, heads: usize, hs: usize) -> (Vec
             p.iter_mut().for_each(|s| *s = *s / sum);
             let y_t = &mut y[t * c + h * hs..][..hs];
             for (u, &p) in p.iter().enumerate() {
+                let p = p * keep::<F>(drop, h, t, u);
                 y_t.iter_mut().zip(&qkv[u * 3 * c + v..][..hs]).for_each(|(y, &v)| *y = *y + p * v);
             }
         }
@@ -68,7 +102,7 @@ pub fn attention<F: Float>(qkv: &[F], n: usize, heads: usize, hs: usize) -> (Vec
     (y, att)
 }
 
-/// `attention`'s backward from d y: d probabilities, d scores and d qkv.
+/// `attention`'s backward from d y: d probabilities (before dropout), d scores and d qkv.
 pub fn attention_backward<F: Float>(
     qkv: &[F],
     att: &[F],
@@ -76,6 +110,7 @@ pub fn attention_backward<F: Float>(
     n: usize,
     heads: usize,
     hs: usize,
+    drop: Option<&AttentionDropout>,
 ) -> (Vec<F>, Vec<F>, Vec<F>) {
     let c = heads * hs;
     let scale = F::one() / constant::<F>(hs as f64).sqrt();
@@ -89,9 +124,10 @@ pub fn attention_backward<F: Float>(
             let p = &att[row..][..t + 1];
             let d_y_t = &d_y[t * c + h * hs..][..hs];
             for u in 0..=t {
-                d_att[row + u] = dot(d_y_t, &qkv[u * 3 * c + v..][..hs]);
+                let m = keep::<F>(drop, h, t, u);
+                d_att[row + u] = m * dot(d_y_t, &qkv[u * 3 * c + v..][..hs]);
                 let d_v = &mut d_qkv[u * 3 * c + v..][..hs];
-                d_v.iter_mut().zip(d_y_t).for_each(|(d, &g)| *d = *d + p[u] * g);
+                d_v.iter_mut().zip(d_y_t).for_each(|(d, &g)| *d = *d + p[u] * m * g);
             }
             let pd = dot(p, &d_att[row..][..t + 1]);
             for u in 0..=t {

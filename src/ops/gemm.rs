@@ -1,6 +1,8 @@
 //! The shared-memory sizes of fused/gemm.cuh's tiles, for the launchers that allocate them: the one Rust
-//! mirror of that file's formulas (`GemmTile<…>::SHARED_FLOATS`, gemm_128's `G128*` constants), so no
-//! pipeline copies them, tested against the kernel file.
+//! mirror of that file's formulas (`GemmTile<…>::SHARED_FLOATS`, `GemmBf16<…>::SHARED_FLOATS`,
+//! `GemmBf16Cp<…>::SHARED_FLOATS`, gemm_128's `G128*` constants), so no pipeline copies them, tested
+//! against the kernel file; and bf16 rounding as gemm_tile_bf16 rounds its operands, for the CPU references
+//! of its products.
 
 use crate::device::THREADS_PER_BLOCK;
 
@@ -23,6 +25,51 @@ pub const fn tile_shared_floats(bm: usize, bn: usize, bk: usize, tm: usize, tn: 
     if stages > partials { stages } else { partials }
 }
 
+/// Floats of shared memory one `gemm_tile_bf16<BM, BN, BK, …>` needs (`GemmBf16<BM, BN, BK>::SHARED_FLOATS`):
+/// two chunk buffers of bf16, each operand's chunk in the larger of its two layouts ([o][k] with rows of
+/// BK + 8, or [k][o] with rows of o + 8).
+pub const fn bf16_shared_floats(bm: usize, bn: usize, bk: usize) -> usize {
+    const fn slot(extent: usize, bk: usize) -> usize {
+        let (by_row, by_k) = (extent * (bk + 8), bk * (extent + 8));
+        if by_row > by_k { by_row } else { by_k }
+    }
+    // Two buffers of bf16 (two per float).
+    slot(bm, bk) + slot(bn, bk)
+}
+
+/// Floats of shared memory one `gemm_tile_bf16_cp<BM, BN, BK, STAGES, …>` needs
+/// (`GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS`): `stages` fp32 chunks of both operands, each in the
+/// larger of its two layouts ([o][k] with rows of BK + 8, or [k][o] with rows of o + 4).
+pub const fn bf16_cp_shared_floats(bm: usize, bn: usize, bk: usize, stages: usize) -> usize {
+    const fn slot(extent: usize, bk: usize) -> usize {
+        let (by_row, by_k) = (extent * (bk + 8), bk * (extent + 4));
+        if by_row > by_k { by_row } else { by_k }
+    }
+    stages * (slot(bm, bk) + slot(bn, bk))
+}
+
+/// `x` rounded to bf16 (8-bit mantissa) to nearest, ties to even, as `cvt.rn.bf16x2.f32` does: the bits of
+/// the bf16 value (the high half of its f32). Infinities stay, values past bf16's largest round to them,
+/// NaN stays NaN (quiet, sign kept).
+pub fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let lsb = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
+/// The f32 value of bf16 bits.
+pub fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `x` rounded to bf16 (to nearest even), as an f32.
+pub fn round_bf16(x: f32) -> f32 {
+    bf16_value(bf16_bits(x))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +87,44 @@ mod tests {
             let kernel = kernel_constants("matmul", &[], &[&expression]).unwrap();
             assert_eq!(kernel, [tile_shared_floats(bm, bn, bk, tm, tn) as i64], "{expression}");
         }
+        for (bm, bn, bk) in [(128, 128, 32), (64, 64, 32), (32, 64, 32), (128, 64, 64)] {
+            let expression = format!("GemmBf16<{bm}, {bn}, {bk}>::SHARED_FLOATS");
+            let kernel = kernel_constants("matmul", &[], &[&expression]).unwrap();
+            assert_eq!(kernel, [bf16_shared_floats(bm, bn, bk) as i64], "{expression}");
+        }
+        for (bm, bn, bk, stages) in [(128, 128, 32, 3), (64, 128, 16, 4), (32, 64, 64, 2)] {
+            let expression = format!("GemmBf16Cp<{bm}, {bn}, {bk}, {stages}>::SHARED_FLOATS");
+            let kernel = kernel_constants("matmul", &[], &[&expression]).unwrap();
+            assert_eq!(kernel, [bf16_cp_shared_floats(bm, bn, bk, stages) as i64], "{expression}");
+        }
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        let ulp = 2f32.powi(-7); // bf16's spacing in [1, 2)
+        // Exact values stay.
+        for x in [0.0, -0.0, 1.0, -2.5, 1.0 + ulp, bf16_value(0x7f7f), bf16_value(0x0001)] {
+            assert_eq!(round_bf16(x).to_bits(), x.to_bits(), "{x}");
+        }
+        // Ties go to the even neighbour: 1 + ulp/2 down to 1, 1 + 3ulp/2 up to 1 + 2ulp; and the signs.
+        assert_eq!(round_bf16(1.0 + ulp / 2.0), 1.0);
+        assert_eq!(round_bf16(1.0 + 3.0 * ulp / 2.0), 1.0 + 2.0 * ulp);
+        assert_eq!(round_bf16(-(1.0 + ulp / 2.0)), -1.0);
+        assert_eq!(round_bf16(-(1.0 + 3.0 * ulp / 2.0)), -(1.0 + 2.0 * ulp));
+        // Off ties, to the nearer.
+        assert_eq!(round_bf16((1.0 + ulp / 2.0).next_up()), 1.0 + ulp);
+        assert_eq!(round_bf16((1.0 + ulp / 2.0).next_down()), 1.0);
+        // Infinities stay; bf16's largest finite value plus half an ulp or more rounds to infinity.
+        assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
+        assert_eq!(round_bf16(f32::NEG_INFINITY), f32::NEG_INFINITY);
+        assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
+        assert_eq!(round_bf16(-f32::MAX), f32::NEG_INFINITY);
+        // NaN stays NaN, also one whose payload lies only in the bits rounded away.
+        for nan in [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001)] {
+            assert!(round_bf16(nan).is_nan(), "{:#x}", nan.to_bits());
+            assert_eq!(round_bf16(nan).is_sign_negative(), nan.is_sign_negative());
+        }
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        assert_eq!(bf16_value(0xc020), -2.5);
     }
 }

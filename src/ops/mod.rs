@@ -8,12 +8,14 @@
 //! | [`losses`] | `losses.cuh` | softmax cross-entropy, squared error |
 //! | [`layernorm`] | `layernorm.cuh` | LayerNorm forward and backward |
 //! | [`attention`] | `attention.cuh` | causal multi-head self-attention forward and backward |
+//! | [`dropout`] | `dropout.cuh` | dropout's mask as a hash of (seed, step, site, element) |
 //! | [`optim`] | `optim.cuh` | SGD, momentum, Adam, AdamW, weight decay, clipping |
 //! | [`gemm`] | `gemm.cuh` | the tiles' shared-memory sizes (the products themselves: `crate::cpu::gemm`) |
 //! | [`mlp`] | the MLP kernels' layout | a two-layer perceptron's parameters as views of one flat vector |
 
 pub mod activations;
 pub mod attention;
+pub mod dropout;
 pub mod gemm;
 pub mod layernorm;
 pub mod losses;

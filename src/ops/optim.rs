@@ -191,7 +191,7 @@ pub struct OptimArgs {
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f32,
     /// Clip the gradient's global L2 norm to this before each update (0 = off)
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, visible_alias = "grad-clip", default_value_t = 0.0, allow_negative_numbers = true)]
     pub clip_norm: f32,
 }
 

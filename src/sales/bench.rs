@@ -37,12 +37,13 @@ pub struct SalesBenchArgs {
     pub columns: super::cli::ColumnArgs,
 }
 
-/// Per epoch: (mean training loss, test MAE).
-fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64) -> Result<Vec<(f64, f64)>> {
+/// Per epoch at the constant rate `lr`: (mean training loss, test MAE).
+fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64, lr: f32) -> Result<Vec<(f64, f64)>> {
     let mut shuffle = Shuffle::new(rows, seed);
     let mut history = Vec::with_capacity(epochs);
+    let rates = vec![lr; rows.div_ceil(DEFAULT_BATCH)];
     for _ in 0..epochs {
-        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH)?;
+        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH, &rates)?;
         history.push((loss / rows as f64, t.evaluate_test()?.mae));
     }
     Ok(history)
@@ -69,7 +70,11 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     let on_gpu = Backend::Cuda(gpu.clone());
     // Warm-up: modules compiled and loaded, one epoch run.
     let mut warm = FitSales::new(&on_gpu, &data, start.clone(), optim, None, DEFAULT_BATCH)?;
-    warm.train_epoch(Shuffle::new(rows, o.seed).next_epoch(), DEFAULT_BATCH)?;
+    warm.train_epoch(
+        Shuffle::new(rows, o.seed).next_epoch(),
+        DEFAULT_BATCH,
+        &vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)],
+    )?;
     drop(warm);
 
     // Device time of the training kernels alone: every epoch's order made first, then each epoch's order
@@ -93,7 +98,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     let mut t = FitSales::new(&on_gpu, &data, start.clone(), optim, None, DEFAULT_BATCH)?;
     let setup_s = setup.elapsed().as_secs_f64();
     let wall = Instant::now();
-    let gpu_history = run_epochs(&mut t, rows, o.epochs, o.seed)?;
+    let gpu_history = run_epochs(&mut t, rows, o.epochs, o.seed, optim.lr)?;
     let wall_s = wall.elapsed().as_secs_f64();
     let stats = t.stats().clone();
     let baseline = model::baseline_mae(&stats.normalize(&data.test), &stats);
@@ -103,7 +108,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     } else {
         let wall = Instant::now();
         let mut c = FitSales::new(&Backend::Cpu, &data, start, optim, None, DEFAULT_BATCH)?;
-        let history = run_epochs(&mut c, rows, o.epochs, o.seed)?;
+        let history = run_epochs(&mut c, rows, o.epochs, o.seed, optim.lr)?;
         Some((history, wall.elapsed().as_secs_f64()))
     };
 

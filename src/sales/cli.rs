@@ -11,7 +11,7 @@ use super::train::{FitSales, SalesTrainer};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
-use crate::ops::optim::OptimArgs;
+use crate::ops::optim::{OptimArgs, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{MemoryNeed, available_memory};
 use crate::run::{self, Ending, TrainingCommand};
@@ -61,6 +61,9 @@ pub struct SalesArgs {
     #[command(flatten)]
     /// The optimizer flags (`--optim`, `--lr`, ...).
     pub optim: OptimArgs,
+    /// The learning-rate schedule (`--lr-schedule`, `--warmup`, `--min-lr`).
+    #[command(flatten)]
+    pub schedule: ScheduleArgs,
     /// Rows per optimizer step (the loss is the batch mean)
     #[arg(long, default_value_t = DEFAULT_BATCH)]
     pub batch: usize,
@@ -184,6 +187,8 @@ pub struct Setup {
     /// The MAE a run must match to replace the model at --out (and to be written after --resume): of
     /// that model and of the resumed one, on the rows epochs are judged by (validation, else test).
     old_mae: Option<f64>,
+    /// The learning rate of every optimizer step of the run, epoch after epoch.
+    rates: Vec<f32>,
 }
 
 /// What `train` hands to `finish`.
@@ -324,8 +329,16 @@ impl TrainingCommand for SalesArgs {
             data.target_name,
             report::count(shape.param_count()),
         ));
+        let schedule = args.schedule.schedule(optim.lr)?;
+        let steps_per_epoch = data.train.rows.div_ceil(args.batch.max(1));
+        schedule.check(steps_per_epoch * args.epochs)?;
+        let rates = schedule.rates(optim.lr, steps_per_epoch * args.epochs);
+        let schedule_text = match schedule.describe() {
+            text if text.is_empty() => text,
+            text => format!(" ({text})"),
+        };
         display.line(&format!(
-            "{}, batch {}, {} epoch{}, seed {}; device {device_line}",
+            "{}{schedule_text}, batch {}, {} epoch{}, seed {}; device {device_line}",
             optim.describe(),
             args.batch,
             args.epochs,
@@ -382,12 +395,13 @@ impl TrainingCommand for SalesArgs {
             baseline_mae,
             val,
             old_mae,
+            rates,
         })
     }
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
         let args = self;
-        let Setup { ref mut display, ref mut trainer, ref data, ref val, ref stats, old_mae, .. } = setup;
+        let Setup { ref mut display, ref mut trainer, ref data, ref val, ref stats, old_mae, ref rates, .. } = setup;
         let rows = data.train.rows;
         let mut shuffle = Shuffle::new(rows, args.seed);
         let mut history = Vec::with_capacity(args.epochs);
@@ -399,7 +413,9 @@ impl TrainingCommand for SalesArgs {
         for epoch in 1..=args.epochs {
             display.epoch_started(epoch, rows);
             let epoch_start = Instant::now();
-            let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch)? / rows as f64;
+            let steps = rows.div_ceil(args.batch.max(1));
+            let epoch_rates = &rates[(epoch - 1) * steps..epoch * steps];
+            let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch, epoch_rates)? / rows as f64;
             display.reached(rows);
             let eval = trainer.evaluate_test()?;
             let judged = match val {
@@ -566,6 +582,9 @@ impl TrainingCommand for SalesArgs {
                     "lr": report::decimal(o.lr),
                     "weight_decay": report::decimal(o.weight_decay),
                     "clip_norm": report::decimal(o.clip_norm),
+                    "lr_schedule": args.schedule.lr_schedule.name(),
+                    "warmup": args.schedule.warmup,
+                    "min_lr": report::decimal(args.schedule.min_lr),
                     "epochs": args.epochs,
                     "batch": args.batch,
                     "seed": args.seed,

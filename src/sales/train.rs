@@ -18,9 +18,9 @@ pub trait SalesTrainer {
     /// The statistics the features and target were standardised with (saved with the model).
     fn stats(&self) -> &Stats;
     /// One pass over `order` (indices into the training split) in batches of `batch`, an optimizer step
-    /// per batch (the last may be shorter). Returns the summed per-row squared error (standardised), each
-    /// row's taken before its batch's step.
-    fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64>;
+    /// per batch (the last may be shorter) at learning rate `rates[step]`. Returns the summed per-row
+    /// squared error (standardised), each row's taken before its batch's step.
+    fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64>;
     /// The model on every test row.
     fn evaluate_test(&mut self) -> Result<Evaluation>;
     /// The current parameters.
@@ -43,7 +43,6 @@ pub struct FitSales {
     trainer: Box<dyn FitTrainer>,
     shape: SalesShape,
     stats: Stats,
-    lr: f32,
     test: Arc<Samples>,
 }
 
@@ -85,7 +84,7 @@ impl FitSales {
         let shape = params.shape;
         let (setup, stats) = FitSales::setup(data, params, optim, stats)?;
         let test = setup.splits[1].clone();
-        Ok(FitSales { trainer: fit::trainer(backend, setup, batch.max(1))?, shape, stats, lr: optim.lr, test })
+        Ok(FitSales { trainer: fit::trainer(backend, setup, batch.max(1))?, shape, stats, test })
     }
 }
 
@@ -94,8 +93,8 @@ impl SalesTrainer for FitSales {
         &self.stats
     }
 
-    fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
-        self.trainer.train_epoch_at(order, batch, self.lr, &mut |_| {})
+    fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
+        self.trainer.train_epoch(order, batch, rates, &mut |_| {})
     }
 
     fn evaluate_test(&mut self) -> Result<Evaluation> {

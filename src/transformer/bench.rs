@@ -1,8 +1,10 @@
 //! `textnet bench transformer`: 1000 training steps of the default model on a corpus (batch 32 × block
 //! 64, AdamW 1e-3), in graphs of 100 steps timed with device events (the graph captured before timing;
 //! the validation loss after each graph is timed apart), beside `benches/torch_transformer.py`; with
-//! --tf32 the linear layers run on the tensor cores (beside the twin's --tf32); with --large, 200 steps
-//! of the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64) in graphs of 50.
+//! --precision tf32 or bf16 the products run on the tensor cores (beside the twin's --tf32 or --bf16); with --large, 200 steps
+//! of the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64) in graphs of 50. With
+//! --attention, the attention kernels alone at nanoGPT's shape, fp32 beside bf16 (`gpu::flash::bench_attention`),
+//! beside `benches/torch_attention.py`.
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
@@ -11,6 +13,7 @@ use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
+use crate::precision::Precision;
 use crate::timing::time_on_device;
 use anyhow::Result;
 use rand::SeedableRng;
@@ -27,11 +30,19 @@ struct Run {
 }
 
 /// The default model, 1000 steps of 32 windows.
-const DEFAULT: Run =
-    Run { shape: Config { vocab: 256, block: 64, embed: 64, heads: 4, layers: 2 }, batch: 32, steps: 1000, chunk: 100 };
+const DEFAULT: Run = Run {
+    shape: Config { vocab: 256, block: 64, embed: 64, heads: 4, layers: 2, bias: true, tie_weights: false },
+    batch: 32,
+    steps: 1000,
+    chunk: 100,
+};
 /// The larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64): 200 steps, for tokens/s.
-const LARGE: Run =
-    Run { shape: Config { vocab: 256, block: 256, embed: 384, heads: 6, layers: 6 }, batch: 64, steps: 200, chunk: 50 };
+const LARGE: Run = Run {
+    shape: Config { vocab: 256, block: 256, embed: 384, heads: 6, layers: 6, bias: true, tie_weights: false },
+    batch: 64,
+    steps: 200,
+    chunk: 50,
+};
 
 /// The flags of `bench transformer`.
 #[derive(clap::Args, Debug)]
@@ -42,17 +53,23 @@ pub struct TransformerBenchArgs {
     /// Seed of the initial parameters and of the windows
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// The linear layers on the tensor cores in TF32
-    #[arg(long)]
-    pub tf32: bool,
+    /// The GPU's arithmetic (as `transformer --precision`)
+    #[arg(long, value_enum, default_value_t)]
+    pub precision: Precision,
     /// The larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64), 200 steps
     #[arg(long)]
     pub large: bool,
+    /// Time the attention kernels alone at nanoGPT's shape instead: fp32 beside bf16 (flash)
+    #[arg(long)]
+    pub attention: bool,
 }
 
 /// `textnet bench transformer`: times training steps on `args.corpus` on the GPU, with the shared bench options.
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs) -> Result<()> {
-    let TransformerBenchArgs { corpus: ref corpus_path, seed, tf32, large } = *args;
+    let TransformerBenchArgs { corpus: ref corpus_path, seed, precision, large, attention } = *args;
+    if attention {
+        return super::gpu::flash::bench_attention(gpu);
+    }
     let json = options.json;
     let Run { shape, batch, steps, chunk } = if large { LARGE } else { DEFAULT };
     let corpus = Corpus::load(corpus_path, shape.vocab, shape.block)?;
@@ -61,7 +78,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
     let params = model::init(&config, seed);
     let setup = Instant::now();
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
-    trainer.set_tf32(tf32);
+    trainer.set_precision(precision)?;
     trainer.prepare(chunk, batch)?;
     let setup_s = setup.elapsed().as_secs_f64();
     let val_offsets = data::val_offsets(corpus.val.len(), config.block);
@@ -76,7 +93,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
             (0..chunk).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, batch)).collect();
         let mut losses = Vec::new();
         train_ms += time_on_device(gpu, || {
-            losses = trainer.train_steps(&offsets, batch)?;
+            losses = trainer.train_steps(&offsets, batch, &vec![optim.lr; chunk])?;
             Ok(())
         })?;
         let mut val = 0.0;
@@ -96,7 +113,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
         "corpus": corpus_path.display().to_string(),
         "config": {"vocab": config.vocab, "block": config.block, "embed": config.embed, "heads": config.heads,
                    "layers": config.layers, "batch": batch, "steps": steps, "optimizer": optim.describe(), "seed": seed,
-                   "linear_layers": if tf32 { "tf32 tensor cores" } else { "fp32" }},
+                   "precision": precision.name()},
         "params": params.len(),
         "setup_s": setup_s,
         "train_s": train_ms / 1e3,

@@ -3,6 +3,9 @@
 //! model file. Progress is counted in steps, as nanoGPT counts them: one bar for the run with tokens/s
 //! and ms/step, and a line per evaluation. In the `--json` report an "epoch" is the --eval-every steps
 //! between two evaluations, and each row also gives its last step.
+//!
+//! nanoGPT's Shakespeare recipe maps onto the flags: --dropout 0.2, --lr-schedule cosine --warmup 100
+//! --min-lr 1e-4, --beta2 0.99, --clip-norm 1 (alias --grad-clip), --eval-iters 200.
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
@@ -12,7 +15,8 @@ use crate::checkpoint;
 use crate::cpu::SeededRng;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
-use crate::ops::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, ScheduleArgs};
+use crate::precision::Precision;
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
 use crate::run::{self, Ending, TrainingCommand};
@@ -39,6 +43,12 @@ pub struct TransformerArgs {
     /// Context length in characters
     #[arg(long, default_value_t = model::DEFAULT_BLOCK)]
     pub block: usize,
+    /// No biases in the linear layers and LayerNorms (nanoGPT's bias=False)
+    #[arg(long)]
+    pub no_bias: bool,
+    /// The output head shares the token embedding's weight (nanoGPT's weight tying)
+    #[arg(long)]
+    pub tie_weights: bool,
     /// Sequences per step
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
@@ -54,22 +64,36 @@ pub struct TransformerArgs {
     /// AdamW's β2, the decay of the squared gradient's running mean (nanoGPT's small models use 0.99)
     #[arg(long, default_value_t = 0.999, allow_negative_numbers = true)]
     pub beta2: f32,
+    /// Clip the gradient's global L2 norm to this before each update (0 = off; nanoGPT uses 1)
+    #[arg(long, visible_alias = "grad-clip", value_name = "G", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub clip_norm: f32,
+    /// --lr-schedule, --warmup and --min-lr.
+    #[command(flatten)]
+    pub schedule: ScheduleArgs,
+    /// Dropout probability in training, in [0, 1): after the embeddings, on the attention probabilities and
+    /// on both residual branches (nanoGPT's places); never in evaluation or generation
+    #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub dropout: f32,
     /// Largest vocabulary, the unknown character included (rarer characters read as unknown)
     #[arg(long, default_value_t = 256)]
     pub vocab: usize,
     /// Validation loss every N steps (and after the last)
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub eval_every: usize,
+    /// Each evaluation over N batches of --batch validation windows drawn at random (from --seed, the
+    /// same windows every time) instead of the evenly spaced windows across the whole validation part
+    #[arg(long, value_name = "N")]
+    pub eval_iters: Option<usize>,
     /// Seed of the initial parameters and of the batches
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Where to train
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
-    /// On the GPU, run the linear layers' products on the tensor cores in TF32 (faster; operands rounded
-    /// to a 10-bit mantissa). Default: fp32 throughout
-    #[arg(long)]
-    pub tf32: bool,
+    /// The GPU's arithmetic: fp32 throughout, TF32 products on the tensor cores, or bf16 products and
+    /// attention on the tensor cores with fp32 sums, weights and statistics (the CPU trains in fp32)
+    #[arg(long, value_enum, default_value_t)]
+    pub precision: Precision,
     /// Where to write the model (.safetensors); a Transformer already there (of the same vocabulary and
     /// block) is replaced only by one of equal or lower validation loss on this run's validation windows
     #[arg(short = 'o', long, default_value = "transformer.safetensors")]
@@ -81,7 +105,8 @@ pub struct TransformerArgs {
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
     /// Continue training this Transformer model file: its shape and vocabulary are kept (--layers,
-    /// --heads, --embed, --block and --vocab are not used); AdamW's moments start afresh
+    /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab are not used); AdamW's moments start
+    /// afresh
     #[arg(long, value_name = "MODEL")]
     pub resume: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
@@ -103,11 +128,24 @@ impl TransformerArgs {
         if self.eval_every == 0 {
             bail!("--eval-every must be at least 1, got 0");
         }
+        if self.eval_iters == Some(0) {
+            bail!("--eval-iters must be at least 1, got 0 (leave it out to evaluate on the evenly spaced windows)");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!("--dropout must be in [0, 1), got {}", self.dropout);
+        }
         if self.vocab < 2 {
             bail!("--vocab must be at least 2 (the unknown character and one more), got {}", self.vocab);
         }
-        let config =
-            Config { vocab: self.vocab, block: self.block, embed: self.embed, heads: self.heads, layers: self.layers };
+        let config = Config {
+            vocab: self.vocab,
+            block: self.block,
+            embed: self.embed,
+            heads: self.heads,
+            layers: self.layers,
+            bias: !self.no_bias,
+            tie_weights: self.tie_weights,
+        };
         config.validate()?;
         // The vocabulary here is the cap; the corpus's own, often far smaller, is checked once read.
         self.memory_need(&Config { vocab: 2, ..config }).check(resources::available_memory())?;
@@ -149,10 +187,23 @@ impl TransformerArgs {
             lr: self.lr,
             weight_decay: self.weight_decay,
             beta2: self.beta2,
+            clip_norm: self.clip_norm,
             ..OptimConfig::new(OptimKind::AdamW)
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The learning-rate schedule, checked against --lr and --steps.
+    fn lr_schedule(&self) -> Result<LrSchedule> {
+        let schedule = self.schedule.schedule(self.lr)?;
+        schedule.check(self.steps)?;
+        Ok(schedule)
+    }
+
+    /// The seed of dropout's masks.
+    fn dropout_seed(&self) -> u32 {
+        (self.seed ^ (self.seed >> 32)) as u32
     }
 }
 
@@ -163,19 +214,23 @@ enum Trainer {
 }
 
 impl Trainer {
-    /// The mean loss of each step over `offsets` (`batch` per step); `stepped(n)` after each n steps
-    /// done (every step on the CPU; on the GPU, whose steps run as one graph, once).
+    /// The mean loss of each step over `offsets` (`batch` per step), step s at learning rate `rates[s]`;
+    /// `stepped(n)` after each n steps done (every step on the CPU; on the GPU, whose steps run as one
+    /// graph, once).
     fn train(
         &mut self,
         corpus: &Corpus,
         offsets: &[u32],
         batch: usize,
+        rates: &[f32],
         stepped: &mut dyn FnMut(usize),
     ) -> Result<Vec<f64>> {
         match self {
             Trainer::Cpu(t) => Ok(offsets
                 .chunks(batch)
-                .map(|o| {
+                .zip(rates)
+                .map(|(o, &rate)| {
+                    t.optimizer.config.lr = rate;
                     let (tokens, targets) = data::windows(&corpus.train, o, t.config.block);
                     let loss = f64::from(t.step(&tokens, &targets, batch));
                     stepped(1);
@@ -183,7 +238,7 @@ impl Trainer {
                 })
                 .collect()),
             Trainer::Gpu(t) => {
-                let losses = t.train_steps(offsets, batch)?;
+                let losses = t.train_steps(offsets, batch, rates)?;
                 stepped(losses.len());
                 Ok(losses)
             }
@@ -225,6 +280,8 @@ pub struct Setup {
     evals: usize,
     /// Steps the --resume'd model had taken.
     steps_before: usize,
+    /// The learning rate of each of this run's steps.
+    rates: Vec<f32>,
 }
 
 /// What `train` hands to `finish`.
@@ -246,6 +303,7 @@ impl TrainingCommand for TransformerArgs {
         let args = self;
         let shape = args.check()?;
         let optim = args.optim()?;
+        let schedule = args.lr_schedule()?;
         let lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
         let mut inputs = vec![("corpus", args.corpus.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
@@ -285,25 +343,35 @@ impl TrainingCommand for TransformerArgs {
                 .line(&format!("resuming {} (its shape and vocabulary; AdamW's moments start afresh)", path.display()));
         }
         display.line(&format!(
-            "model: {} layers, {} heads, embed {}, block {}, vocabulary {} ({} characters of {} read as unknown); \
-             {} parameters; AdamW lr {} weight decay {} β2 {}, batch {} × {}, {} steps, seed {}; device {device_line}",
+            "model: {} layers, {} heads, embed {}, block {}{}{}, vocabulary {} ({} characters of {} read as unknown); \
+             {} parameters; AdamW lr {}{} weight decay {} β2 {}{}{}, batch {} × {}, {} steps, seed {}; device {device_line}",
             config.layers,
             config.heads,
             config.embed,
             config.block,
+            if config.bias { "" } else { ", no biases" },
+            if config.tie_weights { ", head tied to the token embedding" } else { "" },
             config.vocab,
             report::count(corpus.unknown),
             report::count(corpus.train.len() + corpus.val.len()),
             report::count(params.len()),
             args.lr,
+            Some(schedule.describe()).filter(|d| !d.is_empty()).map_or(String::new(), |d| format!(" ({d})")),
             args.weight_decay,
             args.beta2,
+            if args.clip_norm > 0.0 { format!(", clip-norm {}", args.clip_norm) } else { String::new() },
+            if args.dropout > 0.0 { format!(", dropout {}", args.dropout) } else { String::new() },
             args.batch,
             config.block,
             args.steps,
             args.seed,
         ));
-        let val_offsets = data::val_offsets(corpus.val.len(), config.block);
+        let val_offsets = match args.eval_iters {
+            Some(n) => {
+                data::sampled_val_offsets(corpus.val.len(), config.block, n.saturating_mul(args.batch), args.seed)
+            }
+            None => data::val_offsets(corpus.val.len(), config.block),
+        };
         // The model already at --out, measured on this run's validation windows (its stored val_loss was
         // measured on whatever corpus it was trained on).
         let baseline = match &existing {
@@ -324,22 +392,42 @@ impl TrainingCommand for TransformerArgs {
             None => None,
         };
         let trainer = match &backend {
-            Backend::Cpu => Trainer::Cpu(Box::new(CpuTrainer::new(config, params, optim)?)),
+            Backend::Cpu => Trainer::Cpu(Box::new(
+                CpuTrainer::new(config, params, optim)?.with_dropout(args.dropout, args.dropout_seed()),
+            )),
             Backend::Cuda(gpu) => {
                 let mut t = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
-                t.set_tf32(args.tf32);
+                t.set_dropout(args.dropout, args.dropout_seed());
+                t.set_precision(args.precision)?;
                 Trainer::Gpu(Box::new(t))
             }
         };
-        if args.tf32 && matches!(backend, Backend::Cpu) {
-            display.line("note: --tf32 applies to the GPU only; the CPU trains in fp32");
+        if args.precision != Precision::Fp32 && matches!(backend, Backend::Cpu) {
+            display.line(&format!(
+                "note: --precision {} applies to the GPU only; the CPU trains in fp32",
+                args.precision.name()
+            ));
         }
-        Ok(Setup { _lock: lock, display, corpus, config, backend, val_offsets, baseline, trainer, evals, steps_before })
+        let rates = schedule.rates(args.lr, args.steps);
+        Ok(Setup {
+            _lock: lock,
+            display,
+            corpus,
+            config,
+            backend,
+            val_offsets,
+            baseline,
+            trainer,
+            evals,
+            steps_before,
+            rates,
+        })
     }
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
         let args = self;
-        let Setup { ref mut display, ref mut trainer, ref corpus, ref val_offsets, config, evals, .. } = setup;
+        let Setup { ref mut display, ref mut trainer, ref corpus, ref val_offsets, config, evals, ref rates, .. } =
+            setup;
         let mut rng = SeededRng::seed_from_u64(args.seed);
         let start = Instant::now();
         let mut rows = Vec::new();
@@ -353,7 +441,7 @@ impl TrainingCommand for TransformerArgs {
                 .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
                 .collect();
             let mut reached = done;
-            let losses = trainer.train(corpus, &offsets, args.batch, &mut |n| {
+            let losses = trainer.train(corpus, &offsets, args.batch, &rates[done..done + steps], &mut |n| {
                 reached += n;
                 display.steps_reached(reached);
             })?;
@@ -477,11 +565,17 @@ impl TrainingCommand for TransformerArgs {
                     "out": out.to_string(),
                     "keep": "best",
                     "layers": config.layers, "heads": config.heads, "embed": config.embed, "block": config.block,
+                    "bias": config.bias, "tie_weights": config.tie_weights,
                     "batch": args.batch, "steps": args.steps, "lr": report::decimal(args.lr),
                     "weight_decay": report::decimal(args.weight_decay), "beta2": report::decimal(args.beta2),
+                    "clip_norm": report::decimal(args.clip_norm),
+                    "lr_schedule": args.schedule.lr_schedule.name(), "warmup": args.schedule.warmup,
+                    "min_lr": report::decimal(args.schedule.min_lr),
+                    "dropout": report::decimal(args.dropout),
+                    "eval_iters": args.eval_iters,
                     "vocab": args.vocab,
                     "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
-                    "tf32": args.tf32,
+                    "precision": args.precision.name(),
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                     "overwrite": args.overwrite,
                     "plot": args.plot.as_ref().map(|p| p.display().to_string()),

@@ -9,7 +9,7 @@
 
 use crate::cpu::SeededRng;
 use anyhow::{Result, anyhow, bail};
-use rand::RngExt;
+use rand::{RngExt, SeedableRng};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -189,6 +189,15 @@ pub fn train_offsets(rng: &mut SeededRng, n: usize, block: usize, batch: usize) 
 pub fn val_offsets(n_val: usize, block: usize) -> Vec<u32> {
     let stride = block.max(n_val.saturating_sub(block + 1) / MAX_VAL_WINDOWS);
     (0..MAX_VAL_WINDOWS).map(|i| i * stride).take_while(|&o| o + block < n_val).map(|o| o as u32).collect()
+}
+
+/// The windows of `--eval-iters N`: N·batch offsets drawn uniformly in the validation part of `n_val` ids
+/// (as nanoGPT's `estimate_loss` draws them) from `seed`, the same at every evaluation of a run so that
+/// its checkpoints compare on the same windows.
+pub fn sampled_val_offsets(n_val: usize, block: usize, windows: usize, seed: u64) -> Vec<u32> {
+    // A stream of its own: the training batches draw from `seed` itself.
+    let mut rng = SeededRng::seed_from_u64(seed ^ 0x5eed_e7a1_5eed_e7a1);
+    train_offsets(&mut rng, n_val, block, windows)
 }
 
 /// The inputs `ids[o..o+block]` and the targets `ids[o+1..o+block+1]` of the windows at `offsets`, one

@@ -62,7 +62,7 @@ pub fn evaluate(bytes: &[u8], args: &EvalArgs, bar: &ProgressBar) -> Result<Eval
 
 /// The sums over one window: `inputs` and the `targets` one character further.
 fn window(m: &TransformerModel, inputs: &[u32], targets: &[u32]) -> Evaluation {
-    let f = model::forward::<f32>(&m.config, &m.params, inputs, 1, Some(targets));
+    let f = model::forward::<f32>(&m.config, &m.params, inputs, 1, Some(targets), None);
     let v = m.config.vocab;
     let mut sums = Evaluation::default();
     for ((loss, &target), logits) in f.losses.iter().zip(targets).zip(f.logits.chunks_exact(v)) {

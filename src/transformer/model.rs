@@ -11,6 +11,14 @@
 //! xf = LN_f(x);  logits = xf·W_headᵀ + b_head;  loss = mean over all B·T positions of −log softmax(logits)[target]
 //! ```
 //!
+//! Training may drop out (`Dropout`), where nanoGPT does: the embeddings' sum, the attention
+//! probabilities (y_h[t] = Σ_u m[t][u]·p[t][u]·v_h[u]) and both residual branches before they are added
+//! (x = x + m ⊙ (y·W_projᵀ + b_proj), likewise the MLP's), each mask a hash of (seed, step, site, element)
+//! (`crate::ops::dropout`) so that the GPU draws the same; survivors are scaled by 1/(1 − p).
+//!
+//! `Config::bias` off drops every `b` above (nanoGPT's bias=False: the LayerNorms only scale);
+//! `Config::tie_weights` makes W_head tok_emb itself, whose gradient then adds both uses.
+//!
 //! LayerNorm over C: mean μ, biased variance σ², r = 1/√(σ² + 1e-5), out = (x − μ)·r·w + b; GELU in its tanh
 //! form. The parameters are one flat vector in PyTorch's `state_dict` order and layouts (`Layout`), so the
 //! shared optimizers update it in one pass and a model file loads into the PyTorch twin.
@@ -22,8 +30,9 @@
 
 use crate::cpu::{Mat, Real, SeededRng, gemm};
 use crate::ops::activations::{gelu, gelu_grad};
-use crate::ops::attention::{attention, attention_backward};
+use crate::ops::attention::{AttentionDropout, attention, attention_backward};
 use crate::ops::constant;
+use crate::ops::dropout::{DropoutKey, Mask};
 use crate::ops::layernorm::{layer_norm_backward, layer_norm_rows};
 use crate::ops::losses::softmax_xent;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
@@ -55,12 +64,23 @@ pub struct Config {
     pub heads: usize,
     /// Number of Transformer blocks.
     pub layers: usize,
+    /// Biases in the linear layers and LayerNorms (nanoGPT's `bias`); without them they are absent from
+    /// the parameters (a LayerNorm then only scales).
+    pub bias: bool,
+    /// The head shares tok_emb's weight (nanoGPT's weight tying): `head.weight` is absent and tok_emb's
+    /// gradient is the sum of both uses.
+    pub tie_weights: bool,
 }
 
 impl Config {
     /// The default model over `vocab` ids.
     pub fn new(vocab: usize) -> Config {
-        Config { vocab, block: DEFAULT_BLOCK, embed: DEFAULT_EMBED, heads: DEFAULT_HEADS, layers: DEFAULT_LAYERS }
+        Config::sized(vocab, DEFAULT_BLOCK, DEFAULT_EMBED, DEFAULT_HEADS, DEFAULT_LAYERS)
+    }
+
+    /// A model of these sizes with biases and an untied head.
+    pub const fn sized(vocab: usize, block: usize, embed: usize, heads: usize, layers: usize) -> Config {
+        Config { vocab, block, embed, heads, layers, bias: true, tie_weights: false }
     }
 
     /// The MLP's width F = 4·embed.
@@ -101,6 +121,36 @@ impl Config {
     }
 }
 
+/// Dropout in one training step: the probability and the step's key (evaluation passes none).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    /// The probability of dropping each value, in [0, 1).
+    pub p: f32,
+    /// The run's seed and the step's number.
+    pub key: DropoutKey,
+}
+
+/// The dropout sites, each its own mask per step: the embeddings' sum, then per block its attention
+/// probabilities, attention branch and MLP branch.
+pub const EMBEDDING_SITE: usize = 0;
+
+/// Block `l`'s attention-probability site; its attention and MLP branches are the next two.
+pub fn attention_site(l: usize) -> usize {
+    1 + 3 * l
+}
+
+/// Site `site`'s mask in this step, `None` without dropout.
+fn mask(dropout: Option<Dropout>, site: usize) -> Option<Mask> {
+    dropout.and_then(|d| Mask::new(Some(d.key), site, d.p))
+}
+
+/// `v` ⊙ the mask, `v` holding elements first, first + 1, … of its site.
+fn drop_out<F: Real>(v: &mut [F], mask: Option<Mask>, first: usize) {
+    if let Some(mask) = mask {
+        v.iter_mut().enumerate().for_each(|(i, x)| *x = *x * constant(mask.factor(first + i) as f64));
+    }
+}
+
 /// The names of a block's tensors after `blocks.{l}.`, in order.
 pub const BLOCK_TENSORS: [&str; 12] = [
     "ln1.weight",
@@ -116,29 +166,6 @@ pub const BLOCK_TENSORS: [&str; 12] = [
     "mlp.proj.weight",
     "mlp.proj.bias",
 ];
-
-// Tensor indices: the embeddings, then per block 12 (BLOCK_TENSORS, each weight followed by its bias),
-// then ln_f and head.
-const TOK: usize = 0;
-const POS: usize = 1;
-const LN1: usize = 0;
-const QKV: usize = 2;
-const PROJ: usize = 4;
-const LN2: usize = 6;
-const FC: usize = 8;
-const MPROJ: usize = 10;
-
-fn block_tensor(l: usize, k: usize) -> usize {
-    2 + BLOCK_TENSORS.len() * l + k
-}
-
-fn lnf_tensor(c: &Config) -> usize {
-    block_tensor(c.layers, 0)
-}
-
-fn head_tensor(c: &Config) -> usize {
-    lnf_tensor(c) + 2
-}
 
 /// One named tensor of the flat parameter vector.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,7 +203,8 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The tensors of a model of `c`, in order, and their offsets.
+    /// The tensors of a model of `c`, in order, and their offsets (without biases, every `.bias` is left
+    /// out; with tied weights, `head.weight`).
     pub fn new(c: &Config) -> Layout {
         let (v, t, e, f) = (c.vocab, c.block, c.embed, c.ffn());
         let mut shapes: Vec<(String, Vec<usize>)> =
@@ -199,6 +227,9 @@ impl Layout {
             ("head.weight".into(), vec![v, e]),
             ("head.bias".into(), vec![v]),
         ]);
+        shapes.retain(|(name, _)| {
+            (c.bias || !name.ends_with(".bias")) && !(c.tie_weights && name.as_str() == "head.weight")
+        });
         let mut offset = 0;
         let tensors = shapes
             .into_iter()
@@ -224,6 +255,11 @@ impl Layout {
     /// The tensor of that name, if any.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The index of the tensor of that name, if any.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.tensors.iter().position(|t| t.name == name)
     }
 
     /// Elements of the flat vector.
@@ -260,14 +296,46 @@ struct Weights<'a, F> {
     config: &'a Config,
     layout: Layout,
     p: Vec<&'a [F]>,
+    /// Zeros as wide as the widest LayerNorm, for the bias of one the model has none of.
+    zeros: Vec<F>,
 }
 
-impl<'a, F> Weights<'a, F> {
+impl<'a, F: Real> Weights<'a, F> {
     fn new(config: &'a Config, params: &'a [F]) -> Weights<'a, F> {
         let layout = Layout::new(config);
         let p = layout.views(params);
-        Weights { config, layout, p }
+        Weights { config, layout, p, zeros: vec![F::zero(); config.embed] }
     }
+
+    /// Tensor `name`, if the model has it.
+    fn get(&self, name: &str) -> Option<&'a [F]> {
+        self.layout.position(name).map(|i| self.p[i])
+    }
+
+    /// Weight `name`, which every model has.
+    fn weight(&self, name: &str) -> &'a [F] {
+        self.get(name).unwrap_or_else(|| panic!("internal: no tensor {name}"))
+    }
+
+    /// The head's weight: tok_emb's when tied.
+    fn head(&self) -> &'a [F] {
+        self.weight(head_weight(self.config))
+    }
+
+    /// LayerNorm `ln`'s weight and bias (zeros without biases).
+    fn layer_norm(&self, ln: &str) -> (&[F], &[F]) {
+        (self.weight(&format!("{ln}.weight")), self.get(&format!("{ln}.bias")).unwrap_or(&self.zeros))
+    }
+
+    /// Linear layer `layer`'s weight and bias, if it has one.
+    fn linear(&self, layer: &str) -> (&'a [F], Option<&'a [F]>) {
+        (self.weight(&format!("{layer}.weight")), self.get(&format!("{layer}.bias")))
+    }
+}
+
+/// The name of the tensor the head multiplies by: `tok_emb.weight` when tied.
+pub fn head_weight(config: &Config) -> &'static str {
+    if config.tie_weights { "tok_emb.weight" } else { "head.weight" }
 }
 
 /// The initial parameters: every weight matrix and both embeddings ~ Normal(0, 0.02), drawn in tensor
@@ -329,6 +397,8 @@ pub struct Forward<F> {
     pub batch: usize,
     /// Positions per sequence, T ≤ block.
     pub seq: usize,
+    /// The step's dropout, if it trains with one.
+    pub dropout: Option<Dropout>,
     /// The input ids, `[B·T]`.
     pub tokens: Vec<u32>,
     /// Each block's activations.
@@ -408,20 +478,34 @@ fn push<F: Copy>(dst: &mut Vec<F>, src: Vec<F>) {
     }
 }
 
-/// out (rows × n) = x (rows × k)·wᵀ + b, w being n × k (PyTorch's Linear).
-fn linear<F: Real>(x: &[F], rows: usize, w: &[F], b: &[F]) -> Vec<F> {
-    let (n, k) = (b.len(), x.len() / rows.max(1));
-    let mut out: Vec<F> = b.iter().copied().cycle().take(rows * n).collect();
+/// out (rows × n) = x (rows × k)·wᵀ (+ b), w being n × k (PyTorch's Linear).
+fn linear<F: Real>(x: &[F], rows: usize, (w, b): (&[F], Option<&[F]>)) -> Vec<F> {
+    let k = x.len() / rows.max(1);
+    let n = w.len() / k;
+    let mut out: Vec<F> = match b {
+        Some(b) => b.iter().copied().cycle().take(rows * n).collect(),
+        None => vec![F::zero(); rows * n],
+    };
     gemm(Mat::rows_of(x, rows, k), Mat::rows_of(w, n, k).t(), F::one(), &mut out);
     out
 }
 
-/// `linear`'s backward: adds d_outᵀ·x to `gw` and d_out's column sums to `gb`; returns d x = d_out·w.
-fn linear_backward<F: Real>(x: &[F], d_out: &[F], rows: usize, w: &[F], gw: &mut [F], gb: &mut [F]) -> Vec<F> {
-    let (n, k) = (gb.len(), x.len() / rows.max(1));
+/// `linear`'s backward: adds d_outᵀ·x to `gw` and d_out's column sums to `gb` (when the layer has a
+/// bias); returns d x = d_out·w.
+fn linear_backward<F: Real>(
+    x: &[F],
+    d_out: &[F],
+    rows: usize,
+    w: &[F],
+    (gw, gb): (&mut [F], Option<&mut [F]>),
+) -> Vec<F> {
+    let k = x.len() / rows.max(1);
+    let n = w.len() / k;
     gemm(Mat::rows_of(d_out, rows, n).t(), Mat::rows_of(x, rows, k), F::one(), gw);
-    for row in d_out.chunks_exact(n) {
-        gb.iter_mut().zip(row).for_each(|(g, &d)| *g = *g + d);
+    if let Some(gb) = gb {
+        for row in d_out.chunks_exact(n) {
+            gb.iter_mut().zip(row).for_each(|(g, &d)| *g = *g + d);
+        }
     }
     let mut d_x = vec![F::zero(); rows * k];
     gemm(Mat::rows_of(d_out, rows, n), Mat::rows_of(w, n, k), F::zero(), &mut d_x);
@@ -429,10 +513,11 @@ fn linear_backward<F: Real>(x: &[F], d_out: &[F], rows: usize, w: &[F], gw: &mut
 }
 
 impl<F: Real> Forward<F> {
-    fn empty(config: &Config, batch: usize, seq: usize) -> Forward<F> {
+    fn empty(config: &Config, batch: usize, seq: usize, dropout: Option<Dropout>) -> Forward<F> {
         Forward {
             batch,
             seq,
+            dropout,
             tokens: Vec::with_capacity(batch * seq),
             blocks: vec![BlockForward::default(); config.layers],
             xf: Vec::new(),
@@ -444,27 +529,38 @@ impl<F: Real> Forward<F> {
         }
     }
 
-    /// Appends the activations of one sequence (its per-position losses too when `targets` is given).
-    fn push_sequence(&mut self, w: &Weights<F>, tokens: &[u32], targets: Option<&[u32]>) {
-        let (config, p) = (w.config, &w.p);
+    /// Appends the activations of one sequence, sequence `b` of its step (which numbers its dropout
+    /// elements), and its per-position losses when `targets` is given.
+    fn push_sequence(&mut self, w: &Weights<F>, tokens: &[u32], targets: Option<&[u32]>, b: usize) {
+        let config = w.config;
         let (n, c) = (tokens.len(), config.embed);
+        let (tok, pos) = (w.weight("tok_emb.weight"), w.weight("pos_emb.weight"));
+        // Row t of the sequence is row b·block + t of the step, as on the GPU.
+        let first_row = b * config.block;
         let mut x = vec![F::zero(); n * c];
         for (t, (row, &token)) in x.chunks_exact_mut(c).zip(tokens).enumerate() {
             assert!((token as usize) < config.vocab, "token id {token} is outside the vocabulary of {}", config.vocab);
-            let (e, pe) = (&p[TOK][token as usize * c..][..c], &p[POS][t * c..][..c]);
+            let (e, pe) = (&tok[token as usize * c..][..c], &pos[t * c..][..c]);
             row.iter_mut().zip(e.iter().zip(pe)).for_each(|(x, (&e, &pe))| *x = e + pe);
         }
+        drop_out(&mut x, mask(self.dropout, EMBEDDING_SITE), first_row * c);
         for (l, out) in self.blocks.iter_mut().enumerate() {
-            let w = |k: usize| p[block_tensor(l, k)];
-            let (ln1, ln1_mean, ln1_rstd) = layer_norm_rows(&x, w(LN1), w(LN1 + 1));
-            let qkv = linear(&ln1, n, w(QKV), w(QKV + 1));
-            let (y, att) = attention(&qkv, n, config.heads, config.head_size());
-            let mut x_attn = linear(&y, n, w(PROJ), w(PROJ + 1));
+            let name = |k: &str| format!("blocks.{l}.{k}");
+            let site = attention_site(l);
+            let (ln1_w, ln1_b) = w.layer_norm(&name("ln1"));
+            let (ln1, ln1_mean, ln1_rstd) = layer_norm_rows(&x, ln1_w, ln1_b);
+            let qkv = linear(&ln1, n, w.linear(&name("attn.qkv")));
+            let drop = attention_dropout(config, self.dropout, site, b);
+            let (y, att) = attention(&qkv, n, config.heads, config.head_size(), drop.as_ref());
+            let mut x_attn = linear(&y, n, w.linear(&name("attn.proj")));
+            drop_out(&mut x_attn, mask(self.dropout, site + 1), first_row * c);
             x_attn.iter_mut().zip(&x).for_each(|(a, &x)| *a = *a + x);
-            let (ln2, ln2_mean, ln2_rstd) = layer_norm_rows(&x_attn, w(LN2), w(LN2 + 1));
-            let u = linear(&ln2, n, w(FC), w(FC + 1));
+            let (ln2_w, ln2_b) = w.layer_norm(&name("ln2"));
+            let (ln2, ln2_mean, ln2_rstd) = layer_norm_rows(&x_attn, ln2_w, ln2_b);
+            let u = linear(&ln2, n, w.linear(&name("mlp.fc")));
             let g: Vec<F> = u.iter().map(|&u| gelu(u)).collect();
-            let mut x_out = linear(&g, n, w(MPROJ), w(MPROJ + 1));
+            let mut x_out = linear(&g, n, w.linear(&name("mlp.proj")));
+            drop_out(&mut x_out, mask(self.dropout, site + 2), first_row * c);
             x_out.iter_mut().zip(&x_attn).for_each(|(o, &x)| *o = *o + x);
             for (dst, src) in [
                 (&mut out.x, x),
@@ -486,10 +582,9 @@ impl<F: Real> Forward<F> {
             }
             x = x_out;
         }
-        let lnf = lnf_tensor(config);
-        let (xf, lnf_mean, lnf_rstd) = layer_norm_rows(&x, p[lnf], p[lnf + 1]);
-        let head = head_tensor(config);
-        let logits = linear(&xf, n, p[head], p[head + 1]);
+        let (lnf_w, lnf_b) = w.layer_norm("ln_f");
+        let (xf, lnf_mean, lnf_rstd) = layer_norm_rows(&x, lnf_w, lnf_b);
+        let logits = linear(&xf, n, (w.head(), w.get("head.bias")));
         if let Some(targets) = targets {
             let mut d = vec![F::zero(); config.vocab];
             let losses = logits
@@ -511,6 +606,12 @@ impl<F: Real> Forward<F> {
     }
 }
 
+/// Sequence `b`'s attention dropout at `site`.
+fn attention_dropout(config: &Config, dropout: Option<Dropout>, site: usize, b: usize) -> Option<AttentionDropout> {
+    let block = config.block;
+    mask(dropout, site).map(|mask| AttentionDropout { mask, first: b * config.heads * block * block, block })
+}
+
 /// The sizes of a batch of `tokens`: positions per sequence, checked against the model.
 fn sequence_length(config: &Config, tokens: &[u32], batch: usize, targets: Option<&[u32]>) -> usize {
     assert!(
@@ -528,19 +629,20 @@ fn sequence_length(config: &Config, tokens: &[u32], batch: usize, targets: Optio
 }
 
 /// The forward pass of `batch` sequences of equal length, one after another in `tokens`; with `targets`
-/// (one per position), the losses too.
+/// (one per position), the losses too; with `dropout`, a training step's.
 pub fn forward<F: Real>(
     config: &Config,
     params: &[F],
     tokens: &[u32],
     batch: usize,
     targets: Option<&[u32]>,
+    dropout: Option<Dropout>,
 ) -> Forward<F> {
     let seq = sequence_length(config, tokens, batch, targets);
     let w = Weights::new(config, params);
-    let mut f = Forward::empty(config, batch, seq);
+    let mut f = Forward::empty(config, batch, seq, dropout);
     for b in 0..batch {
-        f.push_sequence(&w, part(tokens, b, batch), targets.map(|t| part(t, b, batch)));
+        f.push_sequence(&w, part(tokens, b, batch), targets.map(|t| part(t, b, batch)), b);
     }
     if targets.is_some() {
         f.loss = Some(mean(&f.losses));
@@ -562,48 +664,104 @@ impl<F: Real> Backward<F> {
         }
     }
 
-    /// Appends the activation gradients of sequence `b` of `f` and adds its parameter gradient to `grad`.
-    /// `scale` is 1 / (positions in the whole batch).
-    fn push_sequence(&mut self, w: &Weights<F>, f: &Forward<F>, b: usize, targets: &[u32], scale: F) {
-        let (config, p, layout) = (w.config, &w.p, &w.layout);
+    /// Appends the activation gradients of sequence `b` of `f` (sequence `step_b` of the step, which numbers
+    /// its dropout elements) and adds its parameter gradient to `grad`. `scale` is 1 / (positions in the
+    /// whole batch).
+    fn push_sequence(&mut self, w: &Weights<F>, f: &Forward<F>, b: usize, step_b: usize, targets: &[u32], scale: F) {
+        let (config, layout) = (w.config, &w.layout);
         let (n, v) = (f.seq, config.vocab);
+        let first = step_b * config.block * config.embed;
         let at = sequence(b, f.batch);
         let mut own = vec![F::zero(); layout.len()];
         let mut g = layout.views_mut(&mut own);
+        // The gradient of a LayerNorm bias the model does not have, discarded.
+        let mut no_bias = vec![F::zero(); config.embed];
         let mut d_logits = vec![F::zero(); n * v];
         for ((d, row), &t) in d_logits.chunks_exact_mut(v).zip(at(&f.logits).chunks_exact(v)).zip(targets) {
             softmax_xent(row, t as usize, d);
             d.iter_mut().for_each(|d| *d = *d * scale);
         }
-        let head = head_tensor(config);
-        let (gw, gb) = pair_mut(&mut g, head);
-        let d_xf = linear_backward(at(&f.xf), &d_logits, n, p[head], gw, gb);
-        let lnf = lnf_tensor(config);
+        let d_xf = linear_backward(
+            at(&f.xf),
+            &d_logits,
+            n,
+            w.head(),
+            grad_pair(&mut g, layout, head_weight(config), "head.bias"),
+        );
         let last = &f.blocks[config.layers - 1].x_out;
-        let (gw, gb) = pair_mut(&mut g, lnf);
-        let mut d_x = layer_norm_backward(at(last), at(&f.lnf_mean), at(&f.lnf_rstd), p[lnf], &d_xf, gw, gb);
+        let (gw, gb) = grad_pair(&mut g, layout, "ln_f.weight", "ln_f.bias");
+        let mut d_x = layer_norm_backward(
+            at(last),
+            at(&f.lnf_mean),
+            at(&f.lnf_rstd),
+            w.weight("ln_f.weight"),
+            &d_xf,
+            gw,
+            gb.unwrap_or(&mut no_bias),
+        );
         for l in (0..config.layers).rev() {
             let (fw, out) = (&f.blocks[l], &mut self.blocks[l]);
-            let i = |k: usize| block_tensor(l, k);
+            let name = |k: &str| format!("blocks.{l}.{k}");
+            let grads = |layer: &str| (name(&format!("{layer}.weight")), name(&format!("{layer}.bias")));
             let d_x_out = d_x;
-            let (gw, gb) = pair_mut(&mut g, i(MPROJ));
-            let d_gelu = linear_backward(at(&fw.gelu), &d_x_out, n, p[i(MPROJ)], gw, gb);
+            let site = attention_site(l);
+            let mut d_mlp = d_x_out.clone();
+            drop_out(&mut d_mlp, mask(f.dropout, site + 2), first);
+            let d_gelu = linear_backward(
+                at(&fw.gelu),
+                &d_mlp,
+                n,
+                w.weight(&name("mlp.proj.weight")),
+                pair(&mut g, layout, grads("mlp.proj")),
+            );
             let d_u: Vec<F> = d_gelu.iter().zip(at(&fw.u)).map(|(&d, &u)| d * gelu_grad(u)).collect();
-            let (gw, gb) = pair_mut(&mut g, i(FC));
-            let d_ln2 = linear_backward(at(&fw.ln2), &d_u, n, p[i(FC)], gw, gb);
-            let (gw, gb) = pair_mut(&mut g, i(LN2));
-            let mut d_x_attn =
-                layer_norm_backward(at(&fw.x_attn), at(&fw.ln2_mean), at(&fw.ln2_rstd), p[i(LN2)], &d_ln2, gw, gb);
+            let d_ln2 = linear_backward(
+                at(&fw.ln2),
+                &d_u,
+                n,
+                w.weight(&name("mlp.fc.weight")),
+                pair(&mut g, layout, grads("mlp.fc")),
+            );
+            let (gw, gb) = pair(&mut g, layout, grads("ln2"));
+            let mut d_x_attn = layer_norm_backward(
+                at(&fw.x_attn),
+                at(&fw.ln2_mean),
+                at(&fw.ln2_rstd),
+                w.weight(&name("ln2.weight")),
+                &d_ln2,
+                gw,
+                gb.unwrap_or(&mut no_bias),
+            );
             d_x_attn.iter_mut().zip(&d_x_out).for_each(|(d, &r)| *d = *d + r);
-            let (gw, gb) = pair_mut(&mut g, i(PROJ));
-            let d_y = linear_backward(at(&fw.y), &d_x_attn, n, p[i(PROJ)], gw, gb);
+            let mut d_branch = d_x_attn.clone();
+            drop_out(&mut d_branch, mask(f.dropout, site + 1), first);
+            let d_y = linear_backward(
+                at(&fw.y),
+                &d_branch,
+                n,
+                w.weight(&name("attn.proj.weight")),
+                pair(&mut g, layout, grads("attn.proj")),
+            );
+            let drop = attention_dropout(config, f.dropout, site, step_b);
             let (d_att, d_scores, d_qkv) =
-                attention_backward(at(&fw.qkv), at(&fw.att), &d_y, n, config.heads, config.head_size());
-            let (gw, gb) = pair_mut(&mut g, i(QKV));
-            let d_ln1 = linear_backward(at(&fw.ln1), &d_qkv, n, p[i(QKV)], gw, gb);
-            let (gw, gb) = pair_mut(&mut g, i(LN1));
-            let mut d_x_in =
-                layer_norm_backward(at(&fw.x), at(&fw.ln1_mean), at(&fw.ln1_rstd), p[i(LN1)], &d_ln1, gw, gb);
+                attention_backward(at(&fw.qkv), at(&fw.att), &d_y, n, config.heads, config.head_size(), drop.as_ref());
+            let d_ln1 = linear_backward(
+                at(&fw.ln1),
+                &d_qkv,
+                n,
+                w.weight(&name("attn.qkv.weight")),
+                pair(&mut g, layout, grads("attn.qkv")),
+            );
+            let (gw, gb) = pair(&mut g, layout, grads("ln1"));
+            let mut d_x_in = layer_norm_backward(
+                at(&fw.x),
+                at(&fw.ln1_mean),
+                at(&fw.ln1_rstd),
+                w.weight(&name("ln1.weight")),
+                &d_ln1,
+                gw,
+                gb.unwrap_or(&mut no_bias),
+            );
             d_x_in.iter_mut().zip(&d_x_attn).for_each(|(d, &r)| *d = *d + r);
             for (dst, src) in [
                 (&mut out.d_x_out, d_x_out),
@@ -623,7 +781,9 @@ impl<F: Real> Backward<F> {
             d_x = d_x_in;
         }
         let c = config.embed;
-        let (g_tok, g_pos) = pair_mut(&mut g, TOK);
+        drop_out(&mut d_x, mask(f.dropout, EMBEDDING_SITE), first);
+        let (g_tok, g_pos) = grad_pair(&mut g, layout, "tok_emb.weight", "pos_emb.weight");
+        let g_pos = g_pos.expect("every model has pos_emb");
         for (t, (d, &token)) in d_x.chunks_exact(c).zip(part(&f.tokens, b, f.batch)).enumerate() {
             let rows = [&mut g_tok[token as usize * c..][..c], &mut g_pos[t * c..][..c]];
             for row in rows {
@@ -641,10 +801,35 @@ fn add_into<F: Float>(acc: &mut [F], v: &[F]) {
     acc.iter_mut().zip(v).for_each(|(a, &v)| *a = *a + v);
 }
 
-/// Tensors `i` and `i + 1` of `g` (a weight and its bias, or the two embeddings), both mutable.
-fn pair_mut<'a, F>(g: &'a mut [&mut [F]], i: usize) -> (&'a mut [F], &'a mut [F]) {
-    let (a, b) = g.split_at_mut(i + 1);
-    (&mut *a[i], &mut *b[0])
+/// The gradients of tensors `weight` and `other` (a weight and its bias, or the two embeddings), both
+/// mutable; `other` is `None` when the model does not have it.
+fn grad_pair<'a, F>(
+    g: &'a mut [&mut [F]],
+    layout: &Layout,
+    weight: &str,
+    other: &str,
+) -> (&'a mut [F], Option<&'a mut [F]>) {
+    let i = layout.position(weight).unwrap_or_else(|| panic!("internal: no tensor {weight}"));
+    match layout.position(other) {
+        Some(j) if j > i => {
+            let (a, b) = g.split_at_mut(j);
+            (&mut *a[i], Some(&mut *b[0]))
+        }
+        Some(j) => {
+            let (a, b) = g.split_at_mut(i);
+            (&mut *b[0], Some(&mut *a[j]))
+        }
+        None => (&mut *g[i], None),
+    }
+}
+
+/// `grad_pair` of (weight, bias) names.
+fn pair<'a, F>(
+    g: &'a mut [&mut [F]],
+    layout: &Layout,
+    (weight, bias): (String, String),
+) -> (&'a mut [F], Option<&'a mut [F]>) {
+    grad_pair(g, layout, &weight, &bias)
 }
 
 /// The gradient of `f`'s mean loss over `targets`: the parameters' and every stage's activations'.
@@ -656,18 +841,20 @@ pub fn backward<F: Real>(config: &Config, params: &[F], f: &Forward<F>, targets:
     let scale = F::one() / constant(f.tokens.len() as f64);
     let mut back = Backward::empty(config, params.len());
     for b in 0..f.batch {
-        back.push_sequence(&w, f, b, part(targets, b, f.batch), scale);
+        back.push_sequence(&w, f, b, b, part(targets, b, f.batch), scale);
     }
     back
 }
 
-/// The mean loss of `batch` sequences and its gradient, the sequences spread over rayon's threads.
+/// The mean loss of `batch` sequences and its gradient (with `dropout`, a training step's), the sequences
+/// spread over rayon's threads.
 pub fn loss_and_grad<F: Real>(
     config: &Config,
     params: &[F],
     tokens: &[u32],
     targets: &[u32],
     batch: usize,
+    dropout: Option<Dropout>,
 ) -> (F, Vec<F>) {
     sequence_length(config, tokens, batch, Some(targets));
     let w = Weights::new(config, params);
@@ -676,10 +863,10 @@ pub fn loss_and_grad<F: Real>(
         .into_par_iter()
         .map(|b| {
             let (tokens, targets) = (part(tokens, b, batch), part(targets, b, batch));
-            let mut f = Forward::empty(config, 1, tokens.len());
-            f.push_sequence(&w, tokens, Some(targets));
+            let mut f = Forward::empty(config, 1, tokens.len(), dropout);
+            f.push_sequence(&w, tokens, Some(targets), b);
             let mut back = Backward::empty(config, params.len());
-            back.push_sequence(&w, &f, 0, targets, scale);
+            back.push_sequence(&w, &f, 0, b, targets, scale);
             (f.losses, back.grad)
         })
         .collect();
@@ -697,7 +884,7 @@ pub fn loss_and_grad<F: Real>(
 pub fn next_logits(config: &Config, params: &[f32], context: &[u32]) -> Vec<f32> {
     assert!(!context.is_empty(), "generation needs a context of at least one id");
     let context = &context[context.len().saturating_sub(config.block)..];
-    let f = forward(config, params, context, 1, None);
+    let f = forward(config, params, context, 1, None, None);
     f.logits[f.logits.len() - config.vocab..].to_vec()
 }
 
@@ -710,8 +897,8 @@ pub fn mean_loss(config: &Config, params: &[f32], ids: &[u32], offsets: &[u32]) 
         .par_iter()
         .map(|&o| {
             let o = o as usize;
-            let mut f = Forward::empty(config, 1, block);
-            f.push_sequence(&w, &ids[o..o + block], Some(&ids[o + 1..o + block + 1]));
+            let mut f = Forward::empty(config, 1, block, None);
+            f.push_sequence(&w, &ids[o..o + block], Some(&ids[o + 1..o + block + 1]), 0);
             f.losses.iter().map(|&l| l as f64).sum::<f64>()
         })
         .collect();
@@ -730,8 +917,12 @@ pub struct CpuTrainer {
     pub config: Config,
     /// Every parameter, flat, in `Layout` order.
     pub params: Vec<f32>,
-    /// AdamW (or the given optimizer) and its state.
+    /// AdamW (or the given optimizer) and its state; `optimizer.config.lr` is the next step's rate.
     pub optimizer: Optimizer,
+    /// Dropout's probability (0: none).
+    pub dropout: f32,
+    /// The seed of dropout's masks.
+    pub dropout_seed: u32,
 }
 
 impl CpuTrainer {
@@ -743,13 +934,24 @@ impl CpuTrainer {
         if params.len() != expected {
             bail!("the model has {expected} parameters but {} were given", params.len());
         }
-        Ok(CpuTrainer { config, optimizer: Optimizer::new(optim, params.len()), params })
+        Ok(CpuTrainer { config, optimizer: Optimizer::new(optim, params.len()), params, dropout: 0.0, dropout_seed: 0 })
+    }
+
+    /// Trains with dropout `p` (in [0, 1)), its masks drawn from `seed` and the step's number.
+    pub fn with_dropout(self, p: f32, seed: u32) -> CpuTrainer {
+        CpuTrainer { dropout: p, dropout_seed: seed, ..self }
+    }
+
+    /// The dropout of the next step (`None` at 0).
+    pub fn next_dropout(&self) -> Option<Dropout> {
+        let key = DropoutKey { seed: self.dropout_seed, step: self.optimizer.step as u32 };
+        (self.dropout > 0.0).then_some(Dropout { p: self.dropout, key })
     }
 
     /// One optimizer step on `batch` sequences (inputs `tokens`, one target per position); returns their
     /// mean loss before the step.
     pub fn step(&mut self, tokens: &[u32], targets: &[u32], batch: usize) -> f32 {
-        let (loss, grad) = loss_and_grad(&self.config, &self.params, tokens, targets, batch);
+        let (loss, grad) = loss_and_grad(&self.config, &self.params, tokens, targets, batch, self.next_dropout());
         self.optimizer.step(&mut self.params, &grad);
         loss
     }

@@ -7,8 +7,12 @@
 //! | `format`                            | `textnet-transformer`                                      |
 //! | `vocab`                             | JSON array of the characters in id order, one-character strings, U+FFFD first |
 //! | `block`, `embed`, `heads`, `layers` | the sizes (decimal); the vocabulary size is the array's length |
+//! | `bias`, `tie_weights`               | `true` or `false` (absent: a model with biases and an untied head) |
 //! | `val_loss`                          | the validation loss when it was saved                      |
 //! | `steps`                             | the training steps taken                                   |
+//!
+//! Without biases the `.bias` tensors are absent. With tied weights `head.weight` is written as a copy of
+//! `tok_emb.weight`, as a tied PyTorch module's `state_dict` holds both names, and not read back.
 
 use super::data::CharVocab;
 use super::model::{Config, Layout};
@@ -54,11 +58,17 @@ impl TransformerModel {
             ("embed".to_string(), c.embed.to_string()),
             ("heads".to_string(), c.heads.to_string()),
             ("layers".to_string(), c.layers.to_string()),
+            ("bias".to_string(), c.bias.to_string()),
+            ("tie_weights".to_string(), c.tie_weights.to_string()),
             ("val_loss".to_string(), self.val_loss.to_string()),
             ("steps".to_string(), self.steps.to_string()),
         ]);
-        let tensors: Vec<(&str, &[f32], Vec<usize>)> =
+        let mut tensors: Vec<(&str, &[f32], Vec<usize>)> =
             layout.tensors().iter().map(|t| (t.name.as_str(), &self.params[t.range()], t.shape.clone())).collect();
+        if c.tie_weights {
+            let tok = layout.get("tok_emb.weight").expect("every model has tok_emb");
+            tensors.push(("head.weight", &self.params[tok.range()], tok.shape.clone()));
+        }
         crate::tensorfile::to_bytes(&tensors, metadata)
     }
 
@@ -98,12 +108,22 @@ impl TransformerModel {
             })
             .collect::<Result<Vec<char>>>()?;
         let vocab = CharVocab::from_chars(chars).map_err(|e| anyhow!("metadata entry \"vocab\": {e}"))?;
+        let flag = |key: &str, absent: bool| -> Result<bool> {
+            match meta.get(key).map(String::as_str) {
+                None => Ok(absent),
+                Some("true") => Ok(true),
+                Some("false") => Ok(false),
+                Some(value) => bail!("metadata entry {key:?} is neither true nor false: {value:?}"),
+            }
+        };
         let config = Config {
             vocab: vocab.len(),
             block: number("block")?,
             embed: number("embed")?,
             heads: number("heads")?,
             layers: number("layers")?,
+            bias: flag("bias", true)?,
+            tie_weights: flag("tie_weights", false)?,
         };
         config.validate().map_err(|e| anyhow!("invalid sizes in the metadata: {e}"))?;
         let val_loss = entry("val_loss")?;

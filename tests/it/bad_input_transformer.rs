@@ -119,3 +119,38 @@ fn z027_the_corpus_can_come_from_standard_input() {
     bad_input::run_for(command, std::time::Duration::from_secs(60)).succeeds();
     assert!(dir.path().join("t.st").exists());
 }
+
+#[test]
+fn the_regularization_flags_are_range_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("english.txt"), english(20_000, 1)).unwrap();
+    let cases: [(&[&str], &[&str]); 9] = [
+        (&["--dropout", "1"], &["--dropout must be in [0, 1), got 1"]),
+        (&["--dropout", "-0.1"], &["--dropout must be in [0, 1)"]),
+        (&["--dropout", "nan"], &["--dropout must be in [0, 1)"]),
+        (&["--grad-clip", "-1"], &["--clip-norm must be a finite number ≥ 0"]),
+        (&["--clip-norm", "inf"], &["--clip-norm must be a finite number ≥ 0"]),
+        (&["--eval-iters", "0"], &["--eval-iters must be at least 1"]),
+        (&["--warmup", "20", "--steps", "20"], &["--warmup 20 is as long as the whole run"]),
+        (&["--lr-schedule", "cosine", "--min-lr", "0.1"], &["--min-lr 0.1 is above --lr 0.001"]),
+        (&["--min-lr", "1e-4"], &["--min-lr applies to --lr-schedule cosine only"]),
+    ];
+    for (flags, expected) in cases {
+        transformer(dir.path(), "english.txt", "t.st", flags).fails_with(expected);
+        assert!(!dir.path().join("t.st").exists(), "{flags:?} wrote a model");
+    }
+}
+
+#[test]
+fn the_regularization_flags_apply_to_a_resumed_model_and_are_checked_with_it() {
+    let dir = trained();
+    let resume = ["--resume", "tf.st", "--steps", "10"];
+    for flags in [&["--dropout", "0.1"][..], &["--lr-schedule", "cosine", "--warmup", "2"], &["--grad-clip", "1"]] {
+        transformer(dir.path(), "english.txt", "r.st", &[&resume[..], flags].concat()).succeeds();
+        let _ = std::fs::remove_file(dir.path().join("r.st"));
+    }
+    transformer(dir.path(), "english.txt", "r.st", &[&resume[..], &["--dropout", "1.5"]].concat())
+        .fails_with(&["--dropout must be in [0, 1)"]);
+    transformer(dir.path(), "english.txt", "r.st", &[&resume[..], &["--warmup", "10"]].concat())
+        .fails_with(&["--warmup 10 is as long as the whole run (10"]);
+}

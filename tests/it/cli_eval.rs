@@ -60,7 +60,7 @@ fn eval_scores_a_transformer_per_character_with_the_text_models_report() {
     let mut loss = 0.0f64;
     for start in (0..ids.len() - 1).step_by(m.config.block) {
         let end = (start + m.config.block).min(ids.len() - 1);
-        let f = model::forward::<f32>(&m.config, &m.params, &ids[start..end], 1, Some(&ids[start + 1..end + 1]));
+        let f = model::forward::<f32>(&m.config, &m.params, &ids[start..end], 1, Some(&ids[start + 1..end + 1]), None);
         loss += f.losses.iter().map(|&l| f64::from(l)).sum::<f64>();
     }
     let mean = loss / (ids.len() - 1) as f64;

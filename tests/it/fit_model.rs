@@ -4,8 +4,9 @@
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
-use textnet::fit::model::{self, DropoutKey, Init, Loss, Network, Targets};
+use textnet::fit::model::{self, Init, Loss, Network, Targets};
 use textnet::fit::spec::{self, Shape};
+use textnet::ops::dropout::DropoutKey;
 
 const STEP: f64 = 1e-6;
 const ROWS: usize = 3;

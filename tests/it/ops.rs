@@ -6,7 +6,8 @@ use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
 use textnet::ops::activations::{gelu, gelu_grad};
-use textnet::ops::attention::{attention, attention_backward};
+use textnet::ops::attention::{AttentionDropout, attention, attention_backward};
+use textnet::ops::dropout::{DropoutKey, Mask};
 use textnet::ops::layernorm::{layer_norm, layer_norm_backward, layer_norm_rows};
 use textnet::ops::losses::softmax_xent;
 
@@ -116,10 +117,18 @@ fn attention_gradient_matches_finite_differences() {
     let mut rng = SeededRng::seed_from_u64(3);
     let qkv = random(n * 3 * heads * hs, &mut rng);
     let probe = random(n * heads * hs, &mut rng);
-    let loss = |qkv: &[f64]| attention(qkv, n, heads, hs).0.iter().zip(&probe).map(|(y, p)| y * p).sum::<f64>();
-    let (_, att) = attention(&qkv, n, heads, hs);
-    let (_, _, d_qkv) = attention_backward(&qkv, &att, &probe, n, heads, hs);
-    matches(&d_qkv, &numeric(&qkv, loss), "d qkv");
+    // With dropout too: a block of 7 (longer than the sequence) numbers the mask's elements.
+    let mask = Mask::new(Some(DropoutKey { seed: 3, step: 2 }), 1, 0.3);
+    let dropped = AttentionDropout { mask: mask.unwrap(), first: 2 * heads * 7 * 7, block: 7 };
+    for drop in [None, Some(&dropped)] {
+        let loss =
+            |qkv: &[f64]| attention(qkv, n, heads, hs, drop).0.iter().zip(&probe).map(|(y, p)| y * p).sum::<f64>();
+        let (_, att) = attention(&qkv, n, heads, hs, drop);
+        let (_, _, d_qkv) = attention_backward(&qkv, &att, &probe, n, heads, hs, drop);
+        matches(&d_qkv, &numeric(&qkv, loss), "d qkv");
+    }
+    let (y, _) = attention(&qkv, n, heads, hs, None);
+    assert_ne!(y, attention(&qkv, n, heads, hs, Some(&dropped)).0, "dropout changed nothing");
 }
 
 #[test]
@@ -127,10 +136,10 @@ fn attention_is_causal() {
     let (n, heads, hs) = (4, 1, 2);
     let mut rng = SeededRng::seed_from_u64(4);
     let qkv = random(n * 3 * heads * hs, &mut rng);
-    let (y, _) = attention(&qkv, n, heads, hs);
+    let (y, _) = attention(&qkv, n, heads, hs, None);
     let mut later = qkv.clone();
     later[(n - 1) * 3 * hs..].iter_mut().for_each(|v| *v += 1.0);
-    let (y_later, _) = attention(&later, n, heads, hs);
+    let (y_later, _) = attention(&later, n, heads, hs, None);
     assert_eq!(y[..(n - 1) * hs], y_later[..(n - 1) * hs], "a later position changed an earlier output");
     assert_ne!(y[(n - 1) * hs..], y_later[(n - 1) * hs..]);
 }

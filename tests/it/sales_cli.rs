@@ -199,3 +199,44 @@ fn a_sorted_table_is_shuffled_before_it_splits() {
         "{text}"
     );
 }
+
+#[test]
+fn the_schedule_changes_the_run_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = sales_table(dir.path());
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let args = ["sales", s(&table), "--device", "cpu", "--epochs", "4", "--out", s(&out), "--json"];
+        let o = textnet(&[&args[..], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (r, std::fs::read(&out).unwrap())
+    };
+    let (constant, constant_model) = run("c.st", &[]);
+    let (cosine, cosine_model) =
+        run("k.st", &["--lr-schedule", "cosine", "--warmup", "10", "--min-lr", "1e-5", "--grad-clip", "1"]);
+    assert_eq!(
+        (constant["config"]["lr_schedule"].as_str(), constant["config"]["warmup"].as_u64()),
+        (Some("constant"), Some(0))
+    );
+    assert_eq!(
+        (cosine["config"]["lr_schedule"].as_str(), cosine["config"]["warmup"].as_u64()),
+        (Some("cosine"), Some(10))
+    );
+    assert_eq!((cosine["config"]["min_lr"].as_f64(), cosine["config"]["clip_norm"].as_f64()), (Some(1e-5), Some(1.0)));
+    assert_ne!(constant_model, cosine_model);
+    // 4 epochs of 2400 rows in batches of 64: 152 steps.
+    let o = textnet(&[
+        "sales",
+        s(&table),
+        "--device",
+        "cpu",
+        "--epochs",
+        "4",
+        "--warmup",
+        "152",
+        "--out",
+        s(&dir.path().join("w.st")),
+    ]);
+    fails_with(&o, &["--warmup 152 is as long as the whole run (152 optimizer steps)"]);
+}

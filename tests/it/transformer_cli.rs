@@ -438,3 +438,76 @@ fn beta2_reaches_adamw_and_its_range_is_checked() {
         fails_with(&o, &["--beta2 must be in [0, 1)"]);
     }
 }
+
+/// The final validation loss and the config of a `--json` run with `extra` flags.
+fn run_report(corpus: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let o = transformer(corpus, out, &[&["--json"], extra].concat());
+    assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+    report(&o)
+}
+
+#[test]
+fn each_regularization_flag_changes_the_model_and_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let model = |name: &str| TransformerModel::load(&dir.path().join(name)).unwrap().params;
+    let base = run_report(&corpus, &dir.path().join("base.st"), &[]);
+    let config = &base["config"];
+    assert_eq!(
+        (config["dropout"].as_f64(), config["lr_schedule"].as_str(), config["warmup"].as_u64()),
+        (Some(0.0), Some("constant"), Some(0))
+    );
+    assert_eq!((config["clip_norm"].as_f64(), config["eval_iters"].is_null()), (Some(0.0), true));
+    assert_eq!((config["bias"].as_bool(), config["tie_weights"].as_bool()), (Some(true), Some(false)));
+    let cases: [(&str, &[&str], &str, serde_json::Value); 7] = [
+        ("nobias.st", &["--no-bias"], "bias", serde_json::json!(false)),
+        ("tied.st", &["--tie-weights"], "tie_weights", serde_json::json!(true)),
+        ("dropout.st", &["--dropout", "0.2"], "dropout", serde_json::json!(0.2)),
+        ("cosine.st", &["--lr-schedule", "cosine", "--min-lr", "1e-4"], "lr_schedule", serde_json::json!("cosine")),
+        ("warmup.st", &["--warmup", "5"], "warmup", serde_json::json!(5)),
+        ("clip.st", &["--grad-clip", "0.1"], "clip_norm", serde_json::json!(0.1)),
+        ("iters.st", &["--eval-iters", "2"], "eval_iters", serde_json::json!(2)),
+    ];
+    for (name, flags, key, value) in cases {
+        let r = run_report(&corpus, &dir.path().join(name), flags);
+        assert_eq!(r["config"][key], value, "{flags:?}");
+        if key == "eval_iters" {
+            // The same training, measured on 2 batches of 4 random windows instead of the spaced ones.
+            assert_eq!(model(name), model("base.st"));
+            assert_ne!(r["final"]["val_loss"], base["final"]["val_loss"]);
+        } else {
+            assert_ne!(model(name), model("base.st"), "{flags:?} left the model as it was");
+        }
+    }
+    // The architecture flags are recorded in the file, and --resume keeps them whatever the flags say.
+    let tied = TransformerModel::load(&dir.path().join("tied.st")).unwrap();
+    assert!(tied.config.tie_weights && tied.config.bias);
+    let nobias = TransformerModel::load(&dir.path().join("nobias.st")).unwrap();
+    assert!(!nobias.config.bias && !nobias.config.tie_weights);
+    let resumed = dir.path().join("resumed.st");
+    run_report(&corpus, &resumed, &["--resume", s(&dir.path().join("nobias.st")), "--tie-weights"]);
+    assert_eq!(TransformerModel::load(&resumed).unwrap().config, nobias.config);
+    // Dropout is a training-time thing only: the same seed gives the same model, and evaluation of it is
+    // deterministic (the report's loss equals the file's).
+    let again = run_report(&corpus, &dir.path().join("dropout2.st"), &["--dropout", "0.2"]);
+    assert_eq!(model("dropout2.st"), model("dropout.st"));
+    let stored = TransformerModel::load(&dir.path().join("dropout2.st")).unwrap().val_loss;
+    assert_eq!(again["final"]["val_loss"].as_f64().unwrap() as f32, stored);
+}
+
+#[test]
+fn precision_is_recorded_and_the_cpu_says_it_trains_in_fp32() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let fp32 = run_report(&corpus, &dir.path().join("fp32.st"), &[]);
+    assert_eq!(fp32["config"]["precision"].as_str(), Some("fp32"));
+    let o = transformer(&corpus, &dir.path().join("bf16.st"), &["--precision", "bf16", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--precision bf16 applies to the GPU only; the CPU trains in fp32"), "{}", stderr(&o));
+    let bf16 = report(&o);
+    assert_eq!(bf16["config"]["precision"].as_str(), Some("bf16"));
+    // The CPU computes in fp32 whatever the flag: the same run to the bit.
+    assert_eq!(bf16["final"]["val_loss"], fp32["final"]["val_loss"]);
+    let o = transformer(&corpus, &dir.path().join("bad.st"), &["--precision", "fp16"]);
+    assert!(!o.status.success() && stderr(&o).contains("possible values: fp32, tf32, bf16"), "{}", stderr(&o));
+}

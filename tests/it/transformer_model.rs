@@ -9,7 +9,7 @@ use textnet::ops::optim::OptimConfig;
 use textnet::transformer::data::{Corpus, train_offsets, val_offsets, windows};
 use textnet::transformer::model::{Config, CpuTrainer, Layout, default_optim, forward, init, next_logits};
 
-const TINY: Config = Config { vocab: 7, block: 5, embed: 8, heads: 2, layers: 2 };
+const TINY: Config = Config { vocab: 7, block: 5, embed: 8, heads: 2, layers: 2, bias: true, tie_weights: false };
 
 #[test]
 fn the_layout_is_pytorchs_state_dict() {
@@ -51,6 +51,33 @@ fn the_layout_is_pytorchs_state_dict() {
     let (v, t, c, l) = (65, 64, 64, 2);
     assert_eq!(Config::new(65).param_count(), v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c + v * c + v);
     assert_eq!(Config::new(65).param_count(), 112_577);
+}
+
+#[test]
+fn no_bias_drops_every_bias_and_tying_drops_the_head_weight() {
+    let names = |bias, tie_weights| Layout::new(&Config { bias, tie_weights, ..TINY }).names().join(" ");
+    let full = Layout::new(&TINY);
+    let without = names(false, false);
+    assert!(!without.contains(".bias"), "{without}");
+    assert_eq!(without.split(' ').count(), full.names().iter().filter(|n| !n.ends_with(".bias")).count());
+    let tied = names(true, true);
+    assert!(!tied.contains("head.weight") && tied.contains("head.bias"), "{tied}");
+    let (v, c) = (TINY.vocab, TINY.embed);
+    assert_eq!(Config { tie_weights: true, ..TINY }.param_count(), full.len() - v * c);
+    // A tied head's logits are tok_emb's rows against the final LayerNorm's output.
+    let config = Config { tie_weights: true, bias: false, ..TINY };
+    let params = init(&config, 3);
+    let untied = Config { bias: false, ..TINY };
+    let layout = Layout::new(&untied);
+    let mut copied = Vec::new();
+    for t in layout.tensors() {
+        let from = if t.name == "head.weight" { "tok_emb.weight" } else { t.name.as_str() };
+        copied.extend_from_slice(&params[Layout::new(&config).get(from).unwrap().range()]);
+    }
+    let tokens = [1, 4, 2, 6];
+    let a = forward(&config, &params, &tokens, 1, None, None).logits;
+    let b = forward(&untied, &copied, &tokens, 1, None, None).logits;
+    assert_eq!(a, b);
 }
 
 #[test]
@@ -103,20 +130,20 @@ fn random_params(config: &Config, seed: u64) -> Vec<f64> {
 fn no_position_sees_a_later_token() {
     let params = random_params(&TINY, 1);
     let tokens = [3, 1, 4, 1, 5];
-    let base = forward(&TINY, &params, &tokens, 1, None);
+    let base = forward(&TINY, &params, &tokens, 1, None, None);
     let v = TINY.vocab;
     for changed in 0..tokens.len() {
         let mut other = tokens;
         other[changed] = (other[changed] + 1) % v as u32;
-        let f = forward(&TINY, &params, &other, 1, None);
+        let f = forward(&TINY, &params, &other, 1, None, None);
         // Earlier positions' logits are the same to the bit; from the change on they differ.
         assert_eq!(f.logits[..changed * v], base.logits[..changed * v], "token {changed} changed an earlier position");
         assert!(f.logits[changed * v..].chunks(v).zip(base.logits[changed * v..].chunks(v)).all(|(a, b)| a != b));
     }
     // A prefix alone gives the prefix's logits; so does each sequence of a batch.
-    let prefix = forward(&TINY, &params, &tokens[..3], 1, None);
+    let prefix = forward(&TINY, &params, &tokens[..3], 1, None, None);
     assert!(prefix.logits.iter().zip(&base.logits).all(|(a, b)| (a - b).abs() < 1e-12));
-    let both = forward(&TINY, &params, &[tokens, [0, 6, 2, 2, 1]].concat(), 2, None);
+    let both = forward(&TINY, &params, &[tokens, [0, 6, 2, 2, 1]].concat(), 2, None, None);
     assert_eq!(both.logits[..5 * v], base.logits[..]);
     // The attention probabilities: rows sum to 1, nothing above the diagonal.
     for row in base.blocks[1].att.chunks(5).enumerate().map(|(i, r)| (i % 5, r)) {
@@ -126,12 +153,12 @@ fn no_position_sees_a_later_token() {
 
 #[test]
 fn next_logits_reads_the_last_block_of_the_context() {
-    let config = Config { vocab: 11, block: 6, embed: 8, heads: 2, layers: 1 };
+    let config = Config { vocab: 11, block: 6, embed: 8, heads: 2, layers: 1, bias: true, tie_weights: false };
     let params = init(&config, 3);
     let context: Vec<u32> = (0..10).map(|i| (i * 7 % 11) as u32).collect();
     let last = next_logits(&config, &params, &context);
     assert_eq!(last, next_logits(&config, &params, &context[4..]));
-    let f = forward(&config, &params, &context[4..], 1, None);
+    let f = forward(&config, &params, &context[4..], 1, None, None);
     assert_eq!(last, f.logits[5 * 11..]);
     assert_eq!(next_logits(&config, &params, &context[..1]).len(), 11);
 }
@@ -158,7 +185,8 @@ fn repetitive_corpus(block: usize) -> Corpus {
 #[test]
 fn training_repeats_to_the_bit_at_any_thread_count() {
     let corpus = repetitive_corpus(8);
-    let config = Config { vocab: corpus.vocab.len(), block: 8, embed: 16, heads: 4, layers: 2 };
+    let config =
+        Config { vocab: corpus.vocab.len(), block: 8, embed: 16, heads: 4, layers: 2, bias: true, tie_weights: false };
     let run = || train(config, &corpus, default_optim(), 5, 6);
     let (params, losses) = run();
     assert_eq!((params.clone(), losses.clone()), run());
@@ -170,7 +198,8 @@ fn training_repeats_to_the_bit_at_any_thread_count() {
 #[test]
 fn a_short_run_learns_a_repetitive_text() {
     let corpus = repetitive_corpus(16);
-    let config = Config { vocab: corpus.vocab.len(), block: 16, embed: 32, heads: 4, layers: 2 };
+    let config =
+        Config { vocab: corpus.vocab.len(), block: 16, embed: 32, heads: 4, layers: 2, bias: true, tie_weights: false };
     let optim = OptimConfig { lr: 3e-3, ..default_optim() };
     let offsets = val_offsets(corpus.val.len(), config.block);
     let before = CpuTrainer::new(config, init(&config, 1), optim).unwrap().val_loss(&corpus.val, &offsets);

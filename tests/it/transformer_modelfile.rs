@@ -10,7 +10,7 @@ use textnet::transformer::modelfile::{FORMAT, TransformerModel};
 fn model() -> TransformerModel {
     // Characters JSON must escape, and characters of several bytes.
     let vocab = CharVocab::from_text("a\"b\\c\nd\té😀 aa", 256).unwrap();
-    let config = Config { vocab: vocab.len(), block: 6, embed: 8, heads: 2, layers: 2 };
+    let config = Config { vocab: vocab.len(), block: 6, embed: 8, heads: 2, layers: 2, bias: true, tie_weights: false };
     let mut params = init(&config, 5);
     params.iter_mut().enumerate().for_each(|(i, p)| *p += (i as f32 * 0.37).sin() * 1e-3);
     TransformerModel { config, vocab, params, val_loss: 1.234_567_8, steps: 1234 }
@@ -144,4 +144,39 @@ fn load_names_the_file() {
     std::fs::write(&path, b"not a model").unwrap();
     let err = format!("{:#}", TransformerModel::load(&path).unwrap_err());
     assert!(err.starts_with(&format!("model file {}: not a safetensors file", path.display())), "{err}");
+}
+
+/// A model without biases and with a tied head: its flags are in the metadata, the `.bias` tensors are
+/// absent, `head.weight` is tok_emb's copy (a tied PyTorch module's state_dict names both), and it loads
+/// back to the bit; a file without the flags (older) reads as biased and untied, a bad flag is refused.
+#[test]
+fn no_bias_and_tied_weights_round_trip() {
+    let mut m = model();
+    m.config = Config { bias: false, tie_weights: true, ..m.config };
+    m.params = init(&m.config, 6);
+    let bytes = m.to_bytes().unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert!(tensors.names().iter().all(|n| !n.ends_with(".bias")));
+    assert_eq!(tensors.tensor("head.weight").unwrap().data(), tensors.tensor("tok_emb.weight").unwrap().data());
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = header.metadata().clone().unwrap();
+    assert_eq!((meta["bias"].as_str(), meta["tie_weights"].as_str()), ("false", "true"));
+    assert_eq!(TransformerModel::from_bytes(&bytes).unwrap(), m);
+
+    let plain = model().to_bytes().unwrap();
+    let rewrite = |bytes: &[u8], edit: &dyn Fn(&mut BTreeMap<String, String>)| -> Vec<u8> {
+        let tensors = safetensors::SafeTensors::deserialize(bytes).unwrap();
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+        let mut meta: BTreeMap<String, String> = header.metadata().clone().unwrap().into_iter().collect();
+        edit(&mut meta);
+        safetensors::serialize(tensors.tensors(), Some(meta.into_iter().collect())).unwrap()
+    };
+    let older = rewrite(&plain, &|meta| {
+        meta.remove("bias");
+        meta.remove("tie_weights");
+    });
+    assert_eq!(TransformerModel::from_bytes(&older).unwrap(), model());
+    let bad = rewrite(&plain, &|meta| drop(meta.insert("bias".into(), "yes".into())));
+    let err = TransformerModel::from_bytes(&bad).unwrap_err().to_string();
+    assert!(err.contains("\"bias\" is neither true nor false"), "{err}");
 }

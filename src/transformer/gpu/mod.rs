@@ -3,31 +3,63 @@
 //! activation stay on the device; the host uploads each graph's batch offsets and reads its losses back.
 //! This file holds the trainer, its buffers and what it offers; `step` the launches of one step.
 
+pub mod flash;
 mod step;
 
 use super::data::Corpus;
 use super::model::{Config, Layout};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::attention::AttentionSizes;
-use crate::ops::gemm::tile_shared_floats;
+use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
+use crate::ops::gemm::{bf16_cp_shared_floats, tile_shared_floats};
 use crate::ops::optim::OptimConfig;
+use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
+use cudarc::driver::{CudaGraph, CudaModule, CudaSlice, DevicePtr};
+use flash::{FlashAttention, FlashSizes};
 use std::sync::Arc;
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 const WARPS: usize = THREADS / 32;
-/// The linear kernels' output tile (LIN_BM × LIN_BN × LIN_BK with a LIN_TM × LIN_TN register tile) and
-/// weight-gradient tile (WG_BM = WG_BN = WG_BK, WG_TM = WG_TN) in fused/transformer.cu.
-const LINEAR_TILE: [usize; 5] = [32, 64, 32, 2, 4];
-const WG_TILE: usize = 32;
-const WG_REGISTER_TILE: usize = 2;
-/// gemm_tile's dynamic shared memory for the linear kernels: the larger of the two tiles'
-/// (LIN_SHARED_FLOATS).
-const LINEAR_SHARED_BYTES: usize = 4 * max(
-    tile_shared_floats(LINEAR_TILE[0], LINEAR_TILE[1], LINEAR_TILE[2], LINEAR_TILE[3], LINEAR_TILE[4]),
-    tile_shared_floats(WG_TILE, WG_TILE, WG_TILE, WG_REGISTER_TILE, WG_REGISTER_TILE),
-);
+/// The linear kernels' tiles at one precision (`LinearTiles<P>` in fused/transformer.cu): forward and dx
+/// tiles of bm rows × bn columns, weight-gradient tiles of wg_bm × wg_bn over row slices, and the dynamic
+/// shared memory of either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LinearTiles {
+    bm: usize,
+    bn: usize,
+    wg_bm: usize,
+    wg_bn: usize,
+    shared_bytes: usize,
+}
+
+/// fp32 and TF32: gemm_tile's 32 × 64 (register tile 2 × 4) and 32 × 32 (2 × 2), k chunks of 32.
+const FP32_TILES: LinearTiles = LinearTiles {
+    bm: 32,
+    bn: 64,
+    wg_bm: 32,
+    wg_bn: 32,
+    shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
+};
+/// bf16: gemm_tile_bf16_cp's 128 × 128 for all three products, three stages of 32 k.
+const BF16_TILES: LinearTiles =
+    LinearTiles { bm: 128, bn: 128, wg_bm: 128, wg_bn: 128, shared_bytes: 4 * bf16_cp_shared_floats(128, 128, 32, 3) };
+
+impl LinearTiles {
+    fn of(precision: Precision) -> LinearTiles {
+        match precision {
+            Precision::Fp32 | Precision::Tf32 => FP32_TILES,
+            Precision::Bf16 => BF16_TILES,
+        }
+    }
+
+    /// Weight-gradient tiles of a layer of `out_features` × `in_features` (and its bias column).
+    fn wgrad_tiles(&self, out_features: usize, in_features: usize) -> usize {
+        out_features.div_ceil(self.wg_bm) * (in_features + 1).div_ceil(self.wg_bn)
+    }
+}
+/// Rows of a step per slice of tf_embedding_backward's token sums (EMB_SLICE_ROWS).
+const EMBEDDING_SLICE_ROWS: usize = 512;
 /// Rows per block of tf_layernorm_backward (WARPS × LN_ROWS_PER_WARP).
 const LN_ROWS_PER_BLOCK: usize = WARPS * 4;
 
@@ -39,12 +71,16 @@ struct Kernels {
     embed_layernorm: Kernel,
     residual_layernorm: Kernel,
     linear_forward: Kernel,
+    linear_forward_bf16: Kernel,
     attention_forward: Kernel,
     classifier: Kernel,
     linear_backward: Kernel,
+    linear_backward_bf16: Kernel,
     layernorm_backward: Kernel,
     attention_backward: Kernel,
     embedding_backward: Kernel,
+    dropout_backward: Kernel,
+    grad_norm: Kernel,
     adamw: Kernel,
 }
 
@@ -85,6 +121,9 @@ struct StepBuffers {
     /// tf_attention_backward's dq shares (one N × C per key chunk) and a ticket per (sequence, head).
     dq_part: CudaSlice<f32>,
     attention_tickets: CudaSlice<u32>,
+    /// tf_embedding_backward's per-slice token sums (V × slices × C) and a ticket per token.
+    embedding_partials: CudaSlice<f32>,
+    embedding_tickets: CudaSlice<u32>,
 }
 
 /// The kernel module a trainer of `config` compiles.
@@ -146,14 +185,32 @@ pub struct GpuTransformer {
     buffers: StepBuffers,
     /// (steps, batch) and the graph of that many steps.
     captured: Option<(usize, usize, CudaGraph)>,
-    /// The linear layers' products on the tensor cores (TF32).
-    tf32: bool,
+    /// The arithmetic of the linear layers' products and of attention.
+    precision: Precision,
+    /// The kernel module, and its bf16 attention kernels once `--precision bf16` asks for them.
+    module: Arc<CudaModule>,
+    flash: Option<FlashAttention>,
+    /// Dropout's probability in training (0: none) and the seed of its masks.
+    dropout: f32,
+    dropout_seed: u32,
+    /// The learning rate of each step of a graph.
+    rates: CudaSlice<f32>,
+    /// Clipping's factor of the current step, and tf_grad_norm's per-block partial sums.
+    grad_scale: CudaSlice<f32>,
+    norm_partials: CudaSlice<f64>,
+    /// What the kernels read as the bias of a model without biases (zeros), and where they write its
+    /// gradient (discarded): max(V, 4C) floats each.
+    no_bias: CudaSlice<f32>,
+    no_bias_grad: CudaSlice<f32>,
+    /// With tied weights, the head's share of tok_emb's gradient, `[V][C]`, which tf_embedding_backward adds.
+    head_grad: CudaSlice<f32>,
 }
 
 /// Tickets: one for the classifier, one for layernorm_backward, one for AdamW, then the linear tiles'.
 const TICKET_CLASSIFIER: usize = 0;
 const TICKET_LAYERNORM: usize = 1;
 const TICKET_ADAMW: usize = 2;
+const TICKET_NORM: usize = 3;
 
 impl GpuTransformer {
     /// Uploads `params` (flat, in `Layout` order) and `corpus` to `gpu` and loads the kernels for `config`.
@@ -179,12 +236,16 @@ impl GpuTransformer {
             embed_layernorm: load("tf_embed_layernorm")?,
             residual_layernorm: load("tf_residual_layernorm")?,
             linear_forward: load("tf_linear_forward")?,
+            linear_forward_bf16: load("tf_linear_forward_bf16")?,
             attention_forward: load("tf_attention_forward")?,
             classifier: load("tf_classifier")?,
             linear_backward: load("tf_linear_backward")?,
+            linear_backward_bf16: load("tf_linear_backward_bf16")?,
             layernorm_backward: load("tf_layernorm_backward")?,
             attention_backward: load("tf_attention_backward")?,
             embedding_backward: load("tf_embedding_backward")?,
+            dropout_backward: load("tf_dropout_backward")?,
+            grad_norm: load("tf_grad_norm")?,
             adamw: load("tf_adamw")?,
         };
         let sizes = AttentionSizes { t: config.block, hs: config.head_size(), warps: WARPS };
@@ -192,8 +253,10 @@ impl GpuTransformer {
         let attention_backward_shared = 4 * sizes.backward_floats();
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
-        gpu.reserve_shared(&kernels.linear_forward, LINEAR_SHARED_BYTES, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward, LINEAR_SHARED_BYTES, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward, FP32_TILES.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward, FP32_TILES.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward_bf16, BF16_TILES.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward_bf16, BF16_TILES.shared_bytes, "--embed")?;
         let stream = gpu.stream.clone();
         let n = layout.len();
         let upload_f32 = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
@@ -204,7 +267,7 @@ impl GpuTransformer {
             m: stream.alloc_zeros(n)?,
             v: stream.alloc_zeros(n)?,
             step: stream.alloc_zeros(1)?,
-            tickets: stream.alloc_zeros(3)?,
+            tickets: stream.alloc_zeros(4)?,
             train: stream.clone_htod(&corpus.train)?,
             val: stream.clone_htod(&corpus.val)?,
             n_train: corpus.train.len(),
@@ -212,7 +275,17 @@ impl GpuTransformer {
             losses: stream.alloc_zeros(1)?,
             buffers,
             captured: None,
-            tf32: false,
+            precision: Precision::Fp32,
+            module,
+            flash: None,
+            dropout: 0.0,
+            dropout_seed: 0,
+            rates: stream.alloc_zeros(1)?,
+            grad_scale: stream.clone_htod(&[1.0f32])?,
+            norm_partials: stream.alloc_zeros(Self::norm_blocks(&gpu, n))?,
+            no_bias: stream.alloc_zeros(config.vocab.max(config.ffn()))?,
+            no_bias_grad: stream.alloc_zeros(config.vocab.max(config.ffn()))?,
+            head_grad: stream.alloc_zeros(if config.tie_weights { config.vocab * config.embed } else { 1 })?,
             attention_forward_shared,
             attention_backward_shared,
             kernels,
@@ -246,13 +319,17 @@ impl GpuTransformer {
                 mlp_out: z(rows * e)?,
             });
         }
-        // The largest linear backward: its weight-gradient tiles, and those times their row slices.
-        let tiles: Vec<usize> = [(3 * e, e), (e, e), (f, e), (e, f), (v, e)]
-            .iter()
-            .map(|&(o, i)| o.div_ceil(WG_TILE) * (i + 1).div_ceil(WG_TILE))
-            .collect();
-        let max_tiles = tiles.iter().copied().max().unwrap_or(1);
-        let max_blocks = tiles.iter().map(|&t| t * Self::slices(gpu, t, rows)).max().unwrap_or(1);
+        // The largest linear backward at either tile size: its weight-gradient tiles, and those times their
+        // row slices, in floats of partial tiles.
+        let layers = [(3 * e, e), (e, e), (f, e), (e, f), (v, e)];
+        let (mut max_tiles, mut max_partials) = (1, 1);
+        for t in [FP32_TILES, BF16_TILES] {
+            for &(o, i) in &layers {
+                let tiles = t.wgrad_tiles(o, i);
+                max_tiles = max_tiles.max(tiles);
+                max_partials = max_partials.max(tiles * Self::slices(gpu, tiles, rows) * t.wg_bm * t.wg_bn);
+            }
+        }
         Ok(StepBuffers {
             batch,
             blocks,
@@ -266,12 +343,19 @@ impl GpuTransformer {
             d_u: z(rows * f)?,
             d_y: z(rows * e)?,
             d_qkv: z(rows * 3 * e)?,
-            linear_partials: z(max_blocks * WG_TILE * WG_TILE)?,
+            linear_partials: z(max_partials)?,
             linear_tickets: s.alloc_zeros(max_tiles)?,
             ln_partials: z(rows.div_ceil(LN_ROWS_PER_BLOCK) * 2 * e)?,
             dq_part: z(Self::key_chunks(c) * rows * e)?,
             attention_tickets: s.alloc_zeros(batch * c.heads)?,
+            embedding_partials: z(v * rows.div_ceil(EMBEDDING_SLICE_ROWS) * e)?,
+            embedding_tickets: s.alloc_zeros(v)?,
         })
+    }
+
+    /// tf_grad_norm's grid: about two blocks per SM, each over at least THREADS·4 elements.
+    fn norm_blocks(gpu: &Gpu, n: usize) -> usize {
+        n.div_ceil(THREADS * 4).clamp(1, 2 * gpu.sm_count as usize)
     }
 
     fn key_chunks(c: &Config) -> usize {
@@ -284,23 +368,54 @@ impl GpuTransformer {
         (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, rows.div_ceil(32).max(1))
     }
 
-    /// Runs the linear layers' products on the tensor cores in TF32 (operands rounded to a 10-bit
-    /// mantissa, fp32 accumulation), or in fp32 (the default).
-    pub fn set_tf32(&mut self, on: bool) {
-        if self.tf32 != on {
+    /// The arithmetic of the linear layers' products and of attention (fp32 by default). bf16 attention
+    /// runs on the tensor cores in head-size steps of 16.
+    pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        if precision == Precision::Bf16 && self.flash.is_none() {
+            let sizes = FlashSizes { t: self.config.block, hs: self.config.head_size() };
+            self.flash = Some(FlashAttention::new(&self.gpu, &self.module, sizes).context("--precision bf16")?);
+        }
+        if self.precision != precision {
             self.captured = None;
-            self.tf32 = on;
+            self.precision = precision;
+        }
+        Ok(())
+    }
+
+    /// Trains with dropout `p` (in [0, 1)) at the places `model::Dropout` lists, its masks drawn from
+    /// `seed` and the device's step counter, as `CpuTrainer::with_dropout`.
+    pub fn set_dropout(&mut self, p: f32, seed: u32) {
+        if (self.dropout, self.dropout_seed) != (p, seed) {
+            self.captured = None;
+            (self.dropout, self.dropout_seed) = (p, seed);
+        }
+    }
+
+    /// The bf16 attention kernels when the step runs in bf16; None runs fused/attention.cuh's fp32 ones.
+    fn flash_attention(&self) -> Option<&FlashAttention> {
+        self.flash.as_ref().filter(|_| self.precision == Precision::Bf16)
+    }
+
+    /// The kernel arguments of dropout site `site` (seed, step counter, threshold, scale); off
+    /// (threshold 0) outside `training` or without dropout.
+    fn site_args(&self, site: usize, training: bool) -> [Arg; 4] {
+        let on = training && self.dropout > 0.0;
+        let step = self.buf(&self.step);
+        if on {
+            let p = self.dropout;
+            [
+                Arg::u32(site_seed(self.dropout_seed, site)),
+                step,
+                Arg::u32(dropout_threshold(p)),
+                Arg::f32(dropout_scale(p)),
+            ]
+        } else {
+            [Arg::u32(0), step, Arg::u32(0), Arg::f32(1.0)]
         }
     }
 
     fn ensure_batch(&mut self, batch: usize) -> Result<()> {
         if self.buffers.batch != batch {
-            // tf_embedding_backward stages the step's tokens in shared memory.
-            self.gpu.reserve_shared(
-                &self.kernels.embedding_backward,
-                4 * batch * self.config.block,
-                "--batch or --block",
-            )?;
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, &self.config, batch)?;
         }
@@ -313,17 +428,27 @@ impl GpuTransformer {
     }
 
     /// Parameter tensor `name` (or its gradient) as a kernel argument.
-    fn tensor(&self, of: &CudaSlice<f32>, name: &str) -> Arg {
-        let t = self.layout.get(name).unwrap_or_else(|| panic!("internal: no tensor {name}"));
-        Arg::Ptr(self.ptr(of) + 4 * t.offset as u64)
+    /// Tensor `name` of `of` (the parameters or their gradient), or `absent` for a bias the model has
+    /// none of; a tied head's weight is tok_emb's.
+    fn tensor(&self, of: &CudaSlice<f32>, name: &str, absent: &CudaSlice<f32>) -> Arg {
+        let name = if name == "head.weight" { super::model::head_weight(&self.config) } else { name };
+        match self.layout.get(name) {
+            Some(t) => Arg::Ptr(self.ptr(of) + 4 * t.offset as u64),
+            None if name.ends_with(".bias") => self.buf(absent),
+            None => panic!("internal: no tensor {name}"),
+        }
     }
 
     fn param(&self, name: &str) -> Arg {
-        self.tensor(&self.params, name)
+        self.tensor(&self.params, name, &self.no_bias)
     }
 
+    /// Where the backward pass writes tensor `name`'s gradient: a tied head's into `head_grad`.
     fn grad_of(&self, name: &str) -> Arg {
-        self.tensor(&self.grad, name)
+        if name == "head.weight" && self.config.tie_weights {
+            return self.buf(&self.head_grad);
+        }
+        self.tensor(&self.grad, name, &self.no_bias_grad)
     }
 
     fn buf<T>(&self, slice: &CudaSlice<T>) -> Arg {
@@ -350,10 +475,11 @@ impl GpuTransformer {
     /// first use; a bench calls it first so that the capture is not timed).
     pub fn prepare(&mut self, steps: usize, batch: usize) -> Result<()> {
         self.ensure_batch(batch)?;
-        if self.offsets.len() < steps * batch || self.losses.len() < steps {
+        if self.offsets.len() < steps * batch || self.losses.len() < steps || self.rates.len() < steps {
             self.captured = None;
             self.offsets = self.gpu.stream.alloc_zeros(steps * batch)?;
             self.losses = self.gpu.stream.alloc_zeros(steps)?;
+            self.rates = self.gpu.stream.alloc_zeros(steps)?;
         }
         if !matches!(&self.captured, Some((s, b, _)) if *s == steps && *b == batch) {
             self.captured = None;
@@ -362,7 +488,8 @@ impl GpuTransformer {
                 for s in 0..steps {
                     let offsets = Arg::Ptr(t.ptr(&t.offsets) + 4 * (s * batch) as u64);
                     let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
-                    t.enqueue_step(offsets, loss)?;
+                    let rate = Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64);
+                    t.enqueue_step(offsets, loss, rate)?;
                 }
                 Ok(())
             })?;
@@ -372,17 +499,23 @@ impl GpuTransformer {
     }
 
     /// Trains len(offsets) / batch steps (the offsets of step s at [s·batch, (s+1)·batch)) as one CUDA
-    /// graph, captured on first use for this many steps. Returns each step's mean loss.
-    pub fn train_steps(&mut self, offsets: &[u32], batch: usize) -> Result<Vec<f64>> {
+    /// graph, captured on first use for this many steps, step s at learning rate `rates[s]`. Returns each
+    /// step's mean loss.
+    pub fn train_steps(&mut self, offsets: &[u32], batch: usize, rates: &[f32]) -> Result<Vec<f64>> {
         if batch == 0 || offsets.is_empty() || !offsets.len().is_multiple_of(batch) {
             bail!("internal: {} offsets for batch {batch}", offsets.len());
         }
         self.check_offsets(offsets, self.n_train, "training")?;
         let steps = offsets.len() / batch;
+        if rates.len() != steps {
+            bail!("internal: {} learning rates for {steps} steps", rates.len());
+        }
         self.prepare(steps, batch)?;
         let stream = self.gpu.stream.clone();
         let mut view = self.offsets.slice_mut(..offsets.len());
         stream.memcpy_htod(offsets, &mut view).context("copying batch offsets to the GPU")?;
+        let mut view = self.rates.slice_mut(..steps);
+        stream.memcpy_htod(rates, &mut view).context("copying learning rates to the GPU")?;
         stream.memset_zeros(&mut self.losses)?;
         let (_, _, graph) = self.captured.as_ref().expect("captured above");
         graph.launch().context("replaying the Transformer's training graph")?;
@@ -406,7 +539,8 @@ impl GpuTransformer {
             padded.resize(batch, chunk[0]);
             stream.memcpy_htod(&padded, &mut window_offsets)?;
             let counted = chunk.len() * self.config.block;
-            self.enqueue_forward(self.buf(&self.val), self.buf(&window_offsets), 0.0, counted, self.buf(&sum_dev))?;
+            let (val, windows, sum) = (self.buf(&self.val), self.buf(&window_offsets), self.buf(&sum_dev));
+            self.enqueue_forward(val, windows, 0.0, counted, sum, false)?;
             rows += counted;
         }
         let sum = stream.clone_dtoh(&sum_dev).context("a Transformer evaluation kernel failed")?;
@@ -424,7 +558,8 @@ impl GpuTransformer {
     }
 
     /// Forward and backward of one training batch (offsets into the training ids), no update, every
-    /// output poisoned with NaN first: what the kernel checks compare with `model::forward` / `backward`.
+    /// output poisoned with NaN first: what the kernel checks compare with `model::forward` / `backward`
+    /// (with dropout, the next step's masks).
     pub fn forward_backward_alone(&mut self, offsets: &[u32]) -> Result<ForwardOut> {
         let batch = offsets.len();
         self.check_offsets(offsets, self.n_train, "training")?;
@@ -449,7 +584,7 @@ impl GpuTransformer {
         let dev_offsets: CudaSlice<u32> = stream.clone_htod(offsets)?;
         let sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
         let scale = 1.0 / self.rows() as f32;
-        self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum))?;
+        self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum), true)?;
         let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> {
             stream.clone_dtoh(buf).context("a Transformer forward kernel failed")
         };
@@ -486,13 +621,23 @@ mod tests {
 
     #[test]
     fn sizes_match_the_kernel_file() {
-        let names = ["LIN_BM", "LIN_BN", "LIN_BK", "LIN_TM", "LIN_TN", "WG_BM", "WG_BN", "WG_BK", "WG_TM", "WG_TN"];
-        let mut expressions = names.to_vec();
-        expressions.extend(["LIN_SHARED_FLOATS * 4", "WARPS * LN_ROWS_PER_WARP"]);
+        let mut expressions = Vec::new();
+        for p in ["FP32", "TF32", "BF16"] {
+            for field in ["BM", "BN", "WG_BM", "WG_BN", "SHARED_FLOATS * 4"] {
+                expressions.push(format!("LinearTiles<{p}>::{field}"));
+            }
+        }
+        expressions.push("WARPS * LN_ROWS_PER_WARP".to_string());
+        expressions.push("EMB_SLICE_ROWS".to_string());
+        let expressions: Vec<&str> = expressions.iter().map(String::as_str).collect();
         let kernel = kernel_constants("transformer", &[], &expressions).unwrap();
-        let [bm, bn, bk, tm, tn] = LINEAR_TILE;
-        let (wg, wt) = (WG_TILE, WG_REGISTER_TILE);
-        let mirror = [bm, bn, bk, tm, tn, wg, wg, wg, wt, wt, LINEAR_SHARED_BYTES, LN_ROWS_PER_BLOCK];
-        assert_eq!(kernel, mirror.map(|v| v as i64));
+        let mut mirror = Vec::new();
+        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+            let t = LinearTiles::of(p);
+            mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes]);
+        }
+        mirror.push(LN_ROWS_PER_BLOCK);
+        mirror.push(EMBEDDING_SLICE_ROWS);
+        assert_eq!(kernel, mirror.iter().map(|&v| v as i64).collect::<Vec<_>>());
     }
 }

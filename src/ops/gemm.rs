@@ -26,8 +26,8 @@ pub const fn tile_shared_floats(bm: usize, bn: usize, bk: usize, tm: usize, tn: 
 }
 
 /// Floats of shared memory one `gemm_tile_bf16<BM, BN, BK, …>` needs (`GemmBf16<BM, BN, BK>::SHARED_FLOATS`):
-/// two chunk buffers of bf16, each operand's chunk in the larger of its two layouts ([o][k] with rows of
-/// BK + 8, or [k][o] with rows of o + 8).
+/// two chunk buffers of bf16, each operand's chunk in the larger of its two layouts (`[o][k]` with rows of
+/// BK + 8, or `[k][o]` with rows of o + 8).
 pub const fn bf16_shared_floats(bm: usize, bn: usize, bk: usize) -> usize {
     const fn slot(extent: usize, bk: usize) -> usize {
         let (by_row, by_k) = (extent * (bk + 8), bk * (extent + 8));
@@ -39,7 +39,7 @@ pub const fn bf16_shared_floats(bm: usize, bn: usize, bk: usize) -> usize {
 
 /// Floats of shared memory one `gemm_tile_bf16_cp<BM, BN, BK, STAGES, …>` needs
 /// (`GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS`): `stages` fp32 chunks of both operands, each in the
-/// larger of its two layouts ([o][k] with rows of BK + 8, or [k][o] with rows of o + 4).
+/// larger of its two layouts (`[o][k]` with rows of BK + 8, or `[k][o]` with rows of o + 4).
 pub const fn bf16_cp_shared_floats(bm: usize, bn: usize, bk: usize, stages: usize) -> usize {
     const fn slot(extent: usize, bk: usize) -> usize {
         let (by_row, by_k) = (extent * (bk + 8), bk * (extent + 4));

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Training may drop out (`Dropout`), where nanoGPT does: the embeddings' sum, the attention
-//! probabilities (y_h[t] = Σ_u m[t][u]·p[t][u]·v_h[u]) and both residual branches before they are added
+//! probabilities (`y_h[t] = Σ_u m[t][u]·p[t][u]·v_h[u]`) and both residual branches before they are added
 //! (x = x + m ⊙ (y·W_projᵀ + b_proj), likewise the MLP's), each mask a hash of (seed, step, site, element)
 //! (`crate::ops::dropout`) so that the GPU draws the same; survivors are scaled by 1/(1 − p).
 //!

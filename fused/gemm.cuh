@@ -163,6 +163,25 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, A
     __syncthreads();
 }
 
+// d += a·b on the tensor cores: one m16n8k16 bf16 product with fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The m16n8 accumulator tiles of a warp, zeroed.
+template <int MT, int NT>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+}
+
 // ---- gemm_tile_tf32 ----
 // gemm_tile's contract (functors, staging, store once per element inside C) on the tensor cores: the
 // block's 8 warps as 2 × 4, each owning a (BM/2) × (BN/4) part of the tile as m16n8k8 TF32 `mma`s with
@@ -186,12 +205,7 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     const int wm = warp / WN * MW, wn = warp % WN * NW;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+    zero_accumulators(acc);
 
     gemm_stages<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, As, Bs, [&](int k_count) {
 #pragma unroll 2
@@ -272,25 +286,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const unsign
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
-}
-
-// d += a·b on the tensor cores: one m16n8k16 bf16 product with fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The m16n8 accumulator tiles of a warp, zeroed.
-template <int MT, int NT>
-__device__ __forceinline__ void zero_accumulators(float (&acc)[MT][NT][4]) {
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
 }
 
 // Shared layout of one operand's chunk: EXTENT rows (o) × BK (k) as [o][k] when K_CONTIGUOUS, else

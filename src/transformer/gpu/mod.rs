@@ -434,7 +434,7 @@ impl GpuTransformer {
         let name = if name == "head.weight" { super::model::head_weight(&self.config) } else { name };
         match self.layout.get(name) {
             Some(t) => Arg::Ptr(self.ptr(of) + 4 * t.offset as u64),
-            None if name.ends_with(".bias") => self.buf(absent),
+            None if !self.config.bias && name.ends_with(".bias") => self.buf(absent),
             None => panic!("internal: no tensor {name}"),
         }
     }

@@ -1,5 +1,6 @@
-// Device helpers shared by every fused pipeline: warp and block reductions, asynchronous copies, and the
-// conventions the Rust launch layer relies on (256-thread blocks, extern dynamic shared memory).
+// Device helpers shared by every fused pipeline: warp and block reductions, asynchronous copies, bf16
+// rounding, and the conventions the Rust launch layer relies on (256-thread blocks, extern dynamic shared
+// memory).
 //
 // The launch layer (src/device.rs) compiles each fused/*.cu with NVRTC for the GPU it runs on and
 // passes the model's fixed sizes as -D defines, so per-lane register arrays have compile-time bounds.
@@ -11,6 +12,23 @@
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// p + offset, or null when p is (an optional output's row).
+template <class E>
+__device__ __forceinline__ E* offset_or_null(E* p, size_t offset) { return p ? p + offset : nullptr; }
+
+typedef unsigned short bf16;  // a bf16 value's bits, in global or shared memory
+constexpr bf16 BF16_ONE = 0x3f80;
+
+// Two floats rounded to bf16 (to nearest even) and packed, lo in the low half.
+__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// One float rounded to bf16 (to nearest even).
+__device__ __forceinline__ bf16 to_bf16(float x) { return (bf16)(bf16x2(x, 0.0f) & 0xffffu); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -83,6 +101,31 @@ __device__ __forceinline__ bool last_block_to_finish(unsigned* ticket, unsigned 
 }
 
 __device__ __forceinline__ bool last_block_to_finish(unsigned* ticket) { return last_block_to_finish(ticket, gridDim.x); }
+
+// The last block's sum of `count` partial vectors of ELEMS floats (vector k at parts + k·stride, read
+// through L2): write(i, Σ_k parts[k·stride + i]) for every i < ELEMS, each sum from 0 in k order. Each
+// thread holds ELEMS / THREADS sums and issues its loads of about 16 / (ELEMS / THREADS) vectors
+// together, so the sum runs at L2's bandwidth rather than one load latency per vector.
+template <int ELEMS, class Write>
+__device__ __forceinline__ void sum_partials(const float* parts, size_t stride, int count, Write write) {
+    constexpr int PER = (ELEMS + THREADS - 1) / THREADS;
+    constexpr int VECTORS_IN_FLIGHT = PER >= 16 ? 1 : 16 / PER;  // about 16 loads in flight per thread
+    float sums[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) sums[j] = 0.0f;
+#pragma unroll VECTORS_IN_FLIGHT
+    for (int k = 0; k < count; ++k)
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = threadIdx.x + j * THREADS;
+            if (ELEMS % THREADS == 0 || i < ELEMS) sums[j] += __ldcg(&parts[(size_t)k * stride + i]);
+        }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        if (ELEMS % THREADS == 0 || i < ELEMS) write(i, sums[j]);
+    }
+}
 
 // Combines one value per thread over a whole block of THREADS threads with a warp-wide combine (each warp,
 // then the warps' results in every warp); every thread gets the result. `scratch` holds WARPS values,

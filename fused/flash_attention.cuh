@@ -25,12 +25,14 @@
 //             and then scaled by drop_scale: y_t = Σ_u p_tu·mask_tu·v_u. Threshold 0 keeps everything.
 //
 // q, k and v of head h are columns h·HS … of the row's [q | k | v] (row stride 3C); y, dy have stride C;
-// lse has one float per (sequence, head, row). Rows at or past `len` are neither read nor written.
+// lse has one float per (sequence, head, row). The outputs y and dqkv are written in fp32, in bf16 (y_bf16,
+// dqkv_bf16: the operands of the next linear layer's bf16 product), or both; a null pointer skips one.
+// Rows at or past `len` are neither read nor written.
 // HS must be a multiple of 16. Shared memory: FlashSizes (src/transformer/gpu/flash.rs mirrors it).
 #pragma once
 #include "common.cuh"
 #include "dropout.cuh"
-#include "gemm.cuh"  // bf16x2, ldmatrix_x4, ldmatrix_x4_trans
+#include "gemm.cuh"  // mma_bf16, ldmatrix_x4, ldmatrix_x4_trans
 
 template <int T, int HS>
 struct FlashSizes {
@@ -45,8 +47,6 @@ struct FlashSizes {
     // fp32 rows as copied (q, dy, y), and lse, D per query of both buffers.
     static constexpr int BACKWARD_BYTES = (2 * ROWS + 4 * TILE) * LD * 2 + 3 * TILE * HS * 4 + 4 * TILE * 4;
 };
-
-typedef unsigned short flash_bf16;  // a bf16 in shared memory, as gemm.cuh's ldmatrix helpers take it
 
 // Four floats rounded to bf16 (to nearest even), in order.
 __device__ __forceinline__ uint2 bf16x4(float4 v) { return make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w)); }
@@ -75,7 +75,7 @@ struct FlashRows {
     // issued before the first store; rows at or past len become zeros.
     template <int LD>
     static __device__ __forceinline__ void copy2(const float* a, const float* b, size_t stride, int row0, int len,
-                                                 flash_bf16* a_dst, flash_bf16* b_dst) {
+                                                 bf16* a_dst, bf16* b_dst) {
         const int r = row();
         float4 va[F4], vb[F4];
 #pragma unroll
@@ -96,7 +96,7 @@ struct FlashRows {
     // Rounds the thread's own fetched floats (so only its own copies need to have landed) to bf16 in dst
     // ([N][LD]).
     template <int LD>
-    static __device__ __forceinline__ void round(const float* raw, flash_bf16* dst) {
+    static __device__ __forceinline__ void round(const float* raw, bf16* dst) {
         const int r = row();
 #pragma unroll
         for (int i = 0; i < F4; ++i) {
@@ -123,7 +123,7 @@ struct FlashRows {
 
 // A operand fragments of 16 rows × HS of a staged [rows][LD] matrix (rows at `rows`).
 template <int HS, int LD>
-__device__ __forceinline__ void flash_load_a(unsigned (&a)[HS / 16][4], const flash_bf16* rows) {
+__device__ __forceinline__ void flash_load_a(unsigned (&a)[HS / 16][4], const bf16* rows) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kk = 0; kk < HS / 16; ++kk) ldmatrix_x4(a[kk], rows + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
@@ -163,7 +163,7 @@ __device__ __forceinline__ void flash_load_a_global(unsigned (&a)[HS / 16][4], c
 
 // s (16 × 64, accumulator layout) = a · bᵀ: a as A fragments (16 × HS), b the 64 staged rows [64][LD].
 template <int HS, int LD>
-__device__ __forceinline__ void flash_scores(float (&s)[8][4], const unsigned (&a)[HS / 16][4], const flash_bf16* b) {
+__device__ __forceinline__ void flash_scores(float (&s)[8][4], const unsigned (&a)[HS / 16][4], const bf16* b) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -182,7 +182,7 @@ __device__ __forceinline__ void flash_scores(float (&s)[8][4], const unsigned (&
 // o (16 × HS, accumulator layout) += p · b: p (16 × 64, accumulator layout) rounded to bf16 as the A
 // operand, b the 64 staged rows [64][LD].
 template <int HS, int LD>
-__device__ __forceinline__ void flash_accumulate(float (&o)[HS / 8][4], const float (&p)[8][4], const flash_bf16* b) {
+__device__ __forceinline__ void flash_accumulate(float (&o)[HS / 8][4], const float (&p)[8][4], const bf16* b) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -203,18 +203,22 @@ __device__ __forceinline__ void flash_accumulate(float (&o)[HS / 8][4], const fl
 __device__ __forceinline__ int flash_row(int i) { return (threadIdx.x % 32) / 4 + (i >> 1) * 8; }
 __device__ __forceinline__ int flash_col(int n, int i) { return n * 8 + 2 * (threadIdx.x % 4) + (i & 1); }
 
-// Writes a warp's 16 × HS accumulator o, times `scale`, to rows row0 + r < len of out (stride `stride`).
+// Writes a warp's 16 × HS accumulator o, times `scale`, to rows row0 + r < len of out (stride `stride`),
+// and rounded to bf16 to the same place of out_bf16 (either may be null).
 template <int HS>
-__device__ __forceinline__ void flash_store(const float (&o)[HS / 8][4], float scale, float* out, size_t stride,
-                                            int row0, int len) {
+__device__ __forceinline__ void flash_store(const float (&o)[HS / 8][4], float scale, float* out, bf16* out_bf16,
+                                            size_t stride, int row0, int len) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int t = row0 + flash_row(2 * half);
         if (t >= len) continue;
 #pragma unroll
-        for (int n = 0; n < HS / 8; ++n)
-            *reinterpret_cast<float2*>(out + (size_t)t * stride + flash_col(n, 0)) =
-                make_float2(o[n][2 * half] * scale, o[n][2 * half + 1] * scale);
+        for (int n = 0; n < HS / 8; ++n) {
+            const size_t at = (size_t)t * stride + flash_col(n, 0);
+            const float a = o[n][2 * half] * scale, b = o[n][2 * half + 1] * scale;
+            if (out) *reinterpret_cast<float2*>(out + at) = make_float2(a, b);
+            if (out_bf16) *reinterpret_cast<unsigned*>(out_bf16 + at) = bf16x2(a, b);
+        }
     }
 }
 
@@ -224,14 +228,14 @@ constexpr float FLASH_LOG2E = 1.4426950408889634f;
 // first row; lse: its (sequence, head)'s T floats; bh = b·heads + h numbers the dropout elements.
 template <int T, int HS>
 __device__ __forceinline__ void flash_attention_forward(const float* qkv, int C, int h, int bh, int block, int len,
-                                                        float* y, float* lse, unsigned drop_key,
+                                                        float* y, bf16* y_bf16, float* lse, unsigned drop_key,
                                                         unsigned drop_threshold, float drop_scale, float* smem) {
     using S = FlashSizes<T, HS>;
     constexpr int LD = S::LD, TILE = S::TILE;
     using Tile = FlashRows<TILE, HS>;
     const int q0 = block * S::ROWS;
     if (q0 >= len) return;
-    flash_bf16* kv = reinterpret_cast<flash_bf16*>(smem);  // [buffer][k, v][TILE][LD]
+    bf16* kv = reinterpret_cast<bf16*>(smem);  // [buffer][k, v][TILE][LD]
     float* raw = reinterpret_cast<float*>(kv + 4 * TILE * LD);
     const float* k_src = qkv + C + h * HS;
     const float* v_src = qkv + 2 * C + h * HS;
@@ -259,7 +263,7 @@ __device__ __forceinline__ void flash_attention_forward(const float* qkv, int C,
             Tile::fetch(v_src, stride, k0 + TILE, len, raw + TILE * HS);
             cp_async_commit();
         }
-        const flash_bf16* ks = kv + (j & 1) * 2 * TILE * LD;
+        const bf16* ks = kv + (j & 1) * 2 * TILE * LD;
         if (k0 <= r0 + 15 && r0 < len) {
             float s[8][4];
             flash_scores<HS, LD>(s, qf, ks);
@@ -306,7 +310,7 @@ __device__ __forceinline__ void flash_attention_forward(const float* qkv, int C,
             flash_accumulate<HS, LD>(o, s, ks + TILE * LD);
         }
         if (j + 1 < tiles) {
-            flash_bf16* next = kv + ((j + 1) & 1) * 2 * TILE * LD;
+            bf16* next = kv + ((j + 1) & 1) * 2 * TILE * LD;
             cp_async_wait_all();
             Tile::template round<LD>(raw, next);
             Tile::template round<LD>(raw + TILE * HS, next + TILE * LD);
@@ -323,7 +327,7 @@ __device__ __forceinline__ void flash_attention_forward(const float* qkv, int C,
     for (int n = 0; n < HS / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[n][i] /= l[i >> 1];
-    flash_store<HS>(o, 1.0f, y + h * HS, C, r0, len);
+    flash_store<HS>(o, 1.0f, offset_or_null(y, h * HS), offset_or_null(y_bf16, h * HS), C, r0, len);
     if (threadIdx.x % 4 == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -338,7 +342,8 @@ __device__ __forceinline__ void flash_attention_forward(const float* qkv, int C,
 template <int T, int HS>
 __device__ __forceinline__ void flash_attention_backward_keys(const float* qkv, const float* y, const float* dy,
                                                               const float* lse, int C, int h, int bh, int block,
-                                                              int len, float* dqkv, unsigned drop_key,
+                                                              int len, float* dqkv, bf16* dqkv_bf16,
+                                                              unsigned drop_key,
                                                               unsigned drop_threshold, float drop_scale, float* smem) {
     using S = FlashSizes<T, HS>;
     constexpr int LD = S::LD, TILE = S::TILE;
@@ -346,9 +351,9 @@ __device__ __forceinline__ void flash_attention_backward_keys(const float* qkv, 
     using Block = FlashRows<S::ROWS, HS>;
     const int k0 = block * S::ROWS;
     if (k0 >= len) return;
-    flash_bf16* ks = reinterpret_cast<flash_bf16*>(smem);
-    flash_bf16* vs = ks + S::ROWS * LD;
-    flash_bf16* qdy = vs + S::ROWS * LD;  // [buffer][q, dy][TILE][LD]
+    bf16* ks = reinterpret_cast<bf16*>(smem);
+    bf16* vs = ks + S::ROWS * LD;
+    bf16* qdy = vs + S::ROWS * LD;  // [buffer][q, dy][TILE][LD]
     float* raw = reinterpret_cast<float*>(qdy + 4 * TILE * LD);  // q, dy, y: [3][TILE][HS]
     float* stats = raw + 3 * TILE * HS;                          // [buffer][lse·log2 e, D][TILE]
     const size_t stride = 3 * (size_t)C;
@@ -367,7 +372,7 @@ __device__ __forceinline__ void flash_attention_backward_keys(const float* qkv, 
         const int r = Tile::row(), t = t0 + r;
         const float lse_t = t < len ? lse[t] * FLASH_LOG2E : 0.0f;
         cp_async_wait_all();
-        flash_bf16* dst = qdy + buf * 2 * TILE * LD;
+        bf16* dst = qdy + buf * 2 * TILE * LD;
         Tile::template round<LD>(raw, dst);
         Tile::template round<LD>(raw + TILE * HS, dst + TILE * LD);
         const float D = Tile::dot(raw + TILE * HS, raw + 2 * TILE * HS);
@@ -389,8 +394,8 @@ __device__ __forceinline__ void flash_attention_backward_keys(const float* qkv, 
     for (int j = 0; j < tiles; ++j) {
         const int t0 = (first + j) * TILE;
         if (j + 1 < tiles) fetch_queries(t0 + TILE);
-        const flash_bf16* qt = qdy + (j & 1) * 2 * TILE * LD;
-        const flash_bf16* dyt = qt + TILE * LD;
+        const bf16* qt = qdy + (j & 1) * 2 * TILE * LD;
+        const bf16* dyt = qt + TILE * LD;
         const float* lse_t = stats + (j & 1) * 2 * TILE;
         const float* D = lse_t + TILE;
         if (t0 + TILE - 1 >= u0 && u0 < len) {
@@ -433,8 +438,8 @@ __device__ __forceinline__ void flash_attention_backward_keys(const float* qkv, 
         __syncthreads();
     }
     if (u0 >= len) return;
-    flash_store<HS>(dk, scale, dqkv + C + h * HS, stride, u0, len);
-    flash_store<HS>(dv, 1.0f, dqkv + 2 * C + h * HS, stride, u0, len);
+    flash_store<HS>(dk, scale, offset_or_null(dqkv, C + h * HS), offset_or_null(dqkv_bf16, C + h * HS), stride, u0, len);
+    flash_store<HS>(dv, 1.0f, offset_or_null(dqkv, 2 * C + h * HS), offset_or_null(dqkv_bf16, 2 * C + h * HS), stride, u0, len);
 }
 
 // dq of query block `block` (rows block·ROWS …) of head h of one sequence, over the key tiles up to the
@@ -442,7 +447,8 @@ __device__ __forceinline__ void flash_attention_backward_keys(const float* qkv, 
 template <int T, int HS>
 __device__ __forceinline__ void flash_attention_backward_queries(const float* qkv, const float* y, const float* dy,
                                                                  const float* lse, int C, int h, int bh, int block,
-                                                                 int len, float* dqkv, unsigned drop_key,
+                                                                 int len, float* dqkv, bf16* dqkv_bf16,
+                                                              unsigned drop_key,
                                                                  unsigned drop_threshold, float drop_scale,
                                                                  float* smem) {
     using S = FlashSizes<T, HS>;
@@ -450,7 +456,7 @@ __device__ __forceinline__ void flash_attention_backward_queries(const float* qk
     using Tile = FlashRows<TILE, HS>;
     const int q0 = block * S::ROWS;
     if (q0 >= len) return;
-    flash_bf16* kv = reinterpret_cast<flash_bf16*>(smem);  // [buffer][k, v][TILE][LD]
+    bf16* kv = reinterpret_cast<bf16*>(smem);  // [buffer][k, v][TILE][LD]
     float* raw = reinterpret_cast<float*>(kv + 4 * TILE * LD);
     const size_t stride = 3 * (size_t)C;
     const float* k_src = qkv + C + h * HS;
@@ -484,8 +490,8 @@ __device__ __forceinline__ void flash_attention_backward_queries(const float* qk
             Tile::fetch(v_src, stride, k0 + TILE, len, raw + TILE * HS);
             cp_async_commit();
         }
-        const flash_bf16* kt = kv + (j & 1) * 2 * TILE * LD;
-        const flash_bf16* vt = kt + TILE * LD;
+        const bf16* kt = kv + (j & 1) * 2 * TILE * LD;
+        const bf16* vt = kt + TILE * LD;
         if (k0 <= r0 + 15 && r0 < len) {
             float p[8][4], ds[8][4];
             flash_scores<HS, LD>(p, qf, kt);
@@ -512,7 +518,7 @@ __device__ __forceinline__ void flash_attention_backward_queries(const float* qk
             flash_accumulate<HS, LD>(dq, ds, kt);
         }
         if (j + 1 < tiles) {
-            flash_bf16* next = kv + ((j + 1) & 1) * 2 * TILE * LD;
+            bf16* next = kv + ((j + 1) & 1) * 2 * TILE * LD;
             cp_async_wait_all();
             Tile::template round<LD>(raw, next);
             Tile::template round<LD>(raw + TILE * HS, next + TILE * LD);
@@ -520,5 +526,5 @@ __device__ __forceinline__ void flash_attention_backward_queries(const float* qk
         __syncthreads();
     }
     if (r0 >= len) return;
-    flash_store<HS>(dq, scale, dqkv + h * HS, stride, r0, len);
+    flash_store<HS>(dq, scale, offset_or_null(dqkv, h * HS), offset_or_null(dqkv_bf16, h * HS), stride, r0, len);
 }

@@ -5,12 +5,12 @@
 //   gemm_tile_tf32  the same contract on the tensor cores (TF32 mma); the Transformer's --tf32 products.
 //   gemm_tile_bf16  the same contract on the bf16 tensor cores (operands rounded to bf16, fp32 sums, as
 //               PyTorch autocast's bf16 matmul), 128×128 or 64×64 tiles; the matmul benchmark's products.
-//   gemm_tile_bf16_cp  gemm_tile_bf16's arithmetic on fp32 operands read from memory (leading dimensions,
-//               not functors) through multi-stage cp.async; the Transformer's linear layers.
+//   gemm_tile_bf16_async  gemm_tile_bf16's arithmetic on bf16 operands read from memory (leading
+//               dimensions, not functors) through multi-stage cp.async; the Transformer's linear layers.
 //   gemm_128    one fixed 128×128 tile tuned for throughput; the text model's large-batch products
 //               (fused/text_batch.cu), where a step is ~26 GMAC and the FMA pipe is what counts.
 //
-// All but gemm_tile_bf16_cp read operands through the caller's functors, called only for indices inside the matrices, so a
+// All but gemm_tile_bf16_async read operands through the caller's functors, called only for indices inside the matrices, so a
 // caller can gather rows (a shuffled batch), append a column of ones (a bias gradient from the same
 // tile), or apply an activation as it loads; results go to the caller's store functor, which is where
 // epilogues fuse (bias, activation, atomics into a gradient, a transposed copy in shared memory).
@@ -267,21 +267,14 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
 // Dynamic shared memory: GemmBf16<BM, BN, BK>::SHARED_FLOATS floats, whatever A_TRANS and B_TRANS (the
 // launch layer mirrors the formula). gemm_tile_bf16 ends with a barrier.
 
-// Two floats rounded to bf16 (to nearest even) and packed, lo in the low half.
-__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
     const unsigned at = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* p) {
     const unsigned at = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -348,7 +341,7 @@ struct Bf16Stage {
             }
     }
 
-    __device__ __forceinline__ void store(unsigned short* s) const {
+    __device__ __forceinline__ void store(bf16* s) const {
 #pragma unroll
         for (int r = 0; r < PER_THREAD; ++r)
             if (valid(r)) *reinterpret_cast<unsigned*>(s + row_of(r) * L::LD + col_of(r)) = bf16x2(v[r][0], v[r][1]);
@@ -358,7 +351,7 @@ struct Bf16Stage {
 // acc += the chunk's products over k [0, k_count) (the chunk is zero from k_count to the next multiple
 // of 16): As, Bs one buffer's chunks in their layouts, (wm, wn) the warp's corner in the tile.
 template <int BM, int BN, int BK, bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
-__device__ __forceinline__ void gemm_bf16_chunk(const unsigned short* As, const unsigned short* Bs, int k_count, int wm,
+__device__ __forceinline__ void gemm_bf16_chunk(const bf16* As, const bf16* Bs, int k_count, int wm,
                                                 int wn, float (&acc)[GemmBf16<BM, BN, BK>::MT][GemmBf16<BM, BN, BK>::NT][4]) {
     using G = GemmBf16<BM, BN, BK>;
     constexpr int LDA = Bf16Layout<BM, BK, A_K_CONTIGUOUS>::LD, LDB = Bf16Layout<BN, BK, B_K_CONTIGUOUS>::LD;
@@ -419,13 +412,30 @@ struct Bf16Warp {
                     if (m < M && n < N) store(m, n, acc[i][j][r]);
                 }
     }
+
+    // store(m, n, v0, v1) of its accumulators by pairs of adjacent columns: C[m][n] = v0 and, when
+    // n + 1 < N (the caller checks), C[m][n + 1] = v1; n − n0 even, m < M, n < N.
+    template <class Store>
+    __device__ __forceinline__ void store_pairs(int M, int N, int m0, int n0, const float (&acc)[G::MT][G::NT][4],
+                                                Store store) const {
+        const int gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
+#pragma unroll
+        for (int i = 0; i < G::MT; ++i)
+#pragma unroll
+            for (int j = 0; j < G::NT; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = m0 + wm + i * 16 + gid + half * 8, n = n0 + wn + j * 8 + 2 * tig;
+                    if (m < M && n < N) store(m, n, acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+                }
+    }
 };
 
 template <int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Store>
 __device__ __forceinline__ void gemm_tile_bf16(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
                                                float* smem) {
     using G = GemmBf16<BM, BN, BK>;
-    unsigned short* buffers = reinterpret_cast<unsigned short*>(smem);  // [2][A_SLOT + B_SLOT] bf16
+    bf16* buffers = reinterpret_cast<bf16*>(smem);  // [2][A_SLOT + B_SLOT] bf16
     const Bf16Warp<BM, BN, BK> warp;
     float acc[G::MT][G::NT][4];
     zero_accumulators(acc);
@@ -445,7 +455,7 @@ __device__ __forceinline__ void gemm_tile_bf16(int M, int N, int K, int m0, int 
             a_stage.load(a_at, M, m0, K, k0 + BK);
             b_stage.load(b_by_row, N, n0, K, k0 + BK);
         }
-        const unsigned short* As = buffers + buf * G::BUFFER;
+        const bf16* As = buffers + buf * G::BUFFER;
         gemm_bf16_chunk<BM, BN, BK, !A_TRANS, B_TRANS>(As, As + G::A_SLOT, min(BK, K - k0), warp.wm, warp.wn, acc);
         if (more) {
             a_stage.store(buffers + (buf ^ 1) * G::BUFFER);
@@ -458,39 +468,31 @@ __device__ __forceinline__ void gemm_tile_bf16(int M, int N, int K, int m0, int 
     __syncthreads();
 }
 
-// ---- gemm_tile_bf16_cp ----
-// gemm_tile_bf16's arithmetic (operands rounded to bf16 to nearest even, m16n8k16 `mma`s, fp32 sums; the
-// 8 warps as 2 × 4, and Bf16Warp's corners and store) on fp32 operands read straight from memory rather
-// than through functors: element (m, k) of A is A[k·lda + m] if A_TRANS else A[m·lda + k]; (k, n) of B
-// is B[n·ldb + k] if B_TRANS else B[k·ldb + n]; column ones_col of B (none when negative) reads as 1
-// (a bias gradient from the same tile); outside M, N, K reads 0. Store contract as gemm_tile's.
+// ---- gemm_tile_bf16_async ----
+// gemm_tile_bf16's arithmetic (m16n8k16 `mma`s with fp32 sums, the 8 warps as 2 × 4, ldmatrix fragments
+// from padded shared memory: gemm_bf16_chunk, Bf16Warp's corners and store) on operands that are bf16 in
+// memory already, read straight from it with leading dimensions rather than through functors: element
+// (m, k) of A is A[k·lda + m] if A_TRANS else A[m·lda + k]; (k, n) of B is B[n·ldb + k] if B_TRANS else
+// B[k·ldb + n]; column ones_col of B (none when negative) reads 1 (a bias gradient from the same tile);
+// outside M, N, K reads 0. Results go by pairs of adjacent columns, as Bf16Warp::store_pairs gives them
+// (so that a row's pair leaves as one 8-byte or 4-byte store).
 //
-//   stage    STAGES chunks of BK k are in flight, copied by cp.async as fp32 into shared memory the way
-//            they lie in global memory, [o][k] when k is the operand's contiguous index, else [k][o]:
-//            16 bytes at a time where a row's 4 floats are all inside and the operand is 16-byte aligned
-//            with ld a multiple of 4, else 4 bytes (zero-filled outside, 1 written for ones_col).
-//   compute  Fragments are read from the fp32 chunk and rounded as they go: [o][k] as float2 pairs
-//            along k (rows BK + 8 floats, so a half-warp's eight rows × four pairs hit distinct banks),
-//            [k][o] as two floats (rows EXTENT + 4: k rows 2·tig apart land 8·tig banks apart).
-//   budget   Per 16 k a block copies (BM + BN)·64 bytes and its warps read 8·(MW + NW)·64 bytes back,
-//            0.5 KB of shared traffic per mma at 128 × 128; three stages of BK = 32 (120 KB at 128 × 128)
-//            keep two chunks of loads in flight. The fp32 operands cost twice bf16's bytes from L2: at
-//            the Transformer's shapes a 128 × 128 tile takes ~1 µs per 32 k on an H100, ~4 TB/s of L2
-//            reads over the GPU, and a fourth stage or a 256 × 128 tile did not make it faster.
+//   stage    STAGES chunks of BK k are in flight, copied by cp.async into Bf16Layout, [o][k] when k is the
+//            operand's contiguous index, else [k][o], 8 bf16 (16 bytes) at a time where all 8 are inside,
+//            none is the ones column and the operand is 16-byte aligned with ld a multiple of 8; any other
+//            segment (an edge, the ones column, an odd ld) element by element through registers.
+//   why      Reading fp32 operands and rounding them in the SM (what PyTorch autocast avoids by keeping
+//            its activations in bf16) doubles the bytes each tile reads from L2, and at the Transformer's
+//            shapes those reads, not the tensor cores, set a tile's time. So the trainer keeps bf16
+//            copies of what its products read, rounded once where they are written.
 //
-// Dynamic shared memory: GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS floats, whatever the layouts (the
-// launch layer mirrors the formula); more than 48 KB needs the kernel's opt-in. Ends with a barrier.
+// Dynamic shared memory: GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS floats, whatever the layouts
+// (the launch layer mirrors the formula); more than 48 KB needs the kernel's opt-in. Ends with a barrier.
 
-// 16 bytes (4 bytes) from global to shared memory, or zeros when `inside` is false (src is then not read).
+// 16 bytes from global to shared memory, or zeros when `inside` is false (src is then not read).
 __device__ __forceinline__ void cp_async16_or_zero(void* shared_dst, const void* global_src, bool inside) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global_src), "r"(inside ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async4_or_zero(void* shared_dst, const void* global_src, bool inside) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global_src), "r"(inside ? 4 : 0)
                  : "memory");
 }
 
@@ -500,96 +502,92 @@ __device__ __forceinline__ void cp_async_wait_pending() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Shared layout of one operand's fp32 chunk: EXTENT rows (o) × BK (k) as [o][k] when K_CONTIGUOUS, else
-// [k][o]. SLOT: floats of the larger of the two layouts, so a stage's size does not depend on the layout.
-template <int EXTENT, int BK, bool K_CONTIGUOUS>
-struct CpLayout {
-    static constexpr int ROWS = K_CONTIGUOUS ? EXTENT : BK;
-    static constexpr int COLS = K_CONTIGUOUS ? BK : EXTENT;
-    static constexpr int LD = K_CONTIGUOUS ? BK + 8 : EXTENT + 4;
-    static constexpr int SLOT = EXTENT * (BK + 8) > BK * (EXTENT + 4) ? EXTENT * (BK + 8) : BK * (EXTENT + 4);
-};
-
 template <int BM, int BN, int BK, int STAGES>
-struct GemmBf16Cp {
-    static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0 && STAGES >= 2,
-                  "conflict-free [k][o] rows need extents of whole 32s; k in steps of 16; two stages or more");
-    static constexpr int A_SLOT = CpLayout<BM, BK, true>::SLOT;
-    static constexpr int STAGE = A_SLOT + CpLayout<BN, BK, true>::SLOT;
-    static constexpr int SHARED_FLOATS = STAGES * STAGE;
+struct GemmBf16Async {
+    static_assert(STAGES >= 2, "two stages or more");
+    static constexpr int SHARED_FLOATS = STAGES * GemmBf16<BM, BN, BK>::BUFFER / 2;
 };
 
-// One operand of gemm_tile_bf16_cp: element (o, k) at p[o·ld + k] when K_CONTIGUOUS, else p[k·ld + o],
+// One operand of gemm_tile_bf16_async: element (o, k) at p[o·ld + k] when K_CONTIGUOUS, else p[k·ld + o],
 // for o < extent, k < K; o == ones reads 1.
 template <int EXTENT, int BK, bool K_CONTIGUOUS>
-struct CpOperand {
-    using L = CpLayout<EXTENT, BK, K_CONTIGUOUS>;
-    static constexpr int SEGMENTS = L::ROWS * L::COLS / 4;  // 4 floats along the layout's rows
-    static_assert(L::COLS % 4 == 0, "whole 16-byte segments");
-    const float* p;
+struct AsyncOperand {
+    using L = Bf16Layout<EXTENT, BK, K_CONTIGUOUS>;
+    static constexpr int SEGMENTS = L::ROWS * L::COLS / 8;  // 8 bf16 along the layout's rows
+    static_assert(L::COLS % 8 == 0, "whole 16-byte segments");
+    const bf16* p;
     int ld, extent, K, o0, ones;
     bool vector;  // 16-byte copies allowed
 
-    __device__ __forceinline__ CpOperand(const float* p, int ld, int extent, int K, int o0, int ones)
+    __device__ __forceinline__ AsyncOperand(const bf16* p, int ld, int extent, int K, int o0, int ones)
         : p(p), ld(ld), extent(extent), K(K), o0(o0), ones(ones),
-          vector(ld % 4 == 0 && reinterpret_cast<size_t>(p) % 16 == 0) {}
+          vector(ld % 8 == 0 && reinterpret_cast<size_t>(p) % 16 == 0) {}
 
     // Copies k [k0, k0 + BK) into the chunk at s.
-    __device__ __forceinline__ void issue(float* s, int k0) const {
+    __device__ __forceinline__ void issue(bf16* s, int k0) const {
 #pragma unroll
         for (int r = 0; r < (SEGMENTS + THREADS - 1) / THREADS; ++r) {
             const int v = threadIdx.x + r * THREADS;
             if (SEGMENTS % THREADS != 0 && v >= SEGMENTS) break;
-            const int row = v / (L::COLS / 4), col = v % (L::COLS / 4) * 4;
+            const int row = v / (L::COLS / 8), col = v % (L::COLS / 8) * 8;
             const int o = o0 + (K_CONTIGUOUS ? row : col), k = k0 + (K_CONTIGUOUS ? col : row);
-            float* dst = s + row * L::LD + col;
-            const float* src = p + (K_CONTIGUOUS ? (size_t)o * ld + k : (size_t)k * ld + o);
-            const bool whole = K_CONTIGUOUS ? o < extent && o != ones && k + 4 <= K
-                                            : k < K && o + 4 <= extent && (unsigned)(ones - o) >= 4u;
+            bf16* dst = s + row * L::LD + col;
+            const bool whole = K_CONTIGUOUS ? o < extent && o != ones && k + 8 <= K
+                                            : k < K && o + 8 <= extent && (unsigned)(ones - o) >= 8u;
             if (vector && whole) {
-                cp_async16_or_zero(dst, src, true);
+                cp_async16_or_zero(dst, p + (K_CONTIGUOUS ? (size_t)o * ld + k : (size_t)k * ld + o), true);
                 continue;
             }
+            bf16 e[8];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int oe = o + (K_CONTIGUOUS ? 0 : e), ke = k + (K_CONTIGUOUS ? e : 0);
-                const bool inside = oe < extent && ke < K;
-                if (oe == ones) dst[e] = inside ? 1.0f : 0.0f;
-                else cp_async4_or_zero(dst + e, inside ? src + e : p, inside);
+            for (int i = 0; i < 8; ++i) {
+                const int oi = o + (K_CONTIGUOUS ? 0 : i), ki = k + (K_CONTIGUOUS ? i : 0);
+                e[i] = oi >= extent || ki >= K ? (bf16)0
+                       : oi == ones            ? BF16_ONE
+                                               : p[K_CONTIGUOUS ? (size_t)oi * ld + ki : (size_t)ki * ld + oi];
             }
-        }
-    }
-
-    // Rows o and k, k + 1 of the chunk at s, rounded to a bf16 pair (k in the low half).
-    __device__ __forceinline__ static unsigned pair(const float* s, int o, int k) {
-        if constexpr (K_CONTIGUOUS) {
-            const float2 v = *reinterpret_cast<const float2*>(s + o * L::LD + k);
-            return bf16x2(v.x, v.y);
-        } else {
-            return bf16x2(s[k * L::LD + o], s[(k + 1) * L::LD + o]);
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(e);
         }
     }
 };
 
+// p[0] = a and, when `both`, p[1] = b: one store where the pair is aligned for it.
+__device__ __forceinline__ void store_pair(float* p, float a, float b, bool both) {
+    if (both && reinterpret_cast<size_t>(p) % 8 == 0) {
+        *reinterpret_cast<float2*>(p) = make_float2(a, b);
+    } else {
+        p[0] = a;
+        if (both) p[1] = b;
+    }
+}
+
+__device__ __forceinline__ void store_pair(bf16* p, float a, float b, bool both) {
+    if (both && reinterpret_cast<size_t>(p) % 4 == 0) {
+        *reinterpret_cast<unsigned*>(p) = bf16x2(a, b);
+    } else {
+        p[0] = to_bf16(a);
+        if (both) p[1] = to_bf16(b);
+    }
+}
+
 template <int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
-__device__ __forceinline__ void gemm_tile_bf16_cp(int M, int N, int K, int m0, int n0, const float* A, int lda,
-                                                  const float* B, int ldb, int ones_col, Store store, float* smem) {
-    using G = GemmBf16Cp<BM, BN, BK, STAGES>;
-    using W = GemmBf16<BM, BN, BK>;
-    using AOp = CpOperand<BM, BK, !A_TRANS>;
-    using BOp = CpOperand<BN, BK, B_TRANS>;
+__device__ __forceinline__ void gemm_tile_bf16_async(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
+                                                     const bf16* B, int ldb, int ones_col, Store store, float* smem) {
+    using G = GemmBf16<BM, BN, BK>;
+    using AOp = AsyncOperand<BM, BK, !A_TRANS>;
+    using BOp = AsyncOperand<BN, BK, B_TRANS>;
     const AOp a(A, lda, M, K, m0, -1);
     const BOp b(B, ldb, N, K, n0, ones_col);
+    bf16* buffers = reinterpret_cast<bf16*>(smem);  // [STAGES][A_SLOT + B_SLOT]
     const Bf16Warp<BM, BN, BK> warp;
-    const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    float acc[W::MT][W::NT][4];
+    float acc[G::MT][G::NT][4];
     zero_accumulators(acc);
 
     // Group c holds chunk c (empty past K), so waiting until STAGES − 2 groups are pending leaves chunk c
     // complete; the barrier then also ends every warp's reads of the stage refilled next.
     const auto issue = [&](int c) {
         if (c * BK < K) {
-            float* s = smem + c % STAGES * G::STAGE;
+            bf16* s = buffers + c % STAGES * G::BUFFER;
             a.issue(s, c * BK);
             b.issue(s + G::A_SLOT, c * BK);
         }
@@ -601,34 +599,11 @@ __device__ __forceinline__ void gemm_tile_bf16_cp(int M, int N, int K, int m0, i
         cp_async_wait_pending<STAGES - 2>();
         __syncthreads();
         issue(c + STAGES - 1);
-        const float* As = smem + c % STAGES * G::STAGE;
-        const float* Bs = As + G::A_SLOT;
-#pragma unroll
-        for (int ks = 0; ks < BK; ks += 16) {  // the chunk is zero past K
-            unsigned af[W::MT][4], bf[W::NT][2];
-#pragma unroll
-            for (int i = 0; i < W::MT; ++i) {
-                const int m = warp.wm + i * 16 + gid, k = ks + 2 * tig;
-                af[i][0] = AOp::pair(As, m, k);
-                af[i][1] = AOp::pair(As, m + 8, k);
-                af[i][2] = AOp::pair(As, m, k + 8);
-                af[i][3] = AOp::pair(As, m + 8, k + 8);
-            }
-#pragma unroll
-            for (int j = 0; j < W::NT; ++j) {
-                const int n = warp.wn + j * 8 + gid, k = ks + 2 * tig;
-                bf[j][0] = BOp::pair(Bs, n, k);
-                bf[j][1] = BOp::pair(Bs, n, k + 8);
-            }
-#pragma unroll
-            for (int i = 0; i < W::MT; ++i)
-#pragma unroll
-                for (int j = 0; j < W::NT; ++j)
-                    mma_bf16(acc[i][j], af[i], bf[j][0], bf[j][1]);
-        }
+        const bf16* As = buffers + c % STAGES * G::BUFFER;
+        gemm_bf16_chunk<BM, BN, BK, !A_TRANS, B_TRANS>(As, As + G::A_SLOT, min(BK, K - c * BK), warp.wm, warp.wn, acc);
     }
     cp_async_wait_pending<0>();
-    warp.store(M, N, m0, n0, acc, store);
+    warp.store_pairs(M, N, m0, n0, acc, store);
     __syncthreads();
 }
 

@@ -39,11 +39,11 @@ __device__ __forceinline__ void layernorm_stats(const float (&v)[C / 32], float&
     rstd = 1.0f / sqrtf(__shfl_sync(FULL_MASK, m2, 0) / (float)C + LN_EPS);
 }
 
-// One row whose C/32 values each lane holds in v (lane l: elements l, l + 32, …): out = LayerNorm(v);
-// lane 0 writes μ and r.
+// One row whose C/32 values each lane holds in v (lane l: elements l, l + 32, …): out = LayerNorm(v),
+// and out_bf16 the same rounded to bf16 (either may be null); lane 0 writes μ and r.
 template <int C>
 __device__ __forceinline__ void layernorm_row_normalize(const float (&v)[C / 32], const float* w, const float* b,
-                                                        float* out, float* mean_out, float* rstd_out) {
+                                                        float* out, bf16* out_bf16, float* mean_out, float* rstd_out) {
     constexpr int PER = C / 32;
     const int lane = threadIdx.x % 32;
     float mean, rstd;
@@ -51,7 +51,9 @@ __device__ __forceinline__ void layernorm_row_normalize(const float (&v)[C / 32]
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int c = i * 32 + lane;
-        out[c] = (v[i] - mean) * rstd * w[c] + b[c];
+        const float o = (v[i] - mean) * rstd * w[c] + b[c];
+        if (out) out[c] = o;
+        if (out_bf16) out_bf16[c] = to_bf16(o);
     }
     if (lane == 0) {
         *mean_out = mean;

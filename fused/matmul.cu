@@ -19,21 +19,22 @@
 // bf16-rounded operands), C fp32:
 //
 //   matmul_bf16      A, B bf16 (row-major), grid (⌈N/128⌉, ⌈M/128⌉), gemm_tile_bf16<128, 128, 32>
-//                    through functors, as the Transformer calls it; GemmBf16<128, 128, 32>::SHARED_FLOATS.
-//   matmul_bf16_async  gemm_tile_bf16's chunk products (gemm_bf16_chunk) on 128×128 tiles fed by
-//                    cp.async instead of through registers: A [m][k] and B [k][n] go to shared memory as
-//                    they lie, ASYNC_STAGES chunks of ASYNC_BK k in flight; for operands that are bf16 in
-//                    memory already. K and N multiples of 8 (whole 16-byte rows); dynamic shared memory
-//                    ASYNC_STAGES · GemmBf16<128, 128, ASYNC_BK>::SHARED_FLOATS / 2 floats.
+//                    through functors; GemmBf16<128, 128, 32>::SHARED_FLOATS.
+//   matmul_bf16_async  A, B bf16 (row-major), grid (⌈N/128⌉, ⌈M/128⌉), gemm_tile_bf16_async<128, 128,
+//                    ASYNC_BK, ASYNC_STAGES> with lda = K, ldb = N: the same mma fed by cp.async from bf16
+//                    memory, 16 bytes at a time where K and N are multiples of 8;
+//                    GemmBf16Async<128, 128, ASYNC_BK, ASYNC_STAGES>::SHARED_FLOATS.
 //   gemm_bf16_{nn,nt,tn,tt}_{128,64}  gemm_tile_bf16<T, T, 32> on fp32 operands (A M×K, or K×M when the
-//                    first letter is t; B K×N, or N×K when the second is t), as the Transformer's linear
-//                    layers read them: forward in·Wᵀ is nt, dx = dy·W nn, dW = dyᵀ·x tn. K is cut into
-//                    `slices` row slices, slice s's product written to C + s·M·N (the Transformer's weight
-//                    gradients, summed afterwards). Grid (slices·⌈N/T⌉, ⌈M/T⌉); GemmBf16<T, T, 32>::SHARED_FLOATS.
-//   gemm_bf16_cp_{nn,nt,tn,tt}  gemm_tile_bf16_cp<CP_TILE, CP_TILE, CP_BK, CP_STAGES> as the Transformer's
-//                    linear layers run it: A and B with leading dimensions lda, ldb, column ones_col of B
-//                    read as 1 (none when negative). Grid (⌈N/CP_TILE⌉, ⌈M/CP_TILE⌉);
-//                    GemmBf16Cp<CP_TILE, CP_TILE, CP_BK, CP_STAGES>::SHARED_FLOATS.
+//                    first letter is t; B K×N, or N×K when the second is t), rounded as they are staged: forward
+//                    in·Wᵀ is nt, dx = dy·W nn, dW = dyᵀ·x tn. K is cut into `slices` row slices, slice s's
+//                    product written to C + s·M·N (weight gradients, summed afterwards). Grid
+//                    (slices·⌈N/T⌉, ⌈M/T⌉); GemmBf16<T, T, 32>::SHARED_FLOATS.
+//   gemm_bf16_async_{nn,nt,tn,tt}  the Transformer's linear-layer tile on bf16 operands,
+//                    gemm_tile_bf16_async<LINEAR_TILE, LINEAR_TILE, LINEAR_BK, LINEAR_STAGES>, in the same
+//                    layouts: A and B with leading dimensions lda, ldb, column ones_col of B read as 1 (none
+//                    when negative; a bias gradient), K in `slices` row slices as above. Grid
+//                    (slices·⌈N/LINEAR_TILE⌉, ⌈M/LINEAR_TILE⌉);
+//                    GemmBf16Async<LINEAR_TILE, LINEAR_TILE, LINEAR_BK, LINEAR_STAGES>::SHARED_FLOATS.
 #include "common.cuh"
 #include "gemm.cuh"
 
@@ -98,11 +99,10 @@ matmul_tile128_split2(const float* __restrict__ A, const float* __restrict__ B, 
 
 // ---- bf16 ----
 
-__device__ __forceinline__ float bf16_value(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+__device__ __forceinline__ float bf16_value(bf16 h) { return __uint_as_float((unsigned)h << 16); }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-matmul_bf16(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, float* __restrict__ C, int M,
-            int N, int K) {
+matmul_bf16(const bf16* __restrict__ A, const bf16* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
     extern __shared__ float smem[];
     gemm_tile_bf16<128, 128, 32, false, false>(
         M, N, K, blockIdx.y * 128, blockIdx.x * 128,
@@ -111,61 +111,19 @@ matmul_bf16(const unsigned short* __restrict__ A, const unsigned short* __restri
         [=](int m, int n, float v) { C[(size_t)m * N + n] = v; }, smem);
 }
 
+// gemm_tile_bf16_async's pairs into row-major C (M×N).
+__device__ __forceinline__ auto pair_store(float* C, int N) {
+    return [=](int m, int n, float v0, float v1) { store_pair(C + (size_t)m * N + n, v0, v1, n + 1 < N); };
+}
+
 constexpr int ASYNC_STAGES = 3;
 constexpr int ASYNC_BK = 64;
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-matmul_bf16_async(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, float* __restrict__ C,
-                  int M, int N, int K) {
-    constexpr int BM = 128, BN = 128, BK = ASYNC_BK;
-    using G = GemmBf16<BM, BN, BK>;
-    using LA = Bf16Layout<BM, BK, true>;
-    using LB = Bf16Layout<BN, BK, false>;
-    constexpr int A_COPIES = BM * BK / 8 / THREADS, B_COPIES = BN * BK / 8 / THREADS;  // 16-byte copies per thread
-    static_assert(BM * BK % (8 * THREADS) == 0 && BN * BK % (8 * THREADS) == 0, "whole copies per thread");
-    extern __shared__ float smem[];
-    unsigned short* buffers = reinterpret_cast<unsigned short*>(smem);  // [ASYNC_STAGES][A_SLOT + B_SLOT]
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    const auto issue = [&](int stage, int k0) {
-        unsigned short* As = buffers + stage * G::BUFFER;
-        unsigned short* Bs = As + G::A_SLOT;
-#pragma unroll
-        for (int r = 0; r < A_COPIES; ++r) {
-            const int v = threadIdx.x + r * THREADS;
-            const int am = v / (BK / 8), ak = v % (BK / 8) * 8;  // A: a row of BK is BK/8 copies
-            const bool a_in = m0 + am < M && k0 + ak < K;
-            cp_async16_or_zero(As + am * LA::LD + ak, a_in ? A + (size_t)(m0 + am) * K + k0 + ak : A, a_in);
-        }
-#pragma unroll
-        for (int r = 0; r < B_COPIES; ++r) {
-            const int v = threadIdx.x + r * THREADS;
-            const int bk = v / (BN / 8), bn = v % (BN / 8) * 8;  // B: a row of BN is BN/8 copies
-            const bool b_in = k0 + bk < K && n0 + bn < N;
-            cp_async16_or_zero(Bs + bk * LB::LD + bn, b_in ? B + (size_t)(k0 + bk) * N + n0 + bn : B, b_in);
-        }
-    };
-    const Bf16Warp<BM, BN, BK> warp;
-    float acc[G::MT][G::NT][4];
-    zero_accumulators(acc);
-
-    // Group g holds chunk g (empty past K), so waiting until ASYNC_STAGES − 2 groups are pending leaves
-    // chunk c complete; the barrier then also ends every warp's reads of the buffer refilled next.
-#pragma unroll
-    for (int s = 0; s < ASYNC_STAGES - 1; ++s) {
-        if (s * BK < K) issue(s, s * BK);
-        cp_async_commit();
-    }
-    for (int c = 0; c * BK < K; ++c) {
-        cp_async_wait_pending<ASYNC_STAGES - 2>();
-        __syncthreads();
-        const int next = c + ASYNC_STAGES - 1;
-        if (next * BK < K) issue(next % ASYNC_STAGES, next * BK);
-        cp_async_commit();
-        const unsigned short* As = buffers + c % ASYNC_STAGES * G::BUFFER;
-        gemm_bf16_chunk<BM, BN, BK, true, false>(As, As + G::A_SLOT, min(BK, K - c * BK), warp.wm, warp.wn, acc);
-    }
-    cp_async_wait_pending<0>();
-    warp.store(M, N, m0, n0, acc, [&](int m, int n, float v) { C[(size_t)m * N + n] = v; });
+matmul_bf16_async(const bf16* __restrict__ A, const bf16* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
+    extern __shared__ __align__(16) float smem[];
+    gemm_tile_bf16_async<128, 128, ASYNC_BK, ASYNC_STAGES, false, false>(
+        M, N, K, blockIdx.y * 128, blockIdx.x * 128, A, K, B, N, -1, pair_store(C, N), smem);
 }
 
 template <int TILE, bool A_TRANS, bool B_TRANS>
@@ -197,18 +155,31 @@ __device__ __forceinline__ void gemm_bf16_sliced(const float* __restrict__ A, co
 GEMM_BF16_LAYOUTS(128)
 GEMM_BF16_LAYOUTS(64)
 
-// gemm_tile_bf16_cp with the Transformer's linear tiles, C = A·B (M×N, row-major) with leading dimensions.
-constexpr int CP_TILE = 128, CP_BK = 32, CP_STAGES = 3;
-#define GEMM_BF16_CP(LAYOUT, A_TRANS, B_TRANS)                                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                     \
-        gemm_bf16_cp_##LAYOUT(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, \
-                              int M, int N, int K, int lda, int ldb, int ones_col) {                           \
-        extern __shared__ __align__(16) float smem[];                                                          \
-        gemm_tile_bf16_cp<CP_TILE, CP_TILE, CP_BK, CP_STAGES, A_TRANS, B_TRANS>(                               \
-            M, N, K, blockIdx.y * CP_TILE, blockIdx.x * CP_TILE, A, lda, B, ldb, ones_col,                     \
-            [=](int m, int n, float v) { C[(size_t)m * N + n] = v; }, smem);                                   \
+// The Transformer's linear-layer tile, C = A·B (M×N, row-major) of bf16 operands with leading dimensions,
+// K in row slices as gemm_bf16_sliced's.
+constexpr int LINEAR_TILE = 128, LINEAR_BK = 32, LINEAR_STAGES = 4;
+
+template <bool A_TRANS, bool B_TRANS>
+__device__ __forceinline__ void gemm_bf16_async_sliced(const bf16* __restrict__ A, const bf16* __restrict__ B,
+                                                       float* __restrict__ C, int M, int N, int K, int lda, int ldb,
+                                                       int ones_col, int slices, float* smem) {
+    const int columns = ceil_div(N, LINEAR_TILE), slice = blockIdx.x / columns;
+    const int rows = ceil_div(K, slices), k0 = slice * rows, count = max(0, min(K, k0 + rows) - k0);
+    float* out = C + (size_t)slice * M * N;
+    gemm_tile_bf16_async<LINEAR_TILE, LINEAR_TILE, LINEAR_BK, LINEAR_STAGES, A_TRANS, B_TRANS>(
+        M, N, count, blockIdx.y * LINEAR_TILE, blockIdx.x % columns * LINEAR_TILE,
+        A + (size_t)k0 * (A_TRANS ? lda : 1), lda, B + (size_t)k0 * (B_TRANS ? 1 : ldb), ldb, ones_col,
+        pair_store(out, N), smem);
+}
+
+#define GEMM_BF16_ASYNC(LAYOUT, A_TRANS, B_TRANS)                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                       \
+        gemm_bf16_async_##LAYOUT(const bf16* __restrict__ A, const bf16* __restrict__ B, float* __restrict__ C, \
+                                 int M, int N, int K, int lda, int ldb, int ones_col, int slices) {             \
+        extern __shared__ __align__(16) float smem[];                                                           \
+        gemm_bf16_async_sliced<A_TRANS, B_TRANS>(A, B, C, M, N, K, lda, ldb, ones_col, slices, smem);           \
     }
-GEMM_BF16_CP(nn, false, false)
-GEMM_BF16_CP(nt, false, true)
-GEMM_BF16_CP(tn, true, false)
-GEMM_BF16_CP(tt, true, true)
+GEMM_BF16_ASYNC(nn, false, false)
+GEMM_BF16_ASYNC(nt, false, true)
+GEMM_BF16_ASYNC(tn, true, false)
+GEMM_BF16_ASYNC(tt, true, true)

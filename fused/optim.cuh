@@ -13,6 +13,7 @@
 // (`optim_update_range`, the MNIST update kernel). The step's scalars — kind, clip factor, Adam's bias
 // corrections 1 − βᵗ — are computed once per step by the caller.
 #pragma once
+#include "common.cuh"
 
 constexpr int OPTIM_SGD = 0, OPTIM_MOMENTUM = 1, OPTIM_ADAM = 2, OPTIM_ADAMW = 3;
 
@@ -52,14 +53,18 @@ __device__ __forceinline__ float optim_update(const OptimStep& s, float theta, f
 }
 
 // Elements [begin, end) with stride `stride` (a grid- or block-stride loop over flat vectors). m and v may
-// be null for an optimizer that does not read them.
+// be null for an optimizer that does not read them; params_bf16, when given, receives each new parameter
+// rounded to bf16 (the copy a bf16 forward pass reads).
 __device__ __forceinline__ void optim_update_range(const OptimStep& s, float* __restrict__ params,
                                                    const float* __restrict__ grad, float* __restrict__ m,
-                                                   float* __restrict__ v, int begin, int end, int stride) {
+                                                   float* __restrict__ v, int begin, int end, int stride,
+                                                   bf16* __restrict__ params_bf16 = nullptr) {
     float unused_m = 0.0f, unused_v = 0.0f;
     for (int i = begin; i < end; i += stride) {
         float& mi = m ? m[i] : unused_m;
         float& vi = v ? v[i] : unused_v;
-        params[i] = optim_update(s, params[i], grad[i], mi, vi);
+        const float theta = optim_update(s, params[i], grad[i], mi, vi);
+        params[i] = theta;
+        if (params_bf16) params_bf16[i] = to_bf16(theta);
     }
 }

@@ -22,12 +22,20 @@
 //                          saved log-sum-exp
 //   tf_flash_attention_forward, tf_flash_attention_backward
 //                          the same in bf16 on the tensor cores, with dropout (flash_attention.cuh)
-//   tf_dropout_backward    a residual branch's gradient: d_branch = mask ⊙ d_residual
+//   tf_dropout_backward    a residual branch's gradient: d_branch = mask ⊙ d_residual (fp32; in bf16 the
+//                          LayerNorm backward pass writes the branch's bf16 gradient itself)
 //   tf_embedding_backward  tok_emb and pos_emb gradients (through the embedding dropout's mask): a
 //                          token's rows found a slice of rows per block, the slices added in order
 //   tf_grad_norm           the gradient's global L2 norm in a fixed order, and clipping's factor from it
 //   tf_adamw               every parameter in one launch (optim.cuh) at the step's scheduled rate, the
-//                          step count advanced once
+//                          step count advanced once, and in bf16 the weights' bf16 copy
+//   tf_round_bf16          the parameters' bf16 copy, before the first bf16 step
+//
+// bf16 (--precision bf16), as PyTorch autocast: the linear layers' products read bf16 copies of their
+// operands, each rounded once where it is computed (the LayerNorms' outputs, attention's y, the GELU
+// output, the logits' gradient, the residual branches' gradients, dqkv and the MLP's dx; the weights'
+// copy by AdamW), so no product reads fp32 operands from memory. Everything else stays fp32: the
+// residual stream and its gradient, LayerNorm and softmax statistics, master weights and AdamW's state.
 //
 // No float atomics anywhere: a run repeats to the bit. Row r of a step is position t = r % T of sequence
 // b = r / T, whose tokens are data[offsets[b] + t] and targets data[offsets[b] + t + 1]; a CUDA graph of
@@ -66,8 +74,8 @@ constexpr int PER_LANE = C / 32;
 // The linear layers' tile products, by precision (the launch layer mirrors these in LinearTiles):
 //   fp32, tf32  gemm_tile / gemm_tile_tf32: forward and dx tiles 32 rows × 64 columns, weight-gradient
 //               tiles 32 × 32 over a slice of the rows;
-//   bf16        gemm_tile_bf16_cp on the operands' memory: forward, dx and weight-gradient tiles all
-//               128 × 128, three stages of 32 k (the bias column's tile is mostly empty, but at 128 × 64
+//   bf16        gemm_tile_bf16_async on bf16 copies of the operands: forward, dx and weight-gradient tiles
+//               all 128 × 128, four stages of 32 k (the bias column's tile is mostly empty, but at 128 × 64
 //               the fragment reads per mma cost more than it saves).
 enum Precision { FP32 = 0, TF32 = 1, BF16 = 2 };
 
@@ -84,33 +92,50 @@ template <>
 struct LinearTiles<TF32> : LinearTiles<FP32> {};
 template <>
 struct LinearTiles<BF16> {
-    static constexpr int BM = 128, BN = 128, BK = 32, WG_BM = 128, WG_BN = 128, WG_BK = 32, STAGES = 3;
-    static constexpr int SHARED_FLOATS = GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS > GemmBf16Cp<WG_BM, WG_BN, WG_BK, STAGES>::SHARED_FLOATS
-                                             ? GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS
-                                             : GemmBf16Cp<WG_BM, WG_BN, WG_BK, STAGES>::SHARED_FLOATS;
+    static constexpr int BM = 128, BN = 128, BK = 32, WG_BM = 128, WG_BN = 128, WG_BK = 32, STAGES = 4;
+    static constexpr int SHARED_FLOATS = GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS;
+    static_assert(WG_BM == BM && WG_BN == BN && WG_BK == BK, "one tile for all three products");
 };
 
-// One tile product of precision P (gemm.cuh's contract) of A (leading dimension lda, K×M when A_TRANS)
-// and B (ldb, N×K when B_TRANS), column ones_col of B read as 1 (none when negative); the fp32 register
-// tile is 2 × (BN / 16).
+// What the linear layers' products read at precision P: fp32 activations and weights, or their bf16
+// copies (written where each activation is computed, and the weights' by AdamW).
+template <int P>
+struct OperandOf {
+    typedef float type;
+};
+template <>
+struct OperandOf<BF16> {
+    typedef bf16 type;
+};
+
+// One tile product of precision P of A (leading dimension lda, K×M when A_TRANS) and B (ldb, N×K when
+// B_TRANS), column ones_col of B read as 1 (none when negative); the fp32 register tile is 2 × (BN / 16).
+// Results go to store(m, n, v0, v1, both): C[m][n] = v0 and, when `both`, C[m][n + 1] = v1, once per
+// element inside C (fp32 and TF32 tiles hand out single elements, bf16 tiles adjacent pairs).
 template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const float* A, int lda,
                                              const float* B, int ldb, int ones_col, Store store, float* smem) {
-    if constexpr (P == BF16) {
-        gemm_tile_bf16_cp<BM, BN, BK, LinearTiles<BF16>::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb,
-                                                                                 ones_col, store, smem);
-    } else {
-        const auto a_at = [&](int m, int k) { return A_TRANS ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]; };
-        const auto b_at = [&](int k, int n) {
-            return n == ones_col ? 1.0f : B_TRANS ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
-        };
-        if constexpr (P == TF32) gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, store, smem);
-        else gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, store, smem);
-    }
+    static_assert(P != BF16, "bf16 products read bf16 operands");
+    const auto a_at = [&](int m, int k) { return A_TRANS ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]; };
+    const auto b_at = [&](int k, int n) {
+        return n == ones_col ? 1.0f : B_TRANS ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
+    };
+    const auto one = [&](int m, int n, float v) { store(m, n, v, 0.0f, false); };
+    if constexpr (P == TF32) gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
+    else gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
+}
+
+template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store>
+__device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
+                                             const bf16* B, int ldb, int ones_col, Store store, float* smem) {
+    static_assert(P == BF16, "only bf16 products read bf16 operands");
+    const auto pairs = [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < N); };
+    gemm_tile_bf16_async<BM, BN, BK, LinearTiles<BF16>::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb,
+                                                                                ones_col, pairs, smem);
 }
 
 // LayerNorm backward: rows per warp (a block covers WARPS × LN_ROWS_PER_WARP rows).
-constexpr int LN_ROWS_PER_WARP = 4;
+constexpr int LN_ROWS_PER_WARP = 8;
 
 __device__ __forceinline__ unsigned token_at(const unsigned* data, const unsigned* offsets, int row, int shift) {
     return data[offsets[row / T] + row % T + shift];
@@ -128,12 +153,13 @@ struct SiteDropout {
     }
 };
 
-// Grid ceil(N / WARPS): a warp per row. x = dropout(tok_emb + pos_emb), out = LayerNorm(x).
+// Grid ceil(N / WARPS): a warp per row. x = dropout(tok_emb + pos_emb), out = LayerNorm(x) in fp32, in
+// bf16 (out_bf16), or both (a null pointer skips one).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_embed_layernorm(const unsigned* __restrict__ data, const unsigned* __restrict__ offsets, int N,
                    const float* __restrict__ tok_emb, const float* __restrict__ pos_emb, float* __restrict__ x,
                    const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ out,
-                   float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
+                   bf16* __restrict__ out_bf16, float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
                    const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -147,14 +173,15 @@ tf_embed_layernorm(const unsigned* __restrict__ data, const unsigned* __restrict
         v[i] = (tok[c] + pos[c]) * drop.factor(at + c);
         x[at + c] = v[i];
     }
-    layernorm_row_normalize<C>(v, w, b, out + at, mean + row, rstd + row);
+    layernorm_row_normalize<C>(v, w, b, offset_or_null(out, at), offset_or_null(out_bf16, at), mean + row, rstd + row);
 }
 
-// Grid ceil(N / WARPS): x_out = x_in + dropout(delta), out = LayerNorm(x_out).
+// Grid ceil(N / WARPS): x_out = x_in + dropout(delta), out = LayerNorm(x_out) (fp32, bf16 or both, as
+// tf_embed_layernorm's).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_residual_layernorm(const float* __restrict__ x_in, const float* __restrict__ delta, float* __restrict__ x_out, int N,
                       const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ out,
-                      float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
+                      bf16* __restrict__ out_bf16, float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
                       const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -167,7 +194,7 @@ tf_residual_layernorm(const float* __restrict__ x_in, const float* __restrict__ 
         v[i] = x_in[at + c] + delta[at + c] * drop.factor(at + c);
         x_out[at + c] = v[i];
     }
-    layernorm_row_normalize<C>(v, w, b, out + at, mean + row, rstd + row);
+    layernorm_row_normalize<C>(v, w, b, offset_or_null(out, at), offset_or_null(out_bf16, at), mean + row, rstd + row);
 }
 
 // Grid any: d_branch = mask ⊙ d_res over the n = N·C elements (a residual branch's dropout, backward).
@@ -180,21 +207,27 @@ tf_dropout_backward(const float* __restrict__ d_res, float* __restrict__ d_branc
 }
 
 // Grid (ceil(out_features / BN), ceil(N / BM)) of LinearTiles<P>. out = in·Wᵀ + bias (W: out_features ×
-// in_features). With `pre`: pre = in·Wᵀ + bias and out = gelu(pre).
+// in_features), in fp32, bf16 (out_bf16) or both (a null pointer skips one). With `pre`: pre = in·Wᵀ + bias
+// and out = gelu(pre).
 template <int P>
-__device__ __forceinline__ void linear_forward(const float* __restrict__ in, const float* __restrict__ W,
+__device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type* __restrict__ in,
+                                               const typename OperandOf<P>::type* __restrict__ W,
                                                const float* __restrict__ bias, float* __restrict__ out,
-                                               float* __restrict__ pre, int N, int out_features, int in_features,
-                                               float* smem) {
+                                               bf16* __restrict__ out_bf16, float* __restrict__ pre, int N,
+                                               int out_features, int in_features, float* smem) {
     using L = LinearTiles<P>;
     const int K = in_features, O = out_features;
-    const auto store = [&](int m, int n, float z) {
-        z += bias[n];
+    const auto store = [&](int m, int n, float z0, float z1, bool both) {
+        const size_t at = (size_t)m * O + n;
+        z0 += bias[n];
+        if (both) z1 += bias[n + 1];
         if (pre) {
-            pre[(size_t)m * O + n] = z;
-            z = gelu(z);
+            store_pair(pre + at, z0, z1, both);
+            z0 = gelu(z0);
+            z1 = gelu(z1);
         }
-        out[(size_t)m * O + n] = z;
+        if (out) store_pair(out + at, z0, z1, both);
+        if (out_bf16) store_pair(out_bf16 + at, z0, z1, both);
     };
     tile_product<P, L::BM, L::BN, L::BK, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, -1,
                                                       store, smem);
@@ -205,15 +238,17 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
                   float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features, int tf32) {
     extern __shared__ float smem[];
-    if (tf32) linear_forward<TF32>(in, W, bias, out, pre, N, out_features, in_features, smem);
-    else linear_forward<FP32>(in, W, bias, out, pre, N, out_features, in_features, smem);
+    if (tf32) linear_forward<TF32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
+    else linear_forward<FP32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
 }
 
+// The bf16 copies of `in` and of W.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_linear_forward_bf16(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
-                       float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features) {
+tf_linear_forward_bf16(const bf16* __restrict__ in, const bf16* __restrict__ W, const float* __restrict__ bias,
+                       float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ pre, int N,
+                       int out_features, int in_features) {
     extern __shared__ __align__(16) float smem[];
-    linear_forward<BF16>(in, W, bias, out, pre, N, out_features, in_features, smem);
+    linear_forward<BF16>(in, W, bias, out, out_bf16, pre, N, out_features, in_features, smem);
 }
 
 // Grid B·heads: block (b, h) over rows b·T … of the step.
@@ -228,12 +263,13 @@ tf_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float
 }
 
 // Grid ceil(N / WARPS): row r's loss −log softmax(logits_r)[target] into row_loss[r], logits_r ←
-// (softmax − onehot)·scale. The last block adds the losses of rows [0, counted) in row order to
-// *loss_sum (a padded evaluation batch counts its real windows only).
+// (softmax − onehot)·scale, and that rounded to bf16 into row r of dlogits_bf16 (row stride ld_bf16; none
+// when null). The last block adds the losses of rows [0, counted) in row order to *loss_sum (a padded
+// evaluation batch counts its real windows only).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, const unsigned* __restrict__ offsets, int N,
               int V, float scale, float* __restrict__ row_loss, int counted, unsigned* __restrict__ ticket,
-              double* __restrict__ loss_sum) {
+              double* __restrict__ loss_sum, bf16* __restrict__ dlogits_bf16, int ld_bf16) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row < N) {
         float* z = logits + (size_t)row * V;
@@ -247,7 +283,10 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
         const float target_logit = z[target];
         __syncwarp();
         const float inv = 1.0f / sum;
-        for (int v = lane; v < V; v += 32) z[v] = (expf(z[v] - max) * inv - (v == (int)target ? 1.0f : 0.0f)) * scale;
+        for (int v = lane; v < V; v += 32) {
+            z[v] = (expf(z[v] - max) * inv - (v == (int)target ? 1.0f : 0.0f)) * scale;
+            if (dlogits_bf16) dlogits_bf16[(size_t)row * ld_bf16 + v] = to_bf16(z[v]);
+        }
         if (lane == 0) row_loss[row] = max + logf(sum) - target_logit;
     }
     if (!last_block_to_finish(ticket)) return;
@@ -277,16 +316,19 @@ __device__ __forceinline__ int wgrad_tiles(int out_features, int in_features) {
     return ceil_div(out_features, L::WG_BM) * ceil_div(in_features + 1, L::WG_BN);
 }
 
-// Grid wgrad_tiles·slices + (dx ? dx tiles : 0). dy: N × out_features, x: N × in_features (the layer's
-// input), W: out_features × in_features. grad_W, grad_b: the gradient (written, not added). dx = dy·W,
-// times gelu′(pre) when pre is given. partials: wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per
-// tile.
+// Grid wgrad_tiles·slices + (dx or dx_bf16 ? dx tiles : 0). dy: N × out_features (row stride dy_ld), x:
+// N × in_features (the layer's input), W: out_features × in_features. grad_W, grad_b: the gradient
+// (written, not added). dx = dy·W, times gelu′(pre) when pre is given, into dx (fp32), dx_bf16 or both.
+// partials: wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per tile.
 template <int P>
-__device__ __forceinline__ void linear_backward(const float* __restrict__ dy, const float* __restrict__ x,
-                                                const float* __restrict__ W, int N, int out_features, int in_features,
-                                                int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
+__device__ __forceinline__ void linear_backward(const typename OperandOf<P>::type* __restrict__ dy, int dy_ld,
+                                                const typename OperandOf<P>::type* __restrict__ x,
+                                                const typename OperandOf<P>::type* __restrict__ W, int N,
+                                                int out_features, int in_features, int slices,
+                                                float* __restrict__ grad_W, float* __restrict__ grad_b,
                                                 float* __restrict__ partials, unsigned* __restrict__ tickets,
-                                                float* __restrict__ dx, const float* __restrict__ pre, float* smem) {
+                                                float* __restrict__ dx, bf16* __restrict__ dx_bf16,
+                                                const float* __restrict__ pre, float* smem) {
     using L = LinearTiles<P>;
     constexpr int WG_BM = L::WG_BM, WG_BN = L::WG_BN;
     const int O = out_features, K = in_features;
@@ -297,26 +339,35 @@ __device__ __forceinline__ void linear_backward(const float* __restrict__ dy, co
         const int rows = ceil_div(N, slices), r0 = slice * rows, count = max(0, min(N, r0 + rows) - r0);
         const int m0 = tile / columns * WG_BM, n0 = tile % columns * WG_BN;
         float* mine = partials + (size_t)block * WG_BM * WG_BN;
-        const auto store = [&](int o, int k, float g) { mine[(o - m0) * WG_BN + k - n0] = g; };
-        tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K + 1, count, m0, n0, dy + (size_t)r0 * O, O,
+        const auto store = [&](int o, int k, float g0, float g1, bool both) {
+            store_pair(mine + (o - m0) * WG_BN + k - n0, g0, g1, both);
+        };
+        tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K + 1, count, m0, n0, dy + (size_t)r0 * dy_ld, dy_ld,
                                                              x + (size_t)r0 * K, K, K, store, smem);
         if (!last_block_to_finish(&tickets[tile], slices)) return;
-        for (int i = threadIdx.x; i < WG_BM * WG_BN; i += THREADS) {
+        const float* tile_partials = partials + (size_t)tile * slices * WG_BM * WG_BN;
+        sum_partials<WG_BM * WG_BN>(tile_partials, WG_BM * WG_BN, slices, [&](int i, float g) {
             const int o = m0 + i / WG_BN, k = n0 + i % WG_BN;
-            if (o >= O || k > K) continue;
-            float g = 0.0f;
-            for (int s = 0; s < slices; ++s) g += __ldcg(&partials[((size_t)tile * slices + s) * WG_BM * WG_BN + i]);
+            if (o >= O || k > K) return;
             if (k < K) grad_W[(size_t)o * K + k] = g;
             else grad_b[o] = g;
-        }
+        });
         if (threadIdx.x == 0) tickets[tile] = 0;
         return;
     }
     block -= tiles * slices;
     const int dx_columns = ceil_div(K, L::BN);
     const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
-    const auto store = [&](int m, int k, float g) { dx[(size_t)m * K + k] = pre ? g * gelu_slope(pre[(size_t)m * K + k]) : g; };
-    tile_product<P, L::BM, L::BN, L::BK, false, false>(N, K, O, m0, n0, dy, O, W, K, -1, store, smem);
+    const auto store = [&](int m, int k, float g0, float g1, bool both) {
+        const size_t at = (size_t)m * K + k;
+        if (pre) {
+            g0 *= gelu_slope(pre[at]);
+            if (both) g1 *= gelu_slope(pre[at + 1]);
+        }
+        if (dx) store_pair(dx + at, g0, g1, both);
+        if (dx_bf16) store_pair(dx_bf16 + at, g0, g1, both);
+    };
+    tile_product<P, L::BM, L::BN, L::BK, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store, smem);
 }
 
 // fp32, or TF32 on the tensor cores when `tf32`.
@@ -327,37 +378,49 @@ tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, co
                    const float* __restrict__ pre, int tf32) {
     extern __shared__ float smem[];
     if (tf32)
-        linear_backward<TF32>(dy, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx, pre,
-                              smem);
+        linear_backward<TF32>(dy, out_features, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials,
+                              tickets, dx, nullptr, pre, smem);
     else
-        linear_backward<FP32>(dy, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx, pre,
-                              smem);
+        linear_backward<FP32>(dy, out_features, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials,
+                              tickets, dx, nullptr, pre, smem);
 }
 
+// The bf16 copies of dy (row stride dy_ld), x and W.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_linear_backward_bf16(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
-                        int out_features, int in_features, int slices, float* __restrict__ grad_W,
+tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __restrict__ x, const bf16* __restrict__ W,
+                        int N, int out_features, int in_features, int slices, float* __restrict__ grad_W,
                         float* __restrict__ grad_b, float* __restrict__ partials, unsigned* __restrict__ tickets,
-                        float* __restrict__ dx, const float* __restrict__ pre) {
+                        float* __restrict__ dx, bf16* __restrict__ dx_bf16, const float* __restrict__ pre) {
     extern __shared__ __align__(16) float smem[];
-    linear_backward<BF16>(dy, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx, pre,
-                          smem);
+    linear_backward<BF16>(dy, dy_ld, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx,
+                          dx_bf16, pre, smem);
 }
 
 // Grid ceil(N / (WARPS·LN_ROWS_PER_WARP)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's
 // input); dw, db = Σ_rows, from per-block partials (2C floats per block) added in block order by the last.
+// With d_branch_bf16, the residual branch before this LayerNorm gets its gradient there in bf16 (the
+// operand of its projection's backward product): dropout's mask of that branch's site ⊙ the new dres.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
                       const float* __restrict__ w, const float* __restrict__ dout, float* __restrict__ dres, int accumulate,
                       int N, float* __restrict__ grad_w, float* __restrict__ grad_b, float* __restrict__ partials,
-                      unsigned* __restrict__ ticket) {
+                      unsigned* __restrict__ ticket, bf16* __restrict__ d_branch_bf16, unsigned drop_seed,
+                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
     __shared__ float warp_sums[WARPS][2 * C];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
     float dw[PER_LANE] = {}, db[PER_LANE] = {};
     const int first = (blockIdx.x * WARPS + warp) * LN_ROWS_PER_WARP;
     for (int row = first; row < min(N, first + LN_ROWS_PER_WARP); ++row) {
         const size_t at = (size_t)row * C;
         layernorm_row_backward<C>(x + at, mean[row], rstd[row], w, dout + at, dres + at, accumulate != 0, dw, db);
+        if (d_branch_bf16) {
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const size_t e = at + i * 32 + lane;  // written by this lane just now
+                d_branch_bf16[e] = to_bf16(dres[e] * drop.factor(e));
+            }
+        }
     }
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
@@ -371,12 +434,10 @@ tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mea
         partials[(size_t)blockIdx.x * 2 * C + c] = s;
     }
     if (!last_block_to_finish(ticket)) return;
-    for (int c = threadIdx.x; c < 2 * C; c += THREADS) {
-        float s = 0.0f;
-        for (unsigned k = 0; k < gridDim.x; ++k) s += __ldcg(&partials[(size_t)k * 2 * C + c]);
+    sum_partials<2 * C>(partials, 2 * C, gridDim.x, [&](int c, float s) {
         if (c < C) grad_w[c] = s;
         else grad_b[c - C] = s;
-    }
+    });
     if (threadIdx.x == 0) *ticket = 0;
 }
 
@@ -502,20 +563,28 @@ tf_grad_norm(const float* __restrict__ grad, int n, float clip, double* __restri
 }
 
 // Grid any: AdamW over all n parameters at rate *lr, the gradient times *grad_scale (clipping's factor;
-// null: 1); the step count (Adam's t) advanced by the last block.
+// null: 1), and the new parameters rounded to bf16 into params_bf16 (when not null); the step count
+// (Adam's t) advanced by the last block.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_adamw(float* __restrict__ params, const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v, int n,
          const float* __restrict__ lr, float beta1, float beta2, float eps, float weight_decay,
-         const float* __restrict__ grad_scale, unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
+         const float* __restrict__ grad_scale, unsigned* __restrict__ step, unsigned* __restrict__ ticket,
+         bf16* __restrict__ params_bf16) {
     OptimStep s{OPTIM_ADAMW, *lr, 0.0f, beta1, beta2, eps, weight_decay, grad_scale ? *grad_scale : 1.0f, 1.0f, 1.0f};
     const unsigned t = *step + 1;
     optim_bias_corrections(s, t);
-    optim_update_range(s, params, grad, m, v, blockIdx.x * THREADS + threadIdx.x, n, gridDim.x * THREADS);
+    optim_update_range(s, params, grad, m, v, blockIdx.x * THREADS + threadIdx.x, n, gridDim.x * THREADS, params_bf16);
     if (!last_block_to_finish(ticket)) return;
     if (threadIdx.x == 0) {
         *step = t;
         *ticket = 0;
     }
+}
+
+// Grid any: out = x rounded to bf16, over n elements (the parameters' bf16 copy, before AdamW keeps it).
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_round_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
+    for (int i = blockIdx.x * THREADS + threadIdx.x; i < n; i += gridDim.x * THREADS) out[i] = to_bf16(x[i]);
 }
 
 // bf16 attention on the tensor cores (flash_attention.cuh), for --precision bf16; the launch layer:
@@ -524,8 +593,8 @@ tf_adamw(float* __restrict__ params, const float* __restrict__ grad, float* __re
 // [b·T, b·T + len). Dropout on the probabilities as tf_attention_forward's (threshold 0: off). Two blocks
 // per SM (128 registers a thread, a few spilled): 12% faster at nanoGPT's shape than one block of 166.
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads,
-                           int len, unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold,
+tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, bf16* __restrict__ y_bf16,
+                           float* __restrict__ lse, int heads, int len, unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold,
                            float drop_scale) {
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
@@ -533,8 +602,8 @@ tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y,
         const int bh = blockIdx.x, b = bh / heads, h = bh % heads;
         const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
         flash_attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, bh, S::BLOCKS - 1 - blockIdx.y, len,
-                                       y + (size_t)b * T * C, lse + (size_t)bh * T, drop.key, drop.threshold,
-                                       drop.scale, flash_smem);
+                                       y + (size_t)b * T * C, offset_or_null(y_bf16, (size_t)b * T * C),
+                                       lse + (size_t)bh * T, drop.key, drop.threshold, drop.scale, flash_smem);
     } else {
         __trap();  // the launch layer refuses head sizes that are not a multiple of 16
     }
@@ -545,9 +614,9 @@ tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y,
 // when odd (the longest of each kind first), from dy (stride C), y and lse of the forward pass.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_flash_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
-                            const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int len,
-                            unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold,
-                            float drop_scale) {
+                            const float* __restrict__ lse, float* __restrict__ dqkv, bf16* __restrict__ dqkv_bf16,
+                            int heads, int len, unsigned drop_seed, const unsigned* __restrict__ step,
+                            unsigned drop_threshold, float drop_scale) {
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {
@@ -556,13 +625,15 @@ tf_flash_attention_backward(const float* __restrict__ qkv, const float* __restri
         const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
         if (i % 2 == 0)
             flash_attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T,
-                                                 C, h, bh, i / 2, len, dqkv + rows * 3 * C, drop.key, drop.threshold,
+                                                 C, h, bh, i / 2, len, offset_or_null(dqkv, rows * 3 * C),
+                                                 offset_or_null(dqkv_bf16, rows * 3 * C), drop.key, drop.threshold,
                                                  drop.scale, flash_smem);
         else
             flash_attention_backward_queries<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C,
                                                     lse + (size_t)bh * T, C, h, bh, S::BLOCKS - 1 - i / 2, len,
-                                                    dqkv + rows * 3 * C, drop.key, drop.threshold, drop.scale,
-                                                    flash_smem);
+                                                    offset_or_null(dqkv, rows * 3 * C),
+                                                    offset_or_null(dqkv_bf16, rows * 3 * C), drop.key, drop.threshold,
+                                                    drop.scale, flash_smem);
     } else {
         __trap();
     }

@@ -5,14 +5,15 @@
 //! relative 1e-5 makes the bench fail. The tiled kernels' target is 60 % of cuBLAS's speed.
 //!
 //! Then bf16 on the tensor cores (operands rounded to bf16, fp32 sums and output): matmul_bf16 (gemm_tile_bf16
-//! through functors), matmul_bf16_async (128×128 tiles fed by cp.async) and cuBLAS GemmEx at 1024³ and
-//! 4096³; and gemm_tile_bf16 at the products of the Transformer's linear layers at nanoGPT's shape (16384
-//! rows, 384 wide), both tile sides, on fp32 operands in the layouts the layers read, beside cuBLAS bf16
-//! at the same M, N, K. Each bf16 row is checked against the CPU product of the bf16-rounded operands,
-//! within `bf16_tolerance`.
+//! through functors), matmul_bf16_async (gemm_tile_bf16_async: 128×128 tiles fed by cp.async) and cuBLAS
+//! GemmEx at 1024³ and 4096³; and the products of the Transformer's linear layers at nanoGPT's shape (16384
+//! rows, 384 wide) in the layouts the layers read: gemm_tile_bf16 on fp32 operands (both tile sides),
+//! gemm_bf16_async_* (the layers' tile) on bf16 operands with the weight gradient's bias column read as
+//! ones, beside cuBLAS bf16 at the same M, N, K. Each bf16 row is checked against the CPU product of the
+//! bf16-rounded operands, within `bf16_tolerance`.
 
 use super::checks::{TOLERANCE, bf16_matrix, bf16_tolerance, random_matrix, rounded, sum_slices, transpose};
-use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel};
+use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel, LINEAR_TILE, Strided, linear_kernel};
 use crate::check::rel_error;
 use crate::device::Gpu;
 use crate::timing::{median, time_on_device};
@@ -88,6 +89,8 @@ struct LayerProduct {
     tile_b_trans: bool,
     /// M, N, K.
     shape: (usize, usize, usize),
+    /// B's last column is the bias gradient's column of ones.
+    bias_column: bool,
 }
 
 /// The linear layers' products at nanoGPT's shape: forward in·Wᵀ (W out × in), dx = dy·W, and dW = dyᵀ·[x | 1]
@@ -103,7 +106,13 @@ fn layer_products() -> Vec<LayerProduct> {
                 "dx" => (ROWS, inputs, outputs),
                 _ => (outputs, inputs + 1, ROWS),
             };
-            out.push(LayerProduct { what, tile_a_trans: a_trans, tile_b_trans: b_trans, shape });
+            out.push(LayerProduct {
+                what,
+                tile_a_trans: a_trans,
+                tile_b_trans: b_trans,
+                shape,
+                bias_column: what == "dW",
+            });
         }
     }
     out
@@ -115,8 +124,8 @@ fn slices(gpu: &Gpu, tiles: usize, rows: usize) -> usize {
     (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, rows.div_ceil(32).max(1))
 }
 
-/// A bf16 product to time: operands A M×K, B K×N (row-major, uniform in [−1, 1)), the CPU product of their
-/// bf16 roundings and its tolerance.
+/// A bf16 product to time: operands A M×K, B K×N (row-major, uniform in `[−1, 1)`, B's column `ones` set
+/// to 1), the CPU product of their bf16 roundings and its tolerance.
 struct Bf16Problem {
     a: Vec<f32>,
     b: Vec<f32>,
@@ -125,9 +134,12 @@ struct Bf16Problem {
 }
 
 impl Bf16Problem {
-    fn new(m: usize, n: usize, k: usize, seed: u64) -> Result<Bf16Problem> {
+    fn new(m: usize, n: usize, k: usize, ones: Option<usize>, seed: u64) -> Result<Bf16Problem> {
         let mut rng = crate::cpu::SeededRng::seed_from_u64(seed);
-        let (a, b) = (random_matrix(m * k, &mut rng), random_matrix(k * n, &mut rng));
+        let (a, mut b) = (random_matrix(m * k, &mut rng), random_matrix(k * n, &mut rng));
+        if let Some(col) = ones {
+            b.iter_mut().skip(col).step_by(n).for_each(|x| *x = 1.0);
+        }
         let (a16, b16) = (rounded(&a), rounded(&b));
         let c = super::reference(&a16, &b16, m, n, k)?;
         let tolerance = bf16_tolerance(&a16, &b16, &c, k);
@@ -212,7 +224,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         }
         println!("bf16 on the tensor cores (operands rounded to bf16, fp32 sums and output):");
         print_bf16(&bf16_rows);
-        println!("gemm_tile_bf16 at the Transformer's products ({ROWS} rows, width {WIDTH}; fp32 operands):");
+        println!("the Transformer's products ({ROWS} rows, width {WIDTH}; fp32 operands, bf16 for gemm_bf16_async_*):");
         print_bf16(&layer_rows);
     }
     if !failed.is_empty() {
@@ -226,7 +238,7 @@ fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: us
     let mut rows = Vec::new();
     for size in BF16_SIZES {
         let (m, n, k) = (size, size, size);
-        let Bf16Problem { a, b, c: product, tolerance } = Bf16Problem::new(m, n, k, size as u64)?;
+        let Bf16Problem { a, b, c: product, tolerance } = Bf16Problem::new(m, n, k, None, size as u64)?;
         let want = Want { c: &product, shape: (m, n, k), tolerance };
         let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
         let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
@@ -244,13 +256,14 @@ fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: us
     Ok(rows)
 }
 
-/// gemm_tile_bf16 (both tile sides) at each of the Transformer's products, then cuBLAS GemmEx at its M, N, K
-/// (row-major, no transposes: the same work).
+/// gemm_tile_bf16 (both tile sides) and gemm_bf16_async_* at each of the Transformer's products, then cuBLAS
+/// GemmEx at its M, N, K (row-major, no transposes: the same work).
 fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: usize) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (i, p) in layer_products().into_iter().enumerate() {
         let (m, n, k) = p.shape;
-        let Bf16Problem { a, b, c: product, tolerance } = Bf16Problem::new(m, n, k, 100 + i as u64)?;
+        let ones = p.bias_column.then(|| n - 1);
+        let Bf16Problem { a, b, c: product, tolerance } = Bf16Problem::new(m, n, k, ones, 100 + i as u64)?;
         let want = Want { c: &product, shape: p.shape, tolerance };
         let label = format!("{} {m}×{n}×{k}", p.what);
         {
@@ -266,6 +279,24 @@ fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: 
                     kernels.enqueue_tile(tile, &a_dev, &b_dev, c, m, n, k, s)
                 })?);
             }
+        }
+        {
+            // As the layer lies: A and B unpadded, B without its ones column (`[x | 1]` over x).
+            let (a_trans, b_trans) = (p.tile_a_trans, p.tile_b_trans);
+            let stored_n = if p.bias_column { n - 1 } else { n };
+            let b_memory: Vec<f32> = b.chunks(n).flat_map(|row| &row[..stored_n]).copied().collect();
+            let a_layout = Strided { trans: a_trans, ld: if a_trans { m } else { k } };
+            let b_layout = Strided { trans: b_trans, ld: if b_trans { k } else { stored_n } };
+            let a_dev = gpu.stream.clone_htod(&bf16_matrix(&if a_trans { transpose(&a, m, k) } else { a.clone() }))?;
+            let b_stored = if b_trans { transpose(&b_memory, k, stored_n) } else { b_memory };
+            let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b_stored))?;
+            let side = LINEAR_TILE.0;
+            let s = if a_trans { slices(gpu, n.div_ceil(side) * m.div_ceil(side), k) } else { 1 };
+            let name = linear_kernel(a_trans, b_trans);
+            let name = if s > 1 { format!("{name} {label} /{s}") } else { format!("{name} {label}") };
+            rows.push(measure(gpu, name, &want, s, repeats, |c| {
+                kernels.enqueue_linear((&a_dev, a_layout), (&b_dev, b_layout), c, m, n, k, ones, s)
+            })?);
         }
         if let Some(blas) = blas {
             let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;

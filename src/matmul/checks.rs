@@ -5,12 +5,14 @@
 //!
 //! Then the bf16 tensor-core products, against the CPU product of the bf16-rounded operands (tolerance
 //! `bf16_tolerance`): gemm_tile_bf16 in all four operand layouts and both tile sides, once with K in row
-//! slices, and matmul_bf16 / matmul_bf16_async, on shapes that are multiples of nothing; and
-//! gemm_tile_bf16_cp (the Transformer's linear layers) in all four layouts, with leading dimensions that
-//! are multiples of 4 (16-byte copies) and that are not (4-byte copies), and a column of B read as ones.
-//! Its operands' padding and the ones column in memory hold NaN, so a read of either fails the check.
+//! slices, and matmul_bf16 / matmul_bf16_async, on shapes that are multiples of nothing (and, for
+//! matmul_bf16_async, K and N multiples of 8, its 16-byte copies); and gemm_bf16_async_* (the
+//! Transformer's linear-layer tile) on bf16 operands in all four layouts and once with K in row slices,
+//! with leading dimensions that are multiples of 8 (16-byte copies) and that are not (element by
+//! element), and a column of B read as ones. Its operands' padding and the ones column in memory hold
+//! NaN, so a read of either fails the check.
 
-use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided};
+use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided, linear_kernel};
 use crate::check::{Check, Group, Plan, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
@@ -28,8 +30,8 @@ const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (33, 65, 17), (128, 128, 
 /// (M, N, K) of the bf16 checks: partial tiles in every dimension, K not a multiple of the 32-k chunk (one
 /// chunk and a bit; twelve and a bit), and many tiles.
 const BF16_SHAPES: [(usize, usize, usize); 2] = [(77, 131, 45), (515, 1031, 389)];
-/// matmul_bf16_async's, whose K and N are multiples of 8.
-const BF16_ASYNC_SHAPES: [(usize, usize, usize); 2] = [(77, 136, 40), (515, 1032, 392)];
+/// The same with K and N multiples of 8: row-major operands in whole 16-byte segments (matmul_bf16_async).
+const BF16_ALIGNED_SHAPES: [(usize, usize, usize); 2] = [(77, 136, 40), (515, 1032, 392)];
 /// Row slices of the sliced check (gemm_tile_bf16 over K cut in slices, partials summed after).
 const SLICES: usize = 3;
 
@@ -106,7 +108,7 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         }
     }
     bf16_checks(gpu, &kernels, &mut plan.rng("matmul bf16"), &mut out)?;
-    bf16_cp_checks(gpu, &kernels, &mut plan.rng("matmul bf16 cp"), &mut out)?;
+    linear_checks(gpu, &kernels, &mut plan.rng("matmul bf16 linear"), &mut out)?;
     Ok(out)
 }
 
@@ -119,51 +121,61 @@ fn with_ld(values: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> {
     out
 }
 
-/// gemm_tile_bf16_cp against the CPU product of the bf16-rounded operands, B's ones column set to 1.
-fn bf16_cp_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
-    // Leading dimensions: a multiple of 4 past the row (`aligned`), or one that is not.
+/// gemm_bf16_async_* on bf16 operands against the CPU product of the bf16-rounded operands, B's ones
+/// column set to 1.
+fn linear_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
+    // Leading dimensions: a multiple of 8 past the row (`aligned`), or one that is not.
     let ld_of = |cols: usize, aligned: bool| match aligned {
-        true => cols.next_multiple_of(4) + 4,
-        false if (cols + 1).is_multiple_of(4) => cols + 2,
+        true => cols.next_multiple_of(8) + 8,
+        false if (cols + 1).is_multiple_of(8) => cols + 2,
         false => cols + 1,
     };
     for (m, n, k) in BF16_SHAPES {
         let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
-        // (aligned, ones column): none; one inside a 16-byte segment; the last, as the Transformer's
-        // bias column.
+        // (aligned, ones column, ones column in memory): none; one inside a 16-byte segment; the last,
+        // stored or (as the Transformer's bias column, `[x | 1]` over x) past B's memory.
         let variants = [
-            (true, None, "ld ≡ 0 mod 4"),
-            (true, Some(n / 2), "ld ≡ 0 mod 4, ones"),
-            (false, Some(n - 1), "odd ld, ones"),
+            (true, None, true, "ld ≡ 0 mod 8"),
+            (true, Some(n / 2), true, "ld ≡ 0 mod 8, ones"),
+            (false, Some(n - 1), true, "ld ≢ 0 mod 8, ones"),
+            (true, Some(n - 1), false, "ld ≡ 0 mod 8, ones past B"),
         ];
-        for (aligned, ones, variant) in variants {
-            // B as the kernel reads it, and as it lies in memory (NaN where the ones are read).
+        for (aligned, ones, ones_stored, variant) in variants {
+            // B as the kernel reads it, and as it lies in memory (K×stored_n, NaN where the ones are read).
             let (mut b_logical, mut b_memory) = (b.clone(), b.clone());
             if let Some(col) = ones {
                 (0..k).for_each(|row| b_logical[row * n + col] = 1.0);
                 (0..k).for_each(|row| b_memory[row * n + col] = f32::NAN);
             }
+            let stored_n = if ones_stored { n } else { n - 1 };
+            let b_memory: Vec<f32> = b_memory.chunks(n).flat_map(|row| &row[..stored_n]).copied().collect();
             let (a16, b16) = (rounded(&a), rounded(&b_logical));
             let want = super::reference(&a16, &b16, m, n, k)?;
             let tolerance = bf16_tolerance(&a16, &b16, &want, k);
-            for (a_trans, b_trans) in [(false, false), (false, true), (true, false), (true, true)] {
+            // Every layout, then the weight gradient's (tn) with K in row slices, partials summed after.
+            let layouts =
+                [(false, false, 1), (false, true, 1), (true, false, 1), (true, true, 1), (true, false, SLICES)];
+            for (a_trans, b_trans, slices) in layouts {
                 let (a_rows, a_cols) = if a_trans { (k, m) } else { (m, k) };
-                let (b_rows, b_cols) = if b_trans { (n, k) } else { (k, n) };
+                let (b_rows, b_cols) = if b_trans { (stored_n, k) } else { (k, stored_n) };
                 let a_stored = if a_trans { transpose(&a, m, k) } else { a.clone() };
-                let b_stored = if b_trans { transpose(&b_memory, k, n) } else { b_memory.clone() };
+                let b_stored = if b_trans { transpose(&b_memory, k, stored_n) } else { b_memory.clone() };
                 let a_layout = Strided { trans: a_trans, ld: ld_of(a_cols, aligned) };
                 let b_layout = Strided { trans: b_trans, ld: ld_of(b_cols, aligned) };
-                let a_dev = gpu.stream.clone_htod(&with_ld(&a_stored, a_rows, a_cols, a_layout.ld))?;
-                let b_dev = gpu.stream.clone_htod(&with_ld(&b_stored, b_rows, b_cols, b_layout.ld))?;
-                let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
-                let letter = |t: bool| if t { 't' } else { 'n' };
-                let kernel = format!("gemm_bf16_cp_{}{} ({variant})", letter(a_trans), letter(b_trans));
-                kernels.enqueue_cp((&a_dev, a_layout), (&b_dev, b_layout), &mut c, m, n, k, ones)?;
+                let a_dev = gpu.stream.clone_htod(&bf16_matrix(&with_ld(&a_stored, a_rows, a_cols, a_layout.ld)))?;
+                let b_dev = gpu.stream.clone_htod(&bf16_matrix(&with_ld(&b_stored, b_rows, b_cols, b_layout.ld)))?;
+                let mut c = gpu.stream.clone_htod(&vec![f32::NAN; slices * m * n])?;
+                let name = linear_kernel(a_trans, b_trans);
+                let kernel = match slices {
+                    1 => format!("{name} ({variant})"),
+                    _ => format!("{name} in {slices} slices ({variant})"),
+                };
+                kernels.enqueue_linear((&a_dev, a_layout), (&b_dev, b_layout), &mut c, m, n, k, ones, slices)?;
                 let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{kernel} failed"))?;
                 out.push(Check {
                     kernel,
                     shape: format!("{m}×{k} · {k}×{n}"),
-                    rel_error: rel_error(&got, &want),
+                    rel_error: rel_error(&sum_slices(&got, slices), &want),
                     tolerance,
                 });
             }
@@ -198,8 +210,8 @@ fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &m
         }
     }
     for kernel in Bf16Kernel::ALL {
-        let shapes = if kernel == Bf16Kernel::Tile { BF16_SHAPES } else { BF16_ASYNC_SHAPES };
-        for (m, n, k) in shapes {
+        let aligned: &[_] = if kernel == Bf16Kernel::Async { &BF16_ALIGNED_SHAPES } else { &[] };
+        for &(m, n, k) in BF16_SHAPES.iter().chain(aligned) {
             let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
             let (a16, b16) = (rounded(&a), rounded(&b));
             let want = super::reference(&a16, &b16, m, n, k)?;

@@ -1,7 +1,7 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
 use crate::device::{self, Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK, quietly};
-use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_cp_shared_floats, bf16_shared_floats};
+use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_async_shared_floats, bf16_shared_floats};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys, sys::cublasOperation_t};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -58,7 +58,7 @@ impl Kernel {
 pub enum Bf16Kernel {
     /// `matmul_bf16`: gemm_tile_bf16 through functors, 128×128 tiles.
     Tile,
-    /// `matmul_bf16_async`: 128×128 tiles fed by cp.async; K and N multiples of 8.
+    /// `matmul_bf16_async`: gemm_tile_bf16_async, 128×128 tiles fed by cp.async.
     Async,
 }
 
@@ -83,11 +83,12 @@ impl Bf16Kernel {
 
     /// Dynamic shared bytes: two chunk buffers, or ASYNC_STAGES.
     fn shared_bytes(self) -> usize {
-        let two_buffers = |bk| bf16_shared_floats(BF16_TILE.0, BF16_TILE.0, bk) * std::mem::size_of::<f32>();
-        match self {
-            Bf16Kernel::Tile => two_buffers(BF16_TILE.1),
-            Bf16Kernel::Async => ASYNC_STAGES * two_buffers(ASYNC_BK) / 2,
-        }
+        let side = BF16_TILE.0;
+        let floats = match self {
+            Bf16Kernel::Tile => bf16_shared_floats(side, side, BF16_TILE.1),
+            Bf16Kernel::Async => bf16_async_shared_floats(side, side, ASYNC_BK, ASYNC_STAGES),
+        };
+        floats * std::mem::size_of::<f32>()
     }
 }
 
@@ -134,15 +135,22 @@ impl Bf16Tile {
     }
 }
 
-/// `gemm_bf16_cp_*`'s tile side, k per chunk and chunks in flight (`CP_TILE`, `CP_BK`, `CP_STAGES`).
-pub const CP_TILE: (usize, usize, usize) = (128, 32, 3);
+/// `gemm_bf16_async_*`'s tile side, k per chunk and chunks in flight (`LINEAR_TILE`, `LINEAR_BK`,
+/// `LINEAR_STAGES`): the Transformer's linear-layer tile.
+pub const LINEAR_TILE: (usize, usize, usize) = (128, 32, 4);
 
-/// An operand of `gemm_bf16_cp_*` as it lies in memory: transposed or not, and its leading dimension.
+/// The name of `gemm_bf16_async_*` for A stored K×M (`a_trans`) or not and B stored N×K (`b_trans`) or not.
+pub fn linear_kernel(a_trans: bool, b_trans: bool) -> String {
+    let letter = |t: bool| if t { 't' } else { 'n' };
+    format!("gemm_bf16_async_{}{}", letter(a_trans), letter(b_trans))
+}
+
+/// An operand of `gemm_bf16_async_*` as it lies in memory: transposed or not, and its leading dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strided {
     /// Stored transposed (A K×M, B N×K).
     pub trans: bool,
-    /// Floats between consecutive rows of the stored matrix.
+    /// Elements between consecutive rows of the stored matrix.
     pub ld: usize,
 }
 
@@ -155,8 +163,8 @@ pub struct GpuMatmul {
     functions: Vec<device::Kernel>,
     bf16: Vec<device::Kernel>,
     tiles: Vec<(Bf16Tile, device::Kernel)>,
-    /// gemm_bf16_cp_{nn, nt, tn, tt}.
-    cp: Vec<device::Kernel>,
+    /// gemm_bf16_async_{nn, nt, tn, tt}.
+    linear: Vec<device::Kernel>,
 }
 
 impl GpuMatmul {
@@ -171,12 +179,11 @@ impl GpuMatmul {
         };
         let bf16 = Bf16Kernel::ALL.iter().map(|k| function(k.name(), k.shared_bytes())).collect::<Result<_>>()?;
         let tiles = Bf16Tile::all().map(|t| Ok((t, function(&t.name(), t.shared_bytes())?))).collect::<Result<_>>()?;
-        let cp_shared = bf16_cp_shared_floats(CP_TILE.0, CP_TILE.0, CP_TILE.1, CP_TILE.2) * std::mem::size_of::<f32>();
-        let cp = ["nn", "nt", "tn", "tt"]
-            .iter()
-            .map(|layout| function(&format!("gemm_bf16_cp_{layout}"), cp_shared))
+        let linear = [(false, false), (false, true), (true, false), (true, true)]
+            .into_iter()
+            .map(|(a_trans, b_trans)| function(&linear_kernel(a_trans, b_trans), linear_shared_bytes()))
             .collect::<Result<_>>()?;
-        Ok(GpuMatmul { gpu, functions, bf16, tiles, cp })
+        Ok(GpuMatmul { gpu, functions, bf16, tiles, linear })
     }
 
     /// Queues C = A·B of bf16 operands (row-major A M×K, B K×N, fp32 C M×N) by `kernel`.
@@ -192,9 +199,6 @@ impl GpuMatmul {
         k: usize,
     ) -> Result<()> {
         check_shape(a.len(), b.len(), c.len(), m, n, k)?;
-        if kernel == Bf16Kernel::Async && !(k.is_multiple_of(8) && n.is_multiple_of(8)) {
-            bail!("{} needs K and N multiples of 8 (whole 16-byte rows), not {k} and {n}", kernel.name());
-        }
         let side = BF16_TILE.0;
         let args = [
             Arg::buf(&self.gpu, a),
@@ -239,33 +243,48 @@ impl GpuMatmul {
         self.launch(function, (slices * bx, by), tile.shared_bytes(), &args)
     }
 
-    /// Queues C = A·B (M×N, row-major) by gemm_tile_bf16_cp on fp32 operands lying as `a_layout` (M×K, or
-    /// K×M when transposed) and `b_layout` (K×N, or N×K) say, column `ones_col` of B read as 1.
+    /// Queues C = A·B (M×N, row-major) by `gemm_bf16_async_*` (gemm_tile_bf16_async with the Transformer's
+    /// linear-layer tile) on bf16 operands lying as `a_layout` (M×K, or K×M when transposed) and
+    /// `b_layout` (K×N, or N×K) say, column `ones_col` of B read as 1, with K cut into `slices` row slices:
+    /// slice s's product goes to C[s·M·N …] (C holds slices·M·N floats). The ones column is never read
+    /// from memory, so when it is B's last, B's memory may end before it (`[x | 1]` over x alone).
     #[allow(clippy::too_many_arguments)]
-    pub fn enqueue_cp(
+    pub fn enqueue_linear(
         &self,
-        (a, a_layout): (&CudaSlice<f32>, Strided),
-        (b, b_layout): (&CudaSlice<f32>, Strided),
+        (a, a_layout): (&CudaSlice<u16>, Strided),
+        (b, b_layout): (&CudaSlice<u16>, Strided),
         c: &mut CudaSlice<f32>,
         m: usize,
         n: usize,
         k: usize,
         ones_col: Option<usize>,
+        slices: usize,
     ) -> Result<()> {
+        if slices == 0 || c.len() != slices * m * n {
+            bail!("C of {} floats is not {slices} slices of {m}×{n}", c.len());
+        }
+        if let Some(col) = ones_col
+            && col >= n
+        {
+            bail!("the ones column {col} is past B's {n} columns");
+        }
+        let stored_n = if ones_col.is_some_and(|col| col + 1 == n) { n - 1 } else { n };
         let fits = |len: usize, (rows, cols): (usize, usize), ld: usize| {
             rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= len)
         };
         let (a_shape, b_shape) =
-            (if a_layout.trans { (k, m) } else { (m, k) }, if b_layout.trans { (n, k) } else { (k, n) });
-        if !fits(a.len(), a_shape, a_layout.ld) || !fits(b.len(), b_shape, b_layout.ld) || c.len() != m * n {
+            (if a_layout.trans { (k, m) } else { (m, k) }, if b_layout.trans { (stored_n, k) } else { (k, stored_n) });
+        if !fits(a.len(), a_shape, a_layout.ld) || !fits(b.len(), b_shape, b_layout.ld) {
             bail!(
-                "operands of {} and {} floats (ld {} and {}) or C of {} do not fit {m}×{k} · {k}×{n}",
+                "operands of {} and {} elements (ld {} and {}) do not fit {m}×{k} · {k}×{n}",
                 a.len(),
                 b.len(),
                 a_layout.ld,
-                b_layout.ld,
-                c.len()
+                b_layout.ld
             );
+        }
+        if [m, n, k, a_layout.ld, b_layout.ld, slices].into_iter().any(|d| d > i32::MAX as usize) {
+            bail!("{m}×{k}·{k}×{n} (ld {} and {}) has a size past i32", a_layout.ld, b_layout.ld);
         }
         let layout = 2 * a_layout.trans as usize + b_layout.trans as usize;
         let args = [
@@ -278,10 +297,11 @@ impl GpuMatmul {
             Arg::i32(a_layout.ld as i32),
             Arg::i32(b_layout.ld as i32),
             Arg::i32(ones_col.map_or(-1, |c| c as i32)),
+            Arg::i32(slices as i32),
         ];
-        let side = CP_TILE.0;
-        let shared = bf16_cp_shared_floats(side, side, CP_TILE.1, CP_TILE.2) * std::mem::size_of::<f32>();
-        self.launch(&self.cp[layout], (n.div_ceil(side), m.div_ceil(side)), shared, &args)
+        let side = LINEAR_TILE.0;
+        let blocks = (slices * n.div_ceil(side), m.div_ceil(side));
+        self.launch(&self.linear[layout], blocks, linear_shared_bytes(), &args)
     }
 
     fn launch(&self, function: &device::Kernel, (bx, by): (usize, usize), shared: usize, args: &[Arg]) -> Result<()> {
@@ -329,6 +349,12 @@ impl GpuMatmul {
         let function = &self.functions[kernel as usize];
         gpu.launch(function, (bx as u32, by as u32), shared as u32, false, &args)
     }
+}
+
+/// Dynamic shared bytes of `gemm_bf16_async_*`.
+fn linear_shared_bytes() -> usize {
+    let (side, bk, stages) = LINEAR_TILE;
+    bf16_async_shared_floats(side, side, bk, stages) * std::mem::size_of::<f32>()
 }
 
 /// An error unless buffers of `a`, `b` and `c` elements hold M×K, K×N and M×N and every side fits an i32.
@@ -455,8 +481,8 @@ mod tests {
     fn async_sizes_match_the_kernel_file() {
         let kernel = kernel_constants("matmul", &[], &["ASYNC_STAGES", "ASYNC_BK"]).unwrap();
         assert_eq!(kernel, [ASYNC_STAGES as i64, ASYNC_BK as i64]);
-        let kernel = kernel_constants("matmul", &[], &["CP_TILE", "CP_BK", "CP_STAGES"]).unwrap();
-        assert_eq!(kernel, [CP_TILE.0 as i64, CP_TILE.1 as i64, CP_TILE.2 as i64]);
+        let kernel = kernel_constants("matmul", &[], &["LINEAR_TILE", "LINEAR_BK", "LINEAR_STAGES"]).unwrap();
+        assert_eq!(kernel, [LINEAR_TILE.0 as i64, LINEAR_TILE.1 as i64, LINEAR_TILE.2 as i64]);
     }
 
     #[test]

@@ -37,15 +37,11 @@ pub const fn bf16_shared_floats(bm: usize, bn: usize, bk: usize) -> usize {
     slot(bm, bk) + slot(bn, bk)
 }
 
-/// Floats of shared memory one `gemm_tile_bf16_cp<BM, BN, BK, STAGES, …>` needs
-/// (`GemmBf16Cp<BM, BN, BK, STAGES>::SHARED_FLOATS`): `stages` fp32 chunks of both operands, each in the
-/// larger of its two layouts (`[o][k]` with rows of BK + 8, or `[k][o]` with rows of o + 4).
-pub const fn bf16_cp_shared_floats(bm: usize, bn: usize, bk: usize, stages: usize) -> usize {
-    const fn slot(extent: usize, bk: usize) -> usize {
-        let (by_row, by_k) = (extent * (bk + 8), bk * (extent + 4));
-        if by_row > by_k { by_row } else { by_k }
-    }
-    stages * (slot(bm, bk) + slot(bn, bk))
+/// Floats of shared memory one `gemm_tile_bf16_async<BM, BN, BK, STAGES, …>` needs
+/// (`GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS`): `stages` chunk buffers of bf16, laid out as
+/// `gemm_tile_bf16`'s two.
+pub const fn bf16_async_shared_floats(bm: usize, bn: usize, bk: usize, stages: usize) -> usize {
+    stages * bf16_shared_floats(bm, bn, bk) / 2
 }
 
 /// `x` rounded to bf16 (8-bit mantissa) to nearest, ties to even, as `cvt.rn.bf16x2.f32` does: the bits of
@@ -93,9 +89,9 @@ mod tests {
             assert_eq!(kernel, [bf16_shared_floats(bm, bn, bk) as i64], "{expression}");
         }
         for (bm, bn, bk, stages) in [(128, 128, 32, 3), (64, 128, 16, 4), (32, 64, 64, 2)] {
-            let expression = format!("GemmBf16Cp<{bm}, {bn}, {bk}, {stages}>::SHARED_FLOATS");
+            let expression = format!("GemmBf16Async<{bm}, {bn}, {bk}, {stages}>::SHARED_FLOATS");
             let kernel = kernel_constants("matmul", &[], &[&expression]).unwrap();
-            assert_eq!(kernel, [bf16_cp_shared_floats(bm, bn, bk, stages) as i64], "{expression}");
+            assert_eq!(kernel, [bf16_async_shared_floats(bm, bn, bk, stages) as i64], "{expression}");
         }
     }
 

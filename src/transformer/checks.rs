@@ -27,6 +27,7 @@ use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
 use crate::ops::dropout::DropoutKey;
+use crate::ops::gemm::{bf16_value, round_bf16};
 use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind};
 use crate::precision::Precision;
 use anyhow::Result;
@@ -455,6 +456,9 @@ fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) ->
     let y_dev = stream.clone_htod(&vec![f32::NAN; n * c])?;
     let lse_dev = stream.clone_htod(&vec![f32::NAN; s.batch * heads * t])?;
     let dqkv_dev = stream.clone_htod(&vec![f32::NAN; n * 3 * c])?;
+    // The bf16 copies of y and dqkv that the bf16 linear layers read, poisoned with a NaN's bits.
+    let y_bf16_dev = stream.clone_htod(&vec![0xffffu16; n * c])?;
+    let dqkv_bf16_dev = stream.clone_htod(&vec![0xffffu16; n * 3 * c])?;
     // The kernels draw the mask from a site seed and the device's step counter, as in training.
     let (seed, step) = (rng.random::<u32>(), rng.random_range(0..1000u32));
     let step_dev = stream.clone_htod(&[step])?;
@@ -468,17 +472,27 @@ fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) ->
         None => no_dropout(),
     };
     let buf = |b: &cudarc::driver::CudaSlice<f32>| Arg::buf(gpu, b);
-    flash.forward(gpu, buf(&qkv_dev), buf(&y_dev), buf(&lse_dev), s.batch, heads, len, dropout)?;
-    let args = [buf(&qkv_dev), buf(&y_dev), buf(&dy_dev), buf(&lse_dev), buf(&dqkv_dev)];
+    let y_pair = [buf(&y_dev), Arg::buf(gpu, &y_bf16_dev)];
+    flash.forward(gpu, buf(&qkv_dev), y_pair, buf(&lse_dev), s.batch, heads, len, dropout)?;
+    let dqkv_bf16 = Arg::buf(gpu, &dqkv_bf16_dev);
+    let args = [buf(&qkv_dev), buf(&y_dev), buf(&dy_dev), buf(&lse_dev), buf(&dqkv_dev), dqkv_bf16];
     flash.backward(gpu, args, s.batch, heads, len, dropout)?;
     let y_got = stream.clone_dtoh(&y_dev)?;
     let lse_got = stream.clone_dtoh(&lse_dev)?;
     let dqkv_got = stream.clone_dtoh(&dqkv_dev)?;
+    let (y_bf16_got, dqkv_bf16_got) = (stream.clone_dtoh(&y_bf16_dev)?, stream.clone_dtoh(&dqkv_bf16_dev)?);
 
-    // [y, lse, dq, dk, dv], each (got, want) over the first len positions of every sequence.
-    let mut pairs: [(Vec<f32>, Vec<f32>); 5] = Default::default();
+    // [y, lse, dq, dk, dv], each (got, want) over the first len positions of every sequence; then the bf16
+    // copies of y and dqkv against the fp32 outputs rounded.
+    let mut pairs: [(Vec<f32>, Vec<f32>); 7] = Default::default();
     for b in 0..s.batch {
         let rows = b * t..b * t + len;
+        for (i, (copy, of, width)) in [(&y_bf16_got, &y_got, c), (&dqkv_bf16_got, &dqkv_got, 3 * c)].into_iter().enumerate()
+        {
+            let span = rows.start * width..rows.end * width;
+            pairs[5 + i].0.extend(copy[span.clone()].iter().map(|&h| bf16_value(h)));
+            pairs[5 + i].1.extend(of[span].iter().map(|&x| round_bf16(x)));
+        }
         let wide = |v: &[f32], width: usize| -> Vec<f64> {
             v[rows.start * width..rows.end * width].iter().map(|&x| x as f64).collect()
         };
@@ -494,7 +508,7 @@ fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) ->
             pairs[1].0.extend(&lse_got[(b * heads + h) * t..][..len]);
             pairs[1].1.extend(narrow(&lse[h * len..][..len]));
         }
-        for (i, pair) in pairs[2..].iter_mut().enumerate() {
+        for (i, pair) in pairs[2..5].iter_mut().enumerate() {
             for r in 0..len {
                 pair.0.extend(&dqkv_got[(rows.start + r) * 3 * c + i * c..][..c]);
                 pair.1.extend(narrow(&dqkv[r * 3 * c + i * c..][..c]));
@@ -503,15 +517,17 @@ fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) ->
     }
     let dropout = if s.dropout > 0.0 { format!(" dropout {}", s.dropout) } else { String::new() };
     let shape = format!("T={t} len={len} C={c} NH={heads} HS={hs} B={}{dropout}", s.batch);
-    let names = ["y", "lse", "dq", "dk", "dv"];
+    // The copies are the outputs rounded once: bit for bit, tolerance 0.
+    let names = ["y", "lse", "dq", "dk", "dv", "y's bf16 copy", "dqkv's bf16 copy"];
     Ok(names
         .iter()
         .zip(&pairs)
-        .map(|(name, (got, want))| Check {
+        .enumerate()
+        .map(|(i, (name, (got, want)))| Check {
             kernel: format!("transformer bf16 flash attention {name}"),
             shape: shape.clone(),
             rel_error: rel_error(got, want),
-            tolerance: flash_tolerance(),
+            tolerance: if i < 5 { flash_tolerance() } else { 0.0 },
         })
         .collect())
 }

@@ -75,15 +75,16 @@ impl FlashAttention {
         Ok(FlashAttention { forward, backward, sizes })
     }
 
-    /// y `[B·T][C]` and lse `[B·heads][T]` of `batch` sequences of `len` ≤ T positions (sequence b at rows
-    /// b·T …) from qkv `[B·T][3C]`. `dropout`: (site seed, step counter, threshold, scale) as every dropout
+    /// y `[B·T][C]` (`[y, y_bf16]`: in fp32, bf16 or both, a null pointer skipping one) and lse
+    /// `[B·heads][T]` of `batch` sequences of `len` ≤ T positions (sequence b at rows b·T …) from qkv
+    /// `[B·T][3C]`. `dropout`: (site seed, step counter, threshold, scale) as every dropout
     /// site's kernels take them, or `no_dropout()`. Grid (B·heads, BLOCKS), FORWARD_BYTES.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         gpu: &Gpu,
         qkv: Arg,
-        y: Arg,
+        [y, y_bf16]: [Arg; 2],
         lse: Arg,
         batch: usize,
         heads: usize,
@@ -92,17 +93,17 @@ impl FlashAttention {
     ) -> Result<()> {
         let grid = ((batch * heads) as u32, self.sizes.blocks() as u32);
         let [seed, step, threshold, scale] = dropout;
-        let args = [qkv, y, lse, Arg::i32(heads as i32), Arg::i32(len as i32), seed, step, threshold, scale];
+        let args = [qkv, y, y_bf16, lse, Arg::i32(heads as i32), Arg::i32(len as i32), seed, step, threshold, scale];
         gpu.launch(&self.forward, grid, self.sizes.forward_bytes() as u32, false, &args)
     }
 
-    /// dq, dk, dv into dqkv `[B·T][3C]` from dy `[B·T][C]` and the forward pass's y and lse, with the
-    /// forward pass's dropout. Grid (B·heads, 2·BLOCKS), BACKWARD_BYTES.
+    /// dq, dk, dv into dqkv `[B·T][3C]` (and into dqkv_bf16 in bf16; a null pointer skips either) from dy
+    /// `[B·T][C]` and the forward pass's y and lse, with the forward pass's dropout. Grid (B·heads, 2·BLOCKS), BACKWARD_BYTES.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         gpu: &Gpu,
-        [qkv, y, dy, lse, dqkv]: [Arg; 5],
+        [qkv, y, dy, lse, dqkv, dqkv_bf16]: [Arg; 6],
         batch: usize,
         heads: usize,
         len: usize,
@@ -110,7 +111,20 @@ impl FlashAttention {
     ) -> Result<()> {
         let grid = ((batch * heads) as u32, 2 * self.sizes.blocks() as u32);
         let [seed, step, threshold, scale] = dropout;
-        let args = [qkv, y, dy, lse, dqkv, Arg::i32(heads as i32), Arg::i32(len as i32), seed, step, threshold, scale];
+        let args = [
+            qkv,
+            y,
+            dy,
+            lse,
+            dqkv,
+            dqkv_bf16,
+            Arg::i32(heads as i32),
+            Arg::i32(len as i32),
+            seed,
+            step,
+            threshold,
+            scale,
+        ];
         gpu.launch(&self.backward, grid, self.sizes.backward_bytes() as u32, false, &args)
     }
 }
@@ -188,9 +202,10 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
     })?;
     let mut bf16 = Vec::new();
     for drop in [no_dropout(), dropout] {
-        let forward = time(&|| flash.forward(gpu, buf(&qkv), buf(&y), buf(&lse), b, heads, t, drop))?;
-        let backward =
-            time(&|| flash.backward(gpu, [buf(&qkv), buf(&y), buf(&dy), buf(&lse), buf(&dqkv)], b, heads, t, drop))?;
+        let none = Arg::Ptr(0);
+        let forward = time(&|| flash.forward(gpu, buf(&qkv), [buf(&y), none], buf(&lse), b, heads, t, drop))?;
+        let tensors = [buf(&qkv), buf(&y), buf(&dy), buf(&lse), buf(&dqkv), none];
+        let backward = time(&|| flash.backward(gpu, tensors, b, heads, t, drop))?;
         bf16.push((forward, backward));
     }
     stream.synchronize().context("an attention kernel failed")?;

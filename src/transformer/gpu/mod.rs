@@ -11,7 +11,7 @@ use super::model::{Config, Layout};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::attention::AttentionSizes;
 use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
-use crate::ops::gemm::{bf16_cp_shared_floats, tile_shared_floats};
+use crate::ops::gemm::{bf16_async_shared_floats, tile_shared_floats};
 use crate::ops::optim::OptimConfig;
 use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
@@ -41,9 +41,14 @@ const FP32_TILES: LinearTiles = LinearTiles {
     wg_bn: 32,
     shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
 };
-/// bf16: gemm_tile_bf16_cp's 128 × 128 for all three products, three stages of 32 k.
-const BF16_TILES: LinearTiles =
-    LinearTiles { bm: 128, bn: 128, wg_bm: 128, wg_bn: 128, shared_bytes: 4 * bf16_cp_shared_floats(128, 128, 32, 3) };
+/// bf16: gemm_tile_bf16_async's 128 × 128 for all three products, four stages of 32 k.
+const BF16_TILES: LinearTiles = LinearTiles {
+    bm: 128,
+    bn: 128,
+    wg_bm: 128,
+    wg_bn: 128,
+    shared_bytes: 4 * bf16_async_shared_floats(128, 128, 32, 4),
+};
 
 impl LinearTiles {
     fn of(precision: Precision) -> LinearTiles {
@@ -61,7 +66,7 @@ impl LinearTiles {
 /// Rows of a step per slice of tf_embedding_backward's token sums (EMB_SLICE_ROWS).
 const EMBEDDING_SLICE_ROWS: usize = 512;
 /// Rows per block of tf_layernorm_backward (WARPS × LN_ROWS_PER_WARP).
-const LN_ROWS_PER_BLOCK: usize = WARPS * 4;
+const LN_ROWS_PER_BLOCK: usize = WARPS * 8;
 
 const fn max(a: usize, b: usize) -> usize {
     if a > b { a } else { b }
@@ -82,22 +87,30 @@ struct Kernels {
     dropout_backward: Kernel,
     grad_norm: Kernel,
     adamw: Kernel,
+    round_bf16: Kernel,
+}
+
+/// An activation a linear layer reads: fp32 (the fp32 and TF32 products' operand), and its bf16 copy
+/// (the bf16 products'). In bf16 the fp32 one is only written for the kernel checks.
+struct Operand {
+    fp32: CudaSlice<f32>,
+    bf16: CudaSlice<u16>,
 }
 
 /// One block's saved activations over the N rows of a step.
 struct BlockActs {
     x: CudaSlice<f32>,
-    ln1: CudaSlice<f32>,
+    ln1: Operand,
     ln1_stats: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
     lse: CudaSlice<f32>,
-    y: CudaSlice<f32>,
+    y: Operand,
     attn_out: CudaSlice<f32>,
     x_attn: CudaSlice<f32>,
-    ln2: CudaSlice<f32>,
+    ln2: Operand,
     ln2_stats: CudaSlice<f32>,
     u: CudaSlice<f32>,
-    gelu: CudaSlice<f32>,
+    gelu: Operand,
     mlp_out: CudaSlice<f32>,
 }
 
@@ -106,7 +119,7 @@ struct StepBuffers {
     batch: usize,
     blocks: Vec<BlockActs>,
     x_final: CudaSlice<f32>,
-    lnf: CudaSlice<f32>,
+    lnf: Operand,
     lnf_stats: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     row_loss: CudaSlice<f32>,
@@ -115,6 +128,12 @@ struct StepBuffers {
     d_u: CudaSlice<f32>,
     d_y: CudaSlice<f32>,
     d_qkv: CudaSlice<f32>,
+    /// The bf16 products' dy operands: the logits' gradient (rows of `logits_ld`), a residual branch's
+    /// gradient, the MLP's pre-activation gradient and dqkv.
+    d_logits_bf16: CudaSlice<u16>,
+    d_branch_bf16: CudaSlice<u16>,
+    d_u_bf16: CudaSlice<u16>,
+    d_qkv_bf16: CudaSlice<u16>,
     linear_partials: CudaSlice<f32>,
     linear_tickets: CudaSlice<u32>,
     ln_partials: CudaSlice<f32>,
@@ -170,6 +189,11 @@ pub struct GpuTransformer {
     attention_forward_shared: usize,
     attention_backward_shared: usize,
     params: CudaSlice<f32>,
+    /// The parameters rounded to bf16, what the bf16 products read as weights: written by
+    /// `set_precision` and then by every AdamW step in bf16.
+    params_bf16: CudaSlice<u16>,
+    /// Whether a bf16 forward pass also writes the fp32 activations `ForwardOut` reports (the checks').
+    fp32_activations: bool,
     grad: CudaSlice<f32>,
     m: CudaSlice<f32>,
     v: CudaSlice<f32>,
@@ -247,6 +271,7 @@ impl GpuTransformer {
             dropout_backward: load("tf_dropout_backward")?,
             grad_norm: load("tf_grad_norm")?,
             adamw: load("tf_adamw")?,
+            round_bf16: load("tf_round_bf16")?,
         };
         let sizes = AttentionSizes { t: config.block, hs: config.head_size(), warps: WARPS };
         let attention_forward_shared = 4 * sizes.forward_floats();
@@ -263,6 +288,8 @@ impl GpuTransformer {
         let buffers = Self::alloc_buffers(&gpu, &config, 1)?;
         Ok(GpuTransformer {
             params: upload_f32(params)?,
+            params_bf16: stream.alloc_zeros(n)?,
+            fp32_activations: false,
             grad: stream.alloc_zeros(n)?,
             m: stream.alloc_zeros(n)?,
             v: stream.alloc_zeros(n)?,
@@ -301,21 +328,23 @@ impl GpuTransformer {
         let rows = batch * c.block;
         let (e, f, v) = (c.embed, c.ffn(), c.vocab);
         let z = |len: usize| -> Result<CudaSlice<f32>> { Ok(s.alloc_zeros::<f32>(len.max(1))?) };
+        let h = |len: usize| -> Result<CudaSlice<u16>> { Ok(s.alloc_zeros::<u16>(len.max(1))?) };
+        let operand = |len: usize| -> Result<Operand> { Ok(Operand { fp32: z(len)?, bf16: h(len)? }) };
         let mut blocks = Vec::with_capacity(c.layers);
         for _ in 0..c.layers {
             blocks.push(BlockActs {
                 x: z(rows * e)?,
-                ln1: z(rows * e)?,
+                ln1: operand(rows * e)?,
                 ln1_stats: z(2 * rows)?,
                 qkv: z(rows * 3 * e)?,
                 lse: z(batch * c.heads * c.block)?,
-                y: z(rows * e)?,
+                y: operand(rows * e)?,
                 attn_out: z(rows * e)?,
                 x_attn: z(rows * e)?,
-                ln2: z(rows * e)?,
+                ln2: operand(rows * e)?,
                 ln2_stats: z(2 * rows)?,
                 u: z(rows * f)?,
-                gelu: z(rows * f)?,
+                gelu: operand(rows * f)?,
                 mlp_out: z(rows * e)?,
             });
         }
@@ -334,7 +363,7 @@ impl GpuTransformer {
             batch,
             blocks,
             x_final: z(rows * e)?,
-            lnf: z(rows * e)?,
+            lnf: operand(rows * e)?,
             lnf_stats: z(2 * rows)?,
             logits: z(rows * v)?,
             row_loss: z(rows)?,
@@ -343,6 +372,10 @@ impl GpuTransformer {
             d_u: z(rows * f)?,
             d_y: z(rows * e)?,
             d_qkv: z(rows * 3 * e)?,
+            d_logits_bf16: h(rows * Self::logits_ld(c))?,
+            d_branch_bf16: h(rows * e)?,
+            d_u_bf16: h(rows * f)?,
+            d_qkv_bf16: h(rows * 3 * e)?,
             linear_partials: z(max_partials)?,
             linear_tickets: s.alloc_zeros(max_tiles)?,
             ln_partials: z(rows.div_ceil(LN_ROWS_PER_BLOCK) * 2 * e)?,
@@ -351,6 +384,12 @@ impl GpuTransformer {
             embedding_partials: z(v * rows.div_ceil(EMBEDDING_SLICE_ROWS) * e)?,
             embedding_tickets: s.alloc_zeros(v)?,
         })
+    }
+
+    /// The row stride of the logits' bf16 gradient: the vocabulary rounded up to 8, so that its rows start
+    /// 16-byte aligned for the products' copies.
+    fn logits_ld(c: &Config) -> usize {
+        c.vocab.next_multiple_of(8)
     }
 
     /// tf_grad_norm's grid: about two blocks per SM, each over at least THREADS·4 elements.
@@ -371,9 +410,15 @@ impl GpuTransformer {
     /// The arithmetic of the linear layers' products and of attention (fp32 by default). bf16 attention
     /// runs on the tensor cores in head-size steps of 16.
     pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
-        if precision == Precision::Bf16 && self.flash.is_none() {
-            let sizes = FlashSizes { t: self.config.block, hs: self.config.head_size() };
-            self.flash = Some(FlashAttention::new(&self.gpu, &self.module, sizes).context("--precision bf16")?);
+        if precision == Precision::Bf16 {
+            if self.flash.is_none() {
+                let sizes = FlashSizes { t: self.config.block, hs: self.config.head_size() };
+                self.flash = Some(FlashAttention::new(&self.gpu, &self.module, sizes).context("--precision bf16")?);
+            }
+            // The weights' bf16 copy, which AdamW keeps from here on (steps at other precisions do not).
+            let n = self.layout.len();
+            let args = [self.buf(&self.params), self.buf(&self.params_bf16), Arg::i32(n as i32)];
+            self.launch(&self.kernels.round_bf16, n.div_ceil(THREADS).min(4 * self.gpu.sm_count as usize), 0, &args)?;
         }
         if self.precision != precision {
             self.captured = None;
@@ -441,6 +486,13 @@ impl GpuTransformer {
 
     fn param(&self, name: &str) -> Arg {
         self.tensor(&self.params, name, &self.no_bias)
+    }
+
+    /// Weight `name`'s bf16 copy (a tied head's is tok_emb's).
+    fn param_bf16(&self, name: &str) -> Arg {
+        let name = if name == "head.weight" { super::model::head_weight(&self.config) } else { name };
+        let t = self.layout.get(name).unwrap_or_else(|| panic!("internal: no tensor {name}"));
+        Arg::Ptr(self.ptr(&self.params_bf16) + 2 * t.offset as u64)
     }
 
     /// Where the backward pass writes tensor `name`'s gradient: a tied head's into `head_grad`.
@@ -569,22 +621,35 @@ impl GpuTransformer {
             |buf: &mut CudaSlice<f32>| -> Result<()> { Ok(stream.memcpy_htod(&vec![f32::NAN; buf.len()], buf)?) };
         {
             let b = &mut self.buffers;
+            let poison_bf16 = |buf: &mut CudaSlice<u16>| -> Result<()> {
+                Ok(stream.memcpy_htod(&vec![0xffffu16; buf.len()], buf)?)  // a NaN's bits
+            };
             for a in &mut b.blocks {
-                for buf in
-                    [&mut a.x, &mut a.ln1, &mut a.qkv, &mut a.y, &mut a.x_attn, &mut a.ln2, &mut a.u, &mut a.gelu]
-                {
+                for buf in [&mut a.x, &mut a.qkv, &mut a.x_attn, &mut a.u] {
                     poison(buf)?;
                 }
+                for op in [&mut a.ln1, &mut a.y, &mut a.ln2, &mut a.gelu] {
+                    poison(&mut op.fp32)?;
+                    poison_bf16(&mut op.bf16)?;
+                }
             }
-            for buf in [&mut b.lnf, &mut b.logits, &mut b.row_loss, &mut b.d_res] {
+            for buf in [&mut b.lnf.fp32, &mut b.logits, &mut b.row_loss, &mut b.d_res] {
                 poison(buf)?;
+            }
+            poison_bf16(&mut b.lnf.bf16)?;
+            for buf in [&mut b.d_logits_bf16, &mut b.d_branch_bf16, &mut b.d_u_bf16, &mut b.d_qkv_bf16] {
+                poison_bf16(buf)?;
             }
         }
         poison(&mut self.grad)?;
         let dev_offsets: CudaSlice<u32> = stream.clone_htod(offsets)?;
         let sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
         let scale = 1.0 / self.rows() as f32;
-        self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum), true)?;
+        self.fp32_activations = true;
+        let forward =
+            self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum), true);
+        self.fp32_activations = false;
+        forward?;
         let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> {
             stream.clone_dtoh(buf).context("a Transformer forward kernel failed")
         };
@@ -592,15 +657,15 @@ impl GpuTransformer {
         let mut out = ForwardOut::default();
         for a in &b.blocks {
             out.x.push(get(&a.x)?);
-            out.ln1.push(get(&a.ln1)?);
+            out.ln1.push(get(&a.ln1.fp32)?);
             out.qkv.push(get(&a.qkv)?);
-            out.y.push(get(&a.y)?);
+            out.y.push(get(&a.y.fp32)?);
             out.x_attn.push(get(&a.x_attn)?);
-            out.ln2.push(get(&a.ln2)?);
+            out.ln2.push(get(&a.ln2.fp32)?);
             out.u.push(get(&a.u)?);
-            out.gelu.push(get(&a.gelu)?);
+            out.gelu.push(get(&a.gelu.fp32)?);
         }
-        out.xf = get(&b.lnf)?;
+        out.xf = get(&b.lnf.fp32)?;
         out.d_logits = get(&b.logits)?;
         out.losses = get(&b.row_loss)?;
         self.enqueue_backward(self.buf(&dev_offsets))?;

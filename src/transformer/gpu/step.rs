@@ -3,8 +3,8 @@
 //! reverse, and the AdamW update, each a launch of fused/transformer.cu.
 
 use super::{
-    EMBEDDING_SLICE_ROWS, GpuTransformer, LN_ROWS_PER_BLOCK, LinearTiles, THREADS, TICKET_ADAMW, TICKET_CLASSIFIER,
-    TICKET_LAYERNORM, TICKET_NORM, WARPS,
+    EMBEDDING_SLICE_ROWS, GpuTransformer, LN_ROWS_PER_BLOCK, LinearTiles, Operand, THREADS, TICKET_ADAMW,
+    TICKET_CLASSIFIER, TICKET_LAYERNORM, TICKET_NORM, WARPS,
 };
 use crate::device::Arg;
 use crate::precision::Precision;
@@ -12,86 +12,113 @@ use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 
+/// A null pointer: an output a kernel skips.
+const NULL: Arg = Arg::Ptr(0);
+
 impl GpuTransformer {
+    fn bf16(&self) -> bool {
+        self.precision == Precision::Bf16
+    }
+
+    /// An activation's buffers as a linear layer's operand: [fp32, bf16].
+    fn operand(&self, op: &Operand) -> [Arg; 2] {
+        [self.buf(&op.fp32), self.buf(&op.bf16)]
+    }
+
+    /// Where the kernel that computes an activation writes it, [fp32, bf16]: fp32 unless the step runs in
+    /// bf16 (then only for the checks), the bf16 copy in bf16.
+    fn outputs(&self, op: &Operand) -> [Arg; 2] {
+        let fp32 = !self.bf16() || self.fp32_activations;
+        [if fp32 { self.buf(&op.fp32) } else { NULL }, if self.bf16() { self.buf(&op.bf16) } else { NULL }]
+    }
+
+    /// out = input·Wᵀ + b of `layer` (with `pre`, out = GELU(pre)), from input's buffer of this step's
+    /// precision ([fp32, bf16]) into out's ([fp32, bf16], either null; the fp32 kernel writes fp32 only).
     pub(super) fn linear_forward(
         &self,
-        input: Arg,
+        input: [Arg; 2],
         layer: &str,
-        out: Arg,
+        out: [Arg; 2],
         pre: Arg,
         out_features: usize,
         in_features: usize,
     ) -> Result<()> {
         let n = self.rows();
-        let mut args = vec![
-            input,
-            self.param(&format!("{layer}.weight")),
-            self.param(&format!("{layer}.bias")),
-            out,
-            pre,
-            Arg::i32(n as i32),
-            Arg::i32(out_features as i32),
-            Arg::i32(in_features as i32),
-        ];
-        let tiles = LinearTiles::of(self.precision);
-        let kernel = match self.precision {
-            Precision::Bf16 => &self.kernels.linear_forward_bf16,
-            p => {
-                args.push(Arg::i32((p == Precision::Tf32) as i32));
-                &self.kernels.linear_forward
-            }
+        let (weight, bias) = (format!("{layer}.weight"), self.param(&format!("{layer}.bias")));
+        let sizes = [Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32)];
+        let (kernel, args) = if self.bf16() {
+            let args = [&[input[1], self.param_bf16(&weight), bias, out[0], out[1], pre][..], &sizes].concat();
+            (&self.kernels.linear_forward_bf16, args)
+        } else {
+            let tf32 = Arg::i32((self.precision == Precision::Tf32) as i32);
+            let args = [&[input[0], self.param(&weight), bias, out[0], pre][..], &sizes, &[tf32]].concat();
+            (&self.kernels.linear_forward, args)
         };
+        let tiles = LinearTiles::of(self.precision);
         let grid = (out_features.div_ceil(tiles.bn) as u32, n.div_ceil(tiles.bm) as u32);
         self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
     }
 
-    /// dW, db of `layer` from dy and its input x; dx = dy·W (× GELU′(pre)) unless dx is null.
+    /// dW, db of `layer` from dy and its input x, and dx = dy·W (× GELU′(pre)) into dx's buffers; each
+    /// [fp32, bf16] as `linear_forward`'s. `dy_ld`: the row stride of dy's bf16 copy.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn linear_backward(
         &self,
-        dy: Arg,
-        x: Arg,
+        dy: [Arg; 2],
+        dy_ld: usize,
+        x: [Arg; 2],
         layer: &str,
         out_features: usize,
         in_features: usize,
-        dx: Arg,
+        dx: [Arg; 2],
         pre: Arg,
     ) -> Result<()> {
         let n = self.rows();
         let t = LinearTiles::of(self.precision);
         let tiles = t.wgrad_tiles(out_features, in_features);
         let slices = Self::slices(&self.gpu, tiles, n);
-        let dx_blocks = if matches!(dx, Arg::Ptr(0)) { 0 } else { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) };
+        let writes_dx = !matches!(dx[0], Arg::Ptr(0)) || (self.bf16() && !matches!(dx[1], Arg::Ptr(0)));
+        let dx_blocks = if writes_dx { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
         let b = &self.buffers;
-        let mut args = vec![
-            dy,
-            x,
-            self.param(&format!("{layer}.weight")),
+        let weight = format!("{layer}.weight");
+        let sizes = [
             Arg::i32(n as i32),
             Arg::i32(out_features as i32),
             Arg::i32(in_features as i32),
             Arg::i32(slices as i32),
-            self.grad_of(&format!("{layer}.weight")),
+            self.grad_of(&weight),
             self.grad_of(&format!("{layer}.bias")),
             self.buf(&b.linear_partials),
             self.buf(&b.linear_tickets),
-            dx,
-            pre,
         ];
-        let kernel = match self.precision {
-            Precision::Bf16 => &self.kernels.linear_backward_bf16,
-            p => {
-                args.push(Arg::i32((p == Precision::Tf32) as i32));
-                &self.kernels.linear_backward
-            }
+        let (kernel, args) = if self.bf16() {
+            let operands = [dy[1], Arg::i32(dy_ld as i32), x[1], self.param_bf16(&weight)];
+            (&self.kernels.linear_backward_bf16, [&operands[..], &sizes, &[dx[0], dx[1], pre]].concat())
+        } else {
+            let tf32 = Arg::i32((self.precision == Precision::Tf32) as i32);
+            let args = [&[dy[0], x[0], self.param(&weight)][..], &sizes, &[dx[0], pre, tf32]].concat();
+            (&self.kernels.linear_backward, args)
         };
         self.launch(kernel, tiles * slices + dx_blocks, t.shared_bytes, &args)
     }
 
-    pub(super) fn layernorm_backward(&self, x: Arg, stats: &CudaSlice<f32>, ln: &str, accumulate: bool) -> Result<()> {
+    /// The backward pass of LayerNorm `ln` (x its input, stats its saved μ and r) into d_res; in bf16, with
+    /// `branch` (the dropout site of the residual branch before it), that branch's bf16 gradient too.
+    pub(super) fn layernorm_backward(
+        &self,
+        x: Arg,
+        stats: &CudaSlice<f32>,
+        ln: &str,
+        accumulate: bool,
+        branch: Option<usize>,
+    ) -> Result<()> {
         let n = self.rows();
         let b = &self.buffers;
         let stats_ptr = self.ptr(stats);
+        let branch_out = match branch {
+            Some(site) if self.bf16() => [&[self.buf(&b.d_branch_bf16)][..], &self.site_args(site, true)].concat(),
+            _ => [&[NULL][..], &self.site_args(0, false)].concat(),
+        };
         let args = [
             x,
             Arg::Ptr(stats_ptr),
@@ -106,6 +133,7 @@ impl GpuTransformer {
             self.buf(&b.ln_partials),
             Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_LAYERNORM as u64),
         ];
+        let args = [&args[..], &branch_out].concat();
         self.launch(&self.kernels.layernorm_backward, n.div_ceil(LN_ROWS_PER_BLOCK), 0, &args)
     }
 
@@ -131,6 +159,7 @@ impl GpuTransformer {
             (Arg::Ptr(p), Arg::Ptr(p + 4 * n as u64))
         };
         let (m0, r0) = stats(&b.blocks[0].ln1_stats);
+        let [ln1, ln1_bf16] = self.outputs(&b.blocks[0].ln1);
         let with = |args: &[Arg], site: usize| -> Vec<Arg> { [args, &self.site_args(site, training)].concat() };
         self.launch(
             &self.kernels.embed_layernorm,
@@ -146,25 +175,26 @@ impl GpuTransformer {
                     self.buf(&b.blocks[0].x),
                     self.param("blocks.0.ln1.weight"),
                     self.param("blocks.0.ln1.bias"),
-                    self.buf(&b.blocks[0].ln1),
+                    ln1,
+                    ln1_bf16,
                     m0,
                     r0,
                 ],
                 EMBEDDING_SITE,
             ),
         )?;
-        let null = Arg::Ptr(0);
         for l in 0..c.layers {
             let a = &b.blocks[l];
             let p = format!("blocks.{l}");
             let site = attention_site(l);
-            self.linear_forward(self.buf(&a.ln1), &format!("{p}.attn.qkv"), self.buf(&a.qkv), null, 3 * e, e)?;
+            let qkv = [self.buf(&a.qkv), NULL];
+            self.linear_forward(self.operand(&a.ln1), &format!("{p}.attn.qkv"), qkv, NULL, 3 * e, e)?;
             if let Some(flash) = self.flash_attention() {
                 let dropout = self.site_args(site, training);
                 flash.forward(
                     &self.gpu,
                     self.buf(&a.qkv),
-                    self.buf(&a.y),
+                    self.operand(&a.y),
                     self.buf(&a.lse),
                     b.batch,
                     c.heads,
@@ -176,11 +206,13 @@ impl GpuTransformer {
                     &self.kernels.attention_forward,
                     b.batch * c.heads,
                     self.attention_forward_shared,
-                    &with(&[self.buf(&a.qkv), self.buf(&a.y), self.buf(&a.lse), Arg::i32(c.heads as i32)], site),
+                    &with(&[self.buf(&a.qkv), self.buf(&a.y.fp32), self.buf(&a.lse), Arg::i32(c.heads as i32)], site),
                 )?;
             }
-            self.linear_forward(self.buf(&a.y), &format!("{p}.attn.proj"), self.buf(&a.attn_out), null, e, e)?;
+            let attn_out = [self.buf(&a.attn_out), NULL];
+            self.linear_forward(self.operand(&a.y), &format!("{p}.attn.proj"), attn_out, NULL, e, e)?;
             let (m2, r2) = stats(&a.ln2_stats);
+            let [ln2, ln2_bf16] = self.outputs(&a.ln2);
             self.launch(
                 &self.kernels.residual_layernorm,
                 row_blocks,
@@ -193,15 +225,18 @@ impl GpuTransformer {
                         Arg::i32(n as i32),
                         self.param(&format!("{p}.ln2.weight")),
                         self.param(&format!("{p}.ln2.bias")),
-                        self.buf(&a.ln2),
+                        ln2,
+                        ln2_bf16,
                         m2,
                         r2,
                     ],
                     site + 1,
                 ),
             )?;
-            self.linear_forward(self.buf(&a.ln2), &format!("{p}.mlp.fc"), self.buf(&a.gelu), self.buf(&a.u), f, e)?;
-            self.linear_forward(self.buf(&a.gelu), &format!("{p}.mlp.proj"), self.buf(&a.mlp_out), null, e, f)?;
+            let (gelu, u) = (self.outputs(&a.gelu), self.buf(&a.u));
+            self.linear_forward(self.operand(&a.ln2), &format!("{p}.mlp.fc"), gelu, u, f, e)?;
+            let mlp_out = [self.buf(&a.mlp_out), NULL];
+            self.linear_forward(self.operand(&a.gelu), &format!("{p}.mlp.proj"), mlp_out, NULL, e, f)?;
             let last = l + 1 == c.layers;
             let (next_x, next_ln, next_stats, ln) = if last {
                 (&b.x_final, &b.lnf, &b.lnf_stats, "ln_f".to_string())
@@ -210,6 +245,7 @@ impl GpuTransformer {
                 (&nb.x, &nb.ln1, &nb.ln1_stats, format!("blocks.{}.ln1", l + 1))
             };
             let (mn, rn) = stats(next_stats);
+            let [next_ln, next_ln_bf16] = self.outputs(next_ln);
             self.launch(
                 &self.kernels.residual_layernorm,
                 row_blocks,
@@ -222,7 +258,8 @@ impl GpuTransformer {
                         Arg::i32(n as i32),
                         self.param(&format!("{ln}.weight")),
                         self.param(&format!("{ln}.bias")),
-                        self.buf(next_ln),
+                        next_ln,
+                        next_ln_bf16,
                         mn,
                         rn,
                     ],
@@ -230,7 +267,8 @@ impl GpuTransformer {
                 ),
             )?;
         }
-        self.linear_forward(self.buf(&b.lnf), "head", self.buf(&b.logits), null, c.vocab, e)?;
+        self.linear_forward(self.operand(&b.lnf), "head", [self.buf(&b.logits), NULL], NULL, c.vocab, e)?;
+        let d_logits_bf16 = if self.bf16() && training { self.buf(&b.d_logits_bf16) } else { NULL };
         self.launch(
             &self.kernels.classifier,
             row_blocks,
@@ -246,6 +284,8 @@ impl GpuTransformer {
                 Arg::i32(counted as i32),
                 Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_CLASSIFIER as u64),
                 loss_sum,
+                d_logits_bf16,
+                Arg::i32(Self::logits_ld(c) as i32),
             ],
         )
     }
@@ -270,38 +310,37 @@ impl GpuTransformer {
         let n = self.rows();
         let (e, f) = (c.embed, c.ffn());
         let b = &self.buffers;
-        let null = Arg::Ptr(0);
-        self.linear_backward(self.buf(&b.logits), self.buf(&b.lnf), "head", c.vocab, e, self.buf(&b.d_ln), null)?;
-        self.layernorm_backward(self.buf(&b.x_final), &b.lnf_stats, "ln_f", false)?;
+        let bf16 = self.bf16();
+        let d_ln = [self.buf(&b.d_ln), NULL];
+        // A residual branch's gradient: in bf16 its LayerNorm backward pass wrote it already.
+        let branch = |site: usize| -> Result<[Arg; 2]> {
+            Ok(if bf16 { [NULL, self.buf(&b.d_branch_bf16)] } else { [self.branch_gradient(site)?, NULL] })
+        };
+        let d_logits = [self.buf(&b.logits), self.buf(&b.d_logits_bf16)];
+        self.linear_backward(d_logits, Self::logits_ld(c), self.operand(&b.lnf), "head", c.vocab, e, d_ln, NULL)?;
+        let last_mlp = attention_site(c.layers - 1) + 2;
+        self.layernorm_backward(self.buf(&b.x_final), &b.lnf_stats, "ln_f", false, Some(last_mlp))?;
         for l in (0..c.layers).rev() {
             let a = &b.blocks[l];
             let p = format!("blocks.{l}");
             let site = attention_site(l);
-            let d_mlp = self.branch_gradient(site + 2)?;
-            self.linear_backward(
-                d_mlp,
-                self.buf(&a.gelu),
-                &format!("{p}.mlp.proj"),
-                e,
-                f,
-                self.buf(&b.d_u),
-                self.buf(&a.u),
-            )?;
-            self.linear_backward(
-                self.buf(&b.d_u),
-                self.buf(&a.ln2),
-                &format!("{p}.mlp.fc"),
-                f,
-                e,
-                self.buf(&b.d_ln),
-                null,
-            )?;
-            self.layernorm_backward(self.buf(&a.x_attn), &a.ln2_stats, &format!("{p}.ln2"), true)?;
-            let d_attn = self.branch_gradient(site + 1)?;
-            self.linear_backward(d_attn, self.buf(&a.y), &format!("{p}.attn.proj"), e, e, self.buf(&b.d_y), null)?;
+            let d_u = [self.buf(&b.d_u), self.buf(&b.d_u_bf16)];
+            let d_u_out = if bf16 { [NULL, d_u[1]] } else { [d_u[0], NULL] };
+            let mlp_proj = format!("{p}.mlp.proj");
+            self.linear_backward(branch(site + 2)?, e, self.operand(&a.gelu), &mlp_proj, e, f, d_u_out, self.buf(&a.u))?;
+            self.linear_backward(d_u, f, self.operand(&a.ln2), &format!("{p}.mlp.fc"), f, e, d_ln, NULL)?;
+            self.layernorm_backward(self.buf(&a.x_attn), &a.ln2_stats, &format!("{p}.ln2"), true, Some(site + 1))?;
+            let d_y = [self.buf(&b.d_y), NULL];
+            self.linear_backward(branch(site + 1)?, e, self.operand(&a.y), &format!("{p}.attn.proj"), e, e, d_y, NULL)?;
             if let Some(flash) = self.flash_attention() {
-                let tensors =
-                    [self.buf(&a.qkv), self.buf(&a.y), self.buf(&b.d_y), self.buf(&a.lse), self.buf(&b.d_qkv)];
+                let tensors = [
+                    self.buf(&a.qkv),
+                    self.buf(&a.y.fp32),
+                    self.buf(&b.d_y),
+                    self.buf(&a.lse),
+                    NULL,
+                    self.buf(&b.d_qkv_bf16),
+                ];
                 flash.backward(&self.gpu, tensors, b.batch, c.heads, c.block, self.site_args(site, true))?;
             } else {
                 self.launch(
@@ -311,7 +350,7 @@ impl GpuTransformer {
                     &[
                         &[
                             self.buf(&a.qkv),
-                            self.buf(&a.y),
+                            self.buf(&a.y.fp32),
                             self.buf(&b.d_y),
                             self.buf(&a.lse),
                             self.buf(&b.d_qkv),
@@ -325,16 +364,10 @@ impl GpuTransformer {
                     .concat(),
                 )?;
             }
-            self.linear_backward(
-                self.buf(&b.d_qkv),
-                self.buf(&a.ln1),
-                &format!("{p}.attn.qkv"),
-                3 * e,
-                e,
-                self.buf(&b.d_ln),
-                null,
-            )?;
-            self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true)?;
+            let d_qkv = [self.buf(&b.d_qkv), self.buf(&b.d_qkv_bf16)];
+            self.linear_backward(d_qkv, 3 * e, self.operand(&a.ln1), &format!("{p}.attn.qkv"), 3 * e, e, d_ln, NULL)?;
+            let previous_mlp = (l > 0).then(|| attention_site(l - 1) + 2);
+            self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true, previous_mlp)?;
         }
         let slices = n.div_ceil(EMBEDDING_SLICE_ROWS);
         let args = [
@@ -396,6 +429,7 @@ impl GpuTransformer {
                 if clipping { self.buf(&self.grad_scale) } else { Arg::Ptr(0) },
                 self.buf(&self.step),
                 Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_ADAMW as u64),
+                if self.bf16() { self.buf(&self.params_bf16) } else { NULL },
             ],
         )
     }

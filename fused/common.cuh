@@ -30,6 +30,8 @@ __device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
 // One float rounded to bf16 (to nearest even).
 __device__ __forceinline__ bf16 to_bf16(float x) { return (bf16)(bf16x2(x, 0.0f) & 0xffffu); }
 
+__device__ __forceinline__ float bf16_value(bf16 h) { return __uint_as_float((unsigned)h << 16); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);

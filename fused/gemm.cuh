@@ -570,9 +570,17 @@ __device__ __forceinline__ void store_pair(bf16* p, float a, float b, bool both)
     }
 }
 
-template <int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
+// gemm_tile_bf16_async's optional look at each of A's chunks in shared memory: on_chunk(As) with chunk c
+// complete in Bf16Layout<BM, BK, !A_TRANS> (zero outside M and K), once per chunk in k order, by every
+// thread (so that the caller can sum A's columns or rows as they pass).
+struct NoChunkHook {
+    __device__ __forceinline__ void operator()(const bf16*) const {}
+};
+
+template <int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
 __device__ __forceinline__ void gemm_tile_bf16_async(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
-                                                     const bf16* B, int ldb, int ones_col, Store store, float* smem) {
+                                                     const bf16* B, int ldb, int ones_col, Store store, float* smem,
+                                                     OnChunk on_chunk = {}) {
     using G = GemmBf16<BM, BN, BK>;
     using AOp = AsyncOperand<BM, BK, !A_TRANS>;
     using BOp = AsyncOperand<BN, BK, B_TRANS>;
@@ -601,6 +609,7 @@ __device__ __forceinline__ void gemm_tile_bf16_async(int M, int N, int K, int m0
         issue(c + STAGES - 1);
         const bf16* As = buffers + c % STAGES * G::BUFFER;
         gemm_bf16_chunk<BM, BN, BK, !A_TRANS, B_TRANS>(As, As + G::A_SLOT, min(BK, K - c * BK), warp.wm, warp.wn, acc);
+        on_chunk(As);
     }
     cp_async_wait_pending<0>();
     warp.store_pairs(M, N, m0, n0, acc, store);

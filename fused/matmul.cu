@@ -99,8 +99,6 @@ matmul_tile128_split2(const float* __restrict__ A, const float* __restrict__ B, 
 
 // ---- bf16 ----
 
-__device__ __forceinline__ float bf16_value(bf16 h) { return __uint_as_float((unsigned)h << 16); }
-
 extern "C" __global__ void __launch_bounds__(THREADS)
 matmul_bf16(const bf16* __restrict__ A, const bf16* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
     extern __shared__ float smem[];

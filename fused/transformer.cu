@@ -125,13 +125,14 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
     else gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
 }
 
-template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store>
+template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
-                                             const bf16* B, int ldb, int ones_col, Store store, float* smem) {
+                                             const bf16* B, int ldb, int ones_col, Store store, float* smem,
+                                             OnChunk on_chunk = {}) {
     static_assert(P == BF16, "only bf16 products read bf16 operands");
     const auto pairs = [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < N); };
     gemm_tile_bf16_async<BM, BN, BK, LinearTiles<BF16>::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb,
-                                                                                ones_col, pairs, smem);
+                                                                                ones_col, pairs, smem, on_chunk);
 }
 
 // LayerNorm backward: rows per warp (a block covers WARPS × LN_ROWS_PER_WARP rows).
@@ -308,18 +309,26 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
 }
 
 // The weight-gradient tiles of LinearTiles<P>: out_features × (in_features + 1) in WG_BM × WG_BN tiles,
-// each over `slices` slices of the N rows. Then ceil(in_features / BN) × ceil(N / BM) dx tiles (none when
-// dx is null).
+// the bias gradient from a column of ones after x's (fp32, TF32), or out_features × in_features with the
+// bias gradient summed from dy's chunks as the first column of tiles reads them (bf16: at 128 columns a
+// ones column would take a tile of its own); each tile over `slices` slices of the N rows. Then
+// ceil(in_features / BN) × ceil(N / BM) dx tiles (none when dx is null).
 template <int P>
-__device__ __forceinline__ int wgrad_tiles(int out_features, int in_features) {
-    using L = LinearTiles<P>;
-    return ceil_div(out_features, L::WG_BM) * ceil_div(in_features + 1, L::WG_BN);
-}
+struct Wgrad {
+    static constexpr bool ONES_COLUMN = P != BF16;
+    __device__ __forceinline__ static int columns(int in_features) {
+        return ceil_div(in_features + ONES_COLUMN, LinearTiles<P>::WG_BN);
+    }
+    __device__ __forceinline__ static int tiles(int out_features, int in_features) {
+        return ceil_div(out_features, LinearTiles<P>::WG_BM) * columns(in_features);
+    }
+};
 
-// Grid wgrad_tiles·slices + (dx or dx_bf16 ? dx tiles : 0). dy: N × out_features (row stride dy_ld), x:
+// Grid Wgrad::tiles·slices + (dx or dx_bf16 ? dx tiles : 0). dy: N × out_features (row stride dy_ld), x:
 // N × in_features (the layer's input), W: out_features × in_features. grad_W, grad_b: the gradient
 // (written, not added). dx = dy·W, times gelu′(pre) when pre is given, into dx (fp32), dx_bf16 or both.
-// partials: wgrad_tiles·slices·WG_BM·WG_BN floats; tickets: one per tile.
+// partials: Wgrad::tiles·slices·WG_BM·WG_BN floats, then (without the ones column) a bias sum of WG_BM
+// floats per block; tickets: one per tile.
 template <int P>
 __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::type* __restrict__ dy, int dy_ld,
                                                 const typename OperandOf<P>::type* __restrict__ x,
@@ -332,7 +341,8 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     using L = LinearTiles<P>;
     constexpr int WG_BM = L::WG_BM, WG_BN = L::WG_BN;
     const int O = out_features, K = in_features;
-    const int tiles = wgrad_tiles<P>(O, K), columns = ceil_div(K + 1, WG_BN);
+    using G = Wgrad<P>;
+    const int tiles = G::tiles(O, K), columns = G::columns(K);
     int block = blockIdx.x;
     if (block < tiles * slices) {
         const int tile = block / slices, slice = block % slices;
@@ -342,16 +352,49 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         const auto store = [&](int o, int k, float g0, float g1, bool both) {
             store_pair(mine + (o - m0) * WG_BN + k - n0, g0, g1, both);
         };
-        tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K + 1, count, m0, n0, dy + (size_t)r0 * dy_ld, dy_ld,
-                                                             x + (size_t)r0 * K, K, K, store, smem);
+        const auto dy_rows = dy + (size_t)r0 * dy_ld;
+        const auto x_rows = x + (size_t)r0 * K;
+        // The bias sums of a tile of the first column: one per (output o = m0 + t mod WG_BM, and each
+        // thread's share of a chunk's rows), over the slice's rows; the shares added in order below.
+        float* bias_partials = partials + (size_t)tiles * slices * WG_BM * WG_BN;
+        if constexpr (G::ONES_COLUMN) {
+            tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
+                                                                 K, store, smem);
+        } else {
+            constexpr int SHARES = THREADS / WG_BM, LD = Bf16Layout<WG_BM, L::WG_BK, false>::LD;
+            static_assert(THREADS % WG_BM == 0, "whole shares of a chunk's rows");
+            float bias_sum = 0.0f;
+            const auto sum_bias = [&](const bf16* As) {  // As: the chunk of dyᵀ as [row][o]
+                if (n0 != 0) return;
+                for (int r = threadIdx.x / WG_BM; r < L::WG_BK; r += SHARES)
+                    bias_sum += bf16_value(As[r * LD + threadIdx.x % WG_BM]);
+            };
+            tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
+                                                                 store, smem, sum_bias);
+            if (n0 == 0) {
+                smem[threadIdx.x] = bias_sum;  // the tile ended with a barrier
+                __syncthreads();
+                if (threadIdx.x < WG_BM) {
+                    float b = 0.0f;
+                    for (int s = 0; s < SHARES; ++s) b += smem[s * WG_BM + threadIdx.x];
+                    bias_partials[((size_t)(m0 / WG_BM) * slices + slice) * WG_BM + threadIdx.x] = b;
+                }
+            }
+        }
         if (!last_block_to_finish(&tickets[tile], slices)) return;
         const float* tile_partials = partials + (size_t)tile * slices * WG_BM * WG_BN;
         sum_partials<WG_BM * WG_BN>(tile_partials, WG_BM * WG_BN, slices, [&](int i, float g) {
             const int o = m0 + i / WG_BN, k = n0 + i % WG_BN;
-            if (o >= O || k > K) return;
+            if (o >= O || k >= K + G::ONES_COLUMN) return;
             if (k < K) grad_W[(size_t)o * K + k] = g;
             else grad_b[o] = g;
         });
+        if (!G::ONES_COLUMN && n0 == 0) {
+            sum_partials<WG_BM>(bias_partials + (size_t)(m0 / WG_BM) * slices * WG_BM, WG_BM, slices,
+                                [&](int i, float g) {
+                                    if (m0 + i < O) grad_b[m0 + i] = g;
+                                });
+        }
         if (threadIdx.x == 0) tickets[tile] = 0;
         return;
     }

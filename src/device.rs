@@ -583,12 +583,15 @@ pub fn kernel_constants(unit: &str, defines: &[(&str, i64)], expressions: &[&str
     let ptx = compile_ptx_source(unit, &source, (9, 0), &define_options(defines))?;
     (0..expressions.len())
         .map(|i| {
-            let name = format!("textnet_probe_{i} = ");
-            let line = ptx.lines().find(|l| l.contains(&name));
-            let value = line.and_then(|l| l.split(&name).nth(1)).map(|v| v.trim_end_matches(';').trim());
-            value
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| anyhow!("no value for {} in the PTX of fused/{unit}.cu", expressions[i]))
+            // `… textnet_probe_i = value;`, or `… textnet_probe_i;` for a zero (no initializer).
+            let (name, zero) = (format!("textnet_probe_{i} = "), format!("textnet_probe_{i};"));
+            let value = ptx.lines().find_map(|l| {
+                if l.contains(&zero) {
+                    return Some(0);
+                }
+                l.split(&name).nth(1).and_then(|v| v.trim_end_matches(';').trim().parse().ok())
+            });
+            value.ok_or_else(|| anyhow!("no value for {} in the PTX of fused/{unit}.cu", expressions[i]))
         })
         .collect()
 }

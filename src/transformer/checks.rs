@@ -487,7 +487,8 @@ fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) ->
     let mut pairs: [(Vec<f32>, Vec<f32>); 7] = Default::default();
     for b in 0..s.batch {
         let rows = b * t..b * t + len;
-        for (i, (copy, of, width)) in [(&y_bf16_got, &y_got, c), (&dqkv_bf16_got, &dqkv_got, 3 * c)].into_iter().enumerate()
+        for (i, (copy, of, width)) in
+            [(&y_bf16_got, &y_got, c), (&dqkv_bf16_got, &dqkv_got, 3 * c)].into_iter().enumerate()
         {
             let span = rows.start * width..rows.end * width;
             pairs[5 + i].0.extend(copy[span.clone()].iter().map(|&h| bf16_value(h)));

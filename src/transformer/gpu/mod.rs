@@ -21,15 +21,17 @@ use std::sync::Arc;
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 const WARPS: usize = THREADS / 32;
-/// The linear kernels' tiles at one precision (`LinearTiles<P>` in fused/transformer.cu): forward and dx
-/// tiles of bm rows × bn columns, weight-gradient tiles of wg_bm × wg_bn over row slices, and the dynamic
-/// shared memory of either.
+/// The linear kernels' tiles at one precision (`LinearTiles<P>` and `Wgrad<P>` in fused/transformer.cu):
+/// forward and dx tiles of bm rows × bn columns, weight-gradient tiles of wg_bm × wg_bn over row slices
+/// (the bias gradient from a column of ones after the input's, or from dy's chunks as the first column of
+/// tiles reads them), and the dynamic shared memory of either.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct LinearTiles {
     bm: usize,
     bn: usize,
     wg_bm: usize,
     wg_bn: usize,
+    ones_column: bool,
     shared_bytes: usize,
 }
 
@@ -39,6 +41,7 @@ const FP32_TILES: LinearTiles = LinearTiles {
     bn: 64,
     wg_bm: 32,
     wg_bn: 32,
+    ones_column: true,
     shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
 };
 /// bf16: gemm_tile_bf16_async's 128 × 128 for all three products, four stages of 32 k.
@@ -47,6 +50,7 @@ const BF16_TILES: LinearTiles = LinearTiles {
     bn: 128,
     wg_bm: 128,
     wg_bn: 128,
+    ones_column: false,
     shared_bytes: 4 * bf16_async_shared_floats(128, 128, 32, 4),
 };
 
@@ -58,9 +62,16 @@ impl LinearTiles {
         }
     }
 
-    /// Weight-gradient tiles of a layer of `out_features` × `in_features` (and its bias column).
+    /// Weight-gradient tiles of a layer of `out_features` × `in_features` (and its ones column).
     fn wgrad_tiles(&self, out_features: usize, in_features: usize) -> usize {
-        out_features.div_ceil(self.wg_bm) * (in_features + 1).div_ceil(self.wg_bn)
+        out_features.div_ceil(self.wg_bm) * (in_features + self.ones_column as usize).div_ceil(self.wg_bn)
+    }
+
+    /// Floats of partial sums a weight gradient of `tiles` tiles in `slices` row slices leaves: each block's
+    /// tile, and without the ones column a bias sum per block of the first column of tiles.
+    fn partial_floats(&self, out_features: usize, tiles: usize, slices: usize) -> usize {
+        let bias = if self.ones_column { 0 } else { out_features.div_ceil(self.wg_bm) * slices * self.wg_bm };
+        tiles * slices * self.wg_bm * self.wg_bn + bias
     }
 }
 /// Rows of a step per slice of tf_embedding_backward's token sums (EMB_SLICE_ROWS).
@@ -356,7 +367,7 @@ impl GpuTransformer {
             for &(o, i) in &layers {
                 let tiles = t.wgrad_tiles(o, i);
                 max_tiles = max_tiles.max(tiles);
-                max_partials = max_partials.max(tiles * Self::slices(gpu, tiles, rows) * t.wg_bm * t.wg_bn);
+                max_partials = max_partials.max(t.partial_floats(o, tiles, Self::slices(gpu, tiles, rows)));
             }
         }
         Ok(StepBuffers {
@@ -622,7 +633,7 @@ impl GpuTransformer {
         {
             let b = &mut self.buffers;
             let poison_bf16 = |buf: &mut CudaSlice<u16>| -> Result<()> {
-                Ok(stream.memcpy_htod(&vec![0xffffu16; buf.len()], buf)?)  // a NaN's bits
+                Ok(stream.memcpy_htod(&vec![0xffffu16; buf.len()], buf)?) // a NaN's bits
             };
             for a in &mut b.blocks {
                 for buf in [&mut a.x, &mut a.qkv, &mut a.x_attn, &mut a.u] {
@@ -646,8 +657,14 @@ impl GpuTransformer {
         let sum: CudaSlice<f64> = stream.alloc_zeros(1)?;
         let scale = 1.0 / self.rows() as f32;
         self.fp32_activations = true;
-        let forward =
-            self.enqueue_forward(self.buf(&self.train), self.buf(&dev_offsets), scale, self.rows(), self.buf(&sum), true);
+        let forward = self.enqueue_forward(
+            self.buf(&self.train),
+            self.buf(&dev_offsets),
+            scale,
+            self.rows(),
+            self.buf(&sum),
+            true,
+        );
         self.fp32_activations = false;
         forward?;
         let get = |buf: &CudaSlice<f32>| -> Result<Vec<f32>> {
@@ -691,6 +708,7 @@ mod tests {
             for field in ["BM", "BN", "WG_BM", "WG_BN", "SHARED_FLOATS * 4"] {
                 expressions.push(format!("LinearTiles<{p}>::{field}"));
             }
+            expressions.push(format!("(int)Wgrad<{p}>::ONES_COLUMN"));
         }
         expressions.push("WARPS * LN_ROWS_PER_WARP".to_string());
         expressions.push("EMB_SLICE_ROWS".to_string());
@@ -699,7 +717,7 @@ mod tests {
         let mut mirror = Vec::new();
         for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
             let t = LinearTiles::of(p);
-            mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes]);
+            mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes, t.ones_column as usize]);
         }
         mirror.push(LN_ROWS_PER_BLOCK);
         mirror.push(EMBEDDING_SLICE_ROWS);

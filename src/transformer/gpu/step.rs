@@ -327,7 +327,16 @@ impl GpuTransformer {
             let d_u = [self.buf(&b.d_u), self.buf(&b.d_u_bf16)];
             let d_u_out = if bf16 { [NULL, d_u[1]] } else { [d_u[0], NULL] };
             let mlp_proj = format!("{p}.mlp.proj");
-            self.linear_backward(branch(site + 2)?, e, self.operand(&a.gelu), &mlp_proj, e, f, d_u_out, self.buf(&a.u))?;
+            self.linear_backward(
+                branch(site + 2)?,
+                e,
+                self.operand(&a.gelu),
+                &mlp_proj,
+                e,
+                f,
+                d_u_out,
+                self.buf(&a.u),
+            )?;
             self.linear_backward(d_u, f, self.operand(&a.ln2), &format!("{p}.mlp.fc"), f, e, d_ln, NULL)?;
             self.layernorm_backward(self.buf(&a.x_attn), &a.ln2_stats, &format!("{p}.ln2"), true, Some(site + 1))?;
             let d_y = [self.buf(&b.d_y), NULL];

@@ -107,7 +107,9 @@ def run(binary, fused, name, file, old, new, only, seed):
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         try:
             report = json.loads(p.stdout)
-            failed = [f"{c['kernel']} [{c['shape']}] {c['rel_error']:.3e}" for c in report["checks"] if not c["pass"]]
+            # A relative error that is not finite comes as null.
+            error = lambda c: "inf" if c["rel_error"] is None else f"{c['rel_error']:.3e}"
+            failed = [f"{c['kernel']} [{c['shape']}] {error(c)}" for c in report["checks"] if not c["pass"]]
             total = len(report["checks"])
         except (json.JSONDecodeError, KeyError):
             failed, total = [], 0

@@ -367,7 +367,8 @@ impl GpuTransformer {
             for &(o, i) in &layers {
                 let tiles = t.wgrad_tiles(o, i);
                 max_tiles = max_tiles.max(tiles);
-                max_partials = max_partials.max(t.partial_floats(o, tiles, Self::slices(gpu, tiles, rows)));
+                let slices = Self::slices(gpu, tiles, t.wg_bm * t.wg_bn, rows);
+                max_partials = max_partials.max(t.partial_floats(o, tiles, slices));
             }
         }
         Ok(StepBuffers {
@@ -412,10 +413,12 @@ impl GpuTransformer {
         c.block.div_ceil(AttentionSizes { t: c.block, hs: c.head_size(), warps: WARPS }.key_chunk())
     }
 
-    /// Row slices per weight-gradient tile: about two blocks per SM over all tiles, each slice at least
-    /// 32 rows.
-    fn slices(gpu: &Gpu, tiles: usize, rows: usize) -> usize {
-        (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, rows.div_ceil(32).max(1))
+    /// Row slices per weight-gradient tile of `tile_floats` floats: about two blocks per SM over all tiles
+    /// (the dx tiles of the same launch fill the rest), each slice at least 32 rows, and at most 1 MB of
+    /// partial tiles for the last block of a tile to add (one block's reads, which the whole step waits for).
+    fn slices(gpu: &Gpu, tiles: usize, tile_floats: usize, rows: usize) -> usize {
+        let most = rows.div_ceil(32).min((1 << 18) / tile_floats).max(1);
+        (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, most)
     }
 
     /// The arithmetic of the linear layers' products and of attention (fp32 by default). bf16 attention

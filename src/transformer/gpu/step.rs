@@ -76,7 +76,7 @@ impl GpuTransformer {
         let n = self.rows();
         let t = LinearTiles::of(self.precision);
         let tiles = t.wgrad_tiles(out_features, in_features);
-        let slices = Self::slices(&self.gpu, tiles, n);
+        let slices = Self::slices(&self.gpu, tiles, t.wg_bm * t.wg_bn, n);
         let writes_dx = !matches!(dx[0], Arg::Ptr(0)) || (self.bf16() && !matches!(dx[1], Arg::Ptr(0)));
         let dx_blocks = if writes_dx { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
         let b = &self.buffers;

@@ -398,21 +398,6 @@ struct Bf16Warp {
     int wm, wn;
     __device__ __forceinline__ Bf16Warp() : wm(threadIdx.x / 32 / (WARPS / 2) * G::MW), wn(threadIdx.x / 32 % (WARPS / 2) * G::NW) {}
 
-    template <class Store>
-    __device__ __forceinline__ void store(int M, int N, int m0, int n0, const float (&acc)[G::MT][G::NT][4],
-                                          Store store) const {
-        const int gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
-#pragma unroll
-        for (int i = 0; i < G::MT; ++i)
-#pragma unroll
-            for (int j = 0; j < G::NT; ++j)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int m = m0 + wm + i * 16 + gid + r / 2 * 8, n = n0 + wn + j * 8 + 2 * tig + r % 2;
-                    if (m < M && n < N) store(m, n, acc[i][j][r]);
-                }
-    }
-
     // store(m, n, v0, v1) of its accumulators by pairs of adjacent columns: C[m][n] = v0 and, when
     // n + 1 < N (the caller checks), C[m][n + 1] = v1; n − n0 even, m < M, n < N.
     template <class Store>
@@ -428,6 +413,16 @@ struct Bf16Warp {
                     const int m = m0 + wm + i * 16 + gid + half * 8, n = n0 + wn + j * 8 + 2 * tig;
                     if (m < M && n < N) store(m, n, acc[i][j][2 * half], acc[i][j][2 * half + 1]);
                 }
+    }
+
+    // store(m, n, value) once per element inside C.
+    template <class Store>
+    __device__ __forceinline__ void store(int M, int N, int m0, int n0, const float (&acc)[G::MT][G::NT][4],
+                                          Store store) const {
+        store_pairs(M, N, m0, n0, acc, [&](int m, int n, float v0, float v1) {
+            store(m, n, v0);
+            if (n + 1 < N) store(m, n + 1, v1);
+        });
     }
 };
 

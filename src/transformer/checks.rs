@@ -79,6 +79,14 @@ fn label(c: &Config, batch: usize) -> String {
     format!("V={} T={} C={} NH={} L={} B={batch}{arch}", c.vocab, c.block, c.embed, c.heads, c.layers)
 }
 
+/// `label`, and the precision unless fp32.
+fn label_at(c: &Config, batch: usize, precision: Precision) -> String {
+    match precision {
+        Precision::Fp32 => label(c, batch),
+        p => format!("{} {}", label(c, batch), p.name()),
+    }
+}
+
 /// A corpus of random ids over `config.vocab` characters.
 pub fn random_corpus(config: &Config, len: usize, rng: &mut SeededRng) -> Corpus {
     let chars: Vec<char> = std::iter::once(UNKNOWN)
@@ -158,10 +166,14 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     }
     if plan.wants(Group::Kernels) {
         let mut rng = plan.rng("transformer dropout");
-        // The second shape without biases and with the head tied to tok_emb.
+        // The second shape without biases and with the head tied to tok_emb, also in bf16 (whose
+        // LayerNorm backward passes draw the branches' masks themselves).
         for (i, (config, batch)) in kernel_shapes(true).into_iter().enumerate() {
             let config = if i == 1 { Config { bias: false, tie_weights: true, ..config } } else { config };
-            out.extend(dropout_checks(gpu, config, batch, &mut rng)?);
+            out.extend(dropout_checks(gpu, config, batch, Precision::Fp32, &mut rng)?);
+            if i == 1 {
+                out.extend(dropout_checks(gpu, config, batch, Precision::Bf16, &mut rng)?);
+            }
         }
     }
     if plan.wants(Group::Training) {
@@ -195,10 +207,7 @@ pub fn kernel_checks(
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
     trainer.set_precision(precision)?;
     let got = trainer.forward_backward_alone(&offsets)?;
-    let shape = match precision {
-        Precision::Fp32 => label(&config, batch),
-        p => format!("{} {}", label(&config, batch), p.name()),
-    };
+    let shape = label_at(&config, batch, precision);
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
@@ -238,8 +247,14 @@ pub fn kernel_checks(
 
 /// One batch's forward (the stages dropout touches: the embeddings' sum, each block's attention output
 /// and both residual sums, and the losses) and backward (every gradient) with dropout `DROPOUT` at its
-/// first step, against the CPU reference drawing the same masks.
-pub fn dropout_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
+/// first step and at `precision`, against the fp32 CPU reference drawing the same masks.
+pub fn dropout_checks(
+    gpu: &Arc<Gpu>,
+    config: Config,
+    batch: usize,
+    precision: Precision,
+    rng: &mut SeededRng,
+) -> Result<Vec<Check>> {
     let corpus = random_corpus(&config, 40 * config.block, rng);
     let params = random_params(&config, rng);
     let offsets = data::train_offsets(rng, corpus.train.len(), config.block, batch);
@@ -250,11 +265,13 @@ pub fn dropout_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, rng: &mut Se
     let back = model::backward(&config, &params, &f, &targets);
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
     trainer.set_dropout(DROPOUT, DROPOUT_SEED);
+    trainer.set_precision(precision)?;
     let got = trainer.forward_backward_alone(&offsets)?;
-    let shape = format!("{} dropout {DROPOUT}", label(&config, batch));
+    let shape = format!("{} dropout {DROPOUT}", label_at(&config, batch, precision));
+    let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
-        out.push(Check { kernel, shape: shape.clone(), rel_error: rel_error(got, want), tolerance: KERNEL_TOLERANCE });
+        out.push(Check { kernel, shape: shape.clone(), rel_error: rel_error(got, want), tolerance });
     };
     for (l, want) in f.blocks.iter().enumerate() {
         check(format!("transformer dropout block {l} x (embed/residual)"), &got.x[l], &want.x);
@@ -264,10 +281,7 @@ pub fn dropout_checks(gpu: &Arc<Gpu>, config: Config, batch: usize, rng: &mut Se
     check("transformer dropout classifier losses".into(), &got.losses, &f.losses);
     let (e, name) = worst_tensor(&Layout::new(&config), &trainer.gradient()?, &back.grad, false);
     out.push(Check {
-        kernel: format!("transformer dropout backward, worst: ∂{name}"),
-        shape,
-        rel_error: e,
-        tolerance: KERNEL_TOLERANCE,
+        kernel: format!("transformer dropout backward, worst: ∂{name}"), shape, rel_error: e, tolerance
     });
     Ok(out)
 }

@@ -291,8 +291,19 @@ pub struct Trained {
     diverged: Option<Divergence>,
     /// Steps done.
     done: usize,
-    last_val: f64,
+    /// The lowest validation loss of the run.
+    best_val: f64,
+    /// What --out holds from this run: the evaluation, its step and its validation loss.
+    kept: Option<Kept>,
     seconds: f64,
+}
+
+/// An evaluation written to --out.
+#[derive(Clone, Copy)]
+struct Kept {
+    eval: usize,
+    step: usize,
+    val_loss: f64,
 }
 
 impl TrainingCommand for TransformerArgs {
@@ -426,14 +437,26 @@ impl TrainingCommand for TransformerArgs {
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
         let args = self;
-        let Setup { ref mut display, ref mut trainer, ref corpus, ref val_offsets, config, evals, ref rates, .. } =
-            setup;
+        let Setup {
+            ref mut display,
+            ref mut trainer,
+            ref corpus,
+            ref val_offsets,
+            config,
+            evals,
+            ref rates,
+            baseline,
+            steps_before,
+            ..
+        } = setup;
         let mut rng = SeededRng::seed_from_u64(args.seed);
         let start = Instant::now();
         let mut rows = Vec::new();
         let mut diverged = None;
         let mut done = 0;
-        let mut last_val = f64::NAN;
+        let mut best_val = f64::INFINITY;
+        let mut kept: Option<Kept> = None;
+        let guessing = (config.vocab as f64).ln();
         display.steps_started(args.steps, args.batch * config.block);
         for eval in 1..=evals {
             let steps = args.eval_every.min(args.steps - done);
@@ -453,7 +476,25 @@ impl TrainingCommand for TransformerArgs {
                 diverged = Some(Divergence { epoch: eval, what: "loss" });
                 break;
             }
-            last_val = val;
+            best_val = best_val.min(val);
+            // The best checkpoint so far goes to --out as soon as it is reached (atomically), so that an
+            // overfitting tail never replaces it: an evaluation is written when it learned something,
+            // beats every one written before it, and is no worse than the model --out held (a tie, as
+            // stored in f32, rewrites: the same run again leaves the same bytes).
+            let beats = val < guessing
+                && baseline.is_none_or(|b| val as f32 <= b as f32)
+                && kept.is_none_or(|k| val < k.val_loss);
+            if beats {
+                let model = TransformerModel {
+                    config,
+                    vocab: corpus.vocab.clone(),
+                    params: trainer.params()?,
+                    val_loss: val as f32,
+                    steps: steps_before + done,
+                };
+                fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+                kept = Some(Kept { eval, step: done, val_loss: val });
+            }
             let row = EpochRow {
                 epoch: eval,
                 train_loss,
@@ -480,38 +521,34 @@ impl TrainingCommand for TransformerArgs {
         }
         display.clear();
         let seconds = start.elapsed().as_secs_f64();
-        Ok(Trained { setup, rows, diverged, done, last_val, seconds })
+        Ok(Trained { setup, rows, diverged, done, best_val, kept, seconds })
     }
 
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
-        let Trained { setup, rows, diverged, done, last_val, seconds } = trained;
-        let Setup { display, trainer, corpus, config, backend, val_offsets, baseline, evals, steps_before, .. } = setup;
+        let Trained { setup, rows, diverged, done, best_val, kept, seconds } = trained;
+        let Setup { display, corpus, config, backend, val_offsets, baseline, evals, .. } = setup;
         let interrupted = diverged.is_none() && done < args.steps;
         let unigram = corpus.unigram_loss();
         let guessing = (config.vocab as f64).ln();
-        let learned = last_val < guessing;
-        // Compared as stored (f32), and a tie replaces: the same run again rewrites the same file.
-        let written = diverged.is_none() && learned && baseline.is_none_or(|b| last_val as f32 <= b as f32);
+        let learned = best_val < guessing;
+        let written = kept.is_some();
         let out = args.out.display();
-        if written {
-            let model = TransformerModel {
-                config,
-                vocab: corpus.vocab.clone(),
-                params: trainer.params()?,
-                val_loss: last_val as f32,
-                steps: steps_before + done,
-            };
-            fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
-            display.line(&format!("{out} holds the trained model (validation loss {last_val:.4}, {:.1} s)", seconds));
-            if last_val >= unigram {
-                display.line(&run::weaker_than_unigram(last_val, unigram, "character"));
+        if let Some(k) = kept {
+            let at = if evals > 1 { format!(", step {} of {}", k.step, args.steps) } else { String::new() };
+            display.line(&format!(
+                "{out} holds the trained model (validation loss {:.4}{at}, {seconds:.1} s)",
+                k.val_loss
+            ));
+            if k.val_loss >= unigram {
+                display.line(&run::weaker_than_unigram(k.val_loss, unigram, "character"));
             }
         }
+        let figure = kept.map_or(best_val, |k| k.val_loss);
         let outcome = run::write_once_outcome(
             &args.out,
             written,
-            diverged.is_none().then(|| format!("validation loss {last_val:.4}")),
+            (written || diverged.is_none()).then(|| format!("validation loss {figure:.4}")),
             baseline.map(|b| format!("{b:.4}")),
         );
         let remedy = format!(
@@ -525,7 +562,10 @@ impl TrainingCommand for TransformerArgs {
         );
         let failed = (diverged.is_none() && !interrupted && !learned).then(|| {
             run::not_learned(
-                &format!("its val loss {last_val:.4} is no better than guessing (ln {} = {guessing:.4})", config.vocab),
+                &format!(
+                    "its best val loss {best_val:.4} is no better than guessing (ln {} = {guessing:.4})",
+                    config.vocab
+                ),
                 &outcome,
                 &format!("try more --steps or another --lr (this run used {})", args.lr),
             )
@@ -536,7 +576,12 @@ impl TrainingCommand for TransformerArgs {
             interrupted: interrupted.then(|| format!("at step {done} of {}", args.steps)),
             failed,
             written,
-            outcome: if written && interrupted { format!("{out} holds the model of step {done}") } else { outcome },
+            outcome: match kept {
+                Some(k) if interrupted => {
+                    format!("{out} holds the model of step {} (the best of the {done} steps done)", k.step)
+                }
+                _ => outcome,
+            },
             remedy,
             plot_failed: crate::plot::training_curves(
                 args.plot.as_deref(),
@@ -593,12 +638,12 @@ impl TrainingCommand for TransformerArgs {
                 epochs: rows,
                 final_metrics: written.then(|| {
                     let mut m = serde_json::Map::new();
-                    m.insert("val_loss".into(), json!(last_val));
+                    m.insert("val_loss".into(), json!(kept.map(|k| k.val_loss)));
                     m.insert("train_s".into(), json!(seconds));
                     m
                 }),
                 model: out.to_string(),
-                kept_epoch: written.then_some(evals),
+                kept_epoch: kept.map(|k| k.eval),
                 baseline_val_loss: baseline,
                 diverged: ending.diverged.clone(),
             });

@@ -511,3 +511,25 @@ fn precision_is_recorded_and_the_cpu_says_it_trains_in_fp32() {
     let o = transformer(&corpus, &dir.path().join("bad.st"), &["--precision", "fp16"]);
     assert!(!o.status.success() && stderr(&o).contains("possible values: fp32, tf32, bf16"), "{}", stderr(&o));
 }
+
+#[test]
+fn the_best_evaluation_is_kept_when_later_ones_overfit() {
+    // Training text that alternates "ab", validation text (the last tenth) that mostly does but holds a
+    // pair "aa" or "bb" every 8 characters: the validation loss falls while the alternation is learned,
+    // then rises as the model grows too sure of it to afford the pairs.
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("overfit.txt");
+    std::fs::write(&corpus, format!("{}{}", "ab".repeat(1800), "ababaabb".repeat(50))).unwrap();
+    let out = dir.path().join("m.safetensors");
+    let flags = ["--steps", "200", "--eval-every", "10", "--lr", "3e-3", "--json", "--quiet"];
+    let o = transformer(&corpus, &out, &flags);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = report(&o);
+    let losses: Vec<f64> = r["epochs"].as_array().unwrap().iter().map(|e| e["val_loss"].as_f64().unwrap()).collect();
+    let best = (0..losses.len()).min_by(|&a, &b| losses[a].total_cmp(&losses[b])).unwrap();
+    assert!(best + 1 < losses.len(), "the last evaluation is the best, so this run shows nothing: {losses:?}");
+    assert_eq!(r["kept_epoch"].as_u64(), Some(best as u64 + 1), "{losses:?}");
+    assert_eq!(r["final"]["val_loss"].as_f64(), Some(losses[best]));
+    let model = TransformerModel::load(&out).unwrap();
+    assert_eq!((model.val_loss, model.steps), (losses[best] as f32, 10 * (best + 1)));
+}

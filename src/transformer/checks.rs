@@ -188,6 +188,41 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     Ok(out)
 }
 
+/// One batch of fresh random data through a fresh random model, on the CPU in fp32 (forward and backward,
+/// with the masks of `dropout` at the trainer's first step when given) and on the GPU at `precision`
+/// (the trainer kept for its gradient).
+struct BatchRun {
+    want: model::Forward<f32>,
+    want_back: model::Backward<f32>,
+    trainer: GpuTransformer,
+    got: super::gpu::ForwardOut,
+}
+
+fn batch_run(
+    gpu: &Arc<Gpu>,
+    config: Config,
+    batch: usize,
+    precision: Precision,
+    dropout: bool,
+    rng: &mut SeededRng,
+) -> Result<BatchRun> {
+    let corpus = random_corpus(&config, 40 * config.block, rng);
+    let params = random_params(&config, rng);
+    let offsets = data::train_offsets(rng, corpus.train.len(), config.block, batch);
+    let (tokens, targets) = data::windows(&corpus.train, &offsets, config.block);
+    // A fresh trainer's step counter is 0: its first step's masks.
+    let masks = dropout.then_some(Dropout { p: DROPOUT, key: DropoutKey { seed: DROPOUT_SEED, step: 0 } });
+    let want = model::forward::<f32>(&config, &params, &tokens, batch, Some(&targets), masks);
+    let want_back = model::backward(&config, &params, &want, &targets);
+    let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
+    if dropout {
+        trainer.set_dropout(DROPOUT, DROPOUT_SEED);
+    }
+    trainer.set_precision(precision)?;
+    let got = trainer.forward_backward_alone(&offsets)?;
+    Ok(BatchRun { want, want_back, trainer, got })
+}
+
 /// Forward stage by stage and backward (every gradient) of one batch at `precision`, against the same
 /// fp32 reference at `tensor_core_tolerance(precision)`.
 pub fn kernel_checks(
@@ -197,16 +232,7 @@ pub fn kernel_checks(
     precision: Precision,
     rng: &mut SeededRng,
 ) -> Result<Vec<Check>> {
-    let corpus = random_corpus(&config, 40 * config.block, rng);
-    let params = random_params(&config, rng);
-    let offsets = data::train_offsets(rng, corpus.train.len(), config.block, batch);
-    let (tokens, targets) = data::windows(&corpus.train, &offsets, config.block);
-    let f = model::forward::<f32>(&config, &params, &tokens, batch, Some(&targets), None);
-    let back = model::backward(&config, &params, &f, &targets);
-
-    let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
-    trainer.set_precision(precision)?;
-    let got = trainer.forward_backward_alone(&offsets)?;
+    let BatchRun { want: f, want_back: back, trainer, got } = batch_run(gpu, config, batch, precision, false, rng)?;
     let shape = label_at(&config, batch, precision);
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
@@ -255,18 +281,7 @@ pub fn dropout_checks(
     precision: Precision,
     rng: &mut SeededRng,
 ) -> Result<Vec<Check>> {
-    let corpus = random_corpus(&config, 40 * config.block, rng);
-    let params = random_params(&config, rng);
-    let offsets = data::train_offsets(rng, corpus.train.len(), config.block, batch);
-    let (tokens, targets) = data::windows(&corpus.train, &offsets, config.block);
-    // A fresh trainer's step counter is 0: its first step's masks.
-    let dropout = Dropout { p: DROPOUT, key: DropoutKey { seed: DROPOUT_SEED, step: 0 } };
-    let f = model::forward::<f32>(&config, &params, &tokens, batch, Some(&targets), Some(dropout));
-    let back = model::backward(&config, &params, &f, &targets);
-    let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
-    trainer.set_dropout(DROPOUT, DROPOUT_SEED);
-    trainer.set_precision(precision)?;
-    let got = trainer.forward_backward_alone(&offsets)?;
+    let BatchRun { want: f, want_back: back, trainer, got } = batch_run(gpu, config, batch, precision, true, rng)?;
     let shape = format!("{} dropout {DROPOUT}", label_at(&config, batch, precision));
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();

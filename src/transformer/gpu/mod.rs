@@ -486,13 +486,18 @@ impl GpuTransformer {
         p
     }
 
-    /// Parameter tensor `name` (or its gradient) as a kernel argument.
-    /// Tensor `name` of `of` (the parameters or their gradient), or `absent` for a bias the model has
-    /// none of; a tied head's weight is tok_emb's.
-    fn tensor(&self, of: &CudaSlice<f32>, name: &str, absent: &CudaSlice<f32>) -> Arg {
+    /// Where tensor `name` starts in the flat parameter vector (a tied head's weight is tok_emb's), None
+    /// for one the model has none of.
+    fn offset_of(&self, name: &str) -> Option<usize> {
         let name = if name == "head.weight" { super::model::head_weight(&self.config) } else { name };
-        match self.layout.get(name) {
-            Some(t) => Arg::Ptr(self.ptr(of) + 4 * t.offset as u64),
+        self.layout.get(name).map(|t| t.offset)
+    }
+
+    /// Tensor `name` of `of` (the parameters or their gradient), or `absent` for a bias the model has
+    /// none of.
+    fn tensor(&self, of: &CudaSlice<f32>, name: &str, absent: &CudaSlice<f32>) -> Arg {
+        match self.offset_of(name) {
+            Some(offset) => Arg::Ptr(self.ptr(of) + 4 * offset as u64),
             None if !self.config.bias && name.ends_with(".bias") => self.buf(absent),
             None => panic!("internal: no tensor {name}"),
         }
@@ -502,11 +507,10 @@ impl GpuTransformer {
         self.tensor(&self.params, name, &self.no_bias)
     }
 
-    /// Weight `name`'s bf16 copy (a tied head's is tok_emb's).
+    /// Weight `name`'s bf16 copy.
     fn param_bf16(&self, name: &str) -> Arg {
-        let name = if name == "head.weight" { super::model::head_weight(&self.config) } else { name };
-        let t = self.layout.get(name).unwrap_or_else(|| panic!("internal: no tensor {name}"));
-        Arg::Ptr(self.ptr(&self.params_bf16) + 2 * t.offset as u64)
+        let offset = self.offset_of(name).unwrap_or_else(|| panic!("internal: no tensor {name}"));
+        Arg::Ptr(self.ptr(&self.params_bf16) + 2 * offset as u64)
     }
 
     /// Where the backward pass writes tensor `name`'s gradient: a tied head's into `head_grad`.

@@ -23,8 +23,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::{env, fs};
 
-/// The architectures compiled ahead of time: Ampere (and Ada, which runs sm_80 code) and Hopper.
-const ARCHITECTURES: [&str; 2] = ["sm_80", "sm_90"];
+/// The architectures compiled ahead of time: Ampere (and Ada, which runs sm_80 code) and Hopper (sm_90a,
+/// with `wgmma`; `sm_target` in src/device.rs names the same).
+const ARCHITECTURES: [&str; 2] = ["sm_80", "sm_90a"];
 
 struct Unit {
     name: String,

@@ -565,11 +565,12 @@ __device__ __forceinline__ void store_pair(bf16* p, float a, float b, bool both)
     }
 }
 
-// gemm_tile_bf16_async's optional look at each of A's chunks in shared memory: on_chunk(As) with chunk c
-// complete in Bf16Layout<BM, BK, !A_TRANS> (zero outside M and K), once per chunk in k order, by every
-// thread (so that the caller can sum A's columns or rows as they pass).
+// An optional look at each of A's chunks in shared memory (gemm_tile_bf16_async, gemm_tile_bf16_wgmma):
+// on_chunk(at) once per chunk in k order, by every thread, with at(o, k) the bf16 element (m0 + o, k0 + k)
+// of the chunk at k0 (zero outside M and K), so that the caller can sum A's columns or rows as they pass.
 struct NoChunkHook {
-    __device__ __forceinline__ void operator()(const bf16*) const {}
+    template <class At>
+    __device__ __forceinline__ void operator()(const At&) const {}
 };
 
 template <int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
@@ -604,7 +605,9 @@ __device__ __forceinline__ void gemm_tile_bf16_async(int M, int N, int K, int m0
         issue(c + STAGES - 1);
         const bf16* As = buffers + c % STAGES * G::BUFFER;
         gemm_bf16_chunk<BM, BN, BK, !A_TRANS, B_TRANS>(As, As + G::A_SLOT, min(BK, K - c * BK), warp.wm, warp.wn, acc);
-        on_chunk(As);
+        on_chunk([&](int o, int k) {
+            return As[A_TRANS ? k * Bf16Layout<BM, BK, false>::LD + o : o * Bf16Layout<BM, BK, true>::LD + k];
+        });
     }
     cp_async_wait_pending<0>();
     warp.store_pairs(M, N, m0, n0, acc, store);

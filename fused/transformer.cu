@@ -51,6 +51,7 @@
 // sequence). THREADS (256) per block everywhere.
 #include "common.cuh"
 #include "gemm.cuh"
+#include "gemm_wgmma.cuh"
 #include "activations.cuh"
 #include "dropout.cuh"
 #include "layernorm.cuh"
@@ -71,30 +72,37 @@ constexpr int C = TF_C, HS = TF_HS, T = TF_T;
 static_assert(C % 32 == 0, "the embedding must be a multiple of 32");
 constexpr int PER_LANE = C / 32;
 
-// The linear layers' tile products, by precision (the launch layer mirrors these in LinearTiles):
-//   fp32, tf32  gemm_tile / gemm_tile_tf32: forward and dx tiles 32 rows × 64 columns, weight-gradient
-//               tiles 32 × 32 over a slice of the rows;
-//   bf16        gemm_tile_bf16_async on bf16 copies of the operands: forward, dx and weight-gradient tiles
-//               all 128 × 128, four stages of 32 k (the bias column's tile is mostly empty, but at 128 × 64
-//               the fragment reads per mma cost more than it saves).
+// The linear layers' tile products, by precision (the launch layer mirrors these in LinearTiles): forward
+// tiles BM × BN, dx tiles DX_BM × DX_BN, weight-gradient tiles WG_BM × WG_BN over a slice of the rows, k in
+// chunks of BK, and the dynamic shared memory of the forward kernel and of the backward kernel (whose
+// blocks are weight-gradient or dx tiles):
+//   fp32, tf32  gemm_tile / gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
+//   bf16        on bf16 copies of the operands, all three tiles 128 × 128: gemm_tile_bf16_wgmma in 3 stages
+//               of 64 k (two blocks an SM) where the compile has `wgmma` (sm_90a), else
+//               gemm_tile_bf16_async in 4 stages of 32 k. (256-row dx tiles in 4 stages, one block an
+//               SM, made the backward pass 9 % slower.)
 enum Precision { FP32 = 0, TF32 = 1, BF16 = 2 };
 
 template <int P>
 struct LinearTiles;
 template <>
 struct LinearTiles<FP32> {
-    static constexpr int BM = 32, BN = 64, BK = 32, WG_BM = 32, WG_BN = 32, WG_BK = 32;
-    static constexpr int SHARED_FLOATS = GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS > GemmTile<WG_BM, WG_BN, WG_BK, 2, 2>::SHARED_FLOATS
-                                             ? GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS
-                                             : GemmTile<WG_BM, WG_BN, WG_BK, 2, 2>::SHARED_FLOATS;
+    static constexpr int BM = 32, BN = 64, BK = 32, DX_BM = BM, DX_BN = BN, WG_BM = 32, WG_BN = 32;
+    static constexpr int STAGES = 1, DX_STAGES = 1, WG_STAGES = 1;  // unused: gemm_tile stages two chunks
+    static constexpr int FORWARD_SHARED_FLOATS = GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS;
+    static constexpr int BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS > GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS
+                                                      ? FORWARD_SHARED_FLOATS
+                                                      : GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS;
 };
 template <>
 struct LinearTiles<TF32> : LinearTiles<FP32> {};
 template <>
 struct LinearTiles<BF16> {
-    static constexpr int BM = 128, BN = 128, BK = 32, WG_BM = 128, WG_BN = 128, WG_BK = 32, STAGES = 4;
-    static constexpr int SHARED_FLOATS = GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS;
-    static_assert(WG_BM == BM && WG_BN == BN && WG_BK == BK, "one tile for all three products");
+    static constexpr int BM = 128, BN = 128, BK = HAS_WGMMA ? 64 : 32, DX_BM = BM, DX_BN = BN, WG_BM = BM, WG_BN = BN;
+    static constexpr int STAGES = HAS_WGMMA ? 3 : 4, DX_STAGES = STAGES, WG_STAGES = STAGES;
+    static constexpr int FORWARD_SHARED_FLOATS =
+        HAS_WGMMA ? GemmWgmma<STAGES>::SHARED_FLOATS : GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS;
+    static constexpr int BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS;
 };
 
 // What the linear layers' products read at precision P: fp32 activations and weights, or their bf16
@@ -112,7 +120,7 @@ struct OperandOf<BF16> {
 // B_TRANS), column ones_col of B read as 1 (none when negative); the fp32 register tile is 2 × (BN / 16).
 // Results go to store(m, n, v0, v1, both): C[m][n] = v0 and, when `both`, C[m][n + 1] = v1, once per
 // element inside C (fp32 and TF32 tiles hand out single elements, bf16 tiles adjacent pairs).
-template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store>
+template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const float* A, int lda,
                                              const float* B, int ldb, int ones_col, Store store, float* smem) {
     static_assert(P != BF16, "bf16 products read bf16 operands");
@@ -125,14 +133,20 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
     else gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
 }
 
-template <int P, int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
+template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
                                              const bf16* B, int ldb, int ones_col, Store store, float* smem,
                                              OnChunk on_chunk = {}) {
     static_assert(P == BF16, "only bf16 products read bf16 operands");
     const auto pairs = [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < N); };
-    gemm_tile_bf16_async<BM, BN, BK, LinearTiles<BF16>::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb,
-                                                                                ones_col, pairs, smem, on_chunk);
+    if constexpr (HAS_WGMMA) {
+        static_assert(BM == GemmWgmma<STAGES>::BM && BN == GemmWgmma<STAGES>::BN && BK == GemmWgmma<STAGES>::BK,
+                      "the wgmma tile's shape");
+        gemm_tile_bf16_wgmma<STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, pairs, smem, on_chunk);
+    } else {
+        gemm_tile_bf16_async<BM, BN, BK, STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, ones_col, pairs,
+                                                                   smem, on_chunk);
+    }
 }
 
 // LayerNorm backward: rows per warp (a block covers WARPS × LN_ROWS_PER_WARP rows).
@@ -220,8 +234,8 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
     const int K = in_features, O = out_features;
     const auto store = [&](int m, int n, float z0, float z1, bool both) {
         const size_t at = (size_t)m * O + n;
-        z0 += bias[n];
-        if (both) z1 += bias[n + 1];
+        z0 += __ldg(bias + n);
+        if (both) z1 += __ldg(bias + n + 1);
         if (pre) {
             store_pair(pre + at, z0, z1, both);
             z0 = gelu(z0);
@@ -230,7 +244,7 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
         if (out) store_pair(out + at, z0, z1, both);
         if (out_bf16) store_pair(out_bf16 + at, z0, z1, both);
     };
-    tile_product<P, L::BM, L::BN, L::BK, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, -1,
+    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, -1,
                                                       store, smem);
 }
 
@@ -312,7 +326,7 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
 // the bias gradient from a column of ones after x's (fp32, TF32), or out_features × in_features with the
 // bias gradient summed from dy's chunks as the first column of tiles reads them (bf16: at 128 columns a
 // ones column would take a tile of its own); each tile over `slices` slices of the N rows. Then
-// ceil(in_features / BN) × ceil(N / BM) dx tiles (none when dx is null).
+// ceil(in_features / DX_BN) × ceil(N / DX_BM) dx tiles (none when dx is null).
 template <int P>
 struct Wgrad {
     static constexpr bool ONES_COLUMN = P != BF16;
@@ -358,18 +372,18 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         // thread's share of a chunk's rows), over the slice's rows; the shares added in order below.
         float* bias_partials = partials + (size_t)tiles * slices * WG_BM * WG_BN;
         if constexpr (G::ONES_COLUMN) {
-            tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
+            tile_product<P, WG_BM, WG_BN, L::BK, L::WG_STAGES, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
                                                                  K, store, smem);
         } else {
-            constexpr int SHARES = THREADS / WG_BM, LD = Bf16Layout<WG_BM, L::WG_BK, false>::LD;
+            constexpr int SHARES = THREADS / WG_BM;
             static_assert(THREADS % WG_BM == 0, "whole shares of a chunk's rows");
             float bias_sum = 0.0f;
-            const auto sum_bias = [&](const bf16* As) {  // As: the chunk of dyᵀ as [row][o]
+            const auto sum_bias = [&](const auto& dy_chunk) {  // dy_chunk(o, row): a chunk of dyᵀ
                 if (n0 != 0) return;
-                for (int r = threadIdx.x / WG_BM; r < L::WG_BK; r += SHARES)
-                    bias_sum += bf16_value(As[r * LD + threadIdx.x % WG_BM]);
+                for (int r = threadIdx.x / WG_BM; r < L::BK; r += SHARES)
+                    bias_sum += bf16_value(dy_chunk(threadIdx.x % WG_BM, r));
             };
-            tile_product<P, WG_BM, WG_BN, L::WG_BK, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
+            tile_product<P, WG_BM, WG_BN, L::BK, L::WG_STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
                                                                  store, smem, sum_bias);
             if (n0 == 0) {
                 smem[threadIdx.x] = bias_sum;  // the tile ended with a barrier
@@ -399,18 +413,20 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         return;
     }
     block -= tiles * slices;
-    const int dx_columns = ceil_div(K, L::BN);
-    const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
+    const int dx_columns = ceil_div(K, L::DX_BN);
+    const int m0 = block / dx_columns * L::DX_BM, n0 = block % dx_columns * L::DX_BN;
     const auto store = [&](int m, int k, float g0, float g1, bool both) {
         const size_t at = (size_t)m * K + k;
+        // __ldg: pre is read-only here, so the loads of later pairs need not wait for this pair's stores.
         if (pre) {
-            g0 *= gelu_slope(pre[at]);
-            if (both) g1 *= gelu_slope(pre[at + 1]);
+            g0 *= gelu_slope(__ldg(pre + at));
+            if (both) g1 *= gelu_slope(__ldg(pre + at + 1));
         }
         if (dx) store_pair(dx + at, g0, g1, both);
         if (dx_bf16) store_pair(dx_bf16 + at, g0, g1, both);
     };
-    tile_product<P, L::BM, L::BN, L::BK, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store, smem);
+    tile_product<P, L::DX_BM, L::DX_BN, L::BK, L::DX_STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store,
+                                                                          smem);
 }
 
 // fp32, or TF32 on the tensor cores when `tf32`.

@@ -566,9 +566,22 @@ pub fn capture_graph<T>(
 /// Threads per block of every fused kernel (THREADS in fused/common.cuh).
 pub const THREADS_PER_BLOCK: u32 = 256;
 
+/// Whether kernels compiled for `compute_capability` have Hopper's `wgmma` (HAS_WGMMA in
+/// fused/gemm_wgmma.cuh): 9.0 GPUs get the `a` targets (sm_90a), whose code runs on 9.0 alone, which is
+/// enough here, as every module is compiled for the GPU it runs on.
+pub fn has_wgmma(compute_capability: (i32, i32)) -> bool {
+    compute_capability == (9, 0)
+}
+
+/// The machine-code target of a compute capability, e.g. "sm_86" or "sm_90a".
+pub fn sm_target(compute_capability: (i32, i32)) -> String {
+    let (major, minor) = compute_capability;
+    format!("sm_{major}{minor}{}", if has_wgmma(compute_capability) { "a" } else { "" })
+}
+
 /// NVRTC target for a compute capability: the virtual architecture, so the driver JITs for the exact GPU.
 pub fn nvrtc_arch(compute_capability: (i32, i32)) -> String {
-    format!("compute_{}{}", compute_capability.0, compute_capability.1)
+    sm_target(compute_capability).replace("sm_", "compute_")
 }
 
 /// The values of integer constant expressions as kernel file `unit` computes them with `defines` (e.g.
@@ -641,8 +654,7 @@ pub fn compile_cubin(unit: &KernelSource, compute_capability: (i32, i32), extra:
         let source = std::ffi::CString::new(unit.source).context("kernel source holds a NUL byte")?;
         let name = std::ffi::CString::new(format!("{}.cu", unit.name)).context("kernel name holds a NUL byte")?;
         let program = Program(result::create_program(&source, Some(&name)).map_err(failed)?);
-        let (major, minor) = compute_capability;
-        let options = crate::fused_source::nvrtc_options(&format!("sm_{major}{minor}"), extra);
+        let options = crate::fused_source::nvrtc_options(&sm_target(compute_capability), extra);
         // SAFETY: `program` is live; the options are plain C strings.
         if unsafe { result::compile_program(program.0, &options) }.is_err() {
             // SAFETY: as above; the log is NUL-terminated.
@@ -722,14 +734,13 @@ mod precompiled_code {
 use precompiled_code::{PRECOMPILED, PRECOMPILED_NOTE};
 
 /// The machine code build.rs compiled ahead of time for `unit` (fused/precompiled.txt lists which
-/// modules, for sm_80 and sm_90): for this architecture, or else for the same major version at minor 0,
+/// modules, for sm_80 and sm_90a): for this architecture, or else for the same major version at minor 0,
 /// which runs on every later minor version (a GPU of sm_86 or sm_89 runs sm_80 code).
 fn precompiled(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Option<&'static [u8]> {
     if unit.hash.is_empty() {
         return None;
     }
-    let (major, minor) = compute_capability;
-    let names = [format!("sm_{major}{minor}"), format!("sm_{major}0")]
+    let names = [sm_target(compute_capability), sm_target((compute_capability.0, 0))]
         .map(|sm| crate::fused_source::cubin_name(unit.name, unit.hash, &sm, extra));
     names.iter().find_map(|name| PRECOMPILED.iter().find(|(n, _)| n == name).map(|(_, cubin)| *cubin))
 }
@@ -745,8 +756,7 @@ pub fn precompiled_count() -> (usize, &'static str) {
 /// that cannot be read or written only costs a recompile.
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
     static MEMORY: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
-    let (major, minor) = compute_capability;
-    let name = crate::fused_source::cubin_name(unit.name, unit.hash, &format!("sm_{major}{minor}"), extra);
+    let name = crate::fused_source::cubin_name(unit.name, unit.hash, &sm_target(compute_capability), extra);
     let memory = || MEMORY.lock().unwrap_or_else(|p| p.into_inner());
     let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("cubin").join(&name));
     if let Some(cubin) = memory().as_ref().and_then(|m| m.get(&name).cloned()) {

@@ -44,6 +44,12 @@ pub const fn bf16_async_shared_floats(bm: usize, bn: usize, bk: usize, stages: u
     stages * bf16_shared_floats(bm, bn, bk) / 2
 }
 
+/// Floats of shared memory one `gemm_tile_bf16_wgmma<STAGES, …>` needs (`GemmWgmma<STAGES>::SHARED_FLOATS`):
+/// `stages` chunks of 128 × 64 bf16 for each operand, and 1 KB to align them to the swizzle's period.
+pub const fn wgmma_shared_floats(stages: usize) -> usize {
+    (stages * 2 * 128 * 64 * 2 + 1024) / 4
+}
+
 /// `x` rounded to bf16 (8-bit mantissa) to nearest, ties to even, as `cvt.rn.bf16x2.f32` does: the bits of
 /// the bf16 value (the high half of its f32). Infinities stay, values past bf16's largest round to them,
 /// NaN stays NaN (quiet, sign kept).

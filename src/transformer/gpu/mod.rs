@@ -8,10 +8,10 @@ mod step;
 
 use super::data::Corpus;
 use super::model::{Config, Layout};
-use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
+use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK, has_wgmma};
 use crate::ops::attention::AttentionSizes;
 use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
-use crate::ops::gemm::{bf16_async_shared_floats, tile_shared_floats};
+use crate::ops::gemm::{bf16_async_shared_floats, tile_shared_floats, wgmma_shared_floats};
 use crate::ops::optim::OptimConfig;
 use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
@@ -22,43 +22,58 @@ use std::sync::Arc;
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 const WARPS: usize = THREADS / 32;
 /// The linear kernels' tiles at one precision (`LinearTiles<P>` and `Wgrad<P>` in fused/transformer.cu):
-/// forward and dx tiles of bm rows × bn columns, weight-gradient tiles of wg_bm × wg_bn over row slices
-/// (the bias gradient from a column of ones after the input's, or from dy's chunks as the first column of
-/// tiles reads them), and the dynamic shared memory of either.
+/// forward tiles of bm rows × bn columns, dx tiles of dx_bm × dx_bn, weight-gradient tiles of wg_bm × wg_bn
+/// over row slices (the bias gradient from a column of ones after the input's, or from dy's chunks as the
+/// first column of tiles reads them), and the dynamic shared memory of the forward and backward kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct LinearTiles {
     bm: usize,
     bn: usize,
+    dx_bm: usize,
+    dx_bn: usize,
     wg_bm: usize,
     wg_bn: usize,
     ones_column: bool,
-    shared_bytes: usize,
+    forward_shared_bytes: usize,
+    backward_shared_bytes: usize,
 }
 
 /// fp32 and TF32: gemm_tile's 32 × 64 (register tile 2 × 4) and 32 × 32 (2 × 2), k chunks of 32.
 const FP32_TILES: LinearTiles = LinearTiles {
     bm: 32,
     bn: 64,
+    dx_bm: 32,
+    dx_bn: 64,
     wg_bm: 32,
     wg_bn: 32,
     ones_column: true,
-    shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
-};
-/// bf16: gemm_tile_bf16_async's 128 × 128 for all three products, four stages of 32 k.
-const BF16_TILES: LinearTiles = LinearTiles {
-    bm: 128,
-    bn: 128,
-    wg_bm: 128,
-    wg_bn: 128,
-    ones_column: false,
-    shared_bytes: 4 * bf16_async_shared_floats(128, 128, 32, 4),
+    forward_shared_bytes: 4 * tile_shared_floats(32, 64, 32, 2, 4),
+    backward_shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
 };
 
+/// bf16: 128 × 128 for all three products, gemm_tile_bf16_wgmma's three stages of 64 k where the kernels
+/// have `wgmma` (`device::has_wgmma`), else gemm_tile_bf16_async's four stages of 32 k.
+const fn bf16_tiles(wgmma: bool) -> LinearTiles {
+    let shared_bytes = 4 * if wgmma { wgmma_shared_floats(3) } else { bf16_async_shared_floats(128, 128, 32, 4) };
+    LinearTiles {
+        bm: 128,
+        bn: 128,
+        dx_bm: 128,
+        dx_bn: 128,
+        wg_bm: 128,
+        wg_bn: 128,
+        ones_column: false,
+        forward_shared_bytes: shared_bytes,
+        backward_shared_bytes: shared_bytes,
+    }
+}
+
 impl LinearTiles {
-    fn of(precision: Precision) -> LinearTiles {
+    /// The tiles at `precision` on a GPU with `wgmma` or without.
+    fn of(precision: Precision, wgmma: bool) -> LinearTiles {
         match precision {
             Precision::Fp32 | Precision::Tf32 => FP32_TILES,
-            Precision::Bf16 => BF16_TILES,
+            Precision::Bf16 => bf16_tiles(wgmma),
         }
     }
 
@@ -289,10 +304,11 @@ impl GpuTransformer {
         let attention_backward_shared = 4 * sizes.backward_floats();
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
-        gpu.reserve_shared(&kernels.linear_forward, FP32_TILES.shared_bytes, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward, FP32_TILES.shared_bytes, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_forward_bf16, BF16_TILES.shared_bytes, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward_bf16, BF16_TILES.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward, FP32_TILES.forward_shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward, FP32_TILES.backward_shared_bytes, "--embed")?;
+        let bf16 = bf16_tiles(has_wgmma(gpu.compute_capability));
+        gpu.reserve_shared(&kernels.linear_forward_bf16, bf16.forward_shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward_bf16, bf16.backward_shared_bytes, "--embed")?;
         let stream = gpu.stream.clone();
         let n = layout.len();
         let upload_f32 = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
@@ -363,7 +379,7 @@ impl GpuTransformer {
         // row slices, in floats of partial tiles.
         let layers = [(3 * e, e), (e, e), (f, e), (e, f), (v, e)];
         let (mut max_tiles, mut max_partials) = (1, 1);
-        for t in [FP32_TILES, BF16_TILES] {
+        for t in [FP32_TILES, bf16_tiles(has_wgmma(gpu.compute_capability))] {
             for &(o, i) in &layers {
                 let tiles = t.wgrad_tiles(o, i);
                 max_tiles = max_tiles.max(tiles);
@@ -712,7 +728,16 @@ mod tests {
     fn sizes_match_the_kernel_file() {
         let mut expressions = Vec::new();
         for p in ["FP32", "TF32", "BF16"] {
-            for field in ["BM", "BN", "WG_BM", "WG_BN", "SHARED_FLOATS * 4"] {
+            for field in [
+                "BM",
+                "BN",
+                "DX_BM",
+                "DX_BN",
+                "WG_BM",
+                "WG_BN",
+                "FORWARD_SHARED_FLOATS * 4",
+                "BACKWARD_SHARED_FLOATS * 4",
+            ] {
                 expressions.push(format!("LinearTiles<{p}>::{field}"));
             }
             expressions.push(format!("(int)Wgrad<{p}>::ONES_COLUMN"));
@@ -720,11 +745,22 @@ mod tests {
         expressions.push("WARPS * LN_ROWS_PER_WARP".to_string());
         expressions.push("EMB_SLICE_ROWS".to_string());
         let expressions: Vec<&str> = expressions.iter().map(String::as_str).collect();
+        // kernel_constants compiles for sm_90a, whose kernels have wgmma.
         let kernel = kernel_constants("transformer", &[], &expressions).unwrap();
         let mut mirror = Vec::new();
         for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-            let t = LinearTiles::of(p);
-            mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes, t.ones_column as usize]);
+            let t = LinearTiles::of(p, true);
+            mirror.extend([
+                t.bm,
+                t.bn,
+                t.dx_bm,
+                t.dx_bn,
+                t.wg_bm,
+                t.wg_bn,
+                t.forward_shared_bytes,
+                t.backward_shared_bytes,
+            ]);
+            mirror.push(t.ones_column as usize);
         }
         mirror.push(LN_ROWS_PER_BLOCK);
         mirror.push(EMBEDDING_SLICE_ROWS);

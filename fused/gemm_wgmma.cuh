@@ -1,0 +1,189 @@
+// The bf16 tensor-core product of Hopper (sm_90a): `wgmma`, a warpgroup's 64×N×16 matrix multiply-add
+// reading both operands from shared memory, asynchronously to the issuing threads.
+//
+//   gemm_tile_bf16_wgmma  C tile 128×128 at (m0, n0) of op(A)·op(B), bf16 operands in memory with leading
+//            dimensions as gemm_tile_bf16_async takes them ((m, k) of A at A[k·lda + m] if A_TRANS else
+//            A[m·lda + k]; (k, n) of B at B[n·ldb + k] if B_TRANS else B[k·ldb + n]), fp32 sums. Each of
+//            the two warpgroups of the block's 256 threads owns 64 rows of the tile: per 16 k, one
+//            m64n128k16 `wgmma`, 64 fp32 accumulators a thread. Either operand may lie with k or with
+//            m (n) contiguous: `wgmma` reads both layouts (its transpose flags), so the Transformer's
+//            forward, dx and weight-gradient products all run on it without a transposing copy.
+//   stage    k in chunks of 64, copied 16 bytes at a time by cp.async into the 128-byte swizzled layout
+//            `wgmma` reads through its descriptors (wgmma_chunk_offset): rows of 128 bytes, the 16-byte
+//            segment s of row r at slot s ⊕ (r mod 8), so that the 8 rows of a core matrix lie on distinct
+//            banks. STAGES chunks rotate: STAGES − 2 copies in flight ahead of the chunk being multiplied,
+//            and one chunk's `wgmma`s in flight while the next is issued (a stage is refilled only after
+//            a barrier that follows every warpgroup's wait for the `wgmma`s that read it).
+//   edges    rows past M or N and k past K read zero (segments wholly outside are zero-filled by the copy,
+//            partial ones element by element); so do operands whose ld or alignment rule out 16-byte
+//            copies.
+//   store    store(m, n, v0, v1): C[m][n] = v0 and, when n + 1 < N (the caller checks), C[m][n + 1] = v1;
+//            once per pair of adjacent columns inside C, m < M, n < N, n − n0 even. on_chunk as
+//            gemm_tile_bf16_async's.
+//   why      mma.sync (gemm_tile_bf16_async) feeds the tensor cores from registers that each warp loads
+//            with ldmatrix; at the Transformer's shapes it reached 117–145 TFLOP/s. `wgmma` reads shared
+//            memory itself, with no register traffic per fragment: 165–230 TFLOP/s on those shapes in
+//            isolation. The tile is still fed by every thread's cp.async and synchronised by block
+//            barriers; cuBLAS (TMA copies, a producer warp, 2-block clusters) reaches 450–600.
+//
+// `wgmma` exists only on sm_90a: HAS_WGMMA says whether this compile has it; callers keep an mma.sync
+// path for other GPUs. Dynamic shared memory: GemmWgmma<STAGES>::SHARED_FLOATS floats (1 KB of it
+// aligns the chunks to the swizzle's 1024-byte period); more than 48 KB needs the kernel's opt-in.
+#pragma once
+#include "gemm.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool HAS_WGMMA = true;
+#else
+constexpr bool HAS_WGMMA = false;
+#endif
+
+template <int STAGES>
+struct GemmWgmma {
+    static_assert(STAGES >= 3, "a chunk being multiplied, one in flight behind it, one being copied");
+    static constexpr int BM = 128, BN = 128, BK = 64;
+    static constexpr int A_CHUNK = BM * BK, B_CHUNK = BN * BK, STAGE = A_CHUNK + B_CHUNK;  // bf16
+    static constexpr int SHARED_FLOATS = (STAGES * STAGE * 2 + 1024) / 4;
+};
+
+// Where element (o, k) of a chunk lies (bf16 from the chunk's start), o < 128, k < 64. K-contiguous: row o
+// of 64 k. Otherwise two blocks of 64 o, each 64 rows (one per k) of 64 o. Either way a row is 128 bytes
+// and its 16-byte segment s sits at slot s ⊕ (row mod 8).
+template <bool K_CONTIGUOUS>
+__device__ __forceinline__ int wgmma_chunk_offset(int o, int k) {
+    return K_CONTIGUOUS ? o * 64 + (k / 8 ^ (o & 7)) * 8 + k % 8
+                        : o / 64 * 4096 + k * 64 + (o % 64 / 8 ^ (k & 7)) * 8 + o % 8;
+}
+
+// Copies o [o0, o0 + EXTENT) × k [k0, k0 + 64) of an operand, element (o, k) at p[o·ld + k] when
+// K_CONTIGUOUS, else p[k·ld + o], into the chunk at s; zero outside `extent` and K.
+template <int EXTENT, bool K_CONTIGUOUS>
+__device__ __forceinline__ void wgmma_chunk_issue(bf16* s, const bf16* p, int ld, int extent, int K, int o0, int k0,
+                                                  bool vector) {
+    constexpr int SEGMENTS = EXTENT * 64 / 8;
+    static_assert(SEGMENTS % THREADS == 0, "whole segments per thread");
+#pragma unroll
+    for (int r = 0; r < SEGMENTS / THREADS; ++r) {
+        const int v = threadIdx.x + r * THREADS;
+        const int ol = K_CONTIGUOUS ? v / 8 : v % (EXTENT / 8) * 8, kl = K_CONTIGUOUS ? v % 8 * 8 : v / (EXTENT / 8);
+        const int o = o0 + ol, k = k0 + kl;
+        bf16* dst = s + wgmma_chunk_offset<K_CONTIGUOUS>(ol, kl);
+        const bool none = o >= extent || k >= K;
+        const bool whole = K_CONTIGUOUS ? k + 8 <= K : o + 8 <= extent;
+        if (none || (vector && whole)) {
+            cp_async16_or_zero(dst, none ? p : p + (K_CONTIGUOUS ? (size_t)o * ld + k : (size_t)k * ld + o), !none);
+        } else {
+            bf16 e[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int oi = o + (K_CONTIGUOUS ? 0 : i), ki = k + (K_CONTIGUOUS ? i : 0);
+                e[i] = oi < extent && ki < K ? p[K_CONTIGUOUS ? (size_t)oi * ld + ki : (size_t)ki * ld + oi] : (bf16)0;
+            }
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(e);
+        }
+    }
+}
+
+// The shared-memory descriptor of 64 o × 16 k of a chunk from `start` (wgmma_chunk_offset(o0, k0)):
+// 128-byte swizzle, 8-row core matrices 1024 bytes apart; K-contiguous rows need no leading offset, the
+// other layout's next 64 o lie 8 KB on (B's second half).
+template <bool K_CONTIGUOUS>
+__device__ __forceinline__ unsigned long long wgmma_descriptor(const bf16* start) {
+    const unsigned long long address = (unsigned)__cvta_generic_to_shared(start);
+    const unsigned long long leading = K_CONTIGUOUS ? 16 : 8192;
+    return (address & 0x3FFFF) >> 4 | (leading >> 4) << 16 | (1024ull >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Orders this thread's ordinary (and cp.async) shared-memory writes before the async proxy's reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// d += A·Bᵀ over 16 k: d the warpgroup's 64×128 fp32 accumulators in the m16n8 fragment order of each
+// warp's 16 rows (d[4j…4j+3]: columns 8j + 2·(lane mod 4) + {0, 1} of rows lane/4 and lane/4 + 8).
+template <bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long desc_a,
+                                                 unsigned long long desc_b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(A_K_CONTIGUOUS ? 0 : 1), "n"(B_K_CONTIGUOUS ? 0 : 1));
+#endif
+}
+
+template <int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
+__device__ __forceinline__ void gemm_tile_bf16_wgmma(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
+                                                     const bf16* B, int ldb, Store store, float* smem,
+                                                     OnChunk on_chunk = {}) {
+    using G = GemmWgmma<STAGES>;
+    constexpr bool A_K = !A_TRANS, B_K = B_TRANS;  // which operands are K-contiguous
+    const unsigned misalignment = (unsigned)__cvta_generic_to_shared(smem) % 1024;
+    bf16* buffers = reinterpret_cast<bf16*>(reinterpret_cast<char*>(smem) + (1024 - misalignment) % 1024);
+    const bool a_vector = lda % 8 == 0 && reinterpret_cast<size_t>(A) % 16 == 0;
+    const bool b_vector = ldb % 8 == 0 && reinterpret_cast<size_t>(B) % 16 == 0;
+    const int rows = threadIdx.x / 128 * 64;  // the warpgroup's first row in the tile
+    float d[64];  // set by the first wgmma (no accumulate), so no other instruction writes them
+
+    // Group c of cp.async copies holds chunk c (empty past K).
+    const auto issue = [&](int c) {
+        if (c * G::BK < K) {
+            bf16* s = buffers + c % STAGES * G::STAGE;
+            wgmma_chunk_issue<G::BM, A_K>(s, A, lda, M, K, m0, c * G::BK, a_vector);
+            wgmma_chunk_issue<G::BN, B_K>(s + G::A_CHUNK, B, ldb, N, K, n0, c * G::BK, b_vector);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int c = 0; c < STAGES - 2; ++c) issue(c);
+    for (int c = 0; c * G::BK < K; ++c) {
+        cp_async_wait_pending<STAGES - 3>();
+        fence_proxy_async();
+        __syncthreads();
+        // Chunk c − 2's stage: every warpgroup waited for its wgmmas before this barrier.
+        issue(c + STAGES - 2);
+        const bf16* As = buffers + c % STAGES * G::STAGE;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < G::BK; ks += 16)
+            wgmma_m64n128k16<A_K, B_K>(d, wgmma_descriptor<A_K>(As + wgmma_chunk_offset<A_K>(rows, ks)),
+                                       wgmma_descriptor<B_K>(As + G::A_CHUNK + wgmma_chunk_offset<B_K>(0, ks)),
+                                       c > 0 || ks > 0);
+        wgmma_commit();
+        on_chunk([&](int o, int k) { return As[wgmma_chunk_offset<A_K>(o, k)]; });
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    cp_async_wait_pending<0>();
+    if (K <= 0) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+    }
+
+    const int lane = threadIdx.x % 32, row = m0 + rows + threadIdx.x / 32 % 4 * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int m = row + 8 * half, n = n0 + 8 * j + 2 * (lane % 4);
+            if (m < M && n < N) store(m, n, d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+        }
+    __syncthreads();
+}

@@ -30,8 +30,9 @@
 // THREADS (256).
 //
 // Sizes are compiled in (-DCNN_SIDE, -DCNN_C1, -DCNN_C2, -DCNN_FC, -DCNN_CLASSES). A step's images are
-// order[offset + b], b < B: a CUDA graph of an epoch's steps bakes in each offset and replays over any
-// order the host writes into the same buffer.
+// order[offset + b], b < B, and its learning rate the step's entry of a rates buffer: a CUDA graph of an
+// epoch's steps bakes in each offset and rate address and replays over any order and rates (the learning-
+// rate schedule) the host writes into the same buffers.
 #include "common.cuh"
 #include "losses.cuh"
 #include "optim.cuh"
@@ -307,22 +308,24 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float* scratch, float*
 }
 
 // Grid UPDATE_BLOCKS. Writes the gradient of the batch's mean loss into grad (every element, every step)
-// and applies the optimizer (see the header). images/order/offset: the step's images (conv1's input).
+// and applies the optimizer (see the header). images/order/offset: the step's images (conv1's input). lr:
+// this step's entry of the epoch's learning rates (the schedule), which the host writes before each replay.
 extern "C" __global__ void __launch_bounds__(THREADS)
 cnn_update(float* __restrict__ params, float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v,
            const float* __restrict__ images, const unsigned* __restrict__ order, int offset, int B,
            const float* __restrict__ p1, const float* __restrict__ f, const float* __restrict__ h,
            const float* __restrict__ dlogits, const float* __restrict__ dh, const float* __restrict__ dz2,
-           const float* __restrict__ dz1, const float* __restrict__ loss, int kind, float lr, float momentum,
-           float beta1, float beta2, float eps, float weight_decay, float clip_norm, float* __restrict__ norm_partials,
-           float* __restrict__ conv_partials, unsigned* __restrict__ channel_tickets, unsigned* __restrict__ step,
-           unsigned* __restrict__ ticket, double* __restrict__ loss_sum) {
+           const float* __restrict__ dz1, const float* __restrict__ loss, int kind, const float* __restrict__ lr,
+           float momentum, float beta1, float beta2, float eps, float weight_decay, float clip_norm,
+           float* __restrict__ norm_partials, float* __restrict__ conv_partials,
+           unsigned* __restrict__ channel_tickets, unsigned* __restrict__ step, unsigned* __restrict__ ticket,
+           double* __restrict__ loss_sum) {
     __shared__ float scratch[THREADS * 10];
     __shared__ float staged[STAGE_FLOATS];
     __shared__ float sums[CONV_SUMS];
     __shared__ float square_sum;
     const unsigned t = *step + 1;
-    OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
+    OptimStep s{kind, *lr, momentum, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
     optim_bias_corrections(s, t);
     const bool clip = clip_norm > 0.0f;
     float square = 0.0f;

@@ -10,15 +10,19 @@
 // so every thread holds identical y and b2); nothing goes to memory but the recorded losses and, at the
 // end, the parameters.
 //
-//   xor_train  grid 1, block 32·⌈H/32⌉ threads, H ≤ 1024. Every `report_every` epochs thread 0 writes that
-//              epoch's loss, taken before its update, as the CPU reference records it.
+//   xor_train  grid 1, block 32·⌈H/32⌉ threads, H ≤ 1024. Epoch k steps at rates[k]: the learning-rate
+//              schedule, one rate per epoch, computed on the host as the CPU reference's (so both step at
+//              the same rates to the bit); it is loaded at the epoch's start and nothing before the update
+//              waits for it. Every `report_every` epochs thread 0 writes that epoch's loss, taken before its
+//              update, as the CPU reference records it.
 #include "activations.cuh"
 #include "common.cuh"
 #include "losses.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
 xor_train(float* __restrict__ w1, float* __restrict__ b1, float* __restrict__ w2, float* __restrict__ b2, int H,
-          int activation, int epochs, float lr, int report_every, float* __restrict__ losses) {
+          int activation, int epochs, const float* __restrict__ rates, int report_every,
+          float* __restrict__ losses) {
     __shared__ float warp_y[32][4];
     const float X0[4] = {0.0f, 0.0f, 1.0f, 1.0f}, X1[4] = {0.0f, 1.0f, 0.0f, 1.0f}, T[4] = {0.0f, 1.0f, 1.0f, 0.0f};
     const int j = threadIdx.x, lane = j % 32, warp = j / 32, warps = blockDim.x / 32;
@@ -27,6 +31,7 @@ xor_train(float* __restrict__ w1, float* __restrict__ b1, float* __restrict__ w2
     float u0 = unit ? w1[2 * j] : 0.0f, u1 = unit ? w1[2 * j + 1] : 0.0f, bias = unit ? b1[j] : 0.0f;
     float v = unit ? w2[j] : 0.0f, c = *b2;
     for (int epoch = 0; epoch < epochs; ++epoch) {
+        const float lr = rates[epoch];
         float a[4], y[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {

@@ -55,6 +55,7 @@ pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
     let n_train = data.train.len();
     let mut rng = SeededRng::seed_from_u64(0);
     let mut order: Vec<u32> = (0..n_train as u32).collect();
+    let rates = vec![optim.lr; n_train.div_ceil(BENCH_BATCH)];
     let mut epochs = Vec::with_capacity(BENCH_EPOCHS);
     let start = Instant::now();
     let mut last = None;
@@ -62,7 +63,7 @@ pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
         order.shuffle(&mut rng);
         let mut loss = 0.0;
         let train_ms = time_on_device(gpu, || {
-            loss = trainer.train_epoch(&order, BENCH_BATCH)?;
+            loss = trainer.train_epoch(&order, BENCH_BATCH, &rates)?;
             Ok(())
         })?;
         let eval = trainer.evaluate()?;

@@ -13,7 +13,7 @@ use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
 use crate::interrupt;
-use crate::ops::optim::{OptimArgs, OptimConfig, OptimKind};
+use crate::ops::optim::{LrSchedule, OptimArgs, OptimConfig, OptimKind, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Result, bail};
@@ -50,6 +50,9 @@ pub struct MnistArgs {
     #[command(flatten)]
     /// The optimizer flags (`--optim`, `--lr`, ...).
     pub optim: OptimArgs,
+    #[command(flatten)]
+    /// The learning-rate schedule (`--lr-schedule`, `--warmup`, `--min-lr`).
+    pub schedule: ScheduleArgs,
     /// Samples per optimizer step (the loss is the batch mean)
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
@@ -253,6 +256,7 @@ struct RunInfo {
     _lock: fsutil::OutputLock,
     backend: device::Backend,
     optim: OptimConfig,
+    lr_schedule: LrSchedule,
     shape: MlpShape,
     data_dir: PathBuf,
     n_train: usize,
@@ -284,6 +288,7 @@ impl TrainingCommand for MnistArgs {
         let args = self;
         check_args(args)?;
         let optim = optim_config(args)?;
+        let lr_schedule = args.schedule.schedule(optim.lr)?;
         let shape =
             MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
         shape.validate()?;
@@ -351,6 +356,7 @@ impl TrainingCommand for MnistArgs {
             );
         }
         let (n_train, n_test) = (data.train.len(), data.test.len());
+        lr_schedule.check(n_train.div_ceil(args.batch) * args.epochs)?;
         let n_val = val.as_ref().map_or(0, Split::len);
         let limited = match (n_train + n_val < full_train, n_val) {
             (false, _) => String::new(),
@@ -378,8 +384,12 @@ impl TrainingCommand for MnistArgs {
                 "CNN conv3x3 1→8, ReLU, maxpool 2, conv3x3 8→16, ReLU, maxpool 2, 784 → 64 (ReLU) → 10".into()
             }
         };
+        let schedule_text = match lr_schedule.describe() {
+            s if s.is_empty() => String::new(),
+            s => format!(", {s}"),
+        };
         display.line(&format!(
-            "model {architecture}, {} parameters; {}; batch {}, {} epoch{}, seed {}; device {}",
+            "model {architecture}, {} parameters; {}{schedule_text}; batch {}, {} epoch{}, seed {}; device {}",
             report::count(params.param_count()),
             optim.describe(),
             args.batch,
@@ -427,6 +437,7 @@ impl TrainingCommand for MnistArgs {
             _lock: lock,
             backend,
             optim,
+            lr_schedule,
             shape,
             data_dir: data.dir,
             n_train,
@@ -445,7 +456,13 @@ impl TrainingCommand for MnistArgs {
         let Setup { run, display, params, train, test, val, baseline } = setup;
         let params_count = params.param_count();
         let mut trainer = super::trainer(&run.backend, params, run.optim, Arc::new(train), Arc::new(test), args.batch)?;
-        let schedule = Schedule { epochs: args.epochs, batch: args.batch, seed: args.seed };
+        let schedule = Schedule {
+            epochs: args.epochs,
+            batch: args.batch,
+            seed: args.seed,
+            lr: run.optim.lr,
+            lr_schedule: run.lr_schedule,
+        };
         let saver = Saver {
             out: args.out.clone(),
             dataset: args.dataset,
@@ -469,6 +486,7 @@ impl TrainingCommand for MnistArgs {
         let RunInfo {
             backend,
             optim,
+            lr_schedule,
             shape,
             data_dir,
             n_train,
@@ -559,6 +577,9 @@ impl TrainingCommand for MnistArgs {
                 "momentum": (optim.kind == OptimKind::Momentum).then(|| report::decimal(optim.momentum)),
                 "weight_decay": report::decimal(optim.weight_decay),
                 "clip_norm": report::decimal(optim.clip_norm),
+                "lr_schedule": lr_schedule.kind.name(),
+                "warmup": lr_schedule.warmup,
+                "min_lr": report::decimal(lr_schedule.min_lr),
                 "epochs": args.epochs,
                 "batch": args.batch,
                 "seed": args.seed,

@@ -6,7 +6,8 @@
 //!   of every point where rounding could change a derivative (`cnn::kink_margin`: ReLU kinks and
 //!   near-ties in max pooling; ~66,000 of them per image, so only a few images keep a draw clear);
 //! - training: 100 steps of 4 images through the production path (one CUDA graph) for SGD, momentum and
-//!   Adam with weight decay and clipping: the summed loss, every tensor and the test loss, on a small CNN
+//!   Adam with weight decay and clipping, each at a constant rate and under `TRAINING_SCHEDULE` (a rate per
+//!   step from the graph's rates buffer): the summed loss, every tensor and the test loss, on a small CNN
 //!   (8×8 images, 2 and 3 channels, 6 hidden units), whose run the reference watches at every step and
 //!   which must stay MARGIN clear of every switch. At the full size a run of 100 steps passes tens of
 //!   thousands of ReLU and pooling decisions per image, and some sit within rounding of their switch: a
@@ -20,7 +21,7 @@ use super::idx::Split;
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
-use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, Optimizer};
 use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;
@@ -34,6 +35,9 @@ pub const MARGIN: f64 = 1e-6;
 const MAX_DRAWS: usize = 8;
 /// The training checks' CNN.
 pub const TRAINING_SHAPE: CnnShape = CnnShape { side: 8, c1: 2, c2: 3, fc: 6, classes: 4 };
+/// The training checks' schedule besides the constant rate: 10 steps of warm-up, then a cosine down to
+/// 0, so every step of the 100 has a rate of its own.
+pub const TRAINING_SCHEDULE: LrSchedule = LrSchedule { kind: LrScheduleKind::Cosine, warmup: 10, min_lr: 0.0 };
 
 /// `n` random images (pixels uniform in [0, 1)) with random labels, for `shape`.
 pub fn random_split(shape: CnnShape, n: usize, rng: &mut SeededRng) -> Split {
@@ -86,7 +90,9 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     if plan.wants(Group::Training) {
         let mut rng = plan.rng("cnn training");
         for optim in optimizers() {
-            out.push(training_check(gpu, TRAINING_SHAPE, optim, 4, 100, &mut rng)?);
+            for schedule in [LrSchedule::default(), TRAINING_SCHEDULE] {
+                out.push(training_check(gpu, TRAINING_SHAPE, optim, schedule, 4, 100, &mut rng)?);
+            }
         }
     }
     if plan.wants(Group::Repeat) {
@@ -128,7 +134,7 @@ fn step_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize,
 
     let mut t = GpuCnn::new(gpu.clone(), params, optim, &data, &data)?;
     t.poison_gradient()?;
-    let loss = t.train_epoch(&order, batch)?;
+    let loss = t.train_epoch(&order, batch, &[optim.lr])?;
     let (grad_err, grad_at) = worst_tensor(shape, &t.gradient()?, &want_grad);
     let (param_err, param_at) = worst_tensor(shape, &t.cnn_params()?.flat, &want.flat);
     let loss_err = rel_error(&[loss as f32], &[want_loss]);
@@ -148,17 +154,24 @@ fn step_check(gpu: &Arc<Gpu>, shape: CnnShape, optim: OptimConfig, batch: usize,
     })
 }
 
-/// `steps` steps of `batch` images (one epoch, one graph) on GPU and CPU from the same start.
+/// `steps` steps of `batch` images (one epoch, one graph) on GPU and CPU from the same start, at the rates
+/// of `schedule`.
 fn training_check(
     gpu: &Arc<Gpu>,
     shape: CnnShape,
     optim: OptimConfig,
+    schedule: LrSchedule,
     batch: usize,
     steps: usize,
     rng: &mut SeededRng,
 ) -> Result<Check> {
     let images = batch * steps;
-    let name = format!("cnn {steps} steps (graph) {}", optim.describe());
+    let rates = schedule.rates(optim.lr, steps);
+    let scheduled = match schedule.describe() {
+        d if d.is_empty() => String::new(),
+        d => format!(", {d}"),
+    };
+    let name = format!("cnn {steps} steps (graph) {}{scheduled}", optim.describe());
     let test = random_split(shape, 50, rng);
     let mut accepted = None;
     for draw in 1..=MAX_DRAWS {
@@ -169,9 +182,10 @@ fn training_check(
         let mut grad = vec![0.0f32; cpu.flat.len()];
         let (mut loss, mut margin) = (0.0f64, f64::INFINITY);
         let order: Vec<u32> = (0..images as u32).collect();
-        for rows in order.chunks(batch) {
+        for (rows, &rate) in order.chunks(batch).zip(&rates) {
             margin = margin.min(cnn::kink_margin(&cpu, &data, rows));
             loss += cnn::loss_and_grad(shape, &cpu.flat, &data, rows, &mut grad) as f64;
+            optimizer.config.lr = rate;
             optimizer.step(&mut cpu.flat, &grad);
         }
         if margin >= MARGIN && cpu.all_finite() {
@@ -189,7 +203,7 @@ fn training_check(
     };
     let mut t = GpuCnn::new(gpu.clone(), start, optim, &data, &test)?;
     let order: Vec<u32> = (0..images as u32).collect();
-    let loss = t.train_epoch(&order, batch)?;
+    let loss = t.train_epoch(&order, batch, &rates)?;
     let got = t.cnn_params()?;
     let (mut worst, at) = worst_tensor(shape, &got.flat, &cpu.flat);
     let mut at = at.to_string();
@@ -219,7 +233,7 @@ fn repeat_check(gpu: &Arc<Gpu>, shape: CnnShape, rng: &mut SeededRng) -> Result<
     let mut runs = Vec::new();
     for _ in 0..2 {
         let mut t = GpuCnn::new(gpu.clone(), start.clone(), optim, &data, &data)?;
-        let loss = t.train_epoch(&order, 64)?;
+        let loss = t.train_epoch(&order, 64, &[optim.lr; 2])?;
         runs.push((loss.to_bits(), t.cnn_params()?.flat.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
     }
     let same = runs[0] == runs[1];

@@ -1,6 +1,6 @@
 //! The CNN trainer on the GPU: fused/mnist_cnn.cu's three kernels per step (see its header), both splits
 //! resident on the device, an epoch's steps captured once as a CUDA graph and replayed over each epoch's
-//! order, the loss read once per epoch.
+//! order and learning rates, the loss read once per epoch.
 
 use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
@@ -8,7 +8,7 @@ use super::idx::Split;
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaGraph, CudaSlice};
+use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
 use std::sync::Arc;
 
 const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
@@ -111,6 +111,8 @@ pub struct GpuCnn {
     ticket: CudaSlice<u32>,
     loss_sum: CudaSlice<f64>,
     order: CudaSlice<u32>,
+    /// The epoch's learning rate of each step; step k's cnn_update reads entry k.
+    rates: CudaSlice<f32>,
     train: DeviceSplit,
     test: DeviceSplit,
     test_labels: Vec<u8>,
@@ -166,6 +168,7 @@ impl GpuCnn {
             ticket: stream.alloc_zeros::<u32>(1)?,
             loss_sum: stream.alloc_zeros::<f64>(1)?,
             order: stream.alloc_zeros::<u32>(train.len().max(1))?,
+            rates: stream.alloc_zeros::<f32>(train.len().max(1))?,
             train: upload(train, "training")?,
             test: upload(test, "test")?,
             test_labels: test.labels.clone(),
@@ -211,11 +214,12 @@ impl GpuCnn {
         Ok(())
     }
 
-    /// Queues one optimizer step on the `batch` images order[offset..].
-    pub fn enqueue_step(&mut self, batch: usize, offset: usize) -> Result<()> {
+    /// Queues one optimizer step on the `batch` images order[offset..], at the rate of entry `step` of the
+    /// uploaded rates.
+    pub fn enqueue_step(&mut self, batch: usize, offset: usize, step: usize) -> Result<()> {
         self.launch_forward(batch, offset)?;
         self.launch_backward(batch)?;
-        self.launch_update(batch, offset)
+        self.launch_update(batch, offset, step)
     }
 
     fn launch_forward(&self, batch: usize, offset: usize) -> Result<()> {
@@ -269,8 +273,12 @@ impl GpuCnn {
         )
     }
 
-    fn launch_update(&self, batch: usize, offset: usize) -> Result<()> {
+    fn launch_update(&self, batch: usize, offset: usize, step: usize) -> Result<()> {
         let (g, b, o) = (&*self.gpu, &self.buffers, self.optim);
+        let (rates, _) = self.rates.device_ptr(&g.stream);
+        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm; the rate comes from
+        // the uploaded rates instead (a graph bakes in the address, the host writes the epoch's rates there).
+        let optim = o.kernel_args();
         let args = [
             &[
                 Arg::buf(g, &self.params),
@@ -290,7 +298,8 @@ impl GpuCnn {
                 Arg::buf(g, &b.dz1),
                 Arg::buf(g, &b.loss),
             ][..],
-            &o.kernel_args(),
+            &[optim[0], Arg::Ptr(rates + 4 * step as u64)],
+            &optim[2..],
             &[
                 Arg::buf(g, &self.norm_partials),
                 Arg::buf(g, &self.conv_partials),
@@ -356,14 +365,15 @@ impl GpuCnn {
     pub fn kernel_graph(&mut self, kernel: usize, batch: usize, launches: usize) -> Result<cudarc::driver::CudaGraph> {
         self.ensure_capacity(batch)?;
         self.set_order(&(0..batch as u32).collect::<Vec<_>>())?;
-        self.enqueue_step(batch, 0)?;
+        self.set_rates(&[self.optim.lr])?;
+        self.enqueue_step(batch, 0, 0)?;
         let stream = self.gpu.stream.clone();
         crate::device::capture_graph(&stream, self, |t| {
             for _ in 0..launches {
                 match kernel {
                     0 => t.launch_forward(batch, 0)?,
                     1 => t.launch_backward(batch)?,
-                    _ => t.launch_update(batch, 0)?,
+                    _ => t.launch_update(batch, 0, 0)?,
                 }
             }
             Ok(())
@@ -371,11 +381,12 @@ impl GpuCnn {
     }
 
     fn enqueue_steps(&mut self, samples: usize, batch: usize) -> Result<()> {
-        let mut offset = 0;
+        let (mut offset, mut step) = (0, 0);
         while offset < samples {
             let b = batch.min(samples - offset);
-            self.enqueue_step(b, offset)?;
+            self.enqueue_step(b, offset, step)?;
             offset += b;
+            step += 1;
         }
         Ok(())
     }
@@ -394,15 +405,30 @@ impl GpuCnn {
         Ok(())
     }
 
-    /// One epoch over `order`, `batch` images a step, as one CUDA graph (captured on the first epoch of
-    /// this size). Returns the summed per-image loss.
-    pub fn train_epoch(&mut self, order: &[u32], batch: usize) -> Result<f64> {
+    /// Uploads the learning rate of each of the next steps.
+    pub fn set_rates(&mut self, rates: &[f32]) -> Result<()> {
+        if rates.len() > self.rates.len() {
+            self.captured = None;
+            self.rates = self.gpu.stream.alloc_zeros::<f32>(rates.len())?;
+        }
+        let mut view = self.rates.slice_mut(..rates.len());
+        self.gpu.stream.memcpy_htod(rates, &mut view).context("copying the learning rates to the GPU")?;
+        Ok(())
+    }
+
+    /// One epoch over `order`, `batch` images a step, step k at learning rate `rates[k]`, as one CUDA
+    /// graph (captured on the first epoch of this size). Returns the summed per-image loss.
+    pub fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
         if batch == 0 {
             bail!("the batch size must be at least 1");
+        }
+        if rates.len() != order.len().div_ceil(batch) {
+            bail!("internal: {} learning rates for {} steps", rates.len(), order.len().div_ceil(batch));
         }
         let batch = batch.min(order.len().max(1));
         self.ensure_capacity(batch)?;
         self.set_order(order)?;
+        self.set_rates(rates)?;
         self.gpu.stream.memset_zeros(&mut self.loss_sum)?;
         let samples = order.len();
         let reuse = matches!(&self.captured, Some((s, b, _)) if *s == samples && *b == batch);
@@ -474,8 +500,14 @@ impl GpuCnn {
 }
 
 impl super::MnistTrainer for GpuCnn {
-    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
-        let loss = GpuCnn::train_epoch(self, order, batch)?;
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        let loss = GpuCnn::train_epoch(self, order, batch, rates)?;
         progress(order.len());
         Ok(loss)
     }

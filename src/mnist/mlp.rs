@@ -54,7 +54,6 @@ pub fn evaluate(params: &MlpParams, data: &Split) -> Result<Evaluation> {
 pub struct FitMlp {
     trainer: Box<dyn FitTrainer>,
     shape: MlpShape,
-    lr: f32,
     test_labels: Vec<u8>,
 }
 
@@ -82,15 +81,20 @@ impl FitMlp {
         Ok(FitMlp {
             trainer: fit::trainer(backend, setup, batch.max(1))?,
             shape: params.shape,
-            lr: optim.lr,
             test_labels: test.labels.clone(),
         })
     }
 }
 
 impl MnistTrainer for FitMlp {
-    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
-        self.trainer.train_epoch_at(order, batch, self.lr, progress)
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        self.trainer.train_epoch(order, batch, rates, progress)
     }
 
     fn evaluate(&mut self) -> Result<Evaluation> {

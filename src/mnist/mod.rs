@@ -6,8 +6,9 @@
 //! `ops::optim`.
 //!
 //! Backends implement `MnistTrainer`. The caller hands a backend both splits once, as contiguous
-//! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders, so every
-//! backend sees the same shuffles and the CPU reference can check any of them.
+//! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders and per-step
+//! learning rates, so every backend sees the same shuffles and schedule and the CPU reference can check
+//! any of them.
 
 pub use crate::datasets::mnist::INPUT_SCALING;
 
@@ -124,9 +125,16 @@ impl Classifier {
 /// in device memory).
 pub trait MnistTrainer {
     /// One pass over the training samples `order` (indices into the training split), `batch` per
-    /// optimizer step (the last step may be shorter). Calls `progress` with the number of samples done
-    /// so far, at least once per step or group of steps. Returns the summed per-sample loss.
-    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64>;
+    /// optimizer step (the last step may be shorter), step k at learning rate `rates[k]` (`rates.len()` =
+    /// the number of steps). Calls `progress` with the number of samples done so far, at least once per
+    /// step or group of steps. Returns the summed per-sample loss.
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64>;
     /// Loss and confusion matrix over the whole test split, without updating anything.
     fn evaluate(&mut self) -> Result<Evaluation>;
     /// A host copy of the current parameters.
@@ -171,17 +179,26 @@ impl CpuCnnTrainer {
 }
 
 impl MnistTrainer for CpuCnnTrainer {
-    fn train_epoch(&mut self, order: &[u32], batch: usize, progress: &mut dyn FnMut(usize)) -> Result<f64> {
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
         use rayon::prelude::*;
         if batch == 0 {
             bail!("the batch size must be at least 1");
+        }
+        if rates.len() != order.len().div_ceil(batch) {
+            bail!("internal: {} learning rates for {} steps", rates.len(), order.len().div_ceil(batch));
         }
         if let Some(&bad) = order.iter().find(|&&i| i as usize >= self.train.len()) {
             bail!("sample index {bad} is outside the training split ({} samples)", self.train.len());
         }
         let (shape, n) = (self.params.shape, self.params.flat.len());
         let (mut loss, mut done) = (0.0, 0);
-        for rows in order.chunks(batch) {
+        for (rows, &rate) in order.chunks(batch).zip(rates) {
             // Each core takes a run of the batch's images; the runs' gradients (of their summed loss) add
             // in run order, then scale to the batch mean.
             let part = rows.len().div_ceil(rayon::current_num_threads()).max(1);
@@ -202,6 +219,7 @@ impl MnistTrainer for CpuCnnTrainer {
             }
             let inv = 1.0 / rows.len() as f32;
             grad.iter_mut().for_each(|g| *g *= inv);
+            self.optimizer.config.lr = rate;
             self.optimizer.step(&mut self.params.flat, &grad);
             done += rows.len();
             progress(done);

@@ -1,8 +1,9 @@
 //! The epoch loop every backend shares: a seeded reshuffle of the training order before each epoch, one
-//! `train_epoch`, then an evaluation on the test split.
+//! `train_epoch` at the epoch's learning rates, then an evaluation on the test split.
 
 use super::{Classifier, Evaluation, MnistTrainer};
 use crate::cpu::SeededRng;
+use crate::ops::optim::LrSchedule;
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -10,7 +11,7 @@ use rand::seq::SliceRandom;
 use std::time::Instant;
 
 #[derive(Clone, Copy, Debug)]
-/// How long to train and in what order.
+/// How long to train, in what order and at what learning rates.
 pub struct Schedule {
     /// Passes over the training split.
     pub epochs: usize,
@@ -18,6 +19,10 @@ pub struct Schedule {
     pub batch: usize,
     /// Seed of the shuffle before each epoch.
     pub seed: u64,
+    /// The base learning rate (the optimizer's `--lr`).
+    pub lr: f32,
+    /// How the rate moves over the run's optimizer steps (epochs × ⌈samples / batch⌉).
+    pub lr_schedule: LrSchedule,
 }
 
 /// What one epoch achieved (the figures of the per-epoch line and the JSON report).
@@ -68,11 +73,16 @@ pub fn run(
     let start = Instant::now();
     let mut history = Vec::with_capacity(schedule.epochs.min(1024));
     let mut last = None;
+    let steps = n_train.div_ceil(schedule.batch.max(1));
+    let total = steps * schedule.epochs;
     for epoch in 1..=schedule.epochs {
         order.shuffle(&mut rng);
         observer.epoch_start(epoch, n_train);
+        let first = (epoch - 1) * steps;
+        let rates: Vec<f32> =
+            (first..first + steps).map(|k| schedule.lr_schedule.rate(schedule.lr, k, total)).collect();
         let epoch_start = Instant::now();
-        let loss = trainer.train_epoch(&order, schedule.batch, &mut |done| observer.progress(done))?;
+        let loss = trainer.train_epoch(&order, schedule.batch, &rates, &mut |done| observer.progress(done))?;
         let train_secs = epoch_start.elapsed().as_secs_f64();
         if !loss.is_finite() {
             return Err(Divergence { epoch, what: "training loss" }.into());

@@ -6,6 +6,7 @@ use super::gpu::GpuTrainer;
 use super::model::{TextParams, TextShape};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::ops::optim::{LrSchedule, LrScheduleKind};
 use crate::pipeline::BenchOptions;
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::{Context, Result};
@@ -70,8 +71,9 @@ pub struct TextBenchRow {
 /// The model the speed bench trains: V = 8192, D = 64, H = 256, context 3.
 pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
 
-/// `textnet bench [text]`: single-sample steps/s (CUDA graph and plain launches) and batched samples/s at
-/// B = 256 and 4096, at V = 8192, D = 64, H = 256, context 3 (`single_only`, `only_batch` pick a subset).
+/// `textnet bench [text]`: single-sample steps/s (CUDA graph, plain launches, and a learning-rate
+/// schedule's rate per step) and batched samples/s at B = 256 and 4096, at V = 8192, D = 64, H = 256,
+/// context 3 (`single_only`, `only_batch` pick a subset).
 pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result<()> {
     let BenchOptions { repeats, json } = *options;
     let (single_only, only_batch) = (args.single, args.batch);
@@ -81,14 +83,24 @@ pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result
     let params = TextParams::init(shape, 1);
     let lr = 0.01f32;
     let mut rows = Vec::new();
-    // (label, batch, steps, CUDA graph)
+    /// How a configuration's steps are launched.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Launches {
+        /// Replayed from CUDA graphs at one rate (the constant schedule).
+        Graph,
+        /// Each kernel launched, text_hidden and the cursor advance with every step.
+        Plain,
+        /// A rate per step (a learning-rate schedule): launched one by one (`enqueue_scheduled`).
+        Scheduled,
+    }
     let configs = [
-        ("single-sample, CUDA graph", 1, 25_600, true),
-        ("single-sample, plain launches", 1, 5_000, false),
-        ("batch 256, CUDA graph", 256, 256, true),
-        ("batch 4096, CUDA graph", 4096, 128, true),
+        ("single-sample, CUDA graph", 1, 25_600, Launches::Graph),
+        ("single-sample, plain launches", 1, 5_000, Launches::Plain),
+        ("single-sample, a rate per step", 1, 25_600, Launches::Scheduled),
+        ("batch 256, CUDA graph", 256, 256, Launches::Graph),
+        ("batch 4096, CUDA graph", 4096, 128, Launches::Graph),
     ];
-    for (label, batch, steps, graph) in configs {
+    for (label, batch, steps, launches) in configs {
         if (single_only && batch > 1) || only_batch.is_some_and(|b| b != batch) {
             continue;
         }
@@ -96,15 +108,21 @@ pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result
         let samples = batch * steps;
         let positions: Vec<u32> =
             (0..samples).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
+        // The scheduled steps at rates of a cosine from lr down to 0 over the timed steps.
+        let rates = LrSchedule { kind: LrScheduleKind::Cosine, warmup: 0, min_lr: 0.0 }.rates(lr, steps);
+        let enqueue = |t: &mut GpuTrainer| match launches {
+            Launches::Scheduled => t.enqueue_scheduled(samples, batch, &rates),
+            _ => t.enqueue_training(samples, batch, lr, launches == Launches::Graph),
+        };
         // Warm-up: compiles, captures and uploads the graph, fills the caches.
         trainer.set_positions(&positions)?;
-        trainer.enqueue_training(samples, batch, lr, graph)?;
+        enqueue(&mut trainer)?;
         trainer.synchronize()?;
         let mut times = Vec::with_capacity(repeats);
         for _ in 0..repeats {
             trainer.set_positions(&positions)?;
             trainer.synchronize()?;
-            times.push(time_on_device(gpu, || trainer.enqueue_training(samples, batch, lr, graph))?);
+            times.push(time_on_device(gpu, || enqueue(&mut trainer))?);
         }
         let median_ms = median(&times);
         let secs = median_ms / 1e3;

@@ -1,7 +1,8 @@
 //! The text pipeline's selftest checks: every kernel of fused/text.cu, fused/text_sample.cu and
 //! fused/text_batch.cu against the CPU reference (`model`) on fresh random inputs, with outputs poisoned
 //! (NaN) before each run so that an unwritten value cannot pass; whole training runs through the production
-//! path (CUDA graphs) against the CPU reference; and the single-sample path's bit-for-bit repeat.
+//! path (CUDA graphs, or a learning-rate schedule's steps launched one by one) against the CPU reference;
+//! and the single-sample path's bit-for-bit repeat.
 //!
 //! A check must fail on a real bug and never on a correct kernel, whatever the random draw. The one place
 //! where rounding could decide more than rounding is ReLU's kink: a pre-activation within rounding of 0
@@ -18,7 +19,7 @@ use super::model::{self, TextParams, TextShape, context_of};
 use crate::check::{Check, Group, Plan, kink_ratio, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
-use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, Optimizer};
 use anyhow::{Result, bail};
 use rand::RngExt;
 use rayon::prelude::*;
@@ -496,8 +497,8 @@ pub enum Stream {
     FourTokens,
 }
 
-/// A whole training run to compare: shape, samples a step, steps, token stream, optimizer and learning
-/// rate (Adam's with weight decay 1e-4).
+/// A whole training run to compare: shape, samples a step, steps, token stream, optimizer, learning rate
+/// (Adam's with weight decay 1e-4) and how it moves over the steps.
 #[derive(Clone, Copy, Debug)]
 pub struct TrainingCase {
     /// The model's sizes.
@@ -512,6 +513,19 @@ pub struct TrainingCase {
     pub optim: OptimKind,
     /// The learning rate.
     pub lr: f32,
+    /// How the rate moves over the steps.
+    pub rates: CaseRates,
+}
+
+/// How a training case's learning rate moves over its steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CaseRates {
+    /// A learning-rate schedule (`CONSTANT`: every step at the case's rate).
+    Schedule(LrSchedule),
+    /// Every other step at a tenth of the rate. A step at its neighbour's rate is then ten times off: what
+    /// catches a rate taken one step early or late (sample_forward applies a step's W2 update during the
+    /// next step, at the rate it recorded), which a smooth schedule moves a run by only ~1e-4.
+    Alternating,
 }
 
 impl TrainingCase {
@@ -520,6 +534,37 @@ impl TrainingCase {
         let weight_decay = if self.optim == OptimKind::Adam { 1e-4 } else { 0.0 };
         OptimConfig { lr: self.lr, weight_decay, ..OptimConfig::new(self.optim) }
     }
+
+    /// The rate of each step.
+    pub fn rates(&self) -> Vec<f32> {
+        match self.rates {
+            CaseRates::Schedule(schedule) => schedule.rates(self.lr, self.steps),
+            CaseRates::Alternating => {
+                (0..self.steps).map(|k| if k % 2 == 0 { self.lr } else { self.lr / 10.0 }).collect()
+            }
+        }
+    }
+
+    /// Steps of warm-up (0 without a schedule that has them).
+    pub fn warmup(&self) -> usize {
+        match self.rates {
+            CaseRates::Schedule(schedule) => schedule.warmup,
+            CaseRates::Alternating => 0,
+        }
+    }
+}
+
+/// Every step at the case's rate.
+const CONSTANT: CaseRates = CaseRates::Schedule(LrSchedule { kind: LrScheduleKind::Constant, warmup: 0, min_lr: 0.0 });
+
+/// `case` at `rates`.
+const fn at(rates: CaseRates, case: TrainingCase) -> TrainingCase {
+    TrainingCase { rates, ..case }
+}
+
+/// `warmup` steps of warm-up, then a cosine down to 0.
+const fn cosine(warmup: usize) -> CaseRates {
+    CaseRates::Schedule(LrSchedule { kind: LrScheduleKind::Cosine, warmup, min_lr: 0.0 })
 }
 
 const fn case(shape: TextShape, batch: usize, steps: usize, stream: Stream) -> TrainingCase {
@@ -527,11 +572,11 @@ const fn case(shape: TextShape, batch: usize, steps: usize, stream: Stream) -> T
         Stream::Random => 0.02,
         Stream::FourTokens => 0.005,
     };
-    TrainingCase { shape, batch, steps, stream, optim: OptimKind::Sgd, lr }
+    TrainingCase { shape, batch, steps, stream, optim: OptimKind::Sgd, lr, rates: CONSTANT }
 }
 
 const fn optimized(shape: TextShape, batch: usize, steps: usize, optim: OptimKind, lr: f32) -> TrainingCase {
-    TrainingCase { shape, batch, steps, stream: Stream::Random, optim, lr }
+    TrainingCase { shape, batch, steps, stream: Stream::Random, optim, lr, rates: CONSTANT }
 }
 
 /// Single samples through fused/text_sample.cu (the first four) and, H = 66 being no multiple of 4, through
@@ -539,9 +584,14 @@ const fn optimized(shape: TextShape, batch: usize, steps: usize, optim: OptimKin
 /// sample_update's other ways of adding the dx shares: D above THREADS / 4 (a thread per element), and 65
 /// shares (more than one pass of the loads). Then the same on four distinct tokens. The largest shapes run
 /// 300 steps (two graph replays and a remainder), the CPU reference being slow there; the others 1000.
-/// The last three train with momentum and Adam, whose steps all go through the tiled kernels and
-/// text_batch_optimize, single samples and a partial tile included.
-pub const TRAINING_CASES: [TrainingCase; 13] = [
+/// The next three train with momentum and Adam, whose steps all go through the tiled kernels and
+/// text_batch_optimize, single samples and a partial tile included. The last seven take a rate per step,
+/// which the GPU launches step by step: a cosine after a warm-up on single samples through
+/// fused/text_sample.cu and with Adam; a warm-up of 200 steps and then one rate, which `training_checks`
+/// trains in two calls, the warm-up launched step by step and the rest replayed from a graph, as the
+/// training loop's chunks can fall; and alternating rates (`CaseRates::Alternating`) on every path:
+/// fused/text_sample.cu, fused/text.cu for single samples and 7 a step, and the tiled kernels.
+pub const TRAINING_CASES: [TrainingCase; 20] = [
     case(shape(8192, 64, 256, 3), 1, 300, Stream::Random),
     case(shape(2003, 32, 64, 3), 1, 1000, Stream::Random),
     case(shape(1000, 96, 100, 2), 1, 1000, Stream::Random),
@@ -555,7 +605,18 @@ pub const TRAINING_CASES: [TrainingCase; 13] = [
     optimized(shape(2003, 32, 64, 3), 130, 100, OptimKind::Momentum, 0.002),
     optimized(shape(2003, 32, 64, 3), 70, 100, OptimKind::Adam, 1e-3),
     optimized(shape(517, 16, 40, 1), 1, 100, OptimKind::Adam, 1e-3),
+    at(cosine(100), case(shape(2003, 32, 64, 3), 1, 1000, Stream::Random)),
+    at(cosine(10), optimized(shape(2003, 32, 64, 3), 70, 100, OptimKind::Adam, 1e-3)),
+    at(WARMUP_200, case(shape(2003, 32, 64, 3), 1, 1000, Stream::Random)),
+    at(CaseRates::Alternating, case(shape(2003, 32, 64, 3), 1, 1000, Stream::Random)),
+    at(CaseRates::Alternating, case(shape(2003, 32, 66, 3), 1, 1000, Stream::Random)),
+    at(CaseRates::Alternating, case(shape(2003, 32, 64, 3), 7, 1000, Stream::Random)),
+    at(CaseRates::Alternating, case(shape(2003, 32, 64, 3), 130, 100, Stream::Random)),
 ];
+
+/// 200 steps of warm-up, then the case's rate.
+const WARMUP_200: CaseRates =
+    CaseRates::Schedule(LrSchedule { kind: LrScheduleKind::Constant, warmup: 200, min_lr: 0.0 });
 
 /// The smallest kink ratio a training problem's reference run may reach. Over a whole run the GPU drifts
 /// from the reference by well under a relative 1e-6 (different summation orders, compounded): a thousand
@@ -611,16 +672,19 @@ pub struct ReferenceRun {
     pub margin: f64,
 }
 
-/// Trains a copy of `problem.params` on the CPU over `problem.positions`, `batch` samples a step.
-pub fn reference_run(problem: &TrainingProblem, batch: usize, optim: OptimConfig) -> ReferenceRun {
+/// Trains a copy of `problem.params` on the CPU over `problem.positions`, `batch` samples a step, step k
+/// at `rates[k]` (in place of `optim.lr`).
+pub fn reference_run(problem: &TrainingProblem, batch: usize, optim: OptimConfig, rates: &[f32]) -> ReferenceRun {
     let mut params = problem.params.clone();
     let (mut loss, mut margin) = (0.0, f64::INFINITY);
     let mut optimizer = Optimizer::new(optim, params.shape.parameter_count() as usize);
-    for step in problem.positions.chunks(batch) {
+    assert_eq!(rates.len(), problem.positions.len().div_ceil(batch), "a rate per step");
+    for (step, &lr) in problem.positions.chunks(batch).zip(rates) {
         margin = margin.min(kink_margin(&params, &problem.tokens, step));
         loss += if optim.kind == OptimKind::Sgd {
-            model::train_step(&mut params, &problem.tokens, step, optim.lr)
+            model::train_step(&mut params, &problem.tokens, step, lr)
         } else {
+            optimizer.config.lr = lr;
             let n = params.shape.context;
             let contexts: Vec<&[u32]> = step.iter().map(|&pos| context_of(&problem.tokens, pos, n)).collect();
             let targets: Vec<u32> = step.iter().map(|&pos| problem.tokens[pos as usize]).collect();
@@ -647,7 +711,7 @@ pub struct Reference {
 pub fn drawn_reference(case: TrainingCase, rng: &mut SeededRng) -> Reference {
     for draws in 1..=MAX_DRAWS {
         let problem = training_problem(&case, rng);
-        let run = reference_run(&problem, case.batch, case.optim_config());
+        let run = reference_run(&problem, case.batch, case.optim_config(), &case.rates());
         if run.margin >= TRAINING_MARGIN {
             return Reference { case, accepted: Some((problem, run)), draws };
         }
@@ -664,9 +728,9 @@ pub fn training_references(plan: &Plan) -> Vec<Reference> {
         .collect()
 }
 
-/// Each reference's problem trained by the GPU through the production path (CUDA graphs), from the same
-/// initial parameters and sample order: the parameters and the summed loss within TRAINING_TOLERANCE
-/// relative.
+/// Each reference's problem trained by the GPU through the production path (CUDA graphs; a scheduled case
+/// in two calls, its warm-up and the rest, as the training loop's chunks fall), from the same initial
+/// parameters and sample order: the parameters and the summed loss within TRAINING_TOLERANCE relative.
 pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     for Reference { case, accepted, draws } in references {
@@ -689,13 +753,26 @@ pub fn training_checks(gpu: &Arc<Gpu>, references: Vec<Reference>) -> Result<Vec
         };
         let mut trainer = GpuTrainer::new(gpu.clone(), &problem.params, problem.tokens.clone())?;
         trainer.use_optimizer(case.optim_config())?;
-        let loss = trainer.train(&problem.positions, case.batch, case.lr)?;
+        let rates = case.rates();
+        let warmup = case.warmup();
+        let (warm, rest) = problem.positions.split_at(warmup * case.batch);
+        let mut loss = 0.0;
+        for (part, rates) in [(warm, &rates[..warmup]), (rest, &rates[warmup..])] {
+            if !part.is_empty() {
+                loss += trainer.train_steps(part, case.batch, rates)?;
+            }
+        }
         let (rel_error, at) = worst_training_error(&trainer.params()?, loss, &cpu.params, cpu.loss);
         let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
         let optim =
             if case.optim == OptimKind::Sgd { String::new() } else { format!(", {}", case.optim_config().describe()) };
+        let how = match case.rates {
+            CaseRates::Schedule(s) if s.describe().is_empty() => "(graph)".to_string(),
+            CaseRates::Schedule(s) => format!("({})", s.describe()),
+            CaseRates::Alternating => "(every other step at lr/10)".to_string(),
+        };
         out.push(Check {
-            kernel: format!("{} steps (graph){what}{optim}, worst: {at}{drawn}", case.steps),
+            kernel: format!("{} steps {how}{what}{optim}, worst: {at}{drawn}", case.steps),
             shape,
             rel_error,
             tolerance: TRAINING_TOLERANCE,

@@ -12,7 +12,7 @@ use super::{CpuTrainer, TextTrainer};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::interrupt;
-use crate::ops::optim::{OptimConfig, OptimKind};
+use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, ScheduleArgs};
 use crate::report::{self, Display, EpochRow, Report, Status};
 use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Context, Result, anyhow, bail};
@@ -70,6 +70,9 @@ pub struct TrainArgs {
     /// L2 weight decay of --optim momentum or adam, added to the gradient as wd·θ
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f32,
+    #[command(flatten)]
+    /// The learning-rate schedule (`--lr-schedule`, `--warmup`, `--min-lr`).
+    pub schedule: ScheduleArgs,
     /// Passes over the training samples [default: 5; on the CPU: 3]
     #[arg(short = 'e', long)]
     pub epochs: Option<usize>,
@@ -181,6 +184,9 @@ impl TrainArgs {
             "lr": report::decimal(plan.lr),
             "optim": self.optim.name(),
             "weight_decay": report::decimal(self.weight_decay),
+            "lr_schedule": self.schedule.lr_schedule.name(),
+            "warmup": self.schedule.warmup,
+            "min_lr": report::decimal(self.schedule.min_lr),
             "epochs": plan.epochs,
             "batch": plan.batch,
             "seed": self.seed,
@@ -332,6 +338,8 @@ impl TrainingCommand for TrainArgs {
         let (backend, device_line) = device::select_described(args.device)?;
         let on_cpu = matches!(backend, device::Backend::Cpu);
         let plan = args.plan(on_cpu);
+        let schedule = args.schedule.schedule(plan.lr)?;
+        schedule.check(split.train.len().div_ceil(plan.batch) * plan.epochs)?;
         let display = Display::new(args.quiet, args.json, plan.epochs).log_every(args.log_every);
         let batch = plan.batch.min(split.train.len());
         shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
@@ -346,6 +354,7 @@ impl TrainingCommand for TrainArgs {
         };
         let summary = Summary {
             plan,
+            schedule,
             cpu_line,
             device: device_line,
             device_fields: report::DeviceFields::of(&backend),
@@ -414,6 +423,7 @@ impl TrainingCommand for TrainArgs {
         let plan = summary.plan;
         let options = TrainOptions {
             lr: plan.lr,
+            schedule: summary.schedule,
             epochs: plan.epochs,
             batch: plan.batch,
             seed: args.seed,
@@ -535,6 +545,8 @@ fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u
 /// What a run trains on and with: printed before training and repeated in the `--json` summary.
 struct Summary {
     plan: Plan,
+    /// The learning-rate schedule over the run's steps.
+    schedule: LrSchedule,
     /// On the CPU: what it trains with and how long that should take.
     cpu_line: Option<String>,
     device: String,
@@ -576,8 +588,12 @@ impl Summary {
             report::count(self.val_evaluated),
             args.val_max
         ));
+        let schedule = match self.schedule.describe() {
+            s if s.is_empty() => String::new(),
+            s => format!(", {s}"),
+        };
         display.line(&format!(
-            "model: context {}, embed {}, hidden {}: {} parameters; {}, batch {}, {} epoch{}",
+            "model: context {}, embed {}, hidden {}: {} parameters; {}{schedule}, batch {}, {} epoch{}",
             shape.context,
             shape.embed,
             shape.hidden,

@@ -274,8 +274,9 @@ impl BatchTrainer {
 }
 
 impl TextTrainer for BatchTrainer {
-    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
-        Ok(positions.chunks(batch.max(1)).map(|step| self.step(step, lr)).sum())
+    fn train_steps(&mut self, positions: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
+        super::check_rates(positions.len(), batch, rates)?;
+        Ok(positions.chunks(batch.max(1)).zip(rates).map(|(step, &lr)| self.step(step, lr)).sum())
     }
 
     fn evaluate(&mut self, positions: &[u32]) -> Result<EvalSums> {

@@ -17,15 +17,20 @@ pub mod tokenizer;
 pub mod train;
 pub mod vocab;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use model::{EvalSums, TextParams};
 
 /// A training backend. It owns the parameters (on the GPU: resident in device memory) and the token
 /// stream; callers address samples by the position of their target token in that stream.
 pub trait TextTrainer {
-    /// Trains on the samples at `positions`, in that order, `batch` samples per SGD step (the last step
-    /// may be shorter). Returns the summed per-sample loss.
-    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64>;
+    /// Trains on the samples at `positions`, in that order, `batch` samples per step (the last step may
+    /// be shorter), step k at learning rate `rates[k]` (`rates.len()` = the number of steps). Returns the
+    /// summed per-sample loss.
+    fn train_steps(&mut self, positions: &[u32], batch: usize, rates: &[f32]) -> Result<f64>;
+    /// `train_steps` at the one learning rate `lr` for every step.
+    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
+        self.train_steps(positions, batch, &vec![lr; positions.len().div_ceil(batch.max(1))])
+    }
     /// Loss and top-1/top-5 hits over `positions`, without updating anything.
     fn evaluate(&mut self, positions: &[u32]) -> Result<EvalSums>;
     /// A host copy of the current parameters.
@@ -38,7 +43,8 @@ pub struct CpuTrainer {
     pub params: TextParams,
     /// The corpus's token ids.
     pub tokens: std::sync::Arc<[u32]>,
-    /// Momentum or Adam (`model::optimizer_update`) in place of SGD at the `train` call's lr.
+    /// Momentum or Adam (`model::optimizer_update`) in place of SGD, each step at its rate (which replaces
+    /// the optimizer's `lr`).
     pub optimizer: Option<crate::ops::optim::Optimizer>,
 }
 
@@ -49,14 +55,25 @@ impl CpuTrainer {
     }
 }
 
+/// Ok when `rates` has one rate per step of `samples` samples in batches of `batch`.
+fn check_rates(samples: usize, batch: usize, rates: &[f32]) -> Result<()> {
+    let steps = samples.div_ceil(batch.max(1));
+    if rates.len() != steps {
+        bail!("internal: {} learning rates for {steps} steps", rates.len());
+    }
+    Ok(())
+}
+
 impl TextTrainer for CpuTrainer {
-    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
+    fn train_steps(&mut self, positions: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
+        check_rates(positions.len(), batch, rates)?;
         let mut loss = 0.0;
         let n = self.params.shape.context;
-        for step in positions.chunks(batch.max(1)) {
+        for (step, &lr) in positions.chunks(batch.max(1)).zip(rates) {
             loss += match &mut self.optimizer {
                 None => model::train_step(&mut self.params, &self.tokens, step, lr),
                 Some(optimizer) => {
+                    optimizer.config.lr = lr;
                     let contexts: Vec<&[u32]> =
                         step.iter().map(|&pos| model::context_of(&self.tokens, pos, n)).collect();
                     let targets: Vec<u32> = step.iter().map(|&pos| self.tokens[pos as usize]).collect();

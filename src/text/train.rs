@@ -1,7 +1,8 @@
 //! The training loop, the same for every backend: it drives a `TextTrainer` through seeded-shuffled
-//! epochs in chunks (so progress can be shown), validates after each epoch, and stops at the first
-//! non-finite loss, handing back the parameters of the last good epoch. Also the unigram baseline the
-//! epochs are measured against, and the choice of trainer for a `Backend`.
+//! epochs in chunks (so progress can be shown), each step at its rate of the learning-rate schedule,
+//! validates after each epoch, and stops at the first non-finite loss, handing back the parameters of
+//! the last good epoch. Also the unigram baseline the epochs are measured against, and the choice of
+//! trainer for a `Backend`.
 
 use super::cpu_batch::BatchTrainer;
 use super::gpu::GpuTrainer;
@@ -9,7 +10,7 @@ use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
 use crate::cpu::SeededRng;
 use crate::device::Backend;
-use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, Optimizer};
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The trainer for `backend`, owning `params` and the token stream, for steps of `batch` samples updated
-/// with `optim`. SGD: on the GPU the fused kernels' update at the lr of each `train` call; on the CPU
+/// with `optim`. SGD: on the GPU the fused kernels' update at each step's rate; on the CPU
 /// single samples take the reference (`CpuTrainer`), batches the batched, multi-threaded
 /// `cpu_batch::BatchTrainer` (the same math). Momentum and Adam: the GPU's tiled path with the shared
 /// update, or the reference with `model::optimizer_update`.
@@ -49,11 +50,13 @@ pub fn make_trainer(
 #[derive(Clone, Copy, Debug)]
 /// How the training loop runs.
 pub struct TrainOptions {
-    /// The learning rate.
+    /// The learning rate (the schedule's base rate).
     pub lr: f32,
+    /// How the rate moves over the run's steps (epochs × ⌈training samples / batch⌉).
+    pub schedule: LrSchedule,
     /// Passes over the training samples.
     pub epochs: usize,
-    /// Samples per SGD step.
+    /// Samples per optimizer step.
     pub batch: usize,
     /// Seeds the per-epoch shuffle (the parameter initialisation takes the seed separately).
     pub seed: u64,
@@ -183,9 +186,15 @@ fn run_epoch(
     // epoch and the batch, so where a run's chunks fall never changes its result.
     let mut chunk = batch;
     let mut done = 0;
+    // Step k of the run is at the schedule's rate k; a chunk is whole steps.
+    let steps = order.len().div_ceil(batch);
+    let total = steps * options.epochs;
     while done < order.len() {
         let part = &order[done..(done + chunk).min(order.len())];
-        let loss = trainer.train(part, options.batch, options.lr)?;
+        let first = (epoch - 1) * steps + done / batch;
+        let rates: Vec<f32> =
+            (first..first + part.len().div_ceil(batch)).map(|k| options.schedule.rate(options.lr, k, total)).collect();
+        let loss = trainer.train_steps(part, options.batch, &rates)?;
         if !loss.is_finite() {
             return Ok(EpochEnd::NonFinite("training loss"));
         }

@@ -19,9 +19,11 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let start = XorParams::init(4, Activation::Sigmoid, 1);
     let reports = EPOCHS.div_ceil(REPORT_EVERY);
     let mut losses = gpu.stream.alloc_zeros::<f32>(reports)?;
+    let rates = vec![LR; EPOCHS];
+    let device_rates = gpu.stream.clone_htod(&rates)?;
     // Warm-up: the module compiled and loaded, the first launch paid.
     let mut warm = GpuXor::new(gpu.clone(), &start)?;
-    warm.train(EPOCHS, LR, REPORT_EVERY)?;
+    warm.train(&rates, REPORT_EVERY)?;
 
     let mut device_ms = Vec::with_capacity(repeats);
     let mut round_trip_ms = Vec::with_capacity(repeats);
@@ -29,10 +31,10 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     for _ in 0..repeats.max(1) {
         let mut t = GpuXor::new(gpu.clone(), &start)?;
         gpu.stream.synchronize()?;
-        device_ms.push(time_on_device(gpu, || t.enqueue(EPOCHS, LR, REPORT_EVERY, &mut losses))?);
+        device_ms.push(time_on_device(gpu, || t.enqueue(&device_rates, REPORT_EVERY, &mut losses))?);
         let wall = Instant::now();
         let mut t = GpuXor::new(gpu.clone(), &start)?;
-        let recorded = t.train(EPOCHS, LR, REPORT_EVERY)?;
+        let recorded = t.train(&rates, REPORT_EVERY)?;
         let params = t.params()?;
         round_trip_ms.push(wall.elapsed().as_secs_f64() * 1e3);
         last = Some((params, recorded));
@@ -41,7 +43,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
 
     let wall = Instant::now();
     let mut cpu = start.clone();
-    let cpu_losses = model::train(&mut cpu, EPOCHS, LR, REPORT_EVERY);
+    let cpu_losses = model::train(&mut cpu, &rates, REPORT_EVERY);
     let cpu_ms = wall.elapsed().as_secs_f64() * 1e3;
 
     let predictions: Vec<f32> = INPUTS.iter().map(|x| model::predict(&gpu_params, *x)).collect();

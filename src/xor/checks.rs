@@ -1,6 +1,7 @@
 //! The XOR pipeline's selftest checks: xor_train for one epoch against one SGD step of the CPU reference
 //! (relative 1e-5), and for the whole 5000-epoch run against the CPU reference's run (parameters and the
-//! recorded losses, relative 1e-3) with sigmoid and tanh at H = 37 and 100 (see `RUN_HIDDEN`). ReLU gets the one-epoch checks only: on the four
+//! recorded losses, relative 1e-3) with sigmoid and tanh at H = 37 and 100 (see `RUN_HIDDEN`), at a
+//! constant rate and under `RUN_SCHEDULE` (a rate per epoch). ReLU gets the one-epoch checks only: on the four
 //! XOR points its units drift onto the kink within tens of epochs (a unit inactive at a point is pushed to
 //! the boundary and stays there), where rounding decides ReLU′, so no long ReLU run can test the kernel.
 //!
@@ -18,6 +19,7 @@ use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
 use crate::ops::activations::Activation;
+use crate::ops::optim::{LrSchedule, LrScheduleKind};
 use anyhow::Result;
 use rand::RngExt;
 use std::sync::Arc;
@@ -35,6 +37,16 @@ pub const REPORT_EVERY: usize = 500;
 pub fn run_lr(hidden: usize, activation: Activation) -> f32 {
     let tanh = if activation == Activation::Tanh { 0.5 } else { 1.0 };
     LR * tanh * (4.0 / hidden as f32).min(1.0)
+}
+
+/// The whole-run checks' learning-rate schedule besides the constant one: 500 epochs of warm-up, then a
+/// cosine down to 0. Its rates differ from the constant run's from the first epoch on (a kernel stepping
+/// at one rate misses by far more than TOLERANCE: tests/it/xor_checks.rs).
+pub const RUN_SCHEDULE: LrSchedule = LrSchedule { kind: LrScheduleKind::Cosine, warmup: 500, min_lr: 0.0 };
+
+/// The rate of each epoch of the whole-run check for `hidden` units under `schedule`.
+pub fn run_rates(hidden: usize, activation: Activation, schedule: LrSchedule) -> Vec<f32> {
+    schedule.rates(run_lr(hidden, activation), EPOCHS)
 }
 
 /// How far the reference may move under a relative 1e-6 change of its start for a problem to be
@@ -73,7 +85,9 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         let mut rng = plan.rng("xor training");
         for activation in [Activation::Sigmoid, Activation::Tanh] {
             for hidden in RUN_HIDDEN {
-                out.push(run_check(gpu, hidden, activation, &mut rng)?);
+                for schedule in [LrSchedule::default(), RUN_SCHEDULE] {
+                    out.push(run_check(gpu, hidden, activation, schedule, &mut rng)?);
+                }
             }
         }
     }
@@ -95,7 +109,9 @@ fn label(hidden: usize, activation: Activation) -> String {
     format!("H={hidden} {}", activation.name())
 }
 
-/// One epoch at lr 10 (the update far above the parameters' rounding) against one CPU step.
+/// One epoch at lr 10 (the update far above the parameters' rounding) against one CPU step. The launch
+/// runs a second epoch at rate 0, which leaves the parameters as they are, so a kernel that reads another
+/// epoch's rate (an index off by one) moves them by 0 or by whatever lies past the rates, and fails.
 fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut SeededRng) -> Result<Vec<Check>> {
     const STEP_LR: f32 = 10.0;
     let p = loop {
@@ -106,7 +122,7 @@ fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut 
     };
     let (loss, g) = model::loss_and_grads(&p);
     let mut t = GpuXor::new(gpu.clone(), &p)?;
-    let losses = t.train(1, STEP_LR, 1)?;
+    let losses = t.train(&[STEP_LR, 0.0], 2)?;
     let after = t.params()?;
     let delta = |before: &[f32], after: &[f32]| -> Vec<f32> { before.iter().zip(after).map(|(b, a)| b - a).collect() };
     let scaled = |g: &[f32]| -> Vec<f32> { g.iter().map(|x| STEP_LR * x).collect() };
@@ -162,34 +178,29 @@ fn step_checks(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut 
     ])
 }
 
-/// A problem for the whole-run check and the reference's run over it (final parameters and losses), or
-/// None when MAX_DRAWS seeds in a row were too sensitive.
+/// A problem for the whole-run check of `hidden` units, epoch k at `rates[k]`, and the reference's run
+/// over it (final parameters and losses), or None when MAX_DRAWS seeds in a row were too sensitive.
 pub fn reference_problem(
     hidden: usize,
     activation: Activation,
+    rates: &[f32],
     rng: &mut SeededRng,
 ) -> (usize, Option<(XorParams, XorParams, Vec<f32>)>) {
     for draws in 1..=MAX_DRAWS {
         let start = XorParams::init(hidden, activation, rng.random());
         let mut end = start.clone();
-        let mut losses = Vec::new();
-        for epoch in 0..EPOCHS {
-            let loss = model::sgd_step(&mut end, run_lr(hidden, activation));
-            if epoch % REPORT_EVERY == 0 {
-                losses.push(loss);
-            }
-        }
+        let losses = model::train(&mut end, rates, REPORT_EVERY);
         let mut moved = start.clone();
         for w in moved.w1.iter_mut().chain(moved.b1.iter_mut()).chain(moved.w2.iter_mut()) {
             *w *= 1.0 + 1e-6;
         }
-        model::train(&mut moved, EPOCHS, run_lr(hidden, activation), REPORT_EVERY);
+        model::train(&mut moved, rates, REPORT_EVERY);
         // The same run with rounding-sized differences at every step (`loss_and_grads_summed`), as the
         // GPU's summation order and `expf` make.
         let mut rerounded = start.clone();
         let mut rerounded_losses = Vec::new();
-        for epoch in 0..EPOCHS {
-            let loss = model::sgd_step_summed(&mut rerounded, run_lr(hidden, activation), true);
+        for (epoch, &lr) in rates.iter().enumerate() {
+            let loss = model::sgd_step_summed(&mut rerounded, lr, true);
             if epoch % REPORT_EVERY == 0 {
                 rerounded_losses.push(loss);
             }
@@ -214,20 +225,32 @@ pub fn worst_error(got: &XorParams, want: &XorParams) -> f64 {
     .fold(0.0, f64::max)
 }
 
-fn run_check(gpu: &Arc<Gpu>, hidden: usize, activation: Activation, rng: &mut SeededRng) -> Result<Check> {
-    let (draws, problem) = reference_problem(hidden, activation, rng);
+fn run_check(
+    gpu: &Arc<Gpu>,
+    hidden: usize,
+    activation: Activation,
+    schedule: LrSchedule,
+    rng: &mut SeededRng,
+) -> Result<Check> {
+    let rates = run_rates(hidden, activation, schedule);
+    let (draws, problem) = reference_problem(hidden, activation, &rates, rng);
     let shape = label(hidden, activation);
+    let scheduled = match schedule.describe() {
+        d if d.is_empty() => String::new(),
+        d => format!(", {d}"),
+    };
     let Some((start, cpu, cpu_losses)) = problem else {
         return Ok(Check {
-            kernel: format!("{} epochs: no problem of {draws} was tame enough to compare", EPOCHS),
+            kernel: format!("{EPOCHS} epochs{scheduled}: no problem of {draws} was tame enough to compare"),
             shape,
             rel_error: f64::INFINITY,
             tolerance: TOLERANCE,
         });
     };
     let mut t = GpuXor::new(gpu.clone(), &start)?;
-    let losses = t.train(EPOCHS, run_lr(hidden, activation), REPORT_EVERY)?;
+    let losses = t.train(&rates, REPORT_EVERY)?;
     let rel_error = worst_error(&t.params()?, &cpu).max(rel_error(&losses, &cpu_losses));
     let drawn = if draws > 1 { format!(" ({draws} problems drawn)") } else { String::new() };
-    Ok(Check { kernel: format!("{} epochs in one launch{drawn}", EPOCHS), shape, rel_error, tolerance: TOLERANCE })
+    let kernel = format!("{EPOCHS} epochs in one launch{scheduled}{drawn}");
+    Ok(Check { kernel, shape, rel_error, tolerance: TOLERANCE })
 }

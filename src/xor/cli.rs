@@ -9,6 +9,7 @@ use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::activations::Activation;
+use crate::ops::optim::{LrSchedule, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
 use crate::run::{self, Ending, TrainingCommand};
@@ -30,6 +31,9 @@ pub struct XorArgs {
     /// this MSE model is unstable)
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     pub lr: f32,
+    #[command(flatten)]
+    /// The learning-rate schedule (`--lr-schedule`, `--warmup`, `--min-lr`); a step is an epoch.
+    pub schedule: ScheduleArgs,
     /// SGD steps, each on all four points
     #[arg(short = 'e', long, default_value_t = 5000)]
     pub epochs: usize,
@@ -63,7 +67,8 @@ pub struct XorArgs {
 /// The four points make one full batch.
 const BATCH: usize = INPUTS.len();
 
-fn check_args(args: &XorArgs) -> Result<()> {
+/// The flags checked; returns the learning-rate schedule they ask for.
+fn check_args(args: &XorArgs) -> Result<LrSchedule> {
     if args.hidden == 0 {
         bail!("--hidden must be at least 1, got 0");
     }
@@ -74,7 +79,9 @@ fn check_args(args: &XorArgs) -> Result<()> {
     if args.report_every == 0 {
         bail!("--log-every must be at least 1, got 0");
     }
-    Ok(())
+    let schedule = args.schedule.schedule(args.lr)?;
+    schedule.check(args.epochs)?;
+    Ok(schedule)
 }
 
 fn parameter_count(hidden: usize) -> usize {
@@ -91,6 +98,7 @@ pub struct Setup {
     _lock: fsutil::OutputLock,
     display: Display,
     backend: Backend,
+    schedule: LrSchedule,
     /// The loss of the XOR model already at --out, which a run must match to replace it.
     baseline: Option<f64>,
 }
@@ -109,7 +117,7 @@ impl TrainingCommand for XorArgs {
 
     fn setup(&self) -> Result<Setup> {
         let args = self;
-        check_args(args)?;
+        let schedule = check_args(args)?;
         let lock = fsutil::check_output(&args.out, &[])?;
         crate::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
@@ -121,12 +129,19 @@ impl TrainingCommand for XorArgs {
                 args.hidden
             );
         }
-        // Parameters, gradients, pre-activations and activations, and the copies made to write the file.
+        // Parameters, gradients, pre-activations and activations, and the copies made to write the file; a
+        // learning rate per epoch.
         let bytes = (args.hidden as u64).saturating_mul(96);
-        MemoryNeed { parts: vec![("the model", bytes, "--hidden")] }.check(resources::available_memory())?;
+        let rates = 4 * args.epochs as u64;
+        MemoryNeed { parts: vec![("the model", bytes, "--hidden"), ("the learning rates", rates, "--epochs")] }
+            .check(resources::available_memory())?;
+        let schedule_text = match schedule.describe() {
+            s if s.is_empty() => String::new(),
+            s => format!(", {s}"),
+        };
         display.line(&format!(
-            "model 2 → {} ({}) → 1, {} parameters, mean squared error; SGD lr {} on all 4 points, {} epoch{}, \
-             seed {}; device {}",
+            "model 2 → {} ({}) → 1, {} parameters, mean squared error; SGD lr {} on all 4 points{schedule_text}, \
+             {} epoch{}, seed {}; device {}",
             args.hidden,
             args.activation.name(),
             parameter_count(args.hidden),
@@ -148,22 +163,23 @@ impl TrainingCommand for XorArgs {
             }
             None => None,
         };
-        Ok(Setup { _lock: lock, display, backend, baseline })
+        Ok(Setup { _lock: lock, display, backend, schedule, baseline })
     }
 
     fn train(&self, setup: Setup) -> Result<Trained> {
         let args = self;
         let mut params = XorParams::init(args.hidden, args.activation, args.seed);
+        let rates = setup.schedule.rates(args.lr, args.epochs);
         let (losses, seconds) = match &setup.backend {
             Backend::Cpu => {
                 let start = Instant::now();
-                let losses = model::train(&mut params, args.epochs, args.lr, args.report_every);
+                let losses = model::train(&mut params, &rates, args.report_every);
                 (losses, start.elapsed().as_secs_f64())
             }
             Backend::Cuda(gpu) => {
                 let mut trainer = GpuXor::new(gpu.clone(), &params)?;
                 let start = Instant::now();
-                let losses = trainer.train(args.epochs, args.lr, args.report_every)?;
+                let losses = trainer.train(&rates, args.report_every)?;
                 let seconds = start.elapsed().as_secs_f64();
                 params = trainer.params()?;
                 (losses, seconds)
@@ -174,7 +190,7 @@ impl TrainingCommand for XorArgs {
 
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
-        let Trained { setup: Setup { display, backend, baseline, .. }, params, losses, seconds } = trained;
+        let Trained { setup: Setup { display, backend, schedule, baseline, .. }, params, losses, seconds } = trained;
         let final_loss = model::loss_and_grads(&params).0;
         let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
 
@@ -273,6 +289,9 @@ impl TrainingCommand for XorArgs {
                     "hidden": args.hidden,
                     "activation": args.activation.name(),
                     "lr": report::decimal(args.lr),
+                    "lr_schedule": schedule.kind.name(),
+                    "warmup": schedule.warmup,
+                    "min_lr": report::decimal(schedule.min_lr),
                     "epochs": args.epochs,
                     "batch": BATCH,
                     "seed": args.seed,

@@ -41,9 +41,9 @@ impl GpuXor {
         })
     }
 
-    /// Queues `epochs` SGD epochs in one launch; the loss of every `report_every`-th epoch goes to
-    /// `losses` (at least ⌈epochs / report_every⌉ long).
-    pub fn enqueue(&mut self, epochs: usize, lr: f32, report_every: usize, losses: &mut CudaSlice<f32>) -> Result<()> {
+    /// Queues one SGD epoch per entry of `rates` (device memory, epoch k at `rates[k]`) in one launch;
+    /// the loss of every `report_every`-th epoch goes to `losses` (at least ⌈epochs / report_every⌉ long).
+    pub fn enqueue(&mut self, rates: &CudaSlice<f32>, report_every: usize, losses: &mut CudaSlice<f32>) -> Result<()> {
         let hidden = self.b1.len();
         let threads = hidden.div_ceil(32) * 32;
         let g = &*self.gpu;
@@ -54,25 +54,30 @@ impl GpuXor {
             Arg::buf(g, &self.b2),
             Arg::i32(hidden as i32),
             Arg::i32(self.activation.kernel_code()),
-            Arg::i32(epochs as i32),
-            Arg::f32(lr),
+            Arg::i32(rates.len() as i32),
+            Arg::buf(g, rates),
             Arg::i32(report_every.max(1) as i32),
             Arg::buf(g, losses),
         ];
         g.launch_sized(&self.kernel, (1, 1), threads as u32, 0, false, &args)
     }
 
-    /// `epochs` epochs; returns the recorded losses (poisoned with NaN first, so an unwritten one shows).
-    pub fn train(&mut self, epochs: usize, lr: f32, report_every: usize) -> Result<Vec<f32>> {
+    /// One epoch per entry of `rates`, epoch k at learning rate `rates[k]`; returns the recorded losses
+    /// (poisoned with NaN first, so an unwritten one shows).
+    pub fn train(&mut self, rates: &[f32], report_every: usize) -> Result<Vec<f32>> {
+        let epochs = rates.len();
         if epochs > i32::MAX as usize {
             bail!("--epochs {epochs} is more than the GPU kernel counts to");
         }
+        if epochs == 0 {
+            return Ok(Vec::new());
+        }
         let reports = epochs.div_ceil(report_every.max(1));
-        let mut losses = self.gpu.stream.clone_htod(&vec![f32::NAN; reports.max(1)])?;
-        self.enqueue(epochs, lr, report_every, &mut losses)?;
-        let mut losses = self.gpu.stream.clone_dtoh(&losses).context("xor_train failed")?;
-        losses.truncate(reports);
-        Ok(losses)
+        let stream = self.gpu.stream.clone();
+        let mut losses = stream.clone_htod(&vec![f32::NAN; reports])?;
+        let rates = stream.clone_htod(rates).context("copying the learning rates to the GPU")?;
+        self.enqueue(&rates, report_every, &mut losses)?;
+        stream.clone_dtoh(&losses).context("xor_train failed")
     }
 
     /// A host copy of the parameters.

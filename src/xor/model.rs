@@ -161,11 +161,12 @@ pub fn sgd_step_summed(p: &mut XorParams, lr: f32, perturbed: bool) -> f32 {
     loss
 }
 
-/// `epochs` SGD steps; returns the loss of every `report_every`-th epoch (epochs 0, k, 2k, …), each taken
-/// before that epoch's update, as the kernel records them.
-pub fn train(p: &mut XorParams, epochs: usize, lr: f32, report_every: usize) -> Vec<f32> {
-    let mut losses = Vec::with_capacity(epochs.div_ceil(report_every.max(1)));
-    for epoch in 0..epochs {
+/// One SGD step per entry of `rates`, epoch k at learning rate `rates[k]`; returns the loss of every
+/// `report_every`-th epoch (epochs 0, k, 2k, …), each taken before that epoch's update, as the kernel
+/// records them.
+pub fn train(p: &mut XorParams, rates: &[f32], report_every: usize) -> Vec<f32> {
+    let mut losses = Vec::with_capacity(rates.len().div_ceil(report_every.max(1)));
+    for (epoch, &lr) in rates.iter().enumerate() {
         let loss = sgd_step(p, lr);
         if epoch % report_every.max(1) == 0 {
             losses.push(loss);

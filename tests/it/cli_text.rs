@@ -91,6 +91,44 @@ fn json_output_is_one_object() {
     assert!(top.iter().all(|c| c["token"].is_string() && c["id"].is_u64()));
 }
 
+/// `--lr-schedule`, `--warmup` and `--min-lr` reach the trainer (each changes the model the run writes),
+/// and the report and the description line say which schedule it was.
+#[test]
+fn the_learning_rate_schedule_changes_the_run_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, flags: &[&str]| -> (serde_json::Value, Vec<u8>, String) {
+        let model = dir.path().join(name);
+        let base = ["--json", "--epochs", "2", "--batch", "16", "--lr", "0.2", "--keep", "last", "--no-shuffle"];
+        let out = textnet(&train_args(&shakespeare(), &model, &[&base[..], flags].concat()));
+        assert!(out.status.success(), "{flags:?}: {}", text(&out.stderr));
+        let report = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+        (report, std::fs::read(&model).unwrap(), text(&out.stderr))
+    };
+    let (report, constant, said) = run("constant.safetensors", &[]);
+    assert_eq!(report["config"]["lr_schedule"], "constant");
+    assert_eq!((report["config"]["warmup"].as_u64(), report["config"]["min_lr"].as_f64()), (Some(0), Some(0.0)));
+    assert!(said.contains("sgd lr 0.2, batch 16, 2 epochs"), "{said}");
+    for (flags, kind, warmup, min_lr, described) in [
+        (&["--lr-schedule", "cosine"][..], "cosine", 0, 0.0, "cosine schedule to 0"),
+        (
+            &["--lr-schedule", "cosine", "--warmup", "50", "--min-lr", "0.02"],
+            "cosine",
+            50,
+            0.02,
+            "cosine schedule to 0.02, 50 warm-up steps",
+        ),
+        (&["--warmup", "50"], "constant", 50, 0.0, "50 warm-up steps"),
+        (&["--lr-schedule", "step"], "step", 0, 0.0, "step schedule (×0.1 at 50 % and 75 %)"),
+    ] {
+        let (report, model, said) = run(&format!("m{}.safetensors", flags.join("")), flags);
+        let config = &report["config"];
+        assert_eq!(config["lr_schedule"], kind, "{flags:?}");
+        assert_eq!((config["warmup"].as_u64(), config["min_lr"].as_f64()), (Some(warmup), Some(min_lr)), "{flags:?}");
+        assert!(said.contains(&format!("sgd lr 0.2, {described}, batch 16, 2 epochs")), "{flags:?}: {said}");
+        assert_ne!(model, constant, "{flags:?} trained as the constant rate does");
+    }
+}
+
 #[test]
 fn divergence_in_the_first_epoch_writes_nothing_and_fails() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,6 +180,16 @@ fn bad_training_inputs_are_one_line_errors() {
         (train_args(&corpus, &out, &["--lr", "-1"]), "--lr must be a positive finite number"),
         (train_args(&corpus, &out, &["--lr=-inf"]), "--lr must be a positive finite number"),
         (train_args(&corpus, &out, &["--lr", "0"]), "--lr must be a positive finite number"),
+        (
+            train_args(&corpus, &out, &["--lr", "0.1", "--lr-schedule", "cosine", "--min-lr", "0.5"]),
+            "--min-lr 0.5 is above --lr 0.1",
+        ),
+        (train_args(&corpus, &out, &["--min-lr", "0.01"]), "--min-lr applies to --lr-schedule cosine only"),
+        (
+            train_args(&corpus, &out, &["--lr-schedule", "cosine", "--min-lr", "-1"]),
+            "--min-lr must be a finite number ≥ 0",
+        ),
+        (train_args(&corpus, &out, &["--warmup", "100000"]), "--warmup 100000 is as long as the whole run"),
         (train_args(&corpus, &out, &["--context", "18446744073709551615"]), "needs at least"),
         (train_args(&corpus, &out, &["--hidden", "99999999999"]), "too large"),
         (train_args(&corpus, dir.path(), &[]), "is a directory"),

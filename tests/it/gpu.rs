@@ -9,7 +9,7 @@ use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
-use textnet::ops::optim::{OptimConfig, OptimKind};
+use textnet::ops::optim::{LrSchedule, OptimConfig, OptimKind};
 use textnet::pipelines;
 
 /// Each pipeline in the list, all groups of checks, from one seed printed so that a failure can be
@@ -49,23 +49,23 @@ fn gpu_training_on_fashion_mnist_learns() {
         64,
     )
     .unwrap();
-    let (history, eval) =
-        train::run(&mut t, data.train.len(), Schedule { epochs: 2, batch: 64, seed: 3 }, &mut ()).unwrap();
+    let schedule = Schedule { epochs: 2, batch: 64, seed: 3, lr: 1e-3, lr_schedule: LrSchedule::default() };
+    let (history, eval) = train::run(&mut t, data.train.len(), schedule, &mut ()).unwrap();
     assert_eq!(eval.samples, 10_000);
     assert!(history[1].train_loss < history[0].train_loss, "{history:?}");
     assert!(eval.accuracy() >= 0.83, "test accuracy {:.4} after 2 epochs", eval.accuracy());
 }
 
 /// The launch check's source of truth: the driver's parameter sizes of a kernel whose signature is known
-/// (`xor_train(float* w1, float* b1, float* w2, float* b2, int H, int activation, int epochs, float lr,
-/// int report_every, float* losses)`).
+/// (`xor_train(float* w1, float* b1, float* w2, float* b2, int H, int activation, int epochs,
+/// const float* rates, int report_every, float* losses)`).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn kernel_parameters_are_read_at_load() {
     let gpu = test_gpu();
     let module = gpu.module(&textnet::xor::gpu::MODULE).unwrap();
     let kernel = textnet::device::Gpu::function(&module, "xor_train").unwrap();
-    assert_eq!(kernel.parameter_sizes(), Some(&[8, 8, 8, 8, 4, 4, 4, 4, 4, 8][..]));
+    assert_eq!(kernel.parameter_sizes(), Some(&[8, 8, 8, 8, 4, 4, 4, 8, 4, 8][..]));
 }
 
 /// Every module the selftest needs was compiled when the binary was built (fused/precompiled.txt): the

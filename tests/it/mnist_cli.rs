@@ -149,6 +149,11 @@ fn bad_inputs_fail_with_one_line() {
         (&["--optim", "momentum", "--momentum", "1.5"], "--momentum"),
         (&["--momentum", "0.5"], "--momentum"),
         (&["--train-limit", "0"], "--train-limit"),
+        (&["--lr-schedule", "cosine", "--min-lr", "1"], "--min-lr 1 is above --lr 0.001"),
+        (&["--min-lr", "0.0001"], "--min-lr applies to --lr-schedule cosine only"),
+        (&["--lr-schedule", "cosine", "--min-lr", "-1"], "--min-lr must be a finite number ≥ 0"),
+        (&["--warmup", "10"], "--warmup 10 is as long as the whole run (10 optimizer steps)"),
+        (&["--warmup", "6", "--epochs", "2", "--batch", "8"], "--warmup 6 is as long as the whole run (6 optimizer"),
         (&["--out", d], "--out"),
         (&["--data", "/nonexistent/textnet-data"], "no such directory"),
         (&["--data", e], "train-images-idx3-ubyte"),
@@ -175,6 +180,79 @@ fn bad_inputs_fail_with_one_line() {
         assert!(!o.status.success() && !stderr(&o).contains("panicked"), "{extra:?}");
     }
     assert!(!out.exists(), "a failed run must not write a model");
+}
+
+/// `--lr-schedule`, `--warmup` and `--min-lr` reach both models' trainers: a scheduled run writes the
+/// parameters the library trains with the same schedule (step k of the whole run at its rate), which
+/// differ from the constant rate's, and the report and the description line say which schedule it was.
+#[test]
+fn the_learning_rate_schedule_reaches_the_mlp_and_the_cnn() {
+    use std::sync::Arc;
+    use textnet::device::Backend;
+    use textnet::mnist::cnn::{CnnParams, CnnShape};
+    use textnet::mnist::data::{self, Dataset};
+    use textnet::mnist::model::{Activation, MlpShape};
+    use textnet::mnist::train::{self, Schedule};
+    use textnet::mnist::{Classifier, ModelKind};
+    use textnet::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind};
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("data");
+    std::fs::create_dir(&data_dir).unwrap();
+    write_synthetic(&data_dir, 200, 50);
+    let data = data::load(Dataset::Mnist, Some(&data_dir), &|_| {}).unwrap();
+    // 200 images in batches of 64: 4 steps an epoch, 8 in the run.
+    let (epochs, batch, lr) = (2, 64, 0.01f32);
+    let library = |model: ModelKind, lr_schedule: LrSchedule| -> Classifier {
+        let params = match model {
+            ModelKind::Mlp => {
+                let shape = MlpShape { inputs: 784, hidden: 16, classes: 10, activation: Activation::Relu };
+                Classifier::Mlp(textnet::mnist::model::MlpParams::init(shape, 1))
+            }
+            ModelKind::Cnn => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, 1)),
+        };
+        let optim = OptimConfig { lr, ..OptimConfig::new(OptimKind::Adam) };
+        let (train_split, test_split) = (Arc::new(data.train.clone()), Arc::new(data.test.clone()));
+        let mut t = textnet::mnist::trainer(&Backend::Cpu, params, optim, train_split, test_split, batch).unwrap();
+        let schedule = Schedule { epochs, batch, seed: 1, lr, lr_schedule };
+        train::run(t.as_mut(), data.train.len(), schedule, &mut ()).unwrap();
+        t.params().unwrap()
+    };
+    for (model, name) in [(ModelKind::Mlp, "mlp"), (ModelKind::Cnn, "cnn")] {
+        let constant = library(model, LrSchedule::default());
+        for (flags, kind, warmup, min_lr) in [
+            (&["--lr-schedule", "cosine", "--min-lr", "0"][..], LrScheduleKind::Cosine, 0, 0.0),
+            (&["--lr-schedule", "cosine", "--warmup", "3", "--min-lr", "0.001"], LrScheduleKind::Cosine, 3, 0.001),
+            (&["--warmup", "5"], LrScheduleKind::Constant, 5, 0.0),
+        ] {
+            let out = tmp.path().join(format!("{name}{}.safetensors", flags.join("")));
+            let mut args = vec!["mnist", "--model", name, "--data", s(&data_dir), "--device", "cpu", "--keep", "last"];
+            args.extend([
+                "--epochs",
+                "2",
+                "--batch",
+                "64",
+                "--hidden",
+                "16",
+                "--lr",
+                "0.01",
+                "--out",
+                s(&out),
+                "--json",
+            ]);
+            args.extend(flags);
+            let o = textnet(&args);
+            assert!(o.status.success(), "{name} {flags:?}: {}", stderr(&o));
+            let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(r["config"]["lr_schedule"], kind.name(), "{flags:?}");
+            assert_eq!(r["config"]["warmup"], warmup, "{flags:?}");
+            assert_eq!(r["config"]["min_lr"].as_f64().unwrap() as f32, min_lr, "{flags:?}");
+            let said = LrSchedule { kind, warmup, min_lr }.describe();
+            assert!(stderr(&o).contains(&format!("adam lr 0.01, {said}; batch 64")), "{said}: {}", stderr(&o));
+            let (written, _) = Classifier::from_safetensors(&std::fs::read(&out).unwrap()).unwrap();
+            assert_eq!(written, library(model, LrSchedule { kind, warmup, min_lr }), "{name} {flags:?}");
+            assert_ne!(written, constant, "{name} {flags:?} trained at the constant rate");
+        }
+    }
 }
 
 #[test]

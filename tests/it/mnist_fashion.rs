@@ -9,7 +9,7 @@ use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
-use textnet::ops::optim::{OptimConfig, OptimKind};
+use textnet::ops::optim::{LrSchedule, OptimConfig, OptimKind};
 
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 
@@ -33,7 +33,7 @@ fn cpu_training_on_fashion_mnist_beats_chance_by_far() {
     let data = fashion(5000, 2000);
     let mut t = trainer(&data, Activation::Relu, OptimConfig::new(OptimKind::Adam), 1);
     let before = t.evaluate().unwrap();
-    let schedule = Schedule { epochs: 2, batch: 64, seed: 1 };
+    let schedule = Schedule { epochs: 2, batch: 64, seed: 1, lr: 1e-3, lr_schedule: LrSchedule::default() };
     let (history, eval) = train::run(&mut t, data.train.len(), schedule, &mut ()).unwrap();
     assert_eq!(history.len(), 2);
     assert_eq!(eval.samples, 2000);
@@ -53,7 +53,7 @@ fn every_optimizer_and_activation_learns() {
     ] {
         let optim = OptimConfig { weight_decay: 1e-4, clip_norm: 5.0, ..OptimConfig::new(kind) };
         let mut t = trainer(&data, activation, optim, 2);
-        let schedule = Schedule { epochs: 2, batch: 32, seed: 2 };
+        let schedule = Schedule { epochs: 2, batch: 32, seed: 2, lr: optim.lr, lr_schedule: LrSchedule::default() };
         let (_, eval) = train::run(&mut t, data.train.len(), schedule, &mut ()).unwrap();
         // Plain SGD is noisy this early (60–78% over seeds); 50% is still five times chance.
         assert!(eval.accuracy() >= 0.5, "{activation:?} {kind:?}: test accuracy {:.3}", eval.accuracy());
@@ -65,7 +65,8 @@ fn the_same_seed_trains_the_same_model() {
     let data = fashion(500, 100);
     let run = |seed| {
         let mut t = trainer(&data, Activation::Tanh, OptimConfig::new(OptimKind::Adam), seed);
-        train::run(&mut t, data.train.len(), Schedule { epochs: 2, batch: 50, seed }, &mut ()).unwrap();
+        let schedule = Schedule { epochs: 2, batch: 50, seed, lr: 1e-3, lr_schedule: LrSchedule::default() };
+        train::run(&mut t, data.train.len(), schedule, &mut ()).unwrap();
         t.params().unwrap()
     };
     assert_eq!(run(5), run(5));

@@ -43,17 +43,19 @@ fn a_reference_run_reports_a_step_that_touches_the_kink() {
     let (mut p, tokens) = tiny();
     let positions: Vec<u32> = (2..30).collect();
     p.b1 = vec![1.0, -1.0, 1.0, -1.0];
+    let rates = vec![0.01; positions.len()];
     let clear = reference_run(
         &TrainingProblem { params: p.clone(), tokens: tokens.clone(), positions: positions.clone() },
         1,
         sgd(0.01),
+        &rates,
     );
     assert!(clear.margin > TRAINING_MARGIN);
     // The first sample's context puts unit 0 on the kink.
     let mut x = vec![0.0; 5];
     model::embed_context(&p, &tokens[positions[0] as usize - 2..positions[0] as usize], &mut x);
     p.b1[0] = -p.w1[..5].iter().zip(&x).map(|(w, x)| w * x).sum::<f32>();
-    let touching = reference_run(&TrainingProblem { params: p, tokens, positions }, 1, sgd(0.01));
+    let touching = reference_run(&TrainingProblem { params: p, tokens, positions }, 1, sgd(0.01), &rates);
     assert!(touching.margin < 1e-6, "margin {}", touching.margin);
 }
 
@@ -84,12 +86,45 @@ fn training_problems_stay_clear_of_the_kink() {
         let mut rng = plan.rng(&format!("test training {i}"));
         for _ in 0..draws {
             let problem = training_problem(case, &mut rng);
-            let run = reference_run(&problem, case.batch, case.optim_config());
+            let run = reference_run(&problem, case.batch, case.optim_config(), &case.rates());
             drawn += 1;
             clear += (run.margin >= TRAINING_MARGIN) as usize;
         }
     }
     assert!(clear * 10 >= drawn * 9, "only {clear} of {drawn} problems stayed clear of the kink");
+}
+
+/// A training check at a rate per step fails a GPU trainer that stepped at the wrong rates: every step at
+/// the base rate (the schedule ignored) ends far outside TRAINING_TOLERANCE of the reference, and on the
+/// alternating cases so does every step at the next step's rate. (A smooth schedule's rates, shifted by a
+/// step, moved these runs by only 1.3e-4 to 4.5e-4: the alternating cases are there for that.)
+#[test]
+fn the_scheduled_checks_fail_a_trainer_at_the_wrong_rates() {
+    use textnet::check::rel_error;
+    use textnet::text::checks::{CaseRates, TRAINING_TOLERANCE, param_rel_errors};
+    let plan = Plan { seed: 20261127, quick: false, groups: vec![] };
+    let mut alternating = 0;
+    for (i, case) in TRAINING_CASES.iter().enumerate() {
+        let rates = case.rates();
+        if rates.iter().all(|&r| r == case.lr) {
+            continue;
+        }
+        let problem = training_problem(case, &mut plan.rng(&format!("test training {i}")));
+        let want = reference_run(&problem, case.batch, case.optim_config(), &rates);
+        let next: Vec<f32> = rates[1..].iter().chain(rates.last()).copied().collect();
+        let mut bugs = vec![("the base rate", vec![case.lr; case.steps])];
+        if case.rates == CaseRates::Alternating {
+            bugs.push(("the next step's rate", next));
+            alternating += 1;
+        }
+        for (bug, wrong) in bugs {
+            let got = reference_run(&problem, case.batch, case.optim_config(), &wrong);
+            let loss = rel_error(&[got.loss as f32], &[want.loss as f32]);
+            let worst = param_rel_errors(&got.params, &want.params).into_iter().map(|(_, e)| e).fold(loss, f64::max);
+            assert!(worst > 10.0 * TRAINING_TOLERANCE, "case {i}, {bug}: only {worst:e} from the reference");
+        }
+    }
+    assert_eq!(alternating, 4, "fused/text_sample.cu, fused/text.cu for 1 and 7 samples, the tiled kernels");
 }
 
 #[test]

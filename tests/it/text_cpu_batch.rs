@@ -93,6 +93,32 @@ fn an_sgd_step_is_the_reference_step() {
 }
 
 #[test]
+fn a_rate_per_step_is_the_reference_s() {
+    use textnet::ops::optim::{LrSchedule, LrScheduleKind};
+    // 150 samples in steps of 16 (the last of 6): 10 rates, warm-up then a cosine down to 0.
+    let (p, tokens, _) = problem(11, 2);
+    let order: Vec<u32> = (0..150).map(|i| 3 + (i * 37) % 397).collect();
+    let rates = LrSchedule { kind: LrScheduleKind::Cosine, warmup: 2, min_lr: 0.0 }.rates(0.3, 10);
+    let mut want = p.clone();
+    let mut want_loss = 0.0;
+    for (step, &lr) in order.chunks(16).zip(&rates) {
+        want_loss += model::train_step(&mut want, &tokens, step, lr);
+    }
+    let mut reference = CpuTrainer::new(p.clone(), tokens.clone());
+    assert_eq!(reference.train_steps(&order, 16, &rates).unwrap(), want_loss);
+    assert_eq!(reference.params().unwrap(), want);
+    let mut batched = BatchTrainer::new(p.clone(), tokens.clone());
+    let loss = batched.train_steps(&order, 16, &rates).unwrap();
+    assert!((loss - want_loss).abs() <= 1e-5 * want_loss, "{loss} vs {want_loss}");
+    assert_params_close("scheduled", &batched.params().unwrap(), &want, 1e-5);
+    let mut constant = CpuTrainer::new(p, tokens);
+    constant.train(&order, 16, 0.3).unwrap();
+    assert_ne!(constant.params().unwrap(), want);
+    let err = batched.train_steps(&order, 16, &rates[1..]).unwrap_err().to_string();
+    assert!(err.contains("9 learning rates for 10 steps"), "{err}");
+}
+
+#[test]
 fn batched_evaluation_is_the_reference_evaluation() {
     let (p, tokens, _) = problem(6, 2);
     let positions: Vec<u32> = (SHAPE.context as u32..400).collect();

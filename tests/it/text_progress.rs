@@ -2,6 +2,7 @@
 //! next one twice as many (up to a cap), never splitting a batch.
 
 use std::time::{Duration, Instant};
+use textnet::ops::optim::LrSchedule;
 use textnet::text::TextTrainer;
 use textnet::text::model::{EvalSums, TextParams, TextShape};
 use textnet::text::train::{Progress, TrainOptions, train};
@@ -13,7 +14,7 @@ struct Slow {
 }
 
 impl TextTrainer for Slow {
-    fn train(&mut self, positions: &[u32], _batch: usize, _lr: f32) -> anyhow::Result<f64> {
+    fn train_steps(&mut self, positions: &[u32], _batch: usize, _rates: &[f32]) -> anyhow::Result<f64> {
         std::thread::sleep(Duration::from_millis(2) * positions.len() as u32);
         self.calls.push(positions.len());
         Ok(positions.len() as f64)
@@ -46,7 +47,8 @@ fn the_first_progress_comes_after_one_batch() {
     let shape = TextShape { vocab: 5, embed: 2, hidden: 2, context: 1 };
     let mut trainer = Slow { params: TextParams::init(shape, 1), calls: Vec::new() };
     let positions: Vec<u32> = (1..1001).collect();
-    let options = TrainOptions { lr: 0.1, epochs: 1, batch: 4, seed: 1, shuffle: true };
+    let options =
+        TrainOptions { lr: 0.1, schedule: LrSchedule::default(), epochs: 1, batch: 4, seed: 1, shuffle: true };
     let mut progress = FirstAdvance::default();
     train(&mut trainer, &positions, &[1, 2], &options, &mut progress).unwrap();
     assert_eq!(trainer.calls[0], 4, "the first call trains one batch: {:?}", trainer.calls);

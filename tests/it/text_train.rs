@@ -4,13 +4,15 @@
 
 use crate::common::text::shakespeare;
 use std::sync::Arc;
-use textnet::text::CpuTrainer;
+use textnet::ops::optim::{LrSchedule, LrScheduleKind};
 use textnet::text::corpus::{Corpus, CorpusOptions, Split};
+use textnet::text::model::EvalSums;
 use textnet::text::model::{TextParams, TextShape};
 use textnet::text::modelfile::TextModel;
 use textnet::text::predict::predict;
 use textnet::text::tokenizer::Tokenizer;
 use textnet::text::train::{EpochMetrics, Progress, TrainOptions, TrainRun, train, unigram_loss};
+use textnet::text::{CpuTrainer, TextTrainer};
 
 struct Setup {
     corpus: Corpus,
@@ -32,7 +34,9 @@ fn run(s: &Setup, options: TrainOptions, progress: &mut dyn Progress) -> TrainRu
     train(&mut trainer, &s.split.train, &s.split.val, &options, progress).unwrap()
 }
 
-const OPTIONS: TrainOptions = TrainOptions { lr: 0.05, epochs: 2, batch: 1, seed: 5, shuffle: true };
+const CONSTANT: LrSchedule = LrSchedule { kind: LrScheduleKind::Constant, warmup: 0, min_lr: 0.0 };
+const OPTIONS: TrainOptions =
+    TrainOptions { lr: 0.05, schedule: CONSTANT, epochs: 2, batch: 1, seed: 5, shuffle: true };
 
 /// Counts what the hooks report.
 #[derive(Default)]
@@ -119,4 +123,43 @@ fn divergence_keeps_the_last_good_parameters() {
     assert_eq!(divergence.epoch, 1);
     assert!(result.epochs.is_empty());
     assert_eq!(result.params, initial);
+}
+
+/// A trainer that only records the rate of every step it is asked to take.
+struct RateRecorder {
+    params: TextParams,
+    rates: Vec<f32>,
+}
+
+impl TextTrainer for RateRecorder {
+    fn train_steps(&mut self, positions: &[u32], batch: usize, rates: &[f32]) -> anyhow::Result<f64> {
+        assert_eq!(rates.len(), positions.len().div_ceil(batch));
+        self.rates.extend(rates);
+        Ok(positions.len() as f64)
+    }
+    fn evaluate(&mut self, positions: &[u32]) -> anyhow::Result<EvalSums> {
+        Ok(EvalSums { samples: positions.len() as u64, loss: positions.len() as f64, top1: 0, top5: 0 })
+    }
+    fn params(&mut self) -> anyhow::Result<TextParams> {
+        Ok(self.params.clone())
+    }
+}
+
+/// Over chunks and epochs, step k of the run is at the schedule's rate k of the run's steps.
+#[test]
+fn every_step_is_at_its_rate_of_the_schedule() {
+    let shape = TextShape { vocab: 5, embed: 2, hidden: 2, context: 1 };
+    // 1000 samples in steps of 3: 334 steps an epoch (the last of one sample), in chunks of 3 to 258.
+    let positions: Vec<u32> = (1..1001).collect();
+    for schedule in [
+        LrSchedule { kind: LrScheduleKind::Cosine, warmup: 50, min_lr: 0.01 },
+        LrSchedule { kind: LrScheduleKind::Step, warmup: 0, min_lr: 0.0 },
+        LrSchedule { warmup: 400, ..CONSTANT },
+        CONSTANT,
+    ] {
+        let mut trainer = RateRecorder { params: TextParams::init(shape, 1), rates: Vec::new() };
+        let options = TrainOptions { lr: 0.5, schedule, epochs: 3, batch: 3, ..OPTIONS };
+        train(&mut trainer, &positions, &[1, 2], &options, &mut ()).unwrap();
+        assert_eq!(trainer.rates, schedule.rates(0.5, 3 * 334), "{schedule:?}");
+    }
 }

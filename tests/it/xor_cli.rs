@@ -38,7 +38,7 @@ fn default_run_learns_xor_and_writes_what_it_reports() {
     // The file holds what the CPU reference trains from the same start, in PyTorch's layouts.
     let loaded = modelfile::load(&out).unwrap();
     let mut want = XorParams::init(4, Activation::Sigmoid, 1);
-    let losses = model::train(&mut want, 5000, 0.5, 500);
+    let losses = model::train(&mut want, &[0.5; 5000], 500);
     assert_eq!(loaded, want);
     let reported: Vec<f32> =
         r["epochs"].as_array().unwrap().iter().map(|row| row["train_loss"].as_f64().unwrap() as f32).collect();
@@ -57,6 +57,54 @@ fn default_run_learns_xor_and_writes_what_it_reports() {
     assert_eq!(
         (meta["format"].as_str(), meta["activation"].as_str(), meta["hidden"].as_str()),
         ("textnet-xor", "sigmoid", "4")
+    );
+}
+
+/// A run of 400 epochs (XOR is not learned yet: the loss still moves), the loss recorded every 20, under
+/// `--lr-schedule`/`--warmup` (`flags`): its JSON report, and the losses it recorded.
+fn scheduled_run(dir: &Path, name: &str, flags: &[&str]) -> (serde_json::Value, Vec<f32>) {
+    let run = ["--epochs", "400", "--log-every", "20", "--json", "--quiet"];
+    let o = xor(&dir.join(name), &[&run[..], flags].concat());
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    let r = report(&o);
+    let losses = r["epochs"].as_array().unwrap().iter().map(|row| row["train_loss"].as_f64().unwrap() as f32).collect();
+    (r, losses)
+}
+
+#[test]
+fn the_learning_rate_schedule_is_the_reference_s_epoch_by_epoch() {
+    use textnet::ops::optim::{LrSchedule, LrScheduleKind};
+    let dir = tempfile::tempdir().unwrap();
+    let reference = |schedule: LrSchedule| {
+        let mut params = XorParams::init(4, Activation::Sigmoid, 1);
+        model::train(&mut params, &schedule.rates(0.5, 400), 20)
+    };
+    let (_, constant) = scheduled_run(dir.path(), "constant.safetensors", &[]);
+    assert_eq!(constant, reference(LrSchedule::default()));
+    for (flags, kind, warmup, min_lr) in [
+        (&["--lr-schedule", "cosine", "--min-lr", "0"][..], LrScheduleKind::Cosine, 0, 0.0),
+        (&["--lr-schedule", "cosine", "--warmup", "100", "--min-lr", "0.05"], LrScheduleKind::Cosine, 100, 0.05),
+        (&["--warmup", "100"], LrScheduleKind::Constant, 100, 0.0),
+        (&["--lr-schedule", "step"], LrScheduleKind::Step, 0, 0.0),
+    ] {
+        let (r, losses) = scheduled_run(dir.path(), &format!("xor{}.safetensors", flags.join("")), flags);
+        let schedule = LrSchedule { kind, warmup, min_lr };
+        assert_eq!(losses, reference(schedule), "{flags:?}");
+        assert_ne!(losses[1..], constant[1..], "{flags:?} trained as the constant rate does");
+        let config = &r["config"];
+        assert_eq!(config["lr_schedule"], kind.name(), "{flags:?}");
+        assert_eq!(config["warmup"], warmup, "{flags:?}");
+        assert_eq!(config["min_lr"].as_f64().unwrap() as f32, min_lr, "{flags:?}");
+    }
+    let (r, _) = scheduled_run(dir.path(), "again.safetensors", &[]);
+    assert_eq!((r["config"]["lr_schedule"].as_str(), r["config"]["warmup"].as_u64()), (Some("constant"), Some(0)));
+
+    // The description line says what the schedule is.
+    let o = xor(&dir.path().join("said.safetensors"), &["--lr-schedule", "cosine", "--warmup", "100"]);
+    let text = stdout(&o) + &stderr(&o);
+    assert!(
+        text.contains("SGD lr 0.5 on all 4 points, cosine schedule to 0, 100 warm-up steps, 5000 epochs"),
+        "{text}"
     );
 }
 
@@ -104,6 +152,11 @@ fn bad_inputs_are_one_line_errors_and_write_nothing() {
         (&["--epochs", "100000000"], "--epochs must be at most"),
         (&["--log-every", "0"], "--log-every must be at least 1"),
         (&["--hidden", "100000000000000"], "lower --hidden"),
+        (&["--lr-schedule", "cosine", "--min-lr", "1"], "--min-lr 1 is above --lr 0.5"),
+        (&["--min-lr", "0.1"], "--min-lr applies to --lr-schedule cosine only"),
+        (&["--lr-schedule", "cosine", "--min-lr", "-1"], "--min-lr must be a finite number ≥ 0"),
+        (&["--warmup", "5000"], "--warmup 5000 is as long as the whole run (5000 optimizer steps)"),
+        (&["--epochs", "10", "--lr-schedule", "step", "--warmup", "12"], "--warmup 12 is as long"),
     ] {
         fails_with(&xor(&out, flags), &[expected]);
         assert!(!out.exists(), "{flags:?}");

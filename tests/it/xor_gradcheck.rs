@@ -71,7 +71,7 @@ fn the_default_run_learns_xor() {
     // Linear(2,4) → sigmoid → Linear(4,1), lr 0.5, 5000 epochs: every point on the right side of 0.5.
     for seed in 0..5 {
         let mut p = XorParams::init(4, Activation::Sigmoid, seed);
-        let losses = train(&mut p, 5000, 0.5, 500);
+        let losses = train(&mut p, &[0.5; 5000], 500);
         assert_eq!(losses.len(), 10);
         assert!(losses.last().unwrap() < &0.01, "seed {seed}: losses {losses:?}");
         for (x, t) in INPUTS.iter().zip(TARGETS) {

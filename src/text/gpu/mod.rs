@@ -3,7 +3,8 @@
 //! the shape allows), those of `fused/text.cu` for a few samples and those of `fused/text_batch.cu`
 //! (tiled matrix products) from TILED_MIN_BATCH samples on; runs of steps are captured once as a CUDA
 //! graph and replayed, so a step costs three graph nodes instead of three launches. The host reads back
-//! only the summed loss, once per `train` call.
+//! only the summed loss, once per `train` call. A learning-rate schedule's steps, each at a rate of its
+//! own, are launched one by one instead (`enqueue_scheduled` says why).
 //!
 //! This file holds the trainer, its buffers and the step dispatch; `layout` how the kernels split the
 //! work, and `sample`, `chunked` and `tiled` the launches of the three paths.
@@ -275,22 +276,26 @@ impl GpuTrainer {
         crate::device::capture_graph(&stream, self, enqueue)
     }
 
-    /// GRAPH_STEPS steps of `batch` samples followed by the cursor advance.
-    /// Single samples: each step's sample_update forms the next sample's hidden layer, also across the
-    /// cursor advance, so the graph starts from the z1 that the previous replay (or, before the first,
-    /// text_hidden) left; larger batches form it with text_hidden at the start of each replay.
-    fn capture_steps(&mut self, batch: usize, lr: f32) -> Result<CudaGraph> {
+    /// One step of `batch` samples per entry of `rates`, step k at `rates[k]`, followed by the cursor
+    /// advance: what a training graph holds. Single samples: each step's sample_update forms the next
+    /// sample's hidden layer, also across the cursor advance, so the first step starts from the z1 that
+    /// the steps before (or text_hidden) left; larger batches form it with text_hidden first.
+    fn enqueue_steps(&mut self, batch: usize, rates: &[f32]) -> Result<()> {
         let sample = self.sample_path(batch);
-        self.capture(|t| {
-            for step in 0..GRAPH_STEPS {
-                if sample {
-                    t.launch_sample_step(step, lr, step > 0)?;
-                } else {
-                    t.launch_step(batch, step * batch, lr, step > 0)?;
-                }
+        for (step, &lr) in rates.iter().enumerate() {
+            if sample {
+                self.launch_sample_step(step, lr, step > 0)?;
+            } else {
+                self.launch_step(batch, step * batch, lr, step > 0)?;
             }
-            t.launch_advance(GRAPH_STEPS * batch)
-        })
+        }
+        self.launch_advance(rates.len() * batch)
+    }
+
+    /// GRAPH_STEPS steps of `batch` samples at `lr`, followed by the cursor advance; a replay starts from
+    /// the z1 the previous one (or, before the first, text_hidden) left.
+    fn capture_steps(&mut self, batch: usize, lr: f32) -> Result<CudaGraph> {
+        self.capture(|t| t.enqueue_steps(batch, &[lr; GRAPH_STEPS]))
     }
 
     /// Registers and local (spill) bytes per thread of each kernel and chunk size, from the driver.
@@ -358,6 +363,39 @@ impl GpuTrainer {
         Ok(())
     }
 
+    /// Enqueues training over the uploaded positions, step k at `rates[k]` (one rate per step; the last
+    /// step may be shorter), every step launched rather than replayed from a graph, without reading
+    /// anything back.
+    ///
+    /// Why not a graph: the kernels take the learning rate as an argument, which a captured graph bakes
+    /// in, so a graph replays steps at one rate. A call at one rate (the constant schedule, the default)
+    /// takes `enqueue_training`: exactly the kernels, arguments and graphs it always ran. Reading the rate
+    /// from device memory instead would change those kernels and put a load into the single-sample step,
+    /// which is bound by latency (~10 µs a step), for every run. A schedule's steps are launched one by
+    /// one, the kernels and their order as in a graph (`enqueue_steps`), so only scheduled runs pay: host
+    /// launch time, measured by `bench text` ("a rate per step").
+    pub fn enqueue_scheduled(&mut self, samples: usize, batch: usize, rates: &[f32]) -> Result<()> {
+        super::check_rates(samples, batch, rates)?;
+        let batch = batch.max(1);
+        let steps = samples / batch;
+        self.ensure_capacity(batch)?;
+        if !self.sample_path(batch) {
+            self.settle_w2()?;
+        } else if steps > 0 {
+            self.launch_hidden(1, 0)?;
+        }
+        for group in rates[..steps].chunks(GRAPH_STEPS) {
+            self.enqueue_steps(batch, group)?;
+        }
+        let rest = samples % batch;
+        if rest > 0 {
+            self.ensure_capacity(rest)?;
+            self.launch_step(rest, 0, rates[steps], false)?;
+            self.launch_advance(rest)?;
+        }
+        Ok(())
+    }
+
     /// Waits for the queued kernels; an error names a failed text kernel.
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.stream.synchronize().context("a text kernel failed")
@@ -406,10 +444,18 @@ impl GpuTrainer {
 }
 
 impl TextTrainer for GpuTrainer {
-    fn train(&mut self, positions: &[u32], batch: usize, lr: f32) -> Result<f64> {
+    fn train_steps(&mut self, positions: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
+        super::check_rates(positions.len(), batch, rates)?;
+        let batch = batch.max(1);
         self.set_positions(positions)?;
         self.zero_loss()?;
-        self.enqueue_training(positions.len(), batch.max(1), lr, true)?;
+        match rates.split_first() {
+            // Every step at one rate: the graphs (see enqueue_scheduled).
+            Some((&lr, rest)) if rest.iter().all(|&r| r == lr) => {
+                self.enqueue_training(positions.len(), batch, lr, true)?
+            }
+            _ => self.enqueue_scheduled(positions.len(), batch, rates)?,
+        }
         self.read_loss()
     }
 

@@ -31,7 +31,8 @@ pub(super) struct OptimizerState {
 
 impl GpuTrainer {
     /// Trains with `config` from here on instead of the fused SGD update: every step, whatever its size,
-    /// goes through fused/text_batch.cu and then text_batch_optimize (optim.cuh). SGD keeps the fused paths.
+    /// goes through fused/text_batch.cu and then text_batch_optimize (optim.cuh), at the step's rate (which
+    /// replaces `config.lr`). SGD keeps the fused paths.
     pub fn use_optimizer(&mut self, config: OptimConfig) -> Result<()> {
         config.validate()?;
         if config.clip_norm > 0.0 {
@@ -79,7 +80,8 @@ impl GpuTrainer {
         Ok(self.tiled.as_ref().unwrap())
     }
 
-    /// One SGD step of `batch` samples through fused/text_batch.cu's three kernels.
+    /// One step of `batch` samples at rate `lr` through fused/text_batch.cu's three kernels (and
+    /// text_batch_optimize with an optimizer).
     pub fn launch_tiled_step(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
         self.ensure_capacity(batch)?;
         self.settle_w2()?;
@@ -177,7 +179,9 @@ impl GpuTrainer {
         g.launch(&update, (blocks as u32, 1), stage, false, &args)?;
 
         let Some(o) = &self.optimizer else { return Ok(()) };
-        let c = o.config;
+        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay (the first seven); the rate is
+        // the step's.
+        let optim = o.config.kernel_args();
         let args = [
             &[
                 Arg::buf(g, &p.embedding),
@@ -194,7 +198,8 @@ impl GpuTrainer {
                 Arg::buf(g, &o.v),
                 vi,
             ][..],
-            &c.kernel_args()[..7],
+            &[optim[0], Arg::f32(lr)],
+            &optim[2..7],
             &[Arg::buf(g, &o.step), Arg::buf(g, &o.ticket)],
         ]
         .concat();

@@ -24,6 +24,8 @@
 //                    ASYNC_BK, ASYNC_STAGES> with lda = K, ldb = N: the same mma fed by cp.async from bf16
 //                    memory, 16 bytes at a time where K and N are multiples of 8;
 //                    GemmBf16Async<128, 128, ASYNC_BK, ASYNC_STAGES>::SHARED_FLOATS.
+//   matmul_bf16_wgmma  the same on Hopper's wgmma (gemm_tile_bf16_wgmma<WGMMA_STAGES>, sm_90a only: the
+//                    Transformer's bf16 tile there); GemmWgmma<WGMMA_STAGES>::SHARED_FLOATS.
 //   gemm_bf16_{nn,nt,tn,tt}_{128,64}  gemm_tile_bf16<T, T, 32> on fp32 operands (A M×K, or K×M when the
 //                    first letter is t; B K×N, or N×K when the second is t), rounded as they are staged: forward
 //                    in·Wᵀ is nt, dx = dy·W nn, dW = dyᵀ·x tn. K is cut into `slices` row slices, slice s's
@@ -37,6 +39,7 @@
 //                    GemmBf16Async<LINEAR_TILE, LINEAR_TILE, LINEAR_BK, LINEAR_STAGES>::SHARED_FLOATS.
 #include "common.cuh"
 #include "gemm.cuh"
+#include "gemm_wgmma.cuh"
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 matmul_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
@@ -122,6 +125,17 @@ matmul_bf16_async(const bf16* __restrict__ A, const bf16* __restrict__ B, float*
     extern __shared__ __align__(16) float smem[];
     gemm_tile_bf16_async<128, 128, ASYNC_BK, ASYNC_STAGES, false, false>(
         M, N, K, blockIdx.y * 128, blockIdx.x * 128, A, K, B, N, -1, pair_store(C, N), smem);
+}
+
+constexpr int WGMMA_STAGES = 3;
+
+// Launched only where the compile has wgmma (sm_90a); elsewhere it does nothing.
+extern "C" __global__ void __launch_bounds__(THREADS)
+matmul_bf16_wgmma(const bf16* __restrict__ A, const bf16* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
+    extern __shared__ __align__(16) float smem[];
+    if constexpr (HAS_WGMMA)
+        gemm_tile_bf16_wgmma<WGMMA_STAGES, false, false>(M, N, K, blockIdx.y * 128, blockIdx.x * 128, A, K, B, N,
+                                                         pair_store(C, N), smem);
 }
 
 template <int TILE, bool A_TRANS, bool B_TRANS>

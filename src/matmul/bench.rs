@@ -233,7 +233,7 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// matmul_bf16, matmul_bf16_async and cuBLAS GemmEx at each of BF16_SIZES.
+/// matmul_bf16, matmul_bf16_async, matmul_bf16_wgmma (where it runs) and cuBLAS GemmEx at each of BF16_SIZES.
 fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: usize) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for size in BF16_SIZES {
@@ -242,7 +242,7 @@ fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: us
         let want = Want { c: &product, shape: (m, n, k), tolerance };
         let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
         let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
-        for kernel in Bf16Kernel::ALL {
+        for kernel in Bf16Kernel::ALL.into_iter().filter(|k| k.runs_on(gpu)) {
             rows.push(measure(gpu, format!("{} {size}³", kernel.name()), &want, 1, repeats, |c| {
                 kernels.enqueue_bf16(kernel, &a_dev, &b_dev, c, m, n, k)
             })?);

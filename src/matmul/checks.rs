@@ -5,8 +5,8 @@
 //!
 //! Then the bf16 tensor-core products, against the CPU product of the bf16-rounded operands (tolerance
 //! `bf16_tolerance`): gemm_tile_bf16 in all four operand layouts and both tile sides, once with K in row
-//! slices, and matmul_bf16 / matmul_bf16_async, on shapes that are multiples of nothing (and, for
-//! matmul_bf16_async, K and N multiples of 8, its 16-byte copies); and gemm_bf16_async_* (the
+//! slices, and matmul_bf16 / matmul_bf16_async / matmul_bf16_wgmma (Hopper), on shapes that are multiples of
+//! nothing (and, for the latter two, K and N multiples of 8, their 16-byte copies); and gemm_bf16_async_* (the
 //! Transformer's linear-layer tile) on bf16 operands in all four layouts and once with K in row slices,
 //! with leading dimensions that are multiples of 8 (16-byte copies) and that are not (element by
 //! element), and a column of B read as ones. Its operands' padding and the ones column in memory hold
@@ -184,8 +184,8 @@ fn linear_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: 
     Ok(())
 }
 
-/// gemm_tile_bf16 (every layout and tile, and sliced), matmul_bf16 and matmul_bf16_async against the CPU
-/// product of the bf16-rounded operands.
+/// gemm_tile_bf16 (every layout and tile, and sliced), matmul_bf16, matmul_bf16_async and (where the GPU
+/// has wgmma) matmul_bf16_wgmma against the CPU product of the bf16-rounded operands.
 fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
     let shape = |m: usize, n: usize, k: usize| format!("{m}×{k} · {k}×{n}");
     for (m, n, k) in BF16_SHAPES {
@@ -209,8 +209,8 @@ fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &m
             });
         }
     }
-    for kernel in Bf16Kernel::ALL {
-        let aligned: &[_] = if kernel == Bf16Kernel::Async { &BF16_ALIGNED_SHAPES } else { &[] };
+    for kernel in Bf16Kernel::ALL.into_iter().filter(|k| k.runs_on(gpu)) {
+        let aligned: &[_] = if kernel == Bf16Kernel::Tile { &[] } else { &BF16_ALIGNED_SHAPES };
         for &(m, n, k) in BF16_SHAPES.iter().chain(aligned) {
             let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
             let (a16, b16) = (rounded(&a), rounded(&b));

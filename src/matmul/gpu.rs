@@ -1,7 +1,7 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
-use crate::device::{self, Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK, quietly};
-use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_async_shared_floats, bf16_shared_floats};
+use crate::device::{self, Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK, has_wgmma, quietly};
+use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_async_shared_floats, bf16_shared_floats, wgmma_shared_floats};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys, sys::cublasOperation_t};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -60,6 +60,8 @@ pub enum Bf16Kernel {
     Tile,
     /// `matmul_bf16_async`: gemm_tile_bf16_async, 128×128 tiles fed by cp.async.
     Async,
+    /// `matmul_bf16_wgmma`: gemm_tile_bf16_wgmma, 128×128 tiles on Hopper's `wgmma` (sm_90a only).
+    Wgmma,
 }
 
 /// The side of the bf16 kernels' square tiles, and matmul_bf16's k per chunk.
@@ -68,25 +70,34 @@ const BF16_TILE: (usize, usize) = (128, 32);
 pub const ASYNC_STAGES: usize = 3;
 /// See `ASYNC_STAGES`.
 pub const ASYNC_BK: usize = 64;
+/// `matmul_bf16_wgmma`'s chunks (`WGMMA_STAGES`).
+pub const WGMMA_STAGES: usize = 3;
 
 impl Bf16Kernel {
-    /// Both, in the order the bench lists them.
-    pub const ALL: [Bf16Kernel; 2] = [Bf16Kernel::Tile, Bf16Kernel::Async];
+    /// All, in the order the bench lists them.
+    pub const ALL: [Bf16Kernel; 3] = [Bf16Kernel::Tile, Bf16Kernel::Async, Bf16Kernel::Wgmma];
+
+    /// Whether the kernel runs on `gpu` (`matmul_bf16_wgmma` needs `wgmma`).
+    pub fn runs_on(self, gpu: &Gpu) -> bool {
+        self != Bf16Kernel::Wgmma || has_wgmma(gpu.compute_capability)
+    }
 
     /// The kernel's function name in fused/matmul.cu.
     pub fn name(self) -> &'static str {
         match self {
             Bf16Kernel::Tile => "matmul_bf16",
             Bf16Kernel::Async => "matmul_bf16_async",
+            Bf16Kernel::Wgmma => "matmul_bf16_wgmma",
         }
     }
 
-    /// Dynamic shared bytes: two chunk buffers, or ASYNC_STAGES.
+    /// Dynamic shared bytes: two chunk buffers, ASYNC_STAGES or WGMMA_STAGES.
     fn shared_bytes(self) -> usize {
         let side = BF16_TILE.0;
         let floats = match self {
             Bf16Kernel::Tile => bf16_shared_floats(side, side, BF16_TILE.1),
             Bf16Kernel::Async => bf16_async_shared_floats(side, side, ASYNC_BK, ASYNC_STAGES),
+            Bf16Kernel::Wgmma => wgmma_shared_floats(WGMMA_STAGES),
         };
         floats * std::mem::size_of::<f32>()
     }
@@ -479,8 +490,8 @@ mod tests {
 
     #[test]
     fn async_sizes_match_the_kernel_file() {
-        let kernel = kernel_constants("matmul", &[], &["ASYNC_STAGES", "ASYNC_BK"]).unwrap();
-        assert_eq!(kernel, [ASYNC_STAGES as i64, ASYNC_BK as i64]);
+        let kernel = kernel_constants("matmul", &[], &["ASYNC_STAGES", "ASYNC_BK", "WGMMA_STAGES"]).unwrap();
+        assert_eq!(kernel, [ASYNC_STAGES as i64, ASYNC_BK as i64, WGMMA_STAGES as i64]);
         let kernel = kernel_constants("matmul", &[], &["LINEAR_TILE", "LINEAR_BK", "LINEAR_STAGES"]).unwrap();
         assert_eq!(kernel, [LINEAR_TILE.0 as i64, LINEAR_TILE.1 as i64, LINEAR_TILE.2 as i64]);
     }

@@ -76,7 +76,8 @@ constexpr int PER_LANE = C / 32;
 // tiles BM × BN, dx tiles DX_BM × DX_BN, weight-gradient tiles WG_BM × WG_BN over a slice of the rows, k in
 // chunks of BK, and the dynamic shared memory of the forward kernel and of the backward kernel (whose
 // blocks are weight-gradient or dx tiles):
-//   fp32, tf32  gemm_tile / gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
+//   fp32        gemm_128 (8×8 register tiles a thread): all three tiles 128 × 128;
+//   tf32        gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
 //   bf16        on bf16 copies of the operands, all three tiles 128 × 128: gemm_tile_bf16_wgmma in 3 stages
 //               of 64 k (two blocks an SM) where the compile has `wgmma` (sm_90a), else
 //               gemm_tile_bf16_async in 4 stages of 32 k. (256-row dx tiles in 4 stages, one block an
@@ -87,15 +88,19 @@ template <int P>
 struct LinearTiles;
 template <>
 struct LinearTiles<FP32> {
+    static constexpr int BM = G128, BN = G128, BK = G128_BK, DX_BM = BM, DX_BN = BN, WG_BM = BM, WG_BN = BN;
+    static constexpr int STAGES = 1, DX_STAGES = 1, WG_STAGES = 1;  // unused: gemm_128 stages two chunks
+    static constexpr int FORWARD_SHARED_FLOATS = 2 * G128_STAGED_FLOATS, BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS;
+};
+template <>
+struct LinearTiles<TF32> {
     static constexpr int BM = 32, BN = 64, BK = 32, DX_BM = BM, DX_BN = BN, WG_BM = 32, WG_BN = 32;
-    static constexpr int STAGES = 1, DX_STAGES = 1, WG_STAGES = 1;  // unused: gemm_tile stages two chunks
+    static constexpr int STAGES = 1, DX_STAGES = 1, WG_STAGES = 1;  // unused: gemm_tile_tf32 stages two chunks
     static constexpr int FORWARD_SHARED_FLOATS = GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS;
     static constexpr int BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS > GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS
                                                       ? FORWARD_SHARED_FLOATS
                                                       : GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS;
 };
-template <>
-struct LinearTiles<TF32> : LinearTiles<FP32> {};
 template <>
 struct LinearTiles<BF16> {
     static constexpr int BM = 128, BN = 128, BK = HAS_WGMMA ? 64 : 32, DX_BM = BM, DX_BN = BN, WG_BM = BM, WG_BN = BN;
@@ -117,9 +122,9 @@ struct OperandOf<BF16> {
 };
 
 // One tile product of precision P of A (leading dimension lda, K×M when A_TRANS) and B (ldb, N×K when
-// B_TRANS), column ones_col of B read as 1 (none when negative); the fp32 register tile is 2 × (BN / 16).
-// Results go to store(m, n, v0, v1, both): C[m][n] = v0 and, when `both`, C[m][n + 1] = v1, once per
-// element inside C (fp32 and TF32 tiles hand out single elements, bf16 tiles adjacent pairs).
+// B_TRANS), column ones_col of B read as 1 (none when negative). Results go to store(m, n, v0, v1, both):
+// C[m][n] = v0 and, when `both`, C[m][n + 1] = v1, once per element inside C (TF32 tiles hand out single
+// elements, fp32 and bf16 tiles adjacent pairs).
 template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const float* A, int lda,
                                              const float* B, int ldb, int ones_col, Store store, float* smem) {
@@ -128,9 +133,18 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
     const auto b_at = [&](int k, int n) {
         return n == ones_col ? 1.0f : B_TRANS ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
     };
-    const auto one = [&](int m, int n, float v) { store(m, n, v, 0.0f, false); };
-    if constexpr (P == TF32) gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
-    else gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
+    if constexpr (P == TF32) {
+        const auto one = [&](int m, int n, float v) { store(m, n, v, 0.0f, false); };
+        gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
+    } else {
+        static_assert(BM == G128 && BN == G128, "fp32 products are gemm_128 tiles");
+        auto a = staged<!A_TRANS>(a_at, M, m0, K, smem);
+        auto b = staged<B_TRANS>([&](int n, int k) { return b_at(k, n); }, N, n0, K, smem + G128_STAGED_FLOATS);
+        gemm_128(M, N, K, m0, n0, a, b, [&](int m, int n, float4 v) {
+            store(m, n, v.x, v.y, n + 1 < N);
+            if (n + 2 < N) store(m, n + 2, v.z, v.w, n + 3 < N);
+        });
+    }
 }
 
 template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>

@@ -11,7 +11,7 @@ use super::model::{Config, Layout};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK, has_wgmma};
 use crate::ops::attention::AttentionSizes;
 use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
-use crate::ops::gemm::{bf16_async_shared_floats, tile_shared_floats, wgmma_shared_floats};
+use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_async_shared_floats, tile_shared_floats, wgmma_shared_floats};
 use crate::ops::optim::OptimConfig;
 use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
@@ -38,8 +38,21 @@ struct LinearTiles {
     backward_shared_bytes: usize,
 }
 
-/// fp32 and TF32: gemm_tile's 32 × 64 (register tile 2 × 4) and 32 × 32 (2 × 2), k chunks of 32.
+/// fp32: gemm_128's 128 × 128 for all three products.
 const FP32_TILES: LinearTiles = LinearTiles {
+    bm: 128,
+    bn: 128,
+    dx_bm: 128,
+    dx_bn: 128,
+    wg_bm: 128,
+    wg_bn: 128,
+    ones_column: true,
+    forward_shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
+    backward_shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
+};
+
+/// TF32: gemm_tile_tf32's 32 × 64 (forward, dx) and 32 × 32 (weight gradients), k chunks of 32.
+const TF32_TILES: LinearTiles = LinearTiles {
     bm: 32,
     bn: 64,
     dx_bm: 32,
@@ -72,7 +85,8 @@ impl LinearTiles {
     /// The tiles at `precision` on a GPU with `wgmma` or without.
     fn of(precision: Precision, wgmma: bool) -> LinearTiles {
         match precision {
-            Precision::Fp32 | Precision::Tf32 => FP32_TILES,
+            Precision::Fp32 => FP32_TILES,
+            Precision::Tf32 => TF32_TILES,
             Precision::Bf16 => bf16_tiles(wgmma),
         }
     }
@@ -304,8 +318,11 @@ impl GpuTransformer {
         let attention_backward_shared = 4 * sizes.backward_floats();
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
-        gpu.reserve_shared(&kernels.linear_forward, FP32_TILES.forward_shared_bytes, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward, FP32_TILES.backward_shared_bytes, "--embed")?;
+        // One kernel each for fp32 and TF32 (a flag picks the tile).
+        let forward = max(FP32_TILES.forward_shared_bytes, TF32_TILES.forward_shared_bytes);
+        let backward = max(FP32_TILES.backward_shared_bytes, TF32_TILES.backward_shared_bytes);
+        gpu.reserve_shared(&kernels.linear_forward, forward, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward, backward, "--embed")?;
         let bf16 = bf16_tiles(has_wgmma(gpu.compute_capability));
         gpu.reserve_shared(&kernels.linear_forward_bf16, bf16.forward_shared_bytes, "--embed")?;
         gpu.reserve_shared(&kernels.linear_backward_bf16, bf16.backward_shared_bytes, "--embed")?;
@@ -379,7 +396,7 @@ impl GpuTransformer {
         // row slices, in floats of partial tiles.
         let layers = [(3 * e, e), (e, e), (f, e), (e, f), (v, e)];
         let (mut max_tiles, mut max_partials) = (1, 1);
-        for t in [FP32_TILES, bf16_tiles(has_wgmma(gpu.compute_capability))] {
+        for t in [FP32_TILES, TF32_TILES, bf16_tiles(has_wgmma(gpu.compute_capability))] {
             for &(o, i) in &layers {
                 let tiles = t.wgrad_tiles(o, i);
                 max_tiles = max_tiles.max(tiles);

@@ -432,7 +432,11 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     const auto store = [&](int m, int k, float g0, float g1, bool both) {
         const size_t at = (size_t)m * K + k;
         // __ldg: pre is read-only here, so the loads of later pairs need not wait for this pair's stores.
-        if (pre) {
+        if (pre && both && at % 2 == 0) {
+            const float2 z = __ldg(reinterpret_cast<const float2*>(pre + at));
+            g0 *= gelu_slope(z.x);
+            g1 *= gelu_slope(z.y);
+        } else if (pre) {
             g0 *= gelu_slope(__ldg(pre + at));
             if (both) g1 *= gelu_slope(__ldg(pre + at + 1));
         }
@@ -458,8 +462,10 @@ tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, co
                               tickets, dx, nullptr, pre, smem);
 }
 
-// The bf16 copies of dy (row stride dy_ld), x and W.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// The bf16 copies of dy (row stride dy_ld), x and W. Two blocks an SM, as the tiles' shared memory
+// allows: unbounded, the compiler took 229 registers a thread (the last block's sum of partial tiles), which
+// left room for one.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
 tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __restrict__ x, const bf16* __restrict__ W,
                         int N, int out_features, int in_features, int slices, float* __restrict__ grad_W,
                         float* __restrict__ grad_b, float* __restrict__ partials, unsigned* __restrict__ tickets,

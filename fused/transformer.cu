@@ -73,9 +73,8 @@ static_assert(C % 32 == 0, "the embedding must be a multiple of 32");
 constexpr int PER_LANE = C / 32;
 
 // The linear layers' tile products, by precision (the launch layer mirrors these in LinearTiles): forward
-// tiles BM × BN, dx tiles DX_BM × DX_BN, weight-gradient tiles WG_BM × WG_BN over a slice of the rows, k in
-// chunks of BK, and the dynamic shared memory of the forward kernel and of the backward kernel (whose
-// blocks are weight-gradient or dx tiles):
+// and dx tiles BM × BN, weight-gradient tiles WG_BM × WG_BN over a slice of the rows, k in chunks of BK,
+// STAGES chunks in flight where the tile has stages, and the dynamic shared memory of either kernel:
 //   fp32        gemm_128 (8×8 register tiles a thread): all three tiles 128 × 128;
 //   tf32        gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
 //   bf16        on bf16 copies of the operands, all three tiles 128 × 128: gemm_tile_bf16_wgmma in 3 stages
@@ -88,26 +87,24 @@ template <int P>
 struct LinearTiles;
 template <>
 struct LinearTiles<FP32> {
-    static constexpr int BM = G128, BN = G128, BK = G128_BK, DX_BM = BM, DX_BN = BN, WG_BM = BM, WG_BN = BN;
-    static constexpr int STAGES = 1, DX_STAGES = 1, WG_STAGES = 1;  // unused: gemm_128 stages two chunks
-    static constexpr int FORWARD_SHARED_FLOATS = 2 * G128_STAGED_FLOATS, BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS;
+    static constexpr int BM = G128, BN = G128, BK = G128_BK, WG_BM = BM, WG_BN = BN;
+    static constexpr int STAGES = 1;  // unused: gemm_128 stages two chunks
+    static constexpr int SHARED_FLOATS = 2 * G128_STAGED_FLOATS;
 };
 template <>
 struct LinearTiles<TF32> {
-    static constexpr int BM = 32, BN = 64, BK = 32, DX_BM = BM, DX_BN = BN, WG_BM = 32, WG_BN = 32;
-    static constexpr int STAGES = 1, DX_STAGES = 1, WG_STAGES = 1;  // unused: gemm_tile_tf32 stages two chunks
-    static constexpr int FORWARD_SHARED_FLOATS = GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS;
-    static constexpr int BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS > GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS
-                                                      ? FORWARD_SHARED_FLOATS
-                                                      : GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS;
+    static constexpr int BM = 32, BN = 64, BK = 32, WG_BM = 32, WG_BN = 32;
+    static constexpr int STAGES = 1;  // unused: gemm_tile_tf32 stages two chunks
+    static constexpr int SHARED_FLOATS = GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS > GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS
+                                             ? GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS
+                                             : GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS;
 };
 template <>
 struct LinearTiles<BF16> {
-    static constexpr int BM = 128, BN = 128, BK = HAS_WGMMA ? 64 : 32, DX_BM = BM, DX_BN = BN, WG_BM = BM, WG_BN = BN;
-    static constexpr int STAGES = HAS_WGMMA ? 3 : 4, DX_STAGES = STAGES, WG_STAGES = STAGES;
-    static constexpr int FORWARD_SHARED_FLOATS =
+    static constexpr int BM = 128, BN = 128, BK = HAS_WGMMA ? 64 : 32, WG_BM = BM, WG_BN = BN;
+    static constexpr int STAGES = HAS_WGMMA ? 3 : 4;
+    static constexpr int SHARED_FLOATS =
         HAS_WGMMA ? GemmWgmma<STAGES>::SHARED_FLOATS : GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS;
-    static constexpr int BACKWARD_SHARED_FLOATS = FORWARD_SHARED_FLOATS;
 };
 
 // What the linear layers' products read at precision P: fp32 activations and weights, or their bf16
@@ -340,7 +337,7 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
 // the bias gradient from a column of ones after x's (fp32, TF32), or out_features × in_features with the
 // bias gradient summed from dy's chunks as the first column of tiles reads them (bf16: at 128 columns a
 // ones column would take a tile of its own); each tile over `slices` slices of the N rows. Then
-// ceil(in_features / DX_BN) × ceil(N / DX_BM) dx tiles (none when dx is null).
+// ceil(in_features / BN) × ceil(N / BM) dx tiles (none when dx is null).
 template <int P>
 struct Wgrad {
     static constexpr bool ONES_COLUMN = P != BF16;
@@ -386,7 +383,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         // thread's share of a chunk's rows), over the slice's rows; the shares added in order below.
         float* bias_partials = partials + (size_t)tiles * slices * WG_BM * WG_BN;
         if constexpr (G::ONES_COLUMN) {
-            tile_product<P, WG_BM, WG_BN, L::BK, L::WG_STAGES, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
+            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
                                                                  K, store, smem);
         } else {
             constexpr int SHARES = THREADS / WG_BM;
@@ -397,7 +394,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
                 for (int r = threadIdx.x / WG_BM; r < L::BK; r += SHARES)
                     bias_sum += bf16_value(dy_chunk(threadIdx.x % WG_BM, r));
             };
-            tile_product<P, WG_BM, WG_BN, L::BK, L::WG_STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
+            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
                                                                  store, smem, sum_bias);
             if (n0 == 0) {
                 smem[threadIdx.x] = bias_sum;  // the tile ended with a barrier
@@ -427,11 +424,11 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         return;
     }
     block -= tiles * slices;
-    const int dx_columns = ceil_div(K, L::DX_BN);
-    const int m0 = block / dx_columns * L::DX_BM, n0 = block % dx_columns * L::DX_BN;
+    const int dx_columns = ceil_div(K, L::BN);
+    const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
     const auto store = [&](int m, int k, float g0, float g1, bool both) {
         const size_t at = (size_t)m * K + k;
-        // __ldg: pre is read-only here, so the loads of later pairs need not wait for this pair's stores.
+        // A pair's two inputs in one 8-byte load where aligned.
         if (pre && both && at % 2 == 0) {
             const float2 z = __ldg(reinterpret_cast<const float2*>(pre + at));
             g0 *= gelu_slope(z.x);
@@ -443,8 +440,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         if (dx) store_pair(dx + at, g0, g1, both);
         if (dx_bf16) store_pair(dx_bf16 + at, g0, g1, both);
     };
-    tile_product<P, L::DX_BM, L::DX_BN, L::BK, L::DX_STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store,
-                                                                          smem);
+    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store, smem);
 }
 
 // fp32, or TF32 on the tensor cores when `tf32`.

@@ -22,63 +22,44 @@ use std::sync::Arc;
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 const WARPS: usize = THREADS / 32;
 /// The linear kernels' tiles at one precision (`LinearTiles<P>` and `Wgrad<P>` in fused/transformer.cu):
-/// forward tiles of bm rows × bn columns, dx tiles of dx_bm × dx_bn, weight-gradient tiles of wg_bm × wg_bn
-/// over row slices (the bias gradient from a column of ones after the input's, or from dy's chunks as the
-/// first column of tiles reads them), and the dynamic shared memory of the forward and backward kernels.
+/// forward and dx tiles of bm rows × bn columns, weight-gradient tiles of wg_bm × wg_bn over row slices (the
+/// bias gradient from a column of ones after the input's, or from dy's chunks as the first column of tiles
+/// reads them), and the dynamic shared memory of either.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct LinearTiles {
     bm: usize,
     bn: usize,
-    dx_bm: usize,
-    dx_bn: usize,
     wg_bm: usize,
     wg_bn: usize,
     ones_column: bool,
-    forward_shared_bytes: usize,
-    backward_shared_bytes: usize,
+    shared_bytes: usize,
 }
 
 /// fp32: gemm_128's 128 × 128 for all three products.
 const FP32_TILES: LinearTiles = LinearTiles {
     bm: 128,
     bn: 128,
-    dx_bm: 128,
-    dx_bn: 128,
     wg_bm: 128,
     wg_bn: 128,
     ones_column: true,
-    forward_shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
-    backward_shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
+    shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
 };
 
 /// TF32: gemm_tile_tf32's 32 × 64 (forward, dx) and 32 × 32 (weight gradients), k chunks of 32.
 const TF32_TILES: LinearTiles = LinearTiles {
     bm: 32,
     bn: 64,
-    dx_bm: 32,
-    dx_bn: 64,
     wg_bm: 32,
     wg_bn: 32,
     ones_column: true,
-    forward_shared_bytes: 4 * tile_shared_floats(32, 64, 32, 2, 4),
-    backward_shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
+    shared_bytes: 4 * max(tile_shared_floats(32, 64, 32, 2, 4), tile_shared_floats(32, 32, 32, 2, 2)),
 };
 
 /// bf16: 128 × 128 for all three products, gemm_tile_bf16_wgmma's three stages of 64 k where the kernels
 /// have `wgmma` (`device::has_wgmma`), else gemm_tile_bf16_async's four stages of 32 k.
 const fn bf16_tiles(wgmma: bool) -> LinearTiles {
     let shared_bytes = 4 * if wgmma { wgmma_shared_floats(3) } else { bf16_async_shared_floats(128, 128, 32, 4) };
-    LinearTiles {
-        bm: 128,
-        bn: 128,
-        dx_bm: 128,
-        dx_bn: 128,
-        wg_bm: 128,
-        wg_bn: 128,
-        ones_column: false,
-        forward_shared_bytes: shared_bytes,
-        backward_shared_bytes: shared_bytes,
-    }
+    LinearTiles { bm: 128, bn: 128, wg_bm: 128, wg_bn: 128, ones_column: false, shared_bytes }
 }
 
 impl LinearTiles {
@@ -319,13 +300,12 @@ impl GpuTransformer {
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
         // One kernel each for fp32 and TF32 (a flag picks the tile).
-        let forward = max(FP32_TILES.forward_shared_bytes, TF32_TILES.forward_shared_bytes);
-        let backward = max(FP32_TILES.backward_shared_bytes, TF32_TILES.backward_shared_bytes);
-        gpu.reserve_shared(&kernels.linear_forward, forward, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward, backward, "--embed")?;
+        let fp32_or_tf32 = max(FP32_TILES.shared_bytes, TF32_TILES.shared_bytes);
+        gpu.reserve_shared(&kernels.linear_forward, fp32_or_tf32, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward, fp32_or_tf32, "--embed")?;
         let bf16 = bf16_tiles(has_wgmma(gpu.compute_capability));
-        gpu.reserve_shared(&kernels.linear_forward_bf16, bf16.forward_shared_bytes, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward_bf16, bf16.backward_shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward_bf16, bf16.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward_bf16, bf16.shared_bytes, "--embed")?;
         let stream = gpu.stream.clone();
         let n = layout.len();
         let upload_f32 = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
@@ -745,16 +725,7 @@ mod tests {
     fn sizes_match_the_kernel_file() {
         let mut expressions = Vec::new();
         for p in ["FP32", "TF32", "BF16"] {
-            for field in [
-                "BM",
-                "BN",
-                "DX_BM",
-                "DX_BN",
-                "WG_BM",
-                "WG_BN",
-                "FORWARD_SHARED_FLOATS * 4",
-                "BACKWARD_SHARED_FLOATS * 4",
-            ] {
+            for field in ["BM", "BN", "WG_BM", "WG_BN", "SHARED_FLOATS * 4"] {
                 expressions.push(format!("LinearTiles<{p}>::{field}"));
             }
             expressions.push(format!("(int)Wgrad<{p}>::ONES_COLUMN"));
@@ -767,17 +738,7 @@ mod tests {
         let mut mirror = Vec::new();
         for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
             let t = LinearTiles::of(p, true);
-            mirror.extend([
-                t.bm,
-                t.bn,
-                t.dx_bm,
-                t.dx_bn,
-                t.wg_bm,
-                t.wg_bn,
-                t.forward_shared_bytes,
-                t.backward_shared_bytes,
-            ]);
-            mirror.push(t.ones_column as usize);
+            mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes, t.ones_column as usize]);
         }
         mirror.push(LN_ROWS_PER_BLOCK);
         mirror.push(EMBEDDING_SLICE_ROWS);

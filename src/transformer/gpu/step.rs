@@ -61,7 +61,7 @@ impl GpuTransformer {
         };
         let tiles = LinearTiles::of(self.precision, self.wgmma());
         let grid = (out_features.div_ceil(tiles.bn) as u32, n.div_ceil(tiles.bm) as u32);
-        self.gpu.launch(kernel, grid, tiles.forward_shared_bytes as u32, false, &args)
+        self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
     }
 
     /// dW, db of `layer` from dy and its input x, and dx = dy·W (× GELU′(pre)) into dx's buffers; each
@@ -83,7 +83,7 @@ impl GpuTransformer {
         let tiles = t.wgrad_tiles(out_features, in_features);
         let slices = Self::slices(&self.gpu, tiles, t.wg_bm * t.wg_bn, n);
         let writes_dx = !matches!(dx[0], Arg::Ptr(0)) || (self.bf16() && !matches!(dx[1], Arg::Ptr(0)));
-        let dx_blocks = if writes_dx { in_features.div_ceil(t.dx_bn) * n.div_ceil(t.dx_bm) } else { 0 };
+        let dx_blocks = if writes_dx { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
         let b = &self.buffers;
         let weight = format!("{layer}.weight");
         let sizes = [
@@ -104,7 +104,7 @@ impl GpuTransformer {
             let args = [&[dy[0], x[0], self.param(&weight)][..], &sizes, &[dx[0], pre, tf32]].concat();
             (&self.kernels.linear_backward, args)
         };
-        self.launch(kernel, tiles * slices + dx_blocks, t.backward_shared_bytes, &args)
+        self.launch(kernel, tiles * slices + dx_blocks, t.shared_bytes, &args)
     }
 
     /// The backward pass of LayerNorm `ln` (x its input, stats its saved μ and r) into d_res; in bf16, with

@@ -3,21 +3,23 @@
 -> ReLU -> Linear(H,V) -> softmax cross-entropy, plain SGD) at V=8192, D=64, H=256, N=3, fp32.
 
 Modes: batch 1 eager, batch 1 with the whole training step captured in a CUDA graph, batch 256 and
-batch 4096 eager. Timed with CUDA events after warm-up; the median of several repeats. Prints one JSON
-object. Run it on the same machine right after `textnet bench --json` so the numbers compare.
+batch 4096 eager, and those two under bf16 autocast (the twin of `--precision bf16`). Timed with CUDA
+events after warm-up; the median of several repeats. Prints one JSON object. Run it on the same
+machine right after `textnet bench --json` so the numbers compare.
 
-With --quality DIR... (each written by `textnet bench quality`): the same single-sample SGD run as
-textnet's, from textnet's initial parameters over textnet's sample order, then validation loss and
-top-1/top-5 on textnet's held-out samples, so the three implementations (GPU kernels, CPU reference,
+With --quality DIR... (each written by `textnet bench quality`): the same SGD run as textnet's (its
+batch, rate and precision from the dump's run.json; bf16 as autocast), from textnet's initial
+parameters over textnet's sample order, then validation loss and top-1/top-5 on textnet's held-out
+samples, so the three implementations (GPU kernels, CPU reference,
 PyTorch) compare sample for sample. One JSON object per directory, one per line (JSON Lines), with "dir"
 and, for a directory named ...seed<N>, "seed": N. --quality-mode graph (the default) captures the
 training step (gather the context, forward, cross-entropy, backward, SGD step) once in a CUDA graph and
-replays it per sample, the same ops as eager, many times as fast; --quality-mode eager
-runs it as plain PyTorch code. --quality-check also runs the first directory in the other mode and adds a
+replays it per sample, the same ops as eager, many times as fast (batches of more than one sample run
+eager); --quality-mode eager runs it as plain PyTorch code. --quality-check also runs the first directory in the other mode and adds a
 line {"check": "graph vs eager", ...} with both validation losses.
 
 usage: python3 benches/torch_baseline.py [--repeats 7]
-       python3 benches/torch_baseline.py --quality DIR [DIR ...] [--lr 0.05] [--quality-mode graph|eager]
+       python3 benches/torch_baseline.py --quality DIR [DIR ...] [--lr RATE] [--quality-mode graph|eager]
                                          [--quality-check]
 """
 import argparse
@@ -70,7 +72,8 @@ def time_ms(fn, repeats):
     return times
 
 
-def eager(batch, steps, repeats, gen):
+def eager(batch, steps, repeats, gen, bf16=False):
+    """Plain PyTorch steps; with bf16, the forward under bf16 autocast (fp32 weights and SGD)."""
     model = TextModel().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ctx, tgt = batches(batch, steps, gen)
@@ -78,7 +81,9 @@ def eager(batch, steps, repeats, gen):
     def run():
         for i in range(steps):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(ctx[i]), tgt[i]).backward()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(model(ctx[i]), tgt[i])
+            loss.backward()
             opt.step()
 
     run()  # warm-up
@@ -137,6 +142,13 @@ def quality(directory, lr, mode="graph", device="cuda"):
         return torch.from_numpy(data).to(device)
 
     tokens, order, val = words("tokens.u32"), words("order.u32"), words("val.u32")
+    # The run's batch, rate and precision (older dumps: single samples at --lr, fp32).
+    run_path = os.path.join(directory, "run.json")
+    run_cfg = json.load(open(run_path)) if os.path.exists(run_path) else {}
+    batch, bf16 = run_cfg.get("batch", 1), run_cfg.get("precision", "fp32") == "bf16"
+    lr = run_cfg.get("lr", 0.05) if lr is None else lr
+    if batch > 1 and mode == "graph":
+        mode = "eager"  # the graph mode replays a single-sample step
     init = load_file(os.path.join(directory, "init.safetensors"))
     vocab, embed = init["embedding"].shape
     hidden = init["w1"].shape[0]
@@ -156,13 +168,14 @@ def quality(directory, lr, mode="graph", device="cuda"):
 
     losses = torch.zeros(len(order), device=device)
     if mode == "eager":
-        for i in range(len(order)):
+        for i in range(0, len(order), batch):
             opt.zero_grad(set_to_none=True)
-            pos = order[i:i + 1]
-            loss = F.cross_entropy(logits_of(pos), tokens[pos])
+            pos = order[i:i + batch]
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(logits_of(pos), tokens[pos])
             loss.backward()
             opt.step()
-            losses[i] = loss.detach()
+            losses[i:i + batch] = loss.detach()
     elif mode == "graph":
         # Static inputs and grads: the sample's position is copied into static_pos before each replay,
         # and the grads stay allocated (zeroed in place, then accumulated into by backward in place), so
@@ -223,7 +236,8 @@ def quality(directory, lr, mode="graph", device="cuda"):
     result = {"dir": directory}
     if seed_of(directory) is not None:
         result["seed"] = seed_of(directory)
-    result.update({"torch": torch.__version__, "mode": mode, "samples": len(order), "lr": lr,
+    result.update({"torch": torch.__version__, "mode": mode, "samples": len(order), "lr": lr, "batch": batch,
+                   "precision": "bf16" if bf16 else "fp32",
                    "train_loss": train_loss, "val_loss": total / n, "top1_percent": 100 * top1 / n,
                    "top5_percent": 100 * top5 / n, "seconds": time.perf_counter() - started})
     return result
@@ -266,7 +280,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quality", metavar="DIR", nargs="+")
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=None, help="the dump's run.json rate (else 0.05) by default")
     ap.add_argument("--quality-mode", choices=["graph", "eager"], default="graph")
     ap.add_argument("--quality-check", action="store_true",
                     help="also run the first DIR in the other mode and print both validation losses")
@@ -281,6 +295,8 @@ def main():
         ("batch 1 CUDA graph", 1, 5000, graphed),
         ("batch 256 eager", 256, 200, eager),
         ("batch 4096 eager", 4096, 50, eager),
+        ("batch 256 bf16 autocast eager", 256, 200, lambda *a: eager(*a, bf16=True)),
+        ("batch 4096 bf16 autocast eager", 4096, 50, lambda *a: eager(*a, bf16=True)),
     ]:
         times = fn(batch, steps, args.repeats, gen)
         med = statistics.median(times)

@@ -11,7 +11,7 @@
 //! usage: cargo run --release --example quality_noise -- [perturbations (default 3)] [weight|lr] [corpus] [seed (default 1)]
 
 use anyhow::{Result, bail};
-use textnet::text::bench::QualityRun;
+use textnet::text::bench::{QUALITY_LR, QualityRun};
 use textnet::text::{CpuTrainer, TextTrainer};
 
 fn main() -> Result<()> {
@@ -26,7 +26,7 @@ fn main() -> Result<()> {
     let run = QualityRun::new(corpus.as_ref(), 20_000, seed)?;
     let runs: Vec<_> = (0..=perturbations)
         .map(|k| {
-            let (mut params, mut lr) = (run.params.clone(), run.lr);
+            let (mut params, mut lr) = (run.params.clone(), QUALITY_LR);
             let what = match (k, kind.as_str()) {
                 (0, _) => "as is".to_string(),
                 (_, "weight") => {

@@ -187,3 +187,25 @@ __device__ __forceinline__ void gemm_tile_bf16_wgmma(int M, int N, int K, int m0
         }
     __syncthreads();
 }
+
+// The bf16 tile of this compile: gemm_tile_bf16_wgmma where HAS_WGMMA, else gemm_tile_bf16_async (mma.sync);
+// 128×128 either way, the same operand contract, results by pairs of adjacent columns (store(m, n, v0,
+// v1) as gemm_tile_bf16_wgmma's), no ones column (a caller sums A through on_chunk instead).
+// Dynamic shared memory: Bf16Tile::SHARED_FLOATS floats.
+struct Bf16Tile {
+    static constexpr int BM = 128, BN = 128, BK = HAS_WGMMA ? 64 : 32, STAGES = HAS_WGMMA ? 3 : 4;
+    static constexpr int SHARED_FLOATS =
+        HAS_WGMMA ? GemmWgmma<STAGES>::SHARED_FLOATS : GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS;
+};
+
+template <bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
+__device__ __forceinline__ void gemm_tile_bf16_fast(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
+                                                    const bf16* B, int ldb, Store store, float* smem,
+                                                    OnChunk on_chunk = {}) {
+    using T = Bf16Tile;
+    if constexpr (HAS_WGMMA)
+        gemm_tile_bf16_wgmma<T::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, store, smem, on_chunk);
+    else
+        gemm_tile_bf16_async<T::BM, T::BN, T::BK, T::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, -1,
+                                                                              store, smem, on_chunk);
+}

@@ -29,6 +29,7 @@
 #include "common.cuh"
 #include "losses.cuh"
 #include "gemm.cuh"
+#include "gemm_wgmma.cuh"
 #include "optim.cuh"
 #include "text_shape.cuh"
 
@@ -59,6 +60,39 @@ __device__ __forceinline__ void add_row4(float* dst, float4 v, int count) {
     }
 }
 
+// x (the mean of the context embeddings) of samples s0 … s0 + sb − 1 into xT [D8][LD] (k-major, zero
+// past D), and into x_out's rows when given.
+__device__ __forceinline__ void gather_inputs(const float* E, const unsigned* tokens, const unsigned* positions,
+                                              const unsigned* cursor, unsigned offset, int N, int s0, int sb,
+                                              float* xT, float* x_out) {
+    const float inv_n = 1.0f / N;
+    for (int i = threadIdx.x; i < sb * D; i += THREADS) {
+        const int m = i / D, d = i % D;
+        const unsigned pos = sample_position(positions, cursor, offset, s0 + m);
+        float sum = 0.0f;
+        for (int n = 0; n < N; ++n) sum += E[(size_t)tokens[pos - N + n] * D + d];
+        const float x = sum * inv_n;
+        xT[d * LD + m] = x;
+        if (x_out) x_out[(size_t)s0 * D + i] = x;
+    }
+    for (int i = threadIdx.x; i < (D8 - D) * LD; i += THREADS) xT[D * LD + i] = 0.0f;
+}
+
+// h = ReLU(x·W1ᵀ + b1) of the tile's sb samples (xT as gather_inputs leaves it, after a barrier) for hidden
+// units n0 … n0 + TILE − 1: out(m, n, h) once per sample m < sb and unit n < H.
+template <class Out>
+__device__ __forceinline__ void hidden_tile(const float* W1, const float* b1, const float* xT, int sb, int n0,
+                                            float* stage, Out out) {
+    auto w1 = staged<true>([=](int h, int d) { return W1[(size_t)h * D + d]; }, H, n0, D, stage);
+    Resident x{xT};
+    gemm_128(sb, H, D, 0, n0, x, w1, [&](int m, int n, float4 acc) {
+        const float z[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (n + j < H) out(m, n + j, fmaxf(z[j] + b1[n + j], 0.0f));
+    });
+}
+
 // dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
@@ -86,34 +120,14 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
         for (size_t i = block * THREADS + threadIdx.x; i < (size_t)V; i += stride) grad_b2[i] = 0.0f;
     }
 
-    const float inv_n = 1.0f / N;
-    for (int i = threadIdx.x; i < sb * D; i += THREADS) {
-        const int m = i / D, d = i % D;
-        const unsigned pos = sample_position(positions, cursor, offset, s0 + m);
-        float sum = 0.0f;
-        for (int n = 0; n < N; ++n) sum += E[(size_t)tokens[pos - N + n] * D + d];
-        const float x = sum * inv_n;
-        xT[d * LD + m] = x;
-        if (writes_hidden) x_out[(size_t)s0 * D + i] = x;
-    }
-    for (int i = threadIdx.x; i < (D8 - D) * LD; i += THREADS) xT[D * LD + i] = 0.0f;
+    gather_inputs(E, tokens, positions, cursor, offset, N, s0, sb, xT, writes_hidden ? x_out : nullptr);
     for (int i = threadIdx.x; i < (H8 - H) * LD; i += THREADS) hT[H * LD + i] = 0.0f;
     __syncthreads();
-
-    Resident x_op{xT};
-    for (int n0 = 0; n0 < H; n0 += TILE) {
-        auto w1 = staged<true>([=](int h, int d) { return W1[(size_t)h * D + d]; }, H, n0, D, stage);
-        gemm_128(sb, H, D, 0, n0, x_op, w1, [&](int m, int n, float4 acc) {
-            const float z[4] = {acc.x, acc.y, acc.z, acc.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                if (n + j >= H) break;
-                const float h = fmaxf(z[j] + b1[n + j], 0.0f);
-                hT[(n + j) * LD + m] = h;
-                if (writes_hidden) hidden_out[(size_t)(s0 + m) * H + n + j] = h;
-            }
+    for (int n0 = 0; n0 < H; n0 += TILE)
+        hidden_tile(W1, b1, xT, sb, n0, stage, [&](int m, int n, float h) {
+            hT[n * LD + m] = h;
+            if (writes_hidden) hidden_out[(size_t)(s0 + m) * H + n] = h;
         });
-    }
 
     // The group's vocabulary tiles, straight from the register tiles: logits out (each warp store fills
     // four 128-byte rows) and the running softmax partials of the thread's 8 rows over its 8 columns.
@@ -355,7 +369,7 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
                   float* __restrict__ grad_w1, float* __restrict__ grad_b1, const unsigned* __restrict__ tokens,
                   const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
                   int V, int N, int B, float lr, int w2_blocks, unsigned* __restrict__ ticket,
-                  float* __restrict__ grad_E) {
+                  float* __restrict__ grad_E, int dh_parts, bf16* __restrict__ w2_bf16) {
     extern __shared__ __align__(16) float smem[];
     // With grad_E, every gradient is left for text_batch_optimize: ∂E rows go there, W2 and W1 stay.
     const bool fused_sgd = grad_E == nullptr;
@@ -366,10 +380,14 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
     const int s_tiles = (B + TILE - 1) / TILE;
     const int b_slices = (B + B_SLICE - 1) / B_SLICE;
     const int dx_blocks = s_tiles * D_TILES, dw1_blocks = H_TILES * D1_TILES * b_slices;
-    // dz1 = ∂H ⊙ ReLU′(z1), where z1 > 0 exactly where hidden = ReLU(z1) > 0
+    // dz1 = ∂H ⊙ ReLU′(z1), where z1 > 0 exactly where hidden = ReLU(z1) > 0; ∂H summed over its dh_parts
+    // parts ([dh_parts][B][H]) in order
     const auto dz1 = [=](int s, int h) {
         const size_t i = (size_t)s * H + h;
-        return hidden[i] > 0.0f ? dh[i] : 0.0f;
+        if (hidden[i] <= 0.0f) return 0.0f;
+        float sum = dh[i];
+        for (int part = 1; part < dh_parts; ++part) sum += dh[(size_t)part * B * H + i];
+        return sum;
     };
     int b = blockIdx.x;
     if (b < dx_blocks) {
@@ -408,7 +426,10 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
     } else if (fused_sgd) {
         b -= dw1_blocks;
         const size_t n = (size_t)V * H;
-        for (size_t i = (size_t)b * THREADS + threadIdx.x; i < n; i += (size_t)w2_blocks * THREADS) W2[i] -= lr * grad_w2[i];
+        for (size_t i = (size_t)b * THREADS + threadIdx.x; i < n; i += (size_t)w2_blocks * THREADS) {
+            W2[i] -= lr * grad_w2[i];
+            if (w2_bf16) w2_bf16[i] = to_bf16(W2[i]);
+        }
         for (int v = b * THREADS + threadIdx.x; v < V; v += w2_blocks * THREADS) b2[v] -= lr * grad_b2[v];
     }
 
@@ -435,7 +456,7 @@ text_batch_optimize(float* __restrict__ E, float* __restrict__ W1, float* __rest
                     float* __restrict__ grad_b1, const float* __restrict__ grad_w2, const float* __restrict__ grad_b2,
                     float* __restrict__ m, float* __restrict__ v, int V, int kind, float lr, float momentum, float beta1,
                     float beta2, float eps, float weight_decay, unsigned* __restrict__ step,
-                    unsigned* __restrict__ ticket) {
+                    unsigned* __restrict__ ticket, bf16* __restrict__ w2_bf16) {
     const unsigned t = *step + 1;
     OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
     optim_bias_corrections(s, t);
@@ -448,6 +469,7 @@ text_batch_optimize(float* __restrict__ E, float* __restrict__ W1, float* __rest
             const float g = grads[k][i];
             params[k][i] = optim_update(s, params[k][i], g, m[base + i], v[base + i]);
             if (k < 3) grads[k][i] = 0.0f;
+            if (k == 3 && w2_bf16) w2_bf16[i] = to_bf16(params[k][i]);
         }
         base += sizes[k];
     }
@@ -455,4 +477,146 @@ text_batch_optimize(float* __restrict__ E, float* __restrict__ W1, float* __rest
         *step = t;
         *ticket = 0;
     }
+}
+
+// ---- bf16 (--precision bf16) ----
+// The same step with its three V×H products on the bf16 tensor cores (Bf16Tile: `wgmma` on sm_90a,
+// mma.sync before), fp32 sums, as PyTorch's bf16 autocast runs Linear(H, V): the products read bf16
+// copies of h and W2 and a bf16 G; the logits, the softmax statistics, the loss, every gradient and every
+// update stay fp32, and so does the small embedding → hidden product (B·H·D, 1/128 of a product at
+// V = 8192, D = 64). Kernels, in order:
+//   text_batch_hidden_bf16    x and h of a 128-sample × 128-unit tile (gather_inputs, hidden_tile): x and
+//                             h in fp32 for text_batch_update, h's bf16 copy for the products.
+//   text_batch_logits_bf16    logits = h·W2ᵀ + b2, one 128×128 tile a block, fp32 out.
+//   text_batch_dlogits_bf16   one block a sample: the softmax normaliser of its logits row, its loss, and
+//                             G = (softmax − onehot)/B as bf16 rows of ldg (V rounded up to 8, so that
+//                             rows are whole 16-byte copies; the padding is zero).
+//   text_batch_backward_bf16  ∂W2 = Gᵀ·h tiles (whole K = B, stored, no atomics; the first column of tiles
+//                             also sums G's columns as the product streams them, ∂b2), then ∂H = G·W2
+//                             tiles split over `splits` ranges of V into [splits][B][H] parts, so that
+//                             both kinds fill the GPU and every sum has a fixed order.
+// text_batch_update then sums ∂H's parts (dh_parts) and refreshes W2's bf16 copy as it updates W2 (or
+// text_batch_optimize does).
+
+// grid (ceil(H / TILE), ceil(B / TILE)); dynamic shared memory: xT [D8][LD], then one staged operand.
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_batch_hidden_bf16(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
+                       const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+                       const unsigned* __restrict__ cursor, unsigned offset, int N, int B, float* __restrict__ x_out,
+                       float* __restrict__ hidden_out, bf16* __restrict__ hidden_bf16) {
+    extern __shared__ __align__(16) float smem[];
+    float* xT = smem;
+    float* stage = xT + D8 * LD;
+    const int s0 = blockIdx.y * TILE, sb = min(TILE, B - s0);
+    gather_inputs(E, tokens, positions, cursor, offset, N, s0, sb, xT, blockIdx.x == 0 ? x_out : nullptr);
+    __syncthreads();
+    hidden_tile(W1, b1, xT, sb, blockIdx.x * TILE, stage, [&](int m, int n, float h) {
+        const size_t i = (size_t)(s0 + m) * H + n;
+        hidden_out[i] = h;
+        hidden_bf16[i] = to_bf16(h);
+    });
+}
+
+// grid (ceil(V / 128), ceil(B / 128)); dynamic shared memory: Bf16Tile::SHARED_FLOATS.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+text_batch_logits_bf16(const bf16* __restrict__ hidden_bf16, const bf16* __restrict__ w2_bf16,
+                       const float* __restrict__ b2, float* __restrict__ logits, int V, int B) {
+    extern __shared__ __align__(16) float smem[];
+    gemm_tile_bf16_fast<false, true>(B, V, H, blockIdx.y * Bf16Tile::BM, blockIdx.x * Bf16Tile::BN, hidden_bf16, H,
+                                     w2_bf16, H, [&](int m, int n, float v0, float v1) {
+                                         float* row = logits + (size_t)m * V;
+                                         if (V % 2 == 0) {  // n even: an 8-byte aligned pair
+                                             *reinterpret_cast<float2*>(row + n) = make_float2(v0 + b2[n], v1 + b2[n + 1]);
+                                         } else {
+                                             row[n] = v0 + b2[n];
+                                             if (n + 1 < V) row[n + 1] = v1 + b2[n + 1];
+                                         }
+                                     },
+                                     smem);
+}
+
+// grid (B); block s: the softmax normaliser of logits row s (norm[2s], norm[2s + 1] = max, 1/Σexp, as
+// text_batch_forward leaves them), its loss into loss_sum, and row s of G (ldg bf16, zero from V on).
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_batch_dlogits_bf16(const float* __restrict__ logits, const unsigned* __restrict__ tokens,
+                        const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
+                        int V, int ldg, int B, float* __restrict__ norm, double* __restrict__ loss_sum,
+                        bf16* __restrict__ dlogits) {
+    __shared__ SoftmaxStat scratch[WARPS];
+    const int s = blockIdx.x;
+    const float* row = logits + (size_t)s * V;
+    SoftmaxStat st = softmax_stat_empty();
+    for (int v = threadIdx.x; v < V; v += THREADS) st = softmax_push(st, row[v]);
+    st = block_softmax_merge(st, scratch);
+    const float inv_b = 1.0f / B;
+    const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+    const float4 record = make_float4(st.max, inv_b / st.sum, __int_as_float((int)target), 0.0f);
+    if (threadIdx.x == 0) {
+        norm[2 * s] = st.max;
+        norm[2 * s + 1] = 1.0f / st.sum;
+        atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - row[target]));
+    }
+    unsigned* out = reinterpret_cast<unsigned*>(dlogits + (size_t)s * ldg);  // pairs: ldg is even
+    for (int v = 2 * threadIdx.x; v < ldg; v += 2 * THREADS) {
+        const float g0 = v < V ? dlogit(row[v], record, v, inv_b) : 0.0f;
+        const float g1 = v + 1 < V ? dlogit(row[v + 1], record, v + 1, inv_b) : 0.0f;
+        out[v / 2] = bf16x2(g0, g1);
+    }
+}
+
+// grid (v_tiles·h_tiles + splits·s_tiles·h_tiles): first the ∂W2 tiles (vocabulary tile, hidden tile),
+// then the ∂H tiles (sample tile, hidden tile, split), each split over split_k vocabulary rows (a multiple
+// of the tile's k). Dynamic shared memory: Bf16Tile::SHARED_FLOATS.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+text_batch_backward_bf16(const bf16* __restrict__ dlogits, int ldg, const bf16* __restrict__ hidden_bf16,
+                         const bf16* __restrict__ w2_bf16, int V, int B, int split_k, float* __restrict__ grad_w2,
+                         float* __restrict__ grad_b2, float* __restrict__ dh_parts) {
+    extern __shared__ __align__(16) float smem[];
+    using T = Bf16Tile;
+    constexpr int H_TILES_BF16 = (H + T::BN - 1) / T::BN;
+    const int v_tiles = (V + T::BM - 1) / T::BM;
+    int b = blockIdx.x;
+    if (b < v_tiles * H_TILES_BF16) {
+        // ∂W2[v][h] = Σ_s G[s][v]·h[s][h]; the tiles at h 0 also ∂b2[v] = Σ_s G[s][v]: thread t sums row
+        // t/2 of each chunk of Gᵀ over the chunk's half t mod 2, then the pair adds up.
+        const int v0 = b / H_TILES_BF16 * T::BM, n0 = b % H_TILES_BF16 * T::BN;
+        float row_sum = 0.0f;
+        const auto sum_rows = [&](const auto& at) {
+            if (n0 != 0) return;
+            const int o = threadIdx.x / 2, k0 = threadIdx.x % 2 * (T::BK / 2);
+#pragma unroll 8
+            for (int k = 0; k < T::BK / 2; ++k) row_sum += bf16_value(at(o, k0 + k));
+        };
+        gemm_tile_bf16_fast<true, false>(V, H, B, v0, n0, dlogits, ldg, hidden_bf16, H,
+                                         [&](int m, int n, float g0, float g1) {
+                                             float* out = grad_w2 + (size_t)m * H + n;
+                                             out[0] = g0;
+                                             if (n + 1 < H) out[1] = g1;
+                                         },
+                                         smem, sum_rows);
+        row_sum += __shfl_xor_sync(FULL_MASK, row_sum, 1);
+        const int v = v0 + threadIdx.x / 2;
+        if (n0 == 0 && threadIdx.x % 2 == 0 && v < V) grad_b2[v] = row_sum;
+    } else {
+        // ∂H[s][h] = Σ_v G[s][v]·W2[v][h] over the split's rows v.
+        b -= v_tiles * H_TILES_BF16;
+        const int splits = (V + split_k - 1) / split_k;
+        const int split = b % splits, tile = b / splits;
+        const int s0 = tile / H_TILES_BF16 * T::BM, n0 = tile % H_TILES_BF16 * T::BN;
+        const int k0 = split * split_k, kn = min(split_k, V - k0);
+        float* part = dh_parts + (size_t)split * B * H;
+        gemm_tile_bf16_fast<false, false>(B, H, kn, s0, n0, dlogits + k0, ldg, w2_bf16 + (size_t)k0 * H, H,
+                                          [&](int m, int n, float d0, float d1) {
+                                              float* out = part + (size_t)m * H + n;
+                                              out[0] = d0;
+                                              if (n + 1 < H) out[1] = d1;
+                                          },
+                                          smem);
+    }
+}
+
+// W2's bf16 copy, where the trainer takes W2 from elsewhere (upload, the fp32 step).
+extern "C" __global__ void __launch_bounds__(THREADS)
+text_batch_round_w2(const float* __restrict__ W2, bf16* __restrict__ w2_bf16, int count) {
+    for (int i = blockIdx.x * THREADS + threadIdx.x; i < count; i += gridDim.x * THREADS) w2_bf16[i] = to_bf16(W2[i]);
 }

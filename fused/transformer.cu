@@ -101,10 +101,9 @@ struct LinearTiles<TF32> {
 };
 template <>
 struct LinearTiles<BF16> {
-    static constexpr int BM = 128, BN = 128, BK = HAS_WGMMA ? 64 : 32, WG_BM = BM, WG_BN = BN;
-    static constexpr int STAGES = HAS_WGMMA ? 3 : 4;
-    static constexpr int SHARED_FLOATS =
-        HAS_WGMMA ? GemmWgmma<STAGES>::SHARED_FLOATS : GemmBf16Async<BM, BN, BK, STAGES>::SHARED_FLOATS;
+    static constexpr int BM = Bf16Tile::BM, BN = Bf16Tile::BN, BK = Bf16Tile::BK, WG_BM = BM, WG_BN = BN;
+    static constexpr int STAGES = Bf16Tile::STAGES;
+    static constexpr int SHARED_FLOATS = Bf16Tile::SHARED_FLOATS;
 };
 
 // What the linear layers' products read at precision P: fp32 activations and weights, or their bf16
@@ -149,15 +148,11 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
                                              const bf16* B, int ldb, int ones_col, Store store, float* smem,
                                              OnChunk on_chunk = {}) {
     static_assert(P == BF16, "only bf16 products read bf16 operands");
+    static_assert(BM == Bf16Tile::BM && BN == Bf16Tile::BN && BK == Bf16Tile::BK && STAGES == Bf16Tile::STAGES,
+                  "bf16 products are Bf16Tile's");
+    // ones_col: none at bf16 (Wgrad<BF16>::ONES_COLUMN is off: ∂bias comes through on_chunk).
     const auto pairs = [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < N); };
-    if constexpr (HAS_WGMMA) {
-        static_assert(BM == GemmWgmma<STAGES>::BM && BN == GemmWgmma<STAGES>::BN && BK == GemmWgmma<STAGES>::BK,
-                      "the wgmma tile's shape");
-        gemm_tile_bf16_wgmma<STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, pairs, smem, on_chunk);
-    } else {
-        gemm_tile_bf16_async<BM, BN, BK, STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, ones_col, pairs,
-                                                                   smem, on_chunk);
-    }
+    gemm_tile_bf16_fast<A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, pairs, smem, on_chunk);
 }
 
 // LayerNorm backward: rows per warp (a block covers WARPS × LN_ROWS_PER_WARP rows).

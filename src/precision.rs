@@ -24,12 +24,13 @@ impl Precision {
         }
     }
 
-    /// Relative rounding of one operand of a product: 2⁻²⁴ (fp32), 2⁻¹¹ (TF32), 2⁻⁹ (bf16).
+    /// Relative rounding of one operand of a product (half an ulp of its significand: 24, 11 and 8 bits):
+    /// 2⁻²⁴ (fp32), 2⁻¹¹ (TF32), 2⁻⁸ (bf16).
     pub fn unit_roundoff(self) -> f64 {
         match self {
             Precision::Fp32 => f64::powi(2.0, -24),
             Precision::Tf32 => f64::powi(2.0, -11),
-            Precision::Bf16 => f64::powi(2.0, -9),
+            Precision::Bf16 => f64::powi(2.0, -8),
         }
     }
 }

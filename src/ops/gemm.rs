@@ -50,6 +50,13 @@ pub const fn wgmma_shared_floats(stages: usize) -> usize {
     (stages * 2 * 128 * 64 * 2 + 1024) / 4
 }
 
+/// Floats of shared memory of `Bf16Tile` (fused/gemm_wgmma.cuh), the bf16 tile a compile picks: `wgmma`'s
+/// three stages of 64 k on GPUs that have it (`device::has_wgmma`), else gemm_tile_bf16_async's four
+/// stages of 32 k, 128×128 either way.
+pub const fn bf16_tile_shared_floats(wgmma: bool) -> usize {
+    if wgmma { wgmma_shared_floats(3) } else { bf16_async_shared_floats(128, 128, 32, 4) }
+}
+
 /// `x` rounded to bf16 (8-bit mantissa) to nearest, ties to even, as `cvt.rn.bf16x2.f32` does: the bits of
 /// the bf16 value (the high half of its f32). Infinities stay, values past bf16's largest round to them,
 /// NaN stays NaN (quiet, sign kept).

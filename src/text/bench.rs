@@ -1,4 +1,5 @@
 //! `textnet bench` and `textnet bench quality` for the text model: single-sample and batched step speed
+//! (fp32, and the batched steps at bf16)
 //! at the bench shape beside `benches/torch_baseline.py`, and the quality run (GPU kernels and CPU
 //! reference trained on the same samples, with what the PyTorch twin needs to repeat it).
 
@@ -8,6 +9,7 @@ use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::{LrSchedule, LrScheduleKind};
 use crate::pipeline::BenchOptions;
+use crate::precision::Precision;
 use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::{Context, Result};
 use rand::{RngExt, SeedableRng};
@@ -45,6 +47,15 @@ pub struct QualityArgs {
     /// Skip the CPU reference run
     #[arg(long)]
     pub no_cpu: bool,
+    /// Samples per SGD step (the CPU reference then takes its batched trainer)
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub batch: usize,
+    /// SGD learning rate
+    #[arg(long, default_value_t = QUALITY_LR)]
+    pub lr: f32,
+    /// The arithmetic of the vocabulary-sized products, on the GPU and in the CPU twin (fp32 or bf16)
+    #[arg(long, value_enum, default_value_t)]
+    pub precision: Precision,
 }
 
 #[derive(Serialize, Debug)]
@@ -72,8 +83,8 @@ pub struct TextBenchRow {
 pub const BENCH_SHAPE: TextShape = TextShape { vocab: 8192, embed: 64, hidden: 256, context: 3 };
 
 /// `textnet bench [text]`: single-sample steps/s (CUDA graph, plain launches, and a learning-rate
-/// schedule's rate per step) and batched samples/s at B = 256 and 4096, at V = 8192, D = 64, H = 256,
-/// context 3 (`single_only`, `only_batch` pick a subset).
+/// schedule's rate per step) and batched samples/s at B = 256 and 4096, fp32 and bf16, at V = 8192,
+/// D = 64, H = 256, context 3 (`single_only`, `only_batch` pick a subset).
 pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result<()> {
     let BenchOptions { repeats, json } = *options;
     let (single_only, only_batch) = (args.single, args.batch);
@@ -94,17 +105,20 @@ pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result
         Scheduled,
     }
     let configs = [
-        ("single-sample, CUDA graph", 1, 25_600, Launches::Graph),
-        ("single-sample, plain launches", 1, 5_000, Launches::Plain),
-        ("single-sample, a rate per step", 1, 25_600, Launches::Scheduled),
-        ("batch 256, CUDA graph", 256, 256, Launches::Graph),
-        ("batch 4096, CUDA graph", 4096, 128, Launches::Graph),
+        ("single-sample, CUDA graph", 1, 25_600, Launches::Graph, Precision::Fp32),
+        ("single-sample, plain launches", 1, 5_000, Launches::Plain, Precision::Fp32),
+        ("single-sample, a rate per step", 1, 25_600, Launches::Scheduled, Precision::Fp32),
+        ("batch 256, CUDA graph", 256, 256, Launches::Graph, Precision::Fp32),
+        ("batch 256 bf16, CUDA graph", 256, 256, Launches::Graph, Precision::Bf16),
+        ("batch 4096, CUDA graph", 4096, 128, Launches::Graph, Precision::Fp32),
+        ("batch 4096 bf16, CUDA graph", 4096, 128, Launches::Graph, Precision::Bf16),
     ];
-    for (label, batch, steps, launches) in configs {
+    for (label, batch, steps, launches, precision) in configs {
         if (single_only && batch > 1) || only_batch.is_some_and(|b| b != batch) {
             continue;
         }
         let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
+        trainer.use_precision(precision)?;
         let samples = batch * steps;
         let positions: Vec<u32> =
             (0..samples).map(|_| rng.random_range(shape.context as u32..tokens.len() as u32)).collect();
@@ -221,8 +235,11 @@ pub fn speed(gpu: &Arc<Gpu>, options: &BenchOptions, args: &SpeedArgs) -> Result
     Ok(())
 }
 
+/// The quality run's learning rate at one sample a step.
+pub const QUALITY_LR: f32 = 0.05;
+
 /// The quality run's inputs: the bench shape on `corpus`, `samples` training positions in an order drawn
-/// from `seed`, 5000 validation positions, initial parameters from `seed`, lr 0.05, one sample per step.
+/// from `seed`, 5000 validation positions, initial parameters from `seed`.
 pub struct QualityRun {
     /// The corpus's token ids.
     pub tokens: Arc<[u32]>,
@@ -232,8 +249,6 @@ pub struct QualityRun {
     pub val: Vec<u32>,
     /// The initial parameters.
     pub params: TextParams,
-    /// The learning rate.
-    pub lr: f32,
 }
 
 impl QualityRun {
@@ -256,28 +271,36 @@ impl QualityRun {
             order,
             val: spread_subset(&split.val, 5000),
             params: TextParams::init(shape, seed),
-            lr: 0.05,
         })
     }
 }
 
-/// The same single-sample SGD run on the GPU kernels and on the CPU reference: `samples` steps from the
-/// same initial parameters in the same shuffled order, then the validation loss of each on the same
-/// held-out samples. The tokens, the order, the validation positions and the initial parameters are
-/// written to `dump` so that the PyTorch model repeats exactly this run.
+/// The same SGD run on the GPU kernels and on the CPU reference: `samples` training samples in steps of
+/// `batch` from the same initial parameters in the same shuffled order, at `precision` (the CPU's twin of
+/// it), then the validation loss of each on the same held-out samples. The tokens, the order, the
+/// validation positions, the initial parameters and the run's batch, rate and precision (`run.json`)
+/// are written to `dump` so that the PyTorch model repeats exactly this run.
 /// It always prints JSON.
 pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<()> {
+    use super::cpu_batch::BatchTrainer;
     use super::{CpuTrainer, TextTrainer};
-    let QualityRun { tokens, order, val, params, lr } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
-    let shape = params.shape;
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        anyhow::bail!("--lr must be a positive finite number, got {}", args.lr);
+    }
+    if args.precision == Precision::Tf32 {
+        anyhow::bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
+    }
+    let QualityRun { tokens, order, val, params } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
+    let (shape, batch, lr) = (params.shape, args.batch, args.lr);
 
     // Each trainer runs the first PARITY_STEPS steps, then the rest; with the CPU run, the parameters
     // in between are compared (how close the two stay on real text before rounding has long to grow).
     const PARITY_STEPS: usize = 1000;
-    let (head, tail) = order.split_at(order.len().min(PARITY_STEPS));
+    let (head, tail) = order.split_at(order.len().min(PARITY_STEPS * batch));
     let started = std::time::Instant::now();
     let mut gpu_trainer = GpuTrainer::new(gpu.clone(), &params, tokens.clone())?;
-    let mut gpu_loss = gpu_trainer.train(head, 1, lr)?;
+    gpu_trainer.use_precision(args.precision)?;
+    let mut gpu_loss = gpu_trainer.train(head, batch, lr)?;
     let (gpu_head, snapshot_secs) = if args.no_cpu {
         (None, 0.0)
     } else {
@@ -285,7 +308,7 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
         (Some(gpu_trainer.params()?), snapshot.elapsed().as_secs_f64())
     };
     if !tail.is_empty() {
-        gpu_loss += gpu_trainer.train(tail, 1, lr)?;
+        gpu_loss += gpu_trainer.train(tail, batch, lr)?;
     }
     let gpu_train = gpu_loss / order.len() as f64;
     let gpu_eval = gpu_trainer.evaluate(&val)?;
@@ -294,16 +317,21 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
         None => (None, serde_json::Value::Null),
         Some(gpu_head) => {
             let started = std::time::Instant::now();
-            let mut cpu = CpuTrainer::new(params.clone(), tokens.clone());
-            let mut cpu_loss = cpu.train(head, 1, lr)?;
+            let mut cpu: Box<dyn TextTrainer> = match (batch, args.precision) {
+                (1, Precision::Fp32) => Box::new(CpuTrainer::new(params.clone(), tokens.clone())),
+                _ => Box::new(BatchTrainer::at(params.clone(), tokens.clone(), args.precision)),
+            };
+            let mut cpu_loss = cpu.train(head, batch, lr)?;
             let errors: serde_json::Map<String, serde_json::Value> =
-                super::checks::param_rel_errors(&gpu_head, &cpu.params)
+                super::checks::param_rel_errors(&gpu_head, &cpu.params()?)
                     .into_iter()
                     .map(|(name, err)| (name.to_string(), serde_json::json!(err)))
                     .collect();
-            cpu_loss += cpu.train(tail, 1, lr)?;
+            if !tail.is_empty() {
+                cpu_loss += cpu.train(tail, batch, lr)?;
+            }
             let cpu_run = (cpu_loss / order.len() as f64, cpu.evaluate(&val)?, started.elapsed().as_secs_f64());
-            (Some(cpu_run), serde_json::json!({"steps": head.len(), "params_rel_error": errors}))
+            (Some(cpu_run), serde_json::json!({"steps": head.len().div_ceil(batch), "params_rel_error": errors}))
         }
     };
 
@@ -314,6 +342,8 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
     std::fs::write(args.dump.join("val.u32"), words(&val))?;
     let init = crate::tensorfile::to_bytes(&params.tensors(), Default::default())?;
     std::fs::write(args.dump.join("init.safetensors"), init)?;
+    let run = serde_json::json!({"batch": batch, "lr": lr, "precision": args.precision.name()});
+    std::fs::write(args.dump.join("run.json"), serde_json::to_string_pretty(&run)?)?;
 
     let summary = |train: f64, e: crate::text::model::EvalSums, secs: f64| {
         let n = e.samples.max(1) as f64;
@@ -330,7 +360,7 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
     };
     let out = serde_json::json!({
         "device": "cuda:0", "device_name": gpu.describe(), "corpus": args.corpus, "vocab": shape.vocab, "samples": order.len(),
-        "val_samples": val.len(), "lr": lr, "batch": 1, "seed": args.seed,
+        "val_samples": val.len(), "lr": lr, "batch": batch, "precision": args.precision.name(), "seed": args.seed,
         "gpu": summary(gpu_train, gpu_eval, gpu_secs), "cpu": cpu,
         "val_loss_rel_diff": rel_diff, "early_parity": early_parity, "dump": args.dump,
     });

@@ -90,6 +90,7 @@ pub fn modules(plan: &Plan) -> Vec<crate::device::ModuleRequest> {
         cases.extend(kernel_cases(plan));
         cases.extend(SAMPLE_SHAPES.map(|s| (s, 1)));
         cases.extend(TILED_CASES);
+        cases.extend(TILED_BF16_CASES);
     }
     if plan.wants(Group::Training) {
         cases.extend(TRAINING_CASES.map(|c| (c.shape, c.batch)));
@@ -111,6 +112,9 @@ fn all_kernel_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     }
     for (s, batch) in TILED_CASES {
         out.extend(tiled_checks(gpu, s, batch, &mut rng)?);
+    }
+    for (s, batch) in TILED_BF16_CASES {
+        out.extend(tiled_bf16_checks(gpu, s, batch, &mut rng)?);
     }
     Ok(out)
 }
@@ -484,6 +488,68 @@ pub fn tiled_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut Seeded
         check("text_batch step b1 update", update_error(lr, &p.b1, &t.download(&t.params.b1)?, &cpu.grads.b1)),
         check("text_batch step embedding update", update_error(lr, &p.embedding, &e, &cpu.embedding_grad)),
     ])
+}
+
+/// The bf16 step's checks (`tiled_bf16_checks`): the tiled cases, and V split unevenly over ∂H's parts.
+const TILED_BF16_CASES: [(TextShape, usize); 4] = [
+    (shape(8192, 64, 256, 3), 256),
+    (shape(8192, 64, 256, 3), 1100),
+    (shape(1000, 33, 100, 2), 300),
+    (shape(517, 16, 40, 1), 64),
+];
+
+/// How far the bf16 step may stand from its CPU twin (`cpu_batch::gradients_at` at bf16), norm-wise.
+/// Both round the same fp32 values of h, W2 and G to bf16 and sum the exact products in fp32, in
+/// different orders. (1) An element rounds differently only where the two fp32 values, a few fp32 ulps
+/// apart (sum order, exp), straddle a bf16 rounding boundary: at most about 8 ulps in the 2¹⁶ fp32 ulps
+/// of a bf16 ulp, a fraction ≤ 2⁻¹³, each then one bf16 ulp (≤ 2⁻⁷ relative) off: ≤ √2⁻¹³ · 2⁻⁷ ≈ 2⁻¹³·⁵
+/// norm-wise. (2) fp32 sums of K ≤ 8192 terms in two orders: ~√K · 2⁻²⁴ ≈ 2⁻¹⁷·⁵. Twice their sum, 2⁻¹².
+/// A dropped chunk, split or ∂b2, G unscaled by 1/B or W2's copy stale is off by 1e-2 or more.
+pub const BF16_TWIN_TOLERANCE: f64 = 1.0 / 4096.0;
+
+/// One bf16 step (`--precision bf16`: text_batch_hidden_bf16, _logits_bf16, _dlogits_bf16,
+/// _backward_bf16, then text_batch_update) against its CPU twin: the loss and every parameter's update,
+/// at lr = 100 as `tiled_checks`; and W2's bf16 copy after it, which the next step reads, to the bit.
+pub fn tiled_bf16_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
+    use super::cpu_batch::gradients_at;
+    use crate::ops::gemm::{bf16_value, round_bf16};
+    use crate::precision::Precision;
+    const TOL: f64 = BF16_TWIN_TOLERANCE;
+    let lr = 100.0f32;
+    let (p, tokens, positions) = random_problem(s, batch, rng);
+    let first = &positions[..];
+    let label = format!("{} bf16", shape_label(s, batch));
+    let check =
+        |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
+    let (grads, loss) = gradients_at(&p, &tokens, first, Precision::Bf16);
+    let contexts: Vec<&[u32]> = first.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();
+    let embedding_grad = grads.embedding_dense(s, &contexts);
+
+    let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;
+    t.use_precision(Precision::Bf16)?;
+    t.poison_buffers()?;
+    t.launch_tiled_step(batch, 0, lr)?;
+    t.synchronize()?;
+    let after = t.params()?;
+    let mut out = vec![
+        check("bf16 step loss", rel_error(&[t.read_loss()? as f32], &[loss as f32])),
+        check("bf16 step W2 update", update_error(lr, &p.w2, &after.w2, &grads.w2)),
+        check("bf16 step b2 update", update_error(lr, &p.b2, &after.b2, &grads.b2)),
+        check("bf16 step W1 update", update_error(lr, &p.w1, &after.w1, &grads.w1)),
+        check("bf16 step b1 update", update_error(lr, &p.b1, &after.b1, &grads.b1)),
+        check("bf16 step embedding update", update_error(lr, &p.embedding, &after.embedding, &embedding_grad)),
+    ];
+    // What the next step's products read: W2's bf16 copy, refreshed by the update (exactly W2 rounded).
+    let copy = t.w2_bf16_copy()?.unwrap_or_default();
+    let copy: Vec<f32> = copy.iter().map(|&b| bf16_value(b)).collect();
+    let want: Vec<f32> = after.w2.iter().map(|&w| round_bf16(w)).collect();
+    out.push(Check {
+        kernel: "bf16 step W2's bf16 copy".into(),
+        shape: label.clone(),
+        rel_error: rel_error(&copy, &want),
+        tolerance: 0.0,
+    });
+    Ok(out)
 }
 
 /// The token stream a training check learns.

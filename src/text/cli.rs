@@ -13,6 +13,7 @@ use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::interrupt;
 use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, ScheduleArgs};
+use crate::precision::Precision;
 use crate::report::{self, Display, EpochRow, Report, Status};
 use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Context, Result, anyhow, bail};
@@ -103,6 +104,11 @@ pub struct TrainArgs {
     /// Where to train
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceChoice,
+    /// The arithmetic of the three vocabulary-sized products (logits, ∂W2, ∂h): fp32, or bf16 operands on
+    /// the tensor cores with fp32 sums, weights, softmax and updates (every step then takes the batched
+    /// kernels; pays from about --batch 1024). The CPU runs bf16 as its twin for SGD; tf32 is not offered
+    #[arg(long, value_enum, default_value_t)]
+    pub precision: Precision,
     /// Print an epoch's line only every N epochs (and the first and last), for long runs
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub log_every: usize,
@@ -140,6 +146,9 @@ impl TrainArgs {
         self.optim_config(self.lr.unwrap_or(DEFAULT_LR)).validate()?;
         if self.momentum.is_some() && self.optim != OptimKind::Momentum {
             bail!("--momentum applies to --optim momentum only (this run uses --optim {})", self.optim.name());
+        }
+        if self.precision == Precision::Tf32 {
+            bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
         }
         if self.weight_decay != 0.0 && self.optim == OptimKind::Sgd {
             bail!("--weight-decay applies to --optim momentum and adam (the fused SGD update has none)");
@@ -195,6 +204,7 @@ impl TrainArgs {
             "max_tokens": self.max_tokens,
             "val_max": self.val_max,
             "device": report::flag_value(&self.device),
+            "precision": self.precision.name(),
             "plot": self.plot.as_ref().map(|p| p.display().to_string()),
         })
     }
@@ -349,7 +359,7 @@ impl TrainingCommand for TrainArgs {
         };
         let tokens: Arc<[u32]> = std::mem::take(&mut corpus.tokens).into();
         let cpu_line = match on_cpu {
-            true => Some(cpu_plan_line(&plan, args.optim_config(plan.lr), &params, &tokens, &split.train, &val)?),
+            true => Some(cpu_plan_line(&plan, args, &params, &tokens, &split.train, &val)?),
             false => None,
         };
         let summary = Summary {
@@ -391,8 +401,14 @@ impl TrainingCommand for TrainArgs {
                 args.out.display()
             ));
         }
-        let mut trainer =
-            train::make_trainer(&backend, params.clone(), tokens, plan.batch, args.optim_config(plan.lr))?;
+        let mut trainer = train::make_trainer(
+            &backend,
+            params.clone(),
+            tokens,
+            plan.batch,
+            args.optim_config(plan.lr),
+            args.precision,
+        )?;
         if let Some(path) = &args.resume {
             let loss = mean_loss(trainer.evaluate(&val)?);
             if !loss.is_finite() {
@@ -533,12 +549,17 @@ fn mean_loss(sums: super::model::EvalSums) -> f64 {
 /// Validation loss of `params` on the run's device, or on the CPU where that device cannot take the shape.
 fn val_loss(backend: &Backend, params: TextParams, tokens: &Arc<[u32]>, val: &[u32]) -> Result<f64> {
     // A batched CPU trainer evaluates on every core.
-    let sums =
-        match train::make_trainer(backend, params.clone(), tokens.clone(), CPU_BATCH, OptimConfig::new(OptimKind::Sgd))
-        {
-            Ok(mut trainer) => trainer.evaluate(val)?,
-            Err(_) => CpuTrainer::new(params, tokens.clone()).evaluate(val)?,
-        };
+    let sums = match train::make_trainer(
+        backend,
+        params.clone(),
+        tokens.clone(),
+        CPU_BATCH,
+        OptimConfig::new(OptimKind::Sgd),
+        Precision::Fp32,
+    ) {
+        Ok(mut trainer) => trainer.evaluate(val)?,
+        Err(_) => CpuTrainer::new(params, tokens.clone()).evaluate(val)?,
+    };
     Ok(mean_loss(sums))
 }
 
@@ -603,6 +624,15 @@ impl Summary {
             plan.epochs,
             if plan.epochs == 1 { "" } else { "s" }
         ));
+        if args.precision == Precision::Bf16 {
+            display.line(match (args.optim, self.cpu_line.is_some()) {
+                (OptimKind::Sgd, true) => {
+                    "precision: bf16 products with fp32 sums (the CPU twin of the GPU's bf16 step)"
+                }
+                (_, true) => "note: --precision bf16 on the CPU takes --optim sgd; this run trains in fp32",
+                _ => "precision: bf16 products on the tensor cores, fp32 sums, weights, softmax and updates",
+            });
+        }
         if let Some(path) = &args.resume {
             display.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));
         }
@@ -715,13 +745,15 @@ struct Plan {
 /// the trainer (about a third of a second).
 fn cpu_plan_line(
     plan: &Plan,
-    optim: OptimConfig,
+    args: &TrainArgs,
     params: &TextParams,
     tokens: &Arc<[u32]>,
     train: &[u32],
     val: &[u32],
 ) -> Result<String> {
-    let mut probe = train::make_trainer(&Backend::Cpu, params.clone(), tokens.clone(), plan.batch, optim)?;
+    let optim = args.optim_config(plan.lr);
+    let mut probe =
+        train::make_trainer(&Backend::Cpu, params.clone(), tokens.clone(), plan.batch, optim, args.precision)?;
     let budget = std::time::Duration::from_millis(250);
     let speed = cpu_batch::measure(probe.as_mut(), train, val, plan.batch, plan.lr, budget)?;
     drop(probe);

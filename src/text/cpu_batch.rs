@@ -28,6 +28,8 @@
 use super::TextTrainer;
 use super::model::{EvalSums, Grads, TextParams, TextShape, context_of};
 use crate::cpu::{Mat, gemm, top_k};
+use crate::ops::gemm::round_bf16;
+use crate::precision::Precision;
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -63,6 +65,9 @@ struct Work {
     logits: Vec<f32>,
     /// B×H ∂/∂z1 (∂/∂h through the ReLU mask).
     dz1: Vec<f32>,
+    /// bf16 steps: Hd and W2 rounded to bf16 (as f32), the operands of the three V×H products.
+    h_bf16: Vec<f32>,
+    w2_bf16: Vec<f32>,
     targets: Vec<u32>,
     /// Per sample: loss (training), or loss and top-1/top-5 hits (evaluation).
     rows: Vec<(f32, bool, bool)>,
@@ -92,8 +97,9 @@ fn zero_grads(s: TextShape, b: usize) -> Grads {
 }
 
 /// The forward pass of the samples whose targets sit at `positions`: `w.x`, `w.z1`, `w.h` and the
-/// logits in `w.logits`, all row-major, one row per sample.
-fn forward(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work) {
+/// logits in `w.logits`, all row-major, one row per sample. At bf16 the logits are the product of Hd
+/// and W2 rounded to bf16 (left in `w.h_bf16`, `w.w2_bf16`), with fp32 sums, as the GPU's bf16 step.
+fn forward(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work, precision: Precision) {
     let TextShape { vocab: v, embed: d, hidden: h, context: n } = p.shape;
     let b = positions.len();
     w.size(p.shape, b);
@@ -106,7 +112,15 @@ fn forward(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work) {
     hd.iter_mut().zip(z1.iter()).for_each(|(a, &z)| *a = z.max(0.0));
     let logits = &mut w.logits[..b * v];
     logits.par_chunks_mut(v).for_each(|row| row.copy_from_slice(&p.b2));
-    par_gemm(Mat::rows_of(hd, b, h), Mat::rows_of(&p.w2, v, h).t(), 1.0, logits);
+    if precision == Precision::Bf16 {
+        w.h_bf16.clear();
+        w.h_bf16.extend(hd.iter().map(|&x| round_bf16(x)));
+        w.w2_bf16.clear();
+        w.w2_bf16.extend(p.w2.iter().map(|&x| round_bf16(x)));
+        par_gemm(Mat::rows_of(&w.h_bf16, b, h), Mat::rows_of(&w.w2_bf16, v, h).t(), 1.0, logits);
+    } else {
+        par_gemm(Mat::rows_of(hd, b, h), Mat::rows_of(&p.w2, v, h).t(), 1.0, logits);
+    }
 }
 
 /// eˣ for x ≤ 0 (what a softmax takes after subtracting the maximum), within 2 ulp of `f32::exp`
@@ -150,11 +164,21 @@ fn exp_shifted(row: &mut [f32]) -> (f32, f32) {
 }
 
 /// Forward and backward over the samples at `positions`: fills `g` with the gradients of their mean
-/// loss (all parameters read as they are, none updated) and returns the summed loss.
-fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work, g: &mut Grads) -> f64 {
+/// loss (all parameters read as they are, none updated) and returns the summed loss. At bf16 the three
+/// V×H products read bf16 operands (Hd, W2 and G rounded; fp32 sums), the GPU's bf16 step
+/// (fused/text_batch.cu); everything else is the fp32 step's.
+fn gradients_into(
+    p: &TextParams,
+    tokens: &[u32],
+    positions: &[u32],
+    w: &mut Work,
+    g: &mut Grads,
+    precision: Precision,
+) -> f64 {
     let TextShape { vocab: v, embed: d, hidden: h, .. } = p.shape;
     let b = positions.len();
-    forward(p, tokens, positions, w);
+    let bf16 = precision == Precision::Bf16;
+    forward(p, tokens, positions, w, precision);
     w.targets.clear();
     w.targets.extend(positions.iter().map(|&pos| tokens[pos as usize]));
     // G = (softmax − onehot) / B in place of the logits, and each sample's loss.
@@ -167,6 +191,9 @@ fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Wor
         let scale = inv_b / sum;
         row.iter_mut().for_each(|q| *q *= scale);
         row[t as usize] -= inv_b;
+        if bf16 {
+            row.iter_mut().for_each(|q| *q = round_bf16(*q));
+        }
     });
     let loss: f64 = w.rows[..b].iter().map(|r| r.0 as f64).sum();
     let (x, z1, hd, gl) = (&w.x[..b * d], &w.z1[..b * h], &w.h[..b * h], &w.logits[..b * v]);
@@ -180,9 +207,10 @@ fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Wor
             part.iter_mut().zip(&row[start..]).for_each(|(s, &x)| *s += x);
         }
     });
-    par_gemm(Mat::rows_of(gl, b, v).t(), Mat::rows_of(hd, b, h), 0.0, &mut g.w2);
+    let (h_op, w2_op) = if bf16 { (&w.h_bf16[..b * h], &w.w2_bf16[..]) } else { (hd, &p.w2[..]) };
+    par_gemm(Mat::rows_of(gl, b, v).t(), Mat::rows_of(h_op, b, h), 0.0, &mut g.w2);
     g.dh.resize(b * h, 0.0);
-    par_gemm(Mat::rows_of(gl, b, v), Mat::rows_of(&p.w2, v, h), 0.0, &mut g.dh);
+    par_gemm(Mat::rows_of(gl, b, v), Mat::rows_of(w2_op, v, h), 0.0, &mut g.dh);
 
     // Through the ReLU: ∂Z1, ∂b1, ∂W1 = ∂Z1ᵀ·X, ∂X = ∂Z1·W1 (the old W1).
     let dz1 = &mut w.dz1[..b * h];
@@ -200,8 +228,13 @@ fn gradients_into(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Wor
 /// The gradients of the mean loss over the samples at `positions` and their summed loss: what
 /// `model::backward` computes for the same samples, as batched matrix products.
 pub fn gradients(p: &TextParams, tokens: &[u32], positions: &[u32]) -> (Grads, f64) {
+    gradients_at(p, tokens, positions, Precision::Fp32)
+}
+
+/// `gradients` with the three V×H products at `precision` (fp32, or bf16 as the GPU's bf16 step).
+pub fn gradients_at(p: &TextParams, tokens: &[u32], positions: &[u32], precision: Precision) -> (Grads, f64) {
     let mut g = zero_grads(p.shape, positions.len());
-    let loss = gradients_into(p, tokens, positions, &mut Work::default(), &mut g);
+    let loss = gradients_into(p, tokens, positions, &mut Work::default(), &mut g, precision);
     (g, loss)
 }
 
@@ -215,7 +248,7 @@ fn evaluate_with(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work
     let v = p.shape.vocab;
     let mut sums = EvalSums::default();
     for chunk in positions.chunks(EVAL_CHUNK) {
-        forward(p, tokens, chunk, w);
+        forward(p, tokens, chunk, w, Precision::Fp32);
         w.rows.resize(chunk.len(), (0.0, false, false));
         w.logits[..chunk.len() * v].par_chunks_mut(v).zip(chunk).zip(&mut w.rows[..chunk.len()]).for_each(
             |((row, &pos), out)| {
@@ -236,25 +269,33 @@ fn evaluate_with(p: &TextParams, tokens: &[u32], positions: &[u32], w: &mut Work
     sums
 }
 
-/// The batched CPU trainer: SGD steps of whole batches, on all of rayon's threads.
+/// The batched CPU trainer: SGD steps of whole batches, on all of rayon's threads; at bf16 the twin of
+/// the GPU's bf16 step (evaluation stays fp32 on both).
 pub struct BatchTrainer {
     params: TextParams,
     tokens: Arc<[u32]>,
     work: Work,
     grads: Grads,
+    precision: Precision,
 }
 
 impl BatchTrainer {
     /// A trainer of `params` on the corpus `tokens`.
     pub fn new(params: TextParams, tokens: Arc<[u32]>) -> BatchTrainer {
+        Self::at(params, tokens, Precision::Fp32)
+    }
+
+    /// A trainer whose three V×H products run at `precision` (fp32 or bf16; TF32 is not offered).
+    pub fn at(params: TextParams, tokens: Arc<[u32]>, precision: Precision) -> BatchTrainer {
         let grads = zero_grads(params.shape, 0);
-        BatchTrainer { params, tokens, work: Work::default(), grads }
+        BatchTrainer { params, tokens, work: Work::default(), grads, precision }
     }
 
     /// One SGD step on the samples at `positions` (what `model::train_step` does); returns their summed
     /// loss.
     pub fn step(&mut self, positions: &[u32], lr: f32) -> f64 {
-        let loss = gradients_into(&self.params, &self.tokens, positions, &mut self.work, &mut self.grads);
+        let loss =
+            gradients_into(&self.params, &self.tokens, positions, &mut self.work, &mut self.grads, self.precision);
         let (p, g) = (&mut self.params, &self.grads);
         par_sgd(&mut p.w2, &g.w2, lr);
         par_sgd(&mut p.b2, &g.b2, lr);

@@ -11,6 +11,7 @@ use super::{CpuTrainer, TextTrainer};
 use crate::cpu::SeededRng;
 use crate::device::Backend;
 use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, Optimizer};
+use crate::precision::Precision;
 use crate::report::Divergence;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -22,19 +23,25 @@ use std::time::Instant;
 /// with `optim`. SGD: on the GPU the fused kernels' update at each step's rate; on the CPU
 /// single samples take the reference (`CpuTrainer`), batches the batched, multi-threaded
 /// `cpu_batch::BatchTrainer` (the same math). Momentum and Adam: the GPU's tiled path with the shared
-/// update, or the reference with `model::optimizer_update`.
+/// update, or the reference with `model::optimizer_update`. `precision` bf16: the GPU's bf16 step, and on
+/// the CPU its twin for SGD (`BatchTrainer::at`); the reference with an optimizer stays fp32.
 pub fn make_trainer(
     backend: &Backend,
     params: TextParams,
     tokens: Arc<[u32]>,
     batch: usize,
     optim: OptimConfig,
+    precision: Precision,
 ) -> Result<Box<dyn TextTrainer>> {
     optim.validate()?;
+    if precision == Precision::Tf32 {
+        bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
+    }
     let sgd = optim.kind == OptimKind::Sgd;
+    let fp32 = precision == Precision::Fp32;
     match backend {
-        Backend::Cpu if sgd && batch <= 1 => Ok(Box::new(CpuTrainer::new(params, tokens))),
-        Backend::Cpu if sgd => Ok(Box::new(BatchTrainer::new(params, tokens))),
+        Backend::Cpu if sgd && batch <= 1 && fp32 => Ok(Box::new(CpuTrainer::new(params, tokens))),
+        Backend::Cpu if sgd => Ok(Box::new(BatchTrainer::at(params, tokens, precision))),
         Backend::Cpu => {
             let count = params.shape.parameter_count() as usize;
             Ok(Box::new(CpuTrainer { params, tokens, optimizer: Some(Optimizer::new(optim, count)) }))
@@ -42,6 +49,7 @@ pub fn make_trainer(
         Backend::Cuda(gpu) => {
             let mut trainer = GpuTrainer::new(gpu.clone(), &params, tokens)?;
             trainer.use_optimizer(optim)?;
+            trainer.use_precision(precision)?;
             Ok(Box::new(trainer))
         }
     }

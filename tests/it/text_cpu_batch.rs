@@ -261,3 +261,59 @@ fn train_on_the_cpu_says_its_plan_before_training() {
     let line = plan_line(&stderr);
     assert!(line.contains("single-sample SGD lr 0.05 on the reference") && line.contains("batches of 256"), "{line}");
 }
+
+/// The bf16 twin (`gradients_at` at bf16, the CPU side of `--precision bf16`) moves every gradient by
+/// bf16 rounding: by more than fp32's summation order moves it (1e-6 at these sizes), so the operands are
+/// rounded, and by less than 2⁻⁴. Each product term of two operands rounded to 8-bit significands is off
+/// by at most 2·2⁻⁸ relative; G also carries the logits' error through the softmax, and the norm-wise
+/// error of a sum with cancellation can exceed its terms' by the ratio ‖|A|·|B|‖/‖A·B‖, a few at these
+/// sizes: 2⁻⁴ leaves room for both, while a twin that forgets to round gives under 1e-6 and one that
+/// rounds the wrong value (a gradient, not an operand) or scales G twice gives 1e-1 and more.
+#[test]
+fn the_bf16_twin_moves_the_gradients_by_bf16_rounding() {
+    use textnet::precision::Precision;
+    use textnet::text::cpu_batch::gradients_at;
+    for (seed, batch) in [(4, 16), (5, 64)] {
+        let (p, tokens, positions) = problem(seed, batch);
+        let (want, want_loss) = gradients(&p, &tokens, &positions);
+        let (got, loss) = gradients_at(&p, &tokens, &positions, Precision::Bf16);
+        let loss_error = (loss - want_loss).abs() / want_loss;
+        assert!(loss_error < 2f64.powi(-7), "batch {batch}: loss {loss} vs fp32 {want_loss}");
+        for (name, g, w) in [
+            ("w1", &got.w1, &want.w1),
+            ("b1", &got.b1, &want.b1),
+            ("w2", &got.w2, &want.w2),
+            ("b2", &got.b2, &want.b2),
+            ("dx", &got.dx, &want.dx),
+        ] {
+            let e = rel_error(g, w);
+            assert!(e > 1e-5 && e < 2f64.powi(-4), "batch {batch} {name}: bf16 against fp32 {e:.2e}");
+        }
+    }
+}
+
+/// `train --precision bf16` on the CPU trains with the bf16 twin and says so; its loss stays within bf16
+/// rounding of the fp32 run's (same seed, batches and order); tf32 is refused in one line.
+#[test]
+fn train_precision_bf16_runs_the_twin_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |precision: &str| -> (String, f64) {
+        let model = dir.path().join(format!("{precision}.safetensors"));
+        let extra = ["--epochs", "1", "--batch", "64", "--lr", "0.64", "--precision", precision, "--json"];
+        let out = textnet(&train_args(&shakespeare(), &model, &extra));
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["config"]["precision"], precision);
+        (stderr, report["epochs"][0]["val_loss"].as_f64().unwrap())
+    };
+    let (stderr, bf16) = run("bf16");
+    assert!(stderr.contains("precision: bf16 products with fp32 sums (the CPU twin"), "{stderr}");
+    let (_, fp32) = run("fp32");
+    assert!(bf16 != fp32 && (bf16 - fp32).abs() < 0.01 * fp32, "bf16 {bf16} against fp32 {fp32}");
+
+    let out = textnet(&train_args(&shakespeare(), &dir.path().join("t.safetensors"), &["--precision", "tf32"]));
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success() && stderr.trim().lines().count() == 1, "{stderr}");
+    assert!(stderr.contains("--precision tf32 is not available for the text model"), "{stderr}");
+}

@@ -155,6 +155,11 @@ impl TextLayout {
         ((h + d) * G128_LD + G128_STAGED_FLOATS) * F32
     }
 
+    /// Bytes of text_batch_hidden_bf16's shared memory: x of a sample tile and one staged operand.
+    pub fn tiled_hidden_shared(&self) -> usize {
+        (self.shape.embed.next_multiple_of(G128_BK) * G128_LD + G128_STAGED_FLOATS) * F32
+    }
+
     /// Vocabulary tiles of text_batch_forward.
     pub fn vocab_tiles(&self) -> usize {
         self.shape.vocab.div_ceil(TILE)

@@ -25,7 +25,7 @@ mod tiled;
 use layout::{EVAL_BATCH, GRAPH_STEPS, TILE};
 pub use layout::{MAX_EMBED, MAX_HIDDEN, TILED_MIN_BATCH, TextLayout, max_chunk, modules};
 use sample::{SampleBuffers, SampleKernels};
-use tiled::{OptimizerState, TiledKernels};
+use tiled::{Bf16State, OptimizerState, TiledKernels};
 
 /// Device copies of the five parameter tensors.
 pub struct DeviceParams {
@@ -122,6 +122,8 @@ pub struct GpuTrainer {
     captured: Option<CapturedSteps>,
     /// Set for --optim momentum or adam: every step then takes the tiled path and this update.
     optimizer: Option<OptimizerState>,
+    /// Set for --precision bf16: every step then takes the tiled path's bf16 products.
+    bf16: Option<Bf16State>,
 }
 
 impl GpuTrainer {
@@ -169,6 +171,7 @@ impl GpuTrainer {
             buffers,
             captured: None,
             optimizer: None,
+            bf16: None,
         })
     }
 
@@ -236,7 +239,7 @@ impl GpuTrainer {
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, self.shape, &self.layout, batch)?;
         }
-        Ok(())
+        self.ensure_bf16_capacity(self.buffers.capacity)
     }
 
     /// Uploads a sample order and rewinds the device cursor to its start.
@@ -256,7 +259,7 @@ impl GpuTrainer {
     /// `after_step`: the previous kernels on the stream are a step of the same size, whose text_update
     /// formed this step's hidden layer; otherwise text_hidden forms it first.
     pub fn launch_step(&mut self, batch: usize, offset: usize, lr: f32, after_step: bool) -> Result<()> {
-        if self.layout.tiled(batch) || self.optimizer.is_some() {
+        if self.layout.tiled(batch) || self.optimizer.is_some() || self.bf16.is_some() {
             return self.launch_tiled_step(batch, offset, lr);
         }
         if !after_step {
@@ -438,6 +441,9 @@ impl GpuTrainer {
         ] {
             let nan = vec![f32::NAN; buf.len()];
             s.memcpy_htod(&nan, buf)?;
+        }
+        if let Some(bf) = &mut self.bf16 {
+            bf.poison(&s)?;
         }
         Ok(())
     }

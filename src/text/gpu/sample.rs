@@ -60,7 +60,7 @@ impl GpuTrainer {
 
     /// Whether a step of `batch` samples takes fused/text_sample.cu.
     pub fn sample_path(&self, batch: usize) -> bool {
-        batch == 1 && self.layout.sample_fits && self.optimizer.is_none()
+        batch == 1 && self.layout.sample_fits && self.optimizer.is_none() && self.bf16.is_none()
     }
 
     /// Single-sample kernel 1: the pending step's W2/b2 update, then logits, softmax partials and the

@@ -11,7 +11,7 @@ use super::model::{Config, Layout};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK, has_wgmma};
 use crate::ops::attention::AttentionSizes;
 use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
-use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_async_shared_floats, tile_shared_floats, wgmma_shared_floats};
+use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_tile_shared_floats, tile_shared_floats};
 use crate::ops::optim::OptimConfig;
 use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
@@ -58,7 +58,7 @@ const TF32_TILES: LinearTiles = LinearTiles {
 /// bf16: 128 × 128 for all three products, gemm_tile_bf16_wgmma's three stages of 64 k where the kernels
 /// have `wgmma` (`device::has_wgmma`), else gemm_tile_bf16_async's four stages of 32 k.
 const fn bf16_tiles(wgmma: bool) -> LinearTiles {
-    let shared_bytes = 4 * if wgmma { wgmma_shared_floats(3) } else { bf16_async_shared_floats(128, 128, 32, 4) };
+    let shared_bytes = 4 * bf16_tile_shared_floats(wgmma);
     LinearTiles { bm: 128, bn: 128, wg_bm: 128, wg_bn: 128, ones_column: false, shared_bytes }
 }
 

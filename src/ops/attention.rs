@@ -50,10 +50,11 @@ impl AttentionSizes {
         self.t.min(64)
     }
 
-    /// Floats of the forward kernel's shared memory (FORWARD_FLOATS): q, k, v rows padded by one, and a
-    /// row of probabilities per warp.
+    /// Floats of the forward kernel's shared memory (FORWARD_FLOATS): a chunk of q, k and v rows padded by
+    /// one, and a chunk × chunk tile of probabilities (rows padded by one).
     pub fn forward_floats(&self) -> usize {
-        3 * self.t * (self.hs + 1) + self.warps * self.t
+        let kc = self.key_chunk();
+        3 * kc * (self.hs + 1) + kc * (kc + 1)
     }
 
     /// Floats of the backward kernel's shared memory (BACKWARD_FLOATS).

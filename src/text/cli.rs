@@ -632,6 +632,13 @@ impl Summary {
                 (_, true) => "note: --precision bf16 on the CPU takes --optim sgd; this run trains in fp32",
                 _ => "precision: bf16 products on the tensor cores, fp32 sums, weights, softmax and updates",
             });
+            if self.cpu_line.is_none() && plan.batch < super::gpu::TILED_MIN_BATCH {
+                display.line(&format!(
+                    "note: --precision bf16 takes every step through the batched kernels, which at --batch {} are \
+                     slower than fp32's kernels for small batches; it pays from --batch 64",
+                    plan.batch
+                ));
+            }
         }
         if let Some(path) = &args.resume {
             display.line(&format!("resuming: {} (its vocabulary, tokenizer and shape)", path.display()));

@@ -399,6 +399,13 @@ impl GpuTrainer {
         Ok(())
     }
 
+    /// The kernels' view of the step's samples: the token stream, the sample positions, the device cursor
+    /// into them and the step's `offset` from the cursor.
+    fn sample_args(&self, offset: usize) -> [Arg; 4] {
+        let g = &*self.gpu;
+        [Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32)]
+    }
+
     /// Waits for the queued kernels; an error names a failed text kernel.
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.stream.synchronize().context("a text kernel failed")

@@ -210,7 +210,6 @@ impl GpuTrainer {
     pub fn launch_tiled_step(&mut self, batch: usize, offset: usize, lr: f32) -> Result<()> {
         self.ensure_capacity(batch)?;
         self.settle_w2()?;
-        self.tiled_kernels()?;
         let dh_parts = match self.bf16 {
             Some(_) => self.launch_bf16_products(batch, offset)?,
             None => {
@@ -223,7 +222,7 @@ impl GpuTrainer {
 
     /// text_batch_forward and text_batch_backward: logits, softmax, loss, ∂W2, ∂b2 and ∂H (in b.dh).
     fn launch_fp32_products(&mut self, batch: usize, offset: usize) -> Result<()> {
-        let k = self.tiled.as_ref().expect("tiled kernels loaded");
+        let k = self.tiled_kernels()?;
         let (forward, backward) = (k.forward.clone(), k.backward.clone());
         if !self.layout.tiled_fits {
             // Says which flag to lower.
@@ -231,12 +230,7 @@ impl GpuTrainer {
         }
         let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
         let TextShape { vocab: v, hidden: h, context: n, .. } = self.shape;
-        let (tokens, positions, cursor, off) = (
-            Arg::buf(g, &self.tokens),
-            Arg::buf(g, &self.positions),
-            Arg::buf(g, &self.cursor),
-            Arg::u32(offset as u32),
-        );
+        let [tokens, positions, cursor, off] = self.sample_args(offset);
         let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
         let (v_tiles, s_tiles, h_tiles) = (l.vocab_tiles(), batch.div_ceil(TILE), h.div_ceil(TILE));
@@ -295,18 +289,13 @@ impl GpuTrainer {
     /// The bf16 products (text_batch_hidden_bf16, _logits_bf16, _dlogits_bf16, _backward_bf16): loss,
     /// ∂W2, ∂b2 and ∂H's parts; returns how many parts.
     fn launch_bf16_products(&mut self, batch: usize, offset: usize) -> Result<i32> {
-        let k = self.tiled.as_ref().expect("tiled kernels loaded");
+        let k = self.tiled_kernels()?;
         let (hidden, logits, dlogits, backward) =
             (k.hidden_bf16.clone(), k.logits_bf16.clone(), k.dlogits_bf16.clone(), k.backward_bf16.clone());
         let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
-        let bf = self.bf16.as_ref().expect("bf16 state");
+        let Some(bf) = self.bf16.as_ref() else { bail!("internal: the bf16 step without its buffers") };
         let TextShape { vocab: v, hidden: h, context: n, .. } = self.shape;
-        let (tokens, positions, cursor, off) = (
-            Arg::buf(g, &self.tokens),
-            Arg::buf(g, &self.positions),
-            Arg::buf(g, &self.cursor),
-            Arg::u32(offset as u32),
-        );
+        let [tokens, positions, cursor, off] = self.sample_args(offset);
         let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
         let ldg = Bf16State::ldg(v);
         let tile_shared = (bf16_tile_shared_floats(has_wgmma(g.compute_capability)) * F32) as u32;
@@ -369,15 +358,10 @@ impl GpuTrainer {
     /// text_batch_update (and text_batch_optimize with an optimizer): ∂x, ∂W1, ∂b1 from ∂H's `dh_parts`
     /// parts (the bf16 step's, or b.dh), then every update; at bf16 also W2's bf16 copy.
     fn launch_tiled_update(&mut self, batch: usize, offset: usize, lr: f32, dh_parts: i32) -> Result<()> {
-        let update = self.tiled.as_ref().expect("tiled kernels loaded").update.clone();
+        let update = self.tiled_kernels()?.update.clone();
         let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
         let TextShape { vocab: v, embed: d, hidden: h, context: n } = self.shape;
-        let (tokens, positions, cursor, off) = (
-            Arg::buf(g, &self.tokens),
-            Arg::buf(g, &self.positions),
-            Arg::buf(g, &self.cursor),
-            Arg::u32(offset as u32),
-        );
+        let [tokens, positions, cursor, off] = self.sample_args(offset);
         let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
         let (s_tiles, h_tiles) = (batch.div_ceil(TILE), h.div_ceil(TILE));

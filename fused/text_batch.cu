@@ -615,7 +615,7 @@ text_batch_backward_bf16(const bf16* __restrict__ dlogits, int ldg, const bf16* 
     }
 }
 
-// W2's bf16 copy, where the trainer takes W2 from elsewhere (upload, the fp32 step).
+// W2's bf16 copy, made once when a trainer turns to bf16 (the updates keep it from then on).
 extern "C" __global__ void __launch_bounds__(THREADS)
 text_batch_round_w2(const float* __restrict__ W2, bf16* __restrict__ w2_bf16, int count) {
     for (int i = blockIdx.x * THREADS + threadIdx.x; i < count; i += gridDim.x * THREADS) w2_bf16[i] = to_bf16(W2[i]);

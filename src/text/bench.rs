@@ -287,9 +287,7 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
     if !(args.lr.is_finite() && args.lr > 0.0) {
         anyhow::bail!("--lr must be a positive finite number, got {}", args.lr);
     }
-    if args.precision == Precision::Tf32 {
-        anyhow::bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
-    }
+    super::check_precision(args.precision)?;
     let QualityRun { tokens, order, val, params } = QualityRun::new(&args.corpus, args.samples, args.seed)?;
     let (shape, batch, lr) = (params.shape, args.batch, args.lr);
 

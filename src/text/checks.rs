@@ -517,12 +517,11 @@ pub fn tiled_bf16_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut S
     const TOL: f64 = BF16_TWIN_TOLERANCE;
     let lr = 100.0f32;
     let (p, tokens, positions) = random_problem(s, batch, rng);
-    let first = &positions[..];
     let label = format!("{} bf16", shape_label(s, batch));
     let check =
         |kernel: &str, rel_error: f64| Check { kernel: kernel.into(), shape: label.clone(), rel_error, tolerance: TOL };
-    let (grads, loss) = gradients_at(&p, &tokens, first, Precision::Bf16);
-    let contexts: Vec<&[u32]> = first.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();
+    let (grads, loss) = gradients_at(&p, &tokens, &positions, Precision::Bf16);
+    let contexts: Vec<&[u32]> = positions.iter().map(|&pos| context_of(&tokens, pos, s.context)).collect();
     let embedding_grad = grads.embedding_dense(s, &contexts);
 
     let mut t = poisoned_trainer(gpu, &p, &tokens, &positions, batch)?;

@@ -106,7 +106,7 @@ pub struct TrainArgs {
     pub device: DeviceChoice,
     /// The arithmetic of the three vocabulary-sized products (logits, ∂W2, ∂h): fp32, or bf16 operands on
     /// the tensor cores with fp32 sums, weights, softmax and updates (every step then takes the batched
-    /// kernels; pays from about --batch 1024). The CPU runs bf16 as its twin for SGD; tf32 is not offered
+    /// kernels; pays from --batch 64). The CPU runs bf16 as its twin for SGD; tf32 is not offered
     #[arg(long, value_enum, default_value_t)]
     pub precision: Precision,
     /// Print an epoch's line only every N epochs (and the first and last), for long runs
@@ -147,9 +147,7 @@ impl TrainArgs {
         if self.momentum.is_some() && self.optim != OptimKind::Momentum {
             bail!("--momentum applies to --optim momentum only (this run uses --optim {})", self.optim.name());
         }
-        if self.precision == Precision::Tf32 {
-            bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
-        }
+        super::check_precision(self.precision)?;
         if self.weight_decay != 0.0 && self.optim == OptimKind::Sgd {
             bail!("--weight-decay applies to --optim momentum and adam (the fused SGD update has none)");
         }

@@ -34,9 +34,7 @@ pub fn make_trainer(
     precision: Precision,
 ) -> Result<Box<dyn TextTrainer>> {
     optim.validate()?;
-    if precision == Precision::Tf32 {
-        bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
-    }
+    super::check_precision(precision)?;
     let sgd = optim.kind == OptimKind::Sgd;
     let fp32 = precision == Precision::Fp32;
     match backend {

@@ -18,6 +18,8 @@ use std::sync::Arc;
 /// The bf16 tile's edge (`Bf16Tile::BM`, `BN`) and the multiple of k its ∂H splits take.
 const BF16_TILE: usize = 128;
 const BF16_SPLIT_MULTIPLE: usize = 64;
+/// The most parts ∂H's product splits V into.
+const MAX_DH_SPLITS: usize = 8;
 
 pub(super) struct TiledKernels {
     forward: Kernel,
@@ -53,7 +55,7 @@ impl Bf16State {
     /// number of splits. A ∂W2 tile sums over the batch (K = B); splitting V into about V / B ranges
     /// gives the ∂H tiles about as much work each, and the two kinds together about one wave.
     fn dh_split(vocab: usize, batch: usize) -> (usize, usize) {
-        let splits = (vocab as f64 / batch.max(1) as f64).round().clamp(1.0, 8.0) as usize;
+        let splits = (vocab as f64 / batch.max(1) as f64).round().clamp(1.0, MAX_DH_SPLITS as f64) as usize;
         let split_k = vocab.div_ceil(splits).next_multiple_of(BF16_SPLIT_MULTIPLE);
         (split_k, vocab.div_ceil(split_k))
     }
@@ -70,15 +72,13 @@ impl Bf16State {
     fn alloc(gpu: &Gpu, s: TextShape, capacity: usize, w2: CudaSlice<u16>) -> Result<Bf16State> {
         let stream = &gpu.stream;
         let room = "GPU out of memory for the bf16 step buffers";
-        let (_, splits) = Self::dh_split(s.vocab, capacity);
-        // Smaller batches split V more often (up to 8 ways): room for the most parts.
-        let parts = splits.max(8);
         Ok(Bf16State {
             w2,
             capacity,
             hidden: stream.alloc_zeros::<u16>(capacity * s.hidden).context(room)?,
             dlogits: stream.alloc_zeros::<u16>(capacity * Self::ldg(s.vocab)).context(room)?,
-            dh_parts: stream.alloc_zeros::<f32>(parts * capacity * s.hidden).context(room)?,
+            // Room for the most parts: a smaller batch than `capacity` splits V more often.
+            dh_parts: stream.alloc_zeros::<f32>(MAX_DH_SPLITS * capacity * s.hidden).context(room)?,
         })
     }
 }
@@ -129,12 +129,11 @@ impl GpuTrainer {
     }
 
     /// Runs the tiled step's products at `precision` from here on: fp32 (gemm_128) or bf16 (Bf16Tile). At
-    /// bf16 every step, whatever its size, takes the tiled path; TF32 is not offered (at batch 4096 bf16
-    /// has the same fp32 sums and twice TF32's tensor-core rate).
+    /// bf16 every step, whatever its size, takes the tiled path (`text::check_precision`: no TF32).
     pub fn use_precision(&mut self, precision: Precision) -> Result<()> {
+        super::super::check_precision(precision)?;
         match precision {
-            Precision::Fp32 => self.bf16 = None,
-            Precision::Tf32 => bail!("--precision tf32 is not available for the text model: use fp32 or bf16"),
+            Precision::Fp32 | Precision::Tf32 => self.bf16 = None,
             Precision::Bf16 => {
                 if self.bf16.is_some() {
                     return Ok(());

@@ -106,26 +106,31 @@ __device__ __forceinline__ bool last_block_to_finish(unsigned* ticket) { return 
 
 // The last block's sum of `count` partial vectors of ELEMS floats (vector k at parts + k·stride, read
 // through L2): write(i, Σ_k parts[k·stride + i]) for every i < ELEMS, each sum from 0 in k order. Each
-// thread holds ELEMS / THREADS sums and issues its loads of about 16 / (ELEMS / THREADS) vectors
+// thread holds ELEMS / THREADS sums, taken GROUP at a time (so that a 128×128 tile's 64 a thread do not
+// cost 64 registers of sums and 64 of loads in flight), and issues its loads of about 16 / GROUP vectors
 // together, so the sum runs at L2's bandwidth rather than one load latency per vector.
 template <int ELEMS, class Write>
 __device__ __forceinline__ void sum_partials(const float* parts, size_t stride, int count, Write write) {
     constexpr int PER = (ELEMS + THREADS - 1) / THREADS;
-    constexpr int VECTORS_IN_FLIGHT = PER >= 16 ? 1 : 16 / PER;  // about 16 loads in flight per thread
-    float sums[PER];
+    constexpr int GROUP = PER < 16 ? PER : 16;
+    constexpr int VECTORS_IN_FLIGHT = 16 / GROUP;  // about 16 loads in flight per thread
+#pragma unroll 1
+    for (int g = 0; g < PER; g += GROUP) {
+        float sums[GROUP];
 #pragma unroll
-    for (int j = 0; j < PER; ++j) sums[j] = 0.0f;
+        for (int j = 0; j < GROUP; ++j) sums[j] = 0.0f;
+        const auto inside = [&](int j) {
+            const int i = threadIdx.x + (g + j) * THREADS;
+            return (PER % GROUP == 0 || g + j < PER) && (ELEMS % THREADS == 0 || i < ELEMS);
+        };
 #pragma unroll VECTORS_IN_FLIGHT
-    for (int k = 0; k < count; ++k)
+        for (int k = 0; k < count; ++k)
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            const int i = threadIdx.x + j * THREADS;
-            if (ELEMS % THREADS == 0 || i < ELEMS) sums[j] += __ldcg(&parts[(size_t)k * stride + i]);
-        }
+            for (int j = 0; j < GROUP; ++j)
+                if (inside(j)) sums[j] += __ldcg(&parts[(size_t)k * stride + threadIdx.x + (g + j) * THREADS]);
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = threadIdx.x + j * THREADS;
-        if (ELEMS % THREADS == 0 || i < ELEMS) write(i, sums[j]);
+        for (int j = 0; j < GROUP; ++j)
+            if (inside(j)) write(threadIdx.x + (g + j) * THREADS, sums[j]);
     }
 }
 

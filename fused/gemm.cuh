@@ -8,7 +8,8 @@
 //   gemm_tile_bf16_async  gemm_tile_bf16's arithmetic on bf16 operands read from memory (leading
 //               dimensions, not functors) through multi-stage cp.async; the Transformer's linear layers.
 //   gemm_128    one fixed 128×128 tile tuned for throughput; the text model's large-batch products
-//               (fused/text_batch.cu), where a step is ~26 GMAC and the FMA pipe is what counts.
+//               (fused/text_batch.cu), where a step is ~26 GMAC and the FMA pipe is what counts, and the
+//               Transformer's fp32 linear layers (plain matrices read through StagedMatrix, 16 bytes a load).
 //
 // All but gemm_tile_bf16_async read operands through the caller's functors, called only for indices inside the matrices, so a
 // caller can gather rows (a shuffled batch), append a column of ones (a bias gradient from the same
@@ -628,6 +629,7 @@ __device__ __forceinline__ void gemm_tile_bf16_async(int M, int N, int K, int m0
 //                         loads' latency hides behind 512 FMAs per thread. K_CONTIGUOUS says which index
 //                         adjacent threads walk, so that each warp's loads coalesce.
 //   Resident              already in shared memory for the whole K, rows K … up to a multiple of 8 zero.
+//   StagedMatrix          a plain matrix (pointer, leading dimension), staged as Staged but 16 bytes a load.
 // An operand may be any type with the same fetch(k0) / commit(buf) / chunk(buf, k0) interface: fetch
 // issues chunk loads into registers and commit stores them after the FFMAs, so whatever a commit computes
 // from the loaded values (the text model's softmax gradient) waits for them there, not before the FFMAs.
@@ -683,6 +685,71 @@ struct Staged {
 template <bool K_CONTIGUOUS, class At>
 __device__ __forceinline__ Staged<K_CONTIGUOUS, At> staged(At at, int extent, int o0, int K, float* smem) {
     return {at, extent, o0, K, smem, {}};
+}
+
+// A plain matrix as an operand of gemm_128, read 16 bytes a thread where it can: element (o, k) at
+// p[o·ld + k] when K_CONTIGUOUS, else p[k·ld + o], for o < extent and k < K, except row `ones` (when not
+// negative: a bias gradient's column of ones) which reads 1; zero outside. A thread's four elements of a
+// chunk are adjacent in memory, K_CONTIGUOUS: row t/2, k = 4·(t mod 2) + r, as Staged's; otherwise rows
+// 4·(t mod 32) + r of k = t/32 (a warp reads 512 contiguous bytes of one k), stored as one 16-byte store.
+// Staged's scalar loads, one sector of 32 bytes per 8 useful bytes on the K_CONTIGUOUS side, had kept L1
+// at 86 % of its throughput in the Transformer's forward products; four of them become one. With
+// sum_rows (not K_CONTIGUOUS), `sums` adds up the thread's four rows over the k it stages (k ≡ t/32 mod 8):
+// the eight warps' sums of a row make Σ_k of that row (a bias gradient from the tile that reads dyᵀ).
+template <bool K_CONTIGUOUS>
+struct StagedMatrix {
+    const float* p;
+    int ld, extent, o0, K, ones;
+    float* smem;  // G128_STAGED_FLOATS
+    bool vector;  // 16-byte loads are aligned: p 16-byte aligned, ld a multiple of 4
+    bool sum_rows;
+    float4 v, sums;
+
+    __device__ __forceinline__ static int first_row() { return K_CONTIGUOUS ? threadIdx.x / 2 : threadIdx.x % 32 * 4; }
+    __device__ __forceinline__ static int first_k() { return K_CONTIGUOUS ? threadIdx.x % 2 * 4 : threadIdx.x / 32; }
+    __device__ __forceinline__ float element(int o, int k) const {
+        if (o >= extent || k >= K) return 0.0f;
+        if (o == ones) return 1.0f;
+        return p[K_CONTIGUOUS ? (size_t)o * ld + k : (size_t)k * ld + o];
+    }
+    __device__ __forceinline__ void fetch(int k0) {
+        const int o = o0 + first_row(), k = k0 + first_k();
+        const int last_o = K_CONTIGUOUS ? o : o + 3, last_k = K_CONTIGUOUS ? k + 3 : k;
+        const bool whole = last_o < extent && last_k < K && (ones < o || ones > last_o);
+        if (vector && whole) {
+            v = __ldg(reinterpret_cast<const float4*>(p + (K_CONTIGUOUS ? (size_t)o * ld + k : (size_t)k * ld + o)));
+        } else {
+            v.x = element(o, k);
+            v.y = K_CONTIGUOUS ? element(o, k + 1) : element(o + 1, k);
+            v.z = K_CONTIGUOUS ? element(o, k + 2) : element(o + 2, k);
+            v.w = K_CONTIGUOUS ? element(o, k + 3) : element(o + 3, k);
+        }
+        if (!K_CONTIGUOUS && sum_rows) {
+            sums.x += v.x;
+            sums.y += v.y;
+            sums.z += v.z;
+            sums.w += v.w;
+        }
+    }
+    __device__ __forceinline__ void commit(int buf) {
+        float* chunk = smem + buf * G128_CHUNK + first_k() * G128_LD + first_row();
+        if constexpr (K_CONTIGUOUS) {
+            chunk[0] = v.x;
+            chunk[G128_LD] = v.y;
+            chunk[2 * G128_LD] = v.z;
+            chunk[3 * G128_LD] = v.w;
+        } else {
+            *reinterpret_cast<float4*>(chunk) = v;
+        }
+    }
+    __device__ __forceinline__ const float* chunk(int buf, int) const { return smem + buf * G128_CHUNK; }
+};
+
+template <bool K_CONTIGUOUS>
+__device__ __forceinline__ StagedMatrix<K_CONTIGUOUS> staged_matrix(const float* p, int ld, int extent, int o0, int K,
+                                                                    float* smem, int ones = -1, bool sum_rows = false) {
+    const bool vector = ld % 4 == 0 && reinterpret_cast<size_t>(p) % 16 == 0;
+    return {p, ld, extent, o0, K, ones, smem, vector, sum_rows, {}, make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
 }
 
 struct Resident {

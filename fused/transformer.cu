@@ -75,7 +75,9 @@ constexpr int PER_LANE = C / 32;
 // The linear layers' tile products, by precision (the launch layer mirrors these in LinearTiles): forward
 // and dx tiles BM × BN, weight-gradient tiles WG_BM × WG_BN over a slice of the rows, k in chunks of BK,
 // STAGES chunks in flight where the tile has stages, and the dynamic shared memory of either kernel:
-//   fp32        gemm_128 (8×8 register tiles a thread): all three tiles 128 × 128;
+//   fp32        gemm_128 (8×8 register tiles a thread) on StagedMatrix operands: all three tiles
+//               128 × 128, the bias gradient summed from dy's staged chunks, the MLP projection's forward
+//               product in halves of k (linear_forward_halves);
 //   tf32        gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
 //   bf16        on bf16 copies of the operands, all three tiles 128 × 128: gemm_tile_bf16_wgmma in 3 stages
 //               of 64 k (two blocks an SM) where the compile has `wgmma` (sm_90a), else
@@ -120,10 +122,12 @@ struct OperandOf<BF16> {
 // One tile product of precision P of A (leading dimension lda, K×M when A_TRANS) and B (ldb, N×K when
 // B_TRANS), column ones_col of B read as 1 (none when negative). Results go to store(m, n, v0, v1, both):
 // C[m][n] = v0 and, when `both`, C[m][n + 1] = v1, once per element inside C (TF32 tiles hand out single
-// elements, fp32 and bf16 tiles adjacent pairs).
+// elements, fp32 and bf16 tiles adjacent pairs). With a_sums (fp32, A_TRANS), the calling thread's share
+// of A's row sums over K lands there (StagedMatrix::sums: rows m0 + 4·(t mod 32) + i).
 template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const float* A, int lda,
-                                             const float* B, int ldb, int ones_col, Store store, float* smem) {
+                                             const float* B, int ldb, int ones_col, Store store, float* smem,
+                                             float4* a_sums = nullptr) {
     static_assert(P != BF16, "bf16 products read bf16 operands");
     const auto a_at = [&](int m, int k) { return A_TRANS ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]; };
     const auto b_at = [&](int k, int n) {
@@ -134,12 +138,13 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
         gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
     } else {
         static_assert(BM == G128 && BN == G128, "fp32 products are gemm_128 tiles");
-        auto a = staged<!A_TRANS>(a_at, M, m0, K, smem);
-        auto b = staged<B_TRANS>([&](int n, int k) { return b_at(k, n); }, N, n0, K, smem + G128_STAGED_FLOATS);
+        auto a = staged_matrix<!A_TRANS>(A, lda, M, m0, K, smem, -1, a_sums != nullptr);
+        auto b = staged_matrix<B_TRANS>(B, ldb, N, n0, K, smem + G128_STAGED_FLOATS, ones_col);
         gemm_128(M, N, K, m0, n0, a, b, [&](int m, int n, float4 v) {
             store(m, n, v.x, v.y, n + 1 < N);
             if (n + 2 < N) store(m, n + 2, v.z, v.w, n + 3 < N);
         });
+        if (a_sums) *a_sums = a.sums;
     }
 }
 
@@ -254,6 +259,44 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
                                                       store, smem);
 }
 
+// fp32 with k split in two halves, for layers whose tiles would fill under three waves of blocks (the
+// 384-wide projections: 384 tiles on 132 SMs at two blocks an SM, the second wave under half full). Grid
+// (ceil(out_features / 128), 2·ceil(N / 128)): block y is half y mod 2 of row tile y / 2. Each half keeps
+// its tile in registers and writes it, half 0 into out and half 1 into `other` (N × out_features floats);
+// the later of the two to finish adds the other's to its own, which gives the same bits whichever that is
+// (a + b = b + a), then the bias, into out. tickets: one per tile, zero between launches.
+__device__ __forceinline__ void linear_forward_halves(const float* __restrict__ in, const float* __restrict__ W,
+                                                      const float* __restrict__ bias, float* __restrict__ out,
+                                                      float* __restrict__ other, unsigned* __restrict__ tickets, int N,
+                                                      int O, int K, float* smem) {
+    const int half = blockIdx.y % 2, m0 = blockIdx.y / 2 * G128, n0 = blockIdx.x * G128;
+    const int k_half = ceil_div(ceil_div(K, 2), G128_BK) * G128_BK, k0 = half * k_half;
+    const int kn = max(0, min(K, k0 + k_half) - k0);
+    auto a = staged_matrix<true>(in + k0, K, N, m0, kn, smem);
+    auto b = staged_matrix<true>(W + k0, K, O, n0, kn, smem + G128_STAGED_FLOATS);
+    float acc[8][8];
+    gemm_128_acc(kn, a, b, acc);
+    const G128Thread t;
+    // f(acc[i][j], row m's start in a matrix like out, column n) for each element inside C.
+    const auto each = [&](auto f) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int m = m0 + t.row(i);
+            if (m >= N) continue;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if (n0 + t.col(j) < O) f(acc[i][j], (size_t)m * O, n0 + t.col(j));
+        }
+    };
+    float* mine = half ? other : out;
+    each([&](float v, size_t row, int n) { mine[row + n] = v; });
+    const int tile = blockIdx.y / 2 * gridDim.x + blockIdx.x;
+    if (!last_block_to_finish(&tickets[tile], 2)) return;
+    const float* theirs = half ? out : other;
+    each([&](float v, size_t row, int n) { out[row + n] = (v + __ldcg(theirs + row + n)) + __ldg(bias + n); });
+    if (threadIdx.x == 0) tickets[tile] = 0;
+}
+
 // fp32, or TF32 on the tensor cores when `tf32`.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
@@ -261,6 +304,15 @@ tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, con
     extern __shared__ float smem[];
     if (tf32) linear_forward<TF32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
     else linear_forward<FP32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
+}
+
+// fp32 in halves of k (linear_forward_halves); no GELU. Two blocks an SM.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+tf_linear_forward_halves(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
+                         float* __restrict__ out, float* __restrict__ other, unsigned* __restrict__ tickets, int N,
+                         int out_features, int in_features) {
+    extern __shared__ float smem[];
+    linear_forward_halves(in, W, bias, out, other, tickets, N, out_features, in_features, smem);
 }
 
 // The bf16 copies of `in` and of W.
@@ -329,13 +381,14 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
 }
 
 // The weight-gradient tiles of LinearTiles<P>: out_features × (in_features + 1) in WG_BM × WG_BN tiles,
-// the bias gradient from a column of ones after x's (fp32, TF32), or out_features × in_features with the
-// bias gradient summed from dy's chunks as the first column of tiles reads them (bf16: at 128 columns a
-// ones column would take a tile of its own); each tile over `slices` slices of the N rows. Then
-// ceil(in_features / BN) × ceil(N / BM) dx tiles (none when dx is null).
+// the bias gradient from a column of ones after x's (TF32), or out_features × in_features with the bias
+// gradient summed from dy's chunks as the first column of tiles reads them (fp32, bf16: at 128 columns a
+// ones column would take a tile of its own, a quarter of the weight gradient's work at in_features 384);
+// each tile over `slices` slices of the N rows. Then ceil(in_features / BN) × ceil(N / BM) dx tiles (none
+// when dx is null).
 template <int P>
 struct Wgrad {
-    static constexpr bool ONES_COLUMN = P != BF16;
+    static constexpr bool ONES_COLUMN = P == TF32;
     __device__ __forceinline__ static int columns(int in_features) {
         return ceil_div(in_features + ONES_COLUMN, LinearTiles<P>::WG_BN);
     }
@@ -380,6 +433,22 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         if constexpr (G::ONES_COLUMN) {
             tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
                                                                  K, store, smem);
+        } else if constexpr (P == FP32) {
+            // Each thread's sums of the four outputs it stages, m0 + 4·(t mod 32) + i, over its share of the
+            // slice's rows (share t/32 of 8); the shares added in order.
+            float4 sums;
+            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
+                                                                 store, smem, n0 == 0 ? &sums : nullptr);
+            if (n0 == 0) {
+                constexpr int SHARES = WARPS;
+                *reinterpret_cast<float4*>(smem + threadIdx.x / 32 * WG_BM + threadIdx.x % 32 * 4) = sums;
+                __syncthreads();
+                if (threadIdx.x < WG_BM) {
+                    float b = 0.0f;
+                    for (int s = 0; s < SHARES; ++s) b += smem[s * WG_BM + threadIdx.x];
+                    bias_partials[((size_t)(m0 / WG_BM) * slices + slice) * WG_BM + threadIdx.x] = b;
+                }
+            }
         } else {
             constexpr int SHARES = THREADS / WG_BM;
             static_assert(THREADS % WG_BM == 0, "whole shares of a chunk's rows");
@@ -438,8 +507,8 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store, smem);
 }
 
-// fp32, or TF32 on the tensor cores when `tf32`.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// fp32, or TF32 on the tensor cores when `tf32`. Two blocks an SM (128 registers a thread, no spills).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
 tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
                    int out_features, int in_features, int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
                    float* __restrict__ partials, unsigned* __restrict__ tickets, float* __restrict__ dx,

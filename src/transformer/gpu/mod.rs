@@ -35,13 +35,13 @@ struct LinearTiles {
     shared_bytes: usize,
 }
 
-/// fp32: gemm_128's 128 × 128 for all three products.
+/// fp32: gemm_128's 128 × 128 for all three products, the bias gradient summed from dy's staged chunks.
 const FP32_TILES: LinearTiles = LinearTiles {
     bm: 128,
     bn: 128,
     wg_bm: 128,
     wg_bn: 128,
-    ones_column: true,
+    ones_column: false,
     shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
 };
 
@@ -77,6 +77,11 @@ impl LinearTiles {
         out_features.div_ceil(self.wg_bm) * (in_features + self.ones_column as usize).div_ceil(self.wg_bn)
     }
 
+    /// Tiles of a forward product of `rows` rows into `out_features` columns.
+    fn forward_tiles(&self, rows: usize, out_features: usize) -> usize {
+        rows.div_ceil(self.bm) * out_features.div_ceil(self.bn)
+    }
+
     /// Floats of partial sums a weight gradient of `tiles` tiles in `slices` row slices leaves: each block's
     /// tile, and without the ones column a bias sum per block of the first column of tiles.
     fn partial_floats(&self, out_features: usize, tiles: usize, slices: usize) -> usize {
@@ -97,6 +102,7 @@ struct Kernels {
     embed_layernorm: Kernel,
     residual_layernorm: Kernel,
     linear_forward: Kernel,
+    linear_forward_halves: Kernel,
     linear_forward_bf16: Kernel,
     attention_forward: Kernel,
     classifier: Kernel,
@@ -156,7 +162,11 @@ struct StepBuffers {
     d_u_bf16: CudaSlice<u16>,
     d_qkv_bf16: CudaSlice<u16>,
     linear_partials: CudaSlice<f32>,
+    /// A ticket per tile of the linear layers' weight gradients, or of the fp32 forward products in
+    /// halves of k (`StepBuffers::forward_halves`).
     linear_tickets: CudaSlice<u32>,
+    /// The second half's tile of the fp32 forward products in halves of k (rows × the widest such layer).
+    linear_other_half: CudaSlice<f32>,
     ln_partials: CudaSlice<f32>,
     /// tf_attention_backward's dq shares (one N × C per key chunk) and a ticket per (sequence, head).
     dq_part: CudaSlice<f32>,
@@ -281,6 +291,7 @@ impl GpuTransformer {
             embed_layernorm: load("tf_embed_layernorm")?,
             residual_layernorm: load("tf_residual_layernorm")?,
             linear_forward: load("tf_linear_forward")?,
+            linear_forward_halves: load("tf_linear_forward_halves")?,
             linear_forward_bf16: load("tf_linear_forward_bf16")?,
             attention_forward: load("tf_attention_forward")?,
             classifier: load("tf_classifier")?,
@@ -302,6 +313,7 @@ impl GpuTransformer {
         // One kernel each for fp32 and TF32 (a flag picks the tile).
         let fp32_or_tf32 = max(FP32_TILES.shared_bytes, TF32_TILES.shared_bytes);
         gpu.reserve_shared(&kernels.linear_forward, fp32_or_tf32, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward_halves, FP32_TILES.shared_bytes, "--embed")?;
         gpu.reserve_shared(&kernels.linear_backward, fp32_or_tf32, "--embed")?;
         let bf16 = bf16_tiles(has_wgmma(gpu.compute_capability));
         gpu.reserve_shared(&kernels.linear_forward_bf16, bf16.shared_bytes, "--embed")?;
@@ -384,6 +396,13 @@ impl GpuTransformer {
                 max_partials = max_partials.max(t.partial_floats(o, tiles, slices));
             }
         }
+        let mut max_halved = 1;
+        for &(o, i) in &layers {
+            if Self::forward_halves(gpu, rows, o, i) {
+                max_tiles = max_tiles.max(FP32_TILES.forward_tiles(rows, o));
+                max_halved = max_halved.max(o);
+            }
+        }
         Ok(StepBuffers {
             batch,
             blocks,
@@ -403,6 +422,7 @@ impl GpuTransformer {
             d_qkv_bf16: h(rows * 3 * e)?,
             linear_partials: z(max_partials)?,
             linear_tickets: s.alloc_zeros(max_tiles)?,
+            linear_other_half: z(rows * max_halved)?,
             ln_partials: z(rows.div_ceil(LN_ROWS_PER_BLOCK) * 2 * e)?,
             dq_part: z(Self::key_chunks(c) * rows * e)?,
             attention_tickets: s.alloc_zeros(batch * c.heads)?,
@@ -429,6 +449,14 @@ impl GpuTransformer {
     /// Row slices per weight-gradient tile of `tile_floats` floats: about two blocks per SM over all tiles
     /// (the dx tiles of the same launch fill the rest), each slice at least 32 rows, and at most 1 MB of
     /// partial tiles for the last block of a tile to add (one block's reads, which the whole step waits for).
+    /// Whether the fp32 forward product of a layer without GELU runs in halves of k
+    /// (tf_linear_forward_halves): when its tiles would fill under two waves of two blocks an SM and each
+    /// half still has 512 of k. At nanoGPT's shape the MLP projection (k 1536) went 0.70 → 0.55 ms; the
+    /// attention projection and the head (k 384) got slower in halves (0.191 → 0.198 and 0.066 → 0.076 ms).
+    fn forward_halves(gpu: &Gpu, rows: usize, out_features: usize, in_features: usize) -> bool {
+        FP32_TILES.forward_tiles(rows, out_features) < 4 * gpu.sm_count as usize && in_features >= 1024
+    }
+
     fn slices(gpu: &Gpu, tiles: usize, tile_floats: usize, rows: usize) -> usize {
         let most = rows.div_ceil(32).min((1 << 18) / tile_floats).max(1);
         (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, most)

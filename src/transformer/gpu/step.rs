@@ -51,6 +51,16 @@ impl GpuTransformer {
         let n = self.rows();
         let (weight, bias) = (format!("{layer}.weight"), self.param(&format!("{layer}.bias")));
         let sizes = [Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32)];
+        let tiles = LinearTiles::of(self.precision, self.wgmma());
+        let grid = (out_features.div_ceil(tiles.bn) as u32, n.div_ceil(tiles.bm) as u32);
+        let fp32 = self.precision == Precision::Fp32;
+        if fp32 && matches!(pre, Arg::Ptr(0)) && Self::forward_halves(&self.gpu, n, out_features, in_features) {
+            let b = &self.buffers;
+            let buffers = [self.buf(&b.linear_other_half), self.buf(&b.linear_tickets)];
+            let args = [&[input[0], self.param(&weight), bias, out[0]][..], &buffers, &sizes].concat();
+            let grid = (grid.0, 2 * grid.1);
+            return self.gpu.launch(&self.kernels.linear_forward_halves, grid, tiles.shared_bytes as u32, false, &args);
+        }
         let (kernel, args) = if self.bf16() {
             let args = [&[input[1], self.param_bf16(&weight), bias, out[0], out[1], pre][..], &sizes].concat();
             (&self.kernels.linear_forward_bf16, args)
@@ -59,8 +69,6 @@ impl GpuTransformer {
             let args = [&[input[0], self.param(&weight), bias, out[0], pre][..], &sizes, &[tf32]].concat();
             (&self.kernels.linear_forward, args)
         };
-        let tiles = LinearTiles::of(self.precision, self.wgmma());
-        let grid = (out_features.div_ceil(tiles.bn) as u32, n.div_ceil(tiles.bm) as u32);
         self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
     }
 

@@ -78,12 +78,16 @@ constexpr int PER_LANE = C / 32;
 //   fp32        gemm_128 (8×8 register tiles a thread) on StagedMatrix operands: all three tiles
 //               128 × 128, the bias gradient summed from dy's staged chunks, the MLP projection's forward
 //               product in halves of k (linear_forward_halves);
+//   fp32, small gemm_tile with tf32's tile sizes, for steps too small to fill the GPU with 128 × 128
+//               tiles (the default model's 2048 rows make 16 to 32 of them: 0.76 ms a step against 0.39);
 //   tf32        gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
 //   bf16        on bf16 copies of the operands, all three tiles 128 × 128: gemm_tile_bf16_wgmma in 3 stages
 //               of 64 k (two blocks an SM) where the compile has `wgmma` (sm_90a), else
 //               gemm_tile_bf16_async in 4 stages of 32 k. (256-row dx tiles in 4 stages, one block an
 //               SM, made the backward pass 9 % slower.)
-enum Precision { FP32 = 0, TF32 = 1, BF16 = 2 };
+// (FP32_SMALL is fp32 arithmetic on the small tiles: Precision here says both what a product computes
+// and on which tiles; the launch layer picks it by the step's rows.)
+enum Precision { FP32 = 0, TF32 = 1, BF16 = 2, FP32_SMALL = 3 };
 
 template <int P>
 struct LinearTiles;
@@ -101,6 +105,8 @@ struct LinearTiles<TF32> {
                                              ? GemmTile<BM, BN, BK, 2, 4>::SHARED_FLOATS
                                              : GemmTile<WG_BM, WG_BN, BK, 2, 2>::SHARED_FLOATS;
 };
+template <>
+struct LinearTiles<FP32_SMALL> : LinearTiles<TF32> {};
 template <>
 struct LinearTiles<BF16> {
     static constexpr int BM = Bf16Tile::BM, BN = Bf16Tile::BN, BK = Bf16Tile::BK, WG_BM = BM, WG_BN = BN;
@@ -136,6 +142,9 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
     if constexpr (P == TF32) {
         const auto one = [&](int m, int n, float v) { store(m, n, v, 0.0f, false); };
         gemm_tile_tf32<BM, BN, BK, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
+    } else if constexpr (P == FP32_SMALL) {
+        const auto one = [&](int m, int n, float v) { store(m, n, v, 0.0f, false); };
+        gemm_tile<BM, BN, BK, 2, BN / 16, A_TRANS, B_TRANS>(M, N, K, m0, n0, a_at, b_at, one, smem);
     } else {
         static_assert(BM == G128 && BN == G128, "fp32 products are gemm_128 tiles");
         auto a = staged_matrix<!A_TRANS>(A, lda, M, m0, K, smem, -1, a_sums != nullptr);
@@ -297,13 +306,22 @@ __device__ __forceinline__ void linear_forward_halves(const float* __restrict__ 
     if (threadIdx.x == 0) tickets[tile] = 0;
 }
 
-// fp32, or TF32 on the tensor cores when `tf32`.
+// fp32 on gemm_128.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_linear_forward(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
-                  float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features, int tf32) {
+                  float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features) {
+    extern __shared__ float smem[];
+    linear_forward<FP32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
+}
+
+// On the small tiles: fp32, or TF32 on the tensor cores when `tf32`.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_linear_forward_small(const float* __restrict__ in, const float* __restrict__ W, const float* __restrict__ bias,
+                        float* __restrict__ out, float* __restrict__ pre, int N, int out_features, int in_features,
+                        int tf32) {
     extern __shared__ float smem[];
     if (tf32) linear_forward<TF32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
-    else linear_forward<FP32>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
+    else linear_forward<FP32_SMALL>(in, W, bias, out, nullptr, pre, N, out_features, in_features, smem);
 }
 
 // fp32 in halves of k (linear_forward_halves); no GELU. Two blocks an SM.
@@ -388,7 +406,7 @@ tf_classifier(float* __restrict__ logits, const unsigned* __restrict__ data, con
 // when dx is null).
 template <int P>
 struct Wgrad {
-    static constexpr bool ONES_COLUMN = P == TF32;
+    static constexpr bool ONES_COLUMN = P == TF32 || P == FP32_SMALL;
     __device__ __forceinline__ static int columns(int in_features) {
         return ceil_div(in_features + ONES_COLUMN, LinearTiles<P>::WG_BN);
     }
@@ -507,19 +525,30 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store, smem);
 }
 
-// fp32, or TF32 on the tensor cores when `tf32`. Two blocks an SM (128 registers a thread, no spills).
+// fp32 on gemm_128. Two blocks an SM (128 registers a thread, no spills).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 tf_linear_backward(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
                    int out_features, int in_features, int slices, float* __restrict__ grad_W, float* __restrict__ grad_b,
                    float* __restrict__ partials, unsigned* __restrict__ tickets, float* __restrict__ dx,
-                   const float* __restrict__ pre, int tf32) {
+                   const float* __restrict__ pre) {
+    extern __shared__ float smem[];
+    linear_backward<FP32>(dy, out_features, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials,
+                          tickets, dx, nullptr, pre, smem);
+}
+
+// On the small tiles: fp32, or TF32 on the tensor cores when `tf32`.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_linear_backward_small(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ W, int N,
+                         int out_features, int in_features, int slices, float* __restrict__ grad_W,
+                         float* __restrict__ grad_b, float* __restrict__ partials, unsigned* __restrict__ tickets,
+                         float* __restrict__ dx, const float* __restrict__ pre, int tf32) {
     extern __shared__ float smem[];
     if (tf32)
         linear_backward<TF32>(dy, out_features, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials,
                               tickets, dx, nullptr, pre, smem);
     else
-        linear_backward<FP32>(dy, out_features, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials,
-                              tickets, dx, nullptr, pre, smem);
+        linear_backward<FP32_SMALL>(dy, out_features, x, W, N, out_features, in_features, slices, grad_W, grad_b,
+                                    partials, tickets, dx, nullptr, pre, smem);
 }
 
 // The bf16 copies of dy (row stride dy_ld), x and W. Two blocks an SM, as the tiles' shared memory

@@ -156,14 +156,17 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     if plan.wants(Group::Kernels) {
         out.extend(flash_attention_checks(gpu, &mut plan.rng("transformer bf16 attention"))?);
         let mut rng = plan.rng("transformer kernels");
+        // fp32 on the tiles these small steps take, and on gemm_128 (which steps of 64 rows an SM take).
         for (config, batch) in kernel_shapes(plan.quick) {
-            out.extend(kernel_checks(gpu, config, batch, Precision::Fp32, &mut rng)?);
+            for large_tiles in [false, true] {
+                out.extend(kernel_checks(gpu, config, batch, Precision::Fp32, large_tiles, &mut rng)?);
+            }
         }
         let (config, batch) = kernel_shapes(false).pop().expect("the default shape");
-        out.extend(kernel_checks(gpu, config, batch, Precision::Tf32, &mut rng)?);
+        out.extend(kernel_checks(gpu, config, batch, Precision::Tf32, false, &mut rng)?);
         // bf16 at the default shape and at the block of 150 (attention tiles cut short, heads of 32).
         for (config, batch) in [kernel_shapes(false)[1], (config, batch)] {
-            out.extend(kernel_checks(gpu, config, batch, Precision::Bf16, &mut rng)?);
+            out.extend(kernel_checks(gpu, config, batch, Precision::Bf16, false, &mut rng)?);
         }
     }
     if plan.wants(Group::Kernels) {
@@ -205,6 +208,7 @@ fn batch_run(
     config: Config,
     batch: usize,
     precision: Precision,
+    large_tiles: bool,
     dropout: bool,
     rng: &mut SeededRng,
 ) -> Result<BatchRun> {
@@ -221,21 +225,26 @@ fn batch_run(
         trainer.set_dropout(DROPOUT, DROPOUT_SEED);
     }
     trainer.set_precision(precision)?;
+    trainer.set_large_tiles_always(large_tiles);
     let got = trainer.forward_backward_alone(&offsets)?;
     Ok(BatchRun { want, want_back, trainer, got })
 }
 
-/// Forward stage by stage and backward (every gradient) of one batch at `precision`, against the same
-/// fp32 reference at `tensor_core_tolerance(precision)`.
+/// Forward stage by stage and backward (every gradient) of one batch at `precision` (fp32 on gemm_128
+/// whatever the size with `large_tiles`), against the same fp32 reference at
+/// `tensor_core_tolerance(precision)`.
 pub fn kernel_checks(
     gpu: &Arc<Gpu>,
     config: Config,
     batch: usize,
     precision: Precision,
+    large_tiles: bool,
     rng: &mut SeededRng,
 ) -> Result<Vec<Check>> {
-    let BatchRun { want: f, want_back: back, trainer, got } = batch_run(gpu, config, batch, precision, false, rng)?;
-    let shape = label_at(&config, batch, precision);
+    let BatchRun { want: f, want_back: back, trainer, got } =
+        batch_run(gpu, config, batch, precision, large_tiles, false, rng)?;
+    let tiles = if large_tiles { " gemm_128" } else { "" };
+    let shape = format!("{}{tiles}", label_at(&config, batch, precision));
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
@@ -283,7 +292,8 @@ pub fn dropout_checks(
     precision: Precision,
     rng: &mut SeededRng,
 ) -> Result<Vec<Check>> {
-    let BatchRun { want: f, want_back: back, trainer, got } = batch_run(gpu, config, batch, precision, true, rng)?;
+    let BatchRun { want: f, want_back: back, trainer, got } =
+        batch_run(gpu, config, batch, precision, false, true, rng)?;
     let shape = format!("{} dropout {DROPOUT}", label_at(&config, batch, precision));
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
@@ -378,17 +388,24 @@ pub fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Vec<Check>> {
     let offsets: Vec<u32> =
         (0..20).flat_map(|_| data::train_offsets(rng, corpus.train.len(), config.block, 32)).collect();
     let mut out = Vec::new();
-    for precision in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+    let runs_at =
+        [(Precision::Fp32, false), (Precision::Fp32, true), (Precision::Tf32, false), (Precision::Bf16, false)];
+    for (precision, large_tiles) in runs_at {
         let mut runs = Vec::new();
         for _ in 0..2 {
             let mut t = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
             t.set_precision(precision)?;
+            t.set_large_tiles_always(large_tiles);
             t.train_steps(&offsets, 32, &[adamw().lr; 20])?;
             runs.push(t.params()?);
         }
         let same = runs[0].iter().zip(&runs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
         out.push(Check {
-            kernel: format!("transformer 20 steps twice at {}: the same bits", precision.name()),
+            kernel: format!(
+                "transformer 20 steps twice at {}{}: the same bits",
+                precision.name(),
+                if large_tiles { " on gemm_128" } else { "" }
+            ),
             shape: label(&config, 32),
             rel_error: if same { 0.0 } else { f64::INFINITY },
             tolerance: 0.0,

@@ -45,8 +45,9 @@ const FP32_TILES: LinearTiles = LinearTiles {
     shared_bytes: 4 * 2 * G128_STAGED_FLOATS,
 };
 
-/// TF32: gemm_tile_tf32's 32 × 64 (forward, dx) and 32 × 32 (weight gradients), k chunks of 32.
-const TF32_TILES: LinearTiles = LinearTiles {
+/// TF32, and fp32 in steps too small for gemm_128 (`GpuTransformer::small_tiles`): gemm_tile_tf32's or
+/// gemm_tile's 32 × 64 (forward, dx) and 32 × 32 (weight gradients), k chunks of 32.
+const SMALL_TILES: LinearTiles = LinearTiles {
     bm: 32,
     bn: 64,
     wg_bm: 32,
@@ -63,11 +64,12 @@ const fn bf16_tiles(wgmma: bool) -> LinearTiles {
 }
 
 impl LinearTiles {
-    /// The tiles at `precision` on a GPU with `wgmma` or without.
-    fn of(precision: Precision, wgmma: bool) -> LinearTiles {
+    /// The tiles at `precision` on a GPU with `wgmma` or without; `small`: fp32 on the small tiles.
+    fn of(precision: Precision, wgmma: bool, small: bool) -> LinearTiles {
         match precision {
+            Precision::Fp32 if small => SMALL_TILES,
             Precision::Fp32 => FP32_TILES,
-            Precision::Tf32 => TF32_TILES,
+            Precision::Tf32 => SMALL_TILES,
             Precision::Bf16 => bf16_tiles(wgmma),
         }
     }
@@ -89,6 +91,9 @@ impl LinearTiles {
         tiles * slices * self.wg_bm * self.wg_bn + bias
     }
 }
+/// Rows of a step an SM from which the fp32 products take gemm_128's 128 × 128 tiles (half a row tile an
+/// SM; the default model's 2048 rows on 132 SMs take the small tiles: 0.39 ms a step against 0.76).
+const LARGE_TILE_ROWS_PER_SM: usize = 64;
 /// Rows of a step per slice of tf_embedding_backward's token sums (EMB_SLICE_ROWS).
 const EMBEDDING_SLICE_ROWS: usize = 512;
 /// Rows per block of tf_layernorm_backward (WARPS × LN_ROWS_PER_WARP).
@@ -102,11 +107,13 @@ struct Kernels {
     embed_layernorm: Kernel,
     residual_layernorm: Kernel,
     linear_forward: Kernel,
+    linear_forward_small: Kernel,
     linear_forward_halves: Kernel,
     linear_forward_bf16: Kernel,
     attention_forward: Kernel,
     classifier: Kernel,
     linear_backward: Kernel,
+    linear_backward_small: Kernel,
     linear_backward_bf16: Kernel,
     layernorm_backward: Kernel,
     attention_backward: Kernel,
@@ -225,6 +232,9 @@ pub struct GpuTransformer {
     params_bf16: CudaSlice<u16>,
     /// Whether a bf16 forward pass also writes the fp32 activations `ForwardOut` reports (the checks').
     fp32_activations: bool,
+    /// Whether fp32 products run on gemm_128 at any size (the checks'), not only in steps of
+    /// `LARGE_TILE_ROWS_PER_SM` rows an SM and more.
+    large_tiles_always: bool,
     grad: CudaSlice<f32>,
     m: CudaSlice<f32>,
     v: CudaSlice<f32>,
@@ -291,11 +301,13 @@ impl GpuTransformer {
             embed_layernorm: load("tf_embed_layernorm")?,
             residual_layernorm: load("tf_residual_layernorm")?,
             linear_forward: load("tf_linear_forward")?,
+            linear_forward_small: load("tf_linear_forward_small")?,
             linear_forward_halves: load("tf_linear_forward_halves")?,
             linear_forward_bf16: load("tf_linear_forward_bf16")?,
             attention_forward: load("tf_attention_forward")?,
             classifier: load("tf_classifier")?,
             linear_backward: load("tf_linear_backward")?,
+            linear_backward_small: load("tf_linear_backward_small")?,
             linear_backward_bf16: load("tf_linear_backward_bf16")?,
             layernorm_backward: load("tf_layernorm_backward")?,
             attention_backward: load("tf_attention_backward")?,
@@ -310,11 +322,11 @@ impl GpuTransformer {
         let attention_backward_shared = 4 * sizes.backward_floats();
         gpu.reserve_shared(&kernels.attention_forward, attention_forward_shared, "--block")?;
         gpu.reserve_shared(&kernels.attention_backward, attention_backward_shared, "--block")?;
-        // One kernel each for fp32 and TF32 (a flag picks the tile).
-        let fp32_or_tf32 = max(FP32_TILES.shared_bytes, TF32_TILES.shared_bytes);
-        gpu.reserve_shared(&kernels.linear_forward, fp32_or_tf32, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward, FP32_TILES.shared_bytes, "--embed")?;
         gpu.reserve_shared(&kernels.linear_forward_halves, FP32_TILES.shared_bytes, "--embed")?;
-        gpu.reserve_shared(&kernels.linear_backward, fp32_or_tf32, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward, FP32_TILES.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_forward_small, SMALL_TILES.shared_bytes, "--embed")?;
+        gpu.reserve_shared(&kernels.linear_backward_small, SMALL_TILES.shared_bytes, "--embed")?;
         let bf16 = bf16_tiles(has_wgmma(gpu.compute_capability));
         gpu.reserve_shared(&kernels.linear_forward_bf16, bf16.shared_bytes, "--embed")?;
         gpu.reserve_shared(&kernels.linear_backward_bf16, bf16.shared_bytes, "--embed")?;
@@ -326,6 +338,7 @@ impl GpuTransformer {
             params: upload_f32(params)?,
             params_bf16: stream.alloc_zeros(n)?,
             fp32_activations: false,
+            large_tiles_always: false,
             grad: stream.alloc_zeros(n)?,
             m: stream.alloc_zeros(n)?,
             v: stream.alloc_zeros(n)?,
@@ -388,7 +401,7 @@ impl GpuTransformer {
         // row slices, in floats of partial tiles.
         let layers = [(3 * e, e), (e, e), (f, e), (e, f), (v, e)];
         let (mut max_tiles, mut max_partials) = (1, 1);
-        for t in [FP32_TILES, TF32_TILES, bf16_tiles(has_wgmma(gpu.compute_capability))] {
+        for t in [FP32_TILES, SMALL_TILES, bf16_tiles(has_wgmma(gpu.compute_capability))] {
             for &(o, i) in &layers {
                 let tiles = t.wgrad_tiles(o, i);
                 max_tiles = max_tiles.max(tiles);
@@ -449,6 +462,20 @@ impl GpuTransformer {
     /// Row slices per weight-gradient tile of `tile_floats` floats: about two blocks per SM over all tiles
     /// (the dx tiles of the same launch fill the rest), each slice at least 32 rows, and at most 1 MB of
     /// partial tiles for the last block of a tile to add (one block's reads, which the whole step waits for).
+    /// Whether this step's fp32 products run on the small tiles: under LARGE_TILE_ROWS_PER_SM rows an SM,
+    /// too few 128-row tiles to fill the GPU (unless `large_tiles_always`).
+    fn small_tiles(&self) -> bool {
+        !self.large_tiles_always && self.rows() < LARGE_TILE_ROWS_PER_SM * self.gpu.sm_count as usize
+    }
+
+    /// Runs the fp32 products on gemm_128 at any size (for the checks, whose shapes are small).
+    pub fn set_large_tiles_always(&mut self, always: bool) {
+        if self.large_tiles_always != always {
+            self.captured = None;
+            self.large_tiles_always = always;
+        }
+    }
+
     /// Whether the fp32 forward product of a layer without GELU runs in halves of k
     /// (tf_linear_forward_halves): when its tiles would fill under two waves of two blocks an SM and each
     /// half still has 512 of k. At nanoGPT's shape the MLP projection (k 1536) went 0.70 → 0.55 ms; the
@@ -752,7 +779,7 @@ mod tests {
     #[test]
     fn sizes_match_the_kernel_file() {
         let mut expressions = Vec::new();
-        for p in ["FP32", "TF32", "BF16"] {
+        for p in ["FP32", "TF32", "BF16", "FP32_SMALL"] {
             for field in ["BM", "BN", "WG_BM", "WG_BN", "SHARED_FLOATS * 4"] {
                 expressions.push(format!("LinearTiles<{p}>::{field}"));
             }
@@ -764,8 +791,10 @@ mod tests {
         // kernel_constants compiles for sm_90a, whose kernels have wgmma.
         let kernel = kernel_constants("transformer", &[], &expressions).unwrap();
         let mut mirror = Vec::new();
-        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-            let t = LinearTiles::of(p, true);
+        for (p, small) in
+            [(Precision::Fp32, false), (Precision::Tf32, false), (Precision::Bf16, false), (Precision::Fp32, true)]
+        {
+            let t = LinearTiles::of(p, true, small);
             mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes, t.ones_column as usize]);
         }
         mirror.push(LN_ROWS_PER_BLOCK);

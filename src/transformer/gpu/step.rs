@@ -51,10 +51,12 @@ impl GpuTransformer {
         let n = self.rows();
         let (weight, bias) = (format!("{layer}.weight"), self.param(&format!("{layer}.bias")));
         let sizes = [Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32)];
-        let tiles = LinearTiles::of(self.precision, self.wgmma());
+        let small = self.small_tiles();
+        let tiles = LinearTiles::of(self.precision, self.wgmma(), small);
         let grid = (out_features.div_ceil(tiles.bn) as u32, n.div_ceil(tiles.bm) as u32);
         let fp32 = self.precision == Precision::Fp32;
-        if fp32 && matches!(pre, Arg::Ptr(0)) && Self::forward_halves(&self.gpu, n, out_features, in_features) {
+        let halves = fp32 && !small && matches!(pre, Arg::Ptr(0));
+        if halves && Self::forward_halves(&self.gpu, n, out_features, in_features) {
             let b = &self.buffers;
             let buffers = [self.buf(&b.linear_other_half), self.buf(&b.linear_tickets)];
             let args = [&[input[0], self.param(&weight), bias, out[0]][..], &buffers, &sizes].concat();
@@ -64,10 +66,13 @@ impl GpuTransformer {
         let (kernel, args) = if self.bf16() {
             let args = [&[input[1], self.param_bf16(&weight), bias, out[0], out[1], pre][..], &sizes].concat();
             (&self.kernels.linear_forward_bf16, args)
+        } else if self.precision == Precision::Fp32 && !small {
+            let args = [&[input[0], self.param(&weight), bias, out[0], pre][..], &sizes].concat();
+            (&self.kernels.linear_forward, args)
         } else {
             let tf32 = Arg::i32((self.precision == Precision::Tf32) as i32);
             let args = [&[input[0], self.param(&weight), bias, out[0], pre][..], &sizes, &[tf32]].concat();
-            (&self.kernels.linear_forward, args)
+            (&self.kernels.linear_forward_small, args)
         };
         self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
     }
@@ -87,7 +92,8 @@ impl GpuTransformer {
         pre: Arg,
     ) -> Result<()> {
         let n = self.rows();
-        let t = LinearTiles::of(self.precision, self.wgmma());
+        let small = self.small_tiles();
+        let t = LinearTiles::of(self.precision, self.wgmma(), small);
         let tiles = t.wgrad_tiles(out_features, in_features);
         let slices = Self::slices(&self.gpu, tiles, t.wg_bm * t.wg_bn, n);
         let writes_dx = !matches!(dx[0], Arg::Ptr(0)) || (self.bf16() && !matches!(dx[1], Arg::Ptr(0)));
@@ -107,10 +113,13 @@ impl GpuTransformer {
         let (kernel, args) = if self.bf16() {
             let operands = [dy[1], Arg::i32(dy_ld as i32), x[1], self.param_bf16(&weight)];
             (&self.kernels.linear_backward_bf16, [&operands[..], &sizes, &[dx[0], dx[1], pre]].concat())
+        } else if self.precision == Precision::Fp32 && !small {
+            let args = [&[dy[0], x[0], self.param(&weight)][..], &sizes, &[dx[0], pre]].concat();
+            (&self.kernels.linear_backward, args)
         } else {
             let tf32 = Arg::i32((self.precision == Precision::Tf32) as i32);
             let args = [&[dy[0], x[0], self.param(&weight)][..], &sizes, &[dx[0], pre, tf32]].concat();
-            (&self.kernels.linear_backward, args)
+            (&self.kernels.linear_backward_small, args)
         };
         self.launch(kernel, tiles * slices + dx_blocks, t.shared_bytes, &args)
     }

@@ -69,6 +69,7 @@ pub mod pipeline;
 pub mod pipelines;
 pub mod plot;
 pub mod precision;
+pub mod rendezvous;
 pub mod report;
 pub mod resources;
 pub mod run;

@@ -38,6 +38,7 @@ mod mnist_model;
 mod model_files;
 mod nvrtc;
 mod ops;
+mod rendezvous;
 mod sales_cli;
 mod sales_data;
 mod sales_model;

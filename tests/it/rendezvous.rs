@@ -1,0 +1,151 @@
+//! The rendezvous of a run over several processes (`textnet::rendezvous`), over loopback with one thread a
+//! rank: the ranks that agree all get rank 0's id; a rank that disagrees, a rank that never comes, a
+//! rank claimed twice and a port in use each end every rank with one line naming the cause.
+
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, Instant};
+use textnet::rendezvous::Rendezvous;
+
+const VERSION: &str = "0.1.0";
+const FLAGS: &str = "layers6-embed384-lr0.001";
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Runs ranks (rank, world size, version, flags) at `port`, each in a thread, with `timeout`; returns each
+/// rank's id or error line in the order given.
+fn run(port: u16, ranks: &[(usize, usize, &str, &str)], timeout: Duration) -> Vec<Result<Vec<u8>, String>> {
+    let threads: Vec<_> = ranks
+        .iter()
+        .map(|&(rank, world, version, flags)| {
+            let (version, flags) = (version.to_string(), flags.to_string());
+            thread::spawn(move || {
+                let r = Rendezvous::new(world, rank, &format!("127.0.0.1:{port}"), timeout)
+                    .map_err(|e| format!("{e:#}"))?;
+                r.meet(&version, &flags, || Ok(vec![7, 0, 255, 42])).map_err(|e| format!("{e:#}"))
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn every_rank_gets_rank_0s_id() {
+    // Rank 0 last: the others retry until it listens.
+    let ranks = [(2, 3, VERSION, FLAGS), (1, 3, VERSION, FLAGS), (0, 3, VERSION, FLAGS)];
+    for got in run(free_port(), &ranks, Duration::from_secs(20)) {
+        assert_eq!(got.unwrap(), vec![7, 0, 255, 42]);
+    }
+}
+
+#[test]
+fn a_world_of_one_needs_no_other_rank() {
+    let got = run(free_port(), &[(0, 1, VERSION, FLAGS)], Duration::from_secs(5));
+    assert_eq!(got[0].clone().unwrap(), vec![7, 0, 255, 42]);
+}
+
+#[test]
+fn other_flags_end_every_rank_with_the_reason() {
+    let ranks = [(0, 3, VERSION, FLAGS), (1, 3, VERSION, FLAGS), (2, 3, VERSION, "layers6-embed256-lr0.001")];
+    let got = run(free_port(), &ranks, Duration::from_secs(20));
+    // Rank 1 may arrive before or after rank 2: either way the run cannot start.
+    for (i, g) in got.iter().enumerate() {
+        let e = g.clone().expect_err(&format!("rank {i} went on"));
+        assert!(e.contains("rank 2 was started with other training flags than rank 0"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
+
+#[test]
+fn another_version_ends_every_rank_with_the_reason() {
+    let got = run(free_port(), &[(0, 2, VERSION, FLAGS), (1, 2, "0.2.0", FLAGS)], Duration::from_secs(20));
+    for g in got {
+        let e = g.unwrap_err();
+        assert!(e.contains("rank 1 runs textnet 0.2.0, rank 0 textnet 0.1.0"), "{e}");
+    }
+}
+
+#[test]
+fn a_rank_claimed_twice_or_another_world_size_is_refused() {
+    let got = run(
+        free_port(),
+        &[(0, 3, VERSION, FLAGS), (1, 3, VERSION, FLAGS), (1, 3, VERSION, FLAGS)],
+        Duration::from_secs(20),
+    );
+    assert!(got.iter().all(|g| g.as_ref().is_err_and(|e| e.contains("two processes joined as rank 1"))), "{got:?}");
+    let got = run(free_port(), &[(0, 2, VERSION, FLAGS), (1, 3, VERSION, FLAGS)], Duration::from_secs(20));
+    assert!(
+        got.iter()
+            .all(|g| g.as_ref().is_err_and(|e| e.contains("rank 1 was started with --world-size 3, rank 0 with 2"))),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_rank_that_never_comes_ends_the_others_within_the_timeout() {
+    let timeout = Duration::from_secs(2);
+    let start = Instant::now();
+    let got = run(free_port(), &[(0, 3, VERSION, FLAGS), (1, 3, VERSION, FLAGS)], timeout);
+    assert!(start.elapsed() < timeout + Duration::from_secs(3), "{:?}", start.elapsed());
+    for g in got {
+        let e = g.unwrap_err();
+        assert!(e.contains("rank 2 did not arrive within 2 s"), "{e}");
+    }
+    // Without rank 0 a rank gives up at its timeout too.
+    let start = Instant::now();
+    let got = run(free_port(), &[(1, 2, VERSION, FLAGS)], timeout);
+    assert!(start.elapsed() < timeout + Duration::from_secs(3));
+    let e = got[0].clone().unwrap_err();
+    assert!(e.contains("rank 0 at 127.0.0.1:") && e.contains("did not answer within 2 s"), "{e}");
+}
+
+#[test]
+fn a_port_in_use_is_named() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let got = run(port, &[(0, 2, VERSION, FLAGS)], Duration::from_secs(2));
+    let e = got[0].clone().unwrap_err();
+    assert_eq!(e, format!("--rendezvous 127.0.0.1:{port}: the port is in use (rank 0 listens there)"));
+}
+
+#[test]
+fn a_stranger_on_the_port_gets_an_answer_and_the_run_goes_on() {
+    use std::io::{BufRead, BufReader, Write};
+    let port = free_port();
+    let rank0 = thread::spawn(move || run(port, &[(0, 2, VERSION, FLAGS)], Duration::from_secs(20)));
+    // Rank 1 has not started: rank 0 answers the stranger and keeps waiting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            s.write_all(b"GET / HTTP/1.1\n").unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            break line;
+        }
+        assert!(Instant::now() < deadline, "rank 0 never listened");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(answer, "error not a textnet rendezvous\n");
+    let rank1 = run(port, &[(1, 2, VERSION, FLAGS)], Duration::from_secs(20));
+    for g in rank0.join().unwrap().into_iter().chain(rank1) {
+        assert_eq!(g.unwrap(), vec![7, 0, 255, 42]);
+    }
+}
+
+#[test]
+fn flag_values_are_checked_before_any_network() {
+    let t = Duration::from_secs(1);
+    let e = |r: anyhow::Result<Rendezvous>| format!("{:#}", r.unwrap_err());
+    assert_eq!(e(Rendezvous::new(0, 0, "h:1", t)), "--world-size must be at least 1");
+    assert_eq!(e(Rendezvous::new(2, 2, "h:1", t)), "--rank 2 is not below --world-size 2");
+    assert_eq!(e(Rendezvous::new(2, 0, "nohost", t)), "--rendezvous nohost: expected HOST:PORT");
+    for bad in [":29500", "h:0", "h:70000", "h:port"] {
+        assert_eq!(
+            e(Rendezvous::new(2, 0, bad, t)),
+            format!("--rendezvous {bad}: expected HOST:PORT with a port from 1 to 65535")
+        );
+    }
+}

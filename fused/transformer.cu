@@ -268,8 +268,9 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
                                                       store, smem);
 }
 
-// fp32 with k split in two halves, for layers whose tiles would fill under three waves of blocks (the
-// 384-wide projections: 384 tiles on 132 SMs at two blocks an SM, the second wave under half full). Grid
+// fp32 with k split in two halves, for layers whose tiles fill under two waves of two blocks an SM and
+// whose k is long (the launch layer's rule; at nanoGPT's shape the MLP projection: 384 tiles on 132 SMs,
+// the second wave under half full, k 1536). Grid
 // (ceil(out_features / 128), 2·ceil(N / 128)): block y is half y mod 2 of row tile y / 2. Each half keeps
 // its tile in registers and writes it, half 0 into out and half 1 into `other` (N × out_features floats);
 // the later of the two to finish adds the other's to its own, which gives the same bits whichever that is

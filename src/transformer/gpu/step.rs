@@ -54,9 +54,8 @@ impl GpuTransformer {
         let small = self.small_tiles();
         let tiles = LinearTiles::of(self.precision, self.wgmma(), small);
         let grid = (out_features.div_ceil(tiles.bn) as u32, n.div_ceil(tiles.bm) as u32);
-        let fp32 = self.precision == Precision::Fp32;
-        let halves = fp32 && !small && matches!(pre, Arg::Ptr(0));
-        if halves && Self::forward_halves(&self.gpu, n, out_features, in_features) {
+        let gemm_128 = self.precision == Precision::Fp32 && !small;
+        if gemm_128 && matches!(pre, Arg::Ptr(0)) && Self::forward_halves(&self.gpu, n, out_features, in_features) {
             let b = &self.buffers;
             let buffers = [self.buf(&b.linear_other_half), self.buf(&b.linear_tickets)];
             let args = [&[input[0], self.param(&weight), bias, out[0]][..], &buffers, &sizes].concat();
@@ -66,7 +65,7 @@ impl GpuTransformer {
         let (kernel, args) = if self.bf16() {
             let args = [&[input[1], self.param_bf16(&weight), bias, out[0], out[1], pre][..], &sizes].concat();
             (&self.kernels.linear_forward_bf16, args)
-        } else if self.precision == Precision::Fp32 && !small {
+        } else if gemm_128 {
             let args = [&[input[0], self.param(&weight), bias, out[0], pre][..], &sizes].concat();
             (&self.kernels.linear_forward, args)
         } else {
@@ -114,6 +113,7 @@ impl GpuTransformer {
             let operands = [dy[1], Arg::i32(dy_ld as i32), x[1], self.param_bf16(&weight)];
             (&self.kernels.linear_backward_bf16, [&operands[..], &sizes, &[dx[0], dx[1], pre]].concat())
         } else if self.precision == Precision::Fp32 && !small {
+            // gemm_128
             let args = [&[dy[0], x[0], self.param(&weight)][..], &sizes, &[dx[0], pre]].concat();
             (&self.kernels.linear_backward, args)
         } else {

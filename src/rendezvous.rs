@@ -15,6 +15,13 @@
 //!
 //! `flags` is the caller's fingerprint of what must agree across ranks (the model's sizes and the training
 //! flags); it is compared as an opaque string, without spaces.
+//!
+//! The connections stay open for the run (`Meeting::watch`): rank 0 holds one to every rank, each rank
+//! one to rank 0, and each side says `alive` every few seconds. A process that dies (`kill -9`, a crash,
+//! an error that ends it) closes its side, and the one it was linked to stops at once with a line naming
+//! it; a silent link (a host gone) stops it after `SILENCE`. Rank 0 stopping then stops every other rank
+//! the same way, so no rank waits forever in an all-reduce its peer will never join. A rank that ends
+//! normally says `done` first.
 
 use anyhow::{Context, Result, anyhow, bail};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -30,6 +37,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const VERDICT_GRACE: Duration = Duration::from_secs(1);
 /// The longest line either side accepts.
 const MAX_LINE: usize = 4096;
+/// How often a linked rank says it is alive, and how long a silent link is trusted.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long a link may stay silent before the rank at its other end counts as gone.
+pub const SILENCE: Duration = Duration::from_secs(30);
+
+/// A rendezvous that succeeded: the run's unique id, and the open links to the other ranks (rank 0: one
+/// to each other rank; the others: one to rank 0), each with the rank at its other end.
+pub struct Meeting {
+    /// NCCL's unique id of the run.
+    pub id: Vec<u8>,
+    links: Vec<(usize, TcpStream)>,
+}
 
 /// Where and as whom one process joins a run.
 #[derive(Clone, Debug)]
@@ -103,7 +122,7 @@ impl Rendezvous {
     /// other rank has arrived and agreed (`version` and `flags` the same as rank 0's), and sends it to
     /// them; the others receive it. Any rank that cannot go on fails with a one-line error, and rank 0
     /// tells the ranks that arrived why.
-    pub fn meet(&self, version: &str, flags: &str, make_id: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    pub fn meet(&self, version: &str, flags: &str, make_id: impl FnOnce() -> Result<Vec<u8>>) -> Result<Meeting> {
         if version.contains(char::is_whitespace) || flags.contains(char::is_whitespace) || flags.is_empty() {
             bail!("internal: a rendezvous version or flags fingerprint with spaces");
         }
@@ -119,7 +138,7 @@ impl Rendezvous {
             .ok_or_else(|| anyhow!("--rendezvous {}: no such address", self.address))
     }
 
-    fn lead(&self, me: &Hello, make_id: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    fn lead(&self, me: &Hello, make_id: impl FnOnce() -> Result<Vec<u8>>) -> Result<Meeting> {
         let address = self.socket_address()?;
         let listener = TcpListener::bind(address).map_err(|e| match e.kind() {
             ErrorKind::AddrInUse => anyhow!("--rendezvous {}: the port is in use (rank 0 listens there)", self.address),
@@ -187,10 +206,11 @@ impl Rendezvous {
             // A rank that has gone away since is no reason to fail the others.
             let _ = stream.write_all(reply.as_bytes());
         }
-        outcome
+        let links = arrived.into_iter().map(|(hello, stream)| (hello.rank, stream)).collect();
+        outcome.map(|id| Meeting { id, links })
     }
 
-    fn join(&self, me: &Hello) -> Result<Vec<u8>> {
+    fn join(&self, me: &Hello) -> Result<Meeting> {
         let address = self.socket_address()?;
         let deadline = Instant::now() + self.timeout;
         let mut stream = loop {
@@ -209,13 +229,95 @@ impl Rendezvous {
         let line = read_line(&stream, self.timeout + VERDICT_GRACE)
             .with_context(|| format!("rendezvous at {}", self.address))?;
         if let Some(id) = line.strip_prefix("ok ") {
-            from_hex(id.trim_end())
+            Ok(Meeting { id: from_hex(id.trim_end())?, links: vec![(0, stream)] })
         } else if let Some(message) = line.strip_prefix("error ") {
             bail!("{}", message.trim_end())
         } else {
             bail!("rendezvous at {}: not a textnet rank 0 (it said {:?})", self.address, line.trim_end())
         }
     }
+}
+
+impl Meeting {
+    /// Keeps watching the links for the rest of the run: every link gets `alive` every `HEARTBEAT`, and
+    /// when the rank at a link's other end closes it without `done`, or stays silent for `SILENCE`,
+    /// `gone(line)` runs with a one-line reason (a process ends there: see `exit_on_gone`).
+    pub fn watch(self, me: usize, gone: fn(&str) -> !) -> Watch {
+        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut writers = Vec::new();
+        for (peer, stream) in self.links {
+            let (Ok(reader), Ok(writer)) = (stream.try_clone(), stream.try_clone()) else {
+                gone(&format!("rank {me}: cannot watch the link to rank {peer}"));
+            };
+            let done = finished.clone();
+            std::thread::spawn(move || {
+                let _ = reader.set_read_timeout(Some(SILENCE));
+                let mut lines = BufReader::new(reader).lines();
+                loop {
+                    let why = match lines.next() {
+                        Some(Ok(line)) if line == "done" => return,
+                        Some(Ok(_)) => continue,
+                        Some(Err(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                            format!("was silent for {} s", SILENCE.as_secs())
+                        }
+                        Some(Err(e)) => format!("dropped its link ({e})"),
+                        None => "ended without finishing (its process stopped)".to_string(),
+                    };
+                    if done.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    gone(&format!("rank {peer} {why}; rank {me} stops too"));
+                }
+            });
+            writers.push(writer);
+        }
+        let beating = std::sync::Arc::new(std::sync::Mutex::new(writers));
+        let heart = beating.clone();
+        let done = finished.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for writer in heart.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+                    let _ = writer.write_all(b"alive\n");
+                }
+                std::thread::sleep(HEARTBEAT);
+            }
+        });
+        Watch { finished, writers: beating }
+    }
+}
+
+/// The watch over a run's links (`Meeting::watch`); `finish` at the run's normal end.
+pub struct Watch {
+    finished: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writers: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl Watch {
+    /// Tells the linked ranks that this one ends normally, and stops watching them.
+    pub fn finish(self) {
+        self.finished.store(true, std::sync::atomic::Ordering::SeqCst);
+        for writer in self.writers.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+            let _ = writer.write_all(b"done\n");
+            let _ = writer.flush();
+        }
+    }
+}
+
+/// A watch dropped without `finish` is a rank that stopped: its links close, as its process's would.
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.finished.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            for writer in self.writers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let _ = writer.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// The process's end when a linked rank is gone: the reason on stderr as textnet's errors are, exit 1.
+pub fn exit_on_gone(line: &str) -> ! {
+    eprintln!("error: {line}");
+    std::process::exit(1)
 }
 
 /// Why `hello` cannot join rank 0's run, given the ranks already `arrived`, if it cannot.

@@ -9,6 +9,7 @@
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
+use super::gpu::parallel::{self, Replicas};
 use super::model::{self, Config, CpuTrainer};
 use super::modelfile::TransformerModel;
 use crate::checkpoint;
@@ -16,6 +17,7 @@ use crate::cpu::SeededRng;
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, ScheduleArgs};
+use crate::parallel::{ParallelArgs, Plan};
 use crate::precision::Precision;
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
@@ -24,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
 use serde_json::json;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
@@ -70,6 +73,9 @@ pub struct TransformerArgs {
     /// --lr-schedule, --warmup and --min-lr.
     #[command(flatten)]
     pub schedule: ScheduleArgs,
+    /// --gpus, --world-size, --rank and --rendezvous.
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
     /// Dropout probability in training, in [0, 1): after the embeddings, on the attention probabilities and
     /// on both residual branches (nanoGPT's places); never in evaluation or generation
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
@@ -201,9 +207,47 @@ impl TransformerArgs {
         Ok(schedule)
     }
 
-    /// The seed of dropout's masks.
-    fn dropout_seed(&self) -> u32 {
-        (self.seed ^ (self.seed >> 32)) as u32
+    /// The seed of dropout's masks at the replica of global rank `rank` (rank 0's is a one-GPU run's).
+    fn dropout_seed(&self, rank: usize) -> u32 {
+        ((self.seed ^ (self.seed >> 32)) as u32) ^ (rank as u32).wrapping_mul(0x9e37_79b9)
+    }
+
+    /// What every rank of a multi-process run must have been started with alike (the rendezvous compares
+    /// it): the flags that shape the model and its training, and the corpus's length and hash.
+    fn fingerprint(&self, corpus: &[u8]) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        corpus.hash(&mut hash);
+        format!(
+            "layers={},heads={},embed={},block={},bias={},tie={},batch={},steps={},lr={},wd={},beta2={},clip={},\
+             schedule={}/{}/{},dropout={},vocab={},eval_every={},eval_iters={:?},seed={},precision={},resume={},\
+             corpus={}/{:016x}",
+            self.layers,
+            self.heads,
+            self.embed,
+            self.block,
+            !self.no_bias,
+            self.tie_weights,
+            self.batch,
+            self.steps,
+            self.lr,
+            self.weight_decay,
+            self.beta2,
+            self.clip_norm,
+            self.schedule.lr_schedule.name(),
+            self.schedule.warmup,
+            self.schedule.min_lr,
+            self.dropout,
+            self.vocab,
+            self.eval_every,
+            self.eval_iters,
+            self.seed,
+            self.precision.name(),
+            self.resume.is_some(),
+            corpus.len(),
+            hash.finish()
+        )
+        .replace(char::is_whitespace, "_")
     }
 }
 
@@ -211,6 +255,8 @@ impl TransformerArgs {
 enum Trainer {
     Cpu(Box<CpuTrainer>),
     Gpu(Box<GpuTransformer>),
+    /// Data-parallel replicas (--gpus, --world-size); `share` sequences of each batch per replica.
+    Parallel(Box<Replicas>, usize),
 }
 
 impl Trainer {
@@ -242,6 +288,11 @@ impl Trainer {
                 stepped(losses.len());
                 Ok(losses)
             }
+            Trainer::Parallel(replicas, _) => {
+                let losses = replicas.train_steps(offsets, batch, rates)?;
+                stepped(losses.len());
+                Ok(losses)
+            }
         }
     }
 
@@ -249,13 +300,15 @@ impl Trainer {
         match self {
             Trainer::Cpu(t) => Ok(model::mean_loss(&t.config, &t.params, &corpus.val, offsets)),
             Trainer::Gpu(t) => t.val_loss(offsets, batch),
+            Trainer::Parallel(replicas, share) => replicas.first()?.val_loss(offsets, *share),
         }
     }
 
-    fn params(&self) -> Result<Vec<f32>> {
+    fn params(&mut self) -> Result<Vec<f32>> {
         match self {
             Trainer::Cpu(t) => Ok(t.params.clone()),
             Trainer::Gpu(t) => t.params(),
+            Trainer::Parallel(replicas, _) => replicas.params(),
         }
     }
 }
@@ -267,7 +320,11 @@ pub fn run(args: TransformerArgs) -> Result<()> {
 
 /// What `setup` read, checked and built.
 pub struct Setup {
-    _lock: fsutil::OutputLock,
+    _lock: Option<fsutil::OutputLock>,
+    /// The links to the other ranks of a multi-process run, watched until it ends.
+    watch: Option<crate::rendezvous::Watch>,
+    /// Whether this process writes --out (every process but ranks other than 0).
+    writes: bool,
     display: Display,
     corpus: Corpus,
     config: Config,
@@ -315,11 +372,22 @@ impl TrainingCommand for TransformerArgs {
         let shape = args.check()?;
         let optim = args.optim()?;
         let schedule = args.lr_schedule()?;
-        let lock = fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let plan = args.parallel.plan(args.batch)?;
+        if !matches!(plan, Plan::One) && args.device == DeviceChoice::Cpu {
+            bail!("--gpus and --world-size train on GPUs: leave out --device cpu");
+        }
+        // Ranks other than 0 of a multi-process run write nothing: rank 0 writes --out and the report.
+        let writes = plan.writes();
+        let lock = writes.then(|| fsutil::check_output(&args.out, &[("corpus", &args.corpus)])).transpose()?;
         let mut inputs = vec![("corpus", args.corpus.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
-        let existing = fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?;
+        if writes {
+            crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        }
+        let existing = match writes {
+            true => fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?,
+            false => None,
+        };
         let existing = existing.filter(|_| !args.overwrite);
         let resumed = match &args.resume {
             Some(path) => Some(TransformerModel::load(path).context("--resume")?),
@@ -347,8 +415,52 @@ impl TrainingCommand for TransformerArgs {
             return Err(checkpoint::other_data(&args.out, "a Transformer of another vocabulary or block"));
         }
         let evals = args.steps.div_ceil(args.eval_every);
-        let display = Display::new(args.quiet, args.json, evals);
-        let (backend, device_line) = device::select_described(args.device)?;
+        let display = Display::new(args.quiet || !writes, args.json && writes, evals);
+        let (backend, device_line, gpus, mut watch) = match &plan {
+            Plan::One => {
+                let (backend, line) = device::select_described(args.device)?;
+                (backend, line, Vec::new(), None)
+            }
+            Plan::Local(ordinals) => {
+                crate::nccl::version().context("--gpus")?;
+                let gpus = ordinals
+                    .iter()
+                    .map(|&o| {
+                        device::Gpu::open(o)
+                            .map(Arc::new)
+                            .with_context(|| format!("--gpus {}", ordinals_text(ordinals)))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let line = format!(
+                    "{} ({} GPUs: {})",
+                    Backend::Cuda(gpus[0].clone()).describe(),
+                    gpus.len(),
+                    ordinals_text(ordinals)
+                );
+                (Backend::Cuda(gpus[0].clone()), line, gpus, None)
+            }
+            Plan::Rank { rendezvous, gpu } => {
+                crate::nccl::version().context("--world-size")?;
+                let ordinal = match gpu {
+                    Some(g) => *g,
+                    None => rendezvous.rank % device::gpu_count().context("--world-size")?.max(1),
+                };
+                let bytes = fsutil::read_input(&args.corpus, "corpus")?;
+                let meeting = rendezvous.meet(report::VERSION, &args.fingerprint(&bytes), crate::nccl::unique_id)?;
+                let gpu = Arc::new(
+                    device::Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?,
+                );
+                let line = format!(
+                    "{} (rank {} of {}, GPU {ordinal})",
+                    Backend::Cuda(gpu.clone()).describe(),
+                    rendezvous.rank,
+                    rendezvous.world_size
+                );
+                let id = meeting.id.clone();
+                let watch = meeting.watch(rendezvous.rank, crate::rendezvous::exit_on_gone);
+                (Backend::Cuda(gpu.clone()), line, vec![gpu], Some((watch, id)))
+            }
+        };
         if let Some(path) = &args.resume {
             display
                 .line(&format!("resuming {} (its shape and vocabulary; AdamW's moments start afresh)", path.display()));
@@ -402,15 +514,27 @@ impl TrainingCommand for TransformerArgs {
             }
             None => None,
         };
-        let trainer = match &backend {
-            Backend::Cpu => Trainer::Cpu(Box::new(
-                CpuTrainer::new(config, params, optim)?.with_dropout(args.dropout, args.dropout_seed()),
+        let replica = |gpu: Arc<device::Gpu>, rank: usize| -> Result<GpuTransformer> {
+            let mut t = GpuTransformer::new(gpu, config, &params, optim, &corpus)?;
+            t.set_dropout(args.dropout, args.dropout_seed(rank));
+            t.set_precision(args.precision)?;
+            Ok(t)
+        };
+        let share = args.batch / plan.replicas();
+        let trainer = match (&plan, &backend) {
+            (_, Backend::Cpu) => Trainer::Cpu(Box::new(
+                CpuTrainer::new(config, params.clone(), optim)?.with_dropout(args.dropout, args.dropout_seed(0)),
             )),
-            Backend::Cuda(gpu) => {
-                let mut t = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
-                t.set_dropout(args.dropout, args.dropout_seed());
-                t.set_precision(args.precision)?;
-                Trainer::Gpu(Box::new(t))
+            (Plan::One, Backend::Cuda(gpu)) => Trainer::Gpu(Box::new(replica(gpu.clone(), 0)?)),
+            (Plan::Local(_), _) => {
+                let replicas = Replicas::new(gpus, 0, plan.replicas(), parallel::local_comms, replica)?;
+                Trainer::Parallel(Box::new(replicas), share)
+            }
+            (Plan::Rank { rendezvous, .. }, _) => {
+                let (world, rank) = (rendezvous.world_size, rendezvous.rank);
+                let id = watch.as_ref().map(|(_, id)| id.clone()).expect("a rank's rendezvous gave an id");
+                let comms = move |g: &[Arc<device::Gpu>]| parallel::joined_comm(g, world, rank, &id);
+                Trainer::Parallel(Box::new(Replicas::new(gpus, rank, world, comms, replica)?), share)
             }
         };
         if args.precision != Precision::Fp32 && matches!(backend, Backend::Cpu) {
@@ -422,6 +546,8 @@ impl TrainingCommand for TransformerArgs {
         let rates = schedule.rates(args.lr, args.steps);
         Ok(Setup {
             _lock: lock,
+            watch: watch.take().map(|(w, _)| w),
+            writes,
             display,
             corpus,
             config,
@@ -492,7 +618,9 @@ impl TrainingCommand for TransformerArgs {
                     val_loss: val as f32,
                     steps: steps_before + done,
                 };
-                fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+                if setup.writes {
+                    fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+                }
                 kept = Some(Kept { eval, step: done, val_loss: val });
             }
             let row = EpochRow {
@@ -527,7 +655,10 @@ impl TrainingCommand for TransformerArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, rows, diverged, done, best_val, kept, seconds } = trained;
-        let Setup { display, corpus, config, backend, val_offsets, baseline, evals, .. } = setup;
+        let Setup { display, corpus, config, backend, val_offsets, baseline, evals, watch, .. } = setup;
+        if let Some(watch) = watch {
+            watch.finish();
+        }
         let interrupted = diverged.is_none() && done < args.steps;
         let unigram = corpus.unigram_loss();
         let guessing = (config.vocab as f64).ln();
@@ -650,6 +781,11 @@ impl TrainingCommand for TransformerArgs {
         }
         Ok(ending)
     }
+}
+
+/// GPU numbers as --gpus lists them: "0,1".
+fn ordinals_text(ordinals: &[usize]) -> String {
+    ordinals.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// A --resume'd model reads characters outside its vocabulary as unknown: past half of the corpus, it

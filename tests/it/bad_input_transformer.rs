@@ -154,3 +154,24 @@ fn the_regularization_flags_apply_to_a_resumed_model_and_are_checked_with_it() {
     transformer(dir.path(), "english.txt", "r.st", &[&resume[..], &["--warmup", "10"]].concat())
         .fails_with(&["--warmup 10 is as long as the whole run (10"]);
 }
+
+/// The data-parallel flags are checked before anything is read or opened: each mistake is one line, and
+/// nothing is written.
+#[test]
+fn data_parallel_flags_that_cannot_work_end_the_run_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("english.txt"), english(5000, 1)).unwrap();
+    let cases: [(&[&str], &[&str]); 4] = [
+        (&["--gpus", "2"], &["--gpus and --world-size train on GPUs: leave out --device cpu"]),
+        (&["--gpus", "3"], &["--batch 8 does not split evenly over 3 GPUs: give a multiple of 3"]),
+        (&["--world-size", "2", "--rank", "0"], &["--world-size, --rank and --rendezvous go together"]),
+        (
+            &["--world-size", "2", "--rank", "0", "--rendezvous", "localhost"],
+            &["--rendezvous localhost: expected HOST:PORT"],
+        ),
+    ];
+    for (flags, expected) in cases {
+        transformer(dir.path(), "english.txt", "tf.st", flags).fails_with(expected);
+        assert!(!dir.path().join("tf.st").exists(), "{flags:?} wrote a model");
+    }
+}

@@ -25,7 +25,7 @@ fn run(port: u16, ranks: &[(usize, usize, &str, &str)], timeout: Duration) -> Ve
             thread::spawn(move || {
                 let r = Rendezvous::new(world, rank, &format!("127.0.0.1:{port}"), timeout)
                     .map_err(|e| format!("{e:#}"))?;
-                r.meet(&version, &flags, || Ok(vec![7, 0, 255, 42])).map_err(|e| format!("{e:#}"))
+                r.meet(&version, &flags, || Ok(vec![7, 0, 255, 42])).map(|m| m.id).map_err(|e| format!("{e:#}"))
             })
         })
         .collect();
@@ -148,4 +148,52 @@ fn flag_values_are_checked_before_any_network() {
             format!("--rendezvous {bad}: expected HOST:PORT with a port from 1 to 65535")
         );
     }
+}
+
+/// What each watch test's rank 0 was told of rank 1 (the watcher thread that was told then waits forever,
+/// as the process would have ended there).
+static GONE_KILLED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+static GONE_FINISHED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn told(lines: &std::sync::Mutex<Vec<String>>, line: &str) -> ! {
+    lines.lock().unwrap().push(line.to_string());
+    loop {
+        thread::park();
+    }
+}
+
+/// Two ranks meet and watch each other (rank 0 with `gone`); `end1` then ends rank 1, and rank 0 runs on
+/// for `wait`.
+fn rank_1_ends(gone: fn(&str) -> !, end1: impl FnOnce(textnet::rendezvous::Watch), wait: Duration) {
+    let address = format!("127.0.0.1:{}", free_port());
+    let a = address.clone();
+    let rank0 = thread::spawn(move || {
+        Rendezvous::new(2, 0, &a, Duration::from_secs(20)).unwrap().meet(VERSION, FLAGS, || Ok(vec![1])).unwrap()
+    });
+    let rank1 =
+        Rendezvous::new(2, 1, &address, Duration::from_secs(20)).unwrap().meet(VERSION, FLAGS, || unreachable!());
+    let watch0 = rank0.join().unwrap().watch(0, gone);
+    end1(rank1.unwrap().watch(1, |_| {
+        loop {
+            thread::park();
+        }
+    }));
+    thread::sleep(wait);
+    watch0.finish();
+}
+
+#[test]
+fn a_rank_that_stops_without_finishing_stops_the_one_it_is_linked_to() {
+    // Dropping the watch's links closes them as a killed process's would.
+    rank_1_ends(|l| told(&GONE_KILLED, l), drop, Duration::from_millis(500));
+    assert_eq!(
+        *GONE_KILLED.lock().unwrap(),
+        ["rank 1 ended without finishing (its process stopped); rank 0 stops too"]
+    );
+}
+
+#[test]
+fn a_rank_that_finishes_stops_nobody() {
+    rank_1_ends(|l| told(&GONE_FINISHED, l), |watch| watch.finish(), Duration::from_millis(500));
+    assert!(GONE_FINISHED.lock().unwrap().is_empty());
 }

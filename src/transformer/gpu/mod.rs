@@ -4,6 +4,7 @@
 //! This file holds the trainer, its buffers and what it offers; `step` the launches of one step.
 
 pub mod flash;
+pub mod parallel;
 mod step;
 
 use super::data::Corpus;
@@ -612,9 +613,8 @@ impl GpuTransformer {
         Ok(())
     }
 
-    /// Captures the CUDA graph of `steps` training steps of `batch` sequences (`train_steps` does it on
-    /// first use; a bench calls it first so that the capture is not timed).
-    pub fn prepare(&mut self, steps: usize, batch: usize) -> Result<()> {
+    /// Buffers for `steps` steps of `batch` sequences: activations, and each step's offsets, loss and rate.
+    fn reserve_steps(&mut self, steps: usize, batch: usize) -> Result<()> {
         self.ensure_batch(batch)?;
         if self.offsets.len() < steps * batch || self.losses.len() < steps || self.rates.len() < steps {
             self.captured = None;
@@ -622,6 +622,29 @@ impl GpuTransformer {
             self.losses = self.gpu.stream.alloc_zeros(steps)?;
             self.rates = self.gpu.stream.alloc_zeros(steps)?;
         }
+        Ok(())
+    }
+
+    /// The gradient vector's parts in the order the backward pass finishes them (`written` of
+    /// `enqueue_backward_in_buckets`): the final LayerNorm and the head, each block from the last, then
+    /// the embeddings (which take a tied head's gradient too).
+    fn gradient_buckets(&self) -> Vec<std::ops::Range<usize>> {
+        let c = &self.config;
+        let block_start = |l: usize| self.offset_of(&format!("blocks.{l}.ln1.weight")).expect("every block has ln1");
+        let tail = self.offset_of("ln_f.weight").expect("the model has ln_f");
+        let mut buckets = Vec::with_capacity(c.layers + 2);
+        buckets.push(tail..self.layout.len());
+        for l in (0..c.layers).rev() {
+            buckets.push(block_start(l)..if l + 1 < c.layers { block_start(l + 1) } else { tail });
+        }
+        buckets.push(0..block_start(0));
+        buckets
+    }
+
+    /// Captures the CUDA graph of `steps` training steps of `batch` sequences (`train_steps` does it on
+    /// first use; a bench calls it first so that the capture is not timed).
+    pub fn prepare(&mut self, steps: usize, batch: usize) -> Result<()> {
+        self.reserve_steps(steps, batch)?;
         if !matches!(&self.captured, Some((s, b, _)) if *s == steps && *b == batch) {
             self.captured = None;
             let stream = self.gpu.stream.clone();

@@ -329,6 +329,17 @@ impl GpuTransformer {
 
     /// The backward pass after `enqueue_forward` (training data at `offsets`): every gradient, written.
     pub(super) fn enqueue_backward(&self, offsets: Arg) -> Result<()> {
+        self.enqueue_backward_in_buckets(offsets, &mut |_| Ok(()))
+    }
+
+    /// `enqueue_backward`, calling `written(b)` once the launches that write bucket b of
+    /// `gradient_buckets` are enqueued (b = 0, 1, … in that order), for data parallelism to reduce it
+    /// while the rest of the pass runs.
+    pub(super) fn enqueue_backward_in_buckets(
+        &self,
+        offsets: Arg,
+        written: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
         let c = &self.config;
         let n = self.rows();
         let (e, f) = (c.embed, c.ffn());
@@ -343,6 +354,7 @@ impl GpuTransformer {
         self.linear_backward(d_logits, Self::logits_ld(c), self.operand(&b.lnf), "head", c.vocab, e, d_ln, NULL)?;
         let last_mlp = attention_site(c.layers - 1) + 2;
         self.layernorm_backward(self.buf(&b.x_final), &b.lnf_stats, "ln_f", false, Some(last_mlp))?;
+        written(0)?;
         for l in (0..c.layers).rev() {
             let a = &b.blocks[l];
             let p = format!("blocks.{l}");
@@ -400,6 +412,7 @@ impl GpuTransformer {
             self.linear_backward(d_qkv, 3 * e, self.operand(&a.ln1), &format!("{p}.attn.qkv"), 3 * e, e, d_ln, NULL)?;
             let previous_mlp = (l > 0).then(|| attention_site(l - 1) + 2);
             self.layernorm_backward(self.buf(&a.x), &a.ln1_stats, &format!("{p}.ln1"), true, previous_mlp)?;
+            written(c.layers - l)?;
         }
         let slices = n.div_ceil(EMBEDDING_SLICE_ROWS);
         let args = [
@@ -419,7 +432,8 @@ impl GpuTransformer {
         ]
         .concat();
         let grid = ((c.vocab + c.block) as u32, slices as u32);
-        self.gpu.launch(&self.kernels.embedding_backward, grid, 0, false, &args)
+        self.gpu.launch(&self.kernels.embedding_backward, grid, 0, false, &args)?;
+        written(c.layers + 1)
     }
 
     /// The AdamW update at the rate at `rate` (device memory), after clipping's norm when clipping.

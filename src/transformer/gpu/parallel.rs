@@ -1,0 +1,219 @@
+//! Data parallelism over NCCL, as PyTorch DDP does it: every GPU holds a replica of the model and takes its
+//! own share of each global batch, and the gradients are averaged over all GPUs bucket by bucket while the
+//! backward pass is still running, so that every replica takes the same AdamW step.
+//!
+//! One process drives the GPUs of its host it was given (`--gpus`) from one thread: each replica's forward
+//! and backward launches go on its own stream, each bucket's all-reduce on a second stream of that GPU that
+//! waits for the bucket's event, one NCCL group per bucket over the process's replicas; the update waits
+//! for the last all-reduce. Processes of several hosts (`--world-size`, `--rank`) run the same code with
+//! one replica each, their communicator joined over the rendezvous's id. The steps run as launches, not as
+//! a CUDA graph: at the sizes where data parallelism pays, a step is milliseconds of kernels and its
+//! launches are a small part.
+//!
+//! A replica of global rank g takes sequences g·b … (g + 1)·b − 1 of each global batch of W·b, so the same
+//! seed, global batch and data order give the same model whatever W is, up to the all-reduce's order of
+//! summation and except for dropout, whose masks each replica draws for its own rows (rank 0's are
+//! the one-GPU run's).
+
+use super::GpuTransformer;
+use crate::device::{Arg, Gpu};
+use crate::nccl::{self, Comm};
+use anyhow::{Context, Result, anyhow, bail};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaStream};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// This process's replicas and their communicators.
+pub struct Replicas {
+    replicas: Vec<GpuTransformer>,
+    comms: Vec<Comm>,
+    /// Per replica: the stream its all-reduces run on.
+    reduce_streams: Vec<Arc<CudaStream>>,
+    /// Per replica and bucket: the point in its compute stream where the bucket is written.
+    written: Vec<Vec<CudaEvent>>,
+    /// Per replica: the point in its reduce stream where the step's last all-reduce ends.
+    reduced: Vec<CudaEvent>,
+    buckets: Vec<Range<usize>>,
+    /// The global rank of replicas[0], and the number of ranks in all.
+    first_rank: usize,
+    world_size: usize,
+}
+
+impl Replicas {
+    /// Replicas on these GPUs of one process, ranks `first_rank` … of `world_size`, each made by
+    /// `make(gpu, global rank)` (the same parameters on every one); `comms` joins their communicators,
+    /// one per GPU in order.
+    pub fn new(
+        gpus: Vec<Arc<Gpu>>,
+        first_rank: usize,
+        world_size: usize,
+        comms: impl FnOnce(&[Arc<Gpu>]) -> Result<Vec<Comm>>,
+        mut make: impl FnMut(Arc<Gpu>, usize) -> Result<GpuTransformer>,
+    ) -> Result<Replicas> {
+        let mut replicas = Vec::new();
+        for (i, gpu) in gpus.iter().enumerate() {
+            gpu.ctx.bind_to_thread()?;
+            replicas.push(make(gpu.clone(), first_rank + i)?);
+        }
+        let comms = comms(&gpus)?;
+        let buckets = replicas[0].gradient_buckets();
+        let event = |gpu: &Gpu| gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING));
+        let mut reduce_streams = Vec::new();
+        let mut written = Vec::new();
+        let mut reduced = Vec::new();
+        for gpu in &gpus {
+            reduce_streams.push(gpu.ctx.new_stream()?);
+            written.push(buckets.iter().map(|_| event(gpu)).collect::<Result<Vec<_>, _>>()?);
+            reduced.push(event(gpu)?);
+        }
+        Ok(Replicas { replicas, comms, reduce_streams, written, reduced, buckets, first_rank, world_size })
+    }
+
+    /// The replica the process reads parameters and validation losses from (every one holds the same).
+    pub fn first(&mut self) -> Result<&mut GpuTransformer> {
+        self.bind(0)?;
+        Ok(&mut self.replicas[0])
+    }
+
+    /// The parameters, read from every replica of this process, which must hold the same bits (the
+    /// all-reduce hands every rank the same average): a check that every bucket was reduced.
+    pub fn params(&mut self) -> Result<Vec<f32>> {
+        let params = self.first()?.params()?;
+        for i in 1..self.replicas.len() {
+            self.bind(i)?;
+            let other = self.replicas[i].params()?;
+            if let Some(at) = params.iter().zip(&other).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                bail!(
+                    "internal: the replicas on GPUs {} and {} hold different parameters (first at {at})",
+                    self.replicas[0].gpu.ctx.ordinal(),
+                    self.replicas[i].gpu.ctx.ordinal()
+                );
+            }
+        }
+        Ok(params)
+    }
+
+    fn bind(&self, i: usize) -> Result<()> {
+        Ok(self.replicas[i].gpu.ctx.bind_to_thread()?)
+    }
+
+    /// Steps over the global batches at `offsets` (`batch` sequences per step over all ranks, its share
+    /// at each replica) at the rates `rates`; returns each step's mean loss over the global batch.
+    pub fn train_steps(&mut self, offsets: &[u32], batch: usize, rates: &[f32]) -> Result<Vec<f64>> {
+        let steps = rates.len();
+        if !batch.is_multiple_of(self.world_size) || offsets.len() != steps * batch {
+            bail!(
+                "internal: {} offsets for {steps} steps of batch {batch} over {} GPUs",
+                offsets.len(),
+                self.world_size
+            );
+        }
+        let share = batch / self.world_size;
+        for (i, t) in self.replicas.iter_mut().enumerate() {
+            t.gpu.ctx.bind_to_thread()?;
+            let rank = self.first_rank + i;
+            let mine: Vec<u32> =
+                offsets.chunks(batch).flat_map(|step| &step[rank * share..(rank + 1) * share]).copied().collect();
+            t.check_offsets(&mine, t.n_train, "training")?;
+            t.reserve_steps(steps, share)?;
+            let stream = t.gpu.stream.clone();
+            stream.memcpy_htod(&mine, &mut t.offsets.slice_mut(..mine.len()))?;
+            stream.memcpy_htod(rates, &mut t.rates.slice_mut(..steps))?;
+            stream.memset_zeros(&mut t.losses)?;
+        }
+        for s in 0..steps {
+            self.enqueue_step(s, share)?;
+        }
+        // Each step's loss sums, added over every rank.
+        nccl::group(|| {
+            for (i, t) in self.replicas.iter().enumerate() {
+                self.comms[i].sum_f64(t.ptr(&t.losses), steps, &t.gpu.stream)?;
+            }
+            Ok(())
+        })?;
+        self.wait()?;
+        let t = self.first()?;
+        let sums = t.gpu.stream.clone_dtoh(&t.losses).context("reading the step losses")?;
+        let rows = (batch * t.config.block) as f64;
+        Ok(sums[..steps].iter().map(|s| s / rows).collect())
+    }
+
+    /// Step `s` of the offsets and rates uploaded, `share` sequences a replica.
+    fn enqueue_step(&self, s: usize, share: usize) -> Result<()> {
+        for (i, t) in self.replicas.iter().enumerate() {
+            self.bind(i)?;
+            let offsets = Arg::Ptr(t.ptr(&t.offsets) + 4 * (s * share) as u64);
+            let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
+            t.enqueue_forward(t.buf(&t.train), offsets, 1.0 / t.rows() as f32, t.rows(), loss, true)?;
+            t.enqueue_backward_in_buckets(offsets, &mut |b| Ok(self.written[i][b].record(&t.gpu.stream)?))?;
+        }
+        for (b, range) in self.buckets.iter().enumerate() {
+            nccl::group(|| {
+                for (i, t) in self.replicas.iter().enumerate() {
+                    let stream = &self.reduce_streams[i];
+                    stream.wait(&self.written[i][b])?;
+                    self.comms[i].average_f32(t.ptr(&t.grad) + 4 * range.start as u64, range.len(), stream)?;
+                }
+                Ok(())
+            })?;
+        }
+        for (i, t) in self.replicas.iter().enumerate() {
+            self.reduced[i].record(&self.reduce_streams[i])?;
+            t.gpu.stream.wait(&self.reduced[i])?;
+            self.bind(i)?;
+            t.enqueue_update(Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every replica's work, watching for a GPU error or an NCCL error on any of them: then
+    /// every communicator is aborted (so that no GPU waits on a peer that will never come) and the error
+    /// names the GPU.
+    fn wait(&mut self) -> Result<()> {
+        let mut done = Vec::new();
+        for t in &self.replicas {
+            done.push(t.gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
+        }
+        let mut pending: Vec<usize> = (0..done.len()).collect();
+        while !pending.is_empty() {
+            let mut failure = None;
+            pending.retain(|&i| match done[i].try_is_complete() {
+                Ok(complete) => !complete,
+                Err(e) => {
+                    failure
+                        .get_or_insert(anyhow!("{e:?}").context(format!("GPU {}", self.replicas[i].gpu.ctx.ordinal())));
+                    false
+                }
+            });
+            for (i, comm) in self.comms.iter().enumerate() {
+                if failure.is_none()
+                    && let Err(e) = comm.async_error()
+                {
+                    failure = Some(e.context(format!("GPU {}", self.replicas[i].gpu.ctx.ordinal())));
+                }
+            }
+            if let Some(e) = failure {
+                for comm in &mut self.comms {
+                    comm.abort();
+                }
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+}
+
+/// The communicators of `gpus`, all in this process (`--gpus`).
+pub fn local_comms(gpus: &[Arc<Gpu>]) -> Result<Vec<Comm>> {
+    Comm::all_local(&gpus.iter().map(|g| g.ctx.ordinal()).collect::<Vec<_>>())
+}
+
+/// The communicator of this process's one GPU as rank `rank` of `world_size` over rank 0's `id`.
+pub fn joined_comm(gpus: &[Arc<Gpu>], world_size: usize, rank: usize, id: &[u8]) -> Result<Vec<Comm>> {
+    let [gpu] = gpus else { bail!("internal: {} GPUs in a process of a multi-process run", gpus.len()) };
+    gpu.ctx.bind_to_thread()?;
+    Ok(vec![Comm::join(world_size, rank, id)?])
+}

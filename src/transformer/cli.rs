@@ -655,7 +655,7 @@ impl TrainingCommand for TransformerArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, rows, diverged, done, best_val, kept, seconds } = trained;
-        let Setup { display, corpus, config, backend, val_offsets, baseline, evals, watch, .. } = setup;
+        let Setup { display, corpus, config, backend, val_offsets, baseline, evals, watch, writes, .. } = setup;
         if let Some(watch) = watch {
             watch.finish();
         }
@@ -731,7 +731,8 @@ impl TrainingCommand for TransformerArgs {
                 &display,
             ),
         };
-        if args.json {
+        // Ranks other than 0 of a multi-process run print no report (rank 0's is the run's).
+        if args.json && writes {
             ending.report = Some(Report {
                 textnet: report::VERSION,
                 command: "transformer",
@@ -752,6 +753,7 @@ impl TrainingCommand for TransformerArgs {
                     "vocab": args.vocab,
                     "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
                     "precision": args.precision.name(),
+                    "gpus": args.parallel.plan(args.batch).map_or(1, |p| p.replicas()),
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                     "overwrite": args.overwrite,
                     "plot": args.plot.as_ref().map(|p| p.display().to_string()),

@@ -332,13 +332,21 @@ fn disagreement(me: &Hello, hello: &Hello, arrived: &[(Hello, TcpStream)]) -> Op
     } else if hello.version != me.version {
         Some(format!("rank {r} runs textnet {}, rank 0 textnet {}", hello.version, me.version))
     } else if hello.flags != me.flags {
-        Some(format!(
-            "rank {r} was started with other training flags than rank 0 ({} against {})",
-            hello.flags, me.flags
-        ))
+        let (theirs, ours) = differing_fields(&hello.flags, &me.flags);
+        Some(format!("rank {r} was started with other training flags than rank 0 ({theirs} against {ours})"))
     } else {
         None
     }
+}
+
+/// The fields (comma-separated) in which two fingerprints of as many fields differ, or both whole.
+fn differing_fields(a: &str, b: &str) -> (String, String) {
+    let (fa, fb): (Vec<&str>, Vec<&str>) = (a.split(',').collect(), b.split(',').collect());
+    if fa.len() != fb.len() {
+        return (a.to_string(), b.to_string());
+    }
+    let (da, db): (Vec<&str>, Vec<&str>) = fa.iter().zip(&fb).filter(|(x, y)| x != y).unzip();
+    (da.join(","), db.join(","))
 }
 
 /// One line, read until `timeout` passes.
@@ -378,6 +386,13 @@ mod tests {
         assert_eq!(Hello::parse(&hello.line()).unwrap(), hello);
         assert!(Hello::parse("GET / HTTP/1.1").is_err());
         assert!(Hello::parse("textnet-rendezvous 2 rank=1 world=2 version=x flags=y").is_err());
+    }
+
+    #[test]
+    fn only_the_differing_fields_are_named() {
+        let f = |a: &str, b: &str| differing_fields(a, b);
+        assert_eq!(f("layers=6,lr=0.002,seed=1", "layers=6,lr=0.001,seed=1"), ("lr=0.002".into(), "lr=0.001".into()));
+        assert_eq!(f("a=1,b=2", "a=1"), ("a=1,b=2".into(), "a=1".into()));
     }
 
     #[test]

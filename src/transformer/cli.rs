@@ -158,15 +158,18 @@ impl TransformerArgs {
         Ok(config)
     }
 
-    /// What a run holds at once, counted before anything is allocated: the parameters with their
-    /// gradient and AdamW's two moments, a step's activations (18·embed + the vocabulary a row per block,
-    /// about as much again for the gradients), and an evaluation interval's batch offsets.
+    /// What a run holds at once (on each GPU of a data-parallel run), counted before anything is
+    /// allocated: the parameters with their gradient and AdamW's two moments, a step's activations
+    /// (18·embed + the vocabulary a row per block, about as much again for the gradients), and an
+    /// evaluation interval's batch offsets.
     fn memory_need(&self, config: &Config) -> MemoryNeed {
         let (v, t, c, l) = (config.vocab as u64, config.block as u64, config.embed as u64, config.layers as u64);
         let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
         let params =
             l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
-        let rows = (self.batch as u64).saturating_mul(t);
+        // Each GPU of a data-parallel run holds its share of the batch.
+        let share = self.batch / self.parallel.plan(self.batch).map_or(1, |p| p.replicas());
+        let rows = (share as u64).saturating_mul(t);
         let row_floats = l.saturating_mul(18 * c).saturating_add(12 * c).saturating_add(v);
         MemoryNeed {
             parts: vec![

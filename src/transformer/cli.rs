@@ -216,11 +216,12 @@ impl TransformerArgs {
     }
 
     /// What every rank of a multi-process run must have been started with alike (the rendezvous compares
-    /// it): the flags that shape the model and its training, and the corpus's length and hash.
-    fn fingerprint(&self, corpus: &[u8]) -> String {
+    /// it): the flags that shape the model and its training, and the corpus's length and hash (of its ids,
+    /// as read: a corpus from standard input cannot be read twice).
+    fn fingerprint(&self, corpus: &Corpus) -> String {
         use std::hash::{Hash, Hasher};
         let mut hash = std::collections::hash_map::DefaultHasher::new();
-        corpus.hash(&mut hash);
+        (&corpus.train, &corpus.val).hash(&mut hash);
         format!(
             "layers={},heads={},embed={},block={},bias={},tie={},batch={},steps={},lr={},wd={},beta2={},clip={},\
              schedule={}/{}/{},dropout={},vocab={},eval_every={},eval_iters={:?},seed={},precision={},resume={},\
@@ -247,7 +248,7 @@ impl TransformerArgs {
             self.seed,
             self.precision.name(),
             self.resume.is_some(),
-            corpus.len(),
+            corpus.train.len() + corpus.val.len(),
             hash.finish()
         )
         .replace(char::is_whitespace, "_")
@@ -448,8 +449,7 @@ impl TrainingCommand for TransformerArgs {
                     Some(g) => *g,
                     None => rendezvous.rank % device::gpu_count().context("--world-size")?.max(1),
                 };
-                let bytes = fsutil::read_input(&args.corpus, "corpus")?;
-                let meeting = rendezvous.meet(report::VERSION, &args.fingerprint(&bytes), crate::nccl::unique_id)?;
+                let meeting = rendezvous.meet(report::VERSION, &args.fingerprint(&corpus), crate::nccl::unique_id)?;
                 let gpu = Arc::new(
                     device::Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?,
                 );
@@ -718,7 +718,7 @@ impl TrainingCommand for TransformerArgs {
             },
             remedy,
             plot_failed: crate::plot::training_curves(
-                args.plot.as_deref(),
+                args.plot.as_deref().filter(|_| writes),
                 &format!(
                     "textnet transformer on {}: {} layer{}, {} heads, embed {}, block {}; AdamW lr {}, batch {}",
                     fsutil::shown(&args.corpus),

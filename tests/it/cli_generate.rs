@@ -162,11 +162,17 @@ fn text_streams_as_it_is_drawn() {
         let (send, receive) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut first = [0u8; 1];
-            send.send(stdout.read_exact(&mut first).map(|()| first[0])).ok();
+            let read = stdout.read_exact(&mut first).map(|()| first[0]);
+            // The pipe goes back with the byte, so that it stays open until the child was seen running.
+            send.send((read, stdout)).ok();
         });
-        let first = receive.recv_timeout(Duration::from_secs(60));
+        let received = receive.recv_timeout(Duration::from_secs(60));
         let running = child.try_wait().unwrap().is_none();
-        // The reader is gone (its end of the pipe closed with the thread): generation stops soon after.
+        let first = received.map(|(read, stdout)| {
+            drop(stdout);
+            read
+        });
+        // The reader's end of the pipe is closed now: generation stops soon after.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));

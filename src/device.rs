@@ -79,6 +79,7 @@ pub enum DeviceChoice {
 }
 
 /// Where a pipeline runs.
+#[derive(Clone)]
 pub enum Backend {
     /// The CPU reference.
     Cpu,
@@ -239,8 +240,8 @@ pub fn library_search(env: &str) -> Vec<PathBuf> {
 }
 
 /// Loads the first library named `stem*` (`libnvrtc.so`, `libnccl.so`) found in `places` and keeps it
-/// loaded, so that cudarc's own load by name (`libnvrtc.so.12`, …) finds it (the loader matches a loaded
-/// library by its soname). Returns whether one was loaded.
+/// loaded, so that a later load by name (cudarc's `libnvrtc.so.12`, `nccl`'s `libnccl.so.2`) finds it
+/// (the loader matches a loaded library by its soname). Returns whether one was loaded.
 pub(crate) fn preload_library(stem: &str, places: Vec<PathBuf>) -> bool {
     for place in places {
         let mut candidates = vec![place.clone()];
@@ -272,12 +273,18 @@ fn preload_nvrtc() -> bool {
     *LOADED.get_or_init(|| preload_library("libnvrtc.so", nvrtc_search()))
 }
 
-/// How many CUDA GPUs the driver sees.
-pub fn gpu_count() -> Result<usize> {
+/// Checks that the driver (libcuda) loads.
+fn driver_available() -> Result<()> {
     // SAFETY: only tries dlopen on cudarc's candidate library names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         bail!("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver)");
     }
+    Ok(())
+}
+
+/// How many CUDA GPUs the driver sees.
+pub fn gpu_count() -> Result<usize> {
+    driver_available()?;
     quietly("CUDA initialisation failed", || {
         Ok(CudaContext::device_count().map_err(|e| anyhow!("the driver reports {e}"))? as usize)
     })
@@ -304,13 +311,7 @@ pub struct Gpu {
 impl Gpu {
     /// Opens GPU `ordinal` (0 is the first): loads the driver, creates its context and stream.
     pub fn open(ordinal: usize) -> Result<Gpu> {
-        // SAFETY: only tries dlopen on cudarc's candidate library names.
-        if !phases::timed(
-            || unsafe { cudarc::driver::sys::is_culib_present() },
-            |_| "found the driver (libcuda)".into(),
-        ) {
-            bail!("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver)");
-        }
+        phases::timed(driver_available, |_| "found the driver (libcuda)".into())?;
         phases::timed(nvrtc_available, |_| "found NVRTC (libnvrtc)".into())?;
         let started = Instant::now();
         let gpu = quietly("CUDA initialisation failed", || {

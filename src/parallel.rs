@@ -1,9 +1,14 @@
 //! The flags of data-parallel training, shared by the training commands that offer it: `--gpus` (several
 //! GPUs of this host from one process) or `--world-size W --rank R --rendezvous HOST:PORT` (one process per
-//! GPU, on one host or several). Checked here without touching any hardware; `Plan` says what they ask.
+//! GPU, on one host or several). Checked here without touching any hardware; `Plan` says what they ask,
+//! and `Plan::open` opens it: the GPUs, the rendezvous of a multi-process run, and the NCCL communicators
+//! that connect the replicas.
 
-use crate::rendezvous::Rendezvous;
-use anyhow::{Result, bail};
+use crate::device::{self, Backend, DeviceChoice, Gpu};
+use crate::nccl::{self, Comm};
+use crate::rendezvous::{self, Rendezvous, Watch};
+use anyhow::{Context, Result, bail};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long the ranks of a multi-process run wait for each other at the rendezvous.
@@ -58,6 +63,89 @@ impl Plan {
     /// Whether this process writes the model and the report: all but the ranks other than 0.
     pub fn writes(&self) -> bool {
         !matches!(self, Plan::Rank { rendezvous, .. } if rendezvous.rank != 0)
+    }
+}
+
+impl Plan {
+    /// Opens what the plan trains on. `Plan::One` resolves `--device` as every command does; the others
+    /// load NCCL and open their GPUs, and a rank first meets the others, comparing `fingerprint()` (what
+    /// every rank must have been started with alike).
+    pub fn open(&self, device: DeviceChoice, fingerprint: impl FnOnce() -> String) -> Result<Opened> {
+        if !matches!(self, Plan::One) && device == DeviceChoice::Cpu {
+            bail!("--gpus and --world-size train on GPUs: leave out --device cpu");
+        }
+        let (gpus, first_rank, line, watch, id) = match self {
+            Plan::One => {
+                let (backend, line) = device::select_described(device)?;
+                return Ok(Opened {
+                    backend,
+                    line,
+                    gpus: Vec::new(),
+                    first_rank: 0,
+                    world_size: 1,
+                    watch: None,
+                    id: None,
+                });
+            }
+            Plan::Local(ordinals) => {
+                nccl::version().context("--gpus")?;
+                let listed = ordinals.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+                let gpus = ordinals
+                    .iter()
+                    .map(|&o| Gpu::open(o).map(Arc::new).with_context(|| format!("--gpus {listed}")))
+                    .collect::<Result<Vec<_>>>()?;
+                (gpus, 0, format!("{} GPUs: {listed}", ordinals.len()), None, None)
+            }
+            Plan::Rank { rendezvous, gpu } => {
+                nccl::version().context("--world-size")?;
+                let ordinal = match gpu {
+                    Some(g) => *g,
+                    None => rendezvous.rank % device::gpu_count().context("--world-size")?.max(1),
+                };
+                let meeting = rendezvous.meet(crate::report::VERSION, &fingerprint(), nccl::unique_id)?;
+                let gpu = Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?;
+                let line = format!("rank {} of {}, GPU {ordinal}", rendezvous.rank, rendezvous.world_size);
+                let id = meeting.id.clone();
+                let watch = meeting.watch(rendezvous.rank, rendezvous::exit_on_gone);
+                (vec![Arc::new(gpu)], rendezvous.rank, line, Some(watch), Some(id))
+            }
+        };
+        let backend = Backend::Cuda(gpus[0].clone());
+        let line = format!("{} ({line})", backend.describe());
+        Ok(Opened { backend, line, gpus, first_rank, world_size: self.replicas(), watch, id })
+    }
+}
+
+/// What `Plan::open` opened.
+pub struct Opened {
+    /// The device of the run (its first GPU's, with several).
+    pub backend: Backend,
+    /// The device as the command's `device:` line describes it.
+    pub line: String,
+    /// This process's GPUs for data parallelism; empty for `Plan::One`.
+    pub gpus: Vec<Arc<Gpu>>,
+    /// The global rank of `gpus[0]`, and the number of replicas over the run.
+    pub first_rank: usize,
+    /// The number of replicas over the run.
+    pub world_size: usize,
+    /// A rank's watch over its links to the others, to `finish` at the run's normal end (dropped, it
+    /// stops the others).
+    pub watch: Option<Watch>,
+    /// A rank's NCCL id of the run, from the rendezvous.
+    id: Option<Vec<u8>>,
+}
+
+impl Opened {
+    /// The NCCL communicators of `gpus`, in order: all made here (`--gpus`), or this rank's, joined over
+    /// the rendezvous's id (returns once every rank has joined).
+    pub fn comms(&self) -> Result<Vec<Comm>> {
+        match &self.id {
+            None => Comm::all_local(&self.gpus.iter().map(|g| g.ctx.ordinal()).collect::<Vec<_>>()),
+            Some(id) => {
+                self.gpus[0].ctx.bind_to_thread()?;
+                Ok(vec![Comm::join(self.world_size, self.first_rank, id)?])
+            }
+        }
     }
 }
 

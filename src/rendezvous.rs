@@ -26,6 +26,8 @@
 use anyhow::{Context, Result, anyhow, bail};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAGIC: &str = "textnet-rendezvous";
@@ -37,7 +39,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const VERDICT_GRACE: Duration = Duration::from_secs(1);
 /// The longest line either side accepts.
 const MAX_LINE: usize = 4096;
-/// How often a linked rank says it is alive, and how long a silent link is trusted.
+/// How often a linked rank says it is alive.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long a link may stay silent before the rank at its other end counts as gone.
 pub const SILENCE: Duration = Duration::from_secs(30);
@@ -243,10 +245,10 @@ impl Meeting {
     /// when the rank at a link's other end closes it without `done`, or stays silent for `SILENCE`,
     /// `gone(line)` runs with a one-line reason (a process ends there: see `exit_on_gone`).
     pub fn watch(self, me: usize, gone: fn(&str) -> !) -> Watch {
-        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let finished = Arc::new(AtomicBool::new(false));
         let mut writers = Vec::new();
         for (peer, stream) in self.links {
-            let (Ok(reader), Ok(writer)) = (stream.try_clone(), stream.try_clone()) else {
+            let Ok(reader) = stream.try_clone() else {
                 gone(&format!("rank {me}: cannot watch the link to rank {peer}"));
             };
             let done = finished.clone();
@@ -263,19 +265,19 @@ impl Meeting {
                         Some(Err(e)) => format!("dropped its link ({e})"),
                         None => "ended without finishing (its process stopped)".to_string(),
                     };
-                    if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    if done.load(Ordering::SeqCst) {
                         return;
                     }
                     gone(&format!("rank {peer} {why}; rank {me} stops too"));
                 }
             });
-            writers.push(writer);
+            writers.push(stream);
         }
-        let beating = std::sync::Arc::new(std::sync::Mutex::new(writers));
+        let beating = Arc::new(Mutex::new(writers));
         let heart = beating.clone();
         let done = finished.clone();
         std::thread::spawn(move || {
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            while !done.load(Ordering::SeqCst) {
                 for writer in heart.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
                     let _ = writer.write_all(b"alive\n");
                 }
@@ -288,14 +290,14 @@ impl Meeting {
 
 /// The watch over a run's links (`Meeting::watch`); `finish` at the run's normal end.
 pub struct Watch {
-    finished: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    writers: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+    finished: Arc<AtomicBool>,
+    writers: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Watch {
     /// Tells the linked ranks that this one ends normally, and stops watching them.
     pub fn finish(self) {
-        self.finished.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.finished.store(true, Ordering::SeqCst);
         for writer in self.writers.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
             let _ = writer.write_all(b"done\n");
             let _ = writer.flush();
@@ -306,7 +308,7 @@ impl Watch {
 /// A watch dropped without `finish` is a rank that stopped: its links close, as its process's would.
 impl Drop for Watch {
     fn drop(&mut self) {
-        if !self.finished.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if !self.finished.swap(true, Ordering::SeqCst) {
             for writer in self.writers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 let _ = writer.shutdown(std::net::Shutdown::Both);
             }

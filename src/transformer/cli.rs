@@ -9,7 +9,7 @@
 
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
-use super::gpu::parallel::{self, Replicas};
+use super::gpu::parallel::Replicas;
 use super::model::{self, Config, CpuTrainer};
 use super::modelfile::TransformerModel;
 use crate::checkpoint;
@@ -259,8 +259,8 @@ impl TransformerArgs {
 enum Trainer {
     Cpu(Box<CpuTrainer>),
     Gpu(Box<GpuTransformer>),
-    /// Data-parallel replicas (--gpus, --world-size); `share` sequences of each batch per replica.
-    Parallel(Box<Replicas>, usize),
+    /// Data-parallel replicas (--gpus, --world-size).
+    Parallel(Box<Replicas>),
 }
 
 impl Trainer {
@@ -292,7 +292,7 @@ impl Trainer {
                 stepped(losses.len());
                 Ok(losses)
             }
-            Trainer::Parallel(replicas, _) => {
+            Trainer::Parallel(replicas) => {
                 let losses = replicas.train_steps(offsets, batch, rates)?;
                 stepped(losses.len());
                 Ok(losses)
@@ -304,7 +304,7 @@ impl Trainer {
         match self {
             Trainer::Cpu(t) => Ok(model::mean_loss(&t.config, &t.params, &corpus.val, offsets)),
             Trainer::Gpu(t) => t.val_loss(offsets, batch),
-            Trainer::Parallel(replicas, share) => replicas.first()?.val_loss(offsets, *share),
+            Trainer::Parallel(replicas) => replicas.val_loss(offsets, batch),
         }
     }
 
@@ -312,7 +312,7 @@ impl Trainer {
         match self {
             Trainer::Cpu(t) => Ok(t.params.clone()),
             Trainer::Gpu(t) => t.params(),
-            Trainer::Parallel(replicas, _) => replicas.params(),
+            Trainer::Parallel(replicas) => replicas.params(),
         }
     }
 }
@@ -377,9 +377,6 @@ impl TrainingCommand for TransformerArgs {
         let optim = args.optim()?;
         let schedule = args.lr_schedule()?;
         let plan = args.parallel.plan(args.batch)?;
-        if !matches!(plan, Plan::One) && args.device == DeviceChoice::Cpu {
-            bail!("--gpus and --world-size train on GPUs: leave out --device cpu");
-        }
         // Ranks other than 0 of a multi-process run write nothing: rank 0 writes --out and the report.
         let writes = plan.writes();
         let lock = writes.then(|| fsutil::check_output(&args.out, &[("corpus", &args.corpus)])).transpose()?;
@@ -420,50 +417,8 @@ impl TrainingCommand for TransformerArgs {
         }
         let evals = args.steps.div_ceil(args.eval_every);
         let display = Display::new(args.quiet || !writes, args.json && writes, evals);
-        let (backend, device_line, gpus, mut watch) = match &plan {
-            Plan::One => {
-                let (backend, line) = device::select_described(args.device)?;
-                (backend, line, Vec::new(), None)
-            }
-            Plan::Local(ordinals) => {
-                crate::nccl::version().context("--gpus")?;
-                let gpus = ordinals
-                    .iter()
-                    .map(|&o| {
-                        device::Gpu::open(o)
-                            .map(Arc::new)
-                            .with_context(|| format!("--gpus {}", ordinals_text(ordinals)))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let line = format!(
-                    "{} ({} GPUs: {})",
-                    Backend::Cuda(gpus[0].clone()).describe(),
-                    gpus.len(),
-                    ordinals_text(ordinals)
-                );
-                (Backend::Cuda(gpus[0].clone()), line, gpus, None)
-            }
-            Plan::Rank { rendezvous, gpu } => {
-                crate::nccl::version().context("--world-size")?;
-                let ordinal = match gpu {
-                    Some(g) => *g,
-                    None => rendezvous.rank % device::gpu_count().context("--world-size")?.max(1),
-                };
-                let meeting = rendezvous.meet(report::VERSION, &args.fingerprint(&corpus), crate::nccl::unique_id)?;
-                let gpu = Arc::new(
-                    device::Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?,
-                );
-                let line = format!(
-                    "{} (rank {} of {}, GPU {ordinal})",
-                    Backend::Cuda(gpu.clone()).describe(),
-                    rendezvous.rank,
-                    rendezvous.world_size
-                );
-                let id = meeting.id.clone();
-                let watch = meeting.watch(rendezvous.rank, crate::rendezvous::exit_on_gone);
-                (Backend::Cuda(gpu.clone()), line, vec![gpu], Some((watch, id)))
-            }
-        };
+        let mut opened = plan.open(args.device, || args.fingerprint(&corpus))?;
+        let (backend, device_line) = (opened.backend.clone(), opened.line.clone());
         if let Some(path) = &args.resume {
             display
                 .line(&format!("resuming {} (its shape and vocabulary; AdamW's moments start afresh)", path.display()));
@@ -523,22 +478,12 @@ impl TrainingCommand for TransformerArgs {
             t.set_precision(args.precision)?;
             Ok(t)
         };
-        let share = args.batch / plan.replicas();
         let trainer = match (&plan, &backend) {
             (_, Backend::Cpu) => Trainer::Cpu(Box::new(
                 CpuTrainer::new(config, params.clone(), optim)?.with_dropout(args.dropout, args.dropout_seed(0)),
             )),
             (Plan::One, Backend::Cuda(gpu)) => Trainer::Gpu(Box::new(replica(gpu.clone(), 0)?)),
-            (Plan::Local(_), _) => {
-                let replicas = Replicas::new(gpus, 0, plan.replicas(), parallel::local_comms, replica)?;
-                Trainer::Parallel(Box::new(replicas), share)
-            }
-            (Plan::Rank { rendezvous, .. }, _) => {
-                let (world, rank) = (rendezvous.world_size, rendezvous.rank);
-                let id = watch.as_ref().map(|(_, id)| id.clone()).expect("a rank's rendezvous gave an id");
-                let comms = move |g: &[Arc<device::Gpu>]| parallel::joined_comm(g, world, rank, &id);
-                Trainer::Parallel(Box::new(Replicas::new(gpus, rank, world, comms, replica)?), share)
-            }
+            (Plan::Local(_) | Plan::Rank { .. }, _) => Trainer::Parallel(Box::new(Replicas::new(&opened, replica)?)),
         };
         if args.precision != Precision::Fp32 && matches!(backend, Backend::Cpu) {
             display.line(&format!(
@@ -549,7 +494,7 @@ impl TrainingCommand for TransformerArgs {
         let rates = schedule.rates(args.lr, args.steps);
         Ok(Setup {
             _lock: lock,
-            watch: watch.take().map(|(w, _)| w),
+            watch: opened.watch.take(),
             writes,
             display,
             corpus,
@@ -786,11 +731,6 @@ impl TrainingCommand for TransformerArgs {
         }
         Ok(ending)
     }
-}
-
-/// GPU numbers as --gpus lists them: "0,1".
-fn ordinals_text(ordinals: &[usize]) -> String {
-    ordinals.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// A --resume'd model reads characters outside its vocabulary as unknown: past half of the corpus, it

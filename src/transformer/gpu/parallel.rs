@@ -18,6 +18,7 @@
 use super::GpuTransformer;
 use crate::device::{Arg, Gpu};
 use crate::nccl::{self, Comm};
+use crate::parallel::Opened;
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -42,39 +43,41 @@ pub struct Replicas {
 }
 
 impl Replicas {
-    /// Replicas on these GPUs of one process, ranks `first_rank` … of `world_size`, each made by
-    /// `make(gpu, global rank)` (the same parameters on every one); `comms` joins their communicators,
-    /// one per GPU in order.
-    pub fn new(
-        gpus: Vec<Arc<Gpu>>,
-        first_rank: usize,
-        world_size: usize,
-        comms: impl FnOnce(&[Arc<Gpu>]) -> Result<Vec<Comm>>,
-        mut make: impl FnMut(Arc<Gpu>, usize) -> Result<GpuTransformer>,
-    ) -> Result<Replicas> {
+    /// Replicas on the GPUs `opened` (`parallel::Plan::open`), each made by `make(gpu, global rank)` (the
+    /// same parameters on every one), connected by its communicators.
+    pub fn new(opened: &Opened, mut make: impl FnMut(Arc<Gpu>, usize) -> Result<GpuTransformer>) -> Result<Replicas> {
+        let Opened { gpus, first_rank, world_size, .. } = opened;
         let mut replicas = Vec::new();
         for (i, gpu) in gpus.iter().enumerate() {
             gpu.ctx.bind_to_thread()?;
             replicas.push(make(gpu.clone(), first_rank + i)?);
         }
-        let comms = comms(&gpus)?;
+        let comms = opened.comms()?;
         let buckets = replicas[0].gradient_buckets();
         let event = |gpu: &Gpu| gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING));
         let mut reduce_streams = Vec::new();
         let mut written = Vec::new();
         let mut reduced = Vec::new();
-        for gpu in &gpus {
+        for gpu in gpus {
             reduce_streams.push(gpu.ctx.new_stream()?);
             written.push(buckets.iter().map(|_| event(gpu)).collect::<Result<Vec<_>, _>>()?);
             reduced.push(event(gpu)?);
         }
+        let (first_rank, world_size) = (*first_rank, *world_size);
         Ok(Replicas { replicas, comms, reduce_streams, written, reduced, buckets, first_rank, world_size })
     }
 
     /// The replica the process reads parameters and validation losses from (every one holds the same).
-    pub fn first(&mut self) -> Result<&mut GpuTransformer> {
+    fn first(&mut self) -> Result<&mut GpuTransformer> {
         self.bind(0)?;
         Ok(&mut self.replicas[0])
+    }
+
+    /// The mean loss over validation windows at `offsets`, on the first replica in batches of its share of
+    /// `batch` (the size its buffers have).
+    pub fn val_loss(&mut self, offsets: &[u32], batch: usize) -> Result<f64> {
+        let share = batch / self.world_size;
+        self.first()?.val_loss(offsets, share)
     }
 
     /// The parameters, read from every replica of this process, which must hold the same bits (the
@@ -204,16 +207,4 @@ impl Replicas {
         }
         Ok(())
     }
-}
-
-/// The communicators of `gpus`, all in this process (`--gpus`).
-pub fn local_comms(gpus: &[Arc<Gpu>]) -> Result<Vec<Comm>> {
-    Comm::all_local(&gpus.iter().map(|g| g.ctx.ordinal()).collect::<Vec<_>>())
-}
-
-/// The communicator of this process's one GPU as rank `rank` of `world_size` over rank 0's `id`.
-pub fn joined_comm(gpus: &[Arc<Gpu>], world_size: usize, rank: usize, id: &[u8]) -> Result<Vec<Comm>> {
-    let [gpu] = gpus else { bail!("internal: {} GPUs in a process of a multi-process run", gpus.len()) };
-    gpu.ctx.bind_to_thread()?;
-    Ok(vec![Comm::join(world_size, rank, id)?])
 }

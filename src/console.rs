@@ -55,3 +55,33 @@ pub fn finish() -> anyhow::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Most characters of a user's value (a spec, a cell, a path) that an error line quotes.
+pub const QUOTE_LIMIT: usize = 200;
+
+/// `text` as an error line quotes it: whole when it is at most `QUOTE_LIMIT` characters, else its first
+/// and last characters around "…" and its length, so that a 6 MB spec makes a line a person can read.
+pub fn abridged(text: &str) -> String {
+    let count = text.chars().count();
+    if count <= QUOTE_LIMIT {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(QUOTE_LIMIT / 2).collect();
+    let tail: String = text.chars().skip(count - QUOTE_LIMIT / 4).collect();
+    format!("{head} … {tail} ({count} characters)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abridged_keeps_short_text_and_cuts_long_text_on_characters() {
+        assert_eq!(abridged("ReLU, Linear(10)"), "ReLU, Linear(10)");
+        let long = "é".repeat(QUOTE_LIMIT + 1);
+        let cut = abridged(&long);
+        assert!(cut.chars().count() < QUOTE_LIMIT, "{cut}");
+        assert!(cut.ends_with(&format!("({} characters)", QUOTE_LIMIT + 1)), "{cut}");
+        assert_eq!(abridged(&"x".repeat(QUOTE_LIMIT)), "x".repeat(QUOTE_LIMIT));
+    }
+}

@@ -21,7 +21,7 @@ use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::{LrSchedule, OptimArgs, OptimConfig, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
-use crate::resources::{MemoryNeed, available_memory};
+use crate::resources::available_memory;
 use crate::run::{self, Ending, TrainingCommand};
 use anyhow::{Result, anyhow, bail};
 use rand::SeedableRng;
@@ -246,28 +246,10 @@ fn check_outputs(net: &Network, data: &Data) -> Result<()> {
     }
 }
 
-/// What training `net` on `data` in batches of `batch` holds in host memory, each part with what shrinks it.
-fn memory_need(net: &Network, data: &Data, batch: usize) -> MemoryNeed {
+/// Bytes of `data`'s samples and targets, all splits.
+fn sample_bytes(data: &Data) -> u64 {
     let values = |s: &Samples| (s.x.len() as u64 + s.rows() as u64) * 4;
-    let data_bytes = values(&data.train) + values(&data.test) + data.val.as_ref().map_or(0, values);
-    // Every layer's output and its gradient for one batch, twice over (the trace and the run's copies).
-    let activations: u64 = net.shapes.iter().map(|&s| super::model::size(s) as u64).sum::<u64>();
-    MemoryNeed {
-        parts: vec![
-            ("the samples", data_bytes, "--train-limit"),
-            // Parameters, gradient, the optimizer's two moments, and a gradient per run of the batch.
-            (
-                "the parameters",
-                (net.param_count as u64).saturating_mul(4 * (4 + super::cpu::RUNS_PER_BATCH as u64)),
-                "the widths or channels in --layers",
-            ),
-            (
-                "a batch's activations",
-                activations.saturating_mul(batch as u64).saturating_mul(4 * 4),
-                "--batch, or the widths or channels in --layers",
-            ),
-        ],
-    }
+    values(&data.train) + values(&data.test) + data.val.as_ref().map_or(0, values)
 }
 
 /// The figures of one split's evaluation.
@@ -382,7 +364,7 @@ impl TrainingCommand for FitArgs {
             _ => e,
         })?;
         check_outputs(&net, &data)?;
-        memory_need(&net, &data, args.batch)
+        net.memory_need(sample_bytes(&data), args.batch)
             .check(available_memory())
             .map_err(|e| anyhow!("--layers {text:?}: {e}"))?;
         let steps = data.train.rows().div_ceil(args.batch) * args.epochs;

@@ -91,6 +91,36 @@ pub fn size(s: Shape) -> usize {
 }
 
 impl Network {
+    /// What training this network in batches of `batch` over samples of `sample_bytes` holds in host
+    /// memory, each part with the flags that shrink it: the samples; the parameters with their gradient,
+    /// the optimizer's two moments and a gradient per run of the batch; every layer's output and gradient
+    /// for a batch (the trace and the run's copies); and evaluation's chunks, which each thread forwards
+    /// keeping every layer's output (`cpu::EVAL_CHUNK`).
+    pub fn memory_need(&self, sample_bytes: u64, batch: usize) -> crate::resources::MemoryNeed {
+        let activations: u64 = self.shapes.iter().map(|&s| size(s) as u64).sum::<u64>();
+        let eval_rows = (super::cpu::EVAL_CHUNK * rayon::current_num_threads()) as u64;
+        crate::resources::MemoryNeed {
+            parts: vec![
+                ("the samples", sample_bytes, "--train-limit"),
+                (
+                    "the parameters",
+                    (self.param_count as u64).saturating_mul(4 * (4 + super::cpu::RUNS_PER_BATCH as u64)),
+                    "the widths or channels in --layers",
+                ),
+                (
+                    "a batch's activations",
+                    activations.saturating_mul(batch as u64).saturating_mul(4 * 4),
+                    "--batch, or the widths or channels in --layers",
+                ),
+                (
+                    "evaluation's activations",
+                    activations.saturating_mul(eval_rows).saturating_mul(4),
+                    "the widths, channels or number of layers in --layers",
+                ),
+            ],
+        }
+    }
+
     /// `spec` over samples of shape `input`, or the error of `Spec::chain`.
     pub fn new(spec: &Spec, input: Shape) -> Result<Network> {
         let after = spec.chain(input)?;

@@ -13,6 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 MUTATIONS = [
     ("lr x 1.001 on b1 (single-sample backward)", "text_sample.cu",
      "b1[j] = bias - lr * dz_j;", "b1[j] = bias - 1.001f * lr * dz_j;", "text"),
+    ("id 0 (<unk>) read as padding in a tiled batch's contexts", "text_batch.cu",
+     "for (int n = 0; n < N; ++n) sum += E[(size_t)tokens[pos - N + n] * D + d];",
+     "for (int n = 0; n < N; ++n) if (tokens[pos - N + n] != 0) sum += E[(size_t)tokens[pos - N + n] * D + d];", "text"),
     ("last sample of a tiled batch dropped from dz1", "text_batch.cu",
      "if (hidden[i] <= 0.0f) return 0.0f;", "if (hidden[i] <= 0.0f || s == B - 1) return 0.0f;", "text"),
     ("bf16 step: the b2 gradient sums half of each chunk's samples", "text_batch.cu",

@@ -46,6 +46,8 @@ pub struct Evaluation {
     pub top1: u64,
     /// Samples whose target was among the model's five first choices.
     pub top5: u64,
+    /// The threads the samples were shared out over.
+    pub threads: usize,
 }
 
 /// Prints `e` for `args`, as one JSON object with `--json`; an error when the loss is not finite.
@@ -64,6 +66,7 @@ pub fn report(args: &EvalArgs, kind: &str, e: &Evaluation) -> Result<()> {
                 "corpus": args.corpus.display().to_string(), "unit": e.unit,
                 "tokens": e.tokens, "unknown_tokens": e.unknown_tokens, "samples": e.samples,
                 "loss": loss, "perplexity": loss.exp(), "top1_accuracy": top1, "top5_accuracy": top5,
+                "threads": e.threads,
             })
             .to_string(),
         );

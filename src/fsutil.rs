@@ -89,7 +89,19 @@ pub fn check_output_named(flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> R
     let tmp = temp_path(out);
     std::fs::File::create(&tmp).with_context(|| format!("{flag} {shown}: cannot write in {}", dir.display()))?;
     let _ = std::fs::remove_file(&tmp);
-    lock_output(&resolve_link(out))
+    lock_named(flag, &resolve_link(out))
+}
+
+/// `check_output_named` for a file of text or a picture (predictions, a plot), which never replaces a
+/// model: a safetensors file there is refused.
+pub fn check_data_output(flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> Result<OutputLock> {
+    let lock = check_output_named(flag, out, inputs)?;
+    let is_model = std::fs::metadata(out).is_ok_and(|m| m.len() > 0)
+        && read_input(out, "file").is_ok_and(|b| safetensors::SafeTensors::read_metadata(&b).is_ok());
+    if is_model {
+        bail!("{flag} {} holds a model file (safetensors); choose another file", out.display());
+    }
+    Ok(lock)
 }
 
 /// Whether `a` and `b` name the same existing file (through links, `..` or another spelling).
@@ -107,17 +119,21 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// `.NAME.tmp-` for `path`, NAME cut so that the prefix plus any process id stays within `NAME_MAX`.
+/// `.NAME.tmp-` for `path`, NAME cut so that the prefix plus a process id and a call number stays within
+/// `NAME_MAX`.
 fn temp_prefix(path: &Path) -> Vec<u8> {
     let name = path.file_name().map(OsStr::as_bytes).unwrap_or_default();
-    const FIXED: usize = ".".len() + ".tmp-".len() + "4294967295".len();
+    const FIXED: usize = ".".len() + ".tmp-".len() + "4294967295".len() + ".18446744073709551615".len();
     let kept = &name[..name.len().min(NAME_MAX - FIXED)];
     [b".", kept, b".tmp-"].concat()
 }
 
+/// `.NAME.tmp-PID.N`: a name of this call's own, so that two threads writing one file never share one.
 fn temp_path(path: &Path) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = temp_prefix(path);
-    name.extend(std::process::id().to_string().bytes());
+    name.extend(format!("{}.{call}", std::process::id()).bytes());
     parent_dir(path).join(OsString::from_vec(name))
 }
 
@@ -127,8 +143,11 @@ fn remove_stale_temps(path: &Path) {
     let Ok(entries) = std::fs::read_dir(parent_dir(path)) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.as_bytes().strip_prefix(prefix.as_slice()) else { continue };
+        let Some(rest) = name.as_bytes().strip_prefix(prefix.as_slice()) else { continue };
+        // `PID.N`, or the `PID` of older versions.
+        let pid = rest.split(|&b| b == b'.').next().unwrap_or_default();
         let Some(pid) = std::str::from_utf8(pid).ok().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        // This process's own temporaries belong to writes that may still be going on in other threads.
         let running = pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
         if !running && entry.file_type().is_ok_and(|t| t.is_file()) {
             let _ = std::fs::remove_file(entry.path());
@@ -172,6 +191,17 @@ pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
         return Ok(bytes);
     }
     let mut file = open_input(path, what)?;
+    let len = file.metadata().map_or(0, |m| m.len());
+    if crate::resources::fallibly(|| bytes.try_reserve_exact(len as usize)).is_err() {
+        let available =
+            crate::resources::available_memory().map(|a| format!(" ({} available)", crate::resources::size(a)));
+        bail!(
+            "{what} {} takes {} of memory, more than this process can get{}",
+            path.display(),
+            crate::resources::size(len),
+            available.unwrap_or_default()
+        );
+    }
     std::io::Read::read_to_end(&mut file, &mut bytes)
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
     Ok(bytes)
@@ -204,52 +234,88 @@ pub fn existing_model<T>(out: &Path, kind: &str, parse: impl FnOnce(&[u8]) -> Re
 
 /// Holds `--out` for one run: a second run on the same file is refused at its start instead of the two
 /// overwriting each other's epochs. The lock is an exclusive `flock` on `.NAME.lock` beside the file,
-/// removed when the run ends; the kernel releases it if the process dies.
+/// which holds the holder's process id and is removed when the run ends; the kernel releases it if the
+/// process dies, and the next run takes the stale file over. A file of that name that holds anything
+/// but a process id is the user's own: it is refused, never taken over.
 #[derive(Debug)]
 pub struct OutputLock {
     path: PathBuf,
-    _file: std::fs::File,
+    file: std::fs::File,
 }
 
 impl Drop for OutputLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if same_inode(&self.file, &self.path) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
-/// Locks `out` (see `OutputLock`).
+fn same_inode(file: &std::fs::File, path: &Path) -> bool {
+    let ours = file.metadata().map(|m| (m.dev(), m.ino())).ok();
+    ours.is_some() && ours == std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok()
+}
+
+/// Locks `out`, given by `--out` (see `OutputLock`).
 pub fn lock_output(out: &Path) -> Result<OutputLock> {
+    lock_named("--out", out)
+}
+
+/// Locks `out`, given by `flag` (see `OutputLock`).
+pub fn lock_named(flag: &str, out: &Path) -> Result<OutputLock> {
     let name = out.file_name().map(OsStr::as_bytes).unwrap_or_default();
     let kept = &name[..name.len().min(NAME_MAX - ".".len() - ".lock".len())];
     let path = parent_dir(out).join(OsString::from_vec([b".", kept, b".lock"].concat()));
+    let context = |what: &str| format!("{flag} {}: cannot {what} the lock file {}", out.display(), path.display());
     loop {
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("--out {}: cannot create the lock file {}", out.display(), path.display()))?;
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true);
+        let (mut file, created) = match options.clone().create_new(true).open(&path) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match options.open(&path) {
+                Ok(file) => (file, false),
+                // Removed by its holder between the two opens: try again.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| context("open")),
+            },
+            Err(e) => return Err(e).with_context(|| context("create")),
+        };
+        // A process id is at most 10 digits; a longer file is not a lock.
+        let mut holder = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, 64), &mut holder);
+        let holder = String::from_utf8_lossy(&holder);
+        let holder = holder.trim();
+        if holder.len() > 20 || !holder.bytes().all(|b| b.is_ascii_digit()) {
+            bail!(
+                "{flag} {}: {} beside it is not a textnet lock file, but textnet locks {} under that name; rename that file or choose another {flag}",
+                out.display(),
+                path.display(),
+                out.display()
+            );
+        }
         // SAFETY: flock takes a descriptor `file` owns and keeps open for the call.
         if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let mut holder = String::new();
-            let _ = std::io::Read::read_to_string(&mut file, &mut holder);
-            let holder = holder.trim();
             let by = if holder.is_empty() { String::new() } else { format!(" (process {holder})") };
             bail!(
-                "--out {} is being written by another textnet run{by}; wait for it to end or choose another --out",
+                "{flag} {} is being written by another textnet run{by}; wait for it to end or choose another {flag}",
                 out.display()
             );
         }
         // The holder before us may have removed the file between our open and our lock: lock the file
         // that is there now.
-        let ours = file.metadata().map(|m| (m.dev(), m.ino())).ok();
-        let there = std::fs::metadata(&path).map(|m| (m.dev(), m.ino())).ok();
-        if ours.is_some() && ours == there {
-            file.set_len(0)?;
-            write!(file, "{}", std::process::id())?;
-            return Ok(OutputLock { path, _file: file });
+        if !same_inode(&file, &path) {
+            continue;
         }
+        // At offset 0: reading the old holder moved the file's own offset.
+        let pid = std::process::id().to_string();
+        let written = file.set_len(0).and_then(|()| std::os::unix::fs::FileExt::write_all_at(&file, pid.as_bytes(), 0));
+        if let Err(e) = written {
+            if created {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(e).with_context(|| context("write"));
+        }
+        return Ok(OutputLock { path, file });
     }
 }
 
@@ -265,5 +331,59 @@ pub fn resolve_link(path: &Path) -> PathBuf {
             },
         },
         _ => path.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_threads_writing_one_file_never_share_a_temporary_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.st");
+        std::thread::scope(|s| {
+            for byte in [b'a', b'b'] {
+                let path = &path;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        write_atomic(path, &[byte; 4096]).unwrap();
+                    }
+                });
+            }
+        });
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes == [b'a'; 4096] || bytes == [b'b'; 4096]);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "temporary files left behind");
+    }
+
+    #[test]
+    fn the_lock_never_takes_over_a_users_own_file_and_removes_only_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.st");
+        let lock_file = dir.path().join(".m.st.lock");
+        std::fs::write(&lock_file, "my notes").unwrap();
+        let e = lock_named("--predictions", &out).unwrap_err().to_string();
+        assert!(e.starts_with("--predictions ") && e.contains("is not a textnet lock file"), "{e}");
+        assert_eq!(std::fs::read(&lock_file).unwrap(), b"my notes");
+
+        // A stale lock (a process id) is taken over, and removed at the end of the run.
+        std::fs::write(&lock_file, "4294967295").unwrap();
+        let lock = lock_named("--out", &out).unwrap();
+        assert_eq!(std::fs::read_to_string(&lock_file).unwrap(), std::process::id().to_string());
+        let e = lock_named("--predictions", &out).unwrap_err().to_string();
+        assert!(e.contains("being written by another textnet run (process") && e.ends_with("another --predictions"));
+        drop(lock);
+        assert!(!lock_file.exists());
+    }
+
+    #[test]
+    fn a_lock_that_cannot_be_written_says_which_file_and_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("p.tsv");
+        // A lock name that leads to a device: it opens and locks, but cannot take a process id.
+        std::os::unix::fs::symlink("/dev/null", dir.path().join(".p.tsv.lock")).unwrap();
+        let e = format!("{:#}", lock_named("--predictions", &out).unwrap_err());
+        assert!(e.starts_with("--predictions ") && e.contains("cannot write the lock file"), "{e}");
     }
 }

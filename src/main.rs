@@ -5,6 +5,9 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{FromArgMatches, Subcommand};
 use textnet::pipelines;
 
+#[global_allocator]
+static ALLOCATOR: textnet::resources::Allocator = textnet::resources::Allocator;
+
 // The commands of textnet itself; each pipeline's come from its entry in `pipelines::ALL`.
 #[derive(Subcommand)]
 enum Command {
@@ -58,7 +61,7 @@ fn main() {
     }));
     let matches = parse_args();
     textnet::phases::set_verbose(matches.get_flag("verbose"));
-    let result = run(&matches);
+    let result = textnet::resources::start_threads().and_then(|()| run(&matches));
     let result = result.and_then(|()| textnet::console::finish());
     if let Err(err) = result {
         let text = format!("{err:#}");
@@ -119,7 +122,17 @@ fn parse_args() -> clap::ArgMatches {
         let line = match err.kind() {
             ErrorKind::DisplayHelp
             | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                // clap's own exit ignores a failed write: the help or version would be lost without a word.
+                let printed = err.print().and_then(|()| std::io::Write::flush(&mut std::io::stdout()));
+                match printed {
+                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                        textnet::console::err(&format!("textnet: error: cannot write to standard output: {e}"));
+                        std::process::exit(1)
+                    }
+                    _ => std::process::exit(err.exit_code()),
+                }
+            }
             _ => negative_value_error(&err).unwrap_or_else(|| one_line(&err)),
         };
         textnet::console::err(&line);
@@ -145,7 +158,26 @@ fn one_line(err: &clap::Error) -> String {
     format!("textnet: error: {}{usage}", message.join(" "))
 }
 
-/// One line for a negative value given to a flag that takes whole numbers of 0 or more.
+/// The flags of whole numbers that refuse 0 too (each command's own check says "must be at least 1").
+const COUNTS_FROM_ONE: &[&str] = &[
+    "--epochs",
+    "--batch",
+    "--steps",
+    "--hidden",
+    "--top",
+    "--top-k",
+    "--train-limit",
+    "--eval-every",
+    "--eval-iters",
+    "--patience",
+    "--context",
+    "--log-every",
+    "--max-tokens",
+    "--gpus",
+    "--world-size",
+];
+
+/// One line for a negative value given to a flag that takes whole numbers of 0 (or 1) or more.
 fn negative_value_error(err: &clap::Error) -> Option<String> {
     if err.kind() != ErrorKind::ValueValidation {
         return None;
@@ -159,8 +191,9 @@ fn negative_value_error(err: &clap::Error) -> Option<String> {
     let unsigned = std::error::Error::source(err)
         .and_then(|e| e.downcast_ref::<std::num::ParseIntError>())
         .is_some_and(|e| *e.kind() == std::num::IntErrorKind::InvalidDigit);
+    let least = if COUNTS_FROM_ONE.contains(&flag) { 1 } else { 0 };
     (value.starts_with('-') && unsigned)
-        .then(|| format!("textnet: error: {flag} takes a whole number of 0 or more, got {value}"))
+        .then(|| format!("textnet: error: {flag} takes a whole number of {least} or more, got {value}"))
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ pub fn check(plot: Option<&Path>, out: Option<&Path>, inputs: &[(&str, &Path)]) 
         bail!("{flag} {shown}: the directory {} {what}", dir.display());
     }
     // The check's lock is let go at once: the picture is written in one rename at the end.
-    fsutil::check_output_named(flag, path, inputs).map(drop)
+    fsutil::check_data_output(flag, path, inputs).map(drop)
 }
 
 /// Whether writing `a` would write `b`: the same file, or the same name in the same directory (through

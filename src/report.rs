@@ -361,8 +361,11 @@ fn bar(quiet: bool, template: &str, len: usize) -> ProgressBar {
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
     let bar = ProgressBar::with_draw_target(Some(len as u64), target).with_style(style);
-    // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends.
-    bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    // Drawn at once and redrawn while a slow step runs, not only when a chunk of samples ends; the tick
+    // is a thread of its own, started only where there is a terminal to draw on.
+    if !bar.is_hidden() {
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    }
     bar
 }
 

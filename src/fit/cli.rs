@@ -366,7 +366,7 @@ impl TrainingCommand for FitArgs {
         check_outputs(&net, &data)?;
         net.memory_need(sample_bytes(&data), args.batch)
             .check(available_memory())
-            .map_err(|e| anyhow!("--layers {text:?}: {e}"))?;
+            .map_err(|e| anyhow!("--layers {:?}: {e}", crate::console::abridged(text)))?;
         let steps = data.train.rows().div_ceil(args.batch) * args.epochs;
         schedule.check(steps)?;
         let (backend, device_line) = device::select_described(args.device)?;
@@ -511,7 +511,9 @@ impl TrainingCommand for FitArgs {
                     input: setup.data.schema.clone(),
                     target: setup.data.target.clone(),
                 };
-                let written = keeper.offer(epoch, judged, || modelfile::save(&model, &args.out))?;
+                let written = keeper
+                    .offer(epoch, judged, || modelfile::save(&model, &args.out))
+                    .map_err(|e| anyhow!("{e:#}; {}", keeper.outcome(&args.out, judged_name)))?;
                 keeper.note(written, judged_name)
             } else {
                 "not saved (no better than guessing)".to_string()
@@ -721,9 +723,7 @@ impl Data {
 /// name, or the value in the target's units); the accuracy or MAE over the rows that give the target.
 fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
     let _lock = match &args.predictions {
-        Some(path) => {
-            Some(fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?)
-        }
+        Some(path) => Some(fsutil::check_data_output("--predictions", path, &[("model", model_path), ("table", new)])?),
         None => None,
     };
     let m = modelfile::load(model_path)?;

@@ -177,12 +177,16 @@ impl<'a> Parser<'a> {
             Some(c) => format!("found {c:?}"),
             None => "found the end".into(),
         };
-        bail!("--layers {:?}: at character {}, {message} ({found})", self.text, self.column(at))
+        bail!(
+            "--layers {:?}: at character {}, {message} ({found})",
+            crate::console::abridged(self.text),
+            self.column(at)
+        )
     }
 
     fn word(&mut self) -> &'a str {
         let rest = self.rest();
-        let len = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        let len = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
         self.at += len;
         &rest[..len]
     }
@@ -248,6 +252,11 @@ impl<'a> Parser<'a> {
                 Some((name, value)) => (Some(name.trim()), value.trim()),
                 None => (None, item),
             };
+            if let Some(name) = name
+                && arguments.iter().any(|a: &Argument| a.name == Some(name))
+            {
+                return self.fail_at(at, &format!("{name} given twice"));
+            }
             arguments.push(Argument { name, value, at });
             self.at += len;
             if self.eat(')') {

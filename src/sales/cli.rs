@@ -676,7 +676,7 @@ fn existing_out(out: &Path) -> Result<Option<SalesModel>> {
 /// target's units; the MAE over the rows that give the target.
 fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     let _lock = match &args.predictions {
-        Some(path) => Some(check_predictions(path, model_path, new)?),
+        Some(path) => Some(fsutil::check_data_output("--predictions", path, &[("model", model_path), ("table", new)])?),
         None => None,
     };
     let m = modelfile::load(model_path)?;
@@ -730,19 +730,4 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
         crate::console::err(&format!("MAE over {with_target} rows with a {}: {mae:.4}", m.target_name));
     }
     Ok(())
-}
-
-/// Checks `--predictions` before any work (see `fsutil::check_output`), and refuses a model file there:
-/// predictions never replace a model.
-fn check_predictions(path: &Path, model_path: &Path, new: &Path) -> Result<fsutil::OutputLock> {
-    let lock = fsutil::check_output_named("--predictions", path, &[("model", model_path), ("table", new)])?;
-    let is_model = std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
-        && fsutil::read_input(path, "file").is_ok_and(|b| safetensors::SafeTensors::read_metadata(&b).is_ok());
-    if is_model {
-        bail!(
-            "--predictions {} holds a model file (safetensors); choose another file for the predictions",
-            path.display()
-        );
-    }
-    Ok(lock)
 }

@@ -46,5 +46,6 @@ pub fn evaluate(bytes: &[u8], args: &EvalArgs, bar: &ProgressBar) -> Result<Eval
         loss_sum: sums.loss,
         top1: sums.top1,
         top5: sums.top5,
+        threads: rayon::current_num_threads(),
     })
 }

@@ -50,7 +50,13 @@ pub fn evaluate(bytes: &[u8], args: &EvalArgs, bar: &ProgressBar) -> Result<Eval
             sums
         })
         .collect();
-    let mut total = Evaluation { unit: "character", tokens: ids.len(), unknown_tokens: unknown, ..Default::default() };
+    let mut total = Evaluation {
+        unit: "character",
+        tokens: ids.len(),
+        unknown_tokens: unknown,
+        threads: rayon::current_num_threads(),
+        ..Default::default()
+    };
     for w in &windows {
         total.samples += w.samples;
         total.loss_sum += w.loss_sum;

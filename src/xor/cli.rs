@@ -244,7 +244,8 @@ impl TrainingCommand for XorArgs {
             });
         }
         if written {
-            modelfile::save(&params, &args.out)?;
+            modelfile::save(&params, &args.out)
+                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.out, false, None, None)))?;
             display.line(&outcome);
         }
         let failed = (diverged.is_none() && !learned).then(|| {

@@ -118,7 +118,8 @@ fn long_names_stale_temporaries_and_file_modes() {
     let dir = tempfile::tempdir().unwrap();
     // 250 bytes: the name fits, its temporary name must too.
     let model = dir.path().join(format!("{}.safetensors", "m".repeat(238)));
-    let stale = dir.path().join(format!(".{}..tmp-4294967295", "m".repeat(238)));
+    // The temporary name keeps 218 bytes of the name, room for `.tmp-PID.CALL` at their longest.
+    let stale = dir.path().join(format!(".{}.tmp-4294967295.0", "m".repeat(218)));
     std::fs::write(&stale, b"left by an interrupted save").unwrap();
     let out = textnet(&train_args(&shakespeare(), &model, &["--epochs", "1"]));
     assert!(out.status.success(), "{}", text(&out.stderr));

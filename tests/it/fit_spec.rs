@@ -43,11 +43,23 @@ fn a_spec_that_does_not_parse_names_the_character() {
         ("Conv2d(1, 8)", "Conv2d takes Conv2d(in_channels, out_channels, kernel[, stride, padding])"),
         ("Conv2d(1, 8, 3, dilation=2)", "Conv2d has no argument \"dilation\""),
         ("MaxPool2d()", "MaxPool2d(k) takes 1 argument"),
+        // FS33, FS36: a keyword given twice; a name with a letter beyond ASCII, quoted whole.
+        ("Conv2d(1, 4, 3, padding=1, padding=2)", "at character 28, padding given twice"),
+        ("Linéar(784, 10)", "at character 1, unknown layer \"Linéar\""),
     ] {
         let err = format!("{:#}", parse(text).unwrap_err());
         assert!(err.contains(expected), "{text:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+}
+
+#[test]
+fn an_error_quotes_at_most_a_few_hundred_characters_of_a_long_spec() {
+    // FS71: 20,000 layers, the last one wrong.
+    let text = ["ReLU"; 20_000].join(", ") + ", Relu2";
+    let err = format!("{:#}", parse(&text).unwrap_err());
+    assert!(err.contains("unknown layer \"Relu2\"") && err.contains("characters)"), "{err}");
+    assert!(err.len() < 600, "{} bytes: {}", err.len(), &err[..300]);
 }
 
 #[test]

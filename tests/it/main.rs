@@ -10,6 +10,7 @@ mod fit_cli;
 mod fit_model;
 mod fit_spec;
 
+mod bad_input_limits;
 mod bad_input_mnist;
 mod bad_input_sales;
 mod bad_input_text;

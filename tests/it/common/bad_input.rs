@@ -153,3 +153,26 @@ pub fn with_metadata(model: &Path, out: &Path, change: impl FnOnce(&mut serde_js
     rewritten.extend(&file[8 + n..]);
     std::fs::write(out, rewritten).unwrap();
 }
+
+/// `mount -t tmpfs` of `size` at `dir`/full, unmounted on drop; None where this process may not mount.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        let path = dir.join("full");
+        std::fs::create_dir(&path).unwrap();
+        let ok = is_root()
+            && std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&path)
+                .status()
+                .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs(path))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}

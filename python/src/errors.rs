@@ -1,10 +1,14 @@
 //! Errors as Python exceptions carrying the command line's one-line messages, and flag values named by
 //! strings.
 
-use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileExistsError, PyFileNotFoundError, PyIsADirectoryError, PyMemoryError, PyRuntimeError, PyValueError,
+};
 use pyo3::prelude::*;
 
-/// What kind of Python exception an error becomes (`FileNotFoundError` wins whenever a file is missing).
+/// What kind of Python exception an error becomes (an I/O error in its chain decides first: a missing
+/// file is `FileNotFoundError`, a file that is not replaced `FileExistsError`, a directory where a file
+/// belongs `IsADirectoryError`).
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {
     /// Bad arguments or data: `ValueError`.
@@ -15,17 +19,39 @@ pub(crate) enum Kind {
 
 /// The error as a Python exception of `kind`, with the command line's one-line message.
 pub(crate) fn raise(kind: Kind, e: anyhow::Error) -> PyErr {
+    use std::io::ErrorKind;
     let message = format!("{e:#}");
-    let missing = e.chain().any(|cause| {
-        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
-    });
-    if missing {
+    let io_kinds: Vec<ErrorKind> =
+        e.chain().filter_map(|cause| cause.downcast_ref::<std::io::Error>().map(std::io::Error::kind)).collect();
+    if io_kinds.contains(&ErrorKind::NotFound) {
         return PyFileNotFoundError::new_err(message);
+    }
+    if io_kinds.contains(&ErrorKind::AlreadyExists) {
+        return PyFileExistsError::new_err(message);
+    }
+    if io_kinds.contains(&ErrorKind::IsADirectory) {
+        return PyIsADirectoryError::new_err(message);
     }
     match kind {
         Kind::Value => PyValueError::new_err(message),
         Kind::Runtime => PyRuntimeError::new_err(message),
     }
+}
+
+/// A refusal to replace `path`, raised as `FileExistsError`.
+pub(crate) fn not_replaced(message: String) -> anyhow::Error {
+    std::io::Error::new(std::io::ErrorKind::AlreadyExists, message).into()
+}
+
+/// The command line's memory check (`MemoryNeed::check`) as `MemoryError`, which NumPy raises too for an
+/// array that cannot be allocated, with the flags it names in the package's words.
+pub(crate) fn memory_error(e: anyhow::Error) -> PyErr {
+    PyMemoryError::new_err(
+        format!("{e:#}")
+            .replace("--layers", "the spec")
+            .replace("--batch", "batch_size")
+            .replace("--train-limit", "the number of samples"),
+    )
 }
 
 pub(crate) fn value_error(e: anyhow::Error) -> PyErr {

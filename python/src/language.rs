@@ -2,7 +2,7 @@
 //! `textnet.TextModel` and `textnet.Transformer`.
 
 use crate::errors::value_error;
-use crate::refuse_non_model;
+use crate::save_model;
 use anyhow::Context;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -50,11 +50,11 @@ impl LanguageModel {
         Ok(LanguageModel { bytes, text, kind })
     }
 
-    /// Writes the model file atomically; refuses to replace a file that is not a model unless `overwrite`.
+    /// Writes the model file as `save_model` does.
     #[pyo3(signature = (path, overwrite=false))]
-    fn save(&self, path: PathBuf, overwrite: bool) -> PyResult<()> {
-        refuse_non_model(&path, overwrite)?;
-        textnet::fsutil::write_atomic(&path, &self.bytes).map_err(value_error)
+    fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
+        let kind = if self.kind == "text" { &textnet::modelkind::TEXT } else { &textnet::modelkind::TRANSFORMER };
+        py.detach(|| save_model(&path, &self.bytes, kind, overwrite)).map_err(value_error)
     }
 
     /// The `top` likeliest next tokens after `text`, as (token, probability) pairs (text models).

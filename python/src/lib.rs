@@ -17,15 +17,18 @@ mod language;
 mod model;
 mod worker;
 
-use crate::errors::{choice, command_error, runtime_error, value_error};
+use crate::errors::{choice, command_error, not_replaced, runtime_error, value_error};
 use crate::language::LanguageModel;
 use crate::model::Model;
 use crate::worker::drive;
 use numpy::{IntoPyArray, PyArrayMethods};
-use pyo3::exceptions::{PyFileExistsError, PyIsADirectoryError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use textnet::modelkind::Kind;
 
 /// MNIST or Fashion-MNIST as ((X_train, y_train), (X_test, y_test)): X float32 (n, 784) with pixels / 255,
 /// y int64, found (or downloaded and checked) as `textnet mnist` finds it.
@@ -133,23 +136,45 @@ fn add_nvrtc_dir(dir: PathBuf) {
     textnet::device::add_nvrtc_dir(dir);
 }
 
-/// Saving over a file that is not a textnet model (a data file, say) is refused unless `overwrite`: such a
-/// file is the user's, and nothing of theirs is lost.
-pub(crate) fn refuse_non_model(path: &Path, overwrite: bool) -> PyResult<()> {
-    if overwrite || std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
+/// Saves of this process wait for each other (the `--out` lock, taken per save, would refuse a second
+/// thread); runs of other processes are kept out by that lock.
+static SAVING: Mutex<()> = Mutex::new(());
+
+/// Writes `bytes`, a model file of `kind`, to `path` atomically, as the command line writes `--out`: under
+/// its lock (a save while a `textnet` run writes the file is refused), never over a directory, FIFO or
+/// device, never over a textnet model of another kind, and over a file that is not a textnet model only
+/// with `overwrite` (such a file is the user's, and nothing of theirs is lost).
+pub(crate) fn save_model(path: &Path, bytes: &[u8], kind: &'static Kind, overwrite: bool) -> anyhow::Result<()> {
+    let _saving = SAVING.lock().unwrap_or_else(PoisonError::into_inner);
+    if path.is_dir() {
+        return Err(std::io::Error::new(ErrorKind::IsADirectory, format!("{} is a directory", path.display())).into());
+    }
+    let _lock = textnet::fsutil::check_output_named("path", path, &[])?;
+    refuse_replacing(path, kind, overwrite)?;
+    textnet::fsutil::write_atomic(path, bytes)
+}
+
+/// Fails (`FileExistsError`) when the file at `path` must not be replaced by a model of `kind` (see
+/// `save_model`).
+fn refuse_replacing(path: &Path, kind: &'static Kind, overwrite: bool) -> anyhow::Result<()> {
+    if std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
         return Ok(());
     }
-    if path.is_dir() {
-        return Err(PyIsADirectoryError::new_err(format!("{} is a directory", path.display())));
+    let bytes = textnet::fsutil::read_input(path, "file")?;
+    let shown = path.display();
+    match textnet::modelkind::of_bytes(&bytes) {
+        Some(there) if there == kind => Ok(()),
+        Some(there) => Err(not_replaced(format!(
+            "{shown} holds {} (for {}), not {}, so it is not replaced, even with overwrite=True; remove it or \
+             choose another path",
+            there.what, there.used_by, kind.what
+        ))),
+        None if overwrite => Ok(()),
+        None => Err(not_replaced(format!(
+            "{shown} exists and is not a textnet model file, so it is not replaced; save(..., overwrite=True) \
+             replaces it"
+        ))),
     }
-    let bytes = textnet::fsutil::read_input(path, "file").map_err(value_error)?;
-    if textnet::modelkind::of_bytes(&bytes).is_none() {
-        return Err(PyFileExistsError::new_err(format!(
-            "{} exists and is not a textnet model file, so it is not replaced; save(..., overwrite=True) replaces it",
-            path.display()
-        )));
-    }
-    Ok(())
 }
 
 /// The kind tag of a textnet model file ("textnet-fit", "textnet-text", …), or None.

@@ -1,19 +1,19 @@
 //! `Model`, what `textnet.Sequential` holds: a `textnet fit` network and its parameters, the arrays it
 //! takes and gives, and its training loop (`textnet fit`'s, reporting to the calling thread).
 
-use crate::errors::{choice, runtime_error, value_error};
-use crate::refuse_non_model;
+use crate::errors::{choice, memory_error, runtime_error, value_error};
+use crate::save_model;
 use crate::worker::{Event, backend, device_name, drive};
 use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 use textnet::cpu::SeededRng;
 use textnet::device::{Backend, DeviceChoice};
@@ -130,10 +130,14 @@ fn figures(s: &Samples, loss_sum: f64, outputs: &[f32], k: usize) -> Vec<(&'stat
     out
 }
 
-/// A `textnet fit` network with its parameters: what `textnet.Sequential` holds.
-#[pyclass(module = "textnet._native")]
+/// A `textnet fit` network with its parameters: what `textnet.Sequential` holds. Other threads may use
+/// it while one trains it (they see the parameters from before that `fit`), but only one `fit` at a time.
+#[pyclass(module = "textnet._native", frozen)]
 pub(crate) struct Model {
-    model: FitModel,
+    /// The network and its parameters; a `fit` replaces the parameters when it ends.
+    model: RwLock<FitModel>,
+    /// Held by the `fit` that trains this model.
+    training: Mutex<()>,
 }
 
 fn parse_shape(dims: &[usize]) -> PyResult<Shape> {
@@ -161,6 +165,12 @@ fn class_target(net: &Network, loss: Loss, names: Option<Vec<String>>) -> PyResu
         }
         Loss::Mse => TargetInfo::Value { name: "target".into(), mean: 0.0, std: 1.0 },
     })
+}
+
+/// The command line's memory check (`Network::memory_need`) for training `net` on `sample_bytes` of
+/// samples in batches of `batch`, before anything of that size is allocated.
+fn check_memory(net: &Network, sample_bytes: u64, batch: usize) -> PyResult<()> {
+    net.memory_need(sample_bytes, batch).check(textnet::resources::available_memory()).map_err(memory_error)
 }
 
 /// The settings of one `fit` call.
@@ -196,35 +206,37 @@ impl Model {
         let parsed = spec::parse(spec).map_err(value_error)?;
         let shape = parse_shape(&input_shape)?;
         let net = Network::new(&parsed, shape).map_err(value_error)?;
+        // The least any `fit` needs (no samples, batches of one); `fit` checks again with its own.
+        check_memory(&net, 0, 1)?;
         let target = class_target(&net, loss, class_names)?;
         let params = net.init(init, seed);
-        Ok(Model { model: FitModel { net, params, loss, input: InputSchema::Array { shape }, target } })
+        Ok(Model::of(FitModel { net, params, loss, input: InputSchema::Array { shape }, target }))
     }
 
     /// Reads a `textnet fit` model file (of images, a table or arrays).
     #[staticmethod]
     fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
         let model = py.detach(|| modelfile::load(&path)).map_err(value_error)?;
-        Ok(Model { model })
+        Ok(Model::of(model))
     }
 
-    /// Writes the model file atomically; refuses to replace a file that is not a model unless `overwrite`.
+    /// Writes the model file as `save_model` does.
     #[pyo3(signature = (path, overwrite=false))]
     fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
-        refuse_non_model(&path, overwrite)?;
-        py.detach(|| modelfile::save(&self.model, &path)).map_err(value_error)
+        py.detach(|| save_model(&path, &modelfile::to_bytes(&self.read())?, &textnet::modelkind::FIT, overwrite))
+            .map_err(value_error)
     }
 
     /// The layers, every width written out.
     #[getter]
     fn spec(&self) -> String {
-        modelfile::spec_text(&self.model.net.layers)
+        modelfile::spec_text(&self.read().net.layers)
     }
 
     /// The shape of one sample.
     #[getter]
     fn input_shape(&self) -> Vec<usize> {
-        match modelfile::input_shape(&self.model.input) {
+        match modelfile::input_shape(&self.read().input) {
             Shape::Flat(n) => vec![n],
             Shape::Image { channels, height, width } => vec![channels, height, width],
         }
@@ -233,43 +245,44 @@ impl Model {
     /// Outputs per sample.
     #[getter]
     fn outputs(&self) -> usize {
-        self.model.net.outputs()
+        self.read().net.outputs()
     }
 
     /// "ce" or "mse".
     #[getter]
     fn loss(&self) -> &'static str {
-        self.model.loss.name()
+        self.read().loss.name()
     }
 
     /// Number of parameters.
     #[getter]
     fn param_count(&self) -> usize {
-        self.model.net.param_count
+        self.read().net.param_count
     }
 
     /// The class names (None for a model of values).
     #[getter]
     fn class_names(&self) -> Option<Vec<String>> {
-        match &self.model.target {
+        match &self.read().target {
             TargetInfo::Classes { names } => Some(names.clone()),
             TargetInfo::Value { .. } => None,
         }
     }
 
     #[setter]
-    fn set_class_names(&mut self, names: Vec<String>) -> PyResult<()> {
-        if self.model.loss != Loss::Ce {
+    fn set_class_names(&self, names: Vec<String>) -> PyResult<()> {
+        let mut m = self.write();
+        if m.loss != Loss::Ce {
             return Err(PyValueError::new_err("a model of values (loss mse) has no class names"));
         }
-        self.model.target = class_target(&self.model.net, Loss::Ce, Some(names))?;
+        m.target = class_target(&m.net, Loss::Ce, Some(names))?;
         Ok(())
     }
 
     /// The target's mean and deviation: a value model's outputs are (value − mean) / std.
     #[getter]
     fn target_scale(&self) -> Option<(f32, f32)> {
-        match &self.model.target {
+        match &self.read().target {
             TargetInfo::Value { mean, std, .. } => Some((*mean, *std)),
             TargetInfo::Classes { .. } => None,
         }
@@ -278,7 +291,7 @@ impl Model {
     /// What the model's inputs are: "array", "images" or "table".
     #[getter]
     fn input_kind(&self) -> &'static str {
-        match &self.model.input {
+        match &self.read().input {
             InputSchema::Array { .. } => "array",
             InputSchema::Images { .. } => "images",
             InputSchema::Table(_) => "table",
@@ -287,18 +300,20 @@ impl Model {
 
     /// Every tensor under PyTorch's `nn.Sequential` names, as (name, float32 array of its shape).
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+        let m = self.read();
         let mut out = Vec::new();
-        for (name, dims, range) in self.model.net.tensors() {
-            let array = self.model.params[range].to_vec().into_pyarray(py).reshape(dims)?;
+        for (name, dims, range) in m.net.tensors() {
+            let array = m.params[range].to_vec().into_pyarray(py).reshape(dims)?;
             out.push((name, array.into_any()));
         }
         Ok(out)
     }
 
     /// Replaces the tensors named in `tensors` (name → float32 array of the tensor's shape).
-    fn load_state_dict(&mut self, tensors: Vec<(String, PyReadonlyArrayDyn<'_, f32>)>) -> PyResult<()> {
-        let expected = self.model.net.tensors();
-        let mut params = self.model.params.clone();
+    fn load_state_dict(&self, tensors: Vec<(String, PyReadonlyArrayDyn<'_, f32>)>) -> PyResult<()> {
+        let mut m = self.write();
+        let expected = m.net.tensors();
+        let mut params = m.params.clone();
         for (name, array) in &tensors {
             let Some((_, dims, range)) = expected.iter().find(|(n, _, _)| n == name) else {
                 let names: Vec<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
@@ -317,7 +332,7 @@ impl Model {
             }
             params[range.clone()].copy_from_slice(values);
         }
-        self.model.params = params;
+        m.params = params;
         Ok(())
     }
 
@@ -332,10 +347,9 @@ impl Model {
         batch: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let device: DeviceChoice = choice("device", device)?;
-        let shape = modelfile::input_shape(&self.model.input);
+        let (shape, k, loss) = self.signature();
         let (rows, values) = features(&x, shape, "X")?;
-        let k = self.model.net.outputs();
-        let target = match self.model.loss {
+        let target = match loss {
             Loss::Ce => Target::Classes(vec![0; rows]),
             Loss::Mse => Target::Values(vec![0.0; rows * k]),
         };
@@ -355,9 +369,9 @@ impl Model {
         batch: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
         let device: DeviceChoice = choice("device", device)?;
-        let (rows, values) = features(&x, modelfile::input_shape(&self.model.input), "X")?;
-        let k = self.model.net.outputs();
-        let target = targets(y, rows, self.model.loss, k, "y")?;
+        let (shape, k, loss) = self.signature();
+        let (rows, values) = features(&x, shape, "X")?;
+        let target = targets(y, rows, loss, k, "y")?;
         let samples = Arc::new(Samples { features: values.len() / rows, x: values, target });
         let logs = py
             .detach(|| -> anyhow::Result<_> {
@@ -383,7 +397,7 @@ impl Model {
         on_progress=None, on_epoch=None))]
     #[allow(clippy::too_many_arguments)]
     fn fit<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         x: PyReadonlyArrayDyn<'py, f32>,
         y: &Bound<'py, PyAny>,
@@ -402,6 +416,15 @@ impl Model {
         on_progress: Option<Py<PyAny>>,
         on_epoch: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let _training = match self.training.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(
+                    "this model is being trained by another thread: wait for that fit to end, or train a copy",
+                ));
+            }
+        };
         let kind: OptimKind = choice("optimizer", optimizer)?;
         let device: DeviceChoice = choice("device", device)?;
         if batch_size == 0 {
@@ -432,10 +455,9 @@ impl Model {
             )
         })?;
 
-        let shape = modelfile::input_shape(&self.model.input);
-        let k = self.model.net.outputs();
+        let (shape, k, loss) = self.signature();
         let (rows, values) = features(&x, shape, "X")?;
-        let target = targets(y, rows, self.model.loss, k, "y")?;
+        let target = targets(y, rows, loss, k, "y")?;
         let mut train = Samples { features: values.len() / rows, x: values, target };
         let val = match (x_val, y_val, validation_split) {
             (Some(_), _, Some(_)) => {
@@ -443,7 +465,7 @@ impl Model {
             }
             (Some(xv), Some(yv), None) => {
                 let (rows, values) = features(&xv, shape, "X_val")?;
-                let target = targets(yv, rows, self.model.loss, k, "y_val")?;
+                let target = targets(yv, rows, loss, k, "y_val")?;
                 Some(Samples { features: values.len() / rows, x: values, target })
             }
             (Some(_), None, None) | (None, Some(_), _) => {
@@ -461,9 +483,12 @@ impl Model {
             }
             (None, None, None) => None,
         };
+        let (net, params) = {
+            let m = self.read();
+            (m.net.clone(), m.params.clone())
+        };
+        check_memory(&net, train.bytes() + val.as_ref().map_or(0, Samples::bytes), batch_size)?;
         let request = FitRequest { epochs, batch: batch_size, optim, device, seed, progress: on_progress.is_some() };
-        let net = self.model.net.clone();
-        let (params, loss) = (self.model.params.clone(), self.model.loss);
         let mut history: Vec<(&'static str, Vec<f64>)> = Vec::new();
         let started = Instant::now();
         let (trained, interrupted) = drive(
@@ -491,7 +516,7 @@ impl Model {
             },
             runtime_error,
         )?;
-        self.model.params = trained.params;
+        py.detach(|| self.write().params = trained.params);
         let out = PyDict::new(py);
         let hist = PyDict::new(py);
         for (key, values) in history {
@@ -511,6 +536,24 @@ impl Model {
 }
 
 impl Model {
+    fn of(model: FitModel) -> Model {
+        Model { model: RwLock::new(model), training: Mutex::new(()) }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, FitModel> {
+        self.model.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, FitModel> {
+        self.model.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The shape of a sample, the outputs per sample and the loss: what the arrays given and returned follow.
+    fn signature(&self) -> (Shape, usize, Loss) {
+        let m = self.read();
+        (modelfile::input_shape(&m.input), m.net.outputs(), m.loss)
+    }
+
     /// The summed loss and the outputs of `samples`, on `device` (a GPU pass takes at most `batch` rows).
     fn evaluate_samples(
         &self,
@@ -518,7 +561,7 @@ impl Model {
         device: DeviceChoice,
         batch: usize,
     ) -> anyhow::Result<(f64, Vec<f32>)> {
-        let m = &self.model;
+        let m = self.read();
         match backend(device)? {
             Backend::Cpu => Ok(textnet::fit::cpu::evaluate(&m.net, &m.params, &samples, m.loss)),
             backend => {

@@ -44,8 +44,8 @@ class _LanguageModel:
         return cls(_native.LanguageModel.load(os.fspath(path), cls._kind))
 
     def save(self, path: PathLike, overwrite: bool = False) -> None:
-        """Writes the model file atomically. A file there that is not a textnet model is refused
-        (``FileExistsError``) unless ``overwrite``."""
+        """Writes the model file atomically, as ``Sequential.save`` does: a file there that is not a textnet
+        model is refused (``FileExistsError``) unless ``overwrite``, a textnet model of another kind always."""
         self._native.save(os.fspath(path), overwrite)
 
     @classmethod

@@ -473,7 +473,8 @@ class Sequential:
         Ctrl-C stops after the current epoch: the model keeps it, ``self.history`` holds the epochs done,
         and ``KeyboardInterrupt`` is raised. A run whose loss or parameters stop being finite keeps the
         last finite epoch and raises ``RuntimeError``. Bad data raises ``ValueError``, a GPU failure
-        ``RuntimeError``.
+        ``RuntimeError``, a network or batch too large for the memory left ``MemoryError``, and a second
+        ``fit`` while another thread trains the model ``RuntimeError``.
         """
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -494,7 +495,6 @@ class Sequential:
             y_val = self._targets(validation_data[1], "y_val")
         progress = _Progress(int(epochs), verbose, getattr(self, "_progress_style", "keras"))
         history = History()
-        self.history = history
 
         def on_epoch(epoch: int, logs: Dict[str, float]) -> None:
             history.epoch.append(epoch - 1)
@@ -520,6 +520,7 @@ class Sequential:
             on_progress=progress.progress if verbose == 1 else None,
             on_epoch=on_epoch,
         )
+        self.history = history
         history.device, history.seconds = result["device"], result["seconds"]
         history.setup_seconds, history.training_seconds = result["setup_seconds"], result["training_seconds"]
         if result["diverged"]:
@@ -565,8 +566,10 @@ class Sequential:
 
     def save(self, path: PathLike, overwrite: bool = False) -> None:
         """Writes the model as a ``textnet fit`` model file (safetensors under ``nn.Sequential``'s
-        ``state_dict`` names), atomically. A file there that is not a textnet model is refused
-        (``FileExistsError``) unless ``overwrite``. ``textnet classify`` reads a model of 784 or 1×28×28
+        ``state_dict`` names), atomically, as ``textnet fit --out`` does: a file there that is not a textnet
+        model is refused (``FileExistsError``) unless ``overwrite``; a textnet model of another kind is
+        never replaced (``FileExistsError``), nor a directory, FIFO or device, nor a file that a
+        ``textnet`` run is writing (``ValueError``). ``textnet classify`` reads a model of 784 or 1×28×28
         inputs as 28×28 images scaled as ``textnet.datasets.mnist`` gives them."""
         self._built("save").save(os.fspath(path), overwrite)
 

@@ -51,6 +51,15 @@ impl Samples {
         self.x.len() / self.features.max(1)
     }
 
+    /// Bytes its inputs and targets take in memory.
+    pub fn bytes(&self) -> u64 {
+        let targets = match &self.target {
+            Target::Classes(c) => c.len(),
+            Target::Values(v) => v.len(),
+        };
+        (self.x.len() as u64 + targets as u64) * 4
+    }
+
     /// The targets as the reference's loss reads them.
     pub fn targets(&self) -> model::Targets<'_> {
         match &self.target {

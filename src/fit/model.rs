@@ -16,7 +16,7 @@ use crate::cpu::{Mat, Real, SeededRng, gemm};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::constant;
 use crate::ops::dropout::{DropoutKey, dropout_keeps, dropout_threshold};
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use rand::SeedableRng;
 use std::ops::Range;
 
@@ -90,6 +90,28 @@ pub fn size(s: Shape) -> usize {
     }
 }
 
+/// The element counts of a layer's weight (None when it overflows) and bias, for a layer with parameters.
+fn param_sizes(layer: Layer) -> Option<(Option<usize>, Option<usize>)> {
+    match layer {
+        Layer::Linear { inputs, outputs, bias } => {
+            Some((outputs.checked_mul(inputs.unwrap_or(0)), bias.then_some(outputs)))
+        }
+        Layer::Conv2d { inputs, outputs, kernel, .. } => Some((
+            outputs.checked_mul(inputs).and_then(|n| n.checked_mul(kernel)).and_then(|n| n.checked_mul(kernel)),
+            Some(outputs),
+        )),
+        _ => None,
+    }
+}
+
+/// `size`, or None when it overflows.
+fn checked_size(s: Shape) -> Option<usize> {
+    match s {
+        Shape::Flat(n) => Some(n),
+        Shape::Image { channels, height, width } => channels.checked_mul(height)?.checked_mul(width),
+    }
+}
+
 impl Network {
     /// What training this network in batches of `batch` over samples of `sample_bytes` holds in host
     /// memory, each part with the flags that shrink it: the samples; the parameters with their gradient,
@@ -121,18 +143,25 @@ impl Network {
         }
     }
 
-    /// `spec` over samples of shape `input`, or the error of `Spec::chain`.
+    /// `spec` over samples of shape `input`, or the error of `Spec::chain`, or an error for a layer whose
+    /// values or parameters are more than a machine can count (so that no size here wraps around).
     pub fn new(spec: &Spec, input: Shape) -> Result<Network> {
         let after = spec.chain(input)?;
         let mut shapes = vec![input];
         shapes.extend(after);
+        if let Some(i) = shapes.iter().position(|&s| checked_size(s).is_none()) {
+            let source =
+                if i == 0 { "the data".to_string() } else { format!("layer {i} ({})", spec.layers[i - 1].name()) };
+            bail!("{source} gives {}, more values per sample than a machine can hold", shapes[i]);
+        }
         let mut layers = Vec::with_capacity(spec.layers.len());
         let mut params = Vec::with_capacity(spec.layers.len());
         let mut at = 0usize;
-        let mut take = |n: usize| {
-            let r = at..at + n;
-            at += n;
-            r
+        let mut take = |n: Option<usize>| {
+            let end = at.checked_add(n?)?;
+            let r = at..end;
+            at = end;
+            Some(r)
         };
         for (i, layer) in spec.layers.iter().enumerate() {
             let layer = match *layer {
@@ -144,14 +173,15 @@ impl Network {
             {
                 bail!("layer {} (Dropout): p must be at least 0 and below 1, not {p}", i + 1);
             }
-            params.push(match layer {
-                Layer::Linear { inputs, outputs, bias } => {
-                    Some(LayerParams { weight: take(outputs * inputs.unwrap_or(0)), bias: bias.then(|| take(outputs)) })
+            params.push(match param_sizes(layer) {
+                None => None,
+                Some((weight, bias)) => {
+                    let too_many =
+                        || anyhow!("layer {} ({}) has more parameters than a machine can hold", i + 1, layer.name());
+                    let weight = take(weight).ok_or_else(too_many)?;
+                    let bias = bias.map(|n| take(Some(n)).ok_or_else(too_many)).transpose()?;
+                    Some(LayerParams { weight, bias })
                 }
-                Layer::Conv2d { inputs, outputs, kernel, .. } => {
-                    Some(LayerParams { weight: take(outputs * inputs * kernel * kernel), bias: Some(take(outputs)) })
-                }
-                _ => None,
             });
             layers.push(layer);
         }

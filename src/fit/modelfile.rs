@@ -227,6 +227,29 @@ pub fn input_shape(input: &InputSchema) -> Shape {
     }
 }
 
+/// Checks that the file holds exactly the tensors `expected` (`Network::tensors`), each of the shape the
+/// spec implies, before anything of the spec's sizes is allocated: a spec that lies about its widths is
+/// refused by the sizes of the tensors the file really holds.
+fn check_tensors(
+    tensors: &safetensors::SafeTensors,
+    expected: &[(String, Vec<usize>, std::ops::Range<usize>)],
+    net: &Network,
+) -> Result<()> {
+    let spec = || crate::console::abridged(&spec_text(&net.layers));
+    for (name, dims, _) in expected {
+        let t = tensors
+            .tensor(name)
+            .map_err(|_| anyhow!("tensor {name} is missing: the spec {:?} has it ({dims:?})", spec()))?;
+        if t.shape() != dims.as_slice() {
+            bail!("tensor {name} is {:?} but the spec {:?} implies {dims:?}", t.shape(), spec());
+        }
+    }
+    if let Some(extra) = tensors.names().into_iter().find(|n| !expected.iter().any(|(e, _, _)| e == *n)) {
+        bail!("tensor {extra} is not one of the spec's {:?}", spec());
+    }
+    Ok(())
+}
+
 /// Parses .safetensors bytes as a fit model; errors when they hold another kind of file, or tensors that
 /// do not match the spec.
 pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
@@ -265,18 +288,11 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
     };
     let tensors = safetensors::SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
     let expected = net.tensors();
+    check_tensors(&tensors, &expected, &net)?;
+    // Every size is now one the file's own tensors have, so the parameters fit in memory as the file did.
     let mut params = vec![0.0f32; net.param_count];
     for (name, dims, range) in &expected {
-        let t = tensors.tensor(name).map_err(|_| {
-            anyhow!("tensor {name} is missing: the spec {:?} has it ({dims:?})", spec_text(&net.layers))
-        })?;
-        if t.shape() != dims.as_slice() {
-            bail!("tensor {name} is {:?} but the spec {:?} makes it {dims:?}", t.shape(), spec_text(&net.layers));
-        }
         params[range.clone()].copy_from_slice(&crate::tensorfile::read_f32(&tensors, name, dims)?);
-    }
-    if let Some(extra) = tensors.names().into_iter().find(|n| !expected.iter().any(|(e, _, _)| e == *n)) {
-        bail!("tensor {extra} is not one of the spec's {:?}", spec_text(&net.layers));
     }
     if !params.iter().all(|p| p.is_finite()) {
         bail!("the parameters contain NaN or infinite values");

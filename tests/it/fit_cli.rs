@@ -357,7 +357,7 @@ fn fit_refuses_a_file_whose_tensors_do_not_match_its_spec() {
     let bad = tmp.path().join("bad.safetensors");
     std::fs::write(&bad, textnet::tensorfile::to_bytes(&views, meta).unwrap()).unwrap();
     let o = textnet(&["fit", "--model", s(&bad), "--predict", s(&path)]);
-    fails_with(&o, &["tensor 0.weight is [6, 5] but the spec", "makes it [7, 5]"]);
+    fails_with(&o, &["tensor 0.weight is [6, 5] but the spec", "implies [7, 5]"]);
 }
 
 /// Each bad input: one line, exit status 1, before any training (no model file).

@@ -1,5 +1,6 @@
 //! The `fit` CPU reference: in f64, the gradient of every parameter of every layer kind against central
-//! finite differences, and the same comparison catching a wrong gradient.
+//! finite differences, and the same comparison catching a wrong gradient; the network's sizes, and the
+//! model file's loader checking them against the file's tensors.
 
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
@@ -177,4 +178,84 @@ fn xavier_init_draws_what_mnist_draws_and_pytorch_init_what_sales_draws() {
     use textnet::sales::model::{SalesParams, SalesShape};
     let net = Network::new(&spec::parse("Linear(12, 8), ReLU, Linear(1)").unwrap(), Shape::Flat(12)).unwrap();
     assert_eq!(net.init(Init::Pytorch, 4), SalesParams::init(SalesShape { inputs: 12, hidden: 8 }, 4).flat);
+}
+
+/// The bytes of a fit model file of `layers` over 784 features, its parameters drawn from a seed.
+fn fit_model_file(layers: &str) -> Vec<u8> {
+    use textnet::fit::data::{InputSchema, TargetInfo};
+    use textnet::fit::modelfile::{FitModel, to_bytes};
+    let net = Network::new(&spec::parse(layers).unwrap(), Shape::Flat(784)).unwrap();
+    let params = net.init(Init::Pytorch, 1);
+    let names = (0..net.outputs()).map(|c| c.to_string()).collect();
+    let input = InputSchema::Array { shape: Shape::Flat(784) };
+    to_bytes(&FitModel { net, params, loss: Loss::Ce, input, target: TargetInfo::Classes { names } }).unwrap()
+}
+
+/// `bytes`, a model file, with its metadata entry `spec` replaced by `spec` (the tensors as they were).
+fn with_spec(bytes: &[u8], spec: &str) -> Vec<u8> {
+    crate::common::text::rewrite(bytes, |_, meta| drop(meta.insert("spec".into(), spec.into())))
+}
+
+#[test]
+fn a_spec_that_lies_about_a_width_is_refused_by_the_tensors_before_anything_is_allocated_mf12() {
+    let file = fit_model_file("Linear(784, 32), ReLU, Linear(32, 10)");
+    let lying = with_spec(&file, "Linear(784, 1000000000000), ReLU, Linear(1000000000000, 10)");
+    let err = format!("{:#}", textnet::fit::modelfile::from_bytes(&lying).unwrap_err());
+    assert!(err.contains("tensor 0.weight is [32, 784] but the spec"), "{err}");
+    assert!(err.contains("implies [1000000000000, 784]"), "{err}");
+}
+
+#[test]
+fn an_error_quotes_at_most_the_ends_of_a_long_spec_mf13() {
+    let file = fit_model_file("Linear(784, 32), ReLU, Linear(32, 10)");
+    let spec = format!("{}Linear(784, 32), ReLU, Linear(32, 10)", "ReLU, ".repeat(100_000));
+    let err = format!("{:#}", textnet::fit::modelfile::from_bytes(&with_spec(&file, &spec)).unwrap_err());
+    assert!(err.contains("tensor 100000.weight is missing"), "{err}");
+    assert!(err.contains(&format!("({} characters)", spec.chars().count())), "{err}");
+    assert!(err.len() < 2 * textnet::console::QUOTE_LIMIT, "{} bytes: {err}", err.len());
+}
+
+#[test]
+fn sizes_past_what_a_machine_counts_are_an_error_not_a_wrapped_count() {
+    let huge = 1usize << 32;
+    let err = Network::new(&spec::parse(&format!("Linear({huge})")).unwrap(), Shape::Flat(huge)).unwrap_err();
+    assert!(err.to_string().contains("layer 1 (Linear) has more parameters than a machine can hold"), "{err}");
+    let images = Shape::Image { channels: huge, height: huge, width: 1 };
+    let err = Network::new(&spec::parse("ReLU").unwrap(), images).unwrap_err();
+    assert!(err.to_string().contains("the data gives 4294967296×4294967296×1 images, more values"), "{err}");
+}
+
+#[test]
+fn classify_and_fit_refuse_a_file_whose_spec_lies_in_one_line_and_keep_it_mf12_mf45() {
+    use crate::common::{fails_with, s, textnet};
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.st");
+    let file = fit_model_file("Linear(784, 32), ReLU, Linear(32, 10)");
+    std::fs::write(&model, with_spec(&file, "Linear(784, 1000000000000), ReLU, Linear(1000000000000, 10)")).unwrap();
+    let image = dir.path().join("x.pgm");
+    std::fs::write(&image, [b"P5\n28 28\n255\n".as_slice(), &[128u8; 784]].concat()).unwrap();
+    fails_with(&textnet(&["classify", "--model", s(&model), s(&image)]), &["tensor 0.weight is [32, 784]"]);
+
+    let table = dir.path().join("t.csv");
+    let rows: String = (0..40).map(|i| format!("{},{}\n", i % 7, ["no", "yes"][i % 2])).collect();
+    std::fs::write(&table, format!("x,label\n{rows}")).unwrap();
+    let before = std::fs::read(&model).unwrap();
+    let o = textnet(&[
+        "fit",
+        "--device",
+        "cpu",
+        "--table",
+        s(&table),
+        "--target",
+        "label",
+        "--layers",
+        "Linear(2)",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--out",
+        s(&model),
+    ]);
+    fails_with(&o, &["is not a textnet fit model, so it is not replaced", "tensor 0.weight is [32, 784]"]);
+    assert_eq!(std::fs::read(&model).unwrap(), before);
 }

@@ -1,6 +1,8 @@
 """Shared fixtures: Fashion-MNIST (the Debian package `dataset-fashion-mnist`, which scripts/test.sh
-installs), the `textnet` binary the same checkout builds, and a small corpus."""
+installs), the `textnet` binary the same checkout builds, a small corpus, random samples and crafted
+model files."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -27,10 +29,16 @@ def small(fashion):
 
 
 @pytest.fixture(scope="package")
-def cli():
-    """Runs the `textnet` binary of this checkout (TEXTNET_BIN, else target/release/textnet)."""
-    binary = os.environ.get("TEXTNET_BIN", str(ROOT / "target" / "release" / "textnet"))
-    assert os.path.exists(binary), f"{binary} is missing: build it with cargo build --release"
+def binary():
+    """The `textnet` binary of this checkout (TEXTNET_BIN, else target/release/textnet)."""
+    path = os.environ.get("TEXTNET_BIN", str(ROOT / "target" / "release" / "textnet"))
+    assert os.path.exists(path), f"{path} is missing: build it with cargo build --release"
+    return path
+
+
+@pytest.fixture(scope="package")
+def cli(binary):
+    """Runs the `textnet` binary of this checkout."""
 
     def run(*args, check=True):
         done = subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
@@ -54,3 +62,22 @@ def pgm(path, image):
     pixels = np.round(image.reshape(28, 28) * 255).astype(np.uint8)
     path.write_bytes(b"P5\n28 28\n255\n" + pixels.tobytes())
     return path
+
+
+def with_metadata(source, target, **entries):
+    """Writes the safetensors file `source` to `target` with these metadata entries set (the tensors as
+    they were): a crafted model file."""
+    data = pathlib.Path(source).read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header["__metadata__"].update(entries)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    pathlib.Path(target).write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n :])
+    return target
+
+
+def random_samples(n=300, features=784, classes=10, seed=0):
+    """`n` random float32 samples with labels 0 to classes − 1: data for tests that need no dataset."""
+    rng = np.random.default_rng(seed)
+    return rng.random((n, features), dtype=np.float32), np.arange(n) % classes

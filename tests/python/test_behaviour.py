@@ -1,4 +1,5 @@
-"""Training releases the GIL, and Ctrl-C stops after the current epoch, which the model keeps."""
+"""Training releases the GIL, Ctrl-C stops after the current epoch, which the model keeps, and a model
+in training refuses a second fit."""
 
 import os
 import signal
@@ -8,6 +9,7 @@ import threading
 import time
 
 import textnet
+from conftest import random_samples
 
 SPEC = "Linear(784, 64), ReLU, Linear(64, 10)"
 
@@ -75,3 +77,31 @@ def test_ctrl_c_stops_after_the_current_epoch():
     assert 1 <= kept < 100
     assert sum(l.startswith("Epoch ") for l in lines) == kept
     assert "changed: True" in text
+
+
+def test_a_model_in_training_refuses_a_second_fit_and_can_be_used_meanwhile(monkeypatch):
+    """PY22: another thread's fit of the same model is refused at once, its evaluate runs."""
+    X, y = random_samples()
+    model = textnet.Sequential(SPEC, device="cpu")
+    seen = {}
+    draw_epoch = textnet.nn._Progress.epoch
+
+    def meanwhile():
+        try:
+            model.fit(X, y, epochs=1, verbose=0)
+        except RuntimeError as e:
+            seen["fit"] = str(e)
+        seen["evaluate"] = model.evaluate(X, y)
+
+    def on_epoch(progress, epoch, logs):
+        if not seen:  # the first epoch's line: the first fit is still running
+            other = threading.Thread(target=meanwhile)
+            other.start()
+            other.join()
+        draw_epoch(progress, epoch, logs)
+
+    monkeypatch.setattr(textnet.nn._Progress, "epoch", on_epoch)
+    model.fit(X, y, epochs=2, verbose=0)
+    assert "this model is being trained by another thread" in seen["fit"]
+    assert set(seen["evaluate"]) == {"loss", "accuracy"}
+    assert len(model.history.epoch) == 2

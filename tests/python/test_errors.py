@@ -1,4 +1,4 @@
-"""Every bad input is an exception carrying one line: ValueError, FileNotFoundError, RuntimeError."""
+"""Every bad input is an exception carrying one line: ValueError, FileNotFoundError, RuntimeError, MemoryError."""
 
 import os
 import subprocess
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import textnet
+from conftest import random_samples, with_metadata
 
 SPEC = "Linear(784, 16), ReLU, Linear(16, 10)"
 
@@ -147,3 +148,36 @@ def test_no_gpu_is_a_runtime_error(small, tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     lines = [l for l in done.stdout.splitlines() if l.startswith("RuntimeError: ")]
     assert len(lines) == 3, done.stdout + done.stderr
+
+
+def test_a_model_too_large_for_memory_is_a_memory_error_before_it_is_built():
+    """PY38, PY63, PY70: the command line's memory estimate, at construction or at the first fit."""
+    X, y = random_samples()
+    with pytest.raises(MemoryError) as e:
+        textnet.Sequential("Linear(784, 1000000000), ReLU, Linear(10)", device="cpu")
+    assert "this run needs about" in one_line(e) and "lower the widths or channels in the spec" in one_line(e)
+    assert "--" not in one_line(e)
+    with pytest.raises(MemoryError):
+        textnet.Sequential("Conv2d(1, 1000000, 3), Flatten, Linear(10)", input_shape=(1, 28, 28), device="cpu")
+    lazy = textnet.Sequential("Linear(1000000000), ReLU, Linear(10)", device="cpu")
+    with pytest.raises(MemoryError):
+        lazy.fit(X, y, epochs=1, verbose=0)
+    model = textnet.Sequential(SPEC, device="cpu")
+    with pytest.raises(MemoryError) as e:
+        model.fit(X, y, epochs=1, verbose=0, batch_size=10**12)
+    assert "batch_size" in one_line(e)
+
+
+def test_a_model_file_whose_spec_lies_is_a_value_error_of_one_short_line(tmp_path, model):
+    """PY21, PY62: the loader checks the spec's sizes against the tensors and quotes at most ~200
+    characters of it."""
+    path = tmp_path / "m.st"
+    model.save(path)
+    huge = with_metadata(path, tmp_path / "huge.st", spec="Linear(784, 1000000000000), ReLU, Linear(10)")
+    with pytest.raises(ValueError) as e:
+        textnet.load(huge)
+    assert "tensor 0.weight is [16, 784] but the spec" in one_line(e)
+    long = with_metadata(path, tmp_path / "long.st", spec="ReLU, " * 100_000 + model.spec)
+    with pytest.raises(ValueError) as e:
+        textnet.load(long)
+    assert "tensor 100000.weight is missing" in one_line(e) and len(one_line(e)) < 500

@@ -1,12 +1,17 @@
-"""Model files shared with the command line, state_dict and to_torch."""
+"""Model files shared with the command line, what save never replaces, state_dict and to_torch."""
 
 import json
+import os
+import signal
+import stat
+import subprocess
+import threading
 
 import numpy as np
 import pytest
 
 import textnet
-from conftest import pgm
+from conftest import pgm, with_metadata
 
 SPEC = "Linear(784, 32), ReLU, Linear(32, 10)"
 
@@ -75,3 +80,79 @@ def test_to_torch_reproduces_the_predictions(small):
             logits = torch_model(torch.from_numpy(X_test[:64].reshape(shape)))
         expected = model.predict(X_test[:64].reshape(shape))
         assert np.abs(logits.softmax(dim=1).numpy() - expected).max() < 1e-5
+
+
+def test_save_never_replaces_a_model_of_another_kind(tmp_path):
+    """PY16: as the command line's --out, even with overwrite=True."""
+    model = textnet.Sequential(SPEC, device="cpu")
+    path = tmp_path / "m.st"
+    model.save(path)
+    for tag, what in (("textnet-text", "a next-token text model"), ("textnet-sales", "a sales (table) regressor")):
+        other = with_metadata(path, tmp_path / f"{tag}.st", format=tag)
+        before = other.read_bytes()
+        for overwrite in (False, True):
+            with pytest.raises(FileExistsError) as e:
+                model.save(other, overwrite=overwrite)
+            assert f"holds {what}" in str(e.value) and "not replaced" in str(e.value)
+        assert other.read_bytes() == before
+    model.save(path)  # a fit model is replaced
+
+
+def test_save_refuses_a_fifo(tmp_path):
+    """PY56: as the command line's --out, a FIFO is no place for a model file."""
+    model = textnet.Sequential(SPEC, device="cpu")
+    fifo = tmp_path / "f.st"
+    os.mkfifo(fifo)
+    for overwrite in (False, True):
+        with pytest.raises(ValueError) as e:
+            model.save(fifo, overwrite=overwrite)
+        assert "is not a regular file" in str(e.value)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_save_refuses_a_file_a_textnet_run_writes(binary, tmp_path):
+    """PY61: save takes the --out lock of the command line; a run stopped (SIGSTOP) once it trains holds it."""
+    table = tmp_path / "t.csv"
+    table.write_text("x1,x2,label\n" + "".join(f"{i % 7},{i % 5},{'ab'[i % 2]}\n" for i in range(400)))
+    path = tmp_path / "m.st"
+    run = subprocess.Popen(
+        [binary, "fit", "--device", "cpu", "--table", table, "--target", "label", "--layers", "Linear(2)",
+         "--epochs", "100000", "--out", path],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        for line in run.stdout:
+            if line.startswith("epoch 1/"):
+                run.send_signal(signal.SIGSTOP)
+                break
+        model = textnet.Sequential("Linear(2, 2)", device="cpu")
+        with pytest.raises(ValueError) as e:
+            model.save(path, overwrite=True)
+        assert f"is being written by another textnet run (process {run.pid})" in str(e.value)
+    finally:
+        run.kill()
+        run.wait()
+    model.save(path, overwrite=True)  # the lock went with the run
+
+
+def test_two_threads_saving_one_path_never_fail(tmp_path):
+    """PY58: saves of one process wait for each other; the file is always a whole model."""
+    model = textnet.Sequential(SPEC, device="cpu")
+    path = tmp_path / "m.st"
+    errors = []
+
+    def save_20_times():
+        for _ in range(20):
+            try:
+                model.save(path, overwrite=True)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=save_20_times) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert textnet.load(path).spec == model.spec
+    assert [p.name for p in tmp_path.iterdir()] == ["m.st"]

@@ -394,7 +394,8 @@ impl Spec {
                     if inputs != channels {
                         bail!("layer {n} ({name}) takes {inputs} channels but {before} {channels}");
                     }
-                    let side = |s: usize| (s + 2 * padding).checked_sub(kernel).map(|d| d / stride + 1);
+                    let side =
+                        |s: usize| padding.checked_mul(2)?.checked_add(s)?.checked_sub(kernel).map(|d| d / stride + 1);
                     match (side(height), side(width)) {
                         (Some(h), Some(w)) => Shape::Image { channels: outputs, height: h, width: w },
                         _ => bail!(
@@ -418,7 +419,14 @@ impl Spec {
                 (Layer::MaxPool2d(_), Shape::Flat(m)) => {
                     bail!("layer {n} ({name}) takes images but {before} {m} features")
                 }
-                (Layer::Flatten, Shape::Image { channels, height, width }) => Shape::Flat(channels * height * width),
+                (Layer::Flatten, Shape::Image { channels, height, width }) => {
+                    match channels.checked_mul(height).and_then(|c| c.checked_mul(width)) {
+                        Some(features) => Shape::Flat(features),
+                        None => {
+                            bail!("layer {n} ({name}): {channels}×{height}×{width} images are too large to flatten")
+                        }
+                    }
+                }
                 (Layer::Flatten, flat) => flat,
                 (_, shape) => shape,
             };

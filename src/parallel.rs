@@ -69,8 +69,14 @@ impl Plan {
 impl Plan {
     /// Opens what the plan trains on. `Plan::One` resolves `--device` as every command does; the others
     /// load NCCL and open their GPUs, and a rank first meets the others, comparing `fingerprint()` (what
-    /// every rank must have been started with alike).
-    pub fn open(&self, device: DeviceChoice, fingerprint: impl FnOnce() -> String) -> Result<Opened> {
+    /// every rank must have been started with alike), after `announce` has been given the line that says
+    /// whom it waits for (`Rendezvous::waiting`).
+    pub fn open(
+        &self,
+        device: DeviceChoice,
+        fingerprint: impl FnOnce() -> String,
+        announce: impl FnOnce(&str),
+    ) -> Result<Opened> {
         if !matches!(self, Plan::One) && device == DeviceChoice::Cpu {
             bail!("--gpus and --world-size train on GPUs: leave out --device cpu");
         }
@@ -102,6 +108,9 @@ impl Plan {
                     Some(g) => *g,
                     None => rendezvous.rank % device::gpu_count().context("--world-size")?.max(1),
                 };
+                if let Some(line) = rendezvous.waiting() {
+                    announce(&line);
+                }
                 let meeting = rendezvous.meet(crate::report::VERSION, &fingerprint(), nccl::unique_id)?;
                 let gpu = Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?;
                 let line = format!("rank {} of {}, GPU {ordinal}", rendezvous.rank, rendezvous.world_size);

@@ -417,7 +417,13 @@ impl TrainingCommand for TransformerArgs {
         }
         let evals = args.steps.div_ceil(args.eval_every);
         let display = Display::new(args.quiet || !writes, args.json && writes, evals);
-        let mut opened = plan.open(args.device, || args.fingerprint(&corpus))?;
+        // Every rank, the silent ones too, says whom it waits for at the rendezvous (up to minutes).
+        let announce = |line: &str| {
+            if !args.quiet {
+                crate::console::err(line);
+            }
+        };
+        let mut opened = plan.open(args.device, || args.fingerprint(&corpus), announce)?;
         let (backend, device_line) = (opened.backend.clone(), opened.line.clone());
         if let Some(path) = &args.resume {
             display

@@ -110,10 +110,14 @@ pub struct TransformerArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    /// Continue training this Transformer model file: its shape and vocabulary are kept (--layers,
-    /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab are not used); AdamW's moments start
-    /// afresh
-    #[arg(long, value_name = "MODEL")]
+    /// Continue training this Transformer model file, with its shape and vocabulary (which is why --layers,
+    /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab cannot be given with it); AdamW's
+    /// moments start afresh
+    #[arg(
+        long,
+        value_name = "MODEL",
+        conflicts_with_all = ["layers", "heads", "embed", "block", "no_bias", "tie_weights", "vocab"]
+    )]
     pub resume: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
     #[arg(short = 'q', long)]

@@ -85,6 +85,35 @@ fn x003_x004_x005_x011_metadata_sizes_are_checked_against_the_tensors() {
     }
 }
 
+/// DF03: a model that cannot be written (here a file-size limit, as a full disk) ends the run with what
+/// --out holds.
+#[test]
+fn df03_a_failed_write_says_what_out_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("english.txt"), english(20_000, 1)).unwrap();
+    let mut args = vec!["transformer", "english.txt", "--out", "t.st", "--device", "cpu", "--layers", "1"];
+    args.extend(["--embed", "32", "--block", "32", "--batch", "8", "--steps", "20", "--eval-every", "10", "--quiet"]);
+    let mut command = bad_input::textnet(dir.path(), &args);
+    // SAFETY: setrlimit and signal are async-signal-safe and touch no memory of the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            // A write past the limit fails with EFBIG instead of killing the process.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit { rlim_cur: 16 << 10, rlim_max: 16 << 10 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    bad_input::run_for(command, std::time::Duration::from_secs(60)).fails_with(&[
+        "cannot write t.st",
+        "File too large",
+        "nothing written to t.st",
+    ]);
+    assert!(!dir.path().join("t.st").exists());
+}
+
 #[test]
 fn x025_x026_a_crafted_transformer_at_out_is_refused_at_once() {
     let dir = trained();

@@ -14,6 +14,10 @@ use std::time::Duration;
 /// How long the ranks of a multi-process run wait for each other at the rendezvous.
 pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The long names of the data-parallel flags (`ParallelArgs`), for the usage error of a command that has
+/// none of them.
+pub const FLAGS: [&str; 4] = ["gpus", "world-size", "rank", "rendezvous"];
+
 /// The data-parallel flags.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ParallelArgs {
@@ -252,5 +256,12 @@ mod tests {
         assert!(matches!(&plan, Plan::Rank { gpu: Some(1), .. }));
         assert!(!plan.writes());
         assert!(args(None, Some(2), Some(0), Some("h:1")).plan(64).unwrap().writes());
+    }
+
+    #[test]
+    fn the_flags_listed_are_the_flags_parsed() {
+        let command = <ParallelArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let parsed: Vec<&str> = command.get_arguments().filter_map(clap::Arg::get_long).collect();
+        assert_eq!(parsed, FLAGS);
     }
 }

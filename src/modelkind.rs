@@ -118,10 +118,18 @@ pub fn of(metadata: &HashMap<String, String>) -> Option<&'static Kind> {
     ALL.into_iter().find(|k| k.legacy_tag == Some(legacy.as_str()))
 }
 
-/// The kind of a safetensors file from its bytes, if its metadata names one textnet knows.
+/// The kind of a safetensors file from its bytes, if its metadata names one textnet knows. Only the
+/// header's metadata is read, not its tensors' entries: a file of a known kind whose tensors are broken is
+/// its kind's loader's to refuse, with the loader's reason.
 pub fn of_bytes(bytes: &[u8]) -> Option<&'static Kind> {
-    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).ok()?;
-    of(header.metadata().as_ref()?)
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__")]
+        metadata: Option<HashMap<String, String>>,
+    }
+    let length = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..length.checked_add(8)?)?;
+    of(&serde_json::from_slice::<Header>(header).ok()?.metadata?)
 }
 
 /// "it is an XOR network (for textnet xor)" for a file of a kind textnet knows, or None when its

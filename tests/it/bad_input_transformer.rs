@@ -85,6 +85,20 @@ fn x003_x004_x005_x011_metadata_sizes_are_checked_against_the_tensors() {
     }
 }
 
+/// MF41: a Transformer whose header lies about a tensor's shape gets the loader's reason, not "not a model
+/// that generates text".
+#[test]
+fn mf41_a_transformer_with_a_broken_header_gets_the_loaders_reason() {
+    let dir = trained();
+    let crafted = dir.path().join("lie.st");
+    bad_input::with_header(&dir.path().join("tf.st"), &crafted, |header| {
+        header["pos_emb.weight"]["shape"][0] = 1_000_000_000.into();
+    });
+    let reason = "model file lie.st: not a safetensors file (invalid shape, data type, or offset for tensor";
+    run(dir.path(), &["generate", "--model", "lie.st", "--prompt", "the", "--length", "5"]).fails_with(&[reason]);
+    run(dir.path(), &["eval", "english.txt", "--model", "lie.st"]).fails_with(&[reason]);
+}
+
 /// DF03: a model that cannot be written (here a file-size limit, as a full disk) ends the run with what
 /// --out holds.
 #[test]

@@ -161,6 +161,10 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     let mut inputs: Vec<(&str, &Path)> = vec![("model file", args.model.as_path())];
     inputs.extend(args.images.iter().map(|p| ("image file", p.as_path())));
     inputs.extend(args.labels.as_deref().map(|p| ("--labels file", p)));
+    // The second reader of standard input would find it empty.
+    if inputs.iter().filter(|(_, path)| crate::fsutil::is_stdin(path)).count() > 1 {
+        bail!("- (standard input) can be given once");
+    }
     crate::plot::check(args.plot.as_deref(), None, &inputs)?;
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
     let model = open(&bytes, &args.model)

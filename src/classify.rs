@@ -50,7 +50,7 @@ const EXPECTED: &str = "a textnet MNIST model file or a textnet fit model of ima
 
 /// The model file `bytes` (read from `path`) opened by the pipeline whose kind it names.
 fn open(bytes: &[u8], path: &Path) -> Result<ImageModel> {
-    let kind = crate::modelkind::of_bytes(bytes);
+    let kind = crate::modelkind::claimed_by(bytes);
     let hook = crate::pipelines::ALL
         .iter()
         .find(|p| kind.is_some_and(|k| p.models.contains(&k)))

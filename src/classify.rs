@@ -50,7 +50,7 @@ const EXPECTED: &str = "a textnet MNIST model file or a textnet fit model of ima
 
 /// The model file `bytes` (read from `path`) opened by the pipeline whose kind it names.
 fn open(bytes: &[u8], path: &Path) -> Result<ImageModel> {
-    let kind = crate::modelkind::of_bytes(bytes);
+    let kind = crate::modelkind::claimed_by(bytes);
     let hook = crate::pipelines::ALL
         .iter()
         .find(|p| kind.is_some_and(|k| p.models.contains(&k)))
@@ -161,6 +161,10 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     let mut inputs: Vec<(&str, &Path)> = vec![("model file", args.model.as_path())];
     inputs.extend(args.images.iter().map(|p| ("image file", p.as_path())));
     inputs.extend(args.labels.as_deref().map(|p| ("--labels file", p)));
+    // The second reader of standard input would find it empty.
+    if inputs.iter().filter(|(_, path)| crate::fsutil::is_stdin(path)).count() > 1 {
+        bail!("- (standard input) can be given once");
+    }
     crate::plot::check(args.plot.as_deref(), None, &inputs)?;
     let bytes = crate::fsutil::read_input(&args.model, "model file")?;
     let model = open(&bytes, &args.model)

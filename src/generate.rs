@@ -97,7 +97,7 @@ pub fn evaluate(args: EvalArgs) -> Result<()> {
 /// The pipeline hooks for the model file `bytes` (read from `path`) and its kind's tag; `refusal` ends the
 /// error for a file of a kind that is no language model.
 fn language_model(bytes: &[u8], path: &Path, refusal: &str) -> Result<(&'static LanguageModel, &'static str)> {
-    let kind = crate::modelkind::of_bytes(bytes);
+    let kind = crate::modelkind::claimed_by(bytes);
     let model = crate::pipelines::ALL
         .iter()
         .find(|p| kind.is_some_and(|k| p.models.contains(&k)))

@@ -133,7 +133,9 @@ fn parse_args() -> clap::ArgMatches {
                     _ => std::process::exit(err.exit_code()),
                 }
             }
-            _ => negative_value_error(&err).unwrap_or_else(|| one_line(&err)),
+            _ => {
+                negative_value_error(&err).or_else(|| data_parallel_flag_error(&err)).unwrap_or_else(|| one_line(&err))
+            }
         };
         textnet::console::err(&line);
         std::process::exit(err.exit_code());
@@ -194,6 +196,46 @@ fn negative_value_error(err: &clap::Error) -> Option<String> {
     let least = if COUNTS_FROM_ONE.contains(&flag) { 1 } else { 0 };
     (value.starts_with('-') && unsigned)
         .then(|| format!("textnet: error: {flag} takes a whole number of {least} or more, got {value}"))
+}
+
+/// One line for a data-parallel flag (`parallel::FLAGS`) given to a command that has none, naming the
+/// commands that take it (clap's tip, to pass it as a value after `--`, would make it a file name).
+fn data_parallel_flag_error(err: &clap::Error) -> Option<String> {
+    if err.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = arg.split('=').next()?.strip_prefix("--")?;
+    if !textnet::parallel::FLAGS.contains(&flag) {
+        return None;
+    }
+    let line = command_line();
+    let owners: Vec<&str> = line
+        .get_subcommands()
+        .filter(|c| c.get_arguments().any(|a| a.get_long() == Some(flag)))
+        .map(clap::Command::get_name)
+        .collect();
+    let runs = match command_of_usage(&err.render().to_string(), &line) {
+        given if given.is_empty() => String::new(),
+        given => format!(" ({given} runs on one GPU)"),
+    };
+    Some(format!("textnet: error: --{flag} is a flag of {} only{runs}", owners.join(" and ")))
+}
+
+/// The command a usage error names: "bench mnist" for "Usage: textnet bench mnist [OPTIONS]"; empty for
+/// textnet itself.
+fn command_of_usage(text: &str, line: &clap::Command) -> String {
+    let usage = text.lines().find_map(|l| l.trim().strip_prefix("Usage: ")).unwrap_or_default();
+    let mut command = line;
+    let mut names = Vec::new();
+    for word in usage.split_whitespace().skip(1) {
+        let Some(sub) = command.find_subcommand(word) else { break };
+        names.push(word);
+        command = sub;
+    }
+    names.join(" ")
 }
 
 #[cfg(test)]

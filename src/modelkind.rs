@@ -118,10 +118,25 @@ pub fn of(metadata: &HashMap<String, String>) -> Option<&'static Kind> {
     ALL.into_iter().find(|k| k.legacy_tag == Some(legacy.as_str()))
 }
 
-/// The kind of a safetensors file from its bytes, if its metadata names one textnet knows.
+/// The kind of a safetensors file from its bytes, if it is a whole safetensors file and its metadata
+/// names a kind textnet knows.
 pub fn of_bytes(bytes: &[u8]) -> Option<&'static Kind> {
-    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).ok()?;
-    of(header.metadata().as_ref()?)
+    safetensors::SafeTensors::read_metadata(bytes).ok()?;
+    claimed_by(bytes)
+}
+
+/// The kind a file's header names in its metadata, if textnet knows it, without checking its tensors'
+/// entries: how a command picks the loader of a model file, so that a file of a known kind whose tensors
+/// are broken gets the loader's reason.
+pub fn claimed_by(bytes: &[u8]) -> Option<&'static Kind> {
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__")]
+        metadata: Option<HashMap<String, String>>,
+    }
+    let length = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..length.checked_add(8)?)?;
+    of(&serde_json::from_slice::<Header>(header).ok()?.metadata?)
 }
 
 /// "it is an XOR network (for textnet xor)" for a file of a kind textnet knows, or None when its
@@ -157,6 +172,21 @@ mod tests {
                 assert!(a.legacy_tag.is_none() || a.legacy_tag != b.legacy_tag);
             }
         }
+    }
+
+    #[test]
+    fn a_file_whose_tensors_are_broken_still_claims_its_kind() {
+        let file = |shape: u64| {
+            let header = serde_json::json!({
+                "__metadata__": {"format": "textnet-transformer"},
+                "w": {"dtype": "F32", "shape": [shape], "data_offsets": [0, 4]},
+            })
+            .to_string();
+            [&(header.len() as u64).to_le_bytes()[..], header.as_bytes(), &[0; 4]].concat()
+        };
+        assert_eq!((of_bytes(&file(1)), claimed_by(&file(1))), (Some(&TRANSFORMER), Some(&TRANSFORMER)));
+        assert_eq!((of_bytes(&file(1_000_000_000)), claimed_by(&file(1_000_000_000))), (None, Some(&TRANSFORMER)));
+        assert_eq!(claimed_by(b"To be, or not to be"), None);
     }
 
     #[test]

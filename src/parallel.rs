@@ -14,6 +14,10 @@ use std::time::Duration;
 /// How long the ranks of a multi-process run wait for each other at the rendezvous.
 pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The long names of the data-parallel flags (`ParallelArgs`), for the usage error of a command that has
+/// none of them.
+pub const FLAGS: [&str; 4] = ["gpus", "world-size", "rank", "rendezvous"];
+
 /// The data-parallel flags.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ParallelArgs {
@@ -69,8 +73,14 @@ impl Plan {
 impl Plan {
     /// Opens what the plan trains on. `Plan::One` resolves `--device` as every command does; the others
     /// load NCCL and open their GPUs, and a rank first meets the others, comparing `fingerprint()` (what
-    /// every rank must have been started with alike).
-    pub fn open(&self, device: DeviceChoice, fingerprint: impl FnOnce() -> String) -> Result<Opened> {
+    /// every rank must have been started with alike), after `announce` has been given the line that says
+    /// whom it waits for (`Rendezvous::waiting`).
+    pub fn open(
+        &self,
+        device: DeviceChoice,
+        fingerprint: impl FnOnce() -> String,
+        announce: impl FnOnce(&str),
+    ) -> Result<Opened> {
         if !matches!(self, Plan::One) && device == DeviceChoice::Cpu {
             bail!("--gpus and --world-size train on GPUs: leave out --device cpu");
         }
@@ -102,6 +112,9 @@ impl Plan {
                     Some(g) => *g,
                     None => rendezvous.rank % device::gpu_count().context("--world-size")?.max(1),
                 };
+                if let Some(line) = rendezvous.waiting() {
+                    announce(&line);
+                }
                 let meeting = rendezvous.meet(crate::report::VERSION, &fingerprint(), nccl::unique_id)?;
                 let gpu = Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?;
                 let line = format!("rank {} of {}, GPU {ordinal}", rendezvous.rank, rendezvous.world_size);
@@ -243,5 +256,12 @@ mod tests {
         assert!(matches!(&plan, Plan::Rank { gpu: Some(1), .. }));
         assert!(!plan.writes());
         assert!(args(None, Some(2), Some(0), Some("h:1")).plan(64).unwrap().writes());
+    }
+
+    #[test]
+    fn the_flags_listed_are_the_flags_parsed() {
+        let command = <ParallelArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let parsed: Vec<&str> = command.get_arguments().filter_map(clap::Arg::get_long).collect();
+        assert_eq!(parsed, FLAGS);
     }
 }

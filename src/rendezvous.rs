@@ -37,6 +37,9 @@ const RETRY: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How much longer than its timeout a rank waits for rank 0's verdict once connected.
 const VERDICT_GRACE: Duration = Duration::from_secs(1);
+/// How long rank 0 waits for the hello of one connection (a rank sends it as soon as it connects): a
+/// client that stays silent (a port check, a stray `nc`) is dropped after it, and rank 0 goes on waiting.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest line either side accepts.
 const MAX_LINE: usize = 4096;
 /// How often a linked rank says it is alive.
@@ -120,6 +123,19 @@ impl Rendezvous {
         Ok(Rendezvous { world_size, rank, address: address.to_string(), timeout })
     }
 
+    /// The line a rank prints as it starts to wait at the rendezvous, naming whom it waits for: "rank 1:
+    /// waiting up to 300 s for rank 0 at HOST:PORT". None in a world of one, where nobody is waited for.
+    pub fn waiting(&self) -> Option<String> {
+        let whom = match (self.rank, self.world_size) {
+            (_, 1) => return None,
+            (0, 2) => "rank 1".to_string(),
+            (0, world) => format!("ranks 1…{}", world - 1),
+            _ => "rank 0".to_string(),
+        };
+        let (rank, seconds, address) = (self.rank, self.timeout.as_secs_f64(), &self.address);
+        Some(format!("rank {rank}: waiting up to {seconds} s for {whom} at {address}"))
+    }
+
     /// Meets the other ranks and returns the run's unique id: rank 0 makes it with `make_id` once every
     /// other rank has arrived and agreed (`version` and `flags` the same as rank 0's), and sends it to
     /// them; the others receive it. Any rank that cannot go on fails with a one-line error, and rank 0
@@ -157,7 +173,7 @@ impl Rendezvous {
                 Ok((mut stream, _)) => {
                     stream.set_nonblocking(false)?;
                     let remaining = deadline.saturating_duration_since(Instant::now()).max(RETRY);
-                    match read_line(&stream, remaining).and_then(|l| Hello::parse(&l)) {
+                    match read_line(&stream, remaining.min(HELLO_TIMEOUT)).and_then(|l| Hello::parse(&l)) {
                         Ok(hello) => match &problem {
                             Some(message) => {
                                 let _ = stream.write_all(format!("error {message}\n").as_bytes());
@@ -351,20 +367,32 @@ fn differing_fields(a: &str, b: &str) -> (String, String) {
     (da.join(","), db.join(","))
 }
 
-/// One line, read until `timeout` passes.
-fn read_line(stream: &TcpStream, timeout: Duration) -> Result<String> {
-    stream.set_read_timeout(Some(timeout))?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    match (&mut reader).take(MAX_LINE as u64).read_line(&mut line) {
-        Ok(0) => bail!("the other side closed the connection"),
-        Ok(_) if !line.ends_with('\n') => bail!("a line longer than {MAX_LINE} bytes, or cut short"),
-        Ok(_) => Ok(line),
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            bail!("no answer within {} s", timeout.as_secs_f64())
+/// One line, read until `timeout` passes in all (however slowly its bytes come). Read a byte at a time, so
+/// that nothing after the line (the other side's first `alive`) is taken from the stream.
+fn read_line(mut stream: &TcpStream, timeout: Duration) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    let timed_out = || anyhow!("no answer within {} s", timeout.as_secs_f64());
+    let mut line = Vec::new();
+    while line.last() != Some(&b'\n') {
+        if line.len() == MAX_LINE {
+            bail!("a line longer than {MAX_LINE} bytes");
         }
-        Err(e) => Err(e.into()),
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(timed_out());
+        }
+        stream.set_read_timeout(Some(remaining))?;
+        let mut byte = [0u8];
+        match stream.read(&mut byte) {
+            Ok(0) if line.is_empty() => bail!("the other side closed the connection"),
+            Ok(0) => bail!("a line cut short"),
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Err(timed_out()),
+            Err(e) => return Err(e.into()),
+        }
     }
+    String::from_utf8(line).map_err(|_| anyhow!("a line that is not UTF-8"))
 }
 
 fn to_hex(bytes: &[u8]) -> String {

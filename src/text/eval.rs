@@ -10,7 +10,7 @@ use super::model::EvalSums;
 use super::modelfile::TextModel;
 use super::train::spread_subset;
 use crate::eval::{EvalArgs, Evaluation};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
 
 /// Samples evaluated between two updates of the progress bar.
@@ -18,7 +18,7 @@ const PROGRESS_CHUNK: usize = 1 << 13;
 
 /// `eval`'s hook: a text model file's bytes scored on the corpus.
 pub fn evaluate(bytes: &[u8], args: &EvalArgs, bar: &ProgressBar) -> Result<Evaluation> {
-    let model = TextModel::from_bytes(bytes)?;
+    let model = TextModel::from_bytes(bytes).with_context(|| format!("model file {}", args.model.display()))?;
     let options = CorpusOptions { tokenizer: model.tokenizer, max_vocab: usize::MAX, max_tokens: args.max_tokens };
     let corpus = Corpus::read(&args.corpus, options)?.in_vocabulary(&model.vocab);
     let n = model.params.shape.context;

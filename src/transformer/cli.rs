@@ -22,10 +22,10 @@ use crate::precision::Precision;
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{self, MemoryNeed};
 use crate::run::{self, Ending, TrainingCommand};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use rand::SeedableRng;
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -110,10 +110,14 @@ pub struct TransformerArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    /// Continue training this Transformer model file: its shape and vocabulary are kept (--layers,
-    /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab are not used); AdamW's moments start
-    /// afresh
-    #[arg(long, value_name = "MODEL")]
+    /// Continue training this Transformer model file, with its shape and vocabulary (which is why --layers,
+    /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab cannot be given with it); AdamW's
+    /// moments start afresh
+    #[arg(
+        long,
+        value_name = "MODEL",
+        conflicts_with_all = ["layers", "heads", "embed", "block", "no_bias", "tie_weights", "vocab"]
+    )]
     pub resume: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
     #[arg(short = 'q', long)]
@@ -348,6 +352,12 @@ pub struct Setup {
 /// What `train` hands to `finish`.
 pub struct Trained {
     setup: Setup,
+    progress: Progress,
+    seconds: f64,
+}
+
+/// How far the evaluations got.
+struct Progress {
     rows: Vec<EpochRow>,
     diverged: Option<Divergence>,
     /// Steps done.
@@ -356,7 +366,22 @@ pub struct Trained {
     best_val: f64,
     /// What --out holds from this run: the evaluation, its step and its validation loss.
     kept: Option<Kept>,
-    seconds: f64,
+}
+
+impl Progress {
+    /// What --out holds when the run stops before its end (interrupted, or on an error): the best step
+    /// written so far, or what a run that wrote nothing leaves there.
+    fn outcome_so_far(&self, out: &Path) -> String {
+        match self.kept {
+            Some(k) => format!(
+                "{} holds the model of step {} (the best of the {} steps done)",
+                out.display(),
+                k.step,
+                self.done
+            ),
+            None => run::write_once_outcome(out, false, None, None),
+        }
+    }
 }
 
 /// An evaluation written to --out.
@@ -417,7 +442,13 @@ impl TrainingCommand for TransformerArgs {
         }
         let evals = args.steps.div_ceil(args.eval_every);
         let display = Display::new(args.quiet || !writes, args.json && writes, evals);
-        let mut opened = plan.open(args.device, || args.fingerprint(&corpus))?;
+        // Every rank, the silent ones too, says whom it waits for at the rendezvous (up to minutes).
+        let announce = |line: &str| {
+            if !args.quiet {
+                crate::console::err(line);
+            }
+        };
+        let mut opened = plan.open(args.device, || args.fingerprint(&corpus), announce)?;
         let (backend, device_line) = (opened.backend.clone(), opened.line.clone());
         if let Some(path) = &args.resume {
             display
@@ -510,99 +541,25 @@ impl TrainingCommand for TransformerArgs {
     }
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
-        let args = self;
-        let Setup {
-            ref mut display,
-            ref mut trainer,
-            ref corpus,
-            ref val_offsets,
-            config,
-            evals,
-            ref rates,
-            baseline,
-            steps_before,
-            ..
-        } = setup;
-        let mut rng = SeededRng::seed_from_u64(args.seed);
         let start = Instant::now();
-        let mut rows = Vec::new();
-        let mut diverged = None;
-        let mut done = 0;
-        let mut best_val = f64::INFINITY;
-        let mut kept: Option<Kept> = None;
-        let guessing = (config.vocab as f64).ln();
-        display.steps_started(args.steps, args.batch * config.block);
-        for eval in 1..=evals {
-            let steps = args.eval_every.min(args.steps - done);
-            let offsets: Vec<u32> = (0..steps)
-                .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
-                .collect();
-            let mut reached = done;
-            let losses = trainer.train(corpus, &offsets, args.batch, &rates[done..done + steps], &mut |n| {
-                reached += n;
-                display.steps_reached(reached);
-            })?;
-            done += steps;
-            let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
-            let val = trainer.val_loss(corpus, val_offsets, args.batch)?;
-            let elapsed = start.elapsed().as_secs_f64();
-            if !(train_loss.is_finite() && val.is_finite()) {
-                diverged = Some(Divergence { epoch: eval, what: "loss" });
-                break;
-            }
-            best_val = best_val.min(val);
-            // The best checkpoint so far goes to --out as soon as it is reached (atomically), so that an
-            // overfitting tail never replaces it: an evaluation is written when it learned something,
-            // beats every one written before it, and is no worse than the model --out held (a tie, as
-            // stored in f32, rewrites: the same run again leaves the same bytes).
-            let beats = val < guessing
-                && baseline.is_none_or(|b| val as f32 <= b as f32)
-                && kept.is_none_or(|k| val < k.val_loss);
-            if beats {
-                let model = TransformerModel {
-                    config,
-                    vocab: corpus.vocab.clone(),
-                    params: trainer.params()?,
-                    val_loss: val as f32,
-                    steps: steps_before + done,
-                };
-                if setup.writes {
-                    fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
-                }
-                kept = Some(Kept { eval, step: done, val_loss: val });
-            }
-            let row = EpochRow {
-                epoch: eval,
-                train_loss,
-                val_loss: Some(val),
-                val_accuracy: None,
-                test_loss: None,
-                test_accuracy: None,
-                samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
-                elapsed_s: elapsed,
-                extra: Default::default(),
-            }
-            .with("step", done)
-            .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
-            display.evaluated(&format!(
-                "step {done}/{}: train loss {train_loss:.4}, val loss {val:.4}, {} tokens/s, {} elapsed",
-                args.steps,
-                report::thousands(row.samples_per_s * config.block as f64),
-                report::duration(elapsed)
-            ));
-            rows.push(row);
-            if crate::interrupt::requested() {
-                break;
-            }
+        let mut progress = Progress { rows: Vec::new(), diverged: None, done: 0, best_val: f64::INFINITY, kept: None };
+        let evaluated = self.evaluations(&mut setup, &mut progress, start);
+        setup.display.clear();
+        if let Err(e) = evaluated {
+            // A failed write or device: the line says what --out holds, as every other end of a run does.
+            return Err(match setup.writes {
+                true => anyhow!("{e:#}; {}", progress.outcome_so_far(&self.out)),
+                false => e,
+            });
         }
-        display.clear();
-        let seconds = start.elapsed().as_secs_f64();
-        Ok(Trained { setup, rows, diverged, done, best_val, kept, seconds })
+        Ok(Trained { setup, progress, seconds: start.elapsed().as_secs_f64() })
     }
 
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
-        let Trained { setup, rows, diverged, done, best_val, kept, seconds } = trained;
+        let Trained { setup, progress, seconds } = trained;
+        let so_far = progress.outcome_so_far(&args.out);
+        let Progress { rows, diverged, done, best_val, kept } = progress;
         let Setup { display, corpus, config, backend, val_offsets, baseline, evals, watch, writes, .. } = setup;
         if let Some(watch) = watch {
             watch.finish();
@@ -655,12 +612,7 @@ impl TrainingCommand for TransformerArgs {
             interrupted: interrupted.then(|| format!("at step {done} of {}", args.steps)),
             failed,
             written,
-            outcome: match kept {
-                Some(k) if interrupted => {
-                    format!("{out} holds the model of step {} (the best of the {done} steps done)", k.step)
-                }
-                _ => outcome,
-            },
+            outcome: if interrupted && written { so_far } else { outcome },
             remedy,
             plot_failed: crate::plot::training_curves(
                 args.plot.as_deref().filter(|_| writes),
@@ -733,9 +685,99 @@ impl TrainingCommand for TransformerArgs {
     }
 }
 
+/// The evaluation intervals of a run, each written to --out when it beats the ones before; `progress` says
+/// how far they got, also when one fails.
+impl TransformerArgs {
+    fn evaluations(&self, setup: &mut Setup, progress: &mut Progress, start: Instant) -> Result<()> {
+        let args = self;
+        let Setup {
+            ref mut display,
+            ref mut trainer,
+            ref corpus,
+            ref val_offsets,
+            config,
+            evals,
+            ref rates,
+            baseline,
+            steps_before,
+            writes,
+            ..
+        } = *setup;
+        let mut rng = SeededRng::seed_from_u64(args.seed);
+        let guessing = (config.vocab as f64).ln();
+        display.steps_started(args.steps, args.batch * config.block);
+        for eval in 1..=evals {
+            let before = progress.done;
+            let steps = args.eval_every.min(args.steps - before);
+            let offsets: Vec<u32> = (0..steps)
+                .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
+                .collect();
+            let mut reached = before;
+            let losses = trainer.train(corpus, &offsets, args.batch, &rates[before..before + steps], &mut |n| {
+                reached += n;
+                display.steps_reached(reached);
+            })?;
+            progress.done += steps;
+            let done = progress.done;
+            let train_loss = losses.iter().sum::<f64>() / losses.len() as f64;
+            let val = trainer.val_loss(corpus, val_offsets, args.batch)?;
+            let elapsed = start.elapsed().as_secs_f64();
+            if !(train_loss.is_finite() && val.is_finite()) {
+                progress.diverged = Some(Divergence { epoch: eval, what: "loss" });
+                break;
+            }
+            progress.best_val = progress.best_val.min(val);
+            // The best checkpoint so far goes to --out as soon as it is reached (atomically), so that an
+            // overfitting tail never replaces it: an evaluation is written when it learned something,
+            // beats every one written before it, and is no worse than the model --out held (a tie, as
+            // stored in f32, rewrites: the same run again leaves the same bytes).
+            let beats = val < guessing
+                && baseline.is_none_or(|b| val as f32 <= b as f32)
+                && progress.kept.is_none_or(|k| val < k.val_loss);
+            if beats {
+                let model = TransformerModel {
+                    config,
+                    vocab: corpus.vocab.clone(),
+                    params: trainer.params()?,
+                    val_loss: val as f32,
+                    steps: steps_before + done,
+                };
+                if writes {
+                    fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+                }
+                progress.kept = Some(Kept { eval, step: done, val_loss: val });
+            }
+            let row = EpochRow {
+                epoch: eval,
+                train_loss,
+                val_loss: Some(val),
+                val_accuracy: None,
+                test_loss: None,
+                test_accuracy: None,
+                samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
+                elapsed_s: elapsed,
+                extra: Default::default(),
+            }
+            .with("step", done)
+            .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
+            display.evaluated(&format!(
+                "step {done}/{}: train loss {train_loss:.4}, val loss {val:.4}, {} tokens/s, {} elapsed",
+                args.steps,
+                report::thousands(row.samples_per_s * config.block as f64),
+                report::duration(elapsed)
+            ));
+            progress.rows.push(row);
+            if crate::interrupt::requested() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A --resume'd model reads characters outside its vocabulary as unknown: past half of the corpus, it
 /// would learn to predict the unknown character.
-fn check_unknown_share(corpus: &Corpus, model: &std::path::Path) -> Result<()> {
+fn check_unknown_share(corpus: &Corpus, model: &Path) -> Result<()> {
     let total = corpus.train.len() + corpus.val.len();
     if corpus.unknown * 2 > total {
         bail!(

@@ -9,7 +9,7 @@ use super::model;
 use super::modelfile::TransformerModel;
 use crate::cpu::top_k;
 use crate::eval::{EvalArgs, Evaluation};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 
@@ -20,7 +20,7 @@ pub fn evaluate(bytes: &[u8], args: &EvalArgs, bar: &ProgressBar) -> Result<Eval
             "--max-samples is for text models; a Transformer is scored on every character (--max-tokens reads fewer)"
         );
     }
-    let model = TransformerModel::from_bytes(bytes)?;
+    let model = TransformerModel::from_bytes(bytes).with_context(|| format!("model file {}", args.model.display()))?;
     let what = format!("corpus {}", crate::fsutil::shown(&args.corpus));
     let raw = crate::fsutil::read_input(&args.corpus, "corpus")?;
     let text = utf8(&raw, &what)?;

@@ -203,3 +203,17 @@ fn l018_one_image_can_come_from_standard_input() {
     run.succeeds();
     assert!(run.stdout.contains("(standard input)"), "{}", run.stdout);
 }
+
+/// CL10: a second `-` would read an empty standard input (the first read it to its end).
+#[test]
+fn cl10_standard_input_is_read_once() {
+    let dir = trained();
+    let png = dir.path().join("x.png");
+    black_png(&png);
+    for args in [&["classify", "--model", "good.st", "-", "-"][..], &["classify", "--model", "-", "-"]] {
+        let mut command = bad_input::textnet(dir.path(), args);
+        command.stdin(std::fs::File::open(&png).unwrap());
+        bad_input::run_for(command, std::time::Duration::from_secs(60))
+            .fails_with(&["- (standard input) can be given once"]);
+    }
+}

@@ -14,10 +14,13 @@ fn trained() -> tempfile::TempDir {
     dir
 }
 
-/// `transformer CORPUS --out OUT` on the CPU at a small size, with `extra` flags.
+/// `transformer CORPUS --out OUT` on the CPU at a small size (a --resume'd model's own), with `extra` flags.
 fn transformer(dir: &Path, corpus: &str, out: &str, extra: &[&str]) -> bad_input::Run {
-    let mut args = vec!["transformer", corpus, "--out", out, "--device", "cpu", "--layers", "1", "--embed", "32"];
-    args.extend_from_slice(&["--block", "32", "--batch", "8", "--eval-every", "10", "--quiet"]);
+    let mut args = vec!["transformer", corpus, "--out", out, "--device", "cpu"];
+    if !extra.contains(&"--resume") {
+        args.extend_from_slice(&["--layers", "1", "--embed", "32", "--block", "32"]);
+    }
+    args.extend_from_slice(&["--batch", "8", "--eval-every", "10", "--quiet"]);
     args.extend_from_slice(extra);
     run(dir, &args)
 }
@@ -80,6 +83,49 @@ fn x003_x004_x005_x011_metadata_sizes_are_checked_against_the_tensors() {
         let args = ["generate", "--model", crafted.to_str().unwrap(), "--prompt", "the", "--length", "5"];
         run(dir.path(), &args).fails_with(&["the metadata says"]);
     }
+}
+
+/// MF41: a Transformer whose header lies about a tensor's shape gets the loader's reason, not "not a model
+/// that generates text".
+#[test]
+fn mf41_a_transformer_with_a_broken_header_gets_the_loaders_reason() {
+    let dir = trained();
+    let crafted = dir.path().join("lie.st");
+    bad_input::with_header(&dir.path().join("tf.st"), &crafted, |header| {
+        header["pos_emb.weight"]["shape"][0] = 1_000_000_000.into();
+    });
+    let reason = "model file lie.st: not a safetensors file (invalid shape, data type, or offset for tensor";
+    run(dir.path(), &["generate", "--model", "lie.st", "--prompt", "the", "--length", "5"]).fails_with(&[reason]);
+    run(dir.path(), &["eval", "english.txt", "--model", "lie.st"]).fails_with(&[reason]);
+}
+
+/// DF03: a model that cannot be written (here a file-size limit, as a full disk) ends the run with what
+/// --out holds.
+#[test]
+fn df03_a_failed_write_says_what_out_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("english.txt"), english(20_000, 1)).unwrap();
+    let mut args = vec!["transformer", "english.txt", "--out", "t.st", "--device", "cpu", "--layers", "1"];
+    args.extend(["--embed", "32", "--block", "32", "--batch", "8", "--steps", "20", "--eval-every", "10", "--quiet"]);
+    let mut command = bad_input::textnet(dir.path(), &args);
+    // SAFETY: setrlimit and signal are async-signal-safe and touch no memory of the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            // A write past the limit fails with EFBIG instead of killing the process.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit { rlim_cur: 16 << 10, rlim_max: 16 << 10 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    bad_input::run_for(command, std::time::Duration::from_secs(60)).fails_with(&[
+        "cannot write t.st",
+        "File too large",
+        "nothing written to t.st",
+    ]);
+    assert!(!dir.path().join("t.st").exists());
 }
 
 #[test]

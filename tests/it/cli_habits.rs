@@ -27,6 +27,25 @@ fn usage_errors_are_one_line_with_the_usage() {
     assert!(o.status.success() && stdout(&o).contains("Usage: textnet train"));
 }
 
+/// DP16: a data-parallel flag given to a command without it names the command that has it, instead of
+/// clap's tip to pass it as a value after `--` (which would make it the corpus).
+#[test]
+fn dp16_a_data_parallel_flag_names_the_command_that_takes_it() {
+    for (args, expected) in [
+        (&["train", "c.txt", "--gpus", "2"][..], "--gpus is a flag of transformer only (train runs on one GPU)"),
+        (&["fit", "--world-size", "2"][..], "--world-size is a flag of transformer only (fit runs on one GPU)"),
+        (&["mnist", "--rank=1"][..], "--rank is a flag of transformer only (mnist runs on one GPU)"),
+        (&["bench", "mnist", "--rendezvous", "h:1"][..], "--rendezvous is a flag of transformer only (bench mnist"),
+    ] {
+        let o = textnet(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("textnet: error: ") && err.contains(expected), "{args:?}: {err}");
+        assert!(!err.contains("tip:"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn short_flags_read_as_their_long_forms() {
     let dir = tempfile::tempdir().unwrap();

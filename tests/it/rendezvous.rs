@@ -135,6 +135,50 @@ fn a_stranger_on_the_port_gets_an_answer_and_the_run_goes_on() {
     }
 }
 
+/// DP24: a client that connects first and never says a word (a port check, a stray `nc`) held rank 0 for
+/// its whole timeout. It is dropped after a few seconds, and the ranks meet. Both ranks wait up to 10
+/// minutes, so that the guard, far below that and far above the few seconds, sees a rank 0 held.
+#[test]
+fn dp24_a_silent_client_does_not_hold_rank_0() {
+    use std::io::{BufRead, BufReader};
+    let (port, timeout, guard) = (free_port(), Duration::from_secs(600), Duration::from_secs(120));
+    let (done, results) = std::sync::mpsc::channel();
+    let rank = |rank: usize| {
+        let done = done.clone();
+        thread::spawn(move || done.send(run(port, &[(rank, 2, VERSION, FLAGS)], timeout)).unwrap())
+    };
+    rank(0);
+    let deadline = Instant::now() + guard;
+    let silent = loop {
+        if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rank 0 never listened");
+        thread::sleep(Duration::from_millis(20));
+    };
+    rank(1);
+    for _ in 0..2 {
+        let got = results.recv_timeout(guard).expect("a silent client held the rendezvous");
+        assert_eq!(got[0].clone().unwrap(), vec![7, 0, 255, 42]);
+    }
+    let mut answer = String::new();
+    BufReader::new(&silent).read_line(&mut answer).unwrap();
+    assert!(answer.starts_with("error no answer within"), "{answer}");
+}
+
+/// DP20, DP22: a rank says whom it waits for as it starts to wait, rather than nothing for minutes.
+#[test]
+fn dp20_dp22_a_waiting_rank_says_whom_it_waits_for() {
+    let waiting = |world: usize, rank: usize| {
+        Rendezvous::new(world, rank, "node0:29500", Duration::from_secs(300)).unwrap().waiting()
+    };
+    assert_eq!(waiting(2, 1).unwrap(), "rank 1: waiting up to 300 s for rank 0 at node0:29500");
+    assert_eq!(waiting(4, 3).unwrap(), "rank 3: waiting up to 300 s for rank 0 at node0:29500");
+    assert_eq!(waiting(2, 0).unwrap(), "rank 0: waiting up to 300 s for rank 1 at node0:29500");
+    assert_eq!(waiting(4, 0).unwrap(), "rank 0: waiting up to 300 s for ranks 1…3 at node0:29500");
+    assert_eq!(waiting(1, 0), None);
+}
+
 #[test]
 fn flag_values_are_checked_before_any_network() {
     let t = Duration::from_secs(1);

@@ -17,7 +17,11 @@ fn corpus(dir: &Path) -> PathBuf {
     path
 }
 
-/// `transformer CORPUS --out OUT` at the tiny size on the CPU; a flag in `extra` replaces its default.
+/// The shape flags, which a --resume'd model brings its own of.
+const SHAPE_FLAGS: [&str; 7] = ["--layers", "--heads", "--embed", "--block", "--no-bias", "--tie-weights", "--vocab"];
+
+/// `transformer CORPUS --out OUT` at the tiny size on the CPU (a --resume'd model's own); a flag in `extra`
+/// replaces its default.
 fn transformer(corpus: &Path, out: &Path, extra: &[&str]) -> Output {
     let tiny = [
         ("--device", "cpu"),
@@ -28,8 +32,10 @@ fn transformer(corpus: &Path, out: &Path, extra: &[&str]) -> Output {
         ("--steps", "20"),
         ("--eval-every", "10"),
     ];
+    let resume = extra.contains(&"--resume");
     let mut args = vec!["transformer", s(corpus), "--out", s(out)];
-    for (flag, value) in tiny.iter().filter(|(flag, _)| !extra.contains(flag)) {
+    let defaults = tiny.iter().filter(|(flag, _)| !extra.contains(flag) && !(resume && SHAPE_FLAGS.contains(flag)));
+    for (flag, value) in defaults {
         args.extend([*flag, *value]);
     }
     args.extend(extra);
@@ -386,9 +392,22 @@ fn resume_continues_a_model_and_refuses_what_it_cannot_continue() {
     let first = trained(dir.path());
     let before = TransformerModel::load(&first).unwrap();
 
-    // Its shape and vocabulary are kept whatever the flags say; the steps add up; the loss goes on down.
+    // RS10, RS29, RS30: a shape flag with --resume is refused (the model's own shape would be trained
+    // whatever it said), before anything is read.
     let out = dir.path().join("resumed.safetensors");
-    let o = transformer(&corpus(dir.path()), &out, &["--resume", s(&first), "--embed", "64", "--steps", "40"]);
+    for (flag, value) in SHAPE_FLAGS.into_iter().zip(["3", "2", "64", "64", "", "", "100"]) {
+        let mut extra = vec!["--resume", s(&first), flag];
+        extra.extend(Some(value).filter(|v| !v.is_empty()));
+        let o = transformer(&corpus(dir.path()), &out, &extra);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.starts_with("textnet: error: ") && err.trim_end().lines().count() == 1, "{err}");
+        assert!(err.contains(flag) && err.contains("cannot be used with") && err.contains("--resume"), "{err}");
+        assert!(!out.exists());
+    }
+
+    // Its shape and vocabulary are kept; the steps add up; the loss goes on down.
+    let o = transformer(&corpus(dir.path()), &out, &["--resume", s(&first), "--steps", "40"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("resuming "), "{}", stdout(&o));
     let after = TransformerModel::load(&out).unwrap();
@@ -479,13 +498,13 @@ fn each_regularization_flag_changes_the_model_and_is_recorded() {
             assert_ne!(model(name), model("base.st"), "{flags:?} left the model as it was");
         }
     }
-    // The architecture flags are recorded in the file, and --resume keeps them whatever the flags say.
+    // The architecture flags are recorded in the file, and --resume keeps them.
     let tied = TransformerModel::load(&dir.path().join("tied.st")).unwrap();
     assert!(tied.config.tie_weights && tied.config.bias);
     let nobias = TransformerModel::load(&dir.path().join("nobias.st")).unwrap();
     assert!(!nobias.config.bias && !nobias.config.tie_weights);
     let resumed = dir.path().join("resumed.st");
-    run_report(&corpus, &resumed, &["--resume", s(&dir.path().join("nobias.st")), "--tie-weights"]);
+    run_report(&corpus, &resumed, &["--resume", s(&dir.path().join("nobias.st"))]);
     assert_eq!(TransformerModel::load(&resumed).unwrap().config, nobias.config);
     // Dropout is a training-time thing only: the same seed gives the same model, and evaluation of it is
     // deterministic (the report's loss equals the file's).

@@ -142,10 +142,16 @@ pub fn is_root() -> bool {
 /// `model`, a safetensors file, written to `out` with its metadata changed by `change` (tensors as they
 /// were): the crafted files of the loader cases.
 pub fn with_metadata(model: &Path, out: &Path, change: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    with_header(model, out, |header| change(header["__metadata__"].as_object_mut().unwrap()));
+}
+
+/// `model`, a safetensors file, written to `out` with its JSON header changed by `change` (the tensors'
+/// bytes as they were, whatever the header now says of them).
+pub fn with_header(model: &Path, out: &Path, change: impl FnOnce(&mut serde_json::Value)) {
     let file = bytes(model);
     let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
     let mut header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
-    change(header["__metadata__"].as_object_mut().unwrap());
+    change(&mut header);
     let mut text = serde_json::to_vec(&header).unwrap();
     text.resize(text.len().next_multiple_of(8), b' ');
     let mut rewritten = (text.len() as u64).to_le_bytes().to_vec();

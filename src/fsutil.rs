@@ -186,6 +186,11 @@ pub fn is_stdin(path: &Path) -> bool {
 pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     if is_stdin(path) {
+        // A second reader would find it empty and blame the data.
+        static READ: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if READ.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            bail!("- (standard input) can be given once; the {what} cannot be read from it too");
+        }
         std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)
             .with_context(|| format!("cannot read the {what} from standard input"))?;
         return Ok(bytes);

@@ -242,6 +242,11 @@ impl Display {
         }
     }
 
+    /// A warning: a line as `line` prints it, and on stderr with `--quiet`.
+    pub fn warning(&self, text: &str) {
+        console::line(self.to_stderr || self.quiet, text);
+    }
+
     /// Starts the progress bar of `epoch`, over `samples` training samples (hidden with `--quiet`).
     pub fn epoch_started(&mut self, epoch: usize, samples: usize) {
         self.bar = Some(progress_bar(self.quiet, &format!("epoch {epoch}/{}", self.epochs), samples));

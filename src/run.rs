@@ -124,6 +124,39 @@ pub fn not_learned(finding: &str, outcome: &str, advice: &str) -> String {
     format!("the model did not learn: {finding}; {outcome}; {advice}")
 }
 
+/// Fewer training samples than this explain a run that did not learn before anything else does.
+pub const FEW_SAMPLES: usize = 100;
+
+/// What a run that did not learn should try (the `advice` of `not_learned`): more training samples when
+/// it had fewer than `FEW_SAMPLES` (`too_few`), else another learning rate as its loss went (`lr_advice`).
+pub fn retry_advice(samples: usize, unit: &str, more: &str, loss: (f64, f64), lr: &str, longer: &str) -> String {
+    too_few(samples, unit, more).unwrap_or_else(|| lr_advice(loss, lr, longer))
+}
+
+/// "1 training row is too few to learn from; train on more (`more`)", when `samples` training samples
+/// (each a `unit`) are fewer than `FEW_SAMPLES`.
+pub fn too_few(samples: usize, unit: &str, more: &str) -> Option<String> {
+    (samples < FEW_SAMPLES).then(|| {
+        let are = if samples == 1 { " is" } else { "s are" };
+        format!("{samples} training {unit}{are} too few to learn from; train on more ({more})")
+    })
+}
+
+/// What to do with the learning rate `lr` of a run that did not learn, by how its loss went from
+/// `before` training to `after` it: it barely moved (by 1% or less): raise the rate; it rose: lower it;
+/// it fell, too little: train longer (`longer`, e.g. "more --epochs") or try another.
+pub fn lr_advice((before, after): (f64, f64), lr: &str, longer: &str) -> String {
+    if (after - before).abs() <= 0.01 * before.abs() {
+        format!(
+            "its loss barely moved ({before:.4} before training, {after:.4} after): raise --lr (this run used {lr})"
+        )
+    } else if after > before {
+        format!("its loss rose ({before:.4} before training, {after:.4} after): lower --lr (this run used {lr})")
+    } else {
+        format!("try {longer} or another --lr (this run used {lr})")
+    }
+}
+
 /// The warning for a language model written although no better than the unigram model (each `unit`
 /// predicted by its frequency alone): it learned something, but less than word or character counts know.
 pub fn weaker_than_unigram(loss: f64, unigram: f64, unit: &str) -> String {
@@ -169,6 +202,18 @@ mod tests {
         let kept = Ending { written: false, outcome: "nothing written".into(), ..ending() };
         assert_eq!(kept.status(), Status::NotBetter);
         assert_eq!(kept.conclude().unwrap_err().to_string(), "nothing written");
+    }
+
+    #[test]
+    fn the_advice_of_a_run_that_did_not_learn_follows_its_samples_and_its_loss() {
+        let advice = |samples, loss| retry_advice(samples, "row", "--split", loss, "0.001", "more --epochs");
+        assert_eq!(advice(1, (1.0, 1.0)), "1 training row is too few to learn from; train on more (--split)");
+        assert!(advice(99, (1.0, 1.0)).starts_with("99 training rows are too few"));
+        let still = advice(FEW_SAMPLES, (1.7, 1.6999));
+        assert!(still.contains("barely moved") && still.ends_with("raise --lr (this run used 0.001)"), "{still}");
+        let rose = advice(FEW_SAMPLES, (2.3, 9.1));
+        assert!(rose.contains("rose") && rose.ends_with("lower --lr (this run used 0.001)"), "{rose}");
+        assert_eq!(advice(FEW_SAMPLES, (2.3, 1.9)), "try more --epochs or another --lr (this run used 0.001)");
     }
 
     #[test]

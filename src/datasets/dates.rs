@@ -281,6 +281,15 @@ fn iso_date(text: &str, s: &str) -> Option<Result<IsoDate, String>> {
     }
 }
 
+/// Whether `text` is written as a date in an accepted form but with a two-digit year (`3/14/24`,
+/// `14.03.24`, `Mar 14, 24`), which is not read: with the year's century written it would be.
+pub fn short_year_date(text: &str) -> bool {
+    let s = text.trim();
+    let before_year = s.trim_end_matches(|c: char| c.is_ascii_digit());
+    let year = &s[before_year.len()..];
+    year.len() == 2 && !before_year.is_empty() && parse_date(&format!("{before_year}20{year}")).is_ok()
+}
+
 /// Reads one date in the accepted formats (module comment). The error says what is wrong with a date of
 /// a known shape, or lists the formats tried.
 pub fn parse_date(text: &str) -> Result<DateValue, String> {

@@ -172,6 +172,11 @@ impl Dataset {
         let (train_rows, test_rows) = rows.split_at(n_train);
         let cols = &table.columns;
         let Some(target) = &cols.target else { bail!("{}: the target column is missing", table.source) };
+        if table.rows.iter().all(|r| r.target == table.rows[0].target) {
+            let value = table.rows[0].target;
+            let shown = table.target_levels.get(value as usize).map_or_else(|| value.to_string(), |l| format!("{l:?}"));
+            bail!("{}: the target {} is constant ({shown}): nothing to learn", table.source, target.name);
+        }
 
         // Vocabulary of each categorical column: its values in the training rows, in order of appearance.
         let vocabularies: Vec<Vec<String>> = match vocabularies {
@@ -265,6 +270,17 @@ pub struct Stats {
     pub target_mean: f32,
     /// Population standard deviation of the target; 1 for a constant target.
     pub target_std: f32,
+}
+
+/// Refuses feature statistics (a model file's) that are not one mean and one standard deviation per
+/// feature, naming the list that differs: "the statistics list 64 standard deviations for 10 features".
+pub fn check_statistics_count(means: &[f32], stds: &[f32], features: usize) -> Result<()> {
+    for (list, what) in [(means, "means"), (stds, "standard deviations")] {
+        if list.len() != features {
+            bail!("the statistics list {} {what} for {features} features", list.len());
+        }
+    }
+    Ok(())
 }
 
 /// Mean and population std (1 when it is 0) of `values`, accumulated in f64, two passes.

@@ -158,7 +158,8 @@ pub enum HeaderMode {
 pub struct LoadOptions {
     /// Which columns to read and as what.
     pub schema: Schema,
-    /// `b'\t'` or `b','`; None: detected from the first line.
+    /// `b'\t'` or `b','` (a model's, which names it in the error of a file of the other); None: detected
+    /// from the first line.
     pub delimiter: Option<u8>,
     /// Whether the first row is a header.
     pub header: HeaderMode,
@@ -258,6 +259,23 @@ pub struct Table {
     /// The first of them, as the error it would have been.
     pub first_skipped: Option<String>,
 }
+
+/// The bad row that stopped reading a table (without `LoadOptions::skip_bad_rows`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadRowError {
+    /// The 1-based column of the bad field.
+    pub column: usize,
+    /// `file:line:column: message`.
+    pub message: String,
+}
+
+impl fmt::Display for BadRowError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for BadRowError {}
 
 /// A bad field or row: `file:line:column: message` once the file is known.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -366,19 +384,19 @@ fn width_problem(line: u64, len: usize, width: usize) -> Option<BadRow> {
 /// Line numbers of record starts. The csv crate's own count is off after CRLF line ends and blank lines,
 /// and its byte offset of a record can point at the line ends before it; this skips those and counts
 /// `\n`, `\r\n` and a lone `\r` as one line end each.
-struct Lines<'a> {
+pub(super) struct Lines<'a> {
     bytes: &'a [u8],
     at: usize,
     line: u64,
 }
 
 impl<'a> Lines<'a> {
-    fn new(bytes: &'a [u8]) -> Lines<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> Lines<'a> {
         Lines { bytes, at: 0, line: 1 }
     }
 
     /// The line of the record whose reported start is `offset` (offsets must not decrease).
-    fn of(&mut self, offset: u64) -> u64 {
+    pub(super) fn of(&mut self, offset: u64) -> u64 {
         let mut start = (offset as usize).min(self.bytes.len());
         while start < self.bytes.len() && matches!(self.bytes[start], b'\r' | b'\n') {
             start += 1;
@@ -422,8 +440,23 @@ impl Table {
         Table::parse(&crate::fsutil::shown(path), &bytes, options)
     }
 
-    /// Parses the contents of a file called `source`.
+    /// Parses the contents of a file called `source`. A file that does not read with the delimiter
+    /// `options` give (a model's) and whose first line is separated by the other one is refused as such.
     pub fn parse(source: &str, bytes: &[u8], options: &LoadOptions) -> Result<Table> {
+        Table::parse_rows(source, bytes, options).map_err(|e| {
+            let Some(expected) = options.delimiter else { return e };
+            match other_delimiter(bytes, expected) {
+                Some(theirs) => anyhow!(
+                    "{source}: the model reads {} rows but this file is {theirs}; write it as the model's training \
+                     table was",
+                    delimiter_name(expected)
+                ),
+                None => e,
+            }
+        })
+    }
+
+    fn parse_rows(source: &str, bytes: &[u8], options: &LoadOptions) -> Result<Table> {
         let OpenCsv { bytes, delimiter, mut reader } = open_csv(source, bytes, options.delimiter)?;
         let mut record = csv::ByteRecord::new();
         let read = |reader: &mut csv::Reader<&[u8]>, record: &mut csv::ByteRecord| read_record(source, reader, record);
@@ -515,7 +548,7 @@ impl Table {
         if !options.skip_bad_rows
             && let Some(first) = bad.first()
         {
-            bail!("{}", first.describe(source));
+            return Err(BadRowError { column: first.column, message: first.describe(source) }.into());
         }
         if rows.is_empty() {
             bail!("{source}: all {} rows are bad; the first: {}", bad.len(), bad[0].describe(source));
@@ -537,10 +570,25 @@ impl Table {
     }
 }
 
+/// "tab-separated" or "comma-separated".
+fn delimiter_name(delimiter: u8) -> &'static str {
+    if delimiter == b'\t' { "tab-separated" } else { "comma-separated" }
+}
+
+/// How a table's first line is separated, when by the other of tab and comma than `expected` alone.
+fn other_delimiter(bytes: &[u8], expected: u8) -> Option<&'static str> {
+    let first = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+    let other = if expected == b'\t' { b',' } else { b'\t' };
+    (first.contains(&other) && !first.contains(&expected)).then(|| delimiter_name(other))
+}
+
 /// A file's bytes checked as UTF-8 text (a byte-order mark dropped), its delimiter (`delimiter`, else
 /// detected), and a CSV reader over its records.
 pub(super) fn open_csv<'a>(source: &str, bytes: &'a [u8], delimiter: Option<u8>) -> Result<OpenCsv<'a>> {
-    if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || bytes.iter().take(4096).any(|&b| b == 0) {
+    // UTF-16 has a NUL in every other byte of ASCII text; a stray NUL in a text file is its field's error.
+    let head = &bytes[..bytes.len().min(4096)];
+    let nuls = head.iter().filter(|&&b| b == 0).count();
+    if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") || nuls * 100 > head.len() {
         bail!("{source} is not UTF-8 text (it looks like UTF-16 or binary); convert it to UTF-8 first");
     }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
@@ -562,8 +610,23 @@ pub(super) fn open_csv<'a>(source: &str, bytes: &'a [u8], delimiter: Option<u8>)
     if let Some(line) = unclosed_quote(bytes, delimiter) {
         bail!("{source}:{line}: a quoted field (\"…) opens here and is never closed");
     }
-    let reader = csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
-    Ok(OpenCsv { bytes, delimiter, reader })
+    let reader = || csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
+    if bytes.contains(&0) {
+        refuse_nul(source, bytes, reader())?;
+    }
+    Ok(OpenCsv { bytes, delimiter, reader: reader() })
+}
+
+/// Refuses the first field of `bytes` that holds a NUL byte, as `file:line:column`.
+fn refuse_nul(source: &str, bytes: &[u8], mut reader: csv::Reader<&[u8]>) -> Result<()> {
+    let (mut record, mut lines) = (csv::ByteRecord::new(), Lines::new(bytes));
+    while read_record(source, &mut reader, &mut record)? {
+        if let Some(column) = record.iter().position(|field| field.contains(&0)) {
+            let line = lines.of(record.position().map_or(0, |p| p.byte()));
+            bail!("{source}:{line}:{}: a NUL byte in the field", column + 1);
+        }
+    }
+    Ok(())
 }
 
 /// What `open_csv` opened.

@@ -246,12 +246,6 @@ fn check_outputs(net: &Network, data: &Data) -> Result<()> {
     }
 }
 
-/// Bytes of `data`'s samples and targets, all splits.
-fn sample_bytes(data: &Data) -> u64 {
-    let values = |s: &Samples| (s.x.len() as u64 + s.rows() as u64) * 4;
-    values(&data.train) + values(&data.test) + data.val.as_ref().map_or(0, values)
-}
-
 /// The figures of one split's evaluation.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Figures {
@@ -295,6 +289,8 @@ pub struct Setup {
     baseline: Option<f64>,
     /// Values: the test MAE of predicting the training mean.
     baseline_mae: Option<f64>,
+    /// The test loss before training, which a run that did not learn compares its last one with.
+    untrained_loss: f64,
     started: Instant,
 }
 
@@ -353,6 +349,9 @@ impl TrainingCommand for FitArgs {
         for note in &data.notes {
             display.line(note);
         }
+        for warning in &data.warnings {
+            display.warning(warning);
+        }
         let net = Network::new(&spec, data.input).map_err(|e| match &data.schema {
             InputSchema::Table(t) if e.to_string().starts_with("layer 1 ") => anyhow!(
                 "{e:#} ({} gives {} features: its numeric columns, one per category of each categorical column, and \
@@ -364,7 +363,7 @@ impl TrainingCommand for FitArgs {
             _ => e,
         })?;
         check_outputs(&net, &data)?;
-        net.memory_need(sample_bytes(&data), args.batch)
+        net.memory_need(data.samples_bytes(), args.batch)
             .check(available_memory())
             .map_err(|e| anyhow!("--layers {:?}: {e}", crate::console::abridged(text)))?;
         let steps = data.train.rows().div_ceil(args.batch) * args.epochs;
@@ -440,8 +439,10 @@ impl TrainingCommand for FitArgs {
         splits.extend(data.val.clone().map(Arc::new));
         let setup =
             TrainerSetup { net: net.clone(), params, loss: data.loss, optim, dropout_seed: args.seed as u32, splits };
-        let trainer = super::trainer(&backend, setup, args.batch)?;
+        let mut trainer = super::trainer(&backend, setup, args.batch)?;
+        let (untrained_sum, _) = trainer.evaluate(TEST)?;
         Ok(Setup {
+            untrained_loss: untrained_sum / data.test.rows().max(1) as f64,
             _lock: lock,
             display,
             data,
@@ -572,33 +573,38 @@ impl TrainingCommand for FitArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, rows, keeper, diverged, stopped_early, last, training_s } = trained;
-        let Setup { display, data, net, backend, optim, schedule, baseline_mae, started, .. } = setup;
+        let Setup { display, data, net, backend, optim, schedule, baseline_mae, untrained_loss, started, .. } = setup;
         let judged_name = if data.val.is_some() { "val loss" } else { "test loss" };
         let outcome = keeper.outcome(&args.out, judged_name);
         let completed = rows.len();
         let interrupted = diverged.is_none() && stopped_early.is_none() && completed < args.epochs;
         let written = keeper.kept.is_some();
-        let failed = match (written, diverged.is_some() || interrupted, last) {
+        let finding = match (written, diverged.is_some() || interrupted, last) {
             (false, false, Some(f)) => match (&data.target, f.accuracy, f.mae) {
-                (TargetInfo::Classes { names }, Some(a), _) if a <= 1.5 / names.len() as f64 => Some(run::not_learned(
-                    &format!("test accuracy {:.1}% where guessing gets {:.1}%", 100.0 * a, 100.0 / names.len() as f64),
-                    &outcome,
-                    &format!("lower --lr (this run used {}) or train longer", report::decimal(optim.lr)),
+                (TargetInfo::Classes { names }, Some(a), _) if a <= 1.5 / names.len() as f64 => Some(format!(
+                    "test accuracy {:.1}% where guessing gets {:.1}%",
+                    100.0 * a,
+                    100.0 / names.len() as f64
                 )),
-                (TargetInfo::Value { .. }, _, Some(mae)) if baseline_mae.is_some_and(|b| mae >= b) => {
-                    Some(run::not_learned(
-                        &format!(
-                            "its test MAE {mae:.4} is no better than predicting the training mean ({:.4})",
-                            baseline_mae.unwrap_or_default()
-                        ),
-                        &outcome,
-                        "try more --epochs or another --lr",
-                    ))
-                }
+                (TargetInfo::Value { .. }, _, Some(mae)) if baseline_mae.is_some_and(|b| mae >= b) => Some(format!(
+                    "its test MAE {mae:.4} is no better than predicting the training mean ({:.4})",
+                    baseline_mae.unwrap_or_default()
+                )),
                 _ => None,
             },
             _ => None,
         };
+        let failed = finding.zip(last).map(|(finding, last)| {
+            let more = if matches!(data.schema, InputSchema::Table(_)) {
+                "--split, --val-split"
+            } else {
+                "--train-limit, --val-split"
+            };
+            let lr = report::decimal(optim.lr).to_string();
+            let loss = (untrained_loss, last.loss);
+            let advice = run::retry_advice(data.train.rows(), "sample", more, loss, &lr, "more --epochs");
+            run::not_learned(&finding, &outcome, &advice)
+        });
         if diverged.is_none() && failed.is_none() {
             display.line(&outcome);
         }
@@ -682,6 +688,7 @@ impl TrainingCommand for FitArgs {
                     "test_samples": data.test.rows(),
                     "skipped_rows": data.skipped,
                     "class_names": classes,
+                    "warnings": data.warnings,
                 }),
                 parameters: net.param_count,
                 final_metrics: report::final_metrics(&rows, keeper.kept_epoch(), extra),

@@ -11,8 +11,9 @@
 //!   standardised for training, its mean and deviation kept to report MAE in the file's units. The test
 //!   rows are the last `1 − --split` of a seeded shuffle (or of the file), as `sales` splits.
 //!
-//! Without `--loss`, images and a target column that is not all numbers train with cross-entropy, a
-//! numeric target with squared error. Validation samples (`--val-split`) are the last of the training
+//! Without `--loss`, images and a target column whose values are not numbers (all, or all but a few, as
+//! `datasets::infer` decides) train with cross-entropy, a numeric target with squared error: its few other
+//! values are then bad rows, not classes. Validation samples (`--val-split`) are the last of the training
 //! ones, after `--train-limit`.
 
 use super::Samples;
@@ -21,9 +22,9 @@ use super::model::Loss;
 use super::spec::{Layer, Shape, Spec};
 use crate::datasets::features::{Dataset as TableData, Split, SplitOrder, Stats};
 use crate::datasets::idx;
-use crate::datasets::infer::{self, Overrides};
+use crate::datasets::infer::{self, Overrides, Role, TargetValues};
 use crate::datasets::mnist::{self, Dataset};
-use crate::datasets::table::{ColumnSpec, LoadOptions, Schema, Table};
+use crate::datasets::table::{BadRowError, ColumnSpec, LoadOptions, Schema, Table};
 use anyhow::{Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 
@@ -161,11 +162,19 @@ pub struct Data {
     pub files: Vec<PathBuf>,
     /// Lines to print before training (the columns' roles, skipped rows, a split warning).
     pub notes: Vec<String>,
+    /// Columns the inferred schema leaves out (`Inferred::warnings`): printed also with --quiet, and in
+    /// the report.
+    pub warnings: Vec<String>,
     /// Bad rows skipped (tables).
     pub skipped: usize,
 }
 
 impl Data {
+    /// Bytes of the samples and targets of every split.
+    pub fn samples_bytes(&self) -> u64 {
+        self.train.bytes() + self.test.bytes() + self.val.as_ref().map_or(0, Samples::bytes)
+    }
+
     /// The number of classes, or 1 output for a value.
     pub fn outputs(&self) -> usize {
         match &self.target {
@@ -256,13 +265,9 @@ fn images(dataset: Dataset, dir: Option<&Path>, spec: &Spec, request: Request, l
         full_train,
         files,
         notes: Vec::new(),
+        warnings: Vec::new(),
         skipped: 0,
     })
-}
-
-/// The first of `labels` that is not a finite number, if any.
-fn first_non_number(labels: &[String]) -> Option<&str> {
-    labels.iter().find(|l| !l.parse::<f64>().is_ok_and(|v| v.is_finite() && (v as f32).is_finite())).map(String::as_str)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -277,33 +282,40 @@ fn table(
 ) -> Result<Data> {
     let bytes = crate::fsutil::read_input(file, "table")?;
     let source = crate::fsutil::shown(file);
-    let (schema, choices) = infer::infer(&source, &bytes, target, overrides)?;
+    let inferred = infer::infer(&source, &bytes, target, overrides)?;
     let mut notes = vec![format!("columns of {source}:")];
-    notes.extend(choices.iter().map(|c| c.line()));
-    let mut options = LoadOptions::new(schema);
-    options.skip_bad_rows = skip_bad_rows;
-    options.train_fraction = split;
-    options.target_labels = true;
-    let mut table = Table::parse(&source, &bytes, &options)?;
-    let target_name = table.columns.target.as_ref().map_or_else(|| target.to_string(), |c| c.name.clone());
-    let labels = std::mem::take(&mut table.target_levels);
-    let non_number = first_non_number(&labels);
-    let loss = match (request.loss, non_number) {
+    notes.extend(inferred.choices.iter().map(|c| c.line()));
+    let loss = match (request.loss, &inferred.target) {
         (Some(loss), _) => loss,
-        (None, Some(_)) => Loss::Ce,
-        (None, None) => Loss::Mse,
+        (None, TargetValues::Labels(_)) => Loss::Ce,
+        (None, _) => Loss::Mse,
     };
-    if let (Loss::Mse, Some(label)) = (loss, non_number) {
-        let line = table.rows.iter().find(|r| labels[r.target as usize] == label).map_or(0, |r| r.line);
+    if let (Loss::Mse, TargetValues::Labels(label)) = (loss, &inferred.target) {
+        let name = inferred.choices.iter().find(|c| c.role == Role::Target).map_or("", |c| c.name.as_str());
         bail!(
-            "--loss mse needs a numeric target, but {source}:{line}: the target {target_name} is {label:?}; use --loss ce \
-             to predict it as a class"
+            "--loss mse needs a numeric target, but {source}:{}: the target {name} is {:?}; use --loss ce to predict \
+             it as a class",
+            label.line,
+            crate::console::abridged(&label.text)
         );
     }
-    if loss == Loss::Mse {
-        let values: Vec<f32> = labels.iter().map(|l| l.parse::<f64>().map_or(f32::NAN, |v| v as f32)).collect();
-        table.rows.iter_mut().for_each(|r| r.target = values[r.target as usize]);
-    } else if labels.len() < 2 {
+    let mut options = LoadOptions::new(inferred.schema.clone());
+    options.skip_bad_rows = skip_bad_rows;
+    options.train_fraction = split;
+    options.target_labels = loss == Loss::Ce;
+    let table = Table::parse(&source, &bytes, &options).map_err(|e| {
+        // A target of numbers but for a few values may be class labels, some written as numbers.
+        let target_index = inferred.choices.iter().position(|c| c.role == Role::Target);
+        let in_target = e.downcast_ref::<BadRowError>().is_some_and(|bad| Some(bad.column - 1) == target_index);
+        let mostly = matches!(inferred.target, TargetValues::MostlyNumbers(_)) && request.loss.is_none();
+        match inferred.explain(e) {
+            e if in_target && mostly => anyhow!("{e:#}; or --loss ce reads the target as class labels"),
+            e => e,
+        }
+    })?;
+    let target_name = table.columns.target.as_ref().map_or_else(|| target.to_string(), |c| c.name.clone());
+    let labels = table.target_levels.clone();
+    if loss == Loss::Ce && labels.len() < 2 {
         bail!(
             "{source}: the target {target_name} has {} class{} ({}), so there is nothing to tell apart",
             labels.len(),
@@ -361,6 +373,7 @@ fn table(
         target_name,
     };
     let values = |s: &Split| if loss == Loss::Mse { s.y.clone() } else { Vec::new() };
+    let warnings = inferred.warnings(&source);
     Ok(Data {
         input: Shape::Flat(data.features()),
         loss,
@@ -374,6 +387,7 @@ fn table(
         full_train,
         files: vec![file.to_path_buf()],
         notes,
+        warnings,
         skipped: data.skipped,
         schema: InputSchema::Table(schema),
     })

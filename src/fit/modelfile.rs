@@ -199,9 +199,7 @@ fn input_of(value: &Value) -> Result<InputSchema> {
                 target_name: parse_json(&value["target"], "the target's name")?,
             };
             let n = t.feature_names.len();
-            if t.feature_mean.len() != n || t.feature_std.len() != n {
-                bail!("the statistics cover {} features, the schema {n}", t.feature_mean.len());
-            }
+            crate::datasets::features::check_statistics_count(&t.feature_mean, &t.feature_std, n)?;
             if !t.feature_std.iter().all(|s| s.is_finite() && *s > 0.0) || !t.feature_mean.iter().all(|m| m.is_finite())
             {
                 bail!("the feature statistics are not finite positive scales");

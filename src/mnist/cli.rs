@@ -523,12 +523,10 @@ impl TrainingCommand for MnistArgs {
             display.line(&outcome);
         }
         let failed = at_chance.map(|accuracy| {
-            let advice = match (one_class, n_train) {
-                (_, n) if n < FEW_IMAGES => format!(
-                    "{n} training image{} too few to learn from; train on more (--train-limit, --val-split)",
-                    if n == 1 { " is" } else { "s are" }
-                ),
-                (Some(label), _) => {
+            let too_few = run::too_few(n_train, "image", "--train-limit, --val-split");
+            let advice = match (one_class, too_few) {
+                (_, Some(too_few)) => too_few,
+                (Some(label), None) => {
                     format!("every training image is labelled {label}, so there is nothing to tell apart")
                 }
                 _ if optim.kind == OptimKind::Adam => {
@@ -652,9 +650,6 @@ fn hold_out(train: &mut Split, fraction: f64) -> Result<Split> {
     train.truncate(keep);
     Ok(val)
 }
-
-/// Fewer training images than this give a chance-level model its own explanation.
-const FEW_IMAGES: usize = 100;
 
 /// The `--resume` model, refused unless it is of this run's dataset, kind and `shape` (the MLP's; the
 /// CNN has one).

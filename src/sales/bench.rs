@@ -7,7 +7,7 @@
 
 use super::data::Dataset;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
-use super::table::LoadOptions;
+use super::table::{LoadOptions, Schema};
 use super::train::{FitSales, SalesTrainer};
 use crate::device::{Backend, Gpu};
 use crate::ops::optim::{OptimConfig, OptimKind};
@@ -55,8 +55,12 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     let loaded = Instant::now();
     let read = || -> Result<Dataset> {
         let bytes = crate::fsutil::read_input(&o.table, "table")?;
-        let schema = o.columns.schema(&crate::fsutil::shown(&o.table), &bytes, &|line| eprintln!("{line}"))?;
-        Dataset::load(&o.table, &LoadOptions::new(schema))
+        let source = crate::fsutil::shown(&o.table);
+        let Some(inferred) = o.columns.infer(&source, &bytes, &|line| eprintln!("{line}"))? else {
+            return Dataset::load(&o.table, &LoadOptions::new(Schema::sales_tsv()));
+        };
+        inferred.warnings(&source).iter().for_each(|w| eprintln!("{w}"));
+        Dataset::load(&o.table, &LoadOptions::new(inferred.schema))
     };
     let data = read()
         .with_context(|| format!("bench sales reads {} (make it with scripts/make-sales.py)", o.table.display()))?;

@@ -3,7 +3,7 @@
 //! its predictions for new rows. What it prints goes through `report`, as for every training command.
 
 use super::data::{Dataset, Split, SplitOrder, Stats};
-use super::infer::{self, Overrides};
+use super::infer::{self, Inferred, Overrides};
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape, Shuffle};
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
@@ -140,23 +140,24 @@ impl ColumnArgs {
         }
     }
 
-    /// The schema of `bytes`, the table `source`: the given target's, with the other columns' roles
-    /// inferred (each given to `log` with its reason), or the default sales.tsv one.
-    pub fn schema(&self, source: &str, bytes: &[u8], log: &dyn Fn(&str)) -> Result<Schema> {
+    /// The schema of `bytes`, the table `source`, inferred for the given target, each column's role given
+    /// to `log` with its reason (`Inferred::warnings` are the caller's to print). None without --target:
+    /// the default sales.tsv schema.
+    pub fn infer(&self, source: &str, bytes: &[u8], log: &dyn Fn(&str)) -> Result<Option<Inferred>> {
         let overrides = self.overrides();
         let Some(target) = &self.target else {
             let given = [&overrides.numeric, &overrides.categorical, &overrides.date, &overrides.ignore];
             if given.iter().any(|specs| !specs.is_empty()) {
                 bail!("--numeric, --categorical, --date and --ignore describe another table: name its --target too");
             }
-            return Ok(Schema::sales_tsv());
+            return Ok(None);
         };
-        let (schema, choices) = infer::infer(source, bytes, target, &overrides)?;
+        let inferred = infer::infer(source, bytes, target, &overrides)?;
         log(&format!("columns of {source}:"));
-        for choice in &choices {
+        for choice in &inferred.choices {
             log(&choice.line());
         }
-        Ok(schema)
+        Ok(Some(inferred))
     }
 }
 
@@ -189,6 +190,10 @@ pub struct Setup {
     old_mae: Option<f64>,
     /// The learning rate of every optimizer step of the run, epoch after epoch.
     rates: Vec<f32>,
+    /// The columns the inferred schema leaves out (`Inferred::warnings`), for the report.
+    warnings: Vec<String>,
+    /// The test MSE before training, which a run that did not learn compares its last one with.
+    untrained_mse: f64,
 }
 
 /// What `train` hands to `finish`.
@@ -241,9 +246,16 @@ impl TrainingCommand for SalesArgs {
         let display = Display::new(args.quiet, args.json, args.epochs).log_every(args.log_every);
         let bytes = fsutil::read_input(&file, "table")?;
         let source = fsutil::shown(&file);
-        let mut options = LoadOptions::new(match &resumed {
-            Some(m) => m.schema.clone(),
-            None => args.columns.schema(&source, &bytes, &|line| display.line(line))?,
+        let inferred = match &resumed {
+            Some(_) => None,
+            None => args.columns.infer(&source, &bytes, &|line| display.line(line))?,
+        };
+        let warnings = inferred.as_ref().map_or_else(Vec::new, |i| i.warnings(&source));
+        warnings.iter().for_each(|w| display.warning(w));
+        let mut options = LoadOptions::new(match (&resumed, &inferred) {
+            (Some(m), _) => m.schema.clone(),
+            (None, Some(inferred)) => inferred.schema.clone(),
+            (None, None) => Schema::sales_tsv(),
         });
         options.skip_bad_rows = args.skip_bad_rows;
         options.train_fraction = args.split;
@@ -252,12 +264,12 @@ impl TrainingCommand for SalesArgs {
             options.header = if m.header { HeaderMode::Present } else { HeaderMode::Absent };
             options.width = m.width;
         }
-        let table = Table::parse(&source, &bytes, &options).map_err(|e| match (&resumed, &args.columns.target) {
+        let table = Table::parse(&source, &bytes, &options).map_err(|e| match (&resumed, &inferred) {
             (Some(_), _) => anyhow!(
                 "--resume {}: {source} does not match the table the model was trained on: {e:#}",
                 args.resume.as_deref().unwrap_or(Path::new("")).display()
             ),
-            (None, Some(_)) => e,
+            (None, Some(inferred)) => inferred.explain(e),
             (None, None) => anyhow!(
                 "{e:#} (without --target the 10-column sales.tsv schema is assumed; for another table give --target, \
                  and its other columns' roles are inferred)"
@@ -347,8 +359,9 @@ impl TrainingCommand for SalesArgs {
         ));
 
         let given_stats = resumed.as_ref().map(|m| m.stats.clone());
-        let trainer: Box<dyn SalesTrainer> =
+        let mut trainer: Box<dyn SalesTrainer> =
             Box::new(FitSales::new(&backend, &data, params, optim, given_stats, args.batch)?);
+        let untrained_mse = trainer.evaluate_test()?.mse;
         let stats = trainer.stats().clone();
         let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
             / data.test.rows as f64;
@@ -396,6 +409,8 @@ impl TrainingCommand for SalesArgs {
             val,
             old_mae,
             rates,
+            warnings,
+            untrained_mse,
         })
     }
 
@@ -472,7 +487,20 @@ impl TrainingCommand for SalesArgs {
         let args = self;
         let Trained { setup, history, mut diverged, last, params, keeper, kept } = trained;
         let Setup {
-            display, schema, delimiter, header, width, data, backend, shape, stats, baseline_mae, old_mae, ..
+            display,
+            schema,
+            delimiter,
+            header,
+            width,
+            data,
+            backend,
+            shape,
+            stats,
+            baseline_mae,
+            old_mae,
+            warnings,
+            untrained_mse,
+            ..
         } = setup;
         let interrupted = diverged.is_none() && history.len() < args.epochs;
         if diverged.is_none() && !params.all_finite() {
@@ -501,11 +529,14 @@ impl TrainingCommand for SalesArgs {
             Some(_) => run::write_once_outcome(&args.out, false, None, None),
             None => outcome,
         };
+        let lr = report::decimal(args.optim.config()?.lr).to_string();
         let failed = not_learned.filter(|_| !interrupted && diverged.is_none()).map(|mae| {
+            let loss = (untrained_mse, last.map_or(untrained_mse, |e| e.mse));
+            let advice = run::retry_advice(data.train.rows, "row", "--split, --val-split", loss, &lr, "more --epochs");
             run::not_learned(
                 &format!("its test MAE {mae:.4} is no better than predicting the training mean ({baseline_mae:.4})"),
                 &outcome,
-                "try more --epochs or another --lr",
+                &advice,
             )
         });
         let written = chosen.is_some();
@@ -602,6 +633,7 @@ impl TrainingCommand for SalesArgs {
                     "skipped_rows": data.skipped,
                     "features": data.feature_names,
                     "target": data.target_name,
+                    "warnings": warnings,
                 }),
                 parameters: shape.param_count(),
                 epochs: history,
@@ -653,20 +685,6 @@ fn check_feature_memory(table: &Table, hidden: usize) -> Result<()> {
     })
 }
 
-fn delimiter_name(delimiter: u8) -> &'static str {
-    if delimiter == b'\t' { "tab-separated" } else { "comma-separated" }
-}
-
-/// How `path`'s first line is separated, when by the other of tab and comma than `expected` alone.
-fn other_delimiter(path: &Path, expected: u8) -> Option<&'static str> {
-    let file = fsutil::open_input(path, "table").ok()?;
-    let mut first = Vec::new();
-    std::io::BufRead::read_until(&mut std::io::BufReader::new(std::io::Read::take(file, 1 << 20)), b'\n', &mut first)
-        .ok()?;
-    let other = if expected == b'\t' { b',' } else { b'\t' };
-    (first.contains(&other) && !first.contains(&expected)).then(|| delimiter_name(other))
-}
-
 /// The sales model already at `out` (anything else there is refused).
 fn existing_out(out: &Path) -> Result<Option<SalesModel>> {
     fsutil::existing_model(out, "sales", modelfile::from_bytes)
@@ -686,14 +704,7 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     options.skip_bad_rows = args.skip_bad_rows;
     options.width = m.width;
     options.target_optional = true;
-    let table = Table::read(new, &options).map_err(|e| match other_delimiter(new, m.delimiter) {
-        Some(theirs) => anyhow!(
-            "{}: the model reads {} rows but this file is {theirs}; write it as the model's training table was",
-            new.display(),
-            delimiter_name(m.delimiter)
-        ),
-        None => e,
-    })?;
+    let table = Table::read(new, &options)?;
     if table.rows.is_empty() {
         bail!("{}: no usable rows to predict", new.display());
     }

@@ -5,7 +5,7 @@
 //! last two reads the day of year alone and any number of columns), the feature and target names, each categorical column's vocabulary (one-hot
 //! order), and the training split's feature and target mean and std.
 
-use super::data::Stats;
+use super::data::{Stats, check_statistics_count};
 use super::dates::DateFeatures;
 use super::model::{SalesParams, SalesShape};
 use super::table::{ColumnSpec, Schema};
@@ -147,9 +147,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
         target_std: float("target_std")?,
     };
     let n = feature_names.len();
-    if stats.feature_mean.len() != n || stats.feature_std.len() != n {
-        bail!("the statistics cover {} features, the model {n}", stats.feature_mean.len());
-    }
+    check_statistics_count(&stats.feature_mean, &stats.feature_std, n)?;
     let means_finite = stats.feature_mean.iter().chain([&stats.target_mean]).all(|v| v.is_finite());
     let scales_positive = stats.feature_std.iter().chain([&stats.target_std]).all(|&s| s.is_finite() && s > 0.0);
     if !(means_finite && scales_positive) {

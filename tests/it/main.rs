@@ -13,6 +13,7 @@ mod fit_spec;
 mod bad_input_limits;
 mod bad_input_mnist;
 mod bad_input_sales;
+mod bad_input_tables;
 mod bad_input_text;
 mod bad_input_transformer;
 mod cli_eval;

@@ -229,4 +229,14 @@ fn mf56_statistics_of_another_length_are_named() {
     });
     run(dir.path(), &["sales", "--model", "std64.st", "--predict", "t.csv"])
         .fails_with(&["the statistics list 64 standard deviations for 2 features"]);
+
+    // The same lie in a fit model's input.
+    fit(dir.path(), "t.csv", "y", "Linear(1)", &["--quiet", "--epochs", "40", "--lr", "0.01"]).succeeds();
+    bad_input::with_metadata(&dir.path().join("m.st"), &dir.path().join("fit64.st"), |meta| {
+        let mut input: serde_json::Value = serde_json::from_str(meta["input"].as_str().unwrap()).unwrap();
+        input["feature_std"] = serde_json::json!(vec![1.0; 64]);
+        meta.insert("input".into(), serde_json::Value::String(input.to_string()));
+    });
+    run(dir.path(), &["fit", "--model", "fit64.st", "--predict", "t.csv"])
+        .fails_with(&["the statistics list 64 standard deviations for 2 features"]);
 }

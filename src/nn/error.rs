@@ -7,7 +7,7 @@ use std::fmt;
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Why an op refused its inputs. `Display` is the one-line message, e.g.
-/// "add: shapes [2, 3] and [4] do not broadcast".
+/// `add: shapes [2, 3] and [4] do not broadcast`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Error {
     /// Two shapes the op cannot combine: they do not broadcast, do not multiply, or differ.

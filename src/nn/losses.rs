@@ -9,7 +9,7 @@ use crate::ops::losses::{softmax_xent, squared_error};
 use std::sync::Arc;
 
 impl<F: Real> Tensor<F> {
-    /// The mean over rows of −log softmax(row)[target]: logits [.., classes], one target a row (in the
+    /// The mean over rows of −log softmax(row)`[target]`: logits `[.., classes]`, one target a row (in the
     /// logits' row-major order); rows whose target is `ignore_index` count for nothing. Shape `[]`.
     pub fn cross_entropy(&self, targets: &[i64], ignore_index: Option<i64>) -> Result<Tensor<F>> {
         let classes = *self

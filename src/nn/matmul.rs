@@ -62,7 +62,7 @@ impl<F: Real> Tensor<F> {
     }
 }
 
-/// y = x·wᵀ + b over the last axis of `x`: x [.., in], `weight` [out, in], `bias` [out].
+/// y = x·wᵀ + b over the last axis of `x`: x `[.., in]`, `weight` `[out, in]`, `bias` `[out]`.
 pub fn linear<F: Real>(x: &Tensor<F>, weight: &Tensor<F>, bias: Option<&Tensor<F>>) -> Result<Tensor<F>> {
     let [outputs, inputs] = *weight.shape() else {
         return Err(Error::shape("linear", weight.shape(), "is not a weight of two axes [out, in]"));

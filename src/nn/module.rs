@@ -20,12 +20,12 @@ pub trait Module<F: Real = f32> {
     }
 }
 
-/// y = x·wᵀ + b over the last axis of x: `weight` [out, in], `bias` [out].
+/// y = x·wᵀ + b over the last axis of x: `weight` `[out, in]`, `bias` `[out]`.
 #[derive(Clone, Debug)]
 pub struct Linear<F: Real = f32> {
-    /// [out, in].
+    /// `[out, in]`.
     pub weight: Tensor<F>,
-    /// [out], if the layer has one.
+    /// `[out]`, if the layer has one.
     pub bias: Option<Tensor<F>>,
 }
 

@@ -187,16 +187,16 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 }
 
 /// In-place numerically stable softmax; returns (max, Σ exp(v − max)) so callers can form log-probabilities.
-pub fn softmax_in_place(v: &mut [f32]) -> (f32, f32) {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
+pub fn softmax_in_place<F: num_traits::Float>(v: &mut [F]) -> (F, F) {
+    let max = v.iter().copied().fold(F::neg_infinity(), F::max);
+    let mut sum = F::zero();
     for x in v.iter_mut() {
         *x = (*x - max).exp();
-        sum += *x;
+        sum = sum + *x;
     }
-    let inv = 1.0 / sum;
+    let inv = F::one() / sum;
     for x in v.iter_mut() {
-        *x *= inv;
+        *x = *x * inv;
     }
     (max, sum)
 }

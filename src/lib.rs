@@ -6,7 +6,8 @@
 //! [`sales`] (tabular regression), [`transformer`] (the character-level Transformer) and [`matmul`]. A
 //! pipeline has its CPU reference in `model`, its GPU trainer in `gpu`, its command in `cli`, its selftest
 //! checks in `checks` and its bench in `bench`. Below them, [`ops`] holds the CPU twins of the shared
-//! kernels in `fused/*.cuh`, and the other modules the harness every pipeline uses.
+//! kernels in `fused/*.cuh`, [`nn`] tensors with autograd built on them, and the other modules the harness
+//! every pipeline uses.
 //!
 //! Train the text model on the CPU, save it, load it and predict:
 //!
@@ -64,6 +65,7 @@ pub mod matmul;
 pub mod mnist;
 pub mod modelkind;
 pub mod nccl;
+pub mod nn;
 pub mod ops;
 pub mod parallel;
 pub mod phases;

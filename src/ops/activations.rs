@@ -34,10 +34,10 @@ impl Activation {
 
     #[inline]
     /// The activation of the pre-activation `z`.
-    pub fn apply(self, z: f32) -> f32 {
+    pub fn apply<F: Float>(self, z: F) -> F {
         match self {
-            Activation::Relu => z.max(0.0),
-            Activation::Sigmoid => 1.0 / (1.0 + (-z).exp()),
+            Activation::Relu => z.max(F::zero()),
+            Activation::Sigmoid => F::one() / (F::one() + (-z).exp()),
             Activation::Tanh => z.tanh(),
         }
     }
@@ -53,11 +53,17 @@ impl Activation {
 
     /// act′(z), given z and a = act(z): ReLU reads z (0 at z = 0), sigmoid and tanh are cheapest from a.
     #[inline]
-    pub fn derivative(self, z: f32, a: f32) -> f32 {
+    pub fn derivative<F: Float>(self, z: F, a: F) -> F {
         match self {
-            Activation::Relu => (z > 0.0) as u8 as f32,
-            Activation::Sigmoid => a * (1.0 - a),
-            Activation::Tanh => 1.0 - a * a,
+            Activation::Relu => {
+                if z > F::zero() {
+                    F::one()
+                } else {
+                    F::zero()
+                }
+            }
+            Activation::Sigmoid => a * (F::one() - a),
+            Activation::Tanh => F::one() - a * a,
         }
     }
 }

@@ -250,26 +250,37 @@ pub fn clip_scale(norm: f32, clip: f32) -> f32 {
 
 /// One update of every element: `params`, `m` and `v` in place from `grads`. `m` is the momentum
 /// velocity or Adam's first moment, `v` Adam's second moment; an optimizer that does not use a buffer
-/// accepts it empty.
-pub fn update(kind: OptimKind, s: &StepScalars, params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f32]) {
+/// accepts it empty. In f32 or f64 (`nn`'s tensors of either); the step's scalars stay f32.
+pub fn update<F: num_traits::Float>(
+    kind: OptimKind,
+    s: &StepScalars,
+    params: &mut [F],
+    grads: &[F],
+    m: &mut [F],
+    v: &mut [F],
+) {
     assert_eq!(params.len(), grads.len());
-    let g_of = |g: f32, theta: f32| s.grad_scale * g + s.weight_decay * theta;
-    let adam = |theta: &mut f32, g: f32, m: &mut f32, v: &mut f32| {
-        *m = s.beta1 * *m + (1.0 - s.beta1) * g;
-        *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
-        *theta -= s.lr * (*m / s.bias1) / ((*v / s.bias2).sqrt() + s.eps);
+    let of = |x: f32| super::constant::<F>(x as f64);
+    let (lr, momentum, beta1, beta2, eps) = (of(s.lr), of(s.momentum), of(s.beta1), of(s.beta2), of(s.eps));
+    let (weight_decay, grad_scale, bias1, bias2) = (of(s.weight_decay), of(s.grad_scale), of(s.bias1), of(s.bias2));
+    let one = F::one();
+    let g_of = |g: F, theta: F| grad_scale * g + weight_decay * theta;
+    let adam = |theta: &mut F, g: F, m: &mut F, v: &mut F| {
+        *m = beta1 * *m + (one - beta1) * g;
+        *v = beta2 * *v + (one - beta2) * g * g;
+        *theta = *theta - lr * (*m / bias1) / ((*v / bias2).sqrt() + eps);
     };
     match kind {
         OptimKind::Sgd => {
             for (theta, &g) in params.iter_mut().zip(grads) {
-                *theta -= s.lr * g_of(g, *theta);
+                *theta = *theta - lr * g_of(g, *theta);
             }
         }
         OptimKind::Momentum => {
             assert_eq!(m.len(), params.len());
             for ((theta, &g), m) in params.iter_mut().zip(grads).zip(m) {
-                *m = s.momentum * *m + g_of(g, *theta);
-                *theta -= s.lr * *m;
+                *m = momentum * *m + g_of(g, *theta);
+                *theta = *theta - lr * *m;
             }
         }
         OptimKind::Adam => {
@@ -281,8 +292,8 @@ pub fn update(kind: OptimKind, s: &StepScalars, params: &mut [f32], grads: &[f32
         OptimKind::AdamW => {
             assert!(m.len() == params.len() && v.len() == params.len());
             for (((theta, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
-                *theta *= 1.0 - s.lr * s.weight_decay;
-                adam(theta, s.grad_scale * g, m, v);
+                *theta = *theta * (one - lr * weight_decay);
+                adam(theta, grad_scale * g, m, v);
             }
         }
     }

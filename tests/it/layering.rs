@@ -18,7 +18,7 @@ fn src() -> PathBuf {
 const PRESETS_OF_FIT: [&str; 2] = ["mnist", "sales"];
 
 /// Folders of the shared layer (the rest of `src/`'s folders are pipelines).
-const SHARED_FOLDERS: [&str; 2] = ["datasets", "ops"];
+const SHARED_FOLDERS: [&str; 3] = ["datasets", "nn", "ops"];
 
 fn pipelines() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(src())

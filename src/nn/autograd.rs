@@ -1,0 +1,112 @@
+//! Reverse-mode automatic differentiation over the recorded graph (micrograd's and PyTorch's `backward`):
+//! the tensors the output depends on in topological order, then each op's backward from the output down,
+//! every input's gradient the sum of what its consumers sent it. A leaf that requires a gradient adds it
+//! to `.grad()`, so gradients accumulate over backward calls until `zero_grad`.
+//!
+//! Deterministic: the order is a function of the graph alone (a depth-first walk over each op's inputs in
+//! their order), and each sum is taken in that order.
+//!
+//! Unless asked to keep it, a backward frees the graph it walked (each op's inputs and saved values), as
+//! PyTorch does without `retain_graph`; a second backward through it is an error that names the op.
+
+use super::error::{Error, Result};
+use super::tensor::{Origin, Tensor, lock};
+use crate::cpu::Real;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+fn key<F: Real>(tensor: &Tensor<F>) -> usize {
+    Arc::as_ptr(&tensor.0) as usize
+}
+
+impl<F: Real> Tensor<F> {
+    /// Back-propagates from this tensor, which must hold one element, then frees the graph.
+    pub fn backward(&self) -> Result<()> {
+        self.backward_with(None, false)
+    }
+
+    /// Back-propagates `grad` (the gradient of some loss with respect to this tensor, of its shape; None
+    /// for a tensor of one element, whose gradient is 1), keeping the graph for another backward when
+    /// `retain_graph`.
+    pub fn backward_with(&self, grad: Option<&Tensor<F>>, retain_graph: bool) -> Result<()> {
+        if !self.requires_grad() {
+            let problem = format!(
+                "the tensor {:?} ({}) requires no gradient: none of its inputs is a parameter, or it was computed \
+                 under no_grad",
+                self.shape(),
+                self.op_name()
+            );
+            return Err(Error::graph("backward", problem));
+        }
+        let seed = match grad {
+            None if self.numel() == 1 => vec![F::one()],
+            None => {
+                let problem = "is not a scalar: give the gradient of the output (backward_with)";
+                return Err(Error::shape("backward", self.shape(), problem));
+            }
+            Some(grad) if grad.shape() != self.shape() => {
+                let problem = "differ: the gradient (second) must have the output's shape";
+                return Err(Error::shapes("backward", self.shape(), grad.shape(), problem));
+            }
+            Some(grad) => grad.to_vec(),
+        };
+        let order = self.topological_order()?;
+        let mut pending: HashMap<usize, Vec<F>> = HashMap::from([(key(self), seed)]);
+        for tensor in order.iter().rev() {
+            let Some(grad) = pending.remove(&key(tensor)) else { continue };
+            let mut origin = lock(&tensor.0.origin);
+            let Origin::Op { op, inputs, backward } = &*origin else {
+                drop(origin);
+                tensor.accumulate_grad(grad);
+                continue;
+            };
+            let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
+            let grads = backward(&grad, &needs)?;
+            for ((input, input_grad), need) in inputs.iter().zip(grads).zip(needs) {
+                let (true, Some(input_grad)) = (need, input_grad) else { continue };
+                match pending.get_mut(&key(input)) {
+                    Some(sum) => sum.iter_mut().zip(input_grad).for_each(|(s, g)| *s = *s + g),
+                    None => {
+                        pending.insert(key(input), input_grad);
+                    }
+                }
+            }
+            if !retain_graph {
+                *origin = Origin::Freed { op };
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tensor this one depends on through inputs that require a gradient (itself included), each
+    /// after all of its inputs; an error if a part of the graph was freed.
+    fn topological_order(&self) -> Result<Vec<Tensor<F>>> {
+        let mut order = Vec::new();
+        let mut seen = HashSet::new();
+        let mut stack = vec![(self.clone(), false)];
+        while let Some((tensor, inputs_done)) = stack.pop() {
+            if inputs_done {
+                order.push(tensor);
+                continue;
+            }
+            if !seen.insert(key(&tensor)) {
+                continue;
+            }
+            let inputs: Vec<Tensor<F>> = match &*lock(&tensor.0.origin) {
+                Origin::Leaf => Vec::new(),
+                Origin::Op { inputs, .. } => inputs.iter().filter(|t| t.requires_grad()).cloned().collect(),
+                Origin::Freed { op } => {
+                    let problem = format!(
+                        "the graph through {op} (shape {:?}) was freed by an earlier backward: compute it again, or \
+                         keep it with backward_with(grad, true)",
+                        tensor.shape()
+                    );
+                    return Err(Error::graph("backward", problem));
+                }
+            };
+            stack.push((tensor, true));
+            stack.extend(inputs.into_iter().rev().filter(|t| !seen.contains(&key(t))).map(|t| (t, false)));
+        }
+        Ok(order)
+    }
+}

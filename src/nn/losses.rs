@@ -1,0 +1,78 @@
+//! The losses, fused (one op each, as the kernels of `fused/losses.cuh` are): `cross_entropy` of logits
+//! against class indices with an index to ignore, the mean over the rows not ignored, from
+//! `ops::losses::softmax_xent`; and `mse`, the mean of `ops::losses::squared_error` over every element.
+
+use super::error::{Error, Result};
+use super::tensor::{Storage, Tensor};
+use crate::cpu::Real;
+use crate::ops::losses::{softmax_xent, squared_error};
+use std::sync::Arc;
+
+impl<F: Real> Tensor<F> {
+    /// The mean over rows of −log softmax(row)`[target]`: logits `[.., classes]`, one target a row (in the
+    /// logits' row-major order); rows whose target is `ignore_index` count for nothing. Shape `[]`.
+    pub fn cross_entropy(&self, targets: &[i64], ignore_index: Option<i64>) -> Result<Tensor<F>> {
+        let classes = *self
+            .shape()
+            .last()
+            .ok_or_else(|| Error::shape("cross_entropy", self.shape(), "has no axis of classes"))?;
+        let rows: usize = self.shape()[..self.rank() - 1].iter().product();
+        if targets.len() != rows {
+            let problem = "do not match: one target for each row of the logits (second shape: the targets')";
+            return Err(Error::shapes("cross_entropy", self.shape(), &[targets.len()], problem));
+        }
+        let logits = self.storage();
+        let mut softmax_minus_onehot = vec![F::zero(); logits.host().len()];
+        let (mut total, mut counted) = (F::zero(), 0usize);
+        let pairs =
+            logits.host().chunks_exact(classes.max(1)).zip(softmax_minus_onehot.chunks_exact_mut(classes.max(1)));
+        for (row, ((logits, d), &target)) in pairs.zip(targets).enumerate() {
+            if Some(target) == ignore_index {
+                continue;
+            }
+            let class = usize::try_from(target).ok().filter(|&c| c < classes).ok_or_else(|| {
+                Error::value("cross_entropy", format!("target {target} of row {row} is not a class of 0..{classes}"))
+            })?;
+            total = total + softmax_xent(logits, class, d);
+            counted += 1;
+        }
+        if counted == 0 {
+            let ignored = ignore_index.map_or(String::new(), |i| format!(" (ignore_index {i})"));
+            return Err(Error::value("cross_entropy", format!("no row is left to average over{ignored}")));
+        }
+        let count = F::from(counted).unwrap_or_else(F::nan);
+        let backward = move |grad: &[F], _needs: &[bool]| {
+            let scale = grad[0] / count;
+            Ok(vec![Some(softmax_minus_onehot.iter().map(|&d| d * scale).collect())])
+        };
+        let loss = Arc::new(Storage::Host(vec![total / count]));
+        Ok(Tensor::from_op("cross_entropy", loss, Vec::new(), &[self], Box::new(backward)))
+    }
+
+    /// The mean of (self − target)² over every element; the shapes must be equal. Shape `[]`.
+    pub fn mse(&self, target: &Tensor<F>) -> Result<Tensor<F>> {
+        if self.shape() != target.shape() {
+            return Err(Error::shapes("mse", self.shape(), target.shape(), "differ"));
+        }
+        let n = self.numel();
+        let count = F::from(n).unwrap_or_else(F::nan);
+        let scale = (F::one() + F::one()) / count;
+        let (predictions, targets) = (self.storage(), target.storage());
+        let mut total = F::zero();
+        let d_predictions: Vec<F> = (predictions.host().iter().zip(targets.host()))
+            .map(|(&y, &t)| {
+                let (loss, d) = squared_error(y, t, scale);
+                total = total + loss;
+                d
+            })
+            .collect();
+        let backward = move |grad: &[F], needs: &[bool]| {
+            let g = grad[0];
+            let grad_predictions = needs[0].then(|| d_predictions.iter().map(|&d| d * g).collect());
+            let grad_targets = needs[1].then(|| d_predictions.iter().map(|&d| -d * g).collect());
+            Ok(vec![grad_predictions, grad_targets])
+        };
+        let loss = Arc::new(Storage::Host(vec![total / count]));
+        Ok(Tensor::from_op("mse", loss, Vec::new(), &[self, target], Box::new(backward)))
+    }
+}

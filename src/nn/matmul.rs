@@ -1,0 +1,116 @@
+//! Matrix products through `cpu::gemm`: `matmul` of [.., m, k] by [.., k, n] (batched over equal leading
+//! axes, or with one operand of two axes shared by every batch), and `linear` in PyTorch's layout,
+//! y = x·wᵀ + b with w [out, in], over the last axis of x.
+//!
+//! Backward: dA = dC·Bᵀ, dB = Aᵀ·dC (summed over the batches that share an operand, in batch order);
+//! linear's db is the column sums of dy, row by row.
+
+use super::error::{Error, Result};
+use super::tensor::{Storage, Tensor};
+use crate::cpu::{Mat, Real, gemm};
+use std::sync::Arc;
+
+impl<F: Real> Tensor<F> {
+    /// The matrix product over the last two axes, batched over the leading ones.
+    pub fn matmul(&self, other: &Tensor<F>) -> Result<Tensor<F>> {
+        let refuse = |problem| Err(Error::shapes("matmul", self.shape(), other.shape(), problem));
+        let (a, b) = (self.shape(), other.shape());
+        if a.len() < 2 || b.len() < 2 {
+            return refuse("do not multiply: each needs two axes or more");
+        }
+        let ((m, k), (k_b, n)) = ((a[a.len() - 2], a[a.len() - 1]), (b[b.len() - 2], b[b.len() - 1]));
+        if k != k_b {
+            return refuse("do not multiply");
+        }
+        let (lead_a, lead_b) = (&a[..a.len() - 2], &b[..b.len() - 2]);
+        let lead = match (lead_a.is_empty(), lead_b.is_empty()) {
+            (_, true) => lead_a,
+            (true, false) => lead_b,
+            (false, false) if lead_a == lead_b => lead_a,
+            _ => return refuse("do not multiply: their leading (batch) axes differ"),
+        };
+        let batches: usize = lead.iter().product();
+        // The element offset of batch `i` in each operand; 0 for one shared by every batch.
+        let step_a = if lead_a.is_empty() { 0 } else { m * k };
+        let step_b = if lead_b.is_empty() { 0 } else { k * n };
+        let (values_a, values_b) = (self.storage(), other.storage());
+        let mut out = vec![F::zero(); batches * m * n];
+        for (i, c) in out.chunks_exact_mut((m * n).max(1)).enumerate().take(batches) {
+            let a = Mat::rows_of(&values_a.host()[i * step_a..], m, k);
+            gemm(a, Mat::rows_of(&values_b.host()[i * step_b..], k, n), F::zero(), c);
+        }
+        let (count_a, count_b) = (self.numel(), other.numel());
+        let backward = move |grad: &[F], needs: &[bool]| {
+            let (x, y) = (values_a.host(), values_b.host());
+            let mut grad_a = needs[0].then(|| vec![F::zero(); count_a]);
+            let mut grad_b = needs[1].then(|| vec![F::zero(); count_b]);
+            for i in 0..batches {
+                let g = Mat::rows_of(&grad[i * m * n..], m, n);
+                if let Some(grad_a) = grad_a.as_mut() {
+                    let y = Mat::rows_of(&y[i * step_b..], k, n);
+                    gemm(g, y.t(), F::one(), &mut grad_a[i * step_a..][..m * k]);
+                }
+                if let Some(grad_b) = grad_b.as_mut() {
+                    let x = Mat::rows_of(&x[i * step_a..], m, k);
+                    gemm(x.t(), g, F::one(), &mut grad_b[i * step_b..][..k * n]);
+                }
+            }
+            Ok(vec![grad_a, grad_b])
+        };
+        let shape = [lead, &[m, n]].concat();
+        Ok(Tensor::from_op("matmul", Arc::new(Storage::Host(out)), shape, &[self, other], Box::new(backward)))
+    }
+}
+
+/// y = x·wᵀ + b over the last axis of `x`: x `[.., in]`, `weight` `[out, in]`, `bias` `[out]`.
+pub fn linear<F: Real>(x: &Tensor<F>, weight: &Tensor<F>, bias: Option<&Tensor<F>>) -> Result<Tensor<F>> {
+    let [outputs, inputs] = *weight.shape() else {
+        return Err(Error::shape("linear", weight.shape(), "is not a weight of two axes [out, in]"));
+    };
+    if x.shape().last() != Some(&inputs) {
+        let problem = "do not multiply: the input's last axis must be the weight's second ([out, in])";
+        return Err(Error::shapes("linear", x.shape(), weight.shape(), problem));
+    }
+    if let Some(bias) = bias
+        && bias.shape() != [outputs]
+    {
+        return Err(Error::shapes("linear", weight.shape(), bias.shape(), "do not match: the bias must be [out]"));
+    }
+    let lead = &x.shape()[..x.rank() - 1];
+    let rows: usize = lead.iter().product();
+    let (values_x, values_w) = (x.storage(), weight.storage());
+    let mut out = match bias {
+        Some(bias) => bias.storage().host().repeat(rows),
+        None => vec![F::zero(); rows * outputs],
+    };
+    let beta = if bias.is_some() { F::one() } else { F::zero() };
+    let w_t = Mat::rows_of(values_w.host(), outputs, inputs).t();
+    gemm(Mat::rows_of(values_x.host(), rows, inputs), w_t, beta, &mut out);
+    let backward = move |grad: &[F], needs: &[bool]| {
+        let g = Mat::rows_of(grad, rows, outputs);
+        let grad_x = needs[0].then(|| {
+            let mut grad_x = vec![F::zero(); rows * inputs];
+            gemm(g, Mat::rows_of(values_w.host(), outputs, inputs), F::zero(), &mut grad_x);
+            grad_x
+        });
+        let grad_w = needs[1].then(|| {
+            let mut grad_w = vec![F::zero(); outputs * inputs];
+            gemm(g.t(), Mat::rows_of(values_x.host(), rows, inputs), F::zero(), &mut grad_w);
+            grad_w
+        });
+        let mut grads = vec![grad_x, grad_w];
+        if needs.len() == 3 {
+            grads.push(needs[2].then(|| {
+                let mut grad_b = vec![F::zero(); outputs];
+                for row in grad.chunks_exact(outputs.max(1)) {
+                    grad_b.iter_mut().zip(row).for_each(|(s, &g)| *s = *s + g);
+                }
+                grad_b
+            }));
+        }
+        Ok(grads)
+    };
+    let inputs_of: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
+    let shape = [lead, &[outputs]].concat();
+    Ok(Tensor::from_op("linear", Arc::new(Storage::Host(out)), shape, &inputs_of, Box::new(backward)))
+}

@@ -1,0 +1,81 @@
+//! Building blocks with parameters, as `torch.nn`'s: a `Module` maps a tensor to a tensor and lists its
+//! parameters; `Linear` is y = x·wᵀ + b, initialised as PyTorch's `nn.Linear` (`cpu::linear_init`).
+
+use super::error::{Error, Result};
+use super::matmul::linear;
+use super::tensor::Tensor;
+use crate::cpu::{Real, SeededRng, linear_init};
+
+/// A layer or a model: a forward map and the parameters it trains.
+pub trait Module<F: Real = f32> {
+    /// The output for input `x`.
+    fn forward(&self, x: &Tensor<F>) -> Result<Tensor<F>>;
+
+    /// The parameters, in a fixed order (for an optimizer, or to save).
+    fn parameters(&self) -> Vec<Tensor<F>>;
+
+    /// Forgets every parameter's accumulated gradient.
+    fn zero_grad(&self) {
+        self.parameters().iter().for_each(Tensor::zero_grad);
+    }
+}
+
+/// y = x·wᵀ + b over the last axis of x: `weight` `[out, in]`, `bias` `[out]`.
+#[derive(Clone, Debug)]
+pub struct Linear<F: Real = f32> {
+    /// `[out, in]`.
+    pub weight: Tensor<F>,
+    /// `[out]`, if the layer has one.
+    pub bias: Option<Tensor<F>>,
+}
+
+impl<F: Real> Linear<F> {
+    /// A layer of `inputs` → `outputs` drawn from `rng` as PyTorch's `nn.Linear`: weight, then bias, each
+    /// U(−1/√inputs, 1/√inputs).
+    pub fn new(inputs: usize, outputs: usize, bias: bool, rng: &mut SeededRng) -> Result<Self> {
+        let mut draw = |count: usize| {
+            let mut values = vec![0f32; count];
+            linear_init(&mut values, inputs, rng);
+            values.into_iter().map(|v| F::from(v).unwrap_or_else(F::nan)).collect::<Vec<F>>()
+        };
+        let weight = Tensor::parameter(draw(outputs * inputs), &[outputs, inputs])?;
+        let bias = if bias { Some(Tensor::parameter(draw(outputs), &[outputs])?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    /// A layer of the given parameters, which are marked as requiring gradients.
+    pub fn from_parameters(weight: Tensor<F>, bias: Option<Tensor<F>>) -> Result<Self> {
+        let [outputs, _] = *weight.shape() else {
+            return Err(Error::shape("Linear", weight.shape(), "is not a weight of two axes [out, in]"));
+        };
+        if let Some(bias) = &bias
+            && bias.shape() != [outputs]
+        {
+            return Err(Error::shapes("Linear", weight.shape(), bias.shape(), "do not match: the bias must be [out]"));
+        }
+        for parameter in std::iter::once(&weight).chain(&bias) {
+            parameter.set_requires_grad(true)?;
+        }
+        Ok(Linear { weight, bias })
+    }
+
+    /// The width of the input.
+    pub fn inputs(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    /// The width of the output.
+    pub fn outputs(&self) -> usize {
+        self.weight.shape()[0]
+    }
+}
+
+impl<F: Real> Module<F> for Linear<F> {
+    fn forward(&self, x: &Tensor<F>) -> Result<Tensor<F>> {
+        linear(x, &self.weight, self.bias.as_ref())
+    }
+
+    fn parameters(&self) -> Vec<Tensor<F>> {
+        std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
+    }
+}

@@ -1,0 +1,139 @@
+//! Reductions: `sum` and `mean` over one axis (keeping it as size 1 or dropping it) or over all elements,
+//! and `softmax` and `log_softmax` over the last axis (the row softmax of `cpu::softmax_in_place`).
+//!
+//! Each sum runs along its axis from index 0 up, so the same shapes give the same rounding.
+
+use super::error::{Error, Result};
+use super::shape::axis_index;
+use super::tensor::{Storage, Tensor};
+use crate::cpu::{Real, softmax_in_place};
+use std::sync::Arc;
+
+/// `shape` seen as (outer, axis, inner) around `axis`: element (o, k, i) at (o·n + k)·inner + i.
+fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+}
+
+/// The sum (or mean, when `mean`) of `x` along `axis`, None for all elements.
+fn reduce<F: Real>(
+    op: &'static str,
+    x: &Tensor<F>,
+    axis: Option<isize>,
+    keepdim: bool,
+    mean: bool,
+) -> Result<Tensor<F>> {
+    let (shape, (outer, n, inner)) = match axis {
+        Some(axis) => {
+            let axis = axis_index(op, x.shape(), axis)?;
+            let mut shape = x.shape().to_vec();
+            if keepdim {
+                shape[axis] = 1;
+            } else {
+                shape.remove(axis);
+            }
+            (shape, around(x.shape(), axis))
+        }
+        None => (if keepdim { vec![1; x.rank()] } else { Vec::new() }, (1, x.numel(), 1)),
+    };
+    let values = x.storage();
+    let x_values = values.host();
+    let mut out = vec![F::zero(); outer * inner];
+    for o in 0..outer {
+        let sums = &mut out[o * inner..][..inner];
+        for k in 0..n {
+            let row = &x_values[(o * n + k) * inner..][..inner];
+            sums.iter_mut().zip(row).for_each(|(s, &v)| *s = *s + v);
+        }
+    }
+    let count = F::from(n).unwrap_or_else(F::nan);
+    if mean {
+        out.iter_mut().for_each(|s| *s = *s / count);
+    }
+    let backward = move |grad: &[F], _needs: &[bool]| {
+        let mut grad_x = vec![F::zero(); outer * n * inner];
+        for o in 0..outer {
+            let from = &grad[o * inner..][..inner];
+            for k in 0..n {
+                let to = &mut grad_x[(o * n + k) * inner..][..inner];
+                to.iter_mut().zip(from).for_each(|(t, &g)| *t = if mean { g / count } else { g });
+            }
+        }
+        Ok(vec![Some(grad_x)])
+    };
+    Ok(Tensor::from_op(op, Arc::new(Storage::Host(out)), shape, &[x], Box::new(backward)))
+}
+
+/// The length of the last axis, the one softmax normalises; an error for a scalar.
+fn last_axis<F: Real>(op: &'static str, x: &Tensor<F>) -> Result<usize> {
+    x.shape().last().copied().ok_or_else(|| Error::shape(op, x.shape(), "has no last axis to normalise over"))
+}
+
+impl<F: Real> Tensor<F> {
+    /// The sum along `axis` (negative: from the end), kept as size 1 when `keepdim`.
+    pub fn sum(&self, axis: isize, keepdim: bool) -> Result<Tensor<F>> {
+        reduce("sum", self, Some(axis), keepdim, false)
+    }
+
+    /// The sum of every element, shape `[]`.
+    pub fn sum_all(&self) -> Tensor<F> {
+        reduce("sum", self, None, false, false).expect("no axis to check")
+    }
+
+    /// The mean along `axis` (negative: from the end), kept as size 1 when `keepdim`.
+    pub fn mean(&self, axis: isize, keepdim: bool) -> Result<Tensor<F>> {
+        reduce("mean", self, Some(axis), keepdim, true)
+    }
+
+    /// The mean of every element, shape `[]` (NaN for no elements, as PyTorch's).
+    pub fn mean_all(&self) -> Tensor<F> {
+        reduce("mean", self, None, false, true).expect("no axis to check")
+    }
+
+    /// softmax over the last axis: e^(x − max) / Σ e^(x − max) along each row.
+    pub fn softmax(&self) -> Result<Tensor<F>> {
+        let classes = last_axis("softmax", self)?.max(1);
+        let mut out = self.to_vec();
+        out.chunks_exact_mut(classes).for_each(|row| {
+            softmax_in_place(row);
+        });
+        let output = Arc::new(Storage::Host(out));
+        let saved = Arc::clone(&output);
+        // dx = y ⊙ (g − Σ g·y) along each row.
+        let backward = move |grad: &[F], _needs: &[bool]| {
+            let mut grad_x = vec![F::zero(); grad.len()];
+            let rows = saved.host().chunks_exact(classes).zip(grad.chunks_exact(classes));
+            for ((y, g), dx) in rows.zip(grad_x.chunks_exact_mut(classes)) {
+                let dot = y.iter().zip(g).fold(F::zero(), |s, (&y, &g)| s + y * g);
+                dx.iter_mut().zip(y.iter().zip(g)).for_each(|(d, (&y, &g))| *d = y * (g - dot));
+            }
+            Ok(vec![Some(grad_x)])
+        };
+        Ok(Tensor::from_op("softmax", output, self.shape().to_vec(), &[self], Box::new(backward)))
+    }
+
+    /// log softmax over the last axis: x − max − ln Σ e^(x − max) along each row.
+    pub fn log_softmax(&self) -> Result<Tensor<F>> {
+        let classes = last_axis("log_softmax", self)?.max(1);
+        let mut out = self.to_vec();
+        let mut scratch = vec![F::zero(); classes];
+        for row in out.chunks_exact_mut(classes) {
+            scratch.copy_from_slice(row);
+            let (max, sum) = softmax_in_place(&mut scratch);
+            let log_sum = sum.ln();
+            row.iter_mut().for_each(|v| *v = *v - max - log_sum);
+        }
+        let output = Arc::new(Storage::Host(out));
+        let saved = Arc::clone(&output);
+        // dx = g − softmax · Σ g along each row, softmax = e^y.
+        let backward = move |grad: &[F], _needs: &[bool]| {
+            let mut grad_x = vec![F::zero(); grad.len()];
+            let rows = saved.host().chunks_exact(classes).zip(grad.chunks_exact(classes));
+            for ((y, g), dx) in rows.zip(grad_x.chunks_exact_mut(classes)) {
+                let total = g.iter().fold(F::zero(), |s, &g| s + g);
+                dx.iter_mut().zip(y.iter().zip(g)).for_each(|(d, (&y, &g))| *d = g - y.exp() * total);
+            }
+            Ok(vec![Some(grad_x)])
+        };
+        Ok(Tensor::from_op("log_softmax", output, self.shape().to_vec(), &[self], Box::new(backward)))
+    }
+}

@@ -1,0 +1,318 @@
+//! The tensor of `nn`: a shape (row-major, contiguous) over elements in a `Storage`, and, when it was
+//! computed by an op while gradients are recorded, the op's inputs and backward. Cloning a `Tensor`
+//! clones a handle, not the elements, as in PyTorch.
+//!
+//! The elements sit behind one enum, `Storage`, whose only variant today is the host's; ops reach them
+//! through `Storage::host`, so a device variant joins in one place. An op reads its inputs as snapshots
+//! (`Arc<Storage>`), and its backward keeps the snapshots it needs: an in-place change of a parameter
+//! (an optimizer step) after the forward copies the parameter first (copy on write), so a backward always
+//! sees the values its forward saw.
+
+use super::error::{Error, Result};
+use crate::cpu::Real;
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// Where a tensor's elements live.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Storage<F> {
+    /// In host memory, row-major.
+    Host(Vec<F>),
+}
+
+impl<F> Storage<F> {
+    /// The elements, row-major.
+    pub fn host(&self) -> &[F] {
+        match self {
+            Storage::Host(values) => values,
+        }
+    }
+
+    /// The elements, row-major, to change in place.
+    pub fn host_mut(&mut self) -> &mut [F] {
+        match self {
+            Storage::Host(values) => values,
+        }
+    }
+}
+
+/// A backward: given the gradient of the op's output, the gradient of each input, `None` where the input
+/// needs none (`needs[i]` false) or gets none.
+pub(crate) type BackwardFn<F> = Box<dyn Fn(&[F], &[bool]) -> Result<Vec<Option<Vec<F>>>> + Send + Sync>;
+
+/// How a tensor came to be.
+pub(crate) enum Origin<F: Real> {
+    /// Made from values (or detached, or computed while nothing was recorded).
+    Leaf,
+    /// Computed by `op` from `inputs`; `backward` carries what it saved.
+    Op { op: &'static str, inputs: Vec<Tensor<F>>, backward: BackwardFn<F> },
+    /// Computed by `op`, whose saved values an earlier backward freed.
+    Freed { op: &'static str },
+}
+
+pub(crate) struct Node<F: Real> {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) storage: Arc<RwLock<Arc<Storage<F>>>>,
+    pub(crate) requires_grad: AtomicBool,
+    pub(crate) grad: Mutex<Option<Storage<F>>>,
+    pub(crate) origin: Mutex<Origin<F>>,
+}
+
+/// A tensor of `F` (f32, or f64 for exact checks) with reverse-mode autograd.
+pub struct Tensor<F: Real = f32>(pub(crate) Arc<Node<F>>);
+
+impl<F: Real> Clone for Tensor<F> {
+    fn clone(&self) -> Self {
+        Tensor(Arc::clone(&self.0))
+    }
+}
+
+impl<F: Real> fmt::Debug for Tensor<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor{:?} ({}", self.shape(), self.op_name())?;
+        if self.requires_grad() {
+            write!(f, ", requires grad")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A lock's value even when another thread panicked while holding it (the values stay whole: every write
+/// replaces them at once).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+thread_local! {
+    static RECORDING: Cell<bool> = const { Cell::new(true) };
+}
+
+/// While it lives, ops on this thread record no graph (PyTorch's `torch.no_grad()`): their results need
+/// no gradient and keep nothing for a backward. Dropping it restores what was before.
+#[must_use = "gradients are off only while the guard lives"]
+pub struct NoGradGuard {
+    before: bool,
+}
+
+/// Turns recording off on this thread until the guard is dropped.
+pub fn no_grad() -> NoGradGuard {
+    NoGradGuard { before: RECORDING.with(|r| r.replace(false)) }
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        RECORDING.with(|r| r.set(self.before));
+    }
+}
+
+/// Whether ops on this thread record their graph now.
+pub fn is_grad_enabled() -> bool {
+    RECORDING.with(|r| r.get())
+}
+
+/// The number of elements of `shape` (1 for a scalar's `[]`), or None when it overflows.
+pub(crate) fn element_count(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+impl<F: Real> Tensor<F> {
+    fn from_parts(shape: Vec<usize>, storage: Arc<Storage<F>>, origin: Origin<F>, requires_grad: bool) -> Self {
+        Tensor(Arc::new(Node {
+            shape,
+            storage: Arc::new(RwLock::new(storage)),
+            requires_grad: AtomicBool::new(requires_grad),
+            grad: Mutex::new(None),
+            origin: Mutex::new(origin),
+        }))
+    }
+
+    /// A leaf holding `values` in `shape` (row-major).
+    pub fn from_vec(values: Vec<F>, shape: &[usize]) -> Result<Self> {
+        match element_count(shape) {
+            Some(n) if n == values.len() => {}
+            Some(n) => {
+                let problem = format!("holds {n} elements, but {} values were given", values.len());
+                return Err(Error::shape("from_vec", shape, problem));
+            }
+            None => return Err(Error::shape("from_vec", shape, "has more elements than memory can address")),
+        }
+        Ok(Self::from_parts(shape.to_vec(), Arc::new(Storage::Host(values)), Origin::Leaf, false))
+    }
+
+    /// A leaf holding a copy of `values` in `shape` (row-major).
+    pub fn from_slice(values: &[F], shape: &[usize]) -> Result<Self> {
+        Self::from_vec(values.to_vec(), shape)
+    }
+
+    /// A leaf that requires a gradient: a parameter to train.
+    pub fn parameter(values: Vec<F>, shape: &[usize]) -> Result<Self> {
+        let tensor = Self::from_vec(values, shape)?;
+        tensor.0.requires_grad.store(true, Ordering::Relaxed);
+        Ok(tensor)
+    }
+
+    /// A scalar (shape `[]`).
+    pub fn scalar(value: F) -> Self {
+        Self::from_parts(Vec::new(), Arc::new(Storage::Host(vec![value])), Origin::Leaf, false)
+    }
+
+    /// A leaf of `shape` filled with `value`.
+    pub fn full(shape: &[usize], value: F) -> Result<Self> {
+        let n = element_count(shape)
+            .ok_or_else(|| Error::shape("full", shape, "has more elements than memory can address"))?;
+        Self::from_vec(vec![value; n], shape)
+    }
+
+    /// A leaf of zeros.
+    pub fn zeros(shape: &[usize]) -> Result<Self> {
+        Self::full(shape, F::zero())
+    }
+
+    /// The result of `op` on `inputs`: `storage` in `shape`, with `backward` recorded when recording is on
+    /// and an input requires a gradient (otherwise `backward`, and what it saved, are dropped here).
+    /// `storage` is shared with `backward` when it needs the output (an in-place change of the output then
+    /// copies it first).
+    pub(crate) fn from_op(
+        op: &'static str,
+        storage: Arc<Storage<F>>,
+        shape: Vec<usize>,
+        inputs: &[&Tensor<F>],
+        backward: BackwardFn<F>,
+    ) -> Self {
+        debug_assert_eq!(element_count(&shape), Some(storage.host().len()), "{op}");
+        if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
+            let inputs = inputs.iter().map(|&t| t.clone()).collect();
+            Self::from_parts(shape, storage, Origin::Op { op, inputs, backward }, true)
+        } else {
+            Self::from_parts(shape, storage, Origin::Leaf, false)
+        }
+    }
+
+    /// The shape, outermost axis first (`[]` for a scalar).
+    pub fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    /// The number of axes.
+    pub fn rank(&self) -> usize {
+        self.0.shape.len()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.shape.iter().product()
+    }
+
+    /// The elements as they are now (a snapshot: a later in-place change does not alter it).
+    pub fn storage(&self) -> Arc<Storage<F>> {
+        Arc::clone(&self.0.storage.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// A copy of the elements, row-major.
+    pub fn to_vec(&self) -> Vec<F> {
+        self.storage().host().to_vec()
+    }
+
+    /// Copies the elements into `out`, whose length must be the element count.
+    pub fn copy_to(&self, out: &mut [F]) -> Result<()> {
+        if out.len() != self.numel() {
+            let problem = format!("holds {} elements, but the slice to copy them to has {}", self.numel(), out.len());
+            return Err(Error::shape("copy_to", self.shape(), problem));
+        }
+        out.copy_from_slice(self.storage().host());
+        Ok(())
+    }
+
+    /// The one element of a tensor of one element.
+    pub fn item(&self) -> Result<F> {
+        match self.storage().host() {
+            [value] => Ok(*value),
+            _ => Err(Error::shape("item", self.shape(), "is not one element")),
+        }
+    }
+
+    /// Changes the elements in place through `change`, outside the graph (an optimizer's update): a
+    /// backward recorded before still sees the old values.
+    pub fn update_in_place(&self, change: impl FnOnce(&mut [F])) {
+        let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        change(Arc::make_mut(&mut storage).host_mut());
+    }
+
+    /// Replaces the elements in place with `values` (as `update_in_place`).
+    pub fn copy_from_slice(&self, values: &[F]) -> Result<()> {
+        if values.len() != self.numel() {
+            let problem = format!("holds {} elements, but {} values were given", self.numel(), values.len());
+            return Err(Error::shape("copy_from_slice", self.shape(), problem));
+        }
+        self.update_in_place(|mine| mine.copy_from_slice(values));
+        Ok(())
+    }
+
+    /// Whether a backward through this tensor computes gradients.
+    pub fn requires_grad(&self) -> bool {
+        self.0.requires_grad.load(Ordering::Relaxed)
+    }
+
+    /// Whether this tensor was made from values rather than computed by a recorded op.
+    pub fn is_leaf(&self) -> bool {
+        matches!(*lock(&self.0.origin), Origin::Leaf)
+    }
+
+    /// Marks a leaf as needing a gradient (a parameter), or not. A computed tensor's flag follows its
+    /// inputs', and setting it is an error.
+    pub fn set_requires_grad(&self, requires_grad: bool) -> Result<()> {
+        if !self.is_leaf() {
+            let problem = format!("the result of {} follows its inputs; detach it first", self.op_name());
+            return Err(Error::graph("set_requires_grad", problem));
+        }
+        self.0.requires_grad.store(requires_grad, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The op that computed this tensor, or "leaf".
+    pub fn op_name(&self) -> &'static str {
+        match *lock(&self.0.origin) {
+            Origin::Leaf => "leaf",
+            Origin::Op { op, .. } | Origin::Freed { op } => op,
+        }
+    }
+
+    /// The gradient accumulated by the backward calls so far (a leaf that requires grad only), as a new
+    /// tensor of this shape; None before the first backward and after `zero_grad`.
+    pub fn grad(&self) -> Option<Tensor<F>> {
+        let grad = lock(&self.0.grad).clone()?;
+        Some(Self::from_parts(self.0.shape.clone(), Arc::new(grad), Origin::Leaf, false))
+    }
+
+    /// Forgets the accumulated gradient (PyTorch's `zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&self) {
+        *lock(&self.0.grad) = None;
+    }
+
+    /// Adds `grad` to the accumulated gradient, in element order.
+    pub(crate) fn accumulate_grad(&self, grad: Vec<F>) {
+        let mut mine = lock(&self.0.grad);
+        match mine.as_mut() {
+            None => *mine = Some(Storage::Host(grad)),
+            Some(sum) => sum.host_mut().iter_mut().zip(grad).for_each(|(s, g)| *s = *s + g),
+        }
+    }
+
+    /// The same elements (shared, not copied) as a leaf outside the graph, needing no gradient.
+    pub fn detach(&self) -> Tensor<F> {
+        Tensor(Arc::new(Node {
+            shape: self.0.shape.clone(),
+            storage: Arc::clone(&self.0.storage),
+            requires_grad: AtomicBool::new(false),
+            grad: Mutex::new(None),
+            origin: Mutex::new(Origin::Leaf),
+        }))
+    }
+
+    /// Whether `self` and `other` are handles of the same tensor.
+    pub fn same(&self, other: &Tensor<F>) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}

@@ -1,5 +1,5 @@
 //! `nn`: tensors with reverse-mode autograd, the ops a model is written with, modules and optimizers —
-//! the engine meant to sit below every pipeline (issue 42's first slice: the host side, f32 or f64).
+//! the engine meant to sit below every pipeline (so far the host side, in f32 or f64).
 //!
 //! A [`Tensor`] holds its elements in a [`Storage`] (host memory now) with a row-major shape. An op on
 //! tensors that require gradients records itself; [`Tensor::backward`] then walks the record back and

@@ -125,18 +125,31 @@ pub fn start_threads() -> Result<()> {
         // SAFETY: mallopt only sets the allocator's parameter; it is called before any thread starts.
         unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     }
-    // Rayon's own count first, then halves of the cores'.
-    let mut threads: Option<usize> = None;
-    loop {
-        let builder =
-            threads.map_or_else(rayon::ThreadPoolBuilder::new, |n| rayon::ThreadPoolBuilder::new().num_threads(n));
-        let Err(e) = builder.build_global() else { return Ok(()) };
-        threads = match threads {
-            Some(1) => bail!("cannot start a thread ({e}); raise the process's limits (ulimit -v, ulimit -u)"),
-            Some(n) => Some(n / 2),
-            None => Some((std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)),
-        };
+    // Rayon's global pool can be built once only, even when building it failed: find the count that
+    // starts first (RAYON_NUM_THREADS or one a core, halved until its threads can start).
+    let wanted = std::env::var("RAYON_NUM_THREADS").ok().and_then(|n| n.parse().ok()).filter(|&n: &usize| n > 0);
+    let mut threads = wanted.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    while threads > 1 && !threads_start(threads) {
+        threads /= 2;
     }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .map_err(|e| anyhow::anyhow!("cannot start a thread ({e}); raise the process's limits (ulimit -v, ulimit -u)"))
+}
+
+/// Whether `count` threads can run at once: each is started, then all are joined.
+fn threads_start(count: usize) -> bool {
+    let mut started = Vec::with_capacity(count);
+    for _ in 0..count {
+        match std::thread::Builder::new().spawn(|| ()) {
+            Ok(handle) => started.push(handle),
+            Err(_) => break,
+        }
+    }
+    let all = started.len() == count;
+    started.into_iter().for_each(|h| drop(h.join()));
+    all
 }
 
 thread_local! {

@@ -91,49 +91,56 @@ impl<F: Real> Tensor<F> {
 
     /// softmax over the last axis: e^(x − max) / Σ e^(x − max) along each row.
     pub fn softmax(&self) -> Result<Tensor<F>> {
-        let classes = last_axis("softmax", self)?.max(1);
-        let mut out = self.to_vec();
-        out.chunks_exact_mut(classes).for_each(|row| {
-            softmax_in_place(row);
-        });
-        let output = Arc::new(Storage::Host(out));
-        let saved = Arc::clone(&output);
         // dx = y ⊙ (g − Σ g·y) along each row.
-        let backward = move |grad: &[F], _needs: &[bool]| {
-            let mut grad_x = vec![F::zero(); grad.len()];
-            let rows = saved.host().chunks_exact(classes).zip(grad.chunks_exact(classes));
-            for ((y, g), dx) in rows.zip(grad_x.chunks_exact_mut(classes)) {
-                let dot = y.iter().zip(g).fold(F::zero(), |s, (&y, &g)| s + y * g);
-                dx.iter_mut().zip(y.iter().zip(g)).for_each(|(d, (&y, &g))| *d = y * (g - dot));
-            }
-            Ok(vec![Some(grad_x)])
+        let backward = |y: &[F], g: &[F], dx: &mut [F]| {
+            let dot = y.iter().zip(g).fold(F::zero(), |s, (&y, &g)| s + y * g);
+            dx.iter_mut().zip(y.iter().zip(g)).for_each(|(d, (&y, &g))| *d = y * (g - dot));
         };
-        Ok(Tensor::from_op("softmax", output, self.shape().to_vec(), &[self], Box::new(backward)))
+        let forward = |row: &mut [F]| {
+            softmax_in_place(row);
+        };
+        by_rows("softmax", self, forward, backward)
     }
 
     /// log softmax over the last axis: x − max − ln Σ e^(x − max) along each row.
     pub fn log_softmax(&self) -> Result<Tensor<F>> {
-        let classes = last_axis("log_softmax", self)?.max(1);
-        let mut out = self.to_vec();
-        let mut scratch = vec![F::zero(); classes];
-        for row in out.chunks_exact_mut(classes) {
-            scratch.copy_from_slice(row);
+        let mut scratch = Vec::new();
+        let forward = |row: &mut [F]| {
+            scratch.clear();
+            scratch.extend_from_slice(row);
             let (max, sum) = softmax_in_place(&mut scratch);
             let log_sum = sum.ln();
             row.iter_mut().for_each(|v| *v = *v - max - log_sum);
-        }
-        let output = Arc::new(Storage::Host(out));
-        let saved = Arc::clone(&output);
-        // dx = g − softmax · Σ g along each row, softmax = e^y.
-        let backward = move |grad: &[F], _needs: &[bool]| {
-            let mut grad_x = vec![F::zero(); grad.len()];
-            let rows = saved.host().chunks_exact(classes).zip(grad.chunks_exact(classes));
-            for ((y, g), dx) in rows.zip(grad_x.chunks_exact_mut(classes)) {
-                let total = g.iter().fold(F::zero(), |s, &g| s + g);
-                dx.iter_mut().zip(y.iter().zip(g)).for_each(|(d, (&y, &g))| *d = g - y.exp() * total);
-            }
-            Ok(vec![Some(grad_x)])
         };
-        Ok(Tensor::from_op("log_softmax", output, self.shape().to_vec(), &[self], Box::new(backward)))
+        // dx = g − softmax · Σ g along each row, softmax = e^y.
+        let backward = |y: &[F], g: &[F], dx: &mut [F]| {
+            let total = g.iter().fold(F::zero(), |s, &g| s + g);
+            dx.iter_mut().zip(y.iter().zip(g)).for_each(|(d, (&y, &g))| *d = g - y.exp() * total);
+        };
+        by_rows("log_softmax", self, forward, backward)
     }
+}
+
+/// An op on each row of `x`'s last axis, in place (`forward`), whose backward reads a row of its output
+/// y and of the gradient g and writes the row of dx (`backward`): softmax and log softmax.
+fn by_rows<F: Real>(
+    op: &'static str,
+    x: &Tensor<F>,
+    forward: impl FnMut(&mut [F]),
+    backward: fn(&[F], &[F], &mut [F]),
+) -> Result<Tensor<F>> {
+    let classes = last_axis(op, x)?.max(1);
+    let mut out = x.to_vec();
+    out.chunks_exact_mut(classes).for_each(forward);
+    let output = Arc::new(Storage::Host(out));
+    let saved = Arc::clone(&output);
+    let rows_backward = move |grad: &[F], _needs: &[bool]| {
+        let mut grad_x = vec![F::zero(); grad.len()];
+        let rows = saved.host().chunks_exact(classes).zip(grad.chunks_exact(classes));
+        for ((y, g), dx) in rows.zip(grad_x.chunks_exact_mut(classes)) {
+            backward(y, g, dx);
+        }
+        Ok(vec![Some(grad_x)])
+    };
+    Ok(Tensor::from_op(op, output, x.shape().to_vec(), &[x], Box::new(rows_backward)))
 }

@@ -166,13 +166,13 @@ pub fn fallibly<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// A vector of `len` copies of `value`, reserved fallibly: when the memory is not there, the error line
-/// "`what` needs N MB of memory but only M is available; lower `lower`".
-pub fn try_vec<T: Clone>(len: usize, value: T, what: &str, lower: &str) -> Result<Vec<T>> {
+/// "`what` needs N MB of memory but only M is available; `remedy`".
+pub fn try_vec<T: Clone>(len: usize, value: T, what: &str, remedy: &str) -> Result<Vec<T>> {
     let mut vec = Vec::new();
     if fallibly(|| vec.try_reserve_exact(len)).is_err() {
         let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
         let available = available_memory().map(|a| format!(" but only {} is available", size(a))).unwrap_or_default();
-        bail!("{what} needs {} of memory{available}; lower {lower}", size(bytes));
+        bail!("{what} needs {} of memory{available}; {remedy}", size(bytes));
     }
     vec.resize(len, value);
     Ok(vec)
@@ -316,7 +316,7 @@ mod tests {
 
     #[test]
     fn a_fallible_vector_that_cannot_be_had_is_an_error_line() {
-        let e = try_vec(usize::MAX / 8, 0f64, "the images", "--train-limit").unwrap_err().to_string();
+        let e = try_vec(usize::MAX / 8, 0f64, "the images", "lower --train-limit").unwrap_err().to_string();
         assert!(e.starts_with("the images needs ") && e.ends_with("; lower --train-limit"), "{e}");
         assert_eq!(try_vec(3, 1u8, "x", "y").unwrap(), [1, 1, 1]);
     }

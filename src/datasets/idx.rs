@@ -219,8 +219,14 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
     }
     check_float_memory(images_path, count)?;
     // datasets::mnist::INPUT_SCALING says this in the model file.
-    let images = images.data.iter().map(|&p| p as f32 / 255.0).collect();
-    Ok(Split { images, labels: labels.data, pixels: PIXELS })
+    let mut floats = crate::resources::try_vec(
+        images.data.len(),
+        0f32,
+        "the images as 32-bit floats",
+        "use fewer images (--train-limit when training)",
+    )?;
+    floats.iter_mut().zip(&images.data).for_each(|(f, &p)| *f = p as f32 / 255.0);
+    Ok(Split { images: floats, labels: labels.data, pixels: PIXELS })
 }
 
 /// Refuses `count` images whose 32-bit float copy would not fit in the memory left, before making it

@@ -288,7 +288,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
     let expected = net.tensors();
     check_tensors(&tensors, &expected, &net)?;
     // Every size is now one the file's own tensors have, so the parameters fit in memory as the file did.
-    let mut params = vec![0.0f32; net.param_count];
+    let mut params = crate::resources::try_vec(net.param_count, 0f32, "the model's parameters", "free memory for it")?;
     for (name, dims, range) in &expected {
         params[range.clone()].copy_from_slice(&crate::tensorfile::read_f32(&tensors, name, dims)?);
     }

@@ -261,11 +261,6 @@ fn same_inode(file: &std::fs::File, path: &Path) -> bool {
     ours.is_some() && ours == std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok()
 }
 
-/// Locks `out`, given by `--out` (see `OutputLock`).
-pub fn lock_output(out: &Path) -> Result<OutputLock> {
-    lock_named("--out", out)
-}
-
 /// Locks `out`, given by `flag` (see `OutputLock`).
 pub fn lock_named(flag: &str, out: &Path) -> Result<OutputLock> {
     let name = out.file_name().map(OsStr::as_bytes).unwrap_or_default();

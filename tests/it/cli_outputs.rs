@@ -3,7 +3,7 @@
 //! only after training, kept when stdout closes or Ctrl-C stops the run; and `train --resume`.
 
 use crate::common::text::{shakespeare, train_args, train_until_ctrl_c};
-use crate::common::{text, textnet};
+use crate::common::{text, textnet, textnet_without_reader};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -172,14 +172,7 @@ fn a_closed_stdout_keeps_the_model() {
     assert!(TextModel::load(&model).is_ok());
 
     // `predict … | head -0`: the reader is gone before the first line.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_textnet"))
-        .args(["predict", "--model", model.to_str().unwrap(), "--context", "to be or"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
+    let out = textnet_without_reader(&["predict", "--model", model.to_str().unwrap(), "--context", "to be or"]);
     assert_eq!((out.status.code(), text(&out.stderr).as_str()), (Some(0), ""));
 
     let mnist = dir.path().join("mnist.safetensors");

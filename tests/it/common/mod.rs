@@ -8,6 +8,19 @@ pub mod text;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Runs the textnet binary with `args` as `textnet … | head -0` would: its stdout's reader is gone before
+/// the first line.
+pub fn textnet_without_reader<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_textnet"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("cannot run textnet");
+    drop(child.stdout.take());
+    child.wait_with_output().expect("cannot wait for textnet")
+}
+
 /// Runs the textnet binary with `args`.
 pub fn textnet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_textnet")).args(args).output().expect("cannot run textnet")

@@ -75,8 +75,11 @@ impl<F: Real> Module<F> for Mlp<F> {
         Ok(h)
     }
 
-    fn parameters(&self) -> Vec<Tensor<F>> {
-        self.layers.iter().flat_map(|l| l.parameters()).collect()
+    fn named_parameters(&self) -> Vec<(String, Tensor<F>)> {
+        let named = |(i, layer): (usize, &Linear<F>)| {
+            layer.named_parameters().into_iter().map(move |(name, p)| (format!("layers.{i}.{name}"), p))
+        };
+        self.layers.iter().enumerate().flat_map(named).collect()
     }
 }
 

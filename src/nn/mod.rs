@@ -14,7 +14,7 @@
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
 //! | `layout` | `reshape`/`view`, `transpose` |
-//! | `module`, `optim` | `Module`, `Linear`; `Sgd` |
+//! | `modules`, `optim` | `Module` and its layers (one file each under `modules/`); `Sgd` |
 //!
 //! The math of each op is the CPU twin's in `ops` (activations, losses, the optimizer's update) or
 //! `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
@@ -37,7 +37,7 @@ mod error;
 mod layout;
 mod losses;
 mod matmul;
-pub mod module;
+pub mod modules;
 pub mod optim;
 mod reduce;
 mod shape;
@@ -45,6 +45,6 @@ mod tensor;
 
 pub use error::{Error, Result};
 pub use matmul::linear;
-pub use module::{Linear, Module};
+pub use modules::{Linear, Module};
 pub use optim::Sgd;
 pub use tensor::{NoGradGuard, Storage, Tensor, is_grad_enabled, no_grad};

@@ -1,24 +1,10 @@
-//! Building blocks with parameters, as `torch.nn`'s: a `Module` maps a tensor to a tensor and lists its
-//! parameters; `Linear` is y = x·wᵀ + b, initialised as PyTorch's `nn.Linear` (`cpu::linear_init`).
+//! `Linear`: y = x·wᵀ + b, initialised as PyTorch's `nn.Linear` (`cpu::linear_init`).
 
-use super::error::{Error, Result};
-use super::matmul::linear;
-use super::tensor::Tensor;
+use super::Module;
 use crate::cpu::{Real, SeededRng, linear_init};
-
-/// A layer or a model: a forward map and the parameters it trains.
-pub trait Module<F: Real = f32> {
-    /// The output for input `x`.
-    fn forward(&self, x: &Tensor<F>) -> Result<Tensor<F>>;
-
-    /// The parameters, in a fixed order (for an optimizer, or to save).
-    fn parameters(&self) -> Vec<Tensor<F>>;
-
-    /// Forgets every parameter's accumulated gradient.
-    fn zero_grad(&self) {
-        self.parameters().iter().for_each(Tensor::zero_grad);
-    }
-}
+use crate::nn::error::{Error, Result};
+use crate::nn::matmul::linear;
+use crate::nn::tensor::Tensor;
 
 /// y = x·wᵀ + b over the last axis of x: `weight` `[out, in]`, `bias` `[out]`.
 #[derive(Clone, Debug)]
@@ -75,7 +61,8 @@ impl<F: Real> Module<F> for Linear<F> {
         linear(x, &self.weight, self.bias.as_ref())
     }
 
-    fn parameters(&self) -> Vec<Tensor<F>> {
-        std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
+    fn named_parameters(&self) -> Vec<(String, Tensor<F>)> {
+        let weight = ("weight".to_string(), self.weight.clone());
+        std::iter::once(weight).chain(self.bias.iter().map(|b| ("bias".to_string(), b.clone()))).collect()
     }
 }

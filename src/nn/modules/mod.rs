@@ -1,0 +1,38 @@
+//! Building blocks with parameters, as `torch.nn`'s: a [`Module`] maps a tensor to a tensor and names its
+//! parameters as PyTorch does (`weight`, `bias`; `0.weight` inside a container), so that a `state_dict`
+//! saved here loads into the same PyTorch model and back.
+//!
+//! | file | modules |
+//! |---|---|
+//! | `linear` | `Linear` |
+
+mod linear;
+
+pub use linear::Linear;
+
+use super::tensor::Tensor;
+use crate::cpu::Real;
+
+/// A layer or a model: a forward map and the parameters it trains.
+pub trait Module<F: Real = f32> {
+    /// The output for input `x`.
+    fn forward(&self, x: &Tensor<F>) -> crate::nn::Result<Tensor<F>>;
+
+    /// The parameters under PyTorch's names (`weight`, `bias`; a container prefixes its children's with
+    /// their names, `0.weight`), in a fixed order.
+    fn named_parameters(&self) -> Vec<(String, Tensor<F>)>;
+
+    /// The parameters, in `named_parameters`' order (for an optimizer).
+    fn parameters(&self) -> Vec<Tensor<F>> {
+        self.named_parameters().into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// Forgets every parameter's accumulated gradient.
+    fn zero_grad(&self) {
+        self.parameters().iter().for_each(Tensor::zero_grad);
+    }
+
+    /// Switches training behaviour (dropout draws masks) on or off (`eval`), as PyTorch's `train(mode)`;
+    /// a container passes it to its children. Modules that behave the same either way ignore it.
+    fn set_training(&self, _training: bool) {}
+}

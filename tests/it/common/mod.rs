@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod bad_input;
+pub mod gradcheck;
 pub mod text;
 
 use std::path::Path;

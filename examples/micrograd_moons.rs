@@ -69,7 +69,7 @@ impl<F: Real> Module<F> for Mlp<F> {
         for (i, layer) in self.layers.iter().enumerate() {
             h = layer.forward(&h)?;
             if i + 1 < self.layers.len() {
-                h = h.relu();
+                h = h.relu()?;
             }
         }
         Ok(h)
@@ -103,16 +103,16 @@ fn train<F: Real>(points: &[[f64; 2]], labels: &[f64], start: &[LayerStart]) -> 
     let mut curve = Vec::with_capacity(STEPS);
     for k in 0..STEPS {
         let scores = model.forward(&x)?;
-        let data_loss = y.mul(&scores)?.neg().add_scalar(F::one()).relu().mean_all();
+        let data_loss = y.mul(&scores)?.neg()?.add_scalar(F::one())?.relu()?.mean_all()?;
         let squares =
-            model.parameters().iter().map(|p| p.mul(p).map(|s| s.sum_all())).collect::<Result<Vec<_>, _>>()?;
+            model.parameters().iter().map(|p| p.mul(p).and_then(|s| s.sum_all())).collect::<Result<Vec<_>, _>>()?;
         let reg_loss = squares.iter().skip(1).try_fold(squares[0].clone(), |sum, s| sum.add(s))?;
         let loss = data_loss.add(&reg_loss.mul_scalar(cast::<F>(&[L2])[0]))?;
         let right = scores.to_vec().iter().zip(labels).filter(|(s, y)| (**s > F::zero()) == (**y > 0.0)).count();
         sgd.zero_grad();
         loss.backward()?;
         sgd.set_lr((1.0 - 0.9 * k as f64 / STEPS as f64) as f32)?;
-        sgd.step();
+        sgd.step()?;
         curve.push((loss.item()?.to_f64().unwrap_or(f64::NAN), right as f64 / labels.len() as f64));
     }
     Ok(curve)

@@ -20,8 +20,11 @@ pub struct BenchArgs {
     matches: ArgMatches,
 }
 
+/// The benches of the shared layers (`nn`), after the pipelines'.
+const SHARED_BENCHES: [&Bench; 1] = [&crate::nn::bench::BENCH];
+
 fn benches() -> impl Iterator<Item = &'static Bench> {
-    pipelines::ALL.iter().flat_map(|p| p.benches.iter())
+    pipelines::ALL.iter().flat_map(|p| p.benches.iter()).chain(SHARED_BENCHES)
 }
 
 /// The bench `textnet bench` runs without a subcommand.

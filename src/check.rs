@@ -74,6 +74,17 @@ pub enum Group {
     Repeat,
 }
 
+/// The selftest checks of a shared layer (`nn`), selectable by name as a pipeline's are.
+#[derive(Debug)]
+pub struct Suite {
+    /// The name `selftest --only` knows it by.
+    pub name: &'static str,
+    /// The GPU-against-CPU checks.
+    pub checks: fn(&Arc<Gpu>, &Plan) -> anyhow::Result<Vec<Check>>,
+    /// The kernel modules those checks compile.
+    pub modules: fn(&Plan) -> Vec<device::ModuleRequest>,
+}
+
 /// What a selftest run asks of each pipeline.
 #[derive(Clone, Debug)]
 pub struct Plan {

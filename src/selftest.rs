@@ -2,7 +2,7 @@
 //! (each pipeline's checks live with it, in `Pipeline::checks`; this file loops over `pipelines::ALL`).
 //! Prints a table (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
-use crate::check::{Check, Group, Plan};
+use crate::check::{Check, Group, Plan, Suite};
 use crate::device::Gpu;
 use crate::pipeline::Pipeline;
 use crate::pipelines;
@@ -10,11 +10,16 @@ use anyhow::{Result, bail};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A pipeline or a group of checks, for `--only`.
+/// The shared layers with checks of their own.
+pub const SUITES: [&Suite; 1] = [&crate::nn::checks::SUITE];
+
+/// A pipeline, a shared layer or a group of checks, for `--only`.
 #[derive(Clone, Copy, Debug)]
 pub enum Only {
     /// Every check of one pipeline.
     Pipeline(&'static Pipeline),
+    /// Every check of one shared layer (`nn`).
+    Suite(&'static Suite),
     /// One group of checks across the pipelines.
     Group(Group),
 }
@@ -23,6 +28,7 @@ impl PartialEq for Only {
     fn eq(&self, other: &Only) -> bool {
         match (self, other) {
             (Only::Pipeline(a), Only::Pipeline(b)) => a.name == b.name,
+            (Only::Suite(a), Only::Suite(b)) => a.name == b.name,
             (Only::Group(a), Only::Group(b)) => a == b,
             _ => false,
         }
@@ -33,8 +39,9 @@ impl clap::ValueEnum for Only {
     fn value_variants<'a>() -> &'a [Self] {
         static VARIANTS: std::sync::LazyLock<Vec<Only>> = std::sync::LazyLock::new(|| {
             let pipelines = pipelines::ALL.iter().map(|p| Only::Pipeline(p));
+            let suites = SUITES.iter().map(|s| Only::Suite(s));
             let groups = Group::value_variants().iter().map(|g| Only::Group(*g));
-            pipelines.chain(groups).collect()
+            pipelines.chain(suites).chain(groups).collect()
         });
         &VARIANTS
     }
@@ -42,6 +49,7 @@ impl clap::ValueEnum for Only {
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
         match self {
             Only::Pipeline(p) => Some(clap::builder::PossibleValue::new(p.name)),
+            Only::Suite(s) => Some(clap::builder::PossibleValue::new(s.name)),
             Only::Group(g) => g.to_possible_value(),
         }
     }
@@ -85,14 +93,21 @@ pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
     let opened = started.elapsed().as_secs_f64();
     let seed = args.seed.unwrap_or_else(rand::random);
     eprintln!("selftest on {} (seed {seed}; GPU opened in {opened:.1} s)", gpu.describe());
-    let chosen: Vec<&str> =
-        args.only.iter().filter_map(|o| if let Only::Pipeline(p) = o { Some(p.name) } else { None }).collect();
+    let chosen: Vec<&str> = (args.only.iter())
+        .filter_map(|o| match o {
+            Only::Pipeline(p) => Some(p.name),
+            Only::Suite(s) => Some(s.name),
+            Only::Group(_) => None,
+        })
+        .collect();
     let groups = args.only.iter().filter_map(|o| if let Only::Group(g) = o { Some(*g) } else { None }).collect();
     let plan = Plan { seed, quick: args.quick, groups };
     let wanted = || pipelines::ALL.iter().filter(|p| chosen.is_empty() || chosen.contains(&p.name));
+    let suites = || SUITES.into_iter().filter(|s| chosen.is_empty() || chosen.contains(&s.name));
     // Every kernel module first, on every core: the checks then wait for the slowest compile, not the sum.
     let compiling = Instant::now();
-    let modules: Vec<_> = wanted().flat_map(|p| (p.modules)(&plan)).collect();
+    let modules: Vec<_> =
+        wanted().flat_map(|p| (p.modules)(&plan)).chain(suites().flat_map(|s| (s.modules)(&plan))).collect();
     let count = crate::device::precompile(gpu.compute_capability, &modules);
     crate::phases::note(compiling, &format!("{count} kernel modules ready"));
     let mut checks = Vec::new();
@@ -100,6 +115,11 @@ pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
         let checking = Instant::now();
         checks.extend((pipeline.checks)(&gpu, &plan)?);
         crate::phases::note(checking, &format!("{} checks", pipeline.name));
+    }
+    for suite in suites() {
+        let checking = Instant::now();
+        checks.extend((suite.checks)(&gpu, &plan)?);
+        crate::phases::note(checking, &format!("{} checks", suite.name));
     }
     Ok(Outcome { device_name: gpu.describe(), seed, gpu_open_seconds: opened, checks })
 }
@@ -155,6 +175,10 @@ mod tests {
                 // run time (the selftest compiles them all at once, in parallel, before its checks).
                 let fixed = (pipeline.modules)(&plan).into_iter().filter(|r| r.0 != "fit");
                 missing.extend(fixed.map(|r| crate::device::precompiled_line(&r)).filter(|l| !listed.contains(l)));
+            }
+            for suite in SUITES {
+                let lines = (suite.modules)(&plan).into_iter().map(|r| crate::device::precompiled_line(&r));
+                missing.extend(lines.filter(|l| !listed.contains(l)));
             }
         }
         assert!(

@@ -10,7 +10,7 @@
 //! PyTorch does without `retain_graph`; a second backward through it is an error that names the op.
 
 use super::error::{Error, Result};
-use super::tensor::{Origin, Tensor, lock};
+use super::tensor::{Backward, Origin, Storage, Tensor, lock};
 use crate::cpu::Real;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -39,7 +39,10 @@ impl<F: Real> Tensor<F> {
             return Err(Error::graph("backward", problem));
         }
         let seed = match grad {
-            None if self.numel() == 1 => vec![F::one()],
+            None if self.numel() == 1 => match &*self.storage() {
+                Storage::Host(_) => Storage::Host(vec![F::one()]),
+                Storage::Device(buffer) => Storage::Device(buffer.device().upload("backward", &[1.0])?),
+            },
             None => {
                 let problem = "is not a scalar: give the gradient of the output (backward_with)";
                 return Err(Error::shape("backward", self.shape(), problem));
@@ -48,28 +51,43 @@ impl<F: Real> Tensor<F> {
                 let problem = "differ: the gradient (second) must have the output's shape";
                 return Err(Error::shapes("backward", self.shape(), grad.shape(), problem));
             }
-            Some(grad) => grad.to_vec(),
+            Some(grad) if grad.is_on_device() != self.is_on_device() => {
+                return Err(Error::device("backward", "the gradient and the output live in two places"));
+            }
+            Some(grad) => (*grad.storage()).clone(),
         };
         let order = self.topological_order()?;
-        let mut pending: HashMap<usize, Vec<F>> = HashMap::from([(key(self), seed)]);
+        let mut pending: HashMap<usize, Storage<F>> = HashMap::from([(key(self), seed)]);
         for tensor in order.iter().rev() {
             let Some(grad) = pending.remove(&key(tensor)) else { continue };
             let mut origin = lock(&tensor.0.origin);
             let Origin::Op { op, inputs, backward } = &*origin else {
                 drop(origin);
-                tensor.accumulate_grad(grad);
+                tensor.accumulate_grad(grad)?;
                 continue;
             };
             let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-            let grads = backward(&grad, &needs)?;
+            let grads: Vec<Option<Storage<F>>> = match (backward, &grad) {
+                (Backward::Host(backward), Storage::Host(grad)) => {
+                    backward(grad, &needs)?.into_iter().map(|g| g.map(Storage::Host)).collect()
+                }
+                (Backward::Device(backward), Storage::Device(grad)) => {
+                    backward(grad, &needs)?.into_iter().map(|g| g.map(Storage::Device)).collect()
+                }
+                _ => return Err(Error::device(op, "its gradient reached it in another place than its output")),
+            };
             for ((input, input_grad), need) in inputs.iter().zip(grads).zip(needs) {
                 let (true, Some(input_grad)) = (need, input_grad) else { continue };
-                match pending.get_mut(&key(input)) {
-                    Some(sum) => sum.iter_mut().zip(input_grad).for_each(|(s, g)| *s = *s + g),
-                    None => {
-                        pending.insert(key(input), input_grad);
+                let sum = match (pending.remove(&key(input)), input_grad) {
+                    (None, grad) => grad,
+                    (Some(Storage::Host(mut sum)), Storage::Host(grad)) => {
+                        sum.iter_mut().zip(grad).for_each(|(s, g)| *s = *s + g);
+                        Storage::Host(sum)
                     }
-                }
+                    (Some(Storage::Device(sum)), Storage::Device(grad)) => Storage::Device(sum.plus(&grad)?),
+                    _ => return Err(Error::device(op, "gradients of one input reached it in two places")),
+                };
+                pending.insert(key(input), sum);
             }
             if !retain_graph {
                 *origin = Origin::Freed { op };

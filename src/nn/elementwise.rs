@@ -5,6 +5,7 @@
 //! A broadcast operand's gradient is the output's gradient summed over the axes it was broadcast along:
 //! each element adds into its operand's element in the output's row-major order, a fixed order.
 
+use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::shape::{broadcast_shape, broadcast_strides, for_each_offset};
 use super::tensor::{Storage, Tensor};
@@ -21,6 +22,16 @@ enum Binary {
 }
 
 impl Binary {
+    /// The kernel's code (OP_* of fused/nn.cu).
+    fn code(self) -> i32 {
+        match self {
+            Binary::Add => device::OP_ADD,
+            Binary::Sub => device::OP_SUB,
+            Binary::Mul => device::OP_MUL,
+            Binary::Div => device::OP_DIV,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Binary::Add => "add",
@@ -54,6 +65,9 @@ fn binary<F: Real>(op: Binary, a: &Tensor<F>, b: &Tensor<F>) -> Result<Tensor<F>
     let shape = broadcast_shape(a.shape(), b.shape())
         .ok_or_else(|| Error::shapes(op.name(), a.shape(), b.shape(), "do not broadcast"))?;
     let (strides_a, strides_b) = (broadcast_strides(a.shape(), &shape), broadcast_strides(b.shape(), &shape));
+    if let Place::Device(gpu) = cuda::place_of(op.name(), &[a, b])? {
+        return device::binary(&gpu, op.name(), op.code(), (a, b), shape, [strides_a, strides_b]);
+    }
     let (values_a, values_b) = (a.storage(), b.storage());
     let mut out = vec![F::zero(); shape.iter().product()];
     let (x, y) = (values_a.host(), values_b.host());
@@ -87,6 +101,19 @@ enum Unary {
 }
 
 impl Unary {
+    /// The kernel's code (UNARY_* of fused/nn.cu).
+    fn code(self) -> i32 {
+        match self {
+            Unary::Activation(Activation::Relu) => device::UNARY_RELU,
+            Unary::Activation(Activation::Sigmoid) => device::UNARY_SIGMOID,
+            Unary::Activation(Activation::Tanh) => device::UNARY_TANH,
+            Unary::Gelu => device::UNARY_GELU,
+            Unary::Exp => device::UNARY_EXP,
+            Unary::Log => device::UNARY_LOG,
+            Unary::Neg => device::UNARY_NEG,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Unary::Activation(activation) => activation.name(),
@@ -119,7 +146,10 @@ impl Unary {
     }
 }
 
-fn unary<F: Real>(op: Unary, x: &Tensor<F>) -> Tensor<F> {
+fn unary<F: Real>(op: Unary, x: &Tensor<F>) -> Result<Tensor<F>> {
+    if let Place::Device(gpu) = cuda::place_of(op.name(), &[x])? {
+        return device::unary(&gpu, op.name(), op.code(), x);
+    }
     let input = x.storage();
     let output = Arc::new(Storage::Host(input.host().iter().map(|&v| op.apply(v)).collect()));
     let saved_output = Arc::clone(&output);
@@ -127,7 +157,7 @@ fn unary<F: Real>(op: Unary, x: &Tensor<F>) -> Tensor<F> {
         let pairs = input.host().iter().zip(saved_output.host());
         Ok(vec![Some(pairs.zip(grad).map(|((&x, &y), &g)| g * op.derivative(x, y)).collect())])
     };
-    Tensor::from_op(op.name(), output, x.shape().to_vec(), &[x], Box::new(backward))
+    Ok(Tensor::from_op(op.name(), output, x.shape().to_vec(), &[x], Box::new(backward)))
 }
 
 impl<F: Real> Tensor<F> {
@@ -152,61 +182,64 @@ impl<F: Real> Tensor<F> {
     }
 
     /// `self + value`.
-    pub fn add_scalar(&self, value: F) -> Tensor<F> {
+    pub fn add_scalar(&self, value: F) -> Result<Tensor<F>> {
         self.scalar_op(Binary::Add, value)
     }
 
     /// `self − value`.
-    pub fn sub_scalar(&self, value: F) -> Tensor<F> {
+    pub fn sub_scalar(&self, value: F) -> Result<Tensor<F>> {
         self.scalar_op(Binary::Sub, value)
     }
 
     /// `self · value`.
-    pub fn mul_scalar(&self, value: F) -> Tensor<F> {
+    pub fn mul_scalar(&self, value: F) -> Result<Tensor<F>> {
         self.scalar_op(Binary::Mul, value)
     }
 
     /// `self / value`.
-    pub fn div_scalar(&self, value: F) -> Tensor<F> {
+    pub fn div_scalar(&self, value: F) -> Result<Tensor<F>> {
         self.scalar_op(Binary::Div, value)
     }
 
-    fn scalar_op(&self, op: Binary, value: F) -> Tensor<F> {
-        binary(op, self, &Tensor::scalar(value)).expect("a shape [] broadcasts with every shape")
+    fn scalar_op(&self, op: Binary, value: F) -> Result<Tensor<F>> {
+        if let Place::Device(gpu) = cuda::place_of(op.name(), &[self])? {
+            return device::scalar(&gpu, op.name(), op.code(), self, value.to_f32().unwrap_or(f32::NAN), false);
+        }
+        binary(op, self, &Tensor::scalar(value))
     }
 
     /// max(0, x).
-    pub fn relu(&self) -> Tensor<F> {
+    pub fn relu(&self) -> Result<Tensor<F>> {
         unary(Unary::Activation(Activation::Relu), self)
     }
 
     /// GELU, tanh form.
-    pub fn gelu(&self) -> Tensor<F> {
+    pub fn gelu(&self) -> Result<Tensor<F>> {
         unary(Unary::Gelu, self)
     }
 
     /// tanh x.
-    pub fn tanh(&self) -> Tensor<F> {
+    pub fn tanh(&self) -> Result<Tensor<F>> {
         unary(Unary::Activation(Activation::Tanh), self)
     }
 
     /// 1 / (1 + e^−x).
-    pub fn sigmoid(&self) -> Tensor<F> {
+    pub fn sigmoid(&self) -> Result<Tensor<F>> {
         unary(Unary::Activation(Activation::Sigmoid), self)
     }
 
     /// e^x.
-    pub fn exp(&self) -> Tensor<F> {
+    pub fn exp(&self) -> Result<Tensor<F>> {
         unary(Unary::Exp, self)
     }
 
     /// ln x (NaN below 0, −∞ at 0, as PyTorch's).
-    pub fn log(&self) -> Tensor<F> {
+    pub fn log(&self) -> Result<Tensor<F>> {
         unary(Unary::Log, self)
     }
 
     /// −x.
-    pub fn neg(&self) -> Tensor<F> {
+    pub fn neg(&self) -> Result<Tensor<F>> {
         unary(Unary::Neg, self)
     }
 }

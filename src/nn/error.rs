@@ -37,6 +37,14 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// The GPU refused or failed: tensors in two places, a dtype or op without a device kernel, a launch
+    /// or copy the driver reported failing.
+    Device {
+        /// The op, e.g. "add".
+        op: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
     /// The graph cannot be walked back: a non-scalar without a gradient, a graph freed by an earlier
     /// backward, a tensor that needs no gradient.
     Graph {
@@ -52,7 +60,9 @@ impl fmt::Display for Error {
         match self {
             Error::Shapes { op, left, right, problem } => write!(f, "{op}: shapes {left:?} and {right:?} {problem}"),
             Error::Shape { op, shape, problem } => write!(f, "{op}: shape {shape:?} {problem}"),
-            Error::Value { op, problem } | Error::Graph { op, problem } => write!(f, "{op}: {problem}"),
+            Error::Value { op, problem } | Error::Graph { op, problem } | Error::Device { op, problem } => {
+                write!(f, "{op}: {problem}")
+            }
         }
     }
 }
@@ -73,6 +83,11 @@ impl Error {
     /// A value `op` cannot take.
     pub(crate) fn value(op: &'static str, problem: impl Into<String>) -> Error {
         Error::Value { op, problem: problem.into() }
+    }
+
+    /// A device failure or refusal in `op`.
+    pub(crate) fn device(op: &'static str, problem: impl Into<String>) -> Error {
+        Error::Device { op, problem: problem.into() }
     }
 
     /// A graph `op` cannot walk.

@@ -2,6 +2,7 @@
 //! against class indices with an index to ignore, the mean over the rows not ignored, from
 //! `ops::losses::softmax_xent`; and `mse`, the mean of `ops::losses::squared_error` over every element.
 
+use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
@@ -21,24 +22,21 @@ impl<F: Real> Tensor<F> {
             let problem = "do not match: one target for each row of the logits (second shape: the targets')";
             return Err(Error::shapes("cross_entropy", self.shape(), &[targets.len()], problem));
         }
+        let (row_classes, counted) = checked_targets(targets, ignore_index, classes)?;
+        if let Place::Device(gpu) = cuda::place_of("cross_entropy", &[self])? {
+            // The kernel's code for a row to ignore: −1, which no class is.
+            let codes: Vec<i32> = row_classes.iter().map(|c| c.map_or(-1, |c| c as i32)).collect();
+            return device::cross_entropy(&gpu, self, &codes, -1, (rows, classes, counted));
+        }
         let logits = self.storage();
         let mut softmax_minus_onehot = vec![F::zero(); logits.host().len()];
-        let (mut total, mut counted) = (F::zero(), 0usize);
+        let mut total = F::zero();
         let pairs =
             logits.host().chunks_exact(classes.max(1)).zip(softmax_minus_onehot.chunks_exact_mut(classes.max(1)));
-        for (row, ((logits, d), &target)) in pairs.zip(targets).enumerate() {
-            if Some(target) == ignore_index {
-                continue;
+        for ((logits, d), class) in pairs.zip(row_classes) {
+            if let Some(class) = class {
+                total = total + softmax_xent(logits, class, d);
             }
-            let class = usize::try_from(target).ok().filter(|&c| c < classes).ok_or_else(|| {
-                Error::value("cross_entropy", format!("target {target} of row {row} is not a class of 0..{classes}"))
-            })?;
-            total = total + softmax_xent(logits, class, d);
-            counted += 1;
-        }
-        if counted == 0 {
-            let ignored = ignore_index.map_or(String::new(), |i| format!(" (ignore_index {i})"));
-            return Err(Error::value("cross_entropy", format!("no row is left to average over{ignored}")));
         }
         let count = F::from(counted).unwrap_or_else(F::nan);
         let backward = move |grad: &[F], _needs: &[bool]| {
@@ -53,6 +51,9 @@ impl<F: Real> Tensor<F> {
     pub fn mse(&self, target: &Tensor<F>) -> Result<Tensor<F>> {
         if self.shape() != target.shape() {
             return Err(Error::shapes("mse", self.shape(), target.shape(), "differ"));
+        }
+        if let Place::Device(gpu) = cuda::place_of("mse", &[self, target])? {
+            return device::mse(&gpu, self, target);
         }
         let n = self.numel();
         let count = F::from(n).unwrap_or_else(F::nan);
@@ -75,4 +76,27 @@ impl<F: Real> Tensor<F> {
         let loss = Arc::new(Storage::Host(vec![total / count]));
         Ok(Tensor::from_op("mse", loss, Vec::new(), &[self, target], Box::new(backward)))
     }
+}
+
+/// Each row's class (None for a row whose target is `ignore_index`) and the number of rows counted; an
+/// error for a target outside 0..classes, or when every row is ignored.
+fn checked_targets(targets: &[i64], ignore_index: Option<i64>, classes: usize) -> Result<(Vec<Option<usize>>, usize)> {
+    let mut counted = 0;
+    let mut row_classes = Vec::with_capacity(targets.len());
+    for (row, &target) in targets.iter().enumerate() {
+        if Some(target) == ignore_index {
+            row_classes.push(None);
+            continue;
+        }
+        let class = usize::try_from(target).ok().filter(|&c| c < classes).ok_or_else(|| {
+            Error::value("cross_entropy", format!("target {target} of row {row} is not a class of 0..{classes}"))
+        })?;
+        row_classes.push(Some(class));
+        counted += 1;
+    }
+    if counted == 0 {
+        let ignored = ignore_index.map_or(String::new(), |i| format!(" (ignore_index {i})"));
+        return Err(Error::value("cross_entropy", format!("no row is left to average over{ignored}")));
+    }
+    Ok((row_classes, counted))
 }

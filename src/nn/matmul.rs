@@ -5,6 +5,7 @@
 //! Backward: dA = dC·Bᵀ, dB = Aᵀ·dC (summed over the batches that share an operand, in batch order);
 //! linear's db is the column sums of dy, row by row.
 
+use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::{Mat, Real, gemm};
@@ -33,6 +34,10 @@ impl<F: Real> Tensor<F> {
         // The element offset of batch `i` in each operand; 0 for one shared by every batch.
         let step_a = if lead_a.is_empty() { 0 } else { m * k };
         let step_b = if lead_b.is_empty() { 0 } else { k * n };
+        let shape = [lead, &[m, n]].concat();
+        if let Place::Device(gpu) = cuda::place_of("matmul", &[self, other])? {
+            return device::matmul(&gpu, (self, other), (m, k, n), batches, (step_a, step_b), shape);
+        }
         let (values_a, values_b) = (self.storage(), other.storage());
         let mut out = vec![F::zero(); batches * m * n];
         for (i, c) in out.chunks_exact_mut((m * n).max(1)).enumerate().take(batches) {
@@ -57,7 +62,6 @@ impl<F: Real> Tensor<F> {
             }
             Ok(vec![grad_a, grad_b])
         };
-        let shape = [lead, &[m, n]].concat();
         Ok(Tensor::from_op("matmul", Arc::new(Storage::Host(out)), shape, &[self, other], Box::new(backward)))
     }
 }
@@ -78,6 +82,11 @@ pub fn linear<F: Real>(x: &Tensor<F>, weight: &Tensor<F>, bias: Option<&Tensor<F
     }
     let lead = &x.shape()[..x.rank() - 1];
     let rows: usize = lead.iter().product();
+    let shape = [lead, &[outputs]].concat();
+    let operands: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
+    if let Place::Device(gpu) = cuda::place_of("linear", &operands)? {
+        return device::linear(&gpu, (x, weight, bias), (rows, inputs, outputs), shape);
+    }
     let (values_x, values_w) = (x.storage(), weight.storage());
     let mut out = match bias {
         Some(bias) => bias.storage().host().repeat(rows),
@@ -110,7 +119,5 @@ pub fn linear<F: Real>(x: &Tensor<F>, weight: &Tensor<F>, bias: Option<&Tensor<F
         }
         Ok(grads)
     };
-    let inputs_of: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
-    let shape = [lead, &[outputs]].concat();
-    Ok(Tensor::from_op("linear", Arc::new(Storage::Host(out)), shape, &inputs_of, Box::new(backward)))
+    Ok(Tensor::from_op("linear", Arc::new(Storage::Host(out)), shape, &operands, Box::new(backward)))
 }

@@ -1,5 +1,6 @@
 //! `nn`: tensors with reverse-mode autograd, the ops a model is written with, modules and optimizers —
-//! the engine meant to sit below every pipeline (so far the host side, in f32 or f64).
+//! the engine meant to sit below every pipeline. Tensors live on the host (f32 or f64) or on a GPU (f32,
+//! `Tensor::to_device`), where each op launches its kernel of `fused/nn.cu`.
 //!
 //! A [`Tensor`] holds its elements in a [`Storage`] (host memory now) with a row-major shape. An op on
 //! tensors that require gradients records itself; [`Tensor::backward`] then walks the record back and
@@ -7,7 +8,8 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `tensor` | the tensor, its storage, leaves and parameters, `no_grad`, `detach` |
+//! | `tensor` | the tensor, its storage (host or device), leaves and parameters, `no_grad`, `detach` |
+//! | `cuda` | the device: `Device`, `DeviceBuffer`, placement, each op's kernels (`fused/nn.cu`) |
 //! | `autograd` | `backward`: the topological walk, gradient accumulation, freeing the graph |
 //! | `elementwise` | `add`, `sub`, `mul`, `div` broadcast, scalar forms; `relu`, `gelu`, `tanh`, `sigmoid`, `exp`, `log`, `neg` |
 //! | `reduce` | `sum`, `mean` over an axis or all; `softmax`, `log_softmax` |
@@ -32,6 +34,9 @@
 //! ```
 
 mod autograd;
+pub mod bench;
+pub mod checks;
+pub mod cuda;
 mod elementwise;
 mod error;
 mod layout;
@@ -43,6 +48,7 @@ mod reduce;
 mod shape;
 mod tensor;
 
+pub use cuda::{Device, DeviceBuffer};
 pub use error::{Error, Result};
 pub use matmul::linear;
 pub use modules::{Linear, Module};

@@ -1,8 +1,9 @@
 //! Optimizers over a list of parameter tensors. Each update is `ops::optim::update`, the rule the fused
 //! update kernels implement, applied to each parameter with its accumulated gradient.
 
+use super::cuda;
 use super::error::{Error, Result};
-use super::tensor::Tensor;
+use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
 use crate::ops::optim::{OptimConfig, OptimKind, update};
 
@@ -45,14 +46,20 @@ impl<F: Real> Sgd<F> {
     }
 
     /// Updates every parameter that has a gradient (the others are left as they are, as PyTorch does).
-    pub fn step(&mut self) {
+    pub fn step(&mut self) -> Result<()> {
         self.steps += 1;
         let scalars = self.config.step_scalars(self.steps, 0.0);
         for parameter in &self.parameters {
             let Some(grad) = parameter.grad() else { continue };
-            let grad = grad.storage();
-            parameter.update_in_place(|theta| update(OptimKind::Sgd, &scalars, theta, grad.host(), &mut [], &mut []));
+            match &*grad.storage() {
+                Storage::Host(grad) => parameter
+                    .update_in_place(|theta| update(OptimKind::Sgd, &scalars, theta, grad, &mut [], &mut []))?,
+                Storage::Device(grad) => parameter.replace_on_device("sgd", |theta| {
+                    cuda::ops::update(theta.device(), OptimKind::Sgd, &scalars, theta, grad, (None, None))
+                })?,
+            }
         }
+        Ok(())
     }
 
     /// Forgets every parameter's gradient.

@@ -3,6 +3,7 @@
 //!
 //! Each sum runs along its axis from index 0 up, so the same shapes give the same rounding.
 
+use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::shape::axis_index;
 use super::tensor::{Storage, Tensor};
@@ -35,6 +36,9 @@ fn reduce<F: Real>(
         }
         None => (if keepdim { vec![1; x.rank()] } else { Vec::new() }, (1, x.numel(), 1)),
     };
+    if let Place::Device(gpu) = cuda::place_of(op, &[x])? {
+        return device::reduce(&gpu, op, x, (outer, n, inner), mean, shape);
+    }
     let values = x.storage();
     let x_values = values.host();
     let mut out = vec![F::zero(); outer * inner];
@@ -75,8 +79,8 @@ impl<F: Real> Tensor<F> {
     }
 
     /// The sum of every element, shape `[]`.
-    pub fn sum_all(&self) -> Tensor<F> {
-        reduce("sum", self, None, false, false).expect("no axis to check")
+    pub fn sum_all(&self) -> Result<Tensor<F>> {
+        reduce("sum", self, None, false, false)
     }
 
     /// The mean along `axis` (negative: from the end), kept as size 1 when `keepdim`.
@@ -85,8 +89,8 @@ impl<F: Real> Tensor<F> {
     }
 
     /// The mean of every element, shape `[]` (NaN for no elements, as PyTorch's).
-    pub fn mean_all(&self) -> Tensor<F> {
-        reduce("mean", self, None, false, true).expect("no axis to check")
+    pub fn mean_all(&self) -> Result<Tensor<F>> {
+        reduce("mean", self, None, false, true)
     }
 
     /// softmax over the last axis: e^(x − max) / Σ e^(x − max) along each row.
@@ -130,6 +134,9 @@ fn by_rows<F: Real>(
     backward: fn(&[F], &[F], &mut [F]),
 ) -> Result<Tensor<F>> {
     let classes = last_axis(op, x)?.max(1);
+    if let Place::Device(gpu) = cuda::place_of(op, &[x])? {
+        return device::softmax(&gpu, op, x, classes, op == "log_softmax");
+    }
     let mut out = x.to_vec();
     out.chunks_exact_mut(classes).for_each(forward);
     let output = Arc::new(Storage::Host(out));

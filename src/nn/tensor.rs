@@ -2,12 +2,14 @@
 //! computed by an op while gradients are recorded, the op's inputs and backward. Cloning a `Tensor`
 //! clones a handle, not the elements, as in PyTorch.
 //!
-//! The elements sit behind one enum, `Storage`, whose only variant today is the host's; ops reach them
-//! through `Storage::host`, so a device variant joins in one place. An op reads its inputs as snapshots
+//! The elements sit behind one enum, `Storage`: host memory, or a GPU's (`nn::cuda`). An op first finds
+//! where its operands live (`cuda::place_of`), then runs its host loop or launches its kernel; a backward
+//! is recorded for the same place (`Backward`). An op reads its inputs as snapshots
 //! (`Arc<Storage>`), and its backward keeps the snapshots it needs: an in-place change of a parameter
 //! (an optimizer step) after the forward copies the parameter first (copy on write), so a backward always
 //! sees the values its forward saw.
 
+use super::cuda::{self, Device, DeviceBuffer};
 use super::error::{Error, Result};
 use crate::cpu::Real;
 use std::cell::Cell;
@@ -20,21 +22,39 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 pub enum Storage<F> {
     /// In host memory, row-major.
     Host(Vec<F>),
+    /// In a GPU's memory, row-major f32 (`nn::cuda`).
+    Device(DeviceBuffer),
 }
 
 impl<F> Storage<F> {
-    /// The elements, row-major.
+    /// The elements of a host storage, row-major. Ops call it only after `cuda::place_of` found their
+    /// operands on the host; a device storage here is a bug in the op, which panics.
     pub fn host(&self) -> &[F] {
         match self {
             Storage::Host(values) => values,
+            Storage::Device(_) => panic!("internal: a host loop was given a device tensor"),
         }
     }
 
-    /// The elements, row-major, to change in place.
+    /// The elements of a host storage, row-major, to change in place (as `host`).
     pub fn host_mut(&mut self) -> &mut [F] {
         match self {
             Storage::Host(values) => values,
+            Storage::Device(_) => panic!("internal: a host loop was given a device tensor"),
         }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Host(values) => values.len(),
+            Storage::Device(buffer) => buffer.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -42,12 +62,22 @@ impl<F> Storage<F> {
 /// needs none (`needs[i]` false) or gets none.
 pub(crate) type BackwardFn<F> = Box<dyn Fn(&[F], &[bool]) -> Result<Vec<Option<Vec<F>>>> + Send + Sync>;
 
+/// A backward on the device: `BackwardFn`'s contract over device buffers (it launches kernels).
+pub(crate) type DeviceBackwardFn =
+    Box<dyn Fn(&DeviceBuffer, &[bool]) -> Result<Vec<Option<DeviceBuffer>>> + Send + Sync>;
+
+/// An op's backward, in the place its forward ran.
+pub(crate) enum Backward<F> {
+    Host(BackwardFn<F>),
+    Device(DeviceBackwardFn),
+}
+
 /// How a tensor came to be.
 pub(crate) enum Origin<F: Real> {
     /// Made from values (or detached, or computed while nothing was recorded).
     Leaf,
     /// Computed by `op` from `inputs`; `backward` carries what it saved.
-    Op { op: &'static str, inputs: Vec<Tensor<F>>, backward: BackwardFn<F> },
+    Op { op: &'static str, inputs: Vec<Tensor<F>>, backward: Backward<F> },
     /// Computed by `op`, whose saved values an earlier backward freed.
     Freed { op: &'static str },
 }
@@ -181,7 +211,28 @@ impl<F: Real> Tensor<F> {
         inputs: &[&Tensor<F>],
         backward: BackwardFn<F>,
     ) -> Self {
-        debug_assert_eq!(element_count(&shape), Some(storage.host().len()), "{op}");
+        Self::recorded(op, storage, shape, inputs, Backward::Host(backward))
+    }
+
+    /// `from_op` for an op that ran on the device: `buffer` in `shape`, with a device `backward`.
+    pub(crate) fn from_device_op(
+        op: &'static str,
+        buffer: DeviceBuffer,
+        shape: Vec<usize>,
+        inputs: &[&Tensor<F>],
+        backward: DeviceBackwardFn,
+    ) -> Self {
+        Self::recorded(op, Arc::new(Storage::Device(buffer)), shape, inputs, Backward::Device(backward))
+    }
+
+    fn recorded(
+        op: &'static str,
+        storage: Arc<Storage<F>>,
+        shape: Vec<usize>,
+        inputs: &[&Tensor<F>],
+        backward: Backward<F>,
+    ) -> Self {
+        debug_assert_eq!(element_count(&shape), Some(storage.len()), "{op}");
         if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
             let inputs = inputs.iter().map(|&t| t.clone()).collect();
             Self::from_parts(shape, storage, Origin::Op { op, inputs, backward }, true)
@@ -210,9 +261,19 @@ impl<F: Real> Tensor<F> {
         Arc::clone(&self.0.storage.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
-    /// A copy of the elements, row-major.
+    /// A copy of the elements, row-major, wherever they live (a device tensor's are copied back, after
+    /// the launches that write them).
+    pub fn values(&self) -> Result<Vec<F>> {
+        match &*self.storage() {
+            Storage::Host(values) => Ok(values.clone()),
+            Storage::Device(buffer) => Ok(cuda::from_f32(buffer.to_host("values")?)),
+        }
+    }
+
+    /// A copy of the elements, row-major. For a device tensor this is `values`, and a copy the GPU fails
+    /// panics: use `values` where that can happen.
     pub fn to_vec(&self) -> Vec<F> {
-        self.storage().host().to_vec()
+        self.values().unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Copies the elements into `out`, whose length must be the element count.
@@ -221,23 +282,48 @@ impl<F: Real> Tensor<F> {
             let problem = format!("holds {} elements, but the slice to copy them to has {}", self.numel(), out.len());
             return Err(Error::shape("copy_to", self.shape(), problem));
         }
-        out.copy_from_slice(self.storage().host());
+        out.copy_from_slice(&self.values()?);
         Ok(())
     }
 
     /// The one element of a tensor of one element.
     pub fn item(&self) -> Result<F> {
-        match self.storage().host() {
-            [value] => Ok(*value),
-            _ => Err(Error::shape("item", self.shape(), "is not one element")),
+        if self.numel() != 1 {
+            return Err(Error::shape("item", self.shape(), "is not one element"));
         }
+        Ok(self.values()?[0])
     }
 
     /// Changes the elements in place through `change`, outside the graph (an optimizer's update): a
-    /// backward recorded before still sees the old values.
-    pub fn update_in_place(&self, change: impl FnOnce(&mut [F])) {
+    /// backward recorded before still sees the old values. A device tensor's elements are copied to the
+    /// host and back (its optimizers update on the device instead).
+    pub fn update_in_place(&self, change: impl FnOnce(&mut [F])) -> Result<()> {
         let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Storage::Device(buffer) = &**storage {
+            let mut values = cuda::from_f32(buffer.to_host("update_in_place")?);
+            change(&mut values);
+            let device = Arc::clone(buffer.device());
+            *storage = Arc::new(Storage::Device(device.upload("update_in_place", &cuda::to_f32(&values))?));
+            return Ok(());
+        }
         change(Arc::make_mut(&mut storage).host_mut());
+        Ok(())
+    }
+
+    /// Replaces the elements of a device tensor in place: `change` gets the current buffer and returns the
+    /// new one (a kernel's output), which replaces it for every handle; a backward recorded before keeps
+    /// the old buffer.
+    pub(crate) fn replace_on_device(
+        &self,
+        op: &'static str,
+        change: impl FnOnce(&DeviceBuffer) -> Result<DeviceBuffer>,
+    ) -> Result<()> {
+        let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Storage::Device(buffer) = &**storage else {
+            return Err(Error::device(op, "the tensor is not on a GPU"));
+        };
+        *storage = Arc::new(Storage::Device(change(buffer)?));
+        Ok(())
     }
 
     /// Replaces the elements in place with `values` (as `update_in_place`).
@@ -246,7 +332,58 @@ impl<F: Real> Tensor<F> {
             let problem = format!("holds {} elements, but {} values were given", self.numel(), values.len());
             return Err(Error::shape("copy_from_slice", self.shape(), problem));
         }
-        self.update_in_place(|mine| mine.copy_from_slice(values));
+        self.update_in_place(|mine| mine.copy_from_slice(values))
+    }
+
+    /// Whether the elements live on a GPU.
+    pub fn is_on_device(&self) -> bool {
+        matches!(&*self.storage(), Storage::Device(_))
+    }
+
+    /// The GPU the elements live on, None on the host.
+    pub fn device(&self) -> Option<Arc<Device>> {
+        match &*self.storage() {
+            Storage::Host(_) => None,
+            Storage::Device(buffer) => Some(Arc::clone(buffer.device())),
+        }
+    }
+
+    /// A copy on `device`: a leaf outside the graph that requires a gradient when this one does (moving a
+    /// parameter or an input, as PyTorch's `.to(device)` of a leaf). f32 only.
+    pub fn to_device(&self, device: &Arc<Device>) -> Result<Tensor<F>> {
+        if std::any::TypeId::of::<F>() != std::any::TypeId::of::<f32>() {
+            return Err(Error::device("to_device", "device tensors hold f32 only"));
+        }
+        let buffer = match &*self.storage() {
+            Storage::Device(buffer) if Arc::ptr_eq(buffer.device(), device) => buffer.clone(),
+            Storage::Device(buffer) => device.upload("to_device", &buffer.to_host("to_device")?)?,
+            Storage::Host(values) => device.upload("to_device", &cuda::to_f32(values))?,
+        };
+        Ok(Self::from_parts(
+            self.shape().to_vec(),
+            Arc::new(Storage::Device(buffer)),
+            Origin::Leaf,
+            self.requires_grad(),
+        ))
+    }
+
+    /// A copy in host memory: a leaf outside the graph that requires a gradient when this one does.
+    pub fn to_host(&self) -> Result<Tensor<F>> {
+        let values = self.values()?;
+        Ok(Self::from_parts(self.shape().to_vec(), Arc::new(Storage::Host(values)), Origin::Leaf, self.requires_grad()))
+    }
+
+    /// Moves this tensor's elements to `device` in place, for every handle of it (a module's parameters);
+    /// its gradient is forgotten. A leaf only: a computed tensor belongs to its graph.
+    pub fn move_to_device(&self, device: &Arc<Device>) -> Result<()> {
+        if !self.is_leaf() {
+            let problem =
+                format!("the result of {} belongs to its graph: move its inputs, or detach it", self.op_name());
+            return Err(Error::graph("move_to_device", problem));
+        }
+        let moved = self.to_device(device)?.storage();
+        *self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = moved;
+        self.zero_grad();
         Ok(())
     }
 
@@ -291,13 +428,21 @@ impl<F: Real> Tensor<F> {
         *lock(&self.0.grad) = None;
     }
 
-    /// Adds `grad` to the accumulated gradient, in element order.
-    pub(crate) fn accumulate_grad(&self, grad: Vec<F>) {
+    /// Adds `grad` to the accumulated gradient, in element order (on the device: into a new buffer, so a
+    /// gradient handed out by `grad()` keeps its values).
+    pub(crate) fn accumulate_grad(&self, grad: Storage<F>) -> Result<()> {
         let mut mine = lock(&self.0.grad);
-        match mine.as_mut() {
-            None => *mine = Some(Storage::Host(grad)),
-            Some(sum) => sum.host_mut().iter_mut().zip(grad).for_each(|(s, g)| *s = *s + g),
-        }
+        let sum = match (mine.take(), grad) {
+            (None, grad) => grad,
+            (Some(Storage::Host(mut sum)), Storage::Host(grad)) => {
+                sum.iter_mut().zip(grad).for_each(|(s, g)| *s = *s + g);
+                Storage::Host(sum)
+            }
+            (Some(Storage::Device(sum)), Storage::Device(grad)) => Storage::Device(sum.plus(&grad)?),
+            (Some(_), _) => return Err(Error::device("backward", "a gradient reached a tensor in another place")),
+        };
+        *mine = Some(sum);
+        Ok(())
     }
 
     /// The same elements (shared, not copied) as a leaf outside the graph, needing no gradient.

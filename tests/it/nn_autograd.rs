@@ -60,10 +60,10 @@ fn broadcast_binary_ops_match_finite_differences() {
 fn scalar_forms_match_finite_differences() {
     let mut rng = SeededRng::seed_from_u64(2);
     let ops: [(&str, &Op<'_>); 4] = [
-        ("add_scalar", &|t| Ok(t[0].add_scalar(1.5))),
-        ("sub_scalar", &|t| Ok(t[0].sub_scalar(-0.25))),
-        ("mul_scalar", &|t| Ok(t[0].mul_scalar(-3.0))),
-        ("div_scalar", &|t| Ok(t[0].div_scalar(0.7))),
+        ("add_scalar", &|t| t[0].add_scalar(1.5)),
+        ("sub_scalar", &|t| t[0].sub_scalar(-0.25)),
+        ("mul_scalar", &|t| t[0].mul_scalar(-3.0)),
+        ("div_scalar", &|t| t[0].div_scalar(0.7)),
     ];
     for (name, op) in ops {
         for shape in [vec![], vec![5], vec![3, 1, 2]] {
@@ -76,13 +76,13 @@ fn scalar_forms_match_finite_differences() {
 fn unary_ops_match_finite_differences() {
     let mut rng = SeededRng::seed_from_u64(3);
     let ops: [(&str, &Op<'_>, f64, f64, f64); 7] = [
-        ("relu", &|t| Ok(t[0].relu()), -2.0, 2.0, 1e-3),
-        ("gelu", &|t| Ok(t[0].gelu()), -3.0, 3.0, 0.0),
-        ("tanh", &|t| Ok(t[0].tanh()), -2.0, 2.0, 0.0),
-        ("sigmoid", &|t| Ok(t[0].sigmoid()), -4.0, 4.0, 0.0),
-        ("exp", &|t| Ok(t[0].exp()), -2.0, 2.0, 0.0),
-        ("log", &|t| Ok(t[0].log()), 0.2, 3.0, 0.0),
-        ("neg", &|t| Ok(t[0].neg()), -2.0, 2.0, 0.0),
+        ("relu", &|t| t[0].relu(), -2.0, 2.0, 1e-3),
+        ("gelu", &|t| t[0].gelu(), -3.0, 3.0, 0.0),
+        ("tanh", &|t| t[0].tanh(), -2.0, 2.0, 0.0),
+        ("sigmoid", &|t| t[0].sigmoid(), -4.0, 4.0, 0.0),
+        ("exp", &|t| t[0].exp(), -2.0, 2.0, 0.0),
+        ("log", &|t| t[0].log(), 0.2, 3.0, 0.0),
+        ("neg", &|t| t[0].neg(), -2.0, 2.0, 0.0),
     ];
     for (name, op, low, high, clear) in ops {
         for shape in [vec![], vec![7], vec![3, 5], vec![2, 1, 3]] {
@@ -96,8 +96,8 @@ fn reductions_match_finite_differences() {
     let mut rng = SeededRng::seed_from_u64(4);
     for shape in [vec![7], vec![3, 5], vec![2, 3, 4], vec![1, 5, 1]] {
         let x = input(&mut rng, &shape, -2.0, 2.0, 0.0);
-        check("sum_all", std::slice::from_ref(&x), &|t| Ok(t[0].sum_all()));
-        check("mean_all", std::slice::from_ref(&x), &|t| Ok(t[0].mean_all()));
+        check("sum_all", std::slice::from_ref(&x), &|t| t[0].sum_all());
+        check("mean_all", std::slice::from_ref(&x), &|t| t[0].mean_all());
         let rank = shape.len() as isize;
         for axis in -rank..rank {
             for keepdim in [false, true] {
@@ -204,8 +204,8 @@ fn a_small_network_matches_finite_differences() {
         input(&mut rng, &[3, 5], -1.0, 1.0, 0.0),
     ];
     check("network", &inputs, &|t| {
-        let hidden = linear(&t[0], &t[1], Some(&t[2]))?.gelu();
-        let out = linear(&hidden, &t[3], None)?.add(&t[0])?.tanh();
+        let hidden = linear(&t[0], &t[1], Some(&t[2]))?.gelu()?;
+        let out = linear(&hidden, &t[3], None)?.add(&t[0])?.tanh()?;
         out.log_softmax()?.cross_entropy(&[0, 2, 1, 2], None)
     });
 }
@@ -223,7 +223,7 @@ fn a_wrong_gradient_fails_the_comparison() {
 }
 
 fn square_sum(p: &Tensor<f64>) -> Tensor<f64> {
-    p.mul(p).unwrap().sum_all()
+    p.mul(p).unwrap().sum_all().unwrap()
 }
 
 #[test]
@@ -280,7 +280,7 @@ fn detach_cuts_the_graph() {
     let p = Tensor::parameter(vec![3.0f64], &[1]).unwrap();
     let y = p.mul(&p).unwrap();
     // d/dp (p² · stop(p²)) = 2p · p² with the detached factor held constant.
-    let loss = y.mul(&y.detach()).unwrap().sum_all();
+    let loss = y.mul(&y.detach()).unwrap().sum_all().unwrap();
     loss.backward().unwrap();
     assert_eq!(p.grad().unwrap().to_vec(), [2.0 * 3.0 * 9.0]);
     assert!(!y.detach().requires_grad() && y.detach().is_leaf());
@@ -290,7 +290,7 @@ fn detach_cuts_the_graph() {
 fn an_in_place_change_after_the_forward_does_not_reach_its_backward() {
     // mul saves its inputs; changing the parameter before the backward copies it first (copy on write).
     let p = Tensor::parameter(vec![2.0f64], &[1]).unwrap();
-    let loss = p.mul(&p).unwrap().sum_all();
+    let loss = p.mul(&p).unwrap().sum_all().unwrap();
     p.copy_from_slice(&[100.0]).unwrap();
     loss.backward().unwrap();
     assert_eq!(p.grad().unwrap().to_vec(), [4.0]);
@@ -302,7 +302,7 @@ fn run_once() -> Vec<Vec<f32>> {
     let mut rng = SeededRng::seed_from_u64(12);
     let (l1, l2) = (Linear::<f32>::new(7, 33, true, &mut rng).unwrap(), Linear::new(33, 5, true, &mut rng).unwrap());
     let x = Tensor::from_vec(values(&mut rng, 11 * 7, -1.0, 1.0).iter().map(|&v| v as f32).collect(), &[11, 7]);
-    let logits = l2.forward(&l1.forward(&x.unwrap()).unwrap().relu()).unwrap();
+    let logits = l2.forward(&l1.forward(&x.unwrap()).unwrap().relu().unwrap()).unwrap();
     logits.cross_entropy(&[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0], None).unwrap().backward().unwrap();
     l1.parameters().iter().chain(&l2.parameters()).map(|p| p.grad().unwrap().to_vec()).collect()
 }
@@ -323,8 +323,8 @@ fn f32_gradients_agree_with_f64() {
         let of = |v: &[f64]| v.iter().map(|&v| F::from(v).unwrap()).collect::<Vec<F>>();
         let (x, w) = (Tensor::parameter(of(x), &[4, 3]).unwrap(), Tensor::parameter(of(w), &[5, 3]).unwrap());
         let b = Tensor::parameter(of(b), &[5]).unwrap();
-        let y = linear(&x, &w, Some(&b)).unwrap().sigmoid().softmax().unwrap();
-        y.mul(&y).unwrap().mean_all().backward().unwrap();
+        let y = linear(&x, &w, Some(&b)).unwrap().sigmoid().unwrap().softmax().unwrap();
+        y.mul(&y).unwrap().mean_all().unwrap().backward().unwrap();
         [x, w, b]
             .iter()
             .flat_map(|p| p.grad().unwrap().to_vec())
@@ -371,11 +371,11 @@ fn each_bad_input_is_one_line_naming_the_op_and_shapes() {
     );
     fails_with(linear(&t(&[5, 3]), &t(&[3]), None), "linear: shape [3] is not a weight of two axes [out, in]");
     fails_with(
-        p(&[2, 3]).relu().backward(),
+        p(&[2, 3]).relu().unwrap().backward(),
         "backward: shape [2, 3] is not a scalar: give the gradient of the output (backward_with)",
     );
     fails_with(
-        p(&[2, 3]).relu().backward_with(Some(&t(&[3, 2])), false),
+        p(&[2, 3]).relu().unwrap().backward_with(Some(&t(&[3, 2])), false),
         "backward: shapes [2, 3] and [3, 2] differ: the gradient (second) must have the output's shape",
     );
     fails_with(t(&[2, 3]).sum(2, false), "sum: shape [2, 3] has no axis 2 (2 axes)");
@@ -405,7 +405,7 @@ fn each_bad_input_is_one_line_naming_the_op_and_shapes() {
     );
     fails_with(t(&[2]).item(), "item: shape [2] is not one element");
     fails_with(
-        p(&[2]).relu().set_requires_grad(false),
+        p(&[2]).relu().unwrap().set_requires_grad(false),
         "set_requires_grad: the result of relu follows its inputs; detach it first",
     );
     fails_with(
@@ -435,7 +435,7 @@ fn sgd_steps_against_the_gradient() {
     let idle = Tensor::parameter(vec![5.0f32], &[1]).unwrap();
     let mut sgd = Sgd::new(vec![p.clone(), idle.clone()], 0.1).unwrap().with_weight_decay(0.5).unwrap();
     square_sum_f32(&p).backward().unwrap();
-    sgd.step();
+    sgd.step().unwrap();
     // θ − lr·(2θ + wd·θ) = θ·(1 − 0.1·2.5); the parameter without a gradient stays.
     assert_eq!(p.to_vec(), [1.0 - 0.1 * (2.0 + 0.5), -2.0 - 0.1 * (-4.0 - 1.0)]);
     assert_eq!(idle.to_vec(), [5.0]);
@@ -444,5 +444,5 @@ fn sgd_steps_against_the_gradient() {
 }
 
 fn square_sum_f32(p: &Tensor<f32>) -> Tensor<f32> {
-    p.mul(p).unwrap().sum_all()
+    p.mul(p).unwrap().sum_all().unwrap()
 }

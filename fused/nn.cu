@@ -1,0 +1,340 @@
+// The kernels of `nn`'s device tensors: one launch per op (eager mode), sizes as arguments, so one module
+// serves every shape. CPU twins: the host paths of src/nn/*.rs (their math is src/ops/ and cpu::gemm);
+// launch layer: src/nn/cuda/.
+//
+//   elementwise  nn_binary (+ − × ÷ with NumPy broadcasting, the shapes collapsed to four axes by the
+//                host), nn_binary_grad (one operand's gradient: each of its elements sums the positions it
+//                was broadcast to, in row-major order, as the CPU twin does), nn_scalar, nn_unary and
+//                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
+//   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up), nn_sum_rows (one
+//                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
+//                nn_softmax_rows_grad (a warp per row; log_softmax too).
+//   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
+//                and an activation in the epilogue).
+//   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
+//                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
+//   optimizer    nn_update (optim.cuh's update over a flat vector), nn_accumulate (y += x).
+//
+// No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
+// run repeats to the bit.
+#include "activations.cuh"
+#include "common.cuh"
+#include "gemm.cuh"
+#include "optim.cuh"
+
+constexpr int OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3;
+constexpr int UNARY_RELU = 0, UNARY_SIGMOID = 1, UNARY_TANH = 2, UNARY_GELU = 3, UNARY_EXP = 4, UNARY_LOG = 5,
+              UNARY_NEG = 6, UNARY_NONE = -1;
+
+__device__ __forceinline__ int grid_index() { return blockIdx.x * THREADS + threadIdx.x; }
+__device__ __forceinline__ int grid_stride() { return gridDim.x * THREADS; }
+
+__device__ __forceinline__ float binary_apply(int op, float a, float b) {
+    switch (op) {
+        case OP_ADD: return a + b;
+        case OP_SUB: return a - b;
+        case OP_MUL: return a * b;
+        default: return a / b;
+    }
+}
+
+// ∂(a op b)/∂a when `which` is 0, ∂(a op b)/∂b when 1.
+__device__ __forceinline__ float binary_partial(int op, int which, float a, float b) {
+    switch (op) {
+        case OP_ADD: return 1.0f;
+        case OP_SUB: return which ? -1.0f : 1.0f;
+        case OP_MUL: return which ? a : b;
+        default: return which ? -a / (b * b) : 1.0f / b;
+    }
+}
+
+// Four axes of an output shape and one operand's strides along them (0 where it is broadcast).
+struct Axes4 {
+    int d0, d1, d2, d3;
+};
+struct Strides4 {
+    int s0, s1, s2, s3;
+    __device__ __forceinline__ int at(int i0, int i1, int i2, int i3) const {
+        return i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3;
+    }
+};
+
+// The operand offset of output element e.
+__device__ __forceinline__ int offset_of(int e, Axes4 d, Strides4 s) {
+    const int i3 = e % d.d3;
+    e /= d.d3;
+    const int i2 = e % d.d2;
+    e /= d.d2;
+    const int i1 = e % d.d1;
+    return s.at(e / d.d1, i1, i2, i3);
+}
+
+// out[e] = a[·] op b[·] over the n = d0·d1·d2·d3 elements of the output.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_binary(int op, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int n, int d0,
+          int d1, int d2, int d3, int a0, int a1, int a2, int a3, int b0, int b1, int b2, int b3) {
+    const Axes4 d{d0, d1, d2, d3};
+    const Strides4 sa{a0, a1, a2, a3}, sb{b0, b1, b2, b3};
+    for (int e = grid_index(); e < n; e += grid_stride())
+        out[e] = binary_apply(op, a[offset_of(e, d, sa)], b[offset_of(e, d, sb)]);
+}
+
+// The gradient of operand `which` (0: a, 1: b), of `count` elements: each element sums dy·∂out/∂operand
+// over the output positions it was read at, in row-major order (its own axes fixed, the axes it was
+// broadcast along walked from 0 up).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_binary_grad(int op, int which, const float* __restrict__ a, const float* __restrict__ b,
+               const float* __restrict__ dy, float* __restrict__ grad, int count, int d0, int d1, int d2, int d3,
+               int a0, int a1, int a2, int a3, int b0, int b1, int b2, int b3) {
+    const Strides4 sa{a0, a1, a2, a3}, sb{b0, b1, b2, b3};
+    const Strides4 own = which ? sb : sa;
+    // The operand's own extent along each axis (1 where broadcast), and its coordinates there.
+    const int e0 = own.s0 ? d0 : 1, e1 = own.s1 ? d1 : 1, e2 = own.s2 ? d2 : 1, e3 = own.s3 ? d3 : 1;
+    for (int j = grid_index(); j < count; j += grid_stride()) {
+        int r = j;
+        const int c3 = r % e3;
+        r /= e3;
+        const int c2 = r % e2;
+        r /= e2;
+        const int c1 = r % e1;
+        const int c0 = r / e1;
+        float sum = 0.0f;
+        for (int i0 = e0 > 1 ? c0 : 0; i0 < (e0 > 1 ? c0 + 1 : d0); ++i0)
+            for (int i1 = e1 > 1 ? c1 : 0; i1 < (e1 > 1 ? c1 + 1 : d1); ++i1)
+                for (int i2 = e2 > 1 ? c2 : 0; i2 < (e2 > 1 ? c2 + 1 : d2); ++i2)
+                    for (int i3 = e3 > 1 ? c3 : 0; i3 < (e3 > 1 ? c3 + 1 : d3); ++i3) {
+                        const int e = ((i0 * d1 + i1) * d2 + i2) * d3 + i3;
+                        const float x = a[sa.at(i0, i1, i2, i3)], y = b[sb.at(i0, i1, i2, i3)];
+                        sum += dy[e] * binary_partial(op, which, x, y);
+                    }
+        grad[j] = sum;
+    }
+}
+
+// out = x op value (reversed: value op x); dx, when not null, = dy · ∂out/∂x.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_scalar(int op, int reversed, const float* __restrict__ x, float value, float* __restrict__ out, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride())
+        out[i] = reversed ? binary_apply(op, value, x[i]) : binary_apply(op, x[i], value);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_scalar_grad(int op, int reversed, const float* __restrict__ x, float value, const float* __restrict__ dy,
+               float* __restrict__ dx, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride())
+        dx[i] = dy[i] * (reversed ? binary_partial(op, 1, value, x[i]) : binary_partial(op, 0, x[i], value));
+}
+
+__device__ __forceinline__ float unary_apply(int kind, float x) {
+    switch (kind) {
+        case UNARY_RELU: return activate(ACT_RELU, x);
+        case UNARY_SIGMOID: return activate(ACT_SIGMOID, x);
+        case UNARY_TANH: return activate(ACT_TANH, x);
+        case UNARY_GELU: return gelu(x);
+        case UNARY_EXP: return expf(x);
+        case UNARY_LOG: return logf(x);
+        case UNARY_NEG: return -x;
+        default: return x;
+    }
+}
+
+// f′ at x, given y = f(x).
+__device__ __forceinline__ float unary_slope(int kind, float x, float y) {
+    switch (kind) {
+        case UNARY_RELU: return activation_slope(ACT_RELU, y);
+        case UNARY_SIGMOID: return activation_slope(ACT_SIGMOID, y);
+        case UNARY_TANH: return activation_slope(ACT_TANH, y);
+        case UNARY_GELU: return gelu_slope(x);
+        case UNARY_EXP: return y;
+        case UNARY_LOG: return 1.0f / x;
+        case UNARY_NEG: return -1.0f;
+        default: return 1.0f;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_unary(int kind, const float* __restrict__ x, float* __restrict__ y, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride()) y[i] = unary_apply(kind, x[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_unary_grad(int kind, const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ dy,
+              float* __restrict__ dx, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride()) dx[i] = dy[i] * unary_slope(kind, x[i], y[i]);
+}
+
+// out[e] = x[offset of e] over an output of four axes: a transpose or permutation when the strides are
+// the input's, permuted.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_gather(const float* __restrict__ x, float* __restrict__ out, int n, int d0, int d1, int d2, int d3, int s0, int s1,
+          int s2, int s3) {
+    const Axes4 d{d0, d1, d2, d3};
+    const Strides4 s{s0, s1, s2, s3};
+    for (int e = grid_index(); e < n; e += grid_stride()) out[e] = x[offset_of(e, d, s)];
+}
+
+// out[o·inner + i] = scale · Σ_k x[(o·n + k)·inner + i], k from 0 up: one thread per output.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_sum_axis(const float* __restrict__ x, float* __restrict__ out, int outer, int n, int inner, float scale) {
+    for (int e = grid_index(); e < outer * inner; e += grid_stride()) {
+        const int o = e / inner, i = e % inner;
+        const float* from = x + (size_t)o * n * inner + i;
+        float sum = 0.0f;
+        for (int k = 0; k < n; ++k) sum += from[(size_t)k * inner];
+        out[e] = sum * scale;
+    }
+}
+
+// out[r] = scale · Σ of row r's n elements: one block per row, each thread a strided part, then a fixed tree.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_sum_rows(const float* __restrict__ x, float* __restrict__ out, int n, float scale) {
+    __shared__ float scratch[WARPS];
+    const float* row = x + (size_t)blockIdx.x * n;
+    float sum = 0.0f;
+    for (int k = threadIdx.x; k < n; k += THREADS) sum += row[k];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = sum * scale;
+}
+
+// dx[(o·n + k)·inner + i] = scale · dy[o·inner + i]: the gradient of a sum (scale 1) or mean (1/n).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_expand_axis(const float* __restrict__ dy, float* __restrict__ dx, int outer, int n, int inner, float scale) {
+    const int count = outer * n * inner;
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int i = e % inner, o = e / inner / n;
+        dx[e] = dy[o * inner + i] * scale;
+    }
+}
+
+// Row softmax (or log-softmax when `log`) of `rows` rows of n: one warp per row, max then Σexp then the
+// outputs, as cpu::softmax_in_place.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_softmax_rows(const float* __restrict__ x, float* __restrict__ y, int rows, int n, int log) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const float* in = x + (size_t)row * n;
+    float* out = y + (size_t)row * n;
+    float m = NEG_INF;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, in[j]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int j = lane; j < n; j += 32) sum += expf(in[j] - m);
+    sum = warp_sum(sum);
+    const float log_sum = logf(sum);
+    for (int j = lane; j < n; j += 32) out[j] = log ? in[j] - m - log_sum : expf(in[j] - m) / sum;
+}
+
+// softmax: dx = y ⊙ (dy − Σ dy⊙y); log_softmax: dx = dy − exp(y)·Σ dy.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_softmax_rows_grad(const float* __restrict__ y, const float* __restrict__ dy, float* __restrict__ dx, int rows, int n,
+                     int log) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const size_t base = (size_t)row * n;
+    float dot = 0.0f;
+    for (int j = lane; j < n; j += 32) dot += log ? dy[base + j] : dy[base + j] * y[base + j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < n; j += 32) {
+        const float g = dy[base + j], v = y[base + j];
+        dx[base + j] = log ? g - expf(v) * dot : v * (g - dot);
+    }
+}
+
+// ---- products: C = op(A)·op(B) per batch, C M×N row-major; A M×K row-major (K×M when trans_a), B K×N
+// (N×K when trans_b); batch z reads A at z·stride_a, B at z·stride_b (0: one operand shared). ----
+constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_TM = 4, MM_TN = 4;
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
+                                            int n0, float* smem) {
+    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, TA, TB>(
+        M, N, K, m0, n0, [&](int m, int k) { return TA ? a[(size_t)k * M + m] : a[(size_t)m * K + k]; },
+        [&](int k, int n) { return TB ? b[(size_t)n * K + k] : b[(size_t)k * N + n]; },
+        [&](int m, int n, float v) { c[(size_t)m * N + n] = v; }, smem);
+}
+
+// Grid: (⌈N/64⌉, ⌈M/64⌉·batches); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
+          int stride_a, int stride_b, int trans_a, int trans_b) {
+    extern __shared__ float smem[];
+    const int row_tiles = (M + MM_BM - 1) / MM_BM;
+    const int z = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * MM_BM, n0 = blockIdx.x * MM_BN;
+    a += (size_t)z * stride_a;
+    b += (size_t)z * stride_b;
+    c += (size_t)z * M * N;
+    if (trans_a) {
+        if (trans_b) matmul_tile<true, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<true, false>(a, b, c, M, N, K, m0, n0, smem);
+    } else {
+        if (trans_b) matmul_tile<false, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<false, false>(a, b, c, M, N, K, m0, n0, smem);
+    }
+}
+
+// y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
+// backward reads it). act: UNARY_* or UNARY_NONE. Grid: (⌈N/64⌉, ⌈R/64⌉).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
+          float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
+    extern __shared__ float smem[];
+    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, false, true>(
+        R, N, K, blockIdx.y * MM_BM, blockIdx.x * MM_BN, [&](int r, int k) { return x[(size_t)r * K + k]; },
+        [&](int k, int o) { return W[(size_t)o * K + k]; },
+        [&](int r, int o, float acc) {
+            const size_t e = (size_t)r * N + o;
+            const float pre = bias ? acc + bias[o] : acc;
+            if (z) z[e] = pre;
+            y[e] = unary_apply(act, pre);
+        },
+        smem);
+}
+
+// One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), or 0 and
+// 0 when t == ignore (ignore < 0: none).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_cross_entropy(const float* __restrict__ logits, const int* __restrict__ targets, float* __restrict__ loss,
+                 float* __restrict__ d, int rows, int C, int ignore) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const float* x = logits + (size_t)row * C;
+    float* g = d + (size_t)row * C;
+    const int t = targets[row];
+    if (t == ignore) {
+        for (int j = lane; j < C; j += 32) g[j] = 0.0f;
+        if (lane == 0) loss[row] = 0.0f;
+        return;
+    }
+    float m = NEG_INF;
+    for (int j = lane; j < C; j += 32) m = fmaxf(m, x[j]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int j = lane; j < C; j += 32) sum += expf(x[j] - m);
+    sum = warp_sum(sum);
+    for (int j = lane; j < C; j += 32) g[j] = expf(x[j] - m) / sum - (j == t ? 1.0f : 0.0f);
+    if (lane == 0) loss[row] = m + logf(sum) - x[t];
+}
+
+// out = saved · scale · upstream[0]: a loss's saved gradient times the gradient that reached the loss.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream, float scale, float* __restrict__ out,
+            int n) {
+    const float factor = scale * upstream[0];
+    for (int i = grid_index(); i < n; i += grid_stride()) out[i] = saved[i] * factor;
+}
+
+// y += x: gradients reaching one tensor from several consumers.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride()) y[i] += x[i];
+}
+
+// One optimizer step over a flat parameter vector (optim.cuh); m and v may be null when the kind reads
+// neither. bias1, bias2: Adam's bias corrections of this step, computed by the caller.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_update(int kind, float lr, float momentum, float beta1, float beta2, float eps, float weight_decay,
+          float grad_scale, float bias1, float bias2, float* __restrict__ params, const float* __restrict__ grad,
+          float* __restrict__ m, float* __restrict__ v, int n) {
+    const OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, grad_scale, bias1, bias2};
+    optim_update_range(s, params, grad, m, v, grid_index(), n, grid_stride());
+}

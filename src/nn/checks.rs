@@ -1,0 +1,272 @@
+//! `textnet selftest --only nn`: every op of `nn` on device tensors (the kernels of `fused/nn.cu`)
+//! against the same op on host tensors (its CPU twin), on seeded random inputs and shapes with odd sizes,
+//! size-1 and broadcast axes, a scalar, rows longer than a warp and products larger than a tile:
+//!
+//! - kernels: each op's output and the gradient of every input, from a random output gradient;
+//! - training: 30 steps of a two-layer MLP (linear, tanh — no kink for rounding to flip —, linear, cross-entropy with a row ignored, SGD)
+//!   on the device against the host: the losses and the parameters;
+//! - repeat: the device run twice gives the same bits.
+
+use super::cuda::Device;
+use super::{Linear, Module, Result, Sgd, Tensor, linear};
+use crate::check::{Check, Group, Plan, rel_error, worst};
+use crate::cpu::SeededRng;
+use crate::device::{Gpu, ModuleRequest};
+use rand::RngExt;
+use std::sync::Arc;
+
+/// Largest relative error of an elementwise op (the same float operations on both sides, but the GPU may
+/// fuse a multiply-add or use its own exp/tanh).
+const ELEMENTWISE_TOLERANCE: f64 = 1e-5;
+/// Largest relative error of an op that sums (products, reductions, losses): another order of addition.
+const SUM_TOLERANCE: f64 = 1e-4;
+
+type Op<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
+
+/// `nn`'s checks, for `textnet selftest` (`--only nn`).
+pub const SUITE: crate::check::Suite = crate::check::Suite { name: "nn", checks, modules };
+
+/// The modules the checks compile.
+pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
+    vec![super::cuda::module_request()]
+}
+
+fn values(rng: &mut SeededRng, shape: &[usize], low: f32, high: f32) -> Vec<f32> {
+    (0..shape.iter().product::<usize>()).map(|_| rng.random_range(low..high)).collect()
+}
+
+/// The op on host tensors and on device tensors from the same inputs, both back-propagated from the same
+/// random output gradient: the relative error of the output and of each input's gradient, as checks.
+fn compare(
+    device: &Arc<Device>,
+    rng: &mut SeededRng,
+    (name, tolerance): (&str, f64),
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    op: &Op<'_>,
+) -> anyhow::Result<Vec<Check>> {
+    let host: Vec<Tensor> = inputs.iter().map(|(v, s)| Tensor::parameter(v.clone(), s)).collect::<Result<_>>()?;
+    let on_device: Vec<Tensor> = host.iter().map(|t| t.to_device(device)).collect::<Result<_>>()?;
+    let (out_host, out_device) = (op(&host)?, op(&on_device)?);
+    let seed = Tensor::from_vec(values(rng, out_host.shape(), -1.0, 1.0), out_host.shape())?;
+    out_host.backward_with(Some(&seed), false)?;
+    out_device.backward_with(Some(&seed.to_device(device)?), false)?;
+    let shapes: Vec<String> = inputs.iter().map(|(_, s)| format!("{s:?}")).collect();
+    let shape = shapes.join(" ");
+    let mut checks = vec![Check {
+        kernel: format!("nn {name}"),
+        shape: shape.clone(),
+        rel_error: rel_error(&out_device.values()?, &out_host.values()?),
+        tolerance,
+    }];
+    for (i, (h, d)) in host.iter().zip(&on_device).enumerate() {
+        let (Some(gh), Some(gd)) = (h.grad(), d.grad()) else {
+            anyhow::bail!(
+                "nn {name} {shape}: input {i} got no gradient on the {}",
+                if h.grad().is_none() { "host" } else { "GPU" }
+            );
+        };
+        checks.push(Check {
+            kernel: format!("nn {name} ∂input{i}"),
+            shape: shape.clone(),
+            rel_error: rel_error(&gd.values()?, &gh.values()?),
+            tolerance,
+        });
+    }
+    Ok(checks)
+}
+
+/// Pairs of shapes that broadcast, with odd sizes: equal, [3, 1] with [1, 4], a scalar, a trailing axis,
+/// missing leading axes, four axes of which two broadcast.
+const BROADCAST_PAIRS: [(&[usize], &[usize]); 7] = [
+    (&[7, 33], &[7, 33]),
+    (&[3, 1], &[1, 4]),
+    (&[], &[5, 3]),
+    (&[9, 130], &[130]),
+    (&[5, 1, 3], &[4, 1]),
+    (&[2, 3, 1, 5], &[3, 4, 1]),
+    (&[1], &[1000]),
+];
+
+fn elementwise_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let binaries: [(&str, &Op<'_>); 4] = [
+        ("add", &|t| t[0].add(&t[1])),
+        ("sub", &|t| t[0].sub(&t[1])),
+        ("mul", &|t| t[0].mul(&t[1])),
+        ("div", &|t| t[0].div(&t[1])),
+    ];
+    for (a, b) in BROADCAST_PAIRS {
+        for (x, y) in [(a, b), (b, a)] {
+            for (name, op) in binaries {
+                let (low, high) = if name == "div" { (0.5, 2.0) } else { (-2.0, 2.0) };
+                let inputs = [(values(rng, x, -2.0, 2.0), x.to_vec()), (values(rng, y, low, high), y.to_vec())];
+                checks.extend(compare(device, rng, (name, ELEMENTWISE_TOLERANCE), &inputs, op)?);
+            }
+        }
+    }
+    let unaries: [(&str, &Op<'_>, f32, f32); 11] = [
+        ("relu", &|t| t[0].relu(), -2.0, 2.0),
+        ("gelu", &|t| t[0].gelu(), -3.0, 3.0),
+        ("tanh", &|t| t[0].tanh(), -3.0, 3.0),
+        ("sigmoid", &|t| t[0].sigmoid(), -4.0, 4.0),
+        ("exp", &|t| t[0].exp(), -3.0, 3.0),
+        ("log", &|t| t[0].log(), 0.1, 4.0),
+        ("neg", &|t| t[0].neg(), -2.0, 2.0),
+        ("add_scalar", &|t| t[0].add_scalar(0.75), -2.0, 2.0),
+        ("sub_scalar", &|t| t[0].sub_scalar(-1.5), -2.0, 2.0),
+        ("mul_scalar", &|t| t[0].mul_scalar(-3.0), -2.0, 2.0),
+        ("div_scalar", &|t| t[0].div_scalar(0.3), -2.0, 2.0),
+    ];
+    for shape in [&[1][..], &[7, 33], &[3, 5, 257]] {
+        for (name, op, low, high) in unaries {
+            let inputs = [(values(rng, shape, low, high), shape.to_vec())];
+            checks.extend(compare(device, rng, (name, ELEMENTWISE_TOLERANCE), &inputs, op)?);
+        }
+    }
+    Ok(checks)
+}
+
+fn reduction_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let ops: [(&str, &Op<'_>); 9] = [
+        ("sum axis 0", &|t| t[0].sum(0, false)),
+        ("sum axis -1", &|t| t[0].sum(-1, false)),
+        ("mean axis 1 keepdim", &|t| t[0].mean(1, true)),
+        ("sum_all", &|t| t[0].sum_all()),
+        ("mean_all", &|t| t[0].mean_all()),
+        ("softmax", &|t| t[0].softmax()),
+        ("log_softmax", &|t| t[0].log_softmax()),
+        ("transpose 0 -1", &|t| t[0].transpose(0, -1)),
+        ("reshape", &|t| t[0].reshape(&[t[0].numel()])),
+    ];
+    for shape in [&[1, 1, 1][..], &[7, 3, 33], &[2, 129, 5], &[3, 1, 1000]] {
+        for (name, op) in ops {
+            let inputs = [(values(rng, shape, -3.0, 3.0), shape.to_vec())];
+            checks.extend(compare(device, rng, (name, SUM_TOLERANCE), &inputs, op)?);
+        }
+    }
+    Ok(checks)
+}
+
+fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let matmul: &Op<'_> = &|t| t[0].matmul(&t[1]);
+    let pairs: [(&[usize], &[usize]); 6] = [
+        (&[1, 1], &[1, 1]),
+        (&[5, 7], &[7, 3]),
+        (&[130, 70], &[70, 65]),
+        (&[2, 5, 7], &[2, 7, 3]),
+        (&[3, 5, 7], &[7, 4]),
+        (&[5, 7], &[3, 7, 4]),
+    ];
+    for (a, b) in pairs {
+        let inputs = [(values(rng, a, -1.0, 1.0), a.to_vec()), (values(rng, b, -1.0, 1.0), b.to_vec())];
+        checks.extend(compare(device, rng, ("matmul", SUM_TOLERANCE), &inputs, matmul)?);
+    }
+    let with_bias: &Op<'_> = &|t| linear(&t[0], &t[1], Some(&t[2]));
+    let without: &Op<'_> = &|t| linear(&t[0], &t[1], None);
+    for (x, (outputs, inputs)) in [(&[9, 17][..], (5, 17)), (&[2, 3, 70], (65, 70)), (&[1, 1], (1, 1))] {
+        let w = [outputs, inputs];
+        let parts = [(values(rng, x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
+        checks.extend(compare(device, rng, ("linear", SUM_TOLERANCE), &parts, without)?);
+        let bias = (values(rng, &[outputs], -1.0, 1.0), vec![outputs]);
+        let parts = [parts[0].clone(), parts[1].clone(), bias];
+        checks.extend(compare(device, rng, ("linear + bias", SUM_TOLERANCE), &parts, with_bias)?);
+    }
+    Ok(checks)
+}
+
+fn loss_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for (rows, classes) in [(1, 1), (13, 10), (5, 1000), (64, 3)] {
+        // Targets include class 0, the last class and a row to ignore (when there are two rows or more).
+        let mut targets: Vec<i64> = (0..rows).map(|_| rng.random_range(0..classes as i64)).collect();
+        targets[0] = 0;
+        targets[rows - 1] = classes as i64 - 1;
+        if rows > 2 {
+            targets[1] = -100;
+        }
+        let logits = [(values(rng, &[rows, classes], -4.0, 4.0), vec![rows, classes])];
+        let op: &Op<'_> = &|t| t[0].cross_entropy(&targets, Some(-100));
+        checks.extend(compare(device, rng, ("cross_entropy", SUM_TOLERANCE), &logits, op)?);
+    }
+    for shape in [&[1][..], &[7, 33], &[4, 1000]] {
+        let inputs = [(values(rng, shape, -2.0, 2.0), shape.to_vec()), (values(rng, shape, -2.0, 2.0), shape.to_vec())];
+        checks.extend(compare(device, rng, ("mse", SUM_TOLERANCE), &inputs, &|t| t[0].mse(&t[1]))?);
+    }
+    Ok(checks)
+}
+
+/// The losses of `steps` SGD steps of a 20-33-7 MLP (tanh) on fixed data, and the parameters after them,
+/// on the host or on `device`.
+fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    use rand::SeedableRng;
+    let mut rng = SeededRng::seed_from_u64(seed);
+    let (first, second) = (Linear::<f32>::new(20, 33, true, &mut rng)?, Linear::<f32>::new(33, 7, true, &mut rng)?);
+    let x = Tensor::from_vec(values(&mut rng, &[24, 20], -1.0, 1.0), &[24, 20])?;
+    let mut targets: Vec<i64> = (0..24).map(|_| rng.random_range(0..7)).collect();
+    targets[3] = -1;
+    let x = match device {
+        Some(device) => {
+            for p in first.parameters().iter().chain(&second.parameters()) {
+                p.move_to_device(device)?;
+            }
+            x.to_device(device)?
+        }
+        None => x,
+    };
+    let parameters: Vec<Tensor> = first.parameters().into_iter().chain(second.parameters()).collect();
+    let mut sgd = Sgd::new(parameters.clone(), 0.1)?;
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        sgd.zero_grad();
+        let loss = second.forward(&first.forward(&x)?.tanh()?)?.cross_entropy(&targets, Some(-1))?;
+        loss.backward()?;
+        sgd.step()?;
+        losses.push(loss.item()?);
+    }
+    let mut flat = Vec::new();
+    for p in &parameters {
+        flat.extend(p.values()?);
+    }
+    Ok((losses, flat))
+}
+
+/// Every check of `nn` the plan asks for.
+pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
+    let device = Device::on(Arc::clone(gpu))?;
+    let mut checks = Vec::new();
+    if plan.wants(Group::Kernels) {
+        checks.extend(elementwise_checks(&device, &mut plan.rng("nn elementwise"))?);
+        checks.extend(reduction_checks(&device, &mut plan.rng("nn reductions"))?);
+        checks.extend(product_checks(&device, &mut plan.rng("nn products"))?);
+        checks.extend(loss_checks(&device, &mut plan.rng("nn losses"))?);
+    }
+    let seed = plan.seed;
+    if plan.wants(Group::Training) {
+        let (host_losses, host_params) = train_mlp(None, seed, 30)?;
+        let (losses, params) = train_mlp(Some(&device), seed, 30)?;
+        let errors = [("losses", rel_error(&losses, &host_losses)), ("parameters", rel_error(&params, &host_params))];
+        let (rel_error, what) = worst(errors);
+        let shape = format!("MLP 20-33-7, 30 SGD steps ({what})");
+        checks.push(Check { kernel: "nn training".into(), shape, rel_error, tolerance: SUM_TOLERANCE });
+    }
+    if plan.wants(Group::Repeat) {
+        let first = train_mlp(Some(&device), seed, 10)?;
+        let second = train_mlp(Some(&device), seed, 10)?;
+        let same = first
+            .0
+            .iter()
+            .chain(&first.1)
+            .zip(second.0.iter().chain(&second.1))
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let shape = "MLP 20-33-7, 10 SGD steps twice".into();
+        checks.push(Check {
+            kernel: "nn repeat".into(),
+            shape,
+            rel_error: if same { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    Ok(checks)
+}

@@ -1,0 +1,290 @@
+//! `nn` on the GPU: a [`Device`] (an opened GPU with `fused/nn.cu` loaded once), the [`DeviceBuffer`]
+//! a device tensor's elements live in, and the checks that every operand of an op lives in one place.
+//!
+//! Eager mode: each op on device tensors launches its kernel at once on the GPU's one stream (no
+//! synchronisation until a value is read back), and its backward launches the backward kernels. The
+//! shapes are kernel arguments, so one compiled module serves every model. Elements are f32; an f64
+//! tensor stays on the host (it is the exact reference the f32 kernels are checked against).
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod` | `Device`, `DeviceBuffer`, placement, copies, the kernel table |
+//! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
+
+pub(crate) mod ops;
+
+use super::error::{Error, Result};
+use super::tensor::{Storage, Tensor};
+use crate::cpu::Real;
+use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
+use cudarc::driver::CudaSlice;
+use std::any::TypeId;
+use std::fmt;
+use std::sync::Arc;
+
+/// The kernels of `fused/nn.cu`, loaded once per device.
+pub(crate) struct Kernels {
+    pub(crate) binary: Kernel,
+    pub(crate) binary_grad: Kernel,
+    pub(crate) scalar: Kernel,
+    pub(crate) scalar_grad: Kernel,
+    pub(crate) unary: Kernel,
+    pub(crate) unary_grad: Kernel,
+    pub(crate) gather: Kernel,
+    pub(crate) sum_axis: Kernel,
+    pub(crate) sum_rows: Kernel,
+    pub(crate) expand_axis: Kernel,
+    pub(crate) softmax_rows: Kernel,
+    pub(crate) softmax_rows_grad: Kernel,
+    pub(crate) matmul: Kernel,
+    pub(crate) linear: Kernel,
+    pub(crate) cross_entropy: Kernel,
+    pub(crate) scale_by: Kernel,
+    pub(crate) accumulate: Kernel,
+    pub(crate) update: Kernel,
+}
+
+/// A GPU that `nn` tensors can live on: the opened [`Gpu`] and `nn`'s kernels on it.
+pub struct Device {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) kernels: Kernels,
+    pub(crate) gemm_shared: u32,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.gpu.describe())
+    }
+}
+
+/// The kernel module `nn`'s device tensors use (it takes no sizes).
+pub fn module_request() -> crate::device::ModuleRequest {
+    ("nn", Vec::new())
+}
+
+fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::device(op, format!("the GPU reported {e}"))
+}
+
+fn launch_error(op: &'static str) -> impl Fn(anyhow::Error) -> Error {
+    move |e| Error::device(op, format!("{e:#}"))
+}
+
+impl Device {
+    /// Opens GPU `ordinal` (0 is the first) and loads `nn`'s kernels on it.
+    pub fn open(ordinal: usize) -> Result<Arc<Device>> {
+        let gpu = Gpu::open(ordinal).map_err(|e| Error::device("Device::open", format!("{e:#}")))?;
+        Device::on(Arc::new(gpu))
+    }
+
+    /// `nn`'s kernels loaded on an opened GPU.
+    pub fn on(gpu: Arc<Gpu>) -> Result<Arc<Device>> {
+        let load = || -> anyhow::Result<Kernels> {
+            let module = gpu.module(&module_request())?;
+            let k = |name: &str| Gpu::function(&module, name);
+            Ok(Kernels {
+                binary: k("nn_binary")?,
+                binary_grad: k("nn_binary_grad")?,
+                scalar: k("nn_scalar")?,
+                scalar_grad: k("nn_scalar_grad")?,
+                unary: k("nn_unary")?,
+                unary_grad: k("nn_unary_grad")?,
+                gather: k("nn_gather")?,
+                sum_axis: k("nn_sum_axis")?,
+                sum_rows: k("nn_sum_rows")?,
+                expand_axis: k("nn_expand_axis")?,
+                softmax_rows: k("nn_softmax_rows")?,
+                softmax_rows_grad: k("nn_softmax_rows_grad")?,
+                matmul: k("nn_matmul")?,
+                linear: k("nn_linear")?,
+                cross_entropy: k("nn_cross_entropy")?,
+                scale_by: k("nn_scale_by")?,
+                accumulate: k("nn_accumulate")?,
+                update: k("nn_update")?,
+            })
+        };
+        let kernels = load().map_err(launch_error("Device::open"))?;
+        let (bm, bn, bk, tm, tn) = GEMM_TILE;
+        let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
+        Ok(Arc::new(Device { gpu, kernels, gemm_shared }))
+    }
+
+    /// The GPU in words.
+    pub fn describe(&self) -> String {
+        self.gpu.describe()
+    }
+
+    /// Waits until every launch so far has finished (a timing's end; reading a value back waits anyway).
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.stream.synchronize().map_err(driver("synchronize"))
+    }
+
+    /// A buffer of `n` floats whose contents the caller overwrites before reading.
+    pub(crate) fn alloc(self: &Arc<Self>, op: &'static str, n: usize) -> Result<DeviceBuffer> {
+        // SAFETY: every caller launches a kernel that writes all n elements before any read.
+        let slice = unsafe { self.gpu.stream.alloc::<f32>(n.max(1)) }.map_err(driver(op))?;
+        Ok(DeviceBuffer { slice: Arc::new(slice), len: n, device: Arc::clone(self) })
+    }
+
+    /// A buffer holding `values`.
+    pub(crate) fn upload(self: &Arc<Self>, op: &'static str, values: &[f32]) -> Result<DeviceBuffer> {
+        let slice =
+            if values.is_empty() { self.gpu.stream.alloc_zeros::<f32>(1) } else { self.gpu.stream.clone_htod(values) };
+        Ok(DeviceBuffer { slice: Arc::new(slice.map_err(driver(op))?), len: values.len(), device: Arc::clone(self) })
+    }
+
+    /// Integers for a kernel (class targets), as a device buffer.
+    pub(crate) fn upload_i32(&self, op: &'static str, values: &[i32]) -> Result<CudaSlice<i32>> {
+        let values = if values.is_empty() { &[0][..] } else { values };
+        self.gpu.stream.clone_htod(values).map_err(driver(op))
+    }
+
+    /// Launches `kernel` over `blocks` blocks of 256 threads with `shared` bytes of dynamic shared memory.
+    pub(crate) fn launch(
+        &self,
+        op: &'static str,
+        kernel: &Kernel,
+        blocks: (u32, u32),
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.gpu.launch(kernel, blocks, shared, false, args).map_err(launch_error(op))
+    }
+
+    /// Blocks for a grid-stride loop over `n` elements: enough to fill the GPU, no more than `n` needs.
+    pub(crate) fn blocks_for(&self, n: usize) -> (u32, u32) {
+        let needed = n.div_ceil(THREADS_PER_BLOCK as usize).max(1);
+        (needed.min(self.gpu.sm_count as usize * 8) as u32, 1)
+    }
+
+    /// The address of a buffer, for a kernel argument.
+    pub(crate) fn arg(&self, buffer: &DeviceBuffer) -> Arg {
+        Arg::buf(&self.gpu, &buffer.slice)
+    }
+}
+
+/// The tile of `nn_matmul` and `nn_linear` (MM_BM, MM_BN, MM_BK, MM_TM, MM_TN in fused/nn.cu): 64 × 64
+/// outputs, 16 deep, 4 × 4 a thread.
+pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4, 4);
+
+/// The elements of a device tensor: f32 on one [`Device`]. Cloning shares them.
+#[derive(Clone)]
+pub struct DeviceBuffer {
+    pub(crate) slice: Arc<CudaSlice<f32>>,
+    pub(crate) len: usize,
+    pub(crate) device: Arc<Device>,
+}
+
+impl DeviceBuffer {
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the elements live on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// A copy of the elements in host memory (waits for the launches that write them).
+    pub fn to_host(&self, op: &'static str) -> Result<Vec<f32>> {
+        let mut values = self.device.gpu.stream.clone_dtoh(&*self.slice).map_err(driver(op))?;
+        values.truncate(self.len);
+        Ok(values)
+    }
+
+    /// A copy of the elements in a new buffer on the same device.
+    pub(crate) fn duplicate(&self, op: &'static str) -> Result<DeviceBuffer> {
+        let slice = self.device.gpu.stream.clone_dtod(&*self.slice).map_err(driver(op))?;
+        Ok(DeviceBuffer { slice: Arc::new(slice), len: self.len, device: Arc::clone(&self.device) })
+    }
+
+    /// self + other, elementwise, in a new buffer (gradients meeting at one tensor).
+    pub(crate) fn plus(&self, other: &DeviceBuffer) -> Result<DeviceBuffer> {
+        let sum = self.duplicate("backward")?;
+        let device = &self.device;
+        let n = self.len as i32;
+        let args = [device.arg(other), device.arg(&sum), Arg::i32(n)];
+        device.launch("backward", &device.kernels.accumulate, device.blocks_for(self.len), 0, &args)?;
+        Ok(sum)
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceBuffer({} floats on {})", self.len, self.device.gpu.describe())
+    }
+}
+
+impl PartialEq for DeviceBuffer {
+    /// The same elements (shared), not equal values: comparing values would need a copy back.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.slice, &other.slice)
+    }
+}
+
+/// Where an op's operands live: all on the host, or all on one device.
+pub(crate) enum Place {
+    Host,
+    Device(Arc<Device>),
+}
+
+/// The one place all of `tensors` live, or an error naming `op` when they live in two.
+pub(crate) fn place_of<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Result<Place> {
+    let mut place: Option<Arc<Device>> = None;
+    let mut host = false;
+    for tensor in tensors {
+        match &*tensor.storage() {
+            Storage::Host(_) => host = true,
+            Storage::Device(buffer) => match &place {
+                Some(device) if !Arc::ptr_eq(device, &buffer.device) => {
+                    return Err(Error::device(op, "the tensors live on two different GPUs"));
+                }
+                _ => place = Some(Arc::clone(&buffer.device)),
+            },
+        }
+    }
+    match (place, host) {
+        (None, _) => Ok(Place::Host),
+        (Some(_), true) => {
+            let shapes: Vec<String> = tensors
+                .iter()
+                .map(|t| format!("{:?} on the {}", t.shape(), if t.is_on_device() { "GPU" } else { "host" }))
+                .collect();
+            let problem =
+                format!("the tensors live in two places ({}): move them to one with to_device", shapes.join(", "));
+            Err(Error::device(op, problem))
+        }
+        (Some(device), false) => {
+            if TypeId::of::<F>() != TypeId::of::<f32>() {
+                return Err(Error::device(op, "device tensors hold f32 only"));
+            }
+            Ok(Place::Device(device))
+        }
+    }
+}
+
+/// An error for an op that has no device kernel yet, given a device tensor.
+pub(crate) fn host_only<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Result<()> {
+    match place_of(op, tensors)? {
+        Place::Host => Ok(()),
+        Place::Device(_) => {
+            Err(Error::device(op, "has no GPU kernel yet: move its operands to the host with to_host() first"))
+        }
+    }
+}
+
+/// `values` in F (f32 to f32 is the identity).
+pub(crate) fn from_f32<F: Real>(values: Vec<f32>) -> Vec<F> {
+    values.into_iter().map(|v| F::from(v).unwrap_or_else(F::nan)).collect()
+}
+
+/// `values` as f32, for an upload.
+pub(crate) fn to_f32<F: Real>(values: &[F]) -> Vec<f32> {
+    values.iter().map(|v| v.to_f32().unwrap_or(f32::NAN)).collect()
+}

@@ -1,0 +1,498 @@
+//! Each op's device forward and backward: the kernels of `fused/nn.cu` launched over device buffers, the
+//! twins of the host loops in `nn/elementwise.rs`, `reduce.rs`, `matmul.rs`, `losses.rs` and `layout.rs`
+//! (which validate the shapes first and call in here when their operands live on a GPU).
+//!
+//! A backward keeps the device buffers it reads (the inputs' snapshots, the output, a loss's saved
+//! gradient), as the host closures keep their vectors.
+
+use super::{Device, DeviceBuffer};
+use crate::cpu::Real;
+use crate::device::Arg;
+use crate::nn::error::{Error, Result};
+use crate::nn::tensor::{Storage, Tensor};
+use std::sync::Arc;
+
+/// Kernel codes of fused/nn.cu (OP_* and UNARY_*).
+pub(crate) const OP_ADD: i32 = 0;
+pub(crate) const OP_SUB: i32 = 1;
+pub(crate) const OP_MUL: i32 = 2;
+pub(crate) const OP_DIV: i32 = 3;
+pub(crate) const UNARY_RELU: i32 = 0;
+pub(crate) const UNARY_SIGMOID: i32 = 1;
+pub(crate) const UNARY_TANH: i32 = 2;
+pub(crate) const UNARY_GELU: i32 = 3;
+pub(crate) const UNARY_EXP: i32 = 4;
+pub(crate) const UNARY_LOG: i32 = 5;
+pub(crate) const UNARY_NEG: i32 = 6;
+const UNARY_NONE: i32 = -1;
+
+/// The device buffer of a tensor that `place_of` found on the device.
+fn buffer<F: Real>(tensor: &Tensor<F>) -> DeviceBuffer {
+    match &*tensor.storage() {
+        Storage::Device(buffer) => buffer.clone(),
+        Storage::Host(_) => panic!("internal: a device op was given a host tensor"),
+    }
+}
+
+/// A size as a kernel's `int`, or an error naming the op when it does not fit.
+fn int(op: &'static str, n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| Error::device(op, format!("{n} elements are more than a kernel's int indexes")))
+}
+
+/// An output shape and one stride list per operand (0 along broadcast axes), merged to at most four axes:
+/// neighbours merge where every operand walks them as one (contiguously, or both broadcast).
+fn four_axes(op: &'static str, shape: &[usize], strides: &[Vec<usize>]) -> Result<([i32; 4], Vec<[i32; 4]>)> {
+    let mut dims: Vec<usize> = Vec::new();
+    let mut merged: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+    for (axis, &size) in shape.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let joins = !dims.is_empty()
+            && strides.iter().zip(&merged).all(|(s, m)| {
+                let last = *m.last().expect("merged in step with dims");
+                s[axis] * size == last || (s[axis] == 0 && last == 0)
+            });
+        if joins {
+            *dims.last_mut().expect("non-empty") *= size;
+            merged.iter_mut().zip(strides).for_each(|(m, s)| *m.last_mut().expect("non-empty") = s[axis]);
+        } else {
+            dims.push(size);
+            merged.iter_mut().zip(strides).for_each(|(m, s)| m.push(s[axis]));
+        }
+    }
+    if dims.len() > 4 {
+        return Err(Error::device(op, format!("the shape {shape:?} broadcasts over more than four separate axes")));
+    }
+    let pad = 4 - dims.len();
+    let mut out_dims = [1i32; 4];
+    for (i, &d) in dims.iter().enumerate() {
+        out_dims[pad + i] = int(op, d)?;
+    }
+    let mut out_strides = Vec::new();
+    for m in merged {
+        let mut s = [0i32; 4];
+        for (i, &v) in m.iter().enumerate() {
+            s[pad + i] = int(op, v)?;
+        }
+        out_strides.push(s);
+    }
+    Ok((out_dims, out_strides))
+}
+
+fn words(values: &[i32]) -> impl Iterator<Item = Arg> + '_ {
+    values.iter().map(|&v| Arg::i32(v))
+}
+
+/// `a op b` broadcast to `shape` (`strides`: each operand's, 0 along broadcast axes).
+pub(crate) fn binary<F: Real>(
+    device: &Arc<Device>,
+    name: &'static str,
+    code: i32,
+    (a, b): (&Tensor<F>, &Tensor<F>),
+    shape: Vec<usize>,
+    strides: [Vec<usize>; 2],
+) -> Result<Tensor<F>> {
+    let n: usize = shape.iter().product();
+    let (dims, operand_strides) = four_axes(name, &shape, &strides)?;
+    let (x, y) = (buffer(a), buffer(b));
+    let out = device.alloc(name, n)?;
+    let mut args = vec![Arg::i32(code), device.arg(&x), device.arg(&y), device.arg(&out), Arg::i32(int(name, n)?)];
+    args.extend(words(&dims).chain(words(&operand_strides[0])).chain(words(&operand_strides[1])));
+    device.launch(name, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
+    let (counts, device_) = ([a.numel(), b.numel()], Arc::clone(device));
+    let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
+        let mut grads = Vec::new();
+        for which in 0..2 {
+            if !needs[which] {
+                grads.push(None);
+                continue;
+            }
+            let g = device_.alloc(name, counts[which])?;
+            let mut args = vec![Arg::i32(code), Arg::i32(which as i32), device_.arg(&x), device_.arg(&y)];
+            args.extend([device_.arg(grad), device_.arg(&g), Arg::i32(counts[which] as i32)]);
+            args.extend(words(&dims).chain(words(&operand_strides[0])).chain(words(&operand_strides[1])));
+            device_.launch(name, &device_.kernels.binary_grad, device_.blocks_for(counts[which]), 0, &args)?;
+            grads.push(Some(g));
+        }
+        Ok(grads)
+    };
+    Ok(Tensor::from_device_op(name, out, shape, &[a, b], Box::new(backward)))
+}
+
+/// `x op value` (`value op x` when `reversed`), a scalar kept on the host side of the launch.
+pub(crate) fn scalar<F: Real>(
+    device: &Arc<Device>,
+    name: &'static str,
+    code: i32,
+    x: &Tensor<F>,
+    value: f32,
+    reversed: bool,
+) -> Result<Tensor<F>> {
+    let n = x.numel();
+    let input = buffer(x);
+    let out = device.alloc(name, n)?;
+    let args = [Arg::i32(code), Arg::i32(reversed as i32), device.arg(&input), Arg::f32(value)];
+    let args = [&args[..], &[device.arg(&out), Arg::i32(int(name, n)?)]].concat();
+    device.launch(name, &device.kernels.scalar, device.blocks_for(n), 0, &args)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let dx = device_.alloc(name, n)?;
+        let args = [Arg::i32(code), Arg::i32(reversed as i32), device_.arg(&input), Arg::f32(value)];
+        let args = [&args[..], &[device_.arg(grad), device_.arg(&dx), Arg::i32(n as i32)]].concat();
+        device_.launch(name, &device_.kernels.scalar_grad, device_.blocks_for(n), 0, &args)?;
+        Ok(vec![Some(dx)])
+    };
+    Ok(Tensor::from_device_op(name, out, x.shape().to_vec(), &[x], Box::new(backward)))
+}
+
+/// A unary map (UNARY_* code) elementwise.
+pub(crate) fn unary<F: Real>(device: &Arc<Device>, name: &'static str, code: i32, x: &Tensor<F>) -> Result<Tensor<F>> {
+    let n = x.numel();
+    let input = buffer(x);
+    let out = device.alloc(name, n)?;
+    let args = [Arg::i32(code), device.arg(&input), device.arg(&out), Arg::i32(int(name, n)?)];
+    device.launch(name, &device.kernels.unary, device.blocks_for(n), 0, &args)?;
+    let (device_, output) = (Arc::clone(device), out.clone());
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let dx = device_.alloc(name, n)?;
+        let args = [Arg::i32(code), device_.arg(&input), device_.arg(&output), device_.arg(grad)];
+        let args = [&args[..], &[device_.arg(&dx), Arg::i32(n as i32)]].concat();
+        device_.launch(name, &device_.kernels.unary_grad, device_.blocks_for(n), 0, &args)?;
+        Ok(vec![Some(dx)])
+    };
+    Ok(Tensor::from_device_op(name, out, x.shape().to_vec(), &[x], Box::new(backward)))
+}
+
+/// Σ (or the mean) along the middle axis of x seen as (outer, n, inner), into `shape`.
+pub(crate) fn reduce<F: Real>(
+    device: &Arc<Device>,
+    name: &'static str,
+    x: &Tensor<F>,
+    (outer, n, inner): (usize, usize, usize),
+    mean: bool,
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    let scale = if mean { 1.0 / n as f32 } else { 1.0 };
+    let out = sum_axis(device, name, &buffer(x), (outer, n, inner), scale)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let count = outer * n * inner;
+        let dx = device_.alloc(name, count)?;
+        let args = [device_.arg(grad), device_.arg(&dx), Arg::i32(outer as i32), Arg::i32(n as i32)];
+        let args = [&args[..], &[Arg::i32(inner as i32), Arg::f32(scale)]].concat();
+        device_.launch(name, &device_.kernels.expand_axis, device_.blocks_for(count), 0, &args)?;
+        Ok(vec![Some(dx)])
+    };
+    Ok(Tensor::from_device_op(name, out, shape, &[x], Box::new(backward)))
+}
+
+/// scale · Σ along the middle axis of `x` (outer, n, inner): a block a row when the axis is the last,
+/// else a thread an output.
+fn sum_axis(
+    device: &Arc<Device>,
+    name: &'static str,
+    x: &DeviceBuffer,
+    (outer, n, inner): (usize, usize, usize),
+    scale: f32,
+) -> Result<DeviceBuffer> {
+    let out = device.alloc(name, outer * inner)?;
+    if inner == 1 {
+        let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, n)?), Arg::f32(scale)];
+        device.launch(name, &device.kernels.sum_rows, (int(name, outer.max(1))? as u32, 1), 0, &args)?;
+    } else {
+        let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
+        let args = [&args[..], &[Arg::i32(int(name, inner)?), Arg::f32(scale)]].concat();
+        device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)?;
+    }
+    Ok(out)
+}
+
+/// Blocks of `nn_softmax_rows` and `nn_cross_entropy`: a warp a row, eight a block.
+fn warp_row_blocks(rows: usize) -> (u32, u32) {
+    (rows.div_ceil(8).max(1) as u32, 1)
+}
+
+/// softmax (or log_softmax when `log`) over the last axis, rows of `n`.
+pub(crate) fn softmax<F: Real>(
+    device: &Arc<Device>,
+    name: &'static str,
+    x: &Tensor<F>,
+    n: usize,
+    log: bool,
+) -> Result<Tensor<F>> {
+    let rows = x.numel() / n.max(1);
+    let out = device.alloc(name, x.numel())?;
+    let args = [device.arg(&buffer(x)), device.arg(&out), Arg::i32(int(name, rows)?), Arg::i32(int(name, n)?)];
+    let args = [&args[..], &[Arg::i32(log as i32)]].concat();
+    device.launch(name, &device.kernels.softmax_rows, warp_row_blocks(rows), 0, &args)?;
+    let (device_, output) = (Arc::clone(device), out.clone());
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let dx = device_.alloc(name, rows * n)?;
+        let args = [device_.arg(&output), device_.arg(grad), device_.arg(&dx), Arg::i32(rows as i32)];
+        let args = [&args[..], &[Arg::i32(n as i32), Arg::i32(log as i32)]].concat();
+        device_.launch(name, &device_.kernels.softmax_rows_grad, warp_row_blocks(rows), 0, &args)?;
+        Ok(vec![Some(dx)])
+    };
+    Ok(Tensor::from_device_op(name, out, x.shape().to_vec(), &[x], Box::new(backward)))
+}
+
+/// One product C = op(A)·op(B) per batch: M×N results, K deep, A read at z·stride_a, B at z·stride_b.
+#[allow(clippy::too_many_arguments)]
+fn matmul_into(
+    device: &Device,
+    name: &'static str,
+    (a, b, c): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (m, n, k): (usize, usize, usize),
+    batches: usize,
+    (stride_a, stride_b): (usize, usize),
+    (trans_a, trans_b): (bool, bool),
+) -> Result<()> {
+    let blocks = (int(name, n.div_ceil(64).max(1))? as u32, int(name, m.div_ceil(64).max(1) * batches.max(1))? as u32);
+    let args = [device.arg(a), device.arg(b), device.arg(c), Arg::i32(int(name, m)?), Arg::i32(int(name, n)?)];
+    let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, stride_a)?), Arg::i32(int(name, stride_b)?)];
+    let args = [&args[..], &more, &[Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]].concat();
+    device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
+}
+
+/// The batched product of `matmul`: [batches, m, k] by [batches, k, n], an operand with `step` 0 shared.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul<F: Real>(
+    device: &Arc<Device>,
+    (a, b): (&Tensor<F>, &Tensor<F>),
+    (m, k, n): (usize, usize, usize),
+    batches: usize,
+    (step_a, step_b): (usize, usize),
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "matmul";
+    let (x, y) = (buffer(a), buffer(b));
+    let out = device.alloc(NAME, batches * m * n)?;
+    matmul_into(device, NAME, (&x, &y, &out), (m, n, k), batches, (step_a, step_b), (false, false))?;
+    let (device_, counts) = (Arc::clone(device), (a.numel(), b.numel()));
+    let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
+        // dA = dC·Bᵀ; dB = Aᵀ·dC. A shared operand's gradient sums over the batches: the batches then
+        // stack into one product's rows (B shared: dB = A_allᵀ·dC_all) or, for a shared A, into its depth.
+        let grad_a = if needs[0] {
+            let g = device_.alloc(NAME, counts.0)?;
+            if step_a == 0 && batches > 1 {
+                // dA = Σ_z dC_z·B_zᵀ: [m, batches·n]·[batches·n, k] with the batches side by side in k.
+                let stacked = stack_batches(&device_, grad, batches, m, n)?;
+                let b_rows = transpose_batches(&device_, &y, batches, k, n)?;
+                matmul_into(&device_, NAME, (&stacked, &b_rows, &g), (m, k, batches * n), 1, (0, 0), (false, false))?;
+            } else {
+                matmul_into(&device_, NAME, (grad, &y, &g), (m, k, n), batches, (m * n, step_b), (false, true))?;
+            }
+            Some(g)
+        } else {
+            None
+        };
+        let grad_b = if needs[1] {
+            let g = device_.alloc(NAME, counts.1)?;
+            if step_b == 0 && batches > 1 {
+                // dB = Σ_z A_zᵀ·dC_z = A_allᵀ·dC_all over the stacked rows (A batched, contiguous).
+                matmul_into(&device_, NAME, (&x, grad, &g), (k, n, batches * m), 1, (0, 0), (true, false))?;
+            } else {
+                matmul_into(&device_, NAME, (&x, grad, &g), (k, n, m), batches, (step_a, m * n), (true, false))?;
+            }
+            Some(g)
+        } else {
+            None
+        };
+        Ok(vec![grad_a, grad_b])
+    };
+    Ok(Tensor::from_device_op(NAME, out, shape, &[a, b], Box::new(backward)))
+}
+
+/// [batches, m, n] as [m, batches·n] (each batch's columns side by side).
+fn stack_batches(device: &Arc<Device>, x: &DeviceBuffer, batches: usize, m: usize, n: usize) -> Result<DeviceBuffer> {
+    // out[i, z·n + j] = x[z, i, j]: out axes (m, batches, n) read with strides (n, m·n, 1).
+    gather(device, "matmul", x, &[m, batches, n], &[n, m * n, 1])
+}
+
+/// [batches, k, n] as [batches·n, k] (each batch transposed, stacked).
+fn transpose_batches(
+    device: &Arc<Device>,
+    x: &DeviceBuffer,
+    batches: usize,
+    k: usize,
+    n: usize,
+) -> Result<DeviceBuffer> {
+    // out[z·n + j, i] = x[z, i, j]: out axes (batches, n, k) read with strides (k·n, 1, n).
+    gather(device, "matmul", x, &[batches, n, k], &[k * n, 1, n])
+}
+
+/// out[e] = x[offset of e] for an output of `shape` read through `strides` (up to four axes after merging).
+pub(crate) fn gather(
+    device: &Arc<Device>,
+    name: &'static str,
+    x: &DeviceBuffer,
+    shape: &[usize],
+    strides: &[usize],
+) -> Result<DeviceBuffer> {
+    let n: usize = shape.iter().product();
+    let (dims, s) = four_axes(name, shape, &[strides.to_vec()])?;
+    let out = device.alloc(name, n)?;
+    let mut args = vec![device.arg(x), device.arg(&out), Arg::i32(int(name, n)?)];
+    args.extend(words(&dims).chain(words(&s[0])));
+    device.launch(name, &device.kernels.gather, device.blocks_for(n), 0, &args)?;
+    Ok(out)
+}
+
+/// `x` with its elements reordered to `shape` through `strides` (a transpose), and the backward that reads
+/// the gradient back through `back_strides` into `x`'s shape.
+pub(crate) fn reorder<F: Real>(
+    device: &Arc<Device>,
+    name: &'static str,
+    x: &Tensor<F>,
+    (shape, strides): (Vec<usize>, Vec<usize>),
+    back_strides: Vec<usize>,
+) -> Result<Tensor<F>> {
+    let out = gather(device, name, &buffer(x), &shape, &strides)?;
+    let (device_, in_shape) = (Arc::clone(device), x.shape().to_vec());
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        Ok(vec![Some(gather(&device_, name, grad, &in_shape, &back_strides)?)])
+    };
+    Ok(Tensor::from_device_op(name, out, shape, &[x], Box::new(backward)))
+}
+
+/// The same elements in another shape (no copy), whose gradient is the output's.
+pub(crate) fn reshape<F: Real>(x: &Tensor<F>, shape: Vec<usize>) -> Tensor<F> {
+    let backward = |grad: &DeviceBuffer, _needs: &[bool]| Ok(vec![Some(grad.clone())]);
+    Tensor::from_device_op("reshape", buffer(x), shape, &[x], Box::new(backward))
+}
+
+/// y = x·wᵀ + b: x as [rows, inputs], w [outputs, inputs], the bias added in the product's epilogue.
+pub(crate) fn linear<F: Real>(
+    device: &Arc<Device>,
+    (x, weight, bias): (&Tensor<F>, &Tensor<F>, Option<&Tensor<F>>),
+    (rows, inputs, outputs): (usize, usize, usize),
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "linear";
+    let (xb, wb) = (buffer(x), buffer(weight));
+    let bias_arg = bias.map_or(Arg::Ptr(0), |b| device.arg(&buffer(b)));
+    let out = device.alloc(NAME, rows * outputs)?;
+    let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
+    let args = [device.arg(&xb), device.arg(&wb), bias_arg, Arg::Ptr(0), device.arg(&out)];
+    let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, UNARY_NONE];
+    let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
+    device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
+        let mut grads = Vec::new();
+        grads.push(if needs[0] {
+            let g = device_.alloc(NAME, rows * inputs)?;
+            matmul_into(&device_, NAME, (grad, &wb, &g), (rows, inputs, outputs), 1, (0, 0), (false, false))?;
+            Some(g)
+        } else {
+            None
+        });
+        grads.push(if needs[1] {
+            let g = device_.alloc(NAME, outputs * inputs)?;
+            matmul_into(&device_, NAME, (grad, &xb, &g), (outputs, inputs, rows), 1, (0, 0), (true, false))?;
+            Some(g)
+        } else {
+            None
+        });
+        if needs.len() == 3 {
+            grads.push(if needs[2] { Some(sum_axis(&device_, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
+        }
+        Ok(grads)
+    };
+    let inputs_of: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
+    Ok(Tensor::from_device_op(NAME, out, shape, &inputs_of, Box::new(backward)))
+}
+
+/// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (already checked), rows
+/// whose target is `ignore` left out, over `counted` rows.
+pub(crate) fn cross_entropy<F: Real>(
+    device: &Arc<Device>,
+    logits: &Tensor<F>,
+    targets: &[i32],
+    ignore: i32,
+    (rows, classes, counted): (usize, usize, usize),
+) -> Result<Tensor<F>> {
+    const NAME: &str = "cross_entropy";
+    let targets = device.upload_i32(NAME, targets)?;
+    let (losses, d) = (device.alloc(NAME, rows)?, device.alloc(NAME, rows * classes)?);
+    let args = [device.arg(&buffer(logits)), Arg::buf(&device.gpu, &targets), device.arg(&losses), device.arg(&d)];
+    let args = [&args[..], &words(&[int(NAME, rows)?, int(NAME, classes)?, ignore]).collect::<Vec<_>>()].concat();
+    device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
+    let scale = 1.0 / counted as f32;
+    let loss = sum_axis(device, NAME, &losses, (1, rows, 1), scale)?;
+    let device_ = Arc::clone(device);
+    let backward =
+        move |grad: &DeviceBuffer, _needs: &[bool]| Ok(vec![Some(scale_by(&device_, NAME, &d, grad, scale)?)]);
+    Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[logits], Box::new(backward)))
+}
+
+/// saved · scale · upstream[0], in a new buffer.
+fn scale_by(
+    device: &Arc<Device>,
+    name: &'static str,
+    saved: &DeviceBuffer,
+    upstream: &DeviceBuffer,
+    scale: f32,
+) -> Result<DeviceBuffer> {
+    let out = device.alloc(name, saved.len())?;
+    let args =
+        [device.arg(saved), device.arg(upstream), Arg::f32(scale), device.arg(&out), Arg::i32(saved.len() as i32)];
+    device.launch(name, &device.kernels.scale_by, device.blocks_for(saved.len()), 0, &args)?;
+    Ok(out)
+}
+
+/// The mean of (y − t)² over `n` elements; the shapes were checked equal.
+pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -> Result<Tensor<F>> {
+    const NAME: &str = "mse";
+    let n = y.numel();
+    let count = int(NAME, n)?;
+    let line = ([1, 1, 1, count.max(1)], [0, 0, 0, 1]);
+    let elementwise = |code: i32, a: &DeviceBuffer, b: &DeviceBuffer| -> Result<DeviceBuffer> {
+        let out = device.alloc(NAME, n)?;
+        let mut args = vec![Arg::i32(code), device.arg(a), device.arg(b), device.arg(&out), Arg::i32(count)];
+        args.extend(words(&line.0).chain(words(&line.1)).chain(words(&line.1)));
+        device.launch(NAME, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
+        Ok(out)
+    };
+    let diff = elementwise(OP_SUB, &buffer(y), &buffer(t))?;
+    let squares = elementwise(OP_MUL, &diff, &diff)?;
+    let loss = sum_axis(device, NAME, &squares, (1, n, 1), 1.0 / n as f32)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
+        let scale = 2.0 / n as f32;
+        let dy = if needs[0] { Some(scale_by(&device_, NAME, &diff, grad, scale)?) } else { None };
+        let dt = if needs[1] { Some(scale_by(&device_, NAME, &diff, grad, -scale)?) } else { None };
+        Ok(vec![dy, dt])
+    };
+    Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[y, t], Box::new(backward)))
+}
+
+/// θ after one optimizer step (`fused/optim.cuh`'s update, kind OPTIM_* = `OptimKind`'s order) in a new
+/// buffer, so a backward recorded before keeps the old one; the moments `m`, `v` change in place.
+pub(crate) fn update(
+    device: &Arc<Device>,
+    kind: crate::ops::optim::OptimKind,
+    s: &crate::ops::optim::StepScalars,
+    theta: &DeviceBuffer,
+    grad: &DeviceBuffer,
+    moments: (Option<&DeviceBuffer>, Option<&DeviceBuffer>),
+) -> Result<DeviceBuffer> {
+    const NAME: &str = "optimizer step";
+    let next = theta.duplicate(NAME)?;
+    use crate::ops::optim::OptimKind;
+    let code = match kind {
+        OptimKind::Sgd => 0,
+        OptimKind::Momentum => 1,
+        OptimKind::Adam => 2,
+        OptimKind::AdamW => 3,
+    };
+    let floats = [s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.weight_decay, s.grad_scale, s.bias1, s.bias2];
+    let mut args = vec![Arg::i32(code)];
+    args.extend(floats.map(Arg::f32));
+    args.extend([device.arg(&next), device.arg(grad)]);
+    args.extend([moments.0.map_or(Arg::Ptr(0), |m| device.arg(m)), moments.1.map_or(Arg::Ptr(0), |v| device.arg(v))]);
+    args.push(Arg::i32(int(NAME, theta.len())?));
+    device.launch(NAME, &device.kernels.update, device.blocks_for(theta.len()), 0, &args)?;
+    Ok(next)
+}

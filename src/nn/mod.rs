@@ -14,10 +14,14 @@
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
 //! | `layout` | `reshape`/`view`, `transpose` |
+//! | `norm` | `layer_norm` over the last axis |
+//! | `embedding` | `embedding`: rows of a table by id |
+//! | `dropout` | `dropout`, its mask the kernels' hash |
+//! | `attention` | `scaled_dot_product_attention`, causal or not |
 //! | `modules`, `optim` | `Module` and its layers (one file each under `modules/`); `Sgd` |
 //!
-//! The math of each op is the CPU twin's in `ops` (activations, losses, the optimizer's update) or
-//! `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
+//! The math of each op is the CPU twin's in `ops` (activations, losses, layernorm, dropout, attention, the
+//! optimizer's update) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
 //!
 //! ```
 //! use textnet::nn::{Tensor, linear};
@@ -31,20 +35,29 @@
 //! # }
 //! ```
 
+mod attention;
 mod autograd;
+mod dropout;
 mod elementwise;
+mod embedding;
 mod error;
 mod layout;
 mod losses;
 mod matmul;
 pub mod modules;
+mod norm;
 pub mod optim;
 mod reduce;
 mod shape;
 mod tensor;
 
+pub use attention::scaled_dot_product_attention;
+pub use dropout::dropout;
+pub use embedding::embedding;
 pub use error::{Error, Result};
 pub use matmul::linear;
+pub use modules::{Dropout, Embedding, LayerNorm};
 pub use modules::{Linear, Module};
+pub use norm::layer_norm;
 pub use optim::Sgd;
 pub use tensor::{NoGradGuard, Storage, Tensor, is_grad_enabled, no_grad};

@@ -2,7 +2,7 @@
 //! the engine meant to sit below every pipeline. Tensors live on the host (f32 or f64) or on a GPU (f32,
 //! `Tensor::to_device`), where each op launches its kernel of `fused/nn.cu`.
 //!
-//! A [`Tensor`] holds its elements in a [`Storage`] (host memory now) with a row-major shape. An op on
+//! A [`Tensor`] holds its elements in a [`Storage`] (host or device memory) with a row-major shape. An op on
 //! tensors that require gradients records itself; [`Tensor::backward`] then walks the record back and
 //! accumulates each parameter's gradient in [`Tensor::grad`]. [`no_grad`] turns recording off.
 //!
@@ -16,41 +16,54 @@
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
 //! | `layout` | `reshape`/`view`, `transpose` |
+//! | `norm` | `layer_norm` over the last axis |
+//! | `embedding` | `embedding`: rows of a table by id |
+//! | `dropout` | `dropout`, its mask the kernels' hash |
+//! | `attention` | `scaled_dot_product_attention`, causal or not |
 //! | `modules`, `optim` | `Module` and its layers (one file each under `modules/`); `Sgd` |
 //!
-//! The math of each op is the CPU twin's in `ops` (activations, losses, the optimizer's update) or
-//! `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
+//! The math of each op is the CPU twin's in `ops` (activations, losses, layernorm, dropout, attention, the
+//! optimizer's update) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
 //!
 //! ```
 //! use textnet::nn::{Tensor, linear};
 //! # fn main() -> textnet::nn::Result<()> {
 //! let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
 //! let w = Tensor::parameter(vec![0.5, -1.0, 0.25, 2.0], &[2, 2])?;
-//! let loss = linear(&x, &w, None)?.relu().sum_all();
+//! let loss = linear(&x, &w, None)?.relu()?.sum_all()?;
 //! loss.backward()?;
 //! assert_eq!(w.grad().unwrap().to_vec(), [0.0, 0.0, 4.0, 6.0]);
 //! # Ok(())
 //! # }
 //! ```
 
+mod attention;
 mod autograd;
 pub mod bench;
 pub mod checks;
 pub mod cuda;
+mod dropout;
 mod elementwise;
+mod embedding;
 mod error;
 mod layout;
 mod losses;
 mod matmul;
 pub mod modules;
+mod norm;
 pub mod optim;
 mod reduce;
 mod shape;
 mod tensor;
 
+pub use attention::scaled_dot_product_attention;
 pub use cuda::{Device, DeviceBuffer};
+pub use dropout::dropout;
+pub use embedding::embedding;
 pub use error::{Error, Result};
 pub use matmul::linear;
+pub use modules::{Dropout, Embedding, LayerNorm};
 pub use modules::{Linear, Module};
+pub use norm::layer_norm;
 pub use optim::Sgd;
 pub use tensor::{NoGradGuard, Storage, Tensor, is_grad_enabled, no_grad};

@@ -2,6 +2,9 @@
 //! q, k, v rows (`[n][3C]`, head h at dims h·hs..(h+1)·hs of each third), forward and backward, with the
 //! T×T probabilities kept (the GPU keeps only their log-sum-exp and rebuilds them). With dropout, y_t =
 //! Σ_u m_tu·p_tu·v_u for a mask m of 0 or 1/(1 − p) (`AttentionDropout`); the probabilities kept are p's.
+//!
+//! `sdp_attention` is the same math with the causal mask optional (without it every query attends to every
+//! key, which no kernel does yet); `attention` is its causal form, the kernels'.
 
 use super::constant;
 use super::dropout::Mask;
@@ -77,6 +80,24 @@ pub fn attention<F: Float>(
     hs: usize,
     drop: Option<&AttentionDropout>,
 ) -> (Vec<F>, Vec<F>) {
+    sdp_attention(qkv, n, heads, hs, true, drop)
+}
+
+/// The keys query `t` of `n` attends to: 0..=t when `causal`, else all.
+fn keys_of(t: usize, n: usize, causal: bool) -> usize {
+    if causal { t + 1 } else { n }
+}
+
+/// `attention`, causal only when `causal` (otherwise query t attends to every key, and the probabilities
+/// fill each row of `[NH][n][n]`).
+pub fn sdp_attention<F: Float>(
+    qkv: &[F],
+    n: usize,
+    heads: usize,
+    hs: usize,
+    causal: bool,
+    drop: Option<&AttentionDropout>,
+) -> (Vec<F>, Vec<F>) {
     let c = heads * hs;
     let scale = F::one() / constant::<F>(hs as f64).sqrt();
     let mut y = vec![F::zero(); n * c];
@@ -84,7 +105,7 @@ pub fn attention<F: Float>(
     for h in 0..heads {
         let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
         for t in 0..n {
-            let p = &mut att[(h * n + t) * n..][..t + 1];
+            let p = &mut att[(h * n + t) * n..][..keys_of(t, n, causal)];
             let q_t = &qkv[t * 3 * c + q..][..hs];
             for (u, s) in p.iter_mut().enumerate() {
                 *s = dot(q_t, &qkv[u * 3 * c + k..][..hs]) * scale;
@@ -113,6 +134,21 @@ pub fn attention_backward<F: Float>(
     hs: usize,
     drop: Option<&AttentionDropout>,
 ) -> (Vec<F>, Vec<F>, Vec<F>) {
+    sdp_attention_backward(qkv, att, d_y, n, heads, hs, true, drop)
+}
+
+/// `sdp_attention`'s backward from d y, as `attention_backward`.
+#[allow(clippy::too_many_arguments)]
+pub fn sdp_attention_backward<F: Float>(
+    qkv: &[F],
+    att: &[F],
+    d_y: &[F],
+    n: usize,
+    heads: usize,
+    hs: usize,
+    causal: bool,
+    drop: Option<&AttentionDropout>,
+) -> (Vec<F>, Vec<F>, Vec<F>) {
     let c = heads * hs;
     let scale = F::one() / constant::<F>(hs as f64).sqrt();
     let mut d_att = vec![F::zero(); heads * n * n];
@@ -121,17 +157,17 @@ pub fn attention_backward<F: Float>(
     for h in 0..heads {
         let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
         for t in 0..n {
-            let row = (h * n + t) * n;
-            let p = &att[row..][..t + 1];
+            let (row, keys) = ((h * n + t) * n, keys_of(t, n, causal));
+            let p = &att[row..][..keys];
             let d_y_t = &d_y[t * c + h * hs..][..hs];
-            for u in 0..=t {
+            for u in 0..keys {
                 let m = keep::<F>(drop, h, t, u);
                 d_att[row + u] = m * dot(d_y_t, &qkv[u * 3 * c + v..][..hs]);
                 let d_v = &mut d_qkv[u * 3 * c + v..][..hs];
                 d_v.iter_mut().zip(d_y_t).for_each(|(d, &g)| *d = *d + p[u] * m * g);
             }
-            let pd = dot(p, &d_att[row..][..t + 1]);
-            for u in 0..=t {
+            let pd = dot(p, &d_att[row..][..keys]);
+            for u in 0..keys {
                 let d_s = p[u] * (d_att[row + u] - pd);
                 d_scores[row + u] = d_s;
                 let g = d_s * scale;

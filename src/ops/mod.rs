@@ -6,8 +6,8 @@
 //! |---|---|---|
 //! | [`activations`] | `activations.cuh` | ReLU, sigmoid, tanh with their derivatives; GELU |
 //! | [`losses`] | `losses.cuh` | softmax cross-entropy, squared error |
-//! | [`layernorm`] | `layernorm.cuh` | LayerNorm forward and backward |
-//! | [`attention`] | `attention.cuh` | causal multi-head self-attention forward and backward |
+//! | [`layernorm`] | `layernorm.cuh` | LayerNorm forward and backward (`_eps`: another ε) |
+//! | [`attention`] | `attention.cuh` | multi-head self-attention forward and backward, causal (or not) |
 //! | [`dropout`] | `dropout.cuh` | dropout's mask as a hash of (seed, step, site, element) |
 //! | [`optim`] | `optim.cuh` | SGD, momentum, Adam, AdamW, weight decay, clipping |
 //! | [`gemm`] | `gemm.cuh` | the tiles' shared-memory sizes (the products themselves: `crate::cpu::gemm`) |

@@ -5,9 +5,18 @@
 //! | file | modules |
 //! |---|---|
 //! | `linear` | `Linear` |
+//! | `embedding` | `Embedding` |
+//! | `layer_norm` | `LayerNorm` |
+//! | `dropout` | `Dropout` |
 
+mod dropout;
+mod embedding;
+mod layer_norm;
 mod linear;
 
+pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 
 use super::tensor::Tensor;

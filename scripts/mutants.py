@@ -11,6 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 # (name, file, exact text, replacement, the selftest part that runs it). Each text must occur exactly once.
 MUTATIONS = [
+    ("nn: a broadcast operand's gradient misses the last position it was read at", "nn.cu",
+     "for (int i3 = e3 > 1 ? c3 : 0; i3 < (e3 > 1 ? c3 + 1 : d3); ++i3) {",
+     "for (int i3 = e3 > 1 ? c3 : 0; i3 < (e3 > 1 ? c3 + 1 : d3 - 1); ++i3) {", "nn"),
+    ("nn: linear's epilogue adds the bias of the next output", "nn.cu",
+     "const float pre = bias ? acc + bias[o] : acc;\n            if (z) z[e] = pre;",
+     "const float pre = bias ? acc + bias[o + 1 < N ? o + 1 : o] : acc;\n            if (z) z[e] = pre;", "nn"),
+    ("nn: cross-entropy's ignored rows leak a gradient", "nn.cu",
+     "for (int j = lane; j < C; j += 32) g[j] = 0.0f;", "for (int j = lane; j < C; j += 32) g[j] = 1e-3f;", "nn"),
     ("lr x 1.001 on b1 (single-sample backward)", "text_sample.cu",
      "b1[j] = bias - lr * dz_j;", "b1[j] = bias - 1.001f * lr * dz_j;", "text"),
     ("id 0 (<unk>) read as padding in a tiled batch's contexts", "text_batch.cu",

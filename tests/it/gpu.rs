@@ -33,6 +33,23 @@ fn every_pipeline_matches_its_cpu_reference() {
     assert!(failed.is_empty(), "failed checks (seed {seed}):\n{}", failed.join("\n"));
 }
 
+/// The shared layers' checks (`nn`'s ops on device tensors against the same ops on the host).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_shared_layer_matches_its_cpu_twin() {
+    let gpu = test_gpu();
+    let seed: u64 = rand::random();
+    let plan = Plan { seed, quick: false, groups: vec![] };
+    for suite in textnet::selftest::SUITES {
+        let checks = (suite.checks)(&gpu, &plan).unwrap_or_else(|e| panic!("{}: {e:#}", suite.name));
+        assert!(!checks.is_empty(), "{} has no checks", suite.name);
+        let failed: Vec<String> = (checks.iter().filter(|c| !c.passed()))
+            .map(|c| format!("{} [{}]: {:.3e} > {:.0e}", c.kernel, c.shape, c.rel_error, c.tolerance))
+            .collect();
+        assert!(failed.is_empty(), "{} (seed {seed}):\n{}", suite.name, failed.join("\n"));
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_training_on_fashion_mnist_learns() {

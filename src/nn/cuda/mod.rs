@@ -19,8 +19,9 @@ use crate::cpu::Real;
 use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
 use cudarc::driver::CudaSlice;
 use std::any::TypeId;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The kernels of `fused/nn.cu`, loaded once per device.
 pub(crate) struct Kernels {
@@ -44,12 +45,19 @@ pub(crate) struct Kernels {
     pub(crate) update: Kernel,
 }
 
-/// A GPU that `nn` tensors can live on: the opened [`Gpu`] and `nn`'s kernels on it.
+/// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
+/// so far, kept for reuse by size (a caching allocator, as PyTorch's: on the one stream, a buffer freed
+/// after its last launch is enqueued may serve the next launch at once, and an eager op then makes no
+/// driver call but its launch).
 pub struct Device {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) kernels: Kernels,
     pub(crate) gemm_shared: u32,
+    free: Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>,
 }
+
+/// Buffers are allocated in multiples of this many floats (256 bytes), so near sizes share a pool.
+const POOL_GRAIN: usize = 64;
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -106,7 +114,7 @@ impl Device {
         let kernels = load().map_err(launch_error("Device::open"))?;
         let (bm, bn, bk, tm, tn) = GEMM_TILE;
         let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
-        Ok(Arc::new(Device { gpu, kernels, gemm_shared }))
+        Ok(Arc::new(Device { gpu, kernels, gemm_shared, free: Mutex::default() }))
     }
 
     /// The GPU in words.
@@ -119,18 +127,35 @@ impl Device {
         self.gpu.stream.synchronize().map_err(driver("synchronize"))
     }
 
-    /// A buffer of `n` floats whose contents the caller overwrites before reading.
+    /// A buffer of `n` floats whose contents the caller overwrites before reading: a freed one of its
+    /// size, or a new one (after returning every cached buffer to the driver, if the first try fails).
     pub(crate) fn alloc(self: &Arc<Self>, op: &'static str, n: usize) -> Result<DeviceBuffer> {
-        // SAFETY: every caller launches a kernel that writes all n elements before any read.
-        let slice = unsafe { self.gpu.stream.alloc::<f32>(n.max(1)) }.map_err(driver(op))?;
-        Ok(DeviceBuffer { slice: Arc::new(slice), len: n, device: Arc::clone(self) })
+        let capacity = n.max(1).div_ceil(POOL_GRAIN) * POOL_GRAIN;
+        let cached = self.free.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&capacity).and_then(Vec::pop);
+        let slice = match cached {
+            Some(slice) => slice,
+            // SAFETY (both allocations): every caller writes all n elements before any read.
+            None => match unsafe { self.gpu.stream.alloc::<f32>(capacity) } {
+                Ok(slice) => slice,
+                Err(_) => {
+                    self.free.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                    unsafe { self.gpu.stream.alloc::<f32>(capacity) }.map_err(driver(op))?
+                }
+            },
+        };
+        let block = Block { slice: Some(slice), device: Arc::clone(self) };
+        Ok(DeviceBuffer { block: Arc::new(block), len: n, device: Arc::clone(self) })
     }
 
     /// A buffer holding `values`.
     pub(crate) fn upload(self: &Arc<Self>, op: &'static str, values: &[f32]) -> Result<DeviceBuffer> {
-        let slice =
-            if values.is_empty() { self.gpu.stream.alloc_zeros::<f32>(1) } else { self.gpu.stream.clone_htod(values) };
-        Ok(DeviceBuffer { slice: Arc::new(slice.map_err(driver(op))?), len: values.len(), device: Arc::clone(self) })
+        let mut buffer = self.alloc(op, values.len())?;
+        if !values.is_empty() {
+            let block = Arc::get_mut(&mut buffer.block).expect("a new buffer is not shared");
+            let slice = block.slice.as_mut().expect("a live block holds its memory");
+            self.gpu.stream.memcpy_htod(values, &mut slice.slice_mut(..values.len())).map_err(driver(op))?;
+        }
+        Ok(buffer)
     }
 
     /// Integers for a kernel (class targets), as a device buffer.
@@ -159,7 +184,7 @@ impl Device {
 
     /// The address of a buffer, for a kernel argument.
     pub(crate) fn arg(&self, buffer: &DeviceBuffer) -> Arg {
-        Arg::buf(&self.gpu, &buffer.slice)
+        Arg::buf(&self.gpu, buffer.slice())
     }
 }
 
@@ -167,15 +192,35 @@ impl Device {
 /// outputs, 16 deep, 4 × 4 a thread.
 pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4, 4);
 
+/// Device memory that goes back to its device's cache when the last buffer sharing it is dropped.
+struct Block {
+    slice: Option<CudaSlice<f32>>,
+    device: Arc<Device>,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(slice) = self.slice.take() {
+            let mut free = self.device.free.lock().unwrap_or_else(|p| p.into_inner());
+            free.entry(slice.len()).or_default().push(slice);
+        }
+    }
+}
+
 /// The elements of a device tensor: f32 on one [`Device`]. Cloning shares them.
 #[derive(Clone)]
 pub struct DeviceBuffer {
-    pub(crate) slice: Arc<CudaSlice<f32>>,
+    block: Arc<Block>,
     pub(crate) len: usize,
     pub(crate) device: Arc<Device>,
 }
 
 impl DeviceBuffer {
+    /// The device memory (its capacity may exceed `len`).
+    fn slice(&self) -> &CudaSlice<f32> {
+        self.block.slice.as_ref().expect("a live block holds its memory")
+    }
+
     /// The number of elements.
     pub fn len(&self) -> usize {
         self.len
@@ -193,15 +238,19 @@ impl DeviceBuffer {
 
     /// A copy of the elements in host memory (waits for the launches that write them).
     pub fn to_host(&self, op: &'static str) -> Result<Vec<f32>> {
-        let mut values = self.device.gpu.stream.clone_dtoh(&*self.slice).map_err(driver(op))?;
-        values.truncate(self.len);
-        Ok(values)
+        if self.len == 0 {
+            return Ok(Vec::new());
+        }
+        self.device.gpu.stream.clone_dtoh(&self.slice().slice(..self.len)).map_err(driver(op))
     }
 
     /// A copy of the elements in a new buffer on the same device.
     pub(crate) fn duplicate(&self, op: &'static str) -> Result<DeviceBuffer> {
-        let slice = self.device.gpu.stream.clone_dtod(&*self.slice).map_err(driver(op))?;
-        Ok(DeviceBuffer { slice: Arc::new(slice), len: self.len, device: Arc::clone(&self.device) })
+        let mut copy = self.device.alloc(op, self.len)?;
+        let block = Arc::get_mut(&mut copy.block).expect("a new buffer is not shared");
+        let target = block.slice.as_mut().expect("a live block holds its memory");
+        self.device.gpu.stream.memcpy_dtod(self.slice(), target).map_err(driver(op))?;
+        Ok(copy)
     }
 
     /// self + other, elementwise, in a new buffer (gradients meeting at one tensor).
@@ -224,7 +273,7 @@ impl fmt::Debug for DeviceBuffer {
 impl PartialEq for DeviceBuffer {
     /// The same elements (shared), not equal values: comparing values would need a copy back.
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.slice, &other.slice)
+        Arc::ptr_eq(&self.block, &other.block)
     }
 }
 

@@ -2,6 +2,7 @@
 //! so that a caller (the Python binding, a trainer) can choose its reaction by kind, not by the text.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// What `nn` returns: a tensor, a value, or the one error that stopped the op.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -45,6 +46,15 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A file the op cannot read or write, or that is not what it reads (a state dict's safetensors).
+    File {
+        /// The op, e.g. "load_state_dict".
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, a phrase that follows the path, e.g. "is not a safetensors file (header too small)".
+        problem: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -53,6 +63,7 @@ impl fmt::Display for Error {
             Error::Shapes { op, left, right, problem } => write!(f, "{op}: shapes {left:?} and {right:?} {problem}"),
             Error::Shape { op, shape, problem } => write!(f, "{op}: shape {shape:?} {problem}"),
             Error::Value { op, problem } | Error::Graph { op, problem } => write!(f, "{op}: {problem}"),
+            Error::File { op, path, problem } => write!(f, "{op}: {} {problem}", path.display()),
         }
     }
 }
@@ -73,6 +84,11 @@ impl Error {
     /// A value `op` cannot take.
     pub(crate) fn value(op: &'static str, problem: impl Into<String>) -> Error {
         Error::Value { op, problem: problem.into() }
+    }
+
+    /// A file `op` cannot read or write.
+    pub(crate) fn file(op: &'static str, path: &Path, problem: impl Into<String>) -> Error {
+        Error::File { op, path: path.to_path_buf(), problem: problem.into() }
     }
 
     /// A graph `op` cannot walk.

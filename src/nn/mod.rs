@@ -14,7 +14,9 @@
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
 //! | `layout` | `reshape`/`view`, `transpose` |
-//! | `modules`, `optim` | `Module` and its layers (one file each under `modules/`); `Sgd` |
+//! | `modules` | `Module` and its layers (one file each under `modules/`); `Sequential`, `ModuleList` |
+//! | `optim` | `Optimizer` (SGD, momentum, Adam, AdamW) over parameter groups, `Scheduler`, `clip_grad_norm` |
+//! | `state` | `state_dict`, saved to and loaded from safetensors |
 //!
 //! The math of each op is the CPU twin's in `ops` (activations, losses, the optimizer's update) or
 //! `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
@@ -41,10 +43,13 @@ pub mod modules;
 pub mod optim;
 mod reduce;
 mod shape;
+mod state;
 mod tensor;
 
 pub use error::{Error, Result};
 pub use matmul::linear;
 pub use modules::{Linear, Module};
-pub use optim::Sgd;
+pub use modules::{ModuleList, Sequential, prefixed};
+pub use optim::{Optimizer, ParamGroup, Scheduler, clip_grad_norm, decay_groups};
+pub use state::{StateDict, load_state_dict, load_state_dict_file, read_state_dict, save_state_dict, state_dict};
 pub use tensor::{NoGradGuard, Storage, Tensor, is_grad_enabled, no_grad};

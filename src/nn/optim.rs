@@ -7,7 +7,7 @@
 //! The math is the CPU twin of the fused update kernels, `ops::optim`: each step applies `update` to one
 //! parameter with its gradient and state buffers, with the step's scalars from `OptimConfig::step_scalars`
 //! (so the hyper-parameters are f32, as the kernels take them); clipping sums squares with
-//! `ops::optim::squared_sum` and scales with `clip_scale`; the rates come from `LrSchedule::rate`.
+//! `ops::optim::add_squares` and scales with `clip_scale`; the rates come from `LrSchedule::rate`.
 //!
 //! As PyTorch: a parameter without a gradient is skipped (its state and step count stay), momentum's
 //! velocity starts at the first gradient (μ·0 + g), and Adam's bias corrections count the steps that
@@ -16,7 +16,7 @@
 use super::error::{Error, Result};
 use super::tensor::{Tensor, lock};
 use crate::cpu::Real;
-use crate::ops::optim::{OptimConfig, clip_scale, squared_sum, update};
+use crate::ops::optim::{OptimConfig, add_squares, clip_scale, update};
 
 pub use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimKind};
 
@@ -288,9 +288,8 @@ pub fn clip_grad_norm<F: Real>(parameters: &[Tensor<F>], max_norm: F) -> Result<
             format!("max_norm must be a positive finite number, got {}", max_norm.to_f64().unwrap_or(f64::NAN));
         return Err(Error::value("clip_grad_norm", problem));
     }
-    let guards: Vec<_> = parameters.iter().map(|p| lock(&p.0.grad)).collect();
-    let squares = squared_sum(guards.iter().filter_map(|g| g.as_ref()).map(|g| g.host()));
-    drop(guards);
+    let squares =
+        parameters.iter().fold(0.0, |sum, p| lock(&p.0.grad).as_ref().map_or(sum, |g| add_squares(sum, g.host())));
     let norm = F::from(squares.sqrt()).unwrap_or_else(F::nan);
     let scale = clip_scale(norm, max_norm);
     if scale != F::one() {

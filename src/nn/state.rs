@@ -54,8 +54,9 @@ pub fn read_state_dict<F: Real>(path: impl AsRef<Path>) -> Result<StateDict<F>> 
             let problem = format!("holds {name} as {:?}; a state dict is read from F32 tensors only", view.dtype());
             return Err(Error::file(op, path, problem));
         }
-        let values = view.data().chunks_exact(4).map(|b| F::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-        let values = values.map(|v| v.unwrap_or_else(F::nan)).collect();
+        let values = crate::tensorfile::read_f32(&tensors, &name, view.shape())
+            .map_err(|e| Error::file(op, path, format!("is not a safetensors file ({e:#})")))?;
+        let values = values.into_iter().map(|v| F::from(v).unwrap_or_else(F::nan)).collect();
         state.push((name, Tensor::from_vec(values, view.shape())?));
     }
     Ok(state)

@@ -250,14 +250,14 @@ pub struct StepScalars {
 
 /// ‖g‖₂, accumulated in f64.
 pub fn global_norm(g: &[f32]) -> f32 {
-    squared_sum([g]).sqrt() as f32
+    add_squares(0.0, g).sqrt() as f32
 }
 
-/// Σ g² over the elements of `parts` in order, as one running f64 sum over their concatenation: the
-/// square of the global norm of a gradient held in several buffers (one per parameter tensor).
-pub fn squared_sum<'a, F: num_traits::Float + 'a>(parts: impl IntoIterator<Item = &'a [F]>) -> f64 {
-    let square = |x: &F| x.to_f64().map_or(f64::NAN, |x| x * x);
-    parts.into_iter().fold(0.0, |sum, part| part.iter().fold(sum, |sum, x| sum + square(x)))
+/// `sum` + Σ x² over `part`, element after element, in f64: carried from one buffer to the next, the
+/// squared global norm of a gradient held in several (one per parameter tensor), summed in the order of
+/// their concatenation.
+pub fn add_squares<F: num_traits::Float>(sum: f64, part: &[F]) -> f64 {
+    part.iter().fold(sum, |sum, x| sum + x.to_f64().map_or(f64::NAN, |x| x * x))
 }
 
 /// The factor that brings a gradient of norm `norm` down to `clip` (1 when it is within, or clip is 0).

@@ -236,7 +236,7 @@ fn a_parameter_without_a_gradient_keeps_its_value_and_its_state() {
     let hypers = vec![Hyper::of(&adam, 1.0, 0.0); 3];
     let joins = |k: usize, i: usize| match i {
         1 => k >= 2,
-        2 => k % 2 == 0,
+        2 => k.is_multiple_of(2),
         _ => true,
     };
     follow(&mut optimizer, &params, &hypers, 5, joins);
@@ -351,6 +351,9 @@ fn clipping_scales_every_gradient_by_the_global_norm() {
     assert_eq!(clip_grad_norm(&params, 6.5).unwrap(), 13.0);
     assert_eq!((a.grad().unwrap().to_vec(), b.grad().unwrap().to_vec()), (vec![1.5, 0.0, -2.0], vec![6.0, 0.0]));
 
+    // A tensor listed twice counts twice, as in PyTorch (and holds no lock across the other's).
+    assert_eq!(clip_grad_norm(&[b.clone(), b.clone()], 100.0).unwrap(), 72f64.sqrt() as f32);
+
     // Random gradients: the norm is the twin's global_norm over their concatenation, to the bit, and the
     // clipped gradients are each scaled by max_norm / norm.
     let mut rng = SeededRng::seed_from_u64(7);
@@ -434,7 +437,10 @@ fn each_bad_setting_is_one_line() {
     fails_with(adam.set_lr(f32::INFINITY), "adam: the learning rate must be a finite number ≥ 0, got inf");
     assert_eq!(adam.lr(), 1e-3, "a refused rate leaves the old one");
     adam.set_lr(0.0).unwrap();
-    fails_with(clip_grad_norm(&[a.clone()], 0.0), "clip_grad_norm: max_norm must be a positive finite number, got 0");
+    fails_with(
+        clip_grad_norm(std::slice::from_ref(&a), 0.0),
+        "clip_grad_norm: max_norm must be a positive finite number, got 0",
+    );
     fails_with(clip_grad_norm(&[a], f32::NAN), "clip_grad_norm: max_norm must be a positive finite number, got NaN");
 
     let schedule = |kind, warmup, min_lr| LrSchedule { kind, warmup, min_lr };

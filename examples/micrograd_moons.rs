@@ -14,7 +14,7 @@ use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use textnet::cpu::{Real, SeededRng};
-use textnet::nn::{Linear, Module, Sgd, Tensor};
+use textnet::nn::{Linear, Module, Optimizer, Tensor, prefixed};
 
 const POINTS: usize = 100;
 const NOISE: f64 = 0.1;
@@ -76,9 +76,7 @@ impl<F: Real> Module<F> for Mlp<F> {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor<F>)> {
-        let named = |(i, layer): (usize, &Linear<F>)| {
-            layer.named_parameters().into_iter().map(move |(name, p)| (format!("layers.{i}.{name}"), p))
-        };
+        let named = |(i, layer): (usize, &Linear<F>)| prefixed(&format!("layers.{i}"), layer.named_parameters());
         self.layers.iter().enumerate().flat_map(named).collect()
     }
 }
@@ -99,7 +97,7 @@ fn train<F: Real>(points: &[[f64; 2]], labels: &[f64], start: &[LayerStart]) -> 
     let model = Mlp { layers };
     let x = Tensor::from_vec(cast(&points.concat()), &[points.len(), 2])?;
     let y = Tensor::from_vec(cast(labels), &[labels.len(), 1])?;
-    let mut sgd = Sgd::new(model.parameters(), 1.0)?;
+    let mut sgd = Optimizer::sgd(model.parameters(), 1.0)?;
     let mut curve = Vec::with_capacity(STEPS);
     for k in 0..STEPS {
         let scores = model.forward(&x)?;

@@ -4,7 +4,7 @@
 //! time an op takes once the GPU has finished them all. Median of `--repeats`, after one warm-up round.
 
 use super::cuda::Device;
-use super::{Linear, Module, Sgd, Tensor, no_grad};
+use super::{Linear, Module, Optimizer, Tensor, no_grad};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::pipeline::{Bench, BenchOptions};
@@ -97,7 +97,7 @@ fn run(gpu: &Arc<Gpu>, options: &BenchOptions, matches: &clap::ArgMatches) -> Re
     }
     let x = Tensor::from_vec(values(64 * 784), &[64, 784])?.to_device(&device)?;
     let targets: Vec<i64> = (0..64).map(|i| i % 10).collect();
-    let mut sgd = Sgd::new(parameters, 0.01)?;
+    let mut sgd = Optimizer::sgd(parameters, 0.01)?;
     let steps = (ops / 20).max(1);
     let (host_us, wall_us) = time(&device, options.repeats, steps, || {
         for _ in 0..steps {

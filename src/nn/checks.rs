@@ -8,7 +8,7 @@
 //! - repeat: the device run twice gives the same bits.
 
 use super::cuda::Device;
-use super::{Linear, Module, Result, Sgd, Tensor, linear};
+use super::{Linear, Module, Optimizer, Result, Tensor, linear};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
@@ -216,7 +216,7 @@ fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::R
         None => x,
     };
     let parameters: Vec<Tensor> = first.parameters().into_iter().chain(second.parameters()).collect();
-    let mut sgd = Sgd::new(parameters.clone(), 0.1)?;
+    let mut sgd = Optimizer::sgd(parameters.clone(), 0.1)?;
     let mut losses = Vec::new();
     for _ in 0..steps {
         sgd.zero_grad();

@@ -2,6 +2,7 @@
 //! so that a caller (the Python binding, a trainer) can choose its reaction by kind, not by the text.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// What `nn` returns: a tensor, a value, or the one error that stopped the op.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -53,6 +54,15 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A file the op cannot read or write, or that is not what it reads (a state dict's safetensors).
+    File {
+        /// The op, e.g. "load_state_dict".
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, a phrase that follows the path, e.g. "is not a safetensors file (header too small)".
+        problem: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -63,6 +73,7 @@ impl fmt::Display for Error {
             Error::Value { op, problem } | Error::Graph { op, problem } | Error::Device { op, problem } => {
                 write!(f, "{op}: {problem}")
             }
+            Error::File { op, path, problem } => write!(f, "{op}: {} {problem}", path.display()),
         }
     }
 }
@@ -88,6 +99,11 @@ impl Error {
     /// A device failure or refusal in `op`.
     pub(crate) fn device(op: &'static str, problem: impl Into<String>) -> Error {
         Error::Device { op, problem: problem.into() }
+    }
+
+    /// A file `op` cannot read or write.
+    pub(crate) fn file(op: &'static str, path: &Path, problem: impl Into<String>) -> Error {
+        Error::File { op, path: path.to_path_buf(), problem: problem.into() }
     }
 
     /// A graph `op` cannot walk.

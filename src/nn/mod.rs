@@ -20,7 +20,9 @@
 //! | `embedding` | `embedding`: rows of a table by id |
 //! | `dropout` | `dropout`, its mask the kernels' hash |
 //! | `attention` | `scaled_dot_product_attention`, causal or not |
-//! | `modules`, `optim` | `Module` and its layers (one file each under `modules/`); `Sgd` |
+//! | `modules` | `Module` and its layers (one file each under `modules/`); `Sequential`, `ModuleList` |
+//! | `optim` | `Optimizer` (SGD, momentum, Adam, AdamW) over parameter groups, `Scheduler`, `clip_grad_norm` |
+//! | `state` | `state_dict`, saved to and loaded from safetensors |
 //!
 //! The math of each op is the CPU twin's in `ops` (activations, losses, layernorm, dropout, attention, the
 //! optimizer's update) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
@@ -54,6 +56,7 @@ mod norm;
 pub mod optim;
 mod reduce;
 mod shape;
+mod state;
 mod tensor;
 
 pub use attention::scaled_dot_product_attention;
@@ -64,6 +67,8 @@ pub use error::{Error, Result};
 pub use matmul::linear;
 pub use modules::{Dropout, Embedding, LayerNorm};
 pub use modules::{Linear, Module};
+pub use modules::{ModuleList, Sequential, prefixed};
 pub use norm::layer_norm;
-pub use optim::Sgd;
+pub use optim::{Optimizer, ParamGroup, Scheduler, clip_grad_norm, decay_groups};
+pub use state::{StateDict, load_state_dict, load_state_dict_file, read_state_dict, save_state_dict, state_dict};
 pub use tensor::{NoGradGuard, Storage, Tensor, is_grad_enabled, no_grad};

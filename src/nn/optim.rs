@@ -1,62 +1,254 @@
-//! Optimizers over a list of parameter tensors. Each update is `ops::optim::update`, the rule the fused
-//! update kernels implement, applied to each parameter with its accumulated gradient.
+//! Optimizers over parameter tensors, as `torch.optim`'s: SGD, SGD with momentum, Adam and AdamW in one
+//! [`Optimizer`] that keeps each parameter's state (momentum's velocity, Adam's moments and step count),
+//! parameter groups with their own weight decay and rate ([`ParamGroup`], [`decay_groups`] as nanoGPT's
+//! `configure_optimizers`), the rate of each step from a schedule ([`Scheduler`]) and global-norm
+//! clipping ([`clip_grad_norm`]).
+//!
+//! The math is the CPU twin of the fused update kernels, `ops::optim`: each step applies `update` to one
+//! parameter with its gradient and state buffers, with the step's scalars from `OptimConfig::step_scalars`
+//! (so the hyper-parameters are f32, as the kernels take them); clipping sums squares with
+//! `ops::optim::add_squares` and scales with `clip_scale`; the rates come from `LrSchedule::rate`.
+//!
+//! As PyTorch: a parameter without a gradient is skipped (its state and step count stay), momentum's
+//! velocity starts at the first gradient (μ·0 + g), and Adam's bias corrections count the steps that
+//! parameter took. Momentum has neither dampening nor Nesterov's variant, Adam no AMSGrad.
 
-use super::cuda;
+use super::cuda::{self, DeviceBuffer};
 use super::error::{Error, Result};
-use super::tensor::{Storage, Tensor};
+use super::tensor::{Storage, Tensor, lock};
 use crate::cpu::Real;
-use crate::ops::optim::{OptimConfig, OptimKind, update};
+use crate::ops::optim::{OptimConfig, add_squares, clip_scale, update};
 
-/// Stochastic gradient descent: θ ← θ − lr·(g + wd·θ) for every parameter that has a gradient.
-pub struct Sgd<F: Real = f32> {
-    parameters: Vec<Tensor<F>>,
-    config: OptimConfig,
-    steps: u64,
+pub use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimKind};
+
+/// Parameters that share a weight decay and a rate (PyTorch's param group).
+#[derive(Clone, Debug)]
+pub struct ParamGroup<F: Real = f32> {
+    /// The tensors to train.
+    pub parameters: Vec<Tensor<F>>,
+    /// Weight decay (L2; decoupled for AdamW); None takes the optimizer's.
+    pub weight_decay: Option<f32>,
+    /// Factor on the optimizer's learning rate for this group.
+    pub lr_scale: f32,
 }
 
-impl<F: Real> Sgd<F> {
-    /// SGD at rate `lr` over `parameters`, without weight decay.
-    pub fn new(parameters: Vec<Tensor<F>>, lr: f32) -> Result<Self> {
-        let mut sgd = Sgd { parameters, config: OptimConfig::new(OptimKind::Sgd), steps: 0 };
-        sgd.set_lr(lr)?;
-        Ok(sgd)
+impl<F: Real> ParamGroup<F> {
+    /// `parameters` at the optimizer's weight decay and rate.
+    pub fn new(parameters: Vec<Tensor<F>>) -> Self {
+        ParamGroup { parameters, weight_decay: None, lr_scale: 1.0 }
     }
 
-    /// Adds L2 weight decay `weight_decay` (≥ 0) to every gradient.
-    pub fn with_weight_decay(mut self, weight_decay: f32) -> Result<Self> {
-        if !(weight_decay.is_finite() && weight_decay >= 0.0) {
-            return Err(Error::value("sgd", format!("weight decay must be a finite number ≥ 0, got {weight_decay}")));
+    /// The same group with its own weight decay.
+    pub fn with_weight_decay(self, weight_decay: f32) -> Self {
+        ParamGroup { weight_decay: Some(weight_decay), ..self }
+    }
+
+    /// The same group at `lr_scale` times the optimizer's rate.
+    pub fn with_lr_scale(self, lr_scale: f32) -> Self {
+        ParamGroup { lr_scale, ..self }
+    }
+}
+
+/// nanoGPT's two groups: the parameters of rank ≥ 2 (matrices, embeddings) decayed by `weight_decay`,
+/// then the rest (biases, LayerNorm's gains) not decayed. Parameters that require no gradient are left
+/// out, and a tensor named twice (tied weights) joins once, under its first name.
+pub fn decay_groups<F: Real>(
+    named_parameters: impl IntoIterator<Item = (String, Tensor<F>)>,
+    weight_decay: f32,
+) -> Vec<ParamGroup<F>> {
+    let mut groups = vec![
+        ParamGroup::new(Vec::new()).with_weight_decay(weight_decay),
+        ParamGroup::new(Vec::new()).with_weight_decay(0.0),
+    ];
+    let mut seen: Vec<Tensor<F>> = Vec::new();
+    for (_, parameter) in named_parameters {
+        if !parameter.requires_grad() || seen.iter().any(|p| p.same(&parameter)) {
+            continue;
         }
-        self.config.weight_decay = weight_decay;
+        seen.push(parameter.clone());
+        groups[usize::from(parameter.rank() < 2)].parameters.push(parameter);
+    }
+    groups
+}
+
+/// What the optimizer keeps for one parameter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParamState<F> {
+    /// Steps this parameter took (those where it had a gradient).
+    pub steps: u64,
+    /// Momentum's velocity or Adam's first moment (empty for SGD, and before the first step).
+    pub m: Vec<F>,
+    /// Adam's second moment (empty for SGD and momentum, and before the first step).
+    pub v: Vec<F>,
+    /// `m` and `v` of a parameter on a GPU, which live there instead.
+    device_moments: (Option<DeviceBuffer>, Option<DeviceBuffer>),
+}
+
+#[derive(Debug)]
+struct Group<F: Real> {
+    parameters: Vec<Tensor<F>>,
+    weight_decay: f32,
+    lr_scale: f32,
+    states: Vec<ParamState<F>>,
+}
+
+/// SGD, momentum, Adam or AdamW (`OptimConfig::kind`) over groups of parameters.
+#[derive(Debug)]
+pub struct Optimizer<F: Real = f32> {
+    config: OptimConfig,
+    groups: Vec<Group<F>>,
+}
+
+impl<F: Real> Optimizer<F> {
+    /// The optimizer `config` asks for (its `weight_decay` is the default of groups that give none; its
+    /// `clip_norm`, when not 0, clips the global norm of all gradients before each step) over `groups`.
+    /// An error names the first hyper-parameter out of range or a tensor listed twice.
+    pub fn new(config: OptimConfig, groups: Vec<ParamGroup<F>>) -> Result<Self> {
+        validate(&config)?;
+        let op = config.kind.name();
+        let listed: Vec<(usize, usize, &Tensor<F>)> = (groups.iter().enumerate())
+            .flat_map(|(g, group)| group.parameters.iter().enumerate().map(move |(i, p)| (g, i, p)))
+            .collect();
+        for (k, &(g, i, parameter)) in listed.iter().enumerate() {
+            if let Some((h, j, _)) = listed[..k].iter().find(|(_, _, earlier)| earlier.same(parameter)) {
+                let problem = format!("parameter {i} of group {g} is parameter {j} of group {h} again: list each once");
+                return Err(Error::value(op, problem));
+            }
+        }
+        let mut mine: Vec<Group<F>> = Vec::with_capacity(groups.len());
+        for (g, group) in groups.into_iter().enumerate() {
+            let weight_decay = group.weight_decay.unwrap_or(config.weight_decay);
+            Range::NonNegative.check(op, &format!("the weight decay of group {g}"), weight_decay)?;
+            Range::NonNegative.check(op, &format!("the lr scale of group {g}"), group.lr_scale)?;
+            let states = vec![ParamState::default(); group.parameters.len()];
+            mine.push(Group { parameters: group.parameters, weight_decay, lr_scale: group.lr_scale, states });
+        }
+        Ok(Optimizer { config, groups: mine })
+    }
+
+    /// One group of `parameters` under `kind`'s defaults at rate `lr` (β 0.9 and 0.999, ε 1e-8, no
+    /// weight decay).
+    fn single(kind: OptimKind, parameters: Vec<Tensor<F>>, lr: f32) -> Result<Self> {
+        Self::new(OptimConfig { lr, ..OptimConfig::new(kind) }, vec![ParamGroup::new(parameters)])
+    }
+
+    /// Plain SGD at rate `lr` (`torch.optim.SGD(params, lr)`).
+    pub fn sgd(parameters: Vec<Tensor<F>>, lr: f32) -> Result<Self> {
+        Self::single(OptimKind::Sgd, parameters, lr)
+    }
+
+    /// SGD with momentum μ (`torch.optim.SGD(params, lr, momentum)`).
+    pub fn momentum(parameters: Vec<Tensor<F>>, lr: f32, momentum: f32) -> Result<Self> {
+        let optimizer = Self::single(OptimKind::Momentum, parameters, lr)?;
+        optimizer.with(|c| c.momentum = momentum)
+    }
+
+    /// Adam (`torch.optim.Adam(params, lr)`).
+    pub fn adam(parameters: Vec<Tensor<F>>, lr: f32) -> Result<Self> {
+        Self::single(OptimKind::Adam, parameters, lr)
+    }
+
+    /// AdamW with decoupled weight decay (`torch.optim.AdamW(params, lr, weight_decay=…)`).
+    pub fn adamw(parameters: Vec<Tensor<F>>, lr: f32, weight_decay: f32) -> Result<Self> {
+        Self::single(OptimKind::AdamW, parameters, lr)?.with_weight_decay(weight_decay)
+    }
+
+    /// The same optimizer after `change` to its configuration, checked.
+    fn with(mut self, change: impl FnOnce(&mut OptimConfig)) -> Result<Self> {
+        change(&mut self.config);
+        validate(&self.config)?;
         Ok(self)
     }
 
-    /// The rate of the next steps (a schedule sets it before each step).
-    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
-        if !(lr.is_finite() && lr > 0.0) {
-            return Err(Error::value("sgd", format!("the learning rate must be a positive finite number, got {lr}")));
-        }
-        self.config.lr = lr;
-        Ok(())
+    /// The same optimizer with weight decay `weight_decay` in every group.
+    pub fn with_weight_decay(mut self, weight_decay: f32) -> Result<Self> {
+        self.groups.iter_mut().for_each(|g| g.weight_decay = weight_decay);
+        self.with(|c| c.weight_decay = weight_decay)
     }
 
-    /// The rate of the next step.
+    /// The same optimizer with Adam's β1 and β2.
+    pub fn with_betas(self, beta1: f32, beta2: f32) -> Result<Self> {
+        self.with(|c| (c.beta1, c.beta2) = (beta1, beta2))
+    }
+
+    /// The same optimizer with Adam's ε.
+    pub fn with_eps(self, eps: f32) -> Result<Self> {
+        self.with(|c| c.eps = eps)
+    }
+
+    /// The update rule.
+    pub fn kind(&self) -> OptimKind {
+        self.config.kind
+    }
+
+    /// The learning rate of the next steps (each group's is this times its lr scale).
     pub fn lr(&self) -> f32 {
         self.config.lr
     }
 
-    /// Updates every parameter that has a gradient (the others are left as they are, as PyTorch does).
+    /// Sets the learning rate of the next steps (a schedule sets it before each step; see [`Scheduler`]).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        Range::NonNegative.check(self.config.kind.name(), "the learning rate", lr)?;
+        self.config.lr = lr;
+        Ok(())
+    }
+
+    /// The number of parameter groups.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// The state of parameter `index` of group `group` (None when there is no such parameter).
+    pub fn state(&self, group: usize, index: usize) -> Option<&ParamState<F>> {
+        self.groups.get(group)?.states.get(index)
+    }
+
+    /// Every parameter, group after group.
+    pub fn parameters(&self) -> impl Iterator<Item = &Tensor<F>> {
+        self.groups.iter().flat_map(|g| &g.parameters)
+    }
+
+    /// Updates every parameter that has a gradient, in place (the others are left as they are, state
+    /// included). With a clip norm in the configuration the gradients are clipped first, in place.
     pub fn step(&mut self) -> Result<()> {
-        self.steps += 1;
-        let scalars = self.config.step_scalars(self.steps, 0.0);
-        for parameter in &self.parameters {
-            let Some(grad) = parameter.grad() else { continue };
-            match &*grad.storage() {
-                Storage::Host(grad) => parameter
-                    .update_in_place(|theta| update(OptimKind::Sgd, &scalars, theta, grad, &mut [], &mut []))?,
-                Storage::Device(grad) => parameter.replace_on_device("sgd", |theta| {
-                    cuda::ops::update(theta.device(), OptimKind::Sgd, &scalars, theta, grad, (None, None))
-                })?,
+        if self.config.clip_norm > 0.0 {
+            let parameters: Vec<Tensor<F>> = self.parameters().cloned().collect();
+            let max_norm = F::from(self.config.clip_norm).unwrap_or_else(F::infinity);
+            clip_grad_norm(&parameters, max_norm)?;
+        }
+        let kind = self.config.kind;
+        for group in &mut self.groups {
+            let config =
+                OptimConfig { lr: self.config.lr * group.lr_scale, weight_decay: group.weight_decay, ..self.config };
+            for (parameter, state) in group.parameters.iter().zip(&mut group.states) {
+                let grad = lock(&parameter.0.grad);
+                let Some(grad) = grad.as_ref() else { continue };
+                let (m, v) = kind.buffer_lens(grad.len());
+                match grad {
+                    Storage::Host(grad) => {
+                        if state.steps == 0 {
+                            (state.m, state.v) = (vec![F::zero(); m], vec![F::zero(); v]);
+                        }
+                        state.steps += 1;
+                        let scalars = config.step_scalars(state.steps, 0.0);
+                        let (m, v) = (&mut state.m, &mut state.v);
+                        parameter.update_in_place(|theta| update(kind, &scalars, theta, grad, m, v))?;
+                    }
+                    Storage::Device(grad) => {
+                        let device = grad.device();
+                        if state.steps == 0 {
+                            let zeros =
+                                |n: usize| (n > 0).then(|| device.upload("optimizer step", &vec![0.0; n])).transpose();
+                            state.device_moments = (zeros(m)?, zeros(v)?);
+                        }
+                        state.steps += 1;
+                        let scalars = config.step_scalars(state.steps, 0.0);
+                        let moments = (state.device_moments.0.as_ref(), state.device_moments.1.as_ref());
+                        parameter.update_on_device("optimizer step", |theta| {
+                            cuda::ops::update(device, kind, &scalars, theta, grad, moments)
+                        })?;
+                    }
+                }
             }
         }
         Ok(())
@@ -64,6 +256,134 @@ impl<F: Real> Sgd<F> {
 
     /// Forgets every parameter's gradient.
     pub fn zero_grad(&self) {
-        self.parameters.iter().for_each(Tensor::zero_grad);
+        self.parameters().for_each(Tensor::zero_grad);
+    }
+}
+
+/// Ok when the configuration's hyper-parameters are in range (PyTorch's ranges: a rate may be 0).
+fn validate(c: &OptimConfig) -> Result<()> {
+    let op = c.kind.name();
+    Range::NonNegative.check(op, "the learning rate", c.lr)?;
+    Range::NonNegative.check(op, "the weight decay", c.weight_decay)?;
+    Range::NonNegative.check(op, "the clip norm", c.clip_norm)?;
+    match c.kind {
+        OptimKind::Sgd => Ok(()),
+        OptimKind::Momentum => Range::Fraction.check(op, "the momentum", c.momentum),
+        OptimKind::Adam | OptimKind::AdamW => {
+            Range::Fraction.check(op, "β1", c.beta1)?;
+            Range::Fraction.check(op, "β2", c.beta2)?;
+            Range::Positive.check(op, "ε", c.eps)
+        }
+    }
+}
+
+/// Where a hyper-parameter must lie.
+#[derive(Clone, Copy)]
+enum Range {
+    /// Finite and ≥ 0 (rates, weight decay, scales).
+    NonNegative,
+    /// Finite and > 0 (Adam's ε).
+    Positive,
+    /// In [0, 1) (momentum, Adam's β).
+    Fraction,
+}
+
+impl Range {
+    /// Ok when `value` lies in the range, otherwise `op: WHAT must be RANGE, got VALUE`.
+    fn check(self, op: &'static str, what: &str, value: f32) -> Result<()> {
+        let (holds, range) = match self {
+            Range::NonNegative => (value.is_finite() && value >= 0.0, "a finite number ≥ 0"),
+            Range::Positive => (value.is_finite() && value > 0.0, "a finite number > 0"),
+            Range::Fraction => ((0.0..1.0).contains(&value), "in [0, 1)"),
+        };
+        if holds { Ok(()) } else { Err(Error::value(op, format!("{what} must be {range}, got {value}"))) }
+    }
+}
+
+/// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`
+/// (`torch.nn.utils.clip_grad_norm_`, with the fused kernels' factor `max_norm / norm` when the norm is
+/// above it) and returns the norm before clipping. The squares are summed in f64, parameter after
+/// parameter in the given order; parameters without a gradient are skipped.
+pub fn clip_grad_norm<F: Real>(parameters: &[Tensor<F>], max_norm: F) -> Result<F> {
+    if !(max_norm.is_finite() && max_norm > F::zero()) {
+        let problem =
+            format!("max_norm must be a positive finite number, got {}", max_norm.to_f64().unwrap_or(f64::NAN));
+        return Err(Error::value("clip_grad_norm", problem));
+    }
+    let mut squares = 0.0;
+    for parameter in parameters {
+        squares = match lock(&parameter.0.grad).as_ref() {
+            None => squares,
+            Some(Storage::Host(g)) => add_squares(squares, g),
+            // A device gradient is read back: clipping on the device, inside a captured step, is to come.
+            Some(Storage::Device(g)) => add_squares(squares, &cuda::from_f32::<F>(g.to_host("clip_grad_norm")?)),
+        };
+    }
+    let norm = F::from(squares.sqrt()).unwrap_or_else(F::nan);
+    let scale = clip_scale(norm, max_norm);
+    if scale != F::one() {
+        for parameter in parameters {
+            let mut grad = lock(&parameter.0.grad);
+            match grad.as_mut() {
+                None => {}
+                Some(Storage::Host(g)) => g.iter_mut().for_each(|g| *g = scale * *g),
+                Some(Storage::Device(g)) => {
+                    let factor = scale.to_f32().unwrap_or(f32::NAN);
+                    *g = cuda::ops::scaled(g, factor)?;
+                }
+            }
+        }
+    }
+    Ok(norm)
+}
+
+/// The learning rate of each step of a run: a base rate through an `LrSchedule` (linear warm-up, then
+/// constant, cosine down to a floor, or ×0.1 steps), as the training commands' `--lr-schedule`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scheduler {
+    lr: f32,
+    schedule: LrSchedule,
+    total: usize,
+}
+
+impl Scheduler {
+    /// The rates of a run of `total` steps at base rate `lr` under `schedule`.
+    pub fn new(lr: f32, schedule: LrSchedule, total: usize) -> Result<Self> {
+        let op = "Scheduler";
+        Range::NonNegative.check(op, "the learning rate", lr)?;
+        Range::NonNegative.check(op, "min_lr", schedule.min_lr)?;
+        if schedule.min_lr > lr {
+            return Err(Error::value(op, format!("min_lr {} is above the learning rate {lr}", schedule.min_lr)));
+        }
+        if schedule.min_lr > 0.0 && schedule.kind != LrScheduleKind::Cosine {
+            let problem = format!("min_lr applies to the cosine schedule only (this one is {})", schedule.kind.name());
+            return Err(Error::value(op, problem));
+        }
+        if total == 0 {
+            return Err(Error::value(op, "a run of 0 steps has no rates"));
+        }
+        if schedule.warmup > 0 && schedule.warmup >= total {
+            let problem = format!("{} warm-up steps leave none of the run's {total} to the schedule", schedule.warmup);
+            return Err(Error::value(op, problem));
+        }
+        Ok(Scheduler { lr, schedule, total })
+    }
+
+    /// Linear warm-up over `warmup` steps, then half a cosine from `lr` down to `min_lr` at the end of
+    /// `total` steps (nanoGPT's `get_lr`).
+    pub fn cosine(lr: f32, warmup: usize, min_lr: f32, total: usize) -> Result<Self> {
+        Self::new(lr, LrSchedule { kind: LrScheduleKind::Cosine, warmup, min_lr }, total)
+    }
+
+    /// The rate of step `step` (from 0; a step past the run gets the rate at its end).
+    pub fn rate(&self, step: usize) -> f32 {
+        self.schedule.rate(self.lr, step, self.total)
+    }
+
+    /// Sets `optimizer`'s rate to that of step `step`, and returns it.
+    pub fn apply<F: Real>(&self, optimizer: &mut Optimizer<F>, step: usize) -> Result<f32> {
+        let rate = self.rate(step);
+        optimizer.set_lr(rate)?;
+        Ok(rate)
     }
 }

@@ -310,19 +310,25 @@ impl<F: Real> Tensor<F> {
         Ok(())
     }
 
-    /// Replaces the elements of a device tensor in place: `change` gets the current buffer and returns the
-    /// new one (a kernel's output), which replaces it for every handle; a backward recorded before keeps
-    /// the old buffer.
-    pub(crate) fn replace_on_device(
+    /// Changes the elements of a device tensor in place through `change`, which launches kernels that
+    /// write the buffer it is given: this tensor's own when nothing else holds it (a captured step's
+    /// parameters keep their addresses), else a copy that then replaces it for every handle (a backward
+    /// recorded before keeps the old values, as on the host).
+    pub(crate) fn update_on_device(
         &self,
         op: &'static str,
-        change: impl FnOnce(&DeviceBuffer) -> Result<DeviceBuffer>,
+        change: impl FnOnce(&DeviceBuffer) -> Result<()>,
     ) -> Result<()> {
         let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Storage::Device(buffer) = &**storage else {
             return Err(Error::device(op, "the tensor is not on a GPU"));
         };
-        *storage = Arc::new(Storage::Device(change(buffer)?));
+        if Arc::strong_count(&storage) == 1 && buffer.is_unshared() {
+            return change(buffer);
+        }
+        let copy = buffer.duplicate(op)?;
+        change(&copy)?;
+        *storage = Arc::new(Storage::Device(copy));
         Ok(())
     }
 

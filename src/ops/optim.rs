@@ -54,6 +54,16 @@ impl OptimKind {
         }
     }
 
+    /// The lengths of its state buffers `m` and `v` (see `update`) over `len` parameters: 0 for a buffer
+    /// it does not use.
+    pub fn buffer_lens(self, len: usize) -> (usize, usize) {
+        match self {
+            OptimKind::Sgd => (0, 0),
+            OptimKind::Momentum => (len, 0),
+            OptimKind::Adam | OptimKind::AdamW => (len, len),
+        }
+    }
+
     /// The learning rate used when none is given. With μ 0.9 a steady gradient moves momentum's
     /// parameters lr / (1 − μ) per step, so 0.05 there is a bolder step than SGD's 0.1; on (Fashion-)MNIST
     /// it trains faster and stays stable.
@@ -240,12 +250,19 @@ pub struct StepScalars {
 
 /// ‖g‖₂, accumulated in f64.
 pub fn global_norm(g: &[f32]) -> f32 {
-    g.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32
+    add_squares(0.0, g).sqrt() as f32
+}
+
+/// `sum` + Σ x² over `part`, element after element, in f64: carried from one buffer to the next, the
+/// squared global norm of a gradient held in several (one per parameter tensor), summed in the order of
+/// their concatenation.
+pub fn add_squares<F: num_traits::Float>(sum: f64, part: &[F]) -> f64 {
+    part.iter().fold(sum, |sum, x| sum + x.to_f64().map_or(f64::NAN, |x| x * x))
 }
 
 /// The factor that brings a gradient of norm `norm` down to `clip` (1 when it is within, or clip is 0).
-pub fn clip_scale(norm: f32, clip: f32) -> f32 {
-    if clip > 0.0 && norm > clip { clip / norm } else { 1.0 }
+pub fn clip_scale<F: num_traits::Float>(norm: F, clip: F) -> F {
+    if clip > F::zero() && norm > clip { clip / norm } else { F::one() }
 }
 
 /// One update of every element: `params`, `m` and `v` in place from `grads`. `m` is the momentum
@@ -315,11 +332,7 @@ pub struct Optimizer {
 impl Optimizer {
     /// Zeroed state for `len` parameters; only the buffers `config.kind` uses are allocated.
     pub fn new(config: OptimConfig, len: usize) -> Optimizer {
-        let (m, v) = match config.kind {
-            OptimKind::Sgd => (0, 0),
-            OptimKind::Momentum => (len, 0),
-            OptimKind::Adam | OptimKind::AdamW => (len, len),
-        };
+        let (m, v) = config.kind.buffer_lens(len);
         Optimizer { config, step: 0, m: vec![0.0; m], v: vec![0.0; v] }
     }
 

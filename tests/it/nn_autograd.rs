@@ -2,7 +2,7 @@
 //! every input element, over seeded random shapes with odd sizes and broadcast axes ([3, 1] with [1, 4],
 //! a scalar, a trailing axis); then what the graph promises (gradients accumulate over backward calls,
 //! `no_grad` records nothing, `detach` cuts the graph, a freed graph refuses a second backward, the same
-//! run repeats to the bit), each bad input's one-line error, `Linear`'s init and `Sgd`'s step.
+//! run repeats to the bit), each bad input's one-line error and `Linear`'s init (the optimizers: `nn_optim`).
 //!
 //! Each op's check is the loss L = Σ c ⊙ op(inputs) for fixed random c (the op's output gradient, given to
 //! `backward_with`), so every output element weighs in with its own factor.
@@ -11,7 +11,7 @@ use crate::common::gradcheck::{Op, TOLERANCE, check, gradients, input, values};
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
-use textnet::nn::{self, Linear, Module, Sgd, Tensor, linear, no_grad};
+use textnet::nn::{self, Linear, Module, Tensor, linear, no_grad};
 
 /// Pairs of shapes that broadcast: equal, [3, 1] with [1, 4], a scalar, a trailing axis, missing leading
 /// axes, and seeded random odd sizes with random axes of size 1.
@@ -408,10 +408,6 @@ fn each_bad_input_is_one_line_naming_the_op_and_shapes() {
         p(&[2]).relu().unwrap().set_requires_grad(false),
         "set_requires_grad: the result of relu follows its inputs; detach it first",
     );
-    fails_with(
-        Sgd::new(vec![p(&[1])], 0.0).map(|_| ()),
-        "sgd: the learning rate must be a positive finite number, got 0",
-    );
 }
 
 #[test]
@@ -427,22 +423,4 @@ fn linear_is_initialised_as_pytorchs_and_seeded() {
     let bound = 1.0 / 3.0;
     assert!(a.parameters().iter().flat_map(|p| p.to_vec()).all(|v| v.abs() <= bound));
     assert!(a.parameters().iter().all(|p| p.requires_grad() && p.is_leaf()));
-}
-
-#[test]
-fn sgd_steps_against_the_gradient() {
-    let p = Tensor::parameter(vec![1.0f32, -2.0], &[2]).unwrap();
-    let idle = Tensor::parameter(vec![5.0f32], &[1]).unwrap();
-    let mut sgd = Sgd::new(vec![p.clone(), idle.clone()], 0.1).unwrap().with_weight_decay(0.5).unwrap();
-    square_sum_f32(&p).backward().unwrap();
-    sgd.step().unwrap();
-    // θ − lr·(2θ + wd·θ) = θ·(1 − 0.1·2.5); the parameter without a gradient stays.
-    assert_eq!(p.to_vec(), [1.0 - 0.1 * (2.0 + 0.5), -2.0 - 0.1 * (-4.0 - 1.0)]);
-    assert_eq!(idle.to_vec(), [5.0]);
-    sgd.zero_grad();
-    assert!(p.grad().is_none());
-}
-
-fn square_sum_f32(p: &Tensor<f32>) -> Tensor<f32> {
-    p.mul(p).unwrap().sum_all().unwrap()
 }

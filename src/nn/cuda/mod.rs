@@ -244,6 +244,11 @@ impl DeviceBuffer {
         self.device.gpu.stream.clone_dtoh(&self.slice().slice(..self.len)).map_err(driver(op))
     }
 
+    /// Whether no other buffer shares these elements (a write to them is seen by this buffer alone).
+    pub(crate) fn is_unshared(&self) -> bool {
+        Arc::strong_count(&self.block) == 1
+    }
+
     /// A copy of the elements in a new buffer on the same device.
     pub(crate) fn duplicate(&self, op: &'static str) -> Result<DeviceBuffer> {
         let mut copy = self.device.alloc(op, self.len)?;

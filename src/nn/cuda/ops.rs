@@ -468,8 +468,19 @@ pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[y, t], Box::new(backward)))
 }
 
-/// θ after one optimizer step (`fused/optim.cuh`'s update, kind OPTIM_* = `OptimKind`'s order) in a new
-/// buffer, so a backward recorded before keeps the old one; the moments `m`, `v` change in place.
+/// `x` times `factor`, in a new buffer (clipped gradients).
+pub(crate) fn scaled(x: &DeviceBuffer, factor: f32) -> Result<DeviceBuffer> {
+    const NAME: &str = "clip_grad_norm";
+    let device = x.device();
+    let out = device.alloc(NAME, x.len())?;
+    let args = [Arg::i32(OP_MUL), Arg::i32(0), device.arg(x), Arg::f32(factor), device.arg(&out)];
+    let args = [&args[..], &[Arg::i32(int(NAME, x.len())?)]].concat();
+    device.launch(NAME, &device.kernels.scalar, device.blocks_for(x.len()), 0, &args)?;
+    Ok(out)
+}
+
+/// One optimizer step of θ in place (`fused/optim.cuh`'s update, kind OPTIM_* = `OptimKind`'s order); the
+/// moments `m`, `v` change in place too.
 pub(crate) fn update(
     device: &Arc<Device>,
     kind: crate::ops::optim::OptimKind,
@@ -477,9 +488,8 @@ pub(crate) fn update(
     theta: &DeviceBuffer,
     grad: &DeviceBuffer,
     moments: (Option<&DeviceBuffer>, Option<&DeviceBuffer>),
-) -> Result<DeviceBuffer> {
+) -> Result<()> {
     const NAME: &str = "optimizer step";
-    let next = theta.duplicate(NAME)?;
     use crate::ops::optim::OptimKind;
     let code = match kind {
         OptimKind::Sgd => 0,
@@ -490,9 +500,8 @@ pub(crate) fn update(
     let floats = [s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.weight_decay, s.grad_scale, s.bias1, s.bias2];
     let mut args = vec![Arg::i32(code)];
     args.extend(floats.map(Arg::f32));
-    args.extend([device.arg(&next), device.arg(grad)]);
+    args.extend([device.arg(theta), device.arg(grad)]);
     args.extend([moments.0.map_or(Arg::Ptr(0), |m| device.arg(m)), moments.1.map_or(Arg::Ptr(0), |v| device.arg(v))]);
     args.push(Arg::i32(int(NAME, theta.len())?));
-    device.launch(NAME, &device.kernels.update, device.blocks_for(theta.len()), 0, &args)?;
-    Ok(next)
+    device.launch(NAME, &device.kernels.update, device.blocks_for(theta.len()), 0, &args)
 }

@@ -8,12 +8,15 @@
 //! | `embedding` | `Embedding` |
 //! | `layer_norm` | `LayerNorm` |
 //! | `dropout` | `Dropout` |
+//! | `container` | `Sequential`, `ModuleList` |
 
+mod container;
 mod dropout;
 mod embedding;
 mod layer_norm;
 mod linear;
 
+pub use container::{ModuleList, Sequential};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use layer_norm::LayerNorm;
@@ -44,4 +47,10 @@ pub trait Module<F: Real = f32> {
     /// Switches training behaviour (dropout draws masks) on or off (`eval`), as PyTorch's `train(mode)`;
     /// a container passes it to its children. Modules that behave the same either way ignore it.
     fn set_training(&self, _training: bool) {}
+}
+
+/// A child's `named_parameters` under the child's name, as a parent module names them: `weight` of the
+/// child `attn` becomes `attn.weight` (a parent of that parent prefixes again: `blocks.0.attn.weight`).
+pub fn prefixed<F: Real>(child: &str, named: Vec<(String, Tensor<F>)>) -> Vec<(String, Tensor<F>)> {
+    named.into_iter().map(|(name, p)| (format!("{child}.{name}"), p)).collect()
 }

@@ -24,7 +24,7 @@
 
 constexpr int OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3;
 constexpr int UNARY_RELU = 0, UNARY_SIGMOID = 1, UNARY_TANH = 2, UNARY_GELU = 3, UNARY_EXP = 4, UNARY_LOG = 5,
-              UNARY_NEG = 6, UNARY_NONE = -1;
+              UNARY_NEG = 6;
 
 __device__ __forceinline__ int grid_index() { return blockIdx.x * THREADS + threadIdx.x; }
 __device__ __forceinline__ int grid_stride() { return gridDim.x * THREADS; }
@@ -273,7 +273,7 @@ nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __res
 }
 
 // y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
-// backward reads it). act: UNARY_* or UNARY_NONE. Grid: (⌈N/64⌉, ⌈R/64⌉).
+// backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/64⌉, ⌈R/64⌉).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
           float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
@@ -290,21 +290,28 @@ nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float*
         smem);
 }
 
-// One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), or 0 and
-// 0 when t == ignore (ignore < 0: none).
+// One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), counted[r]
+// = 1; or 0, 0 and 0 when t == ignore. Targets are class ids held as floats (exact below 2^24), so that a
+// captured step can take them from a tensor; an id outside 0..C gives NaN, never a wrong number.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_cross_entropy(const float* __restrict__ logits, const int* __restrict__ targets, float* __restrict__ loss,
-                 float* __restrict__ d, int rows, int C, int ignore) {
+nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ targets, float* __restrict__ loss,
+                 float* __restrict__ d, float* __restrict__ counted, int rows, int C, float ignore) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const float* x = logits + (size_t)row * C;
     float* g = d + (size_t)row * C;
-    const int t = targets[row];
-    if (t == ignore) {
+    const float id = targets[row];
+    if (id == ignore) {
         for (int j = lane; j < C; j += 32) g[j] = 0.0f;
-        if (lane == 0) loss[row] = 0.0f;
+        if (lane == 0) loss[row] = counted[row] = 0.0f;
         return;
     }
+    if (!(id >= 0.0f && id < (float)C && id == floorf(id))) {
+        for (int j = lane; j < C; j += 32) g[j] = __int_as_float(0x7fc00000);
+        if (lane == 0) loss[row] = __int_as_float(0x7fc00000), counted[row] = 1.0f;
+        return;
+    }
+    const int t = (int)id;
     float m = NEG_INF;
     for (int j = lane; j < C; j += 32) m = fmaxf(m, x[j]);
     m = warp_max(m);
@@ -312,15 +319,33 @@ nn_cross_entropy(const float* __restrict__ logits, const int* __restrict__ targe
     for (int j = lane; j < C; j += 32) sum += expf(x[j] - m);
     sum = warp_sum(sum);
     for (int j = lane; j < C; j += 32) g[j] = expf(x[j] - m) / sum - (j == t ? 1.0f : 0.0f);
-    if (lane == 0) loss[row] = m + logf(sum) - x[t];
+    if (lane == 0) loss[row] = m + logf(sum) - x[t], counted[row] = 1.0f;
 }
 
-// out = saved · scale · upstream[0]: a loss's saved gradient times the gradient that reached the loss.
+// mean[0] = Σ loss / Σ counted over `rows` rows, count[0] = Σ counted: one block, a fixed tree.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream, float scale, float* __restrict__ out,
-            int n) {
-    const float factor = scale * upstream[0];
+nn_mean_counted(const float* __restrict__ loss, const float* __restrict__ counted, float* __restrict__ mean,
+                float* __restrict__ count, int rows) {
+    __shared__ float scratch[WARPS];
+    float s = 0.0f, c = 0.0f;
+    for (int r = threadIdx.x; r < rows; r += THREADS) s += loss[r], c += counted[r];
+    s = block_sum(s, scratch);
+    c = block_sum(c, scratch);
+    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c;
+}
+
+// out = saved · scale · upstream[0] / divisor[0] (divisor null: 1): a loss's saved gradient times the
+// gradient that reached the loss, over the rows it averaged.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream, const float* __restrict__ divisor,
+            float scale, float* __restrict__ out, int n) {
+    const float factor = scale * upstream[0] / (divisor ? divisor[0] : 1.0f);
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = saved[i] * factor;
+}
+
+// out[i] = value: a backward's seed.
+extern "C" __global__ void __launch_bounds__(THREADS) nn_fill(float* __restrict__ out, float value, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride()) out[i] = value;
 }
 
 // y += x: gradients reaching one tensor from several consumers.
@@ -330,11 +355,18 @@ nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
 }
 
 // One optimizer step over a flat parameter vector (optim.cuh); m and v may be null when the kind reads
-// neither. bias1, bias2: Adam's bias corrections of this step, computed by the caller.
+// neither. The rate is base_lr[0]·lr_scale and the step count steps[0] (Adam's bias corrections), both read
+// from device memory, so that a captured step replays with the rate and count of each replay.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_update(int kind, float lr, float momentum, float beta1, float beta2, float eps, float weight_decay,
-          float grad_scale, float bias1, float bias2, float* __restrict__ params, const float* __restrict__ grad,
-          float* __restrict__ m, float* __restrict__ v, int n) {
-    const OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, grad_scale, bias1, bias2};
+nn_update(int kind, const float* __restrict__ base_lr, float lr_scale, float momentum, float beta1, float beta2,
+          float eps, float weight_decay, float grad_scale, const float* __restrict__ steps, float* __restrict__ params,
+          const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v, int n) {
+    OptimStep s{kind, base_lr[0] * lr_scale, momentum, beta1, beta2, eps, weight_decay, grad_scale, 1.0f, 1.0f};
+    optim_bias_corrections(s, (unsigned)steps[0]);
     optim_update_range(s, params, grad, m, v, grid_index(), n, grid_stride());
+}
+
+// steps[0] += 1: a parameter's step count, kept on the device (exact to 2^24 steps), before its update.
+extern "C" __global__ void nn_count(float* steps) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) steps[0] += 1.0f;
 }

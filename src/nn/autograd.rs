@@ -9,6 +9,7 @@
 //! Unless asked to keep it, a backward frees the graph it walked (each op's inputs and saved values), as
 //! PyTorch does without `retain_graph`; a second backward through it is an error that names the op.
 
+use super::cuda;
 use super::error::{Error, Result};
 use super::tensor::{Backward, Origin, Storage, Tensor, lock};
 use crate::cpu::Real;
@@ -41,7 +42,7 @@ impl<F: Real> Tensor<F> {
         let seed = match grad {
             None if self.numel() == 1 => match &*self.storage() {
                 Storage::Host(_) => Storage::Host(vec![F::one()]),
-                Storage::Device(buffer) => Storage::Device(buffer.device().upload("backward", &[1.0])?),
+                Storage::Device(buffer) => Storage::Device(cuda::ops::filled(buffer.device(), "backward", 1, 1.0)?),
             },
             None => {
                 let problem = "is not a scalar: give the gradient of the output (backward_with)";

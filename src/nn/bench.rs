@@ -2,6 +2,7 @@
 //! workload, `--ops` ops are enqueued back to back: the host time an op takes to enqueue (shape checks,
 //! the graph record, buffer allocation, the launch; the number the ≤ 5 µs target is about), and the wall
 //! time an op takes once the GPU has finished them all. Median of `--repeats`, after one warm-up round.
+//! The last row is the MLP's training step captured once and replayed as a CUDA graph (`CapturedStep`).
 
 use super::cuda::Device;
 use super::{Linear, Module, Optimizer, Tensor, no_grad};
@@ -109,6 +110,25 @@ fn run(gpu: &Arc<Gpu>, options: &BenchOptions, matches: &clap::ArgMatches) -> Re
         Ok(())
     })?;
     rows.push(Row { workload: "MLP 784-128-10 step, batch 64 (per step)", ops_per_round: steps, host_us, wall_us });
+
+    // The same step captured once and replayed as one CUDA graph.
+    let ids = Tensor::from_vec(targets.iter().map(|&t| t as f32).collect(), &[64])?.to_device(&device)?;
+    let mut captured = super::CapturedStep::new(&device, &[&x, &ids])?;
+    let (host_us, wall_us) = time(&device, options.repeats, steps, || {
+        for _ in 0..steps {
+            captured.run(|| {
+                sgd.zero_grad();
+                let loss = second.forward(&first.forward(&x)?.relu()?)?.cross_entropy_ids(&ids, None)?;
+                loss.backward()?;
+                sgd.step()?;
+                Ok(loss)
+            })?;
+        }
+        Ok(())
+    })?;
+    anyhow::ensure!(captured.is_captured(), "the bench's step was not captured");
+    let workload = "MLP 784-128-10 step, batch 64, captured (per step)";
+    rows.push(Row { workload, ops_per_round: steps, host_us, wall_us });
 
     if options.json {
         let rows: Vec<_> = (rows.iter())

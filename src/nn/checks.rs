@@ -5,7 +5,9 @@
 //! - kernels: each op's output and the gradient of every input, from a random output gradient;
 //! - training: 30 steps of a two-layer MLP (linear, tanh — no kink for rounding to flip —, linear, cross-entropy with a row ignored, SGD)
 //!   on the device against the host: the losses and the parameters;
-//! - repeat: the device run twice gives the same bits.
+//! - repeat: the device run twice gives the same bits; and 12 Adam steps of the MLP (a new batch and a new
+//!   rate each step) through a `CapturedStep` — eager, then captured, then replayed — give the same bits
+//!   as the same steps op by op.
 
 use super::cuda::Device;
 use super::{Linear, Module, Optimizer, Result, Tensor, linear};
@@ -232,6 +234,51 @@ fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::R
     Ok((losses, flat))
 }
 
+/// The losses and final parameters of 12 Adam steps of a 20-33-7 MLP (tanh) on `device`, a new batch
+/// (refilled in place) and a new rate (cosine) each step, op by op or through a `CapturedStep`.
+fn adam_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    use super::{CapturedStep, Scheduler};
+    use rand::SeedableRng;
+    const STEPS: usize = 12;
+    let mut rng = SeededRng::seed_from_u64(seed);
+    let (first, second) = (Linear::<f32>::new(20, 33, true, &mut rng)?, Linear::<f32>::new(33, 7, true, &mut rng)?);
+    let parameters: Vec<Tensor> = first.parameters().into_iter().chain(second.parameters()).collect();
+    for p in &parameters {
+        p.move_to_device(device)?;
+    }
+    let batches: Vec<(Vec<f32>, Vec<f32>)> = (0..STEPS)
+        .map(|_| (values(&mut rng, &[24, 20], -1.0, 1.0), (0..24).map(|_| rng.random_range(0..7) as f32).collect()))
+        .collect();
+    let x = Tensor::from_vec(batches[0].0.clone(), &[24, 20])?.to_device(device)?;
+    let targets = Tensor::from_vec(batches[0].1.clone(), &[24])?.to_device(device)?;
+    let mut adam = Optimizer::adam(parameters.clone(), 3e-3)?;
+    let schedule = Scheduler::cosine(3e-3, 3, 1e-4, STEPS)?;
+    let mut step = CapturedStep::new(device, &[&x, &targets])?;
+    let mut losses = Vec::new();
+    for (k, (inputs, ids)) in batches.iter().enumerate() {
+        x.copy_from_slice(inputs)?;
+        targets.copy_from_slice(ids)?;
+        schedule.apply(&mut adam, k)?;
+        let mut one_step = || {
+            adam.zero_grad();
+            let loss = second.forward(&first.forward(&x)?.tanh()?)?.cross_entropy_ids(&targets, None)?;
+            loss.backward()?;
+            adam.step()?;
+            Ok(loss)
+        };
+        let loss = if captured { step.run(one_step)? } else { one_step()? };
+        losses.push(loss.item()?);
+    }
+    if captured && !step.is_captured() {
+        anyhow::bail!("the step was not captured");
+    }
+    let mut flat = Vec::new();
+    for p in &parameters {
+        flat.extend(p.values()?);
+    }
+    Ok((losses, flat))
+}
+
 /// Every check of `nn` the plan asks for.
 pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
     let device = Device::on(Arc::clone(gpu))?;
@@ -267,6 +314,12 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
             rel_error: if same { 0.0 } else { f64::INFINITY },
             tolerance: 0.0,
         });
+        let (eager, captured) = (adam_steps(&device, seed, false)?, adam_steps(&device, seed, true)?);
+        let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
+        let same = bits(&eager) == bits(&captured);
+        let shape = "MLP 20-33-7, 12 Adam steps, cosine rate".into();
+        let rel_error = if same { 0.0 } else { f64::INFINITY };
+        checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
     }
     Ok(checks)
 }

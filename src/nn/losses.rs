@@ -24,9 +24,10 @@ impl<F: Real> Tensor<F> {
         }
         let (row_classes, counted) = checked_targets(targets, ignore_index, classes)?;
         if let Place::Device(gpu) = cuda::place_of("cross_entropy", &[self])? {
-            // The kernel's code for a row to ignore: −1, which no class is.
-            let codes: Vec<i32> = row_classes.iter().map(|c| c.map_or(-1, |c| c as i32)).collect();
-            return device::cross_entropy(&gpu, self, &codes, -1, (rows, classes, counted));
+            // Ids as floats for the kernel; a row to ignore as −1, which no class is.
+            let ids: Vec<f32> = row_classes.iter().map(|c| c.map_or(-1.0, |c| c as f32)).collect();
+            let ids = gpu.upload("cross_entropy", &ids)?;
+            return device::cross_entropy(&gpu, self, &ids, -1.0, (rows, classes));
         }
         let logits = self.storage();
         let mut softmax_minus_onehot = vec![F::zero(); logits.host().len()];
@@ -45,6 +46,29 @@ impl<F: Real> Tensor<F> {
         };
         let loss = Arc::new(Storage::Host(vec![total / count]));
         Ok(Tensor::from_op("cross_entropy", loss, Vec::new(), &[self], Box::new(backward)))
+    }
+
+    /// `cross_entropy` with the targets in a tensor of class ids, one a row (in the logits' row-major
+    /// order). On the device the ids stay there (a captured step reads each replay's), and an id that is
+    /// not a class gives a NaN loss instead of the host's error, which would need the ids read back.
+    pub fn cross_entropy_ids(&self, targets: &Tensor<F>, ignore_index: Option<i64>) -> Result<Tensor<F>> {
+        const OP: &str = "cross_entropy";
+        let classes = *self.shape().last().ok_or_else(|| Error::shape(OP, self.shape(), "has no axis of classes"))?;
+        let rows: usize = self.shape()[..self.rank() - 1].iter().product();
+        if targets.numel() != rows {
+            let problem = "do not match: one target for each row of the logits (second shape: the targets')";
+            return Err(Error::shapes(OP, self.shape(), targets.shape(), problem));
+        }
+        if let Place::Device(gpu) = cuda::place_of(OP, &[self, targets])? {
+            let Storage::Device(ids) = &*targets.storage() else { unreachable!("placed on the device") };
+            let ignore = ignore_index.map_or(f32::NAN, |i| i as f32);
+            return device::cross_entropy(&gpu, self, ids, ignore, (rows, classes));
+        }
+        let ids = targets.values()?;
+        let as_ids: Option<Vec<i64>> =
+            ids.iter().map(|v| v.to_f64().filter(|v| v.fract() == 0.0 && v.abs() < 9e15).map(|v| v as i64)).collect();
+        let ids = as_ids.ok_or_else(|| Error::value(OP, "a target is not a whole number"))?;
+        self.cross_entropy(&ids, ignore_index)
     }
 
     /// The mean of (self − target)² over every element; the shapes must be equal. Shape `[]`.

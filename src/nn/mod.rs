@@ -60,6 +60,7 @@ mod state;
 mod tensor;
 
 pub use attention::scaled_dot_product_attention;
+pub use cuda::capture::CapturedStep;
 pub use cuda::{Device, DeviceBuffer};
 pub use dropout::dropout;
 pub use embedding::embedding;

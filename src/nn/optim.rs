@@ -82,6 +82,9 @@ pub struct ParamState<F> {
     pub v: Vec<F>,
     /// `m` and `v` of a parameter on a GPU, which live there instead.
     device_moments: (Option<DeviceBuffer>, Option<DeviceBuffer>),
+    /// The step count of a parameter on a GPU, kept there (a captured step advances it on each replay,
+    /// while `steps` counts the steps the host ran).
+    device_steps: Option<DeviceBuffer>,
 }
 
 #[derive(Debug)]
@@ -97,6 +100,9 @@ struct Group<F: Real> {
 pub struct Optimizer<F: Real = f32> {
     config: OptimConfig,
     groups: Vec<Group<F>>,
+    /// The base rate on the GPU, once a parameter there took a step: the update kernels read it, so
+    /// `set_lr` reaches a captured step's replays.
+    device_lr: Option<DeviceBuffer>,
 }
 
 impl<F: Real> Optimizer<F> {
@@ -123,7 +129,7 @@ impl<F: Real> Optimizer<F> {
             let states = vec![ParamState::default(); group.parameters.len()];
             mine.push(Group { parameters: group.parameters, weight_decay, lr_scale: group.lr_scale, states });
         }
-        Ok(Optimizer { config, groups: mine })
+        Ok(Optimizer { config, groups: mine, device_lr: None })
     }
 
     /// One group of `parameters` under `kind`'s defaults at rate `lr` (β 0.9 and 0.999, ε 1e-8, no
@@ -190,6 +196,9 @@ impl<F: Real> Optimizer<F> {
     pub fn set_lr(&mut self, lr: f32) -> Result<()> {
         Range::NonNegative.check(self.config.kind.name(), "the learning rate", lr)?;
         self.config.lr = lr;
+        if let Some(device_lr) = self.device_lr.as_mut() {
+            device_lr.overwrite("set_lr", &[lr])?;
+        }
         Ok(())
     }
 
@@ -235,17 +244,26 @@ impl<F: Real> Optimizer<F> {
                         parameter.update_in_place(|theta| update(kind, &scalars, theta, grad, m, v))?;
                     }
                     Storage::Device(grad) => {
+                        const OP: &str = "optimizer step";
                         let device = grad.device();
+                        if self.device_lr.is_none() {
+                            self.device_lr = Some(device.upload(OP, &[self.config.lr])?);
+                        }
                         if state.steps == 0 {
-                            let zeros =
-                                |n: usize| (n > 0).then(|| device.upload("optimizer step", &vec![0.0; n])).transpose();
+                            let zeros = |n: usize| (n > 0).then(|| device.upload(OP, &vec![0.0; n])).transpose();
                             state.device_moments = (zeros(m)?, zeros(v)?);
+                            state.device_steps = Some(device.upload(OP, &[0.0])?);
                         }
                         state.steps += 1;
                         let scalars = config.step_scalars(state.steps, 0.0);
+                        let (Some(base_lr), Some(steps)) = (self.device_lr.as_ref(), state.device_steps.as_ref())
+                        else {
+                            unreachable!("set just above")
+                        };
+                        let at = cuda::ops::DeviceStep { base_lr, lr_scale: group.lr_scale, steps };
                         let moments = (state.device_moments.0.as_ref(), state.device_moments.1.as_ref());
-                        parameter.update_on_device("optimizer step", |theta| {
-                            cuda::ops::update(device, kind, &scalars, theta, grad, moments)
+                        parameter.update_on_device(OP, |theta| {
+                            cuda::ops::update(device, kind, &scalars, &at, (theta, grad), moments)
                         })?;
                     }
                 }

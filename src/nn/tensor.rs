@@ -300,10 +300,18 @@ impl<F: Real> Tensor<F> {
     pub fn update_in_place(&self, change: impl FnOnce(&mut [F])) -> Result<()> {
         let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Storage::Device(buffer) = &**storage {
-            let mut values = cuda::from_f32(buffer.to_host("update_in_place")?);
-            change(&mut values);
+            const OP: &str = "update_in_place";
             let device = Arc::clone(buffer.device());
-            *storage = Arc::new(Storage::Device(device.upload("update_in_place", &cuda::to_f32(&values))?));
+            let mut values = cuda::from_f32(buffer.to_host(OP)?);
+            change(&mut values);
+            let values = cuda::to_f32(&values);
+            // In place when nothing else holds the elements (a captured step's input keeps its address).
+            if let Some(Storage::Device(buffer)) = Arc::get_mut(&mut storage)
+                && buffer.is_unshared()
+            {
+                return buffer.overwrite(OP, &values);
+            }
+            *storage = Arc::new(Storage::Device(device.upload(OP, &values)?));
             return Ok(());
         }
         change(Arc::make_mut(&mut storage).host_mut());

@@ -10,7 +10,9 @@
 //! |---|---|
 //! | `mod` | `Device`, `DeviceBuffer`, placement, copies, the kernel table |
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
+//! | `capture` | `CapturedStep`: a training step recorded once, replayed as one CUDA graph |
 
+pub mod capture;
 pub(crate) mod ops;
 
 use super::error::{Error, Result};
@@ -43,6 +45,9 @@ pub(crate) struct Kernels {
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
     pub(crate) update: Kernel,
+    pub(crate) count: Kernel,
+    pub(crate) mean_counted: Kernel,
+    pub(crate) fill: Kernel,
 }
 
 /// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
@@ -53,7 +58,16 @@ pub struct Device {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) kernels: Kernels,
     pub(crate) gemm_shared: u32,
-    free: Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>,
+    free: Arc<Pool>,
+    /// While a step is captured, the pool its buffers come from and go back to (`capture`).
+    capturing: Mutex<Option<Arc<Pool>>>,
+}
+
+/// Freed device memory by capacity (floats).
+pub(crate) type Pool = Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>;
+
+fn pop(pool: &Pool, capacity: usize) -> Option<CudaSlice<f32>> {
+    pool.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&capacity).and_then(Vec::pop)
 }
 
 /// Buffers are allocated in multiples of this many floats (256 bytes), so near sizes share a pool.
@@ -109,12 +123,15 @@ impl Device {
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
                 update: k("nn_update")?,
+                count: k("nn_count")?,
+                mean_counted: k("nn_mean_counted")?,
+                fill: k("nn_fill")?,
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;
         let (bm, bn, bk, tm, tn) = GEMM_TILE;
         let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
-        Ok(Arc::new(Device { gpu, kernels, gemm_shared, free: Mutex::default() }))
+        Ok(Arc::new(Device { gpu, kernels, gemm_shared, free: Arc::default(), capturing: Mutex::default() }))
     }
 
     /// The GPU in words.
@@ -131,37 +148,40 @@ impl Device {
     /// size, or a new one (after returning every cached buffer to the driver, if the first try fails).
     pub(crate) fn alloc(self: &Arc<Self>, op: &'static str, n: usize) -> Result<DeviceBuffer> {
         let capacity = n.max(1).div_ceil(POOL_GRAIN) * POOL_GRAIN;
-        let cached = self.free.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&capacity).and_then(Vec::pop);
-        let slice = match cached {
+        let capturing = self.capturing.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(pool) = capturing {
+            // A captured step's buffers come from the memory the step used before and stay the step's:
+            // a new allocation would be a node of the graph, and the graph replays at fixed addresses.
+            let Some(slice) = pop(&pool, capacity).or_else(|| pop(&self.free, capacity)) else {
+                return Err(Error::device(op, "the captured step asked for memory its eager run did not use"));
+            };
+            return Ok(DeviceBuffer {
+                block: Arc::new(Block { slice: Some(slice), home: pool }),
+                len: n,
+                device: Arc::clone(self),
+            });
+        }
+        let slice = match pop(&self.free, capacity) {
             Some(slice) => slice,
             // SAFETY (both allocations): every caller writes all n elements before any read.
             None => match unsafe { self.gpu.stream.alloc::<f32>(capacity) } {
                 Ok(slice) => slice,
                 Err(_) => {
                     self.free.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                    // SAFETY: as above.
                     unsafe { self.gpu.stream.alloc::<f32>(capacity) }.map_err(driver(op))?
                 }
             },
         };
-        let block = Block { slice: Some(slice), device: Arc::clone(self) };
+        let block = Block { slice: Some(slice), home: Arc::clone(&self.free) };
         Ok(DeviceBuffer { block: Arc::new(block), len: n, device: Arc::clone(self) })
     }
 
     /// A buffer holding `values`.
     pub(crate) fn upload(self: &Arc<Self>, op: &'static str, values: &[f32]) -> Result<DeviceBuffer> {
         let mut buffer = self.alloc(op, values.len())?;
-        if !values.is_empty() {
-            let block = Arc::get_mut(&mut buffer.block).expect("a new buffer is not shared");
-            let slice = block.slice.as_mut().expect("a live block holds its memory");
-            self.gpu.stream.memcpy_htod(values, &mut slice.slice_mut(..values.len())).map_err(driver(op))?;
-        }
+        buffer.overwrite(op, values)?;
         Ok(buffer)
-    }
-
-    /// Integers for a kernel (class targets), as a device buffer.
-    pub(crate) fn upload_i32(&self, op: &'static str, values: &[i32]) -> Result<CudaSlice<i32>> {
-        let values = if values.is_empty() { &[0][..] } else { values };
-        self.gpu.stream.clone_htod(values).map_err(driver(op))
     }
 
     /// Launches `kernel` over `blocks` blocks of 256 threads with `shared` bytes of dynamic shared memory.
@@ -182,6 +202,17 @@ impl Device {
         (needed.min(self.gpu.sm_count as usize * 8) as u32, 1)
     }
 
+    /// An error while a step is captured: a copy between the host and the GPU would be recorded with
+    /// this moment's host values (the replays would not see new ones), or wait on a graph not yet run.
+    fn refuse_copy_while_capturing(&self, op: &'static str) -> Result<()> {
+        if self.capturing.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            let problem = "copies between the host and the GPU cannot be part of a captured step: give its inputs as \
+                           device tensors (cross_entropy_ids for targets) and read values after run()";
+            return Err(Error::device(op, problem));
+        }
+        Ok(())
+    }
+
     /// The address of a buffer, for a kernel argument.
     pub(crate) fn arg(&self, buffer: &DeviceBuffer) -> Arg {
         Arg::buf(&self.gpu, buffer.slice())
@@ -192,16 +223,17 @@ impl Device {
 /// outputs, 16 deep, 4 × 4 a thread.
 pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4, 4);
 
-/// Device memory that goes back to its device's cache when the last buffer sharing it is dropped.
+/// Device memory that goes back to its pool (the device's, or a captured step's) when the last buffer
+/// sharing it is dropped.
 struct Block {
     slice: Option<CudaSlice<f32>>,
-    device: Arc<Device>,
+    home: Arc<Pool>,
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
-            let mut free = self.device.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut free = self.home.lock().unwrap_or_else(|p| p.into_inner());
             free.entry(slice.len()).or_default().push(slice);
         }
     }
@@ -241,7 +273,31 @@ impl DeviceBuffer {
         if self.len == 0 {
             return Ok(Vec::new());
         }
+        self.device.refuse_copy_while_capturing(op)?;
         self.device.gpu.stream.clone_dtoh(&self.slice().slice(..self.len)).map_err(driver(op))
+    }
+
+    /// Writes `values` (as many as it holds) into these elements in place; they must not be shared.
+    pub(crate) fn overwrite(&mut self, op: &'static str, values: &[f32]) -> Result<()> {
+        if values.len() != self.len {
+            return Err(Error::device(op, format!("{} values for a buffer of {}", values.len(), self.len)));
+        }
+        self.device.refuse_copy_while_capturing(op)?;
+        let device = Arc::clone(&self.device);
+        let Some(block) = Arc::get_mut(&mut self.block) else {
+            return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
+        };
+        let slice = block.slice.as_mut().expect("a live block holds its memory");
+        if !values.is_empty() {
+            device.gpu.stream.memcpy_htod(values, &mut slice.slice_mut(..values.len())).map_err(driver(op))?;
+        }
+        Ok(())
+    }
+
+    /// The device address of the elements (a captured step's inputs must keep theirs).
+    pub(crate) fn address(&self) -> u64 {
+        use cudarc::driver::DevicePtr;
+        self.slice().device_ptr(&self.device.gpu.stream).0
     }
 
     /// Whether no other buffer shares these elements (a write to them is seen by this buffer alone).

@@ -404,41 +404,57 @@ pub(crate) fn linear<F: Real>(
     Ok(Tensor::from_device_op(NAME, out, shape, &inputs_of, Box::new(backward)))
 }
 
-/// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (already checked), rows
-/// whose target is `ignore` left out, over `counted` rows.
+/// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (class ids as floats, on
+/// the device), over the rows whose id is not `ignore` (NaN: none), counted on the device, so that a
+/// captured step takes each replay's targets.
 pub(crate) fn cross_entropy<F: Real>(
     device: &Arc<Device>,
     logits: &Tensor<F>,
-    targets: &[i32],
-    ignore: i32,
-    (rows, classes, counted): (usize, usize, usize),
+    targets: &DeviceBuffer,
+    ignore: f32,
+    (rows, classes): (usize, usize),
 ) -> Result<Tensor<F>> {
     const NAME: &str = "cross_entropy";
-    let targets = device.upload_i32(NAME, targets)?;
-    let (losses, d) = (device.alloc(NAME, rows)?, device.alloc(NAME, rows * classes)?);
-    let args = [device.arg(&buffer(logits)), Arg::buf(&device.gpu, &targets), device.arg(&losses), device.arg(&d)];
-    let args = [&args[..], &words(&[int(NAME, rows)?, int(NAME, classes)?, ignore]).collect::<Vec<_>>()].concat();
+    let (losses, d, counted) =
+        (device.alloc(NAME, rows)?, device.alloc(NAME, rows * classes)?, device.alloc(NAME, rows)?);
+    let args =
+        [device.arg(&buffer(logits)), device.arg(targets), device.arg(&losses), device.arg(&d), device.arg(&counted)];
+    let args = [&args[..], &[Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore)]].concat();
     device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
-    let scale = 1.0 / counted as f32;
-    let loss = sum_axis(device, NAME, &losses, (1, rows, 1), scale)?;
+    let (loss, count) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
+    let args =
+        [device.arg(&losses), device.arg(&counted), device.arg(&loss), device.arg(&count), Arg::i32(rows as i32)];
+    device.launch(NAME, &device.kernels.mean_counted, (1, 1), 0, &args)?;
     let device_ = Arc::clone(device);
-    let backward =
-        move |grad: &DeviceBuffer, _needs: &[bool]| Ok(vec![Some(scale_by(&device_, NAME, &d, grad, scale)?)]);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        Ok(vec![Some(scale_by(&device_, NAME, &d, grad, Some(&count), 1.0)?)])
+    };
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[logits], Box::new(backward)))
 }
 
-/// saved · scale · upstream[0], in a new buffer.
+/// saved · scale · upstream[0] / divisor[0] (no divisor: 1), in a new buffer.
 fn scale_by(
     device: &Arc<Device>,
     name: &'static str,
     saved: &DeviceBuffer,
     upstream: &DeviceBuffer,
+    divisor: Option<&DeviceBuffer>,
     scale: f32,
 ) -> Result<DeviceBuffer> {
     let out = device.alloc(name, saved.len())?;
-    let args =
-        [device.arg(saved), device.arg(upstream), Arg::f32(scale), device.arg(&out), Arg::i32(saved.len() as i32)];
+    let divisor = divisor.map_or(Arg::Ptr(0), |d| device.arg(d));
+    let args = [device.arg(saved), device.arg(upstream), divisor, Arg::f32(scale), device.arg(&out)];
+    let args = [&args[..], &[Arg::i32(int(name, saved.len())?)]].concat();
     device.launch(name, &device.kernels.scale_by, device.blocks_for(saved.len()), 0, &args)?;
+    Ok(out)
+}
+
+/// A buffer of `n` copies of `value`, by a kernel (a backward's seed; no copy from the host, so a captured
+/// step can hold it).
+pub(crate) fn filled(device: &Arc<Device>, name: &'static str, n: usize, value: f32) -> Result<DeviceBuffer> {
+    let out = device.alloc(name, n)?;
+    let args = [device.arg(&out), Arg::f32(value), Arg::i32(int(name, n)?)];
+    device.launch(name, &device.kernels.fill, device.blocks_for(n), 0, &args)?;
     Ok(out)
 }
 
@@ -461,8 +477,8 @@ pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let scale = 2.0 / n as f32;
-        let dy = if needs[0] { Some(scale_by(&device_, NAME, &diff, grad, scale)?) } else { None };
-        let dt = if needs[1] { Some(scale_by(&device_, NAME, &diff, grad, -scale)?) } else { None };
+        let dy = if needs[0] { Some(scale_by(&device_, NAME, &diff, grad, None, scale)?) } else { None };
+        let dt = if needs[1] { Some(scale_by(&device_, NAME, &diff, grad, None, -scale)?) } else { None };
         Ok(vec![dy, dt])
     };
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[y, t], Box::new(backward)))
@@ -479,17 +495,26 @@ pub(crate) fn scaled(x: &DeviceBuffer, factor: f32) -> Result<DeviceBuffer> {
     Ok(out)
 }
 
-/// One optimizer step of θ in place (`fused/optim.cuh`'s update, kind OPTIM_* = `OptimKind`'s order); the
-/// moments `m`, `v` change in place too.
+/// What an optimizer step on the device reads from device memory: the base rate (one float) and the
+/// parameter's step count (one float, advanced by the step), so a captured step replays with both current.
+pub(crate) struct DeviceStep<'a> {
+    pub(crate) base_lr: &'a DeviceBuffer,
+    pub(crate) lr_scale: f32,
+    pub(crate) steps: &'a DeviceBuffer,
+}
+
+/// One optimizer step of θ in place (`fused/optim.cuh`'s update, kind OPTIM_* = `OptimKind`'s order): the
+/// step count advanced first, then θ and the moments `m`, `v` updated in place.
 pub(crate) fn update(
     device: &Arc<Device>,
     kind: crate::ops::optim::OptimKind,
     s: &crate::ops::optim::StepScalars,
-    theta: &DeviceBuffer,
-    grad: &DeviceBuffer,
+    at: &DeviceStep<'_>,
+    (theta, grad): (&DeviceBuffer, &DeviceBuffer),
     moments: (Option<&DeviceBuffer>, Option<&DeviceBuffer>),
 ) -> Result<()> {
     const NAME: &str = "optimizer step";
+    device.launch(NAME, &device.kernels.count, (1, 1), 0, &[device.arg(at.steps)])?;
     use crate::ops::optim::OptimKind;
     let code = match kind {
         OptimKind::Sgd => 0,
@@ -497,10 +522,9 @@ pub(crate) fn update(
         OptimKind::Adam => 2,
         OptimKind::AdamW => 3,
     };
-    let floats = [s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.weight_decay, s.grad_scale, s.bias1, s.bias2];
-    let mut args = vec![Arg::i32(code)];
-    args.extend(floats.map(Arg::f32));
-    args.extend([device.arg(theta), device.arg(grad)]);
+    let mut args = vec![Arg::i32(code), device.arg(at.base_lr), Arg::f32(at.lr_scale)];
+    args.extend([s.momentum, s.beta1, s.beta2, s.eps, s.weight_decay, s.grad_scale].map(Arg::f32));
+    args.extend([device.arg(at.steps), device.arg(theta), device.arg(grad)]);
     args.extend([moments.0.map_or(Arg::Ptr(0), |m| device.arg(m)), moments.1.map_or(Arg::Ptr(0), |v| device.arg(v))]);
     args.push(Arg::i32(int(NAME, theta.len())?));
     device.launch(NAME, &device.kernels.update, device.blocks_for(theta.len()), 0, &args)

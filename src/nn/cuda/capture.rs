@@ -1,0 +1,145 @@
+//! A training step captured once and replayed as one CUDA graph (`torch.cuda.graphs`, tinygrad's
+//! `TinyJit`): [`CapturedStep::run`] runs the user's step closure (forward, loss, backward, optimizer
+//! step) op by op the first time; the second time it records the closure's launches into a graph instead
+//! of running them, and replays the graph; from then on it only replays. Each call is one step.
+//!
+//! What makes a replay the same step as an eager one:
+//! - the inputs are device tensors the caller refills in place between calls (`copy_from_slice`), so
+//!   their addresses stay; targets go through `cross_entropy_ids`, a tensor too;
+//! - every buffer the step uses comes from the memory its eager run used, and stays the step's (a pool
+//!   of its own, `Device::capturing`): 0 device allocations while replaying;
+//! - parameters and optimizer state are updated in place, and the rate and step count the update kernels
+//!   read live on the device (`Optimizer::set_lr` writes the rate there);
+//! - a copy between host and device inside the step is refused (it would replay stale host values).
+//!
+//! The inputs' shapes and addresses are the graph's signature: when one changes, the step is run eagerly
+//! again and captured again, and this is said once. A step that cannot be captured (it copies, or needs
+//! memory its eager run did not) runs op by op, said once with the reason.
+
+use super::{Device, Pool};
+use crate::nn::error::{Error, Result};
+use crate::nn::tensor::{Storage, Tensor};
+use cudarc::driver::CudaGraph;
+use std::sync::Arc;
+
+/// A step's input as the graph saw it: its shape and device address.
+#[derive(Clone, Debug, PartialEq)]
+struct Signature(Vec<(Vec<usize>, u64)>);
+
+enum State {
+    /// No eager run yet for the current signature.
+    Fresh,
+    /// Ran eagerly once; the next call captures.
+    WarmedUp,
+    /// Captured: replay `graph`, whose output is `output`; its buffers live in `pool` and in the tensors.
+    Captured { graph: CudaGraph, output: Tensor, _pool: Arc<Pool> },
+    /// Capture failed for the reason given once; every call runs eagerly.
+    Eager,
+}
+
+/// A training step replayed as a CUDA graph (see the module's text).
+pub struct CapturedStep {
+    device: Arc<Device>,
+    inputs: Vec<Tensor>,
+    signature: Option<Signature>,
+    state: State,
+    captures: usize,
+}
+
+impl CapturedStep {
+    /// A step over `inputs` (device tensors on `device` that the caller refills between calls).
+    pub fn new(device: &Arc<Device>, inputs: &[&Tensor]) -> Result<Self> {
+        let step = CapturedStep {
+            device: Arc::clone(device),
+            inputs: inputs.iter().map(|&t| t.clone()).collect(),
+            signature: None,
+            state: State::Fresh,
+            captures: 0,
+        };
+        step.current_signature()?;
+        Ok(step)
+    }
+
+    /// How many times the step was captured (1 unless its inputs changed shape or place).
+    pub fn captures(&self) -> usize {
+        self.captures
+    }
+
+    /// Whether the next call replays a graph.
+    pub fn is_captured(&self) -> bool {
+        matches!(self.state, State::Captured { .. })
+    }
+
+    fn current_signature(&self) -> Result<Signature> {
+        let mut parts = Vec::new();
+        for input in &self.inputs {
+            let Storage::Device(buffer) = &*input.storage() else {
+                return Err(Error::device("CapturedStep", format!("input {:?} is not on the GPU", input.shape())));
+            };
+            if !Arc::ptr_eq(buffer.device(), &self.device) {
+                return Err(Error::device("CapturedStep", "an input lives on another GPU"));
+            }
+            parts.push((input.shape().to_vec(), buffer.address()));
+        }
+        Ok(Signature(parts))
+    }
+
+    /// One step: `step` (which returns the loss, or any output) run eagerly, captured then replayed, or
+    /// replayed. The output of a replayed step is the same tensor each time, holding this step's values.
+    pub fn run(&mut self, mut step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        let signature = self.current_signature()?;
+        if self.signature.as_ref().is_some_and(|s| *s != signature) {
+            if self.captures > 0 && !matches!(self.state, State::Eager) {
+                eprintln!("textnet: a captured step's inputs changed shape or place; capturing it again");
+            }
+            if !matches!(self.state, State::Eager) {
+                self.state = State::Fresh;
+            }
+        }
+        self.signature = Some(signature);
+        match &self.state {
+            State::Fresh => {
+                let output = step()?;
+                self.state = State::WarmedUp;
+                Ok(output)
+            }
+            State::Eager => step(),
+            State::Captured { graph, output, .. } => {
+                graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
+                Ok(output.clone())
+            }
+            State::WarmedUp => match self.capture(&mut step) {
+                Ok(()) => {
+                    let State::Captured { graph, output, .. } = &self.state else { unreachable!("just captured") };
+                    graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
+                    Ok(output.clone())
+                }
+                Err(reason) => {
+                    eprintln!("textnet: the step runs op by op, not captured: {reason}");
+                    self.state = State::Eager;
+                    step()
+                }
+            },
+        }
+    }
+
+    /// Records `step`'s launches as a graph (nothing runs), its buffers from a pool of its own.
+    fn capture(&mut self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<()> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let device = &self.device;
+        device.synchronize()?;
+        let pool = Arc::new(Pool::default());
+        let stream = &device.gpu.stream;
+        let driver = |e: cudarc::driver::DriverError| Error::device("CapturedStep", format!("capturing the step: {e}"));
+        *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&pool));
+        let begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver);
+        let output = begun.and_then(|()| step());
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let output = output?;
+        let graph = graph.map_err(driver)?.ok_or_else(|| Error::device("CapturedStep", "the step launched nothing"))?;
+        self.captures += 1;
+        self.state = State::Captured { graph, output, _pool: pool };
+        Ok(())
+    }
+}

@@ -10,7 +10,9 @@
 //! |---|---|
 //! | `mod` | `Device`, `DeviceBuffer`, placement, copies, the kernel table |
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
+//! | `layers` | the same for `layer_norm`, `embedding`, `dropout` and `scaled_dot_product_attention` |
 
+pub(crate) mod layers;
 pub(crate) mod ops;
 
 use super::error::{Error, Result};
@@ -43,6 +45,15 @@ pub(crate) struct Kernels {
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
     pub(crate) update: Kernel,
+    pub(crate) layer_norm: Kernel,
+    pub(crate) layer_norm_grad: Kernel,
+    pub(crate) layer_norm_grad_affine: Kernel,
+    pub(crate) embedding: Kernel,
+    pub(crate) embedding_grad: Kernel,
+    pub(crate) dropout: Kernel,
+    pub(crate) attention: Kernel,
+    pub(crate) attention_grad_q: Kernel,
+    pub(crate) attention_grad_kv: Kernel,
 }
 
 /// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
@@ -109,6 +120,15 @@ impl Device {
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
                 update: k("nn_update")?,
+                layer_norm: k("nn_layer_norm")?,
+                layer_norm_grad: k("nn_layer_norm_grad")?,
+                layer_norm_grad_affine: k("nn_layer_norm_grad_affine")?,
+                embedding: k("nn_embedding")?,
+                embedding_grad: k("nn_embedding_grad")?,
+                dropout: k("nn_dropout")?,
+                attention: k("nn_attention")?,
+                attention_grad_q: k("nn_attention_grad_q")?,
+                attention_grad_kv: k("nn_attention_grad_kv")?,
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;
@@ -314,16 +334,6 @@ pub(crate) fn place_of<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Res
                 return Err(Error::device(op, "device tensors hold f32 only"));
             }
             Ok(Place::Device(device))
-        }
-    }
-}
-
-/// An error for an op that has no device kernel yet, given a device tensor.
-pub(crate) fn host_only<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Result<()> {
-    match place_of(op, tensors)? {
-        Place::Host => Ok(()),
-        Place::Device(_) => {
-            Err(Error::device(op, "has no GPU kernel yet: move its operands to the host with to_host() first"))
         }
     }
 }

@@ -14,11 +14,18 @@
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
 //                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update (optim.cuh's update over a flat vector), nn_accumulate (y += x).
+//   layers       nn_layer_norm (a warp per row; μ and 1/σ kept), nn_layer_norm_grad (dx, a warp per row),
+//                nn_layer_norm_grad_affine (dweight and dbias, a thread per column summing rows in order),
+//                nn_embedding and nn_embedding_grad (a thread per weight element summing its ids' rows in
+//                order, from a host-built list), nn_dropout (dropout.cuh's hashed mask; its own backward),
+//                nn_attention, nn_attention_grad_q (a warp per query row) and nn_attention_grad_kv (a
+//                thread per key element summing query rows in order).
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
 // run repeats to the bit.
 #include "activations.cuh"
 #include "common.cuh"
+#include "dropout.cuh"
 #include "gemm.cuh"
 #include "optim.cuh"
 
@@ -369,4 +376,209 @@ nn_update(int kind, const float* __restrict__ base_lr, float lr_scale, float mom
 // steps[0] += 1: a parameter's step count, kept on the device (exact to 2^24 steps), before its update.
 extern "C" __global__ void nn_count(float* steps) {
     if (threadIdx.x == 0 && blockIdx.x == 0) steps[0] += 1.0f;
+}
+
+// ---- layers: LayerNorm, embedding, dropout, attention ----
+
+// The warp of row `row` of `rows` (a warp per row, WARPS rows a block), or -1 past the last row.
+__device__ __forceinline__ int warp_row(int rows) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32;
+    return row < rows ? row : -1;
+}
+
+// LayerNorm of `rows` rows of D (CPU twin: ops::layernorm::layer_norm_eps): μ = Σx / D, σ² = Σ(x − μ)² / D,
+// r = 1/√(σ² + eps), y = (x − μ)·r·w + b, w and b optional (null: 1 and 0). A warp per row; lane 0 keeps μ
+// and r for the backward.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_layer_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+              float* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int rows, int D,
+              float eps) {
+    const int row = warp_row(rows), lane = threadIdx.x % 32;
+    if (row < 0) return;
+    const float* in = x + (size_t)row * D;
+    float* out = y + (size_t)row * D;
+    float sum = 0.0f;
+    for (int j = lane; j < D; j += 32) sum += in[j];
+    const float mu = warp_sum(sum) / (float)D;
+    float squares = 0.0f;
+    for (int j = lane; j < D; j += 32) {
+        const float c = in[j] - mu;
+        squares += c * c;
+    }
+    const float r = 1.0f / sqrtf(warp_sum(squares) / (float)D + eps);
+    for (int j = lane; j < D; j += 32) {
+        const float normalized = (in[j] - mu) * r;
+        out[j] = (w ? normalized * w[j] : normalized) + (b ? b[j] : 0.0f);
+    }
+    if (lane == 0) {
+        mean[row] = mu;
+        rstd[row] = r;
+    }
+}
+
+// LayerNorm's dx, a warp per row (layernorm.cuh's formula at run-time D): x̂ = (x − μ)·r, g = dy·w,
+// dx = r·(g − mean(g) − x̂·mean(g·x̂)).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_layer_norm_grad(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ mean,
+                   const float* __restrict__ rstd, const float* __restrict__ dy, float* __restrict__ dx, int rows,
+                   int D) {
+    const int row = warp_row(rows), lane = threadIdx.x % 32;
+    if (row < 0) return;
+    const size_t base = (size_t)row * D;
+    const float mu = mean[row], r = rstd[row];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int j = lane; j < D; j += 32) {
+        const float g = w ? dy[base + j] * w[j] : dy[base + j];
+        sum_g += g;
+        sum_gx += g * ((x[base + j] - mu) * r);
+    }
+    sum_g = warp_sum(sum_g) / (float)D;
+    sum_gx = warp_sum(sum_gx) / (float)D;
+    for (int j = lane; j < D; j += 32) {
+        const float g = w ? dy[base + j] * w[j] : dy[base + j];
+        const float xhat = (x[base + j] - mu) * r;
+        dx[base + j] = r * (g - sum_g - xhat * sum_gx);
+    }
+}
+
+// LayerNorm's weight and bias gradients: dw[c] = Σ_r dy[r, c]·x̂[r, c], db[c] = Σ_r dy[r, c], a thread per
+// column, rows from 0 up (either output may be null).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_layer_norm_grad_affine(const float* __restrict__ x, const float* __restrict__ mean,
+                          const float* __restrict__ rstd, const float* __restrict__ dy, float* __restrict__ dw,
+                          float* __restrict__ db, int rows, int D) {
+    for (int c = grid_index(); c < D; c += grid_stride()) {
+        float sum_w = 0.0f, sum_b = 0.0f;
+        for (int r = 0; r < rows; ++r) {
+            const size_t e = (size_t)r * D + c;
+            sum_w += dy[e] * ((x[e] - mean[r]) * rstd[r]);
+            sum_b += dy[e];
+        }
+        if (dw) dw[c] = sum_w;
+        if (db) db[c] = sum_b;
+    }
+}
+
+// out[p·D + c] = weight[ids[p]·D + c] for `count` ids (each already checked to be a row).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_embedding(const float* __restrict__ weight, const int* __restrict__ ids, float* __restrict__ out, int count,
+             int D) {
+    const int n = count * D;
+    for (int e = grid_index(); e < n; e += grid_stride()) out[e] = weight[(size_t)ids[e / D] * D + e % D];
+}
+
+// The embedding weight's gradient, V rows of D: dw[v·D + c] = Σ dy[positions[k]·D + c] over k from
+// starts[v] to starts[v + 1] (the positions whose id is v, ascending; the host leaves the padding row's
+// out), a thread per element: a fixed order, no atomics.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_embedding_grad(const int* __restrict__ starts, const int* __restrict__ positions, const float* __restrict__ dy,
+                  float* __restrict__ dw, int V, int D) {
+    const int n = V * D;
+    for (int e = grid_index(); e < n; e += grid_stride()) {
+        const int v = e / D, c = e % D;
+        float sum = 0.0f;
+        for (int k = starts[v]; k < starts[v + 1]; ++k) sum += dy[(size_t)positions[k] * D + c];
+        dw[e] = sum;
+    }
+}
+
+// y[i] = x[i]·(scale or 0) by dropout.cuh's mask of element i under `key` (the site's key of the step,
+// computed by the host); the backward is the same kernel on the gradient. scale 0 zeroes everything (p = 1).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_dropout(const float* __restrict__ x, float* __restrict__ y, int n, unsigned key, unsigned threshold, float scale) {
+    for (int i = grid_index(); i < n; i += grid_stride())
+        y[i] = x[i] * dropout_factor(key, (unsigned)i, threshold, scale);
+}
+
+// Attention of q, k, v [B, H, T, D], a warp per query row (b, h, t) of rows = B·H·T (CPU twin:
+// ops::attention::sdp_attention): p_u = softmax_u(q_t·k_u·scale) over the keys u < keys (t + 1 when causal,
+// else T), y_t = Σ_u p_u·v_u (u from 0 up). P [rows, T] keeps the probabilities (0 past the last key) for
+// the backward.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+             float* __restrict__ y, float* P, int rows, int T, int D, float scale, int causal) {
+    const int row = warp_row(rows), lane = threadIdx.x % 32;
+    if (row < 0) return;
+    const int t = row % T, keys = causal ? t + 1 : T;
+    const size_t head = (size_t)(row - t) * D;  // (b, h, 0, 0)
+    const float* qt = q + (size_t)row * D;
+    float* p = P + (size_t)row * T;
+    float m = NEG_INF;
+    for (int u = lane; u < keys; u += 32) {
+        const float* ku = k + head + (size_t)u * D;
+        float s = 0.0f;
+        for (int i = 0; i < D; ++i) s += qt[i] * ku[i];
+        s *= scale;
+        p[u] = s;
+        m = fmaxf(m, s);
+    }
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int u = lane; u < keys; u += 32) {
+        const float e = expf(p[u] - m);
+        p[u] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    for (int u = lane; u < T; u += 32) p[u] = u < keys ? p[u] / sum : 0.0f;
+    __syncwarp();  // every lane reads every p_u below
+    float* yt = y + (size_t)row * D;
+    for (int i = lane; i < D; i += 32) {
+        float acc = 0.0f;
+        for (int u = 0; u < keys; ++u) acc += p[u] * v[head + (size_t)u * D + i];
+        yt[i] = acc;
+    }
+}
+
+// Attention's backward for query row (b, h, t), a warp per row: dP_u = dy_t·v_u, G_u = P_u·(dP_u −
+// Σ_u' P_u'·dP_u')·scale (the scores' gradient times scale; 0 past the last key), kept in G [rows, T] for
+// nn_attention_grad_kv, and dq_t = Σ_u G_u·k_u (u from 0 up).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_attention_grad_q(const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ P,
+                    const float* __restrict__ dy, float* G, float* __restrict__ dq, int rows, int T, int D,
+                    float scale, int causal) {
+    const int row = warp_row(rows), lane = threadIdx.x % 32;
+    if (row < 0) return;
+    const int t = row % T, keys = causal ? t + 1 : T;
+    const size_t head = (size_t)(row - t) * D;
+    const float* dyt = dy + (size_t)row * D;
+    const float* p = P + (size_t)row * T;
+    float* g = G + (size_t)row * T;
+    float dot = 0.0f;
+    for (int u = lane; u < keys; u += 32) {
+        const float* vu = v + head + (size_t)u * D;
+        float dp = 0.0f;
+        for (int i = 0; i < D; ++i) dp += dyt[i] * vu[i];
+        g[u] = dp;
+        dot += p[u] * dp;
+    }
+    dot = warp_sum(dot);
+    for (int u = lane; u < T; u += 32) g[u] = u < keys ? p[u] * (g[u] - dot) * scale : 0.0f;
+    __syncwarp();  // every lane reads every G_u below
+    float* dqt = dq + (size_t)row * D;
+    for (int i = lane; i < D; i += 32) {
+        float acc = 0.0f;
+        for (int u = 0; u < keys; ++u) acc += g[u] * k[head + (size_t)u * D + i];
+        dqt[i] = acc;
+    }
+}
+
+// dk and dv of key element (b, h, u, i), a thread each of n = B·H·T·D: dk = Σ_t G[t, u]·q_t[i], dv =
+// Σ_t P[t, u]·dy_t[i] over the queries t that see key u (t ≥ u when causal), t from low to high.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_attention_grad_kv(const float* __restrict__ q, const float* __restrict__ P, const float* __restrict__ G,
+                     const float* __restrict__ dy, float* __restrict__ dk, float* __restrict__ dv, int n, int T,
+                     int D, int causal) {
+    for (int e = grid_index(); e < n; e += grid_stride()) {
+        const int i = e % D, key_row = e / D, u = key_row % T;
+        const size_t first = (size_t)(key_row - u);  // the row of (b, h, 0)
+        float sum_k = 0.0f, sum_v = 0.0f;
+        for (int t = causal ? u : 0; t < T; ++t) {
+            const size_t r = first + t;
+            sum_k += G[r * T + u] * q[r * D + i];
+            sum_v += P[r * T + u] * dy[r * D + i];
+        }
+        dk[e] = sum_k;
+        dv[e] = sum_v;
+    }
 }

@@ -8,8 +8,12 @@
 //!
 //! k and v must have q's T as well as its B, H and D (the twin attends within one sequence): a different
 //! number of keys (cross-attention) is refused.
+//!
+//! On a GPU (`cuda::layers`) the tensors stay in `[B, H, T, D]`: a warp per query row computes its scores,
+//! probabilities (kept `[B·H·T, T]`) and output, and the backward sums each key's gradients over the query
+//! rows in order, with no atomics.
 
-use super::cuda;
+use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
@@ -83,7 +87,9 @@ pub fn scaled_dot_product_attention<F: Real>(
         }
     }
     let sizes = Sizes { heads, time, dims };
-    cuda::host_only(OP, &[q, k, v])?;
+    if let Place::Device(gpu) = cuda::place_of(OP, &[q, k, v])? {
+        return device::attention(&gpu, (q, k, v), (batch, heads, time, dims), causal);
+    }
     let (values_q, values_k, values_v) = (q.storage(), k.storage(), v.storage());
     let count = q.numel();
     let mut out = vec![F::zero(); count];

@@ -10,7 +10,9 @@
 //!   as the same steps op by op.
 
 use super::cuda::Device;
-use super::{Linear, Module, Optimizer, Result, Tensor, linear};
+use super::{
+    Linear, Module, Optimizer, Result, Tensor, dropout, embedding, layer_norm, linear, scaled_dot_product_attention,
+};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
@@ -22,6 +24,9 @@ use std::sync::Arc;
 const ELEMENTWISE_TOLERANCE: f64 = 1e-5;
 /// Largest relative error of an op that sums (products, reductions, losses): another order of addition.
 const SUM_TOLERANCE: f64 = 1e-4;
+/// An op whose device kernel does the host's float operations in the host's order (a gather, a sum of the
+/// same rows in the same order, a mask of the same hash): the same bits.
+const EXACT: f64 = 0.0;
 
 type Op<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
 
@@ -199,6 +204,57 @@ fn loss_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<
     Ok(checks)
 }
 
+/// LayerNorm (with and without weight and bias, D of 1, odd and past a warp), embedding (ids 0 and the
+/// last, repeated, padding_idx first, negative and absent), dropout (the host's mask to the bit, p = 1
+/// included) and attention (causal and not, T = 1, odd D, more keys than a warp's lanes).
+fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let norms: [(&str, &Op<'_>, bool, bool); 4] = [
+        ("layer_norm", &|t| layer_norm(&t[0], None, None, 1e-5), false, false),
+        ("layer_norm weight", &|t| layer_norm(&t[0], Some(&t[1]), None, 1e-5), true, false),
+        ("layer_norm bias", &|t| layer_norm(&t[0], None, Some(&t[1]), 1e-3), false, true),
+        ("layer_norm weight bias", &|t| layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5), true, true),
+    ];
+    for shape in [&[1][..], &[4, 1], &[7, 33], &[3, 5, 257], &[2, 1, 20]] {
+        let width = shape[shape.len() - 1];
+        for (name, op, weight, bias) in norms {
+            let mut inputs = vec![(values(rng, shape, -3.0, 3.0), shape.to_vec())];
+            inputs.extend(weight.then(|| (values(rng, &[width], 0.5, 1.5), vec![width])));
+            inputs.extend(bias.then(|| (values(rng, &[width], -1.0, 1.0), vec![width])));
+            checks.extend(compare(device, rng, (name, SUM_TOLERANCE), &inputs, op)?);
+        }
+    }
+    let tables: [(usize, usize, &[usize], Option<i64>); 4] =
+        [(1, 1, &[1], None), (11, 7, &[3, 5], Some(3)), (50, 33, &[2, 3, 7], Some(-1)), (5, 40, &[17], Some(0))];
+    for (rows, dims, ids_shape, padding) in tables {
+        let count: usize = ids_shape.iter().product();
+        // Ids 0 and the last, the rest drawn (so some repeat, the padding row's among them).
+        let mut ids: Vec<i64> = (0..count).map(|_| rng.random_range(0..rows as i64)).collect();
+        ids[0] = 0;
+        ids[count - 1] = rows as i64 - 1;
+        let weight = [(values(rng, &[rows, dims], -1.0, 1.0), vec![rows, dims])];
+        let op: &Op<'_> = &|t| embedding(&t[0], &ids, ids_shape, padding);
+        let name = format!("embedding ids {ids_shape:?} padding_idx {padding:?}");
+        checks.extend(compare(device, rng, (&name, EXACT), &weight, op)?);
+    }
+    for (shape, p, seed, step, site) in
+        [(&[1][..], 0.5, 1, 0, 0), (&[7, 33], 0.1, 7, 3, 2), (&[3, 5, 257], 0.5, 42, 11, 1), (&[9, 10], 1.0, 5, 1, 4)]
+    {
+        let inputs = [(values(rng, shape, -2.0, 2.0), shape.to_vec())];
+        let op: &Op<'_> = &|t| dropout(&t[0], p, true, seed, step, site);
+        checks.extend(compare(device, rng, (&format!("dropout p {p}"), EXACT), &inputs, op)?);
+    }
+    for shape in [[1, 1, 1, 1], [2, 3, 5, 7], [1, 2, 33, 16], [2, 1, 70, 65], [1, 1, 1, 9]] {
+        for causal in [false, true] {
+            let name = if causal { "attention causal" } else { "attention" };
+            let qkv: Vec<_> = (0..3).map(|_| (values(rng, &shape, -1.0, 1.0), shape.to_vec())).collect();
+            let op: &Op<'_> = &|t| scaled_dot_product_attention(&t[0], &t[1], &t[2], causal);
+            checks.extend(compare(device, rng, (name, SUM_TOLERANCE), &qkv, op)?);
+        }
+    }
+    Ok(checks)
+}
+
 /// The losses of `steps` SGD steps of a 20-33-7 MLP (tanh) on fixed data, and the parameters after them,
 /// on the host or on `device`.
 fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
@@ -288,6 +344,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         checks.extend(reduction_checks(&device, &mut plan.rng("nn reductions"))?);
         checks.extend(product_checks(&device, &mut plan.rng("nn products"))?);
         checks.extend(loss_checks(&device, &mut plan.rng("nn losses"))?);
+        checks.extend(layer_checks(&device, &mut plan.rng("nn layers"))?);
     }
     let seed = plan.seed;
     if plan.wants(Group::Training) {

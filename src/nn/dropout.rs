@@ -7,8 +7,11 @@
 //!
 //! p = 1 is allowed, as in PyTorch: every element becomes 0 in training (its gradient too). The twin has
 //! no mask for it (its threshold stops at u32::MAX and 1/(1 − p) is infinite), so that case zeroes all.
+//!
+//! On a GPU (`cuda::layers`) the kernel takes the host's key, threshold and scale, so both draw the same
+//! mask and give the same bits.
 
-use super::cuda;
+use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
@@ -33,8 +36,10 @@ pub fn dropout<F: Real>(x: &Tensor<F>, p: f32, training: bool, seed: u32, step: 
     let Some(mask) = Mask::new(training.then_some(DropoutKey { seed, step }), site, p) else {
         return Ok(x.clone());
     };
-    cuda::host_only(OP, &[x])?;
     let all_dropped = p == 1.0;
+    if let Place::Device(gpu) = cuda::place_of(OP, &[x])? {
+        return device::dropout(&gpu, x, mask, all_dropped);
+    }
     let factor = move |element: usize| -> F {
         if all_dropped { F::zero() } else { F::from(mask.factor(element)).unwrap_or_else(F::nan) }
     };

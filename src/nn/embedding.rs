@@ -4,9 +4,10 @@
 //!
 //! Backward: the weight's gradient is zero but for the rows looked up, each the sum of the output
 //! gradients of its ids, added in the ids' order (a fixed order, so repeated ids round the same way every
-//! run). The `padding_idx` row gets no gradient, as PyTorch's.
+//! run). The `padding_idx` row gets no gradient, as PyTorch's. On a GPU (`cuda::layers`) the ids go up as
+//! ints, and each element of the weight's gradient sums its ids' rows in the same order.
 
-use super::cuda;
+use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, element_count};
 use crate::cpu::Real;
@@ -68,7 +69,10 @@ pub fn embedding<F: Real>(
             usize::try_from(id).ok().filter(|&row| row < rows).ok_or_else(|| not_a_row(id, flat, ids_shape, rows))
         })
         .collect::<Result<Vec<usize>>>()?;
-    cuda::host_only(OP, &[weight])?;
+    let shape = [ids_shape, &[dims]].concat();
+    if let Place::Device(gpu) = cuda::place_of(OP, &[weight])? {
+        return device::embedding(&gpu, weight, looked_up, (rows, dims), padding, shape);
+    }
     let values = weight.storage();
     let table = values.host();
     let out: Vec<F> = looked_up.iter().flat_map(|&row| &table[row * dims..][..dims]).copied().collect();
@@ -82,6 +86,5 @@ pub fn embedding<F: Real>(
         }
         Ok(vec![Some(grad_w)])
     };
-    let shape = [ids_shape, &[dims]].concat();
     Ok(Tensor::from_op(OP, Arc::new(Storage::Host(out)), shape, &[weight], Box::new(backward)))
 }

@@ -2,9 +2,10 @@
 //! values less its mean, over √(σ² + ε) (σ² the biased variance), times `weight` and plus `bias` when
 //! given. Forward and backward are `ops::layernorm`'s (the twin of fused/layernorm.cuh), with ε chosen by
 //! the caller; an absent weight or bias runs the twin with ones or zeros, which changes no value (·1 and
-//! +0 are exact). The weight's and bias's gradients sum over rows in row order.
+//! +0 are exact). The weight's and bias's gradients sum over rows in row order. On a GPU the kernels of
+//! `fused/nn.cu` compute the same (`cuda::layers`), the mean and 1/σ of each row kept for the backward.
 
-use super::cuda;
+use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
@@ -38,7 +39,10 @@ pub fn layer_norm<F: Real>(
         return Err(Error::value(OP, format!("eps must be a finite number ≥ 0, got {eps}")));
     }
     let operands: Vec<&Tensor<F>> = [Some(x), weight, bias].into_iter().flatten().collect();
-    cuda::host_only(OP, &operands)?;
+    if let Place::Device(gpu) = cuda::place_of(OP, &operands)? {
+        // ε in f32, as the host twin rounds it for an f32 tensor.
+        return device::layer_norm(&gpu, (x, weight, bias), width, eps as f32);
+    }
     let w = weight.map_or_else(|| vec![F::one(); width], Tensor::to_vec);
     let b = bias.map_or_else(|| vec![F::zero(); width], Tensor::to_vec);
     let values = x.storage();

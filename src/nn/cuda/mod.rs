@@ -10,9 +10,11 @@
 //! |---|---|
 //! | `mod` | `Device`, `DeviceBuffer`, placement, copies, the kernel table |
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
+//! | `layers` | the same for `layer_norm`, `embedding`, `dropout` and `scaled_dot_product_attention` |
 //! | `capture` | `CapturedStep`: a training step recorded once, replayed as one CUDA graph |
 
 pub mod capture;
+pub(crate) mod layers;
 pub(crate) mod ops;
 
 use super::error::{Error, Result};
@@ -48,6 +50,15 @@ pub(crate) struct Kernels {
     pub(crate) count: Kernel,
     pub(crate) mean_counted: Kernel,
     pub(crate) fill: Kernel,
+    pub(crate) layer_norm: Kernel,
+    pub(crate) layer_norm_grad: Kernel,
+    pub(crate) layer_norm_grad_affine: Kernel,
+    pub(crate) embedding: Kernel,
+    pub(crate) embedding_grad: Kernel,
+    pub(crate) dropout: Kernel,
+    pub(crate) attention: Kernel,
+    pub(crate) attention_grad_q: Kernel,
+    pub(crate) attention_grad_kv: Kernel,
 }
 
 /// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
@@ -126,6 +137,15 @@ impl Device {
                 count: k("nn_count")?,
                 mean_counted: k("nn_mean_counted")?,
                 fill: k("nn_fill")?,
+                layer_norm: k("nn_layer_norm")?,
+                layer_norm_grad: k("nn_layer_norm_grad")?,
+                layer_norm_grad_affine: k("nn_layer_norm_grad_affine")?,
+                embedding: k("nn_embedding")?,
+                embedding_grad: k("nn_embedding_grad")?,
+                dropout: k("nn_dropout")?,
+                attention: k("nn_attention")?,
+                attention_grad_q: k("nn_attention_grad_q")?,
+                attention_grad_kv: k("nn_attention_grad_kv")?,
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;
@@ -182,6 +202,13 @@ impl Device {
         let mut buffer = self.alloc(op, values.len())?;
         buffer.overwrite(op, values)?;
         Ok(buffer)
+    }
+
+    /// Integers for a kernel (embedding ids), as a device buffer.
+    pub(crate) fn upload_i32(&self, op: &'static str, values: &[i32]) -> Result<CudaSlice<i32>> {
+        self.refuse_copy_while_capturing(op)?;
+        let values = if values.is_empty() { &[0][..] } else { values };
+        self.gpu.stream.clone_htod(values).map_err(driver(op))
     }
 
     /// Launches `kernel` over `blocks` blocks of 256 threads with `shared` bytes of dynamic shared memory.
@@ -375,16 +402,6 @@ pub(crate) fn place_of<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Res
                 return Err(Error::device(op, "device tensors hold f32 only"));
             }
             Ok(Place::Device(device))
-        }
-    }
-}
-
-/// An error for an op that has no device kernel yet, given a device tensor.
-pub(crate) fn host_only<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Result<()> {
-    match place_of(op, tensors)? {
-        Place::Host => Ok(()),
-        Place::Device(_) => {
-            Err(Error::device(op, "has no GPU kernel yet: move its operands to the host with to_host() first"))
         }
     }
 }

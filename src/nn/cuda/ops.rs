@@ -27,7 +27,7 @@ pub(crate) const UNARY_NEG: i32 = 6;
 const UNARY_NONE: i32 = -1;
 
 /// The device buffer of a tensor that `place_of` found on the device.
-fn buffer<F: Real>(tensor: &Tensor<F>) -> DeviceBuffer {
+pub(super) fn buffer<F: Real>(tensor: &Tensor<F>) -> DeviceBuffer {
     match &*tensor.storage() {
         Storage::Device(buffer) => buffer.clone(),
         Storage::Host(_) => panic!("internal: a device op was given a host tensor"),
@@ -35,7 +35,7 @@ fn buffer<F: Real>(tensor: &Tensor<F>) -> DeviceBuffer {
 }
 
 /// A size as a kernel's `int`, or an error naming the op when it does not fit.
-fn int(op: &'static str, n: usize) -> Result<i32> {
+pub(super) fn int(op: &'static str, n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::device(op, format!("{n} elements are more than a kernel's int indexes")))
 }
 
@@ -209,7 +209,7 @@ fn sum_axis(
 }
 
 /// Blocks of `nn_softmax_rows` and `nn_cross_entropy`: a warp a row, eight a block.
-fn warp_row_blocks(rows: usize) -> (u32, u32) {
+pub(super) fn warp_row_blocks(rows: usize) -> (u32, u32) {
     (rows.div_ceil(8).max(1) as u32, 1)
 }
 

@@ -1,0 +1,206 @@
+//! The device forward and backward of the layers' ops — `layer_norm`, `embedding`, `dropout` and
+//! `scaled_dot_product_attention` — launching the layers section of `fused/nn.cu`: the twins of the host
+//! paths in `nn/norm.rs`, `embedding.rs`, `dropout.rs` and `attention.rs`, which check their arguments
+//! first and call in here when the operands live on a GPU. Every sum runs in a fixed order with no
+//! atomics: a sum over rows (LayerNorm's weight and bias, an embedding row's ids, attention's keys and
+//! values over queries) is one thread's loop, in the host's order.
+
+use super::ops::{buffer, int, warp_row_blocks};
+use super::{Device, DeviceBuffer};
+use crate::cpu::Real;
+use crate::device::Arg;
+use crate::nn::error::Result;
+use crate::nn::tensor::Tensor;
+use crate::ops::dropout::Mask;
+use std::sync::Arc;
+
+/// The address of an optional buffer, null when absent (a kernel's optional operand).
+fn optional(device: &Device, buffer: Option<&DeviceBuffer>) -> Arg {
+    buffer.map_or(Arg::Ptr(0), |b| device.arg(b))
+}
+
+/// LayerNorm of `x` over rows of `width` with ε `eps`; `weight` and `bias` (`[width]`) are optional.
+pub(crate) fn layer_norm<F: Real>(
+    device: &Arc<Device>,
+    (x, weight, bias): (&Tensor<F>, Option<&Tensor<F>>, Option<&Tensor<F>>),
+    width: usize,
+    eps: f32,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "layer_norm";
+    let rows = x.numel().checked_div(width).unwrap_or(0);
+    let (rows_arg, width_arg) = (Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, width)?));
+    let (xb, wb, bb) = (buffer(x), weight.map(buffer), bias.map(buffer));
+    let (out, mean, rstd) = (device.alloc(NAME, x.numel())?, device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
+    let (w_arg, b_arg) = (optional(device, wb.as_ref()), optional(device, bb.as_ref()));
+    let args = [device.arg(&xb), w_arg, b_arg, device.arg(&out), device.arg(&mean), device.arg(&rstd)];
+    let args = [&args[..], &[rows_arg, width_arg, Arg::f32(eps)]].concat();
+    device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
+    let (device_, has_bias) = (Arc::clone(device), bias.is_some());
+    let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
+        let d = &device_;
+        let (x_arg, mean_arg, rstd_arg) = (d.arg(&xb), d.arg(&mean), d.arg(&rstd));
+        let dx = if needs[0] {
+            let dx = d.alloc(NAME, rows * width)?;
+            let args =
+                [x_arg, optional(d, wb.as_ref()), mean_arg, rstd_arg, d.arg(grad), d.arg(&dx), rows_arg, width_arg];
+            d.launch(NAME, &d.kernels.layer_norm_grad, warp_row_blocks(rows), 0, &args)?;
+            Some(dx)
+        } else {
+            None
+        };
+        // needs: x's, then the weight's and the bias's when given.
+        let want_weight = wb.is_some() && needs[1];
+        let want_bias = has_bias && needs[needs.len() - 1];
+        let dw = if want_weight { Some(d.alloc(NAME, width)?) } else { None };
+        let db = if want_bias { Some(d.alloc(NAME, width)?) } else { None };
+        if want_weight || want_bias {
+            let (dw_arg, db_arg) = (optional(d, dw.as_ref()), optional(d, db.as_ref()));
+            let args = [x_arg, mean_arg, rstd_arg, d.arg(grad), dw_arg, db_arg, rows_arg, width_arg];
+            d.launch(NAME, &d.kernels.layer_norm_grad_affine, d.blocks_for(width), 0, &args)?;
+        }
+        let mut grads = vec![dx];
+        grads.extend(wb.is_some().then_some(dw));
+        grads.extend(has_bias.then_some(db));
+        Ok(grads)
+    };
+    let inputs: Vec<&Tensor<F>> = [Some(x), weight, bias].into_iter().flatten().collect();
+    Ok(Tensor::from_device_op(NAME, out, x.shape().to_vec(), &inputs, Box::new(backward)))
+}
+
+/// The positions of `ids` grouped by row, for `nn_embedding_grad`: `starts` (rows + 1 offsets) and
+/// `positions`, row v's at `starts[v]..starts[v + 1]` in ascending order (a counting sort); the ids equal
+/// to `padding` are left out, so that row's gradient is 0.
+fn positions_by_row(ids: &[usize], rows: usize, padding: Option<usize>) -> (Vec<i32>, Vec<i32>) {
+    let counted = |id: usize| Some(id) != padding;
+    let mut starts = vec![0i32; rows + 1];
+    for &id in ids.iter().filter(|&&id| counted(id)) {
+        starts[id + 1] += 1;
+    }
+    for row in 0..rows {
+        starts[row + 1] += starts[row];
+    }
+    let mut next = starts.clone();
+    let mut positions = vec![0i32; starts[rows] as usize];
+    for (position, &id) in ids.iter().enumerate().filter(|&(_, &id)| counted(id)) {
+        positions[next[id] as usize] = position as i32;
+        next[id] += 1;
+    }
+    (starts, positions)
+}
+
+/// The rows of `weight` (`[rows, dims]`) at `ids` (each checked to be a row), in `shape`; the `padding`
+/// row gets no gradient.
+pub(crate) fn embedding<F: Real>(
+    device: &Arc<Device>,
+    weight: &Tensor<F>,
+    ids: Vec<usize>,
+    (rows, dims): (usize, usize),
+    padding: Option<usize>,
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "embedding";
+    let count = ids.len();
+    let (rows_arg, dims_arg, count_arg) =
+        (Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, dims)?), Arg::i32(int(NAME, count)?));
+    // The kernels index the output and the weight's gradient with an int.
+    int(NAME, count * dims)?;
+    int(NAME, rows * dims)?;
+    let codes: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
+    let codes = device.upload_i32(NAME, &codes)?;
+    let out = device.alloc(NAME, count * dims)?;
+    let args = [device.arg(&buffer(weight)), Arg::buf(&device.gpu, &codes), device.arg(&out), count_arg, dims_arg];
+    device.launch(NAME, &device.kernels.embedding, device.blocks_for(count * dims), 0, &args)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let d = &device_;
+        let (starts, positions) = positions_by_row(&ids, rows, padding);
+        let (starts, positions) = (d.upload_i32(NAME, &starts)?, d.upload_i32(NAME, &positions)?);
+        let dw = d.alloc(NAME, rows * dims)?;
+        let args = [Arg::buf(&d.gpu, &starts), Arg::buf(&d.gpu, &positions), d.arg(grad), d.arg(&dw)];
+        let args = [&args[..], &[rows_arg, dims_arg]].concat();
+        d.launch(NAME, &d.kernels.embedding_grad, d.blocks_for(rows * dims), 0, &args)?;
+        Ok(vec![Some(dw)])
+    };
+    Ok(Tensor::from_device_op(NAME, out, shape, &[weight], Box::new(backward)))
+}
+
+/// `input` times the factors of `mask` (each element's scale or 0; every one 0 when `all_dropped`), in a
+/// new buffer: dropout's forward, and its backward on the gradient.
+fn masked(device: &Arc<Device>, input: &DeviceBuffer, mask: Mask, all_dropped: bool) -> Result<DeviceBuffer> {
+    const NAME: &str = "dropout";
+    // p = 1: the mask's scale is infinite; a scale of 0 makes every factor 0, as the host's.
+    let scale = if all_dropped { 0.0 } else { mask.scale };
+    let out = device.alloc(NAME, input.len())?;
+    let args = [device.arg(input), device.arg(&out), Arg::i32(int(NAME, input.len())?)];
+    let args = [&args[..], &[Arg::u32(mask.key), Arg::u32(mask.threshold), Arg::f32(scale)]].concat();
+    device.launch(NAME, &device.kernels.dropout, device.blocks_for(input.len()), 0, &args)?;
+    Ok(out)
+}
+
+/// Dropout of `x` by `mask` (the host's, so both draw the same elements); p = 1 when `all_dropped`.
+pub(crate) fn dropout<F: Real>(
+    device: &Arc<Device>,
+    x: &Tensor<F>,
+    mask: Mask,
+    all_dropped: bool,
+) -> Result<Tensor<F>> {
+    let out = masked(device, &buffer(x), mask, all_dropped)?;
+    let device_ = Arc::clone(device);
+    let backward =
+        move |grad: &DeviceBuffer, _needs: &[bool]| Ok(vec![Some(masked(&device_, grad, mask, all_dropped)?)]);
+    Ok(Tensor::from_device_op("dropout", out, x.shape().to_vec(), &[x], Box::new(backward)))
+}
+
+/// softmax(q·kᵀ/√D)·v for q, k, v `[batch, heads, time, dims]` (checked equal), keys after the query masked
+/// when `causal`; the probabilities `[batch·heads·time, time]` are kept for the backward.
+pub(crate) fn attention<F: Real>(
+    device: &Arc<Device>,
+    (q, k, v): (&Tensor<F>, &Tensor<F>, &Tensor<F>),
+    (batch, heads, time, dims): (usize, usize, usize, usize),
+    causal: bool,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "scaled_dot_product_attention";
+    let rows = batch * heads * time;
+    let count = rows * dims;
+    let (rows_arg, count_arg) = (Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, count)?));
+    let sizes = [Arg::i32(int(NAME, time)?), Arg::i32(int(NAME, dims)?)];
+    // 1/√D as the twin computes it in f32 (ops::attention::sdp_attention).
+    let scale = Arg::f32(1.0 / (dims as f32).sqrt());
+    let causal = Arg::i32(causal as i32);
+    let (qb, kb, vb) = (buffer(q), buffer(k), buffer(v));
+    let (out, probabilities) = (device.alloc(NAME, count)?, device.alloc(NAME, rows * time)?);
+    let args = [device.arg(&qb), device.arg(&kb), device.arg(&vb), device.arg(&out), device.arg(&probabilities)];
+    let args = [&args[..], &[rows_arg], &sizes, &[scale, causal]].concat();
+    device.launch(NAME, &device.kernels.attention, warp_row_blocks(rows), 0, &args)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let d = &device_;
+        let scores_grad = d.alloc(NAME, rows * time)?;
+        let (dq, dk, dv) = (d.alloc(NAME, count)?, d.alloc(NAME, count)?, d.alloc(NAME, count)?);
+        let args = [d.arg(&kb), d.arg(&vb), d.arg(&probabilities), d.arg(grad), d.arg(&scores_grad), d.arg(&dq)];
+        let args = [&args[..], &[rows_arg], &sizes, &[scale, causal]].concat();
+        d.launch(NAME, &d.kernels.attention_grad_q, warp_row_blocks(rows), 0, &args)?;
+        let args = [d.arg(&qb), d.arg(&probabilities), d.arg(&scores_grad), d.arg(grad), d.arg(&dk), d.arg(&dv)];
+        let args = [&args[..], &[count_arg], &sizes, &[causal]].concat();
+        d.launch(NAME, &d.kernels.attention_grad_kv, d.blocks_for(count), 0, &args)?;
+        Ok(vec![Some(dq), Some(dk), Some(dv)])
+    };
+    Ok(Tensor::from_device_op(NAME, out, q.shape().to_vec(), &[q, k, v], Box::new(backward)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::positions_by_row;
+
+    #[test]
+    fn positions_are_grouped_by_row_in_ascending_order_without_padding() {
+        let ids = [2, 0, 2, 3, 0, 2];
+        let (starts, positions) = positions_by_row(&ids, 4, None);
+        assert_eq!(starts, [0, 2, 2, 5, 6]);
+        assert_eq!(positions, [1, 4, 0, 2, 5, 3]);
+        let (starts, positions) = positions_by_row(&ids, 4, Some(2));
+        assert_eq!(starts, [0, 2, 2, 2, 3]);
+        assert_eq!(positions, [1, 4, 3]);
+        assert_eq!(positions_by_row(&[], 1, None), (vec![0, 0], vec![]));
+    }
+}

@@ -14,10 +14,12 @@
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
 //! | `layout` | `reshape`/`view`, `transpose` |
+//! | `layout` | `permute`, `narrow`/`slice`, `cat` |
+//! | `conv` | `conv2d`, `max_pool2d` (the math: `ops::conv`) |
 //! | `modules`, `optim` | `Module` and its layers (one file each under `modules/`); `Sgd` |
 //!
-//! The math of each op is the CPU twin's in `ops` (activations, losses, the optimizer's update) or
-//! `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
+//! The math of each op is the CPU twin's in `ops` (activations, losses, the optimizer's update, dense
+//! layers, convolution and pooling) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
 //!
 //! ```
 //! use textnet::nn::{Tensor, linear};
@@ -32,6 +34,7 @@
 //! ```
 
 mod autograd;
+mod conv;
 mod elementwise;
 mod error;
 mod layout;
@@ -43,8 +46,11 @@ mod reduce;
 mod shape;
 mod tensor;
 
+pub use conv::{conv2d, max_pool2d};
 pub use error::{Error, Result};
+pub use layout::cat;
 pub use matmul::linear;
+pub use modules::{Conv2d, MaxPool2d};
 pub use modules::{Linear, Module};
 pub use optim::Sgd;
 pub use tensor::{NoGradGuard, Storage, Tensor, is_grad_enabled, no_grad};

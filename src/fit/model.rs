@@ -12,9 +12,11 @@
 //! the GPU draws the same mask without a generator's state and a step is repeatable to the bit.
 
 use super::spec::{Layer, Shape, Spec};
-use crate::cpu::{Mat, Real, SeededRng, gemm};
+use crate::cpu::{Real, SeededRng};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::constant;
+use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape, ZeroGrads};
+use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use crate::ops::dropout::{DropoutKey, dropout_keeps, dropout_threshold};
 use anyhow::{Result, anyhow, bail};
 use rand::SeedableRng;
@@ -291,12 +293,9 @@ pub fn forward_part<F: Real>(
         match *layer {
             Layer::Linear { inputs, outputs, .. } => {
                 let p = net.params[i].as_ref().expect("Linear has parameters");
-                let w = Mat::rows_of(&params[p.weight.clone()], outputs, inputs.unwrap_or(0));
-                if let Some(b) = &p.bias {
-                    let b = &params[b.clone()];
-                    out.chunks_mut(outputs).for_each(|row| row.copy_from_slice(b));
-                }
-                gemm(Mat::rows_of(input, rows, n_in), w.t(), F::one(), &mut out);
+                let shape = DenseShape { rows, inputs: inputs.unwrap_or(0), outputs };
+                let bias = p.bias.clone().map(|b| &params[b]);
+                dense_forward(shape, input, &params[p.weight.clone()], bias, &mut out);
             }
             Layer::Relu | Layer::Sigmoid | Layer::Tanh | Layer::Gelu => {
                 out.iter_mut().zip(input).for_each(|(o, &z)| *o = activate(*layer, z));
@@ -316,35 +315,16 @@ pub fn forward_part<F: Real>(
             Layer::Conv2d { kernel, stride, padding, .. } => {
                 let p = net.params[i].as_ref().expect("Conv2d has parameters");
                 let (w, b) = (&params[p.weight.clone()], &params[p.bias.clone().expect("Conv2d has a bias")]);
-                let conv = Conv::new(sin, sout, kernel, stride, padding);
+                let conv = conv_shape(sin, sout, kernel, stride, padding);
                 for (x, y) in input.chunks(n_in).zip(out.chunks_mut(n_out)) {
-                    conv.forward(x, w, b, y);
+                    conv.forward(x, w, Some(b), y);
                 }
             }
             Layer::MaxPool2d(k) => {
-                let (channels, h, w) = image(sin);
-                let (oh, ow) = (h / k, w / k);
+                let pool = pool_shape(sin, k);
                 let mut from = vec![0u32; rows * n_out];
-                for s in 0..rows {
-                    for c in 0..channels {
-                        for oy in 0..oh {
-                            for ox in 0..ow {
-                                let mut best = (F::neg_infinity(), 0usize);
-                                for dy in 0..k {
-                                    for dx in 0..k {
-                                        let at = (c * h + oy * k + dy) * w + ox * k + dx;
-                                        let v = input[s * n_in + at];
-                                        if v > best.0 {
-                                            best = (v, at);
-                                        }
-                                    }
-                                }
-                                let o = s * n_out + (c * oh + oy) * ow + ox;
-                                out[o] = best.0;
-                                from[o] = best.1 as u32;
-                            }
-                        }
-                    }
+                for ((x, y), winners) in input.chunks(n_in).zip(out.chunks_mut(n_out)).zip(from.chunks_mut(n_out)) {
+                    pool.forward(x, y, winners);
                 }
                 argmax[i] = from;
             }
@@ -416,19 +396,15 @@ pub fn backward_part<F: Real>(
         match net.layers[i] {
             Layer::Linear { inputs, outputs, .. } => {
                 let p = net.params[i].as_ref().expect("Linear has parameters");
-                let k = inputs.unwrap_or(0);
-                let dz = Mat::rows_of(&d, rows, outputs);
-                gemm(dz.t(), Mat::rows_of(input, rows, k), F::zero(), &mut grad[p.weight.clone()]);
-                if let Some(b) = &p.bias {
-                    let gb = &mut grad[b.clone()];
-                    for row in d.chunks(outputs) {
-                        gb.iter_mut().zip(row).for_each(|(g, &v)| *g = *g + v);
-                    }
-                }
-                if needs_input_grad {
-                    let w = Mat::rows_of(&params[p.weight.clone()], outputs, k);
-                    gemm(dz, w, F::zero(), &mut d_in);
-                }
+                let shape = DenseShape { rows, inputs: inputs.unwrap_or(0), outputs };
+                // The weight's gradient comes before its bias's in the flat vector.
+                let (gw, gb) = grad.split_at_mut(p.weight.end);
+                let grads = DenseGrads {
+                    weight: Some((&mut gw[p.weight.clone()], WeightGrad::Write)),
+                    bias: p.bias.clone().map(|b| &mut gb[b.start - p.weight.end..b.end - p.weight.end]),
+                    input: needs_input_grad.then_some(&mut d_in[..]),
+                };
+                dense_backward(shape, input, &params[p.weight.clone()], &d, grads);
             }
             layer @ (Layer::Relu | Layer::Sigmoid | Layer::Tanh | Layer::Gelu) => {
                 for (((di, &dv), &z), &a) in d_in.iter_mut().zip(&d).zip(input).zip(output) {
@@ -450,23 +426,27 @@ pub fn backward_part<F: Real>(
             Layer::Conv2d { kernel, stride, padding, .. } => {
                 let p = net.params[i].as_ref().expect("Conv2d has parameters");
                 let bias = p.bias.clone().expect("Conv2d has a bias");
-                let conv = Conv::new(sin, sout, kernel, stride, padding);
+                let conv = conv_shape(sin, sout, kernel, stride, padding);
                 let mut gw = vec![F::zero(); p.weight.len()];
                 let mut gb = vec![F::zero(); bias.len()];
                 let w = &params[p.weight.clone()];
                 for s in 0..rows {
                     let (x, dy) = (&input[s * n_in..][..n_in], &d[s * n_out..][..n_out]);
-                    conv.backward(x, w, dy, &mut gw, &mut gb, needs_input_grad.then(|| &mut d_in[s * n_in..][..n_in]));
+                    let grads = ConvGrads {
+                        weight: Some(&mut gw),
+                        bias: Some(&mut gb),
+                        input: needs_input_grad.then(|| &mut d_in[s * n_in..][..n_in]),
+                    };
+                    conv.backward(x, w, dy, grads, ZeroGrads::Add);
                 }
                 grad[p.weight.clone()].copy_from_slice(&gw);
                 grad[bias].copy_from_slice(&gb);
             }
-            Layer::MaxPool2d(_) => {
-                for s in 0..rows {
-                    for o in 0..n_out {
-                        let at = trace.argmax[i][s * n_out + o] as usize;
-                        d_in[s * n_in + at] = d_in[s * n_in + at] + d[s * n_out + o];
-                    }
+            Layer::MaxPool2d(k) => {
+                let pool = pool_shape(sin, k);
+                let windows = d.chunks(n_out).zip(trace.argmax[i].chunks(n_out));
+                for ((dy, winners), dx) in windows.zip(d_in.chunks_mut(n_in)) {
+                    pool.backward(dy, winners, dx);
                 }
             }
         }
@@ -506,27 +486,20 @@ pub fn kink_margin<F: Real>(net: &Network, trace: &Trace<F>) -> f64 {
                 }
             }
             Layer::MaxPool2d(k) => {
-                let (channels, h, w) = image(net.shapes[i]);
-                let n_in = size(net.shapes[i]);
-                for sample in input.chunks(n_in) {
-                    for c in 0..channels {
-                        for oy in 0..h / k {
-                            for ox in 0..w / k {
-                                let mut top = [f64::NEG_INFINITY; 2];
-                                for dy in 0..k {
-                                    for dx in 0..k {
-                                        let v = sample[(c * h + oy * k + dy) * w + ox * k + dx].to_f64().unwrap_or(0.0);
-                                        if v > top[0] {
-                                            top = [v, top[0]];
-                                        } else if v > top[1] {
-                                            top[1] = v;
-                                        }
-                                    }
-                                }
-                                if k > 1 && !(top[0] == 0.0 && top[1] == 0.0) {
-                                    margin = margin.min((top[0] - top[1]) / scale);
-                                }
+                let pool = pool_shape(net.shapes[i], k);
+                for sample in input.chunks(pool.input_len()) {
+                    for o in 0..pool.output_len() {
+                        let mut top = [f64::NEG_INFINITY; 2];
+                        for at in pool.window(o) {
+                            let v = sample[at].to_f64().unwrap_or(0.0);
+                            if v > top[0] {
+                                top = [v, top[0]];
+                            } else if v > top[1] {
+                                top[1] = v;
                             }
+                        }
+                        if k > 1 && !(top[0] == 0.0 && top[1] == 0.0) {
+                            margin = margin.min((top[0] - top[1]) / scale);
                         }
                     }
                 }
@@ -571,77 +544,15 @@ fn slope<F: Real>(layer: Layer, z: F, a: F) -> F {
     }
 }
 
-/// One Conv2d layer's sizes: `[cin][h][w]` in, `[cout][oh][ow]` out, `k`×`k` kernel.
-struct Conv {
-    cin: usize,
-    h: usize,
-    w: usize,
-    cout: usize,
-    oh: usize,
-    ow: usize,
-    k: usize,
-    stride: usize,
-    padding: usize,
+/// A Conv2d layer's sizes from its input and output shapes (`Spec::chain` checked that they fit).
+fn conv_shape(sin: Shape, sout: Shape, kernel: usize, stride: usize, padding: usize) -> Conv2dShape {
+    let conv = Conv2dShape::new(image(sin), image(sout).0, (kernel, kernel), stride, padding)
+        .expect("Spec::chain lets only kernels that fit their input through");
+    debug_assert_eq!(image(sout), (conv.out_channels, conv.out_height, conv.out_width));
+    conv
 }
 
-impl Conv {
-    fn new(sin: Shape, sout: Shape, k: usize, stride: usize, padding: usize) -> Conv {
-        let ((cin, h, w), (cout, oh, ow)) = (image(sin), image(sout));
-        Conv { cin, h, w, cout, oh, ow, k, stride, padding }
-    }
-
-    /// The input index under output (oy, ox) at kernel offset (ky, kx) of channel c, or None in the padding.
-    fn source(&self, c: usize, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<usize> {
-        let y = (oy * self.stride + ky).checked_sub(self.padding).filter(|&y| y < self.h)?;
-        let x = (ox * self.stride + kx).checked_sub(self.padding).filter(|&x| x < self.w)?;
-        Some((c * self.h + y) * self.w + x)
-    }
-
-    fn weight_index(&self, co: usize, ci: usize, ky: usize, kx: usize) -> usize {
-        ((co * self.cin + ci) * self.k + ky) * self.k + kx
-    }
-
-    fn forward<F: Real>(&self, x: &[F], w: &[F], b: &[F], y: &mut [F]) {
-        for co in 0..self.cout {
-            for oy in 0..self.oh {
-                for ox in 0..self.ow {
-                    let mut acc = b[co];
-                    for ci in 0..self.cin {
-                        for ky in 0..self.k {
-                            for kx in 0..self.k {
-                                if let Some(at) = self.source(ci, oy, ox, ky, kx) {
-                                    acc = acc + w[self.weight_index(co, ci, ky, kx)] * x[at];
-                                }
-                            }
-                        }
-                    }
-                    y[(co * self.oh + oy) * self.ow + ox] = acc;
-                }
-            }
-        }
-    }
-
-    fn backward<F: Real>(&self, x: &[F], w: &[F], dy: &[F], gw: &mut [F], gb: &mut [F], mut dx: Option<&mut [F]>) {
-        for co in 0..self.cout {
-            for oy in 0..self.oh {
-                for ox in 0..self.ow {
-                    let g = dy[(co * self.oh + oy) * self.ow + ox];
-                    gb[co] = gb[co] + g;
-                    for ci in 0..self.cin {
-                        for ky in 0..self.k {
-                            for kx in 0..self.k {
-                                if let Some(at) = self.source(ci, oy, ox, ky, kx) {
-                                    let wi = self.weight_index(co, ci, ky, kx);
-                                    gw[wi] = gw[wi] + g * x[at];
-                                    if let Some(dx) = dx.as_deref_mut() {
-                                        dx[at] = dx[at] + g * w[wi];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+/// A MaxPool2d(k) layer's sizes: k×k windows side by side (stride k, no padding).
+fn pool_shape(sin: Shape, k: usize) -> MaxPool2dShape {
+    MaxPool2dShape::new(image(sin), k, k, 0).expect("Spec::chain lets only windows that fit their input through")
 }

@@ -15,11 +15,15 @@
 //! fc1.weight `[fc,c2·(side/4)²]`, fc1.bias, fc2.weight `[classes,fc]`, fc2.bias, so the shared optimizers
 //! update it in one pass and a model file loads into the same `torch.nn` model.
 //!
+//! The convolutions and the pooling are `ops::conv`'s (the twin `textnet fit` shares); the two fully
+//! connected layers sum each output in input order, as the kernel's warps fold them, not through `gemm`.
+//!
 //! The math is generic over the float type: training runs it in f32, and the finite-difference tests in
 //! f64, where a perturbation of 1e-6 is too small to cross a ReLU kink or change a pooling choice.
 
 use super::idx::Split;
 use crate::cpu::SeededRng;
+use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape, ZeroGrads};
 use crate::ops::losses::softmax_xent;
 use anyhow::{Result, bail};
 use num_traits::Float;
@@ -151,64 +155,29 @@ fn tensors<T>(shape: CnnShape, flat: &[T]) -> Tensors<'_, T> {
 struct Forward<T> {
     z1: Vec<T>,
     p1: Vec<T>,
-    /// Per pooled element of p1, which of its window's four (0–3) it took.
-    arg1: Vec<u8>,
+    /// Per pooled element of p1, the element of z1 it took.
+    arg1: Vec<u32>,
     z2: Vec<T>,
     f: Vec<T>,
-    arg2: Vec<u8>,
+    arg2: Vec<u32>,
     zh: Vec<T>,
     logits: Vec<T>,
 }
 
-/// out[c][y][x] = b[c] + Σ_{ci,ky,kx} w[c][ci][ky][kx]·input[ci][y+ky−1][x+kx−1], zero outside.
-fn conv3x3<T: Float>(input: &[T], channels: usize, side: usize, w: &[T], b: &[T], out: &mut [T]) {
-    for (c, plane) in out.chunks_exact_mut(side * side).enumerate() {
-        for y in 0..side {
-            for x in 0..side {
-                let mut z = b[c];
-                for ci in 0..channels {
-                    for ky in 0..3 {
-                        let yy = y + ky;
-                        if yy < 1 || yy > side {
-                            continue;
-                        }
-                        for kx in 0..3 {
-                            let xx = x + kx;
-                            if xx < 1 || xx > side {
-                                continue;
-                            }
-                            let weight = w[((c * channels + ci) * 3 + ky) * 3 + kx];
-                            z = z + weight * input[(ci * side + yy - 1) * side + xx - 1];
-                        }
-                    }
-                }
-                plane[y * side + x] = z;
-            }
-        }
-    }
+/// conv3x3 (pad 1) of `channels` × `side` × `side` maps into `out_channels`.
+fn conv3x3(channels: usize, side: usize, out_channels: usize) -> Conv2dShape {
+    Conv2dShape::new((channels, side, side), out_channels, (3, 3), 1, 1).expect("a 3×3 kernel fits a padded image")
+}
+
+/// 2×2 max pooling of `channels` × `side` × `side` maps.
+fn pool2(channels: usize, side: usize) -> MaxPool2dShape {
+    MaxPool2dShape::new((channels, side, side), 2, 2, 0).expect("the side is even")
 }
 
 /// relu then 2×2 max pooling of `z` (channels × side × side): the pooled values and which element of
 /// each window they came from (the first largest).
-fn relu_pool<T: Float>(z: &[T], channels: usize, side: usize, pooled: &mut [T], arg: &mut [u8]) {
-    let half = side / 2;
-    for c in 0..channels {
-        for i in 0..half {
-            for j in 0..half {
-                let mut best = T::neg_infinity();
-                let mut which = 0u8;
-                for (k, (dy, dx)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
-                    let a = z[(c * side + 2 * i + dy) * side + 2 * j + dx].max(T::zero());
-                    if a > best {
-                        best = a;
-                        which = k as u8;
-                    }
-                }
-                pooled[(c * half + i) * half + j] = best;
-                arg[(c * half + i) * half + j] = which;
-            }
-        }
-    }
+fn relu_pool<T: Float>(z: &[T], channels: usize, side: usize, pooled: &mut [T], winners: &mut [u32]) {
+    pool2(channels, side).forward_mapped(z, |v| v.max(T::zero()), pooled, winners);
 }
 
 fn forward_one<T: Float>(shape: CnnShape, p: &Tensors<T>, image: &[f32]) -> Forward<T> {
@@ -216,12 +185,12 @@ fn forward_one<T: Float>(shape: CnnShape, p: &Tensors<T>, image: &[f32]) -> Forw
     let (s2, s3) = (side / 2, side / 4);
     let x: Vec<T> = image.iter().map(|&v| T::from(v).expect("a float")).collect();
     let mut z1 = vec![T::zero(); c1 * side * side];
-    conv3x3(&x, 1, side, p.w1, p.b1, &mut z1);
-    let (mut p1, mut arg1) = (vec![T::zero(); c1 * s2 * s2], vec![0u8; c1 * s2 * s2]);
+    conv3x3(1, side, c1).forward(&x, p.w1, Some(p.b1), &mut z1);
+    let (mut p1, mut arg1) = (vec![T::zero(); c1 * s2 * s2], vec![0u32; c1 * s2 * s2]);
     relu_pool(&z1, c1, side, &mut p1, &mut arg1);
     let mut z2 = vec![T::zero(); c2 * s2 * s2];
-    conv3x3(&p1, c1, s2, p.w2, p.b2, &mut z2);
-    let (mut f, mut arg2) = (vec![T::zero(); c2 * s3 * s3], vec![0u8; c2 * s3 * s3]);
+    conv3x3(c1, s2, c2).forward(&p1, p.w2, Some(p.b2), &mut z2);
+    let (mut f, mut arg2) = (vec![T::zero(); c2 * s3 * s3], vec![0u32; c2 * s3 * s3]);
     relu_pool(&z2, c2, s2, &mut f, &mut arg2);
     let n = f.len();
     let zh: Vec<T> =
@@ -233,70 +202,27 @@ fn forward_one<T: Float>(shape: CnnShape, p: &Tensors<T>, image: &[f32]) -> Forw
 }
 
 /// Sends each pooled gradient to the window element the forward pass took, through relu's mask (z > 0).
-fn unpool<T: Float>(d_pooled: &[T], arg: &[u8], z: &[T], channels: usize, side: usize, dz: &mut [T]) {
-    let half = side / 2;
+fn unpool<T: Float>(d_pooled: &[T], winners: &[u32], z: &[T], channels: usize, side: usize, dz: &mut [T]) {
     dz.iter_mut().for_each(|v| *v = T::zero());
-    for c in 0..channels {
-        for i in 0..half {
-            for j in 0..half {
-                let k = (c * half + i) * half + j;
-                let (dy, dx) = ((arg[k] / 2) as usize, (arg[k] % 2) as usize);
-                let at = (c * side + 2 * i + dy) * side + 2 * j + dx;
-                if z[at] > T::zero() {
-                    dz[at] = d_pooled[k];
-                }
-            }
-        }
-    }
+    pool2(channels, side).backward(d_pooled, winners, dz);
+    dz.iter_mut().zip(z).for_each(|(d, &z)| *d = if z > T::zero() { *d } else { T::zero() });
 }
 
-/// The weight and bias gradients of conv3x3 from dz (channels_out × side × side) and its input, and,
-/// when `d_input` is given, the input's gradient.
-#[allow(clippy::too_many_arguments)]
+/// The weight and bias gradients of conv3x3 (`channels` in, pad 1) from dz and its input, added to `gw`
+/// and `gb`, and, when `d_input` is given, the input's gradient written there.
 fn conv3x3_backward<T: Float>(
-    input: &[T],
-    channels: usize,
-    side: usize,
+    (input, channels, side): (&[T], usize, usize),
     w: &[T],
     dz: &[T],
-    gw: &mut [T],
-    gb: &mut [T],
+    (gw, gb): (&mut [T], &mut [T]),
     mut d_input: Option<&mut [T]>,
 ) {
     if let Some(d) = d_input.as_deref_mut() {
         d.iter_mut().for_each(|v| *v = T::zero());
     }
-    for (c, plane) in dz.chunks_exact(side * side).enumerate() {
-        for y in 0..side {
-            for x in 0..side {
-                let g = plane[y * side + x];
-                if g == T::zero() {
-                    continue;
-                }
-                gb[c] = gb[c] + g;
-                for ci in 0..channels {
-                    for ky in 0..3 {
-                        let yy = y + ky;
-                        if yy < 1 || yy > side {
-                            continue;
-                        }
-                        for kx in 0..3 {
-                            let xx = x + kx;
-                            if xx < 1 || xx > side {
-                                continue;
-                            }
-                            let wi = ((c * channels + ci) * 3 + ky) * 3 + kx;
-                            let ii = (ci * side + yy - 1) * side + xx - 1;
-                            gw[wi] = gw[wi] + g * input[ii];
-                            if let Some(d) = d_input.as_deref_mut() {
-                                d[ii] = d[ii] + g * w[wi];
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let conv = conv3x3(channels, side, gb.len());
+    let grads = ConvGrads { weight: Some(gw), bias: Some(gb), input: d_input };
+    conv.backward(input, w, dz, grads, ZeroGrads::Skip);
 }
 
 /// What the GPU's forward and backward kernels keep per image, image after image, for the selftest's
@@ -386,7 +312,8 @@ fn step<T: Float>(
         }
         unpool(&df, &a.arg2, &a.z2, c2, s2, &mut dz2);
         let (g_lo, g_hi) = grad.split_at_mut(starts[3]);
-        conv3x3_backward(&a.p1, c1, s2, p.w2, &dz2, &mut g_lo[starts[2]..], &mut g_hi[..c2], Some(&mut dp1));
+        let grads = (&mut g_lo[starts[2]..], &mut g_hi[..c2]);
+        conv3x3_backward((&a.p1, c1, s2), p.w2, &dz2, grads, Some(&mut dp1));
         unpool(&dp1, &a.arg1, &a.z1, c1, side, &mut dz1);
         if let Some(r) = record.as_deref_mut() {
             let f32s = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.to_f32().unwrap_or(f32::NAN)).collect() };
@@ -403,7 +330,7 @@ fn step<T: Float>(
         }
         let x: Vec<T> = image.iter().map(|&v| T::from(v).expect("a float")).collect();
         let (g_lo, g_hi) = grad.split_at_mut(starts[1]);
-        conv3x3_backward(&x, 1, side, p.w1, &dz1, &mut g_lo[starts[0]..], &mut g_hi[..c1], None);
+        conv3x3_backward((&x, 1, side), p.w1, &dz1, (&mut g_lo[starts[0]..], &mut g_hi[..c1]), None);
     }
     loss
 }
@@ -437,42 +364,27 @@ pub fn kink_margin(p: &CnnParams, data: &Split, rows: &[u32]) -> f64 {
     let mut margin = f64::INFINITY;
     let conv_margin =
         |input: &[f32], channels: usize, side: usize, w: &[f32], b: &[f32], z: &[f32], margin: &mut f64| {
+            let conv = conv3x3(channels, side, b.len());
             for (c, plane) in z.chunks_exact(side * side).enumerate() {
-                for y in 0..side {
-                    for x in 0..side {
-                        let mut scale = b[c].abs() as f64;
-                        for ci in 0..channels {
-                            for ky in 0..3 {
-                                for kx in 0..3 {
-                                    let (yy, xx) = (y + ky, x + kx);
-                                    if yy >= 1 && yy <= side && xx >= 1 && xx <= side {
-                                        let weight = w[((c * channels + ci) * 3 + ky) * 3 + kx] as f64;
-                                        scale += (weight * input[(ci * side + yy - 1) * side + xx - 1] as f64).abs();
-                                    }
-                                }
-                            }
-                        }
-                        if scale > 0.0 {
-                            *margin = margin.min(plane[y * side + x].abs() as f64 / scale);
-                        }
+                let weights = &w[c * conv.taps()..][..conv.taps()];
+                for (p, &z) in plane.iter().enumerate() {
+                    let mut scale = b[c].abs() as f64;
+                    conv.for_each_tap(p / side, p % side, |tap, at| {
+                        scale += (weights[tap] as f64 * input[at] as f64).abs();
+                    });
+                    if scale > 0.0 {
+                        *margin = margin.min(z.abs() as f64 / scale);
                     }
                 }
             }
         };
     let pool_margin = |z: &[f32], channels: usize, side: usize, margin: &mut f64| {
-        let half = side / 2;
-        for c in 0..channels {
-            for i in 0..half {
-                for j in 0..half {
-                    let mut a: Vec<f32> = [(0, 0), (0, 1), (1, 0), (1, 1)]
-                        .iter()
-                        .map(|(dy, dx)| z[(c * side + 2 * i + dy) * side + 2 * j + dx].max(0.0))
-                        .collect();
-                    a.sort_by(|x, y| y.total_cmp(x));
-                    if a[0] > 0.0 {
-                        *margin = margin.min(((a[0] - a[1]) / a[0]) as f64);
-                    }
-                }
+        let pool = pool2(channels, side);
+        for o in 0..pool.output_len() {
+            let mut a: Vec<f32> = pool.window(o).map(|at| z[at].max(0.0)).collect();
+            a.sort_by(|x, y| y.total_cmp(x));
+            if a[0] > 0.0 {
+                *margin = margin.min(((a[0] - a[1]) / a[0]) as f64);
             }
         }
     };

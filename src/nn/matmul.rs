@@ -2,13 +2,14 @@
 //! axes, or with one operand of two axes shared by every batch), and `linear` in PyTorch's layout,
 //! y = x·wᵀ + b with w [out, in], over the last axis of x.
 //!
-//! Backward: dA = dC·Bᵀ, dB = Aᵀ·dC (summed over the batches that share an operand, in batch order);
-//! linear's db is the column sums of dy, row by row.
+//! Backward: dA = dC·Bᵀ, dB = Aᵀ·dC (summed over the batches that share an operand, in batch order).
+//! `linear` is `ops::dense`, the dense layer's CPU twin (its db the column sums of dy, row by row).
 
 use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::{Mat, Real, gemm};
+use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use std::sync::Arc;
 
 impl<F: Real> Tensor<F> {
@@ -81,43 +82,28 @@ pub fn linear<F: Real>(x: &Tensor<F>, weight: &Tensor<F>, bias: Option<&Tensor<F
         return Err(Error::shapes("linear", weight.shape(), bias.shape(), "do not match: the bias must be [out]"));
     }
     let lead = &x.shape()[..x.rank() - 1];
-    let rows: usize = lead.iter().product();
+    let dense = DenseShape { rows: lead.iter().product(), inputs, outputs };
+    let rows = dense.rows;
     let shape = [lead, &[outputs]].concat();
     let operands: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
     if let Place::Device(gpu) = cuda::place_of("linear", &operands)? {
         return device::linear(&gpu, (x, weight, bias), (rows, inputs, outputs), shape);
     }
     let (values_x, values_w) = (x.storage(), weight.storage());
-    let mut out = match bias {
-        Some(bias) => bias.storage().host().repeat(rows),
-        None => vec![F::zero(); rows * outputs],
-    };
-    let beta = if bias.is_some() { F::one() } else { F::zero() };
-    let w_t = Mat::rows_of(values_w.host(), outputs, inputs).t();
-    gemm(Mat::rows_of(values_x.host(), rows, inputs), w_t, beta, &mut out);
+    let mut out = vec![F::zero(); dense.rows * outputs];
+    let bias_values = bias.map(Tensor::storage);
+    dense_forward(dense, values_x.host(), values_w.host(), bias_values.as_deref().map(Storage::host), &mut out);
     let backward = move |grad: &[F], needs: &[bool]| {
-        let g = Mat::rows_of(grad, rows, outputs);
-        let grad_x = needs[0].then(|| {
-            let mut grad_x = vec![F::zero(); rows * inputs];
-            gemm(g, Mat::rows_of(values_w.host(), outputs, inputs), F::zero(), &mut grad_x);
-            grad_x
-        });
-        let grad_w = needs[1].then(|| {
-            let mut grad_w = vec![F::zero(); outputs * inputs];
-            gemm(g.t(), Mat::rows_of(values_x.host(), rows, inputs), F::zero(), &mut grad_w);
-            grad_w
-        });
-        let mut grads = vec![grad_x, grad_w];
-        if needs.len() == 3 {
-            grads.push(needs[2].then(|| {
-                let mut grad_b = vec![F::zero(); outputs];
-                for row in grad.chunks_exact(outputs.max(1)) {
-                    grad_b.iter_mut().zip(row).for_each(|(s, &g)| *s = *s + g);
-                }
-                grad_b
-            }));
-        }
-        Ok(grads)
+        let mut grad_x = needs[0].then(|| vec![F::zero(); dense.rows * inputs]);
+        let mut grad_w = needs[1].then(|| vec![F::zero(); outputs * inputs]);
+        let mut grad_b = needs.get(2).copied().unwrap_or(false).then(|| vec![F::zero(); outputs]);
+        let grads = DenseGrads {
+            weight: grad_w.as_deref_mut().map(|g| (g, WeightGrad::Write)),
+            bias: grad_b.as_deref_mut(),
+            input: grad_x.as_deref_mut(),
+        };
+        dense_backward(dense, values_x.host(), values_w.host(), grad, grads);
+        Ok([grad_x, grad_w].into_iter().chain((needs.len() == 3).then_some(grad_b)).collect())
     };
     Ok(Tensor::from_op("linear", Arc::new(Storage::Host(out)), shape, &operands, Box::new(backward)))
 }

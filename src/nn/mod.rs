@@ -15,17 +15,18 @@
 //! | `reduce` | `sum`, `mean` over an axis or all; `softmax`, `log_softmax` |
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
-//! | `layout` | `reshape`/`view`, `transpose` |
 //! | `norm` | `layer_norm` over the last axis |
 //! | `embedding` | `embedding`: rows of a table by id |
 //! | `dropout` | `dropout`, its mask the kernels' hash |
 //! | `attention` | `scaled_dot_product_attention`, causal or not |
+//! | `layout` | `reshape`/`view`, `transpose`, `permute`, `narrow`/`slice`, `cat` |
+//! | `conv` | `conv2d`, `max_pool2d` (the math: `ops::conv`) |
 //! | `modules` | `Module` and its layers (one file each under `modules/`); `Sequential`, `ModuleList` |
 //! | `optim` | `Optimizer` (SGD, momentum, Adam, AdamW) over parameter groups, `Scheduler`, `clip_grad_norm` |
 //! | `state` | `state_dict`, saved to and loaded from safetensors |
 //!
 //! The math of each op is the CPU twin's in `ops` (activations, losses, layernorm, dropout, attention, the
-//! optimizer's update) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
+//! optimizer's update, dense layers, convolution and pooling) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
 //!
 //! ```
 //! use textnet::nn::{Tensor, linear};
@@ -43,6 +44,7 @@ mod attention;
 mod autograd;
 pub mod bench;
 pub mod checks;
+mod conv;
 pub mod cuda;
 mod dropout;
 mod elementwise;
@@ -60,12 +62,15 @@ mod state;
 mod tensor;
 
 pub use attention::scaled_dot_product_attention;
+pub use conv::{conv2d, max_pool2d};
 pub use cuda::capture::CapturedStep;
 pub use cuda::{Device, DeviceBuffer};
 pub use dropout::dropout;
 pub use embedding::embedding;
 pub use error::{Error, Result};
+pub use layout::cat;
 pub use matmul::linear;
+pub use modules::{Conv2d, MaxPool2d};
 pub use modules::{Dropout, Embedding, LayerNorm};
 pub use modules::{Linear, Module};
 pub use modules::{ModuleList, Sequential, prefixed};

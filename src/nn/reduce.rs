@@ -5,15 +5,10 @@
 
 use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
-use super::shape::axis_index;
+use super::shape::{around, axis_index};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::{Real, softmax_in_place};
 use std::sync::Arc;
-
-/// `shape` seen as (outer, axis, inner) around `axis`: element (o, k, i) at (o·n + k)·inner + i.
-fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
-}
 
 /// The sum (or mean, when `mean`) of `x` along `axis`, None for all elements.
 fn reduce<F: Real>(

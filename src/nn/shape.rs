@@ -64,6 +64,11 @@ pub(crate) fn for_each_offset<const N: usize>(
     }
 }
 
+/// `shape` seen as (outer, axis, inner) around `axis`: element (o, k, i) at (o·n + k)·inner + i.
+pub(crate) fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+}
+
 /// `axis` of `shape` as an index from the front; a negative one counts from the end (-1 is the last).
 pub(crate) fn axis_index(op: &'static str, shape: &[usize], axis: isize) -> Result<usize> {
     let rank = shape.len() as isize;

@@ -28,10 +28,11 @@
 //! there are several, and their parameter gradients are added in sequence order, so a run repeats to
 //! the bit whatever the thread count.
 
-use crate::cpu::{Mat, Real, SeededRng, gemm};
+use crate::cpu::{Real, SeededRng};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::attention::{AttentionDropout, attention, attention_backward};
 use crate::ops::constant;
+use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use crate::ops::dropout::{DropoutKey, Mask};
 use crate::ops::layernorm::{layer_norm_backward, layer_norm_rows};
 use crate::ops::losses::softmax_xent;
@@ -478,15 +479,17 @@ fn push<F: Copy>(dst: &mut Vec<F>, src: Vec<F>) {
     }
 }
 
+/// The sizes of a linear layer of weight `w` (`[n][k]`, PyTorch's Linear) over `rows` rows of `x`.
+fn dense_shape<F>(x: &[F], rows: usize, w: &[F]) -> DenseShape {
+    let inputs = x.len() / rows.max(1);
+    DenseShape { rows, inputs, outputs: w.len() / inputs }
+}
+
 /// out (rows × n) = x (rows × k)·wᵀ (+ b), w being n × k (PyTorch's Linear).
 fn linear<F: Real>(x: &[F], rows: usize, (w, b): (&[F], Option<&[F]>)) -> Vec<F> {
-    let k = x.len() / rows.max(1);
-    let n = w.len() / k;
-    let mut out: Vec<F> = match b {
-        Some(b) => b.iter().copied().cycle().take(rows * n).collect(),
-        None => vec![F::zero(); rows * n],
-    };
-    gemm(Mat::rows_of(x, rows, k), Mat::rows_of(w, n, k).t(), F::one(), &mut out);
+    let shape = dense_shape(x, rows, w);
+    let mut out = vec![F::zero(); rows * shape.outputs];
+    dense_forward(shape, x, w, b, &mut out);
     out
 }
 
@@ -499,16 +502,10 @@ fn linear_backward<F: Real>(
     w: &[F],
     (gw, gb): (&mut [F], Option<&mut [F]>),
 ) -> Vec<F> {
-    let k = x.len() / rows.max(1);
-    let n = w.len() / k;
-    gemm(Mat::rows_of(d_out, rows, n).t(), Mat::rows_of(x, rows, k), F::one(), gw);
-    if let Some(gb) = gb {
-        for row in d_out.chunks_exact(n) {
-            gb.iter_mut().zip(row).for_each(|(g, &d)| *g = *g + d);
-        }
-    }
-    let mut d_x = vec![F::zero(); rows * k];
-    gemm(Mat::rows_of(d_out, rows, n), Mat::rows_of(w, n, k), F::zero(), &mut d_x);
+    let shape = dense_shape(x, rows, w);
+    let mut d_x = vec![F::zero(); rows * shape.inputs];
+    let grads = DenseGrads { weight: Some((gw, WeightGrad::Add)), bias: gb, input: Some(&mut d_x) };
+    dense_backward(shape, x, w, d_out, grads);
     d_x
 }
 

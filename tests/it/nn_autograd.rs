@@ -7,7 +7,7 @@
 //! Each op's check is the loss L = Σ c ⊙ op(inputs) for fixed random c (the op's output gradient, given to
 //! `backward_with`), so every output element weighs in with its own factor.
 
-use crate::common::gradcheck::{Op, TOLERANCE, check, gradients, input, values};
+use crate::common::gradcheck::{Op, TOLERANCE, check, fails_with, gradients, input, values};
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
@@ -333,13 +333,6 @@ fn f32_gradients_agree_with_f64() {
     }
     let (single, double) = (grads::<f32>(&x, &w, &b), grads::<f64>(&x, &w, &b));
     assert!(relative(&single, &double) < 1e-5, "{single:?}\n{double:?}");
-}
-
-/// `result`'s error as its one line, which must be `expected` exactly.
-fn fails_with<T: std::fmt::Debug>(result: nn::Result<T>, expected: &str) {
-    let err = result.unwrap_err().to_string();
-    assert_eq!(err, expected);
-    assert_eq!(err.lines().count(), 1);
 }
 
 #[test]

@@ -415,3 +415,13 @@ pub(crate) fn from_f32<F: Real>(values: Vec<f32>) -> Vec<F> {
 pub(crate) fn to_f32<F: Real>(values: &[F]) -> Vec<f32> {
     values.iter().map(|v| v.to_f32().unwrap_or(f32::NAN)).collect()
 }
+
+/// An error for an op that has no device kernel yet, given a device tensor.
+pub(crate) fn host_only<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Result<()> {
+    match place_of(op, tensors)? {
+        Place::Host => Ok(()),
+        Place::Device(_) => {
+            Err(Error::device(op, "has no GPU kernel yet: move its operands to the host with to_host() first"))
+        }
+    }
+}

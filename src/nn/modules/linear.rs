@@ -1,7 +1,7 @@
 //! `Linear`: y = x·wᵀ + b, initialised as PyTorch's `nn.Linear` (`cpu::linear_init`).
 
-use super::Module;
-use crate::cpu::{Real, SeededRng, linear_init};
+use super::{Module, require_grads, uniform_init, weight_and_bias};
+use crate::cpu::{Real, SeededRng};
 use crate::nn::error::{Error, Result};
 use crate::nn::matmul::linear;
 use crate::nn::tensor::Tensor;
@@ -19,13 +19,8 @@ impl<F: Real> Linear<F> {
     /// A layer of `inputs` → `outputs` drawn from `rng` as PyTorch's `nn.Linear`: weight, then bias, each
     /// U(−1/√inputs, 1/√inputs).
     pub fn new(inputs: usize, outputs: usize, bias: bool, rng: &mut SeededRng) -> Result<Self> {
-        let mut draw = |count: usize| {
-            let mut values = vec![0f32; count];
-            linear_init(&mut values, inputs, rng);
-            values.into_iter().map(|v| F::from(v).unwrap_or_else(F::nan)).collect::<Vec<F>>()
-        };
-        let weight = Tensor::parameter(draw(outputs * inputs), &[outputs, inputs])?;
-        let bias = if bias { Some(Tensor::parameter(draw(outputs), &[outputs])?) } else { None };
+        let weight = Tensor::parameter(uniform_init(outputs * inputs, inputs, rng), &[outputs, inputs])?;
+        let bias = if bias { Some(Tensor::parameter(uniform_init(outputs, inputs, rng), &[outputs])?) } else { None };
         Ok(Linear { weight, bias })
     }
 
@@ -39,9 +34,7 @@ impl<F: Real> Linear<F> {
         {
             return Err(Error::shapes("Linear", weight.shape(), bias.shape(), "do not match: the bias must be [out]"));
         }
-        for parameter in std::iter::once(&weight).chain(&bias) {
-            parameter.set_requires_grad(true)?;
-        }
+        require_grads(&weight, bias.as_ref())?;
         Ok(Linear { weight, bias })
     }
 
@@ -62,7 +55,6 @@ impl<F: Real> Module<F> for Linear<F> {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor<F>)> {
-        let weight = ("weight".to_string(), self.weight.clone());
-        std::iter::once(weight).chain(self.bias.iter().map(|b| ("bias".to_string(), b.clone()))).collect()
+        weight_and_bias(&self.weight, self.bias.as_ref())
     }
 }

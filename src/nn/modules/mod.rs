@@ -8,22 +8,47 @@
 //! | `embedding` | `Embedding` |
 //! | `layer_norm` | `LayerNorm` |
 //! | `dropout` | `Dropout` |
+//! | `conv2d` | `Conv2d` |
+//! | `max_pool2d` | `MaxPool2d` |
 //! | `container` | `Sequential`, `ModuleList` |
 
 mod container;
+mod conv2d;
 mod dropout;
 mod embedding;
 mod layer_norm;
 mod linear;
+mod max_pool2d;
 
 pub use container::{ModuleList, Sequential};
+pub use conv2d::Conv2d;
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
+pub use max_pool2d::MaxPool2d;
 
 use super::tensor::Tensor;
-use crate::cpu::Real;
+use crate::cpu::{Real, SeededRng, linear_init};
+
+/// `count` values drawn from `rng` as PyTorch initialises a layer of fan-in `fan_in` (`nn.Linear`'s and
+/// `nn.Conv2d`'s weight and bias): U(−1/√fan_in, 1/√fan_in), drawn in f32 (`cpu::linear_init`).
+fn uniform_init<F: Real>(count: usize, fan_in: usize, rng: &mut SeededRng) -> Vec<F> {
+    let mut values = vec![0f32; count];
+    linear_init(&mut values, fan_in, rng);
+    values.into_iter().map(|v| F::from(v).unwrap_or_else(F::nan)).collect()
+}
+
+/// Marks a layer's weight and its bias, if any, as requiring gradients.
+fn require_grads<F: Real>(weight: &Tensor<F>, bias: Option<&Tensor<F>>) -> crate::nn::Result<()> {
+    std::iter::once(weight).chain(bias).try_for_each(|parameter| parameter.set_requires_grad(true))
+}
+
+/// `weight` then `bias`, if any, under those names.
+fn weight_and_bias<F: Real>(weight: &Tensor<F>, bias: Option<&Tensor<F>>) -> Vec<(String, Tensor<F>)> {
+    let weight = ("weight".to_string(), weight.clone());
+    std::iter::once(weight).chain(bias.map(|b| ("bias".to_string(), b.clone()))).collect()
+}
 
 /// A layer or a model: a forward map and the parameters it trains.
 pub trait Module<F: Real = f32> {

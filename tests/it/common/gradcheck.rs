@@ -1,7 +1,7 @@
 //! The finite-difference check every `nn` op's gradient is held to: L = Σ c ⊙ op(inputs) for fixed random
 //! c (given to `backward_with` as the output's gradient, so each output element weighs in with its own
 //! factor), its analytic gradient with respect to every input element against central differences of L,
-//! all in f64.
+//! all in f64; and `fails_with`, the check of a bad input's one-line error.
 
 use super::relative;
 use rand::{RngExt, SeedableRng};
@@ -77,4 +77,11 @@ pub fn check(name: &str, inputs: &[(Vec<f64>, Vec<usize>)], op: &Op<'_>) {
             "{name} {shapes:?}, input {i}: relative error {err:.2e}\nanalytic {a:?}\nnumeric  {n:?}"
         );
     }
+}
+
+/// `result`'s error as its one line, which must be `expected` exactly.
+pub fn fails_with<T: std::fmt::Debug>(result: nn::Result<T>, expected: &str) {
+    let err = result.unwrap_err().to_string();
+    assert_eq!(err, expected);
+    assert_eq!(err.lines().count(), 1);
 }

@@ -417,7 +417,8 @@ nn_layer_norm(const float* __restrict__ x, const float* __restrict__ w, const fl
 }
 
 // LayerNorm's dx, a warp per row (layernorm.cuh's formula at run-time D): x̂ = (x − μ)·r, g = dy·w,
-// dx = r·(g − mean(g) − x̂·mean(g·x̂)).
+// dx = r·(g − mean(g) − x̂·mean(g·x̂)). g is rounded before it is used (__fmul_rn, never fused into the
+// subtraction that follows), so g − mean(g) is exactly 0 where the row has one element, as on the host.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_layer_norm_grad(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ mean,
                    const float* __restrict__ rstd, const float* __restrict__ dy, float* __restrict__ dx, int rows,
@@ -428,14 +429,14 @@ nn_layer_norm_grad(const float* __restrict__ x, const float* __restrict__ w, con
     const float mu = mean[row], r = rstd[row];
     float sum_g = 0.0f, sum_gx = 0.0f;
     for (int j = lane; j < D; j += 32) {
-        const float g = w ? dy[base + j] * w[j] : dy[base + j];
+        const float g = w ? __fmul_rn(dy[base + j], w[j]) : dy[base + j];
         sum_g += g;
         sum_gx += g * ((x[base + j] - mu) * r);
     }
     sum_g = warp_sum(sum_g) / (float)D;
     sum_gx = warp_sum(sum_gx) / (float)D;
     for (int j = lane; j < D; j += 32) {
-        const float g = w ? dy[base + j] * w[j] : dy[base + j];
+        const float g = w ? __fmul_rn(dy[base + j], w[j]) : dy[base + j];
         const float xhat = (x[base + j] - mu) * r;
         dx[base + j] = r * (g - sum_g - xhat * sum_gx);
     }

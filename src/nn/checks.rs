@@ -135,7 +135,7 @@ fn elementwise_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
 
 fn reduction_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
-    let ops: [(&str, &Op<'_>); 9] = [
+    let ops: [(&str, &Op<'_>); 10] = [
         ("sum axis 0", &|t| t[0].sum(0, false)),
         ("sum axis -1", &|t| t[0].sum(-1, false)),
         ("mean axis 1 keepdim", &|t| t[0].mean(1, true)),
@@ -144,6 +144,7 @@ fn reduction_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result
         ("softmax", &|t| t[0].softmax()),
         ("log_softmax", &|t| t[0].log_softmax()),
         ("transpose 0 -1", &|t| t[0].transpose(0, -1)),
+        ("permute 2 0 1", &|t| t[0].permute(&[2, 0, 1])),
         ("reshape", &|t| t[0].reshape(&[t[0].numel()])),
     ];
     for shape in [&[1, 1, 1][..], &[7, 3, 33], &[2, 129, 5], &[3, 1, 1000]] {

@@ -105,7 +105,7 @@ fn train<F: Real>(points: &[[f64; 2]], labels: &[f64], start: &[LayerStart]) -> 
         let squares =
             model.parameters().iter().map(|p| p.mul(p).and_then(|s| s.sum_all())).collect::<Result<Vec<_>, _>>()?;
         let reg_loss = squares.iter().skip(1).try_fold(squares[0].clone(), |sum, s| sum.add(s))?;
-        let loss = data_loss.add(&reg_loss.mul_scalar(cast::<F>(&[L2])[0]))?;
+        let loss = data_loss.add(&reg_loss.mul_scalar(cast::<F>(&[L2])[0])?)?;
         let right = scores.to_vec().iter().zip(labels).filter(|(s, y)| (**s > F::zero()) == (**y > 0.0)).count();
         sgd.zero_grad();
         loss.backward()?;

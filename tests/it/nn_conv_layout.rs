@@ -229,11 +229,11 @@ fn max_pool2d_matches_finite_differences_and_the_plain_loops() {
 fn max_pool2d_gives_a_tie_to_the_first_element_and_never_picks_the_padding() {
     // One window of four equal values: the gradient goes to the first in row-major order.
     let x = Tensor::parameter(vec![2.0f64; 4], &[1, 1, 2, 2]).unwrap();
-    max_pool2d(&x, 2, 2, 0).unwrap().sum_all().backward().unwrap();
+    max_pool2d(&x, 2, 2, 0).unwrap().sum_all().unwrap().backward().unwrap();
     assert_eq!(x.grad().unwrap().to_vec(), [1.0, 0.0, 0.0, 0.0]);
     // A tie across rows: [[1, 3], [3, 0]] sends it to the 3 of the first row.
     let x = Tensor::parameter(vec![1.0f64, 3.0, 3.0, 0.0], &[1, 1, 2, 2]).unwrap();
-    max_pool2d(&x, 2, 2, 0).unwrap().sum_all().backward().unwrap();
+    max_pool2d(&x, 2, 2, 0).unwrap().sum_all().unwrap().backward().unwrap();
     assert_eq!(x.grad().unwrap().to_vec(), [0.0, 1.0, 0.0, 0.0]);
     // All negative, padded by 1: every window's max is an input, never the −∞ padding.
     let x = Tensor::from_vec(vec![-5.0f64, -4.0, -3.0, -2.0], &[1, 1, 2, 2]).unwrap();
@@ -257,7 +257,7 @@ fn the_image_ops_repeat_to_the_bit() {
             .map(|(v, s)| Tensor::parameter(v.iter().map(|&v| v as f32).collect(), s).unwrap())
             .collect();
         let y = conv2d(&params[0], &params[1], Some(&params[2]), 2, 1).unwrap();
-        max_pool2d(&y, 2, 1, 1).unwrap().tanh().sum_all().backward().unwrap();
+        max_pool2d(&y, 2, 1, 1).unwrap().tanh().unwrap().sum_all().unwrap().backward().unwrap();
         params.iter().flat_map(|p| p.grad().unwrap().to_vec()).map(f32::to_bits).collect::<Vec<u32>>()
     };
     assert_eq!(run(), run());

@@ -386,6 +386,16 @@ __device__ __forceinline__ int warp_row(int rows) {
     return row < rows ? row : -1;
 }
 
+// out[i] = Σ_u w[u]·rows[u·D + i] over u < keys (u from 0 up), the warp's lanes taking i: attention's
+// weighted sum of value rows, and of key rows for dq.
+__device__ __forceinline__ void warp_weighted_rows(const float* w, const float* rows, int keys, int D, float* out) {
+    for (int i = threadIdx.x % 32; i < D; i += 32) {
+        float acc = 0.0f;
+        for (int u = 0; u < keys; ++u) acc += w[u] * rows[(size_t)u * D + i];
+        out[i] = acc;
+    }
+}
+
 // LayerNorm of `rows` rows of D (CPU twin: ops::layernorm::layer_norm_eps): μ = Σx / D, σ² = Σ(x − μ)² / D,
 // r = 1/√(σ² + eps), y = (x − μ)·r·w + b, w and b optional (null: 1 and 0). A warp per row; lane 0 keeps μ
 // and r for the backward.
@@ -523,12 +533,7 @@ nn_attention(const float* __restrict__ q, const float* __restrict__ k, const flo
     sum = warp_sum(sum);
     for (int u = lane; u < T; u += 32) p[u] = u < keys ? p[u] / sum : 0.0f;
     __syncwarp();  // every lane reads every p_u below
-    float* yt = y + (size_t)row * D;
-    for (int i = lane; i < D; i += 32) {
-        float acc = 0.0f;
-        for (int u = 0; u < keys; ++u) acc += p[u] * v[head + (size_t)u * D + i];
-        yt[i] = acc;
-    }
+    warp_weighted_rows(p, v + head, keys, D, y + (size_t)row * D);
 }
 
 // Attention's backward for query row (b, h, t), a warp per row: dP_u = dy_t·v_u, G_u = P_u·(dP_u −
@@ -556,12 +561,7 @@ nn_attention_grad_q(const float* __restrict__ k, const float* __restrict__ v, co
     dot = warp_sum(dot);
     for (int u = lane; u < T; u += 32) g[u] = u < keys ? p[u] * (g[u] - dot) * scale : 0.0f;
     __syncwarp();  // every lane reads every G_u below
-    float* dqt = dq + (size_t)row * D;
-    for (int i = lane; i < D; i += 32) {
-        float acc = 0.0f;
-        for (int u = 0; u < keys; ++u) acc += g[u] * k[head + (size_t)u * D + i];
-        dqt[i] = acc;
-    }
+    warp_weighted_rows(g, k + head, keys, D, dq + (size_t)row * D);
 }
 
 // dk and dv of key element (b, h, u, i), a thread each of n = B·H·T·D: dk = Σ_t G[t, u]·q_t[i], dv =

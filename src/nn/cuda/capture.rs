@@ -13,8 +13,9 @@
 //! - a copy between host and device inside the step is refused (it would replay stale host values).
 //!
 //! The inputs' shapes and addresses are the graph's signature: when one changes, the step is run eagerly
-//! again and captured again, and this is said once. A step that cannot be captured (it copies, or needs
-//! memory its eager run did not) runs op by op, said once with the reason.
+//! again and captured again, and this is said once. A step that cannot be captured runs op by op, said
+//! once with the reason: it copies between host and device (so far `embedding`, whose ids travel from the
+//! host), draws a dropout mask (its step is a host argument so far), or needs memory its eager run did not.
 
 use super::{Device, Pool};
 use crate::nn::error::{Error, Result};

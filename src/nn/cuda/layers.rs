@@ -144,6 +144,12 @@ pub(crate) fn dropout<F: Real>(
     mask: Mask,
     all_dropped: bool,
 ) -> Result<Tensor<F>> {
+    if device.is_capturing() {
+        // The mask's step is a kernel argument from the host: a graph would replay one mask for every step.
+        let problem =
+            "its mask's step comes from the host, so a captured step would reuse one mask: the step runs op by op";
+        return Err(crate::nn::Error::device("dropout", problem));
+    }
     let out = masked(device, &buffer(x), mask, all_dropped)?;
     let device_ = Arc::clone(device);
     let backward =

@@ -229,10 +229,15 @@ impl Device {
         (needed.min(self.gpu.sm_count as usize * 8) as u32, 1)
     }
 
+    /// Whether a step is being captured on this device now.
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.capturing.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
     /// An error while a step is captured: a copy between the host and the GPU would be recorded with
     /// this moment's host values (the replays would not see new ones), or wait on a graph not yet run.
     fn refuse_copy_while_capturing(&self, op: &'static str) -> Result<()> {
-        if self.capturing.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        if self.is_capturing() {
             let problem = "copies between the host and the GPU cannot be part of a captured step: give its inputs as \
                            device tensors (cross_entropy_ids for targets) and read values after run()";
             return Err(Error::device(op, problem));

@@ -84,6 +84,22 @@ fn words(values: &[i32]) -> impl Iterator<Item = Arg> + '_ {
     values.iter().map(|&v| Arg::i32(v))
 }
 
+/// `nn_binary` over `n` outputs of the four axes `dims`, each operand read through its strides.
+fn launch_binary(
+    device: &Arc<Device>,
+    name: &'static str,
+    code: i32,
+    (a, b): (&DeviceBuffer, &DeviceBuffer),
+    n: usize,
+    (dims, strides): ([i32; 4], [[i32; 4]; 2]),
+) -> Result<DeviceBuffer> {
+    let out = device.alloc(name, n)?;
+    let mut args = vec![Arg::i32(code), device.arg(a), device.arg(b), device.arg(&out), Arg::i32(int(name, n)?)];
+    args.extend(words(&dims).chain(words(&strides[0])).chain(words(&strides[1])));
+    device.launch(name, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
+    Ok(out)
+}
+
 /// `a op b` broadcast to `shape` (`strides`: each operand's, 0 along broadcast axes).
 pub(crate) fn binary<F: Real>(
     device: &Arc<Device>,
@@ -96,10 +112,7 @@ pub(crate) fn binary<F: Real>(
     let n: usize = shape.iter().product();
     let (dims, operand_strides) = four_axes(name, &shape, &strides)?;
     let (x, y) = (buffer(a), buffer(b));
-    let out = device.alloc(name, n)?;
-    let mut args = vec![Arg::i32(code), device.arg(&x), device.arg(&y), device.arg(&out), Arg::i32(int(name, n)?)];
-    args.extend(words(&dims).chain(words(&operand_strides[0])).chain(words(&operand_strides[1])));
-    device.launch(name, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
+    let out = launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?;
     let (counts, device_) = ([a.numel(), b.numel()], Arc::clone(device));
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let mut grads = Vec::new();
@@ -255,6 +268,22 @@ fn matmul_into(
     device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
 }
 
+/// A new buffer holding `matmul_into`'s products (batches·M·N results).
+#[allow(clippy::too_many_arguments)]
+fn product(
+    device: &Arc<Device>,
+    name: &'static str,
+    (a, b): (&DeviceBuffer, &DeviceBuffer),
+    (m, n, k): (usize, usize, usize),
+    batches: usize,
+    strides: (usize, usize),
+    trans: (bool, bool),
+) -> Result<DeviceBuffer> {
+    let c = device.alloc(name, batches * m * n)?;
+    matmul_into(device, name, (a, b, &c), (m, n, k), batches, strides, trans)?;
+    Ok(c)
+}
+
 /// The batched product of `matmul`: [batches, m, k] by [batches, k, n], an operand with `step` 0 shared.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul<F: Real>(
@@ -267,37 +296,28 @@ pub(crate) fn matmul<F: Real>(
 ) -> Result<Tensor<F>> {
     const NAME: &str = "matmul";
     let (x, y) = (buffer(a), buffer(b));
-    let out = device.alloc(NAME, batches * m * n)?;
-    matmul_into(device, NAME, (&x, &y, &out), (m, n, k), batches, (step_a, step_b), (false, false))?;
-    let (device_, counts) = (Arc::clone(device), (a.numel(), b.numel()));
+    let out = product(device, NAME, (&x, &y), (m, n, k), batches, (step_a, step_b), (false, false))?;
+    let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         // dA = dC·Bᵀ; dB = Aᵀ·dC. A shared operand's gradient sums over the batches: the batches then
         // stack into one product's rows (B shared: dB = A_allᵀ·dC_all) or, for a shared A, into its depth.
-        let grad_a = if needs[0] {
-            let g = device_.alloc(NAME, counts.0)?;
-            if step_a == 0 && batches > 1 {
-                // dA = Σ_z dC_z·B_zᵀ: [m, batches·n]·[batches·n, k] with the batches side by side in k.
-                let stacked = stack_batches(&device_, grad, batches, m, n)?;
-                let b_rows = transpose_batches(&device_, &y, batches, k, n)?;
-                matmul_into(&device_, NAME, (&stacked, &b_rows, &g), (m, k, batches * n), 1, (0, 0), (false, false))?;
-            } else {
-                matmul_into(&device_, NAME, (grad, &y, &g), (m, k, n), batches, (m * n, step_b), (false, true))?;
-            }
-            Some(g)
-        } else {
+        let grad_a = if !needs[0] {
             None
+        } else if step_a == 0 && batches > 1 {
+            // dA = Σ_z dC_z·B_zᵀ: [m, batches·n]·[batches·n, k] with the batches side by side in k.
+            let stacked = stack_batches(&device_, grad, batches, m, n)?;
+            let b_rows = transpose_batches(&device_, &y, batches, k, n)?;
+            Some(product(&device_, NAME, (&stacked, &b_rows), (m, k, batches * n), 1, (0, 0), (false, false))?)
+        } else {
+            Some(product(&device_, NAME, (grad, &y), (m, k, n), batches, (m * n, step_b), (false, true))?)
         };
-        let grad_b = if needs[1] {
-            let g = device_.alloc(NAME, counts.1)?;
-            if step_b == 0 && batches > 1 {
-                // dB = Σ_z A_zᵀ·dC_z = A_allᵀ·dC_all over the stacked rows (A batched, contiguous).
-                matmul_into(&device_, NAME, (&x, grad, &g), (k, n, batches * m), 1, (0, 0), (true, false))?;
-            } else {
-                matmul_into(&device_, NAME, (&x, grad, &g), (k, n, m), batches, (step_a, m * n), (true, false))?;
-            }
-            Some(g)
-        } else {
+        let grad_b = if !needs[1] {
             None
+        } else if step_b == 0 && batches > 1 {
+            // dB = Σ_z A_zᵀ·dC_z = A_allᵀ·dC_all over the stacked rows (A batched, contiguous).
+            Some(product(&device_, NAME, (&x, grad), (k, n, batches * m), 1, (0, 0), (true, false))?)
+        } else {
+            Some(product(&device_, NAME, (&x, grad), (k, n, m), batches, (step_a, m * n), (true, false))?)
         };
         Ok(vec![grad_a, grad_b])
     };
@@ -380,21 +400,10 @@ pub(crate) fn linear<F: Real>(
     device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
-        let mut grads = Vec::new();
-        grads.push(if needs[0] {
-            let g = device_.alloc(NAME, rows * inputs)?;
-            matmul_into(&device_, NAME, (grad, &wb, &g), (rows, inputs, outputs), 1, (0, 0), (false, false))?;
-            Some(g)
-        } else {
-            None
-        });
-        grads.push(if needs[1] {
-            let g = device_.alloc(NAME, outputs * inputs)?;
-            matmul_into(&device_, NAME, (grad, &xb, &g), (outputs, inputs, rows), 1, (0, 0), (true, false))?;
-            Some(g)
-        } else {
-            None
-        });
+        // dx = dy·W; dW = dyᵀ·x.
+        let dx = || product(&device_, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
+        let dw = || product(&device_, NAME, (grad, &xb), (outputs, inputs, rows), 1, (0, 0), (true, false));
+        let mut grads = vec![needs[0].then(dx).transpose()?, needs[1].then(dw).transpose()?];
         if needs.len() == 3 {
             grads.push(if needs[2] { Some(sum_axis(&device_, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
         }
@@ -464,12 +473,8 @@ pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -
     let n = y.numel();
     let count = int(NAME, n)?;
     let line = ([1, 1, 1, count.max(1)], [0, 0, 0, 1]);
-    let elementwise = |code: i32, a: &DeviceBuffer, b: &DeviceBuffer| -> Result<DeviceBuffer> {
-        let out = device.alloc(NAME, n)?;
-        let mut args = vec![Arg::i32(code), device.arg(a), device.arg(b), device.arg(&out), Arg::i32(count)];
-        args.extend(words(&line.0).chain(words(&line.1)).chain(words(&line.1)));
-        device.launch(NAME, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
-        Ok(out)
+    let elementwise = |code: i32, a: &DeviceBuffer, b: &DeviceBuffer| {
+        launch_binary(device, NAME, code, (a, b), n, (line.0, [line.1; 2]))
     };
     let diff = elementwise(OP_SUB, &buffer(y), &buffer(t))?;
     let squares = elementwise(OP_MUL, &diff, &diff)?;

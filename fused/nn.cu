@@ -249,21 +249,33 @@ nn_softmax_rows_grad(const float* __restrict__ y, const float* __restrict__ dy, 
 
 // ---- products: C = op(A)·op(B) per batch, C M×N row-major; A M×K row-major (K×M when trans_a), B K×N
 // (N×K when trans_b); batch z reads A at z·stride_a, B at z·stride_b (0: one operand shared). ----
-constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_TM = 4, MM_TN = 4;
+constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_TM = 4, MM_TN = 4, MM_BF16_BK = 32;
 
-template <bool TA, bool TB>
+// One 64×64 tile of a product: on the fp32 cores (gemm_tile), or on the bf16 tensor cores (gemm_tile_bf16:
+// operands rounded to bf16 as they are staged, fp32 sums, as PyTorch autocast's bf16 matmul).
+template <bool BF16, bool TA, bool TB, class AAt, class BAt, class Store>
+__device__ __forceinline__ void product_tile(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
+                                             float* smem) {
+    if constexpr (BF16) {
+        gemm_tile_bf16<MM_BM, MM_BN, MM_BF16_BK, TA, TB>(M, N, K, m0, n0, a_at, b_at, store, smem);
+    } else {
+        gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, TA, TB>(M, N, K, m0, n0, a_at, b_at, store, smem);
+    }
+}
+
+template <bool BF16, bool TA, bool TB>
 __device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
                                             int n0, float* smem) {
-    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, TA, TB>(
+    product_tile<BF16, TA, TB>(
         M, N, K, m0, n0, [&](int m, int k) { return TA ? a[(size_t)k * M + m] : a[(size_t)m * K + k]; },
         [&](int k, int n) { return TB ? b[(size_t)n * K + k] : b[(size_t)k * N + n]; },
         [&](int m, int n, float v) { c[(size_t)m * N + n] = v; }, smem);
 }
 
-// Grid: (⌈N/64⌉, ⌈M/64⌉·batches); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
-          int stride_a, int stride_b, int trans_a, int trans_b) {
+template <bool BF16>
+__device__ __forceinline__ void matmul_batch(const float* __restrict__ a, const float* __restrict__ b,
+                                             float* __restrict__ c, int M, int N, int K, int stride_a, int stride_b,
+                                             int trans_a, int trans_b) {
     extern __shared__ float smem[];
     const int row_tiles = (M + MM_BM - 1) / MM_BM;
     const int z = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * MM_BM, n0 = blockIdx.x * MM_BN;
@@ -271,21 +283,35 @@ nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __res
     b += (size_t)z * stride_b;
     c += (size_t)z * M * N;
     if (trans_a) {
-        if (trans_b) matmul_tile<true, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<true, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<BF16, true, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<BF16, true, false>(a, b, c, M, N, K, m0, n0, smem);
     } else {
-        if (trans_b) matmul_tile<false, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<false, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<BF16, false, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<BF16, false, false>(a, b, c, M, N, K, m0, n0, smem);
     }
 }
 
-// y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
-// backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/64⌉, ⌈R/64⌉).
+// Grid: (⌈N/64⌉, ⌈M/64⌉·batches); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats
+// (nn_matmul), GemmBf16<64, 64, 32>::SHARED_FLOATS (nn_matmul_bf16).
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
-          float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
+nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
+          int stride_a, int stride_b, int trans_a, int trans_b) {
+    matmul_batch<false>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_matmul_bf16(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
+               int stride_a, int stride_b, int trans_a, int trans_b) {
+    matmul_batch<true>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);
+}
+
+// y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
+// backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/64⌉, ⌈R/64⌉), shared memory as nn_matmul's.
+template <bool BF16>
+__device__ __forceinline__ void linear_tile(const float* __restrict__ x, const float* __restrict__ W,
+                                            const float* __restrict__ bias, float* __restrict__ z,
+                                            float* __restrict__ y, int R, int N, int K, int act) {
     extern __shared__ float smem[];
-    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, false, true>(
+    product_tile<BF16, false, true>(
         R, N, K, blockIdx.y * MM_BM, blockIdx.x * MM_BN, [&](int r, int k) { return x[(size_t)r * K + k]; },
         [&](int k, int o) { return W[(size_t)o * K + k]; },
         [&](int r, int o, float acc) {
@@ -295,6 +321,16 @@ nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float*
             y[e] = unary_apply(act, pre);
         },
         smem);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
+          float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
+    linear_tile<false>(x, W, bias, z, y, R, N, K, act);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_linear_bf16(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
+               float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
+    linear_tile<true>(x, W, bias, z, y, R, N, K, act);
 }
 
 // One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), counted[r]
@@ -371,6 +407,28 @@ nn_update(int kind, const float* __restrict__ base_lr, float lr_scale, float mom
     OptimStep s{kind, base_lr[0] * lr_scale, momentum, beta1, beta2, eps, weight_decay, grad_scale, 1.0f, 1.0f};
     optim_bias_corrections(s, (unsigned)steps[0]);
     optim_update_range(s, params, grad, m, v, grid_index(), n, grid_stride());
+}
+
+// squares[slot] = Σ x² over n elements: one block, a fixed tree (clip_grad_norm, one gradient a launch).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_sum_squares(const float* __restrict__ x, int n, float* __restrict__ squares, int slot) {
+    __shared__ float scratch[WARPS];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += THREADS) s += x[i] * x[i];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) squares[slot] = s;
+}
+
+// norm[0] = √(Σ squares[0..count), slot after slot) and factor[0] = max_norm / norm when the norm is above
+// max_norm, else 1 (ops::optim::clip_scale): the global norm clip_grad_norm scales every gradient by. One thread.
+extern "C" __global__ void nn_clip_factor(const float* __restrict__ squares, int count, float max_norm,
+                                          float* __restrict__ norm, float* __restrict__ factor) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double total = 0.0;
+    for (int i = 0; i < count; ++i) total += (double)squares[i];
+    const float n = (float)sqrt(total);
+    norm[0] = n;
+    factor[0] = n > max_norm ? max_norm / n : 1.0f;
 }
 
 // steps[0] += 1: a parameter's step count, kept on the device (exact to 2^24 steps), before its update.
@@ -493,12 +551,60 @@ nn_embedding_grad(const int* __restrict__ starts, const int* __restrict__ positi
     }
 }
 
+// nn_embedding with the ids in device memory, held as floats (a captured step reads each replay's): an id
+// that is not a whole number in 0..V gives a row of NaN, never another row.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_embedding_ids(const float* __restrict__ weight, const float* __restrict__ ids, float* __restrict__ out, int count,
+                 int V, int D) {
+    const int n = count * D;
+    for (int e = grid_index(); e < n; e += grid_stride()) {
+        const float id = ids[e / D];
+        const bool row = id >= 0.0f && id < (float)V && id == floorf(id);
+        out[e] = row ? weight[(size_t)id * D + e % D] : __int_as_float(0x7fc00000);
+    }
+}
+
+// nn_embedding_grad for ids in device memory: dw[v·D + c] = Σ dy[p·D + c] over the positions p whose id is
+// v, p from 0 up (the host's order), 0 for the row `padding` (−1: none). A thread per element scans every id:
+// O(V·D·count) reads of the ids (broadcast across a warp), cheap for the vocabularies of characters and
+// positions, and no list to build on the host.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_embedding_ids_grad(const float* __restrict__ ids, const float* __restrict__ dy, float* __restrict__ dw, int count,
+                      int V, int D, int padding) {
+    const int n = V * D;
+    for (int e = grid_index(); e < n; e += grid_stride()) {
+        const int v = e / D, c = e % D;
+        float sum = 0.0f;
+        if (v != padding)
+            for (int p = 0; p < count; ++p)
+                if (ids[p] == (float)v) sum += dy[(size_t)p * D + c];
+        dw[e] = sum;
+    }
+}
+
 // y[i] = x[i]·(scale or 0) by dropout.cuh's mask of element i under `key` (the site's key of the step,
 // computed by the host); the backward is the same kernel on the gradient. scale 0 zeroes everything (p = 1).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_dropout(const float* __restrict__ x, float* __restrict__ y, int n, unsigned key, unsigned threshold, float scale) {
     for (int i = grid_index(); i < n; i += grid_stride())
         y[i] = x[i] * dropout_factor(key, (unsigned)i, threshold, scale);
+}
+
+// key[0] = the site's key in this step, dropout_key(site_seed, step), and step[0] += 1: a Dropout layer's
+// step counter lives on the device, so each replay of a captured step draws the next mask. One thread.
+extern "C" __global__ void nn_dropout_draw(unsigned site_seed, unsigned* __restrict__ step, unsigned* __restrict__ key) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        key[0] = dropout_key(site_seed, step);
+        step[0] += 1u;
+    }
+}
+
+// nn_dropout with the key read from device memory (nn_dropout_draw's); forward and backward alike.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_dropout_keyed(const float* __restrict__ x, float* __restrict__ y, int n, const unsigned* __restrict__ key,
+                 unsigned threshold, float scale) {
+    const unsigned k = key[0];
+    for (int i = grid_index(); i < n; i += grid_stride()) y[i] = x[i] * dropout_factor(k, (unsigned)i, threshold, scale);
 }
 
 // Attention of q, k, v [B, H, T, D], a warp per query row (b, h, t) of rows = B·H·T (CPU twin:

@@ -7,11 +7,13 @@
 //!   on the device against the host: the losses and the parameters;
 //! - repeat: the device run twice gives the same bits; and 12 Adam steps of the MLP (a new batch and a new
 //!   rate each step) through a `CapturedStep` — eager, then captured, then replayed — give the same bits
-//!   as the same steps op by op.
+//!   as the same steps op by op; so do 12 AdamW steps of a next-token model whose step embeds ids held on
+//!   the device, drops out by the layer's device counter and clips the gradients on the device.
 
 use super::cuda::Device;
 use super::{
-    Linear, Module, Optimizer, Result, Tensor, dropout, embedding, layer_norm, linear, scaled_dot_product_attention,
+    Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, clip_grad_norm, dropout, embedding, layer_norm,
+    linear, scaled_dot_product_attention,
 };
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
@@ -47,14 +49,29 @@ fn values(rng: &mut SeededRng, shape: &[usize], low: f32, high: f32) -> Vec<f32>
 fn compare(
     device: &Arc<Device>,
     rng: &mut SeededRng,
-    (name, tolerance): (&str, f64),
+    name: (&str, f64),
     inputs: &[(Vec<f32>, Vec<usize>)],
     op: &Op<'_>,
 ) -> anyhow::Result<Vec<Check>> {
-    let host: Vec<Tensor> = inputs.iter().map(|(v, s)| Tensor::parameter(v.clone(), s)).collect::<Result<_>>()?;
-    let on_device: Vec<Tensor> = host.iter().map(|t| t.to_device(device)).collect::<Result<_>>()?;
+    compare_rounded(device, rng, name, inputs, op, |v| v)
+}
+
+/// `compare` with the host's inputs and the output gradient passed through `round` (the device's inputs
+/// are not): a device op that rounds its operands as `round` does then matches the host to `tolerance`.
+fn compare_rounded(
+    device: &Arc<Device>,
+    rng: &mut SeededRng,
+    (name, tolerance): (&str, f64),
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    op: &Op<'_>,
+    round: fn(f32) -> f32,
+) -> anyhow::Result<Vec<Check>> {
+    let rounded = |v: &[f32]| v.iter().map(|&x| round(x)).collect::<Vec<f32>>();
+    let host: Vec<Tensor> = inputs.iter().map(|(v, s)| Tensor::parameter(rounded(v), s)).collect::<Result<_>>()?;
+    let on_device: Vec<Tensor> =
+        (inputs.iter()).map(|(v, s)| Tensor::parameter(v.clone(), s)?.to_device(device)).collect::<Result<_>>()?;
     let (out_host, out_device) = (op(&host)?, op(&on_device)?);
-    let seed = Tensor::from_vec(values(rng, out_host.shape(), -1.0, 1.0), out_host.shape())?;
+    let seed = Tensor::from_vec(rounded(&values(rng, out_host.shape(), -1.0, 1.0)), out_host.shape())?;
     out_host.backward_with(Some(&seed), false)?;
     out_device.backward_with(Some(&seed.to_device(device)?), false)?;
     let shapes: Vec<String> = inputs.iter().map(|(_, s)| format!("{s:?}")).collect();
@@ -181,6 +198,45 @@ fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<V
         let parts = [parts[0].clone(), parts[1].clone(), bias];
         checks.extend(compare(device, rng, ("linear + bias", SUM_TOLERANCE), &parts, with_bias)?);
     }
+    checks.extend(bf16_product_checks(device, rng)?);
+    Ok(checks)
+}
+
+/// The products at `Precision::Bf16` (forward and backward) against the host's fp32 products of the
+/// operands and output gradient rounded to bf16: products of bf16 values are exact in fp32, so only the
+/// order of the sums differs, and a kernel that did not round (or rounded another way) is off by ~2⁻⁹.
+fn bf16_product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    use crate::ops::gemm::round_bf16;
+    use crate::precision::Precision;
+    /// Puts the device back to fp32 products when the checks end, however they end.
+    struct Fp32Again<'a>(&'a Device);
+    impl Drop for Fp32Again<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.set_precision(Precision::Fp32);
+        }
+    }
+    device.set_precision(Precision::Bf16)?;
+    let _reset = Fp32Again(device);
+    let mut checks = Vec::new();
+    let matmul: &Op<'_> = &|t| t[0].matmul(&t[1]);
+    let pairs: [(&[usize], &[usize]); 4] =
+        [(&[1, 1], &[1, 1]), (&[130, 70], &[70, 65]), (&[3, 65, 33], &[33, 129]), (&[2, 5, 7], &[2, 7, 3])];
+    for (a, b) in pairs {
+        let inputs = [(values(rng, a, -1.0, 1.0), a.to_vec()), (values(rng, b, -1.0, 1.0), b.to_vec())];
+        checks.extend(compare_rounded(device, rng, ("matmul bf16", SUM_TOLERANCE), &inputs, matmul, round_bf16)?);
+    }
+    let with_bias: &Op<'_> = &|t| linear(&t[0], &t[1], Some(&t[2]));
+    for (x, (outputs, inputs)) in [(&[9, 17][..], (5, 17)), (&[2, 67, 96], (130, 96))] {
+        let w = [outputs, inputs];
+        let parts = [
+            (values(rng, x, -1.0, 1.0), x.to_vec()),
+            (values(rng, &w, -1.0, 1.0), w.to_vec()),
+            // The bias is added in fp32: a bias of bf16 values keeps the comparison exact up to order.
+            (values(rng, &[outputs], -1.0, 1.0).into_iter().map(round_bf16).collect(), vec![outputs]),
+        ];
+        let name = ("linear + bias bf16", SUM_TOLERANCE);
+        checks.extend(compare_rounded(device, rng, name, &parts, with_bias, round_bf16)?);
+    }
     Ok(checks)
 }
 
@@ -238,13 +294,38 @@ fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         let name = format!("embedding ids {ids_shape:?} padding_idx {padding:?}");
         checks.extend(compare(device, rng, (&name, EXACT), &weight, op)?);
     }
+    for (rows, dims, ids_shape, padding) in tables {
+        // The `Embedding` layer on ids in a tensor: on the device the ids stay there.
+        let count: usize = ids_shape.iter().product();
+        let mut ids: Vec<f32> = (0..count).map(|_| rng.random_range(0..rows) as f32).collect();
+        ids[count - 1] = 0.0;
+        let ids = Tensor::from_vec(ids, ids_shape)?;
+        let weight = [(values(rng, &[rows, dims], -1.0, 1.0), vec![rows, dims])];
+        let op: &Op<'_> = &|t| {
+            let ids = if t[0].is_on_device() { ids.to_device(device)? } else { ids.clone() };
+            Embedding::from_parameters(t[0].clone(), padding)?.forward(&ids)
+        };
+        let name = format!("Embedding ids on the device {ids_shape:?} padding_idx {padding:?}");
+        checks.extend(compare(device, rng, (&name, EXACT), &weight, op)?);
+    }
+    checks.push(embedding_bad_id_check(device, rng)?);
     for (shape, p, seed, step, site) in
         [(&[1][..], 0.5, 1, 0, 0), (&[7, 33], 0.1, 7, 3, 2), (&[3, 5, 257], 0.5, 42, 11, 1), (&[9, 10], 1.0, 5, 1, 4)]
     {
         let inputs = [(values(rng, shape, -2.0, 2.0), shape.to_vec())];
         let op: &Op<'_> = &|t| dropout(&t[0], p, true, seed, step, site);
         checks.extend(compare(device, rng, (&format!("dropout p {p}"), EXACT), &inputs, op)?);
+        // The `Dropout` layer's forward number `step`: on the device its counter, read and advanced there.
+        let op: &Op<'_> = &|t| {
+            let layer = Dropout::new(p, seed)?.with_site(site);
+            for _ in 0..step {
+                layer.forward(&t[0])?;
+            }
+            layer.forward(&t[0])
+        };
+        checks.extend(compare(device, rng, (&format!("Dropout layer p {p} forward {step}"), EXACT), &inputs, op)?);
     }
+    checks.extend(clip_checks(device, rng)?);
     for shape in [[1, 1, 1, 1], [2, 3, 5, 7], [1, 2, 33, 16], [2, 1, 70, 65], [1, 1, 1, 9]] {
         for causal in [false, true] {
             let name = if causal { "attention causal" } else { "attention" };
@@ -252,6 +333,66 @@ fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
             let op: &Op<'_> = &|t| scaled_dot_product_attention(&t[0], &t[1], &t[2], causal);
             checks.extend(compare(device, rng, (name, SUM_TOLERANCE), &qkv, op)?);
         }
+    }
+    Ok(checks)
+}
+
+/// An id that is not a row (past the end, negative, not whole) gives a row of NaN on the device, and the
+/// other rows stay the table's.
+fn embedding_bad_id_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Check> {
+    let (rows, dims) = (6, 5);
+    let weight = Tensor::from_vec(values(rng, &[rows, dims], -1.0, 1.0), &[rows, dims])?;
+    let ids = [2.0, 6.0, -1.0, 0.5, 5.0];
+    let looked_up = Embedding::from_parameters(weight.to_device(device)?, None)?
+        .forward(&Tensor::from_slice(&ids, &[ids.len()])?.to_device(device)?)?
+        .values()?;
+    let table = weight.to_vec();
+    let right = ids.iter().zip(looked_up.chunks(dims)).all(|(&id, row)| {
+        if (0.0..rows as f32).contains(&id) && id.fract() == 0.0 {
+            row == &table[id as usize * dims..][..dims]
+        } else {
+            row.iter().all(|v| v.is_nan())
+        }
+    });
+    let shape = format!("ids {ids:?} of {rows} rows");
+    Ok(Check {
+        kernel: "nn Embedding bad id = NaN row".into(),
+        shape,
+        rel_error: if right { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    })
+}
+
+/// `clip_grad_norm` over device gradients (computed and applied on the device) against the host's: the
+/// norm returned and the clipped gradients, a norm above the limit and one below it.
+fn clip_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let shapes: [&[usize]; 4] = [&[1], &[7, 33], &[300, 257], &[65]];
+    for max_norm in [1.0f32, 1e4] {
+        let grads: Vec<Vec<f32>> = shapes.iter().map(|s| values(rng, s, -1.0, 1.0)).collect();
+        let clip = |on_device: bool| -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+            let mut parameters = Vec::new();
+            for (g, shape) in grads.iter().zip(shapes) {
+                let p = Tensor::parameter(vec![0.0; g.len()], shape)?;
+                let p = if on_device { p.to_device(device)? } else { p };
+                // ∂(Σ p·g)/∂p = g: each parameter's gradient, where the parameter lives.
+                let g = Tensor::from_slice(g, shape)?;
+                let g = if on_device { g.to_device(device)? } else { g };
+                p.mul(&g)?.sum_all()?.backward()?;
+                parameters.push(p);
+            }
+            let norm = clip_grad_norm(&parameters, max_norm)?.values()?;
+            let mut clipped = Vec::new();
+            for p in &parameters {
+                clipped.extend(p.grad().expect("a gradient").values()?);
+            }
+            Ok((norm, clipped))
+        };
+        let ((host_norm, host_grads), (norm, grads)) = (clip(false)?, clip(true)?);
+        let errors = [("norm", rel_error(&norm, &host_norm)), ("gradients", rel_error(&grads, &host_grads))];
+        let (rel_error, what) = worst(errors);
+        let shape = format!("4 gradients, max_norm {max_norm} ({what})");
+        checks.push(Check { kernel: "nn clip_grad_norm".into(), shape, rel_error, tolerance: SUM_TOLERANCE });
     }
     Ok(checks)
 }
@@ -336,6 +477,53 @@ fn adam_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result
     Ok((losses, flat))
 }
 
+/// The losses and final parameters of 12 AdamW steps of a next-token model on `device` — embedding of
+/// ids in a device tensor, dropout (the layer's device counter), a linear head, cross-entropy, the
+/// gradients clipped on the device — a new batch each step, op by op or through a `CapturedStep`.
+fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    use super::CapturedStep;
+    use rand::SeedableRng;
+    const STEPS: usize = 12;
+    let (vocab, width, count) = (13, 24, 40);
+    let mut rng = SeededRng::seed_from_u64(seed);
+    let table = Embedding::<f32>::new(vocab, width, None, &mut rng)?;
+    let head = Linear::<f32>::new(width, vocab, true, &mut rng)?;
+    let drop = Dropout::new(0.2, seed as u32)?;
+    let parameters: Vec<Tensor> = table.parameters().into_iter().chain(head.parameters()).collect();
+    for p in &parameters {
+        p.move_to_device(device)?;
+    }
+    let draw = |rng: &mut SeededRng| (0..count).map(|_| rng.random_range(0..vocab) as f32).collect::<Vec<f32>>();
+    let batches: Vec<(Vec<f32>, Vec<f32>)> = (0..STEPS).map(|_| (draw(&mut rng), draw(&mut rng))).collect();
+    let ids = Tensor::from_vec(batches[0].0.clone(), &[count])?.to_device(device)?;
+    let targets = Tensor::from_vec(batches[0].1.clone(), &[count])?.to_device(device)?;
+    let mut adamw = Optimizer::adamw(parameters.clone(), 1e-2, 0.1)?;
+    let mut step = CapturedStep::new(device, &[&ids, &targets])?;
+    let mut losses = Vec::new();
+    for (inputs, next) in &batches {
+        ids.copy_from_slice(inputs)?;
+        targets.copy_from_slice(next)?;
+        let mut one_step = || {
+            adamw.zero_grad();
+            let loss = head.forward(&drop.forward(&table.forward(&ids)?)?)?.cross_entropy_ids(&targets, None)?;
+            loss.backward()?;
+            clip_grad_norm(&parameters, 0.5)?;
+            adamw.step()?;
+            Ok(loss)
+        };
+        let loss = if captured { step.run(one_step)? } else { one_step()? };
+        losses.push(loss.item()?);
+    }
+    if captured && !step.is_captured() {
+        anyhow::bail!("the step was not captured");
+    }
+    let mut flat = Vec::new();
+    for p in &parameters {
+        flat.extend(p.values()?);
+    }
+    Ok((losses, flat))
+}
+
 /// Every check of `nn` the plan asks for.
 pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
     let device = Device::on(Arc::clone(gpu))?;
@@ -376,6 +564,11 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
         let same = bits(&eager) == bits(&captured);
         let shape = "MLP 20-33-7, 12 Adam steps, cosine rate".into();
+        let rel_error = if same { 0.0 } else { f64::INFINITY };
+        checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
+        let (eager, captured) = (token_steps(&device, seed, false)?, token_steps(&device, seed, true)?);
+        let same = bits(&eager) == bits(&captured);
+        let shape = "embedding (device ids), dropout, linear, clip, 12 AdamW steps".into();
         let rel_error = if same { 0.0 } else { f64::INFINITY };
         checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
     }

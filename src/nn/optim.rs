@@ -18,6 +18,7 @@ use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, lock};
 use crate::cpu::Real;
 use crate::ops::optim::{OptimConfig, add_squares, clip_scale, update};
+use std::sync::Arc;
 
 pub use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimKind};
 
@@ -320,39 +321,52 @@ impl Range {
 
 /// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`
 /// (`torch.nn.utils.clip_grad_norm_`, with the fused kernels' factor `max_norm / norm` when the norm is
-/// above it) and returns the norm before clipping. The squares are summed in f64, parameter after
-/// parameter in the given order; parameters without a gradient are skipped.
-pub fn clip_grad_norm<F: Real>(parameters: &[Tensor<F>], max_norm: F) -> Result<F> {
+/// above it) and returns the norm before clipping, as a tensor of shape `[]` where the gradients live.
+/// Parameters without a gradient are skipped.
+///
+/// On the host the squares are summed in f64, parameter after parameter in the given order. When every
+/// gradient lives on one GPU, the whole clip runs there and nothing is read back, so a captured step clips
+/// too: each gradient's squares summed in f32 by one block, the parameters' sums in f64 in order.
+pub fn clip_grad_norm<F: Real>(parameters: &[Tensor<F>], max_norm: F) -> Result<Tensor<F>> {
     if !(max_norm.is_finite() && max_norm > F::zero()) {
         let problem =
             format!("max_norm must be a positive finite number, got {}", max_norm.to_f64().unwrap_or(f64::NAN));
         return Err(Error::value("clip_grad_norm", problem));
     }
-    let mut squares = 0.0;
+    // Each gradient is locked in turn (a parameter may be listed twice).
+    let (mut device_grads, mut host_squares, mut on_host) = (Vec::new(), 0.0, false);
     for parameter in parameters {
-        squares = match lock(&parameter.0.grad).as_ref() {
-            None => squares,
-            Some(Storage::Host(g)) => add_squares(squares, g),
-            // A device gradient is read back: clipping on the device, inside a captured step, is to come.
-            Some(Storage::Device(g)) => add_squares(squares, &cuda::from_f32::<F>(g.to_host("clip_grad_norm")?)),
-        };
+        match lock(&parameter.0.grad).as_ref() {
+            Some(Storage::Device(g)) => device_grads.push(g.clone()),
+            Some(Storage::Host(g)) => (host_squares, on_host) = (add_squares(host_squares, g), true),
+            None => {}
+        }
     }
-    let norm = F::from(squares.sqrt()).unwrap_or_else(F::nan);
+    if let Some(device) = device_grads.first().map(|g| Arc::clone(g.device())) {
+        if on_host || device_grads.iter().any(|g| !Arc::ptr_eq(g.device(), &device)) {
+            let problem = "the gradients live in more than one place: move the parameters to one device";
+            return Err(Error::device("clip_grad_norm", problem));
+        }
+        let limit = max_norm.to_f32().unwrap_or(f32::NAN);
+        let (norm, factor) = cuda::ops::clip_norm(&device, &device_grads, limit)?;
+        drop(device_grads);
+        for parameter in parameters {
+            if let Some(Storage::Device(g)) = lock(&parameter.0.grad).as_mut() {
+                *g = cuda::ops::clipped(g, &factor)?;
+            }
+        }
+        return Ok(Tensor::from_device_buffer(norm, Vec::new()));
+    }
+    let norm = F::from(host_squares.sqrt()).unwrap_or_else(F::nan);
     let scale = clip_scale(norm, max_norm);
     if scale != F::one() {
         for parameter in parameters {
-            let mut grad = lock(&parameter.0.grad);
-            match grad.as_mut() {
-                None => {}
-                Some(Storage::Host(g)) => g.iter_mut().for_each(|g| *g = scale * *g),
-                Some(Storage::Device(g)) => {
-                    let factor = scale.to_f32().unwrap_or(f32::NAN);
-                    *g = cuda::ops::scaled(g, factor)?;
-                }
+            if let Some(Storage::Host(g)) = lock(&parameter.0.grad).as_mut() {
+                g.iter_mut().for_each(|g| *g = scale * *g);
             }
         }
     }
-    Ok(norm)
+    Ok(Tensor::scalar(norm))
 }
 
 /// The learning rate of each step of a run: a base rate through an `LrSchedule` (linear warm-up, then

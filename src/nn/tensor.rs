@@ -183,6 +183,12 @@ impl<F: Real> Tensor<F> {
         Ok(tensor)
     }
 
+    /// A leaf holding a device buffer's elements in `shape` (as many as it holds).
+    pub(crate) fn from_device_buffer(buffer: DeviceBuffer, shape: Vec<usize>) -> Self {
+        debug_assert_eq!(element_count(&shape), Some(buffer.len()));
+        Self::from_parts(shape, Arc::new(Storage::Device(buffer)), Origin::Leaf, false)
+    }
+
     /// A scalar (shape `[]`).
     pub fn scalar(value: F) -> Self {
         Self::from_parts(Vec::new(), Arc::new(Storage::Host(vec![value])), Origin::Leaf, false)

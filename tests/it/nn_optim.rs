@@ -343,16 +343,16 @@ fn clipping_scales_every_gradient_by_the_global_norm() {
     };
     // ‖(3, 0, −4, 12, 0)‖ = 13; the parameter without a gradient is skipped.
     set();
-    assert_eq!(clip_grad_norm(&params, 26.0).unwrap(), 13.0);
+    assert_eq!(clip_grad_norm(&params, 26.0).unwrap().item().unwrap(), 13.0);
     assert_eq!((a.grad().unwrap().to_vec(), b.grad().unwrap().to_vec()), (ga.to_vec(), gb.to_vec()));
-    assert_eq!(clip_grad_norm(&params, 13.0).unwrap(), 13.0);
+    assert_eq!(clip_grad_norm(&params, 13.0).unwrap().item().unwrap(), 13.0);
     assert_eq!(a.grad().unwrap().to_vec(), ga);
     assert!(idle.grad().is_none());
-    assert_eq!(clip_grad_norm(&params, 6.5).unwrap(), 13.0);
+    assert_eq!(clip_grad_norm(&params, 6.5).unwrap().item().unwrap(), 13.0);
     assert_eq!((a.grad().unwrap().to_vec(), b.grad().unwrap().to_vec()), (vec![1.5, 0.0, -2.0], vec![6.0, 0.0]));
 
     // A tensor listed twice counts twice, as in PyTorch (and holds no lock across the other's).
-    assert_eq!(clip_grad_norm(&[b.clone(), b.clone()], 100.0).unwrap(), 72f64.sqrt() as f32);
+    assert_eq!(clip_grad_norm(&[b.clone(), b.clone()], 100.0).unwrap().item().unwrap(), 72f64.sqrt() as f32);
 
     // Random gradients: the norm is the twin's global_norm over their concatenation, to the bit, and the
     // clipped gradients are each scaled by max_norm / norm.
@@ -362,7 +362,7 @@ fn clipping_scales_every_gradient_by_the_global_norm() {
     let grads: Vec<Vec<f32>> =
         params.iter().map(|p| (0..p.numel()).map(|_| rng.random_range(-3.0f32..3.0)).collect()).collect();
     params.iter().zip(&grads).for_each(|(p, g)| set_grad(p, g));
-    let norm = clip_grad_norm(&params, 1.0).unwrap();
+    let norm = clip_grad_norm(&params, 1.0).unwrap().item().unwrap();
     assert_eq!(norm, global_norm(&grads.concat()));
     let clipped: Vec<f32> = params.iter().flat_map(|p| p.grad().unwrap().to_vec()).collect();
     assert_eq!(clipped, grads.concat().iter().map(|g| (1.0 / norm) * g).collect::<Vec<_>>());

@@ -124,6 +124,38 @@ pub(crate) fn embedding<F: Real>(
     Ok(Tensor::from_device_op(NAME, out, shape, &[weight], Box::new(backward)))
 }
 
+/// The rows of `weight` (`[rows, dims]`) at the ids `ids` holds as floats on the device (a captured step
+/// reads each replay's), in `shape`; an id that is not a row gives a row of NaN (checking it on the host
+/// would read the ids back). The `padding` row gets no gradient.
+pub(crate) fn embedding_ids<F: Real>(
+    device: &Arc<Device>,
+    (weight, ids): (&Tensor<F>, &Tensor<F>),
+    (rows, dims): (usize, usize),
+    padding: Option<usize>,
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "embedding";
+    let count = ids.numel();
+    let (rows_arg, dims_arg, count_arg) =
+        (Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, dims)?), Arg::i32(int(NAME, count)?));
+    int(NAME, count * dims)?;
+    int(NAME, rows * dims)?;
+    let padding_arg = Arg::i32(padding.map_or(Ok(-1), |p| int(NAME, p))?);
+    let codes = buffer(ids);
+    let out = device.alloc(NAME, count * dims)?;
+    let args = [device.arg(&buffer(weight)), device.arg(&codes), device.arg(&out), count_arg, rows_arg, dims_arg];
+    device.launch(NAME, &device.kernels.embedding_ids, device.blocks_for(count * dims), 0, &args)?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        let d = &device_;
+        let dw = d.alloc(NAME, rows * dims)?;
+        let args = [d.arg(&codes), d.arg(grad), d.arg(&dw), count_arg, rows_arg, dims_arg, padding_arg];
+        d.launch(NAME, &d.kernels.embedding_ids_grad, d.blocks_for(rows * dims), 0, &args)?;
+        Ok(vec![Some(dw)])
+    };
+    Ok(Tensor::from_device_op(NAME, out, shape, &[weight], Box::new(backward)))
+}
+
 /// `input` times the factors of `mask` (each element's scale or 0; every one 0 when `all_dropped`), in a
 /// new buffer: dropout's forward, and its backward on the gradient.
 fn masked(device: &Arc<Device>, input: &DeviceBuffer, mask: Mask, all_dropped: bool) -> Result<DeviceBuffer> {
@@ -155,6 +187,44 @@ pub(crate) fn dropout<F: Real>(
     let backward =
         move |grad: &DeviceBuffer, _needs: &[bool]| Ok(vec![Some(masked(&device_, grad, mask, all_dropped)?)]);
     Ok(Tensor::from_device_op("dropout", out, x.shape().to_vec(), &[x], Box::new(backward)))
+}
+
+/// `input` times the factors of the mask under the key in device memory `key`, in a new buffer.
+fn masked_by_key(
+    device: &Arc<Device>,
+    input: &DeviceBuffer,
+    key: &DeviceBuffer,
+    (threshold, scale): (u32, f32),
+) -> Result<DeviceBuffer> {
+    const NAME: &str = "dropout";
+    let out = device.alloc(NAME, input.len())?;
+    let args = [device.arg(input), device.arg(&out), Arg::i32(int(NAME, input.len())?), device.arg(key)];
+    let args = [&args[..], &[Arg::u32(threshold), Arg::f32(scale)]].concat();
+    device.launch(NAME, &device.kernels.dropout_keyed, device.blocks_for(input.len()), 0, &args)?;
+    Ok(out)
+}
+
+/// Dropout of `x` with the mask of the step counted on the device: `step` (one word, the `Dropout`
+/// layer's) is read and advanced by the GPU, so each replay of a captured step draws the next step's mask,
+/// the same one `ops::dropout::Mask` gives for that step on the host. `site_seed` is
+/// `ops::dropout::site_seed`; threshold and scale are the mask's (scale 0 when p = 1).
+pub(crate) fn dropout_counted<F: Real>(
+    device: &Arc<Device>,
+    x: &Tensor<F>,
+    step: &DeviceBuffer,
+    site_seed: u32,
+    (threshold, scale): (u32, f32),
+) -> Result<Tensor<F>> {
+    const NAME: &str = "dropout";
+    let key = device.alloc(NAME, 1)?;
+    let args = [Arg::u32(site_seed), device.arg(step), device.arg(&key)];
+    device.launch(NAME, &device.kernels.dropout_draw, (1, 1), 0, &args)?;
+    let out = masked_by_key(device, &buffer(x), &key, (threshold, scale))?;
+    let device_ = Arc::clone(device);
+    let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        Ok(vec![Some(masked_by_key(&device_, grad, &key, (threshold, scale))?)])
+    };
+    Ok(Tensor::from_device_op(NAME, out, x.shape().to_vec(), &[x], Box::new(backward)))
 }
 
 /// softmax(q·kᵀ/√D)·v for q, k, v `[batch, heads, time, dims]` (checked equal), keys after the query masked

@@ -21,10 +21,12 @@ use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
 use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
+use crate::precision::Precision;
 use cudarc::driver::CudaSlice;
 use std::any::TypeId;
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The kernels of `fused/nn.cu`, loaded once per device.
@@ -42,7 +44,9 @@ pub(crate) struct Kernels {
     pub(crate) softmax_rows: Kernel,
     pub(crate) softmax_rows_grad: Kernel,
     pub(crate) matmul: Kernel,
+    pub(crate) matmul_bf16: Kernel,
     pub(crate) linear: Kernel,
+    pub(crate) linear_bf16: Kernel,
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
@@ -55,7 +59,13 @@ pub(crate) struct Kernels {
     pub(crate) layer_norm_grad_affine: Kernel,
     pub(crate) embedding: Kernel,
     pub(crate) embedding_grad: Kernel,
+    pub(crate) embedding_ids: Kernel,
+    pub(crate) embedding_ids_grad: Kernel,
     pub(crate) dropout: Kernel,
+    pub(crate) dropout_draw: Kernel,
+    pub(crate) dropout_keyed: Kernel,
+    pub(crate) sum_squares: Kernel,
+    pub(crate) clip_factor: Kernel,
     pub(crate) attention: Kernel,
     pub(crate) attention_grad_q: Kernel,
     pub(crate) attention_grad_kv: Kernel,
@@ -69,6 +79,9 @@ pub struct Device {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) kernels: Kernels,
     pub(crate) gemm_shared: u32,
+    gemm_shared_bf16: u32,
+    /// Whether products run on the bf16 tensor cores ([`Device::set_precision`]).
+    bf16_products: AtomicBool,
     free: Arc<Pool>,
     /// While a step is captured, the pool its buffers come from and go back to (`capture`).
     capturing: Mutex<Option<Arc<Pool>>>,
@@ -129,7 +142,9 @@ impl Device {
                 softmax_rows: k("nn_softmax_rows")?,
                 softmax_rows_grad: k("nn_softmax_rows_grad")?,
                 matmul: k("nn_matmul")?,
+                matmul_bf16: k("nn_matmul_bf16")?,
                 linear: k("nn_linear")?,
+                linear_bf16: k("nn_linear_bf16")?,
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
@@ -142,7 +157,13 @@ impl Device {
                 layer_norm_grad_affine: k("nn_layer_norm_grad_affine")?,
                 embedding: k("nn_embedding")?,
                 embedding_grad: k("nn_embedding_grad")?,
+                embedding_ids: k("nn_embedding_ids")?,
+                embedding_ids_grad: k("nn_embedding_ids_grad")?,
                 dropout: k("nn_dropout")?,
+                dropout_draw: k("nn_dropout_draw")?,
+                dropout_keyed: k("nn_dropout_keyed")?,
+                sum_squares: k("nn_sum_squares")?,
+                clip_factor: k("nn_clip_factor")?,
                 attention: k("nn_attention")?,
                 attention_grad_q: k("nn_attention_grad_q")?,
                 attention_grad_kv: k("nn_attention_grad_kv")?,
@@ -151,7 +172,46 @@ impl Device {
         let kernels = load().map_err(launch_error("Device::open"))?;
         let (bm, bn, bk, tm, tn) = GEMM_TILE;
         let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
-        Ok(Arc::new(Device { gpu, kernels, gemm_shared, free: Arc::default(), capturing: Mutex::default() }))
+        let gemm_shared_bf16 = (crate::ops::gemm::bf16_shared_floats(bm, bn, GEMM_BF16_BK) * 4) as u32;
+        Ok(Arc::new(Device {
+            gpu,
+            kernels,
+            gemm_shared,
+            gemm_shared_bf16,
+            bf16_products: AtomicBool::new(false),
+            free: Arc::default(),
+            capturing: Mutex::default(),
+        }))
+    }
+
+    /// How the products of `matmul` and `linear` (forward and backward) multiply on this device from now
+    /// on: `Fp32` (the default) on the CUDA cores, or `Bf16` on the tensor cores, operands rounded to bf16
+    /// and summed in fp32 as PyTorch's bf16 autocast (`torch.set_float32_matmul_precision` for the whole
+    /// device). Tensors, LayerNorm, softmax, losses and the optimizer stay fp32. TF32 is not offered here.
+    pub fn set_precision(&self, precision: Precision) -> Result<()> {
+        let bf16 = match precision {
+            Precision::Fp32 => false,
+            Precision::Bf16 => true,
+            Precision::Tf32 => {
+                return Err(Error::value("Device::set_precision", "nn's products run in fp32 or bf16, not tf32"));
+            }
+        };
+        self.bf16_products.store(bf16, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The products' precision ([`Device::set_precision`]).
+    pub fn precision(&self) -> Precision {
+        if self.bf16_products.load(Ordering::Relaxed) { Precision::Bf16 } else { Precision::Fp32 }
+    }
+
+    /// The batched product kernel, the linear kernel and their shared memory in bytes, at the precision set.
+    pub(crate) fn products(&self) -> (&Kernel, &Kernel, u32) {
+        if self.bf16_products.load(Ordering::Relaxed) {
+            (&self.kernels.matmul_bf16, &self.kernels.linear_bf16, self.gemm_shared_bf16)
+        } else {
+            (&self.kernels.matmul, &self.kernels.linear, self.gemm_shared)
+        }
     }
 
     /// The GPU in words.
@@ -254,6 +314,9 @@ impl Device {
 /// The tile of `nn_matmul` and `nn_linear` (MM_BM, MM_BN, MM_BK, MM_TM, MM_TN in fused/nn.cu): 64 × 64
 /// outputs, 16 deep, 4 × 4 a thread.
 pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4, 4);
+
+/// The depth of a chunk of `nn_matmul_bf16` and `nn_linear_bf16` (MM_BF16_BK), whose tile is 64 × 64 too.
+const GEMM_BF16_BK: usize = 32;
 
 /// Device memory that goes back to its pool (the device's, or a captured step's) when the last buffer
 /// sharing it is dropped.

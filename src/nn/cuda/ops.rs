@@ -265,7 +265,8 @@ fn matmul_into(
     let args = [device.arg(a), device.arg(b), device.arg(c), Arg::i32(int(name, m)?), Arg::i32(int(name, n)?)];
     let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, stride_a)?), Arg::i32(int(name, stride_b)?)];
     let args = [&args[..], &more, &[Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]].concat();
-    device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
+    let (kernel, _, shared) = device.products();
+    device.launch(name, kernel, blocks, shared, &args)
 }
 
 /// A new buffer holding `matmul_into`'s products (batches·M·N results).
@@ -397,7 +398,8 @@ pub(crate) fn linear<F: Real>(
     let args = [device.arg(&xb), device.arg(&wb), bias_arg, Arg::Ptr(0), device.arg(&out)];
     let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, UNARY_NONE];
     let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
-    device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
+    let (_, kernel, shared) = device.products();
+    device.launch(NAME, kernel, blocks, shared, &args)?;
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         // dx = dy·W; dW = dyᵀ·x.
@@ -489,15 +491,36 @@ pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[y, t], Box::new(backward)))
 }
 
-/// `x` times `factor`, in a new buffer (clipped gradients).
-pub(crate) fn scaled(x: &DeviceBuffer, factor: f32) -> Result<DeviceBuffer> {
+/// `clip_grad_norm`'s norm and factor on the device, with nothing read back (so a captured step clips
+/// too): each gradient's Σg² by one block into its slot, then by one thread the global norm √Σ (slots
+/// in order, in f64) and the factor `ops::optim::clip_scale` gives. Returns (norm, factor), a float each.
+pub(crate) fn clip_norm(
+    device: &Arc<Device>,
+    grads: &[DeviceBuffer],
+    max_norm: f32,
+) -> Result<(DeviceBuffer, DeviceBuffer)> {
     const NAME: &str = "clip_grad_norm";
-    let device = x.device();
-    let out = device.alloc(NAME, x.len())?;
-    let args = [Arg::i32(OP_MUL), Arg::i32(0), device.arg(x), Arg::f32(factor), device.arg(&out)];
-    let args = [&args[..], &[Arg::i32(int(NAME, x.len())?)]].concat();
-    device.launch(NAME, &device.kernels.scalar, device.blocks_for(x.len()), 0, &args)?;
-    Ok(out)
+    let squares = device.alloc(NAME, grads.len())?;
+    for (slot, grad) in grads.iter().enumerate() {
+        let args =
+            [device.arg(grad), Arg::i32(int(NAME, grad.len())?), device.arg(&squares), Arg::i32(int(NAME, slot)?)];
+        device.launch(NAME, &device.kernels.sum_squares, (1, 1), 0, &args)?;
+    }
+    let (norm, factor) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
+    let args = [
+        device.arg(&squares),
+        Arg::i32(int(NAME, grads.len())?),
+        Arg::f32(max_norm),
+        device.arg(&norm),
+        device.arg(&factor),
+    ];
+    device.launch(NAME, &device.kernels.clip_factor, (1, 1), 0, &args)?;
+    Ok((norm, factor))
+}
+
+/// A gradient times `clip_norm`'s factor, in a new buffer.
+pub(crate) fn clipped(grad: &DeviceBuffer, factor: &DeviceBuffer) -> Result<DeviceBuffer> {
+    scale_by(grad.device(), "clip_grad_norm", grad, factor, None, 1.0)
 }
 
 /// What an optimizer step on the device reads from device memory: the base rate (one float) and the

@@ -2,12 +2,20 @@
 //! `set_training(false)`. Each forward in training draws the next step's mask (a counter from 0), so two
 //! calls drop different elements and a run from the same seed drops the same ones. The switch and the
 //! counter are atomics, so a shared layer changes through `&self` as `Module` asks.
+//!
+//! On a GPU the counter moves to device memory at the layer's first forward there (from the host's
+//! count), and the kernels read and advance it: a captured step's replays then draw step after step's
+//! masks, each the one the host draws for that step. `step` counts the forwards run op by op.
 
 use super::Module;
 use crate::cpu::Real;
+use crate::nn::cuda::{Device, DeviceBuffer, layers};
 use crate::nn::dropout::{checked_probability, dropout};
 use crate::nn::error::Result;
-use crate::nn::tensor::Tensor;
+use crate::nn::tensor::{Tensor, lock};
+use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
+use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Zeroes each element with probability `p` in training, scaling the rest by 1/(1 − p).
@@ -18,13 +26,22 @@ pub struct Dropout {
     site: usize,
     training: AtomicBool,
     step: AtomicU32,
+    /// The step counter on the GPU, once a forward ran there.
+    device_step: Mutex<Option<DeviceBuffer>>,
 }
 
 impl Dropout {
     /// A layer dropping with probability `p` (0 ≤ p ≤ 1) under `seed`, in training, at site 0.
     pub fn new(p: f32, seed: u32) -> Result<Self> {
         checked_probability(p)?;
-        Ok(Dropout { p, seed, site: 0, training: AtomicBool::new(true), step: AtomicU32::new(0) })
+        Ok(Dropout {
+            p,
+            seed,
+            site: 0,
+            training: AtomicBool::new(true),
+            step: AtomicU32::new(0),
+            device_step: Mutex::new(None),
+        })
     }
 
     /// The layer at site `site`: layers sharing a seed draw independent masks at different sites.
@@ -49,9 +66,30 @@ impl Dropout {
     }
 }
 
+impl Dropout {
+    /// The forward in training of `x` on `device`, by the counter in device memory.
+    fn forward_on_device<F: Real>(&self, device: &Arc<Device>, x: &Tensor<F>) -> Result<Tensor<F>> {
+        let mut counter = lock(&self.device_step);
+        if counter.as_ref().is_none_or(|c| !Arc::ptr_eq(c.device(), device)) {
+            *counter = Some(device.upload("dropout", &[f32::from_bits(self.step())])?);
+        }
+        self.step.fetch_add(1, Ordering::Relaxed);
+        let scale = if self.p == 1.0 { 0.0 } else { dropout_scale(self.p) };
+        let mask = (dropout_threshold(self.p), scale);
+        let step = counter.as_ref().expect("set above");
+        layers::dropout_counted(device, x, step, site_seed(self.seed, self.site), mask)
+    }
+}
+
 impl<F: Real> Module<F> for Dropout {
     fn forward(&self, x: &Tensor<F>) -> Result<Tensor<F>> {
         let training = self.is_training();
+        if training
+            && self.p > 0.0
+            && let Some(device) = x.device()
+        {
+            return self.forward_on_device(&device, x);
+        }
         let step = if training { self.step.fetch_add(1, Ordering::Relaxed) } else { 0 };
         dropout(x, self.p, training, self.seed, step, self.site)
     }

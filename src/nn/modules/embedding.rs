@@ -5,6 +5,7 @@
 
 use super::Module;
 use crate::cpu::{Real, SeededRng};
+use crate::nn::cuda::{self, Place, layers};
 use crate::nn::embedding::{bad_id, embedding, not_a_row, padding_row};
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
@@ -72,8 +73,16 @@ impl<F: Real> Embedding<F> {
 }
 
 impl<F: Real> Module<F> for Embedding<F> {
-    /// The rows at the ids `x` holds as floats, each an integer in 0..V.
+    /// The rows at the ids `x` holds as floats, each an integer in 0..V. On a GPU the ids stay there (a
+    /// captured step reads each replay's), and an id that is not a row gives a row of NaN instead of the
+    /// host's error, which would need the ids read back.
     fn forward(&self, x: &Tensor<F>) -> Result<Tensor<F>> {
+        if let Place::Device(gpu) = cuda::place_of("embedding", &[&self.weight, x])? {
+            let padding = self.padding_idx.map(|p| padding_row(p, self.num_embeddings())).transpose()?;
+            let shape = [x.shape(), &[self.embedding_dim()]].concat();
+            let sizes = (self.num_embeddings(), self.embedding_dim());
+            return layers::embedding_ids(&gpu, (&self.weight, x), sizes, padding, shape);
+        }
         let ids = (x.to_vec().into_iter().enumerate())
             .map(|(flat, id)| {
                 if !id.is_finite() || id.fract() != F::zero() {

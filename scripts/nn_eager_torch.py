@@ -1,8 +1,15 @@
-"""PyTorch eager's side of `textnet bench nn`: the same three workloads on the same GPU, timed the same
-way (host time to enqueue a round of ops, and wall time once the GPU is done, per op; median of the
-repeats after one warm-up round). Prints one JSON object.
+"""PyTorch eager's side of `textnet bench nn`: the same eager ops and the same training steps on the same
+GPU, timed the same way, under the same workload names. Prints one JSON object.
 
-    python3 scripts/nn_eager_torch.py [--ops 2000] [--repeats 7]
+Eager ops: `--ops` ops enqueued back to back. Training steps (cross-entropy, Adam lr 1e-3, batch 64, one
+resident batch of MNIST-sized inputs, as bench nn's): the 784-128-10 MLP and the residual MLP
+Linear(784, 256), two blocks x + Linear(256, 256)(ReLU(Linear(256, 256)(x))), Linear(256, 10); a round is
+`--steps` steps, by default one Fashion-MNIST epoch at batch 64 (938). For each workload: the host time to
+enqueue a round, the wall time once the GPU is done (torch.cuda.synchronize) and the device time between
+CUDA events around the round, per op or step; the median of `--repeats` rounds after one warm-up round.
+Adam is torch's default for CUDA tensors (the multi-tensor `foreach` form), the eager baseline.
+
+    python3 scripts/nn_eager_torch.py [--ops 2000] [--steps 938] [--repeats 7]
 """
 import argparse
 import json
@@ -10,23 +17,52 @@ import time
 
 import torch
 
+BATCH = 64
 
-def timed(repeats, ops, round_fn):
+
+def timed(workload, unit, repeats, count, round_fn):
     round_fn()
     torch.cuda.synchronize()
-    host, wall = [], []
+    host, wall, device = [], [], []
     for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         started = time.perf_counter()
+        start.record()
         round_fn()
-        host.append((time.perf_counter() - started) * 1e6 / ops)
+        end.record()
+        host.append((time.perf_counter() - started) * 1e6 / count)
         torch.cuda.synchronize()
-        wall.append((time.perf_counter() - started) * 1e6 / ops)
-    return sorted(host)[len(host) // 2], sorted(wall)[len(wall) // 2]
+        wall.append((time.perf_counter() - started) * 1e6 / count)
+        device.append(start.elapsed_time(end) * 1e3 / count)
+    median = lambda v: sorted(v)[len(v) // 2]
+    return {"workload": workload, "unit": unit, "per_round": count, "host_us": median(host),
+            "wall_us": median(wall), "device_us": median(device)}
+
+
+class Residual(torch.nn.Module):
+    """x + f(x)."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return x + self.f(x)
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def residual_mlp():
+    block = lambda: Residual(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)))
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), block(), block(), torch.nn.Linear(256, 10))
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=-(-60000 // BATCH))
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.manual_seed(1)
@@ -40,32 +76,32 @@ def main():
             for _ in range(args.ops):
                 x = x * 0.999
 
-    rows.append(("mul_scalar 64×64, no grad", args.ops, *timed(args.repeats, args.ops, scalar_round)))
+    rows.append(timed("mul_scalar 64×64, no grad", "op", args.repeats, args.ops, scalar_round))
 
     def add_round():
         x = small
         for _ in range(args.ops):
             x = x + small
 
-    rows.append(("add 64×64 (inputs need no grad)", args.ops, *timed(args.repeats, args.ops, add_round)))
+    rows.append(timed("add 64×64 (inputs need no grad)", "op", args.repeats, args.ops, add_round))
 
-    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(dev)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.rand(64, 784, device=dev) * 2 - 1
-    targets = torch.arange(64, device=dev) % 10
-    steps = max(args.ops // 20, 1)
+    x = torch.rand(BATCH, 784, device=dev) * 2 - 1
+    targets = torch.arange(BATCH, device=dev) % 10
+    for name, model in [("MLP 784-128-10 step", mlp()), ("residual MLP 784-256-2×res-10 step", residual_mlp())]:
+        model = model.to(dev)
+        adam = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-    def step_round():
-        for _ in range(steps):
-            sgd.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(x), targets)
-            loss.backward()
-            sgd.step()
+        def step_round():
+            for _ in range(args.steps):
+                adam.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.cross_entropy(model(x), targets)
+                loss.backward()
+                adam.step()
 
-    rows.append(("MLP 784-128-10 step, batch 64 (per step)", steps, *timed(args.repeats, steps, step_round)))
+        rows.append(timed(name, "step", args.repeats, args.steps, step_round))
     out = {"bench": "nn (PyTorch eager)", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
-           "rows": [{"workload": w, "ops": n, "host_us": h, "wall_us": t} for w, n, h, t in rows]}
-    print(json.dumps(out))
+           "steps": {"batch": BATCH, "optimizer": "adam lr 0.001", "loss": "cross_entropy"}, "rows": rows}
+    print(json.dumps(out, ensure_ascii=False))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ mod mnist_idx;
 mod mnist_model;
 mod model_files;
 mod nn_autograd;
+mod nn_bench;
 mod nn_conv_layout;
 mod nn_modules;
 mod nn_optim;

@@ -8,8 +8,10 @@
 //! and a batch is `batch` windows at random offsets, as `data/shakespeare_char/prepare.py` and `get_batch`.
 //!
 //! What differs from nanoGPT's code, and why:
-//! - `F.scaled_dot_product_attention` takes no `dropout_p` here: the attention weights are not dropped
-//!   (the residual, MLP and embedding dropouts are).
+//! - `CausalSelfAttention.forward`'s split of `c_attn(x)` into q, k, v, their views and transposes into
+//!   heads, `F.scaled_dot_product_attention(is_causal=True, dropout_p=...)` and the transpose back are one
+//!   op, `causal_self_attention` on the packed rows (flash-attn's `qkvpacked` form): the same math without
+//!   six copies a layer, on the flash kernels in bf16. `attn_dropout` becomes the layer it draws from.
 //! - `nn.GELU()` is the tanh form (textnet's kernels' GELU), not the erf form.
 //! - Products run in bf16 with `--precision bf16` (PyTorch's autocast), fp32 otherwise; nothing else of
 //!   autocast (LayerNorm, softmax and the loss stay fp32 either way).
@@ -31,7 +33,7 @@ use std::time::Instant;
 use textnet::cpu::SeededRng;
 use textnet::nn::{
     CapturedStep, Device, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, Optimizer, Scheduler, Tensor,
-    clip_grad_norm, decay_groups, linear, no_grad, prefixed, scaled_dot_product_attention,
+    causal_self_attention, clip_grad_norm, decay_groups, linear, no_grad, prefixed,
 };
 use textnet::ops::optim::{OptimConfig, OptimKind};
 use textnet::precision::Precision;
@@ -127,6 +129,7 @@ struct Config {
 struct CausalSelfAttention {
     c_attn: Linear,
     c_proj: Linear,
+    attn_dropout: Dropout,
     resid_dropout: Dropout,
     n_head: usize,
 }
@@ -137,7 +140,8 @@ impl CausalSelfAttention {
         Ok(CausalSelfAttention {
             c_attn: dense(rng, (c.n_embd, 3 * c.n_embd), c.bias, 0.02)?,
             c_proj: dense(rng, (c.n_embd, c.n_embd), c.bias, proj_std)?,
-            resid_dropout: Dropout::new(c.dropout, seed)?.with_site(site),
+            attn_dropout: Dropout::new(c.dropout, seed)?.with_site(site),
+            resid_dropout: Dropout::new(c.dropout, seed)?.with_site(site + 1),
             n_head: c.n_head,
         })
     }
@@ -145,12 +149,7 @@ impl CausalSelfAttention {
 
 impl Module for CausalSelfAttention {
     fn forward(&self, x: &Tensor) -> textnet::nn::Result<Tensor> {
-        let [b, t, c] = *x.shape() else { unreachable!("a block's input is [B, T, C]") };
-        let qkv = self.c_attn.forward(x)?;
-        // q, k, v = qkv.split(C, dim=2), each viewed as [B, T, heads, C/heads] and transposed to heads first.
-        let head = |i: usize| qkv.narrow(2, i * c, c)?.reshape(&[b, t, self.n_head, c / self.n_head])?.transpose(1, 2);
-        let y = scaled_dot_product_attention(&head(0)?, &head(1)?, &head(2)?, true)?;
-        let y = y.transpose(1, 2)?.reshape(&[b, t, c])?;
+        let y = causal_self_attention(&self.c_attn.forward(x)?, self.n_head, Some(&self.attn_dropout))?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
     }
 
@@ -160,6 +159,7 @@ impl Module for CausalSelfAttention {
     }
 
     fn set_training(&self, training: bool) {
+        Module::<f32>::set_training(&self.attn_dropout, training);
         Module::<f32>::set_training(&self.resid_dropout, training);
     }
 }
@@ -242,9 +242,9 @@ impl Gpt {
         for layer in 0..c.n_layer {
             h.push(Block {
                 ln_1: layer_norm(c.n_embd, c.bias)?,
-                attn: CausalSelfAttention::new(c, rng, 1 + 2 * layer, seed)?,
+                attn: CausalSelfAttention::new(c, rng, 1 + 3 * layer, seed)?,
                 ln_2: layer_norm(c.n_embd, c.bias)?,
-                mlp: Mlp::new(c, rng, 2 + 2 * layer, seed)?,
+                mlp: Mlp::new(c, rng, 3 + 3 * layer, seed)?,
             });
         }
         let positions = Tensor::from_vec((0..c.block_size).map(|p| p as f32).collect(), &[c.block_size])?;

@@ -29,3 +29,15 @@ __device__ __forceinline__ bool dropout_keeps(unsigned key, unsigned element, un
 __device__ __forceinline__ float dropout_factor(unsigned key, unsigned element, unsigned threshold, float scale) {
     return dropout_keeps(key, element, threshold) ? scale : 0.0f;
 }
+
+// One site's dropout in this step: its key from the per-run seed and the device's step counter.
+// threshold 0 turns it off (every factor 1).
+struct SiteDropout {
+    unsigned key, threshold;
+    float scale;
+    __device__ __forceinline__ SiteDropout(unsigned seed, const unsigned* step, unsigned threshold, float scale)
+        : key(threshold ? dropout_key(seed, step) : 0u), threshold(threshold), scale(scale) {}
+    __device__ __forceinline__ float factor(size_t element) const {
+        return threshold ? dropout_factor(key, (unsigned)element, threshold, scale) : 1.0f;
+    }
+};

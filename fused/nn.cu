@@ -599,6 +599,15 @@ extern "C" __global__ void nn_dropout_draw(unsigned site_seed, unsigned* __restr
     }
 }
 
+// taken[0] = step[0], then step[0] += 1: a Dropout layer's step for a kernel that draws its mask from the
+// site's seed and a step word itself (nn_attention.cu's dropout on the attention probabilities). One thread.
+extern "C" __global__ void nn_take_step(unsigned* __restrict__ step, unsigned* __restrict__ taken) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        taken[0] = step[0];
+        step[0] += 1u;
+    }
+}
+
 // nn_dropout with the key read from device memory (nn_dropout_draw's); forward and backward alike.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_dropout_keyed(const float* __restrict__ x, float* __restrict__ y, int n, const unsigned* __restrict__ key,

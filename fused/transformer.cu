@@ -177,18 +177,6 @@ __device__ __forceinline__ unsigned token_at(const unsigned* data, const unsigne
     return data[offsets[row / T] + row % T + shift];
 }
 
-// One site's dropout in this step: its key from the per-run seed and the device's step counter.
-// threshold 0 turns it off (every factor 1).
-struct SiteDropout {
-    unsigned key, threshold;
-    float scale;
-    __device__ __forceinline__ SiteDropout(unsigned seed, const unsigned* step, unsigned threshold, float scale)
-        : key(threshold ? dropout_key(seed, step) : 0u), threshold(threshold), scale(scale) {}
-    __device__ __forceinline__ float factor(size_t element) const {
-        return threshold ? dropout_factor(key, (unsigned)element, threshold, scale) : 1.0f;
-    }
-};
-
 // Grid ceil(N / WARPS): a warp per row. x = dropout(tok_emb + pos_emb), out = LayerNorm(x) in fp32, in
 // bf16 (out_bf16), or both (a null pointer skips one).
 extern "C" __global__ void __launch_bounds__(THREADS)

@@ -17,7 +17,7 @@ use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
-use crate::ops::attention::{sdp_attention, sdp_attention_backward};
+use crate::ops::attention::{AttentionDropout, attention, attention_backward, sdp_attention, sdp_attention_backward};
 use std::sync::Arc;
 
 const OP: &str = "scaled_dot_product_attention";
@@ -112,4 +112,67 @@ pub fn scaled_dot_product_attention<F: Real>(
         Ok(vec![Some(grad_q), Some(grad_k), Some(grad_v)])
     };
     Ok(Tensor::from_op(OP, Arc::new(Storage::Host(out)), q.shape().to_vec(), &[q, k, v], Box::new(backward)))
+}
+
+/// Causal self-attention of packed rows, nanoGPT's `CausalSelfAttention` between its two linear layers in
+/// one op (flash-attn's `flash_attn_qkvpacked_func`): `qkv` is `[B, T, 3C]`, each position's
+/// `c_attn(x)` row [q | k | v] with head h at columns h·C/heads.. of each third, and the result `[B, T, C]`
+/// has the heads side by side, as `y.transpose(1, 2).view(B, T, C)` after
+/// `scaled_dot_product_attention(q, k, v, is_causal=True)` on the split heads. With `dropout` in training
+/// (nanoGPT's `attn_dropout`), the probabilities are dropped by that layer's mask of its next step,
+/// element ((b·heads + h)·T + t)·T + u.
+///
+/// The math is the twin's (`ops::attention::attention` and its backward, the Transformer's); on a GPU
+/// (`cuda::attention`) the Transformer's attention kernels run on the tensors as they lie, in bf16 on the
+/// tensor cores at `Precision::Bf16` (head sizes a multiple of 16), without the split and transposes'
+/// copies and without keeping the T×T probabilities.
+pub fn causal_self_attention<F: Real>(
+    qkv: &Tensor<F>,
+    heads: usize,
+    dropout: Option<&super::Dropout>,
+) -> Result<Tensor<F>> {
+    const OP: &str = "causal_self_attention";
+    let [batch, time, packed] = *qkv.shape() else {
+        return Err(Error::shape(OP, qkv.shape(), "is not [batch, time, 3·embedding]"));
+    };
+    if heads == 0 || !packed.is_multiple_of(3 * heads) {
+        let problem = format!("has a last axis that does not split into q, k and v of {heads} heads each");
+        return Err(Error::shape(OP, qkv.shape(), problem));
+    }
+    if dropout.is_some_and(|d| d.p() == 1.0) {
+        return Err(Error::value(OP, "dropout on the attention probabilities takes p < 1"));
+    }
+    let (width, head_size) = (packed / 3, packed / 3 / heads);
+    if let Place::Device(gpu) = cuda::place_of(OP, &[qkv])? {
+        let drop = match dropout {
+            Some(layer) => layer.next_device_mask(&gpu)?.map(|(site_seed, step, threshold, scale)| {
+                cuda::attention::AttentionDrop { site_seed, step, threshold, scale }
+            }),
+            None => None,
+        };
+        return cuda::attention::causal_self_attention(&gpu, qkv, (batch, time, heads, head_size), drop);
+    }
+    let mask = dropout.and_then(|layer| layer.next_mask());
+    let drop = move |b: usize| mask.map(|mask| AttentionDropout { mask, first: b * heads * time * time, block: time });
+    let values = qkv.storage();
+    let sequence = time * packed;
+    let mut out = Vec::with_capacity(batch * time * width);
+    let mut saved = Vec::with_capacity(batch);
+    for (b, rows) in values.host().chunks(sequence.max(1)).take(batch).enumerate() {
+        let (y, probabilities) = attention(rows, time, heads, head_size, drop(b).as_ref());
+        out.extend(y);
+        saved.push(probabilities);
+    }
+    let backward = move |grad: &[F], _needs: &[bool]| {
+        let mut grad_qkv = Vec::with_capacity(batch * sequence);
+        for (b, probabilities) in saved.iter().enumerate() {
+            let rows = &values.host()[b * sequence..][..sequence];
+            let d_y = &grad[b * time * width..][..time * width];
+            let (_, _, d_qkv) = attention_backward(rows, probabilities, d_y, time, heads, head_size, drop(b).as_ref());
+            grad_qkv.extend(d_qkv);
+        }
+        Ok(vec![Some(grad_qkv)])
+    };
+    let shape = vec![batch, time, width];
+    Ok(Tensor::from_op(OP, Arc::new(Storage::Host(out)), shape, &[qkv], Box::new(backward)))
 }

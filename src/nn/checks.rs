@@ -12,12 +12,13 @@
 
 use super::cuda::Device;
 use super::{
-    Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, clip_grad_norm, dropout, embedding, layer_norm,
-    linear, scaled_dot_product_attention,
+    Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, causal_self_attention, clip_grad_norm, dropout,
+    embedding, layer_norm, linear, scaled_dot_product_attention,
 };
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
+use crate::precision::Precision;
 use rand::RngExt;
 use std::sync::Arc;
 
@@ -37,8 +38,21 @@ pub const SUITE: crate::check::Suite = crate::check::Suite { name: "nn", checks,
 
 /// The modules the checks compile.
 pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {
-    vec![super::cuda::module_request()]
+    let attention = PACKED_ATTENTION_SHAPES
+        .map(|(_, time, _, head_size, _)| super::cuda::attention::module_request(time, head_size));
+    [vec![super::cuda::module_request()], attention.to_vec()].concat()
 }
+
+/// `packed_attention_checks`' shapes: batch, sequence length, heads, head size, and whether in bf16.
+/// Each (length, head size) is a module of its own.
+const PACKED_ATTENTION_SHAPES: [(usize, usize, usize, usize, bool); 6] = [
+    (2, 5, 1, 3, false),
+    (3, 70, 2, 8, false),
+    (1, 64, 4, 16, false),
+    (2, 70, 2, 16, true),
+    (2, 200, 2, 64, true),
+    (1, 256, 6, 64, true),
+];
 
 fn values(rng: &mut SeededRng, shape: &[usize], low: f32, high: f32) -> Vec<f32> {
     (0..shape.iter().product::<usize>()).map(|_| rng.random_range(low..high)).collect()
@@ -202,21 +216,54 @@ fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<V
     Ok(checks)
 }
 
+/// Puts the device back to fp32 products when dropped, however the checks end.
+struct Fp32Again<'a>(&'a Device);
+
+impl Drop for Fp32Again<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.set_precision(Precision::Fp32);
+    }
+}
+
+/// The device's products in bf16 until the guard is dropped.
+fn bf16_products(device: &Device) -> Result<Fp32Again<'_>> {
+    device.set_precision(Precision::Bf16)?;
+    Ok(Fp32Again(device))
+}
+
+/// `causal_self_attention` on packed q, k, v: the fp32 kernels at odd sizes (T not a multiple of the
+/// 64-row chunk, head sizes 3 and 8, one head and several) and the bf16 flash kernels (head sizes 16 and
+/// 64), each without and with dropout on the probabilities, against the twin. bf16 within 8u = 2⁻⁵ (the
+/// Transformer's flash checks derive it: rounding of q, k, v, p and dy along the deepest chain).
+fn packed_attention_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for (batch, time, heads, head_size, bf16) in PACKED_ATTENTION_SHAPES {
+        for p in [0.0, 0.2] {
+            let shape = [batch, time, 3 * heads * head_size];
+            let inputs = [(values(rng, &shape, -1.0, 1.0), shape.to_vec())];
+            let seed = rng.random::<u32>();
+            let op: &Op<'_> = &|t| {
+                let layer = Dropout::new(p, seed)?.with_site(3);
+                causal_self_attention(&t[0], heads, Some(&layer))
+            };
+            let (name, tolerance) = if bf16 {
+                (format!("causal_self_attention bf16 p {p}"), 8.0 * Precision::Bf16.unit_roundoff())
+            } else {
+                (format!("causal_self_attention p {p}"), SUM_TOLERANCE)
+            };
+            let _reset = if bf16 { Some(bf16_products(device)?) } else { None };
+            checks.extend(compare(device, rng, (&name, tolerance), &inputs, op)?);
+        }
+    }
+    Ok(checks)
+}
+
 /// The products at `Precision::Bf16` (forward and backward) against the host's fp32 products of the
 /// operands and output gradient rounded to bf16: products of bf16 values are exact in fp32, so only the
 /// order of the sums differs, and a kernel that did not round (or rounded another way) is off by ~2⁻⁹.
 fn bf16_product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use crate::ops::gemm::round_bf16;
-    use crate::precision::Precision;
-    /// Puts the device back to fp32 products when the checks end, however they end.
-    struct Fp32Again<'a>(&'a Device);
-    impl Drop for Fp32Again<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.set_precision(Precision::Fp32);
-        }
-    }
-    device.set_precision(Precision::Bf16)?;
-    let _reset = Fp32Again(device);
+    let _reset = bf16_products(device)?;
     let mut checks = Vec::new();
     let matmul: &Op<'_> = &|t| t[0].matmul(&t[1]);
     let pairs: [(&[usize], &[usize]); 4] =
@@ -326,6 +373,7 @@ fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         checks.extend(compare(device, rng, (&format!("Dropout layer p {p} forward {step}"), EXACT), &inputs, op)?);
     }
     checks.extend(clip_checks(device, rng)?);
+    checks.extend(packed_attention_checks(device, rng)?);
     for shape in [[1, 1, 1, 1], [2, 3, 5, 7], [1, 2, 33, 16], [2, 1, 70, 65], [1, 1, 1, 9]] {
         for causal in [false, true] {
             let name = if causal { "attention causal" } else { "attention" };

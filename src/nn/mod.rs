@@ -18,7 +18,7 @@
 //! | `norm` | `layer_norm` over the last axis |
 //! | `embedding` | `embedding`: rows of a table by id |
 //! | `dropout` | `dropout`, its mask the kernels' hash |
-//! | `attention` | `scaled_dot_product_attention`, causal or not |
+//! | `attention` | `scaled_dot_product_attention`, causal or not; `causal_self_attention` on packed q, k, v |
 //! | `layout` | `reshape`/`view`, `transpose`, `permute`, `narrow`/`slice`, `cat` |
 //! | `conv` | `conv2d`, `max_pool2d` (the math: `ops::conv`) |
 //! | `modules` | `Module` and its layers (one file each under `modules/`); `Sequential`, `ModuleList` |
@@ -61,7 +61,7 @@ mod shape;
 mod state;
 mod tensor;
 
-pub use attention::scaled_dot_product_attention;
+pub use attention::{causal_self_attention, scaled_dot_product_attention};
 pub use conv::{conv2d, max_pool2d};
 pub use cuda::capture::CapturedStep;
 pub use cuda::{Device, DeviceBuffer};

@@ -67,6 +67,43 @@ impl AttentionSizes {
     }
 }
 
+/// fused/flash_attention.cuh's `FlashSizes<T, HS>`: the launch layers' one mirror of its blocks and shared
+/// memory (tested against the kernel file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashSizes {
+    /// T, the longest sequence (the module's TF_T or NN_T).
+    pub t: usize,
+    /// The head size (TF_HS or NN_HS), a multiple of 16.
+    pub hs: usize,
+}
+
+impl FlashSizes {
+    /// Queries of a forward block; keys or queries of a backward one: 16 per warp (ROWS).
+    pub const ROWS: usize = 128;
+    /// The streamed tile of keys or queries (TILE).
+    pub const TILE: usize = 64;
+
+    /// bf16 per staged row (LD).
+    fn ld(&self) -> usize {
+        self.hs + 8
+    }
+
+    /// Blocks of one kind per (sequence, head) (BLOCKS).
+    pub fn blocks(&self) -> usize {
+        self.t.div_ceil(Self::ROWS)
+    }
+
+    /// Dynamic shared memory of the forward kernel (FORWARD_BYTES).
+    pub fn forward_bytes(&self) -> usize {
+        4 * Self::TILE * self.ld() * 2 + 2 * Self::TILE * self.hs * 4
+    }
+
+    /// Dynamic shared memory of the backward kernel (BACKWARD_BYTES).
+    pub fn backward_bytes(&self) -> usize {
+        (2 * Self::ROWS + 4 * Self::TILE) * self.ld() * 2 + 3 * Self::TILE * self.hs * 4 + 4 * Self::TILE * 4
+    }
+}
+
 fn dot<F: Float>(a: &[F], b: &[F]) -> F {
     a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y)
 }

@@ -10,7 +10,8 @@ use crate::common::gradcheck::{check, input, values};
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
 use textnet::nn::{
-    self, Dropout, Embedding, LayerNorm, Module, Tensor, dropout, embedding, layer_norm, scaled_dot_product_attention,
+    self, Dropout, Embedding, LayerNorm, Module, Tensor, causal_self_attention, dropout, embedding, layer_norm,
+    scaled_dot_product_attention,
 };
 use textnet::ops::dropout::{DropoutKey, Mask, dropout_scale};
 use textnet::ops::layernorm::layer_norm_rows;
@@ -430,4 +431,69 @@ fn embedding_ids_are_checked_with_random_shapes() {
         }
         assert_eq!(err, format!("embedding: id 6 at position {at:?} is not a row of the weight's 0..6"));
     }
+}
+
+/// (batch, time, heads, head size) of the packed attention checks: one element, T = 1, odd sizes, heads of 1.
+const PACKED_SHAPES: [[usize; 4]; 4] = [[1, 1, 1, 1], [2, 3, 1, 5], [1, 5, 2, 3], [2, 4, 3, 1]];
+
+#[test]
+fn causal_self_attention_matches_finite_differences_with_and_without_dropout() {
+    let mut rng = SeededRng::seed_from_u64(31);
+    for [b, t, heads, hs] in PACKED_SHAPES {
+        let qkv = input(&mut rng, &[b, t, 3 * heads * hs], -1.5, 1.5, 0.0);
+        check("causal_self_attention", std::slice::from_ref(&qkv), &|x| causal_self_attention(&x[0], heads, None));
+        // A layer made per call draws the same mask (its step 0) each time the check evaluates the op.
+        check("causal_self_attention (dropout)", std::slice::from_ref(&qkv), &|x| {
+            causal_self_attention(&x[0], heads, Some(&Dropout::new(0.3, 5)?.with_site(2)))
+        });
+    }
+}
+
+#[test]
+fn causal_self_attention_is_the_split_heads_sdp_attention() {
+    let mut rng = SeededRng::seed_from_u64(32);
+    for [b, t, heads, hs] in PACKED_SHAPES {
+        let c = heads * hs;
+        let qkv = Tensor::from_vec(values(&mut rng, b * t * 3 * c, -2.0, 2.0), &[b, t, 3 * c]).unwrap();
+        let packed = causal_self_attention(&qkv, heads, None).unwrap();
+        // nanoGPT's: split, view as heads, transpose, attend, transpose back, view.
+        let head = |i: usize| qkv.narrow(2, i * c, c).unwrap().reshape(&[b, t, heads, hs]).unwrap().transpose(1, 2);
+        let split = scaled_dot_product_attention(&head(0).unwrap(), &head(1).unwrap(), &head(2).unwrap(), true)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .reshape(&[b, t, c])
+            .unwrap();
+        assert_eq!(packed.shape(), [b, t, c]);
+        assert!(max_difference(&packed.to_vec(), &split.to_vec()) < 1e-12, "{:?}", [b, t, heads, hs]);
+    }
+    // In training, the layer's next mask drops probabilities (so y changes); outside training nothing.
+    let qkv = Tensor::from_vec(values(&mut rng, 2 * 6 * 3 * 4, -2.0, 2.0), &[2, 6, 12]).unwrap();
+    let plain = causal_self_attention(&qkv, 2, None).unwrap().to_vec();
+    let layer = Dropout::new(0.5, 9).unwrap();
+    assert_ne!(causal_self_attention(&qkv, 2, Some(&layer)).unwrap().to_vec(), plain);
+    assert_eq!(layer.step(), 1);
+    Module::<f64>::set_training(&layer, false);
+    assert_eq!(causal_self_attention(&qkv, 2, Some(&layer)).unwrap().to_vec(), plain);
+}
+
+#[test]
+fn causal_self_attention_refuses_bad_shapes_in_one_line() {
+    let qkv = Tensor::<f32>::zeros(&[2, 3, 12]).unwrap();
+    fails_with(
+        causal_self_attention(&Tensor::<f32>::zeros(&[3, 12]).unwrap(), 2, None),
+        "causal_self_attention: shape [3, 12] is not [batch, time, 3·embedding]",
+    );
+    fails_with(
+        causal_self_attention(&qkv, 5, None),
+        "causal_self_attention: shape [2, 3, 12] has a last axis that does not split into q, k and v of 5 heads each",
+    );
+    fails_with(
+        causal_self_attention(&qkv, 0, None),
+        "causal_self_attention: shape [2, 3, 12] has a last axis that does not split into q, k and v of 0 heads each",
+    );
+    fails_with(
+        causal_self_attention(&qkv, 2, Some(&Dropout::new(1.0, 1).unwrap())),
+        "causal_self_attention: dropout on the attention probabilities takes p < 1",
+    );
 }

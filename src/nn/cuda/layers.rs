@@ -227,6 +227,13 @@ pub(crate) fn dropout_counted<F: Real>(
     Ok(Tensor::from_device_op(NAME, out, x.shape().to_vec(), &[x], Box::new(backward)))
 }
 
+/// A new word holding the value of the step counter `step`, which advances by one (`nn_take_step`).
+pub(crate) fn take_step(device: &Arc<Device>, step: &DeviceBuffer) -> Result<DeviceBuffer> {
+    let taken = device.alloc("dropout", 1)?;
+    device.launch("dropout", &device.kernels.take_step, (1, 1), 0, &[device.arg(step), device.arg(&taken)])?;
+    Ok(taken)
+}
+
 /// softmax(q·kᵀ/√D)·v for q, k, v `[batch, heads, time, dims]` (checked equal), keys after the query masked
 /// when `causal`; the probabilities `[batch·heads·time, time]` are kept for the backward.
 pub(crate) fn attention<F: Real>(

@@ -11,8 +11,10 @@
 //! | `mod` | `Device`, `DeviceBuffer`, placement, copies, the kernel table |
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
 //! | `layers` | the same for `layer_norm`, `embedding`, `dropout` and `scaled_dot_product_attention` |
+//! | `attention` | `causal_self_attention` on packed q, k, v (`fused/nn_attention.cu`, flash in bf16) |
 //! | `capture` | `CapturedStep`: a training step recorded once, replayed as one CUDA graph |
 
+pub(crate) mod attention;
 pub mod capture;
 pub(crate) mod layers;
 pub(crate) mod ops;
@@ -64,6 +66,7 @@ pub(crate) struct Kernels {
     pub(crate) dropout: Kernel,
     pub(crate) dropout_draw: Kernel,
     pub(crate) dropout_keyed: Kernel,
+    pub(crate) take_step: Kernel,
     pub(crate) sum_squares: Kernel,
     pub(crate) clip_factor: Kernel,
     pub(crate) attention: Kernel,
@@ -162,6 +165,7 @@ impl Device {
                 dropout: k("nn_dropout")?,
                 dropout_draw: k("nn_dropout_draw")?,
                 dropout_keyed: k("nn_dropout_keyed")?,
+                take_step: k("nn_take_step")?,
                 sum_squares: k("nn_sum_squares")?,
                 clip_factor: k("nn_clip_factor")?,
                 attention: k("nn_attention")?,

@@ -13,7 +13,7 @@ use crate::nn::cuda::{Device, DeviceBuffer, layers};
 use crate::nn::dropout::{checked_probability, dropout};
 use crate::nn::error::Result;
 use crate::nn::tensor::{Tensor, lock};
-use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
+use crate::ops::dropout::{DropoutKey, Mask, dropout_scale, dropout_threshold, site_seed};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -67,17 +67,49 @@ impl Dropout {
 }
 
 impl Dropout {
-    /// The forward in training of `x` on `device`, by the counter in device memory.
-    fn forward_on_device<F: Real>(&self, device: &Arc<Device>, x: &Tensor<F>) -> Result<Tensor<F>> {
+    /// The step counter on `device` (made from the host's count at the first forward there), locked.
+    fn device_counter(&self, device: &Arc<Device>) -> Result<std::sync::MutexGuard<'_, Option<DeviceBuffer>>> {
         let mut counter = lock(&self.device_step);
         if counter.as_ref().is_none_or(|c| !Arc::ptr_eq(c.device(), device)) {
             *counter = Some(device.upload("dropout", &[f32::from_bits(self.step())])?);
         }
+        Ok(counter)
+    }
+
+    /// The mask's threshold and scale (scale 0 at p = 1, which drops everything).
+    fn threshold_and_scale(&self) -> (u32, f32) {
+        (dropout_threshold(self.p), if self.p == 1.0 { 0.0 } else { dropout_scale(self.p) })
+    }
+
+    /// The forward in training of `x` on `device`, by the counter in device memory.
+    fn forward_on_device<F: Real>(&self, device: &Arc<Device>, x: &Tensor<F>) -> Result<Tensor<F>> {
+        let counter = self.device_counter(device)?;
         self.step.fetch_add(1, Ordering::Relaxed);
-        let scale = if self.p == 1.0 { 0.0 } else { dropout_scale(self.p) };
-        let mask = (dropout_threshold(self.p), scale);
-        let step = counter.as_ref().expect("set above");
-        layers::dropout_counted(device, x, step, site_seed(self.seed, self.site), mask)
+        let step = counter.as_ref().expect("made above");
+        layers::dropout_counted(device, x, step, site_seed(self.seed, self.site), self.threshold_and_scale())
+    }
+
+    /// For an op that drops with this layer's p (attention's probabilities): None outside training or at
+    /// p = 0; otherwise the mask of the layer's next step, the step counted.
+    pub(crate) fn next_mask(&self) -> Option<Mask> {
+        let key = self.is_training().then(|| DropoutKey { seed: self.seed, step: self.step() });
+        let mask = Mask::new(key, self.site, self.p)?;
+        self.step.fetch_add(1, Ordering::Relaxed);
+        Some(mask)
+    }
+
+    /// `next_mask` for a kernel on `device` that draws the mask itself: None outside training or at p = 0;
+    /// otherwise the site's seed, a word holding this call's step (taken from the device counter, which
+    /// advances), and the threshold and scale.
+    pub(crate) fn next_device_mask(&self, device: &Arc<Device>) -> Result<Option<(u32, DeviceBuffer, u32, f32)>> {
+        if !self.is_training() || self.p == 0.0 {
+            return Ok(None);
+        }
+        let counter = self.device_counter(device)?;
+        self.step.fetch_add(1, Ordering::Relaxed);
+        let taken = layers::take_step(device, counter.as_ref().expect("made above"))?;
+        let (threshold, scale) = self.threshold_and_scale();
+        Ok(Some((site_seed(self.seed, self.site), taken, threshold, scale)))
     }
 }
 

@@ -6,49 +6,13 @@
 use super::module_request;
 use crate::device::{Arg, Gpu, Kernel};
 use crate::ops::attention::AttentionSizes;
+pub use crate::ops::attention::FlashSizes;
 use crate::transformer::model::Config;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaModule, CudaSlice};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use std::sync::Arc;
-
-/// flash_attention.cuh's `FlashSizes<T, HS>`: the launch layer's one mirror of its blocks and shared
-/// memory (tested against the kernel file).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlashSizes {
-    /// T, the longest sequence (the module's TF_T).
-    pub t: usize,
-    /// The head size (TF_HS), a multiple of 16.
-    pub hs: usize,
-}
-
-impl FlashSizes {
-    /// Queries of a forward block; keys or queries of a backward one: 16 per warp (ROWS).
-    pub const ROWS: usize = 128;
-    /// The streamed tile of keys or queries (TILE).
-    pub const TILE: usize = 64;
-
-    /// bf16 per staged row (LD).
-    fn ld(&self) -> usize {
-        self.hs + 8
-    }
-
-    /// Blocks of one kind per (sequence, head) (BLOCKS).
-    pub fn blocks(&self) -> usize {
-        self.t.div_ceil(Self::ROWS)
-    }
-
-    /// Dynamic shared memory of the forward kernel (FORWARD_BYTES).
-    pub fn forward_bytes(&self) -> usize {
-        4 * Self::TILE * self.ld() * 2 + 2 * Self::TILE * self.hs * 4
-    }
-
-    /// Dynamic shared memory of the backward kernel (BACKWARD_BYTES).
-    pub fn backward_bytes(&self) -> usize {
-        (2 * Self::ROWS + 4 * Self::TILE) * self.ld() * 2 + 3 * Self::TILE * self.hs * 4 + 4 * Self::TILE * 4
-    }
-}
 
 /// Dropout's four kernel arguments when it is off: seed 0, no step counter, threshold 0, scale 1.
 pub fn no_dropout() -> [Arg; 4] {

@@ -20,6 +20,12 @@
 //                order, from a host-built list), nn_dropout (dropout.cuh's hashed mask; its own backward),
 //                nn_attention, nn_attention_grad_q (a warp per query row) and nn_attention_grad_kv (a
 //                thread per key element summing query rows in order).
+//   shapes       nn_copy_run (a run along one axis copied between a piece and the whole: narrow, cat and
+//                their backwards), nn_pad_run (narrow's backward: the run among zeros).
+//   images       nn_im2col (conv2d as one product over every sample) and nn_col2im (its input gradient, a
+//                thread per input element summing its taps in order), nn_max_pool (the first largest of each
+//                window, its place kept) and nn_max_pool_grad (a thread per input element summing, in order,
+//                the outputs it won).
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
 // run repeats to the bit.
@@ -696,5 +702,128 @@ nn_attention_grad_kv(const float* __restrict__ q, const float* __restrict__ P, c
         }
         dk[e] = sum_k;
         dv[e] = sum_v;
+    }
+}
+
+// ---- shapes and images: narrow and cat, conv2d (im2col, col2im), max_pool2d ----
+
+// A run of indices along the middle axis of two tensors seen as (outer, ·, inner): to[(o, to_start + k, i)]
+// = from[(o, from_start + k, i)] for k < len, the axis from_n long in `from` and to_n in `to`; count = outer ·
+// len · inner, a thread per element copied. narrow's forward and cat's backward copy a piece out of the
+// whole, cat's forward a piece into it.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_copy_run(const float* __restrict__ from, float* __restrict__ to, int count, int inner, int len, int from_n,
+            int from_start, int to_n, int to_start) {
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int i = e % inner, k = e / inner % len, o = e / inner / len;
+        to[((size_t)o * to_n + to_start + k) * inner + i] = from[((size_t)o * from_n + from_start + k) * inner + i];
+    }
+}
+
+// narrow's backward: dx (outer, n, inner) holds dy (outer, len, inner) at indices start..start + len of the
+// middle axis and 0 elsewhere; count = outer · n · inner, a thread per element of dx.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_pad_run(const float* __restrict__ dy, float* __restrict__ dx, int count, int inner, int n, int start, int len) {
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int i = e % inner, k = e / inner % n - start, o = e / inner / n;
+        dx[e] = k >= 0 && k < len ? dy[((size_t)o * len + k) * inner + i] : 0.0f;
+    }
+}
+
+// conv2d's im2col: col[t][s·P + p] = x[s][c][oy·stride + ky − padding][ox·stride + kx − padding] (0 in the
+// padding) for the tap t = (c·KH + ky)·KW + kx and the position p = oy·OW + ox (P = OH·OW) of sample s, so
+// that weight [O][C·KH·KW] · col is every sample's output at once, [O][samples·P]. count = C·KH·KW ·
+// samples·P, a thread per element of col.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_im2col(const float* __restrict__ x, float* __restrict__ col, int count, int samples, int C, int H, int W, int KH,
+          int KW, int stride, int padding, int OH, int OW) {
+    const int positions = OH * OW, columns = samples * positions;
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int column = e % columns, t = e / columns;
+        const int s = column / positions, oy = column % positions / OW, ox = column % OW;
+        const int kx = t % KW, ky = t / KW % KH, c = t / KW / KH;
+        const int iy = oy * stride + ky - padding, ix = ox * stride + kx - padding;
+        const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
+        col[e] = inside ? x[(((size_t)s * C + c) * H + iy) * W + ix] : 0.0f;
+    }
+}
+
+// The window positions o (along one axis) whose window holds input index i: o·stride − padding ≤ i <
+// o·stride − padding + kernel, and o < windows. Empty when first > last.
+__device__ __forceinline__ void windows_holding(int i, int kernel, int stride, int padding, int windows, int& first,
+                                                int& last) {
+    const int reach = i + padding - kernel + 1;  // the window must start at or after this
+    first = reach > 0 ? ceil_div(reach, stride) : 0;
+    last = min(windows - 1, (i + padding) / stride);
+}
+
+// conv2d's col2im, the input's gradient: dx[s][c][iy][ix] = Σ dcol[t][s·P + p] over the taps t = (c, ky, kx)
+// and positions p = (oy, ox) that read that element (oy·stride + ky − padding = iy, and along the columns
+// alike), ky then kx from 0 up. count = samples·C·H·W, a thread per input element.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_col2im(const float* __restrict__ dcol, float* __restrict__ dx, int count, int samples, int C, int H, int W,
+          int KH, int KW, int stride, int padding, int OH, int OW) {
+    const int positions = OH * OW;
+    const size_t columns = (size_t)samples * positions;
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int ix = e % W, iy = e / W % H, c = e / W / H % C, s = e / W / H / C;
+        float sum = 0.0f;
+        for (int ky = 0; ky < KH; ++ky) {
+            const int row = iy + padding - ky;  // oy·stride
+            if (row < 0 || row % stride != 0 || row / stride >= OH) continue;
+            for (int kx = 0; kx < KW; ++kx) {
+                const int column = ix + padding - kx;  // ox·stride
+                if (column < 0 || column % stride != 0 || column / stride >= OW) continue;
+                const size_t t = ((size_t)c * KH + ky) * KW + kx;
+                sum += dcol[t * columns + (size_t)s * positions + row / stride * OW + column / stride];
+            }
+        }
+        dx[e] = sum;
+    }
+}
+
+// max_pool2d (CPU twin: ops::conv::MaxPool2dShape::forward) over count = N·C·OH·OW outputs, a thread each,
+// windows kernel×kernel: the first largest of the window's elements inside the input in row-major window
+// order (padding is −∞ and never read; a NaN never wins, so a window of NaNs gives −∞ and keeps its first
+// element). won[o] keeps the winner's place in its window, ky·kernel + kx, as a float (exact: the host
+// checks kernel² ≤ 2^24).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_max_pool(const float* __restrict__ x, float* __restrict__ y, float* __restrict__ won, int count, int H, int W,
+            int kernel, int stride, int padding, int OH, int OW) {
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int ox = e % OW, oy = e / OW % OH, plane = e / OW / OH;
+        const float* in = x + (size_t)plane * H * W;
+        const int y0 = oy * stride - padding, x0 = ox * stride - padding;  // the window's corner, maybe outside
+        const int ky0 = max(0, -y0), ky1 = min(kernel, H - y0), kx0 = max(0, -x0), kx1 = min(kernel, W - x0);
+        float best = NEG_INF;
+        int at = ky0 * kernel + kx0;
+        for (int ky = ky0; ky < ky1; ++ky)
+            for (int kx = kx0; kx < kx1; ++kx) {
+                const float v = in[(y0 + ky) * W + x0 + kx];
+                if (v > best) best = v, at = ky * kernel + kx;
+            }
+        y[e] = best;
+        won[e] = (float)at;
+    }
+}
+
+// max_pool2d's backward, a thread per input element (count = N·C·H·W): dx = Σ dy over the outputs whose
+// window's winner it is, the outputs in row-major order from 0 up, as the host adds them.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_max_pool_grad(const float* __restrict__ dy, const float* __restrict__ won, float* __restrict__ dx, int count,
+                 int H, int W, int kernel, int stride, int padding, int OH, int OW) {
+    for (int e = grid_index(); e < count; e += grid_stride()) {
+        const int ix = e % W, iy = e / W % H, plane = e / W / H;
+        int oy0, oy1, ox0, ox1;
+        windows_holding(iy, kernel, stride, padding, OH, oy0, oy1);
+        windows_holding(ix, kernel, stride, padding, OW, ox0, ox1);
+        float sum = 0.0f;
+        for (int oy = oy0; oy <= oy1; ++oy)
+            for (int ox = ox0; ox <= ox1; ++ox) {
+                const size_t o = ((size_t)plane * OH + oy) * OW + ox;
+                const int at = (iy + padding - oy * stride) * kernel + ix + padding - ox * stride;
+                if (won[o] == (float)at) sum += dy[o];
+            }
+        dx[e] = sum;
     }
 }

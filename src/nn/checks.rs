@@ -2,7 +2,8 @@
 //! against the same op on host tensors (its CPU twin), on seeded random inputs and shapes with odd sizes,
 //! size-1 and broadcast axes, a scalar, rows longer than a warp and products larger than a tile:
 //!
-//! - kernels: each op's output and the gradient of every input, from a random output gradient;
+//! - kernels: each op's output and the gradient of every input, from a random output gradient (the
+//!   layout and image ops too: narrow, slice and cat along every axis, conv2d, max_pool2d with ties);
 //! - training: 30 steps of a two-layer MLP (linear, tanh — no kink for rounding to flip —, linear, cross-entropy with a row ignored, SGD)
 //!   on the device against the host: the losses and the parameters;
 //! - repeat: the device run twice gives the same bits; and 12 Adam steps of the MLP (a new batch and a new
@@ -12,8 +13,8 @@
 
 use super::cuda::Device;
 use super::{
-    Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, causal_self_attention, clip_grad_norm, dropout,
-    embedding, layer_norm, linear, scaled_dot_product_attention,
+    Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, cat, causal_self_attention, clip_grad_norm, conv2d,
+    dropout, embedding, layer_norm, linear, max_pool2d, scaled_dot_product_attention,
 };
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
@@ -445,6 +446,92 @@ fn clip_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<
     Ok(checks)
 }
 
+/// `narrow` and `slice` along every axis (the first, a middle one, the last; runs at the start, inside and
+/// to the end, of one element and of all), and `cat` of one, two and three tensors along the first, a
+/// middle and the last axis, a piece empty along it among them: copies, so the host's bits.
+fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let runs: [(&[usize], isize, usize, usize); 11] = [
+        (&[7, 3, 33], 0, 2, 5),
+        (&[7, 3, 33], 1, 1, 1),
+        (&[7, 3, 33], 2, 5, 28),
+        (&[7, 3, 33], -1, 0, 17),
+        (&[2, 129, 5], 0, 1, 1),
+        (&[2, 129, 5], 1, 64, 65),
+        (&[2, 129, 5], -1, 4, 1),
+        (&[3, 1, 1000], 1, 0, 1),
+        (&[3, 1, 1000], 2, 333, 500),
+        (&[1000], 0, 1, 998),
+        (&[1, 1, 1], 2, 0, 1),
+    ];
+    for (shape, axis, start, len) in runs {
+        let inputs = [(values(rng, shape, -3.0, 3.0), shape.to_vec())];
+        let name = format!("narrow axis {axis} from {start}, {len}");
+        checks.extend(compare(device, rng, (&name, EXACT), &inputs, &|t| t[0].narrow(axis, start, len))?);
+        let name = format!("slice axis {axis} {start}..{}", start + len);
+        checks.extend(compare(device, rng, (&name, EXACT), &inputs, &|t| t[0].slice(axis, start..start + len))?);
+    }
+    let joins: [(&[&[usize]], isize); 6] = [
+        (&[&[4, 2, 5], &[4, 7, 5], &[4, 1, 5]], 1),
+        (&[&[3, 5, 2, 33], &[3, 5, 1, 33], &[3, 5, 9, 33]], -2),
+        (&[&[2, 0, 65], &[2, 3, 65], &[2, 1, 65]], 1),
+        (&[&[3, 33], &[1, 33]], 0),
+        (&[&[5, 3], &[5, 130], &[5, 1]], -1),
+        (&[&[7, 9]], 0),
+    ];
+    for (shapes, axis) in joins {
+        let inputs: Vec<_> = shapes.iter().map(|&shape| (values(rng, shape, -3.0, 3.0), shape.to_vec())).collect();
+        let op: &Op<'_> = &|t| cat(&t.iter().collect::<Vec<_>>(), axis);
+        checks.extend(compare(device, rng, (&format!("cat axis {axis}"), EXACT), &inputs, op)?);
+    }
+    Ok(checks)
+}
+
+/// `conv2d` (with and without bias; odd sizes, one pixel, stride 2 and 3, padding 1 and 2, a kernel as
+/// large as the input and a non-square one, more output channels than a product's tile and more taps than
+/// its depth) and `max_pool2d` (odd sizes, overlapping windows, stride past the window, padding; inputs of
+/// whole numbers, so windows tie and the first must win as on the host: the host's bits).
+fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let convs: [([usize; 4], [usize; 4], usize, usize); 7] = [
+        ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
+        ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
+        ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
+        ([2, 4, 5, 5], [3, 4, 5, 5], 1, 0),
+        ([1, 3, 33, 17], [70, 3, 3, 3], 3, 1),
+        ([2, 16, 10, 10], [8, 16, 3, 3], 1, 1),
+        ([2, 2, 6, 7], [3, 2, 2, 3], 3, 1),
+    ];
+    for (x, w, stride, padding) in convs {
+        let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
+        let name = format!("conv2d stride {stride} padding {padding}");
+        let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], None, stride, padding);
+        checks.extend(compare(device, rng, (&name, SUM_TOLERANCE), &parts, op)?);
+        let bias = (values(rng, &[w[0]], -1.0, 1.0), vec![w[0]]);
+        let parts = [parts[0].clone(), parts[1].clone(), bias];
+        let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], Some(&t[2]), stride, padding);
+        checks.extend(compare(device, rng, (&format!("{name} + bias"), SUM_TOLERANCE), &parts, op)?);
+    }
+    let pools: [([usize; 4], usize, usize, usize); 7] = [
+        ([1, 1, 1, 1], 1, 1, 0),
+        ([2, 3, 7, 9], 2, 2, 0),
+        ([2, 3, 7, 9], 3, 2, 1),
+        ([1, 2, 13, 11], 3, 1, 1),
+        ([3, 1, 8, 8], 4, 3, 2),
+        ([2, 2, 9, 9], 5, 2, 2),
+        ([1, 1, 5, 6], 3, 3, 1),
+    ];
+    for (shape, kernel, stride, padding) in pools {
+        let name = format!("max_pool2d kernel {kernel} stride {stride} padding {padding}");
+        let op: &Op<'_> = &|t| max_pool2d(&t[0], kernel, stride, padding);
+        let inputs = [(values(rng, &shape, -3.0, 3.0), shape.to_vec())];
+        checks.extend(compare(device, rng, (&name, EXACT), &inputs, op)?);
+        let whole: Vec<f32> = values(rng, &shape, -2.0, 2.0).into_iter().map(f32::round).collect();
+        checks.extend(compare(device, rng, (&format!("{name} ties"), EXACT), &[(whole, shape.to_vec())], op)?);
+    }
+    Ok(checks)
+}
+
 /// The losses of `steps` SGD steps of a 20-33-7 MLP (tanh) on fixed data, and the parameters after them,
 /// on the host or on `device`.
 fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
@@ -582,6 +669,8 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         checks.extend(product_checks(&device, &mut plan.rng("nn products"))?);
         checks.extend(loss_checks(&device, &mut plan.rng("nn losses"))?);
         checks.extend(layer_checks(&device, &mut plan.rng("nn layers"))?);
+        checks.extend(layout_checks(&device, &mut plan.rng("nn layout"))?);
+        checks.extend(image_checks(&device, &mut plan.rng("nn images"))?);
     }
     let seed = plan.seed;
     if plan.wants(Group::Training) {

@@ -9,9 +9,10 @@
 //! propagate it.
 //!
 //! Sums run in a fixed order (see `ops::conv`); the weight's and bias's gradients add the samples in
-//! order, so a run repeats to the bit.
+//! order, so a run repeats to the bit. On device tensors `cuda::conv` computes both: the max pool to the
+//! host's bits, the convolution as one product over the batch (its sums in another fixed order).
 
-use super::cuda;
+use super::cuda::{self, Place};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, element_count};
 use crate::cpu::Real;
@@ -70,7 +71,9 @@ pub fn conv2d<F: Real>(
         .ok_or_else(|| too_small("conv2d", x, padding, (kh, kw), "kernel"))?;
     let shape = output_shape("conv2d", n, [out_channels, conv.out_height, conv.out_width])?;
     let operands: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
-    cuda::host_only("conv2d", &operands)?;
+    if let Place::Device(gpu) = cuda::place_of("conv2d", &operands)? {
+        return cuda::conv::conv2d(&gpu, (x, weight, bias), &conv, n, shape);
+    }
     let (values_x, values_w) = (x.storage(), weight.storage());
     let bias_values = bias.map(Tensor::storage);
     let (sample_in, sample_out) = (conv.input_len(), conv.output_len());
@@ -94,8 +97,7 @@ pub fn conv2d<F: Real>(
         }
         Ok([grad_x, grad_w].into_iter().chain((needs.len() == 3).then_some(grad_b)).collect())
     };
-    let inputs: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
-    Ok(Tensor::from_op("conv2d", Arc::new(Storage::Host(out)), shape, &inputs, Box::new(backward)))
+    Ok(Tensor::from_op("conv2d", Arc::new(Storage::Host(out)), shape, &operands, Box::new(backward)))
 }
 
 /// The max over each `kernel`×`kernel` window of `x` `[N, C, H, W]`, windows `stride` apart over the input
@@ -119,7 +121,9 @@ pub fn max_pool2d<F: Real>(x: &Tensor<F>, kernel: usize, stride: usize, padding:
         return Err(Error::shape("max_pool2d", x.shape(), "has more than 2³² elements in an image"));
     }
     let shape = output_shape("max_pool2d", n, [channels, pool.out_height, pool.out_width])?;
-    cuda::host_only("max_pool2d", &[x])?;
+    if let Place::Device(gpu) = cuda::place_of("max_pool2d", &[x])? {
+        return cuda::conv::max_pool2d(&gpu, x, &pool, n, shape);
+    }
     let values = x.storage();
     let (sample_in, sample_out) = (pool.input_len(), pool.output_len());
     let mut out = vec![F::zero(); n * sample_out];

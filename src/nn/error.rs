@@ -38,8 +38,8 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
-    /// The GPU refused or failed: tensors in two places, a dtype or op without a device kernel, a launch
-    /// or copy the driver reported failing.
+    /// The GPU refused or failed: tensors in two places, a dtype without device kernels (f64), a size past a
+    /// kernel's int, a launch or copy the driver reported failing.
     Device {
         /// The op, e.g. "add".
         op: &'static str,

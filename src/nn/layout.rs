@@ -52,8 +52,12 @@ fn narrow_op<F: Real>(op: &'static str, x: &Tensor<F>, axis: isize, range: Range
         let problem = format!("has no elements {}..{} along axis {axis} (of size {n})", range.start, range.end);
         return Err(Error::shape(op, x.shape(), problem));
     }
-    cuda::host_only(op, &[x])?;
     let (start, len) = (range.start, range.end - range.start);
+    let mut shape = x.shape().to_vec();
+    shape[axis] = len;
+    if let Place::Device(gpu) = cuda::place_of(op, &[x])? {
+        return cuda::shape_ops::narrow(&gpu, op, x, (outer, n, inner), range, shape);
+    }
     let values = x.storage();
     let out: Vec<F> =
         (0..outer).flat_map(|o| &values.host()[(o * n + start) * inner..][..len * inner]).copied().collect();
@@ -64,8 +68,6 @@ fn narrow_op<F: Real>(op: &'static str, x: &Tensor<F>, axis: isize, range: Range
         }
         Ok(vec![Some(grad_x)])
     };
-    let mut shape = x.shape().to_vec();
-    shape[axis] = len;
     Ok(Tensor::from_op(op, Arc::new(Storage::Host(out)), shape, &[x], Box::new(backward)))
 }
 
@@ -129,11 +131,16 @@ pub fn cat<F: Real>(tensors: &[&Tensor<F>], axis: isize) -> Result<Tensor<F>> {
             return Err(Error::shapes("cat", first.shape(), t.shape(), "differ off the axis they are joined along"));
         }
     }
-    cuda::host_only("cat", tensors)?;
+    let (outer, _, inner) = around(first.shape(), axis);
+    let lengths: Vec<usize> = tensors.iter().map(|t| t.shape()[axis]).collect();
+    let mut shape = first.shape().to_vec();
+    shape[axis] = lengths.iter().sum();
+    if let Place::Device(gpu) = cuda::place_of("cat", tensors)? {
+        return cuda::shape_ops::cat(&gpu, tensors, (outer, inner), lengths, shape);
+    }
     // Each piece as (outer, its length along the axis × inner) blocks, one after the other in each block of
     // the output.
-    let (outer, _, inner) = around(first.shape(), axis);
-    let widths: Vec<usize> = tensors.iter().map(|t| t.shape()[axis] * inner).collect();
+    let widths: Vec<usize> = lengths.iter().map(|len| len * inner).collect();
     let total: usize = widths.iter().sum();
     let values: Vec<Arc<Storage<F>>> = tensors.iter().map(|t| t.storage()).collect();
     let mut out = Vec::with_capacity(outer * total);
@@ -156,7 +163,5 @@ pub fn cat<F: Real>(tensors: &[&Tensor<F>], axis: isize) -> Result<Tensor<F>> {
         }
         Ok(grads)
     };
-    let mut shape = first.shape().to_vec();
-    shape[axis] = tensors.iter().map(|t| t.shape()[axis]).sum();
     Ok(Tensor::from_op("cat", Arc::new(Storage::Host(out)), shape, tensors, Box::new(backward)))
 }

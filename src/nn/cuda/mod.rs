@@ -12,12 +12,16 @@
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
 //! | `layers` | the same for `layer_norm`, `embedding`, `dropout` and `scaled_dot_product_attention` |
 //! | `attention` | `causal_self_attention` on packed q, k, v (`fused/nn_attention.cu`, flash in bf16) |
+//! | `shape_ops` | the same for `narrow`/`slice` and `cat` |
+//! | `conv` | the same for `conv2d` and `max_pool2d` |
 //! | `capture` | `CapturedStep`: a training step recorded once, replayed as one CUDA graph |
 
 pub(crate) mod attention;
 pub mod capture;
+pub(crate) mod conv;
 pub(crate) mod layers;
 pub(crate) mod ops;
+pub(crate) mod shape_ops;
 
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
@@ -72,6 +76,12 @@ pub(crate) struct Kernels {
     pub(crate) attention: Kernel,
     pub(crate) attention_grad_q: Kernel,
     pub(crate) attention_grad_kv: Kernel,
+    pub(crate) copy_run: Kernel,
+    pub(crate) pad_run: Kernel,
+    pub(crate) im2col: Kernel,
+    pub(crate) col2im: Kernel,
+    pub(crate) max_pool: Kernel,
+    pub(crate) max_pool_grad: Kernel,
 }
 
 /// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
@@ -171,6 +181,12 @@ impl Device {
                 attention: k("nn_attention")?,
                 attention_grad_q: k("nn_attention_grad_q")?,
                 attention_grad_kv: k("nn_attention_grad_kv")?,
+                copy_run: k("nn_copy_run")?,
+                pad_run: k("nn_pad_run")?,
+                im2col: k("nn_im2col")?,
+                col2im: k("nn_col2im")?,
+                max_pool: k("nn_max_pool")?,
+                max_pool_grad: k("nn_max_pool_grad")?,
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;
@@ -486,14 +502,4 @@ pub(crate) fn from_f32<F: Real>(values: Vec<f32>) -> Vec<F> {
 /// `values` as f32, for an upload.
 pub(crate) fn to_f32<F: Real>(values: &[F]) -> Vec<f32> {
     values.iter().map(|v| v.to_f32().unwrap_or(f32::NAN)).collect()
-}
-
-/// An error for an op that has no device kernel yet, given a device tensor.
-pub(crate) fn host_only<F: Real>(op: &'static str, tensors: &[&Tensor<F>]) -> Result<()> {
-    match place_of(op, tensors)? {
-        Place::Host => Ok(()),
-        Place::Device(_) => {
-            Err(Error::device(op, "has no GPU kernel yet: move its operands to the host with to_host() first"))
-        }
-    }
 }

@@ -271,7 +271,7 @@ fn matmul_into(
 
 /// A new buffer holding `matmul_into`'s products (batches·M·N results).
 #[allow(clippy::too_many_arguments)]
-fn product(
+pub(super) fn product(
     device: &Arc<Device>,
     name: &'static str,
     (a, b): (&DeviceBuffer, &DeviceBuffer),

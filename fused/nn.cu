@@ -6,7 +6,8 @@
 //                host), nn_binary_grad (one operand's gradient: each of its elements sums the positions it
 //                was broadcast to, in row-major order, as the CPU twin does), nn_scalar, nn_unary and
 //                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
-//   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up), nn_sum_rows (one
+//   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up; a long axis first in
+//                parts by nn_sum_axis_parts, the parts then added in order), nn_sum_rows (one
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
@@ -15,7 +16,8 @@
 //                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update (optim.cuh's update over a flat vector), nn_accumulate (y += x).
 //   layers       nn_layer_norm (a warp per row; μ and 1/σ kept), nn_layer_norm_grad (dx, a warp per row),
-//                nn_layer_norm_grad_affine (dweight and dbias, a thread per column summing rows in order),
+//                nn_layer_norm_grad_affine (dweight and dbias over parts of the rows, a thread per (part, column)
+//                summing its rows in order; the parts then added in order),
 //                nn_embedding and nn_embedding_grad (a thread per weight element summing its ids' rows in
 //                order, from a host-built list), nn_dropout (dropout.cuh's hashed mask; its own backward),
 //                nn_attention, nn_attention_grad_q (a warp per query row) and nn_attention_grad_kv (a
@@ -195,6 +197,22 @@ nn_sum_axis(const float* __restrict__ x, float* __restrict__ out, int outer, int
         float sum = 0.0f;
         for (int k = 0; k < n; ++k) sum += from[(size_t)k * inner];
         out[e] = sum * scale;
+    }
+}
+
+// The first pass of a long sum: part[p·outer·inner + o·inner + i] = Σ_k x[(o·n + k)·inner + i] over part
+// p's rows k from p·rows_per_part up, a thread per (part, output); nn_sum_axis then adds the parts in order.
+// Enough threads to fill the GPU where one thread per output would walk a long axis alone.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_sum_axis_parts(const float* __restrict__ x, float* __restrict__ part, int outer, int n, int inner,
+                  int rows_per_part) {
+    const int outputs = outer * inner, parts = (n + rows_per_part - 1) / rows_per_part;
+    for (int e = grid_index(); e < parts * outputs; e += grid_stride()) {
+        const int p = e / outputs, o = e % outputs / inner, i = e % inner, end = min(n, (p + 1) * rows_per_part);
+        const float* from = x + (size_t)o * n * inner + i;
+        float sum = 0.0f;
+        for (int k = p * rows_per_part; k < end; ++k) sum += from[(size_t)k * inner];
+        part[e] = sum;
     }
 }
 
@@ -516,21 +534,24 @@ nn_layer_norm_grad(const float* __restrict__ x, const float* __restrict__ w, con
     }
 }
 
-// LayerNorm's weight and bias gradients: dw[c] = Σ_r dy[r, c]·x̂[r, c], db[c] = Σ_r dy[r, c], a thread per
-// column, rows from 0 up (either output may be null).
+// LayerNorm's weight and bias gradients, in parts of rows_per_part rows: dw[p·D + c] = Σ_r dy[r, c]·x̂[r, c]
+// and db[p·D + c] = Σ_r dy[r, c] over part p's rows from its first up, a thread per (part, column) (either
+// output may be null). The launch layer adds the parts in order (nn_sum_axis); one part is the whole sum.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_layer_norm_grad_affine(const float* __restrict__ x, const float* __restrict__ mean,
                           const float* __restrict__ rstd, const float* __restrict__ dy, float* __restrict__ dw,
-                          float* __restrict__ db, int rows, int D) {
-    for (int c = grid_index(); c < D; c += grid_stride()) {
+                          float* __restrict__ db, int rows, int D, int rows_per_part) {
+    const int parts = (rows + rows_per_part - 1) / rows_per_part;
+    for (int e = grid_index(); e < parts * D; e += grid_stride()) {
+        const int part = e / D, c = e % D, end = min(rows, (part + 1) * rows_per_part);
         float sum_w = 0.0f, sum_b = 0.0f;
-        for (int r = 0; r < rows; ++r) {
-            const size_t e = (size_t)r * D + c;
-            sum_w += dy[e] * ((x[e] - mean[r]) * rstd[r]);
-            sum_b += dy[e];
+        for (int r = part * rows_per_part; r < end; ++r) {
+            const size_t i = (size_t)r * D + c;
+            sum_w += dy[i] * ((x[i] - mean[r]) * rstd[r]);
+            sum_b += dy[i];
         }
-        if (dw) dw[c] = sum_w;
-        if (db) db[c] = sum_b;
+        if (dw) dw[e] = sum_w;
+        if (db) db[e] = sum_b;
     }
 }
 

@@ -18,7 +18,7 @@
 //! an epoch costs 938 of them (the "epoch ms" column; `bench fit`'s `train_device_ms` is ten epochs).
 //!
 //! Every figure is the median of `--repeats` rounds after one warm-up round (which, for a captured step,
-//! runs it eagerly once and captures it). `scripts/nn_eager_torch.py` prints PyTorch eager's rows under the
+//! runs it eagerly twice and captures it). `scripts/nn_eager_torch.py` prints PyTorch eager's rows under the
 //! same workload names, timed the same way.
 
 use super::cuda::Device;

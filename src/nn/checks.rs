@@ -259,6 +259,36 @@ fn packed_attention_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow:
     Ok(checks)
 }
 
+/// `causal_self_attention` with dropout, with small device buffers made and filled between its forward
+/// and its backward (as a step's other ops do): the backward must redraw the forward's mask, so the step
+/// word it reads must still be the forward's.
+fn attention_dropout_kept_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Check> {
+    let (batch, time, heads, head_size) = (2, 70, 2, 8);
+    let shape = [batch, time, 3 * heads * head_size];
+    let qkv = values(rng, &shape, -1.0, 1.0);
+    let seed = rng.random::<u32>();
+    let run = |on_device: bool| -> anyhow::Result<Vec<f32>> {
+        let x = Tensor::parameter(qkv.clone(), &shape)?;
+        let x = if on_device { x.to_device(device)? } else { x };
+        let layer = Dropout::new(0.3, seed)?.with_site(1);
+        let y = causal_self_attention(&x, heads, Some(&layer))?;
+        let mut others = Vec::new();
+        for k in 0..16 {
+            let word = Tensor::from_vec(vec![k as f32 + 0.5], &[1])?;
+            others.push(if on_device { word.to_device(device)? } else { word });
+        }
+        y.sum_all()?.backward()?;
+        Ok(x.grad().expect("a gradient").values()?)
+    };
+    let (host, on_device) = (run(false)?, run(true)?);
+    Ok(Check {
+        kernel: "nn causal_self_attention dropout ∂qkv, buffers made between".into(),
+        shape: format!("{shape:?}"),
+        rel_error: rel_error(&on_device, &host),
+        tolerance: SUM_TOLERANCE,
+    })
+}
+
 /// The products at `Precision::Bf16` (forward and backward) against the host's fp32 products of the
 /// operands and output gradient rounded to bf16: products of bf16 values are exact in fp32, so only the
 /// order of the sums differs, and a kernel that did not round (or rounded another way) is off by ~2⁻⁹.
@@ -375,6 +405,7 @@ fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
     }
     checks.extend(clip_checks(device, rng)?);
     checks.extend(packed_attention_checks(device, rng)?);
+    checks.push(attention_dropout_kept_check(device, rng)?);
     for shape in [[1, 1, 1, 1], [2, 3, 5, 7], [1, 2, 33, 16], [2, 1, 70, 65], [1, 1, 1, 9]] {
         for causal in [false, true] {
             let name = if causal { "attention causal" } else { "attention" };

@@ -83,6 +83,8 @@ pub(crate) fn causal_self_attention<F: Real>(
     device.launch(NAME, &forward, grid, forward_bytes, &args)?;
     let (device_, y_saved) = (Arc::clone(device), y.clone());
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
+        // The step word the mask was drawn from stays alive (and unchanged) until the backward redraws it.
+        let _step_word = &drop;
         let d = &device_;
         let dqkv = d.alloc(NAME, rows * 3 * width)?;
         let inputs = [d.arg(&qkv_buffer), d.arg(&y_saved), d.arg(grad), d.arg(&lse), d.arg(&dqkv)];

@@ -1,7 +1,10 @@
 //! A training step captured once and replayed as one CUDA graph (`torch.cuda.graphs`, tinygrad's
 //! `TinyJit`): [`CapturedStep::run`] runs the user's step closure (forward, loss, backward, optimizer
-//! step) op by op the first time; the second time it records the closure's launches into a graph instead
-//! of running them, and replays the graph; from then on it only replays. Each call is one step.
+//! step) op by op the first two times; the third time it records the closure's launches into a graph
+//! instead of running them, and replays the graph; from then on it only replays. Each call is one step.
+//! Two eager runs, as PyTorch's warm-up before a capture: the first makes what lives on (optimizer state,
+//! dropout counters), possibly from memory the step's temporaries then lack, so the second leaves in the
+//! cache every buffer a step needs.
 //!
 //! What makes a replay the same step as an eager one:
 //! - the inputs are device tensors the caller refills in place between calls (`copy_from_slice`), so
@@ -27,10 +30,13 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq)]
 struct Signature(Vec<(Vec<usize>, u64)>);
 
+/// Eager runs before a capture.
+const WARM_UP_RUNS: usize = 2;
+
 enum State {
-    /// No eager run yet for the current signature.
-    Fresh,
-    /// Ran eagerly once; the next call captures.
+    /// This many eager runs so far for the current signature (fewer than `WARM_UP_RUNS`).
+    Fresh(usize),
+    /// Ran eagerly `WARM_UP_RUNS` times; the next call captures.
     WarmedUp,
     /// Captured: replay `graph`, whose output is `output`; its buffers live in `pool` and in the tensors.
     Captured { graph: CudaGraph, output: Tensor, _pool: Arc<Pool> },
@@ -54,7 +60,7 @@ impl CapturedStep {
             device: Arc::clone(device),
             inputs: inputs.iter().map(|&t| t.clone()).collect(),
             signature: None,
-            state: State::Fresh,
+            state: State::Fresh(0),
             captures: 0,
         };
         step.current_signature()?;
@@ -94,14 +100,14 @@ impl CapturedStep {
                 eprintln!("textnet: a captured step's inputs changed shape or place; capturing it again");
             }
             if !matches!(self.state, State::Eager) {
-                self.state = State::Fresh;
+                self.state = State::Fresh(0);
             }
         }
         self.signature = Some(signature);
         match &self.state {
-            State::Fresh => {
+            &State::Fresh(runs) => {
                 let output = step()?;
-                self.state = State::WarmedUp;
+                self.state = if runs + 1 < WARM_UP_RUNS { State::Fresh(runs + 1) } else { State::WarmedUp };
                 Ok(output)
             }
             State::Eager => step(),

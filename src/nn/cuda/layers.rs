@@ -5,7 +5,7 @@
 //! atomics: a sum over rows (LayerNorm's weight and bias, an embedding row's ids, attention's keys and
 //! values over queries) is one thread's loop, in the host's order.
 
-use super::ops::{buffer, int, warp_row_blocks};
+use super::ops::{buffer, int, rows_per_part, sum_axis, warp_row_blocks};
 use super::{Device, DeviceBuffer};
 use crate::cpu::Real;
 use crate::device::Arg;
@@ -51,13 +51,20 @@ pub(crate) fn layer_norm<F: Real>(
         // needs: x's, then the weight's and the bias's when given.
         let want_weight = wb.is_some() && needs[1];
         let want_bias = has_bias && needs[needs.len() - 1];
-        let dw = if want_weight { Some(d.alloc(NAME, width)?) } else { None };
-        let db = if want_bias { Some(d.alloc(NAME, width)?) } else { None };
+        // Sums over the rows, in parts of rows that `sum_axis` then adds in order (a thread per column alone
+        // would walk every row).
+        let per_part = rows_per_part(rows, width);
+        let parts = rows.div_ceil(per_part).max(1);
+        let part = |want: bool| if want { d.alloc(NAME, parts * width).map(Some) } else { Ok(None) };
+        let (dw_parts, db_parts) = (part(want_weight)?, part(want_bias)?);
         if want_weight || want_bias {
-            let (dw_arg, db_arg) = (optional(d, dw.as_ref()), optional(d, db.as_ref()));
+            let (dw_arg, db_arg) = (optional(d, dw_parts.as_ref()), optional(d, db_parts.as_ref()));
             let args = [x_arg, mean_arg, rstd_arg, d.arg(grad), dw_arg, db_arg, rows_arg, width_arg];
-            d.launch(NAME, &d.kernels.layer_norm_grad_affine, d.blocks_for(width), 0, &args)?;
+            let args = [&args[..], &[Arg::i32(int(NAME, per_part)?)]].concat();
+            d.launch(NAME, &d.kernels.layer_norm_grad_affine, d.blocks_for(parts * width), 0, &args)?;
         }
+        let total = |p: Option<DeviceBuffer>| p.map(|p| sum_axis(d, NAME, &p, (1, parts, width), 1.0)).transpose();
+        let (dw, db) = (total(dw_parts)?, total(db_parts)?);
         let mut grads = vec![dx];
         grads.extend(wb.is_some().then_some(dw));
         grads.extend(has_bias.then_some(db));

@@ -200,9 +200,18 @@ pub(crate) fn reduce<F: Real>(
     Ok(Tensor::from_device_op(name, out, shape, &[x], Box::new(backward)))
 }
 
+/// Rows a thread sums in the first pass of a sum over an axis of `n` into `outputs` sums, or `n` for one
+/// pass: parts enough for about 64k threads when the outputs alone are fewer, of 32 rows or more.
+pub(super) fn rows_per_part(n: usize, outputs: usize) -> usize {
+    const THREADS_WANTED: usize = 1 << 16;
+    let parts = (THREADS_WANTED / outputs.max(1)).clamp(1, (n / 32).max(1));
+    n.div_ceil(parts).max(1)
+}
+
 /// scale · Σ along the middle axis of `x` (outer, n, inner): a block a row when the axis is the last,
-/// else a thread an output.
-fn sum_axis(
+/// else a thread an output — after a first pass over parts of the axis when it is long and the outputs few
+/// (`rows_per_part`), whose parts are then added in order.
+pub(super) fn sum_axis(
     device: &Arc<Device>,
     name: &'static str,
     x: &DeviceBuffer,
@@ -213,11 +222,23 @@ fn sum_axis(
     if inner == 1 {
         let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, n)?), Arg::f32(scale)];
         device.launch(name, &device.kernels.sum_rows, (int(name, outer.max(1))? as u32, 1), 0, &args)?;
-    } else {
-        let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
-        let args = [&args[..], &[Arg::i32(int(name, inner)?), Arg::f32(scale)]].concat();
-        device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)?;
+        return Ok(out);
     }
+    let outputs = outer * inner;
+    let per_part = rows_per_part(n, outputs);
+    let (x, (outer, n, inner)) = if per_part < n {
+        let parts = n.div_ceil(per_part);
+        let partial = device.alloc(name, parts * outputs)?;
+        let args = [device.arg(x), device.arg(&partial), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
+        let args = [&args[..], &[Arg::i32(int(name, inner)?), Arg::i32(int(name, per_part)?)]].concat();
+        device.launch(name, &device.kernels.sum_axis_parts, device.blocks_for(parts * outputs), 0, &args)?;
+        (partial, (1, parts, outputs))
+    } else {
+        (x.clone(), (outer, n, inner))
+    };
+    let args = [device.arg(&x), device.arg(&out), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
+    let args = [&args[..], &[Arg::i32(int(name, inner)?), Arg::f32(scale)]].concat();
+    device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)?;
     Ok(out)
 }
 

@@ -11,7 +11,8 @@
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
-//                and an activation in the epilogue).
+//                and an activation in the epilogue); in bf16, nn_to_bf16 (an operand rounded once) and
+//                nn_product_bf16 (Bf16Tile: `wgmma` on Hopper; batched, any layout, the same epilogue).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
 //                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update (optim.cuh's update over a flat vector), nn_accumulate (y += x).
@@ -35,6 +36,7 @@
 #include "common.cuh"
 #include "dropout.cuh"
 #include "gemm.cuh"
+#include "gemm_wgmma.cuh"
 #include "optim.cuh"
 
 constexpr int OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3;
@@ -273,33 +275,21 @@ nn_softmax_rows_grad(const float* __restrict__ y, const float* __restrict__ dy, 
 
 // ---- products: C = op(A)·op(B) per batch, C M×N row-major; A M×K row-major (K×M when trans_a), B K×N
 // (N×K when trans_b); batch z reads A at z·stride_a, B at z·stride_b (0: one operand shared). ----
-constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_TM = 4, MM_TN = 4, MM_BF16_BK = 32;
+constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_TM = 4, MM_TN = 4;
 
-// One 64×64 tile of a product: on the fp32 cores (gemm_tile), or on the bf16 tensor cores (gemm_tile_bf16:
-// operands rounded to bf16 as they are staged, fp32 sums, as PyTorch autocast's bf16 matmul).
-template <bool BF16, bool TA, bool TB, class AAt, class BAt, class Store>
-__device__ __forceinline__ void product_tile(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
-                                             float* smem) {
-    if constexpr (BF16) {
-        gemm_tile_bf16<MM_BM, MM_BN, MM_BF16_BK, TA, TB>(M, N, K, m0, n0, a_at, b_at, store, smem);
-    } else {
-        gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, TA, TB>(M, N, K, m0, n0, a_at, b_at, store, smem);
-    }
-}
-
-template <bool BF16, bool TA, bool TB>
+template <bool TA, bool TB>
 __device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
                                             int n0, float* smem) {
-    product_tile<BF16, TA, TB>(
+    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, TA, TB>(
         M, N, K, m0, n0, [&](int m, int k) { return TA ? a[(size_t)k * M + m] : a[(size_t)m * K + k]; },
         [&](int k, int n) { return TB ? b[(size_t)n * K + k] : b[(size_t)k * N + n]; },
         [&](int m, int n, float v) { c[(size_t)m * N + n] = v; }, smem);
 }
 
-template <bool BF16>
-__device__ __forceinline__ void matmul_batch(const float* __restrict__ a, const float* __restrict__ b,
-                                             float* __restrict__ c, int M, int N, int K, int stride_a, int stride_b,
-                                             int trans_a, int trans_b) {
+// Grid: (⌈N/64⌉, ⌈M/64⌉·batches); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
+          int stride_a, int stride_b, int trans_a, int trans_b) {
     extern __shared__ float smem[];
     const int row_tiles = (M + MM_BM - 1) / MM_BM;
     const int z = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * MM_BM, n0 = blockIdx.x * MM_BN;
@@ -307,35 +297,21 @@ __device__ __forceinline__ void matmul_batch(const float* __restrict__ a, const 
     b += (size_t)z * stride_b;
     c += (size_t)z * M * N;
     if (trans_a) {
-        if (trans_b) matmul_tile<BF16, true, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<BF16, true, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<true, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<true, false>(a, b, c, M, N, K, m0, n0, smem);
     } else {
-        if (trans_b) matmul_tile<BF16, false, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<BF16, false, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<false, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<false, false>(a, b, c, M, N, K, m0, n0, smem);
     }
-}
-
-// Grid: (⌈N/64⌉, ⌈M/64⌉·batches); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats
-// (nn_matmul), GemmBf16<64, 64, 32>::SHARED_FLOATS (nn_matmul_bf16).
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
-          int stride_a, int stride_b, int trans_a, int trans_b) {
-    matmul_batch<false>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);
-}
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_matmul_bf16(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
-               int stride_a, int stride_b, int trans_a, int trans_b) {
-    matmul_batch<true>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);
 }
 
 // y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
 // backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/64⌉, ⌈R/64⌉), shared memory as nn_matmul's.
-template <bool BF16>
-__device__ __forceinline__ void linear_tile(const float* __restrict__ x, const float* __restrict__ W,
-                                            const float* __restrict__ bias, float* __restrict__ z,
-                                            float* __restrict__ y, int R, int N, int K, int act) {
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
+          float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
     extern __shared__ float smem[];
-    product_tile<BF16, false, true>(
+    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, false, true>(
         R, N, K, blockIdx.y * MM_BM, blockIdx.x * MM_BN, [&](int r, int k) { return x[(size_t)r * K + k]; },
         [&](int k, int o) { return W[(size_t)o * K + k]; },
         [&](int r, int o, float acc) {
@@ -346,15 +322,56 @@ __device__ __forceinline__ void linear_tile(const float* __restrict__ x, const f
         },
         smem);
 }
+
+// ---- products on the bf16 tensor cores (Precision::Bf16, PyTorch autocast's bf16 matmul) ----
+// Each operand is rounded to bf16 (to nearest even) once, by nn_to_bf16, into a copy the product reads (and
+// a linear layer keeps for its backward); Bf16Tile's 128×128 tile (gemm_wgmma.cuh: `wgmma` on sm_90a,
+// mma.sync fed by cp.async elsewhere) sums the exact bf16 products in fp32 in a fixed order.
+
+// out[i] = x[i] rounded to bf16, over n elements.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
-          float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
-    linear_tile<false>(x, W, bias, z, y, R, N, K, act);
+nn_to_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
+    for (int i = grid_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
 }
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void product_bf16_tile(const bf16* a, const bf16* b, float* c, const float* bias, float* z,
+                                                  int act, int M, int N, int K, int m0, int n0, float* smem) {
+    const auto put = [&](int m, int n, float acc) {
+        const size_t e = (size_t)m * N + n;
+        const float pre = bias ? acc + bias[n] : acc;
+        if (z) z[e] = pre;
+        c[e] = unary_apply(act, pre);
+    };
+    gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, TA ? M : K, b, TB ? K : N,
+                                [&](int m, int n, float v0, float v1) {
+                                    put(m, n, v0);
+                                    if (n + 1 < N) put(m, n + 1, v1);
+                                },
+                                smem);
+}
+
+// C = act(op(A)·op(B) + bias) per batch, A and B bf16 (nn_to_bf16's), as nn_matmul lays them out (batch z
+// reads A at z·stride_a, B at z·stride_b, in bf16 elements); bias of N and z (the pre-activation kept)
+// optional, act UNARY_* or −1. Grid (⌈N/128⌉, ⌈M/128⌉·batches); Bf16Tile::SHARED_FLOATS floats.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_linear_bf16(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
-               float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
-    linear_tile<true>(x, W, bias, z, y, R, N, K, act);
+nn_product_bf16(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,
+                const float* __restrict__ bias, float* __restrict__ z, int act, int M, int N, int K, int stride_a,
+                int stride_b, int trans_a, int trans_b) {
+    extern __shared__ __align__(16) float smem[];
+    const int row_tiles = (M + Bf16Tile::BM - 1) / Bf16Tile::BM;
+    const int batch = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
+    a += (size_t)batch * stride_a;
+    b += (size_t)batch * stride_b;
+    c += (size_t)batch * M * N;
+    if (z) z += (size_t)batch * M * N;
+    if (trans_a) {
+        if (trans_b) product_bf16_tile<true, true>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
+        else product_bf16_tile<true, false>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
+    } else {
+        if (trans_b) product_bf16_tile<false, true>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
+        else product_bf16_tile<false, false>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
+    }
 }
 
 // One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), counted[r]

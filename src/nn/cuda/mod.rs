@@ -51,9 +51,9 @@ pub(crate) struct Kernels {
     pub(crate) softmax_rows: Kernel,
     pub(crate) softmax_rows_grad: Kernel,
     pub(crate) matmul: Kernel,
-    pub(crate) matmul_bf16: Kernel,
     pub(crate) linear: Kernel,
-    pub(crate) linear_bf16: Kernel,
+    pub(crate) to_bf16: Kernel,
+    pub(crate) product_bf16: Kernel,
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
@@ -93,7 +93,8 @@ pub struct Device {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) kernels: Kernels,
     pub(crate) gemm_shared: u32,
-    gemm_shared_bf16: u32,
+    /// Dynamic shared memory of `nn_product_bf16` (Bf16Tile's), bytes.
+    pub(crate) gemm_shared_bf16: u32,
     /// Whether products run on the bf16 tensor cores ([`Device::set_precision`]).
     bf16_products: AtomicBool,
     free: Arc<Pool>,
@@ -157,9 +158,9 @@ impl Device {
                 softmax_rows: k("nn_softmax_rows")?,
                 softmax_rows_grad: k("nn_softmax_rows_grad")?,
                 matmul: k("nn_matmul")?,
-                matmul_bf16: k("nn_matmul_bf16")?,
                 linear: k("nn_linear")?,
-                linear_bf16: k("nn_linear_bf16")?,
+                to_bf16: k("nn_to_bf16")?,
+                product_bf16: k("nn_product_bf16")?,
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
@@ -194,7 +195,10 @@ impl Device {
         let kernels = load().map_err(launch_error("Device::open"))?;
         let (bm, bn, bk, tm, tn) = GEMM_TILE;
         let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
-        let gemm_shared_bf16 = (crate::ops::gemm::bf16_shared_floats(bm, bn, GEMM_BF16_BK) * 4) as u32;
+        let gemm_shared_bf16 =
+            (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
+        gpu.reserve_shared(&kernels.product_bf16, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
+            .map_err(launch_error("Device::open"))?;
         Ok(Arc::new(Device {
             gpu,
             kernels,
@@ -227,13 +231,9 @@ impl Device {
         if self.bf16_products.load(Ordering::Relaxed) { Precision::Bf16 } else { Precision::Fp32 }
     }
 
-    /// The batched product kernel, the linear kernel and their shared memory in bytes, at the precision set.
-    pub(crate) fn products(&self) -> (&Kernel, &Kernel, u32) {
-        if self.bf16_products.load(Ordering::Relaxed) {
-            (&self.kernels.matmul_bf16, &self.kernels.linear_bf16, self.gemm_shared_bf16)
-        } else {
-            (&self.kernels.matmul, &self.kernels.linear, self.gemm_shared)
-        }
+    /// Whether products run on the bf16 tensor cores now.
+    pub(crate) fn bf16_products(&self) -> bool {
+        self.bf16_products.load(Ordering::Relaxed)
     }
 
     /// The GPU in words.
@@ -336,9 +336,6 @@ impl Device {
 /// The tile of `nn_matmul` and `nn_linear` (MM_BM, MM_BN, MM_BK, MM_TM, MM_TN in fused/nn.cu): 64 × 64
 /// outputs, 16 deep, 4 × 4 a thread.
 pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4, 4);
-
-/// The depth of a chunk of `nn_matmul_bf16` and `nn_linear_bf16` (MM_BF16_BK), whose tile is 64 × 64 too.
-const GEMM_BF16_BK: usize = 32;
 
 /// Device memory that goes back to its pool (the device's, or a captured step's) when the last buffer
 /// sharing it is dropped.

@@ -271,7 +271,8 @@ pub(crate) fn softmax<F: Real>(
     Ok(Tensor::from_device_op(name, out, x.shape().to_vec(), &[x], Box::new(backward)))
 }
 
-/// One product C = op(A)·op(B) per batch: M×N results, K deep, A read at z·stride_a, B at z·stride_b.
+/// One product C = op(A)·op(B) per batch: M×N results, K deep, A read at z·stride_a, B at z·stride_b; on
+/// the bf16 tensor cores when the device's precision says so (each operand rounded once first).
 #[allow(clippy::too_many_arguments)]
 fn matmul_into(
     device: &Device,
@@ -282,12 +283,68 @@ fn matmul_into(
     (stride_a, stride_b): (usize, usize),
     (trans_a, trans_b): (bool, bool),
 ) -> Result<()> {
+    if device.bf16_products() {
+        let (a16, b16) = (rounded_bf16(name, a)?, rounded_bf16(name, b)?);
+        let epilogue = Epilogue { bias: None, pre: None, act: UNARY_NONE };
+        return product_bf16(
+            device,
+            name,
+            (&a16, &b16, c),
+            (m, n, k),
+            batches,
+            (stride_a, stride_b),
+            (trans_a, trans_b),
+            epilogue,
+        );
+    }
     let blocks = (int(name, n.div_ceil(64).max(1))? as u32, int(name, m.div_ceil(64).max(1) * batches.max(1))? as u32);
     let args = [device.arg(a), device.arg(b), device.arg(c), Arg::i32(int(name, m)?), Arg::i32(int(name, n)?)];
     let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, stride_a)?), Arg::i32(int(name, stride_b)?)];
     let args = [&args[..], &more, &[Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]].concat();
-    let (kernel, _, shared) = device.products();
-    device.launch(name, kernel, blocks, shared, &args)
+    device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
+}
+
+/// `x` rounded to bf16 (to nearest even) in a new buffer, two values to a float: a bf16 product's operand.
+fn rounded_bf16(name: &'static str, x: &DeviceBuffer) -> Result<DeviceBuffer> {
+    let device = x.device();
+    let out = device.alloc(name, x.len().div_ceil(2))?;
+    let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, x.len())?)];
+    device.launch(name, &device.kernels.to_bf16, device.blocks_for(x.len()), 0, &args)?;
+    Ok(out)
+}
+
+/// What a product's epilogue adds: a bias of N (added in fp32), the pre-activation kept, an activation.
+struct Epilogue<'a> {
+    bias: Option<&'a DeviceBuffer>,
+    pre: Option<&'a DeviceBuffer>,
+    act: i32,
+}
+
+/// `matmul_into`'s product from operands rounded to bf16 (`rounded_bf16`'s; strides in bf16 elements),
+/// with `epilogue`: `nn_product_bf16`, 128 × 128 tiles.
+#[allow(clippy::too_many_arguments)]
+fn product_bf16(
+    device: &Device,
+    name: &'static str,
+    (a16, b16, c): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (m, n, k): (usize, usize, usize),
+    batches: usize,
+    (stride_a, stride_b): (usize, usize),
+    (trans_a, trans_b): (bool, bool),
+    epilogue: Epilogue<'_>,
+) -> Result<()> {
+    const TILE: usize = 128;
+    let blocks =
+        (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, m.div_ceil(TILE).max(1) * batches.max(1))? as u32);
+    let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
+    let mut args =
+        vec![device.arg(a16), device.arg(b16), device.arg(c), optional(epilogue.bias), optional(epilogue.pre)];
+    args.push(Arg::i32(epilogue.act));
+    for size in [m, n, k, stride_a, stride_b] {
+        args.push(Arg::i32(int(name, size)?));
+    }
+    args.extend([Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]);
+    device.launch(name, &device.kernels.product_bf16, blocks, device.gemm_shared_bf16, &args)
 }
 
 /// A new buffer holding `matmul_into`'s products (batches·M·N results).
@@ -404,7 +461,9 @@ pub(crate) fn reshape<F: Real>(x: &Tensor<F>, shape: Vec<usize>) -> Tensor<F> {
     Tensor::from_device_op("reshape", buffer(x), shape, &[x], Box::new(backward))
 }
 
-/// y = x·wᵀ + b: x as [rows, inputs], w [outputs, inputs], the bias added in the product's epilogue.
+/// y = x·wᵀ + b: x as [rows, inputs], w [outputs, inputs], the bias added in the product's epilogue. In
+/// bf16, x and w are rounded once and their copies kept for the backward, whose two products share the
+/// gradient's one rounded copy.
 pub(crate) fn linear<F: Real>(
     device: &Arc<Device>,
     (x, weight, bias): (&Tensor<F>, &Tensor<F>, Option<&Tensor<F>>),
@@ -413,20 +472,46 @@ pub(crate) fn linear<F: Real>(
 ) -> Result<Tensor<F>> {
     const NAME: &str = "linear";
     let (xb, wb) = (buffer(x), buffer(weight));
-    let bias_arg = bias.map_or(Arg::Ptr(0), |b| device.arg(&buffer(b)));
+    let bias_buffer = bias.map(buffer);
     let out = device.alloc(NAME, rows * outputs)?;
-    let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
-    let args = [device.arg(&xb), device.arg(&wb), bias_arg, Arg::Ptr(0), device.arg(&out)];
-    let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, UNARY_NONE];
-    let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
-    let (_, kernel, shared) = device.products();
-    device.launch(NAME, kernel, blocks, shared, &args)?;
+    let bf16 = device.bf16_products();
+    let rounded = if bf16 { Some((rounded_bf16(NAME, &xb)?, rounded_bf16(NAME, &wb)?)) } else { None };
+    if let Some((x16, w16)) = &rounded {
+        let epilogue = Epilogue { bias: bias_buffer.as_ref(), pre: None, act: UNARY_NONE };
+        product_bf16(device, NAME, (x16, w16, &out), (rows, outputs, inputs), 1, (0, 0), (false, true), epilogue)?;
+    } else {
+        let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
+        let bias_arg = bias_buffer.as_ref().map_or(Arg::Ptr(0), |b| device.arg(b));
+        let args = [device.arg(&xb), device.arg(&wb), bias_arg, Arg::Ptr(0), device.arg(&out)];
+        let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, UNARY_NONE];
+        let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
+        device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
+    }
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         // dx = dy·W; dW = dyᵀ·x.
-        let dx = || product(&device_, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
-        let dw = || product(&device_, NAME, (grad, &xb), (outputs, inputs, rows), 1, (0, 0), (true, false));
-        let mut grads = vec![needs[0].then(dx).transpose()?, needs[1].then(dw).transpose()?];
+        let mut grads = if let Some((x16, w16)) = &rounded {
+            let d = &device_;
+            let dy16 = rounded_bf16(NAME, grad)?;
+            let no_epilogue = || Epilogue { bias: None, pre: None, act: UNARY_NONE };
+            let dx = |_| -> Result<DeviceBuffer> {
+                let dx = d.alloc(NAME, rows * inputs)?;
+                let operands = (&dy16, w16, &dx);
+                product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), no_epilogue())?;
+                Ok(dx)
+            };
+            let dw = |_| -> Result<DeviceBuffer> {
+                let dw = d.alloc(NAME, outputs * inputs)?;
+                let operands = (&dy16, x16, &dw);
+                product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), no_epilogue())?;
+                Ok(dw)
+            };
+            vec![needs[0].then_some(()).map(dx).transpose()?, needs[1].then_some(()).map(dw).transpose()?]
+        } else {
+            let dx = || product(&device_, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
+            let dw = || product(&device_, NAME, (grad, &xb), (outputs, inputs, rows), 1, (0, 0), (true, false));
+            vec![needs[0].then(dx).transpose()?, needs[1].then(dw).transpose()?]
+        };
         if needs.len() == 3 {
             grads.push(if needs[2] { Some(sum_axis(&device_, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
         }

@@ -334,16 +334,18 @@ nn_to_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
 }
 
+// One tile of op(A)·op(B) over K_count of the operands' K (their leading dimensions are the whole K's).
 template <bool TA, bool TB>
 __device__ __forceinline__ void product_bf16_tile(const bf16* a, const bf16* b, float* c, const float* bias, float* z,
-                                                  int act, int M, int N, int K, int m0, int n0, float* smem) {
+                                                  int act, int M, int N, int k_count, int m0, int n0, float* smem,
+                                                  int K) {
     const auto put = [&](int m, int n, float acc) {
         const size_t e = (size_t)m * N + n;
         const float pre = bias ? acc + bias[n] : acc;
         if (z) z[e] = pre;
         c[e] = unary_apply(act, pre);
     };
-    gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, TA ? M : K, b, TB ? K : N,
+    gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
                                 [&](int m, int n, float v0, float v1) {
                                     put(m, n, v0);
                                     if (n + 1 < N) put(m, n + 1, v1);
@@ -353,24 +355,29 @@ __device__ __forceinline__ void product_bf16_tile(const bf16* a, const bf16* b, 
 
 // C = act(op(A)·op(B) + bias) per batch, A and B bf16 (nn_to_bf16's), as nn_matmul lays them out (batch z
 // reads A at z·stride_a, B at z·stride_b, in bf16 elements); bias of N and z (the pre-activation kept)
-// optional, act UNARY_* or −1. Grid (⌈N/128⌉, ⌈M/128⌉·batches); Bf16Tile::SHARED_FLOATS floats.
+// optional, act UNARY_* or −1. With slices > 1 (split k: a weight gradient's few tiles over a long k),
+// the blocks of slice s sum k in [s·k_per, (s + 1)·k_per) into C + s·batches·M·N, and the launch layer adds
+// the slices in order (no bias, no activation then). Grid (⌈N/128⌉, ⌈M/128⌉·batches·slices);
+// Bf16Tile::SHARED_FLOATS floats.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_product_bf16(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,
                 const float* __restrict__ bias, float* __restrict__ z, int act, int M, int N, int K, int stride_a,
-                int stride_b, int trans_a, int trans_b) {
+                int stride_b, int trans_a, int trans_b, int batches, int k_per) {
     extern __shared__ __align__(16) float smem[];
-    const int row_tiles = (M + Bf16Tile::BM - 1) / Bf16Tile::BM;
-    const int batch = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
-    a += (size_t)batch * stride_a;
-    b += (size_t)batch * stride_b;
-    c += (size_t)batch * M * N;
+    const int row_tiles = (M + Bf16Tile::BM - 1) / Bf16Tile::BM, per_slice = row_tiles * batches;
+    const int slice = blockIdx.y / per_slice, tile = blockIdx.y % per_slice;
+    const int batch = tile / row_tiles, m0 = tile % row_tiles * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
+    const int k0 = slice * k_per, k_count = min(k_per, K - k0);
+    a += (size_t)batch * stride_a + (size_t)k0 * (trans_a ? M : 1);
+    b += (size_t)batch * stride_b + (size_t)k0 * (trans_b ? 1 : N);
+    c += ((size_t)slice * batches + batch) * M * N;
     if (z) z += (size_t)batch * M * N;
     if (trans_a) {
-        if (trans_b) product_bf16_tile<true, true>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
-        else product_bf16_tile<true, false>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
+        if (trans_b) product_bf16_tile<true, true>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
+        else product_bf16_tile<true, false>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
     } else {
-        if (trans_b) product_bf16_tile<false, true>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
-        else product_bf16_tile<false, false>(a, b, c, bias, z, act, M, N, K, m0, n0, smem);
+        if (trans_b) product_bf16_tile<false, true>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
+        else product_bf16_tile<false, false>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
     }
 }
 

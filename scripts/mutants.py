@@ -42,6 +42,8 @@ MUTATIONS = [
      "for (int t = causal ? u : 0; t < T; ++t) {", "for (int t = causal ? u + 1 : 0; t < T; ++t) {", "nn"),
     ("nn: bf16 products' operands truncated, not rounded to nearest", "nn.cu",
      "out[i] = to_bf16(x[i]);", "out[i] = (bf16)(__float_as_uint(x[i]) >> 16);", "nn"),
+    ("nn: a split-k bf16 product's slices all read the first slice's k", "nn.cu",
+     "const int k0 = slice * k_per, k_count", "const int k0 = 0, k_count", "nn"),
     ("nn: the device-id embedding gradient counts the padding row", "nn.cu",
      "        if (v != padding)\n", "", "nn"),
     ("nn: a Dropout layer's device counter does not advance", "nn.cu", "        step[0] += 1u;\n", "", "nn"),

@@ -297,14 +297,21 @@ fn bf16_product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Res
     let _reset = bf16_products(device)?;
     let mut checks = Vec::new();
     let matmul: &Op<'_> = &|t| t[0].matmul(&t[1]);
-    let pairs: [(&[usize], &[usize]); 4] =
-        [(&[1, 1], &[1, 1]), (&[130, 70], &[70, 65]), (&[3, 65, 33], &[33, 129]), (&[2, 5, 7], &[2, 7, 3])];
+    // The last pair's k of 1500 over one tile is split in k (slices added in order).
+    let pairs: [(&[usize], &[usize]); 5] = [
+        (&[1, 1], &[1, 1]),
+        (&[130, 70], &[70, 65]),
+        (&[3, 65, 33], &[33, 129]),
+        (&[2, 5, 7], &[2, 7, 3]),
+        (&[5, 1500], &[1500, 7]),
+    ];
     for (a, b) in pairs {
         let inputs = [(values(rng, a, -1.0, 1.0), a.to_vec()), (values(rng, b, -1.0, 1.0), b.to_vec())];
         checks.extend(compare_rounded(device, rng, ("matmul bf16", SUM_TOLERANCE), &inputs, matmul, round_bf16)?);
     }
     let with_bias: &Op<'_> = &|t| linear(&t[0], &t[1], Some(&t[2]));
-    for (x, (outputs, inputs)) in [(&[9, 17][..], (5, 17)), (&[2, 67, 96], (130, 96))] {
+    // 2100 rows: the weight's gradient (2 tiles, k 2100) is split in k.
+    for (x, (outputs, inputs)) in [(&[9, 17][..], (5, 17)), (&[2, 67, 96], (130, 96)), (&[3, 700, 96], (130, 96))] {
         let w = [outputs, inputs];
         let parts = [
             (values(rng, x, -1.0, 1.0), x.to_vec()),

@@ -219,10 +219,22 @@ pub(super) fn sum_axis(
     scale: f32,
 ) -> Result<DeviceBuffer> {
     let out = device.alloc(name, outer * inner)?;
+    sum_axis_into(device, name, x, (outer, n, inner), scale, &out)?;
+    Ok(out)
+}
+
+/// `sum_axis` into `out` (outer·inner elements).
+fn sum_axis_into(
+    device: &Arc<Device>,
+    name: &'static str,
+    x: &DeviceBuffer,
+    (outer, n, inner): (usize, usize, usize),
+    scale: f32,
+    out: &DeviceBuffer,
+) -> Result<()> {
     if inner == 1 {
-        let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, n)?), Arg::f32(scale)];
-        device.launch(name, &device.kernels.sum_rows, (int(name, outer.max(1))? as u32, 1), 0, &args)?;
-        return Ok(out);
+        let args = [device.arg(x), device.arg(out), Arg::i32(int(name, n)?), Arg::f32(scale)];
+        return device.launch(name, &device.kernels.sum_rows, (int(name, outer.max(1))? as u32, 1), 0, &args);
     }
     let outputs = outer * inner;
     let per_part = rows_per_part(n, outputs);
@@ -236,10 +248,9 @@ pub(super) fn sum_axis(
     } else {
         (x.clone(), (outer, n, inner))
     };
-    let args = [device.arg(&x), device.arg(&out), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
+    let args = [device.arg(&x), device.arg(out), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
     let args = [&args[..], &[Arg::i32(int(name, inner)?), Arg::f32(scale)]].concat();
-    device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)?;
-    Ok(out)
+    device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)
 }
 
 /// Blocks of `nn_softmax_rows` and `nn_cross_entropy`: a warp a row, eight a block.
@@ -275,7 +286,7 @@ pub(crate) fn softmax<F: Real>(
 /// the bf16 tensor cores when the device's precision says so (each operand rounded once first).
 #[allow(clippy::too_many_arguments)]
 fn matmul_into(
-    device: &Device,
+    device: &Arc<Device>,
     name: &'static str,
     (a, b, c): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
     (m, n, k): (usize, usize, usize),
@@ -320,11 +331,19 @@ struct Epilogue<'a> {
     act: i32,
 }
 
+/// The slices of k a bf16 product is cut into (`nn_product_bf16`'s split k): 1 when its tiles fill the
+/// GPU twice or k is short; otherwise enough for about two blocks an SM, each slice 512 deep or more.
+fn k_slices(device: &Device, tiles: usize, k: usize) -> usize {
+    let wanted = (2 * device.gpu.sm_count as usize).div_ceil(tiles.max(1));
+    wanted.min(k / 512).max(1)
+}
+
 /// `matmul_into`'s product from operands rounded to bf16 (`rounded_bf16`'s; strides in bf16 elements),
-/// with `epilogue`: `nn_product_bf16`, 128 × 128 tiles.
+/// with `epilogue`: `nn_product_bf16`, 128 × 128 tiles. A product of few tiles over a long k (a weight's
+/// gradient over the batch's rows) is split in k, its slices' partial products then added in order.
 #[allow(clippy::too_many_arguments)]
 fn product_bf16(
-    device: &Device,
+    device: &Arc<Device>,
     name: &'static str,
     (a16, b16, c): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
     (m, n, k): (usize, usize, usize),
@@ -334,17 +353,30 @@ fn product_bf16(
     epilogue: Epilogue<'_>,
 ) -> Result<()> {
     const TILE: usize = 128;
-    let blocks =
-        (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, m.div_ceil(TILE).max(1) * batches.max(1))? as u32);
+    let tiles = n.div_ceil(TILE).max(1) * m.div_ceil(TILE).max(1) * batches.max(1);
+    let plain = epilogue.bias.is_none() && epilogue.pre.is_none() && epilogue.act == UNARY_NONE;
+    let slices = if plain { k_slices(device, tiles, k) } else { 1 };
+    // Each slice a whole number of the tile's 64-deep chunks.
+    let k_per = if slices > 1 { k.div_ceil(slices).div_ceil(64) * 64 } else { k.max(1) };
+    let slices = k.div_ceil(k_per).max(1);
+    let partial = if slices > 1 { Some(device.alloc(name, slices * batches * m * n)?) } else { None };
+    let row_blocks = m.div_ceil(TILE).max(1) * batches.max(1) * slices;
+    let blocks = (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, row_blocks)? as u32);
     let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
+    let out = partial.as_ref().unwrap_or(c);
     let mut args =
-        vec![device.arg(a16), device.arg(b16), device.arg(c), optional(epilogue.bias), optional(epilogue.pre)];
+        vec![device.arg(a16), device.arg(b16), device.arg(out), optional(epilogue.bias), optional(epilogue.pre)];
     args.push(Arg::i32(epilogue.act));
     for size in [m, n, k, stride_a, stride_b] {
         args.push(Arg::i32(int(name, size)?));
     }
     args.extend([Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]);
-    device.launch(name, &device.kernels.product_bf16, blocks, device.gemm_shared_bf16, &args)
+    args.extend([Arg::i32(int(name, batches.max(1))?), Arg::i32(int(name, k_per)?)]);
+    device.launch(name, &device.kernels.product_bf16, blocks, device.gemm_shared_bf16, &args)?;
+    if let Some(partial) = partial {
+        sum_axis_into(device, name, &partial, (1, slices, batches * m * n), 1.0, c)?;
+    }
+    Ok(())
 }
 
 /// A new buffer holding `matmul_into`'s products (batches·M·N results).

@@ -253,7 +253,7 @@ impl Gpt {
     }
 
     /// Moves the parameters (and the positions) to `device`.
-    fn to_device(&mut self, device: &Arc<Device>) -> Result<()> {
+    fn move_to_device(&mut self, device: &Arc<Device>) -> Result<()> {
         for p in self.parameters() {
             p.move_to_device(device)?;
         }
@@ -386,13 +386,13 @@ fn main() -> Result<()> {
         dropout: a.dropout,
         bias: false,
     };
-    if config.n_embd % config.n_head != 0 {
+    if !config.n_embd.is_multiple_of(config.n_head) {
         bail!("--n-embd {} is not a multiple of --n-head {}", config.n_embd, config.n_head);
     }
     let mut rng = SeededRng::seed_from_u64(a.seed);
     let mut model = Gpt::new(&config, &mut rng, a.seed as u32)?;
     if let Some(device) = &device {
-        model.to_device(device)?;
+        model.move_to_device(device)?;
     }
     // nanoGPT's count leaves the position embedding out.
     let counted = model.parameters().iter().map(Tensor::numel).sum::<usize>() - config.block_size * config.n_embd;

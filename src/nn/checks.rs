@@ -605,6 +605,23 @@ fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::R
     Ok((losses, flat))
 }
 
+/// A run of steps' losses and its parameters' final values, flattened in order; an error when a captured
+/// run was not captured after all.
+fn steps_result(
+    step: Option<&super::CapturedStep>,
+    losses: Vec<f32>,
+    parameters: &[Tensor],
+) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    if step.is_some_and(|s| !s.is_captured()) {
+        anyhow::bail!("the step was not captured");
+    }
+    let mut flat = Vec::new();
+    for p in parameters {
+        flat.extend(p.values()?);
+    }
+    Ok((losses, flat))
+}
+
 /// The losses and final parameters of 12 Adam steps of a 20-33-7 MLP (tanh) on `device`, a new batch
 /// (refilled in place) and a new rate (cosine) each step, op by op or through a `CapturedStep`.
 fn adam_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
@@ -640,14 +657,7 @@ fn adam_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result
         let loss = if captured { step.run(one_step)? } else { one_step()? };
         losses.push(loss.item()?);
     }
-    if captured && !step.is_captured() {
-        anyhow::bail!("the step was not captured");
-    }
-    let mut flat = Vec::new();
-    for p in &parameters {
-        flat.extend(p.values()?);
-    }
-    Ok((losses, flat))
+    steps_result(captured.then_some(&step), losses, &parameters)
 }
 
 /// The losses and final parameters of 12 AdamW steps of a next-token model on `device` — embedding of
@@ -687,14 +697,7 @@ fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Resul
         let loss = if captured { step.run(one_step)? } else { one_step()? };
         losses.push(loss.item()?);
     }
-    if captured && !step.is_captured() {
-        anyhow::bail!("the step was not captured");
-    }
-    let mut flat = Vec::new();
-    for p in &parameters {
-        flat.extend(p.values()?);
-    }
-    Ok((losses, flat))
+    steps_result(captured.then_some(&step), losses, &parameters)
 }
 
 /// Every check of `nn` the plan asks for.

@@ -34,7 +34,7 @@ fn transformer(corpus: &Path, out: &Path, extra: &[&str]) -> Output {
     ];
     let resume = extra.contains(&"--resume");
     let mut args = vec!["transformer", s(corpus), "--out", s(out)];
-    let defaults = tiny.iter().filter(|(flag, _)| !extra.contains(flag) && !(resume && SHAPE_FLAGS.contains(flag)));
+    let defaults = tiny.iter().filter(|(flag, _)| !(extra.contains(flag) || resume && SHAPE_FLAGS.contains(flag)));
     for (flag, value) in defaults {
         args.extend([*flag, *value]);
     }

@@ -40,7 +40,7 @@ use textnet::precision::Precision;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "nanoGPT's model and training loop on textnet::nn (character-level Shakespeare)")]
-struct Args {
+pub struct Args {
     /// The text to train on (nanoGPT's: tiny Shakespeare)
     corpus: std::path::PathBuf,
     /// Where to train: cpu, or cuda (the first GPU)
@@ -362,7 +362,19 @@ impl Batch {
 }
 
 fn main() -> Result<()> {
-    let a = Args::parse();
+    run(&Args::parse()).map(|_| ())
+}
+
+/// What a run reached: the validation loss of the first evaluation (before training) and the best one
+/// (`tests/it/nn_nanogpt.rs` reads them).
+#[allow(dead_code)]
+pub struct Outcome {
+    pub first_val: f32,
+    pub best_val: f32,
+}
+
+/// nanoGPT's `train.py` with `a`'s settings: trains, evaluates, prints its log lines, writes `--json`.
+pub fn run(a: &Args) -> Result<Outcome> {
     let (chars, train, val) = load(&a.corpus)?;
     if train.len() <= a.block_size + 1 || val.len() <= a.block_size + 1 {
         bail!("{}: too short for windows of {} characters", a.corpus.display(), a.block_size + 1);
@@ -397,7 +409,7 @@ fn main() -> Result<()> {
     // nanoGPT's count leaves the position embedding out.
     let counted = model.parameters().iter().map(Tensor::numel).sum::<usize>() - config.block_size * config.n_embd;
     println!("number of parameters: {:.2}M", counted as f64 / 1e6);
-    let mut optimizer = model.configure_optimizers(&a)?;
+    let mut optimizer = model.configure_optimizers(a)?;
     let schedule = Scheduler::cosine(a.learning_rate, a.warmup_iters, a.min_lr, a.max_iters)?;
     let parameters = model.parameters();
 
@@ -438,12 +450,13 @@ fn main() -> Result<()> {
     };
 
     let mut log = serde_json::Map::new();
-    let (mut evals, mut step_ms, mut best_val) = (Vec::new(), Vec::new(), f32::INFINITY);
+    let (mut evals, mut step_ms, mut best_val, mut first_val) = (Vec::new(), Vec::new(), f32::INFINITY, None);
     let mut train_seconds = 0.0;
     let run_start = Instant::now();
     for iter in 0..=a.max_iters {
         if iter % a.eval_interval == 0 || iter == a.max_iters {
             let (train_loss, val_loss) = estimate_loss(&model, &mut rng)?;
+            first_val.get_or_insert(val_loss);
             best_val = best_val.min(val_loss);
             println!("step {iter}: train loss {train_loss:.4}, val loss {val_loss:.4}");
             evals.push(serde_json::json!({"iter": iter, "train": train_loss, "val": val_loss,
@@ -500,5 +513,5 @@ fn main() -> Result<()> {
         log.insert("run_seconds".into(), serde_json::json!(run_start.elapsed().as_secs_f64()));
         std::fs::write(path, serde_json::to_string_pretty(&log)?)?;
     }
-    Ok(())
+    Ok(Outcome { first_val: first_val.unwrap_or(f32::NAN), best_val })
 }

@@ -43,6 +43,7 @@ mod nn_autograd;
 mod nn_bench;
 mod nn_conv_layout;
 mod nn_modules;
+mod nn_nanogpt;
 mod nn_optim;
 mod nn_transformer_ops;
 mod nvrtc;

@@ -17,8 +17,10 @@
 //!
 //! The inputs' shapes and addresses are the graph's signature: when one changes, the step is run eagerly
 //! again and captured again, and this is said once. A step that cannot be captured runs op by op, said
-//! once with the reason: it copies between host and device (so far `embedding`, whose ids travel from the
-//! host), draws a dropout mask (its step is a host argument so far), or needs memory its eager run did not.
+//! once with the reason: it copies between host and device (the functional `embedding` with ids from the
+//! host: the `Embedding` layer on a tensor of ids does not), draws a mask with the functional `dropout`
+//! (its step is a host argument: the `Dropout` layer counts on the device), or needs memory its warm-up
+//! runs did not.
 
 use super::{Device, Pool};
 use crate::nn::error::{Error, Result};

@@ -185,8 +185,8 @@ pub(crate) fn dropout<F: Real>(
 ) -> Result<Tensor<F>> {
     if device.is_capturing() {
         // The mask's step is a kernel argument from the host: a graph would replay one mask for every step.
-        let problem =
-            "its mask's step comes from the host, so a captured step would reuse one mask: the step runs op by op";
+        let problem = "its mask's step comes from the host, so a captured step would reuse one mask (the Dropout \
+                       layer counts its steps on the device): the step runs op by op";
         return Err(crate::nn::Error::device("dropout", problem));
     }
     let out = masked(device, &buffer(x), mask, all_dropped)?;

@@ -47,6 +47,32 @@ enum State {
 }
 
 /// A training step replayed as a CUDA graph (see the module's text).
+///
+/// ```no_run
+/// use textnet::nn::{CapturedStep, Device, Linear, Module, Optimizer, Tensor};
+/// # fn main() -> textnet::nn::Result<()> {
+/// let device = Device::open(0)?;
+/// let mut rng = <textnet::cpu::SeededRng as rand::SeedableRng>::seed_from_u64(1);
+/// let layer = Linear::<f32>::new(784, 10, true, &mut rng)?;
+/// layer.parameters().iter().try_for_each(|p| p.move_to_device(&device))?;
+/// let x = Tensor::zeros(&[64, 784])?.to_device(&device)?;
+/// let y = Tensor::zeros(&[64])?.to_device(&device)?;
+/// let mut adam = Optimizer::adam(layer.parameters(), 1e-3)?;
+/// let mut step = CapturedStep::new(&device, &[&x, &y])?;
+/// for _ in 0..100 {
+///     // x.copy_from_slice(images)?; y.copy_from_slice(labels)?;
+///     let loss = step.run(|| {
+///         adam.zero_grad();
+///         let loss = layer.forward(&x)?.cross_entropy_ids(&y, None)?;
+///         loss.backward()?;
+///         adam.step()?;
+///         Ok(loss)
+///     })?;
+///     let _ = loss; // read it with loss.item() when wanted: that waits for the GPU
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct CapturedStep {
     device: Arc<Device>,
     inputs: Vec<Tensor>,

@@ -296,7 +296,6 @@ fn matmul_into(
 ) -> Result<()> {
     if device.bf16_products() {
         let (a16, b16) = (rounded_bf16(name, a)?, rounded_bf16(name, b)?);
-        let epilogue = Epilogue { bias: None, pre: None, act: UNARY_NONE };
         return product_bf16(
             device,
             name,
@@ -305,7 +304,7 @@ fn matmul_into(
             batches,
             (stride_a, stride_b),
             (trans_a, trans_b),
-            epilogue,
+            None,
         );
     }
     let blocks = (int(name, n.div_ceil(64).max(1))? as u32, int(name, m.div_ceil(64).max(1) * batches.max(1))? as u32);
@@ -324,13 +323,6 @@ fn rounded_bf16(name: &'static str, x: &DeviceBuffer) -> Result<DeviceBuffer> {
     Ok(out)
 }
 
-/// What a product's epilogue adds: a bias of N (added in fp32), the pre-activation kept, an activation.
-struct Epilogue<'a> {
-    bias: Option<&'a DeviceBuffer>,
-    pre: Option<&'a DeviceBuffer>,
-    act: i32,
-}
-
 /// The slices of k a bf16 product is cut into (`nn_product_bf16`'s split k): 1 when its tiles fill the
 /// GPU twice or k is short; otherwise enough for about two blocks an SM, each slice 512 deep or more.
 fn k_slices(device: &Device, tiles: usize, k: usize) -> usize {
@@ -339,8 +331,9 @@ fn k_slices(device: &Device, tiles: usize, k: usize) -> usize {
 }
 
 /// `matmul_into`'s product from operands rounded to bf16 (`rounded_bf16`'s; strides in bf16 elements),
-/// with `epilogue`: `nn_product_bf16`, 128 × 128 tiles. A product of few tiles over a long k (a weight's
-/// gradient over the batch's rows) is split in k, its slices' partial products then added in order.
+/// plus `bias` (of N, added in fp32) when given: `nn_product_bf16`, 128 × 128 tiles. A product of few
+/// tiles over a long k (a weight's gradient over the batch's rows) is split in k, its slices' partial
+/// products then added in order.
 #[allow(clippy::too_many_arguments)]
 fn product_bf16(
     device: &Arc<Device>,
@@ -350,12 +343,11 @@ fn product_bf16(
     batches: usize,
     (stride_a, stride_b): (usize, usize),
     (trans_a, trans_b): (bool, bool),
-    epilogue: Epilogue<'_>,
+    bias: Option<&DeviceBuffer>,
 ) -> Result<()> {
     const TILE: usize = 128;
     let tiles = n.div_ceil(TILE).max(1) * m.div_ceil(TILE).max(1) * batches.max(1);
-    let plain = epilogue.bias.is_none() && epilogue.pre.is_none() && epilogue.act == UNARY_NONE;
-    let slices = if plain { k_slices(device, tiles, k) } else { 1 };
+    let slices = if bias.is_none() { k_slices(device, tiles, k) } else { 1 };
     // Each slice a whole number of the tile's 64-deep chunks.
     let k_per = if slices > 1 { k.div_ceil(slices).div_ceil(64) * 64 } else { k.max(1) };
     let slices = k.div_ceil(k_per).max(1);
@@ -364,9 +356,8 @@ fn product_bf16(
     let blocks = (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, row_blocks)? as u32);
     let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
     let out = partial.as_ref().unwrap_or(c);
-    let mut args =
-        vec![device.arg(a16), device.arg(b16), device.arg(out), optional(epilogue.bias), optional(epilogue.pre)];
-    args.push(Arg::i32(epilogue.act));
+    let mut args = vec![device.arg(a16), device.arg(b16), device.arg(out), optional(bias), Arg::Ptr(0)];
+    args.push(Arg::i32(UNARY_NONE));
     for size in [m, n, k, stride_a, stride_b] {
         args.push(Arg::i32(int(name, size)?));
     }
@@ -509,8 +500,8 @@ pub(crate) fn linear<F: Real>(
     let bf16 = device.bf16_products();
     let rounded = if bf16 { Some((rounded_bf16(NAME, &xb)?, rounded_bf16(NAME, &wb)?)) } else { None };
     if let Some((x16, w16)) = &rounded {
-        let epilogue = Epilogue { bias: bias_buffer.as_ref(), pre: None, act: UNARY_NONE };
-        product_bf16(device, NAME, (x16, w16, &out), (rows, outputs, inputs), 1, (0, 0), (false, true), epilogue)?;
+        let operands = (x16, w16, &out);
+        product_bf16(device, NAME, operands, (rows, outputs, inputs), 1, (0, 0), (false, true), bias_buffer.as_ref())?;
     } else {
         let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
         let bias_arg = bias_buffer.as_ref().map_or(Arg::Ptr(0), |b| device.arg(b));
@@ -525,17 +516,16 @@ pub(crate) fn linear<F: Real>(
         let mut grads = if let Some((x16, w16)) = &rounded {
             let d = &device_;
             let dy16 = rounded_bf16(NAME, grad)?;
-            let no_epilogue = || Epilogue { bias: None, pre: None, act: UNARY_NONE };
             let dx = |_| -> Result<DeviceBuffer> {
                 let dx = d.alloc(NAME, rows * inputs)?;
                 let operands = (&dy16, w16, &dx);
-                product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), no_epilogue())?;
+                product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?;
                 Ok(dx)
             };
             let dw = |_| -> Result<DeviceBuffer> {
                 let dw = d.alloc(NAME, outputs * inputs)?;
                 let operands = (&dy16, x16, &dw);
-                product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), no_epilogue())?;
+                product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), None)?;
                 Ok(dw)
             };
             vec![needs[0].then_some(()).map(dx).transpose()?, needs[1].then_some(()).map(dw).transpose()?]

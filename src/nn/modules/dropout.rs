@@ -67,13 +67,15 @@ impl Dropout {
 }
 
 impl Dropout {
-    /// The step counter on `device` (made from the host's count at the first forward there), locked.
-    fn device_counter(&self, device: &Arc<Device>) -> Result<std::sync::MutexGuard<'_, Option<DeviceBuffer>>> {
+    /// The step counter on `device` (made from the host's count at the first forward there), for one more
+    /// forward in training: the host's count advances with it (the kernels advance the device's).
+    fn device_counter(&self, device: &Arc<Device>) -> Result<DeviceBuffer> {
         let mut counter = lock(&self.device_step);
         if counter.as_ref().is_none_or(|c| !Arc::ptr_eq(c.device(), device)) {
             *counter = Some(device.upload("dropout", &[f32::from_bits(self.step())])?);
         }
-        Ok(counter)
+        self.step.fetch_add(1, Ordering::Relaxed);
+        Ok(counter.clone().expect("made above"))
     }
 
     /// The mask's threshold and scale (scale 0 at p = 1, which drops everything).
@@ -83,10 +85,8 @@ impl Dropout {
 
     /// The forward in training of `x` on `device`, by the counter in device memory.
     fn forward_on_device<F: Real>(&self, device: &Arc<Device>, x: &Tensor<F>) -> Result<Tensor<F>> {
-        let counter = self.device_counter(device)?;
-        self.step.fetch_add(1, Ordering::Relaxed);
-        let step = counter.as_ref().expect("made above");
-        layers::dropout_counted(device, x, step, site_seed(self.seed, self.site), self.threshold_and_scale())
+        let step = self.device_counter(device)?;
+        layers::dropout_counted(device, x, &step, site_seed(self.seed, self.site), self.threshold_and_scale())
     }
 
     /// For an op that drops with this layer's p (attention's probabilities): None outside training or at
@@ -105,9 +105,7 @@ impl Dropout {
         if !self.is_training() || self.p == 0.0 {
             return Ok(None);
         }
-        let counter = self.device_counter(device)?;
-        self.step.fetch_add(1, Ordering::Relaxed);
-        let taken = layers::take_step(device, counter.as_ref().expect("made above"))?;
+        let taken = layers::take_step(device, &self.device_counter(device)?)?;
         let (threshold, scale) = self.threshold_and_scale();
         Ok(Some((site_seed(self.seed, self.site), taken, threshold, scale)))
     }

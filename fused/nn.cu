@@ -12,7 +12,7 @@
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
 //                and an activation in the epilogue); in bf16, nn_to_bf16 (an operand rounded once) and
-//                nn_product_bf16 (Bf16Tile: `wgmma` on Hopper; batched, any layout, the same epilogue).
+//                nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma` on Hopper; batched, one kernel a layout, bias).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
 //                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update (optim.cuh's update over a flat vector), nn_accumulate (y += x).
@@ -334,52 +334,73 @@ nn_to_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
 }
 
-// One tile of op(A)·op(B) over K_count of the operands' K (their leading dimensions are the whole K's).
+// C = op(A)·op(B) (+ bias) per batch, A and B bf16 (nn_to_bf16's), as nn_matmul lays them out (batch z
+// reads A at z·stride_a, B at z·stride_b, in bf16 elements); bias of N optional. With slices > 1 (split k:
+// a weight gradient's few tiles over a long k), the blocks of slice s sum k in [s·k_per, (s + 1)·k_per)
+// into C + s·batches·M·N, and the launch layer adds the slices in order (no bias then). Grid (⌈N/128⌉,
+// ⌈M/128⌉·batches·slices); Bf16Tile::SHARED_FLOATS floats.
+//
+// One kernel per layout (nn_product_bf16_{nn,nt,tn,tt}: A, B transposed or not) and no activation in the
+// epilogue: a kernel that branched over the four layouts and an activation took 171 registers a thread,
+// one block an SM, and ran nanoGPT's products at less than half the Transformer's speed on the same tile
+// (126 registers, two blocks an SM).
 template <bool TA, bool TB>
-__device__ __forceinline__ void product_bf16_tile(const bf16* a, const bf16* b, float* c, const float* bias, float* z,
-                                                  int act, int M, int N, int k_count, int m0, int n0, float* smem,
-                                                  int K) {
-    const auto put = [&](int m, int n, float acc) {
-        const size_t e = (size_t)m * N + n;
-        const float pre = bias ? acc + bias[n] : acc;
-        if (z) z[e] = pre;
-        c[e] = unary_apply(act, pre);
-    };
-    gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
-                                [&](int m, int n, float v0, float v1) {
-                                    put(m, n, v0);
-                                    if (n + 1 < N) put(m, n + 1, v1);
-                                },
-                                smem);
-}
-
-// C = act(op(A)·op(B) + bias) per batch, A and B bf16 (nn_to_bf16's), as nn_matmul lays them out (batch z
-// reads A at z·stride_a, B at z·stride_b, in bf16 elements); bias of N and z (the pre-activation kept)
-// optional, act UNARY_* or −1. With slices > 1 (split k: a weight gradient's few tiles over a long k),
-// the blocks of slice s sum k in [s·k_per, (s + 1)·k_per) into C + s·batches·M·N, and the launch layer adds
-// the slices in order (no bias, no activation then). Grid (⌈N/128⌉, ⌈M/128⌉·batches·slices);
-// Bf16Tile::SHARED_FLOATS floats.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_product_bf16(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,
-                const float* __restrict__ bias, float* __restrict__ z, int act, int M, int N, int K, int stride_a,
-                int stride_b, int trans_a, int trans_b, int batches, int k_per) {
+__device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const bf16* __restrict__ b,
+                                             float* __restrict__ c, const float* __restrict__ bias, int M, int N,
+                                             int K, int stride_a, int stride_b, int batches, int k_per) {
     extern __shared__ __align__(16) float smem[];
     const int row_tiles = (M + Bf16Tile::BM - 1) / Bf16Tile::BM, per_slice = row_tiles * batches;
     const int slice = blockIdx.y / per_slice, tile = blockIdx.y % per_slice;
     const int batch = tile / row_tiles, m0 = tile % row_tiles * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
     const int k0 = slice * k_per, k_count = min(k_per, K - k0);
-    a += (size_t)batch * stride_a + (size_t)k0 * (trans_a ? M : 1);
-    b += (size_t)batch * stride_b + (size_t)k0 * (trans_b ? 1 : N);
+    a += (size_t)batch * stride_a + (size_t)k0 * (TA ? M : 1);
+    b += (size_t)batch * stride_b + (size_t)k0 * (TB ? 1 : N);
     c += ((size_t)slice * batches + batch) * M * N;
-    if (z) z += (size_t)batch * M * N;
-    if (trans_a) {
-        if (trans_b) product_bf16_tile<true, true>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
-        else product_bf16_tile<true, false>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
-    } else {
-        if (trans_b) product_bf16_tile<false, true>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
-        else product_bf16_tile<false, false>(a, b, c, bias, z, act, M, N, k_count, m0, n0, smem, K);
-    }
+    gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
+                                [&](int m, int n, float v0, float v1) {
+                                    float* out = c + (size_t)m * N + n;
+                                    out[0] = bias ? v0 + bias[n] : v0;
+                                    if (n + 1 < N) out[1] = bias ? v1 + bias[n + 1] : v1;
+                                },
+                                smem);
 }
+
+// x·Wᵀ + b as nn_product_bf16_nt, kept in c (the activation's backward reads it), and its activation act
+// (UNARY_*) in y, and y's bf16 copy in y16 when not null: a linear layer and the activation after it in
+// one launch (capture-time fusion, src/nn/cuda/fusion.rs). Grid (⌈N/128⌉, ⌈M/128⌉).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+nn_product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,
+                    const float* __restrict__ bias, int act, float* __restrict__ y, bf16* __restrict__ y16, int M,
+                    int N, int K) {
+    extern __shared__ __align__(16) float smem[];
+    const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
+    const auto put = [&](size_t e, float pre) {
+        c[e] = pre;
+        const float out = unary_apply(act, pre);
+        y[e] = out;
+        if (y16) y16[e] = to_bf16(out);
+    };
+    gemm_tile_bf16_fast<false, true>(M, N, K, m0, n0, a, K, b, K,
+                                     [&](int m, int n, float v0, float v1) {
+                                         const size_t e = (size_t)m * N + n;
+                                         put(e, bias ? v0 + bias[n] : v0);
+                                         if (n + 1 < N) put(e + 1, bias ? v1 + bias[n + 1] : v1);
+                                     },
+                                     smem);
+}
+
+#define NN_PRODUCT_BF16(NAME, TA, TB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                   \
+    NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
+         const float* __restrict__ bias, int M, int N, int K, int stride_a, int stride_b, int batches,         \
+         int k_per) {                                                                                          \
+        product_bf16<TA, TB>(a, b, c, bias, M, N, K, stride_a, stride_b, batches, k_per);                      \
+    }
+NN_PRODUCT_BF16(nn_product_bf16_nn, false, false)
+NN_PRODUCT_BF16(nn_product_bf16_nt, false, true)
+NN_PRODUCT_BF16(nn_product_bf16_tn, true, false)
+NN_PRODUCT_BF16(nn_product_bf16_tt, true, true)
+#undef NN_PRODUCT_BF16
 
 // One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), counted[r]
 // = 1; or 0, 0 and 0 when t == ignore. Targets are class ids held as floats (exact below 2^24), so that a
@@ -504,17 +525,28 @@ __device__ __forceinline__ void warp_weighted_rows(const float* w, const float* 
 
 // LayerNorm of `rows` rows of D (CPU twin: ops::layernorm::layer_norm_eps): μ = Σx / D, σ² = Σ(x − μ)² / D,
 // r = 1/√(σ² + eps), y = (x − μ)·r·w + b, w and b optional (null: 1 and 0). A warp per row; lane 0 keeps μ
-// and r for the backward.
+// and r for the backward. Fused forms (capture-time fusion, src/nn/cuda/fusion.rs): with x2, the rows
+// normalized are x + x2, written to s first (a residual add and the norm that reads it, one launch); with
+// y16, y's bf16 copy too (the operand of the product that reads y).
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_layer_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-              float* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int rows, int D,
-              float eps) {
+nn_layer_norm(const float* __restrict__ x, const float* __restrict__ x2, float* s, const float* __restrict__ w,
+              const float* __restrict__ b, float* __restrict__ y, bf16* __restrict__ y16, float* __restrict__ mean,
+              float* __restrict__ rstd, int rows, int D, float eps) {
     const int row = warp_row(rows), lane = threadIdx.x % 32;
     if (row < 0) return;
-    const float* in = x + (size_t)row * D;
-    float* out = y + (size_t)row * D;
+    const size_t base = (size_t)row * D;
     float sum = 0.0f;
-    for (int j = lane; j < D; j += 32) sum += in[j];
+    if (x2) {
+        for (int j = lane; j < D; j += 32) {
+            const float v = x[base + j] + x2[base + j];
+            s[base + j] = v;
+            sum += v;
+        }
+    } else {
+        for (int j = lane; j < D; j += 32) sum += x[base + j];
+    }
+    // Each lane reads back only the elements it wrote.
+    const float* in = (x2 ? s : x) + base;
     const float mu = warp_sum(sum) / (float)D;
     float squares = 0.0f;
     for (int j = lane; j < D; j += 32) {
@@ -524,7 +556,9 @@ nn_layer_norm(const float* __restrict__ x, const float* __restrict__ w, const fl
     const float r = 1.0f / sqrtf(warp_sum(squares) / (float)D + eps);
     for (int j = lane; j < D; j += 32) {
         const float normalized = (in[j] - mu) * r;
-        out[j] = (w ? normalized * w[j] : normalized) + (b ? b[j] : 0.0f);
+        const float out = (w ? normalized * w[j] : normalized) + (b ? b[j] : 0.0f);
+        y[base + j] = out;
+        if (y16) y16[base + j] = to_bf16(out);
     }
     if (lane == 0) {
         mean[row] = mu;
@@ -615,21 +649,24 @@ nn_embedding_ids(const float* __restrict__ weight, const float* __restrict__ ids
     }
 }
 
-// nn_embedding_grad for ids in device memory: dw[v·D + c] = Σ dy[p·D + c] over the positions p whose id is
-// v, p from 0 up (the host's order), 0 for the row `padding` (−1: none). A thread per element scans every id:
-// O(V·D·count) reads of the ids (broadcast across a warp), cheap for the vocabularies of characters and
-// positions, and no list to build on the host.
+// nn_embedding_grad for ids in device memory, over parts of the positions: parts[q·V·D + v·D + c] = Σ
+// dy[p·D + c] over the positions p of part q (p in [q·per_part, (q + 1)·per_part)) whose id is v, p from
+// the part's first up; 0 for the row `padding` (−1: none). The launch layer adds the parts in order. A
+// thread per (part, element) scans its part's ids: O(V·D·count) reads of the ids (broadcast across a
+// warp), cheap for the vocabularies of characters and positions, and no list to build on the host; the
+// parts give every SM threads (a thread per element alone walked all 16k ids of a nanoGPT batch).
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_embedding_ids_grad(const float* __restrict__ ids, const float* __restrict__ dy, float* __restrict__ dw, int count,
-                      int V, int D, int padding) {
+nn_embedding_ids_grad(const float* __restrict__ ids, const float* __restrict__ dy, float* __restrict__ parts,
+                      int count, int V, int D, int padding, int per_part, int part_count) {
     const int n = V * D;
-    for (int e = grid_index(); e < n; e += grid_stride()) {
-        const int v = e / D, c = e % D;
+    for (long long e = grid_index(); e < (long long)part_count * n; e += grid_stride()) {
+        const int q = (int)(e / n), v = (int)(e % n) / D, c = (int)(e % n) % D;
+        const int end = min(count, (q + 1) * per_part);
         float sum = 0.0f;
         if (v != padding)
-            for (int p = 0; p < count; ++p)
+            for (int p = q * per_part; p < end; ++p)
                 if (ids[p] == (float)v) sum += dy[(size_t)p * D + c];
-        dw[e] = sum;
+        parts[e] = sum;
     }
 }
 

@@ -44,6 +44,8 @@ MUTATIONS = [
      "out[i] = to_bf16(x[i]);", "out[i] = (bf16)(__float_as_uint(x[i]) >> 16);", "nn"),
     ("nn: a split-k bf16 product's slices all read the first slice's k", "nn.cu",
      "const int k0 = slice * k_per, k_count", "const int k0 = 0, k_count", "nn"),
+    ("nn: the device-id embedding gradient leaves out each part's last id", "nn.cu",
+     "const int end = min(count, (q + 1) * per_part);", "const int end = min(count, (q + 1) * per_part - 1);", "nn"),
     ("nn: the device-id embedding gradient counts the padding row", "nn.cu",
      "        if (v != padding)\n", "", "nn"),
     ("nn: a Dropout layer's device counter does not advance", "nn.cu",

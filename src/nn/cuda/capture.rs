@@ -6,6 +6,10 @@
 //! dropout counters), possibly from memory the step's temporaries then lack, so the second leaves in the
 //! cache every buffer a step needs.
 //!
+//! The eager run just before the capture is recorded, and the capture fuses chains of ops into the kernel
+//! that makes their input (`fusion`: an activation into the product's epilogue, a residual add into the
+//! LayerNorm that reads it, bf16 operands written by their producers); [`CapturedStep::fusions`] lists them.
+//!
 //! What makes a replay the same step as an eager one:
 //! - the inputs are device tensors the caller refills in place between calls (`copy_from_slice`), so
 //!   their addresses stay; targets go through `cross_entropy_ids`, a tensor too;
@@ -20,7 +24,8 @@
 //! once with the reason: it copies between host and device (the functional `embedding` with ids from the
 //! host: the `Embedding` layer on a tensor of ids does not), draws a mask with the functional `dropout`
 //! (its step is a host argument: the `Dropout` layer counts on the device), or needs memory its warm-up
-//! runs did not.
+//! runs did not (after one more eager run and a second try: another captured step may have taken the
+//! buffers this one's warm-up freed).
 
 use super::{Device, Pool};
 use crate::nn::error::{Error, Result};
@@ -79,6 +84,10 @@ pub struct CapturedStep {
     signature: Option<Signature>,
     state: State,
     captures: usize,
+    /// Whether a failed capture was already tried again.
+    retried: bool,
+    /// The fusions the last capture made.
+    fusions: Vec<String>,
 }
 
 impl CapturedStep {
@@ -90,6 +99,8 @@ impl CapturedStep {
             signature: None,
             state: State::Fresh(0),
             captures: 0,
+            retried: false,
+            fusions: Vec::new(),
         };
         step.current_signature()?;
         Ok(step)
@@ -134,8 +145,9 @@ impl CapturedStep {
         self.signature = Some(signature);
         match &self.state {
             &State::Fresh(runs) => {
-                let output = step()?;
-                self.state = if runs + 1 < WARM_UP_RUNS { State::Fresh(runs + 1) } else { State::WarmedUp };
+                let last = runs + 1 == WARM_UP_RUNS;
+                let output = if last { self.recorded(&mut step) } else { step() }?;
+                self.state = if last { State::WarmedUp } else { State::Fresh(runs + 1) };
                 Ok(output)
             }
             State::Eager => step(),
@@ -149,6 +161,14 @@ impl CapturedStep {
                     graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
                     Ok(output.clone())
                 }
+                // The eager run that follows may leave in the cache the memory the capture lacked (another
+                // captured step can take buffers this one's warm-up freed): one more try after it.
+                Err(_) if !self.retried => {
+                    self.retried = true;
+                    let output = self.recorded(&mut step)?;
+                    self.state = State::WarmedUp;
+                    Ok(output)
+                }
                 Err(reason) => {
                     eprintln!("textnet: the step runs op by op, not captured: {reason}");
                     self.state = State::Eager;
@@ -156,6 +176,20 @@ impl CapturedStep {
                 }
             },
         }
+    }
+
+    /// The fusions the last capture made (`fusion`'s table), one line each with its count: empty before a
+    /// capture or when nothing fused.
+    pub fn fusions(&self) -> &[String] {
+        &self.fusions
+    }
+
+    /// `step` run eagerly, as the recording that the capture's fusions follow.
+    fn recorded(&self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        self.device.fusion_record();
+        let output = step();
+        self.device.fusion_end();
+        output
     }
 
     /// Records `step`'s launches as a graph (nothing runs), its buffers from a pool of its own.
@@ -168,12 +202,15 @@ impl CapturedStep {
         let driver = |e: cudarc::driver::DriverError| Error::device("CapturedStep", format!("capturing the step: {e}"));
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&pool));
         let begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver);
+        device.fusion_apply();
         let output = begun.and_then(|()| step());
+        let fusions = device.fusion_end();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let output = output?;
         let graph = graph.map_err(driver)?.ok_or_else(|| Error::device("CapturedStep", "the step launched nothing"))?;
         self.captures += 1;
+        self.fusions = fusions;
         self.state = State::Captured { graph, output, _pool: pool };
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! atomics: a sum over rows (LayerNorm's weight and bias, an embedding row's ids, attention's keys and
 //! values over queries) is one thread's loop, in the host's order.
 
-use super::ops::{buffer, int, rows_per_part, sum_axis, warp_row_blocks};
+use super::fusion::{Extra, NormParams, Want};
+use super::ops::{bf16_buffer, buffer, int, rows_per_part, sum_axis, warp_row_blocks};
 use super::{Device, DeviceBuffer};
 use crate::cpu::Real;
 use crate::device::Arg;
@@ -30,11 +31,30 @@ pub(crate) fn layer_norm<F: Real>(
     let rows = x.numel().checked_div(width).unwrap_or(0);
     let (rows_arg, width_arg) = (Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, width)?));
     let (xb, wb, bb) = (buffer(x), weight.map(buffer), bias.map(buffer));
-    let (out, mean, rstd) = (device.alloc(NAME, x.numel())?, device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
-    let (w_arg, b_arg) = (optional(device, wb.as_ref()), optional(device, bb.as_ref()));
-    let args = [device.arg(&xb), w_arg, b_arg, device.arg(&out), device.arg(&mean), device.arg(&rstd)];
-    let args = [&args[..], &[rows_arg, width_arg, Arg::f32(eps)]].concat();
-    device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
+    let producer = device.producer(NAME);
+    let params = NormParams { weight: wb.clone(), bias: bb.clone(), eps, width };
+    let reader = producer.as_ref().map_or(usize::MAX, |p| p.number);
+    device.want(&xb, Want::LayerNorm { params: params.clone(), reader, bf16: false });
+    let (out, mean, rstd) = match xb.layer_norm_extra(&params) {
+        Some(made) => {
+            device.fused("add → layer_norm: the sum and its norm in one kernel".into());
+            made
+        }
+        None => {
+            let (out, mean, rstd) = (device.alloc(NAME, x.numel())?, device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
+            let copy = producer.as_ref().is_some_and(|p| p.bf16()).then(|| bf16_buffer(device, NAME, x.numel())).transpose()?;
+            let no = Arg::Ptr(0);
+            let (w_arg, b_arg) = (optional(device, wb.as_ref()), optional(device, bb.as_ref()));
+            let args = [device.arg(&xb), no, no, w_arg, b_arg, device.arg(&out), optional(device, copy.as_ref())];
+            let args = [&args[..], &[device.arg(&mean), device.arg(&rstd), rows_arg, width_arg, Arg::f32(eps)]].concat();
+            device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
+            if let Some(copy) = copy {
+                out.attach(Extra::Bf16(copy));
+            }
+            (out, mean, rstd)
+        }
+    };
+    out.made_by_producer(producer.as_ref());
     let (device_, has_bias) = (Arc::clone(device), bias.is_some());
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let d = &device_;
@@ -155,12 +175,23 @@ pub(crate) fn embedding_ids<F: Real>(
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let d = &device_;
-        let dw = d.alloc(NAME, rows * dims)?;
-        let args = [d.arg(&codes), d.arg(grad), d.arg(&dw), count_arg, rows_arg, dims_arg, padding_arg];
-        d.launch(NAME, &d.kernels.embedding_ids_grad, d.blocks_for(rows * dims), 0, &args)?;
+        let (per_part, parts) = id_parts(count, rows * dims);
+        let sums = d.alloc(NAME, parts * rows * dims)?;
+        let args = [d.arg(&codes), d.arg(grad), d.arg(&sums), count_arg, rows_arg, dims_arg, padding_arg];
+        let args = [&args[..], &[Arg::i32(int(NAME, per_part)?), Arg::i32(int(NAME, parts)?)]].concat();
+        d.launch(NAME, &d.kernels.embedding_ids_grad, d.blocks_for(parts * rows * dims), 0, &args)?;
+        let dw = if parts > 1 { sum_axis(d, NAME, &sums, (1, parts, rows * dims), 1.0)? } else { sums };
         Ok(vec![Some(dw)])
     };
     Ok(Tensor::from_device_op(NAME, out, shape, &[weight], Box::new(backward)))
+}
+
+/// The parts of the ids `nn_embedding_ids_grad` sums each in one thread, as (ids a part, parts): parts of
+/// 128 ids, as many as keep the partial sums under 2^24 floats.
+fn id_parts(count: usize, outputs: usize) -> (usize, usize) {
+    let parts = (count / 128).min((1 << 24) / outputs.max(1)).max(1);
+    let per_part = count.div_ceil(parts).max(1);
+    (per_part, count.div_ceil(per_part).max(1))
 }
 
 /// `input` times the factors of `mask` (each element's scale or 0; every one 0 when `all_dropped`), in a

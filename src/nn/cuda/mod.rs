@@ -19,6 +19,7 @@
 pub(crate) mod attention;
 pub mod capture;
 pub(crate) mod conv;
+pub(crate) mod fusion;
 pub(crate) mod layers;
 pub(crate) mod ops;
 pub(crate) mod shape_ops;
@@ -53,7 +54,10 @@ pub(crate) struct Kernels {
     pub(crate) matmul: Kernel,
     pub(crate) linear: Kernel,
     pub(crate) to_bf16: Kernel,
-    pub(crate) product_bf16: Kernel,
+    /// `nn_product_bf16_{nn,nt,tn,tt}`, at `2·trans_a + trans_b`.
+    pub(crate) product_bf16: [Kernel; 4],
+    /// `nn_product_bf16_act`: a linear layer's product and the activation after it (capture-time fusion).
+    pub(crate) product_bf16_act: Kernel,
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
@@ -100,6 +104,8 @@ pub struct Device {
     free: Arc<Pool>,
     /// While a step is captured, the pool its buffers come from and go back to (`capture`).
     capturing: Mutex<Option<Arc<Pool>>>,
+    /// Capture-time fusion's state (`fusion`).
+    fusion: Mutex<fusion::Fusion>,
 }
 
 /// Freed device memory by capacity (floats).
@@ -160,7 +166,13 @@ impl Device {
                 matmul: k("nn_matmul")?,
                 linear: k("nn_linear")?,
                 to_bf16: k("nn_to_bf16")?,
-                product_bf16: k("nn_product_bf16")?,
+                product_bf16: [
+                    k("nn_product_bf16_nn")?,
+                    k("nn_product_bf16_nt")?,
+                    k("nn_product_bf16_tn")?,
+                    k("nn_product_bf16_tt")?,
+                ],
+                product_bf16_act: k("nn_product_bf16_act")?,
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
@@ -197,14 +209,17 @@ impl Device {
         let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
-        gpu.reserve_shared(&kernels.product_bf16, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
-            .map_err(launch_error("Device::open"))?;
+        for kernel in kernels.product_bf16.iter().chain([&kernels.product_bf16_act]) {
+            gpu.reserve_shared(kernel, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
+                .map_err(launch_error("Device::open"))?;
+        }
         Ok(Arc::new(Device {
             gpu,
             kernels,
             gemm_shared,
             gemm_shared_bf16,
             bf16_products: AtomicBool::new(false),
+            fusion: Mutex::default(),
             free: Arc::default(),
             capturing: Mutex::default(),
         }))
@@ -258,7 +273,7 @@ impl Device {
                 return Err(Error::device(op, "the captured step asked for memory its eager run did not use"));
             };
             return Ok(DeviceBuffer {
-                block: Arc::new(Block { slice: Some(slice), home: pool }),
+                block: Arc::new(Block { slice: Some(slice), home: pool, fused: Mutex::default() }),
                 len: n,
                 device: Arc::clone(self),
             });
@@ -275,7 +290,7 @@ impl Device {
                 }
             },
         };
-        let block = Block { slice: Some(slice), home: Arc::clone(&self.free) };
+        let block = Block { slice: Some(slice), home: Arc::clone(&self.free), fused: Mutex::default() };
         Ok(DeviceBuffer { block: Arc::new(block), len: n, device: Arc::clone(self) })
     }
 
@@ -342,6 +357,14 @@ pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4
 struct Block {
     slice: Option<CudaSlice<f32>>,
     home: Arc<Pool>,
+    /// Capture-time fusion's marks and results (`fusion`).
+    fused: Mutex<fusion::Fused>,
+}
+
+impl Block {
+    fn fused(&self) -> std::sync::MutexGuard<'_, fusion::Fused> {
+        self.fused.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Drop for Block {

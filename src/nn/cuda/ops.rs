@@ -5,6 +5,7 @@
 //! A backward keeps the device buffers it reads (the inputs' snapshots, the output, a loss's saved
 //! gradient), as the host closures keep their vectors.
 
+use super::fusion::{Extra, NormParams, Producer, Want};
 use super::{Device, DeviceBuffer};
 use crate::cpu::Real;
 use crate::device::Arg;
@@ -112,13 +113,27 @@ pub(crate) fn binary<F: Real>(
     let n: usize = shape.iter().product();
     let (dims, operand_strides) = four_axes(name, &shape, &strides)?;
     let (x, y) = (buffer(a), buffer(b));
-    let out = launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?;
-    let (counts, device_) = ([a.numel(), b.numel()], Arc::clone(device));
+    let counts = [a.numel(), b.numel()];
+    // A sum of two operands of one shape may be made with the LayerNorm that reads it (capture-time fusion).
+    let producer = if code == OP_ADD && counts == [n, n] { device.producer(name) } else { None };
+    let norm = producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n % p.width == 0);
+    let out = match norm {
+        Some((params, with_bf16)) => add_layer_norm(device, (&x, &y), n, params, with_bf16)?,
+        None => launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?,
+    };
+    out.made_by_producer(producer.as_ref());
+    let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let mut grads = Vec::new();
         for which in 0..2 {
             if !needs[which] {
                 grads.push(None);
+                continue;
+            }
+            // An operand of a sum (or the first of a difference) that was not broadcast gets the gradient
+            // itself: gradients are never changed in place, so sharing the buffer is safe.
+            if counts[which] == n && (code == OP_ADD || (code == OP_SUB && which == 0)) {
+                grads.push(Some(grad.clone()));
                 continue;
             }
             let g = device_.alloc(name, counts[which])?;
@@ -131,6 +146,33 @@ pub(crate) fn binary<F: Real>(
         Ok(grads)
     };
     Ok(Tensor::from_device_op(name, out, shape, &[a, b], Box::new(backward)))
+}
+
+/// a + b (n elements each) in a new buffer, made by `nn_layer_norm` with the LayerNorm of the sum that a
+/// reader wanted (`params`; its bf16 copy too when `with_bf16`), attached to the sum for that reader.
+fn add_layer_norm(
+    device: &Arc<Device>,
+    (a, b): (&DeviceBuffer, &DeviceBuffer),
+    n: usize,
+    params: NormParams,
+    with_bf16: bool,
+) -> Result<DeviceBuffer> {
+    const NAME: &str = "add";
+    let rows = n / params.width;
+    let (sum, y) = (device.alloc(NAME, n)?, device.alloc(NAME, n)?);
+    let (mean, rstd) = (device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
+    let copy = if with_bf16 { Some(bf16_buffer(device, NAME, n)?) } else { None };
+    let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
+    let args = [device.arg(a), device.arg(b), device.arg(&sum), optional(params.weight.as_ref())];
+    let more = [optional(params.bias.as_ref()), device.arg(&y), optional(copy.as_ref()), device.arg(&mean)];
+    let sizes = [device.arg(&rstd), Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, params.width)?)];
+    let args = [&args[..], &more, &sizes, &[Arg::f32(params.eps)]].concat();
+    device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
+    if let Some(copy) = copy {
+        y.attach(Extra::Bf16(copy));
+    }
+    sum.attach(Extra::LayerNorm { params, y, mean, rstd });
+    Ok(sum)
 }
 
 /// `x op value` (`value op x` when `reversed`), a scalar kept on the host side of the launch.
@@ -163,9 +205,22 @@ pub(crate) fn scalar<F: Real>(
 pub(crate) fn unary<F: Real>(device: &Arc<Device>, name: &'static str, code: i32, x: &Tensor<F>) -> Result<Tensor<F>> {
     let n = x.numel();
     let input = buffer(x);
-    let out = device.alloc(name, n)?;
-    let args = [Arg::i32(code), device.arg(&input), device.arg(&out), Arg::i32(int(name, n)?)];
-    device.launch(name, &device.kernels.unary, device.blocks_for(n), 0, &args)?;
+    let producer = device.producer(name);
+    let reader = producer.as_ref().map_or(usize::MAX, |p| p.number);
+    device.want(&input, Want::Activation { code, reader, bf16: false });
+    let out = match input.activation_extra(code) {
+        Some(out) => {
+            device.fused(format!("linear → {name}: the activation in the product's epilogue"));
+            out
+        }
+        None => {
+            let out = device.alloc(name, n)?;
+            let args = [Arg::i32(code), device.arg(&input), device.arg(&out), Arg::i32(int(name, n)?)];
+            device.launch(name, &device.kernels.unary, device.blocks_for(n), 0, &args)?;
+            out
+        }
+    };
+    out.made_by_producer(producer.as_ref());
     let (device_, output) = (Arc::clone(device), out.clone());
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let dx = device_.alloc(name, n)?;
@@ -314,10 +369,15 @@ fn matmul_into(
     device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
 }
 
+/// A buffer for `n` bf16 values, two to a float.
+pub(super) fn bf16_buffer(device: &Arc<Device>, name: &'static str, n: usize) -> Result<DeviceBuffer> {
+    device.alloc(name, n.div_ceil(2))
+}
+
 /// `x` rounded to bf16 (to nearest even) in a new buffer, two values to a float: a bf16 product's operand.
 fn rounded_bf16(name: &'static str, x: &DeviceBuffer) -> Result<DeviceBuffer> {
     let device = x.device();
-    let out = device.alloc(name, x.len().div_ceil(2))?;
+    let out = bf16_buffer(device, name, x.len())?;
     let args = [device.arg(x), device.arg(&out), Arg::i32(int(name, x.len())?)];
     device.launch(name, &device.kernels.to_bf16, device.blocks_for(x.len()), 0, &args)?;
     Ok(out)
@@ -354,16 +414,13 @@ fn product_bf16(
     let partial = if slices > 1 { Some(device.alloc(name, slices * batches * m * n)?) } else { None };
     let row_blocks = m.div_ceil(TILE).max(1) * batches.max(1) * slices;
     let blocks = (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, row_blocks)? as u32);
-    let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
     let out = partial.as_ref().unwrap_or(c);
-    let mut args = vec![device.arg(a16), device.arg(b16), device.arg(out), optional(bias), Arg::Ptr(0)];
-    args.push(Arg::i32(UNARY_NONE));
-    for size in [m, n, k, stride_a, stride_b] {
+    let mut args = vec![device.arg(a16), device.arg(b16), device.arg(out), bias.map_or(Arg::Ptr(0), |b| device.arg(b))];
+    for size in [m, n, k, stride_a, stride_b, batches.max(1), k_per] {
         args.push(Arg::i32(int(name, size)?));
     }
-    args.extend([Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]);
-    args.extend([Arg::i32(int(name, batches.max(1))?), Arg::i32(int(name, k_per)?)]);
-    device.launch(name, &device.kernels.product_bf16, blocks, device.gemm_shared_bf16, &args)?;
+    let kernel = &device.kernels.product_bf16[2 * trans_a as usize + trans_b as usize];
+    device.launch(name, kernel, blocks, device.gemm_shared_bf16, &args)?;
     if let Some(partial) = partial {
         sum_axis_into(device, name, &partial, (1, slices, batches * m * n), 1.0, c)?;
     }
@@ -496,20 +553,60 @@ pub(crate) fn linear<F: Real>(
     const NAME: &str = "linear";
     let (xb, wb) = (buffer(x), buffer(weight));
     let bias_buffer = bias.map(buffer);
+    let producer = device.producer(NAME);
     let out = device.alloc(NAME, rows * outputs)?;
-    let bf16 = device.bf16_products();
-    let rounded = if bf16 { Some((rounded_bf16(NAME, &xb)?, rounded_bf16(NAME, &wb)?)) } else { None };
-    if let Some((x16, w16)) = &rounded {
-        let operands = (x16, w16, &out);
-        product_bf16(device, NAME, operands, (rows, outputs, inputs), 1, (0, 0), (false, true), bias_buffer.as_ref())?;
+    let rounded = if device.bf16_products() {
+        device.want(&xb, Want::Bf16);
+        let x16 = match xb.bf16_extra() {
+            Some(copy) => {
+                device.fused("→ linear: the bf16 operand written by the op that made it".into());
+                copy
+            }
+            None => rounded_bf16(NAME, &xb)?,
+        };
+        Some((x16, rounded_bf16(NAME, &wb)?))
     } else {
-        let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
-        let bias_arg = bias_buffer.as_ref().map_or(Arg::Ptr(0), |b| device.arg(b));
-        let args = [device.arg(&xb), device.arg(&wb), bias_arg, Arg::Ptr(0), device.arg(&out)];
-        let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, UNARY_NONE];
-        let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
-        device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
+        None
+    };
+    // The activation a reader wanted (capture-time fusion), into a buffer of its own: `out` keeps x·Wᵀ + b.
+    let activation = producer.as_ref().and_then(Producer::activation);
+    let activated = activation.map(|_| device.alloc(NAME, rows * outputs)).transpose()?;
+    let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
+    let bias_arg = optional(bias_buffer.as_ref());
+    match (&rounded, activation, &activated) {
+        (Some((x16, w16)), Some((code, with_bf16)), Some(activated)) => {
+            let copy = if with_bf16 { Some(bf16_buffer(device, NAME, rows * outputs)?) } else { None };
+            let blocks = (int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
+            let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg, Arg::i32(code)];
+            let more = [device.arg(activated), optional(copy.as_ref())];
+            let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
+            let args = [&args[..], &more, &words(&sizes).collect::<Vec<_>>()].concat();
+            device.launch(NAME, &device.kernels.product_bf16_act, blocks, device.gemm_shared_bf16, &args)?;
+            if let Some(copy) = copy {
+                activated.attach(Extra::Bf16(copy));
+            }
+        }
+        (Some((x16, w16)), _, _) => {
+            let operands = (x16, w16, &out);
+            product_bf16(device, NAME, operands, (rows, outputs, inputs), 1, (0, 0), (false, true), bias_buffer.as_ref())?;
+        }
+        (None, _, _) => {
+            // nn_linear writes the pre-activation to z and act(z) to y.
+            let (z, y, code) = match (&activated, activation) {
+                (Some(activated), Some((code, _))) => (device.arg(&out), device.arg(activated), code),
+                _ => (Arg::Ptr(0), device.arg(&out), UNARY_NONE),
+            };
+            let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
+            let args = [device.arg(&xb), device.arg(&wb), bias_arg, z, y];
+            let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, code];
+            let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
+            device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
+        }
     }
+    if let (Some(activated), Some((code, _))) = (activated, activation) {
+        out.attach(Extra::Activation { code, out: activated });
+    }
+    out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         // dx = dy·W; dW = dyᵀ·x.

@@ -1,0 +1,253 @@
+//! Capture-time fusion: while a step is captured ([`super::CapturedStep`]), an op whose output an
+//! elementwise op reads next computes that op's result in the same launch, and the reader takes it
+//! instead of launching: fewer launches, and the intermediate is not read back from memory.
+//!
+//! | producer → reader | the one launch |
+//! |---|---|
+//! | `linear` → `relu`, `gelu`, `tanh`, `sigmoid`, … | the activation in the product's epilogue (the pre-activation is still written: the activation's backward reads it) |
+//! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
+//! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
+//!
+//! Cross-entropy needs no rewrite: its softmax is inside its one kernel already.
+//!
+//! How: a producer cannot know at its launch who will read its output, so the last eager run before a
+//! capture is recorded. Every op that can produce more (a *producer*) takes the next number of the step,
+//! marks its output buffer with it, and each reader of a marked buffer records what it would have taken
+//! from that producer ([`Want`]). The capture run hands each producer the list recorded for its number
+//! (when the op at that number has the recorded name); the producer attaches what it computed to its
+//! output buffer ([`Extra`]), where the reader finds it. A reader that finds nothing launches as before,
+//! so a step that runs differently from its recording only loses fusions, never changes its results; the
+//! fused kernels compute the very same expressions as the chains they replace, so a captured step equals
+//! the same step op by op to the bit (`selftest --only nn` checks it). Outside a capture nothing changes.
+
+use super::{Device, DeviceBuffer};
+use std::collections::BTreeMap;
+
+/// What a reader would take from the producer of its input.
+#[derive(Clone)]
+pub(crate) enum Want {
+    /// The activation `code` (UNARY_*) of a product's output; `bf16`: its bf16 copy too. `reader` is the
+    /// activation's own producer number (a product reading the activation asks it for the copy).
+    Activation { code: i32, reader: usize, bf16: bool },
+    /// LayerNorm of a sum of two operands, with these parameters; `bf16` as above.
+    LayerNorm { params: NormParams, reader: usize, bf16: bool },
+    /// The output's bf16 copy (a bf16 product's operand).
+    Bf16,
+}
+
+/// The parameters of a LayerNorm: its weight and bias (None: 1 and 0), ε and the row width.
+#[derive(Clone)]
+pub(crate) struct NormParams {
+    pub(crate) weight: Option<DeviceBuffer>,
+    pub(crate) bias: Option<DeviceBuffer>,
+    pub(crate) eps: f32,
+    pub(crate) width: usize,
+}
+
+impl NormParams {
+    fn same(&self, other: &NormParams) -> bool {
+        let same_buffer = |a: &Option<DeviceBuffer>, b: &Option<DeviceBuffer>| match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.address() == b.address(),
+            _ => false,
+        };
+        same_buffer(&self.weight, &other.weight)
+            && same_buffer(&self.bias, &other.bias)
+            && self.eps.to_bits() == other.eps.to_bits()
+            && self.width == other.width
+    }
+}
+
+/// A result a producer computed for a reader of its output, attached to that output.
+#[derive(Clone)]
+pub(crate) enum Extra {
+    Activation { code: i32, out: DeviceBuffer },
+    LayerNorm { params: NormParams, y: DeviceBuffer, mean: DeviceBuffer, rstd: DeviceBuffer },
+    Bf16(DeviceBuffer),
+}
+
+/// What fusion is doing in the current run of a step.
+#[derive(Clone, Copy, Default, PartialEq)]
+enum Phase {
+    #[default]
+    Off,
+    /// The eager run before a capture: producers are numbered, readers' wants recorded.
+    Recording,
+    /// The capture: producers get their recorded wants.
+    Applying,
+}
+
+/// A device's fusion state (see the module's text).
+#[derive(Default)]
+pub(crate) struct Fusion {
+    phase: Phase,
+    /// Producers so far in this run.
+    next: usize,
+    /// By producer number: its op and the wants its readers recorded (the recording run's, then the plan).
+    recorded: Vec<(&'static str, Vec<Want>)>,
+    /// The fusions the capture made, by description, with their counts.
+    applied: BTreeMap<String, usize>,
+}
+
+/// A producer's number in the step and the wants recorded for it.
+pub(crate) struct Producer {
+    pub(crate) number: usize,
+    pub(crate) wants: Vec<Want>,
+}
+
+impl Producer {
+    /// The activation wanted of this producer's output (and whether its bf16 copy too).
+    pub(crate) fn activation(&self) -> Option<(i32, bool)> {
+        self.wants.iter().find_map(|w| match w {
+            Want::Activation { code, bf16, .. } => Some((*code, *bf16)),
+            _ => None,
+        })
+    }
+
+    /// The LayerNorm wanted of this producer's output (and whether its bf16 copy too).
+    pub(crate) fn layer_norm(&self) -> Option<(NormParams, bool)> {
+        self.wants.iter().find_map(|w| match w {
+            Want::LayerNorm { params, bf16, .. } => Some((params.clone(), *bf16)),
+            _ => None,
+        })
+    }
+
+    /// Whether the output's bf16 copy is wanted.
+    pub(crate) fn bf16(&self) -> bool {
+        self.wants.iter().any(|w| matches!(w, Want::Bf16))
+    }
+}
+
+impl Device {
+    fn fusion(&self) -> std::sync::MutexGuard<'_, Fusion> {
+        self.fusion.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the recording run before a capture.
+    pub(crate) fn fusion_record(&self) {
+        *self.fusion() = Fusion { phase: Phase::Recording, ..Fusion::default() };
+    }
+
+    /// Starts the capture run: the recording becomes the plan, each want that asks for a bf16 copy of a
+    /// result whose reader was asked for one.
+    pub(crate) fn fusion_apply(&self) {
+        let mut fusion = self.fusion();
+        let asked_bf16: Vec<bool> = fusion.recorded.iter().map(|(_, wants)| wants.iter().any(|w| matches!(w, Want::Bf16))).collect();
+        for (_, wants) in &mut fusion.recorded {
+            for want in wants {
+                if let Want::Activation { reader, bf16, .. } | Want::LayerNorm { reader, bf16, .. } = want {
+                    *bf16 = asked_bf16.get(*reader).copied().unwrap_or(false);
+                }
+            }
+        }
+        fusion.phase = Phase::Applying;
+        fusion.next = 0;
+        fusion.applied.clear();
+    }
+
+    /// Ends a recording or capture run: fusion is off, and the fusions the capture made are returned.
+    pub(crate) fn fusion_end(&self) -> Vec<String> {
+        let mut fusion = self.fusion();
+        let applied = std::mem::take(&mut fusion.applied);
+        if fusion.phase == Phase::Applying {
+            fusion.recorded.clear();
+        }
+        fusion.phase = Phase::Off;
+        applied.into_iter().map(|(what, n)| format!("{what} ({n}×)")).collect()
+    }
+
+    /// The next producer of the step (None outside a recording or capture): `op` takes the next number,
+    /// with the wants recorded for it when the recording had the same op there.
+    pub(crate) fn producer(&self, op: &'static str) -> Option<Producer> {
+        let mut fusion = self.fusion();
+        let number = fusion.next;
+        match fusion.phase {
+            Phase::Off => None,
+            Phase::Recording => {
+                fusion.next += 1;
+                fusion.recorded.push((op, Vec::new()));
+                Some(Producer { number, wants: Vec::new() })
+            }
+            Phase::Applying => {
+                fusion.next += 1;
+                let wants = match fusion.recorded.get(number) {
+                    Some((recorded, wants)) if *recorded == op => wants.clone(),
+                    _ => Vec::new(),
+                };
+                Some(Producer { number, wants })
+            }
+        }
+    }
+
+    /// Records, in a recording run, that a reader of `input` would take `want` from its producer.
+    pub(crate) fn want(&self, input: &DeviceBuffer, want: Want) {
+        let mut fusion = self.fusion();
+        if fusion.phase != Phase::Recording {
+            return;
+        }
+        let Some(number) = input.made_by() else { return };
+        if let Some((_, wants)) = fusion.recorded.get_mut(number) {
+            let kind = std::mem::discriminant(&want);
+            if !wants.iter().any(|w| std::mem::discriminant(w) == kind) {
+                wants.push(want);
+            }
+        }
+    }
+
+    /// Counts a fusion the capture made, described as `what`.
+    pub(crate) fn fused(&self, what: String) {
+        *self.fusion().applied.entry(what).or_default() += 1;
+    }
+}
+
+impl DeviceBuffer {
+    /// Marks this buffer as the output of producer `producer` (when there is one).
+    pub(crate) fn made_by_producer(&self, producer: Option<&Producer>) {
+        if let Some(p) = producer {
+            self.block.fused().made_by = Some(p.number);
+        }
+    }
+
+    /// The number of the producer that made this buffer in the current recording or capture.
+    fn made_by(&self) -> Option<usize> {
+        self.block.fused().made_by
+    }
+
+    /// Attaches a result computed for a reader of this buffer.
+    pub(crate) fn attach(&self, extra: Extra) {
+        self.block.fused().extras.push(extra);
+    }
+
+    /// The activation `code` of these elements, when their producer computed it.
+    pub(crate) fn activation_extra(&self, code: i32) -> Option<DeviceBuffer> {
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::Activation { code: c, out } if *c == code => Some(out.clone()),
+            _ => None,
+        })
+    }
+
+    /// LayerNorm of these elements with `params` (y, μ, 1/σ), when their producer computed it.
+    pub(crate) fn layer_norm_extra(&self, params: &NormParams) -> Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::LayerNorm { params: p, y, mean, rstd } if p.same(params) => {
+                Some((y.clone(), mean.clone(), rstd.clone()))
+            }
+            _ => None,
+        })
+    }
+
+    /// The bf16 copy of these elements, when their producer wrote it.
+    pub(crate) fn bf16_extra(&self) -> Option<DeviceBuffer> {
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::Bf16(copy) => Some(copy.clone()),
+            _ => None,
+        })
+    }
+}
+
+/// What fusion knows about one buffer: the producer that made it and the results attached to it.
+#[derive(Default)]
+pub(crate) struct Fused {
+    made_by: Option<usize>,
+    extras: Vec<Extra>,
+}

@@ -17,8 +17,8 @@ use super::cuda::{self, DeviceBuffer};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, lock};
 use crate::cpu::Real;
-use crate::ops::optim::{OptimConfig, add_squares, clip_scale, update};
-use std::collections::HashMap;
+use crate::ops::optim::{OptimConfig, StepScalars, add_squares, clip_scale, update};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 pub use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimKind};
@@ -233,7 +233,10 @@ impl<F: Real> Optimizer<F> {
             clip_grad_norm(&parameters, max_norm)?;
         }
         let kind = self.config.kind;
-        let mut on_device: Option<(Arc<cuda::Device>, Vec<cuda::optim::UpdateEntry>)> = None;
+        // What every device parameter shares: its rate and weight decay go in its entry, Adam's bias
+        // corrections come from its step count on the device.
+        let scalars = self.config.step_scalars(1, 0.0);
+        let mut batch: Option<DeviceBatch> = None;
         for group in &mut self.groups {
             let config =
                 OptimConfig { lr: self.config.lr * group.lr_scale, weight_decay: group.weight_decay, ..self.config };
@@ -254,14 +257,21 @@ impl<F: Real> Optimizer<F> {
                     }
                 };
                 let device = Arc::clone(grad.device());
-                let (_, entries) = on_device.get_or_insert_with(|| (Arc::clone(&device), Vec::new()));
                 if self.device_lr.as_ref().is_some_and(|lr| !Arc::ptr_eq(lr.device(), &device)) {
                     let problem = "the parameters live on more than one GPU: one optimizer steps the parameters of one";
                     return Err(Error::device(OP, problem));
                 }
-                if self.device_lr.is_none() {
-                    self.device_lr = Some(device.upload(OP, &[self.config.lr])?);
+                let base_lr = match &self.device_lr {
+                    Some(base_lr) => base_lr,
+                    None => self.device_lr.insert(device.upload(OP, &[self.config.lr])?),
+                };
+                let batch =
+                    batch.get_or_insert_with(|| DeviceBatch { device, entries: Vec::new(), storages: HashSet::new() });
+                if !batch.storages.insert(Arc::as_ptr(&parameter.0.storage) as usize) {
+                    batch.launch(kind, &scalars, base_lr)?;
+                    batch.storages.insert(Arc::as_ptr(&parameter.0.storage) as usize);
                 }
+                let device = &batch.device;
                 if state.steps == 0 {
                     let (m, v) = kind.buffer_lens(grad.len());
                     let zeros = |n: usize| (n > 0).then(|| device.upload(OP, &vec![0.0; n])).transpose();
@@ -270,7 +280,7 @@ impl<F: Real> Optimizer<F> {
                 }
                 state.steps += 1;
                 let Some(steps) = state.device_steps.clone() else { unreachable!("set at the parameter's first step") };
-                entries.push(cuda::optim::UpdateEntry {
+                batch.entries.push(cuda::optim::UpdateEntry {
                     theta: parameter.buffer_to_update(OP)?,
                     grad,
                     moments: state.device_moments.clone(),
@@ -280,11 +290,8 @@ impl<F: Real> Optimizer<F> {
                 });
             }
         }
-        if let (Some((device, entries)), Some(base_lr)) = (on_device, self.device_lr.as_ref()) {
-            // The scalars every parameter shares: its rate and weight decay are in its entry, Adam's bias
-            // corrections come from its step count on the device.
-            let scalars = self.config.step_scalars(1, 0.0);
-            cuda::optim::update_tensors(&device, kind, &scalars, base_lr, &entries)?;
+        if let (Some(mut batch), Some(base_lr)) = (batch, self.device_lr.as_ref()) {
+            batch.launch(kind, &scalars, base_lr)?;
         }
         Ok(())
     }
@@ -292,6 +299,26 @@ impl<F: Real> Optimizer<F> {
     /// Forgets every parameter's gradient.
     pub fn zero_grad(&self) {
         self.parameters().for_each(Tensor::zero_grad);
+    }
+}
+
+/// The device parameters of an optimizer step, gathered to be updated together.
+struct DeviceBatch {
+    device: Arc<cuda::Device>,
+    entries: Vec<cuda::optim::UpdateEntry>,
+    /// The storage of each entry's parameter (its address): a tensor sharing one (a detached view of a
+    /// parameter) is gathered after the entries so far are launched, so that it updates what they wrote,
+    /// as one after the other on the host.
+    storages: HashSet<usize>,
+}
+
+impl DeviceBatch {
+    /// Updates the parameters gathered so far and forgets them.
+    fn launch(&mut self, kind: OptimKind, scalars: &StepScalars, base_lr: &DeviceBuffer) -> Result<()> {
+        cuda::optim::update_tensors(&self.device, kind, scalars, base_lr, &self.entries)?;
+        self.entries.clear();
+        self.storages.clear();
+        Ok(())
     }
 }
 

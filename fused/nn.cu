@@ -15,7 +15,9 @@
 //                nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma` on Hopper; batched, one kernel a layout, bias).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
 //                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
-//   optimizer    nn_update (optim.cuh's update over a flat vector), nn_accumulate (y += x).
+//   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch, after nn_count_steps
+//                advances their step counts), nn_sum_squares_chunks, nn_clip_factor and nn_scale_chunks
+//                (clip_grad_norm over many gradients a launch), nn_accumulate (y += x).
 //   layers       nn_layer_norm (a warp per row; μ and 1/σ kept), nn_layer_norm_grad (dx, a warp per row),
 //                nn_layer_norm_grad_affine (dweight and dbias over parts of the rows, a thread per (part, column)
 //                summing its rows in order; the parts then added in order),
@@ -466,43 +468,142 @@ nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
     for (int i = grid_index(); i < n; i += grid_stride()) y[i] += x[i];
 }
 
-// One optimizer step over a flat parameter vector (optim.cuh); m and v may be null when the kind reads
-// neither. The rate is base_lr[0]·lr_scale and the step count steps[0] (Adam's bias corrections), both read
-// from device memory, so that a captured step replays with the rate and count of each replay.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_update(int kind, const float* __restrict__ base_lr, float lr_scale, float momentum, float beta1, float beta2,
-          float eps, float weight_decay, float grad_scale, const float* __restrict__ steps, float* __restrict__ params,
-          const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v, int n) {
-    OptimStep s{kind, base_lr[0] * lr_scale, momentum, beta1, beta2, eps, weight_decay, grad_scale, 1.0f, 1.0f};
-    optim_bias_corrections(s, (unsigned)steps[0]);
-    optim_update_range(s, params, grad, m, v, grid_index(), n, grid_stride());
+// ---- optimizer and clip_grad_norm: many tensors a launch ----
+//
+// As PyTorch's multi_tensor_apply: a table of tensors passed by value as the first kernel parameter (with
+// the others at most 4 KB; a longer list takes several launches), each tensor cut into chunks of
+// TENSOR_CHUNK elements, one block per (tensor, chunk). first_block[k] is tensor k's first block (a prefix
+// sum; first_block[count] is the grid's size), so a tensor of no element has no block. The chunk size is a
+// constant, not a function of the GPU, so the clip's partial sums, and the norm, repeat on any GPU.
+// Host side: src/nn/cuda/optim.rs, which builds the tables in this layout.
+
+constexpr int TENSOR_CHUNK = 8192;
+constexpr int UPDATE_TABLE_TENSORS = 64;
+constexpr int CHUNK_TABLE_TENSORS = 128;
+
+// The tensors of one optimizer launch: each parameter θ with its gradient, state and group's settings.
+struct UpdateTable {
+    float* theta[UPDATE_TABLE_TENSORS];
+    const float* grad[UPDATE_TABLE_TENSORS];
+    float* m[UPDATE_TABLE_TENSORS];      // null when the kind keeps no m
+    float* v[UPDATE_TABLE_TENSORS];      // null when the kind keeps no v
+    float* steps[UPDATE_TABLE_TENSORS];  // the parameter's step count (one float), advanced by nn_count_steps
+    int n[UPDATE_TABLE_TENSORS];
+    float lr_scale[UPDATE_TABLE_TENSORS];
+    float weight_decay[UPDATE_TABLE_TENSORS];
+    int first_block[UPDATE_TABLE_TENSORS + 1];
+    int count;
+};
+
+// The gradients of one clip launch: each read from x; nn_scale_chunks writes x times the factor, `times`
+// times over (a tensor listed that often), to out (x itself, or a new buffer).
+struct ChunkTable {
+    const float* x[CHUNK_TABLE_TENSORS];
+    float* out[CHUNK_TABLE_TENSORS];
+    int n[CHUNK_TABLE_TENSORS];
+    int times[CHUNK_TABLE_TENSORS];
+    int first_block[CHUNK_TABLE_TENSORS + 1];
+    int count;
+};
+
+// The tensor that block `block` works on: the last k with first_block[k] <= block (a binary search). The
+// kernels take their table `const __grid_constant__`, so reading it by address stays in the parameter
+// space (no copy to local memory).
+template <class Table>
+__device__ __forceinline__ int table_tensor(const Table& table, int block) {
+    int lo = 0, hi = table.count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (table.first_block[mid] <= block)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
 }
 
-// squares[slot] = Σ x² over n elements: one block, a fixed tree (clip_grad_norm, one gradient a launch).
+// This block's elements [begin, end) of tensor k: its chunk.
+template <class Table>
+__device__ __forceinline__ void table_chunk(const Table& table, int k, int& begin, int& end) {
+    const int n = table.n[k];
+    begin = ((int)blockIdx.x - table.first_block[k]) * TENSOR_CHUNK;
+    end = n - begin < TENSOR_CHUNK ? n : begin + TENSOR_CHUNK;
+}
+
+// steps[0] += 1 for every tensor of the table: the step counts, kept on the device (exact to 2^24 steps),
+// advanced before nn_update_tensors reads them. One block.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_sum_squares(const float* __restrict__ x, int n, float* __restrict__ squares, int slot) {
+nn_count_steps(const __grid_constant__ UpdateTable table) {
+    for (int k = threadIdx.x; k < table.count; k += THREADS) table.steps[k][0] += 1.0f;
+}
+
+// One optimizer step of every tensor of the table (optim.cuh's update, as one tensor's own launch would do
+// it): rate base_lr[0]·lr_scale and Adam's bias corrections from the tensor's step count, both read from
+// device memory, so a captured step replays with the rate and counts of each replay. A block per chunk.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_update_tensors(const __grid_constant__ UpdateTable table, int kind, const float* __restrict__ base_lr,
+                  float momentum, float beta1, float beta2, float eps, float grad_scale) {
+    const int k = table_tensor(table, blockIdx.x);
+    int begin, end;
+    table_chunk(table, k, begin, end);
+    OptimStep s{kind, base_lr[0] * table.lr_scale[k], momentum, beta1, beta2, eps, table.weight_decay[k],
+                grad_scale, 1.0f, 1.0f};
+    optim_bias_corrections(s, (unsigned)table.steps[k][0]);
+    optim_update_range(s, table.theta[k], table.grad[k], table.m[k], table.v[k], begin + threadIdx.x, end, THREADS);
+}
+
+// partials[first_slot + b] = Σ x² over block b's chunk: each thread its elements in order, then a fixed
+// tree (clip_grad_norm's first pass, a slot per (gradient, chunk) in the order of the list).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_sum_squares_chunks(const __grid_constant__ ChunkTable table, float* __restrict__ partials, int first_slot) {
     __shared__ float scratch[WARPS];
+    const int k = table_tensor(table, blockIdx.x);
+    int begin, end;
+    table_chunk(table, k, begin, end);
+    const float* x = table.x[k];
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += THREADS) s += x[i] * x[i];
+    for (int i = begin + threadIdx.x; i < end; i += THREADS) s += x[i] * x[i];
     s = block_sum(s, scratch);
-    if (threadIdx.x == 0) squares[slot] = s;
+    if (threadIdx.x == 0) partials[first_slot + blockIdx.x] = s;
 }
 
-// norm[0] = √(Σ squares[0..count), slot after slot) and factor[0] = max_norm / norm when the norm is above
-// max_norm, else 1 (ops::optim::clip_scale): the global norm clip_grad_norm scales every gradient by. One thread.
-extern "C" __global__ void nn_clip_factor(const float* __restrict__ squares, int count, float max_norm,
-                                          float* __restrict__ norm, float* __restrict__ factor) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+// norm[0] = √(Σ squares[0..count)) and factor[0] = max_norm / norm when the norm is above max_norm, else 1
+// (ops::optim::clip_scale): the global norm clip_grad_norm scales every gradient by. One block, in f64:
+// thread t adds slots t, t + THREADS, … in order, then a fixed tree over the threads.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_clip_factor(const float* __restrict__ squares, int count, float max_norm, float* __restrict__ norm,
+               float* __restrict__ factor) {
+    __shared__ double scratch[WARPS];
     double total = 0.0;
-    for (int i = 0; i < count; ++i) total += (double)squares[i];
-    const float n = (float)sqrt(total);
-    norm[0] = n;
-    factor[0] = n > max_norm ? max_norm / n : 1.0f;
+    for (int i = threadIdx.x; i < count; i += THREADS) total += (double)squares[i];
+    total = block_combine(total, scratch, 0.0, [](double x) {
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(FULL_MASK, x, offset);
+        return x;
+    });
+    if (threadIdx.x == 0) {
+        const float n = (float)sqrt(total);
+        norm[0] = n;
+        factor[0] = n > max_norm ? max_norm / n : 1.0f;
+    }
 }
 
-// steps[0] += 1: a parameter's step count, kept on the device (exact to 2^24 steps), before its update.
-extern "C" __global__ void nn_count(float* steps) {
-    if (threadIdx.x == 0 && blockIdx.x == 0) steps[0] += 1.0f;
+// out = factor[0]·x, `times` times over, for every gradient of the table (the clip's second pass; x and out
+// may be one buffer: each element is read, then written, by one thread).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_scale_chunks(const __grid_constant__ ChunkTable table, const float* __restrict__ factor) {
+    const int k = table_tensor(table, blockIdx.x);
+    int begin, end;
+    table_chunk(table, k, begin, end);
+    const float f = factor[0];
+    const float* x = table.x[k];
+    float* out = table.out[k];
+    const int times = table.times[k];
+    for (int i = begin + threadIdx.x; i < end; i += THREADS) {
+        float g = x[i];
+        for (int t = 0; t < times; ++t) g = f * g;
+        out[i] = g;
+    }
 }
 
 // ---- layers: LayerNorm, embedding, dropout, attention ----

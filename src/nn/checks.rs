@@ -4,6 +4,8 @@
 //!
 //! - kernels: each op's output and the gradient of every input, from a random output gradient (the
 //!   layout and image ops too: narrow, slice and cat along every axis, conv2d, max_pool2d with ties);
+//!   `clip_grad_norm` and three steps of each optimizer over many tensors of odd sizes at once (the
+//!   multi-tensor launches, several tables each), against the host;
 //! - training: 30 steps of a two-layer MLP (linear, tanh — no kink for rounding to flip —, linear, cross-entropy with a row ignored, SGD)
 //!   on the device against the host: the losses and the parameters;
 //! - repeat: the device run twice gives the same bits; and 12 Adam steps of the MLP (a new batch and a new
@@ -31,6 +33,13 @@ const SUM_TOLERANCE: f64 = 1e-4;
 /// An op whose device kernel does the host's float operations in the host's order (a gather, a sum of the
 /// same rows in the same order, a mask of the same hash): the same bits.
 const EXACT: f64 = 0.0;
+/// Largest relative error of `clip_grad_norm` and of an optimizer that clips. The host sums the squares
+/// in f64; the device sums each chunk of 8192 squares in f32 (32 in order a thread, then a tree of 8
+/// levels: at most 40 roundings of 2⁻²⁴ relative, all terms ≥ 0) and the chunks in f64, so its Σg² is
+/// within 2.4e-6 of the host's, the norm within 1.2e-6 (the square root halves it) plus a rounding, the
+/// factor and the scaled gradients a rounding or two more: below 2e-6. Ten times that, less than the
+/// sums' tolerance, as a bug in the chunks or the slots (a chunk or an element left out) is larger.
+const CLIP_TOLERANCE: f64 = 2e-5;
 
 type Op<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
 
@@ -465,10 +474,7 @@ fn clip_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<
             for (g, shape) in grads.iter().zip(shapes) {
                 let p = Tensor::parameter(vec![0.0; g.len()], shape)?;
                 let p = if on_device { p.to_device(device)? } else { p };
-                // ∂(Σ p·g)/∂p = g: each parameter's gradient, where the parameter lives.
-                let g = Tensor::from_slice(g, shape)?;
-                let g = if on_device { g.to_device(device)? } else { g };
-                p.mul(&g)?.sum_all()?.backward()?;
+                give_gradient(&p, g)?;
                 parameters.push(p);
             }
             let norm = clip_grad_norm(&parameters, max_norm)?.values()?;
@@ -482,7 +488,131 @@ fn clip_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<
         let errors = [("norm", rel_error(&norm, &host_norm)), ("gradients", rel_error(&grads, &host_grads))];
         let (rel_error, what) = worst(errors);
         let shape = format!("4 gradients, max_norm {max_norm} ({what})");
-        checks.push(Check { kernel: "nn clip_grad_norm".into(), shape, rel_error, tolerance: SUM_TOLERANCE });
+        checks.push(Check { kernel: "nn clip_grad_norm".into(), shape, rel_error, tolerance: CLIP_TOLERANCE });
+    }
+    checks.push(many_gradients_clip_check(device, rng)?);
+    Ok(checks)
+}
+
+/// Gives `p` the gradient `g` wherever it lives (∂(Σ p·g)/∂p = g, exactly: g times a seed of 1).
+fn give_gradient(p: &Tensor, g: &[f32]) -> Result<()> {
+    p.zero_grad();
+    let g = Tensor::from_slice(g, p.shape())?;
+    let g = match p.storage().as_ref() {
+        super::Storage::Device(buffer) => g.to_device(buffer.device())?,
+        super::Storage::Host(_) => g,
+    };
+    p.mul(&g)?.sum_all()?.backward()
+}
+
+/// The size of tensor `i` of the many-tensor checks: mostly small and odd, every 50th one at or across
+/// the kernels' chunk of 8192 elements (one chunk less one, one, one more, two, three and more).
+fn odd_size(i: usize) -> usize {
+    const SMALL: [usize; 11] = [1, 2, 3, 5, 7, 31, 33, 64, 255, 257, 1000];
+    const LARGE: [usize; 6] = [8191, 8192, 8193, 20001, 16384, 24577];
+    if i % 50 == 7 { LARGE[(i / 50) % LARGE.len()] } else { SMALL[i % SMALL.len()] }
+}
+
+/// `clip_grad_norm` over 300 gradients of odd sizes (three launches' tables, more partial sums than the
+/// final block has threads), one parameter without a gradient, one listed twice (scaled twice, as on the
+/// host), and one whose gradient is held by a tensor from `grad()` meanwhile (that tensor keeps its
+/// values): the norm, every clipped gradient and the held one against the host's.
+fn many_gradients_clip_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Check> {
+    const COUNT: usize = 300;
+    let (idle, twice, held) = (11, 0, 1);
+    let grads: Vec<Vec<f32>> = (0..COUNT).map(|i| values(rng, &[odd_size(i)], -1.0, 1.0)).collect();
+    let clip = |on_device: bool| -> anyhow::Result<[Vec<f32>; 3]> {
+        let mut parameters = Vec::new();
+        for (i, g) in grads.iter().enumerate() {
+            let p = Tensor::parameter(vec![0.0; g.len()], &[g.len()])?;
+            let p = if on_device { p.to_device(device)? } else { p };
+            if i != idle {
+                give_gradient(&p, g)?;
+            }
+            parameters.push(p);
+        }
+        let kept = parameters[held].grad().expect("a gradient");
+        let listed: Vec<Tensor> = parameters.iter().cloned().chain([parameters[twice].clone()]).collect();
+        let norm = clip_grad_norm(&listed, 1.0)?.values()?;
+        let mut clipped = Vec::new();
+        for p in &parameters {
+            clipped.extend(p.grad().map(|g| g.values()).transpose()?.unwrap_or_default());
+        }
+        Ok([norm, clipped, kept.values()?])
+    };
+    let ([host_norm, host_grads, host_kept], [norm, grads_after, kept]) = (clip(false)?, clip(true)?);
+    let errors = [
+        ("norm", rel_error(&norm, &host_norm)),
+        ("gradients", rel_error(&grads_after, &host_grads)),
+        ("held gradient", rel_error(&kept, &host_kept)),
+        ("held gradient unchanged", rel_error(&kept, &grads[held])),
+    ];
+    let (rel_error, what) = worst(errors);
+    let shape = format!("{COUNT} gradients of odd sizes, one without, one twice, one held ({what})");
+    Ok(Check { kernel: "nn clip_grad_norm many tensors".into(), shape, rel_error, tolerance: CLIP_TOLERANCE })
+}
+
+/// Three steps of each optimizer over 150 parameters of odd sizes (three launches' tables) in three
+/// groups (weight decay 0.05, none at half the rate, the optimizer's 0.01 at twice the rate), one
+/// parameter without a gradient at the first step (its step count then lags the others', so its bias
+/// corrections differ) and one never with a gradient, momentum and AdamW clipping to norm 1 first: the
+/// parameters on the device against the host's.
+fn optimizer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    use super::ParamGroup;
+    use crate::ops::optim::{OptimConfig, OptimKind};
+    const COUNT: usize = 150;
+    const STEPS: usize = 3;
+    let (late, idle) = (4, 9);
+    let initial: Vec<Vec<f32>> = (0..COUNT).map(|i| values(rng, &[odd_size(i)], -1.0, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f32>>> =
+        (0..STEPS).map(|_| initial.iter().map(|p| values(rng, &[p.len()], -1.0, 1.0)).collect()).collect();
+    let mut checks = Vec::new();
+    for kind in [OptimKind::Sgd, OptimKind::Momentum, OptimKind::Adam, OptimKind::AdamW] {
+        let clips = matches!(kind, OptimKind::Momentum | OptimKind::AdamW);
+        let config = OptimConfig {
+            lr: 1e-2,
+            weight_decay: 0.01,
+            clip_norm: if clips { 1.0 } else { 0.0 },
+            ..OptimConfig::new(kind)
+        };
+        let run = |on_device: bool| -> anyhow::Result<Vec<f32>> {
+            let mut parameters = Vec::new();
+            for values in &initial {
+                let p = Tensor::parameter(values.clone(), &[values.len()])?;
+                parameters.push(if on_device { p.to_device(device)? } else { p });
+            }
+            let groups = vec![
+                ParamGroup::new(parameters[..60].to_vec()).with_weight_decay(0.05),
+                ParamGroup::new(parameters[60..110].to_vec()).with_weight_decay(0.0).with_lr_scale(0.5),
+                ParamGroup::new(parameters[110..].to_vec()).with_lr_scale(2.0),
+            ];
+            let mut optimizer = Optimizer::new(config, groups)?;
+            for (step, grads) in grads.iter().enumerate() {
+                optimizer.zero_grad();
+                for (i, (p, g)) in parameters.iter().zip(grads).enumerate() {
+                    if i != idle && !(i == late && step == 0) {
+                        give_gradient(p, g)?;
+                    }
+                }
+                optimizer.step()?;
+            }
+            let mut flat = Vec::new();
+            for p in &parameters {
+                flat.extend(p.values()?);
+            }
+            Ok(flat)
+        };
+        let (host, on_device) = (run(false)?, run(true)?);
+        let idle_at: usize = initial[..idle].iter().map(Vec::len).sum();
+        let errors = [
+            ("parameters", rel_error(&on_device, &host)),
+            ("the one without a gradient", rel_error(&on_device[idle_at..][..initial[idle].len()], &initial[idle])),
+        ];
+        let (rel_error, what) = worst(errors);
+        let tolerance = if clips { CLIP_TOLERANCE } else { ELEMENTWISE_TOLERANCE };
+        let clipping = if clips { ", clipped to 1" } else { "" };
+        let shape = format!("{COUNT} parameters in 3 groups, {STEPS} steps{clipping} ({what})");
+        checks.push(Check { kernel: format!("nn optimizer {}", kind.name()), shape, rel_error, tolerance });
     }
     Ok(checks)
 }
@@ -713,6 +843,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         checks.extend(product_checks(&device, &mut plan.rng("nn products"))?);
         checks.extend(loss_checks(&device, &mut plan.rng("nn losses"))?);
         checks.extend(layer_checks(&device, &mut plan.rng("nn layers"))?);
+        checks.extend(optimizer_checks(&device, &mut plan.rng("nn optimizers"))?);
         checks.extend(layout_checks(&device, &mut plan.rng("nn layout"))?);
         checks.extend(image_checks(&device, &mut plan.rng("nn images"))?);
     }

@@ -324,26 +324,21 @@ impl<F: Real> Tensor<F> {
         Ok(())
     }
 
-    /// Changes the elements of a device tensor in place through `change`, which launches kernels that
-    /// write the buffer it is given: this tensor's own when nothing else holds it (a captured step's
-    /// parameters keep their addresses), else a copy that then replaces it for every handle (a backward
-    /// recorded before keeps the old values, as on the host).
-    pub(crate) fn update_on_device(
-        &self,
-        op: &'static str,
-        change: impl FnOnce(&DeviceBuffer) -> Result<()>,
-    ) -> Result<()> {
+    /// The buffer that kernels changing this device tensor's elements in place should write: its own when
+    /// nothing else holds it (a captured step's parameters keep their addresses), else a copy that
+    /// replaces it for every handle at once (a backward recorded before keeps the old values, as on the
+    /// host).
+    pub(crate) fn buffer_to_update(&self, op: &'static str) -> Result<DeviceBuffer> {
         let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Storage::Device(buffer) = &**storage else {
             return Err(Error::device(op, "the tensor is not on a GPU"));
         };
         if Arc::strong_count(&storage) == 1 && buffer.is_unshared() {
-            return change(buffer);
+            return Ok(buffer.clone());
         }
         let copy = buffer.duplicate(op)?;
-        change(&copy)?;
-        *storage = Arc::new(Storage::Device(copy));
-        Ok(())
+        *storage = Arc::new(Storage::Device(copy.clone()));
+        Ok(copy)
     }
 
     /// Replaces the elements in place with `values` (as `update_in_place`).

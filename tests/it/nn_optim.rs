@@ -353,6 +353,16 @@ fn clipping_scales_every_gradient_by_the_global_norm() {
 
     // A tensor listed twice counts twice, as in PyTorch (and holds no lock across the other's).
     assert_eq!(clip_grad_norm(&[b.clone(), b.clone()], 100.0).unwrap().item().unwrap(), 72f64.sqrt() as f32);
+    // ... and is scaled twice; a gradient handed out by grad() before keeps its values (the device's
+    // clip, which scales in place, copies such a gradient first).
+    let c = p(vec![0.0; 2], &[2]);
+    set_grad(&c, &[3.0, 4.0]);
+    let handed = c.grad().unwrap();
+    let norm = clip_grad_norm(&[c.clone(), c.clone()], 5.0).unwrap().item().unwrap();
+    assert_eq!(norm, 50f64.sqrt() as f32);
+    let f = 5.0 / norm;
+    assert_eq!(c.grad().unwrap().to_vec(), [f * (f * 3.0), f * (f * 4.0)]);
+    assert_eq!(handed.to_vec(), [3.0, 4.0]);
 
     // Random gradients: the norm is the twin's global_norm over their concatenation, to the bit, and the
     // clipped gradients are each scaled by max_norm / norm.

@@ -11,6 +11,7 @@
 //! | `mod` | `Device`, `DeviceBuffer`, placement, copies, the kernel table |
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
 //! | `layers` | the same for `layer_norm`, `embedding`, `dropout` and `scaled_dot_product_attention` |
+//! | `optim` | the optimizer step and `clip_grad_norm`, many tensors a launch (tables passed by value) |
 //! | `attention` | `causal_self_attention` on packed q, k, v (`fused/nn_attention.cu`, flash in bf16) |
 //! | `shape_ops` | the same for `narrow`/`slice` and `cat` |
 //! | `conv` | the same for `conv2d` and `max_pool2d` |
@@ -22,12 +23,13 @@ pub(crate) mod conv;
 pub(crate) mod fusion;
 pub(crate) mod layers;
 pub(crate) mod ops;
+pub(crate) mod optim;
 pub(crate) mod shape_ops;
 
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
-use crate::device::{Arg, Gpu, Kernel, THREADS_PER_BLOCK};
+use crate::device::{Arg, Gpu, Kernel, StructArg, THREADS_PER_BLOCK};
 use crate::precision::Precision;
 use cudarc::driver::CudaSlice;
 use std::any::TypeId;
@@ -61,8 +63,8 @@ pub(crate) struct Kernels {
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
-    pub(crate) update: Kernel,
-    pub(crate) count: Kernel,
+    pub(crate) count_steps: Kernel,
+    pub(crate) update_tensors: Kernel,
     pub(crate) mean_counted: Kernel,
     pub(crate) fill: Kernel,
     pub(crate) layer_norm: Kernel,
@@ -76,8 +78,9 @@ pub(crate) struct Kernels {
     pub(crate) dropout_draw: Kernel,
     pub(crate) dropout_keyed: Kernel,
     pub(crate) take_step: Kernel,
-    pub(crate) sum_squares: Kernel,
+    pub(crate) sum_squares_chunks: Kernel,
     pub(crate) clip_factor: Kernel,
+    pub(crate) scale_chunks: Kernel,
     pub(crate) attention: Kernel,
     pub(crate) attention_grad_q: Kernel,
     pub(crate) attention_grad_kv: Kernel,
@@ -176,8 +179,8 @@ impl Device {
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
-                update: k("nn_update")?,
-                count: k("nn_count")?,
+                count_steps: k("nn_count_steps")?,
+                update_tensors: k("nn_update_tensors")?,
                 mean_counted: k("nn_mean_counted")?,
                 fill: k("nn_fill")?,
                 layer_norm: k("nn_layer_norm")?,
@@ -191,8 +194,9 @@ impl Device {
                 dropout_draw: k("nn_dropout_draw")?,
                 dropout_keyed: k("nn_dropout_keyed")?,
                 take_step: k("nn_take_step")?,
-                sum_squares: k("nn_sum_squares")?,
+                sum_squares_chunks: k("nn_sum_squares_chunks")?,
                 clip_factor: k("nn_clip_factor")?,
+                scale_chunks: k("nn_scale_chunks")?,
                 attention: k("nn_attention")?,
                 attention_grad_q: k("nn_attention_grad_q")?,
                 attention_grad_kv: k("nn_attention_grad_kv")?,
@@ -318,6 +322,18 @@ impl Device {
         args: &[Arg],
     ) -> Result<()> {
         self.gpu.launch(kernel, blocks, shared, false, args).map_err(launch_error(op))
+    }
+
+    /// `launch` of a kernel whose first parameter is `table`, a struct passed by value, then `args`.
+    pub(crate) fn launch_struct(
+        &self,
+        op: &'static str,
+        kernel: &Kernel,
+        blocks: (u32, u32),
+        table: &StructArg,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.gpu.launch_with_struct(kernel, blocks, table, args).map_err(launch_error(op))
     }
 
     /// Blocks for a grid-stride loop over `n` elements: enough to fill the GPU, no more than `n` needs.

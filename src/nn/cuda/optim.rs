@@ -1,0 +1,402 @@
+//! The optimizer's and `clip_grad_norm`'s launches: many tensors a launch, as PyTorch's multi-tensor
+//! (foreach / fused) Adam and `clip_grad_norm_`, where one launch per parameter (and one to count its step)
+//! ran before. Each launch takes a table of tensors by value, its first kernel parameter (`UpdateTable` or
+//! `ChunkTable` of fused/nn.cu, written here byte by byte in their C layout), and runs a block per (tensor,
+//! chunk of `TENSOR_CHUNK` elements); a list longer than a table takes a launch per table.
+//!
+//! - [`update_tensors`]: per table, `nn_count_steps` (each parameter's step count + 1), then
+//!   `nn_update_tensors` (optim.cuh's update of every element, as the host's `ops::optim::update`).
+//! - [`clip_norm`]: `nn_sum_squares_chunks` (Σg² of each chunk in f32, a fixed tree, into a slot of its
+//!   own), then `nn_clip_factor` (the slots summed in f64, in a fixed order, by one block: the norm and the
+//!   factor); [`scale_tensors`]: `nn_scale_chunks`, each gradient times the factor.
+//!
+//! The chunk size is a constant, so the clip's slots, and so its norm, repeat to the bit on any GPU.
+
+use super::ops::int;
+use super::{Device, DeviceBuffer};
+use crate::device::{Arg, StructArg};
+use crate::nn::error::{Error, Result};
+use crate::ops::optim::{OptimKind, StepScalars};
+use std::sync::Arc;
+
+/// Elements a block of the multi-tensor kernels takes (TENSOR_CHUNK in fused/nn.cu).
+pub(crate) const TENSOR_CHUNK: usize = 8192;
+/// Parameters an optimizer launch takes (UPDATE_TABLE_TENSORS).
+const UPDATE_TABLE_TENSORS: usize = 64;
+/// Gradients a clip launch takes (CHUNK_TABLE_TENSORS).
+const CHUNK_TABLE_TENSORS: usize = 128;
+
+/// One field of a C struct of fixed-length arrays: its name as fused/nn.cu declares it, an element's size
+/// in bytes (its alignment too: addresses, ints and floats) and the element count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Field {
+    name: &'static str,
+    size: usize,
+    count: usize,
+}
+
+const fn field(name: &'static str, size: usize, count: usize) -> Field {
+    Field { name, size, count }
+}
+
+/// fused/nn.cu's `UpdateTable`.
+const UPDATE_TABLE: [Field; 10] = [
+    field("theta", 8, UPDATE_TABLE_TENSORS),
+    field("grad", 8, UPDATE_TABLE_TENSORS),
+    field("m", 8, UPDATE_TABLE_TENSORS),
+    field("v", 8, UPDATE_TABLE_TENSORS),
+    field("steps", 8, UPDATE_TABLE_TENSORS),
+    field("n", 4, UPDATE_TABLE_TENSORS),
+    field("lr_scale", 4, UPDATE_TABLE_TENSORS),
+    field("weight_decay", 4, UPDATE_TABLE_TENSORS),
+    field("first_block", 4, UPDATE_TABLE_TENSORS + 1),
+    field("count", 4, 1),
+];
+
+/// fused/nn.cu's `ChunkTable`.
+const CHUNK_TABLE: [Field; 6] = [
+    field("x", 8, CHUNK_TABLE_TENSORS),
+    field("out", 8, CHUNK_TABLE_TENSORS),
+    field("n", 4, CHUNK_TABLE_TENSORS),
+    field("times", 4, CHUNK_TABLE_TENSORS),
+    field("first_block", 4, CHUNK_TABLE_TENSORS + 1),
+    field("count", 4, 1),
+];
+
+/// The byte offset of each field and the struct's size, by C's rules: each field at the next multiple of
+/// its alignment, the size a multiple of the largest alignment.
+fn layout(fields: &[Field]) -> (Vec<usize>, usize) {
+    let (mut offsets, mut end, mut align) = (Vec::with_capacity(fields.len()), 0usize, 1usize);
+    for f in fields {
+        let at = end.next_multiple_of(f.size);
+        offsets.push(at);
+        end = at + f.size * f.count;
+        align = align.max(f.size);
+    }
+    (offsets, end.next_multiple_of(align))
+}
+
+/// The struct `fields` describe, with `values[i]` from the start of field i (each value's low `size`
+/// bytes, little-endian: an address, or an int's or a float's bits) and zeros everywhere else.
+fn table_bytes(fields: &[Field], values: &[Vec<u64>]) -> Vec<u8> {
+    let (offsets, size) = layout(fields);
+    let mut bytes = vec![0u8; size];
+    for ((f, at), values) in fields.iter().zip(offsets).zip(values) {
+        debug_assert!(values.len() <= f.count, "{} values for the {} of field {}", values.len(), f.count, f.name);
+        for (i, v) in values.iter().take(f.count).enumerate() {
+            let start = at + i * f.size;
+            bytes[start..start + f.size].copy_from_slice(&v.to_le_bytes()[..f.size]);
+        }
+    }
+    bytes
+}
+
+/// A kernel int's bits as a table value.
+fn int_value(op: &'static str, n: usize) -> Result<u64> {
+    Ok(u64::from(int(op, n)? as u32))
+}
+
+/// A float's bits as a table value.
+fn float_value(x: f32) -> u64 {
+    u64::from(x.to_bits())
+}
+
+/// A buffer's address as a table value (0, a null pointer, for none).
+fn address(buffer: Option<&DeviceBuffer>) -> u64 {
+    buffer.map_or(0, DeviceBuffer::address)
+}
+
+/// Each tensor's first block when tensors of `lens` elements take a block per chunk, then the blocks of
+/// all (`lens.len() + 1` values): a table's `first_block`.
+fn first_blocks(op: &'static str, lens: impl IntoIterator<Item = usize>) -> Result<Vec<u64>> {
+    let mut first = vec![0u64];
+    let mut blocks = 0usize;
+    for len in lens {
+        blocks += len.div_ceil(TENSOR_CHUNK);
+        first.push(int_value(op, blocks)?);
+    }
+    Ok(first)
+}
+
+/// `items` cut into runs of at most `capacity`, a new run also where an item's `key` is already in the
+/// current one (so that a launch per run sees the writes of the run before it in order).
+fn runs<T>(items: &[T], capacity: usize, key: impl Fn(&T) -> u64) -> Vec<&[T]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for (i, item) in items.iter().enumerate() {
+        if i - start == capacity || items[start..i].iter().any(|earlier| key(earlier) == key(item)) {
+            runs.push(&items[start..i]);
+            start = i;
+        }
+    }
+    if start < items.len() {
+        runs.push(&items[start..]);
+    }
+    runs
+}
+
+/// One parameter of an optimizer step on the device: θ (updated in place), its gradient, the optimizer's
+/// moments (those the kind keeps), its step count (one float, advanced by the step) and its group's
+/// settings.
+pub(crate) struct UpdateEntry {
+    pub(crate) theta: DeviceBuffer,
+    pub(crate) grad: DeviceBuffer,
+    pub(crate) moments: (Option<DeviceBuffer>, Option<DeviceBuffer>),
+    pub(crate) steps: DeviceBuffer,
+    pub(crate) lr_scale: f32,
+    pub(crate) weight_decay: f32,
+}
+
+/// One optimizer step of every parameter of `entries` (`fused/optim.cuh`'s update, of `kind` with the
+/// scalars `s` but the rate base_lr[0]·lr_scale and Adam's bias corrections from each step count, both
+/// read on the device): per table of up to 64 parameters, their step counts advanced, then one launch
+/// updating θ and the moments in place. A θ listed twice waits for the next table.
+pub(crate) fn update_tensors(
+    device: &Arc<Device>,
+    kind: OptimKind,
+    s: &StepScalars,
+    base_lr: &DeviceBuffer,
+    entries: &[UpdateEntry],
+) -> Result<()> {
+    const NAME: &str = "optimizer step";
+    for e in entries {
+        let (n, (m, v)) = (e.theta.len(), kind.buffer_lens(e.theta.len()));
+        let lens =
+            (e.grad.len(), e.moments.0.as_ref().map_or(0, |b| b.len()), e.moments.1.as_ref().map_or(0, |b| b.len()));
+        if lens != (n, m, v) {
+            let problem = format!("a parameter of {n} elements came with a gradient, m and v of {lens:?}");
+            return Err(Error::device(NAME, problem));
+        }
+    }
+    for run in runs(entries, UPDATE_TABLE_TENSORS, |e| e.theta.address()) {
+        let first = first_blocks(NAME, run.iter().map(|e| e.theta.len()))?;
+        let blocks = *first.last().expect("first_blocks starts at 0");
+        let buffers = |pick: fn(&UpdateEntry) -> Option<&DeviceBuffer>| -> Vec<u64> {
+            run.iter().map(|e| address(pick(e))).collect()
+        };
+        let floats = |pick: fn(&UpdateEntry) -> f32| -> Vec<u64> { run.iter().map(|e| float_value(pick(e))).collect() };
+        let values = [
+            buffers(|e| Some(&e.theta)),
+            buffers(|e| Some(&e.grad)),
+            buffers(|e| e.moments.0.as_ref()),
+            buffers(|e| e.moments.1.as_ref()),
+            buffers(|e| Some(&e.steps)),
+            run.iter().map(|e| int_value(NAME, e.theta.len())).collect::<Result<_>>()?,
+            floats(|e| e.lr_scale),
+            floats(|e| e.weight_decay),
+            first,
+            vec![run.len() as u64],
+        ];
+        let table = StructArg::new(&table_bytes(&UPDATE_TABLE, &values));
+        device.launch_struct(NAME, &device.kernels.count_steps, (1, 1), &table, &[])?;
+        if blocks > 0 {
+            let mut args = vec![Arg::i32(kind.kernel_code()), device.arg(base_lr)];
+            args.extend([s.momentum, s.beta1, s.beta2, s.eps, s.grad_scale].map(Arg::f32));
+            device.launch_struct(NAME, &device.kernels.update_tensors, (blocks as u32, 1), &table, &args)?;
+        }
+    }
+    Ok(())
+}
+
+/// A `ChunkTable` of gradients, each read from `x`, written to `out` (0: not written) `times` times
+/// scaled; and its blocks.
+fn chunk_table(op: &'static str, rows: &[(&DeviceBuffer, u64, usize)]) -> Result<(StructArg, u32)> {
+    let first = first_blocks(op, rows.iter().map(|(x, _, _)| x.len()))?;
+    let blocks = *first.last().expect("first_blocks starts at 0") as u32;
+    let values = [
+        rows.iter().map(|(x, _, _)| x.address()).collect(),
+        rows.iter().map(|&(_, out, _)| out).collect(),
+        rows.iter().map(|(x, _, _)| int_value(op, x.len())).collect::<Result<_>>()?,
+        rows.iter().map(|&(_, _, times)| int_value(op, times)).collect::<Result<_>>()?,
+        first,
+        vec![rows.len() as u64],
+    ];
+    Ok((StructArg::new(&table_bytes(&CHUNK_TABLE, &values)), blocks))
+}
+
+/// `clip_grad_norm`'s norm and factor on the device, with nothing read back (so a captured step clips
+/// too): Σg² of each chunk of each gradient in f32 by one block into a slot of its own (slots in the order
+/// of `grads`, a gradient's chunks in order), then by one block the global norm √Σ over the slots in f64
+/// (each thread a strided run of slots in order, then a fixed tree) and the factor
+/// `ops::optim::clip_scale` gives. Returns (norm, factor), a float each.
+pub(crate) fn clip_norm(
+    device: &Arc<Device>,
+    grads: &[DeviceBuffer],
+    max_norm: f32,
+) -> Result<(DeviceBuffer, DeviceBuffer)> {
+    const NAME: &str = "clip_grad_norm";
+    let slots: usize = grads.iter().map(|g| g.len().div_ceil(TENSOR_CHUNK)).sum();
+    let partials = device.alloc(NAME, slots)?;
+    let mut first_slot = 0;
+    for run in grads.chunks(CHUNK_TABLE_TENSORS) {
+        let rows: Vec<_> = run.iter().map(|g| (g, 0, 1)).collect();
+        let (table, blocks) = chunk_table(NAME, &rows)?;
+        if blocks > 0 {
+            let args = [device.arg(&partials), Arg::i32(int(NAME, first_slot)?)];
+            device.launch_struct(NAME, &device.kernels.sum_squares_chunks, (blocks, 1), &table, &args)?;
+        }
+        first_slot += blocks as usize;
+    }
+    let (norm, factor) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
+    let args = [
+        device.arg(&partials),
+        Arg::i32(int(NAME, slots)?),
+        Arg::f32(max_norm),
+        device.arg(&norm),
+        device.arg(&factor),
+    ];
+    device.launch(NAME, &device.kernels.clip_factor, (1, 1), 0, &args)?;
+    Ok((norm, factor))
+}
+
+/// A gradient the clip scales: read from `x`, written `times` times scaled (a parameter listed that often)
+/// to `out`, or back into `x` when none.
+pub(crate) struct ScaleEntry {
+    pub(crate) x: DeviceBuffer,
+    pub(crate) out: Option<DeviceBuffer>,
+    pub(crate) times: usize,
+}
+
+/// Every gradient of `entries` times `factor` (a float on the device, `clip_norm`'s), a launch per table of
+/// up to 128. An entry written in place must be the only one holding its buffer.
+pub(crate) fn scale_tensors(device: &Arc<Device>, entries: &[ScaleEntry], factor: &DeviceBuffer) -> Result<()> {
+    const NAME: &str = "clip_grad_norm";
+    for e in entries {
+        if let Some(out) = &e.out
+            && out.len() != e.x.len()
+        {
+            let problem = format!("a gradient of {} elements scaled into a buffer of {}", e.x.len(), out.len());
+            return Err(Error::device(NAME, problem));
+        }
+    }
+    for run in entries.chunks(CHUNK_TABLE_TENSORS) {
+        let rows: Vec<_> = run.iter().map(|e| (&e.x, address(Some(e.out.as_ref().unwrap_or(&e.x))), e.times)).collect();
+        let (table, blocks) = chunk_table(NAME, &rows)?;
+        if blocks > 0 {
+            device.launch_struct(NAME, &device.kernels.scale_chunks, (blocks, 1), &table, &[device.arg(factor)])?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::KERNEL_PARAMETER_BYTES;
+
+    const KERNEL_FILE: &str = include_str!("../../../fused/nn.cu");
+
+    /// The value of `constexpr int NAME = value;` in fused/nn.cu.
+    fn kernel_int(name: &str) -> usize {
+        let declaration = format!("constexpr int {name} = ");
+        let at = KERNEL_FILE.find(&declaration).unwrap_or_else(|| panic!("{name} not declared")) + declaration.len();
+        KERNEL_FILE[at..].split(';').next().unwrap().trim().parse().unwrap()
+    }
+
+    /// The fields of `struct NAME { … };` in fused/nn.cu as (name, element size, count):
+    /// `float* theta[UPDATE_TABLE_TENSORS];` is ("theta", 8, 64), `int count;` ("count", 4, 1).
+    fn kernel_struct(name: &str) -> Vec<(String, usize, usize)> {
+        let start = KERNEL_FILE.find(&format!("struct {name} {{")).unwrap_or_else(|| panic!("struct {name}"));
+        let body = &KERNEL_FILE[start..];
+        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
+        let mut fields = Vec::new();
+        for line in body.lines().map(|l| l.split("//").next().unwrap().trim()).filter(|l| !l.is_empty()) {
+            let declaration = line.strip_suffix(';').unwrap_or_else(|| panic!("{line}"));
+            let (head, dims) = match declaration.split_once('[') {
+                Some((head, dims)) => (head, Some(dims.strip_suffix(']').unwrap())),
+                None => (declaration, None),
+            };
+            let (kind, name) = head.rsplit_once([' ', '*']).unwrap();
+            let size = if head.contains('*') { 8 } else { 4 };
+            assert!(size == 8 || ["int", "float"].contains(&kind.trim()), "{line}");
+            let count = match dims.map(|d| d.split_once(" + ")) {
+                None => 1,
+                Some(Some((constant, extra))) => kernel_int(constant) + extra.parse::<usize>().unwrap(),
+                Some(None) => kernel_int(dims.unwrap()),
+            };
+            fields.push((name.to_string(), size, count));
+        }
+        fields
+    }
+
+    #[test]
+    fn the_tables_are_the_kernel_files_structs() {
+        assert_eq!(kernel_int("TENSOR_CHUNK"), TENSOR_CHUNK);
+        let described =
+            |fields: &[Field]| fields.iter().map(|f| (f.name.to_string(), f.size, f.count)).collect::<Vec<_>>();
+        assert_eq!(kernel_struct("UpdateTable"), described(&UPDATE_TABLE));
+        assert_eq!(kernel_struct("ChunkTable"), described(&CHUNK_TABLE));
+    }
+
+    #[test]
+    fn each_launch_passes_at_most_4_kb() {
+        // A struct (8-byte aligned) first, then the kernel's other parameters, each at its alignment.
+        let bytes = |table: &[Field], rest: &[Field]| {
+            let whole = [&[field("table", 8, layout(table).1 / 8)], rest].concat();
+            layout(&whole).1
+        };
+        let update = bytes(&UPDATE_TABLE, &[field("kind", 4, 1), field("base_lr", 8, 1), field("scalars", 4, 5)]);
+        let sums = bytes(&CHUNK_TABLE, &[field("partials", 8, 1), field("first_slot", 4, 1)]);
+        let scale = bytes(&CHUNK_TABLE, &[field("factor", 8, 1)]);
+        for (kernel, size) in
+            [("nn_update_tensors", update), ("nn_sum_squares_chunks", sums), ("nn_scale_chunks", scale)]
+        {
+            assert!(size <= KERNEL_PARAMETER_BYTES, "{kernel} takes {size} bytes of parameters");
+        }
+    }
+
+    #[test]
+    fn fields_are_laid_out_as_c_lays_them_out() {
+        // An int after pointers, a pointer after an odd count of ints (padded to 8), a size rounded to 8.
+        let fields = [field("a", 8, 2), field("b", 4, 3), field("c", 8, 1), field("d", 4, 1)];
+        assert_eq!(layout(&fields), (vec![0, 16, 32, 40], 48));
+        assert_eq!(layout(&[field("n", 4, 3)]), (vec![0], 12));
+        // The values land at their offsets, little-endian, the rest zero.
+        let bytes = table_bytes(&fields, &[vec![0x0102_0304_0506_0708], vec![7, u64::from(u32::MAX)], vec![], vec![9]]);
+        assert_eq!(bytes.len(), 48);
+        assert_eq!(bytes[..8], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(bytes[8..16], [0; 8]);
+        assert_eq!(bytes[16..28], [7, 0, 0, 0, 255, 255, 255, 255, 0, 0, 0, 0]);
+        assert_eq!(bytes[28..40], [0; 12]);
+        assert_eq!(bytes[40..44], [9, 0, 0, 0]);
+    }
+
+    #[test]
+    fn each_tensor_starts_after_the_chunks_of_those_before() {
+        let first = first_blocks("t", [1, 0, TENSOR_CHUNK, TENSOR_CHUNK + 1, 3 * TENSOR_CHUNK - 1]).unwrap();
+        assert_eq!(first, [0, 1, 1, 2, 4, 7]);
+        assert_eq!(first_blocks("t", []).unwrap(), [0]);
+        let err = first_blocks("t", [usize::MAX / 2]).unwrap_err().to_string();
+        assert!(err.contains("more than a kernel's int indexes"), "{err}");
+    }
+
+    #[test]
+    fn runs_are_cut_when_full_or_when_a_key_repeats() {
+        let items = [1u64, 2, 3, 4, 5, 6, 7];
+        let lens = |runs: Vec<&[u64]>| runs.iter().map(|r| r.len()).collect::<Vec<_>>();
+        assert_eq!(lens(runs(&items, 3, |&k| k)), [3, 3, 1]);
+        assert_eq!(lens(runs(&items, 7, |&k| k)), [7]);
+        assert_eq!(lens(runs(&[1, 2, 1, 3, 3], 4, |&k| k)), [2, 2, 1]);
+        assert!(runs(&[] as &[u64], 4, |&k| k).is_empty());
+    }
+}
+
+/// Needs NVRTC (not a GPU): the kernel file's own sizes and offsets of the tables, against `layout`.
+#[cfg(test)]
+mod kernel_layout {
+    use super::*;
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn offsets_and_sizes_match_the_compiled_structs() {
+        for (name, fields) in [("UpdateTable", &UPDATE_TABLE[..]), ("ChunkTable", &CHUNK_TABLE[..])] {
+            let (offsets, size) = layout(fields);
+            let mut expressions = vec![format!("sizeof({name})")];
+            expressions.extend(fields.iter().map(|f| format!("__builtin_offsetof({name}, {})", f.name)));
+            let asked: Vec<&str> = expressions.iter().map(String::as_str).collect();
+            let kernel = kernel_constants("nn", &[], &asked).unwrap();
+            let host: Vec<i64> = [size].iter().chain(&offsets).map(|&v| v as i64).collect();
+            assert_eq!(kernel, host, "{name}");
+        }
+    }
+}

@@ -89,6 +89,9 @@ pub struct Args {
     /// Run every step op by op instead of replaying a captured graph
     #[arg(long)]
     no_capture: bool,
+    /// Print the fusions the captured step got
+    #[arg(long, short)]
+    verbose: bool,
     /// Write the run's losses, step times and tokens/s here as JSON
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -480,7 +483,15 @@ pub fn run(a: &Args) -> Result<Outcome> {
             Ok(loss)
         };
         let loss = match train_step.as_mut() {
-            Some(step) => step.run(one_step)?,
+            Some(step) => {
+                let was_captured = step.is_captured();
+                let loss = step.run(one_step)?;
+                if a.verbose && step.is_captured() && !was_captured {
+                    println!("the step is captured; its fusions:");
+                    step.fusions().iter().for_each(|(what, n)| println!("  {what} ×{n}"));
+                }
+                loss
+            }
             None => one_step()?,
         };
         sync()?;

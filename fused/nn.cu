@@ -367,18 +367,20 @@ __device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const b
                                 smem);
 }
 
-// x·Wᵀ + b as nn_product_bf16_nt, kept in c (the activation's backward reads it), and its activation act
+// x·Wᵀ + b as nn_product_bf16_nt, kept in c (the activation's backward reads it), and its activation ACT
 // (UNARY_*) in y, and y's bf16 copy in y16 when not null: a linear layer and the activation after it in
-// one launch (capture-time fusion, src/nn/cuda/fusion.rs). Grid (⌈N/128⌉, ⌈M/128⌉).
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
-nn_product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,
-                    const float* __restrict__ bias, int act, float* __restrict__ y, bf16* __restrict__ y16, int M,
-                    int N, int K) {
+// one launch (capture-time fusion, src/nn/cuda/fusion.rs). The activation is a template argument: with a
+// run-time switch in the epilogue the compiler kept the accumulators out of registers (4× slower).
+// Grid (⌈N/128⌉, ⌈M/128⌉).
+template <int ACT>
+__device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b,
+                                                 float* __restrict__ c, const float* __restrict__ bias,
+                                                 float* __restrict__ y, bf16* __restrict__ y16, int M, int N, int K) {
     extern __shared__ __align__(16) float smem[];
     const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
     const auto put = [&](size_t e, float pre) {
         c[e] = pre;
-        const float out = unary_apply(act, pre);
+        const float out = unary_apply(ACT, pre);
         y[e] = out;
         if (y16) y16[e] = to_bf16(out);
     };
@@ -390,6 +392,18 @@ nn_product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b, floa
                                      },
                                      smem);
 }
+
+#define NN_PRODUCT_BF16_ACT(NAME, ACT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                   \
+    NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
+         const float* __restrict__ bias, float* __restrict__ y, bf16* __restrict__ y16, int M, int N, int K) {   \
+        product_bf16_act<ACT>(a, b, c, bias, y, y16, M, N, K);                                                 \
+    }
+NN_PRODUCT_BF16_ACT(nn_product_bf16_relu, UNARY_RELU)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_sigmoid, UNARY_SIGMOID)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_tanh, UNARY_TANH)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_gelu, UNARY_GELU)
+#undef NN_PRODUCT_BF16_ACT
 
 #define NN_PRODUCT_BF16(NAME, TA, TB)                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                   \

@@ -833,6 +833,96 @@ fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Resul
     steps_result(captured.then_some(&step), losses, &parameters)
 }
 
+/// The losses, final parameters and fusions of 8 AdamW steps of a residual block on `device` in
+/// `precision` — x = embedding(ids); x = x + fc2(gelu(fc1(ln1(x)))); x = x + relu(proj(ln2(x))); logits =
+/// head(ln_f(x)) — a new batch each step, op by op or through a `CapturedStep`, whose capture fuses the
+/// activations into the products, the residual adds into the LayerNorms and (bf16) the operands' copies
+/// into their producers.
+fn block_steps(
+    device: &Arc<Device>,
+    seed: u64,
+    precision: Precision,
+    captured: bool,
+) -> anyhow::Result<((Vec<f32>, Vec<f32>), Vec<(String, usize)>)> {
+    use super::{CapturedStep, LayerNorm};
+    use rand::SeedableRng;
+    const STEPS: usize = 8;
+    let (vocab, width, hidden, count) = (11, 40, 72, 36);
+    let mut rng = SeededRng::seed_from_u64(seed);
+    let table = Embedding::<f32>::new(vocab, width, None, &mut rng)?;
+    let (fc1, fc2) = (Linear::<f32>::new(width, hidden, true, &mut rng)?, Linear::<f32>::new(hidden, width, true, &mut rng)?);
+    let proj = Linear::<f32>::new(width, width, false, &mut rng)?;
+    let head = Linear::<f32>::new(width, vocab, true, &mut rng)?;
+    let norms = [LayerNorm::<f32>::new(width, true)?, LayerNorm::<f32>::new(width, true)?, LayerNorm::<f32>::new(width, false)?];
+    let mut parameters: Vec<Tensor> = table.parameters();
+    for layer in [&fc1, &fc2, &proj, &head] {
+        parameters.extend(layer.parameters());
+    }
+    for norm in &norms {
+        parameters.extend(norm.parameters());
+    }
+    for p in &parameters {
+        p.move_to_device(device)?;
+    }
+    device.set_precision(precision)?;
+    let draw = |rng: &mut SeededRng| (0..count).map(|_| rng.random_range(0..vocab) as f32).collect::<Vec<f32>>();
+    let batches: Vec<(Vec<f32>, Vec<f32>)> = (0..STEPS).map(|_| (draw(&mut rng), draw(&mut rng))).collect();
+    let ids = Tensor::from_vec(batches[0].0.clone(), &[count])?.to_device(device)?;
+    let targets = Tensor::from_vec(batches[0].1.clone(), &[count])?.to_device(device)?;
+    let mut adamw = Optimizer::adamw(parameters.clone(), 3e-3, 0.1)?;
+    let mut step = CapturedStep::new(device, &[&ids, &targets])?;
+    let mut losses = Vec::new();
+    let mut run = || -> anyhow::Result<()> {
+        for (inputs, next) in &batches {
+            ids.copy_from_slice(inputs)?;
+            targets.copy_from_slice(next)?;
+            let mut one_step = || {
+                adamw.zero_grad();
+                let x = table.forward(&ids)?;
+                let x = x.add(&fc2.forward(&fc1.forward(&norms[0].forward(&x)?)?.gelu()?)?)?;
+                let x = x.add(&proj.forward(&norms[1].forward(&x)?)?.relu()?)?;
+                let loss = head.forward(&norms[2].forward(&x)?)?.cross_entropy_ids(&targets, None)?;
+                loss.backward()?;
+                adamw.step()?;
+                Ok(loss)
+            };
+            let loss = if captured { step.run(one_step)? } else { one_step()? };
+            losses.push(loss.item()?);
+        }
+        Ok(())
+    };
+    let ran = run();
+    device.set_precision(Precision::Fp32)?;
+    ran?;
+    let fusions = step.fusions().to_vec();
+    Ok((steps_result(captured.then_some(&step), losses, &parameters)?, fusions))
+}
+
+/// A captured residual block equals the same steps op by op to the bit, in fp32 and in bf16, and its
+/// capture fused what `fusion` says it fuses (a check that fused nothing would prove nothing).
+fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> {
+    let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let mut checks = Vec::new();
+    // gelu and relu into fc1's and proj's epilogues, both residual adds into the norms after them; in bf16
+    // also the four products' operands (ln1's, the gelu's from fc1's epilogue, ln2's and ln_f's).
+    for (precision, expected) in [(Precision::Fp32, 4), (Precision::Bf16, 8)] {
+        let (eager, _) = block_steps(device, seed, precision, false)?;
+        let (captured, fusions) = block_steps(device, seed, precision, true)?;
+        let same = bits(&eager) == bits(&captured);
+        let made: usize = fusions.iter().map(|(_, n)| n).sum();
+        let listed: Vec<String> = fusions.iter().map(|(what, n)| format!("{what} ×{n}")).collect();
+        let shape = format!("residual block, 8 AdamW steps, {}, fused: {}", precision.name(), listed.join("; "));
+        let right = same && made == expected;
+        checks.push(Check {
+            kernel: "nn fused capture = op by op".into(),
+            shape,
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    Ok(checks)
+}
+
 /// Every check of `nn` the plan asks for.
 pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
     let device = Device::on(Arc::clone(gpu))?;
@@ -883,6 +973,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         let shape = "embedding (device ids), dropout, linear, clip, 12 AdamW steps".into();
         let rel_error = if same { 0.0 } else { f64::INFINITY };
         checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
+        checks.extend(fusion_checks(&device, seed)?);
     }
     Ok(checks)
 }

@@ -6,9 +6,10 @@
 //! dropout counters), possibly from memory the step's temporaries then lack, so the second leaves in the
 //! cache every buffer a step needs.
 //!
-//! The eager run just before the capture is recorded, and the capture fuses chains of ops into the kernel
-//! that makes their input (`fusion`: an activation into the product's epilogue, a residual add into the
-//! LayerNorm that reads it, bf16 operands written by their producers); [`CapturedStep::fusions`] lists them.
+//! The first eager run is recorded, and from the second on chains of ops are fused into the kernel that
+//! makes their input (`fusion`: an activation into the product's epilogue, a residual add into the
+//! LayerNorm that reads it, bf16 operands written by their producers), so the last warm-up run leaves in
+//! the cache the buffers the fused capture takes; [`CapturedStep::fusions`] lists the fusions.
 //!
 //! What makes a replay the same step as an eager one:
 //! - the inputs are device tensors the caller refills in place between calls (`copy_from_slice`), so
@@ -86,8 +87,8 @@ pub struct CapturedStep {
     captures: usize,
     /// Whether a failed capture was already tried again.
     retried: bool,
-    /// The fusions the last capture made.
-    fusions: Vec<String>,
+    /// The fusions the last capture made, with their counts.
+    fusions: Vec<(String, usize)>,
 }
 
 impl CapturedStep {
@@ -145,9 +146,8 @@ impl CapturedStep {
         self.signature = Some(signature);
         match &self.state {
             &State::Fresh(runs) => {
-                let last = runs + 1 == WARM_UP_RUNS;
-                let output = if last { self.recorded(&mut step) } else { step() }?;
-                self.state = if last { State::WarmedUp } else { State::Fresh(runs + 1) };
+                let output = if runs == 0 { self.recorded(&mut step) } else { self.fused(&mut step) }?;
+                self.state = if runs + 1 < WARM_UP_RUNS { State::Fresh(runs + 1) } else { State::WarmedUp };
                 Ok(output)
             }
             State::Eager => step(),
@@ -165,7 +165,7 @@ impl CapturedStep {
                 // captured step can take buffers this one's warm-up freed): one more try after it.
                 Err(_) if !self.retried => {
                     self.retried = true;
-                    let output = self.recorded(&mut step)?;
+                    let output = self.fused(&mut step)?;
                     self.state = State::WarmedUp;
                     Ok(output)
                 }
@@ -178,15 +178,24 @@ impl CapturedStep {
         }
     }
 
-    /// The fusions the last capture made (`fusion`'s table), one line each with its count: empty before a
-    /// capture or when nothing fused.
-    pub fn fusions(&self) -> &[String] {
+    /// The fusions the last capture made (`fusion`'s table), each described with how many times it was
+    /// made: empty before a capture or when nothing fused.
+    pub fn fusions(&self) -> &[(String, usize)] {
         &self.fusions
     }
 
-    /// `step` run eagerly, as the recording that the capture's fusions follow.
+    /// `step` run eagerly, as the recording that the fusions follow.
     fn recorded(&self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
         self.device.fusion_record();
+        let output = step();
+        self.device.fusion_end();
+        output
+    }
+
+    /// `step` run eagerly with the recording's fusions, so that it frees into the cache the buffers the
+    /// fused capture then takes.
+    fn fused(&self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        self.device.fusion_apply();
         let output = step();
         self.device.fusion_end();
         output

@@ -10,18 +10,21 @@
 //!
 //! Cross-entropy needs no rewrite: its softmax is inside its one kernel already.
 //!
-//! How: a producer cannot know at its launch who will read its output, so the last eager run before a
-//! capture is recorded. Every op that can produce more (a *producer*) takes the next number of the step,
+//! How: a producer cannot know at its launch who will read its output, so the first eager run of a step
+//! is recorded. Every op that can produce more (a *producer*) takes the next number of the step,
 //! marks its output buffer with it, and each reader of a marked buffer records what it would have taken
-//! from that producer ([`Want`]). The capture run hands each producer the list recorded for its number
+//! from that producer ([`Want`]). The runs after it (the last eager warm-up run, so that the fused step's
+//! buffers are in the cache, and the capture) hand each producer the list recorded for its number
 //! (when the op at that number has the recorded name); the producer attaches what it computed to its
 //! output buffer ([`Extra`]), where the reader finds it. A reader that finds nothing launches as before,
 //! so a step that runs differently from its recording only loses fusions, never changes its results; the
 //! fused kernels compute the very same expressions as the chains they replace, so a captured step equals
-//! the same step op by op to the bit (`selftest --only nn` checks it). Outside a capture nothing changes.
+//! the same step op by op to the bit (`selftest --only nn` checks it). Outside a `CapturedStep` nothing
+//! changes.
 
-use super::{Device, DeviceBuffer};
+use super::{Device, DeviceBuffer, WeakBuffer};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What a reader would take from the producer of its input.
 #[derive(Clone)]
@@ -35,26 +38,39 @@ pub(crate) enum Want {
     Bf16,
 }
 
-/// The parameters of a LayerNorm: its weight and bias (None: 1 and 0), ε and the row width.
+/// The parameters of a LayerNorm: its weight and bias (None: 1 and 0), ε and the row width. The weight and
+/// bias are held weakly: a held parameter would be shared, and the optimizer would then update a copy.
 #[derive(Clone)]
 pub(crate) struct NormParams {
-    pub(crate) weight: Option<DeviceBuffer>,
-    pub(crate) bias: Option<DeviceBuffer>,
+    pub(crate) weight: Option<WeakBuffer>,
+    pub(crate) bias: Option<WeakBuffer>,
     pub(crate) eps: f32,
     pub(crate) width: usize,
 }
 
 impl NormParams {
-    fn same(&self, other: &NormParams) -> bool {
-        let same_buffer = |a: &Option<DeviceBuffer>, b: &Option<DeviceBuffer>| match (a, b) {
+    /// The parameters of a LayerNorm reading `weight` and `bias`.
+    pub(crate) fn new(weight: Option<&DeviceBuffer>, bias: Option<&DeviceBuffer>, eps: f32, width: usize) -> Self {
+        NormParams { weight: weight.map(DeviceBuffer::downgrade), bias: bias.map(DeviceBuffer::downgrade), eps, width }
+    }
+
+    /// The weight and bias, while they live (None when one of them was dropped).
+    pub(crate) fn buffers(&self, device: &Arc<Device>) -> Option<(Option<DeviceBuffer>, Option<DeviceBuffer>)> {
+        let live = |b: &Option<WeakBuffer>| match b {
+            None => Some(None),
+            Some(weak) => weak.upgrade(device).map(Some),
+        };
+        Some((live(&self.weight)?, live(&self.bias)?))
+    }
+
+    /// Whether a LayerNorm reading `weight` and `bias` with ε `eps` over rows of `width` has these.
+    pub(crate) fn matches(&self, weight: Option<&DeviceBuffer>, bias: Option<&DeviceBuffer>, eps: f32, width: usize) -> bool {
+        let same = |mine: &Option<WeakBuffer>, theirs: Option<&DeviceBuffer>| match (mine, theirs) {
             (None, None) => true,
-            (Some(a), Some(b)) => a.address() == b.address(),
+            (Some(mine), Some(theirs)) => mine.is(theirs),
             _ => false,
         };
-        same_buffer(&self.weight, &other.weight)
-            && same_buffer(&self.bias, &other.bias)
-            && self.eps.to_bits() == other.eps.to_bits()
-            && self.width == other.width
+        same(&self.weight, weight) && same(&self.bias, bias) && self.eps.to_bits() == eps.to_bits() && self.width == width
     }
 }
 
@@ -128,8 +144,8 @@ impl Device {
         *self.fusion() = Fusion { phase: Phase::Recording, ..Fusion::default() };
     }
 
-    /// Starts the capture run: the recording becomes the plan, each want that asks for a bf16 copy of a
-    /// result whose reader was asked for one.
+    /// Starts a fused run (the last warm-up, or the capture) by the recording, each want that asks for a
+    /// result asking for its bf16 copy too when the result's reader was asked for one.
     pub(crate) fn fusion_apply(&self) {
         let mut fusion = self.fusion();
         let asked_bf16: Vec<bool> = fusion.recorded.iter().map(|(_, wants)| wants.iter().any(|w| matches!(w, Want::Bf16))).collect();
@@ -145,15 +161,12 @@ impl Device {
         fusion.applied.clear();
     }
 
-    /// Ends a recording or capture run: fusion is off, and the fusions the capture made are returned.
-    pub(crate) fn fusion_end(&self) -> Vec<String> {
+    /// Ends a recording or fused run (the recording stays, for the next): fusion is off, and the fusions
+    /// the run made are returned, each with how many times it was made.
+    pub(crate) fn fusion_end(&self) -> Vec<(String, usize)> {
         let mut fusion = self.fusion();
-        let applied = std::mem::take(&mut fusion.applied);
-        if fusion.phase == Phase::Applying {
-            fusion.recorded.clear();
-        }
         fusion.phase = Phase::Off;
-        applied.into_iter().map(|(what, n)| format!("{what} ({n}×)")).collect()
+        std::mem::take(&mut fusion.applied).into_iter().collect()
     }
 
     /// The next producer of the step (None outside a recording or capture): `op` takes the next number,
@@ -226,10 +239,16 @@ impl DeviceBuffer {
         })
     }
 
-    /// LayerNorm of these elements with `params` (y, μ, 1/σ), when their producer computed it.
-    pub(crate) fn layer_norm_extra(&self, params: &NormParams) -> Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
+    /// LayerNorm of these elements by `weight`, `bias`, ε `eps` over rows of `width` (y, μ, 1/σ), when
+    /// their producer computed it.
+    pub(crate) fn layer_norm_extra(
+        &self,
+        (weight, bias): (Option<&DeviceBuffer>, Option<&DeviceBuffer>),
+        eps: f32,
+        width: usize,
+    ) -> Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
         self.block.fused().extras.iter().find_map(|e| match e {
-            Extra::LayerNorm { params: p, y, mean, rstd } if p.same(params) => {
+            Extra::LayerNorm { params, y, mean, rstd } if params.matches(weight, bias, eps, width) => {
                 Some((y.clone(), mean.clone(), rstd.clone()))
             }
             _ => None,

@@ -32,10 +32,10 @@ pub(crate) fn layer_norm<F: Real>(
     let (rows_arg, width_arg) = (Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, width)?));
     let (xb, wb, bb) = (buffer(x), weight.map(buffer), bias.map(buffer));
     let producer = device.producer(NAME);
-    let params = NormParams { weight: wb.clone(), bias: bb.clone(), eps, width };
+    let params = NormParams::new(wb.as_ref(), bb.as_ref(), eps, width);
     let reader = producer.as_ref().map_or(usize::MAX, |p| p.number);
-    device.want(&xb, Want::LayerNorm { params: params.clone(), reader, bf16: false });
-    let (out, mean, rstd) = match xb.layer_norm_extra(&params) {
+    device.want(&xb, Want::LayerNorm { params, reader, bf16: false });
+    let (out, mean, rstd) = match xb.layer_norm_extra((wb.as_ref(), bb.as_ref()), eps, width) {
         Some(made) => {
             device.fused("add → layer_norm: the sum and its norm in one kernel".into());
             made

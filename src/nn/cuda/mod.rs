@@ -58,8 +58,9 @@ pub(crate) struct Kernels {
     pub(crate) to_bf16: Kernel,
     /// `nn_product_bf16_{nn,nt,tn,tt}`, at `2·trans_a + trans_b`.
     pub(crate) product_bf16: [Kernel; 4],
-    /// `nn_product_bf16_act`: a linear layer's product and the activation after it (capture-time fusion).
-    pub(crate) product_bf16_act: Kernel,
+    /// `nn_product_bf16_{relu,sigmoid,tanh,gelu}`, at the activation's UNARY_* code: a linear layer's
+    /// product and the activation after it (capture-time fusion).
+    pub(crate) product_bf16_act: [Kernel; 4],
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
@@ -175,7 +176,12 @@ impl Device {
                     k("nn_product_bf16_tn")?,
                     k("nn_product_bf16_tt")?,
                 ],
-                product_bf16_act: k("nn_product_bf16_act")?,
+                product_bf16_act: [
+                    k("nn_product_bf16_relu")?,
+                    k("nn_product_bf16_sigmoid")?,
+                    k("nn_product_bf16_tanh")?,
+                    k("nn_product_bf16_gelu")?,
+                ],
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
@@ -213,7 +219,7 @@ impl Device {
         let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
-        for kernel in kernels.product_bf16.iter().chain([&kernels.product_bf16_act]) {
+        for kernel in kernels.product_bf16.iter().chain(&kernels.product_bf16_act) {
             gpu.reserve_shared(kernel, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
                 .map_err(launch_error("Device::open"))?;
         }
@@ -392,6 +398,26 @@ impl Drop for Block {
     }
 }
 
+/// A buffer held without keeping it alive or counting as sharing it: a parameter that capture-time fusion
+/// will read must stay unshared, so that the optimizer keeps updating it in place.
+#[derive(Clone)]
+pub(crate) struct WeakBuffer {
+    block: std::sync::Weak<Block>,
+    len: usize,
+}
+
+impl WeakBuffer {
+    /// The buffer, while something else keeps it alive.
+    pub(crate) fn upgrade(&self, device: &Arc<Device>) -> Option<DeviceBuffer> {
+        Some(DeviceBuffer { block: self.block.upgrade()?, len: self.len, device: Arc::clone(device) })
+    }
+
+    /// Whether `buffer` holds the same elements.
+    pub(crate) fn is(&self, buffer: &DeviceBuffer) -> bool {
+        std::ptr::eq(self.block.as_ptr(), Arc::as_ptr(&buffer.block))
+    }
+}
+
 /// The elements of a device tensor: f32 on one [`Device`]. Cloning shares them.
 #[derive(Clone)]
 pub struct DeviceBuffer {
@@ -456,6 +482,11 @@ impl DeviceBuffer {
     /// Whether no other buffer shares these elements (a write to them is seen by this buffer alone).
     pub(crate) fn is_unshared(&self) -> bool {
         Arc::strong_count(&self.block) == 1
+    }
+
+    /// A handle that neither keeps these elements alive nor shares them (`WeakBuffer`).
+    pub(crate) fn downgrade(&self) -> WeakBuffer {
+        WeakBuffer { block: Arc::downgrade(&self.block), len: self.len }
     }
 
     /// A copy of the elements in a new buffer on the same device.

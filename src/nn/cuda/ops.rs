@@ -117,8 +117,9 @@ pub(crate) fn binary<F: Real>(
     // A sum of two operands of one shape may be made with the LayerNorm that reads it (capture-time fusion).
     let producer = if code == OP_ADD && counts == [n, n] { device.producer(name) } else { None };
     let norm = producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n % p.width == 0);
+    let norm = norm.and_then(|(params, with_bf16)| Some((params.buffers(device)?, params, with_bf16)));
     let out = match norm {
-        Some((params, with_bf16)) => add_layer_norm(device, (&x, &y), n, params, with_bf16)?,
+        Some((buffers, params, with_bf16)) => add_layer_norm(device, (&x, &y), n, (params, buffers), with_bf16)?,
         None => launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?,
     };
     out.made_by_producer(producer.as_ref());
@@ -149,12 +150,13 @@ pub(crate) fn binary<F: Real>(
 }
 
 /// a + b (n elements each) in a new buffer, made by `nn_layer_norm` with the LayerNorm of the sum that a
-/// reader wanted (`params`; its bf16 copy too when `with_bf16`), attached to the sum for that reader.
+/// reader wanted (`params`, whose weight and bias are `buffers`; its bf16 copy too when `with_bf16`),
+/// attached to the sum for that reader.
 fn add_layer_norm(
     device: &Arc<Device>,
     (a, b): (&DeviceBuffer, &DeviceBuffer),
     n: usize,
-    params: NormParams,
+    (params, (weight, bias)): (NormParams, (Option<DeviceBuffer>, Option<DeviceBuffer>)),
     with_bf16: bool,
 ) -> Result<DeviceBuffer> {
     const NAME: &str = "add";
@@ -163,8 +165,8 @@ fn add_layer_norm(
     let (mean, rstd) = (device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
     let copy = if with_bf16 { Some(bf16_buffer(device, NAME, n)?) } else { None };
     let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
-    let args = [device.arg(a), device.arg(b), device.arg(&sum), optional(params.weight.as_ref())];
-    let more = [optional(params.bias.as_ref()), device.arg(&y), optional(copy.as_ref()), device.arg(&mean)];
+    let args = [device.arg(a), device.arg(b), device.arg(&sum), optional(weight.as_ref())];
+    let more = [optional(bias.as_ref()), device.arg(&y), optional(copy.as_ref()), device.arg(&mean)];
     let sizes = [device.arg(&rstd), Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, params.width)?)];
     let args = [&args[..], &more, &sizes, &[Arg::f32(params.eps)]].concat();
     device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
@@ -569,7 +571,11 @@ pub(crate) fn linear<F: Real>(
         None
     };
     // The activation a reader wanted (capture-time fusion), into a buffer of its own: `out` keeps x·Wᵀ + b.
-    let activation = producer.as_ref().and_then(Producer::activation);
+    let bf16_epilogue = |code: i32| usize::try_from(code).ok().and_then(|c| device.kernels.product_bf16_act.get(c));
+    let activation = producer
+        .as_ref()
+        .and_then(Producer::activation)
+        .filter(|&(code, _)| rounded.is_none() || bf16_epilogue(code).is_some());
     let activated = activation.map(|_| device.alloc(NAME, rows * outputs)).transpose()?;
     let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
     let bias_arg = optional(bias_buffer.as_ref());
@@ -577,11 +583,12 @@ pub(crate) fn linear<F: Real>(
         (Some((x16, w16)), Some((code, with_bf16)), Some(activated)) => {
             let copy = if with_bf16 { Some(bf16_buffer(device, NAME, rows * outputs)?) } else { None };
             let blocks = (int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
-            let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg, Arg::i32(code)];
+            let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg];
             let more = [device.arg(activated), optional(copy.as_ref())];
             let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
             let args = [&args[..], &more, &words(&sizes).collect::<Vec<_>>()].concat();
-            device.launch(NAME, &device.kernels.product_bf16_act, blocks, device.gemm_shared_bf16, &args)?;
+            let kernel = bf16_epilogue(code).expect("filtered above");
+            device.launch(NAME, kernel, blocks, device.gemm_shared_bf16, &args)?;
             if let Some(copy) = copy {
                 activated.attach(Extra::Bf16(copy));
             }

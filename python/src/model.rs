@@ -18,17 +18,17 @@ use std::time::{Duration, Instant};
 use textnet::cpu::SeededRng;
 use textnet::device::{Backend, DeviceChoice};
 use textnet::fit::data::{InputSchema, TargetInfo};
-use textnet::fit::model::{Init, Loss, Network};
 use textnet::fit::modelfile::{self, FitModel};
-use textnet::fit::spec::{self, Shape};
-use textnet::fit::{FitTrainer, Samples, Setup, Target};
+use textnet::nn::stack::model::{Init, Loss, Network};
+use textnet::nn::stack::spec::{self, Shape};
+use textnet::nn::stack::{Samples, Setup, StackTrainer, Target};
 use textnet::ops::optim::{OptimConfig, OptimKind};
 
 /// The rows of `x` (float32, C-contiguous, as the Python half makes it) as samples of `shape`: checks the
 /// shape and that every value is finite.
 fn features(x: &PyReadonlyArrayDyn<'_, f32>, shape: Shape, what: &str) -> PyResult<(usize, Vec<f32>)> {
     let dims = x.shape();
-    let per_row = textnet::fit::model::size(shape);
+    let per_row = textnet::nn::stack::model::size(shape);
     let row_dims: Vec<usize> = match shape {
         Shape::Flat(n) => vec![n],
         Shape::Image { channels, height, width } => vec![channels, height, width],
@@ -230,7 +230,7 @@ impl Model {
     /// The layers, every width written out.
     #[getter]
     fn spec(&self) -> String {
-        modelfile::spec_text(&self.read().net.layers)
+        spec::text(&self.read().net.layers)
     }
 
     /// The shape of one sample.
@@ -563,7 +563,7 @@ impl Model {
     ) -> anyhow::Result<(f64, Vec<f32>)> {
         let m = self.read();
         match backend(device)? {
-            Backend::Cpu => Ok(textnet::fit::cpu::evaluate(&m.net, &m.params, &samples, m.loss)),
+            Backend::Cpu => Ok(textnet::nn::stack::cpu::evaluate(&m.net, &m.params, &samples, m.loss)),
             backend => {
                 let setup = Setup {
                     net: m.net.clone(),
@@ -573,7 +573,7 @@ impl Model {
                     dropout_seed: 0,
                     splits: vec![samples],
                 };
-                textnet::fit::trainer(&backend, setup, batch)?.evaluate(0)
+                textnet::nn::stack::trainer(&backend, setup, batch)?.evaluate(0)
             }
         }
     }
@@ -630,10 +630,10 @@ fn train_epochs(
         dropout_seed: request.seed as u32,
         splits: splits.clone(),
     };
-    let mut trainer: Box<dyn FitTrainer> = textnet::fit::trainer(&backend, setup, request.batch)?;
+    let mut trainer: Box<dyn StackTrainer> = textnet::nn::stack::trainer(&backend, setup, request.batch)?;
     let setup_s = begun.elapsed().as_secs_f64();
     let training = Instant::now();
-    let mut rng = SeededRng::seed_from_u64(request.seed ^ textnet::fit::SHUFFLE_STREAM);
+    let mut rng = SeededRng::seed_from_u64(request.seed ^ textnet::nn::stack::SHUFFLE_STREAM);
     let mut order: Vec<u32> = (0..n as u32).collect();
     let mut kept = params;
     for epoch in 1..=request.epochs {

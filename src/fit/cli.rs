@@ -7,10 +7,7 @@
 //! does not fit it, image layers on a table, and a run too large for host memory.
 
 use super::data::{self, Data, InputSchema, Request, Source, TargetInfo};
-use super::model::{Init, Loss, Network};
 use super::modelfile::{self, FitModel};
-use super::spec::{self, Layer, Shape};
-use super::{FitTrainer, Samples, Setup as TrainerSetup, Target};
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::cpu::{SeededRng, argmax};
 use crate::datasets::features::{Split, SplitOrder};
@@ -19,6 +16,9 @@ use crate::datasets::mnist::Dataset;
 use crate::datasets::table::{ColumnSpec, HeaderMode, LoadOptions, Table};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
+use crate::nn::stack::model::{Init, Loss, Network};
+use crate::nn::stack::spec::{self, Layer, Shape};
+use crate::nn::stack::{Figures, Samples, Setup as TrainerSetup, StackTrainer, Target};
 use crate::ops::optim::{LrSchedule, OptimArgs, OptimConfig, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::available_memory;
@@ -246,26 +246,13 @@ fn check_outputs(net: &Network, data: &Data) -> Result<()> {
     }
 }
 
-/// The figures of one split's evaluation.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Figures {
-    /// Mean loss.
-    pub loss: f64,
-    /// Classes: the fraction right.
-    pub accuracy: Option<f64>,
-    /// Values: the mean absolute error in the file's units.
-    pub mae: Option<f64>,
-}
-
 /// The figures of `outputs` on `s` (of `loss_sum` summed loss); `raw`: the targets in the file's units.
 pub(super) fn figures(target: &TargetInfo, s: &Samples, raw: &[f32], loss_sum: f64, outputs: &[f32]) -> Figures {
     let rows = s.rows().max(1);
     let loss = loss_sum / rows as f64;
     match (target, &s.target) {
         (TargetInfo::Classes { names }, Target::Classes(classes)) => {
-            let k = names.len();
-            let right = outputs.chunks(k).zip(classes).filter(|(o, c)| argmax(o) == **c as usize).count();
-            Figures { loss, accuracy: Some(right as f64 / rows as f64), mae: None }
+            Figures::of_classes(classes, names.len(), loss_sum, outputs)
         }
         (TargetInfo::Value { mean, std, .. }, _) => {
             let sum: f64 = outputs.iter().zip(raw).map(|(&o, &y)| ((o * std + mean) as f64 - y as f64).abs()).sum();
@@ -284,7 +271,7 @@ pub struct Setup {
     backend: Backend,
     optim: OptimConfig,
     schedule: LrSchedule,
-    trainer: Box<dyn FitTrainer>,
+    trainer: Box<dyn StackTrainer>,
     /// The judged loss of the model at --out, an epoch must beat it.
     baseline: Option<f64>,
     /// Values: the test MAE of predicting the training mean.
@@ -379,7 +366,7 @@ impl TrainingCommand for FitArgs {
                 if old.net != net || old.input != data.schema || old.target_kind() != data.target_kind() {
                     return Err(checkpoint::other_data(&args.out, "a fit model of another spec or other data"));
                 }
-                let (sum, _) = super::cpu::evaluate(&old.net, &old.params, judged, old.loss);
+                let (sum, _) = crate::nn::stack::cpu::evaluate(&old.net, &old.params, judged, old.loss);
                 let loss = checkpoint::baseline(&args.out, sum / judged.rows().max(1) as f64, loss_name)?;
                 display.line(&format!(
                     "--out {} already holds a model of {loss_name} {loss:.4}; only a better epoch replaces it",
@@ -423,7 +410,7 @@ impl TrainingCommand for FitArgs {
         display.line(&format!(
             "model {}; {} parameters; {target}; {}{schedule_text}, batch {}, {} epoch{}, seed {}, {} init; device \
              {device_line}",
-            modelfile::spec_text(&net.layers),
+            spec::text(&net.layers),
             report::count(net.param_count),
             optim.describe(),
             args.batch,
@@ -439,7 +426,7 @@ impl TrainingCommand for FitArgs {
         splits.extend(data.val.clone().map(Arc::new));
         let setup =
             TrainerSetup { net: net.clone(), params, loss: data.loss, optim, dropout_seed: args.seed as u32, splits };
-        let mut trainer = super::trainer(&backend, setup, args.batch)?;
+        let mut trainer = crate::nn::stack::trainer(&backend, setup, args.batch)?;
         let (untrained_sum, _) = trainer.evaluate(TEST)?;
         Ok(Setup {
             untrained_loss: untrained_sum / data.test.rows().max(1) as f64,
@@ -462,7 +449,7 @@ impl TrainingCommand for FitArgs {
         let n = setup.data.train.rows();
         let steps_per_epoch = n.div_ceil(args.batch);
         let rates = setup.schedule.rates(setup.optim.lr, steps_per_epoch * args.epochs);
-        let mut rng = SeededRng::seed_from_u64(args.seed ^ super::SHUFFLE_STREAM);
+        let mut rng = SeededRng::seed_from_u64(args.seed ^ crate::nn::stack::SHUFFLE_STREAM);
         let mut order: Vec<u32> = (0..n as u32).collect();
         let mut keeper = Keeper::new(args.keep(), setup.baseline);
         let judged_name = if setup.data.val.is_some() { "val loss" } else { "test loss" };
@@ -621,7 +608,7 @@ impl TrainingCommand for FitArgs {
                 &format!(
                     "textnet fit on {}: {}; {}, batch {}",
                     data.source.split(" from ").next().unwrap_or_default(),
-                    modelfile::spec_text(&net.layers),
+                    spec::text(&net.layers),
                     optim.describe(),
                     args.batch
                 ),
@@ -648,7 +635,7 @@ impl TrainingCommand for FitArgs {
                 command: "fit",
                 status: ending.status(),
                 config: json!({
-                    "layers": modelfile::spec_text(&net.layers),
+                    "layers": spec::text(&net.layers),
                     "dataset": dataset,
                     "table": table,
                     "target": args.tabular.target.as_ref().map(|t| t.to_string()),
@@ -678,7 +665,7 @@ impl TrainingCommand for FitArgs {
                 device: report::DeviceFields::of(&backend),
                 data: json!({
                     "source": data.source,
-                    "input": super::model::size(data.input),
+                    "input": crate::nn::stack::model::size(data.input),
                     "input_shape": match data.input {
                         Shape::Flat(n) => vec![n],
                         Shape::Image { channels, height, width } => vec![channels, height, width],
@@ -765,7 +752,7 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
             *v = (*v - mean) / std;
         }
     }
-    let trace = super::model::forward(&m.net, &m.params, &x, split.rows, None);
+    let trace = crate::nn::stack::model::forward(&m.net, &m.params, &x, split.rows, None);
     let out = trace.values.last().expect("an output");
     let k = m.net.outputs();
     let mut text = String::from("line\tprediction\n");

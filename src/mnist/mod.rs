@@ -1,6 +1,6 @@
 //! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
 //! `data`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as
-//! a `textnet fit` model, on fit's CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
+//! a layer stack, on `nn::stack`'s CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
 //! GPU trainer (`cnn`, `cnn_gpu`), the epoch loop both share (`train`), `textnet mnist` (`cli`) and its
 //! model files opened for the shared `textnet classify` (`classify`). The optimizers are the shared
 //! `ops::optim`.
@@ -245,7 +245,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <cli::MnistArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
-    // The MLP trains on fit's kernels, which fit's checks cover; the CNN's are its own.
+    // The MLP trains on the layer stack's kernels, which fit's checks cover; the CNN's are its own.
     checks: cnn_checks::selftest_checks,
     modules: cnn_checks::modules,
     benches: &[crate::pipeline::Bench {

@@ -68,7 +68,7 @@ pub fn run(
     schedule: Schedule,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<EpochStats>, Evaluation)> {
-    let mut rng = SeededRng::seed_from_u64(schedule.seed ^ crate::fit::SHUFFLE_STREAM);
+    let mut rng = SeededRng::seed_from_u64(schedule.seed ^ crate::nn::stack::SHUFFLE_STREAM);
     let mut order: Vec<u32> = (0..n_train as u32).collect();
     let start = Instant::now();
     let mut history = Vec::with_capacity(schedule.epochs.min(1024));

@@ -84,7 +84,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     // Device time of the training kernels alone: every epoch's order made first, then each epoch's order
     // uploaded and its kernels queued, all between two events.
     let (setup, _) = FitSales::setup(&data, start.clone(), optim, None)?;
-    let mut timed = crate::fit::gpu::GpuTrainer::new(gpu.clone(), setup, DEFAULT_BATCH)?;
+    let mut timed = crate::nn::stack::gpu::GpuTrainer::new(gpu.clone(), setup, DEFAULT_BATCH)?;
     let lr = vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)];
     let mut shuffle = Shuffle::new(rows, o.seed);
     let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();

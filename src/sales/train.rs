@@ -1,13 +1,14 @@
-//! What the `sales` command trains: its regressor as the `textnet fit` network `Linear(n, H), ReLU,
-//! Linear(H, 1)` under squared error, run by fit's trainers (the CPU reference, or on a GPU the
-//! whole-epoch kernel, which matches the hand-fused sales kernel it replaced to within 3 % at the same
-//! features). Both keep the parameters in the layout of `SalesParams` and the model file, so `sales`
-//! keeps its flags, its reports and its files.
+//! What the `sales` command trains: its regressor as the layer stack `Linear(n, H), ReLU, Linear(H, 1)`
+//! (`model::network`) under squared error, run by `nn::stack`'s trainers (the CPU reference, or on a GPU
+//! the whole-epoch kernel, which matches the hand-fused sales kernel it replaced to within 3 % at the
+//! same features). Both keep the parameters in the layout of `SalesParams` and the model file, so
+//! `sales` keeps its flags, its reports and its files.
 
-use super::data::{Dataset, Split, Stats};
-use super::model::{Evaluation, SalesParams, SalesShape};
+use super::data::{Dataset, Stats};
+use super::model::{Evaluation, SalesParams, SalesShape, network, samples};
 use crate::device::Backend;
-use crate::fit::{self, FitTrainer, Samples, Target};
+use crate::nn::stack::model::Loss;
+use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
 use anyhow::Result;
 use std::sync::Arc;
@@ -27,41 +28,30 @@ pub trait SalesTrainer {
     fn params(&mut self) -> Result<SalesParams>;
 }
 
-/// The regressor as a fit network of `shape`.
-pub fn network(shape: SalesShape) -> Result<fit::model::Network> {
-    let spec = fit::spec::parse(&format!("Linear({}, {h}), ReLU, Linear({h}, 1)", shape.inputs, h = shape.hidden))?;
-    fit::model::Network::new(&spec, fit::spec::Shape::Flat(shape.inputs))
-}
-
-/// A standardised split as fit's samples: the features, and the target as one value per row.
-pub fn samples(split: &Split) -> Samples {
-    Samples { features: split.features, x: split.x.clone(), target: Target::Values(split.y.clone()) }
-}
-
-/// The regressor on fit's trainer for a backend.
+/// The regressor on the stack's trainer for a backend.
 pub struct FitSales {
-    trainer: Box<dyn FitTrainer>,
+    trainer: Box<dyn StackTrainer>,
     shape: SalesShape,
     stats: Stats,
     test: Arc<Samples>,
 }
 
 impl FitSales {
-    /// Fit's setup of `params` on `data`, both splits standardised with `stats` (a resumed model's), else
+    /// The stack's setup of `params` on `data`, both splits standardised with `stats` (a resumed model's), else
     /// with the training split's; and those statistics.
     pub fn setup(
         data: &Dataset,
         params: SalesParams,
         optim: OptimConfig,
         stats: Option<Stats>,
-    ) -> Result<(fit::Setup, Stats)> {
+    ) -> Result<(stack::Setup, Stats)> {
         optim.validate()?;
         params.shape.validate()?;
         let stats = stats.unwrap_or_else(|| Stats::of(&data.train));
-        let setup = fit::Setup {
+        let setup = stack::Setup {
             net: network(params.shape)?,
             params: params.flat,
-            loss: fit::model::Loss::Mse,
+            loss: Loss::Mse,
             optim,
             dropout_seed: 0,
             splits: vec![
@@ -84,7 +74,7 @@ impl FitSales {
         let shape = params.shape;
         let (setup, stats) = FitSales::setup(data, params, optim, stats)?;
         let test = setup.splits[1].clone();
-        Ok(FitSales { trainer: fit::trainer(backend, setup, batch.max(1))?, shape, stats, test })
+        Ok(FitSales { trainer: stack::trainer(backend, setup, batch.max(1))?, shape, stats, test })
     }
 }
 
@@ -117,7 +107,7 @@ mod tests {
     #[test]
     fn the_default_run_is_precompiled() {
         let net = network(SalesShape { inputs: 19, hidden: DEFAULT_HIDDEN }).unwrap();
-        let modules = fit::gpu::trainer_modules(&net, fit::model::Loss::Mse, DEFAULT_BATCH);
+        let modules = stack::gpu::trainer_modules(&net, Loss::Mse, DEFAULT_BATCH);
         let missing: Vec<_> = modules.iter().filter(|m| !crate::device::listed_for_precompiling(m)).collect();
         assert!(missing.is_empty(), "add to fused/precompiled.txt: {missing:?}");
     }

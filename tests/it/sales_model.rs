@@ -8,9 +8,10 @@ use std::time::Instant;
 use textnet::device::Backend;
 use textnet::ops::optim::{OptimConfig, OptimKind};
 use textnet::sales::data::{Dataset, SplitOrder, Stats};
+use textnet::sales::model::network;
 use textnet::sales::model::{SalesParams, SalesShape, Shuffle, baseline_mae, evaluate, predict};
 use textnet::sales::table::{LoadOptions, Schema, Table};
-use textnet::sales::train::{FitSales, SalesTrainer, network};
+use textnet::sales::train::{FitSales, SalesTrainer};
 
 #[test]
 fn init_is_pytorch_linear_and_seeded() {

@@ -29,9 +29,10 @@ use crate::nn::stack::gpu::{
 };
 use crate::nn::stack::model::{self, Init, Loss, Network};
 use crate::nn::stack::spec::{self, Shape};
-use crate::nn::stack::{Samples, Setup, StackTrainer, Target};
+use crate::nn::stack::{Samples, Setup, Target};
 use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::run::Trainer;
 use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;

@@ -6,12 +6,13 @@
 
 use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
-use super::{Classifier, Evaluation, MnistTrainer};
+use super::{Classifier, Evaluation};
 use crate::device::Backend;
 use crate::nn::stack::model::{Loss, Network};
 use crate::nn::stack::spec::{Layer, Shape, Spec};
 use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
+use crate::run::Trainer;
 use anyhow::Result;
 use std::sync::Arc;
 
@@ -55,7 +56,7 @@ pub fn evaluate(params: &MlpParams, data: &Split) -> Result<Evaluation> {
 
 /// The MLP on the stack's trainer for a backend.
 pub struct FitMlp {
-    trainer: Box<dyn StackTrainer>,
+    trainer: Box<StackTrainer>,
     shape: MlpShape,
     test_labels: Vec<u8>,
 }
@@ -89,7 +90,10 @@ impl FitMlp {
     }
 }
 
-impl MnistTrainer for FitMlp {
+impl Trainer for FitMlp {
+    type Params = Classifier;
+    type Evaluation = Evaluation;
+
     fn train_epoch(
         &mut self,
         order: &[u32],
@@ -100,8 +104,9 @@ impl MnistTrainer for FitMlp {
         self.trainer.train_epoch(order, batch, rates, progress)
     }
 
-    fn evaluate(&mut self) -> Result<Evaluation> {
-        let (loss, logits) = self.trainer.evaluate(1)?;
+    fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
+        super::test_split_only(split)?;
+        let (loss, logits) = self.trainer.evaluate(crate::run::TEST)?;
         Ok(evaluation(loss, &logits, &self.test_labels, self.shape.classes))
     }
 

@@ -118,7 +118,7 @@ pub fn predict(p: &SalesParams, x: &[f32]) -> Result<Vec<f32>> {
 }
 
 /// Mixed into the seed for the shuffle stream, so it differs from the initialisation stream.
-const SHUFFLE_STREAM: u64 = 0x5341_4c45_535f_5348;
+pub const SHUFFLE_STREAM: u64 = 0x5341_4c45_535f_5348;
 
 /// The training order of every epoch: 0..rows reshuffled before each epoch by one seeded stream, so
 /// every backend sees the same batches.

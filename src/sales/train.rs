@@ -10,27 +10,13 @@ use crate::device::Backend;
 use crate::nn::stack::model::Loss;
 use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
-use anyhow::Result;
+use crate::run::Trainer;
+use anyhow::{Result, bail};
 use std::sync::Arc;
-
-/// A model being trained on one dataset: the training split standardised with its own statistics, the
-/// optimizer state, and the test split to evaluate.
-pub trait SalesTrainer {
-    /// The statistics the features and target were standardised with (saved with the model).
-    fn stats(&self) -> &Stats;
-    /// One pass over `order` (indices into the training split) in batches of `batch`, an optimizer step
-    /// per batch (the last may be shorter) at learning rate `rates[step]`. Returns the summed per-row
-    /// squared error (standardised), each row's taken before its batch's step.
-    fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64>;
-    /// The model on every test row.
-    fn evaluate_test(&mut self) -> Result<Evaluation>;
-    /// The current parameters.
-    fn params(&mut self) -> Result<SalesParams>;
-}
 
 /// The regressor on the stack's trainer for a backend.
 pub struct FitSales {
-    trainer: Box<dyn StackTrainer>,
+    trainer: Box<StackTrainer>,
     shape: SalesShape,
     stats: Stats,
     test: Arc<Samples>,
@@ -78,17 +64,34 @@ impl FitSales {
     }
 }
 
-impl SalesTrainer for FitSales {
-    fn stats(&self) -> &Stats {
+impl FitSales {
+    /// The statistics the features and target were standardised with (saved with the model).
+    pub fn stats(&self) -> &Stats {
         &self.stats
     }
+}
 
-    fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
-        self.trainer.train_epoch(order, batch, rates, &mut |_| {})
+/// The regressor as the shared trainer: its evaluation is the test split's (`run::TEST`, the one split
+/// it holds besides the training one), the summed squared error (standardised) and the MAE.
+impl Trainer for FitSales {
+    type Params = SalesParams;
+    type Evaluation = Evaluation;
+
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        self.trainer.train_epoch(order, batch, rates, progress)
     }
 
-    fn evaluate_test(&mut self) -> Result<Evaluation> {
-        let (squares, outputs) = self.trainer.evaluate(1)?;
+    fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
+        if split != crate::run::TEST {
+            bail!("internal: the sales trainer evaluates the test split only (asked for split {split})");
+        }
+        let (squares, outputs) = self.trainer.evaluate(crate::run::TEST)?;
         let Target::Values(y) = &self.test.target else { unreachable!("the sales target is a value") };
         Ok(Evaluation::of(squares, &outputs, y, self.stats.target_std))
     }

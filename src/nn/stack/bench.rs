@@ -5,10 +5,11 @@
 
 use super::gpu::{GpuTrainer, StepPath};
 use super::model::{Init, Loss, Network};
-use super::{Figures, Samples, Setup, StackTrainer};
+use super::{Figures, Samples, Setup};
 use crate::cpu::SeededRng;
 use crate::device::Gpu;
 use crate::ops::optim::OptimConfig;
+use crate::run::Trainer;
 use crate::timing::{median, time_on_device};
 use anyhow::Result;
 use rand::SeedableRng;

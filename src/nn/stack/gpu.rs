@@ -20,11 +20,12 @@
 
 use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
-use super::{Setup, StackTrainer, Target};
+use super::{Setup, Target};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
+use crate::run::Trainer;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use std::sync::Arc;
@@ -1138,7 +1139,10 @@ fn wants_dx(groups: &[Group], fused_loss: bool, i: usize) -> bool {
     first.is_some_and(|f| i > f) && !(fused_loss && i + 1 == groups.len())
 }
 
-impl StackTrainer for GpuTrainer {
+impl Trainer for GpuTrainer {
+    type Params = Vec<f32>;
+    type Evaluation = (f64, Vec<f32>);
+
     fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
         let rows = self.splits[0].rows;
         if batch == 0 || batch > self.capacity {

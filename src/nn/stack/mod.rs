@@ -10,7 +10,7 @@
 //! and fused per spec. A model a stack can express trains faster as a stack; anything else (residuals,
 //! embeddings, attention, several inputs) is written with tensors.
 //!
-//! Backends implement `StackTrainer`. The caller hands a backend every split once (a GPU backend uploads
+//! Backends implement `run::Trainer` (`StackTrainer`). The caller hands a backend every split once (a GPU backend uploads
 //! them once), then drives it with per-epoch sample orders and per-step learning rates, so every backend
 //! sees the same shuffles and schedule and the CPU reference can check any of them.
 //!
@@ -106,28 +106,14 @@ pub struct Setup {
     pub splits: Vec<Arc<Samples>>,
 }
 
-/// A training backend. It owns the parameters, the optimizer state and every split (on a GPU: resident in
-/// device memory).
-pub trait StackTrainer {
-    /// One pass over the samples `order` of split 0, `batch` per optimizer step (the last step may be
-    /// shorter), step k at learning rate `lr[k]` (`lr.len()` = the number of steps). Calls `progress`
-    /// with the samples done so far, at least once per step or group of steps. Returns the summed
-    /// per-sample loss.
-    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64>;
-    /// `train_epoch` at the one learning rate `lr` for every step.
-    fn train_epoch_at(&mut self, order: &[u32], batch: usize, lr: f32, progress: &mut dyn FnMut(usize)) -> Result<f64> {
-        self.train_epoch(order, batch, &vec![lr; order.len().div_ceil(batch.max(1))], progress)
-    }
-    /// The summed loss over split `split` and the network's outputs (`rows × outputs`), dropout off,
-    /// nothing updated.
-    fn evaluate(&mut self, split: usize) -> Result<(f64, Vec<f32>)>;
-    /// A host copy of the current parameters.
-    fn params(&mut self) -> Result<Vec<f32>>;
-}
+/// A stack's trainer on some backend: the shared `run::Trainer` whose parameters are the flat vector
+/// (`model::Network`'s layout) and whose evaluation of a split is its summed loss and the network's
+/// outputs (`rows × outputs`).
+pub type StackTrainer = dyn crate::run::Trainer<Params = Vec<f32>, Evaluation = (f64, Vec<f32>)>;
 
 /// The trainer of `setup` on `backend`: the CPU reference (`cpu::CpuTrainer`) or the GPU's.
 /// `batch`: the most samples a training step takes (the GPU sizes its buffers for it).
-pub fn trainer(backend: &crate::device::Backend, setup: Setup, batch: usize) -> Result<Box<dyn StackTrainer>> {
+pub fn trainer(backend: &crate::device::Backend, setup: Setup, batch: usize) -> Result<Box<StackTrainer>> {
     match backend {
         crate::device::Backend::Cpu => Ok(Box::new(cpu::CpuTrainer::new(setup)?)),
         crate::device::Backend::Cuda(gpu) => Ok(Box::new(gpu::GpuTrainer::new(gpu.clone(), setup, batch)?)),

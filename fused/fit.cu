@@ -1,5 +1,5 @@
 // The kernels of `textnet fit`: a model the user writes (`--layers`), compiled per layer for its shapes.
-// CPU twin: src/fit/model.rs; launch layer: src/fit/gpu.rs.
+// CPU twin: src/nn/stack/model.rs; launch layer: src/nn/stack/gpu.rs.
 //
 // The launch layer cuts the spec into layer groups and compiles this file once per distinct group,
 // FIT_OP choosing which family of kernels and the other -D defines giving the group's fixed sizes, so

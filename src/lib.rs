@@ -3,11 +3,12 @@
 //!
 //! The `textnet` command is the usual way in (see the README). As a library, each pipeline is a module
 //! listed in [`pipelines::ALL`]: [`text`] (the next-token model), [`mnist`] (MLP and CNN), [`xor`],
-//! [`sales`] (tabular regression), [`transformer`] (the character-level Transformer) and [`matmul`]. A
-//! pipeline has its CPU reference in `model`, its GPU trainer in `gpu`, its command in `cli`, its selftest
-//! checks in `checks` and its bench in `bench`. Below them, [`ops`] holds the CPU twins of the shared
-//! kernels in `fused/*.cuh`, [`nn`] tensors with autograd built on them, and the other modules the harness
-//! every pipeline uses.
+//! [`sales`] (tabular regression), [`transformer`] (the character-level Transformer), [`fit`] (a network
+//! written as layers) and [`matmul`]. A pipeline has its CPU reference in `model`, its GPU trainer in
+//! `gpu`, its command in `cli`, its selftest checks in `checks` and its bench in `bench`. Below them,
+//! [`ops`] holds the CPU twins of the shared kernels in `fused/*.cuh`, [`nn`] the engine built on them
+//! (tensors with autograd, and `nn::stack`, the layer stacks that `fit`, `mnist`'s MLP, `sales` and the
+//! Python package train), and the other modules the harness every pipeline uses.
 //!
 //! Train the text model on the CPU, save it, load it and predict:
 //!

@@ -9,10 +9,186 @@
 //!
 //! `run` calls the three in order and then `Ending::conclude`: the report is printed, then the run
 //! succeeds or fails with one line naming what happened to `--out`.
+//!
+//! The epochs of `train` are one loop for every pipeline that trains in epochs (`epochs`), over one
+//! `Trainer`: the loop shuffles, hands the trainer the epoch's learning rates, stops on a training loss
+//! that is not finite, on `--patience` and on Ctrl-C; the pipeline's `EpochHooks` evaluate, keep the
+//! model and report each epoch.
 
+use crate::cpu::SeededRng;
 use crate::interrupt::{self, Interrupted};
 use crate::report::{Divergence, Report, Status};
 use anyhow::{Result, bail};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::time::Instant;
+
+/// The training split, as `Trainer::evaluate` numbers a trainer's splits.
+pub const TRAIN: usize = 0;
+/// The test split.
+pub const TEST: usize = 1;
+/// The validation split, where the trainer holds one.
+pub const VAL: usize = 2;
+
+/// A model being trained on one backend. It owns the parameters, the optimizer state and its splits (on
+/// a GPU resident in device memory); the caller drives it with per-epoch sample orders and per-step
+/// learning rates, so every backend sees the same shuffles and schedule and the CPU reference can check
+/// any of them.
+pub trait Trainer {
+    /// A host copy of the parameters.
+    type Params;
+    /// What an evaluation of a split gives.
+    type Evaluation;
+    /// One pass over the training samples `order`, `batch` per optimizer step (the last step may be
+    /// shorter), step k at learning rate `rates[k]` (`rates.len()` = the number of steps). Calls
+    /// `progress` with the samples done so far, at least once per step or group of steps. Returns the
+    /// summed per-sample loss.
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64>;
+    /// The model on split `split` (`TRAIN`, `TEST`, `VAL`), dropout off, nothing updated.
+    fn evaluate(&mut self, split: usize) -> Result<Self::Evaluation>;
+    /// A host copy of the current parameters.
+    fn params(&mut self) -> Result<Self::Params>;
+}
+
+/// How `epochs` trains.
+#[derive(Clone, Debug)]
+pub struct EpochPlan {
+    /// Passes over the training split.
+    pub epochs: usize,
+    /// Training samples (the order of each epoch is a permutation of 0..samples).
+    pub samples: usize,
+    /// Samples per optimizer step.
+    pub batch: usize,
+    /// Seed of the shuffle before each epoch (with the pipeline's stream mixed in).
+    pub shuffle_seed: u64,
+    /// The learning rate of every step of the run (epochs × ⌈samples / batch⌉).
+    pub rates: Vec<f32>,
+    /// Stop when the judged loss has not improved for this many epochs.
+    pub patience: Option<usize>,
+}
+
+/// An epoch just trained, as `EpochHooks::finished` sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct EpochTrained {
+    /// 1-based.
+    pub epoch: usize,
+    /// Mean training loss over the epoch (parameters moving meanwhile); finite.
+    pub train_loss: f64,
+    /// Training samples per second of the epoch's training (evaluation excluded).
+    pub samples_per_s: f64,
+    /// When the first epoch began.
+    pub started: Instant,
+}
+
+/// What the pipeline made of an epoch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Verdict {
+    /// Go on; `judged`: the loss `--patience` watches (None: not watched).
+    Next {
+        /// The epoch's judged loss.
+        judged: Option<f64>,
+    },
+    /// What stopped being finite: training ends as diverged.
+    Diverged(&'static str),
+    /// Training ends here (the pipeline's own reason).
+    Stop,
+}
+
+/// The pipeline's side of `epochs`; every method but `finished` defaults to nothing.
+pub trait EpochHooks<T: ?Sized> {
+    /// An epoch of `samples` training samples begins.
+    fn started(&mut self, _epoch: usize, _samples: usize) {}
+    /// `done` training samples of the epoch so far.
+    fn progress(&mut self, _done: usize) {}
+    /// The epoch is trained (its loss finite): evaluate, keep, report, and say how to go on.
+    fn finished(&mut self, trainer: &mut T, epoch: &EpochTrained) -> Result<Verdict>;
+    /// `--patience` stops the run after `epoch`: the judged loss was best at `best`.
+    fn stopping_early(&mut self, _epoch: usize, _patience: usize, _best: usize) {}
+}
+
+/// How `epochs` ended.
+#[derive(Debug, Default)]
+pub struct EpochsRun {
+    /// Epochs that `finished` saw.
+    pub done: usize,
+    /// Where and what stopped being finite.
+    pub diverged: Option<Divergence>,
+    /// The epoch after which `--patience` stopped the run.
+    pub stopped_early: Option<usize>,
+    /// Whether Ctrl-C stopped it.
+    pub interrupted: bool,
+}
+
+/// The one epoch loop: for each epoch, a seeded reshuffle of the training order, one `train_epoch` at
+/// the epoch's slice of `plan.rates`, a divergence check of its loss, the pipeline's `finished` hook,
+/// `--patience` on the judged loss it returns, and Ctrl-C (checked after the epoch is finished, so the
+/// epoch in progress is kept).
+pub fn epochs<T: Trainer + ?Sized>(
+    trainer: &mut T,
+    plan: &EpochPlan,
+    hooks: &mut dyn EpochHooks<T>,
+) -> Result<EpochsRun> {
+    let n = plan.samples;
+    let steps = n.div_ceil(plan.batch.max(1));
+    if plan.rates.len() != steps * plan.epochs {
+        bail!("internal: {} learning rates for {} epochs of {steps} steps", plan.rates.len(), plan.epochs);
+    }
+    let mut rng = SeededRng::seed_from_u64(plan.shuffle_seed);
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let mut run = EpochsRun::default();
+    // The epoch of the lowest judged loss so far, for --patience.
+    let mut best: Option<(usize, f64)> = None;
+    let started = Instant::now();
+    for epoch in 1..=plan.epochs {
+        order.shuffle(&mut rng);
+        hooks.started(epoch, n);
+        let epoch_start = Instant::now();
+        let rates = &plan.rates[(epoch - 1) * steps..epoch * steps];
+        let sum = trainer.train_epoch(&order, plan.batch, rates, &mut |done| hooks.progress(done))?;
+        let samples_per_s = n as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
+        let train_loss = sum / n.max(1) as f64;
+        if !train_loss.is_finite() {
+            run.diverged = Some(Divergence { epoch, what: "training loss" });
+            break;
+        }
+        let verdict = hooks.finished(trainer, &EpochTrained { epoch, train_loss, samples_per_s, started })?;
+        let judged = match verdict {
+            Verdict::Diverged(what) => {
+                run.diverged = Some(Divergence { epoch, what });
+                break;
+            }
+            Verdict::Stop => {
+                run.done = epoch;
+                break;
+            }
+            Verdict::Next { judged } => judged,
+        };
+        run.done = epoch;
+        if let Some(judged) = judged
+            && best.is_none_or(|(_, b)| judged < b)
+        {
+            best = Some((epoch, judged));
+        }
+        if let (Some(patience), Some((best, _))) = (plan.patience, best)
+            && epoch - best >= patience
+        {
+            hooks.stopping_early(epoch, patience, best);
+            run.stopped_early = Some(epoch);
+            break;
+        }
+        if interrupt::requested() {
+            run.interrupted = true;
+            break;
+        }
+    }
+    Ok(run)
+}
 
 /// A training command in three stages (module comment).
 pub trait TrainingCommand {

@@ -127,7 +127,7 @@ fn run_command(py: Python<'_>, name: &str, args: Vec<String>) -> PyResult<bool> 
 /// Checks a spec ("Linear(784, 128), ReLU, Linear(128, 10)"), raising ValueError with what is wrong.
 #[pyfunction]
 fn parse_spec(text: &str) -> PyResult<()> {
-    textnet::fit::spec::parse(text).map(drop).map_err(value_error)
+    textnet::nn::stack::spec::parse(text).map(drop).map_err(value_error)
 }
 
 /// Folders to look for NVRTC in before giving up (the package passes its `nvidia-cuda-nvrtc` wheel's).

@@ -8,27 +8,25 @@ use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMetho
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
-use textnet::cpu::SeededRng;
 use textnet::device::{Backend, DeviceChoice};
 use textnet::fit::data::{InputSchema, TargetInfo};
-use textnet::fit::model::{Init, Loss, Network};
 use textnet::fit::modelfile::{self, FitModel};
-use textnet::fit::spec::{self, Shape};
-use textnet::fit::{FitTrainer, Samples, Setup, Target};
-use textnet::ops::optim::{OptimConfig, OptimKind};
+use textnet::nn::stack::model::{Init, Loss, Network};
+use textnet::nn::stack::spec::{self, Shape};
+use textnet::nn::stack::{Samples, Setup, StackTrainer, Target};
+use textnet::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, ScheduleArgs};
+use textnet::run::{EpochHooks, EpochPlan, EpochTrained, Verdict};
 
 /// The rows of `x` (float32, C-contiguous, as the Python half makes it) as samples of `shape`: checks the
 /// shape and that every value is finite.
 fn features(x: &PyReadonlyArrayDyn<'_, f32>, shape: Shape, what: &str) -> PyResult<(usize, Vec<f32>)> {
     let dims = x.shape();
-    let per_row = textnet::fit::model::size(shape);
+    let per_row = textnet::nn::stack::model::size(shape);
     let row_dims: Vec<usize> = match shape {
         Shape::Flat(n) => vec![n],
         Shape::Image { channels, height, width } => vec![channels, height, width],
@@ -182,6 +180,10 @@ struct FitRequest {
     seed: u64,
     /// Whether anyone draws the progress (else no progress events are sent).
     progress: bool,
+    /// The learning rate over the run's steps.
+    schedule: LrSchedule,
+    /// Stop when the validation loss has not improved for this many epochs.
+    patience: Option<usize>,
 }
 
 /// The least time between two progress events: a bar redrawn 50 times a second looks smooth.
@@ -230,7 +232,7 @@ impl Model {
     /// The layers, every width written out.
     #[getter]
     fn spec(&self) -> String {
-        modelfile::spec_text(&self.read().net.layers)
+        spec::text(&self.read().net.layers)
     }
 
     /// The shape of one sample.
@@ -394,7 +396,7 @@ impl Model {
     /// keeps the parameters of the last epoch finished (the last finite one, if training diverged).
     #[pyo3(signature = (x, y, x_val=None, y_val=None, validation_split=None, epochs=10, batch_size=64,
         optimizer="adam", lr=None, momentum=None, weight_decay=0.0, clip_norm=0.0, device="auto", seed=1,
-        on_progress=None, on_epoch=None))]
+        lr_schedule="constant", warmup=0, min_lr=0.0, patience=None, on_progress=None, on_epoch=None))]
     #[allow(clippy::too_many_arguments)]
     fn fit<'py>(
         &self,
@@ -413,6 +415,10 @@ impl Model {
         clip_norm: f32,
         device: &str,
         seed: u64,
+        lr_schedule: &str,
+        warmup: usize,
+        min_lr: f32,
+        patience: Option<usize>,
         on_progress: Option<Py<PyAny>>,
         on_epoch: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
@@ -455,6 +461,25 @@ impl Model {
             )
         })?;
 
+        let python_names = |e: anyhow::Error| {
+            PyValueError::new_err(
+                format!("{e:#}")
+                    .replace("--lr-schedule", "lr_schedule")
+                    .replace("--min-lr", "min_lr")
+                    .replace("--warmup", "warmup")
+                    .replace("--lr", "lr"),
+            )
+        };
+        let kind: LrScheduleKind = choice("lr_schedule", lr_schedule)?;
+        let schedule = ScheduleArgs { lr_schedule: kind, warmup, min_lr }.schedule(optim.lr).map_err(python_names)?;
+        if patience == Some(0) {
+            return Err(PyValueError::new_err("patience must be at least 1"));
+        }
+        if patience.is_some() && x_val.is_none() && validation_split.is_none() {
+            return Err(PyValueError::new_err(
+                "patience watches the validation loss: give validation_data or validation_split",
+            ));
+        }
         let (shape, k, loss) = self.signature();
         let (rows, values) = features(&x, shape, "X")?;
         let target = targets(y, rows, loss, k, "y")?;
@@ -488,7 +513,10 @@ impl Model {
             (m.net.clone(), m.params.clone())
         };
         check_memory(&net, train.bytes() + val.as_ref().map_or(0, Samples::bytes), batch_size)?;
-        let request = FitRequest { epochs, batch: batch_size, optim, device, seed, progress: on_progress.is_some() };
+        let steps = (train.rows().div_ceil(batch_size)).saturating_mul(epochs);
+        schedule.check(steps).map_err(python_names)?;
+        let progress = on_progress.is_some();
+        let request = FitRequest { epochs, batch: batch_size, optim, device, seed, progress, schedule, patience };
         let mut history: Vec<(&'static str, Vec<f64>)> = Vec::new();
         let started = Instant::now();
         let (trained, interrupted) = drive(
@@ -563,7 +591,7 @@ impl Model {
     ) -> anyhow::Result<(f64, Vec<f32>)> {
         let m = self.read();
         match backend(device)? {
-            Backend::Cpu => Ok(textnet::fit::cpu::evaluate(&m.net, &m.params, &samples, m.loss)),
+            Backend::Cpu => Ok(textnet::nn::stack::cpu::evaluate(&m.net, &m.params, &samples, m.loss)),
             backend => {
                 let setup = Setup {
                     net: m.net.clone(),
@@ -573,7 +601,7 @@ impl Model {
                     dropout_seed: 0,
                     splits: vec![samples],
                 };
-                textnet::fit::trainer(&backend, setup, batch)?.evaluate(0)
+                textnet::nn::stack::trainer(&backend, setup, batch)?.evaluate(0)
             }
         }
     }
@@ -630,52 +658,88 @@ fn train_epochs(
         dropout_seed: request.seed as u32,
         splits: splits.clone(),
     };
-    let mut trainer: Box<dyn FitTrainer> = textnet::fit::trainer(&backend, setup, request.batch)?;
+    let mut trainer: Box<StackTrainer> = textnet::nn::stack::trainer(&backend, setup, request.batch)?;
     let setup_s = begun.elapsed().as_secs_f64();
     let training = Instant::now();
-    let mut rng = SeededRng::seed_from_u64(request.seed ^ textnet::fit::SHUFFLE_STREAM);
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    let mut kept = params;
-    for epoch in 1..=request.epochs {
-        order.shuffle(&mut rng);
-        let started = Instant::now();
-        let mut last_sent: Option<Instant> = None;
-        let mut progress = |done: usize| {
-            if request.progress && (done == n || last_sent.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)) {
-                last_sent = Some(Instant::now());
-                let _ = events.send(Event::Progress { epoch, done, total: n });
-            }
-        };
-        let sum = trainer.train_epoch_at(&order, request.batch, request.optim.lr, &mut progress)?;
-        let seconds = started.elapsed().as_secs_f64();
-        let mut logs = vec![("loss", sum / n.max(1) as f64)];
-        if has_val {
+    let plan = EpochPlan {
+        epochs: request.epochs,
+        samples: n,
+        batch: request.batch,
+        shuffle_seed: request.seed ^ textnet::nn::stack::SHUFFLE_STREAM,
+        rates: request.schedule.rates(request.optim.lr, n.div_ceil(request.batch.max(1)) * request.epochs),
+        patience: request.patience,
+    };
+    let mut hooks = PythonEpochs {
+        n,
+        k,
+        has_val,
+        splits,
+        events,
+        progress: request.progress,
+        kept: params,
+        epoch: 0,
+        last_sent: None,
+    };
+    let ran = textnet::run::epochs(trainer.as_mut(), &plan, &mut hooks)?;
+    let training_s = training.elapsed().as_secs_f64();
+    let diverged = ran.diverged.map(|d| {
+        format!(
+            "training diverged at epoch {}: the {} stopped being finite; the model keeps epoch {}; \
+             try a lower lr (this run used {}) or clip_norm",
+            d.epoch,
+            d.what,
+            d.epoch - 1,
+            textnet::report::decimal(request.optim.lr)
+        )
+    });
+    Ok(Trained { params: hooks.kept, diverged, device, setup_s, training_s })
+}
+
+/// The Python package's side of the epoch loop: the validation figures, the parameters kept, the events.
+struct PythonEpochs<'a> {
+    n: usize,
+    k: usize,
+    has_val: bool,
+    splits: Vec<Arc<Samples>>,
+    events: &'a Sender<Event>,
+    progress: bool,
+    /// The parameters of the last epoch finished with finite figures (the starting ones before any).
+    kept: Vec<f32>,
+    /// The epoch in progress, and when its last progress event was sent.
+    epoch: usize,
+    last_sent: Option<Instant>,
+}
+
+impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
+    fn started(&mut self, epoch: usize, _samples: usize) {
+        (self.epoch, self.last_sent) = (epoch, None);
+    }
+
+    fn progress(&mut self, done: usize) {
+        if self.progress && (done == self.n || self.last_sent.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)) {
+            self.last_sent = Some(Instant::now());
+            let _ = self.events.send(Event::Progress { epoch: self.epoch, done, total: self.n });
+        }
+    }
+
+    fn finished(&mut self, trainer: &mut StackTrainer, epoch: &EpochTrained) -> anyhow::Result<Verdict> {
+        let mut logs = vec![("loss", epoch.train_loss)];
+        if self.has_val {
             let (val_sum, outputs) = trainer.evaluate(1)?;
-            logs.extend(figures(&splits[1], val_sum, &outputs, k).into_iter().map(|(key, v)| match key {
+            logs.extend(figures(&self.splits[1], val_sum, &outputs, self.k).into_iter().map(|(key, v)| match key {
                 "loss" => ("val_loss", v),
                 "accuracy" => ("val_accuracy", v),
                 _ => ("val_mae", v),
             }));
         }
-        logs.push(("seconds", seconds));
+        logs.push(("seconds", self.n as f64 / epoch.samples_per_s));
         let params = trainer.params()?;
         if logs.iter().any(|(_, v)| !v.is_finite()) || !params.iter().all(|p| p.is_finite()) {
-            let what = if !logs[0].1.is_finite() { "training loss" } else { "parameters" };
-            let diverged = format!(
-                "training diverged at epoch {epoch}: the {what} stopped being finite; the model keeps epoch {}; \
-                 try a lower lr (this run used {}) or clip_norm",
-                epoch - 1,
-                textnet::report::decimal(request.optim.lr)
-            );
-            let training_s = training.elapsed().as_secs_f64();
-            return Ok(Trained { params: kept, diverged: Some(diverged), device, setup_s, training_s });
+            return Ok(Verdict::Diverged("parameters"));
         }
-        kept = params;
-        let _ = events.send(Event::Epoch { epoch, logs });
-        if textnet::interrupt::requested() {
-            break;
-        }
+        self.kept = params;
+        let judged = logs.iter().find(|(key, _)| *key == "val_loss").map(|&(_, v)| v);
+        let _ = self.events.send(Event::Epoch { epoch: epoch.epoch, logs });
+        Ok(Verdict::Next { judged })
     }
-    let training_s = training.elapsed().as_secs_f64();
-    Ok(Trained { params: kept, diverged: None, device, setup_s, training_s })
 }

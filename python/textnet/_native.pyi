@@ -60,6 +60,10 @@ class Model:
         clip_norm: float = 0.0,
         device: str = "auto",
         seed: int = 1,
+        lr_schedule: str = "constant",
+        warmup: int = 0,
+        min_lr: float = 0.0,
+        patience: Optional[int] = None,
         on_progress: Optional[Callable[[int, int, int], None]] = None,
         on_epoch: Optional[Callable[[int, Dict[str, float]], None]] = None,
     ) -> Dict[str, object]: ...

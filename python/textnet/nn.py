@@ -458,6 +458,10 @@ class Sequential:
         validation_split: Optional[float] = None,
         verbose: int = 1,
         lr: Optional[float] = None,
+        lr_schedule: str = "constant",
+        warmup: int = 0,
+        min_lr: float = 0.0,
+        patience: Optional[int] = None,
     ) -> History:
         """Trains for ``epochs`` passes over ``X``, ``y`` in shuffled batches of ``batch_size``, as Keras's
         ``fit`` does, and returns a ``History``.
@@ -469,6 +473,11 @@ class Sequential:
         measured after every epoch. ``verbose``: 0 silent, 1 a progress bar per epoch (tqdm when installed)
         and a line per epoch, 2 the lines only. Each call starts a fresh optimizer state from the current
         parameters.
+
+        ``lr_schedule``: the learning rate over the call's steps, as ``textnet fit --lr-schedule`` takes it:
+        ``"constant"``, ``"cosine"`` (down to ``min_lr``) or ``"step"`` (×0.1 at 50 % and 75 % of the
+        steps), after ``warmup`` steps of linear warm-up. ``patience=N`` stops once the validation loss has
+        not improved for N epochs (it needs validation data).
 
         Ctrl-C stops after the current epoch: the model keeps it, ``self.history`` holds the epochs done,
         and ``KeyboardInterrupt`` is raised. A run whose loss or parameters stop being finite keeps the
@@ -517,6 +526,10 @@ class Sequential:
             clip_norm=self.clip_norm,
             device=self.device,
             seed=self.seed,
+            lr_schedule=lr_schedule,
+            warmup=warmup,
+            min_lr=min_lr,
+            patience=patience,
             on_progress=progress.progress if verbose == 1 else None,
             on_epoch=on_epoch,
         )

@@ -1,4 +1,4 @@
-//! `textnet selftest` checks of `fused/fit.cu` against the CPU reference (src/fit/model.rs), on fixed
+//! `textnet selftest` checks of `fused/fit.cu` against the CPU reference (src/nn/stack/model.rs), on fixed
 //! specs covering every layer kind and on random specs (depth 1–6, widths 1–1024, images of odd sizes with
 //! padding and stride), each with fresh random parameters, data and targets:
 //!
@@ -21,17 +21,18 @@
 //! The random specs come from a fixed stream (so `modules` can list what the selftest compiles); the
 //! parameters and data come from the run's seed.
 
-use super::gpu::{
-    GpuTrainer, StepPath, modules as network_modules, plan as group_plan, whole_epoch_module, whole_epoch_plan,
-};
-use super::model::{self, Init, Loss, Network};
-use super::spec::{self, Shape};
-use super::{FitTrainer, Samples, Setup, Target};
 use crate::check::{Check, Group, Plan, rel_error, worst};
 use crate::cpu::SeededRng;
 use crate::device::{Gpu, ModuleRequest};
+use crate::nn::stack::gpu::{
+    GpuTrainer, StepPath, modules as network_modules, plan as group_plan, whole_epoch_module, whole_epoch_plan,
+};
+use crate::nn::stack::model::{self, Init, Loss, Network};
+use crate::nn::stack::spec::{self, Shape};
+use crate::nn::stack::{Samples, Setup, Target};
 use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
+use crate::run::Trainer;
 use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;

@@ -4,10 +4,11 @@
 //! refused with the command that takes it.
 
 use super::data::{InputSchema, TargetInfo};
-use super::spec::Shape;
-use super::{model, modelfile};
+use super::modelfile;
 use crate::classifier::ImageModel;
 use crate::datasets::idx::{IMAGE_SIDE, PIXELS};
+use crate::nn::stack::model;
+use crate::nn::stack::spec::Shape;
 use anyhow::{Result, bail};
 use std::path::Path;
 

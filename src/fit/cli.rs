@@ -7,25 +7,23 @@
 //! does not fit it, image layers on a table, and a run too large for host memory.
 
 use super::data::{self, Data, InputSchema, Request, Source, TargetInfo};
-use super::model::{Init, Loss, Network};
 use super::modelfile::{self, FitModel};
-use super::spec::{self, Layer, Shape};
-use super::{FitTrainer, Samples, Setup as TrainerSetup, Target};
 use crate::checkpoint::{self, Keep, Keeper};
-use crate::cpu::{SeededRng, argmax};
+use crate::cpu::argmax;
 use crate::datasets::features::{Split, SplitOrder};
 use crate::datasets::infer::Overrides;
 use crate::datasets::mnist::Dataset;
 use crate::datasets::table::{ColumnSpec, HeaderMode, LoadOptions, Table};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
+use crate::nn::stack::model::{Init, Loss, Network};
+use crate::nn::stack::spec::{self, Layer, Shape};
+use crate::nn::stack::{Figures, Samples, Setup as TrainerSetup, StackTrainer, Target};
 use crate::ops::optim::{LrSchedule, OptimArgs, OptimConfig, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::available_memory;
-use crate::run::{self, Ending, TrainingCommand};
+use crate::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, TrainingCommand, VAL, Verdict};
 use anyhow::{Result, anyhow, bail};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -246,26 +244,13 @@ fn check_outputs(net: &Network, data: &Data) -> Result<()> {
     }
 }
 
-/// The figures of one split's evaluation.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Figures {
-    /// Mean loss.
-    pub loss: f64,
-    /// Classes: the fraction right.
-    pub accuracy: Option<f64>,
-    /// Values: the mean absolute error in the file's units.
-    pub mae: Option<f64>,
-}
-
 /// The figures of `outputs` on `s` (of `loss_sum` summed loss); `raw`: the targets in the file's units.
 pub(super) fn figures(target: &TargetInfo, s: &Samples, raw: &[f32], loss_sum: f64, outputs: &[f32]) -> Figures {
     let rows = s.rows().max(1);
     let loss = loss_sum / rows as f64;
     match (target, &s.target) {
         (TargetInfo::Classes { names }, Target::Classes(classes)) => {
-            let k = names.len();
-            let right = outputs.chunks(k).zip(classes).filter(|(o, c)| argmax(o) == **c as usize).count();
-            Figures { loss, accuracy: Some(right as f64 / rows as f64), mae: None }
+            Figures::of_classes(classes, names.len(), loss_sum, outputs)
         }
         (TargetInfo::Value { mean, std, .. }, _) => {
             let sum: f64 = outputs.iter().zip(raw).map(|(&o, &y)| ((o * std + mean) as f64 - y as f64).abs()).sum();
@@ -284,7 +269,7 @@ pub struct Setup {
     backend: Backend,
     optim: OptimConfig,
     schedule: LrSchedule,
-    trainer: Box<dyn FitTrainer>,
+    trainer: Box<StackTrainer>,
     /// The judged loss of the model at --out, an epoch must beat it.
     baseline: Option<f64>,
     /// Values: the test MAE of predicting the training mean.
@@ -292,6 +277,111 @@ pub struct Setup {
     /// The test loss before training, which a run that did not learn compares its last one with.
     untrained_loss: f64,
     started: Instant,
+}
+
+/// `textnet fit`'s side of the epoch loop: the test (and validation) figures, the model written by
+/// --keep when it learned, the epoch's line.
+struct FitEpochs<'a> {
+    args: &'a FitArgs,
+    display: &'a mut Display,
+    data: &'a Data,
+    net: &'a Network,
+    baseline_mae: Option<f64>,
+    judged_name: &'static str,
+    keeper: Keeper,
+    rows: Vec<EpochRow>,
+    last: Option<Figures>,
+}
+
+impl EpochHooks<StackTrainer> for FitEpochs<'_> {
+    fn started(&mut self, epoch: usize, samples: usize) {
+        self.display.epoch_started(epoch, samples);
+    }
+
+    fn progress(&mut self, done: usize) {
+        self.display.reached(done);
+    }
+
+    fn finished(&mut self, trainer: &mut StackTrainer, epoch: &EpochTrained) -> Result<Verdict> {
+        let data = self.data;
+        let (test_sum, test_out) = trainer.evaluate(TEST)?;
+        let test = figures(&data.target, &data.test, &data.test_values, test_sum, &test_out);
+        let val = match &data.val {
+            Some(v) => {
+                let (sum, out) = trainer.evaluate(VAL)?;
+                Some(figures(&data.target, v, &data.val_values, sum, &out))
+            }
+            None => None,
+        };
+        let params = trainer.params()?;
+        let finite = test.loss.is_finite() && val.is_none_or(|v| v.loss.is_finite());
+        if !finite || !params.iter().all(|p| p.is_finite()) {
+            return Ok(Verdict::Diverged("parameters"));
+        }
+        let learned = match (test.accuracy, test.mae, &data.target) {
+            (Some(a), _, TargetInfo::Classes { names }) => a > 1.5 / names.len() as f64,
+            (_, Some(mae), _) => self.baseline_mae.is_none_or(|b| mae < b),
+            _ => true,
+        };
+        let judged = val.map_or(test.loss, |v| v.loss);
+        let note = if learned {
+            let model = FitModel {
+                net: self.net.clone(),
+                params,
+                loss: data.loss,
+                input: data.schema.clone(),
+                target: data.target.clone(),
+            };
+            let (keeper, out) = (&mut self.keeper, &self.args.out);
+            let written = keeper
+                .offer(epoch.epoch, judged, || modelfile::save(&model, out))
+                .map_err(|e| anyhow!("{e:#}; {}", keeper.outcome(out, self.judged_name)))?;
+            keeper.note(written, self.judged_name)
+        } else {
+            "not saved (no better than guessing)".to_string()
+        };
+        let mut row = EpochRow {
+            epoch: epoch.epoch,
+            train_loss: epoch.train_loss,
+            val_loss: val.map(|v| v.loss),
+            val_accuracy: val.and_then(|v| v.accuracy),
+            test_loss: Some(test.loss),
+            test_accuracy: test.accuracy,
+            samples_per_s: epoch.samples_per_s,
+            elapsed_s: epoch.started.elapsed().as_secs_f64(),
+            extra: Default::default(),
+        };
+        let mut text = String::new();
+        if let Some(v) = val {
+            text += &format!("val loss {:.4}, ", v.loss);
+            if let Some(a) = v.accuracy {
+                text += &format!("val acc {:.2}%, ", 100.0 * a);
+            }
+            if let Some(mae) = v.mae {
+                row = row.with("val_mae", mae);
+                text += &format!("val MAE {mae:.4}, ");
+            }
+        }
+        text += &format!("test loss {:.4}", test.loss);
+        if let Some(a) = test.accuracy {
+            text += &format!(", test acc {:.2}%", 100.0 * a);
+        }
+        if let Some(mae) = test.mae {
+            row = row.with("test_mae", mae);
+            text += &format!(", test MAE {mae:.4}");
+        }
+        self.display.epoch_finished(&row, &text, &note);
+        self.rows.push(row);
+        self.last = Some(test);
+        Ok(Verdict::Next { judged: Some(judged) })
+    }
+
+    fn stopping_early(&mut self, _epoch: usize, patience: usize, best: usize) {
+        self.display.line(&format!(
+            "stopping early: the val loss has not improved for {patience} epoch{} (best: epoch {best})",
+            if patience == 1 { "" } else { "s" }
+        ));
+    }
 }
 
 /// What `train` hands to `finish`.
@@ -304,10 +394,6 @@ pub struct Trained {
     last: Option<Figures>,
     training_s: f64,
 }
-
-/// The index of each split in the trainer (`Setup::splits`): 0 trains, 1 tests, 2 validates.
-const TEST: usize = 1;
-const VAL: usize = 2;
 
 impl TrainingCommand for FitArgs {
     type Setup = Setup;
@@ -379,7 +465,7 @@ impl TrainingCommand for FitArgs {
                 if old.net != net || old.input != data.schema || old.target_kind() != data.target_kind() {
                     return Err(checkpoint::other_data(&args.out, "a fit model of another spec or other data"));
                 }
-                let (sum, _) = super::cpu::evaluate(&old.net, &old.params, judged, old.loss);
+                let (sum, _) = crate::nn::stack::cpu::evaluate(&old.net, &old.params, judged, old.loss);
                 let loss = checkpoint::baseline(&args.out, sum / judged.rows().max(1) as f64, loss_name)?;
                 display.line(&format!(
                     "--out {} already holds a model of {loss_name} {loss:.4}; only a better epoch replaces it",
@@ -423,7 +509,7 @@ impl TrainingCommand for FitArgs {
         display.line(&format!(
             "model {}; {} parameters; {target}; {}{schedule_text}, batch {}, {} epoch{}, seed {}, {} init; device \
              {device_line}",
-            modelfile::spec_text(&net.layers),
+            spec::text(&net.layers),
             report::count(net.param_count),
             optim.describe(),
             args.batch,
@@ -439,7 +525,7 @@ impl TrainingCommand for FitArgs {
         splits.extend(data.val.clone().map(Arc::new));
         let setup =
             TrainerSetup { net: net.clone(), params, loss: data.loss, optim, dropout_seed: args.seed as u32, splits };
-        let mut trainer = super::trainer(&backend, setup, args.batch)?;
+        let mut trainer = crate::nn::stack::trainer(&backend, setup, args.batch)?;
         let (untrained_sum, _) = trainer.evaluate(TEST)?;
         Ok(Setup {
             untrained_loss: untrained_sum / data.test.rows().max(1) as f64,
@@ -461,113 +547,31 @@ impl TrainingCommand for FitArgs {
         let args = self;
         let n = setup.data.train.rows();
         let steps_per_epoch = n.div_ceil(args.batch);
-        let rates = setup.schedule.rates(setup.optim.lr, steps_per_epoch * args.epochs);
-        let mut rng = SeededRng::seed_from_u64(args.seed ^ super::SHUFFLE_STREAM);
-        let mut order: Vec<u32> = (0..n as u32).collect();
-        let mut keeper = Keeper::new(args.keep(), setup.baseline);
+        let plan = EpochPlan {
+            epochs: args.epochs,
+            samples: n,
+            batch: args.batch,
+            shuffle_seed: args.seed ^ crate::nn::stack::SHUFFLE_STREAM,
+            rates: setup.schedule.rates(setup.optim.lr, steps_per_epoch * args.epochs),
+            patience: args.patience,
+        };
         let judged_name = if setup.data.val.is_some() { "val loss" } else { "test loss" };
-        let (mut rows, mut diverged, mut stopped_early, mut last) = (Vec::new(), None, None, None);
-        // The epoch of the lowest judged loss so far (every epoch, saved or not), for --patience.
-        let mut best: Option<(usize, f64)> = None;
+        let mut hooks = FitEpochs {
+            args,
+            display: &mut setup.display,
+            data: &setup.data,
+            net: &setup.net,
+            baseline_mae: setup.baseline_mae,
+            judged_name,
+            keeper: Keeper::new(args.keep(), setup.baseline),
+            rows: Vec::new(),
+            last: None,
+        };
         let training = Instant::now();
-        for epoch in 1..=args.epochs {
-            order.shuffle(&mut rng);
-            setup.display.epoch_started(epoch, n);
-            let epoch_start = Instant::now();
-            let lr = &rates[(epoch - 1) * steps_per_epoch..epoch * steps_per_epoch];
-            let display = &setup.display;
-            let loss = setup.trainer.train_epoch(&order, args.batch, lr, &mut |done| display.reached(done))?;
-            let train_s = epoch_start.elapsed().as_secs_f64();
-            let train_loss = loss / n.max(1) as f64;
-            let (test_sum, test_out) = setup.trainer.evaluate(TEST)?;
-            let test = figures(&setup.data.target, &setup.data.test, &setup.data.test_values, test_sum, &test_out);
-            let val = match &setup.data.val {
-                Some(v) => {
-                    let (sum, out) = setup.trainer.evaluate(VAL)?;
-                    Some(figures(&setup.data.target, v, &setup.data.val_values, sum, &out))
-                }
-                None => None,
-            };
-            let params = setup.trainer.params()?;
-            let finite = train_loss.is_finite() && test.loss.is_finite() && val.is_none_or(|v| v.loss.is_finite());
-            if !finite || !params.iter().all(|p| p.is_finite()) {
-                let what = if !train_loss.is_finite() { "training loss" } else { "parameters" };
-                diverged = Some(Divergence { epoch, what });
-                break;
-            }
-            let learned = match (test.accuracy, test.mae, &setup.data.target) {
-                (Some(a), _, TargetInfo::Classes { names }) => a > 1.5 / names.len() as f64,
-                (_, Some(mae), _) => setup.baseline_mae.is_none_or(|b| mae < b),
-                _ => true,
-            };
-            let judged = val.map_or(test.loss, |v| v.loss);
-            if best.is_none_or(|(_, b)| judged < b) {
-                best = Some((epoch, judged));
-            }
-            let note = if learned {
-                let model = FitModel {
-                    net: setup.net.clone(),
-                    params,
-                    loss: setup.data.loss,
-                    input: setup.data.schema.clone(),
-                    target: setup.data.target.clone(),
-                };
-                let written = keeper
-                    .offer(epoch, judged, || modelfile::save(&model, &args.out))
-                    .map_err(|e| anyhow!("{e:#}; {}", keeper.outcome(&args.out, judged_name)))?;
-                keeper.note(written, judged_name)
-            } else {
-                "not saved (no better than guessing)".to_string()
-            };
-            let mut row = EpochRow {
-                epoch,
-                train_loss,
-                val_loss: val.map(|v| v.loss),
-                val_accuracy: val.and_then(|v| v.accuracy),
-                test_loss: Some(test.loss),
-                test_accuracy: test.accuracy,
-                samples_per_s: n as f64 / train_s.max(1e-9),
-                elapsed_s: training.elapsed().as_secs_f64(),
-                extra: Default::default(),
-            };
-            let mut text = String::new();
-            if let Some(v) = val {
-                text += &format!("val loss {:.4}, ", v.loss);
-                if let Some(a) = v.accuracy {
-                    text += &format!("val acc {:.2}%, ", 100.0 * a);
-                }
-                if let Some(mae) = v.mae {
-                    row = row.with("val_mae", mae);
-                    text += &format!("val MAE {mae:.4}, ");
-                }
-            }
-            text += &format!("test loss {:.4}", test.loss);
-            if let Some(a) = test.accuracy {
-                text += &format!(", test acc {:.2}%", 100.0 * a);
-            }
-            if let Some(mae) = test.mae {
-                row = row.with("test_mae", mae);
-                text += &format!(", test MAE {mae:.4}");
-            }
-            setup.display.epoch_finished(&row, &text, &note);
-            rows.push(row);
-            last = Some(test);
-            if let (Some(patience), Some((best, _))) = (args.patience, best)
-                && epoch - best >= patience
-            {
-                setup.display.line(&format!(
-                    "stopping early: the val loss has not improved for {patience} epoch{} (best: epoch {best})",
-                    if patience == 1 { "" } else { "s" }
-                ));
-                stopped_early = Some(epoch);
-                break;
-            }
-            if crate::interrupt::requested() {
-                break;
-            }
-        }
+        let ran = run::epochs(setup.trainer.as_mut(), &plan, &mut hooks)?;
         let training_s = training.elapsed().as_secs_f64();
-        Ok(Trained { setup, rows, keeper, diverged, stopped_early, last, training_s })
+        let FitEpochs { keeper, rows, last, .. } = hooks;
+        Ok(Trained { setup, rows, keeper, diverged: ran.diverged, stopped_early: ran.stopped_early, last, training_s })
     }
 
     fn finish(&self, trained: Trained) -> Result<Ending> {
@@ -621,7 +625,7 @@ impl TrainingCommand for FitArgs {
                 &format!(
                     "textnet fit on {}: {}; {}, batch {}",
                     data.source.split(" from ").next().unwrap_or_default(),
-                    modelfile::spec_text(&net.layers),
+                    spec::text(&net.layers),
                     optim.describe(),
                     args.batch
                 ),
@@ -648,7 +652,7 @@ impl TrainingCommand for FitArgs {
                 command: "fit",
                 status: ending.status(),
                 config: json!({
-                    "layers": modelfile::spec_text(&net.layers),
+                    "layers": spec::text(&net.layers),
                     "dataset": dataset,
                     "table": table,
                     "target": args.tabular.target.as_ref().map(|t| t.to_string()),
@@ -678,7 +682,7 @@ impl TrainingCommand for FitArgs {
                 device: report::DeviceFields::of(&backend),
                 data: json!({
                     "source": data.source,
-                    "input": super::model::size(data.input),
+                    "input": crate::nn::stack::model::size(data.input),
                     "input_shape": match data.input {
                         Shape::Flat(n) => vec![n],
                         Shape::Image { channels, height, width } => vec![channels, height, width],
@@ -765,7 +769,7 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
             *v = (*v - mean) / std;
         }
     }
-    let trace = super::model::forward(&m.net, &m.params, &x, split.rows, None);
+    let trace = crate::nn::stack::model::forward(&m.net, &m.params, &x, split.rows, None);
     let out = trace.values.last().expect("an output");
     let k = m.net.outputs();
     let mut text = String::from("line\tprediction\n");

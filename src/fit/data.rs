@@ -16,15 +16,15 @@
 //! values are then bad rows, not classes. Validation samples (`--val-split`) are the last of the training
 //! ones, after `--train-limit`.
 
-use super::Samples;
-use super::Target;
-use super::model::Loss;
-use super::spec::{Layer, Shape, Spec};
 use crate::datasets::features::{Dataset as TableData, Split, SplitOrder, Stats};
 use crate::datasets::idx;
 use crate::datasets::infer::{self, Overrides, Role, TargetValues};
 use crate::datasets::mnist::{self, Dataset};
 use crate::datasets::table::{BadRowError, ColumnSpec, LoadOptions, Schema, Table};
+use crate::nn::stack::Samples;
+use crate::nn::stack::Target;
+use crate::nn::stack::model::Loss;
+use crate::nn::stack::spec::{Layer, Shape, Spec};
 use anyhow::{Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 

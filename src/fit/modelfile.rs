@@ -16,10 +16,10 @@
 //! exactly the ones that network has.
 
 use super::data::{InputSchema, TableSchema, TargetInfo};
-use super::model::{Loss, Network};
-use super::spec::{self, Layer, Shape};
 use crate::datasets::dates::DateFeatures;
 use crate::datasets::table::{ColumnSpec, Schema};
+use crate::nn::stack::model::{Loss, Network};
+use crate::nn::stack::spec::{self, Shape};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
@@ -38,27 +38,6 @@ pub struct FitModel {
     pub input: InputSchema,
     /// What the outputs mean.
     pub target: TargetInfo,
-}
-
-/// The layers as a spec with every width written out, which `spec::parse` reads back as the same
-/// network.
-pub fn spec_text(layers: &[Layer]) -> String {
-    let one = |layer: &Layer| match *layer {
-        Layer::Linear { inputs, outputs, bias } => {
-            let widths = match inputs {
-                Some(i) => format!("{i}, {outputs}"),
-                None => outputs.to_string(),
-            };
-            if bias { format!("Linear({widths})") } else { format!("Linear({widths}, bias=false)") }
-        }
-        Layer::Dropout(p) => format!("Dropout({p})"),
-        Layer::Conv2d { inputs, outputs, kernel, stride, padding } => {
-            format!("Conv2d({inputs}, {outputs}, {kernel}, stride={stride}, padding={padding})")
-        }
-        Layer::MaxPool2d(k) => format!("MaxPool2d({k})"),
-        other => other.name().to_string(),
-    };
-    layers.iter().map(one).collect::<Vec<_>>().join(", ")
 }
 
 fn column_text(spec: &ColumnSpec) -> String {
@@ -108,7 +87,7 @@ pub fn to_bytes(m: &FitModel) -> Result<Vec<u8>> {
     let mut metadata = BTreeMap::from([
         crate::modelkind::FIT.entry(),
         ("textnet".to_string(), crate::report::VERSION.to_string()),
-        ("spec".to_string(), spec_text(&m.net.layers)),
+        ("spec".to_string(), spec::text(&m.net.layers)),
         ("loss".to_string(), m.loss.name().to_string()),
         ("input".to_string(), input_json(&m.input).to_string()),
     ]);
@@ -233,7 +212,7 @@ fn check_tensors(
     expected: &[(String, Vec<usize>, std::ops::Range<usize>)],
     net: &Network,
 ) -> Result<()> {
-    let spec = || crate::console::abridged(&spec_text(&net.layers));
+    let spec = || crate::console::abridged(&spec::text(&net.layers));
     for (name, dims, _) in expected {
         let t = tensors
             .tensor(name)
@@ -307,7 +286,7 @@ mod tests {
         for shape in [Shape::Flat(5), Shape::Image { channels: 1, height: 4, width: 4 }] {
             let spec = spec::parse("Flatten, Linear(3), ReLU, Linear(2)").unwrap();
             let net = Network::new(&spec, shape).unwrap();
-            let params = net.init(super::super::model::Init::Pytorch, 3);
+            let params = net.init(crate::nn::stack::model::Init::Pytorch, 3);
             let model = FitModel {
                 net,
                 params,
@@ -326,7 +305,7 @@ mod tests {
         let text = "Conv2d(1, 4, 3, padding=1), ReLU, MaxPool2d(2), Flatten, Dropout(0.25), Linear(32, bias=false), \
                     GELU, Linear(10)";
         let net = Network::new(&spec::parse(text).unwrap(), Shape::Image { channels: 1, height: 8, width: 8 }).unwrap();
-        let written = spec_text(&net.layers);
+        let written = spec::text(&net.layers);
         assert_eq!(
             written,
             "Conv2d(1, 4, 3, stride=1, padding=1), ReLU, MaxPool2d(2), Flatten, Dropout(0.25), \

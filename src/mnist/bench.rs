@@ -10,7 +10,7 @@ use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The CNN's run: the PyTorch baseline (benches/torch_mnist.py --model cnn) trains the same.
+/// The runs of both models: the PyTorch baseline (benches/torch_mnist.py) trains the same.
 const BENCH_EPOCHS: usize = 10;
 const BENCH_BATCH: usize = 64;
 
@@ -22,19 +22,46 @@ pub struct MnistBenchArgs {
     pub model: super::ModelKind,
 }
 
-/// `textnet bench mnist`: the MLP's or the CNN's run. The MLP trains on fit's kernels, so its run is `bench
-/// fit` at its defaults: 10 epochs of Fashion-MNIST, batch 64, Adam 1e-3, `Linear(784, 128), ReLU,
-/// Linear(128, 10)` with the MLP's Xavier initialisation (seed 0), beside `benches/torch_mnist.py`.
+/// `textnet bench mnist`: the MLP's or the CNN's run. The MLP trains as a layer stack, so its run is
+/// `nn::stack::bench`'s, as `bench fit` at its defaults: 10 epochs of Fashion-MNIST, batch 64, Adam 1e-3,
+/// `Linear(784, 128), ReLU, Linear(128, 10)` with the MLP's Xavier initialisation (seed 0), beside
+/// `benches/torch_mnist.py`.
 pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &MnistBenchArgs) -> Result<()> {
     match args.model {
-        super::ModelKind::Mlp => {
-            use clap::{Args, FromArgMatches};
-            let defaults = crate::fit::bench::FitBenchArgs::augment_args(clap::Command::new("bench fit"))
-                .try_get_matches_from(["bench fit"])?;
-            crate::fit::bench::run(gpu, options, &crate::fit::bench::FitBenchArgs::from_arg_matches(&defaults)?)
-        }
+        super::ModelKind::Mlp => mlp_bench(gpu, options.repeats, options.json),
         super::ModelKind::Cnn => cnn_bench(gpu, options.json),
     }
+}
+
+/// `textnet bench mnist --model mlp` (see `run`).
+fn mlp_bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
+    use super::data::{self, Dataset};
+    use super::model::{Activation, MlpShape};
+    use crate::nn::stack::bench::StackBench;
+    use crate::nn::stack::model::{Init, Loss};
+    use crate::nn::stack::{Figures, Target, spec};
+    let data = data::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
+    let classes = Dataset::Fashion.class_names().len();
+    let shape = MlpShape { inputs: data.train.pixels, hidden: 128, classes, activation: Activation::Relu };
+    let net = super::mlp::network(shape)?;
+    let bench = StackBench {
+        layers: spec::text(&net.layers),
+        net,
+        init: Init::Xavier,
+        loss: Loss::Ce,
+        optim: OptimConfig::new(OptimKind::Adam),
+        epochs: BENCH_EPOCHS,
+        batch: BENCH_BATCH,
+        seed: 0,
+        source: format!("{} from {}", Dataset::Fashion.title(), data.dir.display()),
+        train: Arc::new(super::mlp::samples(&data.train)),
+        test: Arc::new(super::mlp::samples(&data.test)),
+    };
+    let Target::Classes(labels) = &bench.test.target else { unreachable!("an image's target is its class") };
+    let labels = labels.clone();
+    crate::nn::stack::bench::run(gpu, repeats, json, &bench, &|loss, outputs| {
+        Figures::of_classes(&labels, classes, loss, outputs)
+    })
 }
 
 /// `textnet bench mnist --model cnn`: 10 epochs of Fashion-MNIST with the CNN (batch 64, Adam 1e-3) on the

@@ -499,7 +499,10 @@ impl GpuCnn {
     }
 }
 
-impl super::MnistTrainer for GpuCnn {
+impl crate::run::Trainer for GpuCnn {
+    type Params = super::Classifier;
+    type Evaluation = Evaluation;
+
     fn train_epoch(
         &mut self,
         order: &[u32],
@@ -512,7 +515,8 @@ impl super::MnistTrainer for GpuCnn {
         Ok(loss)
     }
 
-    fn evaluate(&mut self) -> Result<Evaluation> {
+    fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
+        super::test_split_only(split)?;
         GpuCnn::evaluate(self)
     }
 

@@ -1,30 +1,34 @@
-//! How `textnet mnist` trains its MLP: as the `textnet fit` network `Linear(I, H), act, Linear(H, C)` under
-//! cross-entropy, on fit's trainers (the CPU reference, or on a GPU fit's layer kernels, which match the
-//! hand-fused MLP they replaced to within 1 % a step). Fit's flat layout is the MLP's (`nn.Linear`'s
-//! tensors in order), so the parameters, the model files and `textnet classify` stay as they were.
+//! How `textnet mnist` trains its MLP: as the layer stack `Linear(I, H), act, Linear(H, C)` under
+//! cross-entropy, on `nn::stack`'s trainers (the CPU reference, or on a GPU the stack's layer kernels,
+//! which match the hand-fused MLP they replaced to within 1 % a step). The stack's flat layout is the
+//! MLP's (`nn.Linear`'s tensors in order), so the parameters, the model files and `textnet classify` stay
+//! as they were.
 
 use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
-use super::{Classifier, Evaluation, MnistTrainer};
+use super::{Classifier, Evaluation};
 use crate::device::Backend;
-use crate::fit::{self, FitTrainer, Samples, Target};
+use crate::nn::stack::model::{Loss, Network};
+use crate::nn::stack::spec::{Layer, Shape, Spec};
+use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
+use crate::run::Trainer;
 use anyhow::Result;
 use std::sync::Arc;
 
-/// The MLP as a fit network of `shape`.
-pub fn network(shape: MlpShape) -> Result<fit::model::Network> {
-    let act = match shape.activation {
-        Activation::Relu => "ReLU",
-        Activation::Sigmoid => "Sigmoid",
-        Activation::Tanh => "Tanh",
+/// The MLP as a layer stack of `shape`.
+pub fn network(shape: MlpShape) -> Result<Network> {
+    let activation = match shape.activation {
+        Activation::Relu => Layer::Relu,
+        Activation::Sigmoid => Layer::Sigmoid,
+        Activation::Tanh => Layer::Tanh,
     };
-    let text = format!("Linear({}, {h}), {act}, Linear({h}, {})", shape.inputs, shape.classes, h = shape.hidden);
-    fit::model::Network::new(&fit::spec::parse(&text)?, fit::spec::Shape::Flat(shape.inputs))
+    let layers = vec![Layer::dense(shape.inputs, shape.hidden), activation, Layer::dense(shape.hidden, shape.classes)];
+    Network::new(&Spec { layers }, Shape::Flat(shape.inputs))
 }
 
-/// An image split as fit's samples.
-fn samples(split: &Split) -> Samples {
+/// An image split as the stack's samples.
+pub fn samples(split: &Split) -> Samples {
     Samples {
         features: split.pixels,
         x: split.images.clone(),
@@ -42,17 +46,17 @@ fn evaluation(loss: f64, logits: &[f32], labels: &[u8], classes: usize) -> Evalu
     eval
 }
 
-/// Loss and confusion matrix of `params` over all of `data`, on the CPU: fit's CPU evaluation, as the
-/// trainer's.
+/// Loss and confusion matrix of `params` over all of `data`, on the CPU: the stack's CPU evaluation, as
+/// the trainer's.
 pub fn evaluate(params: &MlpParams, data: &Split) -> Result<Evaluation> {
     let net = network(params.shape)?;
-    let (loss, logits) = fit::cpu::evaluate(&net, &params.flat, &samples(data), fit::model::Loss::Ce);
+    let (loss, logits) = stack::cpu::evaluate(&net, &params.flat, &samples(data), Loss::Ce);
     Ok(evaluation(loss, &logits, &data.labels, params.shape.classes))
 }
 
-/// The MLP on fit's trainer for a backend.
+/// The MLP on the stack's trainer for a backend.
 pub struct FitMlp {
-    trainer: Box<dyn FitTrainer>,
+    trainer: Box<StackTrainer>,
     shape: MlpShape,
     test_labels: Vec<u8>,
 }
@@ -70,23 +74,26 @@ impl FitMlp {
     ) -> Result<FitMlp> {
         optim.validate()?;
         params.shape.validate()?;
-        let setup = fit::Setup {
+        let setup = stack::Setup {
             net: network(params.shape)?,
             params: params.flat,
-            loss: fit::model::Loss::Ce,
+            loss: Loss::Ce,
             optim,
             dropout_seed: 0,
             splits: vec![Arc::new(samples(train)), Arc::new(samples(test))],
         };
         Ok(FitMlp {
-            trainer: fit::trainer(backend, setup, batch.max(1))?,
+            trainer: stack::trainer(backend, setup, batch.max(1))?,
             shape: params.shape,
             test_labels: test.labels.clone(),
         })
     }
 }
 
-impl MnistTrainer for FitMlp {
+impl Trainer for FitMlp {
+    type Params = Classifier;
+    type Evaluation = Evaluation;
+
     fn train_epoch(
         &mut self,
         order: &[u32],
@@ -97,8 +104,9 @@ impl MnistTrainer for FitMlp {
         self.trainer.train_epoch(order, batch, rates, progress)
     }
 
-    fn evaluate(&mut self) -> Result<Evaluation> {
-        let (loss, logits) = self.trainer.evaluate(1)?;
+    fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
+        super::test_split_only(split)?;
+        let (loss, logits) = self.trainer.evaluate(crate::run::TEST)?;
         Ok(evaluation(loss, &logits, &self.test_labels, self.shape.classes))
     }
 
@@ -115,7 +123,7 @@ mod tests {
     #[test]
     fn the_default_run_is_precompiled() {
         let shape = MlpShape { inputs: 784, hidden: 128, classes: 10, activation: Activation::Relu };
-        let modules = fit::gpu::trainer_modules(&network(shape).unwrap(), fit::model::Loss::Ce, 64);
+        let modules = stack::gpu::trainer_modules(&network(shape).unwrap(), Loss::Ce, 64);
         let missing: Vec<_> = modules.iter().filter(|m| !crate::device::listed_for_precompiling(m)).collect();
         assert!(missing.is_empty(), "add to fused/precompiled.txt: {missing:?}");
     }

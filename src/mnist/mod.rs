@@ -1,11 +1,11 @@
 //! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
 //! `data`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as
-//! a `textnet fit` model, on fit's CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
+//! a layer stack, on `nn::stack`'s CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
 //! GPU trainer (`cnn`, `cnn_gpu`), the epoch loop both share (`train`), `textnet mnist` (`cli`) and its
 //! model files opened for the shared `textnet classify` (`classify`). The optimizers are the shared
 //! `ops::optim`.
 //!
-//! Backends implement `MnistTrainer`. The caller hands a backend both splits once, as contiguous
+//! Backends implement `run::Trainer` (`MnistTrainer`). The caller hands a backend both splits once, as contiguous
 //! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders and per-step
 //! learning rates, so every backend sees the same shuffles and schedule and the CPU reference can check
 //! any of them.
@@ -27,6 +27,7 @@ pub mod train;
 
 use crate::device::Backend;
 use crate::ops::optim::{OptimConfig, Optimizer};
+use crate::run::Trainer;
 use anyhow::{Result, bail};
 use idx::Split;
 use model::MlpParams;
@@ -121,24 +122,16 @@ impl Classifier {
     }
 }
 
-/// A training backend. It owns the parameters, the optimizer state and both splits (on a GPU: resident
-/// in device memory).
-pub trait MnistTrainer {
-    /// One pass over the training samples `order` (indices into the training split), `batch` per
-    /// optimizer step (the last step may be shorter), step k at learning rate `rates[k]` (`rates.len()` =
-    /// the number of steps). Calls `progress` with the number of samples done so far, at least once per
-    /// step or group of steps. Returns the summed per-sample loss.
-    fn train_epoch(
-        &mut self,
-        order: &[u32],
-        batch: usize,
-        rates: &[f32],
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<f64>;
-    /// Loss and confusion matrix over the whole test split, without updating anything.
-    fn evaluate(&mut self) -> Result<Evaluation>;
-    /// A host copy of the current parameters.
-    fn params(&mut self) -> Result<Classifier>;
+/// An MNIST trainer: the shared `run::Trainer` over a `Classifier`'s parameters, evaluating the test
+/// split (`run::TEST`, the one split it holds besides the training one) to a loss and confusion matrix.
+pub type MnistTrainer = dyn Trainer<Params = Classifier, Evaluation = Evaluation>;
+
+/// Refuses a split other than the test split, the one an MNIST trainer evaluates.
+fn test_split_only(split: usize) -> Result<()> {
+    if split != crate::run::TEST {
+        bail!("internal: an MNIST trainer evaluates the test split only (asked for split {split})");
+    }
+    Ok(())
 }
 
 /// The trainer for `backend` and the model's kind, for batches of up to `batch` samples; on a GPU both
@@ -150,7 +143,7 @@ pub fn trainer(
     train: Arc<Split>,
     test: Arc<Split>,
     batch: usize,
-) -> Result<Box<dyn MnistTrainer>> {
+) -> Result<Box<MnistTrainer>> {
     Ok(match (backend, params) {
         (_, Classifier::Mlp(p)) => Box::new(mlp::FitMlp::new(backend, p, optim, &train, &test, batch)?),
         (Backend::Cpu, Classifier::Cnn(p)) => Box::new(CpuCnnTrainer::new(p, optim, train, test)),
@@ -178,7 +171,10 @@ impl CpuCnnTrainer {
     }
 }
 
-impl MnistTrainer for CpuCnnTrainer {
+impl Trainer for CpuCnnTrainer {
+    type Params = Classifier;
+    type Evaluation = Evaluation;
+
     fn train_epoch(
         &mut self,
         order: &[u32],
@@ -227,7 +223,8 @@ impl MnistTrainer for CpuCnnTrainer {
         Ok(loss)
     }
 
-    fn evaluate(&mut self) -> Result<Evaluation> {
+    fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
+        test_split_only(split)?;
         Ok(cnn::evaluate(&self.params, &self.test))
     }
 
@@ -245,7 +242,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <cli::MnistArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
-    // The MLP trains on fit's kernels, which fit's checks cover; the CNN's are its own.
+    // The MLP trains on the layer stack's kernels, which fit's checks cover; the CNN's are its own.
     checks: cnn_checks::selftest_checks,
     modules: cnn_checks::modules,
     benches: &[crate::pipeline::Bench {

@@ -6,9 +6,9 @@
 //! logits = a·W2ᵀ + b2,   p = softmax(logits)                (B×C)
 //! loss   = (1/B) Σ_s −log p[s, y_s]
 //! ```
-//! It trains as the `textnet fit` network `Linear(I, H), act, Linear(H, C)` (`super::mlp`), whose CPU
-//! reference and finite-difference checks are fit's. All parameters live in one flat f32 vector, W1 (H×I,
-//! row-major) then b1 (H), W2 (C×H), b2 (C): `nn.Linear`'s layouts, and fit's.
+//! It trains as the layer stack `Linear(I, H), act, Linear(H, C)` (`super::mlp`), whose CPU reference
+//! and finite-difference checks are `nn::stack`'s. All parameters live in one flat f32 vector, W1 (H×I,
+//! row-major) then b1 (H), W2 (C×H), b2 (C): `nn.Linear`'s layouts, and the stack's.
 
 use crate::cpu::SeededRng;
 use crate::cpu::dot;

@@ -1,14 +1,11 @@
-//! The epoch loop every backend shares: a seeded reshuffle of the training order before each epoch, one
-//! `train_epoch` at the epoch's learning rates, then an evaluation on the test split.
+//! How `textnet mnist` trains, on any backend: the shared epoch loop (`run::epochs`: a seeded reshuffle of
+//! the training order before each epoch, one `train_epoch` at the epoch's learning rates), then an
+//! evaluation on the test split reported to an `Observer`.
 
 use super::{Classifier, Evaluation, MnistTrainer};
-use crate::cpu::SeededRng;
 use crate::ops::optim::LrSchedule;
-use crate::report::Divergence;
+use crate::run::{self, EpochHooks, EpochPlan, EpochTrained, TEST, Verdict};
 use anyhow::{Result, bail};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use std::time::Instant;
 
 #[derive(Clone, Copy, Debug)]
 /// How long to train, in what order and at what learning rates.
@@ -59,57 +56,69 @@ pub trait Observer {
 
 impl Observer for () {}
 
-/// Trains for `schedule.epochs` epochs on training samples 0..n_train (fewer when
+/// Trains for `schedule.epochs` epochs on training samples 0..n_train in `run::epochs` (fewer when
 /// `observer.epoch_completed` says stop). Returns the per-epoch figures and the last evaluation. Stops
 /// with a `Divergence` error when the loss or the parameters stop being finite.
 pub fn run(
-    trainer: &mut dyn MnistTrainer,
+    trainer: &mut MnistTrainer,
     n_train: usize,
     schedule: Schedule,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<EpochStats>, Evaluation)> {
-    let mut rng = SeededRng::seed_from_u64(schedule.seed ^ crate::fit::SHUFFLE_STREAM);
-    let mut order: Vec<u32> = (0..n_train as u32).collect();
-    let start = Instant::now();
-    let mut history = Vec::with_capacity(schedule.epochs.min(1024));
-    let mut last = None;
     let steps = n_train.div_ceil(schedule.batch.max(1));
-    let total = steps * schedule.epochs;
-    for epoch in 1..=schedule.epochs {
-        order.shuffle(&mut rng);
-        observer.epoch_start(epoch, n_train);
-        let first = (epoch - 1) * steps;
-        let rates: Vec<f32> =
-            (first..first + steps).map(|k| schedule.lr_schedule.rate(schedule.lr, k, total)).collect();
-        let epoch_start = Instant::now();
-        let loss = trainer.train_epoch(&order, schedule.batch, &rates, &mut |done| observer.progress(done))?;
-        let train_secs = epoch_start.elapsed().as_secs_f64();
-        if !loss.is_finite() {
-            return Err(Divergence { epoch, what: "training loss" }.into());
-        }
-        let eval = trainer.evaluate()?;
+    let plan = EpochPlan {
+        epochs: schedule.epochs,
+        samples: n_train,
+        batch: schedule.batch,
+        shuffle_seed: schedule.seed ^ crate::nn::stack::SHUFFLE_STREAM,
+        rates: schedule.lr_schedule.rates(schedule.lr, steps * schedule.epochs),
+        patience: None,
+    };
+    let mut hooks = Hooks { observer, history: Vec::with_capacity(schedule.epochs.min(1024)), last: None };
+    let ran = run::epochs(trainer, &plan, &mut hooks)?;
+    if let Some(divergence) = ran.diverged {
+        return Err(divergence.into());
+    }
+    match hooks.last {
+        Some(eval) => Ok((hooks.history, eval)),
+        None => bail!("--epochs must be at least 1"),
+    }
+}
+
+/// `run`'s side of the epoch loop: the test evaluation, the parameters' check, the observer.
+struct Hooks<'a> {
+    observer: &'a mut dyn Observer,
+    history: Vec<EpochStats>,
+    last: Option<Evaluation>,
+}
+
+impl EpochHooks<MnistTrainer> for Hooks<'_> {
+    fn started(&mut self, epoch: usize, samples: usize) {
+        self.observer.epoch_start(epoch, samples);
+    }
+
+    fn progress(&mut self, done: usize) {
+        self.observer.progress(done);
+    }
+
+    fn finished(&mut self, trainer: &mut MnistTrainer, epoch: &EpochTrained) -> Result<Verdict> {
+        let eval = trainer.evaluate(TEST)?;
         let stats = EpochStats {
-            epoch,
-            train_loss: loss / n_train.max(1) as f64,
+            epoch: epoch.epoch,
+            train_loss: epoch.train_loss,
             test_loss: eval.mean_loss(),
             test_accuracy: eval.accuracy(),
-            samples_per_s: n_train as f64 / train_secs.max(1e-9),
-            elapsed_s: start.elapsed().as_secs_f64(),
+            samples_per_s: epoch.samples_per_s,
+            elapsed_s: epoch.started.elapsed().as_secs_f64(),
         };
         let params = trainer.params()?;
         if !params.all_finite() {
-            return Err(Divergence { epoch, what: "parameters" }.into());
+            return Ok(Verdict::Diverged("parameters"));
         }
-        let go_on = observer.epoch_completed(&stats, &eval, &params)?;
-        observer.epoch_end(&stats, &eval);
-        history.push(stats);
-        last = Some(eval);
-        if !go_on {
-            break;
-        }
-    }
-    match last {
-        Some(eval) => Ok((history, eval)),
-        None => bail!("--epochs must be at least 1"),
+        let go_on = self.observer.epoch_completed(&stats, &eval, &params)?;
+        self.observer.epoch_end(&stats, &eval);
+        self.history.push(stats);
+        self.last = Some(eval);
+        Ok(if go_on { Verdict::Next { judged: None } } else { Verdict::Stop })
     }
 }

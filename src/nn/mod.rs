@@ -24,6 +24,14 @@
 //! | `modules` | `Module` and its layers (one file each under `modules/`); `Sequential`, `ModuleList` |
 //! | `optim` | `Optimizer` (SGD, momentum, Adam, AdamW) over parameter groups, `Scheduler`, `clip_grad_norm` |
 //! | `state` | `state_dict`, saved to and loaded from safetensors |
+//! | `stack` | layer stacks: a network fixed by a list of layers, trained by per-spec fused kernels (below) |
+//!
+//! Two engines live here, side by side, on the same CPU twins of `ops`. The tensors above are general: any
+//! program of ops, differentiated from its record, captured into a CUDA graph when asked. `stack` is the
+//! fast path for the common case, a plain stack of layers (`Linear(784, 128), ReLU, Linear(128, 10)`):
+//! its forward, backward and update are written per layer kind in `fused/fit.cu` and compiled per spec,
+//! so a small model trains at a few launches a step, or one an epoch. `textnet fit`, `mnist`'s MLP,
+//! `sales` and the Python package's `Sequential` train on `stack`; neither engine imports the other.
 //!
 //! The math of each op is the CPU twin's in `ops` (activations, losses, layernorm, dropout, attention, the
 //! optimizer's update, dense layers, convolution and pooling) or `cpu::gemm`; every sum runs in a fixed order, so a run repeats to the bit.
@@ -58,6 +66,7 @@ mod norm;
 pub mod optim;
 mod reduce;
 mod shape;
+pub mod stack;
 mod state;
 mod tensor;
 

@@ -8,10 +8,11 @@
 use super::data::Dataset;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
 use super::table::{LoadOptions, Schema};
-use super::train::{FitSales, SalesTrainer};
+use super::train::FitSales;
 use crate::device::{Backend, Gpu};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
+use crate::run::{TEST, Trainer};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,13 +39,13 @@ pub struct SalesBenchArgs {
 }
 
 /// Per epoch at the constant rate `lr`: (mean training loss, test MAE).
-fn run_epochs(t: &mut dyn SalesTrainer, rows: usize, epochs: usize, seed: u64, lr: f32) -> Result<Vec<(f64, f64)>> {
+fn run_epochs(t: &mut FitSales, rows: usize, epochs: usize, seed: u64, lr: f32) -> Result<Vec<(f64, f64)>> {
     let mut shuffle = Shuffle::new(rows, seed);
     let mut history = Vec::with_capacity(epochs);
     let rates = vec![lr; rows.div_ceil(DEFAULT_BATCH)];
     for _ in 0..epochs {
-        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH, &rates)?;
-        history.push((loss / rows as f64, t.evaluate_test()?.mae));
+        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH, &rates, &mut |_| {})?;
+        history.push((loss / rows as f64, t.evaluate(TEST)?.mae));
     }
     Ok(history)
 }
@@ -78,13 +79,14 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
         Shuffle::new(rows, o.seed).next_epoch(),
         DEFAULT_BATCH,
         &vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)],
+        &mut |_| {},
     )?;
     drop(warm);
 
     // Device time of the training kernels alone: every epoch's order made first, then each epoch's order
     // uploaded and its kernels queued, all between two events.
     let (setup, _) = FitSales::setup(&data, start.clone(), optim, None)?;
-    let mut timed = crate::fit::gpu::GpuTrainer::new(gpu.clone(), setup, DEFAULT_BATCH)?;
+    let mut timed = crate::nn::stack::gpu::GpuTrainer::new(gpu.clone(), setup, DEFAULT_BATCH)?;
     let lr = vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)];
     let mut shuffle = Shuffle::new(rows, o.seed);
     let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();

@@ -4,21 +4,20 @@
 
 use super::data::{Dataset, Split, SplitOrder, Stats};
 use super::infer::{self, Inferred, Overrides};
-use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape, Shuffle};
+use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape};
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
-use super::train::{FitSales, SalesTrainer};
+use super::train::FitSales;
 use crate::checkpoint::{self, Keep, Keeper};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::{OptimArgs, ScheduleArgs};
 use crate::report::{self, Display, Divergence, EpochRow, Report};
 use crate::resources::{MemoryNeed, available_memory};
-use crate::run::{self, Ending, TrainingCommand};
+use crate::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, Trainer, TrainingCommand, Verdict};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -180,7 +179,7 @@ pub struct Setup {
     data: Dataset,
     backend: Backend,
     shape: SalesShape,
-    trainer: Box<dyn SalesTrainer>,
+    trainer: FitSales,
     stats: Stats,
     baseline_mae: f64,
     /// The validation rows, standardised, with --val-split.
@@ -194,6 +193,71 @@ pub struct Setup {
     warnings: Vec<String>,
     /// The test MSE before training, which a run that did not learn compares its last one with.
     untrained_mse: f64,
+}
+
+/// `textnet sales`'s side of the epoch loop: the test (and validation) figures, the epoch kept with
+/// --val-split, the epoch's line.
+struct SalesEpochs<'a> {
+    display: &'a mut Display,
+    rows: usize,
+    val: Option<&'a Split>,
+    stats: &'a Stats,
+    history: Vec<EpochRow>,
+    last: Option<Evaluation>,
+    keeper: Option<Keeper>,
+    kept: Option<(SalesParams, Evaluation)>,
+}
+
+impl EpochHooks<FitSales> for SalesEpochs<'_> {
+    fn started(&mut self, epoch: usize, samples: usize) {
+        self.display.epoch_started(epoch, samples);
+    }
+
+    fn finished(&mut self, trainer: &mut FitSales, epoch: &EpochTrained) -> Result<Verdict> {
+        self.display.reached(self.rows);
+        let eval = trainer.evaluate(TEST)?;
+        let judged = match self.val {
+            Some(val) => {
+                let params = trainer.params()?;
+                Some((model::evaluate(&params, val, self.stats)?, params))
+            }
+            None => None,
+        };
+        let val_eval = judged.as_ref().map(|(e, _)| *e);
+        if ![Some(eval.mse), val_eval.map(|e| e.mse)].into_iter().flatten().all(f64::is_finite) {
+            return Ok(Verdict::Diverged("test error"));
+        }
+        let mut note = String::new();
+        if let (Some(keeper), Some((v, params))) = (self.keeper.as_mut(), judged) {
+            let kept = &mut self.kept;
+            let written = keeper.offer(epoch.epoch, v.mae, || {
+                *kept = Some((params, eval));
+                Ok(())
+            })?;
+            note = keeper.note(written, "val MAE").replace("saved", "kept");
+        }
+        let mut row = EpochRow {
+            epoch: epoch.epoch,
+            train_loss: epoch.train_loss,
+            val_loss: val_eval.map(|v| v.mse),
+            val_accuracy: None,
+            test_loss: Some(eval.mse),
+            test_accuracy: None,
+            samples_per_s: epoch.samples_per_s,
+            elapsed_s: epoch.started.elapsed().as_secs_f64(),
+            extra: Default::default(),
+        }
+        .with("test_mae", eval.mae);
+        let mut figures = format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae);
+        if let Some(v) = val_eval {
+            row = row.with("val_mae", v.mae);
+            figures = format!("val MAE {:.4}, {figures}", v.mae);
+        }
+        self.display.epoch_finished(&row, &figures, &note);
+        self.history.push(row);
+        self.last = Some(eval);
+        Ok(Verdict::Next { judged: None })
+    }
 }
 
 /// What `train` hands to `finish`.
@@ -359,9 +423,8 @@ impl TrainingCommand for SalesArgs {
         ));
 
         let given_stats = resumed.as_ref().map(|m| m.stats.clone());
-        let mut trainer: Box<dyn SalesTrainer> =
-            Box::new(FitSales::new(&backend, &data, params, optim, given_stats, args.batch)?);
-        let untrained_mse = trainer.evaluate_test()?.mse;
+        let mut trainer = FitSales::new(&backend, &data, params, optim, given_stats, args.batch)?;
+        let untrained_mse = trainer.evaluate(TEST)?.mse;
         let stats = trainer.stats().clone();
         let baseline_mae = data.test.y.iter().map(|&y| (y as f64 - stats.target_mean as f64).abs()).sum::<f64>()
             / data.test.rows as f64;
@@ -416,71 +479,29 @@ impl TrainingCommand for SalesArgs {
 
     fn train(&self, mut setup: Setup) -> Result<Trained> {
         let args = self;
-        let Setup { ref mut display, ref mut trainer, ref data, ref val, ref stats, old_mae, ref rates, .. } = setup;
-        let rows = data.train.rows;
-        let mut shuffle = Shuffle::new(rows, args.seed);
-        let mut history = Vec::with_capacity(args.epochs);
-        let mut diverged = None;
-        let mut last = None;
-        let mut keeper = val.as_ref().map(|_| Keeper::new(args.keep, old_mae));
-        let mut kept = None;
-        let started = Instant::now();
-        for epoch in 1..=args.epochs {
-            display.epoch_started(epoch, rows);
-            let epoch_start = Instant::now();
-            let steps = rows.div_ceil(args.batch.max(1));
-            let epoch_rates = &rates[(epoch - 1) * steps..epoch * steps];
-            let loss = trainer.train_epoch(shuffle.next_epoch(), args.batch, epoch_rates)? / rows as f64;
-            display.reached(rows);
-            let eval = trainer.evaluate_test()?;
-            let judged = match val {
-                Some(val) => {
-                    let params = trainer.params()?;
-                    Some((model::evaluate(&params, val, stats)?, params))
-                }
-                None => None,
-            };
-            let val_eval = judged.as_ref().map(|(e, _)| *e);
-            let finite = [Some(eval.mse), val_eval.map(|e| e.mse)].into_iter().flatten().all(f64::is_finite);
-            if !loss.is_finite() || !finite {
-                diverged =
-                    Some(Divergence { epoch, what: if loss.is_finite() { "test error" } else { "training loss" } });
-                break;
-            }
-            let mut note = String::new();
-            if let (Some(keeper), Some((v, params))) = (keeper.as_mut(), judged) {
-                let written = keeper.offer(epoch, v.mae, || {
-                    kept = Some((params, eval));
-                    Ok(())
-                })?;
-                note = keeper.note(written, "val MAE").replace("saved", "kept");
-            }
-            let mut row = EpochRow {
-                epoch,
-                train_loss: loss,
-                val_loss: val_eval.map(|v| v.mse),
-                val_accuracy: None,
-                test_loss: Some(eval.mse),
-                test_accuracy: None,
-                samples_per_s: rows as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9),
-                elapsed_s: started.elapsed().as_secs_f64(),
-                extra: Default::default(),
-            }
-            .with("test_mae", eval.mae);
-            let mut figures = format!("test MSE {:.4}, test MAE {:.4}", eval.mse, eval.mae);
-            if let Some(v) = val_eval {
-                row = row.with("val_mae", v.mae);
-                figures = format!("val MAE {:.4}, {figures}", v.mae);
-            }
-            display.epoch_finished(&row, &figures, &note);
-            history.push(row);
-            last = Some(eval);
-            if crate::interrupt::requested() {
-                break;
-            }
-        }
-        let params = trainer.params()?;
-        Ok(Trained { setup, history, diverged, last, params, keeper, kept })
+        let rows = setup.data.train.rows;
+        let plan = EpochPlan {
+            epochs: args.epochs,
+            samples: rows,
+            batch: args.batch,
+            shuffle_seed: args.seed ^ model::SHUFFLE_STREAM,
+            rates: setup.rates.clone(),
+            patience: None,
+        };
+        let mut hooks = SalesEpochs {
+            display: &mut setup.display,
+            rows,
+            val: setup.val.as_ref(),
+            stats: &setup.stats,
+            history: Vec::with_capacity(args.epochs),
+            last: None,
+            keeper: setup.val.as_ref().map(|_| Keeper::new(args.keep, setup.old_mae)),
+            kept: None,
+        };
+        let ran = run::epochs(&mut setup.trainer, &plan, &mut hooks)?;
+        let SalesEpochs { history, last, keeper, kept, .. } = hooks;
+        let params = setup.trainer.params()?;
+        Ok(Trained { setup, history, diverged: ran.diverged, last, params, keeper, kept })
     }
 
     fn finish(&self, trained: Trained) -> Result<Ending> {

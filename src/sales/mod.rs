@@ -1,8 +1,8 @@
 //! Regression on a table, by default `sales.tsv` (scripts/make-sales.py): Linear(n, H) → ReLU → Linear(H, 1)
 //! predicting a numeric column from numeric, one-hot categorical and day-of-year features, mean squared
 //! error on standardised values. Reading the table `table` (its dates `dates`), features and splits
-//! `data`, the model and its CPU predictions `model`, the trainer `train` (the network as a `textnet fit`
-//! model, on fit's CPU reference or GPU kernels), command `cli`.
+//! `data`, the model and its CPU predictions `model`, the trainer `train` (the network as a layer
+//! stack, on `nn::stack`'s CPU reference or GPU kernels), command `cli`.
 
 pub mod bench;
 pub mod cli;
@@ -20,7 +20,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <cli::SalesArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
-    // It trains on fit's kernels, which fit's checks cover (the sales shape among their fixed specs).
+    // It trains on the layer stack's kernels, which fit's checks cover (the sales shape among their fixed specs).
     checks: |_, _| Ok(Vec::new()),
     modules: |_| Vec::new(),
     benches: &[crate::pipeline::Bench {

@@ -6,12 +6,15 @@
 //! y = W2·a + b2                             (1)
 //! loss = (1/B) Σ_s (y_s − t_s)²             over a batch of B rows
 //! ```
-//! It trains as the `textnet fit` network `Linear(n, H), ReLU, Linear(H, 1)` (`train`), whose CPU
-//! reference and finite-difference checks are fit's. The parameters live in one flat f32 vector, W1 (H×n,
-//! row-major), b1 (H), W2 (1×H), b2 (1): `nn.Linear`'s layouts, and fit's.
+//! It trains as the layer stack `Linear(n, H), ReLU, Linear(H, 1)` (`network`, trained in `train`), whose
+//! CPU reference and finite-difference checks are `nn::stack`'s. The parameters live in one flat f32 vector, W1 (H×n,
+//! row-major), b1 (H), W2 (1×H), b2 (1): `nn.Linear`'s layouts, and the stack's.
 
 use super::data::{Split, Stats};
 use crate::cpu::SeededRng;
+use crate::nn::stack::model::{Loss, Network};
+use crate::nn::stack::spec::{Layer, Shape, Spec};
+use crate::nn::stack::{Samples, Target};
 use crate::ops::mlp::Parts;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -105,17 +108,17 @@ impl SalesParams {
     }
 }
 
-/// The model's (standardised) predictions for the standardised feature rows `x` (rows × inputs): fit's
+/// The model's (standardised) predictions for the standardised feature rows `x` (rows × inputs): the stack's
 /// CPU forward pass, as the trainer's.
 pub fn predict(p: &SalesParams, x: &[f32]) -> Result<Vec<f32>> {
     let rows = x.len() / p.shape.inputs.max(1);
-    let net = super::train::network(p.shape)?;
-    let trace = crate::fit::model::forward(&net, &p.flat, x, rows, None);
+    let net = network(p.shape)?;
+    let trace = crate::nn::stack::model::forward(&net, &p.flat, x, rows, None);
     Ok(trace.values.last().expect("a network has an output").clone())
 }
 
 /// Mixed into the seed for the shuffle stream, so it differs from the initialisation stream.
-const SHUFFLE_STREAM: u64 = 0x5341_4c45_535f_5348;
+pub const SHUFFLE_STREAM: u64 = 0x5341_4c45_535f_5348;
 
 /// The training order of every epoch: 0..rows reshuffled before each epoch by one seeded stream, so
 /// every backend sees the same batches.
@@ -158,12 +161,11 @@ impl Evaluation {
     }
 }
 
-/// The model on every row of the standardised split `data` (fit's CPU evaluation, as the trainer's);
+/// The model on every row of the standardised split `data` (the stack's CPU evaluation, as the trainer's);
 /// `stats` turns errors back into target units.
 pub fn evaluate(p: &SalesParams, data: &Split, stats: &Stats) -> Result<Evaluation> {
-    let net = super::train::network(p.shape)?;
-    let (squares, outputs) =
-        crate::fit::cpu::evaluate(&net, &p.flat, &super::train::samples(data), crate::fit::model::Loss::Mse);
+    let net = network(p.shape)?;
+    let (squares, outputs) = crate::nn::stack::cpu::evaluate(&net, &p.flat, &samples(data), Loss::Mse);
     Ok(Evaluation::of(squares, &outputs, &data.y, stats.target_std))
 }
 
@@ -172,4 +174,15 @@ pub fn evaluate(p: &SalesParams, data: &Split, stats: &Stats) -> Result<Evaluati
 pub fn baseline_mae(data: &Split, stats: &Stats) -> f64 {
     let sum: f64 = data.y.iter().map(|&y| (y as f64).abs()).sum();
     sum / data.rows.max(1) as f64 * stats.target_std as f64
+}
+
+/// The regressor as a layer stack of `shape`.
+pub fn network(shape: SalesShape) -> Result<Network> {
+    let layers = vec![Layer::dense(shape.inputs, shape.hidden), Layer::Relu, Layer::dense(shape.hidden, 1)];
+    Network::new(&Spec { layers }, Shape::Flat(shape.inputs))
+}
+
+/// A standardised split as the stack's samples: the features, and the target as one value per row.
+pub fn samples(split: &Split) -> Samples {
+    Samples { features: split.features, x: split.x.clone(), target: Target::Values(split.y.clone()) }
 }

@@ -1,67 +1,43 @@
-//! What the `sales` command trains: its regressor as the `textnet fit` network `Linear(n, H), ReLU,
-//! Linear(H, 1)` under squared error, run by fit's trainers (the CPU reference, or on a GPU the
-//! whole-epoch kernel, which matches the hand-fused sales kernel it replaced to within 3 % at the same
-//! features). Both keep the parameters in the layout of `SalesParams` and the model file, so `sales`
-//! keeps its flags, its reports and its files.
+//! What the `sales` command trains: its regressor as the layer stack `Linear(n, H), ReLU, Linear(H, 1)`
+//! (`model::network`) under squared error, run by `nn::stack`'s trainers (the CPU reference, or on a GPU
+//! the whole-epoch kernel, which matches the hand-fused sales kernel it replaced to within 3 % at the
+//! same features). Both keep the parameters in the layout of `SalesParams` and the model file, so
+//! `sales` keeps its flags, its reports and its files.
 
-use super::data::{Dataset, Split, Stats};
-use super::model::{Evaluation, SalesParams, SalesShape};
+use super::data::{Dataset, Stats};
+use super::model::{Evaluation, SalesParams, SalesShape, network, samples};
 use crate::device::Backend;
-use crate::fit::{self, FitTrainer, Samples, Target};
+use crate::nn::stack::model::Loss;
+use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
-use anyhow::Result;
+use crate::run::Trainer;
+use anyhow::{Result, bail};
 use std::sync::Arc;
 
-/// A model being trained on one dataset: the training split standardised with its own statistics, the
-/// optimizer state, and the test split to evaluate.
-pub trait SalesTrainer {
-    /// The statistics the features and target were standardised with (saved with the model).
-    fn stats(&self) -> &Stats;
-    /// One pass over `order` (indices into the training split) in batches of `batch`, an optimizer step
-    /// per batch (the last may be shorter) at learning rate `rates[step]`. Returns the summed per-row
-    /// squared error (standardised), each row's taken before its batch's step.
-    fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64>;
-    /// The model on every test row.
-    fn evaluate_test(&mut self) -> Result<Evaluation>;
-    /// The current parameters.
-    fn params(&mut self) -> Result<SalesParams>;
-}
-
-/// The regressor as a fit network of `shape`.
-pub fn network(shape: SalesShape) -> Result<fit::model::Network> {
-    let spec = fit::spec::parse(&format!("Linear({}, {h}), ReLU, Linear({h}, 1)", shape.inputs, h = shape.hidden))?;
-    fit::model::Network::new(&spec, fit::spec::Shape::Flat(shape.inputs))
-}
-
-/// A standardised split as fit's samples: the features, and the target as one value per row.
-pub fn samples(split: &Split) -> Samples {
-    Samples { features: split.features, x: split.x.clone(), target: Target::Values(split.y.clone()) }
-}
-
-/// The regressor on fit's trainer for a backend.
+/// The regressor on the stack's trainer for a backend.
 pub struct FitSales {
-    trainer: Box<dyn FitTrainer>,
+    trainer: Box<StackTrainer>,
     shape: SalesShape,
     stats: Stats,
     test: Arc<Samples>,
 }
 
 impl FitSales {
-    /// Fit's setup of `params` on `data`, both splits standardised with `stats` (a resumed model's), else
+    /// The stack's setup of `params` on `data`, both splits standardised with `stats` (a resumed model's), else
     /// with the training split's; and those statistics.
     pub fn setup(
         data: &Dataset,
         params: SalesParams,
         optim: OptimConfig,
         stats: Option<Stats>,
-    ) -> Result<(fit::Setup, Stats)> {
+    ) -> Result<(stack::Setup, Stats)> {
         optim.validate()?;
         params.shape.validate()?;
         let stats = stats.unwrap_or_else(|| Stats::of(&data.train));
-        let setup = fit::Setup {
+        let setup = stack::Setup {
             net: network(params.shape)?,
             params: params.flat,
-            loss: fit::model::Loss::Mse,
+            loss: Loss::Mse,
             optim,
             dropout_seed: 0,
             splits: vec![
@@ -84,21 +60,38 @@ impl FitSales {
         let shape = params.shape;
         let (setup, stats) = FitSales::setup(data, params, optim, stats)?;
         let test = setup.splits[1].clone();
-        Ok(FitSales { trainer: fit::trainer(backend, setup, batch.max(1))?, shape, stats, test })
+        Ok(FitSales { trainer: stack::trainer(backend, setup, batch.max(1))?, shape, stats, test })
     }
 }
 
-impl SalesTrainer for FitSales {
-    fn stats(&self) -> &Stats {
+impl FitSales {
+    /// The statistics the features and target were standardised with (saved with the model).
+    pub fn stats(&self) -> &Stats {
         &self.stats
     }
+}
 
-    fn train_epoch(&mut self, order: &[u32], batch: usize, rates: &[f32]) -> Result<f64> {
-        self.trainer.train_epoch(order, batch, rates, &mut |_| {})
+/// The regressor as the shared trainer: its evaluation is the test split's (`run::TEST`, the one split
+/// it holds besides the training one), the summed squared error (standardised) and the MAE.
+impl Trainer for FitSales {
+    type Params = SalesParams;
+    type Evaluation = Evaluation;
+
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        self.trainer.train_epoch(order, batch, rates, progress)
     }
 
-    fn evaluate_test(&mut self) -> Result<Evaluation> {
-        let (squares, outputs) = self.trainer.evaluate(1)?;
+    fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
+        if split != crate::run::TEST {
+            bail!("internal: the sales trainer evaluates the test split only (asked for split {split})");
+        }
+        let (squares, outputs) = self.trainer.evaluate(crate::run::TEST)?;
         let Target::Values(y) = &self.test.target else { unreachable!("the sales target is a value") };
         Ok(Evaluation::of(squares, &outputs, y, self.stats.target_std))
     }
@@ -117,7 +110,7 @@ mod tests {
     #[test]
     fn the_default_run_is_precompiled() {
         let net = network(SalesShape { inputs: 19, hidden: DEFAULT_HIDDEN }).unwrap();
-        let modules = fit::gpu::trainer_modules(&net, fit::model::Loss::Mse, DEFAULT_BATCH);
+        let modules = stack::gpu::trainer_modules(&net, Loss::Mse, DEFAULT_BATCH);
         let missing: Vec<_> = modules.iter().filter(|m| !crate::device::listed_for_precompiling(m)).collect();
         assert!(missing.is_empty(), "add to fused/precompiled.txt: {missing:?}");
     }

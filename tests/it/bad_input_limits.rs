@@ -73,14 +73,14 @@ fn ul01_ul04_commands_under_a_small_address_space_limit_never_abort() {
 /// counts it, so a deep spec is refused before training instead of aborting after it.
 #[test]
 fn fs49_the_fit_memory_estimate_counts_evaluations_chunks_on_every_thread() {
-    use textnet::fit::model::Network;
-    use textnet::fit::spec::{Shape, parse};
+    use textnet::nn::stack::model::Network;
+    use textnet::nn::stack::spec::{Shape, parse};
     let spec = parse(&(["ReLU"; 100].join(", ") + ", Linear(784, 10)")).unwrap();
     let net = Network::new(&spec, Shape::Flat(784)).unwrap();
     let need = net.memory_need(0, 64);
     let (_, eval, _) = need.parts.iter().find(|(what, ..)| what.starts_with("evaluation")).expect("no evaluation part");
-    let outputs: u64 = net.shapes.iter().map(|&s| textnet::fit::model::size(s) as u64).sum();
-    let rows = (textnet::fit::cpu::EVAL_CHUNK * rayon::current_num_threads()) as u64;
+    let outputs: u64 = net.shapes.iter().map(|&s| textnet::nn::stack::model::size(s) as u64).sum();
+    let rows = (textnet::nn::stack::cpu::EVAL_CHUNK * rayon::current_num_threads()) as u64;
     assert_eq!(*eval, outputs * rows * 4);
 }
 

@@ -5,8 +5,9 @@
 use crate::common::{fails_with, report, s, small_fit_model, stderr, textnet};
 use std::path::Path;
 use textnet::fit::data::TargetInfo;
-use textnet::fit::{model, modelfile};
+use textnet::fit::modelfile;
 use textnet::mnist::idx::read_idx;
+use textnet::nn::stack::model;
 
 const DATA: &str = "/usr/share/datasets/fashion-mnist";
 

@@ -5,8 +5,8 @@
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use textnet::cpu::SeededRng;
-use textnet::fit::model::{self, Init, Loss, Network, Targets};
-use textnet::fit::spec::{self, Shape};
+use textnet::nn::stack::model::{self, Init, Loss, Network, Targets};
+use textnet::nn::stack::spec::{self, Shape};
 use textnet::ops::dropout::DropoutKey;
 
 const STEP: f64 = 1e-6;

@@ -1,7 +1,7 @@
 //! `textnet fit --layers`: the spec a user writes, parsed as PyTorch's `nn.Sequential` reads, with
 //! one-line errors naming the character or the layer where it goes wrong.
 
-use textnet::fit::spec::{Layer, Shape, parse};
+use textnet::nn::stack::spec::{Layer, Shape, parse};
 
 #[test]
 fn a_spec_reads_as_pytorch_writes_it() {

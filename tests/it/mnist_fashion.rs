@@ -3,13 +3,13 @@
 
 use std::path::Path;
 use textnet::device::Backend;
-use textnet::mnist::MnistTrainer;
 use textnet::mnist::data::{self, Dataset, MnistData};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
 use textnet::ops::optim::{LrSchedule, OptimConfig, OptimKind};
+use textnet::run::{TEST, Trainer};
 
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 
@@ -32,7 +32,7 @@ fn trainer(data: &MnistData, activation: Activation, optim: OptimConfig, seed: u
 fn cpu_training_on_fashion_mnist_beats_chance_by_far() {
     let data = fashion(5000, 2000);
     let mut t = trainer(&data, Activation::Relu, OptimConfig::new(OptimKind::Adam), 1);
-    let before = t.evaluate().unwrap();
+    let before = t.evaluate(TEST).unwrap();
     let schedule = Schedule { epochs: 2, batch: 64, seed: 1, lr: 1e-3, lr_schedule: LrSchedule::default() };
     let (history, eval) = train::run(&mut t, data.train.len(), schedule, &mut ()).unwrap();
     assert_eq!(history.len(), 2);

@@ -28,7 +28,7 @@ fn the_fit_network_reads_the_mlp_layout() {
         p.flat.iter_mut().for_each(|x| *x = *x * 2.0 + rng.random_range(-0.3..0.3));
         let net = textnet::mnist::mlp::network(shape).unwrap();
         assert_eq!(net.param_count, shape.param_count());
-        let trace = textnet::fit::model::forward(&net, &p.flat, &data.images, 5, None);
+        let trace = textnet::nn::stack::model::forward(&net, &p.flat, &data.images, 5, None);
         let fit_logits = trace.values.last().unwrap();
         for s in 0..5u32 {
             let want = model::logits(&p, data.image(s));

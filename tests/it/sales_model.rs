@@ -7,10 +7,12 @@ use std::process::Command;
 use std::time::Instant;
 use textnet::device::Backend;
 use textnet::ops::optim::{OptimConfig, OptimKind};
+use textnet::run::{TEST, Trainer};
 use textnet::sales::data::{Dataset, SplitOrder, Stats};
+use textnet::sales::model::network;
 use textnet::sales::model::{SalesParams, SalesShape, Shuffle, baseline_mae, evaluate, predict};
 use textnet::sales::table::{LoadOptions, Schema, Table};
-use textnet::sales::train::{FitSales, SalesTrainer, network};
+use textnet::sales::train::FitSales;
 
 #[test]
 fn init_is_pytorch_linear_and_seeded() {
@@ -80,10 +82,10 @@ fn twenty_epochs_on_a_generated_table_halve_the_baseline_error() {
     let mut shuffle = Shuffle::new(data.train.rows, 1);
     let rates = vec![OptimConfig::new(OptimKind::Adam).lr; data.train.rows.div_ceil(64)];
     let losses: Vec<f64> = (0..20)
-        .map(|_| trainer.train_epoch(shuffle.next_epoch(), 64, &rates).unwrap() / train_split.rows as f64)
+        .map(|_| trainer.train_epoch(shuffle.next_epoch(), 64, &rates, &mut |_| {}).unwrap() / train_split.rows as f64)
         .collect();
     let p = trainer.params().unwrap();
-    assert_eq!(trainer.evaluate_test().unwrap(), evaluate(&p, &test_split, &stats).unwrap());
+    assert_eq!(trainer.evaluate(TEST).unwrap(), evaluate(&p, &test_split, &stats).unwrap());
     let secs = start.elapsed().as_secs_f64();
     let eval = evaluate(&p, &test_split, &stats).unwrap();
     let baseline = baseline_mae(&test_split, &stats);

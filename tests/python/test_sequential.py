@@ -180,3 +180,49 @@ def test_help_says_what_the_readme_says():
     for words in ("validation_split", "KeyboardInterrupt", "float32", "tqdm"):
         assert words in doc
     assert "PyTorch" in textnet.Sequential.state_dict.__doc__
+
+
+def test_a_schedule_changes_the_run_and_a_constant_one_is_the_default():
+    """lr_schedule, warmup and min_lr reach the native loop: cosine to a floor trains differently from
+    the default constant rate, and "constant" is that default."""
+    from conftest import random_samples
+
+    X, y = random_samples(n=256, features=20)
+
+    def train(**schedule):
+        model = textnet.Sequential("Linear(20, 16), ReLU, Linear(16, 10)", device="cpu", seed=5)
+        return model.fit(X, y, epochs=3, batch_size=32, verbose=0, **schedule).history["loss"]
+
+    default = train()
+    assert train(lr_schedule="constant") == default
+    cosine = train(lr_schedule="cosine", warmup=4, min_lr=1e-5)
+    assert len(cosine) == 3 and cosine != default
+
+
+def test_patience_stops_when_the_validation_loss_stops_improving():
+    from conftest import random_samples
+
+    X, y = random_samples(n=300, features=20)
+    X_val, y_val = random_samples(n=100, features=20, seed=1)
+    model = textnet.Sequential("Linear(20, 32), ReLU, Linear(32, 10)", device="cpu", optimizer="sgd", lr=0.5)
+    history = model.fit(X, y, epochs=40, validation_data=(X_val, y_val), patience=2, verbose=0)
+    val = history.history["val_loss"]
+    best = val.index(min(val))
+    # Random labels: the validation loss stops improving long before 40 epochs.
+    assert len(val) < 40
+    assert len(val) - 1 - best == 2, val
+
+
+def test_bad_schedule_and_patience_arguments_are_refused():
+    from conftest import random_samples
+
+    X, y = random_samples(n=64, features=20)
+    model = textnet.Sequential("Linear(20, 10)", device="cpu")
+    with pytest.raises(ValueError, match="lr_schedule"):
+        model.fit(X, y, epochs=1, lr_schedule="linear", verbose=0)
+    with pytest.raises(ValueError, match="min_lr"):
+        model.fit(X, y, epochs=1, lr_schedule="step", min_lr=1e-5, verbose=0)
+    with pytest.raises(ValueError, match="warmup"):
+        model.fit(X, y, epochs=1, warmup=100, verbose=0)
+    with pytest.raises(ValueError, match="validation"):
+        model.fit(X, y, epochs=2, patience=1, verbose=0)

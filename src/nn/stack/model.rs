@@ -1,4 +1,4 @@
-//! The CPU reference of `textnet fit`: any `Spec` as a network over a batch, forward, loss and backward,
+//! The CPU reference of a layer stack: any `Spec` as a network over a batch, forward, loss and backward,
 //! in f32 (to train) or f64 (for finite-difference checks). `fused/fit.cu` is its GPU twin.
 //!
 //! Tensors are batch-major: a batch of `rows` samples of shape `s` is `rows × s.size()` values, images

@@ -1,4 +1,4 @@
-//! The CPU reference as a `FitTrainer`: `model`'s forward, loss and backward in f32.
+//! The CPU reference as a `run::Trainer`: `model`'s forward, loss and backward in f32.
 //!
 //! A batch is cut into runs of a fixed number of samples (from the batch size alone, never from the
 //! number of cores), the runs go to rayon's threads, and their gradients are added in run order, so a
@@ -7,9 +7,10 @@
 //! changes nothing but the order of additions.
 
 use super::model::{self, Network};
-use super::{FitTrainer, Samples, Setup, Target};
+use super::{Samples, Setup, Target};
 use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::Optimizer;
+use crate::run::Trainer;
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -157,7 +158,10 @@ pub fn evaluate(net: &Network, params: &[f32], s: &Samples, kind: model::Loss) -
     (loss, out)
 }
 
-impl FitTrainer for CpuTrainer {
+impl Trainer for CpuTrainer {
+    type Params = Vec<f32>;
+    type Evaluation = (f64, Vec<f32>);
+
     fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
         if batch == 0 {
             bail!("the batch size must be at least 1");
@@ -196,7 +200,7 @@ impl FitTrainer for CpuTrainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fit::spec;
+    use crate::nn::stack::spec;
     use crate::ops::optim::{OptimConfig, OptimKind};
 
     fn samples(rows: usize, features: usize, classes: u32) -> Samples {

@@ -1,4 +1,4 @@
-//! The model a user writes for `textnet fit --layers`: a list of layers that reads like PyTorch's
+//! The model a user writes for `textnet fit --layers` (or builds as a `Spec` value): a list of layers that reads like PyTorch's
 //! `nn.Sequential`, e.g. `Linear(784, 256), ReLU, Dropout(0.1), Linear(256, 10)`.
 //!
 //! Layers (names as PyTorch spells them, in any case; parentheses optional where there are no
@@ -55,6 +55,11 @@ pub enum Layer {
 }
 
 impl Layer {
+    /// `Linear(inputs, outputs)` with a bias, as `parse` reads it.
+    pub fn dense(inputs: usize, outputs: usize) -> Layer {
+        Layer::Linear { inputs: Some(inputs), outputs, bias: true }
+    }
+
     /// The layer's name as PyTorch spells it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -69,6 +74,27 @@ impl Layer {
             Layer::Flatten => "Flatten",
         }
     }
+}
+
+/// The layers as a spec with every width written out, which `spec::parse` reads back as the same
+/// network.
+pub fn text(layers: &[Layer]) -> String {
+    let one = |layer: &Layer| match *layer {
+        Layer::Linear { inputs, outputs, bias } => {
+            let widths = match inputs {
+                Some(i) => format!("{i}, {outputs}"),
+                None => outputs.to_string(),
+            };
+            if bias { format!("Linear({widths})") } else { format!("Linear({widths}, bias=false)") }
+        }
+        Layer::Dropout(p) => format!("Dropout({p})"),
+        Layer::Conv2d { inputs, outputs, kernel, stride, padding } => {
+            format!("Conv2d({inputs}, {outputs}, {kernel}, stride={stride}, padding={padding})")
+        }
+        Layer::MaxPool2d(k) => format!("MaxPool2d({k})"),
+        other => other.name().to_string(),
+    };
+    layers.iter().map(one).collect::<Vec<_>>().join(", ")
 }
 
 /// What flows between layers: a vector of features, or images.

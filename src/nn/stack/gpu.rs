@@ -1,4 +1,4 @@
-//! `textnet fit` on a CUDA GPU: the launch layer of `fused/fit.cu`.
+//! A layer stack on a CUDA GPU: the launch layer of `fused/fit.cu`.
 //!
 //! The network is cut into groups (`plan`): a Linear or Conv2d with the activation and Dropout after it
 //! fused in, a MaxPool2d, or a lone activation or Dropout; Flatten is only a new view of the same values.
@@ -20,11 +20,12 @@
 
 use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
-use super::{FitTrainer, Setup, Target};
+use super::{Setup, Target};
 use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
 use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
+use crate::run::Trainer;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use std::sync::Arc;
@@ -380,7 +381,7 @@ struct CapturedEpoch {
     graph: CudaGraph,
 }
 
-/// The trainer of a `fit` network on a CUDA GPU (see the module comment).
+/// The trainer of a layer stack on a CUDA GPU (see the module comment).
 pub struct GpuTrainer {
     gpu: Arc<Gpu>,
     net: Network,
@@ -1138,7 +1139,10 @@ fn wants_dx(groups: &[Group], fused_loss: bool, i: usize) -> bool {
     first.is_some_and(|f| i > f) && !(fused_loss && i + 1 == groups.len())
 }
 
-impl FitTrainer for GpuTrainer {
+impl Trainer for GpuTrainer {
+    type Params = Vec<f32>;
+    type Evaluation = (f64, Vec<f32>);
+
     fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
         let rows = self.splits[0].rows;
         if batch == 0 || batch > self.capacity {
@@ -1189,7 +1193,7 @@ impl FitTrainer for GpuTrainer {
 mod tests {
     use super::*;
     use crate::device::kernel_constants;
-    use crate::fit::spec;
+    use crate::nn::stack::spec;
 
     fn net(layers: &str, input: Shape) -> Network {
         Network::new(&spec::parse(layers).unwrap(), input).unwrap()

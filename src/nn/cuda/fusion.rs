@@ -139,9 +139,11 @@ impl Device {
         self.fusion.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts the recording run before a capture.
+    /// Starts the recording run before a capture (unless `TEXTNET_FUSION=0` turns fusion off: the step is
+    /// then captured as it runs op by op).
     pub(crate) fn fusion_record(&self) {
-        *self.fusion() = Fusion { phase: Phase::Recording, ..Fusion::default() };
+        let off = std::env::var_os("TEXTNET_FUSION").is_some_and(|v| v == "0");
+        *self.fusion() = Fusion { phase: if off { Phase::Off } else { Phase::Recording }, ..Fusion::default() };
     }
 
     /// Starts a fused run (the last warm-up, or the capture) by the recording, each want that asks for a

@@ -738,6 +738,9 @@ fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::R
     Ok((losses, flat))
 }
 
+/// A run of steps' losses and its parameters' final values, flattened in order.
+type StepsResult = (Vec<f32>, Vec<f32>);
+
 /// A run of steps' losses and its parameters' final values, flattened in order; an error when a captured
 /// run was not captured after all.
 fn steps_result(
@@ -843,17 +846,22 @@ fn block_steps(
     seed: u64,
     precision: Precision,
     captured: bool,
-) -> anyhow::Result<((Vec<f32>, Vec<f32>), Vec<(String, usize)>)> {
+) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
     use super::{CapturedStep, LayerNorm};
     use rand::SeedableRng;
     const STEPS: usize = 8;
     let (vocab, width, hidden, count) = (11, 40, 72, 36);
     let mut rng = SeededRng::seed_from_u64(seed);
     let table = Embedding::<f32>::new(vocab, width, None, &mut rng)?;
-    let (fc1, fc2) = (Linear::<f32>::new(width, hidden, true, &mut rng)?, Linear::<f32>::new(hidden, width, true, &mut rng)?);
+    let (fc1, fc2) =
+        (Linear::<f32>::new(width, hidden, true, &mut rng)?, Linear::<f32>::new(hidden, width, true, &mut rng)?);
     let proj = Linear::<f32>::new(width, width, false, &mut rng)?;
     let head = Linear::<f32>::new(width, vocab, true, &mut rng)?;
-    let norms = [LayerNorm::<f32>::new(width, true)?, LayerNorm::<f32>::new(width, true)?, LayerNorm::<f32>::new(width, false)?];
+    let norms = [
+        LayerNorm::<f32>::new(width, true)?,
+        LayerNorm::<f32>::new(width, true)?,
+        LayerNorm::<f32>::new(width, false)?,
+    ];
     let mut parameters: Vec<Tensor> = table.parameters();
     for layer in [&fc1, &fc2, &proj, &head] {
         parameters.extend(layer.parameters());

@@ -64,13 +64,22 @@ impl NormParams {
     }
 
     /// Whether a LayerNorm reading `weight` and `bias` with ε `eps` over rows of `width` has these.
-    pub(crate) fn matches(&self, weight: Option<&DeviceBuffer>, bias: Option<&DeviceBuffer>, eps: f32, width: usize) -> bool {
+    pub(crate) fn matches(
+        &self,
+        weight: Option<&DeviceBuffer>,
+        bias: Option<&DeviceBuffer>,
+        eps: f32,
+        width: usize,
+    ) -> bool {
         let same = |mine: &Option<WeakBuffer>, theirs: Option<&DeviceBuffer>| match (mine, theirs) {
             (None, None) => true,
             (Some(mine), Some(theirs)) => mine.is(theirs),
             _ => false,
         };
-        same(&self.weight, weight) && same(&self.bias, bias) && self.eps.to_bits() == eps.to_bits() && self.width == width
+        same(&self.weight, weight)
+            && same(&self.bias, bias)
+            && self.eps.to_bits() == eps.to_bits()
+            && self.width == width
     }
 }
 
@@ -150,7 +159,8 @@ impl Device {
     /// result asking for its bf16 copy too when the result's reader was asked for one.
     pub(crate) fn fusion_apply(&self) {
         let mut fusion = self.fusion();
-        let asked_bf16: Vec<bool> = fusion.recorded.iter().map(|(_, wants)| wants.iter().any(|w| matches!(w, Want::Bf16))).collect();
+        let asked_bf16: Vec<bool> =
+            fusion.recorded.iter().map(|(_, wants)| wants.iter().any(|w| matches!(w, Want::Bf16))).collect();
         for (_, wants) in &mut fusion.recorded {
             for want in wants {
                 if let Want::Activation { reader, bf16, .. } | Want::LayerNorm { reader, bf16, .. } = want {

@@ -41,12 +41,18 @@ pub(crate) fn layer_norm<F: Real>(
             made
         }
         None => {
-            let (out, mean, rstd) = (device.alloc(NAME, x.numel())?, device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
-            let copy = producer.as_ref().is_some_and(|p| p.bf16()).then(|| bf16_buffer(device, NAME, x.numel())).transpose()?;
+            let (out, mean, rstd) =
+                (device.alloc(NAME, x.numel())?, device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
+            let copy = producer
+                .as_ref()
+                .is_some_and(|p| p.bf16())
+                .then(|| bf16_buffer(device, NAME, x.numel()))
+                .transpose()?;
             let no = Arg::Ptr(0);
             let (w_arg, b_arg) = (optional(device, wb.as_ref()), optional(device, bb.as_ref()));
             let args = [device.arg(&xb), no, no, w_arg, b_arg, device.arg(&out), optional(device, copy.as_ref())];
-            let args = [&args[..], &[device.arg(&mean), device.arg(&rstd), rows_arg, width_arg, Arg::f32(eps)]].concat();
+            let args =
+                [&args[..], &[device.arg(&mean), device.arg(&rstd), rows_arg, width_arg, Arg::f32(eps)]].concat();
             device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
             if let Some(copy) = copy {
                 out.attach(Extra::Bf16(copy));

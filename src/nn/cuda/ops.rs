@@ -116,7 +116,8 @@ pub(crate) fn binary<F: Real>(
     let counts = [a.numel(), b.numel()];
     // A sum of two operands of one shape may be made with the LayerNorm that reads it (capture-time fusion).
     let producer = if code == OP_ADD && counts == [n, n] { device.producer(name) } else { None };
-    let norm = producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n % p.width == 0);
+    let norm =
+        producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n.is_multiple_of(p.width));
     let norm = norm.and_then(|(params, with_bf16)| Some((params.buffers(device)?, params, with_bf16)));
     let out = match norm {
         Some((buffers, params, with_bf16)) => add_layer_norm(device, (&x, &y), n, (params, buffers), with_bf16)?,
@@ -582,7 +583,8 @@ pub(crate) fn linear<F: Real>(
     match (&rounded, activation, &activated) {
         (Some((x16, w16)), Some((code, with_bf16)), Some(activated)) => {
             let copy = if with_bf16 { Some(bf16_buffer(device, NAME, rows * outputs)?) } else { None };
-            let blocks = (int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
+            let blocks =
+                (int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
             let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg];
             let more = [device.arg(activated), optional(copy.as_ref())];
             let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
@@ -595,7 +597,16 @@ pub(crate) fn linear<F: Real>(
         }
         (Some((x16, w16)), _, _) => {
             let operands = (x16, w16, &out);
-            product_bf16(device, NAME, operands, (rows, outputs, inputs), 1, (0, 0), (false, true), bias_buffer.as_ref())?;
+            product_bf16(
+                device,
+                NAME,
+                operands,
+                (rows, outputs, inputs),
+                1,
+                (0, 0),
+                (false, true),
+                bias_buffer.as_ref(),
+            )?;
         }
         (None, _, _) => {
             // nn_linear writes the pre-activation to z and act(z) to y.

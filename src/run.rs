@@ -42,7 +42,8 @@ pub trait Trainer {
     /// One pass over the training samples `order`, `batch` per optimizer step (the last step may be
     /// shorter), step k at learning rate `rates[k]` (`rates.len()` = the number of steps). Calls
     /// `progress` with the samples done so far, at least once per step or group of steps. Returns the
-    /// summed per-sample loss.
+    /// summed per-sample loss; a trainer may stop within the epoch at a loss that is no longer finite
+    /// and return it, since `epochs` ends the run there anyway.
     fn train_epoch(
         &mut self,
         order: &[u32],
@@ -65,8 +66,9 @@ pub struct EpochPlan {
     pub samples: usize,
     /// Samples per optimizer step.
     pub batch: usize,
-    /// Seed of the shuffle before each epoch (with the pipeline's stream mixed in).
-    pub shuffle_seed: u64,
+    /// Seed of the shuffle before each epoch (with the pipeline's stream mixed in); `None`: no shuffle,
+    /// every epoch trains in the order 0..samples.
+    pub shuffle_seed: Option<u64>,
     /// The learning rate of every step of the run (epochs × ⌈samples / batch⌉).
     pub rates: Vec<f32>,
     /// Stop when the judged loss has not improved for this many epochs.
@@ -125,7 +127,8 @@ pub struct EpochsRun {
     pub interrupted: bool,
 }
 
-/// The one epoch loop: for each epoch, a seeded reshuffle of the training order, one `train_epoch` at
+/// The one epoch loop: for each epoch, a seeded reshuffle of the training order (unless the plan has no
+/// shuffle seed), one `train_epoch` at
 /// the epoch's slice of `plan.rates`, a divergence check of its loss, the pipeline's `finished` hook,
 /// `--patience` on the judged loss it returns, and Ctrl-C (checked after the epoch is finished, so the
 /// epoch in progress is kept).
@@ -139,14 +142,16 @@ pub fn epochs<T: Trainer + ?Sized>(
     if plan.rates.len() != steps * plan.epochs {
         bail!("internal: {} learning rates for {} epochs of {steps} steps", plan.rates.len(), plan.epochs);
     }
-    let mut rng = SeededRng::seed_from_u64(plan.shuffle_seed);
+    let mut rng = plan.shuffle_seed.map(SeededRng::seed_from_u64);
     let mut order: Vec<u32> = (0..n as u32).collect();
     let mut run = EpochsRun::default();
     // The epoch of the lowest judged loss so far, for --patience.
     let mut best: Option<(usize, f64)> = None;
     let started = Instant::now();
     for epoch in 1..=plan.epochs {
-        order.shuffle(&mut rng);
+        if let Some(rng) = &mut rng {
+            order.shuffle(rng);
+        }
         hooks.started(epoch, n);
         let epoch_start = Instant::now();
         let rates = &plan.rates[(epoch - 1) * steps..epoch * steps];

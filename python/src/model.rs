@@ -665,7 +665,7 @@ fn train_epochs(
         epochs: request.epochs,
         samples: n,
         batch: request.batch,
-        shuffle_seed: request.seed ^ textnet::nn::stack::SHUFFLE_STREAM,
+        shuffle_seed: Some(request.seed ^ textnet::nn::stack::SHUFFLE_STREAM),
         rates: request.schedule.rates(request.optim.lr, n.div_ceil(request.batch.max(1)) * request.epochs),
         patience: request.patience,
     };

@@ -551,7 +551,7 @@ impl TrainingCommand for FitArgs {
             epochs: args.epochs,
             samples: n,
             batch: args.batch,
-            shuffle_seed: args.seed ^ crate::nn::stack::SHUFFLE_STREAM,
+            shuffle_seed: Some(args.seed ^ crate::nn::stack::SHUFFLE_STREAM),
             rates: setup.schedule.rates(setup.optim.lr, steps_per_epoch * args.epochs),
             patience: args.patience,
         };

@@ -70,7 +70,7 @@ pub fn run(
         epochs: schedule.epochs,
         samples: n_train,
         batch: schedule.batch,
-        shuffle_seed: schedule.seed ^ crate::nn::stack::SHUFFLE_STREAM,
+        shuffle_seed: Some(schedule.seed ^ crate::nn::stack::SHUFFLE_STREAM),
         rates: schedule.lr_schedule.rates(schedule.lr, steps * schedule.epochs),
         patience: None,
     };

@@ -484,7 +484,7 @@ impl TrainingCommand for SalesArgs {
             epochs: args.epochs,
             samples: rows,
             batch: args.batch,
-            shuffle_seed: args.seed ^ model::SHUFFLE_STREAM,
+            shuffle_seed: Some(args.seed ^ model::SHUFFLE_STREAM),
             rates: setup.rates.clone(),
             patience: None,
         };

@@ -1,21 +1,19 @@
-//! The training loop, the same for every backend: it drives a `TextTrainer` through seeded-shuffled
-//! epochs in chunks (so progress can be shown), each step at its rate of the learning-rate schedule,
-//! validates after each epoch, and stops at the first non-finite loss, handing back the parameters of
-//! the last good epoch. Also the unigram baseline the epochs are measured against, and the choice of
-//! trainer for a `Backend`.
+//! The text model's training, the same for every backend: `run::epochs` drives a `TextTrainer` through
+//! seeded-shuffled epochs (trained in chunks, so progress can be shown), each step at its rate of the
+//! learning-rate schedule; the text hooks validate after each epoch, and the run stops at the first
+//! non-finite loss, handing back the parameters of the last good epoch. Also the unigram baseline the
+//! epochs are measured against, and the choice of trainer for a `Backend`.
 
 use super::cpu_batch::BatchTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
-use crate::cpu::SeededRng;
 use crate::device::Backend;
 use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, Optimizer};
 use crate::precision::Precision;
 use crate::report::Divergence;
+use crate::run::{self, EpochHooks, EpochPlan, EpochTrained, Trainer, Verdict};
 use anyhow::{Result, bail};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -120,15 +118,108 @@ pub struct TrainRun {
     pub diverged: Option<Divergence>,
 }
 
-/// The most samples per `trainer.train` call: about 1/256 of an epoch, at least 256 and at most 8192,
+/// The most samples per `train_steps` call: about 1/256 of an epoch, at least 256 and at most 8192,
 /// whole batches so no SGD step is split between calls.
 fn chunk_len(epoch_samples: usize, batch: usize) -> usize {
     let target = (epoch_samples / 256).clamp(256, 8192);
     (target / batch).max(1) * batch
 }
 
-/// Runs `options.epochs` epochs over the samples at `train`, validating on `val` after each, or fewer
-/// when `progress.epoch_completed` says stop.
+/// A `TextTrainer` as `run::epochs` drives it: samples numbered 0..train.len() are the target positions
+/// `train`, and the split evaluated each epoch is `val`.
+struct Positions<'a> {
+    trainer: &'a mut dyn TextTrainer,
+    train: &'a [u32],
+    val: &'a [u32],
+}
+
+impl Trainer for Positions<'_> {
+    type Params = TextParams;
+    type Evaluation = EvalSums;
+
+    /// One pass in chunks, so that progress moves: the first chunk is one batch, so it moves within the
+    /// first second however slow the trainer is; each next one twice the last, up to `chunk_len`. The
+    /// sizes depend on nothing but the epoch and the batch, so where a run's chunks fall never changes
+    /// its result. The pass stops at the first chunk whose loss is not finite.
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        rates: &[f32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        let positions: Vec<u32> = order.iter().map(|&i| self.train[i as usize]).collect();
+        let (step, largest) = (batch.max(1), chunk_len(positions.len(), batch));
+        let (mut chunk, mut done, mut loss_sum) = (step, 0, 0.0f64);
+        while done < positions.len() {
+            let part = &positions[done..(done + chunk).min(positions.len())];
+            let first = done / step;
+            let loss = self.trainer.train_steps(part, batch, &rates[first..first + part.len().div_ceil(step)])?;
+            if !loss.is_finite() {
+                return Ok(loss);
+            }
+            loss_sum += loss;
+            done += part.len();
+            progress(done);
+            chunk = (2 * chunk).min(largest);
+        }
+        Ok(loss_sum)
+    }
+
+    fn evaluate(&mut self, split: usize) -> Result<EvalSums> {
+        match split {
+            run::TRAIN => self.trainer.evaluate(self.train),
+            run::VAL => self.trainer.evaluate(self.val),
+            _ => bail!("internal: the text trainer holds no split {split}"),
+        }
+    }
+
+    fn params(&mut self) -> Result<TextParams> {
+        self.trainer.params()
+    }
+}
+
+/// The text pipeline's side of `run::epochs`: validation, the parameters of the last good epoch, and
+/// `Progress`.
+struct Hooks<'a> {
+    progress: &'a mut dyn Progress,
+    /// Training samples of the epoch that `progress` has been told of.
+    shown: usize,
+    epochs: Vec<EpochMetrics>,
+    last_good: TextParams,
+}
+
+impl EpochHooks<Positions<'_>> for Hooks<'_> {
+    fn started(&mut self, epoch: usize, samples: usize) {
+        self.shown = 0;
+        self.progress.epoch_started(epoch, samples);
+    }
+
+    fn progress(&mut self, done: usize) {
+        self.progress.advanced(done - self.shown);
+        self.shown = done;
+    }
+
+    fn finished(&mut self, trainer: &mut Positions<'_>, epoch: &EpochTrained) -> Result<Verdict> {
+        let eval = trainer.evaluate(run::VAL)?;
+        if !eval.loss.is_finite() {
+            return Ok(Verdict::Diverged("validation loss"));
+        }
+        let params = trainer.params()?;
+        if !params.all_finite() {
+            return Ok(Verdict::Diverged("parameters"));
+        }
+        let metrics = epoch_metrics(epoch.epoch, epoch.train_loss, &eval, epoch.samples_per_s, epoch.started);
+        let go_on = self.progress.epoch_completed(&metrics, &params)?;
+        self.progress.epoch_finished(&metrics);
+        self.epochs.push(metrics);
+        self.last_good = params;
+        Ok(if go_on { Verdict::Next { judged: None } } else { Verdict::Stop })
+    }
+}
+
+/// Runs `options.epochs` epochs over the samples at `train` through `run::epochs`, validating on `val`
+/// after each, or fewer when `progress.epoch_completed` says stop or Ctrl-C is pressed.
 pub fn train(
     trainer: &mut dyn TextTrainer,
     train: &[u32],
@@ -139,88 +230,24 @@ pub fn train(
     if train.is_empty() || val.is_empty() {
         bail!("internal: training needs at least one training and one validation sample");
     }
-    // A stream apart from the one `TextParams::init` draws from the same seed.
-    let mut rng = SeededRng::seed_from_u64(options.seed ^ 0x9E37_79B9_7F4A_7C15);
-    let mut order = train.to_vec();
-    let mut last_good = trainer.params()?;
-    let mut epochs = Vec::new();
-    let started = Instant::now();
-    for epoch in 1..=options.epochs {
-        if options.shuffle {
-            order.shuffle(&mut rng);
-        }
-        match run_epoch(trainer, epoch, &order, val, options, progress, started)? {
-            EpochEnd::Finished(metrics, params) => {
-                let go_on = progress.epoch_completed(&metrics, &params)?;
-                progress.epoch_finished(&metrics);
-                epochs.push(metrics);
-                last_good = params;
-                if !go_on {
-                    break;
-                }
-            }
-            EpochEnd::NonFinite(what) => {
-                return Ok(TrainRun { epochs, params: last_good, diverged: Some(Divergence { epoch, what }) });
-            }
-        }
-    }
-    Ok(TrainRun { epochs, params: last_good, diverged: None })
+    let steps = train.len().div_ceil(options.batch.max(1)) * options.epochs;
+    let plan = EpochPlan {
+        epochs: options.epochs,
+        samples: train.len(),
+        batch: options.batch,
+        shuffle_seed: options.shuffle.then_some(options.seed ^ SHUFFLE_STREAM),
+        rates: options.schedule.rates(options.lr, steps),
+        patience: None,
+    };
+    let last_good = trainer.params()?;
+    let mut hooks = Hooks { progress, shown: 0, epochs: Vec::new(), last_good };
+    let run = run::epochs(&mut Positions { trainer, train, val }, &plan, &mut hooks)?;
+    Ok(TrainRun { epochs: hooks.epochs, params: hooks.last_good, diverged: run.diverged })
 }
 
-enum EpochEnd {
-    Finished(EpochMetrics, TextParams),
-    /// What stopped being finite.
-    NonFinite(&'static str),
-}
-
-/// One pass over `order` in chunks, then validation and a copy of the parameters.
-fn run_epoch(
-    trainer: &mut dyn TextTrainer,
-    epoch: usize,
-    order: &[u32],
-    val: &[u32],
-    options: &TrainOptions,
-    progress: &mut dyn Progress,
-    started: Instant,
-) -> Result<EpochEnd> {
-    progress.epoch_started(epoch, order.len());
-    let epoch_started = Instant::now();
-    let mut loss_sum = 0.0f64;
-    let (batch, largest) = (options.batch.max(1), chunk_len(order.len(), options.batch));
-    // The first chunk is one batch, so progress moves within the first second however slow the
-    // trainer is; each next one twice the last, up to `largest`. The sizes depend on nothing but the
-    // epoch and the batch, so where a run's chunks fall never changes its result.
-    let mut chunk = batch;
-    let mut done = 0;
-    // Step k of the run is at the schedule's rate k; a chunk is whole steps.
-    let steps = order.len().div_ceil(batch);
-    let total = steps * options.epochs;
-    while done < order.len() {
-        let part = &order[done..(done + chunk).min(order.len())];
-        let first = (epoch - 1) * steps + done / batch;
-        let rates: Vec<f32> =
-            (first..first + part.len().div_ceil(batch)).map(|k| options.schedule.rate(options.lr, k, total)).collect();
-        let loss = trainer.train_steps(part, options.batch, &rates)?;
-        if !loss.is_finite() {
-            return Ok(EpochEnd::NonFinite("training loss"));
-        }
-        loss_sum += loss;
-        done += part.len();
-        progress.advanced(part.len());
-        chunk = (2 * chunk).min(largest);
-    }
-    let samples_per_s = order.len() as f64 / epoch_started.elapsed().as_secs_f64();
-    let eval = trainer.evaluate(val)?;
-    if !eval.loss.is_finite() {
-        return Ok(EpochEnd::NonFinite("validation loss"));
-    }
-    let params = trainer.params()?;
-    if !params.all_finite() {
-        return Ok(EpochEnd::NonFinite("parameters"));
-    }
-    let metrics = epoch_metrics(epoch, loss_sum / order.len() as f64, &eval, samples_per_s, started);
-    Ok(EpochEnd::Finished(metrics, params))
-}
+/// Mixed into `--seed` for the shuffle: a stream apart from the one `TextParams::init` draws from the
+/// same seed.
+pub const SHUFFLE_STREAM: u64 = 0x9E37_79B9_7F4A_7C15;
 
 fn epoch_metrics(epoch: usize, train_loss: f64, eval: &EvalSums, samples_per_s: f64, started: Instant) -> EpochMetrics {
     let n = eval.samples.max(1) as f64;

@@ -163,3 +163,56 @@ fn every_step_is_at_its_rate_of_the_schedule() {
         assert_eq!(trainer.rates, schedule.rates(0.5, 3 * 334), "{schedule:?}");
     }
 }
+
+/// A trainer that records the positions it is asked to train on, with a loss of NaN from chunk `nan_at`.
+struct OrderRecorder {
+    params: TextParams,
+    chunks: Vec<Vec<u32>>,
+    nan_at: Option<usize>,
+}
+
+impl TextTrainer for OrderRecorder {
+    fn train_steps(&mut self, positions: &[u32], _batch: usize, _rates: &[f32]) -> anyhow::Result<f64> {
+        self.chunks.push(positions.to_vec());
+        Ok(if Some(self.chunks.len() - 1) == self.nan_at { f64::NAN } else { positions.len() as f64 })
+    }
+    fn evaluate(&mut self, positions: &[u32]) -> anyhow::Result<EvalSums> {
+        Ok(EvalSums { samples: positions.len() as u64, loss: positions.len() as f64, top1: 0, top5: 0 })
+    }
+    fn params(&mut self) -> anyhow::Result<TextParams> {
+        Ok(self.params.clone())
+    }
+}
+
+/// Without a shuffle every epoch trains on the positions in their order; with one, each epoch on a
+/// permutation of them (another each epoch); a chunk whose loss is not finite ends the epoch there.
+#[test]
+fn epochs_train_in_order_or_shuffled_and_stop_at_a_non_finite_chunk() {
+    let shape = TextShape { vocab: 5, embed: 2, hidden: 2, context: 1 };
+    let positions: Vec<u32> = (1..701).collect();
+    let recorder = |nan_at| OrderRecorder { params: TextParams::init(shape, 1), chunks: Vec::new(), nan_at };
+    let epochs_of =
+        |r: &OrderRecorder| -> Vec<Vec<u32>> { r.chunks.concat().chunks(700).map(<[u32]>::to_vec).collect() };
+    let options = TrainOptions { epochs: 2, batch: 4, ..OPTIONS };
+
+    let mut ordered = recorder(None);
+    train(&mut ordered, &positions, &[1, 2], &TrainOptions { shuffle: false, ..options }, &mut ()).unwrap();
+    assert_eq!(epochs_of(&ordered), vec![positions.clone(), positions.clone()]);
+
+    let mut shuffled = recorder(None);
+    train(&mut shuffled, &positions, &[1, 2], &options, &mut ()).unwrap();
+    let epochs = epochs_of(&shuffled);
+    assert_eq!(epochs.len(), 2);
+    assert!(epochs[0] != positions && epochs[1] != positions && epochs[0] != epochs[1]);
+    for epoch in &epochs {
+        let mut sorted = epoch.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, positions);
+    }
+
+    let mut diverging = recorder(Some(1));
+    let result = train(&mut diverging, &positions, &[1, 2], &options, &mut ()).unwrap();
+    assert_eq!(diverging.chunks.len(), 2, "no chunk after the one whose loss is NaN");
+    assert_eq!(result.diverged.map(|d| (d.epoch, d.what)), Some((1, "training loss")));
+    assert!(result.epochs.is_empty());
+}

@@ -21,7 +21,9 @@ use anyhow::{Result, bail};
 use model::{EvalSums, TextParams};
 
 /// A training backend. It owns the parameters (on the GPU: resident in device memory) and the token
-/// stream; callers address samples by the position of their target token in that stream.
+/// stream; callers address samples by the position of their target token in that stream. `train::train`
+/// drives one through `run::epochs` as a `run::Trainer` over the training and validation positions;
+/// `eval`, `bench` and the selftest address positions of their own.
 pub trait TextTrainer {
     /// Trains on the samples at `positions`, in that order, `batch` samples per step (the last step may
     /// be shorter), step k at learning rate `rates[k]` (`rates.len()` = the number of steps). Returns the

@@ -381,22 +381,21 @@ mod tests {
     }
 }
 
-/// Needs NVRTC (not a GPU): the kernel file's own sizes and offsets of the tables, against `layout`.
+/// Needs NVRTC (not a GPU): the kernel file's own sizes of the tables, against `layout`. NVRTC has no
+/// `offsetof`, so the fields' offsets are checked on the GPU instead: the selftest's multi-tensor
+/// optimizer and clip checks read every field through them.
 #[cfg(test)]
 mod kernel_layout {
     use super::*;
     use crate::device::kernel_constants;
 
     #[test]
-    fn offsets_and_sizes_match_the_compiled_structs() {
+    fn sizes_match_the_compiled_structs() {
         for (name, fields) in [("UpdateTable", &UPDATE_TABLE[..]), ("ChunkTable", &CHUNK_TABLE[..])] {
-            let (offsets, size) = layout(fields);
-            let mut expressions = vec![format!("sizeof({name})")];
-            expressions.extend(fields.iter().map(|f| format!("__builtin_offsetof({name}, {})", f.name)));
-            let asked: Vec<&str> = expressions.iter().map(String::as_str).collect();
-            let kernel = kernel_constants("nn", &[], &asked).unwrap();
-            let host: Vec<i64> = [size].iter().chain(&offsets).map(|&v| v as i64).collect();
-            assert_eq!(kernel, host, "{name}");
+            let (_, size) = layout(fields);
+            let expression = format!("sizeof({name})");
+            let kernel = kernel_constants("nn", &[], &[expression.as_str()]).unwrap();
+            assert_eq!(kernel, [size as i64], "{name}");
         }
     }
 }

@@ -42,8 +42,11 @@ def test_training_releases_the_gil(small):
     assert len(during) > 100 * seconds, (len(during), seconds)
 
 
+# The child restores Python's own Ctrl-C handler first: a process started in the background by a
+# non-interactive shell (as CI runners start jobs) inherits SIGINT ignored, and Python then leaves it so.
 SCRIPT = """
-import sys, textnet
+import signal, sys, textnet
+signal.signal(signal.SIGINT, signal.default_int_handler)
 (X, y), _ = textnet.datasets.mnist("fashion")
 model = textnet.Sequential("Linear(784, 64), ReLU, Linear(64, 10)", device="cpu")
 before = model.state_dict()["0.weight"].copy()

@@ -98,7 +98,7 @@ enum Phase {
     Off,
     /// The eager run before a capture: producers are numbered, readers' wants recorded.
     Recording,
-    /// The capture: producers get their recorded wants.
+    /// A fused run (the last warm-up, then the capture): producers get their recorded wants.
     Applying,
 }
 
@@ -110,7 +110,7 @@ pub(crate) struct Fusion {
     next: usize,
     /// By producer number: its op and the wants its readers recorded (the recording run's, then the plan).
     recorded: Vec<(&'static str, Vec<Want>)>,
-    /// The fusions the capture made, by description, with their counts.
+    /// The fusions this run made, by description, with their counts.
     applied: BTreeMap<String, usize>,
 }
 
@@ -181,7 +181,7 @@ impl Device {
         std::mem::take(&mut fusion.applied).into_iter().collect()
     }
 
-    /// The next producer of the step (None outside a recording or capture): `op` takes the next number,
+    /// The next producer of the step (None outside a recorded or fused run): `op` takes the next number,
     /// with the wants recorded for it when the recording had the same op there.
     pub(crate) fn producer(&self, op: &'static str) -> Option<Producer> {
         let mut fusion = self.fusion();

@@ -27,6 +27,15 @@ use std::time::Instant;
 pub const TRAIN: usize = 0;
 /// The test split.
 pub const TEST: usize = 1;
+
+/// Ok for `TEST`, else an internal error: for `who`, a trainer that holds the test split alone besides the
+/// training one.
+pub fn test_split_only(who: &str, split: usize) -> Result<()> {
+    if split != TEST {
+        anyhow::bail!("internal: {who} evaluates the test split only (asked for split {split})");
+    }
+    Ok(())
+}
 /// The validation split, where the trainer holds one.
 pub const VAL: usize = 2;
 

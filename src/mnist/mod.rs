@@ -128,10 +128,7 @@ pub type MnistTrainer = dyn Trainer<Params = Classifier, Evaluation = Evaluation
 
 /// Refuses a split other than the test split, the one an MNIST trainer evaluates.
 fn test_split_only(split: usize) -> Result<()> {
-    if split != crate::run::TEST {
-        bail!("internal: an MNIST trainer evaluates the test split only (asked for split {split})");
-    }
-    Ok(())
+    crate::run::test_split_only("an MNIST trainer", split)
 }
 
 /// The trainer for `backend` and the model's kind, for batches of up to `batch` samples; on a GPU both

@@ -11,7 +11,7 @@ use crate::nn::stack::model::Loss;
 use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
 use crate::run::Trainer;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use std::sync::Arc;
 
 /// The regressor on the stack's trainer for a backend.
@@ -88,9 +88,7 @@ impl Trainer for FitSales {
     }
 
     fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
-        if split != crate::run::TEST {
-            bail!("internal: the sales trainer evaluates the test split only (asked for split {split})");
-        }
+        crate::run::test_split_only("the sales trainer", split)?;
         let (squares, outputs) = self.trainer.evaluate(crate::run::TEST)?;
         let Target::Values(y) = &self.test.target else { unreachable!("the sales target is a value") };
         Ok(Evaluation::of(squares, &outputs, y, self.stats.target_std))

@@ -25,6 +25,7 @@
 use super::{Device, DeviceBuffer, WeakBuffer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// What a reader would take from the producer of its input.
 #[derive(Clone)]
@@ -153,6 +154,7 @@ impl Device {
     pub(crate) fn fusion_record(&self) {
         let off = std::env::var_os("TEXTNET_FUSION").is_some_and(|v| v == "0");
         *self.fusion() = Fusion { phase: if off { Phase::Off } else { Phase::Recording }, ..Fusion::default() };
+        self.fusing.store(!off, Ordering::Relaxed);
     }
 
     /// Starts a fused run (the last warm-up, or the capture) by the recording, each want that asks for a
@@ -171,6 +173,7 @@ impl Device {
         fusion.phase = Phase::Applying;
         fusion.next = 0;
         fusion.applied.clear();
+        self.fusing.store(true, Ordering::Relaxed);
     }
 
     /// Ends a recording or fused run (the recording stays, for the next): fusion is off, and the fusions
@@ -178,12 +181,16 @@ impl Device {
     pub(crate) fn fusion_end(&self) -> Vec<(String, usize)> {
         let mut fusion = self.fusion();
         fusion.phase = Phase::Off;
+        self.fusing.store(false, Ordering::Relaxed);
         std::mem::take(&mut fusion.applied).into_iter().collect()
     }
 
     /// The next producer of the step (None outside a recorded or fused run): `op` takes the next number,
     /// with the wants recorded for it when the recording had the same op there.
     pub(crate) fn producer(&self, op: &'static str) -> Option<Producer> {
+        if !self.fusing.load(Ordering::Relaxed) {
+            return None;
+        }
         let mut fusion = self.fusion();
         let number = fusion.next;
         match fusion.phase {
@@ -206,6 +213,9 @@ impl Device {
 
     /// Records, in a recording run, that a reader of `input` would take `want` from its producer.
     pub(crate) fn want(&self, input: &DeviceBuffer, want: Want) {
+        if !self.fusing.load(Ordering::Relaxed) {
+            return;
+        }
         let mut fusion = self.fusion();
         if fusion.phase != Phase::Recording {
             return;

@@ -6,7 +6,7 @@
 //! values over queries) is one thread's loop, in the host's order.
 
 use super::fusion::{Extra, NormParams, Want};
-use super::ops::{bf16_buffer, buffer, int, rows_per_part, sum_axis, warp_row_blocks};
+use super::ops::{bf16_buffer, buffer, int, optional, rows_per_part, sum_axis, warp_row_blocks};
 use super::{Device, DeviceBuffer};
 use crate::cpu::Real;
 use crate::device::Arg;
@@ -14,11 +14,6 @@ use crate::nn::error::Result;
 use crate::nn::tensor::Tensor;
 use crate::ops::dropout::Mask;
 use std::sync::Arc;
-
-/// The address of an optional buffer, null when absent (a kernel's optional operand).
-fn optional(device: &Device, buffer: Option<&DeviceBuffer>) -> Arg {
-    buffer.map_or(Arg::Ptr(0), |b| device.arg(b))
-}
 
 /// LayerNorm of `x` over rows of `width` with ε `eps`; `weight` and `bias` (`[width]`) are optional.
 pub(crate) fn layer_norm<F: Real>(

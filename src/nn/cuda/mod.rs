@@ -110,6 +110,8 @@ pub struct Device {
     capturing: Mutex<Option<Arc<Pool>>>,
     /// Capture-time fusion's state (`fusion`).
     fusion: Mutex<fusion::Fusion>,
+    /// Whether a step is being recorded or fused now (`fusion`): an eager op then skips the state's lock.
+    fusing: AtomicBool,
 }
 
 /// Freed device memory by capacity (floats).
@@ -230,6 +232,7 @@ impl Device {
             gemm_shared_bf16,
             bf16_products: AtomicBool::new(false),
             fusion: Mutex::default(),
+            fusing: AtomicBool::new(false),
             free: Arc::default(),
             capturing: Mutex::default(),
         }))

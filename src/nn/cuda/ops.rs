@@ -165,9 +165,8 @@ fn add_layer_norm(
     let (sum, y) = (device.alloc(NAME, n)?, device.alloc(NAME, n)?);
     let (mean, rstd) = (device.alloc(NAME, rows)?, device.alloc(NAME, rows)?);
     let copy = if with_bf16 { Some(bf16_buffer(device, NAME, n)?) } else { None };
-    let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
-    let args = [device.arg(a), device.arg(b), device.arg(&sum), optional(weight.as_ref())];
-    let more = [optional(bias.as_ref()), device.arg(&y), optional(copy.as_ref()), device.arg(&mean)];
+    let args = [device.arg(a), device.arg(b), device.arg(&sum), optional(device, weight.as_ref())];
+    let more = [optional(device, bias.as_ref()), device.arg(&y), optional(device, copy.as_ref()), device.arg(&mean)];
     let sizes = [device.arg(&rstd), Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, params.width)?)];
     let args = [&args[..], &more, &sizes, &[Arg::f32(params.eps)]].concat();
     device.launch(NAME, &device.kernels.layer_norm, warp_row_blocks(rows), 0, &args)?;
@@ -372,6 +371,11 @@ fn matmul_into(
     device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
 }
 
+/// The address of an optional buffer, null when absent (a kernel's optional operand).
+pub(super) fn optional(device: &Device, buffer: Option<&DeviceBuffer>) -> Arg {
+    buffer.map_or(Arg::Ptr(0), |b| device.arg(b))
+}
+
 /// A buffer for `n` bf16 values, two to a float.
 pub(super) fn bf16_buffer(device: &Arc<Device>, name: &'static str, n: usize) -> Result<DeviceBuffer> {
     device.alloc(name, n.div_ceil(2))
@@ -418,7 +422,7 @@ fn product_bf16(
     let row_blocks = m.div_ceil(TILE).max(1) * batches.max(1) * slices;
     let blocks = (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, row_blocks)? as u32);
     let out = partial.as_ref().unwrap_or(c);
-    let mut args = vec![device.arg(a16), device.arg(b16), device.arg(out), bias.map_or(Arg::Ptr(0), |b| device.arg(b))];
+    let mut args = vec![device.arg(a16), device.arg(b16), device.arg(out), optional(device, bias)];
     for size in [m, n, k, stride_a, stride_b, batches.max(1), k_per] {
         args.push(Arg::i32(int(name, size)?));
     }
@@ -578,15 +582,14 @@ pub(crate) fn linear<F: Real>(
         .and_then(Producer::activation)
         .filter(|&(code, _)| rounded.is_none() || bf16_epilogue(code).is_some());
     let activated = activation.map(|_| device.alloc(NAME, rows * outputs)).transpose()?;
-    let optional = |b: Option<&DeviceBuffer>| b.map_or(Arg::Ptr(0), |b| device.arg(b));
-    let bias_arg = optional(bias_buffer.as_ref());
+    let bias_arg = optional(device, bias_buffer.as_ref());
     match (&rounded, activation, &activated) {
         (Some((x16, w16)), Some((code, with_bf16)), Some(activated)) => {
             let copy = if with_bf16 { Some(bf16_buffer(device, NAME, rows * outputs)?) } else { None };
             let blocks =
                 (int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
             let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg];
-            let more = [device.arg(activated), optional(copy.as_ref())];
+            let more = [device.arg(activated), optional(device, copy.as_ref())];
             let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
             let args = [&args[..], &more, &words(&sizes).collect::<Vec<_>>()].concat();
             let kernel = bf16_epilogue(code).expect("filtered above");
@@ -696,7 +699,7 @@ fn scale_by(
     scale: f32,
 ) -> Result<DeviceBuffer> {
     let out = device.alloc(name, saved.len())?;
-    let divisor = divisor.map_or(Arg::Ptr(0), |d| device.arg(d));
+    let divisor = optional(device, divisor);
     let args = [device.arg(saved), device.arg(upstream), divisor, Arg::f32(scale), device.arg(&out)];
     let args = [&args[..], &[Arg::i32(int(name, saved.len())?)]].concat();
     device.launch(name, &device.kernels.scale_by, device.blocks_for(saved.len()), 0, &args)?;

@@ -11,12 +11,14 @@
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
-//                and an activation in the epilogue); in bf16, nn_to_bf16 (an operand rounded once) and
-//                nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma` on Hopper; batched, one kernel a layout, bias).
+//                and an activation in the epilogue), nn_linear_grad_weight (dW and db in one product), each
+//                in three tiles (_large, _small, _tiny: small grids split k inside the block); in bf16,
+//                nn_to_bf16 (an operand rounded once) and nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma`
+//                on Hopper; batched, one kernel a layout, bias).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
-//                give 0), nn_scale_by (a saved gradient times the upstream scalar gradient).
-//   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch, after nn_count_steps
-//                advances their step counts), nn_sum_squares_chunks, nn_clip_factor and nn_scale_chunks
+//                give 0; the mean over the counted rows by the last block), nn_scale_by (a saved gradient times the upstream scalar gradient).
+//   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch; its last block advances
+//                their step counts), nn_sum_squares_chunks, nn_clip_factor and nn_scale_chunks
 //                (clip_grad_norm over many gradients a launch), nn_accumulate (y += x).
 //   layers       nn_layer_norm (a warp per row; μ and 1/σ kept), nn_layer_norm_grad (dx, a warp per row),
 //                nn_layer_norm_grad_affine (dweight and dbias over parts of the rows, a thread per (part, column)
@@ -277,44 +279,58 @@ nn_softmax_rows_grad(const float* __restrict__ y, const float* __restrict__ dy, 
 
 // ---- products: C = op(A)·op(B) per batch, C M×N row-major; A M×K row-major (K×M when trans_a), B K×N
 // (N×K when trans_b); batch z reads A at z·stride_a, B at z·stride_b (0: one operand shared). ----
-constexpr int MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_TM = 4, MM_TN = 4;
+//
+// Each fp32 product comes in three tiles; the launch layer (src/nn/cuda/ops.rs, `fp32_tile`) takes the
+// largest whose grid fills the GPU. Large: 64×64 outputs, 16 deep, 4×4 a thread. Small: 16×16, 64 deep, 2×2
+// a thread, k shared among 4 groups of the block's threads. Tiny: 8×8, 256 deep, k shared among 16 groups
+// (gemm_tile's KSPLIT; the groups' sums added in a fixed order). A small batch's layer, 64 rows × 128
+// outputs over 784 inputs, is 2 large tiles, 130 µs on 2 SMs; as 128 tiny tiles it takes every SM.
+template <int BM_, int BN_, int BK_, int TM_, int TN_>
+struct MatTile {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
+};
+using TileLarge = MatTile<64, 64, 16, 4, 4>;
+using TileSmall = MatTile<16, 16, 64, 2, 2>;
+using TileTiny = MatTile<8, 8, 256, 2, 2>;
 
-template <bool TA, bool TB>
+template <class T, bool TA, bool TB>
 __device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
                                             int n0, float* smem) {
-    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, TA, TB>(
+    gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, TA, TB>(
         M, N, K, m0, n0, [&](int m, int k) { return TA ? a[(size_t)k * M + m] : a[(size_t)m * K + k]; },
         [&](int k, int n) { return TB ? b[(size_t)n * K + k] : b[(size_t)k * N + n]; },
         [&](int m, int n, float v) { c[(size_t)m * N + n] = v; }, smem);
 }
 
-// Grid: (⌈N/64⌉, ⌈M/64⌉·batches); dynamic shared memory GemmTile<64, 64, 16, 4, 4>::SHARED_FLOATS floats.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_matmul(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N, int K,
-          int stride_a, int stride_b, int trans_a, int trans_b) {
+// Grid: (⌈N/BN⌉, ⌈M/BM⌉·batches); dynamic shared memory GemmTile<T>::SHARED_FLOATS floats.
+template <class T>
+__device__ __forceinline__ void matmul(const float* __restrict__ a, const float* __restrict__ b,
+                                       float* __restrict__ c, int M, int N, int K, int stride_a, int stride_b,
+                                       int trans_a, int trans_b) {
     extern __shared__ float smem[];
-    const int row_tiles = (M + MM_BM - 1) / MM_BM;
-    const int z = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * MM_BM, n0 = blockIdx.x * MM_BN;
+    const int row_tiles = (M + T::BM - 1) / T::BM;
+    const int z = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * T::BM, n0 = blockIdx.x * T::BN;
     a += (size_t)z * stride_a;
     b += (size_t)z * stride_b;
     c += (size_t)z * M * N;
     if (trans_a) {
-        if (trans_b) matmul_tile<true, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<true, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<T, true, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<T, true, false>(a, b, c, M, N, K, m0, n0, smem);
     } else {
-        if (trans_b) matmul_tile<false, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<false, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<T, false, true>(a, b, c, M, N, K, m0, n0, smem);
+        else matmul_tile<T, false, false>(a, b, c, M, N, K, m0, n0, smem);
     }
 }
 
 // y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
-// backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/64⌉, ⌈R/64⌉), shared memory as nn_matmul's.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,
-          float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {
+// backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/BN⌉, ⌈R/BM⌉), shared memory as matmul's.
+template <class T>
+__device__ __forceinline__ void linear(const float* __restrict__ x, const float* __restrict__ W,
+                                       const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y,
+                                       int R, int N, int K, int act) {
     extern __shared__ float smem[];
-    gemm_tile<MM_BM, MM_BN, MM_BK, MM_TM, MM_TN, false, true>(
-        R, N, K, blockIdx.y * MM_BM, blockIdx.x * MM_BN, [&](int r, int k) { return x[(size_t)r * K + k]; },
+    gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
+        R, N, K, blockIdx.y * T::BM, blockIdx.x * T::BN, [&](int r, int k) { return x[(size_t)r * K + k]; },
         [&](int k, int o) { return W[(size_t)o * K + k]; },
         [&](int r, int o, float acc) {
             const size_t e = (size_t)r * N + o;
@@ -324,6 +340,46 @@ nn_linear(const float* __restrict__ x, const float* __restrict__ W, const float*
         },
         smem);
 }
+
+// A linear layer's parameter gradients from dy (R×N) and its input x (R×K): dW = dyᵀ·x (N×K) and, when
+// db is not null, db = dyᵀ·1 (of N), as one product over x with a column of ones appended: the bias
+// gradient is the tile's last column, not two more launches summing dy's rows. Grid: (⌈(K + 1)/BN⌉, ⌈N/BM⌉).
+template <class T>
+__device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy, const float* __restrict__ x,
+                                                   float* __restrict__ dW, float* __restrict__ db, int R, int N,
+                                                   int K) {
+    extern __shared__ float smem[];
+    gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, true, false>(
+        N, db ? K + 1 : K, R, blockIdx.y * T::BM, blockIdx.x * T::BN,
+        [&](int o, int r) { return dy[(size_t)r * N + o]; },
+        [&](int r, int i) { return i < K ? x[(size_t)r * K + i] : 1.0f; },
+        [&](int o, int i, float v) {
+            if (i < K) dW[(size_t)o * K + i] = v;
+            else db[o] = v;
+        },
+        smem);
+}
+
+#define NN_FP32_PRODUCTS(SUFFIX, TILE)                                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_matmul_##SUFFIX(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M,   \
+                       int N, int K, int stride_a, int stride_b, int trans_a, int trans_b) {                    \
+        matmul<TILE>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);                                  \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_linear_##SUFFIX(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias, \
+                       float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {           \
+        linear<TILE>(x, W, bias, z, y, R, N, K, act);                                                          \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_linear_grad_weight_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                  \
+                                   float* __restrict__ dW, float* __restrict__ db, int R, int N, int K) {      \
+        linear_grad_weight<TILE>(dy, x, dW, db, R, N, K);                                                      \
+    }
+NN_FP32_PRODUCTS(large, TileLarge)
+NN_FP32_PRODUCTS(small, TileSmall)
+NN_FP32_PRODUCTS(tiny, TileTiny)
+#undef NN_FP32_PRODUCTS
 
 // ---- products on the bf16 tensor cores (Precision::Bf16, PyTorch autocast's bf16 matmul) ----
 // Each operand is rounded to bf16 (to nearest even) once, by nn_to_bf16, into a copy the product reads (and
@@ -422,22 +478,17 @@ NN_PRODUCT_BF16(nn_product_bf16_tt, true, true)
 // One warp per row of C logits: loss[r] = log Σ exp(x) − x[t] and d[r] = softmax(x) − onehot(t), counted[r]
 // = 1; or 0, 0 and 0 when t == ignore. Targets are class ids held as floats (exact below 2^24), so that a
 // captured step can take them from a tensor; an id outside 0..C gives NaN, never a wrong number.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ targets, float* __restrict__ loss,
-                 float* __restrict__ d, float* __restrict__ counted, int rows, int C, float ignore) {
-    const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const float* x = logits + (size_t)row * C;
-    float* g = d + (size_t)row * C;
-    const float id = targets[row];
+__device__ __forceinline__ void cross_entropy_row(const float* __restrict__ x, float* __restrict__ g, float id, int C,
+                                                  float ignore, float& loss, float& counted) {
+    const int lane = threadIdx.x % 32;
     if (id == ignore) {
         for (int j = lane; j < C; j += 32) g[j] = 0.0f;
-        if (lane == 0) loss[row] = counted[row] = 0.0f;
+        loss = counted = 0.0f;
         return;
     }
     if (!(id >= 0.0f && id < (float)C && id == floorf(id))) {
         for (int j = lane; j < C; j += 32) g[j] = __int_as_float(0x7fc00000);
-        if (lane == 0) loss[row] = __int_as_float(0x7fc00000), counted[row] = 1.0f;
+        loss = __int_as_float(0x7fc00000), counted = 1.0f;
         return;
     }
     const int t = (int)id;
@@ -448,19 +499,31 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
     for (int j = lane; j < C; j += 32) sum += expf(x[j] - m);
     sum = warp_sum(sum);
     for (int j = lane; j < C; j += 32) g[j] = expf(x[j] - m) / sum - (j == t ? 1.0f : 0.0f);
-    if (lane == 0) loss[row] = m + logf(sum) - x[t], counted[row] = 1.0f;
+    loss = m + logf(sum) - x[t], counted = 1.0f;
 }
 
-// mean[0] = Σ loss / Σ counted over `rows` rows, count[0] = Σ counted: one block, a fixed tree.
+// cross_entropy_row over `rows` rows, a warp each, then, in the last block to finish (`ticket`, left at 0),
+// mean[0] = Σ loss / Σ counted and count[0] = Σ counted: each thread sums its rows from the first in order,
+// then a fixed tree. The mean is in the same launch: a loss of few rows took as long again in a launch of
+// its own.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_mean_counted(const float* __restrict__ loss, const float* __restrict__ counted, float* __restrict__ mean,
-                float* __restrict__ count, int rows) {
+nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ targets, float* __restrict__ loss,
+                 float* __restrict__ d, float* __restrict__ counted, int rows, int C, float ignore,
+                 float* __restrict__ mean, float* __restrict__ count, unsigned* __restrict__ ticket) {
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32;
+    if (row < rows) {
+        float row_loss, row_counted;
+        cross_entropy_row(logits + (size_t)row * C, d + (size_t)row * C, targets[row], C, ignore, row_loss,
+                          row_counted);
+        if (threadIdx.x % 32 == 0) loss[row] = row_loss, counted[row] = row_counted;
+    }
+    if (!last_block_to_finish(ticket)) return;
     __shared__ float scratch[WARPS];
     float s = 0.0f, c = 0.0f;
-    for (int r = threadIdx.x; r < rows; r += THREADS) s += loss[r], c += counted[r];
+    for (int r = threadIdx.x; r < rows; r += THREADS) s += __ldcg(loss + r), c += __ldcg(counted + r);
     s = block_sum(s, scratch);
     c = block_sum(c, scratch);
-    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c;
+    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c, ticket[0] = 0;
 }
 
 // out = saved · scale · upstream[0] / divisor[0] (divisor null: 1): a loss's saved gradient times the
@@ -487,12 +550,15 @@ nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
 //
 // As PyTorch's multi_tensor_apply: a table of tensors passed by value as the first kernel parameter (with
 // the others at most 4 KB; a longer list takes several launches), each tensor cut into chunks of
-// TENSOR_CHUNK elements, one block per (tensor, chunk). first_block[k] is tensor k's first block (a prefix
+// UPDATE_CHUNK elements (the update) or TENSOR_CHUNK (the clip), one block per (tensor, chunk). first_block[k] is tensor k's first block (a prefix
 // sum; first_block[count] is the grid's size), so a tensor of no element has no block. The chunk size is a
 // constant, not a function of the GPU, so the clip's partial sums, and the norm, repeat on any GPU.
 // Host side: src/nn/cuda/optim.rs, which builds the tables in this layout.
 
 constexpr int TENSOR_CHUNK = 8192;
+// The update's chunks are smaller: its elements are independent, and a thread walking 32 of them, each
+// waiting on four loads, kept a 100k-parameter model's update at 40 µs.
+constexpr int UPDATE_CHUNK = 1024;
 constexpr int UPDATE_TABLE_TENSORS = 64;
 constexpr int CHUNK_TABLE_TENSORS = 128;
 
@@ -538,33 +604,41 @@ __device__ __forceinline__ int table_tensor(const Table& table, int block) {
 }
 
 // This block's elements [begin, end) of tensor k: its chunk.
-template <class Table>
+template <int CHUNK, class Table>
 __device__ __forceinline__ void table_chunk(const Table& table, int k, int& begin, int& end) {
     const int n = table.n[k];
-    begin = ((int)blockIdx.x - table.first_block[k]) * TENSOR_CHUNK;
-    end = n - begin < TENSOR_CHUNK ? n : begin + TENSOR_CHUNK;
+    begin = ((int)blockIdx.x - table.first_block[k]) * CHUNK;
+    end = n - begin < CHUNK ? n : begin + CHUNK;
 }
 
-// steps[0] += 1 for every tensor of the table: the step counts, kept on the device (exact to 2^24 steps),
-// advanced before nn_update_tensors reads them. One block.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_count_steps(const __grid_constant__ UpdateTable table) {
+// steps[0] += 1 for every tensor of the table: the step counts, kept on the device (exact to 2^24 steps).
+__device__ __forceinline__ void count_steps(const UpdateTable& table) {
     for (int k = threadIdx.x; k < table.count; k += THREADS) table.steps[k][0] += 1.0f;
+}
+
+// count_steps alone, for a table whose tensors have no element (nn_update_tensors then has no block).
+extern "C" __global__ void __launch_bounds__(THREADS) nn_count_steps(const __grid_constant__ UpdateTable table) {
+    count_steps(table);
 }
 
 // One optimizer step of every tensor of the table (optim.cuh's update, as one tensor's own launch would do
 // it): rate base_lr[0]·lr_scale and Adam's bias corrections from the tensor's step count, both read from
 // device memory, so a captured step replays with the rate and counts of each replay. A block per chunk.
+// Each block takes this step's number as its tensor's count + 1; the last block to finish (`ticket`, left at
+// 0) then advances the counts, once every block has read them.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_update_tensors(const __grid_constant__ UpdateTable table, int kind, const float* __restrict__ base_lr,
-                  float momentum, float beta1, float beta2, float eps, float grad_scale) {
+                  float momentum, float beta1, float beta2, float eps, float grad_scale, unsigned* __restrict__ ticket) {
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
-    table_chunk(table, k, begin, end);
+    table_chunk<UPDATE_CHUNK>(table, k, begin, end);
     OptimStep s{kind, base_lr[0] * table.lr_scale[k], momentum, beta1, beta2, eps, table.weight_decay[k],
                 grad_scale, 1.0f, 1.0f};
-    optim_bias_corrections(s, (unsigned)table.steps[k][0]);
+    optim_bias_corrections(s, (unsigned)table.steps[k][0] + 1u);
     optim_update_range(s, table.theta[k], table.grad[k], table.m[k], table.v[k], begin + threadIdx.x, end, THREADS);
+    if (!last_block_to_finish(ticket)) return;
+    count_steps(table);
+    if (threadIdx.x == 0) ticket[0] = 0;
 }
 
 // partials[first_slot + b] = Σ x² over block b's chunk: each thread its elements in order, then a fixed
@@ -574,7 +648,7 @@ nn_sum_squares_chunks(const __grid_constant__ ChunkTable table, float* __restric
     __shared__ float scratch[WARPS];
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
-    table_chunk(table, k, begin, end);
+    table_chunk<TENSOR_CHUNK>(table, k, begin, end);
     const float* x = table.x[k];
     float s = 0.0f;
     for (int i = begin + threadIdx.x; i < end; i += THREADS) s += x[i] * x[i];
@@ -609,7 +683,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scale_chunks(const __grid_constant__ ChunkTable table, const float* __restrict__ factor) {
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
-    table_chunk(table, k, begin, end);
+    table_chunk<TENSOR_CHUNK>(table, k, begin, end);
     const float f = factor[0];
     const float* x = table.x[k];
     float* out = table.out[k];

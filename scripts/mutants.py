@@ -59,7 +59,7 @@ MUTATIONS = [
     ("nn: a multi-tensor block whose chunk starts a tensor works on the tensor before", "nn.cu",
      "if (table.first_block[mid] <= block)", "if (table.first_block[mid] < block)", "nn"),
     ("nn: every chunk of a tensor in a multi-tensor launch is its first", "nn.cu",
-     "begin = ((int)blockIdx.x - table.first_block[k]) * TENSOR_CHUNK;", "begin = 0 * TENSOR_CHUNK;", "nn"),
+     "begin = ((int)blockIdx.x - table.first_block[k]) * CHUNK;", "begin = 0 * CHUNK;", "nn"),
     ("nn: the optimizer's step counts advance for a table's first parameter only", "nn.cu",
      "for (int k = threadIdx.x; k < table.count; k += THREADS) table.steps[k][0] += 1.0f;",
      "for (int k = threadIdx.x; k < 1; k += THREADS) table.steps[k][0] += 1.0f;", "nn"),

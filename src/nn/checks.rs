@@ -200,10 +200,15 @@ fn reduction_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result
 fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
     let matmul: &Op<'_> = &|t| t[0].matmul(&t[1]);
-    let pairs: [(&[usize], &[usize]); 6] = [
+    // The fp32 products' three tiles (`FP32_TILES`: the largest whose grid fills the GPU): 700×830 results
+    // take the 64×64 tile, 200×170 the 16×16, and the rest the 8×8, 9×13 over k 600 in three chunks.
+    let pairs: [(&[usize], &[usize]); 9] = [
         (&[1, 1], &[1, 1]),
         (&[5, 7], &[7, 3]),
         (&[130, 70], &[70, 65]),
+        (&[700, 20], &[20, 830]),
+        (&[200, 50], &[50, 170]),
+        (&[9, 600], &[600, 13]),
         (&[2, 5, 7], &[2, 7, 3]),
         (&[3, 5, 7], &[7, 4]),
         (&[5, 7], &[3, 7, 4]),
@@ -214,7 +219,15 @@ fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<V
     }
     let with_bias: &Op<'_> = &|t| linear(&t[0], &t[1], Some(&t[2]));
     let without: &Op<'_> = &|t| linear(&t[0], &t[1], None);
-    for (x, (outputs, inputs)) in [(&[9, 17][..], (5, 17)), (&[2, 3, 70], (65, 70)), (&[1, 1], (1, 1))] {
+    // Forward 200×170 on the 16×16 tile; the weight gradient of 640×(900 + the bias column) on the 64×64.
+    let layers = [
+        (&[9, 17][..], (5, 17)),
+        (&[2, 3, 70], (65, 70)),
+        (&[1, 1], (1, 1)),
+        (&[200, 30], (170, 30)),
+        (&[5, 900], (640, 900)),
+    ];
+    for (x, (outputs, inputs)) in layers {
         let w = [outputs, inputs];
         let parts = [(values(rng, x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
         checks.extend(compare(device, rng, ("linear", SUM_TOLERANCE), &parts, without)?);

@@ -30,6 +30,7 @@ use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
 use crate::cpu::Real;
 use crate::device::{Arg, Gpu, Kernel, StructArg, THREADS_PER_BLOCK};
+use crate::ops::gemm::tile_shared_floats;
 use crate::precision::Precision;
 use cudarc::driver::CudaSlice;
 use std::any::TypeId;
@@ -53,8 +54,11 @@ pub(crate) struct Kernels {
     pub(crate) expand_axis: Kernel,
     pub(crate) softmax_rows: Kernel,
     pub(crate) softmax_rows_grad: Kernel,
-    pub(crate) matmul: Kernel,
-    pub(crate) linear: Kernel,
+    /// `nn_matmul_*`, `nn_linear_*` and `nn_linear_grad_weight_*`, each at its tile's place in
+    /// [`FP32_TILES`].
+    pub(crate) matmul: [Kernel; 3],
+    pub(crate) linear: [Kernel; 3],
+    pub(crate) linear_grad_weight: [Kernel; 3],
     pub(crate) to_bf16: Kernel,
     /// `nn_product_bf16_{nn,nt,tn,tt}`, at `2·trans_a + trans_b`.
     pub(crate) product_bf16: [Kernel; 4],
@@ -66,7 +70,6 @@ pub(crate) struct Kernels {
     pub(crate) accumulate: Kernel,
     pub(crate) count_steps: Kernel,
     pub(crate) update_tensors: Kernel,
-    pub(crate) mean_counted: Kernel,
     pub(crate) fill: Kernel,
     pub(crate) layer_norm: Kernel,
     pub(crate) layer_norm_grad: Kernel,
@@ -100,9 +103,13 @@ pub(crate) struct Kernels {
 pub struct Device {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) kernels: Kernels,
-    pub(crate) gemm_shared: u32,
+    /// Dynamic shared memory of the fp32 products, bytes, at each tile's place in [`FP32_TILES`].
+    pub(crate) gemm_shared: [u32; 3],
     /// Dynamic shared memory of `nn_product_bf16` (Bf16Tile's), bytes.
     pub(crate) gemm_shared_bf16: u32,
+    /// The arrival counters of the kernels whose last block finishes their work ([`Ticket`]), each left
+    /// at 0 by its kernel.
+    tickets: [CudaSlice<u32>; 2],
     /// Whether products run on the bf16 tensor cores ([`Device::set_precision`]).
     bf16_products: AtomicBool,
     free: Arc<Pool>,
@@ -169,8 +176,13 @@ impl Device {
                 expand_axis: k("nn_expand_axis")?,
                 softmax_rows: k("nn_softmax_rows")?,
                 softmax_rows_grad: k("nn_softmax_rows_grad")?,
-                matmul: k("nn_matmul")?,
-                linear: k("nn_linear")?,
+                matmul: [k("nn_matmul_large")?, k("nn_matmul_small")?, k("nn_matmul_tiny")?],
+                linear: [k("nn_linear_large")?, k("nn_linear_small")?, k("nn_linear_tiny")?],
+                linear_grad_weight: [
+                    k("nn_linear_grad_weight_large")?,
+                    k("nn_linear_grad_weight_small")?,
+                    k("nn_linear_grad_weight_tiny")?,
+                ],
                 to_bf16: k("nn_to_bf16")?,
                 product_bf16: [
                     k("nn_product_bf16_nn")?,
@@ -189,7 +201,6 @@ impl Device {
                 accumulate: k("nn_accumulate")?,
                 count_steps: k("nn_count_steps")?,
                 update_tensors: k("nn_update_tensors")?,
-                mean_counted: k("nn_mean_counted")?,
                 fill: k("nn_fill")?,
                 layer_norm: k("nn_layer_norm")?,
                 layer_norm_grad: k("nn_layer_norm_grad")?,
@@ -217,8 +228,9 @@ impl Device {
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;
-        let (bm, bn, bk, tm, tn) = GEMM_TILE;
-        let gemm_shared = (crate::ops::gemm::tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
+        let gemm_shared = FP32_TILES.map(|(bm, bn, bk, tm, tn)| (tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32);
+        let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
+        let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
         for kernel in kernels.product_bf16.iter().chain(&kernels.product_bf16_act) {
@@ -230,6 +242,7 @@ impl Device {
             kernels,
             gemm_shared,
             gemm_shared_bf16,
+            tickets,
             bf16_products: AtomicBool::new(false),
             fusion: Mutex::default(),
             fusing: AtomicBool::new(false),
@@ -371,11 +384,27 @@ impl Device {
     pub(crate) fn arg(&self, buffer: &DeviceBuffer) -> Arg {
         Arg::buf(&self.gpu, buffer.slice())
     }
+
+    /// The address of `ticket`'s arrival counter, for a kernel argument.
+    pub(crate) fn ticket(&self, ticket: Ticket) -> Arg {
+        Arg::buf(&self.gpu, &self.tickets[ticket as usize])
+    }
 }
 
-/// The tile of `nn_matmul` and `nn_linear` (MM_BM, MM_BN, MM_BK, MM_TM, MM_TN in fused/nn.cu): 64 × 64
-/// outputs, 16 deep, 4 × 4 a thread.
-pub(crate) const GEMM_TILE: (usize, usize, usize, usize, usize) = (64, 64, 16, 4, 4);
+/// The tiles of the fp32 products (`TileLarge`, `TileSmall` and `TileTiny` in fused/nn.cu), as (rows,
+/// columns, depth staged, rows a thread, columns a thread): 64 × 64 outputs, 16 deep, 4 × 4 a thread;
+/// 16 × 16, 64 deep, 2 × 2 a thread (k split four ways in the block); 8 × 8, 256 deep (k split sixteen ways).
+pub(crate) const FP32_TILES: [(usize, usize, usize, usize, usize); 3] =
+    [(64, 64, 16, 4, 4), (16, 16, 64, 2, 2), (8, 8, 256, 2, 2)];
+
+/// The kernels that count their blocks' arrivals, each in a counter of its own.
+#[derive(Clone, Copy)]
+pub(crate) enum Ticket {
+    /// `nn_cross_entropy`: its last block takes the mean.
+    CrossEntropy,
+    /// `nn_update_tensors`: its last block advances the step counts.
+    Update,
+}
 
 /// Device memory that goes back to its pool (the device's, or a captured step's) when the last buffer
 /// sharing it is dropped.
@@ -574,4 +603,25 @@ pub(crate) fn from_f32<F: Real>(values: Vec<f32>) -> Vec<F> {
 /// `values` as f32, for an upload.
 pub(crate) fn to_f32<F: Real>(values: &[F]) -> Vec<f32> {
     values.iter().map(|v| v.to_f32().unwrap_or(f32::NAN)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FP32_TILES;
+
+    #[test]
+    fn the_fp32_tiles_are_the_kernel_files() {
+        let file = include_str!("../../../fused/nn.cu");
+        let declared: Vec<Vec<usize>> = ["TileLarge", "TileSmall", "TileTiny"]
+            .iter()
+            .map(|name| {
+                let declaration = format!("using {name} = MatTile<");
+                let at = file.find(&declaration).unwrap_or_else(|| panic!("{name} not declared")) + declaration.len();
+                let sizes = &file[at..at + file[at..].find('>').unwrap()];
+                sizes.split(',').map(|v| v.trim().parse().unwrap()).collect()
+            })
+            .collect();
+        let ours: Vec<Vec<usize>> = FP32_TILES.iter().map(|&(a, b, c, d, e)| vec![a, b, c, d, e]).collect();
+        assert_eq!(declared, ours);
+    }
 }

@@ -6,7 +6,7 @@
 //! gradient), as the host closures keep their vectors.
 
 use super::fusion::{Extra, NormParams, Producer, Want};
-use super::{Device, DeviceBuffer};
+use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
 use crate::cpu::Real;
 use crate::device::Arg;
 use crate::nn::error::{Error, Result};
@@ -364,11 +364,32 @@ fn matmul_into(
             None,
         );
     }
-    let blocks = (int(name, n.div_ceil(64).max(1))? as u32, int(name, m.div_ceil(64).max(1) * batches.max(1))? as u32);
+    let (tile, blocks) = fp32_tile(device, name, (m, n), batches)?;
     let args = [device.arg(a), device.arg(b), device.arg(c), Arg::i32(int(name, m)?), Arg::i32(int(name, n)?)];
     let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, stride_a)?), Arg::i32(int(name, stride_b)?)];
     let args = [&args[..], &more, &[Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]].concat();
-    device.launch(name, &device.kernels.matmul, blocks, device.gemm_shared, &args)
+    device.launch(name, &device.kernels.matmul[tile], blocks, device.gemm_shared[tile], &args)
+}
+
+/// The tile of an fp32 product of `batches` M×N results (its place in [`FP32_TILES`]) and its grid
+/// (⌈N/BN⌉, ⌈M/BM⌉·batches): the largest tile whose grid has a block for every SM, else the smallest, so
+/// that a product of few outputs over a long k still runs on every SM.
+pub(super) fn fp32_tile(
+    device: &Device,
+    name: &'static str,
+    (m, n): (usize, usize),
+    batches: usize,
+) -> Result<(usize, (u32, u32))> {
+    let grid = |(bm, bn, ..): (usize, usize, usize, usize, usize)| {
+        (n.div_ceil(bn).max(1), m.div_ceil(bm).max(1) * batches.max(1))
+    };
+    let fills = |&tile: &(usize, usize, usize, usize, usize)| {
+        let (x, y) = grid(tile);
+        x * y >= device.gpu.sm_count as usize
+    };
+    let tile = FP32_TILES.iter().position(fills).unwrap_or(FP32_TILES.len() - 1);
+    let (x, y) = grid(FP32_TILES[tile]);
+    Ok((tile, (int(name, x)? as u32, int(name, y)? as u32)))
 }
 
 /// The address of an optional buffer, null when absent (a kernel's optional operand).
@@ -617,11 +638,11 @@ pub(crate) fn linear<F: Real>(
                 (Some(activated), Some((code, _))) => (device.arg(&out), device.arg(activated), code),
                 _ => (Arg::Ptr(0), device.arg(&out), UNARY_NONE),
             };
-            let blocks = (int(NAME, outputs.div_ceil(64).max(1))? as u32, int(NAME, rows.div_ceil(64).max(1))? as u32);
+            let (tile, blocks) = fp32_tile(device, NAME, (rows, outputs), 1)?;
             let args = [device.arg(&xb), device.arg(&wb), bias_arg, z, y];
             let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, code];
             let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
-            device.launch(NAME, &device.kernels.linear, blocks, device.gemm_shared, &args)?;
+            device.launch(NAME, &device.kernels.linear[tile], blocks, device.gemm_shared[tile], &args)?;
         }
     }
     if let (Some(activated), Some((code, _))) = (activated, activation) {
@@ -630,35 +651,61 @@ pub(crate) fn linear<F: Real>(
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
-        // dx = dy·W; dW = dyᵀ·x.
-        let mut grads = if let Some((x16, w16)) = &rounded {
-            let d = &device_;
-            let dy16 = rounded_bf16(NAME, grad)?;
-            let dx = |_| -> Result<DeviceBuffer> {
-                let dx = d.alloc(NAME, rows * inputs)?;
-                let operands = (&dy16, w16, &dx);
-                product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?;
-                Ok(dx)
-            };
-            let dw = |_| -> Result<DeviceBuffer> {
-                let dw = d.alloc(NAME, outputs * inputs)?;
-                let operands = (&dy16, x16, &dw);
-                product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), None)?;
-                Ok(dw)
-            };
-            vec![needs[0].then_some(()).map(dx).transpose()?, needs[1].then_some(()).map(dw).transpose()?]
-        } else {
-            let dx = || product(&device_, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
-            let dw = || product(&device_, NAME, (grad, &xb), (outputs, inputs, rows), 1, (0, 0), (true, false));
-            vec![needs[0].then(dx).transpose()?, needs[1].then(dw).transpose()?]
+        // dx = dy·W; dW = dyᵀ·x; db = Σ rows of dy.
+        let d = &device_;
+        let bias_needed = needs.len() == 3 && needs[2];
+        let Some((x16, w16)) = &rounded else {
+            let dx = || product(d, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
+            let mut grads = vec![needs[0].then(dx).transpose()?, None];
+            if needs[1] || bias_needed {
+                let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, (rows, inputs, outputs), bias_needed)?;
+                grads[1] = needs[1].then_some(dw);
+                grads.push(db);
+            }
+            grads.resize_with(needs.len(), || None);
+            return Ok(grads);
         };
+        let dy16 = rounded_bf16(NAME, grad)?;
+        let dx = |_| -> Result<DeviceBuffer> {
+            let dx = d.alloc(NAME, rows * inputs)?;
+            let operands = (&dy16, w16, &dx);
+            product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?;
+            Ok(dx)
+        };
+        let dw = |_| -> Result<DeviceBuffer> {
+            let dw = d.alloc(NAME, outputs * inputs)?;
+            let operands = (&dy16, x16, &dw);
+            product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), None)?;
+            Ok(dw)
+        };
+        let mut grads = vec![needs[0].then_some(()).map(dx).transpose()?, needs[1].then_some(()).map(dw).transpose()?];
         if needs.len() == 3 {
-            grads.push(if needs[2] { Some(sum_axis(&device_, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
+            grads.push(if needs[2] { Some(sum_axis(d, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
         }
         Ok(grads)
     };
     let inputs_of: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
     Ok(Tensor::from_device_op(NAME, out, shape, &inputs_of, Box::new(backward)))
+}
+
+/// A linear layer's dW = dyᵀ·x and, with `bias`, db = Σ rows of dy, in one fp32 product
+/// (`nn_linear_grad_weight`: x with a column of ones appended, db its last column of results).
+fn linear_grad_weight(
+    device: &Arc<Device>,
+    name: &'static str,
+    dy: &DeviceBuffer,
+    x: &DeviceBuffer,
+    (rows, inputs, outputs): (usize, usize, usize),
+    bias: bool,
+) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
+    let dw = device.alloc(name, outputs * inputs)?;
+    let db = if bias { Some(device.alloc(name, outputs)?) } else { None };
+    let (tile, blocks) = fp32_tile(device, name, (outputs, inputs + bias as usize), 1)?;
+    let args = [device.arg(dy), device.arg(x), device.arg(&dw), optional(device, db.as_ref())];
+    let sizes = [int(name, rows)?, int(name, outputs)?, int(name, inputs)?];
+    let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
+    device.launch(name, &device.kernels.linear_grad_weight[tile], blocks, device.gemm_shared[tile], &args)?;
+    Ok((dw, db))
 }
 
 /// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (class ids as floats, on
@@ -676,12 +723,11 @@ pub(crate) fn cross_entropy<F: Real>(
         (device.alloc(NAME, rows)?, device.alloc(NAME, rows * classes)?, device.alloc(NAME, rows)?);
     let args =
         [device.arg(&buffer(logits)), device.arg(targets), device.arg(&losses), device.arg(&d), device.arg(&counted)];
-    let args = [&args[..], &[Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore)]].concat();
-    device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
     let (loss, count) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
-    let args =
-        [device.arg(&losses), device.arg(&counted), device.arg(&loss), device.arg(&count), Arg::i32(rows as i32)];
-    device.launch(NAME, &device.kernels.mean_counted, (1, 1), 0, &args)?;
+    let sizes = [Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore)];
+    let mean = [device.arg(&loss), device.arg(&count), device.ticket(Ticket::CrossEntropy)];
+    let args = [&args[..], &sizes, &mean].concat();
+    device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         Ok(vec![Some(scale_by(&device_, NAME, &d, grad, Some(&count), 1.0)?)])

@@ -2,25 +2,29 @@
 //! (foreach / fused) Adam and `clip_grad_norm_`, where one launch per parameter (and one to count its step)
 //! ran before. Each launch takes a table of tensors by value, its first kernel parameter (`UpdateTable` or
 //! `ChunkTable` of fused/nn.cu, written here byte by byte in their C layout), and runs a block per (tensor,
-//! chunk of `TENSOR_CHUNK` elements); a list longer than a table takes a launch per table.
+//! chunk); a list longer than a table takes a launch per table.
 //!
-//! - [`update_tensors`]: per table, `nn_count_steps` (each parameter's step count + 1), then
-//!   `nn_update_tensors` (optim.cuh's update of every element, as the host's `ops::optim::update`).
+//! - [`update_tensors`]: per table, `nn_update_tensors` (optim.cuh's update of every element, as the
+//!   host's `ops::optim::update`, chunks of `UPDATE_CHUNK`), whose last block advances each parameter's
+//!   step count.
 //! - [`clip_norm`]: `nn_sum_squares_chunks` (Σg² of each chunk in f32, a fixed tree, into a slot of its
 //!   own), then `nn_clip_factor` (the slots summed in f64, in a fixed order, by one block: the norm and the
 //!   factor); [`scale_tensors`]: `nn_scale_chunks`, each gradient times the factor.
 //!
-//! The chunk size is a constant, so the clip's slots, and so its norm, repeat to the bit on any GPU.
+//! The clip's chunk size, `TENSOR_CHUNK`, is a constant, so the clip's slots, and so its norm, repeat to the bit on any GPU.
 
 use super::ops::int;
-use super::{Device, DeviceBuffer};
+use super::{Device, DeviceBuffer, Ticket};
 use crate::device::{Arg, StructArg};
 use crate::nn::error::{Error, Result};
 use crate::ops::optim::{OptimKind, StepScalars};
 use std::sync::Arc;
 
-/// Elements a block of the multi-tensor kernels takes (TENSOR_CHUNK in fused/nn.cu).
+/// Elements a block of the clip's kernels takes (TENSOR_CHUNK in fused/nn.cu).
 pub(crate) const TENSOR_CHUNK: usize = 8192;
+
+/// Elements a block of the update takes (UPDATE_CHUNK).
+const UPDATE_CHUNK: usize = 1024;
 /// Parameters an optimizer launch takes (UPDATE_TABLE_TENSORS).
 const UPDATE_TABLE_TENSORS: usize = 64;
 /// Gradients a clip launch takes (CHUNK_TABLE_TENSORS).
@@ -106,13 +110,13 @@ fn address(buffer: Option<&DeviceBuffer>) -> u64 {
     buffer.map_or(0, DeviceBuffer::address)
 }
 
-/// Each tensor's first block when tensors of `lens` elements take a block per chunk, then the blocks of
-/// all (`lens.len() + 1` values): a table's `first_block`.
-fn first_blocks(op: &'static str, lens: impl IntoIterator<Item = usize>) -> Result<Vec<u64>> {
+/// Each tensor's first block when tensors of `lens` elements take a block per chunk of `chunk`, then the
+/// blocks of all (`lens.len() + 1` values): a table's `first_block`.
+fn first_blocks(op: &'static str, lens: impl IntoIterator<Item = usize>, chunk: usize) -> Result<Vec<u64>> {
     let mut first = vec![0u64];
     let mut blocks = 0usize;
     for len in lens {
-        blocks += len.div_ceil(TENSOR_CHUNK);
+        blocks += len.div_ceil(chunk);
         first.push(int_value(op, blocks)?);
     }
     Ok(first)
@@ -149,8 +153,8 @@ pub(crate) struct UpdateEntry {
 
 /// One optimizer step of every parameter of `entries` (`fused/optim.cuh`'s update, of `kind` with the
 /// scalars `s` but the rate base_lr[0]·lr_scale and Adam's bias corrections from each step count, both
-/// read on the device): per table of up to 64 parameters, their step counts advanced, then one launch
-/// updating θ and the moments in place. A θ listed twice waits for the next table.
+/// read on the device): per table of up to 64 parameters, one launch updating θ and the moments in place
+/// and advancing the step counts. A θ listed twice waits for the next table.
 pub(crate) fn update_tensors(
     device: &Arc<Device>,
     kind: OptimKind,
@@ -169,7 +173,7 @@ pub(crate) fn update_tensors(
         }
     }
     for run in runs(entries, UPDATE_TABLE_TENSORS, |e| e.theta.address()) {
-        let first = first_blocks(NAME, run.iter().map(|e| e.theta.len()))?;
+        let first = first_blocks(NAME, run.iter().map(|e| e.theta.len()), UPDATE_CHUNK)?;
         let blocks = *first.last().expect("first_blocks starts at 0");
         let buffers = |pick: fn(&UpdateEntry) -> Option<&DeviceBuffer>| -> Vec<u64> {
             run.iter().map(|e| address(pick(e))).collect()
@@ -188,12 +192,14 @@ pub(crate) fn update_tensors(
             vec![run.len() as u64],
         ];
         let table = StructArg::new(&table_bytes(&UPDATE_TABLE, &values));
-        device.launch_struct(NAME, &device.kernels.count_steps, (1, 1), &table, &[])?;
-        if blocks > 0 {
-            let mut args = vec![Arg::i32(kind.kernel_code()), device.arg(base_lr)];
-            args.extend([s.momentum, s.beta1, s.beta2, s.eps, s.grad_scale].map(Arg::f32));
-            device.launch_struct(NAME, &device.kernels.update_tensors, (blocks as u32, 1), &table, &args)?;
+        if blocks == 0 {
+            device.launch_struct(NAME, &device.kernels.count_steps, (1, 1), &table, &[])?;
+            continue;
         }
+        let mut args = vec![Arg::i32(kind.kernel_code()), device.arg(base_lr)];
+        args.extend([s.momentum, s.beta1, s.beta2, s.eps, s.grad_scale].map(Arg::f32));
+        args.push(device.ticket(Ticket::Update));
+        device.launch_struct(NAME, &device.kernels.update_tensors, (blocks as u32, 1), &table, &args)?;
     }
     Ok(())
 }
@@ -201,7 +207,7 @@ pub(crate) fn update_tensors(
 /// A `ChunkTable` of gradients, each read from `x`, written to `out` (0: not written) `times` times
 /// scaled; and its blocks.
 fn chunk_table(op: &'static str, rows: &[(&DeviceBuffer, u64, usize)]) -> Result<(StructArg, u32)> {
-    let first = first_blocks(op, rows.iter().map(|(x, _, _)| x.len()))?;
+    let first = first_blocks(op, rows.iter().map(|(x, _, _)| x.len()), TENSOR_CHUNK)?;
     let blocks = *first.last().expect("first_blocks starts at 0") as u32;
     let values = [
         rows.iter().map(|(x, _, _)| x.address()).collect(),
@@ -322,6 +328,7 @@ mod tests {
     #[test]
     fn the_tables_are_the_kernel_files_structs() {
         assert_eq!(kernel_int("TENSOR_CHUNK"), TENSOR_CHUNK);
+        assert_eq!(kernel_int("UPDATE_CHUNK"), UPDATE_CHUNK);
         let described =
             |fields: &[Field]| fields.iter().map(|f| (f.name.to_string(), f.size, f.count)).collect::<Vec<_>>();
         assert_eq!(kernel_struct("UpdateTable"), described(&UPDATE_TABLE));
@@ -363,10 +370,11 @@ mod tests {
 
     #[test]
     fn each_tensor_starts_after_the_chunks_of_those_before() {
-        let first = first_blocks("t", [1, 0, TENSOR_CHUNK, TENSOR_CHUNK + 1, 3 * TENSOR_CHUNK - 1]).unwrap();
+        let lens = [1, 0, TENSOR_CHUNK, TENSOR_CHUNK + 1, 3 * TENSOR_CHUNK - 1];
+        let first = first_blocks("t", lens, TENSOR_CHUNK).unwrap();
         assert_eq!(first, [0, 1, 1, 2, 4, 7]);
-        assert_eq!(first_blocks("t", []).unwrap(), [0]);
-        let err = first_blocks("t", [usize::MAX / 2]).unwrap_err().to_string();
+        assert_eq!(first_blocks("t", [], UPDATE_CHUNK).unwrap(), [0]);
+        let err = first_blocks("t", [usize::MAX / 2], TENSOR_CHUNK).unwrap_err().to_string();
         assert!(err.contains("more than a kernel's int indexes"), "{err}");
     }
 

@@ -299,7 +299,7 @@ fn resolved_shape(op: &str, from: &[usize], shape: &[isize]) -> PyResult<Vec<usi
     }
     let mut out: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
     if let [i] = unknown[..] {
-        if known == 0 || count % known != 0 {
+        if known == 0 || !count.is_multiple_of(known) {
             return Err(bad());
         }
         out[i] = count / known;

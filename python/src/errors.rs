@@ -38,6 +38,20 @@ pub(crate) fn raise(kind: Kind, e: anyhow::Error) -> PyErr {
     }
 }
 
+/// An error of `nn` (a tensor op, a module, an optimizer) as the exception its kind calls for: a shape or
+/// a value the op cannot take is `ValueError`, the device `RuntimeError`, a graph that cannot be walked
+/// back `RuntimeError` (as PyTorch's), a file `FileNotFoundError` when it is missing, else `ValueError`.
+pub(crate) fn nn_error(e: textnet::nn::Error) -> PyErr {
+    use textnet::nn::Error;
+    let message = e.to_string();
+    match e {
+        Error::Shapes { .. } | Error::Shape { .. } | Error::Value { .. } => PyValueError::new_err(message),
+        Error::Device { .. } | Error::Graph { .. } => PyRuntimeError::new_err(message),
+        Error::File { path, .. } if !path.exists() => PyFileNotFoundError::new_err(message),
+        Error::File { .. } => PyValueError::new_err(message),
+    }
+}
+
 /// A refusal to replace `path`, raised as `FileExistsError`.
 pub(crate) fn not_replaced(message: String) -> anyhow::Error {
     std::io::Error::new(std::io::ErrorKind::AlreadyExists, message).into()

@@ -10,11 +10,15 @@
 //! then reports `interrupted` so that Python raises `KeyboardInterrupt`.
 //!
 //! Modules: `errors` (exceptions), `worker` (training off the GIL), `model` (`textnet.Sequential`'s
-//! network), `language` (the text model and the Transformer); here, the functions and the module.
+//! network), `language` (the text model and the Transformer), `tensor` (`textnet.Tensor`, the face of
+//! `nn`'s tensors), `functional` (the tensor functions of `textnet.nn.functional`, `no_grad`, the seeded
+//! draws, the optimizer); here, the functions and the module.
 
 mod errors;
+mod functional;
 mod language;
 mod model;
+mod tensor;
 mod worker;
 
 use crate::errors::{choice, command_error, not_replaced, runtime_error, value_error};
@@ -199,5 +203,26 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(add_nvrtc_dir, m)?)?;
     m.add_function(wrap_pyfunction!(parse_spec, m)?)?;
     m.add_function(wrap_pyfunction!(file_kind, m)?)?;
+    m.add_class::<tensor::PyTensor>()?;
+    m.add_class::<functional::NoGrad>()?;
+    m.add_class::<functional::PyOptimizer>()?;
+    use functional::*;
+    for function in [
+        wrap_pyfunction!(manual_seed, m)?,
+        wrap_pyfunction!(normal_draws, m)?,
+        wrap_pyfunction!(uniform_init, m)?,
+        wrap_pyfunction!(is_grad_enabled, m)?,
+        wrap_pyfunction!(cat, m)?,
+        wrap_pyfunction!(linear, m)?,
+        wrap_pyfunction!(layer_norm, m)?,
+        wrap_pyfunction!(embedding, m)?,
+        wrap_pyfunction!(cross_entropy, m)?,
+        wrap_pyfunction!(mse_loss, m)?,
+        wrap_pyfunction!(dropout, m)?,
+        wrap_pyfunction!(scaled_dot_product_attention, m)?,
+        wrap_pyfunction!(clip_grad_norm, m)?,
+    ] {
+        m.add_function(function)?;
+    }
     Ok(())
 }

@@ -9,8 +9,12 @@ reference), on NumPy arrays.
     model.save("fashion.safetensors")         # the file `textnet classify` reads
 
 Layers mirror ``torch.nn`` (`Linear`, `ReLU`, `Sigmoid`, `Tanh`, `GELU`, `Dropout`, `Conv2d`,
-`MaxPool2d`, `Flatten`), `fit` mirrors Keras. Errors are exceptions carrying the command line's one-line
-messages: `ValueError` for bad arguments or data, `FileNotFoundError`, `RuntimeError` for the GPU.
+`MaxPool2d`, `Flatten`), `fit` mirrors Keras (`textnet.keras`). Errors are exceptions carrying the
+command line's one-line messages: `ValueError` for bad arguments or data, `FileNotFoundError`,
+`RuntimeError` for the GPU.
+
+Models written as PyTorch's (a `textnet.nn.Module` with `forward`, trained by the user's loop) use the
+tensors here (`textnet.tensor`, `randn`, `no_grad`, …), `textnet.nn` and `textnet.optim`.
 """
 
 from . import _native
@@ -18,9 +22,27 @@ from ._nvrtc import register_nvrtc as _register_nvrtc
 
 _register_nvrtc()
 
-from . import datasets  # noqa: E402
+from . import datasets, keras, nn, optim  # noqa: E402
+from ._tensor import (  # noqa: E402
+    Tensor,
+    arange,
+    cat,
+    double,
+    float32,
+    float64,
+    full,
+    int64,
+    is_grad_enabled,
+    long,
+    manual_seed,
+    no_grad,
+    ones,
+    randn,
+    tensor,
+    zeros,
+)
 from .language import TextModel, Transformer  # noqa: E402
-from .nn import (  # noqa: E402
+from .keras import (  # noqa: E402
     GELU,
     Conv2d,
     Dropout,
@@ -53,11 +75,30 @@ __all__ = [
     "Sequential",
     "Sigmoid",
     "Tanh",
+    "Tensor",
     "TextModel",
     "Transformer",
+    "arange",
+    "cat",
     "datasets",
+    "double",
+    "float32",
+    "float64",
+    "full",
+    "int64",
+    "is_grad_enabled",
+    "keras",
     "load",
+    "long",
+    "manual_seed",
+    "nn",
+    "no_grad",
+    "ones",
+    "optim",
+    "randn",
     "selftest",
+    "tensor",
+    "zeros",
 ]
 
 

@@ -204,6 +204,21 @@ impl<F: Real> Optimizer<F> {
         Ok(())
     }
 
+    /// Sets group `group`'s factor on the learning rate for the next steps (PyTorch's
+    /// `param_groups[group]["lr"]` is this factor at a base rate of 1). A captured step keeps the factor
+    /// it recorded; `set_lr` reaches its replays.
+    pub fn set_lr_scale(&mut self, group: usize, lr_scale: f32) -> Result<()> {
+        let op = self.config.kind.name();
+        Range::NonNegative.check(op, &format!("the lr scale of group {group}"), lr_scale)?;
+        let count = self.groups.len();
+        let mine = self
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| Error::value(op, format!("there is no group {group} of {count}")))?;
+        mine.lr_scale = lr_scale;
+        Ok(())
+    }
+
     /// The number of parameter groups.
     pub fn group_count(&self) -> usize {
         self.groups.len()

@@ -87,7 +87,7 @@ def test_a_model_in_training_refuses_a_second_fit_and_can_be_used_meanwhile(monk
     X, y = random_samples()
     model = textnet.Sequential(SPEC, device="cpu")
     seen = {}
-    draw_epoch = textnet.nn._Progress.epoch
+    draw_epoch = textnet.keras._Progress.epoch
 
     def meanwhile():
         try:
@@ -103,7 +103,7 @@ def test_a_model_in_training_refuses_a_second_fit_and_can_be_used_meanwhile(monk
             other.join()
         draw_epoch(progress, epoch, logs)
 
-    monkeypatch.setattr(textnet.nn._Progress, "epoch", on_epoch)
+    monkeypatch.setattr(textnet.keras._Progress, "epoch", on_epoch)
     model.fit(X, y, epochs=2, verbose=0)
     assert "this model is being trained by another thread" in seen["fit"]
     assert set(seen["evaluate"]) == {"loss", "accuracy"}

@@ -1,5 +1,7 @@
-"""Networks written as layers (``Sequential``), trained with ``fit`` on NumPy arrays, and the roadmap's
-``NeuralNetworkGPU``.
+"""``textnet.keras``: networks written as layers (``Sequential``), trained with ``fit`` on NumPy arrays, in
+the style of Keras, and the roadmap's ``NeuralNetworkGPU``; the package's top level (``textnet.Sequential``,
+``textnet.Linear``, …) holds these. ``textnet.nn`` is PyTorch's style instead: modules the user writes,
+on tensors with autograd.
 
 A ``Sequential`` is a ``textnet fit`` network: the same layers, the same CPU reference and fused GPU
 kernels, the same initial parameters, shuffles and model files. Training the same spec on the same

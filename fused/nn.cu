@@ -323,12 +323,16 @@ __device__ __forceinline__ void matmul(const float* __restrict__ a, const float*
 }
 
 // y = act(x·Wᵀ + b) for x R×K, W N×K, b of N (or null); z, when not null, keeps x·Wᵀ + b (the activation's
-// backward reads it). act: UNARY_* or −1 (none). Grid: (⌈N/BN⌉, ⌈R/BM⌉), shared memory as matmul's.
+// backward reads it). act: UNARY_* or −1 (none). With `dropped`, also y times the dropout mask of the key
+// drop_key[0] (nn_dropout_keyed's expression, capture-time fusion). Grid: (⌈N/BN⌉, ⌈R/BM⌉), shared memory
+// as matmul's.
 template <class T>
 __device__ __forceinline__ void linear(const float* __restrict__ x, const float* __restrict__ W,
                                        const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y,
-                                       int R, int N, int K, int act) {
+                                       int R, int N, int K, int act, float* __restrict__ dropped,
+                                       const unsigned* __restrict__ drop_key, unsigned threshold, float drop_scale) {
     extern __shared__ float smem[];
+    const unsigned key = dropped ? drop_key[0] : 0u;
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
         R, N, K, blockIdx.y * T::BM, blockIdx.x * T::BN, [&](int r, int k) { return x[(size_t)r * K + k]; },
         [&](int k, int o) { return W[(size_t)o * K + k]; },
@@ -336,7 +340,9 @@ __device__ __forceinline__ void linear(const float* __restrict__ x, const float*
             const size_t e = (size_t)r * N + o;
             const float pre = bias ? acc + bias[o] : acc;
             if (z) z[e] = pre;
-            y[e] = unary_apply(act, pre);
+            const float out = unary_apply(act, pre);
+            y[e] = out;
+            if (dropped) dropped[e] = out * dropout_factor(key, (unsigned)e, threshold, drop_scale);
         },
         smem);
 }
@@ -368,8 +374,10 @@ __device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy,
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_##SUFFIX(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias, \
-                       float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act) {           \
-        linear<TILE>(x, W, bias, z, y, R, N, K, act);                                                          \
+                       float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act,             \
+                       float* __restrict__ dropped, const unsigned* __restrict__ drop_key, unsigned threshold,  \
+                       float drop_scale) {                                                                     \
+        linear<TILE>(x, W, bias, z, y, R, N, K, act, dropped, drop_key, threshold, drop_scale);                \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_grad_weight_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                  \
@@ -425,16 +433,20 @@ __device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const b
 
 // x·Wᵀ + b as nn_product_bf16_nt, kept in c (the activation's backward reads it), and its activation ACT
 // (UNARY_*) in y, and y's bf16 copy in y16 when not null: a linear layer and the activation after it in
-// one launch (capture-time fusion, src/nn/cuda/fusion.rs). The activation is a template argument and the
-// results go out by pairs, as the Transformer's GELU epilogue (tf_linear_forward_bf16): with a run-time
-// switch and single stores the epilogue ran the product at a third of its speed.
-// Grid (⌈N/128⌉, ⌈M/128⌉).
-template <int ACT>
+// one launch (capture-time fusion, src/nn/cuda/fusion.rs). With DROP (and no activation), y is instead c
+// times the dropout mask of the key drop_key[0] (nn_dropout_keyed's expression): a linear layer and the
+// dropout after it. The activation is a template argument and the results go out by pairs, as the
+// Transformer's GELU epilogue (tf_linear_forward_bf16): with a run-time switch and single stores the
+// epilogue ran the product at a third of its speed. Grid (⌈N/128⌉, ⌈M/128⌉).
+template <int ACT, bool DROP>
 __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b,
                                                  float* __restrict__ c, const float* __restrict__ bias,
-                                                 float* __restrict__ y, bf16* __restrict__ y16, int M, int N, int K) {
+                                                 float* __restrict__ y, bf16* __restrict__ y16,
+                                                 const unsigned* __restrict__ drop_key, unsigned threshold,
+                                                 float drop_scale, int M, int N, int K) {
     extern __shared__ __align__(16) float smem[];
     const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
+    const unsigned key = DROP ? drop_key[0] : 0u;
     gemm_tile_bf16_fast<false, true>(M, N, K, m0, n0, a, K, b, K,
                                      [&](int m, int n, float v0, float v1) {
                                          const size_t e = (size_t)m * N + n;
@@ -442,24 +454,31 @@ __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, con
                                          if (bias) v0 += bias[n];
                                          if (bias && both) v1 += bias[n + 1];
                                          store_pair(c + e, v0, v1, both);
-                                         v0 = unary_apply(ACT, v0);
-                                         v1 = unary_apply(ACT, v1);
+                                         if (DROP) {
+                                             v0 *= dropout_factor(key, (unsigned)e, threshold, drop_scale);
+                                             v1 *= dropout_factor(key, (unsigned)e + 1u, threshold, drop_scale);
+                                         } else {
+                                             v0 = unary_apply(ACT, v0);
+                                             v1 = unary_apply(ACT, v1);
+                                         }
                                          store_pair(y + e, v0, v1, both);
                                          if (y16) store_pair(y16 + e, v0, v1, both);
                                      },
                                      smem);
 }
 
-#define NN_PRODUCT_BF16_ACT(NAME, ACT)                                                                         \
+#define NN_PRODUCT_BF16_ACT(NAME, ACT, DROP)                                                                   \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
-         const float* __restrict__ bias, float* __restrict__ y, bf16* __restrict__ y16, int M, int N, int K) {   \
-        product_bf16_act<ACT>(a, b, c, bias, y, y16, M, N, K);                                                 \
+         const float* __restrict__ bias, float* __restrict__ y, bf16* __restrict__ y16,                        \
+         const unsigned* __restrict__ drop_key, unsigned threshold, float drop_scale, int M, int N, int K) {   \
+        product_bf16_act<ACT, DROP>(a, b, c, bias, y, y16, drop_key, threshold, drop_scale, M, N, K);          \
     }
-NN_PRODUCT_BF16_ACT(nn_product_bf16_relu, UNARY_RELU)
-NN_PRODUCT_BF16_ACT(nn_product_bf16_sigmoid, UNARY_SIGMOID)
-NN_PRODUCT_BF16_ACT(nn_product_bf16_tanh, UNARY_TANH)
-NN_PRODUCT_BF16_ACT(nn_product_bf16_gelu, UNARY_GELU)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_relu, UNARY_RELU, false)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_sigmoid, UNARY_SIGMOID, false)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_tanh, UNARY_TANH, false)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_gelu, UNARY_GELU, false)
+NN_PRODUCT_BF16_ACT(nn_product_bf16_dropout, -1, true)
 #undef NN_PRODUCT_BF16_ACT
 
 #define NN_PRODUCT_BF16(NAME, TA, TB)                                                                          \

@@ -850,10 +850,10 @@ fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Resul
 }
 
 /// The losses, final parameters and fusions of 8 AdamW steps of a residual block on `device` in
-/// `precision` — x = embedding(ids); x = x + fc2(gelu(fc1(ln1(x)))); x = x + relu(proj(ln2(x))); logits =
-/// head(ln_f(x)) — a new batch each step, op by op or through a `CapturedStep`, whose capture fuses the
-/// activations into the products, the residual adds into the LayerNorms and (bf16) the operands' copies
-/// into their producers.
+/// `precision` — x = embedding(ids); x = x + dropout(fc2(gelu(fc1(ln1(x))))); x = x + relu(proj(ln2(x)));
+/// logits = head(ln_f(x)) — a new batch each step, op by op or through a `CapturedStep`, whose capture
+/// fuses the activations and the dropout into the products, the residual adds into the LayerNorms and
+/// (bf16) the operands' copies into their producers.
 fn block_steps(
     device: &Arc<Device>,
     seed: u64,
@@ -870,6 +870,7 @@ fn block_steps(
         (Linear::<f32>::new(width, hidden, true, &mut rng)?, Linear::<f32>::new(hidden, width, true, &mut rng)?);
     let proj = Linear::<f32>::new(width, width, false, &mut rng)?;
     let head = Linear::<f32>::new(width, vocab, true, &mut rng)?;
+    let drop = Dropout::new(0.25, 9)?;
     let norms = [
         LayerNorm::<f32>::new(width, true)?,
         LayerNorm::<f32>::new(width, true)?,
@@ -900,7 +901,7 @@ fn block_steps(
             let mut one_step = || {
                 adamw.zero_grad();
                 let x = table.forward(&ids)?;
-                let x = x.add(&fc2.forward(&fc1.forward(&norms[0].forward(&x)?)?.gelu()?)?)?;
+                let x = x.add(&drop.forward(&fc2.forward(&fc1.forward(&norms[0].forward(&x)?)?.gelu()?)?)?)?;
                 let x = x.add(&proj.forward(&norms[1].forward(&x)?)?.relu()?)?;
                 let loss = head.forward(&norms[2].forward(&x)?)?.cross_entropy_ids(&targets, None)?;
                 loss.backward()?;
@@ -924,9 +925,10 @@ fn block_steps(
 fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> {
     let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let mut checks = Vec::new();
-    // gelu and relu into fc1's and proj's epilogues, both residual adds into the norms after them; in bf16
-    // also the four products' operands (ln1's, the gelu's from fc1's epilogue, ln2's and ln_f's).
-    for (precision, expected) in [(Precision::Fp32, 4), (Precision::Bf16, 8)] {
+    // gelu and relu into fc1's and proj's epilogues, the dropout into fc2's, both residual adds into the
+    // norms after them; in bf16 also the four products' operands (ln1's, the gelu's from fc1's epilogue,
+    // ln2's and ln_f's).
+    for (precision, expected) in [(Precision::Fp32, 5), (Precision::Bf16, 9)] {
         let (eager, _) = block_steps(device, seed, precision, false)?;
         let (captured, fusions) = block_steps(device, seed, precision, true)?;
         let same = bits(&eager) == bits(&captured);

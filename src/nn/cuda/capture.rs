@@ -28,6 +28,7 @@
 //! runs did not (after one more eager run and a second try: another captured step may have taken the
 //! buffers this one's warm-up freed).
 
+use super::fusion::Plan;
 use super::{Device, Pool};
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::{Storage, Tensor};
@@ -89,6 +90,8 @@ pub struct CapturedStep {
     retried: bool,
     /// The fusions the last capture made, with their counts.
     fusions: Vec<(String, usize)>,
+    /// What the recording run found to fuse, for the fused runs after it.
+    plan: Plan,
 }
 
 impl CapturedStep {
@@ -102,6 +105,7 @@ impl CapturedStep {
             captures: 0,
             retried: false,
             fusions: Vec::new(),
+            plan: Plan::default(),
         };
         step.current_signature()?;
         Ok(step)
@@ -185,17 +189,17 @@ impl CapturedStep {
     }
 
     /// `step` run eagerly, as the recording that the fusions follow.
-    fn recorded(&self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+    fn recorded(&mut self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
         self.device.fusion_record();
         let output = step();
-        self.device.fusion_end();
+        self.plan = self.device.fusion_end_recording();
         output
     }
 
     /// `step` run eagerly with the recording's fusions, so that it frees into the cache the buffers the
     /// fused capture then takes.
     fn fused(&self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
-        self.device.fusion_apply();
+        self.device.fusion_apply(&self.plan);
         let output = step();
         self.device.fusion_end();
         output
@@ -211,7 +215,7 @@ impl CapturedStep {
         let driver = |e: cudarc::driver::DriverError| Error::device("CapturedStep", format!("capturing the step: {e}"));
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&pool));
         let begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver);
-        device.fusion_apply();
+        device.fusion_apply(&self.plan);
         let output = begun.and_then(|()| step());
         let fusions = device.fusion_end();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));

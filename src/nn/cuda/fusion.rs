@@ -7,6 +7,7 @@
 //! | `linear` → `relu`, `gelu`, `tanh`, `sigmoid`, … | the activation in the product's epilogue (the pre-activation is still written: the activation's backward reads it) |
 //! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
 //! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
+//! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
 //!
 //! Cross-entropy needs no rewrite: its softmax is inside its one kernel already.
 //!
@@ -21,6 +22,10 @@
 //! fused kernels compute the very same expressions as the chains they replace, so a captured step equals
 //! the same step op by op to the bit (`selftest --only nn` checks it). Outside a `CapturedStep` nothing
 //! changes.
+//!
+//! A fused dropout draws its key (and advances its layer's step) at the linear layer's launch, not at its
+//! own. So it fuses only where no other mask was drawn between the two in the recording: otherwise a layer
+//! drawing twice could take its steps in another order.
 
 use super::{Device, DeviceBuffer, WeakBuffer};
 use std::collections::BTreeMap;
@@ -37,6 +42,28 @@ pub(crate) enum Want {
     LayerNorm { params: NormParams, reader: usize, bf16: bool },
     /// The output's bf16 copy (a bf16 product's operand).
     Bf16,
+    /// The output times a dropout mask counted on the device.
+    Dropout(DropoutSite),
+}
+
+/// A dropout whose mask is drawn on the device: its layer's step word (held weakly, as LayerNorm's
+/// parameters), its site's seed, and the mask's threshold and scale.
+#[derive(Clone)]
+pub(crate) struct DropoutSite {
+    pub(crate) step: WeakBuffer,
+    pub(crate) site_seed: u32,
+    pub(crate) threshold: u32,
+    pub(crate) scale: f32,
+}
+
+impl DropoutSite {
+    /// Whether the dropout drawing from `step` at `site_seed` with `threshold` and `scale` is this one.
+    pub(crate) fn matches(&self, step: &DeviceBuffer, site_seed: u32, threshold: u32, scale: f32) -> bool {
+        self.step.is(step)
+            && self.site_seed == site_seed
+            && self.threshold == threshold
+            && self.scale.to_bits() == scale.to_bits()
+    }
 }
 
 /// The parameters of a LayerNorm: its weight and bias (None: 1 and 0), ε and the row width. The weight and
@@ -87,9 +114,23 @@ impl NormParams {
 /// A result a producer computed for a reader of its output, attached to that output.
 #[derive(Clone)]
 pub(crate) enum Extra {
-    Activation { code: i32, out: DeviceBuffer },
-    LayerNorm { params: NormParams, y: DeviceBuffer, mean: DeviceBuffer, rstd: DeviceBuffer },
+    Activation {
+        code: i32,
+        out: DeviceBuffer,
+    },
+    LayerNorm {
+        params: NormParams,
+        y: DeviceBuffer,
+        mean: DeviceBuffer,
+        rstd: DeviceBuffer,
+    },
     Bf16(DeviceBuffer),
+    /// The output dropped by `site`'s mask under `key` (the step's key, drawn by the producer).
+    Dropout {
+        site: DropoutSite,
+        out: DeviceBuffer,
+        key: DeviceBuffer,
+    },
 }
 
 /// What fusion is doing in the current run of a step.
@@ -103,14 +144,22 @@ enum Phase {
     Applying,
 }
 
-/// A device's fusion state (see the module's text).
+/// A step's fusion plan: by producer number, its op and the wants its readers recorded in the step's
+/// recording run. Each `CapturedStep` keeps its own.
+#[derive(Clone, Default)]
+pub(crate) struct Plan(Vec<(&'static str, Vec<Want>)>);
+
+/// A device's fusion state in the run under way (see the module's text).
 #[derive(Default)]
 pub(crate) struct Fusion {
     phase: Phase,
     /// Producers so far in this run.
     next: usize,
-    /// By producer number: its op and the wants its readers recorded (the recording run's, then the plan).
+    /// The plan being recorded, or the one being applied.
     recorded: Vec<(&'static str, Vec<Want>)>,
+    /// Masks drawn on the device so far in the recording run, and the count when each producer ran.
+    draws: usize,
+    draws_at: Vec<usize>,
     /// The fusions this run made, by description, with their counts.
     applied: BTreeMap<String, usize>,
 }
@@ -142,6 +191,14 @@ impl Producer {
     pub(crate) fn bf16(&self) -> bool {
         self.wants.iter().any(|w| matches!(w, Want::Bf16))
     }
+
+    /// The dropout wanted of this producer's output.
+    pub(crate) fn dropout(&self) -> Option<DropoutSite> {
+        self.wants.iter().find_map(|w| match w {
+            Want::Dropout(site) => Some(site.clone()),
+            _ => None,
+        })
+    }
 }
 
 impl Device {
@@ -157,10 +214,17 @@ impl Device {
         self.fusing.store(!off, Ordering::Relaxed);
     }
 
-    /// Starts a fused run (the last warm-up, or the capture) by the recording, each want that asks for a
-    /// result asking for its bf16 copy too when the result's reader was asked for one.
-    pub(crate) fn fusion_apply(&self) {
+    /// Ends a recording run: fusion is off, and the plan recorded is returned.
+    pub(crate) fn fusion_end_recording(&self) -> Plan {
+        self.fusion_end();
+        Plan(std::mem::take(&mut self.fusion().recorded))
+    }
+
+    /// Starts a fused run (the last warm-up, or the capture) by `plan`, each want that asks for a result
+    /// asking for its bf16 copy too when the result's reader was asked for one.
+    pub(crate) fn fusion_apply(&self, plan: &Plan) {
         let mut fusion = self.fusion();
+        fusion.recorded = plan.0.clone();
         let asked_bf16: Vec<bool> =
             fusion.recorded.iter().map(|(_, wants)| wants.iter().any(|w| matches!(w, Want::Bf16))).collect();
         for (_, wants) in &mut fusion.recorded {
@@ -176,8 +240,8 @@ impl Device {
         self.fusing.store(true, Ordering::Relaxed);
     }
 
-    /// Ends a recording or fused run (the recording stays, for the next): fusion is off, and the fusions
-    /// the run made are returned, each with how many times it was made.
+    /// Ends a fused run: fusion is off, and the fusions the run made are returned, each with how many
+    /// times it was made.
     pub(crate) fn fusion_end(&self) -> Vec<(String, usize)> {
         let mut fusion = self.fusion();
         fusion.phase = Phase::Off;
@@ -198,6 +262,8 @@ impl Device {
             Phase::Recording => {
                 fusion.next += 1;
                 fusion.recorded.push((op, Vec::new()));
+                let draws = fusion.draws;
+                fusion.draws_at.push(draws);
                 Some(Producer { number, wants: Vec::new() })
             }
             Phase::Applying => {
@@ -221,10 +287,23 @@ impl Device {
             return;
         }
         let Some(number) = input.made_by() else { return };
+        if matches!(want, Want::Dropout(_)) && fusion.draws_at.get(number) != Some(&fusion.draws) {
+            return;
+        }
         if let Some((_, wants)) = fusion.recorded.get_mut(number) {
             let kind = std::mem::discriminant(&want);
             if !wants.iter().any(|w| std::mem::discriminant(w) == kind) {
                 wants.push(want);
+            }
+        }
+    }
+
+    /// Notes, in a recording run, that a mask was drawn on the device (a dropout's key, a step taken).
+    pub(crate) fn drew_mask(&self) {
+        if self.fusing.load(Ordering::Relaxed) {
+            let mut fusion = self.fusion();
+            if fusion.phase == Phase::Recording {
+                fusion.draws += 1;
             }
         }
     }
@@ -272,6 +351,21 @@ impl DeviceBuffer {
         self.block.fused().extras.iter().find_map(|e| match e {
             Extra::LayerNorm { params, y, mean, rstd } if params.matches(weight, bias, eps, width) => {
                 Some((y.clone(), mean.clone(), rstd.clone()))
+            }
+            _ => None,
+        })
+    }
+
+    /// These elements dropped by `site`'s mask, and the step's key, when their producer computed them.
+    pub(crate) fn dropout_extra(
+        &self,
+        step: &DeviceBuffer,
+        site_seed: u32,
+        (threshold, scale): (u32, f32),
+    ) -> Option<(DeviceBuffer, DeviceBuffer)> {
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::Dropout { site, out, key } if site.matches(step, site_seed, threshold, scale) => {
+                Some((out.clone(), key.clone()))
             }
             _ => None,
         })

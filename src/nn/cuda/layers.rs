@@ -5,7 +5,7 @@
 //! atomics: a sum over rows (LayerNorm's weight and bias, an embedding row's ids, attention's keys and
 //! values over queries) is one thread's loop, in the host's order.
 
-use super::fusion::{Extra, NormParams, Want};
+use super::fusion::{DropoutSite, Extra, NormParams, Want};
 use super::ops::{bf16_buffer, buffer, int, optional, rows_per_part, sum_axis, warp_row_blocks};
 use super::{Device, DeviceBuffer};
 use crate::cpu::Real;
@@ -255,10 +255,19 @@ pub(crate) fn dropout_counted<F: Real>(
     (threshold, scale): (u32, f32),
 ) -> Result<Tensor<F>> {
     const NAME: &str = "dropout";
-    let key = device.alloc(NAME, 1)?;
-    let args = [Arg::u32(site_seed), device.arg(step), device.arg(&key)];
-    device.launch(NAME, &device.kernels.dropout_draw, (1, 1), 0, &args)?;
-    let out = masked_by_key(device, &buffer(x), &key, (threshold, scale))?;
+    let input = buffer(x);
+    let site = DropoutSite { step: step.downgrade(), site_seed, threshold, scale };
+    device.want(&input, Want::Dropout(site));
+    let (out, key) = match input.dropout_extra(step, site_seed, (threshold, scale)) {
+        Some(fused) => {
+            device.fused("linear → dropout: the mask in the product's epilogue".into());
+            fused
+        }
+        None => {
+            let key = draw_key(device, step, site_seed)?;
+            (masked_by_key(device, &input, &key, (threshold, scale))?, key)
+        }
+    };
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         Ok(vec![Some(masked_by_key(&device_, grad, &key, (threshold, scale))?)])
@@ -266,8 +275,20 @@ pub(crate) fn dropout_counted<F: Real>(
     Ok(Tensor::from_device_op(NAME, out, x.shape().to_vec(), &[x], Box::new(backward)))
 }
 
+/// A new word holding the key of the dropout at `site_seed` in the step counted by `step`, which advances
+/// by one (`nn_dropout_draw`).
+pub(crate) fn draw_key(device: &Arc<Device>, step: &DeviceBuffer, site_seed: u32) -> Result<DeviceBuffer> {
+    const NAME: &str = "dropout";
+    let key = device.alloc(NAME, 1)?;
+    let args = [Arg::u32(site_seed), device.arg(step), device.arg(&key)];
+    device.launch(NAME, &device.kernels.dropout_draw, (1, 1), 0, &args)?;
+    device.drew_mask();
+    Ok(key)
+}
+
 /// A new word holding the value of the step counter `step`, which advances by one (`nn_take_step`).
 pub(crate) fn take_step(device: &Arc<Device>, step: &DeviceBuffer) -> Result<DeviceBuffer> {
+    device.drew_mask();
     let taken = device.alloc("dropout", 1)?;
     device.launch("dropout", &device.kernels.take_step, (1, 1), 0, &[device.arg(step), device.arg(&taken)])?;
     Ok(taken)

@@ -65,6 +65,8 @@ pub(crate) struct Kernels {
     /// `nn_product_bf16_{relu,sigmoid,tanh,gelu}`, at the activation's UNARY_* code: a linear layer's
     /// product and the activation after it (capture-time fusion).
     pub(crate) product_bf16_act: [Kernel; 4],
+    /// `nn_product_bf16_dropout`: a linear layer's product and the dropout after it (capture-time fusion).
+    pub(crate) product_bf16_dropout: Kernel,
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
@@ -196,6 +198,7 @@ impl Device {
                     k("nn_product_bf16_tanh")?,
                     k("nn_product_bf16_gelu")?,
                 ],
+                product_bf16_dropout: k("nn_product_bf16_dropout")?,
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
@@ -233,7 +236,8 @@ impl Device {
         let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
-        for kernel in kernels.product_bf16.iter().chain(&kernels.product_bf16_act) {
+        let fused_products = kernels.product_bf16_act.iter().chain([&kernels.product_bf16_dropout]);
+        for kernel in kernels.product_bf16.iter().chain(fused_products) {
             gpu.reserve_shared(kernel, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
                 .map_err(launch_error("Device::open"))?;
         }

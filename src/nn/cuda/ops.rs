@@ -6,6 +6,7 @@
 //! gradient), as the host closures keep their vectors.
 
 use super::fusion::{Extra, NormParams, Producer, Want};
+use super::layers::draw_key;
 use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
 use crate::cpu::Real;
 use crate::device::Arg;
@@ -603,21 +604,52 @@ pub(crate) fn linear<F: Real>(
         .and_then(Producer::activation)
         .filter(|&(code, _)| rounded.is_none() || bf16_epilogue(code).is_some());
     let activated = activation.map(|_| device.alloc(NAME, rows * outputs)).transpose()?;
+    // Or the dropout a reader wanted: its key drawn now, `out` dropped into a buffer of its own.
+    let dropout = match (activation, producer.as_ref().and_then(Producer::dropout)) {
+        (None, Some(site)) => match site.step.upgrade(device) {
+            Some(step) => {
+                let key = draw_key(device, &step, site.site_seed)?;
+                Some((site, device.alloc(NAME, rows * outputs)?, key))
+            }
+            None => None,
+        },
+        _ => None,
+    };
+    let drop_args = match &dropout {
+        Some((site, dropped, key)) => {
+            [device.arg(dropped), device.arg(key), Arg::u32(site.threshold), Arg::f32(site.scale)]
+        }
+        None => [Arg::Ptr(0), Arg::Ptr(0), Arg::u32(0), Arg::f32(0.0)],
+    };
     let bias_arg = optional(device, bias_buffer.as_ref());
+    let bf16_blocks = || -> Result<(u32, u32)> {
+        Ok((int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32))
+    };
+    let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
     match (&rounded, activation, &activated) {
         (Some((x16, w16)), Some((code, with_bf16)), Some(activated)) => {
             let copy = if with_bf16 { Some(bf16_buffer(device, NAME, rows * outputs)?) } else { None };
-            let blocks =
-                (int(NAME, outputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
             let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg];
-            let more = [device.arg(activated), optional(device, copy.as_ref())];
-            let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
+            let more =
+                [device.arg(activated), optional(device, copy.as_ref()), Arg::Ptr(0), Arg::u32(0), Arg::f32(0.0)];
             let args = [&args[..], &more, &words(&sizes).collect::<Vec<_>>()].concat();
             let kernel = bf16_epilogue(code).expect("filtered above");
-            device.launch(NAME, kernel, blocks, device.gemm_shared_bf16, &args)?;
+            device.launch(NAME, kernel, bf16_blocks()?, device.gemm_shared_bf16, &args)?;
             if let Some(copy) = copy {
                 activated.attach(Extra::Bf16(copy));
             }
+        }
+        (Some((x16, w16)), _, _) if dropout.is_some() => {
+            let [dropped, key, threshold, scale] = drop_args;
+            let args = [device.arg(x16), device.arg(w16), device.arg(&out), bias_arg, dropped, Arg::Ptr(0)];
+            let args = [&args[..], &[key, threshold, scale], &words(&sizes).collect::<Vec<_>>()].concat();
+            device.launch(
+                NAME,
+                &device.kernels.product_bf16_dropout,
+                bf16_blocks()?,
+                device.gemm_shared_bf16,
+                &args,
+            )?;
         }
         (Some((x16, w16)), _, _) => {
             let operands = (x16, w16, &out);
@@ -640,13 +672,16 @@ pub(crate) fn linear<F: Real>(
             };
             let (tile, blocks) = fp32_tile(device, NAME, (rows, outputs), 1)?;
             let args = [device.arg(&xb), device.arg(&wb), bias_arg, z, y];
-            let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?, code];
-            let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
+            let args =
+                [&args[..], &words(&[sizes[0], sizes[1], sizes[2], code]).collect::<Vec<_>>(), &drop_args].concat();
             device.launch(NAME, &device.kernels.linear[tile], blocks, device.gemm_shared[tile], &args)?;
         }
     }
     if let (Some(activated), Some((code, _))) = (activated, activation) {
         out.attach(Extra::Activation { code, out: activated });
+    }
+    if let Some((site, dropped, key)) = dropout {
+        out.attach(Extra::Dropout { site, out: dropped, key });
     }
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);

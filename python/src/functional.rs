@@ -3,12 +3,14 @@
 //! parameters, dropout's masks) and the optimizer over parameter groups.
 
 use crate::errors::nn_error;
-use crate::tensor::{Data, Float, PyTensor, by_dtype, dtypes_differ, float_op, float_pair_op, ids_of_f64, not_float};
+use crate::tensor::{
+    Data, Float, HostIds, PyTensor, by_dtype, dtypes_differ, float_op, float_pair_op, ids_of_f64, not_float,
+};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rand::{RngExt, SeedableRng};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use textnet::cpu::{SeededRng, linear_init};
 use textnet::nn::{self, Module, Optimizer, ParamGroup, Tensor};
 use textnet::ops::optim::{OptimConfig, OptimKind};
@@ -92,7 +94,7 @@ fn operands<'a, F: Float>(op: &str, list: &'a [PyRef<'_, PyTensor>]) -> PyResult
 }
 
 /// The ids of an int64 tensor, on the host (read back from the GPU), with their shape.
-fn ids_of(op: &str, data: &Data) -> PyResult<(Arc<Vec<i64>>, Vec<usize>)> {
+fn ids_of(op: &str, data: &Data) -> PyResult<HostIds> {
     data.host_ids()?.ok_or_else(|| {
         PyValueError::new_err(format!(
             "{op}: the ids must be int64, got {} of shape {:?}",

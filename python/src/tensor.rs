@@ -29,6 +29,9 @@ pub(crate) enum Data {
     DeviceIds(Tensor<f32>),
 }
 
+/// Ids on the host, with their shape.
+pub(crate) type HostIds = (Arc<Vec<i64>>, Vec<usize>);
+
 /// The largest id magnitude an f32 holds exactly.
 const LARGEST_DEVICE_ID: i64 = 1 << 24;
 
@@ -84,7 +87,7 @@ impl Data {
     }
 
     /// The ids of an int64 tensor, on the host (read back from the GPU), with their shape; None for floats.
-    pub(crate) fn host_ids(&self) -> PyResult<Option<(Arc<Vec<i64>>, Vec<usize>)>> {
+    pub(crate) fn host_ids(&self) -> PyResult<Option<HostIds>> {
         Ok(match self {
             Data::Ids { values, shape } => Some((Arc::clone(values), shape.clone())),
             Data::DeviceIds(t) => {

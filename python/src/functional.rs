@@ -3,14 +3,16 @@
 //! parameters, dropout's masks) and the optimizer over parameter groups.
 
 use crate::errors::nn_error;
-use crate::tensor::{Data, Float, PyTensor, by_dtype, dtypes_differ, float_op, float_pair_op, not_float};
+use crate::tensor::{
+    Data, Float, HostIds, PyTensor, by_dtype, dtypes_differ, float_op, float_pair_op, ids_of_f64, not_float,
+};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rand::{RngExt, SeedableRng};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use textnet::cpu::{SeededRng, linear_init};
-use textnet::nn::{self, Optimizer, ParamGroup, Tensor};
+use textnet::nn::{self, Module, Optimizer, ParamGroup, Tensor};
 use textnet::ops::optim::{OptimConfig, OptimKind};
 
 /// The generator of `randn`, the layers' initial parameters and dropout's masks (`manual_seed` reseeds
@@ -32,6 +34,14 @@ pub(crate) fn normal_draws(py: Python<'_>, count: usize) -> Bound<'_, PyArray1<f
     use rand_distr::{Distribution, StandardNormal};
     let mut rng = rng();
     let values: Vec<f32> = (0..count).map(|_| StandardNormal.sample(&mut *rng)).collect();
+    values.into_pyarray(py)
+}
+
+/// `count` draws of U(0, 1), in f64 (`multinomial`'s).
+#[pyfunction]
+pub(crate) fn uniform_draws(py: Python<'_>, count: usize) -> Bound<'_, PyArray1<f64>> {
+    let mut rng = rng();
+    let values: Vec<f64> = (0..count).map(|_| rng.random::<f64>()).collect();
     values.into_pyarray(py)
 }
 
@@ -83,22 +93,44 @@ fn operands<'a, F: Float>(op: &str, list: &'a [PyRef<'_, PyTensor>]) -> PyResult
     list.iter().map(|t| operand::<F>(op, &list[0].data, &t.data)).collect()
 }
 
-fn ids_of<'a>(op: &str, data: &'a Data) -> PyResult<(&'a [i64], &'a [usize])> {
-    match data {
-        Data::Ids { values, shape, .. } => Ok((values, shape)),
-        other => Err(PyValueError::new_err(format!(
+/// The ids of an int64 tensor, on the host (read back from the GPU), with their shape.
+fn ids_of(op: &str, data: &Data) -> PyResult<HostIds> {
+    data.host_ids()?.ok_or_else(|| {
+        PyValueError::new_err(format!(
             "{op}: the ids must be int64, got {} of shape {:?}",
-            if matches!(other, Data::F32(_)) { "float32" } else { "float64" },
-            other.shape()
-        ))),
-    }
+            if matches!(data, Data::F32(_)) { "float32" } else { "float64" },
+            data.shape()
+        ))
+    })
 }
 
-/// `tensors` joined along `dim`.
+/// `tensors` joined along `dim`: floats of one dtype, or int64 ids all on the host or all on the GPU.
 #[pyfunction]
 #[pyo3(signature = (tensors, dim = 0))]
 pub(crate) fn cat(tensors: Vec<PyRef<'_, PyTensor>>, dim: isize) -> PyResult<PyTensor> {
     let Some(first) = tensors.first() else { return Err(PyValueError::new_err("cat: no tensors to join")) };
+    let differ = |t: &PyRef<'_, PyTensor>| dtypes_differ("cat", &first.data, &t.data);
+    match &first.data {
+        Data::DeviceIds(_) => {
+            let list: Vec<&Tensor<f32>> = (tensors.iter())
+                .map(|t| if let Data::DeviceIds(ids) = &t.data { Ok(ids) } else { Err(differ(t)) })
+                .collect::<PyResult<_>>()?;
+            return nn::cat(&list, dim).map(|t| PyTensor::of(Data::DeviceIds(t))).map_err(nn_error);
+        }
+        Data::Ids { .. } => {
+            let list: Vec<Tensor<f64>> = (tensors.iter())
+                .map(|t| match &t.data {
+                    Data::Ids { values, shape } => {
+                        Tensor::from_vec(values.iter().map(|&v| v as f64).collect(), shape).map_err(nn_error)
+                    }
+                    _ => Err(differ(t)),
+                })
+                .collect::<PyResult<_>>()?;
+            let joined = nn::cat(&list.iter().collect::<Vec<_>>(), dim).map_err(nn_error)?;
+            return Ok(PyTensor::of(ids_of_f64(&joined)));
+        }
+        Data::F32(_) | Data::F64(_) => {}
+    }
     by_dtype!("cat", &first.data, F => {
         let list = operands::<F>("cat", &tensors)?;
         nn::cat(&list, dim).map(|t| PyTensor::of(F::wrap(t))).map_err(nn_error)
@@ -149,8 +181,21 @@ pub(crate) fn embedding(
     weight: PyRef<'_, PyTensor>,
     padding_idx: Option<i64>,
 ) -> PyResult<PyTensor> {
+    if let (Data::DeviceIds(ids), Data::F32(w)) = (&ids.data, &weight.data)
+        && w.is_on_device()
+        && w.is_leaf()
+    {
+        // The layer reads the ids where they are (a captured step reads each replay's); it marks its
+        // weight as needing a gradient, which a frozen weight keeps from needing.
+        let frozen = !w.requires_grad();
+        let looked_up = nn::Embedding::from_parameters(w.clone(), padding_idx).and_then(|layer| layer.forward(ids));
+        if frozen {
+            w.set_requires_grad(false).map_err(nn_error)?;
+        }
+        return looked_up.map(|t| PyTensor::of(Data::F32(t))).map_err(nn_error);
+    }
     let (values, shape) = ids_of("embedding", &ids.data)?;
-    float_op!("embedding", &weight.data, |w| nn::embedding(w, values, shape, padding_idx)).map(PyTensor::of)
+    float_op!("embedding", &weight.data, |w| nn::embedding(w, &values, &shape, padding_idx)).map(PyTensor::of)
 }
 
 /// The mean cross-entropy of `logits` (`[N, C]`, `[C]`, or `[N, C, d1, …]`: classes on axis 1, as
@@ -165,7 +210,11 @@ pub(crate) fn cross_entropy(
     ignore_index: i64,
 ) -> PyResult<PyTensor> {
     const OP: &str = "cross_entropy";
-    let (ids, ids_shape) = ids_of(OP, &targets.data)?;
+    let ids_shape = match &targets.data {
+        Data::Ids { shape, .. } => shape.clone(),
+        Data::DeviceIds(t) => t.shape().to_vec(),
+        floats => ids_of(OP, floats)?.1,
+    };
     let shape = logits.data.shape();
     let class_axis = usize::from(shape.len() > 1);
     let mut expected = shape.to_vec();
@@ -181,9 +230,19 @@ pub(crate) fn cross_entropy(
     // Classes last, as nn's cross_entropy takes them.
     let axes: Vec<isize> =
         (0..shape.len()).filter(|&a| a != class_axis).chain([class_axis]).map(|a| a as isize).collect();
+    if let (Data::F32(x), Data::DeviceIds(ids)) = (&logits.data, &targets.data)
+        && x.is_on_device()
+    {
+        // The ids stay on the GPU (a captured step reads each replay's).
+        let rows = if shape.len() > 2 { x.permute(&axes) } else { Ok(x.clone()) };
+        let flat = ids.reshape(&[ids.numel()]);
+        let loss = rows.and_then(|rows| flat.and_then(|flat| rows.cross_entropy_ids(&flat, Some(ignore_index))));
+        return loss.map(|t| PyTensor::of(Data::F32(t))).map_err(nn_error);
+    }
+    let (ids, _) = ids_of(OP, &targets.data)?;
     float_op!(OP, &logits.data, |x| {
         let rows = if shape.len() > 2 { x.permute(&axes) } else { Ok(x.clone()) };
-        rows.and_then(|rows| py.detach(|| rows.cross_entropy(ids, Some(ignore_index))))
+        rows.and_then(|rows| py.detach(|| rows.cross_entropy(&ids, Some(ignore_index))))
     })
     .map(PyTensor::of)
 }
@@ -243,9 +302,35 @@ enum Steps {
 
 /// SGD (with momentum when `momentum` > 0), Adam or AdamW over parameter groups, each with its own rate
 /// and weight decay; β and ε are the optimizer's.
+///
+/// The groups' rates are a base rate (the first nonzero one) times a factor per group: the base lives on
+/// the GPU, where a captured step's replays read it, so a schedule that changes every rate alike (the
+/// usual one) reaches them; a change of the factors needs the step captured again.
 #[pyclass(name = "Optimizer", module = "textnet._native")]
 pub(crate) struct PyOptimizer {
     steps: Steps,
+    /// The base rate and each group's factor now.
+    base_lr: f32,
+    scales: Vec<f32>,
+}
+
+/// Sets `optimizer`'s base rate and group factors to `base_lr` and `scales` where they differ from
+/// `now`'s (setting the base rate writes it to the GPU, which a step being captured cannot do).
+fn set_rates<F: Float>(
+    optimizer: &mut Optimizer<F>,
+    now: (f32, &[f32]),
+    base_lr: f32,
+    scales: &[f32],
+) -> nn::Result<()> {
+    if base_lr != now.0 {
+        optimizer.set_lr(base_lr)?;
+    }
+    for (group, (&scale, &was)) in scales.iter().zip(now.1).enumerate() {
+        if scale != was {
+            optimizer.set_lr_scale(group, scale)?;
+        }
+    }
+    Ok(())
 }
 
 fn optimizer<F: Float>(config: OptimConfig, groups: &[(Vec<PyRef<'_, PyTensor>>, f32, f32)]) -> PyResult<Optimizer<F>> {
@@ -284,23 +369,41 @@ impl PyOptimizer {
         let first = groups.iter().flat_map(|(params, ..)| params.first()).next();
         let steps = match first.map(|p| &p.data) {
             Some(Data::F64(_)) => Steps::F64(optimizer(config, &groups)?),
-            Some(ids @ Data::Ids { .. }) => return Err(not_float(kind.name(), ids)),
+            Some(ids @ (Data::Ids { .. } | Data::DeviceIds(_))) => return Err(not_float(kind.name(), ids)),
             _ => Steps::F32(optimizer(config, &groups)?),
         };
-        Ok(PyOptimizer { steps })
+        let scales = groups.iter().map(|(_, lr, _)| *lr).collect();
+        Ok(PyOptimizer { steps, base_lr: 1.0, scales })
+    }
+
+    /// Sets group `i`'s rate to `lrs[i]` for the next steps; returns whether the groups' factors changed
+    /// (not only the base rate), which a captured step does not see.
+    fn set_lrs(&mut self, lrs: Vec<f32>) -> PyResult<bool> {
+        if lrs.len() != self.scales.len() {
+            let (given, groups) = (lrs.len(), self.scales.len());
+            return Err(PyValueError::new_err(format!("optimizer: {given} rates for {groups} parameter groups")));
+        }
+        // All rates zero: the factors stay, at a base rate of 0.
+        let base_lr = lrs.iter().copied().find(|&lr| lr != 0.0).unwrap_or(0.0);
+        let scales: Vec<f32> =
+            if base_lr == 0.0 { self.scales.clone() } else { lrs.iter().map(|&lr| lr / base_lr).collect() };
+        let now = (self.base_lr, self.scales.as_slice());
+        match &mut self.steps {
+            Steps::F32(optimizer) => set_rates(optimizer, now, base_lr, &scales),
+            Steps::F64(optimizer) => set_rates(optimizer, now, base_lr, &scales),
+        }
+        .map_err(nn_error)?;
+        let changed = scales != self.scales;
+        (self.base_lr, self.scales) = (base_lr, scales);
+        Ok(changed)
     }
 
     /// One step over every parameter with a gradient, group `i` at rate `lrs[i]`.
     fn step(&mut self, py: Python<'_>, lrs: Vec<f32>) -> PyResult<()> {
-        fn run<F: Float>(py: Python<'_>, optimizer: &mut Optimizer<F>, lrs: &[f32]) -> nn::Result<()> {
-            for (group, &lr) in lrs.iter().enumerate() {
-                optimizer.set_lr_scale(group, lr)?;
-            }
-            py.detach(|| optimizer.step())
-        }
+        self.set_lrs(lrs)?;
         match &mut self.steps {
-            Steps::F32(optimizer) => run(py, optimizer, &lrs),
-            Steps::F64(optimizer) => run(py, optimizer, &lrs),
+            Steps::F32(optimizer) => py.detach(|| optimizer.step()),
+            Steps::F64(optimizer) => py.detach(|| optimizer.step()),
         }
         .map_err(nn_error)
     }

@@ -14,10 +14,12 @@
 //! `nn`'s tensors), `functional` (the tensor functions of `textnet.nn.functional`, `no_grad`, the seeded
 //! draws, the optimizer); here, the functions and the module.
 
+mod capture;
 mod errors;
 mod functional;
 mod language;
 mod model;
+mod state;
 mod tensor;
 mod worker;
 
@@ -206,10 +208,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<functional::NoGrad>()?;
     m.add_class::<functional::PyOptimizer>()?;
+    m.add_class::<capture::PyCapturedStep>()?;
+    m.add_function(wrap_pyfunction!(state::save_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(state::load_tensors, m)?)?;
     use functional::*;
     for function in [
         wrap_pyfunction!(manual_seed, m)?,
         wrap_pyfunction!(normal_draws, m)?,
+        wrap_pyfunction!(uniform_draws, m)?,
         wrap_pyfunction!(uniform_init, m)?,
         wrap_pyfunction!(is_grad_enabled, m)?,
         wrap_pyfunction!(cat, m)?,

@@ -19,14 +19,21 @@ use textnet::nn::{self, Device, Tensor};
 pub(crate) enum Data {
     F32(Tensor<f32>),
     F64(Tensor<f64>),
-    /// Class ids, in host memory and outside any graph. `on_gpu` marks ids moved to the GPU: the ops that
-    /// read ids take them from the host and upload them themselves.
+    /// Class ids in host memory, outside any graph.
     Ids {
         values: Arc<Vec<i64>>,
         shape: Vec<usize>,
-        on_gpu: bool,
     },
+    /// Class ids on the GPU, as the f32 values `nn`'s device ops read (`Embedding::forward`,
+    /// `cross_entropy_ids`): exact for every id of magnitude up to 2²⁴. A captured step reads each replay's.
+    DeviceIds(Tensor<f32>),
 }
+
+/// Ids on the host, with their shape.
+pub(crate) type HostIds = (Arc<Vec<i64>>, Vec<usize>);
+
+/// The largest id magnitude an f32 holds exactly.
+const LARGEST_DEVICE_ID: i64 = 1 << 24;
 
 /// A float type a `textnet.Tensor` holds.
 pub(crate) trait Float: Real + Element {
@@ -59,23 +66,36 @@ impl Data {
             Data::F32(t) => t.shape(),
             Data::F64(t) => t.shape(),
             Data::Ids { shape, .. } => shape,
+            Data::DeviceIds(t) => t.shape(),
         }
     }
 
-    fn dtype_name(&self) -> &'static str {
+    pub(crate) fn dtype_name(&self) -> &'static str {
         match self {
             Data::F32(_) => "float32",
             Data::F64(_) => "float64",
-            Data::Ids { .. } => "int64",
+            Data::Ids { .. } | Data::DeviceIds(_) => "int64",
         }
     }
 
-    fn on_gpu(&self) -> bool {
+    pub(crate) fn on_gpu(&self) -> bool {
         match self {
-            Data::F32(t) => t.is_on_device(),
+            Data::F32(t) | Data::DeviceIds(t) => t.is_on_device(),
             Data::F64(t) => t.is_on_device(),
-            Data::Ids { on_gpu, .. } => *on_gpu,
+            Data::Ids { .. } => false,
         }
+    }
+
+    /// The ids of an int64 tensor, on the host (read back from the GPU), with their shape; None for floats.
+    pub(crate) fn host_ids(&self) -> PyResult<Option<HostIds>> {
+        Ok(match self {
+            Data::Ids { values, shape } => Some((Arc::clone(values), shape.clone())),
+            Data::DeviceIds(t) => {
+                let values = t.values().map_err(nn_error)?.into_iter().map(|v| v as i64).collect();
+                Some((Arc::new(values), t.shape().to_vec()))
+            }
+            Data::F32(_) | Data::F64(_) => None,
+        })
     }
 
     /// The elements as f64, row-major (copied back from the GPU).
@@ -84,6 +104,7 @@ impl Data {
             Data::F32(t) => t.values().map_err(nn_error)?.into_iter().map(f64::from).collect(),
             Data::F64(t) => t.values().map_err(nn_error)?,
             Data::Ids { values, .. } => values.iter().map(|&v| v as f64).collect(),
+            Data::DeviceIds(t) => t.values().map_err(nn_error)?.into_iter().map(f64::from).collect(),
         })
     }
 }
@@ -116,7 +137,7 @@ macro_rules! float_op {
         match $data {
             Data::F32($t) => $body.map(Data::F32).map_err(nn_error),
             Data::F64($t) => $body.map(Data::F64).map_err(nn_error),
-            ids @ Data::Ids { .. } => Err(not_float($op, ids)),
+            ids => Err(not_float($op, ids)),
         }
     };
 }
@@ -144,24 +165,24 @@ macro_rules! by_dtype {
                 type $f = f64;
                 $body
             }
-            ids @ Data::Ids { .. } => Err(not_float($op, ids)),
+            ids => Err(not_float($op, ids)),
         }
     };
 }
 
-/// A layout op (`reshape`, `narrow`, `permute`, …) on any tensor: on ids through an f64 tensor of them,
-/// which holds every id below 2⁵³ exactly.
+/// A layout op (`reshape`, `narrow`, `permute`, …) on any tensor: on host ids through an f64 tensor of
+/// them, which holds every id below 2⁵³ exactly.
 macro_rules! layout_op {
     ($data:expr, |$t:ident| $body:expr) => {
         match $data {
             Data::F32($t) => $body.map(Data::F32).map_err(nn_error),
             Data::F64($t) => $body.map(Data::F64).map_err(nn_error),
-            Data::Ids { values, shape, on_gpu } => {
+            Data::DeviceIds($t) => $body.map(Data::DeviceIds).map_err(nn_error),
+            Data::Ids { values, shape } => {
                 let values = values.iter().map(|&v| v as f64).collect();
                 let $t = &Tensor::<f64>::from_vec(values, shape).map_err(nn_error)?;
                 let out = $body.map_err(nn_error)?;
-                let values = out.to_vec().into_iter().map(|v| v as i64).collect();
-                Ok(Data::Ids { values: Arc::new(values), shape: out.shape().to_vec(), on_gpu: *on_gpu })
+                Ok(ids_of_f64(&out))
             }
         }
     };
@@ -169,8 +190,14 @@ macro_rules! layout_op {
 
 pub(crate) use {by_dtype, float_op, float_pair_op};
 
+/// Host ids of the whole numbers an f64 tensor holds.
+pub(crate) fn ids_of_f64(t: &Tensor<f64>) -> Data {
+    let values = t.to_vec().into_iter().map(|v| v as i64).collect();
+    Data::Ids { values: Arc::new(values), shape: t.shape().to_vec() }
+}
+
 /// The GPU of every `textnet.Tensor` on "cuda", opened at the first use.
-fn gpu() -> PyResult<Arc<Device>> {
+pub(crate) fn gpu() -> PyResult<Arc<Device>> {
     static GPU: OnceLock<Arc<Device>> = OnceLock::new();
     if let Some(device) = GPU.get() {
         return Ok(Arc::clone(device));
@@ -193,8 +220,19 @@ fn placed(data: &Data, on_gpu: bool) -> PyResult<Data> {
     if data.on_gpu() == on_gpu {
         return Ok(data.clone());
     }
-    if let Data::Ids { values, shape, .. } = data {
-        return Ok(Data::Ids { values: Arc::clone(values), shape: shape.clone(), on_gpu });
+    if let Data::Ids { values, shape } = data {
+        if let Some(&id) = values.iter().find(|id| id.abs() > LARGEST_DEVICE_ID) {
+            return Err(PyValueError::new_err(format!(
+                "to: id {id} cannot go to the GPU, which holds ids of magnitude up to {LARGEST_DEVICE_ID}"
+            )));
+        }
+        let device = gpu()?;
+        let values = values.iter().map(|&v| v as f32).collect();
+        let ids = Tensor::from_vec(values, shape).and_then(|t| t.to_device(&device)).map_err(nn_error)?;
+        return Ok(Data::DeviceIds(ids));
+    }
+    if let Some((values, shape)) = data.host_ids()? {
+        return Ok(Data::Ids { values, shape });
     }
     let device = if on_gpu { Some(gpu()?) } else { None };
     float_op!("to", data, |t| match &device {
@@ -392,7 +430,7 @@ impl PyTensor {
             made
         } else if let Ok(ids) = data.extract::<PyReadonlyArrayDyn<'_, i64>>() {
             let values = ids.as_array().iter().copied().collect();
-            Data::Ids { values: Arc::new(values), shape: ids.shape().to_vec(), on_gpu: false }
+            Data::Ids { values: Arc::new(values), shape: ids.shape().to_vec() }
         } else {
             let kind = data.get_type().name()?;
             return Err(PyTypeError::new_err(format!(
@@ -447,7 +485,7 @@ impl PyTensor {
         match self.data {
             Data::F32(_) => numpy::dtype::<f32>(py),
             Data::F64(_) => numpy::dtype::<f64>(py),
-            Data::Ids { .. } => numpy::dtype::<i64>(py),
+            Data::Ids { .. } | Data::DeviceIds(_) => numpy::dtype::<i64>(py),
         }
     }
 
@@ -462,7 +500,7 @@ impl PyTensor {
         match &self.data {
             Data::F32(t) => t.is_leaf(),
             Data::F64(t) => t.is_leaf(),
-            Data::Ids { .. } => true,
+            Data::Ids { .. } | Data::DeviceIds(_) => true,
         }
     }
 
@@ -471,7 +509,7 @@ impl PyTensor {
         match &self.data {
             Data::F32(t) => t.requires_grad(),
             Data::F64(t) => t.requires_grad(),
-            Data::Ids { .. } => false,
+            Data::Ids { .. } | Data::DeviceIds(_) => false,
         }
     }
 
@@ -481,7 +519,7 @@ impl PyTensor {
             Data::F32(t) => t.set_requires_grad(flag).map_err(nn_error),
             Data::F64(t) => t.set_requires_grad(flag).map_err(nn_error),
             ids if flag => Err(not_float("requires_grad", ids)),
-            Data::Ids { .. } => Ok(()),
+            Data::Ids { .. } | Data::DeviceIds(_) => Ok(()),
         }
     }
 
@@ -498,7 +536,7 @@ impl PyTensor {
         match &self.data {
             Data::F32(t) => t.grad().map(|g| PyTensor::of(Data::F32(g))),
             Data::F64(t) => t.grad().map(|g| PyTensor::of(Data::F64(g))),
-            Data::Ids { .. } => None,
+            Data::Ids { .. } | Data::DeviceIds(_) => None,
         }
     }
 
@@ -511,7 +549,7 @@ impl PyTensor {
         match &self.data {
             Data::F32(t) => t.zero_grad(),
             Data::F64(t) => t.zero_grad(),
-            Data::Ids { .. } => {}
+            Data::Ids { .. } | Data::DeviceIds(_) => {}
         }
         Ok(())
     }
@@ -525,7 +563,7 @@ impl PyTensor {
             (Data::F64(t), None) => py.detach(|| t.backward_with(None, retain_graph)),
             (Data::F32(t), Some(Data::F32(g))) => py.detach(|| t.backward_with(Some(g), retain_graph)),
             (Data::F64(t), Some(Data::F64(g))) => py.detach(|| t.backward_with(Some(g), retain_graph)),
-            (ids @ Data::Ids { .. }, None) => return Err(not_float("backward", ids)),
+            (ids, None) => return Err(not_float("backward", ids)),
             (a, Some(b)) => return Err(dtypes_differ("backward", a, b)),
         };
         outcome.map_err(nn_error)
@@ -552,7 +590,21 @@ impl PyTensor {
         match mine {
             Data::F32(t) => t.copy_from_slice(&values.iter().map(|&v| v as f32).collect::<Vec<_>>()),
             Data::F64(t) => t.copy_from_slice(&values),
-            ids => return Err(not_float("copy_", ids)),
+            Data::DeviceIds(t) => {
+                if let Some(id) = values.iter().find(|v| v.fract() != 0.0 || v.abs() > LARGEST_DEVICE_ID as f64) {
+                    return Err(PyValueError::new_err(format!(
+                        "copy_: {id} is not an id the GPU holds (whole numbers of magnitude up to {LARGEST_DEVICE_ID})"
+                    )));
+                }
+                t.copy_from_slice(&values.iter().map(|&v| v as f32).collect::<Vec<_>>())
+            }
+            ids @ Data::Ids { .. } => {
+                return Err(PyValueError::new_err(format!(
+                    "copy_: the int64 tensor {:?} lives on the host, where ids do not change in place (ids on \
+                     the GPU do)",
+                    ids.shape()
+                )));
+            }
         }
         .map_err(nn_error)?;
         Ok(slf)
@@ -567,7 +619,10 @@ impl PyTensor {
         match &self.data {
             Data::F32(t) => array(py, t),
             Data::F64(t) => array(py, t),
-            Data::Ids { values, shape, .. } => Ok(values.to_vec().into_pyarray(py).reshape(shape.clone())?.into_any()),
+            ids => {
+                let (values, shape) = ids.host_ids()?.unwrap_or_default();
+                Ok(values.to_vec().into_pyarray(py).reshape(shape)?.into_any())
+            }
         }
     }
 
@@ -576,9 +631,9 @@ impl PyTensor {
         match &self.data {
             Data::F32(t) => Ok(f64::from(t.item().map_err(nn_error)?).into_pyobject(py)?.into_any().unbind()),
             Data::F64(t) => Ok(t.item().map_err(nn_error)?.into_pyobject(py)?.into_any().unbind()),
-            Data::Ids { values, shape, .. } => match values[..] {
-                [id] => Ok(id.into_pyobject(py)?.into_any().unbind()),
-                _ => Err(PyValueError::new_err(format!("item: shape {shape:?} is not one element"))),
+            ids => match ids.host_ids()?.unwrap_or_default() {
+                (values, _) if values.len() == 1 => Ok(values[0].into_pyobject(py)?.into_any().unbind()),
+                (_, shape) => Err(PyValueError::new_err(format!("item: shape {shape:?} is not one element"))),
             },
         }
     }

@@ -14,7 +14,9 @@ command line's one-line messages: `ValueError` for bad arguments or data, `FileN
 `RuntimeError` for the GPU.
 
 Models written as PyTorch's (a `textnet.nn.Module` with `forward`, trained by the user's loop) use the
-tensors here (`textnet.tensor`, `randn`, `no_grad`, …), `textnet.nn` and `textnet.optim`.
+tensors here (`textnet.tensor`, `randn`, `no_grad`, …), `textnet.nn` and `textnet.optim`; a training
+step captured as a CUDA graph is `textnet.compile(step)`, and `textnet.save`/`textnet.load` write and
+read a `state_dict` as safetensors.
 """
 
 from . import _native
@@ -23,22 +25,30 @@ from ._nvrtc import register_nvrtc as _register_nvrtc
 _register_nvrtc()
 
 from . import datasets, keras, nn, optim  # noqa: E402
+from ._compile import CompiledStep, compile  # noqa: E402
 from ._tensor import (  # noqa: E402
     Tensor,
     arange,
+    argmax,
     cat,
     double,
     float32,
     float64,
+    from_numpy,
     full,
     int64,
     is_grad_enabled,
     long,
     manual_seed,
+    multinomial,
     no_grad,
     ones,
     randn,
+    stack,
     tensor,
+    topk,
+    tril,
+    triu,
     zeros,
 )
 from .language import TextModel, Transformer  # noqa: E402
@@ -56,8 +66,8 @@ from .keras import (  # noqa: E402
     Sequential,
     Sigmoid,
     Tanh,
-    load,
 )
+from .serialization import load, save  # noqa: E402
 
 __version__: str = _native.__version__
 
@@ -75,15 +85,19 @@ __all__ = [
     "Sequential",
     "Sigmoid",
     "Tanh",
+    "CompiledStep",
     "Tensor",
     "TextModel",
     "Transformer",
     "arange",
+    "argmax",
     "cat",
+    "compile",
     "datasets",
     "double",
     "float32",
     "float64",
+    "from_numpy",
     "full",
     "int64",
     "is_grad_enabled",
@@ -91,13 +105,19 @@ __all__ = [
     "load",
     "long",
     "manual_seed",
+    "multinomial",
     "nn",
     "no_grad",
     "ones",
     "optim",
     "randn",
+    "save",
     "selftest",
+    "stack",
     "tensor",
+    "topk",
+    "tril",
+    "triu",
     "zeros",
 ]
 

@@ -17,7 +17,7 @@ networks of ``fit``, in the style of Keras, are ``textnet.Sequential`` and its l
             return self.fc2(F.relu(self.fc1(x)))
 """
 
-from . import functional, utils
+from . import functional, init, utils
 from .layers import (
     GELU,
     Dropout,
@@ -54,5 +54,6 @@ __all__ = [
     "Softmax",
     "Tanh",
     "functional",
+    "init",
     "utils",
 ]

@@ -1,7 +1,10 @@
 """The ops of ``textnet.nn`` as functions, as ``torch.nn.functional``'s (``F.relu``, ``F.cross_entropy``,
 ``F.scaled_dot_product_attention``, …)."""
 
+import math
 from typing import Optional, Sequence, Union
+
+import numpy as np
 
 from .. import _native
 from .._tensor import Tensor
@@ -83,9 +86,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: Optional[float] = None) -> Tensor:
     """softmax(q·kᵀ/√D)·v over ``[B, H, T, D]`` tensors, each query seeing only the keys up to its own
-    when ``is_causal``. textnet has neither ``attn_mask``, ``dropout_p`` nor ``scale``."""
-    if attn_mask is not None or dropout_p != 0.0 or scale is not None:
-        raise ValueError(
-            "scaled_dot_product_attention: attn_mask, dropout_p and scale are not in textnet (is_causal only)"
-        )
-    return _native.scaled_dot_product_attention(query, key, value, is_causal)
+    when ``is_causal``. With ``dropout_p`` > 0 the probabilities get dropout, and the attention runs as
+    its ops (the T×T probabilities kept for the backward) instead of the fused kernel. textnet has
+    neither ``attn_mask`` nor ``scale``."""
+    if attn_mask is not None or scale is not None:
+        raise ValueError("scaled_dot_product_attention: attn_mask and scale are not in textnet")
+    if dropout_p == 0.0:
+        return _native.scaled_dot_product_attention(query, key, value, is_causal)
+    scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(key.size(-1)))
+    if is_causal:
+        rows, columns = scores.shape[-2:]
+        scores = scores.masked_fill(np.triu(np.ones((rows, columns), dtype=np.int64), 1), float("-inf"))
+    return dropout(scores.softmax(-1), dropout_p) @ value

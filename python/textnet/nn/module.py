@@ -5,11 +5,11 @@ PyTorch model and back.
 """
 
 from collections import OrderedDict
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .._tensor import Tensor
+from .._tensor import Tensor, int64
 
 
 class Parameter(Tensor):
@@ -203,13 +203,54 @@ class Module:
                 raise ValueError(
                     f"load_state_dict: {key!r} has shape {list(target.shape)} here, but the state dict's is {list(shape)}"
                 )
-            target.copy_(source)
+        for prefix, module in self._all_named_modules():
+            dot = f"{prefix}." if prefix else ""
+            for name, buffer in module._buffers.items():
+                # Ids on the host do not change in place: such a buffer is replaced.
+                if dot + name in state_dict and buffer is not None and buffer.dtype == int64 and buffer.device == "cpu":
+                    source = state_dict[dot + name]
+                    module._buffers[name] = Tensor(np.asarray(source.numpy() if isinstance(source, Tensor) else source,
+                                                              dtype=np.int64))
+        for key, target in mine.items():
+            if key in state_dict and not (target.dtype == int64 and target.device == "cpu"):
+                target.copy_(state_dict[key])
 
     def train(self, mode: bool = True) -> "Module":
         """Switches training behaviour (dropout draws masks) on, or off with ``mode=False``, here and below."""
         for module in self.modules():
             object.__setattr__(module, "training", mode)
         return self
+
+    def apply(self, fn: "Callable[[Module], Any]") -> "Module":
+        """Calls ``fn`` on every module below, children first, then on this one (``_init_weights``)."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, device: str) -> "Module":
+        """Moves every parameter and buffer to ``device`` ("cpu" or "cuda"), in place: each becomes a copy
+        there (a tied weight stays one tensor). Make optimizers after the move, over the new parameters."""
+        moved: Dict[int, Tensor] = {}
+        where = "cuda" if str(device).startswith("cuda") else str(device)
+        for module in self.modules():
+            for registry in (module._parameters, module._buffers):
+                for name, value in registry.items():
+                    if value is None or value.device == where:
+                        continue
+                    if id(value) not in moved:
+                        copy = value.to(device)
+                        if isinstance(value, Parameter):
+                            copy = Parameter(copy, requires_grad=value.requires_grad)
+                        moved[id(value)] = copy
+                    registry[name] = moved[id(value)]
+        return self
+
+    def cuda(self) -> "Module":
+        return self.to("cuda")
+
+    def cpu(self) -> "Module":
+        return self.to("cpu")
 
     def eval(self) -> "Module":
         return self.train(False)

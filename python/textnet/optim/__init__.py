@@ -1,12 +1,14 @@
 """``textnet.optim``: ``SGD`` (with momentum), ``Adam`` and ``AdamW``, as ``torch.optim``'s, over parameter
 groups. Each group's ``lr`` may be set between steps (``optimizer.param_groups[0]["lr"] = lr``, as
-nanoGPT's schedule does); its ``weight_decay`` is read once, and β, ε and momentum are the optimizer's.
+nanoGPT's schedule does), or by a scheduler of ``textnet.optim.lr_scheduler``; its ``weight_decay`` is
+read once, and β, ε and momentum are the optimizer's.
 """
 
+import weakref
 from typing import Any, Dict, Iterable, List, Tuple, Union
 
-from . import _native
-from ._tensor import Tensor
+from .. import _native
+from .._tensor import Tensor
 
 Params = Union[Iterable[Tensor], Iterable[Dict[str, Any]]]
 
@@ -37,6 +39,7 @@ class Optimizer:
                     )
             self.param_groups.append(merged)
         self._decays = [group["weight_decay"] for group in self.param_groups]
+        _live.add(self)
         self._native = _native.Optimizer(
             kind,
             [(group["params"], float(group["lr"]), float(group["weight_decay"])) for group in self.param_groups],
@@ -57,7 +60,10 @@ class Optimizer:
         decays = [group["weight_decay"] for group in self.param_groups]
         if decays != self._decays:
             raise ValueError(f"{type(self).__name__}: a group's weight_decay changed; in textnet only lr may change")
-        self._native.step([float(group["lr"]) for group in self.param_groups])
+        self._native.step(self._rates())
+
+    def _rates(self) -> List[float]:
+        return [float(group["lr"]) for group in self.param_groups]
 
 
 class SGD(Optimizer):
@@ -94,4 +100,20 @@ class AdamW(Optimizer):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}, "adamw")
 
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
+# Every optimizer alive: a compiled step pushes their rates to the GPU before each call, since a replay
+# does not run the Python that sets them.
+_live: "weakref.WeakSet[Optimizer]" = weakref.WeakSet()
+
+
+def _push_rates() -> bool:
+    """Sets every live optimizer's rates for its next step; True when some group's rate changed apart
+    from its optimizer's other groups' (a captured step keeps the proportions it recorded)."""
+    changed = False
+    for optimizer in list(_live):
+        changed |= optimizer._native.set_lrs(optimizer._rates())
+    return changed
+
+
+from . import lr_scheduler  # noqa: E402
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "lr_scheduler"]

@@ -1,0 +1,83 @@
+//! `textnet.compile`'s native half: a training step captured once as a CUDA graph and replayed
+//! (`nn::CapturedStep`), its body a Python function. The step's inputs are GPU tensors the caller refills
+//! in place between calls (`copy_`); the function runs eagerly on the first calls, is recorded on the
+//! next, and is not called again while its inputs keep their shapes: each call replays the graph.
+
+use crate::errors::nn_error;
+use crate::tensor::{Data, PyTensor, gpu};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use textnet::nn::{self, CapturedStep, Tensor};
+
+/// A captured step over fixed input tensors.
+#[pyclass(name = "CapturedStep", module = "textnet._native", unsendable)]
+pub(crate) struct PyCapturedStep {
+    step: CapturedStep,
+}
+
+#[pymethods]
+impl PyCapturedStep {
+    /// A step over `inputs`: float32 or int64 tensors on the GPU, refilled in place between calls.
+    #[new]
+    fn new(inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Self> {
+        let tensors: Vec<&Tensor> = (inputs.iter())
+            .map(|input| match &input.data {
+                Data::F32(t) | Data::DeviceIds(t) if t.is_on_device() => Ok(t),
+                other => Err(PyValueError::new_err(format!(
+                    "compile: a captured step's inputs are float32 or int64 tensors on the GPU, got {} {:?} on \
+                     the {}",
+                    other.dtype_name(),
+                    other.shape(),
+                    if other.on_gpu() { "GPU" } else { "host" }
+                ))),
+            })
+            .collect::<PyResult<_>>()?;
+        let step = CapturedStep::new(&gpu()?, &tensors).map_err(nn_error)?;
+        Ok(PyCapturedStep { step })
+    }
+
+    /// One step: `function` (no arguments; it returns a float32 tensor on the GPU, the loss) run eagerly,
+    /// recorded, or replayed without being called. A replay returns the same tensor each time, holding
+    /// this step's values. An exception `function` raises is raised here.
+    fn run(&mut self, function: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+        let mut raised: Option<PyErr> = None;
+        let output = self.step.run(|| {
+            let returned = function.call0().and_then(|out| Ok(out.extract::<PyRef<'_, PyTensor>>()?.data.clone()));
+            let problem = match returned {
+                Ok(Data::F32(t)) => return Ok(t),
+                Ok(other) => {
+                    let problem =
+                        format!("the step returned a {} tensor; it must return a float32 one", other.dtype_name());
+                    raised = Some(PyValueError::new_err(format!("compile: {problem}")));
+                    problem
+                }
+                Err(e) => {
+                    let problem = e.to_string();
+                    raised = Some(e);
+                    problem
+                }
+            };
+            Err(nn::Error::Value { op: "compile", problem })
+        });
+        match (output, raised) {
+            (Ok(t), _) => Ok(PyTensor::of(Data::F32(t))),
+            (Err(_), Some(e)) => Err(e),
+            (Err(e), None) => Err(nn_error(e)),
+        }
+    }
+
+    /// The fusions the last capture made, each with how many times.
+    fn fusions(&self) -> Vec<(String, usize)> {
+        self.step.fusions().to_vec()
+    }
+
+    /// How many times the step was captured.
+    fn captures(&self) -> usize {
+        self.step.captures()
+    }
+
+    /// Whether the next call replays a graph.
+    fn is_captured(&self) -> bool {
+        self.step.is_captured()
+    }
+}

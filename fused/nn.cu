@@ -11,8 +11,9 @@
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
-//                and an activation in the epilogue), nn_linear_grad_weight (dW and db in one product), each
-//                in three tiles (_large, _small, _tiny: small grids split k inside the block); in bf16,
+//                and an activation in the epilogue), nn_linear_grad_weight (dW and db in one product) and
+//                nn_linear_grad (dx, dW and db in one launch), each in three tiles (_large, _small, _tiny:
+//                small grids split k inside the block); in bf16,
 //                nn_to_bf16 (an operand rounded once) and nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma`
 //                on Hopper; batched, one kernel a layout, bias).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
@@ -349,14 +350,14 @@ __device__ __forceinline__ void linear(const float* __restrict__ x, const float*
 
 // A linear layer's parameter gradients from dy (R×N) and its input x (R×K): dW = dyᵀ·x (N×K) and, when
 // db is not null, db = dyᵀ·1 (of N), as one product over x with a column of ones appended: the bias
-// gradient is the tile's last column, not two more launches summing dy's rows. Grid: (⌈(K + 1)/BN⌉, ⌈N/BM⌉).
+// gradient is the tile's last column, not two more launches summing dy's rows. This is the tile at (m0, n0)
+// of the N × (K + 1) results.
 template <class T>
-__device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy, const float* __restrict__ x,
-                                                   float* __restrict__ dW, float* __restrict__ db, int R, int N,
-                                                   int K) {
-    extern __shared__ float smem[];
+__device__ __forceinline__ void linear_grad_weight_tile(const float* __restrict__ dy, const float* __restrict__ x,
+                                                        float* __restrict__ dW, float* __restrict__ db, int R,
+                                                        int N, int K, int m0, int n0, float* smem) {
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, true, false>(
-        N, db ? K + 1 : K, R, blockIdx.y * T::BM, blockIdx.x * T::BN,
+        N, db ? K + 1 : K, R, m0, n0,
         [&](int o, int r) { return dy[(size_t)r * N + o]; },
         [&](int r, int i) { return i < K ? x[(size_t)r * K + i] : 1.0f; },
         [&](int o, int i, float v) {
@@ -364,6 +365,33 @@ __device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy,
             else db[o] = v;
         },
         smem);
+}
+
+// linear_grad_weight_tile over the grid (⌈(K + 1)/BN⌉, ⌈N/BM⌉).
+template <class T>
+__device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy, const float* __restrict__ x,
+                                                   float* __restrict__ dW, float* __restrict__ db, int R, int N,
+                                                   int K) {
+    extern __shared__ float smem[];
+    linear_grad_weight_tile<T>(dy, x, dW, db, R, N, K, blockIdx.y * T::BM, blockIdx.x * T::BN, smem);
+}
+
+// A linear layer's whole backward in one launch: the first blocks compute dx = dy·W (R×K, W N×K) a tile
+// each, ⌈K/BN⌉ tiles to a row of tiles, the rest linear_grad_weight_tile's dW and db, ⌈(K + 1)/BN⌉ to a
+// row; in a small step the launches, not the products, take the time. Grid: (dx tiles + dW tiles).
+template <class T>
+__device__ __forceinline__ void linear_grad(const float* __restrict__ dy, const float* __restrict__ x,
+                                            const float* __restrict__ W, float* __restrict__ dx,
+                                            float* __restrict__ dW, float* __restrict__ db, int R, int N, int K) {
+    extern __shared__ float smem[];
+    const int dx_cols = (K + T::BN - 1) / T::BN, dx_blocks = dx_cols * ((R + T::BM - 1) / T::BM);
+    const int block = blockIdx.x;
+    if (block < dx_blocks) {
+        matmul_tile<T, false, false>(dy, W, dx, R, K, N, block / dx_cols * T::BM, block % dx_cols * T::BN, smem);
+        return;
+    }
+    const int dw_cols = (K + (db ? 1 : 0) + T::BN - 1) / T::BN, tile = block - dx_blocks;
+    linear_grad_weight_tile<T>(dy, x, dW, db, R, N, K, tile / dw_cols * T::BM, tile % dw_cols * T::BN, smem);
 }
 
 #define NN_FP32_PRODUCTS(SUFFIX, TILE)                                                                         \
@@ -383,6 +411,12 @@ __device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy,
     nn_linear_grad_weight_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                  \
                                    float* __restrict__ dW, float* __restrict__ db, int R, int N, int K) {      \
         linear_grad_weight<TILE>(dy, x, dW, db, R, N, K);                                                      \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_linear_grad_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                         \
+                            const float* __restrict__ W, float* __restrict__ dx, float* __restrict__ dW,       \
+                            float* __restrict__ db, int R, int N, int K) {                                     \
+        linear_grad<TILE>(dy, x, W, dx, dW, db, R, N, K);                                                      \
     }
 NN_FP32_PRODUCTS(large, TileLarge)
 NN_FP32_PRODUCTS(small, TileSmall)
@@ -498,7 +532,7 @@ NN_PRODUCT_BF16(nn_product_bf16_tt, true, true)
 // = 1; or 0, 0 and 0 when t == ignore. Targets are class ids held as floats (exact below 2^24), so that a
 // captured step can take them from a tensor; an id outside 0..C gives NaN, never a wrong number.
 __device__ __forceinline__ void cross_entropy_row(const float* __restrict__ x, float* __restrict__ g, float id, int C,
-                                                  float ignore, float& loss, float& counted) {
+                                                  float ignore, float row_scale, float& loss, float& counted) {
     const int lane = threadIdx.x % 32;
     if (id == ignore) {
         for (int j = lane; j < C; j += 32) g[j] = 0.0f;
@@ -517,23 +551,25 @@ __device__ __forceinline__ void cross_entropy_row(const float* __restrict__ x, f
     float sum = 0.0f;
     for (int j = lane; j < C; j += 32) sum += expf(x[j] - m);
     sum = warp_sum(sum);
-    for (int j = lane; j < C; j += 32) g[j] = expf(x[j] - m) / sum - (j == t ? 1.0f : 0.0f);
+    for (int j = lane; j < C; j += 32) g[j] = (expf(x[j] - m) / sum - (j == t ? 1.0f : 0.0f)) * row_scale;
     loss = m + logf(sum) - x[t], counted = 1.0f;
 }
 
-// cross_entropy_row over `rows` rows, a warp each, then, in the last block to finish (`ticket`, left at 0),
-// mean[0] = Σ loss / Σ counted and count[0] = Σ counted: each thread sums its rows from the first in order,
-// then a fixed tree. The mean is in the same launch: a loss of few rows took as long again in a launch of
-// its own.
+// cross_entropy_row over `rows` rows, a warp each (d times row_scale: 1/rows when no row can be ignored,
+// the mean's gradient), then, in the last block to finish (`ticket`, left at 0), mean[0] = Σ loss / Σ
+// counted, count[0] = Σ counted and one[0] = 1 (the seed of the loss's backward): each thread sums its rows
+// from the first in order, then a fixed tree. The mean is in the same launch: a loss of few rows took as
+// long again in a launch of its own.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ targets, float* __restrict__ loss,
-                 float* __restrict__ d, float* __restrict__ counted, int rows, int C, float ignore,
-                 float* __restrict__ mean, float* __restrict__ count, unsigned* __restrict__ ticket) {
+                 float* __restrict__ d, float* __restrict__ counted, int rows, int C, float ignore, float row_scale,
+                 float* __restrict__ mean, float* __restrict__ count, float* __restrict__ one,
+                 unsigned* __restrict__ ticket) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32;
     if (row < rows) {
         float row_loss, row_counted;
-        cross_entropy_row(logits + (size_t)row * C, d + (size_t)row * C, targets[row], C, ignore, row_loss,
-                          row_counted);
+        cross_entropy_row(logits + (size_t)row * C, d + (size_t)row * C, targets[row], C, ignore, row_scale,
+                          row_loss, row_counted);
         if (threadIdx.x % 32 == 0) loss[row] = row_loss, counted[row] = row_counted;
     }
     if (!last_block_to_finish(ticket)) return;
@@ -542,7 +578,7 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
     for (int r = threadIdx.x; r < rows; r += THREADS) s += __ldcg(loss + r), c += __ldcg(counted + r);
     s = block_sum(s, scratch);
     c = block_sum(c, scratch);
-    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c, ticket[0] = 0;
+    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c, one[0] = 1.0f, ticket[0] = 0;
 }
 
 // out = saved · scale · upstream[0] / divisor[0] (divisor null: 1): a loss's saved gradient times the

@@ -42,7 +42,7 @@ impl<F: Real> Tensor<F> {
         let seed = match grad {
             None if self.numel() == 1 => match &*self.storage() {
                 Storage::Host(_) => Storage::Host(vec![F::one()]),
-                Storage::Device(buffer) => Storage::Device(cuda::ops::filled(buffer.device(), "backward", 1, 1.0)?),
+                Storage::Device(buffer) => Storage::Device(cuda::ops::seed(buffer)?),
             },
             None => {
                 let problem = "is not a scalar: give the gradient of the output (backward_with)";

@@ -219,13 +219,15 @@ fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<V
     }
     let with_bias: &Op<'_> = &|t| linear(&t[0], &t[1], Some(&t[2]));
     let without: &Op<'_> = &|t| linear(&t[0], &t[1], None);
-    // Forward 200×170 on the 16×16 tile; the weight gradient of 640×(900 + the bias column) on the 64×64.
+    // Forward 200×170 on the 16×16 tile; the backward (dx's tiles and dW's, with the bias column) of
+    // 5×900→640 on the 64×64, of 600×64→256 on the 16×16, the rest on the 8×8.
     let layers = [
         (&[9, 17][..], (5, 17)),
         (&[2, 3, 70], (65, 70)),
         (&[1, 1], (1, 1)),
         (&[200, 30], (170, 30)),
         (&[5, 900], (640, 900)),
+        (&[600, 64], (256, 64)),
     ];
     for (x, (outputs, inputs)) in layers {
         let w = [outputs, inputs];

@@ -131,6 +131,9 @@ pub(crate) enum Extra {
         out: DeviceBuffer,
         key: DeviceBuffer,
     },
+    /// A word holding 1 that the kernel making a scalar output wrote for the seed of its backward (not a
+    /// fusion: the seed then costs no launch, and the op knows its upstream gradient is 1).
+    Seed(DeviceBuffer),
 }
 
 /// What fusion is doing in the current run of a step.
@@ -367,6 +370,14 @@ impl DeviceBuffer {
             Extra::Dropout { site, out, key } if site.matches(step, site_seed, threshold, scale) => {
                 Some((out.clone(), key.clone()))
             }
+            _ => None,
+        })
+    }
+
+    /// The word holding 1 that the op making this scalar wrote for its backward's seed.
+    pub(crate) fn seed_extra(&self) -> Option<DeviceBuffer> {
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::Seed(one) => Some(one.clone()),
             _ => None,
         })
     }

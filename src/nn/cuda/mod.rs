@@ -54,11 +54,12 @@ pub(crate) struct Kernels {
     pub(crate) expand_axis: Kernel,
     pub(crate) softmax_rows: Kernel,
     pub(crate) softmax_rows_grad: Kernel,
-    /// `nn_matmul_*`, `nn_linear_*` and `nn_linear_grad_weight_*`, each at its tile's place in
+    /// `nn_matmul_*`, `nn_linear_*`, `nn_linear_grad_weight_*` and `nn_linear_grad_*`, each at its tile's place in
     /// [`FP32_TILES`].
     pub(crate) matmul: [Kernel; 3],
     pub(crate) linear: [Kernel; 3],
     pub(crate) linear_grad_weight: [Kernel; 3],
+    pub(crate) linear_grad: [Kernel; 3],
     pub(crate) to_bf16: Kernel,
     /// `nn_product_bf16_{nn,nt,tn,tt}`, at `2·trans_a + trans_b`.
     pub(crate) product_bf16: [Kernel; 4],
@@ -185,6 +186,7 @@ impl Device {
                     k("nn_linear_grad_weight_small")?,
                     k("nn_linear_grad_weight_tiny")?,
                 ],
+                linear_grad: [k("nn_linear_grad_large")?, k("nn_linear_grad_small")?, k("nn_linear_grad_tiny")?],
                 to_bf16: k("nn_to_bf16")?,
                 product_bf16: [
                     k("nn_product_bf16_nn")?,

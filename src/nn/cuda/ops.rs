@@ -690,14 +690,25 @@ pub(crate) fn linear<F: Real>(
         let d = &device_;
         let bias_needed = needs.len() == 3 && needs[2];
         let Some((x16, w16)) = &rounded else {
-            let dx = || product(d, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
-            let mut grads = vec![needs[0].then(dx).transpose()?, None];
-            if needs[1] || bias_needed {
-                let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, (rows, inputs, outputs), bias_needed)?;
-                grads[1] = needs[1].then_some(dw);
+            let sizes = (rows, inputs, outputs);
+            let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
+                (true, true) => {
+                    let (dx, dw, db) = linear_grad(d, (grad, &xb, &wb), sizes, bias_needed)?;
+                    (Some(dx), Some(dw), db)
+                }
+                (false, true) => {
+                    let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed)?;
+                    (None, Some(dw), db)
+                }
+                (wants_dx, false) => {
+                    let dx = || product(d, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
+                    (wants_dx.then(dx).transpose()?, None, None)
+                }
+            };
+            let mut grads = vec![dx, dw.filter(|_| needs[1])];
+            if needs.len() == 3 {
                 grads.push(db);
             }
-            grads.resize_with(needs.len(), || None);
             return Ok(grads);
         };
         let dy16 = rounded_bf16(NAME, grad)?;
@@ -743,6 +754,31 @@ fn linear_grad_weight(
     Ok((dw, db))
 }
 
+/// A linear layer's dx = dy·W, dW = dyᵀ·x and, with `bias`, db = Σ rows of dy, in one fp32 launch
+/// (`nn_linear_grad`: dx's tiles, then dW's with db as their last column), its tile the largest whose
+/// grid of both fills the GPU.
+fn linear_grad(
+    device: &Arc<Device>,
+    (dy, x, w): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (rows, inputs, outputs): (usize, usize, usize),
+    bias: bool,
+) -> Result<(DeviceBuffer, DeviceBuffer, Option<DeviceBuffer>)> {
+    const NAME: &str = "linear";
+    let (dx, dw) = (device.alloc(NAME, rows * inputs)?, device.alloc(NAME, outputs * inputs)?);
+    let db = if bias { Some(device.alloc(NAME, outputs)?) } else { None };
+    let blocks = |(bm, bn, ..): (usize, usize, usize, usize, usize)| {
+        inputs.div_ceil(bn) * rows.div_ceil(bm) + (inputs + bias as usize).div_ceil(bn) * outputs.div_ceil(bm)
+    };
+    let sms = device.gpu.sm_count as usize;
+    let tile = FP32_TILES.iter().position(|&t| blocks(t) >= sms).unwrap_or(FP32_TILES.len() - 1);
+    let grid = (int(NAME, blocks(FP32_TILES[tile]))? as u32, 1);
+    let args = [device.arg(dy), device.arg(x), device.arg(w), device.arg(&dx), device.arg(&dw)];
+    let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
+    let args = [&args[..], &[optional(device, db.as_ref())], &words(&sizes).collect::<Vec<_>>()].concat();
+    device.launch(NAME, &device.kernels.linear_grad[tile], grid, device.gemm_shared[tile], &args)?;
+    Ok((dx, dw, db))
+}
+
 /// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (class ids as floats, on
 /// the device), over the rows whose id is not `ignore` (NaN: none), counted on the device, so that a
 /// captured step takes each replay's targets.
@@ -758,14 +794,24 @@ pub(crate) fn cross_entropy<F: Real>(
         (device.alloc(NAME, rows)?, device.alloc(NAME, rows * classes)?, device.alloc(NAME, rows)?);
     let args =
         [device.arg(&buffer(logits)), device.arg(targets), device.arg(&losses), device.arg(&d), device.arg(&counted)];
-    let (loss, count) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
-    let sizes = [Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore)];
-    let mean = [device.arg(&loss), device.arg(&count), device.ticket(Ticket::CrossEntropy)];
+    // Without an id to ignore every row counts, so the kernel divides the gradient by the rows itself; and
+    // the seed of a backward from the loss is its word `one`, an upstream gradient of 1: the backward then
+    // hands on d as it is.
+    let every_row_counts = ignore.is_nan();
+    let row_scale = if every_row_counts { 1.0 / rows.max(1) as f32 } else { 1.0 };
+    let (loss, count, one) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
+    let sizes = [Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore), Arg::f32(row_scale)];
+    let mean = [device.arg(&loss), device.arg(&count), device.arg(&one), device.ticket(Ticket::CrossEntropy)];
     let args = [&args[..], &sizes, &mean].concat();
     device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
+    loss.attach(Extra::Seed(one.clone()));
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
-        Ok(vec![Some(scale_by(&device_, NAME, &d, grad, Some(&count), 1.0)?)])
+        if every_row_counts && grad.address() == one.address() {
+            return Ok(vec![Some(d.clone())]);
+        }
+        let divisor = (!every_row_counts).then_some(&count);
+        Ok(vec![Some(scale_by(&device_, NAME, &d, grad, divisor, 1.0)?)])
     };
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[logits], Box::new(backward)))
 }
@@ -785,6 +831,15 @@ fn scale_by(
     let args = [&args[..], &[Arg::i32(int(name, saved.len())?)]].concat();
     device.launch(name, &device.kernels.scale_by, device.blocks_for(saved.len()), 0, &args)?;
     Ok(out)
+}
+
+/// The gradient 1 that a backward from the scalar in `output` starts with: the word its op wrote for it,
+/// or a new one filled by a kernel (no copy from the host, so a captured step can hold it).
+pub(crate) fn seed(output: &DeviceBuffer) -> Result<DeviceBuffer> {
+    match output.seed_extra() {
+        Some(one) => Ok(one),
+        None => filled(output.device(), "backward", 1, 1.0),
+    }
 }
 
 /// A buffer of `n` copies of `value`, by a kernel (a backward's seed; no copy from the host, so a captured

@@ -104,7 +104,7 @@ def _pool_arguments(kernel_size: Any, stride: Any, padding: Any, dilation: Any, 
     if _pair("max_pool2d", "dilation", dilation) != (1, 1) or ceil_mode or return_indices:
         raise ValueError("max_pool2d: dilation, ceil_mode and return_indices are not in textnet")
     kernel = _square("max_pool2d", "kernel_size", kernel_size)
-    stride = kernel if stride is None or stride == [] else _square("max_pool2d", "stride", stride)
+    stride = kernel if stride is None else _square("max_pool2d", "stride", stride)
     return kernel, stride, _square("max_pool2d", "padding", padding)
 
 

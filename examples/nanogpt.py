@@ -5,7 +5,7 @@
 clipped to 1.0, AdamW) on a character-level corpus, as ``data/shakespeare_char/prepare.py`` makes it
 (the sorted characters are the vocabulary; the first 90 % trains, the rest validates).
 
-The lines of model.py that changed, and why (5 of its 330 lines, 1.5 %, apart from the 3 imports):
+The lines of model.py that changed, and why (6 of its 330 lines, 1.8 %, apart from the 3 imports):
 - imports: ``import textnet as torch``, ``import textnet.nn as nn``, ``from textnet.nn import
   functional as F``.
 - ``GPT.__init__`` gains one line: the positions ``0..block_size`` as a buffer
@@ -18,10 +18,13 @@ The lines of model.py that changed, and why (5 of its 330 lines, 1.5 %, apart fr
 - ``GPT.generate``: ``logits[logits < v[:, [-1]]] = -float('Inf')`` becomes
   ``logits = logits.masked_fill(logits < v[:, [-1]], -float('Inf'))``: textnet tensors are not
   assigned through a boolean mask.
+- ``CausalSelfAttention.forward``: ``scaled_dot_product_attention(..., dropout_p=self.dropout if
+  self.training else 0, ...)`` passes the layer ``self.attn_dropout`` as ``dropout_p`` (a textnet
+  extension): the layer's step counter lives on the GPU, so a captured step drops new elements at each
+  replay, where a probability would be drawn on the host and replayed as recorded.
 What runs differently without a changed line: ``nn.GELU()`` is the tanh form (textnet's only GELU);
-``F.scaled_dot_product_attention`` with ``dropout_p`` > 0 runs as its ops (textnet's fused attention
-kernel has no dropout); random numbers come from textnet's generator, so a seed does not give
-PyTorch's initial weights or batches.
+random numbers come from textnet's generator, so a seed does not give PyTorch's initial weights,
+dropout masks or batches.
 
 The training loop follows train.py without its DDP, wandb, checkpoint and autocast parts; its step
 (forward, backward, clip, AdamW step) is ``textnet.compile``d: captured as a CUDA graph on the GPU, the
@@ -89,7 +92,7 @@ class CausalSelfAttention(nn.Module):
         # causal self-attention; Self-attend: (B, nh, T, hs) x (B, nh, hs, T) -> (B, nh, T, T)
         if self.flash:
             # efficient attention using Flash Attention CUDA kernels
-            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.attn_dropout if self.training else 0, is_causal=True)
         else:
             # manual implementation of attention
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))

@@ -22,10 +22,12 @@ fn rng() -> MutexGuard<'static, SeededRng> {
     RNG.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Reseeds the generator of `randn`, the initial parameters and dropout.
+/// Reseeds the generator of `randn`, the initial parameters and `dropout`'s masks, and the seed of the
+/// dropout layers made from now on (`layers`).
 #[pyfunction]
 pub(crate) fn manual_seed(seed: u64) {
     *rng() = SeededRng::seed_from_u64(seed);
+    crate::layers::reseed_sites(seed);
 }
 
 /// `count` draws of N(0, 1), in f32.
@@ -253,12 +255,48 @@ pub(crate) fn mse_loss(input: PyRef<'_, PyTensor>, target: PyRef<'_, PyTensor>) 
     float_pair_op!("mse_loss", &input.data, &target.data, |x, y| x.mse(y)).map(PyTensor::of)
 }
 
-/// `input` with dropout of probability `p` when `training`, its mask drawn from the seeded generator.
+/// `input` with dropout of probability `p` when `training`, its mask drawn from the seeded generator on the
+/// host: a captured step would replay the mask it recorded (`nn.Dropout`, the engine's layer, does not).
 #[pyfunction]
 #[pyo3(signature = (input, p = 0.5, training = true))]
 pub(crate) fn dropout(input: PyRef<'_, PyTensor>, p: f32, training: bool) -> PyResult<PyTensor> {
     let seed = rng().random::<u32>();
     float_op!("dropout", &input.data, |x| nn::dropout(x, p, training, seed, 0, 0)).map(PyTensor::of)
+}
+
+/// The 2-D convolution of `input` `[N, C, H, W]` by `weight` `[O, C, KH, KW]` plus `bias` `[O]`: windows
+/// `stride` apart over the input padded by `padding` zeros on every side.
+#[pyfunction]
+#[pyo3(signature = (input, weight, bias = None, stride = 1, padding = 0))]
+pub(crate) fn conv2d(
+    py: Python<'_>,
+    input: PyRef<'_, PyTensor>,
+    weight: PyRef<'_, PyTensor>,
+    bias: Option<PyRef<'_, PyTensor>>,
+    stride: usize,
+    padding: usize,
+) -> PyResult<PyTensor> {
+    let x = &input.data;
+    by_dtype!("conv2d", x, F => {
+        let w = operand::<F>("conv2d", x, &weight.data)?;
+        let b = bias.as_ref().map(|b| operand::<F>("conv2d", x, &b.data)).transpose()?;
+        let x = operand::<F>("conv2d", x, x)?;
+        py.detach(|| nn::conv2d(x, w, b, stride, padding)).map(|t| PyTensor::of(F::wrap(t))).map_err(nn_error)
+    })
+}
+
+/// The max over each `kernel_size`×`kernel_size` window of `input` `[N, C, H, W]`, windows `stride` apart
+/// over the input padded by `padding` (at most half the window) with −∞.
+#[pyfunction]
+pub(crate) fn max_pool2d(
+    py: Python<'_>,
+    input: PyRef<'_, PyTensor>,
+    kernel_size: usize,
+    stride: usize,
+    padding: usize,
+) -> PyResult<PyTensor> {
+    float_op!("max_pool2d", &input.data, |x| py.detach(|| nn::max_pool2d(x, kernel_size, stride, padding)))
+        .map(PyTensor::of)
 }
 
 /// softmax(q·kᵀ/√D)·v over `[B, H, T, D]` tensors, causal when `is_causal`.

@@ -12,12 +12,14 @@
 //! Modules: `errors` (exceptions), `worker` (training off the GIL), `model` (`textnet.Sequential`'s
 //! network), `language` (the text model and the Transformer), `tensor` (`textnet.Tensor`, the face of
 //! `nn`'s tensors), `functional` (the tensor functions of `textnet.nn.functional`, `no_grad`, the seeded
-//! draws, the optimizer); here, the functions and the module.
+//! draws, the optimizer), `layers` (the engine's dropout layer, which a captured step replays), `capture`
+//! (`textnet.compile`), `state` (safetensors); here, the functions and the module.
 
 mod capture;
 mod errors;
 mod functional;
 mod language;
+mod layers;
 mod model;
 mod state;
 mod tensor;
@@ -209,6 +211,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<functional::NoGrad>()?;
     m.add_class::<functional::PyOptimizer>()?;
     m.add_class::<capture::PyCapturedStep>()?;
+    m.add_class::<layers::PyDropout>()?;
     m.add_function(wrap_pyfunction!(state::save_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(state::load_tensors, m)?)?;
     use functional::*;
@@ -227,6 +230,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(dropout, m)?,
         wrap_pyfunction!(scaled_dot_product_attention, m)?,
         wrap_pyfunction!(clip_grad_norm, m)?,
+        wrap_pyfunction!(conv2d, m)?,
+        wrap_pyfunction!(max_pool2d, m)?,
+        wrap_pyfunction!(layers::causal_self_attention, m)?,
+        wrap_pyfunction!(tensor::set_precision, m)?,
+        wrap_pyfunction!(tensor::precision, m)?,
     ] {
         m.add_function(function)?;
     }

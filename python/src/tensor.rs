@@ -10,9 +10,10 @@ use numpy::{Element, IntoPyArray, PyArrayDescr, PyArrayMethods, PyReadonlyArrayD
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyEllipsis, PySlice, PySliceMethods, PyTuple};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use textnet::cpu::Real;
 use textnet::nn::{self, Device, Tensor};
+use textnet::precision::Precision;
 
 /// The elements of a `textnet.Tensor`.
 #[derive(Clone)]
@@ -196,14 +197,49 @@ pub(crate) fn ids_of_f64(t: &Tensor<f64>) -> Data {
     Data::Ids { values: Arc::new(values), shape: t.shape().to_vec() }
 }
 
+/// The GPU of every `textnet.Tensor` on "cuda", once opened.
+static GPU: OnceLock<Arc<Device>> = OnceLock::new();
+
+/// The precision of the GPU's products that `set_precision` chose: the GPU takes it when it opens.
+static PRECISION: Mutex<Precision> = Mutex::new(Precision::Fp32);
+
 /// The GPU of every `textnet.Tensor` on "cuda", opened at the first use.
 pub(crate) fn gpu() -> PyResult<Arc<Device>> {
-    static GPU: OnceLock<Arc<Device>> = OnceLock::new();
     if let Some(device) = GPU.get() {
         return Ok(Arc::clone(device));
     }
     let device = Device::open(0).map_err(nn_error)?;
-    Ok(Arc::clone(GPU.get_or_init(|| device)))
+    let device = GPU.get_or_init(|| device);
+    device.set_precision(*PRECISION.lock().unwrap_or_else(PoisonError::into_inner)).map_err(nn_error)?;
+    Ok(Arc::clone(device))
+}
+
+/// How the GPU's products (`matmul`, `linear`, attention; forward and backward) multiply from now on:
+/// "fp32" (the default) or "bf16" on the tensor cores, operands rounded to bf16 and summed in fp32.
+/// Applied to the GPU now if it is open, else when it opens; the CPU's ops are unchanged by it.
+#[pyfunction]
+pub(crate) fn set_precision(precision: &str) -> PyResult<()> {
+    let wanted = match precision {
+        "fp32" => Precision::Fp32,
+        "bf16" => Precision::Bf16,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "set_precision: the products run in \"fp32\" or \"bf16\", got {other:?}"
+            )));
+        }
+    };
+    let mut chosen = PRECISION.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(device) = GPU.get() {
+        device.set_precision(wanted).map_err(nn_error)?;
+    }
+    *chosen = wanted;
+    Ok(())
+}
+
+/// The precision `set_precision` chose: "fp32" or "bf16".
+#[pyfunction]
+pub(crate) fn precision() -> &'static str {
+    PRECISION.lock().unwrap_or_else(PoisonError::into_inner).name()
 }
 
 /// Whether `name` ("cpu", "cuda", "cuda:0") is the GPU.

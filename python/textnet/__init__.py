@@ -16,7 +16,8 @@ command line's one-line messages: `ValueError` for bad arguments or data, `FileN
 Models written as PyTorch's (a `textnet.nn.Module` with `forward`, trained by the user's loop) use the
 tensors here (`textnet.tensor`, `randn`, `no_grad`, …), `textnet.nn` and `textnet.optim`; a training
 step captured as a CUDA graph is `textnet.compile(step)`, and `textnet.save`/`textnet.load` write and
-read a `state_dict` as safetensors.
+read a `state_dict` as safetensors. `textnet.from_torch(module)` and `Module.to_torch()` convert the
+layers both libraries have; `textnet.set_precision("bf16")` puts the GPU's products on the tensor cores.
 """
 
 from . import _native
@@ -68,6 +69,7 @@ from .keras import (  # noqa: E402
     Tanh,
 )
 from .serialization import load, save  # noqa: E402
+from .interop import from_torch  # noqa: E402
 
 __version__: str = _native.__version__
 
@@ -98,6 +100,8 @@ __all__ = [
     "float32",
     "float64",
     "from_numpy",
+    "from_torch",
+    "get_precision",
     "full",
     "int64",
     "is_grad_enabled",
@@ -113,6 +117,7 @@ __all__ = [
     "randn",
     "save",
     "selftest",
+    "set_precision",
     "stack",
     "tensor",
     "topk",
@@ -129,3 +134,19 @@ def selftest(quick: bool = False, only: "list[str] | None" = None, seed: "int | 
     ``only`` names pipelines or groups (``["fit"]``, ``["training"]``). Raises ``RuntimeError`` without a
     usable GPU."""
     return _native.selftest(quick=quick, only=only, seed=seed)
+
+
+def set_precision(precision: str) -> None:
+    """How the GPU's products (``matmul``, ``linear``, attention; forward and backward) multiply from now
+    on: ``"fp32"`` (the default) on the CUDA cores, or ``"bf16"`` on the tensor cores, operands rounded
+    to bf16 and summed in fp32, as PyTorch's bf16 autocast; tensors, LayerNorm, softmax, losses and the
+    optimizer stay fp32. It is one setting for the GPU, as ``torch.set_float32_matmul_precision``. On the
+    CPU it is accepted and changes nothing (the CPU always computes in the tensors' own dtype). A step
+    that ``textnet.compile`` captured before the change is captured again at its next call. Raises
+    ``ValueError`` for another name."""
+    _native.set_precision(precision)
+
+
+def get_precision() -> str:
+    """The precision ``set_precision`` chose: ``"fp32"`` or ``"bf16"``."""
+    return _native.precision()

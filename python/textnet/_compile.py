@@ -30,9 +30,11 @@ class CompiledStep:
     - what the function reads besides its tensor arguments (parameters, optimizer state, the optimizers'
       ``lr``, which is pushed to the GPU before each call) must live on the GPU or be a constant: other
       arguments (numbers, strings) are constants of the graph, and a new value captures the step again,
-      as a new shape or dtype of a tensor argument does;
+      as a new shape or dtype of a tensor argument does, or a change of ``textnet.set_precision``;
     - a step that copies between host and GPU inside (``.item()``, ``.numpy()``, a tensor made from
-      NumPy, dropout's masks) cannot be captured: it runs op by op, which is said once.
+      NumPy) cannot be captured: it runs op by op, which is said once;
+    - ``nn.Dropout`` draws a new mask at each replay (its step counter lives on the GPU), where
+      ``F.dropout``'s mask is drawn on the host and replays as recorded.
 
     ``fusions()`` lists the fusions the last capture made (name, count), as the engine's
     ``CapturedStep::fusions``.
@@ -54,6 +56,7 @@ class CompiledStep:
             # A group's rate changed apart from the others': the graphs keep the old proportions.
             self._captured.clear()
         signature = (
+            _native.precision(),
             tuple((tuple(t.shape), t.dtype.name) for t in given),
             tuple(repr(a) for a in args if not isinstance(a, Tensor)),
             tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if not isinstance(v, Tensor)),

@@ -1,5 +1,5 @@
-"""Training releases the GIL, Ctrl-C stops after the current epoch, which the model keeps, and a model
-in training refuses a second fit."""
+"""Training releases the GIL, Ctrl-C stops after the current epoch, which the model keeps, Ctrl-C in a
+loop of compiled steps raises KeyboardInterrupt there, and a model in training refuses a second fit."""
 
 import os
 import signal
@@ -7,6 +7,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 import textnet
 from conftest import random_samples
@@ -108,3 +110,64 @@ def test_a_model_in_training_refuses_a_second_fit_and_can_be_used_meanwhile(monk
     assert "this model is being trained by another thread" in seen["fit"]
     assert set(seen["evaluate"]) == {"loss", "accuracy"}
     assert len(model.history.epoch) == 2
+
+
+# A loop of compiled steps (captured and replayed on the GPU, the function on the CPU), Ctrl-C'd.
+COMPILED_LOOP = """
+import signal, sys
+import numpy as np
+import textnet, textnet.nn.functional as F
+from textnet import nn
+signal.signal(signal.SIGINT, signal.default_int_handler)
+device = sys.argv[1]
+textnet.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Dropout(0.1), nn.Linear(256, 10)).to(device)
+optimizer = textnet.optim.AdamW(model.parameters(), lr=1e-3)
+
+@textnet.compile
+def step(x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+rng = np.random.default_rng(0)
+x = textnet.tensor(rng.standard_normal((128, 64)).astype(np.float32), device=device)
+y = textnet.tensor(rng.integers(0, 10, 128), device=device)
+steps = 0
+try:
+    while True:
+        step(x, y)
+        steps += 1
+        if steps == 5:
+            print("running", flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt after", steps, "steps", flush=True)
+    optimizer.zero_grad()
+    print("next loss finite:", bool(np.isfinite(step(x, y).item())), flush=True)
+"""
+
+
+def has_gpu():
+    try:
+        textnet.zeros(1, device="cuda")
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_ctrl_c_in_a_loop_of_compiled_steps_raises_keyboard_interrupt_there(device):
+    if device == "cuda" and not has_gpu():
+        pytest.skip("no GPU")
+    child = subprocess.Popen([sys.executable, "-c", COMPILED_LOOP, device], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    first = child.stdout.readline()
+    assert first == "running\n", first + child.stderr.read()
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, out + err
+    steps = int(out.split("KeyboardInterrupt after ")[1].split()[0])
+    assert steps >= 5
+    assert "next loss finite: True" in out, out + err

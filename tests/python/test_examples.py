@@ -1,7 +1,11 @@
-"""The Python examples at a small size on the CPU: micrograd's demo and nanoGPT's model and loop."""
+"""The Python examples at a small size on the CPU: micrograd's demo, nanoGPT's model and loop, and the
+residual CNN on a few Fashion-MNIST images written as IDX files."""
 
+import gzip
 import importlib.util
 import math
+
+import numpy as np
 
 from conftest import ROOT
 
@@ -34,3 +38,27 @@ def test_nanogpt_trains_from_the_uniform_loss_down(tmp_path, capsys):
     assert last < first - 0.2
     out = capsys.readouterr().out
     assert "step 30: train loss" in out and "tokens/s" in out
+
+
+def write_idx(path, array):
+    """`array` (uint8) as a gzipped IDX file: the magic number (type 8, the axis count), each axis's size,
+    the bytes."""
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def test_mnist_resnet_reads_idx_files_and_its_loss_falls(tmp_path, fashion, capsys):
+    X, y, X_test, y_test = fashion
+    for split, images, labels, count in [("train", X, y, 480), ("t10k", X_test, y_test, 200)]:
+        pixels = np.round(images[:count] * 255).astype(np.uint8).reshape(count, 28, 28)
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", pixels)
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", labels[:count].astype(np.uint8))
+    flags = "--kind fashion --width 8 --epochs 2 --batch-size 32 --log-interval 1"
+    history = example("mnist_resnet").main(["--data", str(tmp_path)] + flags.split())
+    losses = history["loss"]
+    assert len(losses) == 2 * (480 // 32)
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
+    assert history["test_accuracy"][-1] > 0.5
+    out = capsys.readouterr().out
+    assert "480 training images on cpu" in out and "epoch 2: loss" in out

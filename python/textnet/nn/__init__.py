@@ -20,12 +20,14 @@ networks of ``fit``, in the style of Keras, are ``textnet.Sequential`` and its l
 from . import functional, init, utils
 from .layers import (
     GELU,
+    Conv2d,
     Dropout,
     Embedding,
     Flatten,
     Identity,
     LayerNorm,
     Linear,
+    MaxPool2d,
     ModuleDict,
     ModuleList,
     ReLU,
@@ -38,12 +40,14 @@ from .module import Module, Parameter
 
 __all__ = [
     "GELU",
+    "Conv2d",
     "Dropout",
     "Embedding",
     "Flatten",
     "Identity",
     "LayerNorm",
     "Linear",
+    "MaxPool2d",
     "Module",
     "ModuleDict",
     "ModuleList",

@@ -1,8 +1,8 @@
 """The ops of ``textnet.nn`` as functions, as ``torch.nn.functional``'s (``F.relu``, ``F.cross_entropy``,
-``F.scaled_dot_product_attention``, …)."""
+``F.scaled_dot_product_attention``, ``F.conv2d``, …)."""
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -61,8 +61,60 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """``input`` with each element zeroed with probability ``p`` and the rest scaled by 1/(1−p) when
-    ``training``; the masks come from the generator ``textnet.manual_seed`` seeds."""
+    ``training``. The mask's seed is drawn on the host from the generator ``textnet.manual_seed`` seeds,
+    so a step captured by ``textnet.compile`` would replay the one mask it recorded: in a compiled step
+    use the layer ``nn.Dropout``, whose masks a captured step draws anew at each replay."""
     return _native.dropout(input, p, training)
+
+
+def _conv_arguments(kernel_size: "tuple[int, int]", stride: Any, padding: Any, dilation: Any,
+                    groups: int) -> "tuple[int, int]":
+    """The stride and padding of ``conv2d`` as one number each, or the error naming what textnet lacks."""
+    from .layers import _pair, _square
+
+    if _pair("conv2d", "dilation", dilation) != (1, 1) or groups != 1:
+        raise ValueError(f"conv2d: dilation {dilation!r} and groups {groups!r} are not in textnet (1 only)")
+    stride = _square("conv2d", "stride", stride)
+    if padding == "valid":
+        return stride, 0
+    if padding == "same":
+        if stride != 1 or kernel_size[0] != kernel_size[1] or kernel_size[0] % 2 == 0:
+            raise ValueError(f"conv2d: padding='same' takes stride 1 and a square odd kernel in textnet, got "
+                             f"kernel {kernel_size} and stride {stride}")
+        return stride, kernel_size[0] // 2
+    return stride, _square("conv2d", "padding", padding)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """The 2-D convolution (cross-correlation) of ``input`` ``[N, C, H, W]`` by ``weight`` ``[O, C, KH,
+    KW]``, plus ``bias`` ``[O]``: output ``[N, O, OH, OW]``, OH = (H + 2·padding − KH) // stride + 1.
+    ``stride`` and ``padding`` are one number for both axes (``padding`` also "valid" or "same")."""
+    kernel = tuple(weight.shape[2:]) if len(weight.shape) == 4 else (1, 1)
+    stride, padding = _conv_arguments(kernel, stride, padding, dilation, groups)
+    return _native.conv2d(input, weight, bias, stride, padding)
+
+
+def _pool_arguments(kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
+                    return_indices: bool) -> "tuple[int, int, int]":
+    """The window, stride and padding of ``max_pool2d`` as one number each, or the error naming what
+    textnet lacks."""
+    from .layers import _pair, _square
+
+    if _pair("max_pool2d", "dilation", dilation) != (1, 1) or ceil_mode or return_indices:
+        raise ValueError("max_pool2d: dilation, ceil_mode and return_indices are not in textnet")
+    kernel = _square("max_pool2d", "kernel_size", kernel_size)
+    stride = kernel if stride is None else _square("max_pool2d", "stride", stride)
+    return kernel, stride, _square("max_pool2d", "padding", padding)
+
+
+def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
+    """The max over each ``kernel_size``×``kernel_size`` window of ``input`` ``[N, C, H, W]``, windows
+    ``stride`` apart (the kernel size when None), over the input padded by ``padding`` (at most half the
+    window) with −∞. Of equal elements the first in the window wins, and gets the gradient."""
+    kernel, stride, padding = _pool_arguments(kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _native.max_pool2d(input, kernel, stride, padding)
 
 
 def layer_norm(input: Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[Tensor] = None,
@@ -83,14 +135,28 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None) 
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
-                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 dropout_p: Any = 0.0, is_causal: bool = False,
                                  scale: Optional[float] = None) -> Tensor:
     """softmax(q·kᵀ/√D)·v over ``[B, H, T, D]`` tensors, each query seeing only the keys up to its own
-    when ``is_causal``. With ``dropout_p`` > 0 the probabilities get dropout, and the attention runs as
-    its ops (the T×T probabilities kept for the backward) instead of the fused kernel. textnet has
-    neither ``attn_mask`` nor ``scale``."""
+    when ``is_causal``. textnet has neither ``attn_mask`` nor ``scale``.
+
+    ``dropout_p`` may be a number, as PyTorch's: above 0 the attention runs as its ops (the T×T
+    probabilities kept for the backward) with ``dropout``'s mask, which a captured step would replay
+    unchanged. textnet's own: ``dropout_p`` may be an ``nn.Dropout`` layer (nanoGPT's ``attn_dropout``),
+    with ``is_causal=True``: the engine's causal attention then drops the probabilities by the layer's
+    mask of its next step, a new one at each replay of a captured step (in evaluation, or at p = 0, no
+    dropout)."""
+    from .layers import Dropout
+
     if attn_mask is not None or scale is not None:
         raise ValueError("scaled_dot_product_attention: attn_mask and scale are not in textnet")
+    if isinstance(dropout_p, Dropout):
+        if not is_causal:
+            raise ValueError("scaled_dot_product_attention: a Dropout layer as dropout_p takes is_causal=True "
+                             "(it drops in textnet's causal attention)")
+        if dropout_p.training and dropout_p.p > 0:
+            return _causal_attention_with_dropout(query, key, value, dropout_p)
+        dropout_p = 0.0
     if dropout_p == 0.0:
         return _native.scaled_dot_product_attention(query, key, value, is_causal)
     scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(key.size(-1)))
@@ -98,3 +164,17 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         rows, columns = scores.shape[-2:]
         scores = scores.masked_fill(np.triu(np.ones((rows, columns), dtype=np.int64), 1), float("-inf"))
     return dropout(scores.softmax(-1), dropout_p) @ value
+
+
+def _causal_attention_with_dropout(query: Tensor, key: Tensor, value: Tensor, layer: Any) -> Tensor:
+    """The engine's causal attention over q, k, v ``[B, H, T, D]`` packed as its rows ``[B, T, 3·H·D]``,
+    its probabilities dropped by ``layer``; the result back in ``[B, H, T, D]``."""
+    shapes = {tuple(query.shape), tuple(key.shape), tuple(value.shape)}
+    if len(shapes) != 1 or len(query.shape) != 4:
+        raise ValueError(f"scaled_dot_product_attention: q, k and v must be of one shape [B, H, T, D], got "
+                         f"{[list(t.shape) for t in (query, key, value)]}")
+    batch, heads, time, dims = query.shape
+    rows = [t.transpose(1, 2).reshape(batch, time, heads * dims) for t in (query, key, value)]
+    packed = _native.cat(rows, 2)
+    out = _native.causal_self_attention(packed, heads, layer.layer, True)
+    return out.view(batch, time, heads, dims).transpose(1, 2)

@@ -93,19 +93,98 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Zeroes each element with probability ``p`` while training and scales the rest by 1/(1−p)."""
+    """Zeroes each element with probability ``p`` while training and scales the rest by 1/(1−p): the
+    engine's dropout layer, whose step counter moves to the GPU at its first forward there, so that a
+    step captured by ``textnet.compile`` draws a new mask at each replay (on the CPU each forward in
+    training draws the next step's mask). Its seed is the last ``textnet.manual_seed``'s, and each layer
+    made takes its own site, so that the same model built after the same seed drops the same elements.
 
-    def __init__(self, p: float = 0.5) -> None:
+    textnet's own use: given as ``dropout_p`` to ``F.scaled_dot_product_attention`` (with
+    ``is_causal=True``), the layer drops the attention's probabilities."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if not 0 <= p <= 1:
             raise ValueError(f"Dropout: the probability must be in [0, 1], got {p}")
         self.p = p
+        self.layer = _native.DropoutLayer(p)
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.dropout(input, self.p, self.training)
+        return self.layer.forward(input, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+def _pair(name: str, what: str, value: Union[int, Sequence[int]]) -> "tuple[int, int]":
+    """``value`` (a whole number ≥ 0 or a pair of them) as a pair."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v >= 0 for v in pair):
+        raise ValueError(f"{name}: {what} must be a whole number ≥ 0 or a pair of them, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _square(name: str, what: str, value: Union[int, Sequence[int]]) -> int:
+    """``value`` as one number, for an op whose windows are alike on both axes."""
+    first, second = _pair(name, what, value)
+    if first != second:
+        raise ValueError(f"{name}: textnet takes one {what} for both axes, got {value!r}")
+    return first
+
+
+class Conv2d(Module):
+    """The 2-D convolution (cross-correlation) of ``[N, C, H, W]`` images: ``weight`` ``[out_channels,
+    in_channels, KH, KW]`` and ``bias`` ``[out_channels]``, each drawn from U(−1/√fan_in, 1/√fan_in) with
+    fan_in = in_channels·KH·KW, as PyTorch's. ``stride`` and ``padding`` (zeros) are one number for both
+    axes (or ``padding="same"`` for an odd kernel at stride 1, ``"valid"``); textnet has neither
+    ``dilation`` nor ``groups``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Sequence[int]],
+                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, str, Sequence[int]] = 0,
+                 dilation: Union[int, Sequence[int]] = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: Optional[str] = None, dtype: Any = None) -> None:
+        super().__init__()
+        if padding_mode != "zeros":
+            raise ValueError(f"Conv2d: padding_mode={padding_mode!r} is not in textnet (zeros only)")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _pair("Conv2d", "kernel_size", kernel_size)
+        self.stride, self.padding = stride, padding
+        self.dilation, self.groups = dilation, groups
+        F._conv_arguments(self.kernel_size, stride, padding, dilation, groups)
+        fan_in = in_channels * self.kernel_size[0] * self.kernel_size[1]
+        self.weight = _placed(_uniform((out_channels, in_channels) + self.kernel_size, fan_in, dtype), device)
+        if bias:
+            self.bias = _placed(_uniform((out_channels,), fan_in, dtype), device)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
+
+
+class MaxPool2d(Module):
+    """The max over ``kernel_size``×``kernel_size`` windows of ``[N, C, H, W]`` images, ``stride`` apart
+    (the kernel size when None), over the input padded by ``padding`` with −∞."""
+
+    def __init__(self, kernel_size: Union[int, Sequence[int]], stride: Optional[Union[int, Sequence[int]]] = None,
+                 padding: Union[int, Sequence[int]] = 0, dilation: Union[int, Sequence[int]] = 1,
+                 return_indices: bool = False, ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
+        F._pool_arguments(kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
+
+    def extra_repr(self) -> str:
+        stride = self.kernel_size if self.stride is None else self.stride
+        return f"kernel_size={self.kernel_size}, stride={stride}, padding={self.padding}"
 
 
 class ReLU(Module):
@@ -271,6 +350,6 @@ class ModuleDict(Module):
 
 
 __all__ = [
-    "GELU", "Dropout", "Embedding", "Flatten", "Identity", "LayerNorm", "Linear", "ModuleDict", "ModuleList",
+    "GELU", "Conv2d", "Dropout", "MaxPool2d", "Embedding", "Flatten", "Identity", "LayerNorm", "Linear", "ModuleDict", "ModuleList",
     "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh",
 ]

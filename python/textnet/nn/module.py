@@ -246,6 +246,13 @@ class Module:
                     registry[name] = moved[id(value)]
         return self
 
+    def to_torch(self) -> Any:
+        """This module as the same ``torch.nn`` modules on the CPU, its parameters copied under their
+        ``state_dict`` names (``textnet.interop``: the layers both libraries have, and their containers)."""
+        from ..interop import to_torch
+
+        return to_torch(self)
+
     def cuda(self) -> "Module":
         return self.to("cuda")
 

@@ -362,6 +362,24 @@ fn loss_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<
         let logits = [(values(rng, &[rows, classes], -4.0, 4.0), vec![rows, classes])];
         let op: &Op<'_> = &|t| t[0].cross_entropy(&targets, Some(-100));
         checks.extend(compare(device, rng, ("cross_entropy", SUM_TOLERANCE), &logits, op)?);
+        // Without an index to ignore the kernel divides the gradient by the rows itself, and a backward from
+        // the loss starts from the 1 the kernel wrote, handing that gradient on as it is.
+        let every: Vec<i64> = targets.iter().map(|&t| t.max(0)).collect();
+        let op: &Op<'_> = &|t| t[0].cross_entropy(&every, None);
+        checks.extend(compare(device, rng, ("cross_entropy, no index ignored", SUM_TOLERANCE), &logits, op)?);
+        let host = Tensor::parameter(logits[0].0.clone(), &logits[0].1)?;
+        let on_device = Tensor::parameter(logits[0].0.clone(), &logits[0].1)?.to_device(device)?;
+        host.cross_entropy(&every, None)?.backward()?;
+        on_device.cross_entropy(&every, None)?.backward()?;
+        let (Some(gh), Some(gd)) = (host.grad(), on_device.grad()) else {
+            anyhow::bail!("nn cross_entropy: a backward from the loss gave the logits no gradient");
+        };
+        checks.push(Check {
+            kernel: "nn cross_entropy, backward from the loss, no index ignored".into(),
+            shape: format!("[{rows}, {classes}]"),
+            rel_error: rel_error(&gd.values()?, &gh.values()?),
+            tolerance: SUM_TOLERANCE,
+        });
     }
     for shape in [&[1][..], &[7, 33], &[4, 1000]] {
         let inputs = [(values(rng, shape, -2.0, 2.0), shape.to_vec()), (values(rng, shape, -2.0, 2.0), shape.to_vec())];

@@ -24,10 +24,12 @@ impl<F: Real> Tensor<F> {
         }
         let (row_classes, counted) = checked_targets(targets, ignore_index, classes)?;
         if let Place::Device(gpu) = cuda::place_of("cross_entropy", &[self])? {
-            // Ids as floats for the kernel; a row to ignore as −1, which no class is.
+            // Ids as floats for the kernel; a row to ignore as −1, which no class is (NaN when none is:
+            // every row then counts, which the kernel uses).
             let ids: Vec<f32> = row_classes.iter().map(|c| c.map_or(-1.0, |c| c as f32)).collect();
             let ids = gpu.upload("cross_entropy", &ids)?;
-            return device::cross_entropy(&gpu, self, &ids, -1.0, (rows, classes));
+            let ignore = if ignore_index.is_some() { -1.0 } else { f32::NAN };
+            return device::cross_entropy(&gpu, self, &ids, ignore, (rows, classes));
         }
         let logits = self.storage();
         let mut softmax_minus_onehot = vec![F::zero(); logits.host().len()];

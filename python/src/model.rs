@@ -126,7 +126,8 @@ fn figures(s: &Samples, loss_sum: f64, outputs: &[f32], k: usize) -> Vec<(&'stat
 }
 
 /// A `textnet fit` network with its parameters: what `textnet.Sequential` holds. Other threads may use
-/// it while one trains it (they see the parameters from before that `fit`), but only one `fit` at a time.
+/// it while one trains it (they see the parameters from before that `fit`, or its last epoch's when it
+/// hands each epoch's to Python), but only one `fit` at a time.
 #[pyclass(module = "textnet._native", frozen)]
 pub(crate) struct Model {
     /// The network and its parameters; a `fit` replaces the parameters when it ends.

@@ -111,8 +111,23 @@ pub enum Verdict {
     Stop,
 }
 
+/// How an epoch about to train begins, as `EpochHooks::starting` says.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EpochStart {
+    /// At the plan's learning rates.
+    AsPlanned,
+    /// Every step of the epoch at this learning rate (a schedule set from outside as the run goes).
+    At(f32),
+    /// The run ends before this epoch.
+    Stop,
+}
+
 /// The pipeline's side of `epochs`; every method but `finished` defaults to nothing.
 pub trait EpochHooks<T: ?Sized> {
+    /// Epoch `epoch` is about to train, its steps planned at `planned`: whether and at what rate.
+    fn starting(&mut self, _epoch: usize, _planned: &[f32]) -> EpochStart {
+        EpochStart::AsPlanned
+    }
     /// An epoch of `samples` training samples begins.
     fn started(&mut self, _epoch: usize, _samples: usize) {}
     /// `done` training samples of the epoch so far.
@@ -137,10 +152,10 @@ pub struct EpochsRun {
 }
 
 /// The one epoch loop: for each epoch, a seeded reshuffle of the training order (unless the plan has no
-/// shuffle seed), one `train_epoch` at
-/// the epoch's slice of `plan.rates`, a divergence check of its loss, the pipeline's `finished` hook,
-/// `--patience` on the judged loss it returns, and Ctrl-C (checked after the epoch is finished, so the
-/// epoch in progress is kept).
+/// shuffle seed), the pipeline's `starting` (which may set the epoch's rate or end the run), one
+/// `train_epoch` at the epoch's slice of `plan.rates`, a divergence check of its loss, the pipeline's
+/// `finished` hook, `--patience` on the judged loss it returns, and Ctrl-C (checked after the epoch is
+/// finished, so the epoch in progress is kept).
 pub fn epochs<T: Trainer + ?Sized>(
     trainer: &mut T,
     plan: &EpochPlan,
@@ -161,9 +176,18 @@ pub fn epochs<T: Trainer + ?Sized>(
         if let Some(rng) = &mut rng {
             order.shuffle(rng);
         }
+        let planned = &plan.rates[(epoch - 1) * steps..epoch * steps];
+        let set;
+        let rates = match hooks.starting(epoch, planned) {
+            EpochStart::AsPlanned => planned,
+            EpochStart::At(lr) => {
+                set = vec![lr; steps];
+                &set
+            }
+            EpochStart::Stop => break,
+        };
         hooks.started(epoch, n);
         let epoch_start = Instant::now();
-        let rates = &plan.rates[(epoch - 1) * steps..epoch * steps];
         let sum = trainer.train_epoch(&order, plan.batch, rates, &mut |done| hooks.progress(done))?;
         let samples_per_s = n as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
         let train_loss = sum / n.max(1) as f64;
@@ -392,6 +416,57 @@ mod tests {
         let kept = Ending { written: false, outcome: "nothing written".into(), ..ending() };
         assert_eq!(kept.status(), Status::NotBetter);
         assert_eq!(kept.conclude().unwrap_err().to_string(), "nothing written");
+    }
+
+    /// A trainer that records the rates of each epoch and trains nothing.
+    struct Rates(Vec<Vec<f32>>);
+
+    impl Trainer for Rates {
+        type Params = ();
+        type Evaluation = ();
+        fn train_epoch(&mut self, _: &[u32], _: usize, rates: &[f32], _: &mut dyn FnMut(usize)) -> Result<f64> {
+            self.0.push(rates.to_vec());
+            Ok(1.0)
+        }
+        fn evaluate(&mut self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn params(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Epoch 2 at one rate, a stop before epoch 3.
+    struct SetsTheRate;
+
+    impl EpochHooks<Rates> for SetsTheRate {
+        fn starting(&mut self, epoch: usize, _planned: &[f32]) -> EpochStart {
+            match epoch {
+                2 => EpochStart::At(0.5),
+                3 => EpochStart::Stop,
+                _ => EpochStart::AsPlanned,
+            }
+        }
+        fn finished(&mut self, _: &mut Rates, _: &EpochTrained) -> Result<Verdict> {
+            Ok(Verdict::Next { judged: None })
+        }
+    }
+
+    #[test]
+    fn the_hooks_may_set_an_epochs_rate_or_stop_before_it() {
+        let plan = EpochPlan {
+            epochs: 4,
+            samples: 5,
+            batch: 2,
+            shuffle_seed: None,
+            rates: (0..12).map(|k| k as f32).collect(),
+            patience: None,
+        };
+        let mut trainer = Rates(Vec::new());
+        let run = epochs(&mut trainer, &plan, &mut SetsTheRate).unwrap();
+        assert_eq!(trainer.0, vec![vec![0.0, 1.0, 2.0], vec![0.5; 3]]);
+        assert_eq!(run.done, 2);
+        assert!(!run.interrupted && run.diverged.is_none() && run.stopped_early.is_none());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use rayon::prelude::*;
 use std::path::PathBuf;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 use textnet::device::{Backend, DeviceChoice};
@@ -20,17 +20,14 @@ use textnet::nn::stack::model::{Init, Loss, Network};
 use textnet::nn::stack::spec::{self, Shape};
 use textnet::nn::stack::{Samples, Setup, StackTrainer, Target};
 use textnet::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, ScheduleArgs};
-use textnet::run::{EpochHooks, EpochPlan, EpochTrained, Verdict};
+use textnet::run::{EpochHooks, EpochPlan, EpochStart, EpochTrained, TRAIN, Verdict};
 
 /// The rows of `x` (float32, C-contiguous, as the Python half makes it) as samples of `shape`: checks the
 /// shape and that every value is finite.
 fn features(x: &PyReadonlyArrayDyn<'_, f32>, shape: Shape, what: &str) -> PyResult<(usize, Vec<f32>)> {
     let dims = x.shape();
     let per_row = textnet::nn::stack::model::size(shape);
-    let row_dims: Vec<usize> = match shape {
-        Shape::Flat(n) => vec![n],
-        Shape::Image { channels, height, width } => vec![channels, height, width],
-    };
+    let row_dims = shape_dims(shape);
     let fits = match dims {
         [_, rest @ ..] => rest == row_dims.as_slice() || rest == [per_row],
         [] => false,
@@ -129,13 +126,22 @@ fn figures(s: &Samples, loss_sum: f64, outputs: &[f32], k: usize) -> Vec<(&'stat
 }
 
 /// A `textnet fit` network with its parameters: what `textnet.Sequential` holds. Other threads may use
-/// it while one trains it (they see the parameters from before that `fit`), but only one `fit` at a time.
+/// it while one trains it (they see the parameters from before that `fit`, or its last epoch's when it
+/// hands each epoch's to Python), but only one `fit` at a time.
 #[pyclass(module = "textnet._native", frozen)]
 pub(crate) struct Model {
     /// The network and its parameters; a `fit` replaces the parameters when it ends.
     model: RwLock<FitModel>,
     /// Held by the `fit` that trains this model.
     training: Mutex<()>,
+}
+
+/// A sample's shape as Python gives it: (features,) or (channels, height, width).
+fn shape_dims(shape: Shape) -> Vec<usize> {
+    match shape {
+        Shape::Flat(n) => vec![n],
+        Shape::Image { channels, height, width } => vec![channels, height, width],
+    }
 }
 
 fn parse_shape(dims: &[usize]) -> PyResult<Shape> {
@@ -184,6 +190,12 @@ struct FitRequest {
     schedule: LrSchedule,
     /// Stop when the validation loss has not improved for this many epochs.
     patience: Option<usize>,
+    /// Whether each epoch also measures the training samples (accuracy or MAE, dropout off).
+    train_metric: bool,
+    /// Whether Python is asked before each epoch (for its rate, or to stop).
+    ask_before_epoch: bool,
+    /// Whether each epoch's parameters go to Python with its figures.
+    epoch_params: bool,
 }
 
 /// The least time between two progress events: a bar redrawn 50 times a second looks smooth.
@@ -238,10 +250,7 @@ impl Model {
     /// The shape of one sample.
     #[getter]
     fn input_shape(&self) -> Vec<usize> {
-        match modelfile::input_shape(&self.read().input) {
-            Shape::Flat(n) => vec![n],
-            Shape::Image { channels, height, width } => vec![channels, height, width],
-        }
+        shape_dims(modelfile::input_shape(&self.read().input))
     }
 
     /// Outputs per sample.
@@ -260,6 +269,23 @@ impl Model {
     #[getter]
     fn param_count(&self) -> usize {
         self.read().net.param_count
+    }
+
+    /// Each layer as (its spec text, the shape of a sample it gives, its parameter count).
+    #[getter]
+    fn layers(&self) -> Vec<(String, Vec<usize>, usize)> {
+        let m = self.read();
+        let net = &m.net;
+        let sizes = net
+            .params
+            .iter()
+            .map(|p| p.as_ref().map_or(0, |p| p.weight.len() + p.bias.as_ref().map_or(0, |b| b.len())));
+        net.layers
+            .iter()
+            .zip(&net.shapes[1..])
+            .zip(sizes)
+            .map(|((layer, &shape), params)| (spec::text(std::slice::from_ref(layer)), shape_dims(shape), params))
+            .collect()
     }
 
     /// The class names (None for a model of values).
@@ -389,14 +415,20 @@ impl Model {
     }
 
     /// Trains for `epochs` passes over `x`, `y` (shuffled per epoch from `seed`, as `textnet fit` does),
-    /// measuring `x_val`, `y_val` (or the last `validation_split` of the samples) after each.
-    /// `on_progress(epoch, done, total)` and `on_epoch(epoch, logs)` are called on this thread. Returns
+    /// measuring `x_val`, `y_val` (or the last `validation_split` of the samples) after each, and the
+    /// training samples too when `train_metric`. `on_progress(epoch, done, total)`, `on_epoch_begin(epoch,
+    /// lr)` and `on_epoch(epoch, logs)` are called on this thread, and training waits for the last two:
+    /// `on_epoch_begin` returns the rate of every step of the epoch (None: as planned, `lr` being its first
+    /// step's), `on_epoch` whether to stop after the epoch; an exception in either stops the run before
+    /// the next epoch and is raised. With `epoch_params` the model takes each epoch's parameters before
+    /// `on_epoch` is called (otherwise only when the run ends). Returns
     /// {"history": {name: [per epoch]}, "interrupted": bool, "diverged": None or the message, "device": str,
     /// "seconds", "setup_seconds", "training_seconds": float}; the model
     /// keeps the parameters of the last epoch finished (the last finite one, if training diverged).
     #[pyo3(signature = (x, y, x_val=None, y_val=None, validation_split=None, epochs=10, batch_size=64,
         optimizer="adam", lr=None, momentum=None, weight_decay=0.0, clip_norm=0.0, device="auto", seed=1,
-        lr_schedule="constant", warmup=0, min_lr=0.0, patience=None, on_progress=None, on_epoch=None))]
+        lr_schedule="constant", warmup=0, min_lr=0.0, patience=None, train_metric=false, epoch_params=false,
+        on_progress=None, on_epoch_begin=None, on_epoch=None))]
     #[allow(clippy::too_many_arguments)]
     fn fit<'py>(
         &self,
@@ -419,7 +451,10 @@ impl Model {
         warmup: usize,
         min_lr: f32,
         patience: Option<usize>,
+        train_metric: bool,
+        epoch_params: bool,
         on_progress: Option<Py<PyAny>>,
+        on_epoch_begin: Option<Py<PyAny>>,
         on_epoch: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let _training = match self.training.try_lock() {
@@ -516,7 +551,19 @@ impl Model {
         let steps = (train.rows().div_ceil(batch_size)).saturating_mul(epochs);
         schedule.check(steps).map_err(python_names)?;
         let progress = on_progress.is_some();
-        let request = FitRequest { epochs, batch: batch_size, optim, device, seed, progress, schedule, patience };
+        let request = FitRequest {
+            epochs,
+            batch: batch_size,
+            optim,
+            device,
+            seed,
+            progress,
+            schedule,
+            patience,
+            train_metric,
+            ask_before_epoch: on_epoch_begin.is_some(),
+            epoch_params,
+        };
         let mut history: Vec<(&'static str, Vec<f64>)> = Vec::new();
         let started = Instant::now();
         let (trained, interrupted) = drive(
@@ -527,7 +574,19 @@ impl Model {
                     Some(f) => f.call1(py, (epoch, done, total)).map(drop),
                     None => Ok(()),
                 },
-                Event::Epoch { epoch, logs } => {
+                Event::Starting { epoch, lr, answer } => {
+                    // An exception drops `answer` unanswered, which ends the run.
+                    let rate: Option<f32> = match &on_epoch_begin {
+                        Some(f) => f.call1(py, (epoch, lr))?.extract(py)?,
+                        None => None,
+                    };
+                    let _ = answer.send(rate);
+                    Ok(())
+                }
+                Event::Epoch { epoch, logs, params, answer } => {
+                    if let Some(params) = params {
+                        self.write().params = params;
+                    }
                     let dict = PyDict::new(py);
                     for (key, value) in &logs {
                         dict.set_item(*key, *value)?;
@@ -536,10 +595,12 @@ impl Model {
                             None => history.push((*key, vec![*value])),
                         }
                     }
-                    match &on_epoch {
-                        Some(f) => f.call1(py, (epoch, dict)).map(drop),
-                        None => Ok(()),
-                    }
+                    let stop = match &on_epoch {
+                        Some(f) => f.call1(py, (epoch, dict))?.is_truthy(py)?,
+                        None => false,
+                    };
+                    let _ = answer.send(stop);
+                    Ok(())
                 }
             },
             runtime_error,
@@ -676,6 +737,9 @@ fn train_epochs(
         splits,
         events,
         progress: request.progress,
+        train_metric: request.train_metric,
+        ask_before_epoch: request.ask_before_epoch,
+        epoch_params: request.epoch_params,
         kept: params,
         epoch: 0,
         last_sent: None,
@@ -703,6 +767,9 @@ struct PythonEpochs<'a> {
     splits: Vec<Arc<Samples>>,
     events: &'a Sender<Event>,
     progress: bool,
+    train_metric: bool,
+    ask_before_epoch: bool,
+    epoch_params: bool,
     /// The parameters of the last epoch finished with finite figures (the starting ones before any).
     kept: Vec<f32>,
     /// The epoch in progress, and when its last progress event was sent.
@@ -711,8 +778,24 @@ struct PythonEpochs<'a> {
 }
 
 impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
+    fn starting(&mut self, epoch: usize, planned: &[f32]) -> EpochStart {
+        if !self.ask_before_epoch {
+            return EpochStart::AsPlanned;
+        }
+        let (answer, answered) = mpsc::channel();
+        let _ = self.events.send(Event::Starting { epoch, lr: planned[0], answer });
+        match answered.recv() {
+            Ok(Some(lr)) => EpochStart::At(lr),
+            Ok(None) => EpochStart::AsPlanned,
+            Err(_) => EpochStart::Stop,
+        }
+    }
+
     fn started(&mut self, epoch: usize, _samples: usize) {
-        (self.epoch, self.last_sent) = (epoch, None);
+        (self.epoch, self.last_sent) = (epoch, Some(Instant::now()));
+        if self.progress {
+            let _ = self.events.send(Event::Progress { epoch, done: 0, total: self.n });
+        }
     }
 
     fn progress(&mut self, done: usize) {
@@ -724,6 +807,12 @@ impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
 
     fn finished(&mut self, trainer: &mut StackTrainer, epoch: &EpochTrained) -> anyhow::Result<Verdict> {
         let mut logs = vec![("loss", epoch.train_loss)];
+        if self.train_metric {
+            let (sum, outputs) = trainer.evaluate(TRAIN)?;
+            logs.extend(
+                figures(&self.splits[TRAIN], sum, &outputs, self.k).into_iter().filter(|&(key, _)| key != "loss"),
+            );
+        }
         if self.has_val {
             let (val_sum, outputs) = trainer.evaluate(1)?;
             logs.extend(figures(&self.splits[1], val_sum, &outputs, self.k).into_iter().map(|(key, v)| match key {
@@ -737,9 +826,14 @@ impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
         if logs.iter().any(|(_, v)| !v.is_finite()) || !params.iter().all(|p| p.is_finite()) {
             return Ok(Verdict::Diverged("parameters"));
         }
-        self.kept = params;
         let judged = logs.iter().find(|(key, _)| *key == "val_loss").map(|&(_, v)| v);
-        let _ = self.events.send(Event::Epoch { epoch: epoch.epoch, logs });
-        Ok(Verdict::Next { judged })
+        let sent = self.epoch_params.then(|| params.clone());
+        self.kept = params;
+        let (answer, answered) = mpsc::channel();
+        let _ = self.events.send(Event::Epoch { epoch: epoch.epoch, logs, params: sent, answer });
+        Ok(match answered.recv() {
+            Ok(false) => Verdict::Next { judged },
+            Ok(true) | Err(_) => Verdict::Stop,
+        })
     }
 }

@@ -12,12 +12,18 @@ use textnet::device::{Backend, DeviceChoice, Gpu};
 pub(crate) enum Event {
     /// `done` of `total` training samples of epoch `epoch`.
     Progress { epoch: usize, done: usize, total: usize },
-    /// Epoch `epoch` finished with these figures.
-    Epoch { epoch: usize, logs: Vec<(&'static str, f64)> },
+    /// Epoch `epoch` is about to train, its first step planned at `lr`. The worker waits for `answer`: a
+    /// rate for every step of the epoch, or None for the planned ones; a sender dropped unanswered ends
+    /// the run before the epoch.
+    Starting { epoch: usize, lr: f32, answer: Sender<Option<f32>> },
+    /// Epoch `epoch` finished with these figures, and its parameters when they were asked for. The
+    /// worker waits for `answer`: whether to end the run here; a sender dropped unanswered ends it too.
+    Epoch { epoch: usize, logs: Vec<(&'static str, f64)>, params: Option<Vec<f32>>, answer: Sender<bool> },
 }
 
 /// Runs `work` on a worker thread without the GIL, handing its events to `on_event` on this thread, and
-/// checking for Ctrl-C meanwhile. Returns the work's result and whether Ctrl-C (or an exception in
+/// checking for Ctrl-C meanwhile. An event dropped unhandled (after an exception) drops its answer's
+/// sender, which a worker waiting on it takes as the end of the run. Returns the work's result and whether Ctrl-C (or an exception in
 /// `on_event`, returned instead) asked it to stop early. The work's error becomes `error(e)`.
 pub(crate) fn drive<T: Send>(
     py: Python<'_>,

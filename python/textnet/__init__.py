@@ -25,7 +25,7 @@ from ._nvrtc import register_nvrtc as _register_nvrtc
 
 _register_nvrtc()
 
-from . import datasets, keras, nn, optim  # noqa: E402
+from . import callbacks, datasets, keras, nn, optim  # noqa: E402
 from ._compile import CompiledStep, compile  # noqa: E402
 from ._tensor import (  # noqa: E402
     Tensor,
@@ -93,6 +93,7 @@ __all__ = [
     "Transformer",
     "arange",
     "argmax",
+    "callbacks",
     "cat",
     "compile",
     "datasets",

@@ -33,6 +33,8 @@ class Model:
     @property
     def param_count(self) -> int: ...
     @property
+    def layers(self) -> List[Tuple[str, List[int], int]]: ...
+    @property
     def class_names(self) -> Optional[List[str]]: ...
     @class_names.setter
     def class_names(self, names: Sequence[str]) -> None: ...
@@ -64,8 +66,11 @@ class Model:
         warmup: int = 0,
         min_lr: float = 0.0,
         patience: Optional[int] = None,
+        train_metric: bool = False,
+        epoch_params: bool = False,
         on_progress: Optional[Callable[[int, int, int], None]] = None,
-        on_epoch: Optional[Callable[[int, Dict[str, float]], None]] = None,
+        on_epoch_begin: Optional[Callable[[int, float], Optional[float]]] = None,
+        on_epoch: Optional[Callable[[int, Dict[str, float]], bool]] = None,
     ) -> Dict[str, object]: ...
 
 class LanguageModel:

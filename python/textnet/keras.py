@@ -8,6 +8,7 @@ kernels, the same initial parameters, shuffles and model files. Training the sam
 samples with the same seed in Python and with ``textnet fit`` gives the same parameters.
 """
 
+import math
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _native
+from .callbacks import Callback, LearningRateScheduler
 
 __all__ = [
     "Layer",
@@ -32,6 +34,7 @@ __all__ = [
     "Flatten",
     "Sequential",
     "History",
+    "Callback",
     "load",
     "NeuralNetworkGPU",
 ]
@@ -117,17 +120,35 @@ class Dropout(Layer):
         super().__init__(f"Dropout({float(p)!r})")
 
 
+_DATA_FORMATS = ("channels_first", "channels_last")
+
+
+def _data_format(value: Optional[str]) -> Optional[str]:
+    if value is not None and value not in _DATA_FORMATS:
+        raise ValueError(f"data_format must be channels_first or channels_last, got {value!r}")
+    return value
+
+
 class Conv2d(Layer):
-    """2-D convolution (``nn.Conv2d``); samples are (channels, height, width)."""
+    """2-D convolution (``nn.Conv2d``); samples are (channels, height, width). ``data_format=
+    "channels_last"`` makes the model read images as (height, width, channels), as Keras does (the
+    ``Sequential``'s ``data_format``)."""
 
     def __init__(
-        self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        padding: int = 0,
+        data_format: Optional[str] = None,
     ) -> None:
         super().__init__(
             f"Conv2d({_int(in_channels, 'in_channels')}, {_int(out_channels, 'out_channels')}, "
             f"{_int(kernel_size, 'kernel_size')}, stride={_int(stride, 'stride')}, "
             f"padding={_int(padding, 'padding')})"
         )
+        self.data_format = _data_format(data_format)
 
 
 class MaxPool2d(Layer):
@@ -159,11 +180,33 @@ def _features(X: Any, what: str = "X") -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
-def _labels(y: Any, what: str = "y") -> np.ndarray:
-    """Class labels as int64: integer dtypes of any width, or floats holding whole numbers."""
+def _one_hot(array: np.ndarray, what: str, classes: Optional[int]) -> np.ndarray:
+    """The class of each one-hot row (0s and a single 1), as int64."""
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{what} must hold numbers, got an array of dtype {array.dtype}")
+    if classes is not None and array.shape[1] != classes:
+        raise ValueError(
+            f"{what} has one-hot rows of {array.shape[1]} classes but the model has {classes} outputs"
+        )
+    ones = array == 1
+    bad = ~np.all(ones | (array == 0), axis=1) | (ones.sum(axis=1) != 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"{what}[{i}] is not one-hot (0s and a single 1): give class labels, shape (n,), or one-hot rows, "
+            f"shape (n, classes)"
+        )
+    return np.argmax(ones, axis=1).astype(np.int64)
+
+
+def _labels(y: Any, what: str = "y", classes: Optional[int] = None) -> np.ndarray:
+    """Class labels as int64: integer dtypes of any width, floats holding whole numbers, or one-hot rows
+    (of ``classes`` columns when given)."""
     array = np.asarray(y)
     if array.ndim == 2 and array.shape[1] == 1:
         array = array[:, 0]
+    elif array.ndim == 2:
+        return _one_hot(array, what, classes)
     if array.dtype.kind in "iub":
         return np.ascontiguousarray(array, dtype=np.int64)
     if array.dtype.kind == "f":
@@ -189,8 +232,10 @@ def _values(y: Any, outputs: int, what: str = "y") -> np.ndarray:
 
 
 class History:
-    """What ``fit`` returns, as Keras's ``History``: ``history`` maps each figure (``loss``,
-    ``val_loss``, ``val_accuracy`` or ``val_mae``, ``seconds``) to its per-epoch list, and ``epoch``
+    """What ``fit`` returns, as Keras's ``History``: ``history`` maps each figure (``loss``; ``accuracy``
+    or ``mae`` of the training samples when the model's ``metrics`` ask for it, measured at the epoch's
+    end with dropout off; ``val_loss``, ``val_accuracy`` or ``val_mae`` with validation data;
+    ``seconds``; what callbacks add, such as ``learning_rate``) to its per-epoch list, and ``epoch``
     lists the epochs (0-based, as Keras does)."""
 
     def __init__(self) -> None:
@@ -249,45 +294,77 @@ class History:
         return fig
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+
+
 class _Progress:
-    """A bar per epoch (tqdm when it is installed, else one line rewritten in place), then one
-    Keras-style line per epoch."""
+    """What ``fit`` prints. ``verbose=1``: while an epoch trains, a bar on stderr redrawn in place with
+    the samples done, the rate, the ETA and the last epoch's loss, drawn only when stderr is a terminal
+    (a file or a pipe gets no control characters); the GPU reports an epoch's samples when it ends, so
+    there the bar moves at the epoch's end. Then, for ``verbose`` 1 and 2, one Keras-style line per epoch
+    on stdout, with the samples and the rate when the bar's count is known."""
 
-    def __init__(self, epochs: int, verbose: int, style: str = "keras") -> None:
+    WIDTH = 30
+
+    def __init__(self, epochs: int, verbose: int, style: str = "keras", stream: Any = None) -> None:
         self.epochs, self.verbose, self.style = epochs, verbose, style
-        self.bar: Any = None
+        self.stream = sys.stderr if stream is None else stream
+        self.live = verbose == 1 and _is_terminal(self.stream)
+        self.epoch_started = 0.0
+        self.done = self.total = 0
+        self.last_loss: Optional[float] = None
+        self.drawn = 0  # characters of the bar on screen
         self.last_draw = 0.0
-        try:
-            from tqdm.auto import tqdm
-
-            self.tqdm: Any = tqdm
-        except ImportError:
-            self.tqdm = None
 
     def progress(self, epoch: int, done: int, total: int) -> None:
-        if self.verbose != 1:
-            return
-        if self.tqdm is not None:
-            if self.bar is None:
-                self.bar = self.tqdm(total=total, desc=f"Epoch {epoch}/{self.epochs}", unit="sample", leave=False)
-            self.bar.update(done - self.bar.n)
-            return
         now = time.monotonic()
-        if now - self.last_draw < 0.1 and done < total:
+        if done == 0 or done < self.done:
+            self.epoch_started = now
+        self.done, self.total = done, total
+        if not self.live or (now - self.last_draw < 0.1 and 0 < done < total):
             return
         self.last_draw = now
-        width = 30
-        filled = width * done // max(total, 1)
-        sys.stdout.write(f"\rEpoch {epoch}/{self.epochs} [{'=' * filled}{'.' * (width - filled)}] {done}/{total}")
-        sys.stdout.flush()
-        self.bar = True
+        filled = self.WIDTH * done // max(total, 1)
+        arrow = ">" if 0 < filled < self.WIDTH else ""
+        parts = [
+            f"Epoch {epoch}/{self.epochs} [{'=' * max(filled - len(arrow), 0)}{arrow}"
+            f"{'.' * (self.WIDTH - filled)}] {done:,}/{total:,}"
+        ]
+        elapsed = now - self.epoch_started
+        if done and elapsed > 0:
+            rate = done / elapsed
+            parts.append(f"{rate:,.0f} samples/s")
+            parts.append(f"ETA {_duration((total - done) / rate)}" if done < total else _duration(elapsed))
+        if self.last_loss is not None:
+            parts.append(f"last loss: {self.last_loss:.4f}")
+        self._draw(" - ".join(parts))
+
+    def _draw(self, text: str) -> None:
+        # Spaces, not an erase sequence, wipe what a longer line left.
+        self.stream.write("\r" + text + " " * max(self.drawn - len(text), 0))
+        self.stream.flush()
+        self.drawn = len(text)
 
     def epoch(self, epoch: int, logs: Dict[str, float]) -> None:
-        if self.bar is not None and self.bar is not True:
-            self.bar.close()
-        elif self.bar is True:
-            sys.stdout.write("\r\033[K")
-        self.bar = None
+        if self.drawn:
+            self.stream.write("\r" + " " * self.drawn + "\r")
+            self.stream.flush()
+            self.drawn = 0
+        self.last_loss = logs.get("loss")
+        counted, self.done = self.done, 0
         if self.verbose == 0:
             return
         if self.style == "roadmap":
@@ -296,10 +373,14 @@ class _Progress:
                 parts.append(f"Val Acc {100 * logs['val_accuracy']:.1f}%")
             print(" - ".join(parts), flush=True)
             return
-        parts = [f"Epoch {epoch}/{self.epochs}", f"{logs.get('seconds', 0):.2f}s", f"loss: {logs['loss']:.4f}"]
-        for key in ("val_loss", "val_accuracy", "val_mae"):
-            if key in logs:
-                parts.append(f"{key}: {logs[key]:.4f}")
+        seconds = logs.get("seconds", 0.0)
+        parts = [f"Epoch {epoch}/{self.epochs}"]
+        if counted:
+            parts.append(f"{counted:,}/{self.total:,}")
+        parts.append(f"{seconds:.2f}s")
+        if counted and seconds > 0:
+            parts.append(f"{counted / seconds:,.0f} samples/s")
+        parts += [f"{key}: {value:.4f}" for key, value in logs.items() if key != "seconds"]
         print(" - ".join(parts), flush=True)
 
 
@@ -327,6 +408,60 @@ def _first_width(spec: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
+_LOSSES = {
+    "ce": "ce",
+    "categorical_crossentropy": "ce",
+    "sparse_categorical_crossentropy": "ce",
+    "mse": "mse",
+    "mean_squared_error": "mse",
+}
+_METRICS = {
+    "accuracy": "accuracy",
+    "acc": "accuracy",
+    "categorical_accuracy": "accuracy",
+    "sparse_categorical_accuracy": "accuracy",
+    "mae": "mae",
+    "mean_absolute_error": "mae",
+}
+_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value.lower()
+
+
+def _metric_names(metrics: Optional[Sequence[str]], loss: str) -> List[str]:
+    """Keras's metric names as the figures ``fit`` logs: "accuracy" for classes, "mae" for values."""
+    if metrics is None:
+        return []
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    wanted = "accuracy" if loss == "ce" else "mae"
+    names = []
+    for m in metrics:
+        name = _METRICS.get(m.lower() if isinstance(m, str) else m)
+        if name is None:
+            raise ValueError(f"metrics may hold {', '.join(_METRICS)}; got {m!r}")
+        if name != wanted:
+            kind = "classes" if loss == "ce" else "values"
+            raise ValueError(f"metric {m!r} does not fit loss {loss!r}: a model of {kind} measures {wanted}")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _rate(value: Any) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"a learning rate must be a number, got {value!r}") from None
+    if not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"a learning rate must be finite and above 0, got {value!r}")
+    return rate
+
+
 class Sequential:
     """A network of layers, as ``torch.nn.Sequential``:
 
@@ -335,11 +470,16 @@ class Sequential:
 
     ``loss``: ``"ce"`` (softmax cross-entropy against class labels, ``nn.CrossEntropyLoss``) or ``"mse"``
     (mean squared error against values). ``optimizer``: ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or
-    ``"momentum"``; ``lr`` its learning rate (default: adam 0.001, sgd 0.1, momentum 0.05).
+    ``"momentum"``; ``lr`` its learning rate (default: adam 0.001, sgd 0.1, momentum 0.05); Keras's
+    ``compile(optimizer, loss, metrics)`` sets these too. ``metrics=["accuracy"]`` (or ``["mae"]`` for
+    ``"mse"``) adds the training samples' figure to each epoch's logs.
     ``device``: ``"auto"`` (a CUDA GPU when one is usable, else the CPU), ``"cuda"`` or ``"cpu"``.
     ``seed`` draws the initial parameters (``init``: ``"pytorch"``, ``"xavier"`` or ``"he"``), the
     shuffles and dropout. The input shape comes from the first ``Linear(in, out)``, from
     ``input_shape``, or from the first data given to ``fit``: (features,) or (channels, height, width).
+    ``data_format="channels_last"`` (or a ``Conv2d`` given it) reads images as (height, width, channels),
+    as Keras does, in ``input_shape`` and in every array of images given; the model itself stays channels
+    first (its summary's shapes, its file).
     """
 
     def __init__(
@@ -357,12 +497,14 @@ class Sequential:
         init: str = "pytorch",
         input_shape: Optional[Sequence[int]] = None,
         class_names: Optional[Sequence[str]] = None,
+        metrics: Optional[Sequence[str]] = None,
+        data_format: Optional[str] = None,
     ) -> None:
         self.spec_text = _spec_text(layers)
         _native.parse_spec(self.spec_text)
         for name, value, choices in (
             ("loss", loss, ("ce", "mse")),
-            ("optimizer", optimizer, ("sgd", "momentum", "adam", "adamw")),
+            ("optimizer", optimizer, _OPTIMIZERS),
             ("device", device, ("auto", "cuda", "cpu")),
             ("init", init, ("pytorch", "xavier", "he")),
         ):
@@ -374,11 +516,34 @@ class Sequential:
         self._class_names = None if class_names is None else [str(c) for c in class_names]
         self._model: Optional[_native.Model] = None
         self.history: Optional[History] = None
+        self._keras_state(_metric_names(metrics, loss), self._layers_format(layers, _data_format(data_format)))
         if input_shape is None:
             width = _first_width(self.spec_text)
             input_shape = None if width is None else (width,)
         if input_shape is not None:
-            self._build(tuple(int(d) for d in input_shape))
+            shape = tuple(int(d) for d in input_shape)
+            if self.data_format == "channels_last" and len(shape) == 3:
+                shape = (shape[2], shape[0], shape[1])
+            self._build(shape)
+
+    def _keras_state(self, metrics: List[str], data_format: str) -> None:
+        self.metrics, self.data_format = metrics, data_format
+        #: Set by a callback to end ``fit`` after the current epoch, as in Keras.
+        self.stop_training = False
+        self._epoch_lr: Optional[float] = None  # while fit runs: the rate of the epoch
+        self._lr_set = False  # while fit runs: whether a callback set that rate
+        self._fresh = False  # the parameters are the initial draw (compile may redraw them for another loss)
+
+    @staticmethod
+    def _layers_format(layers: Any, given: Optional[str]) -> str:
+        """``given``, or the ``data_format`` the ``Conv2d`` layers agree on, or channels first."""
+        named = set() if isinstance(layers, str) else {getattr(layer, "data_format", None) for layer in layers}
+        named.discard(None)
+        if given is not None:
+            named.add(given)
+        if len(named) > 1:
+            raise ValueError("the layers and the model give different data_format values: give one")
+        return named.pop() if named else "channels_first"
 
     @classmethod
     def _of(cls, model: "_native.Model") -> "Sequential":
@@ -389,18 +554,49 @@ class Sequential:
         seq._class_names = model.class_names
         seq._model = model
         seq.history = None
+        seq._keras_state([], "channels_first")
         return seq
 
     def _build(self, input_shape: Tuple[int, ...]) -> "_native.Model":
         self._model = _native.Model(
             self.spec_text, list(input_shape), self.loss, self.init, self.seed, self._class_names
         )
+        self._fresh = True
         return self._model
 
     def _built(self, what: str) -> "_native.Model":
         if self._model is None:
             raise ValueError(f"{what} needs a trained or built model: call fit first, or give input_shape")
         return self._model
+
+    def compile(
+        self,
+        optimizer: Optional[str] = None,
+        loss: Optional[str] = None,
+        metrics: Optional[Sequence[str]] = None,
+        learning_rate: Optional[float] = None,
+    ) -> None:
+        """Keras's ``compile``: the ``optimizer`` (``"adam"``, ``"adamw"``, ``"sgd"``, ``"momentum"``), the
+        ``loss`` (``"categorical_crossentropy"``, ``"sparse_categorical_crossentropy"`` or ``"ce"``;
+        ``"mean_squared_error"`` or ``"mse"``), the ``metrics`` logged for the training samples
+        (``["accuracy"]``, or ``["mae"]`` for values; none when not given, as in Keras) and the
+        ``learning_rate``; the optimizer, loss and rate not given stay as they are.
+        The loss of a model already trained or loaded stays as it is (``ValueError``); an untrained one is
+        drawn again for the new loss, from the same seed."""
+        if optimizer is not None:
+            self.optimizer = _choice("optimizer", optimizer, _OPTIMIZERS)
+        if learning_rate is not None:
+            self.lr = _rate(learning_rate)
+        new_loss = self.loss if loss is None else _LOSSES.get(loss.lower() if isinstance(loss, str) else loss)
+        if new_loss is None:
+            raise ValueError(f"loss must be one of {', '.join(_LOSSES)}, got {loss!r}")
+        self.metrics = _metric_names(metrics, new_loss)
+        if new_loss != self.loss:
+            if self._model is not None and not self._fresh:
+                raise ValueError(f"this model was trained with loss {self.loss!r}: a new loss needs a new model")
+            self.loss = new_loss
+            if self._model is not None:
+                self._build(self.input_shape or ())
 
     # -- what the model is
 
@@ -416,7 +612,7 @@ class Sequential:
 
     @property
     def input_shape(self) -> Optional[Tuple[int, ...]]:
-        """The shape of one sample, once known."""
+        """The shape of one sample, once known (channels first)."""
         return None if self._model is None else tuple(self._model.input_shape)
 
     @property
@@ -430,6 +626,19 @@ class Sequential:
         if self._model is not None:
             self._model.class_names = self._class_names
 
+    @property
+    def learning_rate(self) -> Optional[float]:
+        """The learning rate: while ``fit`` runs, the current epoch's (a callback's ``on_epoch_begin`` may
+        set it for the epoch's steps and those after); otherwise ``lr`` (None: the optimizer's default)."""
+        return self._epoch_lr if self._epoch_lr is not None else self.lr
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        if self._epoch_lr is None:
+            self.lr = _rate(value)
+        else:
+            self._epoch_lr, self._lr_set = _rate(value), True
+
     def count_params(self) -> int:
         """Number of parameters."""
         return self._built("count_params").param_count
@@ -437,18 +646,59 @@ class Sequential:
     def __repr__(self) -> str:
         return f"textnet.Sequential({self.spec!r}, loss={self.loss!r})"
 
-    def summary(self) -> str:
-        """One line: the layers, the parameter count and the input shape."""
-        if self._model is None:
-            return f"Sequential({self.spec_text}); not built yet"
-        return f"Sequential({self.spec}); {self.count_params():,} parameters; input {self.input_shape}"
+    def summary(self, print_fn: Optional[Callable[[str], Any]] = None) -> None:
+        """Prints a table of the layers, as Keras does: each layer with the shape of what it gives (a batch
+        of ``None`` samples, channels first) and its parameters, then the totals. ``print_fn`` takes each
+        line instead of ``print``."""
+        model = self._built("summary")
+        rows = [("Layer", "Output shape", "Params")]
+        for i, (text, shape, params) in enumerate(model.layers):
+            rows.append((f"{i}: {text}", str((None, *shape)), f"{params:,}"))
+        widths = [max(len(row[c]) for row in rows) for c in range(3)]
+        rule = len("   ".join("x" * w for w in widths))
+
+        def line(row: Tuple[str, str, str]) -> str:
+            return f"{row[0]:<{widths[0]}}   {row[1]:<{widths[1]}}   {row[2]:>{widths[2]}}"
+
+        total = model.param_count
+        out = print if print_fn is None else print_fn
+        out('Model: "sequential"')
+        out("_" * rule)
+        out(line(rows[0]))
+        out("=" * rule)
+        for row in rows[1:]:
+            out(line(row))
+        out("=" * rule)
+        out(f"Input shape: {(None, *model.input_shape)}")
+        out(f"Total params: {total:,} ({4 * total / 1024:,.2f} KB)")
+        out(f"Trainable params: {total:,}")
+        out("Non-trainable params: 0")
+        out("_" * rule)
 
     # -- training and using it
 
+    def _inputs(self, X: Any, what: str) -> np.ndarray:
+        """``X`` as ``_features`` makes it, images moved to channels first for ``"channels_last"``."""
+        X = _features(X, what)
+        if self.data_format == "channels_last" and X.ndim == 4:
+            X = np.ascontiguousarray(X.transpose(0, 3, 1, 2))
+        return X
+
     def _targets(self, y: Any, what: str) -> np.ndarray:
         if self.loss == "ce":
-            return _labels(y, what)
+            return _labels(y, what, self._built("fit").outputs)
         return _values(y, self._built("fit").outputs, what)
+
+    def _log_keys(self, validating: bool, callbacks: List[Callback]) -> List[str]:
+        """The keys each epoch's logs will hold."""
+        metric = "accuracy" if self.loss == "ce" else "mae"
+        keys = ["loss", *self.metrics]
+        if validating:
+            keys += ["val_loss", f"val_{metric}"]
+        keys.append("seconds")
+        if any(isinstance(c, LearningRateScheduler) for c in callbacks):
+            keys.append("learning_rate")
+        return keys
 
     def fit(
         self,
@@ -464,28 +714,34 @@ class Sequential:
         warmup: int = 0,
         min_lr: float = 0.0,
         patience: Optional[int] = None,
+        callbacks: Optional[Sequence[Callback]] = None,
     ) -> History:
         """Trains for ``epochs`` passes over ``X``, ``y`` in shuffled batches of ``batch_size``, as Keras's
         ``fit`` does, and returns a ``History``.
 
-        ``X``: samples, shape (n, features) or (n, channels, height, width); float32, or any numeric dtype
-        (converted to float32; non-contiguous arrays are copied). ``y``: class labels 0…k−1 of any integer
-        dtype for ``loss="ce"``, values (n,) or (n, outputs) for ``"mse"``. ``validation_data=(X_val,
+        ``X``: samples, shape (n, features) or (n, channels, height, width) ((n, height, width, channels)
+        with ``data_format="channels_last"``); float32, or any numeric dtype (converted to float32;
+        non-contiguous arrays are copied). ``y``: class labels 0…k−1 of any integer dtype, or one-hot rows
+        (n, k), for ``loss="ce"``; values (n,) or (n, outputs) for ``"mse"``. ``validation_data=(X_val,
         y_val)``, or ``validation_split=F`` holding out the last F of the samples (as Keras does), is
-        measured after every epoch. ``verbose``: 0 silent, 1 a progress bar per epoch (tqdm when installed)
-        and a line per epoch, 2 the lines only. Each call starts a fresh optimizer state from the current
-        parameters.
+        measured after every epoch. ``verbose``: 0 silent, 1 a progress bar per epoch (the samples, their
+        rate, the ETA and the last loss; on stderr, and only when it is a terminal) and a line per epoch,
+        2 the lines only. Each call starts a fresh optimizer state from the current parameters.
 
         ``lr_schedule``: the learning rate over the call's steps, as ``textnet fit --lr-schedule`` takes it:
         ``"constant"``, ``"cosine"`` (down to ``min_lr``) or ``"step"`` (×0.1 at 50 % and 75 % of the
         steps), after ``warmup`` steps of linear warm-up. ``patience=N`` stops once the validation loss has
-        not improved for N epochs (it needs validation data).
+        not improved for N epochs (it needs validation data). ``callbacks``: ``textnet.callbacks`` objects
+        (``EarlyStopping``, ``ModelCheckpoint``, ``LearningRateScheduler``, ``CSVLogger``, one's own
+        ``Callback``), called at the start and end of training and of each epoch; while they run the model
+        holds the epoch's parameters, and training waits for them.
 
         Ctrl-C stops after the current epoch: the model keeps it, ``self.history`` holds the epochs done,
         and ``KeyboardInterrupt`` is raised. A run whose loss or parameters stop being finite keeps the
         last finite epoch and raises ``RuntimeError``. Bad data raises ``ValueError``, a GPU failure
         ``RuntimeError``, a network or batch too large for the memory left ``MemoryError``, and a second
-        ``fit`` while another thread trains the model ``RuntimeError``.
+        ``fit`` while another thread trains the model ``RuntimeError``. An exception in a callback ends
+        training before the next epoch and is raised.
         """
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -493,51 +749,95 @@ class Sequential:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2, got {verbose!r}")
-        X = _features(X, "X")
+        callbacks = list(callbacks or [])
+        for c in callbacks:
+            if not isinstance(c, Callback):
+                raise ValueError(f"callbacks must be textnet.callbacks.Callback objects, got {c!r}")
+        if any(isinstance(c, LearningRateScheduler) for c in callbacks) and (lr_schedule != "constant" or warmup):
+            raise ValueError("a LearningRateScheduler sets each epoch's rate: give it or lr_schedule/warmup, not both")
+        X = self._inputs(X, "X")
         if self._model is None:
             shape = X.shape[1:]
-            self._build(shape if len(shape) in (1, 3) else (int(np.prod(shape)),))
+            try:
+                self._build(shape if len(shape) in (1, 3) else (int(np.prod(shape)),))
+            except ValueError as e:
+                if X.ndim == 4 and "channels" in str(e) and self.data_format == "channels_first":
+                    raise ValueError(
+                        f"{e}; textnet reads images as (n, channels, height, width): for (n, height, width, "
+                        f'channels) give data_format="channels_last"'
+                    ) from None
+                raise
         y = self._targets(y, "y")
         X_val = y_val = None
         if validation_data is not None:
             if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
                 raise ValueError("validation_data must be a pair (X_val, y_val)")
-            X_val = _features(validation_data[0], "X_val")
+            X_val = self._inputs(validation_data[0], "X_val")
             y_val = self._targets(validation_data[1], "y_val")
         progress = _Progress(int(epochs), verbose, getattr(self, "_progress_style", "keras"))
         history = History()
+        keys = self._log_keys(validation_data is not None or validation_split is not None, callbacks)
+        for c in callbacks:
+            c.set_model(self)
+            c.set_params({"epochs": int(epochs), "verbose": verbose, "metrics": keys})
+        last_logs: Dict[str, float] = {}
 
-        def on_epoch(epoch: int, logs: Dict[str, float]) -> None:
+        def on_epoch_begin(epoch: int, planned: float) -> Optional[float]:
+            if not self._lr_set:
+                self._epoch_lr = planned
+            for c in callbacks:
+                c.on_epoch_begin(epoch - 1, {})
+            return self._epoch_lr if self._lr_set else None
+
+        def on_epoch(epoch: int, logs: Dict[str, float]) -> bool:
+            nonlocal last_logs
             history.epoch.append(epoch - 1)
+            progress.epoch(epoch, logs)
+            for c in callbacks:
+                c.on_epoch_end(epoch - 1, logs)
             for key, value in logs.items():
                 history.history.setdefault(key, []).append(value)
-            progress.epoch(epoch, logs)
+            last_logs = logs
+            return self.stop_training
 
-        result = self._built("fit").fit(
-            X,
-            y,
-            X_val,
-            y_val,
-            validation_split,
-            epochs=int(epochs),
-            batch_size=int(batch_size),
-            optimizer=self.optimizer,
-            lr=self.lr if lr is None else lr,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-            clip_norm=self.clip_norm,
-            device=self.device,
-            seed=self.seed,
-            lr_schedule=lr_schedule,
-            warmup=warmup,
-            min_lr=min_lr,
-            patience=patience,
-            on_progress=progress.progress if verbose == 1 else None,
-            on_epoch=on_epoch,
-        )
+        self.stop_training, self._lr_set = False, False
+        self._epoch_lr = None
+        for c in callbacks:
+            c.on_train_begin({})
+        try:
+            result = self._built("fit").fit(
+                X,
+                y,
+                X_val,
+                y_val,
+                validation_split,
+                epochs=int(epochs),
+                batch_size=int(batch_size),
+                optimizer=self.optimizer,
+                lr=self.lr if lr is None else lr,
+                momentum=self.momentum,
+                weight_decay=self.weight_decay,
+                clip_norm=self.clip_norm,
+                device=self.device,
+                seed=self.seed,
+                lr_schedule=lr_schedule,
+                warmup=warmup,
+                min_lr=min_lr,
+                patience=patience,
+                train_metric=bool(self.metrics),
+                epoch_params=bool(callbacks),
+                on_progress=progress.progress if verbose == 1 else None,
+                on_epoch_begin=on_epoch_begin if callbacks else None,
+                on_epoch=on_epoch,
+            )
+        finally:
+            self._epoch_lr = None
+        self._fresh = False
         self.history = history
         history.device, history.seconds = result["device"], result["seconds"]
         history.setup_seconds, history.training_seconds = result["setup_seconds"], result["training_seconds"]
+        for c in callbacks:
+            c.on_train_end(last_logs)
         if result["diverged"]:
             raise RuntimeError(result["diverged"])
         if result["interrupted"]:
@@ -547,7 +847,7 @@ class Sequential:
     def evaluate(self, X: Any, y: Any, batch_size: int = 1024, verbose: int = 0) -> Dict[str, float]:
         """The mean loss on ``X``, ``y`` and the accuracy (``"ce"``) or mean absolute error (``"mse"``), as
         a dict ``{"loss": …, "accuracy": …}`` or ``{"loss": …, "mae": …}``; dropout off."""
-        X = _features(X, "X")
+        X = self._inputs(X, "X")
         model = self._built("evaluate")
         logs = model.evaluate(X, self._targets(y, "y"), device=self.device, batch=int(batch_size))
         if verbose:
@@ -557,7 +857,7 @@ class Sequential:
     def predict(self, X: Any, batch_size: int = 1024) -> np.ndarray:
         """The network's outputs for ``X``, shape (n, outputs): class probabilities (softmax) for ``"ce"``,
         values for ``"mse"``; dropout off."""
-        X = _features(X, "X")
+        X = self._inputs(X, "X")
         model = self._built("predict")
         out = model.forward(X, device=self.device, batch=int(batch_size))
         if model.loss == "ce":
@@ -573,7 +873,7 @@ class Sequential:
         """The likeliest class of each sample, int64 (``"ce"`` models)."""
         if self.loss != "ce":
             raise ValueError("predict_classes needs a model of classes (loss \"ce\"); use predict")
-        X = _features(X, "X")
+        X = self._inputs(X, "X")
         logits = self._built("predict_classes").forward(X, device=self.device, batch=int(batch_size))
         return np.argmax(logits, axis=1).astype(np.int64)
 
@@ -601,6 +901,7 @@ class Sequential:
                 value = value.detach().cpu().numpy()
             tensors.append((str(name), np.ascontiguousarray(value, dtype=np.float32)))
         self._built("load_state_dict").load_state_dict(tensors)
+        self._fresh = False
 
     def to_torch(self) -> Any:
         """The network as a ``torch.nn.Sequential`` holding these weights (needs ``torch``). GELU is

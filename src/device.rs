@@ -311,8 +311,11 @@ pub struct Gpu {
 impl Gpu {
     /// Opens GPU `ordinal` (0 is the first): loads the driver, creates its context and stream.
     pub fn open(ordinal: usize) -> Result<Gpu> {
-        phases::timed(driver_available, |_| "found the driver (libcuda)".into())?;
-        phases::timed(nvrtc_available, |_| "found NVRTC (libnvrtc)".into())?;
+        let searched = |what: &'static str| {
+            move |r: &Result<()>| format!("{} {what}", if r.is_ok() { "found" } else { "did not find" })
+        };
+        phases::timed(driver_available, searched("the driver (libcuda)"))?;
+        phases::timed(nvrtc_available, searched("NVRTC (libnvrtc)"))?;
         let started = Instant::now();
         let gpu = quietly("CUDA initialisation failed", || {
             use cudarc::driver::sys::CUdevice_attribute as Attr;
@@ -364,7 +367,8 @@ impl Gpu {
                     .map_err(|e| anyhow!("the driver rejected fused/{unit}.cu: {e}"))
             })
         };
-        let module = phases::timed(load, |_| format!("loaded fused/{unit}.cu {}", defines.join(" ")))?;
+        let loaded = |r: &Result<_>| if r.is_ok() { "loaded" } else { "could not load" };
+        let module = phases::timed(load, |r| format!("{} fused/{unit}.cu {}", loaded(r), defines.join(" ")))?;
         modules.insert(key, module.clone());
         Ok(module)
     }
@@ -883,7 +887,8 @@ pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra
         return Ok(cubin);
     }
     let compile = || compile_cubin(unit, compute_capability, extra);
-    let cubin = phases::timed(compile, |_| format!("compiled fused/{}.cu {}", unit.name, extra.join(" ")))?;
+    let compiled = |r: &Result<_>| if r.is_ok() { "compiled" } else { "could not compile" };
+    let cubin = phases::timed(compile, |r| format!("{} fused/{}.cu {}", compiled(r), unit.name, extra.join(" ")))?;
     if let Some(file) = file {
         let _ = crate::fsutil::write_atomic(&file, &cubin);
     }

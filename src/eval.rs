@@ -74,10 +74,10 @@ pub fn report(args: &EvalArgs, kind: &str, e: &Evaluation) -> Result<()> {
         console::out(&format!(
             "{}: {} {}s ({:.2}% outside the model's vocabulary), {} samples",
             args.corpus.display(),
-            e.tokens,
+            crate::report::count(e.tokens),
             e.unit,
             100.0 * e.unknown_tokens as f64 / e.tokens.max(1) as f64,
-            e.samples
+            crate::report::count(e.samples as usize)
         ));
         console::out(&format!(
             "loss {loss:.4} per {} (perplexity {:.2}), top-1 {:.1}%, top-5 {:.1}%",

@@ -7,8 +7,9 @@
 //! written as layers) and [`matmul`]. A pipeline has its CPU reference in `model`, its GPU trainer in
 //! `gpu`, its command in `cli`, its selftest checks in `checks` and its bench in `bench`. Below them,
 //! [`ops`] holds the CPU twins of the shared kernels in `fused/*.cuh`, [`nn`] the engine built on them
-//! (tensors with autograd, and `nn::stack`, the layer stacks that `fit`, `mnist`'s MLP, `sales` and the
-//! Python package train), and the other modules the harness every pipeline uses.
+//! (tensors with autograd, modules and optimizers, as PyTorch's; and [`nn::stack`], the layer stacks that
+//! `fit`, `mnist`'s MLP, `sales` and the Python package train), and the other modules the harness every
+//! pipeline uses. [`nn`]'s page shows a backward pass, [`nn::stack`]'s a network built from its layers.
 //!
 //! Train the text model on the CPU, save it, load it and predict:
 //!

@@ -26,8 +26,13 @@ enum Command {
         /// The shell
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff), e.g. `textnet man > textnet.1 && man ./textnet.1`
-    Man,
+    /// Print a manual page (roff): textnet's, e.g. `textnet man > textnet.1 && man ./textnet.1`, or a
+    /// command's, e.g. `textnet man train > textnet-train.1`
+    Man {
+        /// The command whose page to print, as the pages name it (`train` for textnet-train(1), `bench fit`
+        /// for textnet-bench-fit(1)); without one, textnet's own page
+        command: Vec<String>,
+    },
 }
 
 /// The whole command line: the pipelines' commands, in the list's order, then textnet's own.
@@ -91,13 +96,35 @@ fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
             textnet::console::out(String::from_utf8_lossy(&script).trim_end());
             Ok(())
         }
-        Command::Man => {
+        Command::Man { command } => {
             let mut page = Vec::new();
-            clap_mangen::Man::new(full_command_line()).render(&mut page)?;
+            let source = format!("textnet {}", env!("CARGO_PKG_VERSION"));
+            clap_mangen::Man::new(manual_page_command(&command)?).source(source).render(&mut page)?;
             textnet::console::out(String::from_utf8_lossy(&page).trim_end());
             Ok(())
         }
     }
+}
+
+/// The command `textnet man NAME…` describes, found by the names of its path below textnet (none for
+/// textnet itself). Built first, so that its page's title is the name the pages refer to it by
+/// (`textnet-bench-fit`) and its synopsis the words a user types (`textnet bench fit`).
+fn manual_page_command(path: &[String]) -> anyhow::Result<clap::Command> {
+    // clap's `help` command has no page of its own: `--help` is on every page.
+    let mut command = full_command_line().disable_help_subcommand(true);
+    command.build();
+    for (depth, name) in path.iter().enumerate() {
+        let Some(sub) = command.find_subcommand(name) else {
+            let parent = ["textnet"].into_iter().chain(path[..depth].iter().map(String::as_str)).collect::<Vec<_>>();
+            let known: Vec<&str> = command.get_subcommands().map(clap::Command::get_name).collect();
+            anyhow::bail!(match known.is_empty() {
+                true => format!("`{}` has no commands, so no page for `{name}`", parent.join(" ")),
+                false => format!("`{}` has no command `{name}` (its commands: {})", parent.join(" "), known.join(", ")),
+            });
+        };
+        command = sub.clone();
+    }
+    Ok(command)
 }
 
 /// The command line, with negative numbers read as values wherever an argument takes one (`--seed -1`

@@ -2,6 +2,7 @@
 (``textnet transformer``), trained by their commands run in this process and held in memory as their
 model files."""
 
+import functools
 import os
 import tempfile
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -36,6 +37,20 @@ class _LanguageModel:
 
     def __init__(self, native: "_native.LanguageModel") -> None:
         self._native = native
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Each kind gets its own `train`, whose help names the kind's command where the shared docstring
+        # has `{command}`.
+        shared = _LanguageModel.train.__func__  # type: ignore[attr-defined]
+
+        @functools.wraps(shared)
+        def train(kind: Any, corpus_path: PathLike, **flags: Any) -> Any:
+            return shared(kind, corpus_path, **flags)
+
+        train.__doc__ = (shared.__doc__ or "").format(command=cls._command)
+        train.__qualname__ = f"{cls.__qualname__}.train"
+        cls.train = classmethod(train)  # type: ignore[method-assign,assignment]
 
     @classmethod
     def load(cls, path: PathLike) -> Any:
@@ -89,7 +104,7 @@ class TextModel(_LanguageModel):
     """The next-token text model of ``textnet train``:
 
         model = textnet.TextModel.train("corpus/shakespeare.txt", epochs=2)
-        model.predict("to be or", top=5)       # [("not", 0.41), …]
+        model.predict("to be or", top=5)       # [(token, probability), …], likeliest first
         model.generate("to be", length=20)
     """
 

@@ -609,7 +609,8 @@ impl TrainingCommand for FitArgs {
             let advice = run::retry_advice(data.train.rows(), "sample", more, loss, &lr, "more --epochs");
             run::not_learned(&finding, &outcome, &advice)
         });
-        if diverged.is_none() && failed.is_none() {
+        // A run that wrote nothing says so in its error line.
+        if written && diverged.is_none() {
             display.line(&outcome);
         }
         let mut ending = Ending {

@@ -516,10 +516,9 @@ impl TrainingCommand for MnistArgs {
         });
 
         let names = args.dataset.class_names();
-        if diverged.is_none() {
-            if let Some(eval) = &saver.kept_eval {
-                display.line(&eval.confusion_table(&names, "test images"));
-            }
+        // A run that wrote nothing says so in its error line.
+        if let Some(eval) = saver.kept_eval.as_ref().filter(|_| diverged.is_none()) {
+            display.line(&eval.confusion_table(&names, "test images"));
             display.line(&outcome);
         }
         let failed = at_chance.map(|accuracy| {

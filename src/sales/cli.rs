@@ -576,7 +576,8 @@ impl TrainingCommand for SalesArgs {
             };
             modelfile::save(&model, &args.out)?;
         }
-        if failed.is_none() {
+        // A run that wrote nothing says so in its error line.
+        if written && diverged.is_none() {
             display.line(&outcome);
         }
 

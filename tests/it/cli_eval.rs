@@ -83,9 +83,13 @@ fn eval_scores_a_transformer_per_character_with_the_text_models_report() {
     assert_eq!(keys(&t), keys(&r));
     assert_eq!((t["unit"].as_str(), t["kind"].as_str()), (Some("token"), Some("textnet-text")));
 
-    // The human report names the unit.
+    // The human report names the unit, and writes its counts with thousands separators.
     let human = String::from_utf8(eval_on(2, &transformer, &corpus, &[]).stdout).unwrap();
     assert!(human.contains(" characters (") && human.contains("per character (perplexity"), "{human}");
+    let (characters, samples) = (textnet::report::count(ids.len()), textnet::report::count(ids.len() - 1));
+    assert!(characters.contains(','), "the corpus has over 1,000 characters: {characters}");
+    assert!(human.contains(&format!(": {characters} characters (")), "{human}");
+    assert!(human.contains(&format!(", {samples} samples\n")), "{human}");
     // --max-tokens counts characters.
     let r = report(&eval_on(2, &transformer, &corpus, &["--json", "--max-tokens", "1000"]));
     assert_eq!((r["tokens"].as_u64(), r["samples"].as_u64()), (Some(1000), Some(999)));

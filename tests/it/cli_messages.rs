@@ -1,7 +1,8 @@
-//! Small things users noticed in the output: one `device:` line, "1 epoch", and `--data` naming a file.
+//! Small things users noticed in the output: one `device:` line, "1 epoch", `--data` naming a file, and
+//! `--verbose` saying what it found.
 
 use crate::common::text::{shakespeare, train_args};
-use crate::common::{text, textnet};
+use crate::common::{s, text, textnet};
 
 #[test]
 fn train_says_its_device_once_and_counts_epochs_in_english() {
@@ -91,4 +92,22 @@ fn a_batch_at_the_single_sample_learning_rate_gets_a_note() {
         "{note}"
     );
     assert!(!run(&["--lr", "1.28"]).contains("note: --batch"), "no note at a scaled learning rate");
+}
+
+/// `--verbose`'s line for the driver says what the search found: "found the driver" only where there is
+/// one, "did not find the driver" where the error then says there is none. `predict --device cuda` opens
+/// the GPU where there is one and then fails on the missing model, so it is quick either way.
+#[test]
+fn verbose_says_whether_it_found_the_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.safetensors");
+    let run = textnet(&["--verbose", "predict", "to be", "--device", "cuda", "--model", s(&missing)]);
+    let log = text(&run.stderr);
+    assert!(!run.status.success(), "{log}");
+    let Some(phase) = log.lines().find(|l| l.ends_with("the driver (libcuda)")) else {
+        panic!("no phase line for the driver:\n{log}")
+    };
+    let no_driver = log.contains("no NVIDIA driver");
+    assert_eq!(phase.ends_with("did not find the driver (libcuda)"), no_driver, "{log}");
+    assert_eq!(phase.ends_with("  found the driver (libcuda)"), !no_driver, "{log}");
 }

@@ -61,10 +61,12 @@ fn trains_beats_the_baseline_reports_and_predicts() {
     assert_eq!(lines[2400].split('\t').next(), Some("2401"));
     assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{got} vs {want}");
 
-    // A worse run (3 epochs) leaves the file's bytes alone and says so.
+    // A worse run (3 epochs) leaves the file's bytes alone and says so, once.
     let before = std::fs::read(&out).unwrap();
     let o = sales(&["--epochs", "3"]);
     fails_with(&o, &["is above the"]);
+    let all = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(all.matches("nothing written").count(), 1, "{all}");
     assert_eq!(std::fs::read(&out).unwrap(), before);
 }
 

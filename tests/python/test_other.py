@@ -1,5 +1,7 @@
 """The language models, the datasets and the selftest."""
 
+import pydoc
+
 import numpy as np
 import pytest
 
@@ -43,6 +45,14 @@ def test_transformer_trains_generates_and_saves(corpus, tmp_path):
     assert not hasattr(model, "predict")  # a Transformer generates; only the text model ranks next tokens
     with pytest.raises(ValueError):
         textnet.TextModel.load(out)
+
+
+@pytest.mark.parametrize("kind, command", [(textnet.TextModel, "train"), (textnet.Transformer, "transformer")])
+def test_train_help_names_the_kinds_command(kind, command):
+    doc = pydoc.render_doc(kind.train, renderer=pydoc.plaintext)
+    assert "{" not in doc, doc
+    assert f"``textnet {command} CORPUS --flag value" in doc and f"``textnet {command} --help``" in doc, doc
+    assert kind.train.__qualname__ == f"{kind.__name__}.train"
 
 
 def test_selftest_without_a_gpu_names_the_cause():

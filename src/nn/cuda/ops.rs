@@ -381,16 +381,23 @@ pub(super) fn fp32_tile(
     (m, n): (usize, usize),
     batches: usize,
 ) -> Result<(usize, (u32, u32))> {
-    let grid = |(bm, bn, ..): (usize, usize, usize, usize, usize)| {
-        (n.div_ceil(bn).max(1), m.div_ceil(bm).max(1) * batches.max(1))
-    };
-    let fills = |&tile: &(usize, usize, usize, usize, usize)| {
-        let (x, y) = grid(tile);
-        x * y >= device.gpu.sm_count as usize
-    };
-    let tile = FP32_TILES.iter().position(fills).unwrap_or(FP32_TILES.len() - 1);
+    let grid = |(bm, bn, ..): Fp32Tile| (n.div_ceil(bn).max(1), m.div_ceil(bm).max(1) * batches.max(1));
+    let tile = filling_tile(device, |t| {
+        let (x, y) = grid(t);
+        x * y
+    });
     let (x, y) = grid(FP32_TILES[tile]);
     Ok((tile, (int(name, x)? as u32, int(name, y)? as u32)))
+}
+
+/// An fp32 product tile: rows, columns, depth staged, rows a thread, columns a thread.
+type Fp32Tile = (usize, usize, usize, usize, usize);
+
+/// The place in [`FP32_TILES`] of the largest tile for which `blocks` (a launch's blocks with that tile)
+/// gives every SM a block, else the smallest's.
+fn filling_tile(device: &Device, blocks: impl Fn(Fp32Tile) -> usize) -> usize {
+    let sms = device.gpu.sm_count as usize;
+    FP32_TILES.iter().position(|&t| blocks(t) >= sms).unwrap_or(FP32_TILES.len() - 1)
 }
 
 /// The address of an optional buffer, null when absent (a kernel's optional operand).
@@ -766,11 +773,10 @@ fn linear_grad(
     const NAME: &str = "linear";
     let (dx, dw) = (device.alloc(NAME, rows * inputs)?, device.alloc(NAME, outputs * inputs)?);
     let db = if bias { Some(device.alloc(NAME, outputs)?) } else { None };
-    let blocks = |(bm, bn, ..): (usize, usize, usize, usize, usize)| {
+    let blocks = |(bm, bn, ..): Fp32Tile| {
         inputs.div_ceil(bn) * rows.div_ceil(bm) + (inputs + bias as usize).div_ceil(bn) * outputs.div_ceil(bm)
     };
-    let sms = device.gpu.sm_count as usize;
-    let tile = FP32_TILES.iter().position(|&t| blocks(t) >= sms).unwrap_or(FP32_TILES.len() - 1);
+    let tile = filling_tile(device, blocks);
     let grid = (int(NAME, blocks(FP32_TILES[tile]))? as u32, 1);
     let args = [device.arg(dy), device.arg(x), device.arg(w), device.arg(&dx), device.arg(&dw)];
     let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];

@@ -16,7 +16,7 @@ use super::cuda::{self, Place};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, element_count};
 use crate::cpu::Real;
-use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape, ZeroGrads};
+use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape};
 use std::sync::Arc;
 
 /// The four axes of an `[N, C, H, W]` input, or the error naming `op`.
@@ -78,23 +78,15 @@ pub fn conv2d<F: Real>(
     let bias_values = bias.map(Tensor::storage);
     let (sample_in, sample_out) = (conv.input_len(), conv.output_len());
     let mut out = vec![F::zero(); n * sample_out];
-    let samples = values_x.host().chunks_exact(sample_in.max(1)).zip(out.chunks_exact_mut(sample_out.max(1)));
-    for (x, y) in samples.take(n) {
-        conv.forward(x, values_w.host(), bias_values.as_deref().map(Storage::host), y);
-    }
+    let x_samples = &values_x.host()[..n * sample_in];
+    conv.forward_samples(x_samples, values_w.host(), bias_values.as_deref().map(Storage::host), &mut out);
     let backward = move |grad: &[F], needs: &[bool]| {
         let mut grad_x = needs[0].then(|| vec![F::zero(); n * sample_in]);
         let mut grad_w = needs[1].then(|| vec![F::zero(); conv.weight_len()]);
         let mut grad_b = needs.get(2).copied().unwrap_or(false).then(|| vec![F::zero(); out_channels]);
-        for s in 0..n {
-            let grads = ConvGrads {
-                weight: grad_w.as_deref_mut(),
-                bias: grad_b.as_deref_mut(),
-                input: grad_x.as_deref_mut().map(|g| &mut g[s * sample_in..][..sample_in]),
-            };
-            let (x, dy) = (&values_x.host()[s * sample_in..][..sample_in], &grad[s * sample_out..][..sample_out]);
-            conv.backward(x, values_w.host(), dy, grads, ZeroGrads::Add);
-        }
+        let grads =
+            ConvGrads { weight: grad_w.as_deref_mut(), bias: grad_b.as_deref_mut(), input: grad_x.as_deref_mut() };
+        conv.backward_samples(&values_x.host()[..n * sample_in], values_w.host(), &grad[..n * sample_out], grads);
         Ok([grad_x, grad_w].into_iter().chain((needs.len() == 3).then_some(grad_b)).collect())
     };
     Ok(Tensor::from_op("conv2d", Arc::new(Storage::Host(out)), shape, &operands, Box::new(backward)))

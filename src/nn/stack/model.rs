@@ -15,7 +15,7 @@ use super::spec::{Layer, Shape, Spec};
 use crate::cpu::{Real, SeededRng};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::constant;
-use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape, ZeroGrads};
+use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape};
 use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use crate::ops::dropout::{DropoutKey, dropout_keeps, dropout_threshold};
 use anyhow::{Result, anyhow, bail};
@@ -315,10 +315,7 @@ pub fn forward_part<F: Real>(
             Layer::Conv2d { kernel, stride, padding, .. } => {
                 let p = net.params[i].as_ref().expect("Conv2d has parameters");
                 let (w, b) = (&params[p.weight.clone()], &params[p.bias.clone().expect("Conv2d has a bias")]);
-                let conv = conv_shape(sin, sout, kernel, stride, padding);
-                for (x, y) in input.chunks(n_in).zip(out.chunks_mut(n_out)) {
-                    conv.forward(x, w, Some(b), y);
-                }
+                conv_shape(sin, sout, kernel, stride, padding).forward_samples(input, w, Some(b), &mut out);
             }
             Layer::MaxPool2d(k) => {
                 let pool = pool_shape(sin, k);
@@ -427,20 +424,14 @@ pub fn backward_part<F: Real>(
                 let p = net.params[i].as_ref().expect("Conv2d has parameters");
                 let bias = p.bias.clone().expect("Conv2d has a bias");
                 let conv = conv_shape(sin, sout, kernel, stride, padding);
-                let mut gw = vec![F::zero(); p.weight.len()];
-                let mut gb = vec![F::zero(); bias.len()];
-                let w = &params[p.weight.clone()];
-                for s in 0..rows {
-                    let (x, dy) = (&input[s * n_in..][..n_in], &d[s * n_out..][..n_out]);
-                    let grads = ConvGrads {
-                        weight: Some(&mut gw),
-                        bias: Some(&mut gb),
-                        input: needs_input_grad.then(|| &mut d_in[s * n_in..][..n_in]),
-                    };
-                    conv.backward(x, w, dy, grads, ZeroGrads::Add);
-                }
-                grad[p.weight.clone()].copy_from_slice(&gw);
-                grad[bias].copy_from_slice(&gb);
+                // The weight's gradient comes before its bias's in the flat vector.
+                let (gw, gb) = grad.split_at_mut(p.weight.end);
+                let grads = ConvGrads {
+                    weight: Some(&mut gw[p.weight.clone()]),
+                    bias: Some(&mut gb[bias.start - p.weight.end..bias.end - p.weight.end]),
+                    input: needs_input_grad.then_some(&mut d_in[..]),
+                };
+                conv.backward_samples(input, &params[p.weight.clone()], &d, grads);
             }
             Layer::MaxPool2d(k) => {
                 let pool = pool_shape(sin, k);

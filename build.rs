@@ -1,18 +1,24 @@
-//! Embeds every `fused/*.cu` kernel file into the binary, and the machine code of the modules that
-//! `fused/precompiled.txt` lists, compiled ahead of time, so that a first run on a fresh machine compiles
-//! nothing.
+//! Embeds every `fused/*.cu` kernel file into the binary and, when asked, the machine code of the modules
+//! that `fused/precompiled.txt` lists, compiled ahead of time, so that a first run on a fresh machine
+//! compiles nothing.
 //!
 //! Local `#include "x.cuh"` lines are inlined (src/fused_source.rs; NVRTC then needs no include paths), and
 //! each resolved source gets a SHA-256 content hash that names its compiled modules at run time. The
 //! generated `$OUT_DIR/kernels.rs` holds one `KernelSource` per `.cu` file, sorted by name.
 //!
-//! The modules are compiled with NVRTC when build.rs finds it: `TEXTNET_NVRTC` (the library's path), the
-//! loader's own search, or the `nvidia-cuda-nvrtc-cu12` wheel of `target/test-venv` or of `python3`.
-//! Without it, or with `TEXTNET_PRECOMPILE=0`, the binary holds none and compiles each module on first use.
-//! `$OUT_DIR/precompiled.rs` holds the table (`PRECOMPILED`) and a line saying how it was made.
+//! The modules are compiled only when asked (src/precompile_choice.rs): `TEXTNET_PRECOMPILE=1`, or the
+//! `precompile` feature unless `TEXTNET_PRECOMPILE=0`. Otherwise the binary holds none and compiles each
+//! module on first use. NVRTC is then required: `TEXTNET_NVRTC` (the library's path), the loader's own
+//! search, or the `nvidia-cuda-nvrtc-cu12` wheel of `target/test-venv` or of `python3`. The modules are
+//! compiled on every core, with progress as cargo warnings. `$OUT_DIR/precompiled.rs` holds the table
+//! (`PRECOMPILED`) and a line saying how it was made.
 
 #[path = "src/fused_source.rs"]
 mod fused_source;
+#[path = "src/precompile_choice.rs"]
+mod precompile_choice;
+
+use precompile_choice::{PrecompileChoice, precompile_choice};
 
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -21,6 +27,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 use std::{env, fs};
 
 /// The architectures compiled ahead of time: Ampere (and Ada, which runs sm_80 code) and Hopper (sm_90a,
@@ -38,6 +45,7 @@ fn main() {
     println!("cargo:rerun-if-changed=fused");
     println!("cargo:rerun-if-env-changed=TEXTNET_PRECOMPILE");
     println!("cargo:rerun-if-env-changed=TEXTNET_NVRTC");
+    println!("cargo:rerun-if-changed=src/precompile_choice.rs");
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
 
     let mut paths: Vec<PathBuf> = fs::read_dir(fused)
@@ -80,31 +88,44 @@ fn main() {
     fs::write(out_dir.join("precompiled.rs"), table).expect("write precompiled.rs");
 }
 
-/// Compiles every module of `manifest` for every architecture on every core into `dir`: the names and
-/// files compiled, and a line saying what was done.
+/// Compiles every module of `manifest` for every architecture on every core into `dir`, when asked to:
+/// the names and files compiled, and a line saying what was done.
 fn precompile(units: &[Unit], manifest: &str, dir: &Path) -> (Vec<(String, PathBuf)>, String) {
-    if env::var("TEXTNET_PRECOMPILE").is_ok_and(|v| v == "0") {
-        return (Vec::new(), "none: TEXTNET_PRECOMPILE=0 at build time".into());
+    let variable = env::var("TEXTNET_PRECOMPILE").ok();
+    let feature = env::var_os("CARGO_FEATURE_PRECOMPILE").is_some();
+    match precompile_choice(variable.as_deref(), feature) {
+        Ok(PrecompileChoice::Compile) => {}
+        Ok(PrecompileChoice::Skip(why)) => return (Vec::new(), format!("none: {why}")),
+        Err(e) => fail(&e),
     }
     let Some(nvrtc) = Nvrtc::find() else {
-        println!("cargo:warning=NVRTC not found: kernels will be compiled on first use instead of at build time");
-        return (Vec::new(), "none: NVRTC was not found at build time".into());
+        fail(
+            "compiling the GPU kernels at build time needs NVRTC: set TEXTNET_NVRTC to libnvrtc.so's path, or \
+             pip install nvidia-cuda-nvrtc-cu12 into python3; or build without TEXTNET_PRECOMPILE=1 (and the \
+             precompile feature) to compile them on first use",
+        )
     };
     fs::create_dir_all(dir).expect("create the cubin folder");
     let mut jobs = Vec::new();
     for line in manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
         let mut words = line.split_whitespace();
         let name = words.next().unwrap();
-        let unit =
-            units.iter().find(|u| u.name == name).unwrap_or_else(|| panic!("fused/precompiled.txt: no {name}.cu"));
+        let unit = units
+            .iter()
+            .find(|u| u.name == name)
+            .unwrap_or_else(|| fail(&format!("fused/precompiled.txt: no {name}.cu")));
         let defines: Vec<String> = words.map(|w| format!("-D{w}")).collect();
         jobs.extend(ARCHITECTURES.map(|sm| (unit, sm, defines.clone())));
     }
-    let next = AtomicUsize::new(0);
-    let done = Mutex::new(Vec::new());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
+    let started = Instant::now();
+    // Cargo shows these lines when the build script ends, or as they come with `cargo build -vv`.
+    println!("cargo:warning=compiling {} kernel modules with {} on {workers} threads", jobs.len(), nvrtc.path);
+    let report_every = jobs.len().div_ceil(10).max(1);
+    let (next, finished) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (compiled, failed) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
     std::thread::scope(|scope| {
-        for _ in 0..threads {
+        for _ in 0..workers {
             scope.spawn(|| {
                 while let Some((unit, sm, defines)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let options = fused_source::nvrtc_options(sm, defines);
@@ -113,18 +134,36 @@ fn precompile(units: &[Unit], manifest: &str, dir: &Path) -> (Vec<(String, PathB
                             let name = fused_source::cubin_name(&unit.name, &unit.hash, sm, defines);
                             let path = dir.join(&name);
                             fs::write(&path, cubin).expect("write a compiled module");
-                            done.lock().unwrap().push((name, path));
+                            compiled.lock().unwrap().push((name, path));
                         }
-                        Err(e) => println!("cargo:warning={}.cu {} for {sm}: {e}", unit.name, defines.join(" ")),
+                        Err(e) => {
+                            failed.lock().unwrap().push(format!("{}.cu {} for {sm}: {e}", unit.name, defines.join(" ")))
+                        }
+                    }
+                    let count = finished.fetch_add(1, Ordering::Relaxed) + 1;
+                    if count % report_every == 0 || count == jobs.len() {
+                        let seconds = started.elapsed().as_secs_f64();
+                        println!("cargo:warning=compiled {count}/{} kernel modules in {seconds:.0} s", jobs.len());
                     }
                 }
             });
         }
     });
-    let mut compiled = done.into_inner().unwrap();
+    let failed = failed.into_inner().unwrap();
+    if !failed.is_empty() {
+        failed.iter().for_each(|f| println!("cargo:warning={f}"));
+        fail(&format!("{} of {} kernel modules did not compile (the warnings above)", failed.len(), jobs.len()));
+    }
+    let mut compiled = compiled.into_inner().unwrap();
     compiled.sort();
     let note = format!("{} modules compiled at build time by {}", compiled.len(), nvrtc.path);
     (compiled, note)
+}
+
+/// Ends the build with `message` (cargo prints the build script's output under the error).
+fn fail(message: &str) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(1)
 }
 
 type Program = *mut c_void;

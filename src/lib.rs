@@ -75,6 +75,8 @@ pub mod pipeline;
 pub mod pipelines;
 pub mod plot;
 pub mod precision;
+#[cfg(test)]
+mod precompile_choice;
 pub mod rendezvous;
 pub mod report;
 pub mod resources;

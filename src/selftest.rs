@@ -109,7 +109,8 @@ pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
     let modules: Vec<_> =
         wanted().flat_map(|p| (p.modules)(&plan)).chain(suites().flat_map(|s| (s.modules)(&plan))).collect();
     let count = crate::device::precompile(gpu.compute_capability, &modules);
-    crate::phases::note(compiling, &format!("{count} kernel modules ready"));
+    let (_, built_in) = crate::device::precompiled_count();
+    crate::phases::note(compiling, &format!("{count} kernel modules ready (built into the binary: {built_in})"));
     let mut checks = Vec::new();
     for pipeline in wanted() {
         let checking = Instant::now();

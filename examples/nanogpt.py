@@ -26,13 +26,15 @@ What runs differently without a changed line: ``nn.GELU()`` is the tanh form (te
 random numbers come from textnet's generator, so a seed does not give PyTorch's initial weights,
 dropout masks or batches.
 
-The training loop follows train.py without its DDP, wandb, checkpoint and autocast parts; its step
+The training loop follows train.py without its DDP, wandb and checkpoint parts; its bf16 autocast is
+``--dtype`` (``textnet.set_precision``). Its step
 (forward, backward, clip, AdamW step) is ``textnet.compile``d: captured as a CUDA graph on the GPU, the
 function itself on the CPU. The defaults are ``config/train_shakespeare_char.py``'s recipe.
 
 usage: python examples/nanogpt.py [--data corpus/tinyshakespeare.txt] [--device cpu|cuda]
        [--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0.2]
        [--max-iters 5000 --eval-interval 250 --eval-iters 200 --learning-rate 1e-3 ...]
+       [--dtype bfloat16|float32]
 """
 
 # ------------------------------------------------------------------------------------------------------
@@ -397,6 +399,8 @@ def main(argv=None):
     parser.add_argument("--beta2", type=float, default=0.99)
     parser.add_argument("--grad-clip", type=float, default=1.0)
     parser.add_argument("--sample-tokens", type=int, default=200)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="train.py's dtype: bfloat16 puts the GPU's products on the tensor cores")
     args = parser.parse_args(argv)
 
     # prepare.py: the sorted characters are the vocabulary, the first 90 % trains
@@ -409,6 +413,8 @@ def main(argv=None):
     splits = {"train": ids[:split], "val": ids[split:]}
 
     torch.manual_seed(args.seed)
+    # train.py's autocast(dtype=bfloat16): textnet's one setting for the GPU's products
+    torch.set_precision("bf16" if args.dtype == "bfloat16" else "fp32")
     rng = np.random.default_rng(args.seed)
     device, block_size, batch_size = args.device, args.block_size, args.batch_size
 

@@ -34,7 +34,7 @@ function itself on the CPU. The defaults are ``config/train_shakespeare_char.py`
 usage: python examples/nanogpt.py [--data corpus/tinyshakespeare.txt] [--device cpu|cuda]
        [--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0.2]
        [--max-iters 5000 --eval-interval 250 --eval-iters 200 --learning-rate 1e-3 ...]
-       [--dtype bfloat16|float32]
+       [--dtype bfloat16|float32] [--no-compile]
 """
 
 # ------------------------------------------------------------------------------------------------------
@@ -399,6 +399,8 @@ def main(argv=None):
     parser.add_argument("--beta2", type=float, default=0.99)
     parser.add_argument("--grad-clip", type=float, default=1.0)
     parser.add_argument("--sample-tokens", type=int, default=200)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="train.py's compile: capture the step as a CUDA graph (--no-compile: op by op)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="train.py's dtype: bfloat16 puts the GPU's products on the tensor cores")
     args = parser.parse_args(argv)
@@ -458,7 +460,6 @@ def main(argv=None):
         coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) # coeff ranges 0..1
         return args.min_lr + coeff * (args.learning_rate - args.min_lr)
 
-    @torch.compile
     def train_step(X, Y):
         logits, loss = model(X, Y)
         loss.backward()
@@ -467,6 +468,8 @@ def main(argv=None):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss
+    if args.compile:
+        train_step = torch.compile(train_step)
 
     history = {"train": [], "val": [], "iter": []}
     X, Y = get_batch('train') # fetch the very first batch
@@ -494,7 +497,7 @@ def main(argv=None):
     elapsed = time.time() - started
     tokens = args.max_iters * batch_size * block_size
     print(f"{tokens / elapsed:,.0f} tokens/s over {args.max_iters} steps ({elapsed:.1f} s)")
-    if train_step.fusions():
+    if args.compile and train_step.fusions():
         print("the step is captured; its fusions:", ", ".join(f"{n} ×{c}" for n, c in train_step.fusions()))
 
     model.eval()

@@ -5,7 +5,7 @@
 clipped to 1.0, AdamW) on a character-level corpus, as ``data/shakespeare_char/prepare.py`` makes it
 (the sorted characters are the vocabulary; the first 90 % trains, the rest validates).
 
-The lines of model.py that changed, and why (6 of its 330 lines, 1.8 %, apart from the 3 imports):
+The lines of model.py that changed, and why (12 of its 330 lines, 3.6 %, apart from the 3 imports):
 - imports: ``import textnet as torch``, ``import textnet.nn as nn``, ``from textnet.nn import
   functional as F``.
 - ``GPT.__init__`` gains one line: the positions ``0..block_size`` as a buffer
@@ -18,10 +18,13 @@ The lines of model.py that changed, and why (6 of its 330 lines, 1.8 %, apart fr
 - ``GPT.generate``: ``logits[logits < v[:, [-1]]] = -float('Inf')`` becomes
   ``logits = logits.masked_fill(logits < v[:, [-1]], -float('Inf'))``: textnet tensors are not
   assigned through a boolean mask.
-- ``CausalSelfAttention.forward``: ``scaled_dot_product_attention(..., dropout_p=self.dropout if
-  self.training else 0, ...)`` passes the layer ``self.attn_dropout`` as ``dropout_p`` (a textnet
-  extension): the layer's step counter lives on the GPU, so a captured step drops new elements at each
-  replay, where a probability would be drawn on the host and replayed as recorded.
+- ``CausalSelfAttention.forward`` (7 lines): the flash branch calls ``F.causal_self_attention(self.c_attn(x),
+  self.n_head, self.attn_dropout)`` (textnet's form of flash-attn's ``qkvpacked`` attention) on
+  ``c_attn``'s rows as they lie, so the split into q, k, v and their ``view``/``transpose`` (and the
+  output's transpose back) move into the manual branch: the same math without six copies of the
+  activations a layer and their backward's. The dropout is the layer ``self.attn_dropout``, not a
+  probability: its step counter lives on the GPU, so a captured step drops new elements at each replay,
+  where a probability would be drawn on the host and replayed as recorded.
 What runs differently without a changed line: ``nn.GELU()`` is the tanh form (textnet's only GELU);
 random numbers come from textnet's generator, so a seed does not give PyTorch's initial weights,
 dropout masks or batches.
@@ -85,24 +88,23 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x):
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
 
-        # calculate query, key, values for all heads in batch and move head forward to be the batch dim
-        q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-
         # causal self-attention; Self-attend: (B, nh, T, hs) x (B, nh, hs, T) -> (B, nh, T, T)
         if self.flash:
             # efficient attention using Flash Attention CUDA kernels
-            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.attn_dropout if self.training else 0, is_causal=True)
+            y = F.causal_self_attention(self.c_attn(x), self.n_head, self.attn_dropout)
         else:
+            # calculate query, key, values for all heads in batch and move head forward to be the batch dim
+            q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
+            k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+            q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+            v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
             # manual implementation of attention
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
             att = F.softmax(att, dim=-1)
             att = self.attn_dropout(att)
             y = att @ v # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
+            y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
 
         # output projection
         y = self.resid_dropout(self.c_proj(y))

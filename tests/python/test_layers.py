@@ -119,6 +119,31 @@ def test_attention_with_a_dropout_layer_has_the_gradient_of_its_mask():
     check_gradients(attend, normal(1, 2, 3, 4), normal(1, 2, 3, 4), normal(1, 2, 3, 4))
 
 
+def test_packed_causal_attention_is_the_split_heads_attention_put_back_side_by_side():
+    rng = np.random.default_rng(4)
+    batch, time, heads, dims = 2, 5, 3, 4
+    qkv = rng.standard_normal((batch, time, 3 * heads * dims))
+    split = [qkv[..., i * heads * dims:(i + 1) * heads * dims].reshape(batch, time, heads, dims).transpose(0, 2, 1, 3)
+             for i in range(3)]
+    expected = numpy_causal_attention(*split).transpose(0, 2, 1, 3).reshape(batch, time, heads * dims)
+    textnet.manual_seed(9)
+    layer = nn.Dropout(0.4)
+    y = F.causal_self_attention(textnet.tensor(qkv), heads, layer)
+    factors = mask(9, layer.layer.site, 0, 0.4, batch * heads * time * time).reshape(batch, heads, time, time)
+    dropped = numpy_causal_attention(*split, factors.astype(np.float64)).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(y.numpy(), dropped.reshape(expected.shape), rtol=1e-10, atol=1e-12)
+    layer.eval()
+    np.testing.assert_allclose(F.causal_self_attention(textnet.tensor(qkv), heads, layer).numpy(), expected,
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(F.causal_self_attention(textnet.tensor(qkv), heads).numpy(), expected,
+                               rtol=1e-10, atol=1e-12)
+    check_gradients(lambda t: F.causal_self_attention(t, 2), normal(1, 3, 12))
+    with pytest.raises(TypeError, match="nn.Dropout layer or None"):
+        F.causal_self_attention(textnet.tensor(qkv), heads, 0.1)
+    with pytest.raises(ValueError, match="causal_self_attention"):
+        F.causal_self_attention(textnet.tensor(qkv), 5)
+
+
 def nanogpt_parameters(compiled, dropout=0.2, steps=4):
     gpt = example("nanogpt")
     textnet.manual_seed(11)

@@ -166,6 +166,24 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     return dropout(scores.softmax(-1), dropout_p) @ value
 
 
+def causal_self_attention(qkv: Tensor, n_head: int, dropout: Any = None) -> Tensor:
+    """Causal self-attention of the packed rows ``qkv`` ``[B, T, 3C]`` (each position's ``[q | k | v]``, as
+    ``nn.Linear(C, 3 * C)`` makes them, ``n_head`` heads side by side in each third) to ``[B, T, C]``, the
+    heads side by side: what ``q, k, v = qkv.split(C, dim=2)``, the ``view``s and ``transpose``s into
+    ``[B, H, T, D]``, ``scaled_dot_product_attention(q, k, v, is_causal=True)`` and
+    ``y.transpose(1, 2).contiguous().view(B, T, C)`` compute, without their copies (flash-attn's
+    ``flash_attn_qkvpacked_func``; textnet's own). ``dropout``: an ``nn.Dropout`` layer whose mask drops
+    the probabilities while it is training (a new one at each replay of a captured step), or None."""
+    from .layers import Dropout
+
+    if dropout is not None and not isinstance(dropout, Dropout):
+        raise TypeError(f"causal_self_attention: dropout must be an nn.Dropout layer or None, not "
+                        f"{type(dropout).__name__}")
+    if dropout is None or not dropout.training or dropout.p == 0:
+        return _native.causal_self_attention(qkv, n_head)
+    return _native.causal_self_attention(qkv, n_head, dropout.layer, True)
+
+
 def _causal_attention_with_dropout(query: Tensor, key: Tensor, value: Tensor, layer: Any) -> Tensor:
     """The engine's causal attention over q, k, v ``[B, H, T, D]`` packed as its rows ``[B, T, 3·H·D]``,
     its probabilities dropped by ``layer``; the result back in ``[B, H, T, D]``."""
@@ -176,5 +194,5 @@ def _causal_attention_with_dropout(query: Tensor, key: Tensor, value: Tensor, la
     batch, heads, time, dims = query.shape
     rows = [t.transpose(1, 2).reshape(batch, time, heads * dims) for t in (query, key, value)]
     packed = _native.cat(rows, 2)
-    out = _native.causal_self_attention(packed, heads, layer.layer, True)
+    out = causal_self_attention(packed, heads, layer)
     return out.view(batch, time, heads, dims).transpose(1, 2)

@@ -7,18 +7,18 @@
 //! its first two axes swapped, `[O, N, OH·OW]`, which a gather puts in order. The backward swaps the
 //! output gradient's axes the same way (dY) and multiplies: ∂weight = dY·colᵀ (col recomputed from the
 //! input), ∂col = weightᵀ·dY, which `nn_col2im` folds back onto the input, each input element summing its
-//! taps in a fixed order. The bias is an `add` broadcast along the channels (`ops::binary`), whose
-//! gradient sums the samples and positions in the host's order.
+//! taps in a fixed order. The bias is added along the channels by one broadcast launch, and its gradient is
+//! dY's rows summed (`nn_sum_rows`, a block a channel, a fixed tree): a generic broadcast's gradient
+//! would walk the batch's every position from one thread a channel.
 //!
 //! max_pool2d keeps each window's winner (its place in the window) from the forward; the backward gives
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
-use super::ops::{OP_ADD, binary, buffer, gather, int, product};
+use super::ops::{add_broadcast, buffer, gather, int, product, sum_axis};
 use super::{Device, DeviceBuffer};
 use crate::cpu::Real;
 use crate::device::Arg;
 use crate::nn::error::{Error, Result};
-use crate::nn::shape::contiguous_strides;
 use crate::nn::tensor::Tensor;
 use crate::ops::conv::{Conv2dShape, MaxPool2dShape};
 use std::sync::Arc;
@@ -70,8 +70,14 @@ pub(crate) fn conv2d<F: Real>(
     let col = im2col(device, &xb, col_count, &sizes)?;
     let swapped = product(device, NAME, (&wb, &col), (outputs, columns, taps), 1, (0, 0), (false, false))?;
     // [O, N, P] → [N, O, P]: output (s, o, p) reads o·N·P + s·P + p.
-    let out = gather(device, NAME, &swapped, &[samples, outputs, positions], &[positions, columns, 1])?;
+    let unbiased = gather(device, NAME, &swapped, &[samples, outputs, positions], &[positions, columns, 1])?;
+    let four = [samples, outputs, conv.out_height, conv.out_width];
+    let out = match bias {
+        Some(bias) => add_broadcast(device, NAME, (&unbiased, &buffer(bias)), &four, [false, true, false, false])?,
+        None => unbiased,
+    };
     let device_ = Arc::clone(device);
+    let with_bias = bias.is_some();
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let d = &device_;
         // dY [O, N·P]: (o, s, p) reads s·O·P + o·P + p.
@@ -91,17 +97,14 @@ pub(crate) fn conv2d<F: Real>(
         } else {
             None
         };
-        Ok(vec![dx, dw])
-    };
-    let unbiased = Tensor::from_device_op(NAME, out, shape.clone(), &[x, weight], Box::new(backward));
-    match bias {
-        None => Ok(unbiased),
-        Some(bias) => {
-            // The bias read along axis 1 of [N, O, OH, OW].
-            let strides = [contiguous_strides(&shape), vec![0, 1, 0, 0]];
-            binary(device, NAME, OP_ADD, (&unbiased, bias), shape, strides)
+        let mut grads = vec![dx, dw];
+        if with_bias {
+            grads.push(if needs[2] { Some(sum_axis(d, NAME, &dy, (outputs, columns, 1), 1.0)?) } else { None });
         }
-    }
+        Ok(grads)
+    };
+    let inputs: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
+    Ok(Tensor::from_device_op(NAME, out, shape, &inputs, Box::new(backward)))
 }
 
 /// The max pool of `x` `[N, C, H, W]` of the sizes `pool` over `samples` = N, into `shape` `[N, C, OH,

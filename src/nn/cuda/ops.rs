@@ -11,6 +11,7 @@ use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
 use crate::cpu::Real;
 use crate::device::Arg;
 use crate::nn::error::{Error, Result};
+use crate::nn::shape::contiguous_strides;
 use crate::nn::tensor::{Storage, Tensor};
 use std::sync::Arc;
 
@@ -100,6 +101,22 @@ fn launch_binary(
     args.extend(words(&dims).chain(words(&strides[0])).chain(words(&strides[1])));
     device.launch(name, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
     Ok(out)
+}
+
+/// a + b, with a contiguous of `shape` (four axes) and b holding only the axes where `kept` is true (a
+/// bias along the channels: [false, true, false, false]); one launch, recorded for no backward (the op
+/// calling it gives b its gradient).
+pub(super) fn add_broadcast(
+    device: &Arc<Device>,
+    name: &'static str,
+    (a, b): (&DeviceBuffer, &DeviceBuffer),
+    shape: &[usize; 4],
+    kept: [bool; 4],
+) -> Result<DeviceBuffer> {
+    let b_shape = shape.iter().zip(kept).map(|(&d, k)| if k { d } else { 1 }).collect::<Vec<_>>();
+    let b_strides = contiguous_strides(&b_shape).iter().zip(kept).map(|(&s, k)| if k { s } else { 0 }).collect();
+    let (dims, strides) = four_axes(name, shape, &[contiguous_strides(shape), b_strides])?;
+    launch_binary(device, name, OP_ADD, (a, b), shape.iter().product(), (dims, [strides[0], strides[1]]))
 }
 
 /// `a op b` broadcast to `shape` (`strides`: each operand's, 0 along broadcast axes).

@@ -73,7 +73,10 @@ python_package() {
   pip_quiet "$venv" "$wheel[test]" || return 1
   if [ "${TEXTNET_TEST_TORCH:-0}" = 1 ]; then
     echo "+ TEXTNET_TEST_TORCH=1: pip install torch (the CPU build, from download.pytorch.org)"
-    pip_quiet "$venv" torch --index-url https://download.pytorch.org/whl/cpu || return 1
+    pip_quiet "$venv" torch --index-url https://download.pytorch.org/whl/cpu || {
+      echo "+ PyTorch's CPU build could not be installed from download.pytorch.org" >&2
+      return 1
+    }
   fi
   echo "+ $venv: $(du -sm "$venv" | cut -f1) MB"
   TEXTNET_BIN=target/release/textnet "$venv/bin/python" -m pytest -q tests/python || return 1

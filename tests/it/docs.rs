@@ -3,7 +3,8 @@
 //! runs with this build's binary and exits 0. A block whose fence follows the line `<!-- docs: parse only,
 //! WHY -->` (it needs a GPU, or files the reader brings) is only parsed: each `$ textnet …` line runs with
 //! `--help` appended, so clap still reads every flag before it. Examples are written at a size that runs
-//! in seconds on the CPU.
+//! in seconds on the CPU. And every command `textnet --help` lists has its page, docs/commands/NAME.md,
+//! showing its `Usage:` line as `--help` prints it.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -239,4 +240,35 @@ fn every_command_example_runs() {
         }
     }
     assert!(failed.is_empty(), "examples that failed:\n{}", failed.join("\n\n"));
+}
+
+/// The command names `textnet --help` lists, without clap's `help`.
+fn command_names() -> Vec<String> {
+    let help = Command::new(env!("CARGO_BIN_EXE_textnet")).arg("--help").output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let listed = help.split("Commands:\n").nth(1).expect("a list of commands");
+    let listed = listed.split("\n\n").next().unwrap();
+    listed
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|&name| name != "help")
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn every_command_has_a_page_with_its_usage() {
+    let names = command_names();
+    assert!(names.len() >= 15, "{names:?}");
+    for name in names {
+        let page = Path::new(ROOT).join("docs/commands").join(format!("{name}.md"));
+        let text = std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        let help = Command::new(env!("CARGO_BIN_EXE_textnet")).args([&name, "--help"]).output().unwrap();
+        let help = String::from_utf8(help.stdout).unwrap();
+        let usage = help.lines().find(|line| line.starts_with("Usage: ")).expect("a usage line");
+        assert!(
+            text.lines().any(|line| line == usage),
+            "docs/commands/{name}.md lacks `textnet {name} --help`'s `{usage}`"
+        );
+    }
 }

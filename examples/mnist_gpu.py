@@ -3,6 +3,7 @@ NumPy arrays, aiming for more than 97 % test accuracy in under 30 s.
 
     pip install ".[cuda]"          # from the repository root
     python examples/mnist_gpu.py   # --device cpu for the CPU reference; --dataset fashion
+                                   # --epochs 1 --train-limit 6000: a quick run
 
 MNIST digits are read where `textnet mnist` finds them (or downloaded); where they cannot be had,
 Fashion-MNIST (`apt-get install dataset-fashion-mnist`) stands in, and the script says so.
@@ -20,6 +21,7 @@ def main() -> None:
     parser.add_argument("--dataset", choices=["digits", "fashion"], default="digits")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--train-limit", type=int, default=None, help="train on the first N training images only")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -32,6 +34,7 @@ def main() -> None:
         print(f"MNIST digits unavailable ({e}); using Fashion-MNIST")
         dataset = "fashion"
         (X_train, y_train), (X_test, y_test) = textnet.datasets.mnist(dataset)
+    X_train, y_train = X_train[: args.train_limit], y_train[: args.train_limit]
     loaded = time.perf_counter()
 
     nn = NeuralNetworkGPU(784, 128, 10, device=args.device)

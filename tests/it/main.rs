@@ -6,6 +6,7 @@
 //! `cargo test --release -- --ignored`).
 
 mod common;
+mod docs;
 mod fit_classify;
 mod fit_cli;
 mod fit_model;

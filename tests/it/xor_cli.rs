@@ -250,13 +250,13 @@ fn the_loader_refuses_other_files() {
     assert!(err(&edited("\"activation\":\"tanh\"", "\"activation\":\"tank\"")).contains("activation"));
 }
 
-/// The README's example run is what the command prints (`...` standing for the lines it leaves out).
+/// The example run of docs/commands/xor.md is what the command prints (`...` standing for the lines it
+/// leaves out).
 #[test]
-fn the_readme_example_is_the_real_output() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start =
-        readme.find("$ textnet xor --device cpu\n").expect("the example") + "$ textnet xor --device cpu\n".len();
-    let example: Vec<&str> = readme[start..readme[start..].find("```").unwrap() + start].lines().collect();
+fn the_documented_example_is_the_real_output() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/commands/xor.md")).unwrap();
+    let start = page.find("$ textnet xor --device cpu\n").expect("the example") + "$ textnet xor --device cpu\n".len();
+    let example: Vec<&str> = page[start..page[start..].find("```").unwrap() + start].lines().collect();
     let dir = tempfile::tempdir().unwrap();
     let o =
         Command::new(env!("CARGO_BIN_EXE_textnet")).args(["xor", "--device", "cpu"]).current_dir(dir.path()).output();
@@ -268,6 +268,6 @@ fn the_readme_example_is_the_real_output() {
         if want == "..." {
             continue;
         }
-        assert!(lines.any(|got| got == want), "README line {want:?} is not printed in order:\n{printed}");
+        assert!(lines.any(|got| got == want), "documented line {want:?} is not printed in order:\n{printed}");
     }
 }

@@ -15,6 +15,15 @@ import textnet
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def keeps_the_precision():
+    """Each test starts at the precision the one before found: `set_precision` is process-wide, and an
+    example run in the process (nanoGPT's, bf16 by default) would otherwise leave it set for the rest."""
+    precision = textnet.get_precision()
+    yield
+    textnet.set_precision(precision)
+
+
 @pytest.fixture(scope="package")
 def fashion():
     (X, y), (X_test, y_test) = textnet.datasets.mnist("fashion")

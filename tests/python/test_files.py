@@ -1,4 +1,5 @@
-"""Model files shared with the command line, what save never replaces, state_dict and to_torch."""
+"""Model files shared with the command line, what save never replaces, state_dict and to_torch (against
+torch when it is installed, else against a NumPy reference of what torch computes)."""
 
 import json
 import os
@@ -11,9 +12,15 @@ import numpy as np
 import pytest
 
 import textnet
+import torch_reference
 from conftest import pgm, with_metadata
 
 SPEC = "Linear(784, 32), ReLU, Linear(32, 10)"
+CNN_SPEC = "Conv2d(1, 4, 3, padding=1), GELU, MaxPool2d(2), Flatten, Dropout(0.2), Linear(16), Tanh, Linear(10)"
+# The two specs as torch's nn.Sequential would run them, its layers named by their index.
+SPEC_LAYERS = [("0", ("linear",)), ("1", "relu"), ("2", ("linear",))]
+CNN_LAYERS = [("0", ("conv2d", 1, 1)), ("1", "gelu_tanh"), ("2", ("max_pool2d", 2)), ("3", "flatten"), ("4", "dropout"),
+              ("5", ("linear",)), ("6", "tanh"), ("7", ("linear",))]
 
 
 def test_a_python_model_is_used_by_textnet_classify(small, cli, tmp_path):
@@ -69,8 +76,7 @@ def test_to_torch_reproduces_the_predictions(small):
     X, y, X_test, _ = small
     for spec, shape in (
         (SPEC, (-1, 784)),
-        ("Conv2d(1, 4, 3, padding=1), GELU, MaxPool2d(2), Flatten, Dropout(0.2), Linear(16), Tanh, Linear(10)",
-         (-1, 1, 28, 28)),
+        (CNN_SPEC, (-1, 1, 28, 28)),
     ):
         model = textnet.Sequential(spec, device="cpu")
         model.fit(X[:300].reshape(shape), y[:300], epochs=1, verbose=0)
@@ -81,6 +87,18 @@ def test_to_torch_reproduces_the_predictions(small):
         expected = model.predict(X_test[:64].reshape(shape))
         assert np.abs(logits.softmax(dim=1).numpy() - expected).max() < 1e-5
 
+
+
+def test_the_state_dict_computes_the_predictions_as_torch_would(small):
+    """The parameters under nn.Sequential's names, run by the NumPy reference of torch's layers (dropout
+    off, as in evaluation), give the model's predictions: what to_torch's model computes, without torch."""
+    X, y, X_test, _ = small
+    for spec, shape, layers in ((SPEC, (-1, 784), SPEC_LAYERS), (CNN_SPEC, (-1, 1, 28, 28), CNN_LAYERS)):
+        model = textnet.Sequential(spec, device="cpu")
+        model.fit(X[:300].reshape(shape), y[:300], epochs=1, verbose=0)
+        logits = torch_reference.forward(layers, model.state_dict(), X_test[:64].reshape(shape))
+        expected = model.predict(X_test[:64].reshape(shape))
+        assert np.abs(torch_reference.softmax(logits) - expected).max() < 1e-5
 
 def test_save_never_replaces_a_model_of_another_kind(tmp_path):
     """PY16: as the command line's --out, even with overwrite=True."""

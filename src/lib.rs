@@ -84,6 +84,7 @@ pub mod run;
 pub mod sales;
 pub mod sampling;
 pub mod selftest;
+pub mod tensorboard;
 pub mod tensorfile;
 pub mod text;
 pub mod timing;

@@ -752,6 +752,7 @@ mod tests {
             test_loss: None,
             test_accuracy: None,
             samples_per_s: 1000.0,
+            lr: None,
             elapsed_s: epoch as f64,
             extra: Default::default(),
         }

@@ -1,11 +1,13 @@
 //! What every training command shows and reports, the same way in each pipeline: the informational
-//! lines, a progress bar per epoch that the epoch's summary line replaces, and the `--json` report.
+//! lines, a progress bar per epoch that the epoch's summary line replaces, the `--json` report, and with
+//! `--tensorboard DIR` each epoch's figures as TensorBoard scalars as the run goes (`Board`).
 //!
 //! Human lines go to stdout, or to stderr with `--json`, whose report then owns stdout. The bar is drawn
 //! on stderr, and only where stderr is a terminal. `--quiet` leaves errors only: no bar and no lines
 //! (the `--json` report is still printed).
 
 use crate::console;
+use crate::tensorboard::{self, EventWriter};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -79,6 +81,9 @@ pub struct EpochRow {
     pub test_accuracy: Option<f64>,
     /// Training samples per second of the epoch's training time (evaluation excluded).
     pub samples_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The learning rate of the epoch's last optimizer step.
+    pub lr: Option<f64>,
     /// Seconds since training started, evaluation included.
     pub elapsed_s: f64,
     /// The pipeline's further figures on held-out data, e.g. `val_perplexity`.
@@ -93,10 +98,22 @@ impl EpochRow {
         self
     }
 
-    /// The figures on held-out data: the row less `epoch`, `train_loss`, `samples_per_s` and `elapsed_s`.
+    /// The row's numeric figures as TensorBoard scalars, each under `tensorboard::tag` of its name
+    /// (`train_loss` as `loss/train`, `val_accuracy` as `accuracy/val`, `lr`, `samples_per_s`, the
+    /// pipeline's own): all but `epoch`, `step` and `elapsed_s`, which TensorBoard's axes show.
+    pub fn scalars(&self) -> Vec<(String, f64)> {
+        let Ok(Value::Object(map)) = serde_json::to_value(self) else { return Vec::new() };
+        map.iter()
+            .filter(|(key, _)| !matches!(key.as_str(), "epoch" | "step" | "elapsed_s"))
+            .filter_map(|(key, value)| Some((tensorboard::tag(key), value.as_f64()?)))
+            .collect()
+    }
+
+    /// The figures on held-out data: the row less `epoch`, `train_loss`, `samples_per_s`, `lr` and
+    /// `elapsed_s`.
     fn evaluation(&self) -> Map<String, Value> {
         let Ok(Value::Object(mut map)) = serde_json::to_value(self) else { return Map::new() };
-        for key in ["epoch", "train_loss", "samples_per_s", "elapsed_s"] {
+        for key in ["epoch", "train_loss", "samples_per_s", "lr", "elapsed_s"] {
             map.remove(key);
         }
         map
@@ -200,8 +217,61 @@ pub fn flag_value<T: clap::ValueEnum>(value: &T) -> String {
     value.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
 }
 
+/// The help of every training command's `--tensorboard`.
+pub const TENSORBOARD_HELP: &str = "Write TensorBoard event files to DIR (created if missing) as the run trains: \
+the training and held-out losses and accuracies, the learning rate and the speed per epoch (per evaluation and \
+per step for transformer), and the run's settings as hyperparameters; watch with `tensorboard --logdir DIR`";
+
+/// `--tensorboard DIR`: the event file each row of the run goes to as it comes, and at the end the run's
+/// settings and how it ended (`close`). A write that fails stops the writing; `close` says why.
+#[derive(Debug)]
+pub struct Board {
+    writer: EventWriter,
+    dir: std::path::PathBuf,
+    failed: Option<String>,
+}
+
+impl Board {
+    /// The event file of a new run in `dir` (created if missing), or the one-line error of a `dir` that
+    /// cannot hold it; none without `dir`.
+    pub fn open(dir: Option<&std::path::Path>) -> anyhow::Result<Option<Board>> {
+        let Some(dir) = dir else { return Ok(None) };
+        match EventWriter::create(dir) {
+            Ok(writer) => Ok(Some(Board { writer, dir: dir.to_path_buf(), failed: None })),
+            Err(e) => anyhow::bail!("--tensorboard {}: {e:#}", dir.display()),
+        }
+    }
+
+    /// Scalars at `step`, unless a write failed before.
+    pub fn scalars(&mut self, step: usize, scalars: &[(String, f64)]) {
+        if self.failed.is_none()
+            && let Err(e) = self.writer.scalars(step as u64, scalars)
+        {
+            self.failed = Some(format!("--tensorboard {}: {e:#}", self.dir.display()));
+        }
+    }
+
+    /// Writes the run's settings (`report.config`) as its hyperparameters, with the scalar tags written as
+    /// their metrics and the report's status as the session's end (a run that diverged, was interrupted
+    /// or did not learn as a failure); returns the error line of any write that failed.
+    pub fn close(mut self, report: Option<&Report>) -> Option<String> {
+        if let (None, Some(report)) = (&self.failed, report) {
+            let status = match report.status {
+                Status::Ok | Status::NotBetter => tensorboard::proto::Status::Success,
+                _ => tensorboard::proto::Status::Failure,
+            };
+            let config = report.config.as_object().cloned().unwrap_or_default();
+            let metrics = self.writer.tags().to_vec();
+            if let Err(e) = self.writer.hparams(&config, &metrics, status) {
+                self.failed = Some(format!("--tensorboard {}: {e:#}", self.dir.display()));
+            }
+        }
+        self.failed
+    }
+}
+
 /// The human side of a training run: informational lines, and per epoch a progress bar that the
-/// epoch's summary line replaces.
+/// epoch's summary line replaces; with `--tensorboard`, the rows' scalars too.
 pub struct Display {
     quiet: bool,
     to_stderr: bool,
@@ -213,6 +283,8 @@ pub struct Display {
     last: (usize, std::time::Instant),
     /// `--log-every`: an epoch line every this many epochs (and the first and last).
     log_every: usize,
+    /// `--tensorboard`: where the rows go as they come.
+    board: Option<Board>,
 }
 
 impl Display {
@@ -226,7 +298,38 @@ impl Display {
             tokens_per_step: 0,
             last: (0, std::time::Instant::now()),
             log_every: 1,
+            board: None,
         }
+    }
+
+    /// The same, writing each row to TensorBoard event files in `dir` (`--tensorboard`): the one-line error
+    /// of a `dir` that cannot hold them comes now, before training.
+    pub fn tensorboard(mut self, dir: Option<&std::path::Path>) -> anyhow::Result<Display> {
+        self.board = Board::open(dir)?;
+        Ok(self)
+    }
+
+    /// Writes `row`'s scalars at `step` (the epoch, or the optimizer step of a run counted in steps) to
+    /// `--tensorboard`; `epoch_finished` does it for its row.
+    pub fn record(&mut self, step: usize, row: &EpochRow) {
+        if let Some(board) = &mut self.board {
+            board.scalars(step, &row.scalars());
+        }
+    }
+
+    /// Writes the training loss of each optimizer step from `first` on (`loss/train_step`) to
+    /// `--tensorboard`.
+    pub fn record_steps(&mut self, first: usize, losses: &[f64]) {
+        if let Some(board) = &mut self.board {
+            for (k, &loss) in losses.iter().enumerate() {
+                board.scalars(first + k, &[("loss/train_step".to_string(), loss)]);
+            }
+        }
+    }
+
+    /// Hands the `--tensorboard` event file over to the run's `Ending`, which closes it.
+    pub fn take_board(&mut self) -> Option<Board> {
+        self.board.take()
     }
 
     /// The same, printing an epoch's line only every `n` epochs, the first and the last (`--log-every`).
@@ -302,9 +405,10 @@ impl Display {
         }
     }
 
-    /// Replaces the bar by "epoch 2/5: train loss …, `figures`, … samples/s, … elapsed, about … left;
+    /// Writes the row to `--tensorboard` and replaces the bar by "epoch 2/5: train loss …, `figures`, … samples/s, … elapsed, about … left;
     /// `note`" (the time left at the run's mean speed so far, when a second or more).
     pub fn epoch_finished(&mut self, row: &EpochRow, figures: &str, note: &str) {
+        self.record(row.epoch, row);
         self.clear();
         if !(row.epoch == 1 || row.epoch.is_multiple_of(self.log_every) || row.epoch >= self.epochs) {
             return;

@@ -17,7 +17,7 @@
 
 use crate::cpu::SeededRng;
 use crate::interrupt::{self, Interrupted};
-use crate::report::{Divergence, Report, Status};
+use crate::report::{Board, Divergence, Report, Status};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -93,6 +93,8 @@ pub struct EpochTrained {
     pub train_loss: f64,
     /// Training samples per second of the epoch's training (evaluation excluded).
     pub samples_per_s: f64,
+    /// The learning rate of the epoch's last step.
+    pub lr: f32,
     /// When the first epoch began.
     pub started: Instant,
 }
@@ -195,7 +197,8 @@ pub fn epochs<T: Trainer + ?Sized>(
             run.diverged = Some(Divergence { epoch, what: "training loss" });
             break;
         }
-        let verdict = hooks.finished(trainer, &EpochTrained { epoch, train_loss, samples_per_s, started })?;
+        let lr = rates.last().copied().unwrap_or(0.0);
+        let verdict = hooks.finished(trainer, &EpochTrained { epoch, train_loss, samples_per_s, lr, started })?;
         let judged = match verdict {
             Verdict::Diverged(what) => {
                 run.diverged = Some(Divergence { epoch, what });
@@ -253,8 +256,13 @@ pub fn run<C: TrainingCommand>(command: &C) -> Result<()> {
 /// How a run ended.
 #[derive(Debug, Default)]
 pub struct Ending {
-    /// The `--json` report, when asked for.
+    /// The run's report: printed with `--json` (`json`); its settings are the hyperparameters of
+    /// `--tensorboard` (`board`).
     pub report: Option<Report>,
+    /// Whether the report is printed (`--json`).
+    pub json: bool,
+    /// `--tensorboard`'s event file (`Display::take_board`), closed with the report's settings and status.
+    pub board: Option<Board>,
     /// Where the run diverged, if it did.
     pub diverged: Option<Divergence>,
     /// Stopped by Ctrl-C: where, e.g. "after epoch 2 of 5".
@@ -267,8 +275,8 @@ pub struct Ending {
     pub outcome: String,
     /// What to try after a divergence, e.g. "try a lower --lr (this run used 0.5)".
     pub remedy: String,
-    /// The error of a `--plot` that could not be written (`plot::training_curves`): the run fails with
-    /// it, after its report, and its line names what became of `--out` too.
+    /// The error of a `--plot` that could not be written (`plot::training_curves`), or of a `--tensorboard`
+    /// file: the run fails with it, after its report, and its line names what became of `--out` too.
     pub plot_failed: Option<String>,
 }
 
@@ -281,11 +289,14 @@ impl Ending {
         }
     }
 
-    /// Prints the report, then: an error naming the divergence and the remedy; the interruption (exit
+    /// Closes `--tensorboard`'s file, prints the report, then: an error naming the divergence and the remedy; the interruption (exit
     /// status 130); the failure; "nothing written" when `--out` did not get this run's model; the
     /// `--plot` that could not be written; else Ok. A `--plot` failure is added to any of these lines.
-    pub fn conclude(self) -> Result<()> {
-        if let Some(report) = &self.report {
+    pub fn conclude(mut self) -> Result<()> {
+        if let Some(failed) = self.board.take().and_then(|board| board.close(self.report.as_ref())) {
+            self.plot_failed = Some(self.plot_failed.map_or(failed.clone(), |plot| format!("{plot}; {failed}")));
+        }
+        if let (true, Some(report)) = (self.json, &self.report) {
             report.print()?;
         }
         let plot = self.plot_failed.as_ref().map_or(String::new(), |e| format!("; {e}"));

@@ -13,7 +13,7 @@
 //! network), `language` (the text model and the Transformer), `tensor` (`textnet.Tensor`, the face of
 //! `nn`'s tensors), `functional` (the tensor functions of `textnet.nn.functional`, `no_grad`, the seeded
 //! draws, the optimizer), `layers` (the engine's dropout layer, which a captured step replays), `capture`
-//! (`textnet.compile`), `state` (safetensors); here, the functions and the module.
+//! (`textnet.compile`), `state` (safetensors), `summary` (TensorBoard event files); here, the functions and the module.
 
 mod capture;
 mod errors;
@@ -22,6 +22,7 @@ mod language;
 mod layers;
 mod model;
 mod state;
+mod summary;
 mod tensor;
 mod worker;
 
@@ -212,6 +213,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<functional::PyOptimizer>()?;
     m.add_class::<capture::PyCapturedStep>()?;
     m.add_class::<layers::PyDropout>()?;
+    m.add_class::<summary::PyEventWriter>()?;
     m.add_function(wrap_pyfunction!(state::save_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(state::load_tensors, m)?)?;
     use functional::*;

@@ -417,7 +417,7 @@ impl Model {
     /// Trains for `epochs` passes over `x`, `y` (shuffled per epoch from `seed`, as `textnet fit` does),
     /// measuring `x_val`, `y_val` (or the last `validation_split` of the samples) after each, and the
     /// training samples too when `train_metric`. `on_progress(epoch, done, total)`, `on_epoch_begin(epoch,
-    /// lr)` and `on_epoch(epoch, logs)` are called on this thread, and training waits for the last two:
+    /// lr)` and `on_epoch(epoch, logs, samples_per_s, lr)` are called on this thread, and training waits for the last two:
     /// `on_epoch_begin` returns the rate of every step of the epoch (None: as planned, `lr` being its first
     /// step's), `on_epoch` whether to stop after the epoch; an exception in either stops the run before
     /// the next epoch and is raised. With `epoch_params` the model takes each epoch's parameters before
@@ -583,7 +583,7 @@ impl Model {
                     let _ = answer.send(rate);
                     Ok(())
                 }
-                Event::Epoch { epoch, logs, params, answer } => {
+                Event::Epoch { epoch, logs, speed_and_lr: (speed, lr), params, answer } => {
                     if let Some(params) = params {
                         self.write().params = params;
                     }
@@ -596,7 +596,7 @@ impl Model {
                         }
                     }
                     let stop = match &on_epoch {
-                        Some(f) => f.call1(py, (epoch, dict))?.is_truthy(py)?,
+                        Some(f) => f.call1(py, (epoch, dict, speed, lr))?.is_truthy(py)?,
                         None => false,
                     };
                     let _ = answer.send(stop);
@@ -830,7 +830,8 @@ impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
         let sent = self.epoch_params.then(|| params.clone());
         self.kept = params;
         let (answer, answered) = mpsc::channel();
-        let _ = self.events.send(Event::Epoch { epoch: epoch.epoch, logs, params: sent, answer });
+        let speed_and_lr = (epoch.samples_per_s, epoch.lr);
+        let _ = self.events.send(Event::Epoch { epoch: epoch.epoch, logs, speed_and_lr, params: sent, answer });
         Ok(match answered.recv() {
             Ok(false) => Verdict::Next { judged },
             Ok(true) | Err(_) => Verdict::Stop,

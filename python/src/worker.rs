@@ -18,7 +18,14 @@ pub(crate) enum Event {
     Starting { epoch: usize, lr: f32, answer: Sender<Option<f32>> },
     /// Epoch `epoch` finished with these figures, and its parameters when they were asked for. The
     /// worker waits for `answer`: whether to end the run here; a sender dropped unanswered ends it too.
-    Epoch { epoch: usize, logs: Vec<(&'static str, f64)>, params: Option<Vec<f32>>, answer: Sender<bool> },
+    Epoch {
+        epoch: usize,
+        logs: Vec<(&'static str, f64)>,
+        /// The epoch's training samples per second and the learning rate of its last step.
+        speed_and_lr: (f64, f32),
+        params: Option<Vec<f32>>,
+        answer: Sender<bool>,
+    },
 }
 
 /// Runs `work` on a worker thread without the GIL, handing its events to `on_event` on this thread, and

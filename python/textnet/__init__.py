@@ -25,7 +25,7 @@ from ._nvrtc import register_nvrtc as _register_nvrtc
 
 _register_nvrtc()
 
-from . import callbacks, datasets, keras, nn, optim  # noqa: E402
+from . import callbacks, datasets, keras, nn, optim, tensorboard  # noqa: E402
 from ._compile import CompiledStep, compile  # noqa: E402
 from ._tensor import (  # noqa: E402
     Tensor,

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import _native
 from .callbacks import Callback, LearningRateScheduler
+from .tensorboard import SummaryWriter
 
 __all__ = [
     "Layer",
@@ -229,6 +230,21 @@ def _values(y: Any, outputs: int, what: str = "y") -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------------
 # History and progress
+
+
+def _board_scalars(logs: Dict[str, float], samples_per_s: float, lr: float) -> Dict[str, float]:
+    """An epoch's logs as the TensorBoard tags of ``textnet fit --tensorboard``: ``val_X`` as ``X/val``,
+    the training figures (``loss``, ``accuracy``, ``mae``) as ``X/train``, then ``lr`` and
+    ``samples_per_s`` (for the logs' ``seconds``)."""
+    scalars = {}
+    for key, value in logs.items():
+        if key == "seconds":
+            continue
+        split, figure = ("val", key[4:]) if key.startswith("val_") else ("train", key)
+        scalars[f"{figure}/{split}"] = value
+    scalars["lr"] = lr
+    scalars["samples_per_s"] = samples_per_s
+    return scalars
 
 
 class History:
@@ -715,6 +731,7 @@ class Sequential:
         min_lr: float = 0.0,
         patience: Optional[int] = None,
         callbacks: Optional[Sequence[Callback]] = None,
+        tensorboard_dir: Any = None,
     ) -> History:
         """Trains for ``epochs`` passes over ``X``, ``y`` in shuffled batches of ``batch_size``, as Keras's
         ``fit`` does, and returns a ``History``.
@@ -735,6 +752,12 @@ class Sequential:
         (``EarlyStopping``, ``ModelCheckpoint``, ``LearningRateScheduler``, ``CSVLogger``, one's own
         ``Callback``), called at the start and end of training and of each epoch; while they run the model
         holds the epoch's parameters, and training waits for them.
+
+        ``tensorboard_dir``: write a TensorBoard event file there (created if missing; ``OSError`` before
+        training when it cannot be), as ``textnet fit --tensorboard`` does: per epoch (steps counted from
+        1) ``loss/train``, ``accuracy/train`` or ``mae/train`` when measured, ``loss/val`` and the other
+        ``val_`` figures as ``…/val``, ``lr`` and ``samples_per_s``; at the end the call's settings as
+        hyperparameters. Watch it with ``tensorboard --logdir DIR``.
 
         Ctrl-C stops after the current epoch: the model keeps it, ``self.history`` holds the epochs done,
         and ``KeyboardInterrupt`` is raised. A run whose loss or parameters stop being finite keeps the
@@ -774,6 +797,9 @@ class Sequential:
                 raise ValueError("validation_data must be a pair (X_val, y_val)")
             X_val = self._inputs(validation_data[0], "X_val")
             y_val = self._targets(validation_data[1], "y_val")
+        board = None if tensorboard_dir is None else SummaryWriter(tensorboard_dir)
+        board_tags: List[str] = []
+        result: Optional[Dict[str, Any]] = None
         progress = _Progress(int(epochs), verbose, getattr(self, "_progress_style", "keras"))
         history = History()
         keys = self._log_keys(validation_data is not None or validation_split is not None, callbacks)
@@ -789,8 +815,12 @@ class Sequential:
                 c.on_epoch_begin(epoch - 1, {})
             return self._epoch_lr if self._lr_set else None
 
-        def on_epoch(epoch: int, logs: Dict[str, float]) -> bool:
+        def on_epoch(epoch: int, logs: Dict[str, float], samples_per_s: float, epoch_lr: float) -> bool:
             nonlocal last_logs
+            if board is not None:
+                scalars = _board_scalars(logs, samples_per_s, epoch_lr)
+                board.add_scalars(scalars, epoch)
+                board_tags.extend(tag for tag in scalars if tag not in board_tags)
             history.epoch.append(epoch - 1)
             progress.epoch(epoch, logs)
             for c in callbacks:
@@ -832,6 +862,19 @@ class Sequential:
             )
         finally:
             self._epoch_lr = None
+            if board is not None:
+                settings = {
+                    "epochs": int(epochs), "batch_size": int(batch_size), "optimizer": self.optimizer,
+                    "lr": self.lr if lr is None else lr, "momentum": self.momentum,
+                    "weight_decay": self.weight_decay, "clip_norm": self.clip_norm, "seed": self.seed,
+                    "lr_schedule": lr_schedule, "warmup": warmup, "min_lr": min_lr, "patience": patience,
+                    "layers": self._built("fit").spec, "loss": self.loss, "device": self.device,
+                }
+                ended = result is not None and not (result["diverged"] or result["interrupted"])
+                try:
+                    board._hparams(settings, board_tags, ended)
+                finally:
+                    board.close()
         self._fresh = False
         self.history = history
         history.device, history.seconds = result["device"], result["seconds"]

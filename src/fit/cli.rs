@@ -98,6 +98,9 @@ pub struct FitArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP, conflicts_with = "model")]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP, conflicts_with = "model")]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
     /// Predict with this table model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with_all = ["layers", "dataset", "table"])]
     pub model: Option<PathBuf>,
@@ -348,6 +351,7 @@ impl EpochHooks<StackTrainer> for FitEpochs<'_> {
             test_loss: Some(test.loss),
             test_accuracy: test.accuracy,
             samples_per_s: epoch.samples_per_s,
+            lr: Some(report::decimal(epoch.lr)),
             elapsed_s: epoch.started.elapsed().as_secs_f64(),
             extra: Default::default(),
         };
@@ -422,7 +426,9 @@ impl TrainingCommand for FitArgs {
         }
         let optim = args.optim.config()?;
         let schedule = args.schedule.schedule(optim.lr)?;
-        let display = Display::new(args.quiet, args.json, args.epochs).log_every(args.log_every);
+        let display = Display::new(args.quiet, args.json, args.epochs)
+            .log_every(args.log_every)
+            .tensorboard(args.tensorboard.as_deref())?;
         if let Source::Table { file, .. } = &source {
             fsutil::check_output(&args.out, &[("table", file)])?;
         }
@@ -577,7 +583,8 @@ impl TrainingCommand for FitArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, rows, keeper, diverged, stopped_early, last, training_s } = trained;
-        let Setup { display, data, net, backend, optim, schedule, baseline_mae, untrained_loss, started, .. } = setup;
+        let Setup { mut display, data, net, backend, optim, schedule, baseline_mae, untrained_loss, started, .. } =
+            setup;
         let judged_name = if data.val.is_some() { "val loss" } else { "test loss" };
         let outcome = keeper.outcome(&args.out, judged_name);
         let completed = rows.len();
@@ -615,6 +622,8 @@ impl TrainingCommand for FitArgs {
         }
         let mut ending = Ending {
             report: None,
+            json: args.json,
+            board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {completed} of {}", args.epochs)),
             failed,
@@ -634,7 +643,7 @@ impl TrainingCommand for FitArgs {
                 &display,
             ),
         };
-        if args.json {
+        if args.json || args.tensorboard.is_some() {
             let mut extra = serde_json::Map::new();
             if let Some(mae) = baseline_mae {
                 extra.insert("baseline_mae".into(), json!(mae));
@@ -679,6 +688,7 @@ impl TrainingCommand for FitArgs {
                     "overwrite": args.overwrite,
                     "device": report::flag_value(&args.device),
                     "plot": args.plot.as_ref().map(|p| p.display().to_string()),
+                    "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

@@ -91,6 +91,9 @@ pub struct MnistArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
     /// Go on training this model file (a fresh optimizer state); only an epoch better than it is saved. It
     /// must be of this run's --dataset, --model, --hidden and --activation (the file at --out may be it)
     #[arg(long, value_name = "MODEL")]
@@ -216,6 +219,7 @@ impl Observer for Epochs {
             test_loss: Some(s.test_loss),
             test_accuracy: Some(s.test_accuracy),
             samples_per_s: s.samples_per_s,
+            lr: Some(report::decimal(s.lr)),
             elapsed_s: s.elapsed_s,
             extra: Default::default(),
         };
@@ -293,7 +297,9 @@ impl TrainingCommand for MnistArgs {
             MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
         shape.validate()?;
         let resumed = resumed_model(args, shape)?;
-        let display = Display::new(args.quiet, args.json, args.epochs).log_every(args.log_every);
+        let display = Display::new(args.quiet, args.json, args.epochs)
+            .log_every(args.log_every)
+            .tensorboard(args.tensorboard.as_deref())?;
 
         let started = std::time::Instant::now();
         // Opening the GPU (a CUDA context: ~0.5 s) and decoding the data files (~0.3 s) overlap.
@@ -498,7 +504,7 @@ impl TrainingCommand for MnistArgs {
             data_s,
             ..
         } = run;
-        let Epochs { display, rows, saver } = epochs;
+        let Epochs { mut display, rows, saver } = epochs;
         let outcome = saver.keeper.outcome(&args.out, saver.loss_name());
         let diverged = match result.map(drop).map_err(anyhow::Error::downcast::<Divergence>) {
             Ok(()) => None,
@@ -542,6 +548,8 @@ impl TrainingCommand for MnistArgs {
         };
         let mut ending = Ending {
             report: None,
+            json: args.json,
+            board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {completed} of {}", args.epochs)),
             failed,
@@ -550,7 +558,7 @@ impl TrainingCommand for MnistArgs {
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr)),
             plot_failed: crate::plot::training_curves(args.plot.as_deref(), &plot_title(args, &optim), &rows, &display),
         };
-        if args.json {
+        if args.json || args.tensorboard.is_some() {
             let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);
             let mut final_extra = serde_json::Map::new();
             final_extra.insert("confusion".into(), json!(confusion));
@@ -586,6 +594,7 @@ impl TrainingCommand for MnistArgs {
                 "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                 "device": report::flag_value(&args.device),
                 "plot": args.plot.as_ref().map(|p| p.display().to_string()),
+                "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
             });
             ending.report = Some(Report {
                 textnet: report::VERSION,

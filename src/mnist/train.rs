@@ -35,6 +35,8 @@ pub struct EpochStats {
     pub test_accuracy: f64,
     /// Training samples per second of this epoch's training time (evaluation excluded).
     pub samples_per_s: f64,
+    /// The learning rate of the epoch's last step.
+    pub lr: f32,
     /// Seconds since training started, evaluation included.
     pub elapsed_s: f64,
 }
@@ -109,6 +111,7 @@ impl EpochHooks<MnistTrainer> for Hooks<'_> {
             test_loss: eval.mean_loss(),
             test_accuracy: eval.accuracy(),
             samples_per_s: epoch.samples_per_s,
+            lr: epoch.lr,
             elapsed_s: epoch.started.elapsed().as_secs_f64(),
         };
         let params = trainer.params()?;

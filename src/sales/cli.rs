@@ -85,6 +85,9 @@ pub struct SalesArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP, conflicts_with = "model")]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP, conflicts_with = "model")]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
     /// Predict with this model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with = "resume")]
     pub model: Option<PathBuf>,
@@ -244,6 +247,7 @@ impl EpochHooks<FitSales> for SalesEpochs<'_> {
             test_loss: Some(eval.mse),
             test_accuracy: None,
             samples_per_s: epoch.samples_per_s,
+            lr: Some(report::decimal(epoch.lr)),
             elapsed_s: epoch.started.elapsed().as_secs_f64(),
             extra: Default::default(),
         }
@@ -307,7 +311,9 @@ impl TrainingCommand for SalesArgs {
             Some(path) => Some(modelfile::load(path).context("--resume")?),
             None => None,
         };
-        let display = Display::new(args.quiet, args.json, args.epochs).log_every(args.log_every);
+        let display = Display::new(args.quiet, args.json, args.epochs)
+            .log_every(args.log_every)
+            .tensorboard(args.tensorboard.as_deref())?;
         let bytes = fsutil::read_input(&file, "table")?;
         let source = fsutil::shown(&file);
         let inferred = match &resumed {
@@ -508,7 +514,7 @@ impl TrainingCommand for SalesArgs {
         let args = self;
         let Trained { setup, history, mut diverged, last, params, keeper, kept } = trained;
         let Setup {
-            display,
+            mut display,
             schema,
             delimiter,
             header,
@@ -588,6 +594,8 @@ impl TrainingCommand for SalesArgs {
         };
         let mut ending = Ending {
             report: None,
+            json: args.json,
+            board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {history_len} of {}", args.epochs)),
             failed,
@@ -609,7 +617,7 @@ impl TrainingCommand for SalesArgs {
                 &display,
             ),
         };
-        if args.json {
+        if args.json || args.tensorboard.is_some() {
             let final_metrics = kept_eval.map(|eval| {
                 let mut figures = serde_json::Map::new();
                 figures.insert("test_mae".into(), json!(eval.mae));
@@ -645,6 +653,7 @@ impl TrainingCommand for SalesArgs {
                     "split_order": args.split_order.name(),
                     "device": report::flag_value(&args.device),
                     "plot": args.plot.as_ref().map(|p| p.display().to_string()),
+                    "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

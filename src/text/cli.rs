@@ -39,6 +39,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
     /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
     /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
@@ -204,6 +207,7 @@ impl TrainArgs {
             "device": report::flag_value(&self.device),
             "precision": self.precision.name(),
             "plot": self.plot.as_ref().map(|p| p.display().to_string()),
+            "tensorboard": self.tensorboard.as_ref().map(|p| p.display().to_string()),
         })
     }
 }
@@ -246,6 +250,7 @@ fn epoch_row(m: &EpochMetrics) -> EpochRow {
         test_loss: None,
         test_accuracy: None,
         samples_per_s: m.samples_per_s,
+        lr: Some(report::decimal(m.lr)),
         elapsed_s: m.elapsed_s,
         extra: Default::default(),
     }
@@ -348,7 +353,9 @@ impl TrainingCommand for TrainArgs {
         let plan = args.plan(on_cpu);
         let schedule = args.schedule.schedule(plan.lr)?;
         schedule.check(split.train.len().div_ceil(plan.batch) * plan.epochs)?;
-        let display = Display::new(args.quiet, args.json, plan.epochs).log_every(args.log_every);
+        let display = Display::new(args.quiet, args.json, plan.epochs)
+            .log_every(args.log_every)
+            .tensorboard(args.tensorboard.as_deref())?;
         let batch = plan.batch.min(split.train.len());
         shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
         let params = match resumed {
@@ -456,7 +463,7 @@ impl TrainingCommand for TrainArgs {
         let args = self;
         let Trained { summary, bar, run, .. } = trained;
         let plan = summary.plan;
-        let EpochBar { display, saver } = bar;
+        let EpochBar { mut display, saver } = bar;
         let keeper = saver.keeper;
         let outcome = keeper.outcome(&args.out, "val loss");
         let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
@@ -477,6 +484,8 @@ impl TrainingCommand for TrainArgs {
         };
         let mut ending = Ending {
             report: None,
+            json: args.json,
+            board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {} of {}", epochs.len(), plan.epochs)),
             failed,
@@ -490,7 +499,7 @@ impl TrainingCommand for TrainArgs {
                 &display,
             ),
         };
-        if args.json {
+        if args.json || args.tensorboard.is_some() {
             ending.report = Some(summary.report(args, ending.status(), &epochs, ending.diverged.clone(), &keeper));
         }
         if ending.written && ending.diverged.is_none() && !interrupted {

@@ -15,7 +15,6 @@ use crate::report::Divergence;
 use crate::run::{self, EpochHooks, EpochPlan, EpochTrained, Trainer, Verdict};
 use anyhow::{Result, bail};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The trainer for `backend`, owning `params` and the token stream, for steps of `batch` samples updated
 /// with `optim`. SGD: on the GPU the fused kernels' update at each step's rate; on the CPU
@@ -85,6 +84,8 @@ pub struct EpochMetrics {
     pub top5: f64,
     /// Training samples per second (validation time excluded).
     pub samples_per_s: f64,
+    /// The learning rate of the epoch's last step.
+    pub lr: f32,
     /// Seconds since training started, validation included.
     pub elapsed_s: f64,
 }
@@ -209,7 +210,7 @@ impl EpochHooks<Positions<'_>> for Hooks<'_> {
         if !params.all_finite() {
             return Ok(Verdict::Diverged("parameters"));
         }
-        let metrics = epoch_metrics(epoch.epoch, epoch.train_loss, &eval, epoch.samples_per_s, epoch.started);
+        let metrics = epoch_metrics(epoch, &eval);
         let go_on = self.progress.epoch_completed(&metrics, &params)?;
         self.progress.epoch_finished(&metrics);
         self.epochs.push(metrics);
@@ -249,18 +250,19 @@ pub fn train(
 /// same seed.
 pub const SHUFFLE_STREAM: u64 = 0x9E37_79B9_7F4A_7C15;
 
-fn epoch_metrics(epoch: usize, train_loss: f64, eval: &EvalSums, samples_per_s: f64, started: Instant) -> EpochMetrics {
+fn epoch_metrics(epoch: &EpochTrained, eval: &EvalSums) -> EpochMetrics {
     let n = eval.samples.max(1) as f64;
     let val_loss = eval.loss / n;
     EpochMetrics {
-        epoch,
-        train_loss,
+        epoch: epoch.epoch,
+        train_loss: epoch.train_loss,
         val_loss,
         val_perplexity: val_loss.exp(),
         top1: eval.top1 as f64 / n,
         top5: eval.top5 as f64 / n,
-        samples_per_s,
-        elapsed_s: started.elapsed().as_secs_f64(),
+        samples_per_s: epoch.samples_per_s,
+        lr: epoch.lr,
+        elapsed_s: epoch.started.elapsed().as_secs_f64(),
     }
 }
 

@@ -110,6 +110,9 @@ pub struct TransformerArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
     /// Continue training this Transformer model file, with its shape and vocabulary (which is why --layers,
     /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab cannot be given with it); AdamW's
     /// moments start afresh
@@ -441,7 +444,8 @@ impl TrainingCommand for TransformerArgs {
             return Err(checkpoint::other_data(&args.out, "a Transformer of another vocabulary or block"));
         }
         let evals = args.steps.div_ceil(args.eval_every);
-        let display = Display::new(args.quiet || !writes, args.json && writes, evals);
+        let display =
+            Display::new(args.quiet || !writes, args.json && writes, evals).tensorboard(args.tensorboard.as_deref())?;
         // Every rank, the silent ones too, says whom it waits for at the rendezvous (up to minutes).
         let announce = |line: &str| {
             if !args.quiet {
@@ -560,7 +564,7 @@ impl TrainingCommand for TransformerArgs {
         let Trained { setup, progress, seconds } = trained;
         let so_far = progress.outcome_so_far(&args.out);
         let Progress { rows, diverged, done, best_val, kept } = progress;
-        let Setup { display, corpus, config, backend, val_offsets, baseline, evals, watch, writes, .. } = setup;
+        let Setup { mut display, corpus, config, backend, val_offsets, baseline, evals, watch, writes, .. } = setup;
         if let Some(watch) = watch {
             watch.finish();
         }
@@ -608,6 +612,8 @@ impl TrainingCommand for TransformerArgs {
         });
         let mut ending = Ending {
             report: None,
+            json: args.json,
+            board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("at step {done} of {}", args.steps)),
             failed,
@@ -632,7 +638,7 @@ impl TrainingCommand for TransformerArgs {
             ),
         };
         // Ranks other than 0 of a multi-process run print no report (rank 0's is the run's).
-        if args.json && writes {
+        if (args.json || args.tensorboard.is_some()) && writes {
             ending.report = Some(Report {
                 textnet: report::VERSION,
                 command: "transformer",
@@ -657,6 +663,7 @@ impl TrainingCommand for TransformerArgs {
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                     "overwrite": args.overwrite,
                     "plot": args.plot.as_ref().map(|p| p.display().to_string()),
+                    "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({
@@ -755,10 +762,12 @@ impl TransformerArgs {
                 test_loss: None,
                 test_accuracy: None,
                 samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
+                lr: Some(report::decimal(rates[done - 1])),
                 elapsed_s: elapsed,
                 extra: Default::default(),
             }
             .with("step", done)
+            .with("tokens_per_s", (done * args.batch * config.block) as f64 / elapsed.max(1e-9))
             .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
             display.evaluated(&format!(
                 "step {done}/{}: train loss {train_loss:.4}, val loss {val:.4}, {} tokens/s, {} elapsed",
@@ -766,6 +775,8 @@ impl TransformerArgs {
                 report::thousands(row.samples_per_s * config.block as f64),
                 report::duration(elapsed)
             ));
+            display.record_steps(before + 1, &losses);
+            display.record(done, &row);
             progress.rows.push(row);
             if crate::interrupt::requested() {
                 break;

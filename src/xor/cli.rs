@@ -56,6 +56,9 @@ pub struct XorArgs {
     #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -121,7 +124,7 @@ impl TrainingCommand for XorArgs {
         let lock = fsutil::check_output(&args.out, &[])?;
         crate::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
-        let display = Display::new(args.quiet, args.json, args.epochs);
+        let display = Display::new(args.quiet, args.json, args.epochs).tensorboard(args.tensorboard.as_deref())?;
         let (backend, device_line) = device::select_described(args.device)?;
         if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
             bail!(
@@ -190,7 +193,9 @@ impl TrainingCommand for XorArgs {
 
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
-        let Trained { setup: Setup { display, backend, schedule, baseline, .. }, params, losses, seconds } = trained;
+        let Trained { setup: Setup { mut display, backend, schedule, baseline, .. }, params, losses, seconds } =
+            trained;
+        let rates = schedule.rates(args.lr, args.epochs);
         let final_loss = model::loss_and_grads(&params).0;
         let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
 
@@ -212,10 +217,12 @@ impl TrainingCommand for XorArgs {
                 test_loss: None,
                 test_accuracy: None,
                 samples_per_s: (BATCH * args.epochs) as f64 / seconds.max(1e-9),
+                lr: Some(report::decimal(rates[epoch - 1])),
                 elapsed_s: seconds * epoch as f64 / args.epochs as f64,
                 extra: Default::default(),
             };
             display.line(&format!("epoch {epoch}/{}: loss {}", args.epochs, loss_text(loss)));
+            display.record(epoch, &row);
             rows.push(row);
         }
         if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
@@ -264,6 +271,8 @@ impl TrainingCommand for XorArgs {
         );
         let mut ending = Ending {
             report: None,
+            json: args.json,
+            board: display.take_board(),
             diverged,
             interrupted: None,
             failed,
@@ -272,7 +281,7 @@ impl TrainingCommand for XorArgs {
             remedy: format!("try a lower --lr (this run used {})", args.lr),
             plot_failed: crate::plot::training_curves(args.plot.as_deref(), &title, &rows, &display),
         };
-        if args.json {
+        if args.json || args.tensorboard.is_some() {
             let final_metrics = written.then(|| {
                 let mut figures = serde_json::Map::new();
                 figures.insert("loss".into(), json!(final_loss));
@@ -300,6 +309,7 @@ impl TrainingCommand for XorArgs {
                     "overwrite": args.overwrite,
                     "device": report::flag_value(&args.device),
                     "plot": args.plot.as_ref().map(|p| p.display().to_string()),
+                    "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                 }),
                 device: report::DeviceFields::of(&backend),
                 data: json!({

@@ -28,6 +28,7 @@ mod cli_plot;
 mod cli_predict;
 mod cli_report;
 mod cli_shell;
+mod cli_tensorboard;
 mod cli_text;
 mod gpu;
 mod layering;

@@ -12,10 +12,13 @@
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
 //                and an activation in the epilogue), nn_linear_grad_weight (dW and db in one product) and
-//                nn_linear_grad (dx, dW and db in one launch), each in three tiles (_large, _small, _tiny:
+//                nn_linear_grad (dx, dW and db in one launch; dx times the slope of the activation before
+//                the layer when the backward fuses it), each in three tiles (_large, _small, _tiny:
 //                small grids split k inside the block); in bf16,
 //                nn_to_bf16 (an operand rounded once) and nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma`
-//                on Hopper; batched, one kernel a layout, bias).
+//                on Hopper; batched, one kernel a layout, bias), nn_product_bf16_{act} (an activation
+//                after) and nn_product_bf16_{act}_slope (dx times an activation's slope, the backward's
+//                fusion).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
 //                give 0; the mean over the counted rows by the last block), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch; its last block advances
@@ -379,15 +382,26 @@ __device__ __forceinline__ void linear_grad_weight(const float* __restrict__ dy,
 // A linear layer's whole backward in one launch: the first blocks compute dx = dy·W (R×K, W N×K) a tile
 // each, ⌈K/BN⌉ tiles to a row of tiles, the rest linear_grad_weight_tile's dW and db, ⌈(K + 1)/BN⌉ to a
 // row; in a small step the launches, not the products, take the time. Grid: (dx tiles + dW tiles).
+// With act_pre (the backward's fusion, nn/autograd.rs): x is act(act_pre), an activation whose one reader
+// is this layer, and dx is its input's gradient, dy·W times the activation's slope, nn_unary_grad's
+// expression: the activation's backward is then no launch of its own.
 template <class T>
 __device__ __forceinline__ void linear_grad(const float* __restrict__ dy, const float* __restrict__ x,
                                             const float* __restrict__ W, float* __restrict__ dx,
-                                            float* __restrict__ dW, float* __restrict__ db, int R, int N, int K) {
+                                            float* __restrict__ dW, float* __restrict__ db, int R, int N, int K,
+                                            const float* __restrict__ act_pre, int act) {
     extern __shared__ float smem[];
     const int dx_cols = (K + T::BN - 1) / T::BN, dx_blocks = dx_cols * ((R + T::BM - 1) / T::BM);
     const int block = blockIdx.x;
     if (block < dx_blocks) {
-        matmul_tile<T, false, false>(dy, W, dx, R, K, N, block / dx_cols * T::BM, block % dx_cols * T::BN, smem);
+        gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
+            R, K, N, block / dx_cols * T::BM, block % dx_cols * T::BN,
+            [&](int r, int o) { return dy[(size_t)r * N + o]; }, [&](int o, int i) { return W[(size_t)o * K + i]; },
+            [&](int r, int i, float v) {
+                const size_t e = (size_t)r * K + i;
+                dx[e] = act_pre ? v * unary_slope(act, act_pre[e], x[e]) : v;
+            },
+            smem);
         return;
     }
     const int dw_cols = (K + (db ? 1 : 0) + T::BN - 1) / T::BN, tile = block - dx_blocks;
@@ -415,8 +429,9 @@ __device__ __forceinline__ void linear_grad(const float* __restrict__ dy, const 
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_grad_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                         \
                             const float* __restrict__ W, float* __restrict__ dx, float* __restrict__ dW,       \
-                            float* __restrict__ db, int R, int N, int K) {                                     \
-        linear_grad<TILE>(dy, x, W, dx, dW, db, R, N, K);                                                      \
+                            float* __restrict__ db, int R, int N, int K, const float* __restrict__ act_pre,    \
+                            int act) {                                                                         \
+        linear_grad<TILE>(dy, x, W, dx, dW, db, R, N, K, act_pre, act);                                        \
     }
 NN_FP32_PRODUCTS(large, TileLarge)
 NN_FP32_PRODUCTS(small, TileSmall)
@@ -514,6 +529,39 @@ NN_PRODUCT_BF16_ACT(nn_product_bf16_tanh, UNARY_TANH, false)
 NN_PRODUCT_BF16_ACT(nn_product_bf16_gelu, UNARY_GELU, false)
 NN_PRODUCT_BF16_ACT(nn_product_bf16_dropout, -1, true)
 #undef NN_PRODUCT_BF16_ACT
+
+// dx = dy·W as nn_product_bf16_nn (no bias, no split k), each result times the slope of the activation
+// ACT whose output x = ACT(pre) the layer read: the backward's fusion (src/nn/cuda/fusion.rs), with
+// nn_unary_grad's expression, so the activation's backward is no launch and no pass over dx of its own.
+// Grid (⌈N/128⌉, ⌈M/128⌉).
+template <int ACT>
+__device__ __forceinline__ void product_bf16_slope(const bf16* __restrict__ a, const bf16* __restrict__ b,
+                                                   float* __restrict__ c, const float* __restrict__ pre,
+                                                   const float* __restrict__ x, int M, int N, int K) {
+    extern __shared__ __align__(16) float smem[];
+    const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
+    gemm_tile_bf16_fast<false, false>(M, N, K, m0, n0, a, K, b, N,
+                                      [&](int m, int n, float v0, float v1) {
+                                          const size_t e = (size_t)m * N + n;
+                                          const bool both = n + 1 < N;
+                                          v0 *= unary_slope(ACT, pre[e], x[e]);
+                                          if (both) v1 *= unary_slope(ACT, pre[e + 1], x[e + 1]);
+                                          store_pair(c + e, v0, v1, both);
+                                      },
+                                      smem);
+}
+
+#define NN_PRODUCT_BF16_SLOPE(NAME, ACT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
+         const float* __restrict__ pre, const float* __restrict__ x, int M, int N, int K) {                    \
+        product_bf16_slope<ACT>(a, b, c, pre, x, M, N, K);                                                     \
+    }
+NN_PRODUCT_BF16_SLOPE(nn_product_bf16_relu_slope, UNARY_RELU)
+NN_PRODUCT_BF16_SLOPE(nn_product_bf16_sigmoid_slope, UNARY_SIGMOID)
+NN_PRODUCT_BF16_SLOPE(nn_product_bf16_tanh_slope, UNARY_TANH)
+NN_PRODUCT_BF16_SLOPE(nn_product_bf16_gelu_slope, UNARY_GELU)
+#undef NN_PRODUCT_BF16_SLOPE
 
 #define NN_PRODUCT_BF16(NAME, TA, TB)                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                   \

@@ -58,6 +58,7 @@ impl<F: Real> Tensor<F> {
             Some(grad) => (*grad.storage()).clone(),
         };
         let order = self.topological_order()?;
+        let readers = readers(&order);
         let mut pending: HashMap<usize, Storage<F>> = HashMap::from([(key(self), seed)]);
         for tensor in order.iter().rev() {
             let Some(grad) = pending.remove(&key(tensor)) else { continue };
@@ -68,27 +69,47 @@ impl<F: Real> Tensor<F> {
                 continue;
             };
             let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
+            // The activation that made the first input, when this op is its one reader: its slope is offered
+            // to this op's backward (cuda::fusion).
+            let offered = inputs.first().filter(|_| readers.get(&key(&inputs[0])) == Some(&1)).and_then(|first| {
+                let Storage::Device(output) = &*first.storage() else { return None };
+                let activation_input = match &*lock(&first.0.origin) {
+                    Origin::Op { inputs, .. } if inputs.len() == 1 && inputs[0].requires_grad() => inputs[0].clone(),
+                    _ => return None,
+                };
+                // The op that made `first` is the activation itself (its one input is the one the slope reads),
+                // not a view sharing its output's elements.
+                let (_, slope_input) = output.slope_extra()?;
+                let Storage::Device(input) = &*activation_input.storage() else { return None };
+                let own = input.same_elements(&slope_input);
+                (own && output.device().offer_slope(output)).then(|| (first.clone(), activation_input, output.clone()))
+            });
+            let mut slope_taken = false;
             let grads: Vec<Option<Storage<F>>> = match (backward, &grad) {
                 (Backward::Host(backward), Storage::Host(grad)) => {
                     backward(grad, &needs)?.into_iter().map(|g| g.map(Storage::Host)).collect()
                 }
                 (Backward::Device(backward), Storage::Device(grad)) => {
-                    backward(grad, &needs)?.into_iter().map(|g| g.map(Storage::Device)).collect()
+                    let grads = backward(grad, &needs);
+                    slope_taken = offered.as_ref().is_some_and(|(.., output)| output.device().slope_taken());
+                    grads?.into_iter().map(|g| g.map(Storage::Device)).collect()
                 }
                 _ => return Err(Error::device(op, "its gradient reached it in another place than its output")),
             };
-            for ((input, input_grad), need) in inputs.iter().zip(grads).zip(needs) {
+            for (i, ((input, input_grad), need)) in inputs.iter().zip(grads).zip(needs).enumerate() {
                 let (true, Some(input_grad)) = (need, input_grad) else { continue };
-                let sum = match (pending.remove(&key(input)), input_grad) {
-                    (None, grad) => grad,
-                    (Some(Storage::Host(mut sum)), Storage::Host(grad)) => {
-                        sum.iter_mut().zip(grad).for_each(|(s, g)| *s = *s + g);
-                        Storage::Host(sum)
+                match &offered {
+                    // The backward took the activation's slope: this is the gradient of the activation's
+                    // input, and the activation's own backward is done.
+                    Some((activation, activation_input, _)) if slope_taken && i == 0 => {
+                        send(&mut pending, activation_input, input_grad, op)?;
+                        if !retain_graph {
+                            let name = activation.op_name();
+                            *lock(&activation.0.origin) = Origin::Freed { op: name };
+                        }
                     }
-                    (Some(Storage::Device(sum)), Storage::Device(grad)) => Storage::Device(sum.plus(&grad)?),
-                    _ => return Err(Error::device(op, "gradients of one input reached it in two places")),
-                };
-                pending.insert(key(input), sum);
+                    _ => send(&mut pending, input, input_grad, op)?,
+                }
             }
             if !retain_graph {
                 *origin = Origin::Freed { op };
@@ -128,4 +149,37 @@ impl<F: Real> Tensor<F> {
         }
         Ok(order)
     }
+}
+
+/// How many times each tensor of `order` is an input (that requires a gradient) of an op in `order`.
+fn readers<F: Real>(order: &[Tensor<F>]) -> HashMap<usize, usize> {
+    let mut count = HashMap::new();
+    for tensor in order {
+        if let Origin::Op { inputs, .. } = &*lock(&tensor.0.origin) {
+            for input in inputs.iter().filter(|t| t.requires_grad()) {
+                *count.entry(key(input)).or_insert(0) += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Adds `grad` to what `pending` holds for `input` (from `op`'s backward).
+fn send<F: Real>(
+    pending: &mut HashMap<usize, Storage<F>>,
+    input: &Tensor<F>,
+    grad: Storage<F>,
+    op: &'static str,
+) -> Result<()> {
+    let sum = match (pending.remove(&key(input)), grad) {
+        (None, grad) => grad,
+        (Some(Storage::Host(mut sum)), Storage::Host(grad)) => {
+            sum.iter_mut().zip(grad).for_each(|(s, g)| *s = *s + g);
+            Storage::Host(sum)
+        }
+        (Some(Storage::Device(sum)), Storage::Device(grad)) => Storage::Device(sum.plus(&grad)?),
+        _ => return Err(Error::device(op, "gradients of one input reached it in two places")),
+    };
+    pending.insert(key(input), sum);
+    Ok(())
 }

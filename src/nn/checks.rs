@@ -5,7 +5,8 @@
 //! - kernels: each op's output and the gradient of every input, from a random output gradient (the
 //!   layout and image ops too: narrow, slice and cat along every axis, conv2d, max_pool2d with ties);
 //!   `clip_grad_norm` and three steps of each optimizer over many tensors of odd sizes at once (the
-//!   multi-tensor launches, several tables each), against the host;
+//!   multi-tensor launches, several tables each), against the host; the backward's fusion (an
+//!   activation's slope in the next linear layer's dx) against the same backward unfused, to the bit;
 //! - training: 30 steps of a two-layer MLP (linear, tanh — no kink for rounding to flip —, linear, cross-entropy with a row ignored, SGD)
 //!   on the device against the host: the losses and the parameters;
 //! - repeat: the device run twice gives the same bits; and 12 Adam steps of the MLP (a new batch and a new
@@ -946,9 +947,9 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let mut checks = Vec::new();
     // gelu and relu into fc1's and proj's epilogues, the dropout into fc2's, both residual adds into the
-    // norms after them; in bf16 also the four products' operands (ln1's, the gelu's from fc1's epilogue,
-    // ln2's and ln_f's).
-    for (precision, expected) in [(Precision::Fp32, 5), (Precision::Bf16, 9)] {
+    // norms after them, the gelu's slope into fc2's backward; in bf16 also the four products' operands
+    // (ln1's, the gelu's from fc1's epilogue, ln2's and ln_f's).
+    for (precision, expected) in [(Precision::Fp32, 6), (Precision::Bf16, 10)] {
         let (eager, _) = block_steps(device, seed, precision, false)?;
         let (captured, fusions) = block_steps(device, seed, precision, true)?;
         let same = bits(&eager) == bits(&captured);
@@ -966,6 +967,61 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     Ok(checks)
 }
 
+/// The backward's fusion (cuda::fusion): an activation between two linear layers, its slope taken in the
+/// second layer's dx epilogue, gives the same bits as its own backward's launch (the fusion off), for each
+/// activation; and it was taken (an equality that fused nothing would prove nothing). Also a second reader
+/// of the activation (no fusion then: two gradients to add) against the host.
+fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let activations: [(&str, fn(&Tensor) -> Result<Tensor>); 4] =
+        [("relu", Tensor::relu), ("sigmoid", Tensor::sigmoid), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu)];
+    let inputs = [
+        (values(rng, &[9, 17], -1.0, 1.0), vec![9, 17]),
+        (values(rng, &[13, 17], -1.0, 1.0), vec![13, 17]),
+        (values(rng, &[13], -1.0, 1.0), vec![13]),
+        (values(rng, &[5, 13], -1.0, 1.0), vec![5, 13]),
+    ];
+    let seed = values(rng, &[9, 5], -1.0, 1.0);
+    for ((name, activation), precision) in activations.iter().flat_map(|a| [(a, Precision::Fp32), (a, Precision::Bf16)])
+    {
+        let _fp32_again = if precision == Precision::Bf16 { Some(bf16_products(device)?) } else { None };
+        let grads = |fused: bool| -> anyhow::Result<(Vec<u32>, usize)> {
+            device.set_backward_fusion(fused);
+            let before = device.slopes_taken();
+            let t: Vec<Tensor> = (inputs.iter())
+                .map(|(v, s)| Tensor::parameter(v.clone(), s)?.to_device(device))
+                .collect::<Result<_>>()?;
+            let out = linear(&activation(&linear(&t[0], &t[1], Some(&t[2]))?)?, &t[3], None)?;
+            out.backward_with(Some(&Tensor::from_vec(seed.clone(), &[9, 5])?.to_device(device)?), false)?;
+            let mut bits = Vec::new();
+            for p in &t {
+                bits.extend(
+                    p.grad().ok_or_else(|| anyhow::anyhow!("no gradient"))?.values()?.iter().map(|v| v.to_bits()),
+                );
+            }
+            Ok((bits, device.slopes_taken() - before))
+        };
+        let unfused = grads(false);
+        let fused = grads(true);
+        device.set_backward_fusion(true);
+        let ((unfused, _), (fused, taken)) = (unfused?, fused?);
+        let right = unfused == fused && taken == 1;
+        checks.push(Check {
+            kernel: "nn backward fusion = unfused".into(),
+            shape: format!("linear 17→13, {name}, linear 13→5, {} (slopes taken: {taken})", precision.name()),
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    // The activation read twice (by the layer and by the sum): its gradient is the sum of two.
+    let twice: &Op<'_> = &|t| {
+        let h = linear(&t[0], &t[1], Some(&t[2]))?.relu()?;
+        linear(&h, &t[3], None)?.sum_all()?.add(&h.sum_all()?)
+    };
+    checks.extend(compare(device, rng, ("linear → relu read twice", SUM_TOLERANCE), &inputs, twice)?);
+    Ok(checks)
+}
+
 /// Every check of `nn` the plan asks for.
 pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
     let device = Device::on(Arc::clone(gpu))?;
@@ -979,6 +1035,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         checks.extend(optimizer_checks(&device, &mut plan.rng("nn optimizers"))?);
         checks.extend(layout_checks(&device, &mut plan.rng("nn layout"))?);
         checks.extend(image_checks(&device, &mut plan.rng("nn images"))?);
+        checks.extend(backward_fusion_checks(&device, &mut plan.rng("nn backward fusion"))?);
     }
     let seed = plan.seed;
     if plan.wants(Group::Training) {

@@ -343,11 +343,52 @@ impl<F: Real> Tensor<F> {
 
     /// Replaces the elements in place with `values` (as `update_in_place`).
     pub fn copy_from_slice(&self, values: &[F]) -> Result<()> {
+        const OP: &str = "copy_from_slice";
         if values.len() != self.numel() {
             let problem = format!("holds {} elements, but {} values were given", self.numel(), values.len());
-            return Err(Error::shape("copy_from_slice", self.shape(), problem));
+            return Err(Error::shape(OP, self.shape(), problem));
         }
-        self.update_in_place(|mine| mine.copy_from_slice(values))
+        let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Storage::Device(buffer) = &**storage else {
+            drop(storage);
+            return self.update_in_place(|mine| mine.copy_from_slice(values));
+        };
+        // Every element is replaced: the old ones are not read back first.
+        let device = Arc::clone(buffer.device());
+        let values = cuda::to_f32(values);
+        if let Some(Storage::Device(buffer)) = Arc::get_mut(&mut storage)
+            && buffer.is_unshared()
+        {
+            return buffer.overwrite(OP, &values);
+        }
+        *storage = Arc::new(Storage::Device(device.upload(OP, &values)?));
+        Ok(())
+    }
+
+    /// Sets the elements to `source`'s (as many, of any shape), in place where nothing else holds them
+    /// (a captured step's input keeps its address). Between two tensors on one GPU it is a copy in the
+    /// stream's order, which neither waits for the GPU nor passes through the host; otherwise the values
+    /// travel as `copy_from_slice`'s.
+    pub fn copy_from(&self, source: &Tensor<F>) -> Result<()> {
+        const OP: &str = "copy_from";
+        if source.numel() != self.numel() {
+            return Err(Error::shapes(OP, self.shape(), source.shape(), "differ in their number of elements"));
+        }
+        let theirs = source.storage();
+        let Storage::Device(from) = &*theirs else { return self.copy_from_slice(&source.values()?) };
+        let mut storage = self.0.storage.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let same_device = matches!(&**storage, Storage::Device(mine) if Arc::ptr_eq(mine.device(), from.device()));
+        if !same_device {
+            drop(storage);
+            return self.copy_from_slice(&source.values()?);
+        }
+        if let Some(Storage::Device(buffer)) = Arc::get_mut(&mut storage)
+            && buffer.is_unshared()
+        {
+            return buffer.overwrite_from(OP, from);
+        }
+        *storage = Arc::new(Storage::Device(from.duplicate(OP)?));
+        Ok(())
     }
 
     /// Whether the elements live on a GPU.

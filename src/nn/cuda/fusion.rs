@@ -26,6 +26,14 @@
 //! A fused dropout draws its key (and advances its layer's step) at the linear layer's launch, not at its
 //! own. So it fuses only where no other mask was drawn between the two in the recording: otherwise a layer
 //! drawing twice could take its steps in another order.
+//!
+//! One fusion happens in the backward, eager or captured alike: an activation whose one reader is a linear
+//! layer (fp32) gets its input's gradient from that layer's backward, which multiplies dx by the
+//! activation's slope in its epilogue (`nn_linear_grad`'s `act_pre`), and the activation's own backward
+//! does not launch. The autograd walk, which alone knows that the layer is the activation's one reader,
+//! offers it ([`Device::offer_slope`]); the layer's backward takes it or not ([`Device::take_slope`]); the
+//! walk then sends the gradient on to the activation's input ([`Device::slope_taken`]). The expression is
+//! `nn_unary_grad`'s, so the bits are the same as the two launches'. `TEXTNET_FUSION=0` turns it off.
 
 use super::{Device, DeviceBuffer, WeakBuffer};
 use std::collections::BTreeMap;
@@ -134,6 +142,19 @@ pub(crate) enum Extra {
     /// A word holding 1 that the kernel making a scalar output wrote for the seed of its backward (not a
     /// fusion: the seed then costs no launch, and the op knows its upstream gradient is 1).
     Seed(DeviceBuffer),
+    /// These elements are the unary map `code` (UNARY_*) of `input`: its slope can be taken in the
+    /// backward of their reader (held weakly: the activation's backward keeps it while it is needed).
+    Slope {
+        code: i32,
+        input: WeakBuffer,
+    },
+}
+
+/// The activation whose slope the autograd walk offers to the backward about to run (see the module's
+/// text): its output, and whether that backward took it.
+pub(crate) struct SlopeOffer {
+    output: DeviceBuffer,
+    taken: bool,
 }
 
 /// What fusion is doing in the current run of a step.
@@ -311,6 +332,48 @@ impl Device {
         }
     }
 
+    /// Offers the slope of the activation that made `output` to the backward about to run (unless
+    /// `TEXTNET_FUSION=0`); true when `output` is such an activation's.
+    pub(crate) fn offer_slope(&self, output: &DeviceBuffer) -> bool {
+        if !self.backward_fusion.load(Ordering::Relaxed) || output.slope_extra().is_none() {
+            return false;
+        }
+        *self.slope_offer.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(SlopeOffer { output: output.clone(), taken: false });
+        true
+    }
+
+    /// For a backward reading `input`: the offered activation's code and input when `input` is its output
+    /// and the backward can fuse that code (`fuses`), marked as taken. The caller then returns the
+    /// gradient of the activation's input in place of `input`'s.
+    pub(crate) fn take_slope(&self, input: &DeviceBuffer, fuses: impl Fn(i32) -> bool) -> Option<(i32, DeviceBuffer)> {
+        let mut offer = self.slope_offer.lock().unwrap_or_else(|p| p.into_inner());
+        let offered = offer.as_mut().filter(|o| o.output.same_elements(input))?;
+        let (code, of) = input.slope_extra().filter(|&(code, _)| fuses(code))?;
+        offered.taken = true;
+        self.slopes_taken.fetch_add(1, Ordering::Relaxed);
+        if self.fusing.load(Ordering::Relaxed) {
+            drop(offer);
+            self.fused("linear ← activation: its slope in dx's epilogue, no launch of its backward".into());
+        }
+        Some((code, of))
+    }
+
+    /// Turns the backward's fusion on or off (a check compares the two).
+    pub(crate) fn set_backward_fusion(&self, on: bool) {
+        self.backward_fusion.store(on, Ordering::Relaxed);
+    }
+
+    /// How many activation slopes backward passes on this device have taken so far.
+    pub(crate) fn slopes_taken(&self) -> usize {
+        self.slopes_taken.load(Ordering::Relaxed)
+    }
+
+    /// Ends an offer: whether the backward took it.
+    pub(crate) fn slope_taken(&self) -> bool {
+        self.slope_offer.lock().unwrap_or_else(|p| p.into_inner()).take().is_some_and(|o| o.taken)
+    }
+
     /// Counts a fusion the capture made, described as `what`.
     pub(crate) fn fused(&self, what: String) {
         *self.fusion().applied.entry(what).or_default() += 1;
@@ -378,6 +441,15 @@ impl DeviceBuffer {
     pub(crate) fn seed_extra(&self) -> Option<DeviceBuffer> {
         self.block.fused().extras.iter().find_map(|e| match e {
             Extra::Seed(one) => Some(one.clone()),
+            _ => None,
+        })
+    }
+
+    /// The activation code and input these elements are the output of (its input while it lives).
+    pub(crate) fn slope_extra(&self) -> Option<(i32, DeviceBuffer)> {
+        let fused = self.block.fused();
+        fused.extras.iter().find_map(|e| match e {
+            Extra::Slope { code, input } => Some((*code, input.upgrade(&self.device)?)),
             _ => None,
         })
     }

@@ -68,6 +68,9 @@ pub(crate) struct Kernels {
     pub(crate) product_bf16_act: [Kernel; 4],
     /// `nn_product_bf16_dropout`: a linear layer's product and the dropout after it (capture-time fusion).
     pub(crate) product_bf16_dropout: Kernel,
+    /// `nn_product_bf16_{relu,sigmoid,tanh,gelu}_slope`, at the activation's UNARY_* code: a linear
+    /// layer's dx times the slope of the activation before it (the backward's fusion).
+    pub(crate) product_bf16_slope: [Kernel; 4],
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
     pub(crate) accumulate: Kernel,
@@ -122,6 +125,12 @@ pub struct Device {
     fusion: Mutex<fusion::Fusion>,
     /// Whether a step is being recorded or fused now (`fusion`): an eager op then skips the state's lock.
     fusing: AtomicBool,
+    /// Whether the backward takes an activation's slope in its reader's epilogue (`fusion`; off with
+    /// `TEXTNET_FUSION=0`).
+    backward_fusion: AtomicBool,
+    /// The activation slope offered to the backward about to run (`fusion`), and how many were taken.
+    slope_offer: Mutex<Option<fusion::SlopeOffer>>,
+    slopes_taken: std::sync::atomic::AtomicUsize,
 }
 
 /// Freed device memory by capacity (floats).
@@ -201,6 +210,12 @@ impl Device {
                     k("nn_product_bf16_gelu")?,
                 ],
                 product_bf16_dropout: k("nn_product_bf16_dropout")?,
+                product_bf16_slope: [
+                    k("nn_product_bf16_relu_slope")?,
+                    k("nn_product_bf16_sigmoid_slope")?,
+                    k("nn_product_bf16_tanh_slope")?,
+                    k("nn_product_bf16_gelu_slope")?,
+                ],
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
                 accumulate: k("nn_accumulate")?,
@@ -238,7 +253,8 @@ impl Device {
         let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
-        let fused_products = kernels.product_bf16_act.iter().chain([&kernels.product_bf16_dropout]);
+        let fused_products =
+            kernels.product_bf16_act.iter().chain([&kernels.product_bf16_dropout]).chain(&kernels.product_bf16_slope);
         for kernel in kernels.product_bf16.iter().chain(fused_products) {
             gpu.reserve_shared(kernel, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
                 .map_err(launch_error("Device::open"))?;
@@ -252,6 +268,9 @@ impl Device {
             bf16_products: AtomicBool::new(false),
             fusion: Mutex::default(),
             fusing: AtomicBool::new(false),
+            backward_fusion: AtomicBool::new(std::env::var_os("TEXTNET_FUSION").is_none_or(|v| v != "0")),
+            slope_offer: Mutex::default(),
+            slopes_taken: Default::default(),
             free: Arc::default(),
             capturing: Mutex::default(),
         }))
@@ -522,9 +541,32 @@ impl DeviceBuffer {
         Arc::strong_count(&self.block) == 1
     }
 
+    /// Whether `other` holds these very elements.
+    pub(crate) fn same_elements(&self, other: &DeviceBuffer) -> bool {
+        Arc::ptr_eq(&self.block, &other.block)
+    }
+
     /// A handle that neither keeps these elements alive nor shares them (`WeakBuffer`).
     pub(crate) fn downgrade(&self) -> WeakBuffer {
         WeakBuffer { block: Arc::downgrade(&self.block), len: self.len }
+    }
+
+    /// Writes `source`'s elements (as many as this holds, on the same device) into these, in place, in
+    /// stream order: no trip through the host. They must not be shared.
+    pub(crate) fn overwrite_from(&mut self, op: &'static str, source: &DeviceBuffer) -> Result<()> {
+        if source.len != self.len || !Arc::ptr_eq(&source.device, &self.device) {
+            return Err(Error::device(op, "the source is not a buffer of as many elements on this GPU"));
+        }
+        let device = Arc::clone(&self.device);
+        let Some(block) = Arc::get_mut(&mut self.block) else {
+            return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
+        };
+        let target = block.slice.as_mut().expect("a live block holds its memory");
+        if self.len > 0 {
+            let from = source.slice().slice(..self.len);
+            device.gpu.stream.memcpy_dtod(&from, &mut target.slice_mut(..self.len)).map_err(driver(op))?;
+        }
+        Ok(())
     }
 
     /// A copy of the elements in a new buffer on the same device.

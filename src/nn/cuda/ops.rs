@@ -241,6 +241,7 @@ pub(crate) fn unary<F: Real>(device: &Arc<Device>, name: &'static str, code: i32
         }
     };
     out.made_by_producer(producer.as_ref());
+    out.attach(Extra::Slope { code, input: input.downgrade() });
     let (device_, output) = (Arc::clone(device), out.clone());
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let dx = device_.alloc(name, n)?;
@@ -443,6 +444,38 @@ fn k_slices(device: &Device, tiles: usize, k: usize) -> usize {
     wanted.min(k / 512).max(1)
 }
 
+/// How `product_bf16` splits k: the slices and each one's depth (a whole number of the tile's 64-deep
+/// chunks; one slice of all of k when unsplit). A product with a bias is never split.
+fn bf16_split(device: &Device, (m, n, k): (usize, usize, usize), batches: usize, bias: bool) -> (usize, usize) {
+    const TILE: usize = 128;
+    let tiles = n.div_ceil(TILE).max(1) * m.div_ceil(TILE).max(1) * batches.max(1);
+    let slices = if bias { 1 } else { k_slices(device, tiles, k) };
+    let k_per = if slices > 1 { k.div_ceil(slices).div_ceil(64) * 64 } else { k.max(1) };
+    (k.div_ceil(k_per).max(1), k_per)
+}
+
+/// The slices `product_bf16` splits k into.
+fn bf16_slices(device: &Device, mnk: (usize, usize, usize), batches: usize, bias: bool) -> usize {
+    bf16_split(device, mnk, batches, bias).0
+}
+
+/// A linear layer's dx = dy·W in bf16 (`rows`×`inputs` results over `outputs`, unsplit), times the slope of
+/// the activation `code` of `pre` that made the layer's input `x` (`nn_product_bf16_{act}_slope`).
+fn product_bf16_slope(
+    device: &Arc<Device>,
+    (dy16, w16, dx): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (rows, inputs, outputs): (usize, usize, usize),
+    (code, pre, x): (i32, &DeviceBuffer, &DeviceBuffer),
+) -> Result<()> {
+    const NAME: &str = "linear";
+    let blocks = (int(NAME, inputs.div_ceil(128).max(1))? as u32, int(NAME, rows.div_ceil(128).max(1))? as u32);
+    let args = [device.arg(dy16), device.arg(w16), device.arg(dx), device.arg(pre), device.arg(x)];
+    let sizes = [int(NAME, rows)?, int(NAME, inputs)?, int(NAME, outputs)?];
+    let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
+    let kernel = &device.kernels.product_bf16_slope[code as usize];
+    device.launch(NAME, kernel, blocks, device.gemm_shared_bf16, &args)
+}
+
 /// `matmul_into`'s product from operands rounded to bf16 (`rounded_bf16`'s; strides in bf16 elements),
 /// plus `bias` (of N, added in fp32) when given: `nn_product_bf16`, 128 × 128 tiles. A product of few
 /// tiles over a long k (a weight's gradient over the batch's rows) is split in k, its slices' partial
@@ -459,11 +492,7 @@ fn product_bf16(
     bias: Option<&DeviceBuffer>,
 ) -> Result<()> {
     const TILE: usize = 128;
-    let tiles = n.div_ceil(TILE).max(1) * m.div_ceil(TILE).max(1) * batches.max(1);
-    let slices = if bias.is_none() { k_slices(device, tiles, k) } else { 1 };
-    // Each slice a whole number of the tile's 64-deep chunks.
-    let k_per = if slices > 1 { k.div_ceil(slices).div_ceil(64) * 64 } else { k.max(1) };
-    let slices = k.div_ceil(k_per).max(1);
+    let (slices, k_per) = bf16_split(device, (m, n, k), batches, bias.is_some());
     let partial = if slices > 1 { Some(device.alloc(name, slices * batches * m * n)?) } else { None };
     let row_blocks = m.div_ceil(TILE).max(1) * batches.max(1) * slices;
     let blocks = (int(name, n.div_ceil(TILE).max(1))? as u32, int(name, row_blocks)? as u32);
@@ -717,7 +746,9 @@ pub(crate) fn linear<F: Real>(
             let sizes = (rows, inputs, outputs);
             let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
                 (true, true) => {
-                    let (dx, dw, db) = linear_grad(d, (grad, &xb, &wb), sizes, bias_needed)?;
+                    // dx times the slope of the activation that made x, when the backward offers it.
+                    let slope = d.take_slope(&xb, |_| true);
+                    let (dx, dw, db) = linear_grad(d, (grad, &xb, &wb), sizes, bias_needed, slope)?;
                     (Some(dx), Some(dw), db)
                 }
                 (false, true) => {
@@ -739,7 +770,15 @@ pub(crate) fn linear<F: Real>(
         let dx = |_| -> Result<DeviceBuffer> {
             let dx = d.alloc(NAME, rows * inputs)?;
             let operands = (&dy16, w16, &dx);
-            product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?;
+            // dx times the slope of the activation that made x, when the backward offers it and the product
+            // runs unsplit (a kernel per activation).
+            let unsplit = bf16_slices(d, (rows, inputs, outputs), 1, false) == 1;
+            let fuses =
+                |code: i32| unsplit && usize::try_from(code).is_ok_and(|c| c < d.kernels.product_bf16_slope.len());
+            match d.take_slope(&xb, fuses) {
+                Some((code, pre)) => product_bf16_slope(d, operands, (rows, inputs, outputs), (code, &pre, &xb))?,
+                None => product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?,
+            }
             Ok(dx)
         };
         let dw = |_| -> Result<DeviceBuffer> {
@@ -780,12 +819,14 @@ fn linear_grad_weight(
 
 /// A linear layer's dx = dy·W, dW = dyᵀ·x and, with `bias`, db = Σ rows of dy, in one fp32 launch
 /// (`nn_linear_grad`: dx's tiles, then dW's with db as their last column), its tile the largest whose
-/// grid of both fills the GPU.
+/// grid of both fills the GPU. With `slope` (x is the activation `code` of `pre`), dx is `pre`'s gradient:
+/// dy·W times the activation's slope.
 fn linear_grad(
     device: &Arc<Device>,
     (dy, x, w): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
     (rows, inputs, outputs): (usize, usize, usize),
     bias: bool,
+    slope: Option<(i32, DeviceBuffer)>,
 ) -> Result<(DeviceBuffer, DeviceBuffer, Option<DeviceBuffer>)> {
     const NAME: &str = "linear";
     let (dx, dw) = (device.alloc(NAME, rows * inputs)?, device.alloc(NAME, outputs * inputs)?);
@@ -797,7 +838,12 @@ fn linear_grad(
     let grid = (int(NAME, blocks(FP32_TILES[tile]))? as u32, 1);
     let args = [device.arg(dy), device.arg(x), device.arg(w), device.arg(&dx), device.arg(&dw)];
     let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
-    let args = [&args[..], &[optional(device, db.as_ref())], &words(&sizes).collect::<Vec<_>>()].concat();
+    let (pre, code) = match &slope {
+        Some((code, pre)) => (Some(pre), *code),
+        None => (None, UNARY_NONE),
+    };
+    let slope_args = [optional(device, pre), Arg::i32(code)];
+    let args = [&args[..], &[optional(device, db.as_ref())], &words(&sizes).collect::<Vec<_>>(), &slope_args].concat();
     device.launch(NAME, &device.kernels.linear_grad[tile], grid, device.gemm_shared[tile], &args)?;
     Ok((dx, dw, db))
 }

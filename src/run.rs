@@ -50,7 +50,8 @@ pub trait Trainer {
     type Evaluation;
     /// One pass over the training samples `order`, `batch` per optimizer step (the last step may be
     /// shorter), step k at learning rate `rates[k]` (`rates.len()` = the number of steps). Calls
-    /// `progress` with the samples done so far, at least once per step or group of steps. Returns the
+    /// `progress` with the samples done so far and their summed loss, at least once per step or group of
+    /// steps (the CPU trainers after every step, a GPU epoch once at its end). Returns the
     /// summed per-sample loss; a trainer may stop within the epoch at a loss that is no longer finite
     /// and return it, since `epochs` ends the run there anyway.
     fn train_epoch(
@@ -58,7 +59,7 @@ pub trait Trainer {
         order: &[u32],
         batch: usize,
         rates: &[f32],
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(usize, f64),
     ) -> Result<f64>;
     /// The model on split `split` (`TRAIN`, `TEST`, `VAL`), dropout off, nothing updated.
     fn evaluate(&mut self, split: usize) -> Result<Self::Evaluation>;
@@ -132,8 +133,9 @@ pub trait EpochHooks<T: ?Sized> {
     }
     /// An epoch of `samples` training samples begins.
     fn started(&mut self, _epoch: usize, _samples: usize) {}
-    /// `done` training samples of the epoch so far.
-    fn progress(&mut self, _done: usize) {}
+    /// `done` training samples of the epoch so far, `loss_sum` their summed loss (as `train_epoch` calls
+    /// its `progress`).
+    fn progress(&mut self, _done: usize, _loss_sum: f64) {}
     /// The epoch is trained (its loss finite): evaluate, keep, report, and say how to go on.
     fn finished(&mut self, trainer: &mut T, epoch: &EpochTrained) -> Result<Verdict>;
     /// `--patience` stops the run after `epoch`: the judged loss was best at `best`.
@@ -190,7 +192,8 @@ pub fn epochs<T: Trainer + ?Sized>(
         };
         hooks.started(epoch, n);
         let epoch_start = Instant::now();
-        let sum = trainer.train_epoch(&order, plan.batch, rates, &mut |done| hooks.progress(done))?;
+        let sum =
+            trainer.train_epoch(&order, plan.batch, rates, &mut |done, loss_sum| hooks.progress(done, loss_sum))?;
         let samples_per_s = n as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
         let train_loss = sum / n.max(1) as f64;
         if !train_loss.is_finite() {
@@ -435,7 +438,7 @@ mod tests {
     impl Trainer for Rates {
         type Params = ();
         type Evaluation = ();
-        fn train_epoch(&mut self, _: &[u32], _: usize, rates: &[f32], _: &mut dyn FnMut(usize)) -> Result<f64> {
+        fn train_epoch(&mut self, _: &[u32], _: usize, rates: &[f32], _: &mut dyn FnMut(usize, f64)) -> Result<f64> {
             self.0.push(rates.to_vec());
             Ok(1.0)
         }

@@ -371,15 +371,26 @@ fn set_rates<F: Float>(
     Ok(())
 }
 
+/// The tensors of each group of `groups`, every one of `F` (the dtype of the first parameter, whose
+/// dtype any other must share).
+fn group_tensors<'a, 'py: 'a, F: Float>(
+    op: &str,
+    groups: impl Iterator<Item = &'a [PyRef<'py, PyTensor>]> + Clone,
+) -> PyResult<Vec<Vec<Tensor<F>>>> {
+    let first = groups.clone().flat_map(|params| params.first()).next();
+    (groups.map(|params| {
+        params.iter().map(|p| operand::<F>(op, first.map_or(&p.data, |f| &f.data), &p.data).cloned()).collect()
+    }))
+    .collect()
+}
+
 fn optimizer<F: Float>(config: OptimConfig, groups: &[(Vec<PyRef<'_, PyTensor>>, f32, f32)]) -> PyResult<Optimizer<F>> {
-    let first = groups.iter().flat_map(|(params, ..)| params.first()).next();
-    let mut made = Vec::with_capacity(groups.len());
-    for (params, lr, weight_decay) in groups {
-        let tensors: PyResult<Vec<Tensor<F>>> = (params.iter())
-            .map(|p| operand::<F>(config.kind.name(), first.map_or(&p.data, |f| &f.data), &p.data).cloned())
-            .collect();
-        made.push(ParamGroup::new(tensors?).with_weight_decay(*weight_decay).with_lr_scale(*lr));
-    }
+    let tensors = group_tensors::<F>(config.kind.name(), groups.iter().map(|(params, ..)| params.as_slice()))?;
+    let made = (tensors.into_iter().zip(groups))
+        .map(|(tensors, (_, lr, weight_decay))| {
+            ParamGroup::new(tensors).with_weight_decay(*weight_decay).with_lr_scale(*lr)
+        })
+        .collect();
     Optimizer::new(config, made).map_err(nn_error)
 }
 
@@ -434,6 +445,20 @@ impl PyOptimizer {
         let changed = scales != self.scales;
         (self.base_lr, self.scales) = (base_lr, scales);
         Ok(changed)
+    }
+
+    /// This optimizer (rates, every parameter's state) over `groups`, the copies of its parameters, one
+    /// list per group: `copy.deepcopy` of a `textnet.optim` optimizer.
+    fn deep_copy_onto(&self, groups: Vec<Vec<PyRef<'_, PyTensor>>>) -> PyResult<Self> {
+        fn onto<F: Float>(optimizer: &Optimizer<F>, groups: &[Vec<PyRef<'_, PyTensor>>]) -> PyResult<Optimizer<F>> {
+            let parameters = group_tensors::<F>(optimizer.kind().name(), groups.iter().map(Vec::as_slice))?;
+            optimizer.deep_copy_onto(parameters).map_err(nn_error)
+        }
+        let steps = match &self.steps {
+            Steps::F32(optimizer) => Steps::F32(onto(optimizer, &groups)?),
+            Steps::F64(optimizer) => Steps::F64(onto(optimizer, &groups)?),
+        };
+        Ok(PyOptimizer { steps, base_lr: self.base_lr, scales: self.scales.clone() })
     }
 
     /// One step over every parameter with a gradient, group `i` at rate `lrs[i]`.

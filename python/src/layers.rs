@@ -63,6 +63,12 @@ impl PyDropout {
         Ok(PyDropout { layer, seed, site })
     }
 
+    /// `copy.deepcopy`: the same layer (p, seed, site, the step it draws next) with a step counter of its
+    /// own, so that the copy drops as the original would and each advances apart.
+    fn __deepcopy__(&self, _memo: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(PyDropout { layer: self.layer.deep_copy().map_err(nn_error)?, seed: self.seed, site: self.site })
+    }
+
     /// `input` with dropout when `training` (the mask of the layer's next step, the step counted), else
     /// `input` itself.
     fn forward(&self, input: PyRef<'_, PyTensor>, training: bool) -> PyResult<PyTensor> {

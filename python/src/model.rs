@@ -5,7 +5,7 @@ use crate::errors::{choice, memory_error, runtime_error, value_error};
 use crate::save_model;
 use crate::worker::{Event, backend, device_name, drive};
 use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use rayon::prelude::*;
@@ -196,6 +196,8 @@ struct FitRequest {
     ask_before_epoch: bool,
     /// Whether each epoch's parameters go to Python with its figures.
     epoch_params: bool,
+    /// Whether Python is told of every step, before the first and after each (the CPU only).
+    step_events: bool,
 }
 
 /// The least time between two progress events: a bar redrawn 50 times a second looks smooth.
@@ -417,10 +419,12 @@ impl Model {
     /// Trains for `epochs` passes over `x`, `y` (shuffled per epoch from `seed`, as `textnet fit` does),
     /// measuring `x_val`, `y_val` (or the last `validation_split` of the samples) after each, and the
     /// training samples too when `train_metric`. `on_progress(epoch, done, total)`, `on_epoch_begin(epoch,
-    /// lr)` and `on_epoch(epoch, logs, samples_per_s, lr)` are called on this thread, and training waits for the last two:
-    /// `on_epoch_begin` returns the rate of every step of the epoch (None: as planned, `lr` being its first
+    /// lr)` and `on_epoch(epoch, logs, samples_per_s, lr)` are called on this thread, and training waits
+    /// for the last two: `on_epoch_begin` returns the rate of every step of the epoch (None: as planned, `lr` being its first
     /// step's), `on_epoch` whether to stop after the epoch; an exception in either stops the run before
-    /// the next epoch and is raised. With `epoch_params` the model takes each epoch's parameters before
+    /// the next epoch and is raised. `on_step(epoch, done, total, loss_sum)` (on the CPU only, else
+    /// NotImplementedError) is called and waited for before an epoch's first step and after each step.
+    /// With `epoch_params` the model takes each epoch's parameters before
     /// `on_epoch` is called (otherwise only when the run ends). Returns
     /// {"history": {name: [per epoch]}, "interrupted": bool, "diverged": None or the message, "device": str,
     /// "seconds", "setup_seconds", "training_seconds": float}; the model
@@ -428,7 +432,7 @@ impl Model {
     #[pyo3(signature = (x, y, x_val=None, y_val=None, validation_split=None, epochs=10, batch_size=64,
         optimizer="adam", lr=None, momentum=None, weight_decay=0.0, clip_norm=0.0, device="auto", seed=1,
         lr_schedule="constant", warmup=0, min_lr=0.0, patience=None, train_metric=false, epoch_params=false,
-        on_progress=None, on_epoch_begin=None, on_epoch=None))]
+        on_progress=None, on_epoch_begin=None, on_epoch=None, on_step=None))]
     #[allow(clippy::too_many_arguments)]
     fn fit<'py>(
         &self,
@@ -456,6 +460,7 @@ impl Model {
         on_progress: Option<Py<PyAny>>,
         on_epoch_begin: Option<Py<PyAny>>,
         on_epoch: Option<Py<PyAny>>,
+        on_step: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let _training = match self.training.try_lock() {
             Ok(guard) => guard,
@@ -468,6 +473,12 @@ impl Model {
         };
         let kind: OptimKind = choice("optimizer", optimizer)?;
         let device: DeviceChoice = choice("device", device)?;
+        if on_step.is_some() && !matches!(backend(device).map_err(runtime_error)?, Backend::Cpu) {
+            return Err(PyNotImplementedError::new_err(
+                "per-batch callbacks (on_train_batch_begin/end) run on the CPU only: on a GPU an epoch runs as \
+                 one captured graph; give device=\"cpu\"",
+            ));
+        }
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be at least 1"));
         }
@@ -563,6 +574,7 @@ impl Model {
             train_metric,
             ask_before_epoch: on_epoch_begin.is_some(),
             epoch_params,
+            step_events: on_step.is_some(),
         };
         let mut history: Vec<(&'static str, Vec<f64>)> = Vec::new();
         let started = Instant::now();
@@ -581,6 +593,13 @@ impl Model {
                         None => None,
                     };
                     let _ = answer.send(rate);
+                    Ok(())
+                }
+                Event::Step { epoch, done, total, loss_sum, answer } => {
+                    if let Some(f) = &on_step {
+                        f.call1(py, (epoch, done, total, loss_sum))?;
+                    }
+                    let _ = answer.send(());
                     Ok(())
                 }
                 Event::Epoch { epoch, logs, speed_and_lr: (speed, lr), params, answer } => {
@@ -740,6 +759,7 @@ fn train_epochs(
         train_metric: request.train_metric,
         ask_before_epoch: request.ask_before_epoch,
         epoch_params: request.epoch_params,
+        step_events: request.step_events,
         kept: params,
         epoch: 0,
         last_sent: None,
@@ -770,11 +790,23 @@ struct PythonEpochs<'a> {
     train_metric: bool,
     ask_before_epoch: bool,
     epoch_params: bool,
+    step_events: bool,
     /// The parameters of the last epoch finished with finite figures (the starting ones before any).
     kept: Vec<f32>,
     /// The epoch in progress, and when its last progress event was sent.
     epoch: usize,
     last_sent: Option<Instant>,
+}
+
+impl PythonEpochs<'_> {
+    /// Tells Python of a step (when asked to) and waits until it has seen it.
+    fn step(&mut self, done: usize, loss_sum: f64) {
+        if self.step_events {
+            let (answer, answered) = mpsc::channel();
+            let _ = self.events.send(Event::Step { epoch: self.epoch, done, total: self.n, loss_sum, answer });
+            let _ = answered.recv();
+        }
+    }
 }
 
 impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
@@ -796,9 +828,11 @@ impl EpochHooks<StackTrainer> for PythonEpochs<'_> {
         if self.progress {
             let _ = self.events.send(Event::Progress { epoch, done: 0, total: self.n });
         }
+        self.step(0, 0.0);
     }
 
-    fn progress(&mut self, done: usize) {
+    fn progress(&mut self, done: usize, loss_sum: f64) {
+        self.step(done, loss_sum);
         if self.progress && (done == self.n || self.last_sent.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)) {
             self.last_sent = Some(Instant::now());
             let _ = self.events.send(Event::Progress { epoch: self.epoch, done, total: self.n });

@@ -576,18 +576,50 @@ impl PyTensor {
         }
     }
 
-    /// `x.grad = None` (or `del x.grad`) forgets the gradient; nothing else can be assigned.
+    /// `x.grad = g` sets the gradient to a copy of the tensor `g` (of `x`'s shape, dtype and device);
+    /// `x.grad = None` (or `del x.grad`) forgets it.
     #[setter]
     fn set_grad(&self, grad: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        if grad.is_some_and(|g| !g.is_none()) {
-            return Err(PyValueError::new_err("grad: only None can be assigned (it forgets the gradient)"));
-        }
-        match &self.data {
-            Data::F32(t) => t.zero_grad(),
-            Data::F64(t) => t.zero_grad(),
-            Data::Ids { .. } | Data::DeviceIds(_) => {}
+        let grad = match grad.filter(|g| !g.is_none()) {
+            None => None,
+            Some(g) => Some(
+                g.extract::<PyRef<'_, PyTensor>>()
+                    .map_err(|_| PyTypeError::new_err("grad: assign a tensor or None"))?,
+            ),
+        };
+        match (&self.data, grad.as_ref().map(|g| &g.data)) {
+            (Data::F32(t), None) => t.zero_grad(),
+            (Data::F64(t), None) => t.zero_grad(),
+            (Data::F32(t), Some(Data::F32(g))) => t.set_grad(Some(g)).map_err(nn_error)?,
+            (Data::F64(t), Some(Data::F64(g))) => t.set_grad(Some(g)).map_err(nn_error)?,
+            (Data::Ids { .. } | Data::DeviceIds(_), None) => {}
+            (mine, Some(theirs)) => return Err(dtypes_differ("grad", mine, theirs)),
         }
         Ok(())
+    }
+
+    /// `copy.deepcopy`: a leaf of this class (a `Parameter` stays one) with elements and gradient of its
+    /// own, in the same place and requiring a gradient when this one does; a subclass's attributes are
+    /// deep-copied too. A computed tensor is refused, as in PyTorch.
+    fn __deepcopy__<'py>(slf: &Bound<'py, Self>, memo: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        let copy = match &this.data {
+            Data::F32(t) => Data::F32(t.deep_copy().map_err(nn_error)?),
+            Data::F64(t) => Data::F64(t.deep_copy().map_err(nn_error)?),
+            Data::DeviceIds(t) => Data::DeviceIds(t.deep_copy().map_err(nn_error)?),
+            Data::Ids { values, shape } => Data::Ids { values: Arc::new(values.to_vec()), shape: shape.clone() },
+        };
+        let grad = this.grad();
+        let made = slf.get_type().call1((PyTensor::of(copy), this.requires_grad()))?;
+        if let Some(grad) = grad {
+            made.setattr("grad", grad)?;
+        }
+        if let Ok(attributes) = slf.getattr("__dict__") {
+            let copied = py.import("copy")?.getattr("deepcopy")?.call1((attributes, memo))?;
+            made.getattr("__dict__")?.call_method1("update", (copied,))?;
+        }
+        Ok(made)
     }
 
     /// Back-propagates from this tensor (one element, or `gradient` of its shape), then frees the graph

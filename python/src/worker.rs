@@ -26,6 +26,10 @@ pub(crate) enum Event {
         params: Option<Vec<f32>>,
         answer: Sender<bool>,
     },
+    /// The first step of epoch `epoch` is about to train (`done` = 0), or a step has trained: `done` of
+    /// the epoch's `total` samples so far, `loss_sum` their summed loss. Sent only when asked for; the
+    /// worker waits for `answer` (a sender dropped unanswered ends the run after the epoch).
+    Step { epoch: usize, done: usize, total: usize, loss_sum: f64, answer: Sender<()> },
 }
 
 /// Runs `work` on a worker thread without the GIL, handing its events to `on_event` on this thread, and

@@ -3,9 +3,9 @@ reference), on NumPy arrays.
 
     import textnet
     (X, y), (X_test, y_test) = textnet.datasets.mnist("fashion")
-    model = textnet.Sequential("Linear(784, 128), ReLU, Linear(128, 10)")
+    model = textnet.Sequential("Linear(784, 128), ReLU, Linear(128, 10)", metrics=["accuracy"])
     history = model.fit(X, y, epochs=10, validation_split=0.1)
-    print(model.evaluate(X_test, y_test))     # {'loss': ..., 'accuracy': ...}
+    print(model.evaluate(X_test, y_test))     # [loss, accuracy]
     model.save("fashion.safetensors")         # the file `textnet classify` reads
 
 Layers mirror ``torch.nn`` (`Linear`, `ReLU`, `Sigmoid`, `Tanh`, `GELU`, `Dropout`, `Conv2d`,

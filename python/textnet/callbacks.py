@@ -1,12 +1,16 @@
 """``textnet.callbacks``: what ``Sequential.fit(callbacks=[...])`` calls around each epoch, as Keras's
 ``keras.callbacks`` does: ``EarlyStopping``, ``ModelCheckpoint``, ``LearningRateScheduler``,
-``CSVLogger``, and ``Callback`` to write one's own.
+``ReduceLROnPlateau``, ``CSVLogger``, and ``Callback`` to write one's own.
 
 Training runs in textnet's native epoch loop, which waits for the callbacks at each epoch's start and
 end: ``on_epoch_begin`` may set the epoch's learning rate (``self.model.learning_rate``), and
 ``on_epoch_end`` sees the model holding that epoch's parameters (``self.model.save``, ``predict``, …
-work there) and may end the run (``self.model.stop_training = True``). There are no per-batch hooks:
-the GPU runs a whole epoch in one go.
+work there), may set the next epochs' rate, and may end the run (``self.model.stop_training = True``).
+
+Per-batch hooks (``on_train_batch_begin`` and ``on_train_batch_end``) run on the CPU only: a GPU runs a
+whole epoch as one captured graph, so ``fit`` on a GPU with a callback that defines them raises
+``NotImplementedError``. The loop waits for them only when some callback defines them; ``stop_training``
+set there ends the run after the epoch.
 """
 
 import csv
@@ -17,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", "LearningRateScheduler", "CSVLogger"]
+__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", "LearningRateScheduler", "ReduceLROnPlateau", "CSVLogger"]
 
 Logs = Dict[str, float]
 
@@ -51,6 +55,27 @@ class Callback:
     def on_epoch_end(self, epoch: int, logs: Optional[Logs] = None) -> None:
         """After epoch ``epoch``: ``logs`` holds its ``loss``, ``accuracy`` or ``mae`` when the model's
         metrics ask for them, the ``val_`` figures with validation data, and ``seconds``."""
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Logs] = None) -> None:
+        """Before batch ``batch`` (from 0 in each epoch) trains; on the CPU only (module comment)."""
+        self.on_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Logs] = None) -> None:
+        """After batch ``batch`` trained: ``logs`` holds ``loss``, the mean loss of the epoch's samples so
+        far (as Keras's running mean); on the CPU only (module comment)."""
+        self.on_batch_end(batch, logs)
+
+    def on_batch_begin(self, batch: int, logs: Optional[Logs] = None) -> None:
+        """Keras's older name of ``on_train_batch_begin``."""
+
+    def on_batch_end(self, batch: int, logs: Optional[Logs] = None) -> None:
+        """Keras's older name of ``on_train_batch_end``."""
+
+
+def wants_batches(callback: Callback) -> bool:
+    """Whether ``callback`` defines a per-batch hook (so the loop must stop for it at every batch)."""
+    hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+    return any(getattr(type(callback), hook) is not getattr(Callback, hook) for hook in hooks)
 
 
 def _monitored(callback: str, monitor: str, params: Dict[str, Any]) -> None:
@@ -206,6 +231,61 @@ class LearningRateScheduler(Callback):
     def on_epoch_end(self, epoch: int, logs: Optional[Logs] = None) -> None:
         if logs is not None:
             logs["learning_rate"] = float(self.model.learning_rate)
+
+
+class ReduceLROnPlateau(Callback):
+    """Multiplies the learning rate by ``factor`` once ``monitor`` has not improved for ``patience``
+    epochs, as Keras's: improving means beating the best so far by more than ``min_delta`` (``mode``
+    as in ``EarlyStopping``); after a reduction ``cooldown`` epochs pass before epochs count again; the
+    rate never goes below ``min_lr``. The new rate holds from the next epoch on; each epoch's rate goes
+    into its logs as ``learning_rate``. It sets the rate itself, so ``fit``'s ``lr_schedule`` and
+    ``warmup`` are not given with it."""
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        factor: float = 0.1,
+        patience: int = 10,
+        verbose: int = 0,
+        mode: str = "auto",
+        min_delta: float = 1e-4,
+        cooldown: int = 0,
+        min_lr: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not 0 < factor < 1:
+            raise ValueError(f"ReduceLROnPlateau: factor must be between 0 and 1 (exclusive), got {factor!r}")
+        if patience < 0 or cooldown < 0 or min_lr < 0:
+            raise ValueError("ReduceLROnPlateau: patience, cooldown and min_lr must be at least 0")
+        self.monitor, self.factor, self.patience, self.verbose = monitor, float(factor), int(patience), verbose
+        self.min_delta, self.cooldown, self.min_lr = abs(float(min_delta)), int(cooldown), float(min_lr)
+        better = _better(mode, monitor)
+        self.sign = 1.0 if better(1.0, 0.0) else -1.0
+
+    def on_train_begin(self, logs: Optional[Logs] = None) -> None:
+        _monitored("ReduceLROnPlateau", self.monitor, self.params)
+        self.best, self.wait, self.cooldown_counter = -self.sign * math.inf, 0, 0
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Logs] = None) -> None:
+        logs = logs if logs is not None else {}
+        rate = float(self.model.learning_rate)
+        logs["learning_rate"] = rate
+        value = logs.get(self.monitor)
+        if value is None:
+            return
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self.sign * (value - self.best) > self.min_delta:
+            self.best, self.wait = value, 0
+        elif self.cooldown_counter == 0:
+            self.wait += 1
+            if self.wait >= self.patience and rate > self.min_lr:
+                self.model.learning_rate = max(rate * self.factor, self.min_lr)
+                self.cooldown_counter, self.wait = self.cooldown, 0
+                if self.verbose:
+                    print(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate to {self.model.learning_rate}.",
+                          flush=True)
 
 
 class CSVLogger(Callback):

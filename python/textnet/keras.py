@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _native
-from .callbacks import Callback, LearningRateScheduler
+from .callbacks import Callback, LearningRateScheduler, ReduceLROnPlateau, wants_batches
 from .tensorboard import SummaryWriter
 
 __all__ = [
@@ -712,7 +712,7 @@ class Sequential:
         if validating:
             keys += ["val_loss", f"val_{metric}"]
         keys.append("seconds")
-        if any(isinstance(c, LearningRateScheduler) for c in callbacks):
+        if any(isinstance(c, (LearningRateScheduler, ReduceLROnPlateau)) for c in callbacks):
             keys.append("learning_rate")
         return keys
 
@@ -751,7 +751,9 @@ class Sequential:
         not improved for N epochs (it needs validation data). ``callbacks``: ``textnet.callbacks`` objects
         (``EarlyStopping``, ``ModelCheckpoint``, ``LearningRateScheduler``, ``CSVLogger``, one's own
         ``Callback``), called at the start and end of training and of each epoch; while they run the model
-        holds the epoch's parameters, and training waits for them.
+        holds the epoch's parameters, and training waits for them. A callback's per-batch hooks
+        (``on_train_batch_begin``/``end``) are called around every batch on the CPU; on a GPU, which runs an
+        epoch as one captured graph, they raise ``NotImplementedError``.
 
         ``tensorboard_dir``: write a TensorBoard event file there (created if missing; ``OSError`` before
         training when it cannot be), as ``textnet fit --tensorboard`` does: per epoch (steps counted from
@@ -776,8 +778,11 @@ class Sequential:
         for c in callbacks:
             if not isinstance(c, Callback):
                 raise ValueError(f"callbacks must be textnet.callbacks.Callback objects, got {c!r}")
-        if any(isinstance(c, LearningRateScheduler) for c in callbacks) and (lr_schedule != "constant" or warmup):
-            raise ValueError("a LearningRateScheduler sets each epoch's rate: give it or lr_schedule/warmup, not both")
+        for setter in (LearningRateScheduler, ReduceLROnPlateau):
+            if any(isinstance(c, setter) for c in callbacks) and (lr_schedule != "constant" or warmup):
+                raise ValueError(
+                    f"a {setter.__name__} sets the epochs' rate: give it or lr_schedule/warmup, not both"
+                )
         X = self._inputs(X, "X")
         if self._model is None:
             shape = X.shape[1:]
@@ -830,6 +835,19 @@ class Sequential:
             last_logs = logs
             return self.stop_training
 
+        batch_callbacks = [c for c in callbacks if wants_batches(c)]
+
+        def on_step(epoch: int, done: int, total: int, loss_sum: float) -> None:
+            if done > 0:
+                batch = -(-done // int(batch_size)) - 1
+                logs = {"loss": loss_sum / done}
+                for c in batch_callbacks:
+                    c.on_train_batch_end(batch, logs)
+            if done < total:
+                batch = -(-done // int(batch_size))
+                for c in batch_callbacks:
+                    c.on_train_batch_begin(batch, {})
+
         self.stop_training, self._lr_set = False, False
         self._epoch_lr = None
         for c in callbacks:
@@ -859,6 +877,7 @@ class Sequential:
                 on_progress=progress.progress if verbose == 1 else None,
                 on_epoch_begin=on_epoch_begin if callbacks else None,
                 on_epoch=on_epoch,
+                on_step=on_step if batch_callbacks else None,
             )
         finally:
             self._epoch_lr = None
@@ -887,15 +906,25 @@ class Sequential:
             raise KeyboardInterrupt(f"stopped after epoch {len(history.epoch)} of {epochs}; the model keeps it")
         return history
 
-    def evaluate(self, X: Any, y: Any, batch_size: int = 1024, verbose: int = 0) -> Dict[str, float]:
-        """The mean loss on ``X``, ``y`` and the accuracy (``"ce"``) or mean absolute error (``"mse"``), as
-        a dict ``{"loss": …, "accuracy": …}`` or ``{"loss": …, "mae": …}``; dropout off."""
-        X = self._inputs(X, "X")
-        model = self._built("evaluate")
-        logs = model.evaluate(X, self._targets(y, "y"), device=self.device, batch=int(batch_size))
+    def evaluate(self, X: Any, y: Any, batch_size: int = 1024, verbose: int = 0,
+                 return_dict: bool = False) -> Union[float, List[float], Dict[str, float]]:
+        """The mean loss on ``X``, ``y`` and the compiled metrics (``metrics=["accuracy"]`` for classes,
+        ``["mae"]`` for values), dropout off, as Keras returns them: the loss alone (a float) when no
+        metric was compiled, else a list ``[loss, metric, …]``; with ``return_dict`` a dict ``{"loss": …,
+        "accuracy": …}``."""
+        measured = self._measured(X, y, batch_size)
+        logs = {key: measured[key] for key in ["loss", *self.metrics]}
         if verbose:
             print(" - ".join(f"{k}: {v:.4f}" for k, v in logs.items()), flush=True)
-        return logs
+        if return_dict:
+            return logs
+        return logs["loss"] if len(logs) == 1 else list(logs.values())
+
+    def _measured(self, X: Any, y: Any, batch_size: int) -> Dict[str, float]:
+        """The loss and both figures (accuracy or mae) on ``X``, ``y``, compiled or not."""
+        X = self._inputs(X, "X")
+        model = self._built("evaluate")
+        return model.evaluate(X, self._targets(y, "y"), device=self.device, batch=int(batch_size))
 
     def predict(self, X: Any, batch_size: int = 1024) -> np.ndarray:
         """The network's outputs for ``X``, shape (n, outputs): class probabilities (softmax) for ``"ce"``,
@@ -1062,7 +1091,7 @@ class NeuralNetworkGPU:
 
     def evaluate(self, X: Any, y: Any) -> float:
         """The accuracy on ``X``, ``y`` as a fraction."""
-        return self.model.evaluate(X, y)["accuracy"]
+        return self.model._measured(X, y, 1024)["accuracy"]
 
     def predict(self, X: Any) -> np.ndarray:
         """The likeliest class of each sample."""

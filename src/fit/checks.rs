@@ -303,7 +303,7 @@ fn step_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng) 
     let optim = OptimConfig::new(OptimKind::Sgd);
     let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
     t.poison()?;
-    let gpu_loss = t.train_epoch(&order, batch, &[0.0], &mut |_| {})?;
+    let gpu_loss = t.train_epoch(&order, batch, &[0.0], &mut |_, _| {})?;
     let gpu_grad = t.gradient()?;
     let (gpu_eval_loss, gpu_outputs) = t.evaluate(1)?;
     let (cpu_loss, cpu_grad) =
@@ -367,7 +367,7 @@ fn training_check(
         let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
         let mut sums = Vec::new();
         for order in &orders {
-            sums.push(t.train_epoch(order, batch, &lr, &mut |_| {})? as f32);
+            sums.push(t.train_epoch(order, batch, &lr, &mut |_, _| {})? as f32);
         }
         let cpu_sums: Vec<f32> = cpu_sums.iter().map(|&s| s as f32).collect();
         let w = worst([("losses", rel_error(&sums, &cpu_sums)), ("parameters", rel_error(&t.params()?, &cpu_params))]);
@@ -401,7 +401,7 @@ fn repeat_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng
     let run = || -> Result<Vec<u32>> {
         let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
         for order in &orders {
-            t.train_epoch(order, batch, &lr, &mut |_| {})?;
+            t.train_epoch(order, batch, &lr, &mut |_, _| {})?;
         }
         Ok(t.params()?.iter().map(|v| v.to_bits()).collect())
     };

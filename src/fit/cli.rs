@@ -301,7 +301,7 @@ impl EpochHooks<StackTrainer> for FitEpochs<'_> {
         self.display.epoch_started(epoch, samples);
     }
 
-    fn progress(&mut self, done: usize) {
+    fn progress(&mut self, done: usize, _loss_sum: f64) {
         self.display.reached(done);
     }
 

@@ -508,10 +508,10 @@ impl crate::run::Trainer for GpuCnn {
         order: &[u32],
         batch: usize,
         rates: &[f32],
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(usize, f64),
     ) -> Result<f64> {
         let loss = GpuCnn::train_epoch(self, order, batch, rates)?;
-        progress(order.len());
+        progress(order.len(), loss);
         Ok(loss)
     }
 

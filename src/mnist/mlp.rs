@@ -99,7 +99,7 @@ impl Trainer for FitMlp {
         order: &[u32],
         batch: usize,
         rates: &[f32],
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(usize, f64),
     ) -> Result<f64> {
         self.trainer.train_epoch(order, batch, rates, progress)
     }

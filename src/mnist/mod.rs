@@ -177,7 +177,7 @@ impl Trainer for CpuCnnTrainer {
         order: &[u32],
         batch: usize,
         rates: &[f32],
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(usize, f64),
     ) -> Result<f64> {
         use rayon::prelude::*;
         if batch == 0 {
@@ -215,7 +215,7 @@ impl Trainer for CpuCnnTrainer {
             self.optimizer.config.lr = rate;
             self.optimizer.step(&mut self.params.flat, &grad);
             done += rows.len();
-            progress(done);
+            progress(done, loss);
         }
         Ok(loss)
     }

@@ -99,7 +99,7 @@ impl EpochHooks<MnistTrainer> for Hooks<'_> {
         self.observer.epoch_start(epoch, samples);
     }
 
-    fn progress(&mut self, done: usize) {
+    fn progress(&mut self, done: usize, _loss_sum: f64) {
         self.observer.progress(done);
     }
 

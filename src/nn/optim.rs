@@ -229,6 +229,34 @@ impl<F: Real> Optimizer<F> {
         self.groups.get(group)?.states.get(index)
     }
 
+    /// This optimizer (configuration, groups' rates and weight decays, every parameter's state, step
+    /// counts included) over `parameters` instead, one list per group of this one's lengths: PyTorch's
+    /// deep copy of an optimizer, whose parameters are the copies of its model's. The state is copied,
+    /// not shared, on the GPU too.
+    pub fn deep_copy_onto(&self, parameters: Vec<Vec<Tensor<F>>>) -> Result<Self> {
+        const OP: &str = "deepcopy";
+        let mine: Vec<usize> = self.groups.iter().map(|g| g.parameters.len()).collect();
+        let given: Vec<usize> = parameters.iter().map(Vec::len).collect();
+        if mine != given {
+            return Err(Error::value(OP, format!("groups of {given:?} parameters given for groups of {mine:?}")));
+        }
+        let copied = |buffer: &Option<DeviceBuffer>| buffer.as_ref().map(|b| b.duplicate(OP)).transpose();
+        let mut groups = Vec::with_capacity(self.groups.len());
+        for (group, parameters) in self.groups.iter().zip(parameters) {
+            let states: Result<Vec<ParamState<F>>> = (group.states.iter())
+                .map(|state| {
+                    Ok(ParamState {
+                        device_moments: (copied(&state.device_moments.0)?, copied(&state.device_moments.1)?),
+                        device_steps: copied(&state.device_steps)?,
+                        ..state.clone()
+                    })
+                })
+                .collect();
+            groups.push(Group { parameters, states: states?, ..*group });
+        }
+        Ok(Optimizer { config: self.config, groups, device_lr: copied(&self.device_lr)? })
+    }
+
     /// Every parameter, group after group.
     pub fn parameters(&self) -> impl Iterator<Item = &Tensor<F>> {
         self.groups.iter().flat_map(|g| &g.parameters)

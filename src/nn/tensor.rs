@@ -484,6 +484,28 @@ impl<F: Real> Tensor<F> {
         *lock(&self.0.grad) = None;
     }
 
+    /// Sets the accumulated gradient to a copy of `grad`'s elements, which must be of this shape and in
+    /// this place (PyTorch's `x.grad = g`); None forgets it.
+    pub fn set_grad(&self, grad: Option<&Tensor<F>>) -> Result<()> {
+        const OP: &str = "set_grad";
+        let Some(grad) = grad else {
+            self.zero_grad();
+            return Ok(());
+        };
+        if grad.shape() != self.shape() {
+            return Err(Error::shape(OP, grad.shape(), format!("is not the tensor's shape {:?}", self.shape())));
+        }
+        let copy = match (&*self.storage(), &*grad.storage()) {
+            (Storage::Host(_), Storage::Host(values)) => Storage::Host(values.clone()),
+            (Storage::Device(mine), Storage::Device(theirs)) if Arc::ptr_eq(mine.device(), theirs.device()) => {
+                Storage::Device(theirs.duplicate(OP)?)
+            }
+            _ => return Err(Error::device(OP, "the gradient is not in the tensor's place (host or GPU)")),
+        };
+        *lock(&self.0.grad) = Some(copy);
+        Ok(())
+    }
+
     /// Adds `grad` to the accumulated gradient, in element order (on the device: into a new buffer, so a
     /// gradient handed out by `grad()` keeps its values).
     pub(crate) fn accumulate_grad(&self, grad: Storage<F>) -> Result<()> {
@@ -510,6 +532,28 @@ impl<F: Real> Tensor<F> {
             grad: Mutex::new(None),
             origin: Mutex::new(Origin::Leaf),
         }))
+    }
+
+    /// A leaf with elements and gradient of its own, equal to this leaf's, in the same place and requiring
+    /// a gradient when this one does: PyTorch's `copy.deepcopy` of a tensor. A computed tensor belongs to
+    /// its graph and is refused, as PyTorch refuses it.
+    pub fn deep_copy(&self) -> Result<Tensor<F>> {
+        const OP: &str = "deepcopy";
+        if !self.is_leaf() {
+            let problem =
+                format!("the result of {} belongs to its graph: deep-copy a leaf (detach it first)", self.op_name());
+            return Err(Error::graph(OP, problem));
+        }
+        let copied = |storage: &Storage<F>| -> Result<Storage<F>> {
+            Ok(match storage {
+                Storage::Host(values) => Storage::Host(values.clone()),
+                Storage::Device(buffer) => Storage::Device(buffer.duplicate(OP)?),
+            })
+        };
+        let copy = Self::from_parts(self.0.shape.clone(), Arc::new(copied(&self.storage())?), Origin::Leaf, false);
+        copy.0.requires_grad.store(self.requires_grad(), Ordering::Relaxed);
+        *lock(&copy.0.grad) = lock(&self.0.grad).as_ref().map(copied).transpose()?;
+        Ok(copy)
     }
 
     /// Whether `self` and `other` are handles of the same tensor.

@@ -44,7 +44,7 @@ fn run_epochs(t: &mut FitSales, rows: usize, epochs: usize, seed: u64, lr: f32) 
     let mut history = Vec::with_capacity(epochs);
     let rates = vec![lr; rows.div_ceil(DEFAULT_BATCH)];
     for _ in 0..epochs {
-        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH, &rates, &mut |_| {})?;
+        let loss = t.train_epoch(shuffle.next_epoch(), DEFAULT_BATCH, &rates, &mut |_, _| {})?;
         history.push((loss / rows as f64, t.evaluate(TEST)?.mae));
     }
     Ok(history)
@@ -79,7 +79,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
         Shuffle::new(rows, o.seed).next_epoch(),
         DEFAULT_BATCH,
         &vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)],
-        &mut |_| {},
+        &mut |_, _| {},
     )?;
     drop(warm);
 

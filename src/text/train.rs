@@ -147,7 +147,7 @@ impl Trainer for Positions<'_> {
         order: &[u32],
         batch: usize,
         rates: &[f32],
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(usize, f64),
     ) -> Result<f64> {
         let positions: Vec<u32> = order.iter().map(|&i| self.train[i as usize]).collect();
         let (step, largest) = (batch.max(1), chunk_len(positions.len(), batch));
@@ -161,7 +161,7 @@ impl Trainer for Positions<'_> {
             }
             loss_sum += loss;
             done += part.len();
-            progress(done);
+            progress(done, loss_sum);
             chunk = (2 * chunk).min(largest);
         }
         Ok(loss_sum)
@@ -196,7 +196,7 @@ impl EpochHooks<Positions<'_>> for Hooks<'_> {
         self.progress.epoch_started(epoch, samples);
     }
 
-    fn progress(&mut self, done: usize) {
+    fn progress(&mut self, done: usize, _loss_sum: f64) {
         self.progress.advanced(done - self.shown);
         self.shown = done;
     }

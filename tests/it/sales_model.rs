@@ -82,7 +82,9 @@ fn twenty_epochs_on_a_generated_table_halve_the_baseline_error() {
     let mut shuffle = Shuffle::new(data.train.rows, 1);
     let rates = vec![OptimConfig::new(OptimKind::Adam).lr; data.train.rows.div_ceil(64)];
     let losses: Vec<f64> = (0..20)
-        .map(|_| trainer.train_epoch(shuffle.next_epoch(), 64, &rates, &mut |_| {}).unwrap() / train_split.rows as f64)
+        .map(|_| {
+            trainer.train_epoch(shuffle.next_epoch(), 64, &rates, &mut |_, _| {}).unwrap() / train_split.rows as f64
+        })
         .collect();
     let p = trainer.params().unwrap();
     assert_eq!(trainer.evaluate(TEST).unwrap(), evaluate(&p, &test_split, &stats).unwrap());

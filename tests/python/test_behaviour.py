@@ -108,7 +108,7 @@ def test_a_model_in_training_refuses_a_second_fit_and_can_be_used_meanwhile(monk
     monkeypatch.setattr(textnet.keras._Progress, "epoch", on_epoch)
     model.fit(X, y, epochs=2, verbose=0)
     assert "this model is being trained by another thread" in seen["fit"]
-    assert set(seen["evaluate"]) == {"loss", "accuracy"}
+    assert isinstance(seen["evaluate"], float)  # the loss (no metric compiled)
     assert len(model.history.epoch) == 2
 
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+import textnet
 from conftest import ROOT
 
 
@@ -32,7 +33,11 @@ def test_nanogpt_trains_from_the_uniform_loss_down(tmp_path, capsys):
     vocab = len(set(text))
     flags = "--n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --max-iters 30 --eval-interval 30 " \
             "--eval-iters 5 --warmup-iters 5 --lr-decay-iters 30 --dropout 0.1 --sample-tokens 20"
-    history = example("nanogpt").main(["--data", str(data)] + flags.split())
+    before = textnet.get_precision()
+    try:
+        history = example("nanogpt").main(["--data", str(data)] + flags.split())
+    finally:
+        textnet.set_precision(before)  # the example sets it (bf16 by default) for the process
     first, last = history["val"][0], history["val"][-1]
     assert abs(first - math.log(vocab)) < 0.2, (first, math.log(vocab))
     assert last < first - 0.2

@@ -45,7 +45,8 @@ def test_a_cli_model_is_used_from_python(cli, fashion, tmp_path):
     report = json.loads(done.stdout)
     model = textnet.load(path)
     assert model.class_names[0] == "T-shirt/top"
-    scores = model.evaluate(X_test, y_test)
+    model.compile(metrics=["accuracy"])
+    scores = model.evaluate(X_test, y_test, return_dict=True)
     assert scores["accuracy"] == pytest.approx(report["epochs"][-1]["test_accuracy"])
     assert scores["loss"] == pytest.approx(report["epochs"][-1]["test_loss"], rel=1e-6)
     # Saved again from Python, the file is the same model.

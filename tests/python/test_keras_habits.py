@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 import textnet
-from textnet.callbacks import Callback, CSVLogger, EarlyStopping, LearningRateScheduler, ModelCheckpoint
+from textnet.callbacks import (
+    Callback,
+    CSVLogger,
+    EarlyStopping,
+    LearningRateScheduler,
+    ModelCheckpoint,
+    ReduceLROnPlateau,
+)
 
 SPEC = "Linear(8, 16), ReLU, Linear(16, 3)"
 
@@ -61,8 +68,8 @@ def test_compile_sets_optimizer_loss_and_metrics_and_the_history_has_the_trainin
     history = m.fit(X, y, epochs=3, batch_size=32, validation_split=0.2, verbose=0)
     assert list(history.history) == ["loss", "accuracy", "val_loss", "val_accuracy", "seconds"]
     # The training figure is the model at the epoch's end on the samples it trained on (the first 240).
-    assert history.history["accuracy"][-1] == pytest.approx(m.evaluate(X[:240], y[:240])["accuracy"])
-    assert history.history["val_accuracy"][-1] == pytest.approx(m.evaluate(X[240:], y[240:])["accuracy"])
+    assert history.history["accuracy"][-1] == pytest.approx(m.evaluate(X[:240], y[:240])[1])
+    assert history.history["val_accuracy"][-1] == pytest.approx(m.evaluate(X[240:], y[240:])[1])
     # The same run through the constructor's arguments gives the same parameters.
     same = model(optimizer="sgd", lr=0.05)
     same.fit(X, y, epochs=3, batch_size=32, validation_split=0.2, verbose=0)
@@ -77,7 +84,7 @@ def test_compile_of_a_regression_logs_the_training_mae_and_refuses_a_misfit():
     m.compile(optimizer="adam", loss="mean_squared_error", metrics=["mae"])
     assert m.loss == "mse" and m.predict(X).shape == (200, 1)  # redrawn as a model of values
     history = m.fit(X, y, epochs=2, verbose=0)
-    assert history.history["mae"][-1] == pytest.approx(m.evaluate(X, y)["mae"], rel=1e-5)
+    assert history.history["mae"][-1] == pytest.approx(m.evaluate(X, y, return_dict=True)["mae"], rel=1e-5)
     with pytest.raises(ValueError, match="trained with loss 'mse'"):
         m.compile(loss="categorical_crossentropy")
     with pytest.raises(ValueError, match="does not fit loss"):
@@ -196,6 +203,113 @@ def test_learning_rate_scheduler_sets_each_epochs_rate():
         model().fit(X, y, epochs=2, verbose=0, lr_schedule="cosine", callbacks=[LearningRateScheduler(schedule)])
     with pytest.raises(ValueError, match="finite and above 0"):
         model().fit(X, y, epochs=2, verbose=0, callbacks=[LearningRateScheduler(lambda e: -1.0)])
+
+
+def test_evaluate_returns_the_loss_alone_a_list_with_metrics_or_a_dict():
+    X, y = blobs()
+    plain = model()
+    plain.fit(X, y, epochs=1, verbose=0)
+    both = plain._measured(X, y, 1024)  # the loss and the accuracy, compiled or not
+    loss = plain.evaluate(X, y)
+    assert isinstance(loss, float) and loss == both["loss"]
+    assert plain.evaluate(X, y, return_dict=True) == {"loss": both["loss"]}
+    plain.compile(metrics=["accuracy"])
+    assert plain.evaluate(X, y) == [both["loss"], both["accuracy"]]
+    assert plain.evaluate(X, y, return_dict=True) == {"loss": both["loss"], "accuracy": both["accuracy"]}
+    predicted = plain.predict_classes(X)
+    assert both["accuracy"] == pytest.approx(np.mean(predicted == y))
+
+
+def test_reduce_lr_on_plateau_multiplies_the_rate_by_factor_after_patience_epochs():
+    X, y = blobs()
+    # The loss falls every epoch, so watched for a rise it stalls from the second epoch on.
+    plateau = ReduceLROnPlateau(monitor="loss", mode="max", factor=0.5, patience=1, min_lr=2e-4)
+    m = model()
+    history = m.fit(X, y, epochs=6, verbose=0, callbacks=[plateau])
+    # Epoch 0 sets the best; epochs 1, 2, 3 each wait 1 ≥ patience and halve the rate for the next
+    # epoch (1e-3 → 5e-4 → 2.5e-4 → min_lr 2e-4, not 1.25e-4); at min_lr it stays.
+    lr = history.history["learning_rate"][0]  # the default 1e-3, as the run's f32 rates hold it
+    assert lr == pytest.approx(1e-3, rel=1e-7)
+    assert history.history["learning_rate"] == [lr, lr, lr * 0.5, lr * 0.5 * 0.5, 2e-4, 2e-4]
+    assert m.learning_rate is None  # the run's rates do not outlive it
+    # The epochs trained at those rates: a schedule of the same rates gives the same parameters.
+    rates = history.history["learning_rate"]
+    scheduled = model()
+    scheduled.fit(X, y, epochs=6, verbose=0, callbacks=[LearningRateScheduler(lambda epoch: rates[epoch])])
+    assert same_params(scheduled.state_dict(), m.state_dict())
+    # Watched as it should be (the loss falls), it never reduces; cooldown skips epochs after a reduction.
+    falling = model().fit(X, y, epochs=3, verbose=0, callbacks=[ReduceLROnPlateau(monitor="loss", patience=1)])
+    assert falling.history["learning_rate"] == [lr] * 3
+    cooled = ReduceLROnPlateau(monitor="loss", mode="max", factor=0.1, patience=1, cooldown=2)
+    history = model().fit(X, y, epochs=6, verbose=0, callbacks=[cooled])
+    # Reduced after epoch 1; epochs 2 and 3 cool down (the wait starts again at epoch 3, as in Keras).
+    assert history.history["learning_rate"] == [lr, lr, lr * 0.1, lr * 0.1, lr * 0.1 * 0.1, lr * 0.1 * 0.1]
+    with pytest.raises(ValueError, match="factor must be between 0 and 1"):
+        ReduceLROnPlateau(factor=1.5)
+    with pytest.raises(ValueError, match="monitors 'val_loss'"):
+        model().fit(X, y, epochs=1, verbose=0, callbacks=[ReduceLROnPlateau()])
+    with pytest.raises(ValueError, match="ReduceLROnPlateau sets the epochs' rate"):
+        model().fit(X, y, epochs=2, verbose=0, lr_schedule="cosine", callbacks=[ReduceLROnPlateau(monitor="loss")])
+
+
+class Batches(Callback):
+    """Every per-batch call with its logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.calls.append(("epoch_begin", epoch))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.calls.append(("begin", batch))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.calls.append(("end", batch, dict(logs)))
+
+
+def test_batch_hooks_run_around_every_batch_on_the_cpu_with_the_running_loss():
+    X, y = blobs()  # 300 samples in batches of 64: 4 full batches and one of 44
+    batches = Batches()
+    m = model()
+    history = m.fit(X, y, epochs=2, batch_size=64, verbose=0, callbacks=[batches])
+    for epoch in range(2):
+        calls = batches.calls[epoch * 11:(epoch + 1) * 11]
+        assert calls[0] == ("epoch_begin", epoch)
+        assert [c[:2] for c in calls[1:]] == [(kind, b) for b in range(5) for kind in ("begin", "end")]
+        losses = [c[2]["loss"] for c in calls[1:] if c[0] == "end"]
+        assert all(np.isfinite(losses)) and all(set(c[2]) == {"loss"} for c in calls[1:] if c[0] == "end")
+        # The last batch's running mean is the epoch's loss.
+        assert losses[-1] == history.history["loss"][epoch]
+    # Watching every batch changes nothing in the training.
+    plain = model()
+    plain.fit(X, y, epochs=2, batch_size=64, verbose=0)
+    assert same_params(plain.state_dict(), m.state_dict())
+
+    class OldNames(Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = 0
+
+        def on_batch_end(self, batch, logs=None):
+            self.ends += 1
+            if batch == 1:
+                self.model.stop_training = True  # ends the run after the epoch
+
+    old = OldNames()
+    assert model().fit(X, y, epochs=3, batch_size=64, verbose=0, callbacks=[old]).epoch == [0]
+    assert old.ends == 5
+
+
+def test_batch_hooks_on_a_gpu_are_not_implemented():
+    try:
+        textnet.zeros(1, device="cuda")
+    except RuntimeError:
+        pytest.skip("no GPU")
+    X, y = blobs()
+    with pytest.raises(NotImplementedError, match="CPU only"):
+        textnet.Sequential(SPEC, device="cuda").fit(X, y, epochs=1, verbose=0, callbacks=[Batches()])
 
 
 def test_csv_logger_writes_a_row_per_epoch(tmp_path):

@@ -49,7 +49,8 @@ def test_fit_learns_and_returns_a_keras_history(small, capsys):
     assert history.history["loss"][2] < history.history["loss"][0]
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[2].startswith("Epoch 3/3 - ") and "val_accuracy: " in lines[2]
-    scores = model.evaluate(X_test, y_test)
+    model.compile(metrics=["accuracy"])
+    scores = model.evaluate(X_test, y_test, return_dict=True)
     assert set(scores) == {"loss", "accuracy"}
     assert scores["accuracy"] > 0.7
     probabilities = model.predict(X_test)
@@ -65,7 +66,8 @@ def test_validation_data_is_measured_every_epoch(small):
     X, y, X_test, y_test = small
     model = textnet.Sequential(SPEC, device="cpu")
     history = model.fit(X, y, epochs=2, validation_data=(X_test, y_test), verbose=0)
-    last = model.evaluate(X_test, y_test)
+    model.compile(metrics=["accuracy"])
+    last = model.evaluate(X_test, y_test, return_dict=True)
     assert history.history["val_loss"][-1] == pytest.approx(last["loss"], rel=1e-6)
     assert history.history["val_accuracy"][-1] == pytest.approx(last["accuracy"])
 
@@ -107,7 +109,8 @@ def test_a_regression_model_reports_mae(small):
     model = textnet.Sequential("Linear(5, 16), Tanh, Linear(16, 1)", loss="mse", device="cpu", lr=0.01)
     history = model.fit(X, y, epochs=20, validation_split=0.2, verbose=0)
     assert "val_mae" in history.history
-    scores = model.evaluate(X, y)
+    model.compile(metrics=["mae"])
+    scores = model.evaluate(X, y, return_dict=True)
     assert set(scores) == {"loss", "mae"} and scores["mae"] < 0.5
     assert model.predict(X).shape == (600, 1)
     with pytest.raises(ValueError, match="predict_classes"):

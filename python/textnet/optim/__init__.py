@@ -5,6 +5,7 @@ read once, and β, ε and momentum are the optimizer's.
 """
 
 import weakref
+from copy import deepcopy
 from typing import Any, Dict, Iterable, List, Tuple, Union
 
 from .. import _native
@@ -47,6 +48,19 @@ class Optimizer:
             betas=tuple(defaults.get("betas", (0.9, 0.999))),
             eps=float(defaults.get("eps", 1e-8)),
         )
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "Optimizer":
+        """``copy.deepcopy``, as PyTorch's: the groups and every parameter's state copied; the parameters
+        are their deep copies (the model's copies when the model is copied in the same call, as in
+        ``copy.deepcopy((model, optimizer))``)."""
+        copy = object.__new__(type(self))
+        memo[id(self)] = copy
+        for key, value in self.__dict__.items():
+            if key != "_native":
+                setattr(copy, key, deepcopy(value, memo))
+        copy._native = self._native.deep_copy_onto([group["params"] for group in copy.param_groups])
+        _live.add(copy)
+        return copy
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forgets every parameter's gradient (``set_to_none`` is always so: a next backward starts from

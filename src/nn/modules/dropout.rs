@@ -64,6 +64,24 @@ impl Dropout {
     pub fn step(&self) -> u32 {
         self.step.load(Ordering::Relaxed)
     }
+
+    /// A layer of this one's p, seed, site and training switch at the step this one draws next (read
+    /// back from the GPU when the counter lives there, where a captured step's replays advance it), with
+    /// a counter of its own: the two draw the same masks from here on, each at its own pace.
+    pub fn deep_copy(&self) -> Result<Dropout> {
+        let step = match lock(&self.device_step).as_ref() {
+            Some(counter) => counter.to_host("deepcopy")?[0].to_bits(),
+            None => self.step(),
+        };
+        Ok(Dropout {
+            p: self.p,
+            seed: self.seed,
+            site: self.site,
+            training: AtomicBool::new(self.is_training()),
+            step: AtomicU32::new(step),
+            device_step: Mutex::new(None),
+        })
+    }
 }
 
 impl Dropout {

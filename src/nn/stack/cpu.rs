@@ -162,7 +162,13 @@ impl Trainer for CpuTrainer {
     type Params = Vec<f32>;
     type Evaluation = (f64, Vec<f32>);
 
-    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        lr: &[f32],
+        progress: &mut dyn FnMut(usize, f64),
+    ) -> Result<f64> {
         if batch == 0 {
             bail!("the batch size must be at least 1");
         }
@@ -182,7 +188,7 @@ impl Trainer for CpuTrainer {
             self.optimizer.config.lr = rate;
             self.optimizer.step(&mut self.params, &grad);
             done += rows.len();
-            progress(done);
+            progress(done, loss);
         }
         Ok(loss)
     }
@@ -244,7 +250,7 @@ mod tests {
             let order: Vec<u32> = (0..64).collect();
             let before = t.evaluate(0).unwrap().0;
             for _ in 0..20 {
-                t.train_epoch(&order, 16, &[0.01; 4], &mut |_| {}).unwrap();
+                t.train_epoch(&order, 16, &[0.01; 4], &mut |_, _| {}).unwrap();
             }
             assert_eq!(t.steps(), 80);
             (before, t.evaluate(0).unwrap().0, t.params().unwrap())

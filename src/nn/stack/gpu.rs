@@ -1143,7 +1143,13 @@ impl Trainer for GpuTrainer {
     type Params = Vec<f32>;
     type Evaluation = (f64, Vec<f32>);
 
-    fn train_epoch(&mut self, order: &[u32], batch: usize, lr: &[f32], progress: &mut dyn FnMut(usize)) -> Result<f64> {
+    fn train_epoch(
+        &mut self,
+        order: &[u32],
+        batch: usize,
+        lr: &[f32],
+        progress: &mut dyn FnMut(usize, f64),
+    ) -> Result<f64> {
         let rows = self.splits[0].rows;
         if batch == 0 || batch > self.capacity {
             bail!("internal: batch {batch} for a trainer built for up to {}", self.capacity);
@@ -1163,8 +1169,9 @@ impl Trainer for GpuTrainer {
         self.set_epoch(order, lr)?;
         self.launch_epoch(order.len(), batch)?;
         let losses = self.download(self.losses, order.len())?;
-        progress(order.len());
-        Ok(losses.iter().map(|&l| l as f64).sum())
+        let loss = losses.iter().map(|&l| l as f64).sum();
+        progress(order.len(), loss);
+        Ok(loss)
     }
 
     fn evaluate(&mut self, split: usize) -> Result<(f64, Vec<f32>)> {

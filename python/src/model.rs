@@ -420,8 +420,9 @@ impl Model {
     /// measuring `x_val`, `y_val` (or the last `validation_split` of the samples) after each, and the
     /// training samples too when `train_metric`. `on_progress(epoch, done, total)`, `on_epoch_begin(epoch,
     /// lr)` and `on_epoch(epoch, logs, samples_per_s, lr)` are called on this thread, and training waits
-    /// for the last two: `on_epoch_begin` returns the rate of every step of the epoch (None: as planned, `lr` being its first
-    /// step's), `on_epoch` whether to stop after the epoch; an exception in either stops the run before
+    /// for the last two: `on_epoch_begin` returns the rate of every step of the epoch (None: as planned,
+    /// `lr` being its first step's), `on_epoch` whether to stop after the epoch; an exception in either
+    /// stops the run before
     /// the next epoch and is raised. `on_step(epoch, done, total, loss_sum)` (on the CPU only, else
     /// NotImplementedError) is called and waited for before an epoch's first step and after each step.
     /// With `epoch_params` the model takes each epoch's parameters before

@@ -297,6 +297,20 @@ fn an_in_place_change_after_the_forward_does_not_reach_its_backward() {
     assert_eq!(p.to_vec(), [100.0]);
 }
 
+#[test]
+fn copy_from_takes_another_tensors_elements_in_place_and_refuses_another_count() {
+    let p = Tensor::parameter(vec![2.0f64, 3.0], &[2]).unwrap();
+    let loss = p.mul(&p).unwrap().sum_all().unwrap();
+    let source = Tensor::from_vec(vec![7.0f64, 8.0], &[1, 2]).unwrap();
+    p.copy_from(&source).unwrap();
+    loss.backward().unwrap();
+    // The backward recorded before the copy keeps the old values (copy on write), as copy_from_slice's.
+    assert_eq!(p.grad().unwrap().to_vec(), [4.0, 6.0]);
+    assert_eq!(p.to_vec(), [7.0, 8.0]);
+    let err = p.copy_from(&Tensor::from_vec(vec![1.0f64; 3], &[3]).unwrap()).unwrap_err().to_string();
+    assert!(err.starts_with("copy_from: shapes [2] and [3] differ in their number of elements"), "{err}");
+}
+
 /// The gradients of a small network after one backward.
 fn run_once() -> Vec<Vec<f32>> {
     let mut rng = SeededRng::seed_from_u64(12);

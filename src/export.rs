@@ -54,6 +54,11 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let bytes = fsutil::read_input(&args.model, "model file")?;
     let onnx = onnx_bytes(&bytes).with_context(|| format!("model file {}", args.model.display()))?;
     save("--onnx", &args.onnx, &onnx, &[("model file", &args.model)])?;
-    crate::console::err(&format!("{}: ONNX (operator set {}) of {}", args.onnx.display(), crate::onnx::OPSET, args.model.display()));
+    crate::console::err(&format!(
+        "{}: ONNX (operator set {}) of {}",
+        args.onnx.display(),
+        crate::onnx::OPSET,
+        args.model.display()
+    ));
     Ok(())
 }

@@ -3,8 +3,8 @@
 
 use crate::errors::value_error;
 use crate::{save_model, save_onnx};
-use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
 use anyhow::Context;
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rand::SeedableRng;
@@ -80,14 +80,16 @@ impl LanguageModel {
         let model = self.transformer()?;
         let c = model.config;
         if ids.is_empty() || ids.len() > c.block {
-            return Err(PyValueError::new_err(format!("ids must hold 1 to {} ids (block), got {}", c.block, ids.len())));
+            return Err(PyValueError::new_err(format!(
+                "ids must hold 1 to {} ids (block), got {}",
+                c.block,
+                ids.len()
+            )));
         }
         if let Some(id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
             return Err(PyValueError::new_err(format!("id {id} is not in the vocabulary of {} ids", c.vocab)));
         }
-        let forward = py.detach(|| {
-            textnet::transformer::model::forward::<f32>(&c, &model.params, &ids, 1, None, None)
-        });
+        let forward = py.detach(|| textnet::transformer::model::forward::<f32>(&c, &model.params, &ids, 1, None, None));
         Ok(forward.logits.into_pyarray(py).reshape([ids.len(), c.vocab])?)
     }
 

@@ -2,8 +2,8 @@
 //! takes and gives, and its training loop (`textnet fit`'s, reporting to the calling thread).
 
 use crate::errors::{choice, memory_error, runtime_error, value_error};
-use crate::{save_model, save_onnx};
 use crate::worker::{Event, backend, device_name, drive};
+use crate::{save_model, save_onnx};
 use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;

@@ -1,44 +1,21 @@
-//! A `textnet fit` model (also the Python package's `Sequential`) as an ONNX model: input `input`, a batch
-//! of the network's inputs (`[batch, features]` or `[batch, channels, height, width]`, as `fit` and
-//! `Sequential` hand them to the network: images scaled, a table's row made its feature vector), the
-//! layers (`nn::stack::onnx`), then for a model of classes `logits` and their softmax `probabilities`,
-//! for a model of a value `values` in the target's units (the network's output × std + mean), as
-//! `Sequential.predict` gives them. Class names and the input's description go into the metadata.
+//! A `textnet fit` model (also the Python package's `Sequential`) as an ONNX model (`nn::stack::onnx`):
+//! input `input`, a batch of the network's inputs (`[batch, features]` or `[batch, channels, height,
+//! width]`, as `fit` and `Sequential` hand them to the network: images scaled, a table's row made its
+//! feature vector), outputs `logits` and `probabilities` for classes or `values` for a value, as
+//! `Sequential.predict` gives them. What the input is goes into the metadata.
 
 use super::data::{InputSchema, TargetInfo};
 use super::modelfile::{self, FitModel};
-use crate::nn::stack::onnx::{dims, layers};
-use crate::onnx::{BATCH, Dim, Graph, int};
+use crate::nn::stack::onnx::{Head, model};
 use anyhow::Result;
 
 /// The model as the bytes of an ONNX file.
-pub fn export(model: &FitModel) -> Result<Vec<u8>> {
-    let net = &model.net;
-    let mut graph = Graph::new();
-    let input = graph.input("input", &dims(net.shapes[0]));
-    let out = layers(&mut graph, net, &model.params, &input);
-    let out_dims = [Dim::Named(BATCH), Dim::Fixed(net.outputs())];
-    let mut metadata = vec![("input".to_string(), input_description(&model.input))];
-    match &model.target {
-        TargetInfo::Classes { names } => {
-            let logits = graph.output(&out, "logits", &out_dims);
-            let probabilities = graph.node("Softmax", &[&logits], vec![int("axis", 1)], "softmax");
-            graph.output(&probabilities, "probabilities", &out_dims);
-            metadata.push(("class_names".into(), serde_json::to_string(names)?));
-        }
-        TargetInfo::Value { name, mean, std } => {
-            let scale = graph.weight("target.std", &[], &[*std]);
-            let shift = graph.weight("target.mean", &[], &[*mean]);
-            let scaled = graph.node("Mul", &[&out, &scale], vec![], "target.scaled");
-            let values = graph.node("Add", &[&scaled, &shift], vec![], "target.values");
-            graph.output(&values, "values", &out_dims);
-            metadata.push(("target".into(), name.clone()));
-        }
-    }
-    let spec = crate::nn::stack::spec::text(&net.layers);
-    let metadata: Vec<(&str, String)> =
-        metadata.iter().map(|(k, v)| (k.as_str(), v.clone())).chain([("spec", spec.clone())]).collect();
-    Ok(graph.to_bytes("textnet-fit", &format!("textnet fit network: {spec}"), &metadata))
+pub fn export(m: &FitModel) -> Result<Vec<u8>> {
+    let head = match &m.target {
+        TargetInfo::Classes { names } => Head::Classes(names),
+        TargetInfo::Value { name, mean, std } => Head::Value { name, mean: *mean, std: *std },
+    };
+    model(&m.net, &m.params, head, &[("input", input_description(&m.input))])
 }
 
 /// What `input` holds, in words for the file's metadata.

@@ -1,13 +1,12 @@
 //! An MNIST model file, MLP or CNN, as an ONNX model: both are layer stacks whose flat parameters are the
 //! stack's own layout (`Linear(784, H), act, Linear(H, 10)`; the CNN's conv3x3, ReLU, maxpool2 twice,
-//! then `Flatten, Linear(fc), ReLU, Linear(classes)`), so each is written as the `textnet fit` model of
-//! the same layers (`fit::onnx`): input `input` of 28×28 images scaled as in training, outputs `logits`
-//! and `probabilities`.
+//! then `Flatten, Linear(fc), ReLU, Linear(classes)`), so each is written as that stack
+//! (`nn::stack::onnx`): input `input` of 28×28 images scaled as in training, outputs `logits` and
+//! `probabilities`.
 
 use super::{Classifier, mlp};
-use crate::fit::data::{InputSchema, TargetInfo};
-use crate::fit::modelfile::FitModel;
-use crate::nn::stack::model::{Loss, Network};
+use crate::nn::stack::model::Network;
+use crate::nn::stack::onnx::{Head, model};
 use crate::nn::stack::spec::{Layer, Shape, Spec};
 use anyhow::Result;
 
@@ -42,11 +41,7 @@ pub fn export_file(bytes: &[u8]) -> Result<Vec<u8>> {
         .and_then(|n| serde_json::from_str::<Vec<String>>(n).ok())
         .filter(|n| n.len() == classes)
         .unwrap_or_else(|| (0..classes).map(|c| c.to_string()).collect());
-    let input = InputSchema::Images {
-        dataset: meta.get("dataset").cloned().unwrap_or_else(|| "mnist".into()),
-        shape: net.shapes[0],
-        scaling: super::INPUT_SCALING.to_string(),
-    };
-    let model = FitModel { net, params, loss: Loss::Ce, input, target: TargetInfo::Classes { names } };
-    crate::fit::onnx::export(&model)
+    let dataset = meta.get("dataset").map_or("mnist", String::as_str);
+    let input = format!("{dataset} images, {}", super::INPUT_SCALING);
+    model(&net, &params, Head::Classes(&names), &[("input", input)])
 }

@@ -42,8 +42,7 @@ pub fn export(model: &TransformerModel) -> Result<Vec<u8>> {
     let mut x = graph.node("Add", &[&tokens, &positions], vec![], "embedding");
 
     let t = c.block;
-    let mask: Vec<f32> =
-        (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let mask: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
     let mask = graph.weight("causal_mask", &[t, t], &mask);
     let square = graph.node("Concat", &[&seq_len, &seq_len], vec![int("axis", 0)], "mask_size");
     let mask = graph.node("Slice", &[&mask, &zeros, &square, &axes01], vec![], "causal_mask.sliced");

@@ -122,15 +122,19 @@ fn bad_inputs_get_one_line_naming_them() {
     run(d, &["export", "--onnx", "out.onnx", "notes.txt"]).fails_with(&["notes.txt", "not a safetensors file"]);
 
     // A kind textnet writes that export does not cover, and a kind textnet does not know.
-    with_metadata(&d.join("fit.st"), &d.join("sales.st"), |meta| drop(meta.insert("format".into(), "textnet-sales".into())));
+    with_metadata(&d.join("fit.st"), &d.join("sales.st"), |meta| {
+        drop(meta.insert("format".into(), "textnet-sales".into()))
+    });
     run(d, &["export", "--onnx", "out.onnx", "sales.st"])
         .fails_with(&["sales.st", "ONNX export does not cover a sales (table) regressor"]);
     with_metadata(&d.join("fit.st"), &d.join("gguf.st"), |meta| drop(meta.insert("format".into(), "gguf".into())));
     run(d, &["export", "--onnx", "out.onnx", "gguf.st"]).fails_with(&["gguf.st", "\"gguf\""]);
 
     // A covered kind whose file does not hold what it says: the loader's reason.
-    with_metadata(&d.join("fit.st"), &d.join("lying.st"), |meta| drop(meta.insert("spec".into(), "Linear(2, 5)".into())));
-    run(d, &["export", "--onnx", "out.onnx", "lying.st"]).fails_with(&["lying.st", "tensor 0.weight"]);
+    with_metadata(&d.join("fit.st"), &d.join("lying.st"), |meta| {
+        drop(meta.insert("spec".into(), "Linear(2, 2), ReLU, Linear(2, 2)".into()))
+    });
+    run(d, &["export", "--onnx", "out.onnx", "lying.st"]).fails_with(&["lying.st", "tensor 2.weight is missing"]);
 
     // Where the ONNX file would go: never over a model file, nor over the model it reads.
     run(d, &["export", "--onnx", "sales.st", "fit.st"]).fails_with(&["--onnx sales.st", "holds a model file"]);

@@ -90,7 +90,7 @@ impl LanguageModel {
             return Err(PyValueError::new_err(format!("id {id} is not in the vocabulary of {} ids", c.vocab)));
         }
         let forward = py.detach(|| textnet::transformer::model::forward::<f32>(&c, &model.params, &ids, 1, None, None));
-        Ok(forward.logits.into_pyarray(py).reshape([ids.len(), c.vocab])?)
+        forward.logits.into_pyarray(py).reshape([ids.len(), c.vocab])
     }
 
     /// Writes a Transformer as an ONNX file (`textnet export --onnx`).

@@ -31,14 +31,17 @@ fn export(dir: &Path, model: &str) -> ModelProto {
 }
 
 /// A value's name and dimensions, each a size or a name.
-fn described(value: &ValueInfoProto) -> (String, Vec<String>) {
+type Described = (String, Vec<String>);
+
+fn described(value: &ValueInfoProto) -> Described {
     let tensor = value.r#type.as_ref().unwrap().tensor_type.as_ref().unwrap();
     let dims = tensor.shape.as_ref().unwrap().dim.iter();
     let dims = dims.map(|d| d.dim_param.clone().unwrap_or_else(|| d.dim_value.unwrap().to_string())).collect();
     (value.name.clone().unwrap(), dims)
 }
 
-fn inputs_and_outputs(model: &ModelProto) -> (Vec<(String, Vec<String>)>, Vec<(String, Vec<String>)>) {
+/// The graph's inputs and outputs, described.
+fn inputs_and_outputs(model: &ModelProto) -> (Vec<Described>, Vec<Described>) {
     let graph = model.graph.as_ref().unwrap();
     (graph.input.iter().map(described).collect(), graph.output.iter().map(described).collect())
 }

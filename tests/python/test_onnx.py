@@ -141,6 +141,8 @@ def test_a_transformer_gives_its_logits_at_every_position(corpus, tmp_path, cli)
     short = run_onnx(by_python, {"input_ids": ids[:1, :4]})[0]["logits"][0]
     np.testing.assert_allclose(short, model.logits(ids[0, :4]), **TOLERANCE)
     np.testing.assert_allclose(short, outputs["logits"][0, :4], **TOLERANCE)
+    with pytest.raises(ValueError, match="block"):
+        model.logits(list(ids[0]) * 2)
 
 
 def test_bad_exports_raise(tmp_path):

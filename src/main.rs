@@ -17,6 +17,9 @@ enum Command {
     Eval(textnet::eval::EvalArgs),
     /// Classify images (PNG, JPEG, PGM/PPM or IDX) with a trained image model file of textnet mnist or fit
     Classify(textnet::classify::ClassifyArgs),
+    /// Write a trained model file as an ONNX model (a fit or Sequential network, an MNIST MLP or CNN, a
+    /// Transformer), e.g. `textnet export --onnx model.onnx model.safetensors`
+    Export(textnet::export::ExportArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
     Selftest(textnet::selftest::SelftestArgs),
     /// Measure training speed on the GPU (the text model, or `bench BENCH`)
@@ -88,6 +91,7 @@ fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
         Command::Generate(args) => textnet::generate::run(args),
         Command::Eval(args) => textnet::generate::evaluate(args),
         Command::Classify(args) => textnet::classify::run(args),
+        Command::Export(args) => textnet::export::run(args),
         Command::Selftest(args) => textnet::selftest::run(args),
         Command::Bench(args) => textnet::bench::run(args),
         Command::Completions { shell } => {

@@ -1,8 +1,8 @@
 //! What a pipeline shows the rest of textnet: its commands, its selftest checks, its benches, the kinds of
 //! model file it writes and, for language models, how they generate and are evaluated; for image
-//! classifiers, how they are opened for `classify`. Each pipeline describes itself in one `PIPELINE`
+//! classifiers, how they are opened for `classify`; for models that travel, how they are written as ONNX. Each pipeline describes itself in one `PIPELINE`
 //! constant in its `mod.rs`; `pipelines::ALL` lists them, and the command line, `selftest`, `bench`,
-//! `generate`, `eval` and `classify` loop over that list instead of naming pipelines.
+//! `generate`, `eval`, `classify` and `export` loop over that list instead of naming pipelines.
 
 use crate::check::{Check, Plan};
 use crate::classifier::ImageModel;
@@ -32,6 +32,8 @@ pub struct Pipeline {
     pub language_model: Option<LanguageModel>,
     /// `textnet classify` for its model files, if they can be image classifiers.
     pub image_classifier: Option<ImageClassifier>,
+    /// `textnet export --onnx` for its model files, if they can be written as ONNX graphs.
+    pub onnx: Option<OnnxExport>,
 }
 
 /// How a pipeline's language model files generate and are evaluated; the commands around both are shared
@@ -50,6 +52,13 @@ pub struct ImageClassifier {
     /// The model file's bytes, read from the path given (for messages), opened as an image classifier;
     /// an error when the file holds a model of something else (a table).
     pub open: fn(&[u8], &std::path::Path) -> Result<ImageModel>,
+}
+
+/// How a pipeline's model files are written as ONNX graphs (`crate::onnx`); the command around it is
+/// shared (`export`).
+pub struct OnnxExport {
+    /// The model file's bytes as the bytes of an ONNX file.
+    pub export: fn(&[u8]) -> Result<Vec<u8>>,
 }
 
 /// A subcommand of `textnet`.

@@ -34,7 +34,7 @@ mod tests {
             list.dedup();
             assert_eq!(list.len(), len, "{list:?}");
         }
-        for top in ["generate", "eval", "classify", "selftest", "bench", "help"] {
+        for top in ["generate", "eval", "classify", "export", "selftest", "bench", "help"] {
             assert!(!commands.contains(&top), "{top} is a command of textnet itself");
         }
     }

@@ -2,14 +2,16 @@
 //! `textnet.TextModel` and `textnet.Transformer`.
 
 use crate::errors::value_error;
-use crate::save_model;
+use crate::{save_model, save_onnx};
 use anyhow::Context;
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rand::SeedableRng;
 use std::path::PathBuf;
 use textnet::cpu::SeededRng;
 use textnet::text::modelfile::TextModel;
+use textnet::transformer::modelfile::TransformerModel;
 
 /// A model file of `textnet train` or `textnet transformer`, held in memory.
 #[pyclass(module = "textnet._native")]
@@ -20,6 +22,16 @@ pub(crate) struct LanguageModel {
     /// "text" or "transformer".
     #[pyo3(get)]
     kind: &'static str,
+}
+
+impl LanguageModel {
+    /// The Transformer these bytes hold; a text model is refused.
+    fn transformer(&self) -> PyResult<TransformerModel> {
+        if self.kind != "transformer" {
+            return Err(PyValueError::new_err("this takes a Transformer; a text model predicts (predict)"));
+        }
+        TransformerModel::from_bytes(&self.bytes).map_err(value_error)
+    }
 }
 
 #[pymethods]
@@ -55,6 +67,36 @@ impl LanguageModel {
     fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
         let kind = if self.kind == "text" { &textnet::modelkind::TEXT } else { &textnet::modelkind::TRANSFORMER };
         py.detach(|| save_model(&path, &self.bytes, kind, overwrite)).map_err(value_error)
+    }
+
+    /// The ids of `text`'s characters in a Transformer's vocabulary (unknown ones as the unknown id 0).
+    fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
+        Ok(self.transformer()?.vocab.encode(text).0)
+    }
+
+    /// A Transformer's scores for the next character after each position of `ids` (at most `block` of
+    /// them), `[len(ids), vocab]`, from the CPU reference without dropout.
+    fn logits<'py>(&self, py: Python<'py>, ids: Vec<u32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let model = self.transformer()?;
+        let c = model.config;
+        if ids.is_empty() || ids.len() > c.block {
+            return Err(PyValueError::new_err(format!(
+                "ids must hold 1 to {} ids (block), got {}",
+                c.block,
+                ids.len()
+            )));
+        }
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(PyValueError::new_err(format!("id {id} is not in the vocabulary of {} ids", c.vocab)));
+        }
+        let forward = py.detach(|| textnet::transformer::model::forward::<f32>(&c, &model.params, &ids, 1, None, None));
+        forward.logits.into_pyarray(py).reshape([ids.len(), c.vocab])
+    }
+
+    /// Writes a Transformer as an ONNX file (`textnet export --onnx`).
+    fn export_onnx(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let model = self.transformer()?;
+        py.detach(|| save_onnx(&path, &textnet::transformer::onnx::export(&model)?)).map_err(value_error)
     }
 
     /// The `top` likeliest next tokens after `text`, as (token, probability) pairs (text models).

@@ -163,6 +163,15 @@ pub(crate) fn save_model(path: &Path, bytes: &[u8], kind: &'static Kind, overwri
     textnet::fsutil::write_atomic(path, bytes)
 }
 
+/// Writes ONNX bytes to `path` as `textnet export --onnx` does: atomically, never over a model file; a
+/// directory there is `IsADirectoryError`.
+pub(crate) fn save_onnx(path: &Path, onnx: &[u8]) -> anyhow::Result<()> {
+    if path.is_dir() {
+        return Err(std::io::Error::new(ErrorKind::IsADirectory, format!("{} is a directory", path.display())).into());
+    }
+    textnet::export::save("path", path, onnx, &[])
+}
+
 /// Fails (`FileExistsError`) when the file at `path` must not be replaced by a model of `kind` (see
 /// `save_model`).
 fn refuse_replacing(path: &Path, kind: &'static Kind, overwrite: bool) -> anyhow::Result<()> {

@@ -2,8 +2,8 @@
 //! takes and gives, and its training loop (`textnet fit`'s, reporting to the calling thread).
 
 use crate::errors::{choice, memory_error, runtime_error, value_error};
-use crate::save_model;
 use crate::worker::{Event, backend, device_name, drive};
+use crate::{save_model, save_onnx};
 use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -241,6 +241,11 @@ impl Model {
     fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
         py.detach(|| save_model(&path, &modelfile::to_bytes(&self.read())?, &textnet::modelkind::FIT, overwrite))
             .map_err(value_error)
+    }
+
+    /// Writes the model as an ONNX file (`textnet export --onnx`, `fit::onnx`).
+    fn export_onnx(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| save_onnx(&path, &textnet::fit::onnx::export(&self.read())?)).map_err(value_error)
     }
 
     /// The layers, every width written out.

@@ -960,6 +960,14 @@ class Sequential:
         inputs as 28×28 images scaled as ``textnet.datasets.mnist`` gives them."""
         self._built("save").save(os.fspath(path), overwrite)
 
+    def export_onnx(self, path: PathLike) -> None:
+        """Writes the model as an ONNX file (operator set 17), as ``textnet export --onnx`` does with its
+        saved file: input ``input`` (float32, ``[batch, *input_shape]``), outputs ``logits`` and
+        ``probabilities`` (``"ce"``) or ``values`` (``"mse"``, in the target's units), as ``predict`` gives
+        them; dropout is left out, as in evaluation. A model file already at ``path`` is never replaced
+        (``ValueError``). See docs/onnx.md."""
+        self._built("export_onnx").export_onnx(os.fspath(path))
+
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Every parameter tensor as a float32 array, under PyTorch's ``nn.Sequential`` names
         (``0.weight``, ``0.bias``, …), so ``torch_model.load_state_dict`` takes them."""

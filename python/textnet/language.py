@@ -7,6 +7,8 @@ import os
 import tempfile
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from . import _native
 
 __all__ = ["TextModel", "Transformer"]
@@ -125,3 +127,18 @@ class Transformer(_LanguageModel):
 
     _kind = "transformer"
     _command = "transformer"
+
+    def encode(self, text: str) -> List[int]:
+        """The ids of ``text``'s characters in the model's vocabulary (an unknown character is id 0)."""
+        return self._native.encode(text)
+
+    def logits(self, ids: Sequence[int]) -> "np.ndarray":
+        """The scores for the next character after each position of ``ids`` (1 to ``block`` ids), float32
+        of shape ``(len(ids), vocab)``, dropout off: what ``export_onnx``'s graph gives for one sequence."""
+        return self._native.logits([int(i) for i in ids])
+
+    def export_onnx(self, path: PathLike) -> None:
+        """Writes the model as an ONNX file (operator set 17), as ``textnet export --onnx`` does: input
+        ``input_ids`` (int64, ``[batch, sequence]``), output ``logits`` (``[batch, sequence, vocab]``);
+        the vocabulary is in its metadata. See docs/onnx.md."""
+        self._native.export_onnx(os.fspath(path))

@@ -9,6 +9,7 @@ pub mod classify;
 pub mod cli;
 pub mod data;
 pub mod modelfile;
+pub mod onnx;
 
 /// The fit pipeline as the command line, `selftest` and `bench` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
@@ -30,4 +31,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[&crate::modelkind::FIT],
     language_model: None,
     image_classifier: Some(crate::pipeline::ImageClassifier { open: classify::open }),
+    onnx: Some(crate::pipeline::OnnxExport { export: onnx::export_file }),
 };

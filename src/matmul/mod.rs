@@ -48,4 +48,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[],
     language_model: None,
     image_classifier: None,
+    onnx: None,
 };

@@ -23,6 +23,7 @@ pub mod cnn_gpu;
 pub use crate::datasets::images;
 pub mod mlp;
 pub mod model;
+pub mod onnx;
 pub mod train;
 
 use crate::device::Backend;
@@ -251,4 +252,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[&crate::modelkind::MNIST_MLP, &crate::modelkind::MNIST_CNN],
     language_model: None,
     image_classifier: Some(crate::pipeline::ImageClassifier { open: classify::open }),
+    onnx: Some(crate::pipeline::OnnxExport { export: onnx::export_file }),
 };

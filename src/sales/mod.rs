@@ -32,4 +32,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[&crate::modelkind::SALES],
     language_model: None,
     image_classifier: None,
+    onnx: None,
 };

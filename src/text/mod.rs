@@ -149,4 +149,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[&crate::modelkind::TEXT],
     language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
     image_classifier: None,
+    onnx: None,
 };

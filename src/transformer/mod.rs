@@ -14,6 +14,7 @@ pub mod generate;
 pub mod gpu;
 pub mod model;
 pub mod modelfile;
+pub mod onnx;
 
 /// The Transformer pipeline as the command line, `selftest`, `bench` and `generate` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
@@ -35,4 +36,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[&crate::modelkind::TRANSFORMER],
     language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
     image_classifier: None,
+    onnx: Some(crate::pipeline::OnnxExport { export: onnx::export_file }),
 };

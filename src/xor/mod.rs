@@ -29,4 +29,5 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     models: &[&crate::modelkind::XOR],
     language_model: None,
     image_classifier: None,
+    onnx: None,
 };

@@ -19,6 +19,7 @@ mod bad_input_tables;
 mod bad_input_text;
 mod bad_input_transformer;
 mod cli_eval;
+mod cli_export;
 mod cli_generate;
 mod cli_habits;
 mod cli_limits;

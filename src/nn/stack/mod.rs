@@ -35,6 +35,7 @@ pub mod bench;
 pub mod cpu;
 pub mod gpu;
 pub mod model;
+pub mod onnx;
 pub mod spec;
 
 use anyhow::Result;

@@ -6,6 +6,10 @@
 //! Deterministic: the order is a function of the graph alone (a depth-first walk over each op's inputs in
 //! their order), and each sum is taken in that order.
 //!
+//! On a GPU, an activation whose one reader is a linear layer has its slope taken in that layer's backward
+//! (`cuda::fusion`): the walk offers it, and when the layer takes it, the gradient it returns goes to the
+//! activation's input and the activation's own backward is skipped.
+//!
 //! Unless asked to keep it, a backward frees the graph it walked (each op's inputs and saved values), as
 //! PyTorch does without `retain_graph`; a second backward through it is an error that names the op.
 

@@ -972,8 +972,9 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
 /// activation; and it was taken (an equality that fused nothing would prove nothing). Also a second reader
 /// of the activation (no fusion then: two gradients to add) against the host.
 fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    type Activation = fn(&Tensor) -> Result<Tensor>;
     let mut checks = Vec::new();
-    let activations: [(&str, fn(&Tensor) -> Result<Tensor>); 4] =
+    let activations: [(&str, Activation); 4] =
         [("relu", Tensor::relu), ("sigmoid", Tensor::sigmoid), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu)];
     let inputs = [
         (values(rng, &[9, 17], -1.0, 1.0), vec![9, 17]),

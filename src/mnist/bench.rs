@@ -35,8 +35,8 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &Mnist
 
 /// `textnet bench mnist --model mlp` (see `run`).
 fn mlp_bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
-    use crate::datasets::mnist::{self, Dataset};
     use super::model::{Activation, MlpShape};
+    use crate::datasets::mnist::{self, Dataset};
     use crate::nn::stack::bench::StackBench;
     use crate::nn::stack::model::{Init, Loss};
     use crate::nn::stack::{Figures, Target, spec};

@@ -3,13 +3,13 @@
 //! goes through `report`, as for every training command.
 
 use super::cnn::{CnnParams, CnnShape};
-use crate::datasets::mnist::{self, Dataset};
 use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Classifier, ModelKind};
 use super::{Evaluation, idx};
 use crate::checkpoint::{self, Keep, Keeper};
+use crate::datasets::mnist::{self, Dataset};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
 use crate::interrupt;

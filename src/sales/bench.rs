@@ -5,10 +5,10 @@
 //! evaluation), the test MAE per epoch against the baseline, and the CPU
 //! reference's run from the same start and order for the GPU-vs-CPU MAE comparison.
 
-use crate::datasets::features::Dataset;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
 use super::table::{LoadOptions, Schema};
 use super::train::FitSales;
+use crate::datasets::features::Dataset;
 use crate::device::{Backend, Gpu};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;

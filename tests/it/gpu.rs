@@ -3,8 +3,8 @@
 //! --release -- --ignored`. Without one they fail, never skip.
 
 use textnet::check::{Plan, test_gpu};
-use textnet::device::Backend;
 use textnet::datasets::mnist::{self, Dataset};
+use textnet::device::Backend;
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};

@@ -188,9 +188,9 @@ fn bad_inputs_fail_with_one_line() {
 #[test]
 fn the_learning_rate_schedule_reaches_the_mlp_and_the_cnn() {
     use std::sync::Arc;
+    use textnet::datasets::mnist::{self, Dataset};
     use textnet::device::Backend;
     use textnet::mnist::cnn::{CnnParams, CnnShape};
-    use textnet::datasets::mnist::{self, Dataset};
     use textnet::mnist::model::{Activation, MlpShape};
     use textnet::mnist::train::{self, Schedule};
     use textnet::mnist::{Classifier, ModelKind};

@@ -2,8 +2,8 @@
 //! data fails the test: CI installs the package, so its absence is a setup error, not a reason to skip.
 
 use std::path::Path;
-use textnet::device::Backend;
 use textnet::datasets::mnist::{self, Dataset, MnistData};
+use textnet::device::Backend;
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};

@@ -188,11 +188,15 @@ fn files_of(pipeline: &str) -> Vec<(String, Vec<String>)> {
     names
         .iter()
         .map(|file| {
-            // Both spellings of a sibling become `crate::NAME`, the path `named` looks for.
-            let text = std::fs::read_to_string(dir.join(format!("{file}.rs")))
+            // Code lines only (a comment may point at a sibling); both spellings of a sibling become
+            // `crate::NAME`, the path `named` looks for.
+            let code: String = std::fs::read_to_string(dir.join(format!("{file}.rs")))
                 .unwrap()
-                .replace(&format!("crate::{pipeline}::"), "crate::")
-                .replace("super::", "crate::");
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            let text = code.replace(&format!("crate::{pipeline}::"), "crate::").replace("super::", "crate::");
             let arrows = named(&text, &names).into_iter().filter(|other| other != file).collect();
             (file.clone(), arrows)
         })

@@ -202,6 +202,9 @@ impl Nvrtc {
         type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
         type Read = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
         type Destroy = unsafe extern "C" fn(*mut Program) -> c_int;
+        // SAFETY: `get` is unsafe because it cannot check the type asked for; asked for as a bare
+        // `*const c_void`, any address dlsym returns is a valid value of that type. Nothing is called here,
+        // and the library outlives each use (it is `self`'s). Casting to a signature is the next block.
         let symbol = |n: &[u8]| unsafe { self.library.get::<*const c_void>(n) }.map_err(|e| e.to_string());
         // SAFETY: each symbol is cast to its signature in nvrtc.h.
         unsafe {

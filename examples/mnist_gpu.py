@@ -1,4 +1,4 @@
-"""The roadmap's MNIST final project, from Python: a 784-128-10 network trained on MNIST digits with
+"""MNIST from Python: a 784-128-10 network trained on MNIST digits with
 NumPy arrays, aiming for more than 97 % test accuracy in under 30 s.
 
     pip install ".[cuda]"          # from the repository root

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, all in one run (see BENCHMARKS.md): selftest, `textnet bench` (text speed,
-# text quality, MNIST) each next to its PyTorch baseline, and a full `textnet train` with predictions.
-# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (`all` writes sixteen).
-# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|xor|matmul|sales|sanitize|all]...
+# Runs on the GPU machine, all in one run (see BENCHMARKS.md): selftest, each pipeline's `textnet bench`
+# next to its PyTorch baseline (`fit`'s baseline is `bench mnist`, the hand-fused MLP), and a full
+# `textnet train` with predictions.
+# Logs go under $OUT (default ./out): gpu.txt and one or two files per mode (`all` writes nineteen).
+# usage: scripts/device-check.sh [selftest|bench|torch|quality|seeds|train|mnist|xor|matmul|sales|transformer|fit|sanitize|all]...
 #   seeds:    the quality run (GPU only) for each seed in $SEEDS (default 1 to 6), $JOBS (default 4) seeds
 #             at a time, into $OUT/quality_seeds.json; then their PyTorch twins (CUDA graph mode) in
 #             $TORCH_JOBS (default 2) processes over disjoint runs of the seeds, into
@@ -57,6 +58,10 @@ for what in "${@:-all}"; do
                grep -E '"(seconds|seconds_50_epochs_scaled|test_mae)"' "$OUT/torch_sales.json" ;;&
     mnist|all) $bin bench mnist --json >"$OUT/bench_mnist.json" || status=1
                python3 benches/torch_mnist.py >"$OUT/torch_mnist.json" || status=1; tail -c 600 "$OUT/bench_mnist.json"; tail -c 400 "$OUT/torch_mnist.json" ;;&
+    transformer|all) $bin bench transformer --json >"$OUT/bench_transformer.json" || status=1
+                     python3 benches/torch_transformer.py >"$OUT/torch_transformer.json" || status=1
+                     cat "$OUT/bench_transformer.json" "$OUT/torch_transformer.json" ;;&
+    fit|all) $bin bench fit --json >"$OUT/bench_fit.json" || status=1; cat "$OUT/bench_fit.json" ;;&
     *) ;;
   esac
 done

@@ -126,7 +126,7 @@ impl EpochRow {
 pub struct Report {
     /// The version of textnet that wrote it.
     pub textnet: &'static str,
-    /// The subcommand: "train", "mnist", "xor", "sales", "transformer".
+    /// The subcommand: "train", "fit", "mnist", "xor", "sales", "transformer".
     pub command: &'static str,
     /// How the run ended.
     pub status: Status,

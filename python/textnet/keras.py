@@ -1,5 +1,5 @@
 """``textnet.keras``: networks written as layers (``Sequential``), trained with ``fit`` on NumPy arrays, in
-the style of Keras, and the roadmap's ``NeuralNetworkGPU``; the package's top level (``textnet.Sequential``,
+the style of Keras, and the two-layer ``NeuralNetworkGPU``; the package's top level (``textnet.Sequential``,
 ``textnet.Linear``, …) holds these. ``textnet.nn`` is PyTorch's style instead: modules the user writes,
 on tensors with autograd.
 
@@ -331,7 +331,8 @@ class _Progress:
     the samples done, the rate, the ETA and the last epoch's loss, drawn only when stderr is a terminal
     (a file or a pipe gets no control characters); the GPU reports an epoch's samples when it ends, so
     there the bar moves at the epoch's end. Then, for ``verbose`` 1 and 2, one Keras-style line per epoch
-    on stdout, with the samples and the rate when the bar's count is known."""
+    on stdout, with the samples and the rate when the bar's count is known; ``style="short"``
+    (``NeuralNetworkGPU``'s) prints ``Epoch 3/10 - Loss 0.1234 - Val Acc 97.1%`` instead."""
 
     WIDTH = 30
 
@@ -383,7 +384,7 @@ class _Progress:
         counted, self.done = self.done, 0
         if self.verbose == 0:
             return
-        if self.style == "roadmap":
+        if self.style == "short":
             parts = [f"Epoch {epoch}/{self.epochs}", f"Loss {logs['loss']:.4f}"]
             if "val_accuracy" in logs:
                 parts.append(f"Val Acc {100 * logs['val_accuracy']:.1f}%")
@@ -1045,11 +1046,11 @@ def load(path: PathLike) -> Sequential:
 
 
 # ------------------------------------------------------------------------------------------------------
-# The roadmap's class
+# NeuralNetworkGPU: a fixed two-layer network
 
 
 class NeuralNetworkGPU:
-    """The roadmap's two-layer network, ``input_size → hidden_size → ReLU → output_size``, trained with
+    """A two-layer network, ``input_size → hidden_size → ReLU → output_size``, trained with
     softmax cross-entropy on the GPU (the CPU when none is usable, or with ``device="cpu"``):
 
         nn = NeuralNetworkGPU(784, 128, 10)
@@ -1072,7 +1073,7 @@ class NeuralNetworkGPU:
         self.model = Sequential(
             [Linear(input_size, hidden_size), ReLU(), Linear(hidden_size, output_size)], device=device, seed=seed
         )
-        self.model._progress_style = "roadmap"
+        self.model._progress_style = "short"
 
     def fit(
         self,

@@ -115,7 +115,7 @@ fn days_in_month(year: u16, month: u8) -> u8 {
 /// The features of one date column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DateFeatures {
-    /// The day of year, 1–366, as one number (the roadmap's sales.tsv schema, and older models).
+    /// The day of year, 1–366, as one number (the first sales.tsv schema, and older models).
     DayOfYear,
     /// Year; day of year and day of week as sin/cos; with `time_of_day`, the time of day as sin/cos.
     Calendar {

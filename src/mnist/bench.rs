@@ -35,12 +35,12 @@ pub fn run(gpu: &Arc<Gpu>, options: &crate::pipeline::BenchOptions, args: &Mnist
 
 /// `textnet bench mnist --model mlp` (see `run`).
 fn mlp_bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
-    use super::data::{self, Dataset};
     use super::model::{Activation, MlpShape};
+    use crate::datasets::mnist::{self, Dataset};
     use crate::nn::stack::bench::StackBench;
     use crate::nn::stack::model::{Init, Loss};
     use crate::nn::stack::{Figures, Target, spec};
-    let data = data::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
+    let data = mnist::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
     let classes = Dataset::Fashion.class_names().len();
     let shape = MlpShape { inputs: data.train.pixels, hidden: 128, classes, activation: Activation::Relu };
     let net = super::mlp::network(shape)?;
@@ -71,9 +71,9 @@ fn mlp_bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
 pub fn cnn_bench(gpu: &Arc<Gpu>, json: bool) -> Result<()> {
     use super::cnn::{CnnParams, CnnShape};
     use super::cnn_gpu::GpuCnn;
-    use super::data::{self, Dataset};
+    use crate::datasets::mnist::{self, Dataset};
     let load_start = Instant::now();
-    let data = data::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
+    let data = mnist::load(Dataset::Fashion, None, &|note| eprintln!("{note}"))?;
     let load_s = load_start.elapsed().as_secs_f64();
     let optim = OptimConfig::new(OptimKind::Adam);
     let setup = Instant::now();

@@ -3,13 +3,13 @@
 //! goes through `report`, as for every training command.
 
 use super::cnn::{CnnParams, CnnShape};
-use super::data::{self, Dataset};
 use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Classifier, ModelKind};
 use super::{Evaluation, idx};
 use crate::checkpoint::{self, Keep, Keeper};
+use crate::datasets::mnist::{self, Dataset};
 use crate::device::{self, DeviceChoice};
 use crate::fsutil;
 use crate::interrupt;
@@ -305,7 +305,7 @@ impl TrainingCommand for MnistArgs {
         // Opening the GPU (a CUDA context: ~0.5 s) and decoding the data files (~0.3 s) overlap.
         let (device, data, device_s, data_s) = std::thread::scope(|scope| {
             let reading = scope.spawn(|| {
-                let data = data::load(args.dataset, args.data.as_deref(), &|note| display.line(note));
+                let data = mnist::load(args.dataset, args.data.as_deref(), &|note| display.line(note));
                 (data, started.elapsed().as_secs_f64())
             });
             let device = device::select_described(args.device);
@@ -317,7 +317,7 @@ impl TrainingCommand for MnistArgs {
         let (backend, device_line) = device?;
         let mut data = data?;
         let inputs: Vec<PathBuf> =
-            data::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
+            mnist::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
         let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
         let lock = fsutil::check_output(&args.out, &inputs)?;
         let mut inputs = inputs;
@@ -639,7 +639,7 @@ fn shadows_data_file(out: &Path, data_dir: &Path) -> bool {
         _ => Path::new("."),
     };
     let name = out.file_name().unwrap_or_default().to_string_lossy();
-    fsutil::same_file(dir, data_dir) && data::FILES.iter().any(|f| *name == **f || *name == format!("{f}.gz"))
+    fsutil::same_file(dir, data_dir) && mnist::FILES.iter().any(|f| *name == **f || *name == format!("{f}.gz"))
 }
 
 /// Moves the last `fraction` of `train` (at least one image, leaving at least one) into a validation split.

@@ -1,5 +1,5 @@
 //! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
-//! `data`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as
+//! `datasets::mnist`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as
 //! a layer stack, on `nn::stack`'s CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
 //! GPU trainer (`cnn`, `cnn_gpu`), the epoch loop both share (`train`), `textnet mnist` (`cli`) and its
 //! model files opened for the shared `textnet classify` (`classify`). The optimizers are the shared
@@ -14,7 +14,7 @@ pub use crate::datasets::mnist::INPUT_SCALING;
 
 pub mod bench;
 pub use crate::classifier::Evaluation;
-pub use crate::datasets::{idx, mnist as data};
+pub use crate::datasets::idx;
 pub mod classify;
 pub mod cli;
 pub mod cnn;

@@ -1,6 +1,6 @@
 //! The parameters of a two-layer perceptron (`w1` [hidden, inputs], `b1`, `w2` [outputs, hidden], `b2`,
 //! PyTorch's `nn.Linear` layouts) as views of one flat vector: the layout the MNIST MLP and the sales
-//! regressor share, on the host and in their kernels.
+//! regressor keep their parameters in, in memory and in their model files.
 
 /// The four parameter tensors (or their gradients, or optimizer state) as views of one flat vector.
 pub struct Parts<T> {

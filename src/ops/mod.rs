@@ -11,7 +11,7 @@
 //! | [`dropout`] | `dropout.cuh` | dropout's mask as a hash of (seed, step, site, element) |
 //! | [`optim`] | `optim.cuh` | SGD, momentum, Adam, AdamW, weight decay, clipping |
 //! | [`gemm`] | `gemm.cuh` | the tiles' shared-memory sizes (the products themselves: `crate::cpu::gemm`) |
-//! | [`mlp`] | the MLP kernels' layout | a two-layer perceptron's parameters as views of one flat vector |
+//! | [`mlp`] | (no kernel) | a two-layer perceptron's parameters as views of one flat vector (MNIST MLP, sales) |
 //! | [`conv`] | the conv and pool kernels of `fit.cu`, `mnist_cnn.cu` | 2-D convolution, max pool; their backward |
 //! | [`dense`] | the dense kernels of `fit.cu`, `transformer.cu` | y = x·wᵀ + b and its backward (`cpu::gemm`) |
 

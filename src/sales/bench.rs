@@ -1,14 +1,14 @@
-//! `textnet bench sales`: the roadmap's run (50 epochs, batch 64, Adam 1e-3, H = 32) on a sales table,
+//! `textnet bench sales`: a fixed run (50 epochs, batch 64, Adam 1e-3, H = 32) on a sales table,
 //! beside `benches/torch_sales.py` on the same file, through the command's trainer (`train::FitSales`).
 //! Reports the GPU's training time (device events around all epochs' kernels, each epoch's order uploaded
 //! first; and wall time of the loop as the command runs it: host shuffles, the losses read back, the test
 //! evaluation), the test MAE per epoch against the baseline, and the CPU
 //! reference's run from the same start and order for the GPU-vs-CPU MAE comparison.
 
-use super::data::Dataset;
 use super::model::{self, DEFAULT_BATCH, DEFAULT_HIDDEN, SalesParams, SalesShape, Shuffle};
 use super::table::{LoadOptions, Schema};
 use super::train::FitSales;
+use crate::datasets::features::Dataset;
 use crate::device::{Backend, Gpu};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;

@@ -2,13 +2,13 @@
 //! and write the model, or go on training one (`--resume`); `textnet sales --model M --predict NEW` writes
 //! its predictions for new rows. What it prints goes through `report`, as for every training command.
 
-use super::data::{Dataset, Split, SplitOrder, Stats};
 use super::infer::{self, Inferred, Overrides};
 use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluation, SalesParams, SalesShape};
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 use super::train::FitSales;
 use crate::checkpoint::{self, Keep, Keeper};
+use crate::datasets::features::{Dataset, Split, SplitOrder, Stats};
 use crate::device::{self, Backend, DeviceChoice};
 use crate::fsutil;
 use crate::ops::optim::{OptimArgs, ScheduleArgs};

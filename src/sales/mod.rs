@@ -1,12 +1,12 @@
 //! Regression on a table, by default `sales.tsv` (scripts/make-sales.py): Linear(n, H) → ReLU → Linear(H, 1)
 //! predicting a numeric column from numeric, one-hot categorical and day-of-year features, mean squared
 //! error on standardised values. Reading the table `table` (its dates `dates`), features and splits
-//! `data`, the model and its CPU predictions `model`, the trainer `train` (the network as a layer
+//! `datasets::features`, the model and its CPU predictions `model`, the trainer `train` (the network as a layer
 //! stack, on `nn::stack`'s CPU reference or GPU kernels), command `cli`.
 
 pub mod bench;
 pub mod cli;
-pub use crate::datasets::{dates, features as data, infer, table};
+pub use crate::datasets::{dates, infer, table};
 pub mod model;
 pub mod modelfile;
 pub mod train;

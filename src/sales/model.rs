@@ -1,6 +1,6 @@
 //! The sales regressor: its sizes, parameters, initialisation, row order, and its predictions on the CPU
 //! (for a model file's figures and `--predict`). On standardised features x (n) and target t (see
-//! `data::Stats`):
+//! `datasets::features::Stats`):
 //! ```text
 //! z = W1·x + b1,   a = relu(z)              (H)
 //! y = W2·a + b2                             (1)
@@ -10,8 +10,8 @@
 //! CPU reference and finite-difference checks are `nn::stack`'s. The parameters live in one flat f32 vector, W1 (H×n,
 //! row-major), b1 (H), W2 (1×H), b2 (1): `nn.Linear`'s layouts, and the stack's.
 
-use super::data::{Split, Stats};
 use crate::cpu::SeededRng;
+use crate::datasets::features::{Split, Stats};
 use crate::nn::stack::model::{Loss, Network};
 use crate::nn::stack::spec::{Layer, Shape, Spec};
 use crate::nn::stack::{Samples, Target};

@@ -5,10 +5,10 @@
 //! last two reads the day of year alone and any number of columns), the feature and target names, each categorical column's vocabulary (one-hot
 //! order), and the training split's feature and target mean and std.
 
-use super::data::{Stats, check_statistics_count};
 use super::dates::DateFeatures;
 use super::model::{SalesParams, SalesShape};
 use super::table::{ColumnSpec, Schema};
+use crate::datasets::features::{Stats, check_statistics_count};
 use anyhow::{Context, Result, anyhow, bail};
 use safetensors::SafeTensors;
 use serde_json::{Value, json};

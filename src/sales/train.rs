@@ -4,8 +4,8 @@
 //! same features). Both keep the parameters in the layout of `SalesParams` and the model file, so
 //! `sales` keeps its flags, its reports and its files.
 
-use super::data::{Dataset, Stats};
 use super::model::{Evaluation, SalesParams, SalesShape, network, samples};
+use crate::datasets::features::{Dataset, Stats};
 use crate::device::Backend;
 use crate::nn::stack::model::Loss;
 use crate::nn::stack::{self, Samples, StackTrainer, Target};

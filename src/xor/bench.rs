@@ -1,4 +1,4 @@
-//! `textnet bench xor`: the roadmap's run (H = 4, sigmoid, lr 0.5, 5000 epochs) in one launch, timed with
+//! `textnet bench xor`: a fixed run (H = 4, sigmoid, lr 0.5, 5000 epochs) in one launch, timed with
 //! device events after a warm-up (median of the repeats), beside `benches/torch_xor.py`. Also the time
 //! from parameters on the host to parameters back (upload, launch, download), the CPU reference's time
 //! for the same run, and how far the GPU's parameters end from the reference's.

@@ -3,8 +3,8 @@
 //! --release -- --ignored`. Without one they fail, never skip.
 
 use textnet::check::{Plan, test_gpu};
+use textnet::datasets::mnist::{self, Dataset};
 use textnet::device::Backend;
-use textnet::mnist::data::{self, Dataset};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
@@ -55,7 +55,7 @@ fn every_shared_layer_matches_its_cpu_twin() {
 fn gpu_training_on_fashion_mnist_learns() {
     // The default search: $TEXTNET_DATA, ./data/fashion-mnist, the cache, /usr/share/datasets/fashion-mnist.
     let data =
-        data::load(Dataset::Fashion, None, &|_| {}).unwrap_or_else(|e| panic!("this test needs Fashion-MNIST: {e:#}"));
+        mnist::load(Dataset::Fashion, None, &|_| {}).unwrap_or_else(|e| panic!("this test needs Fashion-MNIST: {e:#}"));
     let shape = MlpShape { inputs: PIXELS, hidden: 128, classes: CLASSES, activation: Activation::Relu };
     let mut t = FitMlp::new(
         &Backend::Cuda(test_gpu()),

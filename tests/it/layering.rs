@@ -3,7 +3,7 @@
 //! `fit`, `mnist`'s MLP and `sales` train on), and neither imports upward nor sideways. Only the list of
 //! pipelines (`pipelines.rs`) and the crate root that declares them (`lib.rs`) name them.
 //! Read from the source text: every other `crate::<pipeline>` path outside its own pipeline is an arrow
-//! the rule forbids.
+//! the rule forbids. Inside a pipeline, no two of its files import each other, directly or round a circle.
 
 use std::path::{Path, PathBuf};
 
@@ -170,4 +170,44 @@ fn the_circle_check_finds_circles() {
     assert_eq!(circle(&chain), None);
     let three = [room("a", &["b"]), room("b", &["c"]), room("c", &["a"])];
     assert_eq!(circle(&three), Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]));
+}
+
+/// The files directly in a pipeline's folder (`src/<pipeline>/NAME.rs`, `mod.rs` aside), each with the
+/// siblings it names through `super::NAME` or `crate::<pipeline>::NAME` paths.
+fn files_of(pipeline: &str) -> Vec<(String, Vec<String>)> {
+    let dir = src().join(pipeline);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .filter(|name| name != "mod")
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|file| {
+            // Code lines only (a comment may point at a sibling); both spellings of a sibling become
+            // `crate::NAME`, the path `named` looks for.
+            let code: String = std::fs::read_to_string(dir.join(format!("{file}.rs")))
+                .unwrap()
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            let text = code.replace(&format!("crate::{pipeline}::"), "crate::").replace("super::", "crate::");
+            let arrows = named(&text, &names).into_iter().filter(|other| other != file).collect();
+            (file.clone(), arrows)
+        })
+        .collect()
+}
+
+#[test]
+fn no_import_circles_between_a_pipelines_files() {
+    for pipeline in pipelines() {
+        if let Some(found) = circle(&files_of(&pipeline)) {
+            panic!("an import circle in src/{pipeline}/: {}", found.join(" → "));
+        }
+    }
 }

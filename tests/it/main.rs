@@ -1,8 +1,9 @@
 //! The integration tests, one crate (one link step): `common` holds the helpers, then one module per
-//! subject, named after the pipeline it tests (`text_*`, `mnist_*`, `xor_*`, `sales_*`, `transformer_*`,
-//! `matmul_*`), the shared operations (`ops`), `nn`'s tensors and autograd (`nn_*`), the command-line
-//! behaviour shared by all (`cli_*`, `model_files`), the bad-input audit's regressions (`bad_input_*`), the
-//! import rule (`layering`), NVRTC (`nvrtc`) and the GPU (`gpu`, ignored without one:
+//! subject, named after the pipeline it tests (`text_*`, `fit_*`, `mnist_*`, `xor_*`, `sales_*`,
+//! `transformer_*`, `matmul_*`), the shared operations (`ops`), `nn`'s tensors and autograd (`nn_*`), the
+//! command-line behaviour shared by all (`cli_*`, `model_files`), the bad-input audit's regressions
+//! (`bad_input_*`), the import rule (`layering`), the docs' links and examples (`docs`), the rendezvous
+//! of several processes (`rendezvous`), NVRTC (`nvrtc`) and the GPU (`gpu`, ignored without one:
 //! `cargo test --release -- --ignored`).
 
 mod common;

@@ -188,9 +188,9 @@ fn bad_inputs_fail_with_one_line() {
 #[test]
 fn the_learning_rate_schedule_reaches_the_mlp_and_the_cnn() {
     use std::sync::Arc;
+    use textnet::datasets::mnist::{self, Dataset};
     use textnet::device::Backend;
     use textnet::mnist::cnn::{CnnParams, CnnShape};
-    use textnet::mnist::data::{self, Dataset};
     use textnet::mnist::model::{Activation, MlpShape};
     use textnet::mnist::train::{self, Schedule};
     use textnet::mnist::{Classifier, ModelKind};
@@ -199,7 +199,7 @@ fn the_learning_rate_schedule_reaches_the_mlp_and_the_cnn() {
     let data_dir = tmp.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();
     write_synthetic(&data_dir, 200, 50);
-    let data = data::load(Dataset::Mnist, Some(&data_dir), &|_| {}).unwrap();
+    let data = mnist::load(Dataset::Mnist, Some(&data_dir), &|_| {}).unwrap();
     // 200 images in batches of 64: 4 steps an epoch, 8 in the run.
     let (epochs, batch, lr) = (2, 64, 0.01f32);
     let library = |model: ModelKind, lr_schedule: LrSchedule| -> Classifier {

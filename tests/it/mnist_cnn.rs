@@ -80,7 +80,7 @@ fn a_wrong_gradient_fails_the_comparison() {
 }
 
 #[test]
-fn the_roadmap_shape_has_its_parameter_count() {
+fn the_mnist_shape_has_its_parameter_count() {
     // conv1 80, conv2 1168, fc1 50240, fc2 650
     assert_eq!(CnnShape::MNIST.param_count(), 80 + 1168 + 50240 + 650);
     let p = CnnParams::init(CnnShape::MNIST, 1);

@@ -2,8 +2,8 @@
 //! data fails the test: CI installs the package, so its absence is a setup error, not a reason to skip.
 
 use std::path::Path;
+use textnet::datasets::mnist::{self, Dataset, MnistData};
 use textnet::device::Backend;
-use textnet::mnist::data::{self, Dataset, MnistData};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
@@ -14,7 +14,7 @@ use textnet::run::{TEST, Trainer};
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 
 fn fashion(train: usize, test: usize) -> MnistData {
-    let mut data = data::load(Dataset::Fashion, Some(Path::new(FASHION)), &|_| {}).unwrap_or_else(|e| {
+    let mut data = mnist::load(Dataset::Fashion, Some(Path::new(FASHION)), &|_| {}).unwrap_or_else(|e| {
         panic!("Fashion-MNIST is needed in {FASHION} (apt-get install dataset-fashion-mnist): {e:#}")
     });
     assert_eq!((data.train.len(), data.test.len()), (60000, 10000));

@@ -3,7 +3,7 @@
 use flate2::{Compression, write::GzEncoder};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use textnet::mnist::data::{self, Dataset};
+use textnet::datasets::mnist::{self, Dataset};
 use textnet::mnist::idx::{self, load_split, read_idx};
 
 fn idx_bytes(magic: u32, dims: &[u32], data: &[u8]) -> Vec<u8> {
@@ -139,10 +139,10 @@ fn a_data_directory_needs_all_four_files() {
     write(dir.path(), "train-images-idx3-ubyte.gz", &gzip(&images_file(n_train)));
     write(dir.path(), "train-labels-idx1-ubyte", &labels_file(n_train));
     write(dir.path(), "t10k-images-idx3-ubyte", &images_file(n_test));
-    let e = error_of(data::load(Dataset::Mnist, Some(dir.path()), &|_| {}).map(|d| d.dir));
+    let e = error_of(mnist::load(Dataset::Mnist, Some(dir.path()), &|_| {}).map(|d| d.dir));
     assert!(e.contains("t10k-labels-idx1-ubyte") && !e.contains("train-labels-idx1-ubyte not found"), "{e}");
     write(dir.path(), "t10k-labels-idx1-ubyte.gz", &gzip(&labels_file(n_test)));
-    let loaded = data::load(Dataset::Mnist, Some(dir.path()), &|_| {}).unwrap();
+    let loaded = mnist::load(Dataset::Mnist, Some(dir.path()), &|_| {}).unwrap();
     check_split(&loaded.train, n_train);
     check_split(&loaded.test, n_test);
     assert_eq!(loaded.dir, dir.path());

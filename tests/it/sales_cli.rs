@@ -55,7 +55,7 @@ fn trains_beats_the_baseline_reports_and_predicts() {
     // Row 2401 is the first test row: its prediction is the model's.
     let options = textnet::sales::table::LoadOptions::new(m.schema.clone());
     let t = textnet::sales::table::Table::read(&table, &options).unwrap();
-    let split = textnet::sales::data::Split::of_rows(&t, &t.rows[2400..2401], &m.vocabularies);
+    let split = textnet::datasets::features::Split::of_rows(&t, &t.rows[2400..2401], &m.vocabularies);
     let want = m.stats.target_value(model::predict(&m.params, m.stats.normalize(&split).row(0)).unwrap()[0]);
     let got: f32 = lines[2400].split('\t').nth(1).unwrap().parse().unwrap();
     assert_eq!(lines[2400].split('\t').next(), Some("2401"));

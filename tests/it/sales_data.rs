@@ -1,7 +1,7 @@
 //! Loading tables for `textnet sales`: delimiters, headers, column choice, quoting, bad rows (each named
 //! by file, line and column), dates, one-hot features, the split and the normalisation statistics.
 
-use textnet::sales::data::{Dataset, SplitOrder, Stats};
+use textnet::datasets::features::{Dataset, SplitOrder, Stats};
 use textnet::sales::dates::{DateFeatures, DateValue, SlashOrder, day_of_year, parse_date, parse_date_time};
 use textnet::sales::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 

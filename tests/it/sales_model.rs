@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
+use textnet::datasets::features::{Dataset, SplitOrder, Stats};
 use textnet::device::Backend;
 use textnet::ops::optim::{OptimConfig, OptimKind};
 use textnet::run::{TEST, Trainer};
-use textnet::sales::data::{Dataset, SplitOrder, Stats};
 use textnet::sales::model::network;
 use textnet::sales::model::{SalesParams, SalesShape, Shuffle, baseline_mae, evaluate, predict};
 use textnet::sales::table::{LoadOptions, Schema, Table};

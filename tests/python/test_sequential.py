@@ -145,7 +145,7 @@ def test_history_plot_draws_a_png(small, tmp_path):
     assert [a.get_title() for a in figure.axes] == ["loss", "validation accuracy"]
 
 
-def test_the_roadmap_example(small, capsys):
+def test_neural_network_gpu_prints_one_short_line_per_epoch(small, capsys):
     X_train, y_train, X_test, y_test = small
     from textnet import NeuralNetworkGPU
 
@@ -159,13 +159,13 @@ def test_the_roadmap_example(small, capsys):
     assert nn.predict(X_test[:5]).shape == (5,)
 
 
-def test_the_roadmap_model_saves_a_model_file(small, tmp_path):
+def test_neural_network_gpu_saves_a_model_file(small, tmp_path):
     X_train, y_train, X_test, _ = small
     nn = textnet.NeuralNetworkGPU(784, 16, 10, device="cpu")
     assert not nn.model.history
     nn.fit(X_train[:500], y_train[:500], epochs=1, verbose=0)
-    nn.save(tmp_path / "roadmap.safetensors")
-    loaded = textnet.load(tmp_path / "roadmap.safetensors")
+    nn.save(tmp_path / "two_layer.safetensors")
+    loaded = textnet.load(tmp_path / "two_layer.safetensors")
     assert loaded.built and loaded.input_shape == (784,)
     assert loaded.count_params() == 12_730
     assert np.array_equal(loaded.predict_classes(X_test[:50]), nn.predict(X_test[:50]))

@@ -252,7 +252,7 @@ impl Board {
     }
 
     /// Writes the run's settings (`report.config`) as its hyperparameters, with the scalar tags written as
-    /// their metrics and the report's status as the session's end (a run that diverged, was interrupted
+    /// their metrics and the report's status as the run's end (a run that diverged, was interrupted
     /// or did not learn as a failure); returns the error line of any write that failed.
     pub fn close(mut self, report: Option<&Report>) -> Option<String> {
         if let (None, Some(report)) = (&self.failed, report) {

@@ -299,7 +299,7 @@ impl EventWriter {
 
     /// The run's hyperparameters, as torch.utils.tensorboard's `add_hparams` writes them: the experiment
     /// (each hyperparameter's name and type, and the scalar tags `metrics` that the HParams dashboard shows
-    /// beside them), the session's start with the values, and its end with `status`. `hparams` is a JSON
+    /// beside them), the run's start with the values, and its end with `status`. `hparams` is a JSON
     /// object: numbers, strings and booleans as they are, null left out, anything else as its JSON text.
     pub fn hparams(
         &mut self,

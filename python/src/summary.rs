@@ -48,7 +48,7 @@ impl PyEventWriter {
     }
 
     /// The HParams plugin's summaries: `hparams_json` a JSON object of the hyperparameters, `metrics` the
-    /// scalar tags shown beside them, `success` the session's end.
+    /// scalar tags shown beside them, `success` how the run ended.
     fn hparams(&mut self, hparams_json: &str, metrics: Vec<String>, success: bool) -> PyResult<()> {
         let hparams: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(hparams_json).map_err(|e| value_error(e.into()))?;

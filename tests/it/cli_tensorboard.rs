@@ -47,7 +47,7 @@ fn read(dir: &Path) -> Read {
 }
 
 /// Every numeric figure of every row of report `r` is the scalar of its tag at the row's step; the config
-/// is the hyperparameters, the tags the metrics, and the status the session's end.
+/// is the hyperparameters, the tags the metrics, and the status how the run ended.
 fn matches_report(command: &str, r: &Value, read: &Read) {
     let rows = r["epochs"].as_array().unwrap();
     assert!(!rows.is_empty(), "{command}");

@@ -22,9 +22,9 @@ def run_onnx(path, feeds):
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
     assert [o.version for o in model.opset_import] == [17]
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    outputs = dict(zip(names, session.run(None, feeds)))
+    runtime = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in runtime.get_outputs()]
+    outputs = dict(zip(names, runtime.run(None, feeds)))
     return outputs, {p.key: p.value for p in model.metadata_props}
 
 

@@ -311,14 +311,7 @@ impl<F: Real> Tensor<F> {
             let mut values = cuda::from_f32(buffer.to_host(OP)?);
             change(&mut values);
             let values = cuda::to_f32(&values);
-            // In place when nothing else holds the elements (a captured step's input keeps its address).
-            if let Some(Storage::Device(buffer)) = Arc::get_mut(&mut storage)
-                && buffer.is_unshared()
-            {
-                return buffer.overwrite(OP, &values);
-            }
-            *storage = Arc::new(Storage::Device(device.upload(OP, &values)?));
-            return Ok(());
+            return replace_device(&mut storage, |buffer| buffer.overwrite(OP, &values), || device.upload(OP, &values));
         }
         change(Arc::make_mut(&mut storage).host_mut());
         Ok(())
@@ -356,13 +349,7 @@ impl<F: Real> Tensor<F> {
         // Every element is replaced: the old ones are not read back first.
         let device = Arc::clone(buffer.device());
         let values = cuda::to_f32(values);
-        if let Some(Storage::Device(buffer)) = Arc::get_mut(&mut storage)
-            && buffer.is_unshared()
-        {
-            return buffer.overwrite(OP, &values);
-        }
-        *storage = Arc::new(Storage::Device(device.upload(OP, &values)?));
-        Ok(())
+        replace_device(&mut storage, |buffer| buffer.overwrite(OP, &values), || device.upload(OP, &values))
     }
 
     /// Sets the elements to `source`'s (as many, of any shape), in place where nothing else holds them
@@ -382,13 +369,7 @@ impl<F: Real> Tensor<F> {
             drop(storage);
             return self.copy_from_slice(&source.values()?);
         }
-        if let Some(Storage::Device(buffer)) = Arc::get_mut(&mut storage)
-            && buffer.is_unshared()
-        {
-            return buffer.overwrite_from(OP, from);
-        }
-        *storage = Arc::new(Storage::Device(from.duplicate(OP)?));
-        Ok(())
+        replace_device(&mut storage, |buffer| buffer.overwrite_from(OP, from), || from.duplicate(OP))
     }
 
     /// Whether the elements live on a GPU.
@@ -560,4 +541,21 @@ impl<F: Real> Tensor<F> {
     pub fn same(&self, other: &Tensor<F>) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+}
+
+/// New elements for a device tensor's `storage`: written by `in_place` into its own buffer when nothing else
+/// holds it (a captured step's input keeps its address), else the buffer `fresh` makes replaces it for every
+/// handle at once (a backward recorded before keeps the old values).
+fn replace_device<F: Real>(
+    storage: &mut Arc<Storage<F>>,
+    in_place: impl FnOnce(&mut DeviceBuffer) -> Result<()>,
+    fresh: impl FnOnce() -> Result<DeviceBuffer>,
+) -> Result<()> {
+    if let Some(Storage::Device(buffer)) = Arc::get_mut(storage)
+        && buffer.is_unshared()
+    {
+        return in_place(buffer);
+    }
+    *storage = Arc::new(Storage::Device(fresh()?));
+    Ok(())
 }

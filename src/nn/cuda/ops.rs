@@ -454,11 +454,6 @@ fn bf16_split(device: &Device, (m, n, k): (usize, usize, usize), batches: usize,
     (k.div_ceil(k_per).max(1), k_per)
 }
 
-/// The slices `product_bf16` splits k into.
-fn bf16_slices(device: &Device, mnk: (usize, usize, usize), batches: usize, bias: bool) -> usize {
-    bf16_split(device, mnk, batches, bias).0
-}
-
 /// A linear layer's dx = dy·W in bf16 (`rows`×`inputs` results over `outputs`, unsplit), times the slope of
 /// the activation `code` of `pre` that made the layer's input `x` (`nn_product_bf16_{act}_slope`).
 fn product_bf16_slope(
@@ -772,7 +767,7 @@ pub(crate) fn linear<F: Real>(
             let operands = (&dy16, w16, &dx);
             // dx times the slope of the activation that made x, when the backward offers it and the product
             // runs unsplit (a kernel per activation).
-            let unsplit = bf16_slices(d, (rows, inputs, outputs), 1, false) == 1;
+            let unsplit = bf16_split(d, (rows, inputs, outputs), 1, false).0 == 1;
             let fuses =
                 |code: i32| unsplit && usize::try_from(code).is_ok_and(|c| c < d.kernels.product_bf16_slope.len());
             match d.take_slope(&xb, fuses) {

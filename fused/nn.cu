@@ -20,7 +20,9 @@
 //                after) and nn_product_bf16_{act}_slope (dx times an activation's slope, the backward's
 //                fusion).
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
-//                give 0; the mean over the counted rows by the last block), nn_scale_by (a saved gradient times the upstream scalar gradient).
+//                give 0; the mean over the counted rows by the last block), nn_linear_cross_entropy_{tile}
+//                (a linear layer's logits, ≤ 64 a row, and their cross-entropy in one launch: the
+//                capture-time fusion of a classifier's last layer), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch; its last block advances
 //                their step counts), nn_sum_squares_chunks, nn_clip_factor and nn_scale_chunks
 //                (clip_grad_norm over many gradients a launch), nn_accumulate (y += x).
@@ -603,10 +605,23 @@ __device__ __forceinline__ void cross_entropy_row(const float* __restrict__ x, f
     loss = m + logf(sum) - x[t], counted = 1.0f;
 }
 
+// The last part of a cross-entropy launch: in the last block to finish (`ticket`, left at 0), mean[0] = Σ
+// loss / Σ counted over `rows` rows, count[0] = Σ counted and one[0] = 1 (the seed of the loss's backward):
+// each thread sums its rows from the first in order, then a fixed tree, whatever the grid.
+__device__ __forceinline__ void cross_entropy_mean(const float* __restrict__ loss, const float* __restrict__ counted,
+                                                   int rows, float* __restrict__ mean, float* __restrict__ count,
+                                                   float* __restrict__ one, unsigned* __restrict__ ticket) {
+    if (!last_block_to_finish(ticket, gridDim.x * gridDim.y)) return;
+    __shared__ float scratch[WARPS];
+    float s = 0.0f, c = 0.0f;
+    for (int r = threadIdx.x; r < rows; r += THREADS) s += __ldcg(loss + r), c += __ldcg(counted + r);
+    s = block_sum(s, scratch);
+    c = block_sum(c, scratch);
+    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c, one[0] = 1.0f, ticket[0] = 0;
+}
+
 // cross_entropy_row over `rows` rows, a warp each (d times row_scale: 1/rows when no row can be ignored,
-// the mean's gradient), then, in the last block to finish (`ticket`, left at 0), mean[0] = Σ loss / Σ
-// counted, count[0] = Σ counted and one[0] = 1 (the seed of the loss's backward): each thread sums its rows
-// from the first in order, then a fixed tree. The mean is in the same launch: a loss of few rows took as
+// the mean's gradient), then cross_entropy_mean. The mean is in the same launch: a loss of few rows took as
 // long again in a launch of its own.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ targets, float* __restrict__ loss,
@@ -620,14 +635,64 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
                           row_loss, row_counted);
         if (threadIdx.x % 32 == 0) loss[row] = row_loss, counted[row] = row_counted;
     }
-    if (!last_block_to_finish(ticket)) return;
-    __shared__ float scratch[WARPS];
-    float s = 0.0f, c = 0.0f;
-    for (int r = threadIdx.x; r < rows; r += THREADS) s += __ldcg(loss + r), c += __ldcg(counted + r);
-    s = block_sum(s, scratch);
-    c = block_sum(c, scratch);
-    if (threadIdx.x == 0) mean[0] = s / c, count[0] = c, one[0] = 1.0f, ticket[0] = 0;
+    cross_entropy_mean(loss, counted, rows, mean, count, one, ticket);
 }
+
+// A linear layer without activation, y = x·Wᵀ + b (x R×K, W N×K, b of N or null), and nn_cross_entropy of
+// y, in one launch: the capture-time fusion of a classifier's last layer and its loss (src/nn/cuda/
+// fusion.rs), one launch and one pass over the logits fewer in a small step. Block b takes rows [b·BM,
+// (b + 1)·BM): it forms their N logits a gemm tile at a time, the very tiles nn_linear_{tile} forms (so the
+// same sums, bit for bit), then cross_entropy_row over its rows, a warp each; the last block takes the
+// mean as nn_cross_entropy does. Grid: ⌈R/BM⌉ blocks; shared memory as nn_linear_{tile}'s. The launch
+// layer fuses only N ≤ LINEAR_CROSS_ENTROPY_CLASSES (a block then walks at most eight tiles). The
+// arguments after y and K are nn_cross_entropy's after its logits.
+constexpr int LINEAR_CROSS_ENTROPY_CLASSES = 64;
+template <class T>
+__device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x, const float* __restrict__ W,
+                                                     const float* __restrict__ bias, float* __restrict__ y, int R,
+                                                     int N, int K, const float* __restrict__ targets,
+                                                     float* __restrict__ loss, float* __restrict__ d,
+                                                     float* __restrict__ counted, float ignore, float row_scale,
+                                                     float* __restrict__ mean, float* __restrict__ count,
+                                                     float* __restrict__ one, unsigned* __restrict__ ticket) {
+    extern __shared__ float smem[];
+    __shared__ float logits[T::BM * LINEAR_CROSS_ENTROPY_CLASSES];  // the block's rows, read back by the loss
+    const int m0 = blockIdx.x * T::BM;
+    for (int n0 = 0; n0 < N; n0 += T::BN) {
+        gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
+            R, N, K, m0, n0, [&](int r, int k) { return x[(size_t)r * K + k]; },
+            [&](int k, int o) { return W[(size_t)o * K + k]; },
+            [&](int r, int o, float acc) {
+                const float v = bias ? acc + bias[o] : acc;
+                y[(size_t)r * N + o] = v;
+                logits[(r - m0) * LINEAR_CROSS_ENTROPY_CLASSES + o] = v;
+            },
+            smem);
+    }
+    __syncthreads();
+    for (int row = m0 + threadIdx.x / 32; row < min(m0 + T::BM, R); row += WARPS) {
+        float row_loss, row_counted;
+        cross_entropy_row(logits + (row - m0) * LINEAR_CROSS_ENTROPY_CLASSES, d + (size_t)row * N, targets[row], N,
+                          ignore, row_scale, row_loss, row_counted);
+        if (threadIdx.x % 32 == 0) loss[row] = row_loss, counted[row] = row_counted;
+    }
+    cross_entropy_mean(loss, counted, R, mean, count, one, ticket);
+}
+
+#define NN_LINEAR_CROSS_ENTROPY(SUFFIX, TILE)                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS) nn_linear_cross_entropy_##SUFFIX(                   \
+        const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias,              \
+        float* __restrict__ y, int K, const float* __restrict__ targets, float* __restrict__ loss,              \
+        float* __restrict__ d, float* __restrict__ counted, int R, int N, float ignore, float row_scale,       \
+        float* __restrict__ mean, float* __restrict__ count, float* __restrict__ one,                          \
+        unsigned* __restrict__ ticket) {                                                                       \
+        linear_cross_entropy<TILE>(x, W, bias, y, R, N, K, targets, loss, d, counted, ignore, row_scale, mean,  \
+                                   count, one, ticket);                                                        \
+    }
+NN_LINEAR_CROSS_ENTROPY(large, TileLarge)
+NN_LINEAR_CROSS_ENTROPY(small, TileSmall)
+NN_LINEAR_CROSS_ENTROPY(tiny, TileTiny)
+#undef NN_LINEAR_CROSS_ENTROPY
 
 // out = saved · scale · upstream[0] / divisor[0] (divisor null: 1): a loss's saved gradient times the
 // gradient that reached the loss, over the rows it averaged.

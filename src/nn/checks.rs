@@ -873,8 +873,8 @@ fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Resul
 /// The losses, final parameters and fusions of 8 AdamW steps of a residual block on `device` in
 /// `precision` — x = embedding(ids); x = x + dropout(fc2(gelu(fc1(ln1(x))))); x = x + relu(proj(ln2(x)));
 /// logits = head(ln_f(x)) — a new batch each step, op by op or through a `CapturedStep`, whose capture
-/// fuses the activations and the dropout into the products, the residual adds into the LayerNorms and
-/// (bf16) the operands' copies into their producers.
+/// fuses the activations and the dropout into the products, the residual adds into the LayerNorms, (fp32)
+/// the loss into head's product and (bf16) the operands' copies into their producers.
 fn block_steps(
     device: &Arc<Device>,
     seed: u64,
@@ -947,9 +947,9 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let mut checks = Vec::new();
     // gelu and relu into fc1's and proj's epilogues, the dropout into fc2's, both residual adds into the
-    // norms after them, the gelu's slope into fc2's backward; in bf16 also the four products' operands
-    // (ln1's, the gelu's from fc1's epilogue, ln2's and ln_f's).
-    for (precision, expected) in [(Precision::Fp32, 6), (Precision::Bf16, 10)] {
+    // norms after them, the gelu's slope into fc2's backward; in fp32 the cross-entropy into head's
+    // blocks; in bf16 the four products' operands (ln1's, the gelu's from fc1's epilogue, ln2's and ln_f's).
+    for (precision, expected) in [(Precision::Fp32, 7), (Precision::Bf16, 10)] {
         let (eager, _) = block_steps(device, seed, precision, false)?;
         let (captured, fusions) = block_steps(device, seed, precision, true)?;
         let same = bits(&eager) == bits(&captured);
@@ -959,6 +959,79 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
         let right = same && made == expected;
         checks.push(Check {
             kernel: "nn fused capture = op by op".into(),
+            shape,
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    Ok(checks)
+}
+
+/// The losses and final parameters of 4 SGD steps of one linear layer read by a cross-entropy (`bias`;
+/// `ignore`: an id some rows take, to be ignored), a new batch each step, op by op or through a
+/// `CapturedStep`, whose capture fuses the loss into the layer's blocks; and the capture's fusions.
+fn linear_loss_steps(
+    device: &Arc<Device>,
+    rng: &mut SeededRng,
+    (rows, inputs, classes): (usize, usize, usize),
+    (bias, ignore): (bool, Option<i64>),
+    captured: bool,
+) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
+    use super::CapturedStep;
+    const STEPS: usize = 4;
+    let layer = Linear::<f32>::new(inputs, classes, bias, rng)?;
+    let parameters = layer.parameters();
+    for p in &parameters {
+        p.move_to_device(device)?;
+    }
+    let batches: Vec<(Vec<f32>, Vec<f32>)> = (0..STEPS)
+        .map(|_| {
+            (values(rng, &[rows, inputs], -1.0, 1.0), (0..rows).map(|_| rng.random_range(0..classes) as f32).collect())
+        })
+        .collect();
+    let x = Tensor::from_vec(batches[0].0.clone(), &[rows, inputs])?.to_device(device)?;
+    let targets = Tensor::from_vec(batches[0].1.clone(), &[rows])?.to_device(device)?;
+    let mut sgd = Optimizer::sgd(parameters.clone(), 0.5)?;
+    let mut step = CapturedStep::new(device, &[&x, &targets])?;
+    let mut losses = Vec::new();
+    for (inputs, ids) in &batches {
+        x.copy_from_slice(inputs)?;
+        targets.copy_from_slice(ids)?;
+        let mut one_step = || {
+            sgd.zero_grad();
+            let loss = layer.forward(&x)?.cross_entropy_ids(&targets, ignore)?;
+            loss.backward()?;
+            sgd.step()?;
+            Ok(loss)
+        };
+        let loss = if captured { step.run(one_step)? } else { one_step()? };
+        losses.push(loss.item()?);
+    }
+    let fusions = step.fusions().to_vec();
+    Ok((steps_result(captured.then_some(&step), losses, &parameters)?, fusions))
+}
+
+/// A linear layer and the cross-entropy of its output, fused in a capture (`nn_linear_cross_entropy`),
+/// equal the two launches to the bit, over random sizes whose rows span several tiles and blocks, with and
+/// without a bias and rows to ignore; and the capture fused them (an equality that fused nothing would
+/// prove nothing).
+fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    use rand::SeedableRng;
+    let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let mut checks = Vec::new();
+    for (bias, ignoring) in [(true, false), (false, true), (true, true)] {
+        let sizes = (rng.random_range(1..300), rng.random_range(1..90), rng.random_range(2..65));
+        let ignore = ignoring.then(|| rng.random_range(0..sizes.2) as i64);
+        let seed = rng.random();
+        let run =
+            |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, (bias, ignore), captured);
+        let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
+        let fused = fusions.iter().any(|(what, _)| what.starts_with("linear → cross_entropy"));
+        let right = fused && bits(&eager) == bits(&captured);
+        let (rows, inputs, classes) = sizes;
+        let shape = format!("{rows}×{inputs} → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps");
+        checks.push(Check {
+            kernel: "nn fused linear + cross_entropy".into(),
             shape,
             rel_error: if right { 0.0 } else { f64::INFINITY },
             tolerance: 0.0,
@@ -1075,6 +1148,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         let rel_error = if same { 0.0 } else { f64::INFINITY };
         checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
         checks.extend(fusion_checks(&device, seed)?);
+        checks.extend(loss_fusion_checks(&device, &mut plan.rng("nn loss fusion"))?);
     }
     Ok(checks)
 }

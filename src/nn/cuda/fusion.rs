@@ -8,8 +8,9 @@
 //! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
 //! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
+//! | `linear` (fp32, no activation, ≤ 64 outputs) → `cross_entropy` | the loss of each row of logits, its gradient and their mean, by the block that formed the row (`nn_linear_cross_entropy`) |
 //!
-//! Cross-entropy needs no rewrite: its softmax is inside its one kernel already.
+//! Cross-entropy's softmax is inside its own kernel already.
 //!
 //! How: a producer cannot know at its launch who will read its output, so the first eager run of a step
 //! is recorded. Every op that can produce more (a *producer*) takes the next number of the step,
@@ -52,6 +53,38 @@ pub(crate) enum Want {
     Bf16,
     /// The output times a dropout mask counted on the device.
     Dropout(DropoutSite),
+    /// The cross-entropy of the output, rows of logits.
+    CrossEntropy(CrossEntropySite),
+}
+
+/// A cross-entropy against the class ids in `targets` (held weakly, as LayerNorm's parameters), ignoring
+/// the rows whose id is `ignore` (NaN: none), its gradient times `row_scale`.
+#[derive(Clone)]
+pub(crate) struct CrossEntropySite {
+    pub(crate) targets: WeakBuffer,
+    pub(crate) ignore: f32,
+    pub(crate) row_scale: f32,
+}
+
+impl CrossEntropySite {
+    /// Whether a cross-entropy reading `targets` with `ignore` and `row_scale` is this one.
+    pub(crate) fn matches(&self, targets: &DeviceBuffer, ignore: f32, row_scale: f32) -> bool {
+        self.targets.is(targets)
+            && self.ignore.to_bits() == ignore.to_bits()
+            && self.row_scale.to_bits() == row_scale.to_bits()
+    }
+}
+
+/// What a cross-entropy launch writes: each row's loss, the rows' gradient (softmax − onehot, scaled),
+/// whether each row counted, the mean, the count and the word 1 (its backward's seed).
+#[derive(Clone)]
+pub(crate) struct CrossEntropyOut {
+    pub(crate) losses: DeviceBuffer,
+    pub(crate) d: DeviceBuffer,
+    pub(crate) counted: DeviceBuffer,
+    pub(crate) loss: DeviceBuffer,
+    pub(crate) count: DeviceBuffer,
+    pub(crate) one: DeviceBuffer,
 }
 
 /// A dropout whose mask is drawn on the device: its layer's step word (held weakly, as LayerNorm's
@@ -139,6 +172,11 @@ pub(crate) enum Extra {
         out: DeviceBuffer,
         key: DeviceBuffer,
     },
+    /// The cross-entropy of these elements for `site`, computed by the product that made them.
+    CrossEntropy {
+        site: CrossEntropySite,
+        out: CrossEntropyOut,
+    },
     /// A word holding 1 that the kernel making a scalar output wrote for the seed of its backward (not a
     /// fusion: the seed then costs no launch, and the op knows its upstream gradient is 1).
     Seed(DeviceBuffer),
@@ -220,6 +258,14 @@ impl Producer {
     pub(crate) fn dropout(&self) -> Option<DropoutSite> {
         self.wants.iter().find_map(|w| match w {
             Want::Dropout(site) => Some(site.clone()),
+            _ => None,
+        })
+    }
+
+    /// The cross-entropy wanted of this producer's output.
+    pub(crate) fn cross_entropy(&self) -> Option<CrossEntropySite> {
+        self.wants.iter().find_map(|w| match w {
+            Want::CrossEntropy(site) => Some(site.clone()),
             _ => None,
         })
     }
@@ -433,6 +479,20 @@ impl DeviceBuffer {
             Extra::Dropout { site, out, key } if site.matches(step, site_seed, threshold, scale) => {
                 Some((out.clone(), key.clone()))
             }
+            _ => None,
+        })
+    }
+
+    /// The cross-entropy of these elements against `targets` with `ignore` and `row_scale`, when their
+    /// producer computed it.
+    pub(crate) fn cross_entropy_extra(
+        &self,
+        targets: &DeviceBuffer,
+        ignore: f32,
+        row_scale: f32,
+    ) -> Option<CrossEntropyOut> {
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::CrossEntropy { site, out } if site.matches(targets, ignore, row_scale) => Some(out.clone()),
             _ => None,
         })
     }

@@ -60,6 +60,9 @@ pub(crate) struct Kernels {
     pub(crate) linear: [Kernel; 3],
     pub(crate) linear_grad_weight: [Kernel; 3],
     pub(crate) linear_grad: [Kernel; 3],
+    /// `nn_linear_cross_entropy_{large,small,tiny}`: a linear layer and the cross-entropy of its output
+    /// (capture-time fusion), at the tile's place in [`FP32_TILES`].
+    pub(crate) linear_cross_entropy: [Kernel; 3],
     pub(crate) to_bf16: Kernel,
     /// `nn_product_bf16_{nn,nt,tn,tt}`, at `2·trans_a + trans_b`.
     pub(crate) product_bf16: [Kernel; 4],
@@ -196,6 +199,11 @@ impl Device {
                     k("nn_linear_grad_weight_tiny")?,
                 ],
                 linear_grad: [k("nn_linear_grad_large")?, k("nn_linear_grad_small")?, k("nn_linear_grad_tiny")?],
+                linear_cross_entropy: [
+                    k("nn_linear_cross_entropy_large")?,
+                    k("nn_linear_cross_entropy_small")?,
+                    k("nn_linear_cross_entropy_tiny")?,
+                ],
                 to_bf16: k("nn_to_bf16")?,
                 product_bf16: [
                     k("nn_product_bf16_nn")?,

@@ -5,7 +5,7 @@
 //! A backward keeps the device buffers it reads (the inputs' snapshots, the output, a loss's saved
 //! gradient), as the host closures keep their vectors.
 
-use super::fusion::{Extra, NormParams, Producer, Want};
+use super::fusion::{CrossEntropyOut, CrossEntropySite, Extra, NormParams, Producer, Want};
 use super::layers::draw_key;
 use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
 use crate::cpu::Real;
@@ -28,6 +28,8 @@ pub(crate) const UNARY_EXP: i32 = 4;
 pub(crate) const UNARY_LOG: i32 = 5;
 pub(crate) const UNARY_NEG: i32 = 6;
 const UNARY_NONE: i32 = -1;
+/// The widest rows of logits `nn_linear_cross_entropy` takes (its LINEAR_CROSS_ENTROPY_CLASSES).
+const LINEAR_CROSS_ENTROPY_CLASSES: usize = 64;
 
 /// The device buffer of a tensor that `place_of` found on the device.
 pub(super) fn buffer<F: Real>(tensor: &Tensor<F>) -> DeviceBuffer {
@@ -663,6 +665,15 @@ pub(crate) fn linear<F: Real>(
         },
         _ => None,
     };
+    // Or the cross-entropy a reader wanted, of logits no wider than nn_linear_cross_entropy's rows.
+    let cross_entropy = match (&rounded, activation, &dropout, producer.as_ref().and_then(Producer::cross_entropy)) {
+        (None, None, None, Some(site)) if outputs <= LINEAR_CROSS_ENTROPY_CLASSES => match site.targets.upgrade(device)
+        {
+            Some(targets) => Some((site, targets, cross_entropy_buffers(device, rows, outputs)?)),
+            None => None,
+        },
+        _ => None,
+    };
     let drop_args = match &dropout {
         Some((site, dropped, key)) => {
             [device.arg(dropped), device.arg(key), Arg::u32(site.threshold), Arg::f32(site.scale)]
@@ -712,6 +723,15 @@ pub(crate) fn linear<F: Real>(
                 bias_buffer.as_ref(),
             )?;
         }
+        (None, None, _) if cross_entropy.is_some() => {
+            let (site, targets, ce) = cross_entropy.as_ref().expect("matched");
+            let (tile, (_, row_blocks)) = fp32_tile(device, NAME, (rows, outputs), 1)?;
+            let args = [device.arg(&xb), device.arg(&wb), bias_arg, device.arg(&out), Arg::i32(sizes[2])];
+            let sizes = [Arg::i32(sizes[0]), Arg::i32(sizes[1]), Arg::f32(site.ignore), Arg::f32(site.row_scale)];
+            let args = [&args[..], &[device.arg(targets)], &cross_entropy_outputs(device, ce, sizes)].concat();
+            let kernel = &device.kernels.linear_cross_entropy[tile];
+            device.launch(NAME, kernel, (row_blocks, 1), device.gemm_shared[tile], &args)?;
+        }
         (None, _, _) => {
             // nn_linear writes the pre-activation to z and act(z) to y.
             let (z, y, code) = match (&activated, activation) {
@@ -730,6 +750,9 @@ pub(crate) fn linear<F: Real>(
     }
     if let Some((site, dropped, key)) = dropout {
         out.attach(Extra::Dropout { site, out: dropped, key });
+    }
+    if let Some((site, _, ce)) = cross_entropy {
+        out.attach(Extra::CrossEntropy { site, out: ce });
     }
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);
@@ -845,7 +868,8 @@ fn linear_grad(
 
 /// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (class ids as floats, on
 /// the device), over the rows whose id is not `ignore` (NaN: none), counted on the device, so that a
-/// captured step takes each replay's targets.
+/// captured step takes each replay's targets. In a captured step the linear layer that made the logits
+/// may have computed it already (capture-time fusion): then nothing launches here.
 pub(crate) fn cross_entropy<F: Real>(
     device: &Arc<Device>,
     logits: &Tensor<F>,
@@ -854,20 +878,29 @@ pub(crate) fn cross_entropy<F: Real>(
     (rows, classes): (usize, usize),
 ) -> Result<Tensor<F>> {
     const NAME: &str = "cross_entropy";
-    let (losses, d, counted) =
-        (device.alloc(NAME, rows)?, device.alloc(NAME, rows * classes)?, device.alloc(NAME, rows)?);
-    let args =
-        [device.arg(&buffer(logits)), device.arg(targets), device.arg(&losses), device.arg(&d), device.arg(&counted)];
+    let input = buffer(logits);
     // Without an id to ignore every row counts, so the kernel divides the gradient by the rows itself; and
     // the seed of a backward from the loss is its word `one`, an upstream gradient of 1: the backward then
     // hands on d as it is.
     let every_row_counts = ignore.is_nan();
     let row_scale = if every_row_counts { 1.0 / rows.max(1) as f32 } else { 1.0 };
-    let (loss, count, one) = (device.alloc(NAME, 1)?, device.alloc(NAME, 1)?, device.alloc(NAME, 1)?);
-    let sizes = [Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore), Arg::f32(row_scale)];
-    let mean = [device.arg(&loss), device.arg(&count), device.arg(&one), device.ticket(Ticket::CrossEntropy)];
-    let args = [&args[..], &sizes, &mean].concat();
-    device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
+    device.want(&input, Want::CrossEntropy(CrossEntropySite { targets: targets.downgrade(), ignore, row_scale }));
+    let out = match input.cross_entropy_extra(targets, ignore, row_scale) {
+        Some(out) => {
+            device.fused(format!("linear → {NAME}: the loss by the blocks that formed the logits"));
+            out
+        }
+        None => {
+            let out = cross_entropy_buffers(device, rows, classes)?;
+            let args = [device.arg(&input), device.arg(targets)];
+            let sizes =
+                [Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore), Arg::f32(row_scale)];
+            let args = [&args[..], &cross_entropy_outputs(device, &out, sizes)].concat();
+            device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
+            out
+        }
+    };
+    let CrossEntropyOut { loss, d, count, one, .. } = out;
     loss.attach(Extra::Seed(one.clone()));
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
@@ -878,6 +911,39 @@ pub(crate) fn cross_entropy<F: Real>(
         Ok(vec![Some(scale_by(&device_, NAME, &d, grad, divisor, 1.0)?)])
     };
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[logits], Box::new(backward)))
+}
+
+/// New buffers for what a cross-entropy of `rows` rows of `classes` writes.
+fn cross_entropy_buffers(device: &Arc<Device>, rows: usize, classes: usize) -> Result<CrossEntropyOut> {
+    const NAME: &str = "cross_entropy";
+    Ok(CrossEntropyOut {
+        losses: device.alloc(NAME, rows)?,
+        d: device.alloc(NAME, rows * classes)?,
+        counted: device.alloc(NAME, rows)?,
+        loss: device.alloc(NAME, 1)?,
+        count: device.alloc(NAME, 1)?,
+        one: device.alloc(NAME, 1)?,
+    })
+}
+
+/// The arguments a cross-entropy kernel takes after its logits (and their sizes): `targets`' place is the
+/// caller's; here the outputs around `sizes` (rows, classes, ignore, row_scale) as nn_cross_entropy and
+/// nn_linear_cross_entropy both order them: losses, d, counted, sizes, then the mean's words and ticket.
+fn cross_entropy_outputs(device: &Device, out: &CrossEntropyOut, sizes: [Arg; 4]) -> Vec<Arg> {
+    let [rows, classes, ignore, row_scale] = sizes;
+    vec![
+        device.arg(&out.losses),
+        device.arg(&out.d),
+        device.arg(&out.counted),
+        rows,
+        classes,
+        ignore,
+        row_scale,
+        device.arg(&out.loss),
+        device.arg(&out.count),
+        device.arg(&out.one),
+        device.ticket(Ticket::CrossEntropy),
+    ]
 }
 
 /// saved · scale · upstream[0] / divisor[0] (no divisor: 1), in a new buffer.
@@ -935,4 +1001,15 @@ pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -
         Ok(vec![dy, dt])
     };
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[y, t], Box::new(backward)))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::kernel_constants;
+
+    #[test]
+    fn the_fused_cross_entropys_widest_row_is_the_kernels() {
+        let kernel = kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_CLASSES"]).unwrap();
+        assert_eq!(kernel, [super::LINEAR_CROSS_ENTROPY_CLASSES as i64]);
+    }
 }

@@ -30,9 +30,10 @@ random numbers come from textnet's generator, so a seed does not give PyTorch's 
 dropout masks or batches.
 
 The training loop follows train.py without its DDP, wandb and checkpoint parts; its bf16 autocast is
-``--dtype`` (``textnet.set_precision``). Its step
-(forward, backward, clip, AdamW step) is ``textnet.compile``d: captured as a CUDA graph on the GPU, the
-function itself on the CPU. The defaults are ``config/train_shakespeare_char.py``'s recipe.
+``--dtype`` (``textnet.set_precision``). Where train.py compiles the model, the step (forward, backward,
+clip, AdamW step) and ``estimate_loss``'s forward are each ``textnet.compile``d: captured as a CUDA graph
+on the GPU, the functions themselves on the CPU. The defaults are ``config/train_shakespeare_char.py``'s
+recipe.
 
 usage: python examples/nanogpt.py [--data corpus/tinyshakespeare.txt] [--device cpu|cuda]
        [--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0.2]
@@ -402,7 +403,8 @@ def main(argv=None):
     parser.add_argument("--grad-clip", type=float, default=1.0)
     parser.add_argument("--sample-tokens", type=int, default=200)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="train.py's compile: capture the step as a CUDA graph (--no-compile: op by op)")
+                        help="train.py's compile: capture the step and the evaluation's forward as CUDA "
+                             "graphs (--no-compile: op by op)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="train.py's dtype: bfloat16 puts the GPU's products on the tensor cores")
     args = parser.parse_args(argv)
@@ -435,6 +437,12 @@ def main(argv=None):
     model.to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (0.9, args.beta2), device)
 
+    def eval_loss(X, Y):
+        logits, loss = model(X, Y)
+        return loss
+    if args.compile:
+        eval_loss = torch.compile(eval_loss)  # train.py compiles the model, its evaluation's forward too
+
     @torch.no_grad()
     def estimate_loss():
         out = {}
@@ -443,7 +451,7 @@ def main(argv=None):
             losses = np.zeros(args.eval_iters)
             for k in range(args.eval_iters):
                 X, Y = get_batch(split)
-                logits, loss = model(X, Y)
+                loss = eval_loss(X, Y)
                 losses[k] = loss.item()
             out[split] = losses.mean()
         model.train()

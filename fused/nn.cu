@@ -41,7 +41,9 @@
 //                the outputs it won).
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
-// run repeats to the bit.
+// run repeats to the bit. Every kernel begins with begin_after_previous_grid() (common.cuh), so each is
+// launched with programmatic dependent launch: on Hopper the next op's blocks are scheduled while one runs,
+// which in a captured step of small ops is most of the time between them.
 #include "activations.cuh"
 #include "common.cuh"
 #include "dropout.cuh"
@@ -100,6 +102,7 @@ __device__ __forceinline__ int offset_of(int e, Axes4 d, Strides4 s) {
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_binary(int op, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int n, int d0,
           int d1, int d2, int d3, int a0, int a1, int a2, int a3, int b0, int b1, int b2, int b3) {
+    begin_after_previous_grid();
     const Axes4 d{d0, d1, d2, d3};
     const Strides4 sa{a0, a1, a2, a3}, sb{b0, b1, b2, b3};
     for (int e = grid_index(); e < n; e += grid_stride())
@@ -113,6 +116,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_binary_grad(int op, int which, const float* __restrict__ a, const float* __restrict__ b,
                const float* __restrict__ dy, float* __restrict__ grad, int count, int d0, int d1, int d2, int d3,
                int a0, int a1, int a2, int a3, int b0, int b1, int b2, int b3) {
+    begin_after_previous_grid();
     const Strides4 sa{a0, a1, a2, a3}, sb{b0, b1, b2, b3};
     const Strides4 own = which ? sb : sa;
     // The operand's own extent along each axis (1 where broadcast), and its coordinates there.
@@ -141,6 +145,7 @@ nn_binary_grad(int op, int which, const float* __restrict__ a, const float* __re
 // out = x op value (reversed: value op x); dx, when not null, = dy · ∂out/∂x.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scalar(int op, int reversed, const float* __restrict__ x, float value, float* __restrict__ out, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride())
         out[i] = reversed ? binary_apply(op, value, x[i]) : binary_apply(op, x[i], value);
 }
@@ -148,6 +153,7 @@ nn_scalar(int op, int reversed, const float* __restrict__ x, float value, float*
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scalar_grad(int op, int reversed, const float* __restrict__ x, float value, const float* __restrict__ dy,
                float* __restrict__ dx, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride())
         dx[i] = dy[i] * (reversed ? binary_partial(op, 1, value, x[i]) : binary_partial(op, 0, x[i], value));
 }
@@ -181,12 +187,14 @@ __device__ __forceinline__ float unary_slope(int kind, float x, float y) {
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_unary(int kind, const float* __restrict__ x, float* __restrict__ y, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) y[i] = unary_apply(kind, x[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_unary_grad(int kind, const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ dy,
               float* __restrict__ dx, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) dx[i] = dy[i] * unary_slope(kind, x[i], y[i]);
 }
 
@@ -195,6 +203,7 @@ nn_unary_grad(int kind, const float* __restrict__ x, const float* __restrict__ y
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_gather(const float* __restrict__ x, float* __restrict__ out, int n, int d0, int d1, int d2, int d3, int s0, int s1,
           int s2, int s3) {
+    begin_after_previous_grid();
     const Axes4 d{d0, d1, d2, d3};
     const Strides4 s{s0, s1, s2, s3};
     for (int e = grid_index(); e < n; e += grid_stride()) out[e] = x[offset_of(e, d, s)];
@@ -203,6 +212,7 @@ nn_gather(const float* __restrict__ x, float* __restrict__ out, int n, int d0, i
 // out[o·inner + i] = scale · Σ_k x[(o·n + k)·inner + i], k from 0 up: one thread per output.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_sum_axis(const float* __restrict__ x, float* __restrict__ out, int outer, int n, int inner, float scale) {
+    begin_after_previous_grid();
     for (int e = grid_index(); e < outer * inner; e += grid_stride()) {
         const int o = e / inner, i = e % inner;
         const float* from = x + (size_t)o * n * inner + i;
@@ -218,6 +228,7 @@ nn_sum_axis(const float* __restrict__ x, float* __restrict__ out, int outer, int
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_sum_axis_parts(const float* __restrict__ x, float* __restrict__ part, int outer, int n, int inner,
                   int rows_per_part) {
+    begin_after_previous_grid();
     const int outputs = outer * inner, parts = (n + rows_per_part - 1) / rows_per_part;
     for (int e = grid_index(); e < parts * outputs; e += grid_stride()) {
         const int p = e / outputs, o = e % outputs / inner, i = e % inner, end = min(n, (p + 1) * rows_per_part);
@@ -231,6 +242,7 @@ nn_sum_axis_parts(const float* __restrict__ x, float* __restrict__ part, int out
 // out[r] = scale · Σ of row r's n elements: one block per row, each thread a strided part, then a fixed tree.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_sum_rows(const float* __restrict__ x, float* __restrict__ out, int n, float scale) {
+    begin_after_previous_grid();
     __shared__ float scratch[WARPS];
     const float* row = x + (size_t)blockIdx.x * n;
     float sum = 0.0f;
@@ -242,6 +254,7 @@ nn_sum_rows(const float* __restrict__ x, float* __restrict__ out, int n, float s
 // dx[(o·n + k)·inner + i] = scale · dy[o·inner + i]: the gradient of a sum (scale 1) or mean (1/n).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_expand_axis(const float* __restrict__ dy, float* __restrict__ dx, int outer, int n, int inner, float scale) {
+    begin_after_previous_grid();
     const int count = outer * n * inner;
     for (int e = grid_index(); e < count; e += grid_stride()) {
         const int i = e % inner, o = e / inner / n;
@@ -253,6 +266,7 @@ nn_expand_axis(const float* __restrict__ dy, float* __restrict__ dx, int outer, 
 // outputs, as cpu::softmax_in_place.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_softmax_rows(const float* __restrict__ x, float* __restrict__ y, int rows, int n, int log) {
+    begin_after_previous_grid();
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const float* in = x + (size_t)row * n;
@@ -271,6 +285,7 @@ nn_softmax_rows(const float* __restrict__ x, float* __restrict__ y, int rows, in
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_softmax_rows_grad(const float* __restrict__ y, const float* __restrict__ dy, float* __restrict__ dx, int rows, int n,
                      int log) {
+    begin_after_previous_grid();
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const size_t base = (size_t)row * n;
@@ -413,26 +428,26 @@ __device__ __forceinline__ void linear_grad(const float* __restrict__ dy, const 
 #define NN_FP32_PRODUCTS(SUFFIX, TILE)                                                                         \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_matmul_##SUFFIX(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M,   \
-                       int N, int K, int stride_a, int stride_b, int trans_a, int trans_b) {                    \
+                       int N, int K, int stride_a, int stride_b, int trans_a, int trans_b) { begin_after_previous_grid();                    \
         matmul<TILE>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);                                  \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_##SUFFIX(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias, \
                        float* __restrict__ z, float* __restrict__ y, int R, int N, int K, int act,             \
                        float* __restrict__ dropped, const unsigned* __restrict__ drop_key, unsigned threshold,  \
-                       float drop_scale) {                                                                     \
+                       float drop_scale) { begin_after_previous_grid();                                                                     \
         linear<TILE>(x, W, bias, z, y, R, N, K, act, dropped, drop_key, threshold, drop_scale);                \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_grad_weight_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                  \
-                                   float* __restrict__ dW, float* __restrict__ db, int R, int N, int K) {      \
+                                   float* __restrict__ dW, float* __restrict__ db, int R, int N, int K) { begin_after_previous_grid();      \
         linear_grad_weight<TILE>(dy, x, dW, db, R, N, K);                                                      \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_grad_##SUFFIX(const float* __restrict__ dy, const float* __restrict__ x,                         \
                             const float* __restrict__ W, float* __restrict__ dx, float* __restrict__ dW,       \
                             float* __restrict__ db, int R, int N, int K, const float* __restrict__ act_pre,    \
-                            int act) {                                                                         \
+                            int act) { begin_after_previous_grid();                                                                         \
         linear_grad<TILE>(dy, x, W, dx, dW, db, R, N, K, act_pre, act);                                        \
     }
 NN_FP32_PRODUCTS(large, TileLarge)
@@ -448,6 +463,7 @@ NN_FP32_PRODUCTS(tiny, TileTiny)
 // out[i] = x[i] rounded to bf16, over n elements.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_to_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
 }
 
@@ -522,7 +538,7 @@ __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, con
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
          const float* __restrict__ bias, float* __restrict__ y, bf16* __restrict__ y16,                        \
-         const unsigned* __restrict__ drop_key, unsigned threshold, float drop_scale, int M, int N, int K) {   \
+         const unsigned* __restrict__ drop_key, unsigned threshold, float drop_scale, int M, int N, int K) { begin_after_previous_grid();   \
         product_bf16_act<ACT, DROP>(a, b, c, bias, y, y16, drop_key, threshold, drop_scale, M, N, K);          \
     }
 NN_PRODUCT_BF16_ACT(nn_product_bf16_relu, UNARY_RELU, false)
@@ -556,7 +572,7 @@ __device__ __forceinline__ void product_bf16_slope(const bf16* __restrict__ a, c
 #define NN_PRODUCT_BF16_SLOPE(NAME, ACT)                                                                       \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
-         const float* __restrict__ pre, const float* __restrict__ x, int M, int N, int K) {                    \
+         const float* __restrict__ pre, const float* __restrict__ x, int M, int N, int K) { begin_after_previous_grid();                    \
         product_bf16_slope<ACT>(a, b, c, pre, x, M, N, K);                                                     \
     }
 NN_PRODUCT_BF16_SLOPE(nn_product_bf16_relu_slope, UNARY_RELU)
@@ -569,7 +585,7 @@ NN_PRODUCT_BF16_SLOPE(nn_product_bf16_gelu_slope, UNARY_GELU)
     extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                   \
     NAME(const bf16* __restrict__ a, const bf16* __restrict__ b, float* __restrict__ c,                        \
          const float* __restrict__ bias, int M, int N, int K, int stride_a, int stride_b, int batches,         \
-         int k_per) {                                                                                          \
+         int k_per) { begin_after_previous_grid();                                                                                          \
         product_bf16<TA, TB>(a, b, c, bias, M, N, K, stride_a, stride_b, batches, k_per);                      \
     }
 NN_PRODUCT_BF16(nn_product_bf16_nn, false, false)
@@ -628,6 +644,7 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
                  float* __restrict__ d, float* __restrict__ counted, int rows, int C, float ignore, float row_scale,
                  float* __restrict__ mean, float* __restrict__ count, float* __restrict__ one,
                  unsigned* __restrict__ ticket) {
+    begin_after_previous_grid();
     const int row = blockIdx.x * WARPS + threadIdx.x / 32;
     if (row < rows) {
         float row_loss, row_counted;
@@ -685,7 +702,7 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
         float* __restrict__ y, int K, const float* __restrict__ targets, float* __restrict__ loss,              \
         float* __restrict__ d, float* __restrict__ counted, int R, int N, float ignore, float row_scale,       \
         float* __restrict__ mean, float* __restrict__ count, float* __restrict__ one,                          \
-        unsigned* __restrict__ ticket) {                                                                       \
+        unsigned* __restrict__ ticket) { begin_after_previous_grid();                                                                       \
         linear_cross_entropy<TILE>(x, W, bias, y, R, N, K, targets, loss, d, counted, ignore, row_scale, mean,  \
                                    count, one, ticket);                                                        \
     }
@@ -699,18 +716,21 @@ NN_LINEAR_CROSS_ENTROPY(tiny, TileTiny)
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream, const float* __restrict__ divisor,
             float scale, float* __restrict__ out, int n) {
+    begin_after_previous_grid();
     const float factor = scale * upstream[0] / (divisor ? divisor[0] : 1.0f);
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = saved[i] * factor;
 }
 
 // out[i] = value: a backward's seed.
 extern "C" __global__ void __launch_bounds__(THREADS) nn_fill(float* __restrict__ out, float value, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = value;
 }
 
 // y += x: gradients reaching one tensor from several consumers.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) y[i] += x[i];
 }
 
@@ -786,6 +806,7 @@ __device__ __forceinline__ void count_steps(const UpdateTable& table) {
 
 // count_steps alone, for a table whose tensors have no element (nn_update_tensors then has no block).
 extern "C" __global__ void __launch_bounds__(THREADS) nn_count_steps(const __grid_constant__ UpdateTable table) {
+    begin_after_previous_grid();
     count_steps(table);
 }
 
@@ -797,6 +818,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) nn_count_steps(const __gri
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_update_tensors(const __grid_constant__ UpdateTable table, int kind, const float* __restrict__ base_lr,
                   float momentum, float beta1, float beta2, float eps, float grad_scale, unsigned* __restrict__ ticket) {
+    begin_after_previous_grid();
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
     table_chunk<UPDATE_CHUNK>(table, k, begin, end);
@@ -813,6 +835,7 @@ nn_update_tensors(const __grid_constant__ UpdateTable table, int kind, const flo
 // tree (clip_grad_norm's first pass, a slot per (gradient, chunk) in the order of the list).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_sum_squares_chunks(const __grid_constant__ ChunkTable table, float* __restrict__ partials, int first_slot) {
+    begin_after_previous_grid();
     __shared__ float scratch[WARPS];
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
@@ -830,6 +853,7 @@ nn_sum_squares_chunks(const __grid_constant__ ChunkTable table, float* __restric
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_clip_factor(const float* __restrict__ squares, int count, float max_norm, float* __restrict__ norm,
                float* __restrict__ factor) {
+    begin_after_previous_grid();
     __shared__ double scratch[WARPS];
     double total = 0.0;
     for (int i = threadIdx.x; i < count; i += THREADS) total += (double)squares[i];
@@ -849,6 +873,7 @@ nn_clip_factor(const float* __restrict__ squares, int count, float max_norm, flo
 // may be one buffer: each element is read, then written, by one thread).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scale_chunks(const __grid_constant__ ChunkTable table, const float* __restrict__ factor) {
+    begin_after_previous_grid();
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
     table_chunk<TENSOR_CHUNK>(table, k, begin, end);
@@ -890,6 +915,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_layer_norm(const float* __restrict__ x, const float* __restrict__ x2, float* s, const float* __restrict__ w,
               const float* __restrict__ b, float* __restrict__ y, bf16* __restrict__ y16, float* __restrict__ mean,
               float* __restrict__ rstd, int rows, int D, float eps) {
+    begin_after_previous_grid();
     const int row = warp_row(rows), lane = threadIdx.x % 32;
     if (row < 0) return;
     const size_t base = (size_t)row * D;
@@ -931,6 +957,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_layer_norm_grad(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ mean,
                    const float* __restrict__ rstd, const float* __restrict__ dy, float* __restrict__ dx, int rows,
                    int D) {
+    begin_after_previous_grid();
     const int row = warp_row(rows), lane = threadIdx.x % 32;
     if (row < 0) return;
     const size_t base = (size_t)row * D;
@@ -957,6 +984,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_layer_norm_grad_affine(const float* __restrict__ x, const float* __restrict__ mean,
                           const float* __restrict__ rstd, const float* __restrict__ dy, float* __restrict__ dw,
                           float* __restrict__ db, int rows, int D, int rows_per_part) {
+    begin_after_previous_grid();
     const int parts = (rows + rows_per_part - 1) / rows_per_part;
     for (int e = grid_index(); e < parts * D; e += grid_stride()) {
         const int part = e / D, c = e % D, end = min(rows, (part + 1) * rows_per_part);
@@ -975,6 +1003,7 @@ nn_layer_norm_grad_affine(const float* __restrict__ x, const float* __restrict__
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_embedding(const float* __restrict__ weight, const int* __restrict__ ids, float* __restrict__ out, int count,
              int D) {
+    begin_after_previous_grid();
     const int n = count * D;
     for (int e = grid_index(); e < n; e += grid_stride()) out[e] = weight[(size_t)ids[e / D] * D + e % D];
 }
@@ -985,6 +1014,7 @@ nn_embedding(const float* __restrict__ weight, const int* __restrict__ ids, floa
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_embedding_grad(const int* __restrict__ starts, const int* __restrict__ positions, const float* __restrict__ dy,
                   float* __restrict__ dw, int V, int D) {
+    begin_after_previous_grid();
     const int n = V * D;
     for (int e = grid_index(); e < n; e += grid_stride()) {
         const int v = e / D, c = e % D;
@@ -999,6 +1029,7 @@ nn_embedding_grad(const int* __restrict__ starts, const int* __restrict__ positi
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_embedding_ids(const float* __restrict__ weight, const float* __restrict__ ids, float* __restrict__ out, int count,
                  int V, int D) {
+    begin_after_previous_grid();
     const int n = count * D;
     for (int e = grid_index(); e < n; e += grid_stride()) {
         const float id = ids[e / D];
@@ -1016,6 +1047,7 @@ nn_embedding_ids(const float* __restrict__ weight, const float* __restrict__ ids
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_embedding_ids_grad(const float* __restrict__ ids, const float* __restrict__ dy, float* __restrict__ parts,
                       int count, int V, int D, int padding, int per_part, int part_count) {
+    begin_after_previous_grid();
     const int n = V * D;
     for (long long e = grid_index(); e < (long long)part_count * n; e += grid_stride()) {
         const int q = (int)(e / n), v = (int)(e % n) / D, c = (int)(e % n) % D;
@@ -1032,6 +1064,7 @@ nn_embedding_ids_grad(const float* __restrict__ ids, const float* __restrict__ d
 // computed by the host); the backward is the same kernel on the gradient. scale 0 zeroes everything (p = 1).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_dropout(const float* __restrict__ x, float* __restrict__ y, int n, unsigned key, unsigned threshold, float scale) {
+    begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride())
         y[i] = x[i] * dropout_factor(key, (unsigned)i, threshold, scale);
 }
@@ -1039,6 +1072,7 @@ nn_dropout(const float* __restrict__ x, float* __restrict__ y, int n, unsigned k
 // key[0] = the site's key in this step, dropout_key(site_seed, step), and step[0] += 1: a Dropout layer's
 // step counter lives on the device, so each replay of a captured step draws the next mask. One thread.
 extern "C" __global__ void nn_dropout_draw(unsigned site_seed, unsigned* __restrict__ step, unsigned* __restrict__ key) {
+    begin_after_previous_grid();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         key[0] = dropout_key(site_seed, step);
         step[0] += 1u;
@@ -1048,6 +1082,7 @@ extern "C" __global__ void nn_dropout_draw(unsigned site_seed, unsigned* __restr
 // taken[0] = step[0], then step[0] += 1: a Dropout layer's step for a kernel that draws its mask from the
 // site's seed and a step word itself (nn_attention.cu's dropout on the attention probabilities). One thread.
 extern "C" __global__ void nn_take_step(unsigned* __restrict__ step, unsigned* __restrict__ taken) {
+    begin_after_previous_grid();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         taken[0] = step[0];
         step[0] += 1u;
@@ -1058,6 +1093,7 @@ extern "C" __global__ void nn_take_step(unsigned* __restrict__ step, unsigned* _
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_dropout_keyed(const float* __restrict__ x, float* __restrict__ y, int n, const unsigned* __restrict__ key,
                  unsigned threshold, float scale) {
+    begin_after_previous_grid();
     const unsigned k = key[0];
     for (int i = grid_index(); i < n; i += grid_stride()) y[i] = x[i] * dropout_factor(k, (unsigned)i, threshold, scale);
 }
@@ -1069,6 +1105,7 @@ nn_dropout_keyed(const float* __restrict__ x, float* __restrict__ y, int n, cons
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
              float* __restrict__ y, float* P, int rows, int T, int D, float scale, int causal) {
+    begin_after_previous_grid();
     const int row = warp_row(rows), lane = threadIdx.x % 32;
     if (row < 0) return;
     const int t = row % T, keys = causal ? t + 1 : T;
@@ -1104,6 +1141,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_attention_grad_q(const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ P,
                     const float* __restrict__ dy, float* G, float* __restrict__ dq, int rows, int T, int D,
                     float scale, int causal) {
+    begin_after_previous_grid();
     const int row = warp_row(rows), lane = threadIdx.x % 32;
     if (row < 0) return;
     const int t = row % T, keys = causal ? t + 1 : T;
@@ -1131,6 +1169,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_attention_grad_kv(const float* __restrict__ q, const float* __restrict__ P, const float* __restrict__ G,
                      const float* __restrict__ dy, float* __restrict__ dk, float* __restrict__ dv, int n, int T,
                      int D, int causal) {
+    begin_after_previous_grid();
     for (int e = grid_index(); e < n; e += grid_stride()) {
         const int i = e % D, key_row = e / D, u = key_row % T;
         const size_t first = (size_t)(key_row - u);  // the row of (b, h, 0)
@@ -1154,6 +1193,7 @@ nn_attention_grad_kv(const float* __restrict__ q, const float* __restrict__ P, c
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_copy_run(const float* __restrict__ from, float* __restrict__ to, int count, int inner, int len, int from_n,
             int from_start, int to_n, int to_start) {
+    begin_after_previous_grid();
     for (int e = grid_index(); e < count; e += grid_stride()) {
         const int i = e % inner, k = e / inner % len, o = e / inner / len;
         to[((size_t)o * to_n + to_start + k) * inner + i] = from[((size_t)o * from_n + from_start + k) * inner + i];
@@ -1164,6 +1204,7 @@ nn_copy_run(const float* __restrict__ from, float* __restrict__ to, int count, i
 // middle axis and 0 elsewhere; count = outer · n · inner, a thread per element of dx.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_pad_run(const float* __restrict__ dy, float* __restrict__ dx, int count, int inner, int n, int start, int len) {
+    begin_after_previous_grid();
     for (int e = grid_index(); e < count; e += grid_stride()) {
         const int i = e % inner, k = e / inner % n - start, o = e / inner / n;
         dx[e] = k >= 0 && k < len ? dy[((size_t)o * len + k) * inner + i] : 0.0f;
@@ -1177,6 +1218,7 @@ nn_pad_run(const float* __restrict__ dy, float* __restrict__ dx, int count, int 
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_im2col(const float* __restrict__ x, float* __restrict__ col, int count, int samples, int C, int H, int W, int KH,
           int KW, int stride, int padding, int OH, int OW) {
+    begin_after_previous_grid();
     const int positions = OH * OW, columns = samples * positions;
     for (int e = grid_index(); e < count; e += grid_stride()) {
         const int column = e % columns, t = e / columns;
@@ -1203,6 +1245,7 @@ __device__ __forceinline__ void windows_holding(int i, int kernel, int stride, i
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_col2im(const float* __restrict__ dcol, float* __restrict__ dx, int count, int samples, int C, int H, int W,
           int KH, int KW, int stride, int padding, int OH, int OW) {
+    begin_after_previous_grid();
     const int positions = OH * OW;
     const size_t columns = (size_t)samples * positions;
     for (int e = grid_index(); e < count; e += grid_stride()) {
@@ -1230,6 +1273,7 @@ nn_col2im(const float* __restrict__ dcol, float* __restrict__ dx, int count, int
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_max_pool(const float* __restrict__ x, float* __restrict__ y, float* __restrict__ won, int count, int H, int W,
             int kernel, int stride, int padding, int OH, int OW) {
+    begin_after_previous_grid();
     for (int e = grid_index(); e < count; e += grid_stride()) {
         const int ox = e % OW, oy = e / OW % OH, plane = e / OW / OH;
         const float* in = x + (size_t)plane * H * W;
@@ -1252,6 +1296,7 @@ nn_max_pool(const float* __restrict__ x, float* __restrict__ y, float* __restric
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_max_pool_grad(const float* __restrict__ dy, const float* __restrict__ won, float* __restrict__ dx, int count,
                  int H, int W, int kernel, int stride, int padding, int OH, int OW) {
+    begin_after_previous_grid();
     for (int e = grid_index(); e < count; e += grid_stride()) {
         const int ix = e % W, iy = e / W % H, plane = e / W / H;
         int oy0, oy1, ox0, ox1;

@@ -30,6 +30,7 @@ constexpr int T = NN_T, HS = NN_HS;
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads, int C,
                      unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    begin_after_previous_grid();
     extern __shared__ float smem[];
     const int b = blockIdx.x / heads, h = blockIdx.x % heads;
     const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
@@ -45,6 +46,7 @@ nn_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y
                       const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int C, int rows,
                       float* __restrict__ dq_part, unsigned* __restrict__ tickets, unsigned drop_seed,
                       const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    begin_after_previous_grid();
     extern __shared__ float smem[];
     constexpr int CHUNKS = AttentionSizes<T, HS>::CHUNKS;
     const int chunk = blockIdx.x % CHUNKS, bh = blockIdx.x / CHUNKS, b = bh / heads, h = bh % heads;
@@ -64,6 +66,7 @@ nn_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 nn_flash_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads, int C,
                  unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    begin_after_previous_grid();
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {
@@ -83,6 +86,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_flash_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
                   const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int C, unsigned drop_seed,
                   const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+    begin_after_previous_grid();
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {

@@ -376,7 +376,9 @@ impl Device {
         shared: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.gpu.launch(kernel, blocks, shared, false, args).map_err(launch_error(op))
+        // Programmatic: every kernel of fused/nn.cu and nn_attention.cu begins by waiting for the kernels
+        // before it (begin_after_previous_grid), so it may be scheduled before they finish.
+        self.gpu.launch(kernel, blocks, shared, true, args).map_err(launch_error(op))
     }
 
     /// `launch` of a kernel whose first parameter is `table`, a struct passed by value, then `args`.

@@ -327,6 +327,7 @@ impl<F: Real> Tensor<F> {
             return Err(Error::device(op, "the tensor is not on a GPU"));
         };
         if Arc::strong_count(&storage) == 1 && buffer.is_unshared() {
+            buffer.device().in_place_writes.fetch_add(1, Ordering::Relaxed);
             return Ok(buffer.clone());
         }
         let copy = buffer.duplicate(op)?;

@@ -29,7 +29,7 @@
 //! buffers this one's warm-up freed).
 
 use super::fusion::Plan;
-use super::{Device, Pool};
+use super::{Device, DeviceBuffer, Pool};
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::{Storage, Tensor};
 use cudarc::driver::CudaGraph;
@@ -121,6 +121,15 @@ impl CapturedStep {
         matches!(self.state, State::Captured { .. })
     }
 
+    /// The inputs' buffers (each a device tensor: `current_signature` checked them).
+    fn input_buffers(&self) -> Vec<DeviceBuffer> {
+        let buffer = |input: &Tensor| match &*input.storage() {
+            Storage::Device(buffer) => Some(buffer.clone()),
+            Storage::Host(_) => None,
+        };
+        self.inputs.iter().filter_map(buffer).collect()
+    }
+
     fn current_signature(&self) -> Result<Signature> {
         let mut parts = Vec::new();
         for input in &self.inputs {
@@ -190,7 +199,7 @@ impl CapturedStep {
 
     /// `step` run eagerly, as the recording that the fusions follow.
     fn recorded(&mut self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
-        self.device.fusion_record();
+        self.device.fusion_record(&self.input_buffers());
         let output = step();
         self.plan = self.device.fusion_end_recording();
         output
@@ -199,7 +208,7 @@ impl CapturedStep {
     /// `step` run eagerly with the recording's fusions, so that it frees into the cache the buffers the
     /// fused capture then takes.
     fn fused(&self, step: &mut impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
-        self.device.fusion_apply(&self.plan);
+        self.device.fusion_apply(&self.plan, &self.input_buffers());
         let output = step();
         self.device.fusion_end();
         output
@@ -215,7 +224,7 @@ impl CapturedStep {
         let driver = |e: cudarc::driver::DriverError| Error::device("CapturedStep", format!("capturing the step: {e}"));
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&pool));
         let begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver);
-        device.fusion_apply(&self.plan);
+        device.fusion_apply(&self.plan, &self.input_buffers());
         let output = begun.and_then(|()| step());
         let fusions = device.fusion_end();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));

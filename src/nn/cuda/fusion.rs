@@ -57,22 +57,14 @@ pub(crate) enum Want {
     CrossEntropy(CrossEntropySite),
 }
 
-/// A cross-entropy against the class ids in `targets` (held weakly, as LayerNorm's parameters), ignoring
-/// the rows whose id is `ignore` (NaN: none), its gradient times `row_scale`.
-#[derive(Clone)]
+/// A cross-entropy against the class ids in the step's input `input` (the targets must be one: a buffer
+/// that lives through the step at one address), ignoring the rows whose id is `ignore` (NaN: none), its
+/// gradient times `row_scale`.
+#[derive(Clone, Copy)]
 pub(crate) struct CrossEntropySite {
-    pub(crate) targets: WeakBuffer,
+    pub(crate) input: usize,
     pub(crate) ignore: f32,
     pub(crate) row_scale: f32,
-}
-
-impl CrossEntropySite {
-    /// Whether a cross-entropy reading `targets` with `ignore` and `row_scale` is this one.
-    pub(crate) fn matches(&self, targets: &DeviceBuffer, ignore: f32, row_scale: f32) -> bool {
-        self.targets.is(targets)
-            && self.ignore.to_bits() == ignore.to_bits()
-            && self.row_scale.to_bits() == row_scale.to_bits()
-    }
 }
 
 /// What a cross-entropy launch writes: each row's loss, the rows' gradient (softmax − onehot, scaled),
@@ -172,9 +164,12 @@ pub(crate) enum Extra {
         out: DeviceBuffer,
         key: DeviceBuffer,
     },
-    /// The cross-entropy of these elements for `site`, computed by the product that made them.
+    /// The cross-entropy of these elements for `site`, computed by the product that made them from the
+    /// targets `targets` (a buffer's identity) when the device had made `writes` in-place writes.
     CrossEntropy {
         site: CrossEntropySite,
+        targets: usize,
+        writes: usize,
         out: CrossEntropyOut,
     },
     /// A word holding 1 that the kernel making a scalar output wrote for the seed of its backward (not a
@@ -224,6 +219,8 @@ pub(crate) struct Fusion {
     draws_at: Vec<usize>,
     /// The fusions this run made, by description, with their counts.
     applied: BTreeMap<String, usize>,
+    /// The step's inputs (identity, address), which live through it at fixed addresses.
+    inputs: Vec<(usize, u64)>,
 }
 
 /// A producer's number in the step and the wants recorded for it.
@@ -276,11 +273,12 @@ impl Device {
         self.fusion.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts the recording run before a capture (unless `TEXTNET_FUSION=0` turns fusion off: the step is
-    /// then captured as it runs op by op).
-    pub(crate) fn fusion_record(&self) {
+    /// Starts the recording run before a capture of a step over `inputs` (unless `TEXTNET_FUSION=0` turns
+    /// fusion off: the step is then captured as it runs op by op).
+    pub(crate) fn fusion_record(&self, inputs: &[DeviceBuffer]) {
         let off = std::env::var_os("TEXTNET_FUSION").is_some_and(|v| v == "0");
-        *self.fusion() = Fusion { phase: if off { Phase::Off } else { Phase::Recording }, ..Fusion::default() };
+        let phase = if off { Phase::Off } else { Phase::Recording };
+        *self.fusion() = Fusion { phase, inputs: identities(inputs), ..Fusion::default() };
         self.fusing.store(!off, Ordering::Relaxed);
     }
 
@@ -290,11 +288,12 @@ impl Device {
         Plan(std::mem::take(&mut self.fusion().recorded))
     }
 
-    /// Starts a fused run (the last warm-up, or the capture) by `plan`, each want that asks for a result
-    /// asking for its bf16 copy too when the result's reader was asked for one.
-    pub(crate) fn fusion_apply(&self, plan: &Plan) {
+    /// Starts a fused run (the last warm-up, or the capture) of a step over `inputs` by `plan`, each want
+    /// that asks for a result asking for its bf16 copy too when the result's reader was asked for one.
+    pub(crate) fn fusion_apply(&self, plan: &Plan, inputs: &[DeviceBuffer]) {
         let mut fusion = self.fusion();
         fusion.recorded = plan.0.clone();
+        fusion.inputs = identities(inputs);
         let asked_bf16: Vec<bool> =
             fusion.recorded.iter().map(|(_, wants)| wants.iter().any(|w| matches!(w, Want::Bf16))).collect();
         for (_, wants) in &mut fusion.recorded {
@@ -366,6 +365,20 @@ impl Device {
                 wants.push(want);
             }
         }
+    }
+
+    /// Which of the step's inputs `buffer` is, in a recording or fused run.
+    pub(crate) fn step_input_of(&self, buffer: &DeviceBuffer) -> Option<usize> {
+        if !self.fusing.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.fusion().inputs.iter().position(|&(identity, _)| identity == buffer.identity())
+    }
+
+    /// The identity and address of the step's input `index`, in a fused run.
+    pub(crate) fn step_input(&self, index: usize) -> Option<(usize, u64)> {
+        let fusion = self.fusion();
+        (fusion.phase == Phase::Applying).then(|| fusion.inputs.get(index).copied()).flatten()
     }
 
     /// Notes, in a recording run, that a mask was drawn on the device (a dropout's key, a step taken).
@@ -484,15 +497,23 @@ impl DeviceBuffer {
     }
 
     /// The cross-entropy of these elements against `targets` with `ignore` and `row_scale`, when their
-    /// producer computed it.
+    /// producer computed it from the same targets and nothing was written in place since.
     pub(crate) fn cross_entropy_extra(
         &self,
         targets: &DeviceBuffer,
         ignore: f32,
         row_scale: f32,
     ) -> Option<CrossEntropyOut> {
+        let writes_now = self.device.in_place_writes.load(Ordering::Relaxed);
         self.block.fused().extras.iter().find_map(|e| match e {
-            Extra::CrossEntropy { site, out } if site.matches(targets, ignore, row_scale) => Some(out.clone()),
+            Extra::CrossEntropy { site, targets: from, writes, out }
+                if *from == targets.identity()
+                    && *writes == writes_now
+                    && site.ignore.to_bits() == ignore.to_bits()
+                    && site.row_scale.to_bits() == row_scale.to_bits() =>
+            {
+                Some(out.clone())
+            }
             _ => None,
         })
     }
@@ -521,6 +542,11 @@ impl DeviceBuffer {
             _ => None,
         })
     }
+}
+
+/// The identities and addresses of a step's inputs.
+fn identities(inputs: &[DeviceBuffer]) -> Vec<(usize, u64)> {
+    inputs.iter().map(|b| (b.identity(), b.address())).collect()
 }
 
 /// What fusion knows about one buffer: the producer that made it and the results attached to it.

@@ -134,6 +134,9 @@ pub struct Device {
     /// The activation slope offered to the backward about to run (`fusion`), and how many were taken.
     slope_offer: Mutex<Option<fusion::SlopeOffer>>,
     slopes_taken: std::sync::atomic::AtomicUsize,
+    /// Writes into existing buffers so far (refills, in-place updates): a result fused ahead of its reader
+    /// is taken only when none came between (`fusion`).
+    pub(crate) in_place_writes: std::sync::atomic::AtomicUsize,
 }
 
 /// Freed device memory by capacity (floats).
@@ -279,6 +282,7 @@ impl Device {
             backward_fusion: AtomicBool::new(std::env::var_os("TEXTNET_FUSION").is_none_or(|v| v != "0")),
             slope_offer: Mutex::default(),
             slopes_taken: Default::default(),
+            in_place_writes: Default::default(),
             free: Arc::default(),
             capturing: Mutex::default(),
         }))
@@ -530,6 +534,7 @@ impl DeviceBuffer {
         }
         self.device.refuse_copy_while_capturing(op)?;
         let device = Arc::clone(&self.device);
+        device.in_place_writes.fetch_add(1, Ordering::Relaxed);
         let Some(block) = Arc::get_mut(&mut self.block) else {
             return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
         };
@@ -556,6 +561,12 @@ impl DeviceBuffer {
         Arc::ptr_eq(&self.block, &other.block)
     }
 
+    /// What identifies these elements (not their address, which a freed buffer's successor may take)
+    /// while they live.
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.block) as usize
+    }
+
     /// A handle that neither keeps these elements alive nor shares them (`WeakBuffer`).
     pub(crate) fn downgrade(&self) -> WeakBuffer {
         WeakBuffer { block: Arc::downgrade(&self.block), len: self.len }
@@ -568,6 +579,7 @@ impl DeviceBuffer {
             return Err(Error::device(op, "the source is not a buffer of as many elements on this GPU"));
         }
         let device = Arc::clone(&self.device);
+        device.in_place_writes.fetch_add(1, Ordering::Relaxed);
         let Some(block) = Arc::get_mut(&mut self.block) else {
             return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
         };

@@ -665,13 +665,13 @@ pub(crate) fn linear<F: Real>(
         },
         _ => None,
     };
-    // Or the cross-entropy a reader wanted, of logits no wider than nn_linear_cross_entropy's rows.
-    let cross_entropy = match (&rounded, activation, &dropout, producer.as_ref().and_then(Producer::cross_entropy)) {
-        (None, None, None, Some(site)) if outputs <= LINEAR_CROSS_ENTROPY_CLASSES => match site.targets.upgrade(device)
-        {
-            Some(targets) => Some((site, targets, cross_entropy_buffers(device, rows, outputs)?)),
-            None => None,
-        },
+    // Or the cross-entropy a reader wanted, of logits no wider than nn_linear_cross_entropy's rows, against
+    // targets in one of the step's inputs.
+    let wanted = producer.as_ref().and_then(Producer::cross_entropy);
+    let cross_entropy = match (&rounded, activation, &dropout, wanted.map(|w| (w, device.step_input(w.input)))) {
+        (None, None, None, Some((site, Some(targets)))) if outputs <= LINEAR_CROSS_ENTROPY_CLASSES => {
+            Some((site, targets, cross_entropy_buffers(device, rows, outputs)?))
+        }
         _ => None,
     };
     let drop_args = match &dropout {
@@ -724,11 +724,11 @@ pub(crate) fn linear<F: Real>(
             )?;
         }
         (None, None, _) if cross_entropy.is_some() => {
-            let (site, targets, ce) = cross_entropy.as_ref().expect("matched");
+            let (site, (_, targets), ce) = cross_entropy.as_ref().expect("matched");
             let (tile, (_, row_blocks)) = fp32_tile(device, NAME, (rows, outputs), 1)?;
             let args = [device.arg(&xb), device.arg(&wb), bias_arg, device.arg(&out), Arg::i32(sizes[2])];
             let sizes = [Arg::i32(sizes[0]), Arg::i32(sizes[1]), Arg::f32(site.ignore), Arg::f32(site.row_scale)];
-            let args = [&args[..], &[device.arg(targets)], &cross_entropy_outputs(device, ce, sizes)].concat();
+            let args = [&args[..], &[Arg::Ptr(*targets)], &cross_entropy_outputs(device, ce, sizes)].concat();
             let kernel = &device.kernels.linear_cross_entropy[tile];
             device.launch(NAME, kernel, (row_blocks, 1), device.gemm_shared[tile], &args)?;
         }
@@ -751,8 +751,9 @@ pub(crate) fn linear<F: Real>(
     if let Some((site, dropped, key)) = dropout {
         out.attach(Extra::Dropout { site, out: dropped, key });
     }
-    if let Some((site, _, ce)) = cross_entropy {
-        out.attach(Extra::CrossEntropy { site, out: ce });
+    if let Some((site, (targets, _), ce)) = cross_entropy {
+        let writes = device.in_place_writes.load(std::sync::atomic::Ordering::Relaxed);
+        out.attach(Extra::CrossEntropy { site, targets, writes, out: ce });
     }
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);
@@ -884,7 +885,9 @@ pub(crate) fn cross_entropy<F: Real>(
     // hands on d as it is.
     let every_row_counts = ignore.is_nan();
     let row_scale = if every_row_counts { 1.0 / rows.max(1) as f32 } else { 1.0 };
-    device.want(&input, Want::CrossEntropy(CrossEntropySite { targets: targets.downgrade(), ignore, row_scale }));
+    if let Some(input_index) = device.step_input_of(targets) {
+        device.want(&input, Want::CrossEntropy(CrossEntropySite { input: input_index, ignore, row_scale }));
+    }
     let out = match input.cross_entropy_extra(targets, ignore, row_scale) {
         Some(out) => {
             device.fused(format!("linear → {NAME}: the loss by the blocks that formed the logits"));

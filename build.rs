@@ -122,18 +122,29 @@ fn precompile(units: &[Unit], manifest: &str, dir: &Path) -> (Vec<(String, PathB
     // Cargo shows these lines when the build script ends, or as they come with `cargo build -vv`.
     println!("cargo:warning=compiling {} kernel modules with {} on {workers} threads", jobs.len(), nvrtc.path);
     let report_every = jobs.len().div_ceil(10).max(1);
-    let (next, finished) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (next, finished, reused) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
     let (compiled, failed) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
                 while let Some((unit, sm, defines)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    // The name holds the source's content hash: a module an earlier run of this build
+                    // script compiled from the same text and sizes is taken as it is.
+                    let name = fused_source::cubin_name(&unit.name, &unit.hash, sm, defines);
+                    let path = dir.join(&name);
+                    if path.exists() {
+                        reused.fetch_add(1, Ordering::Relaxed);
+                        compiled.lock().unwrap().push((name, path));
+                        finished.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let options = fused_source::nvrtc_options(sm, defines);
                     match nvrtc.compile(&unit.name, &unit.source, &options) {
                         Ok(cubin) => {
-                            let name = fused_source::cubin_name(&unit.name, &unit.hash, sm, defines);
-                            let path = dir.join(&name);
-                            fs::write(&path, cubin).expect("write a compiled module");
+                            // Written whole, then renamed: an interrupted build leaves no partial module.
+                            let partial = path.with_extension("partial");
+                            fs::write(&partial, cubin).expect("write a compiled module");
+                            fs::rename(&partial, &path).expect("write a compiled module");
                             compiled.lock().unwrap().push((name, path));
                         }
                         Err(e) => {
@@ -156,6 +167,10 @@ fn precompile(units: &[Unit], manifest: &str, dir: &Path) -> (Vec<(String, PathB
     }
     let mut compiled = compiled.into_inner().unwrap();
     compiled.sort();
+    let reused = reused.into_inner();
+    if reused > 0 {
+        println!("cargo:warning={reused} of the {} kernel modules were compiled by an earlier build", jobs.len());
+    }
     let note = format!("{} modules compiled at build time by {}", compiled.len(), nvrtc.path);
     (compiled, note)
 }

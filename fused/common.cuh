@@ -60,14 +60,6 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
-// The first statement of a kernel that reads nothing before the kernels before it have finished: it waits
-// for them, then lets the next kernel's blocks be scheduled while this one runs (they wait in turn), so a
-// chain of small kernels does not pay each launch's latency after the previous one ends.
-__device__ __forceinline__ void begin_after_previous_grid() {
-    grid_dependency_wait();
-    allow_dependent_launch();
-}
-
 // Asynchronous copies from global to shared memory that bypass registers (cp.async, sm_80+), read
 // through L2. Issue, then cp_async_commit(); cp_async_wait_all() and a barrier before the data is used.
 __device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_src) {

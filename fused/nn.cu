@@ -41,11 +41,12 @@
 //                the outputs it won).
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
-// run repeats to the bit. Every kernel begins with begin_after_previous_grid() (common.cuh), so each is
-// launched with programmatic dependent launch: on Hopper the next op's blocks are scheduled while one runs,
-// which in a captured step of small ops is most of the time between them.
+// run repeats to the bit. Every kernel begins with begin_after_previous_grid() (dependent_launch.cuh), so
+// each is launched with programmatic dependent launch: on Hopper the next op's blocks are scheduled while
+// one runs, which in a captured step of small ops is most of the time between them.
 #include "activations.cuh"
 #include "common.cuh"
+#include "dependent_launch.cuh"
 #include "dropout.cuh"
 #include "gemm.cuh"
 #include "gemm_wgmma.cuh"

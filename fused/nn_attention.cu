@@ -15,6 +15,7 @@
 // Sizes compiled in: NN_T (the sequence length) and NN_HS (the head size); C is an argument.
 #include "attention.cuh"
 #include "common.cuh"
+#include "dependent_launch.cuh"
 #include "dropout.cuh"
 #include "flash_attention.cuh"
 

@@ -1,0 +1,12 @@
+// Programmatic dependent launch for kernels that read nothing before the kernels before them have
+// finished: nn.cu's and nn_attention.cu's, each launched with the attribute (src/nn/cuda/mod.rs).
+#pragma once
+#include "common.cuh"
+
+// A kernel's first statement: it waits for the kernels before it, then lets the next kernel's blocks be
+// scheduled while this one runs (they wait in turn), so a chain of small kernels does not pay each
+// launch's latency after the previous one ends.
+__device__ __forceinline__ void begin_after_previous_grid() {
+    grid_dependency_wait();
+    allow_dependent_launch();
+}

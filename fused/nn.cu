@@ -747,7 +747,7 @@ nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
 constexpr int TENSOR_CHUNK = 8192;
 // The update's chunks are smaller: its elements are independent, and a thread walking 32 of them, each
 // waiting on four loads, kept a 100k-parameter model's update at 40 µs.
-constexpr int UPDATE_CHUNK = 256;
+constexpr int UPDATE_CHUNK = 1024;
 constexpr int UPDATE_TABLE_TENSORS = 64;
 constexpr int CHUNK_TABLE_TENSORS = 128;
 

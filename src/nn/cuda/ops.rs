@@ -8,11 +8,11 @@
 use super::fusion::{Extra, NormParams, Producer, Want};
 use super::layers::draw_key;
 use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
-use crate::cpu::Real;
-use crate::device::Arg;
+use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
 use crate::nn::shape::contiguous_strides;
 use crate::nn::tensor::{Storage, Tensor};
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 /// Kernel codes of fused/nn.cu (OP_* and UNARY_*).

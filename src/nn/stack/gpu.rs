@@ -21,11 +21,12 @@
 use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
 use super::{Setup, Target};
-use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
+use crate::device::{Gpu, compile::ModuleRequest, launch::Arg, launch::Kernel};
+use crate::harness::run::Trainer;
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
-use crate::run::Trainer;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use std::sync::Arc;
@@ -1046,7 +1047,7 @@ impl GpuTrainer {
         self.synchronize()?;
         let free_before = free_device_bytes();
         let stream = self.gpu.stream.clone();
-        let graph = crate::device::capture_graph(&stream, self, |t| t.enqueue_epoch(samples, batch))?;
+        let graph = crate::device::launch::capture_graph(&stream, self, |t| t.enqueue_epoch(samples, batch))?;
         graph.upload()?;
         self.synchronize()?;
         // The driver's memory for the graph itself, once per capture: not counted as training's.
@@ -1199,7 +1200,7 @@ impl Trainer for GpuTrainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
     use crate::nn::stack::spec;
 
     fn net(layers: &str, input: Shape) -> Network {

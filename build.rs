@@ -2,20 +2,20 @@
 //! that `fused/precompiled.txt` lists, compiled ahead of time, so that a first run on a fresh machine
 //! compiles nothing.
 //!
-//! Local `#include "x.cuh"` lines are inlined (src/fused_source.rs; NVRTC then needs no include paths), and
+//! Local `#include "x.cuh"` lines are inlined (src/device/fused_source.rs; NVRTC then needs no include paths), and
 //! each resolved source gets a SHA-256 content hash that names its compiled modules at run time. The
 //! generated `$OUT_DIR/kernels.rs` holds one `KernelSource` per `.cu` file, sorted by name.
 //!
-//! The modules are compiled only when asked (src/precompile_choice.rs): `TEXTNET_PRECOMPILE=1`, or the
+//! The modules are compiled only when asked (src/device/precompile_choice.rs): `TEXTNET_PRECOMPILE=1`, or the
 //! `precompile` feature unless `TEXTNET_PRECOMPILE=0`. Otherwise the binary holds none and compiles each
 //! module on first use. NVRTC is then required: `TEXTNET_NVRTC` (the library's path), the loader's own
 //! search, or the `nvidia-cuda-nvrtc-cu12` wheel of `target/test-venv` or of `python3`. The modules are
 //! compiled on every core, with progress as cargo warnings. `$OUT_DIR/precompiled.rs` holds the table
 //! (`PRECOMPILED`) and a line saying how it was made.
 
-#[path = "src/fused_source.rs"]
+#[path = "src/device/fused_source.rs"]
 mod fused_source;
-#[path = "src/precompile_choice.rs"]
+#[path = "src/device/precompile_choice.rs"]
 mod precompile_choice;
 
 use precompile_choice::{PrecompileChoice, precompile_choice};
@@ -31,7 +31,7 @@ use std::time::Instant;
 use std::{env, fs};
 
 /// The architectures compiled ahead of time: Ampere (and Ada, which runs sm_80 code) and Hopper (sm_90a,
-/// with `wgmma`; `sm_target` in src/device.rs names the same).
+/// with `wgmma`; `sm_target` in src/device/compile.rs names the same).
 const ARCHITECTURES: [&str; 2] = ["sm_80", "sm_90a"];
 
 struct Unit {
@@ -45,7 +45,7 @@ fn main() {
     println!("cargo:rerun-if-changed=fused");
     println!("cargo:rerun-if-env-changed=TEXTNET_PRECOMPILE");
     println!("cargo:rerun-if-env-changed=TEXTNET_NVRTC");
-    println!("cargo:rerun-if-changed=src/precompile_choice.rs");
+    println!("cargo:rerun-if-changed=src/device/precompile_choice.rs");
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
 
     let mut paths: Vec<PathBuf> = fs::read_dir(fused)

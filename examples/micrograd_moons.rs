@@ -13,8 +13,8 @@
 use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
-use textnet::cpu::{Real, SeededRng};
 use textnet::nn::{Linear, Module, Optimizer, Tensor, prefixed};
+use textnet::ops::cpu::{Real, SeededRng};
 
 const POINTS: usize = 100;
 const NOISE: f64 = 0.1;

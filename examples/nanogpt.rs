@@ -30,13 +30,13 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use std::sync::Arc;
 use std::time::Instant;
-use textnet::cpu::SeededRng;
+use textnet::device::precision::Precision;
 use textnet::nn::{
     CapturedStep, Device, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, Optimizer, Scheduler, Tensor,
     causal_self_attention, clip_grad_norm, decay_groups, linear, no_grad, prefixed,
 };
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::optim::{OptimConfig, OptimKind};
-use textnet::precision::Precision;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "nanoGPT's model and training loop on textnet::nn (character-level Shakespeare)")]

@@ -2,7 +2,7 @@
 // rounding, and the conventions the Rust launch layer relies on (256-thread blocks, extern dynamic shared
 // memory).
 //
-// The launch layer (src/device.rs) compiles each fused/*.cu with NVRTC for the GPU it runs on and
+// The device layer (src/device/) compiles each fused/*.cu with NVRTC for the GPU it runs on and
 // passes the model's fixed sizes as -D defines, so per-lane register arrays have compile-time bounds.
 #pragma once
 

@@ -23,7 +23,7 @@
 // launch: before grid_dependency_wait() it loads what the previous kernels do not write (sample tokens,
 // its own weight rows), overlapping the previous kernel's tail. The W2 rows go to shared memory by
 // cp.async, not to registers, so a kernel's blocks leave room on their SM for the next kernel's blocks
-// (all four kernels ask for the same shared-memory carveout, see src/device.rs). Every kernel waits
+// (all four kernels ask for the same shared-memory carveout, see src/device/mod.rs). Every kernel waits
 // before it touches anything the step before it writes, and allows its dependant to launch only after
 // that wait, so a kernel never overlaps the one two places before it. After the wait, each kernel issues
 // all its loads before it uses any, so it pays one round trip to L2, not one per loop iteration.

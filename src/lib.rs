@@ -5,11 +5,13 @@
 //! listed in [`pipelines::ALL`]: [`text`] (the next-token model), [`mnist`] (MLP and CNN), [`xor`],
 //! [`sales`] (tabular regression), [`transformer`] (the character-level Transformer), [`fit`] (a network
 //! written as layers) and [`matmul`]. A pipeline has its CPU reference in `model`, its GPU trainer in
-//! `gpu`, its command in `cli`, its selftest checks in `checks` and its bench in `bench`. Below them,
-//! [`ops`] holds the CPU twins of the shared kernels in `fused/*.cuh`, [`nn`] the engine built on them
-//! (tensors with autograd, modules and optimizers, as PyTorch's; and [`nn::stack`], the layer stacks that
-//! `fit`, `mnist`'s MLP, `sales` and the Python package train), and the other modules the harness every
-//! pipeline uses. [`nn`]'s page shows a backward pass, [`nn::stack`]'s a network built from its layers.
+//! `gpu`, its command in `cli`, its selftest checks in `checks` and its bench in `bench`. Below them stand
+//! the shared rooms: [`ops`], the maths (the CPU twins of the shared kernels in `fused/*.cuh`); [`nn`], the
+//! engine built on them (tensors with autograd, modules and optimizers, as PyTorch's; and [`nn::stack`],
+//! the layer stacks that `fit`, `mnist`'s MLP, `sales` and the Python package train); [`datasets`];
+//! [`device`] (the GPU, NVRTC and the launch); [`io`] (files); [`harness`] (the run every training
+//! command follows, its report and checks); and [`commands`], textnet's own commands, which loop over
+//! the pipelines. [`nn`]'s page shows a backward pass, [`nn::stack`]'s a network built from its layers.
 //!
 //! Train the text model on the CPU, save it, load it and predict:
 //!
@@ -48,47 +50,19 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
-pub mod check;
-pub mod checkpoint;
-pub mod classifier;
-pub mod classify;
-pub mod console;
-pub mod cpu;
+pub mod commands;
 pub mod datasets;
 pub mod device;
-pub mod eval;
-pub mod export;
 pub mod fit;
-pub mod fsutil;
-mod fused_source;
-pub mod generate;
-pub mod interrupt;
+pub mod harness;
+pub mod io;
 pub mod matmul;
 pub mod mnist;
-pub mod modelkind;
-pub mod nccl;
 pub mod nn;
-pub mod onnx;
 pub mod ops;
-pub mod parallel;
-pub mod phases;
 pub mod pipeline;
 pub mod pipelines;
-pub mod plot;
-pub mod precision;
-#[cfg(test)]
-mod precompile_choice;
-pub mod rendezvous;
-pub mod report;
-pub mod resources;
-pub mod run;
 pub mod sales;
-pub mod sampling;
-pub mod selftest;
-pub mod tensorboard;
-pub mod tensorfile;
 pub mod text;
-pub mod timing;
 pub mod transformer;
 pub mod xor;

@@ -6,24 +6,24 @@ use clap::{FromArgMatches, Subcommand};
 use textnet::pipelines;
 
 #[global_allocator]
-static ALLOCATOR: textnet::resources::Allocator = textnet::resources::Allocator;
+static ALLOCATOR: textnet::io::resources::Allocator = textnet::io::resources::Allocator;
 
 // The commands of textnet itself; each pipeline's come from its entry in `pipelines::ALL`.
 #[derive(Subcommand)]
 enum Command {
     /// Continue a prompt by sampling tokens from a trained model file
-    Generate(textnet::sampling::GenerateArgs),
+    Generate(textnet::commands::generate::GenerateArgs),
     /// Evaluate a trained text model or Transformer on a corpus, without training
-    Eval(textnet::eval::EvalArgs),
+    Eval(textnet::commands::eval::EvalArgs),
     /// Classify images (PNG, JPEG, PGM/PPM or IDX) with a trained image model file of textnet mnist or fit
-    Classify(textnet::classify::ClassifyArgs),
+    Classify(textnet::commands::classify::ClassifyArgs),
     /// Write a trained model file as an ONNX model (a fit or Sequential network, an MNIST MLP or CNN, a
     /// Transformer), e.g. `textnet export --onnx model.onnx model.safetensors`
-    Export(textnet::export::ExportArgs),
+    Export(textnet::commands::export::ExportArgs),
     /// Check every GPU kernel against the CPU reference on this machine's GPU
-    Selftest(textnet::selftest::SelftestArgs),
+    Selftest(textnet::commands::selftest::SelftestArgs),
     /// Measure training speed on the GPU (the text model, or `bench BENCH`)
-    Bench(textnet::bench::BenchArgs),
+    Bench(textnet::commands::bench::BenchArgs),
     /// Print a shell completion script, e.g. `textnet completions bash > ~/.local/share/bash-completion/completions/textnet`
     Completions {
         /// The shell
@@ -68,14 +68,14 @@ fn main() {
         eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
     }));
     let matches = parse_args();
-    textnet::phases::set_verbose(matches.get_flag("verbose"));
-    let result = textnet::resources::start_threads().and_then(|()| run(&matches));
-    let result = result.and_then(|()| textnet::console::finish());
+    textnet::harness::phases::set_verbose(matches.get_flag("verbose"));
+    let result = textnet::io::resources::start_threads().and_then(|()| run(&matches));
+    let result = result.and_then(|()| textnet::harness::console::finish());
     if let Err(err) = result {
         let text = format!("{err:#}");
-        textnet::console::err(&format!("textnet: error: {}", text.trim_end()));
-        let interrupted = err.downcast_ref::<textnet::interrupt::Interrupted>().is_some();
-        std::process::exit(if interrupted { textnet::interrupt::EXIT_STATUS } else { 1 });
+        textnet::harness::console::err(&format!("textnet: error: {}", text.trim_end()));
+        let interrupted = err.downcast_ref::<textnet::harness::interrupt::Interrupted>().is_some();
+        std::process::exit(if interrupted { textnet::harness::interrupt::EXIT_STATUS } else { 1 });
     }
 }
 
@@ -88,23 +88,23 @@ fn run(matches: &clap::ArgMatches) -> anyhow::Result<()> {
     // A parse error found here (a flag given to the wrong bench) exits as clap's own do.
     let command = Command::from_arg_matches(matches).unwrap_or_else(|err| err.format(&mut full_command_line()).exit());
     match command {
-        Command::Generate(args) => textnet::generate::run(args),
-        Command::Eval(args) => textnet::generate::evaluate(args),
-        Command::Classify(args) => textnet::classify::run(args),
-        Command::Export(args) => textnet::export::run(args),
-        Command::Selftest(args) => textnet::selftest::run(args),
-        Command::Bench(args) => textnet::bench::run(args),
+        Command::Generate(args) => textnet::commands::generate::run(args),
+        Command::Eval(args) => textnet::commands::generate::evaluate(args),
+        Command::Classify(args) => textnet::commands::classify::run(args),
+        Command::Export(args) => textnet::commands::export::run(args),
+        Command::Selftest(args) => textnet::commands::selftest::run(args),
+        Command::Bench(args) => textnet::commands::bench::run(args),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut full_command_line(), "textnet", &mut script);
-            textnet::console::out(String::from_utf8_lossy(&script).trim_end());
+            textnet::harness::console::out(String::from_utf8_lossy(&script).trim_end());
             Ok(())
         }
         Command::Man { command } => {
             let mut page = Vec::new();
             let source = format!("textnet {}", env!("CARGO_PKG_VERSION"));
             clap_mangen::Man::new(manual_page_command(&command)?).source(source).render(&mut page)?;
-            textnet::console::out(String::from_utf8_lossy(&page).trim_end());
+            textnet::harness::console::out(String::from_utf8_lossy(&page).trim_end());
             Ok(())
         }
     }
@@ -158,7 +158,9 @@ fn parse_args() -> clap::ArgMatches {
                 let printed = err.print().and_then(|()| std::io::Write::flush(&mut std::io::stdout()));
                 match printed {
                     Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                        textnet::console::err(&format!("textnet: error: cannot write to standard output: {e}"));
+                        textnet::harness::console::err(&format!(
+                            "textnet: error: cannot write to standard output: {e}"
+                        ));
                         std::process::exit(1)
                     }
                     _ => std::process::exit(err.exit_code()),
@@ -168,7 +170,7 @@ fn parse_args() -> clap::ArgMatches {
                 negative_value_error(&err).or_else(|| data_parallel_flag_error(&err)).unwrap_or_else(|| one_line(&err))
             }
         };
-        textnet::console::err(&line);
+        textnet::harness::console::err(&line);
         std::process::exit(err.exit_code());
     })
 }
@@ -239,7 +241,7 @@ fn data_parallel_flag_error(err: &clap::Error) -> Option<String> {
         return None;
     };
     let flag = arg.split('=').next()?.strip_prefix("--")?;
-    if !textnet::parallel::FLAGS.contains(&flag) {
+    if !textnet::device::parallel::FLAGS.contains(&flag) {
         return None;
     }
     let line = command_line();

@@ -4,12 +4,12 @@
 //! constant in its `mod.rs`; `pipelines::ALL` lists them, and the command line, `selftest`, `bench`,
 //! `generate`, `eval`, `classify` and `export` loop over that list instead of naming pipelines.
 
-use crate::check::{Check, Plan};
-use crate::classifier::ImageModel;
-use crate::device::{Gpu, ModuleRequest};
-use crate::eval::{EvalArgs, Evaluation};
-use crate::modelkind::Kind;
-use crate::sampling::Generator;
+use crate::commands::classifier::ImageModel;
+use crate::commands::eval::{EvalArgs, Evaluation};
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Plan};
+use crate::io::modelkind::Kind;
+use crate::ops::sampling::Generator;
 use anyhow::Result;
 use indicatif::ProgressBar;
 use std::sync::Arc;
@@ -54,7 +54,7 @@ pub struct ImageClassifier {
     pub open: fn(&[u8], &std::path::Path) -> Result<ImageModel>,
 }
 
-/// How a pipeline's model files are written as ONNX graphs (`crate::onnx`); the command around it is
+/// How a pipeline's model files are written as ONNX graphs (`crate::io::onnx`); the command around it is
 /// shared (`export`).
 pub struct OnnxExport {
     /// The model file's bytes as the bytes of an ONNX file.

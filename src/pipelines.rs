@@ -41,12 +41,12 @@ mod tests {
 
     #[test]
     fn every_model_kind_belongs_to_one_pipeline() {
-        for kind in crate::modelkind::ALL {
+        for kind in crate::io::modelkind::ALL {
             let owners = ALL.iter().filter(|p| p.models.contains(&kind)).count();
             assert_eq!(owners, 1, "{} is written by {owners} pipelines", kind.tag);
         }
         let listed: usize = ALL.iter().map(|p| p.models.len()).sum();
-        assert_eq!(listed, crate::modelkind::ALL.len());
+        assert_eq!(listed, crate::io::modelkind::ALL.len());
     }
 
     #[test]

@@ -11,8 +11,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rand::{RngExt, SeedableRng};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
-use textnet::cpu::{SeededRng, linear_init};
 use textnet::nn::{self, Module, Optimizer, ParamGroup, Tensor};
+use textnet::ops::cpu::{SeededRng, linear_init};
 use textnet::ops::optim::{OptimConfig, OptimKind};
 
 /// The generator of `randn`, the layers' initial parameters and dropout's masks (`manual_seed` reseeds

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rand::SeedableRng;
 use std::path::PathBuf;
-use textnet::cpu::SeededRng;
+use textnet::ops::cpu::SeededRng;
 use textnet::text::modelfile::TextModel;
 use textnet::transformer::modelfile::TransformerModel;
 
@@ -39,7 +39,7 @@ impl LanguageModel {
     /// Reads a model file of `kind` ("text" or "transformer").
     #[staticmethod]
     fn load(py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<LanguageModel> {
-        let bytes = py.detach(|| textnet::fsutil::read_input(&path, "model file")).map_err(value_error)?;
+        let bytes = py.detach(|| textnet::io::fsutil::read_input(&path, "model file")).map_err(value_error)?;
         let mut text = None;
         let kind = match kind {
             "text" => {
@@ -65,7 +65,8 @@ impl LanguageModel {
     /// Writes the model file as `save_model` does.
     #[pyo3(signature = (path, overwrite=false))]
     fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
-        let kind = if self.kind == "text" { &textnet::modelkind::TEXT } else { &textnet::modelkind::TRANSFORMER };
+        let kind =
+            if self.kind == "text" { &textnet::io::modelkind::TEXT } else { &textnet::io::modelkind::TRANSFORMER };
         py.detach(|| save_model(&path, &self.bytes, kind, overwrite)).map_err(value_error)
     }
 
@@ -128,7 +129,7 @@ impl LanguageModel {
         seed: u64,
         stop: Vec<String>,
     ) -> PyResult<String> {
-        let args = textnet::sampling::GenerateArgs {
+        let args = textnet::commands::generate::GenerateArgs {
             prompt: Some(prompt.to_string()),
             prompt_flag: None,
             length,
@@ -153,7 +154,7 @@ impl LanguageModel {
             };
             let prompt = generator.read_prompt(args.prompt())?;
             let mut rng = SeededRng::seed_from_u64(seed);
-            let sample = textnet::sampling::continuation(
+            let sample = textnet::ops::sampling::continuation(
                 generator.as_mut(),
                 &prompt,
                 &sampling,

@@ -6,7 +6,7 @@
 //!
 //! Training runs on a worker thread without the GIL. The calling thread waits for its events (progress,
 //! a finished epoch), calls the Python callbacks with them, and checks for Ctrl-C: the first one asks the
-//! worker to stop after the current epoch (`textnet::interrupt`), whose results are kept, and the call
+//! worker to stop after the current epoch (`textnet::harness::interrupt`), whose results are kept, and the call
 //! then reports `interrupted` so that Python raises `KeyboardInterrupt`.
 //!
 //! Modules: `errors` (exceptions), `worker` (training off the GIL), `model` (`textnet.Sequential`'s
@@ -37,7 +37,7 @@ use pyo3::types::{PyDict, PyList};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-use textnet::modelkind::Kind;
+use textnet::io::modelkind::Kind;
 
 /// MNIST or Fashion-MNIST as ((X_train, y_train), (X_test, y_test)): X float32 (n, 784) with pixels / 255,
 /// y int64, found (or downloaded and checked) as `textnet mnist` finds it.
@@ -88,10 +88,10 @@ fn selftest<'py>(
     let only = only
         .unwrap_or_default()
         .iter()
-        .map(|name| choice::<textnet::selftest::Only>("only", name))
+        .map(|name| choice::<textnet::commands::selftest::Only>("only", name))
         .collect::<PyResult<Vec<_>>>()?;
-    let args = textnet::selftest::SelftestArgs { seed, quick, only, json: false };
-    let outcome = py.detach(|| textnet::selftest::checks(&args)).map_err(runtime_error)?;
+    let args = textnet::commands::selftest::SelftestArgs { seed, quick, only, json: false };
+    let outcome = py.detach(|| textnet::commands::selftest::checks(&args)).map_err(runtime_error)?;
     let rows = PyList::empty(py);
     for c in &outcome.checks {
         let row = PyDict::new(py);
@@ -124,7 +124,7 @@ fn run_command(py: Python<'_>, name: &str, args: Vec<String>) -> PyResult<bool> 
     let (result, interrupted) = drive(
         py,
         move |_| match (command.run)(&matches) {
-            Err(e) if e.downcast_ref::<textnet::interrupt::Interrupted>().is_some() => Ok(true),
+            Err(e) if e.downcast_ref::<textnet::harness::interrupt::Interrupted>().is_some() => Ok(true),
             other => other.map(|()| false),
         },
         |_, _| Ok(()),
@@ -158,9 +158,9 @@ pub(crate) fn save_model(path: &Path, bytes: &[u8], kind: &'static Kind, overwri
     if path.is_dir() {
         return Err(std::io::Error::new(ErrorKind::IsADirectory, format!("{} is a directory", path.display())).into());
     }
-    let _lock = textnet::fsutil::check_output_named("path", path, &[])?;
+    let _lock = textnet::io::fsutil::check_output_named("path", path, &[])?;
     refuse_replacing(path, kind, overwrite)?;
-    textnet::fsutil::write_atomic(path, bytes)
+    textnet::io::fsutil::write_atomic(path, bytes)
 }
 
 /// Writes ONNX bytes to `path` as `textnet export --onnx` does: atomically, never over a model file; a
@@ -169,7 +169,7 @@ pub(crate) fn save_onnx(path: &Path, onnx: &[u8]) -> anyhow::Result<()> {
     if path.is_dir() {
         return Err(std::io::Error::new(ErrorKind::IsADirectory, format!("{} is a directory", path.display())).into());
     }
-    textnet::export::save("path", path, onnx, &[])
+    textnet::commands::export::save("path", path, onnx, &[])
 }
 
 /// Fails (`FileExistsError`) when the file at `path` must not be replaced by a model of `kind` (see
@@ -178,9 +178,9 @@ fn refuse_replacing(path: &Path, kind: &'static Kind, overwrite: bool) -> anyhow
     if std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
         return Ok(());
     }
-    let bytes = textnet::fsutil::read_input(path, "file")?;
+    let bytes = textnet::io::fsutil::read_input(path, "file")?;
     let shown = path.display();
-    match textnet::modelkind::of_bytes(&bytes) {
+    match textnet::io::modelkind::of_bytes(&bytes) {
         Some(there) if there == kind => Ok(()),
         Some(there) => Err(not_replaced(format!(
             "{shown} holds {} (for {}), not {}, so it is not replaced, even with overwrite=True; remove it or \
@@ -198,16 +198,16 @@ fn refuse_replacing(path: &Path, kind: &'static Kind, overwrite: bool) -> anyhow
 /// The kind tag of a textnet model file ("textnet-fit", "textnet-text", …), or None.
 #[pyfunction]
 fn file_kind(path: PathBuf) -> PyResult<Option<String>> {
-    let bytes = textnet::fsutil::read_input(&path, "model file").map_err(value_error)?;
-    Ok(textnet::modelkind::of_bytes(&bytes).map(|k| k.tag.to_string()))
+    let bytes = textnet::io::fsutil::read_input(&path, "model file").map_err(value_error)?;
+    Ok(textnet::io::modelkind::of_bytes(&bytes).map(|k| k.tag.to_string()))
 }
 
 /// The native half of the `textnet` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Python raises KeyboardInterrupt; `drive` turns it into textnet's request to stop after the epoch.
-    textnet::interrupt::hosted();
-    m.add("__version__", textnet::report::VERSION)?;
+    textnet::harness::interrupt::hosted();
+    m.add("__version__", textnet::harness::report::VERSION)?;
     m.add_class::<Model>()?;
     m.add_class::<LanguageModel>()?;
     m.add_function(wrap_pyfunction!(mnist, m)?)?;

@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 use textnet::device::{Backend, DeviceChoice};
 use textnet::fit::data::{InputSchema, TargetInfo};
 use textnet::fit::modelfile::{self, FitModel};
+use textnet::harness::args::ScheduleArgs;
+use textnet::harness::run::{EpochHooks, EpochPlan, EpochStart, EpochTrained, TRAIN, Verdict};
 use textnet::nn::stack::model::{Init, Loss, Network};
 use textnet::nn::stack::spec::{self, Shape};
 use textnet::nn::stack::{Samples, Setup, StackTrainer, Target};
-use textnet::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, ScheduleArgs};
-use textnet::run::{EpochHooks, EpochPlan, EpochStart, EpochTrained, TRAIN, Verdict};
+use textnet::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind};
 
 /// The rows of `x` (float32, C-contiguous, as the Python half makes it) as samples of `shape`: checks the
 /// shape and that every value is finite.
@@ -114,7 +115,8 @@ fn figures(s: &Samples, loss_sum: f64, outputs: &[f32], k: usize) -> Vec<(&'stat
     let mut out = vec![("loss", loss_sum / rows as f64)];
     match &s.target {
         Target::Classes(classes) => {
-            let right = outputs.chunks(k).zip(classes).filter(|(o, c)| textnet::cpu::argmax(o) == **c as usize).count();
+            let right =
+                outputs.chunks(k).zip(classes).filter(|(o, c)| textnet::ops::cpu::argmax(o) == **c as usize).count();
             out.push(("accuracy", right as f64 / rows as f64));
         }
         Target::Values(values) => {
@@ -174,7 +176,7 @@ fn class_target(net: &Network, loss: Loss, names: Option<Vec<String>>) -> PyResu
 /// The command line's memory check (`Network::memory_need`) for training `net` on `sample_bytes` of
 /// samples in batches of `batch`, before anything of that size is allocated.
 fn check_memory(net: &Network, sample_bytes: u64, batch: usize) -> PyResult<()> {
-    net.memory_need(sample_bytes, batch).check(textnet::resources::available_memory()).map_err(memory_error)
+    net.memory_need(sample_bytes, batch).check(textnet::io::resources::available_memory()).map_err(memory_error)
 }
 
 /// The settings of one `fit` call.
@@ -239,7 +241,7 @@ impl Model {
     /// Writes the model file as `save_model` does.
     #[pyo3(signature = (path, overwrite=false))]
     fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
-        py.detach(|| save_model(&path, &modelfile::to_bytes(&self.read())?, &textnet::modelkind::FIT, overwrite))
+        py.detach(|| save_model(&path, &modelfile::to_bytes(&self.read())?, &textnet::io::modelkind::FIT, overwrite))
             .map_err(value_error)
     }
 
@@ -488,7 +490,7 @@ impl Model {
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be at least 1"));
         }
-        textnet::resources::check_epochs(epochs).map_err(value_error)?;
+        textnet::io::resources::check_epochs(epochs).map_err(value_error)?;
         let mut optim = OptimConfig::new(kind);
         if let Some(lr) = lr {
             optim.lr = lr;
@@ -770,7 +772,7 @@ fn train_epochs(
         epoch: 0,
         last_sent: None,
     };
-    let ran = textnet::run::epochs(trainer.as_mut(), &plan, &mut hooks)?;
+    let ran = textnet::harness::run::epochs(trainer.as_mut(), &plan, &mut hooks)?;
     let training_s = training.elapsed().as_secs_f64();
     let diverged = ran.diverged.map(|d| {
         format!(
@@ -779,7 +781,7 @@ fn train_epochs(
             d.epoch,
             d.what,
             d.epoch - 1,
-            textnet::report::decimal(request.optim.lr)
+            textnet::harness::report::decimal(request.optim.lr)
         )
     });
     Ok(Trained { params: hooks.kept, diverged, device, setup_s, training_s })

@@ -37,14 +37,14 @@ pub(crate) fn save_tensors(path: PathBuf, tensors: Vec<(String, PyRef<'_, PyTens
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
         .and_then(|views| safetensors::serialize(views, None))
         .map_err(|e| value_error(anyhow!("save: {} cannot be encoded: {e}", path.display())))?;
-    textnet::fsutil::write_atomic(&path, &views).map_err(value_error)
+    textnet::io::fsutil::write_atomic(&path, &views).map_err(value_error)
 }
 
 /// The tensors of the safetensors file at `path`, in the file's order: F32 and F64 as floats, I64 as
 /// int64 ids.
 #[pyfunction]
 pub(crate) fn load_tensors(path: PathBuf) -> PyResult<Vec<(String, PyTensor)>> {
-    let bytes = textnet::fsutil::read_input(&path, "file").map_err(value_error)?;
+    let bytes = textnet::io::fsutil::read_input(&path, "file").map_err(value_error)?;
     let shown = path.display();
     let refused =
         |e: safetensors::SafeTensorError| value_error(anyhow!("load: {shown} is not a safetensors file ({e})"));

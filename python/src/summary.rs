@@ -1,11 +1,11 @@
 //! `textnet._native.EventWriter`: one TensorBoard event file, written by textnet's own writer
-//! (`textnet::tensorboard`, as `--tensorboard` writes it), under `textnet.tensorboard.SummaryWriter`.
+//! (`textnet::harness::tensorboard`, as `--tensorboard` writes it), under `textnet.tensorboard.SummaryWriter`.
 
 use crate::errors::value_error;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use std::path::PathBuf;
-use textnet::tensorboard::{EventWriter, proto::Status};
+use textnet::harness::tensorboard::{EventWriter, proto::Status};
 
 /// An event file in a directory; closed, it refuses further writes.
 #[pyclass(module = "textnet._native", name = "EventWriter")]

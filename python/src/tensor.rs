@@ -11,9 +11,9 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyEllipsis, PySlice, PySliceMethods, PyTuple};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use textnet::cpu::Real;
+use textnet::device::precision::Precision;
 use textnet::nn::{self, Device, Tensor};
-use textnet::precision::Precision;
+use textnet::ops::cpu::Real;
 
 /// The elements of a `textnet.Tensor`.
 #[derive(Clone)]

@@ -42,7 +42,7 @@ pub(crate) fn drive<T: Send>(
     mut on_event: impl FnMut(Python<'_>, Event) -> PyResult<()>,
     error: fn(anyhow::Error) -> PyErr,
 ) -> PyResult<(T, bool)> {
-    textnet::interrupt::reset();
+    textnet::harness::interrupt::reset();
     let (tx, mut rx) = mpsc::channel();
     let (outcome, interrupted, callback_error) = std::thread::scope(|scope| {
         let worker = scope.spawn(move || work(&tx));
@@ -58,7 +58,7 @@ pub(crate) fn drive<T: Send>(
                 Ok(event) if callback_error.is_none() => {
                     // Ctrl-C may surface inside a callback, as Python runs its signal handler there.
                     if let Err(e) = on_event(py, event) {
-                        textnet::interrupt::request();
+                        textnet::harness::interrupt::request();
                         if e.is_instance_of::<PyKeyboardInterrupt>(py) {
                             interrupted = true;
                         } else {
@@ -70,7 +70,7 @@ pub(crate) fn drive<T: Send>(
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             if let Err(e) = py.check_signals() {
-                textnet::interrupt::request();
+                textnet::harness::interrupt::request();
                 if e.is_instance_of::<PyKeyboardInterrupt>(py) {
                     interrupted = true;
                 } else {
@@ -81,7 +81,7 @@ pub(crate) fn drive<T: Send>(
         let outcome = py.detach(|| worker.join());
         (outcome, interrupted, callback_error)
     });
-    textnet::interrupt::reset();
+    textnet::harness::interrupt::reset();
     let result = match outcome {
         Ok(result) => result.map_err(error)?,
         Err(panic) => {

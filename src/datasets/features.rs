@@ -11,7 +11,7 @@
 //!   the target; a constant column gets std 1.
 
 use super::table::{LoadOptions, Row, Table};
-use crate::cpu::SeededRng;
+use crate::ops::cpu::SeededRng;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;

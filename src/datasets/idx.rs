@@ -37,7 +37,7 @@ pub struct Idx {
 /// Reads an IDX file of unsigned bytes that must have `ndims` dimensions (3 for images, 1 for labels).
 /// Errors start with the file's path and say what is wrong with it.
 pub fn read_idx(path: &Path, ndims: usize) -> Result<Idx> {
-    let file = crate::fsutil::open_input(path, "IDX file")?;
+    let file = crate::io::fsutil::open_input(path, "IDX file")?;
     let mut buffered = BufReader::new(file);
     let gzipped = buffered.fill_buf().map(|head| head.starts_with(&[0x1f, 0x8b])).unwrap_or(false);
     let reader: Box<dyn Read> =
@@ -219,7 +219,7 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
     }
     check_float_memory(images_path, count)?;
     // datasets::mnist::INPUT_SCALING says this in the model file.
-    let mut floats = crate::resources::try_vec(
+    let mut floats = crate::io::resources::try_vec(
         images.data.len(),
         0f32,
         "the images as 32-bit floats",
@@ -233,14 +233,14 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split> {
 /// (an allocation that fails aborts).
 pub fn check_float_memory(path: &Path, count: usize) -> Result<()> {
     let bytes = (count as u64).saturating_mul((PIXELS * std::mem::size_of::<f32>()) as u64);
-    if let Some(available) = crate::resources::available_memory()
+    if let Some(available) = crate::io::resources::available_memory()
         && bytes > available
     {
         bail!(
             "{}: {count} images take {} as 32-bit floats but only {} of memory is available",
             path.display(),
-            crate::resources::size(bytes),
-            crate::resources::size(available)
+            crate::io::resources::size(bytes),
+            crate::io::resources::size(available)
         );
     }
     Ok(())

@@ -108,7 +108,7 @@ pub struct Cell {
 impl Cell {
     /// "line 152, \"x\"" (a long value abridged).
     fn describe(&self) -> String {
-        format!("line {}, {:?}", self.line, crate::console::abridged(&self.text))
+        format!("line {}, {:?}", self.line, crate::harness::console::abridged(&self.text))
     }
 }
 

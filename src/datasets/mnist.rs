@@ -124,7 +124,7 @@ impl Dataset {
     }
 
     fn cache_dir(self) -> Option<PathBuf> {
-        crate::device::cache_dir().map(|d| d.join(self.dir_name()))
+        crate::device::compile::cache_dir().map(|d| d.join(self.dir_name()))
     }
 }
 

@@ -436,8 +436,8 @@ enum Role {
 impl Table {
     /// Reads and parses `path` (see the module comment).
     pub fn read(path: &Path, options: &LoadOptions) -> Result<Table> {
-        let bytes = crate::fsutil::read_input(path, "table")?;
-        Table::parse(&crate::fsutil::shown(path), &bytes, options)
+        let bytes = crate::io::fsutil::read_input(path, "table")?;
+        Table::parse(&crate::io::fsutil::shown(path), &bytes, options)
     }
 
     /// Parses the contents of a file called `source`. A file that does not read with the delimiter

@@ -6,10 +6,10 @@
 use super::cli::{TableArgs, figures};
 use super::data::{self as fit_data, Request, Source};
 use crate::device::Gpu;
+use crate::harness::args::OptimArgs;
 use crate::nn::stack::bench::StackBench;
 use crate::nn::stack::model::{Init, Network};
 use crate::nn::stack::spec;
-use crate::ops::optim::OptimArgs;
 use anyhow::Result;
 use std::sync::Arc;
 

@@ -21,18 +21,18 @@
 //! The random specs come from a fixed stream (so `modules` can list what the selftest compiles); the
 //! parameters and data come from the run's seed.
 
-use crate::check::{Check, Group, Plan, rel_error, worst};
-use crate::cpu::SeededRng;
-use crate::device::{Gpu, ModuleRequest};
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Group, Plan, rel_error, worst};
+use crate::harness::run::Trainer;
 use crate::nn::stack::gpu::{
     GpuTrainer, StepPath, modules as network_modules, plan as group_plan, whole_epoch_module, whole_epoch_plan,
 };
 use crate::nn::stack::model::{self, Init, Loss, Network};
 use crate::nn::stack::spec::{self, Shape};
 use crate::nn::stack::{Samples, Setup, Target};
+use crate::ops::cpu::SeededRng;
 use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
-use crate::run::Trainer;
 use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 
 use super::data::{InputSchema, TargetInfo};
 use super::modelfile;
-use crate::classifier::ImageModel;
+use crate::commands::classifier::ImageModel;
 use crate::datasets::idx::{IMAGE_SIDE, PIXELS};
 use crate::nn::stack::model;
 use crate::nn::stack::spec::Shape;

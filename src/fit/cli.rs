@@ -8,21 +8,22 @@
 
 use super::data::{self, Data, InputSchema, Request, Source, TargetInfo};
 use super::modelfile::{self, FitModel};
-use crate::checkpoint::{self, Keep, Keeper};
-use crate::cpu::argmax;
 use crate::datasets::features::{Split, SplitOrder};
 use crate::datasets::infer::Overrides;
 use crate::datasets::mnist::Dataset;
 use crate::datasets::table::{ColumnSpec, HeaderMode, LoadOptions, Table};
 use crate::device::{self, Backend, DeviceChoice};
-use crate::fsutil;
+use crate::harness::args::{OptimArgs, ScheduleArgs};
+use crate::harness::checkpoint::{self, Keep, Keeper};
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, TrainingCommand, VAL, Verdict};
+use crate::io::fsutil;
+use crate::io::resources::available_memory;
 use crate::nn::stack::model::{Init, Loss, Network};
 use crate::nn::stack::spec::{self, Layer, Shape};
 use crate::nn::stack::{Figures, Samples, Setup as TrainerSetup, StackTrainer, Target};
-use crate::ops::optim::{LrSchedule, OptimArgs, OptimConfig, ScheduleArgs};
-use crate::report::{self, Display, Divergence, EpochRow, Report};
-use crate::resources::available_memory;
-use crate::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, TrainingCommand, VAL, Verdict};
+use crate::ops::cpu::argmax;
+use crate::ops::optim::{LrSchedule, OptimConfig};
 use anyhow::{Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -92,13 +93,13 @@ pub struct FitArgs {
     /// Where to write the model (.safetensors); written after every epoch --keep keeps
     #[arg(short = 'o', long, default_value = "fit.safetensors")]
     pub out: PathBuf,
-    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds.
     pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::plot::HELP, conflicts_with = "model")]
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP, conflicts_with = "model")]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP, conflicts_with = "model")]
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP, conflicts_with = "model")]
     /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
     pub tensorboard: Option<PathBuf>,
     /// Predict with this table model file instead of training (with --predict)
@@ -202,7 +203,7 @@ impl FitArgs {
         if self.batch == 0 {
             bail!("--batch must be at least 1");
         }
-        crate::resources::check_epochs(self.epochs)?;
+        crate::io::resources::check_epochs(self.epochs)?;
         if self.train_limit == Some(0) {
             bail!("--train-limit must be at least 1");
         }
@@ -437,7 +438,7 @@ impl TrainingCommand for FitArgs {
         let data = data::load(&source, &spec, request, &|note| display.line(note))?;
         let inputs: Vec<(&str, &Path)> = data.files.iter().map(|p| ("data file", p.as_path())).collect();
         let lock = fsutil::check_output(&args.out, &inputs)?;
-        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         for note in &data.notes {
             display.line(note);
         }
@@ -457,7 +458,7 @@ impl TrainingCommand for FitArgs {
         check_outputs(&net, &data)?;
         net.memory_need(data.samples_bytes(), args.batch)
             .check(available_memory())
-            .map_err(|e| anyhow!("--layers {:?}: {e}", crate::console::abridged(text)))?;
+            .map_err(|e| anyhow!("--layers {:?}: {e}", crate::harness::console::abridged(text)))?;
         let steps = data.train.rows().div_ceil(args.batch) * args.epochs;
         schedule.check(steps)?;
         let (backend, device_line) = device::select_described(args.device)?;
@@ -630,7 +631,7 @@ impl TrainingCommand for FitArgs {
             written,
             outcome,
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {})", report::decimal(optim.lr)),
-            plot_failed: crate::plot::training_curves(
+            plot_failed: crate::harness::plot::training_curves(
                 args.plot.as_deref(),
                 &format!(
                     "textnet fit on {}: {}; {}, batch {}",
@@ -808,17 +809,21 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     match &args.predictions {
         Some(path) => fsutil::write_atomic(path, text.as_bytes())?,
-        None => crate::console::out(text.trim_end()),
+        None => crate::harness::console::out(text.trim_end()),
     }
     if table.skipped > 0 && !args.quiet {
-        crate::console::err(&format!("skipped {} bad row{}", table.skipped, if table.skipped == 1 { "" } else { "s" }));
+        crate::harness::console::err(&format!(
+            "skipped {} bad row{}",
+            table.skipped,
+            if table.skipped == 1 { "" } else { "s" }
+        ));
     }
     if with_target > 0 && !args.quiet {
         let figure = match &m.target {
             TargetInfo::Classes { .. } => format!("accuracy {:.2}%", 100.0 * score / with_target as f64),
             TargetInfo::Value { .. } => format!("MAE {:.4}", score / with_target as f64),
         };
-        crate::console::err(&format!("{figure} over {with_target} rows with a {}", t.target_name));
+        crate::harness::console::err(&format!("{figure} over {with_target} rows with a {}", t.target_name));
     }
     Ok(())
 }

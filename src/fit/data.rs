@@ -280,8 +280,8 @@ fn table(
     skip_bad_rows: bool,
     request: Request,
 ) -> Result<Data> {
-    let bytes = crate::fsutil::read_input(file, "table")?;
-    let source = crate::fsutil::shown(file);
+    let bytes = crate::io::fsutil::read_input(file, "table")?;
+    let source = crate::io::fsutil::shown(file);
     let inferred = infer::infer(&source, &bytes, target, overrides)?;
     let mut notes = vec![format!("columns of {source}:")];
     notes.extend(inferred.choices.iter().map(|c| c.line()));
@@ -296,7 +296,7 @@ fn table(
             "--loss mse needs a numeric target, but {source}:{}: the target {name} is {:?}; use --loss ce to predict \
              it as a class",
             label.line,
-            crate::console::abridged(&label.text)
+            crate::harness::console::abridged(&label.text)
         );
     }
     let mut options = LoadOptions::new(inferred.schema.clone());

@@ -28,7 +28,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <bench::FitBenchArgs as clap::Args>::augment_args,
         run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
     }],
-    models: &[&crate::modelkind::FIT],
+    models: &[&crate::io::modelkind::FIT],
     language_model: None,
     image_classifier: Some(crate::pipeline::ImageClassifier { open: classify::open }),
     onnx: Some(crate::pipeline::OnnxExport { export: onnx::export_file }),

@@ -85,8 +85,8 @@ fn input_json(input: &InputSchema) -> Value {
 /// The model as .safetensors bytes (module comment).
 pub fn to_bytes(m: &FitModel) -> Result<Vec<u8>> {
     let mut metadata = BTreeMap::from([
-        crate::modelkind::FIT.entry(),
-        ("textnet".to_string(), crate::report::VERSION.to_string()),
+        crate::io::modelkind::FIT.entry(),
+        ("textnet".to_string(), crate::harness::report::VERSION.to_string()),
         ("spec".to_string(), spec::text(&m.net.layers)),
         ("loss".to_string(), m.loss.name().to_string()),
         ("input".to_string(), input_json(&m.input).to_string()),
@@ -100,17 +100,17 @@ pub fn to_bytes(m: &FitModel) -> Result<Vec<u8>> {
     let tensors = m.net.tensors();
     let views: Vec<(&str, &[f32], Vec<usize>)> =
         tensors.iter().map(|(name, dims, range)| (name.as_str(), &m.params[range.clone()], dims.clone())).collect();
-    crate::tensorfile::to_bytes(&views, metadata)
+    crate::io::tensorfile::to_bytes(&views, metadata)
 }
 
 /// Writes the model to `path` (atomically).
 pub fn save(m: &FitModel, path: &Path) -> Result<()> {
-    crate::fsutil::write_atomic(path, &to_bytes(m)?)
+    crate::io::fsutil::write_atomic(path, &to_bytes(m)?)
 }
 
 /// Reads a fit model file.
 pub fn load(path: &Path) -> Result<FitModel> {
-    let bytes = crate::fsutil::read_input(path, "model file")?;
+    let bytes = crate::io::fsutil::read_input(path, "model file")?;
     from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
 }
 
@@ -212,7 +212,7 @@ fn check_tensors(
     expected: &[(String, Vec<usize>, std::ops::Range<usize>)],
     net: &Network,
 ) -> Result<()> {
-    let spec = || crate::console::abridged(&spec::text(&net.layers));
+    let spec = || crate::harness::console::abridged(&spec::text(&net.layers));
     for (name, dims, _) in expected {
         let t = tensors
             .tensor(name)
@@ -233,7 +233,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
     let (_, header) =
         safetensors::SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();
-    crate::modelkind::FIT.check(Some(&meta), "textnet fit model file")?;
+    crate::io::modelkind::FIT.check(Some(&meta), "textnet fit model file")?;
     let spec = spec::parse(entry(&meta, "spec")?).context("metadata entry \"spec\"")?;
     let loss = match entry(&meta, "loss")? {
         "ce" => Loss::Ce,
@@ -267,9 +267,10 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
     let expected = net.tensors();
     check_tensors(&tensors, &expected, &net)?;
     // Every size is now one the file's own tensors have, so the parameters fit in memory as the file did.
-    let mut params = crate::resources::try_vec(net.param_count, 0f32, "the model's parameters", "free memory for it")?;
+    let mut params =
+        crate::io::resources::try_vec(net.param_count, 0f32, "the model's parameters", "free memory for it")?;
     for (name, dims, range) in &expected {
-        params[range.clone()].copy_from_slice(&crate::tensorfile::read_f32(&tensors, name, dims)?);
+        params[range.clone()].copy_from_slice(&crate::io::tensorfile::read_f32(&tensors, name, dims)?);
     }
     if !params.iter().all(|p| p.is_finite()) {
         bail!("the parameters contain NaN or infinite values");

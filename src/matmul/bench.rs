@@ -14,9 +14,9 @@
 
 use super::checks::{TOLERANCE, bf16_matrix, bf16_tolerance, random_matrix, rounded, sum_slices, transpose};
 use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel, LINEAR_TILE, Strided, linear_kernel};
-use crate::check::rel_error;
 use crate::device::Gpu;
-use crate::timing::{median, time_on_device};
+use crate::harness::check::rel_error;
+use crate::harness::timing::{median, time_on_device};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use rand::SeedableRng;
@@ -135,7 +135,7 @@ struct Bf16Problem {
 
 impl Bf16Problem {
     fn new(m: usize, n: usize, k: usize, ones: Option<usize>, seed: u64) -> Result<Bf16Problem> {
-        let mut rng = crate::cpu::SeededRng::seed_from_u64(seed);
+        let mut rng = crate::ops::cpu::SeededRng::seed_from_u64(seed);
         let (a, mut b) = (random_matrix(m * k, &mut rng), random_matrix(k * n, &mut rng));
         if let Some(col) = ones {
             b.iter_mut().skip(col).step_by(n).for_each(|x| *x = 1.0);
@@ -151,7 +151,7 @@ impl Bf16Problem {
 /// object with `json`), then the bf16 products.
 pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     let (m, n, k) = (SIZE, SIZE, SIZE);
-    let mut rng = crate::cpu::SeededRng::seed_from_u64(1);
+    let mut rng = crate::ops::cpu::SeededRng::seed_from_u64(1);
     let (a, b) = (random_matrix(m * k, &mut rng), random_matrix(k * n, &mut rng));
     let want = super::reference(&a, &b, m, n, k)?;
     let want = Want { c: &want, shape: (m, n, k), tolerance: TOLERANCE };

@@ -13,9 +13,9 @@
 //! NaN, so a read of either fails the check.
 
 use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided, linear_kernel};
-use crate::check::{Check, Group, Plan, rel_error};
-use crate::cpu::SeededRng;
-use crate::device::{Gpu, ModuleRequest};
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Group, Plan, rel_error};
+use crate::ops::cpu::SeededRng;
 use crate::ops::gemm::{bf16_bits, round_bf16};
 use anyhow::{Context, Result};
 use rand::RngExt;

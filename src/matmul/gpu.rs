@@ -1,6 +1,7 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
-use crate::device::{self, Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK, has_wgmma, quietly};
+use crate::device::{self, Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, quietly};
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_async_shared_floats, bf16_shared_floats, wgmma_shared_floats};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys, sys::cublasOperation_t};
@@ -171,11 +172,11 @@ pub const MODULE: ModuleRequest = ("matmul", Vec::new());
 /// The compiled kernels.
 pub struct GpuMatmul {
     gpu: Arc<Gpu>,
-    functions: Vec<device::Kernel>,
-    bf16: Vec<device::Kernel>,
-    tiles: Vec<(Bf16Tile, device::Kernel)>,
+    functions: Vec<device::launch::Kernel>,
+    bf16: Vec<device::launch::Kernel>,
+    tiles: Vec<(Bf16Tile, device::launch::Kernel)>,
     /// gemm_bf16_async_{nn, nt, tn, tt}.
-    linear: Vec<device::Kernel>,
+    linear: Vec<device::launch::Kernel>,
 }
 
 impl GpuMatmul {
@@ -315,7 +316,13 @@ impl GpuMatmul {
         self.launch(&self.linear[layout], blocks, linear_shared_bytes(), &args)
     }
 
-    fn launch(&self, function: &device::Kernel, (bx, by): (usize, usize), shared: usize, args: &[Arg]) -> Result<()> {
+    fn launch(
+        &self,
+        function: &device::launch::Kernel,
+        (bx, by): (usize, usize),
+        shared: usize,
+        args: &[Arg],
+    ) -> Result<()> {
         if by > 65_535 || bx > i32::MAX as usize {
             bail!("{} cannot launch {bx}×{by} blocks", function.name);
         }
@@ -486,7 +493,7 @@ impl Cublas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn async_sizes_match_the_kernel_file() {

@@ -1,9 +1,9 @@
 //! `textnet bench mnist`: the MNIST classifiers' speed and accuracy on the GPU, beside `benches/torch_mnist.py`.
 
-use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::harness::timing::{median, time_graph_launches, time_on_device};
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{OptimConfig, OptimKind};
-use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::Result;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;

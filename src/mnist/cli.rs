@@ -8,14 +8,15 @@ use super::model::{Activation, MlpParams, MlpShape};
 use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Classifier, ModelKind};
 use super::{Evaluation, idx};
-use crate::checkpoint::{self, Keep, Keeper};
 use crate::datasets::mnist::{self, Dataset};
 use crate::device::{self, DeviceChoice};
-use crate::fsutil;
-use crate::interrupt;
-use crate::ops::optim::{LrSchedule, OptimArgs, OptimConfig, OptimKind, ScheduleArgs};
-use crate::report::{self, Display, Divergence, EpochRow, Report};
-use crate::run::{self, Ending, TrainingCommand};
+use crate::harness::args::{OptimArgs, ScheduleArgs};
+use crate::harness::checkpoint::{self, Keep, Keeper};
+use crate::harness::interrupt;
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::run::{self, Ending, TrainingCommand};
+use crate::io::fsutil;
+use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind};
 use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -85,13 +86,13 @@ pub struct MnistArgs {
         default_value_if("model", "cnn", "mnist-cnn.safetensors")
     )]
     pub out: PathBuf,
-    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
     /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
     pub tensorboard: Option<PathBuf>,
     /// Go on training this model file (a fresh optimizer state); only an epoch better than it is saved. It
@@ -118,7 +119,7 @@ fn check_args(args: &MnistArgs) -> Result<()> {
     if args.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    crate::resources::check_epochs(args.epochs)?;
+    crate::io::resources::check_epochs(args.epochs)?;
     if args.train_limit == Some(0) {
         bail!("--train-limit must be at least 1");
     }
@@ -322,7 +323,7 @@ impl TrainingCommand for MnistArgs {
         let lock = fsutil::check_output(&args.out, &inputs)?;
         let mut inputs = inputs;
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         if shadows_data_file(&args.out, &data.dir) {
             bail!(
                 "--out {} would be read as a data file of {}; choose another name",
@@ -556,7 +557,12 @@ impl TrainingCommand for MnistArgs {
             written: saver.kept_eval.is_some(),
             outcome,
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr)),
-            plot_failed: crate::plot::training_curves(args.plot.as_deref(), &plot_title(args, &optim), &rows, &display),
+            plot_failed: crate::harness::plot::training_curves(
+                args.plot.as_deref(),
+                &plot_title(args, &optim),
+                &rows,
+                &display,
+            ),
         };
         if args.json || args.tensorboard.is_some() {
             let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);

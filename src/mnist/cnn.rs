@@ -22,8 +22,8 @@
 //! f64, where a perturbation of 1e-6 is too small to cross a ReLU kink or change a pooling choice.
 
 use super::idx::Split;
-use crate::cpu::SeededRng;
 use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape, ZeroGrads};
+use crate::ops::cpu::SeededRng;
 use crate::ops::losses::softmax_xent;
 use anyhow::{Result, bail};
 use num_traits::Float;
@@ -121,7 +121,7 @@ impl CnnParams {
         let fan_in = [9, 9, 9 * shape.c1, 9 * shape.c1, shape.flat(), shape.flat(), shape.fc, shape.fc];
         for k in 0..8 {
             let end = if k + 1 < 8 { starts[k + 1] } else { total };
-            crate::cpu::linear_init(&mut flat[starts[k]..end], fan_in[k], &mut rng);
+            crate::ops::cpu::linear_init(&mut flat[starts[k]..end], fan_in[k], &mut rng);
         }
         CnnParams { shape, flat }
     }
@@ -397,14 +397,14 @@ pub fn kink_margin(p: &CnnParams, data: &Split, rows: &[u32]) -> f64 {
         pool_margin(&a.z2, s.c2, s2, &mut margin);
         let n = a.f.len();
         for j in 0..s.fc {
-            margin = margin.min(crate::check::kink_ratio(&t.wf[j * n..][..n], t.bf[j], &a.f));
+            margin = margin.min(crate::harness::check::kink_ratio(&t.wf[j * n..][..n], t.bf[j], &a.f));
         }
     }
     margin
 }
 
 /// The `format` metadata of a CNN model file.
-pub const FORMAT: &str = crate::modelkind::MNIST_CNN.tag;
+pub const FORMAT: &str = crate::io::modelkind::MNIST_CNN.tag;
 
 impl CnnParams {
     /// The model as a .safetensors file: the tensors under PyTorch's `state_dict` names and layouts
@@ -421,7 +421,7 @@ impl CnnParams {
             .collect();
         let s = self.shape;
         let mut meta: std::collections::BTreeMap<String, String> = [
-            (crate::modelkind::KEY, FORMAT.to_string()),
+            (crate::io::modelkind::KEY, FORMAT.to_string()),
             ("side", s.side.to_string()),
             ("c1", s.c1.to_string()),
             ("c2", s.c2.to_string()),
@@ -432,7 +432,7 @@ impl CnnParams {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        crate::tensorfile::to_bytes(&tensors, meta)
+        crate::io::tensorfile::to_bytes(&tensors, meta)
     }
 
     /// Reads what `to_safetensors` wrote; returns the parameters and the file's metadata.
@@ -440,7 +440,7 @@ impl CnnParams {
         use anyhow::{Context, anyhow};
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
         let meta = header.metadata().clone().unwrap_or_default();
-        crate::modelkind::MNIST_CNN.check(Some(&meta), "textnet MNIST CNN model file")?;
+        crate::io::modelkind::MNIST_CNN.check(Some(&meta), "textnet MNIST CNN model file")?;
         let number = |key: &str| -> Result<usize> {
             meta.get(key)
                 .and_then(|v| v.parse().ok())

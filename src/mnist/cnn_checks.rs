@@ -18,9 +18,9 @@
 use super::cnn::{self, CnnParams, CnnShape};
 use super::cnn_gpu::{GpuCnn, module_request};
 use super::idx::Split;
-use crate::check::{Check, Group, Plan, rel_error, worst};
-use crate::cpu::SeededRng;
-use crate::device::{Gpu, ModuleRequest};
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Group, Plan, rel_error, worst};
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, Optimizer};
 use anyhow::Result;
 use rand::RngExt;

@@ -5,13 +5,13 @@
 use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
 use super::idx::Split;
-use crate::device::{Arg, Gpu, Kernel, ModuleRequest};
+use crate::device::{Gpu, compile::ModuleRequest, launch::Arg, launch::Kernel};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
 use std::sync::Arc;
 
-const THREADS: usize = crate::device::THREADS_PER_BLOCK as usize;
+const THREADS: usize = crate::ops::THREADS_PER_BLOCK as usize;
 /// Threads of a block of cnn_forward, cnn_evaluate and cnn_backward (a block per image; CNN_IMAGE_THREADS).
 const IMAGE_THREADS: u32 = 1024;
 /// cnn_update's blocks per conv channel (SLICES in fused/mnist_cnn.cu).
@@ -368,7 +368,7 @@ impl GpuCnn {
         self.set_rates(&[self.optim.lr])?;
         self.enqueue_step(batch, 0, 0)?;
         let stream = self.gpu.stream.clone();
-        crate::device::capture_graph(&stream, self, |t| {
+        crate::device::launch::capture_graph(&stream, self, |t| {
             for _ in 0..launches {
                 match kernel {
                     0 => t.launch_forward(batch, 0)?,
@@ -435,7 +435,7 @@ impl GpuCnn {
         if !reuse {
             self.captured = None;
             let stream = self.gpu.stream.clone();
-            let graph = crate::device::capture_graph(&stream, self, |t| t.enqueue_steps(samples, batch))?;
+            let graph = crate::device::launch::capture_graph(&stream, self, |t| t.enqueue_steps(samples, batch))?;
             self.captured = Some((samples, batch, graph));
         }
         let (_, _, graph) = self.captured.as_ref().expect("captured above");
@@ -499,7 +499,7 @@ impl GpuCnn {
     }
 }
 
-impl crate::run::Trainer for GpuCnn {
+impl crate::harness::run::Trainer for GpuCnn {
     type Params = super::Classifier;
     type Evaluation = Evaluation;
 
@@ -528,7 +528,7 @@ impl crate::run::Trainer for GpuCnn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn sizes_match_the_kernel_file() {

@@ -8,11 +8,11 @@ use super::idx::Split;
 use super::model::{Activation, MlpParams, MlpShape};
 use super::{Classifier, Evaluation};
 use crate::device::Backend;
+use crate::harness::run::Trainer;
 use crate::nn::stack::model::{Loss, Network};
 use crate::nn::stack::spec::{Layer, Shape, Spec};
 use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
-use crate::run::Trainer;
 use anyhow::Result;
 use std::sync::Arc;
 
@@ -40,7 +40,7 @@ pub fn samples(split: &Split) -> Samples {
 fn evaluation(loss: f64, logits: &[f32], labels: &[u8], classes: usize) -> Evaluation {
     let mut eval = Evaluation::new(classes);
     for (row, &label) in logits.chunks(classes).zip(labels) {
-        eval.record(label as usize, crate::cpu::argmax(row));
+        eval.record(label as usize, crate::ops::cpu::argmax(row));
     }
     eval.loss = loss;
     eval
@@ -106,7 +106,7 @@ impl Trainer for FitMlp {
 
     fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
         super::test_split_only(split)?;
-        let (loss, logits) = self.trainer.evaluate(crate::run::TEST)?;
+        let (loss, logits) = self.trainer.evaluate(crate::harness::run::TEST)?;
         Ok(evaluation(loss, &logits, &self.test_labels, self.shape.classes))
     }
 
@@ -124,7 +124,7 @@ mod tests {
     fn the_default_run_is_precompiled() {
         let shape = MlpShape { inputs: 784, hidden: 128, classes: 10, activation: Activation::Relu };
         let modules = stack::gpu::trainer_modules(&network(shape).unwrap(), Loss::Ce, 64);
-        let missing: Vec<_> = modules.iter().filter(|m| !crate::device::listed_for_precompiling(m)).collect();
+        let missing: Vec<_> = modules.iter().filter(|m| !crate::device::compile::listed_for_precompiling(m)).collect();
         assert!(missing.is_empty(), "add to fused/precompiled.txt: {missing:?}");
     }
 }

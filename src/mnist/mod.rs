@@ -13,7 +13,7 @@
 pub use crate::datasets::mnist::INPUT_SCALING;
 
 pub mod bench;
-pub use crate::classifier::Evaluation;
+pub use crate::commands::classifier::Evaluation;
 pub use crate::datasets::idx;
 pub mod classify;
 pub mod cli;
@@ -27,8 +27,8 @@ pub mod onnx;
 pub mod train;
 
 use crate::device::Backend;
+use crate::harness::run::Trainer;
 use crate::ops::optim::{OptimConfig, Optimizer};
-use crate::run::Trainer;
 use anyhow::{Result, bail};
 use idx::Split;
 use model::MlpParams;
@@ -106,7 +106,7 @@ impl Classifier {
     pub fn from_safetensors(bytes: &[u8]) -> Result<(Classifier, std::collections::HashMap<String, String>)> {
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| anyhow::anyhow!("not a safetensors file ({e})"))?;
-        let is_cnn = header.metadata().as_ref().is_some_and(|m| crate::modelkind::MNIST_CNN.matches(m));
+        let is_cnn = header.metadata().as_ref().is_some_and(|m| crate::io::modelkind::MNIST_CNN.matches(m));
         let (model, meta) = if is_cnn {
             cnn::CnnParams::from_safetensors(bytes).map(|(p, meta)| (Classifier::Cnn(p), meta))?
         } else {
@@ -129,7 +129,7 @@ pub type MnistTrainer = dyn Trainer<Params = Classifier, Evaluation = Evaluation
 
 /// Refuses a split other than the test split, the one an MNIST trainer evaluates.
 fn test_split_only(split: usize) -> Result<()> {
-    crate::run::test_split_only("an MNIST trainer", split)
+    crate::harness::run::test_split_only("an MNIST trainer", split)
 }
 
 /// The trainer for `backend` and the model's kind, for batches of up to `batch` samples; on a GPU both
@@ -249,7 +249,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <bench::MnistBenchArgs as clap::Args>::augment_args,
         run: |gpu, options, m| bench::run(gpu, options, &crate::pipeline::parsed(m)?),
     }],
-    models: &[&crate::modelkind::MNIST_MLP, &crate::modelkind::MNIST_CNN],
+    models: &[&crate::io::modelkind::MNIST_MLP, &crate::io::modelkind::MNIST_CNN],
     language_model: None,
     image_classifier: Some(crate::pipeline::ImageClassifier { open: classify::open }),
     onnx: Some(crate::pipeline::OnnxExport { export: onnx::export_file }),

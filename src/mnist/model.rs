@@ -10,8 +10,8 @@
 //! and finite-difference checks are `nn::stack`'s. All parameters live in one flat f32 vector, W1 (H×I,
 //! row-major) then b1 (H), W2 (C×H), b2 (C): `nn.Linear`'s layouts, and the stack's.
 
-use crate::cpu::SeededRng;
-use crate::cpu::dot;
+use crate::ops::cpu::SeededRng;
+use crate::ops::cpu::dot;
 use anyhow::{Context, Result, anyhow, bail};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Uniform};
@@ -74,7 +74,7 @@ impl MlpShape {
 }
 
 /// `format` metadata of the model file.
-pub const FORMAT: &str = crate::modelkind::MNIST_MLP.tag;
+pub const FORMAT: &str = crate::io::modelkind::MNIST_MLP.tag;
 /// Version of the model file layout, in its metadata.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -125,7 +125,7 @@ impl MlpParams {
         }
         let s = self.shape;
         let mut meta: std::collections::BTreeMap<String, String> = [
-            (crate::modelkind::KEY, FORMAT.to_string()),
+            (crate::io::modelkind::KEY, FORMAT.to_string()),
             ("format_version", FORMAT_VERSION.to_string()),
             ("inputs", s.inputs.to_string()),
             ("hidden", s.hidden.to_string()),
@@ -136,14 +136,14 @@ impl MlpParams {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        crate::tensorfile::to_bytes(&tensors, meta)
+        crate::io::tensorfile::to_bytes(&tensors, meta)
     }
 
     /// Reads what `to_safetensors` wrote; returns the parameters and the file's metadata.
     pub fn from_safetensors(bytes: &[u8]) -> Result<(MlpParams, HashMap<String, String>)> {
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
         let meta = header.metadata().clone().unwrap_or_default();
-        crate::modelkind::MNIST_MLP.check(Some(&meta), "textnet MNIST model file")?;
+        crate::io::modelkind::MNIST_MLP.check(Some(&meta), "textnet MNIST model file")?;
         let number = |key: &str| -> Result<usize> {
             meta.get(key)
                 .and_then(|v| v.parse().ok())

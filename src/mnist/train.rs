@@ -3,8 +3,8 @@
 //! evaluation on the test split reported to an `Observer`.
 
 use super::{Classifier, Evaluation, MnistTrainer};
+use crate::harness::run::{self, EpochHooks, EpochPlan, EpochTrained, TEST, Verdict};
 use crate::ops::optim::LrSchedule;
-use crate::run::{self, EpochHooks, EpochPlan, EpochTrained, TEST, Verdict};
 use anyhow::{Result, bail};
 
 #[derive(Clone, Copy, Debug)]

@@ -16,8 +16,8 @@
 use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::Real;
 use crate::ops::attention::{AttentionDropout, attention, attention_backward, sdp_attention, sdp_attention_backward};
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 const OP: &str = "scaled_dot_product_attention";

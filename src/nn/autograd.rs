@@ -16,7 +16,7 @@
 use super::cuda;
 use super::error::{Error, Result};
 use super::tensor::{Backward, Origin, Storage, Tensor, lock};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 

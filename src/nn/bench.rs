@@ -23,11 +23,11 @@
 
 use super::cuda::Device;
 use super::{CapturedStep, Linear, Module, Optimizer, Sequential, Tensor, no_grad, prefixed};
-use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::harness::timing::time_on_device;
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::OptimKind;
 use crate::pipeline::{Bench, BenchOptions};
-use crate::timing::time_on_device;
 use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;

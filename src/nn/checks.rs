@@ -19,10 +19,10 @@ use super::{
     Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, cat, causal_self_attention, clip_grad_norm, conv2d,
     dropout, embedding, layer_norm, linear, max_pool2d, scaled_dot_product_attention,
 };
-use crate::check::{Check, Group, Plan, rel_error, worst};
-use crate::cpu::SeededRng;
-use crate::device::{Gpu, ModuleRequest};
-use crate::precision::Precision;
+use crate::device::precision::Precision;
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Group, Plan, rel_error, worst};
+use crate::ops::cpu::SeededRng;
 use rand::RngExt;
 use std::sync::Arc;
 
@@ -45,7 +45,7 @@ const CLIP_TOLERANCE: f64 = 2e-5;
 type Op<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
 
 /// `nn`'s checks, for `textnet selftest` (`--only nn`).
-pub const SUITE: crate::check::Suite = crate::check::Suite { name: "nn", checks, modules };
+pub const SUITE: crate::harness::check::Suite = crate::harness::check::Suite { name: "nn", checks, modules };
 
 /// The modules the checks compile.
 pub fn modules(_plan: &Plan) -> Vec<ModuleRequest> {

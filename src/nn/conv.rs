@@ -15,8 +15,8 @@
 use super::cuda::{self, Place};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, element_count};
-use crate::cpu::Real;
 use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape};
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 /// The four axes of an `[N, C, H, W]` input, or the error naming `op`.

@@ -14,7 +14,7 @@
 use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use crate::ops::dropout::{DropoutKey, Mask};
 use std::sync::Arc;
 

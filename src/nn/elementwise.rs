@@ -9,8 +9,8 @@ use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::shape::{broadcast_shape, broadcast_strides, for_each_offset};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::Real;
 use crate::ops::activations::{Activation, gelu, gelu_grad};
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug)]

@@ -10,7 +10,7 @@
 use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, element_count};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use std::fmt::{Debug, Display};
 use std::sync::Arc;
 

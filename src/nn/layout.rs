@@ -10,7 +10,7 @@ use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::shape::{around, axis_index, contiguous_strides, for_each_offset};
 use super::tensor::{Storage, Tensor, element_count};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use std::ops::Range;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use crate::ops::losses::{softmax_xent, squared_error};
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
 use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::{Mat, Real, gemm};
+use crate::ops::cpu::{Mat, Real, gemm};
 use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use std::sync::Arc;
 

@@ -8,8 +8,8 @@
 use super::cuda::{self, Place, layers as device};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::Real;
 use crate::ops::constant;
+use crate::ops::cpu::Real;
 use crate::ops::layernorm::{layer_norm_backward, layer_norm_rows_eps};
 use std::sync::Arc;
 

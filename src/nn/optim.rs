@@ -16,7 +16,7 @@
 use super::cuda::{self, DeviceBuffer};
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor, lock};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use crate::ops::optim::{OptimConfig, StepScalars, add_squares, clip_scale, update};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

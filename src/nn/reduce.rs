@@ -7,7 +7,7 @@ use super::cuda::{self, Place, ops as device};
 use super::error::{Error, Result};
 use super::shape::{around, axis_index};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::{Real, softmax_in_place};
+use crate::ops::cpu::{Real, softmax_in_place};
 use std::sync::Arc;
 
 /// The sum (or mean, when `mean`) of `x` along `axis`, None for all elements.

@@ -9,7 +9,7 @@
 use super::error::{Error, Result};
 use super::modules::Module;
 use super::tensor::Tensor;
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
 use std::path::Path;
@@ -33,9 +33,9 @@ pub fn save_state_dict<F: Real>(module: &dyn Module<F>, path: impl AsRef<Path>) 
         named.iter().map(|(_, p)| p.to_vec().into_iter().map(|v| v.to_f32().unwrap_or(f32::NAN)).collect()).collect();
     let tensors: Vec<(&str, &[f32], Vec<usize>)> =
         named.iter().zip(&values).map(|((name, p), v)| (name.as_str(), v.as_slice(), p.shape().to_vec())).collect();
-    let bytes = crate::tensorfile::to_bytes(&tensors, Default::default())
+    let bytes = crate::io::tensorfile::to_bytes(&tensors, Default::default())
         .map_err(|e| Error::file(op, path, format!("cannot be encoded: {e:#}")))?;
-    crate::fsutil::write_atomic(path, &bytes)
+    crate::io::fsutil::write_atomic(path, &bytes)
         .map_err(|e| Error::file(op, path, format!("cannot be written: {}", e.root_cause())))
 }
 
@@ -54,7 +54,7 @@ pub fn read_state_dict<F: Real>(path: impl AsRef<Path>) -> Result<StateDict<F>> 
             let problem = format!("holds {name} as {:?}; a state dict is read from F32 tensors only", view.dtype());
             return Err(Error::file(op, path, problem));
         }
-        let values = crate::tensorfile::read_f32(&tensors, &name, view.shape())
+        let values = crate::io::tensorfile::read_f32(&tensors, &name, view.shape())
             .map_err(|e| Error::file(op, path, format!("is not a safetensors file ({e:#})")))?;
         let values = values.into_iter().map(|v| F::from(v).unwrap_or_else(F::nan)).collect();
         state.push((name, Tensor::from_vec(values, view.shape())?));

@@ -11,7 +11,7 @@
 
 use super::cuda::{self, Device, DeviceBuffer};
 use super::error::{Error, Result};
-use crate::cpu::Real;
+use crate::ops::cpu::Real;
 use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,11 +6,13 @@ use num_traits::Float;
 
 /// The hidden-layer activations the pipelines offer, with their derivatives (the same math as
 /// fused/activations.cuh): `Relu` max(0, z), `Sigmoid` 1 / (1 + e^−z) and `Tanh` tanh z.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)] // a variant's doc comment would become clap's --help text for the value
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
+    /// max(0, z)
     Relu,
+    /// 1 / (1 + e^−z)
     Sigmoid,
+    /// tanh z
     Tanh,
 }
 

@@ -222,7 +222,8 @@ pub fn sdp_attention_backward<F: Float>(
 #[cfg(test)]
 mod tests {
     use super::AttentionSizes;
-    use crate::device::{THREADS_PER_BLOCK, kernel_constants};
+    use crate::device::compile::kernel_constants;
+    use crate::ops::THREADS_PER_BLOCK;
 
     #[test]
     fn sizes_match_the_kernel_file() {

@@ -12,7 +12,7 @@
 //! and rounds differently).
 //!
 //! The batch path (`forward_samples`, `backward_samples`, what `textnet fit`'s CPU reference and
-//! `nn::conv2d` run) computes the same sums as matrix products through `crate::cpu::gemm`, the kernel of
+//! `nn::conv2d` run) computes the same sums as matrix products through `crate::ops::cpu::gemm`, the kernel of
 //! the dense layers: each sample's input is unfolded into a `[C·KH·KW][OH·OW]` matrix (`unfold`, zeros in
 //! the padding), its output is W·unfold(x) plus the bias, the weight's gradient adds dy·unfold(x)ᵀ sample
 //! after sample, and the input's gradient is Wᵀ·dy folded back (`fold_add`, in tap order, then output
@@ -25,7 +25,7 @@
 //! first element inside the input (fit.cu's `pool_forward` keeps the sample's element 0 there). The
 //! backward routes each output's gradient to its winner.
 
-use crate::cpu::{Mat, Real, gemm};
+use crate::ops::cpu::{Mat, Real, gemm};
 use num_traits::Float;
 use std::ops::Range;
 

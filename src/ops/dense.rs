@@ -1,6 +1,6 @@
 //! The CPU twin of the dense layer (fused/fit.cu's dense family, `FIT_OP 1`, and fused/transformer.cu's
 //! `tf_linear_forward`/`tf_linear_backward`): y = x·wᵀ + b over rows, in PyTorch's `Linear` layout
-//! (w `[out][in]`, b `[out]`), and its backward, through `crate::cpu::gemm` (one thread, the same shapes
+//! (w `[out][in]`, b `[out]`), and its backward, through `crate::ops::cpu::gemm` (one thread, the same shapes
 //! giving the same rounding).
 //!
 //! The forward writes the bias into every row (or zeros) and adds x·wᵀ to it. The backward forms
@@ -10,7 +10,7 @@
 //! Not every dense layer is this one: the MNIST CNN's two fully connected layers fold each output over
 //! its inputs in order (`mnist::cnn`), a different order of sums from `gemm`'s blocks.
 
-use crate::cpu::{Mat, Real, gemm};
+use crate::ops::cpu::{Mat, Real, gemm};
 
 /// The sizes of a dense layer over a batch: `rows` inputs of `inputs` values, `outputs` values each out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! against the kernel file; and bf16 rounding as gemm_tile_bf16 rounds its operands, for the CPU references
 //! of its products.
 
-use crate::device::THREADS_PER_BLOCK;
+use crate::ops::THREADS_PER_BLOCK;
 
 /// gemm_128's square tile (`G128`).
 pub const G128: usize = 128;
@@ -51,7 +51,7 @@ pub const fn wgmma_shared_floats(stages: usize) -> usize {
 }
 
 /// Floats of shared memory of `Bf16Tile` (fused/gemm_wgmma.cuh), the bf16 tile a compile picks: `wgmma`'s
-/// three stages of 64 k on GPUs that have it (`device::has_wgmma`), else gemm_tile_bf16_async's four
+/// three stages of 64 k on GPUs that have it (`device::compile::has_wgmma`), else gemm_tile_bf16_async's four
 /// stages of 32 k, 128×128 either way.
 pub const fn bf16_tile_shared_floats(wgmma: bool) -> usize {
     if wgmma { wgmma_shared_floats(3) } else { bf16_async_shared_floats(128, 128, 32, 4) }
@@ -82,7 +82,7 @@ pub fn round_bf16(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn sizes_match_the_kernel_file() {

@@ -16,20 +16,18 @@
 //! The scalars of a step (clip factor, bias corrections) are computed once per step on the host side
 //! (`StepScalars`); `update` is then a pure function of slices and those scalars.
 
-use crate::device::Arg;
 use anyhow::{Result, bail};
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// The `--optim` flag: which update rule trains the parameters.
 pub enum OptimKind {
-    /// Plain stochastic gradient descent
+    /// θ ← θ − lr·g
     Sgd,
-    /// SGD with heavy-ball momentum (--momentum, default 0.9)
+    /// Heavy-ball momentum: m ← μ·m + g; θ ← θ − lr·m
     Momentum,
-    /// Adam with bias correction (β1 0.9, β2 0.999, ε 1e-8)
+    /// Adam, bias-corrected
     Adam,
-    /// Adam with decoupled weight decay: θ shrinks by lr·wd·θ each step instead of wd·θ joining the gradient
-    #[value(name = "adamw")]
+    /// Adam after θ ← θ·(1 − lr·wd) (decoupled weight decay)
     AdamW,
 }
 
@@ -101,21 +99,6 @@ pub struct OptimConfig {
 }
 
 impl OptimConfig {
-    /// The kernel arguments `kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm`, in the
-    /// order every fused update kernel takes them (a kernel without clipping takes the first seven).
-    pub fn kernel_args(&self) -> [Arg; 8] {
-        [
-            Arg::i32(self.kind.kernel_code()),
-            Arg::f32(self.lr),
-            Arg::f32(self.momentum),
-            Arg::f32(self.beta1),
-            Arg::f32(self.beta2),
-            Arg::f32(self.eps),
-            Arg::f32(self.weight_decay),
-            Arg::f32(self.clip_norm),
-        ]
-    }
-
     /// `kind` with its default learning rate and hyper-parameters, no weight decay, no clipping.
     pub fn new(kind: OptimKind) -> OptimConfig {
         OptimConfig {
@@ -182,46 +165,6 @@ impl OptimConfig {
             bias1: (1.0 - (self.beta1 as f64).powi(t)) as f32,
             bias2: (1.0 - (self.beta2 as f64).powi(t)) as f32,
         }
-    }
-}
-
-/// The optimizer flags every training command shares (`#[command(flatten)]`); `--optim` defaults to Adam.
-#[derive(clap::Args, Clone, Debug)]
-pub struct OptimArgs {
-    /// Optimizer
-    #[arg(long, value_enum, default_value_t = OptimKind::Adam)]
-    pub optim: OptimKind,
-    /// Learning rate [default: adam 0.001, sgd 0.1, momentum 0.05]
-    #[arg(long, allow_negative_numbers = true)]
-    pub lr: Option<f32>,
-    /// Momentum μ of --optim momentum [default: 0.9]
-    #[arg(long, allow_negative_numbers = true)]
-    pub momentum: Option<f32>,
-    /// Weight decay: L2, added to the gradient as wd·θ (adamw: decoupled, θ shrinks by lr·wd·θ)
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub weight_decay: f32,
-    /// Clip the gradient's global L2 norm to this before each update (0 = off)
-    #[arg(long, visible_alias = "grad-clip", default_value_t = 0.0, allow_negative_numbers = true)]
-    pub clip_norm: f32,
-}
-
-impl OptimArgs {
-    /// The configuration the flags ask for, checked.
-    pub fn config(&self) -> Result<OptimConfig> {
-        let mut config = OptimConfig::new(self.optim);
-        if let Some(lr) = self.lr {
-            config.lr = lr;
-        }
-        if let Some(momentum) = self.momentum {
-            if self.optim != OptimKind::Momentum {
-                bail!("--momentum applies to --optim momentum only (this run uses --optim {})", self.optim.name());
-            }
-            config.momentum = momentum;
-        }
-        config.weight_decay = self.weight_decay;
-        config.clip_norm = self.clip_norm;
-        config.validate()?;
-        Ok(config)
     }
 }
 
@@ -345,15 +288,15 @@ impl Optimizer {
     }
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 /// The `--lr-schedule` flag: how the learning rate moves over a run (after `--warmup`).
 pub enum LrScheduleKind {
-    /// --lr at every step
+    /// The base rate at every step
     #[default]
     Constant,
-    /// Half a cosine from --lr down to --min-lr over the run (nanoGPT's and `CosineAnnealingLR`'s curve)
+    /// Half a cosine from the base rate down to `LrSchedule::min_lr`
     Cosine,
-    /// --lr, ×0.1 from 50 % of the run's steps and ×0.01 from 75 % (`MultiStepLR`, as DenseNet trains)
+    /// The base rate, ×`STEP_DECAY` at half the steps and again at three quarters
     Step,
 }
 
@@ -366,20 +309,6 @@ impl LrScheduleKind {
             LrScheduleKind::Step => "step",
         }
     }
-}
-
-/// The learning-rate schedule flags every training command can share (`#[command(flatten)]`).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct ScheduleArgs {
-    /// How the learning rate moves over the run
-    #[arg(long, value_enum, default_value_t)]
-    pub lr_schedule: LrScheduleKind,
-    /// Optimizer steps of linear warm-up first: step k (from 0) of them runs at --lr × (k + 1) / (N + 1)
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub warmup: usize,
-    /// Where --lr-schedule cosine ends
-    #[arg(long, value_name = "LR", default_value_t = 0.0, allow_negative_numbers = true)]
-    pub min_lr: f32,
 }
 
 /// A learning-rate schedule: the rate of every step from the base rate and the run's length in steps.
@@ -395,22 +324,6 @@ pub struct LrSchedule {
 
 /// The factor of `LrScheduleKind::Step` at each of its milestones.
 pub const STEP_DECAY: f32 = 0.1;
-
-impl ScheduleArgs {
-    /// The schedule the flags ask for, checked against the base rate `lr`.
-    pub fn schedule(&self, lr: f32) -> Result<LrSchedule> {
-        if !(self.min_lr.is_finite() && self.min_lr >= 0.0) {
-            bail!("--min-lr must be a finite number ≥ 0, got {}", self.min_lr);
-        }
-        if self.min_lr > lr {
-            bail!("--min-lr {} is above --lr {lr}: the cosine schedule decays from --lr down to --min-lr", self.min_lr);
-        }
-        if self.min_lr > 0.0 && self.lr_schedule != LrScheduleKind::Cosine {
-            bail!("--min-lr applies to --lr-schedule cosine only (this run uses {})", self.lr_schedule.name());
-        }
-        Ok(LrSchedule { kind: self.lr_schedule, warmup: self.warmup, min_lr: self.min_lr })
-    }
-}
 
 impl LrSchedule {
     /// Ok when the warm-up leaves steps to the schedule in a run of `total` steps.
@@ -506,18 +419,5 @@ mod schedule_tests {
         assert_eq!(warm[2..6], [1.0; 4]);
         assert_eq!(warm[6], 0.1);
         assert_eq!(warm[8], STEP_DECAY.powi(2));
-    }
-
-    #[test]
-    fn the_flags_are_checked() {
-        let args = |kind, warmup, min_lr| ScheduleArgs { lr_schedule: kind, warmup, min_lr };
-        assert!(args(LrScheduleKind::Cosine, 0, 0.01).schedule(0.1).is_ok());
-        let err = args(LrScheduleKind::Cosine, 0, 0.5).schedule(0.1).unwrap_err().to_string();
-        assert!(err.contains("--min-lr 0.5 is above --lr 0.1"), "{err}");
-        let err = args(LrScheduleKind::Step, 0, 0.01).schedule(0.1).unwrap_err().to_string();
-        assert!(err.contains("cosine only"), "{err}");
-        let s = args(LrScheduleKind::Constant, 10, 0.0).schedule(0.1).unwrap();
-        assert!(s.check(11).is_ok());
-        assert!(s.check(10).unwrap_err().to_string().contains("--warmup 10 is as long as the whole run (10"));
     }
 }

@@ -10,9 +10,9 @@ use super::table::{LoadOptions, Schema};
 use super::train::FitSales;
 use crate::datasets::features::Dataset;
 use crate::device::{Backend, Gpu};
+use crate::harness::run::{TEST, Trainer};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
-use crate::run::{TEST, Trainer};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,8 +55,8 @@ fn run_epochs(t: &mut FitSales, rows: usize, epochs: usize, seed: u64, lr: f32) 
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Result<()> {
     let loaded = Instant::now();
     let read = || -> Result<Dataset> {
-        let bytes = crate::fsutil::read_input(&o.table, "table")?;
-        let source = crate::fsutil::shown(&o.table);
+        let bytes = crate::io::fsutil::read_input(&o.table, "table")?;
+        let source = crate::io::fsutil::shown(&o.table);
         let Some(inferred) = o.columns.infer(&source, &bytes, &|line| eprintln!("{line}"))? else {
             return Dataset::load(&o.table, &LoadOptions::new(Schema::sales_tsv()));
         };
@@ -90,7 +90,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     let lr = vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)];
     let mut shuffle = Shuffle::new(rows, o.seed);
     let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();
-    let device_ms = crate::timing::time_on_device(gpu, || {
+    let device_ms = crate::harness::timing::time_on_device(gpu, || {
         for order in &orders {
             timed.set_epoch(order, &lr)?;
             timed.launch_epoch(rows, DEFAULT_BATCH)?;

@@ -7,14 +7,14 @@ use super::model::{self, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_HIDDEN, Evaluati
 use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 use super::train::FitSales;
-use crate::checkpoint::{self, Keep, Keeper};
 use crate::datasets::features::{Dataset, Split, SplitOrder, Stats};
 use crate::device::{self, Backend, DeviceChoice};
-use crate::fsutil;
-use crate::ops::optim::{OptimArgs, ScheduleArgs};
-use crate::report::{self, Display, Divergence, EpochRow, Report};
-use crate::resources::{MemoryNeed, available_memory};
-use crate::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, Trainer, TrainingCommand, Verdict};
+use crate::harness::args::{OptimArgs, ScheduleArgs};
+use crate::harness::checkpoint::{self, Keep, Keeper};
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, Trainer, TrainingCommand, Verdict};
+use crate::io::fsutil;
+use crate::io::resources::{MemoryNeed, available_memory};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -79,13 +79,13 @@ pub struct SalesArgs {
     /// replaced only by one with a lower test MAE (validation MAE with --val-split)
     #[arg(short = 'o', long, default_value = "sales.safetensors")]
     pub out: PathBuf,
-    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::plot::HELP, conflicts_with = "model")]
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP, conflicts_with = "model")]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP, conflicts_with = "model")]
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP, conflicts_with = "model")]
     /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
     pub tensorboard: Option<PathBuf>,
     /// Predict with this model file instead of training (with --predict)
@@ -294,7 +294,7 @@ impl TrainingCommand for SalesArgs {
         if args.batch == 0 {
             bail!("--batch must be at least 1");
         }
-        crate::resources::check_epochs(args.epochs)?;
+        crate::io::resources::check_epochs(args.epochs)?;
         if !(args.split > 0.0 && args.split < 1.0) {
             bail!("--split must be between 0 and 1 (exclusive), got {}", args.split);
         }
@@ -305,7 +305,7 @@ impl TrainingCommand for SalesArgs {
         let lock = fsutil::check_output(&args.out, &[("table", &file)])?;
         let mut inputs = vec![("table", file.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
         let resumed = match &args.resume {
             Some(path) => Some(modelfile::load(path).context("--resume")?),
@@ -602,7 +602,7 @@ impl TrainingCommand for SalesArgs {
             written,
             outcome,
             remedy: "try a lower --lr".into(),
-            plot_failed: crate::plot::training_curves(
+            plot_failed: crate::harness::plot::training_curves(
                 args.plot.as_deref(),
                 &format!(
                     "textnet sales on {}: {} features → {} hidden (ReLU) → {}; {}, batch {}",
@@ -762,14 +762,18 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
     }
     match &args.predictions {
         Some(path) => fsutil::write_atomic(path, out.as_bytes())?,
-        None => crate::console::out(out.trim_end()),
+        None => crate::harness::console::out(out.trim_end()),
     }
     if table.skipped > 0 && !args.quiet {
-        crate::console::err(&format!("skipped {} bad row{}", table.skipped, if table.skipped == 1 { "" } else { "s" }));
+        crate::harness::console::err(&format!(
+            "skipped {} bad row{}",
+            table.skipped,
+            if table.skipped == 1 { "" } else { "s" }
+        ));
     }
     if with_target > 0 && !args.quiet {
         let mae = error_sum / with_target as f64;
-        crate::console::err(&format!("MAE over {with_target} rows with a {}: {mae:.4}", m.target_name));
+        crate::harness::console::err(&format!("MAE over {with_target} rows with a {}: {mae:.4}", m.target_name));
     }
     Ok(())
 }

@@ -29,7 +29,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <bench::SalesBenchArgs as clap::Args>::augment_args,
         run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
     }],
-    models: &[&crate::modelkind::SALES],
+    models: &[&crate::io::modelkind::SALES],
     language_model: None,
     image_classifier: None,
     onnx: None,

@@ -10,11 +10,11 @@
 //! CPU reference and finite-difference checks are `nn::stack`'s. The parameters live in one flat f32 vector, W1 (H×n,
 //! row-major), b1 (H), W2 (1×H), b2 (1): `nn.Linear`'s layouts, and the stack's.
 
-use crate::cpu::SeededRng;
 use crate::datasets::features::{Split, Stats};
 use crate::nn::stack::model::{Loss, Network};
 use crate::nn::stack::spec::{Layer, Shape, Spec};
 use crate::nn::stack::{Samples, Target};
+use crate::ops::cpu::SeededRng;
 use crate::ops::mlp::Parts;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -92,7 +92,7 @@ impl SalesParams {
         for (values, fan_in) in
             [(parts.w1, shape.inputs), (parts.b1, shape.inputs), (parts.w2, shape.hidden), (parts.b2, shape.hidden)]
         {
-            crate::cpu::linear_init(values, fan_in, &mut rng);
+            crate::ops::cpu::linear_init(values, fan_in, &mut rng);
         }
         SalesParams { shape, flat }
     }

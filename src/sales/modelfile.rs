@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The model file's `format` tag.
-pub const KIND: &str = crate::modelkind::SALES.tag;
+pub const KIND: &str = crate::io::modelkind::SALES.tag;
 
 /// A trained model and everything needed to use it on new rows.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,9 +56,9 @@ fn specs(specs: &[ColumnSpec]) -> Vec<String> {
 pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
     let s = &m.schema;
     let metadata = BTreeMap::from([
-        crate::modelkind::SALES.entry(),
+        crate::io::modelkind::SALES.entry(),
         ("hidden".to_string(), m.params.shape.hidden.to_string()),
-        ("textnet".to_string(), crate::report::VERSION.to_string()),
+        ("textnet".to_string(), crate::harness::report::VERSION.to_string()),
         (
             "schema".to_string(),
             json!({
@@ -83,7 +83,7 @@ pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
     ]);
     let p = m.params.parts();
     let (h, n) = (m.params.shape.hidden, m.params.shape.inputs);
-    crate::tensorfile::to_bytes(
+    crate::io::tensorfile::to_bytes(
         &[("w1", p.w1, vec![h, n]), ("b1", p.b1, vec![h]), ("w2", p.w2, vec![1, h]), ("b2", p.b2, vec![1])],
         metadata,
     )
@@ -91,12 +91,12 @@ pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
 
 /// Writes the model to `path` (atomically).
 pub fn save(m: &SalesModel, path: &Path) -> Result<()> {
-    crate::fsutil::write_atomic(path, &to_bytes(m)?)
+    crate::io::fsutil::write_atomic(path, &to_bytes(m)?)
 }
 
 /// Reads a sales model file.
 pub fn load(path: &Path) -> Result<SalesModel> {
-    let bytes = crate::fsutil::read_input(path, "model file")?;
+    let bytes = crate::io::fsutil::read_input(path, "model file")?;
     from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
 }
 
@@ -112,7 +112,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(
 pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();
-    crate::modelkind::SALES.check(Some(&meta), "textnet sales model file")?;
+    crate::io::modelkind::SALES.check(Some(&meta), "textnet sales model file")?;
     let hidden: usize = meta
         .get("hidden")
         .and_then(|h| h.parse().ok())
@@ -187,7 +187,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<SalesModel> {
         bail!("the schema and vocabularies make {inputs} features but the model names {n}");
     }
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| anyhow!("invalid safetensors file: {e}"))?;
-    let read = |name: &str, dims: &[usize]| crate::tensorfile::read_f32(&tensors, name, dims);
+    let read = |name: &str, dims: &[usize]| crate::io::tensorfile::read_f32(&tensors, name, dims);
     let shape = SalesShape { inputs: n, hidden };
     let mut flat = read("w1", &[hidden, n])?;
     flat.extend(read("b1", &[hidden])?);

@@ -7,10 +7,10 @@
 use super::model::{Evaluation, SalesParams, SalesShape, network, samples};
 use crate::datasets::features::{Dataset, Stats};
 use crate::device::Backend;
+use crate::harness::run::Trainer;
 use crate::nn::stack::model::Loss;
 use crate::nn::stack::{self, Samples, StackTrainer, Target};
 use crate::ops::optim::OptimConfig;
-use crate::run::Trainer;
 use anyhow::Result;
 use std::sync::Arc;
 
@@ -88,8 +88,8 @@ impl Trainer for FitSales {
     }
 
     fn evaluate(&mut self, split: usize) -> Result<Evaluation> {
-        crate::run::test_split_only("the sales trainer", split)?;
-        let (squares, outputs) = self.trainer.evaluate(crate::run::TEST)?;
+        crate::harness::run::test_split_only("the sales trainer", split)?;
+        let (squares, outputs) = self.trainer.evaluate(crate::harness::run::TEST)?;
         let Target::Values(y) = &self.test.target else { unreachable!("the sales target is a value") };
         Ok(Evaluation::of(squares, &outputs, y, self.stats.target_std))
     }
@@ -109,7 +109,7 @@ mod tests {
     fn the_default_run_is_precompiled() {
         let net = network(SalesShape { inputs: 19, hidden: DEFAULT_HIDDEN }).unwrap();
         let modules = stack::gpu::trainer_modules(&net, Loss::Mse, DEFAULT_BATCH);
-        let missing: Vec<_> = modules.iter().filter(|m| !crate::device::listed_for_precompiling(m)).collect();
+        let missing: Vec<_> = modules.iter().filter(|m| !crate::device::compile::listed_for_precompiling(m)).collect();
         assert!(missing.is_empty(), "add to fused/precompiled.txt: {missing:?}");
     }
 }

@@ -5,12 +5,12 @@
 
 use super::gpu::GpuTrainer;
 use super::model::{TextParams, TextShape};
-use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::device::precision::Precision;
+use crate::harness::timing::{median, time_graph_launches, time_on_device};
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{LrSchedule, LrScheduleKind};
 use crate::pipeline::BenchOptions;
-use crate::precision::Precision;
-use crate::timing::{median, time_graph_launches, time_on_device};
 use anyhow::{Context, Result};
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -338,7 +338,7 @@ pub fn quality(gpu: &Arc<Gpu>, _: &BenchOptions, args: &QualityArgs) -> Result<(
     std::fs::write(args.dump.join("tokens.u32"), words(&tokens))?;
     std::fs::write(args.dump.join("order.u32"), words(&order))?;
     std::fs::write(args.dump.join("val.u32"), words(&val))?;
-    let init = crate::tensorfile::to_bytes(&params.tensors(), Default::default())?;
+    let init = crate::io::tensorfile::to_bytes(&params.tensors(), Default::default())?;
     std::fs::write(args.dump.join("init.safetensors"), init)?;
     let run = serde_json::json!({"batch": batch, "lr": lr, "precision": args.precision.name()});
     std::fs::write(args.dump.join("run.json"), serde_json::to_string_pretty(&run)?)?;

@@ -16,9 +16,9 @@
 use super::TextTrainer;
 use super::gpu::GpuTrainer;
 use super::model::{self, TextParams, TextShape, context_of};
-use crate::check::{Check, Group, Plan, kink_ratio, rel_error, worst};
-use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::harness::check::{Check, Group, Plan, kink_ratio, rel_error, worst};
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind, Optimizer};
 use anyhow::{Result, bail};
 use rand::RngExt;
@@ -84,7 +84,7 @@ fn kernel_cases(plan: &Plan) -> impl Iterator<Item = (TextShape, usize)> {
 }
 
 /// The kernel modules the plan's checks compile.
-pub fn modules(plan: &Plan) -> Vec<crate::device::ModuleRequest> {
+pub fn modules(plan: &Plan) -> Vec<crate::device::compile::ModuleRequest> {
     let mut cases = Vec::new();
     if plan.wants(Group::Kernels) {
         cases.extend(kernel_cases(plan));
@@ -523,8 +523,8 @@ pub const BF16_TWIN_TOLERANCE: f64 = 1.0 / 4096.0;
 /// at lr = 100 as `tiled_checks`; and W2's bf16 copy after it, which the next step reads, to the bit.
 pub fn tiled_bf16_checks(gpu: &Arc<Gpu>, s: TextShape, batch: usize, rng: &mut SeededRng) -> Result<Vec<Check>> {
     use super::cpu_batch::gradients_at;
+    use crate::device::precision::Precision;
     use crate::ops::gemm::{bf16_value, round_bf16};
-    use crate::precision::Precision;
     const TOL: f64 = BF16_TWIN_TOLERANCE;
     let lr = 100.0f32;
     let (p, tokens, positions) = random_problem(s, batch, rng);

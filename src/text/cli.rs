@@ -9,13 +9,14 @@ use super::modelfile::TextModel;
 use super::tokenizer::Tokenizer;
 use super::train::{self, EpochMetrics, Progress, TrainOptions, TrainRun};
 use super::{CpuTrainer, TextTrainer};
-use crate::checkpoint::{self, Keep, Keeper};
+use crate::device::precision::Precision;
 use crate::device::{self, Backend, DeviceChoice};
-use crate::interrupt;
-use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, ScheduleArgs};
-use crate::precision::Precision;
-use crate::report::{self, Display, EpochRow, Report, Status};
-use crate::run::{self, Ending, TrainingCommand};
+use crate::harness::args::ScheduleArgs;
+use crate::harness::checkpoint::{self, Keep, Keeper};
+use crate::harness::interrupt;
+use crate::harness::report::{self, Display, EpochRow, Report, Status};
+use crate::harness::run::{self, Ending, TrainingCommand};
+use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -33,13 +34,13 @@ pub struct TrainArgs {
     /// Which epoch the model file holds: the one of lowest validation loss, or the last
     #[arg(long, value_enum, default_value_t = Keep::Best)]
     pub keep: Keep,
-    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
     /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
     pub tensorboard: Option<PathBuf>,
     /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
@@ -138,7 +139,7 @@ impl TrainArgs {
             }
         }
         if let Some(epochs) = self.epochs {
-            crate::resources::check_epochs(epochs)?;
+            crate::io::resources::check_epochs(epochs)?;
         }
         if let Some(lr) = self.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
             bail!("--lr must be a positive finite number, got {lr}");
@@ -291,7 +292,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
 
 /// What `setup` read, checked and built for `train`.
 pub struct Prepared {
-    _lock: crate::fsutil::OutputLock,
+    _lock: crate::io::fsutil::OutputLock,
     summary: Summary,
     display: Display,
     trainer: Box<dyn TextTrainer>,
@@ -306,7 +307,7 @@ pub struct Prepared {
 
 /// What `train` hands to `finish`.
 pub struct Trained {
-    _lock: crate::fsutil::OutputLock,
+    _lock: crate::io::fsutil::OutputLock,
     summary: Summary,
     bar: EpochBar,
     run: Result<TrainRun>,
@@ -319,10 +320,10 @@ impl TrainingCommand for TrainArgs {
     fn setup(&self) -> Result<Prepared> {
         let args = self;
         args.validate()?;
-        let lock = crate::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let lock = crate::io::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
         let mut inputs = vec![("corpus", args.corpus.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         let resumed = match &args.resume {
             Some(path) => Some(TextModel::load(path).context("--resume")?),
             None => None,
@@ -357,7 +358,7 @@ impl TrainingCommand for TrainArgs {
             .log_every(args.log_every)
             .tensorboard(args.tensorboard.as_deref())?;
         let batch = plan.batch.min(split.train.len());
-        shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::resources::available_memory())?;
+        shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::io::resources::available_memory())?;
         let params = match resumed {
             Some(model) => model.params,
             None => TextParams::init(shape, args.seed),
@@ -492,7 +493,7 @@ impl TrainingCommand for TrainArgs {
             written: keeper.kept.is_some(),
             outcome,
             remedy: format!("try a lower --lr (this run used {})", plan.lr),
-            plot_failed: crate::plot::training_curves(
+            plot_failed: crate::harness::plot::training_curves(
                 args.plot.as_deref(),
                 &summary.plot_title(args),
                 &epochs.iter().map(epoch_row).collect::<Vec<_>>(),
@@ -518,7 +519,7 @@ impl TrainingCommand for TrainArgs {
 /// not a text model is refused rather than overwritten.
 fn existing_out(out: &Path, resume: Option<&Path>) -> Result<Option<TextModel>> {
     let Ok(meta) = std::fs::metadata(out) else { return Ok(None) };
-    if meta.len() == 0 || resume.is_some_and(|r| crate::fsutil::same_file(r, out)) {
+    if meta.len() == 0 || resume.is_some_and(|r| crate::io::fsutil::same_file(r, out)) {
         return Ok(None);
     }
     TextModel::load(out).map(Some).map_err(|e| {
@@ -543,7 +544,7 @@ fn check_resumable(corpus: &Corpus, model: &Path, corpus_path: &Path) -> Result<
              would teach it to predict <unk>; train a new model on this corpus instead (without --resume)",
             model.display(),
             100.0 * unknown,
-            crate::fsutil::shown(corpus_path)
+            crate::io::fsutil::shown(corpus_path)
         );
     }
     Ok(())
@@ -670,7 +671,7 @@ impl Summary {
         let (shape, plan) = (self.shape, self.plan);
         format!(
             "textnet train on {}: context {}, embed {}, hidden {}; {}, batch {}",
-            crate::fsutil::shown(&args.corpus),
+            crate::io::fsutil::shown(&args.corpus),
             shape.context,
             shape.embed,
             shape.hidden,
@@ -810,7 +811,7 @@ fn batch_lr_note(plan: Plan) -> Option<String> {
         format!(
             "note: --batch {batch} averages {batch} samples' gradients per step, so at the single-sample --lr {DEFAULT_LR} an \
              epoch moves the model about {batch} times less; try --lr {} ({DEFAULT_LR} × {batch})",
-            crate::report::decimal(DEFAULT_LR * batch as f32)
+            crate::harness::report::decimal(DEFAULT_LR * batch as f32)
         )
     })
 }

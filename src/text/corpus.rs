@@ -40,23 +40,23 @@ pub struct Corpus {
 impl Corpus {
     /// Reads and tokenizes the corpus file at `path`; `-` reads standard input to its end.
     pub fn read(path: &Path, options: CorpusOptions) -> Result<Corpus> {
-        let mut bytes = crate::fsutil::read_input(path, "corpus")?;
+        let mut bytes = crate::io::fsutil::read_input(path, "corpus")?;
         // A byte-order mark is no text: left in, it would become a token of its own.
         if bytes.starts_with(UTF8_BOM) {
             bytes.drain(..UTF8_BOM.len());
         }
         if bytes.is_empty() {
-            bail!("corpus {} is empty", crate::fsutil::shown(path));
+            bail!("corpus {} is empty", crate::io::fsutil::shown(path));
         }
         let text = std::str::from_utf8(&bytes).map_err(|e| {
             let offset = e.valid_up_to();
             anyhow::anyhow!(
                 "corpus {} is not UTF-8 text: invalid byte 0x{:02X} at byte offset {offset} (convert it to UTF-8 first)",
-                crate::fsutil::shown(path),
+                crate::io::fsutil::shown(path),
                 bytes[offset]
             )
         })?;
-        Corpus::from_text(text, options).with_context(|| format!("corpus {}", crate::fsutil::shown(path)))
+        Corpus::from_text(text, options).with_context(|| format!("corpus {}", crate::io::fsutil::shown(path)))
     }
 
     /// The corpus in the ids of `vocab` (a saved model's), tokens outside it becoming `<unk>`.

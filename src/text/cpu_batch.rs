@@ -27,9 +27,9 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, Grads, TextParams, TextShape, context_of};
-use crate::cpu::{Mat, gemm, top_k};
+use crate::device::precision::Precision;
+use crate::ops::cpu::{Mat, gemm, top_k};
 use crate::ops::gemm::round_bf16;
-use crate::precision::Precision;
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -240,7 +240,7 @@ pub fn gradients_at(p: &TextParams, tokens: &[u32], positions: &[u32], precision
 
 /// θ ← θ − lr·g over a dense tensor, its elements shared out over the threads.
 fn par_sgd(theta: &mut [f32], g: &[f32], lr: f32) {
-    theta.par_chunks_mut(1 << 14).zip(g.par_chunks(1 << 14)).for_each(|(t, g)| crate::cpu::axpy(-lr, g, t));
+    theta.par_chunks_mut(1 << 14).zip(g.par_chunks(1 << 14)).for_each(|(t, g)| crate::ops::cpu::axpy(-lr, g, t));
 }
 
 /// Loss and top-1/top-5 hits over `positions`, in chunks of `EVAL_CHUNK` samples.
@@ -307,7 +307,7 @@ impl BatchTrainer {
         let scale = -lr / n as f32;
         for (s, &pos) in positions.iter().enumerate() {
             for &t in context_of(&self.tokens, pos, n) {
-                crate::cpu::axpy(scale, &g.dx[s * d..][..d], &mut p.embedding[t as usize * d..][..d]);
+                crate::ops::cpu::axpy(scale, &g.dx[s * d..][..d], &mut p.embedding[t as usize * d..][..d]);
             }
         }
         loss

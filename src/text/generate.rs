@@ -6,8 +6,8 @@ use super::model::{Activations, forward};
 use super::modelfile::TextModel;
 use super::predict::quoted;
 use super::vocab::UNK_ID;
-use crate::cpu::SeededRng;
-use crate::sampling::{Generator, Prompt, Sampling, continuation};
+use crate::ops::cpu::SeededRng;
+use crate::ops::sampling::{Generator, Prompt, Sampling, continuation};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 

@@ -59,8 +59,8 @@ impl CpuTrainer {
 
 /// Ok for the precisions the text model offers: fp32, and bf16 for its three V×H products (TF32 is not
 /// offered: at the batches where the tensor cores pay, bf16 has the same fp32 sums at twice TF32's rate).
-pub fn check_precision(precision: crate::precision::Precision) -> Result<()> {
-    if precision == crate::precision::Precision::Tf32 {
+pub fn check_precision(precision: crate::device::precision::Precision) -> Result<()> {
+    if precision == crate::device::precision::Precision::Tf32 {
         bail!("--precision tf32 is not available for the text model: use fp32 or bf16");
     }
     Ok(())
@@ -146,7 +146,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
             run: |gpu, options, m| bench::quality(gpu, options, &crate::pipeline::parsed(m)?),
         },
     ],
-    models: &[&crate::modelkind::TEXT],
+    models: &[&crate::io::modelkind::TEXT],
     language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
     image_classifier: None,
     onnx: None,

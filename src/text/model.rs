@@ -9,8 +9,8 @@
 //!
 //! Layouts are row-major: E is V×D, W1 is H×D, W2 is V×H.
 
-use crate::cpu::SeededRng;
-use crate::cpu::{axpy, dot, top_k};
+use crate::ops::cpu::SeededRng;
+use crate::ops::cpu::{axpy, dot, top_k};
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal, Uniform};
@@ -60,12 +60,12 @@ impl TextShape {
     /// keeps none on the host; a CPU step of `batch` samples adds their forward values, ∂h and ∂x (its
     /// dense gradients are smaller than the two copies that exist only while saving); the token stream
     /// is copied once for the trainer and the training positions once for the shuffle.
-    pub fn training_memory(&self, batch: usize, tokens: usize, on_cpu: bool) -> crate::resources::MemoryNeed {
+    pub fn training_memory(&self, batch: usize, tokens: usize, on_cpu: bool) -> crate::io::resources::MemoryNeed {
         let [v, d, h, b] = [self.vocab, self.embed, self.hidden, batch].map(|n| n as u64);
         let copies: u64 = if on_cpu { 4 } else { 3 };
         let per_sample = 2 * d + 3 * h + 2 * v;
         let activations = if on_cpu { b.saturating_mul(per_sample).saturating_mul(4) } else { 0 };
-        crate::resources::MemoryNeed {
+        crate::io::resources::MemoryNeed {
             parts: vec![
                 (
                     "parameters and their copies",

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// The model file's `format` tag.
-pub const FORMAT: &str = crate::modelkind::TEXT.tag;
+pub const FORMAT: &str = crate::io::modelkind::TEXT.tag;
 /// Version of the model file layout, in its metadata.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -44,7 +44,7 @@ impl TextModel {
             bail!("internal: the vocabulary has {} tokens but the model {}", self.vocab.len(), shape.vocab);
         }
         let metadata = BTreeMap::from([
-            crate::modelkind::TEXT.entry(),
+            crate::io::modelkind::TEXT.entry(),
             ("format_version".to_string(), FORMAT_VERSION.to_string()),
             ("vocab_size".to_string(), shape.vocab.to_string()),
             ("embed".to_string(), shape.embed.to_string()),
@@ -57,17 +57,17 @@ impl TextModel {
         let tensors = self.params.tensors();
         let tensors: Vec<(&str, &[f32], Vec<usize>)> =
             tensors.iter().map(|(name, values, dims)| (*name, *values, dims.clone())).collect();
-        crate::tensorfile::to_bytes(&tensors, metadata)
+        crate::io::tensorfile::to_bytes(&tensors, metadata)
     }
 
     /// Writes the model to `path` (atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
-        crate::fsutil::write_atomic(path, &self.to_bytes()?)
+        crate::io::fsutil::write_atomic(path, &self.to_bytes()?)
     }
 
     /// Reads a text model file.
     pub fn load(path: &Path) -> Result<TextModel> {
-        let bytes = crate::fsutil::read_input(path, "model file")?;
+        let bytes = crate::io::fsutil::read_input(path, "model file")?;
         TextModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
     }
 
@@ -78,7 +78,7 @@ impl TextModel {
         let no_metadata = HashMap::new();
         let meta = Metadata(header.metadata().as_ref().unwrap_or(&no_metadata));
 
-        crate::modelkind::TEXT.check(header.metadata().as_ref(), "text model of textnet train")?;
+        crate::io::modelkind::TEXT.check(header.metadata().as_ref(), "text model of textnet train")?;
         let version: u32 = meta.parse("format_version")?;
         if version != FORMAT_VERSION {
             bail!("format version {version} is not supported (this textnet reads version {FORMAT_VERSION})");

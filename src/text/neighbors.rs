@@ -4,8 +4,8 @@
 
 use super::modelfile::TextModel;
 use super::vocab::UNK_ID;
-use crate::console;
-use crate::cpu::{dot, top_k};
+use crate::harness::console;
+use crate::ops::cpu::{dot, top_k};
 use anyhow::{Result, bail};
 use serde::Serialize;
 use serde_json::json;

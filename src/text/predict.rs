@@ -5,9 +5,9 @@
 use super::model::{Activations, forward};
 use super::modelfile::TextModel;
 use super::vocab::UNK_ID;
-use crate::console;
-use crate::cpu::top_k;
 use crate::device::{self, DeviceChoice};
+use crate::harness::console;
+use crate::ops::cpu::top_k;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::json;

@@ -9,10 +9,10 @@ use super::gpu::GpuTrainer;
 use super::model::{EvalSums, TextParams};
 use super::{CpuTrainer, TextTrainer};
 use crate::device::Backend;
+use crate::device::precision::Precision;
+use crate::harness::report::Divergence;
+use crate::harness::run::{self, EpochHooks, EpochPlan, EpochTrained, Trainer, Verdict};
 use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, Optimizer};
-use crate::precision::Precision;
-use crate::report::Divergence;
-use crate::run::{self, EpochHooks, EpochPlan, EpochTrained, Trainer, Verdict};
 use anyhow::{Result, bail};
 use std::sync::Arc;
 

@@ -9,12 +9,12 @@
 use super::data::{self, Corpus};
 use super::gpu::GpuTransformer;
 use super::model::{self, Config};
-use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::device::precision::Precision;
+use crate::harness::timing::time_on_device;
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
-use crate::precision::Precision;
-use crate::timing::time_on_device;
 use anyhow::Result;
 use rand::SeedableRng;
 use std::path::PathBuf;

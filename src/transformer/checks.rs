@@ -23,13 +23,13 @@
 use super::data::{self, CharVocab, Corpus, UNKNOWN};
 use super::gpu::{GpuTransformer, module_request};
 use super::model::{self, Config, CpuTrainer, Dropout, Layout};
-use crate::check::{Check, Group, Plan, rel_error, worst};
-use crate::cpu::SeededRng;
-use crate::device::{Gpu, ModuleRequest};
+use crate::device::precision::Precision;
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Group, Plan, rel_error, worst};
+use crate::ops::cpu::SeededRng;
 use crate::ops::dropout::DropoutKey;
 use crate::ops::gemm::{bf16_value, round_bf16};
 use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind};
-use crate::precision::Precision;
 use anyhow::Result;
 use rand::RngExt;
 use rand_distr::{Distribution, Normal};
@@ -488,7 +488,7 @@ fn reference_lse(qkv: &[f64], n: usize, heads: usize, hs: usize) -> Vec<f64> {
 /// with NaN first), against `attention` and `attention_backward` in f64: y, lse, dq, dk, dv.
 fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) -> Result<Vec<Check>> {
     use super::gpu::flash::{FlashAttention, FlashSizes, no_dropout};
-    use crate::device::Arg;
+    use crate::device::launch::Arg;
     use crate::ops::attention::{AttentionDropout, attention, attention_backward};
     use crate::ops::dropout::{Mask, dropout_scale, dropout_threshold, mix32};
     let config = flash_config(s);

@@ -12,16 +12,17 @@ use super::gpu::GpuTransformer;
 use super::gpu::parallel::Replicas;
 use super::model::{self, Config, CpuTrainer};
 use super::modelfile::TransformerModel;
-use crate::checkpoint;
-use crate::cpu::SeededRng;
+use crate::device::parallel::{ParallelArgs, Plan};
+use crate::device::precision::Precision;
 use crate::device::{self, Backend, DeviceChoice};
-use crate::fsutil;
-use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind, ScheduleArgs};
-use crate::parallel::{ParallelArgs, Plan};
-use crate::precision::Precision;
-use crate::report::{self, Display, Divergence, EpochRow, Report};
-use crate::resources::{self, MemoryNeed};
-use crate::run::{self, Ending, TrainingCommand};
+use crate::harness::args::ScheduleArgs;
+use crate::harness::checkpoint;
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::run::{self, Ending, TrainingCommand};
+use crate::io::fsutil;
+use crate::io::resources::{self, MemoryNeed};
+use crate::ops::cpu::SeededRng;
+use crate::ops::optim::{LrSchedule, OptimConfig, OptimKind};
 use anyhow::{Context, Result, anyhow, bail};
 use rand::SeedableRng;
 use serde_json::json;
@@ -104,13 +105,13 @@ pub struct TransformerArgs {
     /// block) is replaced only by one of equal or lower validation loss on this run's validation windows
     #[arg(short = 'o', long, default_value = "transformer.safetensors")]
     pub out: PathBuf,
-    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
     /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
     pub tensorboard: Option<PathBuf>,
     /// Continue training this Transformer model file, with its shape and vocabulary (which is why --layers,
@@ -333,7 +334,7 @@ pub fn run(args: TransformerArgs) -> Result<()> {
 pub struct Setup {
     _lock: Option<fsutil::OutputLock>,
     /// The links to the other ranks of a multi-process run, watched until it ends.
-    watch: Option<crate::rendezvous::Watch>,
+    watch: Option<crate::device::rendezvous::Watch>,
     /// Whether this process writes --out (every process but ranks other than 0).
     writes: bool,
     display: Display,
@@ -411,7 +412,7 @@ impl TrainingCommand for TransformerArgs {
         let mut inputs = vec![("corpus", args.corpus.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
         if writes {
-            crate::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+            crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
         }
         let existing = match writes {
             true => fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?,
@@ -449,7 +450,7 @@ impl TrainingCommand for TransformerArgs {
         // Every rank, the silent ones too, says whom it waits for at the rendezvous (up to minutes).
         let announce = |line: &str| {
             if !args.quiet {
-                crate::console::err(line);
+                crate::harness::console::err(line);
             }
         };
         let mut opened = plan.open(args.device, || args.fingerprint(&corpus), announce)?;
@@ -620,7 +621,7 @@ impl TrainingCommand for TransformerArgs {
             written,
             outcome: if interrupted && written { so_far } else { outcome },
             remedy,
-            plot_failed: crate::plot::training_curves(
+            plot_failed: crate::harness::plot::training_curves(
                 args.plot.as_deref().filter(|_| writes),
                 &format!(
                     "textnet transformer on {}: {} layer{}, {} heads, embed {}, block {}; AdamW lr {}, batch {}",
@@ -778,7 +779,7 @@ impl TransformerArgs {
             display.record_steps(before + 1, &losses);
             display.record(done, &row);
             progress.rows.push(row);
-            if crate::interrupt::requested() {
+            if crate::harness::interrupt::requested() {
                 break;
             }
         }

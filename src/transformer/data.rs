@@ -7,7 +7,7 @@
 //! alike). The first floor(0.9·n) ids train, the rest validate. A window at offset o takes the inputs
 //! `ids[o..o+T]` and the targets `ids[o+1..o+T+1]`.
 
-use crate::cpu::SeededRng;
+use crate::ops::cpu::SeededRng;
 use anyhow::{Result, anyhow, bail};
 use rand::{RngExt, SeedableRng};
 use std::collections::HashMap;
@@ -110,8 +110,8 @@ pub struct Corpus {
 impl Corpus {
     /// Reads the corpus file at `path` (see `from_bytes`).
     pub fn load(path: &Path, max_vocab: usize, block: usize) -> Result<Corpus> {
-        let bytes = crate::fsutil::read_input(path, "corpus")?;
-        Corpus::from_bytes(&bytes, &format!("corpus {}", crate::fsutil::shown(path)), max_vocab, block)
+        let bytes = crate::io::fsutil::read_input(path, "corpus")?;
+        Corpus::from_bytes(&bytes, &format!("corpus {}", crate::io::fsutil::shown(path)), max_vocab, block)
     }
 
     /// The corpus `bytes` (UTF-8 text; `what` names it in messages, e.g. "corpus data/tiny.txt") with its

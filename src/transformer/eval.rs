@@ -7,8 +7,8 @@
 use super::data::utf8;
 use super::model;
 use super::modelfile::TransformerModel;
-use crate::cpu::top_k;
-use crate::eval::{EvalArgs, Evaluation};
+use crate::commands::eval::{EvalArgs, Evaluation};
+use crate::ops::cpu::top_k;
 use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -21,8 +21,8 @@ pub fn evaluate(bytes: &[u8], args: &EvalArgs, bar: &ProgressBar) -> Result<Eval
         );
     }
     let model = TransformerModel::from_bytes(bytes).with_context(|| format!("model file {}", args.model.display()))?;
-    let what = format!("corpus {}", crate::fsutil::shown(&args.corpus));
-    let raw = crate::fsutil::read_input(&args.corpus, "corpus")?;
+    let what = format!("corpus {}", crate::io::fsutil::shown(&args.corpus));
+    let raw = crate::io::fsutil::read_input(&args.corpus, "corpus")?;
     let text = utf8(&raw, &what)?;
     // A byte-order mark is no text.
     let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);

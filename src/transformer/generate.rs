@@ -6,7 +6,7 @@
 use super::data::UNKNOWN_ID;
 use super::model;
 use super::modelfile::TransformerModel;
-use crate::sampling::{Generator, Prompt};
+use crate::ops::sampling::{Generator, Prompt};
 use anyhow::Result;
 
 /// The context of an unconditional sample (not printed).

@@ -33,7 +33,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: <bench::TransformerBenchArgs as clap::Args>::augment_args,
         run: |gpu, options, m| bench::bench(gpu, options, &crate::pipeline::parsed(m)?),
     }],
-    models: &[&crate::modelkind::TRANSFORMER],
+    models: &[&crate::io::modelkind::TRANSFORMER],
     language_model: Some(crate::pipeline::LanguageModel { open: generate::open, evaluate: eval::evaluate }),
     image_classifier: None,
     onnx: Some(crate::pipeline::OnnxExport { export: onnx::export_file }),

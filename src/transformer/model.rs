@@ -28,10 +28,10 @@
 //! there are several, and their parameter gradients are added in sequence order, so a run repeats to
 //! the bit whatever the thread count.
 
-use crate::cpu::{Real, SeededRng};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::attention::{AttentionDropout, attention, attention_backward};
 use crate::ops::constant;
+use crate::ops::cpu::{Real, SeededRng};
 use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use crate::ops::dropout::{DropoutKey, Mask};
 use crate::ops::layernorm::{layer_norm_backward, layer_norm_rows};

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// The model file's `format` tag.
-pub const FORMAT: &str = crate::modelkind::TRANSFORMER.tag;
+pub const FORMAT: &str = crate::io::modelkind::TRANSFORMER.tag;
 
 /// A trained transformer and what it takes to use it.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,7 +52,7 @@ impl TransformerModel {
         }
         let chars: Vec<String> = self.vocab.chars().iter().map(char::to_string).collect();
         let metadata = BTreeMap::from([
-            crate::modelkind::TRANSFORMER.entry(),
+            crate::io::modelkind::TRANSFORMER.entry(),
             ("vocab".to_string(), serde_json::to_string(&chars)?),
             ("block".to_string(), c.block.to_string()),
             ("embed".to_string(), c.embed.to_string()),
@@ -69,17 +69,17 @@ impl TransformerModel {
             let tok = layout.get("tok_emb.weight").expect("every model has tok_emb");
             tensors.push(("head.weight", &self.params[tok.range()], tok.shape.clone()));
         }
-        crate::tensorfile::to_bytes(&tensors, metadata)
+        crate::io::tensorfile::to_bytes(&tensors, metadata)
     }
 
     /// Writes the model to `path` (atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
-        crate::fsutil::write_atomic(path, &self.to_bytes()?)
+        crate::io::fsutil::write_atomic(path, &self.to_bytes()?)
     }
 
     /// Reads a Transformer model file.
     pub fn load(path: &Path) -> Result<TransformerModel> {
-        let bytes = crate::fsutil::read_input(path, "model file")?;
+        let bytes = crate::io::fsutil::read_input(path, "model file")?;
         TransformerModel::from_bytes(&bytes).with_context(|| format!("model file {}", path.display()))
     }
 
@@ -88,7 +88,7 @@ impl TransformerModel {
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
         let no_metadata = HashMap::new();
         let meta = header.metadata().as_ref().unwrap_or(&no_metadata);
-        crate::modelkind::TRANSFORMER.check(Some(meta), "textnet transformer model file")?;
+        crate::io::modelkind::TRANSFORMER.check(Some(meta), "textnet transformer model file")?;
         let entry =
             |key: &str| meta.get(key).map(String::as_str).ok_or_else(|| anyhow!("metadata entry {key:?} is missing"));
         let number = |key: &str| -> Result<usize> {
@@ -135,7 +135,7 @@ impl TransformerModel {
         let layout = Layout::new(&config);
         let mut params = Vec::with_capacity(layout.len());
         for t in layout.tensors() {
-            params.extend(crate::tensorfile::read_f32(&tensors, &t.name, &t.shape)?);
+            params.extend(crate::io::tensorfile::read_f32(&tensors, &t.name, &t.shape)?);
         }
         if !params.iter().all(|v| v.is_finite()) {
             bail!("the parameters contain NaN or infinite values");

@@ -17,7 +17,7 @@
 
 use super::model::{Config, Layout, head_weight};
 use super::modelfile::TransformerModel;
-use crate::onnx::{BATCH, Dim, Graph, float, int, ints};
+use crate::io::onnx::{BATCH, Dim, Graph, float, int, ints};
 use anyhow::Result;
 
 /// The symbolic sequence-length dimension of the input and output.

@@ -15,10 +15,10 @@
 
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, XorParams};
-use crate::check::{Check, Group, Plan, kink_ratio, rel_error};
-use crate::cpu::SeededRng;
-use crate::device::{Gpu, ModuleRequest};
+use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::check::{Check, Group, Plan, kink_ratio, rel_error};
 use crate::ops::activations::Activation;
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{LrSchedule, LrScheduleKind};
 use anyhow::Result;
 use rand::RngExt;

@@ -5,14 +5,15 @@
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, MAX_HIDDEN, TARGETS, XorParams};
 use super::modelfile;
-use crate::checkpoint;
 use crate::device::{self, Backend, DeviceChoice};
-use crate::fsutil;
+use crate::harness::args::ScheduleArgs;
+use crate::harness::checkpoint;
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::run::{self, Ending, TrainingCommand};
+use crate::io::fsutil;
+use crate::io::resources::{self, MemoryNeed};
 use crate::ops::activations::Activation;
-use crate::ops::optim::{LrSchedule, ScheduleArgs};
-use crate::report::{self, Display, Divergence, EpochRow, Report};
-use crate::resources::{self, MemoryNeed};
-use crate::run::{self, Ending, TrainingCommand};
+use crate::ops::optim::LrSchedule;
 use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -50,13 +51,13 @@ pub struct XorArgs {
     /// better one (lower loss)
     #[arg(short = 'o', long, default_value = "xor.safetensors")]
     pub out: PathBuf,
-    #[arg(long, help = crate::checkpoint::OVERWRITE_HELP)]
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
     /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
     pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::plot::HELP)]
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
     /// Draw the training curves to this picture (the help text is `plot::HELP`).
     pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::report::TENSORBOARD_HELP)]
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
     /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
     pub tensorboard: Option<PathBuf>,
     /// Print errors only (the --json report still comes)
@@ -122,7 +123,7 @@ impl TrainingCommand for XorArgs {
         let args = self;
         let schedule = check_args(args)?;
         let lock = fsutil::check_output(&args.out, &[])?;
-        crate::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
+        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
         let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
         let display = Display::new(args.quiet, args.json, args.epochs).tensorboard(args.tensorboard.as_deref())?;
         let (backend, device_line) = device::select_described(args.device)?;
@@ -279,7 +280,7 @@ impl TrainingCommand for XorArgs {
             written,
             outcome,
             remedy: format!("try a lower --lr (this run used {})", args.lr),
-            plot_failed: crate::plot::training_curves(args.plot.as_deref(), &title, &rows, &display),
+            plot_failed: crate::harness::plot::training_curves(args.plot.as_deref(), &title, &rows, &display),
         };
         if args.json || args.tensorboard.is_some() {
             let final_metrics = written.then(|| {

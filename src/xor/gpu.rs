@@ -1,7 +1,7 @@
 //! The XOR run on the GPU: the whole of it in one launch of fused/xor.cu (see its header for why).
 
 use super::model::{MAX_HIDDEN, XorParams};
-use crate::device::{Arg, Gpu, Kernel, ModuleRequest};
+use crate::device::{Gpu, compile::ModuleRequest, launch::Arg, launch::Kernel};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;

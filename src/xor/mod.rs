@@ -26,7 +26,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         args: |command| command,
         run: |gpu, options, _| bench::bench(gpu, options.repeats, options.json),
     }],
-    models: &[&crate::modelkind::XOR],
+    models: &[&crate::io::modelkind::XOR],
     language_model: None,
     image_classifier: None,
     onnx: None,

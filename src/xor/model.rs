@@ -5,8 +5,8 @@
 //! trained by full-batch SGD. The arithmetic runs in the kernel's order (hidden units in turn, the four
 //! points in turn) so the two read side by side.
 
-use crate::cpu::SeededRng;
 use crate::ops::activations::Activation;
+use crate::ops::cpu::SeededRng;
 use crate::ops::losses::squared_error;
 use rand::SeedableRng;
 
@@ -39,7 +39,7 @@ impl XorParams {
         let mut rng = SeededRng::seed_from_u64(seed);
         let mut uniform = |fan_in: usize, n: usize| -> Vec<f32> {
             let mut values = vec![0.0; n];
-            crate::cpu::linear_init(&mut values, fan_in, &mut rng);
+            crate::ops::cpu::linear_init(&mut values, fan_in, &mut rng);
             values
         };
         let w1 = uniform(2, 2 * hidden);

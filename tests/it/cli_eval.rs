@@ -86,7 +86,8 @@ fn eval_scores_a_transformer_per_character_with_the_text_models_report() {
     // The human report names the unit, and writes its counts with thousands separators.
     let human = String::from_utf8(eval_on(2, &transformer, &corpus, &[]).stdout).unwrap();
     assert!(human.contains(" characters (") && human.contains("per character (perplexity"), "{human}");
-    let (characters, samples) = (textnet::report::count(ids.len()), textnet::report::count(ids.len() - 1));
+    let (characters, samples) =
+        (textnet::harness::report::count(ids.len()), textnet::harness::report::count(ids.len() - 1));
     assert!(characters.contains(','), "the corpus has over 1,000 characters: {characters}");
     assert!(human.contains(&format!(": {characters} characters (")), "{human}");
     assert!(human.contains(&format!(", {samples} samples\n")), "{human}");

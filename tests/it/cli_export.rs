@@ -8,9 +8,9 @@ use prost::Message;
 use std::path::Path;
 use textnet::fit::data::{InputSchema, TargetInfo};
 use textnet::fit::modelfile::{self, FitModel};
+use textnet::io::onnx::{ModelProto, ValueInfoProto};
 use textnet::nn::stack::model::{Init, Loss, Network};
 use textnet::nn::stack::spec::{self, Shape};
-use textnet::onnx::{ModelProto, ValueInfoProto};
 
 /// A fit model of `layers` over `shape`, its parameters drawn from seed 1, written to `dir/name`.
 fn fit_model(dir: &Path, name: &str, layers: &str, shape: Shape, loss: Loss) {

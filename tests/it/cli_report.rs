@@ -166,3 +166,112 @@ fn quiet_prints_nothing_on_success() {
         assert_eq!(report(&out)["command"], name);
     }
 }
+
+/// The schedule flags every pinned run below passes, and the optimizer flags of those that take them.
+const SCHEDULE: [&str; 6] = ["--lr-schedule", "cosine", "--warmup", "1", "--min-lr", "0.001"];
+const OPTIM: [&str; 10] =
+    ["--optim", "momentum", "--lr", "0.02", "--momentum", "0.8", "--weight-decay", "0.001", "--clip-norm", "2"];
+
+/// The `config` of a `--json` run, with each of `paths` written as its name.
+fn config(out: &Output, paths: &[(&Path, &str)]) -> serde_json::Value {
+    let mut config = report(out)["config"].clone();
+    for value in config.as_object_mut().unwrap().values_mut() {
+        if let Some((_, name)) = paths.iter().find(|(path, _)| value.as_str() == path.to_str()) {
+            *value = serde_json::json!(name);
+        }
+    }
+    config
+}
+
+/// Each training command's report `config` for one set of flags, key by key and value by value: however
+/// the report is built, what it says stays the same.
+#[test]
+fn each_commands_config_is_pinned() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let (corpus, out) = (shakespeare(), dir.path().join("m.safetensors"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let paths = [(corpus.as_path(), "CORPUS"), (out.as_path(), "OUT")];
+    let out_flag = s(&out);
+    let run = |args: &[&str], extra: &[&[&str]]| {
+        let _ = std::fs::remove_file(&out);
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--out", out_flag.as_str(), "--json", "--quiet"]);
+        all.extend(SCHEDULE);
+        extra.iter().for_each(|flags| all.extend_from_slice(flags));
+        textnet(&all)
+    };
+
+    let text_args = ["train", &s(&corpus), "--device", "cpu", "--max-tokens", "20000", "--max-vocab", "300"];
+    let text_run = run(&text_args, &[&["--embed", "8", "--hidden", "16", "--epochs", "1"]]);
+    assert_eq!(
+        config(&text_run, &paths),
+        json!({"batch": 256, "context": 3, "corpus": "CORPUS", "device": "cpu", "embed": 8, "epochs": 1,
+            "hidden": 16, "keep": "best", "keep_case": false, "lr": 2.56, "lr_schedule": "cosine",
+            "max_tokens": 20000, "max_vocab": 300, "min_lr": 0.001, "optim": "sgd", "out": "OUT",
+            "overwrite": false, "plot": null, "precision": "fp32", "resume": null, "seed": 1, "shuffle": true,
+            "tensorboard": null, "val_max": 20000, "warmup": 1, "weight_decay": 0.0})
+    );
+
+    let xor_run = run(&["xor", "--device", "cpu", "--epochs", "5000"], &[]);
+    assert_eq!(
+        config(&xor_run, &paths),
+        json!({"activation": "sigmoid", "batch": 4, "device": "cpu", "epochs": 5000, "hidden": 4, "keep": "last",
+            "lr": 0.5, "lr_schedule": "cosine", "min_lr": 0.001, "out": "OUT", "overwrite": false, "plot": null,
+            "report_every": 500, "seed": 1, "tensorboard": null, "warmup": 1})
+    );
+
+    let mnist_args = ["mnist", "--dataset", "fashion", "--device", "cpu", "--train-limit", "1000", "--hidden", "8"];
+    let mnist_run = run(&mnist_args, &[&["--epochs", "1", "--val-split", "0.2"], &OPTIM]);
+    assert_eq!(
+        config(&mnist_run, &paths),
+        json!({"activation": "relu", "batch": 64, "clip_norm": 2.0, "data": null, "dataset": "fashion",
+            "device": "cpu", "epochs": 1, "hidden": 8, "keep": "last", "lr": 0.02, "lr_schedule": "cosine",
+            "min_lr": 0.001, "model": "mlp", "momentum": 0.8, "optim": "momentum", "out": "OUT",
+            "overwrite": false, "plot": null, "resume": null, "seed": 1, "tensorboard": null, "train_limit": 1000,
+            "val_split": 0.2, "warmup": 1, "weight_decay": 0.001})
+    );
+
+    let tiny =
+        ["--embed", "32", "--heads", "2", "--block", "16", "--batch", "4", "--eval-every", "10", "--steps", "20"];
+    let transformer_run = run(&["transformer", &s(&corpus), "--device", "cpu"], &[&tiny]);
+    assert_eq!(
+        config(&transformer_run, &paths),
+        json!({"batch": 4, "beta2": 0.999, "bias": true, "block": 16, "clip_norm": 0.0, "corpus": "CORPUS",
+            "device": "cpu", "dropout": 0.0, "embed": 32, "eval_every": 10, "eval_iters": null, "gpus": 1,
+            "heads": 2, "keep": "best", "layers": 2, "lr": 0.001, "lr_schedule": "cosine", "min_lr": 0.001,
+            "out": "OUT", "overwrite": false, "plot": null, "precision": "fp32", "resume": null, "seed": 1,
+            "steps": 20, "tensorboard": null, "tie_weights": false, "vocab": 256, "warmup": 1,
+            "weight_decay": 0.01})
+    );
+
+    let sales = dir.path().join("sales.tsv");
+    let made = std::process::Command::new("python3")
+        .args([&format!("{}/scripts/make-sales.py", env!("CARGO_MANIFEST_DIR")), "--rows", "600", "--out", &s(&sales)])
+        .output()
+        .expect("runs python3");
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let sales_run = run(&["sales", &s(&sales), "--device", "cpu", "--epochs", "2"], &[&OPTIM]);
+    assert_eq!(
+        config(&sales_run, &paths),
+        json!({"batch": 64, "clip_norm": 2.0, "device": "cpu", "epochs": 2, "hidden": 32, "keep": "last",
+            "lr": 0.02, "lr_schedule": "cosine", "min_lr": 0.001, "optim": "momentum", "out": "OUT", "plot": null,
+            "resume": null, "seed": 1, "split": 0.8, "split_order": "shuffled", "tensorboard": null,
+            "val_split": null, "warmup": 1, "weight_decay": 0.001})
+    );
+
+    let table = dir.path().join("t.csv");
+    let rows: String = (0..200).map(|i| format!("{},{},{}\n", i % 7, i % 5, i % 7 + 2 * (i % 5))).collect();
+    std::fs::write(&table, format!("a,b,y\n{rows}")).unwrap();
+    let fit_args = ["fit", "--device", "cpu", "--table", &s(&table), "--target", "y", "--epochs", "2"];
+    let fit_run = run(&fit_args, &[&["--layers", "Linear(2, 8), ReLU, Linear(8, 1)"], &OPTIM]);
+    assert_eq!(
+        config(&fit_run, &[(table.as_path(), "TABLE"), (out.as_path(), "OUT")]),
+        json!({"batch": 64, "clip_norm": 2.0, "dataset": null, "device": "cpu", "epochs": 2, "init": "pytorch",
+            "keep": "last", "layers": "Linear(2, 8), ReLU, Linear(8, 1)", "loss": "mse", "lr": 0.02,
+            "lr_schedule": "cosine", "min_lr": 0.001, "momentum": 0.8, "optim": "momentum", "out": "OUT",
+            "overwrite": false, "patience": null, "plot": null, "seed": 1, "split": 0.8, "table": "TABLE",
+            "target": "\"y\"", "tensorboard": null, "train_limit": null, "val_split": null, "warmup": 1,
+            "weight_decay": 0.001})
+    );
+}

@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use textnet::tensorboard::{self, proto};
+use textnet::harness::tensorboard::{self, proto};
 
 /// The one event file in `dir`, by the name TensorBoard looks for.
 fn event_file(dir: &Path) -> PathBuf {

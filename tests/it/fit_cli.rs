@@ -359,7 +359,7 @@ fn fit_refuses_a_file_whose_tensors_do_not_match_its_spec() {
     let views: Vec<(&str, &[f32], Vec<usize>)> =
         values.iter().map(|(n, v, d)| (n.as_str(), v.as_slice(), d.clone())).collect();
     let bad = tmp.path().join("bad.safetensors");
-    std::fs::write(&bad, textnet::tensorfile::to_bytes(&views, meta).unwrap()).unwrap();
+    std::fs::write(&bad, textnet::io::tensorfile::to_bytes(&views, meta).unwrap()).unwrap();
     let o = textnet(&["fit", "--model", s(&bad), "--predict", s(&path)]);
     fails_with(&o, &["tensor 0.weight is [6, 5] but the spec", "implies [7, 5]"]);
 }

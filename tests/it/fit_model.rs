@@ -4,9 +4,9 @@
 
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::nn::stack::model::{self, Init, Loss, Network, Targets};
 use textnet::nn::stack::spec::{self, Shape};
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::dropout::DropoutKey;
 
 const STEP: f64 = 1e-6;
@@ -212,7 +212,7 @@ fn an_error_quotes_at_most_the_ends_of_a_long_spec_mf13() {
     let err = format!("{:#}", textnet::fit::modelfile::from_bytes(&with_spec(&file, &spec)).unwrap_err());
     assert!(err.contains("tensor 100000.weight is missing"), "{err}");
     assert!(err.contains(&format!("({} characters)", spec.chars().count())), "{err}");
-    assert!(err.len() < 2 * textnet::console::QUOTE_LIMIT, "{} bytes: {err}", err.len());
+    assert!(err.len() < 2 * textnet::harness::console::QUOTE_LIMIT, "{} bytes: {err}", err.len());
 }
 
 #[test]

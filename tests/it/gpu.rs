@@ -2,9 +2,9 @@
 //! selftest` prints), and a training run on real data. Run on a machine with a CUDA GPU: `cargo test
 //! --release -- --ignored`. Without one they fail, never skip.
 
-use textnet::check::{Plan, test_gpu};
 use textnet::datasets::mnist::{self, Dataset};
 use textnet::device::Backend;
+use textnet::harness::check::{Plan, test_gpu};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
@@ -40,7 +40,7 @@ fn every_shared_layer_matches_its_cpu_twin() {
     let gpu = test_gpu();
     let seed: u64 = rand::random();
     let plan = Plan { seed, quick: false, groups: vec![] };
-    for suite in textnet::selftest::SUITES {
+    for suite in textnet::commands::selftest::SUITES {
         let checks = (suite.checks)(&gpu, &plan).unwrap_or_else(|e| panic!("{}: {e:#}", suite.name));
         assert!(!checks.is_empty(), "{} has no checks", suite.name);
         let failed: Vec<String> = (checks.iter().filter(|c| !c.passed()))
@@ -91,7 +91,7 @@ fn kernel_parameters_are_read_at_load() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_first_selftest_compiles_no_kernel() {
-    let (count, note) = textnet::device::precompiled_count();
+    let (count, note) = textnet::device::compile::precompiled_count();
     if count == 0 {
         eprintln!("skipped: the binary holds no kernels compiled at build time ({note})");
         return;

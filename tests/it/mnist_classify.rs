@@ -73,7 +73,7 @@ fn images_in_every_format_get_the_models_predictions() {
     let mut predicted = Vec::new();
     for i in 0..3 {
         let logits = model::logits(&params, split.image(i));
-        let class = textnet::cpu::argmax(&logits);
+        let class = textnet::ops::cpu::argmax(&logits);
         let total: f64 = logits.iter().map(|&l| ((l - logits[class]) as f64).exp()).sum();
         assert_eq!(got["predictions"][i as usize]["class"], serde_json::json!(class), "image {i}");
         let p = got["predictions"][i as usize]["probability"].as_f64().unwrap();

@@ -4,9 +4,9 @@
 
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::mnist::cnn::{CnnParams, CnnShape, loss_and_grad};
 use textnet::mnist::idx::Split;
+use textnet::ops::cpu::SeededRng;
 
 const SHAPE: CnnShape = CnnShape { side: 8, c1: 3, c2: 4, fc: 6, classes: 5 };
 
@@ -118,7 +118,7 @@ fn reference_run(
 /// (every step at the base rate) or read the rate of the step after ends far outside the check's tolerance.
 #[test]
 fn training_check_problems_stay_clear_nearly_always() {
-    use textnet::check::rel_error;
+    use textnet::harness::check::rel_error;
     use textnet::mnist::cnn_checks::{MARGIN, TRAINING_SCHEDULE, TRAINING_SHAPE, TRAINING_TOLERANCE};
     use textnet::mnist::cnn_checks::{optimizers, random_split};
     use textnet::ops::optim::LrSchedule;

@@ -4,12 +4,12 @@
 use std::path::Path;
 use textnet::datasets::mnist::{self, Dataset, MnistData};
 use textnet::device::Backend;
+use textnet::harness::run::{TEST, Trainer};
 use textnet::mnist::idx::{CLASSES, PIXELS};
 use textnet::mnist::mlp::FitMlp;
 use textnet::mnist::model::{Activation, MlpParams, MlpShape};
 use textnet::mnist::train::{self, Schedule};
 use textnet::ops::optim::{LrSchedule, OptimConfig, OptimKind};
-use textnet::run::{TEST, Trainer};
 
 const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 

@@ -2,9 +2,9 @@
 //! the model file round trip.
 
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::mnist::idx::Split;
 use textnet::mnist::model::{self, Activation, MlpParams, MlpShape};
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::optim::{OptimConfig, OptimKind, Optimizer, clip_scale, global_norm};
 
 /// `n` random samples of `inputs` values in [0,1], labels below `classes`.

@@ -10,9 +10,9 @@ fn the_same_model_gives_the_same_bytes() {
     let metadata: BTreeMap<String, String> = (0..12).map(|i| (format!("key{i}"), format!("value {i}"))).collect();
     let w = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let tensors = [("w", &w[..], vec![2, 3]), ("b", &w[..2], vec![2])];
-    let first = textnet::tensorfile::to_bytes(&tensors, metadata.clone()).unwrap();
+    let first = textnet::io::tensorfile::to_bytes(&tensors, metadata.clone()).unwrap();
     for _ in 0..20 {
-        assert_eq!(textnet::tensorfile::to_bytes(&tensors, metadata.clone()).unwrap(), first);
+        assert_eq!(textnet::io::tensorfile::to_bytes(&tensors, metadata.clone()).unwrap(), first);
     }
     let read = safetensors::SafeTensors::deserialize(&first).unwrap();
     assert_eq!(read.tensor("w").unwrap().shape(), &[2, 3]);

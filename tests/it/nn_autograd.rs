@@ -10,8 +10,8 @@
 use crate::common::gradcheck::{Op, TOLERANCE, check, fails_with, gradients, input, values};
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::nn::{self, Linear, Module, Tensor, linear, no_grad};
+use textnet::ops::cpu::SeededRng;
 
 /// Pairs of shapes that broadcast: equal, [3, 1] with [1, 4], a scalar, a trailing axis, missing leading
 /// axes, and seeded random odd sizes with random axes of size 1.
@@ -333,7 +333,7 @@ fn f32_gradients_agree_with_f64() {
     // The f32 instantiation runs the same code: its gradients are the f64 ones to f32's precision.
     let mut rng = SeededRng::seed_from_u64(13);
     let (x, w, b) = (values(&mut rng, 12, -1.0, 1.0), values(&mut rng, 15, -1.0, 1.0), values(&mut rng, 5, -1.0, 1.0));
-    fn grads<F: textnet::cpu::Real>(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
+    fn grads<F: textnet::ops::cpu::Real>(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
         let of = |v: &[f64]| v.iter().map(|&v| F::from(v).unwrap()).collect::<Vec<F>>();
         let (x, w) = (Tensor::parameter(of(x), &[4, 3]).unwrap(), Tensor::parameter(of(w), &[5, 3]).unwrap());
         let b = Tensor::parameter(of(b), &[5]).unwrap();

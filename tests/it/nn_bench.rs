@@ -3,9 +3,9 @@
 //! eager and captured) lowers the loss on its batch and moves every parameter. Nothing here is timed.
 
 use rand::SeedableRng;
-use textnet::cpu::SeededRng;
 use textnet::nn::bench::{BATCH, mlp, residual_mlp, train_step};
 use textnet::nn::{Module, Optimizer, Sequential, Tensor};
+use textnet::ops::cpu::SeededRng;
 
 fn shapes(model: &Sequential) -> Vec<(String, Vec<usize>)> {
     model.named_parameters().into_iter().map(|(name, p)| (name, p.shape().to_vec())).collect()

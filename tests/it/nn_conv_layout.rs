@@ -9,8 +9,8 @@ use crate::common::gradcheck::{check, fails_with, input};
 use crate::common::relative;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::{SeededRng, linear_init};
 use textnet::nn::{Conv2d, MaxPool2d, Module, Tensor, cat, conv2d, max_pool2d};
+use textnet::ops::cpu::{SeededRng, linear_init};
 
 #[test]
 fn permute_matches_finite_differences_and_moves_the_elements() {

@@ -7,11 +7,11 @@
 use rand::SeedableRng;
 use std::cell::Cell;
 use std::rc::Rc;
-use textnet::cpu::SeededRng;
 use textnet::nn::{
     self, Linear, Module, ModuleList, Sequential, Tensor, linear, load_state_dict, load_state_dict_file, prefixed,
     read_state_dict, save_state_dict, state_dict,
 };
+use textnet::ops::cpu::SeededRng;
 
 /// ReLU as a module: no parameters, so it keeps a number of a `Sequential` without a name in it.
 struct Relu;
@@ -52,7 +52,7 @@ fn mlp(seed: u64, hidden: usize) -> Sequential<f32> {
         .with(Linear::new(hidden, 2, false, &mut rng).unwrap())
 }
 
-fn names<F: textnet::cpu::Real>(named: &[(String, Tensor<F>)]) -> Vec<&str> {
+fn names<F: textnet::ops::cpu::Real>(named: &[(String, Tensor<F>)]) -> Vec<&str> {
     named.iter().map(|(name, _)| name.as_str()).collect()
 }
 

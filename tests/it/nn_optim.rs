@@ -10,15 +10,15 @@
 
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::nn::optim::{LrSchedule, LrScheduleKind, OptimKind};
 use textnet::nn::{
     self, Linear, Module, Optimizer, ParamGroup, Scheduler, Sequential, Tensor, clip_grad_norm, decay_groups,
 };
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::optim::{OptimConfig, global_norm};
 
 /// Sets the gradient of `p` to `grad`: the backward of Σ grad ⊙ p.
-fn set_grad<F: textnet::cpu::Real>(p: &Tensor<F>, grad: &[F]) {
+fn set_grad<F: textnet::ops::cpu::Real>(p: &Tensor<F>, grad: &[F]) {
     p.zero_grad();
     let g = Tensor::from_slice(grad, p.shape()).unwrap();
     p.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();

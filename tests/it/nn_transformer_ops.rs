@@ -8,11 +8,11 @@
 
 use crate::common::gradcheck::{check, input, values};
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::nn::{
     self, Dropout, Embedding, LayerNorm, Module, Tensor, causal_self_attention, dropout, embedding, layer_norm,
     scaled_dot_product_attention,
 };
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::dropout::{DropoutKey, Mask, dropout_scale};
 use textnet::ops::layernorm::layer_norm_rows;
 

@@ -2,7 +2,7 @@
 //! awkward ones. Needs libnvrtc (CI installs the `nvidia-cuda-nvrtc-cu12` wheel), not a GPU; it fails,
 //! never skips, when NVRTC is missing.
 
-use textnet::device::{KERNEL_SOURCES, compile_ptx, kernel_source};
+use textnet::device::{compile::KERNEL_SOURCES, compile::compile_ptx, compile::kernel_source};
 
 #[test]
 fn every_fused_kernel_compiles_with_nvrtc() {
@@ -18,7 +18,7 @@ fn every_fused_kernel_compiles_with_nvrtc() {
 
 #[test]
 fn text_kernels_compile_for_odd_shapes() {
-    let batch_unit = textnet::device::kernel_source("text_batch").unwrap();
+    let batch_unit = textnet::device::compile::kernel_source("text_batch").unwrap();
     for (d, h) in [(1, 1), (33, 100), (64, 256), (256, 2048)] {
         let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}")];
         let ptx = compile_ptx(batch_unit, (9, 0), &defines).unwrap_or_else(|e| panic!("text_batch D={d} H={h}: {e:#}"));
@@ -26,7 +26,7 @@ fn text_kernels_compile_for_odd_shapes() {
             assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
         }
     }
-    let sample_unit = textnet::device::kernel_source("text_sample").unwrap();
+    let sample_unit = textnet::device::compile::kernel_source("text_sample").unwrap();
     for (d, h) in [(1, 4), (33, 100), (64, 256), (1024, 2048)] {
         let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}")];
         let ptx =
@@ -35,7 +35,7 @@ fn text_kernels_compile_for_odd_shapes() {
             assert!(ptx.contains(kernel), "{kernel} missing from the PTX for D={d} H={h}");
         }
     }
-    let unit = textnet::device::kernel_source("text").unwrap();
+    let unit = textnet::device::compile::kernel_source("text").unwrap();
     for (d, h, sb) in [(1, 1, 8), (33, 100, 8), (64, 256, 8), (1024, 2048, 1)] {
         let defines = [format!("-DTEXT_D={d}"), format!("-DTEXT_H={h}"), format!("-DTEXT_SB={sb}")];
         let ptx = compile_ptx(unit, (9, 0), &defines).unwrap_or_else(|e| panic!("D={d} H={h}: {e:#}"));
@@ -51,22 +51,25 @@ fn text_kernels_compile_for_odd_shapes() {
 fn kernels_compile_to_machine_code_for_the_gpu_at_hand() {
     // What `Gpu::module` loads: a CUBIN (an ELF image) for the exact architecture, so the driver has
     // nothing left to compile.
-    let unit = textnet::device::kernel_source("text_sample").unwrap();
+    let unit = textnet::device::compile::kernel_source("text_sample").unwrap();
     let defines = ["-DTEXT_D=64".to_string(), "-DTEXT_H=256".to_string()];
     for cc in [(9, 0), (8, 0)] {
-        let cubin =
-            textnet::device::compile_cubin(unit, cc, &defines).unwrap_or_else(|e| panic!("sm_{}{}: {e:#}", cc.0, cc.1));
+        let cubin = textnet::device::compile::compile_cubin(unit, cc, &defines)
+            .unwrap_or_else(|e| panic!("sm_{}{}: {e:#}", cc.0, cc.1));
         assert_eq!(&cubin[..4], b"\x7fELF", "sm_{}{}: not an ELF image", cc.0, cc.1);
     }
-    let broken =
-        textnet::device::KernelSource { name: "broken", hash: "", source: "__global__ void k() { undeclared; }" };
-    let err = textnet::device::compile_cubin(&broken, (9, 0), &[]).unwrap_err();
+    let broken = textnet::device::compile::KernelSource {
+        name: "broken",
+        hash: "",
+        source: "__global__ void k() { undeclared; }",
+    };
+    let err = textnet::device::compile::compile_cubin(&broken, (9, 0), &[]).unwrap_err();
     assert!(format!("{err:#}").contains("undeclared"), "the error carries NVRTC's log: {err:#}");
 }
 
 #[test]
 fn transformer_kernels_compile_for_other_shapes() {
-    let unit = textnet::device::kernel_source("transformer").unwrap();
+    let unit = textnet::device::compile::kernel_source("transformer").unwrap();
     for (c, hs, t) in [(32, 8, 5), (64, 16, 64), (96, 32, 33), (384, 64, 256)] {
         let defines = [format!("-DTF_C={c}"), format!("-DTF_HS={hs}"), format!("-DTF_T={t}")];
         let ptx =
@@ -90,7 +93,7 @@ fn transformer_kernels_compile_for_other_shapes() {
 #[test]
 fn fit_kernels_compile_for_every_spec_the_quick_selftest_checks() {
     use std::collections::BTreeSet;
-    let plan = textnet::check::Plan { seed: 1, quick: true, groups: Vec::new() };
+    let plan = textnet::harness::check::Plan { seed: 1, quick: true, groups: Vec::new() };
     let unit = kernel_source("fit").unwrap();
     let requests: BTreeSet<_> = textnet::fit::checks::modules(&plan).into_iter().collect();
     assert!(requests.len() > 10, "{requests:?}");

@@ -4,9 +4,9 @@
 
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::ops::activations::{gelu, gelu_grad};
 use textnet::ops::attention::{AttentionDropout, attention, attention_backward};
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::dropout::{DropoutKey, Mask};
 use textnet::ops::layernorm::{layer_norm, layer_norm_backward, layer_norm_rows};
 use textnet::ops::losses::softmax_xent;

@@ -1,11 +1,11 @@
-//! The rendezvous of a run over several processes (`textnet::rendezvous`), over loopback with one thread a
+//! The rendezvous of a run over several processes (`textnet::device::rendezvous`), over loopback with one thread a
 //! rank: the ranks that agree all get rank 0's id; a rank that disagrees, a rank that never comes, a
 //! rank claimed twice and a port in use each end every rank with one line naming the cause.
 
 use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
-use textnet::rendezvous::Rendezvous;
+use textnet::device::rendezvous::Rendezvous;
 
 const VERSION: &str = "0.1.0";
 const FLAGS: &str = "layers6-embed384-lr0.001";
@@ -208,7 +208,7 @@ fn told(lines: &std::sync::Mutex<Vec<String>>, line: &str) -> ! {
 
 /// Two ranks meet and watch each other (rank 0 with `gone`); `end1` then ends rank 1, and rank 0 runs on
 /// for `wait`.
-fn rank_1_ends(gone: fn(&str) -> !, end1: impl FnOnce(textnet::rendezvous::Watch), wait: Duration) {
+fn rank_1_ends(gone: fn(&str) -> !, end1: impl FnOnce(textnet::device::rendezvous::Watch), wait: Duration) {
     let address = format!("127.0.0.1:{}", free_port());
     let a = address.clone();
     let rank0 = thread::spawn(move || {

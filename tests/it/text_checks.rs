@@ -4,8 +4,8 @@
 
 use rand::SeedableRng;
 use std::sync::Arc;
-use textnet::check::Plan;
-use textnet::cpu::SeededRng;
+use textnet::harness::check::Plan;
+use textnet::ops::cpu::SeededRng;
 use textnet::text::checks::{
     KERNEL_MARGIN, TRAINING_CASES, TRAINING_MARGIN, TrainingProblem, kink_margin, random_problem, reference_run,
     training_problem,
@@ -100,7 +100,7 @@ fn training_problems_stay_clear_of_the_kink() {
 /// step, moved these runs by only 1.3e-4 to 4.5e-4: the alternating cases are there for that.)
 #[test]
 fn the_scheduled_checks_fail_a_trainer_at_the_wrong_rates() {
-    use textnet::check::rel_error;
+    use textnet::harness::check::rel_error;
     use textnet::text::checks::{CaseRates, TRAINING_TOLERANCE, param_rel_errors};
     let plan = Plan { seed: 20261127, quick: false, groups: vec![] };
     let mut alternating = 0;

@@ -9,8 +9,8 @@ use crate::common::text::{shakespeare, train_args};
 use crate::common::{text, textnet};
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;
-use textnet::check::rel_error;
-use textnet::cpu::SeededRng;
+use textnet::harness::check::rel_error;
+use textnet::ops::cpu::SeededRng;
 use textnet::text::cpu_batch::{BatchTrainer, exp_nonpositive, gradients};
 use textnet::text::model::{self, TextParams, TextShape, context_of};
 use textnet::text::{CpuTrainer, TextTrainer};
@@ -271,7 +271,7 @@ fn train_on_the_cpu_says_its_plan_before_training() {
 /// rounds the wrong value (a gradient, not an operand) or scales G twice gives 1e-1 and more.
 #[test]
 fn the_bf16_twin_moves_the_gradients_by_bf16_rounding() {
-    use textnet::precision::Precision;
+    use textnet::device::precision::Precision;
     use textnet::text::cpu_batch::gradients_at;
     for (seed, batch) in [(4, 16), (5, 64)] {
         let (p, tokens, positions) = problem(seed, batch);

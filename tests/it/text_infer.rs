@@ -3,7 +3,7 @@
 use crate::common::text::{shakespeare, train_args};
 use crate::common::{small_mnist_model, text, textnet};
 use std::path::Path;
-use textnet::sampling::{Sampling, sample};
+use textnet::ops::sampling::{Sampling, sample};
 use textnet::text::generate::{generate, join};
 use textnet::text::model::{Activations, forward};
 use textnet::text::modelfile::TextModel;
@@ -67,7 +67,7 @@ fn generation_repeats_for_a_seed_and_greedy_takes_the_likeliest() {
 fn sampling_follows_the_temperature() {
     use rand::SeedableRng;
     let logits = [5.0f32, 1.0, 0.0, 0.5];
-    let mut rng = textnet::cpu::SeededRng::seed_from_u64(1);
+    let mut rng = textnet::ops::cpu::SeededRng::seed_from_u64(1);
     let draws: Vec<usize> = (0..4000).map(|_| sample(&logits, &Sampling::PLAIN, Some(0), &mut rng)).collect();
     assert!(!draws.contains(&0), "<unk> (id 0) drawn while others were left");
     let share = |i: usize| draws.iter().filter(|&&d| d == i).count() as f64 / draws.len() as f64;

@@ -2,7 +2,7 @@
 //! the one-line errors, and where training batches and validation windows start.
 
 use rand::SeedableRng;
-use textnet::cpu::SeededRng;
+use textnet::ops::cpu::SeededRng;
 use textnet::transformer::data::{CharVocab, Corpus, UNKNOWN, train_offsets, val_offsets, windows};
 
 #[test]

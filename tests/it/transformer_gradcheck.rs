@@ -7,7 +7,7 @@
 use crate::common::relative;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
-use textnet::cpu::SeededRng;
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::dropout::DropoutKey;
 use textnet::ops::losses::softmax_xent;
 use textnet::transformer::model::{Backward, Config, Dropout, Layout, backward, forward, init, loss_and_grad};

@@ -4,7 +4,7 @@
 //! repetitive text whose loss falls clearly.
 
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::optim::OptimConfig;
 use textnet::transformer::data::{Corpus, train_offsets, val_offsets, windows};
 use textnet::transformer::model::{Config, CpuTrainer, Layout, default_optim, forward, init, next_logits};

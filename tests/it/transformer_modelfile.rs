@@ -71,7 +71,7 @@ fn edited(m: &TransformerModel, edit: impl FnOnce(&mut BTreeMap<String, String>)
         .filter(|t| Some(t.name.as_str()) != drop)
         .map(|t| (t.name.as_str(), &m.params[t.range()], t.shape.clone()))
         .collect();
-    textnet::tensorfile::to_bytes(&tensors, meta).unwrap()
+    textnet::io::tensorfile::to_bytes(&tensors, meta).unwrap()
 }
 
 fn refusal(bytes: &[u8]) -> String {

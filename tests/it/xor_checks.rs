@@ -3,9 +3,9 @@
 //! run that is not tame, and the scheduled check's rates move a run far more than its tolerance.
 
 use rand::SeedableRng;
-use textnet::check::rel_error;
-use textnet::cpu::SeededRng;
+use textnet::harness::check::rel_error;
 use textnet::ops::activations::Activation;
+use textnet::ops::cpu::SeededRng;
 use textnet::ops::optim::LrSchedule;
 use textnet::xor::checks::{
     EPOCHS, LR, REPORT_EVERY, RUN_SCHEDULE, SENSITIVITY, TOLERANCE, reference_problem, run_rates, worst_error,

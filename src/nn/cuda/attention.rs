@@ -6,12 +6,13 @@
 
 use super::ops::{buffer, filled, int};
 use super::{Device, DeviceBuffer};
-use crate::cpu::Real;
-use crate::device::{Arg, Gpu, ModuleRequest, THREADS_PER_BLOCK};
+use crate::device::precision::Precision;
+use crate::device::{Gpu, compile::ModuleRequest, launch::Arg};
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::attention::{AttentionSizes, FlashSizes};
-use crate::precision::Precision;
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 const NAME: &str = "causal_self_attention";
@@ -53,7 +54,7 @@ pub(crate) fn causal_self_attention<F: Real>(
     let flash = device.precision() == Precision::Bf16 && head_size.is_multiple_of(16);
     let module = gpu.module(&module_request(time, head_size)).map_err(|e| Error::device(NAME, format!("{e:#}")))?;
     let function = |name: &str| Gpu::function(&module, name).map_err(|e| Error::device(NAME, format!("{e:#}")));
-    let reserve = |kernel: &crate::device::Kernel, bytes: u32| {
+    let reserve = |kernel: &crate::device::launch::Kernel, bytes: u32| {
         gpu.reserve_shared(kernel, bytes as usize, "the sequence length or head size")
             .map_err(|e| Error::value(NAME, format!("{e:#}")))
     };

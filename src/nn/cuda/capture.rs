@@ -59,7 +59,7 @@ enum State {
 /// use textnet::nn::{CapturedStep, Device, Linear, Module, Optimizer, Tensor};
 /// # fn main() -> textnet::nn::Result<()> {
 /// let device = Device::open(0)?;
-/// let mut rng = <textnet::cpu::SeededRng as rand::SeedableRng>::seed_from_u64(1);
+/// let mut rng = <textnet::ops::cpu::SeededRng as rand::SeedableRng>::seed_from_u64(1);
 /// let layer = Linear::<f32>::new(784, 10, true, &mut rng)?;
 /// layer.parameters().iter().try_for_each(|p| p.move_to_device(&device))?;
 /// let x = Tensor::zeros(&[64, 784])?.to_device(&device)?;

@@ -16,11 +16,11 @@
 
 use super::ops::{add_broadcast, buffer, gather, int, product, sum_axis};
 use super::{Device, DeviceBuffer};
-use crate::cpu::Real;
-use crate::device::Arg;
+use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
 use crate::ops::conv::{Conv2dShape, MaxPool2dShape};
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 /// The product of `factors` as a kernel's int, or the error naming `op`.

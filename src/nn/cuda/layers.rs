@@ -8,10 +8,10 @@
 use super::fusion::{DropoutSite, Extra, NormParams, Want};
 use super::ops::{bf16_buffer, buffer, int, optional, rows_per_part, sum_axis, warp_row_blocks};
 use super::{Device, DeviceBuffer};
-use crate::cpu::Real;
-use crate::device::Arg;
+use crate::device::launch::Arg;
 use crate::nn::error::Result;
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::Real;
 use crate::ops::dropout::Mask;
 use std::sync::Arc;
 

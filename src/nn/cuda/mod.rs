@@ -28,10 +28,11 @@ pub(crate) mod shape_ops;
 
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
-use crate::cpu::Real;
-use crate::device::{Arg, Gpu, Kernel, StructArg, THREADS_PER_BLOCK};
+use crate::device::precision::Precision;
+use crate::device::{Gpu, launch::Arg, launch::Kernel, launch::StructArg};
+use crate::ops::THREADS_PER_BLOCK;
+use crate::ops::cpu::Real;
 use crate::ops::gemm::tile_shared_floats;
-use crate::precision::Precision;
 use cudarc::driver::CudaSlice;
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -156,7 +157,7 @@ impl fmt::Debug for Device {
 }
 
 /// The kernel module `nn`'s device tensors use (it takes no sizes).
-pub fn module_request() -> crate::device::ModuleRequest {
+pub fn module_request() -> crate::device::compile::ModuleRequest {
     ("nn", Vec::new())
 }
 
@@ -263,7 +264,8 @@ impl Device {
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
         let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
-            (crate::ops::gemm::bf16_tile_shared_floats(crate::device::has_wgmma(gpu.compute_capability)) * 4) as u32;
+            (crate::ops::gemm::bf16_tile_shared_floats(crate::device::compile::has_wgmma(gpu.compute_capability)) * 4)
+                as u32;
         let fused_products =
             kernels.product_bf16_act.iter().chain([&kernels.product_bf16_dropout]).chain(&kernels.product_bf16_slope);
         for kernel in kernels.product_bf16.iter().chain(fused_products) {

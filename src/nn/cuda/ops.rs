@@ -8,11 +8,11 @@
 use super::fusion::{CrossEntropyOut, CrossEntropySite, Extra, NormParams, Producer, Want};
 use super::layers::draw_key;
 use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
-use crate::cpu::Real;
-use crate::device::Arg;
+use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
 use crate::nn::shape::contiguous_strides;
 use crate::nn::tensor::{Storage, Tensor};
+use crate::ops::cpu::Real;
 use std::sync::Arc;
 
 /// Kernel codes of fused/nn.cu (OP_* and UNARY_*).
@@ -1008,7 +1008,7 @@ pub(crate) fn mse<F: Real>(device: &Arc<Device>, y: &Tensor<F>, t: &Tensor<F>) -
 
 #[cfg(test)]
 mod tests {
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn the_fused_cross_entropys_widest_row_is_the_kernels() {

@@ -15,7 +15,7 @@
 
 use super::ops::int;
 use super::{Device, DeviceBuffer, Ticket};
-use crate::device::{Arg, StructArg};
+use crate::device::{launch::Arg, launch::StructArg};
 use crate::nn::error::{Error, Result};
 use crate::ops::optim::{OptimKind, StepScalars};
 use std::sync::Arc;
@@ -288,7 +288,7 @@ pub(crate) fn scale_tensors(device: &Arc<Device>, entries: &[ScaleEntry], factor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::KERNEL_PARAMETER_BYTES;
+    use crate::device::launch::KERNEL_PARAMETER_BYTES;
 
     const KERNEL_FILE: &str = include_str!("../../../fused/nn.cu");
 
@@ -395,7 +395,7 @@ mod tests {
 #[cfg(test)]
 mod kernel_layout {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn sizes_match_the_compiled_structs() {

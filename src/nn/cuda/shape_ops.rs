@@ -9,10 +9,10 @@
 
 use super::ops::{buffer, int};
 use super::{Device, DeviceBuffer};
-use crate::cpu::Real;
-use crate::device::Arg;
+use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::Real;
 use std::ops::Range;
 use std::sync::Arc;
 

@@ -4,9 +4,9 @@
 //! number), so a `state_dict` lines up with the same PyTorch model's; both pass `set_training` on.
 
 use super::{Module, prefixed};
-use crate::cpu::Real;
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::Real;
 use std::ops::{Deref, DerefMut, Index};
 
 /// Modules in a list, indexable, with no forward of its own (`torch.nn.ModuleList`).

@@ -2,10 +2,10 @@
 //! `nn.Conv2d`.
 
 use super::{Module, require_grads, uniform_init, weight_and_bias};
-use crate::cpu::{Real, SeededRng};
 use crate::nn::conv::conv2d;
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::{Real, SeededRng};
 
 /// y = conv2d(x, weight) + bias over x `[N, C, H, W]`: `weight` `[O, C, KH, KW]`, `bias` `[O]`, a stride
 /// and zero padding on every side.

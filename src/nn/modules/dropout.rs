@@ -8,11 +8,11 @@
 //! masks, each the one the host draws for that step. `step` counts the forwards run op by op.
 
 use super::Module;
-use crate::cpu::Real;
 use crate::nn::cuda::{Device, DeviceBuffer, layers};
 use crate::nn::dropout::{checked_probability, dropout};
 use crate::nn::error::Result;
 use crate::nn::tensor::{Tensor, lock};
+use crate::ops::cpu::Real;
 use crate::ops::dropout::{DropoutKey, Mask, dropout_scale, dropout_threshold, site_seed};
 use std::sync::Arc;
 use std::sync::Mutex;

@@ -4,11 +4,11 @@
 //! passes only tensors needs.
 
 use super::Module;
-use crate::cpu::{Real, SeededRng};
 use crate::nn::cuda::{self, Place, layers};
 use crate::nn::embedding::{bad_id, embedding, not_a_row, padding_row};
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::{Real, SeededRng};
 use rand_distr::{Distribution, StandardNormal};
 
 /// Row `id` of `weight` for each id.

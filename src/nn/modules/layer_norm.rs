@@ -2,10 +2,10 @@
 //! `nn.LayerNorm(D)`: weight ones, bias zeros, ε 1e-5; without `elementwise_affine`, neither.
 
 use super::Module;
-use crate::cpu::Real;
 use crate::nn::error::{Error, Result};
 use crate::nn::norm::layer_norm;
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::Real;
 use crate::ops::layernorm::LN_EPS;
 
 /// Each row of the last axis normalised, then scaled by `weight` and shifted by `bias`.

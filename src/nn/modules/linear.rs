@@ -1,10 +1,10 @@
 //! `Linear`: y = x·wᵀ + b, initialised as PyTorch's `nn.Linear` (`cpu::linear_init`).
 
 use super::{Module, require_grads, uniform_init, weight_and_bias};
-use crate::cpu::{Real, SeededRng};
 use crate::nn::error::{Error, Result};
 use crate::nn::matmul::linear;
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::{Real, SeededRng};
 
 /// y = x·wᵀ + b over the last axis of x: `weight` `[out, in]`, `bias` `[out]`.
 #[derive(Clone, Debug)]

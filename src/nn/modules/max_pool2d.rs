@@ -1,10 +1,10 @@
 //! `MaxPool2d`: `nn::max_pool2d` as a layer (PyTorch's `nn.MaxPool2d`), with no parameters.
 
 use super::Module;
-use crate::cpu::Real;
 use crate::nn::conv::max_pool2d;
 use crate::nn::error::Result;
 use crate::nn::tensor::Tensor;
+use crate::ops::cpu::Real;
 
 /// The max over each `kernel`×`kernel` window of x `[N, C, H, W]`, windows `stride` apart, the input
 /// padded by `padding` (−∞) on every side.

@@ -29,7 +29,7 @@ pub use linear::Linear;
 pub use max_pool2d::MaxPool2d;
 
 use super::tensor::Tensor;
-use crate::cpu::{Real, SeededRng, linear_init};
+use crate::ops::cpu::{Real, SeededRng, linear_init};
 
 /// `count` values drawn from `rng` as PyTorch initialises a layer of fan-in `fan_in` (`nn.Linear`'s and
 /// `nn.Conv2d`'s weight and bias): U(−1/√fan_in, 1/√fan_in), drawn in f32 (`cpu::linear_init`).

@@ -6,11 +6,11 @@
 use super::gpu::{GpuTrainer, StepPath};
 use super::model::{Init, Loss, Network};
 use super::{Figures, Samples, Setup};
-use crate::cpu::SeededRng;
 use crate::device::Gpu;
+use crate::harness::run::Trainer;
+use crate::harness::timing::{median, time_on_device};
+use crate::ops::cpu::SeededRng;
 use crate::ops::optim::OptimConfig;
-use crate::run::Trainer;
-use crate::timing::{median, time_on_device};
 use anyhow::Result;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -105,7 +105,7 @@ pub fn run(
     if path == StepPath::Layers {
         for phase in ["forward", "loss", "backward", "update"] {
             let stream = gpu.stream.clone();
-            let graph = crate::device::capture_graph(&stream, &mut trainer, |t| {
+            let graph = crate::device::launch::capture_graph(&stream, &mut trainer, |t| {
                 for _ in 0..64 {
                     match phase {
                         "forward" => t.launch_forward(0, 0, batch, true)?,
@@ -116,7 +116,7 @@ pub fn run(
                 }
                 Ok(())
             })?;
-            let times = crate::timing::time_graph_launches(gpu, &graph, 64, repeats.max(1))?;
+            let times = crate::harness::timing::time_graph_launches(gpu, &graph, 64, repeats.max(1))?;
             phases.insert(phase.into(), median(&times).into());
         }
     }

@@ -8,9 +8,9 @@
 
 use super::model::{self, Network};
 use super::{Samples, Setup, Target};
+use crate::harness::run::Trainer;
 use crate::ops::dropout::DropoutKey;
 use crate::ops::optim::Optimizer;
-use crate::run::Trainer;
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use std::sync::Arc;

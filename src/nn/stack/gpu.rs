@@ -21,11 +21,12 @@
 use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
 use super::{Setup, Target};
-use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK};
+use crate::device::{Gpu, compile::ModuleRequest, launch::Arg, launch::Kernel};
+use crate::harness::run::Trainer;
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
-use crate::run::Trainer;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use std::sync::Arc;
@@ -475,7 +476,7 @@ impl GpuTrainer {
         if let Some(p) = whole_epoch_plan(&net, &groups, loss, batch).filter(|_| path != StepPath::Layers) {
             wanted.push(whole_epoch_module(&p, loss, batch));
         }
-        crate::device::precompile(gpu.compute_capability, &wanted);
+        crate::device::compile::precompile(gpu.compute_capability, &wanted);
         let fused_loss = fuses_loss(&groups);
         let mut kernels = Vec::with_capacity(groups.len());
         let (mut loss_kernel, mut loss_shared) = (None, 0);
@@ -1053,7 +1054,7 @@ impl GpuTrainer {
         self.synchronize()?;
         let free_before = free_device_bytes();
         let stream = self.gpu.stream.clone();
-        let graph = crate::device::capture_graph(&stream, self, |t| t.enqueue_epoch(samples, batch))?;
+        let graph = crate::device::launch::capture_graph(&stream, self, |t| t.enqueue_epoch(samples, batch))?;
         graph.upload()?;
         self.synchronize()?;
         // The driver's memory for the graph itself, once per capture: not counted as training's.
@@ -1206,7 +1207,7 @@ impl Trainer for GpuTrainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
     use crate::nn::stack::spec;
 
     fn net(layers: &str, input: Shape) -> Network {

@@ -110,7 +110,7 @@ pub struct Setup {
 /// A stack's trainer on some backend: the shared `run::Trainer` whose parameters are the flat vector
 /// (`model::Network`'s layout) and whose evaluation of a split is its summed loss and the network's
 /// outputs (`rows × outputs`).
-pub type StackTrainer = dyn crate::run::Trainer<Params = Vec<f32>, Evaluation = (f64, Vec<f32>)>;
+pub type StackTrainer = dyn crate::harness::run::Trainer<Params = Vec<f32>, Evaluation = (f64, Vec<f32>)>;
 
 /// The trainer of `setup` on `backend`: the CPU reference (`cpu::CpuTrainer`) or the GPU's.
 /// `batch`: the most samples a training step takes (the GPU sizes its buffers for it).
@@ -136,7 +136,7 @@ impl Figures {
     /// The figures of `outputs` (`k` per sample) against `classes`, of `loss_sum` summed loss.
     pub fn of_classes(classes: &[u32], k: usize, loss_sum: f64, outputs: &[f32]) -> Figures {
         let rows = classes.len().max(1);
-        let right = outputs.chunks(k).zip(classes).filter(|(o, c)| crate::cpu::argmax(o) == **c as usize).count();
+        let right = outputs.chunks(k).zip(classes).filter(|(o, c)| crate::ops::cpu::argmax(o) == **c as usize).count();
         Figures { loss: loss_sum / rows as f64, accuracy: Some(right as f64 / rows as f64), mae: None }
     }
 }

@@ -12,10 +12,10 @@
 //! the GPU draws the same mask without a generator's state and a step is repeatable to the bit.
 
 use super::spec::{Layer, Shape, Spec};
-use crate::cpu::{Real, SeededRng};
 use crate::ops::activations::{gelu, gelu_grad};
 use crate::ops::constant;
 use crate::ops::conv::{Conv2dShape, ConvGrads, MaxPool2dShape};
+use crate::ops::cpu::{Real, SeededRng};
 use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
 use crate::ops::dropout::{DropoutKey, dropout_keeps, dropout_threshold};
 use anyhow::{Result, anyhow, bail};
@@ -120,10 +120,10 @@ impl Network {
     /// the optimizer's two moments and a gradient per run of the batch; every layer's output and gradient
     /// for a batch (the trace and the run's copies); and evaluation's chunks, which each thread forwards
     /// keeping every layer's output (`cpu::EVAL_CHUNK`).
-    pub fn memory_need(&self, sample_bytes: u64, batch: usize) -> crate::resources::MemoryNeed {
+    pub fn memory_need(&self, sample_bytes: u64, batch: usize) -> crate::io::resources::MemoryNeed {
         let activations: u64 = self.shapes.iter().map(|&s| size(s) as u64).sum::<u64>();
         let eval_rows = (super::cpu::EVAL_CHUNK * rayon::current_num_threads()) as u64;
-        crate::resources::MemoryNeed {
+        crate::io::resources::MemoryNeed {
             parts: vec![
                 ("the samples", sample_bytes, "--train-limit"),
                 (
@@ -234,7 +234,7 @@ impl Network {
             };
             let weight = &mut flat[p.weight.clone()];
             match init {
-                Init::Pytorch => crate::cpu::linear_init(weight, fan_in, &mut rng),
+                Init::Pytorch => crate::ops::cpu::linear_init(weight, fan_in, &mut rng),
                 Init::Xavier => {
                     let limit = (6.0 / (fan_in + fan_out).max(1) as f32).sqrt();
                     let dist = Uniform::new_inclusive(-limit, limit).expect("finite positive limit");
@@ -246,7 +246,7 @@ impl Network {
                 }
             }
             if let (Some(b), Init::Pytorch) = (&p.bias, init) {
-                crate::cpu::linear_init(&mut flat[b.clone()], fan_in, &mut rng);
+                crate::ops::cpu::linear_init(&mut flat[b.clone()], fan_in, &mut rng);
             }
         }
         flat

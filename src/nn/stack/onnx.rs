@@ -1,4 +1,4 @@
-//! A layer stack as an ONNX graph (`crate::onnx`), layer by layer as its CPU reference computes it in
+//! A layer stack as an ONNX graph (`crate::io::onnx`), layer by layer as its CPU reference computes it in
 //! evaluation: `Linear` is `Gemm` (transB = 1, `nn.Linear`'s layout), `Conv2d` is `Conv`, `MaxPool2d(k)`
 //! is `MaxPool` of a k×k window and stride k (the floor of the size, as `Spec::chain`), `Flatten` is
 //! `Flatten` (axis 1) on images and nothing on features, `ReLU`, `Sigmoid` and `Tanh` are their operators,
@@ -11,7 +11,7 @@
 
 use super::model::Network;
 use super::spec::{Layer, Shape};
-use crate::onnx::{BATCH, Dim, Graph, int, ints};
+use crate::io::onnx::{BATCH, Dim, Graph, int, ints};
 
 /// What a network's outputs mean, which names the graph's outputs.
 #[derive(Clone, Copy, Debug)]

@@ -205,7 +205,7 @@ impl<'a> Parser<'a> {
         };
         bail!(
             "--layers {:?}: at character {}, {message} ({found})",
-            crate::console::abridged(self.text),
+            crate::harness::console::abridged(self.text),
             self.column(at)
         )
     }

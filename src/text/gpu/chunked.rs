@@ -3,7 +3,7 @@
 //! text_advance moving the sample cursor.
 
 use super::GpuTrainer;
-use crate::device::Arg;
+use crate::device::launch::Arg;
 use anyhow::Result;
 
 impl GpuTrainer {

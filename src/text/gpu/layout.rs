@@ -3,7 +3,8 @@
 //! tested against those files), and which path a step of B samples takes.
 
 use super::super::model::TextShape;
-use crate::device::{ModuleRequest, THREADS_PER_BLOCK};
+use crate::device::compile::ModuleRequest;
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::gemm::{G128_BK, G128_LD, G128_STAGED_FLOATS};
 use anyhow::{Result, bail};
 
@@ -27,7 +28,7 @@ pub fn max_chunk(shape: TextShape) -> usize {
     (2048 / shape.hidden.max(1)).min(2048 / shape.embed.max(1)).clamp(1, 8)
 }
 
-/// The kernel modules a trainer of `shape` compiles for steps of `batch` samples (see `device::precompile`).
+/// The kernel modules a trainer of `shape` compiles for steps of `batch` samples (see `device::compile::precompile`).
 pub fn modules(shape: TextShape, batch: usize) -> Vec<ModuleRequest> {
     let mut out = vec![module_request("text_batch", shape, None)];
     // The single-sample kernels read W2 rows as float4s (`TextLayout::sample_fits`).
@@ -231,7 +232,7 @@ impl TextLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn sizes_match_the_kernel_files() {

@@ -11,7 +11,7 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
-use crate::device::{Arg, Gpu, Kernel};
+use crate::device::{Gpu, launch::Arg, launch::Kernel};
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use std::collections::HashMap;
@@ -276,7 +276,7 @@ impl GpuTrainer {
     /// Captures whatever `enqueue` launches on the trainer's stream as one CUDA graph.
     pub fn capture(&mut self, enqueue: impl FnOnce(&mut Self) -> Result<()>) -> Result<CudaGraph> {
         let stream = self.gpu.stream.clone();
-        crate::device::capture_graph(&stream, self, enqueue)
+        crate::device::launch::capture_graph(&stream, self, enqueue)
     }
 
     /// One step of `batch` samples per entry of `rates`, step k at `rates[k]`, followed by the cursor

@@ -2,7 +2,7 @@
 //! a step's W2 update left pending for the next step's sample_forward (or sample_flush) to apply.
 
 use super::{GpuTrainer, TextLayout};
-use crate::device::{Arg, Gpu, Kernel};
+use crate::device::{Gpu, launch::Arg, launch::Kernel};
 use anyhow::{Context, Result};
 use cudarc::driver::CudaSlice;
 

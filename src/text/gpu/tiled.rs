@@ -6,11 +6,11 @@
 use super::super::model::TextShape;
 use super::GpuTrainer;
 use super::layout::{B_SLICE, F32, SLICE, TILE, TILED_BACKWARD_EXTRA, W2_UPDATE_BLOCKS};
-use crate::device::THREADS_PER_BLOCK;
-use crate::device::{Arg, Gpu, Kernel, has_wgmma};
+use crate::device::precision::Precision;
+use crate::device::{Gpu, compile::has_wgmma, launch::Arg, launch::Kernel};
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_tile_shared_floats};
 use crate::ops::optim::{OptimConfig, OptimKind};
-use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;

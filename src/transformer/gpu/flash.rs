@@ -4,7 +4,7 @@
 //! beside the fp32 attention kernels at nanoGPT's shape.
 
 use super::module_request;
-use crate::device::{Arg, Gpu, Kernel};
+use crate::device::{Gpu, launch::Arg, launch::Kernel};
 use crate::ops::attention::AttentionSizes;
 pub use crate::ops::attention::FlashSizes;
 use crate::transformer::model::Config;
@@ -109,7 +109,7 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
     let n = b * t;
     let module = gpu.module(&module_request(&c))?;
     let stream = &gpu.stream;
-    let mut rng = crate::cpu::SeededRng::seed_from_u64(1);
+    let mut rng = crate::ops::cpu::SeededRng::seed_from_u64(1);
     let normal = Normal::new(0.0f32, 1.0).expect("a valid normal");
     let mut random = |len: usize| -> Vec<f32> { (0..len).map(|_| normal.sample(&mut rng)).collect() };
     let qkv = stream.clone_htod(&random(n * 3 * e))?;
@@ -118,7 +118,7 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
     let (y, lse, dqkv) = (z(n * e)?, z(b * heads * t)?, z(n * 3 * e)?);
     let buf = |s: &CudaSlice<f32>| Arg::buf(gpu, s);
 
-    let fp32 = AttentionSizes { t, hs, warps: crate::device::THREADS_PER_BLOCK as usize / 32 };
+    let fp32 = AttentionSizes { t, hs, warps: crate::ops::THREADS_PER_BLOCK as usize / 32 };
     let chunks = t.div_ceil(fp32.key_chunk());
     let dq_part = z(chunks * n * e)?;
     let tickets: CudaSlice<u32> = stream.alloc_zeros(b * heads)?;
@@ -135,11 +135,11 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
         launch()?;
         let runs: Vec<f64> = (0..5)
             .map(|_| {
-                crate::timing::time_on_device(gpu, || (0..BENCH_LAUNCHES).try_for_each(|_| launch()))
+                crate::harness::timing::time_on_device(gpu, || (0..BENCH_LAUNCHES).try_for_each(|_| launch()))
                     .map(|ms| ms / BENCH_LAUNCHES as f64)
             })
             .collect::<Result<_>>()?;
-        Ok(crate::timing::median(&runs))
+        Ok(crate::harness::timing::median(&runs))
     };
     let [seed0, step0, threshold0, scale0] = no_dropout();
     let fp32_forward = time(&|| {
@@ -199,7 +199,7 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::FlashSizes;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn sizes_match_the_kernel_file() {

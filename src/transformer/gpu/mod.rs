@@ -9,12 +9,13 @@ mod step;
 
 use super::data::Corpus;
 use super::model::{Config, Layout};
-use crate::device::{Arg, Gpu, Kernel, ModuleRequest, THREADS_PER_BLOCK, has_wgmma};
+use crate::device::precision::Precision;
+use crate::device::{Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, launch::Kernel};
+use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::attention::AttentionSizes;
 use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_tile_shared_floats, tile_shared_floats};
 use crate::ops::optim::OptimConfig;
-use crate::precision::Precision;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaModule, CudaSlice, DevicePtr};
 use flash::{FlashAttention, FlashSizes};
@@ -58,7 +59,7 @@ const SMALL_TILES: LinearTiles = LinearTiles {
 };
 
 /// bf16: 128 × 128 for all three products, gemm_tile_bf16_wgmma's three stages of 64 k where the kernels
-/// have `wgmma` (`device::has_wgmma`), else gemm_tile_bf16_async's four stages of 32 k.
+/// have `wgmma` (`device::compile::has_wgmma`), else gemm_tile_bf16_async's four stages of 32 k.
 const fn bf16_tiles(wgmma: bool) -> LinearTiles {
     let shared_bytes = 4 * bf16_tile_shared_floats(wgmma);
     LinearTiles { bm: 128, bn: 128, wg_bm: 128, wg_bn: 128, ones_column: false, shared_bytes }
@@ -648,7 +649,7 @@ impl GpuTransformer {
         if !matches!(&self.captured, Some((s, b, _)) if *s == steps && *b == batch) {
             self.captured = None;
             let stream = self.gpu.stream.clone();
-            let graph = crate::device::capture_graph(&stream, self, |t| {
+            let graph = crate::device::launch::capture_graph(&stream, self, |t| {
                 for s in 0..steps {
                     let offsets = Arg::Ptr(t.ptr(&t.offsets) + 4 * (s * batch) as u64);
                     let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
@@ -800,7 +801,7 @@ impl GpuTransformer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernel_constants;
+    use crate::device::compile::kernel_constants;
 
     #[test]
     fn sizes_match_the_kernel_file() {

@@ -16,9 +16,9 @@
 //! the one-GPU run's).
 
 use super::GpuTransformer;
-use crate::device::{Arg, Gpu};
-use crate::nccl::{self, Comm};
-use crate::parallel::Opened;
+use crate::device::nccl::{self, Comm};
+use crate::device::parallel::Opened;
+use crate::device::{Gpu, launch::Arg};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};

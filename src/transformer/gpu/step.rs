@@ -6,8 +6,8 @@ use super::{
     EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_ADAMW, TICKET_CLASSIFIER,
     TICKET_LAYERNORM, TICKET_NORM, WARPS, ln_rows_per_warp,
 };
-use crate::device::Arg;
-use crate::precision::Precision;
+use crate::device::launch::Arg;
+use crate::device::precision::Precision;
 use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
@@ -22,7 +22,7 @@ impl GpuTransformer {
 
     /// Whether this GPU's kernels have `wgmma` (the bf16 tiles then take more shared memory).
     fn wgmma(&self) -> bool {
-        crate::device::has_wgmma(self.gpu.compute_capability)
+        crate::device::compile::has_wgmma(self.gpu.compute_capability)
     }
 
     /// An activation's buffers as a linear layer's operand: [fp32, bf16].

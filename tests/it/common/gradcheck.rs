@@ -5,8 +5,8 @@
 
 use super::relative;
 use rand::{RngExt, SeedableRng};
-use textnet::cpu::SeededRng;
 use textnet::nn::{self, Tensor, no_grad};
+use textnet::ops::cpu::SeededRng;
 
 pub const H: f64 = 1e-6;
 pub const TOLERANCE: f64 = 1e-7;

@@ -15,9 +15,9 @@
 //! that is not finite, on `--patience` and on Ctrl-C; the pipeline's `EpochHooks` evaluate, keep the
 //! model and report each epoch.
 
-use crate::cpu::SeededRng;
-use crate::interrupt::{self, Interrupted};
-use crate::report::{Board, Divergence, Report, Status};
+use crate::harness::interrupt::{self, Interrupted};
+use crate::harness::report::{Board, Divergence, Report, Status};
+use crate::ops::cpu::SeededRng;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;

@@ -2,8 +2,8 @@
 //! (each pipeline's checks live with it, in `Pipeline::checks`; this file loops over `pipelines::ALL`).
 //! Prints a table (kernel, shape, relative error, tolerance, pass/fail) and exits non-zero on any failure.
 
-use crate::check::{Check, Group, Plan, Suite};
 use crate::device::Gpu;
+use crate::harness::check::{Check, Group, Plan, Suite};
 use crate::pipeline::Pipeline;
 use crate::pipelines;
 use anyhow::{Result, bail};
@@ -108,19 +108,22 @@ pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
     let compiling = Instant::now();
     let modules: Vec<_> =
         wanted().flat_map(|p| (p.modules)(&plan)).chain(suites().flat_map(|s| (s.modules)(&plan))).collect();
-    let count = crate::device::precompile(gpu.compute_capability, &modules);
-    let (_, built_in) = crate::device::precompiled_count();
-    crate::phases::note(compiling, &format!("{count} kernel modules ready (built into the binary: {built_in})"));
+    let count = crate::device::compile::precompile(gpu.compute_capability, &modules);
+    let (_, built_in) = crate::device::compile::precompiled_count();
+    crate::harness::phases::note(
+        compiling,
+        &format!("{count} kernel modules ready (built into the binary: {built_in})"),
+    );
     let mut checks = Vec::new();
     for pipeline in wanted() {
         let checking = Instant::now();
         checks.extend((pipeline.checks)(&gpu, &plan)?);
-        crate::phases::note(checking, &format!("{} checks", pipeline.name));
+        crate::harness::phases::note(checking, &format!("{} checks", pipeline.name));
     }
     for suite in suites() {
         let checking = Instant::now();
         checks.extend((suite.checks)(&gpu, &plan)?);
-        crate::phases::note(checking, &format!("{} checks", suite.name));
+        crate::harness::phases::note(checking, &format!("{} checks", suite.name));
     }
     Ok(Outcome { device_name: gpu.describe(), seed, gpu_open_seconds: opened, checks })
 }
@@ -162,22 +165,23 @@ pub fn run(args: SelftestArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Plan;
+    use crate::harness::check::Plan;
     use std::collections::BTreeSet;
 
     #[test]
     fn every_module_the_selftest_compiles_is_compiled_at_build_time() {
-        let listed = crate::device::precompiled_lines();
+        let listed = crate::device::compile::precompiled_lines();
         let mut missing = BTreeSet::new();
         for quick in [false, true] {
             let plan = Plan { seed: 1, quick, groups: Vec::new() };
             for pipeline in pipelines::ALL {
                 // `fit`'s too: its random specs come from a fixed stream, so their modules are known here.
-                let lines = (pipeline.modules)(&plan).into_iter().map(|r| crate::device::precompiled_line(&r));
+                let lines =
+                    (pipeline.modules)(&plan).into_iter().map(|r| crate::device::compile::precompiled_line(&r));
                 missing.extend(lines.filter(|l| !listed.contains(l)));
             }
             for suite in SUITES {
-                let lines = (suite.modules)(&plan).into_iter().map(|r| crate::device::precompiled_line(&r));
+                let lines = (suite.modules)(&plan).into_iter().map(|r| crate::device::compile::precompiled_line(&r));
                 missing.extend(lines.filter(|l| !listed.contains(l)));
             }
         }

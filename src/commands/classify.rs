@@ -4,10 +4,10 @@
 //! pipeline whose model kind the file names opens it (`pipelines::ALL`, `pipeline::ImageClassifier`):
 //! an MNIST MLP or CNN of `textnet mnist`, or a network of `textnet fit` trained on images.
 
-use crate::classifier::{Evaluation, ImageModel};
-use crate::console;
-use crate::cpu::softmax_in_place;
+use crate::commands::classifier::{Evaluation, ImageModel};
 use crate::datasets::{idx, images};
+use crate::harness::console;
+use crate::ops::cpu::softmax_in_place;
 use crate::ops::losses::softmax_xent;
 use anyhow::{Context, Result, anyhow, bail};
 use rayon::prelude::*;
@@ -50,7 +50,7 @@ const EXPECTED: &str = "a textnet MNIST model file or a textnet fit model of ima
 
 /// The model file `bytes` (read from `path`) opened by the pipeline whose kind it names.
 fn open(bytes: &[u8], path: &Path) -> Result<ImageModel> {
-    let kind = crate::modelkind::claimed_by(bytes);
+    let kind = crate::io::modelkind::claimed_by(bytes);
     let hook = crate::pipelines::ALL
         .iter()
         .find(|p| kind.is_some_and(|k| p.models.contains(&k)))
@@ -61,7 +61,7 @@ fn open(bytes: &[u8], path: &Path) -> Result<ImageModel> {
     let (_, header) =
         safetensors::SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
     let meta = header.metadata().clone().unwrap_or_default();
-    match (crate::modelkind::describe(Some(&meta)), crate::modelkind::tag(&meta)) {
+    match (crate::io::modelkind::describe(Some(&meta)), crate::io::modelkind::tag(&meta)) {
         (Some(what), _) => bail!("not {EXPECTED}: {what}"),
         (None, Some(other)) => {
             bail!("not a textnet model file: its metadata names the format {other:?} (expected {EXPECTED})")
@@ -94,12 +94,12 @@ fn read_images(
     quiet: bool,
 ) -> Result<(Vec<String>, Vec<f32>, bool)> {
     let (width, height) = (model.width, model.height);
-    let shown = crate::fsutil::shown(path);
+    let shown = crate::io::fsutil::shown(path);
     let is_idx = |head: &[u8]| head.starts_with(&[0x1f, 0x8b]) || head.starts_with(&[0, 0, 8, 3]);
-    if !crate::fsutil::is_stdin(path) {
+    if !crate::io::fsutil::is_stdin(path) {
         // An IDX file is decoded as it is read (it may be gzipped and large), not read whole first.
         let mut head = [0u8; 4];
-        let read = std::io::Read::read(&mut crate::fsutil::open_input(path, "image file")?, &mut head).unwrap_or(0);
+        let read = std::io::Read::read(&mut crate::io::fsutil::open_input(path, "image file")?, &mut head).unwrap_or(0);
         if is_idx(&head[..read]) {
             let images = idx::read_idx(path, 3)?;
             let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
@@ -114,7 +114,7 @@ fn read_images(
             return Ok((names, images.data.iter().map(|&p| scale(p)).collect(), true));
         }
     }
-    let bytes = crate::fsutil::read_input(path, "image file")?;
+    let bytes = crate::io::fsutil::read_input(path, "image file")?;
     if bytes.starts_with(&[0, 0, 8, 1]) {
         bail!("{shown} is an IDX label file, not images; give it with --labels");
     }
@@ -162,11 +162,11 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     inputs.extend(args.images.iter().map(|p| ("image file", p.as_path())));
     inputs.extend(args.labels.as_deref().map(|p| ("--labels file", p)));
     // The second reader of standard input would find it empty.
-    if inputs.iter().filter(|(_, path)| crate::fsutil::is_stdin(path)).count() > 1 {
+    if inputs.iter().filter(|(_, path)| crate::io::fsutil::is_stdin(path)).count() > 1 {
         bail!("- (standard input) can be given once");
     }
-    crate::plot::check(args.plot.as_deref(), None, &inputs)?;
-    let bytes = crate::fsutil::read_input(&args.model, "model file")?;
+    crate::harness::plot::check(args.plot.as_deref(), None, &inputs)?;
+    let bytes = crate::io::fsutil::read_input(&args.model, "model file")?;
     let model = open(&bytes, &args.model)
         .and_then(|model| scale(&model).map(|scale| (model, scale)))
         .with_context(|| format!("model file {}", args.model.display()));
@@ -202,10 +202,10 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
             "{} on {}: {} images, accuracy {:.2}%",
             name(&args.model),
             args.images.first().map_or(String::new(), |p| name(p)),
-            crate::report::count(predictions.len()),
+            crate::harness::report::count(predictions.len()),
             100.0 * evaluation.accuracy()
         );
-        crate::plot::confusion_matrix(path, &title, &evaluation, names)?;
+        crate::harness::plot::confusion_matrix(path, &title, &evaluation, names)?;
         if !args.quiet {
             console::err(&format!("--plot {}: the confusion matrix", path.display()));
         }
@@ -238,7 +238,7 @@ pub fn run(args: ClassifyArgs) -> Result<()> {
     if args.labels.is_some() && !args.tsv {
         console::out(&format!(
             "{} images: accuracy {:.2}%, loss {:.4}",
-            crate::report::count(predictions.len()),
+            crate::harness::report::count(predictions.len()),
             100.0 * evaluation.accuracy(),
             evaluation.mean_loss()
         ));

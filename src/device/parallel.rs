@@ -4,9 +4,9 @@
 //! and `Plan::open` opens it: the GPUs, the rendezvous of a multi-process run, and the NCCL communicators
 //! that connect the replicas.
 
+use crate::device::nccl::{self, Comm};
+use crate::device::rendezvous::{self, Rendezvous, Watch};
 use crate::device::{self, Backend, DeviceChoice, Gpu};
-use crate::nccl::{self, Comm};
-use crate::rendezvous::{self, Rendezvous, Watch};
 use anyhow::{Context, Result, bail};
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,7 +115,7 @@ impl Plan {
                 if let Some(line) = rendezvous.waiting() {
                     announce(&line);
                 }
-                let meeting = rendezvous.meet(crate::report::VERSION, &fingerprint(), nccl::unique_id)?;
+                let meeting = rendezvous.meet(crate::harness::report::VERSION, &fingerprint(), nccl::unique_id)?;
                 let gpu = Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?;
                 let line = format!("rank {} of {}, GPU {ordinal}", rendezvous.rank, rendezvous.world_size);
                 let id = meeting.id.clone();

@@ -5,9 +5,9 @@
 //! system font is needed. Pictures are written atomically (`fsutil::write_atomic`), and `check` refuses a
 //! bad `--plot` before any work.
 
-use crate::classifier::Evaluation;
-use crate::fsutil;
-use crate::report::{Display, EpochRow};
+use crate::commands::classifier::Evaluation;
+use crate::harness::report::{Display, EpochRow};
+use crate::io::fsutil;
 use anyhow::{Context, Result, anyhow, bail};
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
@@ -23,7 +23,7 @@ accuracy, MAE or perplexity where the run measures them";
 
 /// The font family every text of a picture is set in: the embedded DejaVu Sans.
 const FAMILY: &str = "sans-serif";
-static FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
 /// Registers the embedded font with plotters, once.
 fn register_font() -> Result<()> {

@@ -1,8 +1,8 @@
 //! The harness every pipeline's selftest checks are built on: one check's result, the relative error it
 //! is judged by, which checks a run selects, and the random generator each group of checks draws from.
 
-use crate::cpu::SeededRng;
 use crate::device::{self, Gpu};
+use crate::ops::cpu::SeededRng;
 use rand::SeedableRng;
 use std::sync::Arc;
 
@@ -82,7 +82,7 @@ pub struct Suite {
     /// The GPU-against-CPU checks.
     pub checks: fn(&Arc<Gpu>, &Plan) -> anyhow::Result<Vec<Check>>,
     /// The kernel modules those checks compile.
-    pub modules: fn(&Plan) -> Vec<device::ModuleRequest>,
+    pub modules: fn(&Plan) -> Vec<device::compile::ModuleRequest>,
 }
 
 /// What a selftest run asks of each pipeline.

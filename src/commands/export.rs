@@ -4,7 +4,7 @@
 //! or of the Python package's `Sequential`, an MNIST MLP or CNN, or a character-level Transformer. A
 //! model of another kind is refused, naming what it is.
 
-use crate::fsutil;
+use crate::io::fsutil;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 
@@ -26,7 +26,7 @@ const COVERED: &str = "a network of textnet fit or Sequential, an MNIST MLP or C
 
 /// The ONNX bytes of the model file `bytes`, written by the pipeline whose kind the file names.
 pub fn onnx_bytes(bytes: &[u8]) -> Result<Vec<u8>> {
-    let kind = crate::modelkind::claimed_by(bytes);
+    let kind = crate::io::modelkind::claimed_by(bytes);
     let pipeline = crate::pipelines::ALL.iter().find(|p| kind.is_some_and(|k| p.models.contains(&k)));
     if let Some(hook) = pipeline.and_then(|p| p.onnx.as_ref()) {
         return (hook.export)(bytes);
@@ -36,7 +36,7 @@ pub fn onnx_bytes(bytes: &[u8]) -> Result<Vec<u8>> {
     }
     let (_, header) =
         safetensors::SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("not a safetensors file ({e})"))?;
-    match header.metadata().as_ref().and_then(|m| crate::modelkind::tag(m).map(str::to_string)) {
+    match header.metadata().as_ref().and_then(|m| crate::io::modelkind::tag(m).map(str::to_string)) {
         Some(other) => bail!("not a textnet model file: its metadata names the format {other:?}"),
         None => bail!("not a textnet model file: its metadata names no format"),
     }
@@ -54,10 +54,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let bytes = fsutil::read_input(&args.model, "model file")?;
     let onnx = onnx_bytes(&bytes).with_context(|| format!("model file {}", args.model.display()))?;
     save("--onnx", &args.onnx, &onnx, &[("model file", &args.model)])?;
-    crate::console::err(&format!(
+    crate::harness::console::err(&format!(
         "{}: ONNX (operator set {}) of {}",
         args.onnx.display(),
-        crate::onnx::OPSET,
+        crate::io::onnx::OPSET,
         args.model.display()
     ));
     Ok(())

@@ -20,7 +20,7 @@ pub fn install() {
         if REQUESTED.swap(true, Ordering::SeqCst) {
             std::process::exit(EXIT_STATUS);
         }
-        crate::console::err("textnet: stopping after this epoch is saved (Ctrl-C again to stop at once)");
+        crate::harness::console::err("textnet: stopping after this epoch is saved (Ctrl-C again to stop at once)");
     });
 }
 

@@ -197,13 +197,13 @@ pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
     }
     let mut file = open_input(path, what)?;
     let len = file.metadata().map_or(0, |m| m.len());
-    if crate::resources::fallibly(|| bytes.try_reserve_exact(len as usize)).is_err() {
+    if crate::io::resources::fallibly(|| bytes.try_reserve_exact(len as usize)).is_err() {
         let available =
-            crate::resources::available_memory().map(|a| format!(" ({} available)", crate::resources::size(a)));
+            crate::io::resources::available_memory().map(|a| format!(" ({} available)", crate::io::resources::size(a)));
         bail!(
             "{what} {} takes {} of memory, more than this process can get{}",
             path.display(),
-            crate::resources::size(len),
+            crate::io::resources::size(len),
             available.unwrap_or_default()
         );
     }

@@ -98,7 +98,7 @@ impl Evaluation {
         let label_width = (0..c).map(|k| label(k).chars().count()).max().unwrap_or(1);
         let mut out = format!(
             "confusion matrix, {} {images} (rows: true class, columns: predicted), accuracy {:.2}%\n{:label_width$}",
-            crate::report::count(self.samples as usize),
+            crate::harness::report::count(self.samples as usize),
             100.0 * self.accuracy(),
             ""
         );

@@ -6,8 +6,8 @@
 //! on stderr, and only where stderr is a terminal. `--quiet` leaves errors only: no bar and no lines
 //! (the `--json` report is still printed).
 
-use crate::console;
-use crate::tensorboard::{self, EventWriter};
+use crate::harness::console;
+use crate::harness::tensorboard::{self, EventWriter};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Map, Value};

@@ -2,7 +2,7 @@
 //! top-1 and top-5 accuracy of a model's next-token predictions over a corpus, without training. The
 //! pipeline whose kind the file names computes the figures (`pipeline::LanguageModel::evaluate`).
 
-use crate::console;
+use crate::harness::console;
 use anyhow::{Result, bail};
 use serde_json::json;
 use std::path::PathBuf;
@@ -74,10 +74,10 @@ pub fn report(args: &EvalArgs, kind: &str, e: &Evaluation) -> Result<()> {
         console::out(&format!(
             "{}: {} {}s ({:.2}% outside the model's vocabulary), {} samples",
             args.corpus.display(),
-            crate::report::count(e.tokens),
+            crate::harness::report::count(e.tokens),
             e.unit,
             100.0 * e.unknown_tokens as f64 / e.tokens.max(1) as f64,
-            crate::report::count(e.samples as usize)
+            crate::harness::report::count(e.samples as usize)
         ));
         console::out(&format!(
             "loss {loss:.4} per {} (perplexity {:.2}), top-1 {:.1}%, top-5 {:.1}%",

@@ -1,98 +1,14 @@
-//! Sampling text from a model, for every pipeline that generates: `textnet generate`'s flags, drawing the
-//! next token (temperature, then top-k, then top-p, and an id that is never drawn while another is left:
+//! Sampling text from a model, for every pipeline that generates (`textnet generate` reads its flags in
+//! `commands::generate`): drawing the next token (temperature, then top-k, then top-p, and an id that is never drawn while another is left:
 //! the unknown token), and one continuation drawn token by token until `--length` or a stop string. A
 //! pipeline gives a `Generator` (its model's logits and how its tokens read); the rest is here, so both
 //! model kinds sample, stop and report alike. On the CPU: one draw per generated token, next to a forward
 //! pass that costs far more.
 
-use crate::cpu::SeededRng;
+use crate::ops::cpu::SeededRng;
 use anyhow::{Result, bail};
 use rand::RngExt;
 use serde::Serialize;
-use std::path::PathBuf;
-
-/// The flags of `textnet generate`, shared by every pipeline that generates.
-#[derive(clap::Args, Debug)]
-pub struct GenerateArgs {
-    /// The text to continue (the model's tokenizer reads it; for a text model, words outside its
-    /// vocabulary read as `<unk>`, and at least one must be known). Without it, or empty, the sample is
-    /// unconditional: a text model starts as after the end of a sentence (the context ".", or its most
-    /// frequent token when "." is not in its vocabulary), a Transformer from a newline, as nanoGPT's
-    /// sample.py does; that start is not printed
-    #[arg(allow_hyphen_values = true, value_name = "PROMPT", conflicts_with = "prompt_flag")]
-    pub prompt: Option<String>,
-    /// The same as the positional PROMPT
-    #[arg(long = "prompt", hide = true, allow_hyphen_values = true, value_name = "TEXT")]
-    pub prompt_flag: Option<String>,
-    /// Tokens to generate per sample (characters, for a Transformer model), at most 100,000
-    #[arg(long, default_value_t = 50)]
-    pub length: usize,
-    /// Softmax temperature: 1 samples the model's own distribution, lower is more conservative, 0 always
-    /// takes the likeliest token
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub temperature: f32,
-    /// Sample only among the K likeliest tokens
-    #[arg(long, value_name = "K")]
-    pub top_k: Option<usize>,
-    /// Nucleus sampling: only among the likeliest tokens whose probabilities (after --temperature and
-    /// --top-k) first add up to P or more, 0 < P ≤ 1
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
-    pub top_p: Option<f32>,
-    /// Independent samples to draw, one after another from the one seeded generator; printed with a line
-    /// `---------------` between them
-    #[arg(short = 'n', long, value_name = "N", default_value_t = 1)]
-    pub num_samples: usize,
-    /// End a sample once the text it generated contains STRING; STRING is kept in the output (as Hugging
-    /// Face's stop_strings), with the rest of the token that completed it. May be given more than once
-    #[arg(long, value_name = "STRING", allow_hyphen_values = true)]
-    pub stop: Vec<String>,
-    /// Seed of the sampling
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Model file written by `textnet train` or `textnet transformer`
-    #[arg(short = 'm', long, default_value = "textnet.safetensors")]
-    pub model: PathBuf,
-    /// Print one JSON object at the end instead of streaming the text
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// The most tokens (or characters) one sample holds.
-pub const MAX_LENGTH: usize = 100_000;
-/// The most samples one `generate` draws.
-pub const MAX_SAMPLES: usize = 10_000;
-
-impl GenerateArgs {
-    /// The prompt, positional or `--prompt`; empty when neither is given.
-    pub fn prompt(&self) -> &str {
-        self.prompt.as_deref().or(self.prompt_flag.as_deref()).unwrap_or("")
-    }
-
-    /// Checks every flag (an error names the one out of range) and gives how tokens are drawn.
-    pub fn check(&self) -> Result<Sampling> {
-        if !(1..=MAX_LENGTH).contains(&self.length) {
-            bail!("--length must be between 1 and {MAX_LENGTH}, got {}", self.length);
-        }
-        if !(1..=MAX_SAMPLES).contains(&self.num_samples) {
-            bail!("--num-samples must be between 1 and {MAX_SAMPLES}, got {}", self.num_samples);
-        }
-        if self.stop.iter().any(String::is_empty) {
-            bail!("--stop must be a non-empty string");
-        }
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            bail!("--temperature must be 0 or more, got {}", self.temperature);
-        }
-        if self.top_k == Some(0) {
-            bail!("--top-k must be at least 1");
-        }
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            bail!("--top-p must be more than 0 and at most 1, got {p}");
-        }
-        Ok(Sampling { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p })
-    }
-}
 
 /// How the next token is drawn from the logits.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -13,6 +13,8 @@ use textnet::nn::{self, CapturedStep, Tensor};
 #[pyclass(name = "CapturedStep", module = "textnet._native", unsendable)]
 pub(crate) struct PyCapturedStep {
     step: CapturedStep,
+    /// The inputs, as the step holds them (for `run_refilled`).
+    inputs: Vec<Data>,
 }
 
 #[pymethods]
@@ -33,7 +35,37 @@ impl PyCapturedStep {
             })
             .collect::<PyResult<_>>()?;
         let step = CapturedStep::new(&gpu()?, &tensors).map_err(nn_error)?;
-        Ok(PyCapturedStep { step })
+        Ok(PyCapturedStep { step, inputs: inputs.iter().map(|input| input.data.clone()).collect() })
+    }
+
+    /// `run` after refilling each input from the tensor at its place in `sources` (GPU tensors of the
+    /// inputs' dtypes and shapes), in one call: copies on the GPU, in order before the step, and no Python
+    /// between them and the replay.
+    fn run_refilled(&mut self, sources: Vec<PyRef<'_, PyTensor>>, function: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+        if sources.len() != self.inputs.len() {
+            let (given, inputs) = (sources.len(), self.inputs.len());
+            return Err(PyValueError::new_err(format!("compile: {given} tensors to refill {inputs} inputs")));
+        }
+        for (mine, theirs) in self.inputs.iter().zip(&sources) {
+            match (mine, &theirs.data) {
+                (Data::F32(to), Data::F32(from)) | (Data::DeviceIds(to), Data::DeviceIds(from))
+                    if from.is_on_device() && to.shape() == from.shape() =>
+                {
+                    to.copy_from(from).map_err(nn_error)?
+                }
+                (mine, theirs) => {
+                    return Err(PyValueError::new_err(format!(
+                        "compile: an input is a {} tensor {:?} on the GPU, but its refill is a {} tensor {:?} on the {}",
+                        mine.dtype_name(),
+                        mine.shape(),
+                        theirs.dtype_name(),
+                        theirs.shape(),
+                        if theirs.on_gpu() { "GPU" } else { "host" }
+                    )));
+                }
+            }
+        }
+        self.run(function)
     }
 
     /// One step: `function` (no arguments; it returns a float32 tensor on the GPU, the loss) run eagerly,

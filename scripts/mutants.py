@@ -250,7 +250,10 @@ def main():
     a = ap.parse_args()
     chosen = [m for m in MUTATIONS if not a.names or any(n in m[0] for n in a.names)]
     print(f"seed {a.seed}; control plus {len(chosen)} mutations, {a.jobs} at a time", flush=True)
-    jobs = [("control: fused/ unchanged", None, None, None, None)] + chosen
+    # The control runs the parts the chosen mutations run (all of the selftest when they span several).
+    parts = {m[4] for m in chosen}
+    control_part = parts.pop() if len(parts) == 1 else None
+    jobs = [("control: fused/ unchanged", None, None, None, control_part)] + chosen
     with ThreadPoolExecutor(a.jobs) as pool:
         results = list(pool.map(lambda m: run(a.bin, a.fused, *m, a.seed), jobs))
     bad = 0

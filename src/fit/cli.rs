@@ -584,8 +584,7 @@ impl TrainingCommand for FitArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, rows, keeper, diverged, stopped_early, last, training_s } = trained;
-        let Setup { mut display, data, net, backend, optim, schedule, baseline_mae, untrained_loss, started, .. } =
-            setup;
+        let Setup { mut display, data, net, backend, optim, baseline_mae, untrained_loss, started, .. } = setup;
         let judged_name = if data.val.is_some() { "val loss" } else { "test loss" };
         let outcome = keeper.outcome(&args.out, judged_name);
         let completed = rows.len();
@@ -662,35 +661,35 @@ impl TrainingCommand for FitArgs {
                 textnet: report::VERSION,
                 command: "fit",
                 status: ending.status(),
-                config: json!({
-                    "layers": spec::text(&net.layers),
-                    "dataset": dataset,
-                    "table": table,
-                    "target": args.tabular.target.as_ref().map(|t| t.to_string()),
-                    "loss": data.loss.name(),
-                    "init": report::flag_value(&args.init),
-                    "optim": optim.kind.name(),
-                    "lr": report::decimal(optim.lr),
-                    "momentum": args.optim.momentum.map(report::decimal),
-                    "weight_decay": report::decimal(optim.weight_decay),
-                    "clip_norm": report::decimal(optim.clip_norm),
-                    "lr_schedule": schedule.kind.name(),
-                    "warmup": schedule.warmup,
-                    "min_lr": report::decimal(schedule.min_lr),
-                    "patience": args.patience,
-                    "epochs": args.epochs,
-                    "batch": args.batch,
-                    "seed": args.seed,
-                    "train_limit": args.train_limit,
-                    "val_split": args.val_split,
-                    "split": args.tabular.table.as_ref().map(|_| args.tabular.split),
-                    "keep": args.keep().name(),
-                    "out": args.out.display().to_string(),
-                    "overwrite": args.overwrite,
-                    "device": report::flag_value(&args.device),
-                    "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                    "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
-                }),
+                config: report::with_flags(
+                    json!({
+                        "layers": spec::text(&net.layers),
+                        "dataset": dataset,
+                        "table": table,
+                        "target": args.tabular.target.as_ref().map(|t| t.to_string()),
+                        "loss": data.loss.name(),
+                        "init": report::flag_value(&args.init),
+                        "optim": optim.kind.name(),
+                        "lr": report::decimal(optim.lr),
+                        "momentum": args.optim.momentum.map(report::decimal),
+                        "weight_decay": report::decimal(optim.weight_decay),
+                        "clip_norm": report::decimal(optim.clip_norm),
+                        "patience": args.patience,
+                        "epochs": args.epochs,
+                        "batch": args.batch,
+                        "seed": args.seed,
+                        "train_limit": args.train_limit,
+                        "val_split": args.val_split,
+                        "split": args.tabular.table.as_ref().map(|_| args.tabular.split),
+                        "keep": args.keep().name(),
+                        "out": args.out.display().to_string(),
+                        "overwrite": args.overwrite,
+                        "device": report::flag_value(&args.device),
+                        "plot": args.plot.as_ref().map(|p| p.display().to_string()),
+                        "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
+                    }),
+                    &args.schedule,
+                ),
                 device: report::DeviceFields::of(&backend),
                 data: json!({
                     "source": data.source,

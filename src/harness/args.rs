@@ -48,8 +48,9 @@ impl OptimArgs {
     }
 }
 
-/// The learning-rate schedule flags every training command can share (`#[command(flatten)]`).
-#[derive(clap::Args, Clone, Debug, Default)]
+/// The learning-rate schedule flags every training command can share (`#[command(flatten)]`), as the
+/// report's `config` lists them (`report::with_flags`).
+#[derive(clap::Args, Clone, Debug, Default, serde::Serialize)]
 pub struct ScheduleArgs {
     /// How the learning rate moves over the run
     #[arg(long, value_enum, default_value_t)]
@@ -59,6 +60,7 @@ pub struct ScheduleArgs {
     pub warmup: usize,
     /// Where --lr-schedule cosine ends
     #[arg(long, value_name = "LR", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[serde(serialize_with = "crate::harness::report::serialize_decimal")]
     pub min_lr: f32,
 }
 

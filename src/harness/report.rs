@@ -212,6 +212,20 @@ pub fn decimal(value: f32) -> f64 {
     value.to_string().parse::<f64>().unwrap_or(f64::from(value))
 }
 
+/// `decimal` as a serde field serializer (`#[serde(serialize_with = …)]`).
+pub fn serialize_decimal<S: serde::Serializer>(value: &f32, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64(decimal(*value))
+}
+
+/// The report's `config`: a command's own entries `config` (a JSON object) and the fields of a flag group
+/// it flattens (`ScheduleArgs`), serialised.
+pub fn with_flags(mut config: Value, flags: &impl serde::Serialize) -> Value {
+    if let (Some(entries), Ok(Value::Object(fields))) = (config.as_object_mut(), serde_json::to_value(flags)) {
+        entries.extend(fields);
+    }
+    config
+}
+
 /// A value-enum flag's value as written on the command line, e.g. `auto` for `--device auto`.
 pub fn flag_value<T: clap::ValueEnum>(value: &T) -> String {
     value.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()

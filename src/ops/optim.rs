@@ -288,7 +288,8 @@ impl Optimizer {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 /// The `--lr-schedule` flag: how the learning rate moves over a run (after `--warmup`).
 pub enum LrScheduleKind {
     /// The base rate at every step

@@ -182,34 +182,34 @@ impl TrainArgs {
     }
 
     fn config_json(&self, shape: TextShape, tokenizer: Tokenizer, plan: &Plan) -> serde_json::Value {
-        json!({
-            "corpus": self.corpus.display().to_string(),
-            "out": self.out.display().to_string(),
-            "keep": self.keep.name(),
-            "overwrite": self.overwrite,
-            "resume": self.resume.as_ref().map(|p| p.display().to_string()),
-            "max_vocab": self.max_vocab,
-            "context": shape.context,
-            "embed": shape.embed,
-            "hidden": shape.hidden,
-            "lr": report::decimal(plan.lr),
-            "optim": self.optim.name(),
-            "weight_decay": report::decimal(self.weight_decay),
-            "lr_schedule": self.schedule.lr_schedule.name(),
-            "warmup": self.schedule.warmup,
-            "min_lr": report::decimal(self.schedule.min_lr),
-            "epochs": plan.epochs,
-            "batch": plan.batch,
-            "seed": self.seed,
-            "shuffle": !self.no_shuffle,
-            "keep_case": !tokenizer.lowercase,
-            "max_tokens": self.max_tokens,
-            "val_max": self.val_max,
-            "device": report::flag_value(&self.device),
-            "precision": self.precision.name(),
-            "plot": self.plot.as_ref().map(|p| p.display().to_string()),
-            "tensorboard": self.tensorboard.as_ref().map(|p| p.display().to_string()),
-        })
+        report::with_flags(
+            json!({
+                "corpus": self.corpus.display().to_string(),
+                "out": self.out.display().to_string(),
+                "keep": self.keep.name(),
+                "overwrite": self.overwrite,
+                "resume": self.resume.as_ref().map(|p| p.display().to_string()),
+                "max_vocab": self.max_vocab,
+                "context": shape.context,
+                "embed": shape.embed,
+                "hidden": shape.hidden,
+                "lr": report::decimal(plan.lr),
+                "optim": self.optim.name(),
+                "weight_decay": report::decimal(self.weight_decay),
+                "epochs": plan.epochs,
+                "batch": plan.batch,
+                "seed": self.seed,
+                "shuffle": !self.no_shuffle,
+                "keep_case": !tokenizer.lowercase,
+                "max_tokens": self.max_tokens,
+                "val_max": self.val_max,
+                "device": report::flag_value(&self.device),
+                "precision": self.precision.name(),
+                "plot": self.plot.as_ref().map(|p| p.display().to_string()),
+                "tensorboard": self.tensorboard.as_ref().map(|p| p.display().to_string()),
+            }),
+            &self.schedule,
+        )
     }
 }
 

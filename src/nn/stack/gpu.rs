@@ -470,13 +470,6 @@ impl GpuTrainer {
             bail!("--batch {batch} is above the GPU kernels' limit of {}", 65_535 * FORWARD_TILE.0);
         }
 
-        // The network's modules all at once, on every core (those built into the binary or cached cost
-        // nothing): a new spec then waits for its slowest compile, not their sum.
-        let mut wanted = modules(&net, loss);
-        if let Some(p) = whole_epoch_plan(&net, &groups, loss, batch).filter(|_| path != StepPath::Layers) {
-            wanted.push(whole_epoch_module(&p, loss, batch));
-        }
-        crate::device::compile::precompile(gpu.compute_capability, &wanted);
         let fused_loss = fuses_loss(&groups);
         let mut kernels = Vec::with_capacity(groups.len());
         let (mut loss_kernel, mut loss_shared) = (None, 0);

@@ -176,8 +176,7 @@ mod tests {
             let plan = Plan { seed: 1, quick, groups: Vec::new() };
             for pipeline in pipelines::ALL {
                 // `fit`'s too: its random specs come from a fixed stream, so their modules are known here.
-                let lines =
-                    (pipeline.modules)(&plan).into_iter().map(|r| crate::device::compile::precompiled_line(&r));
+                let lines = (pipeline.modules)(&plan).into_iter().map(|r| crate::device::compile::precompiled_line(&r));
                 missing.extend(lines.filter(|l| !listed.contains(l)));
             }
             for suite in SUITES {

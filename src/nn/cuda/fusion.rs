@@ -262,7 +262,7 @@ impl Producer {
     /// The cross-entropy wanted of this producer's output.
     pub(crate) fn cross_entropy(&self) -> Option<CrossEntropySite> {
         self.wants.iter().find_map(|w| match w {
-            Want::CrossEntropy(site) => Some(site.clone()),
+            Want::CrossEntropy(site) => Some(*site),
             _ => None,
         })
     }

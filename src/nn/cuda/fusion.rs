@@ -57,14 +57,25 @@ pub(crate) enum Want {
     CrossEntropy(CrossEntropySite),
 }
 
-/// A cross-entropy against the class ids in the step's input `input` (the targets must be one: a buffer
-/// that lives through the step at one address), ignoring the rows whose id is `ignore` (NaN: none), its
-/// gradient times `row_scale`.
+/// A cross-entropy of `rows` rows of `classes` logits against the class ids in the step's input `input`
+/// (the targets must be one: a buffer that lives through the step at one address), ignoring the rows whose
+/// id is `ignore` (NaN: none), its gradient times `row_scale`.
 #[derive(Clone, Copy)]
 pub(crate) struct CrossEntropySite {
     pub(crate) input: usize,
+    pub(crate) rows: usize,
+    pub(crate) classes: usize,
     pub(crate) ignore: f32,
     pub(crate) row_scale: f32,
+}
+
+impl CrossEntropySite {
+    /// Whether `other` is the same cross-entropy (the same targets, shape, ignored id and scale).
+    fn same(&self, other: &CrossEntropySite) -> bool {
+        (self.input, self.rows, self.classes) == (other.input, other.rows, other.classes)
+            && self.ignore.to_bits() == other.ignore.to_bits()
+            && self.row_scale.to_bits() == other.row_scale.to_bits()
+    }
 }
 
 /// What a cross-entropy launch writes: each row's loss, the rows' gradient (softmax − onehot, scaled),
@@ -496,21 +507,17 @@ impl DeviceBuffer {
         })
     }
 
-    /// The cross-entropy of these elements against `targets` with `ignore` and `row_scale`, when their
-    /// producer computed it from the same targets and nothing was written in place since.
+    /// The cross-entropy `site` of these elements against `targets`, when their producer computed that
+    /// very one from those targets and nothing was written in place since.
     pub(crate) fn cross_entropy_extra(
         &self,
         targets: &DeviceBuffer,
-        ignore: f32,
-        row_scale: f32,
+        site: &CrossEntropySite,
     ) -> Option<CrossEntropyOut> {
         let writes_now = self.device.in_place_writes.load(Ordering::Relaxed);
         self.block.fused().extras.iter().find_map(|e| match e {
-            Extra::CrossEntropy { site, targets: from, writes, out }
-                if *from == targets.identity()
-                    && *writes == writes_now
-                    && site.ignore.to_bits() == ignore.to_bits()
-                    && site.row_scale.to_bits() == row_scale.to_bits() =>
+            Extra::CrossEntropy { site: made, targets: from, writes, out }
+                if *from == targets.identity() && *writes == writes_now && made.same(site) =>
             {
                 Some(out.clone())
             }

@@ -669,7 +669,9 @@ pub(crate) fn linear<F: Real>(
     // targets in one of the step's inputs.
     let wanted = producer.as_ref().and_then(Producer::cross_entropy);
     let cross_entropy = match (&rounded, activation, &dropout, wanted.map(|w| (w, device.step_input(w.input)))) {
-        (None, None, None, Some((site, Some(targets)))) if outputs <= LINEAR_CROSS_ENTROPY_CLASSES => {
+        (None, None, None, Some((site, Some(targets))))
+            if (site.rows, site.classes) == (rows, outputs) && outputs <= LINEAR_CROSS_ENTROPY_CLASSES =>
+        {
             Some((site, targets, cross_entropy_buffers(device, rows, outputs)?))
         }
         _ => None,
@@ -885,10 +887,11 @@ pub(crate) fn cross_entropy<F: Real>(
     // hands on d as it is.
     let every_row_counts = ignore.is_nan();
     let row_scale = if every_row_counts { 1.0 / rows.max(1) as f32 } else { 1.0 };
-    if let Some(input_index) = device.step_input_of(targets) {
-        device.want(&input, Want::CrossEntropy(CrossEntropySite { input: input_index, ignore, row_scale }));
+    let site = device.step_input_of(targets).map(|input| CrossEntropySite { input, rows, classes, ignore, row_scale });
+    if let Some(site) = site {
+        device.want(&input, Want::CrossEntropy(site));
     }
-    let out = match input.cross_entropy_extra(targets, ignore, row_scale) {
+    let out = match site.and_then(|site| input.cross_entropy_extra(targets, &site)) {
         Some(out) => {
             device.fused(format!("linear → {NAME}: the loss by the blocks that formed the logits"));
             out

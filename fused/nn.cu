@@ -14,7 +14,8 @@
 //                and an activation in the epilogue), nn_linear_grad_weight (dW and db in one product) and
 //                nn_linear_grad (dx, dW and db in one launch; dx times the slope of the activation before
 //                the layer when the backward fuses it), each in three tiles (_large, _small, _tiny:
-//                small grids split k inside the block); in bf16,
+//                small grids split k inside the block), nn_linear_grad_weights (the weight gradients
+//                the backward deferred, several layers' in one launch, a table of them); in bf16,
 //                nn_to_bf16 (an operand rounded once) and nn_product_bf16_{nn,nt,tn,tt} (Bf16Tile: `wgmma`
 //                on Hopper; batched, one kernel a layout, bias), nn_product_bf16_{act} (an activation
 //                after) and nn_product_bf16_{act}_slope (dx times an activation's slope, the backward's
@@ -22,7 +23,8 @@
 //   losses       nn_cross_entropy (a warp per row: the row's loss and softmax − onehot, rows to ignore
 //                give 0; the mean over the counted rows by the last block), nn_linear_cross_entropy_{tile}
 //                (a linear layer's logits, ≤ 64 a row, and their cross-entropy in one launch: the
-//                capture-time fusion of a classifier's last layer), nn_scale_by (a saved gradient times the upstream scalar gradient).
+//                capture-time fusion of a classifier's last layer; after an activation, the layer's dx
+//                too), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch; its last block advances
 //                their step counts), nn_sum_squares_chunks, nn_clip_factor and nn_scale_chunks
 //                (clip_grad_norm over many gradients a launch), nn_accumulate (y += x).
@@ -314,6 +316,21 @@ struct MatTile {
 using TileLarge = MatTile<64, 64, 16, 4, 4>;
 using TileSmall = MatTile<16, 16, 64, 2, 2>;
 using TileTiny = MatTile<8, 8, 256, 2, 2>;
+
+// The sum gemm_tile forms for one output of a product over k [0, K) in a tile of `ksplit` thread groups
+// (GemmTile::KSPLIT: 1 for TileLarge, 4 for TileSmall, 16 for TileTiny): group g's fmaf chain over k ≡ g
+// (mod ksplit), from k = g up, then the groups' sums added from group 0 on. An output formed outside a tile
+// (a fused epilogue) takes that tile's bits with it.
+template <class AAt, class BAt>
+__device__ __forceinline__ float tile_sum(int K, int ksplit, AAt a_at, BAt b_at) {
+    float sum = 0.0f;
+    for (int g = 0; g < ksplit; ++g) {
+        float part = 0.0f;
+        for (int k = g; k < K; k += ksplit) part = fmaf(a_at(k), b_at(k), part);
+        sum = g == 0 ? part : sum + part;
+    }
+    return sum;
+}
 
 template <class T, bool TA, bool TB>
 __device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
@@ -663,7 +680,11 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
 // same sums, bit for bit), then cross_entropy_row over its rows, a warp each; the last block takes the
 // mean as nn_cross_entropy does. Grid: ⌈R/BM⌉ blocks; shared memory as nn_linear_{tile}'s. The launch
 // layer fuses only N ≤ LINEAR_CROSS_ENTROPY_CLASSES (a block then walks at most eight tiles). The
-// arguments after y and K are nn_cross_entropy's after its logits.
+// arguments after y and K are nn_cross_entropy's after its logits. With dx (not null), x being the
+// activation `act` of act_pre, the block also forms its rows of the backward's dx = d·W times the
+// activation's slope, which the layer's backward then takes when the loss's gradient is d as it is (no
+// launch of dx's tiles: nn_linear_grad's dx with act_pre, to the bit, given its tile's dx_ksplit). The
+// products are tiny: BM·N·K a block.
 constexpr int LINEAR_CROSS_ENTROPY_CLASSES = 64;
 template <class T>
 __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x, const float* __restrict__ W,
@@ -672,7 +693,9 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
                                                      float* __restrict__ loss, float* __restrict__ d,
                                                      float* __restrict__ counted, float ignore, float row_scale,
                                                      float* __restrict__ mean, float* __restrict__ count,
-                                                     float* __restrict__ one, unsigned* __restrict__ ticket) {
+                                                     float* __restrict__ one, unsigned* __restrict__ ticket,
+                                                     float* __restrict__ dx, const float* __restrict__ act_pre,
+                                                     int act, int dx_ksplit) {
     extern __shared__ float smem[];
     __shared__ float logits[T::BM * LINEAR_CROSS_ENTROPY_CLASSES];  // the block's rows, read back by the loss
     const int m0 = blockIdx.x * T::BM;
@@ -694,6 +717,19 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
                           ignore, row_scale, row_loss, row_counted);
         if (threadIdx.x % 32 == 0) loss[row] = row_loss, counted[row] = row_counted;
     }
+    if (dx) {
+        // The layer's dx = d·W for its rows, times the slope of the activation that made x (act_pre),
+        // each element as nn_linear_grad's dx tile of dx_ksplit groups forms it.
+        __syncthreads();
+        const int rows = min(T::BM, R - m0);
+        for (int i = threadIdx.x; i < rows * K; i += THREADS) {
+            const int r = m0 + i / K, k = i % K;
+            const size_t e = (size_t)r * K + k;
+            const float v = tile_sum(
+                N, dx_ksplit, [&](int o) { return d[(size_t)r * N + o]; }, [&](int o) { return W[(size_t)o * K + k]; });
+            dx[e] = v * unary_slope(act, act_pre[e], x[e]);
+        }
+    }
     cross_entropy_mean(loss, counted, R, mean, count, one, ticket);
 }
 
@@ -703,9 +739,11 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
         float* __restrict__ y, int K, const float* __restrict__ targets, float* __restrict__ loss,              \
         float* __restrict__ d, float* __restrict__ counted, int R, int N, float ignore, float row_scale,       \
         float* __restrict__ mean, float* __restrict__ count, float* __restrict__ one,                          \
-        unsigned* __restrict__ ticket) { begin_after_previous_grid();                                                                       \
+        unsigned* __restrict__ ticket, float* __restrict__ dx, const float* __restrict__ act_pre, int act,      \
+        int dx_ksplit) {                                                                                       \
+        begin_after_previous_grid();                                                                           \
         linear_cross_entropy<TILE>(x, W, bias, y, R, N, K, targets, loss, d, counted, ignore, row_scale, mean,  \
-                                   count, one, ticket);                                                        \
+                                   count, one, ticket, dx, act_pre, act, dx_ksplit);                           \
     }
 NN_LINEAR_CROSS_ENTROPY(large, TileLarge)
 NN_LINEAR_CROSS_ENTROPY(small, TileSmall)
@@ -886,6 +924,50 @@ nn_scale_chunks(const __grid_constant__ ChunkTable table, const float* __restric
         float g = x[i];
         for (int t = 0; t < times; ++t) g = f * g;
         out[i] = g;
+    }
+}
+
+// ---- the weight gradients of several linear layers in one launch ----
+//
+// The backward defers each linear layer's nn_linear_grad_weight (its dW and db: read by nothing but the
+// optimizer) until the next launch; when two or more wait, they go as one launch of this kernel, a table of
+// jobs as the optimizer's: a block per tile of every job, each job in the tile its own launch would take,
+// so each gradient has its own launch's bits. A small model's layers then take one launch's time for their
+// weight gradients, not one each. Host side: src/nn/cuda/weight_grads.rs.
+constexpr int WEIGHT_GRAD_TABLE_JOBS = 8;
+
+struct WeightGradTable {
+    const float* dy[WEIGHT_GRAD_TABLE_JOBS];
+    const float* x[WEIGHT_GRAD_TABLE_JOBS];
+    float* dW[WEIGHT_GRAD_TABLE_JOBS];
+    float* db[WEIGHT_GRAD_TABLE_JOBS];  // null when the layer has no bias
+    int rows[WEIGHT_GRAD_TABLE_JOBS];
+    int outputs[WEIGHT_GRAD_TABLE_JOBS];
+    int inputs[WEIGHT_GRAD_TABLE_JOBS];
+    int tile[WEIGHT_GRAD_TABLE_JOBS];  // 0 TileLarge, 1 TileSmall, 2 TileTiny
+    int first_block[WEIGHT_GRAD_TABLE_JOBS + 1];
+    int count;
+};
+
+// Job k's tile `block` (of its ⌈N/BM⌉·⌈(K + 1)/BN⌉, row by row) in tile T.
+template <class T>
+__device__ __forceinline__ void weight_grad_job(const WeightGradTable& table, int k, int block, float* smem) {
+    const int N = table.outputs[k], K = table.inputs[k];
+    const int columns = (K + (table.db[k] ? 1 : 0) + T::BN - 1) / T::BN;
+    linear_grad_weight_tile<T>(table.dy[k], table.x[k], table.dW[k], table.db[k], table.rows[k], N, K,
+                               block / columns * T::BM, block % columns * T::BN, smem);
+}
+
+// Grid: first_block[count] blocks; dynamic shared memory the largest of the jobs' tiles'.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_linear_grad_weights(const __grid_constant__ WeightGradTable table) {
+    begin_after_previous_grid();
+    extern __shared__ float smem[];
+    const int k = table_tensor(table, blockIdx.x), block = blockIdx.x - table.first_block[k];
+    switch (table.tile[k]) {
+        case 0: weight_grad_job<TileLarge>(table, k, block, smem); break;
+        case 1: weight_grad_job<TileSmall>(table, k, block, smem); break;
+        default: weight_grad_job<TileTiny>(table, k, block, smem); break;
     }
 }
 

@@ -202,11 +202,11 @@ impl Gpu {
     pub fn launch_with_struct(
         &self,
         kernel: &Kernel,
-        blocks: (u32, u32),
+        (blocks, shared, programmatic): ((u32, u32), u32, bool),
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
-        let shape = LaunchShape { blocks, threads: THREADS_PER_BLOCK, shared: 0, programmatic: false };
+        let shape = LaunchShape { blocks, threads: THREADS_PER_BLOCK, shared, programmatic };
         launch_parameters(&self.stream, kernel, shape, Some(table), args)
     }
 }

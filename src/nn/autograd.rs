@@ -119,6 +119,10 @@ impl<F: Real> Tensor<F> {
                 *origin = Origin::Freed { op };
             }
         }
+        // The weight gradients the walk deferred (cuda::weight_grads) launch now, not at the next op.
+        if let Storage::Device(output) = &*self.storage() {
+            output.device().launch_pending()?;
+        }
         Ok(())
     }
 

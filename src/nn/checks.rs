@@ -44,6 +44,9 @@ const CLIP_TOLERANCE: f64 = 2e-5;
 
 type Op<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
 
+/// An activation op (`Tensor::relu`, …).
+type Activation = fn(&Tensor) -> Result<Tensor>;
+
 /// `nn`'s checks, for `textnet selftest` (`--only nn`).
 pub const SUITE: crate::harness::check::Suite = crate::harness::check::Suite { name: "nn", checks, modules };
 
@@ -971,22 +974,30 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     Ok(checks)
 }
 
-/// The losses and final parameters of 4 SGD steps of one linear layer read by a cross-entropy (`bias`;
-/// `ignore`: an id some rows take, to be ignored), a new batch each step, op by op or through a
-/// `CapturedStep`, whose capture fuses the loss into the layer's blocks; and the capture's fusions.
+/// The losses and final parameters of 4 SGD steps of a linear layer read by a cross-entropy (`bias`;
+/// `ignore`: an id some rows take, to be ignored), after a first layer and its activation when `hidden`
+/// gives them, a new batch each step, op by op or through a `CapturedStep`, whose capture fuses the loss
+/// into the last layer's blocks (and, after an activation, that layer's dx too); and the capture's fusions.
 fn linear_loss_steps(
     device: &Arc<Device>,
     rng: &mut SeededRng,
     (rows, inputs, classes): (usize, usize, usize),
     (bias, ignore, halves): (bool, Option<i64>, bool),
+    hidden: Option<(usize, Activation)>,
     captured: bool,
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
     use super::CapturedStep;
     const STEPS: usize = 4;
     // `halves`: the logits seen as twice the rows of half the classes before the loss.
     let (loss_rows, loss_classes) = if halves { (2 * rows, classes / 2) } else { (rows, classes) };
-    let layer = Linear::<f32>::new(inputs, classes, bias, rng)?;
-    let parameters = layer.parameters();
+    let first = match hidden {
+        Some((width, activation)) => Some((Linear::<f32>::new(inputs, width, bias, rng)?, activation)),
+        None => None,
+    };
+    let last_inputs = hidden.map_or(inputs, |(width, _)| width);
+    let layer = Linear::<f32>::new(last_inputs, classes, bias, rng)?;
+    let mut parameters = first.as_ref().map(|(l, _)| l.parameters()).unwrap_or_default();
+    parameters.extend(layer.parameters());
     for p in &parameters {
         p.move_to_device(device)?;
     }
@@ -1006,7 +1017,11 @@ fn linear_loss_steps(
         targets.copy_from_slice(ids)?;
         let mut one_step = || {
             sgd.zero_grad();
-            let logits = layer.forward(&x)?.reshape(&[loss_rows, loss_classes])?;
+            let h = match &first {
+                Some((first, activation)) => activation(&first.forward(&x)?)?,
+                None => x.clone(),
+            };
+            let logits = layer.forward(&h)?.reshape(&[loss_rows, loss_classes])?;
             let loss = logits.cross_entropy_ids(&targets, ignore)?;
             loss.backward()?;
             sgd.step()?;
@@ -1023,6 +1038,11 @@ fn linear_loss_steps(
 /// equal the two launches to the bit, over random sizes whose rows span several tiles and blocks, with and
 /// without a bias and rows to ignore; and the capture fused them (an equality that fused nothing would
 /// prove nothing). Logits seen in another shape before the loss are not fused, and equal too.
+///
+/// After a first layer and an activation, the loss kernel also forms the last layer's dx (times the
+/// activation's slope) in the tile nn_linear_grad would take, and the two layers' weight gradients go as
+/// one launch (`nn_linear_grad_weights`): equal to the bit too, sized to reach each of the three tiles, and
+/// both fusions made where the loss's gradient reaches the layer as it is (no rows to ignore).
 fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use rand::SeedableRng;
     let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
@@ -1035,13 +1055,43 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let ignore = ignoring.then(|| rng.random_range(0..if halves { classes / 2 } else { classes }) as i64);
         let seed = rng.random();
         let form = (bias, ignore, halves);
-        let run = |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, captured);
+        let run =
+            |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, None, captured);
         let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
         let fused = fusions.iter().any(|(what, _)| what.starts_with("linear → cross_entropy"));
         let right = fused != halves && bits(&eager) == bits(&captured);
         let (rows, inputs, classes) = sizes;
         let seen = if halves { format!(", seen as {}×{}", 2 * rows, classes / 2) } else { String::new() };
         let shape = format!("{rows}×{inputs} → {classes}{seen}, bias {bias}, ignore {ignore:?}, 4 SGD steps");
+        checks.push(Check {
+            kernel: "nn fused linear + cross_entropy".into(),
+            shape,
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    let activations: [(&str, Activation); 4] =
+        [("relu", Tensor::relu), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu), ("sigmoid", Tensor::sigmoid)];
+    // (rows, width) ranges that make nn_linear_grad take its tiny, small and large tile on 132 SMs.
+    let tiles = [(1..120, 1..120), (200..400, 150..300), (1500..2500, 500..700), (1..120, 1..120)];
+    for (i, ((name, activation), (rows, width))) in activations.into_iter().zip(tiles).enumerate() {
+        let (bias, ignore) = (i != 1, (i == 3).then_some(0));
+        let sizes = (rng.random_range(rows), rng.random_range(1..90), rng.random_range(2..65));
+        let width = rng.random_range(width);
+        let seed = rng.random();
+        let hidden = Some((width, activation));
+        let form = (bias, ignore, false);
+        let run =
+            |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, hidden, captured);
+        let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
+        let made = |prefix: &str| fusions.iter().any(|(what, _)| what.starts_with(prefix));
+        let (dx, together) = (made("linear ← cross_entropy"), made("linear ← linear"));
+        let right = dx == ignore.is_none() && together == ignore.is_none() && bits(&eager) == bits(&captured);
+        let (rows, inputs, classes) = sizes;
+        let shape = format!(
+            "{rows}×{inputs} → {width}, {name}, → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps (dx fused: \
+             {dx}, weight gradients together: {together})"
+        );
         checks.push(Check {
             kernel: "nn fused linear + cross_entropy".into(),
             shape,
@@ -1057,7 +1107,6 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
 /// activation; and it was taken (an equality that fused nothing would prove nothing). Also a second reader
 /// of the activation (no fusion then: two gradients to add) against the host.
 fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
-    type Activation = fn(&Tensor) -> Result<Tensor>;
     let mut checks = Vec::new();
     let activations: [(&str, Activation); 4] =
         [("relu", Tensor::relu), ("sigmoid", Tensor::sigmoid), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu)];

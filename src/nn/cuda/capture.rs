@@ -225,7 +225,7 @@ impl CapturedStep {
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&pool));
         let begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver);
         device.fusion_apply(&self.plan, &self.input_buffers());
-        let output = begun.and_then(|()| step());
+        let output = begun.and_then(|()| step()).and_then(|output| device.launch_pending().map(|()| output));
         let fusions = device.fusion_end();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = None;

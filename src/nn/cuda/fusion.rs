@@ -10,7 +10,10 @@
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
 //! | `linear` (fp32, no activation, ≤ 64 outputs) → `cross_entropy` | the loss of each row of logits, its gradient and their mean, by the block that formed the row (`nn_linear_cross_entropy`) |
 //!
-//! Cross-entropy's softmax is inside its own kernel already.
+//! | `linear` (as above, reading an activation's output) → `cross_entropy` → the backward | also the layer's dx = d·W times the activation's slope, by the same blocks, in the sums nn_linear_grad's tile forms: the backward launches the weight gradients only |
+//!
+//! Cross-entropy's softmax is inside its own kernel already. Apart from these, the backward defers each
+//! linear layer's weight gradients and launches those that meet as one (`weight_grads`).
 //!
 //! How: a producer cannot know at its launch who will read its output, so the first eager run of a step
 //! is recorded. Every op that can produce more (a *producer*) takes the next number of the step,
@@ -442,6 +445,11 @@ impl Device {
     /// Ends an offer: whether the backward took it.
     pub(crate) fn slope_taken(&self) -> bool {
         self.slope_offer.lock().unwrap_or_else(|p| p.into_inner()).take().is_some_and(|o| o.taken)
+    }
+
+    /// Whether a step is being recorded or fused now: the fusions then count (`fused`).
+    pub(crate) fn is_fusing(&self) -> bool {
+        self.fusing.load(Ordering::Relaxed)
     }
 
     /// Counts a fusion the capture made, described as `what`.

@@ -12,6 +12,8 @@
 //! | `ops` | each op's device forward and backward, the twins of the host paths in `nn/*.rs` |
 //! | `layers` | the same for `layer_norm`, `embedding`, `dropout` and `scaled_dot_product_attention` |
 //! | `optim` | the optimizer step and `clip_grad_norm`, many tensors a launch (tables passed by value) |
+//! | `weight_grads` | linear layers' weight gradients, deferred by the backward and launched together |
+//! | `table` | the tables those launches take, in their C layout |
 //! | `attention` | `causal_self_attention` on packed q, k, v (`fused/nn_attention.cu`, flash in bf16) |
 //! | `shape_ops` | the same for `narrow`/`slice` and `cat` |
 //! | `conv` | the same for `conv2d` and `max_pool2d` |
@@ -25,6 +27,8 @@ pub(crate) mod layers;
 pub(crate) mod ops;
 pub(crate) mod optim;
 pub(crate) mod shape_ops;
+pub(crate) mod table;
+pub(crate) mod weight_grads;
 
 use super::error::{Error, Result};
 use super::tensor::{Storage, Tensor};
@@ -61,6 +65,8 @@ pub(crate) struct Kernels {
     pub(crate) linear: [Kernel; 3],
     pub(crate) linear_grad_weight: [Kernel; 3],
     pub(crate) linear_grad: [Kernel; 3],
+    /// `nn_linear_grad_weights`: the deferred weight gradients of several layers, a table of them.
+    pub(crate) linear_grad_weights: Kernel,
     /// `nn_linear_cross_entropy_{large,small,tiny}`: a linear layer and the cross-entropy of its output
     /// (capture-time fusion), at the tile's place in [`FP32_TILES`].
     pub(crate) linear_cross_entropy: [Kernel; 3],
@@ -138,6 +144,8 @@ pub struct Device {
     /// Writes into existing buffers so far (refills, in-place updates): a result fused ahead of its reader
     /// is taken only when none came between (`fusion`).
     pub(crate) in_place_writes: std::sync::atomic::AtomicUsize,
+    /// The weight gradients the backward deferred, launched before anything else (`weight_grads`).
+    pending_weight_grads: Mutex<Vec<weight_grads::WeightGradJob>>,
 }
 
 /// Freed device memory by capacity (floats).
@@ -203,6 +211,7 @@ impl Device {
                     k("nn_linear_grad_weight_tiny")?,
                 ],
                 linear_grad: [k("nn_linear_grad_large")?, k("nn_linear_grad_small")?, k("nn_linear_grad_tiny")?],
+                linear_grad_weights: k("nn_linear_grad_weights")?,
                 linear_cross_entropy: [
                     k("nn_linear_cross_entropy_large")?,
                     k("nn_linear_cross_entropy_small")?,
@@ -285,6 +294,7 @@ impl Device {
             slope_offer: Mutex::default(),
             slopes_taken: Default::default(),
             in_place_writes: Default::default(),
+            pending_weight_grads: Mutex::default(),
             free: Arc::default(),
             capturing: Mutex::default(),
         }))
@@ -323,6 +333,7 @@ impl Device {
 
     /// Waits until every launch so far has finished (a timing's end; reading a value back waits anyway).
     pub fn synchronize(&self) -> Result<()> {
+        self.launch_pending()?;
         self.gpu.stream.synchronize().map_err(driver("synchronize"))
     }
 
@@ -382,6 +393,8 @@ impl Device {
         shared: u32,
         args: &[Arg],
     ) -> Result<()> {
+        // The weight gradients the backward deferred read what was written before this launch.
+        self.launch_pending()?;
         // Programmatic: every kernel of fused/nn.cu and nn_attention.cu begins by waiting for the kernels
         // before it (begin_after_previous_grid), so it may be scheduled before they finish.
         self.gpu.launch(kernel, blocks, shared, true, args).map_err(launch_error(op))
@@ -392,11 +405,12 @@ impl Device {
         &self,
         op: &'static str,
         kernel: &Kernel,
-        blocks: (u32, u32),
+        (blocks, shared): ((u32, u32), u32),
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
-        self.gpu.launch_with_struct(kernel, blocks, table, args).map_err(launch_error(op))
+        self.launch_pending()?;
+        self.gpu.launch_with_struct(kernel, (blocks, shared, true), table, args).map_err(launch_error(op))
     }
 
     /// Blocks for a grid-stride loop over `n` elements: enough to fill the GPU, no more than `n` needs.
@@ -526,6 +540,7 @@ impl DeviceBuffer {
             return Ok(Vec::new());
         }
         self.device.refuse_copy_while_capturing(op)?;
+        self.device.launch_pending()?;
         self.device.gpu.stream.clone_dtoh(&self.slice().slice(..self.len)).map_err(driver(op))
     }
 
@@ -536,6 +551,7 @@ impl DeviceBuffer {
         }
         self.device.refuse_copy_while_capturing(op)?;
         let device = Arc::clone(&self.device);
+        device.launch_pending()?;
         device.in_place_writes.fetch_add(1, Ordering::Relaxed);
         let Some(block) = Arc::get_mut(&mut self.block) else {
             return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
@@ -581,6 +597,7 @@ impl DeviceBuffer {
             return Err(Error::device(op, "the source is not a buffer of as many elements on this GPU"));
         }
         let device = Arc::clone(&self.device);
+        device.launch_pending()?;
         device.in_place_writes.fetch_add(1, Ordering::Relaxed);
         let Some(block) = Arc::get_mut(&mut self.block) else {
             return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
@@ -595,6 +612,7 @@ impl DeviceBuffer {
 
     /// A copy of the elements in a new buffer on the same device.
     pub(crate) fn duplicate(&self, op: &'static str) -> Result<DeviceBuffer> {
+        self.device.launch_pending()?;
         let mut copy = self.device.alloc(op, self.len)?;
         let block = Arc::get_mut(&mut copy.block).expect("a new buffer is not shared");
         let target = block.slice.as_mut().expect("a live block holds its memory");

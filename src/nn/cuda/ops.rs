@@ -7,6 +7,7 @@
 
 use super::fusion::{CrossEntropyOut, CrossEntropySite, Extra, NormParams, Producer, Want};
 use super::layers::draw_key;
+use super::weight_grads::WeightGradJob;
 use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
 use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
@@ -676,6 +677,16 @@ pub(crate) fn linear<F: Real>(
         }
         _ => None,
     };
+    // With x an activation's output whose slope the backward may take, the loss kernel also forms this
+    // layer's dx (times the slope) as nn_linear_grad's tile would: the backward then launches dW and db only.
+    let bias_needs_grad = bias.is_some_and(|b| b.requires_grad());
+    let fused_dx = match (&cross_entropy, xb.slope_extra()) {
+        (Some((.., ce)), Some((code, pre))) => {
+            let tile = linear_grad_tile(device, (rows, inputs, outputs), bias_needs_grad);
+            Some(FusedDx { dx: device.alloc(NAME, rows * inputs)?, d: ce.d.clone(), code, pre, tile })
+        }
+        _ => None,
+    };
     let drop_args = match &dropout {
         Some((site, dropped, key)) => {
             [device.arg(dropped), device.arg(key), Arg::u32(site.threshold), Arg::f32(site.scale)]
@@ -730,7 +741,12 @@ pub(crate) fn linear<F: Real>(
             let (tile, (_, row_blocks)) = fp32_tile(device, NAME, (rows, outputs), 1)?;
             let args = [device.arg(&xb), device.arg(&wb), bias_arg, device.arg(&out), Arg::i32(sizes[2])];
             let sizes = [Arg::i32(sizes[0]), Arg::i32(sizes[1]), Arg::f32(site.ignore), Arg::f32(site.row_scale)];
-            let args = [&args[..], &[Arg::Ptr(*targets)], &cross_entropy_outputs(device, ce, sizes)].concat();
+            let dx_args = match &fused_dx {
+                Some(f) => [device.arg(&f.dx), device.arg(&f.pre), Arg::i32(f.code), Arg::i32(tile_ksplit(f.tile))],
+                None => [Arg::Ptr(0), Arg::Ptr(0), Arg::i32(0), Arg::i32(1)],
+            };
+            let outputs = cross_entropy_outputs(device, ce, sizes);
+            let args = [&args[..], &[Arg::Ptr(*targets)], &outputs, &dx_args].concat();
             let kernel = &device.kernels.linear_cross_entropy[tile];
             device.launch(NAME, kernel, (row_blocks, 1), device.gemm_shared[tile], &args)?;
         }
@@ -765,6 +781,25 @@ pub(crate) fn linear<F: Real>(
         let bias_needed = needs.len() == 3 && needs[2];
         let Some((x16, w16)) = &rounded else {
             let sizes = (rows, inputs, outputs);
+            // dx from the loss kernel, when the loss's gradient d reached this layer as it is, the
+            // activation's slope is offered and the tile is the one linear_grad takes now.
+            let formed_dx = fused_dx.as_ref().filter(|f| {
+                needs[0]
+                    && grad.same_elements(&f.d)
+                    && f.tile == linear_grad_tile(d, sizes, bias_needed)
+                    && d.take_slope(&xb, |code| code == f.code).is_some()
+            });
+            if let Some(f) = formed_dx {
+                if d.is_fusing() {
+                    d.fused("linear ← cross_entropy: dx by the loss kernel's blocks, no launch of its own".into());
+                }
+                let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed)?;
+                let mut grads = vec![Some(f.dx.clone()), Some(dw).filter(|_| needs[1])];
+                if needs.len() == 3 {
+                    grads.push(db);
+                }
+                return Ok(grads);
+            }
             let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
                 (true, true) => {
                     // dx times the slope of the activation that made x, when the backward offers it.
@@ -819,7 +854,8 @@ pub(crate) fn linear<F: Real>(
 }
 
 /// A linear layer's dW = dyᵀ·x and, with `bias`, db = Σ rows of dy, in one fp32 product
-/// (`nn_linear_grad_weight`: x with a column of ones appended, db its last column of results).
+/// (`nn_linear_grad_weight`: x with a column of ones appended, db its last column of results), deferred
+/// to launch with the next layer's (`weight_grads`).
 fn linear_grad_weight(
     device: &Arc<Device>,
     name: &'static str,
@@ -830,11 +866,9 @@ fn linear_grad_weight(
 ) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
     let dw = device.alloc(name, outputs * inputs)?;
     let db = if bias { Some(device.alloc(name, outputs)?) } else { None };
-    let (tile, blocks) = fp32_tile(device, name, (outputs, inputs + bias as usize), 1)?;
-    let args = [device.arg(dy), device.arg(x), device.arg(&dw), optional(device, db.as_ref())];
-    let sizes = [int(name, rows)?, int(name, outputs)?, int(name, inputs)?];
-    let args = [&args[..], &words(&sizes).collect::<Vec<_>>()].concat();
-    device.launch(name, &device.kernels.linear_grad_weight[tile], blocks, device.gemm_shared[tile], &args)?;
+    let (tile, grid) = fp32_tile(device, name, (outputs, inputs + bias as usize), 1)?;
+    let (dy, x, sizes) = (dy.clone(), x.clone(), (rows, outputs, inputs));
+    device.defer_weight_grad(WeightGradJob { dy, x, dw: dw.clone(), db: db.clone(), sizes, tile, grid });
     Ok((dw, db))
 }
 
@@ -852,11 +886,8 @@ fn linear_grad(
     const NAME: &str = "linear";
     let (dx, dw) = (device.alloc(NAME, rows * inputs)?, device.alloc(NAME, outputs * inputs)?);
     let db = if bias { Some(device.alloc(NAME, outputs)?) } else { None };
-    let blocks = |(bm, bn, ..): Fp32Tile| {
-        inputs.div_ceil(bn) * rows.div_ceil(bm) + (inputs + bias as usize).div_ceil(bn) * outputs.div_ceil(bm)
-    };
-    let tile = filling_tile(device, blocks);
-    let grid = (int(NAME, blocks(FP32_TILES[tile]))? as u32, 1);
+    let tile = linear_grad_tile(device, (rows, inputs, outputs), bias);
+    let grid = (int(NAME, linear_grad_blocks((rows, inputs, outputs), bias, FP32_TILES[tile]))? as u32, 1);
     let args = [device.arg(dy), device.arg(x), device.arg(w), device.arg(&dx), device.arg(&dw)];
     let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?];
     let (pre, code) = match &slope {
@@ -867,6 +898,33 @@ fn linear_grad(
     let args = [&args[..], &[optional(device, db.as_ref())], &words(&sizes).collect::<Vec<_>>(), &slope_args].concat();
     device.launch(NAME, &device.kernels.linear_grad[tile], grid, device.gemm_shared[tile], &args)?;
     Ok((dx, dw, db))
+}
+
+/// nn_linear_grad's blocks in `tile`: dx's tiles, then dW's with db as their last column.
+fn linear_grad_blocks((rows, inputs, outputs): (usize, usize, usize), bias: bool, (bm, bn, ..): Fp32Tile) -> usize {
+    inputs.div_ceil(bn) * rows.div_ceil(bm) + (inputs + bias as usize).div_ceil(bn) * outputs.div_ceil(bm)
+}
+
+/// The tile nn_linear_grad takes: the largest whose grid of both products fills the GPU.
+fn linear_grad_tile(device: &Device, sizes: (usize, usize, usize), bias: bool) -> usize {
+    filling_tile(device, |tile| linear_grad_blocks(sizes, bias, tile))
+}
+
+/// The thread groups that split k in the fp32 tile at `tile` (gemm_tile's KSPLIT).
+fn tile_ksplit(tile: usize) -> i32 {
+    let (bm, bn, _, tm, tn) = FP32_TILES[tile];
+    (crate::ops::THREADS_PER_BLOCK as usize / ((bm / tm) * (bn / tn))) as i32
+}
+
+/// A linear layer's dx formed by the loss kernel after it (`nn_linear_cross_entropy`'s dx): d·W times the
+/// slope of the activation `code` of `pre` that made x, as nn_linear_grad's `tile` forms it, for the
+/// loss's gradient `d`.
+struct FusedDx {
+    dx: DeviceBuffer,
+    d: DeviceBuffer,
+    code: i32,
+    pre: DeviceBuffer,
+    tile: usize,
 }
 
 /// The mean cross-entropy of `rows` rows of `classes` logits against `targets` (class ids as floats, on
@@ -1017,5 +1075,15 @@ mod tests {
     fn the_fused_cross_entropys_widest_row_is_the_kernels() {
         let kernel = kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_CLASSES"]).unwrap();
         assert_eq!(kernel, [super::LINEAR_CROSS_ENTROPY_CLASSES as i64]);
+    }
+
+    #[test]
+    fn each_tiles_k_split_is_the_kernels() {
+        let expressions: Vec<String> = (super::FP32_TILES.iter())
+            .map(|(bm, bn, bk, tm, tn)| format!("GemmTile<{bm}, {bn}, {bk}, {tm}, {tn}>::KSPLIT"))
+            .collect();
+        let expressions: Vec<&str> = expressions.iter().map(String::as_str).collect();
+        let kernel = kernel_constants("nn", &[], &expressions).unwrap();
+        assert_eq!(kernel, [0, 1, 2].map(|tile| i64::from(super::tile_ksplit(tile))));
     }
 }

@@ -14,6 +14,7 @@
 //! The clip's chunk size, `TENSOR_CHUNK`, is a constant, so the clip's slots, and so its norm, repeat to the bit on any GPU.
 
 use super::ops::int;
+use super::table::{Field, address, field, first_blocks, float_value, int_value, table_bytes};
 use super::{Device, DeviceBuffer, Ticket};
 use crate::device::{launch::Arg, launch::StructArg};
 use crate::nn::error::{Error, Result};
@@ -24,27 +25,16 @@ use std::sync::Arc;
 pub(crate) const TENSOR_CHUNK: usize = 8192;
 
 /// Elements a block of the update takes (UPDATE_CHUNK).
-const UPDATE_CHUNK: usize = 1024;
+pub(super) const UPDATE_CHUNK: usize = 1024;
 /// Parameters an optimizer launch takes (UPDATE_TABLE_TENSORS).
 const UPDATE_TABLE_TENSORS: usize = 64;
 /// Gradients a clip launch takes (CHUNK_TABLE_TENSORS).
 const CHUNK_TABLE_TENSORS: usize = 128;
 
 /// One field of a C struct of fixed-length arrays: its name as fused/nn.cu declares it, an element's size
-/// in bytes (its alignment too: addresses, ints and floats) and the element count.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Field {
-    name: &'static str,
-    size: usize,
-    count: usize,
-}
-
-const fn field(name: &'static str, size: usize, count: usize) -> Field {
-    Field { name, size, count }
-}
 
 /// fused/nn.cu's `UpdateTable`.
-const UPDATE_TABLE: [Field; 10] = [
+pub(super) const UPDATE_TABLE: [Field; 10] = [
     field("theta", 8, UPDATE_TABLE_TENSORS),
     field("grad", 8, UPDATE_TABLE_TENSORS),
     field("m", 8, UPDATE_TABLE_TENSORS),
@@ -58,7 +48,7 @@ const UPDATE_TABLE: [Field; 10] = [
 ];
 
 /// fused/nn.cu's `ChunkTable`.
-const CHUNK_TABLE: [Field; 6] = [
+pub(super) const CHUNK_TABLE: [Field; 6] = [
     field("x", 8, CHUNK_TABLE_TENSORS),
     field("out", 8, CHUNK_TABLE_TENSORS),
     field("n", 4, CHUNK_TABLE_TENSORS),
@@ -66,61 +56,6 @@ const CHUNK_TABLE: [Field; 6] = [
     field("first_block", 4, CHUNK_TABLE_TENSORS + 1),
     field("count", 4, 1),
 ];
-
-/// The byte offset of each field and the struct's size, by C's rules: each field at the next multiple of
-/// its alignment, the size a multiple of the largest alignment.
-fn layout(fields: &[Field]) -> (Vec<usize>, usize) {
-    let (mut offsets, mut end, mut align) = (Vec::with_capacity(fields.len()), 0usize, 1usize);
-    for f in fields {
-        let at = end.next_multiple_of(f.size);
-        offsets.push(at);
-        end = at + f.size * f.count;
-        align = align.max(f.size);
-    }
-    (offsets, end.next_multiple_of(align))
-}
-
-/// The struct `fields` describe, with `values[i]` from the start of field i (each value's low `size`
-/// bytes, little-endian: an address, or an int's or a float's bits) and zeros everywhere else.
-fn table_bytes(fields: &[Field], values: &[Vec<u64>]) -> Vec<u8> {
-    let (offsets, size) = layout(fields);
-    let mut bytes = vec![0u8; size];
-    for ((f, at), values) in fields.iter().zip(offsets).zip(values) {
-        debug_assert!(values.len() <= f.count, "{} values for the {} of field {}", values.len(), f.count, f.name);
-        for (i, v) in values.iter().take(f.count).enumerate() {
-            let start = at + i * f.size;
-            bytes[start..start + f.size].copy_from_slice(&v.to_le_bytes()[..f.size]);
-        }
-    }
-    bytes
-}
-
-/// A kernel int's bits as a table value.
-fn int_value(op: &'static str, n: usize) -> Result<u64> {
-    Ok(u64::from(int(op, n)? as u32))
-}
-
-/// A float's bits as a table value.
-fn float_value(x: f32) -> u64 {
-    u64::from(x.to_bits())
-}
-
-/// A buffer's address as a table value (0, a null pointer, for none).
-fn address(buffer: Option<&DeviceBuffer>) -> u64 {
-    buffer.map_or(0, DeviceBuffer::address)
-}
-
-/// Each tensor's first block when tensors of `lens` elements take a block per chunk of `chunk`, then the
-/// blocks of all (`lens.len() + 1` values): a table's `first_block`.
-fn first_blocks(op: &'static str, lens: impl IntoIterator<Item = usize>, chunk: usize) -> Result<Vec<u64>> {
-    let mut first = vec![0u64];
-    let mut blocks = 0usize;
-    for len in lens {
-        blocks += len.div_ceil(chunk);
-        first.push(int_value(op, blocks)?);
-    }
-    Ok(first)
-}
 
 /// `items` cut into runs of at most `capacity`, a new run also where an item's `key` is already in the
 /// current one (so that a launch per run sees the writes of the run before it in order).
@@ -193,13 +128,13 @@ pub(crate) fn update_tensors(
         ];
         let table = StructArg::new(&table_bytes(&UPDATE_TABLE, &values));
         if blocks == 0 {
-            device.launch_struct(NAME, &device.kernels.count_steps, (1, 1), &table, &[])?;
+            device.launch_struct(NAME, &device.kernels.count_steps, ((1, 1), 0), &table, &[])?;
             continue;
         }
         let mut args = vec![Arg::i32(kind.kernel_code()), device.arg(base_lr)];
         args.extend([s.momentum, s.beta1, s.beta2, s.eps, s.grad_scale].map(Arg::f32));
         args.push(device.ticket(Ticket::Update));
-        device.launch_struct(NAME, &device.kernels.update_tensors, (blocks as u32, 1), &table, &args)?;
+        device.launch_struct(NAME, &device.kernels.update_tensors, ((blocks as u32, 1), 0), &table, &args)?;
     }
     Ok(())
 }
@@ -239,7 +174,7 @@ pub(crate) fn clip_norm(
         let (table, blocks) = chunk_table(NAME, &rows)?;
         if blocks > 0 {
             let args = [device.arg(&partials), Arg::i32(int(NAME, first_slot)?)];
-            device.launch_struct(NAME, &device.kernels.sum_squares_chunks, (blocks, 1), &table, &args)?;
+            device.launch_struct(NAME, &device.kernels.sum_squares_chunks, ((blocks, 1), 0), &table, &args)?;
         }
         first_slot += blocks as usize;
     }
@@ -279,7 +214,13 @@ pub(crate) fn scale_tensors(device: &Arc<Device>, entries: &[ScaleEntry], factor
         let rows: Vec<_> = run.iter().map(|e| (&e.x, address(Some(e.out.as_ref().unwrap_or(&e.x))), e.times)).collect();
         let (table, blocks) = chunk_table(NAME, &rows)?;
         if blocks > 0 {
-            device.launch_struct(NAME, &device.kernels.scale_chunks, (blocks, 1), &table, &[device.arg(factor)])?;
+            device.launch_struct(
+                NAME,
+                &device.kernels.scale_chunks,
+                ((blocks, 1), 0),
+                &table,
+                &[device.arg(factor)],
+            )?;
         }
     }
     Ok(())
@@ -288,95 +229,6 @@ pub(crate) fn scale_tensors(device: &Arc<Device>, entries: &[ScaleEntry], factor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::launch::KERNEL_PARAMETER_BYTES;
-
-    const KERNEL_FILE: &str = include_str!("../../../fused/nn.cu");
-
-    /// The value of `constexpr int NAME = value;` in fused/nn.cu.
-    fn kernel_int(name: &str) -> usize {
-        let declaration = format!("constexpr int {name} = ");
-        let at = KERNEL_FILE.find(&declaration).unwrap_or_else(|| panic!("{name} not declared")) + declaration.len();
-        KERNEL_FILE[at..].split(';').next().unwrap().trim().parse().unwrap()
-    }
-
-    /// The fields of `struct NAME { … };` in fused/nn.cu as (name, element size, count):
-    /// `float* theta[UPDATE_TABLE_TENSORS];` is ("theta", 8, 64), `int count;` ("count", 4, 1).
-    fn kernel_struct(name: &str) -> Vec<(String, usize, usize)> {
-        let start = KERNEL_FILE.find(&format!("struct {name} {{")).unwrap_or_else(|| panic!("struct {name}"));
-        let body = &KERNEL_FILE[start..];
-        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
-        let mut fields = Vec::new();
-        for line in body.lines().map(|l| l.split("//").next().unwrap().trim()).filter(|l| !l.is_empty()) {
-            let declaration = line.strip_suffix(';').unwrap_or_else(|| panic!("{line}"));
-            let (head, dims) = match declaration.split_once('[') {
-                Some((head, dims)) => (head, Some(dims.strip_suffix(']').unwrap())),
-                None => (declaration, None),
-            };
-            let (kind, name) = head.rsplit_once([' ', '*']).unwrap();
-            let size = if head.contains('*') { 8 } else { 4 };
-            assert!(size == 8 || ["int", "float"].contains(&kind.trim()), "{line}");
-            let count = match dims.map(|d| d.split_once(" + ")) {
-                None => 1,
-                Some(Some((constant, extra))) => kernel_int(constant) + extra.parse::<usize>().unwrap(),
-                Some(None) => kernel_int(dims.unwrap()),
-            };
-            fields.push((name.to_string(), size, count));
-        }
-        fields
-    }
-
-    #[test]
-    fn the_tables_are_the_kernel_files_structs() {
-        assert_eq!(kernel_int("TENSOR_CHUNK"), TENSOR_CHUNK);
-        assert_eq!(kernel_int("UPDATE_CHUNK"), UPDATE_CHUNK);
-        let described =
-            |fields: &[Field]| fields.iter().map(|f| (f.name.to_string(), f.size, f.count)).collect::<Vec<_>>();
-        assert_eq!(kernel_struct("UpdateTable"), described(&UPDATE_TABLE));
-        assert_eq!(kernel_struct("ChunkTable"), described(&CHUNK_TABLE));
-    }
-
-    #[test]
-    fn each_launch_passes_at_most_4_kb() {
-        // A struct (8-byte aligned) first, then the kernel's other parameters, each at its alignment.
-        let bytes = |table: &[Field], rest: &[Field]| {
-            let whole = [&[field("table", 8, layout(table).1 / 8)], rest].concat();
-            layout(&whole).1
-        };
-        let update = bytes(&UPDATE_TABLE, &[field("kind", 4, 1), field("base_lr", 8, 1), field("scalars", 4, 5)]);
-        let sums = bytes(&CHUNK_TABLE, &[field("partials", 8, 1), field("first_slot", 4, 1)]);
-        let scale = bytes(&CHUNK_TABLE, &[field("factor", 8, 1)]);
-        for (kernel, size) in
-            [("nn_update_tensors", update), ("nn_sum_squares_chunks", sums), ("nn_scale_chunks", scale)]
-        {
-            assert!(size <= KERNEL_PARAMETER_BYTES, "{kernel} takes {size} bytes of parameters");
-        }
-    }
-
-    #[test]
-    fn fields_are_laid_out_as_c_lays_them_out() {
-        // An int after pointers, a pointer after an odd count of ints (padded to 8), a size rounded to 8.
-        let fields = [field("a", 8, 2), field("b", 4, 3), field("c", 8, 1), field("d", 4, 1)];
-        assert_eq!(layout(&fields), (vec![0, 16, 32, 40], 48));
-        assert_eq!(layout(&[field("n", 4, 3)]), (vec![0], 12));
-        // The values land at their offsets, little-endian, the rest zero.
-        let bytes = table_bytes(&fields, &[vec![0x0102_0304_0506_0708], vec![7, u64::from(u32::MAX)], vec![], vec![9]]);
-        assert_eq!(bytes.len(), 48);
-        assert_eq!(bytes[..8], 0x0102_0304_0506_0708u64.to_le_bytes());
-        assert_eq!(bytes[8..16], [0; 8]);
-        assert_eq!(bytes[16..28], [7, 0, 0, 0, 255, 255, 255, 255, 0, 0, 0, 0]);
-        assert_eq!(bytes[28..40], [0; 12]);
-        assert_eq!(bytes[40..44], [9, 0, 0, 0]);
-    }
-
-    #[test]
-    fn each_tensor_starts_after_the_chunks_of_those_before() {
-        let lens = [1, 0, TENSOR_CHUNK, TENSOR_CHUNK + 1, 3 * TENSOR_CHUNK - 1];
-        let first = first_blocks("t", lens, TENSOR_CHUNK).unwrap();
-        assert_eq!(first, [0, 1, 1, 2, 4, 7]);
-        assert_eq!(first_blocks("t", [], UPDATE_CHUNK).unwrap(), [0]);
-        let err = first_blocks("t", [usize::MAX / 2], TENSOR_CHUNK).unwrap_err().to_string();
-        assert!(err.contains("more than a kernel's int indexes"), "{err}");
-    }
 
     #[test]
     fn runs_are_cut_when_full_or_when_a_key_repeats() {
@@ -386,24 +238,5 @@ mod tests {
         assert_eq!(lens(runs(&items, 7, |&k| k)), [7]);
         assert_eq!(lens(runs(&[1, 2, 1, 3, 3], 4, |&k| k)), [2, 2, 1]);
         assert!(runs(&[] as &[u64], 4, |&k| k).is_empty());
-    }
-}
-
-/// Needs NVRTC (not a GPU): the kernel file's own sizes of the tables, against `layout`. NVRTC has no
-/// `offsetof`, so the fields' offsets are checked on the GPU instead: the selftest's multi-tensor
-/// optimizer and clip checks read every field through them.
-#[cfg(test)]
-mod kernel_layout {
-    use super::*;
-    use crate::device::compile::kernel_constants;
-
-    #[test]
-    fn sizes_match_the_compiled_structs() {
-        for (name, fields) in [("UpdateTable", &UPDATE_TABLE[..]), ("ChunkTable", &CHUNK_TABLE[..])] {
-            let (_, size) = layout(fields);
-            let expression = format!("sizeof({name})");
-            let kernel = kernel_constants("nn", &[], &[expression.as_str()]).unwrap();
-            assert_eq!(kernel, [size as i64], "{name}");
-        }
     }
 }

@@ -317,21 +317,6 @@ using TileLarge = MatTile<64, 64, 16, 4, 4>;
 using TileSmall = MatTile<16, 16, 64, 2, 2>;
 using TileTiny = MatTile<8, 8, 256, 2, 2>;
 
-// The sum gemm_tile forms for one output of a product over k [0, K) in a tile of `ksplit` thread groups
-// (GemmTile::KSPLIT: 1 for TileLarge, 4 for TileSmall, 16 for TileTiny): group g's fmaf chain over k ≡ g
-// (mod ksplit), from k = g up, then the groups' sums added from group 0 on. An output formed outside a tile
-// (a fused epilogue) takes that tile's bits with it.
-template <class AAt, class BAt>
-__device__ __forceinline__ float tile_sum(int K, int ksplit, AAt a_at, BAt b_at) {
-    float sum = 0.0f;
-    for (int g = 0; g < ksplit; ++g) {
-        float part = 0.0f;
-        for (int k = g; k < K; k += ksplit) part = fmaf(a_at(k), b_at(k), part);
-        sum = g == 0 ? part : sum + part;
-    }
-    return sum;
-}
-
 template <class T, bool TA, bool TB>
 __device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
                                             int n0, float* smem) {
@@ -718,16 +703,38 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
         if (threadIdx.x % 32 == 0) loss[row] = row_loss, counted[row] = row_counted;
     }
     if (dx) {
-        // The layer's dx = d·W for its rows, times the slope of the activation that made x (act_pre),
-        // each element as nn_linear_grad's dx tile of dx_ksplit groups forms it.
-        __syncthreads();
+        // The layer's dx = d·W for the block's rows, times the slope of the activation that made x
+        // (act_pre): each element summed as nn_linear_grad's dx tile of dx_ksplit thread groups sums it
+        // (group g's fmaf chain over the outputs o ≡ g mod dx_ksplit, then the groups' sums in order), a
+        // thread per column and DX_ROWS rows, so that each W element read serves DX_ROWS rows. d's rows
+        // take the logits' place in shared memory.
+        constexpr int DX_ROWS = 4;
+        static_assert(T::BM % DX_ROWS == 0, "a tile's rows split into DX_ROWS");
         const int rows = min(T::BM, R - m0);
-        for (int i = threadIdx.x; i < rows * K; i += THREADS) {
-            const int r = m0 + i / K, k = i % K;
-            const size_t e = (size_t)r * K + k;
-            const float v = tile_sum(
-                N, dx_ksplit, [&](int o) { return d[(size_t)r * N + o]; }, [&](int o) { return W[(size_t)o * K + k]; });
-            dx[e] = v * unary_slope(act, act_pre[e], x[e]);
+        __syncthreads();
+        for (int i = threadIdx.x; i < rows * N; i += THREADS)
+            logits[i / N * LINEAR_CROSS_ENTROPY_CLASSES + i % N] = d[(size_t)(m0 + i / N) * N + i % N];
+        __syncthreads();
+        for (int item = threadIdx.x; item < (rows + DX_ROWS - 1) / DX_ROWS * K; item += THREADS) {
+            const int k = item % K, r0 = item / K * DX_ROWS;
+            float sum[DX_ROWS];
+            for (int g = 0; g < dx_ksplit; ++g) {
+                float part[DX_ROWS] = {};
+                for (int o = g; o < N; o += dx_ksplit) {
+                    const float w = W[(size_t)o * K + k];
+#pragma unroll
+                    for (int i = 0; i < DX_ROWS; ++i)
+                        part[i] = fmaf(logits[(r0 + i) * LINEAR_CROSS_ENTROPY_CLASSES + o], w, part[i]);
+                }
+#pragma unroll
+                for (int i = 0; i < DX_ROWS; ++i) sum[i] = g == 0 ? part[i] : sum[i] + part[i];
+            }
+#pragma unroll
+            for (int i = 0; i < DX_ROWS; ++i) {
+                if (r0 + i >= rows) break;
+                const size_t e = (size_t)(m0 + r0 + i) * K + k;
+                dx[e] = sum[i] * unary_slope(act, act_pre[e], x[e]);
+            }
         }
     }
     cross_entropy_mean(loss, counted, R, mean, count, one, ticket);

@@ -793,7 +793,8 @@ pub(crate) fn linear<F: Real>(
                 if d.is_fusing() {
                     d.fused("linear ← cross_entropy: dx by the loss kernel's blocks, no launch of its own".into());
                 }
-                let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed)?;
+                // dW and db in linear_grad's tile too: the bits of its dW tiles.
+                let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed, Some(f.tile))?;
                 let mut grads = vec![Some(f.dx.clone()), Some(dw).filter(|_| needs[1])];
                 if needs.len() == 3 {
                     grads.push(db);
@@ -808,7 +809,7 @@ pub(crate) fn linear<F: Real>(
                     (Some(dx), Some(dw), db)
                 }
                 (false, true) => {
-                    let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed)?;
+                    let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed, None)?;
                     (None, Some(dw), db)
                 }
                 (wants_dx, false) => {
@@ -855,7 +856,7 @@ pub(crate) fn linear<F: Real>(
 
 /// A linear layer's dW = dyᵀ·x and, with `bias`, db = Σ rows of dy, in one fp32 product
 /// (`nn_linear_grad_weight`: x with a column of ones appended, db its last column of results), deferred
-/// to launch with the next layer's (`weight_grads`).
+/// to launch with the next layer's (`weight_grads`). The tile is `fp32_tile`'s for the product, or `tile`.
 fn linear_grad_weight(
     device: &Arc<Device>,
     name: &'static str,
@@ -863,10 +864,18 @@ fn linear_grad_weight(
     x: &DeviceBuffer,
     (rows, inputs, outputs): (usize, usize, usize),
     bias: bool,
+    tile: Option<usize>,
 ) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
     let dw = device.alloc(name, outputs * inputs)?;
     let db = if bias { Some(device.alloc(name, outputs)?) } else { None };
-    let (tile, grid) = fp32_tile(device, name, (outputs, inputs + bias as usize), 1)?;
+    let (tile, grid) = match tile {
+        Some(tile) => {
+            let (bm, bn, ..) = FP32_TILES[tile];
+            let (across, down) = ((inputs + bias as usize).div_ceil(bn).max(1), outputs.div_ceil(bm).max(1));
+            (tile, (int(name, across)? as u32, int(name, down)? as u32))
+        }
+        None => fp32_tile(device, name, (outputs, inputs + bias as usize), 1)?,
+    };
     let (dy, x, sizes) = (dy.clone(), x.clone(), (rows, outputs, inputs));
     device.defer_weight_grad(WeightGradJob { dy, x, dw: dw.clone(), db: db.clone(), sizes, tile, grid });
     Ok((dw, db))

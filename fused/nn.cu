@@ -671,6 +671,45 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
 // launch of dx's tiles: nn_linear_grad's dx with act_pre, to the bit, given its tile's dx_ksplit). The
 // products are tiny: BM·N·K a block.
 constexpr int LINEAR_CROSS_ENTROPY_CLASSES = 64;
+
+// dx = d·W times the slope of the activation `act` of act_pre (x = act(act_pre)) for rows [m0, m0 + rows),
+// d's rows in shared memory (a row every LINEAR_CROSS_ENTROPY_CLASSES floats), each element summed as a
+// gemm_tile of KSPLIT thread groups sums it: group g's fmaf chain over the outputs o ≡ g (mod KSPLIT), from
+// o = g up, then the groups' sums added from group 0 on. A thread takes a column and DX_ROWS rows, so that
+// each W element read serves DX_ROWS rows, and reads W sixteen outputs at a time, the loads ahead of the sums.
+template <int KSPLIT, int BM>
+__device__ __forceinline__ void linear_dx_rows(const float* d_rows, const float* __restrict__ W,
+                                               const float* __restrict__ x, const float* __restrict__ act_pre,
+                                               int act, float* __restrict__ dx, int m0, int rows, int N, int K) {
+    constexpr int DX_ROWS = 4, LOADS = 16;
+    static_assert(BM % DX_ROWS == 0 && LOADS % KSPLIT == 0, "rows in fours, groups within a load");
+    for (int item = threadIdx.x; item < (rows + DX_ROWS - 1) / DX_ROWS * K; item += THREADS) {
+        const int k = item % K, r0 = item / K * DX_ROWS;
+        float part[KSPLIT][DX_ROWS] = {};
+        for (int o0 = 0; o0 < N; o0 += LOADS) {
+            float w[LOADS];
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) w[j] = o0 + j < N ? W[(size_t)(o0 + j) * K + k] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) {
+                if (o0 + j >= N) break;
+#pragma unroll
+                for (int i = 0; i < DX_ROWS; ++i)
+                    part[j % KSPLIT][i] =
+                        fmaf(d_rows[(r0 + i) * LINEAR_CROSS_ENTROPY_CLASSES + o0 + j], w[j], part[j % KSPLIT][i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DX_ROWS; ++i) {
+            if (r0 + i >= rows) break;
+            float sum = part[0][i];
+#pragma unroll
+            for (int g = 1; g < KSPLIT; ++g) sum += part[g][i];
+            const size_t e = (size_t)(m0 + r0 + i) * K + k;
+            dx[e] = sum * unary_slope(act, act_pre[e], x[e]);
+        }
+    }
+}
 template <class T>
 __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x, const float* __restrict__ W,
                                                      const float* __restrict__ bias, float* __restrict__ y, int R,
@@ -704,37 +743,17 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
     }
     if (dx) {
         // The layer's dx = d·W for the block's rows, times the slope of the activation that made x
-        // (act_pre): each element summed as nn_linear_grad's dx tile of dx_ksplit thread groups sums it
-        // (group g's fmaf chain over the outputs o ≡ g mod dx_ksplit, then the groups' sums in order), a
-        // thread per column and DX_ROWS rows, so that each W element read serves DX_ROWS rows. d's rows
-        // take the logits' place in shared memory.
-        constexpr int DX_ROWS = 4;
-        static_assert(T::BM % DX_ROWS == 0, "a tile's rows split into DX_ROWS");
+        // (act_pre): d's rows take the logits' place in shared memory, and linear_dx_rows forms each element
+        // as nn_linear_grad's dx tile of dx_ksplit thread groups sums it.
         const int rows = min(T::BM, R - m0);
         __syncthreads();
         for (int i = threadIdx.x; i < rows * N; i += THREADS)
             logits[i / N * LINEAR_CROSS_ENTROPY_CLASSES + i % N] = d[(size_t)(m0 + i / N) * N + i % N];
         __syncthreads();
-        for (int item = threadIdx.x; item < (rows + DX_ROWS - 1) / DX_ROWS * K; item += THREADS) {
-            const int k = item % K, r0 = item / K * DX_ROWS;
-            float sum[DX_ROWS];
-            for (int g = 0; g < dx_ksplit; ++g) {
-                float part[DX_ROWS] = {};
-                for (int o = g; o < N; o += dx_ksplit) {
-                    const float w = W[(size_t)o * K + k];
-#pragma unroll
-                    for (int i = 0; i < DX_ROWS; ++i)
-                        part[i] = fmaf(logits[(r0 + i) * LINEAR_CROSS_ENTROPY_CLASSES + o], w, part[i]);
-                }
-#pragma unroll
-                for (int i = 0; i < DX_ROWS; ++i) sum[i] = g == 0 ? part[i] : sum[i] + part[i];
-            }
-#pragma unroll
-            for (int i = 0; i < DX_ROWS; ++i) {
-                if (r0 + i >= rows) break;
-                const size_t e = (size_t)(m0 + r0 + i) * K + k;
-                dx[e] = sum[i] * unary_slope(act, act_pre[e], x[e]);
-            }
+        switch (dx_ksplit) {
+            case 1: linear_dx_rows<1, T::BM>(logits, W, x, act_pre, act, dx, m0, rows, N, K); break;
+            case 4: linear_dx_rows<4, T::BM>(logits, W, x, act_pre, act, dx, m0, rows, N, K); break;
+            default: linear_dx_rows<16, T::BM>(logits, W, x, act_pre, act, dx, m0, rows, N, K); break;
         }
     }
     cross_entropy_mean(loss, counted, R, mean, count, one, ticket);

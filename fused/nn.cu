@@ -812,6 +812,7 @@ constexpr int TENSOR_CHUNK = 8192;
 // The update's chunks are smaller: its elements are independent, and a thread walking 32 of them, each
 // waiting on four loads, kept a 100k-parameter model's update at 40 µs.
 constexpr int UPDATE_CHUNK = 1024;
+static_assert(UPDATE_CHUNK % THREADS == 0, "a chunk is a whole number of elements a thread");
 constexpr int UPDATE_TABLE_TENSORS = 64;
 constexpr int CHUNK_TABLE_TENSORS = 128;
 
@@ -887,10 +888,33 @@ nn_update_tensors(const __grid_constant__ UpdateTable table, int kind, const flo
     const int k = table_tensor(table, blockIdx.x);
     int begin, end;
     table_chunk<UPDATE_CHUNK>(table, k, begin, end);
+    // Every element's loads first, then the step's scalars (Adam's corrections are a double pow), then
+    // optim.cuh's update of each element: optim_update_range's loop would wait on each element in turn.
+    constexpr int EACH = UPDATE_CHUNK / THREADS;
+    float* theta = table.theta[k];
+    const float* grad = table.grad[k];
+    float *m = table.m[k], *v = table.v[k];
+    float th[EACH], g[EACH], mi[EACH], vi[EACH];
+#pragma unroll
+    for (int j = 0; j < EACH; ++j) {
+        const int i = begin + threadIdx.x + j * THREADS;
+        const bool inside = i < end;
+        th[j] = inside ? theta[i] : 0.0f;
+        g[j] = inside ? grad[i] : 0.0f;
+        mi[j] = inside && m ? m[i] : 0.0f;
+        vi[j] = inside && v ? v[i] : 0.0f;
+    }
     OptimStep s{kind, base_lr[0] * table.lr_scale[k], momentum, beta1, beta2, eps, table.weight_decay[k],
                 grad_scale, 1.0f, 1.0f};
     optim_bias_corrections(s, (unsigned)table.steps[k][0] + 1u);
-    optim_update_range(s, table.theta[k], table.grad[k], table.m[k], table.v[k], begin + threadIdx.x, end, THREADS);
+#pragma unroll
+    for (int j = 0; j < EACH; ++j) {
+        const int i = begin + threadIdx.x + j * THREADS;
+        if (i >= end) break;
+        theta[i] = optim_update(s, th[j], g[j], mi[j], vi[j]);
+        if (m) m[i] = mi[j];
+        if (v) v[i] = vi[j];
+    }
     if (!last_block_to_finish(ticket)) return;
     count_steps(table);
     if (threadIdx.x == 0) ticket[0] = 0;

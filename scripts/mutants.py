@@ -99,6 +99,8 @@ MUTATIONS = [
     ("nn: the grouped weight gradients forget the bias column in a job's tiles", "nn.cu",
      "const int columns = (K + (table.db[k] ? 1 : 0) + T::BN - 1) / T::BN;",
      "const int columns = (K + T::BN - 1) / T::BN;", "nn"),
+    ("nn: the update reads each element's second moment from the element a block before", "nn.cu",
+     "vi[j] = inside && v ? v[i] : 0.0f;", "vi[j] = inside && v ? v[i >= THREADS ? i - THREADS : i] : 0.0f;", "nn"),
     ("nn: the update's last block does not advance the step counts", "nn.cu",
      "    count_steps(table);\n    if (threadIdx.x == 0) ticket[0] = 0;", "    if (threadIdx.x == 0) ticket[0] = 0;", "nn"),
     ("nn: the fp32 linear's fused dropout keeps every element", "nn.cu",

@@ -1,7 +1,7 @@
 //! The optimizer's and `clip_grad_norm`'s launches: many tensors a launch, as PyTorch's multi-tensor
 //! (foreach / fused) Adam and `clip_grad_norm_`, where one launch per parameter (and one to count its step)
 //! ran before. Each launch takes a table of tensors by value, its first kernel parameter (`UpdateTable` or
-//! `ChunkTable` of fused/nn.cu, written here byte by byte in their C layout), and runs a block per (tensor,
+//! `ChunkTable` of fused/nn.cu, written byte by byte in their C layout by `table`), and runs a block per (tensor,
 //! chunk); a list longer than a table takes a launch per table.
 //!
 //! - [`update_tensors`]: per table, `nn_update_tensors` (optim.cuh's update of every element, as the
@@ -30,8 +30,6 @@ pub(super) const UPDATE_CHUNK: usize = 1024;
 const UPDATE_TABLE_TENSORS: usize = 64;
 /// Gradients a clip launch takes (CHUNK_TABLE_TENSORS).
 const CHUNK_TABLE_TENSORS: usize = 128;
-
-/// One field of a C struct of fixed-length arrays: its name as fused/nn.cu declares it, an element's size
 
 /// fused/nn.cu's `UpdateTable`.
 pub(super) const UPDATE_TABLE: [Field; 10] = [

@@ -12,8 +12,8 @@ use crate::datasets::features::{Split, SplitOrder};
 use crate::datasets::infer::Overrides;
 use crate::datasets::mnist::Dataset;
 use crate::datasets::table::{ColumnSpec, HeaderMode, LoadOptions, Table};
-use crate::device::{self, Backend, DeviceChoice};
-use crate::harness::args::{OptimArgs, ScheduleArgs};
+use crate::device::{self, Backend};
+use crate::harness::args::{OptimArgs, RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint::{self, Keep, Keeper};
 use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
 use crate::harness::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, TrainingCommand, VAL, Verdict};
@@ -36,7 +36,11 @@ use std::time::Instant;
     after_help = "Layers (as PyTorch's nn.Sequential; parentheses optional without arguments): Linear(in, out[, bias=false]) \
 or Linear(out) (its input width from the data or the layer before), ReLU, Sigmoid, Tanh, GELU, Dropout(p), \
 Conv2d(in_channels, out_channels, kernel[, stride, padding]), MaxPool2d(k), Flatten. Images are 784 values, or \
-1×28×28 when the spec starts with Conv2d, MaxPool2d or Flatten."
+1×28×28 when the spec starts with Conv2d, MaxPool2d or Flatten.",
+    mut_arg("out", run_out("fit.safetensors", "Where to write the model (.safetensors); written after every epoch --keep keeps")),
+    mut_arg("seed", |a| a.help("Seed of the initial parameters, the table's split, the shuffles and dropout")),
+    mut_arg("plot", |a| a.conflicts_with("model")),
+    mut_arg("tensorboard", |a| a.conflicts_with("model"))
 )]
 /// The flags of `textnet fit`.
 pub struct FitArgs {
@@ -74,9 +78,9 @@ pub struct FitArgs {
     /// Passes over the training samples
     #[arg(short = 'e', long, default_value_t = 10)]
     pub epochs: usize,
-    /// Seed of the initial parameters, the table's split, the shuffles and dropout
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// Train on only the first N training samples
     #[arg(long, value_name = "N")]
     pub train_limit: Option<usize>,
@@ -87,21 +91,6 @@ pub struct FitArgs {
     /// Which epoch the model file holds [default: last; best with --patience]
     #[arg(long, value_enum)]
     pub keep: Option<Keep>,
-    /// Where to train
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
-    /// Where to write the model (.safetensors); written after every epoch --keep keeps
-    #[arg(short = 'o', long, default_value = "fit.safetensors")]
-    pub out: PathBuf,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds.
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP, conflicts_with = "model")]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP, conflicts_with = "model")]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
     /// Predict with this table model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with_all = ["layers", "dataset", "table"])]
     pub model: Option<PathBuf>,
@@ -114,12 +103,6 @@ pub struct FitArgs {
     /// Print an epoch's line only every N epochs (and the first and last)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub log_every: usize,
-    /// Print errors only (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// A table to train on and how its columns are read: the flags `fit` and `bench fit` share.
@@ -336,7 +319,7 @@ impl EpochHooks<StackTrainer> for FitEpochs<'_> {
                 input: data.schema.clone(),
                 target: data.target.clone(),
             };
-            let (keeper, out) = (&mut self.keeper, &self.args.out);
+            let (keeper, out) = (&mut self.keeper, &self.args.run.out);
             let written = keeper
                 .offer(epoch.epoch, judged, || modelfile::save(&model, out))
                 .map_err(|e| anyhow!("{e:#}; {}", keeper.outcome(out, self.judged_name)))?;
@@ -427,18 +410,18 @@ impl TrainingCommand for FitArgs {
         }
         let optim = args.optim.config()?;
         let schedule = args.schedule.schedule(optim.lr)?;
-        let display = Display::new(args.quiet, args.json, args.epochs)
+        let display = Display::new(args.run.quiet, args.run.json, args.epochs)
             .log_every(args.log_every)
-            .tensorboard(args.tensorboard.as_deref())?;
+            .tensorboard(args.run.tensorboard.as_deref())?;
         if let Source::Table { file, .. } = &source {
-            fsutil::check_output(&args.out, &[("table", file)])?;
+            fsutil::check_output(&args.run.out, &[("table", file)])?;
         }
         let request =
-            Request { loss: args.loss, seed: args.seed, train_limit: args.train_limit, val_split: args.val_split };
+            Request { loss: args.loss, seed: args.run.seed, train_limit: args.train_limit, val_split: args.val_split };
         let data = data::load(&source, &spec, request, &|note| display.line(note))?;
         let inputs: Vec<(&str, &Path)> = data.files.iter().map(|p| ("data file", p.as_path())).collect();
-        let lock = fsutil::check_output(&args.out, &inputs)?;
-        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        let lock = fsutil::check_output(&args.run.out, &inputs)?;
+        crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &inputs)?;
         for note in &data.notes {
             display.line(note);
         }
@@ -461,22 +444,23 @@ impl TrainingCommand for FitArgs {
             .map_err(|e| anyhow!("--layers {:?}: {e}", crate::harness::console::abridged(text)))?;
         let steps = data.train.rows().div_ceil(args.batch) * args.epochs;
         schedule.check(steps)?;
-        let (backend, device_line) = device::select_described(args.device)?;
+        let (backend, device_line) = device::select_described(args.run.device)?;
 
         // The model already at --out: only a better epoch replaces it, and one of other data is refused.
-        let existing = fsutil::existing_model(&args.out, "fit", modelfile::from_bytes)?.filter(|_| !args.overwrite);
+        let existing =
+            fsutil::existing_model(&args.run.out, "fit", modelfile::from_bytes)?.filter(|_| !args.run.overwrite);
         let judged = data.val.as_ref().unwrap_or(&data.test);
         let loss_name = if data.val.is_some() { "val loss" } else { "test loss" };
         let baseline = match &existing {
             Some(old) => {
                 if old.net != net || old.input != data.schema || old.target_kind() != data.target_kind() {
-                    return Err(checkpoint::other_data(&args.out, "a fit model of another spec or other data"));
+                    return Err(checkpoint::other_data(&args.run.out, "a fit model of another spec or other data"));
                 }
                 let (sum, _) = crate::nn::stack::cpu::evaluate(&old.net, &old.params, judged, old.loss);
-                let loss = checkpoint::baseline(&args.out, sum / judged.rows().max(1) as f64, loss_name)?;
+                let loss = checkpoint::baseline(&args.run.out, sum / judged.rows().max(1) as f64, loss_name)?;
                 display.line(&format!(
                     "--out {} already holds a model of {loss_name} {loss:.4}; only a better epoch replaces it",
-                    args.out.display()
+                    args.run.out.display()
                 ));
                 Some(loss)
             }
@@ -490,7 +474,7 @@ impl TrainingCommand for FitArgs {
             TargetInfo::Classes { .. } => None,
         };
 
-        let params = net.init(args.init, args.seed);
+        let params = net.init(args.init, args.run.seed);
         let limited = match args.train_limit {
             Some(limit) if limit < data.full_train => {
                 format!(" (the first {} of {})", report::count(limit), report::count(data.full_train))
@@ -522,7 +506,7 @@ impl TrainingCommand for FitArgs {
             args.batch,
             args.epochs,
             if args.epochs == 1 { "" } else { "s" },
-            args.seed,
+            args.run.seed,
             report::flag_value(&args.init),
         ));
         if let Some(mae) = baseline_mae {
@@ -530,8 +514,14 @@ impl TrainingCommand for FitArgs {
         }
         let mut splits = vec![Arc::new(data.train.clone()), Arc::new(data.test.clone())];
         splits.extend(data.val.clone().map(Arc::new));
-        let setup =
-            TrainerSetup { net: net.clone(), params, loss: data.loss, optim, dropout_seed: args.seed as u32, splits };
+        let setup = TrainerSetup {
+            net: net.clone(),
+            params,
+            loss: data.loss,
+            optim,
+            dropout_seed: args.run.seed as u32,
+            splits,
+        };
         let mut trainer = crate::nn::stack::trainer(&backend, setup, args.batch)?;
         let (untrained_sum, _) = trainer.evaluate(TEST)?;
         Ok(Setup {
@@ -558,7 +548,7 @@ impl TrainingCommand for FitArgs {
             epochs: args.epochs,
             samples: n,
             batch: args.batch,
-            shuffle_seed: Some(args.seed ^ crate::nn::stack::SHUFFLE_STREAM),
+            shuffle_seed: Some(args.run.seed ^ crate::nn::stack::SHUFFLE_STREAM),
             rates: setup.schedule.rates(setup.optim.lr, steps_per_epoch * args.epochs),
             patience: args.patience,
         };
@@ -586,7 +576,7 @@ impl TrainingCommand for FitArgs {
         let Trained { setup, rows, keeper, diverged, stopped_early, last, training_s } = trained;
         let Setup { mut display, data, net, backend, optim, baseline_mae, untrained_loss, started, .. } = setup;
         let judged_name = if data.val.is_some() { "val loss" } else { "test loss" };
-        let outcome = keeper.outcome(&args.out, judged_name);
+        let outcome = keeper.outcome(&args.run.out, judged_name);
         let completed = rows.len();
         let interrupted = diverged.is_none() && stopped_early.is_none() && completed < args.epochs;
         let written = keeper.kept.is_some();
@@ -622,7 +612,7 @@ impl TrainingCommand for FitArgs {
         }
         let mut ending = Ending {
             report: None,
-            json: args.json,
+            json: args.run.json,
             board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {completed} of {}", args.epochs)),
@@ -631,7 +621,7 @@ impl TrainingCommand for FitArgs {
             outcome,
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {})", report::decimal(optim.lr)),
             plot_failed: crate::harness::plot::training_curves(
-                args.plot.as_deref(),
+                args.run.plot.as_deref(),
                 &format!(
                     "textnet fit on {}: {}; {}, batch {}",
                     data.source.split(" from ").next().unwrap_or_default(),
@@ -643,7 +633,7 @@ impl TrainingCommand for FitArgs {
                 &display,
             ),
         };
-        if args.json || args.tensorboard.is_some() {
+        if args.run.json || args.run.tensorboard.is_some() {
             let mut extra = serde_json::Map::new();
             if let Some(mae) = baseline_mae {
                 extra.insert("baseline_mae".into(), json!(mae));
@@ -669,26 +659,15 @@ impl TrainingCommand for FitArgs {
                         "target": args.tabular.target.as_ref().map(|t| t.to_string()),
                         "loss": data.loss.name(),
                         "init": report::flag_value(&args.init),
-                        "optim": optim.kind.name(),
-                        "lr": report::decimal(optim.lr),
-                        "momentum": args.optim.momentum.map(report::decimal),
-                        "weight_decay": report::decimal(optim.weight_decay),
-                        "clip_norm": report::decimal(optim.clip_norm),
                         "patience": args.patience,
                         "epochs": args.epochs,
                         "batch": args.batch,
-                        "seed": args.seed,
                         "train_limit": args.train_limit,
                         "val_split": args.val_split,
                         "split": args.tabular.table.as_ref().map(|_| args.tabular.split),
                         "keep": args.keep().name(),
-                        "out": args.out.display().to_string(),
-                        "overwrite": args.overwrite,
-                        "device": report::flag_value(&args.device),
-                        "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                        "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                     }),
-                    &args.schedule,
+                    &[&args.run, &OptimArgs::of(&optim), &args.schedule],
                 ),
                 device: report::DeviceFields::of(&backend),
                 data: json!({
@@ -708,7 +687,7 @@ impl TrainingCommand for FitArgs {
                 parameters: net.param_count,
                 final_metrics: report::final_metrics(&rows, keeper.kept_epoch(), extra),
                 epochs: rows,
-                model: args.out.display().to_string(),
+                model: args.run.out.display().to_string(),
                 kept_epoch: keeper.kept_epoch(),
                 baseline_val_loss: keeper.baseline,
                 diverged: ending.diverged.clone(),
@@ -810,14 +789,14 @@ fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<()> {
         Some(path) => fsutil::write_atomic(path, text.as_bytes())?,
         None => crate::harness::console::out(text.trim_end()),
     }
-    if table.skipped > 0 && !args.quiet {
+    if table.skipped > 0 && !args.run.quiet {
         crate::harness::console::err(&format!(
             "skipped {} bad row{}",
             table.skipped,
             if table.skipped == 1 { "" } else { "s" }
         ));
     }
-    if with_target > 0 && !args.quiet {
+    if with_target > 0 && !args.run.quiet {
         let figure = match &m.target {
             TargetInfo::Classes { .. } => format!("accuracy {:.2}%", 100.0 * score / with_target as f64),
             TargetInfo::Value { .. } => format!("MAE {:.4}", score / with_target as f64),

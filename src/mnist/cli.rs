@@ -9,8 +9,8 @@ use super::train::{self, EpochStats, Observer, Schedule};
 use super::{Classifier, ModelKind};
 use super::{Evaluation, idx};
 use crate::datasets::mnist::{self, Dataset};
-use crate::device::{self, DeviceChoice};
-use crate::harness::args::{OptimArgs, ScheduleArgs};
+use crate::device;
+use crate::harness::args::{OptimArgs, RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint::{self, Keep, Keeper};
 use crate::harness::interrupt;
 use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
@@ -27,7 +27,13 @@ use std::sync::Arc;
     after_help = "Data: --data DIR, else searched in $TEXTNET_DATA (MNIST), $TEXTNET_DATA/<mnist|fashion-mnist>, \
 ./data/<mnist|fashion-mnist>, the textnet cache dir and, for Fashion-MNIST, /usr/share/datasets/fashion-mnist \
 (Debian package dataset-fashion-mnist); MNIST missing everywhere is downloaded into the cache \
-(HTTPS, checked against the published SHA-256 sums)."
+(HTTPS, checked against the published SHA-256 sums).",
+    mut_arg("out", |a| run_out(
+        "mnist.safetensors",
+        "Where to write the model (.safetensors; mnist-cnn.safetensors for --model cnn); it is written after every \
+epoch that --keep keeps"
+    )(a)
+    .default_value_if("model", "cnn", "mnist-cnn.safetensors"))
 )]
 /// The flags of `textnet mnist`.
 pub struct MnistArgs {
@@ -60,9 +66,9 @@ pub struct MnistArgs {
     /// Passes over the training samples
     #[arg(short = 'e', long, default_value_t = 10)]
     pub epochs: usize,
-    /// Seed of the initial parameters and of the shuffle
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// Train on only the first N training images (for quick runs)
     #[arg(long, value_name = "N")]
     pub train_limit: Option<usize>,
@@ -74,27 +80,6 @@ pub struct MnistArgs {
     /// the test set would make its figures optimistic
     #[arg(long, value_enum, default_value_t = Keep::Last)]
     pub keep: Keep,
-    /// Where to train
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
-    /// Where to write the model (.safetensors; mnist-cnn.safetensors for --model cnn); it is written after
-    /// every epoch that --keep keeps
-    #[arg(
-        short = 'o',
-        long,
-        default_value = "mnist.safetensors",
-        default_value_if("model", "cnn", "mnist-cnn.safetensors")
-    )]
-    pub out: PathBuf,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
     /// Go on training this model file (a fresh optimizer state); only an epoch better than it is saved. It
     /// must be of this run's --dataset, --model, --hidden and --activation (the file at --out may be it)
     #[arg(long, value_name = "MODEL")]
@@ -102,12 +87,6 @@ pub struct MnistArgs {
     /// Print an epoch's line only every N epochs (and the first and last), for long runs
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub log_every: usize,
-    /// Print errors only: no progress bar and no other lines (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// The optimizer settings from the flags, checked.
@@ -123,8 +102,8 @@ fn check_args(args: &MnistArgs) -> Result<()> {
     if args.train_limit == Some(0) {
         bail!("--train-limit must be at least 1");
     }
-    if args.out.as_os_str().is_empty() || args.out.is_dir() {
-        bail!("--out \"{}\" must name a file", args.out.display());
+    if args.run.out.as_os_str().is_empty() || args.run.out.is_dir() {
+        bail!("--out \"{}\" must name a file", args.run.out.display());
     }
     if let Some(f) = args.val_split
         && !(f > 0.0 && f < 1.0)
@@ -298,9 +277,9 @@ impl TrainingCommand for MnistArgs {
             MlpShape { inputs: idx::PIXELS, hidden: args.hidden, classes: idx::CLASSES, activation: args.activation };
         shape.validate()?;
         let resumed = resumed_model(args, shape)?;
-        let display = Display::new(args.quiet, args.json, args.epochs)
+        let display = Display::new(args.run.quiet, args.run.json, args.epochs)
             .log_every(args.log_every)
-            .tensorboard(args.tensorboard.as_deref())?;
+            .tensorboard(args.run.tensorboard.as_deref())?;
 
         let started = std::time::Instant::now();
         // Opening the GPU (a CUDA context: ~0.5 s) and decoding the data files (~0.3 s) overlap.
@@ -309,7 +288,7 @@ impl TrainingCommand for MnistArgs {
                 let data = mnist::load(args.dataset, args.data.as_deref(), &|note| display.line(note));
                 (data, started.elapsed().as_secs_f64())
             });
-            let device = device::select_described(args.device);
+            let device = device::select_described(args.run.device);
             let device_s = started.elapsed().as_secs_f64();
             let (data, data_s) =
                 reading.join().unwrap_or_else(|_| (Err(anyhow::anyhow!("reading the data failed")), 0.0));
@@ -320,14 +299,14 @@ impl TrainingCommand for MnistArgs {
         let inputs: Vec<PathBuf> =
             mnist::FILES.iter().flat_map(|f| [data.dir.join(f), data.dir.join(format!("{f}.gz"))]).collect();
         let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("data file", p.as_path())).collect();
-        let lock = fsutil::check_output(&args.out, &inputs)?;
+        let lock = fsutil::check_output(&args.run.out, &inputs)?;
         let mut inputs = inputs;
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
-        if shadows_data_file(&args.out, &data.dir) {
+        crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &inputs)?;
+        if shadows_data_file(&args.run.out, &data.dir) {
             bail!(
                 "--out {} would be read as a data file of {}; choose another name",
-                args.out.display(),
+                args.run.out.display(),
                 data.dir.display()
             );
         }
@@ -340,24 +319,24 @@ impl TrainingCommand for MnistArgs {
             None => None,
         };
         let existing = match &args.resume {
-            Some(resume) if fsutil::same_file(resume, &args.out) => None,
-            _ => existing_out(&args.out)?,
+            Some(resume) if fsutil::same_file(resume, &args.run.out) => None,
+            _ => existing_out(&args.run.out)?,
         };
         if let Some((_, meta)) = &existing
-            && !args.overwrite
+            && !args.run.overwrite
             && meta.get("dataset").is_some_and(|d| d != args.dataset.name())
         {
             let what =
                 format!("an MNIST model of another dataset ({})", meta.get("dataset").map_or("", String::as_str));
-            return Err(checkpoint::other_data(&args.out, &what));
+            return Err(checkpoint::other_data(&args.run.out, &what));
         }
-        let existing = existing.map(|(old, _)| old).filter(|_| !args.overwrite);
+        let existing = existing.map(|(old, _)| old).filter(|_| !args.run.overwrite);
         if let Some(old) = &existing
             && old.kind() != args.model
         {
             bail!(
                 "--out {} holds an MNIST {} model and this run trains the {}; choose another --out",
-                args.out.display(),
+                args.run.out.display(),
                 report::flag_value(&old.kind()).to_uppercase(),
                 report::flag_value(&args.model).to_uppercase()
             );
@@ -380,8 +359,8 @@ impl TrainingCommand for MnistArgs {
         ));
         let params = match (resumed, args.model) {
             (Some(model), _) => model,
-            (None, ModelKind::Mlp) => Classifier::Mlp(MlpParams::init(shape, args.seed)),
-            (None, ModelKind::Cnn) => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.seed)),
+            (None, ModelKind::Mlp) => Classifier::Mlp(MlpParams::init(shape, args.run.seed)),
+            (None, ModelKind::Cnn) => Classifier::Cnn(CnnParams::init(CnnShape::MNIST, args.run.seed)),
         };
         let architecture = match args.model {
             ModelKind::Mlp => {
@@ -402,7 +381,7 @@ impl TrainingCommand for MnistArgs {
             args.batch,
             args.epochs,
             if args.epochs == 1 { "" } else { "s" },
-            args.seed,
+            args.run.seed,
             device_line
         ));
 
@@ -417,10 +396,10 @@ impl TrainingCommand for MnistArgs {
         };
         let mut baseline = match &existing {
             Some(old) if old.fits_mnist() => {
-                let loss = checkpoint::baseline(&args.out, old.evaluate(judged_by)?.mean_loss(), loss_name)?;
+                let loss = checkpoint::baseline(&args.run.out, old.evaluate(judged_by)?.mean_loss(), loss_name)?;
                 display.line(&format!(
                     "--out {} already holds a model of {loss_name} {loss:.4}; only a better epoch replaces it",
-                    args.out.display()
+                    args.run.out.display()
                 ));
                 Some(loss)
             }
@@ -466,12 +445,12 @@ impl TrainingCommand for MnistArgs {
         let schedule = Schedule {
             epochs: args.epochs,
             batch: args.batch,
-            seed: args.seed,
+            seed: args.run.seed,
             lr: run.optim.lr,
             lr_schedule: run.lr_schedule,
         };
         let saver = Saver {
-            out: args.out.clone(),
+            out: args.run.out.clone(),
             dataset: args.dataset,
             keeper: Keeper::new(args.keep, baseline),
             val,
@@ -505,7 +484,7 @@ impl TrainingCommand for MnistArgs {
             ..
         } = run;
         let Epochs { mut display, rows, saver } = epochs;
-        let outcome = saver.keeper.outcome(&args.out, saver.loss_name());
+        let outcome = saver.keeper.outcome(&args.run.out, saver.loss_name());
         let diverged = match result.map(drop).map_err(anyhow::Error::downcast::<Divergence>) {
             Ok(()) => None,
             Err(Ok(divergence)) => Some(divergence),
@@ -548,7 +527,7 @@ impl TrainingCommand for MnistArgs {
         };
         let mut ending = Ending {
             report: None,
-            json: args.json,
+            json: args.run.json,
             board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {completed} of {}", args.epochs)),
@@ -557,13 +536,13 @@ impl TrainingCommand for MnistArgs {
             outcome,
             remedy: format!("lower --lr or set --clip-norm (this run used --lr {}){decay}", report::decimal(optim.lr)),
             plot_failed: crate::harness::plot::training_curves(
-                args.plot.as_deref(),
+                args.run.plot.as_deref(),
                 &plot_title(args, &optim),
                 &rows,
                 &display,
             ),
         };
-        if args.json || args.tensorboard.is_some() {
+        if args.run.json || args.run.tensorboard.is_some() {
             let confusion = saver.kept_eval.as_ref().map(Evaluation::confusion_rows);
             let mut final_extra = serde_json::Map::new();
             final_extra.insert("confusion".into(), json!(confusion));
@@ -578,28 +557,17 @@ impl TrainingCommand for MnistArgs {
                 json!({
                     "dataset": args.dataset.name(),
                     "data": args.data.as_ref().map(|p| p.display().to_string()),
-                    "out": args.out.display().to_string(),
                     "keep": args.keep.name(),
                     "model": report::flag_value(&args.model),
                     "hidden": (args.model == ModelKind::Mlp).then_some(shape.hidden),
                     "activation": (args.model == ModelKind::Mlp).then(|| shape.activation.name()),
-                    "optim": optim.kind.name(),
-                    "lr": report::decimal(optim.lr),
-                    "momentum": (optim.kind == OptimKind::Momentum).then(|| report::decimal(optim.momentum)),
-                    "weight_decay": report::decimal(optim.weight_decay),
-                    "clip_norm": report::decimal(optim.clip_norm),
                     "epochs": args.epochs,
                     "batch": args.batch,
-                    "seed": args.seed,
                     "train_limit": args.train_limit,
                     "val_split": args.val_split,
-                    "overwrite": args.overwrite,
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
-                    "device": report::flag_value(&args.device),
-                    "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                    "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                 }),
-                &args.schedule,
+                &[&args.run, &OptimArgs::of(&optim), &args.schedule],
             );
             ending.report = Some(Report {
                 textnet: report::VERSION,
@@ -618,7 +586,7 @@ impl TrainingCommand for MnistArgs {
                 parameters: params_count,
                 final_metrics: report::final_metrics(&rows, saver.keeper.kept_epoch(), final_extra),
                 epochs: rows,
-                model: args.out.display().to_string(),
+                model: args.run.out.display().to_string(),
                 kept_epoch: saver.keeper.kept_epoch(),
                 baseline_val_loss: saver.keeper.baseline,
                 diverged: ending.diverged.clone(),

@@ -8,8 +8,8 @@ use super::modelfile::{self, SalesModel};
 use super::table::{ColumnSpec, HeaderMode, LoadOptions, Schema, Table};
 use super::train::FitSales;
 use crate::datasets::features::{Dataset, Split, SplitOrder, Stats};
-use crate::device::{self, Backend, DeviceChoice};
-use crate::harness::args::{OptimArgs, ScheduleArgs};
+use crate::device::{self, Backend};
+use crate::harness::args::{OptimArgs, RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint::{self, Keep, Keeper};
 use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
 use crate::harness::run::{self, Ending, EpochHooks, EpochPlan, EpochTrained, TEST, Trainer, TrainingCommand, Verdict};
@@ -21,7 +21,15 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 #[command(
-    override_usage = "textnet sales [OPTIONS] <FILE>\n       textnet sales --model <M> --predict <NEW> [--predictions <OUT>]"
+    override_usage = "textnet sales [OPTIONS] <FILE>\n       textnet sales --model <M> --predict <NEW> [--predictions <OUT>]",
+    mut_arg("out", run_out(
+        "sales.safetensors",
+        "Where to write the model (.safetensors); a sales model of the same features already there is replaced only \
+by one with a lower test MAE (validation MAE with --val-split)"
+    )),
+    mut_arg("seed", |a| a.help("Seed of the initial parameters, of the train/test split and of the row order")),
+    mut_arg("plot", |a| a.conflicts_with("model")),
+    mut_arg("tensorboard", |a| a.conflicts_with("model"))
 )]
 /// The flags of `textnet sales`.
 pub struct SalesArgs {
@@ -69,25 +77,9 @@ pub struct SalesArgs {
     /// Passes over the training rows
     #[arg(short = 'e', long, default_value_t = DEFAULT_EPOCHS)]
     pub epochs: usize,
-    /// Seed of the initial parameters, of the train/test split and of the row order
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Where to train
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
-    /// Where to write the model (.safetensors); a sales model of the same features already there is
-    /// replaced only by one with a lower test MAE (validation MAE with --val-split)
-    #[arg(short = 'o', long, default_value = "sales.safetensors")]
-    pub out: PathBuf,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP, conflicts_with = "model")]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP, conflicts_with = "model")]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// Predict with this model file instead of training (with --predict)
     #[arg(short = 'm', long, value_name = "M", requires = "predict", conflicts_with = "resume")]
     pub model: Option<PathBuf>,
@@ -101,12 +93,6 @@ pub struct SalesArgs {
     /// Print an epoch's line only every N epochs (and the first and last), for long runs
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub log_every: usize,
-    /// Print errors only (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// Which column `sales` and `bench sales` predict and the other columns' roles.
@@ -302,18 +288,18 @@ impl TrainingCommand for SalesArgs {
         let optim = args.optim.config()?;
         // The --resume model may be --out itself: it is read whole before training, and replaced only by
         // a better model.
-        let lock = fsutil::check_output(&args.out, &[("table", &file)])?;
+        let lock = fsutil::check_output(&args.run.out, &[("table", &file)])?;
         let mut inputs = vec![("table", file.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
-        let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
+        crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &inputs)?;
+        let existing = existing_out(&args.run.out)?.filter(|_| !args.run.overwrite);
         let resumed = match &args.resume {
             Some(path) => Some(modelfile::load(path).context("--resume")?),
             None => None,
         };
-        let display = Display::new(args.quiet, args.json, args.epochs)
+        let display = Display::new(args.run.quiet, args.run.json, args.epochs)
             .log_every(args.log_every)
-            .tensorboard(args.tensorboard.as_deref())?;
+            .tensorboard(args.run.tensorboard.as_deref())?;
         let bytes = fsutil::read_input(&file, "table")?;
         let source = fsutil::shown(&file);
         let inferred = match &resumed {
@@ -347,7 +333,7 @@ impl TrainingCommand for SalesArgs {
         })?;
         check_feature_memory(&table, resumed.as_ref().map_or(args.hidden, |m| m.params.shape.hidden))?;
         let vocabularies = resumed.as_ref().map(|m| m.vocabularies.as_slice());
-        let mut data = Dataset::from_table_with(&table, args.split, args.split_order, args.seed, vocabularies)?;
+        let mut data = Dataset::from_table_with(&table, args.split, args.split_order, args.run.seed, vocabularies)?;
         if let Some(m) = &resumed
             && (m.feature_names != data.feature_names || m.target_name != data.target_name)
         {
@@ -382,14 +368,14 @@ impl TrainingCommand for SalesArgs {
         if let Some(old) = &existing
             && (old.feature_names != data.feature_names || old.target_name != data.target_name)
         {
-            return Err(checkpoint::other_data(&args.out, "a sales model of other features or target"));
+            return Err(checkpoint::other_data(&args.run.out, "a sales model of other features or target"));
         }
-        let (backend, device_line) = device::select_described(args.device)?;
+        let (backend, device_line) = device::select_described(args.run.device)?;
         let (shape, params) = match &resumed {
             Some(m) => (m.params.shape, m.params.clone()),
             None => {
                 let shape = SalesShape { inputs: data.features(), hidden: args.hidden };
-                (shape, SalesParams::init(shape, args.seed))
+                (shape, SalesParams::init(shape, args.run.seed))
             }
         };
         let held_out = match data.val.rows {
@@ -425,7 +411,7 @@ impl TrainingCommand for SalesArgs {
             args.batch,
             args.epochs,
             if args.epochs == 1 { "" } else { "s" },
-            args.seed
+            args.run.seed
         ));
 
         let given_stats = resumed.as_ref().map(|m| m.stats.clone());
@@ -438,10 +424,10 @@ impl TrainingCommand for SalesArgs {
         let (judged, judged_name) = if data.val.is_empty() { (&data.test, "test MAE") } else { (&data.val, "val MAE") };
         let mut old_mae = None;
         if let Some(old) = &existing {
-            let mae = checkpoint::baseline(&args.out, mae_of(old, judged)?, judged_name)?;
+            let mae = checkpoint::baseline(&args.run.out, mae_of(old, judged)?, judged_name)?;
             display.line(&format!(
                 "--out {} already holds a model of {judged_name} {mae:.4} on this split; only a better one replaces it",
-                args.out.display()
+                args.run.out.display()
             ));
             old_mae = Some(mae);
         }
@@ -490,7 +476,7 @@ impl TrainingCommand for SalesArgs {
             epochs: args.epochs,
             samples: rows,
             batch: args.batch,
-            shuffle_seed: Some(args.seed ^ model::SHUFFLE_STREAM),
+            shuffle_seed: Some(args.run.seed ^ model::SHUFFLE_STREAM),
             rates: setup.rates.clone(),
             patience: None,
         };
@@ -536,12 +522,12 @@ impl TrainingCommand for SalesArgs {
         // With --val-split the epoch --keep chose, else the last one if it did not diverge; and what became
         // of --out.
         let (chosen, outcome) = match &keeper {
-            Some(keeper) => (kept, keeper.outcome(&args.out, "val MAE")),
+            Some(keeper) => (kept, keeper.outcome(&args.run.out, "val MAE")),
             None => {
                 let final_mae = last.map(|e| e.mae).filter(|_| diverged.is_none());
                 let better = final_mae.is_some_and(|m| old_mae.is_none_or(|b| m <= b));
                 let outcome = run::write_once_outcome(
-                    &args.out,
+                    &args.run.out,
                     better,
                     final_mae.map(|m| format!("test MAE {m:.4}")),
                     old_mae.map(|b| format!("{b:.4}")),
@@ -553,7 +539,7 @@ impl TrainingCommand for SalesArgs {
         let not_learned = chosen.as_ref().map(|(_, e)| e.mae).filter(|&mae| mae >= baseline_mae);
         let chosen = chosen.filter(|_| not_learned.is_none());
         let outcome = match not_learned {
-            Some(_) => run::write_once_outcome(&args.out, false, None, None),
+            Some(_) => run::write_once_outcome(&args.run.out, false, None, None),
             None => outcome,
         };
         let lr = report::decimal(args.optim.config()?.lr).to_string();
@@ -580,7 +566,7 @@ impl TrainingCommand for SalesArgs {
                 target_name: data.target_name.clone(),
                 vocabularies: data.vocabularies.clone(),
             };
-            modelfile::save(&model, &args.out)?;
+            modelfile::save(&model, &args.run.out)?;
         }
         // A run that wrote nothing says so in its error line.
         if written && diverged.is_none() {
@@ -594,7 +580,7 @@ impl TrainingCommand for SalesArgs {
         };
         let mut ending = Ending {
             report: None,
-            json: args.json,
+            json: args.run.json,
             board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {history_len} of {}", args.epochs)),
@@ -603,7 +589,7 @@ impl TrainingCommand for SalesArgs {
             outcome,
             remedy: "try a lower --lr".into(),
             plot_failed: crate::harness::plot::training_curves(
-                args.plot.as_deref(),
+                args.run.plot.as_deref(),
                 &format!(
                     "textnet sales on {}: {} features → {} hidden (ReLU) → {}; {}, batch {}",
                     data.source,
@@ -617,7 +603,7 @@ impl TrainingCommand for SalesArgs {
                 &display,
             ),
         };
-        if args.json || args.tensorboard.is_some() {
+        if args.run.json || args.run.tensorboard.is_some() {
             let final_metrics = kept_eval.map(|eval| {
                 let mut figures = serde_json::Map::new();
                 figures.insert("test_mae".into(), json!(eval.mae));
@@ -633,27 +619,18 @@ impl TrainingCommand for SalesArgs {
                 textnet: report::VERSION,
                 command: "sales",
                 status: ending.status(),
-                config: report::with_flags(
+                config: sales_config(
                     json!({
-                        "out": args.out.display().to_string(),
                         "keep": args.keep.name(),
                         "val_split": args.val_split,
                         "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                         "hidden": shape.hidden,
-                        "optim": o.kind.name(),
-                        "lr": report::decimal(o.lr),
-                        "weight_decay": report::decimal(o.weight_decay),
-                        "clip_norm": report::decimal(o.clip_norm),
                         "epochs": args.epochs,
                         "batch": args.batch,
-                        "seed": args.seed,
                         "split": args.split,
                         "split_order": args.split_order.name(),
-                        "device": report::flag_value(&args.device),
-                        "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                        "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                     }),
-                    &args.schedule,
+                    &[&args.run, &OptimArgs::of(&o), &args.schedule],
                 ),
                 device: report::DeviceFields::of(&backend),
                 data: json!({
@@ -669,7 +646,7 @@ impl TrainingCommand for SalesArgs {
                 parameters: shape.param_count(),
                 epochs: history,
                 final_metrics,
-                model: args.out.display().to_string(),
+                model: args.run.out.display().to_string(),
                 kept_epoch,
                 baseline_val_loss: keeper.as_ref().and_then(|k| k.baseline),
                 diverged: ending.diverged.clone(),
@@ -681,6 +658,17 @@ impl TrainingCommand for SalesArgs {
 
 /// What a run on `rows` rows of `features` features (`copies` f32 copies of them at once) and a model
 /// of `hidden` units needs in memory, counted before it is allocated (an allocation that fails aborts).
+/// The report's `config`, which for `sales` has never listed `overwrite` or `momentum` (its shape is
+/// pinned by `tests/it/cli_report.rs`).
+fn sales_config(own: serde_json::Value, groups: &[&dyn report::FlagGroup]) -> serde_json::Value {
+    let mut config = report::with_flags(own, groups);
+    if let Some(entries) = config.as_object_mut() {
+        entries.remove("overwrite");
+        entries.remove("momentum");
+    }
+    config
+}
+
 fn feature_memory(rows: usize, features: usize, copies: u64, hidden: usize, fewer_rows: &'static str) -> MemoryNeed {
     let parameters = SalesShape { inputs: features, hidden }.param_count() as u64;
     let values = (rows as u64).saturating_mul(features as u64);
@@ -764,14 +752,14 @@ fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result<()> {
         Some(path) => fsutil::write_atomic(path, out.as_bytes())?,
         None => crate::harness::console::out(out.trim_end()),
     }
-    if table.skipped > 0 && !args.quiet {
+    if table.skipped > 0 && !args.run.quiet {
         crate::harness::console::err(&format!(
             "skipped {} bad row{}",
             table.skipped,
             if table.skipped == 1 { "" } else { "s" }
         ));
     }
-    if with_target > 0 && !args.quiet {
+    if with_target > 0 && !args.run.quiet {
         let mae = error_sum / with_target as f64;
         crate::harness::console::err(&format!("MAE over {with_target} rows with a {}: {mae:.4}", m.target_name));
     }

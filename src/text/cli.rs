@@ -10,8 +10,8 @@ use super::tokenizer::Tokenizer;
 use super::train::{self, EpochMetrics, Progress, TrainOptions, TrainRun};
 use super::{CpuTrainer, TextTrainer};
 use crate::device::precision::Precision;
-use crate::device::{self, Backend, DeviceChoice};
-use crate::harness::args::ScheduleArgs;
+use crate::device::{self, Backend};
+use crate::harness::args::{RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint::{self, Keep, Keeper};
 use crate::harness::interrupt;
 use crate::harness::report::{self, Display, EpochRow, Report, Status};
@@ -23,26 +23,24 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
+#[command(mut_arg(
+    "out",
+    run_out(
+        "textnet.safetensors",
+        "Where to write the model (.safetensors); it is written after every epoch that --keep keeps"
+    )
+))]
 /// The flags of `textnet train`.
 pub struct TrainArgs {
     /// UTF-8 text file to train on, `-` for standard input (other encodings are rejected, naming the first
     /// invalid byte)
     pub corpus: PathBuf,
-    /// Where to write the model (.safetensors); it is written after every epoch that --keep keeps
-    #[arg(short = 'o', long, default_value = "textnet.safetensors")]
-    pub out: PathBuf,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// Which epoch the model file holds: the one of lowest validation loss, or the last
     #[arg(long, value_enum, default_value_t = Keep::Best)]
     pub keep: Keep,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
     /// Go on training this model file on CORPUS, with its vocabulary, tokenizer and shape (which is why
     /// --max-vocab, --context, --embed, --hidden and --keep-case cannot be given with it)
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["max_vocab", "context", "embed", "hidden", "keep_case"])]
@@ -86,9 +84,6 @@ pub struct TrainArgs {
     /// [default: 1; on the CPU: 256]
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Seed of the initial parameters and of the shuffle
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
     /// Shuffle the training samples each epoch (the default; seeded by --seed)
     #[arg(long, overrides_with = "no_shuffle")]
     // Only so that `--shuffle` can be written: the last of the two flags wins, and `no_shuffle` says which.
@@ -105,9 +100,6 @@ pub struct TrainArgs {
     /// Validate on at most N samples, spread evenly over the held-out last 10% (0 = all of them)
     #[arg(long, value_name = "N", default_value_t = 20_000)]
     pub val_max: usize,
-    /// Where to train
-    #[arg(long, value_enum, default_value_t)]
-    pub device: DeviceChoice,
     /// The arithmetic of the three vocabulary-sized products (logits, ∂W2, ∂h): fp32, or bf16 operands on
     /// the tensor cores with fp32 sums, weights, softmax and updates (every step then takes the batched
     /// kernels; pays from --batch 64). The CPU runs bf16 as its twin for SGD; tf32 is not offered
@@ -116,12 +108,6 @@ pub struct TrainArgs {
     /// Print an epoch's line only every N epochs (and the first and last), for long runs
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub log_every: usize,
-    /// Print errors only: no progress bar and no other lines (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 impl TrainArgs {
@@ -144,8 +130,8 @@ impl TrainArgs {
         if let Some(lr) = self.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
             bail!("--lr must be a positive finite number, got {lr}");
         }
-        if self.out.is_dir() {
-            bail!("--out {} is a directory; give a file name", self.out.display());
+        if self.run.out.is_dir() {
+            bail!("--out {} is a directory; give a file name", self.run.out.display());
         }
         self.optim_config(self.lr.unwrap_or(DEFAULT_LR)).validate()?;
         if self.momentum.is_some() && self.optim != OptimKind::Momentum {
@@ -185,9 +171,7 @@ impl TrainArgs {
         report::with_flags(
             json!({
                 "corpus": self.corpus.display().to_string(),
-                "out": self.out.display().to_string(),
                 "keep": self.keep.name(),
-                "overwrite": self.overwrite,
                 "resume": self.resume.as_ref().map(|p| p.display().to_string()),
                 "max_vocab": self.max_vocab,
                 "context": shape.context,
@@ -198,17 +182,13 @@ impl TrainArgs {
                 "weight_decay": report::decimal(self.weight_decay),
                 "epochs": plan.epochs,
                 "batch": plan.batch,
-                "seed": self.seed,
                 "shuffle": !self.no_shuffle,
                 "keep_case": !tokenizer.lowercase,
                 "max_tokens": self.max_tokens,
                 "val_max": self.val_max,
-                "device": report::flag_value(&self.device),
                 "precision": self.precision.name(),
-                "plot": self.plot.as_ref().map(|p| p.display().to_string()),
-                "tensorboard": self.tensorboard.as_ref().map(|p| p.display().to_string()),
             }),
-            &self.schedule,
+            &[&self.run, &self.schedule],
         )
     }
 }
@@ -320,16 +300,16 @@ impl TrainingCommand for TrainArgs {
     fn setup(&self) -> Result<Prepared> {
         let args = self;
         args.validate()?;
-        let lock = crate::io::fsutil::check_output(&args.out, &[("corpus", &args.corpus)])?;
+        let lock = crate::io::fsutil::check_output(&args.run.out, &[("corpus", &args.corpus)])?;
         let mut inputs = vec![("corpus", args.corpus.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
-        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+        crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &inputs)?;
         let resumed = match &args.resume {
             Some(path) => Some(TextModel::load(path).context("--resume")?),
             None => None,
         };
-        let existing = existing_out(&args.out, args.resume.as_deref())?;
-        let existing = existing.filter(|_| !args.overwrite);
+        let existing = existing_out(&args.run.out, args.resume.as_deref())?;
+        let existing = existing.filter(|_| !args.run.overwrite);
         let tokenizer = resumed.as_ref().map_or(Tokenizer { lowercase: !args.keep_case }, |m| m.tokenizer);
         let max_vocab = if resumed.is_some() { usize::MAX } else { args.max_vocab };
         let mut corpus =
@@ -349,19 +329,19 @@ impl TrainingCommand for TrainArgs {
         shape.validate()?;
         check_size(shape)?;
 
-        let (backend, device_line) = device::select_described(args.device)?;
+        let (backend, device_line) = device::select_described(args.run.device)?;
         let on_cpu = matches!(backend, device::Backend::Cpu);
         let plan = args.plan(on_cpu);
         let schedule = args.schedule.schedule(plan.lr)?;
         schedule.check(split.train.len().div_ceil(plan.batch) * plan.epochs)?;
-        let display = Display::new(args.quiet, args.json, plan.epochs)
+        let display = Display::new(args.run.quiet, args.run.json, plan.epochs)
             .log_every(args.log_every)
-            .tensorboard(args.tensorboard.as_deref())?;
+            .tensorboard(args.run.tensorboard.as_deref())?;
         let batch = plan.batch.min(split.train.len());
         shape.training_memory(batch, corpus.tokens.len(), on_cpu).check(crate::io::resources::available_memory())?;
         let params = match resumed {
             Some(model) => model.params,
-            None => TextParams::init(shape, args.seed),
+            None => TextParams::init(shape, args.run.seed),
         };
         let tokens: Arc<[u32]> = std::mem::take(&mut corpus.tokens).into();
         let cpu_line = match on_cpu {
@@ -391,20 +371,20 @@ impl TrainingCommand for TrainArgs {
         if let Some(old) = existing {
             if !(old.vocab == vocab && old.tokenizer == tokenizer && old.params.shape.context == shape.context) {
                 return Err(checkpoint::other_data(
-                    &args.out,
+                    &args.run.out,
                     "a text model of another vocabulary, tokenizer or context",
                 ));
             }
-            let loss = checkpoint::baseline(&args.out, val_loss(&backend, old.params, &tokens, &val)?, "val loss")?;
+            let loss = checkpoint::baseline(&args.run.out, val_loss(&backend, old.params, &tokens, &val)?, "val loss")?;
             display.line(&format!(
                 "--out {} already holds a model of val loss {loss:.4} here; only a better epoch replaces it",
-                args.out.display()
+                args.run.out.display()
             ));
             baseline = Some(loss);
-        } else if args.overwrite && args.out.exists() {
+        } else if args.run.overwrite && args.run.out.exists() {
             display.line(&format!(
                 "--overwrite: the first saved epoch replaces the model at --out {}",
-                args.out.display()
+                args.run.out.display()
             ));
         }
         let mut trainer = train::make_trainer(
@@ -448,13 +428,13 @@ impl TrainingCommand for TrainArgs {
             schedule: summary.schedule,
             epochs: plan.epochs,
             batch: plan.batch,
-            seed: args.seed,
+            seed: args.run.seed,
             shuffle: !args.no_shuffle,
         };
         // An epoch no better than guessing learned nothing, and is never written.
         let guessing = summary.guessing_loss();
         let keeper = Keeper::new(args.keep, baseline).with_floor(guessing);
-        let saver = Saver { out: args.out.clone(), keeper, model, note: String::new() };
+        let saver = Saver { out: args.run.out.clone(), keeper, model, note: String::new() };
         let mut bar = EpochBar { display, saver };
         let run = train::train(trainer.as_mut(), &train, &val, &options, &mut bar);
         Ok(Trained { _lock, summary, bar, run })
@@ -466,7 +446,7 @@ impl TrainingCommand for TrainArgs {
         let plan = summary.plan;
         let EpochBar { mut display, saver } = bar;
         let keeper = saver.keeper;
-        let outcome = keeper.outcome(&args.out, "val loss");
+        let outcome = keeper.outcome(&args.run.out, "val loss");
         let TrainRun { epochs, diverged, .. } = run.map_err(|e| anyhow!("{e:#}; {outcome}"))?;
         let interrupted = epochs.len() < plan.epochs && diverged.is_none();
         let guessing = summary.guessing_loss();
@@ -485,7 +465,7 @@ impl TrainingCommand for TrainArgs {
         };
         let mut ending = Ending {
             report: None,
-            json: args.json,
+            json: args.run.json,
             board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("after epoch {} of {}", epochs.len(), plan.epochs)),
@@ -494,13 +474,13 @@ impl TrainingCommand for TrainArgs {
             outcome,
             remedy: format!("try a lower --lr (this run used {})", plan.lr),
             plot_failed: crate::harness::plot::training_curves(
-                args.plot.as_deref(),
+                args.run.plot.as_deref(),
                 &summary.plot_title(args),
                 &epochs.iter().map(epoch_row).collect::<Vec<_>>(),
                 &display,
             ),
         };
-        if args.json || args.tensorboard.is_some() {
+        if args.run.json || args.run.tensorboard.is_some() {
             ending.report = Some(summary.report(args, ending.status(), &epochs, ending.diverged.clone(), &keeper));
         }
         if ending.written && ending.diverged.is_none() && !interrupted {
@@ -708,7 +688,7 @@ impl Summary {
             parameters: parameter_count(self.shape),
             final_metrics: report::final_metrics(&epochs, keeper.kept_epoch(), Default::default()),
             epochs,
-            model: args.out.display().to_string(),
+            model: args.run.out.display().to_string(),
             kept_epoch: keeper.kept_epoch(),
             baseline_val_loss: keeper.baseline,
             diverged,

@@ -14,8 +14,8 @@ use super::model::{self, Config, CpuTrainer};
 use super::modelfile::TransformerModel;
 use crate::device::parallel::{ParallelArgs, Plan};
 use crate::device::precision::Precision;
-use crate::device::{self, Backend, DeviceChoice};
-use crate::harness::args::ScheduleArgs;
+use crate::device::{self, Backend};
+use crate::harness::args::{RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint;
 use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
 use crate::harness::run::{self, Ending, TrainingCommand};
@@ -31,6 +31,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("out", run_out(
+        "transformer.safetensors",
+        "Where to write the model (.safetensors); a Transformer already there (of the same vocabulary and block) is \
+replaced only by one of equal or lower validation loss on this run's validation windows"
+    )),
+    mut_arg("seed", |a| a.help("Seed of the initial parameters and of the batches"))
+)]
 /// The flags of `textnet transformer`.
 pub struct TransformerArgs {
     /// UTF-8 text to train on (the last 10 % is held out for validation)
@@ -91,29 +99,13 @@ pub struct TransformerArgs {
     /// same windows every time) instead of the evenly spaced windows across the whole validation part
     #[arg(long, value_name = "N")]
     pub eval_iters: Option<usize>,
-    /// Seed of the initial parameters and of the batches
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Where to train
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// The GPU's arithmetic: fp32 throughout, TF32 products on the tensor cores, or bf16 products and
     /// attention on the tensor cores with fp32 sums, weights and statistics (the CPU trains in fp32)
     #[arg(long, value_enum, default_value_t)]
     pub precision: Precision,
-    /// Where to write the model (.safetensors); a Transformer already there (of the same vocabulary and
-    /// block) is replaced only by one of equal or lower validation loss on this run's validation windows
-    #[arg(short = 'o', long, default_value = "transformer.safetensors")]
-    pub out: PathBuf,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
     /// Continue training this Transformer model file, with its shape and vocabulary (which is why --layers,
     /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab cannot be given with it); AdamW's
     /// moments start afresh
@@ -123,12 +115,6 @@ pub struct TransformerArgs {
         conflicts_with_all = ["layers", "heads", "embed", "block", "no_bias", "tie_weights", "vocab"]
     )]
     pub resume: Option<PathBuf>,
-    /// Print errors only (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 impl TransformerArgs {
@@ -220,7 +206,7 @@ impl TransformerArgs {
 
     /// The seed of dropout's masks at the replica of global rank `rank` (rank 0's is a one-GPU run's).
     fn dropout_seed(&self, rank: usize) -> u32 {
-        ((self.seed ^ (self.seed >> 32)) as u32) ^ (rank as u32).wrapping_mul(0x9e37_79b9)
+        ((self.run.seed ^ (self.run.seed >> 32)) as u32) ^ (rank as u32).wrapping_mul(0x9e37_79b9)
     }
 
     /// What every rank of a multi-process run must have been started with alike (the rendezvous compares
@@ -253,7 +239,7 @@ impl TransformerArgs {
             self.vocab,
             self.eval_every,
             self.eval_iters,
-            self.seed,
+            self.run.seed,
             self.precision.name(),
             self.resume.is_some(),
             corpus.train.len() + corpus.val.len(),
@@ -408,17 +394,17 @@ impl TrainingCommand for TransformerArgs {
         let plan = args.parallel.plan(args.batch)?;
         // Ranks other than 0 of a multi-process run write nothing: rank 0 writes --out and the report.
         let writes = plan.writes();
-        let lock = writes.then(|| fsutil::check_output(&args.out, &[("corpus", &args.corpus)])).transpose()?;
+        let lock = writes.then(|| fsutil::check_output(&args.run.out, &[("corpus", &args.corpus)])).transpose()?;
         let mut inputs = vec![("corpus", args.corpus.as_path())];
         inputs.extend(args.resume.as_deref().map(|m| ("--resume model", m)));
         if writes {
-            crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &inputs)?;
+            crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &inputs)?;
         }
         let existing = match writes {
-            true => fsutil::existing_model(&args.out, "Transformer", TransformerModel::from_bytes)?,
+            true => fsutil::existing_model(&args.run.out, "Transformer", TransformerModel::from_bytes)?,
             false => None,
         };
-        let existing = existing.filter(|_| !args.overwrite);
+        let existing = existing.filter(|_| !args.run.overwrite);
         let resumed = match &args.resume {
             Some(path) => Some(TransformerModel::load(path).context("--resume")?),
             None => None,
@@ -429,31 +415,31 @@ impl TrainingCommand for TransformerArgs {
                 let what = format!("corpus {}", fsutil::shown(&args.corpus));
                 let bytes = fsutil::read_input(&args.corpus, "corpus")?;
                 let corpus = Corpus::with_vocab(&bytes, &what, model.vocab, model.config.block)?;
-                check_unknown_share(&corpus, args.resume.as_deref().unwrap_or(&args.out))?;
+                check_unknown_share(&corpus, args.resume.as_deref().unwrap_or(&args.run.out))?;
                 (corpus, model.config, model.params)
             }
             None => {
                 let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
                 let config = Config { vocab: corpus.vocab.len(), ..shape };
-                (corpus, config, model::init(&config, args.seed))
+                (corpus, config, model::init(&config, args.run.seed))
             }
         };
         args.memory_need(&config).check(resources::available_memory())?;
         if let Some(old) = &existing
             && (old.vocab != corpus.vocab || old.config.block != config.block)
         {
-            return Err(checkpoint::other_data(&args.out, "a Transformer of another vocabulary or block"));
+            return Err(checkpoint::other_data(&args.run.out, "a Transformer of another vocabulary or block"));
         }
         let evals = args.steps.div_ceil(args.eval_every);
-        let display =
-            Display::new(args.quiet || !writes, args.json && writes, evals).tensorboard(args.tensorboard.as_deref())?;
+        let display = Display::new(args.run.quiet || !writes, args.run.json && writes, evals)
+            .tensorboard(args.run.tensorboard.as_deref())?;
         // Every rank, the silent ones too, says whom it waits for at the rendezvous (up to minutes).
         let announce = |line: &str| {
-            if !args.quiet {
+            if !args.run.quiet {
                 crate::harness::console::err(line);
             }
         };
-        let mut opened = plan.open(args.device, || args.fingerprint(&corpus), announce)?;
+        let mut opened = plan.open(args.run.device, || args.fingerprint(&corpus), announce)?;
         let (backend, device_line) = (opened.backend.clone(), opened.line.clone());
         if let Some(path) = &args.resume {
             display
@@ -481,11 +467,11 @@ impl TrainingCommand for TransformerArgs {
             args.batch,
             config.block,
             args.steps,
-            args.seed,
+            args.run.seed,
         ));
         let val_offsets = match args.eval_iters {
             Some(n) => {
-                data::sampled_val_offsets(corpus.val.len(), config.block, n.saturating_mul(args.batch), args.seed)
+                data::sampled_val_offsets(corpus.val.len(), config.block, n.saturating_mul(args.batch), args.run.seed)
             }
             None => data::val_offsets(corpus.val.len(), config.block),
         };
@@ -498,11 +484,11 @@ impl TrainingCommand for TransformerArgs {
                     Backend::Cuda(gpu) => GpuTransformer::new(gpu.clone(), old.config, &old.params, optim, &corpus)?
                         .val_loss(&val_offsets, args.batch)?,
                 };
-                let loss = checkpoint::baseline(&args.out, loss, "validation loss")?;
+                let loss = checkpoint::baseline(&args.run.out, loss, "validation loss")?;
                 display.line(&format!(
                     "--out {} already holds a Transformer of validation loss {loss:.4} here; only one at least as good \
                      replaces it",
-                    args.out.display()
+                    args.run.out.display()
                 ));
                 Some(loss)
             }
@@ -553,7 +539,7 @@ impl TrainingCommand for TransformerArgs {
         if let Err(e) = evaluated {
             // A failed write or device: the line says what --out holds, as every other end of a run does.
             return Err(match setup.writes {
-                true => anyhow!("{e:#}; {}", progress.outcome_so_far(&self.out)),
+                true => anyhow!("{e:#}; {}", progress.outcome_so_far(&self.run.out)),
                 false => e,
             });
         }
@@ -563,7 +549,7 @@ impl TrainingCommand for TransformerArgs {
     fn finish(&self, trained: Trained) -> Result<Ending> {
         let args = self;
         let Trained { setup, progress, seconds } = trained;
-        let so_far = progress.outcome_so_far(&args.out);
+        let so_far = progress.outcome_so_far(&args.run.out);
         let Progress { rows, diverged, done, best_val, kept } = progress;
         let Setup { mut display, corpus, config, backend, val_offsets, baseline, evals, watch, writes, .. } = setup;
         if let Some(watch) = watch {
@@ -574,7 +560,7 @@ impl TrainingCommand for TransformerArgs {
         let guessing = (config.vocab as f64).ln();
         let learned = best_val < guessing;
         let written = kept.is_some();
-        let out = args.out.display();
+        let out = args.run.out.display();
         if let Some(k) = kept {
             let at = if evals > 1 { format!(", step {} of {}", k.step, args.steps) } else { String::new() };
             display.line(&format!(
@@ -587,7 +573,7 @@ impl TrainingCommand for TransformerArgs {
         }
         let figure = kept.map_or(best_val, |k| k.val_loss);
         let outcome = run::write_once_outcome(
-            &args.out,
+            &args.run.out,
             written,
             (written || diverged.is_none()).then(|| format!("validation loss {figure:.4}")),
             baseline.map(|b| format!("{b:.4}")),
@@ -613,7 +599,7 @@ impl TrainingCommand for TransformerArgs {
         });
         let mut ending = Ending {
             report: None,
-            json: args.json,
+            json: args.run.json,
             board: display.take_board(),
             diverged,
             interrupted: interrupted.then(|| format!("at step {done} of {}", args.steps)),
@@ -622,7 +608,7 @@ impl TrainingCommand for TransformerArgs {
             outcome: if interrupted && written { so_far } else { outcome },
             remedy,
             plot_failed: crate::harness::plot::training_curves(
-                args.plot.as_deref().filter(|_| writes),
+                args.run.plot.as_deref().filter(|_| writes),
                 &format!(
                     "textnet transformer on {}: {} layer{}, {} heads, embed {}, block {}; AdamW lr {}, batch {}",
                     fsutil::shown(&args.corpus),
@@ -639,7 +625,7 @@ impl TrainingCommand for TransformerArgs {
             ),
         };
         // Ranks other than 0 of a multi-process run print no report (rank 0's is the run's).
-        if (args.json || args.tensorboard.is_some()) && writes {
+        if (args.run.json || args.run.tensorboard.is_some()) && writes {
             ending.report = Some(Report {
                 textnet: report::VERSION,
                 command: "transformer",
@@ -647,7 +633,6 @@ impl TrainingCommand for TransformerArgs {
                 config: report::with_flags(
                     json!({
                         "corpus": args.corpus.display().to_string(),
-                        "out": out.to_string(),
                         "keep": "best",
                         "layers": config.layers, "heads": config.heads, "embed": config.embed, "block": config.block,
                         "bias": config.bias, "tie_weights": config.tie_weights,
@@ -657,15 +642,12 @@ impl TrainingCommand for TransformerArgs {
                         "dropout": report::decimal(args.dropout),
                         "eval_iters": args.eval_iters,
                         "vocab": args.vocab,
-                        "eval_every": args.eval_every, "seed": args.seed, "device": report::flag_value(&args.device),
+                        "eval_every": args.eval_every,
                         "precision": args.precision.name(),
                         "gpus": args.parallel.plan(args.batch).map_or(1, |p| p.replicas()),
                         "resume": args.resume.as_ref().map(|p| p.display().to_string()),
-                        "overwrite": args.overwrite,
-                        "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                        "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                     }),
-                    &args.schedule,
+                    &[&args.run, &args.schedule],
                 ),
                 device: report::DeviceFields::of(&backend),
                 data: json!({
@@ -712,7 +694,7 @@ impl TransformerArgs {
             writes,
             ..
         } = *setup;
-        let mut rng = SeededRng::seed_from_u64(args.seed);
+        let mut rng = SeededRng::seed_from_u64(args.run.seed);
         let guessing = (config.vocab as f64).ln();
         display.steps_started(args.steps, args.batch * config.block);
         for eval in 1..=evals {
@@ -752,7 +734,7 @@ impl TransformerArgs {
                     steps: steps_before + done,
                 };
                 if writes {
-                    fsutil::write_atomic(&args.out, &model.to_bytes()?)?;
+                    fsutil::write_atomic(&args.run.out, &model.to_bytes()?)?;
                 }
                 progress.kept = Some(Kept { eval, step: done, val_loss: val });
             }

@@ -5,8 +5,8 @@
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, MAX_HIDDEN, TARGETS, XorParams};
 use super::modelfile;
-use crate::device::{self, Backend, DeviceChoice};
-use crate::harness::args::ScheduleArgs;
+use crate::device::{self, Backend};
+use crate::harness::args::{RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint;
 use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
 use crate::harness::run::{self, Ending, TrainingCommand};
@@ -16,10 +16,19 @@ use crate::ops::activations::Activation;
 use crate::ops::optim::LrSchedule;
 use anyhow::{Result, bail};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("out", run_out(
+        "xor.safetensors",
+        "Where to write the model (.safetensors); an XOR model already there is replaced only by a better one \
+(lower loss)"
+    )),
+    mut_arg("seed", |a| a.help("Seed of the initial parameters")),
+    mut_arg("device", |a| a.help("Where to train (on the GPU the whole run is one kernel launch)"))
+)]
 /// The flags of `textnet xor`.
 pub struct XorArgs {
     /// Hidden units (at most 1024 on the GPU)
@@ -38,34 +47,12 @@ pub struct XorArgs {
     /// SGD steps, each on all four points
     #[arg(short = 'e', long, default_value_t = 5000)]
     pub epochs: usize,
-    /// Seed of the initial parameters
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// Print the loss every N epochs (also spelt --report-every)
     #[arg(long = "log-every", alias = "report-every", value_name = "N", default_value_t = 500)]
     pub report_every: usize,
-    /// Where to train (on the GPU the whole run is one kernel launch)
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
-    /// Where to write the model (.safetensors); an XOR model already there is replaced only by a
-    /// better one (lower loss)
-    #[arg(short = 'o', long, default_value = "xor.safetensors")]
-    pub out: PathBuf,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
-    /// Print errors only (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// The four points make one full batch.
@@ -122,11 +109,12 @@ impl TrainingCommand for XorArgs {
     fn setup(&self) -> Result<Setup> {
         let args = self;
         let schedule = check_args(args)?;
-        let lock = fsutil::check_output(&args.out, &[])?;
-        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
-        let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
-        let display = Display::new(args.quiet, args.json, args.epochs).tensorboard(args.tensorboard.as_deref())?;
-        let (backend, device_line) = device::select_described(args.device)?;
+        let lock = fsutil::check_output(&args.run.out, &[])?;
+        crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &[])?;
+        let existing = existing_out(&args.run.out)?.filter(|_| !args.run.overwrite);
+        let display =
+            Display::new(args.run.quiet, args.run.json, args.epochs).tensorboard(args.run.tensorboard.as_deref())?;
+        let (backend, device_line) = device::select_described(args.run.device)?;
         if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
             bail!(
                 "--hidden {} is more than the {MAX_HIDDEN} the GPU kernel takes; lower it or use --device cpu",
@@ -152,15 +140,15 @@ impl TrainingCommand for XorArgs {
             args.lr,
             args.epochs,
             if args.epochs == 1 { "" } else { "s" },
-            args.seed,
+            args.run.seed,
             device_line
         ));
         let baseline = match existing {
             Some(old) => {
-                let loss = checkpoint::baseline(&args.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
+                let loss = checkpoint::baseline(&args.run.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
                 display.line(&format!(
                     "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
-                    args.out.display(),
+                    args.run.out.display(),
                     loss_text(loss as f32)
                 ));
                 Some(loss)
@@ -172,7 +160,7 @@ impl TrainingCommand for XorArgs {
 
     fn train(&self, setup: Setup) -> Result<Trained> {
         let args = self;
-        let mut params = XorParams::init(args.hidden, args.activation, args.seed);
+        let mut params = XorParams::init(args.hidden, args.activation, args.run.seed);
         let rates = setup.schedule.rates(args.lr, args.epochs);
         let (losses, seconds) = match &setup.backend {
             Backend::Cpu => {
@@ -237,7 +225,7 @@ impl TrainingCommand for XorArgs {
         let written = diverged.is_none() && learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
         let not_better = diverged.is_none() && learned;
         let outcome = run::write_once_outcome(
-            &args.out,
+            &args.run.out,
             written,
             (written || not_better).then(|| format!("loss {}", loss_text(final_loss))),
             baseline.filter(|_| not_better).map(|b| loss_text(b as f32)),
@@ -252,8 +240,8 @@ impl TrainingCommand for XorArgs {
             });
         }
         if written {
-            modelfile::save(&params, &args.out)
-                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.out, false, None, None)))?;
+            modelfile::save(&params, &args.run.out)
+                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.run.out, false, None, None)))?;
             display.line(&outcome);
         }
         let failed = (diverged.is_none() && !learned).then(|| {
@@ -268,11 +256,11 @@ impl TrainingCommand for XorArgs {
             args.hidden,
             args.activation.name(),
             args.lr,
-            args.seed
+            args.run.seed
         );
         let mut ending = Ending {
             report: None,
-            json: args.json,
+            json: args.run.json,
             board: display.take_board(),
             diverged,
             interrupted: None,
@@ -280,9 +268,9 @@ impl TrainingCommand for XorArgs {
             written,
             outcome,
             remedy: format!("try a lower --lr (this run used {})", args.lr),
-            plot_failed: crate::harness::plot::training_curves(args.plot.as_deref(), &title, &rows, &display),
+            plot_failed: crate::harness::plot::training_curves(args.run.plot.as_deref(), &title, &rows, &display),
         };
-        if args.json || args.tensorboard.is_some() {
+        if args.run.json || args.run.tensorboard.is_some() {
             let final_metrics = written.then(|| {
                 let mut figures = serde_json::Map::new();
                 figures.insert("loss".into(), json!(final_loss));
@@ -296,21 +284,15 @@ impl TrainingCommand for XorArgs {
                 status: ending.status(),
                 config: report::with_flags(
                     json!({
-                        "out": args.out.display().to_string(),
                         "keep": "last",
                         "hidden": args.hidden,
                         "activation": args.activation.name(),
                         "lr": report::decimal(args.lr),
                         "epochs": args.epochs,
                         "batch": BATCH,
-                        "seed": args.seed,
                         "report_every": args.report_every,
-                        "overwrite": args.overwrite,
-                        "device": report::flag_value(&args.device),
-                        "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                        "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
                     }),
-                    &args.schedule,
+                    &[&args.run, &args.schedule],
                 ),
                 device: report::DeviceFields::of(&backend),
                 data: json!({
@@ -322,7 +304,7 @@ impl TrainingCommand for XorArgs {
                 parameters: parameter_count(args.hidden),
                 epochs: rows,
                 final_metrics,
-                model: args.out.display().to_string(),
+                model: args.run.out.display().to_string(),
                 kept_epoch: written.then_some(args.epochs),
                 baseline_val_loss: baseline,
                 diverged: ending.diverged.clone(),

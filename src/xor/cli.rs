@@ -8,7 +8,7 @@ use super::modelfile;
 use crate::device::{self, Backend};
 use crate::harness::args::{RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint;
-use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report, Status};
 use crate::harness::run::{self, Ending, TrainingCommand};
 use crate::io::fsutil;
 use crate::io::resources::{self, MemoryNeed};
@@ -187,7 +187,66 @@ impl TrainingCommand for XorArgs {
         let rates = schedule.rates(args.lr, args.epochs);
         let final_loss = model::loss_and_grads(&params).0;
         let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
+        let (rows, mut diverged) = args.rows(&losses, &rates, seconds, &mut display);
+        if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
+            diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
+        }
+        let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
+        let learned = wrong == 0;
+        let (written, outcome) = args.outcome(diverged.is_none() && learned, final_loss, baseline);
+        if diverged.is_none() {
+            args.say_final(final_loss, &predictions, wrong, &display);
+        }
+        if written {
+            modelfile::save(&params, &args.run.out)
+                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.run.out, false, None, None)))?;
+            display.line(&outcome);
+        }
+        let failed = (diverged.is_none() && !learned).then(|| {
+            run::not_learned(
+                &format!("{wrong} of 4 points are on the wrong side of 0.5 after {} epochs", args.epochs),
+                &outcome,
+                &format!("try more --epochs, another --seed or a lower --lr (this run used {})", args.lr),
+            )
+        });
+        let mut ending = Ending {
+            report: None,
+            json: args.run.json,
+            board: display.take_board(),
+            diverged,
+            interrupted: None,
+            failed,
+            written,
+            outcome,
+            remedy: format!("try a lower --lr (this run used {})", args.lr),
+            plot_failed: crate::harness::plot::training_curves(
+                args.run.plot.as_deref(),
+                &args.plot_title(),
+                &rows,
+                &display,
+            ),
+        };
+        let final_metrics = written.then(|| final_metrics(final_loss, &predictions, wrong));
+        if args.run.json || args.run.tensorboard.is_some() {
+            let mut report = args.report(&backend, ending.status(), rows, final_metrics, baseline);
+            report.diverged = ending.diverged.clone();
+            ending.report = Some(report);
+        }
+        Ok(ending)
+    }
+}
 
+impl XorArgs {
+    /// The report rows of the recorded `losses` (one every --log-every epochs) and the divergence at the
+    /// first that is not finite; each row's line is said on `display`.
+    fn rows(
+        &self,
+        losses: &[f32],
+        rates: &[f32],
+        seconds: f64,
+        display: &mut Display,
+    ) -> (Vec<EpochRow>, Option<Divergence>) {
+        let args = self;
         // Each recorded loss is taken before its epoch's update, as a report row's train_loss is. The run
         // is timed as a whole (on the GPU it is one launch), so a row's time is its share of it.
         let mut rows = Vec::new();
@@ -214,104 +273,100 @@ impl TrainingCommand for XorArgs {
             display.record(epoch, &row);
             rows.push(row);
         }
-        if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
-            diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
-        }
+        (rows, diverged)
+    }
 
-        let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
-        // A model that has not learned XOR is not written. One that has replaces only a model at least as
-        // good: rerunning the same command rewrites the same file.
-        let learned = wrong == 0;
-        let written = diverged.is_none() && learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
-        let not_better = diverged.is_none() && learned;
-        let outcome = run::write_once_outcome(
-            &args.run.out,
-            written,
-            (written || not_better).then(|| format!("loss {}", loss_text(final_loss))),
-            baseline.filter(|_| not_better).map(|b| loss_text(b as f32)),
-        );
-        if diverged.is_none() {
-            display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), args.epochs));
-            display.line(&truth_table(&predictions));
-            display.line(&if wrong == 0 {
-                "every point is on the right side of 0.5: XOR learned".to_string()
-            } else {
-                format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
-            });
-        }
-        if written {
-            modelfile::save(&params, &args.run.out)
-                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.run.out, false, None, None)))?;
-            display.line(&outcome);
-        }
-        let failed = (diverged.is_none() && !learned).then(|| {
-            run::not_learned(
-                &format!("{wrong} of 4 points are on the wrong side of 0.5 after {} epochs", args.epochs),
-                &outcome,
-                &format!("try more --epochs, another --seed or a lower --lr (this run used {})", args.lr),
-            )
+    /// The lines of a run that did not diverge: its final loss, the truth table and whether XOR was learned.
+    fn say_final(&self, final_loss: f32, predictions: &[f32; 4], wrong: usize, display: &Display) {
+        display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), self.epochs));
+        display.line(&truth_table(predictions));
+        display.line(&if wrong == 0 {
+            "every point is on the right side of 0.5: XOR learned".to_string()
+        } else {
+            format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
         });
-        let title = format!(
+    }
+
+    /// Whether the model is written, and what became of --out. A model that has not learned XOR (or
+    /// diverged) is not written. One that has replaces only a model at least as good (`baseline`):
+    /// rerunning the same command rewrites the same file.
+    fn outcome(&self, learned: bool, final_loss: f32, baseline: Option<f64>) -> (bool, String) {
+        let written = learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
+        let outcome = run::write_once_outcome(
+            &self.run.out,
+            written,
+            (written || learned).then(|| format!("loss {}", loss_text(final_loss))),
+            baseline.filter(|_| learned).map(|b| loss_text(b as f32)),
+        );
+        (written, outcome)
+    }
+
+    /// The title of the run's plot.
+    fn plot_title(&self) -> String {
+        let args = self;
+        format!(
             "textnet xor: 2 → {} ({}) → 1, SGD lr {}, seed {}",
             args.hidden,
             args.activation.name(),
             args.lr,
             args.run.seed
-        );
-        let mut ending = Ending {
-            report: None,
-            json: args.run.json,
-            board: display.take_board(),
-            diverged,
-            interrupted: None,
-            failed,
-            written,
-            outcome,
-            remedy: format!("try a lower --lr (this run used {})", args.lr),
-            plot_failed: crate::harness::plot::training_curves(args.run.plot.as_deref(), &title, &rows, &display),
-        };
-        if args.run.json || args.run.tensorboard.is_some() {
-            let final_metrics = written.then(|| {
-                let mut figures = serde_json::Map::new();
-                figures.insert("loss".into(), json!(final_loss));
-                figures.insert("predictions".into(), json!(predictions));
-                figures.insert("correct".into(), json!(wrong == 0));
-                figures
-            });
-            ending.report = Some(Report {
-                textnet: report::VERSION,
-                command: "xor",
-                status: ending.status(),
-                config: report::with_flags(
-                    json!({
-                        "keep": "last",
-                        "hidden": args.hidden,
-                        "activation": args.activation.name(),
-                        "lr": report::decimal(args.lr),
-                        "epochs": args.epochs,
-                        "batch": BATCH,
-                        "report_every": args.report_every,
-                    }),
-                    &[&args.run, &args.schedule],
-                ),
-                device: report::DeviceFields::of(&backend),
-                data: json!({
-                    "inputs": INPUTS,
-                    "targets": TARGETS,
-                    "train_samples": BATCH,
-                    "val_samples": 0,
-                }),
-                parameters: parameter_count(args.hidden),
-                epochs: rows,
-                final_metrics,
-                model: args.run.out.display().to_string(),
-                kept_epoch: written.then_some(args.epochs),
-                baseline_val_loss: baseline,
-                diverged: ending.diverged.clone(),
-            });
-        }
-        Ok(ending)
+        )
     }
+
+    /// The `--json` report of a run that ended with `status`, its rows, and the figures of the model it
+    /// wrote (`final_metrics`, none when it wrote none); `diverged` is the caller's to fill in.
+    fn report(
+        &self,
+        backend: &Backend,
+        status: Status,
+        rows: Vec<EpochRow>,
+        final_metrics: Option<serde_json::Map<String, serde_json::Value>>,
+        baseline: Option<f64>,
+    ) -> Report {
+        let args = self;
+        let kept_epoch = final_metrics.is_some().then_some(args.epochs);
+        Report {
+            textnet: report::VERSION,
+            command: "xor",
+            status,
+            config: report::with_flags(
+                json!({
+                    "keep": "last",
+                    "hidden": args.hidden,
+                    "activation": args.activation.name(),
+                    "lr": report::decimal(args.lr),
+                    "epochs": args.epochs,
+                    "batch": BATCH,
+                    "report_every": args.report_every,
+                }),
+                &[&args.run, &args.schedule],
+            ),
+            device: report::DeviceFields::of(backend),
+            data: json!({
+                "inputs": INPUTS,
+                "targets": TARGETS,
+                "train_samples": BATCH,
+                "val_samples": 0,
+            }),
+            parameters: parameter_count(args.hidden),
+            epochs: rows,
+            final_metrics,
+            model: args.run.out.display().to_string(),
+            kept_epoch,
+            baseline_val_loss: baseline,
+            diverged: None,
+        }
+    }
+}
+
+/// The report's figures of the model a run wrote: its final loss, its predictions and whether all four
+/// are on the right side of 0.5 (`wrong` are not).
+fn final_metrics(final_loss: f32, predictions: &[f32; 4], wrong: usize) -> serde_json::Map<String, serde_json::Value> {
+    let mut figures = serde_json::Map::new();
+    figures.insert("loss".into(), json!(final_loss));
+    figures.insert("predictions".into(), json!(predictions));
+    figures.insert("correct".into(), json!(wrong == 0));
+    figures
 }
 
 /// Six decimals, or three significant digits below 0.0001, where a trained model's loss often is.

@@ -3,8 +3,9 @@
 //! weights), or on a table as `textnet bench sales` times the hand-fused sales model; beside
 //! `benches/fit_torch.py --train`. The timing itself is `nn::stack::bench`'s.
 
-use super::cli::{TableArgs, figures};
+use super::args::TableArgs;
 use super::data::{self as fit_data, Request, Source};
+use super::epochs::figures;
 use crate::device::Gpu;
 use crate::harness::args::OptimArgs;
 use crate::nn::stack::bench::StackBench;

@@ -402,3 +402,13 @@ pub fn image_samples(split: &idx::Split) -> Samples {
         target: Target::Classes(split.labels.iter().map(|&l| l as u32).collect()),
     }
 }
+
+impl Data {
+    /// "classes" or "value".
+    pub fn target_kind(&self) -> &'static str {
+        match self.target {
+            TargetInfo::Classes { .. } => "classes",
+            TargetInfo::Value { .. } => "value",
+        }
+    }
+}

@@ -1,15 +1,19 @@
-//! `textnet fit --layers SPEC`: the command that trains a layer stack (`nn::stack`) on images or a table
-//! and predicts with it. Here are its side of the work: the command line (`cli`), the data it reads
-//! (`data`), its model file (`modelfile`, also the Python package's), its selftest checks (`checks`), its
-//! bench (`bench`) and its image models opened for the shared `textnet classify` (`classify`).
+//! `textnet fit --layers SPEC`: the command that trains a layer stack (`nn::stack`) on images or a table and predicts
+//! with it. Here are its side of the work: the command line (its flags `args`, its run `cli` with `epochs`, `ending`
+//! and `predict`), the data it reads (`data`), its model file (`modelfile`, also the Python package's), its selftest
+//! checks (`checks`), its bench (`bench`) and its image models opened for the shared `textnet classify` (`classify`).
 
+pub mod args;
 pub mod bench;
 pub mod checks;
 pub mod classify;
 pub mod cli;
 pub mod data;
+mod ending;
+mod epochs;
 pub mod modelfile;
 pub mod onnx;
+mod predict;
 
 /// The fit pipeline as the command line, `selftest` and `bench` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
@@ -17,7 +21,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     commands: &[crate::pipeline::Command {
         name: "fit",
         about: "Train a network written as layers (--layers \"Linear(784, 128), ReLU, Linear(128, 10)\") on images or a table, or predict with one",
-        args: <cli::FitArgs as clap::Args>::augment_args,
+        args: <args::FitArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
     checks: checks::selftest_checks,

@@ -278,6 +278,16 @@ pub fn from_bytes(bytes: &[u8]) -> Result<FitModel> {
     Ok(FitModel { net, params, loss, input, target })
 }
 
+impl FitModel {
+    /// "classes" or "value", to tell a model of another target apart.
+    pub fn target_kind(&self) -> &'static str {
+        match self.target {
+            TargetInfo::Classes { .. } => "classes",
+            TargetInfo::Value { .. } => "value",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,34 +1,102 @@
-//! The flags every training command shares, flattened into each command (`#[command(flatten)]`): the
-//! optimizer (`OptimArgs`) and the learning-rate schedule (`ScheduleArgs`), turned into `ops::optim`'s
-//! `OptimConfig` and `LrSchedule`, and how clap reads the values of `ops`' enums (`--optim`,
-//! `--lr-schedule`, `--activation`), so that `ops` stays free of the command line.
+//! The flags every training command shares, flattened into each command (`#[command(flatten)]`): where
+//! the run writes and what it prints (`RunArgs`), the optimizer (`OptimArgs`) and the learning-rate
+//! schedule (`ScheduleArgs`), turned into `ops::optim`'s `OptimConfig` and `LrSchedule`, and how clap reads
+//! the values of `ops`' enums (`--optim`, `--lr-schedule`, `--activation`), so that `ops` stays free of the
+//! command line. Each group serialises as the report's `config` lists it (`report::with_flags`).
 
+use crate::device::DeviceChoice;
+use crate::harness::report;
 use crate::ops::activations::Activation;
 use crate::ops::optim::{LrSchedule, LrScheduleKind, OptimConfig, OptimKind};
 use anyhow::{Result, bail};
+use clap::Arg;
 use clap::builder::PossibleValue;
+use std::path::PathBuf;
+
+/// The run flags every training command shares (`#[command(flatten)]`): the model file, the pictures and
+/// event files, the seed, the device and how much is printed. `--out` has no default here: each command
+/// gives its own with `#[command(mut_arg("out", run_out(DEFAULT, HELP)))]`, and says with `mut_arg` what
+/// its `--seed` seeds where that is more than the parameters and the shuffle.
+#[derive(clap::Args, Clone, Debug, serde::Serialize)]
+pub struct RunArgs {
+    /// Where to write the model (.safetensors)
+    #[arg(short = 'o', long)]
+    #[serde(serialize_with = "report::serialize_path")]
+    pub out: PathBuf,
+    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
+    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
+    pub overwrite: bool,
+    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
+    #[serde(serialize_with = "report::serialize_optional_path")]
+    /// Draw the training curves to this picture (the help text is `plot::HELP`).
+    pub plot: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
+    #[serde(serialize_with = "report::serialize_optional_path")]
+    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
+    pub tensorboard: Option<PathBuf>,
+    /// Seed of the initial parameters and of the shuffle
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where to train
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    #[serde(serialize_with = "report::serialize_flag_value")]
+    pub device: DeviceChoice,
+    /// Print errors only: no progress bar and no other lines (the --json report still comes)
+    #[arg(short = 'q', long)]
+    #[serde(skip)]
+    pub quiet: bool,
+    /// Print one JSON report on stdout at the end (the other lines go to stderr)
+    #[arg(long)]
+    #[serde(skip)]
+    pub json: bool,
+}
+
+/// A command's `--out`: its default file and its help, which says when the file is replaced
+/// (`#[command(mut_arg("out", run_out(…)))]`).
+pub fn run_out(default: &'static str, help: &'static str) -> impl FnOnce(Arg) -> Arg {
+    move |arg| arg.required(false).default_value(default).help(help)
+}
 
 /// The optimizer flags every training command shares (`#[command(flatten)]`); `--optim` defaults to Adam.
-#[derive(clap::Args, Clone, Debug)]
+/// The report lists them as the run used them (`OptimArgs::of`).
+#[derive(clap::Args, Clone, Debug, serde::Serialize)]
 pub struct OptimArgs {
     /// Optimizer
     #[arg(long, value_enum, default_value_t = OptimKind::Adam)]
+    #[serde(serialize_with = "report::serialize_flag_value")]
     pub optim: OptimKind,
     /// Learning rate [default: adam 0.001, sgd 0.1, momentum 0.05]
     #[arg(long, allow_negative_numbers = true)]
+    #[serde(serialize_with = "report::serialize_optional_decimal")]
     pub lr: Option<f32>,
     /// Momentum μ of --optim momentum [default: 0.9]
     #[arg(long, allow_negative_numbers = true)]
+    #[serde(serialize_with = "report::serialize_optional_decimal")]
     pub momentum: Option<f32>,
     /// Weight decay: L2, added to the gradient as wd·θ (adamw: decoupled, θ shrinks by lr·wd·θ)
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[serde(serialize_with = "report::serialize_decimal")]
     pub weight_decay: f32,
     /// Clip the gradient's global L2 norm to this before each update (0 = off)
     #[arg(long, visible_alias = "grad-clip", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[serde(serialize_with = "report::serialize_decimal")]
     pub clip_norm: f32,
 }
 
 impl OptimArgs {
+    /// The flags that ask for `config`, each given: `--lr` always, `--momentum` with `--optim momentum`.
+    /// The report's `config` lists these, so that it names the rate a run used also when `--lr` was left
+    /// to the optimizer's default.
+    pub fn of(config: &OptimConfig) -> OptimArgs {
+        OptimArgs {
+            optim: config.kind,
+            lr: Some(config.lr),
+            momentum: (config.kind == OptimKind::Momentum).then_some(config.momentum),
+            weight_decay: config.weight_decay,
+            clip_norm: config.clip_norm,
+        }
+    }
+
     /// The configuration the flags ask for, checked.
     pub fn config(&self) -> Result<OptimConfig> {
         let mut config = OptimConfig::new(self.optim);

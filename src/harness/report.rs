@@ -217,11 +217,54 @@ pub fn serialize_decimal<S: serde::Serializer>(value: &f32, serializer: S) -> Re
     serializer.serialize_f64(decimal(*value))
 }
 
-/// The report's `config`: a command's own entries `config` (a JSON object) and the fields of a flag group
-/// it flattens (`ScheduleArgs`), serialised.
-pub fn with_flags(mut config: Value, flags: &impl serde::Serialize) -> Value {
-    if let (Some(entries), Ok(Value::Object(fields))) = (config.as_object_mut(), serde_json::to_value(flags)) {
-        entries.extend(fields);
+/// `decimal` of a value that may be absent, as a serde field serializer.
+pub fn serialize_optional_decimal<S: serde::Serializer>(value: &Option<f32>, serializer: S) -> Result<S::Ok, S::Error> {
+    value.map(decimal).serialize(serializer)
+}
+
+/// A path as the report writes it (`Path::display`), as a serde field serializer.
+pub fn serialize_path<S: serde::Serializer>(path: &std::path::Path, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&path.display())
+}
+
+/// `serialize_path` of a path that may be absent.
+pub fn serialize_optional_path<S: serde::Serializer>(
+    path: &Option<std::path::PathBuf>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    path.as_ref().map(|p| p.display().to_string()).serialize(serializer)
+}
+
+/// `flag_value` as a serde field serializer.
+pub fn serialize_flag_value<T: clap::ValueEnum, S: serde::Serializer>(
+    value: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&flag_value(value))
+}
+
+/// A flag group as the report's `config` lists it: its serialised fields (`harness::args`). Any
+/// `Serialize` is one, so that `with_flags` takes groups of different types in one list.
+pub trait FlagGroup {
+    /// The group's fields as a JSON object.
+    fn entries(&self) -> Value;
+}
+
+impl<T: Serialize> FlagGroup for T {
+    fn entries(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// The report's `config`: a command's own entries `config` (a JSON object) and the fields of the flag
+/// groups it flattens (`RunArgs`, `OptimArgs`, `ScheduleArgs`), serialised.
+pub fn with_flags(mut config: Value, groups: &[&dyn FlagGroup]) -> Value {
+    if let Some(entries) = config.as_object_mut() {
+        for group in groups {
+            if let Value::Object(fields) = group.entries() {
+                entries.extend(fields);
+            }
+        }
     }
     config
 }

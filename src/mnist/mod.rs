@@ -1,17 +1,15 @@
 //! The MNIST / Fashion-MNIST classifiers, a 784 → hidden → 10 MLP and a small CNN: IDX loading (`idx`,
-//! `datasets::mnist`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as
-//! a layer stack, on `nn::stack`'s CPU reference or GPU kernels), the CNN's CPU reference and hand-fused
-//! GPU trainer (`cnn`, `cnn_gpu`), the epoch loop both share (`train`), `textnet mnist` (`cli`) and its
-//! model files opened for the shared `textnet classify` (`classify`). The optimizers are the shared
-//! `ops::optim`.
-//!
-//! Backends implement `run::Trainer` (`MnistTrainer`). The caller hands a backend both splits once, as contiguous
-//! buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders and per-step
-//! learning rates, so every backend sees the same shuffles and schedule and the CPU reference can check
-//! any of them.
+//! `datasets::mnist`), the MLP's parameters, file and CPU inference (`model`) and its trainer (`mlp`: the network as a
+//! layer stack, on `nn::stack`'s CPU reference or GPU kernels), the CNN's CPU reference and hand-fused GPU trainer
+//! (`cnn`, `cnn_gpu`), the epoch loop both share (`train`), `textnet mnist` (`args`, `cli`, `setup`, `epochs`,
+//! `ending`) and its model files opened for the shared `textnet classify` (`classify`). The optimizers are the shared
+//! `ops::optim`.  Backends implement `run::Trainer` (`MnistTrainer`). The caller hands a backend both splits once, as
+//! contiguous buffers (a GPU backend uploads them once), then drives it with per-epoch sample orders and per-step
+//! learning rates, so every backend sees the same shuffles and schedule and the CPU reference can check any of them.
 
 pub use crate::datasets::mnist::INPUT_SCALING;
 
+pub mod args;
 pub mod bench;
 pub use crate::commands::classifier::Evaluation;
 pub use crate::datasets::idx;
@@ -20,10 +18,13 @@ pub mod cli;
 pub mod cnn;
 pub mod cnn_checks;
 pub mod cnn_gpu;
+mod ending;
+mod epochs;
 pub use crate::datasets::images;
 pub mod mlp;
 pub mod model;
 pub mod onnx;
+mod setup;
 pub mod train;
 
 use crate::device::Backend;
@@ -237,7 +238,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     commands: &[crate::pipeline::Command {
         name: "mnist",
         about: "Train the MNIST / Fashion-MNIST classifier (784 → hidden → 10)",
-        args: <cli::MnistArgs as clap::Args>::augment_args,
+        args: <args::MnistArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
     // The MLP trains on the layer stack's kernels, which fit's checks cover; the CNN's are its own.

@@ -35,7 +35,7 @@ pub struct SalesBenchArgs {
     pub no_cpu: bool,
     #[command(flatten)]
     /// The column flags, as `textnet sales` takes them (default: the sales.tsv schema).
-    pub columns: super::cli::ColumnArgs,
+    pub columns: super::args::ColumnArgs,
 }
 
 /// Per epoch at the constant rate `lr`: (mean training loss, test MAE).

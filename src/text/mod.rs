@@ -1,11 +1,14 @@
 //! The text pipeline: corpus → tokens → vocabulary → next-token model, trained on the CPU reference
 //! (`model`) or the fused CUDA kernels (`gpu`, kernels in `fused/text.cu`).
 
+pub mod args;
 pub mod bench;
 pub mod checks;
 pub mod cli;
 pub mod corpus;
 pub mod cpu_batch;
+mod ending;
+mod epochs;
 pub mod eval;
 pub mod generate;
 pub mod gpu;
@@ -113,7 +116,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
         crate::pipeline::Command {
             name: "train",
             about: "Train the next-token model on a UTF-8 text corpus and write a .safetensors model file",
-            args: <cli::TrainArgs as clap::Args>::augment_args,
+            args: <args::TrainArgs as clap::Args>::augment_args,
             run: |m| cli::train(crate::pipeline::parsed(m)?),
         },
         crate::pipeline::Command {

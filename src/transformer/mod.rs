@@ -1,20 +1,22 @@
-//! The character-level Transformer (`textnet transformer`): a GPT-style decoder over a corpus's
-//! characters, trained with AdamW. The character vocabulary, the corpus split and the training and
-//! validation windows `data`; the CPU reference of the model (forward, backward, training) `model`; the
-//! GPU trainer over fused/transformer.cu `gpu`; the model file `modelfile`; the command `cli`; sampling
-//! for `textnet generate` `generate`; scoring a corpus for `textnet eval` `eval`; selftest checks `checks`
-//! and `bench`.
+//! The character-level Transformer (`textnet transformer`): a GPT-style decoder over a corpus's characters, trained
+//! with AdamW. The character vocabulary, the corpus split and the training and validation windows `data`; the CPU
+//! reference of the model (forward, backward, training) `model`; the GPU trainer over fused/transformer.cu `gpu`; the
+//! model file `modelfile`; the command `cli` (its flags `args`, `steps`, `ending`); sampling for `textnet generate`
+//! `generate`; scoring a corpus for `textnet eval` `eval`; selftest checks `checks` and `bench`.
 
+pub mod args;
 pub mod bench;
 pub mod checks;
 pub mod cli;
 pub mod data;
+mod ending;
 pub mod eval;
 pub mod generate;
 pub mod gpu;
 pub mod model;
 pub mod modelfile;
 pub mod onnx;
+mod steps;
 
 /// The Transformer pipeline as the command line, `selftest`, `bench` and `generate` see it.
 pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
@@ -22,7 +24,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     commands: &[crate::pipeline::Command {
         name: "transformer",
         about: "Train the character-level Transformer on a UTF-8 corpus and write a .safetensors model file",
-        args: <cli::TransformerArgs as clap::Args>::augment_args,
+        args: <args::TransformerArgs as clap::Args>::augment_args,
         run: |m| cli::run(crate::pipeline::parsed(m)?),
     }],
     checks: checks::selftest_checks,

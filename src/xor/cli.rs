@@ -5,10 +5,10 @@
 use super::gpu::GpuXor;
 use super::model::{self, INPUTS, MAX_HIDDEN, TARGETS, XorParams};
 use super::modelfile;
-use crate::device::{self, Backend, DeviceChoice};
-use crate::harness::args::ScheduleArgs;
+use crate::device::{self, Backend};
+use crate::harness::args::{RunArgs, ScheduleArgs, run_out};
 use crate::harness::checkpoint;
-use crate::harness::report::{self, Display, Divergence, EpochRow, Report};
+use crate::harness::report::{self, Display, Divergence, EpochRow, Report, Status};
 use crate::harness::run::{self, Ending, TrainingCommand};
 use crate::io::fsutil;
 use crate::io::resources::{self, MemoryNeed};
@@ -16,10 +16,19 @@ use crate::ops::activations::Activation;
 use crate::ops::optim::LrSchedule;
 use anyhow::{Result, bail};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("out", run_out(
+        "xor.safetensors",
+        "Where to write the model (.safetensors); an XOR model already there is replaced only by a better one \
+(lower loss)"
+    )),
+    mut_arg("seed", |a| a.help("Seed of the initial parameters")),
+    mut_arg("device", |a| a.help("Where to train (on the GPU the whole run is one kernel launch)"))
+)]
 /// The flags of `textnet xor`.
 pub struct XorArgs {
     /// Hidden units (at most 1024 on the GPU)
@@ -38,34 +47,12 @@ pub struct XorArgs {
     /// SGD steps, each on all four points
     #[arg(short = 'e', long, default_value_t = 5000)]
     pub epochs: usize,
-    /// Seed of the initial parameters
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    /// The run flags (`--out`, `--seed`, `--device`, `--json`, ...).
+    pub run: RunArgs,
     /// Print the loss every N epochs (also spelt --report-every)
     #[arg(long = "log-every", alias = "report-every", value_name = "N", default_value_t = 500)]
     pub report_every: usize,
-    /// Where to train (on the GPU the whole run is one kernel launch)
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
-    /// Where to write the model (.safetensors); an XOR model already there is replaced only by a
-    /// better one (lower loss)
-    #[arg(short = 'o', long, default_value = "xor.safetensors")]
-    pub out: PathBuf,
-    #[arg(long, help = crate::harness::checkpoint::OVERWRITE_HELP)]
-    /// Replace the model at --out whatever it holds (the help text is `checkpoint::OVERWRITE_HELP`).
-    pub overwrite: bool,
-    #[arg(long, value_name = "FILE", help = crate::harness::plot::HELP)]
-    /// Draw the training curves to this picture (the help text is `plot::HELP`).
-    pub plot: Option<PathBuf>,
-    #[arg(long, value_name = "DIR", help = crate::harness::report::TENSORBOARD_HELP)]
-    /// Write TensorBoard event files to this directory (the help text is `report::TENSORBOARD_HELP`).
-    pub tensorboard: Option<PathBuf>,
-    /// Print errors only (the --json report still comes)
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Print one JSON report on stdout at the end (the other lines go to stderr)
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// The four points make one full batch.
@@ -122,11 +109,12 @@ impl TrainingCommand for XorArgs {
     fn setup(&self) -> Result<Setup> {
         let args = self;
         let schedule = check_args(args)?;
-        let lock = fsutil::check_output(&args.out, &[])?;
-        crate::harness::plot::check(args.plot.as_deref(), Some(&args.out), &[])?;
-        let existing = existing_out(&args.out)?.filter(|_| !args.overwrite);
-        let display = Display::new(args.quiet, args.json, args.epochs).tensorboard(args.tensorboard.as_deref())?;
-        let (backend, device_line) = device::select_described(args.device)?;
+        let lock = fsutil::check_output(&args.run.out, &[])?;
+        crate::harness::plot::check(args.run.plot.as_deref(), Some(&args.run.out), &[])?;
+        let existing = existing_out(&args.run.out)?.filter(|_| !args.run.overwrite);
+        let display =
+            Display::new(args.run.quiet, args.run.json, args.epochs).tensorboard(args.run.tensorboard.as_deref())?;
+        let (backend, device_line) = device::select_described(args.run.device)?;
         if matches!(backend, Backend::Cuda(_)) && args.hidden > MAX_HIDDEN {
             bail!(
                 "--hidden {} is more than the {MAX_HIDDEN} the GPU kernel takes; lower it or use --device cpu",
@@ -152,15 +140,15 @@ impl TrainingCommand for XorArgs {
             args.lr,
             args.epochs,
             if args.epochs == 1 { "" } else { "s" },
-            args.seed,
+            args.run.seed,
             device_line
         ));
         let baseline = match existing {
             Some(old) => {
-                let loss = checkpoint::baseline(&args.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
+                let loss = checkpoint::baseline(&args.run.out, f64::from(model::loss_and_grads(&old).0), "loss")?;
                 display.line(&format!(
                     "--out {} already holds an XOR model of loss {}; only one at least as good replaces it",
-                    args.out.display(),
+                    args.run.out.display(),
                     loss_text(loss as f32)
                 ));
                 Some(loss)
@@ -172,7 +160,7 @@ impl TrainingCommand for XorArgs {
 
     fn train(&self, setup: Setup) -> Result<Trained> {
         let args = self;
-        let mut params = XorParams::init(args.hidden, args.activation, args.seed);
+        let mut params = XorParams::init(args.hidden, args.activation, args.run.seed);
         let rates = setup.schedule.rates(args.lr, args.epochs);
         let (losses, seconds) = match &setup.backend {
             Backend::Cpu => {
@@ -199,7 +187,66 @@ impl TrainingCommand for XorArgs {
         let rates = schedule.rates(args.lr, args.epochs);
         let final_loss = model::loss_and_grads(&params).0;
         let predictions: [f32; 4] = std::array::from_fn(|k| model::predict(&params, INPUTS[k]));
+        let (rows, mut diverged) = args.rows(&losses, &rates, seconds, &mut display);
+        if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
+            diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
+        }
+        let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
+        let learned = wrong == 0;
+        let (written, outcome) = args.outcome(diverged.is_none() && learned, final_loss, baseline);
+        if diverged.is_none() {
+            args.say_final(final_loss, &predictions, wrong, &display);
+        }
+        if written {
+            modelfile::save(&params, &args.run.out)
+                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.run.out, false, None, None)))?;
+            display.line(&outcome);
+        }
+        let failed = (diverged.is_none() && !learned).then(|| {
+            run::not_learned(
+                &format!("{wrong} of 4 points are on the wrong side of 0.5 after {} epochs", args.epochs),
+                &outcome,
+                &format!("try more --epochs, another --seed or a lower --lr (this run used {})", args.lr),
+            )
+        });
+        let mut ending = Ending {
+            report: None,
+            json: args.run.json,
+            board: display.take_board(),
+            diverged,
+            interrupted: None,
+            failed,
+            written,
+            outcome,
+            remedy: format!("try a lower --lr (this run used {})", args.lr),
+            plot_failed: crate::harness::plot::training_curves(
+                args.run.plot.as_deref(),
+                &args.plot_title(),
+                &rows,
+                &display,
+            ),
+        };
+        let final_metrics = written.then(|| final_metrics(final_loss, &predictions, wrong));
+        if args.run.json || args.run.tensorboard.is_some() {
+            let mut report = args.report(&backend, ending.status(), rows, final_metrics, baseline);
+            report.diverged = ending.diverged.clone();
+            ending.report = Some(report);
+        }
+        Ok(ending)
+    }
+}
 
+impl XorArgs {
+    /// The report rows of the recorded `losses` (one every --log-every epochs) and the divergence at the
+    /// first that is not finite; each row's line is said on `display`.
+    fn rows(
+        &self,
+        losses: &[f32],
+        rates: &[f32],
+        seconds: f64,
+        display: &mut Display,
+    ) -> (Vec<EpochRow>, Option<Divergence>) {
+        let args = self;
         // Each recorded loss is taken before its epoch's update, as a report row's train_loss is. The run
         // is timed as a whole (on the GPU it is one launch), so a row's time is its share of it.
         let mut rows = Vec::new();
@@ -226,110 +273,100 @@ impl TrainingCommand for XorArgs {
             display.record(epoch, &row);
             rows.push(row);
         }
-        if diverged.is_none() && !(final_loss.is_finite() && params.all_finite()) {
-            diverged = Some(Divergence { epoch: args.epochs, what: "parameters" });
-        }
+        (rows, diverged)
+    }
 
-        let wrong = predictions.iter().zip(TARGETS).filter(|&(&y, t)| (y > 0.5) != (t > 0.5)).count();
-        // A model that has not learned XOR is not written. One that has replaces only a model at least as
-        // good: rerunning the same command rewrites the same file.
-        let learned = wrong == 0;
-        let written = diverged.is_none() && learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
-        let not_better = diverged.is_none() && learned;
-        let outcome = run::write_once_outcome(
-            &args.out,
-            written,
-            (written || not_better).then(|| format!("loss {}", loss_text(final_loss))),
-            baseline.filter(|_| not_better).map(|b| loss_text(b as f32)),
-        );
-        if diverged.is_none() {
-            display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), args.epochs));
-            display.line(&truth_table(&predictions));
-            display.line(&if wrong == 0 {
-                "every point is on the right side of 0.5: XOR learned".to_string()
-            } else {
-                format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
-            });
-        }
-        if written {
-            modelfile::save(&params, &args.out)
-                .map_err(|e| anyhow::anyhow!("{e:#}; {}", run::write_once_outcome(&args.out, false, None, None)))?;
-            display.line(&outcome);
-        }
-        let failed = (diverged.is_none() && !learned).then(|| {
-            run::not_learned(
-                &format!("{wrong} of 4 points are on the wrong side of 0.5 after {} epochs", args.epochs),
-                &outcome,
-                &format!("try more --epochs, another --seed or a lower --lr (this run used {})", args.lr),
-            )
+    /// The lines of a run that did not diverge: its final loss, the truth table and whether XOR was learned.
+    fn say_final(&self, final_loss: f32, predictions: &[f32; 4], wrong: usize, display: &Display) {
+        display.line(&format!("final loss {} (after epoch {})", loss_text(final_loss), self.epochs));
+        display.line(&truth_table(predictions));
+        display.line(&if wrong == 0 {
+            "every point is on the right side of 0.5: XOR learned".to_string()
+        } else {
+            format!("{wrong} of 4 points on the wrong side of 0.5: XOR not learned")
         });
-        let title = format!(
+    }
+
+    /// Whether the model is written, and what became of --out. A model that has not learned XOR (or
+    /// diverged) is not written. One that has replaces only a model at least as good (`baseline`):
+    /// rerunning the same command rewrites the same file.
+    fn outcome(&self, learned: bool, final_loss: f32, baseline: Option<f64>) -> (bool, String) {
+        let written = learned && baseline.is_none_or(|b| f64::from(final_loss) <= b);
+        let outcome = run::write_once_outcome(
+            &self.run.out,
+            written,
+            (written || learned).then(|| format!("loss {}", loss_text(final_loss))),
+            baseline.filter(|_| learned).map(|b| loss_text(b as f32)),
+        );
+        (written, outcome)
+    }
+
+    /// The title of the run's plot.
+    fn plot_title(&self) -> String {
+        let args = self;
+        format!(
             "textnet xor: 2 → {} ({}) → 1, SGD lr {}, seed {}",
             args.hidden,
             args.activation.name(),
             args.lr,
-            args.seed
-        );
-        let mut ending = Ending {
-            report: None,
-            json: args.json,
-            board: display.take_board(),
-            diverged,
-            interrupted: None,
-            failed,
-            written,
-            outcome,
-            remedy: format!("try a lower --lr (this run used {})", args.lr),
-            plot_failed: crate::harness::plot::training_curves(args.plot.as_deref(), &title, &rows, &display),
-        };
-        if args.json || args.tensorboard.is_some() {
-            let final_metrics = written.then(|| {
-                let mut figures = serde_json::Map::new();
-                figures.insert("loss".into(), json!(final_loss));
-                figures.insert("predictions".into(), json!(predictions));
-                figures.insert("correct".into(), json!(wrong == 0));
-                figures
-            });
-            ending.report = Some(Report {
-                textnet: report::VERSION,
-                command: "xor",
-                status: ending.status(),
-                config: report::with_flags(
-                    json!({
-                        "out": args.out.display().to_string(),
-                        "keep": "last",
-                        "hidden": args.hidden,
-                        "activation": args.activation.name(),
-                        "lr": report::decimal(args.lr),
-                        "epochs": args.epochs,
-                        "batch": BATCH,
-                        "seed": args.seed,
-                        "report_every": args.report_every,
-                        "overwrite": args.overwrite,
-                        "device": report::flag_value(&args.device),
-                        "plot": args.plot.as_ref().map(|p| p.display().to_string()),
-                        "tensorboard": args.tensorboard.as_ref().map(|p| p.display().to_string()),
-                    }),
-                    &args.schedule,
-                ),
-                device: report::DeviceFields::of(&backend),
-                data: json!({
-                    "inputs": INPUTS,
-                    "targets": TARGETS,
-                    "train_samples": BATCH,
-                    "val_samples": 0,
-                }),
-                parameters: parameter_count(args.hidden),
-                epochs: rows,
-                final_metrics,
-                model: args.out.display().to_string(),
-                kept_epoch: written.then_some(args.epochs),
-                baseline_val_loss: baseline,
-                diverged: ending.diverged.clone(),
-            });
-        }
-        Ok(ending)
+            args.run.seed
+        )
     }
+
+    /// The `--json` report of a run that ended with `status`, its rows, and the figures of the model it
+    /// wrote (`final_metrics`, none when it wrote none); `diverged` is the caller's to fill in.
+    fn report(
+        &self,
+        backend: &Backend,
+        status: Status,
+        rows: Vec<EpochRow>,
+        final_metrics: Option<serde_json::Map<String, serde_json::Value>>,
+        baseline: Option<f64>,
+    ) -> Report {
+        let args = self;
+        let kept_epoch = final_metrics.is_some().then_some(args.epochs);
+        Report {
+            textnet: report::VERSION,
+            command: "xor",
+            status,
+            config: report::with_flags(
+                json!({
+                    "keep": "last",
+                    "hidden": args.hidden,
+                    "activation": args.activation.name(),
+                    "lr": report::decimal(args.lr),
+                    "epochs": args.epochs,
+                    "batch": BATCH,
+                    "report_every": args.report_every,
+                }),
+                &[&args.run, &args.schedule],
+            ),
+            device: report::DeviceFields::of(backend),
+            data: json!({
+                "inputs": INPUTS,
+                "targets": TARGETS,
+                "train_samples": BATCH,
+                "val_samples": 0,
+            }),
+            parameters: parameter_count(args.hidden),
+            epochs: rows,
+            final_metrics,
+            model: args.run.out.display().to_string(),
+            kept_epoch,
+            baseline_val_loss: baseline,
+            diverged: None,
+        }
+    }
+}
+
+/// The report's figures of the model a run wrote: its final loss, its predictions and whether all four
+/// are on the right side of 0.5 (`wrong` are not).
+fn final_metrics(final_loss: f32, predictions: &[f32; 4], wrong: usize) -> serde_json::Map<String, serde_json::Value> {
+    let mut figures = serde_json::Map::new();
+    figures.insert("loss".into(), json!(final_loss));
+    figures.insert("predictions".into(), json!(predictions));
+    figures.insert("correct".into(), json!(wrong == 0));
+    figures
 }
 
 /// Six decimals, or three significant digits below 0.0001, where a trained model's loss often is.

@@ -8,7 +8,7 @@
 set -u
 xz -dc data/textnet.xz > /tmp/4ee1108 && xz -dc data/textnet-merged.xz > /tmp/e7b6ed7 && chmod +x /tmp/4ee1108 /tmp/e7b6ed7
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-FASHION="--dataset fashion --data data/fashion-small --epochs 2 --train-limit 4000 --device cuda --overwrite --json"
+FASHION="--dataset fashion --data $PWD/data/fashion-small --epochs 2 --train-limit 4000 --device cuda --overwrite --json"
 for c in 4ee1108 e7b6ed7; do
   mkdir -p /tmp/$c-out; cd /tmp/$c-out
   B=/tmp/$c; S=$OLDPWD

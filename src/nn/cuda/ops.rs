@@ -776,82 +776,108 @@ pub(crate) fn linear<F: Real>(
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
-        // dx = dy·W; dW = dyᵀ·x; db = Σ rows of dy.
-        let d = &device_;
-        let bias_needed = needs.len() == 3 && needs[2];
-        let Some((x16, w16)) = &rounded else {
-            let sizes = (rows, inputs, outputs);
-            // dx from the loss kernel, when the loss's gradient d reached this layer as it is, the
-            // activation's slope is offered and the tile is the one linear_grad takes now.
-            let formed_dx = fused_dx.as_ref().filter(|f| {
-                needs[0]
-                    && grad.same_elements(&f.d)
-                    && f.tile == linear_grad_tile(d, sizes, bias_needed)
-                    && d.take_slope(&xb, |code| code == f.code).is_some()
-            });
-            if let Some(f) = formed_dx {
-                if d.is_fusing() {
-                    d.fused("linear ← cross_entropy: dx by the loss kernel's blocks, no launch of its own".into());
-                }
-                // dW and db in linear_grad's tile too: the bits of its dW tiles.
-                let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed, Some(f.tile))?;
-                let mut grads = vec![Some(f.dx.clone()), Some(dw).filter(|_| needs[1])];
-                if needs.len() == 3 {
-                    grads.push(db);
-                }
-                return Ok(grads);
-            }
-            let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
-                (true, true) => {
-                    // dx times the slope of the activation that made x, when the backward offers it.
-                    let slope = d.take_slope(&xb, |_| true);
-                    let (dx, dw, db) = linear_grad(d, (grad, &xb, &wb), sizes, bias_needed, slope)?;
-                    (Some(dx), Some(dw), db)
-                }
-                (false, true) => {
-                    let (dw, db) = linear_grad_weight(d, NAME, grad, &xb, sizes, bias_needed, None)?;
-                    (None, Some(dw), db)
-                }
-                (wants_dx, false) => {
-                    let dx = || product(d, NAME, (grad, &wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
-                    (wants_dx.then(dx).transpose()?, None, None)
-                }
-            };
-            let mut grads = vec![dx, dw.filter(|_| needs[1])];
-            if needs.len() == 3 {
-                grads.push(db);
-            }
-            return Ok(grads);
-        };
-        let dy16 = rounded_bf16(NAME, grad)?;
-        let dx = |_| -> Result<DeviceBuffer> {
-            let dx = d.alloc(NAME, rows * inputs)?;
-            let operands = (&dy16, w16, &dx);
-            // dx times the slope of the activation that made x, when the backward offers it and the product
-            // runs unsplit (a kernel per activation).
-            let unsplit = bf16_split(d, (rows, inputs, outputs), 1, false).0 == 1;
-            let fuses =
-                |code: i32| unsplit && usize::try_from(code).is_ok_and(|c| c < d.kernels.product_bf16_slope.len());
-            match d.take_slope(&xb, fuses) {
-                Some((code, pre)) => product_bf16_slope(d, operands, (rows, inputs, outputs), (code, &pre, &xb))?,
-                None => product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?,
-            }
-            Ok(dx)
-        };
-        let dw = |_| -> Result<DeviceBuffer> {
-            let dw = d.alloc(NAME, outputs * inputs)?;
-            let operands = (&dy16, x16, &dw);
-            product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), None)?;
-            Ok(dw)
-        };
-        let mut grads = vec![needs[0].then_some(()).map(dx).transpose()?, needs[1].then_some(()).map(dw).transpose()?];
-        if needs.len() == 3 {
-            grads.push(if needs[2] { Some(sum_axis(d, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
+        let sizes = (rows, inputs, outputs);
+        match &rounded {
+            None => linear_backward_fp32(&device_, grad, needs, (&xb, &wb), sizes, fused_dx.as_ref()),
+            Some(rounded) => linear_backward_bf16(&device_, grad, needs, (&xb, rounded), sizes),
         }
-        Ok(grads)
     };
     let inputs_of: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
     Ok(Tensor::from_device_op(NAME, out, shape, &inputs_of, Box::new(backward)))
+}
+
+/// A linear layer's backward in fp32 (dx = dy·W; dW = dyᵀ·x; db = Σ rows of dy): dx from the loss kernel
+/// when it formed it (`fused_dx`), else one launch of the three, or of those needed.
+fn linear_backward_fp32(
+    d: &Arc<Device>,
+    grad: &DeviceBuffer,
+    needs: &[bool],
+    (xb, wb): (&DeviceBuffer, &DeviceBuffer),
+    sizes: (usize, usize, usize),
+    fused_dx: Option<&FusedDx>,
+) -> Result<Vec<Option<DeviceBuffer>>> {
+    const NAME: &str = "linear";
+    let (rows, inputs, outputs) = sizes;
+    let bias_needed = needs.len() == 3 && needs[2];
+    // dx from the loss kernel, when the loss's gradient d reached this layer as it is, the
+    // activation's slope is offered and the tile is the one linear_grad takes now.
+    let formed_dx = fused_dx.as_ref().filter(|f| {
+        needs[0]
+            && grad.same_elements(&f.d)
+            && f.tile == linear_grad_tile(d, sizes, bias_needed)
+            && d.take_slope(xb, |code| code == f.code).is_some()
+    });
+    if let Some(f) = formed_dx {
+        if d.is_fusing() {
+            d.fused("linear ← cross_entropy: dx by the loss kernel's blocks, no launch of its own".into());
+        }
+        // dW and db in linear_grad's tile too: the bits of its dW tiles.
+        let (dw, db) = linear_grad_weight(d, NAME, grad, xb, sizes, bias_needed, Some(f.tile))?;
+        let mut grads = vec![Some(f.dx.clone()), Some(dw).filter(|_| needs[1])];
+        if needs.len() == 3 {
+            grads.push(db);
+        }
+        return Ok(grads);
+    }
+    let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
+        (true, true) => {
+            // dx times the slope of the activation that made x, when the backward offers it.
+            let slope = d.take_slope(xb, |_| true);
+            let (dx, dw, db) = linear_grad(d, (grad, xb, wb), sizes, bias_needed, slope)?;
+            (Some(dx), Some(dw), db)
+        }
+        (false, true) => {
+            let (dw, db) = linear_grad_weight(d, NAME, grad, xb, sizes, bias_needed, None)?;
+            (None, Some(dw), db)
+        }
+        (wants_dx, false) => {
+            let dx = || product(d, NAME, (grad, wb), (rows, inputs, outputs), 1, (0, 0), (false, false));
+            (wants_dx.then(dx).transpose()?, None, None)
+        }
+    };
+    let mut grads = vec![dx, dw.filter(|_| needs[1])];
+    if needs.len() == 3 {
+        grads.push(db);
+    }
+    Ok(grads)
+}
+
+/// A linear layer's backward on the bf16 tensor cores: dy rounded once, dx (times the slope of the
+/// activation before, when offered and the product runs unsplit) and dW as products of the rounded
+/// operands, db summed in fp32.
+fn linear_backward_bf16(
+    d: &Arc<Device>,
+    grad: &DeviceBuffer,
+    needs: &[bool],
+    (xb, (x16, w16)): (&DeviceBuffer, &(DeviceBuffer, DeviceBuffer)),
+    (rows, inputs, outputs): (usize, usize, usize),
+) -> Result<Vec<Option<DeviceBuffer>>> {
+    const NAME: &str = "linear";
+    let dy16 = rounded_bf16(NAME, grad)?;
+    let dx = |_| -> Result<DeviceBuffer> {
+        let dx = d.alloc(NAME, rows * inputs)?;
+        let operands = (&dy16, w16, &dx);
+        // dx times the slope of the activation that made x, when the backward offers it and the product
+        // runs unsplit (a kernel per activation).
+        let unsplit = bf16_split(d, (rows, inputs, outputs), 1, false).0 == 1;
+        let fuses = |code: i32| unsplit && usize::try_from(code).is_ok_and(|c| c < d.kernels.product_bf16_slope.len());
+        match d.take_slope(xb, fuses) {
+            Some((code, pre)) => product_bf16_slope(d, operands, (rows, inputs, outputs), (code, &pre, xb))?,
+            None => product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?,
+        }
+        Ok(dx)
+    };
+    let dw = |_| -> Result<DeviceBuffer> {
+        let dw = d.alloc(NAME, outputs * inputs)?;
+        let operands = (&dy16, x16, &dw);
+        product_bf16(d, NAME, operands, (outputs, inputs, rows), 1, (0, 0), (true, false), None)?;
+        Ok(dw)
+    };
+    let mut grads = vec![needs[0].then_some(()).map(dx).transpose()?, needs[1].then_some(()).map(dw).transpose()?];
+    if needs.len() == 3 {
+        grads.push(if needs[2] { Some(sum_axis(d, NAME, grad, (1, rows, outputs), 1.0)?) } else { None });
+    }
+    Ok(grads)
 }
 
 /// A linear layer's dW = dyᵀ·x and, with `bias`, db = Σ rows of dy, in one fp32 product

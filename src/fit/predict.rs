@@ -76,17 +76,7 @@ pub(super) fn predict(args: &FitArgs, model_path: &Path, new: &Path) -> Result<(
             }
         }
     }
-    match &args.predictions {
-        Some(path) => fsutil::write_atomic(path, text.as_bytes())?,
-        None => crate::harness::console::out(text.trim_end()),
-    }
-    if table.skipped > 0 && !args.run.quiet {
-        crate::harness::console::err(&format!(
-            "skipped {} bad row{}",
-            table.skipped,
-            if table.skipped == 1 { "" } else { "s" }
-        ));
-    }
+    crate::harness::console::predictions(&text, args.predictions.as_deref(), table.skipped, args.run.quiet)?;
     if with_target > 0 && !args.run.quiet {
         let figure = match &m.target {
             TargetInfo::Classes { .. } => format!("accuracy {:.2}%", 100.0 * score / with_target as f64),

@@ -50,17 +50,7 @@ pub(super) fn predict(args: &SalesArgs, model_path: &Path, new: &Path) -> Result
             error_sum += (y as f64 - split.y[i] as f64).abs();
         }
     }
-    match &args.predictions {
-        Some(path) => fsutil::write_atomic(path, out.as_bytes())?,
-        None => crate::harness::console::out(out.trim_end()),
-    }
-    if table.skipped > 0 && !args.run.quiet {
-        crate::harness::console::err(&format!(
-            "skipped {} bad row{}",
-            table.skipped,
-            if table.skipped == 1 { "" } else { "s" }
-        ));
-    }
+    crate::harness::console::predictions(&out, args.predictions.as_deref(), table.skipped, args.run.quiet)?;
     if with_target > 0 && !args.run.quiet {
         let mae = error_sum / with_target as f64;
         crate::harness::console::err(&format!("MAE over {with_target} rows with a {}: {mae:.4}", m.target_name));

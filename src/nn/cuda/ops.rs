@@ -402,13 +402,22 @@ pub(super) fn fp32_tile(
     (m, n): (usize, usize),
     batches: usize,
 ) -> Result<(usize, (u32, u32))> {
-    let grid = |(bm, bn, ..): Fp32Tile| (n.div_ceil(bn).max(1), m.div_ceil(bm).max(1) * batches.max(1));
     let tile = filling_tile(device, |t| {
-        let (x, y) = grid(t);
+        let (x, y) = grid_of(t, (m, n), batches);
         x * y
     });
-    let (x, y) = grid(FP32_TILES[tile]);
-    Ok((tile, (int(name, x)? as u32, int(name, y)? as u32)))
+    Ok((tile, fp32_grid(name, tile, (m, n), batches)?))
+}
+
+/// The grid (⌈N/BN⌉, ⌈M/BM⌉·batches) of `batches` M×N products in `tile`.
+fn grid_of((bm, bn, ..): Fp32Tile, (m, n): (usize, usize), batches: usize) -> (usize, usize) {
+    (n.div_ceil(bn).max(1), m.div_ceil(bm).max(1) * batches.max(1))
+}
+
+/// `grid_of` the fp32 tile at `tile`, as a launch's grid.
+fn fp32_grid(name: &'static str, tile: usize, sizes: (usize, usize), batches: usize) -> Result<(u32, u32)> {
+    let (x, y) = grid_of(FP32_TILES[tile], sizes, batches);
+    Ok((int(name, x)? as u32, int(name, y)? as u32))
 }
 
 /// An fp32 product tile: rows, columns, depth staged, rows a thread, columns a thread.
@@ -807,19 +816,16 @@ fn linear_backward_fp32(
             && f.tile == linear_grad_tile(d, sizes, bias_needed)
             && d.take_slope(xb, |code| code == f.code).is_some()
     });
-    if let Some(f) = formed_dx {
-        if d.is_fusing() {
-            d.fused("linear ← cross_entropy: dx by the loss kernel's blocks, no launch of its own".into());
-        }
-        // dW and db in linear_grad's tile too: the bits of its dW tiles.
-        let (dw, db) = linear_grad_weight(d, NAME, grad, xb, sizes, bias_needed, Some(f.tile))?;
-        let mut grads = vec![Some(f.dx.clone()), Some(dw).filter(|_| needs[1])];
-        if needs.len() == 3 {
-            grads.push(db);
-        }
-        return Ok(grads);
-    }
     let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
+        (true, true) if formed_dx.is_some() => {
+            let f = formed_dx.expect("matched");
+            if d.is_fusing() {
+                d.fused("linear ← cross_entropy: dx by the loss kernel's blocks, no launch of its own".into());
+            }
+            // dW and db in linear_grad's tile too: the bits of its dW tiles.
+            let (dw, db) = linear_grad_weight(d, NAME, grad, xb, sizes, bias_needed, Some(f.tile))?;
+            (Some(f.dx.clone()), Some(dw), db)
+        }
         (true, true) => {
             // dx times the slope of the activation that made x, when the backward offers it.
             let slope = d.take_slope(xb, |_| true);
@@ -894,13 +900,10 @@ fn linear_grad_weight(
 ) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
     let dw = device.alloc(name, outputs * inputs)?;
     let db = if bias { Some(device.alloc(name, outputs)?) } else { None };
+    let product = (outputs, inputs + bias as usize);
     let (tile, grid) = match tile {
-        Some(tile) => {
-            let (bm, bn, ..) = FP32_TILES[tile];
-            let (across, down) = ((inputs + bias as usize).div_ceil(bn).max(1), outputs.div_ceil(bm).max(1));
-            (tile, (int(name, across)? as u32, int(name, down)? as u32))
-        }
-        None => fp32_tile(device, name, (outputs, inputs + bias as usize), 1)?,
+        Some(tile) => (tile, fp32_grid(name, tile, product, 1)?),
+        None => fp32_tile(device, name, product, 1)?,
     };
     let (dy, x, sizes) = (dy.clone(), x.clone(), (rows, outputs, inputs));
     device.defer_weight_grad(WeightGradJob { dy, x, dw: dw.clone(), db: db.clone(), sizes, tile, grid });

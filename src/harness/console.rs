@@ -71,6 +71,19 @@ pub fn abridged(text: &str) -> String {
     format!("{head} … {tail} ({count} characters)")
 }
 
+/// A `--predict` run's TSV: written to `to` (atomically), else printed on stdout; then, unless `quiet`, how
+/// many of the table's rows were skipped as bad.
+pub fn predictions(tsv: &str, to: Option<&std::path::Path>, skipped_rows: usize, quiet: bool) -> anyhow::Result<()> {
+    match to {
+        Some(path) => crate::io::fsutil::write_atomic(path, tsv.as_bytes())?,
+        None => out(tsv.trim_end()),
+    }
+    if skipped_rows > 0 && !quiet {
+        err(&format!("skipped {skipped_rows} bad row{}", if skipped_rows == 1 { "" } else { "s" }));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,17 +97,4 @@ mod tests {
         assert!(cut.ends_with(&format!("({} characters)", QUOTE_LIMIT + 1)), "{cut}");
         assert_eq!(abridged(&"x".repeat(QUOTE_LIMIT)), "x".repeat(QUOTE_LIMIT));
     }
-}
-
-/// A `--predict` run's TSV: written to `to` (atomically), else printed on stdout; then, unless `quiet`, how
-/// many of the table's rows were skipped as bad.
-pub fn predictions(tsv: &str, to: Option<&std::path::Path>, skipped_rows: usize, quiet: bool) -> anyhow::Result<()> {
-    match to {
-        Some(path) => crate::io::fsutil::write_atomic(path, tsv.as_bytes())?,
-        None => out(tsv.trim_end()),
-    }
-    if skipped_rows > 0 && !quiet {
-        err(&format!("skipped {skipped_rows} bad row{}", if skipped_rows == 1 { "" } else { "s" }));
-    }
-    Ok(())
 }

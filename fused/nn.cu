@@ -663,14 +663,21 @@ nn_cross_entropy(const float* __restrict__ logits, const float* __restrict__ tar
 // fusion.rs), one launch and one pass over the logits fewer in a small step. Block b takes rows [b·BM,
 // (b + 1)·BM): it forms their N logits a gemm tile at a time, the very tiles nn_linear_{tile} forms (so the
 // same sums, bit for bit), then cross_entropy_row over its rows, a warp each; the last block takes the
-// mean as nn_cross_entropy does. Grid: ⌈R/BM⌉ blocks; shared memory as nn_linear_{tile}'s. The launch
-// layer fuses only N ≤ LINEAR_CROSS_ENTROPY_CLASSES (a block then walks at most eight tiles). The
+// mean as nn_cross_entropy does. Grid: ⌈R/BM⌉ blocks; shared memory GemmTile of LogitsTile<tile>. The
+// launch layer fuses only N ≤ LINEAR_CROSS_ENTROPY_CLASSES (a block then walks at most four tiles). The
 // arguments after y and K are nn_cross_entropy's after its logits. With dx (not null), x being the
 // activation `act` of act_pre, the block also forms its rows of the backward's dx = d·W times the
 // activation's slope, which the layer's backward then takes when the loss's gradient is d as it is (no
 // launch of dx's tiles: nn_linear_grad's dx with act_pre, to the bit, given its tile's dx_ksplit). The
 // products are tiny: BM·N·K a block.
 constexpr int LINEAR_CROSS_ENTROPY_CLASSES = 64;
+
+// The tile a block forms its logits with: T, widened to 16 columns where it is narrower (TN widened with
+// it), so that ten classes are one pass of the tile rather than two. Its BK and KSPLIT are T's, and a
+// logit's sum depends on nothing else (each group's fmaf chain over its k, then the groups in order): the
+// same bits as nn_linear_{tile}.
+template <class T>
+using LogitsTile = MatTile<T::BM, (T::BN < 16 ? 16 : T::BN), T::BK, T::TM, T::TN * (T::BN < 16 ? 16 / T::BN : 1)>;
 
 // dx = d·W times the slope of the activation `act` of act_pre (x = act(act_pre)) for rows [m0, m0 + rows),
 // d's rows in shared memory (a row every LINEAR_CROSS_ENTROPY_CLASSES floats), each element summed as a
@@ -720,11 +727,15 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
                                                      float* __restrict__ one, unsigned* __restrict__ ticket,
                                                      float* __restrict__ dx, const float* __restrict__ act_pre,
                                                      int act, int dx_ksplit) {
+    using L = LogitsTile<T>;
+    static_assert(GemmTile<L::BM, L::BN, L::BK, L::TM, L::TN>::KSPLIT ==
+                      GemmTile<T::BM, T::BN, T::BK, T::TM, T::TN>::KSPLIT,
+                  "the logits' sums are nn_linear's");
     extern __shared__ float smem[];
     __shared__ float logits[T::BM * LINEAR_CROSS_ENTROPY_CLASSES];  // the block's rows, read back by the loss
     const int m0 = blockIdx.x * T::BM;
-    for (int n0 = 0; n0 < N; n0 += T::BN) {
-        gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
+    for (int n0 = 0; n0 < N; n0 += L::BN) {
+        gemm_tile<L::BM, L::BN, L::BK, L::TM, L::TN, false, true>(
             R, N, K, m0, n0, [&](int r, int k) { return x[(size_t)r * K + k]; },
             [&](int k, int o) { return W[(size_t)o * K + k]; },
             [&](int r, int o, float acc) {

@@ -121,6 +121,8 @@ pub struct Device {
     pub(crate) kernels: Kernels,
     /// Dynamic shared memory of the fp32 products, bytes, at each tile's place in [`FP32_TILES`].
     pub(crate) gemm_shared: [u32; 3],
+    /// Dynamic shared memory of `nn_linear_cross_entropy_{tile}`, bytes: its [`logits_tile`]'s.
+    pub(crate) logits_shared: [u32; 3],
     /// Dynamic shared memory of `nn_product_bf16` (Bf16Tile's), bytes.
     pub(crate) gemm_shared_bf16: u32,
     /// The arrival counters of the kernels whose last block finishes their work ([`Ticket`]), each left
@@ -269,7 +271,9 @@ impl Device {
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;
-        let gemm_shared = FP32_TILES.map(|(bm, bn, bk, tm, tn)| (tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32);
+        let shared_bytes = |(bm, bn, bk, tm, tn)| (tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
+        let gemm_shared = FP32_TILES.map(shared_bytes);
+        let logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
         let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
@@ -285,6 +289,7 @@ impl Device {
             gpu,
             kernels,
             gemm_shared,
+            logits_shared,
             gemm_shared_bf16,
             tickets,
             bf16_products: AtomicBool::new(false),
@@ -451,6 +456,14 @@ impl Device {
 /// 16 × 16, 64 deep, 2 × 2 a thread (k split four ways in the block); 8 × 8, 256 deep (k split sixteen ways).
 pub(crate) const FP32_TILES: [(usize, usize, usize, usize, usize); 3] =
     [(64, 64, 16, 4, 4), (16, 16, 64, 2, 2), (8, 8, 256, 2, 2)];
+
+/// The tile `nn_linear_cross_entropy` forms its logits with, for the fp32 tile `tile` (fused/nn.cu's
+/// LogitsTile): 16 columns where the tile is narrower, the columns a thread widened with them, so that the
+/// block's threads split k as the tile's do.
+pub(crate) const fn logits_tile(tile: (usize, usize, usize, usize, usize)) -> (usize, usize, usize, usize, usize) {
+    let (bm, bn, bk, tm, tn) = tile;
+    if bn < 16 { (bm, 16, bk, tm, tn * (16 / bn)) } else { tile }
+}
 
 /// The kernels that count their blocks' arrivals, each in a counter of its own.
 #[derive(Clone, Copy)]
@@ -697,7 +710,7 @@ pub(crate) fn to_f32<F: Real>(values: &[F]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::FP32_TILES;
+    use super::{FP32_TILES, THREADS_PER_BLOCK, logits_tile};
 
     #[test]
     fn the_fp32_tiles_are_the_kernel_files() {
@@ -713,5 +726,21 @@ mod tests {
             .collect();
         let ours: Vec<Vec<usize>> = FP32_TILES.iter().map(|&(a, b, c, d, e)| vec![a, b, c, d, e]).collect();
         assert_eq!(declared, ours);
+    }
+
+    #[test]
+    fn the_logits_tiles_split_k_as_their_fp32_tiles() {
+        let file = include_str!("../../../fused/nn.cu");
+        let declaration = "using LogitsTile = MatTile<T::BM, (T::BN < 16 ? 16 : T::BN), T::BK, T::TM, T::TN * (T::BN < 16 ? 16 / T::BN : 1)>;";
+        assert!(file.contains(declaration), "fused/nn.cu's LogitsTile is not the one logits_tile mirrors");
+        let ksplit = |(bm, bn, _, tm, tn): (usize, usize, usize, usize, usize)| {
+            THREADS_PER_BLOCK as usize / ((bm / tm) * (bn / tn))
+        };
+        for tile in FP32_TILES {
+            let widened = logits_tile(tile);
+            assert!(widened.1 >= 16 && widened.1 % tile.1 == 0, "{tile:?} → {widened:?}");
+            assert_eq!((widened.0, widened.2, widened.3), (tile.0, tile.2, tile.3));
+            assert_eq!(ksplit(widened), ksplit(tile), "{tile:?} → {widened:?}");
+        }
     }
 }

@@ -757,7 +757,7 @@ pub(crate) fn linear<F: Real>(
             let outputs = cross_entropy_outputs(device, ce, sizes);
             let args = [&args[..], &[Arg::Ptr(*targets)], &outputs, &dx_args].concat();
             let kernel = &device.kernels.linear_cross_entropy[tile];
-            device.launch(NAME, kernel, (row_blocks, 1), device.gemm_shared[tile], &args)?;
+            device.launch(NAME, kernel, (row_blocks, 1), device.logits_shared[tile], &args)?;
         }
         (None, _, _) => {
             // nn_linear writes the pre-activation to z and act(z) to y.

@@ -70,6 +70,10 @@ pub struct TransformerArgs {
     /// on both residual branches (nanoGPT's places); never in evaluation or generation
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
     pub dropout: f32,
+    /// How the initial parameters are drawn: Normal(0, 0.02) for every weight matrix and embedding, or
+    /// GPT-2's, the same with each block's two residual projections at 0.02/√(2·layers)
+    #[arg(long, value_enum, default_value_t)]
+    pub init: model::Init,
     /// Largest vocabulary, the unknown character included (rarer characters read as unknown)
     #[arg(long, default_value_t = 256)]
     pub vocab: usize,
@@ -88,12 +92,12 @@ pub struct TransformerArgs {
     #[arg(long, value_enum, default_value_t)]
     pub precision: Precision,
     /// Continue training this Transformer model file, with its shape and vocabulary (which is why --layers,
-    /// --heads, --embed, --block, --no-bias, --tie-weights and --vocab cannot be given with it); AdamW's
+    /// --heads, --embed, --block, --no-bias, --tie-weights, --vocab and --init cannot be given with it); AdamW's
     /// moments start afresh
     #[arg(
         long,
         value_name = "MODEL",
-        conflicts_with_all = ["layers", "heads", "embed", "block", "no_bias", "tie_weights", "vocab"]
+        conflicts_with_all = ["layers", "heads", "embed", "block", "no_bias", "tie_weights", "vocab", "init"]
     )]
     pub resume: Option<PathBuf>,
 }
@@ -200,7 +204,7 @@ impl TransformerArgs {
         format!(
             "layers={},heads={},embed={},block={},bias={},tie={},batch={},steps={},lr={},wd={},beta2={},clip={},\
              schedule={}/{}/{},dropout={},vocab={},eval_every={},eval_iters={:?},seed={},precision={},resume={},\
-             corpus={}/{:016x}",
+             init={},corpus={}/{:016x}",
             self.layers,
             self.heads,
             self.embed,
@@ -223,6 +227,7 @@ impl TransformerArgs {
             self.run.seed,
             self.precision.name(),
             self.resume.is_some(),
+            self.init.name(),
             corpus.train.len() + corpus.val.len(),
             hash.finish()
         )

@@ -210,7 +210,7 @@ fn corpus_and_model(
         None => {
             let corpus = Corpus::load(&args.corpus, args.vocab, args.block)?;
             let config = Config { vocab: corpus.vocab.len(), ..shape };
-            (corpus, config, model::init(&config, args.run.seed))
+            (corpus, config, model::init_with(&config, args.run.seed, args.init))
         }
     })
 }

@@ -81,6 +81,7 @@ impl TransformerArgs {
                     "weight_decay": report::decimal(args.weight_decay), "beta2": report::decimal(args.beta2),
                     "clip_norm": report::decimal(args.clip_norm),
                     "dropout": report::decimal(args.dropout),
+                    "init": args.init.name(),
                     "eval_iters": args.eval_iters,
                     "vocab": args.vocab,
                     "eval_every": args.eval_every,

@@ -339,18 +339,57 @@ pub fn head_weight(config: &Config) -> &'static str {
     if config.tie_weights { "tok_emb.weight" } else { "head.weight" }
 }
 
-/// The initial parameters: every weight matrix and both embeddings ~ Normal(0, 0.02), drawn in tensor
-/// order from `seed`; biases 0; LayerNorm weights 1.
+/// How the initial parameters are drawn (`--init`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Init {
+    /// Every weight matrix and both embeddings ~ Normal(0, 0.02)
+    #[default]
+    Normal,
+    /// GPT-2's: as `normal`, but the two residual projections of each block (attn.proj, mlp.proj) ~
+    /// Normal(0, 0.02/√(2·layers)), so the residual stream's variance does not grow with depth
+    Gpt2,
+}
+
+impl Init {
+    /// The flag's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Init::Normal => "normal",
+            Init::Gpt2 => "gpt2",
+        }
+    }
+
+    /// The standard deviation of the 2-D tensor `name` (the embeddings included).
+    fn std(self, name: &str, layers: usize) -> f32 {
+        let residual_projection = name.ends_with("attn.proj.weight") || name.ends_with("mlp.proj.weight");
+        match self {
+            Init::Gpt2 if residual_projection => 0.02 / (2.0 * layers as f32).sqrt(),
+            _ => 0.02,
+        }
+    }
+}
+
+/// The initial parameters, `Init::Normal`'s: every weight matrix and both embeddings ~ Normal(0, 0.02),
+/// drawn in tensor order from `seed`; biases 0; LayerNorm weights 1.
 pub fn init(config: &Config, seed: u64) -> Vec<f32> {
-    use rand_distr::{Distribution, Normal};
+    init_with(config, seed, Init::Normal)
+}
+
+/// The initial parameters drawn as `scheme` says, in tensor order from `seed` (each value is one standard
+/// normal draw times its tensor's deviation, so the schemes differ only in the residual projections);
+/// biases 0; LayerNorm weights 1.
+pub fn init_with(config: &Config, seed: u64, scheme: Init) -> Vec<f32> {
+    use rand::RngExt;
+    use rand_distr::StandardNormal;
     let layout = Layout::new(config);
-    let normal = Normal::new(0.0f32, 0.02).expect("a valid normal distribution");
     let mut rng = SeededRng::seed_from_u64(seed);
     let mut flat = vec![0.0f32; layout.len()];
     for t in layout.tensors() {
         let values = &mut flat[t.range()];
         if t.shape.len() == 2 {
-            values.iter_mut().for_each(|v| *v = normal.sample(&mut rng));
+            let std = scheme.std(&t.name, config.layers);
+            values.iter_mut().for_each(|v| *v = std * rng.sample::<f32, _>(StandardNormal));
         } else if t.name.ends_with(".weight") {
             values.fill(1.0);
         }

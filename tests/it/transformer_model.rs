@@ -7,7 +7,9 @@ use rand::{RngExt, SeedableRng};
 use textnet::ops::cpu::SeededRng;
 use textnet::ops::optim::OptimConfig;
 use textnet::transformer::data::{Corpus, train_offsets, val_offsets, windows};
-use textnet::transformer::model::{Config, CpuTrainer, Layout, default_optim, forward, init, next_logits};
+use textnet::transformer::model::{
+    Config, CpuTrainer, Init, Layout, default_optim, forward, init, init_with, next_logits,
+};
 
 const TINY: Config = Config { vocab: 7, block: 5, embed: 8, heads: 2, layers: 2, bias: true, tie_weights: false };
 
@@ -104,6 +106,31 @@ fn init_follows_the_spec() {
             assert!(v.iter().all(|&x| x == 0.0), "{}", t.name);
         }
     }
+}
+
+#[test]
+fn gpt2_init_scales_only_the_residual_projections() {
+    let config = Config { layers: 3, ..Config::new(50) };
+    let layout = Layout::new(&config);
+    let (normal, gpt2) = (init(&config, 7), init_with(&config, 7, Init::Gpt2));
+    assert_eq!(normal, init_with(&config, 7, Init::Normal));
+    let factor = 1.0 / (2.0f32 * 3.0).sqrt();
+    let mut scaled = 0;
+    for t in layout.tensors() {
+        let (a, b) = (&normal[t.range()], &gpt2[t.range()]);
+        if t.name.ends_with("attn.proj.weight") || t.name.ends_with("mlp.proj.weight") {
+            // The same draws, each times 1/√(2·layers): std 0.02/√6.
+            assert!(
+                a.iter().zip(b).all(|(&x, &y)| ((x / 0.02) * (0.02 * factor) - y).abs() <= 1e-6 * x.abs()),
+                "{}",
+                t.name
+            );
+            scaled += 1;
+        } else {
+            assert_eq!(a, b, "{}", t.name);
+        }
+    }
+    assert_eq!(scaled, 2 * config.layers);
 }
 
 #[test]

@@ -26,6 +26,11 @@
 //                    GemmBf16Async<128, 128, ASYNC_BK, ASYNC_STAGES>::SHARED_FLOATS.
 //   matmul_bf16_wgmma  the same on Hopper's wgmma (gemm_tile_bf16_wgmma<WGMMA_STAGES>, sm_90a only: the
 //                    Transformer's bf16 tile there); GemmWgmma<WGMMA_STAGES>::SHARED_FLOATS.
+//   matmul_bf16_tma_{128x256,256x128,128x128}  the same by gemm_bf16_tma (fused/gemm_tma.cuh, sm_90a only):
+//                    TMA copies, a producer warp and two consumer warpgroups, persistent blocks of 384
+//                    threads over the tiles of the kernel's BM×BN (grid min(tiles, SMs)); A and B through
+//                    the tensor maps of `maps` (A's dims {K, M}, box {64, BM}; B's {N, K}, box {64, 64}),
+//                    N and K multiples of 8. GemmTma<BM, BN, TMA_STAGES_BMxBN>::SHARED_BYTES.
 //   gemm_bf16_{nn,nt,tn,tt}_{128,64}  gemm_tile_bf16<T, T, 32> on fp32 operands (A M×K, or K×M when the
 //                    first letter is t; B K×N, or N×K when the second is t), rounded as they are staged: forward
 //                    in·Wᵀ is nt, dx = dy·W nn, dW = dyᵀ·x tn. K is cut into `slices` row slices, slice s's
@@ -40,6 +45,7 @@
 #include "common.cuh"
 #include "gemm.cuh"
 #include "gemm_wgmma.cuh"
+#include "gemm_tma.cuh"
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 matmul_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
@@ -137,6 +143,20 @@ matmul_bf16_wgmma(const bf16* __restrict__ A, const bf16* __restrict__ B, float*
         gemm_tile_bf16_wgmma<WGMMA_STAGES, false, false>(M, N, K, blockIdx.y * 128, blockIdx.x * 128, A, K, B, N,
                                                          pair_store(C, N), smem);
 }
+
+constexpr int TMA_STAGES_128x256 = 4, TMA_STAGES_256x128 = 4, TMA_STAGES_128x128 = 6;
+
+// Launched only where the compile has wgmma (sm_90a); elsewhere it does nothing.
+#define MATMUL_BF16_TMA(BM, BN)                                                                               \
+    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)   \
+        matmul_bf16_tma_##BM##x##BN(const __grid_constant__ TmaOperands maps, float* __restrict__ C, int M,   \
+                                    int N, int K) {                                                           \
+        extern __shared__ __align__(16) char tma_smem[];                                                      \
+        gemm_bf16_tma<GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>>(maps, C, M, N, K, tma_smem);                   \
+    }
+MATMUL_BF16_TMA(128, 256)
+MATMUL_BF16_TMA(256, 128)
+MATMUL_BF16_TMA(128, 128)
 
 template <int TILE, bool A_TRANS, bool B_TRANS>
 __device__ __forceinline__ void gemm_bf16_sliced(const float* __restrict__ A, const float* __restrict__ B,

@@ -206,7 +206,18 @@ impl Gpu {
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
-        let shape = LaunchShape { blocks, threads: THREADS_PER_BLOCK, shared, programmatic };
+        self.launch_sized_with_struct(kernel, (blocks, THREADS_PER_BLOCK, shared, programmatic), table, args)
+    }
+
+    /// `launch_with_struct` with blocks of `threads` threads, for a kernel compiled for that block size.
+    pub fn launch_sized_with_struct(
+        &self,
+        kernel: &Kernel,
+        (blocks, threads, shared, programmatic): ((u32, u32), u32, u32, bool),
+        table: &StructArg,
+        args: &[Arg],
+    ) -> Result<()> {
+        let shape = LaunchShape { blocks, threads, shared, programmatic };
         launch_parameters(&self.stream, kernel, shape, Some(table), args)
     }
 }

@@ -10,10 +10,13 @@
 //! rows, 384 wide) in the layouts the layers read: gemm_tile_bf16 on fp32 operands (both tile sides),
 //! gemm_bf16_async_* (the layers' tile) on bf16 operands with the weight gradient's bias column read as
 //! ones, beside cuBLAS bf16 at the same M, N, K. Each bf16 row is checked against the CPU product of the
-//! bf16-rounded operands, within `bf16_tolerance`.
+//! bf16-rounded operands, within `bf16_tolerance`. On Hopper, matmul_bf16_tma_* (TMA, `wgmma`, persistent
+//! blocks) runs at each size and at each of the Transformer's products whose N and K it takes (row-major
+//! operands, as cuBLAS's row), as `TmaTile::choose` picks its tile and then with each tile forced, so one
+//! run shows whether the choice is right.
 
 use super::checks::{TOLERANCE, bf16_matrix, bf16_tolerance, random_matrix, rounded, sum_slices, transpose};
-use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel, LINEAR_TILE, Strided, linear_kernel};
+use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel, LINEAR_TILE, Strided, TmaTile, linear_kernel};
 use crate::device::Gpu;
 use crate::harness::check::rel_error;
 use crate::harness::timing::{median, time_on_device};
@@ -233,7 +236,8 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// matmul_bf16, matmul_bf16_async, matmul_bf16_wgmma (where it runs) and cuBLAS GemmEx at each of BF16_SIZES.
+/// matmul_bf16, matmul_bf16_async, matmul_bf16_wgmma and matmul_bf16_tma (where they run; the latter also
+/// with each tile forced) and cuBLAS GemmEx at each of BF16_SIZES.
 fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: usize) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for size in BF16_SIZES {
@@ -242,11 +246,12 @@ fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: us
         let want = Want { c: &product, shape: (m, n, k), tolerance };
         let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
         let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
-        for kernel in Bf16Kernel::ALL.into_iter().filter(|k| k.runs_on(gpu)) {
+        for kernel in Bf16Kernel::ALL.into_iter().filter(|kernel| kernel.runs_on(gpu) && kernel.takes(m, n, k)) {
             rows.push(measure(gpu, format!("{} {size}³", kernel.name()), &want, 1, repeats, |c| {
                 kernels.enqueue_bf16(kernel, &a_dev, &b_dev, c, m, n, k)
             })?);
         }
+        rows.extend(tma_tile_rows(gpu, kernels, &want, &a_dev, &b_dev, &format!("{size}³"), repeats)?);
         if let Some(blas) = blas {
             rows.push(measure(gpu, format!("{CUBLAS_BF16} {size}³"), &want, 1, repeats, |c| {
                 blas.enqueue_bf16(&a_dev, &b_dev, c, m, n, k)
@@ -256,8 +261,9 @@ fn bench_bf16(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: us
     Ok(rows)
 }
 
-/// gemm_tile_bf16 (both tile sides) and gemm_bf16_async_* at each of the Transformer's products, then cuBLAS
-/// GemmEx at its M, N, K (row-major, no transposes: the same work).
+/// gemm_tile_bf16 (both tile sides) and gemm_bf16_async_* at each of the Transformer's products, then
+/// matmul_bf16_tma_* (where it runs and takes the shape) and cuBLAS GemmEx at its M, N, K (row-major, no
+/// transposes: the same work).
 fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: usize) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (i, p) in layer_products().into_iter().enumerate() {
@@ -298,15 +304,50 @@ fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: 
                 kernels.enqueue_linear((&a_dev, a_layout), (&b_dev, b_layout), c, m, n, k, ones, s)
             })?);
         }
+        // Row-major bf16 operands, as cuBLAS's row reads them.
+        let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
+        let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
+        let tma = Bf16Kernel::Tma;
+        if tma.runs_on(gpu) && tma.takes(m, n, k) {
+            rows.push(measure(gpu, format!("{} {label}", tma.name()), &want, 1, repeats, |c| {
+                kernels.enqueue_bf16(tma, &a_dev, &b_dev, c, m, n, k)
+            })?);
+            rows.extend(tma_tile_rows(gpu, kernels, &want, &a_dev, &b_dev, &label, repeats)?);
+        }
         if let Some(blas) = blas {
-            let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
-            let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
             rows.push(measure(gpu, format!("{CUBLAS_BF16} {label}"), &want, 1, repeats, |c| {
                 blas.enqueue_bf16(&a_dev, &b_dev, c, m, n, k)
             })?);
         }
     }
     Ok(rows)
+}
+
+/// matmul_bf16_tma_* with each tile forced, on row-major bf16 operands (none where the GPU lacks `wgmma` or
+/// the shape is not one it takes); the tile `TmaTile::choose` picks marked.
+fn tma_tile_rows(
+    gpu: &Gpu,
+    kernels: &GpuMatmul,
+    want: &Want,
+    a: &CudaSlice<u16>,
+    b: &CudaSlice<u16>,
+    label: &str,
+    repeats: usize,
+) -> Result<Vec<Row>> {
+    let (m, n, k) = want.shape;
+    if !Bf16Kernel::Tma.runs_on(gpu) || !Bf16Kernel::Tma.takes(m, n, k) {
+        return Ok(Vec::new());
+    }
+    let chosen = TmaTile::choose(m, n, gpu.sm_count as usize);
+    TmaTile::ALL
+        .into_iter()
+        .map(|tile| {
+            let mark = if tile == chosen { " *" } else { "" };
+            measure(gpu, format!("{} {label}{mark}", tile.name()), want, 1, repeats, |c| {
+                kernels.enqueue_tma(Some(tile), a, b, c, m, n, k)
+            })
+        })
+        .collect()
 }
 
 /// The cuBLAS row of a bf16 row's problem (the same M, N, K), if there is one.

@@ -11,8 +11,13 @@
 //! with leading dimensions that are multiples of 8 (16-byte copies) and that are not (element by
 //! element), and a column of B read as ones. Its operands' padding and the ones column in memory hold
 //! NaN, so a read of either fails the check.
+//!
+//! On Hopper, matmul_bf16_tma_* (TMA and `wgmma`, persistent blocks) with each of its tiles forced, and as
+//! `TmaTile::choose` picks, on TMA_SHAPES: N and K multiples of 8 as it requires, none of the three a
+//! multiple of its tiles, and enough tiles that every block takes several (its barriers' phases carried
+//! from tile to tile).
 
-use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided, linear_kernel};
+use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided, TmaTile, linear_kernel};
 use crate::device::{Gpu, compile::ModuleRequest};
 use crate::harness::check::{Check, Group, Plan, rel_error};
 use crate::ops::cpu::SeededRng;
@@ -32,6 +37,11 @@ const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (33, 65, 17), (128, 128, 
 const BF16_SHAPES: [(usize, usize, usize); 2] = [(77, 131, 45), (515, 1031, 389)];
 /// The same with K and N multiples of 8: row-major operands in whole 16-byte segments (matmul_bf16_async).
 const BF16_ALIGNED_SHAPES: [(usize, usize, usize); 2] = [(77, 136, 40), (515, 1032, 392)];
+/// (M, N, K) of matmul_bf16_tma_*'s checks: one whole 128×256 tile in one chunk of 64 k; less than a tile
+/// and a chunk; partial tiles and K one 40 past a multiple of 64; 32 chunks (every stage reused many
+/// times); and 144 to 288 tiles, more than an H200's 132 SMs, K in four chunks, one of them partial.
+const TMA_SHAPES: [(usize, usize, usize); 5] =
+    [(128, 256, 64), (72, 40, 24), (300, 520, 1000), (256, 512, 2048), (2048, 2304, 200)];
 /// Row slices of the sliced check (gemm_tile_bf16 over K cut in slices, partials summed after).
 const SLICES: usize = 3;
 
@@ -211,7 +221,7 @@ fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &m
     }
     for kernel in Bf16Kernel::ALL.into_iter().filter(|k| k.runs_on(gpu)) {
         let aligned: &[_] = if kernel == Bf16Kernel::Tile { &[] } else { &BF16_ALIGNED_SHAPES };
-        for &(m, n, k) in BF16_SHAPES.iter().chain(aligned) {
+        for &(m, n, k) in BF16_SHAPES.iter().chain(aligned).filter(|&&(m, n, k)| kernel.takes(m, n, k)) {
             let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
             let (a16, b16) = (rounded(&a), rounded(&b));
             let want = super::reference(&a16, &b16, m, n, k)?;
@@ -225,6 +235,38 @@ fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &m
                 shape: shape(m, n, k),
                 rel_error: rel_error(&got, &want),
                 tolerance: bf16_tolerance(&a16, &b16, &want, k),
+            });
+        }
+    }
+    if Bf16Kernel::Tma.runs_on(gpu) {
+        tma_checks(gpu, kernels, rng, out)?;
+    }
+    Ok(())
+}
+
+/// matmul_bf16_tma_* on TMA_SHAPES, each tile forced and then as `TmaTile::choose` picks.
+fn tma_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
+    for (m, n, k) in TMA_SHAPES {
+        let (a, b) = (random_matrix(m * k, rng), random_matrix(k * n, rng));
+        let (a16, b16) = (rounded(&a), rounded(&b));
+        let want = super::reference(&a16, &b16, m, n, k)?;
+        let tolerance = bf16_tolerance(&a16, &b16, &want, k);
+        let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
+        let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
+        let chosen = TmaTile::choose(m, n, gpu.sm_count as usize);
+        for tile in TmaTile::ALL.map(Some).into_iter().chain([None]) {
+            let name = match tile {
+                Some(tile) => tile.name(),
+                None => format!("{} (picks {})", Bf16Kernel::Tma.name(), chosen.name()),
+            };
+            let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
+            kernels.enqueue_tma(tile, &a_dev, &b_dev, &mut c, m, n, k)?;
+            let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{name} failed"))?;
+            out.push(Check {
+                kernel: name,
+                shape: format!("{m}×{k} · {k}×{n}"),
+                rel_error: rel_error(&got, &want),
+                tolerance,
             });
         }
     }

@@ -1,6 +1,6 @@
 //! The launch layer of fused/matmul.cu (grids and shared memory as its header gives them) and of cuBLAS.
 
-use crate::device::{self, Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, quietly};
+use crate::device::{self, Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, launch::StructArg, quietly};
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::gemm::{G128, G128_STAGED_FLOATS, bf16_async_shared_floats, bf16_shared_floats, wgmma_shared_floats};
 use anyhow::{Context, Result, anyhow, bail};
@@ -63,6 +63,9 @@ pub enum Bf16Kernel {
     Async,
     /// `matmul_bf16_wgmma`: gemm_tile_bf16_wgmma, 128×128 tiles on Hopper's `wgmma` (sm_90a only).
     Wgmma,
+    /// `matmul_bf16_tma_*`: gemm_bf16_tma, TMA copies and `wgmma` in a producer/consumer pipeline over
+    /// persistent blocks, the tile picked per shape (`TmaTile::choose`; sm_90a only, N and K multiples of 8).
+    Tma,
 }
 
 /// The side of the bf16 kernels' square tiles, and matmul_bf16's k per chunk.
@@ -76,11 +79,19 @@ pub const WGMMA_STAGES: usize = 3;
 
 impl Bf16Kernel {
     /// All, in the order the bench lists them.
-    pub const ALL: [Bf16Kernel; 3] = [Bf16Kernel::Tile, Bf16Kernel::Async, Bf16Kernel::Wgmma];
+    pub const ALL: [Bf16Kernel; 4] = [Bf16Kernel::Tile, Bf16Kernel::Async, Bf16Kernel::Wgmma, Bf16Kernel::Tma];
+    /// Those of one 128×128 tile per block of 256 threads, launched alike.
+    const FIXED_TILE: [Bf16Kernel; 3] = [Bf16Kernel::Tile, Bf16Kernel::Async, Bf16Kernel::Wgmma];
 
-    /// Whether the kernel runs on `gpu` (`matmul_bf16_wgmma` needs `wgmma`).
+    /// Whether the kernel runs on `gpu` (`matmul_bf16_wgmma` and `matmul_bf16_tma_*` need `wgmma`).
     pub fn runs_on(self, gpu: &Gpu) -> bool {
-        self != Bf16Kernel::Wgmma || has_wgmma(gpu.compute_capability)
+        !matches!(self, Bf16Kernel::Wgmma | Bf16Kernel::Tma) || has_wgmma(gpu.compute_capability)
+    }
+
+    /// Whether the kernel takes an M×K · K×N product: any, but `matmul_bf16_tma_*` only N and K multiples
+    /// of 8 (its operands' rows whole 16-byte units, as TMA copies them).
+    pub fn takes(self, _m: usize, n: usize, k: usize) -> bool {
+        self != Bf16Kernel::Tma || (n.is_multiple_of(8) && k.is_multiple_of(8))
     }
 
     /// The kernel's function name in fused/matmul.cu.
@@ -89,19 +100,132 @@ impl Bf16Kernel {
             Bf16Kernel::Tile => "matmul_bf16",
             Bf16Kernel::Async => "matmul_bf16_async",
             Bf16Kernel::Wgmma => "matmul_bf16_wgmma",
+            Bf16Kernel::Tma => "matmul_bf16_tma",
         }
     }
 
-    /// Dynamic shared bytes: two chunk buffers, ASYNC_STAGES or WGMMA_STAGES.
+    /// Dynamic shared bytes: two chunk buffers, ASYNC_STAGES or WGMMA_STAGES (`matmul_bf16_tma_*`: its
+    /// tile's, `TmaTile::shared_bytes`).
     fn shared_bytes(self) -> usize {
         let side = BF16_TILE.0;
         let floats = match self {
             Bf16Kernel::Tile => bf16_shared_floats(side, side, BF16_TILE.1),
             Bf16Kernel::Async => bf16_async_shared_floats(side, side, ASYNC_BK, ASYNC_STAGES),
             Bf16Kernel::Wgmma => wgmma_shared_floats(WGMMA_STAGES),
+            Bf16Kernel::Tma => 0,
         };
         floats * std::mem::size_of::<f32>()
     }
+}
+
+/// The tiles (BM × BN) of `matmul_bf16_tma_*` (fused/gemm_tma.cuh), one kernel each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmaTile {
+    /// 128×256, each consumer warpgroup 64×256.
+    M128N256,
+    /// 256×128, each consumer warpgroup 128×128.
+    M256N128,
+    /// 128×128, each consumer warpgroup 64×128.
+    M128N128,
+}
+
+/// Threads of a `matmul_bf16_tma_*` block: a producer warpgroup and two consumers.
+pub const TMA_THREADS: u32 = 384;
+
+impl TmaTile {
+    /// All, in the order `choose` prefers them on a tie.
+    pub const ALL: [TmaTile; 3] = [TmaTile::M128N256, TmaTile::M256N128, TmaTile::M128N128];
+
+    /// BM, BN.
+    pub fn shape(self) -> (usize, usize) {
+        match self {
+            TmaTile::M128N256 => (128, 256),
+            TmaTile::M256N128 => (256, 128),
+            TmaTile::M128N128 => (128, 128),
+        }
+    }
+
+    /// Chunks of 64 k in flight (`TMA_STAGES_{BM}x{BN}` in fused/matmul.cu).
+    pub fn stages(self) -> usize {
+        match self {
+            TmaTile::M128N256 | TmaTile::M256N128 => 4,
+            TmaTile::M128N128 => 6,
+        }
+    }
+
+    /// The kernel's function name in fused/matmul.cu.
+    pub fn name(self) -> String {
+        let (bm, bn) = self.shape();
+        format!("matmul_bf16_tma_{bm}x{bn}")
+    }
+
+    /// Dynamic shared bytes (`GemmTma<BM, BN, STAGES>::SHARED_BYTES`): the stages of BM + BN rows of 64
+    /// bf16, 1 KB of alignment, two mbarriers a stage.
+    pub fn shared_bytes(self) -> usize {
+        let (bm, bn) = self.shape();
+        self.stages() * (bm + bn) * 64 * 2 + 1024 + 2 * self.stages() * 8
+    }
+
+    /// Tiles of an M×N product.
+    pub fn tiles(self, m: usize, n: usize) -> usize {
+        let (bm, bn) = self.shape();
+        m.div_ceil(bm) * n.div_ceil(bn)
+    }
+
+    /// The tile for an M×N product on `sms` SMs: the least modelled time, tiles in waves over the SMs (each
+    /// block runs ⌈tiles / SMs⌉ or fewer), a wave's time the tile's area, 128×128's divided by 0.8 for the
+    /// lower work per byte copied and the more frequent epilogues. The 0.8 is a first guess, to be set
+    /// from `bench matmul`'s rows of each tile.
+    pub fn choose(m: usize, n: usize, sms: usize) -> TmaTile {
+        let cost = |tile: TmaTile| {
+            let (bm, bn) = tile.shape();
+            let efficiency = if tile == TmaTile::M128N128 { 0.8 } else { 1.0 };
+            tile.tiles(m, n).div_ceil(sms.max(1)) as f64 * (bm * bn) as f64 / efficiency
+        };
+        // The first of the cheapest (min_by keeps the first of equals).
+        TmaTile::ALL.into_iter().min_by(|x, y| cost(*x).total_cmp(&cost(*y))).unwrap_or(TmaTile::M128N256)
+    }
+}
+
+/// The tensor map (CUtensorMap, 128 bytes) of a row-major bf16 matrix of `outer` rows of `inner` elements at
+/// device address `address`, copied in boxes of 64 elements × `box_rows` rows into 128-byte-swizzled shared
+/// memory; reads past either side are zero. `inner` must be a multiple of 8 (rows of whole 16 bytes).
+fn tensor_map(address: u64, (inner, outer): (usize, usize), box_rows: usize) -> Result<[u8; 128]> {
+    use cudarc::driver::sys;
+    let dims = [inner as u64, outer as u64];
+    let strides = [(inner * 2) as u64];
+    let boxes = [64u32, box_rows as u32];
+    let element_strides = [1u32, 1];
+    // SAFETY: CUtensorMap is 16 plain words, for which zero bytes are valid.
+    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    let status = quietly("encoding a TMA tensor map", || {
+        // SAFETY: every array holds the rank's entries (strides rank − 1), `map` is writable and aligned as
+        // the driver requires; encoding only writes `map` (the address is recorded, not read).
+        Ok(unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                address as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                element_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        })
+    })?;
+    if status != sys::CUresult::CUDA_SUCCESS {
+        bail!("cuTensorMapEncodeTiled refused a {outer}×{inner} bf16 matrix in boxes of 64×{box_rows}: {status:?}");
+    }
+    let mut bytes = [0u8; 128];
+    for (chunk, word) in bytes.chunks_mut(8).zip(map.opaque) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+    Ok(bytes)
 }
 
 /// gemm_tile_bf16 on fp32 operands in one layout, with square tiles of `side` (128 or 64) and k chunks of
@@ -177,6 +301,9 @@ pub struct GpuMatmul {
     tiles: Vec<(Bf16Tile, device::launch::Kernel)>,
     /// gemm_bf16_async_{nn, nt, tn, tt}.
     linear: Vec<device::launch::Kernel>,
+    /// matmul_bf16_tma_* by tile, where the GPU has `wgmma` (none elsewhere: their shared memory may
+    /// exceed the GPU's).
+    tma: Vec<(TmaTile, device::launch::Kernel)>,
 }
 
 impl GpuMatmul {
@@ -189,13 +316,20 @@ impl GpuMatmul {
             gpu.reserve_shared(&function, shared, "the tile")?;
             Ok(function)
         };
-        let bf16 = Bf16Kernel::ALL.iter().map(|k| function(k.name(), k.shared_bytes())).collect::<Result<_>>()?;
+        let bf16 =
+            Bf16Kernel::FIXED_TILE.iter().map(|k| function(k.name(), k.shared_bytes())).collect::<Result<_>>()?;
         let tiles = Bf16Tile::all().map(|t| Ok((t, function(&t.name(), t.shared_bytes())?))).collect::<Result<_>>()?;
         let linear = [(false, false), (false, true), (true, false), (true, true)]
             .into_iter()
             .map(|(a_trans, b_trans)| function(&linear_kernel(a_trans, b_trans), linear_shared_bytes()))
             .collect::<Result<_>>()?;
-        Ok(GpuMatmul { gpu, functions, bf16, tiles, linear })
+        let tma = match has_wgmma(gpu.compute_capability) {
+            true => {
+                TmaTile::ALL.iter().map(|&t| Ok((t, function(&t.name(), t.shared_bytes())?))).collect::<Result<_>>()?
+            }
+            false => Vec::new(),
+        };
+        Ok(GpuMatmul { gpu, functions, bf16, tiles, linear, tma })
     }
 
     /// Queues C = A·B of bf16 operands (row-major A M×K, B K×N, fp32 C M×N) by `kernel`.
@@ -210,6 +344,9 @@ impl GpuMatmul {
         n: usize,
         k: usize,
     ) -> Result<()> {
+        if kernel == Bf16Kernel::Tma {
+            return self.enqueue_tma(None, a, b, c, m, n, k);
+        }
         check_shape(a.len(), b.len(), c.len(), m, n, k)?;
         let side = BF16_TILE.0;
         let args = [
@@ -221,6 +358,48 @@ impl GpuMatmul {
             Arg::i32(k as i32),
         ];
         self.launch(&self.bf16[kernel as usize], (n.div_ceil(side), m.div_ceil(side)), kernel.shared_bytes(), &args)
+    }
+
+    /// Queues C = A·B of bf16 operands (row-major A M×K, B K×N, fp32 C M×N) by `matmul_bf16_tma_*` with
+    /// `tile`, or the one `TmaTile::choose` picks: min(tiles, SMs) persistent blocks, A and B passed as
+    /// tensor maps. N and K must be multiples of 8, and the GPU must have `wgmma`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue_tma(
+        &self,
+        tile: Option<TmaTile>,
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        check_shape(a.len(), b.len(), c.len(), m, n, k)?;
+        if !Bf16Kernel::Tma.takes(m, n, k) {
+            bail!(
+                "matmul_bf16_tma needs N and K multiples of 8 (TMA copies rows of whole 16 bytes), not {m}×{k}·{k}×{n}"
+            );
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let tile = tile.unwrap_or_else(|| TmaTile::choose(m, n, self.gpu.sm_count as usize));
+        let Some((_, function)) = self.tma.iter().find(|(t, _)| *t == tile) else {
+            bail!("{} needs a GPU with wgmma (sm_90a), not {}", tile.name(), self.gpu.describe());
+        };
+        if k == 0 {
+            // A tensor map has no empty side: the product of nothing is zero.
+            return self.gpu.stream.memset_zeros(c).context("clearing C");
+        }
+        let (bm, _) = tile.shape();
+        let (a_address, _a_read) = a.device_ptr(&self.gpu.stream);
+        let (b_address, _b_read) = b.device_ptr(&self.gpu.stream);
+        let mut maps = tensor_map(a_address, (k, m), bm)?.to_vec();
+        maps.extend(tensor_map(b_address, (n, k), 64)?);
+        let blocks = tile.tiles(m, n).min(self.gpu.sm_count.max(1) as usize) as u32;
+        let args = [Arg::buf(&self.gpu, c), Arg::i32(m as i32), Arg::i32(n as i32), Arg::i32(k as i32)];
+        let shape = ((blocks, 1), TMA_THREADS, tile.shared_bytes() as u32, false);
+        self.gpu.launch_sized_with_struct(function, shape, &StructArg::new(&maps), &args)
     }
 
     /// Queues gemm_tile_bf16 by `tile` on fp32 operands (A M×K or K×M, B K×N or N×K, as `tile` says) with K
@@ -501,6 +680,45 @@ mod tests {
         assert_eq!(kernel, [ASYNC_STAGES as i64, ASYNC_BK as i64, WGMMA_STAGES as i64]);
         let kernel = kernel_constants("matmul", &[], &["LINEAR_TILE", "LINEAR_BK", "LINEAR_STAGES"]).unwrap();
         assert_eq!(kernel, [LINEAR_TILE.0 as i64, LINEAR_TILE.1 as i64, LINEAR_TILE.2 as i64]);
+    }
+
+    #[test]
+    fn tma_sizes_match_the_kernel_file() {
+        let expressions: Vec<String> = TmaTile::ALL
+            .iter()
+            .flat_map(|t| {
+                let (bm, bn) = t.shape();
+                [
+                    format!("TMA_STAGES_{bm}x{bn}"),
+                    format!("GemmTma<{bm}, {bn}, TMA_STAGES_{bm}x{bn}>::SHARED_BYTES"),
+                    format!("GemmTma<{bm}, {bn}, TMA_STAGES_{bm}x{bn}>::BLOCK_THREADS"),
+                ]
+            })
+            .collect();
+        let expressions: Vec<&str> = expressions.iter().map(String::as_str).collect();
+        let kernel = kernel_constants("matmul", &[], &expressions).unwrap();
+        let host: Vec<i64> = TmaTile::ALL
+            .iter()
+            .flat_map(|t| [t.stages() as i64, t.shared_bytes() as i64, TMA_THREADS as i64])
+            .collect();
+        assert_eq!(kernel, host);
+        assert!(kernel_constants("matmul", &[], &["sizeof(TmaOperands)"]).unwrap() == [256]);
+    }
+
+    #[test]
+    fn tma_tiles_fit_the_problem() {
+        // 4096³ on an H200's 132 SMs: 512 tiles of 128×256 (four waves) over 1024 of 128×128 (eight).
+        assert_eq!(TmaTile::choose(4096, 4096, 132), TmaTile::M128N256);
+        // 1024²: 32 large tiles leave 100 SMs idle; 64 of 128×128 take half the time.
+        assert_eq!(TmaTile::choose(1024, 1024, 132), TmaTile::M128N128);
+        // One tile either way: the smallest.
+        assert_eq!(TmaTile::choose(64, 64, 132), TmaTile::M128N128);
+        for tile in TmaTile::ALL {
+            // Every tile's shared memory fits an H100/H200 (227 KB opt-in).
+            assert!(tile.shared_bytes() <= 227 * 1024, "{tile:?}");
+        }
+        assert!(Bf16Kernel::Tma.takes(77, 136, 40) && !Bf16Kernel::Tma.takes(77, 131, 40));
+        assert!(!Bf16Kernel::Tma.takes(64, 64, 45) && Bf16Kernel::Async.takes(1, 1, 1));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! `textnet bench matmul`: one fp32 product C = A·B (row-major A M×K, B K×N, C M×N) by a naive kernel, the
 //! tiled kernels of fused/gemm.cuh that the pipelines' dense layers run (gemm_128 and a 64×64 gemm_tile,
 //! wrapped in fused/matmul.cu), and cuBLAS, each checked against the CPU reference `reference`; and the
-//! bf16 tensor-core products (gemm_tile_bf16, gemm_tile_bf16_async) beside cuBLAS bf16, checked against
-//! `reference` on the bf16-rounded operands. The launch layer is `gpu`, the bench `bench`, the selftest
-//! checks `checks`.
+//! bf16 tensor-core products (gemm_tile_bf16, gemm_tile_bf16_async, and on Hopper gemm_tile_bf16_wgmma and
+//! gemm_bf16_tma) beside cuBLAS bf16, checked against `reference` on the bf16-rounded operands. The launch
+//! layer is `gpu`, the bench `bench`, the selftest checks `checks`.
 
 pub mod bench;
 pub mod checks;
@@ -41,7 +41,7 @@ pub const PIPELINE: crate::pipeline::Pipeline = crate::pipeline::Pipeline {
     modules: checks::modules,
     benches: &[crate::pipeline::Bench {
         name: "matmul",
-        about: "matrix products: 1024³ fp32 (naive, tiled, cuBLAS), bf16 tensor cores (gemm_tile_bf16, gemm_tile_bf16_async, cuBLAS) at 1024³, 4096³ and the Transformer's shapes",
+        about: "matrix products: 1024³ fp32 (naive, tiled, cuBLAS), bf16 tensor cores (gemm_tile_bf16, gemm_tile_bf16_async, wgmma and TMA on Hopper, cuBLAS) at 1024³, 4096³ and the Transformer's shapes",
         args: |command| command,
         run: |gpu, options, _| bench::bench(gpu, options.repeats, options.json),
     }],

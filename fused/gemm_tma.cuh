@@ -1,0 +1,283 @@
+// The bf16 product of Hopper (sm_90a) at the library's level: C = A·B, A M×K and B K×N row-major bf16, C M×N
+// row-major fp32 (fp32 sums), by TMA copies into 128-byte-swizzled shared memory, `wgmma` from there, a
+// producer warp and two consumer warpgroups handing stages to each other through mbarriers, and
+// persistent blocks that walk the tiles.
+//
+//   block    384 threads, one per SM (gridDim.x = min(tiles, SMs)): warpgroup 0 the producer, 1 and 2
+//            the consumers. The producer gives its registers up (setmaxnreg.dec to 40) and one thread
+//            of it issues every copy; the consumers take them (setmaxnreg.inc to 232) for their
+//            accumulators. Consumer c owns rows [c·BM/2, (c + 1)·BM/2) of the tile: per 16 k, BM/128
+//            `wgmma`s m64nBNk16 (one per 64 rows), BM/2·BN/128 fp32 accumulators a thread.
+//   stages   STAGES buffers of 64 k: A's BM rows × 64 k (one TMA box {64 k, BM rows}) then B's 64 k × BN
+//            (BN/64 boxes {64 n, 64 k}, each 8 KB). A box's inner side is 64 bf16 = 128 bytes, the
+//            128-byte swizzle's row: row r of a box lies at r·128 bytes, its 16-byte segment s at slot
+//            s ⊕ (r mod 8), which is the layout wgmma_chunk_offset describes (A K-contiguous, B not) and
+//            wgmma_descriptor addresses, as for gemm_tile_bf16_wgmma. Every buffer starts on a 1024-byte
+//            boundary, the swizzle's period.
+//   barriers full[s]: one arrival (the producer's arrive.expect_tx of the stage's bytes) plus the
+//            copies' bytes; a consumer waits on it for parity `phase`. empty[s]: one arrival per consumer
+//            warpgroup, made when the `wgmma`s that read the stage are complete (wgmma.wait_group); the
+//            producer waits on it for parity phase ⊕ 1 before refilling the stage, which a fresh
+//            barrier passes at once (its phase of parity 1 counts as complete), so the first round
+//            fills every stage without waiting. Both sides flip `phase` each time their stage index
+//            wraps. A copy that reaches past M, N or K is zero-filled by the TMA unit, and still counts
+//            its whole box in the transaction bytes, so expect_tx is the same for every stage.
+//   mainloop a consumer keeps one chunk's `wgmma`s in flight behind the next (commit, then wait_group 1)
+//            and releases a stage as soon as its `wgmma`s are complete, so the tensor cores never wait
+//            for a release or the producer for more than the oldest stage.
+//   tiles    tile t → (m, n) in groups of GROUP_M tile rows: consecutive tiles walk down a group's rows
+//            first, so the blocks running at once share B's columns and A's rows in L2.
+//   store    from the accumulators straight to C (fp32 pairs, m < M and n < N only), while the producer
+//            already loads the next tile's stages.
+//   shapes   N and K multiples of 8 (TMA needs 16-byte row strides), any M; the launch layer refuses the
+//            rest. K past a multiple of 64, and M, N past a multiple of the tile, read zeros.
+//
+// Tile shapes (template BM × BN, STAGES; the launch layer picks per problem, src/matmul/gpu.rs `TmaTile`):
+//   128×256, 4 stages (48 KB each): each consumer 64×256, one m64n256k16 per 16 k. The most work per byte
+//            loaded (A 16 KB and B 32 KB per 64 k feed 128·256 products); the default when it leaves no
+//            SM idle for long (tiles ≥ SMs).
+//   256×128, 4 stages: each consumer 128×128 (two m64n128k16): as much work per byte, for N = 384 (three
+//            whole 128 columns where 256 wastes a third).
+//   128×128, 6 stages (32 KB each): for products too small to give every SM a large tile.
+//   The choice by problem shape is a first model (waves of tiles over the SMs, a tile's cost ∝ its
+//   area, 128×128 at a lower efficiency); `textnet bench matmul` times each shape at each size to set it.
+//
+// why: gemm_tile_bf16_wgmma feeds `wgmma` with every thread's cp.async and block barriers, and reached
+// 0.42 of cuBLAS at 4096³. Here copies cost one thread a box, no thread waits for a copy it does not
+// need, and a block never stops between tiles: cuBLAS's own design on Hopper.
+//
+// sm_90a only (HAS_WGMMA): elsewhere the kernels compile to nothing and are never launched. Dynamic shared
+// memory: GemmTma<BM, BN, STAGES>::SHARED_BYTES.
+#pragma once
+#include "gemm_wgmma.cuh"
+
+// CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled), passed by value in the kernel's
+// parameters: the TMA unit reads it from there (a __grid_constant__ parameter has an address).
+struct alignas(64) TmaTensorMap {
+    unsigned long long opaque[16];
+};
+// A's map (dims {K, M}, box {64, BM}) then B's (dims {N, K}, box {64, 64}).
+struct TmaOperands {
+    TmaTensorMap a, b;
+};
+static_assert(sizeof(TmaOperands) == 256, "two 128-byte tensor maps");
+
+template <int BM_, int BN_, int STAGES_>
+struct GemmTma {
+    static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
+    static constexpr int CONSUMER_ROWS = BM / 2, M_WGMMAS = CONSUMER_ROWS / 64, ACCUMULATORS = BN / 2;
+    static_assert(CONSUMER_ROWS % 64 == 0 && (BN == 128 || BN == 256) && BM <= 256, "wgmma m64n{128,256}, TMA box ≤ 256");
+    static constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK, B_BOX = 64 * BK;  // bf16 elements
+    static constexpr int STAGE_BYTES = (A_STAGE + B_STAGE) * 2;
+    static constexpr int BLOCK_THREADS = 384;
+    static constexpr int GROUP_M = 16;
+    // The stages, 1 KB to align them to the swizzle's period, and the 2·STAGES mbarriers.
+    static constexpr int SHARED_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+
+// Blocks until the phase of parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(shared_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(shared_address(bar))
+                 : "memory");
+}
+
+// This thread's arrival, and `bytes` more to come from copies that signal `bar`.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
+                     shared_address(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// The box of `map` at coordinates (inner, outer) into `dst`, completing its bytes on `bar`.
+__device__ __forceinline__ void tma_load_2d(bf16* dst, const TmaTensorMap* map, int inner, int outer,
+                                            unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            shared_address(dst)),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(inner), "r"(outer), "r"(shared_address(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const TmaTensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
+template <int REGISTERS>
+__device__ __forceinline__ void registers_down() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGISTERS));
+}
+template <int REGISTERS>
+__device__ __forceinline__ void registers_up() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGISTERS));
+}
+
+// d += A·B over 16 k, d a warpgroup's 64×256 fp32 accumulators (fragment order as wgmma_m64n128k16's), A
+// K-contiguous, B not (its rows of n contiguous: the transpose flag).
+__device__ __forceinline__ void wgmma_m64n256k16_kn(float (&d)[128], unsigned long long desc_a,
+                                                    unsigned long long desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate));
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_tma(float (&d)[BN / 2], unsigned long long desc_a, unsigned long long desc_b,
+                                          bool accumulate) {
+    if constexpr (BN == 256)
+        wgmma_m64n256k16_kn(d, desc_a, desc_b, accumulate);
+    else
+        wgmma_m64n128k16<true, false>(d, desc_a, desc_b, accumulate);
+}
+
+// Tile t's first row and column: GROUP_M tile rows at a time, down the rows of a group first.
+template <class G>
+__device__ __forceinline__ void tma_tile_origin(int t, int m_tiles, int n_tiles, int& m0, int& n0) {
+    const int group_tiles = G::GROUP_M * n_tiles, first = t / group_tiles * G::GROUP_M;
+    const int rows = min(m_tiles - first, G::GROUP_M), within = t % group_tiles;
+    m0 = (first + within % rows) * G::BM;
+    n0 = within / rows * G::BN;
+}
+#endif
+
+// C = A·B as the header says, by the block's share of the tiles. smem: the dynamic shared memory.
+template <class G>
+__device__ __forceinline__ void gemm_bf16_tma(const TmaOperands& maps, float* __restrict__ C, int M, int N, int K,
+                                              char* smem) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    bf16* stages = reinterpret_cast<bf16*>(smem + (1024 - shared_address(smem) % 1024) % 1024);
+    auto* full = reinterpret_cast<unsigned long long*>(stages + G::STAGES * (G::A_STAGE + G::B_STAGE));
+    unsigned long long* empty = full + G::STAGES;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < G::STAGES; ++s) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], 2);
+        }
+        // The barriers' initialisation, visible to the TMA unit (the async proxy) before any copy.
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        fence_proxy_async();
+    }
+    __syncthreads();
+
+    const int m_tiles = ceil_div(M, G::BM), n_tiles = ceil_div(N, G::BN), tiles = m_tiles * n_tiles;
+    const int chunks = ceil_div(K, G::BK);
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+        registers_down<40>();
+        if (threadIdx.x != 0) return;
+        tma_prefetch_map(&maps.a);
+        tma_prefetch_map(&maps.b);
+        int stage = 0;
+        unsigned phase = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int m0, n0;
+            tma_tile_origin<G>(t, m_tiles, n_tiles, m0, n0);
+            for (int c = 0; c < chunks; ++c) {
+                mbarrier_wait(&empty[stage], phase ^ 1);
+                mbarrier_arrive_expect_tx(&full[stage], G::STAGE_BYTES);
+                bf16* a = stages + stage * (G::A_STAGE + G::B_STAGE);
+                tma_load_2d(a, &maps.a, c * G::BK, m0, &full[stage]);
+#pragma unroll
+                for (int j = 0; j < G::BN / 64; ++j)
+                    tma_load_2d(a + G::A_STAGE + j * G::B_BOX, &maps.b, n0 + 64 * j, c * G::BK, &full[stage]);
+                if (++stage == G::STAGES) stage = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    registers_up<232>();
+    const int rows = (warpgroup - 1) * G::CONSUMER_ROWS;  // the consumer's first row in the tile
+    const bool signals = threadIdx.x % 128 == 0;          // the warpgroup's arrival on `empty`
+    float d[G::M_WGMMAS][G::ACCUMULATORS];
+    int stage = 0;
+    unsigned phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        tma_tile_origin<G>(t, m_tiles, n_tiles, m0, n0);
+#pragma unroll
+        for (int i = 0; i < G::M_WGMMAS; ++i)
+#pragma unroll
+            for (int j = 0; j < G::ACCUMULATORS; ++j) d[i][j] = 0.0f;
+        int previous = 0;
+        for (int c = 0; c < chunks; ++c) {
+            mbarrier_wait(&full[stage], phase);
+            const bf16* a = stages + stage * (G::A_STAGE + G::B_STAGE);
+            const bf16* b = a + G::A_STAGE;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < G::BK; ks += 16)
+#pragma unroll
+                for (int i = 0; i < G::M_WGMMAS; ++i)
+                    wgmma_tma<G::BN>(d[i], wgmma_descriptor<true>(a + wgmma_chunk_offset<true>(rows + 64 * i, ks)),
+                                     wgmma_descriptor<false>(b + wgmma_chunk_offset<false>(0, ks)), true);
+            wgmma_commit();
+            // Chunk c − 1's wgmmas are complete: its stage goes back to the producer.
+            wgmma_wait<1>();
+            if (c > 0 && signals) mbarrier_arrive(&empty[previous]);
+            previous = stage;
+            if (++stage == G::STAGES) stage = 0, phase ^= 1;
+        }
+        wgmma_wait<0>();
+        if (chunks > 0 && signals) mbarrier_arrive(&empty[previous]);
+
+        const int lane = threadIdx.x % 32, row = m0 + rows + threadIdx.x / 32 % 4 * 16 + lane / 4;
+        const int column = n0 + 2 * (lane % 4);
+#pragma unroll
+        for (int i = 0; i < G::M_WGMMAS; ++i)
+#pragma unroll
+            for (int j = 0; j < G::ACCUMULATORS / 4; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = row + 64 * i + 8 * half, n = column + 8 * j;
+                    if (m < M && n < N)
+                        *reinterpret_cast<float2*>(C + (size_t)m * N + n) =
+                            make_float2(d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
+                }
+    }
+#endif
+}

@@ -70,8 +70,8 @@ pub struct TransformerArgs {
     /// on both residual branches (nanoGPT's places); never in evaluation or generation
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
     pub dropout: f32,
-    /// How the initial parameters are drawn: Normal(0, 0.02) for every weight matrix and embedding, or
-    /// GPT-2's, the same with each block's two residual projections at 0.02/√(2·layers)
+    /// How the initial parameters are drawn: GPT-2's (Normal(0, 0.02) for every weight matrix and
+    /// embedding, each block's two residual projections at 0.02/√(2·layers)), or Normal(0, 0.02) for all
     #[arg(long, value_enum, default_value_t)]
     pub init: model::Init,
     /// Largest vocabulary, the unknown character included (rarer characters read as unknown)

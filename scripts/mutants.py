@@ -219,6 +219,9 @@ MUTATIONS = [
     ("whole epoch: backward without the activation's slope (fit)", "fit.cu",
      "                if (S.act != ACT_NONE) d *= fit_slope(S.act, z[q][v]);\n",
      "", "fit"),
+    ("nn: the fused loss walks its logits 16 columns at a time with the 8-wide tile", "nn.cu",
+     "gemm_tile<L::BM, L::BN, L::BK, L::TM, L::TN, false, true>(",
+     "gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(", "nn"),
 ]
 
 

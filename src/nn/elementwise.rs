@@ -64,10 +64,10 @@ impl Binary {
 fn binary<F: Real>(op: Binary, a: &Tensor<F>, b: &Tensor<F>) -> Result<Tensor<F>> {
     let shape = broadcast_shape(a.shape(), b.shape())
         .ok_or_else(|| Error::shapes(op.name(), a.shape(), b.shape(), "do not broadcast"))?;
-    let (strides_a, strides_b) = (broadcast_strides(a.shape(), &shape), broadcast_strides(b.shape(), &shape));
     if let Place::Device(gpu) = cuda::place_of(op.name(), &[a, b])? {
-        return device::binary(&gpu, op.name(), op.code(), (a, b), shape, [strides_a, strides_b]);
+        return device::binary(&gpu, op.name(), op.code(), (a, b), shape);
     }
+    let (strides_a, strides_b) = (broadcast_strides(a.shape(), &shape), broadcast_strides(b.shape(), &shape));
     let (values_a, values_b) = (a.storage(), b.storage());
     let mut out = vec![F::zero(); shape.iter().product()];
     let (x, y) = (values_a.host(), values_b.host());

@@ -114,6 +114,12 @@ impl StructArg {
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
     }
+
+    /// Its bytes, as the driver reads them.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        self.words.iter().flat_map(|w| w.to_le_bytes()).take(self.bytes).collect()
+    }
 }
 
 /// One kernel argument: a device buffer's address or a 32-bit scalar (i32, u32 or f32 bits).
@@ -195,6 +201,18 @@ impl Gpu {
     ) -> Result<()> {
         let shape = LaunchShape { blocks, threads, shared, programmatic };
         launch_parameters(stream, kernel, shape, None, args)
+    }
+
+    /// `launch_sized` of a kernel whose one parameter is the struct `args`, passed by value (a
+    /// `KernelStruct`'s `StructArg::of`).
+    pub fn launch_struct(
+        &self,
+        kernel: &Kernel,
+        (blocks, threads, shared, programmatic): ((u32, u32), u32, u32, bool),
+        args: &StructArg,
+    ) -> Result<()> {
+        let shape = LaunchShape { blocks, threads, shared, programmatic };
+        launch_parameters(&self.stream, kernel, shape, Some(args), &[])
     }
 
     /// `launch` of a kernel whose first parameter is the struct `table`, passed by value, and `args` the
@@ -294,7 +312,34 @@ fn programmatic_launch_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_NO_PDL").is_none_or(|v| v.is_empty() || v == "0"))
 }
 
+super::kernel_struct::kernel_struct! {
+    /// The optimizer's settings as a kernel takes them (`OptimSettings` in fused/optim.cuh); not the rate,
+    /// which a schedule changes every step.
+    pub struct OptimSettings {
+        kind: i32,
+        momentum: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        clip_norm: f32,
+    }
+}
+
 impl OptimConfig {
+    /// The settings every fused update kernel takes in its `OptimSettings`.
+    pub fn kernel_settings(&self) -> OptimSettings {
+        OptimSettings {
+            kind: self.kind.kernel_code(),
+            momentum: self.momentum,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            clip_norm: self.clip_norm,
+        }
+    }
+
     /// The kernel arguments `kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm`, in the
     /// order every fused update kernel takes them (a kernel without clipping takes the first seven).
     pub fn kernel_args(&self) -> [Arg; 8] {
@@ -332,6 +377,12 @@ mod tests {
         assert!(err.starts_with("internal: argument 2 of k is 4 bytes, given 8"), "{err}");
         let err = check_parameters("k", &sizes, Some(3592), &[Arg::Ptr(0)]).unwrap_err().to_string();
         assert_eq!(err, "internal: k takes 3 arguments, given 2");
+    }
+
+    #[test]
+    fn the_optimizer_settings_are_optim_cuhs() {
+        // Every kernel file that includes optim.cuh declares them alike; mnist_cnn.cu is one.
+        crate::device::kernel_struct::assert_kernel_layout::<OptimSettings>("mnist_cnn", &[]);
     }
 
     #[test]

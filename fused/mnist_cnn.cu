@@ -258,9 +258,11 @@ extern "C" __global__ void __launch_bounds__(IMAGE_THREADS) cnn_evaluate(const C
 // Dynamic shared memory: dh [FC], df [FLAT], dz2 [Z2], w2 [C2*C1*9], the saved f and p1 of the image.
 constexpr int BACKWARD_SHARED_FLOATS = FC + FLAT + Z2 + C2 * C1 * 9 + FLAT + P1;
 
-// Grid B: the activation gradients of image b: dh [B][FC], dz2 [B][Z2], dz1 [B][C1·S1·S1].
-__device__ __forceinline__ void backward_image(const float* __restrict__ params, const float* __restrict__ p1_saved,
-                                               const unsigned char* __restrict__ arg1, const float* __restrict__ f_saved,
+// The activation gradients of image b = blockIdx.x: dh [B][FC], dz2 [B][Z2], dz1 [B][C1·S1·S1].
+__device__ __forceinline__ void backward_image(const float* __restrict__ params,
+                                               const float* __restrict__ p1_saved,
+                                               const unsigned char* __restrict__ arg1,
+                                               const float* __restrict__ f_saved,
                                                const unsigned char* __restrict__ arg2, const float* __restrict__ h,
                                                const float* __restrict__ dlogits, float* __restrict__ dh_out,
                                                float* __restrict__ dz2_out, float* __restrict__ dz1_out) {
@@ -323,6 +325,7 @@ __device__ __forceinline__ void backward_image(const float* __restrict__ params,
     }
 }
 
+// Grid B: image b's activation gradients.
 extern "C" __global__ void __launch_bounds__(IMAGE_THREADS) cnn_backward(const CnnArgs a) {
     backward_image(a.params, a.p1, a.arg1, a.f, a.arg2, a.h, a.dlogits, a.dh, a.dz2, a.dz1);
 }

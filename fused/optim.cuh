@@ -24,9 +24,9 @@ struct OptimStep {
     float bias1, bias2;  // 1 − β1ᵗ, 1 − β2ᵗ
 };
 
-// The optimizer's settings as a kernel takes them, a field of its argument struct (mirrored by
-// `OptimSettings` in src/device/launch.rs). Not the rate: a schedule changes it every step, so a kernel
-// reads it from a buffer or takes it beside these.
+// The optimizer's settings as a kernel takes them, a struct passed by value (mirrored by `OptimSettings`
+// in src/device/kernel_struct.rs). Not the rate: a schedule changes it every step, so a kernel reads it
+// from a buffer or takes it beside these.
 struct OptimSettings {
     int kind;  // OPTIM_*
     float momentum;

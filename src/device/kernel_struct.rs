@@ -1,12 +1,20 @@
 //! Typed kernel arguments: the struct a kernel family takes by value, declared once in its kernel file and
 //! mirrored here by a `#[repr(C)]` Rust struct of the same name (`kernel_struct!`), whose bytes
 //! `StructArg::of` writes field by field at the Rust struct's own offsets and `Gpu::launch_struct` passes
-//! as the kernel's one parameter. A test per struct reads each field's offset, size and C type back from
-//! the compiled kernel file (`layout_in_kernel`), so a field moved, retyped or missing on either side fails
-//! a test instead of a training run.
+//! as the kernel's one parameter (`launch_with_struct`: its first, before positional ones). A test per
+//! struct reads each field's offset, size and C type back from the compiled kernel file
+//! (`layout_in_kernel`), so a field moved, retyped or missing on either side fails a test instead of a
+//! training run.
+//!
+//! A struct's pointer fields carry no `__restrict__`: NVRTC gives the non-coherent read-only loads
+//! (`ld.global.nc`) only to restrict-qualified pointers that are kernel parameters themselves, not to
+//! pointers read from a struct, not even through an inlined function of restrict parameters in a kernel
+//! with atomics. So a kernel whose speed rests on those loads keeps its buffers as parameters and takes
+//! only its settings as a struct (`cnn_update`, `text_batch_optimize`); compare the PTX before moving one.
 
 use super::Gpu;
 use super::launch::{Arg, StructArg};
+use crate::ops::optim::OptimConfig;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use std::marker::PhantomData;
 
@@ -177,6 +185,35 @@ impl StructArg {
     }
 }
 
+kernel_struct! {
+    /// The optimizer's settings as a kernel takes them (`OptimSettings` in fused/optim.cuh); not the rate,
+    /// which a schedule changes every step.
+    pub struct OptimSettings {
+        kind: i32,
+        momentum: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        clip_norm: f32,
+    }
+}
+
+impl OptimConfig {
+    /// The settings an update kernel that takes `OptimSettings` gets (cnn_update, text_batch_optimize).
+    pub fn kernel_settings(&self) -> OptimSettings {
+        OptimSettings {
+            kind: self.kind.kernel_code(),
+            momentum: self.momentum,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            clip_norm: self.clip_norm,
+        }
+    }
+}
+
 /// The C side of `FieldType::Code`: a field's type as a constant the PTX shows.
 const C_TYPE_PROBE: &str = "
 template <class T> struct textnet_kind { static constexpr int v = 0; };
@@ -262,6 +299,12 @@ mod tests {
             kind: u32,
             scale: f32,
         }
+    }
+
+    #[test]
+    fn the_optimizer_settings_are_optim_cuhs() {
+        // Every kernel file that includes optim.cuh declares them alike; mnist_cnn.cu is one.
+        assert_kernel_layout::<OptimSettings>("mnist_cnn", &[]);
     }
 
     #[test]

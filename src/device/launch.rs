@@ -312,36 +312,9 @@ fn programmatic_launch_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_NO_PDL").is_none_or(|v| v.is_empty() || v == "0"))
 }
 
-super::kernel_struct::kernel_struct! {
-    /// The optimizer's settings as a kernel takes them (`OptimSettings` in fused/optim.cuh); not the rate,
-    /// which a schedule changes every step.
-    pub struct OptimSettings {
-        kind: i32,
-        momentum: f32,
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
-        weight_decay: f32,
-        clip_norm: f32,
-    }
-}
-
 impl OptimConfig {
-    /// The settings every fused update kernel takes in its `OptimSettings`.
-    pub fn kernel_settings(&self) -> OptimSettings {
-        OptimSettings {
-            kind: self.kind.kernel_code(),
-            momentum: self.momentum,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            clip_norm: self.clip_norm,
-        }
-    }
-
     /// The kernel arguments `kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm`, in the
-    /// order every fused update kernel takes them (a kernel without clipping takes the first seven).
+    /// order fused/fit.cu's update kernels take them (the kernels that take `OptimSettings` do not).
     pub fn kernel_args(&self) -> [Arg; 8] {
         [
             Arg::i32(self.kind.kernel_code()),
@@ -377,12 +350,6 @@ mod tests {
         assert!(err.starts_with("internal: argument 2 of k is 4 bytes, given 8"), "{err}");
         let err = check_parameters("k", &sizes, Some(3592), &[Arg::Ptr(0)]).unwrap_err().to_string();
         assert_eq!(err, "internal: k takes 3 arguments, given 2");
-    }
-
-    #[test]
-    fn the_optimizer_settings_are_optim_cuhs() {
-        // Every kernel file that includes optim.cuh declares them alike; mnist_cnn.cu is one.
-        crate::device::kernel_struct::assert_kernel_layout::<OptimSettings>("mnist_cnn", &[]);
     }
 
     #[test]

@@ -200,35 +200,72 @@ __device__ void forward_image(const float* __restrict__ params, const float* __r
     }
 }
 
-extern "C" __global__ void __launch_bounds__(IMAGE_THREADS)
-cnn_forward(const float* __restrict__ params, const float* __restrict__ images, const unsigned char* __restrict__ labels,
-            const unsigned* __restrict__ order, int offset, int B, float* p1, unsigned char* arg1, float* f,
-            unsigned char* arg2, float* h, float* dlogits, float* loss) {
+// The arguments of cnn_forward, cnn_evaluate and cnn_backward, one struct passed by value (mirrored by
+// `CnnArgs` in src/mnist/cnn_gpu.rs).
+struct CnnArgs {
+    const float* params;
+    const float* images;  // a split: the training split for a step, the test split for cnn_evaluate
+    const unsigned char* labels;
+    const unsigned* order;  // a step's images are order[offset + b], b < batch
+    int offset;             // cnn_evaluate: its first image, in file order
+    int batch;
+    // What a step keeps per image between its kernels.
+    float* p1;
+    unsigned char* arg1;
+    float* f;
+    unsigned char* arg2;
+    float* h;
+    float* dlogits;
+    float* loss;
+    float* dh;
+    float* dz2;
+    float* dz1;
+    unsigned char* predicted;
+};
+
+// Each kernel below hands its arguments to a function of restrict-qualified parameters, which the compiler
+// reads as "no other pointer reaches this memory" (a struct's fields carry no such promise). cnn_update
+// keeps its buffers as parameters of its own: only there does a kernel parameter's restrict let its
+// read-only loads take the non-coherent path (ld.global.nc), and an inlined function's does not.
+
+__device__ __forceinline__ void forward_step(const float* __restrict__ params, const float* __restrict__ images,
+                                             const unsigned char* __restrict__ labels,
+                                             const unsigned* __restrict__ order, int offset, int B, Saved saved) {
     const int b = blockIdx.x;
     const unsigned sample = order[offset + b];
-    forward_image<true>(params, images + (size_t)sample * PIX, labels[sample], 1.0f / B,
-                        Saved{p1, arg1, f, arg2, h, dlogits, loss}, b, nullptr);
+    forward_image<true>(params, images + (size_t)sample * PIX, labels[sample], 1.0f / B, saved, b, nullptr);
 }
 
-// Images [first + blockIdx.x] in file order: loss[blockIdx.x] and predicted[blockIdx.x].
-extern "C" __global__ void __launch_bounds__(IMAGE_THREADS)
-cnn_evaluate(const float* __restrict__ params, const float* __restrict__ images, const unsigned char* __restrict__ labels,
-             int first, float* loss, unsigned char* predicted) {
+extern "C" __global__ void __launch_bounds__(IMAGE_THREADS) cnn_forward(const CnnArgs a) {
+    forward_step(a.params, a.images, a.labels, a.order, a.offset, a.batch,
+                 Saved{a.p1, a.arg1, a.f, a.arg2, a.h, a.dlogits, a.loss});
+}
+
+__device__ __forceinline__ void evaluate_image(const float* __restrict__ params, const float* __restrict__ images,
+                                               const unsigned char* __restrict__ labels, int first, float* loss,
+                                               unsigned char* predicted) {
     const int b = blockIdx.x, sample = first + b;
     Saved saved{};
     saved.loss = loss;
     forward_image<false>(params, images + (size_t)sample * PIX, labels[sample], 1.0f, saved, b, predicted);
 }
 
+// Images [offset + blockIdx.x] in file order: loss[blockIdx.x] and predicted[blockIdx.x].
+extern "C" __global__ void __launch_bounds__(IMAGE_THREADS) cnn_evaluate(const CnnArgs a) {
+    evaluate_image(a.params, a.images, a.labels, a.offset, a.loss, a.predicted);
+}
+
 // Dynamic shared memory: dh [FC], df [FLAT], dz2 [Z2], w2 [C2*C1*9], the saved f and p1 of the image.
 constexpr int BACKWARD_SHARED_FLOATS = FC + FLAT + Z2 + C2 * C1 * 9 + FLAT + P1;
 
-// Grid B: the activation gradients of image b: dh [B][FC], dz2 [B][Z2], dz1 [B][C1·S1·S1].
-extern "C" __global__ void __launch_bounds__(IMAGE_THREADS)
-cnn_backward(const float* __restrict__ params, const float* __restrict__ p1_saved, const unsigned char* __restrict__ arg1,
-             const float* __restrict__ f_saved, const unsigned char* __restrict__ arg2, const float* __restrict__ h,
-             const float* __restrict__ dlogits, float* __restrict__ dh_out, float* __restrict__ dz2_out,
-             float* __restrict__ dz1_out) {
+// The activation gradients of image b = blockIdx.x: dh [B][FC], dz2 [B][Z2], dz1 [B][C1·S1·S1].
+__device__ __forceinline__ void backward_image(const float* __restrict__ params,
+                                               const float* __restrict__ p1_saved,
+                                               const unsigned char* __restrict__ arg1,
+                                               const float* __restrict__ f_saved,
+                                               const unsigned char* __restrict__ arg2, const float* __restrict__ h,
+                                               const float* __restrict__ dlogits, float* __restrict__ dh_out,
+                                               float* __restrict__ dz2_out, float* __restrict__ dz1_out) {
     extern __shared__ float smem[];
     float* dh = smem;
     float* df = dh + FC;
@@ -288,6 +325,11 @@ cnn_backward(const float* __restrict__ params, const float* __restrict__ p1_save
     }
 }
 
+// Grid B: image b's activation gradients.
+extern "C" __global__ void __launch_bounds__(IMAGE_THREADS) cnn_backward(const CnnArgs a) {
+    backward_image(a.params, a.p1, a.arg1, a.f, a.arg2, a.h, a.dlogits, a.dh, a.dz2, a.dz1);
+}
+
 // Block-wide sum of each of N per-thread values in a fixed order (warp butterflies, then the warps in
 // order); the sums land in out[0..N) of shared memory. scratch: WARPS·N floats.
 template <int N>
@@ -311,12 +353,11 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float* scratch, float*
 // and applies the optimizer (see the header). images/order/offset: the step's images (conv1's input). lr:
 // this step's entry of the epoch's learning rates (the schedule), which the host writes before each replay.
 extern "C" __global__ void __launch_bounds__(THREADS)
-cnn_update(float* __restrict__ params, float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v,
-           const float* __restrict__ images, const unsigned* __restrict__ order, int offset, int B,
-           const float* __restrict__ p1, const float* __restrict__ f, const float* __restrict__ h,
+cnn_update(const OptimSettings optim, float* __restrict__ params, float* __restrict__ grad, float* __restrict__ m,
+           float* __restrict__ v, const float* __restrict__ images, const unsigned* __restrict__ order, int offset,
+           int B, const float* __restrict__ p1, const float* __restrict__ f, const float* __restrict__ h,
            const float* __restrict__ dlogits, const float* __restrict__ dh, const float* __restrict__ dz2,
-           const float* __restrict__ dz1, const float* __restrict__ loss, int kind, const float* __restrict__ lr,
-           float momentum, float beta1, float beta2, float eps, float weight_decay, float clip_norm,
+           const float* __restrict__ dz1, const float* __restrict__ loss, const float* __restrict__ lr,
            float* __restrict__ norm_partials, float* __restrict__ conv_partials,
            unsigned* __restrict__ channel_tickets, unsigned* __restrict__ step, unsigned* __restrict__ ticket,
            double* __restrict__ loss_sum) {
@@ -325,8 +366,9 @@ cnn_update(float* __restrict__ params, float* __restrict__ grad, float* __restri
     __shared__ float sums[CONV_SUMS];
     __shared__ float square_sum;
     const unsigned t = *step + 1;
-    OptimStep s{kind, *lr, momentum, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
+    OptimStep s = optim_step(optim, *lr);
     optim_bias_corrections(s, t);
+    const float clip_norm = optim.clip_norm;
     const bool clip = clip_norm > 0.0f;
     float square = 0.0f;
     int block = blockIdx.x;

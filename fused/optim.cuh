@@ -24,6 +24,24 @@ struct OptimStep {
     float bias1, bias2;  // 1 − β1ᵗ, 1 − β2ᵗ
 };
 
+// The optimizer's settings as a kernel takes them, a struct passed by value (mirrored by `OptimSettings`
+// in src/device/kernel_struct.rs). Not the rate: a schedule changes it every step, so a kernel reads it
+// from a buffer or takes it beside these.
+struct OptimSettings {
+    int kind;  // OPTIM_*
+    float momentum;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;
+    float clip_norm;  // the largest gradient norm a step applies, 0 for no clipping
+};
+
+// A step at rate lr, before its clip factor and bias corrections.
+__device__ __forceinline__ OptimStep optim_step(const OptimSettings& o, float lr) {
+    return OptimStep{o.kind, lr, o.momentum, o.beta1, o.beta2, o.eps, o.weight_decay, 1.0f, 1.0f, 1.0f};
+}
+
 // Adam's bias corrections at step t (1-based), in double as the CPU twin computes them.
 __device__ __forceinline__ void optim_bias_corrections(OptimStep& s, unsigned t) {
     s.bias1 = (float)(1.0 - pow((double)s.beta1, (double)t));

@@ -451,14 +451,13 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
 // laid out the same), clearing the gradients text_batch_update accumulates into (text_batch_forward
 // clears ∂W2 and ∂b2). step: optimizer steps taken, advanced by the last block; ticket zero between launches.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_batch_optimize(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ W2,
-                    float* __restrict__ b2, float* __restrict__ grad_E, float* __restrict__ grad_w1,
-                    float* __restrict__ grad_b1, const float* __restrict__ grad_w2, const float* __restrict__ grad_b2,
-                    float* __restrict__ m, float* __restrict__ v, int V, int kind, float lr, float momentum, float beta1,
-                    float beta2, float eps, float weight_decay, unsigned* __restrict__ step,
-                    unsigned* __restrict__ ticket, bf16* __restrict__ w2_bf16) {
+text_batch_optimize(const OptimSettings optim, float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1,
+                    float* __restrict__ W2, float* __restrict__ b2, float* __restrict__ grad_E,
+                    float* __restrict__ grad_w1, float* __restrict__ grad_b1, const float* __restrict__ grad_w2,
+                    const float* __restrict__ grad_b2, float* __restrict__ m, float* __restrict__ v, int V, float lr,
+                    unsigned* __restrict__ step, unsigned* __restrict__ ticket, bf16* __restrict__ w2_bf16) {
     const unsigned t = *step + 1;
-    OptimStep s{kind, lr, momentum, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f};
+    OptimStep s = optim_step(optim, lr);
     optim_bias_corrections(s, t);
     float* params[5] = {E, W1, b1, W2, b2};
     float* grads[5] = {grad_E, grad_w1, grad_b1, const_cast<float*>(grad_w2), const_cast<float*>(grad_b2)};

@@ -111,7 +111,18 @@ impl Gpu {
 /// appended as constants. The launch code's mirrors of kernel sizes are tested against this, so a size
 /// has one source, the kernel file. Needs NVRTC, not a GPU.
 pub fn kernel_constants(unit: &str, defines: &[(&str, i64)], expressions: &[&str]) -> Result<Vec<i64>> {
+    kernel_constants_after(unit, defines, "", expressions)
+}
+
+/// `kernel_constants` with `declarations` (C++ the expressions use) appended to the kernel file first.
+pub fn kernel_constants_after(
+    unit: &str,
+    defines: &[(&str, i64)],
+    declarations: &str,
+    expressions: &[&str],
+) -> Result<Vec<i64>> {
     let mut source = kernel_source(unit)?.source.to_string();
+    source.push_str(declarations);
     for (i, e) in expressions.iter().enumerate() {
         source.push_str(&format!("extern \"C\" __constant__ long long textnet_probe_{i} = (long long)({e});\n"));
     }

@@ -114,6 +114,12 @@ impl StructArg {
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
     }
+
+    /// Its bytes, as the driver reads them.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        self.words.iter().flat_map(|w| w.to_le_bytes()).take(self.bytes).collect()
+    }
 }
 
 /// One kernel argument: a device buffer's address or a 32-bit scalar (i32, u32 or f32 bits).
@@ -195,6 +201,18 @@ impl Gpu {
     ) -> Result<()> {
         let shape = LaunchShape { blocks, threads, shared, programmatic };
         launch_parameters(stream, kernel, shape, None, args)
+    }
+
+    /// `launch_sized` of a kernel whose one parameter is the struct `args`, passed by value (a
+    /// `KernelStruct`'s `StructArg::of`).
+    pub fn launch_struct(
+        &self,
+        kernel: &Kernel,
+        (blocks, threads, shared, programmatic): ((u32, u32), u32, u32, bool),
+        args: &StructArg,
+    ) -> Result<()> {
+        let shape = LaunchShape { blocks, threads, shared, programmatic };
+        launch_parameters(&self.stream, kernel, shape, Some(args), &[])
     }
 
     /// `launch` of a kernel whose first parameter is the struct `table`, passed by value, and `args` the
@@ -307,7 +325,7 @@ fn programmatic_launch_enabled() -> bool {
 
 impl OptimConfig {
     /// The kernel arguments `kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm`, in the
-    /// order every fused update kernel takes them (a kernel without clipping takes the first seven).
+    /// order fused/fit.cu's update kernels take them (the kernels that take `OptimSettings` do not).
     pub fn kernel_args(&self) -> [Arg; 8] {
         [
             Arg::i32(self.kind.kernel_code()),

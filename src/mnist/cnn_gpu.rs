@@ -5,10 +5,12 @@
 use super::Evaluation;
 use super::cnn::{CnnParams, CnnShape};
 use super::idx::Split;
-use crate::device::{Gpu, compile::ModuleRequest, launch::Arg, launch::Kernel};
+use crate::device::kernel_struct::{Address, kernel_struct};
+use crate::device::launch::{Arg, Kernel, StructArg};
+use crate::device::{Gpu, compile::ModuleRequest};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use std::sync::Arc;
 
 const THREADS: usize = crate::ops::THREADS_PER_BLOCK as usize;
@@ -60,6 +62,29 @@ pub fn module_request(shape: CnnShape) -> ModuleRequest {
         ("CNN_IMAGE_THREADS", IMAGE_THREADS as i64),
     ];
     ("mnist_cnn", defines)
+}
+
+kernel_struct! {
+    /// The arguments of cnn_forward, cnn_evaluate and cnn_backward (`CnnArgs` in fused/mnist_cnn.cu).
+    struct CnnArgs {
+        params: Address<f32>,
+        images: Address<f32>,
+        labels: Address<u8>,
+        order: Address<u32>,
+        offset: i32,
+        batch: i32,
+        p1: Address<f32>,
+        arg1: Address<u8>,
+        f: Address<f32>,
+        arg2: Address<u8>,
+        h: Address<f32>,
+        dlogits: Address<f32>,
+        loss: Address<f32>,
+        dh: Address<f32>,
+        dz2: Address<f32>,
+        dz1: Address<f32>,
+        predicted: Address<u8>,
+    }
 }
 
 struct Kernels {
@@ -222,95 +247,79 @@ impl GpuCnn {
         self.launch_update(batch, offset, step)
     }
 
-    fn launch_forward(&self, batch: usize, offset: usize) -> Result<()> {
+    /// The image kernels' arguments for `batch` images of `split`, starting at `offset` (of the order for a
+    /// step, of the split for an evaluation).
+    fn image_args(&self, split: &DeviceSplit, offset: usize, batch: usize) -> StructArg {
         let (g, b) = (&*self.gpu, &self.buffers);
+        StructArg::of(&CnnArgs {
+            params: Address::of(g, &self.params),
+            images: Address::of(g, &split.images),
+            labels: Address::of(g, &split.labels),
+            order: Address::of(g, &self.order),
+            offset: offset as i32,
+            batch: batch as i32,
+            p1: Address::of(g, &b.p1),
+            arg1: Address::of(g, &b.arg1),
+            f: Address::of(g, &b.f),
+            arg2: Address::of(g, &b.arg2),
+            h: Address::of(g, &b.h),
+            dlogits: Address::of(g, &b.dlogits),
+            loss: Address::of(g, &b.loss),
+            dh: Address::of(g, &b.dh),
+            dz2: Address::of(g, &b.dz2),
+            dz1: Address::of(g, &b.dz1),
+            predicted: Address::of(g, &b.predicted),
+        })
+    }
+
+    /// Launches one of the image kernels (a block of IMAGE_THREADS per image) on `batch` images.
+    fn launch_images(&self, kernel: &Kernel, batch: usize, shared: usize, args: &StructArg) -> Result<()> {
+        self.gpu.launch_struct(kernel, ((batch as u32, 1), IMAGE_THREADS, shared as u32, false), args)
+    }
+
+    fn launch_forward(&self, batch: usize, offset: usize) -> Result<()> {
+        let args = self.image_args(&self.train, offset, batch);
+        self.launch_images(&self.kernels.forward, batch, self.sizes.forward_shared, &args)
+    }
+
+    fn launch_backward(&self, batch: usize) -> Result<()> {
+        let args = self.image_args(&self.train, 0, batch);
+        self.launch_images(&self.kernels.backward, batch, self.sizes.backward_shared, &args)
+    }
+
+    fn launch_update(&self, batch: usize, offset: usize, step: usize) -> Result<()> {
+        let (g, b) = (&*self.gpu, &self.buffers);
+        // The optimizer's settings by value; the rate from the uploaded rates (a graph bakes in the address,
+        // the host writes the epoch's rates there).
+        let settings = StructArg::of(&self.optim.kernel_settings());
+        let rate = Arg::from(Address::of(g, &self.rates).element(step));
         let args = [
             Arg::buf(g, &self.params),
+            Arg::buf(g, &self.grad),
+            Arg::buf(g, &self.m),
+            Arg::buf(g, &self.v),
             Arg::buf(g, &self.train.images),
-            Arg::buf(g, &self.train.labels),
             Arg::buf(g, &self.order),
             Arg::i32(offset as i32),
             Arg::i32(batch as i32),
             Arg::buf(g, &b.p1),
-            Arg::buf(g, &b.arg1),
             Arg::buf(g, &b.f),
-            Arg::buf(g, &b.arg2),
-            Arg::buf(g, &b.h),
-            Arg::buf(g, &b.dlogits),
-            Arg::buf(g, &b.loss),
-        ];
-        g.launch_sized(
-            &self.kernels.forward,
-            (batch as u32, 1),
-            IMAGE_THREADS,
-            self.sizes.forward_shared as u32,
-            false,
-            &args,
-        )
-    }
-
-    fn launch_backward(&self, batch: usize) -> Result<()> {
-        let (g, b) = (&*self.gpu, &self.buffers);
-        let args = [
-            Arg::buf(g, &self.params),
-            Arg::buf(g, &b.p1),
-            Arg::buf(g, &b.arg1),
-            Arg::buf(g, &b.f),
-            Arg::buf(g, &b.arg2),
             Arg::buf(g, &b.h),
             Arg::buf(g, &b.dlogits),
             Arg::buf(g, &b.dh),
             Arg::buf(g, &b.dz2),
             Arg::buf(g, &b.dz1),
+            Arg::buf(g, &b.loss),
+            rate,
+            Arg::buf(g, &self.norm_partials),
+            Arg::buf(g, &self.conv_partials),
+            Arg::buf(g, &self.channel_tickets),
+            Arg::buf(g, &self.step),
+            Arg::buf(g, &self.ticket),
+            Arg::buf(g, &self.loss_sum),
         ];
-        g.launch_sized(
-            &self.kernels.backward,
-            (batch as u32, 1),
-            IMAGE_THREADS,
-            self.sizes.backward_shared as u32,
-            false,
-            &args,
-        )
-    }
-
-    fn launch_update(&self, batch: usize, offset: usize, step: usize) -> Result<()> {
-        let (g, b, o) = (&*self.gpu, &self.buffers, self.optim);
-        let (rates, _) = self.rates.device_ptr(&g.stream);
-        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm; the rate comes from
-        // the uploaded rates instead (a graph bakes in the address, the host writes the epoch's rates there).
-        let optim = o.kernel_args();
-        let args = [
-            &[
-                Arg::buf(g, &self.params),
-                Arg::buf(g, &self.grad),
-                Arg::buf(g, &self.m),
-                Arg::buf(g, &self.v),
-                Arg::buf(g, &self.train.images),
-                Arg::buf(g, &self.order),
-                Arg::i32(offset as i32),
-                Arg::i32(batch as i32),
-                Arg::buf(g, &b.p1),
-                Arg::buf(g, &b.f),
-                Arg::buf(g, &b.h),
-                Arg::buf(g, &b.dlogits),
-                Arg::buf(g, &b.dh),
-                Arg::buf(g, &b.dz2),
-                Arg::buf(g, &b.dz1),
-                Arg::buf(g, &b.loss),
-            ][..],
-            &[optim[0], Arg::Ptr(rates + 4 * step as u64)],
-            &optim[2..],
-            &[
-                Arg::buf(g, &self.norm_partials),
-                Arg::buf(g, &self.conv_partials),
-                Arg::buf(g, &self.channel_tickets),
-                Arg::buf(g, &self.step),
-                Arg::buf(g, &self.ticket),
-                Arg::buf(g, &self.loss_sum),
-            ],
-        ]
-        .concat();
-        g.launch(&self.kernels.update, (self.sizes.update_blocks as u32, 1), 0, false, &args)
+        let blocks = (self.sizes.update_blocks as u32, 1);
+        g.launch_with_struct(&self.kernels.update, (blocks, 0, false), &settings, &args)
     }
 
     /// cnn_forward alone on the images `order` (one batch), its outputs poisoned with NaN first: per image
@@ -452,23 +461,9 @@ impl GpuCnn {
         while first < n {
             let count = EVAL_CHUNK.min(n - first);
             self.ensure_capacity(count)?;
+            let args = self.image_args(&self.test, first, count);
+            self.launch_images(&self.kernels.evaluate, count, self.sizes.forward_shared, &args)?;
             let (g, b) = (&*self.gpu, &self.buffers);
-            let args = [
-                Arg::buf(g, &self.params),
-                Arg::buf(g, &self.test.images),
-                Arg::buf(g, &self.test.labels),
-                Arg::i32(first as i32),
-                Arg::buf(g, &b.loss),
-                Arg::buf(g, &b.predicted),
-            ];
-            g.launch_sized(
-                &self.kernels.evaluate,
-                (count as u32, 1),
-                IMAGE_THREADS,
-                self.sizes.forward_shared as u32,
-                false,
-                &args,
-            )?;
             let loss = g.stream.clone_dtoh(&b.loss).context("a CNN evaluation kernel failed")?;
             let predicted = g.stream.clone_dtoh(&b.predicted)?;
             for k in 0..count {
@@ -529,6 +524,12 @@ impl crate::harness::run::Trainer for GpuCnn {
 mod tests {
     use super::*;
     use crate::device::compile::kernel_constants;
+    use crate::device::kernel_struct::assert_kernel_layout;
+
+    #[test]
+    fn the_argument_struct_is_the_kernel_files() {
+        assert_kernel_layout::<CnnArgs>("mnist_cnn", &module_request(CnnShape::MNIST).1);
+    }
 
     #[test]
     fn sizes_match_the_kernel_file() {

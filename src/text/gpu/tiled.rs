@@ -7,7 +7,7 @@ use super::super::model::TextShape;
 use super::GpuTrainer;
 use super::layout::{B_SLICE, F32, SLICE, TILE, TILED_BACKWARD_EXTRA, W2_UPDATE_BLOCKS};
 use crate::device::precision::Precision;
-use crate::device::{Gpu, compile::has_wgmma, launch::Arg, launch::Kernel};
+use crate::device::{Gpu, compile::has_wgmma, launch::Arg, launch::Kernel, launch::StructArg};
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_tile_shared_floats};
 use crate::ops::optim::{OptimConfig, OptimKind};
@@ -400,33 +400,30 @@ impl GpuTrainer {
         g.launch(&update, (blocks as u32, 1), stage, false, &args)?;
 
         let Some(o) = &self.optimizer else { return Ok(()) };
-        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay (the first seven); the rate is
-        // the step's.
-        let optim = o.config.kernel_args();
+        // The optimizer's settings by value (text_batch_optimize does not clip); the rate is the step's.
+        let settings = StructArg::of(&o.config.kernel_settings());
         let args = [
-            &[
-                Arg::buf(g, &p.embedding),
-                Arg::buf(g, &p.w1),
-                Arg::buf(g, &p.b1),
-                Arg::buf(g, &p.w2),
-                Arg::buf(g, &p.b2),
-                Arg::buf(g, &o.grad_embedding),
-                Arg::buf(g, &b.grad_w1),
-                Arg::buf(g, &b.grad_b1),
-                Arg::buf(g, &b.grad_w2),
-                Arg::buf(g, &b.grad_b2),
-                Arg::buf(g, &o.m),
-                Arg::buf(g, &o.v),
-                vi,
-            ][..],
-            &[optim[0], Arg::f32(lr)],
-            &optim[2..7],
-            &[Arg::buf(g, &o.step), Arg::buf(g, &o.ticket), w2_bf16],
-        ]
-        .concat();
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &o.grad_embedding),
+            Arg::buf(g, &b.grad_w1),
+            Arg::buf(g, &b.grad_b1),
+            Arg::buf(g, &b.grad_w2),
+            Arg::buf(g, &b.grad_b2),
+            Arg::buf(g, &o.m),
+            Arg::buf(g, &o.v),
+            vi,
+            Arg::f32(lr),
+            Arg::buf(g, &o.step),
+            Arg::buf(g, &o.ticket),
+            w2_bf16,
+        ];
         let blocks = (self.shape.parameter_count() as usize)
             .div_ceil(THREADS_PER_BLOCK as usize * 8)
             .clamp(1, 4 * g.sm_count as usize);
-        g.launch(&o.kernel, (blocks as u32, 1), 0, false, &args)
+        g.launch_with_struct(&o.kernel, ((blocks as u32, 1), 0, false), &settings, &args)
     }
 }

@@ -240,6 +240,9 @@ impl Gpu {
     }
 }
 
+/// The most scalar arguments one launch passes (after its struct, if any).
+const MAX_SCALAR_ARGUMENTS: usize = 48;
+
 /// A launch's grid, block size, dynamic shared memory (bytes) and whether it may start early.
 struct LaunchShape {
     blocks: (u32, u32),
@@ -261,17 +264,28 @@ fn launch_parameters(
         check_parameters(&kernel.name, sizes, table.map(StructArg::len), args)?;
     }
     // Every scalar argument lives in a u64, a 32-bit one in its low (first, little-endian) four bytes;
-    // the struct in its own words (the driver reads each parameter's declared size from its pointer).
-    let mut storage: Vec<u64> = args
-        .iter()
-        .map(|a| match *a {
+    // the struct in its own words (the driver reads each parameter's declared size from its pointer). On
+    // the stack: an eager op's launch is most of its host time.
+    if args.len() > MAX_SCALAR_ARGUMENTS {
+        bail!(
+            "internal: {} is given {} arguments, more than a launch takes ({MAX_SCALAR_ARGUMENTS})",
+            kernel.name,
+            args.len()
+        );
+    }
+    let mut storage = [0u64; MAX_SCALAR_ARGUMENTS];
+    for (word, arg) in storage.iter_mut().zip(args) {
+        *word = match *arg {
             Arg::Ptr(p) => p,
             Arg::Word(w) => w as u64,
-        })
-        .collect();
+        };
+    }
+    let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_SCALAR_ARGUMENTS + 1];
     let table = table.map(|t| t.words.as_ptr() as *mut std::ffi::c_void);
-    let scalars = storage.iter_mut().map(|v| v as *mut u64 as *mut std::ffi::c_void);
-    let mut params: Vec<*mut std::ffi::c_void> = table.into_iter().chain(scalars).collect();
+    let scalars = storage[..args.len()].iter_mut().map(|v| v as *mut u64 as *mut std::ffi::c_void);
+    for (slot, param) in params.iter_mut().zip(table.into_iter().chain(scalars)) {
+        *slot = param;
+    }
     // SAFETY: CUlaunchAttribute is a plain C struct and union, for which all zero bytes are valid.
     let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;

@@ -1,18 +1,21 @@
-// The bf16 product of Hopper (sm_90a) at the library's level: C = A·B, A M×K and B K×N row-major bf16, C M×N
-// row-major fp32 (fp32 sums), by TMA copies into 128-byte-swizzled shared memory, `wgmma` from there, a
-// producer warp and two consumer warpgroups handing stages to each other through mbarriers, and
-// persistent blocks that walk the tiles.
+// The bf16 product of Hopper (sm_90a) at the library's level: C = op(A)·op(B), A M×K and B K×N bf16 each
+// stored K-contiguous or not (A M×K or K×M, B N×K or K×N, as gemm_tile_bf16_wgmma's A_TRANS and B_TRANS),
+// fp32 sums handed to a store functor (gemm_bf16_tma: row-major fp32 C), by TMA copies into
+// 128-byte-swizzled shared memory, `wgmma` from there, a producer warp and two consumer warpgroups handing
+// stages to each other through mbarriers, and persistent blocks that walk the tiles.
 //
 //   block    384 threads, one per SM (gridDim.x = min(tiles, SMs)): warpgroup 0 the producer, 1 and 2
 //            the consumers. The producer gives its registers up (setmaxnreg.dec to 40) and one thread
 //            of it issues every copy; the consumers take them (setmaxnreg.inc to 232) for their
 //            accumulators. Consumer c owns rows [c·BM/2, (c + 1)·BM/2) of the tile: per 16 k, BM/128
 //            `wgmma`s m64nBNk16 (one per 64 rows), BM/2·BN/128 fp32 accumulators a thread.
-//   stages   STAGES buffers of 64 k: A's BM rows × 64 k (one TMA box {64 k, BM rows}) then B's 64 k × BN
-//            (BN/64 boxes {64 n, 64 k}, each 8 KB). A box's inner side is 64 bf16 = 128 bytes, the
-//            128-byte swizzle's row: row r of a box lies at r·128 bytes, its 16-byte segment s at slot
-//            s ⊕ (r mod 8), which is the layout wgmma_chunk_offset describes (A K-contiguous, B not) and
-//            wgmma_descriptor addresses, as for gemm_tile_bf16_wgmma. Every buffer starts on a 1024-byte
+//   stages   STAGES buffers of 64 k: A's BM × 64 k then B's 64 k × BN. A K-contiguous operand is one TMA
+//            box {64 k, BM (BN) rows}; one whose rows run along m (n) is BM/64 (BN/64) boxes {64 m, 64 k},
+//            each 8 KB. A box's inner side is 64 bf16 = 128 bytes, the 128-byte swizzle's row: row r of a
+//            box lies at r·128 bytes, its 16-byte segment s at slot s ⊕ (r mod 8), which is the layout
+//            wgmma_chunk_offset describes for either kind (K-contiguous: rows of k; otherwise blocks of 64
+//            m or n, a row per k) and wgmma_descriptor addresses, with the `wgmma` transpose flag set
+//            for the second kind, as for gemm_tile_bf16_wgmma. Every buffer starts on a 1024-byte
 //            boundary, the swizzle's period.
 //   barriers full[s]: one arrival (the producer's arrive.expect_tx of the stage's bytes) plus the
 //            copies' bytes; a consumer waits on it for parity `phase`. empty[s]: one arrival per consumer
@@ -27,10 +30,12 @@
 //            for a release or the producer for more than the oldest stage.
 //   tiles    tile t → (m, n) in groups of GROUP_M tile rows: consecutive tiles walk down a group's rows
 //            first, so the blocks running at once share B's columns and A's rows in L2.
-//   store    from the accumulators straight to C (fp32 pairs, m < M and n < N only), while the producer
-//            already loads the next tile's stages.
-//   shapes   N and K multiples of 8 (TMA needs 16-byte row strides), any M; the launch layer refuses the
-//            rest. K past a multiple of 64, and M, N past a multiple of the tile, read zeros.
+//   store    from the accumulators straight to store(m, n, v0, v1), the pairs of adjacent columns
+//            gemm_tile_bf16_wgmma hands out (m < M and n < N only; the caller's epilogue: bias, GELU, bf16
+//            copies), while the producer already loads the next tile's stages.
+//   shapes   every operand's leading dimension a multiple of 8 and its start 16-byte aligned (TMA needs
+//            16-byte row strides; gemm_bf16_tma's row-major operands: N and K multiples of 8), any M, N,
+//            K; the launch layer refuses the rest. Past M, N, K the copies read zeros.
 //
 // Tile shapes (template BM × BN, STAGES; the launch layer picks per problem, src/matmul/gpu.rs `TmaTile`):
 //   128×256, 4 stages (48 KB each): each consumer 64×256, one m64n256k16 per 16 k. The most work per byte
@@ -56,11 +61,14 @@
 struct alignas(64) TmaTensorMap {
     unsigned long long opaque[16];
 };
-// A's map (dims {K, M}, box {64, BM}) then B's (dims {N, K}, box {64, 64}).
+// A's map then B's (gemm_bf16_tma_tiles says their dims and boxes in each layout).
 struct TmaOperands {
     TmaTensorMap a, b;
 };
 static_assert(sizeof(TmaOperands) == 256, "two 128-byte tensor maps");
+
+// Stages of each tile the kernels compile (src/matmul/gpu.rs `TmaTile::stages`).
+constexpr int TMA_STAGES_128x256 = 4, TMA_STAGES_256x128 = 4, TMA_STAGES_128x128 = 6;
 
 template <int BM_, int BN_, int STAGES_>
 struct GemmTma {
@@ -130,10 +138,11 @@ __device__ __forceinline__ void registers_up() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGISTERS));
 }
 
-// d += A·B over 16 k, d a warpgroup's 64×256 fp32 accumulators (fragment order as wgmma_m64n128k16's), A
-// K-contiguous, B not (its rows of n contiguous: the transpose flag).
-__device__ __forceinline__ void wgmma_m64n256k16_kn(float (&d)[128], unsigned long long desc_a,
-                                                    unsigned long long desc_b, bool accumulate) {
+// d += A·B over 16 k, d a warpgroup's 64×256 fp32 accumulators (fragment order as wgmma_m64n128k16's),
+// each operand K-contiguous or not (its rows of m or n contiguous: the transpose flags).
+template <bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], unsigned long long desc_a,
+                                                 unsigned long long desc_b, bool accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
@@ -145,7 +154,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_kn(float (&d)[128], unsigned lo
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -162,16 +171,16 @@ __device__ __forceinline__ void wgmma_m64n256k16_kn(float (&d)[128], unsigned lo
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(A_K_CONTIGUOUS ? 0 : 1), "n"(B_K_CONTIGUOUS ? 0 : 1));
 }
 
-template <int BN>
+template <int BN, bool A_K, bool B_K>
 __device__ __forceinline__ void wgmma_tma(float (&d)[BN / 2], unsigned long long desc_a, unsigned long long desc_b,
                                           bool accumulate) {
     if constexpr (BN == 256)
-        wgmma_m64n256k16_kn(d, desc_a, desc_b, accumulate);
+        wgmma_m64n256k16<A_K, B_K>(d, desc_a, desc_b, accumulate);
     else
-        wgmma_m64n128k16<true, false>(d, desc_a, desc_b, accumulate);
+        wgmma_m64n128k16<A_K, B_K>(d, desc_a, desc_b, accumulate);
 }
 
 // Tile t's first row and column: GROUP_M tile rows at a time, down the rows of a group first.
@@ -184,11 +193,16 @@ __device__ __forceinline__ void tma_tile_origin(int t, int m_tiles, int n_tiles,
 }
 #endif
 
-// C = A·B as the header says, by the block's share of the tiles. smem: the dynamic shared memory.
-template <class G>
-__device__ __forceinline__ void gemm_bf16_tma(const TmaOperands& maps, float* __restrict__ C, int M, int N, int K,
-                                              char* smem) {
+// op(A)·op(B) as the header says, by the block's share of the tiles, each result pair to store(m, n, v0, v1)
+// (m < M, n < N, n even; v1 is column n + 1's, which the caller keeps only when n + 1 < N). A_TRANS: A
+// lies K×M (maps.a over it: dims {M, K}, box {64, 64}), else M×K (dims {K, M}, box {64, BM}); B_TRANS: B
+// lies N×K (dims {K, N}, box {64, BN}), else K×N (dims {N, K}, box {64, 64}). smem: the dynamic shared
+// memory.
+template <class G, bool A_TRANS, bool B_TRANS, class Store>
+__device__ __forceinline__ void gemm_bf16_tma_tiles(const TmaOperands& maps, int M, int N, int K, Store store,
+                                                    char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool A_K = !A_TRANS, B_K = B_TRANS;  // which operands are K-contiguous
     bf16* stages = reinterpret_cast<bf16*>(smem + (1024 - shared_address(smem) % 1024) % 1024);
     auto* full = reinterpret_cast<unsigned long long*>(stages + G::STAGES * (G::A_STAGE + G::B_STAGE));
     unsigned long long* empty = full + G::STAGES;
@@ -220,10 +234,21 @@ __device__ __forceinline__ void gemm_bf16_tma(const TmaOperands& maps, float* __
                 mbarrier_wait(&empty[stage], phase ^ 1);
                 mbarrier_arrive_expect_tx(&full[stage], G::STAGE_BYTES);
                 bf16* a = stages + stage * (G::A_STAGE + G::B_STAGE);
-                tma_load_2d(a, &maps.a, c * G::BK, m0, &full[stage]);
+                if constexpr (A_TRANS) {
+                    // 64 k rows of 64 m per box: wgmma_chunk_offset<false>'s blocks of 64 o.
 #pragma unroll
-                for (int j = 0; j < G::BN / 64; ++j)
-                    tma_load_2d(a + G::A_STAGE + j * G::B_BOX, &maps.b, n0 + 64 * j, c * G::BK, &full[stage]);
+                    for (int j = 0; j < G::BM / 64; ++j)
+                        tma_load_2d(a + j * G::B_BOX, &maps.a, m0 + 64 * j, c * G::BK, &full[stage]);
+                } else {
+                    tma_load_2d(a, &maps.a, c * G::BK, m0, &full[stage]);
+                }
+                if constexpr (B_TRANS) {
+                    tma_load_2d(a + G::A_STAGE, &maps.b, c * G::BK, n0, &full[stage]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < G::BN / 64; ++j)
+                        tma_load_2d(a + G::A_STAGE + j * G::B_BOX, &maps.b, n0 + 64 * j, c * G::BK, &full[stage]);
+                }
                 if (++stage == G::STAGES) stage = 0, phase ^= 1;
             }
         }
@@ -253,8 +278,9 @@ __device__ __forceinline__ void gemm_bf16_tma(const TmaOperands& maps, float* __
             for (int ks = 0; ks < G::BK; ks += 16)
 #pragma unroll
                 for (int i = 0; i < G::M_WGMMAS; ++i)
-                    wgmma_tma<G::BN>(d[i], wgmma_descriptor<true>(a + wgmma_chunk_offset<true>(rows + 64 * i, ks)),
-                                     wgmma_descriptor<false>(b + wgmma_chunk_offset<false>(0, ks)), true);
+                    wgmma_tma<G::BN, A_K, B_K>(d[i],
+                                               wgmma_descriptor<A_K>(a + wgmma_chunk_offset<A_K>(rows + 64 * i, ks)),
+                                               wgmma_descriptor<B_K>(b + wgmma_chunk_offset<B_K>(0, ks)), true);
             wgmma_commit();
             // Chunk c − 1's wgmmas are complete: its stage goes back to the producer.
             wgmma_wait<1>();
@@ -274,10 +300,20 @@ __device__ __forceinline__ void gemm_bf16_tma(const TmaOperands& maps, float* __
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int m = row + 64 * i + 8 * half, n = column + 8 * j;
-                    if (m < M && n < N)
-                        *reinterpret_cast<float2*>(C + (size_t)m * N + n) =
-                            make_float2(d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
+                    if (m < M && n < N) store(m, n, d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
                 }
     }
 #endif
+}
+
+// C = A·B, both row-major (A M×K, B K×N), into row-major fp32 C (N a multiple of 8, so every pair is whole).
+template <class G>
+__device__ __forceinline__ void gemm_bf16_tma(const TmaOperands& maps, float* __restrict__ C, int M, int N, int K,
+                                              char* smem) {
+    gemm_bf16_tma_tiles<G, false, false>(
+        maps, M, N, K,
+        [=](int m, int n, float v0, float v1) {
+            *reinterpret_cast<float2*>(C + (size_t)m * N + n) = make_float2(v0, v1);
+        },
+        smem);
 }

@@ -31,6 +31,10 @@
 //                    threads over the tiles of the kernel's BM×BN (grid min(tiles, SMs)); A and B through
 //                    the tensor maps of `maps` (A's dims {K, M}, box {64, BM}; B's {N, K}, box {64, 64}),
 //                    N and K multiples of 8. GemmTma<BM, BN, TMA_STAGES_BMxBN>::SHARED_BYTES.
+//   matmul_bf16_tma_{nt,tn,tt}_{128x256,256x128,128x128}  the same in the other layouts (A K×M when the
+//                    first letter is t, B N×K when the second is), through gemm_bf16_tma_tiles' store
+//                    hook as the Transformer's products use it: the maps over the operands as they lie,
+//                    with leading dimensions multiples of 8; C row-major.
 //   gemm_bf16_{nn,nt,tn,tt}_{128,64}  gemm_tile_bf16<T, T, 32> on fp32 operands (A M×K, or K×M when the
 //                    first letter is t; B K×N, or N×K when the second is t), rounded as they are staged: forward
 //                    in·Wᵀ is nt, dx = dy·W nn, dW = dyᵀ·x tn. K is cut into `slices` row slices, slice s's
@@ -144,8 +148,6 @@ matmul_bf16_wgmma(const bf16* __restrict__ A, const bf16* __restrict__ B, float*
                                                          pair_store(C, N), smem);
 }
 
-constexpr int TMA_STAGES_128x256 = 4, TMA_STAGES_256x128 = 4, TMA_STAGES_128x128 = 6;
-
 // Launched only where the compile has wgmma (sm_90a); elsewhere it does nothing.
 #define MATMUL_BF16_TMA(BM, BN)                                                                               \
     extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)   \
@@ -157,6 +159,24 @@ constexpr int TMA_STAGES_128x256 = 4, TMA_STAGES_256x128 = 4, TMA_STAGES_128x128
 MATMUL_BF16_TMA(128, 256)
 MATMUL_BF16_TMA(256, 128)
 MATMUL_BF16_TMA(128, 128)
+
+// The other operand layouts, through the store hook: A K×M (lda) when A_TRANS, B N×K (ldb) when B_TRANS,
+// as gemm_bf16_async_*'s; C row-major M×N, pairs cut at N.
+#define MATMUL_BF16_TMA_LAYOUT(LAYOUT, A_TRANS, B_TRANS, BM, BN)                                              \
+    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)   \
+        matmul_bf16_tma_##LAYOUT##_##BM##x##BN(const __grid_constant__ TmaOperands maps, float* __restrict__ C, \
+                                               int M, int N, int K) {                                         \
+        extern __shared__ __align__(16) char tma_smem[];                                                      \
+        gemm_bf16_tma_tiles<GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>, A_TRANS, B_TRANS>(maps, M, N, K,          \
+                                                                                     pair_store(C, N), tma_smem); \
+    }
+#define MATMUL_BF16_TMA_LAYOUTS(BM, BN)                    \
+    MATMUL_BF16_TMA_LAYOUT(nt, false, true, BM, BN)        \
+    MATMUL_BF16_TMA_LAYOUT(tn, true, false, BM, BN)        \
+    MATMUL_BF16_TMA_LAYOUT(tt, true, true, BM, BN)
+MATMUL_BF16_TMA_LAYOUTS(128, 256)
+MATMUL_BF16_TMA_LAYOUTS(256, 128)
+MATMUL_BF16_TMA_LAYOUTS(128, 128)
 
 template <int TILE, bool A_TRANS, bool B_TRANS>
 __device__ __forceinline__ void gemm_bf16_sliced(const float* __restrict__ A, const float* __restrict__ B,

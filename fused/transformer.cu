@@ -17,6 +17,9 @@
 //                          the step's loss summed over the rows in row order by the last block
 //   tf_linear_backward     dW, db = Σ_rows dy·[x | 1] (each tile over row slices, the slices added in
 //                          order by the tile's last block) and dx = dy·W (× GELU′ of `pre`), one launch
+//   tf_linear_{forward,dx}_tma_*  on Hopper, the bf16 forward and dx products on gemm_tma.cuh's TMA
+//                          pipeline with the same epilogues (the bf16 weight gradient stays in
+//                          tf_linear_backward_bf16, then launched without its dx tiles)
 //   tf_layernorm_backward  dx added into the residual gradient; dw, db from per-block partials
 //   tf_attention_backward  dq, dk, dv of a (sequence, head) a chunk of keys per block, p rebuilt from the
 //                          saved log-sum-exp
@@ -52,6 +55,7 @@
 #include "common.cuh"
 #include "gemm.cuh"
 #include "gemm_wgmma.cuh"
+#include "gemm_tma.cuh"
 #include "activations.cuh"
 #include "dropout.cuh"
 #include "layernorm.cuh"
@@ -230,18 +234,11 @@ tf_dropout_backward(const float* __restrict__ d_res, float* __restrict__ d_branc
         d_branch[e] = d_res[e] * drop.factor(e);
 }
 
-// Grid (ceil(out_features / BN), ceil(N / BM)) of LinearTiles<P>. out = in·Wᵀ + bias (W: out_features ×
-// in_features), in fp32, bf16 (out_bf16) or both (a null pointer skips one). With `pre`: pre = in·Wᵀ + bias
-// and out = gelu(pre).
-template <int P>
-__device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type* __restrict__ in,
-                                               const typename OperandOf<P>::type* __restrict__ W,
-                                               const float* __restrict__ bias, float* __restrict__ out,
-                                               bf16* __restrict__ out_bf16, float* __restrict__ pre, int N,
-                                               int out_features, int in_features, float* smem) {
-    using L = LinearTiles<P>;
-    const int K = in_features, O = out_features;
-    const auto store = [&](int m, int n, float z0, float z1, bool both) {
+// The forward product's epilogue, store(m, n, z0, z1, both) as tile_product's: z + bias into out (fp32),
+// out_bf16 or both (a null pointer skips one); with `pre`, z + bias into pre and its GELU into out.
+__device__ __forceinline__ auto forward_epilogue(const float* __restrict__ bias, float* __restrict__ out,
+                                                 bf16* __restrict__ out_bf16, float* __restrict__ pre, int O) {
+    return [=](int m, int n, float z0, float z1, bool both) {
         const size_t at = (size_t)m * O + n;
         z0 += __ldg(bias + n);
         if (both) z1 += __ldg(bias + n + 1);
@@ -253,6 +250,40 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
         if (out) store_pair(out + at, z0, z1, both);
         if (out_bf16) store_pair(out_bf16 + at, z0, z1, both);
     };
+}
+
+// The dx product's epilogue (dx = dy·W, N × K), store as tile_product's: times gelu′(pre) when pre is
+// given, into dx (fp32), dx_bf16 or both.
+__device__ __forceinline__ auto dx_epilogue(float* __restrict__ dx, bf16* __restrict__ dx_bf16,
+                                            const float* __restrict__ pre, int K) {
+    return [=](int m, int k, float g0, float g1, bool both) {
+        const size_t at = (size_t)m * K + k;
+        // A pair's two inputs in one 8-byte load where aligned.
+        if (pre && both && at % 2 == 0) {
+            const float2 z = __ldg(reinterpret_cast<const float2*>(pre + at));
+            g0 *= gelu_slope(z.x);
+            g1 *= gelu_slope(z.y);
+        } else if (pre) {
+            g0 *= gelu_slope(__ldg(pre + at));
+            if (both) g1 *= gelu_slope(__ldg(pre + at + 1));
+        }
+        if (dx) store_pair(dx + at, g0, g1, both);
+        if (dx_bf16) store_pair(dx_bf16 + at, g0, g1, both);
+    };
+}
+
+// Grid (ceil(out_features / BN), ceil(N / BM)) of LinearTiles<P>. out = in·Wᵀ + bias (W: out_features ×
+// in_features), in fp32, bf16 (out_bf16) or both (a null pointer skips one). With `pre`: pre = in·Wᵀ + bias
+// and out = gelu(pre).
+template <int P>
+__device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type* __restrict__ in,
+                                               const typename OperandOf<P>::type* __restrict__ W,
+                                               const float* __restrict__ bias, float* __restrict__ out,
+                                               bf16* __restrict__ out_bf16, float* __restrict__ pre, int N,
+                                               int out_features, int in_features, float* smem) {
+    using L = LinearTiles<P>;
+    const int K = in_features, O = out_features;
+    const auto store = forward_epilogue(bias, out, out_bf16, pre, O);
     tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, store,
                                                       smem);
 }
@@ -498,20 +529,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     block -= tiles * slices;
     const int dx_columns = ceil_div(K, L::BN);
     const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
-    const auto store = [&](int m, int k, float g0, float g1, bool both) {
-        const size_t at = (size_t)m * K + k;
-        // A pair's two inputs in one 8-byte load where aligned.
-        if (pre && both && at % 2 == 0) {
-            const float2 z = __ldg(reinterpret_cast<const float2*>(pre + at));
-            g0 *= gelu_slope(z.x);
-            g1 *= gelu_slope(z.y);
-        } else if (pre) {
-            g0 *= gelu_slope(__ldg(pre + at));
-            if (both) g1 *= gelu_slope(__ldg(pre + at + 1));
-        }
-        if (dx) store_pair(dx + at, g0, g1, both);
-        if (dx_bf16) store_pair(dx_bf16 + at, g0, g1, both);
-    };
+    const auto store = dx_epilogue(dx, dx_bf16, pre, K);
     tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, store, smem);
 }
 
@@ -553,6 +571,42 @@ tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __re
     linear_backward<BF16>(dy, dy_ld, x, W, N, out_features, in_features, slices, grad_W, grad_b, partials, tickets, dx,
                           dx_bf16, pre, smem);
 }
+
+// The bf16 forward and dx products on Hopper's TMA pipeline (gemm_tma.cuh: persistent blocks of 384
+// threads, grid min(tiles, SMs)), with the epilogues of tf_linear_forward_bf16 and tf_linear_backward_bf16;
+// launched where the GPU has `wgmma` and TMA can copy the operands (leading dimensions multiples of 8),
+// the tile picked per shape as for matmul_bf16_tma_* (src/matmul/gpu.rs `TmaTile::choose`). Elsewhere
+// they compile to nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
+//   tf_linear_forward_tma_*  out = in·Wᵀ + bias (GELU with `pre`): A = in (N × in_features), B = W stored
+//                            out_features × in_features (K-contiguous).
+//   tf_linear_dx_tma_*       dx = dy·W (× gelu′(pre)): A = dy (N × out_features, row stride dy_ld), B = W
+//                            (out_features × in_features, rows of n).
+// (The weight gradient stays in tf_linear_backward_bf16, launched without dx tiles: its row slices and
+// the bias sums from dy's chunks are that kernel's.)
+#define TF_LINEAR_TMA(BM, BN)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)    \
+        tf_linear_forward_tma_##BM##x##BN(const __grid_constant__ TmaOperands maps, const float* __restrict__ bias, \
+                                          float* __restrict__ out, bf16* __restrict__ out_bf16,               \
+                                          float* __restrict__ pre, int N, int out_features, int in_features) { \
+        extern __shared__ __align__(16) char tma_smem[];                                                       \
+        const auto store = forward_epilogue(bias, out, out_bf16, pre, out_features);                           \
+        gemm_bf16_tma_tiles<GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>, false, true>(                             \
+            maps, N, out_features, in_features,                                                                \
+            [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < out_features); }, tma_smem);   \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)    \
+        tf_linear_dx_tma_##BM##x##BN(const __grid_constant__ TmaOperands maps, int N, int out_features,       \
+                                     int in_features, float* __restrict__ dx, bf16* __restrict__ dx_bf16,      \
+                                     const float* __restrict__ pre) {                                          \
+        extern __shared__ __align__(16) char tma_smem[];                                                       \
+        const auto store = dx_epilogue(dx, dx_bf16, pre, in_features);                                         \
+        gemm_bf16_tma_tiles<GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>, false, false>(                            \
+            maps, N, in_features, out_features,                                                                \
+            [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < in_features); }, tma_smem);    \
+    }
+TF_LINEAR_TMA(128, 256)
+TF_LINEAR_TMA(256, 128)
+TF_LINEAR_TMA(128, 128)
 
 // Grid ceil(N / (WARPS·rows_per_warp)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's
 // input); dw, db = Σ_rows, from per-block partials (2C floats per block) added in block order by the last.

@@ -15,7 +15,9 @@
 //! On Hopper, matmul_bf16_tma_* (TMA and `wgmma`, persistent blocks) with each of its tiles forced, and as
 //! `TmaTile::choose` picks, on TMA_SHAPES: N and K multiples of 8 as it requires, none of the three a
 //! multiple of its tiles, and enough tiles that every block takes several (its barriers' phases carried
-//! from tile to tile).
+//! from tile to tile); and each tile in all four operand layouts (A K×M, B N×K, as the Transformer's
+//! products read them) through its store hook, every operand's leading dimension padded past its row
+//! with NaN.
 
 use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided, TmaTile, linear_kernel};
 use crate::device::{Gpu, compile::ModuleRequest};
@@ -268,6 +270,30 @@ fn tma_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mu
                 rel_error: rel_error(&got, &want),
                 tolerance,
             });
+        }
+        // Every layout through the store hook (the Transformer's), each operand's rows padded past a
+        // multiple of 8 with NaN, which a read past the map's sides would carry into C.
+        for (a_trans, b_trans) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (a_rows, a_cols) = if a_trans { (k, m) } else { (m, k) };
+            let (b_rows, b_cols) = if b_trans { (n, k) } else { (k, n) };
+            let a_layout = Strided { trans: a_trans, ld: a_cols.next_multiple_of(8) + 8 };
+            let b_layout = Strided { trans: b_trans, ld: b_cols.next_multiple_of(8) + 8 };
+            let a_stored = if a_trans { transpose(&a, m, k) } else { a.clone() };
+            let b_stored = if b_trans { transpose(&b, k, n) } else { b.clone() };
+            let a_dev = gpu.stream.clone_htod(&bf16_matrix(&with_ld(&a_stored, a_rows, a_cols, a_layout.ld)))?;
+            let b_dev = gpu.stream.clone_htod(&bf16_matrix(&with_ld(&b_stored, b_rows, b_cols, b_layout.ld)))?;
+            for tile in TmaTile::ALL {
+                let name = format!("{} (ld {} and {})", tile.layout_name(a_trans, b_trans), a_layout.ld, b_layout.ld);
+                let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
+                kernels.enqueue_tma_strided(Some(tile), (&a_dev, a_layout), (&b_dev, b_layout), &mut c, m, n, k)?;
+                let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{name} failed"))?;
+                out.push(Check {
+                    kernel: name,
+                    shape: format!("{m}×{k} · {k}×{n}"),
+                    rel_error: rel_error(&got, &want),
+                    tolerance,
+                });
+            }
         }
     }
     Ok(())

@@ -159,6 +159,24 @@ impl TmaTile {
         format!("matmul_bf16_tma_{bm}x{bn}")
     }
 
+    /// The name of its kernel for A stored K×M (`a_trans`) or not and B stored N×K (`b_trans`) or not:
+    /// `name` for row-major operands, else `matmul_bf16_tma_{nt,tn,tt}_{BM}x{BN}`.
+    pub fn layout_name(self, a_trans: bool, b_trans: bool) -> String {
+        let (bm, bn) = self.shape();
+        match (a_trans, b_trans) {
+            (false, false) => self.name(),
+            _ => {
+                let letter = |t: bool| if t { 't' } else { 'n' };
+                format!("matmul_bf16_tma_{}{}_{bm}x{bn}", letter(a_trans), letter(b_trans))
+            }
+        }
+    }
+
+    /// Its blocks for an M×N product on `sms` SMs: one per tile, at most one per SM.
+    pub fn blocks(self, m: usize, n: usize, sms: u32) -> u32 {
+        self.tiles(m, n).min(sms.max(1) as usize) as u32
+    }
+
     /// Dynamic shared bytes (`GemmTma<BM, BN, STAGES>::SHARED_BYTES`): the stages of BM + BN rows of 64
     /// bf16, 1 KB of alignment, two mbarriers a stage.
     pub fn shared_bytes(self) -> usize {
@@ -187,45 +205,110 @@ impl TmaTile {
     }
 }
 
-/// The tensor map (CUtensorMap, 128 bytes) of a row-major bf16 matrix of `outer` rows of `inner` elements at
-/// device address `address`, copied in boxes of 64 elements × `box_rows` rows into 128-byte-swizzled shared
-/// memory; reads past either side are zero. `inner` must be a multiple of 8 (rows of whole 16 bytes).
-fn tensor_map(address: u64, (inner, outer): (usize, usize), box_rows: usize) -> Result<[u8; 128]> {
-    use cudarc::driver::sys;
-    let dims = [inner as u64, outer as u64];
-    let strides = [(inner * 2) as u64];
-    let boxes = [64u32, box_rows as u32];
-    let element_strides = [1u32, 1];
-    // SAFETY: CUtensorMap is 16 plain words, for which zero bytes are valid.
-    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-    let status = quietly("encoding a TMA tensor map", || {
-        // SAFETY: every array holds the rank's entries (strides rank − 1), `map` is writable and aligned as
-        // the driver requires; encoding only writes `map` (the address is recorded, not read).
-        Ok(unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut map,
-                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                2,
-                address as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxes.as_ptr(),
-                element_strides.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        })
-    })?;
-    if status != sys::CUresult::CUDA_SUCCESS {
-        bail!("cuTensorMapEncodeTiled refused a {outer}×{inner} bf16 matrix in boxes of 64×{box_rows}: {status:?}");
+/// One operand of a `gemm_bf16_tma_tiles` product (fused/gemm_tma.cuh) as its tensor map describes it:
+/// `extent` rows of m (A) or columns of n (B) by `k`, at device address `address`, stored K-contiguous
+/// (`extent` rows of k, `ld` apart; copied in boxes of 64 k × `box_rows`) or not (`k` rows of m or n, `ld`
+/// apart; boxes of 64 × 64). Two operands of equal fields have equal maps, so a map may be encoded once and
+/// kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaOperand {
+    /// The device address of element (0, 0).
+    pub address: u64,
+    /// Whether k runs along the stored rows.
+    pub k_contiguous: bool,
+    /// Rows of m (A) or columns of n (B).
+    pub extent: usize,
+    /// The product's k.
+    pub k: usize,
+    /// Elements between consecutive stored rows.
+    pub ld: usize,
+    /// The box's rows: the tile's BM (A) or BN (B) when K-contiguous, else 64.
+    pub box_rows: usize,
+}
+
+impl TmaOperand {
+    /// A (M×K, or K×M when `layout.trans`) of a product on `tile`.
+    pub fn a(address: u64, layout: Strided, m: usize, k: usize, tile: TmaTile) -> TmaOperand {
+        let box_rows = if layout.trans { 64 } else { tile.shape().0 };
+        TmaOperand { address, k_contiguous: !layout.trans, extent: m, k, ld: layout.ld, box_rows }
     }
-    let mut bytes = [0u8; 128];
-    for (chunk, word) in bytes.chunks_mut(8).zip(map.opaque) {
-        chunk.copy_from_slice(&word.to_le_bytes());
+
+    /// B (K×N, or N×K when `layout.trans`) of a product on `tile`.
+    pub fn b(address: u64, layout: Strided, n: usize, k: usize, tile: TmaTile) -> TmaOperand {
+        let box_rows = if layout.trans { tile.shape().1 } else { 64 };
+        TmaOperand { address, k_contiguous: layout.trans, extent: n, k, ld: layout.ld, box_rows }
     }
-    Ok(bytes)
+
+    /// The stored matrix's (elements a row, rows).
+    fn stored(&self) -> (usize, usize) {
+        if self.k_contiguous { (self.k, self.extent) } else { (self.extent, self.k) }
+    }
+
+    /// Whether TMA can copy it: rows of whole 16 bytes (ld a multiple of 8) from a 16-byte-aligned start,
+    /// no side empty, every side within the map's limits.
+    pub fn copyable(&self) -> bool {
+        let (inner, outer) = self.stored();
+        self.address.is_multiple_of(16)
+            && self.ld.is_multiple_of(8)
+            && self.ld >= inner
+            && inner > 0
+            && outer > 0
+            && [inner, outer].into_iter().all(|d| d <= u32::MAX as usize)
+            && ((self.ld * 2) as u64) < 1 << 40
+    }
+
+    /// Its tensor map (CUtensorMap, 128 bytes): 128-byte-swizzled boxes of 64 elements × `box_rows` rows;
+    /// reads past either side are zero.
+    pub fn encode(&self) -> Result<[u8; 128]> {
+        use cudarc::driver::sys;
+        let (inner, outer) = self.stored();
+        if !self.copyable() {
+            bail!("TMA cannot copy a {outer}×{inner} bf16 matrix of row stride {} at {:#x}", self.ld, self.address);
+        }
+        let dims = [inner as u64, outer as u64];
+        let strides = [(self.ld * 2) as u64];
+        let boxes = [64u32, self.box_rows as u32];
+        let element_strides = [1u32, 1];
+        // SAFETY: CUtensorMap is 16 plain words, for which zero bytes are valid.
+        let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+        let status = quietly("encoding a TMA tensor map", || {
+            // SAFETY: every array holds the rank's entries (strides rank − 1), `map` is writable and aligned
+            // as the driver requires; encoding only writes `map` (the address is recorded, not read).
+            Ok(unsafe {
+                sys::cuTensorMapEncodeTiled(
+                    &mut map,
+                    sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                    2,
+                    self.address as *mut std::ffi::c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    boxes.as_ptr(),
+                    element_strides.as_ptr(),
+                    sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+            })
+        })?;
+        if status != sys::CUresult::CUDA_SUCCESS {
+            bail!(
+                "cuTensorMapEncodeTiled refused a {outer}×{inner} bf16 matrix (row stride {}) in boxes of 64×{}: {status:?}",
+                self.ld,
+                self.box_rows
+            );
+        }
+        let mut bytes = [0u8; 128];
+        for (chunk, word) in bytes.chunks_mut(8).zip(map.opaque) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        Ok(bytes)
+    }
+}
+
+/// The kernel parameter `TmaOperands` (A's map then B's) from the two maps.
+pub fn tma_operands(a: &[u8; 128], b: &[u8; 128]) -> StructArg {
+    StructArg::new(&[&a[..], &b[..]].concat())
 }
 
 /// gemm_tile_bf16 on fp32 operands in one layout, with square tiles of `side` (128 or 64) and k chunks of
@@ -301,9 +384,9 @@ pub struct GpuMatmul {
     tiles: Vec<(Bf16Tile, device::launch::Kernel)>,
     /// gemm_bf16_async_{nn, nt, tn, tt}.
     linear: Vec<device::launch::Kernel>,
-    /// matmul_bf16_tma_* by tile, where the GPU has `wgmma` (none elsewhere: their shared memory may
-    /// exceed the GPU's).
-    tma: Vec<(TmaTile, device::launch::Kernel)>,
+    /// matmul_bf16_tma_* by tile and layout (2·a_trans + b_trans), where the GPU has `wgmma` (none
+    /// elsewhere: their shared memory may exceed the GPU's).
+    tma: Vec<((TmaTile, usize), device::launch::Kernel)>,
 }
 
 impl GpuMatmul {
@@ -324,9 +407,14 @@ impl GpuMatmul {
             .map(|(a_trans, b_trans)| function(&linear_kernel(a_trans, b_trans), linear_shared_bytes()))
             .collect::<Result<_>>()?;
         let tma = match has_wgmma(gpu.compute_capability) {
-            true => {
-                TmaTile::ALL.iter().map(|&t| Ok((t, function(&t.name(), t.shared_bytes())?))).collect::<Result<_>>()?
-            }
+            true => TmaTile::ALL
+                .iter()
+                .flat_map(|&t| (0..4).map(move |layout| (t, layout)))
+                .map(|(t, layout)| {
+                    let name = t.layout_name(layout >= 2, layout % 2 == 1);
+                    Ok(((t, layout), function(&name, t.shared_bytes())?))
+                })
+                .collect::<Result<_>>()?,
             false => Vec::new(),
         };
         Ok(GpuMatmul { gpu, functions, bf16, tiles, linear, tma })
@@ -380,26 +468,72 @@ impl GpuMatmul {
                 "matmul_bf16_tma needs N and K multiples of 8 (TMA copies rows of whole 16 bytes), not {m}×{k}·{k}×{n}"
             );
         }
+        let (a_layout, b_layout) = (Strided { trans: false, ld: k }, Strided { trans: false, ld: n });
+        self.enqueue_tma_strided(tile, (a, a_layout), (b, b_layout), c, m, n, k)
+    }
+
+    /// Queues C = A·B (M×N, row-major fp32) by `matmul_bf16_tma_*` in the layout of its operands: A M×K, or
+    /// K×M when `a_layout.trans`; B K×N, or N×K when `b_layout.trans`; each with its leading dimension, a
+    /// multiple of 8 (TMA copies rows of whole 16 bytes). `tile` as `enqueue_tma`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue_tma_strided(
+        &self,
+        tile: Option<TmaTile>,
+        (a, a_layout): (&CudaSlice<u16>, Strided),
+        (b, b_layout): (&CudaSlice<u16>, Strided),
+        c: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        if c.len() != m * n {
+            bail!("C of {} floats is not {m}×{n}", c.len());
+        }
+        let fits = |len: usize, (rows, cols): (usize, usize), ld: usize| {
+            rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= len)
+        };
+        let (a_shape, b_shape) =
+            (if a_layout.trans { (k, m) } else { (m, k) }, if b_layout.trans { (n, k) } else { (k, n) });
+        if !fits(a.len(), a_shape, a_layout.ld) || !fits(b.len(), b_shape, b_layout.ld) {
+            bail!(
+                "operands of {} and {} elements (ld {} and {}) do not fit {m}×{k} · {k}×{n}",
+                a.len(),
+                b.len(),
+                a_layout.ld,
+                b_layout.ld
+            );
+        }
+        if [m, n, k].into_iter().any(|d| d > i32::MAX as usize) {
+            bail!("{m}×{k}·{k}×{n} has a side past i32");
+        }
         if m == 0 || n == 0 {
             return Ok(());
         }
         let tile = tile.unwrap_or_else(|| TmaTile::choose(m, n, self.gpu.sm_count as usize));
-        let Some((_, function)) = self.tma.iter().find(|(t, _)| *t == tile) else {
+        let layout = 2 * a_layout.trans as usize + b_layout.trans as usize;
+        let Some((_, function)) = self.tma.iter().find(|(key, _)| *key == (tile, layout)) else {
             bail!("{} needs a GPU with wgmma (sm_90a), not {}", tile.name(), self.gpu.describe());
         };
         if k == 0 {
             // A tensor map has no empty side: the product of nothing is zero.
             return self.gpu.stream.memset_zeros(c).context("clearing C");
         }
-        let (bm, _) = tile.shape();
         let (a_address, _a_read) = a.device_ptr(&self.gpu.stream);
         let (b_address, _b_read) = b.device_ptr(&self.gpu.stream);
-        let mut maps = tensor_map(a_address, (k, m), bm)?.to_vec();
-        maps.extend(tensor_map(b_address, (n, k), 64)?);
-        let blocks = tile.tiles(m, n).min(self.gpu.sm_count.max(1) as usize) as u32;
+        let a_map = TmaOperand::a(a_address, a_layout, m, k, tile);
+        let b_map = TmaOperand::b(b_address, b_layout, n, k, tile);
+        if !a_map.copyable() || !b_map.copyable() {
+            bail!(
+                "matmul_bf16_tma needs leading dimensions multiples of 8 and 16-byte-aligned operands (ld {} and {})",
+                a_layout.ld,
+                b_layout.ld
+            );
+        }
+        let maps = tma_operands(&a_map.encode()?, &b_map.encode()?);
+        let blocks = tile.blocks(m, n, self.gpu.sm_count);
         let args = [Arg::buf(&self.gpu, c), Arg::i32(m as i32), Arg::i32(n as i32), Arg::i32(k as i32)];
         let shape = ((blocks, 1), TMA_THREADS, tile.shared_bytes() as u32, false);
-        self.gpu.launch_sized_with_struct(function, shape, &StructArg::new(&maps), &args)
+        self.gpu.launch_sized_with_struct(function, shape, &maps, &args)
     }
 
     /// Queues gemm_tile_bf16 by `tile` on fp32 operands (A M×K or K×M, B K×N or N×K, as `tile` says) with K

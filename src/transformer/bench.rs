@@ -115,6 +115,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
                    "layers": config.layers, "batch": batch, "steps": steps, "optimizer": optim.describe(), "seed": seed,
                    "precision": precision.name()},
         "params": params.len(),
+        "linear_gemm": trainer.linear_gemm(),
         "setup_s": setup_s,
         "train_s": train_ms / 1e3,
         "eval_s": eval_ms / 1e3,
@@ -137,6 +138,7 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
             train_ms / steps as f64,
             tokens / (train_ms / 1e3)
         );
+        println!("linear products: {}", trainer.linear_gemm());
     }
     Ok(())
 }

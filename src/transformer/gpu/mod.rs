@@ -11,6 +11,7 @@ use super::data::Corpus;
 use super::model::{Config, Layout};
 use crate::device::precision::Precision;
 use crate::device::{Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, launch::Kernel};
+use crate::matmul::gpu::{TmaOperand, TmaTile};
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::attention::AttentionSizes;
 use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
@@ -19,7 +20,8 @@ use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaModule, CudaSlice, DevicePtr};
 use flash::{FlashAttention, FlashSizes};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 const WARPS: usize = THREADS / 32;
@@ -127,6 +129,10 @@ struct Kernels {
     grad_norm: Kernel,
     adamw: Kernel,
     round_bf16: Kernel,
+    /// tf_linear_forward_tma_* and tf_linear_dx_tma_* by tile: the bf16 forward and dx products on the TMA
+    /// pipeline, where the GPU has `wgmma` (and `TEXTNET_TMA=0` does not turn them off); empty elsewhere.
+    linear_forward_tma: Vec<(TmaTile, Kernel)>,
+    linear_dx_tma: Vec<(TmaTile, Kernel)>,
 }
 
 /// An activation a linear layer reads: fp32 (the fp32 and TF32 products' operand), and its bf16 copy
@@ -274,6 +280,16 @@ pub struct GpuTransformer {
     no_bias_grad: CudaSlice<f32>,
     /// With tied weights, the head's share of tok_emb's gradient, `[V][C]`, which tf_embedding_backward adds.
     head_grad: CudaSlice<f32>,
+    /// The TMA products' tensor maps, each encoded once for its buffer, shape and box (a map is a function
+    /// of those alone, so one stays valid while its buffer lives; graphs bake them in by value).
+    tma_maps: Mutex<HashMap<TmaOperand, [u8; 128]>>,
+}
+
+/// Whether the bf16 forward and dx products may run on the TMA pipeline where the GPU has `wgmma`: yes
+/// unless `TEXTNET_TMA=0` (read once), which keeps them on gemm_tile_bf16_wgmma for comparison.
+fn tma_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_TMA").is_none_or(|v| v != "0"))
 }
 
 /// Tickets: one for the classifier, one for layernorm_backward, one for AdamW, then the linear tiles'.
@@ -302,7 +318,7 @@ impl GpuTransformer {
         }
         let module = gpu.module(&module_request(&config))?;
         let load = |name: &str| Gpu::function(&module, name);
-        let kernels = Kernels {
+        let mut kernels = Kernels {
             embed_layernorm: load("tf_embed_layernorm")?,
             residual_layernorm: load("tf_residual_layernorm")?,
             linear_forward: load("tf_linear_forward")?,
@@ -321,7 +337,19 @@ impl GpuTransformer {
             grad_norm: load("tf_grad_norm")?,
             adamw: load("tf_adamw")?,
             round_bf16: load("tf_round_bf16")?,
+            linear_forward_tma: Vec::new(),
+            linear_dx_tma: Vec::new(),
         };
+        if has_wgmma(gpu.compute_capability) && tma_enabled() {
+            for tile in TmaTile::ALL {
+                let (bm, bn) = tile.shape();
+                for (name, to) in [("forward", &mut kernels.linear_forward_tma), ("dx", &mut kernels.linear_dx_tma)] {
+                    let kernel = load(&format!("tf_linear_{name}_tma_{bm}x{bn}"))?;
+                    gpu.reserve_shared(&kernel, tile.shared_bytes(), "--embed")?;
+                    to.push((tile, kernel));
+                }
+            }
+        }
         let sizes = AttentionSizes { t: config.block, hs: config.head_size(), warps: WARPS };
         let attention_forward_shared = 4 * sizes.forward_floats();
         let attention_backward_shared = 4 * sizes.backward_floats();
@@ -367,6 +395,7 @@ impl GpuTransformer {
             no_bias: stream.alloc_zeros(config.vocab.max(config.ffn()))?,
             no_bias_grad: stream.alloc_zeros(config.vocab.max(config.ffn()))?,
             head_grad: stream.alloc_zeros(if config.tie_weights { config.vocab * config.embed } else { 1 })?,
+            tma_maps: Mutex::new(HashMap::new()),
             attention_forward_shared,
             attention_backward_shared,
             kernels,
@@ -550,6 +579,8 @@ impl GpuTransformer {
         if self.buffers.batch != batch {
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, &self.config, batch)?;
+            // Maps of the old buffers' addresses: never read again (a key names a buffer's shape too).
+            self.tma_maps.get_mut().map_err(|_| anyhow::anyhow!("internal: a tensor-map lock was poisoned"))?.clear();
         }
         Ok(())
     }

@@ -6,14 +6,27 @@ use super::{
     EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_ADAMW, TICKET_CLASSIFIER,
     TICKET_LAYERNORM, TICKET_NORM, WARPS, ln_rows_per_warp,
 };
-use crate::device::launch::Arg;
+use crate::device::launch::{Arg, Kernel, StructArg};
 use crate::device::precision::Precision;
+use crate::matmul::gpu::{Strided, TMA_THREADS, TmaOperand, TmaTile, tma_operands};
 use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 
 /// A null pointer: an output a kernel skips.
 const NULL: Arg = Arg::Ptr(0);
+
+/// A product C = op(A)·op(B) of bf16 operands (device addresses and how they lie), M×N over K.
+struct TmaProduct {
+    a: (Arg, Strided),
+    b: (Arg, Strided),
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// A TMA kernel, its launch shape ((blocks, 1), threads, shared bytes, programmatic) and its maps.
+type TmaLaunch<'k> = (&'k Kernel, ((u32, u32), u32, u32, bool), StructArg);
 
 impl GpuTransformer {
     fn bf16(&self) -> bool {
@@ -62,6 +75,22 @@ impl GpuTransformer {
             let grid = (grid.0, 2 * grid.1);
             return self.gpu.launch(&self.kernels.linear_forward_halves, grid, tiles.shared_bytes as u32, false, &args);
         }
+        if self.bf16() {
+            // A = in (n × in_features), B = W stored out_features × in_features.
+            let a = Strided { trans: false, ld: in_features };
+            let b = Strided { trans: true, ld: in_features };
+            let product = TmaProduct {
+                a: (input[1], a),
+                b: (self.param_bf16(&weight), b),
+                m: n,
+                n: out_features,
+                k: in_features,
+            };
+            if let Some((kernel, shape, maps)) = self.tma_product(&self.kernels.linear_forward_tma, product)? {
+                let args = [&[bias, out[0], out[1], pre][..], &sizes].concat();
+                return self.gpu.launch_sized_with_struct(kernel, shape, &maps, &args);
+            }
+        }
         let (kernel, args) = if self.bf16() {
             let args = [&[input[1], self.param_bf16(&weight), bias, out[0], out[1], pre][..], &sizes].concat();
             (&self.kernels.linear_forward_bf16, args)
@@ -74,6 +103,50 @@ impl GpuTransformer {
             (&self.kernels.linear_forward_small, args)
         };
         self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
+    }
+
+    /// The TMA kernel of `kernels` for `product` (the tile `TmaTile::choose` picks), its launch shape and
+    /// its operands' maps (each encoded once, then kept); None where the pipeline does not run (no `wgmma`,
+    /// `TEXTNET_TMA=0`) or TMA cannot copy an operand (a leading dimension not a multiple of 8, a start
+    /// not 16-byte aligned): the caller's gemm_tile_bf16_wgmma kernel then runs it.
+    fn tma_product<'k>(
+        &self,
+        kernels: &'k [(TmaTile, Kernel)],
+        TmaProduct { a: (a, a_layout), b: (b, b_layout), m, n, k }: TmaProduct,
+    ) -> Result<Option<TmaLaunch<'k>>> {
+        let tile = TmaTile::choose(m, n, self.gpu.sm_count as usize);
+        let (Some((_, kernel)), Arg::Ptr(a), Arg::Ptr(b)) = (kernels.iter().find(|(t, _)| *t == tile), a, b) else {
+            return Ok(None);
+        };
+        let operands = [TmaOperand::a(a, a_layout, m, k, tile), TmaOperand::b(b, b_layout, n, k, tile)];
+        if m == 0 || n == 0 || !operands.iter().all(TmaOperand::copyable) {
+            return Ok(None);
+        }
+        let mut maps = self.tma_maps.lock().map_err(|_| anyhow::anyhow!("internal: a tensor-map lock was poisoned"))?;
+        let mut encoded = [[0u8; 128]; 2];
+        for (operand, out) in operands.iter().zip(&mut encoded) {
+            *out = match maps.get(operand) {
+                Some(map) => *map,
+                None => *maps.entry(*operand).or_insert(operand.encode()?),
+            };
+        }
+        let shape = ((tile.blocks(m, n, self.gpu.sm_count), 1), TMA_THREADS, tile.shared_bytes() as u32, false);
+        Ok(Some((kernel, shape, tma_operands(&encoded[0], &encoded[1]))))
+    }
+
+    /// Which GEMM the linear layers' products run on at this precision, for the benches' reports.
+    pub fn linear_gemm(&self) -> &'static str {
+        match self.precision {
+            Precision::Bf16 if !self.kernels.linear_forward_tma.is_empty() => {
+                "bf16 forward and dx products on the TMA pipeline (gemm_bf16_tma_tiles, persistent, wgmma), \
+                 weight gradients on gemm_tile_bf16_wgmma"
+            }
+            Precision::Bf16 if self.wgmma() => "bf16 on gemm_tile_bf16_wgmma (cp.async, wgmma)",
+            Precision::Bf16 => "bf16 on gemm_tile_bf16_async (cp.async, mma.sync)",
+            Precision::Tf32 => "tf32 on gemm_tile_tf32",
+            Precision::Fp32 if self.small_tiles() => "fp32 on gemm_tile",
+            Precision::Fp32 => "fp32 on gemm_128",
+        }
     }
 
     /// dW, db of `layer` from dy and its input x, and dx = dy·W (× GELU′(pre)) into dx's buffers; each
@@ -96,9 +169,30 @@ impl GpuTransformer {
         let tiles = t.wgrad_tiles(out_features, in_features);
         let slices = Self::slices(&self.gpu, tiles, t.wg_bm * t.wg_bn, n);
         let writes_dx = !matches!(dx[0], Arg::Ptr(0)) || (self.bf16() && !matches!(dx[1], Arg::Ptr(0)));
-        let dx_blocks = if writes_dx { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
-        let b = &self.buffers;
         let weight = format!("{layer}.weight");
+        // dx on the TMA pipeline where it runs (A = dy, B = W as stored, out_features × in_features), the
+        // weight gradient below without its dx tiles.
+        let tma_dx = match writes_dx && self.bf16() {
+            true => {
+                let a = Strided { trans: false, ld: dy_ld };
+                let b = Strided { trans: false, ld: in_features };
+                let product = TmaProduct {
+                    a: (dy[1], a),
+                    b: (self.param_bf16(&weight), b),
+                    m: n,
+                    n: in_features,
+                    k: out_features,
+                };
+                self.tma_product(&self.kernels.linear_dx_tma, product)?
+            }
+            false => None,
+        };
+        if let Some((kernel, shape, maps)) = &tma_dx {
+            let sizes = [Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32)];
+            self.gpu.launch_sized_with_struct(kernel, *shape, maps, &[&sizes[..], &[dx[0], dx[1], pre]].concat())?;
+        }
+        let dx_blocks = if writes_dx && tma_dx.is_none() { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
+        let b = &self.buffers;
         let sizes = [
             Arg::i32(n as i32),
             Arg::i32(out_features as i32),

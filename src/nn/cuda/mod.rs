@@ -738,7 +738,7 @@ mod tests {
         };
         for tile in FP32_TILES {
             let widened = logits_tile(tile);
-            assert!(widened.1 >= 16 && widened.1 % tile.1 == 0, "{tile:?} → {widened:?}");
+            assert!(widened.1 >= 16 && widened.1.is_multiple_of(tile.1), "{tile:?} → {widened:?}");
             assert_eq!((widened.0, widened.2, widened.3), (tile.0, tile.2, tile.3));
             assert_eq!(ksplit(widened), ksplit(tile), "{tile:?} → {widened:?}");
         }

@@ -105,7 +105,7 @@ impl GpuTransformer {
         self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
     }
 
-    /// The TMA kernel of `kernels` for `product` (the tile `TmaTile::choose` picks), its launch shape and
+    /// The TMA kernel of `kernels` for `product` (the 128×128 tile), its launch shape and
     /// its operands' maps (each encoded once, then kept); None where the pipeline does not run (no `wgmma`,
     /// `TEXTNET_TMA=0`) or TMA cannot copy an operand (a leading dimension not a multiple of 8, a start
     /// not 16-byte aligned): the caller's gemm_tile_bf16_wgmma kernel then runs it.
@@ -114,7 +114,10 @@ impl GpuTransformer {
         kernels: &'k [(TmaTile, Kernel)],
         TmaProduct { a: (a, a_layout), b: (b, b_layout), m, n, k }: TmaProduct,
     ) -> Result<Option<TmaLaunch<'k>>> {
-        let tile = TmaTile::choose(m, n, self.gpu.sm_count as usize);
+        // Not TmaTile::choose's pick: with the Transformer's epilogues the 128×256 tile ran 3–9× slower than
+        // 128×128 under ncu (benches/results/2026-11-29-h200-5dec4ca/ncu.txt), where the bare product ran
+        // as fast; 128×128 alone until that is understood.
+        let tile = TmaTile::M128N128;
         let (Some((_, kernel)), Arg::Ptr(a), Arg::Ptr(b)) = (kernels.iter().find(|(t, _)| *t == tile), a, b) else {
             return Ok(None);
         };

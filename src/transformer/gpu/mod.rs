@@ -130,7 +130,7 @@ struct Kernels {
     adamw: Kernel,
     round_bf16: Kernel,
     /// tf_linear_forward_tma_* and tf_linear_dx_tma_* by tile: the bf16 forward and dx products on the TMA
-    /// pipeline, where the GPU has `wgmma` (and `TEXTNET_TMA=0` does not turn them off); empty elsewhere.
+    /// pipeline, where the GPU has `wgmma` and `TEXTNET_TMA=1` asks for them; empty elsewhere.
     linear_forward_tma: Vec<(TmaTile, Kernel)>,
     linear_dx_tma: Vec<(TmaTile, Kernel)>,
 }
@@ -285,11 +285,13 @@ pub struct GpuTransformer {
     tma_maps: Mutex<HashMap<TmaOperand, [u8; 128]>>,
 }
 
-/// Whether the bf16 forward and dx products may run on the TMA pipeline where the GPU has `wgmma`: yes
-/// unless `TEXTNET_TMA=0` (read once), which keeps them on gemm_tile_bf16_wgmma for comparison.
+/// Whether the bf16 forward and dx products may run on the TMA pipeline where the GPU has `wgmma`: only
+/// with `TEXTNET_TMA=1` (read once). Inside the Transformer's products they ran slower than
+/// gemm_tile_bf16_wgmma at nanoGPT's shape (9.51 against 8.33 ms a step,
+/// benches/results/2026-11-29-h200-e45a9b0), though the bare product is faster: off until that is found.
 fn tma_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_TMA").is_none_or(|v| v != "0"))
+    *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_TMA").is_some_and(|v| v == "1"))
 }
 
 /// Tickets: one for the classifier, one for layernorm_backward, one for AdamW, then the linear tiles'.

@@ -107,7 +107,7 @@ impl GpuTransformer {
 
     /// The TMA kernel of `kernels` for `product` (the 128×128 tile), its launch shape and
     /// its operands' maps (each encoded once, then kept); None where the pipeline does not run (no `wgmma`,
-    /// `TEXTNET_TMA=0`) or TMA cannot copy an operand (a leading dimension not a multiple of 8, a start
+    /// no `TEXTNET_TMA=1`) or TMA cannot copy an operand (a leading dimension not a multiple of 8, a start
     /// not 16-byte aligned): the caller's gemm_tile_bf16_wgmma kernel then runs it.
     fn tma_product<'k>(
         &self,

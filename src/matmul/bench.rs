@@ -303,6 +303,16 @@ fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: 
             rows.push(measure(gpu, name, &want, s, repeats, |c| {
                 kernels.enqueue_linear((&a_dev, a_layout), (&b_dev, b_layout), c, m, n, k, ones, s)
             })?);
+            // The TMA pipeline on the same memory, 128×128 tiles (the Transformer's with TEXTNET_TMA=1):
+            // what a transposed operand costs it, beside the row-major rows below.
+            let tile = TmaTile::M128N128;
+            let copyable = !p.bias_column && Bf16Kernel::Tma.takes(m, n, k) && m.is_multiple_of(8);
+            if (a_trans || b_trans) && copyable && Bf16Kernel::Tma.runs_on(gpu) {
+                let name = format!("{} {label}", tile.layout_name(a_trans, b_trans));
+                rows.push(measure(gpu, name, &want, 1, repeats, |c| {
+                    kernels.enqueue_tma_strided(Some(tile), (&a_dev, a_layout), (&b_dev, b_layout), c, m, n, k)
+                })?);
+            }
         }
         // Row-major bf16 operands, as cuBLAS's row reads them.
         let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;

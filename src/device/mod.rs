@@ -18,6 +18,7 @@ pub mod precision;
 #[cfg(test)]
 mod precompile_choice;
 pub mod rendezvous;
+pub mod tma;
 
 use crate::harness::phases;
 use anyhow::{Context, Result, anyhow, bail};

@@ -16,10 +16,12 @@
 //! run shows whether the choice is right.
 
 use super::checks::{TOLERANCE, bf16_matrix, bf16_tolerance, random_matrix, rounded, sum_slices, transpose};
-use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel, LINEAR_TILE, Strided, TmaTile, linear_kernel};
+use super::gpu::{Bf16Kernel, Bf16Tile, Cublas, GpuMatmul, Kernel, LINEAR_TILE, linear_kernel};
 use crate::device::Gpu;
+use crate::device::tma::TmaTile;
 use crate::harness::check::rel_error;
 use crate::harness::timing::{median, time_on_device};
+use crate::ops::gemm::Strided;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use rand::SeedableRng;

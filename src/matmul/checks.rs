@@ -19,10 +19,12 @@
 //! products read them) through its store hook, every operand's leading dimension padded past its row
 //! with NaN.
 
-use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, Strided, TmaTile, linear_kernel};
+use super::gpu::{Bf16Kernel, Bf16Tile, GpuMatmul, Kernel, linear_kernel};
+use crate::device::tma::TmaTile;
 use crate::device::{Gpu, compile::ModuleRequest};
 use crate::harness::check::{Check, Group, Plan, rel_error};
 use crate::ops::cpu::SeededRng;
+use crate::ops::gemm::Strided;
 use crate::ops::gemm::{bf16_bits, round_bf16};
 use anyhow::{Context, Result};
 use rand::RngExt;

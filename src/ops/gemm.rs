@@ -79,6 +79,16 @@ pub fn round_bf16(x: f32) -> f32 {
     bf16_value(bf16_bits(x))
 }
 
+/// An operand of a bf16 product (`gemm_bf16_async_*`, the TMA GEMM) as it lies in memory: transposed or not,
+/// and its leading dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strided {
+    /// Stored transposed (A K×M, B N×K).
+    pub trans: bool,
+    /// Elements between consecutive rows of the stored matrix.
+    pub ld: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

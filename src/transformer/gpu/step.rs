@@ -8,7 +8,8 @@ use super::{
 };
 use crate::device::launch::{Arg, Kernel, StructArg};
 use crate::device::precision::Precision;
-use crate::matmul::gpu::{Strided, TMA_THREADS, TmaOperand, TmaTile, tma_operands};
+use crate::device::tma::{TMA_THREADS, TmaOperand, TmaTile, tma_operands};
+use crate::ops::gemm::Strided;
 use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;

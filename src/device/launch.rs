@@ -211,8 +211,7 @@ impl Gpu {
         (blocks, threads, shared, programmatic): ((u32, u32), u32, u32, bool),
         args: &StructArg,
     ) -> Result<()> {
-        let shape = LaunchShape { blocks, threads, shared, programmatic };
-        launch_parameters(&self.stream, kernel, shape, Some(args), &[])
+        self.launch_sized_with_struct(kernel, (blocks, threads, shared, programmatic), args, &[])
     }
 
     /// `launch` of a kernel whose first parameter is the struct `table`, passed by value, and `args` the

@@ -27,6 +27,7 @@ use crate::ops::cpu::SeededRng;
 use crate::ops::gemm::Strided;
 use crate::ops::gemm::{bf16_bits, round_bf16};
 use anyhow::{Context, Result};
+use cudarc::driver::CudaSlice;
 use rand::RngExt;
 use std::sync::Arc;
 
@@ -248,6 +249,20 @@ fn bf16_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &m
     Ok(())
 }
 
+/// One TMA product into a C filled with NaN (`enqueue`), against `want` at `tolerance`.
+fn tma_check(
+    gpu: &Gpu,
+    name: String,
+    (m, n, k): (usize, usize, usize),
+    (want, tolerance): (&[f32], f64),
+    enqueue: impl FnOnce(&mut CudaSlice<f32>) -> Result<()>,
+) -> Result<Check> {
+    let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
+    enqueue(&mut c)?;
+    let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{name} failed"))?;
+    Ok(Check { kernel: name, shape: format!("{m}×{k} · {k}×{n}"), rel_error: rel_error(&got, want), tolerance })
+}
+
 /// matmul_bf16_tma_* on TMA_SHAPES, each tile forced and then as `TmaTile::choose` picks.
 fn tma_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mut Vec<Check>) -> Result<()> {
     for (m, n, k) in TMA_SHAPES {
@@ -263,15 +278,9 @@ fn tma_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mu
                 Some(tile) => tile.name(),
                 None => format!("{} (picks {})", Bf16Kernel::Tma.name(), chosen.name()),
             };
-            let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
-            kernels.enqueue_tma(tile, &a_dev, &b_dev, &mut c, m, n, k)?;
-            let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{name} failed"))?;
-            out.push(Check {
-                kernel: name,
-                shape: format!("{m}×{k} · {k}×{n}"),
-                rel_error: rel_error(&got, &want),
-                tolerance,
-            });
+            out.push(tma_check(gpu, name, (m, n, k), (&want, tolerance), |c| {
+                kernels.enqueue_tma(tile, &a_dev, &b_dev, c, m, n, k)
+            })?);
         }
         // Every layout through the store hook (the Transformer's), each operand's rows padded past a
         // multiple of 8 with NaN, which a read past the map's sides would carry into C.
@@ -286,15 +295,9 @@ fn tma_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mu
             let b_dev = gpu.stream.clone_htod(&bf16_matrix(&with_ld(&b_stored, b_rows, b_cols, b_layout.ld)))?;
             for tile in TmaTile::ALL {
                 let name = format!("{} (ld {} and {})", tile.layout_name(a_trans, b_trans), a_layout.ld, b_layout.ld);
-                let mut c = gpu.stream.clone_htod(&vec![f32::NAN; m * n])?;
-                kernels.enqueue_tma_strided(Some(tile), (&a_dev, a_layout), (&b_dev, b_layout), &mut c, m, n, k)?;
-                let got = gpu.stream.clone_dtoh(&c).with_context(|| format!("{name} failed"))?;
-                out.push(Check {
-                    kernel: name,
-                    shape: format!("{m}×{k} · {k}×{n}"),
-                    rel_error: rel_error(&got, &want),
-                    tolerance,
-                });
+                out.push(tma_check(gpu, name, (m, n, k), (&want, tolerance), |c| {
+                    kernels.enqueue_tma_strided(Some(tile), (&a_dev, a_layout), (&b_dev, b_layout), c, m, n, k)
+                })?);
             }
         }
     }

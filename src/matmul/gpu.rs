@@ -289,20 +289,7 @@ impl GpuMatmul {
         if c.len() != m * n {
             bail!("C of {} floats is not {m}×{n}", c.len());
         }
-        let fits = |len: usize, (rows, cols): (usize, usize), ld: usize| {
-            rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= len)
-        };
-        let (a_shape, b_shape) =
-            (if a_layout.trans { (k, m) } else { (m, k) }, if b_layout.trans { (n, k) } else { (k, n) });
-        if !fits(a.len(), a_shape, a_layout.ld) || !fits(b.len(), b_shape, b_layout.ld) {
-            bail!(
-                "operands of {} and {} elements (ld {} and {}) do not fit {m}×{k} · {k}×{n}",
-                a.len(),
-                b.len(),
-                a_layout.ld,
-                b_layout.ld
-            );
-        }
+        check_strided((a.len(), a_layout), (b.len(), b_layout), (m, n, k), n)?;
         if [m, n, k].into_iter().any(|d| d > i32::MAX as usize) {
             bail!("{m}×{k}·{k}×{n} has a side past i32");
         }
@@ -394,20 +381,7 @@ impl GpuMatmul {
             bail!("the ones column {col} is past B's {n} columns");
         }
         let stored_n = if ones_col.is_some_and(|col| col + 1 == n) { n - 1 } else { n };
-        let fits = |len: usize, (rows, cols): (usize, usize), ld: usize| {
-            rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= len)
-        };
-        let (a_shape, b_shape) =
-            (if a_layout.trans { (k, m) } else { (m, k) }, if b_layout.trans { (stored_n, k) } else { (k, stored_n) });
-        if !fits(a.len(), a_shape, a_layout.ld) || !fits(b.len(), b_shape, b_layout.ld) {
-            bail!(
-                "operands of {} and {} elements (ld {} and {}) do not fit {m}×{k} · {k}×{n}",
-                a.len(),
-                b.len(),
-                a_layout.ld,
-                b_layout.ld
-            );
-        }
+        check_strided((a.len(), a_layout), (b.len(), b_layout), (m, n, k), stored_n)?;
         if [m, n, k, a_layout.ld, b_layout.ld, slices].into_iter().any(|d| d > i32::MAX as usize) {
             bail!("{m}×{k}·{k}×{n} (ld {} and {}) has a size past i32", a_layout.ld, b_layout.ld);
         }
@@ -489,6 +463,25 @@ fn linear_shared_bytes() -> usize {
 }
 
 /// An error unless buffers of `a`, `b` and `c` elements hold M×K, K×N and M×N and every side fits an i32.
+/// Refuses operands of `a` and `b` elements too short for an M×K · K×N product as `layouts` store them, B
+/// with `stored_n` of its N columns in memory.
+fn check_strided(
+    (a, a_layout): (usize, Strided),
+    (b, b_layout): (usize, Strided),
+    (m, n, k): (usize, usize, usize),
+    stored_n: usize,
+) -> Result<()> {
+    let fits = |len: usize, (rows, cols): (usize, usize), ld: usize| {
+        rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= len)
+    };
+    let a_shape = if a_layout.trans { (k, m) } else { (m, k) };
+    let b_shape = if b_layout.trans { (stored_n, k) } else { (k, stored_n) };
+    if !fits(a, a_shape, a_layout.ld) || !fits(b, b_shape, b_layout.ld) {
+        bail!("operands of {a} and {b} elements (ld {} and {}) do not fit {m}×{k} · {k}×{n}", a_layout.ld, b_layout.ld);
+    }
+    Ok(())
+}
+
 fn check_shape(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) -> Result<()> {
     if a != m * k || b != k * n || c != m * n {
         bail!("buffers of {a}, {b} and {c} elements are not {m}×{k}, {k}×{n} and {m}×{n}");

@@ -574,9 +574,9 @@ tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __re
 
 // The bf16 forward and dx products on Hopper's TMA pipeline (gemm_tma.cuh: persistent blocks of 384
 // threads, grid min(tiles, SMs)), with the epilogues of tf_linear_forward_bf16 and tf_linear_backward_bf16;
-// launched where the GPU has `wgmma` and TMA can copy the operands (leading dimensions multiples of 8),
-// the tile picked per shape as for matmul_bf16_tma_* (src/matmul/gpu.rs `TmaTile::choose`). Elsewhere
-// they compile to nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
+// launched where the GPU has `wgmma`, TMA can copy the operands (leading dimensions multiples of 8) and
+// TEXTNET_TMA=1 asks for them, on 128×128 tiles (src/transformer/gpu/mod.rs `TMA_TILE` says why).
+// Elsewhere they compile to nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
 //   tf_linear_forward_tma_*  out = in·Wᵀ + bias (GELU with `pre`): A = in (N × in_features), B = W stored
 //                            out_features × in_features (K-contiguous).
 //   tf_linear_dx_tma_*       dx = dy·W (× gelu′(pre)): A = dy (N × out_features, row stride dy_ld), B = W
@@ -604,8 +604,6 @@ tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __re
             maps, N, in_features, out_features,                                                                \
             [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < in_features); }, tma_smem);    \
     }
-TF_LINEAR_TMA(128, 256)
-TF_LINEAR_TMA(256, 128)
 TF_LINEAR_TMA(128, 128)
 
 // Grid ceil(N / (WARPS·rows_per_warp)). dres (+)= LayerNorm′ᵀ·dout for each row (x the LayerNorm's

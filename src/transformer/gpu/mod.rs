@@ -129,10 +129,10 @@ struct Kernels {
     grad_norm: Kernel,
     adamw: Kernel,
     round_bf16: Kernel,
-    /// tf_linear_forward_tma_* and tf_linear_dx_tma_* by tile: the bf16 forward and dx products on the TMA
-    /// pipeline, where the GPU has `wgmma` and `TEXTNET_TMA=1` asks for them; empty elsewhere.
-    linear_forward_tma: Vec<(TmaTile, Kernel)>,
-    linear_dx_tma: Vec<(TmaTile, Kernel)>,
+    /// tf_linear_forward_tma_128x128 and tf_linear_dx_tma_128x128: the bf16 forward and dx products on the
+    /// TMA pipeline ([`TMA_TILE`]), where the GPU has `wgmma` and `TEXTNET_TMA=1` asks for them.
+    linear_forward_tma: Option<Kernel>,
+    linear_dx_tma: Option<Kernel>,
 }
 
 /// An activation a linear layer reads: fp32 (the fp32 and TF32 products' operand), and its bf16 copy
@@ -285,6 +285,11 @@ pub struct GpuTransformer {
     tma_maps: Mutex<HashMap<TmaOperand, [u8; 128]>>,
 }
 
+/// The tile of the TMA products (fused/transformer.cu's TF_LINEAR_TMA): not `TmaTile::choose`'s pick, as
+/// with the Transformer's epilogues the 128×256 tile ran 3–9× slower than 128×128 under ncu
+/// (benches/results/2026-11-29-h200-5dec4ca/ncu.txt), where the bare product ran as fast.
+const TMA_TILE: TmaTile = TmaTile::M128N128;
+
 /// Whether the bf16 forward and dx products may run on the TMA pipeline where the GPU has `wgmma`: only
 /// with `TEXTNET_TMA=1` (read once). Inside the Transformer's products they ran slower than
 /// gemm_tile_bf16_wgmma at nanoGPT's shape (9.51 against 8.33 ms a step,
@@ -339,17 +344,15 @@ impl GpuTransformer {
             grad_norm: load("tf_grad_norm")?,
             adamw: load("tf_adamw")?,
             round_bf16: load("tf_round_bf16")?,
-            linear_forward_tma: Vec::new(),
-            linear_dx_tma: Vec::new(),
+            linear_forward_tma: None,
+            linear_dx_tma: None,
         };
         if has_wgmma(gpu.compute_capability) && tma_enabled() {
-            for tile in TmaTile::ALL {
-                let (bm, bn) = tile.shape();
-                for (name, to) in [("forward", &mut kernels.linear_forward_tma), ("dx", &mut kernels.linear_dx_tma)] {
-                    let kernel = load(&format!("tf_linear_{name}_tma_{bm}x{bn}"))?;
-                    gpu.reserve_shared(&kernel, tile.shared_bytes(), "--embed")?;
-                    to.push((tile, kernel));
-                }
+            let (bm, bn) = TMA_TILE.shape();
+            for (name, to) in [("forward", &mut kernels.linear_forward_tma), ("dx", &mut kernels.linear_dx_tma)] {
+                let kernel = load(&format!("tf_linear_{name}_tma_{bm}x{bn}"))?;
+                gpu.reserve_shared(&kernel, TMA_TILE.shared_bytes(), "--embed")?;
+                *to = Some(kernel);
             }
         }
         let sizes = AttentionSizes { t: config.block, hs: config.head_size(), warps: WARPS };

@@ -4,11 +4,11 @@
 
 use super::{
     EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_ADAMW, TICKET_CLASSIFIER,
-    TICKET_LAYERNORM, TICKET_NORM, WARPS, ln_rows_per_warp,
+    TICKET_LAYERNORM, TICKET_NORM, TMA_TILE, WARPS, ln_rows_per_warp,
 };
 use crate::device::launch::{Arg, Kernel, StructArg};
 use crate::device::precision::Precision;
-use crate::device::tma::{TMA_THREADS, TmaOperand, TmaTile, tma_operands};
+use crate::device::tma::{TMA_THREADS, TmaOperand, tma_operands};
 use crate::ops::gemm::Strided;
 use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
@@ -87,7 +87,7 @@ impl GpuTransformer {
                 n: out_features,
                 k: in_features,
             };
-            if let Some((kernel, shape, maps)) = self.tma_product(&self.kernels.linear_forward_tma, product)? {
+            if let Some((kernel, shape, maps)) = self.tma_product(self.kernels.linear_forward_tma.as_ref(), product)? {
                 let args = [&[bias, out[0], out[1], pre][..], &sizes].concat();
                 return self.gpu.launch_sized_with_struct(kernel, shape, &maps, &args);
             }
@@ -106,20 +106,17 @@ impl GpuTransformer {
         self.gpu.launch(kernel, grid, tiles.shared_bytes as u32, false, &args)
     }
 
-    /// The TMA kernel of `kernels` for `product` (the 128×128 tile), its launch shape and
-    /// its operands' maps (each encoded once, then kept); None where the pipeline does not run (no `wgmma`,
-    /// no `TEXTNET_TMA=1`) or TMA cannot copy an operand (a leading dimension not a multiple of 8, a start
-    /// not 16-byte aligned): the caller's gemm_tile_bf16_wgmma kernel then runs it.
+    /// `kernel` (a TMA product on [`TMA_TILE`]) for `product`, its launch shape and its operands' maps (each
+    /// encoded once, then kept); None where the pipeline does not run (no `wgmma`, no `TEXTNET_TMA=1`) or
+    /// TMA cannot copy an operand (a leading dimension not a multiple of 8, a start not 16-byte aligned):
+    /// the caller's gemm_tile_bf16_wgmma kernel then runs it.
     fn tma_product<'k>(
         &self,
-        kernels: &'k [(TmaTile, Kernel)],
+        kernel: Option<&'k Kernel>,
         TmaProduct { a: (a, a_layout), b: (b, b_layout), m, n, k }: TmaProduct,
     ) -> Result<Option<TmaLaunch<'k>>> {
-        // Not TmaTile::choose's pick: with the Transformer's epilogues the 128×256 tile ran 3–9× slower than
-        // 128×128 under ncu (benches/results/2026-11-29-h200-5dec4ca/ncu.txt), where the bare product ran
-        // as fast; 128×128 alone until that is understood.
-        let tile = TmaTile::M128N128;
-        let (Some((_, kernel)), Arg::Ptr(a), Arg::Ptr(b)) = (kernels.iter().find(|(t, _)| *t == tile), a, b) else {
+        let tile = TMA_TILE;
+        let (Some(kernel), Arg::Ptr(a), Arg::Ptr(b)) = (kernel, a, b) else {
             return Ok(None);
         };
         let operands = [TmaOperand::a(a, a_layout, m, k, tile), TmaOperand::b(b, b_layout, n, k, tile)];
@@ -141,7 +138,7 @@ impl GpuTransformer {
     /// Which GEMM the linear layers' products run on at this precision, for the benches' reports.
     pub fn linear_gemm(&self) -> &'static str {
         match self.precision {
-            Precision::Bf16 if !self.kernels.linear_forward_tma.is_empty() => {
+            Precision::Bf16 if self.kernels.linear_forward_tma.is_some() => {
                 "bf16 forward and dx products on the TMA pipeline (gemm_bf16_tma_tiles, persistent, wgmma), \
                  weight gradients on gemm_tile_bf16_wgmma"
             }
@@ -187,7 +184,7 @@ impl GpuTransformer {
                     n: in_features,
                     k: out_features,
                 };
-                self.tma_product(&self.kernels.linear_dx_tma, product)?
+                self.tma_product(self.kernels.linear_dx_tma.as_ref(), product)?
             }
             false => None,
         };

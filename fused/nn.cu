@@ -679,6 +679,21 @@ constexpr int LINEAR_CROSS_ENTROPY_CLASSES = 64;
 template <class T>
 using LogitsTile = MatTile<T::BM, (T::BN < 16 ? 16 : T::BN), T::BK, T::TM, T::TN * (T::BN < 16 ? 16 / T::BN : 1)>;
 
+// row_scale LINEAR_CROSS_ENTROPY_COUNT_ROWS (0): d is the gradient of the mean over the rows not ignored,
+// 1/count · (softmax − onehot), where count is the targets other than `ignore` among all R, counted by every
+// block (so the launch layer fuses it only up to LINEAR_CROSS_ENTROPY_COUNTED_ROWS rows). These are the bits
+// nn_scale_by gives the unfused d (times 1, then 1/count), so that the layer's dx can be formed here too.
+constexpr float LINEAR_CROSS_ENTROPY_COUNT_ROWS = 0.0f;
+constexpr int LINEAR_CROSS_ENTROPY_COUNTED_ROWS = 8192;
+
+// How many of the R targets are not `ignore` (every block counts them all; each thread gets the count).
+__device__ __forceinline__ float rows_not_ignored(const float* __restrict__ targets, int R, float ignore) {
+    __shared__ float scratch[WARPS];
+    float counted = 0.0f;
+    for (int r = threadIdx.x; r < R; r += THREADS) counted += targets[r] != ignore ? 1.0f : 0.0f;
+    return block_sum(counted, scratch);
+}
+
 // dx = d·W times the slope of the activation `act` of act_pre (x = act(act_pre)) for rows [m0, m0 + rows),
 // d's rows in shared memory (a row every LINEAR_CROSS_ENTROPY_CLASSES floats), each element summed as a
 // gemm_tile of KSPLIT thread groups sums it: group g's fmaf chain over the outputs o ≡ g (mod KSPLIT), from
@@ -746,6 +761,7 @@ __device__ __forceinline__ void linear_cross_entropy(const float* __restrict__ x
             smem);
     }
     __syncthreads();
+    if (row_scale == LINEAR_CROSS_ENTROPY_COUNT_ROWS) row_scale = 1.0f / rows_not_ignored(targets, R, ignore);
     for (int row = m0 + threadIdx.x / 32; row < min(m0 + T::BM, R); row += WARPS) {
         float row_loss, row_counted;
         cross_entropy_row(logits + (row - m0) * LINEAR_CROSS_ENTROPY_CLASSES, d + (size_t)row * N, targets[row], N,
@@ -787,14 +803,16 @@ NN_LINEAR_CROSS_ENTROPY(small, TileSmall)
 NN_LINEAR_CROSS_ENTROPY(tiny, TileTiny)
 #undef NN_LINEAR_CROSS_ENTROPY
 
-// out = saved · scale · upstream[0] / divisor[0] (divisor null: 1): a loss's saved gradient times the
-// gradient that reached the loss, over the rows it averaged.
+// out = saved · (1 / divisor[0]) · (scale · upstream[0]) (divisor null: 1): a loss's saved gradient over the
+// rows it averaged, times the gradient that reached the loss. Saved times 1/divisor first: the bits of
+// nn_linear_cross_entropy's d when it counts the rows itself (LINEAR_CROSS_ENTROPY_COUNT_ROWS), so that a
+// backward from it (saved = d, no divisor) gives the same bits as from the unfused one.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream, const float* __restrict__ divisor,
             float scale, float* __restrict__ out, int n) {
     begin_after_previous_grid();
-    const float factor = scale * upstream[0] / (divisor ? divisor[0] : 1.0f);
-    for (int i = grid_index(); i < n; i += grid_stride()) out[i] = saved[i] * factor;
+    const float per_row = divisor ? 1.0f / divisor[0] : 1.0f, factor = scale * upstream[0];
+    for (int i = grid_index(); i < n; i += grid_stride()) out[i] = saved[i] * per_row * factor;
 }
 
 // out[i] = value: a backward's seed.

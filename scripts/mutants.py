@@ -19,6 +19,8 @@ MUTATIONS = [
      "const float pre = bias ? acc + bias[o + 1 < N ? o + 1 : o] : acc;\n            if (z) z[e] = pre;", "nn"),
     ("nn: cross-entropy's ignored rows leak a gradient", "nn.cu",
      "for (int j = lane; j < C; j += 32) g[j] = 0.0f;", "for (int j = lane; j < C; j += 32) g[j] = 1e-3f;", "nn"),
+    ("nn: the fused cross-entropy counts the ignored rows too", "nn.cu",
+     "counted += targets[r] != ignore ? 1.0f : 0.0f;", "counted += 1.0f;", "nn"),
     ("nn: layer_norm's variance unbiased (over D − 1)", "nn.cu",
      "const float r = 1.0f / sqrtf(warp_sum(squares) / (float)D + eps);",
      "const float r = 1.0f / sqrtf(warp_sum(squares) / (float)(D > 1 ? D - 1 : 1) + eps);", "nn"),

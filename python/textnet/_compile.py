@@ -22,8 +22,10 @@ class CompiledStep:
     """A step made by ``textnet.compile``; call it as the function.
 
     On the GPU (some argument a tensor on "cuda") the first two calls run the function op by op, the
-    third records its launches as one CUDA graph, and every later call copies its tensor arguments into
-    the graph's own input tensors and replays the graph, without calling the function. So:
+    third records its launches as one CUDA graph, and every later call replays the graph without calling
+    the function. The graph's kernels read each call's tensor arguments where they are (no copy; the
+    graph's own input tensors stand for them only in the calls that run the function, and where a graph
+    touches an input otherwise than through a kernel's argument, the arguments are copied into them). So:
 
     - the function returns the loss (a float32 tensor), and a replay returns the same tensor each time,
       holding that step's value (read it with ``.item()`` when wanted: that waits for the GPU);

@@ -2,7 +2,8 @@
 //! (NVRTC, NCCL) and opens a GPU (`Gpu`: its context, its stream, the limits the launch code needs, and the
 //! kernel modules loaded so far). `compile` turns the embedded `fused/*.cu` files into machine code with
 //! NVRTC (cached on disk by content hash, or compiled at build time); `launch` holds `Kernel`, `Arg` and
-//! the one launch path every pipeline shares, `kernel_struct` the typed structs kernels take by value; `nccl`, `parallel` and `rendezvous` train on several GPUs;
+//! the one launch path every pipeline shares, `kernel_struct` the typed structs kernels take by value,
+//! `rebind` a captured graph reading other input buffers; `nccl`, `parallel` and `rendezvous` train on several GPUs;
 //! `precision` names the number formats a run computes in.
 //!
 //! cudarc loads libcuda and libnvrtc at run time and panics when one is missing or lacks a symbol;
@@ -17,6 +18,7 @@ pub mod parallel;
 pub mod precision;
 #[cfg(test)]
 mod precompile_choice;
+pub mod rebind;
 pub mod rendezvous;
 pub mod tma;
 

@@ -837,10 +837,20 @@ fn adam_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result
     steps_result(captured.then_some(&step), losses, &parameters)
 }
 
+/// How a run of steps goes: op by op, through a `CapturedStep` whose inputs are refilled in place, or
+/// through one handed each step's own tensors (`run_with`), all alive at once so that each has its own
+/// address, whose replays must read them in place.
+#[derive(Clone, Copy, PartialEq)]
+enum StepRun {
+    Eager,
+    Refilled,
+    Handed,
+}
+
 /// The losses and final parameters of 12 AdamW steps of a next-token model on `device` — embedding of
 /// ids in a device tensor, dropout (the layer's device counter), a linear head, cross-entropy, the
-/// gradients clipped on the device — a new batch each step, op by op or through a `CapturedStep`.
-fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+/// gradients clipped on the device — a new batch each step, run as `run` says.
+fn token_steps(device: &Arc<Device>, seed: u64, run: StepRun) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
     use super::CapturedStep;
     use rand::SeedableRng;
     const STEPS: usize = 12;
@@ -857,12 +867,20 @@ fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Resul
     let batches: Vec<(Vec<f32>, Vec<f32>)> = (0..STEPS).map(|_| (draw(&mut rng), draw(&mut rng))).collect();
     let ids = Tensor::from_vec(batches[0].0.clone(), &[count])?.to_device(device)?;
     let targets = Tensor::from_vec(batches[0].1.clone(), &[count])?.to_device(device)?;
+    let handed: Vec<(Tensor, Tensor)> = if run == StepRun::Handed {
+        let to_device = |v: &Vec<f32>| Tensor::from_vec(v.clone(), &[count])?.to_device(device);
+        batches.iter().map(|(i, t)| Ok((to_device(i)?, to_device(t)?))).collect::<super::Result<_>>()?
+    } else {
+        Vec::new()
+    };
     let mut adamw = Optimizer::adamw(parameters.clone(), 1e-2, 0.1)?;
     let mut step = CapturedStep::new(device, &[&ids, &targets])?;
     let mut losses = Vec::new();
-    for (inputs, next) in &batches {
-        ids.copy_from_slice(inputs)?;
-        targets.copy_from_slice(next)?;
+    for (k, (inputs, next)) in batches.iter().enumerate() {
+        if run != StepRun::Handed {
+            ids.copy_from_slice(inputs)?;
+            targets.copy_from_slice(next)?;
+        }
         let mut one_step = || {
             adamw.zero_grad();
             let loss = head.forward(&drop.forward(&table.forward(&ids)?)?)?.cross_entropy_ids(&targets, None)?;
@@ -871,10 +889,17 @@ fn token_steps(device: &Arc<Device>, seed: u64, captured: bool) -> anyhow::Resul
             adamw.step()?;
             Ok(loss)
         };
-        let loss = if captured { step.run(one_step)? } else { one_step()? };
+        let loss = match run {
+            StepRun::Eager => one_step()?,
+            StepRun::Refilled => step.run(one_step)?,
+            StepRun::Handed => step.run_with(&[&handed[k].0, &handed[k].1], one_step)?,
+        };
         losses.push(loss.item()?);
     }
-    steps_result(captured.then_some(&step), losses, &parameters)
+    if run == StepRun::Handed && !step.rebound_kernels().is_some_and(|kernels| kernels > 0) {
+        anyhow::bail!("the replays did not read the tensors handed to them where they are");
+    }
+    steps_result((run != StepRun::Eager).then_some(&step), losses, &parameters)
 }
 
 /// The losses, final parameters and fusions of 8 AdamW steps of a residual block on `device` in
@@ -975,14 +1000,15 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
 }
 
 /// The losses and final parameters of 4 SGD steps of a linear layer read by a cross-entropy (`bias`;
-/// `ignore`: an id some rows take, to be ignored), after a first layer and its activation when `hidden`
+/// `ignore`: an id some rows take, to be ignored; `halved`: the backward from half the loss, so that the
+/// gradient reaching the loss is not its own seed), after a first layer and its activation when `hidden`
 /// gives them, a new batch each step, op by op or through a `CapturedStep`, whose capture fuses the loss
 /// into the last layer's blocks (and, after an activation, that layer's dx too); and the capture's fusions.
 fn linear_loss_steps(
     device: &Arc<Device>,
     rng: &mut SeededRng,
     (rows, inputs, classes): (usize, usize, usize),
-    (bias, ignore, halves): (bool, Option<i64>, bool),
+    (bias, ignore, halves, halved): (bool, Option<i64>, bool, bool),
     hidden: Option<(usize, Activation)>,
     captured: bool,
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
@@ -1023,7 +1049,7 @@ fn linear_loss_steps(
             };
             let logits = layer.forward(&h)?.reshape(&[loss_rows, loss_classes])?;
             let loss = logits.cross_entropy_ids(&targets, ignore)?;
-            loss.backward()?;
+            if halved { loss.mul_scalar(0.5)?.backward() } else { loss.backward() }?;
             sgd.step()?;
             Ok(loss)
         };
@@ -1036,25 +1062,30 @@ fn linear_loss_steps(
 
 /// A linear layer and the cross-entropy of its output, fused in a capture (`nn_linear_cross_entropy`),
 /// equal the two launches to the bit, over random sizes whose rows span several tiles and blocks, with and
-/// without a bias and rows to ignore; and the capture fused them (an equality that fused nothing would
-/// prove nothing). Logits seen in another shape before the loss are not fused, and equal too.
+/// without a bias and rows to ignore (which the fused kernel counts itself), and from half the loss; and
+/// the capture fused them (an equality that fused nothing would prove nothing). Logits seen in another
+/// shape before the loss are not fused, and equal too.
 ///
 /// After a first layer and an activation, the loss kernel also forms the last layer's dx (times the
 /// activation's slope) in the tile nn_linear_grad would take, and the two layers' weight gradients go as
 /// one launch (`nn_linear_grad_weights`): equal to the bit too, sized to reach each of the three tiles, and
-/// both fusions made where the loss's gradient reaches the layer as it is (no rows to ignore).
+/// both fusions made, with rows to ignore or not, where the loss's gradient reaches the layer as it is.
 fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use rand::SeedableRng;
     let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let mut checks = Vec::new();
-    for (bias, ignoring, halves) in
-        [(true, false, false), (false, true, false), (true, true, false), (true, true, true)]
-    {
+    for (bias, ignoring, halves, halved) in [
+        (true, false, false, false),
+        (false, true, false, false),
+        (true, true, false, false),
+        (true, true, true, false),
+        (true, true, false, true),
+    ] {
         let classes = if halves { 2 * rng.random_range(1..33) } else { rng.random_range(2..65) };
         let sizes = (rng.random_range(1..300), rng.random_range(1..90), classes);
         let ignore = ignoring.then(|| rng.random_range(0..if halves { classes / 2 } else { classes }) as i64);
         let seed = rng.random();
-        let form = (bias, ignore, halves);
+        let form = (bias, ignore, halves, halved);
         let run =
             |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, None, captured);
         let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
@@ -1062,7 +1093,8 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let right = fused != halves && bits(&eager) == bits(&captured);
         let (rows, inputs, classes) = sizes;
         let seen = if halves { format!(", seen as {}×{}", 2 * rows, classes / 2) } else { String::new() };
-        let shape = format!("{rows}×{inputs} → {classes}{seen}, bias {bias}, ignore {ignore:?}, 4 SGD steps");
+        let from = if halved { ", from half the loss" } else { "" };
+        let shape = format!("{rows}×{inputs} → {classes}{seen}, bias {bias}, ignore {ignore:?}, 4 SGD steps{from}");
         checks.push(Check {
             kernel: "nn fused linear + cross_entropy".into(),
             shape,
@@ -1080,13 +1112,13 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let width = rng.random_range(width);
         let seed = rng.random();
         let hidden = Some((width, activation));
-        let form = (bias, ignore, false);
+        let form = (bias, ignore, false, false);
         let run =
             |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, hidden, captured);
         let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
         let made = |prefix: &str| fusions.iter().any(|(what, _)| what.starts_with(prefix));
         let (dx, together) = (made("linear ← cross_entropy"), made("linear ← linear"));
-        let right = dx == ignore.is_none() && together == ignore.is_none() && bits(&eager) == bits(&captured);
+        let right = dx && together && bits(&eager) == bits(&captured);
         let (rows, inputs, classes) = sizes;
         let shape = format!(
             "{rows}×{inputs} → {width}, {name}, → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps (dx fused: \
@@ -1203,11 +1235,15 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         let shape = "MLP 20-33-7, 12 Adam steps, cosine rate".into();
         let rel_error = if same { 0.0 } else { f64::INFINITY };
         checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
-        let (eager, captured) = (token_steps(&device, seed, false)?, token_steps(&device, seed, true)?);
-        let same = bits(&eager) == bits(&captured);
-        let shape = "embedding (device ids), dropout, linear, clip, 12 AdamW steps".into();
-        let rel_error = if same { 0.0 } else { f64::INFINITY };
-        checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
+        let eager = token_steps(&device, seed, StepRun::Eager)?;
+        for (run, how) in
+            [(StepRun::Refilled, "inputs refilled"), (StepRun::Handed, "each step's tensors read in place")]
+        {
+            let same = bits(&eager) == bits(&token_steps(&device, seed, run)?);
+            let shape = format!("embedding (device ids), dropout, linear, clip, 12 AdamW steps, {how}");
+            let rel_error = if same { 0.0 } else { f64::INFINITY };
+            checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
+        }
         checks.extend(fusion_checks(&device, seed)?);
         checks.extend(loss_fusion_checks(&device, &mut plan.rng("nn loss fusion"))?);
     }

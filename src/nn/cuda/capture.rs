@@ -13,7 +13,10 @@
 //!
 //! What makes a replay the same step as an eager one:
 //! - the inputs are device tensors the caller refills in place between calls (`copy_from_slice`), so
-//!   their addresses stay; targets go through `cross_entropy_ids`, a tensor too;
+//!   their addresses stay; targets go through `cross_entropy_ids`, a tensor too. Or the caller hands each
+//!   call its own tensors of the inputs' shapes ([`CapturedStep::run_with`]): a replay then reads them
+//!   where they are (`device::rebind`: the graph's kernels that take an input's address are pointed at
+//!   theirs, no copy), and the eager and capturing runs copy them into the inputs;
 //! - every buffer the step uses comes from the memory its eager run used, and stays the step's (a pool
 //!   of its own, `Device::capturing`): 0 device allocations while replaying;
 //! - parameters and optimizer state are updated in place, and the rate and step count the update kernels
@@ -30,6 +33,7 @@
 
 use super::fusion::Plan;
 use super::{Device, DeviceBuffer, Pool};
+use crate::device::rebind::Rebinding;
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::{Storage, Tensor};
 use cudarc::driver::CudaGraph;
@@ -48,7 +52,15 @@ enum State {
     /// Ran eagerly `WARM_UP_RUNS` times; the next call captures.
     WarmedUp,
     /// Captured: replay `graph`, whose output is `output`; its buffers live in `pool` and in the tensors.
-    Captured { graph: CudaGraph, output: Tensor, _pool: Arc<Pool> },
+    /// `rebinding` (None: the graph touches its inputs otherwise than through its kernels' arguments)
+    /// points its kernels at other buffers than the inputs; `bound` holds those they read now.
+    Captured {
+        graph: CudaGraph,
+        output: Tensor,
+        _pool: Arc<Pool>,
+        rebinding: Option<Rebinding>,
+        bound: Vec<DeviceBuffer>,
+    },
     /// Capture failed for the reason given once; every call runs eagerly.
     Eager,
 }
@@ -121,6 +133,16 @@ impl CapturedStep {
         matches!(self.state, State::Captured { .. })
     }
 
+    /// How many of the captured graph's kernels take an input's address, which `run_with`'s replays point
+    /// at the tensors handed to them; None before a capture, or when the graph cannot be rebound (they are
+    /// then copied into the inputs).
+    pub fn rebound_kernels(&self) -> Option<usize> {
+        match &self.state {
+            State::Captured { rebinding, .. } => rebinding.as_ref().map(Rebinding::kernels),
+            _ => None,
+        }
+    }
+
     /// The inputs' buffers (each a device tensor: `current_signature` checked them).
     fn input_buffers(&self) -> Vec<DeviceBuffer> {
         let buffer = |input: &Tensor| match &*input.storage() {
@@ -146,7 +168,47 @@ impl CapturedStep {
 
     /// One step: `step` (which returns the loss, or any output) run eagerly, captured then replayed, or
     /// replayed. The output of a replayed step is the same tensor each time, holding this step's values.
-    pub fn run(&mut self, mut step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+    pub fn run(&mut self, step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        let inputs = self.input_buffers();
+        self.run_bound(&inputs, step)
+    }
+
+    /// `run` over `sources` (device tensors on this step's GPU, of its inputs' shapes, one for each) in
+    /// place of the inputs: a replay reads them where they are when its graph allows it (see the module's
+    /// text); otherwise, and in the eager and capturing runs, they are first copied into the inputs.
+    /// `step` still reads the inputs. The step keeps the sources until its next call.
+    pub fn run_with(&mut self, sources: &[&Tensor], step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        if sources.len() != self.inputs.len() {
+            let problem = format!("{} tensors given for a step of {} inputs", sources.len(), self.inputs.len());
+            return Err(Error::value("CapturedStep", problem));
+        }
+        let mut buffers = Vec::with_capacity(sources.len());
+        for (source, input) in sources.iter().zip(&self.inputs) {
+            if source.shape() != input.shape() {
+                let problem = "differ: a step's tensors have its inputs' shapes (second shape: the input's)";
+                return Err(Error::shapes("CapturedStep", source.shape(), input.shape(), problem));
+            }
+            match &*source.storage() {
+                Storage::Device(buffer) if Arc::ptr_eq(buffer.device(), &self.device) => buffers.push(buffer.clone()),
+                _ => return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU")),
+            }
+        }
+        let replays_in_place = matches!(&self.state, State::Captured { rebinding: Some(_), .. })
+            && self.signature.as_ref() == Some(&self.current_signature()?);
+        if !replays_in_place {
+            for (source, input) in sources.iter().zip(&self.inputs) {
+                if !Arc::ptr_eq(&source.storage(), &input.storage()) {
+                    input.copy_from(source)?;
+                }
+            }
+            buffers = self.input_buffers();
+        }
+        self.run_bound(&buffers, step)
+    }
+
+    /// `run`, a replay reading `buffers` in place of the inputs (the inputs' own, or `run_with`'s sources
+    /// when the graph can be rebound).
+    fn run_bound(&mut self, buffers: &[DeviceBuffer], mut step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
         let signature = self.current_signature()?;
         if self.signature.as_ref().is_some_and(|s| *s != signature) {
             if self.captures > 0 && !matches!(self.state, State::Eager) {
@@ -164,16 +226,9 @@ impl CapturedStep {
                 Ok(output)
             }
             State::Eager => step(),
-            State::Captured { graph, output, .. } => {
-                graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
-                Ok(output.clone())
-            }
+            State::Captured { .. } => self.replay(buffers),
             State::WarmedUp => match self.capture(&mut step) {
-                Ok(()) => {
-                    let State::Captured { graph, output, .. } = &self.state else { unreachable!("just captured") };
-                    graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
-                    Ok(output.clone())
-                }
+                Ok(()) => self.replay(buffers),
                 // The eager run that follows may leave in the cache the memory the capture lacked (another
                 // captured step can take buffers this one's warm-up freed): one more try after it.
                 Err(_) if !self.retried => {
@@ -189,6 +244,23 @@ impl CapturedStep {
                 }
             },
         }
+    }
+
+    /// Launches the captured graph, its kernels reading `buffers` in place of the inputs (the inputs' own
+    /// unless it has a rebinding).
+    fn replay(&mut self, buffers: &[DeviceBuffer]) -> Result<Tensor> {
+        let State::Captured { graph, output, rebinding, bound, .. } = &mut self.state else {
+            unreachable!("replayed only once captured")
+        };
+        if let Some(rebinding) = rebinding {
+            let addresses: Vec<u64> = buffers.iter().map(DeviceBuffer::address).collect();
+            let exec = graph.cu_graph_exec();
+            crate::device::quietly("replaying the step", || rebinding.bind(exec, &addresses))
+                .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
+            bound.clone_from_slice(buffers);
+        }
+        graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
+        Ok(output.clone())
     }
 
     /// The fusions the last capture made (`fusion`'s table), each described with how many times it was
@@ -231,9 +303,14 @@ impl CapturedStep {
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let output = output?;
         let graph = graph.map_err(driver)?.ok_or_else(|| Error::device("CapturedStep", "the step launched nothing"))?;
+        let inputs = self.input_buffers();
+        let spans: Vec<(u64, usize)> = inputs.iter().map(|b| (b.address(), b.len() * size_of::<f32>())).collect();
+        let rebinding =
+            crate::device::quietly("reading the captured step", || Rebinding::find(graph.cu_graph(), &spans))
+                .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
         self.captures += 1;
         self.fusions = fusions;
-        self.state = State::Captured { graph, output, _pool: pool };
+        self.state = State::Captured { graph, output, _pool: pool, rebinding, bound: inputs };
         Ok(())
     }
 }

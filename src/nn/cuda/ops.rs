@@ -31,6 +31,11 @@ pub(crate) const UNARY_NEG: i32 = 6;
 const UNARY_NONE: i32 = -1;
 /// The widest rows of logits `nn_linear_cross_entropy` takes (its LINEAR_CROSS_ENTROPY_CLASSES).
 const LINEAR_CROSS_ENTROPY_CLASSES: usize = 64;
+/// The `row_scale` that has `nn_linear_cross_entropy` count the rows not ignored itself, every block over
+/// all targets, and scale d by one over that count (its LINEAR_CROSS_ENTROPY_COUNT_ROWS).
+const LINEAR_CROSS_ENTROPY_COUNT_ROWS: f32 = 0.0;
+/// The most rows it counts so (its LINEAR_CROSS_ENTROPY_COUNTED_ROWS): each block reads every target.
+const LINEAR_CROSS_ENTROPY_COUNTED_ROWS: usize = 8192;
 
 /// The device buffer of a tensor that `place_of` found on the device.
 pub(super) fn buffer<F: Real>(tensor: &Tensor<F>) -> DeviceBuffer {
@@ -692,7 +697,9 @@ pub(crate) fn linear<F: Real>(
     let wanted = producer.as_ref().and_then(Producer::cross_entropy);
     let cross_entropy = match (&rounded, activation, &dropout, wanted.map(|w| (w, device.step_input(w.input)))) {
         (None, None, None, Some((site, Some(targets))))
-            if (site.rows, site.classes) == (rows, outputs) && outputs <= LINEAR_CROSS_ENTROPY_CLASSES =>
+            if (site.rows, site.classes) == (rows, outputs)
+                && outputs <= LINEAR_CROSS_ENTROPY_CLASSES
+                && (site.row_scale != LINEAR_CROSS_ENTROPY_COUNT_ROWS || rows <= LINEAR_CROSS_ENTROPY_COUNTED_ROWS) =>
         {
             Some((site, targets, cross_entropy_buffers(device, rows, outputs)?))
         }
@@ -990,19 +997,28 @@ pub(crate) fn cross_entropy<F: Real>(
 ) -> Result<Tensor<F>> {
     const NAME: &str = "cross_entropy";
     let input = buffer(logits);
-    // Without an id to ignore every row counts, so the kernel divides the gradient by the rows itself; and
-    // the seed of a backward from the loss is its word `one`, an upstream gradient of 1: the backward then
-    // hands on d as it is.
+    // Without an id to ignore every row counts, so the kernel divides the gradient by the rows itself.
+    // With one, the linear layer that forms the logits in a capture counts the rows itself
+    // (LINEAR_CROSS_ENTROPY_COUNT_ROWS); this kernel, a warp a row, cannot, so its d is softmax − onehot
+    // and the backward divides by the count the last block wrote. Where d is the mean's gradient, the seed
+    // of a backward from the loss, its word `one` (an upstream gradient of 1), gets d as it is.
     let every_row_counts = ignore.is_nan();
     let row_scale = if every_row_counts { 1.0 / rows.max(1) as f32 } else { 1.0 };
-    let site = device.step_input_of(targets).map(|input| CrossEntropySite { input, rows, classes, ignore, row_scale });
+    let fused_scale = if every_row_counts { row_scale } else { LINEAR_CROSS_ENTROPY_COUNT_ROWS };
+    let site = (device.step_input_of(targets)).map(|input| CrossEntropySite {
+        input,
+        rows,
+        classes,
+        ignore,
+        row_scale: fused_scale,
+    });
     if let Some(site) = site {
         device.want(&input, Want::CrossEntropy(site));
     }
-    let out = match site.and_then(|site| input.cross_entropy_extra(targets, &site)) {
+    let (out, mean_gradient) = match site.and_then(|site| input.cross_entropy_extra(targets, &site)) {
         Some(out) => {
             device.fused(format!("linear → {NAME}: the loss by the blocks that formed the logits"));
-            out
+            (out, true)
         }
         None => {
             let out = cross_entropy_buffers(device, rows, classes)?;
@@ -1011,17 +1027,17 @@ pub(crate) fn cross_entropy<F: Real>(
                 [Arg::i32(int(NAME, rows)?), Arg::i32(int(NAME, classes)?), Arg::f32(ignore), Arg::f32(row_scale)];
             let args = [&args[..], &cross_entropy_outputs(device, &out, sizes)].concat();
             device.launch(NAME, &device.kernels.cross_entropy, warp_row_blocks(rows), 0, &args)?;
-            out
+            (out, every_row_counts)
         }
     };
     let CrossEntropyOut { loss, d, count, one, .. } = out;
     loss.attach(Extra::Seed(one.clone()));
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
-        if every_row_counts && grad.address() == one.address() {
+        if mean_gradient && grad.address() == one.address() {
             return Ok(vec![Some(d.clone())]);
         }
-        let divisor = (!every_row_counts).then_some(&count);
+        let divisor = (!mean_gradient).then_some(&count);
         Ok(vec![Some(scale_by(&device_, NAME, &d, grad, divisor, 1.0)?)])
     };
     Ok(Tensor::from_device_op(NAME, loss, Vec::new(), &[logits], Box::new(backward)))
@@ -1060,7 +1076,7 @@ fn cross_entropy_outputs(device: &Device, out: &CrossEntropyOut, sizes: [Arg; 4]
     ]
 }
 
-/// saved · scale · upstream[0] / divisor[0] (no divisor: 1), in a new buffer.
+/// saved · (1 / divisor[0]) · (scale · upstream[0]) (no divisor: 1), in a new buffer.
 fn scale_by(
     device: &Arc<Device>,
     name: &'static str,
@@ -1123,8 +1139,12 @@ mod tests {
 
     #[test]
     fn the_fused_cross_entropys_widest_row_is_the_kernels() {
-        let kernel = kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_CLASSES"]).unwrap();
-        assert_eq!(kernel, [super::LINEAR_CROSS_ENTROPY_CLASSES as i64]);
+        let kernel =
+            kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_CLASSES", "LINEAR_CROSS_ENTROPY_COUNTED_ROWS"]);
+        let counted_rows = super::LINEAR_CROSS_ENTROPY_COUNTED_ROWS as i64;
+        assert_eq!(kernel.unwrap(), [super::LINEAR_CROSS_ENTROPY_CLASSES as i64, counted_rows]);
+        let kernel = kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_COUNT_ROWS == 0.0f"]).unwrap();
+        assert_eq!(kernel, [i64::from(super::LINEAR_CROSS_ENTROPY_COUNT_ROWS == 0.0)]);
     }
 
     #[test]

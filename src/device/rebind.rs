@@ -68,10 +68,12 @@ impl Rebinding {
                     None => return Ok(None),
                 },
                 sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => {
-                    // SAFETY: all zero bytes are a valid CUDA_MEMCPY3D, which the driver then fills.
-                    let mut copy: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+                    // Not zeroed: its memory types are enums without a zero.
+                    let mut copy = std::mem::MaybeUninit::<sys::CUDA_MEMCPY3D>::uninit();
                     // SAFETY: a memcpy node of a live graph and a writable parameter struct.
-                    check("reading a copy node", unsafe { sys::cuGraphMemcpyNodeGetParams(node, &mut copy) })?;
+                    check("reading a copy node", unsafe { sys::cuGraphMemcpyNodeGetParams(node, copy.as_mut_ptr()) })?;
+                    // SAFETY: the driver filled it.
+                    let copy = unsafe { copy.assume_init() };
                     let rows = (copy.Height.max(1) * copy.Depth.max(1)) as u64;
                     let span = |x: usize, pitch: usize| x as u64 + copy.WidthInBytes as u64 + rows * pitch as u64;
                     if overlaps(copy.srcDevice, span(copy.srcXInBytes, copy.srcPitch))

@@ -53,7 +53,8 @@ enum State {
     WarmedUp,
     /// Captured: replay `graph`, whose output is `output`; its buffers live in `pool` and in the tensors.
     /// `rebinding` (None: the graph touches its inputs otherwise than through its kernels' arguments)
-    /// points its kernels at other buffers than the inputs; `bound` holds those they read now.
+    /// points its kernels at other buffers than the inputs; `bound` holds those they read now (not the
+    /// inputs' own: a second holder would keep a refill from writing them in place).
     Captured {
         graph: CudaGraph,
         output: Tensor,
@@ -257,7 +258,15 @@ impl CapturedStep {
             let exec = graph.cu_graph_exec();
             crate::device::quietly("replaying the step", || rebinding.bind(exec, &addresses))
                 .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
-            bound.clone_from_slice(buffers);
+            let inputs: Vec<u64> = self
+                .inputs
+                .iter()
+                .filter_map(|t| match &*t.storage() {
+                    Storage::Device(b) => Some(b.address()),
+                    Storage::Host(_) => None,
+                })
+                .collect();
+            *bound = buffers.iter().filter(|b| !inputs.contains(&b.address())).cloned().collect();
         }
         graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
         Ok(output.clone())
@@ -303,14 +312,14 @@ impl CapturedStep {
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let output = output?;
         let graph = graph.map_err(driver)?.ok_or_else(|| Error::device("CapturedStep", "the step launched nothing"))?;
-        let inputs = self.input_buffers();
-        let spans: Vec<(u64, usize)> = inputs.iter().map(|b| (b.address(), b.len() * size_of::<f32>())).collect();
+        let spans: Vec<(u64, usize)> =
+            self.input_buffers().iter().map(|b| (b.address(), b.len() * size_of::<f32>())).collect();
         let rebinding =
             crate::device::quietly("reading the captured step", || Rebinding::find(graph.cu_graph(), &spans))
                 .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
         self.captures += 1;
         self.fusions = fusions;
-        self.state = State::Captured { graph, output, _pool: pool, rebinding, bound: inputs };
+        self.state = State::Captured { graph, output, _pool: pool, rebinding, bound: Vec::new() };
         Ok(())
     }
 }

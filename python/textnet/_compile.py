@@ -6,7 +6,7 @@ on its first calls and replayed after, as ``torch.compile(mode="reduce-overhead"
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _native
+from . import _native, optim
 from ._tensor import Tensor
 
 
@@ -49,19 +49,21 @@ class CompiledStep:
         self._last: Optional[_Captured] = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        given = [a for a in args if isinstance(a, Tensor)] + [v for v in kwargs.values() if isinstance(v, Tensor)]
-        if not any(t.device == "cuda" for t in given):
+        # Called once a step, so kept lean: a replayed step of a small model takes about 20 µs of GPU time.
+        given = [a for a in args if isinstance(a, Tensor)]
+        if kwargs:
+            given += [v for v in kwargs.values() if isinstance(v, Tensor)]
+        devices = [t.device for t in given]
+        if "cuda" not in devices:
             return self._function(*args, **kwargs)
-        from . import optim
-
         if optim._push_rates():
             # A group's rate changed apart from the others': the graphs keep the old proportions.
             self._captured.clear()
         signature = (
             _native.precision(),
-            tuple((tuple(t.shape), t.dtype.name) for t in given),
-            tuple(repr(a) for a in args if not isinstance(a, Tensor)),
-            tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if not isinstance(v, Tensor)),
+            tuple((t.shape, t.dtype) for t in given),
+            tuple(repr(a) for a in args if not isinstance(a, Tensor)) if len(given) != len(args) else (),
+            tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if not isinstance(v, Tensor)) if kwargs else (),
         )
         captured = self._captured.get(signature)
         fresh = captured is None
@@ -77,7 +79,7 @@ class CompiledStep:
 
         if fresh:
             return captured.step.run(step)
-        if all(t.device == "cuda" for t in given):
+        if "cpu" not in devices:
             return captured.step.run_refilled(given, step)
         for mine, theirs in zip(captured.inputs, given):
             mine.copy_(theirs)

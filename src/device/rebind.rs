@@ -45,10 +45,12 @@ pub struct Rebinding {
 unsafe impl Send for Rebinding {}
 
 impl Rebinding {
-    /// The kernel nodes of `graph` whose parameters point into `inputs` (each an address and a length in
-    /// bytes), or None when the graph touches an input otherwise (see the module's text). Needs the
-    /// graph's context current on this thread.
-    pub fn find(graph: sys::CUgraph, inputs: &[(u64, usize)]) -> Result<Option<Rebinding>> {
+    /// The kernel nodes of `graph` (instantiated as `exec`) whose parameters point into `inputs` (each an
+    /// address and a length in bytes), or None when the graph touches an input otherwise (see the module's
+    /// text). Needs the graph's context current on this thread. Every driver entry point `bind` calls is
+    /// called here once (the first site's parameters set to what they are), so that a missing one fails
+    /// here, where the caller catches cudarc's panic, and not in `bind`.
+    pub fn find(graph: sys::CUgraph, exec: sys::CUgraphExec, inputs: &[(u64, usize)]) -> Result<Option<Rebinding>> {
         let inside = |address: u64| {
             let input = inputs.iter().position(|&(start, bytes)| address.wrapping_sub(start) < bytes as u64)?;
             Some((input, address - inputs[input].0))
@@ -98,7 +100,11 @@ impl Rebinding {
                 _ => return Ok(None),
             }
         }
-        Ok(Some(Rebinding { sites, bound: inputs.iter().map(|&(address, _)| address).collect() }))
+        let rebinding = Rebinding { sites, bound: inputs.iter().map(|&(address, _)| address).collect() };
+        if let Some(site) = rebinding.sites.first() {
+            set_params(exec, site, site.values.clone())?;
+        }
+        Ok(Some(rebinding))
     }
 
     /// Has the kernels of `exec` (the graph `find` read, instantiated) take input `i`'s words inside
@@ -120,15 +126,7 @@ impl Rebinding {
                 let word = (addresses[patch.input] + patch.delta).to_ne_bytes();
                 values[patch.param][patch.offset..patch.offset + 8].copy_from_slice(&word);
             }
-            let mut pointers: Vec<*mut c_void> = values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
-            let mut params = site.params;
-            params.kernelParams = pointers.as_mut_ptr();
-            params.extra = std::ptr::null_mut();
-            // SAFETY: a node of the graph `exec` was instantiated from, and parameters of the sizes the
-            // function declares, alive for the call (the driver copies them).
-            check("rebinding a graph's input", unsafe {
-                sys::cuGraphExecKernelNodeSetParams_v2(exec, site.node, &params)
-            })?;
+            set_params(exec, site, values)?;
         }
         self.bound = addresses.to_vec();
         Ok(())
@@ -138,6 +136,17 @@ impl Rebinding {
     pub fn kernels(&self) -> usize {
         self.sites.len()
     }
+}
+
+/// Sets `site`'s node in `exec` to its captured parameters with `values` as the arguments.
+fn set_params(exec: sys::CUgraphExec, site: &Site, mut values: Vec<Vec<u8>>) -> Result<()> {
+    let mut pointers: Vec<*mut c_void> = values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+    let mut params = site.params;
+    params.kernelParams = pointers.as_mut_ptr();
+    params.extra = std::ptr::null_mut();
+    // SAFETY: a node of the graph `exec` was instantiated from, and parameters of the sizes the function
+    // declares, alive for the call (the driver copies them).
+    check("rebinding a graph's input", unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec, site.node, &params) })
 }
 
 /// The nodes of `graph`.

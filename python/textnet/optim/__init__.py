@@ -6,7 +6,7 @@ read once, and β, ε and momentum are the optimizer's.
 
 import weakref
 from copy import deepcopy
-from typing import Any, Dict, Iterable, List, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from .. import _native
 from .._tensor import Tensor
@@ -40,6 +40,7 @@ class Optimizer:
                     )
             self.param_groups.append(merged)
         self._decays = [group["weight_decay"] for group in self.param_groups]
+        self._pushed: Optional[List[float]] = None
         _live.add(self)
         self._native = _native.Optimizer(
             kind,
@@ -74,7 +75,9 @@ class Optimizer:
         decays = [group["weight_decay"] for group in self.param_groups]
         if decays != self._decays:
             raise ValueError(f"{type(self).__name__}: a group's weight_decay changed; in textnet only lr may change")
-        self._native.step(self._rates())
+        rates = self._rates()
+        self._native.step(rates)
+        self._pushed = rates
 
     def _rates(self) -> List[float]:
         return [float(group["lr"]) for group in self.param_groups]
@@ -124,7 +127,10 @@ def _push_rates() -> bool:
     from its optimizer's other groups' (a captured step keeps the proportions it recorded)."""
     changed = False
     for optimizer in list(_live):
-        changed |= optimizer._native.set_lrs(optimizer._rates())
+        rates = optimizer._rates()
+        if rates != optimizer._pushed:  # the rates the native optimizer holds: each call to step() sets them
+            changed |= optimizer._native.set_lrs(rates)
+            optimizer._pushed = rates
     return changed
 
 

@@ -255,9 +255,8 @@ impl CapturedStep {
         };
         if let Some(rebinding) = rebinding {
             let addresses: Vec<u64> = buffers.iter().map(DeviceBuffer::address).collect();
-            let exec = graph.cu_graph_exec();
-            crate::device::quietly("replaying the step", || rebinding.bind(exec, &addresses))
-                .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
+            (rebinding.bind(graph.cu_graph_exec(), &addresses))
+                .map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
             let inputs: Vec<u64> = self
                 .inputs
                 .iter()
@@ -314,9 +313,10 @@ impl CapturedStep {
         let graph = graph.map_err(driver)?.ok_or_else(|| Error::device("CapturedStep", "the step launched nothing"))?;
         let spans: Vec<(u64, usize)> =
             self.input_buffers().iter().map(|b| (b.address(), b.len() * size_of::<f32>())).collect();
-        let rebinding =
-            crate::device::quietly("reading the captured step", || Rebinding::find(graph.cu_graph(), &spans))
-                .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
+        let rebinding = crate::device::quietly("reading the captured step", || {
+            Rebinding::find(graph.cu_graph(), graph.cu_graph_exec(), &spans)
+        })
+        .map_err(|e| Error::device("CapturedStep", e.to_string()))?;
         self.captures += 1;
         self.fusions = fusions;
         self.state = State::Captured { graph, output, _pool: pool, rebinding, bound: Vec::new() };

@@ -317,20 +317,26 @@ using TileLarge = MatTile<64, 64, 16, 4, 4>;
 using TileSmall = MatTile<16, 16, 64, 2, 2>;
 using TileTiny = MatTile<8, 8, 256, 2, 2>;
 
+// `ld`: the length of a row of an operand whose k runs along its rows (a not transposed, b transposed): K,
+// or more for a product over a slice of k (a split of k, see matmul).
 template <class T, bool TA, bool TB>
-__device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int m0,
-                                            int n0, float* smem) {
+__device__ __forceinline__ void matmul_tile(const float* a, const float* b, float* c, int M, int N, int K, int ld,
+                                            int m0, int n0, float* smem) {
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, TA, TB>(
-        M, N, K, m0, n0, [&](int m, int k) { return TA ? a[(size_t)k * M + m] : a[(size_t)m * K + k]; },
-        [&](int k, int n) { return TB ? b[(size_t)n * K + k] : b[(size_t)k * N + n]; },
+        M, N, K, m0, n0, [&](int m, int k) { return TA ? a[(size_t)k * M + m] : a[(size_t)m * ld + k]; },
+        [&](int k, int n) { return TB ? b[(size_t)n * ld + k] : b[(size_t)k * N + n]; },
         [&](int m, int n, float v) { c[(size_t)m * N + n] = v; }, smem);
 }
 
-// Grid: (⌈N/BN⌉, ⌈M/BM⌉·batches); dynamic shared memory GemmTile<T>::SHARED_FLOATS floats.
+// Batched c_z = a_z·b_z, each operand z at z·stride. Grid: (⌈N/BN⌉, ⌈M/BM⌉·batches); dynamic shared memory
+// GemmTile<T>::SHARED_FLOATS floats. With ld > K, batch z is the slice [z·K, (z + 1)·K) of a longer k (the
+// strides K for a k-contiguous operand, K·M or K·N otherwise): the launch layer splits a product of few
+// outputs over a long k so, and sums the batches' results in order (a convolution's weight gradient: 16×144
+// outputs over 100,352 positions took 36 blocks walking all of k).
 template <class T>
 __device__ __forceinline__ void matmul(const float* __restrict__ a, const float* __restrict__ b,
-                                       float* __restrict__ c, int M, int N, int K, int stride_a, int stride_b,
-                                       int trans_a, int trans_b) {
+                                       float* __restrict__ c, int M, int N, int K, int ld, int stride_a,
+                                       int stride_b, int trans_a, int trans_b) {
     extern __shared__ float smem[];
     const int row_tiles = (M + T::BM - 1) / T::BM;
     const int z = blockIdx.y / row_tiles, m0 = blockIdx.y % row_tiles * T::BM, n0 = blockIdx.x * T::BN;
@@ -338,11 +344,11 @@ __device__ __forceinline__ void matmul(const float* __restrict__ a, const float*
     b += (size_t)z * stride_b;
     c += (size_t)z * M * N;
     if (trans_a) {
-        if (trans_b) matmul_tile<T, true, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<T, true, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<T, true, true>(a, b, c, M, N, K, ld, m0, n0, smem);
+        else matmul_tile<T, true, false>(a, b, c, M, N, K, ld, m0, n0, smem);
     } else {
-        if (trans_b) matmul_tile<T, false, true>(a, b, c, M, N, K, m0, n0, smem);
-        else matmul_tile<T, false, false>(a, b, c, M, N, K, m0, n0, smem);
+        if (trans_b) matmul_tile<T, false, true>(a, b, c, M, N, K, ld, m0, n0, smem);
+        else matmul_tile<T, false, false>(a, b, c, M, N, K, ld, m0, n0, smem);
     }
 }
 
@@ -431,8 +437,9 @@ __device__ __forceinline__ void linear_grad(const float* __restrict__ dy, const 
 #define NN_FP32_PRODUCTS(SUFFIX, TILE)                                                                         \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_matmul_##SUFFIX(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M,   \
-                       int N, int K, int stride_a, int stride_b, int trans_a, int trans_b) { begin_after_previous_grid();                    \
-        matmul<TILE>(a, b, c, M, N, K, stride_a, stride_b, trans_a, trans_b);                                  \
+                       int N, int K, int ld, int stride_a, int stride_b, int trans_a, int trans_b) {           \
+        begin_after_previous_grid();                                                                           \
+        matmul<TILE>(a, b, c, M, N, K, ld, stride_a, stride_b, trans_a, trans_b);                              \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
     nn_linear_##SUFFIX(const float* __restrict__ x, const float* __restrict__ W, const float* __restrict__ bias, \

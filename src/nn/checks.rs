@@ -209,14 +209,20 @@ fn product_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<V
     let mut checks = Vec::new();
     let matmul: &Op<'_> = &|t| t[0].matmul(&t[1]);
     // The fp32 products' three tiles (`FP32_TILES`: the largest whose grid fills the GPU): 700×830 results
-    // take the 64×64 tile, 200×170 the 16×16, and the rest the 8×8, 9×13 over k 600 in three chunks.
-    let pairs: [(&[usize], &[usize]); 9] = [
+    // take the 64×64 tile, 200×170 the 16×16, and the rest the 8×8, 9×13 over k 600 in three chunks. Few
+    // results over a long k split k into slices summed after (`k_slices`): 9×13 over 3000 (forward), 5×7
+    // over 4000 (the first operand's gradient, the second transposed), 6×5 over 3000 (the second's, the
+    // first transposed).
+    let pairs: [(&[usize], &[usize]); 12] = [
         (&[1, 1], &[1, 1]),
         (&[5, 7], &[7, 3]),
         (&[130, 70], &[70, 65]),
         (&[700, 20], &[20, 830]),
         (&[200, 50], &[50, 170]),
         (&[9, 600], &[600, 13]),
+        (&[9, 3000], &[3000, 13]),
+        (&[5, 7], &[7, 4000]),
+        (&[3000, 6], &[6, 5]),
         (&[2, 5, 7], &[2, 7, 3]),
         (&[3, 5, 7], &[7, 4]),
         (&[5, 7], &[3, 7, 4]),

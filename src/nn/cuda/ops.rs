@@ -403,10 +403,42 @@ fn matmul_into(
             None,
         );
     }
+    let slices = if batches == 1 { fp32_k_slices(device, (m, n), k) } else { 1 };
+    if slices > 1 {
+        // Each slice of k a batch (nn_matmul's ld), then the slices' products summed in order.
+        let part = k / slices;
+        let (step_a, step_b) = (if trans_a { part * m } else { part }, if trans_b { part } else { part * n });
+        let parts = device.alloc(name, slices * m * n)?;
+        launch_matmul(device, name, (a, b, &parts), (m, n, part, k), slices, (step_a, step_b), (trans_a, trans_b))?;
+        return sum_axis_into(device, name, &parts, (1, slices, m * n), 1.0, c);
+    }
+    launch_matmul(device, name, (a, b, c), (m, n, k, k), batches, (stride_a, stride_b), (trans_a, trans_b))
+}
+
+/// How many slices of k an fp32 product of one m×n result over `k` is cut into: as the bf16 products'
+/// `k_slices` for its smallest tile's grid, but a number of slices that divides k (nn_matmul's slices are
+/// equal); 1 when none does.
+fn fp32_k_slices(device: &Device, (m, n): (usize, usize), k: usize) -> usize {
+    let (x, y) = grid_of(FP32_TILES[FP32_TILES.len() - 1], (m, n), 1);
+    (1..=k_slices(device, x * y, k)).rev().find(|s| k % s == 0).unwrap_or(1)
+}
+
+/// One launch of `nn_matmul`: `batches` products of m×n over `k`, k-contiguous operands' rows `ld` long.
+fn launch_matmul(
+    device: &Arc<Device>,
+    name: &'static str,
+    (a, b, c): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (m, n, k, ld): (usize, usize, usize, usize),
+    batches: usize,
+    (stride_a, stride_b): (usize, usize),
+    (trans_a, trans_b): (bool, bool),
+) -> Result<()> {
     let (tile, blocks) = fp32_tile(device, name, (m, n), batches)?;
     let args = [device.arg(a), device.arg(b), device.arg(c), Arg::i32(int(name, m)?), Arg::i32(int(name, n)?)];
-    let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, stride_a)?), Arg::i32(int(name, stride_b)?)];
-    let args = [&args[..], &more, &[Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]].concat();
+    let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, ld)?), Arg::i32(int(name, stride_a)?)];
+    let args =
+        [&args[..], &more, &[Arg::i32(int(name, stride_b)?), Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]]
+            .concat();
     device.launch(name, &device.kernels.matmul[tile], blocks, device.gemm_shared[tile], &args)
 }
 

@@ -194,7 +194,7 @@ fn kernel_site(node: sys::CUgraphNode, inside: &impl Fn(u64) -> Option<(usize, u
     if values.is_empty() {
         return Ok(None);
     }
-    Ok(Some((!patches.is_empty()).then(|| Site { node, params, values, patches })))
+    Ok(Some((!patches.is_empty()).then_some(Site { node, params, values, patches })))
 }
 
 fn check(what: &str, status: sys::CUresult) -> Result<()> {

@@ -902,7 +902,7 @@ fn token_steps(device: &Arc<Device>, seed: u64, run: StepRun) -> anyhow::Result<
         };
         losses.push(loss.item()?);
     }
-    if run == StepRun::Handed && !step.rebound_kernels().is_some_and(|kernels| kernels > 0) {
+    if run == StepRun::Handed && step.rebound_kernels().unwrap_or(0) == 0 {
         anyhow::bail!("the replays did not read the tensors handed to them where they are");
     }
     steps_result((run != StepRun::Eager).then_some(&step), losses, &parameters)

@@ -420,7 +420,7 @@ fn matmul_into(
 /// equal); 1 when none does.
 fn fp32_k_slices(device: &Device, (m, n): (usize, usize), k: usize) -> usize {
     let (x, y) = grid_of(FP32_TILES[FP32_TILES.len() - 1], (m, n), 1);
-    (1..=k_slices(device, x * y, k)).rev().find(|s| k % s == 0).unwrap_or(1)
+    (1..=k_slices(device, x * y, k)).rev().find(|&s| k.is_multiple_of(s)).unwrap_or(1)
 }
 
 /// One launch of `nn_matmul`: `batches` products of m×n over `k`, k-contiguous operands' rows `ld` long.

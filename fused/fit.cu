@@ -862,16 +862,15 @@ __device__ __forceinline__ void stage_batch(float* xs, float* ts, const unsigned
 }
 
 // Grid 1. The epoch's n samples are x rows order[0..n), BATCH a step (the last step may be shorter),
-// step k at rate lr[k]; per-sample losses (each before its step) into loss[0..n). params, m, v: the
-// flat vectors, read at the start and written back at the end; grad: the last step's gradient (unclipped).
-// step: steps taken before (advanced by the epoch's). drop: per layer (seed, threshold, scale bits).
-// shared_floats: the dynamic shared memory given, checked against SMEM_FLOATS.
+// step k at rate lr[k] with the optimizer `settings`; per-sample losses (each before its step) into
+// loss[0..n). params, m, v: the flat vectors, read at the start and written back at the end; grad: the last
+// step's gradient (unclipped). step: steps taken before (advanced by the epoch's). drop: per layer (seed,
+// threshold, scale bits). shared_floats: the dynamic shared memory given, checked against SMEM_FLOATS.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-dense_train_epoch(const float* __restrict__ x, const unsigned* __restrict__ classes,
+dense_train_epoch(OptimSettings settings, const float* __restrict__ x, const unsigned* __restrict__ classes,
                   const float* __restrict__ values, const unsigned* __restrict__ order, int n,
                   const float* __restrict__ lr, float* __restrict__ params, float* __restrict__ grad,
-                  float* __restrict__ m, float* __restrict__ v, int kind, float momentum, float beta1,
-                  float beta2, float eps, float weight_decay, float clip_norm, unsigned* __restrict__ step,
+                  float* __restrict__ m, float* __restrict__ v, unsigned* __restrict__ step,
                   float* __restrict__ loss, const unsigned* __restrict__ drop, int shared_floats) {
     extern __shared__ float smem[];
     __shared__ float scratch[WARPS];
@@ -881,6 +880,7 @@ dense_train_epoch(const float* __restrict__ x, const unsigned* __restrict__ clas
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, steps = (n + BATCH - 1) / BATCH;
     const unsigned t0 = *step;
     // Adam's βᵗ, advanced a step at a time (as the sales kernel does) rather than a pow per step.
+    const float beta1 = settings.beta1, beta2 = settings.beta2, clip_norm = settings.clip_norm;
     double beta1_t = pow((double)beta1, (double)t0), beta2_t = pow((double)beta2, (double)t0);
     for (int i = threadIdx.x; i < PS; i += THREADS) {
         p_s[i] = i < P ? params[i] : 0.0f;
@@ -923,8 +923,9 @@ dense_train_epoch(const float* __restrict__ x, const unsigned* __restrict__ clas
 
         beta1_t *= beta1;
         beta2_t *= beta2;
-        OptimStep o{kind, rate, momentum, beta1, beta2, eps, weight_decay, 1.0f, (float)(1.0 - beta1_t),
-                    (float)(1.0 - beta2_t)};
+        OptimStep o = optim_step(settings, rate);
+        o.bias1 = (float)(1.0 - beta1_t);
+        o.bias2 = (float)(1.0 - beta2_t);
         float* summed = smem + SMEM_PARTIAL;  // row 0 takes the sums when clipping needs them all first
         float sq = 0.0f;
         for (int i = threadIdx.x; i < P; i += THREADS) {
@@ -957,30 +958,30 @@ dense_train_epoch(const float* __restrict__ x, const unsigned* __restrict__ clas
 
 #if FIT_OP == 6
 // ---- the optimizer step over n parameters ----
-// A grid-stride pass. lr: this step's entry of the epoch's schedule. clip_norm 0 turns clipping off (then
-// partials is not read). step: steps taken, advanced by the last block to finish (ticket zero between
-// launches).
+// A grid-stride pass with the optimizer `settings`. lr: this step's entry of the epoch's schedule.
+// settings.clip_norm 0 turns clipping off (then partials is not read). step: steps taken, advanced by the
+// last block to finish (ticket zero between launches).
 extern "C" __global__ void __launch_bounds__(THREADS)
-fit_update(float* __restrict__ params, const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v,
-           int n, int kind, const float* __restrict__ lr, float momentum, float beta1, float beta2, float eps,
-           float weight_decay, float clip_norm, const float* __restrict__ partials, int partial_count,
-           unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
+fit_update(OptimSettings settings, float* __restrict__ params, const float* __restrict__ grad, float* __restrict__ m,
+           float* __restrict__ v, int n, const float* __restrict__ lr, const float* __restrict__ partials,
+           int partial_count, unsigned* __restrict__ step, unsigned* __restrict__ ticket) {
     __shared__ float grad_scale;
     const unsigned t = *step + 1;
     if (threadIdx.x < 32) {
         float scale = 1.0f;
-        if (clip_norm > 0.0f) {
+        if (settings.clip_norm > 0.0f) {
             double sum = 0.0;
             for (int i = threadIdx.x; i < partial_count; i += 32) sum += partials[i];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
             const float norm = (float)sqrt(sum);
-            if (norm > clip_norm) scale = clip_norm / norm;
+            if (norm > settings.clip_norm) scale = settings.clip_norm / norm;
         }
         if (threadIdx.x == 0) grad_scale = scale;
     }
     __syncthreads();
-    OptimStep s{kind, *lr, momentum, beta1, beta2, eps, weight_decay, grad_scale, 1.0f, 1.0f};
+    OptimStep s = optim_step(settings, *lr);
+    s.grad_scale = grad_scale;
     optim_bias_corrections(s, t);
     optim_update_range(s, params, grad, m, v, blockIdx.x * THREADS + threadIdx.x, n, gridDim.x * THREADS);
     if (last_block_to_finish(ticket) && threadIdx.x == 0) {

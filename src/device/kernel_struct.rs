@@ -200,7 +200,7 @@ kernel_struct! {
 }
 
 impl OptimConfig {
-    /// The settings an update kernel that takes `OptimSettings` gets (cnn_update, text_batch_optimize).
+    /// The settings an update kernel takes (cnn_update, text_batch_optimize, fit_update, dense_train_epoch).
     pub fn kernel_settings(&self) -> OptimSettings {
         OptimSettings {
             kind: self.kind.kernel_code(),

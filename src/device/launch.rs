@@ -5,7 +5,6 @@
 
 use super::{Gpu, quietly};
 use crate::ops::THREADS_PER_BLOCK;
-use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
@@ -334,23 +333,6 @@ pub fn capture_graph<T>(
 fn programmatic_launch_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_NO_PDL").is_none_or(|v| v.is_empty() || v == "0"))
-}
-
-impl OptimConfig {
-    /// The kernel arguments `kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm`, in the
-    /// order fused/fit.cu's update kernels take them (the kernels that take `OptimSettings` do not).
-    pub fn kernel_args(&self) -> [Arg; 8] {
-        [
-            Arg::i32(self.kind.kernel_code()),
-            Arg::f32(self.lr),
-            Arg::f32(self.momentum),
-            Arg::f32(self.beta1),
-            Arg::f32(self.beta2),
-            Arg::f32(self.eps),
-            Arg::f32(self.weight_decay),
-            Arg::f32(self.clip_norm),
-        ]
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@
 use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
 use super::{Setup, Target};
-use crate::device::{Gpu, compile::ModuleRequest, launch::Arg, launch::Kernel};
+use crate::device::launch::{Arg, Kernel, StructArg};
+use crate::device::{Gpu, compile::ModuleRequest};
 use crate::harness::run::Trainer;
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
@@ -916,27 +917,20 @@ impl GpuTrainer {
 
     /// The optimizer step at the rate of entry `step_in_epoch` of the uploaded schedule.
     pub fn launch_update(&self, step_in_epoch: usize) -> Result<()> {
-        let o = self.optim;
-        let mut args = vec![
+        let args = [
             self.ptr(self.params),
             self.ptr(self.grad),
             self.ptr(self.m),
             self.ptr(self.v),
             Arg::i32(self.net.param_count as i32),
-        ];
-        let optim = o.kernel_args();
-        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm; the rate comes from
-        // the schedule instead.
-        args.push(optim[0]);
-        args.push(self.ptr_at(self.lr, step_in_epoch));
-        args.extend_from_slice(&optim[2..]);
-        args.extend([
+            self.ptr_at(self.lr, step_in_epoch),
             self.ptr(self.partials),
             Arg::i32(self.partial_count as i32),
             self.step_ptr(),
             Arg::Ptr(self.base + self.counters.offset as u64 + 4),
-        ]);
-        self.gpu.launch(&self.update_kernel, (self.update_grid, 1), 0, false, &args)
+        ];
+        let settings = StructArg::of(&self.optim.kernel_settings());
+        self.gpu.launch_with_struct(&self.update_kernel, ((self.update_grid, 1), 0, false), &settings, &args)
     }
 
     /// One training step over `b` samples of the order from `offset`.
@@ -1075,8 +1069,7 @@ impl GpuTrainer {
             Loss::Ce => (self.ptr(data.target), Arg::Ptr(0)),
             Loss::Mse => (Arg::Ptr(0), self.ptr(data.target)),
         };
-        let optim = self.optim.kernel_args();
-        let mut args = vec![
+        let args = [
             self.ptr(data.x),
             classes,
             values,
@@ -1087,13 +1080,13 @@ impl GpuTrainer {
             self.ptr(self.grad),
             self.ptr(self.m),
             self.ptr(self.v),
-            optim[0],
+            self.step_ptr(),
+            self.ptr(self.losses),
+            self.ptr(w.dropout),
+            Arg::i32(w.shared_floats as i32),
         ];
-        // kernel_args: kind, lr, momentum, beta1, beta2, eps, weight_decay, clip_norm; the rates come from
-        // the schedule instead.
-        args.extend_from_slice(&optim[2..]);
-        args.extend([self.step_ptr(), self.ptr(self.losses), self.ptr(w.dropout), Arg::i32(w.shared_floats as i32)]);
-        self.gpu.launch(&w.kernel, (1, 1), (4 * w.shared_floats) as u32, false, &args)
+        let settings = StructArg::of(&self.optim.kernel_settings());
+        self.gpu.launch_with_struct(&w.kernel, ((1, 1), (4 * w.shared_floats) as u32, false), &settings, &args)
     }
 
     /// How this trainer runs an epoch of `batch`.

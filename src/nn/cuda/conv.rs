@@ -23,6 +23,10 @@ use crate::ops::conv::{Conv2dShape, MaxPool2dShape};
 use crate::ops::cpu::Real;
 use std::sync::Arc;
 
+/// The largest col a convolution keeps from its forward for its backward's weight gradient (a larger one is
+/// made again there, from the input).
+const KEPT_COL_BYTES: usize = 256 << 20;
+
 /// The product of `factors` as a kernel's int, or the error naming `op`.
 fn count(op: &'static str, factors: &[usize]) -> Result<i32> {
     let n = factors.iter().try_fold(1usize, |n, &f| n.checked_mul(f));
@@ -76,6 +80,8 @@ pub(crate) fn conv2d<F: Real>(
         Some(bias) => add_broadcast(device, NAME, (&unbiased, &buffer(bias)), &four, [false, true, false, false])?,
         None => unbiased,
     };
+    // The backward's col: this one while it is small (one launch and a pass over it fewer), else made again.
+    let kept_col = (col_count as usize * size_of::<f32>() <= KEPT_COL_BYTES).then_some(col);
     let device_ = Arc::clone(device);
     let with_bias = bias.is_some();
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
@@ -92,7 +98,10 @@ pub(crate) fn conv2d<F: Real>(
             None
         };
         let dw = if needs[1] {
-            let col = im2col(d, &xb, col_count, &sizes)?;
+            let col = match &kept_col {
+                Some(col) => col.clone(),
+                None => im2col(d, &xb, col_count, &sizes)?,
+            };
             Some(product(d, NAME, (&dy, &col), (outputs, taps, columns), 1, (0, 0), (false, true))?)
         } else {
             None

@@ -415,12 +415,12 @@ fn matmul_into(
     launch_matmul(device, name, (a, b, c), (m, n, k, k), batches, (stride_a, stride_b), (trans_a, trans_b))
 }
 
-/// How many slices of k an fp32 product of one m×n result over `k` is cut into: as the bf16 products'
-/// `k_slices` for its smallest tile's grid, but a number of slices that divides k (nn_matmul's slices are
-/// equal); 1 when none does.
+/// How many slices of k an fp32 product of one m×n result over `k` is cut into: `k_slices` for its
+/// smallest tile's grid, but a number of slices that divides k (nn_matmul's slices are equal); 1 when none
+/// does.
 fn fp32_k_slices(device: &Device, (m, n): (usize, usize), k: usize) -> usize {
     let (x, y) = grid_of(FP32_TILES[FP32_TILES.len() - 1], (m, n), 1);
-    (1..=k_slices(device, x * y, k)).rev().find(|&s| k.is_multiple_of(s)).unwrap_or(1)
+    (1..=k_slices(device, x * y, k, 4)).rev().find(|&s| k.is_multiple_of(s)).unwrap_or(1)
 }
 
 /// One launch of `nn_matmul`: `batches` products of m×n over `k`, k-contiguous operands' rows `ld` long.
@@ -498,10 +498,12 @@ fn rounded_bf16(name: &'static str, x: &DeviceBuffer) -> Result<DeviceBuffer> {
     Ok(out)
 }
 
-/// The slices of k a bf16 product is cut into (`nn_product_bf16`'s split k): 1 when its tiles fill the
-/// GPU twice or k is short; otherwise enough for about two blocks an SM, each slice 512 deep or more.
-fn k_slices(device: &Device, tiles: usize, k: usize) -> usize {
-    let wanted = (2 * device.gpu.sm_count as usize).div_ceil(tiles.max(1));
+/// The slices of k a product of `tiles` tiles is cut into: 1 when its tiles give every SM `per_sm` blocks or
+/// k is short; otherwise enough for about `per_sm` blocks an SM, each slice 512 deep or more. The bf16
+/// products (`nn_product_bf16`'s split k) take 2 an SM, the fp32 ones, whose small tiles wait on memory
+/// more, 4.
+fn k_slices(device: &Device, tiles: usize, k: usize, per_sm: usize) -> usize {
+    let wanted = (per_sm * device.gpu.sm_count as usize).div_ceil(tiles.max(1));
     wanted.min(k / 512).max(1)
 }
 
@@ -510,7 +512,7 @@ fn k_slices(device: &Device, tiles: usize, k: usize) -> usize {
 fn bf16_split(device: &Device, (m, n, k): (usize, usize, usize), batches: usize, bias: bool) -> (usize, usize) {
     const TILE: usize = 128;
     let tiles = n.div_ceil(TILE).max(1) * m.div_ceil(TILE).max(1) * batches.max(1);
-    let slices = if bias { 1 } else { k_slices(device, tiles, k) };
+    let slices = if bias { 1 } else { k_slices(device, tiles, k, 2) };
     let k_per = if slices > 1 { k.div_ceil(slices).div_ceil(64) * 64 } else { k.max(1) };
     (k.div_ceil(k_per).max(1), k_per)
 }

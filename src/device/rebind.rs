@@ -40,10 +40,6 @@ pub struct Rebinding {
     bound: Vec<u64>,
 }
 
-// SAFETY: the node handles and the captured `params` (a function handle; its pointers are replaced by
-// `bind`'s own before each use) belong to a graph the owner of this rebinding keeps alive beside it.
-unsafe impl Send for Rebinding {}
-
 impl Rebinding {
     /// The kernel nodes of `graph` (instantiated as `exec`) whose parameters point into `inputs` (each an
     /// address and a length in bytes), or None when the graph touches an input otherwise (see the module's

@@ -462,9 +462,8 @@ fn linear_shared_bytes() -> usize {
     bf16_async_shared_floats(side, side, bk, stages) * std::mem::size_of::<f32>()
 }
 
-/// An error unless buffers of `a`, `b` and `c` elements hold M×K, K×N and M×N and every side fits an i32.
-/// Refuses operands of `a` and `b` elements too short for an M×K · K×N product as `layouts` store them, B
-/// with `stored_n` of its N columns in memory.
+/// Refuses operands of `a` and `b` elements too short for an M×K · K×N product as their layouts store them,
+/// B with `stored_n` of its N columns in memory.
 fn check_strided(
     (a, a_layout): (usize, Strided),
     (b, b_layout): (usize, Strided),
@@ -482,6 +481,7 @@ fn check_strided(
     Ok(())
 }
 
+/// An error unless buffers of `a`, `b` and `c` elements hold M×K, K×N and M×N and every side fits an i32.
 fn check_shape(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) -> Result<()> {
     if a != m * k || b != k * n || c != m * n {
         bail!("buffers of {a}, {b} and {c} elements are not {m}×{k}, {k}×{n} and {m}×{n}");

@@ -171,7 +171,7 @@ impl CapturedStep {
     /// replayed. The output of a replayed step is the same tensor each time, holding this step's values.
     pub fn run(&mut self, step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
         let inputs = self.input_buffers();
-        self.run_bound(&inputs, step)
+        self.run_bound(&inputs, Vec::new(), step)
     }
 
     /// `run` over `sources` (device tensors on this step's GPU, of its inputs' shapes, one for each) in
@@ -184,32 +184,48 @@ impl CapturedStep {
             return Err(Error::value("CapturedStep", problem));
         }
         let mut buffers = Vec::with_capacity(sources.len());
-        for (source, input) in sources.iter().zip(&self.inputs) {
+        // The handed tensors that are not an input itself: a replay keeps these (holding an input's own
+        // buffer too would keep a refill from writing it in place).
+        let mut handed = Vec::new();
+        // Addresses only: a clone of an input's buffer held through the copies below would keep them from
+        // writing it in place.
+        let inputs: Vec<u64> = self.input_buffers().iter().map(DeviceBuffer::address).collect();
+        for ((source, input), &input_address) in sources.iter().zip(&self.inputs).zip(&inputs) {
             if source.shape() != input.shape() {
                 let problem = "differ: a step's tensors have its inputs' shapes (second shape: the input's)";
                 return Err(Error::shapes("CapturedStep", source.shape(), input.shape(), problem));
             }
-            match &*source.storage() {
-                Storage::Device(buffer) if Arc::ptr_eq(buffer.device(), &self.device) => buffers.push(buffer.clone()),
-                _ => return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU")),
+            let Storage::Device(buffer) = &*source.storage() else {
+                return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU"));
+            };
+            if !Arc::ptr_eq(buffer.device(), &self.device) {
+                return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU"));
+            }
+            buffers.push(buffer.clone());
+            if buffer.address() != input_address {
+                handed.push((source, input, buffer.clone()));
             }
         }
         let replays_in_place = matches!(&self.state, State::Captured { rebinding: Some(_), .. })
             && self.signature.as_ref() == Some(&self.current_signature()?);
         if !replays_in_place {
-            for (source, input) in sources.iter().zip(&self.inputs) {
-                if !Arc::ptr_eq(&source.storage(), &input.storage()) {
-                    input.copy_from(source)?;
-                }
+            for (source, input, _) in handed {
+                input.copy_from(source)?;
             }
-            buffers = self.input_buffers();
+            return self.run_bound(&self.input_buffers(), Vec::new(), step);
         }
-        self.run_bound(&buffers, step)
+        let kept = handed.into_iter().map(|(.., buffer)| buffer).collect();
+        self.run_bound(&buffers, kept, step)
     }
 
     /// `run`, a replay reading `buffers` in place of the inputs (the inputs' own, or `run_with`'s sources
-    /// when the graph can be rebound).
-    fn run_bound(&mut self, buffers: &[DeviceBuffer], mut step: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+    /// when the graph can be rebound) and keeping `kept` until the next call.
+    fn run_bound(
+        &mut self,
+        buffers: &[DeviceBuffer],
+        kept: Vec<DeviceBuffer>,
+        mut step: impl FnMut() -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let signature = self.current_signature()?;
         if self.signature.as_ref().is_some_and(|s| *s != signature) {
             if self.captures > 0 && !matches!(self.state, State::Eager) {
@@ -227,9 +243,9 @@ impl CapturedStep {
                 Ok(output)
             }
             State::Eager => step(),
-            State::Captured { .. } => self.replay(buffers),
+            State::Captured { .. } => self.replay(buffers, kept),
             State::WarmedUp => match self.capture(&mut step) {
-                Ok(()) => self.replay(buffers),
+                Ok(()) => self.replay(buffers, kept),
                 // The eager run that follows may leave in the cache the memory the capture lacked (another
                 // captured step can take buffers this one's warm-up freed): one more try after it.
                 Err(_) if !self.retried => {
@@ -248,8 +264,8 @@ impl CapturedStep {
     }
 
     /// Launches the captured graph, its kernels reading `buffers` in place of the inputs (the inputs' own
-    /// unless it has a rebinding).
-    fn replay(&mut self, buffers: &[DeviceBuffer]) -> Result<Tensor> {
+    /// unless it has a rebinding), `kept` held until the next replay.
+    fn replay(&mut self, buffers: &[DeviceBuffer], kept: Vec<DeviceBuffer>) -> Result<Tensor> {
         let State::Captured { graph, output, rebinding, bound, .. } = &mut self.state else {
             unreachable!("replayed only once captured")
         };
@@ -257,15 +273,7 @@ impl CapturedStep {
             let addresses: Vec<u64> = buffers.iter().map(DeviceBuffer::address).collect();
             (rebinding.bind(graph.cu_graph_exec(), &addresses))
                 .map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
-            let inputs: Vec<u64> = self
-                .inputs
-                .iter()
-                .filter_map(|t| match &*t.storage() {
-                    Storage::Device(b) => Some(b.address()),
-                    Storage::Host(_) => None,
-                })
-                .collect();
-            *bound = buffers.iter().filter(|b| !inputs.contains(&b.address())).cloned().collect();
+            *bound = kept;
         }
         graph.launch().map_err(|e| Error::device("CapturedStep", format!("replaying the step: {e}")))?;
         Ok(output.clone())

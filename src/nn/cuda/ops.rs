@@ -434,11 +434,9 @@ fn launch_matmul(
     (trans_a, trans_b): (bool, bool),
 ) -> Result<()> {
     let (tile, blocks) = fp32_tile(device, name, (m, n), batches)?;
-    let args = [device.arg(a), device.arg(b), device.arg(c), Arg::i32(int(name, m)?), Arg::i32(int(name, n)?)];
-    let more = [Arg::i32(int(name, k)?), Arg::i32(int(name, ld)?), Arg::i32(int(name, stride_a)?)];
-    let args =
-        [&args[..], &more, &[Arg::i32(int(name, stride_b)?), Arg::i32(trans_a as i32), Arg::i32(trans_b as i32)]]
-            .concat();
+    let mut sizes = [m, n, k, ld, stride_a, stride_b].map(|v| int(name, v)).into_iter().collect::<Result<Vec<_>>>()?;
+    sizes.extend([trans_a as i32, trans_b as i32]);
+    let args = [&[device.arg(a), device.arg(b), device.arg(c)][..], &words(&sizes).collect::<Vec<_>>()].concat();
     device.launch(name, &device.kernels.matmul[tile], blocks, device.gemm_shared[tile], &args)
 }
 

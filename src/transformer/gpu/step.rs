@@ -13,6 +13,7 @@ use crate::ops::gemm::Strided;
 use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use std::collections::hash_map::Entry;
 
 /// A null pointer: an output a kernel skips.
 const NULL: Arg = Arg::Ptr(0);
@@ -123,12 +124,12 @@ impl GpuTransformer {
         if m == 0 || n == 0 || !operands.iter().all(TmaOperand::copyable) {
             return Ok(None);
         }
-        let mut maps = self.tma_maps.lock().map_err(|_| anyhow::anyhow!("internal: a tensor-map lock was poisoned"))?;
+        let mut maps = self.tma_maps.lock().unwrap_or_else(|p| p.into_inner());
         let mut encoded = [[0u8; 128]; 2];
         for (operand, out) in operands.iter().zip(&mut encoded) {
-            *out = match maps.get(operand) {
-                Some(map) => *map,
-                None => *maps.entry(*operand).or_insert(operand.encode()?),
+            *out = match maps.entry(*operand) {
+                Entry::Occupied(map) => *map.get(),
+                Entry::Vacant(slot) => *slot.insert(operand.encode()?),
             };
         }
         let shape = ((tile.blocks(m, n, self.gpu.sm_count), 1), TMA_THREADS, tile.shared_bytes() as u32, false);
@@ -173,20 +174,14 @@ impl GpuTransformer {
         let weight = format!("{layer}.weight");
         // dx on the TMA pipeline where it runs (A = dy, B = W as stored, out_features × in_features), the
         // weight gradient below without its dx tiles.
-        let tma_dx = match writes_dx && self.bf16() {
-            true => {
-                let a = Strided { trans: false, ld: dy_ld };
-                let b = Strided { trans: false, ld: in_features };
-                let product = TmaProduct {
-                    a: (dy[1], a),
-                    b: (self.param_bf16(&weight), b),
-                    m: n,
-                    n: in_features,
-                    k: out_features,
-                };
-                self.tma_product(self.kernels.linear_dx_tma.as_ref(), product)?
-            }
-            false => None,
+        let tma_dx = if writes_dx && self.bf16() {
+            let a = Strided { trans: false, ld: dy_ld };
+            let b = Strided { trans: false, ld: in_features };
+            let product =
+                TmaProduct { a: (dy[1], a), b: (self.param_bf16(&weight), b), m: n, n: in_features, k: out_features };
+            self.tma_product(self.kernels.linear_dx_tma.as_ref(), product)?
+        } else {
+            None
         };
         if let Some((kernel, shape, maps)) = &tma_dx {
             let sizes = [Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32)];

@@ -37,10 +37,13 @@
 //                thread per key element summing query rows in order).
 //   shapes       nn_copy_run (a run along one axis copied between a piece and the whole: narrow, cat and
 //                their backwards), nn_pad_run (narrow's backward: the run among zeros).
-//   images       nn_im2col (conv2d as one product over every sample) and nn_col2im (its input gradient, a
-//                thread per input element summing its taps in order), nn_max_pool (the first largest of each
-//                window, its place kept) and nn_max_pool_grad (a thread per input element summing, in order,
-//                the outputs it won).
+//   images       nn_conv2d_{16,32,64}, nn_conv2d_grad_input_{…} and nn_conv2d_grad_weight_{…} (fp32
+//                conv2d and its gradients as products whose operands are staged from the windows where they
+//                lie: no col, outputs in [N, C, H, W] order; dw and db in one product, sliced over the
+//                positions); nn_im2col and nn_col2im (the bf16 path: col as a product's operand, and its
+//                input gradient, a thread per input element summing its taps in order), nn_max_pool (the
+//                first largest of each window, its place kept) and nn_max_pool_grad (a thread per input
+//                element summing, in order, the outputs it won).
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
 // run repeats to the bit. Every kernel begins with begin_after_previous_grid() (dependent_launch.cuh), so
@@ -1353,7 +1356,7 @@ nn_attention_grad_kv(const float* __restrict__ q, const float* __restrict__ P, c
     }
 }
 
-// ---- shapes and images: narrow and cat, conv2d (im2col, col2im), max_pool2d ----
+// ---- shapes and images: narrow and cat, conv2d (im2col and col2im; implicit products), max_pool2d ----
 
 // A run of indices along the middle axis of two tensors seen as (outer, ·, inner): to[(o, to_start + k, i)]
 // = from[(o, from_start + k, i)] for k < len, the axis from_n long in `from` and to_n in `to`; count = outer ·
@@ -1433,6 +1436,156 @@ nn_col2im(const float* __restrict__ dcol, float* __restrict__ dx, int count, int
         dx[e] = sum;
     }
 }
+
+// ---- conv2d as implicit products (fp32): the windows read where they lie, no col ----
+// The same three products as im2col's, each staging its operands' chunks straight from the tensors (gemm_tile's
+// functors), so no col of C·KH·KW × N·OH·OW floats is written or read, and the output and the gradients are
+// stored in [N, C, H, W] order, so no gather puts them there:
+//   forward       y[s][o][p] = Σ_t w[o][t] · window(t, s·P + p) + bias[o], t = (c·KH + ky)·KW + kx;
+//   input grad    dx[s][c][q] = Σ_k w[o][c][ky][kx] · dy[s][o][oy][ox] over k = (o·KH + ky)·KW + kx, where
+//                 oy·stride = iy + padding − ky (and ox alike; 0 where none is), q = iy·W + ix;
+//   weight grad   dw[o][t] = Σ_n dy[o][n] · window(t, n) over the positions n = s·P + p, and db[o] = Σ_n
+//                 dy[o][n] as a column of ones after the last tap: one product for both. A long n is cut
+//                 into slices, a product each (blockIdx.y), whose results the launch layer adds in order.
+// The index arithmetic divides by sizes known only at launch, so each divisor comes with its magic number
+// (Divisor, made by src/nn/cuda/conv.rs): a multiply-high and a shift in place of a division.
+
+// n / d for 0 ≤ n < 2³¹: ⌊n · mul / 2^(32 + shift)⌋, mul = ⌈2^(31 + ⌈log₂ d⌉) / d⌉, shift = ⌈log₂ d⌉ − 1 (d = 1:
+// n itself).
+struct Divisor {
+    int d;
+    unsigned mul;
+    unsigned shift;
+};
+
+__device__ __forceinline__ int divide(int n, Divisor v) {
+    return v.d == 1 ? n : (int)(__umulhi((unsigned)n, v.mul) >> v.shift);
+}
+
+// The sizes of one convolution (ConvShape in src/nn/cuda/conv.rs): samples N, C×H×W in, O×OH×OW out, a
+// KH×KW kernel; by_x divides by x (by_kernel_hw by KH·KW, by_positions by OH·OW, by_image by H·W).
+struct ConvShape {
+    int samples, channels, height, width, out_channels, kernel_h, kernel_w, stride, padding, out_h, out_w;
+    Divisor by_kernel_w, by_kernel_hw, by_out_w, by_positions, by_width, by_image, by_stride;
+};
+
+// The window element of tap t at column n = s·P + p: x[s][c][oy·stride + ky − padding][ox·stride + kx −
+// padding], 0 in the padding.
+__device__ __forceinline__ float conv_window(const float* __restrict__ x, const ConvShape& v, int t, int n) {
+    const int c = divide(t, v.by_kernel_hw), kk = t - c * v.by_kernel_hw.d;
+    const int ky = divide(kk, v.by_kernel_w), kx = kk - ky * v.kernel_w;
+    const int s = divide(n, v.by_positions), p = n - s * v.by_positions.d;
+    const int oy = divide(p, v.by_out_w), ox = p - oy * v.out_w;
+    const int iy = oy * v.stride + ky - v.padding, ix = ox * v.stride + kx - v.padding;
+    const bool inside = iy >= 0 && iy < v.height && ix >= 0 && ix < v.width;
+    return inside ? x[(((size_t)s * v.channels + c) * v.height + iy) * v.width + ix] : 0.0f;
+}
+
+// dy[s][o][oy][ox] for k = (o·KH + ky)·KW + kx and the input element n = (s·H + iy)·W + ix it reaches, 0
+// where no window puts that tap on that element.
+__device__ __forceinline__ float conv_reaching(const float* __restrict__ dy, const ConvShape& v, int k, int n) {
+    const int o = divide(k, v.by_kernel_hw), kk = k - o * v.by_kernel_hw.d;
+    const int ky = divide(kk, v.by_kernel_w), kx = kk - ky * v.kernel_w;
+    const int s = divide(n, v.by_image), q = n - s * v.by_image.d;
+    const int iy = divide(q, v.by_width), ix = q - iy * v.width;
+    const int row = iy + v.padding - ky, column = ix + v.padding - kx;  // oy·stride, ox·stride
+    if (row < 0 || column < 0) return 0.0f;
+    const int oy = divide(row, v.by_stride), ox = divide(column, v.by_stride);
+    if (oy * v.stride != row || ox * v.stride != column || oy >= v.out_h || ox >= v.out_w) return 0.0f;
+    return dy[(((size_t)s * v.out_channels + o) * v.out_h + oy) * v.out_w + ox];
+}
+
+// Grid: (⌈N·P/BN⌉, ⌈O/BM⌉). bias may be null.
+template <class T>
+__device__ __forceinline__ void conv2d(const ConvShape& v, const float* __restrict__ x, const float* __restrict__ w,
+                                       const float* __restrict__ bias, float* __restrict__ y) {
+    extern __shared__ float smem[];
+    const int taps = v.channels * v.by_kernel_hw.d, positions = v.by_positions.d;
+    gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
+        v.out_channels, v.samples * positions, taps, blockIdx.y * T::BM, blockIdx.x * T::BN,
+        [&](int o, int t) { return w[(size_t)o * taps + t]; }, [&](int t, int n) { return conv_window(x, v, t, n); },
+        [&](int o, int n, float sum) {
+            const int s = divide(n, v.by_positions), p = n - s * positions;
+            y[((size_t)s * v.out_channels + o) * positions + p] = bias ? sum + bias[o] : sum;
+        },
+        smem);
+}
+
+// Grid: (⌈N·H·W/BN⌉, ⌈C/BM⌉).
+template <class T>
+__device__ __forceinline__ void conv2d_grad_input(const ConvShape& v, const float* __restrict__ dy,
+                                                  const float* __restrict__ w, float* __restrict__ dx) {
+    extern __shared__ float smem[];
+    const int kernel_hw = v.by_kernel_hw.d, image = v.by_image.d;
+    gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
+        v.channels, v.samples * image, v.out_channels * kernel_hw, blockIdx.y * T::BM, blockIdx.x * T::BN,
+        [&](int c, int k) {
+            const int o = divide(k, v.by_kernel_hw);
+            return w[((size_t)o * v.channels + c) * kernel_hw + k - o * kernel_hw];
+        },
+        [&](int k, int n) { return conv_reaching(dy, v, k, n); },
+        [&](int c, int n, float sum) {
+            const int s = divide(n, v.by_image);
+            dx[((size_t)s * v.channels + c) * image + n - s * image] = sum;
+        },
+        smem);
+}
+
+// Slice z = blockIdx.y / ⌈O/BM⌉ of the positions, [z·per_slice, min((z + 1)·per_slice, N·P)), into dw[z]
+// [O][taps] and, when db is not null, db[z] [O]. Grid: (⌈(taps + 1)/BN⌉, ⌈O/BM⌉·slices).
+template <class T>
+__device__ __forceinline__ void conv2d_grad_weight(const ConvShape& v, const float* __restrict__ dy,
+                                                   const float* __restrict__ x, float* __restrict__ dw,
+                                                   float* __restrict__ db, int per_slice) {
+    extern __shared__ float smem[];
+    const int taps = v.channels * v.by_kernel_hw.d, positions = v.by_positions.d;
+    const int row_tiles = (v.out_channels + T::BM - 1) / T::BM;
+    const int z = blockIdx.y / row_tiles, first = z * per_slice;
+    const int depth = min(per_slice, v.samples * positions - first);
+    dw += (size_t)z * v.out_channels * taps;
+    if (db) db += (size_t)z * v.out_channels;
+    gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
+        v.out_channels, taps + (db ? 1 : 0), depth, blockIdx.y % row_tiles * T::BM, blockIdx.x * T::BN,
+        [&](int o, int k) {
+            const int n = first + k, s = divide(n, v.by_positions);
+            return dy[((size_t)s * v.out_channels + o) * positions + n - s * positions];
+        },
+        [&](int k, int t) { return t == taps ? 1.0f : conv_window(x, v, t, first + k); },
+        [&](int o, int t, float sum) {
+            if (t < taps) dw[(size_t)o * taps + t] = sum;
+            else db[o] = sum;
+        },
+        smem);
+}
+
+// The conv products' tiles (CONV_TILES in src/nn/cuda/mod.rs), the one whose rows are the fewest that cover
+// the output channels (or the input's, for the input gradient): 16 × 256, 32 × 128 and 64 × 64, 4 × 4 a thread.
+using ConvTile16 = MatTile<16, 256, 8, 4, 4>;
+using ConvTile32 = MatTile<32, 128, 8, 4, 4>;
+
+#define NN_CONV_PRODUCTS(SUFFIX, TILE)                                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_conv2d_##SUFFIX(const ConvShape v, const float* __restrict__ x, const float* __restrict__ w,             \
+                       const float* __restrict__ bias, float* __restrict__ y) {                                \
+        begin_after_previous_grid();                                                                           \
+        conv2d<TILE>(v, x, w, bias, y);                                                                        \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_conv2d_grad_input_##SUFFIX(const ConvShape v, const float* __restrict__ dy, const float* __restrict__ w, \
+                                  float* __restrict__ dx) {                                                    \
+        begin_after_previous_grid();                                                                           \
+        conv2d_grad_input<TILE>(v, dy, w, dx);                                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+    nn_conv2d_grad_weight_##SUFFIX(const ConvShape v, const float* __restrict__ dy, const float* __restrict__ x, \
+                                   float* __restrict__ dw, float* __restrict__ db, int per_slice) {             \
+        begin_after_previous_grid();                                                                           \
+        conv2d_grad_weight<TILE>(v, dy, x, dw, db, per_slice);                                                 \
+    }
+NN_CONV_PRODUCTS(16, ConvTile16)
+NN_CONV_PRODUCTS(32, ConvTile32)
+NN_CONV_PRODUCTS(64, TileLarge)
+#undef NN_CONV_PRODUCTS
 
 // max_pool2d (CPU twin: ops::conv::MaxPool2dShape::forward) over count = N·C·OH·OW outputs, a thread each,
 // windows kernel×kernel: the first largest of the window's elements inside the input in row-major window

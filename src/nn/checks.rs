@@ -707,11 +707,12 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
 
 /// `conv2d` (with and without bias; odd sizes, one pixel, stride 2 and 3, padding 1 and 2, a kernel as
 /// large as the input and a non-square one, more output channels than a product's tile and more taps than
-/// its depth) and `max_pool2d` (odd sizes, overlapping windows, stride past the window, padding; inputs of
+/// its depth; channels for each of the implicit products' three tiles, and a batch whose weight gradient
+/// is cut into slices, the last one shorter) and `max_pool2d` (odd sizes, overlapping windows, stride past the window, padding; inputs of
 /// whole numbers, so windows tie and the first must win as on the host: the host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
-    let convs: [([usize; 4], [usize; 4], usize, usize); 7] = [
+    let convs: [([usize; 4], [usize; 4], usize, usize); 10] = [
         ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
         ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
         ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
@@ -719,6 +720,9 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         ([1, 3, 33, 17], [70, 3, 3, 3], 3, 1),
         ([2, 16, 10, 10], [8, 16, 3, 3], 1, 1),
         ([2, 2, 6, 7], [3, 2, 2, 3], 3, 1),
+        ([8, 16, 28, 28], [16, 16, 3, 3], 1, 1),
+        ([3, 20, 15, 13], [24, 20, 3, 3], 2, 1),
+        ([5, 40, 9, 11], [33, 40, 3, 2], 1, 2),
     ];
     for (x, w, stride, padding) in convs {
         let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];

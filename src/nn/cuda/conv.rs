@@ -2,21 +2,29 @@
 //! `fused/nn.cu`: the twins of the host paths in `nn/conv.rs` (their math `ops::conv`), which check the
 //! arguments first and call in here when the operands live on a GPU.
 //!
-//! conv2d is one product for the whole batch: `nn_im2col` lays every window of every sample out as a
-//! column, col `[C·KH·KW, N·OH·OW]` (0 in the padding), and weight `[O, C·KH·KW]` · col is the output with
-//! its first two axes swapped, `[O, N, OH·OW]`, which a gather puts in order. The backward swaps the
-//! output gradient's axes the same way (dY) and multiplies: ∂weight = dY·colᵀ (col recomputed from the
-//! input), ∂col = weightᵀ·dY, which `nn_col2im` folds back onto the input, each input element summing its
-//! taps in a fixed order. The bias is added along the channels by one broadcast launch, and its gradient is
-//! dY's rows summed (`nn_sum_rows`, a block a channel, a fixed tree): a generic broadcast's gradient
-//! would walk the batch's every position from one thread a channel.
+//! conv2d in fp32 is three implicit products (`nn_conv2d_{tile}` and its gradients): the output is weight
+//! `[O, C·KH·KW]` times the matrix of every sample's windows, `[C·KH·KW, N·OH·OW]`, whose elements the
+//! product stages straight from the input, and it stores each result in `[N, O, OH, OW]` order with the
+//! bias added. The input's gradient is the product of the weight and the output gradient read at the
+//! positions each input element reaches; the weight's gradient and the bias's are one product of the output
+//! gradient and the windows with a column of ones, over the positions cut into slices that the launch adds
+//! in order. Each product's sums run in a fixed order, so a run repeats to the bit.
+//!
+//! In bf16 (a device whose products round to bf16) conv2d keeps the explicit path: `nn_im2col` lays every
+//! window of every sample out as a column, col `[C·KH·KW, N·OH·OW]` (0 in the padding), and weight ·
+//! col is the output with its first two axes swapped, `[O, N, OH·OW]`, which a gather puts in order. The
+//! backward swaps the output gradient's axes the same way (dY) and multiplies: ∂weight = dY·colᵀ, ∂col =
+//! weightᵀ·dY, which `nn_col2im` folds back onto the input, each input element summing its taps in a fixed
+//! order. The bias is added along the channels by one broadcast launch, and its gradient is dY's rows
+//! summed (`nn_sum_rows`, a block a channel, a fixed tree).
 //!
 //! max_pool2d keeps each window's winner (its place in the window) from the forward; the backward gives
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
-use super::ops::{add_broadcast, buffer, gather, int, product, sum_axis};
-use super::{Device, DeviceBuffer};
-use crate::device::launch::Arg;
+use super::ops::{add_broadcast, buffer, gather, int, k_slices, optional, product, sum_axis, sum_axis_into};
+use super::{CONV_TILES, Device, DeviceBuffer};
+use crate::device::kernel_struct::kernel_struct;
+use crate::device::launch::{Arg, StructArg};
 use crate::nn::error::{Error, Result};
 use crate::nn::tensor::Tensor;
 use crate::ops::conv::{Conv2dShape, MaxPool2dShape};
@@ -54,9 +62,217 @@ fn im2col(device: &Arc<Device>, x: &DeviceBuffer, col_count: i32, sizes: &[Arg])
     Ok(col)
 }
 
+kernel_struct! {
+    /// A divisor with its magic number (`Divisor` in fused/nn.cu): n / d = ⌊n · mul / 2^(32 + shift)⌋ for
+    /// 0 ≤ n < 2³¹, mul = ⌈2^(31 + ⌈log₂ d⌉) / d⌉ and shift = ⌈log₂ d⌉ − 1; d = 1 divides by returning n.
+    struct Divisor {
+        d: i32,
+        mul: u32,
+        shift: u32,
+    }
+}
+
+impl Divisor {
+    /// `d` (≥ 1) and its magic number.
+    fn of(d: i32) -> Divisor {
+        assert!(d >= 1, "a divisor of {d}");
+        if d == 1 {
+            return Divisor { d, mul: 0, shift: 0 };
+        }
+        let log = 32 - (d as u32 - 1).leading_zeros(); // ⌈log₂ d⌉
+        let mul = ((1u64 << (31 + log)) + d as u64 - 1) / d as u64;
+        Divisor { d, mul: mul as u32, shift: log - 1 }
+    }
+
+    /// n / d as the kernels compute it (`divide`), for 0 ≤ n < 2³¹.
+    #[cfg(test)]
+    fn divide(self, n: i32) -> i32 {
+        if self.d == 1 { n } else { ((n as u64 * self.mul as u64) >> 32 >> self.shift) as i32 }
+    }
+}
+
+kernel_struct! {
+    /// The sizes of one convolution over `samples` images (`ConvShape` in fused/nn.cu); each `by_x` divides
+    /// by x.
+    struct ConvShape {
+        samples: i32,
+        channels: i32,
+        height: i32,
+        width: i32,
+        out_channels: i32,
+        kernel_h: i32,
+        kernel_w: i32,
+        stride: i32,
+        padding: i32,
+        out_h: i32,
+        out_w: i32,
+        by_kernel_w: Divisor,
+        by_kernel_hw: Divisor,
+        by_out_w: Divisor,
+        by_positions: Divisor,
+        by_width: Divisor,
+        by_image: Divisor,
+        by_stride: Divisor,
+    }
+}
+
+impl ConvShape {
+    /// The sizes of `conv` over `samples` images, or the error naming `op` when a count the kernels index
+    /// (an input, an output, the taps, the weight) does not fit an int.
+    fn of(op: &'static str, conv: &Conv2dShape, samples: usize) -> Result<ConvShape> {
+        let (positions, image) = (conv.out_height * conv.out_width, conv.height * conv.width);
+        count(op, &[samples, conv.channels, image])?;
+        count(op, &[samples, conv.out_channels, positions])?;
+        count(op, &[conv.out_channels, conv.taps() + 1])?;
+        count(op, &[conv.out_channels, conv.kernel_h, conv.kernel_w, conv.channels])?;
+        let padded = conv.padding.checked_mul(2).and_then(|p| p.checked_add(conv.height.max(conv.width)));
+        int(op, padded.ok_or_else(|| Error::device(op, "has a padding past what memory can address"))?)?;
+        let divisor = |n: usize| int(op, n).map(Divisor::of);
+        Ok(ConvShape {
+            samples: int(op, samples)?,
+            channels: int(op, conv.channels)?,
+            height: int(op, conv.height)?,
+            width: int(op, conv.width)?,
+            out_channels: int(op, conv.out_channels)?,
+            kernel_h: int(op, conv.kernel_h)?,
+            kernel_w: int(op, conv.kernel_w)?,
+            stride: int(op, conv.stride)?,
+            padding: int(op, conv.padding)?,
+            out_h: int(op, conv.out_height)?,
+            out_w: int(op, conv.out_width)?,
+            by_kernel_w: divisor(conv.kernel_w)?,
+            by_kernel_hw: divisor(conv.kernel_h * conv.kernel_w)?,
+            by_out_w: divisor(conv.out_width)?,
+            by_positions: divisor(positions)?,
+            by_width: divisor(conv.width)?,
+            by_image: divisor(image)?,
+            by_stride: divisor(conv.stride)?,
+        })
+    }
+}
+
+/// The place in [`CONV_TILES`] of the tile for a product of `rows` rows (channels): the first that covers
+/// them, else the largest.
+fn conv_tile(rows: usize) -> usize {
+    CONV_TILES.iter().position(|&(bm, ..)| bm >= rows).unwrap_or(CONV_TILES.len() - 1)
+}
+
+/// The grid of a conv product of `rows` × `columns` results in `tile`, `slices` of them, or the error naming
+/// `op` when it is more blocks than a launch takes.
+fn conv_grid(op: &'static str, tile: usize, (rows, columns): (usize, usize), slices: usize) -> Result<(u32, u32)> {
+    let (bm, bn, ..) = CONV_TILES[tile];
+    let (x, y) = (columns.div_ceil(bn).max(1), rows.div_ceil(bm).max(1) * slices);
+    if y > 65_535 {
+        return Err(Error::device(op, format!("needs {y} rows of blocks, more than a launch takes (65,535)")));
+    }
+    Ok((int(op, x)? as u32, y as u32))
+}
+
 /// The convolution of `x` `[N, C, H, W]` by `weight` `[O, C, KH, KW]` plus `bias` `[O]`, of the sizes
-/// `conv` over `samples` = N, into `shape` `[N, O, OH, OW]`.
+/// `conv` over `samples` = N, into `shape` `[N, O, OH, OW]`: implicit products in fp32, im2col's in bf16.
 pub(crate) fn conv2d<F: Real>(
+    device: &Arc<Device>,
+    operands: (&Tensor<F>, &Tensor<F>, Option<&Tensor<F>>),
+    conv: &Conv2dShape,
+    samples: usize,
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    if device.bf16_products() {
+        conv2d_im2col(device, operands, conv, samples, shape)
+    } else {
+        conv2d_implicit(device, operands, conv, samples, shape)
+    }
+}
+
+/// `conv2d` as three implicit products (the module's doc).
+fn conv2d_implicit<F: Real>(
+    device: &Arc<Device>,
+    (x, weight, bias): (&Tensor<F>, &Tensor<F>, Option<&Tensor<F>>),
+    conv: &Conv2dShape,
+    samples: usize,
+    shape: Vec<usize>,
+) -> Result<Tensor<F>> {
+    const NAME: &str = "conv2d";
+    let sizes = StructArg::of(&ConvShape::of(NAME, conv, samples)?);
+    let (outputs, columns) = (conv.out_channels, samples * conv.out_height * conv.out_width);
+    let (xb, wb) = (buffer(x), buffer(weight));
+    let out = device.alloc(NAME, outputs * columns)?;
+    let tile = conv_tile(outputs);
+    let grid = conv_grid(NAME, tile, (outputs, columns), 1)?;
+    let args = [device.arg(&xb), device.arg(&wb), optional(device, bias.map(buffer).as_ref()), device.arg(&out)];
+    device.launch_struct(NAME, &device.kernels.conv[tile], (grid, device.conv_shared[tile]), &sizes, &args)?;
+    let (device_, conv) = (Arc::clone(device), *conv);
+    let with_bias = bias.is_some();
+    let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
+        let d = &device_;
+        let dx = if needs[0] {
+            let dx = d.alloc(NAME, samples * conv.input_len())?;
+            let tile = conv_tile(conv.channels);
+            let grid = conv_grid(NAME, tile, (conv.channels, samples * conv.height * conv.width), 1)?;
+            let args = [d.arg(grad), d.arg(&wb), d.arg(&dx)];
+            d.launch_struct(NAME, &d.kernels.conv_grad_input[tile], (grid, d.conv_shared[tile]), &sizes, &args)?;
+            Some(dx)
+        } else {
+            None
+        };
+        let wants_bias = with_bias && needs[2];
+        let (dw, db) = if needs[1] || wants_bias {
+            let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), wants_bias)?;
+            (needs[1].then_some(dw), db)
+        } else {
+            (None, None)
+        };
+        Ok([dx, dw].into_iter().chain(with_bias.then_some(db)).collect())
+    };
+    let inputs: Vec<&Tensor<F>> = [Some(x), Some(weight), bias].into_iter().flatten().collect();
+    Ok(Tensor::from_device_op(NAME, out, shape, &inputs, Box::new(backward)))
+}
+
+/// The weight's gradient `[O, C·KH·KW]` of a convolution of the sizes `conv` over `samples` images, and the
+/// bias's `[O]` when `with_bias`: one product of the output gradient `dy` and the windows of `x`, over the
+/// positions cut into slices enough to give every SM blocks, the slices' results then added in order.
+fn conv2d_grad_weight(
+    device: &Arc<Device>,
+    (dy, x): (&DeviceBuffer, &DeviceBuffer),
+    (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
+    with_bias: bool,
+) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
+    const NAME: &str = "conv2d";
+    let (outputs, taps) = (conv.out_channels, conv.taps());
+    let (columns, depth) = (taps + with_bias as usize, samples * conv.out_height * conv.out_width);
+    let tile = conv_tile(outputs);
+    let (bm, bn, ..) = CONV_TILES[tile];
+    let per_slice = depth.div_ceil(k_slices(device, columns.div_ceil(bn) * outputs.div_ceil(bm), depth, 4));
+    let slices = depth.div_ceil(per_slice.max(1)).max(1);
+    let dw_parts = device.alloc(NAME, slices * outputs * taps)?;
+    let db_parts = if with_bias { Some(device.alloc(NAME, slices * outputs)?) } else { None };
+    let grid = conv_grid(NAME, tile, (outputs, columns), slices)?;
+    let args = [
+        device.arg(dy),
+        device.arg(x),
+        device.arg(&dw_parts),
+        optional(device, db_parts.as_ref()),
+        Arg::i32(int(NAME, per_slice.max(1))?),
+    ];
+    device.launch_struct(NAME, &device.kernels.conv_grad_weight[tile], (grid, device.conv_shared[tile]), sizes, &args)?;
+    if slices == 1 {
+        return Ok((dw_parts, db_parts));
+    }
+    let dw = device.alloc(NAME, outputs * taps)?;
+    sum_axis_into(device, NAME, &dw_parts, (1, slices, outputs * taps), 1.0, &dw)?;
+    let db = match db_parts {
+        Some(parts) => {
+            let db = device.alloc(NAME, outputs)?;
+            sum_axis_into(device, NAME, &parts, (1, slices, outputs), 1.0, &db)?;
+            Some(db)
+        }
+        None => None,
+    };
+    Ok((dw, db))
+}
+
+/// `conv2d` through an explicit col (the module's doc): the bf16 path.
+fn conv2d_im2col<F: Real>(
     device: &Arc<Device>,
     (x, weight, bias): (&Tensor<F>, &Tensor<F>, Option<&Tensor<F>>),
     conv: &Conv2dShape,
@@ -148,4 +364,37 @@ pub(crate) fn max_pool2d<F: Real>(
         Ok(vec![Some(dx)])
     };
     Ok(Tensor::from_device_op(NAME, out, shape, &[x], Box::new(backward)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConvShape, Divisor};
+    use crate::device::kernel_struct::assert_kernel_layout;
+
+    #[test]
+    fn the_divisors_divide_as_integer_division() {
+        let mut divisors: Vec<i32> = (1..=3000).collect();
+        for k in 12..31 {
+            divisors.extend([(1 << k) - 1, 1 << k, (1 << k) + 1, (1 << k) / 3 * 2 + 1]);
+        }
+        divisors.push(i32::MAX);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for d in divisors {
+            let v = Divisor::of(d);
+            let mut numerators = vec![0, 1, d - 1, d, i32::MAX, i32::MAX - 1, i32::MAX / d * d, (i32::MAX / d * d) - 1];
+            for _ in 0..64 {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                numerators.push((state >> 33) as i32);
+            }
+            for n in numerators.into_iter().filter(|&n| n >= 0) {
+                assert_eq!(v.divide(n), n / d, "{n} / {d} with {v:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_conv_sizes_are_the_kernel_files() {
+        assert_kernel_layout::<Divisor>("nn", &[]);
+        assert_kernel_layout::<ConvShape>("nn", &[]);
+    }
 }

@@ -108,6 +108,11 @@ pub(crate) struct Kernels {
     pub(crate) pad_run: Kernel,
     pub(crate) im2col: Kernel,
     pub(crate) col2im: Kernel,
+    /// `nn_conv2d_{16,32,64}`, `nn_conv2d_grad_input_{…}` and `nn_conv2d_grad_weight_{…}`, at the tile's
+    /// place in [`CONV_TILES`].
+    pub(crate) conv: [Kernel; 3],
+    pub(crate) conv_grad_input: [Kernel; 3],
+    pub(crate) conv_grad_weight: [Kernel; 3],
     pub(crate) max_pool: Kernel,
     pub(crate) max_pool_grad: Kernel,
 }
@@ -121,6 +126,8 @@ pub struct Device {
     pub(crate) kernels: Kernels,
     /// Dynamic shared memory of the fp32 products, bytes, at each tile's place in [`FP32_TILES`].
     pub(crate) gemm_shared: [u32; 3],
+    /// Dynamic shared memory of the implicit conv products, bytes, at each tile's place in [`CONV_TILES`].
+    pub(crate) conv_shared: [u32; 3],
     /// Dynamic shared memory of `nn_linear_cross_entropy_{tile}`, bytes: its [`logits_tile`]'s.
     pub(crate) logits_shared: [u32; 3],
     /// Dynamic shared memory of `nn_product_bf16` (Bf16Tile's), bytes.
@@ -266,6 +273,17 @@ impl Device {
                 pad_run: k("nn_pad_run")?,
                 im2col: k("nn_im2col")?,
                 col2im: k("nn_col2im")?,
+                conv: [k("nn_conv2d_16")?, k("nn_conv2d_32")?, k("nn_conv2d_64")?],
+                conv_grad_input: [
+                    k("nn_conv2d_grad_input_16")?,
+                    k("nn_conv2d_grad_input_32")?,
+                    k("nn_conv2d_grad_input_64")?,
+                ],
+                conv_grad_weight: [
+                    k("nn_conv2d_grad_weight_16")?,
+                    k("nn_conv2d_grad_weight_32")?,
+                    k("nn_conv2d_grad_weight_64")?,
+                ],
                 max_pool: k("nn_max_pool")?,
                 max_pool_grad: k("nn_max_pool_grad")?,
             })
@@ -273,6 +291,7 @@ impl Device {
         let kernels = load().map_err(launch_error("Device::open"))?;
         let shared_bytes = |(bm, bn, bk, tm, tn)| (tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
         let gemm_shared = FP32_TILES.map(shared_bytes);
+        let conv_shared = CONV_TILES.map(shared_bytes);
         let logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
         let tickets = [zeroed()?, zeroed()?];
@@ -289,6 +308,7 @@ impl Device {
             gpu,
             kernels,
             gemm_shared,
+            conv_shared,
             logits_shared,
             gemm_shared_bf16,
             tickets,
@@ -456,6 +476,12 @@ impl Device {
 /// 16 × 16, 64 deep, 2 × 2 a thread (k split four ways in the block); 8 × 8, 256 deep (k split sixteen ways).
 pub(crate) const FP32_TILES: [(usize, usize, usize, usize, usize); 3] =
     [(64, 64, 16, 4, 4), (16, 16, 64, 2, 2), (8, 8, 256, 2, 2)];
+
+/// The tiles of the implicit conv products (`ConvTile16`, `ConvTile32` and `TileLarge` in fused/nn.cu), as
+/// [`FP32_TILES`]'s: 16, 32 and 64 rows (channels), 4 × 4 outputs a thread. A product takes the first whose
+/// rows cover its channels, else the last.
+pub(crate) const CONV_TILES: [(usize, usize, usize, usize, usize); 3] =
+    [(16, 256, 8, 4, 4), (32, 128, 8, 4, 4), (64, 64, 16, 4, 4)];
 
 /// The tile `nn_linear_cross_entropy` forms its logits with, for the fp32 tile `tile` (fused/nn.cu's
 /// LogitsTile): 16 columns where the tile is narrower, the columns a thread widened with them, so that the
@@ -710,12 +736,12 @@ pub(crate) fn to_f32<F: Real>(values: &[F]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{FP32_TILES, THREADS_PER_BLOCK, logits_tile};
+    use super::{CONV_TILES, FP32_TILES, THREADS_PER_BLOCK, logits_tile};
 
-    #[test]
-    fn the_fp32_tiles_are_the_kernel_files() {
+    /// The sizes of each `MatTile` named in `names`, as fused/nn.cu declares them.
+    fn declared_tiles(names: &[&str]) -> Vec<Vec<usize>> {
         let file = include_str!("../../../fused/nn.cu");
-        let declared: Vec<Vec<usize>> = ["TileLarge", "TileSmall", "TileTiny"]
+        names
             .iter()
             .map(|name| {
                 let declaration = format!("using {name} = MatTile<");
@@ -723,9 +749,19 @@ mod tests {
                 let sizes = &file[at..at + file[at..].find('>').unwrap()];
                 sizes.split(',').map(|v| v.trim().parse().unwrap()).collect()
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn the_fp32_tiles_are_the_kernel_files() {
         let ours: Vec<Vec<usize>> = FP32_TILES.iter().map(|&(a, b, c, d, e)| vec![a, b, c, d, e]).collect();
-        assert_eq!(declared, ours);
+        assert_eq!(declared_tiles(&["TileLarge", "TileSmall", "TileTiny"]), ours);
+        let ours: Vec<Vec<usize>> = CONV_TILES.iter().map(|&(a, b, c, d, e)| vec![a, b, c, d, e]).collect();
+        assert_eq!(declared_tiles(&["ConvTile16", "ConvTile32", "TileLarge"]), ours);
+        let file = include_str!("../../../fused/nn.cu");
+        for (suffix, tile) in [("16", "ConvTile16"), ("32", "ConvTile32"), ("64", "TileLarge")] {
+            assert!(file.contains(&format!("NN_CONV_PRODUCTS({suffix}, {tile})")), "{suffix}: {tile}");
+        }
     }
 
     #[test]

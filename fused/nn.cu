@@ -1495,15 +1495,75 @@ __device__ __forceinline__ float conv_reaching(const float* __restrict__ dy, con
     return dy[(((size_t)s * v.out_channels + o) * v.out_h + oy) * v.out_w + ox];
 }
 
+// How many taps a conv product lists in shared memory (ConvTap, after the product's own): with the list,
+// an element's index is its column's base plus its tap's offset, and the bounds two compares; without it
+// (more taps, or the input gradient at a stride above 1), each element divides its own indices.
+constexpr int CONV_TAP_TABLE = 2048;
+
+// One tap's part of an element's index: `offset`, added to the column's base; (ky, kx), for the bounds;
+// `weight`, the weight element's offset (the input gradient's operand).
+struct __align__(16) ConvTap {
+    int offset, ky, kx, weight;
+};
+
+// The taps of the windows operand, t = (c·KH + ky)·KW + kx: offset (c·H + ky)·W + kx. Or, for the input
+// gradient at stride 1, k = (o·KH + ky)·KW + kx: offset o·OH·OW − ky·OW − kx, weight o·C·KH·KW + ky·KW + kx.
+// Every thread of the block takes part; a barrier ends it.
+__device__ __forceinline__ void list_taps(ConvTap* __restrict__ table, const ConvShape& v, int count, bool reaching) {
+    for (int t = threadIdx.x; t < count; t += THREADS) {
+        const int outer = divide(t, v.by_kernel_hw), kk = t - outer * v.by_kernel_hw.d;
+        const int ky = divide(kk, v.by_kernel_w), kx = kk - ky * v.kernel_w;
+        table[t] = reaching ? ConvTap{outer * v.by_positions.d - ky * v.out_w - kx, ky, kx,
+                                      outer * v.channels * v.by_kernel_hw.d + kk}
+                            : ConvTap{(outer * v.height + ky) * v.width + kx, ky, kx, 0};
+    }
+    __syncthreads();
+}
+
+// conv_window through the listed taps.
+__device__ __forceinline__ float listed_window(const float* __restrict__ x, const ConvShape& v,
+                                               const ConvTap* __restrict__ table, int t, int n) {
+    const int s = divide(n, v.by_positions), p = n - s * v.by_positions.d;
+    const int oy = divide(p, v.by_out_w), ox = p - oy * v.out_w;
+    const int iy0 = oy * v.stride - v.padding, ix0 = ox * v.stride - v.padding;
+    const ConvTap tap = table[t];
+    const bool inside = (unsigned)(iy0 + tap.ky) < (unsigned)v.height && (unsigned)(ix0 + tap.kx) < (unsigned)v.width;
+    return inside ? x[(size_t)s * v.channels * v.by_image.d + iy0 * v.width + ix0 + tap.offset] : 0.0f;
+}
+
+// conv_reaching at stride 1 through the listed taps.
+__device__ __forceinline__ float listed_reaching(const float* __restrict__ dy, const ConvShape& v,
+                                                 const ConvTap* __restrict__ table, int k, int n) {
+    const int s = divide(n, v.by_image), q = n - s * v.by_image.d;
+    const int iy = divide(q, v.by_width), ix = q - iy * v.width;
+    const int ry = iy + v.padding, rx = ix + v.padding;
+    const ConvTap tap = table[k];
+    const bool inside = (unsigned)(ry - tap.ky) < (unsigned)v.out_h && (unsigned)(rx - tap.kx) < (unsigned)v.out_w;
+    return inside ? dy[((size_t)s * v.out_channels * v.by_positions.d) + ry * v.out_w + rx + tap.offset] : 0.0f;
+}
+
+// The listed taps, after the product's shared memory; null when there are more than CONV_TAP_TABLE.
+template <class T>
+__device__ __forceinline__ ConvTap* conv_taps(float* smem, const ConvShape& v, int count, bool reaching) {
+    using G = GemmTile<T::BM, T::BN, T::BK, T::TM, T::TN>;
+    static_assert(G::SHARED_FLOATS % 4 == 0, "the tap list must start 16 bytes aligned");
+    if (count > CONV_TAP_TABLE) return nullptr;
+    ConvTap* table = reinterpret_cast<ConvTap*>(smem + G::SHARED_FLOATS);
+    list_taps(table, v, count, reaching);
+    return table;
+}
+
 // Grid: (⌈N·P/BN⌉, ⌈O/BM⌉). bias may be null.
 template <class T>
 __device__ __forceinline__ void conv2d(const ConvShape& v, const float* __restrict__ x, const float* __restrict__ w,
                                        const float* __restrict__ bias, float* __restrict__ y) {
     extern __shared__ float smem[];
     const int taps = v.channels * v.by_kernel_hw.d, positions = v.by_positions.d;
+    const ConvTap* table = conv_taps<T>(smem, v, taps, false);
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
         v.out_channels, v.samples * positions, taps, blockIdx.y * T::BM, blockIdx.x * T::BN,
-        [&](int o, int t) { return w[(size_t)o * taps + t]; }, [&](int t, int n) { return conv_window(x, v, t, n); },
+        [&](int o, int t) { return w[(size_t)o * taps + t]; },
+        [&](int t, int n) { return table ? listed_window(x, v, table, t, n) : conv_window(x, v, t, n); },
         [&](int o, int n, float sum) {
             const int s = divide(n, v.by_positions), p = n - s * positions;
             y[((size_t)s * v.out_channels + o) * positions + p] = bias ? sum + bias[o] : sum;
@@ -1516,14 +1576,16 @@ template <class T>
 __device__ __forceinline__ void conv2d_grad_input(const ConvShape& v, const float* __restrict__ dy,
                                                   const float* __restrict__ w, float* __restrict__ dx) {
     extern __shared__ float smem[];
-    const int kernel_hw = v.by_kernel_hw.d, image = v.by_image.d;
+    const int kernel_hw = v.by_kernel_hw.d, image = v.by_image.d, depth = v.out_channels * kernel_hw;
+    const ConvTap* table = v.stride == 1 ? conv_taps<T>(smem, v, depth, true) : nullptr;
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
-        v.channels, v.samples * image, v.out_channels * kernel_hw, blockIdx.y * T::BM, blockIdx.x * T::BN,
+        v.channels, v.samples * image, depth, blockIdx.y * T::BM, blockIdx.x * T::BN,
         [&](int c, int k) {
+            if (table) return w[table[k].weight + (size_t)c * kernel_hw];
             const int o = divide(k, v.by_kernel_hw);
             return w[((size_t)o * v.channels + c) * kernel_hw + k - o * kernel_hw];
         },
-        [&](int k, int n) { return conv_reaching(dy, v, k, n); },
+        [&](int k, int n) { return table ? listed_reaching(dy, v, table, k, n) : conv_reaching(dy, v, k, n); },
         [&](int c, int n, float sum) {
             const int s = divide(n, v.by_image);
             dx[((size_t)s * v.channels + c) * image + n - s * image] = sum;
@@ -1542,6 +1604,7 @@ __device__ __forceinline__ void conv2d_grad_weight(const ConvShape& v, const flo
     const int row_tiles = (v.out_channels + T::BM - 1) / T::BM;
     const int z = blockIdx.y / row_tiles, first = z * per_slice;
     const int depth = min(per_slice, v.samples * positions - first);
+    const ConvTap* table = conv_taps<T>(smem, v, taps, false);
     dw += (size_t)z * v.out_channels * taps;
     if (db) db += (size_t)z * v.out_channels;
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
@@ -1550,7 +1613,10 @@ __device__ __forceinline__ void conv2d_grad_weight(const ConvShape& v, const flo
             const int n = first + k, s = divide(n, v.by_positions);
             return dy[((size_t)s * v.out_channels + o) * positions + n - s * positions];
         },
-        [&](int k, int t) { return t == taps ? 1.0f : conv_window(x, v, t, first + k); },
+        [&](int k, int t) {
+            if (t == taps) return 1.0f;
+            return table ? listed_window(x, v, table, t, first + k) : conv_window(x, v, t, first + k);
+        },
         [&](int o, int t, float sum) {
             if (t < taps) dw[(size_t)o * taps + t] = sum;
             else db[o] = sum;

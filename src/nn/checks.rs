@@ -707,12 +707,13 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
 
 /// `conv2d` (with and without bias; odd sizes, one pixel, stride 2 and 3, padding 1 and 2, a kernel as
 /// large as the input and a non-square one, more output channels than a product's tile and more taps than
-/// its depth; channels for each of the implicit products' three tiles, and a batch whose weight gradient
-/// is cut into slices, the last one shorter) and `max_pool2d` (odd sizes, overlapping windows, stride past the window, padding; inputs of
+/// its depth; channels for each of the implicit products' three tiles, a batch whose weight gradient is
+/// cut into slices, the last one shorter, and more taps than the products list, C·KH·KW for the forward
+/// and O·KH·KW for the input gradient) and `max_pool2d` (odd sizes, overlapping windows, stride past the window, padding; inputs of
 /// whole numbers, so windows tie and the first must win as on the host: the host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
-    let convs: [([usize; 4], [usize; 4], usize, usize); 10] = [
+    let convs: [([usize; 4], [usize; 4], usize, usize); 12] = [
         ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
         ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
         ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
@@ -723,6 +724,8 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         ([8, 16, 28, 28], [16, 16, 3, 3], 1, 1),
         ([3, 20, 15, 13], [24, 20, 3, 3], 2, 1),
         ([5, 40, 9, 11], [33, 40, 3, 2], 1, 2),
+        ([2, 230, 5, 6], [3, 230, 3, 3], 1, 1),
+        ([2, 3, 6, 5], [230, 3, 3, 3], 1, 1),
     ];
     for (x, w, stride, padding) in convs {
         let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];

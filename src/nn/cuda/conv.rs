@@ -21,7 +21,7 @@
 //! max_pool2d keeps each window's winner (its place in the window) from the forward; the backward gives
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
-use super::ops::{add_broadcast, buffer, gather, int, k_slices, optional, product, sum_axis, sum_axis_into};
+use super::ops::{add_broadcast, buffer, gather, int, optional, product, sum_axis, sum_axis_into};
 use super::{CONV_TILES, Device, DeviceBuffer};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::{Arg, StructArg};
@@ -151,6 +151,16 @@ impl ConvShape {
     }
 }
 
+/// How many taps a conv product lists in shared memory (fused/nn.cu's CONV_TAP_TABLE), 16 bytes each
+/// (`ConvTap`); a product of more divides its indices instead.
+const CONV_TAP_TABLE: usize = 2048;
+
+/// The dynamic shared memory of a conv product in `tile` whose operand has `taps` taps to list (0: none).
+fn conv_shared(device: &Device, tile: usize, taps: usize) -> u32 {
+    let listed = if taps <= CONV_TAP_TABLE { taps * 16 } else { 0 };
+    device.conv_shared[tile] + listed as u32
+}
+
 /// The place in [`CONV_TILES`] of the tile for a product of `rows` rows (channels): the first that covers
 /// them, else the largest.
 fn conv_tile(rows: usize) -> usize {
@@ -200,7 +210,8 @@ fn conv2d_implicit<F: Real>(
     let tile = conv_tile(outputs);
     let grid = conv_grid(NAME, tile, (outputs, columns), 1)?;
     let args = [device.arg(&xb), device.arg(&wb), optional(device, bias.map(buffer).as_ref()), device.arg(&out)];
-    device.launch_struct(NAME, &device.kernels.conv[tile], (grid, device.conv_shared[tile]), &sizes, &args)?;
+    let shared = conv_shared(device, tile, conv.taps());
+    device.launch_struct(NAME, &device.kernels.conv[tile], (grid, shared), &sizes, &args)?;
     let (device_, conv) = (Arc::clone(device), *conv);
     let with_bias = bias.is_some();
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
@@ -210,7 +221,10 @@ fn conv2d_implicit<F: Real>(
             let tile = conv_tile(conv.channels);
             let grid = conv_grid(NAME, tile, (conv.channels, samples * conv.height * conv.width), 1)?;
             let args = [d.arg(grad), d.arg(&wb), d.arg(&dx)];
-            d.launch_struct(NAME, &d.kernels.conv_grad_input[tile], (grid, d.conv_shared[tile]), &sizes, &args)?;
+            // The taps are listed at stride 1 only (fused/nn.cu's conv2d_grad_input).
+            let listed = if conv.stride == 1 { outputs * conv.kernel_h * conv.kernel_w } else { 0 };
+            let shared = conv_shared(d, tile, listed);
+            d.launch_struct(NAME, &d.kernels.conv_grad_input[tile], (grid, shared), &sizes, &args)?;
             Some(dx)
         } else {
             None
@@ -242,7 +256,10 @@ fn conv2d_grad_weight(
     let (columns, depth) = (taps + with_bias as usize, samples * conv.out_height * conv.out_width);
     let tile = conv_tile(outputs);
     let (bm, bn, ..) = CONV_TILES[tile];
-    let per_slice = depth.div_ceil(k_slices(device, columns.div_ceil(bn) * outputs.div_ceil(bm), depth, 4));
+    // Slices enough for 4 blocks an SM, each 256 positions deep or more.
+    let tiles = columns.div_ceil(bn) * outputs.div_ceil(bm);
+    let wanted = (4 * device.gpu.sm_count as usize).div_ceil(tiles).min(depth / 256).max(1);
+    let per_slice = depth.div_ceil(wanted);
     let slices = depth.div_ceil(per_slice.max(1)).max(1);
     let dw_parts = device.alloc(NAME, slices * outputs * taps)?;
     let db_parts = if with_bias { Some(device.alloc(NAME, slices * outputs)?) } else { None };
@@ -254,7 +271,8 @@ fn conv2d_grad_weight(
         optional(device, db_parts.as_ref()),
         Arg::i32(int(NAME, per_slice.max(1))?),
     ];
-    device.launch_struct(NAME, &device.kernels.conv_grad_weight[tile], (grid, device.conv_shared[tile]), sizes, &args)?;
+    let shared = conv_shared(device, tile, taps);
+    device.launch_struct(NAME, &device.kernels.conv_grad_weight[tile], (grid, shared), sizes, &args)?;
     if slices == 1 {
         return Ok((dw_parts, db_parts));
     }
@@ -368,7 +386,8 @@ pub(crate) fn max_pool2d<F: Real>(
 
 #[cfg(test)]
 mod tests {
-    use super::{ConvShape, Divisor};
+    use super::{CONV_TAP_TABLE, ConvShape, Divisor};
+    use crate::device::compile::kernel_constants;
     use crate::device::kernel_struct::assert_kernel_layout;
 
     #[test]
@@ -396,5 +415,7 @@ mod tests {
     fn the_conv_sizes_are_the_kernel_files() {
         assert_kernel_layout::<Divisor>("nn", &[]);
         assert_kernel_layout::<ConvShape>("nn", &[]);
+        let kernel = kernel_constants("nn", &[], &["CONV_TAP_TABLE", "sizeof(ConvTap)", "alignof(ConvTap)"]).unwrap();
+        assert_eq!(kernel, [CONV_TAP_TABLE as i64, 16, 16]);
     }
 }

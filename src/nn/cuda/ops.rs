@@ -500,7 +500,7 @@ fn rounded_bf16(name: &'static str, x: &DeviceBuffer) -> Result<DeviceBuffer> {
 /// k is short; otherwise enough for about `per_sm` blocks an SM, each slice 512 deep or more. The bf16
 /// products (`nn_product_bf16`'s split k) take 2 an SM, the fp32 ones, whose small tiles wait on memory
 /// more, 4.
-pub(super) fn k_slices(device: &Device, tiles: usize, k: usize, per_sm: usize) -> usize {
+fn k_slices(device: &Device, tiles: usize, k: usize, per_sm: usize) -> usize {
     let wanted = (per_sm * device.gpu.sm_count as usize).div_ceil(tiles.max(1));
     wanted.min(k / 512).max(1)
 }

@@ -59,15 +59,18 @@ struct GemmStage {
     static constexpr int PER_THREAD = (COUNT + THREADS - 1) / THREADS;
     float v[PER_THREAD];
 
-    __device__ __forceinline__ static int row_of(int idx) { return K_CONTIGUOUS ? idx / BK : idx % EXTENT; }
-    __device__ __forceinline__ static int k_of(int idx) { return K_CONTIGUOUS ? idx % BK : idx / EXTENT; }
+    // Unsigned, so that a power-of-two EXTENT or BK is a mask and a shift, and a thread's row (or k) is seen
+    // to be the same in each of its loads.
+    __device__ __forceinline__ static int row_of(unsigned idx) { return K_CONTIGUOUS ? idx / BK : idx % EXTENT; }
+    __device__ __forceinline__ static int k_of(unsigned idx) { return K_CONTIGUOUS ? idx % BK : idx / EXTENT; }
 
     // at(o, k) for o < extent, k < K; zero outside.
     template <class At>
     __device__ __forceinline__ void load(At at, int extent, int o0, int K, int k0) {
+        __builtin_assume(threadIdx.x < THREADS);  // blocks of THREADS: a full chunk's loads need no bound
 #pragma unroll
         for (int r = 0; r < PER_THREAD; ++r) {
-            const int idx = threadIdx.x + r * THREADS;
+            const unsigned idx = threadIdx.x + r * THREADS;
             const int o = o0 + row_of(idx), k = k0 + k_of(idx);
             v[r] = (idx < COUNT && o < extent && k < K) ? at(o, k) : 0.0f;
         }
@@ -76,7 +79,7 @@ struct GemmStage {
     __device__ __forceinline__ void store(float* s) const {
 #pragma unroll
         for (int r = 0; r < PER_THREAD; ++r) {
-            const int idx = threadIdx.x + r * THREADS;
+            const unsigned idx = threadIdx.x + r * THREADS;
             if (idx < COUNT) s[k_of(idx) * LD + row_of(idx)] = v[r];
         }
     }

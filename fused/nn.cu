@@ -1520,26 +1520,43 @@ __device__ __forceinline__ void list_taps(ConvTap* __restrict__ table, const Con
     __syncthreads();
 }
 
+// The column part of a listed element's index, kept between one thread's calls: a thread stages one
+// column's taps at a time (the forward's and the input gradient's products a column for the whole block,
+// the weight gradient's a column a chunk), so it decodes a column once, not once an element. `base` plus a
+// tap's offset is the element's index; (y0, x0) is the window's corner, or for the input gradient (iy +
+// padding, ix + padding).
+struct ConvColumn {
+    int n = -1, base = 0, y0 = 0, x0 = 0;
+};
+
 // conv_window through the listed taps.
 __device__ __forceinline__ float listed_window(const float* __restrict__ x, const ConvShape& v,
-                                               const ConvTap* __restrict__ table, int t, int n) {
-    const int s = divide(n, v.by_positions), p = n - s * v.by_positions.d;
-    const int oy = divide(p, v.by_out_w), ox = p - oy * v.out_w;
-    const int iy0 = oy * v.stride - v.padding, ix0 = ox * v.stride - v.padding;
+                                               const ConvTap* __restrict__ table, ConvColumn& column, int t, int n) {
+    if (n != column.n) {
+        const int s = divide(n, v.by_positions), p = n - s * v.by_positions.d;
+        const int oy = divide(p, v.by_out_w), ox = p - oy * v.out_w;
+        const int y0 = oy * v.stride - v.padding, x0 = ox * v.stride - v.padding;
+        column = ConvColumn{n, (s * v.channels * v.height + y0) * v.width + x0, y0, x0};
+    }
     const ConvTap tap = table[t];
-    const bool inside = (unsigned)(iy0 + tap.ky) < (unsigned)v.height && (unsigned)(ix0 + tap.kx) < (unsigned)v.width;
-    return inside ? x[(size_t)s * v.channels * v.by_image.d + iy0 * v.width + ix0 + tap.offset] : 0.0f;
+    const bool inside =
+        (unsigned)(column.y0 + tap.ky) < (unsigned)v.height && (unsigned)(column.x0 + tap.kx) < (unsigned)v.width;
+    return inside ? x[column.base + tap.offset] : 0.0f;
 }
 
 // conv_reaching at stride 1 through the listed taps.
 __device__ __forceinline__ float listed_reaching(const float* __restrict__ dy, const ConvShape& v,
-                                                 const ConvTap* __restrict__ table, int k, int n) {
-    const int s = divide(n, v.by_image), q = n - s * v.by_image.d;
-    const int iy = divide(q, v.by_width), ix = q - iy * v.width;
-    const int ry = iy + v.padding, rx = ix + v.padding;
+                                                 const ConvTap* __restrict__ table, ConvColumn& column, int k, int n) {
+    if (n != column.n) {
+        const int s = divide(n, v.by_image), q = n - s * v.by_image.d;
+        const int iy = divide(q, v.by_width), ix = q - iy * v.width;
+        const int ry = iy + v.padding, rx = ix + v.padding;
+        column = ConvColumn{n, s * v.out_channels * v.by_positions.d + ry * v.out_w + rx, ry, rx};
+    }
     const ConvTap tap = table[k];
-    const bool inside = (unsigned)(ry - tap.ky) < (unsigned)v.out_h && (unsigned)(rx - tap.kx) < (unsigned)v.out_w;
-    return inside ? dy[((size_t)s * v.out_channels * v.by_positions.d) + ry * v.out_w + rx + tap.offset] : 0.0f;
+    const bool inside =
+        (unsigned)(column.y0 - tap.ky) < (unsigned)v.out_h && (unsigned)(column.x0 - tap.kx) < (unsigned)v.out_w;
+    return inside ? dy[column.base + tap.offset] : 0.0f;
 }
 
 // The listed taps, after the product's shared memory; null when there are more than CONV_TAP_TABLE.
@@ -1560,10 +1577,11 @@ __device__ __forceinline__ void conv2d(const ConvShape& v, const float* __restri
     extern __shared__ float smem[];
     const int taps = v.channels * v.by_kernel_hw.d, positions = v.by_positions.d;
     const ConvTap* table = conv_taps<T>(smem, v, taps, false);
+    ConvColumn column;
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
         v.out_channels, v.samples * positions, taps, blockIdx.y * T::BM, blockIdx.x * T::BN,
         [&](int o, int t) { return w[(size_t)o * taps + t]; },
-        [&](int t, int n) { return table ? listed_window(x, v, table, t, n) : conv_window(x, v, t, n); },
+        [&](int t, int n) { return table ? listed_window(x, v, table, column, t, n) : conv_window(x, v, t, n); },
         [&](int o, int n, float sum) {
             const int s = divide(n, v.by_positions), p = n - s * positions;
             y[((size_t)s * v.out_channels + o) * positions + p] = bias ? sum + bias[o] : sum;
@@ -1578,6 +1596,7 @@ __device__ __forceinline__ void conv2d_grad_input(const ConvShape& v, const floa
     extern __shared__ float smem[];
     const int kernel_hw = v.by_kernel_hw.d, image = v.by_image.d, depth = v.out_channels * kernel_hw;
     const ConvTap* table = v.stride == 1 ? conv_taps<T>(smem, v, depth, true) : nullptr;
+    ConvColumn column;
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, false>(
         v.channels, v.samples * image, depth, blockIdx.y * T::BM, blockIdx.x * T::BN,
         [&](int c, int k) {
@@ -1585,7 +1604,9 @@ __device__ __forceinline__ void conv2d_grad_input(const ConvShape& v, const floa
             const int o = divide(k, v.by_kernel_hw);
             return w[((size_t)o * v.channels + c) * kernel_hw + k - o * kernel_hw];
         },
-        [&](int k, int n) { return table ? listed_reaching(dy, v, table, k, n) : conv_reaching(dy, v, k, n); },
+        [&](int k, int n) {
+            return table ? listed_reaching(dy, v, table, column, k, n) : conv_reaching(dy, v, k, n);
+        },
         [&](int c, int n, float sum) {
             const int s = divide(n, v.by_image);
             dx[((size_t)s * v.channels + c) * image + n - s * image] = sum;
@@ -1605,6 +1626,7 @@ __device__ __forceinline__ void conv2d_grad_weight(const ConvShape& v, const flo
     const int z = blockIdx.y / row_tiles, first = z * per_slice;
     const int depth = min(per_slice, v.samples * positions - first);
     const ConvTap* table = conv_taps<T>(smem, v, taps, false);
+    ConvColumn column;
     dw += (size_t)z * v.out_channels * taps;
     if (db) db += (size_t)z * v.out_channels;
     gemm_tile<T::BM, T::BN, T::BK, T::TM, T::TN, false, true>(
@@ -1615,7 +1637,7 @@ __device__ __forceinline__ void conv2d_grad_weight(const ConvShape& v, const flo
         },
         [&](int k, int t) {
             if (t == taps) return 1.0f;
-            return table ? listed_window(x, v, table, t, first + k) : conv_window(x, v, t, first + k);
+            return table ? listed_window(x, v, table, column, t, first + k) : conv_window(x, v, t, first + k);
         },
         [&](int o, int t, float sum) {
             if (t < taps) dw[(size_t)o * taps + t] = sum;

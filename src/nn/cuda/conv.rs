@@ -125,8 +125,15 @@ impl ConvShape {
         count(op, &[samples, conv.out_channels, positions])?;
         count(op, &[conv.out_channels, conv.taps() + 1])?;
         count(op, &[conv.out_channels, conv.kernel_h, conv.kernel_w, conv.channels])?;
-        let padded = conv.padding.checked_mul(2).and_then(|p| p.checked_add(conv.height.max(conv.width)));
-        int(op, padded.ok_or_else(|| Error::device(op, "has a padding past what memory can address"))?)?;
+        // A listed element's column base runs past the tensor by up to a padded row of the kernel's reach.
+        let reach = (conv.padding.saturating_mul(2)).saturating_add(conv.kernel_h.max(conv.kernel_w) + 1);
+        let row = conv.width.max(conv.out_width).saturating_add(reach);
+        let largest = (samples.saturating_mul(conv.channels.saturating_mul(image)))
+            .max(samples.saturating_mul(conv.out_channels.saturating_mul(positions)));
+        let past = largest.saturating_add(reach.saturating_mul(row));
+        if i32::try_from(past).is_err() || i32::try_from(conv.height.max(conv.width).saturating_add(reach)).is_err() {
+            return Err(Error::device(op, "has more elements with its padding than a kernel's int can index"));
+        }
         let divisor = |n: usize| int(op, n).map(Divisor::of);
         Ok(ConvShape {
             samples: int(op, samples)?,

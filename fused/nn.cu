@@ -816,12 +816,14 @@ NN_LINEAR_CROSS_ENTROPY(tiny, TileTiny)
 // out = saved · (1 / divisor[0]) · (scale · upstream[0]) (divisor null: 1): a loss's saved gradient over the
 // rows it averaged, times the gradient that reached the loss. Saved times 1/divisor first: the bits of
 // nn_linear_cross_entropy's d when it counts the rows itself (LINEAR_CROSS_ENTROPY_COUNT_ROWS), so that a
-// backward from it (saved = d, no divisor) gives the same bits as from the unfused one.
+// backward from it (saved = d, no divisor) gives the same bits as from the unfused one. A divisor of 0 (every
+// row ignored, every saved value 0) gives 0, as PyTorch's gradient and the fused d, not 0 · ∞.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream, const float* __restrict__ divisor,
             float scale, float* __restrict__ out, int n) {
     begin_after_previous_grid();
-    const float per_row = divisor ? 1.0f / divisor[0] : 1.0f, factor = scale * upstream[0];
+    const float per_row = divisor ? (divisor[0] > 0.0f ? 1.0f / divisor[0] : 0.0f) : 1.0f;
+    const float factor = scale * upstream[0];
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = saved[i] * per_row * factor;
 }
 

@@ -1115,13 +1115,21 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             tolerance: 0.0,
         });
     }
-    let activations: [(&str, Activation); 4] =
-        [("relu", Tensor::relu), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu), ("sigmoid", Tensor::sigmoid)];
+    let activations: [(&str, Activation); 5] = [
+        ("relu", Tensor::relu),
+        ("tanh", Tensor::tanh),
+        ("gelu", Tensor::gelu),
+        ("sigmoid", Tensor::sigmoid),
+        ("relu", Tensor::relu),
+    ];
     // (rows, width) ranges that make nn_linear_grad take its tiny, small and large tile on 132 SMs.
-    let tiles = [(1..120, 1..120), (200..400, 150..300), (1500..2500, 500..700), (1..120, 1..120)];
+    let tiles = [(1..120, 1..120), (200..400, 150..300), (1500..2500, 500..700), (1..120, 1..120), (1..120, 1..120)];
     for (i, ((name, activation), (rows, width))) in activations.into_iter().zip(tiles).enumerate() {
-        let (bias, ignore) = (i != 1, (i == 3).then_some(0));
-        let sizes = (rng.random_range(rows), rng.random_range(1..90), rng.random_range(2..65));
+        // The last case has one class, so that every row is ignored: a NaN loss and zero gradients, as
+        // PyTorch's, either way.
+        let (bias, ignore) = (i != 1, (i >= 3).then_some(0));
+        let classes = if i == 4 { 1 } else { rng.random_range(2..65) };
+        let sizes = (rng.random_range(rows), rng.random_range(1..90), classes);
         let width = rng.random_range(width);
         let seed = rng.random();
         let hidden = Some((width, activation));

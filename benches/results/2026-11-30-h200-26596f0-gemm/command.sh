@@ -5,7 +5,9 @@
 # indices and the assumption (assume only). Two rounds, alternating. Before them, the all-ignored loss's
 # mutation with its control (the unmutated `selftest --only nn`). One run on one H200. Binary:
 # `TEXTNET_PRECOMPILE=0 cargo build --release --bin textnet`, stripped, xz'd to data/textnet.xz; the
-# folders in data/fused-variants (fused/ with the variant's gemm.cuh). OUT set.
+# folders in data/fused-variants (fused/ with the variant's gemm.cuh). OUT set. `bench fit` found no data in
+# this run (data/fashion-mnist was not carried), so gemm-variants.txt keeps bench nn's lines; bench fit's
+# figures for this commit and a4c1695 are in 2026-11-30-h200-efe3cac.
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 xz -dc data/textnet.xz > /tmp/textnet && chmod +x /tmp/textnet

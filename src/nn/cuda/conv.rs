@@ -73,10 +73,9 @@ kernel_struct! {
 }
 
 impl Divisor {
-    /// `d` (≥ 1) and its magic number.
+    /// `d` and its magic number; 0 and 1 need none (a size of 0 is never divided by: nothing is indexed).
     fn of(d: i32) -> Divisor {
-        assert!(d >= 1, "a divisor of {d}");
-        if d == 1 {
+        if d <= 1 {
             return Divisor { d, mul: 0, shift: 0 };
         }
         let log = 32 - (d as u32 - 1).leading_zeros(); // ⌈log₂ d⌉

@@ -1453,7 +1453,7 @@ nn_col2im(const float* __restrict__ dcol, float* __restrict__ dx, int count, int
 // (Divisor, made by src/nn/cuda/conv.rs): a multiply-high and a shift in place of a division.
 
 // n / d for 0 ≤ n < 2³¹: ⌊n · mul / 2^(32 + shift)⌋, mul = ⌈2^(31 + ⌈log₂ d⌉) / d⌉, shift = ⌈log₂ d⌉ − 1 (d = 1:
-// n itself).
+// n itself; d = 0, a size nothing is divided by since nothing is indexed, has mul 0).
 struct Divisor {
     int d;
     unsigned mul;

@@ -79,7 +79,7 @@ impl Divisor {
             return Divisor { d, mul: 0, shift: 0 };
         }
         let log = 32 - (d as u32 - 1).leading_zeros(); // ⌈log₂ d⌉
-        let mul = ((1u64 << (31 + log)) + d as u64 - 1) / d as u64;
+        let mul = (1u64 << (31 + log)).div_ceil(d as u64);
         Divisor { d, mul: mul as u32, shift: log - 1 }
     }
 
@@ -262,11 +262,8 @@ fn conv2d_grad_weight(
     let (columns, depth) = (taps + with_bias as usize, samples * conv.out_height * conv.out_width);
     let tile = conv_tile(outputs);
     let (bm, bn, ..) = CONV_TILES[tile];
-    // Slices enough for 4 blocks an SM, each 256 positions deep or more.
     let tiles = columns.div_ceil(bn) * outputs.div_ceil(bm);
-    let wanted = (4 * device.gpu.sm_count as usize).div_ceil(tiles).min(depth / 256).max(1);
-    let per_slice = depth.div_ceil(wanted);
-    let slices = depth.div_ceil(per_slice.max(1)).max(1);
+    let (per_slice, slices) = weight_grad_slices(depth, tiles, device.gpu.sm_count as usize);
     let dw_parts = device.alloc(NAME, slices * outputs * taps)?;
     let db_parts = if with_bias { Some(device.alloc(NAME, slices * outputs)?) } else { None };
     let grid = conv_grid(NAME, tile, (outputs, columns), slices)?;
@@ -275,7 +272,7 @@ fn conv2d_grad_weight(
         device.arg(x),
         device.arg(&dw_parts),
         optional(device, db_parts.as_ref()),
-        Arg::i32(int(NAME, per_slice.max(1))?),
+        Arg::i32(int(NAME, per_slice)?),
     ];
     let shared = conv_shared(device, tile, taps);
     device.launch_struct(NAME, &device.kernels.conv_grad_weight[tile], (grid, shared), sizes, &args)?;
@@ -293,6 +290,15 @@ fn conv2d_grad_weight(
         None => None,
     };
     Ok((dw, db))
+}
+
+/// How the weight gradient's product of `tiles` tiles cuts its `depth` positions on `sms` SMs: (positions a
+/// slice, slices), slices enough for 4 blocks an SM, each 256 positions deep or more, the last one the
+/// shorter and none empty.
+fn weight_grad_slices(depth: usize, tiles: usize, sms: usize) -> (usize, usize) {
+    let wanted = (4 * sms).div_ceil(tiles.max(1)).min(depth / 256).max(1);
+    let per_slice = depth.div_ceil(wanted).max(1);
+    (per_slice, depth.div_ceil(per_slice).max(1))
 }
 
 /// `conv2d` through an explicit col (the module's doc): the bf16 path.
@@ -392,7 +398,7 @@ pub(crate) fn max_pool2d<F: Real>(
 
 #[cfg(test)]
 mod tests {
-    use super::{CONV_TAP_TABLE, ConvShape, Divisor};
+    use super::{CONV_TAP_TABLE, ConvShape, Divisor, weight_grad_slices};
     use crate::device::compile::kernel_constants;
     use crate::device::kernel_struct::assert_kernel_layout;
 
@@ -413,6 +419,20 @@ mod tests {
             }
             for n in numerators.into_iter().filter(|&n| n >= 0) {
                 assert_eq!(v.divide(n), n / d, "{n} / {d} with {v:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_weight_gradients_slices_cover_the_positions_once() {
+        for depth in [0, 1, 255, 256, 511, 6272, 99_991, 100_352, 1 << 24] {
+            for (tiles, sms) in [(1, 132), (3, 132), (1, 1), (600, 132)] {
+                let (per_slice, slices) = weight_grad_slices(depth, tiles, sms);
+                let shape = format!("{depth} positions, {tiles} tiles, {sms} SMs: {slices} × {per_slice}");
+                assert!(slices * per_slice >= depth, "{shape}: positions left out");
+                assert!(depth == 0 || (slices - 1) * per_slice < depth, "{shape}: an empty slice");
+                assert!(slices == 1 || per_slice >= 256, "{shape}: a slice under 256 deep");
+                assert!(slices * tiles <= (4 * sms).max(tiles), "{shape}: more blocks than 4 an SM");
             }
         }
     }

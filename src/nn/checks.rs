@@ -709,8 +709,9 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
 /// large as the input and a non-square one, more output channels than a product's tile and more taps than
 /// its depth; channels for each of the implicit products' three tiles, a batch whose weight gradient is
 /// cut into slices, the last one shorter, and more taps than the products list, C·KH·KW for the forward
-/// and O·KH·KW for the input gradient) and `max_pool2d` (odd sizes, overlapping windows, stride past the window, padding; inputs of
-/// whole numbers, so windows tie and the first must win as on the host: the host's bits).
+/// and O·KH·KW for the input gradient) and `max_pool2d` (odd sizes, overlapping windows, stride past the
+/// window, padding; inputs of whole numbers, so windows tie and the first must win as on the host: the
+/// host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
     let convs: [([usize; 4], [usize; 4], usize, usize); 12] = [

@@ -195,16 +195,14 @@ impl CapturedStep {
                 let problem = "differ: a step's tensors have its inputs' shapes (second shape: the input's)";
                 return Err(Error::shapes("CapturedStep", source.shape(), input.shape(), problem));
             }
-            let Storage::Device(buffer) = &*source.storage() else {
-                return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU"));
+            let buffer = match &*source.storage() {
+                Storage::Device(buffer) if Arc::ptr_eq(buffer.device(), &self.device) => buffer.clone(),
+                _ => return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU")),
             };
-            if !Arc::ptr_eq(buffer.device(), &self.device) {
-                return Err(Error::device("CapturedStep", "a step's tensor is not on the step's GPU"));
-            }
-            buffers.push(buffer.clone());
             if buffer.address() != input_address {
                 handed.push((source, input, buffer.clone()));
             }
+            buffers.push(buffer);
         }
         let replays_in_place = matches!(&self.state, State::Captured { rebinding: Some(_), .. })
             && self.signature.as_ref() == Some(&self.current_signature()?);

@@ -21,7 +21,7 @@
 //! max_pool2d keeps each window's winner (its place in the window) from the forward; the backward gives
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
-use super::ops::{add_broadcast, buffer, gather, int, optional, product, sum_axis, sum_axis_into};
+use super::ops::{add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_axis_into};
 use super::{CONV_TILES, Device, DeviceBuffer};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::{Arg, StructArg};
@@ -175,9 +175,8 @@ fn conv_tile(rows: usize) -> usize {
 
 /// The grid of a conv product of `rows` × `columns` results in `tile`, `slices` of them, or the error naming
 /// `op` when it is more blocks than a launch takes.
-fn conv_grid(op: &'static str, tile: usize, (rows, columns): (usize, usize), slices: usize) -> Result<(u32, u32)> {
-    let (bm, bn, ..) = CONV_TILES[tile];
-    let (x, y) = (columns.div_ceil(bn).max(1), rows.div_ceil(bm).max(1) * slices);
+fn conv_grid(op: &'static str, tile: usize, sizes: (usize, usize), slices: usize) -> Result<(u32, u32)> {
+    let (x, y) = grid_of(CONV_TILES[tile], sizes, slices);
     if y > 65_535 {
         return Err(Error::device(op, format!("needs {y} rows of blocks, more than a launch takes (65,535)")));
     }
@@ -293,11 +292,10 @@ fn conv2d_grad_weight(
 }
 
 /// How the weight gradient's product of `tiles` tiles cuts its `depth` positions on `sms` SMs: (positions a
-/// slice, slices), slices enough for 4 blocks an SM, each 256 positions deep or more, the last one the
-/// shorter and none empty.
+/// slice, slices), slices enough for 4 blocks an SM (`slices_for`), each 256 positions deep or more, the last
+/// one the shorter and none empty.
 fn weight_grad_slices(depth: usize, tiles: usize, sms: usize) -> (usize, usize) {
-    let wanted = (4 * sms).div_ceil(tiles.max(1)).min(depth / 256).max(1);
-    let per_slice = depth.div_ceil(wanted).max(1);
+    let per_slice = depth.div_ceil(slices_for(sms, tiles, depth, (4, 256))).max(1);
     (per_slice, depth.div_ceil(per_slice).max(1))
 }
 

@@ -481,7 +481,7 @@ pub(crate) const FP32_TILES: [(usize, usize, usize, usize, usize); 3] =
 /// [`FP32_TILES`]'s: 16, 32 and 64 rows (channels), 4 × 4 outputs a thread. A product takes the first whose
 /// rows cover its channels, else the last.
 pub(crate) const CONV_TILES: [(usize, usize, usize, usize, usize); 3] =
-    [(16, 256, 8, 4, 4), (32, 128, 8, 4, 4), (64, 64, 16, 4, 4)];
+    [(16, 256, 8, 4, 4), (32, 128, 8, 4, 4), FP32_TILES[0]];
 
 /// The tile `nn_linear_cross_entropy` forms its logits with, for the fp32 tile `tile` (fused/nn.cu's
 /// LogitsTile): 16 columns where the tile is narrower, the columns a thread widened with them, so that the

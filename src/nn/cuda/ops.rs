@@ -457,7 +457,7 @@ pub(super) fn fp32_tile(
 }
 
 /// The grid (⌈N/BN⌉, ⌈M/BM⌉·batches) of `batches` M×N products in `tile`.
-fn grid_of((bm, bn, ..): Fp32Tile, (m, n): (usize, usize), batches: usize) -> (usize, usize) {
+pub(super) fn grid_of((bm, bn, ..): Fp32Tile, (m, n): (usize, usize), batches: usize) -> (usize, usize) {
     (n.div_ceil(bn).max(1), m.div_ceil(bm).max(1) * batches.max(1))
 }
 
@@ -501,8 +501,13 @@ fn rounded_bf16(name: &'static str, x: &DeviceBuffer) -> Result<DeviceBuffer> {
 /// products (`nn_product_bf16`'s split k) take 2 an SM, the fp32 ones, whose small tiles wait on memory
 /// more, 4.
 fn k_slices(device: &Device, tiles: usize, k: usize, per_sm: usize) -> usize {
-    let wanted = (per_sm * device.gpu.sm_count as usize).div_ceil(tiles.max(1));
-    wanted.min(k / 512).max(1)
+    slices_for(device.gpu.sm_count as usize, tiles, k, (per_sm, 512))
+}
+
+/// The slices of a depth `k` a product of `tiles` tiles on `sms` SMs is cut into: enough for about `per_sm`
+/// blocks an SM, each `min_depth` deep or more; 1 when the tiles alone give every SM that many or k is short.
+pub(super) fn slices_for(sms: usize, tiles: usize, k: usize, (per_sm, min_depth): (usize, usize)) -> usize {
+    (per_sm * sms).div_ceil(tiles.max(1)).min(k / min_depth).max(1)
 }
 
 /// How `product_bf16` splits k: the slices and each one's depth (a whole number of the tile's 64-deep

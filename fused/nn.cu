@@ -40,7 +40,9 @@
 //   images       nn_conv2d_{16,32,64}, nn_conv2d_grad_input_{…} and nn_conv2d_grad_weight_{…} (fp32
 //                conv2d and its gradients as products whose operands are staged from the windows where they
 //                lie: no col, outputs in [N, C, H, W] order; dw and db in one product, sliced over the
-//                positions); nn_im2col and nn_col2im (the bf16 path: col as a product's operand, and its
+//                positions), nn_conv2d_direct and nn_conv2d_direct_grad_weight (the same where a band of
+//                the image fits in shared memory: the band staged once a block, each window read from it);
+//                nn_im2col and nn_col2im (the bf16 path: col as a product's operand, and its
 //                input gradient, a thread per input element summing its taps in order), nn_max_pool (the
 //                first largest of each window, its place kept) and nn_max_pool_grad (a thread per input
 //                element summing, in order, the outputs it won).
@@ -1676,6 +1678,183 @@ NN_CONV_PRODUCTS(16, ConvTile16)
 NN_CONV_PRODUCTS(32, ConvTile32)
 NN_CONV_PRODUCTS(64, TileLarge)
 #undef NN_CONV_PRODUCTS
+
+// ---- conv2d direct (fp32): a band of the image staged in shared memory ----
+// Where a band of an image's rows fits in shared memory (src/nn/cuda/direct_conv.rs decides), the
+// products above give way to kernels that stage the band once a block and read every window from it: no
+// index divided per element, and each staged element serves every tap that reaches it.
+//   forward     out[s][o][oy][ox] = Σ_c Σ_ky Σ_kx w[o][c][ky][kx] · in[s][c][oy·stride + ky − pad_y][ox·stride
+//               + kx − pad_x] (+ bias[o]), the sum in that order. A block takes one sample, a band of
+//               output rows and DIRECT_OUT output channels, the input channels `chunk` at a time; a thread
+//               one row's DIRECT_PX positions ox = g, g + G, g + 2G, g + 3G (G = ⌈OW/DIRECT_PX⌉, so that
+//               neighbouring threads read neighbouring words) times the block's channels.
+//   input grad  at stride 1 the same sum over dy with the kernel flipped and its two channel axes
+//               swapped (`flip`: w[c][o][KH − 1 − ky][KW − 1 − kx]), padding KH − 1 − p and KW − 1 − p.
+//   weight grad dw[o][t] = Σ dy[s][o][oy][ox] · window(t) over one sample's band of positions in row-major
+//               order, db[o] the same with a tap of ones after the last; a block takes DIRECT_OUT output
+//               channels and 4 taps a thread pair (at most DIRECT_TAPS), a thread 8 channels × 4
+//               neighbouring taps. Each block writes its band's sums to its own slice (s·bands + band),
+//               which the launch layer adds in order.
+constexpr int DIRECT_OUT = 16, DIRECT_PX = 4, DIRECT_TAPS = 512;
+
+// One direct convolution: the operand read through windows, `in` [N][in_channels][in_h][in_w] (x; dy for
+// the input gradient), the result [N][out_channels][out_h][out_w] (y, dx; dy for the weight gradient), the
+// band of band_rows output rows a block (bands = ⌈out_h / band_rows⌉), `chunk` input channels staged at a
+// time in a tile of tile_h × tile_w elements each, whose (0, 0) is in[oy0·stride − pad_y][−pad_x].
+struct DirectConv {
+    int samples, in_channels, in_h, in_w, out_channels, out_h, out_w;
+    int kernel_h, kernel_w, stride, pad_y, pad_x, flip;
+    int band_rows, bands, chunk, tile_h, tile_w;
+};
+
+// Stages channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile (count ×
+// tile_h × tile_w, 0 outside the input). Every thread of the block takes part (blocks of any size).
+__device__ __forceinline__ void stage_band(float* __restrict__ tile, const float* __restrict__ in,
+                                           const DirectConv& v, int s, int c0, int count, int oy0) {
+    const int plane = v.tile_h * v.tile_w, y0 = oy0 * v.stride - v.pad_y;
+    const float* src = in + ((size_t)s * v.in_channels + c0) * v.in_h * v.in_w;
+    for (int i = threadIdx.x; i < count * plane; i += blockDim.x) {
+        const int c = i / plane, r = i - c * plane, ty = r / v.tile_w, tx = r - ty * v.tile_w;
+        const int iy = y0 + ty, ix = tx - v.pad_x;
+        tile[i] = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w
+                      ? src[((size_t)c * v.in_h + iy) * v.in_w + ix]
+                      : 0.0f;
+    }
+}
+
+// Grid: (N·bands, ⌈out_channels/DIRECT_OUT⌉), blocks of band_rows·G threads or more (a multiple of 32, at
+// most THREADS); shared memory chunk · (KH·KW·DIRECT_OUT + tile_h·tile_w) floats, the weights first. bias
+// may be null.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
+                 const float* __restrict__ bias, float* __restrict__ out) {
+    begin_after_previous_grid();
+    extern __shared__ float4 smem4[];
+    float* weights = reinterpret_cast<float*>(smem4);  // [c][ky][kx][o], DIRECT_OUT a tap
+    const int taps = v.kernel_h * v.kernel_w, groups = (v.out_w + DIRECT_PX - 1) / DIRECT_PX;
+    float* tile = weights + v.chunk * taps * DIRECT_OUT;
+    const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows;
+    const int rows = min(v.band_rows, v.out_h - oy0), o0 = blockIdx.y * DIRECT_OUT;
+    const int row = threadIdx.x / groups, g = threadIdx.x - row * groups;
+    float acc[DIRECT_OUT][DIRECT_PX] = {};
+    for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
+        const int count = min(v.chunk, v.in_channels - c0);
+        __syncthreads();  // the last chunk read
+        for (int i = threadIdx.x; i < count * taps * DIRECT_OUT; i += blockDim.x) {
+            const int o = o0 + i % DIRECT_OUT, ct = i / DIRECT_OUT, c = c0 + ct / taps, t = ct % taps;
+            const int ky = t / v.kernel_w, kx = t - ky * v.kernel_w;
+            const size_t at = v.flip ? (((size_t)c * v.out_channels + o) * v.kernel_h + v.kernel_h - 1 - ky) * v.kernel_w +
+                                           v.kernel_w - 1 - kx
+                                     : (((size_t)o * v.in_channels + c) * v.kernel_h + ky) * v.kernel_w + kx;
+            weights[i] = o < v.out_channels ? w[at] : 0.0f;
+        }
+        stage_band(tile, in, v, s, c0, count, oy0);
+        __syncthreads();
+        if (row >= rows) continue;
+        for (int c = 0; c < count; ++c)
+            for (int ky = 0; ky < v.kernel_h; ++ky) {
+                const float* xs = tile + (c * v.tile_h + row * v.stride + ky) * v.tile_w + g * v.stride;
+                const float4* ws = reinterpret_cast<const float4*>(weights) + (c * taps + ky * v.kernel_w) * (DIRECT_OUT / 4);
+                for (int kx = 0; kx < v.kernel_w; ++kx) {
+                    float xv[DIRECT_PX];
+#pragma unroll
+                    for (int j = 0; j < DIRECT_PX; ++j) xv[j] = xs[j * groups * v.stride + kx];
+#pragma unroll
+                    for (int q = 0; q < DIRECT_OUT / 4; ++q) {
+                        const float4 w4 = ws[kx * (DIRECT_OUT / 4) + q];
+#pragma unroll
+                        for (int j = 0; j < DIRECT_PX; ++j) {
+                            acc[4 * q][j] = fmaf(w4.x, xv[j], acc[4 * q][j]);
+                            acc[4 * q + 1][j] = fmaf(w4.y, xv[j], acc[4 * q + 1][j]);
+                            acc[4 * q + 2][j] = fmaf(w4.z, xv[j], acc[4 * q + 2][j]);
+                            acc[4 * q + 3][j] = fmaf(w4.w, xv[j], acc[4 * q + 3][j]);
+                        }
+                    }
+                }
+            }
+    }
+    if (row >= rows) return;
+#pragma unroll
+    for (int o = 0; o < DIRECT_OUT; ++o) {
+        if (o0 + o >= v.out_channels) break;
+        float* dst = out + (((size_t)s * v.out_channels + o0 + o) * v.out_h + oy0 + row) * v.out_w;
+        const float b = bias ? bias[o0 + o] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DIRECT_PX; ++j)
+            if (g + j * groups < v.out_w) dst[g + j * groups] = bias ? acc[o][j] + b : acc[o][j];
+    }
+}
+
+// The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
+// s·bands + band: dw_parts[slice][O][taps] and, when db_parts is not null, db_parts[slice][O]. Blocks of 2·L
+// threads (L a multiple of 16, at most DIRECT_TAPS / 4) take 4·L taps each. Grid: (N·bands, ⌈O/DIRECT_OUT⌉ ·
+// ⌈(taps + 1)/(4·L)⌉); shared memory band_rows · OW · DIRECT_OUT (dy, [position][o]) + chunk · tile_h · tile_w
+// floats (x, channels from the block's first tap's; chunk covers its last tap's).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
+                             float* __restrict__ dw_parts, float* __restrict__ db_parts) {
+    begin_after_previous_grid();
+    extern __shared__ float4 smem4[];
+    float* dys = reinterpret_cast<float*>(smem4);
+    const int khw = v.kernel_h * v.kernel_w, taps = v.in_channels * khw, columns = taps + (db_parts ? 1 : 0);
+    const int o_blocks = (v.out_channels + DIRECT_OUT - 1) / DIRECT_OUT;
+    const int lanes = blockDim.x / 2, half = threadIdx.x / lanes, lane = threadIdx.x % lanes;
+    const int o0 = blockIdx.y % o_blocks * DIRECT_OUT, t0 = blockIdx.y / o_blocks * 4 * lanes;
+    const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows;
+    const int rows = min(v.band_rows, v.out_h - oy0), positions = rows * v.out_w;
+    float* tile = dys + v.band_rows * v.out_w * DIRECT_OUT;
+    const int c0 = t0 / khw, count = min(v.chunk, v.in_channels - c0);
+    for (int i = threadIdx.x; i < positions * DIRECT_OUT; i += blockDim.x) {
+        const int p = i / DIRECT_OUT, o = o0 + i % DIRECT_OUT;
+        dys[i] = o < v.out_channels ? dy[(((size_t)s * v.out_channels + o) * v.out_h + oy0) * v.out_w + p] : 0.0f;
+    }
+    stage_band(tile, x, v, s, c0, count, oy0);
+    __syncthreads();
+    // Thread: channels o0 + half·8 + [0, 8), taps t0 + 4·lane + i (i < 4); a tap past the last is the bias's
+    // ones (tap == taps) or nothing.
+    int offset[4];
+    bool ones[4];
+    int live = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int t = t0 + 4 * lane + i;
+        const int c = t / khw, kk = t - c * khw, ky = kk / v.kernel_w, kx = kk - ky * v.kernel_w;
+        ones[i] = t == taps;
+        offset[i] = t < taps ? ((c - c0) * v.tile_h + ky) * v.tile_w + kx : 0;
+        if (t < columns) live = i + 1;
+    }
+    if (live == 0) return;
+    float acc[8][4] = {};
+    for (int r = 0; r < rows; ++r) {
+        const float* drow = dys + r * v.out_w * DIRECT_OUT + half * 8;
+        const int base = r * v.stride * v.tile_w;
+        for (int ox = 0; ox < v.out_w; ++ox) {
+            const float4 d0 = *reinterpret_cast<const float4*>(drow + ox * DIRECT_OUT);
+            const float4 d1 = *reinterpret_cast<const float4*>(drow + ox * DIRECT_OUT + 4);
+            const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+            float xv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xv[i] = ones[i] ? 1.0f : tile[offset[i] + base + ox * v.stride];
+#pragma unroll
+            for (int o = 0; o < 8; ++o)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[o][i] = fmaf(d[o], xv[i], acc[o][i]);
+        }
+    }
+    const size_t slice = blockIdx.x;
+#pragma unroll
+    for (int o = 0; o < 8; ++o) {
+        const int oc = o0 + half * 8 + o;
+        if (oc >= v.out_channels) break;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int t = t0 + 4 * lane + i;
+            if (i >= live || t >= columns) break;
+            if (t < taps) dw_parts[(slice * v.out_channels + oc) * taps + t] = acc[o][i];
+            else db_parts[slice * v.out_channels + oc] = acc[o][i];
+        }
+    }
+}
 
 // max_pool2d (CPU twin: ops::conv::MaxPool2dShape::forward) over count = N·C·OH·OW outputs, a thread each,
 // windows kernel×kernel: the first largest of the window's elements inside the input in row-major window

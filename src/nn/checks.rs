@@ -709,12 +709,14 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
 /// large as the input and a non-square one, more output channels than a product's tile and more taps than
 /// its depth; channels for each of the implicit products' three tiles, a batch whose weight gradient is
 /// cut into slices, the last one shorter, and more taps than the products list, C·KH·KW for the forward
-/// and O·KH·KW for the input gradient) and `max_pool2d` (odd sizes, overlapping windows, stride past the
+/// and O·KH·KW for the input gradient; batches large enough that the direct kernels cut an image into bands
+/// of several rows, the last one shorter; a row too wide for them), each with the direct kernels where
+/// they fit and with the implicit products alone, and `max_pool2d` (odd sizes, overlapping windows, stride past the
 /// window, padding; inputs of whole numbers, so windows tie and the first must win as on the host: the
 /// host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
-    let convs: [([usize; 4], [usize; 4], usize, usize); 12] = [
+    let convs: [([usize; 4], [usize; 4], usize, usize); 15] = [
         ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
         ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
         ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
@@ -727,17 +729,25 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         ([5, 40, 9, 11], [33, 40, 3, 2], 1, 2),
         ([2, 230, 5, 6], [3, 230, 3, 3], 1, 1),
         ([2, 3, 6, 5], [230, 3, 3, 3], 1, 1),
+        ([64, 3, 13, 11], [5, 3, 3, 3], 1, 1),
+        ([96, 2, 15, 12], [6, 2, 3, 3], 2, 1),
+        ([1, 1, 2, 1100], [2, 1, 1, 3], 1, 0),
     ];
-    for (x, w, stride, padding) in convs {
-        let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
-        let name = format!("conv2d stride {stride} padding {padding}");
-        let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], None, stride, padding);
-        checks.extend(compare(device, rng, (&name, SUM_TOLERANCE), &parts, op)?);
-        let bias = (values(rng, &[w[0]], -1.0, 1.0), vec![w[0]]);
-        let parts = [parts[0].clone(), parts[1].clone(), bias];
-        let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], Some(&t[2]), stride, padding);
-        checks.extend(compare(device, rng, (&format!("{name} + bias"), SUM_TOLERANCE), &parts, op)?);
+    for direct in [true, false] {
+        device.set_direct_convs(direct);
+        let path = if direct { "direct where it fits" } else { "implicit products" };
+        for (x, w, stride, padding) in convs {
+            let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
+            let name = format!("conv2d {x:?} * {w:?} stride {stride} padding {padding}, {path}");
+            let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], None, stride, padding);
+            checks.extend(compare(device, rng, (&name, SUM_TOLERANCE), &parts, op)?);
+            let bias = (values(rng, &[w[0]], -1.0, 1.0), vec![w[0]]);
+            let parts = [parts[0].clone(), parts[1].clone(), bias];
+            let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], Some(&t[2]), stride, padding);
+            checks.extend(compare(device, rng, (&format!("{name} + bias"), SUM_TOLERANCE), &parts, op)?);
+        }
     }
+    device.set_direct_convs(true);
     let pools: [([usize; 4], usize, usize, usize); 7] = [
         ([1, 1, 1, 1], 1, 1, 0),
         ([2, 3, 7, 9], 2, 2, 0),

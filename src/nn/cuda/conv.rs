@@ -22,7 +22,7 @@
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
 use super::ops::{add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_axis_into};
-use super::{CONV_TILES, Device, DeviceBuffer};
+use super::{CONV_TILES, Device, DeviceBuffer, direct_conv};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::{Arg, StructArg};
 use crate::nn::error::{Error, Result};
@@ -195,12 +195,13 @@ pub(crate) fn conv2d<F: Real>(
     if device.bf16_products() {
         conv2d_im2col(device, operands, conv, samples, shape)
     } else {
-        conv2d_implicit(device, operands, conv, samples, shape)
+        conv2d_fp32(device, operands, conv, samples, shape)
     }
 }
 
-/// `conv2d` as three implicit products (the module's doc).
-fn conv2d_implicit<F: Real>(
+/// `conv2d` in fp32: each of its three products direct where a band of the image fits (direct_conv.rs),
+/// else an implicit product (the module's doc).
+fn conv2d_fp32<F: Real>(
     device: &Arc<Device>,
     (x, weight, bias): (&Tensor<F>, &Tensor<F>, Option<&Tensor<F>>),
     conv: &Conv2dShape,
@@ -212,31 +213,26 @@ fn conv2d_implicit<F: Real>(
     let (outputs, columns) = (conv.out_channels, samples * conv.out_height * conv.out_width);
     let (xb, wb) = (buffer(x), buffer(weight));
     let out = device.alloc(NAME, outputs * columns)?;
-    let tile = conv_tile(outputs);
-    let grid = conv_grid(NAME, tile, (outputs, columns), 1)?;
-    let args = [device.arg(&xb), device.arg(&wb), optional(device, bias.map(buffer).as_ref()), device.arg(&out)];
-    let shared = conv_shared(device, tile, conv.taps());
-    device.launch_struct(NAME, &device.kernels.conv[tile], (grid, shared), &sizes, &args)?;
+    let direct = device.direct_convs();
+    let sms = device.gpu.sm_count as usize;
+    if let Some(plan) = direct.then(|| direct_conv::forward_plan(NAME, conv, samples, sms)).transpose()?.flatten() {
+        direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), &out)?;
+    } else {
+        let tile = conv_tile(outputs);
+        let grid = conv_grid(NAME, tile, (outputs, columns), 1)?;
+        let args = [device.arg(&xb), device.arg(&wb), optional(device, bias.map(buffer).as_ref()), device.arg(&out)];
+        let shared = conv_shared(device, tile, conv.taps());
+        device.launch_struct(NAME, &device.kernels.conv[tile], (grid, shared), &sizes, &args)?;
+    }
     let (device_, conv) = (Arc::clone(device), *conv);
     let with_bias = bias.is_some();
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let d = &device_;
-        let dx = if needs[0] {
-            let dx = d.alloc(NAME, samples * conv.input_len())?;
-            let tile = conv_tile(conv.channels);
-            let grid = conv_grid(NAME, tile, (conv.channels, samples * conv.height * conv.width), 1)?;
-            let args = [d.arg(grad), d.arg(&wb), d.arg(&dx)];
-            // The taps are listed at stride 1 only (fused/nn.cu's conv2d_grad_input).
-            let listed = if conv.stride == 1 { outputs * conv.kernel_h * conv.kernel_w } else { 0 };
-            let shared = conv_shared(d, tile, listed);
-            d.launch_struct(NAME, &d.kernels.conv_grad_input[tile], (grid, shared), &sizes, &args)?;
-            Some(dx)
-        } else {
-            None
-        };
+        let dx =
+            if needs[0] { Some(conv2d_grad_input(d, (grad, &wb), (&sizes, &conv, samples), direct)?) } else { None };
         let wants_bias = with_bias && needs[2];
         let (dw, db) = if needs[1] || wants_bias {
-            let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), wants_bias)?;
+            let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), (wants_bias, direct))?;
             (needs[1].then_some(dw), db)
         } else {
             (None, None)
@@ -247,17 +243,50 @@ fn conv2d_implicit<F: Real>(
     Ok(Tensor::from_device_op(NAME, out, shape, &inputs, Box::new(backward)))
 }
 
+/// The input's gradient `[N, C, H, W]` of a convolution of the sizes `conv` over `samples` images from the
+/// output gradient `dy` and the weight `w`: direct where it may be (`direct`) and fits, else the product of
+/// the weight and `dy` read at the positions each input element reaches.
+fn conv2d_grad_input(
+    device: &Arc<Device>,
+    (dy, w): (&DeviceBuffer, &DeviceBuffer),
+    (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
+    direct: bool,
+) -> Result<DeviceBuffer> {
+    const NAME: &str = "conv2d";
+    let dx = device.alloc(NAME, samples * conv.input_len())?;
+    let sms = device.gpu.sm_count as usize;
+    if let Some(plan) = direct.then(|| direct_conv::input_grad_plan(NAME, conv, samples, sms)).transpose()?.flatten() {
+        direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), &dx)?;
+        return Ok(dx);
+    }
+    let tile = conv_tile(conv.channels);
+    let grid = conv_grid(NAME, tile, (conv.channels, samples * conv.height * conv.width), 1)?;
+    let args = [device.arg(dy), device.arg(w), device.arg(&dx)];
+    // The taps are listed at stride 1 only (fused/nn.cu's conv2d_grad_input).
+    let listed = if conv.stride == 1 { conv.out_channels * conv.kernel_h * conv.kernel_w } else { 0 };
+    let shared = conv_shared(device, tile, listed);
+    device.launch_struct(NAME, &device.kernels.conv_grad_input[tile], (grid, shared), sizes, &args)?;
+    Ok(dx)
+}
+
 /// The weight's gradient `[O, C·KH·KW]` of a convolution of the sizes `conv` over `samples` images, and the
-/// bias's `[O]` when `with_bias`: one product of the output gradient `dy` and the windows of `x`, over the
-/// positions cut into slices enough to give every SM blocks, the slices' results then added in order.
+/// bias's `[O]` when `with_bias`: direct where it may be (`direct`) and fits, else one product of the output
+/// gradient `dy` and the windows of `x`, over the positions cut into slices enough to give every SM blocks,
+/// the slices' results then added in order.
 fn conv2d_grad_weight(
     device: &Arc<Device>,
     (dy, x): (&DeviceBuffer, &DeviceBuffer),
     (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
-    with_bias: bool,
+    (with_bias, direct): (bool, bool),
 ) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
     const NAME: &str = "conv2d";
     let (outputs, taps) = (conv.out_channels, conv.taps());
+    let sms = device.gpu.sm_count as usize;
+    let plan =
+        direct.then(|| direct_conv::weight_grad_plan(NAME, conv, samples, sms, with_bias)).transpose()?.flatten();
+    if let Some(plan) = plan {
+        return direct_conv::grad_weight(device, NAME, &plan, (dy, x), (outputs, taps, with_bias));
+    }
     let (columns, depth) = (taps + with_bias as usize, samples * conv.out_height * conv.out_width);
     let tile = conv_tile(outputs);
     let (bm, bn, ..) = CONV_TILES[tile];

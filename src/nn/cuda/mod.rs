@@ -22,6 +22,7 @@
 pub(crate) mod attention;
 pub mod capture;
 pub(crate) mod conv;
+mod direct_conv;
 pub(crate) mod fusion;
 pub(crate) mod layers;
 pub(crate) mod ops;
@@ -113,6 +114,10 @@ pub(crate) struct Kernels {
     pub(crate) conv: [Kernel; 3],
     pub(crate) conv_grad_input: [Kernel; 3],
     pub(crate) conv_grad_weight: [Kernel; 3],
+    /// `nn_conv2d_direct` (the forward, and the input gradient with the kernel flipped) and
+    /// `nn_conv2d_direct_grad_weight` (direct_conv.rs).
+    pub(crate) conv_direct: Kernel,
+    pub(crate) conv_direct_grad_weight: Kernel,
     pub(crate) max_pool: Kernel,
     pub(crate) max_pool_grad: Kernel,
 }
@@ -147,6 +152,9 @@ pub struct Device {
     /// Whether the backward takes an activation's slope in its reader's epilogue (`fusion`; off with
     /// `TEXTNET_FUSION=0`).
     backward_fusion: AtomicBool,
+    /// Whether fp32 convolutions take the direct kernels where they fit (direct_conv.rs); off, the implicit
+    /// products take every one (the checks run both; TEXTNET_DIRECT_CONV=0 turns it off).
+    direct_convs: AtomicBool,
     /// The activation slope offered to the backward about to run (`fusion`), and how many were taken.
     slope_offer: Mutex<Option<fusion::SlopeOffer>>,
     slopes_taken: std::sync::atomic::AtomicUsize,
@@ -284,6 +292,8 @@ impl Device {
                     k("nn_conv2d_grad_weight_32")?,
                     k("nn_conv2d_grad_weight_64")?,
                 ],
+                conv_direct: k("nn_conv2d_direct")?,
+                conv_direct_grad_weight: k("nn_conv2d_direct_grad_weight")?,
                 max_pool: k("nn_max_pool")?,
                 max_pool_grad: k("nn_max_pool_grad")?,
             })
@@ -316,6 +326,7 @@ impl Device {
             fusion: Mutex::default(),
             fusing: AtomicBool::new(false),
             backward_fusion: AtomicBool::new(std::env::var_os("TEXTNET_FUSION").is_none_or(|v| v != "0")),
+            direct_convs: AtomicBool::new(std::env::var_os("TEXTNET_DIRECT_CONV").is_none_or(|v| v != "0")),
             slope_offer: Mutex::default(),
             slopes_taken: Default::default(),
             in_place_writes: Default::default(),
@@ -434,8 +445,22 @@ impl Device {
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_struct_sized(op, kernel, (blocks, THREADS_PER_BLOCK, shared), table, args)
+    }
+
+    /// `launch_struct` with blocks of `threads` threads (at most 256, a multiple of 32), for a kernel that
+    /// strides its loops by the block's size.
+    pub(crate) fn launch_struct_sized(
+        &self,
+        op: &'static str,
+        kernel: &Kernel,
+        (blocks, threads, shared): ((u32, u32), u32, u32),
+        table: &StructArg,
+        args: &[Arg],
+    ) -> Result<()> {
         self.launch_pending()?;
-        self.gpu.launch_with_struct(kernel, (blocks, shared, true), table, args).map_err(launch_error(op))
+        let shape = (blocks, threads, shared, true);
+        self.gpu.launch_sized_with_struct(kernel, shape, table, args).map_err(launch_error(op))
     }
 
     /// Blocks for a grid-stride loop over `n` elements: enough to fill the GPU, no more than `n` needs.

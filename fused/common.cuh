@@ -72,6 +72,13 @@ __device__ __forceinline__ void cp_async4(void* shared_dst, const void* global_s
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(global_src) : "memory");
 }
 
+// cp_async4 of `bytes` (4, or 0 for a 0.0f: the copy fills what it does not read with zeros; the source
+// must still be an address of the tensor), so that a padded element needs no branch around its copy.
+__device__ __forceinline__ void cp_async4_or_zero(void* shared_dst, const void* global_src, unsigned bytes) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global_src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 

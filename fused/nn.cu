@@ -1707,8 +1707,10 @@ struct DirectConv {
     int band_rows, bands, chunk, tile_h, tile_w;
 };
 
-// Stages channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile (count ×
-// tile_h × tile_w, 0 outside the input). Every thread of the block takes part (blocks of any size).
+// Starts copying channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile
+// (count × tile_h × tile_w, 0 outside the input), cp.async: a thread issues all its copies without waiting
+// on one (a block has few threads, so loads that each waited would leave the SM idle). Every thread of the
+// block takes part (blocks of any size); cp_async_commit, cp_async_wait_all and a barrier end it.
 __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float* __restrict__ in,
                                            const DirectConv& v, int s, int c0, int count, int oy0) {
     const int plane = v.tile_h * v.tile_w, y0 = oy0 * v.stride - v.pad_y;
@@ -1716,9 +1718,8 @@ __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float
     for (int i = threadIdx.x; i < count * plane; i += blockDim.x) {
         const int c = i / plane, r = i - c * plane, ty = r / v.tile_w, tx = r - ty * v.tile_w;
         const int iy = y0 + ty, ix = tx - v.pad_x;
-        tile[i] = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w
-                      ? src[((size_t)c * v.in_h + iy) * v.in_w + ix]
-                      : 0.0f;
+        const bool inside = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w;
+        cp_async4_or_zero(tile + i, inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + ix : src, inside ? 4 : 0);
     }
 }
 
@@ -1746,9 +1747,11 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
             const size_t at = v.flip ? (((size_t)c * v.out_channels + o) * v.kernel_h + v.kernel_h - 1 - ky) * v.kernel_w +
                                            v.kernel_w - 1 - kx
                                      : (((size_t)o * v.in_channels + c) * v.kernel_h + ky) * v.kernel_w + kx;
-            weights[i] = o < v.out_channels ? w[at] : 0.0f;
+            cp_async4_or_zero(weights + i, o < v.out_channels ? w + at : w, o < v.out_channels ? 4 : 0);
         }
         stage_band(tile, in, v, s, c0, count, oy0);
+        cp_async_commit();
+        cp_async_wait_all();
         __syncthreads();
         if (row >= rows) continue;
         for (int c = 0; c < count; ++c)
@@ -1806,9 +1809,12 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     const int c0 = t0 / khw, count = min(v.chunk, v.in_channels - c0);
     for (int i = threadIdx.x; i < positions * DIRECT_OUT; i += blockDim.x) {
         const int p = i / DIRECT_OUT, o = o0 + i % DIRECT_OUT;
-        dys[i] = o < v.out_channels ? dy[(((size_t)s * v.out_channels + o) * v.out_h + oy0) * v.out_w + p] : 0.0f;
+        const float* at = dy + (((size_t)s * v.out_channels + o) * v.out_h + oy0) * v.out_w + p;
+        cp_async4_or_zero(dys + i, o < v.out_channels ? at : dy, o < v.out_channels ? 4 : 0);
     }
     stage_band(tile, x, v, s, c0, count, oy0);
+    cp_async_commit();
+    cp_async_wait_all();
     __syncthreads();
     // Thread: channels o0 + half·8 + [0, 8), taps t0 + 4·lane + i (i < 4); a tap past the last is the bias's
     // ones (tap == taps) or nothing.

@@ -198,7 +198,10 @@ fn reduction_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result
     ];
     for shape in [&[1, 1, 1][..], &[7, 3, 33], &[2, 129, 5], &[3, 1, 1000]] {
         for (name, op) in ops {
-            let inputs = [(values(rng, shape, -3.0, 3.0), shape.to_vec())];
+            // Values of mean 1, both signs: a sum of values of mean 0 may cancel to near 0, where its relative
+            // error is that of a few roundings over a tiny result (mean_all of 3000 failed so on a correct
+            // kernel, 1.9e-4).
+            let inputs = [(values(rng, shape, -2.0, 4.0), shape.to_vec())];
             checks.extend(compare(device, rng, (name, SUM_TOLERANCE), &inputs, op)?);
         }
     }

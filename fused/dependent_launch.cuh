@@ -1,6 +1,6 @@
 // Programmatic dependent launch for kernels that read nothing before the kernels before them have
 // finished: nn.cu's and nn_attention.cu's (launched with the attribute where src/nn/cuda/mod.rs's
-// PROGRAMMATIC says), text.cu's and text_sample.cu's.
+// Device asks for it), text.cu's and text_sample.cu's.
 #pragma once
 #include "common.cuh"
 

@@ -49,8 +49,8 @@
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
 // run repeats to the bit. Every kernel begins with begin_after_previous_grid() (dependent_launch.cuh), so
-// each may be launched with programmatic dependent launch; src/nn/cuda/mod.rs's PROGRAMMATIC says whether
-// it is (not: measured slower there).
+// each may be launched with programmatic dependent launch; src/nn/cuda/mod.rs's Device says whether it is
+// (not by default: measured slower there).
 #include "activations.cuh"
 #include "common.cuh"
 #include "dependent_launch.cuh"

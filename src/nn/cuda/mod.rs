@@ -17,6 +17,7 @@
 //! | `attention` | `causal_self_attention` on packed q, k, v (`fused/nn_attention.cu`, flash in bf16) |
 //! | `shape_ops` | the same for `narrow`/`slice` and `cat` |
 //! | `conv` | the same for `conv2d` and `max_pool2d` |
+//! | `direct_conv` | conv2d's direct kernels: whether a convolution takes them, their bands and launches |
 //! | `capture` | `CapturedStep`: a training step recorded once, replayed as one CUDA graph |
 
 pub(crate) mod attention;
@@ -122,13 +123,6 @@ pub(crate) struct Kernels {
     pub(crate) max_pool_grad: Kernel,
 }
 
-/// Whether `nn`'s launches ask for programmatic dependent launch. Every kernel of fused/nn.cu and
-/// nn_attention.cu begins by waiting for the kernels before it (begin_after_previous_grid), so each may; but
-/// on an H200 (`2026-11-30-h200-53d2008`) the early blocks cost more than they saved: the ResNet example's
-/// step ran at 113k images/s with it and 168k without, `bench nn`'s captured MLP step took 24.4 µs and
-/// 21.9 µs, its residual MLP 70.0 and 71.9 µs.
-const PROGRAMMATIC: bool = false;
-
 /// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
 /// so far, kept for reuse by size (a caching allocator, as PyTorch's: on the one stream, a buffer freed
 /// after its last launch is enqueued may serve the next launch at once, and an eager op then makes no
@@ -159,6 +153,12 @@ pub struct Device {
     /// Whether the backward takes an activation's slope in its reader's epilogue (`fusion`; off with
     /// `TEXTNET_FUSION=0`).
     backward_fusion: AtomicBool,
+    /// Whether `nn`'s launches ask for programmatic dependent launch (TEXTNET_NN_PDL=1; off by default).
+    /// Every kernel of fused/nn.cu and nn_attention.cu begins by waiting for the kernels before it
+    /// (begin_after_previous_grid), so each may; but on an H200 (`2026-11-30-h200-53d2008`) the early
+    /// blocks cost more than they saved: the ResNet example's step ran at 113k images/s with it and 168k
+    /// without, `bench nn`'s captured MLP step took 24.4 µs and 21.9 µs, its residual MLP 70.0 and 71.9 µs.
+    programmatic: bool,
     /// Whether fp32 convolutions take the direct kernels where they fit (direct_conv.rs); off, the implicit
     /// products take every one (the checks run both; TEXTNET_DIRECT_CONV=0 turns it off).
     direct_convs: AtomicBool,
@@ -333,6 +333,7 @@ impl Device {
             fusion: Mutex::default(),
             fusing: AtomicBool::new(false),
             backward_fusion: AtomicBool::new(std::env::var_os("TEXTNET_FUSION").is_none_or(|v| v != "0")),
+            programmatic: std::env::var_os("TEXTNET_NN_PDL").is_some_and(|v| v == "1"),
             direct_convs: AtomicBool::new(std::env::var_os("TEXTNET_DIRECT_CONV").is_none_or(|v| v != "0")),
             slope_offer: Mutex::default(),
             slopes_taken: Default::default(),
@@ -438,7 +439,7 @@ impl Device {
     ) -> Result<()> {
         // The weight gradients the backward deferred read what was written before this launch.
         self.launch_pending()?;
-        self.gpu.launch(kernel, blocks, shared, PROGRAMMATIC, args).map_err(launch_error(op))
+        self.gpu.launch(kernel, blocks, shared, self.programmatic, args).map_err(launch_error(op))
     }
 
     /// `launch` of a kernel whose first parameter is `table`, a struct passed by value, then `args`.
@@ -464,7 +465,7 @@ impl Device {
         args: &[Arg],
     ) -> Result<()> {
         self.launch_pending()?;
-        let shape = (blocks, threads, shared, PROGRAMMATIC);
+        let shape = (blocks, threads, shared, self.programmatic);
         self.gpu.launch_sized_with_struct(kernel, shape, table, args).map_err(launch_error(op))
     }
 

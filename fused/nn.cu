@@ -1709,41 +1709,17 @@ struct DirectConv {
 
 // Starts copying channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile
 // (count × tile_h × tile_w, 0 outside the input), cp.async: a thread issues all its copies without waiting
-// on one (a block has few threads, so loads that each waited would leave the SM idle). A warp a tile row, a
-// lane a column, so that no element divides its index. Every warp of the block takes part (blocks of
-// whole warps); cp_async_commit, cp_async_wait_all and a barrier end it.
+// on one (a block has few threads, so loads that each waited would leave the SM idle). Every thread of the
+// block takes part (blocks of any size); cp_async_commit, cp_async_wait_all and a barrier end it.
 __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float* __restrict__ in,
                                            const DirectConv& v, int s, int c0, int count, int oy0) {
-    const int y0 = oy0 * v.stride - v.pad_y, lane = threadIdx.x % 32;
+    const int plane = v.tile_h * v.tile_w, y0 = oy0 * v.stride - v.pad_y;
     const float* src = in + ((size_t)s * v.in_channels + c0) * v.in_h * v.in_w;
-    for (int r = threadIdx.x / 32; r < count * v.tile_h; r += blockDim.x / 32) {
-        const int c = r / v.tile_h, iy = y0 + r - c * v.tile_h;
-        const bool row_inside = (unsigned)iy < (unsigned)v.in_h;
-        const float* row = src + ((size_t)c * v.in_h + (row_inside ? iy : 0)) * v.in_w;
-        for (int tx = lane; tx < v.tile_w; tx += 32) {
-            const int ix = tx - v.pad_x;
-            const bool inside = row_inside && (unsigned)ix < (unsigned)v.in_w;
-            cp_async4_or_zero(tile + r * v.tile_w + tx, inside ? row + ix : src, inside ? 4 : 0);
-        }
-    }
-}
-
-// Starts copying the weights of channels [c0, c0 + count) for the block's DIRECT_OUT result channels from
-// o0 into weights[c][t][o] (0 past the last channel): a thread one channel o, threadIdx.x % DIRECT_OUT (the
-// block's threads are whole warps), its taps ct = c·taps + t from threadIdx.x / DIRECT_OUT on, (c, t)
-// stepped without a division. The forward's weight is w[o][c][t]; `flip`'s (the input gradient's) is the
-// forward's [c][o][taps − 1 − t].
-__device__ __forceinline__ void stage_weights(float* __restrict__ weights, const float* __restrict__ w,
-                                              const DirectConv& v, int c0, int count, int o0) {
-    const int taps = v.kernel_h * v.kernel_w, step = blockDim.x / DIRECT_OUT, first = threadIdx.x / DIRECT_OUT;
-    const int o = o0 + threadIdx.x % DIRECT_OUT;
-    const bool live = o < v.out_channels;
-    int c = first / taps, t = first - c * taps;
-    for (int ct = first; ct < count * taps; ct += step) {
-        const size_t at = v.flip ? ((size_t)(c0 + c) * v.out_channels + o) * taps + taps - 1 - t
-                                 : ((size_t)o * v.in_channels + c0) * taps + ct;
-        cp_async4_or_zero(weights + ct * DIRECT_OUT + threadIdx.x % DIRECT_OUT, live ? w + at : w, live ? 4 : 0);
-        for (t += step; t >= taps; t -= taps) ++c;
+    for (int i = threadIdx.x; i < count * plane; i += blockDim.x) {
+        const int c = i / plane, r = i - c * plane, ty = r / v.tile_w, tx = r - ty * v.tile_w;
+        const int iy = y0 + ty, ix = tx - v.pad_x;
+        const bool inside = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w;
+        cp_async4_or_zero(tile + i, inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + ix : src, inside ? 4 : 0);
     }
 }
 
@@ -1765,7 +1741,14 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
     for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
         const int count = min(v.chunk, v.in_channels - c0);
         __syncthreads();  // the last chunk read
-        stage_weights(weights, w, v, c0, count, o0);
+        for (int i = threadIdx.x; i < count * taps * DIRECT_OUT; i += blockDim.x) {
+            const int o = o0 + i % DIRECT_OUT, ct = i / DIRECT_OUT, c = c0 + ct / taps, t = ct % taps;
+            const int ky = t / v.kernel_w, kx = t - ky * v.kernel_w;
+            const size_t at = v.flip ? (((size_t)c * v.out_channels + o) * v.kernel_h + v.kernel_h - 1 - ky) * v.kernel_w +
+                                           v.kernel_w - 1 - kx
+                                     : (((size_t)o * v.in_channels + c) * v.kernel_h + ky) * v.kernel_w + kx;
+            cp_async4_or_zero(weights + i, o < v.out_channels ? w + at : w, o < v.out_channels ? 4 : 0);
+        }
         stage_band(tile, in, v, s, c0, count, oy0);
         cp_async_commit();
         cp_async_wait_all();

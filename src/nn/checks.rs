@@ -708,6 +708,26 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
     Ok(checks)
 }
 
+/// The convolutions `image_checks` runs, as (x, weight, stride, padding): `image_checks` says what each
+/// reaches.
+pub(crate) const CONV_CHECKS: [([usize; 4], [usize; 4], usize, usize); 15] = [
+    ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
+    ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
+    ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
+    ([2, 4, 5, 5], [3, 4, 5, 5], 1, 0),
+    ([1, 3, 33, 17], [70, 3, 3, 3], 3, 1),
+    ([2, 16, 10, 10], [8, 16, 3, 3], 1, 1),
+    ([2, 2, 6, 7], [3, 2, 2, 3], 3, 1),
+    ([8, 16, 28, 28], [16, 16, 3, 3], 1, 1),
+    ([3, 20, 15, 13], [24, 20, 3, 3], 2, 1),
+    ([5, 40, 9, 11], [33, 40, 3, 2], 1, 2),
+    ([2, 230, 5, 6], [3, 230, 3, 3], 1, 1),
+    ([2, 3, 6, 5], [230, 3, 3, 3], 1, 1),
+    ([64, 3, 13, 11], [5, 3, 3, 3], 1, 1),
+    ([96, 2, 15, 12], [6, 2, 3, 3], 2, 1),
+    ([1, 1, 2, 1100], [2, 1, 1, 3], 1, 0),
+];
+
 /// `conv2d` (with and without bias; odd sizes, one pixel, stride 2 and 3, padding 1 and 2, a kernel as
 /// large as the input and a non-square one, more output channels than a product's tile and more taps than
 /// its depth; channels for each of the implicit products' three tiles, a batch whose weight gradient is
@@ -719,27 +739,10 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
 /// host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
-    let convs: [([usize; 4], [usize; 4], usize, usize); 15] = [
-        ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
-        ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
-        ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
-        ([2, 4, 5, 5], [3, 4, 5, 5], 1, 0),
-        ([1, 3, 33, 17], [70, 3, 3, 3], 3, 1),
-        ([2, 16, 10, 10], [8, 16, 3, 3], 1, 1),
-        ([2, 2, 6, 7], [3, 2, 2, 3], 3, 1),
-        ([8, 16, 28, 28], [16, 16, 3, 3], 1, 1),
-        ([3, 20, 15, 13], [24, 20, 3, 3], 2, 1),
-        ([5, 40, 9, 11], [33, 40, 3, 2], 1, 2),
-        ([2, 230, 5, 6], [3, 230, 3, 3], 1, 1),
-        ([2, 3, 6, 5], [230, 3, 3, 3], 1, 1),
-        ([64, 3, 13, 11], [5, 3, 3, 3], 1, 1),
-        ([96, 2, 15, 12], [6, 2, 3, 3], 2, 1),
-        ([1, 1, 2, 1100], [2, 1, 1, 3], 1, 0),
-    ];
     for direct in [true, false] {
         device.set_direct_convs(direct);
         let path = if direct { "direct where it fits" } else { "implicit products" };
-        for (x, w, stride, padding) in convs {
+        for (x, w, stride, padding) in CONV_CHECKS {
             let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
             let name = format!("conv2d {x:?} * {w:?} stride {stride} padding {padding}, {path}");
             let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], None, stride, padding);

@@ -270,9 +270,9 @@ fn conv2d_grad_input(
 }
 
 /// The weight's gradient `[O, C·KH·KW]` of a convolution of the sizes `conv` over `samples` images, and the
-/// bias's `[O]` when `with_bias`: direct where it may be (`direct`) and fits, else one product of the output
-/// gradient `dy` and the windows of `x`, over the positions cut into slices enough to give every SM blocks,
-/// the slices' results then added in order.
+/// bias's `[O]` when `with_bias`: direct where it may be (`direct`) and fits, a slice a band of an image,
+/// else one product of the output gradient `dy` and the windows of `x`, over the positions cut into slices
+/// enough to give every SM blocks; the slices' results then added in order.
 fn conv2d_grad_weight(
     device: &Arc<Device>,
     (dy, x): (&DeviceBuffer, &DeviceBuffer),
@@ -284,9 +284,36 @@ fn conv2d_grad_weight(
     let sms = device.gpu.sm_count as usize;
     let plan =
         direct.then(|| direct_conv::weight_grad_plan(NAME, conv, samples, sms, with_bias)).transpose()?.flatten();
-    if let Some(plan) = plan {
-        return direct_conv::grad_weight(device, NAME, &plan, (dy, x), (outputs, taps, with_bias));
+    let (dw_parts, db_parts, slices) = match plan {
+        Some(plan) => direct_conv::grad_weight_slices(device, NAME, &plan, (dy, x), (outputs, taps, with_bias))?,
+        None => implicit_grad_weight_slices(device, (dy, x), (sizes, conv, samples), with_bias)?,
+    };
+    if slices == 1 {
+        return Ok((dw_parts, db_parts));
     }
+    let dw = device.alloc(NAME, outputs * taps)?;
+    sum_axis_into(device, NAME, &dw_parts, (1, slices, outputs * taps), 1.0, &dw)?;
+    let db = match db_parts {
+        Some(parts) => {
+            let db = device.alloc(NAME, outputs)?;
+            sum_axis_into(device, NAME, &parts, (1, slices, outputs), 1.0, &db)?;
+            Some(db)
+        }
+        None => None,
+    };
+    Ok((dw, db))
+}
+
+/// The implicit product of the weight gradient over the positions cut into slices: each slice's dw `[O,
+/// C·KH·KW]` and db `[O]` (`with_bias`), and the number of slices.
+fn implicit_grad_weight_slices(
+    device: &Arc<Device>,
+    (dy, x): (&DeviceBuffer, &DeviceBuffer),
+    (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
+    with_bias: bool,
+) -> Result<(DeviceBuffer, Option<DeviceBuffer>, usize)> {
+    const NAME: &str = "conv2d";
+    let (outputs, taps) = (conv.out_channels, conv.taps());
     let (columns, depth) = (taps + with_bias as usize, samples * conv.out_height * conv.out_width);
     let tile = conv_tile(outputs);
     let (bm, bn, ..) = CONV_TILES[tile];
@@ -304,20 +331,7 @@ fn conv2d_grad_weight(
     ];
     let shared = conv_shared(device, tile, taps);
     device.launch_struct(NAME, &device.kernels.conv_grad_weight[tile], (grid, shared), sizes, &args)?;
-    if slices == 1 {
-        return Ok((dw_parts, db_parts));
-    }
-    let dw = device.alloc(NAME, outputs * taps)?;
-    sum_axis_into(device, NAME, &dw_parts, (1, slices, outputs * taps), 1.0, &dw)?;
-    let db = match db_parts {
-        Some(parts) => {
-            let db = device.alloc(NAME, outputs)?;
-            sum_axis_into(device, NAME, &parts, (1, slices, outputs), 1.0, &db)?;
-            Some(db)
-        }
-        None => None,
-    };
-    Ok((dw, db))
+    Ok((dw_parts, db_parts, slices))
 }
 
 /// How the weight gradient's product of `tiles` tiles cuts its `depth` positions on `sms` SMs: (positions a

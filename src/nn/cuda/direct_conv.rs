@@ -11,7 +11,7 @@
 //! stay under [`DIRECT_MAX_PARTIALS`] floats.
 
 use super::Device;
-use super::ops::{int, optional, sum_axis_into};
+use super::ops::{int, optional};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::StructArg;
 use crate::nn::cuda::DeviceBuffer;
@@ -271,15 +271,15 @@ pub(super) fn launch_windows(
     device.launch_struct_sized(op, &device.kernels.conv_direct, launch, &StructArg::of(&plan.sizes), &args)
 }
 
-/// The weight's gradient `[O, C·KH·KW]` and, with a plan made `with_bias`, the bias's `[O]`, by `plan`: each
-/// band's sums into a slice of its own, the slices then added in order.
-pub(super) fn grad_weight(
+/// `nn_conv2d_direct_grad_weight` by `plan`: each band's dw `[O, C·KH·KW]` and, with a plan made
+/// `with_bias`, db `[O]` in a slice of its own, and the number of slices (which the caller adds in order).
+pub(super) fn grad_weight_slices(
     device: &Arc<Device>,
     op: &'static str,
     plan: &DirectPlan,
     (dy, x): (&DeviceBuffer, &DeviceBuffer),
     (outputs, taps, with_bias): (usize, usize, bool),
-) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
+) -> Result<(DeviceBuffer, Option<DeviceBuffer>, usize)> {
     let slices = plan.grid.0;
     let dw_parts = device.alloc(op, slices * outputs * taps)?;
     let db_parts = if with_bias { Some(device.alloc(op, slices * outputs)?) } else { None };
@@ -287,20 +287,7 @@ pub(super) fn grad_weight(
     let launch = (grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
     let kernel = &device.kernels.conv_direct_grad_weight;
     device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)?;
-    if slices == 1 {
-        return Ok((dw_parts, db_parts));
-    }
-    let dw = device.alloc(op, outputs * taps)?;
-    sum_axis_into(device, op, &dw_parts, (1, slices, outputs * taps), 1.0, &dw)?;
-    let db = match db_parts {
-        Some(parts) => {
-            let db = device.alloc(op, outputs)?;
-            sum_axis_into(device, op, &parts, (1, slices, outputs), 1.0, &db)?;
-            Some(db)
-        }
-        None => None,
-    };
-    Ok((dw, db))
+    Ok((dw_parts, db_parts, slices))
 }
 
 #[cfg(test)]
@@ -308,27 +295,11 @@ mod tests {
     use super::*;
     use crate::device::compile::kernel_constants;
     use crate::device::kernel_struct::assert_kernel_layout;
+    use crate::nn::checks::CONV_CHECKS;
 
-    /// The selftest's convolutions (nn/checks.rs) and the ResNet example's, as (x, w, stride, padding).
-    const SHAPES: [([usize; 4], [usize; 4], usize, usize); 17] = [
-        ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
-        ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
-        ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
-        ([2, 4, 5, 5], [3, 4, 5, 5], 1, 0),
-        ([1, 3, 33, 17], [70, 3, 3, 3], 3, 1),
-        ([2, 16, 10, 10], [8, 16, 3, 3], 1, 1),
-        ([2, 2, 6, 7], [3, 2, 2, 3], 3, 1),
-        ([8, 16, 28, 28], [16, 16, 3, 3], 1, 1),
-        ([3, 20, 15, 13], [24, 20, 3, 3], 2, 1),
-        ([5, 40, 9, 11], [33, 40, 3, 2], 1, 2),
-        ([2, 230, 5, 6], [3, 230, 3, 3], 1, 1),
-        ([2, 3, 6, 5], [230, 3, 3, 3], 1, 1),
-        ([64, 3, 13, 11], [5, 3, 3, 3], 1, 1),
-        ([96, 2, 15, 12], [6, 2, 3, 3], 2, 1),
-        ([1, 1, 2, 1100], [2, 1, 1, 3], 1, 0),
-        ([128, 1, 28, 28], [16, 1, 3, 3], 1, 1),
-        ([128, 16, 28, 28], [16, 16, 3, 3], 1, 1),
-    ];
+    /// The ResNet example's convolutions (the stem and a block's), as nn/checks.rs's CONV_CHECKS.
+    const RESNET: [([usize; 4], [usize; 4], usize, usize); 2] =
+        [([128, 1, 28, 28], [16, 1, 3, 3], 1, 1), ([128, 16, 28, 28], [16, 16, 3, 3], 1, 1)];
 
     fn shape(x: [usize; 4], w: [usize; 4], stride: usize, padding: usize) -> Conv2dShape {
         Conv2dShape::new((x[1], x[2], x[3]), w[0], (w[2], w[3]), stride, padding).unwrap()
@@ -349,7 +320,7 @@ mod tests {
     #[test]
     fn the_plans_cover_every_row_and_tap_and_fit_their_blocks() {
         let (mut direct, mut banded, mut implicit) = (0, 0, 0);
-        for (x, w, stride, padding) in SHAPES {
+        for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET) {
             let conv = shape(x, w, stride, padding);
             for sms in [1, 8, 132] {
                 let what = format!("{x:?} * {w:?} stride {stride} padding {padding} on {sms} SMs");

@@ -146,7 +146,7 @@ def main():
             circles.append(" → ".join(trail[trail.index(room):] + [room]))
             return 0
         if room not in floors:
-            floors[room] = 1 + max((floor(b, trail + [room]) for b in arrows[room]), default=0)
+            floors[room] = 1 + max((floor(b, trail + [room]) for b in sorted(arrows[room])), default=0)
         return floors[room]
 
     for room in rooms:

@@ -8,7 +8,9 @@
 //! bias added. The input's gradient is the product of the weight and the output gradient read at the
 //! positions each input element reaches; the weight's gradient and the bias's are one product of the output
 //! gradient and the windows with a column of ones, over the positions cut into slices that the launch adds
-//! in order. Each product's sums run in a fixed order, so a run repeats to the bit.
+//! in order. Each product's sums run in a fixed order, so a run repeats to the bit. Where a convolution has
+//! few result channels and a band of its image fits in shared memory, each of the three takes the direct
+//! kernels instead (`direct_conv.rs`), which stage the band once a block rather than element by element.
 //!
 //! In bf16 (a device whose products round to bf16) conv2d keeps the explicit path: `nn_im2col` lays every
 //! window of every sample out as a column, col `[C·KH·KW, N·OH·OW]` (0 in the padding), and weight ·

@@ -19,8 +19,8 @@ use crate::nn::error::{Error, Result};
 use crate::ops::conv::Conv2dShape;
 use std::sync::Arc;
 
-/// fused/nn.cu's DIRECT_OUT (result channels a block), DIRECT_PX (positions a thread) and DIRECT_TAPS (taps
-/// a weight-gradient block).
+/// fused/nn.cu's DIRECT_OUT (result channels a block), DIRECT_PX (positions a thread) and DIRECT_TAPS (the
+/// most taps a weight-gradient block takes).
 const DIRECT_OUT: usize = 16;
 const DIRECT_PX: usize = 4;
 const DIRECT_TAPS: usize = 512;
@@ -29,7 +29,7 @@ const THREADS: usize = 256;
 /// The shared memory a direct block takes, floats: 48 KiB, what any launch gets.
 const DIRECT_SHARED_FLOATS: usize = 12 * 1024;
 /// The most result channels a direct convolution has; more fill the implicit products' tiles.
-pub(super) const DIRECT_MAX_CHANNELS: usize = 64;
+const DIRECT_MAX_CHANNELS: usize = 64;
 /// The most floats the weight gradient's slices take together (64 MiB).
 const DIRECT_MAX_PARTIALS: usize = 16 << 20;
 /// Blocks an SM the forward's (and input gradient's) bands aim for, and the weight gradient's, where the

@@ -1818,18 +1818,16 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     __syncthreads();
     // Thread: channels o0 + half·8 + [0, 8), taps t0 + 4·lane + i (i < 4); a tap past the last is the bias's
     // ones (tap == taps) or nothing.
+    if (t0 + 4 * lane >= columns) return;
     int offset[4];
     bool ones[4];
-    int live = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int t = t0 + 4 * lane + i;
         const int c = t / khw, kk = t - c * khw, ky = kk / v.kernel_w, kx = kk - ky * v.kernel_w;
         ones[i] = t == taps;
         offset[i] = t < taps ? ((c - c0) * v.tile_h + ky) * v.tile_w + kx : 0;
-        if (t < columns) live = i + 1;
     }
-    if (live == 0) return;
     float acc[8][4] = {};
     for (int r = 0; r < rows; ++r) {
         const float* drow = dys + r * v.out_w * DIRECT_OUT + half * 8;
@@ -1855,7 +1853,7 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int t = t0 + 4 * lane + i;
-            if (i >= live || t >= columns) break;
+            if (t >= columns) break;
             if (t < taps) dw_parts[(slice * v.out_channels + oc) * taps + t] = acc[o][i];
             else db_parts[slice * v.out_channels + oc] = acc[o][i];
         }

@@ -178,7 +178,12 @@ fn conv_tile(rows: usize) -> usize {
 /// The grid of a conv product of `rows` × `columns` results in `tile`, `slices` of them, or the error naming
 /// `op` when it is more blocks than a launch takes.
 fn conv_grid(op: &'static str, tile: usize, sizes: (usize, usize), slices: usize) -> Result<(u32, u32)> {
-    let (x, y) = grid_of(CONV_TILES[tile], sizes, slices);
+    launch_grid(op, grid_of(CONV_TILES[tile], sizes, slices))
+}
+
+/// A conv launch's grid (x, y) as a launch takes it, or the error naming `op` when it is more blocks than
+/// that.
+pub(super) fn launch_grid(op: &'static str, (x, y): (usize, usize)) -> Result<(u32, u32)> {
     if y > 65_535 {
         return Err(Error::device(op, format!("needs {y} rows of blocks, more than a launch takes (65,535)")));
     }

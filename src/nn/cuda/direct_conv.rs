@@ -11,7 +11,8 @@
 //! stay under [`DIRECT_MAX_PARTIALS`] floats.
 
 use super::Device;
-use super::ops::{int, optional};
+use super::conv::launch_grid;
+use super::ops::{int, optional, slices_for};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::StructArg;
 use crate::nn::cuda::DeviceBuffer;
@@ -85,7 +86,7 @@ struct Walk {
 /// Output rows a band, so that the grid has `per_sm` blocks an SM where the images allow it (`blocks` is
 /// the grid without bands), at most `most` and at least 1.
 fn band_rows(out_h: usize, (blocks, sms, per_sm): (usize, usize, usize), most: usize) -> usize {
-    let bands = (per_sm * sms).div_ceil(blocks.max(1)).clamp(1, out_h.max(1));
+    let bands = slices_for(sms, blocks, out_h, (per_sm, 1));
     out_h.div_ceil(bands).clamp(1, most.max(1))
 }
 
@@ -249,14 +250,6 @@ impl Device {
     }
 }
 
-/// The grid as a launch takes it, or the error naming `op`.
-fn grid(op: &'static str, (x, y): (usize, usize)) -> Result<(u32, u32)> {
-    if y > 65_535 {
-        return Err(Error::device(op, format!("needs {y} rows of blocks, more than a launch takes (65,535)")));
-    }
-    Ok((int(op, x)? as u32, y as u32))
-}
-
 /// `nn_conv2d_direct` by `plan`: `out` from `input` and `weight` (+ `bias`), the forward or (a flipped plan)
 /// the input gradient.
 pub(super) fn launch_windows(
@@ -267,7 +260,7 @@ pub(super) fn launch_windows(
     out: &DeviceBuffer,
 ) -> Result<()> {
     let args = [device.arg(input), device.arg(weight), optional(device, bias), device.arg(out)];
-    let launch = (grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
+    let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
     device.launch_struct_sized(op, &device.kernels.conv_direct, launch, &StructArg::of(&plan.sizes), &args)
 }
 
@@ -284,7 +277,7 @@ pub(super) fn grad_weight_slices(
     let dw_parts = device.alloc(op, slices * outputs * taps)?;
     let db_parts = if with_bias { Some(device.alloc(op, slices * outputs)?) } else { None };
     let args = [device.arg(dy), device.arg(x), device.arg(&dw_parts), optional(device, db_parts.as_ref())];
-    let launch = (grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
+    let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
     let kernel = &device.kernels.conv_direct_grad_weight;
     device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)?;
     Ok((dw_parts, db_parts, slices))

@@ -1687,44 +1687,51 @@ NN_CONV_PRODUCTS(64, TileLarge)
 //               + kx − pad_x] (+ bias[o]), the sum in that order. A block takes one sample, a band of
 //               output rows and DIRECT_OUT output channels, the input channels `chunk` at a time; a thread
 //               one row's DIRECT_PX positions ox = g, g + G, g + 2G, g + 3G (G = ⌈OW/DIRECT_PX⌉, so that
-//               neighbouring threads read neighbouring words) times the block's channels.
+//               neighbouring threads read neighbouring words) times the block's channels. DIRECT_OUT is 8,
+//               not 16: the small images these take have few positions, and a thread of 16 channels left
+//               too few warps an SM to hide the shared memory's latency.
 //   input grad  at stride 1 the same sum over dy with the kernel flipped and its two channel axes
 //               swapped (`flip`: w[c][o][KH − 1 − ky][KW − 1 − kx]), padding KH − 1 − p and KW − 1 − p.
 //   weight grad dw[o][t] = Σ dy[s][o][oy][ox] · window(t) over one sample's band of positions in row-major
-//               order, db[o] the same with a tap of ones after the last; a block takes DIRECT_OUT output
+//               order, db[o] the same with a tap of ones after the last; a block takes GRAD_OUT output
 //               channels and 4 taps a thread pair (at most DIRECT_TAPS), a thread 8 channels × 4
 //               neighbouring taps. Each block writes its band's sums to its own slice (s·bands + band),
 //               which the launch layer adds in order.
-constexpr int DIRECT_OUT = 16, DIRECT_PX = 4, DIRECT_TAPS = 512;
+constexpr int DIRECT_OUT = 8, GRAD_OUT = 16, DIRECT_PX = 4, DIRECT_TAPS = 512;
 
 // One direct convolution: the operand read through windows, `in` [N][in_channels][in_h][in_w] (x; dy for
 // the input gradient), the result [N][out_channels][out_h][out_w] (y, dx; dy for the weight gradient), the
 // band of band_rows output rows a block (bands = ⌈out_h / band_rows⌉), `chunk` input channels staged at a
-// time in a tile of tile_h × tile_w elements each, whose (0, 0) is in[oy0·stride − pad_y][−pad_x].
+// time in a tile of tile_h × tile_w elements each, whose (0, 0) is in[oy0·stride − pad_y][−pad_x], its rows
+// `pitch` floats apart and its channels `plane` floats apart. The launch layer pads the pitches so that a
+// warp's reads fall in distinct banks: a row pitch ≡ G (mod 32) in the forward, where a warp's threads are
+// consecutive (row, g); in the weight gradient a row pitch ≡ KW and a plane ≡ KH·KW (mod 32), where they
+// are consecutive taps.
 struct DirectConv {
     int samples, in_channels, in_h, in_w, out_channels, out_h, out_w;
     int kernel_h, kernel_w, stride, pad_y, pad_x, flip;
-    int band_rows, bands, chunk, tile_h, tile_w;
+    int band_rows, bands, chunk, tile_h, tile_w, pitch, plane;
 };
 
 // Starts copying channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile
-// (count × tile_h × tile_w, 0 outside the input), cp.async: a thread issues all its copies without waiting
+// (count × tile_h × tile_w at the pitches, 0 outside the input), cp.async: a thread issues all its copies without waiting
 // on one (a block has few threads, so loads that each waited would leave the SM idle). Every thread of the
 // block takes part (blocks of any size); cp_async_commit, cp_async_wait_all and a barrier end it.
 __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float* __restrict__ in,
                                            const DirectConv& v, int s, int c0, int count, int oy0) {
-    const int plane = v.tile_h * v.tile_w, y0 = oy0 * v.stride - v.pad_y;
+    const int area = v.tile_h * v.tile_w, y0 = oy0 * v.stride - v.pad_y;
     const float* src = in + ((size_t)s * v.in_channels + c0) * v.in_h * v.in_w;
-    for (int i = threadIdx.x; i < count * plane; i += blockDim.x) {
-        const int c = i / plane, r = i - c * plane, ty = r / v.tile_w, tx = r - ty * v.tile_w;
+    for (int i = threadIdx.x; i < count * area; i += blockDim.x) {
+        const int c = i / area, r = i - c * area, ty = r / v.tile_w, tx = r - ty * v.tile_w;
         const int iy = y0 + ty, ix = tx - v.pad_x;
         const bool inside = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w;
-        cp_async4_or_zero(tile + i, inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + ix : src, inside ? 4 : 0);
+        cp_async4_or_zero(tile + c * v.plane + ty * v.pitch + tx,
+                          inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + ix : src, inside ? 4 : 0);
     }
 }
 
 // Grid: (N·bands, ⌈out_channels/DIRECT_OUT⌉), blocks of band_rows·G threads or more (a multiple of 32, at
-// most THREADS); shared memory chunk · (KH·KW·DIRECT_OUT + tile_h·tile_w) floats, the weights first. bias
+// most THREADS); shared memory chunk · (KH·KW·DIRECT_OUT + plane) floats, the weights first. bias
 // may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
@@ -1756,7 +1763,7 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
         if (row >= rows) continue;
         for (int c = 0; c < count; ++c)
             for (int ky = 0; ky < v.kernel_h; ++ky) {
-                const float* xs = tile + (c * v.tile_h + row * v.stride + ky) * v.tile_w + g * v.stride;
+                const float* xs = tile + c * v.plane + (row * v.stride + ky) * v.pitch + g * v.stride;
                 const float4* ws = reinterpret_cast<const float4*>(weights) + (c * taps + ky * v.kernel_w) * (DIRECT_OUT / 4);
                 for (int kx = 0; kx < v.kernel_w; ++kx) {
                     float xv[DIRECT_PX];
@@ -1790,9 +1797,9 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
 
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
 // s·bands + band: dw_parts[slice][O][taps] and, when db_parts is not null, db_parts[slice][O]. Blocks of 2·L
-// threads (L a multiple of 16, at most DIRECT_TAPS / 4) take 4·L taps each. Grid: (N·bands, ⌈O/DIRECT_OUT⌉ ·
-// ⌈(taps + 1)/(4·L)⌉); shared memory band_rows · OW · DIRECT_OUT (dy, [position][o]) + chunk · tile_h · tile_w
-// floats (x, channels from the block's first tap's; chunk covers its last tap's).
+// threads (L a multiple of 16, at most DIRECT_TAPS / 4) take 4·L taps each. Grid: (N·bands, ⌈O/GRAD_OUT⌉ ·
+// ⌈(taps + 1)/(4·L)⌉); shared memory band_rows · OW · GRAD_OUT (dy, [position][o]) + chunk · plane floats
+// (x, channels from the block's first tap's; chunk covers its last tap's).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
                              float* __restrict__ dw_parts, float* __restrict__ db_parts) {
@@ -1800,15 +1807,15 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     extern __shared__ float4 smem4[];
     float* dys = reinterpret_cast<float*>(smem4);
     const int khw = v.kernel_h * v.kernel_w, taps = v.in_channels * khw, columns = taps + (db_parts ? 1 : 0);
-    const int o_blocks = (v.out_channels + DIRECT_OUT - 1) / DIRECT_OUT;
+    const int o_blocks = (v.out_channels + GRAD_OUT - 1) / GRAD_OUT;
     const int lanes = blockDim.x / 2, half = threadIdx.x / lanes, lane = threadIdx.x % lanes;
-    const int o0 = blockIdx.y % o_blocks * DIRECT_OUT, t0 = blockIdx.y / o_blocks * 4 * lanes;
+    const int o0 = blockIdx.y % o_blocks * GRAD_OUT, t0 = blockIdx.y / o_blocks * 4 * lanes;
     const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows;
     const int rows = min(v.band_rows, v.out_h - oy0), positions = rows * v.out_w;
-    float* tile = dys + v.band_rows * v.out_w * DIRECT_OUT;
+    float* tile = dys + v.band_rows * v.out_w * GRAD_OUT;
     const int c0 = t0 / khw, count = min(v.chunk, v.in_channels - c0);
-    for (int i = threadIdx.x; i < positions * DIRECT_OUT; i += blockDim.x) {
-        const int p = i / DIRECT_OUT, o = o0 + i % DIRECT_OUT;
+    for (int i = threadIdx.x; i < positions * GRAD_OUT; i += blockDim.x) {
+        const int p = i / GRAD_OUT, o = o0 + i % GRAD_OUT;
         const float* at = dy + (((size_t)s * v.out_channels + o) * v.out_h + oy0) * v.out_w + p;
         cp_async4_or_zero(dys + i, o < v.out_channels ? at : dy, o < v.out_channels ? 4 : 0);
     }
@@ -1816,25 +1823,26 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    // Thread: channels o0 + half·8 + [0, 8), taps t0 + 4·lane + i (i < 4); a tap past the last is the bias's
-    // ones (tap == taps) or nothing.
-    if (t0 + 4 * lane >= columns) return;
+    // Thread: channels o0 + half·8 + [0, 8), taps t0 + lane + i·L (i < 4), so that a warp reads consecutive
+    // taps, which the pitches put in consecutive banks; a tap past the last is the bias's ones (tap == taps)
+    // or nothing.
+    if (t0 + lane >= columns) return;
     int offset[4];
     bool ones[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int t = t0 + 4 * lane + i;
+        const int t = t0 + lane + i * lanes;
         const int c = t / khw, kk = t - c * khw, ky = kk / v.kernel_w, kx = kk - ky * v.kernel_w;
         ones[i] = t == taps;
-        offset[i] = t < taps ? ((c - c0) * v.tile_h + ky) * v.tile_w + kx : 0;
+        offset[i] = t < taps ? (c - c0) * v.plane + ky * v.pitch + kx : 0;
     }
     float acc[8][4] = {};
     for (int r = 0; r < rows; ++r) {
-        const float* drow = dys + r * v.out_w * DIRECT_OUT + half * 8;
-        const int base = r * v.stride * v.tile_w;
+        const float* drow = dys + r * v.out_w * GRAD_OUT + half * 8;
+        const int base = r * v.stride * v.pitch;
         for (int ox = 0; ox < v.out_w; ++ox) {
-            const float4 d0 = *reinterpret_cast<const float4*>(drow + ox * DIRECT_OUT);
-            const float4 d1 = *reinterpret_cast<const float4*>(drow + ox * DIRECT_OUT + 4);
+            const float4 d0 = *reinterpret_cast<const float4*>(drow + ox * GRAD_OUT);
+            const float4 d1 = *reinterpret_cast<const float4*>(drow + ox * GRAD_OUT + 4);
             const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
             float xv[4];
 #pragma unroll
@@ -1852,7 +1860,7 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
         if (oc >= v.out_channels) break;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int t = t0 + 4 * lane + i;
+            const int t = t0 + lane + i * lanes;
             if (t >= columns) break;
             if (t < taps) dw_parts[(slice * v.out_channels + oc) * taps + t] = acc[o][i];
             else db_parts[slice * v.out_channels + oc] = acc[o][i];

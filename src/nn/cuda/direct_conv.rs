@@ -20,9 +20,10 @@ use crate::nn::error::{Error, Result};
 use crate::ops::conv::Conv2dShape;
 use std::sync::Arc;
 
-/// fused/nn.cu's DIRECT_OUT (result channels a block), DIRECT_PX (positions a thread) and DIRECT_TAPS (the
-/// most taps a weight-gradient block takes).
-const DIRECT_OUT: usize = 16;
+/// fused/nn.cu's DIRECT_OUT (result channels a window block), GRAD_OUT (a weight-gradient block's),
+/// DIRECT_PX (positions a thread) and DIRECT_TAPS (the most taps a weight-gradient block takes).
+const DIRECT_OUT: usize = 8;
+const GRAD_OUT: usize = 16;
 const DIRECT_PX: usize = 4;
 const DIRECT_TAPS: usize = 512;
 /// Threads a block (fused/common.cuh's THREADS).
@@ -41,7 +42,8 @@ const WEIGHT_GRAD_BLOCKS_PER_SM: usize = 4;
 kernel_struct! {
     /// One direct convolution (`DirectConv` in fused/nn.cu): the operand read through windows, `in`
     /// `[N, in_channels, in_h, in_w]`, the result `[N, out_channels, out_h, out_w]`, `band_rows` output rows
-    /// a block (`bands` of them), `chunk` input channels staged at a time in tiles of `tile_h × tile_w`.
+    /// a block (`bands` of them), `chunk` input channels staged at a time in tiles of `tile_h × tile_w`, rows
+    /// `pitch` floats apart and channels `plane` apart (padded so that a warp's reads take distinct banks).
     struct DirectConv {
         samples: i32,
         in_channels: i32,
@@ -61,7 +63,19 @@ kernel_struct! {
         chunk: i32,
         tile_h: i32,
         tile_w: i32,
+        pitch: i32,
+        plane: i32,
     }
+}
+
+/// A channel's staged rows in shared memory: `h × w` elements, rows `pitch` floats apart, the next channel's
+/// `plane` floats on.
+#[derive(Clone, Copy)]
+struct Tile {
+    h: usize,
+    w: usize,
+    pitch: usize,
+    plane: usize,
 }
 
 /// A direct launch: its sizes, grid, threads a block and dynamic shared memory (bytes).
@@ -95,6 +109,12 @@ fn fitting_rows(rows: usize, floats: impl Fn(usize) -> usize) -> Option<usize> {
     (1..=rows).rev().find(|&r| floats(r) <= DIRECT_SHARED_FLOATS)
 }
 
+/// The least number ≥ `at_least` that is ≡ `residue` (mod 32): a pitch of shared memory at which a warp's
+/// reads `residue` words apart a step take distinct banks.
+fn pitch_from(at_least: usize, residue: usize) -> usize {
+    at_least + (residue + 32 - at_least % 32) % 32
+}
+
 /// A block's threads for bands of `rows` rows of `groups` threads: whole warps.
 fn window_threads(rows: usize, groups: usize) -> usize {
     (rows * groups).next_multiple_of(32)
@@ -105,7 +125,8 @@ impl DirectConv {
         op: &'static str,
         walk: &Walk,
         samples: usize,
-        (band_rows, chunk, tile): (usize, usize, (usize, usize)),
+        (band_rows, chunk): (usize, usize),
+        Tile { h, w, pitch, plane }: Tile,
     ) -> Result<DirectConv> {
         let signed =
             |v: isize| i32::try_from(v).map_err(|_| Error::device(op, "has a padding past what a kernel's int holds"));
@@ -126,8 +147,10 @@ impl DirectConv {
             band_rows: int(op, band_rows)?,
             bands: int(op, walk.output.1.div_ceil(band_rows))?,
             chunk: int(op, chunk)?,
-            tile_h: int(op, tile.0)?,
-            tile_w: int(op, tile.1)?,
+            tile_h: int(op, h)?,
+            tile_w: int(op, w)?,
+            pitch: int(op, pitch)?,
+            plane: int(op, plane)?,
         })
     }
 }
@@ -144,7 +167,13 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
     }
     let o_blocks = outputs.div_ceil(DIRECT_OUT);
     let tile_w = (groups * DIRECT_PX - 1) * stride + kw;
-    let per_channel = |rows: usize| kh * kw * DIRECT_OUT + ((rows - 1) * stride + kh) * tile_w;
+    // A warp's threads are consecutive (row, g): a row pitch ≡ groups puts them in consecutive banks.
+    let pitch = pitch_from(tile_w, groups % 32);
+    let tile = |rows: usize| {
+        let h = (rows - 1) * stride + kh;
+        Tile { h, w: tile_w, pitch, plane: h * pitch }
+    };
+    let per_channel = |rows: usize| kh * kw * DIRECT_OUT + tile(rows).plane;
     let tallest = band_rows(out_h, (samples * o_blocks, sms, WINDOW_BLOCKS_PER_SM), THREADS / groups);
     let Some(tallest) = fitting_rows(tallest, per_channel) else { return Ok(None) };
     // Of the bands from half that tall up, the one whose blocks leave the fewest threads idle (a block's
@@ -152,8 +181,7 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
     let idle = |r: usize| (out_h.div_ceil(r) * window_threads(r, groups), out_h.div_ceil(r) * r - out_h);
     let rows = (tallest.div_ceil(2)..=tallest).min_by_key(|&r| (idle(r), std::cmp::Reverse(r))).unwrap_or(tallest);
     let chunk = (DIRECT_SHARED_FLOATS / per_channel(rows)).min(channels).max(1);
-    let tile = ((rows - 1) * stride + kh, tile_w);
-    let sizes = DirectConv::of(op, walk, samples, (rows, chunk, tile))?;
+    let sizes = DirectConv::of(op, walk, samples, (rows, chunk), tile(rows))?;
     let grid = (samples * out_h.div_ceil(rows), o_blocks);
     Ok(Some(DirectPlan { sizes, grid, threads: window_threads(rows, groups), shared: chunk * per_channel(rows) * 4 }))
 }
@@ -216,10 +244,17 @@ pub(super) fn weight_grad_plan(
     let (taps, columns) = (conv.taps(), conv.taps() + with_bias as usize);
     // Thread pairs a block, 4 taps each: enough for the columns, whole warps, at most DIRECT_TAPS / 4.
     let lanes = columns.div_ceil(4).next_multiple_of(16).min(DIRECT_TAPS / 4);
-    let blocks = outputs.div_ceil(DIRECT_OUT) * columns.div_ceil(4 * lanes);
+    let blocks = outputs.div_ceil(GRAD_OUT) * columns.div_ceil(4 * lanes);
     let chunk = ((4 * lanes - 1) / (kh * kw) + 2).min(conv.channels);
     let tile_w = (out_w - 1) * stride + kw;
-    let floats = |rows: usize| rows * out_w * DIRECT_OUT + chunk * ((rows - 1) * stride + kh) * tile_w;
+    // A warp's threads take consecutive taps: a row pitch ≡ KW and a plane ≡ KH·KW put them in consecutive
+    // banks.
+    let pitch = pitch_from(tile_w, kw % 32);
+    let tile = |rows: usize| {
+        let h = (rows - 1) * stride + kh;
+        Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, (kh * kw) % 32) }
+    };
+    let floats = |rows: usize| rows * out_w * GRAD_OUT + chunk * tile(rows).plane;
     let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
     let Some(rows) = fitting_rows(rows, floats) else { return Ok(None) };
     let slices = samples * out_h.div_ceil(rows);
@@ -234,7 +269,7 @@ pub(super) fn weight_grad_plan(
         pad: (conv.padding as isize, conv.padding as isize),
         flip: false,
     };
-    let sizes = DirectConv::of(op, &walk, samples, (rows, chunk, ((rows - 1) * stride + kh, tile_w)))?;
+    let sizes = DirectConv::of(op, &walk, samples, (rows, chunk), tile(rows))?;
     Ok(Some(DirectPlan { sizes, grid: (slices, blocks), threads: 2 * lanes, shared: floats(rows) * 4 }))
 }
 
@@ -308,6 +343,7 @@ mod tests {
         assert!(plan.shared <= DIRECT_SHARED_FLOATS * 4 && v.chunk >= 1, "{what}: {v:?}");
         let tile_h = (rows - 1) * v.stride as usize + v.kernel_h as usize;
         assert_eq!(v.tile_h as usize, tile_h, "{what}: the tile's rows");
+        assert!(v.pitch >= v.tile_w && v.plane >= v.tile_h * v.pitch, "{what}: the pitches {v:?}");
     }
 
     #[test]
@@ -341,7 +377,7 @@ mod tests {
                         let last = (t0 + per_block - 1).min(taps - 1) / khw;
                         assert!(last - t0.min(taps - 1) / khw < plan.sizes.chunk as usize, "{what}: taps from {t0}");
                     }
-                    assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(DIRECT_OUT));
+                    assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(GRAD_OUT));
                 }
             }
         }
@@ -349,11 +385,46 @@ mod tests {
         assert!(direct > 40 && implicit > 10 && banded >= 4, "{direct} direct, {implicit} implicit, {banded} banded");
     }
 
+    /// At stride 1, a warp's reads of the staged tile fall in 32 distinct banks: the forward's threads
+    /// (consecutive row, g) and the weight gradient's (consecutive taps).
+    #[test]
+    fn a_warps_reads_take_distinct_banks() {
+        let distinct = |words: Vec<usize>| {
+            let banks: std::collections::BTreeSet<usize> = words.iter().map(|w| w % 32).collect();
+            banks.len() == words.len()
+        };
+        let mut seen = 0;
+        for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET).filter(|c| c.2 == 1) {
+            let conv = shape(x, w, stride, padding);
+            let what = format!("{x:?} * {w:?} padding {padding}");
+            if let Some(plan) = forward_plan("t", &conv, x[0], 132).unwrap() {
+                let v = &plan.sizes;
+                let groups = v.out_w as usize / DIRECT_PX + (v.out_w as usize % DIRECT_PX != 0) as usize;
+                let lanes = (v.band_rows as usize * groups).min(32);
+                let words = (0..lanes).map(|k| k / groups * v.pitch as usize + k % groups).collect();
+                assert!(distinct(words), "{what}: forward {v:?}");
+                seen += 1;
+            }
+            if let Some(plan) = weight_grad_plan("t", &conv, x[0], 132, true).unwrap() {
+                let v = &plan.sizes;
+                let (kh, kw) = (v.kernel_h as usize, v.kernel_w as usize);
+                let lanes = (conv.taps()).min(32);
+                let words = (0..lanes)
+                    .map(|t| t / (kh * kw) * v.plane as usize + t % (kh * kw) / kw * v.pitch as usize + t % kw)
+                    .collect();
+                assert!(distinct(words), "{what}: weight gradient {v:?}");
+                seen += 1;
+            }
+        }
+        assert!(seen >= 10, "{seen} plans");
+    }
+
     #[test]
     fn the_direct_sizes_are_the_kernel_files() {
         assert_kernel_layout::<DirectConv>("nn", &[]);
-        let names = ["DIRECT_OUT", "DIRECT_PX", "DIRECT_TAPS", "THREADS"];
+        let names = ["DIRECT_OUT", "GRAD_OUT", "DIRECT_PX", "DIRECT_TAPS", "THREADS"];
         let kernel = kernel_constants("nn", &[], &names).unwrap();
-        assert_eq!(kernel, [DIRECT_OUT as i64, DIRECT_PX as i64, DIRECT_TAPS as i64, THREADS as i64]);
+        let rust = [DIRECT_OUT, GRAD_OUT, DIRECT_PX, DIRECT_TAPS, THREADS].map(|v| v as i64);
+        assert_eq!(kernel, rust);
     }
 }

@@ -1687,9 +1687,8 @@ NN_CONV_PRODUCTS(64, TileLarge)
 //               + kx − pad_x] (+ bias[o]), the sum in that order. A block takes one sample, a band of
 //               output rows and DIRECT_OUT output channels, the input channels `chunk` at a time; a thread
 //               one row's DIRECT_PX positions ox = g, g + G, g + 2G, g + 3G (G = ⌈OW/DIRECT_PX⌉, so that
-//               neighbouring threads read neighbouring words) times the block's channels. DIRECT_OUT is 8,
-//               not 16: the small images these take have few positions, and a thread of 16 channels left
-//               too few warps an SM to hide the shared memory's latency.
+//               neighbouring threads read neighbouring words), or side by side for 3×3 at stride 1
+//               (`direct_packed`), times the block's channels.
 //   input grad  at stride 1 the same sum over dy with the kernel flipped and its two channel axes
 //               swapped (`flip`: w[c][o][KH − 1 − ky][KW − 1 − kx]), padding KH − 1 − p and KW − 1 − p.
 //   weight grad dw[o][t] = Σ dy[s][o][oy][ox] · window(t) over one sample's band of positions in row-major
@@ -1730,6 +1729,32 @@ __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float
     }
 }
 
+// Whether a direct window walk is a 3×3 one at stride 1, the common case, which takes a thread's positions
+// side by side (DIRECT_PX·g + j, not g + j·G): the 6 staged elements of a kernel row then serve the row's
+// three taps, read as a float4 and a float2, against 12 elements read one by one, and the taps unroll.
+// The launch layer pads the row pitch to ≡ DIRECT_PX·G (mod 32) for it (a quarter warp's float4 reads in
+// distinct banks), and to ≡ G otherwise.
+__device__ __forceinline__ bool direct_packed(const DirectConv& v) {
+    return v.kernel_h == 3 && v.kernel_w == 3 && v.stride == 1;
+}
+
+// acc[o][j] += w[o] · xv[j] for a tap's DIRECT_OUT weights (ws, DIRECT_OUT / 4 float4s) and a thread's
+// DIRECT_PX elements.
+__device__ __forceinline__ void direct_tap(float (&acc)[DIRECT_OUT][DIRECT_PX], const float4* ws, const float* xv) {
+#pragma unroll
+    for (int q = 0; q < DIRECT_OUT / 4; ++q) {
+        const float4 w4 = ws[q];
+#pragma unroll
+        for (int j = 0; j < DIRECT_PX; ++j) {
+            acc[4 * q][j] = fmaf(w4.x, xv[j], acc[4 * q][j]);
+            acc[4 * q + 1][j] = fmaf(w4.y, xv[j], acc[4 * q + 1][j]);
+            acc[4 * q + 2][j] = fmaf(w4.z, xv[j], acc[4 * q + 2][j]);
+            acc[4 * q + 3][j] = fmaf(w4.w, xv[j], acc[4 * q + 3][j]);
+        }
+    }
+}
+static_assert(DIRECT_PX == 4, "the packed 3×3 walk reads a float4 and a float2 a kernel row");
+
 // Grid: (N·bands, ⌈out_channels/DIRECT_OUT⌉), blocks of band_rows·G threads or more (a multiple of 32, at
 // most THREADS); shared memory chunk · (KH·KW·DIRECT_OUT + plane) floats, the weights first. bias
 // may be null.
@@ -1744,6 +1769,7 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
     const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows;
     const int rows = min(v.band_rows, v.out_h - oy0), o0 = blockIdx.y * DIRECT_OUT;
     const int row = threadIdx.x / groups, g = threadIdx.x - row * groups;
+    const bool packed = direct_packed(v);
     float acc[DIRECT_OUT][DIRECT_PX] = {};
     for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
         const int count = min(v.chunk, v.in_channels - c0);
@@ -1761,25 +1787,28 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
         cp_async_wait_all();
         __syncthreads();
         if (row >= rows) continue;
+        const float4* w4s = reinterpret_cast<const float4*>(weights);
+        if (packed) {
+            for (int c = 0; c < count; ++c)
+#pragma unroll
+                for (int ky = 0; ky < 3; ++ky) {
+                    const float* xs = tile + c * v.plane + (row + ky) * v.pitch + DIRECT_PX * g;
+                    const float4 a = *reinterpret_cast<const float4*>(xs);
+                    const float2 b = *reinterpret_cast<const float2*>(xs + 4);
+                    const float xv[6] = {a.x, a.y, a.z, a.w, b.x, b.y};
+#pragma unroll
+                    for (int kx = 0; kx < 3; ++kx) direct_tap(acc, w4s + (c * 9 + ky * 3 + kx) * (DIRECT_OUT / 4), xv + kx);
+                }
+            continue;
+        }
         for (int c = 0; c < count; ++c)
             for (int ky = 0; ky < v.kernel_h; ++ky) {
                 const float* xs = tile + c * v.plane + (row * v.stride + ky) * v.pitch + g * v.stride;
-                const float4* ws = reinterpret_cast<const float4*>(weights) + (c * taps + ky * v.kernel_w) * (DIRECT_OUT / 4);
                 for (int kx = 0; kx < v.kernel_w; ++kx) {
                     float xv[DIRECT_PX];
 #pragma unroll
                     for (int j = 0; j < DIRECT_PX; ++j) xv[j] = xs[j * groups * v.stride + kx];
-#pragma unroll
-                    for (int q = 0; q < DIRECT_OUT / 4; ++q) {
-                        const float4 w4 = ws[kx * (DIRECT_OUT / 4) + q];
-#pragma unroll
-                        for (int j = 0; j < DIRECT_PX; ++j) {
-                            acc[4 * q][j] = fmaf(w4.x, xv[j], acc[4 * q][j]);
-                            acc[4 * q + 1][j] = fmaf(w4.y, xv[j], acc[4 * q + 1][j]);
-                            acc[4 * q + 2][j] = fmaf(w4.z, xv[j], acc[4 * q + 2][j]);
-                            acc[4 * q + 3][j] = fmaf(w4.w, xv[j], acc[4 * q + 3][j]);
-                        }
-                    }
+                    direct_tap(acc, w4s + (c * taps + ky * v.kernel_w + kx) * (DIRECT_OUT / 4), xv);
                 }
             }
     }
@@ -1790,16 +1819,44 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
         float* dst = out + (((size_t)s * v.out_channels + o0 + o) * v.out_h + oy0 + row) * v.out_w;
         const float b = bias ? bias[o0 + o] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < DIRECT_PX; ++j)
-            if (g + j * groups < v.out_w) dst[g + j * groups] = bias ? acc[o][j] + b : acc[o][j];
+        for (int j = 0; j < DIRECT_PX; ++j) {
+            const int ox = packed ? DIRECT_PX * g + j : g + j * groups;
+            if (ox < v.out_w) dst[ox] = bias ? acc[o][j] + b : acc[o][j];
+        }
+    }
+}
+
+// acc[o][i] += Σ dy[o] · x at tap i over a band's `rows` rows of positions: dys the staged dy ([position]
+// [GRAD_OUT], from the thread's first channel), x the staged tile at offset[i]. STRIDE is the convolution's
+// stride, or 0 to read v.stride: at 1 the positions unroll with their offsets known.
+template <int STRIDE>
+__device__ __forceinline__ void grad_weight_band(float (&acc)[8][4], const DirectConv& v, const float* dys,
+                                                 const float* tile, const int (&offset)[4], int rows) {
+    const int stride = STRIDE ? STRIDE : v.stride;
+    for (int r = 0; r < rows; ++r) {
+        const float* drow = dys + r * v.out_w * GRAD_OUT;
+        const float* xrow = tile + r * stride * v.pitch;
+#pragma unroll 4
+        for (int ox = 0; ox < v.out_w; ++ox) {
+            const float4 d0 = *reinterpret_cast<const float4*>(drow + ox * GRAD_OUT);
+            const float4 d1 = *reinterpret_cast<const float4*>(drow + ox * GRAD_OUT + 4);
+            const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+            float xv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xv[i] = xrow[offset[i] + ox * stride];
+#pragma unroll
+            for (int o = 0; o < 8; ++o)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[o][i] = fmaf(d[o], xv[i], acc[o][i]);
+        }
     }
 }
 
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
 // s·bands + band: dw_parts[slice][O][taps] and, when db_parts is not null, db_parts[slice][O]. Blocks of 2·L
 // threads (L a multiple of 16, at most DIRECT_TAPS / 4) take 4·L taps each. Grid: (N·bands, ⌈O/GRAD_OUT⌉ ·
-// ⌈(taps + 1)/(4·L)⌉); shared memory band_rows · OW · GRAD_OUT (dy, [position][o]) + chunk · plane floats
-// (x, channels from the block's first tap's; chunk covers its last tap's).
+// ⌈(taps + 1)/(4·L)⌉); shared memory band_rows · OW · GRAD_OUT (dy, [position][o]) + (chunk + 1) · plane
+// floats (x, channels from the block's first tap's, chunk covering its last tap's, then a plane of ones).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
                              float* __restrict__ dw_parts, float* __restrict__ db_parts) {
@@ -1821,38 +1878,24 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     }
     stage_band(tile, x, v, s, c0, count, oy0);
     cp_async_commit();
+    if (db_parts)  // the bias's tap (c = C, ky = kx = 0) reads a plane of ones after the staged channels
+        for (int i = threadIdx.x; i < v.plane; i += blockDim.x) tile[count * v.plane + i] = 1.0f;
     cp_async_wait_all();
     __syncthreads();
     // Thread: channels o0 + half·8 + [0, 8), taps t0 + lane + i·L (i < 4), so that a warp reads consecutive
-    // taps, which the pitches put in consecutive banks; a tap past the last is the bias's ones (tap == taps)
-    // or nothing.
+    // taps, which the pitches put in consecutive banks; a tap past the bias's (tap == taps) reads anything
+    // and is not written.
     if (t0 + lane >= columns) return;
     int offset[4];
-    bool ones[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int t = t0 + lane + i * lanes;
         const int c = t / khw, kk = t - c * khw, ky = kk / v.kernel_w, kx = kk - ky * v.kernel_w;
-        ones[i] = t == taps;
-        offset[i] = t < taps ? (c - c0) * v.plane + ky * v.pitch + kx : 0;
+        offset[i] = t <= taps ? (c - c0) * v.plane + ky * v.pitch + kx : 0;
     }
     float acc[8][4] = {};
-    for (int r = 0; r < rows; ++r) {
-        const float* drow = dys + r * v.out_w * GRAD_OUT + half * 8;
-        const int base = r * v.stride * v.pitch;
-        for (int ox = 0; ox < v.out_w; ++ox) {
-            const float4 d0 = *reinterpret_cast<const float4*>(drow + ox * GRAD_OUT);
-            const float4 d1 = *reinterpret_cast<const float4*>(drow + ox * GRAD_OUT + 4);
-            const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
-            float xv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xv[i] = ones[i] ? 1.0f : tile[offset[i] + base + ox * v.stride];
-#pragma unroll
-            for (int o = 0; o < 8; ++o)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[o][i] = fmaf(d[o], xv[i], acc[o][i]);
-        }
-    }
+    if (v.stride == 1) grad_weight_band<1>(acc, v, dys + half * 8, tile, offset, rows);
+    else grad_weight_band<0>(acc, v, dys + half * 8, tile, offset, rows);
     const size_t slice = blockIdx.x;
 #pragma unroll
     for (int o = 0; o < 8; ++o) {

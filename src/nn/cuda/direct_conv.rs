@@ -167,8 +167,11 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
     }
     let o_blocks = outputs.div_ceil(DIRECT_OUT);
     let tile_w = (groups * DIRECT_PX - 1) * stride + kw;
-    // A warp's threads are consecutive (row, g): a row pitch ≡ groups puts them in consecutive banks.
-    let pitch = pitch_from(tile_w, groups % 32);
+    // A warp's threads are consecutive (row, g): a row pitch ≡ groups puts their reads in consecutive banks,
+    // and ≡ DIRECT_PX·groups their float4 reads where a 3×3 walk at stride 1 packs a thread's positions side
+    // by side (fused/nn.cu's direct_packed).
+    let packed = (kh, kw, stride) == (3, 3, 1);
+    let pitch = pitch_from(tile_w, if packed { DIRECT_PX * groups % 32 } else { groups % 32 });
     let tile = |rows: usize| {
         let h = (rows - 1) * stride + kh;
         Tile { h, w: tile_w, pitch, plane: h * pitch }
@@ -254,7 +257,8 @@ pub(super) fn weight_grad_plan(
         let h = (rows - 1) * stride + kh;
         Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, (kh * kw) % 32) }
     };
-    let floats = |rows: usize| rows * out_w * GRAD_OUT + chunk * tile(rows).plane;
+    // The staged channels, then a plane of ones for the bias's tap.
+    let floats = |rows: usize| rows * out_w * GRAD_OUT + (chunk + 1) * tile(rows).plane;
     let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
     let Some(rows) = fitting_rows(rows, floats) else { return Ok(None) };
     let slices = samples * out_h.div_ceil(rows);
@@ -385,13 +389,18 @@ mod tests {
         assert!(direct > 40 && implicit > 10 && banded >= 4, "{direct} direct, {implicit} implicit, {banded} banded");
     }
 
-    /// At stride 1, a warp's reads of the staged tile fall in 32 distinct banks: the forward's threads
-    /// (consecutive row, g) and the weight gradient's (consecutive taps).
+    /// At stride 1, a warp's reads of the staged tile fall in distinct banks: the forward's threads
+    /// (consecutive row, g; a quarter warp's float4s where a 3×3 walk packs its positions) and the weight
+    /// gradient's (consecutive taps).
     #[test]
     fn a_warps_reads_take_distinct_banks() {
         let distinct = |words: Vec<usize>| {
             let banks: std::collections::BTreeSet<usize> = words.iter().map(|w| w % 32).collect();
             banks.len() == words.len()
+        };
+        let distinct_quads = |words: Vec<usize>| {
+            let quads: std::collections::BTreeSet<usize> = words.iter().map(|w| w % 32 / 4).collect();
+            quads.len() == words.len()
         };
         let mut seen = 0;
         for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET).filter(|c| c.2 == 1) {
@@ -399,10 +408,19 @@ mod tests {
             let what = format!("{x:?} * {w:?} padding {padding}");
             if let Some(plan) = forward_plan("t", &conv, x[0], 132).unwrap() {
                 let v = &plan.sizes;
-                let groups = v.out_w as usize / DIRECT_PX + (v.out_w as usize % DIRECT_PX != 0) as usize;
+                let groups = (v.out_w as usize).div_ceil(DIRECT_PX);
                 let lanes = (v.band_rows as usize * groups).min(32);
-                let words = (0..lanes).map(|k| k / groups * v.pitch as usize + k % groups).collect();
-                assert!(distinct(words), "{what}: forward {v:?}");
+                let word = |k: usize| k / groups * v.pitch as usize;
+                if (v.kernel_h, v.kernel_w) == (3, 3) {
+                    // Packed: a quarter warp's float4s, DIRECT_PX words each, take distinct banks.
+                    assert!(v.pitch % 4 == 0 && v.plane % 4 == 0, "{what}: float4s unaligned {v:?}");
+                    for quarter in (0..lanes).collect::<Vec<_>>().chunks(8) {
+                        let words = quarter.iter().map(|&k| word(k) + DIRECT_PX * (k % groups)).collect();
+                        assert!(distinct_quads(words), "{what}: packed forward {v:?}");
+                    }
+                } else {
+                    assert!(distinct((0..lanes).map(|k| word(k) + k % groups).collect()), "{what}: forward {v:?}");
+                }
                 seen += 1;
             }
             if let Some(plan) = weight_grad_plan("t", &conv, x[0], 132, true).unwrap() {

@@ -1685,7 +1685,9 @@ NN_CONV_PRODUCTS(64, TileLarge)
 // index divided per element, and each staged element serves every tap that reaches it.
 //   forward     out[s][o][oy][ox] = Σ_c Σ_ky Σ_kx w[o][c][ky][kx] · in[s][c][oy·stride + ky − pad_y][ox·stride
 //               + kx − pad_x] (+ bias[o]), the sum in that order. A block takes one sample, a band of
-//               output rows and DIRECT_OUT output channels, the input channels `chunk` at a time; a thread
+//               output rows and DIRECT_SPLIT·DIRECT_OUT output channels, the input channels `chunk` at a
+//               time, its threads in DIRECT_SPLIT groups of DIRECT_OUT channels that share the staged band;
+//               a thread
 //               one row's DIRECT_PX positions ox = g, g + G, g + 2G, g + 3G (G = ⌈OW/DIRECT_PX⌉, so that
 //               neighbouring threads read neighbouring words), or side by side for 3×3 at stride 1
 //               (`direct_packed`), times the block's channels.
@@ -1696,7 +1698,8 @@ NN_CONV_PRODUCTS(64, TileLarge)
 //               channels and 4 taps a thread pair (at most DIRECT_TAPS), a thread 8 channels × 4
 //               neighbouring taps. Each block writes its band's sums to its own slice (s·bands + band),
 //               which the launch layer adds in order.
-constexpr int DIRECT_OUT = 8, GRAD_OUT = 16, DIRECT_PX = 4, DIRECT_TAPS = 512;
+constexpr int DIRECT_OUT = 8, DIRECT_SPLIT = 2, GRAD_OUT = 16, DIRECT_PX = 4, DIRECT_TAPS = 512;
+constexpr int DIRECT_BLOCK_OUT = DIRECT_SPLIT * DIRECT_OUT;
 
 // One direct convolution: the operand read through windows, `in` [N][in_channels][in_h][in_w] (x; dy for
 // the input gradient), the result [N][out_channels][out_h][out_w] (y, dx; dy for the weight gradient), the
@@ -1738,7 +1741,7 @@ __device__ __forceinline__ bool direct_packed(const DirectConv& v) {
     return v.kernel_h == 3 && v.kernel_w == 3 && v.stride == 1;
 }
 
-// acc[o][j] += w[o] · xv[j] for a tap's DIRECT_OUT weights (ws, DIRECT_OUT / 4 float4s) and a thread's
+// acc[o][j] += w[o] · xv[j] for a thread's DIRECT_OUT weights of a tap (ws, DIRECT_OUT / 4 float4s) and its
 // DIRECT_PX elements.
 __device__ __forceinline__ void direct_tap(float (&acc)[DIRECT_OUT][DIRECT_PX], const float4* ws, const float* xv) {
 #pragma unroll
@@ -1755,27 +1758,32 @@ __device__ __forceinline__ void direct_tap(float (&acc)[DIRECT_OUT][DIRECT_PX], 
 }
 static_assert(DIRECT_PX == 4, "the packed 3×3 walk reads a float4 and a float2 a kernel row");
 
-// Grid: (N·bands, ⌈out_channels/DIRECT_OUT⌉), blocks of band_rows·G threads or more (a multiple of 32, at
-// most THREADS); shared memory chunk · (KH·KW·DIRECT_OUT + plane) floats, the weights first. bias
+// Grid: (N·bands, ⌈out_channels/DIRECT_BLOCK_OUT⌉), blocks of DIRECT_SPLIT·band_rows·G threads or more (a
+// multiple of 32, at most THREADS); shared memory chunk · (KH·KW·DIRECT_BLOCK_OUT + plane) floats, the
+// weights first. bias
 // may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
                  const float* __restrict__ bias, float* __restrict__ out) {
     begin_after_previous_grid();
     extern __shared__ float4 smem4[];
-    float* weights = reinterpret_cast<float*>(smem4);  // [c][ky][kx][o], DIRECT_OUT a tap
+    float* weights = reinterpret_cast<float*>(smem4);  // [c][ky][kx][o], DIRECT_BLOCK_OUT a tap
     const int taps = v.kernel_h * v.kernel_w, groups = (v.out_w + DIRECT_PX - 1) / DIRECT_PX;
-    float* tile = weights + v.chunk * taps * DIRECT_OUT;
+    float* tile = weights + v.chunk * taps * DIRECT_BLOCK_OUT;
     const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows;
-    const int rows = min(v.band_rows, v.out_h - oy0), o0 = blockIdx.y * DIRECT_OUT;
-    const int row = threadIdx.x / groups, g = threadIdx.x - row * groups;
+    const int o0 = blockIdx.y * DIRECT_BLOCK_OUT, band = v.band_rows * groups;
+    const int split = threadIdx.x / band, k = threadIdx.x - split * band, g = k % groups;
+    const int first = o0 + split * DIRECT_OUT;  // the thread's first channel
+    // A thread past the last group, or whose channels are all past the last, takes no row.
+    const int rows = min(v.band_rows, v.out_h - oy0);
+    const int row = split < DIRECT_SPLIT && first < v.out_channels ? k / groups : rows;
     const bool packed = direct_packed(v);
     float acc[DIRECT_OUT][DIRECT_PX] = {};
     for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
         const int count = min(v.chunk, v.in_channels - c0);
         __syncthreads();  // the last chunk read
-        for (int i = threadIdx.x; i < count * taps * DIRECT_OUT; i += blockDim.x) {
-            const int o = o0 + i % DIRECT_OUT, ct = i / DIRECT_OUT, c = c0 + ct / taps, t = ct % taps;
+        for (int i = threadIdx.x; i < count * taps * DIRECT_BLOCK_OUT; i += blockDim.x) {
+            const int o = o0 + i % DIRECT_BLOCK_OUT, ct = i / DIRECT_BLOCK_OUT, c = c0 + ct / taps, t = ct % taps;
             const int ky = t / v.kernel_w, kx = t - ky * v.kernel_w;
             const size_t at = v.flip ? (((size_t)c * v.out_channels + o) * v.kernel_h + v.kernel_h - 1 - ky) * v.kernel_w +
                                            v.kernel_w - 1 - kx
@@ -1787,7 +1795,7 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
         cp_async_wait_all();
         __syncthreads();
         if (row >= rows) continue;
-        const float4* w4s = reinterpret_cast<const float4*>(weights);
+        const float4* w4s = reinterpret_cast<const float4*>(weights) + split * (DIRECT_OUT / 4);
         if (packed) {
             for (int c = 0; c < count; ++c)
 #pragma unroll
@@ -1797,7 +1805,7 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
                     const float2 b = *reinterpret_cast<const float2*>(xs + 4);
                     const float xv[6] = {a.x, a.y, a.z, a.w, b.x, b.y};
 #pragma unroll
-                    for (int kx = 0; kx < 3; ++kx) direct_tap(acc, w4s + (c * 9 + ky * 3 + kx) * (DIRECT_OUT / 4), xv + kx);
+                    for (int kx = 0; kx < 3; ++kx) direct_tap(acc, w4s + (c * 9 + ky * 3 + kx) * (DIRECT_BLOCK_OUT / 4), xv + kx);
                 }
             continue;
         }
@@ -1808,16 +1816,16 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
                     float xv[DIRECT_PX];
 #pragma unroll
                     for (int j = 0; j < DIRECT_PX; ++j) xv[j] = xs[j * groups * v.stride + kx];
-                    direct_tap(acc, w4s + (c * taps + ky * v.kernel_w + kx) * (DIRECT_OUT / 4), xv);
+                    direct_tap(acc, w4s + (c * taps + ky * v.kernel_w + kx) * (DIRECT_BLOCK_OUT / 4), xv);
                 }
             }
     }
     if (row >= rows) return;
 #pragma unroll
     for (int o = 0; o < DIRECT_OUT; ++o) {
-        if (o0 + o >= v.out_channels) break;
-        float* dst = out + (((size_t)s * v.out_channels + o0 + o) * v.out_h + oy0 + row) * v.out_w;
-        const float b = bias ? bias[o0 + o] : 0.0f;
+        if (first + o >= v.out_channels) break;
+        float* dst = out + (((size_t)s * v.out_channels + first + o) * v.out_h + oy0 + row) * v.out_w;
+        const float b = bias ? bias[first + o] : 0.0f;
 #pragma unroll
         for (int j = 0; j < DIRECT_PX; ++j) {
             const int ox = packed ? DIRECT_PX * g + j : g + j * groups;

@@ -20,9 +20,11 @@ use crate::nn::error::{Error, Result};
 use crate::ops::conv::Conv2dShape;
 use std::sync::Arc;
 
-/// fused/nn.cu's DIRECT_OUT (result channels a window block), GRAD_OUT (a weight-gradient block's),
-/// DIRECT_PX (positions a thread) and DIRECT_TAPS (the most taps a weight-gradient block takes).
+/// fused/nn.cu's DIRECT_OUT (result channels a window thread), DIRECT_SPLIT (groups of such threads a window
+/// block, sharing its staged band), GRAD_OUT (result channels a weight-gradient block), DIRECT_PX (positions
+/// a thread) and DIRECT_TAPS (the most taps a weight-gradient block takes).
 const DIRECT_OUT: usize = 8;
+const DIRECT_SPLIT: usize = 2;
 const GRAD_OUT: usize = 16;
 const DIRECT_PX: usize = 4;
 const DIRECT_TAPS: usize = 512;
@@ -115,9 +117,9 @@ fn pitch_from(at_least: usize, residue: usize) -> usize {
     at_least + (residue + 32 - at_least % 32) % 32
 }
 
-/// A block's threads for bands of `rows` rows of `groups` threads: whole warps.
-fn window_threads(rows: usize, groups: usize) -> usize {
-    (rows * groups).next_multiple_of(32)
+/// A block's threads for `splits` groups of bands of `rows` rows of `groups` threads: whole warps.
+fn window_threads(splits: usize, rows: usize, groups: usize) -> usize {
+    (splits * rows * groups).next_multiple_of(32)
 }
 
 impl DirectConv {
@@ -162,10 +164,12 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
     let ((channels, ..), (outputs, out_h, out_w)) = (walk.input, walk.output);
     let ((kh, kw), stride) = (walk.kernel, walk.stride);
     let groups = out_w.div_ceil(DIRECT_PX);
-    if outputs > DIRECT_MAX_CHANNELS || groups > THREADS || samples == 0 || out_h == 0 || out_w == 0 {
+    // The thread groups a block sets to work: one where the result has DIRECT_OUT channels or fewer.
+    let splits = outputs.div_ceil(DIRECT_OUT).min(DIRECT_SPLIT);
+    if outputs > DIRECT_MAX_CHANNELS || splits * groups > THREADS || samples == 0 || out_h == 0 || out_w == 0 {
         return Ok(None);
     }
-    let o_blocks = outputs.div_ceil(DIRECT_OUT);
+    let o_blocks = outputs.div_ceil(DIRECT_SPLIT * DIRECT_OUT);
     let tile_w = (groups * DIRECT_PX - 1) * stride + kw;
     // A warp's threads are consecutive (row, g): a row pitch ≡ groups puts their reads in consecutive banks,
     // and ≡ DIRECT_PX·groups their float4 reads where a 3×3 walk at stride 1 packs a thread's positions side
@@ -176,17 +180,18 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
         let h = (rows - 1) * stride + kh;
         Tile { h, w: tile_w, pitch, plane: h * pitch }
     };
-    let per_channel = |rows: usize| kh * kw * DIRECT_OUT + tile(rows).plane;
-    let tallest = band_rows(out_h, (samples * o_blocks, sms, WINDOW_BLOCKS_PER_SM), THREADS / groups);
+    let per_channel = |rows: usize| kh * kw * DIRECT_SPLIT * DIRECT_OUT + tile(rows).plane;
+    let tallest = band_rows(out_h, (samples * o_blocks, sms, WINDOW_BLOCKS_PER_SM), THREADS / (splits * groups));
     let Some(tallest) = fitting_rows(tallest, per_channel) else { return Ok(None) };
     // Of the bands from half that tall up, the one whose blocks leave the fewest threads idle (a block's
     // threads are whole warps), then the one that cuts the image evenly.
-    let idle = |r: usize| (out_h.div_ceil(r) * window_threads(r, groups), out_h.div_ceil(r) * r - out_h);
+    let idle = |r: usize| (out_h.div_ceil(r) * window_threads(splits, r, groups), out_h.div_ceil(r) * r - out_h);
     let rows = (tallest.div_ceil(2)..=tallest).min_by_key(|&r| (idle(r), std::cmp::Reverse(r))).unwrap_or(tallest);
     let chunk = (DIRECT_SHARED_FLOATS / per_channel(rows)).min(channels).max(1);
     let sizes = DirectConv::of(op, walk, samples, (rows, chunk), tile(rows))?;
     let grid = (samples * out_h.div_ceil(rows), o_blocks);
-    Ok(Some(DirectPlan { sizes, grid, threads: window_threads(rows, groups), shared: chunk * per_channel(rows) * 4 }))
+    let threads = window_threads(splits, rows, groups);
+    Ok(Some(DirectPlan { sizes, grid, threads, shared: chunk * per_channel(rows) * 4 }))
 }
 
 /// The forward's direct plan, or None (`window_plan`).
@@ -370,7 +375,11 @@ mod tests {
                 implicit += plans.iter().filter(|p| p.is_none()).count();
                 if let Some(plan) = &plans[0] {
                     let groups = conv.out_width.div_ceil(DIRECT_PX);
-                    assert!(plan.threads >= plan.sizes.band_rows as usize * groups, "{what}: a thread a row's group");
+                    let splits = conv.out_channels.div_ceil(DIRECT_OUT).min(DIRECT_SPLIT);
+                    let wanted = splits * plan.sizes.band_rows as usize * groups;
+                    assert!(plan.threads >= wanted, "{what}: a thread a row's group and split");
+                    let channels = plan.grid.1 * DIRECT_SPLIT * DIRECT_OUT;
+                    assert!(channels >= conv.out_channels, "{what}: the blocks' channels");
                     assert!(plan.sizes.tile_w as usize >= (4 * groups - 1) * stride + conv.kernel_w, "{what}");
                 }
                 if let Some(plan) = &plans[2] {
@@ -440,9 +449,9 @@ mod tests {
     #[test]
     fn the_direct_sizes_are_the_kernel_files() {
         assert_kernel_layout::<DirectConv>("nn", &[]);
-        let names = ["DIRECT_OUT", "GRAD_OUT", "DIRECT_PX", "DIRECT_TAPS", "THREADS"];
+        let names = ["DIRECT_OUT", "DIRECT_SPLIT", "GRAD_OUT", "DIRECT_PX", "DIRECT_TAPS", "THREADS"];
         let kernel = kernel_constants("nn", &[], &names).unwrap();
-        let rust = [DIRECT_OUT, GRAD_OUT, DIRECT_PX, DIRECT_TAPS, THREADS].map(|v| v as i64);
+        let rust = [DIRECT_OUT, DIRECT_SPLIT, GRAD_OUT, DIRECT_PX, DIRECT_TAPS, THREADS].map(|v| v as i64);
         assert_eq!(kernel, rust);
     }
 }

@@ -154,6 +154,18 @@ def test_operators_broadcast_and_take_scalars_on_both_sides():
     np.testing.assert_array_equal(x[..., 1].numpy(), a[..., 1])
 
 
+def test_tensors_from_arrays_in_any_memory_order_keep_their_elements():
+    # A C-order array is copied at once; Fortran-order and strided ones are walked in row-major order.
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ids = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
+    for made in (np.asfortranarray(a), a.transpose(2, 0, 1), a[:, ::2, 1:], a):
+        np.testing.assert_array_equal(textnet.Tensor(made).numpy(), made)
+        np.testing.assert_array_equal(textnet.tensor(made).numpy(), made)
+    for made in (np.asfortranarray(ids), ids.transpose(1, 0, 2), ids):
+        np.testing.assert_array_equal(textnet.Tensor(made).numpy(), made)
+    np.testing.assert_array_equal(textnet.Tensor(a.astype(np.float64).T).numpy(), a.T)
+
+
 def test_tensor_construction_dtypes_devices_and_flags():
     assert textnet.tensor([1.0, 2.0]).dtype == textnet.float32
     assert textnet.tensor([1, 2]).dtype == textnet.int64

@@ -1718,17 +1718,25 @@ struct DirectConv {
 // Starts copying channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile
 // (count × tile_h × tile_w at the pitches, 0 outside the input), cp.async: a thread issues all its copies without waiting
 // on one (a block has few threads, so loads that each waited would leave the SM idle). Every thread of the
-// block takes part (blocks of any size); cp_async_commit, cp_async_wait_all and a barrier end it.
+// block takes part (blocks of any size), element threadIdx.x + k·blockDim.x of the band in row-major order,
+// its (channel, row, column) stepped from the last one's, not divided out of its index (two divisions an
+// element were a quarter of a forward's instructions); cp_async_commit, cp_async_wait_all and a barrier end
+// it.
 __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float* __restrict__ in,
                                            const DirectConv& v, int s, int c0, int count, int oy0) {
-    const int area = v.tile_h * v.tile_w, y0 = oy0 * v.stride - v.pad_y;
+    const int y0 = oy0 * v.stride - v.pad_y;
     const float* src = in + ((size_t)s * v.in_channels + c0) * v.in_h * v.in_w;
-    for (int i = threadIdx.x; i < count * area; i += blockDim.x) {
-        const int c = i / area, r = i - c * area, ty = r / v.tile_w, tx = r - ty * v.tile_w;
+    const int step_rows = blockDim.x / v.tile_w, step_columns = blockDim.x - step_rows * v.tile_w;
+    int row = threadIdx.x / v.tile_w, tx = threadIdx.x - row * v.tile_w;
+    int c = row / v.tile_h, ty = row - c * v.tile_h;
+    while (c < count) {
         const int iy = y0 + ty, ix = tx - v.pad_x;
         const bool inside = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w;
         cp_async4_or_zero(tile + c * v.plane + ty * v.pitch + tx,
                           inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + ix : src, inside ? 4 : 0);
+        tx += step_columns, ty += step_rows;
+        if (tx >= v.tile_w) tx -= v.tile_w, ++ty;
+        while (ty >= v.tile_h) ty -= v.tile_h, ++c;
     }
 }
 
@@ -1782,13 +1790,15 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
     for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
         const int count = min(v.chunk, v.in_channels - c0);
         __syncthreads();  // the last chunk read
-        for (int i = threadIdx.x; i < count * taps * DIRECT_BLOCK_OUT; i += blockDim.x) {
-            const int o = o0 + i % DIRECT_BLOCK_OUT, ct = i / DIRECT_BLOCK_OUT, c = c0 + ct / taps, t = ct % taps;
-            const int ky = t / v.kernel_w, kx = t - ky * v.kernel_w;
-            const size_t at = v.flip ? (((size_t)c * v.out_channels + o) * v.kernel_h + v.kernel_h - 1 - ky) * v.kernel_w +
-                                           v.kernel_w - 1 - kx
-                                     : (((size_t)o * v.in_channels + c) * v.kernel_h + ky) * v.kernel_w + kx;
-            cp_async4_or_zero(weights + i, o < v.out_channels ? w + at : w, o < v.out_channels ? 4 : 0);
+        // weights[c][t][o]: a thread keeps one o (blocks are whole warps) and steps its taps (c, t). The
+        // flipped tap of t is taps − 1 − t: (KH − 1 − ky)·KW + KW − 1 − kx.
+        for (int ct = threadIdx.x / DIRECT_BLOCK_OUT, c = ct / taps, t = ct - c * taps; c < count;) {
+            const int lane_o = threadIdx.x % DIRECT_BLOCK_OUT, o = o0 + lane_o;
+            const size_t cc = c0 + c;
+            const size_t at = v.flip ? (cc * v.out_channels + o) * taps + taps - 1 - t : ((size_t)o * v.in_channels + cc) * taps + t;
+            cp_async4_or_zero(weights + (c * taps + t) * DIRECT_BLOCK_OUT + lane_o, o < v.out_channels ? w + at : w,
+                              o < v.out_channels ? 4 : 0);
+            for (t += blockDim.x / DIRECT_BLOCK_OUT; t >= taps; t -= taps) ++c;
         }
         stage_band(tile, in, v, s, c0, count, oy0);
         cp_async_commit();

@@ -46,6 +46,20 @@ class ResNet(nn.Module):
         return self.head(self.pool(x).flatten(1))
 
 
+def compiled_step(model, optimizer):
+    """The training step (forward, cross-entropy, backward, the optimizer's step), compiled: captured as a
+    CUDA graph at its first call on the GPU."""
+    @textnet.compile
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return train_step
+
+
 def accuracy(model, images, labels, device, batch_size):
     """The fraction of ``images`` whose largest logit is their label, dropout off, no graph."""
     model.eval()
@@ -89,14 +103,7 @@ def main(argv=None):
     optimizer = textnet.optim.Adam(model.parameters(), lr=args.lr)
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {len(X):,} training images on {device}")
 
-    @textnet.compile
-    def train_step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
+    train_step = compiled_step(model, optimizer)
     history = {"step": [], "loss": [], "test_accuracy": []}
     steps_per_epoch = len(X) // args.batch_size  # whole batches only: the captured step keeps its shape
     step = 0

@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 import textnet
-import textnet.nn.functional as F
 
 
 def example():
@@ -41,16 +40,9 @@ def main():
     (X, y), _ = textnet.datasets.mnist(args.kind, args.data)
     X = ((X - X.mean()) / X.std()).reshape(-1, 1, 28, 28)
     textnet.manual_seed(1)
-    model = example().ResNet(16).to("cuda")
-    optimizer = textnet.optim.Adam(model.parameters(), lr=2e-3)
-
-    @textnet.compile
-    def train_step(x, labels):
-        loss = F.cross_entropy(model(x), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
+    resnet = example()
+    model = resnet.ResNet(16).to("cuda")
+    train_step = resnet.compiled_step(model, textnet.optim.Adam(model.parameters(), lr=2e-3))
 
     order = np.random.default_rng(1).permutation(len(X))
     batches = [order[i * args.batch_size:(i + 1) * args.batch_size] for i in range(len(X) // args.batch_size)]

@@ -21,7 +21,10 @@ import pathlib
 import re
 import sys
 
-PIPELINES = ["text", "mnist", "sales", "xor", "transformer", "matmul", "fit"]
+
+def registered_pipelines(src):
+    """The pipelines src/pipelines.rs registers (its `&crate::NAME::PIPELINE` entries), in its order."""
+    return re.findall(r"&crate::([a-z_][a-z0-9_]*)::PIPELINE\b", (src / "pipelines.rs").read_text())
 
 
 def blank(source):
@@ -120,6 +123,7 @@ def main():
     parser.add_argument("--root", default=pathlib.Path(__file__).resolve().parents[1], type=pathlib.Path)
     root = parser.parse_args().root
     src = root / "src"
+    pipelines = registered_pipelines(src)
     rooms = sorted(p.stem if p.is_file() else p.name for p in src.iterdir()
                    if p.suffix == ".rs" or p.is_dir())
     arrows = {room: set() for room in rooms}
@@ -151,18 +155,18 @@ def main():
 
     for room in rooms:
         floor(room, [])
-    shared = [r for r in rooms if r not in PIPELINES and r not in ("main", "lib", "pipelines")]
+    shared = [r for r in rooms if r not in pipelines and r not in ("main", "lib", "pipelines")]
     print("| count | value |")
     print("|---|---|")
     print(f"| rooms of src/ | {len(rooms)} ({', '.join(rooms)}) |")
     print(f"| arrows | {sum(len(a) for a in arrows.values())} |")
     print(f"| floors | {'— (circles)' if circles else max(floors.values())} |")
     print(f"| circles | {len(set(circles))}{': ' + '; '.join(sorted(set(circles))) if circles else ''} |")
-    for p in PIPELINES:
+    for p in pipelines:
         if p in arrows:
             imported = sorted(arrows[p] & set(shared))
             print(f"| shared rooms `{p}` imports | {len(imported)} ({', '.join(imported)}) |")
-    crossing = {p: sorted(arrows[p] & set(PIPELINES)) for p in PIPELINES if p in arrows and arrows[p] & set(PIPELINES)}
+    crossing = {p: sorted(arrows[p] & set(pipelines)) for p in pipelines if p in arrows and arrows[p] & set(pipelines)}
     print(f"| pipelines importing another | {len(crossing)}{' ' + str(crossing) if crossing else ''} |")
     print(f"| functions | {len(fns)} |")
     for limit in (60, 100):

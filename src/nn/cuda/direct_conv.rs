@@ -111,8 +111,8 @@ fn fitting_rows(rows: usize, floats: impl Fn(usize) -> usize) -> Option<usize> {
     (1..=rows).rev().find(|&r| floats(r) <= DIRECT_SHARED_FLOATS)
 }
 
-/// The least number ≥ `at_least` that is ≡ `residue` (mod 32): a pitch of shared memory at which a warp's
-/// reads `residue` words apart a step take distinct banks.
+/// The least number ≥ `at_least` that is ≡ `residue` (mod 32; `residue` may be any size): a pitch of shared
+/// memory at which a warp's reads `residue` words apart a step take distinct banks.
 fn pitch_from(at_least: usize, residue: usize) -> usize {
     at_least + (residue + 32 - at_least % 32) % 32
 }
@@ -175,7 +175,7 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
     // and ≡ DIRECT_PX·groups their float4 reads where a 3×3 walk at stride 1 packs a thread's positions side
     // by side (fused/nn.cu's direct_packed).
     let packed = (kh, kw, stride) == (3, 3, 1);
-    let pitch = pitch_from(tile_w, if packed { DIRECT_PX * groups % 32 } else { groups % 32 });
+    let pitch = pitch_from(tile_w, if packed { DIRECT_PX * groups } else { groups });
     let tile = |rows: usize| {
         let h = (rows - 1) * stride + kh;
         Tile { h, w: tile_w, pitch, plane: h * pitch }
@@ -257,10 +257,10 @@ pub(super) fn weight_grad_plan(
     let tile_w = (out_w - 1) * stride + kw;
     // A warp's threads take consecutive taps: a row pitch ≡ KW and a plane ≡ KH·KW put them in consecutive
     // banks.
-    let pitch = pitch_from(tile_w, kw % 32);
+    let pitch = pitch_from(tile_w, kw);
     let tile = |rows: usize| {
         let h = (rows - 1) * stride + kh;
-        Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, (kh * kw) % 32) }
+        Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, kh * kw) }
     };
     // The staged channels, then a plane of ones for the bias's tap.
     let floats = |rows: usize| rows * out_w * GRAD_OUT + (chunk + 1) * tile(rows).plane;

@@ -198,6 +198,14 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
     return r;
 }
 
+// d += a·b, one m16n8k8 TF32 `mma` (a: 16×8 row-major fragment, b: 8×8 column-major, d: 16×8 fp32).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 template <int BM, int BN, int BK, bool A_TRANS, bool B_TRANS, class AAt, class BAt, class Store>
 __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int n0, AAt a_at, BAt b_at, Store store,
                                                float* smem) {
@@ -232,12 +240,7 @@ __device__ __forceinline__ void gemm_tile_tf32(int M, int N, int K, int m0, int 
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
-                for (int j = 0; j < NT; ++j)
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                        : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
+                for (int j = 0; j < NT; ++j) mma_tf32(acc[i][j], a[i], b[j]);
         }
     });
 #pragma unroll

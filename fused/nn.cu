@@ -1716,27 +1716,42 @@ struct DirectConv {
 
 // Starts copying channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile
 // (count × tile_h × tile_w at the pitches, 0 outside the input), cp.async: a thread issues all its copies
-// without waiting on one (a block has few threads, so loads that each waited would leave the SM idle). Every
-// thread of the block takes part (blocks of any size): elements threadIdx.x + k·blockDim.x of the band in
-// row-major order, each one's (channel, row, column) stepped from the thread's last, not divided out of its
-// index (with two divisions an element, the ResNet example's captured step took 628 µs, against 563 µs).
-// cp_async_commit, cp_async_wait_all and a barrier end it.
+// without waiting on one (a block has few threads, so loads that each waited would leave the SM idle). A
+// warp copies whole rows of the tile, rows warp, warp + warps, … in (channel, row) order, a lane its
+// columns lane, lane + 32, …: a row's place and bounds are worked out once, and each element is then one
+// copy from consecutive words (element by element, the index work took 63 instructions an element under
+// ncu, more than the products of nn_conv2d_mma). Blocks are whole warps. cp_async_commit,
+// cp_async_wait_all and a barrier end it.
 __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float* __restrict__ in,
                                            const DirectConv& v, int s, int c0, int count, int oy0) {
-    const int y0 = oy0 * v.stride - v.pad_y;
+    const int y0 = oy0 * v.stride - v.pad_y, warps = blockDim.x / 32, lane = threadIdx.x % 32;
     const float* src = in + ((size_t)s * v.in_channels + c0) * v.in_h * v.in_w;
-    const int step_rows = blockDim.x / v.tile_w, step_columns = blockDim.x - step_rows * v.tile_w;
-    int row = threadIdx.x / v.tile_w, tx = threadIdx.x - row * v.tile_w;
-    int c = row / v.tile_h, ty = row - c * v.tile_h;
+    int c = threadIdx.x / 32 / v.tile_h, ty = threadIdx.x / 32 - c * v.tile_h;
     while (c < count) {
-        const int iy = y0 + ty, ix = tx - v.pad_x;
-        const bool inside = (unsigned)iy < (unsigned)v.in_h && (unsigned)ix < (unsigned)v.in_w;
-        cp_async4_or_zero(tile + c * v.plane + ty * v.pitch + tx,
-                          inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + ix : src, inside ? 4 : 0);
-        tx += step_columns, ty += step_rows;
-        if (tx >= v.tile_w) tx -= v.tile_w, ++ty;
-        while (ty >= v.tile_h) ty -= v.tile_h, ++c;
+        const int iy = y0 + ty;
+        const bool row_inside = (unsigned)iy < (unsigned)v.in_h;
+        const float* from = src + ((size_t)c * v.in_h + (row_inside ? iy : 0)) * v.in_w;
+        float* to = tile + c * v.plane + ty * v.pitch;
+        for (int tx = lane; tx < v.tile_w; tx += 32) {
+            const int ix = tx - v.pad_x;
+            const bool inside = row_inside && (unsigned)ix < (unsigned)v.in_w;
+            cp_async4_or_zero(to + tx, inside ? from + ix : src, inside ? 4 : 0);
+        }
+        for (ty += warps; ty >= v.tile_h; ty -= v.tile_h) ++c;
     }
+}
+
+// The index in w of the weight that a window walk's result channel o takes from its operand's channel c
+// at tap t (ky·KW + kx): w[o][c][t], or, flipped for the input gradient, w[c][o][KH·KW − 1 − t].
+__device__ __forceinline__ size_t window_weight(const DirectConv& v, int o, size_t c, int t) {
+    const int taps = v.kernel_h * v.kernel_w;
+    return v.flip ? (c * v.out_channels + o) * taps + taps - 1 - t : ((size_t)o * v.in_channels + c) * taps + t;
+}
+
+// The weight gradients' plane of ones, which the bias's tap (c = C, ky = kx = 0) reads after the staged
+// channels: every thread of the block takes part.
+__device__ __forceinline__ void stage_ones(float* plane, const DirectConv& v) {
+    for (int i = threadIdx.x; i < v.plane; i += blockDim.x) plane[i] = 1.0f;
 }
 
 // Whether a direct window walk is a 3×3 one at stride 1, the common case, which takes a thread's positions
@@ -1792,8 +1807,7 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
         // flipped tap of t is taps − 1 − t: (KH − 1 − ky)·KW + KW − 1 − kx.
         const int lane_o = threadIdx.x % DIRECT_BLOCK_OUT, o = o0 + lane_o;
         for (int ct = threadIdx.x / DIRECT_BLOCK_OUT, c = ct / taps, t = ct - c * taps; c < count;) {
-            const size_t cc = c0 + c;
-            const size_t at = v.flip ? (cc * v.out_channels + o) * taps + taps - 1 - t : ((size_t)o * v.in_channels + cc) * taps + t;
+            const size_t at = window_weight(v, o, c0 + c, t);
             cp_async4_or_zero(weights + (c * taps + t) * DIRECT_BLOCK_OUT + lane_o, o < v.out_channels ? w + at : w,
                               o < v.out_channels ? 4 : 0);
             for (t += blockDim.x / DIRECT_BLOCK_OUT; t >= taps; t -= taps) ++c;
@@ -1894,8 +1908,7 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     }
     stage_band(tile, x, v, s, c0, count, oy0);
     cp_async_commit();
-    if (db_parts)  // the bias's tap (c = C, ky = kx = 0) reads a plane of ones after the staged channels
-        for (int i = threadIdx.x; i < v.plane; i += blockDim.x) tile[count * v.plane + i] = 1.0f;
+    if (db_parts) stage_ones(tile + count * v.plane, v);
     cp_async_wait_all();
     __syncthreads();
     // Thread: channels o0 + half·8 + [0, 8), taps t0 + lane + i·L (i < 4), so that a warp reads consecutive
@@ -1925,6 +1938,232 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
             else db_parts[slice * v.out_channels + oc] = acc[o][i];
         }
     }
+}
+
+// ---- conv2d direct on the tensor cores (3xTF32) ----
+// The direct kernels' windows and staged bands as m16n8k8 TF32 products, where the CUDA cores' fp32 walks
+// above are bound by issuing their FMAs (a 16→16 3×3 forward issued 18.8M instructions, 2.6 a FMA). Each
+// operand x is split in two TF32 values, big (x truncated to TF32) and small (x − big, truncated), and a
+// product is small·big' + big·small' + big·big' (3xTF32, the small terms first): what is dropped lies
+// within 2^-20 of the product, so the sums keep close to fp32's accuracy, though not the CPU twin's order of
+// additions (the checks' tolerance), and an inf operand gives a NaN (its small part is inf − inf). Each output is still written by one thread after a
+// fixed order of `mma`s, so a run repeats to the bit.
+//   forward     a GEMM of the band's positions (M, row-major) by MMA_OUT result channels (N) over the taps
+//               k = (c, ky, kx) of the staged chunk (K): A[p][k] = tile[at(p) + offset(k)], B = the weights
+//               staged [k][o]. A block takes one sample's band and MMA_OUT channels, a warp MMA_TILES m16
+//               tiles of its positions; the input gradient, as above, flips the kernel (`flip`).
+//   weight grad dw[o][t] = Σ_p dy[o][p] · X[p][t] over one sample's band: M = MMA_OUT channels, N the taps (and
+//               the bias's tap of ones after the last), K the band's positions. A block takes MMA_OUT
+//               channels and a range of taps, a warp MMA_GRAD_TILES n8 tiles of them; each block's sums go to
+//               its own slice, as nn_conv2d_direct_grad_weight's.
+constexpr int MMA_OUT = 16, MMA_TILES = 4, MMA_GRAD_TILES = 3;
+// Floats between two taps' weights in shared memory: ≡ 24 (mod 32) puts a warp's B fragments (8 channels ×
+// 4 taps) in distinct banks.
+constexpr int MMA_WEIGHT_PITCH = 24;
+
+// x's two TF32 parts by truncation (a mask, where cvt.rna.tf32 costs several instructions): both exact
+// TF32 values, x − big exact in fp32.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    constexpr unsigned TF32_BITS = 0xffffe000u;  // sign, exponent and the top 10 mantissa bits
+    big = __float_as_uint(x) & TF32_BITS;
+    small = __float_as_uint(x - __uint_as_float(big)) & TF32_BITS;
+}
+
+// An operand fragment of N values, split.
+template <int N>
+__device__ __forceinline__ void split_fragment(const float (&x)[N], unsigned (&big)[N], unsigned (&small)[N]) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) split_tf32(x[r], big[r], small[r]);
+}
+
+// The shared-window address of p, and a float loaded from one: the windows' reads address the tile in 32
+// bits (with C++ indexing each read took a 64-bit sign extension, add and shift, 5 instructions a read).
+__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ float load_shared(unsigned address) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
+    return v;
+}
+
+// d += a·b in 3xTF32 from the operands' split fragments.
+__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const unsigned (&a_big)[4], const unsigned (&a_small)[4],
+                                           const unsigned (&b_big)[2], const unsigned (&b_small)[2]) {
+    mma_tf32(d, a_small, b_big);
+    mma_tf32(d, a_big, b_small);
+    mma_tf32(d, a_big, b_big);
+}
+
+// The offset in the staged tile of a position p of the band (its row and column), for a walk of `stride`.
+__device__ __forceinline__ int band_offset(const DirectConv& v, int p) {
+    const int r = p / v.out_w;
+    return (r * v.pitch + p - r * v.out_w) * v.stride;
+}
+
+// Grid: (N·bands, ⌈out_channels/MMA_OUT⌉), blocks of ⌈band_rows·OW/(16·MMA_TILES)⌉ warps; shared memory
+// k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane floats (k_pad = chunk·KH·KW rounded up to 8): the weights
+// [k][o] (0 past the chunk's taps), the taps' offsets in the tile in bytes (0 past them: the window's first
+// element, whose product with a 0 weight is 0 where the result is finite), then the tile. bias may be null.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
+              const float* __restrict__ bias, float* __restrict__ out) {
+    begin_after_previous_grid();
+    extern __shared__ float4 smem4[];
+    const int taps = v.kernel_h * v.kernel_w, k_pad = (v.chunk * taps + 7) / 8 * 8;
+    float* weights = reinterpret_cast<float*>(smem4);
+    unsigned* offsets = reinterpret_cast<unsigned*>(weights + k_pad * MMA_WEIGHT_PITCH);
+    float* tile = reinterpret_cast<float*>(offsets + k_pad);
+    const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows, o0 = blockIdx.y * MMA_OUT;
+    const int positions = min(v.band_rows, v.out_h - oy0) * v.out_w;
+    const int warp = threadIdx.x / 32, gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
+    unsigned at[MMA_TILES][2];  // the shared addresses of the thread's rows gid and gid + 8 of its m-tiles
+#pragma unroll
+    for (int i = 0; i < MMA_TILES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = (warp * MMA_TILES + i) * 16 + gid + 8 * h;
+            at[i][h] = shared_address(tile + (p < positions ? band_offset(v, p) : 0));
+        }
+    float acc[MMA_TILES][2][4] = {};
+    for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
+        const int count = min(v.chunk, v.in_channels - c0), k_count = count * taps;
+        __syncthreads();  // the last chunk read
+        // weights[k][o], 0 past the chunk's taps: a warp takes the block's result channels warp, warp +
+        // warps, …, a lane its taps k = (c, t) = lane, lane + 32, …, stepped.
+        for (int oo = threadIdx.x / 32; oo < MMA_OUT; oo += blockDim.x / 32) {
+            const int o = o0 + oo, lane = threadIdx.x % 32;
+            const bool channel = o < v.out_channels;
+            int c = lane / taps, t = lane - c * taps;
+            for (int k = lane; k < k_pad; k += 32) {
+                const bool real = channel && k < k_count;
+                cp_async4_or_zero(weights + k * MMA_WEIGHT_PITCH + oo, real ? w + window_weight(v, o, c0 + c, t) : w,
+                                  real ? 4 : 0);
+                for (t += 32; t >= taps; t -= taps) ++c;
+            }
+        }
+        for (int k = threadIdx.x; k < k_pad; k += blockDim.x) {
+            const int c = k / taps, t = k - c * taps, ky = t / v.kernel_w;
+            offsets[k] = k < k_count ? 4 * (c * v.plane + ky * v.pitch + t - ky * v.kernel_w) : 0;
+        }
+        stage_band(tile, in, v, s, c0, count, oy0);
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads();
+        for (int k = 0; k < k_pad; k += 8) {
+            const unsigned ka = offsets[k + tig], kb = offsets[k + tig + 4];
+            unsigned b_big[2][2], b_small[2][2];
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                const float b[2] = {weights[(k + tig) * MMA_WEIGHT_PITCH + nb * 8 + gid],
+                                    weights[(k + tig + 4) * MMA_WEIGHT_PITCH + nb * 8 + gid]};
+                split_fragment(b, b_big[nb], b_small[nb]);
+            }
+#pragma unroll
+            for (int i = 0; i < MMA_TILES; ++i) {
+                const float a[4] = {load_shared(at[i][0] + ka), load_shared(at[i][1] + ka), load_shared(at[i][0] + kb),
+                                    load_shared(at[i][1] + kb)};
+                unsigned a_big[4], a_small[4];
+                split_fragment(a, a_big, a_small);
+#pragma unroll
+                for (int nb = 0; nb < 2; ++nb) mma_tf32x3(acc[i][nb], a_big, a_small, b_big[nb], b_small[nb]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MMA_TILES; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8;
+            if (p >= positions) continue;
+            const int row = p / v.out_w;
+            float* dst = out + (size_t)s * v.out_channels * v.out_h * v.out_w + (oy0 + row) * v.out_w + p - row * v.out_w;
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                const int oc = o0 + nb * 8 + 2 * tig + r % 2;
+                if (oc < v.out_channels) dst[(size_t)oc * v.out_h * v.out_w] = bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r];
+            }
+        }
+}
+
+// The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
+// s·bands + band, as nn_conv2d_direct_grad_weight's. Blocks of `warps` warps take 8·MMA_GRAD_TILES·warps
+// taps each from t0 (the bias's after the last). Grid: (N·bands, ⌈O/MMA_OUT⌉ · ⌈(taps + 1)/(8·MMA_GRAD_TILES·warps)⌉);
+// shared memory MMA_OUT·dy_pitch (dy, [o][position], 0 past the band's positions up to a multiple of 8;
+// dy_pitch ≡ 4 (mod 32) puts a warp's A fragments in distinct banks) + (chunk + 1)·plane floats (x,
+// channels from the block's first tap's, then a plane of ones).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
+                          float* __restrict__ dw_parts, float* __restrict__ db_parts) {
+    begin_after_previous_grid();
+    extern __shared__ float4 smem4[];
+    float* dys = reinterpret_cast<float*>(smem4);
+    const int khw = v.kernel_h * v.kernel_w, taps = v.in_channels * khw, columns = taps + (db_parts ? 1 : 0);
+    const int o_blocks = (v.out_channels + MMA_OUT - 1) / MMA_OUT, per_block = blockDim.x / 32 * 8 * MMA_GRAD_TILES;
+    const int o0 = blockIdx.y % o_blocks * MMA_OUT, t0 = blockIdx.y / o_blocks * per_block;
+    const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows;
+    const int positions = min(v.band_rows, v.out_h - oy0) * v.out_w, k_pad = (positions + 7) / 8 * 8;
+    const int most = (v.band_rows * v.out_w + 7) / 8 * 8, dy_pitch = most + (36 - most % 32) % 32;
+    float* tile = dys + MMA_OUT * dy_pitch;
+    const int c0 = t0 / khw, count = min(v.chunk, v.in_channels - c0);
+    // dy: a warp takes channels warp, warp + warps, …, a lane positions lane, lane + 32, …
+    for (int oo = threadIdx.x / 32; oo < MMA_OUT; oo += blockDim.x / 32) {
+        const int o = o0 + oo;
+        const float* from = dy + (((size_t)s * v.out_channels + min(o, v.out_channels - 1)) * v.out_h + oy0) * v.out_w;
+        for (int p = threadIdx.x % 32; p < k_pad; p += 32) {
+            const bool real = o < v.out_channels && p < positions;
+            cp_async4_or_zero(dys + oo * dy_pitch + p, real ? from + p : dy, real ? 4 : 0);
+        }
+    }
+    stage_band(tile, x, v, s, c0, count, oy0);
+    cp_async_commit();
+    if (db_parts) stage_ones(tile + count * v.plane, v);
+    cp_async_wait_all();
+    __syncthreads();
+    const int warp = threadIdx.x / 32, gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
+    unsigned offset[MMA_GRAD_TILES];  // the shared address of the thread's tap (column gid) in its n-tiles
+#pragma unroll
+    for (int j = 0; j < MMA_GRAD_TILES; ++j) {
+        const int t = t0 + (warp * MMA_GRAD_TILES + j) * 8 + gid;
+        const int c = t / khw, kk = t - c * khw, ky = kk / v.kernel_w;
+        // A tap past the last column reads the tile's first element, and is not written.
+        offset[j] = shared_address(tile + (t < columns ? (c - c0) * v.plane + ky * v.pitch + kk - ky * v.kernel_w : 0));
+    }
+    // The thread's dy: channels gid and gid + 8, positions k + tig and k + tig + 4.
+    const unsigned dy_at = shared_address(dys + gid * dy_pitch + tig), dy_below = 4 * 8 * dy_pitch;
+    float acc[MMA_GRAD_TILES][4] = {};
+    // The thread's positions p and p + 4 (p = k + tig), their rows and columns stepped 8 at a time.
+    int pr[2], px[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pr[h] = (tig + 4 * h) / v.out_w, px[h] = tig + 4 * h - pr[h] * v.out_w;
+    for (int k = 0; k < k_pad; k += 8) {
+        const unsigned dy_k = dy_at + 4 * k;
+        const float a[4] = {load_shared(dy_k), load_shared(dy_k + dy_below), load_shared(dy_k + 16),
+                            load_shared(dy_k + dy_below + 16)};
+        unsigned a_big[4], a_small[4];
+        split_fragment(a, a_big, a_small);
+        // A position past the band's (its dy 0) reads the band's first position's element.
+        const unsigned at_lo = k + tig < positions ? 4 * (pr[0] * v.pitch + px[0]) * v.stride : 0;
+        const unsigned at_hi = k + tig + 4 < positions ? 4 * (pr[1] * v.pitch + px[1]) * v.stride : 0;
+#pragma unroll
+        for (int j = 0; j < MMA_GRAD_TILES; ++j) {
+            const float b[2] = {load_shared(at_lo + offset[j]), load_shared(at_hi + offset[j])};
+            unsigned b_big[2], b_small[2];
+            split_fragment(b, b_big, b_small);
+            mma_tf32x3(acc[j], a_big, a_small, b_big, b_small);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            for (px[h] += 8; px[h] >= v.out_w; px[h] -= v.out_w) ++pr[h];
+    }
+    const size_t slice = blockIdx.x;
+#pragma unroll
+    for (int j = 0; j < MMA_GRAD_TILES; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int oc = o0 + gid + r / 2 * 8, t = t0 + (warp * MMA_GRAD_TILES + j) * 8 + 2 * tig + r % 2;
+            if (oc >= v.out_channels || t >= columns) continue;
+            if (t < taps) dw_parts[(slice * v.out_channels + oc) * taps + t] = acc[j][r];
+            else db_parts[slice * v.out_channels + oc] = acc[j][r];
+        }
 }
 
 // max_pool2d (CPU twin: ops::conv::MaxPool2dShape::forward) over count = N·C·OH·OW outputs, a thread each,

@@ -15,6 +15,7 @@
 //!   the device, drops out by the layer's device counter and clips the gradients on the device.
 
 use super::cuda::Device;
+use super::cuda::direct_conv::ConvKernels;
 use super::{
     Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, cat, causal_self_attention, clip_grad_norm, conv2d,
     dropout, embedding, layer_norm, linear, max_pool2d, scaled_dot_product_attention,
@@ -710,7 +711,7 @@ fn layout_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
 
 /// The convolutions `image_checks` runs, as (x, weight, stride, padding): `image_checks` says what each
 /// reaches.
-pub(crate) const CONV_CHECKS: [([usize; 4], [usize; 4], usize, usize); 15] = [
+pub(crate) const CONV_CHECKS: [([usize; 4], [usize; 4], usize, usize); 16] = [
     ([1, 1, 1, 1], [1, 1, 1, 1], 1, 0),
     ([2, 3, 7, 9], [5, 3, 3, 3], 1, 1),
     ([3, 2, 11, 8], [4, 2, 4, 3], 2, 2),
@@ -726,22 +727,23 @@ pub(crate) const CONV_CHECKS: [([usize; 4], [usize; 4], usize, usize); 15] = [
     ([64, 3, 13, 11], [5, 3, 3, 3], 1, 1),
     ([96, 2, 15, 12], [6, 2, 3, 3], 2, 1),
     ([1, 1, 2, 1100], [2, 1, 1, 3], 1, 0),
+    ([2, 3, 6, 45], [4, 3, 3, 3], 1, 1),
 ];
 
-/// `conv2d` (with and without bias; odd sizes, one pixel, stride 2 and 3, padding 1 and 2, a kernel as
-/// large as the input and a non-square one, more output channels than a product's tile and more taps than
-/// its depth; channels for each of the implicit products' three tiles, a batch whose weight gradient is
-/// cut into slices, the last one shorter, and more taps than the products list, C·KH·KW for the forward
-/// and O·KH·KW for the input gradient; batches large enough that the direct kernels cut an image into bands
-/// of several rows, the last one shorter; a row too wide for them), each with the direct kernels where
-/// they fit and with the implicit products alone, and `max_pool2d` (odd sizes, overlapping windows, stride past the
-/// window, padding; inputs of whole numbers, so windows tie and the first must win as on the host: the
-/// host's bits).
+/// `conv2d` (with and without bias; odd sizes, one pixel, stride 2 and 3, padding 1 and 2, a kernel as large as
+/// the input and a non-square one, more output channels than a product's tile and more taps than its depth;
+/// channels for each of the implicit products' three tiles, a batch whose weight gradient is cut into slices, the
+/// last one shorter, and more taps than the products list, C·KH·KW for the forward and O·KH·KW for the input
+/// gradient; batches large enough that the direct kernels cut an image into bands of several rows, the last one
+/// shorter; a row too wide for them; a row wider than a warp stages at once), each with the direct kernels where
+/// they fit, on the tensor cores and on the CUDA cores, and with the implicit products alone, and `max_pool2d`
+/// (odd sizes, overlapping windows, stride past the window, padding; inputs of whole numbers, so windows tie and
+/// the first must win as on the host: the host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
-    for direct in [true, false] {
-        device.set_direct_convs(direct);
-        let path = if direct { "direct where it fits" } else { "implicit products" };
+    for kernels in ConvKernels::ALL {
+        device.set_conv_kernels(kernels);
+        let path = kernels.name();
         for (x, w, stride, padding) in CONV_CHECKS {
             let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
             let name = format!("conv2d {x:?} * {w:?} stride {stride} padding {padding}, {path}");
@@ -753,7 +755,7 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
             checks.extend(compare(device, rng, (&format!("{name} + bias"), SUM_TOLERANCE), &parts, op)?);
         }
     }
-    device.set_direct_convs(true);
+    device.set_conv_kernels(ConvKernels::TensorCores);
     let pools: [([usize; 4], usize, usize, usize); 7] = [
         ([1, 1, 1, 1], 1, 1, 0),
         ([2, 3, 7, 9], 2, 2, 0),

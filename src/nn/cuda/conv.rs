@@ -220,9 +220,9 @@ fn conv2d_fp32<F: Real>(
     let (outputs, columns) = (conv.out_channels, samples * conv.out_height * conv.out_width);
     let (xb, wb) = (buffer(x), buffer(weight));
     let out = device.alloc(NAME, outputs * columns)?;
-    let direct = device.direct_convs();
+    let direct = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
-    if let Some(plan) = direct.then(|| direct_conv::forward_plan(NAME, conv, samples, sms)).transpose()?.flatten() {
+    if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, direct)? {
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), &out)?;
     } else {
         let tile = conv_tile(outputs);
@@ -257,12 +257,12 @@ fn conv2d_grad_input(
     device: &Arc<Device>,
     (dy, w): (&DeviceBuffer, &DeviceBuffer),
     (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
-    direct: bool,
+    direct: direct_conv::ConvKernels,
 ) -> Result<DeviceBuffer> {
     const NAME: &str = "conv2d";
     let dx = device.alloc(NAME, samples * conv.input_len())?;
     let sms = device.gpu.sm_count as usize;
-    if let Some(plan) = direct.then(|| direct_conv::input_grad_plan(NAME, conv, samples, sms)).transpose()?.flatten() {
+    if let Some(plan) = direct_conv::input_grad_plan(NAME, conv, samples, sms, direct)? {
         direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), &dx)?;
         return Ok(dx);
     }
@@ -284,13 +284,12 @@ fn conv2d_grad_weight(
     device: &Arc<Device>,
     (dy, x): (&DeviceBuffer, &DeviceBuffer),
     (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
-    (with_bias, direct): (bool, bool),
+    (with_bias, direct): (bool, direct_conv::ConvKernels),
 ) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
     const NAME: &str = "conv2d";
     let (outputs, taps) = (conv.out_channels, conv.taps());
     let sms = device.gpu.sm_count as usize;
-    let plan =
-        direct.then(|| direct_conv::weight_grad_plan(NAME, conv, samples, sms, with_bias)).transpose()?.flatten();
+    let plan = direct_conv::weight_grad_plan(NAME, conv, samples, sms, (with_bias, direct))?;
     let (dw_parts, db_parts, slices) = match plan {
         Some(plan) => direct_conv::grad_weight_slices(device, NAME, &plan, (dy, x), (outputs, taps, with_bias))?,
         None => implicit_grad_weight_slices(device, (dy, x), (sizes, conv, samples), with_bias)?,

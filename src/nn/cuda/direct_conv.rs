@@ -4,6 +4,11 @@
 //! index arithmetic. This file plans them: whether a convolution takes them, its bands, how many channels
 //! a block stages at a time, its grid and shared memory.
 //!
+//! Each comes in two kinds ([`ConvKernels`]): on the tensor cores (`nn_conv2d_mma` and
+//! `nn_conv2d_mma_grad_weight`: the windows as m16n8k8 TF32 products in 3xTF32, fp32's accuracy, the
+//! default) and on the CUDA cores (`nn_conv2d_direct` and `nn_conv2d_direct_grad_weight`: fp32 FMAs in the
+//! CPU twin's order of additions).
+//!
 //! They take small-channel convolutions, the ones whose products are too thin to fill a GEMM tile: at most
 //! [`DIRECT_MAX_CHANNELS`] result channels (the output's for the forward and the weight gradient, the
 //! input's for the input gradient, which is direct at stride 1 only). The weight gradient's bands each sum
@@ -28,6 +33,15 @@ const DIRECT_SPLIT: usize = 2;
 const GRAD_OUT: usize = 16;
 const DIRECT_PX: usize = 4;
 const DIRECT_TAPS: usize = 512;
+/// fused/nn.cu's MMA_OUT (result channels a tensor-core block), MMA_TILES (m16 tiles of positions a
+/// forward warp), MMA_GRAD_TILES (n8 tiles of taps a weight-gradient warp) and MMA_WEIGHT_PITCH (floats
+/// between two taps' staged weights).
+const MMA_OUT: usize = 16;
+const MMA_TILES: usize = 4;
+const MMA_GRAD_TILES: usize = 3;
+const MMA_WEIGHT_PITCH: usize = 24;
+/// Warps a block (fused/common.cuh's WARPS).
+const WARPS: usize = THREADS / 32;
 /// Threads a block (fused/common.cuh's THREADS).
 const THREADS: usize = 256;
 /// The shared memory a direct block takes, floats: 48 KiB, what any launch gets.
@@ -80,12 +94,52 @@ struct Tile {
     plane: usize,
 }
 
-/// A direct launch: its sizes, grid, threads a block and dynamic shared memory (bytes).
+/// Which kernels take an fp32 convolution's products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum ConvKernels {
+    /// The implicit products (conv.rs) for every convolution.
+    Implicit,
+    /// The direct kernels on the CUDA cores where they fit: fp32 FMAs in the CPU twin's order.
+    Fma,
+    /// The direct kernels on the tensor cores where they fit (3xTF32).
+    TensorCores,
+}
+
+impl ConvKernels {
+    pub(crate) const ALL: [ConvKernels; 3] = [ConvKernels::TensorCores, ConvKernels::Fma, ConvKernels::Implicit];
+
+    /// TEXTNET_DIRECT_CONV's choice: `0` the implicit products, `fma` the CUDA cores, else the tensor cores.
+    pub(super) fn from_env() -> ConvKernels {
+        match std::env::var("TEXTNET_DIRECT_CONV").as_deref() {
+            Ok("0") => ConvKernels::Implicit,
+            Ok("fma") => ConvKernels::Fma,
+            _ => ConvKernels::TensorCores,
+        }
+    }
+
+    fn from_u8(v: u8) -> ConvKernels {
+        Self::ALL.into_iter().find(|k| *k as u8 == v).unwrap_or(ConvKernels::TensorCores)
+    }
+
+    /// What the checks call it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ConvKernels::Implicit => "implicit products",
+            ConvKernels::Fma => "direct on the CUDA cores where it fits",
+            ConvKernels::TensorCores => "direct on the tensor cores where it fits",
+        }
+    }
+}
+
+/// A direct launch: its sizes, grid, threads a block, dynamic shared memory (bytes) and whether it runs on
+/// the tensor cores.
 pub(super) struct DirectPlan {
     sizes: DirectConv,
     grid: (usize, usize),
     threads: usize,
     shared: usize,
+    mma: bool,
 }
 
 /// The sizes of a window walk before it is cut into bands: (channels, height, width) in and out, the kernel,
@@ -120,6 +174,13 @@ fn pitch_from(at_least: usize, residue: usize) -> usize {
 /// A block's threads for `splits` groups of bands of `rows` rows of `groups` threads: whole warps.
 fn window_threads(splits: usize, rows: usize, groups: usize) -> usize {
     (splits * rows * groups).next_multiple_of(32)
+}
+
+/// Of the band heights from half `tallest` up, the one whose blocks leave the fewest threads idle (by
+/// `threads(rows)`, a block's), then the one that cuts the `out_h` rows evenly, then the tallest.
+fn least_idle_rows(tallest: usize, out_h: usize, threads: impl Fn(usize) -> usize) -> usize {
+    let idle = |r: usize| (out_h.div_ceil(r) * threads(r), out_h.div_ceil(r) * r - out_h);
+    (tallest.div_ceil(2)..=tallest).min_by_key(|&r| (idle(r), std::cmp::Reverse(r))).unwrap_or(tallest)
 }
 
 impl DirectConv {
@@ -183,15 +244,64 @@ fn window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Res
     let per_channel = |rows: usize| kh * kw * DIRECT_SPLIT * DIRECT_OUT + tile(rows).plane;
     let tallest = band_rows(out_h, (samples * o_blocks, sms, WINDOW_BLOCKS_PER_SM), THREADS / (splits * groups));
     let Some(tallest) = fitting_rows(tallest, per_channel) else { return Ok(None) };
-    // Of the bands from half that tall up, the one whose blocks leave the fewest threads idle (a block's
-    // threads are whole warps), then the one that cuts the image evenly.
-    let idle = |r: usize| (out_h.div_ceil(r) * window_threads(splits, r, groups), out_h.div_ceil(r) * r - out_h);
-    let rows = (tallest.div_ceil(2)..=tallest).min_by_key(|&r| (idle(r), std::cmp::Reverse(r))).unwrap_or(tallest);
+    let rows = least_idle_rows(tallest, out_h, |r| window_threads(splits, r, groups));
     let chunk = (DIRECT_SHARED_FLOATS / per_channel(rows)).min(channels).max(1);
     let sizes = DirectConv::of(op, walk, samples, (rows, chunk), tile(rows))?;
     let grid = (samples * out_h.div_ceil(rows), o_blocks);
     let threads = window_threads(splits, rows, groups);
-    Ok(Some(DirectPlan { sizes, grid, threads, shared: chunk * per_channel(rows) * 4 }))
+    Ok(Some(DirectPlan { sizes, grid, threads, shared: chunk * per_channel(rows) * 4, mma: false }))
+}
+
+/// `nn_conv2d_mma`'s plan for `walk` over `samples` images on `sms` SMs, or None where it does not take it
+/// (more result channels than [`DIRECT_MAX_CHANNELS`], a row of more positions than a block's warps take,
+/// a band of one row with one channel larger than the shared memory).
+fn mma_window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) -> Result<Option<DirectPlan>> {
+    let ((channels, ..), (outputs, out_h, out_w)) = (walk.input, walk.output);
+    let ((kh, kw), stride) = (walk.kernel, walk.stride);
+    let per_warp = 16 * MMA_TILES;
+    if outputs > DIRECT_MAX_CHANNELS || out_w > WARPS * per_warp || samples == 0 || out_h == 0 || out_w == 0 {
+        return Ok(None);
+    }
+    let o_blocks = outputs.div_ceil(MMA_OUT);
+    let tile_w = (out_w - 1) * stride + kw;
+    // A warp's A fragment reads 8 positions (a word apart at stride 1) at 4 consecutive taps, which span at
+    // most two kernel rows of a 3×3 kernel: a row pitch and a plane ≡ 16 (mod 32) put the two rows' words
+    // in distinct banks.
+    let pitch = pitch_from(tile_w, 16);
+    let tile = |rows: usize| {
+        let h = (rows - 1) * stride + kh;
+        Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, 16) }
+    };
+    // The chunk's weights at MMA_WEIGHT_PITCH and its taps' offsets, then its tile.
+    let floats = |rows: usize, chunk: usize| {
+        (chunk * kh * kw).next_multiple_of(8) * (MMA_WEIGHT_PITCH + 1) + chunk * tile(rows).plane
+    };
+    let tallest = band_rows(out_h, (samples * o_blocks, sms, WINDOW_BLOCKS_PER_SM), WARPS * per_warp / out_w);
+    // The tallest band (at most that tall) whose chunk takes every channel, where one fits: a second
+    // chunk would stage again while the block's warps wait.
+    let whole = fitting_rows(tallest, |r| floats(r, channels));
+    let Some(tallest) = whole.or_else(|| fitting_rows(tallest, |r| floats(r, 1))) else { return Ok(None) };
+    let threads = |rows: usize| (rows * out_w).div_ceil(per_warp) * 32;
+    let rows = least_idle_rows(tallest, out_h, threads);
+    let chunk = (1..=channels).rev().find(|&c| floats(rows, c) <= DIRECT_SHARED_FLOATS).unwrap_or(1);
+    let sizes = DirectConv::of(op, walk, samples, (rows, chunk), tile(rows))?;
+    let grid = (samples * out_h.div_ceil(rows), o_blocks);
+    Ok(Some(DirectPlan { sizes, grid, threads: threads(rows), shared: floats(rows, chunk) * 4, mma: true }))
+}
+
+/// The plan of `kernels` for `walk`, or None where it takes none (the implicit products then do).
+fn windows(
+    op: &'static str,
+    walk: &Walk,
+    samples: usize,
+    sms: usize,
+    kernels: ConvKernels,
+) -> Result<Option<DirectPlan>> {
+    match kernels {
+        ConvKernels::Implicit => Ok(None),
+        ConvKernels::Fma => window_plan(op, walk, samples, sms),
+        ConvKernels::TensorCores => mma_window_plan(op, walk, samples, sms),
+    }
 }
 
 /// The forward's direct plan, or None (`window_plan`).
@@ -200,6 +310,7 @@ pub(super) fn forward_plan(
     conv: &Conv2dShape,
     samples: usize,
     sms: usize,
+    kernels: ConvKernels,
 ) -> Result<Option<DirectPlan>> {
     let walk = Walk {
         input: (conv.channels, conv.height, conv.width),
@@ -209,7 +320,7 @@ pub(super) fn forward_plan(
         pad: (conv.padding as isize, conv.padding as isize),
         flip: false,
     };
-    window_plan(op, &walk, samples, sms)
+    windows(op, &walk, samples, sms, kernels)
 }
 
 /// The input gradient's direct plan at stride 1 (the forward's walk over dy, the kernel flipped, padding KH
@@ -219,6 +330,7 @@ pub(super) fn input_grad_plan(
     conv: &Conv2dShape,
     samples: usize,
     sms: usize,
+    kernels: ConvKernels,
 ) -> Result<Option<DirectPlan>> {
     if conv.stride != 1 {
         return Ok(None);
@@ -231,66 +343,106 @@ pub(super) fn input_grad_plan(
         pad: (conv.kernel_h as isize - 1 - conv.padding as isize, conv.kernel_w as isize - 1 - conv.padding as isize),
         flip: true,
     };
-    window_plan(op, &walk, samples, sms)
+    windows(op, &walk, samples, sms, kernels)
 }
 
-/// The weight gradient's direct plan (`with_bias`: a column of ones after the taps), or None where it has
-/// more output channels than [`DIRECT_MAX_CHANNELS`], a band of one row does not fit, or the slices would
-/// take more than [`DIRECT_MAX_PARTIALS`] floats.
+/// The weight gradient's direct plan of `kernels` (`with_bias`: a column of ones after the taps), or None
+/// where it has more output channels than [`DIRECT_MAX_CHANNELS`], a band of one row does not fit, or the
+/// slices would take more than [`DIRECT_MAX_PARTIALS`] floats.
 pub(super) fn weight_grad_plan(
     op: &'static str,
     conv: &Conv2dShape,
     samples: usize,
     sms: usize,
-    with_bias: bool,
+    (with_bias, kernels): (bool, ConvKernels),
 ) -> Result<Option<DirectPlan>> {
     let (outputs, out_h, out_w) = (conv.out_channels, conv.out_height, conv.out_width);
-    let (kh, kw, stride) = (conv.kernel_h, conv.kernel_w, conv.stride);
     if outputs > DIRECT_MAX_CHANNELS || samples == 0 || out_h == 0 || out_w == 0 {
         return Ok(None);
     }
-    let (taps, columns) = (conv.taps(), conv.taps() + with_bias as usize);
-    // Thread pairs a block, 4 taps each: enough for the columns, whole warps, at most DIRECT_TAPS / 4.
-    let lanes = columns.div_ceil(4).next_multiple_of(16).min(DIRECT_TAPS / 4);
-    let blocks = outputs.div_ceil(GRAD_OUT) * columns.div_ceil(4 * lanes);
-    let chunk = ((4 * lanes - 1) / (kh * kw) + 2).min(conv.channels);
-    let tile_w = (out_w - 1) * stride + kw;
-    // A warp's threads take consecutive taps: a row pitch ≡ KW and a plane ≡ KH·KW put them in consecutive
-    // banks.
-    let pitch = pitch_from(tile_w, kw);
-    let tile = |rows: usize| {
-        let h = (rows - 1) * stride + kh;
-        Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, kh * kw) }
+    let plan = match kernels {
+        ConvKernels::Implicit => return Ok(None),
+        ConvKernels::Fma => fma_weight_grad_plan(conv, samples, sms, with_bias),
+        ConvKernels::TensorCores => mma_weight_grad_plan(conv, samples, sms, with_bias),
     };
-    // The staged channels, then a plane of ones for the bias's tap.
-    let floats = |rows: usize| rows * out_w * GRAD_OUT + (chunk + 1) * tile(rows).plane;
-    let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
-    let Some(rows) = fitting_rows(rows, floats) else { return Ok(None) };
+    let Some((rows, chunk, tile, grid, threads, floats)) = plan else { return Ok(None) };
     let slices = samples * out_h.div_ceil(rows);
-    if slices.saturating_mul(outputs * (taps + 1)) > DIRECT_MAX_PARTIALS {
+    if slices.saturating_mul(outputs * (conv.taps() + 1)) > DIRECT_MAX_PARTIALS {
         return Ok(None);
     }
     let walk = Walk {
         input: (conv.channels, conv.height, conv.width),
         output: (outputs, out_h, out_w),
-        kernel: (kh, kw),
-        stride,
+        kernel: (conv.kernel_h, conv.kernel_w),
+        stride: conv.stride,
         pad: (conv.padding as isize, conv.padding as isize),
         flip: false,
     };
-    let sizes = DirectConv::of(op, &walk, samples, (rows, chunk), tile(rows))?;
-    Ok(Some(DirectPlan { sizes, grid: (slices, blocks), threads: 2 * lanes, shared: floats(rows) * 4 }))
+    let sizes = DirectConv::of(op, &walk, samples, (rows, chunk), tile)?;
+    let mma = kernels == ConvKernels::TensorCores;
+    Ok(Some(DirectPlan { sizes, grid: (slices, grid), threads, shared: floats * 4, mma }))
+}
+
+/// A weight gradient's band rows, chunk, tile, blocks a band (the grid's y), threads a block and shared
+/// floats, or None where a band of one row does not fit.
+type WeightGradLayout = (usize, usize, Tile, usize, usize, usize);
+
+/// The pitches of a weight gradient's tiles of `rows` rows: a row pitch ≡ KW and a plane ≡ KH·KW (mod 32),
+/// so that consecutive taps fall in consecutive banks.
+fn weight_grad_tile(conv: &Conv2dShape, rows: usize) -> Tile {
+    let (kh, kw, stride) = (conv.kernel_h, conv.kernel_w, conv.stride);
+    let w = (conv.out_width - 1) * stride + kw;
+    let (h, pitch) = ((rows - 1) * stride + kh, pitch_from(w, kw));
+    Tile { h, w, pitch, plane: pitch_from(h * pitch, kh * kw) }
+}
+
+/// `nn_conv2d_direct_grad_weight`'s layout.
+fn fma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bias: bool) -> Option<WeightGradLayout> {
+    let (outputs, out_h, out_w) = (conv.out_channels, conv.out_height, conv.out_width);
+    let (kh, kw) = (conv.kernel_h, conv.kernel_w);
+    let columns = conv.taps() + with_bias as usize;
+    // Thread pairs a block, 4 taps each: enough for the columns, whole warps, at most DIRECT_TAPS / 4.
+    let lanes = columns.div_ceil(4).next_multiple_of(16).min(DIRECT_TAPS / 4);
+    let blocks = outputs.div_ceil(GRAD_OUT) * columns.div_ceil(4 * lanes);
+    let chunk = ((4 * lanes - 1) / (kh * kw) + 2).min(conv.channels);
+    // dy [position][o], the staged channels, then a plane of ones for the bias's tap.
+    let floats = |rows: usize| rows * out_w * GRAD_OUT + (chunk + 1) * weight_grad_tile(conv, rows).plane;
+    let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
+    let rows = fitting_rows(rows, floats)?;
+    Some((rows, chunk, weight_grad_tile(conv, rows), blocks, 2 * lanes, floats(rows)))
+}
+
+/// The row pitch of `nn_conv2d_mma_grad_weight`'s staged dy for bands of `rows` rows: their positions
+/// rounded up to 8, ≡ 4 (mod 32), so that a warp's A fragments (8 channels × 4 positions) take distinct
+/// banks.
+fn mma_dy_pitch(rows: usize, out_w: usize) -> usize {
+    pitch_from((rows * out_w).next_multiple_of(8), 4)
+}
+
+/// `nn_conv2d_mma_grad_weight`'s layout: as many warps as the columns' n8 tiles want, MMA_GRAD_TILES each,
+/// at most a block's.
+fn mma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bias: bool) -> Option<WeightGradLayout> {
+    let (outputs, out_h, out_w) = (conv.out_channels, conv.out_height, conv.out_width);
+    let columns = conv.taps() + with_bias as usize;
+    let warps = columns.div_ceil(8 * MMA_GRAD_TILES).min(WARPS);
+    let per_block = warps * 8 * MMA_GRAD_TILES;
+    let blocks = outputs.div_ceil(MMA_OUT) * columns.div_ceil(per_block);
+    let chunk = ((per_block - 1) / (conv.kernel_h * conv.kernel_w) + 2).min(conv.channels);
+    // dy [o][position], the staged channels, then a plane of ones for the bias's tap.
+    let floats = |rows: usize| MMA_OUT * mma_dy_pitch(rows, out_w) + (chunk + 1) * weight_grad_tile(conv, rows).plane;
+    let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
+    let rows = fitting_rows(rows, floats)?;
+    Some((rows, chunk, weight_grad_tile(conv, rows), blocks, warps * 32, floats(rows)))
 }
 
 impl Device {
-    /// Whether fp32 convolutions take the direct kernels where they fit; off, the implicit products take
-    /// every one. The checks run both.
-    pub(crate) fn set_direct_convs(&self, on: bool) {
-        self.direct_convs.store(on, std::sync::atomic::Ordering::Relaxed);
+    /// Which kernels fp32 convolutions take from now on. The checks run each.
+    pub(crate) fn set_conv_kernels(&self, kernels: ConvKernels) {
+        self.conv_kernels.store(kernels as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub(super) fn direct_convs(&self) -> bool {
-        self.direct_convs.load(std::sync::atomic::Ordering::Relaxed)
+    pub(super) fn conv_kernels(&self) -> ConvKernels {
+        ConvKernels::from_u8(self.conv_kernels.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -305,7 +457,8 @@ pub(super) fn launch_windows(
 ) -> Result<()> {
     let args = [device.arg(input), device.arg(weight), optional(device, bias), device.arg(out)];
     let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
-    device.launch_struct_sized(op, &device.kernels.conv_direct, launch, &StructArg::of(&plan.sizes), &args)
+    let kernel = if plan.mma { &device.kernels.conv_mma } else { &device.kernels.conv_direct };
+    device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)
 }
 
 /// `nn_conv2d_direct_grad_weight` by `plan`: each band's dw `[O, C·KH·KW]` and, with a plan made
@@ -322,7 +475,8 @@ pub(super) fn grad_weight_slices(
     let db_parts = if with_bias { Some(device.alloc(op, slices * outputs)?) } else { None };
     let args = [device.arg(dy), device.arg(x), device.arg(&dw_parts), optional(device, db_parts.as_ref())];
     let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
-    let kernel = &device.kernels.conv_direct_grad_weight;
+    let kernels = &device.kernels;
+    let kernel = if plan.mma { &kernels.conv_mma_grad_weight } else { &kernels.conv_direct_grad_weight };
     device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)?;
     Ok((dw_parts, db_parts, slices))
 }
@@ -355,6 +509,16 @@ mod tests {
         assert!(v.pitch >= v.tile_w && v.plane >= v.tile_h * v.pitch, "{what}: the pitches {v:?}");
     }
 
+    /// Both kinds' plans of `conv` over `samples` on `sms` SMs: the forward's, the input gradient's and the
+    /// weight gradient's (with a bias).
+    fn plans(conv: &Conv2dShape, samples: usize, sms: usize, kernels: ConvKernels) -> [Option<DirectPlan>; 3] {
+        [
+            forward_plan("t", conv, samples, sms, kernels).unwrap(),
+            input_grad_plan("t", conv, samples, sms, kernels).unwrap(),
+            weight_grad_plan("t", conv, samples, sms, (true, kernels)).unwrap(),
+        ]
+    }
+
     #[test]
     fn the_plans_cover_every_row_and_tap_and_fit_their_blocks() {
         let (mut direct, mut banded, mut implicit) = (0, 0, 0);
@@ -362,11 +526,8 @@ mod tests {
             let conv = shape(x, w, stride, padding);
             for sms in [1, 8, 132] {
                 let what = format!("{x:?} * {w:?} stride {stride} padding {padding} on {sms} SMs");
-                let plans = [
-                    forward_plan("t", &conv, x[0], sms).unwrap(),
-                    input_grad_plan("t", &conv, x[0], sms).unwrap(),
-                    weight_grad_plan("t", &conv, x[0], sms, true).unwrap(),
-                ];
+                assert!(plans(&conv, x[0], sms, ConvKernels::Implicit).iter().all(Option::is_none), "{what}");
+                let plans = plans(&conv, x[0], sms, ConvKernels::Fma);
                 for plan in plans.iter().flatten() {
                     assert_fits(plan, &what);
                     banded += (plan.sizes.band_rows > 1 && plan.sizes.bands > 1 && sms == 132) as usize;
@@ -398,6 +559,93 @@ mod tests {
         assert!(direct > 40 && implicit > 10 && banded >= 4, "{direct} direct, {implicit} implicit, {banded} banded");
     }
 
+    #[test]
+    fn the_tensor_core_plans_cover_every_position_and_tap_and_fit_their_blocks() {
+        let (mut direct, mut banded, mut chunked) = (0, 0, 0);
+        for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET) {
+            let conv = shape(x, w, stride, padding);
+            for sms in [1, 8, 132] {
+                let what = format!("{x:?} * {w:?} stride {stride} padding {padding} on {sms} SMs");
+                let plans = plans(&conv, x[0], sms, ConvKernels::TensorCores);
+                for plan in plans.iter().flatten() {
+                    assert_fits(plan, &what);
+                    assert!(plan.mma, "{what}");
+                    banded += (plan.sizes.band_rows > 1 && plan.sizes.bands > 1 && sms == 132) as usize;
+                }
+                direct += plans.iter().flatten().count();
+                for plan in plans[..2].iter().flatten() {
+                    // The warps' m-tiles take the band's positions; the blocks' channels the result's.
+                    let v = &plan.sizes;
+                    let positions = (v.band_rows * v.out_w) as usize;
+                    assert!(plan.threads / 32 * MMA_TILES * 16 >= positions, "{what}: {positions} positions");
+                    assert!(plan.grid.1 * MMA_OUT >= v.out_channels as usize, "{what}: the blocks' channels");
+                    assert!(v.tile_w >= (v.out_w - 1) * v.stride + v.kernel_w, "{what}: the tile's columns");
+                    let k_pad = ((v.chunk * v.kernel_h * v.kernel_w) as usize).next_multiple_of(8);
+                    let floats = k_pad * (MMA_WEIGHT_PITCH + 1) + v.chunk as usize * v.plane as usize;
+                    assert_eq!(plan.shared, floats * 4, "{what}: the shared memory");
+                    chunked += (v.chunk < v.in_channels) as usize;
+                }
+                if let Some(plan) = &plans[2] {
+                    // The channels a block's taps span, from its first tap's, are staged.
+                    let (khw, taps) = (conv.kernel_h * conv.kernel_w, conv.taps());
+                    let per_block = plan.threads / 32 * 8 * MMA_GRAD_TILES;
+                    for t0 in (0..=taps).step_by(per_block) {
+                        let last = (t0 + per_block - 1).min(taps) / khw;
+                        let staged = plan.sizes.chunk as usize + (last == conv.channels) as usize;
+                        assert!(last - t0.min(taps - 1) / khw < staged, "{what}: taps from {t0}");
+                    }
+                    assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(MMA_OUT));
+                }
+            }
+        }
+        assert!(direct > 40 && banded >= 4 && chunked >= 1, "{direct} direct, {banded} banded, {chunked} chunked");
+    }
+
+    /// The words a warp's lanes read, each lane's from `word(gid, tig)`, fall in distinct banks but where
+    /// two lanes read the same word (a broadcast).
+    fn conflict_free(word: impl Fn(usize, usize) -> usize) -> bool {
+        let mut banks = std::collections::BTreeMap::new();
+        (0..32).all(|lane| {
+            let w = word(lane / 4, lane % 4);
+            *banks.entry(w % 32).or_insert(w) == w
+        })
+    }
+
+    /// On the tensor cores at stride 1 with a 3×3 kernel, a warp's A and B fragments take distinct banks:
+    /// the forward's A (8 positions × 4 taps of the tile) at every k-step of every m-tile of the ResNet's
+    /// band, its B (4 taps × 8 channels of the weights) and the weight gradient's A (8 channels × 4
+    /// positions of dy).
+    #[test]
+    fn the_tensor_cores_fragments_take_distinct_banks() {
+        for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET).filter(|c| c.2 == 1 && c.1[2..] == [3, 3])
+        {
+            let conv = shape(x, w, stride, padding);
+            let what = format!("{x:?} * {w:?} padding {padding}");
+            let [forward, _, weight_grad] = plans(&conv, x[0], 132, ConvKernels::TensorCores);
+            if let Some(plan) = forward {
+                let v = &plan.sizes;
+                let (pitch, plane, out_w) = (v.pitch as usize, v.plane as usize, v.out_w as usize);
+                let offset = |k: usize| k / 9 * plane + k % 9 / 3 * pitch + k % 3;
+                let at = |p: usize| p / out_w * pitch + p % out_w;
+                let positions = v.band_rows as usize * out_w;
+                for m in (0..positions.next_multiple_of(16)).step_by(16) {
+                    for k in (0..v.chunk as usize * 9).step_by(8).filter(|k| k + 8 <= v.chunk as usize * 9) {
+                        for h in [0, 8] {
+                            let word = |gid: usize, tig: usize| at((m + gid + h).min(positions - 1)) + offset(k + tig);
+                            let words = |gid: usize, tig: usize| word(gid, tig);
+                            assert!(conflict_free(words), "{what}: the forward's A at position {m} tap {k} {v:?}");
+                        }
+                    }
+                }
+                assert!(conflict_free(|gid, tig| tig * MMA_WEIGHT_PITCH + gid), "the forward's B");
+            }
+            if let Some(plan) = weight_grad {
+                let pitch = mma_dy_pitch(plan.sizes.band_rows as usize, plan.sizes.out_w as usize);
+                assert!(conflict_free(|gid, tig| gid * pitch + tig), "{what}: the weight gradient's A");
+            }
+        }
+    }
+
     /// At stride 1, a warp's reads of the staged tile fall in distinct banks: the forward's threads
     /// (consecutive row, g; a quarter warp's float4s where a 3×3 walk packs its positions) and the weight
     /// gradient's (consecutive taps).
@@ -415,7 +663,7 @@ mod tests {
         for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET).filter(|c| c.2 == 1) {
             let conv = shape(x, w, stride, padding);
             let what = format!("{x:?} * {w:?} padding {padding}");
-            if let Some(plan) = forward_plan("t", &conv, x[0], 132).unwrap() {
+            if let Some(plan) = forward_plan("t", &conv, x[0], 132, ConvKernels::Fma).unwrap() {
                 let v = &plan.sizes;
                 let groups = (v.out_w as usize).div_ceil(DIRECT_PX);
                 let lanes = (v.band_rows as usize * groups).min(32);
@@ -432,7 +680,7 @@ mod tests {
                 }
                 seen += 1;
             }
-            if let Some(plan) = weight_grad_plan("t", &conv, x[0], 132, true).unwrap() {
+            if let Some(plan) = weight_grad_plan("t", &conv, x[0], 132, (true, ConvKernels::Fma)).unwrap() {
                 let v = &plan.sizes;
                 let (kh, kw) = (v.kernel_h as usize, v.kernel_w as usize);
                 let lanes = (conv.taps()).min(32);
@@ -449,9 +697,32 @@ mod tests {
     #[test]
     fn the_direct_sizes_are_the_kernel_files() {
         assert_kernel_layout::<DirectConv>("nn", &[]);
-        let names = ["DIRECT_OUT", "DIRECT_SPLIT", "GRAD_OUT", "DIRECT_PX", "DIRECT_TAPS", "THREADS"];
+        let names = [
+            "DIRECT_OUT",
+            "DIRECT_SPLIT",
+            "GRAD_OUT",
+            "DIRECT_PX",
+            "DIRECT_TAPS",
+            "THREADS",
+            "MMA_OUT",
+            "MMA_TILES",
+            "MMA_GRAD_TILES",
+            "MMA_WEIGHT_PITCH",
+        ];
         let kernel = kernel_constants("nn", &[], &names).unwrap();
-        let rust = [DIRECT_OUT, DIRECT_SPLIT, GRAD_OUT, DIRECT_PX, DIRECT_TAPS, THREADS].map(|v| v as i64);
+        let rust = [
+            DIRECT_OUT,
+            DIRECT_SPLIT,
+            GRAD_OUT,
+            DIRECT_PX,
+            DIRECT_TAPS,
+            THREADS,
+            MMA_OUT,
+            MMA_TILES,
+            MMA_GRAD_TILES,
+            MMA_WEIGHT_PITCH,
+        ]
+        .map(|v| v as i64);
         assert_eq!(kernel, rust);
     }
 }

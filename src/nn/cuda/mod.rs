@@ -23,7 +23,7 @@
 pub(crate) mod attention;
 pub mod capture;
 pub(crate) mod conv;
-mod direct_conv;
+pub(crate) mod direct_conv;
 pub(crate) mod fusion;
 pub(crate) mod layers;
 pub(crate) mod ops;
@@ -116,9 +116,12 @@ pub(crate) struct Kernels {
     pub(crate) conv_grad_input: [Kernel; 3],
     pub(crate) conv_grad_weight: [Kernel; 3],
     /// `nn_conv2d_direct` (the forward, and the input gradient with the kernel flipped) and
-    /// `nn_conv2d_direct_grad_weight` (direct_conv.rs).
+    /// `nn_conv2d_direct_grad_weight` (direct_conv.rs), and the same on the tensor cores, `nn_conv2d_mma`
+    /// and `nn_conv2d_mma_grad_weight`.
     pub(crate) conv_direct: Kernel,
     pub(crate) conv_direct_grad_weight: Kernel,
+    pub(crate) conv_mma: Kernel,
+    pub(crate) conv_mma_grad_weight: Kernel,
     pub(crate) max_pool: Kernel,
     pub(crate) max_pool_grad: Kernel,
 }
@@ -159,9 +162,10 @@ pub struct Device {
     /// blocks cost more than they saved: the ResNet example's step ran at 113k images/s with it and 168k
     /// without, `bench nn`'s captured MLP step took 24.4 µs and 21.9 µs, its residual MLP 70.0 and 71.9 µs.
     programmatic: bool,
-    /// Whether fp32 convolutions take the direct kernels where they fit (direct_conv.rs); off, the implicit
-    /// products take every one (the checks run both; TEXTNET_DIRECT_CONV=0 turns it off).
-    direct_convs: AtomicBool,
+    /// Which kernels fp32 convolutions take where the direct ones fit (direct_conv.rs's [`ConvKernels`], as
+    /// a u8): the tensor cores' by default, the CUDA cores' with TEXTNET_DIRECT_CONV=fma, the implicit
+    /// products with TEXTNET_DIRECT_CONV=0. The checks run all three.
+    conv_kernels: std::sync::atomic::AtomicU8,
     /// The activation slope offered to the backward about to run (`fusion`), and how many were taken.
     slope_offer: Mutex<Option<fusion::SlopeOffer>>,
     slopes_taken: std::sync::atomic::AtomicUsize,
@@ -301,6 +305,8 @@ impl Device {
                 ],
                 conv_direct: k("nn_conv2d_direct")?,
                 conv_direct_grad_weight: k("nn_conv2d_direct_grad_weight")?,
+                conv_mma: k("nn_conv2d_mma")?,
+                conv_mma_grad_weight: k("nn_conv2d_mma_grad_weight")?,
                 max_pool: k("nn_max_pool")?,
                 max_pool_grad: k("nn_max_pool_grad")?,
             })
@@ -334,7 +340,7 @@ impl Device {
             fusing: AtomicBool::new(false),
             backward_fusion: AtomicBool::new(std::env::var_os("TEXTNET_FUSION").is_none_or(|v| v != "0")),
             programmatic: std::env::var_os("TEXTNET_NN_PDL").is_some_and(|v| v == "1"),
-            direct_convs: AtomicBool::new(std::env::var_os("TEXTNET_DIRECT_CONV").is_none_or(|v| v != "0")),
+            conv_kernels: std::sync::atomic::AtomicU8::new(direct_conv::ConvKernels::from_env() as u8),
             slope_offer: Mutex::default(),
             slopes_taken: Default::default(),
             in_place_writes: Default::default(),

@@ -735,10 +735,10 @@ pub(crate) const CONV_CHECKS: [([usize; 4], [usize; 4], usize, usize); 16] = [
 /// channels for each of the implicit products' three tiles, a batch whose weight gradient is cut into slices, the
 /// last one shorter, and more taps than the products list, C·KH·KW for the forward and O·KH·KW for the input
 /// gradient; batches large enough that the direct kernels cut an image into bands of several rows, the last one
-/// shorter; a row too wide for them; a row wider than a warp stages at once), each with the direct kernels where
-/// they fit, on the tensor cores and on the CUDA cores, and with the implicit products alone, and `max_pool2d`
-/// (odd sizes, overlapping windows, stride past the window, padding; inputs of whole numbers, so windows tie and
-/// the first must win as on the host: the host's bits).
+/// shorter; a row too wide for them; a row wider than a warp), each with the direct kernels where they fit, on the
+/// tensor cores and on the CUDA cores, and with the implicit products alone, and `max_pool2d` (odd sizes,
+/// overlapping windows, stride past the window, padding; inputs of whole numbers, so windows tie and the first
+/// must win as on the host: the host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
     for kernels in ConvKernels::ALL {

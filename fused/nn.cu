@@ -2023,21 +2023,20 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
             at[i][h] = shared_address(tile + (p < positions ? band_offset(v, p) : 0));
         }
     float acc[MMA_TILES][2][4] = {};
+    const int lane_o = threadIdx.x % MMA_OUT, o = o0 + lane_o;
     for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
         const int count = min(v.chunk, v.in_channels - c0), k_count = count * taps;
         __syncthreads();  // the last chunk read
-        // weights[k][o], 0 past the chunk's taps: a warp takes the block's result channels warp, warp +
-        // warps, …, a lane its taps k = (c, t) = lane, lane + 32, …, stepped.
-        for (int oo = threadIdx.x / 32; oo < MMA_OUT; oo += blockDim.x / 32) {
-            const int o = o0 + oo, lane = threadIdx.x % 32;
-            const bool channel = o < v.out_channels;
-            int c = lane / taps, t = lane - c * taps;
-            for (int k = lane; k < k_pad; k += 32) {
-                const bool real = channel && k < k_count;
-                cp_async4_or_zero(weights + k * MMA_WEIGHT_PITCH + oo, real ? w + window_weight(v, o, c0 + c, t) : w,
-                                  real ? 4 : 0);
-                for (t += 32; t >= taps; t -= taps) ++c;
-            }
+        // weights[k][o]: a thread keeps one o and steps its taps k = (c, t); 0 past the chunk's taps. (A warp
+        // a result channel, its lanes along the taps, and likewise dy in nn_conv2d_mma_grad_weight, ran the
+        // ResNet example's captured step in 553.1 µs against 542.5 µs.)
+        for (int k = threadIdx.x / MMA_OUT, c = k / taps, t = k - c * taps; k < k_pad;) {
+            const bool real = k < k_count && o < v.out_channels;
+            cp_async4_or_zero(weights + k * MMA_WEIGHT_PITCH + lane_o, real ? w + window_weight(v, o, c0 + c, t) : w,
+                              real ? 4 : 0);
+            const int step = blockDim.x / MMA_OUT;
+            k += step;
+            for (t += step; t >= taps; t -= taps) ++c;
         }
         for (int k = threadIdx.x; k < k_pad; k += blockDim.x) {
             const int c = k / taps, t = k - c * taps, ky = t / v.kernel_w;
@@ -2103,14 +2102,11 @@ nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, cons
     const int most = (v.band_rows * v.out_w + 7) / 8 * 8, dy_pitch = most + (36 - most % 32) % 32;
     float* tile = dys + MMA_OUT * dy_pitch;
     const int c0 = t0 / khw, count = min(v.chunk, v.in_channels - c0);
-    // dy: a warp takes channels warp, warp + warps, …, a lane positions lane, lane + 32, …
-    for (int oo = threadIdx.x / 32; oo < MMA_OUT; oo += blockDim.x / 32) {
-        const int o = o0 + oo;
-        const float* from = dy + (((size_t)s * v.out_channels + min(o, v.out_channels - 1)) * v.out_h + oy0) * v.out_w;
-        for (int p = threadIdx.x % 32; p < k_pad; p += 32) {
-            const bool real = o < v.out_channels && p < positions;
-            cp_async4_or_zero(dys + oo * dy_pitch + p, real ? from + p : dy, real ? 4 : 0);
-        }
+    for (int i = threadIdx.x; i < MMA_OUT * k_pad; i += blockDim.x) {
+        const int oo = i / k_pad, p = i - oo * k_pad, o = o0 + oo;
+        const bool real = o < v.out_channels && p < positions;
+        const float* from = dy + (((size_t)s * v.out_channels + o) * v.out_h + oy0) * v.out_w + p;
+        cp_async4_or_zero(dys + oo * dy_pitch + p, real ? from : dy, real ? 4 : 0);
     }
     stage_band(tile, x, v, s, c0, count, oy0);
     cp_async_commit();

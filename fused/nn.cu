@@ -41,7 +41,9 @@
 //                conv2d and its gradients as products whose operands are staged from the windows where they
 //                lie: no col, outputs in [N, C, H, W] order; dw and db in one product, sliced over the
 //                positions), nn_conv2d_direct and nn_conv2d_direct_grad_weight (the same where a band of
-//                the image fits in shared memory: the band staged once a block, each window read from it);
+//                the image fits in shared memory: the band staged once a block, each window read from it),
+//                nn_conv2d_mma and nn_conv2d_mma_grad_weight (those bands' products on the tensor cores,
+//                3xTF32);
 //                nn_im2col and nn_col2im (the bf16 path: col as a product's operand, and its
 //                input gradient, a thread per input element summing its taps in order), nn_max_pool (the
 //                first largest of each window, its place kept) and nn_max_pool_grad (a thread per input
@@ -2084,8 +2086,8 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
 
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
 // s·bands + band, as nn_conv2d_direct_grad_weight's. Blocks of `warps` warps take 8·MMA_GRAD_TILES·warps
-// taps each from t0 (the bias's after the last). Grid: (N·bands, ⌈O/MMA_OUT⌉ · ⌈(taps + 1)/(8·MMA_GRAD_TILES·warps)⌉);
-// shared memory MMA_OUT·dy_pitch (dy, [o][position], 0 past the band's positions up to a multiple of 8;
+// taps each from t0 (the bias's after the last). Grid: (N·bands, ⌈O/MMA_OUT⌉ ·
+// ⌈(taps + 1)/(8·MMA_GRAD_TILES·warps)⌉); shared memory MMA_OUT·dy_pitch (dy, [o][position], 0 past the band's positions up to a multiple of 8;
 // dy_pitch ≡ 4 (mod 32) puts a warp's A fragments in distinct banks) + (chunk + 1)·plane floats (x,
 // channels from the block's first tap's, then a plane of ones).
 extern "C" __global__ void __launch_bounds__(THREADS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One run on a freshly started H200: 4a97edf built with its kernels compiled in (TEXTNET_PRECOMPILE=1), an
+# One run on a freshly started H200: 795b3e4 built with its kernels compiled in (TEXTNET_PRECOMPILE=1), an
 # empty kernel cache: the first `selftest --quick`, then the full selftest.
-# Binary: `TEXTNET_PRECOMPILE=1 cargo build --release --bin textnet` at 4a97edf, stripped, xz'd to
+# Binary: `TEXTNET_PRECOMPILE=1 cargo build --release --bin textnet` at 795b3e4, stripped, xz'd to
 # data/textnet-fresh.xz. OUT set.
 set -u
 export NCCL_NVLS_ENABLE=0

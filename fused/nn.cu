@@ -2088,9 +2088,10 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
 // s·bands + band, as nn_conv2d_direct_grad_weight's. Blocks of `warps` warps take 8·MMA_GRAD_TILES·warps
 // taps each from t0 (the bias's after the last). Grid: (N·bands, ⌈O/MMA_OUT⌉ ·
-// ⌈(taps + 1)/(8·MMA_GRAD_TILES·warps)⌉); shared memory MMA_OUT·dy_pitch (dy, [o][position], 0 past the band's positions up to a multiple of 8;
-// dy_pitch ≡ 4 (mod 32) puts a warp's A fragments in distinct banks) + (chunk + 1)·plane floats (x,
-// channels from the block's first tap's, then a plane of ones).
+// ⌈(taps + 1)/(8·MMA_GRAD_TILES·warps)⌉); shared memory MMA_OUT·dy_pitch floats (dy, [o][position], 0 past
+// the band's positions up to a multiple of 8; dy_pitch ≡ 4 (mod 32), direct_conv.rs's mma_dy_pitch, puts a
+// warp's A fragments in distinct banks) + (chunk + 1)·plane floats (x, channels from the block's first
+// tap's, then a plane of ones).
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
                           float* __restrict__ dw_parts, float* __restrict__ db_parts) {

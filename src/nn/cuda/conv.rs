@@ -220,9 +220,9 @@ fn conv2d_fp32<F: Real>(
     let (outputs, columns) = (conv.out_channels, samples * conv.out_height * conv.out_width);
     let (xb, wb) = (buffer(x), buffer(weight));
     let out = device.alloc(NAME, outputs * columns)?;
-    let direct = device.conv_kernels();
+    let kernels = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
-    if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, direct)? {
+    if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, kernels)? {
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), &out)?;
     } else {
         let tile = conv_tile(outputs);
@@ -236,10 +236,10 @@ fn conv2d_fp32<F: Real>(
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let d = &device_;
         let dx =
-            if needs[0] { Some(conv2d_grad_input(d, (grad, &wb), (&sizes, &conv, samples), direct)?) } else { None };
+            if needs[0] { Some(conv2d_grad_input(d, (grad, &wb), (&sizes, &conv, samples), kernels)?) } else { None };
         let wants_bias = with_bias && needs[2];
         let (dw, db) = if needs[1] || wants_bias {
-            let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), (wants_bias, direct))?;
+            let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), (wants_bias, kernels))?;
             (needs[1].then_some(dw), db)
         } else {
             (None, None)
@@ -250,19 +250,19 @@ fn conv2d_fp32<F: Real>(
     Ok(Tensor::from_device_op(NAME, out, shape, &inputs, Box::new(backward)))
 }
 
-/// The input's gradient `[N, C, H, W]` of a convolution of the sizes `conv` over `samples` images from the
-/// output gradient `dy` and the weight `w`: direct where it may be (`direct`) and fits, else the product of
+/// The input's gradient `[N, C, H, W]` of a convolution of the sizes `conv` over `samples` images from the output
+/// gradient `dy` and the weight `w`: direct where `kernels` has direct kernels and they fit, else the product of
 /// the weight and `dy` read at the positions each input element reaches.
 fn conv2d_grad_input(
     device: &Arc<Device>,
     (dy, w): (&DeviceBuffer, &DeviceBuffer),
     (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
-    direct: direct_conv::ConvKernels,
+    kernels: direct_conv::ConvKernels,
 ) -> Result<DeviceBuffer> {
     const NAME: &str = "conv2d";
     let dx = device.alloc(NAME, samples * conv.input_len())?;
     let sms = device.gpu.sm_count as usize;
-    if let Some(plan) = direct_conv::input_grad_plan(NAME, conv, samples, sms, direct)? {
+    if let Some(plan) = direct_conv::input_grad_plan(NAME, conv, samples, sms, kernels)? {
         direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), &dx)?;
         return Ok(dx);
     }
@@ -276,20 +276,20 @@ fn conv2d_grad_input(
     Ok(dx)
 }
 
-/// The weight's gradient `[O, C·KH·KW]` of a convolution of the sizes `conv` over `samples` images, and the
-/// bias's `[O]` when `with_bias`: direct where it may be (`direct`) and fits, a slice a band of an image,
-/// else one product of the output gradient `dy` and the windows of `x`, over the positions cut into slices
-/// enough to give every SM blocks; the slices' results then added in order.
+/// The weight's gradient `[O, C·KH·KW]` of a convolution of the sizes `conv` over `samples` images, and the bias's
+/// `[O]` when `with_bias`: direct where `kernels` has direct kernels and they fit, a slice a band of an image,
+/// else one product of the output gradient `dy` and the windows of `x`, over the positions cut into slices enough
+/// to give every SM blocks; the slices' results then added in order.
 fn conv2d_grad_weight(
     device: &Arc<Device>,
     (dy, x): (&DeviceBuffer, &DeviceBuffer),
     (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
-    (with_bias, direct): (bool, direct_conv::ConvKernels),
+    (with_bias, kernels): (bool, direct_conv::ConvKernels),
 ) -> Result<(DeviceBuffer, Option<DeviceBuffer>)> {
     const NAME: &str = "conv2d";
     let (outputs, taps) = (conv.out_channels, conv.taps());
     let sms = device.gpu.sm_count as usize;
-    let plan = direct_conv::weight_grad_plan(NAME, conv, samples, sms, (with_bias, direct))?;
+    let plan = direct_conv::weight_grad_plan(NAME, conv, samples, sms, (with_bias, kernels))?;
     let (dw_parts, db_parts, slices) = match plan {
         Some(plan) => direct_conv::grad_weight_slices(device, NAME, &plan, (dy, x), (outputs, taps, with_bias))?,
         None => implicit_grad_weight_slices(device, (dy, x), (sizes, conv, samples), with_bias)?,

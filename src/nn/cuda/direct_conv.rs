@@ -365,7 +365,7 @@ pub(super) fn weight_grad_plan(
         ConvKernels::Fma => fma_weight_grad_plan(conv, samples, sms, with_bias),
         ConvKernels::TensorCores => mma_weight_grad_plan(conv, samples, sms, with_bias),
     };
-    let Some((rows, chunk, tile, grid, threads, floats)) = plan else { return Ok(None) };
+    let Some(WeightGradLayout { rows, chunk, tile, blocks, threads, floats }) = plan else { return Ok(None) };
     let slices = samples * out_h.div_ceil(rows);
     if slices.saturating_mul(outputs * (conv.taps() + 1)) > DIRECT_MAX_PARTIALS {
         return Ok(None);
@@ -380,12 +380,19 @@ pub(super) fn weight_grad_plan(
     };
     let sizes = DirectConv::of(op, &walk, samples, (rows, chunk), tile)?;
     let mma = kernels == ConvKernels::TensorCores;
-    Ok(Some(DirectPlan { sizes, grid: (slices, grid), threads, shared: floats * 4, mma }))
+    Ok(Some(DirectPlan { sizes, grid: (slices, blocks), threads, shared: floats * 4, mma }))
 }
 
-/// A weight gradient's band rows, chunk, tile, blocks a band (the grid's y), threads a block and shared
-/// floats, or None where a band of one row does not fit.
-type WeightGradLayout = (usize, usize, Tile, usize, usize, usize);
+/// A weight gradient's layout, before its slices are counted: the band's rows, the channels staged, their
+/// tile, blocks a band (the grid's y), threads a block and shared memory (floats).
+struct WeightGradLayout {
+    rows: usize,
+    chunk: usize,
+    tile: Tile,
+    blocks: usize,
+    threads: usize,
+    floats: usize,
+}
 
 /// The pitches of a weight gradient's tiles of `rows` rows: a row pitch ≡ KW and a plane ≡ KH·KW (mod 32),
 /// so that consecutive taps fall in consecutive banks.
@@ -396,7 +403,7 @@ fn weight_grad_tile(conv: &Conv2dShape, rows: usize) -> Tile {
     Tile { h, w, pitch, plane: pitch_from(h * pitch, kh * kw) }
 }
 
-/// `nn_conv2d_direct_grad_weight`'s layout.
+/// `nn_conv2d_direct_grad_weight`'s layout, or None where a band of one row does not fit.
 fn fma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bias: bool) -> Option<WeightGradLayout> {
     let (outputs, out_h, out_w) = (conv.out_channels, conv.out_height, conv.out_width);
     let (kh, kw) = (conv.kernel_h, conv.kernel_w);
@@ -409,7 +416,8 @@ fn fma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bia
     let floats = |rows: usize| rows * out_w * GRAD_OUT + (chunk + 1) * weight_grad_tile(conv, rows).plane;
     let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
     let rows = fitting_rows(rows, floats)?;
-    Some((rows, chunk, weight_grad_tile(conv, rows), blocks, 2 * lanes, floats(rows)))
+    let tile = weight_grad_tile(conv, rows);
+    Some(WeightGradLayout { rows, chunk, tile, blocks, threads: 2 * lanes, floats: floats(rows) })
 }
 
 /// The row pitch of `nn_conv2d_mma_grad_weight`'s staged dy for bands of `rows` rows: their positions
@@ -420,7 +428,7 @@ fn mma_dy_pitch(rows: usize, out_w: usize) -> usize {
 }
 
 /// `nn_conv2d_mma_grad_weight`'s layout: as many warps as the columns' n8 tiles want, MMA_GRAD_TILES each,
-/// at most a block's.
+/// at most a block's; None where a band of one row does not fit.
 fn mma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bias: bool) -> Option<WeightGradLayout> {
     let (outputs, out_h, out_w) = (conv.out_channels, conv.out_height, conv.out_width);
     let columns = conv.taps() + with_bias as usize;
@@ -432,7 +440,8 @@ fn mma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bia
     let floats = |rows: usize| MMA_OUT * mma_dy_pitch(rows, out_w) + (chunk + 1) * weight_grad_tile(conv, rows).plane;
     let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
     let rows = fitting_rows(rows, floats)?;
-    Some((rows, chunk, weight_grad_tile(conv, rows), blocks, warps * 32, floats(rows)))
+    let tile = weight_grad_tile(conv, rows);
+    Some(WeightGradLayout { rows, chunk, tile, blocks, threads: warps * 32, floats: floats(rows) })
 }
 
 impl Device {
@@ -446,8 +455,8 @@ impl Device {
     }
 }
 
-/// `nn_conv2d_direct` by `plan`: `out` from `input` and `weight` (+ `bias`), the forward or (a flipped plan)
-/// the input gradient.
+/// `nn_conv2d_direct`, or `nn_conv2d_mma` for a tensor-core plan, by `plan`: `out` from `input` and
+/// `weight` (+ `bias`), the forward or (a flipped plan) the input gradient.
 pub(super) fn launch_windows(
     device: &Arc<Device>,
     op: &'static str,
@@ -461,7 +470,8 @@ pub(super) fn launch_windows(
     device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)
 }
 
-/// `nn_conv2d_direct_grad_weight` by `plan`: each band's dw `[O, C·KH·KW]` and, with a plan made
+/// `nn_conv2d_direct_grad_weight`, or `nn_conv2d_mma_grad_weight` for a tensor-core plan, by `plan`: each
+/// band's dw `[O, C·KH·KW]` and, with a plan made
 /// `with_bias`, db `[O]` in a slice of its own, and the number of slices (which the caller adds in order).
 pub(super) fn grad_weight_slices(
     device: &Arc<Device>,

@@ -7,7 +7,9 @@
 //                was broadcast to, in row-major order, as the CPU twin does), nn_scalar, nn_unary and
 //                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
 //   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up; a long axis first in
-//                parts by nn_sum_axis_parts, the parts then added in order), nn_sum_rows (one
+//                parts by nn_sum_axis_parts, the parts then added in order), nn_sum_slices (a weight
+//                gradient's slices, dw's and db's, in one launch: parts, then the last block adds them in
+//                order), nn_sum_rows (one
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
@@ -247,6 +249,38 @@ nn_sum_axis_parts(const float* __restrict__ x, float* __restrict__ part, int out
         for (int k = p * rows_per_part; k < end; ++k) sum += from[(size_t)k * inner];
         part[e] = sum;
     }
+}
+
+// A weight gradient's slices added in order, dw's and db's in one launch: out_a[i] = Σ_s a[s·width_a + i]
+// and out_b[i] = Σ_s b[s·width_b + i] (b null where width_b is 0), s from 0 up over the slices. A thread per
+// (part, column) first sums part p's slices, from p·per_part up, into partial[p][column] (columns a's then
+// b's); the last block to finish (`ticket`, left at 0) then adds each column's parts in order. One launch
+// where nn_sum_axis_parts and nn_sum_axis took two for each of dw and db.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_sum_slices(const float* __restrict__ a, float* __restrict__ out_a, int width_a, const float* __restrict__ b,
+              float* __restrict__ out_b, int width_b, int slices, int per_part, float* __restrict__ partial,
+              unsigned* __restrict__ ticket) {
+    begin_after_previous_grid();
+    const int width = width_a + width_b, parts = (slices + per_part - 1) / per_part;
+    for (int e = grid_index(); e < parts * width; e += grid_stride()) {
+        const int p = e / width, i = e - p * width, end = min(slices, (p + 1) * per_part);
+        const bool in_a = i < width_a;
+        const float* from = in_a ? a + i : b + (i - width_a);
+        const size_t stride = in_a ? width_a : width_b;
+        float sum = 0.0f;
+#pragma unroll 8
+        for (int k = p * per_part; k < end; ++k) sum += from[k * stride];
+        partial[e] = sum;
+    }
+    if (!last_block_to_finish(ticket)) return;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float sum = 0.0f;
+#pragma unroll 8
+        for (int p = 0; p < parts; ++p) sum += __ldcg(&partial[(size_t)p * width + i]);
+        if (i < width_a) out_a[i] = sum;
+        else out_b[i - width_a] = sum;
+    }
+    if (threadIdx.x == 0) ticket[0] = 0;
 }
 
 // out[r] = scale · Σ of row r's n elements: one block per row, each thread a strided part, then a fixed tree.
@@ -1781,13 +1815,33 @@ __device__ __forceinline__ void direct_tap(float (&acc)[DIRECT_OUT][DIRECT_PX], 
 }
 static_assert(DIRECT_PX == 4, "the packed 3×3 walk reads a float4 and a float2 a kernel row");
 
+// What a direct window walk does with a result `value` at out[e], beside storing it: the fusions of the
+// capture (nn/cuda/fusion.rs). In the forward, activated[e] = act(value) where a unary op reads the result
+// (nn_unary's expression); in the input gradient, value times the slope of the activation that made the
+// convolution's input (act_out = act(act_pre)), in place of nn_unary_grad's launch. Null pointers: none.
+// The kernels take its four fields as arguments after `out`.
+struct WindowEpilogue {
+    float* activated;
+    const float* act_pre;
+    const float* act_out;
+    int act;
+};
+
+__device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
+    if (f.act_pre) value *= unary_slope(f.act, f.act_pre[e], f.act_out[e]);
+    out[e] = value;
+    if (f.activated) f.activated[e] = unary_apply(f.act, value);
+}
+
 // Grid: (N·bands, ⌈out_channels/DIRECT_BLOCK_OUT⌉), blocks of DIRECT_SPLIT·band_rows·G threads or more (a
 // multiple of 32, at most THREADS); shared memory chunk · (KH·KW·DIRECT_BLOCK_OUT + plane) floats, the
 // weights first. bias may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
-                 const float* __restrict__ bias, float* __restrict__ out) {
+                 const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
+                 const float* __restrict__ act_pre, const float* __restrict__ act_out, int act) {
     begin_after_previous_grid();
+    const WindowEpilogue epilogue{activated, act_pre, act_out, act};
     extern __shared__ float4 smem4[];
     float* weights = reinterpret_cast<float*>(smem4);  // [c][ky][kx][o], DIRECT_BLOCK_OUT a tap
     const int taps = v.kernel_h * v.kernel_w, groups = (v.out_w + DIRECT_PX - 1) / DIRECT_PX;
@@ -1847,12 +1901,12 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
 #pragma unroll
     for (int o = 0; o < DIRECT_OUT; ++o) {
         if (first + o >= v.out_channels) break;
-        float* dst = out + (((size_t)s * v.out_channels + first + o) * v.out_h + oy0 + row) * v.out_w;
+        const size_t at = (((size_t)s * v.out_channels + first + o) * v.out_h + oy0 + row) * v.out_w;
         const float b = bias ? bias[first + o] : 0.0f;
 #pragma unroll
         for (int j = 0; j < DIRECT_PX; ++j) {
             const int ox = packed ? DIRECT_PX * g + j : g + j * groups;
-            if (ox < v.out_w) dst[ox] = bias ? acc[o][j] + b : acc[o][j];
+            if (ox < v.out_w) store_window(out, at + ox, bias ? acc[o][j] + b : acc[o][j], epilogue);
         }
     }
 }
@@ -2007,8 +2061,10 @@ __device__ __forceinline__ int band_offset(const DirectConv& v, int p) {
 // element, whose product with a 0 weight is 0 where the result is finite), then the tile. bias may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
-              const float* __restrict__ bias, float* __restrict__ out) {
+              const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
+              const float* __restrict__ act_pre, const float* __restrict__ act_out, int act) {
     begin_after_previous_grid();
+    const WindowEpilogue epilogue{activated, act_pre, act_out, act};
     extern __shared__ float4 smem4[];
     const int taps = v.kernel_h * v.kernel_w, k_pad = (v.chunk * taps + 7) / 8 * 8;
     float* weights = reinterpret_cast<float*>(smem4);
@@ -2076,11 +2132,13 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
             const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8;
             if (p >= positions) continue;
             const int row = p / v.out_w;
-            float* dst = out + (size_t)s * v.out_channels * v.out_h * v.out_w + (oy0 + row) * v.out_w + p - row * v.out_w;
+            const size_t at = (size_t)s * v.out_channels * v.out_h * v.out_w + (oy0 + row) * v.out_w + p - row * v.out_w;
 #pragma unroll
             for (int nb = 0; nb < 2; ++nb) {
                 const int oc = o0 + nb * 8 + 2 * tig + r % 2;
-                if (oc < v.out_channels) dst[(size_t)oc * v.out_h * v.out_w] = bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r];
+                if (oc < v.out_channels)
+                    store_window(out, at + (size_t)oc * v.out_h * v.out_w, bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r],
+                                 epilogue);
             }
         }
 }

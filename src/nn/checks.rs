@@ -1231,6 +1231,93 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
     Ok(checks)
 }
 
+/// The losses and final parameters of 4 SGD steps of two convolutions with an activation after each (x
+/// `[3, 2, 9, 11]` → 4 channels, `first` → 5 channels, `second` → sum), op by op or through a
+/// `CapturedStep`, whose capture puts both activations in their convolutions' stores; and its fusions.
+fn conv_steps(
+    device: &Arc<Device>,
+    seed: u64,
+    (first, second): (Activation, Activation),
+    captured: bool,
+) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
+    use super::CapturedStep;
+    use rand::SeedableRng;
+    const STEPS: usize = 4;
+    let mut rng = SeededRng::seed_from_u64(seed);
+    let shapes: [&[usize]; 4] = [&[4, 2, 3, 3], &[4], &[5, 4, 3, 3], &[5]];
+    let parameters: Vec<Tensor> = (shapes.iter())
+        .map(|s| Tensor::parameter(values(&mut rng, s, -0.5, 0.5), s)?.to_device(device))
+        .collect::<Result<_>>()?;
+    let batches: Vec<Vec<f32>> = (0..STEPS).map(|_| values(&mut rng, &[3, 2, 9, 11], -1.0, 1.0)).collect();
+    let x = Tensor::from_vec(batches[0].clone(), &[3, 2, 9, 11])?.to_device(device)?;
+    let mut sgd = Optimizer::sgd(parameters.clone(), 0.1)?;
+    let mut step = CapturedStep::new(device, &[&x])?;
+    let mut losses = Vec::new();
+    for batch in &batches {
+        x.copy_from_slice(batch)?;
+        let mut one_step = || {
+            sgd.zero_grad();
+            let p = &parameters;
+            let h = first(&conv2d(&x, &p[0], Some(&p[1]), 1, 1)?)?;
+            let loss = second(&conv2d(&h, &p[2], Some(&p[3]), 1, 1)?)?.sum_all()?;
+            loss.backward()?;
+            sgd.step()?;
+            Ok(loss)
+        };
+        let loss = if captured { step.run(one_step)? } else { one_step()? };
+        losses.push(loss.item()?);
+    }
+    let fusions = step.fusions().to_vec();
+    Ok((steps_result(captured.then_some(&step), losses, &parameters)?, fusions))
+}
+
+/// A direct convolution's fusions (cuda::fusion) equal the launches they replace to the bit, on the tensor
+/// cores and on the CUDA cores, for each activation: captured, each activation in its convolution's stores
+/// (`conv2d → relu`, …) against the same steps op by op; and, op by op, the first activation's slope in the
+/// second convolution's input gradient (taken each step) against the fusion off. Each fusion was made (an equality that fused
+/// nothing would prove nothing); with the implicit products, none is.
+fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let activations: [(&str, Activation); 4] =
+        [("relu", Tensor::relu), ("sigmoid", Tensor::sigmoid), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu)];
+    let mut checks = Vec::new();
+    for kernels in ConvKernels::ALL {
+        device.set_conv_kernels(kernels);
+        for (i, (name, first)) in activations.iter().enumerate() {
+            let (second_name, second) = activations[(i + 1) % activations.len()];
+            let seed = rng.random();
+            let pair = (*first, second);
+            let run = |captured| conv_steps(device, seed, pair, captured);
+            let before = device.slopes_taken();
+            let eager = run(false);
+            let slopes = device.slopes_taken() - before;
+            device.set_backward_fusion(false);
+            let unfused = run(false);
+            device.set_backward_fusion(true);
+            let ((eager, _), (unfused, _), (captured, fusions)) = (eager?, unfused?, run(true)?);
+            let made = |prefix: &str| fusions.iter().filter(|(what, _)| what.starts_with(prefix)).map(|(_, n)| n).sum();
+            let (forward, backward): (usize, usize) = (made("conv2d → "), made("conv2d ← "));
+            let direct = kernels != ConvKernels::Implicit;
+            let expected = if direct { (2, 1, 4) } else { (0, 0, 0) };
+            let right = (forward, backward, slopes) == expected
+                && bits(&eager) == bits(&captured)
+                && bits(&eager) == bits(&unfused);
+            checks.push(Check {
+                kernel: "nn fused conv2d = op by op".into(),
+                shape: format!(
+                    "[3, 2, 9, 11] conv 3×3 → 4, {name}, conv 3×3 → 5, {second_name}, 4 SGD steps, {} (fused: {forward} \
+                     in the stores, {backward} slope)",
+                    kernels.name()
+                ),
+                rel_error: if right { 0.0 } else { f64::INFINITY },
+                tolerance: 0.0,
+            });
+        }
+    }
+    device.set_conv_kernels(ConvKernels::TensorCores);
+    Ok(checks)
+}
+
 /// Every check of `nn` the plan asks for.
 pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
     let device = Device::on(Arc::clone(gpu))?;
@@ -1288,6 +1375,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         }
         checks.extend(fusion_checks(&device, seed)?);
         checks.extend(loss_fusion_checks(&device, &mut plan.rng("nn loss fusion"))?);
+        checks.extend(conv_fusion_checks(&device, &mut plan.rng("nn conv fusion"))?);
     }
     Ok(checks)
 }

@@ -23,7 +23,9 @@
 //! max_pool2d keeps each window's winner (its place in the window) from the forward; the backward gives
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
-use super::ops::{add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_axis_into};
+use super::direct_conv::WindowFusion;
+use super::fusion::{Extra, Producer};
+use super::ops::{add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_slices};
 use super::{CONV_TILES, Device, DeviceBuffer, direct_conv};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::{Arg, StructArg};
@@ -219,11 +221,23 @@ fn conv2d_fp32<F: Real>(
     let sizes = StructArg::of(&ConvShape::of(NAME, conv, samples)?);
     let (outputs, columns) = (conv.out_channels, samples * conv.out_height * conv.out_width);
     let (xb, wb) = (buffer(x), buffer(weight));
+    let producer = device.producer(NAME);
     let out = device.alloc(NAME, outputs * columns)?;
     let kernels = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, kernels)? {
-        direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), &out)?;
+        // The activation a reader wanted (capture-time fusion), into a buffer of its own.
+        let activation = producer.as_ref().and_then(Producer::activation).filter(|&(_, bf16)| !bf16);
+        let activated = activation.map(|(code, _)| device.alloc(NAME, outputs * columns).map(|a| (code, a)));
+        let activated = activated.transpose()?;
+        let fusion = match &activated {
+            Some((code, out)) => WindowFusion::Activation { code: *code, out },
+            None => WindowFusion::None,
+        };
+        direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), (&out, fusion))?;
+        if let Some((code, activated)) = activated {
+            out.attach(Extra::Activation { code, out: activated, by: NAME });
+        }
     } else {
         let tile = conv_tile(outputs);
         let grid = conv_grid(NAME, tile, (outputs, columns), 1)?;
@@ -231,12 +245,16 @@ fn conv2d_fp32<F: Real>(
         let shared = conv_shared(device, tile, conv.taps());
         device.launch_struct(NAME, &device.kernels.conv[tile], (grid, shared), &sizes, &args)?;
     }
+    out.made_by_producer(producer.as_ref());
     let (device_, conv) = (Arc::clone(device), *conv);
     let with_bias = bias.is_some();
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let d = &device_;
-        let dx =
-            if needs[0] { Some(conv2d_grad_input(d, (grad, &wb), (&sizes, &conv, samples), kernels)?) } else { None };
+        let dx = if needs[0] {
+            Some(conv2d_grad_input(d, (grad, &wb, &xb), (&sizes, &conv, samples), kernels)?)
+        } else {
+            None
+        };
         let wants_bias = with_bias && needs[2];
         let (dw, db) = if needs[1] || wants_bias {
             let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), (wants_bias, kernels))?;
@@ -252,10 +270,11 @@ fn conv2d_fp32<F: Real>(
 
 /// The input's gradient `[N, C, H, W]` of a convolution of the sizes `conv` over `samples` images from the output
 /// gradient `dy` and the weight `w`: direct where `kernels` has direct kernels and they fit, else the product of
-/// the weight and `dy` read at the positions each input element reaches.
+/// the weight and `dy` read at the positions each input element reaches. Direct, it is times the slope of the
+/// activation that made the input `x` where the backward offers it (the module fusion.rs's text).
 fn conv2d_grad_input(
     device: &Arc<Device>,
-    (dy, w): (&DeviceBuffer, &DeviceBuffer),
+    (dy, w, x): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
     (sizes, conv, samples): (&StructArg, &Conv2dShape, usize),
     kernels: direct_conv::ConvKernels,
 ) -> Result<DeviceBuffer> {
@@ -263,7 +282,12 @@ fn conv2d_grad_input(
     let dx = device.alloc(NAME, samples * conv.input_len())?;
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::input_grad_plan(NAME, conv, samples, sms, kernels)? {
-        direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), &dx)?;
+        let slope = device.take_slope(NAME, x, |_| true);
+        let fusion = match &slope {
+            Some((code, pre)) => WindowFusion::Slope { code: *code, pre, out: x },
+            None => WindowFusion::None,
+        };
+        direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), (&dx, fusion))?;
         return Ok(dx);
     }
     let tile = conv_tile(conv.channels);
@@ -298,15 +322,8 @@ fn conv2d_grad_weight(
         return Ok((dw_parts, db_parts));
     }
     let dw = device.alloc(NAME, outputs * taps)?;
-    sum_axis_into(device, NAME, &dw_parts, (1, slices, outputs * taps), 1.0, &dw)?;
-    let db = match db_parts {
-        Some(parts) => {
-            let db = device.alloc(NAME, outputs)?;
-            sum_axis_into(device, NAME, &parts, (1, slices, outputs), 1.0, &db)?;
-            Some(db)
-        }
-        None => None,
-    };
+    let db = if db_parts.is_some() { Some(device.alloc(NAME, outputs)?) } else { None };
+    sum_slices(device, NAME, (&dw_parts, &dw), db_parts.as_ref().zip(db.as_ref()), slices)?;
     Ok((dw, db))
 }
 

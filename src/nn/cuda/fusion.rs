@@ -5,6 +5,7 @@
 //! | producer → reader | the one launch |
 //! |---|---|
 //! | `linear` → `relu`, `gelu`, `tanh`, `sigmoid`, … | the activation in the product's epilogue (the pre-activation is still written: the activation's backward reads it) |
+//! | `conv2d` (fp32, direct) → the same | the activation in the window walk's stores, likewise |
 //! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
 //! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
@@ -32,9 +33,9 @@
 //! drawing twice could take its steps in another order.
 //!
 //! One fusion happens in the backward, eager or captured alike: an activation whose one reader is a linear
-//! layer (fp32) gets its input's gradient from that layer's backward, which multiplies dx by the
-//! activation's slope in its epilogue (`nn_linear_grad`'s `act_pre`), and the activation's own backward
-//! does not launch. The autograd walk, which alone knows that the layer is the activation's one reader,
+//! layer (fp32) or a convolution whose input gradient is direct gets its input's gradient from that
+//! layer's backward, which multiplies dx by the activation's slope in its epilogue (`nn_linear_grad`'s
+//! `act_pre`, the window walks' `WindowEpilogue`), and the activation's own backward does not launch. The autograd walk, which alone knows that the layer is the activation's one reader,
 //! offers it ([`Device::offer_slope`]); the layer's backward takes it or not ([`Device::take_slope`]); the
 //! walk then sends the gradient on to the activation's input ([`Device::slope_taken`]). The expression is
 //! `nn_unary_grad`'s, so the bits are the same as the two launches'. `TEXTNET_FUSION=0` turns it off.
@@ -161,9 +162,11 @@ impl NormParams {
 /// A result a producer computed for a reader of its output, attached to that output.
 #[derive(Clone)]
 pub(crate) enum Extra {
+    /// The activation `code` of these elements, computed by the op `by` that made them.
     Activation {
         code: i32,
         out: DeviceBuffer,
+        by: &'static str,
     },
     LayerNorm {
         params: NormParams,
@@ -419,7 +422,12 @@ impl Device {
     /// For a backward reading `input`: the offered activation's code and input when `input` is its output
     /// and the backward can fuse that code (`fuses`), marked as taken. The caller then returns the
     /// gradient of the activation's input in place of `input`'s.
-    pub(crate) fn take_slope(&self, input: &DeviceBuffer, fuses: impl Fn(i32) -> bool) -> Option<(i32, DeviceBuffer)> {
+    pub(crate) fn take_slope(
+        &self,
+        op: &'static str,
+        input: &DeviceBuffer,
+        fuses: impl Fn(i32) -> bool,
+    ) -> Option<(i32, DeviceBuffer)> {
         let mut offer = self.slope_offer.lock().unwrap_or_else(|p| p.into_inner());
         let offered = offer.as_mut().filter(|o| o.output.same_elements(input))?;
         let (code, of) = input.slope_extra().filter(|&(code, _)| fuses(code))?;
@@ -427,7 +435,7 @@ impl Device {
         self.slopes_taken.fetch_add(1, Ordering::Relaxed);
         if self.fusing.load(Ordering::Relaxed) {
             drop(offer);
-            self.fused("linear ← activation: its slope in dx's epilogue, no launch of its backward".into());
+            self.fused(format!("{op} ← activation: its slope in dx's epilogue, no launch of its backward"));
         }
         Some((code, of))
     }
@@ -476,10 +484,10 @@ impl DeviceBuffer {
         self.block.fused().extras.push(extra);
     }
 
-    /// The activation `code` of these elements, when their producer computed it.
-    pub(crate) fn activation_extra(&self, code: i32) -> Option<DeviceBuffer> {
+    /// The activation `code` of these elements and the op that computed it, when their producer did.
+    pub(crate) fn activation_extra(&self, code: i32) -> Option<(DeviceBuffer, &'static str)> {
         self.block.fused().extras.iter().find_map(|e| match e {
-            Extra::Activation { code: c, out } if *c == code => Some(out.clone()),
+            Extra::Activation { code: c, out, by } if *c == code => Some((out.clone(), *by)),
             _ => None,
         })
     }

@@ -57,6 +57,7 @@ pub(crate) struct Kernels {
     pub(crate) gather: Kernel,
     pub(crate) sum_axis: Kernel,
     pub(crate) sum_axis_parts: Kernel,
+    pub(crate) sum_slices: Kernel,
     pub(crate) sum_rows: Kernel,
     pub(crate) expand_axis: Kernel,
     pub(crate) softmax_rows: Kernel,
@@ -143,7 +144,7 @@ pub struct Device {
     pub(crate) gemm_shared_bf16: u32,
     /// The arrival counters of the kernels whose last block finishes their work ([`Ticket`]), each left
     /// at 0 by its kernel.
-    tickets: [CudaSlice<u32>; 2],
+    tickets: [CudaSlice<u32>; 3],
     /// Whether products run on the bf16 tensor cores ([`Device::set_precision`]).
     bf16_products: AtomicBool,
     free: Arc<Pool>,
@@ -227,6 +228,7 @@ impl Device {
                 gather: k("nn_gather")?,
                 sum_axis: k("nn_sum_axis")?,
                 sum_axis_parts: k("nn_sum_axis_parts")?,
+                sum_slices: k("nn_sum_slices")?,
                 sum_rows: k("nn_sum_rows")?,
                 expand_axis: k("nn_expand_axis")?,
                 softmax_rows: k("nn_softmax_rows")?,
@@ -317,7 +319,7 @@ impl Device {
         let conv_shared = CONV_TILES.map(shared_bytes);
         let logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
-        let tickets = [zeroed()?, zeroed()?];
+        let tickets = [zeroed()?, zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::compile::has_wgmma(gpu.compute_capability)) * 4)
                 as u32;
@@ -535,6 +537,8 @@ pub(crate) enum Ticket {
     CrossEntropy,
     /// `nn_update_tensors`: its last block advances the step counts.
     Update,
+    /// `nn_sum_slices`: its last block adds the parts.
+    SliceSum,
 }
 
 /// Device memory that goes back to its pool (the device's, or a captured step's) when the last buffer

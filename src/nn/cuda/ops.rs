@@ -249,8 +249,8 @@ pub(crate) fn unary<F: Real>(device: &Arc<Device>, name: &'static str, code: i32
     let reader = producer.as_ref().map_or(usize::MAX, |p| p.number);
     device.want(&input, Want::Activation { code, reader, bf16: false });
     let out = match input.activation_extra(code) {
-        Some(out) => {
-            device.fused(format!("linear → {name}: the activation in the product's epilogue"));
+        Some((out, by)) => {
+            device.fused(format!("{by} → {name}: the activation in {by}'s epilogue"));
             out
         }
         None => {
@@ -347,6 +347,36 @@ pub(super) fn sum_axis_into(
     let args = [device.arg(&x), device.arg(out), Arg::i32(int(name, outer)?), Arg::i32(int(name, n)?)];
     let args = [&args[..], &[Arg::i32(int(name, inner)?), Arg::f32(scale)]].concat();
     device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)
+}
+
+/// A weight gradient's `slices` slices added in order, in one launch (`nn_sum_slices`): `dw_parts`
+/// `[slices, dw.len]` into `dw`, and `db_parts` `[slices, db.len]` into `db` where both are given. Parts
+/// enough for about 16k first-pass threads, no more than the last block adds in a few loads a thread.
+pub(super) fn sum_slices(
+    device: &Arc<Device>,
+    name: &'static str,
+    (dw_parts, dw): (&DeviceBuffer, &DeviceBuffer),
+    db: Option<(&DeviceBuffer, &DeviceBuffer)>,
+    slices: usize,
+) -> Result<()> {
+    const FIRST_PASS_THREADS: usize = 1 << 14;
+    let width = dw.len() + db.map_or(0, |(_, db)| db.len());
+    let parts = (FIRST_PASS_THREADS / width.max(1)).clamp(1, slices.max(1));
+    let per_part = slices.div_ceil(parts).max(1);
+    let partial = device.alloc(name, slices.div_ceil(per_part) * width)?;
+    let args = [
+        device.arg(dw_parts),
+        device.arg(dw),
+        Arg::i32(int(name, dw.len())?),
+        optional(device, db.map(|(parts, _)| parts)),
+        optional(device, db.map(|(_, db)| db)),
+        Arg::i32(int(name, width - dw.len())?),
+        Arg::i32(int(name, slices)?),
+        Arg::i32(int(name, per_part)?),
+        device.arg(&partial),
+        device.ticket(Ticket::SliceSum),
+    ];
+    device.launch(name, &device.kernels.sum_slices, device.blocks_for(slices.div_ceil(per_part) * width), 0, &args)
 }
 
 /// Blocks of `nn_softmax_rows` and `nn_cross_entropy`: a warp a row, eight a block.
@@ -829,7 +859,7 @@ pub(crate) fn linear<F: Real>(
         }
     }
     if let (Some(activated), Some((code, _))) = (activated, activation) {
-        out.attach(Extra::Activation { code, out: activated });
+        out.attach(Extra::Activation { code, out: activated, by: NAME });
     }
     if let Some((site, dropped, key)) = dropout {
         out.attach(Extra::Dropout { site, out: dropped, key });
@@ -870,7 +900,7 @@ fn linear_backward_fp32(
         needs[0]
             && grad.same_elements(&f.d)
             && f.tile == linear_grad_tile(d, sizes, bias_needed)
-            && d.take_slope(xb, |code| code == f.code).is_some()
+            && d.take_slope(NAME, xb, |code| code == f.code).is_some()
     });
     let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
         (true, true) if formed_dx.is_some() => {
@@ -884,7 +914,7 @@ fn linear_backward_fp32(
         }
         (true, true) => {
             // dx times the slope of the activation that made x, when the backward offers it.
-            let slope = d.take_slope(xb, |_| true);
+            let slope = d.take_slope(NAME, xb, |_| true);
             let (dx, dw, db) = linear_grad(d, (grad, xb, wb), sizes, bias_needed, slope)?;
             (Some(dx), Some(dw), db)
         }
@@ -923,7 +953,7 @@ fn linear_backward_bf16(
         // runs unsplit (a kernel per activation).
         let unsplit = bf16_split(d, (rows, inputs, outputs), 1, false).0 == 1;
         let fuses = |code: i32| unsplit && usize::try_from(code).is_ok_and(|c| c < d.kernels.product_bf16_slope.len());
-        match d.take_slope(xb, fuses) {
+        match d.take_slope(NAME, xb, fuses) {
             Some((code, pre)) => product_bf16_slope(d, operands, (rows, inputs, outputs), (code, &pre, xb))?,
             None => product_bf16(d, NAME, operands, (rows, inputs, outputs), 1, (0, 0), (false, false), None)?,
         }

@@ -8,8 +8,7 @@
 //                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
 //   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up; a long axis first in
 //                parts by nn_sum_axis_parts, the parts then added in order), nn_sum_slices (a weight
-//                gradient's slices, dw's and db's, in one launch: parts, then the last block adds them in
-//                order), nn_sum_rows (one
+//                gradient's slices, dw's and db's together, likewise in two passes), nn_sum_rows (one
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
@@ -251,36 +250,37 @@ nn_sum_axis_parts(const float* __restrict__ x, float* __restrict__ part, int out
     }
 }
 
-// A weight gradient's slices added in order, dw's and db's in one launch: out_a[i] = Σ_s a[s·width_a + i]
-// and out_b[i] = Σ_s b[s·width_b + i] (b null where width_b is 0), s from 0 up over the slices. A thread per
-// (part, column) first sums part p's slices, from p·per_part up, into partial[p][column] (columns a's then
-// b's); the last block to finish (`ticket`, left at 0) then adds each column's parts in order. One launch
-// where nn_sum_axis_parts and nn_sum_axis took two for each of dw and db.
+// A weight gradient's slices added in order, dw's and db's together: out_a[i] = Σ_s a[s·width_a + i] and
+// out_b[i] = Σ_s b[s·width_b + i] (b null where width_b is 0), s from 0 up over the slices, in two launches,
+// where nn_sum_axis_parts and nn_sum_axis took two for each of dw and db. The first (`last_pass` 0) sums
+// part p's slices, from p·per_part up, into partial[p][column] (columns a's then b's), a thread per (part,
+// column); the second adds each column's parts in order, a thread per column.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_sum_slices(const float* __restrict__ a, float* __restrict__ out_a, int width_a, const float* __restrict__ b,
               float* __restrict__ out_b, int width_b, int slices, int per_part, float* __restrict__ partial,
-              unsigned* __restrict__ ticket) {
+              int last_pass) {
     begin_after_previous_grid();
     const int width = width_a + width_b, parts = (slices + per_part - 1) / per_part;
+    if (last_pass) {
+        for (int i = grid_index(); i < width; i += grid_stride()) {
+            float sum = 0.0f;
+#pragma unroll 4
+            for (int p = 0; p < parts; ++p) sum += partial[(size_t)p * width + i];
+            if (i < width_a) out_a[i] = sum;
+            else out_b[i - width_a] = sum;
+        }
+        return;
+    }
     for (int e = grid_index(); e < parts * width; e += grid_stride()) {
         const int p = e / width, i = e - p * width, end = min(slices, (p + 1) * per_part);
         const bool in_a = i < width_a;
         const float* from = in_a ? a + i : b + (i - width_a);
         const size_t stride = in_a ? width_a : width_b;
         float sum = 0.0f;
-#pragma unroll 8
+#pragma unroll 4
         for (int k = p * per_part; k < end; ++k) sum += from[k * stride];
         partial[e] = sum;
     }
-    if (!last_block_to_finish(ticket)) return;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float sum = 0.0f;
-#pragma unroll 8
-        for (int p = 0; p < parts; ++p) sum += __ldcg(&partial[(size_t)p * width + i]);
-        if (i < width_a) out_a[i] = sum;
-        else out_b[i - width_a] = sum;
-    }
-    if (threadIdx.x == 0) ticket[0] = 0;
 }
 
 // out[r] = scale · Σ of row r's n elements: one block per row, each thread a strided part, then a fixed tree.
@@ -1827,8 +1827,12 @@ struct WindowEpilogue {
     int act;
 };
 
+// The slope by which the input gradient's out[e] is multiplied: 1 where the epilogue has none.
+__device__ __forceinline__ float window_slope(const WindowEpilogue& f, size_t e) {
+    return f.act_pre ? unary_slope(f.act, f.act_pre[e], f.act_out[e]) : 1.0f;
+}
+
 __device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
-    if (f.act_pre) value *= unary_slope(f.act, f.act_pre[e], f.act_out[e]);
     out[e] = value;
     if (f.activated) f.activated[e] = unary_apply(f.act, value);
 }
@@ -1906,7 +1910,10 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
 #pragma unroll
         for (int j = 0; j < DIRECT_PX; ++j) {
             const int ox = packed ? DIRECT_PX * g + j : g + j * groups;
-            if (ox < v.out_w) store_window(out, at + ox, bias ? acc[o][j] + b : acc[o][j], epilogue);
+            if (ox < v.out_w) {
+                const float value = bias ? acc[o][j] + b : acc[o][j];
+                store_window(out, at + ox, epilogue.act_pre ? value * window_slope(epilogue, at + ox) : value, epilogue);
+            }
         }
     }
 }
@@ -2125,22 +2132,42 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
             }
         }
     }
+    // The element of out that the thread's acc[i][nb][r] is, or -1 past the band's positions or the channels.
+    const auto element = [&](int i, int nb, int r) -> long long {
+        const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8, oc = o0 + nb * 8 + 2 * tig + r % 2;
+        if (p >= positions || oc >= v.out_channels) return -1;
+        const int row = p / v.out_w;
+        return ((long long)s * v.out_channels + oc) * v.out_h * v.out_w + (oy0 + row) * v.out_w + p - row * v.out_w;
+    };
+    if (epilogue.act_pre) {
+        // Every slope's loads first, together: between stores, each would wait on the one before.
+        float slope[MMA_TILES][2][4];
+#pragma unroll
+        for (int i = 0; i < MMA_TILES; ++i)
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const long long e = element(i, nb, r);
+                    slope[i][nb][r] = e >= 0 ? window_slope(epilogue, e) : 1.0f;
+                }
+#pragma unroll
+        for (int i = 0; i < MMA_TILES; ++i)
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[i][nb][r] *= slope[i][nb][r];
+    }
 #pragma unroll
     for (int i = 0; i < MMA_TILES; ++i)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8;
-            if (p >= positions) continue;
-            const int row = p / v.out_w;
-            const size_t at = (size_t)s * v.out_channels * v.out_h * v.out_w + (oy0 + row) * v.out_w + p - row * v.out_w;
+        for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
+            for (int r = 0; r < 4; ++r) {
+                const long long e = element(i, nb, r);
                 const int oc = o0 + nb * 8 + 2 * tig + r % 2;
-                if (oc < v.out_channels)
-                    store_window(out, at + (size_t)oc * v.out_h * v.out_w, bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r],
-                                 epilogue);
+                if (e >= 0) store_window(out, e, bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r], epilogue);
             }
-        }
 }
 
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice

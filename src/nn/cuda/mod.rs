@@ -144,7 +144,7 @@ pub struct Device {
     pub(crate) gemm_shared_bf16: u32,
     /// The arrival counters of the kernels whose last block finishes their work ([`Ticket`]), each left
     /// at 0 by its kernel.
-    tickets: [CudaSlice<u32>; 3],
+    tickets: [CudaSlice<u32>; 2],
     /// Whether products run on the bf16 tensor cores ([`Device::set_precision`]).
     bf16_products: AtomicBool,
     free: Arc<Pool>,
@@ -319,7 +319,7 @@ impl Device {
         let conv_shared = CONV_TILES.map(shared_bytes);
         let logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
-        let tickets = [zeroed()?, zeroed()?, zeroed()?];
+        let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
             (crate::ops::gemm::bf16_tile_shared_floats(crate::device::compile::has_wgmma(gpu.compute_capability)) * 4)
                 as u32;
@@ -537,8 +537,6 @@ pub(crate) enum Ticket {
     CrossEntropy,
     /// `nn_update_tensors`: its last block advances the step counts.
     Update,
-    /// `nn_sum_slices`: its last block adds the parts.
-    SliceSum,
 }
 
 /// Device memory that goes back to its pool (the device's, or a captured step's) when the last buffer

@@ -349,9 +349,9 @@ pub(super) fn sum_axis_into(
     device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)
 }
 
-/// A weight gradient's `slices` slices added in order, in one launch (`nn_sum_slices`): `dw_parts`
-/// `[slices, dw.len]` into `dw`, and `db_parts` `[slices, db.len]` into `db` where both are given. Parts
-/// enough for about 16k first-pass threads, no more than the last block adds in a few loads a thread.
+/// A weight gradient's `slices` slices added in order (`nn_sum_slices`): `dw_parts` `[slices, dw.len]` into
+/// `dw`, and `db_parts` `[slices, db.len]` into `db` where both are given, in two launches: parts of the
+/// slices as `sum_axis` cuts a long axis (`rows_per_part`), then the parts.
 pub(super) fn sum_slices(
     device: &Arc<Device>,
     name: &'static str,
@@ -359,11 +359,10 @@ pub(super) fn sum_slices(
     db: Option<(&DeviceBuffer, &DeviceBuffer)>,
     slices: usize,
 ) -> Result<()> {
-    const FIRST_PASS_THREADS: usize = 1 << 14;
     let width = dw.len() + db.map_or(0, |(_, db)| db.len());
-    let parts = (FIRST_PASS_THREADS / width.max(1)).clamp(1, slices.max(1));
-    let per_part = slices.div_ceil(parts).max(1);
-    let partial = device.alloc(name, slices.div_ceil(per_part) * width)?;
+    let per_part = rows_per_part(slices, width);
+    let parts = slices.div_ceil(per_part);
+    let partial = device.alloc(name, parts * width)?;
     let args = [
         device.arg(dw_parts),
         device.arg(dw),
@@ -374,9 +373,10 @@ pub(super) fn sum_slices(
         Arg::i32(int(name, slices)?),
         Arg::i32(int(name, per_part)?),
         device.arg(&partial),
-        device.ticket(Ticket::SliceSum),
     ];
-    device.launch(name, &device.kernels.sum_slices, device.blocks_for(slices.div_ceil(per_part) * width), 0, &args)
+    let kernel = &device.kernels.sum_slices;
+    device.launch(name, kernel, device.blocks_for(parts * width), 0, &[&args[..], &[Arg::i32(0)]].concat())?;
+    device.launch(name, kernel, device.blocks_for(width), 0, &[&args[..], &[Arg::i32(1)]].concat())
 }
 
 /// Blocks of `nn_softmax_rows` and `nn_cross_entropy`: a warp a row, eight a block.

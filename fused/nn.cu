@@ -1815,26 +1815,25 @@ __device__ __forceinline__ void direct_tap(float (&acc)[DIRECT_OUT][DIRECT_PX], 
 }
 static_assert(DIRECT_PX == 4, "the packed 3×3 walk reads a float4 and a float2 a kernel row");
 
-// What a direct window walk does with a result `value` at out[e], beside storing it: the fusions of the
-// capture (nn/cuda/fusion.rs). In the forward, activated[e] = act(value) where a unary op reads the result
-// (nn_unary's expression); in the input gradient, value times the slope of the activation that made the
-// convolution's input (act_out = act(act_pre)), in place of nn_unary_grad's launch. Null pointers: none.
-// The kernels take its four fields as arguments after `out`.
+// What a direct window walk does with its results beside storing them: the ReLU fusions of the capture
+// (nn/cuda/fusion.rs). In the forward, activated[e] = relu(out[e]) where a ReLU reads the result (nn_unary's
+// expression); in the input gradient, out[e] times the ReLU's slope where a ReLU made the convolution's
+// input (relu_out, its output: nn_unary_grad's expression), in place of that op's launch. Null pointers:
+// none. ReLU alone, the convnets' activation: each activation's code in every store made the tensor-core
+// kernel's code six times larger and every one of its launches, fused or not, a quarter slower.
 struct WindowEpilogue {
     float* activated;
-    const float* act_pre;
-    const float* act_out;
-    int act;
+    const float* relu_out;
 };
 
 // The slope by which the input gradient's out[e] is multiplied: 1 where the epilogue has none.
 __device__ __forceinline__ float window_slope(const WindowEpilogue& f, size_t e) {
-    return f.act_pre ? unary_slope(f.act, f.act_pre[e], f.act_out[e]) : 1.0f;
+    return f.relu_out ? activation_slope(ACT_RELU, f.relu_out[e]) : 1.0f;
 }
 
 __device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
     out[e] = value;
-    if (f.activated) f.activated[e] = unary_apply(f.act, value);
+    if (f.activated) f.activated[e] = activate(ACT_RELU, value);
 }
 
 // Grid: (N·bands, ⌈out_channels/DIRECT_BLOCK_OUT⌉), blocks of DIRECT_SPLIT·band_rows·G threads or more (a
@@ -1843,9 +1842,9 @@ __device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, 
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
                  const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
-                 const float* __restrict__ act_pre, const float* __restrict__ act_out, int act) {
+                 const float* __restrict__ relu_out) {
     begin_after_previous_grid();
-    const WindowEpilogue epilogue{activated, act_pre, act_out, act};
+    const WindowEpilogue epilogue{activated, relu_out};
     extern __shared__ float4 smem4[];
     float* weights = reinterpret_cast<float*>(smem4);  // [c][ky][kx][o], DIRECT_BLOCK_OUT a tap
     const int taps = v.kernel_h * v.kernel_w, groups = (v.out_w + DIRECT_PX - 1) / DIRECT_PX;
@@ -1912,7 +1911,7 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
             const int ox = packed ? DIRECT_PX * g + j : g + j * groups;
             if (ox < v.out_w) {
                 const float value = bias ? acc[o][j] + b : acc[o][j];
-                store_window(out, at + ox, epilogue.act_pre ? value * window_slope(epilogue, at + ox) : value, epilogue);
+                store_window(out, at + ox, epilogue.relu_out ? value * window_slope(epilogue, at + ox) : value, epilogue);
             }
         }
     }
@@ -2069,9 +2068,9 @@ __device__ __forceinline__ int band_offset(const DirectConv& v, int p) {
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
               const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
-              const float* __restrict__ act_pre, const float* __restrict__ act_out, int act) {
+              const float* __restrict__ relu_out) {
     begin_after_previous_grid();
-    const WindowEpilogue epilogue{activated, act_pre, act_out, act};
+    const WindowEpilogue epilogue{activated, relu_out};
     extern __shared__ float4 smem4[];
     const int taps = v.kernel_h * v.kernel_w, k_pad = (v.chunk * taps + 7) / 8 * 8;
     float* weights = reinterpret_cast<float*>(smem4);
@@ -2132,42 +2131,42 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
             }
         }
     }
-    // The element of out that the thread's acc[i][nb][r] is, or -1 past the band's positions or the channels.
-    const auto element = [&](int i, int nb, int r) -> long long {
-        const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8, oc = o0 + nb * 8 + 2 * tig + r % 2;
-        if (p >= positions || oc >= v.out_channels) return -1;
-        const int row = p / v.out_w;
-        return ((long long)s * v.out_channels + oc) * v.out_h * v.out_w + (oy0 + row) * v.out_w + p - row * v.out_w;
-    };
-    if (epilogue.act_pre) {
-        // Every slope's loads first, together: between stores, each would wait on the one before.
-        float slope[MMA_TILES][2][4];
+    // The elements of out that the thread's acc[i][nb][r] are: position p's row and column in sample s,
+    // channel oc; -1 past the band's positions or the channels.
+    const size_t plane = (size_t)v.out_h * v.out_w, first = (size_t)s * v.out_channels * plane;
 #pragma unroll
-        for (int i = 0; i < MMA_TILES; ++i)
+    for (int i = 0; i < MMA_TILES; ++i) {
+        long long e[2][4];
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb)
+        for (int r = 0; r < 4; ++r) {
+            const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8, row = p / v.out_w;
+            const size_t at = first + (oy0 + row) * v.out_w + p - row * v.out_w;
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const long long e = element(i, nb, r);
-                    slope[i][nb][r] = e >= 0 ? window_slope(epilogue, e) : 1.0f;
-                }
-#pragma unroll
-        for (int i = 0; i < MMA_TILES; ++i)
+            for (int nb = 0; nb < 2; ++nb) {
+                const int oc = o0 + nb * 8 + 2 * tig + r % 2;
+                e[nb][r] = p < positions && oc < v.out_channels ? (long long)(at + oc * plane) : -1;
+            }
+        }
+        if (epilogue.relu_out) {
+            // The m-tile's slopes loaded first, together: between stores, each would wait on the one before.
+            float slope[2][4];
 #pragma unroll
             for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[i][nb][r] *= slope[i][nb][r];
-    }
+                for (int r = 0; r < 4; ++r) slope[nb][r] = e[nb][r] >= 0 ? window_slope(epilogue, e[nb][r]) : 1.0f;
 #pragma unroll
-    for (int i = 0; i < MMA_TILES; ++i)
+            for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[i][nb][r] *= slope[nb][r];
+        }
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const long long e = element(i, nb, r);
                 const int oc = o0 + nb * 8 + 2 * tig + r % 2;
-                if (e >= 0) store_window(out, e, bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r], epilogue);
+                if (e[nb][r] >= 0) store_window(out, e[nb][r], bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r], epilogue);
             }
+    }
 }
 
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice

@@ -25,7 +25,9 @@
 
 use super::direct_conv::WindowFusion;
 use super::fusion::{Extra, Producer};
-use super::ops::{add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_slices};
+use super::ops::{
+    UNARY_RELU, add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_slices,
+};
 use super::{CONV_TILES, Device, DeviceBuffer, direct_conv};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::{Arg, StructArg};
@@ -226,17 +228,16 @@ fn conv2d_fp32<F: Real>(
     let kernels = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, kernels)? {
-        // The activation a reader wanted (capture-time fusion), into a buffer of its own.
-        let activation = producer.as_ref().and_then(Producer::activation).filter(|&(_, bf16)| !bf16);
-        let activated = activation.map(|(code, _)| device.alloc(NAME, outputs * columns).map(|a| (code, a)));
-        let activated = activated.transpose()?;
+        // The ReLU a reader wanted (capture-time fusion), into a buffer of its own.
+        let relu = producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
+        let activated = if relu { Some(device.alloc(NAME, outputs * columns)?) } else { None };
         let fusion = match &activated {
-            Some((code, out)) => WindowFusion::Activation { code: *code, out },
+            Some(out) => WindowFusion::Relu { out },
             None => WindowFusion::None,
         };
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), (&out, fusion))?;
-        if let Some((code, activated)) = activated {
-            out.attach(Extra::Activation { code, out: activated, by: NAME });
+        if let Some(activated) = activated {
+            out.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: NAME });
         }
     } else {
         let tile = conv_tile(outputs);
@@ -271,7 +272,7 @@ fn conv2d_fp32<F: Real>(
 /// The input's gradient `[N, C, H, W]` of a convolution of the sizes `conv` over `samples` images from the output
 /// gradient `dy` and the weight `w`: direct where `kernels` has direct kernels and they fit, else the product of
 /// the weight and `dy` read at the positions each input element reaches. Direct, it is times the slope of the
-/// activation that made the input `x` where the backward offers it (the module fusion.rs's text).
+/// ReLU that made the input `x` where the backward offers it (the module fusion.rs's text).
 fn conv2d_grad_input(
     device: &Arc<Device>,
     (dy, w, x): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
@@ -282,11 +283,8 @@ fn conv2d_grad_input(
     let dx = device.alloc(NAME, samples * conv.input_len())?;
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::input_grad_plan(NAME, conv, samples, sms, kernels)? {
-        let slope = device.take_slope(NAME, x, |_| true);
-        let fusion = match &slope {
-            Some((code, pre)) => WindowFusion::Slope { code: *code, pre, out: x },
-            None => WindowFusion::None,
-        };
+        let relu = device.take_slope(NAME, x, |code| code == UNARY_RELU).is_some();
+        let fusion = if relu { WindowFusion::ReluSlope { out: x } } else { WindowFusion::None };
         direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), (&dx, fusion))?;
         return Ok(dx);
     }

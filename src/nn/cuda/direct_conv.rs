@@ -19,7 +19,7 @@ use super::Device;
 use super::conv::launch_grid;
 use super::ops::{int, optional, slices_for};
 use crate::device::kernel_struct::kernel_struct;
-use crate::device::launch::{Arg, StructArg};
+use crate::device::launch::StructArg;
 use crate::nn::cuda::DeviceBuffer;
 use crate::nn::error::{Error, Result};
 use crate::ops::conv::Conv2dShape;
@@ -455,13 +455,13 @@ impl Device {
     }
 }
 
-/// What a window walk fuses into its stores (fused/nn.cu's `WindowEpilogue`): the forward's activation
-/// `code` (UNARY_*) of its result into `out` of its own, or the input gradient times the slope of the
-/// activation `code` whose input was `pre` and output `out` (the convolution's input).
+/// What a window walk fuses into its stores (fused/nn.cu's `WindowEpilogue`): the forward's ReLU of its
+/// result into `out` of its own, or the input gradient times the slope of the ReLU whose output `out` is the
+/// convolution's input.
 pub(super) enum WindowFusion<'a> {
     None,
-    Activation { code: i32, out: &'a DeviceBuffer },
-    Slope { code: i32, pre: &'a DeviceBuffer, out: &'a DeviceBuffer },
+    Relu { out: &'a DeviceBuffer },
+    ReluSlope { out: &'a DeviceBuffer },
 }
 
 /// `nn_conv2d_direct`, or `nn_conv2d_mma` for a tensor-core plan, by `plan`: `out` from `input` and
@@ -473,14 +473,13 @@ pub(super) fn launch_windows(
     (input, weight, bias): (&DeviceBuffer, &DeviceBuffer, Option<&DeviceBuffer>),
     (out, fusion): (&DeviceBuffer, WindowFusion<'_>),
 ) -> Result<()> {
-    let (activated, pre, act_out, code) = match fusion {
-        WindowFusion::None => (None, None, None, 0),
-        WindowFusion::Activation { code, out } => (Some(out), None, None, code),
-        WindowFusion::Slope { code, pre, out } => (None, Some(pre), Some(out), code),
+    let (activated, relu_out) = match fusion {
+        WindowFusion::None => (None, None),
+        WindowFusion::Relu { out } => (Some(out), None),
+        WindowFusion::ReluSlope { out } => (None, Some(out)),
     };
     let args = [device.arg(input), device.arg(weight), optional(device, bias), device.arg(out)];
-    let fused = [optional(device, activated), optional(device, pre), optional(device, act_out), Arg::i32(code)];
-    let args = [&args[..], &fused].concat();
+    let args = [&args[..], &[optional(device, activated), optional(device, relu_out)]].concat();
     let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
     let kernel = if plan.mma { &device.kernels.conv_mma } else { &device.kernels.conv_direct };
     device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)

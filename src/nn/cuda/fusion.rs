@@ -5,7 +5,7 @@
 //! | producer → reader | the one launch |
 //! |---|---|
 //! | `linear` → `relu`, `gelu`, `tanh`, `sigmoid`, … | the activation in the product's epilogue (the pre-activation is still written: the activation's backward reads it) |
-//! | `conv2d` (fp32, direct) → the same | the activation in the window walk's stores, likewise |
+//! | `conv2d` (fp32, direct) → `relu` | the ReLU in the window walk's stores, likewise |
 //! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
 //! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
@@ -33,9 +33,10 @@
 //! drawing twice could take its steps in another order.
 //!
 //! One fusion happens in the backward, eager or captured alike: an activation whose one reader is a linear
-//! layer (fp32) or a convolution whose input gradient is direct gets its input's gradient from that
-//! layer's backward, which multiplies dx by the activation's slope in its epilogue (`nn_linear_grad`'s
-//! `act_pre`, the window walks' `WindowEpilogue`), and the activation's own backward does not launch. The autograd walk, which alone knows that the layer is the activation's one reader,
+//! layer (fp32), or a ReLU whose one reader is a convolution whose input gradient is direct, gets its
+//! input's gradient from that layer's backward, which multiplies dx by the activation's slope in its
+//! epilogue (`nn_linear_grad`'s `act_pre`, the window walks' `WindowEpilogue`), and the activation's own
+//! backward does not launch. The autograd walk, which alone knows that the layer is the activation's one reader,
 //! offers it ([`Device::offer_slope`]); the layer's backward takes it or not ([`Device::take_slope`]); the
 //! walk then sends the gradient on to the activation's input ([`Device::slope_taken`]). The expression is
 //! `nn_unary_grad`'s, so the bits are the same as the two launches'. `TEXTNET_FUSION=0` turns it off.

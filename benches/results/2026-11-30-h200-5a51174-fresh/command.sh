@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One run on a freshly started H200 at 1c296ce:
+# One run on a freshly started H200 at 5a51174 (its code and kernels are 1c296ce's, the binaries built there):
 # 1. built with its kernels compiled in (TEXTNET_PRECOMPILE=1), an empty kernel cache: the first
 #    `selftest --quick`, then the full selftest;
 # 2. the mutations of the direct convolutions, their ReLU fusions and the slice sums (scripts/mutants.py

@@ -36,10 +36,11 @@
 //! layer (fp32), or a ReLU whose one reader is a convolution whose input gradient is direct, gets its
 //! input's gradient from that layer's backward, which multiplies dx by the activation's slope in its
 //! epilogue (`nn_linear_grad`'s `act_pre`, the window walks' `WindowEpilogue`), and the activation's own
-//! backward does not launch. The autograd walk, which alone knows that the layer is the activation's one reader,
-//! offers it ([`Device::offer_slope`]); the layer's backward takes it or not ([`Device::take_slope`]); the
-//! walk then sends the gradient on to the activation's input ([`Device::slope_taken`]). The expression is
-//! `nn_unary_grad`'s, so the bits are the same as the two launches'. `TEXTNET_FUSION=0` turns it off.
+//! backward does not launch. The autograd walk, which alone knows that the layer is the activation's one
+//! reader, offers it ([`Device::offer_slope`]); the layer's backward takes it or not
+//! ([`Device::take_slope`]); the walk then sends the gradient on to the activation's input
+//! ([`Device::slope_taken`]). The expression is `nn_unary_grad`'s, so the bits are the same as the two
+//! launches'. `TEXTNET_FUSION=0` turns it off.
 
 use super::{Device, DeviceBuffer, WeakBuffer};
 use std::collections::BTreeMap;

@@ -814,6 +814,16 @@ fn train_mlp(device: Option<&Arc<Device>>, seed: u64, steps: usize) -> anyhow::R
 /// A run of steps' losses and its parameters' final values, flattened in order.
 type StepsResult = (Vec<f32>, Vec<f32>);
 
+/// `steps_result` of a run through `step` (`captured`) or op by op, and the fusions the capture made.
+fn fused_steps_result(
+    step: &super::CapturedStep,
+    captured: bool,
+    losses: Vec<f32>,
+    parameters: &[Tensor],
+) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
+    Ok((steps_result(captured.then_some(step), losses, parameters)?, step.fusions().to_vec()))
+}
+
 /// A run of steps' losses and its parameters' final values, flattened in order; an error when a captured
 /// run was not captured after all.
 fn steps_result(
@@ -1001,8 +1011,7 @@ fn block_steps(
     let ran = run();
     device.set_precision(Precision::Fp32)?;
     ran?;
-    let fusions = step.fusions().to_vec();
-    Ok((steps_result(captured.then_some(&step), losses, &parameters)?, fusions))
+    fused_steps_result(&step, captured, losses, &parameters)
 }
 
 /// A captured residual block equals the same steps op by op to the bit, in fp32 and in bf16, and its
@@ -1088,8 +1097,7 @@ fn linear_loss_steps(
         let loss = if captured { step.run(one_step)? } else { one_step()? };
         losses.push(loss.item()?);
     }
-    let fusions = step.fusions().to_vec();
-    Ok((steps_result(captured.then_some(&step), losses, &parameters)?, fusions))
+    fused_steps_result(&step, captured, losses, &parameters)
 }
 
 /// A linear layer and the cross-entropy of its output, fused in a capture (`nn_linear_cross_entropy`),
@@ -1267,8 +1275,7 @@ fn conv_steps(
         let loss = if captured { step.run(one_step)? } else { one_step()? };
         losses.push(loss.item()?);
     }
-    let fusions = step.fusions().to_vec();
-    Ok((steps_result(captured.then_some(&step), losses, &parameters)?, fusions))
+    fused_steps_result(&step, captured, losses, &parameters)
 }
 
 /// A direct convolution's fusions (cuda::fusion) equal the launches they replace to the bit, on the tensor

@@ -48,7 +48,8 @@
 //                nn_im2col and nn_col2im (the bf16 path: col as a product's operand, and its
 //                input gradient, a thread per input element summing its taps in order), nn_max_pool (the
 //                first largest of each window, its place kept) and nn_max_pool_grad (a thread per input
-//                element summing, in order, the outputs it won).
+//                element summing, in order, the outputs it won; nn_max_pool_grad_tiled, a thread a window,
+//                where the windows tile the input).
 //
 // No float atomics: every output element is written by one thread, every sum runs in a fixed order, so a
 // run repeats to the bit. Every kernel begins with begin_after_previous_grid() (dependent_launch.cuh), so
@@ -2298,5 +2299,23 @@ nn_max_pool_grad(const float* __restrict__ dy, const float* __restrict__ won, fl
                 if (won[o] == (float)at) sum += dy[o];
             }
         dx[e] = sum;
+    }
+}
+
+// max_pool2d's backward where the windows tile the input (stride = kernel, no padding, H = OH·kernel, W =
+// OW·kernel), a thread per window (count = N·C·OH·OW): each input element lies in one window, so its dx is
+// 0 + dy at the window's winner and 0 elsewhere, nn_max_pool_grad's sum of one term, to the bit. A thread a
+// window writes its kernel² elements without a division each (the general kernel took 19.8 µs of the
+// ResNet example's step).
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_max_pool_grad_tiled(const float* __restrict__ dy, const float* __restrict__ won, float* __restrict__ dx,
+                       int count, int H, int W, int kernel, int stride, int padding, int OH, int OW) {
+    begin_after_previous_grid();
+    for (int o = grid_index(); o < count; o += grid_stride()) {
+        const int ox = o % OW, oy = o / OW % OH, plane = o / OW / OH, winner = (int)won[o];
+        const float d = 0.0f + dy[o];
+        float* window = dx + ((size_t)plane * H + oy * kernel) * W + ox * kernel;
+        for (int ky = 0; ky < kernel; ++ky)
+            for (int kx = 0; kx < kernel; ++kx) window[ky * W + kx] = ky * kernel + kx == winner ? d : 0.0f;
     }
 }

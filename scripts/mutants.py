@@ -83,6 +83,8 @@ MUTATIONS = [
     ("nn: the weight gradient's slice sums leave out the last part", "nn.cu",
      "for (int p = 0; p < parts; ++p) sum += partial[(size_t)p * width + i];",
      "for (int p = 0; p < parts - 1; ++p) sum += partial[(size_t)p * width + i];", "nn"),
+    ("nn: the tiled max-pool backward writes dy at every place of the window", "nn.cu",
+     "window[ky * W + kx] = ky * kernel + kx == winner ? d : 0.0f;", "window[ky * W + kx] = d;", "nn"),
     ("nn: layer_norm's variance unbiased (over D − 1)", "nn.cu",
      "const float r = 1.0f / sqrtf(warp_sum(squares) / (float)D + eps);",
      "const float r = 1.0f / sqrtf(warp_sum(squares) / (float)(D > 1 ? D - 1 : 1) + eps);", "nn"),

@@ -737,7 +737,7 @@ pub(crate) const CONV_CHECKS: [([usize; 4], [usize; 4], usize, usize); 16] = [
 /// gradient; batches large enough that the direct kernels cut an image into bands of several rows, the last one
 /// shorter; a row too wide for them; a row wider than a warp), each with the direct kernels where they fit, on the
 /// tensor cores and on the CUDA cores, and with the implicit products alone, and `max_pool2d` (odd sizes,
-/// overlapping windows, stride past the window, padding; inputs of whole numbers, so windows tie and the first
+/// windows that tile the input, overlapping windows, stride past the window, padding; inputs of whole numbers, so windows tie and the first
 /// must win as on the host: the host's bits).
 fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
@@ -756,9 +756,11 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         }
     }
     device.set_conv_kernels(ConvKernels::TensorCores);
-    let pools: [([usize; 4], usize, usize, usize); 7] = [
+    let pools: [([usize; 4], usize, usize, usize); 9] = [
         ([1, 1, 1, 1], 1, 1, 0),
         ([2, 3, 7, 9], 2, 2, 0),
+        ([2, 3, 8, 6], 2, 2, 0),
+        ([3, 2, 9, 12], 3, 3, 0),
         ([2, 3, 7, 9], 3, 2, 1),
         ([1, 2, 13, 11], 3, 1, 1),
         ([3, 1, 8, 8], 4, 3, 2),

@@ -447,12 +447,20 @@ pub(crate) fn max_pool2d<F: Real>(
     let args = [device.arg(&buffer(x)), device.arg(&out), device.arg(&won), Arg::i32(output_count)];
     let args = [&args[..], &sizes].concat();
     device.launch(NAME, &device.kernels.max_pool, device.blocks_for(output_count as usize), 0, &args)?;
+    // Windows that tile the input take a thread a window in the backward, else a thread an input element.
+    let tiled = pool.stride == pool.kernel
+        && pool.padding == 0
+        && (pool.out_height * pool.kernel, pool.out_width * pool.kernel) == (pool.height, pool.width);
     let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let d = &device_;
         let dx = d.alloc(NAME, input_count as usize)?;
-        let args = [&[d.arg(grad), d.arg(&won), d.arg(&dx), Arg::i32(input_count)][..], &sizes].concat();
-        d.launch(NAME, &d.kernels.max_pool_grad, d.blocks_for(input_count as usize), 0, &args)?;
+        let (kernel, threads) = match tiled {
+            true => (&d.kernels.max_pool_grad_tiled, output_count),
+            false => (&d.kernels.max_pool_grad, input_count),
+        };
+        let args = [&[d.arg(grad), d.arg(&won), d.arg(&dx), Arg::i32(threads)][..], &sizes].concat();
+        d.launch(NAME, kernel, d.blocks_for(threads as usize), 0, &args)?;
         Ok(vec![Some(dx)])
     };
     Ok(Tensor::from_device_op(NAME, out, shape, &[x], Box::new(backward)))

@@ -125,6 +125,7 @@ pub(crate) struct Kernels {
     pub(crate) conv_mma_grad_weight: Kernel,
     pub(crate) max_pool: Kernel,
     pub(crate) max_pool_grad: Kernel,
+    pub(crate) max_pool_grad_tiled: Kernel,
 }
 
 /// A GPU that `nn` tensors can live on: the opened [`Gpu`], `nn`'s kernels on it, and the buffers freed
@@ -311,6 +312,7 @@ impl Device {
                 conv_mma_grad_weight: k("nn_conv2d_mma_grad_weight")?,
                 max_pool: k("nn_max_pool")?,
                 max_pool_grad: k("nn_max_pool_grad")?,
+                max_pool_grad_tiled: k("nn_max_pool_grad_tiled")?,
             })
         };
         let kernels = load().map_err(launch_error("Device::open"))?;

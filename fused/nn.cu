@@ -1828,9 +1828,9 @@ struct WindowEpilogue {
     const float* relu_out;
 };
 
-// The slope by which the input gradient's out[e] is multiplied: 1 where the epilogue has none.
+// The slope by which the input gradient's out[e] is multiplied, where the epilogue has a ReLU's (relu_out).
 __device__ __forceinline__ float window_slope(const WindowEpilogue& f, size_t e) {
-    return f.relu_out ? activation_slope(ACT_RELU, f.relu_out[e]) : 1.0f;
+    return activation_slope(ACT_RELU, f.relu_out[e]);
 }
 
 __device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {

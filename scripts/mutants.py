@@ -79,7 +79,7 @@ MUTATIONS = [
     ("nn: a convolution's fused activation stores the pre-activation", "nn.cu",
      "if (f.activated) f.activated[e] = activate(ACT_RELU, value);", "if (f.activated) f.activated[e] = value;", "nn"),
     ("nn: a direct input gradient's fused slope left out", "nn.cu",
-     "return f.relu_out ? activation_slope(ACT_RELU, f.relu_out[e]) : 1.0f;", "return 1.0f;", "nn"),
+     "return activation_slope(ACT_RELU, f.relu_out[e]);", "return 1.0f;", "nn"),
     ("nn: the weight gradient's slice sums leave out the last part", "nn.cu",
      "for (int p = 0; p < parts; ++p) sum += partial[(size_t)p * width + i];",
      "for (int p = 0; p < parts - 1; ++p) sum += partial[(size_t)p * width + i];", "nn"),

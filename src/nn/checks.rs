@@ -1241,7 +1241,10 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
     Ok(checks)
 }
 
-/// The losses and final parameters of 4 SGD steps of two convolutions with an activation after each (x
+/// The SGD steps of `conv_steps`.
+const CONV_STEPS: usize = 4;
+
+/// The losses and final parameters of [`CONV_STEPS`] SGD steps of two convolutions with an activation after each (x
 /// `[3, 2, 9, 11]` → 4 channels, `first` → 5 channels, `second` → sum), op by op or through a
 /// `CapturedStep`, whose capture puts both activations in their convolutions' stores; and its fusions.
 fn conv_steps(
@@ -1252,13 +1255,12 @@ fn conv_steps(
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
     use super::CapturedStep;
     use rand::SeedableRng;
-    const STEPS: usize = 4;
     let mut rng = SeededRng::seed_from_u64(seed);
     let shapes: [&[usize]; 4] = [&[4, 2, 3, 3], &[4], &[5, 4, 3, 3], &[5]];
     let parameters: Vec<Tensor> = (shapes.iter())
         .map(|s| Tensor::parameter(values(&mut rng, s, -0.5, 0.5), s)?.to_device(device))
         .collect::<Result<_>>()?;
-    let batches: Vec<Vec<f32>> = (0..STEPS).map(|_| values(&mut rng, &[3, 2, 9, 11], -1.0, 1.0)).collect();
+    let batches: Vec<Vec<f32>> = (0..CONV_STEPS).map(|_| values(&mut rng, &[3, 2, 9, 11], -1.0, 1.0)).collect();
     let x = Tensor::from_vec(batches[0].clone(), &[3, 2, 9, 11])?.to_device(device)?;
     let mut sgd = Optimizer::sgd(parameters.clone(), 0.1)?;
     let mut step = CapturedStep::new(device, &[&x])?;
@@ -1288,9 +1290,8 @@ fn conv_steps(
 /// activations or with the implicit products.
 fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
-    let (relu, tanh): ((&str, Activation), (&str, Activation)) = (("relu", Tensor::relu), ("tanh", Tensor::tanh));
-    let (sigmoid, gelu): ((&str, Activation), (&str, Activation)) =
-        (("sigmoid", Tensor::sigmoid), ("gelu", Tensor::gelu));
+    let [relu, tanh, sigmoid, gelu]: [(&str, Activation); 4] =
+        [("relu", Tensor::relu), ("tanh", Tensor::tanh), ("sigmoid", Tensor::sigmoid), ("gelu", Tensor::gelu)];
     let mut checks = Vec::new();
     for kernels in ConvKernels::ALL {
         device.set_conv_kernels(kernels);
@@ -1313,7 +1314,7 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             } else {
                 ([first_name, second_name].iter().filter(|n| **n == "relu").count(), first_name == "relu")
             };
-            let right = (forward, backward, slopes) == (relus, sloped as usize, 4 * sloped as usize)
+            let right = (forward, backward, slopes) == (relus, sloped as usize, CONV_STEPS * sloped as usize)
                 && bits(&eager) == bits(&captured)
                 && bits(&eager) == bits(&unfused);
             checks.push(Check {

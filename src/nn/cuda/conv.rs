@@ -231,10 +231,7 @@ fn conv2d_fp32<F: Real>(
         // The ReLU a reader wanted (capture-time fusion), into a buffer of its own.
         let relu = producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
         let activated = if relu { Some(device.alloc(NAME, outputs * columns)?) } else { None };
-        let fusion = match &activated {
-            Some(out) => WindowFusion::Relu { out },
-            None => WindowFusion::None,
-        };
+        let fusion = activated.as_ref().map_or(WindowFusion::None, |out| WindowFusion::Relu { out });
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), (&out, fusion))?;
         if let Some(activated) = activated {
             out.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: NAME });
@@ -455,9 +452,10 @@ pub(crate) fn max_pool2d<F: Real>(
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let d = &device_;
         let dx = d.alloc(NAME, input_count as usize)?;
-        let (kernel, threads) = match tiled {
-            true => (&d.kernels.max_pool_grad_tiled, output_count),
-            false => (&d.kernels.max_pool_grad, input_count),
+        let (kernel, threads) = if tiled {
+            (&d.kernels.max_pool_grad_tiled, output_count)
+        } else {
+            (&d.kernels.max_pool_grad, input_count)
         };
         let args = [&[d.arg(grad), d.arg(&won), d.arg(&dx), Arg::i32(threads)][..], &sizes].concat();
         d.launch(NAME, kernel, d.blocks_for(threads as usize), 0, &args)?;

@@ -37,40 +37,47 @@ fn plans(conv: &Conv2dShape, samples: usize, sms: usize, kernels: ConvKernels) -
     ]
 }
 
+/// Each convolution of the checks and the ResNet on 1, 8 and 132 SMs: (its shape, its images, the SMs, its
+/// name for an assertion).
+fn cases() -> impl Iterator<Item = (Conv2dShape, usize, usize, String)> {
+    CONV_CHECKS.into_iter().chain(RESNET).flat_map(|(x, w, stride, padding)| {
+        [1, 8, 132].map(|sms| {
+            let what = format!("{x:?} * {w:?} stride {stride} padding {padding} on {sms} SMs");
+            (shape(x, w, stride, padding), x[0], sms, what)
+        })
+    })
+}
+
 #[test]
 fn the_plans_cover_every_row_and_tap_and_fit_their_blocks() {
     let (mut direct, mut banded, mut implicit) = (0, 0, 0);
-    for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET) {
-        let conv = shape(x, w, stride, padding);
-        for sms in [1, 8, 132] {
-            let what = format!("{x:?} * {w:?} stride {stride} padding {padding} on {sms} SMs");
-            assert!(plans(&conv, x[0], sms, ConvKernels::Implicit).iter().all(Option::is_none), "{what}");
-            let plans = plans(&conv, x[0], sms, ConvKernels::Fma);
-            for plan in plans.iter().flatten() {
-                assert_fits(plan, &what);
-                banded += (plan.sizes.band_rows > 1 && plan.sizes.bands > 1 && sms == 132) as usize;
+    for (conv, samples, sms, what) in cases() {
+        assert!(plans(&conv, samples, sms, ConvKernels::Implicit).iter().all(Option::is_none), "{what}");
+        let plans = plans(&conv, samples, sms, ConvKernels::Fma);
+        for plan in plans.iter().flatten() {
+            assert_fits(plan, &what);
+            banded += (plan.sizes.band_rows > 1 && plan.sizes.bands > 1 && sms == 132) as usize;
+        }
+        direct += plans.iter().flatten().count();
+        implicit += plans.iter().filter(|p| p.is_none()).count();
+        if let Some(plan) = &plans[0] {
+            let groups = conv.out_width.div_ceil(DIRECT_PX);
+            let splits = conv.out_channels.div_ceil(DIRECT_OUT).min(DIRECT_SPLIT);
+            let wanted = splits * plan.sizes.band_rows as usize * groups;
+            assert!(plan.threads >= wanted, "{what}: a thread a row's group and split");
+            let channels = plan.grid.1 * DIRECT_SPLIT * DIRECT_OUT;
+            assert!(channels >= conv.out_channels, "{what}: the blocks' channels");
+            assert!(plan.sizes.tile_w as usize >= (4 * groups - 1) * conv.stride + conv.kernel_w, "{what}");
+        }
+        if let Some(plan) = &plans[2] {
+            // The channels a block's taps span, from its first tap's, are staged.
+            let (khw, taps) = (conv.kernel_h * conv.kernel_w, conv.taps());
+            let per_block = 2 * plan.threads;
+            for t0 in (0..=taps).step_by(per_block) {
+                let last = (t0 + per_block - 1).min(taps - 1) / khw;
+                assert!(last - t0.min(taps - 1) / khw < plan.sizes.chunk as usize, "{what}: taps from {t0}");
             }
-            direct += plans.iter().flatten().count();
-            implicit += plans.iter().filter(|p| p.is_none()).count();
-            if let Some(plan) = &plans[0] {
-                let groups = conv.out_width.div_ceil(DIRECT_PX);
-                let splits = conv.out_channels.div_ceil(DIRECT_OUT).min(DIRECT_SPLIT);
-                let wanted = splits * plan.sizes.band_rows as usize * groups;
-                assert!(plan.threads >= wanted, "{what}: a thread a row's group and split");
-                let channels = plan.grid.1 * DIRECT_SPLIT * DIRECT_OUT;
-                assert!(channels >= conv.out_channels, "{what}: the blocks' channels");
-                assert!(plan.sizes.tile_w as usize >= (4 * groups - 1) * stride + conv.kernel_w, "{what}");
-            }
-            if let Some(plan) = &plans[2] {
-                // The channels a block's taps span, from its first tap's, are staged.
-                let (khw, taps) = (conv.kernel_h * conv.kernel_w, conv.taps());
-                let per_block = 2 * plan.threads;
-                for t0 in (0..=taps).step_by(per_block) {
-                    let last = (t0 + per_block - 1).min(taps - 1) / khw;
-                    assert!(last - t0.min(taps - 1) / khw < plan.sizes.chunk as usize, "{what}: taps from {t0}");
-                }
-                assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(GRAD_OUT));
-            }
+            assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(GRAD_OUT));
         }
     }
     // The selftest reaches both paths, and bands of several rows on an H200.
@@ -80,40 +87,36 @@ fn the_plans_cover_every_row_and_tap_and_fit_their_blocks() {
 #[test]
 fn the_tensor_core_plans_cover_every_position_and_tap_and_fit_their_blocks() {
     let (mut direct, mut banded, mut chunked) = (0, 0, 0);
-    for (x, w, stride, padding) in CONV_CHECKS.into_iter().chain(RESNET) {
-        let conv = shape(x, w, stride, padding);
-        for sms in [1, 8, 132] {
-            let what = format!("{x:?} * {w:?} stride {stride} padding {padding} on {sms} SMs");
-            let plans = plans(&conv, x[0], sms, ConvKernels::TensorCores);
-            for plan in plans.iter().flatten() {
-                assert_fits(plan, &what);
-                assert!(plan.mma, "{what}");
-                banded += (plan.sizes.band_rows > 1 && plan.sizes.bands > 1 && sms == 132) as usize;
+    for (conv, samples, sms, what) in cases() {
+        let plans = plans(&conv, samples, sms, ConvKernels::TensorCores);
+        for plan in plans.iter().flatten() {
+            assert_fits(plan, &what);
+            assert!(plan.mma, "{what}");
+            banded += (plan.sizes.band_rows > 1 && plan.sizes.bands > 1 && sms == 132) as usize;
+        }
+        direct += plans.iter().flatten().count();
+        for plan in plans[..2].iter().flatten() {
+            // The warps' m-tiles take the band's positions; the blocks' channels the result's.
+            let v = &plan.sizes;
+            let positions = (v.band_rows * v.out_w) as usize;
+            assert!(plan.threads / 32 * MMA_TILES * 16 >= positions, "{what}: {positions} positions");
+            assert!(plan.grid.1 * MMA_OUT >= v.out_channels as usize, "{what}: the blocks' channels");
+            assert!(v.tile_w >= (v.out_w - 1) * v.stride + v.kernel_w, "{what}: the tile's columns");
+            let k_pad = ((v.chunk * v.kernel_h * v.kernel_w) as usize).next_multiple_of(8);
+            let floats = k_pad * (MMA_WEIGHT_PITCH + 1) + v.chunk as usize * v.plane as usize;
+            assert_eq!(plan.shared, floats * 4, "{what}: the shared memory");
+            chunked += (v.chunk < v.in_channels) as usize;
+        }
+        if let Some(plan) = &plans[2] {
+            // The channels a block's taps span, from its first tap's, are staged.
+            let (khw, taps) = (conv.kernel_h * conv.kernel_w, conv.taps());
+            let per_block = plan.threads / 32 * 8 * MMA_GRAD_TILES;
+            for t0 in (0..=taps).step_by(per_block) {
+                let last = (t0 + per_block - 1).min(taps) / khw;
+                let staged = plan.sizes.chunk as usize + (last == conv.channels) as usize;
+                assert!(last - t0.min(taps - 1) / khw < staged, "{what}: taps from {t0}");
             }
-            direct += plans.iter().flatten().count();
-            for plan in plans[..2].iter().flatten() {
-                // The warps' m-tiles take the band's positions; the blocks' channels the result's.
-                let v = &plan.sizes;
-                let positions = (v.band_rows * v.out_w) as usize;
-                assert!(plan.threads / 32 * MMA_TILES * 16 >= positions, "{what}: {positions} positions");
-                assert!(plan.grid.1 * MMA_OUT >= v.out_channels as usize, "{what}: the blocks' channels");
-                assert!(v.tile_w >= (v.out_w - 1) * v.stride + v.kernel_w, "{what}: the tile's columns");
-                let k_pad = ((v.chunk * v.kernel_h * v.kernel_w) as usize).next_multiple_of(8);
-                let floats = k_pad * (MMA_WEIGHT_PITCH + 1) + v.chunk as usize * v.plane as usize;
-                assert_eq!(plan.shared, floats * 4, "{what}: the shared memory");
-                chunked += (v.chunk < v.in_channels) as usize;
-            }
-            if let Some(plan) = &plans[2] {
-                // The channels a block's taps span, from its first tap's, are staged.
-                let (khw, taps) = (conv.kernel_h * conv.kernel_w, conv.taps());
-                let per_block = plan.threads / 32 * 8 * MMA_GRAD_TILES;
-                for t0 in (0..=taps).step_by(per_block) {
-                    let last = (t0 + per_block - 1).min(taps) / khw;
-                    let staged = plan.sizes.chunk as usize + (last == conv.channels) as usize;
-                    assert!(last - t0.min(taps - 1) / khw < staged, "{what}: taps from {t0}");
-                }
-                assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(MMA_OUT));
-            }
+            assert!(plan.grid.1 * per_block >= (taps + 1) * conv.out_channels.div_ceil(MMA_OUT));
         }
     }
     assert!(direct > 40 && banded >= 4 && chunked >= 1, "{direct} direct, {banded} banded, {chunked} chunked");

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One run on a freshly started H200 at eba847d, built with its kernels compiled in (TEXTNET_PRECOMPILE=1):
+# 1. an empty kernel cache: the first `selftest --quick`, then the full selftest;
+# 2. the mutation of the input gradient's fused ReLU slope, whose kernel text eba847d changed
+#    (scripts/mutants.py "fused slope").
+# Binary: `TEXTNET_PRECOMPILE=1 cargo build --release --bin textnet`, stripped, xz'd to data/textnet-fresh.xz.
+# OUT set.
+set -u
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+xz -dc data/textnet-fresh.xz > /tmp/textnet-pre && chmod +x /tmp/textnet-pre
+timed() {  # timed SECONDS COMMAND...: its last lines, exit status and wall seconds
+  local s=$(date +%s.%N); timeout "$@" 2>&1 | tail -3; local rc=${PIPESTATUS[0]}
+  echo "rc $rc wall $(python3 -c "import sys,time; print(round(time.time() - float(sys.argv[1]), 1))" "$s") s"
+}
+{
+  export TEXTNET_CACHE=/tmp/fresh-cache
+  rm -rf "$TEXTNET_CACHE"
+  echo "## selftest --quick"; timed 90 bash -c '/tmp/textnet-pre selftest --quick > /tmp/quick.txt; rc=$?; tail -2 /tmp/quick.txt; exit $rc'
+  grep FAIL /tmp/quick.txt | cut -c1-250 | head -5
+  echo "## selftest"; timed 120 bash -c '/tmp/textnet-pre selftest > /tmp/full.txt; rc=$?; tail -2 /tmp/full.txt; exit $rc'
+  grep FAIL /tmp/full.txt | cut -c1-250 | head -5
+  unset TEXTNET_CACHE
+} > "$OUT/first-runs.txt" 2>&1
+cat "$OUT/first-runs.txt"
+timeout 120 python3 scripts/mutants.py --bin /tmp/textnet-pre --jobs 2 "fused slope" > "$OUT/mutants.txt" 2>&1
+cut -c1-300 "$OUT/mutants.txt"

@@ -21,6 +21,9 @@
 //                     the backward grids wrote, at the learning rate the step's schedule entry gives.
 //   FIT_OP 7  whole epoch  a chain of up to four Linear layers small enough for a warp's registers: every
 //                     step of an epoch in one block (`dense_train_epoch`), in place of families 1, 5 and 6.
+//   FIT_OP 8  generic dense  family 1's kernels with the sizes as their first argument (DenseDims), one
+//                     module for every dense group, built into the binary: what a new spec trains on while
+//                     its own modules compile, to the same bits.
 //
 // No float atomics: every gradient element and every per-sample loss is written by one thread in a fixed
 // order, so a run repeats to the bit. Dropout's mask is the hash of dropout.cuh (one site per layer); the
@@ -65,10 +68,9 @@ __device__ __forceinline__ void write_norm_partial(float sq, float* partials) {
 
 // One warp: the loss of one sample from its OUT outputs `out` (LOSS 0: cross-entropy against class
 // `cls`; 1: the mean over the outputs of (out − target)²) into *loss (lane 0) and, unless dy is null,
-// ∂(mean batch loss)/∂out into dy[0..OUT).
-template <int OUT, int LOSS>
-__device__ __forceinline__ void warp_sample_loss(const float* out, unsigned cls, const float* target, int B,
-                                                 float* loss, float* dy) {
+// ∂(mean batch loss)/∂out into dy[0..OUT). OUT and LOSS are constants where the caller's are.
+__device__ __forceinline__ void warp_sample_loss(int OUT, int LOSS, const float* out, unsigned cls,
+                                                 const float* target, int B, float* loss, float* dy) {
     const int lane = threadIdx.x % 32;
     if (LOSS == 0) {
         float m = NEG_INF;
@@ -92,36 +94,66 @@ __device__ __forceinline__ void warp_sample_loss(const float* out, unsigned cls,
     }
 }
 
-#if FIT_OP == 1
+#if FIT_OP == 1 || FIT_OP == 8
 // ---- dense: y = drop(act(x·Wᵀ + b)), x: B×IN, W: OUT×IN ----
-constexpr int IN = FIT_IN, OUT = FIT_OUT, ACT = FIT_ACT;
-constexpr bool BIAS = FIT_BIAS, DROP = FIT_DROP;
+// Forward tile: 8 samples × 8 outputs, K staged up to FWD_BK at a time. Backward tiles: 16 × 64, 64 deep.
+// The loss-fused forward's: LOSS_BM samples × every output, K staged up to LOSS_BK at a time.
+constexpr int FWD_BM = 8, FWD_BN = 8, FWD_BK = 256, FWD_TM = 2, FWD_TN = 2;
+constexpr int BWD_BM = 16, BWD_BN = 64, BWD_BK = 64, BWD_TM = 4, BWD_TN = 4;
+constexpr int LOSS_BK = 128;
+// The loss-fused forward's tile width for OUT outputs, and its register tile's.
+constexpr int loss_bn(int out) { return out <= 8 ? 8 : out <= 16 ? 16 : out <= 32 ? 32 : 64; }
+constexpr int loss_tn(int bn) { return bn == 64 ? 2 : 1; }
+// The group's sizes. FIT_OP 1 fixes them at compile time, so every loop bound is a constant; FIT_OP 8, the
+// generic family, takes them as the kernels' first argument, so one module (compiled into the binary)
+// serves every dense group: a new spec trains on it at once while its own module compiles, and the
+// launch layer swaps that in between epochs. Both sum in the same order, to the bit: gemm_tile's KSPLIT
+// groups take k ≡ g (mod KSPLIT) in increasing order for any depth staged at once that KSPLIT divides,
+// and the generic depths (256, 128) are the fixed ones' for wide layers.
+#if FIT_OP == 1
 #ifndef FIT_LOSS
 #define FIT_LOSS -1  // no loss fused
 #endif
-constexpr int WEIGHT_COLUMNS = BIAS ? IN + 1 : IN;  // [∂W | ∂b]
-// Forward tile: 8 samples × 8 outputs, K staged FWD_BK at a time. Backward tiles: 16 × 64, 64 deep.
-constexpr int FWD_BM = 8, FWD_BN = 8, FWD_BK = IN < 256 ? IN : 256, FWD_TM = 2, FWD_TN = 2;
-constexpr int BWD_BM = 16, BWD_BN = 64, BWD_BK = 64, BWD_TM = 4, BWD_TN = 4;
+struct DenseDims {
+    static constexpr int inputs = FIT_IN, outputs = FIT_OUT, act = FIT_ACT, bias = FIT_BIAS, drop = FIT_DROP;
+    static constexpr int loss = FIT_LOSS;
+    static constexpr int forward_depth = FIT_IN < FWD_BK ? FIT_IN : FWD_BK;
+    static constexpr int loss_depth = FIT_IN < LOSS_BK ? FIT_IN : LOSS_BK;
+};
+#define DENSE_DIMS_ARG                            // the sizes are the defines
+#define DENSE_DIMS_LOCAL constexpr DenseDims d{};
+#else
+struct DenseDims {
+    int inputs, outputs, act, bias, drop, loss;  // loss: the fused loss's code (FIT_LOSS), or -1
+    static constexpr int forward_depth = FWD_BK, loss_depth = LOSS_BK;
+};
+#define DENSE_DIMS_ARG const DenseDims d,
+#define DENSE_DIMS_LOCAL
+#endif
+
+// [∂W | ∂b]'s columns.
+__device__ __forceinline__ int weight_columns(const DenseDims& d) { return d.bias ? d.inputs + 1 : d.inputs; }
 
 // Grid: (⌈OUT/FWD_BN⌉, ⌈B/FWD_BM⌉). z (pre-activation) is written when ACT != ACT_NONE.
 // threshold 0 and scale 1 turn dropout off (evaluation).
 extern "C" __global__ void __launch_bounds__(THREADS)
-dense_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ W,
-              const float* __restrict__ bias, float* __restrict__ z, float* __restrict__ y, unsigned layer_seed,
-              const unsigned* __restrict__ step, unsigned threshold, float scale) {
+dense_forward(DENSE_DIMS_ARG const float* __restrict__ x, const unsigned* __restrict__ rows, int B,
+              const float* __restrict__ W, const float* __restrict__ bias, float* __restrict__ z,
+              float* __restrict__ y, unsigned layer_seed, const unsigned* __restrict__ step, unsigned threshold,
+              float scale) {
+    DENSE_DIMS_LOCAL
     extern __shared__ float smem[];
-    const unsigned key = DROP ? dropout_key(layer_seed, step) : 0u;
-    gemm_tile<FWD_BM, FWD_BN, FWD_BK, FWD_TM, FWD_TN, false, true>(
-        B, OUT, IN, blockIdx.y * FWD_BM, blockIdx.x * FWD_BN,
-        [&](int s, int k) { return x[row_of(rows, s) * IN + k]; },
-        [&](int k, int o) { return W[(size_t)o * IN + k]; },
+    const unsigned key = d.drop ? dropout_key(layer_seed, step) : 0u;
+    gemm_tile<FWD_BM, FWD_BN, DenseDims::forward_depth, FWD_TM, FWD_TN, false, true>(
+        B, d.outputs, d.inputs, blockIdx.y * FWD_BM, blockIdx.x * FWD_BN,
+        [&](int s, int k) { return x[row_of(rows, s) * d.inputs + k]; },
+        [&](int k, int o) { return W[(size_t)o * d.inputs + k]; },
         [&](int s, int o, float acc) {
-            const size_t e = (size_t)s * OUT + o;
-            const float pre = BIAS ? acc + bias[o] : acc;
-            if (ACT != ACT_NONE) z[e] = pre;
-            float v = fit_activate(ACT, pre);
-            if (DROP) v *= dropout_factor(key, (unsigned)e, threshold, scale);
+            const size_t e = (size_t)s * d.outputs + o;
+            const float pre = d.bias ? acc + bias[o] : acc;
+            if (d.act != ACT_NONE) z[e] = pre;
+            float v = fit_activate(d.act, pre);
+            if (d.drop) v *= dropout_factor(key, (unsigned)e, threshold, scale);
             y[e] = v;
         },
         smem);
@@ -129,107 +161,133 @@ dense_forward(const float* __restrict__ x, const unsigned* __restrict__ rows, in
 
 // dz = dy · dropout factor · act′(z) of element (s, o).
 struct DenseDz {
+    DenseDims d;
     const float* dy;
     const float* z;
     unsigned key, threshold;
     float scale;
     __device__ __forceinline__ float operator()(int s, int o) const {
-        const size_t e = (size_t)s * OUT + o;
-        float d = dy[e];
-        if (DROP) d *= dropout_factor(key, (unsigned)e, threshold, scale);
-        if (ACT != ACT_NONE) d *= fit_slope(ACT, z[e]);
-        return d;
+        const size_t e = (size_t)s * d.outputs + o;
+        float g = dy[e];
+        if (d.drop) g *= dropout_factor(key, (unsigned)e, threshold, scale);
+        if (d.act != ACT_NONE) g *= fit_slope(d.act, z[e]);
+        return g;
     }
 };
 
-constexpr int dense_weight_tiles() { return ((OUT + BWD_BM - 1) / BWD_BM) * ((WEIGHT_COLUMNS + BWD_BN - 1) / BWD_BN); }
-
-// Grid: dense_weight_tiles() blocks of [∂W | ∂b] = dzᵀ·[x | 1] (OUT × IN+1 over the batch), then, when dx
-// is not null, ⌈B/BWD_BM⌉·⌈IN/BWD_BN⌉ blocks of ∂x = dz·W. Weight block b writes its Σg² to partials[b]
-// (unless partials is null), so their number does not depend on the batch.
+// Grid: ⌈OUT/BWD_BM⌉·⌈(IN + bias)/BWD_BN⌉ blocks of [∂W | ∂b] = dzᵀ·[x | 1] (OUT × IN+1 over the batch),
+// then, when dx is not null, ⌈B/BWD_BM⌉·⌈IN/BWD_BN⌉ blocks of ∂x = dz·W. Weight block b writes its Σg² to
+// partials[b] (unless partials is null), so their number does not depend on the batch.
 extern "C" __global__ void __launch_bounds__(THREADS)
-dense_backward(const float* __restrict__ x, const unsigned* __restrict__ rows, int B, const float* __restrict__ W,
-               const float* __restrict__ z, const float* __restrict__ dy, float* __restrict__ gW,
-               float* __restrict__ gb, float* __restrict__ dx, unsigned layer_seed, const unsigned* __restrict__ step,
-               unsigned threshold, float scale, float* __restrict__ partials) {
+dense_backward(DENSE_DIMS_ARG const float* __restrict__ x, const unsigned* __restrict__ rows, int B,
+               const float* __restrict__ W, const float* __restrict__ z, const float* __restrict__ dy,
+               float* __restrict__ gW, float* __restrict__ gb, float* __restrict__ dx, unsigned layer_seed,
+               const unsigned* __restrict__ step, unsigned threshold, float scale, float* __restrict__ partials) {
+    DENSE_DIMS_LOCAL
     extern __shared__ float smem[];
-    const DenseDz dz{dy, z, DROP ? dropout_key(layer_seed, step) : 0u, threshold, scale};
-    const int weight_tiles = dense_weight_tiles();
+    const DenseDz dz{d, dy, z, d.drop ? dropout_key(layer_seed, step) : 0u, threshold, scale};
+    const int columns = (weight_columns(d) + BWD_BN - 1) / BWD_BN;
+    const int weight_tiles = (d.outputs + BWD_BM - 1) / BWD_BM * columns;
     if ((int)blockIdx.x < weight_tiles) {
-        constexpr int columns = (WEIGHT_COLUMNS + BWD_BN - 1) / BWD_BN;
         const int m0 = blockIdx.x / columns * BWD_BM, n0 = blockIdx.x % columns * BWD_BN;
         float sq = 0.0f;
         gemm_tile<BWD_BM, BWD_BN, BWD_BK, BWD_TM, BWD_TN, true, false>(
-            OUT, WEIGHT_COLUMNS, B, m0, n0, [&](int o, int s) { return dz(s, o); },
-            [&](int s, int k) { return k < IN ? x[row_of(rows, s) * IN + k] : 1.0f; },
+            d.outputs, weight_columns(d), B, m0, n0, [&](int o, int s) { return dz(s, o); },
+            [&](int s, int k) { return k < d.inputs ? x[row_of(rows, s) * d.inputs + k] : 1.0f; },
             [&](int o, int k, float g) {
-                if (k < IN) gW[(size_t)o * IN + k] = g;
+                if (k < d.inputs) gW[(size_t)o * d.inputs + k] = g;
                 else gb[o] = g;
                 sq += g * g;
             },
             smem);
         write_norm_partial(sq, partials);
     } else {
-        const int tile = blockIdx.x - weight_tiles;
-        constexpr int columns = (IN + BWD_BN - 1) / BWD_BN;
-        const int m0 = tile / columns * BWD_BM, n0 = tile % columns * BWD_BN;
+        const int tile = blockIdx.x - weight_tiles, input_columns = (d.inputs + BWD_BN - 1) / BWD_BN;
+        const int m0 = tile / input_columns * BWD_BM, n0 = tile % input_columns * BWD_BN;
         gemm_tile<BWD_BM, BWD_BN, BWD_BK, BWD_TM, BWD_TN, false, false>(
-            B, IN, OUT, m0, n0, [&](int s, int o) { return dz(s, o); },
-            [&](int o, int k) { return W[(size_t)o * IN + k]; },
-            [&](int s, int k, float g) { dx[(size_t)s * IN + k] = g; }, smem);
+            B, d.inputs, d.outputs, m0, n0, [&](int s, int o) { return dz(s, o); },
+            [&](int o, int k) { return W[(size_t)o * d.inputs + k]; },
+            [&](int s, int k, float g) { dx[(size_t)s * d.inputs + k] = g; }, smem);
     }
 }
 
-#if FIT_LOSS >= 0
-// ---- the last layer with the loss fused (FIT_LOSS 0 cross-entropy, 1 squared error; no activation or
+// ---- the last layer with the loss fused (LOSS 0 cross-entropy, 1 squared error; no activation or
 // dropout after it, OUT ≤ 64): one block holds every output of LOSS_BM samples, so it forms their losses
 // and ∂loss/∂y itself, and ∂x = ∂y·W for the layer before (the products are tiny: LOSS_BM·OUT·IN). The
-// loss kernel and this layer's ∂x tiles drop out of the step. ----
-static_assert(OUT <= 64 && ACT == ACT_NONE && !DROP, "the loss fuses only into a plain last Linear of ≤ 64 outputs");
-constexpr int LOSS_BN = OUT <= 8 ? 8 : OUT <= 16 ? 16 : OUT <= 32 ? 32 : 64;
-constexpr int LOSS_BM = 8, LOSS_TN = LOSS_BN == 64 ? 2 : 1, LOSS_BK = IN < 128 ? IN : 128;
+// loss kernel and this layer's ∂x tiles drop out of the step. BN: loss_bn(OUT), TN: loss_tn(BN). ----
+#if FIT_OP == 8 || FIT_LOSS >= 0
+constexpr int LOSS_BM = 8;
 
 // Grid: ⌈B/LOSS_BM⌉. x is gathered through x_rows, the targets through target_rows (the first layer reads
 // both through the batch's order; a later one reads x in batch order). y: the outputs; loss[s]: each
 // sample's loss; dy, dx: written unless null (evaluation passes both null; the first layer with
 // parameters passes dx null).
-extern "C" __global__ void __launch_bounds__(THREADS)
-dense_forward_loss(const float* __restrict__ x, const unsigned* __restrict__ x_rows,
-                   const unsigned* __restrict__ target_rows, int B, const float* __restrict__ W,
-                   const float* __restrict__ bias, const unsigned* __restrict__ classes,
-                   const float* __restrict__ values, float* __restrict__ y, float* __restrict__ loss,
-                   float* __restrict__ dy, float* __restrict__ dx) {
-    extern __shared__ float smem[];
-    __shared__ float out[LOSS_BM][OUT], d[LOSS_BM][OUT];
+template <int BN, int TN>
+__device__ __forceinline__ void dense_forward_loss(const DenseDims d, const float* __restrict__ x,
+                                                   const unsigned* __restrict__ x_rows,
+                                                   const unsigned* __restrict__ target_rows, int B,
+                                                   const float* __restrict__ W, const float* __restrict__ bias,
+                                                   const unsigned* __restrict__ classes,
+                                                   const float* __restrict__ values, float* __restrict__ y,
+                                                   float* __restrict__ loss, float* __restrict__ dy,
+                                                   float* __restrict__ dx) {
+    extern __shared__ float loss_smem[];
+    __shared__ float out[LOSS_BM][BN], grad[LOSS_BM][BN];
     const int m0 = blockIdx.x * LOSS_BM, bm = min(LOSS_BM, B - m0);
-    gemm_tile<LOSS_BM, LOSS_BN, LOSS_BK, 1, LOSS_TN, false, true>(
-        B, OUT, IN, m0, 0, [&](int s, int k) { return x[row_of(x_rows, s) * IN + k]; },
-        [&](int k, int o) { return W[(size_t)o * IN + k]; },
+    gemm_tile<LOSS_BM, BN, DenseDims::loss_depth, 1, TN, false, true>(
+        B, d.outputs, d.inputs, m0, 0, [&](int s, int k) { return x[row_of(x_rows, s) * d.inputs + k]; },
+        [&](int k, int o) { return W[(size_t)o * d.inputs + k]; },
         [&](int s, int o, float acc) {
-            const float v = BIAS ? acc + bias[o] : acc;
+            const float v = d.bias ? acc + bias[o] : acc;
             out[s - m0][o] = v;
-            y[(size_t)s * OUT + o] = v;
+            y[(size_t)s * d.outputs + o] = v;
         },
-        smem);
+        loss_smem);
     __syncthreads();
     const int warp = threadIdx.x / 32;
     if (warp < bm) {
         const size_t row = row_of(target_rows, m0 + warp);
-        warp_sample_loss<OUT, FIT_LOSS>(out[warp], FIT_LOSS == 0 ? classes[row] : 0u,
-                                        FIT_LOSS == 0 ? nullptr : values + row * OUT, B, loss + m0 + warp, d[warp]);
+        warp_sample_loss(d.outputs, d.loss, out[warp], d.loss == 0 ? classes[row] : 0u,
+                         d.loss == 0 ? nullptr : values + row * d.outputs, B, loss + m0 + warp, grad[warp]);
     }
     if (!dy) return;
     __syncthreads();
-    for (int i = threadIdx.x; i < bm * OUT; i += THREADS) dy[(size_t)m0 * OUT + i] = d[i / OUT][i % OUT];
+    for (int i = threadIdx.x; i < bm * d.outputs; i += THREADS) dy[(size_t)m0 * d.outputs + i] = grad[i / d.outputs][i % d.outputs];
     if (dx)
-        for (int i = threadIdx.x; i < bm * IN; i += THREADS) {
-            const int s = i / IN, k = i % IN;
+        for (int i = threadIdx.x; i < bm * d.inputs; i += THREADS) {
+            const int s = i / d.inputs, k = i % d.inputs;
             float acc = 0.0f;
 #pragma unroll
-            for (int o = 0; o < OUT; ++o) acc = fmaf(d[s][o], W[(size_t)o * IN + k], acc);
-            dx[(size_t)(m0 + s) * IN + k] = acc;
+            for (int o = 0; o < d.outputs; ++o) acc = fmaf(grad[s][o], W[(size_t)o * d.inputs + k], acc);
+            dx[(size_t)(m0 + s) * d.inputs + k] = acc;
         }
 }
+
+#define DENSE_FORWARD_LOSS_PARAMS                                                                                 \
+    const float *__restrict__ x, const unsigned *__restrict__ x_rows, const unsigned *__restrict__ target_rows,  \
+        int B, const float *__restrict__ W, const float *__restrict__ bias, const unsigned *__restrict__ classes, \
+        const float *__restrict__ values, float *__restrict__ y, float *__restrict__ loss, float *__restrict__ dy, \
+        float *__restrict__ dx
+#define DENSE_FORWARD_LOSS_ARGS x, x_rows, target_rows, B, W, bias, classes, values, y, loss, dy, dx
+#if FIT_OP == 1 && FIT_LOSS >= 0
+static_assert(FIT_OUT <= 64 && FIT_ACT == ACT_NONE && !FIT_DROP,
+              "the loss fuses only into a plain last Linear of ≤ 64 outputs");
+constexpr int LOSS_BN = loss_bn(FIT_OUT), LOSS_TN = loss_tn(LOSS_BN);
+extern "C" __global__ void __launch_bounds__(THREADS) dense_forward_loss(DENSE_FORWARD_LOSS_PARAMS) {
+    dense_forward_loss<LOSS_BN, LOSS_TN>(DenseDims{}, DENSE_FORWARD_LOSS_ARGS);
+}
+#elif FIT_OP == 8
+// dense_forward_loss_{BN}(dims, …): the generic family's, one kernel a width of the outputs' tile.
+#define DENSE_FORWARD_LOSS_GENERIC(BN)                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+        dense_forward_loss_##BN(const DenseDims d, DENSE_FORWARD_LOSS_PARAMS) {                       \
+        dense_forward_loss<BN, loss_tn(BN)>(d, DENSE_FORWARD_LOSS_ARGS);                             \
+    }
+DENSE_FORWARD_LOSS_GENERIC(8)
+DENSE_FORWARD_LOSS_GENERIC(16)
+DENSE_FORWARD_LOSS_GENERIC(32)
+DENSE_FORWARD_LOSS_GENERIC(64)
+#endif
 #endif
 #endif
 
@@ -450,9 +508,8 @@ loss_forward(const float* __restrict__ y, const unsigned* __restrict__ rows, int
     const int s = blockIdx.x * WARPS + threadIdx.x / 32;
     if (s >= B) return;
     const size_t row = row_of(rows, s);
-    warp_sample_loss<OUT, LOSS>(y + (size_t)s * OUT, LOSS == 0 ? classes[row] : 0u,
-                                LOSS == 0 ? nullptr : values + row * OUT, B, loss + s,
-                                dy ? dy + (size_t)s * OUT : nullptr);
+    warp_sample_loss(OUT, LOSS, y + (size_t)s * OUT, LOSS == 0 ? classes[row] : 0u,
+                     LOSS == 0 ? nullptr : values + row * OUT, B, loss + s, dy ? dy + (size_t)s * OUT : nullptr);
 }
 #endif
 

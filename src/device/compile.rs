@@ -85,13 +85,30 @@ impl Gpu {
     /// The module of `fused/{unit}.cu` compiled with `defines` (the model's fixed sizes, as `-DNAME=value`),
     /// compiled and loaded on first use and kept for the life of this `Gpu`.
     pub fn module(&self, request: &ModuleRequest) -> Result<Arc<CudaModule>> {
+        self.module_of(request, || compile_request(request, self.compute_capability))
+    }
+
+    /// `module` of machine code compiled already, e.g. on another thread by `compile_request`.
+    pub fn module_from_cubin(&self, request: &ModuleRequest, cubin: Vec<u8>) -> Result<Arc<CudaModule>> {
+        self.module_of(request, || Ok(cubin))
+    }
+
+    /// Whether `module(request)` would return without compiling: loaded already, compiled at build time,
+    /// or in the caches.
+    pub fn module_ready(&self, request: &ModuleRequest) -> bool {
+        let key = format!("{} {}", request.0, define_options(&request.1).join(" "));
+        self.modules.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key)
+            || is_compiled(request, self.compute_capability)
+    }
+
+    fn module_of(&self, request: &ModuleRequest, cubin: impl FnOnce() -> Result<Vec<u8>>) -> Result<Arc<CudaModule>> {
         let (unit, defines) = (request.0, define_options(&request.1));
         let key = format!("{unit} {}", defines.join(" "));
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(&key) {
             return Ok(module.clone());
         }
-        let cubin = compile_cached(kernel_source(unit)?, self.compute_capability, &defines)?;
+        let cubin = cubin()?;
         let load = || {
             quietly("loading kernels", || {
                 self.ctx
@@ -277,13 +294,36 @@ pub fn precompiled_count() -> (usize, &'static str) {
     (PRECOMPILED.len(), PRECOMPILED_NOTE)
 }
 
+/// The machine code of `request` for `compute_capability`: `compile_cached` of its kernel file and sizes.
+/// Touches no GPU, so it may run on any thread.
+pub fn compile_request(request: &ModuleRequest, compute_capability: (i32, i32)) -> Result<Vec<u8>> {
+    compile_cached(kernel_source(request.0)?, compute_capability, &define_options(&request.1))
+}
+
+/// Whether `compile_request` would find `request` compiled: at build time, or in the caches in memory
+/// and on disk.
+pub fn is_compiled(request: &ModuleRequest, compute_capability: (i32, i32)) -> bool {
+    let Ok(unit) = kernel_source(request.0) else { return false };
+    let extra = define_options(&request.1);
+    let name = crate::device::fused_source::cubin_name(unit.name, unit.hash, &sm_target(compute_capability), &extra);
+    let in_memory = || compiled_in_memory().as_ref().is_some_and(|m| m.contains_key(&name));
+    let on_disk =
+        || cache_dir().filter(|_| !unit.hash.is_empty()).is_some_and(|d| d.join("cubin").join(&name).is_file());
+    precompiled(unit, compute_capability, &extra).is_some() || in_memory() || on_disk()
+}
+
+/// `compile_cached`'s cache in memory: machine code by cubin name.
+fn compiled_in_memory() -> std::sync::MutexGuard<'static, Option<HashMap<String, Vec<u8>>>> {
+    static MEMORY: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
+    MEMORY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// `compile_cubin` behind the machine code compiled at build time, a cache in memory for the life of the
 /// process, and one on disk, keyed by the source hash, the options and the architecture. A disk cache
 /// that cannot be read or written only costs a recompile.
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
-    static MEMORY: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
     let name = crate::device::fused_source::cubin_name(unit.name, unit.hash, &sm_target(compute_capability), extra);
-    let memory = || MEMORY.lock().unwrap_or_else(|p| p.into_inner());
+    let memory = compiled_in_memory;
     let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("cubin").join(&name));
     if let Some(cubin) = memory().as_ref().and_then(|m| m.get(&name).cloned()) {
         return Ok(cubin);

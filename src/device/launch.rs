@@ -202,6 +202,19 @@ impl Gpu {
         launch_parameters(stream, kernel, shape, None, args)
     }
 
+    /// As `launch_on`, with `table` (when given) as the kernel's first parameter, passed by value.
+    pub fn launch_on_with_struct(
+        &self,
+        stream: &CudaStream,
+        kernel: &Kernel,
+        (blocks, threads, shared, programmatic): ((u32, u32), u32, u32, bool),
+        table: Option<&StructArg>,
+        args: &[Arg],
+    ) -> Result<()> {
+        let shape = LaunchShape { blocks, threads, shared, programmatic };
+        launch_parameters(stream, kernel, shape, table, args)
+    }
+
     /// `launch_sized` of a kernel whose one parameter is the struct `args`, passed by value (a
     /// `KernelStruct`'s `StructArg::of`).
     pub fn launch_struct(

@@ -6,7 +6,8 @@
 //!   the gradient of every parameter, and the evaluation outputs, against the reference in f32;
 //! - training: 100 steps of each optimizer through the production path (a CUDA graph per epoch, a
 //!   warmup-and-cosine schedule) against the reference's 100 steps: the summed losses and parameters;
-//! - repeat: the same training twice on the GPU gives the same bits.
+//! - repeat: the same training twice on the GPU gives the same bits; and a spec's dense groups on the
+//!   generic dense kernels, throughout or swapped for their own after an epoch, give their own's bits.
 //!
 //! Each check runs on the layer kernels, and again on the whole-epoch kernel where that takes the spec
 //! at the check's batch.
@@ -25,7 +26,8 @@ use crate::device::{Gpu, compile::ModuleRequest};
 use crate::harness::check::{Check, Group, Plan, rel_error, worst};
 use crate::harness::run::Trainer;
 use crate::nn::stack::gpu::{
-    GpuTrainer, StepPath, modules as network_modules, plan as group_plan, whole_epoch_module, whole_epoch_plan,
+    DenseKernels, GpuTrainer, Op, StepPath, generic_dense_module, modules as network_modules, plan as group_plan,
+    whole_epoch_module, whole_epoch_plan,
 };
 use crate::nn::stack::model::{self, Init, Loss, Network};
 use crate::nn::stack::spec::{self, Shape};
@@ -156,7 +158,7 @@ fn paths(net: &Network, loss: Loss, batch: usize) -> Vec<StepPath> {
 
 /// The kernel modules the checks compile (so the selftest compiles them all at once first).
 pub fn modules(plan: &Plan) -> Vec<ModuleRequest> {
-    let mut out = Vec::new();
+    let mut out = vec![generic_dense_module()];
     for (text, input, loss) in specs(plan) {
         if let Ok(net) = network(&text, input) {
             out.extend(network_modules(&net, loss));
@@ -415,6 +417,42 @@ fn repeat_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng
     })
 }
 
+/// The same training on the layer kernels three ways: the dense groups on their own kernels; on the
+/// generic ones throughout; on the generic ones for the first epoch, then their own (the swap a new spec
+/// makes). 0 when the parameters and evaluation outputs of all three have the same bits.
+fn generic_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check> {
+    let (net, loss) = (&case.net, case.loss);
+    let (batch, rows) = (REPEAT_BATCH, 160);
+    let p = draw(net, loss, rows, rng);
+    let (orders, lr) = schedule(rows, batch, 2, 1e-3, rng);
+    let mut optim = OptimConfig::new(OptimKind::Adam);
+    optim.clip_norm = 1.0;
+    let run = |dense: DenseKernels, swap_after: Option<usize>| -> Result<Vec<u32>> {
+        let setup = setup(net, loss, optim, &p);
+        let mut t = GpuTrainer::with_kernels(gpu.clone(), setup, batch, StepPath::Layers, dense)?;
+        for (epoch, order) in orders.iter().enumerate() {
+            if swap_after == Some(epoch) {
+                t.use_own_kernels()?;
+            }
+            t.train_epoch(order, batch, &lr, &mut |_, _| {})?;
+        }
+        let (_, outputs) = t.evaluate(1)?;
+        Ok(t.params()?.iter().chain(&outputs).map(|v| v.to_bits()).collect())
+    };
+    let own = run(DenseKernels::Own, None)?;
+    let differ = |bits: Vec<u32>| bits.iter().zip(&own).filter(|(x, y)| x != y).count();
+    let (throughout, swapped) =
+        (differ(run(DenseKernels::Generic, None)?), differ(run(DenseKernels::Generic, Some(1))?));
+    Ok(Check {
+        kernel: format!(
+            "fit generic dense kernels = own, same bits ({throughout} values differ throughout, {swapped} swapped after an epoch)"
+        ),
+        shape: case.label(),
+        rel_error: if throughout + swapped == 0 { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    })
+}
+
 /// Every fit check the plan asks for.
 pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     let mut out = Vec::new();
@@ -446,6 +484,9 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         if plan.wants(Group::Repeat) && i < fixed_specs().len() {
             for path in paths(net, *loss, REPEAT_BATCH) {
                 out.push(repeat_check(gpu, &case, path, &mut rng)?);
+            }
+            if group_plan(net).iter().any(|g| matches!(g.op, Op::Dense { .. })) {
+                out.push(generic_check(gpu, &case, &mut rng)?);
             }
         }
     }

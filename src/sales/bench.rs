@@ -11,6 +11,7 @@ use super::train::FitSales;
 use crate::datasets::features::Dataset;
 use crate::device::{Backend, Gpu};
 use crate::harness::run::{TEST, Trainer};
+use crate::nn::stack::gpu::{DenseKernels, GpuTrainer, StepPath};
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
 use anyhow::{Context, Result};
@@ -86,7 +87,8 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, o: &SalesBenchArgs) -> Resu
     // Device time of the training kernels alone: every epoch's order made first, then each epoch's order
     // uploaded and its kernels queued, all between two events.
     let (setup, _) = FitSales::setup(&data, start.clone(), optim, None)?;
-    let mut timed = crate::nn::stack::gpu::GpuTrainer::new(gpu.clone(), setup, DEFAULT_BATCH)?;
+    let own = DenseKernels::Own;
+    let mut timed = GpuTrainer::with_kernels(gpu.clone(), setup, DEFAULT_BATCH, StepPath::Auto, own)?;
     let lr = vec![optim.lr; rows.div_ceil(DEFAULT_BATCH)];
     let mut shuffle = Shuffle::new(rows, o.seed);
     let orders: Vec<Vec<u32>> = (0..o.epochs).map(|_| shuffle.next_epoch().to_vec()).collect();

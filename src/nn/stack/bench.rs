@@ -3,7 +3,7 @@
 //! graph replayed), evaluating the test split after each epoch, then times each phase of a step alone
 //! and reports the figures as JSON or one line.
 
-use super::gpu::{GpuTrainer, StepPath};
+use super::gpu::{DenseKernels, GpuTrainer, StepPath};
 use super::model::{Init, Loss, Network};
 use super::{Figures, Samples, Setup};
 use crate::device::Gpu;
@@ -64,7 +64,8 @@ pub fn run(
         dropout_seed: seed as u32,
         splits: vec![train.clone(), test.clone()],
     };
-    let mut trainer = GpuTrainer::new(gpu.clone(), setup, batch)?;
+    // Its own kernels from the first step: the bench times them, not the generic ones a new spec starts on.
+    let mut trainer = GpuTrainer::with_kernels(gpu.clone(), setup, batch, StepPath::Auto, DenseKernels::Own)?;
     trainer.synchronize()?;
     let setup_s = setup_start.elapsed().as_secs_f64();
     let n_train = train.rows();

@@ -2,7 +2,10 @@
 //!
 //! The network is cut into groups (`plan`): a Linear or Conv2d with the activation and Dropout after it
 //! fused in, a MaxPool2d, or a lone activation or Dropout; Flatten is only a new view of the same values.
-//! Each distinct group compiles its own module of `fused/fit.cu` with its sizes as defines. A step is one
+//! Each distinct group compiles its own module of `fused/fit.cu` with its sizes as defines. A dense group
+//! whose module is not compiled yet (a new spec) starts on the generic dense kernels instead, one module
+//! for every size, built into the binary, while its own compiles on another thread; the trainer swaps it
+//! in before the next epoch once it is ready ([`DenseKernels`]). Both give the same bits. A step is one
 //! forward kernel per group, the loss, one backward grid per group down to the first layer with
 //! parameters, and the update. The weight gradients that no ∂x waits for run on side streams beside the
 //! chain of ∂x kernels, so the epoch's graph has them as parallel branches.
@@ -21,22 +24,28 @@
 use super::model::{Loss, Network, size};
 use super::spec::{Layer, Shape};
 use super::{Setup, Target};
+use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::{Arg, Kernel, StructArg};
 use crate::device::{Gpu, compile::ModuleRequest};
+use crate::harness::phases;
 use crate::harness::run::Trainer;
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::dropout::{DropoutKey, dropout_scale, dropout_threshold, site_seed};
 use crate::ops::gemm::tile_shared_floats;
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
+use cudarc::driver::{CudaGraph, CudaModule, CudaSlice, CudaStream};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
 
 const THREADS: usize = THREADS_PER_BLOCK as usize;
 /// dense_forward's tile: samples × outputs, register tile, and the most k staged at once (FWD_* in fit.cu).
 const FORWARD_TILE: (usize, usize, usize, usize, usize) = (8, 8, 256, 2, 2);
 /// dense_backward's tiles (BWD_*).
 const BACKWARD_TILE: (usize, usize, usize, usize, usize) = (16, 64, 64, 4, 4);
+/// The most k dense_forward_loss stages at once (LOSS_BK).
+const LOSS_DEPTH: usize = 128;
 /// Samples evaluated per forward pass, at least (the batch when larger)...
 const EVAL_ROWS: usize = 1024;
 /// ... and more, up to a whole split, while the activations of one pass stay within this many bytes: each
@@ -70,6 +79,33 @@ impl StepPath {
             StepPath::Layers => "layer kernels",
             StepPath::WholeEpoch => "whole epoch in one kernel",
         }
+    }
+}
+
+/// Which kernels a trainer's dense groups run: their own modules (`FIT_OP 1`, sizes compiled in) or the
+/// generic family (`FIT_OP 8`, sizes as an argument), which sums in the same order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseKernels {
+    /// Its own module where it is compiled already (or the trainer takes the whole-epoch kernel, which
+    /// compiles anyway); else the generic kernels, where they are compiled, while its own module compiles
+    /// on another thread, swapped in before the first epoch after it is ready.
+    Auto,
+    /// Its own module, compiled first where need be.
+    Own,
+    /// The generic kernels until `use_own_kernels` (the checks').
+    Generic,
+}
+
+kernel_struct! {
+    /// A dense group's sizes as the generic kernels take them (`DenseDims` in fused/fit.cu, FIT_OP 8):
+    /// act an activation code or −1, bias and drop 0 or 1, loss the fused loss's code or −1.
+    pub struct DenseDims {
+        inputs: i32,
+        outputs: i32,
+        act: i32,
+        bias: i32,
+        drop: i32,
+        loss: i32,
     }
 }
 
@@ -297,6 +333,11 @@ pub fn update_module() -> ModuleRequest {
     ("fit", vec![("FIT_OP", 6)])
 }
 
+/// The generic dense kernels' module: every dense group's kernels, sizes as an argument.
+pub fn generic_dense_module() -> ModuleRequest {
+    ("fit", vec![("FIT_OP", 8)])
+}
+
 /// Every module a trainer of `net` with `loss` for batches of up to `batch` compiles: the layer kernels'
 /// and, where the network takes it, the whole-epoch kernel's.
 pub fn trainer_modules(net: &Network, loss: Loss, batch: usize) -> Vec<ModuleRequest> {
@@ -348,6 +389,8 @@ struct DeviceSplit {
 }
 
 struct GroupKernels {
+    /// A dense group's sizes where it runs the generic kernels, their first argument.
+    dims: Option<StructArg>,
     forward: Kernel,
     backward: Option<Kernel>,
     backward_input: Option<Kernel>,
@@ -383,6 +426,91 @@ struct CapturedEpoch {
     graph: CudaGraph,
 }
 
+/// A dense group on the generic kernels, and its own module: compiling on another thread (Auto), or not
+/// started (Generic: compiled when `use_own_kernels` asks).
+struct PendingModule {
+    group: usize,
+    request: ModuleRequest,
+    fused_loss: Option<Loss>,
+    compiling: Option<JoinHandle<Result<Vec<u8>>>>,
+}
+
+/// A dense group's kernels: the group's own and, where the group forms the loss, that kernel with its
+/// shared memory in bytes.
+type DenseLoaded = (GroupKernels, Option<(Kernel, usize)>);
+
+/// Loads a dense group's kernels from `module`: its own (FIT_OP 1), or the generic family's (FIT_OP 8)
+/// with the group's sizes as their first argument.
+fn dense_kernels(
+    gpu: &Gpu,
+    module: &Arc<CudaModule>,
+    op: &Op,
+    fused_loss: Option<Loss>,
+    generic: bool,
+) -> Result<DenseLoaded> {
+    let Op::Dense { inputs, outputs, bias, act, dropout } = *op else {
+        bail!("internal: a dense group's kernels for {op:?}")
+    };
+    let load = |name: &str| Gpu::function(module, name);
+    let dims = generic.then(|| {
+        let int = |v: usize| v as i32;
+        StructArg::of(&DenseDims {
+            inputs: int(inputs),
+            outputs: int(outputs),
+            act: act as i32,
+            bias: bias as i32,
+            drop: dropout.is_some_and(|(_, p)| p > 0.0) as i32,
+            loss: fused_loss.map_or(-1, |l| loss_code(l) as i32),
+        })
+    });
+    // The depth staged at once: the generic kernels' is their most, FWD_BK and LOSS_BK.
+    let depth = |most: usize| if generic { most } else { inputs.min(most) };
+    let loss = match fused_loss {
+        Some(_) => {
+            let bn = outputs.next_power_of_two().max(8);
+            let tn = if bn == 64 { 2 } else { 1 };
+            let kernel = load(&if generic { format!("dense_forward_loss_{bn}") } else { "dense_forward_loss".into() })?;
+            let shared = 4 * tile_shared_floats(8, bn, depth(LOSS_DEPTH), 1, tn);
+            gpu.reserve_shared(&kernel, shared, "the layer widths")?;
+            Some((kernel, shared))
+        }
+        None => None,
+    };
+    let (fm, fn_, fk, ftm, ftn) = FORWARD_TILE;
+    let (bm, bn, bk, btm, btn) = BACKWARD_TILE;
+    let shared = (4 * tile_shared_floats(fm, fn_, depth(fk), ftm, ftn), 4 * tile_shared_floats(bm, bn, bk, btm, btn));
+    let k = GroupKernels {
+        dims,
+        forward: load("dense_forward")?,
+        backward: Some(load("dense_backward")?),
+        backward_input: None,
+        backward_sum: None,
+        shared,
+    };
+    gpu.reserve_shared(&k.forward, shared.0, "the layer widths")?;
+    gpu.reserve_shared(k.backward.as_ref().expect("loaded"), shared.1, "the layer widths")?;
+    Ok((k, loss))
+}
+
+/// How `--verbose` names a dense group: its Linear, e.g. "Linear(784, 96)".
+fn dense_name(op: &Op) -> String {
+    match op {
+        Op::Dense { inputs, outputs, .. } => format!("Linear({inputs}, {outputs})"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Compiles the generic dense module into the cache on another thread, once a process, so that the next
+/// new spec starts on it.
+fn warm_generic_module(compute_capability: (i32, i32)) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        std::thread::spawn(move || {
+            crate::device::compile::compile_request(&generic_dense_module(), compute_capability)
+        });
+    });
+}
+
 /// The trainer of a layer stack on a CUDA GPU (see the module comment).
 pub struct GpuTrainer {
     gpu: Arc<Gpu>,
@@ -393,6 +521,10 @@ pub struct GpuTrainer {
     loss_kernel: Kernel,
     fused_loss: bool,
     loss_shared: usize,
+    /// Dense groups on the generic kernels, and their own modules.
+    pending: Vec<PendingModule>,
+    /// Epochs `train_epoch` has run.
+    epochs: usize,
     update_kernel: Kernel,
     loss: Loss,
     optim: OptimConfig,
@@ -447,6 +579,17 @@ impl GpuTrainer {
 
     /// As `new`, with the steps' path chosen.
     pub fn with_path(gpu: Arc<Gpu>, setup: Setup, batch: usize, path: StepPath) -> Result<GpuTrainer> {
+        GpuTrainer::with_kernels(gpu, setup, batch, path, DenseKernels::Auto)
+    }
+
+    /// As `with_path`, with the dense groups' kernels chosen.
+    pub fn with_kernels(
+        gpu: Arc<Gpu>,
+        setup: Setup,
+        batch: usize,
+        path: StepPath,
+        dense: DenseKernels,
+    ) -> Result<GpuTrainer> {
         let Setup { net, params, loss, optim, dropout_seed, splits } = setup;
         if params.len() != net.param_count {
             bail!("internal: {} parameters given for a network of {}", params.len(), net.param_count);
@@ -472,40 +615,53 @@ impl GpuTrainer {
         }
 
         let fused_loss = fuses_loss(&groups);
+        let whole_plan = whole_epoch_plan(&net, &groups, loss, batch)
+            .filter(|p| 4 * p.shared_floats <= gpu.max_shared_optin)
+            .filter(|_| path != StepPath::Layers);
+        if path == StepPath::WholeEpoch && whole_plan.is_none() {
+            bail!("internal: the whole-epoch kernel does not take this network at batch {batch}");
+        }
+        let generic_ready = || gpu.module_ready(&generic_dense_module());
         let mut kernels = Vec::with_capacity(groups.len());
-        let (mut loss_kernel, mut loss_shared) = (None, 0);
+        let (mut loss_kernel, mut loss_shared, mut pending) = (None, 0, Vec::new());
         for (i, g) in groups.iter().enumerate() {
-            let fuses = fused_loss && i + 1 == groups.len();
-            let module = gpu.module(&group_module(&g.op, fuses.then_some(loss)))?;
-            if let (true, Op::Dense { inputs, outputs, .. }) = (fuses, g.op) {
-                let kernel = Gpu::function(&module, "dense_forward_loss")?;
-                let bn = outputs.next_power_of_two().max(8);
-                let tn = if bn == 64 { 2 } else { 1 };
-                loss_shared = 4 * tile_shared_floats(8, bn, inputs.min(128), 1, tn);
-                gpu.reserve_shared(&kernel, loss_shared, "the layer widths")?;
-                loss_kernel = Some(kernel);
+            let fuses = (fused_loss && i + 1 == groups.len()).then_some(loss);
+            let request = group_module(&g.op, fuses);
+            if let Op::Dense { .. } = g.op {
+                let generic = match dense {
+                    DenseKernels::Own => false,
+                    DenseKernels::Generic => true,
+                    DenseKernels::Auto if gpu.module_ready(&request) || whole_plan.is_some() => false,
+                    DenseKernels::Auto if generic_ready() => true,
+                    DenseKernels::Auto => {
+                        warm_generic_module(gpu.compute_capability);
+                        false
+                    }
+                };
+                let module = if generic { gpu.module(&generic_dense_module())? } else { gpu.module(&request)? };
+                let (k, fused) = dense_kernels(&gpu, &module, &g.op, fuses, generic)?;
+                if let Some((kernel, shared)) = fused {
+                    (loss_kernel, loss_shared) = (Some(kernel), shared);
+                }
+                if generic {
+                    let compiling = (dense == DenseKernels::Auto).then(|| {
+                        let (request, capability) = (request.clone(), gpu.compute_capability);
+                        std::thread::spawn(move || crate::device::compile::compile_request(&request, capability))
+                    });
+                    let what =
+                        format!("{}: the generic dense kernels until its own module compiles", dense_name(&g.op));
+                    phases::note(Instant::now(), &what);
+                    pending.push(PendingModule { group: i, request, fused_loss: fuses, compiling });
+                }
+                kernels.push(k);
+                continue;
             }
+            let module = gpu.module(&request)?;
             let load = |name: &str| Gpu::function(&module, name);
             let k = match g.op {
-                Op::Dense { inputs, .. } => {
-                    let (fm, fn_, fk, ftm, ftn) = FORWARD_TILE;
-                    let (bm, bn, bk, btm, btn) = BACKWARD_TILE;
-                    let shared = (
-                        4 * tile_shared_floats(fm, fn_, inputs.min(fk), ftm, ftn),
-                        4 * tile_shared_floats(bm, bn, bk, btm, btn),
-                    );
-                    let k = GroupKernels {
-                        forward: load("dense_forward")?,
-                        backward: Some(load("dense_backward")?),
-                        backward_input: None,
-                        backward_sum: None,
-                        shared,
-                    };
-                    gpu.reserve_shared(&k.forward, shared.0, "the layer widths")?;
-                    gpu.reserve_shared(k.backward.as_ref().expect("loaded"), shared.1, "the layer widths")?;
-                    k
-                }
+                Op::Dense { .. } => unreachable!("loaded above"),
                 Op::Conv { .. } => GroupKernels {
+                    dims: None,
                     forward: load("conv_forward")?,
                     backward: Some(load("conv_weight_partials")?),
                     backward_input: Some(load("conv_backward_input")?),
@@ -513,6 +669,7 @@ impl GpuTrainer {
                     shared: (0, 0),
                 },
                 Op::Pool { .. } => GroupKernels {
+                    dims: None,
                     forward: load("pool_forward")?,
                     backward: Some(load("pool_backward")?),
                     backward_input: None,
@@ -520,6 +677,7 @@ impl GpuTrainer {
                     shared: (0, 0),
                 },
                 Op::Pointwise { .. } => GroupKernels {
+                    dims: None,
                     forward: load("pointwise_forward")?,
                     backward: Some(load("pointwise_backward")?),
                     backward_input: None,
@@ -534,12 +692,6 @@ impl GpuTrainer {
             None => Gpu::function(&gpu.module(&loss_module(loss, outputs))?, "loss_forward")?,
         };
         let update_kernel = Gpu::function(&gpu.module(&update_module())?, "fit_update")?;
-        let whole_plan = whole_epoch_plan(&net, &groups, loss, batch)
-            .filter(|p| 4 * p.shared_floats <= gpu.max_shared_optin)
-            .filter(|_| path != StepPath::Layers);
-        if path == StepPath::WholeEpoch && whole_plan.is_none() {
-            bail!("internal: the whole-epoch kernel does not take this network at batch {batch}");
-        }
 
         // The arena's layout.
         let n = net.param_count;
@@ -649,6 +801,8 @@ impl GpuTrainer {
             loss_kernel,
             fused_loss,
             loss_shared,
+            pending,
+            epochs: 0,
             update_kernel,
             loss,
             optim,
@@ -728,7 +882,8 @@ impl GpuTrainer {
                     let [seed, threshold, scale] = self.dropout_args(dropout, training);
                     args.extend([seed, self.step_ptr(), threshold, scale]);
                     let grid = (outputs.div_ceil(FORWARD_TILE.1) as u32, b.div_ceil(FORWARD_TILE.0) as u32);
-                    g.launch(&k.forward, grid, k.shared.0 as u32, false, &args)?;
+                    let shape = (grid, THREADS as u32, k.shared.0 as u32, false);
+                    g.launch_on_with_struct(&g.stream, &k.forward, shape, k.dims.as_ref(), &args)?;
                 }
                 Op::Conv { .. } => {
                     let layer = group.layer.expect("conv has a layer");
@@ -800,13 +955,9 @@ impl GpuTrainer {
                 dy,
                 if wants_dx { self.ptr(self.dy[i - 1]) } else { Arg::Ptr(0) },
             ];
-            return self.gpu.launch(
-                &self.loss_kernel,
-                (b.div_ceil(8) as u32, 1),
-                self.loss_shared as u32,
-                false,
-                &args,
-            );
+            let shape = ((b.div_ceil(8) as u32, 1), THREADS as u32, self.loss_shared as u32, false);
+            let dims = self.kernels[i].dims.as_ref();
+            return self.gpu.launch_on_with_struct(&self.gpu.stream, &self.loss_kernel, shape, dims, &args);
         }
         let args = [self.ptr(last), rows, Arg::i32(b as i32), classes, values, self.ptr_at(self.losses, at), dy];
         let blocks = b.div_ceil(THREADS / 32) as u32;
@@ -874,7 +1025,8 @@ impl GpuTrainer {
                     let dx_tiles = if wants_dx { b.div_ceil(bm) * inputs.div_ceil(bn) } else { 0 };
                     let grid = (buf.partials.1 + dx_tiles) as u32;
                     let kernel = k.backward.as_ref().expect("loaded");
-                    g.launch_on(weights, kernel, (grid, 1), THREADS as u32, k.shared.1 as u32, false, &args)?;
+                    let shape = ((grid, 1), THREADS as u32, k.shared.1 as u32, false);
+                    g.launch_on_with_struct(weights, kernel, shape, k.dims.as_ref(), &args)?;
                 }
                 Op::Conv { outputs, .. } => {
                     let layer = group.layer.expect("conv has a layer");
@@ -1032,6 +1184,41 @@ impl GpuTrainer {
         self.groups.len() + !self.fused_loss as usize + backward + 1
     }
 
+    /// Swaps each dense group's own kernels in for the generic ones: where its module has compiled, or,
+    /// with `wait`, once it has (compiling it here where nothing started it). The epoch's graph is captured
+    /// again at its next launch.
+    fn adopt_own_kernels(&mut self, wait: bool) -> Result<()> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let ready = self.pending[i].compiling.as_ref().map_or(wait, |c| wait || c.is_finished());
+            if !ready {
+                i += 1;
+                continue;
+            }
+            let PendingModule { group, request, fused_loss, compiling } = self.pending.swap_remove(i);
+            let cubin = match compiling {
+                Some(thread) => thread.join().map_err(|_| anyhow::anyhow!("internal: a kernel compile panicked"))?,
+                None => crate::device::compile::compile_request(&request, self.gpu.compute_capability),
+            }?;
+            let module = self.gpu.module_from_cubin(&request, cubin)?;
+            let (kernels, fused) = dense_kernels(&self.gpu, &module, &self.groups[group].op, fused_loss, false)?;
+            self.kernels[group] = kernels;
+            if let Some((kernel, shared)) = fused {
+                (self.loss_kernel, self.loss_shared) = (kernel, shared);
+            }
+            self.captured = None;
+            let what =
+                format!("{}: its own kernels from epoch {}", dense_name(&self.groups[group].op), self.epochs + 1);
+            phases::note(Instant::now(), &what);
+        }
+        Ok(())
+    }
+
+    /// Runs every dense group on its own kernels from here on, compiling them first where need be.
+    pub fn use_own_kernels(&mut self) -> Result<()> {
+        self.adopt_own_kernels(true)
+    }
+
     /// Captures (once per epoch size and batch) the epoch's graph.
     fn prepare_epoch(&mut self, samples: usize, batch: usize) -> Result<()> {
         if matches!(&self.captured, Some(c) if c.samples == samples && c.batch == batch) {
@@ -1160,6 +1347,8 @@ impl Trainer for GpuTrainer {
         if order.is_empty() {
             return Ok(0.0);
         }
+        self.adopt_own_kernels(false)?;
+        self.epochs += 1;
         self.set_epoch(order, lr)?;
         self.launch_epoch(order.len(), batch)?;
         let losses = self.download(self.losses, order.len())?;
@@ -1300,6 +1489,11 @@ mod tests {
     }
 
     #[test]
+    fn the_generic_dense_sizes_match_the_kernel_file() {
+        crate::device::kernel_struct::assert_kernel_layout::<DenseDims>("fit", &generic_dense_module().1);
+    }
+
+    #[test]
     fn sizes_match_the_kernel_file() {
         let dense =
             [("FIT_OP", 1), ("FIT_IN", 784), ("FIT_OUT", 10), ("FIT_ACT", -1), ("FIT_BIAS", 1), ("FIT_DROP", 0)];
@@ -1308,6 +1502,7 @@ mod tests {
         let (f, b) = (FORWARD_TILE, BACKWARD_TILE);
         let host = [f.0, f.1, f.2, f.3, f.4, b.0, b.1, b.2, b.3, b.4].map(|v| v as i64);
         assert_eq!(kernel_constants("fit", &dense, &names).unwrap(), host);
+        assert_eq!(kernel_constants("fit", &dense, &["LOSS_BK"]).unwrap(), [LOSS_DEPTH as i64]);
         for outputs in [1, 10, 33, 64] {
             let mut defines = dense.to_vec();
             defines[2] = ("FIT_OUT", outputs);

@@ -118,14 +118,25 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// Runs `f`, turning a panic inside it (cudarc's missing-library or missing-symbol panics) into an error,
-/// without the panic message or a backtrace reaching the terminal.
+/// without the panic message or a backtrace reaching the terminal. The panic hook, installed once, stays
+/// silent only on a thread inside `quietly`, so threads do not wait on each other (a kernel module loaded
+/// on one thread while another compiles).
 pub fn quietly<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    static HOOK_LOCK: Mutex<()> = Mutex::new(());
-    let _guard = HOOK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    thread_local! {
+        static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+    let outer = QUIET.with(|q| q.replace(true));
     let outcome = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
+    QUIET.with(|q| q.set(outer));
     match outcome {
         Ok(result) => result,
         Err(payload) => {
@@ -338,5 +349,31 @@ impl Gpu {
         }
         func.set_attribute(FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
             .with_context(|| format!("cannot opt in to {bytes} bytes of dynamic shared memory"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quietly;
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+
+    #[test]
+    fn a_panic_inside_quietly_is_an_error_naming_what_failed() {
+        let result: anyhow::Result<()> = quietly("loading kernels", || panic!("no such symbol - searched for x"));
+        assert_eq!(result.unwrap_err().to_string(), "loading kernels: no such symbol");
+    }
+
+    /// One thread inside `quietly` (a compile) does not hold another out of it (a module load): the
+    /// second signals the first from inside its own.
+    #[test]
+    fn threads_enter_quietly_at_once() {
+        let (tx, rx) = channel();
+        let waiting = std::thread::spawn(move || {
+            quietly("waiting", || rx.recv_timeout(Duration::from_secs(60)).map_err(|e| anyhow::anyhow!("{e}")))
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        quietly("signalling", || tx.send(()).map_err(|e| anyhow::anyhow!("{e}"))).unwrap();
+        waiting.join().unwrap().unwrap();
     }
 }

@@ -81,6 +81,8 @@ __device__ __forceinline__ void cp_async4_or_zero(void* shared_dst, const void* 
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Waits for every committed group but the last.
+__device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 // *dst += v on four consecutive floats, dst 16-byte aligned: one vector atomic on sm_90, four before.
 __device__ __forceinline__ void atomic_add4(float* dst, float4 v) {

@@ -392,65 +392,75 @@ fn training_check(
     }
 }
 
-/// Two identical GPU runs: 0 when every parameter has the same bits.
-fn repeat_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng) -> Result<Check> {
-    let (net, loss) = (&case.net, case.loss);
-    let (batch, rows) = (REPEAT_BATCH, 160);
-    let p = draw(net, loss, rows, rng);
-    let (orders, lr) = schedule(rows, batch, 2, 1e-3, rng);
-    let mut optim = OptimConfig::new(OptimKind::Adam);
-    optim.clip_norm = 1.0;
-    let run = || -> Result<Vec<u32>> {
-        let mut t = GpuTrainer::with_path(gpu.clone(), setup(net, loss, optim, &p), batch, path)?;
-        for order in &orders {
-            t.train_epoch(order, batch, &lr, &mut |_, _| {})?;
+/// The repeat checks' training: two epochs of Adam, clipped, over 160 random rows.
+struct RepeatRun {
+    p: Problem,
+    orders: Vec<Vec<u32>>,
+    lr: Vec<f32>,
+    optim: OptimConfig,
+}
+
+impl RepeatRun {
+    fn draw(case: &Case, rng: &mut SeededRng) -> RepeatRun {
+        let p = draw(&case.net, case.loss, 160, rng);
+        let (orders, lr) = schedule(160, REPEAT_BATCH, 2, 1e-3, rng);
+        let mut optim = OptimConfig::new(OptimKind::Adam);
+        optim.clip_norm = 1.0;
+        RepeatRun { p, orders, lr, optim }
+    }
+
+    /// The bits of the parameters and the evaluation outputs after the training on `path`, the dense groups
+    /// on `dense` kernels, swapped to their own before epoch `swap_before` where given.
+    fn bits(
+        &self,
+        gpu: &Arc<Gpu>,
+        case: &Case,
+        (path, dense): (StepPath, DenseKernels),
+        swap_before: Option<usize>,
+    ) -> Result<Vec<u32>> {
+        let setup = setup(&case.net, case.loss, self.optim, &self.p);
+        let mut t = GpuTrainer::with_kernels(gpu.clone(), setup, REPEAT_BATCH, path, dense)?;
+        for (epoch, order) in self.orders.iter().enumerate() {
+            if swap_before == Some(epoch) {
+                t.use_own_kernels()?;
+            }
+            t.train_epoch(order, REPEAT_BATCH, &self.lr, &mut |_, _| {})?;
         }
-        Ok(t.params()?.iter().map(|v| v.to_bits()).collect())
-    };
-    let (a, b) = (run()?, run()?);
-    let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
-    Ok(Check {
-        kernel: format!("fit two runs{}, same bits ({differ} parameters differ)", on_path(path)),
-        shape: case.label(),
-        rel_error: if differ == 0 { 0.0 } else { f64::INFINITY },
-        tolerance: 0.0,
-    })
+        let (_, outputs) = t.evaluate(1)?;
+        Ok(t.params()?.iter().chain(&outputs).map(|v| v.to_bits()).collect())
+    }
+}
+
+/// How many values two runs' bits differ in.
+fn differing(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+}
+
+/// A check that passes when no value differs.
+fn same_bits(kernel: String, case: &Case, differ: usize) -> Check {
+    Check { kernel, shape: case.label(), rel_error: if differ == 0 { 0.0 } else { f64::INFINITY }, tolerance: 0.0 }
+}
+
+/// Two identical GPU runs: 0 when every parameter and evaluation output has the same bits.
+fn repeat_check(gpu: &Arc<Gpu>, case: &Case, path: StepPath, rng: &mut SeededRng) -> Result<Check> {
+    let run = RepeatRun::draw(case, rng);
+    let kernels = (path, DenseKernels::Auto);
+    let differ = differing(&run.bits(gpu, case, kernels, None)?, &run.bits(gpu, case, kernels, None)?);
+    Ok(same_bits(format!("fit two runs{}, same bits ({differ} values differ)", on_path(path)), case, differ))
 }
 
 /// The same training on the layer kernels three ways: the dense groups on their own kernels; on the
 /// generic ones throughout; on the generic ones for the first epoch, then their own (the swap a new spec
 /// makes). 0 when the parameters and evaluation outputs of all three have the same bits.
 fn generic_check(gpu: &Arc<Gpu>, case: &Case, rng: &mut SeededRng) -> Result<Check> {
-    let (net, loss) = (&case.net, case.loss);
-    let (batch, rows) = (REPEAT_BATCH, 160);
-    let p = draw(net, loss, rows, rng);
-    let (orders, lr) = schedule(rows, batch, 2, 1e-3, rng);
-    let mut optim = OptimConfig::new(OptimKind::Adam);
-    optim.clip_norm = 1.0;
-    let run = |dense: DenseKernels, swap_after: Option<usize>| -> Result<Vec<u32>> {
-        let setup = setup(net, loss, optim, &p);
-        let mut t = GpuTrainer::with_kernels(gpu.clone(), setup, batch, StepPath::Layers, dense)?;
-        for (epoch, order) in orders.iter().enumerate() {
-            if swap_after == Some(epoch) {
-                t.use_own_kernels()?;
-            }
-            t.train_epoch(order, batch, &lr, &mut |_, _| {})?;
-        }
-        let (_, outputs) = t.evaluate(1)?;
-        Ok(t.params()?.iter().chain(&outputs).map(|v| v.to_bits()).collect())
-    };
-    let own = run(DenseKernels::Own, None)?;
-    let differ = |bits: Vec<u32>| bits.iter().zip(&own).filter(|(x, y)| x != y).count();
-    let (throughout, swapped) =
-        (differ(run(DenseKernels::Generic, None)?), differ(run(DenseKernels::Generic, Some(1))?));
-    Ok(Check {
-        kernel: format!(
-            "fit generic dense kernels = own, same bits ({throughout} values differ throughout, {swapped} swapped after an epoch)"
-        ),
-        shape: case.label(),
-        rel_error: if throughout + swapped == 0 { 0.0 } else { f64::INFINITY },
-        tolerance: 0.0,
-    })
+    let run = RepeatRun::draw(case, rng);
+    let own = run.bits(gpu, case, (StepPath::Layers, DenseKernels::Own), None)?;
+    let generic = |swap_before| run.bits(gpu, case, (StepPath::Layers, DenseKernels::Generic), swap_before);
+    let (throughout, swapped) = (differing(&generic(None)?, &own), differing(&generic(Some(1))?, &own));
+    let kernel = format!(
+        "fit generic dense kernels = own, same bits ({throughout} values differ throughout, {swapped} swapped after an epoch)"
+    );
+    Ok(same_bits(kernel, case, throughout + swapped))
 }
 
 /// Every fit check the plan asks for.

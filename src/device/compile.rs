@@ -96,14 +96,12 @@ impl Gpu {
     /// Whether `module(request)` would return without compiling: loaded already, compiled at build time,
     /// or in the caches.
     pub fn module_ready(&self, request: &ModuleRequest) -> bool {
-        let key = format!("{} {}", request.0, define_options(&request.1).join(" "));
-        self.modules.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key)
+        self.modules.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&module_key(request))
             || is_compiled(request, self.compute_capability)
     }
 
     fn module_of(&self, request: &ModuleRequest, cubin: impl FnOnce() -> Result<Vec<u8>>) -> Result<Arc<CudaModule>> {
-        let (unit, defines) = (request.0, define_options(&request.1));
-        let key = format!("{unit} {}", defines.join(" "));
+        let (unit, defines, key) = (request.0, define_options(&request.1), module_key(request));
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(&key) {
             return Ok(module.clone());
@@ -292,6 +290,11 @@ fn precompiled(unit: &KernelSource, compute_capability: (i32, i32), extra: &[Str
 /// asked to: TEXTNET_PRECOMPILE=1), and a line saying how, or why there are none.
 pub fn precompiled_count() -> (usize, &'static str) {
     (PRECOMPILED.len(), PRECOMPILED_NOTE)
+}
+
+/// How a `Gpu` names a loaded module: its kernel file and sizes.
+fn module_key(request: &ModuleRequest) -> String {
+    format!("{} {}", request.0, define_options(&request.1).join(" "))
 }
 
 /// The machine code of `request` for `compute_capability`: `compile_cached` of its kernel file and sizes.

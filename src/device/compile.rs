@@ -310,9 +310,14 @@ pub fn is_compiled(request: &ModuleRequest, compute_capability: (i32, i32)) -> b
     let extra = define_options(&request.1);
     let name = crate::device::fused_source::cubin_name(unit.name, unit.hash, &sm_target(compute_capability), &extra);
     let in_memory = || compiled_in_memory().as_ref().is_some_and(|m| m.contains_key(&name));
-    let on_disk =
-        || cache_dir().filter(|_| !unit.hash.is_empty()).is_some_and(|d| d.join("cubin").join(&name).is_file());
+    let on_disk = || cache_file(unit, &name).is_some_and(|f| f.is_file());
     precompiled(unit, compute_capability, &extra).is_some() || in_memory() || on_disk()
+}
+
+/// Where the disk cache keeps `unit`'s machine code of cubin name `name` (None for a source read at run
+/// time, which is never cached, or where there is no cache folder).
+fn cache_file(unit: &KernelSource, name: &str) -> Option<PathBuf> {
+    cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("cubin").join(name))
 }
 
 /// `compile_cached`'s cache in memory: machine code by cubin name.
@@ -327,7 +332,7 @@ fn compiled_in_memory() -> std::sync::MutexGuard<'static, Option<HashMap<String,
 pub fn compile_cached(unit: &KernelSource, compute_capability: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
     let name = crate::device::fused_source::cubin_name(unit.name, unit.hash, &sm_target(compute_capability), extra);
     let memory = compiled_in_memory;
-    let file = cache_dir().filter(|_| !unit.hash.is_empty()).map(|dir| dir.join("cubin").join(&name));
+    let file = cache_file(unit, &name);
     if let Some(cubin) = memory().as_ref().and_then(|m| m.get(&name).cloned()) {
         return Ok(cubin);
     }

@@ -198,8 +198,7 @@ impl Gpu {
         programmatic: bool,
         args: &[Arg],
     ) -> Result<()> {
-        let shape = LaunchShape { blocks, threads, shared, programmatic };
-        launch_parameters(stream, kernel, shape, None, args)
+        self.launch_on_with_struct(stream, kernel, (blocks, threads, shared, programmatic), None, args)
     }
 
     /// As `launch_on`, with `table` (when given) as the kernel's first parameter, passed by value.
@@ -246,8 +245,7 @@ impl Gpu {
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
-        let shape = LaunchShape { blocks, threads, shared, programmatic };
-        launch_parameters(&self.stream, kernel, shape, Some(table), args)
+        self.launch_on_with_struct(&self.stream, kernel, (blocks, threads, shared, programmatic), Some(table), args)
     }
 }
 

@@ -621,7 +621,6 @@ impl GpuTrainer {
         if path == StepPath::WholeEpoch && whole_plan.is_none() {
             bail!("internal: the whole-epoch kernel does not take this network at batch {batch}");
         }
-        let generic_ready = || gpu.module_ready(&generic_dense_module());
         let mut kernels = Vec::with_capacity(groups.len());
         let (mut loss_kernel, mut loss_shared, mut pending) = (None, 0, Vec::new());
         for (i, g) in groups.iter().enumerate() {
@@ -632,7 +631,7 @@ impl GpuTrainer {
                     DenseKernels::Own => false,
                     DenseKernels::Generic => true,
                     DenseKernels::Auto if gpu.module_ready(&request) || whole_plan.is_some() => false,
-                    DenseKernels::Auto if generic_ready() => true,
+                    DenseKernels::Auto if gpu.module_ready(&generic_dense_module()) => true,
                     DenseKernels::Auto => {
                         warm_generic_module(gpu.compute_capability);
                         false

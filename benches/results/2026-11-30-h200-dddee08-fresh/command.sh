@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On a freshly started H200 at dddee08, built with its kernels compiled in (TEXTNET_PRECOMPILE=1), an empty
+# kernel cache: the first `selftest --quick`, then the full selftest.
+# Binary: `TEXTNET_PRECOMPILE=1 cargo build --release --bin textnet`, stripped, xz'd to data/textnet-new.xz.
+# OUT set.
+set -u
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+xz -dc data/textnet-new.xz > /tmp/textnet && chmod +x /tmp/textnet
+timed() {  # timed SECONDS COMMAND...: its last lines, exit status and wall seconds
+  local s=$(date +%s.%N); timeout "$@" 2>&1 | tail -3; local rc=${PIPESTATUS[0]}
+  echo "rc $rc wall $(python3 -c "import sys,time; print(round(time.time() - float(sys.argv[1]), 1))" "$s") s"
+}
+{
+  export TEXTNET_CACHE=/tmp/fresh-cache
+  rm -rf "$TEXTNET_CACHE"
+  echo "## selftest --quick"; timed 90 bash -c '/tmp/textnet selftest --quick > /tmp/quick.txt; rc=$?; tail -2 /tmp/quick.txt; exit $rc'
+  grep FAIL /tmp/quick.txt | cut -c1-250 | head -5
+  echo "## selftest"; timed 120 bash -c '/tmp/textnet selftest > /tmp/full.txt; rc=$?; tail -2 /tmp/full.txt; exit $rc'
+  grep FAIL /tmp/full.txt | cut -c1-250 | head -5
+  grep -E "fit (two runs|generic dense)" /tmp/full.txt | cut -c1-120
+} > "$OUT/first-runs.txt" 2>&1
+cat "$OUT/first-runs.txt"

@@ -1111,7 +1111,8 @@ fn linear_loss_steps(
 /// After a first layer and an activation, the loss kernel also forms the last layer's dx (times the
 /// activation's slope) in the tile nn_linear_grad would take, and the two layers' weight gradients go as
 /// one launch (`nn_linear_grad_weights`): equal to the bit too, sized to reach each of the three tiles, and
-/// both fusions made, with rows to ignore or not, where the loss's gradient reaches the layer as it is.
+/// both fusions made, with rows to ignore or not, where the loss's gradient reaches the layer as it is, and
+/// with layers whose inputs fill whole tiles, so that the bias's column is a tile of its own.
 fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use rand::SeedableRng;
     let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
@@ -1158,8 +1159,13 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         // PyTorch's, either way.
         let (bias, ignore) = (i != 1, (i >= 3).then_some(0));
         let classes = if i == 4 { 1 } else { rng.random_range(2..65) };
-        let sizes = (rng.random_range(rows), rng.random_range(1..90), classes);
-        let width = rng.random_range(width);
+        let mut sizes = (rng.random_range(rows), rng.random_range(1..90), classes);
+        let mut width = rng.random_range(width);
+        if i == 3 {
+            // Both layers 64 inputs wide, a multiple of every tile's columns: the bias's column then starts
+            // a tile of its own in each job of the grouped weight gradients.
+            (sizes.1, width) = (64, 64);
+        }
         let seed = rng.random();
         let hidden = Some((width, activation));
         let form = (bias, ignore, false, false);

@@ -33,6 +33,7 @@
 //   tf_adamw               every parameter in one launch (optim.cuh) at the step's scheduled rate, the
 //                          step count advanced once, and in bf16 the weights' bf16 copy
 //   tf_round_bf16          the parameters' bf16 copy, before the first bf16 step
+//   tf_accumulate          a step over several micro-batches (--grad-accum): their gradients summed in order
 //
 // bf16 (--precision bf16), as PyTorch autocast: the linear layers' products read bf16 copies of their
 // operands, each rounded once where it is computed (the LayerNorms' outputs, attention's y, the GELU
@@ -796,6 +797,14 @@ tf_adamw(float* __restrict__ params, const float* __restrict__ grad, float* __re
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_round_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
     for (int i = blockIdx.x * THREADS + threadIdx.x; i < n; i += gridDim.x * THREADS) out[i] = to_bf16(x[i]);
+}
+
+// Grid any: over n elements, sum = g when `first`, else sum += g. A step of k micro-batches (--grad-accum)
+// keeps the sum of the first k − 1 micro-batches' gradients in its own buffer and adds it into the last's,
+// so the step's gradient is ((g0 + g1) + g2) + … whatever k is, and no micro-batch's kernels change.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tf_accumulate(float* __restrict__ sum, const float* __restrict__ g, int n, int first) {
+    for (int i = blockIdx.x * THREADS + threadIdx.x; i < n; i += gridDim.x * THREADS) sum[i] = first ? g[i] : sum[i] + g[i];
 }
 
 // bf16 attention on the tensor cores (flash_attention.cuh), for --precision bf16; the launch layer:

@@ -168,6 +168,8 @@ MUTATIONS = [
     ("nn: the grouped weight gradients forget the bias column in a job's tiles", "nn.cu",
      "const int columns = (K + (table.db[k] ? 1 : 0) + T::BN - 1) / T::BN;",
      "const int columns = (K + T::BN - 1) / T::BN;", "nn"),
+    ("transformer: a step's gradient sum starts from the last step's instead of the first micro-batch's",
+     "transformer.cu", "sum[i] = first ? g[i] : sum[i] + g[i];", "sum[i] = sum[i] + g[i];", "transformer"),
     ("nn: the update reads each element's second moment from the element a block before", "nn.cu",
      "vi[j] = inside && v ? v[i] : 0.0f;", "vi[j] = inside && v ? v[i >= THREADS ? i - THREADS : i] : 0.0f;", "nn"),
     ("nn: the update's last block does not advance the step counts", "nn.cu",

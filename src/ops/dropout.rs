@@ -30,6 +30,13 @@ pub struct DropoutKey {
     pub step: u32,
 }
 
+/// The seed of micro-batch `micro` of a step whose gradient is summed over several (`--grad-accum`): the
+/// run's own for the first, so that a step of one micro-batch draws the masks it always drew, and a fresh one
+/// for each later micro-batch, whose sequences are numbered from 0 again.
+pub fn micro_seed(seed: u32, micro: usize) -> u32 {
+    if micro == 0 { seed } else { mix32(seed ^ (micro as u32).wrapping_mul(0x85eb_ca6b)) }
+}
+
 impl DropoutKey {
     /// The hash key of site `site`'s mask in this step.
     pub fn site_key(self, site: usize) -> u32 {

@@ -42,9 +42,14 @@ pub struct TransformerArgs {
     /// The output head shares the token embedding's weight (nanoGPT's weight tying)
     #[arg(long)]
     pub tie_weights: bool,
-    /// Sequences per step
+    /// Sequences per step (per micro-batch with --grad-accum; over all GPUs with --gpus)
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
+    /// Micro-batches of --batch sequences per optimizer step, their gradients summed before the update: a
+    /// step of N·batch sequences that holds one micro-batch's activations at a time (nanoGPT's
+    /// gradient_accumulation_steps)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub grad_accum: usize,
     /// Optimizer steps
     #[arg(long, default_value_t = 1000)]
     pub steps: usize,
@@ -110,6 +115,9 @@ impl TransformerArgs {
         if self.batch == 0 {
             bail!("--batch must be at least 1, got 0");
         }
+        if self.grad_accum == 0 {
+            bail!("--grad-accum must be at least 1 (micro-batches a step), got 0");
+        }
         if self.eval_every == 0 {
             bail!("--eval-every must be at least 1, got 0");
         }
@@ -138,9 +146,9 @@ impl TransformerArgs {
     }
 
     /// What a run holds at once (on each GPU of a data-parallel run), counted before anything is
-    /// allocated: the parameters with their gradient and AdamW's two moments, a step's activations
-    /// (18·embed + the vocabulary a row per block, about as much again for the gradients), and an
-    /// evaluation interval's batch offsets.
+    /// allocated: the parameters with their gradient and AdamW's two moments (and with --grad-accum the
+    /// gradient's running sum), a micro-batch's activations (18·embed + the vocabulary a row per block,
+    /// about as much again for the gradients), and an evaluation interval's batch offsets.
     pub(super) fn memory_need(&self, config: &Config) -> MemoryNeed {
         let (v, t, c, l) = (config.vocab as u64, config.block as u64, config.embed as u64, config.layers as u64);
         let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
@@ -152,7 +160,11 @@ impl TransformerArgs {
         let row_floats = l.saturating_mul(18 * c).saturating_add(12 * c).saturating_add(v);
         MemoryNeed {
             parts: vec![
-                ("the parameters and AdamW's state", params.saturating_mul(16), "--embed or --layers"),
+                (
+                    "the parameters and AdamW's state",
+                    params.saturating_mul(if self.grad_accum > 1 { 20 } else { 16 }),
+                    "--embed or --layers",
+                ),
                 (
                     "a step's activations",
                     rows.saturating_mul(row_floats).saturating_mul(8),
@@ -160,7 +172,10 @@ impl TransformerArgs {
                 ),
                 (
                     "an evaluation interval's batches",
-                    (self.eval_every as u64).saturating_mul(self.batch as u64).saturating_mul(4),
+                    (self.eval_every as u64)
+                        .saturating_mul(self.batch as u64)
+                        .saturating_mul(self.grad_accum as u64)
+                        .saturating_mul(4),
                     "--eval-every",
                 ),
             ],
@@ -202,7 +217,7 @@ impl TransformerArgs {
         let mut hash = std::collections::hash_map::DefaultHasher::new();
         (&corpus.train, &corpus.val).hash(&mut hash);
         format!(
-            "layers={},heads={},embed={},block={},bias={},tie={},batch={},steps={},lr={},wd={},beta2={},clip={},\
+            "layers={},heads={},embed={},block={},bias={},tie={},batch={},grad_accum={},steps={},lr={},wd={},beta2={},clip={},\
              schedule={}/{}/{},dropout={},vocab={},eval_every={},eval_iters={:?},seed={},precision={},resume={},\
              init={},corpus={}/{:016x}",
             self.layers,
@@ -212,6 +227,7 @@ impl TransformerArgs {
             !self.no_bias,
             self.tie_weights,
             self.batch,
+            self.grad_accum,
             self.steps,
             self.lr,
             self.weight_decay,

@@ -185,6 +185,7 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         let mut rng = plan.rng("transformer training");
         out.push(training_check(gpu, &mut rng, Regime::Plain)?);
         out.push(training_check(gpu, &mut rng, Regime::Regularized)?);
+        out.push(training_check(gpu, &mut rng, Regime::Accumulated)?);
     }
     if plan.wants(Group::Repeat) {
         let mut rng = plan.rng("transformer repeat");
@@ -313,9 +314,9 @@ pub fn dropout_checks(
     Ok(out)
 }
 
-/// Offsets of `steps` training batches.
-fn batches(corpus: &Corpus, config: &Config, steps: usize, rng: &mut SeededRng) -> Vec<u32> {
-    (0..steps).flat_map(|_| data::train_offsets(rng, corpus.train.len(), config.block, TRAINING_BATCH)).collect()
+/// Offsets of `batches` training batches.
+fn batches(corpus: &Corpus, config: &Config, batches: usize, rng: &mut SeededRng) -> Vec<u32> {
+    (0..batches).flat_map(|_| data::train_offsets(rng, corpus.train.len(), config.block, TRAINING_BATCH)).collect()
 }
 
 /// What a training check trains with.
@@ -326,15 +327,30 @@ pub enum Regime {
     /// Dropout `DROPOUT`, 10 warm-up steps then a cosine from 1e-3 to 1e-4, clipping at a global norm of 0.05
     /// (below most steps' gradient norms at the start), no biases and the head tied to tok_emb.
     Regularized,
+    /// `Regularized`'s dropout, schedule and clipping (of the summed gradient), with biases, each step's
+    /// gradient summed over `ACCUMULATED_MICRO_BATCHES` micro-batches (`--grad-accum`): the first one's
+    /// copy, the middle ones' sums and the last one's add, each micro-batch with its own masks.
+    Accumulated,
 }
+
+/// Micro-batches a step of the `Accumulated` training check.
+const ACCUMULATED_MICRO_BATCHES: usize = 3;
 
 /// 100 AdamW steps, GPU (graphs of 50 steps) against the CPU reference on the same batches.
 pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng, regime: Regime) -> Result<Check> {
-    let regularized = regime == Regime::Regularized;
-    let config = if regularized { Config { bias: false, tie_weights: true, ..TRAINING_SHAPE } } else { TRAINING_SHAPE };
+    let (regularized, micro_batches) = match regime {
+        Regime::Plain => (false, 1),
+        Regime::Regularized => (true, 1),
+        Regime::Accumulated => (true, ACCUMULATED_MICRO_BATCHES),
+    };
+    let config = if regime == Regime::Regularized {
+        Config { bias: false, tie_weights: true, ..TRAINING_SHAPE }
+    } else {
+        TRAINING_SHAPE
+    };
     let corpus = random_corpus(&config, 60 * config.block, rng);
     let params = model::init(&config, rng.random());
-    let offsets = batches(&corpus, &config, TRAINING_STEPS, rng);
+    let offsets = batches(&corpus, &config, TRAINING_STEPS * micro_batches, rng);
     let optim = OptimConfig { clip_norm: if regularized { 0.05 } else { 0.0 }, ..adamw() };
     let schedule = if regularized {
         LrSchedule { kind: LrScheduleKind::Cosine, warmup: 10, min_lr: 1e-4 }
@@ -345,16 +361,18 @@ pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng, regime: Regime) -> Re
     let dropout = if regularized { DROPOUT } else { 0.0 };
     let mut gpu_trainer = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
     gpu_trainer.set_dropout(dropout, DROPOUT_SEED);
+    gpu_trainer.set_grad_accum(micro_batches)?;
+    let step_windows = micro_batches * TRAINING_BATCH;
     let mut gpu_losses = Vec::new();
-    for (part, rates) in offsets.chunks(50 * TRAINING_BATCH).zip(rates.chunks(50)) {
+    for (part, rates) in offsets.chunks(50 * step_windows).zip(rates.chunks(50)) {
         gpu_losses.extend(gpu_trainer.train_steps(part, TRAINING_BATCH, rates)?);
     }
     let mut cpu = CpuTrainer::new(config, params, optim)?.with_dropout(dropout, DROPOUT_SEED);
     let mut cpu_losses = Vec::new();
-    for (o, &rate) in offsets.chunks(TRAINING_BATCH).zip(&rates) {
+    for (o, &rate) in offsets.chunks(step_windows).zip(&rates) {
         let (tokens, targets) = data::windows(&corpus.train, o, config.block);
         cpu.optimizer.config.lr = rate;
-        cpu_losses.push(cpu.step(&tokens, &targets, TRAINING_BATCH));
+        cpu_losses.push(cpu.accumulated_step(&tokens, &targets, TRAINING_BATCH, micro_batches));
     }
     let got = gpu_trainer.params()?;
     let (mut e, mut name) = worst_tensor(&Layout::new(&config), &got, &cpu.params, true);
@@ -365,10 +383,11 @@ pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng, regime: Regime) -> Re
     }
     Ok(Check {
         kernel: format!(
-            "transformer {TRAINING_STEPS} steps (graph) {}{}{}, worst: {name}",
+            "transformer {TRAINING_STEPS} steps (graph) {}{}{}{}, worst: {name}",
             optim.describe(),
             if regularized { format!(", dropout {DROPOUT}, ") } else { String::new() },
-            schedule.describe()
+            schedule.describe(),
+            if micro_batches > 1 { format!(", {micro_batches} micro-batches a step") } else { String::new() }
         ),
         shape: label(&config, TRAINING_BATCH),
         rel_error: e,

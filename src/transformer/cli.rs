@@ -276,6 +276,7 @@ fn trainer(
     let replica = |gpu: Arc<device::Gpu>, rank: usize| -> Result<GpuTransformer> {
         let mut t = GpuTransformer::new(gpu, config, params, optim, corpus)?;
         t.set_dropout(args.dropout, args.dropout_seed(rank));
+        t.set_grad_accum(args.grad_accum)?;
         t.set_precision(args.precision)?;
         Ok(t)
     };
@@ -301,7 +302,7 @@ impl TransformerArgs {
         let args = self;
         format!(
             "model: {} layers, {} heads, embed {}, block {}{}{}, vocabulary {} ({} characters of {} read as unknown); \
-             {} parameters; AdamW lr {}{} weight decay {} β2 {}{}{}, batch {} × {}, {} steps, seed {}; device {device_line}",
+             {} parameters; AdamW lr {}{} weight decay {} β2 {}{}{}, batch {} × {}{}, {} steps, seed {}; device {device_line}",
             config.layers,
             config.heads,
             config.embed,
@@ -320,6 +321,7 @@ impl TransformerArgs {
             if args.dropout > 0.0 { format!(", dropout {}", args.dropout) } else { String::new() },
             args.batch,
             config.block,
+            if args.grad_accum > 1 { format!(" × {} micro-batches a step", args.grad_accum) } else { String::new() },
             args.steps,
             args.run.seed,
         )

@@ -77,7 +77,7 @@ impl TransformerArgs {
                     "keep": "best",
                     "layers": setup.config.layers, "heads": setup.config.heads, "embed": setup.config.embed, "block": setup.config.block,
                     "bias": setup.config.bias, "tie_weights": setup.config.tie_weights,
-                    "batch": args.batch, "steps": args.steps, "lr": report::decimal(args.lr),
+                    "batch": args.batch, "grad_accum": args.grad_accum, "steps": args.steps, "lr": report::decimal(args.lr),
                     "weight_decay": report::decimal(args.weight_decay), "beta2": report::decimal(args.beta2),
                     "clip_norm": report::decimal(args.clip_norm),
                     "dropout": report::decimal(args.dropout),

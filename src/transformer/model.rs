@@ -33,7 +33,7 @@ use crate::ops::attention::{AttentionDropout, attention, attention_backward};
 use crate::ops::constant;
 use crate::ops::cpu::{Real, SeededRng};
 use crate::ops::dense::{DenseGrads, DenseShape, WeightGrad, dense_backward, dense_forward};
-use crate::ops::dropout::{DropoutKey, Mask};
+use crate::ops::dropout::{DropoutKey, Mask, micro_seed};
 use crate::ops::layernorm::{layer_norm_backward, layer_norm_rows};
 use crate::ops::losses::softmax_xent;
 use crate::ops::optim::{OptimConfig, OptimKind, Optimizer};
@@ -894,9 +894,24 @@ pub fn loss_and_grad<F: Real>(
     batch: usize,
     dropout: Option<Dropout>,
 ) -> (F, Vec<F>) {
+    micro_batch_loss_and_grad(config, params, tokens, targets, batch, dropout, tokens.len())
+}
+
+/// `loss_and_grad` of one micro-batch of a step of `step_rows` rows (`--grad-accum`): the mean loss of its
+/// own rows, and the gradient of its share of the step's mean loss (its rows' losses over `step_rows`), as
+/// the GPU's classifier scales it.
+pub fn micro_batch_loss_and_grad<F: Real>(
+    config: &Config,
+    params: &[F],
+    tokens: &[u32],
+    targets: &[u32],
+    batch: usize,
+    dropout: Option<Dropout>,
+    step_rows: usize,
+) -> (F, Vec<F>) {
     sequence_length(config, tokens, batch, Some(targets));
     let w = Weights::new(config, params);
-    let scale = F::one() / constant(tokens.len() as f64);
+    let scale = F::one() / constant(step_rows as f64);
     let parts: Vec<(Vec<F>, Vec<F>)> = (0..batch)
         .into_par_iter()
         .map(|b| {
@@ -989,7 +1004,35 @@ impl CpuTrainer {
     /// One optimizer step on `batch` sequences (inputs `tokens`, one target per position); returns their
     /// mean loss before the step.
     pub fn step(&mut self, tokens: &[u32], targets: &[u32], batch: usize) -> f32 {
-        let (loss, grad) = loss_and_grad(&self.config, &self.params, tokens, targets, batch, self.next_dropout());
+        self.accumulated_step(tokens, targets, batch, 1)
+    }
+
+    /// One optimizer step on `micro_batches` micro-batches of `batch` sequences each, one after another in
+    /// `tokens` and `targets` (`--grad-accum`): each micro-batch's gradient of its share of the step's mean
+    /// loss, summed in order ((g0 + g1) + g2 …, as the GPU's tf_accumulate), each with its own dropout masks
+    /// (`micro_seed`). Returns the mean of the micro-batches' mean losses.
+    pub fn accumulated_step(&mut self, tokens: &[u32], targets: &[u32], batch: usize, micro_batches: usize) -> f32 {
+        let micro_rows = tokens.len() / micro_batches;
+        let mut loss = 0.0;
+        let mut grad: Vec<f32> = Vec::new();
+        for j in 0..micro_batches {
+            let rows = j * micro_rows..(j + 1) * micro_rows;
+            let dropout = self
+                .next_dropout()
+                .map(|d| Dropout { key: DropoutKey { seed: micro_seed(d.key.seed, j), ..d.key }, ..d });
+            let (tokens, targets) = (&tokens[rows.clone()], &targets[rows]);
+            let (l, g) = micro_batch_loss_and_grad(
+                &self.config,
+                &self.params,
+                tokens,
+                targets,
+                batch,
+                dropout,
+                tokens.len() * micro_batches,
+            );
+            loss += l / micro_batches as f32;
+            if j == 0 { grad = g } else { add_into(&mut grad, &g) }
+        }
         self.optimizer.step(&mut self.params, &grad);
         loss
     }

@@ -27,7 +27,8 @@ pub(super) enum Trainer {
 }
 
 impl Trainer {
-    /// The mean loss of each step over `offsets` (`batch` per step), step s at learning rate `rates[s]`;
+    /// The mean loss of each step over `offsets` (micro-batches of `batch`, as many a step as
+    /// `--grad-accum` says, so rates.len() divides offsets.len()), step s at learning rate `rates[s]`;
     /// `stepped(n)` after each n steps done (every step on the CPU; on the GPU, whose steps run as one
     /// graph, once).
     pub(super) fn train(
@@ -40,12 +41,12 @@ impl Trainer {
     ) -> Result<Vec<f64>> {
         match self {
             Trainer::Cpu(t) => Ok(offsets
-                .chunks(batch)
+                .chunks(offsets.len() / rates.len().max(1))
                 .zip(rates)
                 .map(|(o, &rate)| {
                     t.optimizer.config.lr = rate;
                     let (tokens, targets) = data::windows(&corpus.train, o, t.config.block);
-                    let loss = f64::from(t.step(&tokens, &targets, batch));
+                    let loss = f64::from(t.accumulated_step(&tokens, &targets, batch, o.len() / batch));
                     stepped(1);
                     loss
                 })
@@ -136,11 +137,12 @@ impl TransformerArgs {
         } = *setup;
         let mut rng = SeededRng::seed_from_u64(args.run.seed);
         let guessing = (config.vocab as f64).ln();
-        display.steps_started(args.steps, args.batch * config.block);
+        let sequences = args.batch * args.grad_accum; // a step's
+        display.steps_started(args.steps, sequences * config.block);
         for eval in 1..=evals {
             let before = progress.done;
             let steps = args.eval_every.min(args.steps - before);
-            let offsets: Vec<u32> = (0..steps)
+            let offsets: Vec<u32> = (0..steps * args.grad_accum)
                 .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, args.batch))
                 .collect();
             let mut reached = before;
@@ -185,13 +187,13 @@ impl TransformerArgs {
                 val_accuracy: None,
                 test_loss: None,
                 test_accuracy: None,
-                samples_per_s: (done * args.batch) as f64 / elapsed.max(1e-9),
+                samples_per_s: (done * sequences) as f64 / elapsed.max(1e-9),
                 lr: Some(report::decimal(rates[done - 1])),
                 elapsed_s: elapsed,
                 extra: Default::default(),
             }
             .with("step", done)
-            .with("tokens_per_s", (done * args.batch * config.block) as f64 / elapsed.max(1e-9))
+            .with("tokens_per_s", (done * sequences * config.block) as f64 / elapsed.max(1e-9))
             .with("last_step_loss", losses.last().copied().unwrap_or(f64::NAN));
             display.evaluated(&format!(
                 "step {done}/{}: train loss {train_loss:.4}, val loss {val:.4}, {} tokens/s, {} elapsed",

@@ -170,8 +170,9 @@ fn z027_the_corpus_can_come_from_standard_input() {
 fn the_regularization_flags_are_range_checked() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("english.txt"), english(20_000, 1)).unwrap();
-    let cases: [(&[&str], &[&str]); 9] = [
+    let cases: [(&[&str], &[&str]); 10] = [
         (&["--dropout", "1"], &["--dropout must be in [0, 1), got 1"]),
+        (&["--grad-accum", "0"], &["--grad-accum must be at least 1 (micro-batches a step), got 0"]),
         (&["--dropout", "-0.1"], &["--dropout must be in [0, 1)"]),
         (&["--dropout", "nan"], &["--dropout must be in [0, 1)"]),
         (&["--grad-clip", "-1"], &["--clip-norm must be a finite number ≥ 0"]),

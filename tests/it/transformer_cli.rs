@@ -478,7 +478,7 @@ fn each_regularization_flag_changes_the_model_and_is_recorded() {
     );
     assert_eq!((config["clip_norm"].as_f64(), config["eval_iters"].is_null()), (Some(0.0), true));
     assert_eq!((config["bias"].as_bool(), config["tie_weights"].as_bool()), (Some(true), Some(false)));
-    let cases: [(&str, &[&str], &str, serde_json::Value); 7] = [
+    let cases: [(&str, &[&str], &str, serde_json::Value); 8] = [
         ("nobias.st", &["--no-bias"], "bias", serde_json::json!(false)),
         ("tied.st", &["--tie-weights"], "tie_weights", serde_json::json!(true)),
         ("dropout.st", &["--dropout", "0.2"], "dropout", serde_json::json!(0.2)),
@@ -486,6 +486,7 @@ fn each_regularization_flag_changes_the_model_and_is_recorded() {
         ("warmup.st", &["--warmup", "5"], "warmup", serde_json::json!(5)),
         ("clip.st", &["--grad-clip", "0.1"], "clip_norm", serde_json::json!(0.1)),
         ("iters.st", &["--eval-iters", "2"], "eval_iters", serde_json::json!(2)),
+        ("accum.st", &["--grad-accum", "2"], "grad_accum", serde_json::json!(2)),
     ];
     for (name, flags, key, value) in cases {
         let r = run_report(&corpus, &dir.path().join(name), flags);

@@ -5,7 +5,7 @@
 
 use rand::{RngExt, SeedableRng};
 use textnet::ops::cpu::SeededRng;
-use textnet::ops::optim::OptimConfig;
+use textnet::ops::optim::{OptimConfig, OptimKind};
 use textnet::transformer::data::{Corpus, train_offsets, val_offsets, windows};
 use textnet::transformer::model::{
     Config, CpuTrainer, Init, Layout, default_optim, forward, init, init_with, next_logits,
@@ -223,6 +223,35 @@ fn training_repeats_to_the_bit_at_any_thread_count() {
     let single = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(run);
     assert!(params.iter().zip(&single.0).all(|(a, b)| a.to_bits() == b.to_bits()));
     assert!(losses.iter().zip(&single.1).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// --grad-accum: a step over two micro-batches of the same windows is the step over those windows once,
+/// to the bit (each micro-batch's gradient is of its share of the step's mean loss, halves that add up
+/// exactly; plain SGD passes the sum on as it is), and with dropout the two micro-batches draw masks of
+/// their own, so that step differs.
+#[test]
+fn micro_batches_sum_to_the_steps_gradient_each_with_its_own_masks() {
+    let corpus = repetitive_corpus(8);
+    let config =
+        Config { vocab: corpus.vocab.len(), block: 8, embed: 16, heads: 4, layers: 2, bias: true, tie_weights: false };
+    let sgd = OptimConfig { lr: 0.1, ..OptimConfig::new(OptimKind::Sgd) };
+    let offsets = train_offsets(&mut SeededRng::seed_from_u64(3), corpus.train.len(), config.block, 3);
+    let (tokens, targets) = windows(&corpus.train, &offsets, config.block);
+    let step = |dropout: f32, micro_batches: usize| {
+        let mut t = CpuTrainer::new(config, init(&config, 1), sgd).unwrap().with_dropout(dropout, 5);
+        let repeat = |v: &[u32]| v.repeat(micro_batches);
+        let loss = t.accumulated_step(&repeat(&tokens), &repeat(&targets), 3, micro_batches);
+        (loss.to_bits(), t.params.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+    };
+    let plain = {
+        let mut t = CpuTrainer::new(config, init(&config, 1), sgd).unwrap();
+        let loss = t.step(&tokens, &targets, 3);
+        (loss.to_bits(), t.params.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+    };
+    assert_eq!(step(0.0, 1), plain);
+    assert_eq!(step(0.0, 2), plain);
+    let (once, twice) = (step(0.2, 1), step(0.2, 2));
+    assert_ne!(once.1, twice.1, "both micro-batches drew the same dropout masks");
 }
 
 #[test]

@@ -14,12 +14,13 @@ use crate::device::tma::{TmaOperand, TmaTile};
 use crate::device::{Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, launch::Kernel};
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::attention::AttentionSizes;
-use crate::ops::dropout::{dropout_scale, dropout_threshold, site_seed};
+use crate::ops::dropout::{dropout_scale, dropout_threshold, micro_seed, site_seed};
 use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_tile_shared_floats, tile_shared_floats};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaGraph, CudaModule, CudaSlice, DevicePtr};
 use flash::{FlashAttention, FlashSizes};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -129,6 +130,7 @@ struct Kernels {
     grad_norm: Kernel,
     adamw: Kernel,
     round_bf16: Kernel,
+    accumulate: Kernel,
     /// tf_linear_forward_tma_128x128 and tf_linear_dx_tma_128x128: the bf16 forward and dx products on the
     /// TMA pipeline ([`TMA_TILE`]), where the GPU has `wgmma` and `TEXTNET_TMA=1` asks for them.
     linear_forward_tma: Option<Kernel>,
@@ -247,6 +249,12 @@ pub struct GpuTransformer {
     /// `LARGE_TILE_ROWS_PER_SM` rows an SM and more.
     large_tiles_always: bool,
     grad: CudaSlice<f32>,
+    /// Micro-batches a step's gradient is summed over (--grad-accum), and the sum of a step's micro-batches
+    /// before its last (allocated when there are more than one).
+    grad_accum: usize,
+    grad_sum: CudaSlice<f32>,
+    /// The micro-batch of its step that the launches being enqueued are for: their dropout masks' seed.
+    micro: Cell<usize>,
     m: CudaSlice<f32>,
     v: CudaSlice<f32>,
     step: CudaSlice<u32>,
@@ -254,7 +262,7 @@ pub struct GpuTransformer {
     train: CudaSlice<u32>,
     val: CudaSlice<u32>,
     n_train: usize,
-    /// Batch offsets of the steps of one graph, `batch` per step.
+    /// Batch offsets of the steps of one graph, `batch` per micro-batch, `grad_accum` micro-batches a step.
     offsets: CudaSlice<u32>,
     /// The summed loss of each step of a graph (a step's rows added in order).
     losses: CudaSlice<f64>,
@@ -344,6 +352,7 @@ impl GpuTransformer {
             grad_norm: load("tf_grad_norm")?,
             adamw: load("tf_adamw")?,
             round_bf16: load("tf_round_bf16")?,
+            accumulate: load("tf_accumulate")?,
             linear_forward_tma: None,
             linear_dx_tma: None,
         };
@@ -378,6 +387,9 @@ impl GpuTransformer {
             fp32_activations: false,
             large_tiles_always: false,
             grad: stream.alloc_zeros(n)?,
+            grad_accum: 1,
+            grad_sum: stream.alloc_zeros(1)?,
+            micro: Cell::new(0),
             m: stream.alloc_zeros(n)?,
             v: stream.alloc_zeros(n)?,
             step: stream.alloc_zeros(1)?,
@@ -557,6 +569,22 @@ impl GpuTransformer {
         }
     }
 
+    /// Sums each step's gradient over `micro_batches` micro-batches (`--grad-accum`, at least 1), as
+    /// `CpuTrainer::accumulated_step`: a step then takes `micro_batches` times the batch `train_steps` is
+    /// given, one micro-batch's activations at a time.
+    pub fn set_grad_accum(&mut self, micro_batches: usize) -> Result<()> {
+        if micro_batches == 0 {
+            bail!("internal: a step of 0 micro-batches");
+        }
+        if micro_batches != self.grad_accum {
+            self.captured = None;
+            self.grad_accum = micro_batches;
+            let len = if micro_batches > 1 { self.layout.len() } else { 1 };
+            self.grad_sum = self.gpu.stream.alloc_zeros(len)?;
+        }
+        Ok(())
+    }
+
     /// The bf16 attention kernels when the step runs in bf16; None runs fused/attention.cuh's fp32 ones.
     fn flash_attention(&self) -> Option<&FlashAttention> {
         self.flash.as_ref().filter(|_| self.precision == Precision::Bf16)
@@ -570,7 +598,7 @@ impl GpuTransformer {
         if on {
             let p = self.dropout;
             [
-                Arg::u32(site_seed(self.dropout_seed, site)),
+                Arg::u32(site_seed(micro_seed(self.dropout_seed, self.micro.get()), site)),
                 step,
                 Arg::u32(dropout_threshold(p)),
                 Arg::f32(dropout_scale(p)),
@@ -650,12 +678,14 @@ impl GpuTransformer {
         Ok(())
     }
 
-    /// Buffers for `steps` steps of `batch` sequences: activations, and each step's offsets, loss and rate.
+    /// Buffers for `steps` steps of micro-batches of `batch` sequences: activations, and each step's
+    /// offsets, loss and rate.
     fn reserve_steps(&mut self, steps: usize, batch: usize) -> Result<()> {
         self.ensure_batch(batch)?;
-        if self.offsets.len() < steps * batch || self.losses.len() < steps || self.rates.len() < steps {
+        let windows = steps * self.grad_accum * batch;
+        if self.offsets.len() < windows || self.losses.len() < steps || self.rates.len() < steps {
             self.captured = None;
-            self.offsets = self.gpu.stream.alloc_zeros(steps * batch)?;
+            self.offsets = self.gpu.stream.alloc_zeros(windows)?;
             self.losses = self.gpu.stream.alloc_zeros(steps)?;
             self.rates = self.gpu.stream.alloc_zeros(steps)?;
         }
@@ -678,8 +708,8 @@ impl GpuTransformer {
         buckets
     }
 
-    /// Captures the CUDA graph of `steps` training steps of `batch` sequences (`train_steps` does it on
-    /// first use; a bench calls it first so that the capture is not timed).
+    /// Captures the CUDA graph of `steps` training steps of micro-batches of `batch` sequences
+    /// (`train_steps` does it on first use; a bench calls it first so that the capture is not timed).
     pub fn prepare(&mut self, steps: usize, batch: usize) -> Result<()> {
         self.reserve_steps(steps, batch)?;
         if !matches!(&self.captured, Some((s, b, _)) if *s == steps && *b == batch) {
@@ -687,7 +717,7 @@ impl GpuTransformer {
             let stream = self.gpu.stream.clone();
             let graph = crate::device::launch::capture_graph(&stream, self, |t| {
                 for s in 0..steps {
-                    let offsets = Arg::Ptr(t.ptr(&t.offsets) + 4 * (s * batch) as u64);
+                    let offsets = t.ptr(&t.offsets) + 4 * (s * t.grad_accum * batch) as u64;
                     let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
                     let rate = Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64);
                     t.enqueue_step(offsets, loss, rate)?;
@@ -699,15 +729,17 @@ impl GpuTransformer {
         Ok(())
     }
 
-    /// Trains len(offsets) / batch steps (the offsets of step s at [s·batch, (s+1)·batch)) as one CUDA
+    /// Trains len(offsets) / (k·batch) steps of k = `set_grad_accum`'s micro-batches of `batch` sequences
+    /// (the offsets of step s at [s·k·batch, (s+1)·k·batch), micro-batch after micro-batch) as one CUDA
     /// graph, captured on first use for this many steps, step s at learning rate `rates[s]`. Returns each
     /// step's mean loss.
     pub fn train_steps(&mut self, offsets: &[u32], batch: usize, rates: &[f32]) -> Result<Vec<f64>> {
-        if batch == 0 || offsets.is_empty() || !offsets.len().is_multiple_of(batch) {
-            bail!("internal: {} offsets for batch {batch}", offsets.len());
+        let windows = self.grad_accum * batch;
+        if batch == 0 || offsets.is_empty() || !offsets.len().is_multiple_of(windows) {
+            bail!("internal: {} offsets for steps of {windows}", offsets.len());
         }
         self.check_offsets(offsets, self.n_train, "training")?;
-        let steps = offsets.len() / batch;
+        let steps = offsets.len() / windows;
         if rates.len() != steps {
             bail!("internal: {} learning rates for {steps} steps", rates.len());
         }
@@ -721,7 +753,7 @@ impl GpuTransformer {
         let (_, _, graph) = self.captured.as_ref().expect("captured above");
         graph.launch().context("replaying the Transformer's training graph")?;
         let sums = stream.clone_dtoh(&self.losses).context("a Transformer training kernel failed")?;
-        let rows = (batch * self.config.block) as f64;
+        let rows = (windows * self.config.block) as f64;
         Ok(sums[..steps].iter().map(|s| s / rows).collect())
     }
 

@@ -10,6 +10,9 @@
 //! a CUDA graph: at the sizes where data parallelism pays, a step is milliseconds of kernels and its
 //! launches are a small part.
 //!
+//! With --grad-accum k, a step is k global batches: each replica sums its first k − 1 micro-batches'
+//! gradients, and only the last one's backward, each bucket with that sum added, is averaged.
+//!
 //! A replica of global rank g takes sequences g·b … (g + 1)·b − 1 of each global batch of W·b, so the same
 //! seed, global batch and data order give the same model whatever W is, up to the all-reduce's order of
 //! summation and except for dropout, whose masks each replica draws for its own rows (rank 0's are
@@ -102,11 +105,13 @@ impl Replicas {
         Ok(self.replicas[i].gpu.ctx.bind_to_thread()?)
     }
 
-    /// Steps over the global batches at `offsets` (`batch` sequences per step over all ranks, its share
-    /// at each replica) at the rates `rates`; returns each step's mean loss over the global batch.
+    /// Steps over the global batches at `offsets` (`batch` sequences per micro-batch over all ranks, its
+    /// share at each replica; `set_grad_accum`'s micro-batches a step) at the rates `rates`; returns each
+    /// step's mean loss over its global batches.
     pub fn train_steps(&mut self, offsets: &[u32], batch: usize, rates: &[f32]) -> Result<Vec<f64>> {
         let steps = rates.len();
-        if !batch.is_multiple_of(self.world_size) || offsets.len() != steps * batch {
+        let micro_batches = self.replicas[0].grad_accum;
+        if !batch.is_multiple_of(self.world_size) || offsets.len() != steps * micro_batches * batch {
             bail!(
                 "internal: {} offsets for {steps} steps of batch {batch} over {} GPUs",
                 offsets.len(),
@@ -118,7 +123,7 @@ impl Replicas {
             t.gpu.ctx.bind_to_thread()?;
             let rank = self.first_rank + i;
             let mine: Vec<u32> =
-                offsets.chunks(batch).flat_map(|step| &step[rank * share..(rank + 1) * share]).copied().collect();
+                offsets.chunks(batch).flat_map(|micro| &micro[rank * share..(rank + 1) * share]).copied().collect();
             t.check_offsets(&mine, t.n_train, "training")?;
             t.reserve_steps(steps, share)?;
             let stream = t.gpu.stream.clone();
@@ -139,18 +144,22 @@ impl Replicas {
         self.wait()?;
         let t = self.first()?;
         let sums = t.gpu.stream.clone_dtoh(&t.losses).context("reading the step losses")?;
-        let rows = (batch * t.config.block) as f64;
+        let rows = (micro_batches * batch * t.config.block) as f64;
         Ok(sums[..steps].iter().map(|s| s / rows).collect())
     }
 
-    /// Step `s` of the offsets and rates uploaded, `share` sequences a replica.
+    /// Step `s` of the offsets and rates uploaded, `share` sequences a replica in each micro-batch.
     fn enqueue_step(&self, s: usize, share: usize) -> Result<()> {
         for (i, t) in self.replicas.iter().enumerate() {
             self.bind(i)?;
-            let offsets = Arg::Ptr(t.ptr(&t.offsets) + 4 * (s * share) as u64);
+            let offsets = t.ptr(&t.offsets) + 4 * (s * t.grad_accum * share) as u64;
             let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
-            t.enqueue_forward(t.buf(&t.train), offsets, 1.0 / t.rows() as f32, t.rows(), loss, true)?;
-            t.enqueue_backward_in_buckets(offsets, &mut |b| Ok(self.written[i][b].record(&t.gpu.stream)?))?;
+            t.enqueue_micro_batches(offsets, loss, &mut |t, offsets| {
+                t.enqueue_backward_in_buckets(offsets, &mut |b| {
+                    t.enqueue_add_sum(self.buckets[b].clone())?;
+                    Ok(self.written[i][b].record(&t.gpu.stream)?)
+                })
+            })?;
         }
         for (b, range) in self.buckets.iter().enumerate() {
             nccl::group(|| {

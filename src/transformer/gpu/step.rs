@@ -570,12 +570,68 @@ impl GpuTransformer {
         )
     }
 
-    /// One training step on the batch whose offsets are at `offsets` at the learning rate at `rate`, its
-    /// loss sum added at `loss_sum`.
-    pub(super) fn enqueue_step(&self, offsets: Arg, loss_sum: Arg, rate: Arg) -> Result<()> {
-        let scale = 1.0 / self.rows() as f32;
-        self.enqueue_forward(self.buf(&self.train), offsets, scale, self.rows(), loss_sum, true)?;
-        self.enqueue_backward(offsets)?;
+    /// One training step on the `grad_accum` micro-batches whose offsets start at device address `offsets`
+    /// at the learning rate at `rate`, its loss sum added at `loss_sum`.
+    pub(super) fn enqueue_step(&self, offsets: u64, loss_sum: Arg, rate: Arg) -> Result<()> {
+        self.enqueue_micro_batches(offsets, loss_sum, &mut |t, offsets| {
+            t.enqueue_backward(offsets)?;
+            t.enqueue_add_sum(0..t.layout.len())
+        })?;
         self.enqueue_update(rate)
+    }
+
+    /// The forward and backward passes of a step's `grad_accum` micro-batches of a batch each (their offsets
+    /// one after another from device address `offsets`), each micro-batch's loss scaled for the step's
+    /// mean and added at `loss_sum`: the last micro-batch's backward is `last_backward`, the sum of the
+    /// others (tf_accumulate) left in `grad_sum` for it to add. With one micro-batch, just its passes.
+    pub(super) fn enqueue_micro_batches(
+        &self,
+        offsets: u64,
+        loss_sum: Arg,
+        last_backward: &mut dyn FnMut(&Self, Arg) -> Result<()>,
+    ) -> Result<()> {
+        let k = self.grad_accum;
+        let scale = 1.0 / (k * self.rows()) as f32;
+        for j in 0..k {
+            self.micro.set(j);
+            let micro_offsets = Arg::Ptr(offsets + 4 * (j * self.buffers.batch) as u64);
+            self.enqueue_forward(self.buf(&self.train), micro_offsets, scale, self.rows(), loss_sum, true)?;
+            if j + 1 == k {
+                last_backward(self, micro_offsets)?;
+            } else {
+                self.enqueue_backward(micro_offsets)?;
+                self.enqueue_accumulate(0..self.layout.len(), j == 0)?;
+            }
+        }
+        self.micro.set(0);
+        Ok(())
+    }
+
+    /// tf_accumulate over the gradient's elements `range`: `grad_sum` = `grad` when `first`, else
+    /// `grad_sum` += `grad`. Adding the sum into the last micro-batch's gradient is [`Self::enqueue_add_sum`].
+    fn enqueue_accumulate(&self, range: std::ops::Range<usize>, first: bool) -> Result<()> {
+        let (sum, g) = (self.ptr(&self.grad_sum), self.ptr(&self.grad));
+        self.launch_accumulate((sum, g), range, first)
+    }
+
+    /// `grad` += `grad_sum` over the gradient's elements `range`: the last micro-batch's gradient takes the
+    /// others' sum (a step of one micro-batch has none).
+    pub(super) fn enqueue_add_sum(&self, range: std::ops::Range<usize>) -> Result<()> {
+        if self.grad_accum == 1 {
+            return Ok(());
+        }
+        let (grad, sum) = (self.ptr(&self.grad), self.ptr(&self.grad_sum));
+        self.launch_accumulate((grad, sum), range, false)
+    }
+
+    fn launch_accumulate(&self, (sum, g): (u64, u64), range: std::ops::Range<usize>, first: bool) -> Result<()> {
+        let at = 4 * range.start as u64;
+        let n = range.len();
+        self.launch(
+            &self.kernels.accumulate,
+            n.div_ceil(THREADS).clamp(1, 4 * self.gpu.sm_count as usize),
+            0,
+            &[Arg::Ptr(sum + at), Arg::Ptr(g + at), Arg::i32(n as i32), Arg::i32(first as i32)],
+        )
     }
 }

@@ -30,6 +30,7 @@
 //   tf_embedding_backward  tok_emb and pos_emb gradients (through the embedding dropout's mask): a
 //                          token's rows found a slice of rows per block, the slices added in order
 //   tf_grad_norm           the gradient's global L2 norm in a fixed order, and clipping's factor from it
+//   tf_clip_scale          that factor from the squared norms of every ZeRO-1 shard, summed over the ranks
 //   tf_adamw               every parameter in one launch (optim.cuh) at the step's scheduled rate, the
 //                          step count advanced once, and in bf16 the weights' bf16 copy
 //   tf_round_bf16          the parameters' bf16 copy, before the first bf16 step
@@ -741,12 +742,19 @@ tf_embedding_backward(const float* __restrict__ dres, const unsigned* __restrict
     if (threadIdx.x == 0) tickets[v] = 0;
 }
 
-// Grid G (the host's choice, fixed for a run): clipping's factor min(1, clip / ‖grad‖₂) into *grad_scale.
-// Block k sums the squares of its contiguous share of the n elements (each thread a strided run, then a
-// fixed tree) into partials[k] in double; the last block adds the G partials in a fixed tree.
+// Clipping's factor min(1, clip / ‖g‖₂) from ‖g‖₂² (clip 0: off).
+__device__ __forceinline__ float clip_factor(double sum_sq, float clip) {
+    const float norm = (float)sqrt(sum_sq);
+    return clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+}
+
+// Grid G (the host's choice, fixed for a run): clipping's factor min(1, clip / ‖grad‖₂) into *grad_scale,
+// and ‖grad‖₂² into *sum_sq when not null. Block k sums the squares of its contiguous share of the n
+// elements (each thread a strided run, then a fixed tree) into partials[k] in double; the last block adds
+// the G partials in a fixed tree.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tf_grad_norm(const float* __restrict__ grad, int n, float clip, double* __restrict__ partials,
-             unsigned* __restrict__ ticket, float* __restrict__ grad_scale) {
+             unsigned* __restrict__ ticket, float* __restrict__ grad_scale, double* __restrict__ sum_sq) {
     __shared__ double sums[THREADS];
     const int per = ceil_div(n, (int)gridDim.x), begin = blockIdx.x * per, end = min(n, begin + per);
     double s = 0.0;
@@ -768,10 +776,16 @@ tf_grad_norm(const float* __restrict__ grad, int n, float clip, double* __restri
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        const float norm = (float)sqrt(sums[0]);
-        *grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+        *grad_scale = clip_factor(sums[0], clip);
+        if (sum_sq) *sum_sq = sums[0];
         *ticket = 0;
     }
+}
+
+// One thread: clipping's factor into *grad_scale from ‖grad‖₂², the sum of every ZeRO-1 rank's
+// tf_grad_norm over its shard.
+extern "C" __global__ void tf_clip_scale(const double* __restrict__ sum_sq, float clip, float* __restrict__ grad_scale) {
+    *grad_scale = clip_factor(sum_sq[0], clip);
 }
 
 // Grid any: AdamW over all n parameters at rate *lr, the gradient times *grad_scale (clipping's factor;

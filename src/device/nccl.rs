@@ -1,5 +1,6 @@
 //! NCCL, the collective-communication library of PyTorch DDP and llm.c: the all-reduce that data-parallel
-//! training averages gradients with, over NVLink within a host and over the network across hosts.
+//! training averages gradients with, and ZeRO-1's reduce-scatter and all-gather, over NVLink within a host
+//! and over the network across hosts.
 //!
 //! The library is loaded at run time, as NVRTC is: from the system's loader path, else from `TEXTNET_NCCL`
 //! or the `nvidia-nccl-cu12`/`-cu13` wheel of the Python that `python3` runs (`device::library_search`),
@@ -39,6 +40,23 @@ struct Library {
         *mut c_void,
         usize,
         c_int,
+        c_int,
+        RawComm,
+        cudarc::driver::sys::CUstream,
+    ) -> NcclResult,
+    reduce_scatter: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        cudarc::driver::sys::CUstream,
+    ) -> NcclResult,
+    all_gather: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
         c_int,
         RawComm,
         cudarc::driver::sys::CUstream,
@@ -88,6 +106,8 @@ fn load() -> std::result::Result<Library, String> {
             comm_destroy: symbol!(b"ncclCommDestroy"),
             comm_get_async_error: symbol!(b"ncclCommGetAsyncError"),
             all_reduce: symbol!(b"ncclAllReduce"),
+            reduce_scatter: symbol!(b"ncclReduceScatter"),
+            all_gather: symbol!(b"ncclAllGather"),
             group_start: symbol!(b"ncclGroupStart"),
             group_end: symbol!(b"ncclGroupEnd"),
             get_error_string: symbol!(b"ncclGetErrorString"),
@@ -211,6 +231,58 @@ impl Comm {
     /// Replaces `count` doubles at device address `ptr` with their sum over the ranks, on `stream`.
     pub fn sum_f64(&self, ptr: u64, count: usize, stream: &cudarc::driver::CudaStream) -> Result<()> {
         self.all_reduce(ptr, count, FLOAT64, SUM, stream)
+    }
+
+    /// ZeRO's reduce-scatter, in place: the `ranks`·`shard` floats at device address `ptr` are averaged
+    /// over the ranks, and this rank (`rank`) receives its shard of the mean, floats rank·shard … of them
+    /// (the others are left as they were), on `stream`.
+    pub fn average_shard_f32(
+        &self,
+        ptr: u64,
+        shard: usize,
+        rank: usize,
+        stream: &cudarc::driver::CudaStream,
+    ) -> Result<()> {
+        let mine = ptr + 4 * (rank * shard) as u64;
+        // SAFETY: ptr holds ranks·shard floats on this communicator's GPU; NCCL's in-place form (the
+        // receive buffer at the rank's shard of the send buffer), on a stream of that GPU.
+        let result = unsafe {
+            (self.lib.reduce_scatter)(
+                ptr as *const c_void,
+                mine as *mut c_void,
+                shard,
+                FLOAT32,
+                AVG,
+                self.raw,
+                stream.cu_stream(),
+            )
+        };
+        check(result, "reduce-scatter")
+    }
+
+    /// ZeRO's all-gather, in place: every rank's shard of `shard` floats (rank r's at floats r·shard … of
+    /// the buffer at device address `ptr`) copied into every rank's buffer, on `stream`.
+    pub fn gather_shards_f32(
+        &self,
+        ptr: u64,
+        shard: usize,
+        rank: usize,
+        stream: &cudarc::driver::CudaStream,
+    ) -> Result<()> {
+        let mine = ptr + 4 * (rank * shard) as u64;
+        // SAFETY: ptr holds ranks·shard floats on this communicator's GPU; NCCL's in-place form (the send
+        // buffer at the rank's shard of the receive buffer), on a stream of that GPU.
+        let result = unsafe {
+            (self.lib.all_gather)(
+                mine as *const c_void,
+                ptr as *mut c_void,
+                shard,
+                FLOAT32,
+                self.raw,
+                stream.cu_stream(),
+            )
+        };
+        check(result, "all-gather")
     }
 
     /// An error NCCL met while running this communicator's operations (a peer gone, a network failure).

@@ -71,6 +71,10 @@ pub struct TransformerArgs {
     /// --gpus, --world-size, --rank and --rendezvous.
     #[command(flatten)]
     pub parallel: ParallelArgs,
+    /// ZeRO-1 with --gpus or --world-size: each GPU keeps AdamW's moments for its 1/N of the parameters and
+    /// updates that share alone; the gradient is reduce-scattered and the parameters all-gathered
+    #[arg(long)]
+    pub zero: bool,
     /// Dropout probability in training, in [0, 1): after the embeddings, on the attention probabilities and
     /// on both residual branches (nanoGPT's places); never in evaluation or generation
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
@@ -118,6 +122,11 @@ impl TransformerArgs {
         if self.grad_accum == 0 {
             bail!("--grad-accum must be at least 1 (micro-batches a step), got 0");
         }
+        if self.zero && self.parallel.plan(self.batch).is_ok_and(|p| p.replicas() < 2) {
+            bail!(
+                "--zero shards AdamW's state over the GPUs of a data-parallel run: give --gpus N (N ≥ 2) or --world-size"
+            );
+        }
         if self.eval_every == 0 {
             bail!("--eval-every must be at least 1, got 0");
         }
@@ -154,15 +163,18 @@ impl TransformerArgs {
         let per_block = c.saturating_mul(c).saturating_mul(12).saturating_add(c.saturating_mul(13));
         let params =
             l.saturating_mul(per_block).saturating_add((2 * v + t).saturating_mul(c)).saturating_add(v + 2 * c);
-        // Each GPU of a data-parallel run holds its share of the batch.
-        let share = self.batch / self.parallel.plan(self.batch).map_or(1, |p| p.replicas());
+        // Each GPU of a data-parallel run holds its share of the batch, and with --zero its share of AdamW's
+        // two moments.
+        let ranks = self.parallel.plan(self.batch).map_or(1, |p| p.replicas());
+        let share = self.batch / ranks;
+        let moments = if self.zero { 8u64.div_ceil(ranks as u64) } else { 8 };
         let rows = (share as u64).saturating_mul(t);
         let row_floats = l.saturating_mul(18 * c).saturating_add(12 * c).saturating_add(v);
         MemoryNeed {
             parts: vec![
                 (
                     "the parameters and AdamW's state",
-                    params.saturating_mul(if self.grad_accum > 1 { 20 } else { 16 }),
+                    params.saturating_mul(8 + moments + if self.grad_accum > 1 { 4 } else { 0 }),
                     "--embed or --layers",
                 ),
                 (
@@ -218,7 +230,7 @@ impl TransformerArgs {
         (&corpus.train, &corpus.val).hash(&mut hash);
         format!(
             "layers={},heads={},embed={},block={},bias={},tie={},batch={},grad_accum={},steps={},lr={},wd={},beta2={},clip={},\
-             schedule={}/{}/{},dropout={},vocab={},eval_every={},eval_iters={:?},seed={},precision={},resume={},\
+             schedule={}/{}/{},dropout={},vocab={},eval_every={},eval_iters={:?},seed={},precision={},resume={},zero={},\
              init={},corpus={}/{:016x}",
             self.layers,
             self.heads,
@@ -243,6 +255,7 @@ impl TransformerArgs {
             self.run.seed,
             self.precision.name(),
             self.resume.is_some(),
+            self.zero,
             self.init.name(),
             corpus.train.len() + corpus.val.len(),
             hash.finish()

@@ -277,6 +277,9 @@ fn trainer(
         let mut t = GpuTransformer::new(gpu, config, params, optim, corpus)?;
         t.set_dropout(args.dropout, args.dropout_seed(rank));
         t.set_grad_accum(args.grad_accum)?;
+        if args.zero {
+            t.set_zero(rank, opened.world_size)?;
+        }
         t.set_precision(args.precision)?;
         Ok(t)
     };

@@ -87,6 +87,7 @@ impl TransformerArgs {
                     "eval_every": args.eval_every,
                     "precision": args.precision.name(),
                     "gpus": args.parallel.plan(args.batch).map_or(1, |p| p.replicas()),
+                    "zero": args.zero,
                     "resume": args.resume.as_ref().map(|p| p.display().to_string()),
                 }),
                 &[&args.run, &args.schedule],

@@ -208,8 +208,14 @@ fn the_regularization_flags_apply_to_a_resumed_model_and_are_checked_with_it() {
 fn data_parallel_flags_that_cannot_work_end_the_run_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("english.txt"), english(5000, 1)).unwrap();
-    let cases: [(&[&str], &[&str]); 4] = [
+    let cases: [(&[&str], &[&str]); 5] = [
         (&["--gpus", "2"], &["--gpus and --world-size train on GPUs: leave out --device cpu"]),
+        (
+            &["--zero"],
+            &[
+                "--zero shards AdamW's state over the GPUs of a data-parallel run: give --gpus N (N ≥ 2) or --world-size",
+            ],
+        ),
         (&["--gpus", "3"], &["--batch 8 does not split evenly over 3 GPUs: give a multiple of 3"]),
         (&["--world-size", "2", "--rank", "0"], &["--world-size, --rank and --rendezvous go together"]),
         (

@@ -276,3 +276,23 @@ fn a_short_run_learns_a_repetitive_text() {
     assert!(after < 0.5, "validation loss {before} → {after}");
     assert!(losses[190..].iter().all(|&l| l < 0.5 * losses[0]));
 }
+
+/// ZeRO-1's shards: over any number of ranks, each parameter is updated by exactly one rank, no shard is
+/// longer than `per`, and the collectives' padded length covers every rank's shard.
+#[test]
+fn zero_shards_cover_every_parameter_once() {
+    use textnet::transformer::gpu::parallel::Shard;
+    for len in [1, 2, 7, 64, 1000, 10_745_472] {
+        for ranks in 1..=9 {
+            let mut next = 0;
+            for rank in 0..ranks {
+                let shard = Shard::new(len, rank, ranks);
+                let range = shard.range();
+                assert!(range.is_empty() || range.start == next, "{len} over {ranks}: rank {rank} starts at {range:?}");
+                assert!(range.len() <= shard.per && (rank + 1) * shard.per <= shard.padded());
+                next = next.max(range.end);
+            }
+            assert_eq!(next, len, "{len} over {ranks}");
+        }
+    }
+}

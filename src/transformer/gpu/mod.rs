@@ -7,6 +7,8 @@ pub mod flash;
 pub mod parallel;
 mod step;
 
+use parallel::Shard;
+
 use super::data::Corpus;
 use super::model::{Config, Layout};
 use crate::device::precision::Precision;
@@ -128,6 +130,7 @@ struct Kernels {
     embedding_backward: Kernel,
     dropout_backward: Kernel,
     grad_norm: Kernel,
+    clip_scale: Kernel,
     adamw: Kernel,
     round_bf16: Kernel,
     accumulate: Kernel,
@@ -255,8 +258,15 @@ pub struct GpuTransformer {
     grad_sum: CudaSlice<f32>,
     /// The micro-batch of its step that the launches being enqueued are for: their dropout masks' seed.
     micro: Cell<usize>,
+    /// AdamW's moments: of every parameter, or with ZeRO-1 of this replica's shard alone.
     m: CudaSlice<f32>,
     v: CudaSlice<f32>,
+    /// ZeRO-1 (`set_zero`): the shard of the flat parameters whose update this replica makes; the
+    /// parameters and the gradient are then padded to the ranks' shards (`Shard::padded`). None: every
+    /// parameter's update, on every replica.
+    shard: Option<Shard>,
+    /// ‖grad‖₂² as tf_grad_norm leaves it: of this replica's shard under ZeRO-1, until the ranks' sum.
+    norm_sq: CudaSlice<f64>,
     step: CudaSlice<u32>,
     tickets: CudaSlice<u32>,
     train: CudaSlice<u32>,
@@ -350,6 +360,7 @@ impl GpuTransformer {
             embedding_backward: load("tf_embedding_backward")?,
             dropout_backward: load("tf_dropout_backward")?,
             grad_norm: load("tf_grad_norm")?,
+            clip_scale: load("tf_clip_scale")?,
             adamw: load("tf_adamw")?,
             round_bf16: load("tf_round_bf16")?,
             accumulate: load("tf_accumulate")?,
@@ -392,6 +403,8 @@ impl GpuTransformer {
             micro: Cell::new(0),
             m: stream.alloc_zeros(n)?,
             v: stream.alloc_zeros(n)?,
+            shard: None,
+            norm_sq: stream.alloc_zeros(1)?,
             step: stream.alloc_zeros(1)?,
             tickets: stream.alloc_zeros(4)?,
             train: stream.clone_htod(&corpus.train)?,
@@ -549,9 +562,7 @@ impl GpuTransformer {
                 self.flash = Some(FlashAttention::new(&self.gpu, &self.module, sizes).context("--precision bf16")?);
             }
             // The weights' bf16 copy, which AdamW keeps from here on (steps at other precisions do not).
-            let n = self.layout.len();
-            let args = [self.buf(&self.params), self.buf(&self.params_bf16), Arg::i32(n as i32)];
-            self.launch(&self.kernels.round_bf16, n.div_ceil(THREADS).min(4 * self.gpu.sm_count as usize), 0, &args)?;
+            self.enqueue_round_bf16()?;
         }
         if self.precision != precision {
             self.captured = None;
@@ -582,6 +593,24 @@ impl GpuTransformer {
             let len = if micro_batches > 1 { self.layout.len() } else { 1 };
             self.grad_sum = self.gpu.stream.alloc_zeros(len)?;
         }
+        Ok(())
+    }
+
+    /// ZeRO-1 as rank `rank` of `ranks`: this replica updates only its shard of the parameters, whose AdamW
+    /// moments are all it keeps ([`Shard`]); [`parallel::Replicas`] reduce-scatters the gradient before the
+    /// update and all-gathers the parameters after it. Called before the first step (the moments start at 0).
+    pub fn set_zero(&mut self, rank: usize, ranks: usize) -> Result<()> {
+        let n = self.layout.len();
+        let shard = Shard::new(n, rank, ranks);
+        let stream = self.gpu.stream.clone();
+        let mut params = stream.alloc_zeros(shard.padded())?;
+        stream.memcpy_dtod(&self.params, &mut params.slice_mut(..n))?;
+        self.params = params;
+        self.grad = stream.alloc_zeros(shard.padded())?;
+        self.m = stream.alloc_zeros(shard.per.max(1))?;
+        self.v = stream.alloc_zeros(shard.per.max(1))?;
+        self.shard = Some(shard);
+        self.captured = None;
         Ok(())
     }
 
@@ -782,12 +811,12 @@ impl GpuTransformer {
 
     /// The parameters, copied back.
     pub fn params(&self) -> Result<Vec<f32>> {
-        Ok(self.gpu.stream.clone_dtoh(&self.params)?)
+        Ok(self.gpu.stream.clone_dtoh(&self.params.slice(..self.layout.len()))?)
     }
 
     /// The gradient of the last step.
     pub fn gradient(&self) -> Result<Vec<f32>> {
-        Ok(self.gpu.stream.clone_dtoh(&self.grad)?)
+        Ok(self.gpu.stream.clone_dtoh(&self.grad.slice(..self.layout.len()))?)
     }
 
     /// Forward and backward of one training batch (offsets into the training ids), no update, every

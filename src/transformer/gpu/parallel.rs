@@ -10,6 +10,14 @@
 //! a CUDA graph: at the sizes where data parallelism pays, a step is milliseconds of kernels and its
 //! launches are a small part.
 //!
+//! ZeRO-1 (--zero), as DeepSpeed's stage 1 and PyTorch's ZeroRedundancyOptimizer: rank r updates only its
+//! shard of the flat parameters ([`Shard`]) and keeps AdamW's moments for that shard alone, 1/W of them.
+//! After the backward the gradient is reduce-scattered (each rank receives the mean of its shard), clipping
+//! adds the ranks' squared norms of their shards, each rank steps its shard, and the parameters are
+//! all-gathered. The collectives run on the compute stream after the whole backward (no buckets): with
+//! ring collectives the reduce-scatter's mean is the all-reduce's, so without clipping a run gives plain
+//! data parallelism's bits.
+//!
 //! With --grad-accum k, a step is k global batches: each replica sums its first k − 1 micro-batches'
 //! gradients, and only the last one's backward, each bucket with that sum added, is averaged.
 //!
@@ -28,6 +36,39 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// ZeRO-1's split of the flat parameters (`len` of them) over `ranks` ranks: rank r updates elements
+/// [r·per, min(len, (r + 1)·per)), per = ⌈len / ranks⌉. The collectives move ranks·per elements, so the
+/// parameters and the gradient are padded to that (`padded`), the padding never read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank's number, from 0.
+    pub rank: usize,
+    /// The ranks that share the parameters.
+    pub ranks: usize,
+    /// Elements a rank's shard (the last ones may hold fewer).
+    pub per: usize,
+    /// Elements in all.
+    pub len: usize,
+}
+
+impl Shard {
+    /// Rank `rank`'s shard of `len` elements split over `ranks`.
+    pub fn new(len: usize, rank: usize, ranks: usize) -> Shard {
+        Shard { rank, ranks, per: len.div_ceil(ranks.max(1)), len }
+    }
+
+    /// The elements this rank updates (empty for a rank past the last element).
+    pub fn range(&self) -> Range<usize> {
+        let start = (self.rank * self.per).min(self.len);
+        start..(start + self.per).min(self.len)
+    }
+
+    /// The length of the buffers the collectives move: ranks · per.
+    pub fn padded(&self) -> usize {
+        self.ranks * self.per
+    }
+}
 
 /// This process's replicas and their communicators.
 pub struct Replicas {
@@ -132,7 +173,11 @@ impl Replicas {
             stream.memset_zeros(&mut t.losses)?;
         }
         for s in 0..steps {
-            self.enqueue_step(s, share)?;
+            if self.replicas[0].shard.is_some() {
+                self.enqueue_zero_step(s, share)?;
+            } else {
+                self.enqueue_step(s, share)?;
+            }
         }
         // Each step's loss sums, added over every rank.
         nccl::group(|| {
@@ -176,6 +221,45 @@ impl Replicas {
             t.gpu.stream.wait(&self.reduced[i])?;
             self.bind(i)?;
             t.enqueue_update(Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64))?;
+        }
+        Ok(())
+    }
+
+    /// Step `s` as ZeRO-1 takes it (the module's notes), every collective on the replicas' compute streams.
+    fn enqueue_zero_step(&self, s: usize, share: usize) -> Result<()> {
+        let each = |enqueue: &dyn Fn(&GpuTransformer) -> Result<()>| -> Result<()> {
+            for (i, t) in self.replicas.iter().enumerate() {
+                self.bind(i)?;
+                enqueue(t)?;
+            }
+            Ok(())
+        };
+        let collective = |call: &dyn Fn(&Comm, &GpuTransformer, Shard) -> Result<()>| -> Result<()> {
+            nccl::group(|| {
+                for (i, t) in self.replicas.iter().enumerate() {
+                    call(&self.comms[i], t, t.shard.expect("a ZeRO-1 replica has its shard"))?;
+                }
+                Ok(())
+            })
+        };
+        each(&|t| {
+            let offsets = t.ptr(&t.offsets) + 4 * (s * t.grad_accum * share) as u64;
+            let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
+            t.enqueue_micro_batches(offsets, loss, &mut |t, offsets| {
+                t.enqueue_backward(offsets)?;
+                t.enqueue_add_sum(0..t.layout.len())
+            })
+        })?;
+        collective(&|comm, t, shard| comm.average_shard_f32(t.ptr(&t.grad), shard.per, shard.rank, &t.gpu.stream))?;
+        if self.replicas[0].optim.clip_norm > 0.0 {
+            each(&|t| t.enqueue_grad_norm())?;
+            collective(&|comm, t, _| comm.sum_f64(t.ptr(&t.norm_sq), 1, &t.gpu.stream))?;
+            each(&|t| t.enqueue_clip_scale())?;
+        }
+        each(&|t| t.enqueue_adamw(Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64)))?;
+        collective(&|comm, t, shard| comm.gather_shards_f32(t.ptr(&t.params), shard.per, shard.rank, &t.gpu.stream))?;
+        if self.replicas[0].bf16() {
+            each(&|t| t.enqueue_round_bf16())?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use crate::transformer::model::{EMBEDDING_SITE, attention_site};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use std::collections::hash_map::Entry;
+use std::ops::Range;
 
 /// A null pointer: an output a kernel skips.
 const NULL: Arg = Arg::Ptr(0);
@@ -31,7 +32,7 @@ struct TmaProduct {
 type TmaLaunch<'k> = (&'k Kernel, ((u32, u32), u32, u32, bool), StructArg);
 
 impl GpuTransformer {
-    fn bf16(&self) -> bool {
+    pub(super) fn bf16(&self) -> bool {
         self.precision == Precision::Bf16
     }
 
@@ -526,48 +527,96 @@ impl GpuTransformer {
         written(c.layers + 1)
     }
 
-    /// The AdamW update at the rate at `rate` (device memory), after clipping's norm when clipping.
+    /// The AdamW update at the rate at `rate` (device memory), after clipping's norm when clipping, of the
+    /// parameters this replica updates. Under ZeRO-1 the steps go one by one between the ranks'
+    /// collectives instead ([`Self::enqueue_grad_norm`], [`Self::enqueue_clip_scale`],
+    /// [`Self::enqueue_adamw`]).
     pub(super) fn enqueue_update(&self, rate: Arg) -> Result<()> {
-        let o = &self.optim;
-        let n = self.layout.len();
-        let clipping = o.clip_norm > 0.0;
-        if clipping {
-            self.launch(
-                &self.kernels.grad_norm,
-                self.norm_partials.len(),
-                0,
-                &[
-                    self.buf(&self.grad),
-                    Arg::i32(n as i32),
-                    Arg::f32(o.clip_norm),
-                    self.buf(&self.norm_partials),
-                    Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_NORM as u64),
-                    self.buf(&self.grad_scale),
-                ],
-            )?;
+        self.enqueue_grad_norm()?;
+        self.enqueue_adamw(rate)
+    }
+
+    /// The parameters whose update this replica makes: all of them, or its ZeRO-1 shard.
+    fn updated(&self) -> Range<usize> {
+        self.shard.map_or(0..self.layout.len(), |s| s.range())
+    }
+
+    /// When clipping, tf_grad_norm over the gradient of the parameters this replica updates: clipping's
+    /// factor, and ‖·‖₂² in `norm_sq` (under ZeRO-1 the shard's, for the ranks to add).
+    pub(super) fn enqueue_grad_norm(&self) -> Result<()> {
+        let clip = self.optim.clip_norm;
+        if clip <= 0.0 {
+            return Ok(());
         }
+        let range = self.updated();
+        self.launch(
+            &self.kernels.grad_norm,
+            self.norm_partials.len(),
+            0,
+            &[
+                Arg::Ptr(self.ptr(&self.grad) + 4 * range.start as u64),
+                Arg::i32(range.len() as i32),
+                Arg::f32(clip),
+                self.buf(&self.norm_partials),
+                Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_NORM as u64),
+                self.buf(&self.grad_scale),
+                self.buf(&self.norm_sq),
+            ],
+        )
+    }
+
+    /// When clipping under ZeRO-1, clipping's factor from `norm_sq` once it holds the sum of every rank's
+    /// shard's.
+    pub(super) fn enqueue_clip_scale(&self) -> Result<()> {
+        let clip = self.optim.clip_norm;
+        if clip <= 0.0 {
+            return Ok(());
+        }
+        self.launch(
+            &self.kernels.clip_scale,
+            1,
+            0,
+            &[self.buf(&self.norm_sq), Arg::f32(clip), self.buf(&self.grad_scale)],
+        )
+    }
+
+    /// AdamW at the rate at `rate` over the parameters this replica updates, the gradient times clipping's
+    /// factor when clipping (the moments from their start under ZeRO-1, which hold the shard's alone).
+    pub(super) fn enqueue_adamw(&self, rate: Arg) -> Result<()> {
+        let o = &self.optim;
+        let range = self.updated();
+        let (start, n) = (range.start as u64, range.len());
+        let moments = if self.shard.is_some() { 0 } else { 4 * start };
         let blocks = n.div_ceil(THREADS * 4).clamp(1, 4 * self.gpu.sm_count as usize);
         self.launch(
             &self.kernels.adamw,
             blocks,
             0,
             &[
-                self.buf(&self.params),
-                self.buf(&self.grad),
-                self.buf(&self.m),
-                self.buf(&self.v),
+                Arg::Ptr(self.ptr(&self.params) + 4 * start),
+                Arg::Ptr(self.ptr(&self.grad) + 4 * start),
+                Arg::Ptr(self.ptr(&self.m) + moments),
+                Arg::Ptr(self.ptr(&self.v) + moments),
                 Arg::i32(n as i32),
                 rate,
                 Arg::f32(o.beta1),
                 Arg::f32(o.beta2),
                 Arg::f32(o.eps),
                 Arg::f32(o.weight_decay),
-                if clipping { self.buf(&self.grad_scale) } else { Arg::Ptr(0) },
+                if o.clip_norm > 0.0 { self.buf(&self.grad_scale) } else { Arg::Ptr(0) },
                 self.buf(&self.step),
                 Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_ADAMW as u64),
-                if self.bf16() { self.buf(&self.params_bf16) } else { NULL },
+                if self.bf16() { Arg::Ptr(self.ptr(&self.params_bf16) + 2 * start) } else { NULL },
             ],
         )
+    }
+
+    /// The parameters' bf16 copy, rounded from all of them: before the first bf16 step, and under ZeRO-1
+    /// in bf16 after the ranks' shards are gathered (AdamW wrote this replica's shard's alone).
+    pub(super) fn enqueue_round_bf16(&self) -> Result<()> {
+        let n = self.layout.len();
+        let args = [self.buf(&self.params), self.buf(&self.params_bf16), Arg::i32(n as i32)];
+        self.launch(&self.kernels.round_bf16, n.div_ceil(THREADS).min(4 * self.gpu.sm_count as usize), 0, &args)
     }
 
     /// One training step on the `grad_accum` micro-batches whose offsets start at device address `offsets`

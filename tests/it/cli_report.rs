@@ -239,10 +239,10 @@ fn each_commands_config_is_pinned() {
         config(&transformer_run, &paths),
         json!({"batch": 4, "beta2": 0.999, "bias": true, "block": 16, "clip_norm": 0.0, "corpus": "CORPUS",
             "device": "cpu", "dropout": 0.0, "embed": 32, "eval_every": 10, "eval_iters": null, "gpus": 1,
-            "heads": 2, "init": "gpt2", "keep": "best", "layers": 2, "lr": 0.001, "lr_schedule": "cosine",
-            "min_lr": 0.001, "out": "OUT", "overwrite": false, "plot": null, "precision": "fp32", "resume": null, "seed": 1,
-            "steps": 20, "tensorboard": null, "tie_weights": false, "vocab": 256, "warmup": 1,
-            "weight_decay": 0.01})
+            "grad_accum": 1, "heads": 2, "init": "gpt2", "keep": "best", "layers": 2, "lr": 0.001,
+            "lr_schedule": "cosine", "min_lr": 0.001, "out": "OUT", "overwrite": false, "plot": null, "precision": "fp32",
+            "resume": null, "seed": 1, "steps": 20, "tensorboard": null, "tie_weights": false, "vocab": 256, "warmup": 1,
+            "weight_decay": 0.01, "zero": false})
     );
 
     let sales = dir.path().join("sales.tsv");

@@ -50,6 +50,9 @@
 
 #![warn(missing_docs)]
 
+/// textnet's version (Cargo's), as reports, model files and the rendezvous of a run's processes give it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod commands;
 pub mod datasets;
 pub mod device;

@@ -14,7 +14,7 @@ enum Command {
     /// Continue a prompt by sampling tokens from a trained model file
     Generate(textnet::commands::generate::GenerateArgs),
     /// Evaluate a trained text model or Transformer on a corpus, without training
-    Eval(textnet::commands::eval::EvalArgs),
+    Eval(textnet::pipeline::EvalArgs),
     /// Classify images (PNG, JPEG, PGM/PPM or IDX) with a trained image model file of textnet mnist or fit
     Classify(textnet::commands::classify::ClassifyArgs),
     /// Write a trained model file as an ONNX model (a fit or Sequential network, an MNIST MLP or CNN, a
@@ -68,7 +68,7 @@ fn main() {
         eprintln!("textnet: internal error{at}: {msg} (this is a bug; please report it)");
     }));
     let matches = parse_args();
-    textnet::harness::phases::set_verbose(matches.get_flag("verbose"));
+    textnet::device::phases::set_verbose(matches.get_flag("verbose"));
     let result = textnet::io::resources::start_threads().and_then(|()| run(&matches));
     let result = result.and_then(|()| textnet::harness::console::finish());
     if let Err(err) = result {

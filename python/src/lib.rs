@@ -207,7 +207,7 @@ fn file_kind(path: PathBuf) -> PyResult<Option<String>> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Python raises KeyboardInterrupt; `drive` turns it into textnet's request to stop after the epoch.
     textnet::harness::interrupt::hosted();
-    m.add("__version__", textnet::harness::report::VERSION)?;
+    m.add("__version__", textnet::VERSION)?;
     m.add_class::<Model>()?;
     m.add_class::<LanguageModel>()?;
     m.add_function(wrap_pyfunction!(mnist, m)?)?;

@@ -4,11 +4,12 @@
 //! pipeline whose model kind the file names opens it (`pipelines::ALL`, `pipeline::ImageClassifier`):
 //! an MNIST MLP or CNN of `textnet mnist`, or a network of `textnet fit` trained on images.
 
-use crate::commands::classifier::{Evaluation, ImageModel};
 use crate::datasets::{idx, images};
+use crate::harness::classification::Evaluation;
 use crate::harness::console;
 use crate::ops::cpu::softmax_in_place;
 use crate::ops::losses::softmax_xent;
+use crate::pipeline::ImageModel;
 use anyhow::{Context, Result, anyhow, bail};
 use rayon::prelude::*;
 use serde_json::json;

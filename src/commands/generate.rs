@@ -5,10 +5,10 @@
 //! sample's text to stdout as its tokens are drawn (`ops::sampling` draws them); `--json` prints one
 //! object at the end instead.
 
-use super::eval::EvalArgs;
 use crate::harness::console;
 use crate::ops::cpu::SeededRng;
 use crate::ops::sampling::{Sample, Sampling, continuation};
+use crate::pipeline::EvalArgs;
 use crate::pipeline::LanguageModel;
 use anyhow::{Context, Result, bail};
 use rand::SeedableRng;

@@ -110,7 +110,7 @@ pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
         wanted().flat_map(|p| (p.modules)(&plan)).chain(suites().flat_map(|s| (s.modules)(&plan))).collect();
     let count = crate::device::compile::precompile(gpu.compute_capability, &modules);
     let (_, built_in) = crate::device::compile::precompiled_count();
-    crate::harness::phases::note(
+    crate::device::phases::note(
         compiling,
         &format!("{count} kernel modules ready (built into the binary: {built_in})"),
     );
@@ -118,12 +118,12 @@ pub fn checks(args: &SelftestArgs) -> Result<Outcome> {
     for pipeline in wanted() {
         let checking = Instant::now();
         checks.extend((pipeline.checks)(&gpu, &plan)?);
-        crate::harness::phases::note(checking, &format!("{} checks", pipeline.name));
+        crate::device::phases::note(checking, &format!("{} checks", pipeline.name));
     }
     for suite in suites() {
         let checking = Instant::now();
         checks.extend((suite.checks)(&gpu, &plan)?);
-        crate::harness::phases::note(checking, &format!("{} checks", suite.name));
+        crate::device::phases::note(checking, &format!("{} checks", suite.name));
     }
     Ok(Outcome { device_name: gpu.describe(), seed, gpu_open_seconds: opened, checks })
 }

@@ -3,8 +3,8 @@
 //! tests), or to machine code (`compile_cubin`) behind the code compiled at build time
 //! (fused/precompiled.txt) and a cache on disk keyed by content hash (`compile_cached`).
 
+use super::phases;
 use super::{Gpu, nvrtc_available, quietly};
-use crate::harness::phases;
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::CudaModule;
 use std::collections::HashMap;

@@ -4,7 +4,8 @@
 //! NVRTC (cached on disk by content hash, or compiled at build time); `launch` holds `Kernel`, `Arg` and
 //! the one launch path every pipeline shares, `kernel_struct` the typed structs kernels take by value,
 //! `rebind` a captured graph reading other input buffers; `nccl`, `parallel` and `rendezvous` train on several GPUs;
-//! `precision` names the number formats a run computes in.
+//! `precision` names the number formats a run computes in; `phases` says where start-up time goes
+//! (`--verbose`: finding the libraries, opening the GPU, compiling and loading modules).
 //!
 //! cudarc loads libcuda and libnvrtc at run time and panics when one is missing or lacks a symbol;
 //! every entry into cudarc from here runs under `quietly`, which turns such a panic into an error.
@@ -15,6 +16,7 @@ pub mod kernel_struct;
 pub mod launch;
 pub mod nccl;
 pub mod parallel;
+pub mod phases;
 pub mod precision;
 #[cfg(test)]
 mod precompile_choice;
@@ -22,7 +24,6 @@ pub mod rebind;
 pub mod rendezvous;
 pub mod tma;
 
-use crate::harness::phases;
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::sys::CUfunction_attribute_enum as FuncAttr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};

@@ -115,7 +115,7 @@ impl Plan {
                 if let Some(line) = rendezvous.waiting() {
                     announce(&line);
                 }
-                let meeting = rendezvous.meet(crate::harness::report::VERSION, &fingerprint(), nccl::unique_id)?;
+                let meeting = rendezvous.meet(crate::VERSION, &fingerprint(), nccl::unique_id)?;
                 let gpu = Gpu::open(ordinal).with_context(|| format!("rank {}: GPU {ordinal}", rendezvous.rank))?;
                 let line = format!("rank {} of {}, GPU {ordinal}", rendezvous.rank, rendezvous.world_size);
                 let id = meeting.id.clone();

@@ -5,10 +5,10 @@
 
 use super::data::{InputSchema, TargetInfo};
 use super::modelfile;
-use crate::commands::classifier::ImageModel;
 use crate::datasets::idx::{IMAGE_SIDE, PIXELS};
 use crate::nn::stack::model;
 use crate::nn::stack::spec::Shape;
+use crate::pipeline::ImageModel;
 use anyhow::{Result, bail};
 use std::path::Path;
 

@@ -37,7 +37,7 @@ impl FitArgs {
             TargetInfo::Value { .. } => None,
         };
         Report {
-            textnet: report::VERSION,
+            textnet: crate::VERSION,
             command: "fit",
             status,
             config: report::with_flags(

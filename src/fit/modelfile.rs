@@ -86,7 +86,7 @@ fn input_json(input: &InputSchema) -> Value {
 pub fn to_bytes(m: &FitModel) -> Result<Vec<u8>> {
     let mut metadata = BTreeMap::from([
         crate::io::modelkind::FIT.entry(),
-        ("textnet".to_string(), crate::harness::report::VERSION.to_string()),
+        ("textnet".to_string(), crate::VERSION.to_string()),
         ("spec".to_string(), spec::text(&m.net.layers)),
         ("loss".to_string(), m.loss.name().to_string()),
         ("input".to_string(), input_json(&m.input).to_string()),

@@ -5,7 +5,7 @@
 //! system font is needed. Pictures are written atomically (`fsutil::write_atomic`), and `check` refuses a
 //! bad `--plot` before any work.
 
-use crate::commands::classifier::Evaluation;
+use crate::harness::classification::Evaluation;
 use crate::harness::report::{Display, EpochRow};
 use crate::io::fsutil;
 use anyhow::{Context, Result, anyhow, bail};

@@ -182,9 +182,6 @@ impl DeviceFields {
     }
 }
 
-/// The version of textnet, for the report's `textnet`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
 /// The report's `final`: the held-out figures of the `kept` epoch's row with `extra` added, or none
 /// when no epoch was kept.
 pub fn final_metrics(

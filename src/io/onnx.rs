@@ -324,7 +324,7 @@ impl Graph {
             ir_version: Some(IR_VERSION),
             opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(OPSET) }],
             producer_name: Some("textnet".into()),
-            producer_version: Some(crate::harness::report::VERSION.into()),
+            producer_version: Some(crate::VERSION.into()),
             doc_string: Some(doc.into()),
             graph: Some(self.proto),
             metadata_props: metadata

@@ -4,7 +4,7 @@
 
 use super::idx::{CLASSES, IMAGE_SIDE, PIXELS};
 use super::{Classifier, cnn, model};
-use crate::commands::classifier::{ImageModel, Scores};
+use crate::pipeline::{ImageModel, Scores};
 use anyhow::{Result, bail};
 use std::path::Path;
 

@@ -50,7 +50,7 @@ impl MnistArgs {
             &[&args.run, &OptimArgs::of(&run.optim), &args.schedule],
         );
         Report {
-            textnet: report::VERSION,
+            textnet: crate::VERSION,
             command: "mnist",
             status,
             config,

@@ -11,8 +11,8 @@ pub use crate::datasets::mnist::INPUT_SCALING;
 
 pub mod args;
 pub mod bench;
-pub use crate::commands::classifier::Evaluation;
 pub use crate::datasets::idx;
+pub use crate::harness::classification::Evaluation;
 pub mod classify;
 pub mod cli;
 pub mod cnn;

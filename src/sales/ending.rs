@@ -35,7 +35,7 @@ impl SalesArgs {
         });
         let o = args.optim.config()?;
         Ok(Report {
-            textnet: report::VERSION,
+            textnet: crate::VERSION,
             command: "sales",
             status,
             config: sales_config(

@@ -58,7 +58,7 @@ pub fn to_bytes(m: &SalesModel) -> Result<Vec<u8>> {
     let metadata = BTreeMap::from([
         crate::io::modelkind::SALES.entry(),
         ("hidden".to_string(), m.params.shape.hidden.to_string()),
-        ("textnet".to_string(), crate::harness::report::VERSION.to_string()),
+        ("textnet".to_string(), crate::VERSION.to_string()),
         (
             "schema".to_string(),
             json!({

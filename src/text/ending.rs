@@ -131,7 +131,7 @@ impl Summary {
     ) -> Report {
         let epochs: Vec<EpochRow> = epochs.iter().map(epoch_row).collect();
         Report {
-            textnet: report::VERSION,
+            textnet: crate::VERSION,
             command: "train",
             status,
             config: args.config_json(self.shape, self.tokenizer, &self.plan),

@@ -9,7 +9,7 @@ use super::cpu_batch::BatchTrainer;
 use super::model::EvalSums;
 use super::modelfile::TextModel;
 use super::train::spread_subset;
-use crate::commands::eval::{EvalArgs, Evaluation};
+use crate::pipeline::{EvalArgs, Evaluation};
 use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
 

@@ -68,7 +68,7 @@ impl TransformerArgs {
         let args = self;
         let written = kept.is_some();
         Report {
-            textnet: report::VERSION,
+            textnet: crate::VERSION,
             command: "transformer",
             status,
             config: report::with_flags(

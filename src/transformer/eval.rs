@@ -7,8 +7,8 @@
 use super::data::utf8;
 use super::model;
 use super::modelfile::TransformerModel;
-use crate::commands::eval::{EvalArgs, Evaluation};
 use crate::ops::cpu::top_k;
+use crate::pipeline::{EvalArgs, Evaluation};
 use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
 use rayon::prelude::*;

@@ -326,7 +326,7 @@ impl XorArgs {
         let args = self;
         let kept_epoch = final_metrics.is_some().then_some(args.epochs);
         Report {
-            textnet: report::VERSION,
+            textnet: crate::VERSION,
             command: "xor",
             status,
             config: report::with_flags(

@@ -14,9 +14,9 @@
 //! shard of the flat parameters ([`Shard`]) and keeps AdamW's moments for that shard alone, 1/W of them.
 //! After the backward the gradient is reduce-scattered (each rank receives the mean of its shard), clipping
 //! adds the ranks' squared norms of their shards, each rank steps its shard, and the parameters are
-//! all-gathered. The collectives run on the compute stream after the whole backward (no buckets): with
-//! ring collectives the reduce-scatter's mean is the all-reduce's, so without clipping a run gives plain
-//! data parallelism's bits.
+//! all-gathered. The collectives run on the compute stream after the whole backward (no buckets). On 2
+//! GPUs the mean of two values is the same in either order and the norm is summed in double before it is
+//! rounded, so the runs measured gave plain data parallelism's bits, with clipping too (BENCHMARKS.md).
 //!
 //! With --grad-accum k, a step is k global batches: each replica sums its first k − 1 micro-batches'
 //! gradients, and only the last one's backward, each bucket with that sum added, is averaged.

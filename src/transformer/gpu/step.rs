@@ -649,23 +649,23 @@ impl GpuTransformer {
                 last_backward(self, micro_offsets)?;
             } else {
                 self.enqueue_backward(micro_offsets)?;
-                self.enqueue_accumulate(0..self.layout.len(), j == 0)?;
+                self.enqueue_accumulate(j == 0)?;
             }
         }
         self.micro.set(0);
         Ok(())
     }
 
-    /// tf_accumulate over the gradient's elements `range`: `grad_sum` = `grad` when `first`, else
-    /// `grad_sum` += `grad`. Adding the sum into the last micro-batch's gradient is [`Self::enqueue_add_sum`].
-    fn enqueue_accumulate(&self, range: std::ops::Range<usize>, first: bool) -> Result<()> {
+    /// tf_accumulate over the whole gradient: `grad_sum` = `grad` when `first`, else `grad_sum` += `grad`.
+    /// Adding the sum into the last micro-batch's gradient is [`Self::enqueue_add_sum`].
+    fn enqueue_accumulate(&self, first: bool) -> Result<()> {
         let (sum, g) = (self.ptr(&self.grad_sum), self.ptr(&self.grad));
-        self.launch_accumulate((sum, g), range, first)
+        self.launch_accumulate((sum, g), 0..self.layout.len(), first)
     }
 
     /// `grad` += `grad_sum` over the gradient's elements `range`: the last micro-batch's gradient takes the
     /// others' sum (a step of one micro-batch has none).
-    pub(super) fn enqueue_add_sum(&self, range: std::ops::Range<usize>) -> Result<()> {
+    pub(super) fn enqueue_add_sum(&self, range: Range<usize>) -> Result<()> {
         if self.grad_accum == 1 {
             return Ok(());
         }
@@ -673,7 +673,7 @@ impl GpuTransformer {
         self.launch_accumulate((grad, sum), range, false)
     }
 
-    fn launch_accumulate(&self, (sum, g): (u64, u64), range: std::ops::Range<usize>, first: bool) -> Result<()> {
+    fn launch_accumulate(&self, (sum, g): (u64, u64), range: Range<usize>, first: bool) -> Result<()> {
         let at = 4 * range.start as u64;
         let n = range.len();
         self.launch(

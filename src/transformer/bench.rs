@@ -2,7 +2,9 @@
 //! 64, AdamW 1e-3), in graphs of 100 steps timed with device events (the graph captured before timing;
 //! the validation loss after each graph is timed apart), beside `benches/torch_transformer.py`; with
 //! --precision tf32 or bf16 the products run on the tensor cores (beside the twin's --tf32 or --bf16); with --large, 200 steps
-//! of the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64) in graphs of 50. With
+//! of the larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64) in graphs of 50; with
+//! --gpt2-small, 30 steps of GPT-2-small's body (12 layers, 12 heads, 768, block 1024, batch 16) in graphs of
+//! 10; --batch, --grad-accum and --dropout as `transformer`'s. With
 //! --attention, the attention kernels alone at nanoGPT's shape, fp32 beside bf16 (`gpu::flash::bench_attention`),
 //! beside `benches/torch_attention.py`.
 
@@ -15,7 +17,7 @@ use crate::harness::timing::time_on_device;
 use crate::ops::cpu::SeededRng;
 use crate::ops::optim::{OptimConfig, OptimKind};
 use crate::pipeline::BenchOptions;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use rand::SeedableRng;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,6 +46,14 @@ const LARGE: Run = Run {
     chunk: 50,
 };
 
+/// GPT-2-small's body (12 layers, 12 heads, d_model 768, block 1024, batch 16): 30 steps in graphs of 10.
+const GPT2_SMALL: Run = Run {
+    shape: Config { vocab: 256, block: 1024, embed: 768, heads: 12, layers: 12, bias: true, tie_weights: false },
+    batch: 16,
+    steps: 30,
+    chunk: 10,
+};
+
 /// The flags of `bench transformer`.
 #[derive(clap::Args, Debug)]
 pub struct TransformerBenchArgs {
@@ -59,6 +69,18 @@ pub struct TransformerBenchArgs {
     /// The larger shape (6 layers, 6 heads, d_model 384, block 256, batch 64), 200 steps
     #[arg(long)]
     pub large: bool,
+    /// GPT-2-small's body instead (12 layers, 12 heads, d_model 768, block 1024, batch 16), 30 steps
+    #[arg(long, conflicts_with = "large")]
+    pub gpt2_small: bool,
+    /// Sequences a micro-batch, instead of the shape's batch
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
+    /// Micro-batches a step (as `transformer --grad-accum`)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Dropout probability in training (as `transformer --dropout`)
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub dropout: f32,
     /// Time the attention kernels alone at nanoGPT's shape instead: fp32 beside bf16 (flash)
     #[arg(long)]
     pub attention: bool,
@@ -66,12 +88,36 @@ pub struct TransformerBenchArgs {
 
 /// `textnet bench transformer`: times training steps on `args.corpus` on the GPU, with the shared bench options.
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs) -> Result<()> {
-    let TransformerBenchArgs { corpus: ref corpus_path, seed, precision, large, attention } = *args;
+    let TransformerBenchArgs {
+        corpus: ref corpus_path,
+        seed,
+        precision,
+        large,
+        gpt2_small,
+        batch,
+        grad_accum,
+        dropout,
+        attention,
+    } = *args;
     if attention {
         return super::gpu::flash::bench_attention(gpu);
     }
+    if batch == Some(0) || grad_accum == 0 {
+        bail!("--batch and --grad-accum must be at least 1");
+    }
+    if !(0.0..1.0).contains(&dropout) {
+        bail!("--dropout must be in [0, 1), got {dropout}");
+    }
     let json = options.json;
-    let Run { shape, batch, steps, chunk } = if large { LARGE } else { DEFAULT };
+    let run = if gpt2_small {
+        GPT2_SMALL
+    } else if large {
+        LARGE
+    } else {
+        DEFAULT
+    };
+    let Run { shape, steps, chunk, .. } = run;
+    let batch = batch.unwrap_or(run.batch);
     let corpus = Corpus::load(corpus_path, shape.vocab, shape.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };
     let optim = OptimConfig { weight_decay: 0.01, ..OptimConfig::new(OptimKind::AdamW) };
@@ -79,6 +125,8 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
     let setup = Instant::now();
     let mut trainer = GpuTransformer::new(gpu.clone(), config, &params, optim, &corpus)?;
     trainer.set_precision(precision)?;
+    trainer.set_dropout(dropout, seed as u32);
+    trainer.set_grad_accum(grad_accum)?;
     trainer.prepare(chunk, batch)?;
     let setup_s = setup.elapsed().as_secs_f64();
     let val_offsets = data::val_offsets(corpus.val.len(), config.block);
@@ -89,8 +137,9 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
     let mut last_loss = f64::NAN;
     let start = Instant::now();
     for graph in 0..steps / chunk {
-        let offsets: Vec<u32> =
-            (0..chunk).flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, batch)).collect();
+        let offsets: Vec<u32> = (0..chunk * grad_accum)
+            .flat_map(|_| data::train_offsets(&mut rng, corpus.train.len(), config.block, batch))
+            .collect();
         let mut losses = Vec::new();
         train_ms += time_on_device(gpu, || {
             losses = trainer.train_steps(&offsets, batch, &vec![optim.lr; chunk])?;
@@ -106,14 +155,14 @@ pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs
         rows.push(serde_json::json!({"step": (graph + 1) * chunk, "train_loss": mean, "val_loss": val}));
     }
     let wall_s = start.elapsed().as_secs_f64();
-    let tokens = (steps * batch * config.block) as f64;
+    let tokens = (steps * grad_accum * batch * config.block) as f64;
     let final_val = rows.last().map(|r| r["val_loss"].as_f64().unwrap_or(f64::NAN)).unwrap_or(f64::NAN);
     let out = serde_json::json!({
         "device": "cuda:0", "device_name": gpu.describe(),
         "corpus": corpus_path.display().to_string(),
         "config": {"vocab": config.vocab, "block": config.block, "embed": config.embed, "heads": config.heads,
-                   "layers": config.layers, "batch": batch, "steps": steps, "optimizer": optim.describe(), "seed": seed,
-                   "precision": precision.name()},
+                   "layers": config.layers, "batch": batch, "grad_accum": grad_accum, "dropout": dropout, "steps": steps,
+                   "optimizer": optim.describe(), "seed": seed, "precision": precision.name()},
         "params": params.len(),
         "linear_gemm": trainer.linear_gemm(),
         "setup_s": setup_s,

@@ -86,38 +86,35 @@ pub struct TransformerBenchArgs {
     pub attention: bool,
 }
 
+impl TransformerBenchArgs {
+    /// The run these flags ask for and its micro-batch's sequences; an error for a flag out of range.
+    fn run(&self) -> Result<(Run, usize)> {
+        if self.batch == Some(0) || self.grad_accum == 0 {
+            bail!("--batch and --grad-accum must be at least 1");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!("--dropout must be in [0, 1), got {}", self.dropout);
+        }
+        let run = if self.gpt2_small {
+            GPT2_SMALL
+        } else if self.large {
+            LARGE
+        } else {
+            DEFAULT
+        };
+        let batch = self.batch.unwrap_or(run.batch);
+        Ok((run, batch))
+    }
+}
+
 /// `textnet bench transformer`: times training steps on `args.corpus` on the GPU, with the shared bench options.
 pub fn bench(gpu: &Arc<Gpu>, options: &BenchOptions, args: &TransformerBenchArgs) -> Result<()> {
-    let TransformerBenchArgs {
-        corpus: ref corpus_path,
-        seed,
-        precision,
-        large,
-        gpt2_small,
-        batch,
-        grad_accum,
-        dropout,
-        attention,
-    } = *args;
+    let TransformerBenchArgs { corpus: ref corpus_path, seed, precision, grad_accum, dropout, attention, .. } = *args;
     if attention {
         return super::gpu::flash::bench_attention(gpu);
     }
-    if batch == Some(0) || grad_accum == 0 {
-        bail!("--batch and --grad-accum must be at least 1");
-    }
-    if !(0.0..1.0).contains(&dropout) {
-        bail!("--dropout must be in [0, 1), got {dropout}");
-    }
     let json = options.json;
-    let run = if gpt2_small {
-        GPT2_SMALL
-    } else if large {
-        LARGE
-    } else {
-        DEFAULT
-    };
-    let Run { shape, steps, chunk, .. } = run;
-    let batch = batch.unwrap_or(run.batch);
+    let (Run { shape, steps, chunk, .. }, batch) = args.run()?;
     let corpus = Corpus::load(corpus_path, shape.vocab, shape.block)?;
     let config = Config { vocab: corpus.vocab.len(), ..shape };
     let optim = OptimConfig { weight_decay: 0.01, ..OptimConfig::new(OptimKind::AdamW) };

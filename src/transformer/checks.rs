@@ -343,10 +343,9 @@ pub fn training_check(gpu: &Arc<Gpu>, rng: &mut SeededRng, regime: Regime) -> Re
         Regime::Regularized => (true, 1),
         Regime::Accumulated => (true, ACCUMULATED_MICRO_BATCHES),
     };
-    let config = if regime == Regime::Regularized {
-        Config { bias: false, tie_weights: true, ..TRAINING_SHAPE }
-    } else {
-        TRAINING_SHAPE
+    let config = match regime {
+        Regime::Regularized => Config { bias: false, tie_weights: true, ..TRAINING_SHAPE },
+        _ => TRAINING_SHAPE,
     };
     let corpus = random_corpus(&config, 60 * config.block, rng);
     let params = model::init(&config, rng.random());

@@ -6,6 +6,7 @@
 pub mod flash;
 pub mod parallel;
 mod step;
+mod update;
 
 use parallel::Shard;
 

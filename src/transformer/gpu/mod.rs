@@ -747,10 +747,7 @@ impl GpuTransformer {
             let stream = self.gpu.stream.clone();
             let graph = crate::device::launch::capture_graph(&stream, self, |t| {
                 for s in 0..steps {
-                    let offsets = t.ptr(&t.offsets) + 4 * (s * t.grad_accum * batch) as u64;
-                    let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
-                    let rate = Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64);
-                    t.enqueue_step(offsets, loss, rate)?;
+                    t.enqueue_step(s)?;
                 }
                 Ok(())
             })?;

@@ -27,9 +27,9 @@
 //! the one-GPU run's).
 
 use super::GpuTransformer;
+use crate::device::Gpu;
 use crate::device::nccl::{self, Comm};
 use crate::device::parallel::Opened;
-use crate::device::{Gpu, launch::Arg};
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -174,9 +174,9 @@ impl Replicas {
         }
         for s in 0..steps {
             if self.replicas[0].shard.is_some() {
-                self.enqueue_zero_step(s, share)?;
+                self.enqueue_zero_step(s)?;
             } else {
-                self.enqueue_step(s, share)?;
+                self.enqueue_step(s)?;
             }
         }
         // Each step's loss sums, added over every rank.
@@ -193,13 +193,11 @@ impl Replicas {
         Ok(sums[..steps].iter().map(|s| s / rows).collect())
     }
 
-    /// Step `s` of the offsets and rates uploaded, `share` sequences a replica in each micro-batch.
-    fn enqueue_step(&self, s: usize, share: usize) -> Result<()> {
+    /// Step `s` of the offsets and rates uploaded.
+    fn enqueue_step(&self, s: usize) -> Result<()> {
         for (i, t) in self.replicas.iter().enumerate() {
             self.bind(i)?;
-            let offsets = t.ptr(&t.offsets) + 4 * (s * t.grad_accum * share) as u64;
-            let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
-            t.enqueue_micro_batches(offsets, loss, &mut |t, offsets| {
+            t.enqueue_micro_batches(s, &mut |t, offsets| {
                 t.enqueue_backward_in_buckets(offsets, &mut |b| {
                     t.enqueue_add_sum(self.buckets[b].clone())?;
                     Ok(self.written[i][b].record(&t.gpu.stream)?)
@@ -220,13 +218,13 @@ impl Replicas {
             self.reduced[i].record(&self.reduce_streams[i])?;
             t.gpu.stream.wait(&self.reduced[i])?;
             self.bind(i)?;
-            t.enqueue_update(Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64))?;
+            t.enqueue_update(t.step_rate(s))?;
         }
         Ok(())
     }
 
     /// Step `s` as ZeRO-1 takes it (the module's notes), every collective on the replicas' compute streams.
-    fn enqueue_zero_step(&self, s: usize, share: usize) -> Result<()> {
+    fn enqueue_zero_step(&self, s: usize) -> Result<()> {
         let each = |enqueue: &dyn Fn(&GpuTransformer) -> Result<()>| -> Result<()> {
             for (i, t) in self.replicas.iter().enumerate() {
                 self.bind(i)?;
@@ -242,21 +240,14 @@ impl Replicas {
                 Ok(())
             })
         };
-        each(&|t| {
-            let offsets = t.ptr(&t.offsets) + 4 * (s * t.grad_accum * share) as u64;
-            let loss = Arg::Ptr(t.ptr(&t.losses) + 8 * s as u64);
-            t.enqueue_micro_batches(offsets, loss, &mut |t, offsets| {
-                t.enqueue_backward(offsets)?;
-                t.enqueue_add_sum(0..t.layout.len())
-            })
-        })?;
+        each(&|t| t.enqueue_micro_batches(s, &mut |t, offsets| t.enqueue_whole_backward(offsets)))?;
         collective(&|comm, t, shard| comm.average_shard_f32(t.ptr(&t.grad), shard.per, shard.rank, &t.gpu.stream))?;
         if self.replicas[0].optim.clip_norm > 0.0 {
             each(&|t| t.enqueue_grad_norm())?;
             collective(&|comm, t, _| comm.sum_f64(t.ptr(&t.norm_sq), 1, &t.gpu.stream))?;
             each(&|t| t.enqueue_clip_scale())?;
         }
-        each(&|t| t.enqueue_adamw(Arg::Ptr(t.ptr(&t.rates) + 4 * s as u64)))?;
+        each(&|t| t.enqueue_adamw(t.step_rate(s)))?;
         collective(&|comm, t, shard| comm.gather_shards_f32(t.ptr(&t.params), shard.per, shard.rank, &t.gpu.stream))?;
         if self.replicas[0].bf16() {
             each(&|t| t.enqueue_round_bf16())?;

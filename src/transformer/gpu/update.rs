@@ -102,27 +102,35 @@ impl GpuTransformer {
         self.launch(&self.kernels.round_bf16, n.div_ceil(THREADS).min(4 * self.gpu.sm_count as usize), 0, &args)
     }
 
-    /// One training step on the `grad_accum` micro-batches whose offsets start at device address `offsets`
-    /// at the learning rate at `rate`, its loss sum added at `loss_sum`.
-    pub(super) fn enqueue_step(&self, offsets: u64, loss_sum: Arg, rate: Arg) -> Result<()> {
-        self.enqueue_micro_batches(offsets, loss_sum, &mut |t, offsets| {
-            t.enqueue_backward(offsets)?;
-            t.enqueue_add_sum(0..t.layout.len())
-        })?;
-        self.enqueue_update(rate)
+    /// Step `s` of the graph's uploads (its offsets, rate and loss slot): its micro-batches, then the update.
+    pub(super) fn enqueue_step(&self, s: usize) -> Result<()> {
+        self.enqueue_micro_batches(s, &mut |t, offsets| t.enqueue_whole_backward(offsets))?;
+        self.enqueue_update(self.step_rate(s))
     }
 
-    /// The forward and backward passes of a step's `grad_accum` micro-batches of a batch each (their offsets
-    /// one after another from device address `offsets`), each micro-batch's loss scaled for the step's
-    /// mean and added at `loss_sum`: the last micro-batch's backward is `last_backward`, the sum of the
-    /// others (tf_accumulate) left in `grad_sum` for it to add. With one micro-batch, just its passes.
+    /// The learning rate of step `s` of the graph's uploads (device memory).
+    pub(super) fn step_rate(&self, s: usize) -> Arg {
+        Arg::Ptr(self.ptr(&self.rates) + 4 * s as u64)
+    }
+
+    /// The last micro-batch's backward, the others' gradient sum added: the step's whole gradient.
+    pub(super) fn enqueue_whole_backward(&self, offsets: Arg) -> Result<()> {
+        self.enqueue_backward(offsets)?;
+        self.enqueue_add_sum(0..self.layout.len())
+    }
+
+    /// The forward and backward passes of step `s`'s `grad_accum` micro-batches of a batch each (their
+    /// offsets one after another in the graph's uploads), each micro-batch's loss scaled for the step's
+    /// mean and added to the step's loss slot: the last micro-batch's backward is `last_backward`, the sum
+    /// of the others (tf_accumulate) left in `grad_sum` for it to add. With one micro-batch, just its passes.
     pub(super) fn enqueue_micro_batches(
         &self,
-        offsets: u64,
-        loss_sum: Arg,
+        s: usize,
         last_backward: &mut dyn FnMut(&Self, Arg) -> Result<()>,
     ) -> Result<()> {
         let k = self.grad_accum;
+        let offsets = self.ptr(&self.offsets) + 4 * (s * k * self.buffers.batch) as u64;
+        let loss_sum = Arg::Ptr(self.ptr(&self.losses) + 8 * s as u64);
         let scale = 1.0 / (k * self.rows()) as f32;
         for j in 0..k {
             self.micro.set(j);

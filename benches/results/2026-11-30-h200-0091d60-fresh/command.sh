@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a freshly started H200 at bf4b4fc, built with its kernels compiled in (TEXTNET_PRECOMPILE=1), an empty
+# On a freshly started H200 at 0091d60, built with its kernels compiled in (TEXTNET_PRECOMPILE=1), an empty
 # kernel cache: the first `selftest --quick`, then the full selftest.
 # Binary: `TEXTNET_PRECOMPILE=1 cargo build --release --bin textnet`, stripped, xz'd to data/textnet-new.xz.
 # OUT set.

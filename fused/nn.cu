@@ -44,7 +44,7 @@
 //                positions), nn_conv2d_direct and nn_conv2d_direct_grad_weight (the same where a band of
 //                the image fits in shared memory: the band staged once a block, each window read from it),
 //                nn_conv2d_mma and nn_conv2d_mma_grad_weight (those bands' products on the tensor cores,
-//                3xTF32);
+//                3xTF32, or TF32 at Device::set_precision(Tf32));
 //                nn_im2col and nn_col2im (the bf16 path: col as a product's operand, and its
 //                input gradient, a thread per input element summing its taps in order), nn_max_pool (the
 //                first largest of each window, its place kept) and nn_max_pool_grad (a thread per input
@@ -1749,7 +1749,42 @@ struct DirectConv {
     int samples, in_channels, in_h, in_w, out_channels, out_h, out_w;
     int kernel_h, kernel_w, stride, pad_y, pad_x, flip;
     int band_rows, bands, chunk, tile_h, tile_w, pitch, plane;
+    int tf32;  // the tensor-core kernels: 1 for one TF32 product (Device::set_precision's Tf32), 0 for 3xTF32
 };
+
+// The shared-memory address of p, 32 bits.
+__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Where the input's rows and the tile's can both be copied 16 bytes at a time (rows_by_16), the band's rows
+// go as 16-byte copies and the columns of padding as stores of 0: a quarter of the copies, and of their
+// index work.
+__device__ __forceinline__ bool rows_by_16(const float* tile, const float* in, const DirectConv& v) {
+    return v.in_w % 4 == 0 && v.pitch % 4 == 0 && v.plane % 4 == 0 && v.pad_x >= 0 &&
+           v.tile_w - v.pad_x >= v.in_w && ((size_t)in & 15) == 0 && (shared_address(tile + v.pad_x) & 15) == 0;
+}
+
+__device__ __forceinline__ void stage_band_by_16(float* __restrict__ tile, const float* __restrict__ src,
+                                                 const DirectConv& v, int count, int y0) {
+    const int quads = v.in_w / 4, rows = count * v.tile_h;
+    const int step_rows = blockDim.x / quads, step_quads = blockDim.x - step_rows * quads;
+    int row = threadIdx.x / quads, q = threadIdx.x - row * quads;
+    int c = row / v.tile_h, ty = row - c * v.tile_h;
+    while (c < count) {
+        const int iy = y0 + ty;
+        const bool inside = (unsigned)iy < (unsigned)v.in_h;
+        cp_async16_or_zero(tile + c * v.plane + ty * v.pitch + v.pad_x + 4 * q,
+                           inside ? src + ((size_t)c * v.in_h + iy) * v.in_w + 4 * q : src, inside);
+        q += step_quads, ty += step_rows;
+        if (q >= quads) q -= quads, ++ty;
+        while (ty >= v.tile_h) ty -= v.tile_h, ++c;
+    }
+    // The columns outside the input: pad_x on the left, the rest of the tile's width on the right.
+    const int pads = v.tile_w - v.in_w;
+    for (int i = threadIdx.x; i < rows * pads; i += blockDim.x) {
+        const int r = i / pads, k = i - r * pads, tc = r / v.tile_h;
+        tile[tc * v.plane + (r - tc * v.tile_h) * v.pitch + (k < v.pad_x ? k : v.in_w + k)] = 0.0f;
+    }
+}
 
 // Starts copying channels [c0, c0 + count) of sample s's band whose first output row is oy0 into tile
 // (count × tile_h × tile_w at the pitches, 0 outside the input), cp.async: a thread issues all its copies
@@ -1763,6 +1798,7 @@ __device__ __forceinline__ void stage_band(float* __restrict__ tile, const float
                                            const DirectConv& v, int s, int c0, int count, int oy0) {
     const int y0 = oy0 * v.stride - v.pad_y;
     const float* src = in + ((size_t)s * v.in_channels + c0) * v.in_h * v.in_w;
+    if (rows_by_16(tile, src, v)) return stage_band_by_16(tile, src, v, count, y0);
     const int step_rows = blockDim.x / v.tile_w, step_columns = blockDim.x - step_rows * v.tile_w;
     int row = threadIdx.x / v.tile_w, tx = threadIdx.x - row * v.tile_w;
     int c = row / v.tile_h, ty = row - c * v.tile_h;
@@ -2004,15 +2040,17 @@ nn_conv2d_direct_grad_weight(const DirectConv v, const float* __restrict__ dy, c
     }
 }
 
-// ---- conv2d direct on the tensor cores (3xTF32) ----
+// ---- conv2d direct on the tensor cores (3xTF32, or TF32) ----
 // The direct kernels' windows and staged bands as m16n8k8 TF32 products, where the CUDA cores' fp32 walks
 // above are bound by issuing their FMAs (a 16→16 3×3 forward issued 18.8M instructions, 2.6 a FMA; here
 // 14.1M, 7.8M of them the staging's). Each operand x is split in two TF32 values, big (x truncated to TF32)
 // and small (x − big, truncated), and a product is small·big' + big·small' + big·big' (3xTF32, the small
 // terms first): what is dropped lies within 2^-20 of the product, so the sums keep close to fp32's
 // accuracy, though not the CPU twin's order of additions (the checks' tolerance), and an inf operand gives
-// a NaN (its small part is inf − inf). Each output is still written by one thread after a fixed order of
-// `mma`s, so a run repeats to the bit.
+// a NaN (its small part is inf − inf). At Device::set_precision(Tf32) (DirectConv's tf32) a product is
+// big·big' alone: the operands truncated to TF32 and their products summed in fp32, as PyTorch's
+// convolutions by default, a third of the mma's. Each output is still written by one thread after a fixed
+// order of `mma`s, so a run repeats to the bit.
 //   forward     a GEMM of the band's positions (M, row-major) by MMA_OUT result channels (N) over the taps
 //               k = (c, ky, kx) of the staged chunk (K): A[p][k] = tile[at(p) + offset(k)], B = the weights
 //               staged [k][o]. A block takes one sample's band and MMA_OUT channels, a warp MMA_TILES m16
@@ -2041,20 +2079,24 @@ __device__ __forceinline__ void split_fragment(const float (&x)[N], unsigned (&b
     for (int r = 0; r < N; ++r) split_tf32(x[r], big[r], small[r]);
 }
 
-// The shared-window address of p, and a float loaded from one: the windows' reads address the tile in 32
-// bits (with C++ indexing each read took a 64-bit sign extension, add and shift, 5 instructions a read).
-__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// A float loaded from a shared address: the windows' reads address the tile in 32 bits (with C++ indexing
+// each read took a 64-bit sign extension, add and shift, 5 instructions a read).
 __device__ __forceinline__ float load_shared(unsigned address) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
     return v;
 }
 
-// d += a·b in 3xTF32 from the operands' split fragments.
-__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const unsigned (&a_big)[4], const unsigned (&a_small)[4],
-                                           const unsigned (&b_big)[2], const unsigned (&b_small)[2]) {
-    mma_tf32(d, a_small, b_big);
-    mma_tf32(d, a_big, b_small);
+// d += a·b from the operands' split fragments: in 3xTF32, or, ONE_PASS, the one product of their big
+// parts (the operands truncated to TF32, as PyTorch's TF32 convolutions; the small parts then go unused
+// and are not computed).
+template <bool ONE_PASS>
+__device__ __forceinline__ void mma_split(float (&d)[4], const unsigned (&a_big)[4], const unsigned (&a_small)[4],
+                                          const unsigned (&b_big)[2], const unsigned (&b_small)[2]) {
+    if (!ONE_PASS) {
+        mma_tf32(d, a_small, b_big);
+        mma_tf32(d, a_big, b_small);
+    }
     mma_tf32(d, a_big, b_big);
 }
 
@@ -2065,21 +2107,20 @@ __device__ __forceinline__ int band_offset(const DirectConv& v, int p) {
 }
 
 // Grid: (N·bands, ⌈out_channels/MMA_OUT⌉), blocks of ⌈band_rows·OW/(16·MMA_TILES)⌉ warps; shared memory
-// k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane floats (k_pad = chunk·KH·KW rounded up to 8): the weights
+// k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane + 4 floats (k_pad = chunk·KH·KW rounded up to 8): the weights
 // [k][o] (0 past the chunk's taps), the taps' offsets in the tile in bytes (0 past them: the window's first
-// element, whose product with a 0 weight is 0 where the result is finite), then the tile. bias, activated
-// and relu_out (the WindowEpilogue) may be null.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
-              const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
-              const float* __restrict__ relu_out) {
-    begin_after_previous_grid();
-    const WindowEpilogue epilogue{activated, relu_out};
+// element, whose product with a 0 weight is 0 where the result is finite), then the tile, up to 3 floats on
+// so that its column pad_x, the input's first, is 16-byte aligned for stage_band's 16-byte copies. bias,
+// activated and relu_out (the WindowEpilogue) may be null.
+template <bool ONE_PASS>
+__device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __restrict__ in,
+                                           const float* __restrict__ w, const float* __restrict__ bias,
+                                           float* __restrict__ out, const WindowEpilogue& epilogue) {
     extern __shared__ float4 smem4[];
     const int taps = v.kernel_h * v.kernel_w, k_pad = (v.chunk * taps + 7) / 8 * 8;
     float* weights = reinterpret_cast<float*>(smem4);
     unsigned* offsets = reinterpret_cast<unsigned*>(weights + k_pad * MMA_WEIGHT_PITCH);
-    float* tile = reinterpret_cast<float*>(offsets + k_pad);
+    float* tile = reinterpret_cast<float*>(offsets + k_pad) + (v.pad_x & 3 ? 4 - (v.pad_x & 3) : 0);
     const int s = blockIdx.x / v.bands, oy0 = (blockIdx.x - s * v.bands) * v.band_rows, o0 = blockIdx.y * MMA_OUT;
     const int positions = min(v.band_rows, v.out_h - oy0) * v.out_w;
     const int warp = threadIdx.x / 32, gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
@@ -2136,7 +2177,7 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
                     unsigned a_big[4], a_small[4];
                     split_fragment(a, a_big, a_small);
 #pragma unroll
-                    for (int nb = 0; nb < 2; ++nb) mma_tf32x3(acc[i][nb], a_big, a_small, b_big[nb], b_small[nb]);
+                    for (int nb = 0; nb < 2; ++nb) mma_split<ONE_PASS>(acc[i][nb], a_big, a_small, b_big[nb], b_small[nb]);
                 }
             }
         };
@@ -2186,6 +2227,16 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
     }
 }
 
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
+              const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
+              const float* __restrict__ relu_out) {
+    begin_after_previous_grid();
+    const WindowEpilogue epilogue{activated, relu_out};
+    if (v.tf32) conv2d_mma<true>(v, in, w, bias, out, epilogue);
+    else conv2d_mma<false>(v, in, w, bias, out, epilogue);
+}
+
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice
 // s·bands + band, as nn_conv2d_direct_grad_weight's. Blocks of `warps` warps take 8·MMA_GRAD_TILES·warps
 // taps each from t0 (the bias's after the last). Grid: (N·bands, ⌈O/MMA_OUT⌉ ·
@@ -2193,10 +2244,10 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
 // the band's positions up to a multiple of 8; dy_pitch ≡ 4 (mod 32), direct_conv.rs's mma_dy_pitch, puts a
 // warp's A fragments in distinct banks) + (chunk + 1)·plane floats (x, channels from the block's first
 // tap's, then a plane of ones).
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
-                          float* __restrict__ dw_parts, float* __restrict__ db_parts) {
-    begin_after_previous_grid();
+template <bool ONE_PASS>
+__device__ __forceinline__ void conv2d_mma_grad_weight(const DirectConv& v, const float* __restrict__ dy,
+                                                       const float* __restrict__ x, float* __restrict__ dw_parts,
+                                                       float* __restrict__ db_parts) {
     extern __shared__ float4 smem4[];
     float* dys = reinterpret_cast<float*>(smem4);
     const int khw = v.kernel_h * v.kernel_w, taps = v.in_channels * khw, columns = taps + (db_parts ? 1 : 0);
@@ -2248,7 +2299,7 @@ nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, cons
             const float b[2] = {load_shared(at_lo + offset[j]), load_shared(at_hi + offset[j])};
             unsigned b_big[2], b_small[2];
             split_fragment(b, b_big, b_small);
-            mma_tf32x3(acc[j], a_big, a_small, b_big, b_small);
+            mma_split<ONE_PASS>(acc[j], a_big, a_small, b_big, b_small);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -2264,6 +2315,14 @@ nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, cons
             if (t < taps) dw_parts[(slice * v.out_channels + oc) * taps + t] = acc[j][r];
             else db_parts[slice * v.out_channels + oc] = acc[j][r];
         }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_conv2d_mma_grad_weight(const DirectConv v, const float* __restrict__ dy, const float* __restrict__ x,
+                          float* __restrict__ dw_parts, float* __restrict__ db_parts) {
+    begin_after_previous_grid();
+    if (v.tf32) conv2d_mma_grad_weight<true>(v, dy, x, dw_parts, db_parts);
+    else conv2d_mma_grad_weight<false>(v, dy, x, dw_parts, db_parts);
 }
 
 // max_pool2d (CPU twin: ops::conv::MaxPool2dShape::forward) over count = N·C·OH·OW outputs, a thread each,

@@ -8,6 +8,7 @@ warm-up, in rounds:
 Each figure is wall time over the steps, ended by reading a result back (which waits for the GPU).
 
 usage: python3 scripts/mnist_resnet_steps.py --data DIR [--kind fashion] [--steps 400] [--rounds 3]
+       [--precision fp32|tf32]
 """
 import argparse
 import importlib.util
@@ -35,11 +36,13 @@ def main():
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32"])
     args = parser.parse_args()
 
     (X, y), _ = textnet.datasets.mnist(args.kind, args.data)
     X = ((X - X.mean()) / X.std()).reshape(-1, 1, 28, 28)
     textnet.manual_seed(1)
+    textnet.set_precision(args.precision)
     resnet = example()
     model = resnet.ResNet(16).to("cuda")
     train_step = resnet.compiled_step(model, textnet.optim.Adam(model.parameters(), lr=2e-3))

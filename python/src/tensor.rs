@@ -214,17 +214,20 @@ pub(crate) fn gpu() -> PyResult<Arc<Device>> {
     Ok(Arc::clone(device))
 }
 
-/// How the GPU's products (`matmul`, `linear`, attention; forward and backward) multiply from now on:
-/// "fp32" (the default) or "bf16" on the tensor cores, operands rounded to bf16 and summed in fp32.
-/// Applied to the GPU now if it is open, else when it opens; the CPU's ops are unchanged by it.
+/// How the GPU's products (`matmul`, `linear`, attention, the convolutions; forward and backward) multiply
+/// from now on: "fp32" (the default), "tf32" (the convolutions in one TF32 product, as PyTorch's by
+/// default) or "bf16" on the tensor cores, operands rounded to bf16 and summed in fp32 (`Device::
+/// set_precision`). Applied to the GPU now if it is open, else when it opens; the CPU's ops are unchanged
+/// by it.
 #[pyfunction]
 pub(crate) fn set_precision(precision: &str) -> PyResult<()> {
     let wanted = match precision {
         "fp32" => Precision::Fp32,
+        "tf32" => Precision::Tf32,
         "bf16" => Precision::Bf16,
         other => {
             return Err(PyValueError::new_err(format!(
-                "set_precision: the products run in \"fp32\" or \"bf16\", got {other:?}"
+                "set_precision: the products run in \"fp32\", \"tf32\" or \"bf16\", got {other:?}"
             )));
         }
     };
@@ -236,7 +239,7 @@ pub(crate) fn set_precision(precision: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// The precision `set_precision` chose: "fp32" or "bf16".
+/// The precision `set_precision` chose: "fp32", "tf32" or "bf16".
 #[pyfunction]
 pub(crate) fn precision() -> &'static str {
     PRECISION.lock().unwrap_or_else(PoisonError::into_inner).name()

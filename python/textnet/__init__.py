@@ -138,10 +138,18 @@ def selftest(quick: bool = False, only: "list[str] | None" = None, seed: "int | 
 
 
 def set_precision(precision: str) -> None:
-    """How the GPU's products (``matmul``, ``linear``, attention; forward and backward) multiply from now
-    on: ``"fp32"`` (the default) on the CUDA cores, or ``"bf16"`` on the tensor cores, operands rounded
-    to bf16 and summed in fp32, as PyTorch's bf16 autocast; tensors, LayerNorm, softmax, losses and the
-    optimizer stay fp32. It is one setting for the GPU, as ``torch.set_float32_matmul_precision``. On the
+    """How the GPU's products (``matmul``, ``linear``, attention, the convolutions; forward and backward)
+    multiply from now on:
+
+    - ``"fp32"`` (the default): ``matmul`` and ``linear`` on the CUDA cores, the convolutions on the
+      tensor cores in 3xTF32, fp32's accuracy;
+    - ``"tf32"``: the convolutions in one TF32 product (operands truncated to a 10-bit mantissa, fp32
+      sums), as PyTorch's convolutions by default (``torch.backends.cudnn.allow_tf32``); ``matmul`` and
+      ``linear`` stay fp32, as PyTorch's by default;
+    - ``"bf16"``: products on the tensor cores, operands rounded to bf16 and summed in fp32, as PyTorch's
+      bf16 autocast.
+
+    Tensors, LayerNorm, softmax, losses and the optimizer stay fp32. It is one setting for the GPU, as ``torch.set_float32_matmul_precision``. On the
     CPU it is accepted and changes nothing (the CPU always computes in the tensors' own dtype). A step
     that ``textnet.compile`` captured before the change is captured again at its next call. Raises
     ``ValueError`` for another name."""
@@ -149,5 +157,5 @@ def set_precision(precision: str) -> None:
 
 
 def get_precision() -> str:
-    """The precision ``set_precision`` chose: ``"fp32"`` or ``"bf16"``."""
+    """The precision ``set_precision`` chose: ``"fp32"``, ``"tf32"`` or ``"bf16"``."""
     return _native.precision()

@@ -756,6 +756,7 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         }
     }
     device.set_conv_kernels(ConvKernels::TensorCores);
+    checks.extend(tf32_conv_checks(device, rng)?);
     let pools: [([usize; 4], usize, usize, usize); 9] = [
         ([1, 1, 1, 1], 1, 1, 0),
         ([2, 3, 7, 9], 2, 2, 0),
@@ -775,6 +776,39 @@ fn image_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         let whole: Vec<f32> = values(rng, &shape, -2.0, 2.0).into_iter().map(f32::round).collect();
         checks.extend(compare(device, rng, (&format!("{name} ties"), EXACT), &[(whole, shape.to_vec())], op)?);
     }
+    Ok(checks)
+}
+
+/// `conv2d` at `Precision::Tf32` (with and without bias), on the [`CONV_CHECKS`] whose forward, input
+/// gradient and weight gradient all take the tensor-core kernels: their one TF32 product against the twin on
+/// operands and an output gradient truncated to TF32 (the bias's values TF32 already, as the kernels add
+/// it in fp32), so to the fp32 sums' tolerance; at least four such shapes.
+fn tf32_conv_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    use crate::ops::{conv::Conv2dShape, gemm::truncate_tf32};
+    device.set_precision(Precision::Tf32)?;
+    let _reset = Fp32Again(device);
+    let (mut checks, mut shapes) = (Vec::new(), 0);
+    for (x, w, stride, padding) in CONV_CHECKS {
+        let conv = Conv2dShape::new((x[1], x[2], x[3]), w[0], (w[2], w[3]), stride, padding)
+            .ok_or_else(|| anyhow::anyhow!("CONV_CHECKS holds a convolution of no output: {x:?} * {w:?}"))?;
+        if !super::cuda::direct_conv::all_on_tensor_cores(device, &conv, x[0], false)? {
+            continue;
+        }
+        shapes += 1;
+        let parts = [(values(rng, &x, -1.0, 1.0), x.to_vec()), (values(rng, &w, -1.0, 1.0), w.to_vec())];
+        let name = format!("conv2d tf32 {x:?} * {w:?} stride {stride} padding {padding}");
+        let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], None, stride, padding);
+        checks.extend(compare_rounded(device, rng, (&name, SUM_TOLERANCE), &parts, op, truncate_tf32)?);
+        if !super::cuda::direct_conv::all_on_tensor_cores(device, &conv, x[0], true)? {
+            continue;
+        }
+        let bias: Vec<f32> = values(rng, &[w[0]], -1.0, 1.0).into_iter().map(truncate_tf32).collect();
+        let parts = [parts[0].clone(), parts[1].clone(), (bias, vec![w[0]])];
+        let op: &Op<'_> = &|t| conv2d(&t[0], &t[1], Some(&t[2]), stride, padding);
+        let name = format!("{name} + bias");
+        checks.extend(compare_rounded(device, rng, (&name, SUM_TOLERANCE), &parts, op, truncate_tf32)?);
+    }
+    anyhow::ensure!(shapes >= 4, "conv2d tf32: only {shapes} of the convolutions checked take the tensor cores");
     Ok(checks)
 }
 

@@ -79,6 +79,12 @@ pub fn round_bf16(x: f32) -> f32 {
     bf16_value(bf16_bits(x))
 }
 
+/// `x` truncated to TF32 (a 10-bit mantissa: the low 13 bits dropped), as the tensor cores' TF32
+/// products read an fp32 operand (`split_tf32`'s big part in fused/nn.cu).
+pub fn truncate_tf32(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() & 0xffff_e000)
+}
+
 /// An operand of a bf16 product (`gemm_bf16_async_*`, the TMA GEMM) as it lies in memory: transposed or not,
 /// and its leading dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

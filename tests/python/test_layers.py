@@ -238,13 +238,18 @@ def test_set_precision_is_one_setting_that_the_cpu_accepts_and_ignores():
     x = textnet.tensor(np.random.default_rng(4).standard_normal((5, 7)).astype(np.float32))
     w = textnet.tensor(np.random.default_rng(5).standard_normal((3, 7)).astype(np.float32))
     before = F.linear(x, w).numpy()
+    image = textnet.tensor(np.random.default_rng(6).standard_normal((2, 3, 6, 5)).astype(np.float32))
+    kernel = textnet.tensor(np.random.default_rng(7).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    convolved = F.conv2d(image, kernel, padding=1).numpy()
     assert textnet.get_precision() == "fp32"
     try:
-        textnet.set_precision("bf16")
-        assert textnet.get_precision() == "bf16"
-        np.testing.assert_array_equal(F.linear(x, w).numpy(), before)
+        for precision in ("bf16", "tf32"):
+            textnet.set_precision(precision)
+            assert textnet.get_precision() == precision
+            np.testing.assert_array_equal(F.linear(x, w).numpy(), before)
+            np.testing.assert_array_equal(F.conv2d(image, kernel, padding=1).numpy(), convolved)
     finally:
         textnet.set_precision("fp32")
-    with pytest.raises(ValueError, match=r'set_precision: the products run in "fp32" or "bf16", got "tf32"'):
-        textnet.set_precision("tf32")
+    with pytest.raises(ValueError, match=r'set_precision: the products run in "fp32", "tf32" or "bf16", got "fp16"'):
+        textnet.set_precision("fp16")
     assert textnet.get_precision() == "fp32"

@@ -20,6 +20,7 @@ use super::conv::launch_grid;
 use super::ops::{int, optional, slices_for};
 use crate::device::kernel_struct::kernel_struct;
 use crate::device::launch::StructArg;
+use crate::device::precision::Precision;
 use crate::nn::cuda::DeviceBuffer;
 use crate::nn::error::{Error, Result};
 use crate::ops::conv::Conv2dShape;
@@ -59,7 +60,9 @@ kernel_struct! {
     /// One direct convolution (`DirectConv` in fused/nn.cu): the operand read through windows, `in`
     /// `[N, in_channels, in_h, in_w]`, the result `[N, out_channels, out_h, out_w]`, `band_rows` output rows
     /// a block (`bands` of them), `chunk` input channels staged at a time in tiles of `tile_h × tile_w`, rows
-    /// `pitch` floats apart and channels `plane` apart (padded so that a warp's reads take distinct banks).
+    /// `pitch` floats apart and channels `plane` apart (padded so that a warp's reads take distinct banks);
+    /// `tf32` 1 where the tensor-core kernels take one TF32 product ([`Device::set_precision`]'s `Tf32`),
+    /// 0 for 3xTF32.
     struct DirectConv {
         samples: i32,
         in_channels: i32,
@@ -81,6 +84,7 @@ kernel_struct! {
         tile_w: i32,
         pitch: i32,
         plane: i32,
+        tf32: i32,
     }
 }
 
@@ -140,6 +144,14 @@ pub(super) struct DirectPlan {
     threads: usize,
     shared: usize,
     mma: bool,
+}
+
+impl DirectPlan {
+    /// The kernel's sizes at the device's precision now: one TF32 product a tap on the tensor cores at
+    /// `Tf32`.
+    fn sizes_on(&self, device: &Device) -> DirectConv {
+        DirectConv { tf32: (self.mma && device.precision() == Precision::Tf32) as i32, ..self.sizes }
+    }
 }
 
 /// The sizes of a window walk before it is cut into bands: (channels, height, width) in and out, the kernel,
@@ -214,6 +226,7 @@ impl DirectConv {
             tile_w: int(op, w)?,
             pitch: int(op, pitch)?,
             plane: int(op, plane)?,
+            tf32: 0,
         })
     }
 }
@@ -272,9 +285,10 @@ fn mma_window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) ->
         let h = (rows - 1) * stride + kh;
         Tile { h, w: tile_w, pitch, plane: pitch_from(h * pitch, 16) }
     };
-    // The chunk's weights at MMA_WEIGHT_PITCH and its taps' offsets, then its tile.
+    // The chunk's weights at MMA_WEIGHT_PITCH and its taps' offsets, then its tile, up to 3 floats on so
+    // that the input's first column is 16-byte aligned.
     let floats = |rows: usize, chunk: usize| {
-        (chunk * kh * kw).next_multiple_of(8) * (MMA_WEIGHT_PITCH + 1) + chunk * tile(rows).plane
+        (chunk * kh * kw).next_multiple_of(8) * (MMA_WEIGHT_PITCH + 1) + chunk * tile(rows).plane + 4
     };
     let tallest = band_rows(out_h, (samples * o_blocks, sms, WINDOW_BLOCKS_PER_SM), WARPS * per_warp / out_w);
     // The tallest band (at most that tall) whose chunk takes every channel, where one fits: a second
@@ -444,6 +458,23 @@ fn mma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bia
     Some(WeightGradLayout { rows, chunk, tile, blocks, threads: warps * 32, floats: floats(rows) })
 }
 
+/// Whether `conv` over `samples` images takes the tensor-core kernels on `device` for its forward, its input
+/// gradient and its weight gradient alike (with the kernels chosen now): the shapes on which the checks
+/// hold `Precision::Tf32` to its twin.
+pub(crate) fn all_on_tensor_cores(
+    device: &Device,
+    conv: &Conv2dShape,
+    samples: usize,
+    with_bias: bool,
+) -> Result<bool> {
+    const NAME: &str = "conv2d";
+    let (sms, kernels) = (device.gpu.sm_count as usize, device.conv_kernels());
+    let mma = |plan: Option<DirectPlan>| plan.is_some_and(|p| p.mma);
+    Ok(mma(forward_plan(NAME, conv, samples, sms, kernels)?)
+        && mma(input_grad_plan(NAME, conv, samples, sms, kernels)?)
+        && mma(weight_grad_plan(NAME, conv, samples, sms, (with_bias, kernels))?))
+}
+
 impl Device {
     /// Which kernels fp32 convolutions take from now on. The checks run each.
     pub(crate) fn set_conv_kernels(&self, kernels: ConvKernels) {
@@ -482,7 +513,7 @@ pub(super) fn launch_windows(
     let args = [&args[..], &[optional(device, activated), optional(device, relu_out)]].concat();
     let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
     let kernel = if plan.mma { &device.kernels.conv_mma } else { &device.kernels.conv_direct };
-    device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)
+    device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes_on(device)), &args)
 }
 
 /// `nn_conv2d_direct_grad_weight`, or `nn_conv2d_mma_grad_weight` for a tensor-core plan, by `plan`: each
@@ -502,7 +533,7 @@ pub(super) fn grad_weight_slices(
     let launch = (launch_grid(op, plan.grid)?, plan.threads as u32, plan.shared as u32);
     let kernels = &device.kernels;
     let kernel = if plan.mma { &kernels.conv_mma_grad_weight } else { &kernels.conv_direct_grad_weight };
-    device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes), &args)?;
+    device.launch_struct_sized(op, kernel, launch, &StructArg::of(&plan.sizes_on(device)), &args)?;
     Ok((dw_parts, db_parts, slices))
 }
 

@@ -146,8 +146,8 @@ pub struct Device {
     /// The arrival counters of the kernels whose last block finishes their work ([`Ticket`]), each left
     /// at 0 by its kernel.
     tickets: [CudaSlice<u32>; 2],
-    /// Whether products run on the bf16 tensor cores ([`Device::set_precision`]).
-    bf16_products: AtomicBool,
+    /// The products' precision ([`Device::set_precision`]), as `Precision as u8`.
+    precision: std::sync::atomic::AtomicU8,
     free: Arc<Pool>,
     /// While a step is captured, the pool its buffers come from and go back to (`capture`).
     capturing: Mutex<Option<Arc<Pool>>>,
@@ -339,7 +339,7 @@ impl Device {
             logits_shared,
             gemm_shared_bf16,
             tickets,
-            bf16_products: AtomicBool::new(false),
+            precision: std::sync::atomic::AtomicU8::new(Precision::Fp32 as u8),
             fusion: Mutex::default(),
             fusing: AtomicBool::new(false),
             backward_fusion: AtomicBool::new(std::env::var_os("TEXTNET_FUSION").is_none_or(|v| v != "0")),
@@ -354,30 +354,34 @@ impl Device {
         }))
     }
 
-    /// How the products of `matmul` and `linear` (forward and backward) multiply on this device from now
-    /// on: `Fp32` (the default) on the CUDA cores, or `Bf16` on the tensor cores, operands rounded to bf16
-    /// and summed in fp32 as PyTorch's bf16 autocast (`torch.set_float32_matmul_precision` for the whole
-    /// device). Tensors, LayerNorm, softmax, losses and the optimizer stay fp32. TF32 is not offered here.
+    /// How the products multiply on this device from now on:
+    /// - `Fp32` (the default): `matmul` and `linear` on the CUDA cores, the convolutions' direct kernels on
+    ///   the tensor cores in 3xTF32 (fp32's accuracy);
+    /// - `Tf32`: the convolutions' direct kernels in one TF32 product (operands truncated to a 10-bit
+    ///   mantissa, fp32 sums), as PyTorch's convolutions by default (`torch.backends.cudnn.allow_tf32`);
+    ///   `matmul` and `linear` stay fp32, as PyTorch's by default;
+    /// - `Bf16`: `matmul`, `linear` and the convolutions on the bf16 tensor cores, operands rounded to bf16
+    ///   and summed in fp32, as PyTorch's bf16 autocast.
+    ///
+    /// One setting for the whole device, as `torch.set_float32_matmul_precision`. Tensors, LayerNorm,
+    /// softmax, losses and the optimizer stay fp32.
     pub fn set_precision(&self, precision: Precision) -> Result<()> {
-        let bf16 = match precision {
-            Precision::Fp32 => false,
-            Precision::Bf16 => true,
-            Precision::Tf32 => {
-                return Err(Error::value("Device::set_precision", "nn's products run in fp32 or bf16, not tf32"));
-            }
-        };
-        self.bf16_products.store(bf16, Ordering::Relaxed);
+        self.precision.store(precision as u8, Ordering::Relaxed);
         Ok(())
     }
 
     /// The products' precision ([`Device::set_precision`]).
     pub fn precision(&self) -> Precision {
-        if self.bf16_products.load(Ordering::Relaxed) { Precision::Bf16 } else { Precision::Fp32 }
+        match self.precision.load(Ordering::Relaxed) {
+            p if p == Precision::Bf16 as u8 => Precision::Bf16,
+            p if p == Precision::Tf32 as u8 => Precision::Tf32,
+            _ => Precision::Fp32,
+        }
     }
 
     /// Whether products run on the bf16 tensor cores now.
     pub(crate) fn bf16_products(&self) -> bool {
-        self.bf16_products.load(Ordering::Relaxed)
+        self.precision() == Precision::Bf16
     }
 
     /// The GPU in words.

@@ -103,7 +103,8 @@ fn the_tensor_core_plans_cover_every_position_and_tap_and_fit_their_blocks() {
             assert!(plan.grid.1 * MMA_OUT >= v.out_channels as usize, "{what}: the blocks' channels");
             assert!(v.tile_w >= (v.out_w - 1) * v.stride + v.kernel_w, "{what}: the tile's columns");
             let k_pad = ((v.chunk * v.kernel_h * v.kernel_w) as usize).next_multiple_of(8);
-            let floats = k_pad * (MMA_WEIGHT_PITCH + 1) + v.chunk as usize * v.plane as usize;
+            // The tile up to 3 floats on, so that the input's first column is 16-byte aligned.
+            let floats = k_pad * (MMA_WEIGHT_PITCH + 1) + v.chunk as usize * v.plane as usize + 4;
             assert_eq!(plan.shared, floats * 4, "{what}: the shared memory");
             chunked += (v.chunk < v.in_channels) as usize;
         }

@@ -30,13 +30,22 @@ __device__ __forceinline__ float dropout_factor(unsigned key, unsigned element, 
     return dropout_keeps(key, element, threshold) ? scale : 0.0f;
 }
 
+// One site's dropout as a kernel takes it, by value, its first parameter (mirrored by DropoutArgs in
+// src/device/kernel_struct.rs): the site's per-run seed, the device's step counter, the threshold (0: off) and the
+// survivors' scale.
+struct DropoutArgs {
+    const unsigned* step;
+    unsigned seed, threshold;
+    float scale;
+};
+
 // One site's dropout in this step: its key from the per-run seed and the device's step counter.
 // threshold 0 turns it off (every factor 1).
 struct SiteDropout {
     unsigned key, threshold;
     float scale;
-    __device__ __forceinline__ SiteDropout(unsigned seed, const unsigned* step, unsigned threshold, float scale)
-        : key(threshold ? dropout_key(seed, step) : 0u), threshold(threshold), scale(scale) {}
+    __device__ __forceinline__ explicit SiteDropout(const DropoutArgs& a)
+        : key(a.threshold ? dropout_key(a.seed, a.step) : 0u), threshold(a.threshold), scale(a.scale) {}
     __device__ __forceinline__ float factor(size_t element) const {
         return threshold ? dropout_factor(key, (unsigned)element, threshold, scale) : 1.0f;
     }

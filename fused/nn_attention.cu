@@ -29,12 +29,12 @@ constexpr int T = NN_T, HS = NN_HS;
 
 // Grid B·heads: block (b, h) over the rows of sequence b. Shared memory: AttentionSizes' forward floats.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads, int C,
-                     unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+nn_attention_forward(const DropoutArgs dropout,
+                     const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads, int C) {
     begin_after_previous_grid();
     extern __shared__ float smem[];
     const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, T, y + (size_t)b * T * C,
                              lse + ((size_t)b * heads + h) * T, smem, drop.key, drop.threshold, drop.scale,
                              (unsigned)blockIdx.x * T * T);
@@ -43,17 +43,17 @@ nn_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float
 // Grid B·heads·CHUNKS: block (b, h, key chunk); the last chunk of (b, h) to finish adds the chunks' dq
 // shares in order. dq_part: CHUNKS·B·T·C floats; tickets: one zeroed word per (b, h), zeroed again after.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
+nn_attention_backward(const DropoutArgs dropout,
+                      const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
                       const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int C, int rows,
-                      float* __restrict__ dq_part, unsigned* __restrict__ tickets, unsigned drop_seed,
-                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+                      float* __restrict__ dq_part, unsigned* __restrict__ tickets) {
     begin_after_previous_grid();
     extern __shared__ float smem[];
     constexpr int CHUNKS = AttentionSizes<T, HS>::CHUNKS;
     const int chunk = blockIdx.x % CHUNKS, bh = blockIdx.x / CHUNKS, b = bh / heads, h = bh % heads;
     const size_t first = (size_t)b * T, part_stride = (size_t)rows * C;
     float* part = dq_part + ((size_t)bh * T) * HS;
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     attention_backward_keys<T, HS>(qkv + first * 3 * C, y + first * C, dy + first * C, lse + (size_t)bh * T, C, h, T,
                                    chunk, dqkv + first * 3 * C, part + chunk * part_stride, smem, drop.key,
                                    drop.threshold, drop.scale, (unsigned)bh * T * T);
@@ -65,14 +65,14 @@ nn_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y
 // Grid (B·heads, FlashSizes<T, HS>::BLOCKS), FORWARD_BYTES of shared memory: block (b·heads + h, i) takes
 // query block BLOCKS − 1 − i (the longest first).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-nn_flash_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads, int C,
-                 unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+nn_flash_forward(const DropoutArgs dropout,
+                 const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads, int C) {
     begin_after_previous_grid();
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {
         const int bh = blockIdx.x, b = bh / heads, h = bh % heads;
-        const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+        const SiteDropout drop(dropout);
         flash_attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, bh, S::BLOCKS - 1 - blockIdx.y, T,
                                        y + (size_t)b * T * C, (bf16*)nullptr, lse + (size_t)bh * T, drop.key,
                                        drop.threshold, drop.scale, flash_smem);
@@ -84,16 +84,16 @@ nn_flash_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __
 // Grid (B·heads, 2·FlashSizes<T, HS>::BLOCKS), BACKWARD_BYTES of shared memory: block (b·heads + h, i)
 // writes dk, dv of key block i / 2 when i is even, dq of query block BLOCKS − 1 − i / 2 when odd.
 extern "C" __global__ void __launch_bounds__(THREADS)
-nn_flash_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
-                  const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int C, unsigned drop_seed,
-                  const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+nn_flash_backward(const DropoutArgs dropout,
+                  const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
+                  const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int C) {
     begin_after_previous_grid();
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {
         const int bh = blockIdx.x, b = bh / heads, h = bh % heads, i = blockIdx.y;
         const size_t rows = (size_t)b * T;
-        const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+        const SiteDropout drop(dropout);
         if (i % 2 == 0)
             flash_attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T,
                                                  C, h, bh, i / 2, T, dqkv + rows * 3 * C, (bf16*)nullptr, drop.key,

@@ -186,14 +186,14 @@ __device__ __forceinline__ unsigned token_at(const unsigned* data, const unsigne
 // Grid ceil(N / WARPS): a warp per row. x = dropout(tok_emb + pos_emb), out = LayerNorm(x) in fp32, in
 // bf16 (out_bf16), or both (a null pointer skips one).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_embed_layernorm(const unsigned* __restrict__ data, const unsigned* __restrict__ offsets, int N,
+tf_embed_layernorm(const DropoutArgs dropout,
+                   const unsigned* __restrict__ data, const unsigned* __restrict__ offsets, int N,
                    const float* __restrict__ tok_emb, const float* __restrict__ pos_emb, float* __restrict__ x,
                    const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ out,
-                   bf16* __restrict__ out_bf16, float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
-                   const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+                   bf16* __restrict__ out_bf16, float* __restrict__ mean, float* __restrict__ rstd) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     const float *tok = tok_emb + (size_t)token_at(data, offsets, row, 0) * C, *pos = pos_emb + (size_t)(row % T) * C;
     const size_t at = (size_t)row * C;
     float v[PER_LANE];
@@ -209,13 +209,13 @@ tf_embed_layernorm(const unsigned* __restrict__ data, const unsigned* __restrict
 // Grid ceil(N / WARPS): x_out = x_in + dropout(delta), out = LayerNorm(x_out) (fp32, bf16 or both, as
 // tf_embed_layernorm's).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_residual_layernorm(const float* __restrict__ x_in, const float* __restrict__ delta, float* __restrict__ x_out, int N,
+tf_residual_layernorm(const DropoutArgs dropout,
+                      const float* __restrict__ x_in, const float* __restrict__ delta, float* __restrict__ x_out, int N,
                       const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ out,
-                      bf16* __restrict__ out_bf16, float* __restrict__ mean, float* __restrict__ rstd, unsigned drop_seed,
-                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+                      bf16* __restrict__ out_bf16, float* __restrict__ mean, float* __restrict__ rstd) {
     const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     const size_t at = (size_t)row * C;
     float v[PER_LANE];
 #pragma unroll
@@ -229,9 +229,8 @@ tf_residual_layernorm(const float* __restrict__ x_in, const float* __restrict__ 
 
 // Grid any: d_branch = mask ⊙ d_res over the n = N·C elements (a residual branch's dropout, backward).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_dropout_backward(const float* __restrict__ d_res, float* __restrict__ d_branch, int n, unsigned drop_seed,
-                    const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+tf_dropout_backward(const DropoutArgs dropout, const float* __restrict__ d_res, float* __restrict__ d_branch, int n) {
+    const SiteDropout drop(dropout);
     for (int e = blockIdx.x * THREADS + threadIdx.x; e < n; e += gridDim.x * THREADS)
         d_branch[e] = d_res[e] * drop.factor(e);
 }
@@ -367,11 +366,11 @@ tf_linear_forward_bf16(const bf16* __restrict__ in, const bf16* __restrict__ W, 
 
 // Grid B·heads: block (b, h) over rows b·T … of the step.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads,
-                     unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+tf_attention_forward(const DropoutArgs dropout,
+                     const float* __restrict__ qkv, float* __restrict__ y, float* __restrict__ lse, int heads) {
     extern __shared__ float smem[];
     const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, T, y + (size_t)b * T * C, lse + ((size_t)b * heads + h) * T,
                              smem, drop.key, drop.threshold, drop.scale, (unsigned)blockIdx.x * T * T);
 }
@@ -613,15 +612,14 @@ TF_LINEAR_TMA(128, 128)
 // With d_branch_bf16, the residual branch before this LayerNorm gets its gradient there in bf16 (the
 // operand of its projection's backward product): dropout's mask of that branch's site ⊙ the new dres.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
+tf_layernorm_backward(const DropoutArgs dropout,
+                      const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,
                       const float* __restrict__ w, const float* __restrict__ dout, float* __restrict__ dres, int accumulate,
                       int N, float* __restrict__ grad_w, float* __restrict__ grad_b, float* __restrict__ partials,
-                      unsigned* __restrict__ ticket, bf16* __restrict__ d_branch_bf16, unsigned drop_seed,
-                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale,
-                      int rows_per_warp) {
+                      unsigned* __restrict__ ticket, bf16* __restrict__ d_branch_bf16, int rows_per_warp) {
     __shared__ float warp_sums[WARPS][2 * C];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     float dw[PER_LANE] = {}, db[PER_LANE] = {};
     const int first = (blockIdx.x * WARPS + warp) * rows_per_warp;
     for (int row = first; row < min(N, first + rows_per_warp); ++row) {
@@ -657,16 +655,16 @@ tf_layernorm_backward(const float* __restrict__ x, const float* __restrict__ mea
 // Grid B·heads·CHUNKS (AttentionSizes): block (b, h, key chunk). dq_part: CHUNKS·N·C floats; tickets: one
 // per (b, h).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
+tf_attention_backward(const DropoutArgs dropout,
+                      const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
                       const float* __restrict__ lse, float* __restrict__ dqkv, int heads, int N,
-                      float* __restrict__ dq_part, unsigned* __restrict__ tickets, unsigned drop_seed,
-                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
+                      float* __restrict__ dq_part, unsigned* __restrict__ tickets) {
     extern __shared__ float smem[];
     constexpr int CHUNKS = AttentionSizes<T, HS>::CHUNKS;
     const int chunk = blockIdx.x % CHUNKS, bh = blockIdx.x / CHUNKS, b = bh / heads, h = bh % heads;
     const size_t rows = (size_t)b * T, part_stride = (size_t)N * C;
     float* part = dq_part + ((size_t)bh * T) * HS;  // [chunk][B·heads][T][HS] as N·C floats per chunk
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+    const SiteDropout drop(dropout);
     attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T, C, h, T, chunk,
                                    dqkv + rows * 3 * C, part + chunk * part_stride, smem, drop.key, drop.threshold,
                                    drop.scale, (unsigned)bh * T * T);
@@ -684,12 +682,11 @@ constexpr int EMB_SLICE_ROWS = 512;
 // tied head, its share head_grad[v] (the head's weight gradient). Block (V + t, 0) sums position t's rows
 // t, t + T, … in row order into grad_pos[t] (its other slices have nothing to do). tickets: one per token.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_embedding_backward(const float* __restrict__ dres, const unsigned* __restrict__ data,
+tf_embedding_backward(const DropoutArgs dropout, const float* __restrict__ dres, const unsigned* __restrict__ data,
                       const unsigned* __restrict__ offsets, int N, int V, float* __restrict__ grad_tok,
                       float* __restrict__ grad_pos, const float* __restrict__ head_grad,
-                      float* __restrict__ partials, unsigned* __restrict__ tickets, unsigned drop_seed,
-                      const unsigned* __restrict__ step, unsigned drop_threshold, float drop_scale) {
-    const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+                      float* __restrict__ partials, unsigned* __restrict__ tickets) {
+    const SiteDropout drop(dropout);
     const int slice = blockIdx.y, slices = gridDim.y;
     if ((int)blockIdx.x >= V) {
         if (slice != 0) return;
@@ -827,14 +824,14 @@ tf_accumulate(float* __restrict__ sum, const float* __restrict__ g, int n, int f
 // [b·T, b·T + len). Dropout on the probabilities as tf_attention_forward's (threshold 0: off). Two blocks
 // per SM (128 registers a thread, a few spilled): 12% faster at nanoGPT's shape than one block of 166.
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y, bf16* __restrict__ y_bf16,
-                           float* __restrict__ lse, int heads, int len, unsigned drop_seed, const unsigned* __restrict__ step, unsigned drop_threshold,
-                           float drop_scale) {
+tf_flash_attention_forward(const DropoutArgs dropout,
+                           const float* __restrict__ qkv, float* __restrict__ y, bf16* __restrict__ y_bf16,
+                           float* __restrict__ lse, int heads, int len) {
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {
         const int bh = blockIdx.x, b = bh / heads, h = bh % heads;
-        const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+        const SiteDropout drop(dropout);
         flash_attention_forward<T, HS>(qkv + (size_t)b * T * 3 * C, C, h, bh, S::BLOCKS - 1 - blockIdx.y, len,
                                        y + (size_t)b * T * C, offset_or_null(y_bf16, (size_t)b * T * C),
                                        lse + (size_t)bh * T, drop.key, drop.threshold, drop.scale, flash_smem);
@@ -847,16 +844,16 @@ tf_flash_attention_forward(const float* __restrict__ qkv, float* __restrict__ y,
 // (b·heads + h, i) writes dk, dv of key block i / 2 when i is even, dq of query block BLOCKS − 1 − i / 2
 // when odd (the longest of each kind first), from dy (stride C), y and lse of the forward pass.
 extern "C" __global__ void __launch_bounds__(THREADS)
-tf_flash_attention_backward(const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
+tf_flash_attention_backward(const DropoutArgs dropout,
+                            const float* __restrict__ qkv, const float* __restrict__ y, const float* __restrict__ dy,
                             const float* __restrict__ lse, float* __restrict__ dqkv, bf16* __restrict__ dqkv_bf16,
-                            int heads, int len, unsigned drop_seed, const unsigned* __restrict__ step,
-                            unsigned drop_threshold, float drop_scale) {
+                            int heads, int len) {
     using S = FlashSizes<T, HS>;
     extern __shared__ __align__(16) float flash_smem[];
     if constexpr (S::SUPPORTED) {
         const int bh = blockIdx.x, b = bh / heads, h = bh % heads, i = blockIdx.y;
         const size_t rows = (size_t)b * T;
-        const SiteDropout drop(drop_seed, step, drop_threshold, drop_scale);
+        const SiteDropout drop(dropout);
         if (i % 2 == 0)
             flash_attention_backward_keys<T, HS>(qkv + rows * 3 * C, y + rows * C, dy + rows * C, lse + (size_t)bh * T,
                                                  C, h, bh, i / 2, len, offset_or_null(dqkv, rows * 3 * C),

@@ -92,6 +92,13 @@ impl<T> Address<T> {
         Address(ptr, PhantomData)
     }
 
+    /// The address of `slice`'s first element, read as `T`s (the nn engine keeps its step counters in
+    /// f32 buffers).
+    pub fn reinterpret<U>(gpu: &Gpu, slice: &CudaSlice<U>) -> Address<T> {
+        let (ptr, _no_sync_needed) = slice.device_ptr(&gpu.stream);
+        Address(ptr, PhantomData)
+    }
+
     /// The address of element `index` of the array starting here.
     pub fn element(self, index: usize) -> Address<T> {
         Address(self.0 + (index * size_of::<T>()) as u64, PhantomData)
@@ -214,6 +221,38 @@ impl OptimConfig {
     }
 }
 
+kernel_struct! {
+    /// One dropout site as a kernel takes it, its first parameter (`DropoutArgs` in fused/dropout.cuh): the
+    /// device's step counter, the site's per-run seed, the threshold (0: off) and the survivors' scale.
+    pub struct DropoutArgs {
+        /// The device's step counter (read only when on).
+        pub step: Address<u32>,
+        /// The site's per-run seed.
+        pub seed: u32,
+        /// p·2³²: an element survives when its hash is at least this; 0 turns dropout off.
+        pub threshold: u32,
+        /// 1/(1 − p), the survivors' factor.
+        pub scale: f32,
+    }
+}
+
+impl DropoutArgs {
+    /// Site `seed`'s dropout with probability `p` (0: off), its key drawn from the step counter `step`.
+    pub fn site(step: Address<u32>, seed: u32, p: f32) -> DropoutArgs {
+        use crate::ops::dropout::{dropout_scale, dropout_threshold};
+        if p > 0.0 {
+            DropoutArgs { step, seed, threshold: dropout_threshold(p), scale: dropout_scale(p) }
+        } else {
+            Self::off()
+        }
+    }
+
+    /// No dropout: every factor 1, the step counter not read.
+    pub fn off() -> DropoutArgs {
+        DropoutArgs { step: Address::NULL, seed: 0, threshold: 0, scale: 1.0 }
+    }
+}
+
 /// The C side of `FieldType::Code`: a field's type as a constant the PTX shows.
 const C_TYPE_PROBE: &str = "
 template <class T> struct textnet_kind { static constexpr int v = 0; };
@@ -299,6 +338,12 @@ mod tests {
             kind: u32,
             scale: f32,
         }
+    }
+
+    #[test]
+    fn the_dropout_args_are_dropout_cuhs() {
+        // Every kernel file that includes dropout.cuh declares them alike; nn.cu is one.
+        assert_kernel_layout::<DropoutArgs>("nn", &[]);
     }
 
     #[test]

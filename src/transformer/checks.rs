@@ -505,7 +505,8 @@ fn reference_lse(qkv: &[f64], n: usize, heads: usize, hs: usize) -> Vec<f64> {
 /// Forward and backward of the bf16 attention kernels on fresh random q, k, v and dy (outputs poisoned
 /// with NaN first), against `attention` and `attention_backward` in f64: y, lse, dq, dk, dv.
 fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) -> Result<Vec<Check>> {
-    use super::gpu::flash::{FlashAttention, FlashSizes, no_dropout};
+    use super::gpu::flash::{FlashAttention, FlashSizes};
+    use crate::device::kernel_struct::{Address, DropoutArgs};
     use crate::device::launch::Arg;
     use crate::ops::attention::{AttentionDropout, attention, attention_backward};
     use crate::ops::dropout::{Mask, dropout_scale, dropout_threshold, mix32};
@@ -533,10 +534,7 @@ fn flash_attention_check(gpu: &Arc<Gpu>, s: &FlashShape, rng: &mut SeededRng) ->
         threshold: dropout_threshold(s.dropout),
         scale: dropout_scale(s.dropout),
     });
-    let dropout = match mask {
-        Some(m) => [Arg::u32(seed), Arg::buf(gpu, &step_dev), Arg::u32(m.threshold), Arg::f32(m.scale)],
-        None => no_dropout(),
-    };
+    let dropout = DropoutArgs::site(Address::of(gpu, &step_dev), seed, s.dropout);
     let buf = |b: &cudarc::driver::CudaSlice<f32>| Arg::buf(gpu, b);
     let y_pair = [buf(&y_dev), Arg::buf(gpu, &y_bf16_dev)];
     flash.forward(gpu, buf(&qkv_dev), y_pair, buf(&lse_dev), s.batch, heads, len, dropout)?;

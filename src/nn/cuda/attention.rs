@@ -6,6 +6,8 @@
 
 use super::ops::{buffer, filled, int};
 use super::{Device, DeviceBuffer};
+use crate::device::kernel_struct::{Address, DropoutArgs};
+use crate::device::launch::StructArg;
 use crate::device::precision::Precision;
 use crate::device::{Gpu, compile::ModuleRequest, launch::Arg};
 use crate::nn::error::{Error, Result};
@@ -72,16 +74,21 @@ pub(crate) fn causal_self_attention<F: Real>(
     };
     reserve(&forward, forward_bytes)?;
     reserve(&backward, backward_bytes)?;
-    let dropout_args = match &drop {
-        Some(d) => [Arg::u32(d.site_seed), device.arg(&d.step), Arg::u32(d.threshold), Arg::f32(d.scale)],
-        None => [Arg::u32(0), Arg::Ptr(0), Arg::u32(0), Arg::f32(1.0)],
-    };
+    let dropout = StructArg::of(&match &drop {
+        Some(d) => DropoutArgs {
+            step: Address::reinterpret(gpu, d.step.slice()),
+            seed: d.site_seed,
+            threshold: d.threshold,
+            scale: d.scale,
+        },
+        None => DropoutArgs::off(),
+    });
     let sizes = [Arg::i32(int(NAME, heads)?), Arg::i32(int(NAME, width)?)];
     let qkv_buffer = buffer(qkv);
     let (y, lse) = (device.alloc(NAME, rows * width)?, device.alloc(NAME, block_heads * time)?);
-    let args = [&[device.arg(&qkv_buffer), device.arg(&y), device.arg(&lse)][..], &sizes, &dropout_args].concat();
+    let args = [&[device.arg(&qkv_buffer), device.arg(&y), device.arg(&lse)][..], &sizes].concat();
     let grid = (int(NAME, block_heads)? as u32, blocks);
-    device.launch(NAME, &forward, grid, forward_bytes, &args)?;
+    device.launch_struct(NAME, &forward, (grid, forward_bytes), &dropout, &args)?;
     let (device_, y_saved) = (Arc::clone(device), y.clone());
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         // The step word the mask was drawn from stays alive (and unchanged) until the backward redraws it.
@@ -90,15 +97,15 @@ pub(crate) fn causal_self_attention<F: Real>(
         let dqkv = d.alloc(NAME, rows * 3 * width)?;
         let inputs = [d.arg(&qkv_buffer), d.arg(&y_saved), d.arg(grad), d.arg(&lse), d.arg(&dqkv)];
         if flash {
-            let args = [&inputs[..], &sizes, &dropout_args].concat();
-            d.launch(NAME, &backward, (block_heads as u32, 2 * blocks), backward_bytes, &args)?;
+            let args = [&inputs[..], &sizes].concat();
+            d.launch_struct(NAME, &backward, ((block_heads as u32, 2 * blocks), backward_bytes), &dropout, &args)?;
         } else {
             // Each key chunk's share of dq, and a ticket per (sequence, head) that the kernel zeroes after use.
             let dq_part = d.alloc(NAME, chunks * rows * width)?;
             let tickets = filled(d, NAME, block_heads, 0.0)?;
             let scratch = [Arg::i32(int(NAME, rows)?), d.arg(&dq_part), d.arg(&tickets)];
-            let args = [&inputs[..], &sizes, &scratch, &dropout_args].concat();
-            d.launch(NAME, &backward, ((block_heads * chunks) as u32, 1), backward_bytes, &args)?;
+            let args = [&inputs[..], &sizes, &scratch].concat();
+            d.launch_struct(NAME, &backward, (((block_heads * chunks) as u32, 1), backward_bytes), &dropout, &args)?;
         }
         Ok(vec![Some(dqkv)])
     };

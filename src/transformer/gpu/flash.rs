@@ -4,7 +4,8 @@
 //! beside the fp32 attention kernels at nanoGPT's shape.
 
 use super::module_request;
-use crate::device::{Gpu, launch::Arg, launch::Kernel};
+use crate::device::kernel_struct::{Address, DropoutArgs};
+use crate::device::{Gpu, launch::Arg, launch::Kernel, launch::StructArg};
 use crate::ops::attention::AttentionSizes;
 pub use crate::ops::attention::FlashSizes;
 use crate::transformer::model::Config;
@@ -13,11 +14,6 @@ use cudarc::driver::{CudaModule, CudaSlice};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use std::sync::Arc;
-
-/// Dropout's four kernel arguments when it is off: seed 0, no step counter, threshold 0, scale 1.
-pub fn no_dropout() -> [Arg; 4] {
-    [Arg::u32(0), Arg::Ptr(0), Arg::u32(0), Arg::f32(1.0)]
-}
 
 /// The two bf16 attention kernels of a loaded transformer module.
 pub struct FlashAttention {
@@ -41,8 +37,7 @@ impl FlashAttention {
 
     /// y `[B·T][C]` (`[y, y_bf16]`: in fp32, bf16 or both, a null pointer skipping one) and lse
     /// `[B·heads][T]` of `batch` sequences of `len` ≤ T positions (sequence b at rows b·T …) from qkv
-    /// `[B·T][3C]`. `dropout`: (site seed, step counter, threshold, scale) as every dropout
-    /// site's kernels take them, or `no_dropout()`. Grid (B·heads, BLOCKS), FORWARD_BYTES.
+    /// `[B·T][3C]`, with `dropout` on the probabilities. Grid (B·heads, BLOCKS), FORWARD_BYTES.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -53,12 +48,12 @@ impl FlashAttention {
         batch: usize,
         heads: usize,
         len: usize,
-        dropout: [Arg; 4],
+        dropout: DropoutArgs,
     ) -> Result<()> {
         let grid = ((batch * heads) as u32, self.sizes.blocks() as u32);
-        let [seed, step, threshold, scale] = dropout;
-        let args = [qkv, y, y_bf16, lse, Arg::i32(heads as i32), Arg::i32(len as i32), seed, step, threshold, scale];
-        gpu.launch(&self.forward, grid, self.sizes.forward_bytes() as u32, false, &args)
+        let args = [qkv, y, y_bf16, lse, Arg::i32(heads as i32), Arg::i32(len as i32)];
+        let shape = (grid, self.sizes.forward_bytes() as u32, false);
+        gpu.launch_with_struct(&self.forward, shape, &StructArg::of(&dropout), &args)
     }
 
     /// dq, dk, dv into dqkv `[B·T][3C]` (and into dqkv_bf16 in bf16; a null pointer skips either) from dy
@@ -71,25 +66,12 @@ impl FlashAttention {
         batch: usize,
         heads: usize,
         len: usize,
-        dropout: [Arg; 4],
+        dropout: DropoutArgs,
     ) -> Result<()> {
         let grid = ((batch * heads) as u32, 2 * self.sizes.blocks() as u32);
-        let [seed, step, threshold, scale] = dropout;
-        let args = [
-            qkv,
-            y,
-            dy,
-            lse,
-            dqkv,
-            dqkv_bf16,
-            Arg::i32(heads as i32),
-            Arg::i32(len as i32),
-            seed,
-            step,
-            threshold,
-            scale,
-        ];
-        gpu.launch(&self.backward, grid, self.sizes.backward_bytes() as u32, false, &args)
+        let args = [qkv, y, dy, lse, dqkv, dqkv_bf16, Arg::i32(heads as i32), Arg::i32(len as i32)];
+        let shape = (grid, self.sizes.backward_bytes() as u32, false);
+        gpu.launch_with_struct(&self.backward, shape, &StructArg::of(&dropout), &args)
     }
 }
 
@@ -128,8 +110,7 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
     gpu.reserve_shared(&f32_backward, 4 * fp32.backward_floats(), "--block")?;
     let flash = FlashAttention::new(gpu, &module, FlashSizes { t, hs })?;
     let step: CudaSlice<u32> = stream.alloc_zeros(1)?;
-    let threshold = crate::ops::dropout::dropout_threshold(0.1);
-    let dropout = [Arg::u32(7), Arg::buf(gpu, &step), Arg::u32(threshold), Arg::f32(1.0 / 0.9)];
+    let dropout = DropoutArgs::site(Address::of(gpu, &step), 7, 0.1);
 
     let time = |launch: &dyn Fn() -> Result<()>| -> Result<f64> {
         launch()?;
@@ -141,10 +122,11 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
             .collect::<Result<_>>()?;
         Ok(crate::harness::timing::median(&runs))
     };
-    let [seed0, step0, threshold0, scale0] = no_dropout();
+    let off = StructArg::of(&DropoutArgs::off());
     let fp32_forward = time(&|| {
-        let args = [buf(&qkv), buf(&y), buf(&lse), Arg::i32(heads as i32), seed0, step0, threshold0, scale0];
-        gpu.launch(&f32_forward, ((b * heads) as u32, 1), 4 * fp32.forward_floats() as u32, false, &args)
+        let args = [buf(&qkv), buf(&y), buf(&lse), Arg::i32(heads as i32)];
+        let shape = (((b * heads) as u32, 1), 4 * fp32.forward_floats() as u32, false);
+        gpu.launch_with_struct(&f32_forward, shape, &off, &args)
     })?;
     let fp32_backward = time(&|| {
         let args = [
@@ -157,15 +139,12 @@ pub fn bench_attention(gpu: &Arc<Gpu>) -> Result<()> {
             Arg::i32(n as i32),
             buf(&dq_part),
             Arg::buf(gpu, &tickets),
-            seed0,
-            step0,
-            threshold0,
-            scale0,
         ];
-        gpu.launch(&f32_backward, ((b * heads * chunks) as u32, 1), 4 * fp32.backward_floats() as u32, false, &args)
+        let shape = (((b * heads * chunks) as u32, 1), 4 * fp32.backward_floats() as u32, false);
+        gpu.launch_with_struct(&f32_backward, shape, &off, &args)
     })?;
     let mut bf16 = Vec::new();
-    for drop in [no_dropout(), dropout] {
+    for drop in [DropoutArgs::off(), dropout] {
         let none = Arg::Ptr(0);
         let forward = time(&|| flash.forward(gpu, buf(&qkv), [buf(&y), none], buf(&lse), b, heads, t, drop))?;
         let tensors = [buf(&qkv), buf(&y), buf(&dy), buf(&lse), buf(&dqkv), none];

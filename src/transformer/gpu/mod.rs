@@ -12,12 +12,14 @@ use parallel::Shard;
 
 use super::data::Corpus;
 use super::model::{Config, Layout};
+use crate::device::kernel_struct::{Address, DropoutArgs};
+use crate::device::launch::StructArg;
 use crate::device::precision::Precision;
 use crate::device::tma::{TmaOperand, TmaTile};
 use crate::device::{Gpu, compile::ModuleRequest, compile::has_wgmma, launch::Arg, launch::Kernel};
 use crate::ops::THREADS_PER_BLOCK;
 use crate::ops::attention::AttentionSizes;
-use crate::ops::dropout::{dropout_scale, dropout_threshold, micro_seed, site_seed};
+use crate::ops::dropout::{micro_seed, site_seed};
 use crate::ops::gemm::{G128_STAGED_FLOATS, bf16_tile_shared_floats, tile_shared_floats};
 use crate::ops::optim::OptimConfig;
 use anyhow::{Context, Result, bail};
@@ -622,20 +624,13 @@ impl GpuTransformer {
 
     /// The kernel arguments of dropout site `site` (seed, step counter, threshold, scale); off
     /// (threshold 0) outside `training` or without dropout.
-    fn site_args(&self, site: usize, training: bool) -> [Arg; 4] {
-        let on = training && self.dropout > 0.0;
-        let step = self.buf(&self.step);
-        if on {
-            let p = self.dropout;
-            [
-                Arg::u32(site_seed(micro_seed(self.dropout_seed, self.micro.get()), site)),
-                step,
-                Arg::u32(dropout_threshold(p)),
-                Arg::f32(dropout_scale(p)),
-            ]
-        } else {
-            [Arg::u32(0), step, Arg::u32(0), Arg::f32(1.0)]
+    /// Dropout site `site`'s arguments in this micro-batch: off when not `training` or without dropout.
+    fn dropout_site(&self, site: usize, training: bool) -> DropoutArgs {
+        if !training {
+            return DropoutArgs::off();
         }
+        let seed = site_seed(micro_seed(self.dropout_seed, self.micro.get()), site);
+        DropoutArgs::site(Address::of(&self.gpu, &self.step), seed, self.dropout)
     }
 
     fn ensure_batch(&mut self, batch: usize) -> Result<()> {
@@ -698,6 +693,19 @@ impl GpuTransformer {
 
     fn launch(&self, kernel: &Kernel, blocks: usize, shared: usize, args: &[Arg]) -> Result<()> {
         self.gpu.launch(kernel, (blocks as u32, 1), shared as u32, false, args)
+    }
+
+    /// `launch` of a kernel of a dropout site: `dropout` its first parameter, `args` the rest.
+    fn launch_site(
+        &self,
+        kernel: &Kernel,
+        blocks: usize,
+        shared: usize,
+        dropout: DropoutArgs,
+        args: &[Arg],
+    ) -> Result<()> {
+        let blocks = (blocks as u32, 1);
+        self.gpu.launch_with_struct(kernel, (blocks, shared as u32, false), &StructArg::of(&dropout), args)
     }
 
     fn check_offsets(&self, offsets: &[u32], len: usize, what: &str) -> Result<()> {

@@ -6,6 +6,7 @@ use super::{
     EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_CLASSIFIER, TICKET_LAYERNORM, TMA_TILE,
     WARPS, ln_rows_per_warp,
 };
+use crate::device::kernel_struct::DropoutArgs;
 use crate::device::launch::{Arg, Kernel, StructArg};
 use crate::device::precision::Precision;
 use crate::device::tma::{TMA_THREADS, TmaOperand, tma_operands};
@@ -227,9 +228,9 @@ impl GpuTransformer {
         let n = self.rows();
         let b = &self.buffers;
         let stats_ptr = self.ptr(stats);
-        let branch_out = match branch {
-            Some(site) if self.bf16() => [&[self.buf(&b.d_branch_bf16)][..], &self.site_args(site, true)].concat(),
-            _ => [&[NULL][..], &self.site_args(0, false)].concat(),
+        let (d_branch_bf16, dropout) = match branch {
+            Some(site) if self.bf16() => (self.buf(&b.d_branch_bf16), self.dropout_site(site, true)),
+            _ => (NULL, DropoutArgs::off()),
         };
         let args = [
             x,
@@ -246,8 +247,8 @@ impl GpuTransformer {
             Arg::Ptr(self.ptr(&self.tickets) + 4 * TICKET_LAYERNORM as u64),
         ];
         let rows_per_warp = ln_rows_per_warp(n, self.gpu.sm_count as usize);
-        let args = [&args[..], &branch_out, &[Arg::i32(rows_per_warp as i32)]].concat();
-        self.launch(&self.kernels.layernorm_backward, n.div_ceil(WARPS * rows_per_warp), 0, &args)
+        let args = [&args[..], &[d_branch_bf16, Arg::i32(rows_per_warp as i32)]].concat();
+        self.launch_site(&self.kernels.layernorm_backward, n.div_ceil(WARPS * rows_per_warp), 0, dropout, &args)
     }
 
     /// The forward pass of the batch at `offsets` (device pointer to `batch` offsets into `data`), ending
@@ -273,28 +274,25 @@ impl GpuTransformer {
         };
         let (m0, r0) = stats(&b.blocks[0].ln1_stats);
         let [ln1, ln1_bf16] = self.outputs(&b.blocks[0].ln1);
-        let with = |args: &[Arg], site: usize| -> Vec<Arg> { [args, &self.site_args(site, training)].concat() };
-        self.launch(
+        self.launch_site(
             &self.kernels.embed_layernorm,
             row_blocks,
             0,
-            &with(
-                &[
-                    data,
-                    offsets,
-                    Arg::i32(n as i32),
-                    self.param("tok_emb.weight"),
-                    self.param("pos_emb.weight"),
-                    self.buf(&b.blocks[0].x),
-                    self.param("blocks.0.ln1.weight"),
-                    self.param("blocks.0.ln1.bias"),
-                    ln1,
-                    ln1_bf16,
-                    m0,
-                    r0,
-                ],
-                EMBEDDING_SITE,
-            ),
+            self.dropout_site(EMBEDDING_SITE, training),
+            &[
+                data,
+                offsets,
+                Arg::i32(n as i32),
+                self.param("tok_emb.weight"),
+                self.param("pos_emb.weight"),
+                self.buf(&b.blocks[0].x),
+                self.param("blocks.0.ln1.weight"),
+                self.param("blocks.0.ln1.bias"),
+                ln1,
+                ln1_bf16,
+                m0,
+                r0,
+            ],
         )?;
         for l in 0..c.layers {
             let a = &b.blocks[l];
@@ -303,7 +301,7 @@ impl GpuTransformer {
             let qkv = [self.buf(&a.qkv), NULL];
             self.linear_forward(self.operand(&a.ln1), &format!("{p}.attn.qkv"), qkv, NULL, 3 * e, e)?;
             if let Some(flash) = self.flash_attention() {
-                let dropout = self.site_args(site, training);
+                let dropout = self.dropout_site(site, training);
                 flash.forward(
                     &self.gpu,
                     self.buf(&a.qkv),
@@ -315,36 +313,35 @@ impl GpuTransformer {
                     dropout,
                 )?;
             } else {
-                self.launch(
+                self.launch_site(
                     &self.kernels.attention_forward,
                     b.batch * c.heads,
                     self.attention_forward_shared,
-                    &with(&[self.buf(&a.qkv), self.buf(&a.y.fp32), self.buf(&a.lse), Arg::i32(c.heads as i32)], site),
+                    self.dropout_site(site, training),
+                    &[self.buf(&a.qkv), self.buf(&a.y.fp32), self.buf(&a.lse), Arg::i32(c.heads as i32)],
                 )?;
             }
             let attn_out = [self.buf(&a.attn_out), NULL];
             self.linear_forward(self.operand(&a.y), &format!("{p}.attn.proj"), attn_out, NULL, e, e)?;
             let (m2, r2) = stats(&a.ln2_stats);
             let [ln2, ln2_bf16] = self.outputs(&a.ln2);
-            self.launch(
+            self.launch_site(
                 &self.kernels.residual_layernorm,
                 row_blocks,
                 0,
-                &with(
-                    &[
-                        self.buf(&a.x),
-                        self.buf(&a.attn_out),
-                        self.buf(&a.x_attn),
-                        Arg::i32(n as i32),
-                        self.param(&format!("{p}.ln2.weight")),
-                        self.param(&format!("{p}.ln2.bias")),
-                        ln2,
-                        ln2_bf16,
-                        m2,
-                        r2,
-                    ],
-                    site + 1,
-                ),
+                self.dropout_site(site + 1, training),
+                &[
+                    self.buf(&a.x),
+                    self.buf(&a.attn_out),
+                    self.buf(&a.x_attn),
+                    Arg::i32(n as i32),
+                    self.param(&format!("{p}.ln2.weight")),
+                    self.param(&format!("{p}.ln2.bias")),
+                    ln2,
+                    ln2_bf16,
+                    m2,
+                    r2,
+                ],
             )?;
             let (gelu, u) = (self.outputs(&a.gelu), self.buf(&a.u));
             self.linear_forward(self.operand(&a.ln2), &format!("{p}.mlp.fc"), gelu, u, f, e)?;
@@ -359,25 +356,23 @@ impl GpuTransformer {
             };
             let (mn, rn) = stats(next_stats);
             let [next_ln, next_ln_bf16] = self.outputs(next_ln);
-            self.launch(
+            self.launch_site(
                 &self.kernels.residual_layernorm,
                 row_blocks,
                 0,
-                &with(
-                    &[
-                        self.buf(&a.x_attn),
-                        self.buf(&a.mlp_out),
-                        self.buf(next_x),
-                        Arg::i32(n as i32),
-                        self.param(&format!("{ln}.weight")),
-                        self.param(&format!("{ln}.bias")),
-                        next_ln,
-                        next_ln_bf16,
-                        mn,
-                        rn,
-                    ],
-                    site + 2,
-                ),
+                self.dropout_site(site + 2, training),
+                &[
+                    self.buf(&a.x_attn),
+                    self.buf(&a.mlp_out),
+                    self.buf(next_x),
+                    Arg::i32(n as i32),
+                    self.param(&format!("{ln}.weight")),
+                    self.param(&format!("{ln}.bias")),
+                    next_ln,
+                    next_ln_bf16,
+                    mn,
+                    rn,
+                ],
             )?;
         }
         self.linear_forward(self.operand(&b.lnf), "head", [self.buf(&b.logits), NULL], NULL, c.vocab, e)?;
@@ -411,9 +406,9 @@ impl GpuTransformer {
             return Ok(self.buf(&b.d_res));
         }
         let n = self.rows() * self.config.embed;
-        let args =
-            [&[self.buf(&b.d_res), self.buf(&b.d_ln), Arg::i32(n as i32)][..], &self.site_args(site, true)].concat();
-        self.launch(&self.kernels.dropout_backward, n.div_ceil(THREADS).min(8 * self.gpu.sm_count as usize), 0, &args)?;
+        let args = [self.buf(&b.d_res), self.buf(&b.d_ln), Arg::i32(n as i32)];
+        let blocks = n.div_ceil(THREADS).min(8 * self.gpu.sm_count as usize);
+        self.launch_site(&self.kernels.dropout_backward, blocks, 0, self.dropout_site(site, true), &args)?;
         Ok(self.buf(&b.d_ln))
     }
 
@@ -475,27 +470,24 @@ impl GpuTransformer {
                     NULL,
                     self.buf(&b.d_qkv_bf16),
                 ];
-                flash.backward(&self.gpu, tensors, b.batch, c.heads, c.block, self.site_args(site, true))?;
+                flash.backward(&self.gpu, tensors, b.batch, c.heads, c.block, self.dropout_site(site, true))?;
             } else {
-                self.launch(
+                self.launch_site(
                     &self.kernels.attention_backward,
                     b.batch * c.heads * Self::key_chunks(c),
                     self.attention_backward_shared,
+                    self.dropout_site(site, true),
                     &[
-                        &[
-                            self.buf(&a.qkv),
-                            self.buf(&a.y.fp32),
-                            self.buf(&b.d_y),
-                            self.buf(&a.lse),
-                            self.buf(&b.d_qkv),
-                            Arg::i32(c.heads as i32),
-                            Arg::i32(n as i32),
-                            self.buf(&b.dq_part),
-                            self.buf(&b.attention_tickets),
-                        ][..],
-                        &self.site_args(site, true),
-                    ]
-                    .concat(),
+                        self.buf(&a.qkv),
+                        self.buf(&a.y.fp32),
+                        self.buf(&b.d_y),
+                        self.buf(&a.lse),
+                        self.buf(&b.d_qkv),
+                        Arg::i32(c.heads as i32),
+                        Arg::i32(n as i32),
+                        self.buf(&b.dq_part),
+                        self.buf(&b.attention_tickets),
+                    ],
                 )?;
             }
             let d_qkv = [self.buf(&b.d_qkv), self.buf(&b.d_qkv_bf16)];
@@ -506,23 +498,20 @@ impl GpuTransformer {
         }
         let slices = n.div_ceil(EMBEDDING_SLICE_ROWS);
         let args = [
-            &[
-                self.buf(&b.d_res),
-                self.buf(&self.train),
-                offsets,
-                Arg::i32(n as i32),
-                Arg::i32(c.vocab as i32),
-                self.grad_of("tok_emb.weight"),
-                self.grad_of("pos_emb.weight"),
-                if c.tie_weights { self.buf(&self.head_grad) } else { Arg::Ptr(0) },
-                self.buf(&b.embedding_partials),
-                self.buf(&b.embedding_tickets),
-            ][..],
-            &self.site_args(EMBEDDING_SITE, true),
-        ]
-        .concat();
+            self.buf(&b.d_res),
+            self.buf(&self.train),
+            offsets,
+            Arg::i32(n as i32),
+            Arg::i32(c.vocab as i32),
+            self.grad_of("tok_emb.weight"),
+            self.grad_of("pos_emb.weight"),
+            if c.tie_weights { self.buf(&self.head_grad) } else { Arg::Ptr(0) },
+            self.buf(&b.embedding_partials),
+            self.buf(&b.embedding_tickets),
+        ];
         let grid = ((c.vocab + c.block) as u32, slices as u32);
-        self.gpu.launch(&self.kernels.embedding_backward, grid, 0, false, &args)?;
+        let dropout = StructArg::of(&self.dropout_site(EMBEDDING_SITE, true));
+        self.gpu.launch_with_struct(&self.kernels.embedding_backward, (grid, 0, false), &dropout, &args)?;
         written(c.layers + 1)
     }
 }

@@ -7,7 +7,8 @@ Each row's relative error against an fp64 product is reported.
 
 On CUDA, bf16 rows beside `textnet bench matmul`'s: torch.matmul on bf16 tensors (TF32 off) at 1024³ and
 4096³, fp32 output where torch.mm takes out_dtype (else bf16 output, labelled so), and the Transformer's
-linear-layer products at nanoGPT's shape (16384 rows, width 384: forward in·Wᵀ, dx = dy·W, dW = dyᵀ·x),
+linear-layer products at nanoGPT's and GPT-2-small's shapes (16384 rows, widths 384 and 768: forward in·Wᵀ,
+dx = dy·W, dW = dyᵀ·x),
 each error against the fp64 product of the bf16-rounded operands. Prints one JSON object.
 
 usage: python3 benches/torch_matmul.py [--device cuda|cpu] [--size 1024] [--repeats 7] [--seed 1]
@@ -21,7 +22,7 @@ import time
 import torch
 
 LAUNCHES = 10
-ROWS, WIDTH = 16384, 384
+ROWS, WIDTHS = 16384, (384, 768)
 
 
 def timed(fn, cuda, repeats):
@@ -77,7 +78,8 @@ def bf16_rows(sizes, seed, repeats):
         rows.append(bf16_row(f"{n}³", uniform(n, n), uniform(n, n), repeats))
     # The linear layers' products, operands laid out as the layers hold them (W: out × in, activations:
     # rows × features), so the transposes are views, as in autograd.
-    for inputs, outputs in [(WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH), (WIDTH, 65)]:
+    layers = [(c, o) for w in WIDTHS for c, o in [(w, 3 * w), (w, w), (w, 4 * w), (4 * w, w), (w, 65)]]
+    for inputs, outputs in layers:
         x, w, dy = uniform(ROWS, inputs), uniform(outputs, inputs), uniform(ROWS, outputs)
         rows.append(bf16_row(f"forward {ROWS}×{outputs}×{inputs}", x, w.t(), repeats))
         rows.append(bf16_row(f"dx {ROWS}×{inputs}×{outputs}", dy, w, repeats))

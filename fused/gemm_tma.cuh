@@ -43,6 +43,9 @@
 //            SM idle for long (tiles ≥ SMs).
 //   256×128, 4 stages: each consumer 128×128 (two m64n128k16): as much work per byte, for N = 384 (three
 //            whole 128 columns where 256 wastes a third).
+//   128×192, 5 stages (40 KB each): each consumer 64×192, one m64n192k16 per 16 k. For N a multiple of 192
+//            and not of 256 (the Transformer's 1152-wide qkv product: six whole columns of tiles where 256
+//            leaves a half-empty fifth, and whole waves where 128 wide leaves 0.73 of a last one).
 //   128×128, 6 stages (32 KB each): for products too small to give every SM a large tile.
 //   The choice by problem shape is a first model (waves of tiles over the SMs, a tile's cost ∝ its
 //   area, 128×128 at a lower efficiency); `textnet bench matmul` times each shape at each size to set it.
@@ -68,13 +71,14 @@ struct TmaOperands {
 static_assert(sizeof(TmaOperands) == 256, "two 128-byte tensor maps");
 
 // Stages of each tile the kernels compile (src/matmul/gpu.rs `TmaTile::stages`).
-constexpr int TMA_STAGES_128x256 = 4, TMA_STAGES_256x128 = 4, TMA_STAGES_128x128 = 6;
+constexpr int TMA_STAGES_128x256 = 4, TMA_STAGES_256x128 = 4, TMA_STAGES_128x192 = 5, TMA_STAGES_128x128 = 6;
 
 template <int BM_, int BN_, int STAGES_>
 struct GemmTma {
     static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
     static constexpr int CONSUMER_ROWS = BM / 2, M_WGMMAS = CONSUMER_ROWS / 64, ACCUMULATORS = BN / 2;
-    static_assert(CONSUMER_ROWS % 64 == 0 && (BN == 128 || BN == 256) && BM <= 256, "wgmma m64n{128,256}, TMA box ≤ 256");
+    static_assert(CONSUMER_ROWS % 64 == 0 && (BN == 128 || BN == 192 || BN == 256) && BM <= 256,
+                  "wgmma m64n{128,192,256}, TMA box ≤ 256");
     static constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK, B_BOX = 64 * BK;  // bf16 elements
     static constexpr int STAGE_BYTES = (A_STAGE + B_STAGE) * 2;
     static constexpr int BLOCK_THREADS = 384;
@@ -174,11 +178,43 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], unsigned long 
         : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(A_K_CONTIGUOUS ? 0 : 1), "n"(B_K_CONTIGUOUS ? 0 : 1));
 }
 
+// d += A·B over 16 k, d a warpgroup's 64×192 fp32 accumulators (fragment order as wgmma_m64n128k16's), as
+// wgmma_m64n256k16.
+template <bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], unsigned long long desc_a,
+                                                 unsigned long long desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(A_K_CONTIGUOUS ? 0 : 1), "n"(B_K_CONTIGUOUS ? 0 : 1));
+}
+
 template <int BN, bool A_K, bool B_K>
 __device__ __forceinline__ void wgmma_tma(float (&d)[BN / 2], unsigned long long desc_a, unsigned long long desc_b,
                                           bool accumulate) {
     if constexpr (BN == 256)
         wgmma_m64n256k16<A_K, B_K>(d, desc_a, desc_b, accumulate);
+    else if constexpr (BN == 192)
+        wgmma_m64n192k16<A_K, B_K>(d, desc_a, desc_b, accumulate);
     else
         wgmma_m64n128k16<A_K, B_K>(d, desc_a, desc_b, accumulate);
 }

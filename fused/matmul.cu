@@ -26,12 +26,12 @@
 //                    GemmBf16Async<128, 128, ASYNC_BK, ASYNC_STAGES>::SHARED_FLOATS.
 //   matmul_bf16_wgmma  the same on Hopper's wgmma (gemm_tile_bf16_wgmma<WGMMA_STAGES>, sm_90a only: the
 //                    Transformer's bf16 tile there); GemmWgmma<WGMMA_STAGES>::SHARED_FLOATS.
-//   matmul_bf16_tma_{128x256,256x128,128x128}  the same by gemm_bf16_tma (fused/gemm_tma.cuh, sm_90a only):
+//   matmul_bf16_tma_{128x256,256x128,128x192,128x128}  the same by gemm_bf16_tma (fused/gemm_tma.cuh, sm_90a only):
 //                    TMA copies, a producer warp and two consumer warpgroups, persistent blocks of 384
 //                    threads over the tiles of the kernel's BM×BN (grid min(tiles, SMs)); A and B through
 //                    the tensor maps of `maps` (A's dims {K, M}, box {64, BM}; B's {N, K}, box {64, 64}),
 //                    N and K multiples of 8. GemmTma<BM, BN, TMA_STAGES_BMxBN>::SHARED_BYTES.
-//   matmul_bf16_tma_{nt,tn,tt}_{128x256,256x128,128x128}  the same in the other layouts (A K×M when the
+//   matmul_bf16_tma_{nt,tn,tt}_{128x256,256x128,128x192,128x128}  the same in the other layouts (A K×M when the
 //                    first letter is t, B N×K when the second is), through gemm_bf16_tma_tiles' store
 //                    hook as the Transformer's products use it: the maps over the operands as they lie,
 //                    with leading dimensions multiples of 8; C row-major.
@@ -158,6 +158,7 @@ matmul_bf16_wgmma(const bf16* __restrict__ A, const bf16* __restrict__ B, float*
     }
 MATMUL_BF16_TMA(128, 256)
 MATMUL_BF16_TMA(256, 128)
+MATMUL_BF16_TMA(128, 192)
 MATMUL_BF16_TMA(128, 128)
 
 // The other operand layouts, through the store hook: A K×M (lda) when A_TRANS, B N×K (ldb) when B_TRANS,
@@ -176,6 +177,7 @@ MATMUL_BF16_TMA(128, 128)
     MATMUL_BF16_TMA_LAYOUT(tt, true, true, BM, BN)
 MATMUL_BF16_TMA_LAYOUTS(128, 256)
 MATMUL_BF16_TMA_LAYOUTS(256, 128)
+MATMUL_BF16_TMA_LAYOUTS(128, 192)
 MATMUL_BF16_TMA_LAYOUTS(128, 128)
 
 template <int TILE, bool A_TRANS, bool B_TRANS>

@@ -14,6 +14,8 @@ pub enum TmaTile {
     M128N256,
     /// 256×128, each consumer warpgroup 128×128.
     M256N128,
+    /// 128×192, each consumer warpgroup 64×192.
+    M128N192,
     /// 128×128, each consumer warpgroup 64×128.
     M128N128,
 }
@@ -23,13 +25,14 @@ pub const TMA_THREADS: u32 = 384;
 
 impl TmaTile {
     /// All, in the order `choose` prefers them on a tie.
-    pub const ALL: [TmaTile; 3] = [TmaTile::M128N256, TmaTile::M256N128, TmaTile::M128N128];
+    pub const ALL: [TmaTile; 4] = [TmaTile::M128N256, TmaTile::M256N128, TmaTile::M128N192, TmaTile::M128N128];
 
     /// BM, BN.
     pub fn shape(self) -> (usize, usize) {
         match self {
             TmaTile::M128N256 => (128, 256),
             TmaTile::M256N128 => (256, 128),
+            TmaTile::M128N192 => (128, 192),
             TmaTile::M128N128 => (128, 128),
         }
     }
@@ -38,6 +41,7 @@ impl TmaTile {
     pub fn stages(self) -> usize {
         match self {
             TmaTile::M128N256 | TmaTile::M256N128 => 4,
+            TmaTile::M128N192 => 5,
             TmaTile::M128N128 => 6,
         }
     }

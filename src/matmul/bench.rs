@@ -7,7 +7,7 @@
 //! Then bf16 on the tensor cores (operands rounded to bf16, fp32 sums and output): matmul_bf16 (gemm_tile_bf16
 //! through functors), matmul_bf16_async (gemm_tile_bf16_async: 128×128 tiles fed by cp.async) and cuBLAS
 //! GemmEx at 1024³ and 4096³; and the products of the Transformer's linear layers at nanoGPT's shape (16384
-//! rows, 384 wide) in the layouts the layers read: gemm_tile_bf16 on fp32 operands (both tile sides),
+//! rows, 384 wide) and GPT-2-small's (16384 rows, 768 wide) in the layouts the layers read: gemm_tile_bf16 on fp32 operands (both tile sides),
 //! gemm_bf16_async_* (the layers' tile) on bf16 operands with the weight gradient's bias column read as
 //! ones, beside cuBLAS bf16 at the same M, N, K. Each bf16 row is checked against the CPU product of the
 //! bf16-rounded operands, within `bf16_tolerance`. On Hopper, matmul_bf16_tma_* (TMA, `wgmma`, persistent
@@ -31,9 +31,10 @@ use std::sync::Arc;
 pub const SIZE: usize = 1024;
 /// The sides of the square bf16 products.
 pub const BF16_SIZES: [usize; 2] = [1024, 4096];
-/// Rows of the Transformer's products (nanoGPT's batch 64 × block 256) and its width.
+/// Rows of the Transformer's products (nanoGPT's batch 64 × block 256, GPT-2-small's 16 × 1024) and its
+/// widths (nanoGPT's and GPT-2-small's).
 const ROWS: usize = 16384;
-const WIDTH: usize = 384;
+const WIDTHS: [usize; 2] = [384, 768];
 const LAUNCHES: usize = 10;
 const TARGET: f64 = 0.6;
 const CUBLAS_BF16: &str = "cublas_gemmex_bf16";
@@ -98,26 +99,28 @@ struct LayerProduct {
     bias_column: bool,
 }
 
-/// The linear layers' products at nanoGPT's shape: forward in·Wᵀ (W out × in), dx = dy·W, and dW = dyᵀ·[x | 1]
-/// (the bias gradient as an extra column) over row slices; for the attention's qkv (384 → 1152), its
-/// projection (384 → 384), the MLP (384 → 1536 → 384) and the vocabulary head (384 → 65).
+/// The linear layers' products at each of WIDTHS: forward in·Wᵀ (W out × in), dx = dy·W, and dW = dyᵀ·[x | 1]
+/// (the bias gradient as an extra column) over row slices; for the attention's qkv (C → 3C), its projection
+/// (C → C), the MLP (C → 4C → C) and the vocabulary head (C → 65).
 fn layer_products() -> Vec<LayerProduct> {
-    let layers = [(WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH), (WIDTH, 65)];
     let mut out = Vec::new();
-    for (what, a_trans, b_trans) in [("forward", false, true), ("dx", false, false), ("dW", true, false)] {
-        for &(inputs, outputs) in &layers {
-            let shape = match what {
-                "forward" => (ROWS, outputs, inputs),
-                "dx" => (ROWS, inputs, outputs),
-                _ => (outputs, inputs + 1, ROWS),
-            };
-            out.push(LayerProduct {
-                what,
-                tile_a_trans: a_trans,
-                tile_b_trans: b_trans,
-                shape,
-                bias_column: what == "dW",
-            });
+    for c in WIDTHS {
+        let layers = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, 65)];
+        for (what, a_trans, b_trans) in [("forward", false, true), ("dx", false, false), ("dW", true, false)] {
+            for &(inputs, outputs) in &layers {
+                let shape = match what {
+                    "forward" => (ROWS, outputs, inputs),
+                    "dx" => (ROWS, inputs, outputs),
+                    _ => (outputs, inputs + 1, ROWS),
+                };
+                out.push(LayerProduct {
+                    what,
+                    tile_a_trans: a_trans,
+                    tile_b_trans: b_trans,
+                    shape,
+                    bias_column: what == "dW",
+                });
+            }
         }
     }
     out
@@ -229,7 +232,9 @@ pub fn bench(gpu: &Arc<Gpu>, repeats: usize, json: bool) -> Result<()> {
         }
         println!("bf16 on the tensor cores (operands rounded to bf16, fp32 sums and output):");
         print_bf16(&bf16_rows);
-        println!("the Transformer's products ({ROWS} rows, width {WIDTH}; fp32 operands, bf16 for gemm_bf16_async_*):");
+        println!(
+            "the Transformer's products ({ROWS} rows, widths {WIDTHS:?}; fp32 operands, bf16 for gemm_bf16_async_*):"
+        );
         print_bf16(&layer_rows);
     }
     if !failed.is_empty() {

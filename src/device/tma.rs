@@ -83,15 +83,23 @@ impl TmaTile {
         m.div_ceil(bm) * n.div_ceil(bn)
     }
 
-    /// The tile for an M×N product on `sms` SMs: the least modelled time, tiles in waves over the SMs (each
-    /// block runs ⌈tiles / SMs⌉ or fewer), a wave's time the tile's area, 128×128's divided by 0.8 for the
-    /// lower work per byte copied and the more frequent epilogues. The 0.8 is a first guess, to be set
-    /// from `bench matmul`'s rows of each tile.
-    pub fn choose(m: usize, n: usize, sms: usize) -> TmaTile {
+    /// The tile for an M×N·(K) product on `sms` SMs: the least modelled time, tiles in waves over the SMs
+    /// (each block runs ⌈tiles / SMs⌉ or fewer), a tile's time its multiply-adds BM·BN·K over its
+    /// efficiency plus TILE_OVERHEAD (in multiply-adds) for its start and its epilogue. The efficiencies and the overhead are
+    /// fitted to `bench matmul`'s rows of each tile forced at 1024³, 4096³ and the Transformer's products
+    /// at widths 384 and 768 (`2026-11-30-h200-b64b2f4`): 128×192 runs 4 % more multiply-adds a second
+    /// than 128×256 on equal waves, 128×128 20 % fewer, and a short K favours the tile of fewer waves.
+    pub fn choose(m: usize, n: usize, k: usize, sms: usize) -> TmaTile {
+        const TILE_OVERHEAD: f64 = 2e6;
         let cost = |tile: TmaTile| {
             let (bm, bn) = tile.shape();
-            let efficiency = if tile == TmaTile::M128N128 { 0.8 } else { 1.0 };
-            tile.tiles(m, n).div_ceil(sms.max(1)) as f64 * (bm * bn) as f64 / efficiency
+            let efficiency = match tile {
+                TmaTile::M128N192 => 1.04,
+                TmaTile::M128N128 => 0.8,
+                TmaTile::M128N256 | TmaTile::M256N128 => 1.0,
+            };
+            let waves = tile.tiles(m, n).div_ceil(sms.max(1)) as f64;
+            waves * ((bm * bn * k) as f64 / efficiency + TILE_OVERHEAD)
         };
         // The first of the cheapest (min_by keeps the first of equals).
         TmaTile::ALL.into_iter().min_by(|x, y| cost(*x).total_cmp(&cost(*y))).unwrap_or(TmaTile::M128N256)

@@ -355,7 +355,7 @@ fn tma_tile_rows(
     if !Bf16Kernel::Tma.runs_on(gpu) || !Bf16Kernel::Tma.takes(m, n, k) {
         return Ok(Vec::new());
     }
-    let chosen = TmaTile::choose(m, n, gpu.sm_count as usize);
+    let chosen = TmaTile::choose(m, n, k, gpu.sm_count as usize);
     TmaTile::ALL
         .into_iter()
         .map(|tile| {

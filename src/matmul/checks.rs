@@ -272,7 +272,7 @@ fn tma_checks(gpu: &Arc<Gpu>, kernels: &GpuMatmul, rng: &mut SeededRng, out: &mu
         let tolerance = bf16_tolerance(&a16, &b16, &want, k);
         let a_dev = gpu.stream.clone_htod(&bf16_matrix(&a))?;
         let b_dev = gpu.stream.clone_htod(&bf16_matrix(&b))?;
-        let chosen = TmaTile::choose(m, n, gpu.sm_count as usize);
+        let chosen = TmaTile::choose(m, n, k, gpu.sm_count as usize);
         for tile in TmaTile::ALL.map(Some).into_iter().chain([None]) {
             let name = match tile {
                 Some(tile) => tile.name(),

@@ -296,7 +296,7 @@ impl GpuMatmul {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let tile = tile.unwrap_or_else(|| TmaTile::choose(m, n, self.gpu.sm_count as usize));
+        let tile = tile.unwrap_or_else(|| TmaTile::choose(m, n, k, self.gpu.sm_count as usize));
         let layout = 2 * a_layout.trans as usize + b_layout.trans as usize;
         let Some((_, function)) = self.tma.iter().find(|(key, _)| *key == (tile, layout)) else {
             bail!("{} needs a GPU with wgmma (sm_90a), not {}", tile.name(), self.gpu.describe());
@@ -634,12 +634,17 @@ mod tests {
 
     #[test]
     fn tma_tiles_fit_the_problem() {
-        // 4096³ on an H200's 132 SMs: 512 tiles of 128×256 (four waves) over 1024 of 128×128 (eight).
-        assert_eq!(TmaTile::choose(4096, 4096, 132), TmaTile::M128N256);
-        // 1024²: 32 large tiles leave 100 SMs idle; 64 of 128×128 take half the time.
-        assert_eq!(TmaTile::choose(1024, 1024, 132), TmaTile::M128N128);
+        // 4096³ on an H200's 132 SMs: 512 tiles of 128×256 (four waves) over 704 of 128×192 (six).
+        assert_eq!(TmaTile::choose(4096, 4096, 4096, 132), TmaTile::M128N256);
+        // 1024³: 32 large tiles leave 100 SMs idle; 64 of 128×128 take half the time.
+        assert_eq!(TmaTile::choose(1024, 1024, 1024, 132), TmaTile::M128N128);
+        // The qkv product at nanoGPT's shape: six whole columns of 192 in six waves, where 256 wide leaves a
+        // half-empty fifth column in five.
+        assert_eq!(TmaTile::choose(16384, 1152, 384, 132), TmaTile::M128N192);
+        // Its MLP (N 1536, K 384): 128×256's six waves over 128×192's eight, the tiles' overhead counting.
+        assert_eq!(TmaTile::choose(16384, 1536, 384, 132), TmaTile::M128N256);
         // One tile either way: the smallest.
-        assert_eq!(TmaTile::choose(64, 64, 132), TmaTile::M128N128);
+        assert_eq!(TmaTile::choose(64, 64, 64, 132), TmaTile::M128N128);
         for tile in TmaTile::ALL {
             // Every tile's shared memory fits an H100/H200 (227 KB opt-in).
             assert!(tile.shared_bytes() <= 227 * 1024, "{tile:?}");

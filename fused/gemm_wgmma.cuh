@@ -106,31 +106,54 @@ __device__ __forceinline__ void wgmma_wait() {
 // Orders this thread's ordinary (and cp.async) shared-memory writes before the async proxy's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// d += A·Bᵀ over 16 k: d the warpgroup's 64×128 fp32 accumulators in the m16n8 fragment order of each
-// warp's 16 rows (d[4j…4j+3]: columns 8j + 2·(lane mod 4) + {0, 1} of rows lane/4 and lane/4 + 8).
-template <bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long desc_a,
-                                                 unsigned long long desc_b, bool accumulate) {
+// `wgmma.mma_async` m64nNk16 with bf16 operands from shared-memory descriptors and fp32 accumulators d[N/2]
+// (the inline PTX lists each accumulator register): d += A·B, or d = A·B where `accumulate` is false; each
+// operand K-contiguous or not (its rows of m or n contiguous: the instruction's transpose flags). The
+// accumulators lie in the m16n8 fragment order of each warp's 16 rows (d[4j…4j+3]: columns 8j + 2·(lane mod
+// 4) + {0, 1} of rows lane/4 and lane/4 + 8). WGMMA_M64K16(N, R, …) defines wgmma_m64n<N>k16, R = N/2 its
+// accumulators and the four operand numbers after them (desc_a, desc_b, accumulate, then the two flags),
+// REGS the placeholders %0 … %R−1, then their constraints. The instruction exists on sm_90a alone; elsewhere
+// the function is empty (callers never run it there: HAS_WGMMA).
+#define WGMMA_REGS_64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WGMMA_REGS_96 \
+    WGMMA_REGS_64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define WGMMA_REGS_128 \
+    WGMMA_REGS_96 ", " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WGMMA_D8(i)                                                                                       \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+#define WGMMA_D64 \
+    WGMMA_D8(0), WGMMA_D8(8), WGMMA_D8(16), WGMMA_D8(24), WGMMA_D8(32), WGMMA_D8(40), WGMMA_D8(48), WGMMA_D8(56)
+#define WGMMA_D96 WGMMA_D64, WGMMA_D8(64), WGMMA_D8(72), WGMMA_D8(80), WGMMA_D8(88)
+#define WGMMA_D128 WGMMA_D96, WGMMA_D8(96), WGMMA_D8(104), WGMMA_D8(112), WGMMA_D8(120)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(A_K_CONTIGUOUS ? 0 : 1), "n"(B_K_CONTIGUOUS ? 0 : 1));
+#define WGMMA_ASM(N, R, R1, R2, R3, R4, REGS, ...)                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #R2 ", 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" REGS "}, %" #R ", %" #R1            \
+                 ", p, 1, 1, %" #R3 ", %" #R4 ";\n}\n"                                                             \
+                 : __VA_ARGS__                                                                                    \
+                 : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(A_K_CONTIGUOUS ? 0 : 1),                  \
+                   "n"(B_K_CONTIGUOUS ? 0 : 1))
+#else
+#define WGMMA_ASM(N, R, R1, R2, R3, R4, REGS, ...)
 #endif
-}
+#define WGMMA_M64K16(N, R, R1, R2, R3, R4, REGS, ...)                                                             \
+    template <bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>                                                          \
+    __device__ __forceinline__ void wgmma_m64n##N##k16(float (&d)[R], unsigned long long desc_a,                  \
+                                                       unsigned long long desc_b, bool accumulate) {              \
+        WGMMA_ASM(N, R, R1, R2, R3, R4, REGS, __VA_ARGS__);                                                       \
+    }
+WGMMA_M64K16(128, 64, 65, 66, 67, 68, WGMMA_REGS_64, WGMMA_D64)
+WGMMA_M64K16(192, 96, 97, 98, 99, 100, WGMMA_REGS_96, WGMMA_D96)
+WGMMA_M64K16(256, 128, 129, 130, 131, 132, WGMMA_REGS_128, WGMMA_D128)
 
 template <int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
 __device__ __forceinline__ void gemm_tile_bf16_wgmma(int M, int N, int K, int m0, int n0, const bf16* A, int lda,

@@ -88,8 +88,7 @@ impl<T> Address<T> {
 
     /// The address of `slice`'s first element.
     pub fn of(gpu: &Gpu, slice: &CudaSlice<T>) -> Address<T> {
-        let (ptr, _no_sync_needed) = slice.device_ptr(&gpu.stream);
-        Address(ptr, PhantomData)
+        Self::reinterpret(gpu, slice)
     }
 
     /// The address of `slice`'s first element, read as `T`s (the nn engine keeps its step counters in

@@ -53,6 +53,36 @@ impl GpuTransformer {
         [if fp32 { self.buf(&op.fp32) } else { NULL }, if self.bf16() { self.buf(&op.bf16) } else { NULL }]
     }
 
+    /// A LayerNorm's saved statistics: μ and r of each row, the two halves of `stats`.
+    fn stats(&self, stats: &CudaSlice<f32>) -> [Arg; 2] {
+        let p = self.ptr(stats);
+        [Arg::Ptr(p), Arg::Ptr(p + 4 * self.rows() as u64)]
+    }
+
+    /// x_out = x_in + delta (with site `site`'s dropout on delta when `training`), then LayerNorm `ln` of it
+    /// into `out` (as `outputs`) and `stats`: a residual branch joining the stream and the next LayerNorm in
+    /// one launch.
+    fn residual_layernorm(
+        &self,
+        [x_in, delta, x_out]: [&CudaSlice<f32>; 3],
+        ln: &str,
+        (out, stats): (&Operand, &CudaSlice<f32>),
+        site: usize,
+        training: bool,
+    ) -> Result<()> {
+        let n = self.rows();
+        let inputs = [self.buf(x_in), self.buf(delta), self.buf(x_out), Arg::i32(n as i32)];
+        let weights = [self.param(&format!("{ln}.weight")), self.param(&format!("{ln}.bias"))];
+        let args = [&inputs[..], &weights, &self.outputs(out), &self.stats(stats)].concat();
+        self.launch_site(
+            &self.kernels.residual_layernorm,
+            n.div_ceil(WARPS),
+            0,
+            self.dropout_site(site, training),
+            &args,
+        )
+    }
+
     /// out = input·Wᵀ + b of `layer` (with `pre`, out = GELU(pre)), from input's buffer of this step's
     /// precision ([fp32, bf16]) into out's ([fp32, bf16], either null; the fp32 kernel writes fp32 only).
     pub(super) fn linear_forward(
@@ -227,15 +257,15 @@ impl GpuTransformer {
     ) -> Result<()> {
         let n = self.rows();
         let b = &self.buffers;
-        let stats_ptr = self.ptr(stats);
         let (d_branch_bf16, dropout) = match branch {
             Some(site) if self.bf16() => (self.buf(&b.d_branch_bf16), self.dropout_site(site, true)),
             _ => (NULL, DropoutArgs::off()),
         };
+        let [mean, rstd] = self.stats(stats);
         let args = [
             x,
-            Arg::Ptr(stats_ptr),
-            Arg::Ptr(stats_ptr + 4 * n as u64),
+            mean,
+            rstd,
             self.param(&format!("{ln}.weight")),
             self.buf(&b.d_ln),
             self.buf(&b.d_res),
@@ -268,11 +298,7 @@ impl GpuTransformer {
         let (e, f) = (c.embed, c.ffn());
         let b = &self.buffers;
         let row_blocks = n.div_ceil(WARPS);
-        let stats = |s: &CudaSlice<f32>| -> (Arg, Arg) {
-            let p = self.ptr(s);
-            (Arg::Ptr(p), Arg::Ptr(p + 4 * n as u64))
-        };
-        let (m0, r0) = stats(&b.blocks[0].ln1_stats);
+        let [m0, r0] = self.stats(&b.blocks[0].ln1_stats);
         let [ln1, ln1_bf16] = self.outputs(&b.blocks[0].ln1);
         self.launch_site(
             &self.kernels.embed_layernorm,
@@ -323,26 +349,8 @@ impl GpuTransformer {
             }
             let attn_out = [self.buf(&a.attn_out), NULL];
             self.linear_forward(self.operand(&a.y), &format!("{p}.attn.proj"), attn_out, NULL, e, e)?;
-            let (m2, r2) = stats(&a.ln2_stats);
-            let [ln2, ln2_bf16] = self.outputs(&a.ln2);
-            self.launch_site(
-                &self.kernels.residual_layernorm,
-                row_blocks,
-                0,
-                self.dropout_site(site + 1, training),
-                &[
-                    self.buf(&a.x),
-                    self.buf(&a.attn_out),
-                    self.buf(&a.x_attn),
-                    Arg::i32(n as i32),
-                    self.param(&format!("{p}.ln2.weight")),
-                    self.param(&format!("{p}.ln2.bias")),
-                    ln2,
-                    ln2_bf16,
-                    m2,
-                    r2,
-                ],
-            )?;
+            let ln2 = (&a.ln2, &a.ln2_stats);
+            self.residual_layernorm([&a.x, &a.attn_out, &a.x_attn], &format!("{p}.ln2"), ln2, site + 1, training)?;
             let (gelu, u) = (self.outputs(&a.gelu), self.buf(&a.u));
             self.linear_forward(self.operand(&a.ln2), &format!("{p}.mlp.fc"), gelu, u, f, e)?;
             let mlp_out = [self.buf(&a.mlp_out), NULL];
@@ -354,26 +362,8 @@ impl GpuTransformer {
                 let nb = &b.blocks[l + 1];
                 (&nb.x, &nb.ln1, &nb.ln1_stats, format!("blocks.{}.ln1", l + 1))
             };
-            let (mn, rn) = stats(next_stats);
-            let [next_ln, next_ln_bf16] = self.outputs(next_ln);
-            self.launch_site(
-                &self.kernels.residual_layernorm,
-                row_blocks,
-                0,
-                self.dropout_site(site + 2, training),
-                &[
-                    self.buf(&a.x_attn),
-                    self.buf(&a.mlp_out),
-                    self.buf(next_x),
-                    Arg::i32(n as i32),
-                    self.param(&format!("{ln}.weight")),
-                    self.param(&format!("{ln}.bias")),
-                    next_ln,
-                    next_ln_bf16,
-                    mn,
-                    rn,
-                ],
-            )?;
+            let next = (next_ln, next_stats);
+            self.residual_layernorm([&a.x_attn, &a.mlp_out, next_x], &ln, next, site + 2, training)?;
         }
         self.linear_forward(self.operand(&b.lnf), "head", [self.buf(&b.logits), NULL], NULL, c.vocab, e)?;
         let d_logits_bf16 = if self.bf16() && training { self.buf(&b.d_logits_bf16) } else { NULL };

@@ -1325,7 +1325,8 @@ fn conv_steps(
 /// A direct convolution's fusions (cuda::fusion) equal the launches they replace to the bit, on the tensor
 /// cores and on the CUDA cores, with a ReLU in either place or neither: captured, each ReLU in its
 /// convolution's stores (`conv2d → relu`) against the same steps op by op; and, op by op, the first ReLU's
-/// slope in the second convolution's input gradient (taken each step) against the fusion off. Each fusion
+/// slope in the second convolution's input gradient (taken each step) against the fusion off, and the
+/// weight gradients on the backward's second stream (cuda::branch) against one stream. Each fusion
 /// was made where a ReLU is (an equality that fused nothing would prove nothing), and none for the other
 /// activations or with the implicit products.
 fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
@@ -1340,13 +1341,17 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         {
             let seed = rng.random();
             let run = |captured| conv_steps(device, seed, (first, second), captured);
-            let before = device.slopes_taken();
+            let before = (device.slopes_taken(), device.branches());
             let eager = run(false);
-            let slopes = device.slopes_taken() - before;
+            let (slopes, forks) = (device.slopes_taken() - before.0, device.branches() - before.1);
             device.set_backward_fusion(false);
             let unfused = run(false);
             device.set_backward_fusion(true);
-            let ((eager, _), (unfused, _), (captured, fusions)) = (eager?, unfused?, run(true)?);
+            device.set_branch(false)?;
+            let one_stream = run(false);
+            device.set_branch(true)?;
+            let ((eager, _), (unfused, _), (one_stream, _)) = (eager?, unfused?, one_stream?);
+            let (captured, fusions) = run(true)?;
             let made = |prefix: &str| fusions.iter().filter(|(what, _)| what.starts_with(prefix)).map(|(_, n)| n).sum();
             let (forward, backward): (usize, usize) = (made("conv2d → relu"), made("conv2d ← "));
             let (relus, sloped) = if kernels == ConvKernels::Implicit {
@@ -1354,14 +1359,17 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             } else {
                 ([first_name, second_name].iter().filter(|n| **n == "relu").count(), first_name == "relu")
             };
+            // Each step forks the second stream for both weight gradients (branch.rs).
             let right = (forward, backward, slopes) == (relus, sloped as usize, CONV_STEPS * sloped as usize)
+                && forks == 2 * CONV_STEPS
                 && bits(&eager) == bits(&captured)
-                && bits(&eager) == bits(&unfused);
+                && bits(&eager) == bits(&unfused)
+                && bits(&eager) == bits(&one_stream);
             checks.push(Check {
                 kernel: "nn fused conv2d = op by op".into(),
                 shape: format!(
                     "[3, 2, 9, 11] conv 3×3 → 4, {first_name}, conv 3×3 → 5, {second_name}, 4 SGD steps, {} (fused: \
-                     {forward} in the stores, {backward} slope)",
+                     {forward} in the stores, {backward} slope; weight gradients beside: {forks}, = one stream)",
                     kernels.name()
                 ),
                 rel_error: if right { 0.0 } else { f64::INFINITY },

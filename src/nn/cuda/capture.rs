@@ -312,6 +312,8 @@ impl CapturedStep {
         let begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver);
         device.fusion_apply(&self.plan, &self.input_buffers());
         let output = begun.and_then(|()| step()).and_then(|output| device.launch_pending().map(|()| output));
+        // A capture ends with every stream it forked joined back into the one it began on.
+        let output = output.and_then(|output| device.join_branch().map(|()| output));
         let fusions = device.fusion_end();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         *device.capturing.lock().unwrap_or_else(|p| p.into_inner()) = None;

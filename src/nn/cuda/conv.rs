@@ -248,17 +248,21 @@ fn conv2d_fp32<F: Real>(
     let with_bias = bias.is_some();
     let backward = move |grad: &DeviceBuffer, needs: &[bool]| {
         let d = &device_;
+        // The weight gradient first, on the backward's second stream (branch.rs): the input gradients'
+        // chain goes on beside it.
+        let wants_bias = with_bias && needs[2];
+        let (dw, db) = if needs[1] || wants_bias {
+            let (dw, db) = d.on_branch(&[grad, &xb], || {
+                conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), (wants_bias, kernels))
+            })?;
+            (needs[1].then_some(dw), db)
+        } else {
+            (None, None)
+        };
         let dx = if needs[0] {
             Some(conv2d_grad_input(d, (grad, &wb, &xb), (&sizes, &conv, samples), kernels)?)
         } else {
             None
-        };
-        let wants_bias = with_bias && needs[2];
-        let (dw, db) = if needs[1] || wants_bias {
-            let (dw, db) = conv2d_grad_weight(d, (grad, &xb), (&sizes, &conv, samples), (wants_bias, kernels))?;
-            (needs[1].then_some(dw), db)
-        } else {
-            (None, None)
         };
         Ok([dx, dw].into_iter().chain(with_bias.then_some(db)).collect())
     };

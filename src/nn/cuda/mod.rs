@@ -19,8 +19,10 @@
 //! | `conv` | the same for `conv2d` and `max_pool2d` |
 //! | `direct_conv` | conv2d's direct kernels: whether a convolution takes them, their bands and launches |
 //! | `capture` | `CapturedStep`: a training step recorded once, replayed as one CUDA graph |
+//! | `branch` | the backward's second stream: convolutions' weight gradients beside the input gradients |
 
 pub(crate) mod attention;
+mod branch;
 pub mod capture;
 pub(crate) mod conv;
 pub(crate) mod direct_conv;
@@ -176,6 +178,8 @@ pub struct Device {
     pub(crate) in_place_writes: std::sync::atomic::AtomicUsize,
     /// The weight gradients the backward deferred, launched before anything else (`weight_grads`).
     pending_weight_grads: Mutex<Vec<weight_grads::WeightGradJob>>,
+    /// The backward's second stream (`branch`).
+    branch: branch::Branch,
 }
 
 /// Freed device memory by capacity (floats).
@@ -331,6 +335,7 @@ impl Device {
             gpu.reserve_shared(kernel, gemm_shared_bf16 as usize, "nothing: the bf16 tile")
                 .map_err(launch_error("Device::open"))?;
         }
+        let branch = branch::Branch::beside(&gpu.stream)?;
         Ok(Arc::new(Device {
             gpu,
             kernels,
@@ -349,6 +354,7 @@ impl Device {
             slopes_taken: Default::default(),
             in_place_writes: Default::default(),
             pending_weight_grads: Mutex::default(),
+            branch,
             free: Arc::default(),
             capturing: Mutex::default(),
         }))
@@ -392,6 +398,7 @@ impl Device {
     /// Waits until every launch so far has finished (a timing's end; reading a value back waits anyway).
     pub fn synchronize(&self) -> Result<()> {
         self.launch_pending()?;
+        self.join_branch()?;
         self.gpu.stream.synchronize().map_err(driver("synchronize"))
     }
 
@@ -406,11 +413,13 @@ impl Device {
             let Some(slice) = pop(&pool, capacity).or_else(|| pop(&self.free, capacity)) else {
                 return Err(Error::device(op, "the captured step asked for memory its eager run did not use"));
             };
-            return Ok(DeviceBuffer {
+            let buffer = DeviceBuffer {
                 block: Arc::new(Block { slice: Some(slice), home: pool, fused: Mutex::default() }),
                 len: n,
                 device: Arc::clone(self),
-            });
+            };
+            self.allocated(&buffer);
+            return Ok(buffer);
         }
         let slice = match pop(&self.free, capacity) {
             Some(slice) => slice,
@@ -425,7 +434,9 @@ impl Device {
             },
         };
         let block = Block { slice: Some(slice), home: Arc::clone(&self.free), fused: Mutex::default() };
-        Ok(DeviceBuffer { block: Arc::new(block), len: n, device: Arc::clone(self) })
+        let buffer = DeviceBuffer { block: Arc::new(block), len: n, device: Arc::clone(self) };
+        self.allocated(&buffer);
+        Ok(buffer)
     }
 
     /// A buffer holding `values`.
@@ -453,7 +464,11 @@ impl Device {
     ) -> Result<()> {
         // The weight gradients the backward deferred read what was written before this launch.
         self.launch_pending()?;
-        self.gpu.launch(kernel, blocks, shared, self.programmatic, args).map_err(launch_error(op))
+        self.branch_failure(op)?;
+        let stream = self.stream_now();
+        self.gpu
+            .launch_on(stream, kernel, blocks, THREADS_PER_BLOCK, shared, self.programmatic, args)
+            .map_err(launch_error(op))
     }
 
     /// `launch` of a kernel whose first parameter is `table`, a struct passed by value, then `args`.
@@ -479,8 +494,9 @@ impl Device {
         args: &[Arg],
     ) -> Result<()> {
         self.launch_pending()?;
+        self.branch_failure(op)?;
         let shape = (blocks, threads, shared, self.programmatic);
-        self.gpu.launch_sized_with_struct(kernel, shape, table, args).map_err(launch_error(op))
+        self.gpu.launch_on_with_struct(self.stream_now(), kernel, shape, Some(table), args).map_err(launch_error(op))
     }
 
     /// Blocks for a grid-stride loop over `n` elements: enough to fill the GPU, no more than `n` needs.
@@ -598,8 +614,10 @@ pub struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// The device memory (its capacity may exceed `len`).
+    /// The device memory (its capacity may exceed `len`), for a use by the stream launches go to now:
+    /// after the branch that made it, if one did (`branch`).
     fn slice(&self) -> &CudaSlice<f32> {
+        self.device.settle(self);
         self.block.slice.as_ref().expect("a live block holds its memory")
     }
 
@@ -636,6 +654,7 @@ impl DeviceBuffer {
         self.device.refuse_copy_while_capturing(op)?;
         let device = Arc::clone(&self.device);
         device.launch_pending()?;
+        device.join_branch()?;
         device.in_place_writes.fetch_add(1, Ordering::Relaxed);
         let Some(block) = Arc::get_mut(&mut self.block) else {
             return Err(Error::device(op, "the elements are shared, so they cannot change in place"));
@@ -655,6 +674,7 @@ impl DeviceBuffer {
 
     /// Whether no other buffer shares these elements (a write to them is seen by this buffer alone).
     pub(crate) fn is_unshared(&self) -> bool {
+        self.device.release(self);
         Arc::strong_count(&self.block) == 1
     }
 
@@ -682,6 +702,7 @@ impl DeviceBuffer {
         }
         let device = Arc::clone(&self.device);
         device.launch_pending()?;
+        device.join_branch()?;
         device.in_place_writes.fetch_add(1, Ordering::Relaxed);
         let Some(block) = Arc::get_mut(&mut self.block) else {
             return Err(Error::device(op, "the elements are shared, so they cannot change in place"));

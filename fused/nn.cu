@@ -2106,6 +2106,29 @@ __device__ __forceinline__ int band_offset(const DirectConv& v, int p) {
     return (r * v.pitch + p - r * v.out_w) * v.stride;
 }
 
+// weights[k][o] for the chunk of `count` channels from c0 and the MMA_OUT result channels from o0 (k = c·taps + t,
+// rows MMA_WEIGHT_PITCH apart; 0 past the chunk's taps up to k_pad and past the result channels): a thread takes
+// a (result channel, chunk channel) pair at a time and copies its taps, which lie side by side in w (reversed
+// where the kernel is flipped), so no index is divided per weight. (A thread stepping k with one o, its index
+// worked out per weight, issued a quarter of a 16→16 forward's instructions.)
+__device__ __forceinline__ void stage_mma_weights(float* weights, const float* __restrict__ w, const DirectConv& v,
+                                                  int o0, int c0, int count, int k_pad) {
+    const int taps = v.kernel_h * v.kernel_w, step = v.flip ? -1 : 1;
+    for (int q = threadIdx.x; q < MMA_OUT * count; q += blockDim.x) {
+        const int lane_o = q % MMA_OUT, c = q / MMA_OUT, o = o0 + lane_o;
+        float* to = weights + c * taps * MMA_WEIGHT_PITCH + lane_o;
+        if (o < v.out_channels) {
+            const float* from = w + window_weight(v, o, c0 + c, 0);
+            for (int t = 0; t < taps; ++t) cp_async4(to + t * MMA_WEIGHT_PITCH, from + step * t);
+        } else {
+            for (int t = 0; t < taps; ++t) to[t * MMA_WEIGHT_PITCH] = 0.0f;
+        }
+    }
+    const int tail = k_pad - count * taps;
+    for (int i = threadIdx.x; i < tail * MMA_OUT; i += blockDim.x)
+        weights[(count * taps + i / MMA_OUT) * MMA_WEIGHT_PITCH + i % MMA_OUT] = 0.0f;
+}
+
 // Grid: (N·bands, ⌈out_channels/MMA_OUT⌉), blocks of ⌈band_rows·OW/(16·MMA_TILES)⌉ warps; shared memory
 // k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane + 4 floats (k_pad = chunk·KH·KW rounded up to 8): the weights
 // [k][o] (0 past the chunk's taps), the taps' offsets in the tile in bytes (0 past them: the window's first
@@ -2133,21 +2156,10 @@ __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __r
             at[i][h] = shared_address(tile + (p < positions ? band_offset(v, p) : 0));
         }
     float acc[MMA_TILES][2][4] = {};
-    const int lane_o = threadIdx.x % MMA_OUT, o = o0 + lane_o;
     for (int c0 = 0; c0 < v.in_channels; c0 += v.chunk) {
         const int count = min(v.chunk, v.in_channels - c0), k_count = count * taps;
         __syncthreads();  // the last chunk read
-        // weights[k][o]: a thread keeps one o and steps its taps k = (c, t); 0 past the chunk's taps. (A warp
-        // a result channel, its lanes along the taps, and likewise dy in nn_conv2d_mma_grad_weight, ran the
-        // ResNet example's captured step in 553.1 µs against 542.5 µs.)
-        for (int k = threadIdx.x / MMA_OUT, c = k / taps, t = k - c * taps; k < k_pad;) {
-            const bool real = k < k_count && o < v.out_channels;
-            cp_async4_or_zero(weights + k * MMA_WEIGHT_PITCH + lane_o, real ? w + window_weight(v, o, c0 + c, t) : w,
-                              real ? 4 : 0);
-            const int step = blockDim.x / MMA_OUT;
-            k += step;
-            for (t += step; t >= taps; t -= taps) ++c;
-        }
+        stage_mma_weights(weights, w, v, o0, c0, count, k_pad);
         for (int k = threadIdx.x; k < k_pad; k += blockDim.x) {
             const int c = k / taps, t = k - c * taps, ky = t / v.kernel_w;
             offsets[k] = k < k_count ? 4 * (c * v.plane + ky * v.pitch + t - ky * v.kernel_w) : 0;
@@ -2258,11 +2270,23 @@ __device__ __forceinline__ void conv2d_mma_grad_weight(const DirectConv& v, cons
     const int most = (v.band_rows * v.out_w + 7) / 8 * 8, dy_pitch = most + (36 - most % 32) % 32;
     float* tile = dys + MMA_OUT * dy_pitch;
     const int c0 = t0 / khw, count = min(v.chunk, v.in_channels - c0);
-    for (int i = threadIdx.x; i < MMA_OUT * k_pad; i += blockDim.x) {
-        const int oo = i / k_pad, p = i - oo * k_pad, o = o0 + oo;
-        const bool real = o < v.out_channels && p < positions;
-        const float* from = dy + (((size_t)s * v.out_channels + o) * v.out_h + oy0) * v.out_w + p;
-        cp_async4_or_zero(dys + oo * dy_pitch + p, real ? from : dy, real ? 4 : 0);
+    // dy's rows: a channel's band positions lie side by side in dy, so where they align they go 16 bytes
+    // at a time, a quarter of the copies and of their index work.
+    const size_t plane_out = (size_t)v.out_h * v.out_w;
+    const float* dy_band = dy + (size_t)s * v.out_channels * plane_out + (size_t)oy0 * v.out_w;
+    if (positions % 4 == 0 && plane_out % 4 == 0 && oy0 * v.out_w % 4 == 0 && ((size_t)dy & 15) == 0) {
+        const int quads = k_pad / 4;
+        for (int i = threadIdx.x; i < MMA_OUT * quads; i += blockDim.x) {
+            const int oo = i / quads, p = 4 * (i - oo * quads), o = o0 + oo;
+            const bool real = o < v.out_channels && p < positions;
+            cp_async16_or_zero(dys + oo * dy_pitch + p, real ? dy_band + o * plane_out + p : dy, real);
+        }
+    } else {
+        for (int i = threadIdx.x; i < MMA_OUT * k_pad; i += blockDim.x) {
+            const int oo = i / k_pad, p = i - oo * k_pad, o = o0 + oo;
+            const bool real = o < v.out_channels && p < positions;
+            cp_async4_or_zero(dys + oo * dy_pitch + p, real ? dy_band + o * plane_out + p : dy, real ? 4 : 0);
+        }
     }
     stage_band(tile, x, v, s, c0, count, oy0);
     cp_async_commit();

@@ -11,6 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 # (name, file, exact text, replacement, the selftest part that runs it). Each text must occur exactly once.
 MUTATIONS = [
+    ("nn: the tensor-core conv stages a flipped kernel's taps in their stored order", "nn.cu",
+     "const int taps = v.kernel_h * v.kernel_w, step = v.flip ? -1 : 1;",
+     "const int taps = v.kernel_h * v.kernel_w, step = 1;", "nn"),
+    ("nn: the tensor-core conv stages a chunk's later channels from its first", "nn.cu",
+     "const float* from = w + window_weight(v, o, c0 + c, 0);", "const float* from = w + window_weight(v, o, c0, 0);",
+     "nn"),
+    ("nn: the tensor-core weight gradient's 16-byte dy rows start a quad late", "nn.cu",
+     "cp_async16_or_zero(dys + oo * dy_pitch + p, real ? dy_band + o * plane_out + p : dy, real);",
+     "cp_async16_or_zero(dys + oo * dy_pitch + p, real && p + 4 < positions ? dy_band + o * plane_out + p + 4 : dy,\n"
+     "                               real && p + 4 < positions);", "nn"),
     ("nn: a broadcast operand's gradient misses the last position it was read at", "nn.cu",
      "for (int i3 = e3 > 1 ? c3 : 0; i3 < (e3 > 1 ? c3 + 1 : d3); ++i3) {",
      "for (int i3 = e3 > 1 ? c3 : 0; i3 < (e3 > 1 ? c3 + 1 : d3 - 1); ++i3) {", "nn"),

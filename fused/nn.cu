@@ -3,7 +3,7 @@
 // launch layer: src/nn/cuda/.
 //
 //   elementwise  nn_binary (+ − × ÷ with NumPy broadcasting, the shapes collapsed to four axes by the
-//                host), nn_binary_grad (one operand's gradient: each of its elements sums the positions it
+//                host), nn_add_relu (a sum and its ReLU, the capture's add → relu), nn_binary_grad (one operand's gradient: each of its elements sums the positions it
 //                was broadcast to, in row-major order, as the CPU twin does), nn_scalar, nn_unary and
 //                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
 //   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up; a long axis first in
@@ -28,7 +28,7 @@
 //                too), nn_scale_by (a saved gradient times the upstream scalar gradient).
 //   optimizer    nn_update_tensors (optim.cuh's update of many tensors a launch; its last block advances
 //                their step counts), nn_sum_squares_chunks, nn_clip_factor and nn_scale_chunks
-//                (clip_grad_norm over many gradients a launch), nn_accumulate (y += x).
+//                (clip_grad_norm over many gradients a launch).
 //   layers       nn_layer_norm (a warp per row; μ and 1/σ kept), nn_layer_norm_grad (dx, a warp per row),
 //                nn_layer_norm_grad_affine (dweight and dbias over parts of the rows, a thread per (part, column)
 //                summing its rows in order; the parts then added in order),
@@ -201,6 +201,20 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 nn_unary(int kind, const float* __restrict__ x, float* __restrict__ y, int n) {
     begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) y[i] = unary_apply(kind, x[i]);
+}
+
+// out = a + b over n elements of one shape, and activated = relu(out) beside it: a sum whose one reader is a
+// ReLU (the residual block's x + f(x), then ReLU) in one launch, the capture-time fusion add → relu. The
+// expressions are nn_binary's and nn_unary's, so the bits are those of the two launches.
+extern "C" __global__ void __launch_bounds__(THREADS)
+nn_add_relu(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
+            float* __restrict__ activated, int n) {
+    begin_after_previous_grid();
+    for (int e = grid_index(); e < n; e += grid_stride()) {
+        const float sum = binary_apply(OP_ADD, a[e], b[e]);
+        out[e] = sum;
+        activated[e] = unary_apply(UNARY_RELU, sum);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -870,13 +884,6 @@ nn_scale_by(const float* __restrict__ saved, const float* __restrict__ upstream,
 extern "C" __global__ void __launch_bounds__(THREADS) nn_fill(float* __restrict__ out, float value, int n) {
     begin_after_previous_grid();
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = value;
-}
-
-// y += x: gradients reaching one tensor from several consumers.
-extern "C" __global__ void __launch_bounds__(THREADS)
-nn_accumulate(const float* __restrict__ x, float* __restrict__ y, int n) {
-    begin_after_previous_grid();
-    for (int i = grid_index(); i < n; i += grid_stride()) y[i] += x[i];
 }
 
 // ---- optimizer and clip_grad_norm: many tensors a launch ----

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 # (name, file, exact text, replacement, the selftest part that runs it). Each text must occur exactly once.
 MUTATIONS = [
+    ("nn: the fused add → relu stores the ReLU of its first operand", "nn.cu",
+     "activated[e] = unary_apply(UNARY_RELU, sum);", "activated[e] = unary_apply(UNARY_RELU, a[e]);", "nn"),
     ("nn: the tensor-core conv stages a flipped kernel's taps in their stored order", "nn.cu",
      "const int taps = v.kernel_h * v.kernel_w, step = v.flip ? -1 : 1;",
      "const int taps = v.kernel_h * v.kernel_w, step = 1;", "nn"),

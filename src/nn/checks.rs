@@ -1293,10 +1293,23 @@ fn conv_steps(
     (first, second): (Activation, Activation),
     captured: bool,
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
+    conv_block_steps(device, seed, (first, second), captured, false)
+}
+
+/// `conv_steps`, or with `residual` a residual block: the second convolution 4 → 4 channels, its output added
+/// to its input before `second` (`h + conv(h)`, as a ResNet block).
+fn conv_block_steps(
+    device: &Arc<Device>,
+    seed: u64,
+    (first, second): (Activation, Activation),
+    captured: bool,
+    residual: bool,
+) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
     use super::CapturedStep;
     use rand::SeedableRng;
     let mut rng = SeededRng::seed_from_u64(seed);
-    let shapes: [&[usize]; 4] = [&[4, 2, 3, 3], &[4], &[5, 4, 3, 3], &[5]];
+    let outputs = if residual { 4 } else { 5 };
+    let shapes: [&[usize]; 4] = [&[4, 2, 3, 3], &[4], &[outputs, 4, 3, 3], &[outputs]];
     let parameters: Vec<Tensor> = (shapes.iter())
         .map(|s| Tensor::parameter(values(&mut rng, s, -0.5, 0.5), s)?.to_device(device))
         .collect::<Result<_>>()?;
@@ -1311,7 +1324,8 @@ fn conv_steps(
             sgd.zero_grad();
             let p = &parameters;
             let h = first(&conv2d(&x, &p[0], Some(&p[1]), 1, 1)?)?;
-            let loss = second(&conv2d(&h, &p[2], Some(&p[3]), 1, 1)?)?.sum_all()?;
+            let y = conv2d(&h, &p[2], Some(&p[3]), 1, 1)?;
+            let loss = second(&if residual { h.add(&y)? } else { y })?.sum_all()?;
             loss.backward()?;
             sgd.step()?;
             Ok(loss)
@@ -1326,7 +1340,8 @@ fn conv_steps(
 /// cores and on the CUDA cores, with a ReLU in either place or neither: captured, each ReLU in its
 /// convolution's stores (`conv2d → relu`) against the same steps op by op; and, op by op, the first ReLU's
 /// slope in the second convolution's input gradient (taken each step) against the fusion off, and the
-/// weight gradients on the backward's second stream (cuda::branch) against one stream. Each fusion
+/// weight gradients on the backward's second stream (cuda::branch) against one stream; then a residual
+/// block's sum and ReLU in one launch (`add → relu`), captured against op by op. Each fusion
 /// was made where a ReLU is (an equality that fused nothing would prove nothing), and none for the other
 /// activations or with the implicit products.
 fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
@@ -1378,6 +1393,17 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         }
     }
     device.set_conv_kernels(ConvKernels::TensorCores);
+    // A residual block's sum and the ReLU after it in one launch (`add → relu`), captured against op by op.
+    let seed = rng.random();
+    let run = |captured| conv_block_steps(device, seed, (relu.1, relu.1), captured, true);
+    let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
+    let made: usize = fusions.iter().filter(|(what, _)| what.starts_with("add → relu")).map(|(_, n)| n).sum();
+    checks.push(Check {
+        kernel: "nn fused add → relu = op by op".into(),
+        shape: format!("[3, 2, 9, 11] conv 3×3 → 4, relu, h + conv 3×3 → 4 (h), relu, 4 SGD steps (fused: {made})"),
+        rel_error: if made == 1 && bits(&eager) == bits(&captured) { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    });
     Ok(checks)
 }
 

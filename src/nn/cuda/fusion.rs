@@ -7,6 +7,7 @@
 //! | `linear` → `relu`, `gelu`, `tanh`, `sigmoid`, … | the activation in the product's epilogue (the pre-activation is still written: the activation's backward reads it) |
 //! | `conv2d` (fp32, direct) → `relu` | the ReLU in the window walk's stores, likewise |
 //! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
+//! | `add` (operands of one shape) → `relu` | the sum and its ReLU in one launch (`nn_add_relu`), the sum still written |
 //! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
 //! | `linear` (fp32, no activation, ≤ 64 outputs) → `cross_entropy` | the loss of each row of logits, its gradient and their mean, by the block that formed the row (`nn_linear_cross_entropy`) |

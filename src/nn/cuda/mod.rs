@@ -51,6 +51,8 @@ use std::sync::{Arc, Mutex};
 /// The kernels of `fused/nn.cu`, loaded once per device.
 pub(crate) struct Kernels {
     pub(crate) binary: Kernel,
+    /// `nn_add_relu`: a sum of one shape and its ReLU (capture-time fusion).
+    pub(crate) add_relu: Kernel,
     pub(crate) binary_grad: Kernel,
     pub(crate) scalar: Kernel,
     pub(crate) scalar_grad: Kernel,
@@ -88,7 +90,6 @@ pub(crate) struct Kernels {
     pub(crate) product_bf16_slope: [Kernel; 4],
     pub(crate) cross_entropy: Kernel,
     pub(crate) scale_by: Kernel,
-    pub(crate) accumulate: Kernel,
     pub(crate) count_steps: Kernel,
     pub(crate) update_tensors: Kernel,
     pub(crate) fill: Kernel,
@@ -225,6 +226,7 @@ impl Device {
             let k = |name: &str| Gpu::function(&module, name);
             Ok(Kernels {
                 binary: k("nn_binary")?,
+                add_relu: k("nn_add_relu")?,
                 binary_grad: k("nn_binary_grad")?,
                 scalar: k("nn_scalar")?,
                 scalar_grad: k("nn_scalar_grad")?,
@@ -274,7 +276,6 @@ impl Device {
                 ],
                 cross_entropy: k("nn_cross_entropy")?,
                 scale_by: k("nn_scale_by")?,
-                accumulate: k("nn_accumulate")?,
                 count_steps: k("nn_count_steps")?,
                 update_tensors: k("nn_update_tensors")?,
                 fill: k("nn_fill")?,
@@ -725,14 +726,13 @@ impl DeviceBuffer {
         Ok(copy)
     }
 
-    /// self + other, elementwise, in a new buffer (gradients meeting at one tensor).
+    /// self + other, elementwise, in a new buffer (gradients meeting at one tensor): one launch of
+    /// `nn_binary`, whose sum has the bits of a copy of self plus other.
     pub(crate) fn plus(&self, other: &DeviceBuffer) -> Result<DeviceBuffer> {
-        let sum = self.duplicate("backward")?;
-        let device = &self.device;
-        let n = self.len as i32;
-        let args = [device.arg(other), device.arg(&sum), Arg::i32(n)];
-        device.launch("backward", &device.kernels.accumulate, device.blocks_for(self.len), 0, &args)?;
-        Ok(sum)
+        const NAME: &str = "backward";
+        self.device.launch_pending()?;
+        let n = ops::int(NAME, self.len)?;
+        ops::launch_binary(&self.device, NAME, ops::OP_ADD, (self, other), self.len, ([1, 1, 1, n], [[0, 0, 0, 1]; 2]))
     }
 }
 

@@ -96,7 +96,7 @@ fn words(values: &[i32]) -> impl Iterator<Item = Arg> + '_ {
 }
 
 /// `nn_binary` over `n` outputs of the four axes `dims`, each operand read through its strides.
-fn launch_binary(
+pub(super) fn launch_binary(
     device: &Arc<Device>,
     name: &'static str,
     code: i32,
@@ -114,6 +114,21 @@ fn launch_binary(
         _ => t[i - 13],
     });
     device.launch(name, &device.kernels.binary, device.blocks_for(n), 0, &args)?;
+    Ok(out)
+}
+
+/// a + b of `n` elements each, and its ReLU, which the sum's output carries for the ReLU that reads it
+/// (capture-time fusion: `nn_add_relu`).
+fn add_relu(
+    device: &Arc<Device>,
+    name: &'static str,
+    (a, b): (&DeviceBuffer, &DeviceBuffer),
+    n: usize,
+) -> Result<DeviceBuffer> {
+    let (out, activated) = (device.alloc(name, n)?, device.alloc(name, n)?);
+    let args = [device.arg(a), device.arg(b), device.arg(&out), device.arg(&activated), Arg::i32(int(name, n)?)];
+    device.launch(name, &device.kernels.add_relu, device.blocks_for(n), 0, &args)?;
+    out.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: name });
     Ok(out)
 }
 
@@ -157,8 +172,11 @@ pub(crate) fn binary<F: Real>(
     let norm =
         producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n.is_multiple_of(p.width));
     let norm = norm.and_then(|(params, with_bf16)| Some((params.buffers(device)?, params, with_bf16)));
+    // Or with the ReLU that reads it.
+    let relu = norm.is_none() && producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
     let out = match norm {
         Some((buffers, params, with_bf16)) => add_layer_norm(device, (&x, &y), n, (params, buffers), with_bf16)?,
+        None if relu => add_relu(device, name, (&x, &y), n)?,
         None => launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?,
     };
     out.made_by_producer(producer.as_ref());

@@ -1,6 +1,7 @@
-//! The text model's device buffers as the kernels of fused/text_batch.cu take them: `TextBuffers`, one
-//! struct declared in fused/text_buffers.cuh, built when the buffers are allocated (`refresh_buffers`)
-//! and passed as each kernel's first parameter, in place of a list of pointers spelled out per launch.
+//! The text model's device buffers as the kernels of fused/text.cu, text_sample.cu and text_batch.cu take
+//! them: `TextBuffers`, one struct declared in fused/text_buffers.cuh, built when the buffers are allocated
+//! (`refresh_buffers`) and passed as each kernel's first parameter, in place of a list of pointers spelled
+//! out per launch. text_advance keeps its two parameters, the cursor and a count.
 //!
 //! By value, not written to device memory and passed as one pointer: a by-value struct lives in the
 //! launch's parameter space, so a kernel reads a buffer's address from the constant bank exactly as it

@@ -485,36 +485,11 @@ impl TextTrainer for GpuTrainer {
             self.launch_forward(b, false)?;
             let k = self.kernels_for(b)?;
             let (rank_fn, finish_fn) = (k.eval_rank.clone(), k.eval_finish.clone());
-            let (g, buf) = (&*self.gpu, &self.buffers);
-            let (tokens, positions, cursor) =
-                (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor));
-            let args = [
-                Arg::buf(g, &buf.logits),
-                tokens,
-                positions,
-                cursor,
-                Arg::u32(0),
-                Arg::i32(v),
-                Arg::i32(b as i32),
-                Arg::i32(rows),
-                Arg::buf(g, &buf.rank),
-            ];
-            g.launch(&rank_fn, (grid as u32, 1), 0, false, &args)?;
-            let args = [
-                Arg::buf(g, &buf.logits),
-                Arg::buf(g, &buf.stats),
-                tokens,
-                positions,
-                cursor,
-                Arg::u32(0),
-                Arg::i32(v),
-                Arg::i32(b as i32),
-                Arg::i32(grid),
-                Arg::buf(g, &buf.rank),
-                Arg::buf(g, &self.loss_sum),
-                Arg::buf(g, &self.hit_counts),
-            ];
-            g.launch(&finish_fn, (1, 1), 0, false, &args)?;
+            let (g, table) = (&*self.gpu, &self.buffer_table);
+            let args = [Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(rows)];
+            g.launch_with_struct(&rank_fn, ((grid as u32, 1), 0, false), table, &args)?;
+            let args = [Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(grid)];
+            g.launch_with_struct(&finish_fn, ((1, 1), 0, false), table, &args)?;
             self.launch_advance(b)?;
         }
         let counts = self.gpu.stream.clone_dtoh(&self.hit_counts).context("a text evaluation kernel failed")?;

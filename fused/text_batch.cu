@@ -84,22 +84,22 @@ __device__ __forceinline__ void gather_inputs(const float* E, const unsigned* to
 template <class Out>
 __device__ __forceinline__ void hidden_tile(const float* W1, const float* b1, const float* xT, int sb, int n0,
                                             float* stage, Out out) {
-    auto w1 = staged<true>([=](int h, int d) { return __ldg(&W1[(size_t)h * D + d]); }, H, n0, D, stage);
+    auto w1 = staged<true>([=](int h, int d) { return W1[(size_t)h * D + d]; }, H, n0, D, stage);
     Resident x{xT};
     gemm_128(sb, H, D, 0, n0, x, w1, [&](int m, int n, float4 acc) {
         const float z[4] = {acc.x, acc.y, acc.z, acc.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (n + j < H) out(m, n + j, fmaxf(z[j] + __ldg(&b1[n + j]), 0.0f));
+            if (n + j < H) out(m, n + j, fmaxf(z[j] + b1[n + j], 0.0f));
     });
 }
 
-// dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand.
+// dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand. W1 and b1 are restrict
+// parameters, not read through __ldg: see fused/text_buffers.cuh.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-text_batch_forward(const TextBuffers buf, unsigned offset, int V, int N, int B) {
+text_batch_forward(const TextBuffers buf, unsigned offset, int V, int N, int B, const float* __restrict__ W1,
+                   const float* __restrict__ b1) {
     const float* __restrict__ E = buf.embedding;
-    const float* __restrict__ W1 = buf.w1;
-    const float* __restrict__ b1 = buf.b1;
     const float* __restrict__ W2 = buf.w2;
     const float* __restrict__ b2 = buf.b2;
     const unsigned* __restrict__ tokens = buf.tokens;
@@ -482,8 +482,10 @@ text_batch_update(const TextBuffers buf, unsigned offset, int V, int N, int B, f
 // gradient in memory: a grid-stride pass over the parameters as one vector E, W1, b1, W2, b2 (m and v
 // laid out the same), clearing the gradients text_batch_update accumulates into (text_batch_forward
 // clears ∂W2 and ∂b2). step: optimizer steps taken, advanced by the last block; ticket zero between launches.
+// ∂W2 and ∂b2 are restrict parameters, not read through __ldg: see fused/text_buffers.cuh.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_batch_optimize(const TextBuffers buf, const OptimSettings optim, int V, float lr) {
+text_batch_optimize(const TextBuffers buf, const OptimSettings optim, int V, float lr,
+                    const float* __restrict__ grad_w2, const float* __restrict__ grad_b2) {
     float* __restrict__ E = buf.embedding;
     float* __restrict__ W1 = buf.w1;
     float* __restrict__ b1 = buf.b1;
@@ -492,8 +494,6 @@ text_batch_optimize(const TextBuffers buf, const OptimSettings optim, int V, flo
     float* __restrict__ grad_E = buf.grad_embedding;
     float* __restrict__ grad_w1 = buf.grad_w1;
     float* __restrict__ grad_b1 = buf.grad_b1;
-    const float* __restrict__ grad_w2 = buf.grad_w2;
-    const float* __restrict__ grad_b2 = buf.grad_b2;
     float* __restrict__ m = buf.m;
     float* __restrict__ v = buf.v;
     unsigned* __restrict__ step = buf.step;
@@ -542,10 +542,9 @@ text_batch_optimize(const TextBuffers buf, const OptimSettings optim, int V, flo
 
 // grid (ceil(H / TILE), ceil(B / TILE)); dynamic shared memory: xT [D8][LD], then one staged operand.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_batch_hidden_bf16(const TextBuffers buf, unsigned offset, int N, int B) {
+text_batch_hidden_bf16(const TextBuffers buf, unsigned offset, int N, int B, const float* __restrict__ W1,
+                       const float* __restrict__ b1) {
     const float* __restrict__ E = buf.embedding;
-    const float* __restrict__ W1 = buf.w1;
-    const float* __restrict__ b1 = buf.b1;
     const unsigned* __restrict__ tokens = buf.tokens;
     const unsigned* __restrict__ positions = buf.positions;
     const unsigned* __restrict__ cursor = buf.cursor;

@@ -5,8 +5,13 @@
 //
 // The pointers carry no __restrict__, and NVRTC gives the read-only loads (ld.global.nc) only to
 // restrict-qualified pointers. So each kernel opens by naming the buffers it touches as __restrict__
-// locals, const where it only reads them, which keeps its loads as they were when the buffers were
-// parameters (compare the PTX before changing one).
+// locals, const where it only reads them, and reads the ones it only reads through __ldg, which keeps its
+// loads as they were when the buffers were parameters (compare the PTX before changing one).
+//
+// __ldg is inline assembly, which the compiler does not copy into the versions of a loop it would
+// otherwise make (one per optimizer kind, a peeled or unrolled copy). Where a kernel's loop was copied
+// that way, the buffers it reads stay restrict parameters after the struct: W1 and b1 of
+// text_batch_forward and text_batch_hidden_bf16, ∂W2 and ∂b2 of text_batch_optimize.
 #pragma once
 #include "common.cuh"
 

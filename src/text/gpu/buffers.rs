@@ -13,7 +13,9 @@
 //! The struct's pointers carry no `__restrict__`, so NVRTC no longer infers the read-only loads
 //! (`ld.global.nc`) a kernel's restrict parameters gave it: each kernel names its buffers as restrict
 //! locals (which keeps their aliasing) and reads the buffers it only reads through `__ldg`.
-//! text_batch_logits_bf16 keeps its buffers as parameters: its loads sit in fused/gemm_wgmma.cuh.
+//! text_batch_logits_bf16 keeps its buffers as parameters: its loads sit in fused/gemm_wgmma.cuh. So do a
+//! few buffers whose loads sit in a loop the compiler copies, which it does not do with `__ldg` (W1 and b1
+//! of text_batch_forward and text_batch_hidden_bf16, ∂W2 and ∂b2 of text_batch_optimize).
 
 use super::GpuTrainer;
 use crate::device::kernel_struct::{Address, Opaque, kernel_struct};

@@ -231,7 +231,7 @@ impl GpuTrainer {
             // Says which flag to lower.
             self.gpu.reserve_shared(&forward, self.layout.tiled_forward_shared(), "--hidden")?;
         }
-        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
+        let (g, p, l, table) = (&*self.gpu, &self.params, &self.layout, &self.buffer_table);
         let TextShape { vocab: v, hidden: h, context: n, .. } = self.shape;
         let (off, vi, bi) = (Arg::u32(offset as u32), Arg::i32(v as i32), Arg::i32(batch as i32));
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
@@ -240,7 +240,7 @@ impl GpuTrainer {
         let groups = (g.sm_count as usize / s_tiles).clamp(1, v_tiles);
         // z1 holds h = ReLU(z1) on this path (text_batch_backward and text_batch_update read it).
         let grid = (groups as u32, s_tiles as u32);
-        let args = [off, vi, Arg::i32(n as i32), bi];
+        let args = [off, vi, Arg::i32(n as i32), bi, Arg::buf(g, &p.w1), Arg::buf(g, &p.b1)];
         g.launch_with_struct(&forward, (grid, l.tiled_forward_shared() as u32, false), table, &args)?;
 
         // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
@@ -269,7 +269,7 @@ impl GpuTrainer {
             &hidden,
             (grid, l.tiled_hidden_shared() as u32, false),
             table,
-            &[off, Arg::i32(n as i32), bi],
+            &[off, Arg::i32(n as i32), bi, Arg::buf(g, &p.w1), Arg::buf(g, &p.b1)],
         )?;
 
         let args = [Arg::buf(g, &bf.hidden), Arg::buf(g, &bf.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.logits), vi, bi];
@@ -290,7 +290,7 @@ impl GpuTrainer {
     /// parts (the bf16 step's, or b.dh), then every update; at bf16 also W2's bf16 copy.
     fn launch_tiled_update(&mut self, batch: usize, offset: usize, lr: f32, dh_parts: i32) -> Result<()> {
         let update = self.tiled_kernels()?.update.clone();
-        let (g, table) = (&*self.gpu, &self.buffer_table);
+        let (g, b, table) = (&*self.gpu, &self.buffers, &self.buffer_table);
         let TextShape { vocab: v, embed: d, hidden: h, context: n } = self.shape;
         let vi = Arg::i32(v as i32);
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
@@ -315,6 +315,7 @@ impl GpuTrainer {
         let blocks = (self.shape.parameter_count() as usize)
             .div_ceil(THREADS_PER_BLOCK as usize * 8)
             .clamp(1, 4 * g.sm_count as usize);
-        g.launch_with_structs(&o.kernel, ((blocks as u32, 1), 0, false), &[table, &settings], &[vi, Arg::f32(lr)])
+        let args = [vi, Arg::f32(lr), Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2)];
+        g.launch_with_structs(&o.kernel, ((blocks as u32, 1), 0, false), &[table, &settings], &args)
     }
 }

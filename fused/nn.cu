@@ -3,8 +3,9 @@
 // launch layer: src/nn/cuda/.
 //
 //   elementwise  nn_binary (+ − × ÷ with NumPy broadcasting, the shapes collapsed to four axes by the
-//                host), nn_add_relu (a sum and its ReLU, the capture's add → relu), nn_binary_grad (one operand's gradient: each of its elements sums the positions it
-//                was broadcast to, in row-major order, as the CPU twin does), nn_scalar, nn_unary and
+//                host), nn_add_relu (a sum and its ReLU, the capture's add → relu), nn_binary_grad (one
+//                operand's gradient: each of its elements sums the positions it was broadcast to, in
+//                row-major order, as the CPU twin does), nn_scalar, nn_unary and
 //                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
 //   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up; a long axis first in
 //                parts by nn_sum_axis_parts, the parts then added in order), nn_sum_slices (a weight

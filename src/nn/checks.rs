@@ -1053,7 +1053,6 @@ fn block_steps(
 /// A captured residual block equals the same steps op by op to the bit, in fp32 and in bf16, and its
 /// capture fused what `fusion` says it fuses (a check that fused nothing would prove nothing).
 fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> {
-    let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let mut checks = Vec::new();
     // gelu and relu into fc1's and proj's epilogues, the dropout into fc2's, both residual adds into the
     // norms after them, the gelu's slope into fc2's backward; in fp32 the cross-entropy into head's
@@ -1061,7 +1060,7 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     for (precision, expected) in [(Precision::Fp32, 7), (Precision::Bf16, 10)] {
         let (eager, _) = block_steps(device, seed, precision, false)?;
         let (captured, fusions) = block_steps(device, seed, precision, true)?;
-        let same = bits(&eager) == bits(&captured);
+        let same = steps_bits(&eager) == steps_bits(&captured);
         let made: usize = fusions.iter().map(|(_, n)| n).sum();
         let listed: Vec<String> = fusions.iter().map(|(what, n)| format!("{what} ×{n}")).collect();
         let shape = format!("residual block, 8 AdamW steps, {}, fused: {}", precision.name(), listed.join("; "));
@@ -1149,7 +1148,6 @@ fn linear_loss_steps(
 /// with layers whose inputs fill whole tiles, so that the bias's column is a tile of its own.
 fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use rand::SeedableRng;
-    let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let mut checks = Vec::new();
     for (bias, ignoring, halves, halved) in [
         (true, false, false, false),
@@ -1167,7 +1165,7 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, None, captured);
         let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
         let fused = fusions.iter().any(|(what, _)| what.starts_with("linear → cross_entropy"));
-        let right = fused != halves && bits(&eager) == bits(&captured);
+        let right = fused != halves && steps_bits(&eager) == steps_bits(&captured);
         let (rows, inputs, classes) = sizes;
         let seen = if halves { format!(", seen as {}×{}", 2 * rows, classes / 2) } else { String::new() };
         let from = if halved { ", from half the loss" } else { "" };
@@ -1210,7 +1208,7 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let (dx, together) = (made("linear ← cross_entropy"), made("linear ← linear"));
         // Every row ignored: the parameters must come through finite (zero gradients), as PyTorch's.
         let finite = i != 4 || eager.1.iter().all(|v| v.is_finite());
-        let right = dx && together && finite && bits(&eager) == bits(&captured);
+        let right = dx && together && finite && steps_bits(&eager) == steps_bits(&captured);
         let (rows, inputs, classes) = sizes;
         let shape = format!(
             "{rows}×{inputs} → {width}, {name}, → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps (dx fused: \
@@ -1281,6 +1279,11 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
     Ok(checks)
 }
 
+/// A run's losses and parameters as bits, for comparing two runs to the bit.
+fn steps_bits((losses, parameters): &StepsResult) -> Vec<u32> {
+    losses.iter().chain(parameters).map(|v| v.to_bits()).collect()
+}
+
 /// The SGD steps of `conv_steps`.
 const CONV_STEPS: usize = 4;
 
@@ -1345,7 +1348,6 @@ fn conv_block_steps(
 /// was made where a ReLU is (an equality that fused nothing would prove nothing), and none for the other
 /// activations or with the implicit products.
 fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
-    let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let [relu, tanh, sigmoid, gelu]: [(&str, Activation); 4] =
         [("relu", Tensor::relu), ("tanh", Tensor::tanh), ("sigmoid", Tensor::sigmoid), ("gelu", Tensor::gelu)];
     let mut checks = Vec::new();
@@ -1377,9 +1379,9 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             // Each step forks the second stream for both weight gradients (branch.rs).
             let right = (forward, backward, slopes) == (relus, sloped as usize, CONV_STEPS * sloped as usize)
                 && forks == 2 * CONV_STEPS
-                && bits(&eager) == bits(&captured)
-                && bits(&eager) == bits(&unfused)
-                && bits(&eager) == bits(&one_stream);
+                && steps_bits(&eager) == steps_bits(&captured)
+                && steps_bits(&eager) == steps_bits(&unfused)
+                && steps_bits(&eager) == steps_bits(&one_stream);
             checks.push(Check {
                 kernel: "nn fused conv2d = op by op".into(),
                 shape: format!(
@@ -1400,7 +1402,6 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
 /// A residual block's sum and the ReLU after it in one launch (`add → relu`), captured against op by op, to
 /// the bit; the fusion made once a step.
 fn add_relu_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Check> {
-    let bits = |(l, p): &StepsResult| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
     let seed = rng.random();
     let run = |captured| conv_block_steps(device, seed, (Tensor::relu, Tensor::relu), captured, true);
     let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
@@ -1408,7 +1409,7 @@ fn add_relu_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<C
     Ok(Check {
         kernel: "nn fused add → relu = op by op".into(),
         shape: format!("[3, 2, 9, 11] conv 3×3 → 4, relu, h + conv 3×3 → 4 (h), relu, 4 SGD steps (fused: {made})"),
-        rel_error: if made == 1 && bits(&eager) == bits(&captured) { 0.0 } else { f64::INFINITY },
+        rel_error: if made == 1 && steps_bits(&eager) == steps_bits(&captured) { 0.0 } else { f64::INFINITY },
         tolerance: 0.0,
     })
 }
@@ -1454,8 +1455,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
             tolerance: 0.0,
         });
         let (eager, captured) = (adam_steps(&device, seed, false)?, adam_steps(&device, seed, true)?);
-        let bits = |(l, p): &(Vec<f32>, Vec<f32>)| l.iter().chain(p).map(|v| v.to_bits()).collect::<Vec<u32>>();
-        let same = bits(&eager) == bits(&captured);
+        let same = steps_bits(&eager) == steps_bits(&captured);
         let shape = "MLP 20-33-7, 12 Adam steps, cosine rate".into();
         let rel_error = if same { 0.0 } else { f64::INFINITY };
         checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });
@@ -1463,7 +1463,7 @@ pub fn checks(gpu: &Arc<Gpu>, plan: &Plan) -> anyhow::Result<Vec<Check>> {
         for (run, how) in
             [(StepRun::Refilled, "inputs refilled"), (StepRun::Handed, "each step's tensors read in place")]
         {
-            let same = bits(&eager) == bits(&token_steps(&device, seed, run)?);
+            let same = steps_bits(&eager) == steps_bits(&token_steps(&device, seed, run)?);
             let shape = format!("embedding (device ids), dropout, linear, clip, 12 AdamW steps, {how}");
             let rel_error = if same { 0.0 } else { f64::INFINITY };
             checks.push(Check { kernel: "nn captured step = op by op".into(), shape, rel_error, tolerance: 0.0 });

@@ -46,8 +46,8 @@ struct Held {
     /// branch (its results).
     ids: HashSet<usize>,
     results: HashSet<usize>,
-    /// The events the branch recorded at its forks' ends, kept until the join.
-    events: Vec<CudaEvent>,
+    /// The branch's work so far, recorded at its last fork's end: what the join waits for.
+    done: Option<CudaEvent>,
 }
 
 impl Branch {
@@ -112,7 +112,7 @@ impl Device {
         let result = work();
         branch.on.store(false, Ordering::Relaxed);
         let done = branch.stream.record_event(None).map_err(driver(op))?;
-        branch.held().events.push(done);
+        branch.held().done = Some(done);
         result
     }
 
@@ -166,8 +166,8 @@ impl Device {
         }
         let released = {
             let mut held = branch.held();
-            if let Some(last) = held.events.last() {
-                self.gpu.stream.wait(last).map_err(driver("backward"))?;
+            if let Some(done) = &held.done {
+                self.gpu.stream.wait(done).map_err(driver("backward"))?;
             }
             branch.open.store(false, Ordering::Relaxed);
             std::mem::take(&mut *held)

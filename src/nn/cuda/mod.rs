@@ -730,7 +730,6 @@ impl DeviceBuffer {
     /// `nn_binary`, whose sum has the bits of a copy of self plus other.
     pub(crate) fn plus(&self, other: &DeviceBuffer) -> Result<DeviceBuffer> {
         const NAME: &str = "backward";
-        self.device.launch_pending()?;
         let n = ops::int(NAME, self.len)?;
         ops::launch_binary(&self.device, NAME, ops::OP_ADD, (self, other), self.len, ([1, 1, 1, n], [[0, 0, 0, 1]; 2]))
     }

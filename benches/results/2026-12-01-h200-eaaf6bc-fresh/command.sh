@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One run on a freshly started H200: the first selftest of eaaf6bc's build (kernels built in, an empty kernel
+# One run on a freshly started H200 (its first-selftest timing is superseded by 2026-12-01-h200-def7ffd-fresh):
+# the first selftest of eaaf6bc's build (kernels built in, an empty kernel
 # cache), --quick then the whole; then `bench nn` (eager ops and the MLP's captured step) beside b700823's build.
 set -u
 export NCCL_NVLS_ENABLE=0

@@ -9,7 +9,7 @@
 //                nn_unary_grad (activations.cuh), nn_gather (a strided copy: transpose, permute).
 //   reductions   nn_sum_axis (one thread per output, the axis summed from index 0 up; a long axis first in
 //                parts by nn_sum_axis_parts, the parts then added in order), nn_sum_slices (a weight
-//                gradient's slices, dw's and db's together, likewise in two passes), nn_sum_rows (one
+//                gradient's slices, dw's and db's together, in one pass of thread groups), nn_sum_rows (one
 //                block per row, a fixed tree), nn_expand_axis (the sums' backward), nn_softmax_rows and
 //                nn_softmax_rows_grad (a warp per row; log_softmax too).
 //   products     nn_matmul (gemm_tile, batched, either operand transposed), nn_linear (x·Wᵀ with the bias
@@ -266,36 +266,35 @@ nn_sum_axis_parts(const float* __restrict__ x, float* __restrict__ part, int out
     }
 }
 
-// A weight gradient's slices added in order, dw's and db's together: out_a[i] = Σ_s a[s·width_a + i] and
-// out_b[i] = Σ_s b[s·width_b + i] (b null where width_b is 0), s from 0 up over the slices, in two launches,
-// where nn_sum_axis_parts and nn_sum_axis took two for each of dw and db. The first (`last_pass` 0) sums
-// part p's slices, from p·per_part up, into partial[p][column] (columns a's then b's), a thread per (part,
-// column); the second adds each column's parts in order, a thread per column.
+// A weight gradient's slices added, dw's and db's together, in one launch: out_a[i] = Σ_s a[s·width_a + i]
+// and out_b[i] = Σ_s b[s·width_b + i] (b null where width_b is 0). A block takes SUM_SLICES_COLUMNS columns
+// (a's, then b's) in SUM_SLICES_GROUPS thread groups: group g adds slices g, g + GROUPS, … from 0 up (a
+// warp reads 32-byte runs of four slices), then the column's thread of group 0 adds the groups' sums from
+// group 0 on. The order depends on nothing but the count of slices, so a run repeats to the bit on any GPU.
+// (Two launches, parts of the slices and then the parts, took 4.7 µs each in the ResNet example's step.)
+constexpr int SUM_SLICES_COLUMNS = 8, SUM_SLICES_GROUPS = THREADS / SUM_SLICES_COLUMNS;
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_sum_slices(const float* __restrict__ a, float* __restrict__ out_a, int width_a, const float* __restrict__ b,
-              float* __restrict__ out_b, int width_b, int slices, int per_part, float* __restrict__ partial,
-              int last_pass) {
+              float* __restrict__ out_b, int width_b, int slices) {
     begin_after_previous_grid();
-    const int width = width_a + width_b, parts = (slices + per_part - 1) / per_part;
-    if (last_pass) {
-        for (int i = grid_index(); i < width; i += grid_stride()) {
-            float sum = 0.0f;
-#pragma unroll 4
-            for (int p = 0; p < parts; ++p) sum += partial[(size_t)p * width + i];
-            if (i < width_a) out_a[i] = sum;
-            else out_b[i - width_a] = sum;
-        }
-        return;
-    }
-    for (int e = grid_index(); e < parts * width; e += grid_stride()) {
-        const int p = e / width, i = e - p * width, end = min(slices, (p + 1) * per_part);
-        const bool in_a = i < width_a;
+    __shared__ float sums[SUM_SLICES_GROUPS][SUM_SLICES_COLUMNS];
+    const int column = threadIdx.x % SUM_SLICES_COLUMNS, group = threadIdx.x / SUM_SLICES_COLUMNS;
+    const int i = blockIdx.x * SUM_SLICES_COLUMNS + column;
+    const bool in_a = i < width_a, real = i < width_a + width_b;
+    float sum = 0.0f;
+    if (real) {
         const float* from = in_a ? a + i : b + (i - width_a);
         const size_t stride = in_a ? width_a : width_b;
-        float sum = 0.0f;
 #pragma unroll 4
-        for (int k = p * per_part; k < end; ++k) sum += from[k * stride];
-        partial[e] = sum;
+        for (int s = group; s < slices; s += SUM_SLICES_GROUPS) sum += from[(size_t)s * stride];
+    }
+    sums[group][column] = sum;
+    __syncthreads();
+    if (group == 0 && real) {
+        float total = sums[0][column];
+        for (int g = 1; g < SUM_SLICES_GROUPS; ++g) total += sums[g][column];
+        if (in_a) out_a[i] = total;
+        else out_b[i - width_a] = total;
     }
 }
 
@@ -1862,35 +1861,61 @@ static_assert(DIRECT_PX == 4, "the packed 3×3 walk reads a float4 and a float2 
 
 // What a direct window walk does with its results beside storing them: the ReLU fusions of the capture
 // (nn/cuda/fusion.rs). In the forward, activated[e] = relu(out[e]) where a ReLU reads the result (nn_unary's
-// expression); in the input gradient, out[e] times the ReLU's slope where a ReLU made the convolution's
-// input (relu_out, its output: nn_unary_grad's expression), in place of that op's launch. Null pointers:
-// none. ReLU alone, the convnets' activation: each activation's code in every store made the tensor-core
-// kernel's PTX six times longer and every one of its launches, fused or not, slower (a 16→16 forward of the
-// ResNet example took 41.5 µs against 31 µs).
+// expression), or, where a residual block's sum reads it and a ReLU the sum, sum[e] = residual[e] + out[e] and
+// activated[e] = relu(sum[e]) (nn_add_relu's, in place of its launch); in the input gradient, out[e] times the
+// ReLU's slope where a ReLU made the convolution's input (relu_out, its output: nn_unary_grad's expression), in
+// place of that op's launch; and before that slope, where the input has another gradient already (addend),
+// addend[e] + out[e] (nn_binary's sum of two gradients, in place of its launch). Null pointers: none. ReLU alone,
+// the convnets' activation: each activation's code in every store made the tensor-core kernel's PTX six times
+// longer and every one of its launches, fused or not, slower (a 16→16 forward of the ResNet example took 41.5 µs
+// against 31 µs).
 struct WindowEpilogue {
     float* activated;
     const float* relu_out;
+    const float* residual;
+    float* sum;
+    const float* addend;
 };
+
+// What the tensor-core kernel's stores do, known at compile time (store_window_as says why): nothing more,
+// the forward's residual sum, or the input gradient's addend.
+constexpr int WINDOW_PLAIN = 0, WINDOW_RESIDUAL = 1, WINDOW_ADDEND = 2;
 
 // The slope by which the input gradient's out[e] is multiplied, where the epilogue has a ReLU's (relu_out).
 __device__ __forceinline__ float window_slope(const WindowEpilogue& f, size_t e) {
     return activation_slope(ACT_RELU, f.relu_out[e]);
 }
 
-__device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
+// store_window with or without the residual (f.residual) known at compile time: the tensor-core kernel takes
+// one of the two per launch, so that a launch without it keeps the code it had (the code of both in every
+// store made each of the ResNet example's nine nn_conv2d_mma launches 2.8 µs slower).
+template <bool RESIDUAL>
+__device__ __forceinline__ void store_window_as(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
     out[e] = value;
-    if (f.activated) f.activated[e] = activate(ACT_RELU, value);
+    if constexpr (RESIDUAL) {
+        const float summed = binary_apply(OP_ADD, f.residual[e], value);
+        f.sum[e] = summed;
+        f.activated[e] = unary_apply(UNARY_RELU, summed);
+    } else if (f.activated) {
+        f.activated[e] = activate(ACT_RELU, value);
+    }
+}
+
+__device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
+    if (f.residual) store_window_as<true>(out, e, value, f);
+    else store_window_as<false>(out, e, value, f);
 }
 
 // Grid: (N·bands, ⌈out_channels/DIRECT_BLOCK_OUT⌉), blocks of DIRECT_SPLIT·band_rows·G threads or more (a
 // multiple of 32, at most THREADS); shared memory chunk · (KH·KW·DIRECT_BLOCK_OUT + plane) floats, the
-// weights first. bias, activated and relu_out (the WindowEpilogue) may be null.
+// weights first. bias and the WindowEpilogue's pointers may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
                  const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
-                 const float* __restrict__ relu_out) {
+                 const float* __restrict__ relu_out, const float* __restrict__ residual, float* __restrict__ sum,
+                 const float* __restrict__ addend) {
     begin_after_previous_grid();
-    const WindowEpilogue epilogue{activated, relu_out};
+    const WindowEpilogue epilogue{activated, relu_out, residual, sum, addend};
     extern __shared__ float4 smem4[];
     float* weights = reinterpret_cast<float*>(smem4);  // [c][ky][kx][o], DIRECT_BLOCK_OUT a tap
     const int taps = v.kernel_h * v.kernel_w, groups = (v.out_w + DIRECT_PX - 1) / DIRECT_PX;
@@ -1957,7 +1982,8 @@ nn_conv2d_direct(const DirectConv v, const float* __restrict__ in, const float* 
             const int ox = packed ? DIRECT_PX * g + j : g + j * groups;
             if (ox < v.out_w) {
                 const float value = bias ? acc[o][j] + b : acc[o][j];
-                const float sloped = epilogue.relu_out ? value * window_slope(epilogue, at + ox) : value;
+                const float total = epilogue.addend ? binary_apply(OP_ADD, epilogue.addend[at + ox], value) : value;
+                const float sloped = epilogue.relu_out ? total * window_slope(epilogue, at + ox) : total;
                 store_window(out, at + ox, sloped, epilogue);
             }
         }
@@ -2142,8 +2168,8 @@ __device__ __forceinline__ void stage_mma_weights(float* weights, const float* _
 // [k][o] (0 past the chunk's taps), the taps' offsets in the tile in bytes (0 past them: the window's first
 // element, whose product with a 0 weight is 0 where the result is finite), then the tile, up to 3 floats on
 // so that its column pad_x, the input's first, is 16-byte aligned for stage_band's 16-byte copies. bias,
-// activated and relu_out (the WindowEpilogue) may be null.
-template <bool ONE_PASS>
+// activated, relu_out, residual, sum and addend (the WindowEpilogue) may be null.
+template <bool ONE_PASS, int EPILOGUE>
 __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __restrict__ in,
                                            const float* __restrict__ w, const float* __restrict__ bias,
                                            float* __restrict__ out, const WindowEpilogue& epilogue) {
@@ -2224,6 +2250,17 @@ __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __r
                 e[nb][r] = p < positions && oc < v.out_channels ? (long long)(at + oc * plane) : -1;
             }
         }
+        if constexpr (EPILOGUE == WINDOW_ADDEND) {
+            float addend[2][4];
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) addend[nb][r] = e[nb][r] >= 0 ? epilogue.addend[e[nb][r]] : 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[i][nb][r] = binary_apply(OP_ADD, addend[nb][r], acc[i][nb][r]);
+        }
         if (epilogue.relu_out) {
             // The m-tile's slopes loaded first, together: between stores, each would wait on the one before.
             float slope[2][4];
@@ -2242,19 +2279,31 @@ __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __r
             for (int r = 0; r < 4; ++r) {
                 const int oc = o0 + nb * 8 + 2 * tig + r % 2;
                 if (e[nb][r] >= 0)
-                    store_window(out, e[nb][r], bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r], epilogue);
+                    store_window_as<EPILOGUE == WINDOW_RESIDUAL>(
+                        out, e[nb][r], bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r], epilogue);
             }
     }
+}
+
+// conv2d_mma with the epilogue's kind, as its pointers say.
+template <bool ONE_PASS>
+__device__ __forceinline__ void conv2d_mma_with(const DirectConv& v, const float* __restrict__ in,
+                                                const float* __restrict__ w, const float* __restrict__ bias,
+                                                float* __restrict__ out, const WindowEpilogue& epilogue) {
+    if (epilogue.residual) conv2d_mma<ONE_PASS, WINDOW_RESIDUAL>(v, in, w, bias, out, epilogue);
+    else if (epilogue.addend) conv2d_mma<ONE_PASS, WINDOW_ADDEND>(v, in, w, bias, out, epilogue);
+    else conv2d_mma<ONE_PASS, WINDOW_PLAIN>(v, in, w, bias, out, epilogue);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __restrict__ w,
               const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ activated,
-              const float* __restrict__ relu_out) {
+              const float* __restrict__ relu_out, const float* __restrict__ residual, float* __restrict__ sum,
+              const float* __restrict__ addend) {
     begin_after_previous_grid();
-    const WindowEpilogue epilogue{activated, relu_out};
-    if (v.tf32) conv2d_mma<true>(v, in, w, bias, out, epilogue);
-    else conv2d_mma<false>(v, in, w, bias, out, epilogue);
+    const WindowEpilogue epilogue{activated, relu_out, residual, sum, addend};
+    if (v.tf32) conv2d_mma_with<true>(v, in, w, bias, out, epilogue);
+    else conv2d_mma_with<false>(v, in, w, bias, out, epilogue);
 }
 
 // The weight gradient (the forward's DirectConv: in = x, out = dy) of sample s's band into the slice

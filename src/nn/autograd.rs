@@ -64,6 +64,8 @@ impl<F: Real> Tensor<F> {
         let order = self.topological_order()?;
         let readers = readers(&order);
         let mut pending: HashMap<usize, Storage<F>> = HashMap::from([(key(self), seed)]);
+        // Gradients sent to each tensor so far: a tensor's last reader is the one that makes it `readers`.
+        let mut arrived: HashMap<usize, usize> = HashMap::new();
         for tensor in order.iter().rev() {
             let Some(grad) = pending.remove(&key(tensor)) else { continue };
             let mut origin = lock(&tensor.0.origin);
@@ -73,9 +75,27 @@ impl<F: Real> Tensor<F> {
                 continue;
             };
             let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-            // The activation that made the first input, when this op is its one reader: its slope is offered
-            // to this op's backward (cuda::fusion).
-            let offered = inputs.first().filter(|_| readers.get(&key(&inputs[0])) == Some(&1)).and_then(|first| {
+            // When this op is the last reader of its first input (read once here), the gradient that input has
+            // from its other readers is offered to be added in this op's backward (cuda::fusion).
+            let last_reader = inputs.first().filter(|first| {
+                let k = key(first);
+                let once = inputs.iter().filter(|t| key(t) == k).count() == 1;
+                once && arrived.get(&k).copied().unwrap_or(0) + 1 == readers.get(&k).copied().unwrap_or(0)
+            });
+            let addend = last_reader.and_then(|first| {
+                let storage = first.storage();
+                let (Storage::Device(input), Some(Storage::Device(grad))) = (&*storage, pending.get(&key(first)))
+                else {
+                    return None;
+                };
+                input.device().offer_addend(input, grad).then(|| input.clone())
+            });
+            // The activation that made the first input, when this op is its last reader and the input's
+            // gradient is complete here (its one reader, or the addend taken): its slope is offered to this
+            // op's backward.
+            let with_addend = addend.is_some();
+            let one_reader = last_reader.filter(|first| with_addend || readers.get(&key(first)) == Some(&1));
+            let offered = one_reader.and_then(|first| {
                 let Storage::Device(output) = &*first.storage() else { return None };
                 let activation_input = match &*lock(&first.0.origin) {
                     Origin::Op { inputs, .. } if inputs.len() == 1 && inputs[0].requires_grad() => inputs[0].clone(),
@@ -86,9 +106,10 @@ impl<F: Real> Tensor<F> {
                 let (_, slope_input) = output.slope_extra()?;
                 let Storage::Device(input) = &*activation_input.storage() else { return None };
                 let own = input.same_elements(&slope_input);
-                (own && output.device().offer_slope(output)).then(|| (first.clone(), activation_input, output.clone()))
+                (own && output.device().offer_slope(output, with_addend))
+                    .then(|| (first.clone(), activation_input, output.clone()))
             });
-            let mut slope_taken = false;
+            let (mut slope_taken, mut addend_taken) = (false, false);
             let grads: Vec<Option<Storage<F>>> = match (backward, &grad) {
                 (Backward::Host(backward), Storage::Host(grad)) => {
                     backward(grad, &needs)?.into_iter().map(|g| g.map(Storage::Host)).collect()
@@ -96,24 +117,31 @@ impl<F: Real> Tensor<F> {
                 (Backward::Device(backward), Storage::Device(grad)) => {
                     let grads = backward(grad, &needs);
                     slope_taken = offered.as_ref().is_some_and(|(.., output)| output.device().slope_taken());
+                    addend_taken = addend.as_ref().is_some_and(|input| input.device().addend_taken());
                     grads?.into_iter().map(|g| g.map(Storage::Device)).collect()
                 }
                 _ => return Err(Error::device(op, "its gradient reached it in another place than its output")),
             };
             for (i, ((input, input_grad), need)) in inputs.iter().zip(grads).zip(needs).enumerate() {
                 let (true, Some(input_grad)) = (need, input_grad) else { continue };
-                match &offered {
+                // The backward took the addend: this gradient holds what the input had, which it replaces.
+                if addend_taken && i == 0 {
+                    pending.remove(&key(input));
+                }
+                let to = match &offered {
                     // The backward took the activation's slope: this is the gradient of the activation's
                     // input, and the activation's own backward is done.
                     Some((activation, activation_input, _)) if slope_taken && i == 0 => {
-                        send(&mut pending, activation_input, input_grad, op)?;
                         if !retain_graph {
                             let name = activation.op_name();
                             *lock(&activation.0.origin) = Origin::Freed { op: name };
                         }
+                        activation_input
                     }
-                    _ => send(&mut pending, input, input_grad, op)?,
-                }
+                    _ => input,
+                };
+                send(&mut pending, to, input_grad, op)?;
+                *arrived.entry(key(to)).or_insert(0) += 1;
             }
             if !retain_graph {
                 *origin = Origin::Freed { op };

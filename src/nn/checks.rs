@@ -1296,22 +1296,36 @@ fn conv_steps(
     (first, second): (Activation, Activation),
     captured: bool,
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
-    conv_block_steps(device, seed, (first, second), captured, false)
+    conv_block_steps(device, seed, (first, second), captured, Residual::None)
 }
 
-/// `conv_steps`, or with `residual` a residual block: the second convolution 4 → 4 channels, its output added
-/// to its input before `second` (`h + conv(h)`, as a ResNet block).
+/// What the second convolution's output of [`conv_block_steps`] is added to before its activation.
+#[derive(Clone, Copy, PartialEq)]
+enum Residual {
+    None,
+    /// Its own input, the first activation's output (4 → 4 channels: `h + conv(h)`, as a ResNet block).
+    Hidden,
+    /// The step's input (4 → 2 channels: `x + conv(h)`).
+    Input,
+}
+
+/// `conv_steps`, or a residual block whose second convolution's output is added to `residual` before
+/// `second`.
 fn conv_block_steps(
     device: &Arc<Device>,
     seed: u64,
     (first, second): (Activation, Activation),
     captured: bool,
-    residual: bool,
+    residual: Residual,
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
     use super::CapturedStep;
     use rand::SeedableRng;
     let mut rng = SeededRng::seed_from_u64(seed);
-    let outputs = if residual { 4 } else { 5 };
+    let outputs = match residual {
+        Residual::None => 5,
+        Residual::Hidden => 4,
+        Residual::Input => 2,
+    };
     let shapes: [&[usize]; 4] = [&[4, 2, 3, 3], &[4], &[outputs, 4, 3, 3], &[outputs]];
     let parameters: Vec<Tensor> = (shapes.iter())
         .map(|s| Tensor::parameter(values(&mut rng, s, -0.5, 0.5), s)?.to_device(device))
@@ -1328,7 +1342,18 @@ fn conv_block_steps(
             let p = &parameters;
             let h = first(&conv2d(&x, &p[0], Some(&p[1]), 1, 1)?)?;
             let y = conv2d(&h, &p[2], Some(&p[3]), 1, 1)?;
-            let loss = second(&if residual { h.add(&y)? } else { y })?.sum_all()?;
+            let summed = match residual {
+                Residual::None => y,
+                Residual::Hidden => h.add(&y)?,
+                Residual::Input => x.add(&y)?,
+            };
+            // A residual sum is read by the loss too, so that its values count, not only its ReLU's; and
+            // its loss is a mean, so that the first step does not drive every sum below 0 (where the ReLU of
+            // the convolution's result alone would give the same bits as the ReLU of the sum).
+            let loss = match residual {
+                Residual::None => second(&summed)?.sum_all()?,
+                _ => second(&summed)?.mean_all()?.add(&summed.mean_all()?)?,
+            };
             loss.backward()?;
             sgd.step()?;
             Ok(loss)
@@ -1344,7 +1369,7 @@ fn conv_block_steps(
 /// convolution's stores (`conv2d → relu`) against the same steps op by op; and, op by op, the first ReLU's
 /// slope in the second convolution's input gradient (taken each step) against the fusion off, and the
 /// weight gradients on the backward's second stream (cuda::branch) against one stream; then
-/// [`add_relu_check`]. Each fusion
+/// [`add_relu_checks`]. Each fusion
 /// was made where a ReLU is (an equality that fused nothing would prove nothing), and none for the other
 /// activations or with the implicit products.
 fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
@@ -1395,23 +1420,58 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         }
     }
     device.set_conv_kernels(ConvKernels::TensorCores);
-    checks.push(add_relu_check(device, rng)?);
+    checks.extend(add_relu_checks(device, rng)?);
     Ok(checks)
 }
 
-/// A residual block's sum and the ReLU after it in one launch (`add → relu`), captured against op by op, to
-/// the bit; the fusion made once a step.
-fn add_relu_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Check> {
-    let seed = rng.random();
-    let run = |captured| conv_block_steps(device, seed, (Tensor::relu, Tensor::relu), captured, true);
-    let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
-    let made: usize = fusions.iter().filter(|(what, _)| what.starts_with("add → relu")).map(|(_, n)| n).sum();
-    Ok(Check {
-        kernel: "nn fused add → relu = op by op".into(),
-        shape: format!("[3, 2, 9, 11] conv 3×3 → 4, relu, h + conv 3×3 → 4 (h), relu, 4 SGD steps (fused: {made})"),
-        rel_error: if made == 1 && steps_bits(&eager) == steps_bits(&captured) { 0.0 } else { f64::INFINITY },
-        tolerance: 0.0,
-    })
+/// A residual block's sum and the ReLU after it, captured against op by op, to the bit, the fusion made
+/// once a step: added to the block's input, an activation's output, in the second convolution's stores
+/// (`conv2d → add → relu`), on the tensor cores and on the CUDA cores; added to the step's input, which no
+/// op of the step made, in one launch of their own (`add → relu`). In the backward of the first, the block
+/// input's two gradients (the skip's and the convolution's) added and times the ReLU's slope in the
+/// convolution's input gradient, each step, against the backward's fusion off, to the bit.
+fn add_relu_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let cases = [
+        (Residual::Hidden, ConvKernels::TensorCores, "conv2d → add → relu", "h + conv 3×3 → 4 (h)"),
+        (Residual::Hidden, ConvKernels::Fma, "conv2d → add → relu", "h + conv 3×3 → 4 (h)"),
+        (Residual::Input, ConvKernels::TensorCores, "add → relu", "x + conv 3×3 → 2 (h)"),
+    ];
+    let mut checks = Vec::new();
+    for (residual, kernels, fusion, block) in cases {
+        device.set_conv_kernels(kernels);
+        let seed = rng.random();
+        let run = |captured| conv_block_steps(device, seed, (Tensor::relu, Tensor::relu), captured, residual);
+        let before = device.addends_taken();
+        let eager = run(false);
+        let addends = device.addends_taken() - before;
+        device.set_backward_fusion(false);
+        let unfused = run(false);
+        device.set_backward_fusion(true);
+        let ((eager, _), (unfused, _), (captured, fusions)) = (eager?, unfused?, run(true)?);
+        let made =
+            |prefix: &str| -> usize { fusions.iter().filter(|(w, _)| w.starts_with(prefix)).map(|(_, n)| n).sum() };
+        // The ReLU reports taking its activation from the add either way; the convolution made none here.
+        let by_conv = if residual == Residual::Input { made("conv2d → add") } else { 0 };
+        let want_addends = if residual == Residual::Hidden { CONV_STEPS } else { 0 };
+        let right = made(fusion) == 1
+            && by_conv == 0
+            && addends == want_addends
+            && steps_bits(&eager) == steps_bits(&captured)
+            && steps_bits(&eager) == steps_bits(&unfused);
+        checks.push(Check {
+            kernel: format!("nn fused {fusion} = op by op"),
+            shape: format!(
+                "[3, 2, 9, 11] conv 3×3 → 4, relu, {block}, relu, 4 SGD steps, {} (fused: {}; gradients added in \
+                 dx: {addends}, = unfused backward)",
+                kernels.name(),
+                made(fusion)
+            ),
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    device.set_conv_kernels(ConvKernels::TensorCores);
+    Ok(checks)
 }
 
 /// Every check of `nn` the plan asks for.

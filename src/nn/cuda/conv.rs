@@ -24,7 +24,7 @@
 //! each input element the sum of the outputs it won, in the host's order, so both match the host's bits.
 
 use super::direct_conv::WindowFusion;
-use super::fusion::{Extra, Producer};
+use super::fusion::{Extra, Producer, Want};
 use super::ops::{
     UNARY_RELU, add_broadcast, buffer, gather, grid_of, int, optional, product, slices_for, sum_axis, sum_slices,
 };
@@ -210,6 +210,11 @@ pub(crate) fn conv2d<F: Real>(
     }
 }
 
+/// Whether the add that is producer `add` of the step has a ReLU reading its output.
+fn wants_relu(device: &Device, add: usize) -> bool {
+    device.wants_of(add).iter().any(|w| matches!(w, Want::Activation { code: UNARY_RELU, bf16: false, .. }))
+}
+
 /// `conv2d` in fp32: each of its three products direct where a band of the image fits (direct_conv.rs),
 /// else an implicit product (the module's doc).
 fn conv2d_fp32<F: Real>(
@@ -228,13 +233,27 @@ fn conv2d_fp32<F: Real>(
     let kernels = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, kernels)? {
-        // The ReLU a reader wanted (capture-time fusion), into a buffer of its own.
+        // The ReLU a reader wanted (capture-time fusion), into a buffer of its own; or a residual sum with
+        // another producer's output, still live, that an add wanted for the ReLU reading it.
         let relu = producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
-        let activated = if relu { Some(device.alloc(NAME, outputs * columns)?) } else { None };
-        let fusion = activated.as_ref().map_or(WindowFusion::None, |out| WindowFusion::Relu { out });
+        let residual = producer.as_ref().and_then(Producer::residual).filter(|_| !relu);
+        let residual = residual.filter(|&(_, add)| wants_relu(device, add));
+        let residual = residual.and_then(|(other, _)| device.made_output(other)).filter(|o| o.len == out.len);
+        let activated = if relu || residual.is_some() { Some(device.alloc(NAME, out.len)?) } else { None };
+        let sum = if residual.is_some() { Some(device.alloc(NAME, out.len)?) } else { None };
+        let fusion = match (&activated, &residual, &sum) {
+            (Some(out), Some(residual), Some(sum)) => WindowFusion::ResidualRelu { residual, sum, out },
+            (Some(out), ..) => WindowFusion::Relu { out },
+            _ => WindowFusion::None,
+        };
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), (&out, fusion))?;
-        if let Some(activated) = activated {
-            out.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: NAME });
+        match (activated, residual, sum) {
+            (Some(activated), Some(other), Some(sum)) => {
+                let writes = device.in_place_writes.load(std::sync::atomic::Ordering::Relaxed);
+                out.attach(Extra::Residual { other: other.downgrade(), writes, sum, activated });
+            }
+            (Some(activated), ..) => out.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: NAME }),
+            _ => {}
         }
     } else {
         let tile = conv_tile(outputs);
@@ -272,8 +291,9 @@ fn conv2d_fp32<F: Real>(
 
 /// The input's gradient `[N, C, H, W]` of a convolution of the sizes `conv` over `samples` images from the output
 /// gradient `dy` and the weight `w`: direct where `kernels` has direct kernels and they fit, else the product of
-/// the weight and `dy` read at the positions each input element reaches. Direct, it is times the slope of the
-/// ReLU that made the input `x` where the backward offers it (the module fusion.rs's text).
+/// the weight and `dy` read at the positions each input element reaches. Direct, it has the gradient `x` has
+/// from its other readers added, and is then times the slope of the ReLU that made `x`, where the backward
+/// offers them (the module fusion.rs's text).
 fn conv2d_grad_input(
     device: &Arc<Device>,
     (dy, w, x): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
@@ -284,8 +304,10 @@ fn conv2d_grad_input(
     let dx = device.alloc(NAME, samples * conv.input_len())?;
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::input_grad_plan(NAME, conv, samples, sms, kernels)? {
+        // The addend first: a slope offered with one is taken only after it.
+        let addend = device.take_addend(NAME, x);
         let relu = device.take_slope(NAME, x, |code| code == UNARY_RELU).is_some();
-        let fusion = if relu { WindowFusion::ReluSlope { out: x } } else { WindowFusion::None };
+        let fusion = WindowFusion::Gradient { addend: addend.as_ref(), relu_out: relu.then_some(x) };
         direct_conv::launch_windows(device, NAME, &plan, (dy, w, None), (&dx, fusion))?;
         return Ok(dx);
     }

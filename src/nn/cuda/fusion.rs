@@ -8,6 +8,7 @@
 //! | `conv2d` (fp32, direct) → `relu` | the ReLU in the window walk's stores, likewise |
 //! | `add` → `layer_norm` | the rows added, the sum written (the residual stream goes on) and normalized (`nn_layer_norm` with `x2`) |
 //! | `add` (operands of one shape) → `relu` | the sum and its ReLU in one launch (`nn_add_relu`), the sum still written |
+//! | `conv2d` (fp32, direct) → `add` (of another producer's output, one shape) → `relu` | the sum and its ReLU in the window walk's stores, beside the convolution's own result: a residual block's end, no launch of `nn_add_relu` |
 //! | `layer_norm`, or the two above → a bf16 product | the bf16 copy the product reads, written beside the fp32 result |
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
 //! | `linear` (fp32, no activation, ≤ 64 outputs) → `cross_entropy` | the loss of each row of logits, its gradient and their mean, by the block that formed the row (`nn_linear_cross_entropy`) |
@@ -41,7 +42,11 @@
 //! reader, offers it ([`Device::offer_slope`]); the layer's backward takes it or not
 //! ([`Device::take_slope`]); the walk then sends the gradient on to the activation's input
 //! ([`Device::slope_taken`]). The expression is `nn_unary_grad`'s, so the bits are the same as the two
-//! launches'. `TEXTNET_FUSION=0` turns it off.
+//! launches'. Likewise, where a direct convolution is the last reader of its input to send it a gradient,
+//! the gradient the input has from its other readers (a residual block's skip) is offered
+//! ([`Device::offer_addend`]): the input gradient's epilogue adds it (`nn_binary`'s sum), and then the
+//! slope of the ReLU that made the input may be taken though that ReLU has two readers, the gradient being
+//! whole there. `TEXTNET_FUSION=0` turns both off.
 
 use super::{Device, DeviceBuffer, WeakBuffer};
 use std::collections::BTreeMap;
@@ -62,6 +67,9 @@ pub(crate) enum Want {
     Dropout(DropoutSite),
     /// The cross-entropy of the output, rows of logits.
     CrossEntropy(CrossEntropySite),
+    /// The sum of the output and the output of producer `other` (of one shape), made by the add `reader`,
+    /// whose own reader wants its ReLU.
+    Residual { other: usize, reader: usize },
 }
 
 /// A cross-entropy of `rows` rows of `classes` logits against the class ids in the step's input `input`
@@ -192,6 +200,14 @@ pub(crate) enum Extra {
         writes: usize,
         out: CrossEntropyOut,
     },
+    /// The sum of these elements and `other`'s, and its ReLU, computed by their producer when the device
+    /// had made `writes` in-place writes.
+    Residual {
+        other: WeakBuffer,
+        writes: usize,
+        sum: DeviceBuffer,
+        activated: DeviceBuffer,
+    },
     /// A word holding 1 that the kernel making a scalar output wrote for the seed of its backward (not a
     /// fusion: the seed then costs no launch, and the op knows its upstream gradient is 1).
     Seed(DeviceBuffer),
@@ -204,9 +220,20 @@ pub(crate) enum Extra {
 }
 
 /// The activation whose slope the autograd walk offers to the backward about to run (see the module's
-/// text): its output, and whether that backward took it.
+/// text): its output, whether the slope may be taken only with the addend offered beside it (the output's
+/// other readers' gradient), and whether that backward took it.
 pub(crate) struct SlopeOffer {
     output: DeviceBuffer,
+    with_addend: bool,
+    taken: bool,
+}
+
+/// The gradient that the input of the backward about to run has already from its other readers, offered to
+/// be added in that backward's epilogue (see the module's text): the input, the gradient, and whether the
+/// backward took it.
+pub(crate) struct AddendOffer {
+    input: DeviceBuffer,
+    grad: DeviceBuffer,
     taken: bool,
 }
 
@@ -241,6 +268,8 @@ pub(crate) struct Fusion {
     applied: BTreeMap<String, usize>,
     /// The step's inputs (identity, address), which live through it at fixed addresses.
     inputs: Vec<(usize, u64)>,
+    /// The outputs of this run's producers, by number, while they live.
+    made: BTreeMap<usize, WeakBuffer>,
 }
 
 /// A producer's number in the step and the wants recorded for it.
@@ -286,6 +315,15 @@ impl Producer {
             _ => None,
         })
     }
+
+    /// The sum wanted of this producer's output and another producer's (its number), and the number of
+    /// the add that wants it.
+    pub(crate) fn residual(&self) -> Option<(usize, usize)> {
+        self.wants.iter().find_map(|w| match w {
+            Want::Residual { other, reader } => Some((*other, *reader)),
+            _ => None,
+        })
+    }
 }
 
 impl Device {
@@ -326,6 +364,7 @@ impl Device {
         fusion.phase = Phase::Applying;
         fusion.next = 0;
         fusion.applied.clear();
+        fusion.made.clear();
         self.fusing.store(true, Ordering::Relaxed);
     }
 
@@ -395,6 +434,21 @@ impl Device {
         self.fusion().inputs.iter().position(|&(identity, _)| identity == buffer.identity())
     }
 
+    /// The output of this run's producer `number`, in a fused run, while it lives.
+    pub(crate) fn made_output(self: &Arc<Self>, number: usize) -> Option<DeviceBuffer> {
+        let fusion = self.fusion();
+        (fusion.phase == Phase::Applying).then(|| fusion.made.get(&number)?.upgrade(self)).flatten()
+    }
+
+    /// The wants recorded for producer `number`, in a fused run.
+    pub(crate) fn wants_of(&self, number: usize) -> Vec<Want> {
+        let fusion = self.fusion();
+        match (fusion.phase, fusion.recorded.get(number)) {
+            (Phase::Applying, Some((_, wants))) => wants.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The identity and address of the step's input `index`, in a fused run.
     pub(crate) fn step_input(&self, index: usize) -> Option<(usize, u64)> {
         let fusion = self.fusion();
@@ -412,14 +466,51 @@ impl Device {
     }
 
     /// Offers the slope of the activation that made `output` to the backward about to run (unless
-    /// `TEXTNET_FUSION=0`); true when `output` is such an activation's.
-    pub(crate) fn offer_slope(&self, output: &DeviceBuffer) -> bool {
+    /// `TEXTNET_FUSION=0`); true when `output` is such an activation's. `with_addend`: the slope may be taken
+    /// only together with the addend offered (`offer_addend`), which completes `output`'s gradient.
+    pub(crate) fn offer_slope(&self, output: &DeviceBuffer, with_addend: bool) -> bool {
         if !self.backward_fusion.load(Ordering::Relaxed) || output.slope_extra().is_none() {
             return false;
         }
         *self.slope_offer.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(SlopeOffer { output: output.clone(), taken: false });
+            Some(SlopeOffer { output: output.clone(), with_addend, taken: false });
         true
+    }
+
+    /// Offers `grad`, what `input` has already from its other readers, to the backward about to run (its
+    /// last reader), to be added to the gradient it forms for `input` (unless `TEXTNET_FUSION=0`).
+    pub(crate) fn offer_addend(&self, input: &DeviceBuffer, grad: &DeviceBuffer) -> bool {
+        if !self.backward_fusion.load(Ordering::Relaxed) {
+            return false;
+        }
+        *self.addend_offer.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(AddendOffer { input: input.clone(), grad: grad.clone(), taken: false });
+        true
+    }
+
+    /// For a backward reading `input`: the gradient offered to be added to `input`'s, marked as taken. The
+    /// caller then returns the sum as `input`'s gradient, the addend in it.
+    pub(crate) fn take_addend(&self, op: &'static str, input: &DeviceBuffer) -> Option<DeviceBuffer> {
+        let mut offer = self.addend_offer.lock().unwrap_or_else(|p| p.into_inner());
+        let offered = offer.as_mut().filter(|o| o.input.same_elements(input))?;
+        offered.taken = true;
+        let grad = offered.grad.clone();
+        self.addends_taken.fetch_add(1, Ordering::Relaxed);
+        if self.fusing.load(Ordering::Relaxed) {
+            drop(offer);
+            self.fused(format!("{op} ← the input's other gradient: added in dx's epilogue, no launch of the sum"));
+        }
+        Some(grad)
+    }
+
+    /// Ends an addend offer: whether the backward took it.
+    pub(crate) fn addend_taken(&self) -> bool {
+        self.addend_offer.lock().unwrap_or_else(|p| p.into_inner()).take().is_some_and(|o| o.taken)
+    }
+
+    /// How many addends backward passes on this device have taken so far.
+    pub(crate) fn addends_taken(&self) -> usize {
+        self.addends_taken.load(Ordering::Relaxed)
     }
 
     /// For a backward reading `input`: the offered activation's code and input when `input` is its output
@@ -433,6 +524,11 @@ impl Device {
     ) -> Option<(i32, DeviceBuffer)> {
         let mut offer = self.slope_offer.lock().unwrap_or_else(|p| p.into_inner());
         let offered = offer.as_mut().filter(|o| o.output.same_elements(input))?;
+        let addend_taken =
+            || self.addend_offer.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|o| o.taken);
+        if offered.with_addend && !addend_taken() {
+            return None;
+        }
         let (code, of) = input.slope_extra().filter(|&(code, _)| fuses(code))?;
         offered.taken = true;
         self.slopes_taken.fetch_add(1, Ordering::Relaxed);
@@ -474,11 +570,12 @@ impl DeviceBuffer {
     pub(crate) fn made_by_producer(&self, producer: Option<&Producer>) {
         if let Some(p) = producer {
             self.block.fused().made_by = Some(p.number);
+            self.device.fusion().made.insert(p.number, self.downgrade());
         }
     }
 
     /// The number of the producer that made this buffer in the current recording or capture.
-    fn made_by(&self) -> Option<usize> {
+    pub(crate) fn made_by(&self) -> Option<usize> {
         self.block.fused().made_by
     }
 
@@ -539,6 +636,18 @@ impl DeviceBuffer {
                 if *from == targets.identity() && *writes == writes_now && made.same(site) =>
             {
                 Some(out.clone())
+            }
+            _ => None,
+        })
+    }
+
+    /// The sum of these elements and `other`'s and its ReLU, when their producer computed them and nothing
+    /// was written in place since.
+    pub(crate) fn residual_extra(&self, other: &DeviceBuffer) -> Option<(DeviceBuffer, DeviceBuffer)> {
+        let writes_now = self.device.in_place_writes.load(Ordering::Relaxed);
+        self.block.fused().extras.iter().find_map(|e| match e {
+            Extra::Residual { other: with, writes, sum, activated } if with.is(other) && *writes == writes_now => {
+                Some((sum.clone(), activated.clone()))
             }
             _ => None,
         })

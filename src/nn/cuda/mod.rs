@@ -174,6 +174,9 @@ pub struct Device {
     /// The activation slope offered to the backward about to run (`fusion`), and how many were taken.
     slope_offer: Mutex<Option<fusion::SlopeOffer>>,
     slopes_taken: std::sync::atomic::AtomicUsize,
+    /// The gradient offered to be added in the backward about to run (`fusion`), and how many were taken.
+    addend_offer: Mutex<Option<fusion::AddendOffer>>,
+    addends_taken: std::sync::atomic::AtomicUsize,
     /// Writes into existing buffers so far (refills, in-place updates): a result fused ahead of its reader
     /// is taken only when none came between (`fusion`).
     pub(crate) in_place_writes: std::sync::atomic::AtomicUsize,
@@ -353,6 +356,8 @@ impl Device {
             conv_kernels: std::sync::atomic::AtomicU8::new(direct_conv::ConvKernels::from_env() as u8),
             slope_offer: Mutex::default(),
             slopes_taken: Default::default(),
+            addend_offer: Mutex::default(),
+            addends_taken: Default::default(),
             in_place_writes: Default::default(),
             pending_weight_grads: Mutex::default(),
             branch,

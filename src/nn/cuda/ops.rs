@@ -172,12 +172,27 @@ pub(crate) fn binary<F: Real>(
     let norm =
         producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n.is_multiple_of(p.width));
     let norm = norm.and_then(|(params, with_bf16)| Some((params.buffers(device)?, params, with_bf16)));
-    // Or with the ReLU that reads it.
+    // Or with the ReLU that reads it: by the convolution that made one operand, in its stores, or here.
     let relu = norm.is_none() && producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
-    let out = match norm {
-        Some((buffers, params, with_bf16)) => add_layer_norm(device, (&x, &y), n, (params, buffers), with_bf16)?,
-        None if relu => add_relu(device, name, (&x, &y), n)?,
-        None => launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?,
+    if let Some(reader) = producer.as_ref().map(|p| p.number) {
+        for (mine, other) in [(&x, &y), (&y, &x)] {
+            if let Some(other) = other.made_by() {
+                device.want(mine, Want::Residual { other, reader });
+            }
+        }
+    }
+    let summed = relu.then(|| x.residual_extra(&y).or_else(|| y.residual_extra(&x))).flatten();
+    let out = match (norm, summed) {
+        (Some((buffers, params, with_bf16)), _) => add_layer_norm(device, (&x, &y), n, (params, buffers), with_bf16)?,
+        (None, Some((sum, activated))) => {
+            device.fused("conv2d → add → relu: the residual sum and its ReLU in the convolution's stores".into());
+            sum.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: name });
+            sum
+        }
+        (None, None) if relu => add_relu(device, name, (&x, &y), n)?,
+        (None, None) => {
+            launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?
+        }
     };
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);
@@ -367,9 +382,8 @@ pub(super) fn sum_axis_into(
     device.launch(name, &device.kernels.sum_axis, device.blocks_for(outer * inner), 0, &args)
 }
 
-/// A weight gradient's `slices` slices added in order (`nn_sum_slices`): `dw_parts` `[slices, dw.len]` into
-/// `dw`, and `db_parts` `[slices, db.len]` into `db` where both are given, in two launches: parts of the
-/// slices as `sum_axis` cuts a long axis (`rows_per_part`), then the parts.
+/// A weight gradient's `slices` slices added (`nn_sum_slices`, one launch): `dw_parts` `[slices, dw.len]` into
+/// `dw`, and `db_parts` `[slices, db.len]` into `db` where both are given.
 pub(super) fn sum_slices(
     device: &Arc<Device>,
     name: &'static str,
@@ -377,10 +391,9 @@ pub(super) fn sum_slices(
     db: Option<(&DeviceBuffer, &DeviceBuffer)>,
     slices: usize,
 ) -> Result<()> {
+    /// fused/nn.cu's SUM_SLICES_COLUMNS: the columns a block adds.
+    const COLUMNS: usize = 8;
     let width = dw.len() + db.map_or(0, |(_, db)| db.len());
-    let per_part = rows_per_part(slices, width);
-    let parts = slices.div_ceil(per_part);
-    let partial = device.alloc(name, parts * width)?;
     let args = [
         device.arg(dw_parts),
         device.arg(dw),
@@ -389,12 +402,9 @@ pub(super) fn sum_slices(
         optional(device, db.map(|(_, db)| db)),
         Arg::i32(int(name, width - dw.len())?),
         Arg::i32(int(name, slices)?),
-        Arg::i32(int(name, per_part)?),
-        device.arg(&partial),
     ];
-    let kernel = &device.kernels.sum_slices;
-    device.launch(name, kernel, device.blocks_for(parts * width), 0, &[&args[..], &[Arg::i32(0)]].concat())?;
-    device.launch(name, kernel, device.blocks_for(width), 0, &[&args[..], &[Arg::i32(1)]].concat())
+    let blocks = (int(name, width.div_ceil(COLUMNS).max(1))? as u32, 1);
+    device.launch(name, &device.kernels.sum_slices, blocks, 0, &args)
 }
 
 /// Blocks of `nn_softmax_rows` and `nn_cross_entropy`: a warp a row, eight a block.
@@ -521,8 +531,13 @@ type Fp32Tile = (usize, usize, usize, usize, usize);
 /// The place in [`FP32_TILES`] of the largest tile for which `blocks` (a launch's blocks with that tile)
 /// gives every SM a block, else the smallest's.
 fn filling_tile(device: &Device, blocks: impl Fn(Fp32Tile) -> usize) -> usize {
+    filling_tile_waves(device, 1, blocks)
+}
+
+/// [`filling_tile`] for a launch that gives every SM `waves` blocks.
+fn filling_tile_waves(device: &Device, waves: usize, blocks: impl Fn(Fp32Tile) -> usize) -> usize {
     let sms = device.gpu.sm_count as usize;
-    FP32_TILES.iter().position(|&t| blocks(t) >= sms).unwrap_or(FP32_TILES.len() - 1)
+    FP32_TILES.iter().position(|&t| blocks(t) >= waves * sms).unwrap_or(FP32_TILES.len() - 1)
 }
 
 /// The address of an optional buffer, null when absent (a kernel's optional operand).
@@ -1047,9 +1062,12 @@ fn linear_grad_blocks((rows, inputs, outputs): (usize, usize, usize), bias: bool
     inputs.div_ceil(bn) * rows.div_ceil(bm) + (inputs + bias as usize).div_ceil(bn) * outputs.div_ceil(bm)
 }
 
-/// The tile nn_linear_grad takes: the largest whose grid of both products fills the GPU.
+/// The tile nn_linear_grad takes: the largest whose grid of both products gives every SM two blocks. One
+/// wave was not enough where a product is shallow: the ResNet example's head (128 rows, 3136 inputs, 10
+/// outputs) took the 64 × 64 tile in 148 blocks, its dW tiles six-sevenths padding, and its step ran 342 µs
+/// against 336 µs on the 16 × 16 tile's 1765 blocks.
 fn linear_grad_tile(device: &Device, sizes: (usize, usize, usize), bias: bool) -> usize {
-    filling_tile(device, |tile| linear_grad_blocks(sizes, bias, tile))
+    filling_tile_waves(device, 2, |tile| linear_grad_blocks(sizes, bias, tile))
 }
 
 /// The thread groups that split k in the fp32 tile at `tile` (gemm_tile's KSPLIT).

@@ -7,8 +7,9 @@
 //! their order), and each sum is taken in that order.
 //!
 //! On a GPU, an activation whose one reader is a linear layer has its slope taken in that layer's backward
-//! (`cuda::fusion`): the walk offers it, and when the layer takes it, the gradient it returns goes to the
-//! activation's input and the activation's own backward is skipped.
+//! (`cuda::backward_fusion`): the walk offers it, and when the layer takes it, the gradient it returns goes
+//! to the activation's input and the activation's own backward is skipped. Likewise a direct convolution,
+//! the last reader of its input, may add the input's other gradients in its own (`Offers`).
 //!
 //! Unless asked to keep it, a backward frees the graph it walked (each op's inputs and saved values), as
 //! PyTorch does without `retain_graph`; a second backward through it is an error that names the op.
@@ -75,40 +76,8 @@ impl<F: Real> Tensor<F> {
                 continue;
             };
             let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-            // When this op is the last reader of its first input (read once here), the gradient that input has
-            // from its other readers is offered to be added in this op's backward (cuda::fusion).
-            let last_reader = inputs.first().filter(|first| {
-                let k = key(first);
-                let once = inputs.iter().filter(|t| key(t) == k).count() == 1;
-                once && arrived.get(&k).copied().unwrap_or(0) + 1 == readers.get(&k).copied().unwrap_or(0)
-            });
-            let addend = last_reader.and_then(|first| {
-                let storage = first.storage();
-                let (Storage::Device(input), Some(Storage::Device(grad))) = (&*storage, pending.get(&key(first)))
-                else {
-                    return None;
-                };
-                input.device().offer_addend(input, grad).then(|| input.clone())
-            });
-            // The activation that made the first input, when this op is its last reader and the input's
-            // gradient is complete here (its one reader, or the addend taken): its slope is offered to this
-            // op's backward.
-            let with_addend = addend.is_some();
-            let one_reader = last_reader.filter(|first| with_addend || readers.get(&key(first)) == Some(&1));
-            let offered = one_reader.and_then(|first| {
-                let Storage::Device(output) = &*first.storage() else { return None };
-                let activation_input = match &*lock(&first.0.origin) {
-                    Origin::Op { inputs, .. } if inputs.len() == 1 && inputs[0].requires_grad() => inputs[0].clone(),
-                    _ => return None,
-                };
-                // The op that made `first` is the activation itself (its one input is the one the slope reads),
-                // not a view sharing its output's elements.
-                let (_, slope_input) = output.slope_extra()?;
-                let Storage::Device(input) = &*activation_input.storage() else { return None };
-                let own = input.same_elements(&slope_input);
-                (own && output.device().offer_slope(output, with_addend))
-                    .then(|| (first.clone(), activation_input, output.clone()))
-            });
+            // Fusions offered to this op's backward (`Offers`), which it takes or not.
+            let offers = Offers::make(inputs, &pending, &readers, &arrived);
             let (mut slope_taken, mut addend_taken) = (false, false);
             let grads: Vec<Option<Storage<F>>> = match (backward, &grad) {
                 (Backward::Host(backward), Storage::Host(grad)) => {
@@ -116,8 +85,7 @@ impl<F: Real> Tensor<F> {
                 }
                 (Backward::Device(backward), Storage::Device(grad)) => {
                     let grads = backward(grad, &needs);
-                    slope_taken = offered.as_ref().is_some_and(|(.., output)| output.device().slope_taken());
-                    addend_taken = addend.as_ref().is_some_and(|input| input.device().addend_taken());
+                    (slope_taken, addend_taken) = offers.taken();
                     grads?.into_iter().map(|g| g.map(Storage::Device)).collect()
                 }
                 _ => return Err(Error::device(op, "its gradient reached it in another place than its output")),
@@ -128,7 +96,7 @@ impl<F: Real> Tensor<F> {
                 if addend_taken && i == 0 {
                     pending.remove(&key(input));
                 }
-                let to = match &offered {
+                let to = match &offers.slope {
                     // The backward took the activation's slope: this is the gradient of the activation's
                     // input, and the activation's own backward is done.
                     Some((activation, activation_input, _)) if slope_taken && i == 0 => {
@@ -184,6 +152,61 @@ impl<F: Real> Tensor<F> {
             stack.extend(inputs.into_iter().rev().filter(|t| !seen.contains(&key(t))).map(|t| (t, false)));
         }
         Ok(order)
+    }
+}
+
+/// What the walk offers the backward of an op about to run (cuda::backward_fusion): when the op is the last reader of
+/// its first input (read once by it), the gradient that input has from its other readers, to be added in the
+/// op's backward; and when the input's gradient is then whole there (its one reader, or with that addend),
+/// the slope of the activation that made it: the activation's tensor, its input and its output's elements.
+struct Offers<F: Real> {
+    addend: Option<cuda::DeviceBuffer>,
+    slope: Option<(Tensor<F>, Tensor<F>, cuda::DeviceBuffer)>,
+}
+
+impl<F: Real> Offers<F> {
+    fn make(
+        inputs: &[Tensor<F>],
+        pending: &HashMap<usize, Storage<F>>,
+        readers: &HashMap<usize, usize>,
+        arrived: &HashMap<usize, usize>,
+    ) -> Self {
+        let last_reader = inputs.first().filter(|first| {
+            let k = key(first);
+            let once = inputs.iter().filter(|t| key(t) == k).count() == 1;
+            once && arrived.get(&k).copied().unwrap_or(0) + 1 == readers.get(&k).copied().unwrap_or(0)
+        });
+        let addend = last_reader.and_then(|first| {
+            let storage = first.storage();
+            let (Storage::Device(input), Some(Storage::Device(grad))) = (&*storage, pending.get(&key(first))) else {
+                return None;
+            };
+            input.device().offer_addend(input, grad).then(|| input.clone())
+        });
+        let with_addend = addend.is_some();
+        let whole = last_reader.filter(|first| with_addend || readers.get(&key(first)) == Some(&1));
+        let slope = whole.and_then(|first| {
+            let Storage::Device(output) = &*first.storage() else { return None };
+            let activation_input = match &*lock(&first.0.origin) {
+                Origin::Op { inputs, .. } if inputs.len() == 1 && inputs[0].requires_grad() => inputs[0].clone(),
+                _ => return None,
+            };
+            // The op that made `first` is the activation itself (its one input is the one the slope reads),
+            // not a view sharing its output's elements.
+            let (_, slope_input) = output.slope_extra()?;
+            let Storage::Device(input) = &*activation_input.storage() else { return None };
+            let own = input.same_elements(&slope_input);
+            (own && output.device().offer_slope(output, with_addend))
+                .then(|| (first.clone(), activation_input, output.clone()))
+        });
+        Offers { addend, slope }
+    }
+
+    /// Ends the offers: whether the backward took the slope, and the addend.
+    fn taken(&self) -> (bool, bool) {
+        let slope = self.slope.as_ref().is_some_and(|(.., output)| output.device().slope_taken());
+        let addend = self.addend.as_ref().is_some_and(|input| input.device().addend_taken());
+        (slope, addend)
     }
 }
 

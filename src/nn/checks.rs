@@ -1224,7 +1224,7 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
     Ok(checks)
 }
 
-/// The backward's fusion (cuda::fusion): an activation between two linear layers, its slope taken in the
+/// The backward's fusion (cuda::backward_fusion): an activation between two linear layers, its slope taken in the
 /// second layer's dx epilogue, gives the same bits as its own backward's launch (the fusion off), for each
 /// activation; and it was taken (an equality that fused nothing would prove nothing). Also a second reader
 /// of the activation (no fusion then: two gradients to add) against the host.

@@ -215,6 +215,56 @@ fn wants_relu(device: &Device, add: usize) -> bool {
     device.wants_of(add).iter().any(|w| matches!(w, Want::Activation { code: UNARY_RELU, bf16: false, .. }))
 }
 
+/// The buffers a direct convolution's stores fill beside its result for the readers its producer recorded
+/// (capture-time fusion): a ReLU's output, and for a residual sum, the other operand and the sum.
+struct ForwardFusion {
+    activated: DeviceBuffer,
+    residual: Option<(DeviceBuffer, DeviceBuffer)>,
+}
+
+impl ForwardFusion {
+    /// What the window walk's stores do.
+    fn window(&self) -> WindowFusion<'_> {
+        match &self.residual {
+            Some((other, sum)) => WindowFusion::ResidualRelu { residual: other, sum, out: &self.activated },
+            None => WindowFusion::Relu { out: &self.activated },
+        }
+    }
+
+    /// Hands the results to the readers of `out`, the convolution's result.
+    fn attach_to(self, device: &Device, out: &DeviceBuffer) {
+        match self.residual {
+            Some((other, sum)) => {
+                let writes = device.in_place_writes.load(std::sync::atomic::Ordering::Relaxed);
+                out.attach(Extra::Residual { other: other.downgrade(), writes, sum, activated: self.activated });
+            }
+            None => out.attach(Extra::Activation { code: UNARY_RELU, out: self.activated, by: "conv2d" }),
+        }
+    }
+}
+
+/// The ReLU a reader of `out` wanted, into a buffer of its own; or a residual sum with another producer's
+/// output, still live, that an add wanted for the ReLU reading it; or nothing.
+fn forward_fusion(
+    device: &Arc<Device>,
+    producer: Option<&Producer>,
+    out: &DeviceBuffer,
+) -> Result<Option<ForwardFusion>> {
+    const NAME: &str = "conv2d";
+    let relu = producer.and_then(Producer::activation) == Some((UNARY_RELU, false));
+    let residual = producer.and_then(Producer::residual).filter(|_| !relu);
+    let residual = residual.filter(|&(_, add)| wants_relu(device, add));
+    let residual = residual.and_then(|(other, _)| device.made_output(other)).filter(|o| o.len == out.len);
+    if !relu && residual.is_none() {
+        return Ok(None);
+    }
+    let residual = match residual {
+        Some(other) => Some((other, device.alloc(NAME, out.len)?)),
+        None => None,
+    };
+    Ok(Some(ForwardFusion { activated: device.alloc(NAME, out.len)?, residual }))
+}
+
 /// `conv2d` in fp32: each of its three products direct where a band of the image fits (direct_conv.rs),
 /// else an implicit product (the module's doc).
 fn conv2d_fp32<F: Real>(
@@ -233,27 +283,11 @@ fn conv2d_fp32<F: Real>(
     let kernels = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, kernels)? {
-        // The ReLU a reader wanted (capture-time fusion), into a buffer of its own; or a residual sum with
-        // another producer's output, still live, that an add wanted for the ReLU reading it.
-        let relu = producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
-        let residual = producer.as_ref().and_then(Producer::residual).filter(|_| !relu);
-        let residual = residual.filter(|&(_, add)| wants_relu(device, add));
-        let residual = residual.and_then(|(other, _)| device.made_output(other)).filter(|o| o.len == out.len);
-        let activated = if relu || residual.is_some() { Some(device.alloc(NAME, out.len)?) } else { None };
-        let sum = if residual.is_some() { Some(device.alloc(NAME, out.len)?) } else { None };
-        let fusion = match (&activated, &residual, &sum) {
-            (Some(out), Some(residual), Some(sum)) => WindowFusion::ResidualRelu { residual, sum, out },
-            (Some(out), ..) => WindowFusion::Relu { out },
-            _ => WindowFusion::None,
-        };
+        let fused = forward_fusion(device, producer.as_ref(), &out)?;
+        let fusion = fused.as_ref().map_or(WindowFusion::None, ForwardFusion::window);
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), (&out, fusion))?;
-        match (activated, residual, sum) {
-            (Some(activated), Some(other), Some(sum)) => {
-                let writes = device.in_place_writes.load(std::sync::atomic::Ordering::Relaxed);
-                out.attach(Extra::Residual { other: other.downgrade(), writes, sum, activated });
-            }
-            (Some(activated), ..) => out.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: NAME }),
-            _ => {}
+        if let Some(fused) = fused {
+            fused.attach_to(device, &out);
         }
     } else {
         let tile = conv_tile(outputs);
@@ -293,7 +327,7 @@ fn conv2d_fp32<F: Real>(
 /// gradient `dy` and the weight `w`: direct where `kernels` has direct kernels and they fit, else the product of
 /// the weight and `dy` read at the positions each input element reaches. Direct, it has the gradient `x` has
 /// from its other readers added, and is then times the slope of the ReLU that made `x`, where the backward
-/// offers them (the module fusion.rs's text).
+/// offers them (backward_fusion.rs).
 fn conv2d_grad_input(
     device: &Arc<Device>,
     (dy, w, x): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer),

@@ -22,6 +22,7 @@
 //! | `branch` | the backward's second stream: convolutions' weight gradients beside the input gradients |
 
 pub(crate) mod attention;
+mod backward_fusion;
 mod branch;
 pub mod capture;
 pub(crate) mod conv;
@@ -171,11 +172,13 @@ pub struct Device {
     /// a u8): the tensor cores' by default, the CUDA cores' with TEXTNET_DIRECT_CONV=fma, the implicit
     /// products with TEXTNET_DIRECT_CONV=0. The checks run all three.
     conv_kernels: std::sync::atomic::AtomicU8,
-    /// The activation slope offered to the backward about to run (`fusion`), and how many were taken.
-    slope_offer: Mutex<Option<fusion::SlopeOffer>>,
+    /// The activation slope offered to the backward about to run (`backward_fusion`), and how many were
+    /// taken.
+    slope_offer: Mutex<Option<backward_fusion::SlopeOffer>>,
     slopes_taken: std::sync::atomic::AtomicUsize,
-    /// The gradient offered to be added in the backward about to run (`fusion`), and how many were taken.
-    addend_offer: Mutex<Option<fusion::AddendOffer>>,
+    /// The gradient offered to be added in the backward about to run (`backward_fusion`), and how many
+    /// were taken.
+    addend_offer: Mutex<Option<backward_fusion::AddendOffer>>,
     addends_taken: std::sync::atomic::AtomicUsize,
     /// Writes into existing buffers so far (refills, in-place updates): a result fused ahead of its reader
     /// is taken only when none came between (`fusion`).

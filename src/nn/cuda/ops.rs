@@ -132,6 +132,41 @@ fn add_relu(
     Ok(out)
 }
 
+/// a + b of `n` elements each, with the op that reads it, when its `producer` recorded one: the LayerNorm,
+/// or the ReLU, made by the convolution that made one operand (which took the other into its stores) or
+/// here (`nn_add_relu`). None: a plain sum. Records what this add wants of its operands' producers.
+fn fused_sum(
+    device: &Arc<Device>,
+    name: &'static str,
+    producer: Option<&Producer>,
+    (x, y): (&DeviceBuffer, &DeviceBuffer),
+    n: usize,
+) -> Result<Option<DeviceBuffer>> {
+    let norm = producer.and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n.is_multiple_of(p.width));
+    let norm = norm.and_then(|(params, with_bf16)| Some((params.buffers(device)?, params, with_bf16)));
+    let relu = norm.is_none() && producer.and_then(Producer::activation) == Some((UNARY_RELU, false));
+    if let Some(reader) = producer.map(|p| p.number) {
+        for (mine, other) in [(x, y), (y, x)] {
+            if let Some(other) = other.made_by() {
+                device.want(mine, Want::Residual { other, reader });
+            }
+        }
+    }
+    let summed = relu.then(|| x.residual_extra(y).or_else(|| y.residual_extra(x))).flatten();
+    Ok(match (norm, summed) {
+        (Some((buffers, params, with_bf16)), _) => {
+            Some(add_layer_norm(device, (x, y), n, (params, buffers), with_bf16)?)
+        }
+        (None, Some((sum, activated))) => {
+            device.fused("conv2d → add → relu: the residual sum and its ReLU in the convolution's stores".into());
+            sum.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: name });
+            Some(sum)
+        }
+        (None, None) if relu => Some(add_relu(device, name, (x, y), n)?),
+        (None, None) => None,
+    })
+}
+
 /// a + b, with a contiguous of `shape` (four axes) and b holding only the axes where `kept` is true (a
 /// bias along the channels: [false, true, false, false]); one launch, recorded for no backward (the op
 /// calling it gives b its gradient).
@@ -167,32 +202,11 @@ pub(crate) fn binary<F: Real>(
     };
     let (x, y) = (buffer(a), buffer(b));
     let counts = [a.numel(), b.numel()];
-    // A sum of two operands of one shape may be made with the LayerNorm that reads it (capture-time fusion).
+    // A sum of two operands of one shape may be made with the op that reads it (capture-time fusion).
     let producer = if code == OP_ADD && counts == [n, n] { device.producer(name) } else { None };
-    let norm =
-        producer.as_ref().and_then(Producer::layer_norm).filter(|(p, _)| p.width > 0 && n.is_multiple_of(p.width));
-    let norm = norm.and_then(|(params, with_bf16)| Some((params.buffers(device)?, params, with_bf16)));
-    // Or with the ReLU that reads it: by the convolution that made one operand, in its stores, or here.
-    let relu = norm.is_none() && producer.as_ref().and_then(Producer::activation) == Some((UNARY_RELU, false));
-    if let Some(reader) = producer.as_ref().map(|p| p.number) {
-        for (mine, other) in [(&x, &y), (&y, &x)] {
-            if let Some(other) = other.made_by() {
-                device.want(mine, Want::Residual { other, reader });
-            }
-        }
-    }
-    let summed = relu.then(|| x.residual_extra(&y).or_else(|| y.residual_extra(&x))).flatten();
-    let out = match (norm, summed) {
-        (Some((buffers, params, with_bf16)), _) => add_layer_norm(device, (&x, &y), n, (params, buffers), with_bf16)?,
-        (None, Some((sum, activated))) => {
-            device.fused("conv2d → add → relu: the residual sum and its ReLU in the convolution's stores".into());
-            sum.attach(Extra::Activation { code: UNARY_RELU, out: activated, by: name });
-            sum
-        }
-        (None, None) if relu => add_relu(device, name, (&x, &y), n)?,
-        (None, None) => {
-            launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?
-        }
+    let out = match fused_sum(device, name, producer.as_ref(), (&x, &y), n)? {
+        Some(out) => out,
+        None => launch_binary(device, name, code, (&x, &y), n, (dims, [operand_strides[0], operand_strides[1]]))?,
     };
     out.made_by_producer(producer.as_ref());
     let device_ = Arc::clone(device);

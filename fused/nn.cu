@@ -1890,7 +1890,8 @@ __device__ __forceinline__ float window_slope(const WindowEpilogue& f, size_t e)
 // one of the two per launch, so that a launch without it keeps the code it had (the code of both in every
 // store made each of the ResNet example's nine nn_conv2d_mma launches 2.8 µs slower).
 template <bool RESIDUAL>
-__device__ __forceinline__ void store_window_as(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
+__device__ __forceinline__ void store_window_as(float* __restrict__ out, size_t e, float value,
+                                                const WindowEpilogue& f) {
     out[e] = value;
     if constexpr (RESIDUAL) {
         const float summed = binary_apply(OP_ADD, f.residual[e], value);

@@ -231,14 +231,14 @@ impl ForwardFusion {
         }
     }
 
-    /// Hands the results to the readers of `out`, the convolution's result.
-    fn attach_to(self, device: &Device, out: &DeviceBuffer) {
+    /// Hands the results to the readers of `out`, the result of the convolution `op`.
+    fn attach_to(self, device: &Device, op: &'static str, out: &DeviceBuffer) {
         match self.residual {
             Some((other, sum)) => {
                 let writes = device.in_place_writes.load(std::sync::atomic::Ordering::Relaxed);
                 out.attach(Extra::Residual { other: other.downgrade(), writes, sum, activated: self.activated });
             }
-            None => out.attach(Extra::Activation { code: UNARY_RELU, out: self.activated, by: "conv2d" }),
+            None => out.attach(Extra::Activation { code: UNARY_RELU, out: self.activated, by: op }),
         }
     }
 }
@@ -247,10 +247,10 @@ impl ForwardFusion {
 /// output, still live, that an add wanted for the ReLU reading it; or nothing.
 fn forward_fusion(
     device: &Arc<Device>,
+    op: &'static str,
     producer: Option<&Producer>,
     out: &DeviceBuffer,
 ) -> Result<Option<ForwardFusion>> {
-    const NAME: &str = "conv2d";
     let relu = producer.and_then(Producer::activation) == Some((UNARY_RELU, false));
     let residual = producer.and_then(Producer::residual).filter(|_| !relu);
     let residual = residual.filter(|&(_, add)| wants_relu(device, add));
@@ -259,10 +259,10 @@ fn forward_fusion(
         return Ok(None);
     }
     let residual = match residual {
-        Some(other) => Some((other, device.alloc(NAME, out.len)?)),
+        Some(other) => Some((other, device.alloc(op, out.len)?)),
         None => None,
     };
-    Ok(Some(ForwardFusion { activated: device.alloc(NAME, out.len)?, residual }))
+    Ok(Some(ForwardFusion { activated: device.alloc(op, out.len)?, residual }))
 }
 
 /// `conv2d` in fp32: each of its three products direct where a band of the image fits (direct_conv.rs),
@@ -283,11 +283,11 @@ fn conv2d_fp32<F: Real>(
     let kernels = device.conv_kernels();
     let sms = device.gpu.sm_count as usize;
     if let Some(plan) = direct_conv::forward_plan(NAME, conv, samples, sms, kernels)? {
-        let fused = forward_fusion(device, producer.as_ref(), &out)?;
+        let fused = forward_fusion(device, NAME, producer.as_ref(), &out)?;
         let fusion = fused.as_ref().map_or(WindowFusion::None, ForwardFusion::window);
         direct_conv::launch_windows(device, NAME, &plan, (&xb, &wb, bias.map(buffer).as_ref()), (&out, fusion))?;
         if let Some(fused) = fused {
-            fused.attach_to(device, &out);
+            fused.attach_to(device, NAME, &out);
         }
     } else {
         let tile = conv_tile(outputs);

@@ -1877,8 +1877,10 @@ struct WindowEpilogue {
     const float* addend;
 };
 
-// What the tensor-core kernel's stores do, known at compile time (store_window_as says why): nothing more,
-// the forward's residual sum, or the input gradient's addend.
+// What the tensor-core kernel's stores do, known at compile time, so that a launch without the residual or
+// the addend keeps the code it had (the residual's code in every store made each of the ResNet example's
+// nine nn_conv2d_mma launches 2.8 µs slower): nothing more, the forward's residual sum, or the input
+// gradient's addend.
 constexpr int WINDOW_PLAIN = 0, WINDOW_RESIDUAL = 1, WINDOW_ADDEND = 2;
 
 // The slope by which the input gradient's out[e] is multiplied, where the epilogue has a ReLU's (relu_out).
@@ -1886,25 +1888,17 @@ __device__ __forceinline__ float window_slope(const WindowEpilogue& f, size_t e)
     return activation_slope(ACT_RELU, f.relu_out[e]);
 }
 
-// store_window with or without the residual (f.residual) known at compile time: the tensor-core kernel takes
-// one of the two per launch, so that a launch without it keeps the code it had (the code of both in every
-// store made each of the ResNet example's nine nn_conv2d_mma launches 2.8 µs slower).
-template <bool RESIDUAL>
-__device__ __forceinline__ void store_window_as(float* __restrict__ out, size_t e, float value,
-                                                const WindowEpilogue& f) {
+// out[e] = value, and where the epilogue has them, the forward's ReLU of it or its residual sum and that
+// sum's ReLU.
+__device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
     out[e] = value;
-    if constexpr (RESIDUAL) {
+    if (f.residual) {
         const float summed = binary_apply(OP_ADD, f.residual[e], value);
         f.sum[e] = summed;
         f.activated[e] = unary_apply(UNARY_RELU, summed);
     } else if (f.activated) {
         f.activated[e] = activate(ACT_RELU, value);
     }
-}
-
-__device__ __forceinline__ void store_window(float* __restrict__ out, size_t e, float value, const WindowEpilogue& f) {
-    if (f.residual) store_window_as<true>(out, e, value, f);
-    else store_window_as<false>(out, e, value, f);
 }
 
 // Grid: (N·bands, ⌈out_channels/DIRECT_BLOCK_OUT⌉), blocks of DIRECT_SPLIT·band_rows·G threads or more (a
@@ -2164,6 +2158,80 @@ __device__ __forceinline__ void stage_mma_weights(float* weights, const float* _
         weights[(count * taps + i / MMA_OUT) * MMA_WEIGHT_PITCH + i % MMA_OUT] = 0.0f;
 }
 
+// The row pitch of conv2d_mma's results in shared memory ([channel][position]): the block's positions,
+// ≡ 4 (mod 32), so that a warp's fragment stores (8 positions × 4 channels two rows apart) take distinct banks
+// (direct_conv.rs's mma_result_floats).
+__device__ __forceinline__ int mma_result_pitch() {
+    const int most = blockDim.x / 32 * MMA_TILES * 16;
+    return most + (36 - most % 32) % 32;
+}
+
+// Whether out and every array of a window's epilogue are 16-byte aligned (the null ones are).
+__device__ __forceinline__ bool window_operands_by_16(const float* out, const WindowEpilogue& f) {
+    const size_t any = (size_t)out | (size_t)f.activated | (size_t)f.relu_out | (size_t)f.residual | (size_t)f.sum |
+                       (size_t)f.addend;
+    return (any & 15) == 0;
+}
+
+// N (1 or 4) consecutive floats of a global array, loaded together.
+template <int N>
+__device__ __forceinline__ void load_run(const float* __restrict__ from, float (&to)[N]) {
+    if constexpr (N == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(from);
+        to[0] = x.x, to[1] = x.y, to[2] = x.z, to[3] = x.w;
+    } else {
+        to[0] = *from;
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void store_run(float* __restrict__ to, const float (&from)[N]) {
+    if constexpr (N == 4) *reinterpret_cast<float4*>(to) = make_float4(from[0], from[1], from[2], from[3]);
+    else *to = from[0];
+}
+
+// The tensor-core kernel's epilogue of N consecutive results of channel oc from out[e] on (value, their
+// sums over the taps): in the order of nn_conv2d_direct's, the addend's sum, the ReLU's slope, the bias,
+// then the store and the forward's ReLU or residual sum (store_window_as), each operand loaded first.
+template <int EPILOGUE, int N>
+__device__ __forceinline__ void finish_window(float* __restrict__ out, size_t e, float (&value)[N],
+                                              const float* __restrict__ bias, int oc, const WindowEpilogue& f) {
+    if constexpr (EPILOGUE == WINDOW_ADDEND) {
+        float addend[N];
+        load_run(f.addend + e, addend);
+#pragma unroll
+        for (int j = 0; j < N; ++j) value[j] = binary_apply(OP_ADD, addend[j], value[j]);
+    }
+    if (f.relu_out) {
+        float relu_out[N];
+        load_run(f.relu_out + e, relu_out);
+#pragma unroll
+        for (int j = 0; j < N; ++j) value[j] *= activation_slope(ACT_RELU, relu_out[j]);
+    }
+    if (bias) {
+        const float b = bias[oc];
+#pragma unroll
+        for (int j = 0; j < N; ++j) value[j] = value[j] + b;
+    }
+    store_run(out + e, value);
+    float activated[N];
+    if constexpr (EPILOGUE == WINDOW_RESIDUAL) {
+        float summed[N];
+        load_run(f.residual + e, summed);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            summed[j] = binary_apply(OP_ADD, summed[j], value[j]);
+            activated[j] = unary_apply(UNARY_RELU, summed[j]);
+        }
+        store_run(f.sum + e, summed);
+        store_run(f.activated + e, activated);
+    } else if (f.activated) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) activated[j] = activate(ACT_RELU, value[j]);
+        store_run(f.activated + e, activated);
+    }
+}
+
 // Grid: (N·bands, ⌈out_channels/MMA_OUT⌉), blocks of ⌈band_rows·OW/(16·MMA_TILES)⌉ warps; shared memory
 // k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane + 4 floats (k_pad = chunk·KH·KW rounded up to 8): the weights
 // [k][o] (0 past the chunk's taps), the taps' offsets in the tile in bytes (0 past them: the window's first
@@ -2235,54 +2303,39 @@ __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __r
         __syncthreads();
         multiply(k_split, k_pad);
     }
-    // The elements of out that the thread's acc[i][nb][r] are: position p's row and column in sample s,
-    // channel oc; -1 past the band's positions or the channels.
-    const size_t plane = (size_t)v.out_h * v.out_w, first = (size_t)s * v.out_channels * plane;
+    // The results leave through shared memory: each channel's band positions lie side by side in out, so
+    // that the block writes them, and reads the epilogue's operands, as whole runs, 16 bytes at a time where
+    // they align (each thread storing its fragments' elements one by one, each after its operands' loads,
+    // took half of a 16→16 forward's instructions and most of its stalls).
+    __syncthreads();  // the tile and the weights read
+    float* results = reinterpret_cast<float*>(smem4);
+    const int result_pitch = mma_result_pitch();
 #pragma unroll
-    for (int i = 0; i < MMA_TILES; ++i) {
-        long long e[2][4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int p = (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8, row = p / v.out_w;
-            const size_t at = first + (oy0 + row) * v.out_w + p - row * v.out_w;
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                const int oc = o0 + nb * 8 + 2 * tig + r % 2;
-                e[nb][r] = p < positions && oc < v.out_channels ? (long long)(at + oc * plane) : -1;
-            }
-        }
-        if constexpr (EPILOGUE == WINDOW_ADDEND) {
-            float addend[2][4];
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) addend[nb][r] = e[nb][r] >= 0 ? epilogue.addend[e[nb][r]] : 0.0f;
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) acc[i][nb][r] = binary_apply(OP_ADD, addend[nb][r], acc[i][nb][r]);
-        }
-        if (epilogue.relu_out) {
-            // The m-tile's slopes loaded first, together: between stores, each would wait on the one before.
-            float slope[2][4];
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) slope[nb][r] = e[nb][r] >= 0 ? window_slope(epilogue, e[nb][r]) : 1.0f;
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) acc[i][nb][r] *= slope[nb][r];
-        }
+    for (int i = 0; i < MMA_TILES; ++i)
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int oc = o0 + nb * 8 + 2 * tig + r % 2;
-                if (e[nb][r] >= 0)
-                    store_window_as<EPILOGUE == WINDOW_RESIDUAL>(
-                        out, e[nb][r], bias ? acc[i][nb][r] + bias[oc] : acc[i][nb][r], epilogue);
-            }
+            for (int r = 0; r < 4; ++r)
+                results[(nb * 8 + 2 * tig + r % 2) * result_pitch + (warp * MMA_TILES + i) * 16 + gid + r / 2 * 8] =
+                    acc[i][nb][r];
+    __syncthreads();
+    const size_t plane = (size_t)v.out_h * v.out_w;
+    const size_t first = ((size_t)s * v.out_channels + o0) * plane + (size_t)oy0 * v.out_w;
+    const int channels = min(MMA_OUT, v.out_channels - o0);
+    if (positions % 4 == 0 && plane % 4 == 0 && first % 4 == 0 && window_operands_by_16(out, epilogue)) {
+        const int quads = positions / 4;
+        for (int q = threadIdx.x; q < channels * quads; q += blockDim.x) {
+            const int oc = q / quads, p = 4 * (q - oc * quads);
+            const float4 r4 = *reinterpret_cast<const float4*>(results + oc * result_pitch + p);
+            float value[4] = {r4.x, r4.y, r4.z, r4.w};
+            finish_window<EPILOGUE>(out, first + oc * plane + p, value, bias, o0 + oc, epilogue);
+        }
+    } else {
+        for (int q = threadIdx.x; q < channels * positions; q += blockDim.x) {
+            const int oc = q / positions, p = q - oc * positions;
+            float value[1] = {results[oc * result_pitch + p]};
+            finish_window<EPILOGUE>(out, first + oc * plane + p, value, bias, o0 + oc, epilogue);
+        }
     }
 }
 

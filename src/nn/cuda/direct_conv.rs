@@ -301,7 +301,14 @@ fn mma_window_plan(op: &'static str, walk: &Walk, samples: usize, sms: usize) ->
     let chunk = (1..=channels).rev().find(|&c| floats(rows, c) <= DIRECT_SHARED_FLOATS).unwrap_or(1);
     let sizes = DirectConv::of(op, walk, samples, (rows, chunk), tile(rows))?;
     let grid = (samples * out_h.div_ceil(rows), o_blocks);
-    Ok(Some(DirectPlan { sizes, grid, threads: threads(rows), shared: floats(rows, chunk) * 4, mma: true }))
+    let shared = floats(rows, chunk).max(mma_result_floats(threads(rows))) * 4;
+    Ok(Some(DirectPlan { sizes, grid, threads: threads(rows), shared, mma: true }))
+}
+
+/// The shared memory of `nn_conv2d_mma`'s results on their way out, floats, for blocks of `threads`: MMA_OUT
+/// rows of the block's positions at a pitch ≡ 4 (mod 32) (fused/nn.cu's `mma_result_pitch`).
+fn mma_result_floats(threads: usize) -> usize {
+    MMA_OUT * pitch_from(threads / 32 * MMA_TILES * 16, 4)
 }
 
 /// The plan of `kernels` for `walk`, or None where it takes none (the implicit products then do).

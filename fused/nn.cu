@@ -2190,23 +2190,33 @@ __device__ __forceinline__ void store_run(float* __restrict__ to, const float (&
     else *to = from[0];
 }
 
+// The operands that the tensor-core kernel's epilogue reads for N consecutive results from out[e] on, loaded
+// before any is used (WindowEpilogue's addend, relu_out and residual, as EPILOGUE and its pointers say).
+template <int EPILOGUE, int N>
+struct WindowOperands {
+    float addend[N], relu_out[N], residual[N];
+
+    __device__ __forceinline__ void load(const WindowEpilogue& f, size_t e) {
+        if constexpr (EPILOGUE == WINDOW_ADDEND) load_run(f.addend + e, addend);
+        if (f.relu_out) load_run(f.relu_out + e, relu_out);
+        if constexpr (EPILOGUE == WINDOW_RESIDUAL) load_run(f.residual + e, residual);
+    }
+};
+
 // The tensor-core kernel's epilogue of N consecutive results of channel oc from out[e] on (value, their
-// sums over the taps): in the order of nn_conv2d_direct's, the addend's sum, the ReLU's slope, the bias,
-// then the store and the forward's ReLU or residual sum (store_window_as), each operand loaded first.
+// sums over the taps), its operands loaded: in the order of nn_conv2d_direct's, the addend's sum, the
+// ReLU's slope, the bias, then the store and the forward's ReLU or residual sum and its ReLU.
 template <int EPILOGUE, int N>
 __device__ __forceinline__ void finish_window(float* __restrict__ out, size_t e, float (&value)[N],
-                                              const float* __restrict__ bias, int oc, const WindowEpilogue& f) {
+                                              const float* __restrict__ bias, int oc, const WindowEpilogue& f,
+                                              const WindowOperands<EPILOGUE, N>& operands) {
     if constexpr (EPILOGUE == WINDOW_ADDEND) {
-        float addend[N];
-        load_run(f.addend + e, addend);
 #pragma unroll
-        for (int j = 0; j < N; ++j) value[j] = binary_apply(OP_ADD, addend[j], value[j]);
+        for (int j = 0; j < N; ++j) value[j] = binary_apply(OP_ADD, operands.addend[j], value[j]);
     }
     if (f.relu_out) {
-        float relu_out[N];
-        load_run(f.relu_out + e, relu_out);
 #pragma unroll
-        for (int j = 0; j < N; ++j) value[j] *= activation_slope(ACT_RELU, relu_out[j]);
+        for (int j = 0; j < N; ++j) value[j] *= activation_slope(ACT_RELU, operands.relu_out[j]);
     }
     if (bias) {
         const float b = bias[oc];
@@ -2217,10 +2227,9 @@ __device__ __forceinline__ void finish_window(float* __restrict__ out, size_t e,
     float activated[N];
     if constexpr (EPILOGUE == WINDOW_RESIDUAL) {
         float summed[N];
-        load_run(f.residual + e, summed);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            summed[j] = binary_apply(OP_ADD, summed[j], value[j]);
+            summed[j] = binary_apply(OP_ADD, operands.residual[j], value[j]);
             activated[j] = unary_apply(UNARY_RELU, summed[j]);
         }
         store_run(f.sum + e, summed);
@@ -2231,6 +2240,9 @@ __device__ __forceinline__ void finish_window(float* __restrict__ out, size_t e,
         store_run(f.activated + e, activated);
     }
 }
+
+// Channels whose epilogue operands a thread of the tensor-core kernel loads together.
+constexpr int WINDOW_BATCH = 4;
 
 // Grid: (N·bands, ⌈out_channels/MMA_OUT⌉), blocks of ⌈band_rows·OW/(16·MMA_TILES)⌉ warps; shared memory
 // k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane + 4 floats (k_pad = chunk·KH·KW rounded up to 8): the weights
@@ -2323,18 +2335,34 @@ __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __r
     const size_t first = ((size_t)s * v.out_channels + o0) * plane + (size_t)oy0 * v.out_w;
     const int channels = min(MMA_OUT, v.out_channels - o0);
     if (positions % 4 == 0 && plane % 4 == 0 && first % 4 == 0 && window_operands_by_16(out, epilogue)) {
-        const int quads = positions / 4;
-        for (int q = threadIdx.x; q < channels * quads; q += blockDim.x) {
-            const int oc = q / quads, p = 4 * (q - oc * quads);
-            const float4 r4 = *reinterpret_cast<const float4*>(results + oc * result_pitch + p);
-            float value[4] = {r4.x, r4.y, r4.z, r4.w};
-            finish_window<EPILOGUE>(out, first + oc * plane + p, value, bias, o0 + oc, epilogue);
+        // Thread: the quad p of its group's channels, g, g + groups, … (positions ≤ 2·blockDim.x, so that
+        // groups ≥ 2), WINDOW_BATCH at a time, their operands loaded first.
+        const int quads = positions / 4, groups = blockDim.x / quads, g = threadIdx.x / quads;
+        const int p = 4 * (threadIdx.x - g * quads);
+        if (g >= groups) return;
+        for (int oc0 = g; oc0 < channels; oc0 += groups * WINDOW_BATCH) {
+            WindowOperands<EPILOGUE, 4> operands[WINDOW_BATCH];
+#pragma unroll
+            for (int b = 0; b < WINDOW_BATCH; ++b) {
+                const int oc = oc0 + b * groups;
+                if (oc < channels) operands[b].load(epilogue, first + oc * plane + p);
+            }
+#pragma unroll
+            for (int b = 0; b < WINDOW_BATCH; ++b) {
+                const int oc = oc0 + b * groups;
+                if (oc >= channels) break;
+                const float4 r4 = *reinterpret_cast<const float4*>(results + oc * result_pitch + p);
+                float value[4] = {r4.x, r4.y, r4.z, r4.w};
+                finish_window(out, first + oc * plane + p, value, bias, o0 + oc, epilogue, operands[b]);
+            }
         }
     } else {
         for (int q = threadIdx.x; q < channels * positions; q += blockDim.x) {
             const int oc = q / positions, p = q - oc * positions;
             float value[1] = {results[oc * result_pitch + p]};
-            finish_window<EPILOGUE>(out, first + oc * plane + p, value, bias, o0 + oc, epilogue);
+            WindowOperands<EPILOGUE, 1> operands;
+            operands.load(epilogue, first + oc * plane + p);
+            finish_window(out, first + oc * plane + p, value, bias, o0 + oc, epilogue, operands);
         }
     }
 }

@@ -1296,42 +1296,46 @@ fn conv_steps(
     (first, second): (Activation, Activation),
     captured: bool,
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
-    conv_block_steps(device, seed, (first, second), captured, Residual::None)
+    conv_block_steps(device, seed, (first, second), captured, (Residual::None, CONV_IMAGE, 4))
 }
+
+/// The images of [`conv_steps`]: rows of 11 positions, so that a band's results leave the tensor-core kernel
+/// one at a time.
+const CONV_IMAGE: [usize; 4] = [3, 2, 9, 11];
 
 /// What the second convolution's output of [`conv_block_steps`] is added to before its activation.
 #[derive(Clone, Copy, PartialEq)]
 enum Residual {
     None,
-    /// Its own input, the first activation's output (4 → 4 channels: `h + conv(h)`, as a ResNet block).
+    /// Its own input, the first activation's output (`width` → `width` channels: `h + conv(h)`, as a ResNet block).
     Hidden,
-    /// The step's input (4 → 2 channels: `x + conv(h)`).
+    /// The step's input (`width` → 2 channels: `x + conv(h)`).
     Input,
 }
 
-/// `conv_steps`, or a residual block whose second convolution's output is added to `residual` before
-/// `second`.
+/// `conv_steps` on images of shape `image` with `width` channels between the convolutions, or a residual
+/// block whose second convolution's output is added to `residual` before `second`.
 fn conv_block_steps(
     device: &Arc<Device>,
     seed: u64,
     (first, second): (Activation, Activation),
     captured: bool,
-    residual: Residual,
+    (residual, image, width): (Residual, [usize; 4], usize),
 ) -> anyhow::Result<(StepsResult, Vec<(String, usize)>)> {
     use super::CapturedStep;
     use rand::SeedableRng;
     let mut rng = SeededRng::seed_from_u64(seed);
     let outputs = match residual {
         Residual::None => 5,
-        Residual::Hidden => 4,
+        Residual::Hidden => width,
         Residual::Input => 2,
     };
-    let shapes: [&[usize]; 4] = [&[4, 2, 3, 3], &[4], &[outputs, 4, 3, 3], &[outputs]];
+    let shapes: [&[usize]; 4] = [&[width, 2, 3, 3], &[width], &[outputs, width, 3, 3], &[outputs]];
     let parameters: Vec<Tensor> = (shapes.iter())
         .map(|s| Tensor::parameter(values(&mut rng, s, -0.5, 0.5), s)?.to_device(device))
         .collect::<Result<_>>()?;
-    let batches: Vec<Vec<f32>> = (0..CONV_STEPS).map(|_| values(&mut rng, &[3, 2, 9, 11], -1.0, 1.0)).collect();
-    let x = Tensor::from_vec(batches[0].clone(), &[3, 2, 9, 11])?.to_device(device)?;
+    let batches: Vec<Vec<f32>> = (0..CONV_STEPS).map(|_| values(&mut rng, &image, -1.0, 1.0)).collect();
+    let x = Tensor::from_vec(batches[0].clone(), &image)?.to_device(device)?;
     let mut sgd = Optimizer::sgd(parameters.clone(), 0.1)?;
     let mut step = CapturedStep::new(device, &[&x])?;
     let mut losses = Vec::new();
@@ -1432,15 +1436,20 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
 /// convolution's input gradient, each step, against the backward's fusion off, to the bit.
 fn add_relu_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let cases = [
-        (Residual::Hidden, ConvKernels::TensorCores, "conv2d → add → relu", "h + conv 3×3 → 4 (h)"),
-        (Residual::Hidden, ConvKernels::Fma, "conv2d → add → relu", "h + conv 3×3 → 4 (h)"),
+        (Residual::Hidden, ConvKernels::TensorCores, "conv2d → add → relu", "h + conv 3×3 (h)"),
+        (Residual::Hidden, ConvKernels::Fma, "conv2d → add → relu", "h + conv 3×3 (h)"),
         (Residual::Input, ConvKernels::TensorCores, "add → relu", "x + conv 3×3 → 2 (h)"),
     ];
     let mut checks = Vec::new();
-    for (residual, kernels, fusion, block) in cases {
+    // Rows of 11 positions, and rows of 12 with 16 channels between the convolutions: a band's results leave
+    // the tensor-core kernel one at a time, and four at a time with their operands loaded for several channels.
+    for ((residual, kernels, fusion, block), (image, width)) in
+        cases.into_iter().flat_map(|c| [(c, (CONV_IMAGE, 4)), (c, ([2, 2, 8, 12], 16))])
+    {
         device.set_conv_kernels(kernels);
         let seed = rng.random();
-        let run = |captured| conv_block_steps(device, seed, (Tensor::relu, Tensor::relu), captured, residual);
+        let run =
+            |captured| conv_block_steps(device, seed, (Tensor::relu, Tensor::relu), captured, (residual, image, width));
         let before = device.addends_taken();
         let eager = run(false);
         let addends = device.addends_taken() - before;
@@ -1461,8 +1470,8 @@ fn add_relu_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<
         checks.push(Check {
             kernel: format!("nn fused {fusion} = op by op"),
             shape: format!(
-                "[3, 2, 9, 11] conv 3×3 → 4, relu, {block}, relu, 4 SGD steps, {} (fused: {}; gradients added in \
-                 dx: {addends}, = unfused backward)",
+                "{image:?} conv 3×3 → {width}, relu, {block}, relu, 4 SGD steps, {} (fused: {}; gradients added \
+                 in dx: {addends}, = unfused backward)",
                 kernels.name(),
                 made(fusion)
             ),

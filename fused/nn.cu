@@ -2394,7 +2394,7 @@ nn_conv2d_mma(const DirectConv v, const float* __restrict__ in, const float* __r
 // ⌈(taps + 1)/(8·MMA_GRAD_TILES·warps)⌉); shared memory MMA_OUT·dy_pitch floats (dy, [o][position], 0 past
 // the band's positions up to a multiple of 8; dy_pitch ≡ 4 (mod 32), direct_conv.rs's mma_dy_pitch, puts a
 // warp's A fragments in distinct banks) + (chunk + 1)·plane floats (x, channels from the block's first
-// tap's, then a plane of ones).
+// tap's, then a plane of ones) + the band's positions up to a multiple of 8 (their offsets in the tile).
 template <bool ONE_PASS>
 __device__ __forceinline__ void conv2d_mma_grad_weight(const DirectConv& v, const float* __restrict__ dy,
                                                        const float* __restrict__ x, float* __restrict__ dw_parts,
@@ -2430,6 +2430,14 @@ __device__ __forceinline__ void conv2d_mma_grad_weight(const DirectConv& v, cons
     stage_band(tile, x, v, s, c0, count, oy0);
     cp_async_commit();
     if (db_parts) stage_ones(tile + count * v.plane, v);
+    // Each position's offset in the tile in bytes, after the planes (a position past the band's, its dy 0,
+    // the band's first position's): read a k-step at a time, where stepping a position's row and column
+    // took a third of the loop's instructions.
+    unsigned* at = reinterpret_cast<unsigned*>(tile + (v.chunk + 1) * v.plane);
+    for (int p = threadIdx.x; p < k_pad; p += blockDim.x) {
+        const int r = p / v.out_w;
+        at[p] = p < positions ? 4 * (r * v.pitch + p - r * v.out_w) * v.stride : 0;
+    }
     cp_async_wait_all();
     __syncthreads();
     const int warp = threadIdx.x / 32, gid = threadIdx.x % 32 / 4, tig = threadIdx.x % 4;
@@ -2443,20 +2451,17 @@ __device__ __forceinline__ void conv2d_mma_grad_weight(const DirectConv& v, cons
     }
     // The thread's dy: channels gid and gid + 8, positions k + tig and k + tig + 4.
     const unsigned dy_at = shared_address(dys + gid * dy_pitch + tig), dy_below = 4 * 8 * dy_pitch;
+    // The thread's positions k + tig and k + tig + 4: their offsets in the tile, from the block's table.
+    const unsigned at_k = shared_address(at + tig);
     float acc[MMA_GRAD_TILES][4] = {};
-    // The thread's positions p and p + 4 (p = k + tig), their rows and columns stepped 8 at a time.
-    int pr[2], px[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) pr[h] = (tig + 4 * h) / v.out_w, px[h] = tig + 4 * h - pr[h] * v.out_w;
     for (int k = 0; k < k_pad; k += 8) {
         const unsigned dy_k = dy_at + 4 * k;
         const float a[4] = {load_shared(dy_k), load_shared(dy_k + dy_below), load_shared(dy_k + 16),
                             load_shared(dy_k + dy_below + 16)};
         unsigned a_big[4], a_small[4];
         split_fragment(a, a_big, a_small);
-        // A position past the band's (its dy 0) reads the band's first position's element.
-        const unsigned at_lo = k + tig < positions ? 4 * (pr[0] * v.pitch + px[0]) * v.stride : 0;
-        const unsigned at_hi = k + tig + 4 < positions ? 4 * (pr[1] * v.pitch + px[1]) * v.stride : 0;
+        const unsigned at_lo = __float_as_uint(load_shared(at_k + 4 * k));
+        const unsigned at_hi = __float_as_uint(load_shared(at_k + 4 * k + 16));
 #pragma unroll
         for (int j = 0; j < MMA_GRAD_TILES; ++j) {
             const float b[2] = {load_shared(at_lo + offset[j]), load_shared(at_hi + offset[j])};
@@ -2464,9 +2469,6 @@ __device__ __forceinline__ void conv2d_mma_grad_weight(const DirectConv& v, cons
             split_fragment(b, b_big, b_small);
             mma_split<ONE_PASS>(acc[j], a_big, a_small, b_big, b_small);
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            for (px[h] += 8; px[h] >= v.out_w; px[h] -= v.out_w) ++pr[h];
     }
     const size_t slice = blockIdx.x;
 #pragma unroll

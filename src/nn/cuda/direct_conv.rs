@@ -458,8 +458,12 @@ fn mma_weight_grad_plan(conv: &Conv2dShape, samples: usize, sms: usize, with_bia
     let per_block = warps * 8 * MMA_GRAD_TILES;
     let blocks = outputs.div_ceil(MMA_OUT) * columns.div_ceil(per_block);
     let chunk = ((per_block - 1) / (conv.kernel_h * conv.kernel_w) + 2).min(conv.channels);
-    // dy [o][position], the staged channels, then a plane of ones for the bias's tap.
-    let floats = |rows: usize| MMA_OUT * mma_dy_pitch(rows, out_w) + (chunk + 1) * weight_grad_tile(conv, rows).plane;
+    // dy [o][position], the staged channels, then a plane of ones for the bias's tap, then the positions'
+    // offsets in the tile.
+    let floats = |rows: usize| {
+        let positions = (rows * out_w).next_multiple_of(8);
+        MMA_OUT * mma_dy_pitch(rows, out_w) + (chunk + 1) * weight_grad_tile(conv, rows).plane + positions
+    };
     let rows = band_rows(out_h, (samples * blocks, sms, WEIGHT_GRAD_BLOCKS_PER_SM), out_h);
     let rows = fitting_rows(rows, floats)?;
     let tile = weight_grad_tile(conv, rows);

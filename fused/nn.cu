@@ -2248,8 +2248,9 @@ constexpr int WINDOW_BATCH = 4;
 // k_pad·(MMA_WEIGHT_PITCH + 1) + chunk·plane + 4 floats (k_pad = chunk·KH·KW rounded up to 8): the weights
 // [k][o] (0 past the chunk's taps), the taps' offsets in the tile in bytes (0 past them: the window's first
 // element, whose product with a 0 weight is 0 where the result is finite), then the tile, up to 3 floats on
-// so that its column pad_x, the input's first, is 16-byte aligned for stage_band's 16-byte copies. bias,
-// activated, relu_out, residual, sum and addend (the WindowEpilogue) may be null.
+// so that its column pad_x, the input's first, is 16-byte aligned for stage_band's 16-byte copies; or, where
+// it is more, MMA_OUT·mma_result_pitch() floats, which the results take on their way out. bias, activated,
+// relu_out, residual, sum and addend (the WindowEpilogue) may be null.
 template <bool ONE_PASS, int EPILOGUE>
 __device__ __forceinline__ void conv2d_mma(const DirectConv& v, const float* __restrict__ in,
                                            const float* __restrict__ w, const float* __restrict__ bias,

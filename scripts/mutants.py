@@ -113,7 +113,7 @@ MUTATIONS = [
      "(warp * MMA_TILES + i) * 16 + gid + r / 2 * 8] =", "(warp * MMA_TILES + i) * 16 + gid] =", "nn"),
     ("nn: the direct forward on the tensor cores reads every staged channel's taps from the first", "nn.cu",
      "offsets[k] = k < k_count ? 4 * (c * v.plane + ky * v.pitch", "offsets[k] = k < k_count ? 4 * (ky * v.pitch", "nn"),
-    ("nn: the direct weight gradient on the tensor cores tables its positions' rows OW apart, not a pitch", "nn.cu",
+    ("nn: the direct weight gradient on the tensor cores tables its positions' rows OW apart", "nn.cu",
      "at[p] = p < positions ? 4 * (r * v.pitch + p - r * v.out_w) * v.stride : 0;",
      "at[p] = p < positions ? 4 * (r * v.out_w + p - r * v.out_w) * v.stride : 0;", "nn"),
     ("nn: the direct weight gradient on the tensor cores reads its positions p + 4 at p", "nn.cu",

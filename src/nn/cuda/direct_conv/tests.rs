@@ -106,8 +106,8 @@ fn the_tensor_core_plans_cover_every_position_and_tap_and_fit_their_blocks() {
             // The tile up to 3 floats on, so that the input's first column is 16-byte aligned.
             let floats = k_pad * (MMA_WEIGHT_PITCH + 1) + v.chunk as usize * v.plane as usize + 4;
             // Or the results on their way out, MMA_OUT rows of the block's positions, where they take more.
-            let result_pitch = (plan.threads / 32 * MMA_TILES * 16).next_multiple_of(4);
-            let result_pitch = result_pitch + (36 - result_pitch % 32) % 32;
+            let most = plan.threads / 32 * MMA_TILES * 16;
+            let result_pitch = most + (36 - most % 32) % 32;
             assert_eq!(plan.shared, floats.max(MMA_OUT * result_pitch) * 4, "{what}: the shared memory");
             assert!(conflict_free(|gid, tig| 2 * tig * result_pitch + gid), "{what}: the results' stores");
             chunked += (v.chunk < v.in_channels) as usize;

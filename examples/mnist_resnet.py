@@ -7,7 +7,9 @@ The network: a 3×3 convolution 1 → width channels, then two residual blocks (
 3×3 convolution, plus the block's input, ReLU), a 2×2 max-pool and a linear head width·14·14 → 10.
 
 The images are the four IDX files (raw or .gz) in ``--data``, or found where ``textnet mnist`` looks;
-``--train-samples`` and ``--test-samples`` take the first ones of each split, for a quick run.
+``--train-samples`` and ``--test-samples`` take the first ones of each split, for a quick run. The training
+images and labels go to the device once; each step's batch is gathered there (``X[batch]`` with a tensor of
+ids), as a PyTorch loop that keeps its data on the GPU does.
 
 usage: python examples/mnist_resnet.py [--data DIR] [--kind digits|fashion] [--device cpu|cuda]
        [--precision fp32|tf32] [--width 16 --epochs 3 --batch-size 128 --lr 2e-3]
@@ -111,17 +113,16 @@ def main(argv=None):
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {len(X):,} training images on {device}")
 
     train_step = compiled_step(model, optimizer)
+    X_train, y_train = textnet.tensor(X, device=device), textnet.tensor(y, device=device)
     history = {"step": [], "loss": [], "test_accuracy": []}
     steps_per_epoch = len(X) // args.batch_size  # whole batches only: the captured step keeps its shape
     step = 0
     for epoch in range(1, args.epochs + 1):
-        order = rng.permutation(len(X))
         started = time.time()
+        order = textnet.tensor(rng.permutation(len(X)), device=device)
         for i in range(steps_per_epoch):
             batch = order[i * args.batch_size:(i + 1) * args.batch_size]
-            x = textnet.tensor(X[batch], device=device)
-            labels = textnet.tensor(y[batch], device=device)
-            loss = train_step(x, labels)
+            loss = train_step(X_train[batch], y_train[batch])
             if step % args.log_interval == 0 or i == steps_per_epoch - 1:
                 history["step"].append(step)
                 history["loss"].append(loss.item())  # waits for the GPU

@@ -3,8 +3,9 @@
 (forward, cross-entropy, backward, Adam), batch 128, timed three ways over --steps steps, each after a
 warm-up, in rounds:
   replay   the compiled step on one batch already on the GPU, back to back: the GPU's time a step;
-  loop     the example's loop: each step gathers its batch with NumPy and copies it to the GPU;
-  uploads  the loop's host work alone: the gathers and the copies, no step.
+  loop     the example's loop: each step gathers its batch on the GPU from the images there (X[batch]);
+  host     each step gathers its batch with NumPy and copies it to the GPU instead;
+  uploads  the host loop's own work alone: the gathers and the copies, no step.
 Each figure is wall time over the steps, ended by reading a result back (which waits for the GPU).
 
 usage: python3 scripts/mnist_resnet_steps.py --data DIR [--kind fashion] [--steps 400] [--rounds 3]
@@ -49,6 +50,13 @@ def main():
 
     order = np.random.default_rng(1).permutation(len(X))
     batches = [order[i * args.batch_size:(i + 1) * args.batch_size] for i in range(len(X) // args.batch_size)]
+    X_train, y_train = textnet.tensor(X, device="cuda"), textnet.tensor(y, device="cuda")
+    order_on_gpu = textnet.tensor(order, device="cuda")
+
+    def gather(i):
+        j = i % len(batches)
+        batch = order_on_gpu[j * args.batch_size:(j + 1) * args.batch_size]
+        return X_train[batch], y_train[batch]
 
     def upload(i):
         batch = batches[i % len(batches)]
@@ -57,7 +65,8 @@ def main():
     fixed = upload(0)
     ways = {
         "replay": lambda i: train_step(*fixed),
-        "loop": lambda i: train_step(*upload(i)),
+        "loop": lambda i: train_step(*gather(i)),
+        "host": lambda i: train_step(*upload(i)),
         "uploads": lambda i: upload(i)[0],
     }
     for way in ways.values():  # warm-up: the capture, the allocator's pools

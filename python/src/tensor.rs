@@ -406,6 +406,58 @@ fn int_args(args: &Bound<'_, PyTuple>) -> PyResult<Vec<isize>> {
     args.extract()
 }
 
+/// `nn`'s error of `x[ids]` as PyTorch raises it: an id out of range (or not whole) is an `IndexError`,
+/// the others as `nn_error`.
+fn index_error(e: nn::Error) -> PyErr {
+    match e {
+        nn::Error::Value { .. } => PyIndexError::new_err(e.to_string()),
+        e => nn_error(e),
+    }
+}
+
+/// `x[ids]` for the int64 tensor `ids`, as PyTorch's: the slices of `x` along its first axis at the ids
+/// (negative: from the end), in shape `ids.shape + x.shape[1:]` (`nn::index_rows`), with the gradient of a
+/// float `x`; ids index ids too. Host ids index a tensor anywhere (they go up for one on the GPU, as PyTorch
+/// takes CPU indices for a CUDA tensor) and are checked; ids on the GPU index a tensor there and stay there
+/// unchecked (an id that is not a row gives a slice of NaN, `nn::index_rows_tensor`).
+fn rows_at(x: &Data, ids: &Data) -> PyResult<Data> {
+    if x.shape().is_empty() {
+        return Err(PyIndexError::new_err(format!("index: too many indices for shape {:?}", x.shape())));
+    }
+    match (x, ids) {
+        (_, Data::F32(_) | Data::F64(_)) => {
+            return Err(PyIndexError::new_err(format!(
+                "index: tensors used as indices must hold int64 ids, got {} {:?}",
+                ids.dtype_name(),
+                ids.shape()
+            )));
+        }
+        (Data::F32(t), Data::Ids { values, shape }) => nn::index_rows(t, values, shape).map(Data::F32),
+        (Data::F64(t), Data::Ids { values, shape }) => nn::index_rows(t, values, shape).map(Data::F64),
+        (Data::DeviceIds(t), Data::Ids { values, shape }) => nn::index_rows(t, values, shape).map(Data::DeviceIds),
+        (Data::Ids { values: labels, shape: labels_shape }, Data::Ids { values, shape }) => {
+            // The labels' positions gathered (each exact in an f64), then the labels at them: every int64 kept.
+            let positions = (0..labels.len()).map(|p| p as f64).collect();
+            let positions = Tensor::<f64>::from_vec(positions, labels_shape).map_err(nn_error)?;
+            nn::index_rows(&positions, values, shape).map(|picked| {
+                let values = picked.to_vec().into_iter().map(|p| labels[p as usize]).collect();
+                Data::Ids { values: Arc::new(values), shape: picked.shape().to_vec() }
+            })
+        }
+        (Data::F32(t), Data::DeviceIds(ids)) if t.is_on_device() => nn::index_rows_tensor(t, ids).map(Data::F32),
+        (Data::DeviceIds(t), Data::DeviceIds(ids)) => nn::index_rows_tensor(t, ids).map(Data::DeviceIds),
+        (x, Data::DeviceIds(ids)) => {
+            let problem = format!(
+                "the tensors live in two places ({:?} on the host, ids {:?} on the GPU): move them to one with .to()",
+                x.shape(),
+                ids.shape()
+            );
+            Err(nn::Error::Device { op: "index", problem })
+        }
+    }
+    .map_err(index_error)
+}
+
 /// A `textnet.Tensor`.
 #[pyclass(name = "Tensor", module = "textnet._native", subclass, frozen)]
 pub(crate) struct PyTensor {
@@ -971,8 +1023,12 @@ impl PyTensor {
         Ok(pieces)
     }
 
-    /// `x[...]` with whole indices, slices of step 1 and `...` along the leading axes.
+    /// `x[...]` with whole indices, slices of step 1 and `...` along the leading axes; or `x[ids]`, an
+    /// int64 tensor of ids along the first axis (`rows_at`).
     fn __getitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+        if let Ok(ids) = key.extract::<PyRef<'_, PyTensor>>() {
+            return rows_at(&self.data, &ids.data).map(PyTensor::of);
+        }
         let shape = self.data.shape().to_vec();
         let items: Vec<Bound<'_, PyAny>> = match key.cast::<PyTuple>() {
             Ok(tuple) => tuple.iter().collect(),
@@ -1010,6 +1066,11 @@ impl PyTensor {
                     PyIndexError::new_err(format!("index {index} is out of range for axis {axis} of shape {shape:?}"))
                 })?;
                 data = layout_op!(&data, |t| t.narrow(axis as isize, at, 1))?;
+            } else if item.is_instance_of::<PyTensor>() {
+                return Err(PyIndexError::new_err(
+                    "index: a tensor of ids is the whole key (x[ids], along the first axis); index the result \
+                     for the other axes",
+                ));
             } else {
                 let kind = item.get_type().name()?;
                 return Err(PyTypeError::new_err(format!(

@@ -259,8 +259,15 @@ _native_getitem = Tensor.__getitem__
 
 
 def _getitem(self: Tensor, key: Any) -> Tensor:
-    """Indexing as the native tensor's (whole numbers, slices of step 1, ``...``), and besides a list of
-    whole numbers along one axis (``x[:, [-1], :]``), which keeps that axis."""
+    """Indexing as the native tensor's (whole numbers, slices of step 1, ``...``; and ``x[ids]``, an int64
+    tensor of ids as the whole key, which picks along the first axis as PyTorch's, in shape ``ids.shape +
+    x.shape[1:]``, with the gradient), and besides a list of whole numbers along one axis (``x[:, [-1],
+    :]``), which keeps that axis.
+
+    ``x[ids]``: negative ids count from the end; ids on the CPU index a tensor on either device (they are
+    checked: one out of range raises ``IndexError``), ids on the GPU a tensor there, read where they are
+    and not checked (that would copy them back): an id that is not a row gives a row of NaN. A float
+    tensor as the key raises ``IndexError``, ids on the GPU for a tensor on the CPU ``RuntimeError``."""
     items = key if isinstance(key, tuple) else (key,)
     lists = [p for p, item in enumerate(items) if isinstance(item, list)]
     if not lists:

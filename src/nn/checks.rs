@@ -18,7 +18,7 @@ use super::cuda::Device;
 use super::cuda::direct_conv::ConvKernels;
 use super::{
     Dropout, Embedding, Linear, Module, Optimizer, Result, Tensor, cat, causal_self_attention, clip_grad_norm, conv2d,
-    dropout, embedding, layer_norm, linear, max_pool2d, scaled_dot_product_attention,
+    dropout, embedding, index_rows, index_rows_tensor, layer_norm, linear, max_pool2d, scaled_dot_product_attention,
 };
 use crate::device::precision::Precision;
 use crate::device::{Gpu, compile::ModuleRequest};
@@ -407,8 +407,9 @@ fn loss_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<
 }
 
 /// LayerNorm (with and without weight and bias, D of 1, odd and past a warp), embedding (ids 0 and the
-/// last, repeated, padding_idx first, negative and absent), dropout (the host's mask to the bit, p = 1
-/// included) and attention (causal and not, T = 1, odd D, more keys than a warp's lanes).
+/// last, repeated, padding_idx first, negative and absent) and `index_rows` (`x[ids]`), dropout (the
+/// host's mask to the bit, p = 1 included) and attention (causal and not, T = 1, odd D, more keys than a
+/// warp's lanes).
 fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
     let norms: [(&str, &Op<'_>, bool, bool); 4] = [
@@ -456,7 +457,8 @@ fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
         let tolerance = if count < 256 { EXACT } else { SUM_TOLERANCE };
         checks.extend(compare(device, rng, (&name, tolerance), &weight, op)?);
     }
-    checks.push(embedding_bad_id_check(device, rng)?);
+    checks.extend(bad_id_checks(device, rng)?);
+    checks.extend(index_rows_checks(device, rng)?);
     for (shape, p, seed, step, site) in
         [(&[1][..], 0.5, 1, 0, 0), (&[7, 33], 0.1, 7, 3, 2), (&[3, 5, 257], 0.5, 42, 11, 1), (&[9, 10], 1.0, 5, 1, 4)]
     {
@@ -487,30 +489,95 @@ fn layer_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec
     Ok(checks)
 }
 
+/// A lookup of rows of a table (its first argument) at ids held on the device (its second).
+type Lookup<'a> = &'a dyn Fn(&Tensor, &Tensor) -> Result<Tensor>;
+
 /// An id that is not a row (past the end, negative, not whole) gives a row of NaN on the device, and the
-/// other rows stay the table's.
-fn embedding_bad_id_check(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Check> {
-    let (rows, dims) = (6, 5);
-    let weight = Tensor::from_vec(values(rng, &[rows, dims], -1.0, 1.0), &[rows, dims])?;
-    let ids = [2.0, 6.0, -1.0, 0.5, 5.0];
-    let looked_up = Embedding::from_parameters(weight.to_device(device)?, None)?
-        .forward(&Tensor::from_slice(&ids, &[ids.len()])?.to_device(device)?)?
-        .values()?;
-    let table = weight.to_vec();
-    let right = ids.iter().zip(looked_up.chunks(dims)).all(|(&id, row)| {
-        if (0.0..rows as f32).contains(&id) && id.fract() == 0.0 {
-            row == &table[id as usize * dims..][..dims]
-        } else {
-            row.iter().all(|v| v.is_nan())
-        }
-    });
-    let shape = format!("ids {ids:?} of {rows} rows");
-    Ok(Check {
-        kernel: "nn Embedding bad id = NaN row".into(),
-        shape,
+/// other rows stay the table's: the `Embedding` layer's lookup, and `index_rows_tensor`'s of a tensor of
+/// three axes (its rows the last two).
+fn bad_id_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let layer: Lookup<'_> = &|weight, ids| Embedding::from_parameters(weight.clone(), None)?.forward(ids);
+    let index: Lookup<'_> = &|x, ids| index_rows_tensor(x, ids);
+    let lookups: [(&str, &[usize], Lookup<'_>); 2] =
+        [("nn Embedding bad id = NaN row", &[6, 5], layer), ("nn index_rows bad id = NaN row", &[6, 2, 3], index)];
+    let mut checks = Vec::new();
+    for (kernel, table_shape, lookup) in lookups {
+        let (rows, dims) = (table_shape[0], table_shape[1..].iter().product::<usize>());
+        let table = Tensor::from_vec(values(rng, table_shape, -1.0, 1.0), table_shape)?;
+        let ids = [2.0, 6.0, -1.0, 0.5, 5.0];
+        let looked_up =
+            lookup(&table.to_device(device)?, &Tensor::from_slice(&ids, &[ids.len()])?.to_device(device)?)?.values()?;
+        let table = table.to_vec();
+        let right = ids.iter().zip(looked_up.chunks(dims)).all(|(&id, row)| {
+            if (0.0..rows as f32).contains(&id) && id.fract() == 0.0 {
+                row == &table[id as usize * dims..][..dims]
+            } else {
+                row.iter().all(|v| v.is_nan())
+            }
+        });
+        checks.push(Check {
+            kernel: kernel.into(),
+            shape: format!("ids {ids:?} of {table_shape:?}"),
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    Ok(checks)
+}
+
+/// `index_rows` (`x[ids]`) of tensors of one to four axes at odd sizes, ids 0 and the last, repeated:
+/// by ids held on the device (`index_rows_tensor`, which sums a row's gradient in parts of 128 ids, so
+/// 600 ids are no longer added in the host's order exactly) and by host ids (a negative one among them,
+/// uploaded as `embedding`'s), each against the host's `index_rows` with the same ids; then a tensor
+/// needing no gradient, and one computed, indexed by device ids: the result needs a gradient only when
+/// the tensor does, and a computed tensor's flows back through it.
+fn index_rows_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    let cases: [(&[usize], &[usize]); 5] =
+        [(&[1], &[1]), (&[7], &[3, 5]), (&[5, 2, 3, 7], &[2, 3]), (&[50, 33], &[17]), (&[9, 5], &[3, 200])];
+    for (shape, ids_shape) in cases {
+        let (rows, count) = (shape[0], ids_shape.iter().product::<usize>());
+        let mut ids: Vec<i64> = (0..count).map(|_| rng.random_range(0..rows as i64)).collect();
+        ids[0] = 0;
+        ids[count - 1] = rows as i64 - 1;
+        ids[count / 2] = 0;
+        let held = Tensor::from_vec(ids.iter().map(|&id| id as f32).collect(), ids_shape)?;
+        let x = [(values(rng, shape, -1.0, 1.0), shape.to_vec())];
+        let op: &Op<'_> = &|t| {
+            if t[0].is_on_device() {
+                index_rows_tensor(&t[0], &held.to_device(device)?)
+            } else {
+                index_rows(&t[0], &ids, ids_shape)
+            }
+        };
+        let tolerance = if count < 256 { EXACT } else { SUM_TOLERANCE };
+        let name = format!("index_rows ids on the device {ids_shape:?}");
+        checks.extend(compare(device, rng, (&name, tolerance), &x, op)?);
+        let mut signed = ids.clone();
+        signed[count - 1] -= rows as i64;
+        let op: &Op<'_> = &|t| index_rows(&t[0], &signed, ids_shape);
+        checks.extend(compare(device, rng, (&format!("index_rows host ids {ids_shape:?}"), EXACT), &x, op)?);
+    }
+    let (rows, dims) = (5, 3);
+    let table = values(rng, &[rows, dims], -1.0, 1.0);
+    let ids = Tensor::from_slice(&[3.0, 0.0, 3.0], &[3])?.to_device(device)?;
+    let plain = Tensor::from_vec(table.clone(), &[rows, dims])?.to_device(device)?;
+    let picked = index_rows_tensor(&plain, &ids)?;
+    let leaf = Tensor::parameter(table, &[rows, dims])?.to_device(device)?;
+    let computed = leaf.mul_scalar(2.0)?;
+    index_rows_tensor(&computed, &ids)?.sum_all()?.backward()?;
+    let grad = leaf.grad().map(|g| g.values()).transpose()?;
+    let mut expected = vec![0.0f32; rows * dims];
+    expected[..dims].fill(2.0);
+    expected[3 * dims..][..dims].fill(4.0);
+    let right = !picked.requires_grad() && !plain.requires_grad() && grad == Some(expected);
+    checks.push(Check {
+        kernel: "nn index_rows keeps the tensor's flags".into(),
+        shape: format!("ids [3, 0, 3] of [{rows}, {dims}], needing no gradient, and computed"),
         rel_error: if right { 0.0 } else { f64::INFINITY },
         tolerance: 0.0,
-    })
+    });
+    Ok(checks)
 }
 
 /// `clip_grad_norm` over device gradients (computed and applied on the device) against the host's: the

@@ -16,7 +16,7 @@
 //! | `matmul` | `matmul` (batched), `linear` |
 //! | `losses` | `cross_entropy` (fused, with an index to ignore), `mse` |
 //! | `norm` | `layer_norm` over the last axis |
-//! | `embedding` | `embedding`: rows of a table by id |
+//! | `embedding` | `embedding`: rows of a table by id; `index_rows` (`x[ids]`), the same along a tensor's first axis |
 //! | `dropout` | `dropout`, its mask the kernels' hash |
 //! | `attention` | `scaled_dot_product_attention`, causal or not; `causal_self_attention` on packed q, k, v |
 //! | `layout` | `reshape`/`view`, `transpose`, `permute`, `narrow`/`slice`, `cat` |
@@ -75,7 +75,7 @@ pub use conv::{conv2d, max_pool2d};
 pub use cuda::capture::CapturedStep;
 pub use cuda::{Device, DeviceBuffer};
 pub use dropout::dropout;
-pub use embedding::embedding;
+pub use embedding::{embedding, index_rows, index_rows_tensor};
 pub use error::{Error, Result};
 pub use layout::cat;
 pub use matmul::linear;

@@ -1,5 +1,5 @@
-//! The Transformer's ops in `textnet::nn` — `layer_norm`, `embedding`, `dropout`,
-//! `scaled_dot_product_attention` — and their modules (`LayerNorm`, `Embedding`, `Dropout`): every
+//! The Transformer's ops in `textnet::nn` — `layer_norm`, `embedding` (and `index_rows`, its gather along
+//! any tensor's first axis), `dropout`, `scaled_dot_product_attention` — and their modules (`LayerNorm`, `Embedding`, `Dropout`): every
 //! gradient against f64 central finite differences over seeded shapes with odd sizes and axes of size 1
 //! (T = 1, D odd, causal and not, weight and bias absent and present, the first, the last and repeated
 //! ids); layer_norm's and attention's values against naive formulas written out here (so the checks are
@@ -9,8 +9,8 @@
 use crate::common::gradcheck::{check, input, values};
 use rand::{RngExt, SeedableRng};
 use textnet::nn::{
-    self, Dropout, Embedding, LayerNorm, Module, Tensor, causal_self_attention, dropout, embedding, layer_norm,
-    scaled_dot_product_attention,
+    self, Dropout, Embedding, LayerNorm, Module, Tensor, causal_self_attention, dropout, embedding, index_rows,
+    index_rows_tensor, layer_norm, scaled_dot_product_attention,
 };
 use textnet::ops::cpu::SeededRng;
 use textnet::ops::dropout::{DropoutKey, Mask, dropout_scale};
@@ -126,6 +126,78 @@ fn embedding_looks_up_rows_and_adds_repeated_ids_gradients() {
     assert_eq!(backward(Some(-1)), without_row_3);
     // The padding row's values still come out, as PyTorch's.
     assert_eq!(embedding(&weight, &[3], &[1], Some(3)).unwrap().to_vec(), [30.0, 31.0]);
+}
+
+#[test]
+fn index_rows_matches_finite_differences() {
+    let mut rng = SeededRng::seed_from_u64(33);
+    // 1-D, 2-D and 4-D tensors; the first row, the last, negative ids and repeats; ids of no axis, of two
+    // and none at all.
+    let cases: [(Vec<usize>, Vec<i64>, Vec<usize>); 6] = [
+        (vec![5], vec![0, 4, -1, 2], vec![4]),
+        (vec![4, 3], vec![0, 3, 3, 1, -4, 0], vec![3, 2]),
+        (vec![3, 2, 1, 3], vec![2, -3, 2], vec![3]),
+        (vec![1, 5], vec![0, 0, -1], vec![1, 3]),
+        (vec![6, 2], vec![5], vec![]),
+        (vec![4, 3], vec![], vec![0]),
+    ];
+    for (shape, ids, ids_shape) in cases {
+        let x = input(&mut rng, &shape, -2.0, 2.0, 0.0);
+        check("index_rows", std::slice::from_ref(&x), &|t| index_rows(&t[0], &ids, &ids_shape));
+        let floats: Vec<f64> = ids.iter().map(|&id| id as f64).collect();
+        let held = Tensor::from_vec(floats, &ids_shape).unwrap();
+        check("index_rows_tensor", &[x], &|t| index_rows_tensor(&t[0], &held));
+    }
+}
+
+#[test]
+fn index_rows_picks_slices_along_the_first_axis_and_adds_repeated_ids_gradients() {
+    // x [3, 2, 2] holding 10·row + position; ids [[2, -3], [2, 1]] (−3 is row 0).
+    let values: Vec<f64> = (0..3).flat_map(|row| (0..4).map(move |p| f64::from(10 * row + p))).collect();
+    let x = Tensor::parameter(values, &[3, 2, 2]).unwrap();
+    let out = index_rows(&x, &[2, -3, 2, 1], &[2, 2]).unwrap();
+    assert_eq!(out.shape(), [2, 2, 2, 2]);
+    let expected = [20.0, 21.0, 22.0, 23.0, 0.0, 1.0, 2.0, 3.0, 20.0, 21.0, 22.0, 23.0, 10.0, 11.0, 12.0, 13.0];
+    assert_eq!(out.to_vec(), expected);
+    let held = Tensor::from_slice(&[2.0, -3.0, 2.0, 1.0], &[2, 2]).unwrap();
+    assert_eq!(index_rows_tensor(&x, &held).unwrap().to_vec(), expected);
+    let grad: Vec<f64> = (1..=16).map(f64::from).collect();
+    out.backward_with(Some(&Tensor::from_slice(&grad, out.shape()).unwrap()), false).unwrap();
+    // Row 0: position 1; row 1: position 3; row 2: positions 0 and 2, added in that order.
+    let row = |at: usize| &grad[at * 4..][..4];
+    let twice: Vec<f64> = row(0).iter().zip(row(2)).map(|(a, b)| a + b).collect();
+    assert_eq!(x.grad().unwrap().to_vec(), [row(1), row(3), &twice].concat());
+    // A 1-D tensor gives the ids' shape; a scalar id drops the axis.
+    let line = Tensor::from_slice(&[5.0f32, 6.0, 7.0], &[3]).unwrap();
+    let picked = index_rows(&line, &[-1, 0, 0, 1], &[2, 2]).unwrap();
+    assert_eq!((picked.shape(), picked.to_vec()), (&[2, 2][..], vec![7.0, 5.0, 5.0, 6.0]));
+    assert_eq!(index_rows(&line, &[1], &[]).unwrap().shape(), [] as [usize; 0]);
+    // No gradient wanted, none recorded: x keeps its flags, and a computed x passes its gradient back.
+    assert!(!index_rows(&line, &[0], &[1]).unwrap().requires_grad() && !line.requires_grad());
+    let doubled = x.mul_scalar(2.0).unwrap();
+    x.zero_grad();
+    index_rows(&doubled, &[1], &[1]).unwrap().sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec(), [[0.0; 4], [2.0; 4], [0.0; 4]].concat());
+}
+
+#[test]
+fn index_rows_refuses_ids_out_of_range_in_one_line() {
+    let x = Tensor::<f32>::zeros(&[5, 3]).unwrap();
+    let range = "is out of range for axis 0 of size 5";
+    fails_with(index_rows(&x, &[0, 5], &[2]), &format!("index: id 5 at position [1] {range}"));
+    fails_with(index_rows(&x, &[0, 1, -6], &[1, 3]), &format!("index: id -6 at position [0, 2] {range}"));
+    fails_with(index_rows(&x, &[i64::MIN], &[]), &format!("index: id {} at position [] {range}", i64::MIN));
+    fails_with(index_rows(&x, &[0, 1, 2], &[2, 2]), "index: shape [2, 2] holds 4 ids, but 3 were given");
+    fails_with(index_rows(&Tensor::scalar(1.0f32), &[0], &[1]), "index: shape [] has no axis 0 to index");
+    fails_with(
+        index_rows(&Tensor::<f32>::zeros(&[0, 2]).unwrap(), &[0], &[1]),
+        "index: id 0 at position [0] is out of range for axis 0 of size 0",
+    );
+    let held = |v: &[f32], shape: &[usize]| index_rows_tensor(&x, &Tensor::from_slice(v, shape).unwrap());
+    fails_with(held(&[0.0, 1.5], &[2]), "index: id 1.5 at position [1] is not an integer");
+    fails_with(held(&[f32::NAN], &[1, 1]), "index: id NaN at position [0, 0] is not an integer");
+    fails_with(held(&[1e30], &[1]), &format!("index: id 1e30 at position [0] {range}"));
+    fails_with(held(&[-5.0, 5.0], &[2]), &format!("index: id 5 at position [1] {range}"));
 }
 
 #[test]

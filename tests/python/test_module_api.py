@@ -87,6 +87,12 @@ GRADIENT_CASES = {
     "slice": (lambda a: a[:, 1:3], normal(2, 4)),
     "index and ellipsis": (lambda a: a[1, ..., -2:], normal(2, 3, 4)),
     "narrow": (lambda a: a.narrow(1, 1, 2), normal(2, 4)),
+    "index by ids": (lambda a: a[IDS], normal(5, 3)),
+    "index a 4-D tensor by negative and repeated ids": (
+        lambda a: a[textnet.tensor([2, -1, 0, 2])],
+        normal(3, 2, 1, 2),
+    ),
+    "index a 1-D tensor by ids": (lambda a: a[textnet.tensor([[0, 3], [-4, 1]])], normal(4)),
     "split": (lambda a: a.split(2, dim=1)[1] * a.split([1, 3], dim=1)[1][:, :2], normal(2, 4)),
     "unsqueeze squeeze flatten": (lambda a: a.unsqueeze(0).squeeze(0).flatten(), normal(2, 3)),
     "cat": (lambda a, b: textnet.cat([a, b], dim=1), normal(2, 3), normal(2, 1)),
@@ -134,6 +140,56 @@ def test_forward_values_match_numpy():
     log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     loss = F.cross_entropy(leaf(logits, False), textnet.tensor(targets)).item()
     assert loss == pytest.approx(-log_p[np.arange(4), targets].mean(), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_indexing_by_a_tensor_of_ids_is_numpys_along_the_first_axis(dtype):
+    values = (R.standard_normal((5, 2, 3, 4)) * 100).astype(dtype)
+    for ids in ([3, 0, 3, -1], [[4, -5], [2, 2]], [[[1]]], 2, []):
+        key = np.array(ids, dtype=np.int64)
+        # A 0-d key (one id, which drops the axis, as a whole number would) by indexing ids.
+        ids_tensor = textnet.tensor(key.reshape(1, -1))[0, 0] if key.ndim == 0 else textnet.tensor(key)
+        assert ids_tensor.shape == key.shape
+        for x in (values, values[:, 0, 0, 0], values[:, :, 1, 0]):
+            picked = textnet.tensor(x)[ids_tensor]
+            assert picked.dtype == textnet.tensor(x).dtype and picked.device == "cpu"
+            assert picked.shape == key.shape + x.shape[1:]
+            np.testing.assert_array_equal(picked.numpy(), x[key])
+    # int64 labels keep every bit, past float64's 2⁵³.
+    labels = textnet.tensor(np.array([2**62 + 1, -(2**60) - 3, 7]))
+    assert labels[textnet.tensor([1, 0, 1])].numpy().tolist() == [-(2**60) - 3, 2**62 + 1, -(2**60) - 3]
+
+
+def test_indexing_by_ids_adds_the_gradients_of_repeated_ids_and_keeps_the_tensors_flags():
+    x = leaf([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    picked = x[textnet.tensor([2, 0, 2])]
+    assert picked.requires_grad and not picked.is_leaf
+    (picked * textnet.tensor(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[3.0, 4.0], [0.0, 0.0], [6.0, 8.0]])
+    plain = leaf([1.0, 2.0], requires_grad=False)
+    assert not plain[textnet.tensor([1])].requires_grad and not plain.requires_grad
+    with textnet.no_grad():
+        assert not x[textnet.tensor([0])].requires_grad
+    # A computed tensor indexes too, its gradient flowing back through it.
+    x.grad = None
+    (x * 3.0)[textnet.tensor([1])].sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0.0, 0.0], [3.0, 3.0], [0.0, 0.0]])
+
+
+def test_indexing_by_ids_refuses_what_pytorch_refuses_with_index_errors():
+    x = textnet.zeros(5, 3)
+    with pytest.raises(IndexError, match=r"^index: id 5 at position \[1\] is out of range for axis 0 of size 5$"):
+        x[textnet.tensor([0, 5])]
+    with pytest.raises(IndexError, match=r"^index: id -6 at position \[0, 1\] is out of range for axis 0 of size 5$"):
+        x[textnet.tensor([[1, -6]])]
+    with pytest.raises(IndexError, match=r"out of range for axis 0 of size 5"):
+        textnet.tensor(np.arange(5))[textnet.tensor([9])]
+    with pytest.raises(IndexError, match=r"^index: tensors used as indices must hold int64 ids, got float32 \[2\]$"):
+        x[textnet.tensor([0.0, 1.0])]
+    with pytest.raises(IndexError, match=r"^index: too many indices for shape \[\]"):
+        textnet.tensor([1.0]).sum()[textnet.tensor([0])]
+    with pytest.raises(IndexError, match=r"whole key"):
+        x[textnet.tensor([0]), 1:]
 
 
 def test_operators_broadcast_and_take_scalars_on_both_sides():

@@ -1212,7 +1212,9 @@ fn linear_loss_steps(
 /// activation's slope) in the tile nn_linear_grad would take, and the two layers' weight gradients go as
 /// one launch (`nn_linear_grad_weights`): equal to the bit too, sized to reach each of the three tiles, and
 /// both fusions made, with rows to ignore or not, where the loss's gradient reaches the layer as it is, and
-/// with layers whose inputs fill whole tiles, so that the bias's column is a tile of its own.
+/// with layers whose inputs fill whole tiles, so that the bias's column is a tile of its own; and after a
+/// first layer with no activation, dx without a slope. Op by op, those weight gradients run on the
+/// backward's second stream (cuda::branch), and equal one stream's to the bit.
 fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use rand::SeedableRng;
     let mut checks = Vec::new();
@@ -1224,7 +1226,8 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         (true, true, false, true),
     ] {
         let classes = if halves { 2 * rng.random_range(1..33) } else { rng.random_range(2..65) };
-        let sizes = (rng.random_range(1..300), rng.random_range(1..90), classes);
+        // Inputs past 256, the tiny tile's chunk of k, as well as fewer.
+        let sizes = (rng.random_range(1..300), rng.random_range(1..600), classes);
         let ignore = ignoring.then(|| rng.random_range(0..if halves { classes / 2 } else { classes }) as i64);
         let seed = rng.random();
         let form = (bias, ignore, halves, halved);
@@ -1244,15 +1247,23 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             tolerance: 0.0,
         });
     }
-    let activations: [(&str, Activation); 5] = [
+    let activations: [(&str, Activation); 6] = [
         ("relu", Tensor::relu),
         ("tanh", Tensor::tanh),
         ("gelu", Tensor::gelu),
         ("sigmoid", Tensor::sigmoid),
         ("relu", Tensor::relu),
+        ("no activation", |t| Ok(t.clone())),
     ];
     // (rows, width) ranges that make nn_linear_grad take its tiny, small and large tile on 132 SMs.
-    let tiles = [(1..120, 1..120), (200..400, 150..300), (1500..2500, 500..700), (1..120, 1..120), (1..120, 1..120)];
+    let tiles = [
+        (1..120, 1..120),
+        (200..400, 150..300),
+        (1500..2500, 500..700),
+        (1..120, 1..120),
+        (1..120, 1..120),
+        (100..300, 300..700),
+    ];
     for (i, ((name, activation), (rows, width))) in activations.into_iter().zip(tiles).enumerate() {
         // The last case has one class, so that every row is ignored: a NaN loss and zero gradients, as
         // PyTorch's, either way.
@@ -1270,16 +1281,24 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let form = (bias, ignore, false, false);
         let run =
             |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, hidden, captured);
-        let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
+        let forks = device.branches();
+        let eager = run(false);
+        let forks = device.branches() - forks;
+        device.set_branch(false)?;
+        let one_stream = run(false);
+        device.set_branch(true)?;
+        let ((eager, _), (one_stream, _), (captured, fusions)) = (eager?, one_stream?, run(true)?);
         let made = |prefix: &str| fusions.iter().any(|(what, _)| what.starts_with(prefix));
         let (dx, together) = (made("linear ← cross_entropy"), made("linear ← linear"));
         // Every row ignored: the parameters must come through finite (zero gradients), as PyTorch's.
         let finite = i != 4 || eager.1.iter().all(|v| v.is_finite());
-        let right = dx && together && finite && steps_bits(&eager) == steps_bits(&captured);
+        // The weight gradients on the backward's second stream (branch.rs), each step's, = one stream.
+        let beside = forks > 0 && steps_bits(&eager) == steps_bits(&one_stream);
+        let right = dx && together && finite && beside && steps_bits(&eager) == steps_bits(&captured);
         let (rows, inputs, classes) = sizes;
         let shape = format!(
             "{rows}×{inputs} → {width}, {name}, → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps (dx fused: \
-             {dx}, weight gradients together: {together})"
+             {dx}, weight gradients together: {together}, beside: {forks} forks, = one stream)"
         );
         checks.push(Check {
             kernel: "nn fused linear + cross_entropy".into(),
@@ -1343,6 +1362,43 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
         linear(&h, &t[3], None)?.sum_all()?.add(&h.sum_all()?)
     };
     checks.extend(compare(device, rng, ("linear → relu read twice", SUM_TOLERANCE), &inputs, twice)?);
+    checks.extend(pool_slope_checks(device, rng)?);
+    Ok(checks)
+}
+
+/// A max pool's backward that takes the slope of the ReLU before it (`nn_max_pool_grad`'s `relu_out`)
+/// equals the ReLU's own backward launch to the bit, where the windows tile the input and where they overlap
+/// and pass its edges; and the slope was taken (an equality that fused nothing would prove nothing). Most
+/// inputs are negative, so that whole windows are too and their winners' slopes 0.
+fn pool_slope_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for (image, (kernel, stride, padding)) in [([2, 3, 8, 10], (2, 2, 0)), ([2, 3, 9, 11], (3, 2, 1))] {
+        let pooled = |size: usize| (size + 2 * padding - kernel) / stride + 1;
+        let out_shape = [image[0], image[1], pooled(image[2]), pooled(image[3])];
+        let (x, seed) = (values(rng, &image, -1.0, 0.3), values(rng, &out_shape, -1.0, 1.0));
+        let grads = |fused: bool| -> anyhow::Result<(Vec<u32>, usize)> {
+            device.set_backward_fusion(fused);
+            let before = device.slopes_taken();
+            let t = Tensor::parameter(x.clone(), &image)?.to_device(device)?;
+            let out = max_pool2d(&t.relu()?, kernel, stride, padding)?;
+            out.backward_with(Some(&Tensor::from_vec(seed.clone(), &out_shape)?.to_device(device)?), false)?;
+            let grad = t.grad().ok_or_else(|| anyhow::anyhow!("no gradient"))?.values()?;
+            Ok((grad.iter().map(|v| v.to_bits()).collect(), device.slopes_taken() - before))
+        };
+        let unfused = grads(false);
+        let fused = grads(true);
+        device.set_backward_fusion(true);
+        let ((unfused, _), (fused, taken)) = (unfused?, fused?);
+        let right = unfused == fused && taken == 1;
+        checks.push(Check {
+            kernel: "nn backward fusion = unfused".into(),
+            shape: format!(
+                "{image:?} relu, max_pool2d {kernel}×{kernel} stride {stride} padding {padding} (slopes taken: {taken})"
+            ),
+            rel_error: if right { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
     Ok(checks)
 }
 

@@ -1,10 +1,10 @@
 //! The backward's fusions, eager or captured alike: an activation whose one reader is a linear
-//! layer (fp32), or a ReLU whose one reader is a convolution whose input gradient is direct, gets its
-//! input's gradient from that layer's backward, which multiplies dx by the activation's slope in its
-//! epilogue (`nn_linear_grad`'s `act_pre`, the window walks' `WindowEpilogue`), and the activation's own
-//! backward does not launch. The autograd walk, which alone knows that the layer is the activation's one
-//! reader, offers it ([`Device::offer_slope`]); the layer's backward takes it or not
-//! ([`Device::take_slope`]); the walk then sends the gradient on to the activation's input
+//! layer (fp32), or a ReLU whose one reader is a convolution whose input gradient is direct or a max pool,
+//! gets its input's gradient from that layer's backward, which multiplies dx by the activation's slope in its
+//! epilogue (`nn_linear_grad`'s `act_pre`, the window walks' `WindowEpilogue`, `nn_max_pool_grad`'s
+//! `relu_out`), and the activation's own backward does not launch. The autograd walk, which alone knows
+//! that the layer is the activation's one reader, offers it ([`Device::offer_slope`]); the layer's backward
+//! takes it or not ([`Device::take_slope`]); the walk then sends the gradient on to the activation's input
 //! ([`Device::slope_taken`]). The expression is `nn_unary_grad`'s, so the bits are the same as the two
 //! launches'. Likewise, where a direct convolution is the last reader of its input to send it a gradient,
 //! the gradient the input has from its other readers (a residual block's skip) is offered

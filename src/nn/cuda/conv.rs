@@ -508,7 +508,7 @@ pub(crate) fn max_pool2d<F: Real>(
     let tiled = pool.stride == pool.kernel
         && pool.padding == 0
         && (pool.out_height * pool.kernel, pool.out_width * pool.kernel) == (pool.height, pool.width);
-    let device_ = Arc::clone(device);
+    let (device_, input) = (Arc::clone(device), buffer(x));
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let d = &device_;
         let dx = d.alloc(NAME, input_count as usize)?;
@@ -517,7 +517,10 @@ pub(crate) fn max_pool2d<F: Real>(
         } else {
             (&d.kernels.max_pool_grad, input_count)
         };
-        let args = [&[d.arg(grad), d.arg(&won), d.arg(&dx), Arg::i32(threads)][..], &sizes].concat();
+        // Where a ReLU made x and the pool is its one reader, dx is the ReLU's input's gradient (backward_fusion).
+        let relu = d.take_slope(NAME, &input, |code| code == UNARY_RELU).is_some();
+        let args = [d.arg(grad), d.arg(&won), optional(d, relu.then_some(&input)), d.arg(&dx), Arg::i32(threads)];
+        let args = [&args[..], &sizes].concat();
         d.launch(NAME, kernel, d.blocks_for(threads as usize), 0, &args)?;
         Ok(vec![Some(dx)])
     };

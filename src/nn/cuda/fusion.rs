@@ -13,7 +13,7 @@
 //! | `linear` → `Dropout` (counted on the device) | the mask in the product's epilogue: the linear layer draws the dropout's key for this step and writes the dropped output beside its own |
 //! | `linear` (fp32, no activation, ≤ 64 outputs) → `cross_entropy` | the loss of each row of logits, its gradient and their mean, by the block that formed the row (`nn_linear_cross_entropy`) |
 //!
-//! | `linear` (as above, reading an activation's output) → `cross_entropy` → the backward | also the layer's dx = d·W times the activation's slope, by the same blocks, in the sums nn_linear_grad's tile forms: the backward launches the weight gradients only |
+//! | `linear` (as above, its input needing a gradient) → `cross_entropy` → the backward | also the layer's dx = d·W (times the slope of the activation that made the input, where one did), by the same blocks, in the sums nn_linear_grad's tile forms: the backward launches the weight gradients only |
 //!
 //! Cross-entropy's softmax is inside its own kernel already. Apart from these, the backward defers each
 //! linear layer's weight gradients and launches those that meet as one (`weight_grads`).

@@ -143,7 +143,8 @@ pub struct Device {
     pub(crate) gemm_shared: [u32; 3],
     /// Dynamic shared memory of the implicit conv products, bytes, at each tile's place in [`CONV_TILES`].
     pub(crate) conv_shared: [u32; 3],
-    /// Dynamic shared memory of `nn_linear_cross_entropy_{tile}`, bytes: its [`logits_tile`]'s.
+    /// Dynamic shared memory of `nn_linear_cross_entropy_{tile}`, bytes: its [`logits_tile`]'s (the tiny
+    /// tile's: none, [`logit_block_rows`]).
     pub(crate) logits_shared: [u32; 3],
     /// Dynamic shared memory of `nn_product_bf16` (Bf16Tile's), bytes.
     pub(crate) gemm_shared_bf16: u32,
@@ -330,7 +331,9 @@ impl Device {
         let shared_bytes = |(bm, bn, bk, tm, tn)| (tile_shared_floats(bm, bn, bk, tm, tn) * 4) as u32;
         let gemm_shared = FP32_TILES.map(shared_bytes);
         let conv_shared = CONV_TILES.map(shared_bytes);
-        let logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
+        // The tiny tile's loss kernel forms its logits without staging them (`logit_block_rows`).
+        let mut logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
+        logits_shared[FP32_TILES.len() - 1] = 0;
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
         let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
@@ -559,6 +562,13 @@ pub(crate) const CONV_TILES: [(usize, usize, usize, usize, usize); 3] =
 pub(crate) const fn logits_tile(tile: (usize, usize, usize, usize, usize)) -> (usize, usize, usize, usize, usize) {
     let (bm, bn, bk, tm, tn) = tile;
     if bn < 16 { (bm, 16, bk, tm, tn * (16 / bn)) } else { tile }
+}
+
+/// The rows a block of `nn_linear_cross_entropy_{tile}` takes, for the fp32 tile at `tile` in [`FP32_TILES`]:
+/// the tile's, but the tiny tile's blocks take 2 (fused/nn.cu's LOGIT_ROWS), each group of the tile's k split
+/// summed by threads of its own, so that a small batch's head takes many SMs.
+pub(crate) const fn logit_block_rows(tile: usize) -> usize {
+    if tile == FP32_TILES.len() - 1 { 2 } else { FP32_TILES[tile].0 }
 }
 
 /// The kernels that count their blocks' arrivals, each in a counter of its own.

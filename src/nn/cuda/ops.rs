@@ -8,7 +8,7 @@
 use super::fusion::{CrossEntropyOut, CrossEntropySite, Extra, NormParams, Producer, Want};
 use super::layers::draw_key;
 use super::weight_grads::WeightGradJob;
-use super::{Device, DeviceBuffer, FP32_TILES, Ticket};
+use super::{Device, DeviceBuffer, FP32_TILES, Ticket, logit_block_rows};
 use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
 use crate::nn::shape::{broadcast_strides, contiguous_strides};
@@ -819,13 +819,14 @@ pub(crate) fn linear<F: Real>(
         }
         _ => None,
     };
-    // With x an activation's output whose slope the backward may take, the loss kernel also forms this
-    // layer's dx (times the slope) as nn_linear_grad's tile would: the backward then launches dW and db only.
+    // With x needing a gradient, the loss kernel also forms this layer's dx as nn_linear_grad's tile would
+    // (times the slope of the activation that made x, where the backward may take it): the backward then
+    // launches dW and db only.
     let bias_needs_grad = bias.is_some_and(|b| b.requires_grad());
     let fused_dx = match (&cross_entropy, xb.slope_extra()) {
-        (Some((.., ce)), Some((code, pre))) => {
+        (Some((.., ce)), slope) if slope.is_some() || x.requires_grad() => {
             let tile = linear_grad_tile(device, (rows, inputs, outputs), bias_needs_grad);
-            Some(FusedDx { dx: device.alloc(NAME, rows * inputs)?, d: ce.d.clone(), code, pre, tile })
+            Some(FusedDx { dx: device.alloc(NAME, rows * inputs)?, d: ce.d.clone(), slope, tile })
         }
         _ => None,
     };
@@ -880,11 +881,15 @@ pub(crate) fn linear<F: Real>(
         }
         (None, None, _) if cross_entropy.is_some() => {
             let (site, (_, targets), ce) = cross_entropy.as_ref().expect("matched");
-            let (tile, (_, row_blocks)) = fp32_tile(device, NAME, (rows, outputs), 1)?;
+            let (tile, _) = fp32_tile(device, NAME, (rows, outputs), 1)?;
+            let row_blocks = int(NAME, rows.div_ceil(logit_block_rows(tile)))? as u32;
             let args = [device.arg(&xb), device.arg(&wb), bias_arg, device.arg(&out), Arg::i32(sizes[2])];
             let sizes = [Arg::i32(sizes[0]), Arg::i32(sizes[1]), Arg::f32(site.ignore), Arg::f32(site.row_scale)];
             let dx_args = match &fused_dx {
-                Some(f) => [device.arg(&f.dx), device.arg(&f.pre), Arg::i32(f.code), Arg::i32(tile_ksplit(f.tile))],
+                Some(f) => {
+                    let (code, pre) = f.slope.as_ref().map_or((UNARY_NONE, None), |(code, pre)| (*code, Some(pre)));
+                    [device.arg(&f.dx), optional(device, pre), Arg::i32(code), Arg::i32(tile_ksplit(f.tile))]
+                }
                 None => [Arg::Ptr(0), Arg::Ptr(0), Arg::i32(0), Arg::i32(1)],
             };
             let outputs = cross_entropy_outputs(device, ce, sizes);
@@ -941,13 +946,13 @@ fn linear_backward_fp32(
     const NAME: &str = "linear";
     let (rows, inputs, outputs) = sizes;
     let bias_needed = needs.len() == 3 && needs[2];
-    // dx from the loss kernel, when the loss's gradient d reached this layer as it is, the
-    // activation's slope is offered and the tile is the one linear_grad takes now.
+    // dx from the loss kernel, when the loss's gradient d reached this layer as it is, the tile is the one
+    // linear_grad takes now and, where the kernel took an activation's slope, that slope is offered.
     let formed_dx = fused_dx.as_ref().filter(|f| {
         needs[0]
             && grad.same_elements(&f.d)
             && f.tile == linear_grad_tile(d, sizes, bias_needed)
-            && d.take_slope(NAME, xb, |code| code == f.code).is_some()
+            && f.slope.as_ref().is_none_or(|(code, _)| d.take_slope(NAME, xb, |c| c == *code).is_some())
     });
     let (dx, dw, db) = match (needs[0], needs[1] || bias_needed) {
         (true, true) if formed_dx.is_some() => {
@@ -1090,14 +1095,13 @@ fn tile_ksplit(tile: usize) -> i32 {
     (crate::ops::THREADS_PER_BLOCK as usize / ((bm / tm) * (bn / tn))) as i32
 }
 
-/// A linear layer's dx formed by the loss kernel after it (`nn_linear_cross_entropy`'s dx): d·W times the
-/// slope of the activation `code` of `pre` that made x, as nn_linear_grad's `tile` forms it, for the
-/// loss's gradient `d`.
+/// A linear layer's dx formed by the loss kernel after it (`nn_linear_cross_entropy`'s dx): d·W, times the
+/// slope of the activation `code` of `pre` that made x where `slope` is given, as nn_linear_grad's `tile`
+/// forms it, for the loss's gradient `d`.
 struct FusedDx {
     dx: DeviceBuffer,
     d: DeviceBuffer,
-    code: i32,
-    pre: DeviceBuffer,
+    slope: Option<(i32, DeviceBuffer)>,
     tile: usize,
 }
 
@@ -1256,10 +1260,11 @@ mod tests {
 
     #[test]
     fn the_fused_cross_entropys_widest_row_is_the_kernels() {
-        let kernel =
-            kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_CLASSES", "LINEAR_CROSS_ENTROPY_COUNTED_ROWS"]);
+        let names = ["LINEAR_CROSS_ENTROPY_CLASSES", "LINEAR_CROSS_ENTROPY_COUNTED_ROWS", "LOGIT_ROWS"];
+        let kernel = kernel_constants("nn", &[], &names);
         let counted_rows = super::LINEAR_CROSS_ENTROPY_COUNTED_ROWS as i64;
-        assert_eq!(kernel.unwrap(), [super::LINEAR_CROSS_ENTROPY_CLASSES as i64, counted_rows]);
+        let tiny_rows = super::logit_block_rows(super::FP32_TILES.len() - 1) as i64;
+        assert_eq!(kernel.unwrap(), [super::LINEAR_CROSS_ENTROPY_CLASSES as i64, counted_rows, tiny_rows]);
         let kernel = kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_COUNT_ROWS == 0.0f"]).unwrap();
         assert_eq!(kernel, [i64::from(super::LINEAR_CROSS_ENTROPY_COUNT_ROWS == 0.0)]);
     }

@@ -4,7 +4,9 @@
 //! end ([`Device::launch_pending`]). Two or more waiting go as one launch of `nn_linear_grad_weights`, a
 //! table of jobs (`WeightGradTable` of fused/nn.cu), each in the tile its own launch would take, so each
 //! gradient has its own launch's bits in one launch's time. In a small MLP's captured step the last layer's
-//! dW (its dx came with the loss, `nn_linear_cross_entropy`) and the first layer's run together.
+//! dW (its dx came with the loss, `nn_linear_cross_entropy`) and the first layer's run together. They run
+//! on the backward's second stream (branch.rs), beside the chain of input gradients: in the ResNet
+//! example's step the head's dW beside its max pool's and convolutions' input gradients.
 
 use super::ops::{int, optional};
 use super::table::{Field, address, field, first_blocks, int_value, table_bytes};
@@ -48,10 +50,9 @@ impl Device {
         self.pending_weight_grads.lock().unwrap_or_else(|p| p.into_inner()).push(job);
     }
 
-    /// Launches the deferred weight gradients: one alone as its own `nn_linear_grad_weight_{tile}`, more
-    /// as `nn_linear_grad_weights`, a launch per table of jobs.
+    /// Launches the deferred weight gradients on the backward's second stream: one alone as its own
+    /// `nn_linear_grad_weight_{tile}`, more as `nn_linear_grad_weights`, a launch per table of jobs.
     pub(crate) fn launch_pending(&self) -> Result<()> {
-        const NAME: &str = "linear";
         let jobs = {
             let mut pending = self.pending_weight_grads.lock().unwrap_or_else(|p| p.into_inner());
             if pending.is_empty() {
@@ -59,7 +60,20 @@ impl Device {
             }
             std::mem::take(&mut *pending)
         };
-        if let [job] = &jobs[..] {
+        let reads: Vec<&DeviceBuffer> = jobs.iter().flat_map(|job| [&job.dy, &job.x]).collect();
+        self.on_branch(&reads, || {
+            for job in &jobs {
+                // Allocated before the fork, written on the branch: the main stream joins before it reads them.
+                job.db.iter().chain([&job.dw]).for_each(|b| self.allocated(b));
+            }
+            self.launch_weight_grads(&jobs)
+        })
+    }
+
+    /// `launch_pending`'s launches of `jobs`, where launches go now.
+    fn launch_weight_grads(&self, jobs: &[WeightGradJob]) -> Result<()> {
+        const NAME: &str = "linear";
+        if let [job] = jobs {
             let (rows, outputs, inputs) = job.sizes;
             let args = [self.arg(&job.dy), self.arg(&job.x), self.arg(&job.dw), optional(self, job.db.as_ref())];
             let sizes = [int(NAME, rows)?, int(NAME, outputs)?, int(NAME, inputs)?].map(Arg::i32);

@@ -830,27 +830,38 @@ constexpr int LOGIT_ROWS = 2;
 // k, to the bit, but with every group's sums in flight at once: a thread takes a group g and an output o
 // and forms, for each of the rows, the group's fmaf chain over k ≡ g (mod KSPLIT) from k = g up (gemm_tile's
 // group g walks its k so, chunk after chunk, as BK is a multiple of KSPLIT); the groups' sums are then added in
-// order from group 0, and the bias after. A warp reads 16 consecutive k of x's rows and of two W rows a step.
-// (The tiny tile's block walked K in chunks of 256, a barrier and a round trip to memory each: the ResNet
-// example's head, 128 rows × 10 over 3,136 inputs in 16 blocks, took 21.4 µs.)
+// order from group 0, and the bias after. A warp reads 16 consecutive k of x's rows and of two W rows a step,
+// sixteen steps ahead of its sums. (The tiny tile's block walked K in chunks of 256, a barrier and a round
+// trip to memory each: the ResNet example's head, 128 rows × 10 over 3,136 inputs in 16 blocks, took 21.4
+// µs; with four steps ahead, 38.5 µs in 64 blocks.)
 template <class T, int ROWS>
 __device__ __forceinline__ void logits_by_groups(const float* __restrict__ x, const float* __restrict__ W,
                                                  const float* __restrict__ bias, float* __restrict__ y, float* logits,
                                                  int R, int N, int K, int m0) {
     constexpr int KSPLIT = GemmTile<T::BM, T::BN, T::BK, T::TM, T::TN>::KSPLIT;
     static_assert(T::BK % KSPLIT == 0 && THREADS % KSPLIT == 0, "a group's k ≡ g (mod KSPLIT) in every chunk");
+    constexpr int AHEAD = 16;  // k a thread loads before it adds them: the chain waits on one load in 16
     __shared__ float part[KSPLIT * ROWS * LINEAR_CROSS_ENTROPY_CLASSES];  // [g][row][o]
     const int rows = min(ROWS, R - m0), g = threadIdx.x % KSPLIT;
     for (int o = threadIdx.x / KSPLIT; o < N; o += THREADS / KSPLIT) {
         const float* w = W + (size_t)o * K;
         const float* xs = x + (size_t)m0 * K;
         float acc[ROWS] = {};
-#pragma unroll 4
-        for (int k = g; k < K; k += KSPLIT) {
-            const float wk = w[k];
+        for (int k0 = g; k0 < K; k0 += KSPLIT * AHEAD) {
+            float wk[AHEAD], xk[ROWS][AHEAD];
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-                if (r < rows) acc[r] = fmaf(xs[(size_t)r * K + k], wk, acc[r]);
+            for (int j = 0; j < AHEAD; ++j) {
+                const int k = k0 + j * KSPLIT;
+                wk[j] = k < K ? w[k] : 0.0f;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) xk[r][j] = k < K && r < rows ? xs[(size_t)r * K + k] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < AHEAD; ++j) {
+                if (k0 + j * KSPLIT >= K) break;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(xk[r][j], wk[j], acc[r]);
+            }
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) part[(g * ROWS + r) * LINEAR_CROSS_ENTROPY_CLASSES + o] = acc[r];

@@ -438,7 +438,7 @@ fn differing(a: &[u32], b: &[u32]) -> usize {
 
 /// A check that passes when no value differs.
 fn same_bits(kernel: String, case: &Case, differ: usize) -> Check {
-    Check { kernel, shape: case.label(), rel_error: if differ == 0 { 0.0 } else { f64::INFINITY }, tolerance: 0.0 }
+    Check::holds(kernel, case.label(), differ == 0)
 }
 
 /// Two identical GPU runs: 0 when every parameter and evaluation output has the same bits.

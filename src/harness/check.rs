@@ -20,6 +20,17 @@ pub struct Check {
 }
 
 impl Check {
+    /// A check of what holds or not, to the bit (a capture against op by op, a fusion made): error 0 when
+    /// `holds`, else infinite, against a tolerance of 0.
+    pub fn holds(kernel: impl Into<String>, shape: impl Into<String>, holds: bool) -> Check {
+        Check {
+            kernel: kernel.into(),
+            shape: shape.into(),
+            rel_error: if holds { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        }
+    }
+
     /// Whether the error is finite and within the tolerance.
     pub fn passed(&self) -> bool {
         self.rel_error.is_finite() && self.rel_error <= self.tolerance

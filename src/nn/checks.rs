@@ -515,12 +515,7 @@ fn bad_id_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Ve
                 row.iter().all(|v| v.is_nan())
             }
         });
-        checks.push(Check {
-            kernel: kernel.into(),
-            shape: format!("ids {ids:?} of {table_shape:?}"),
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        checks.push(Check::holds(kernel, format!("ids {ids:?} of {table_shape:?}"), right));
     }
     Ok(checks)
 }
@@ -571,12 +566,11 @@ fn index_rows_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resul
     expected[..dims].fill(2.0);
     expected[3 * dims..][..dims].fill(4.0);
     let right = !picked.requires_grad() && !plain.requires_grad() && grad == Some(expected);
-    checks.push(Check {
-        kernel: "nn index_rows keeps the tensor's flags".into(),
-        shape: format!("ids [3, 0, 3] of [{rows}, {dims}], needing no gradient, and computed"),
-        rel_error: if right { 0.0 } else { f64::INFINITY },
-        tolerance: 0.0,
-    });
+    checks.push(Check::holds(
+        "nn index_rows keeps the tensor's flags",
+        format!("ids [3, 0, 3] of [{rows}, {dims}], needing no gradient, and computed"),
+        right,
+    ));
     Ok(checks)
 }
 
@@ -1133,12 +1127,7 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
         let listed: Vec<String> = fusions.iter().map(|(what, n)| format!("{what} ×{n}")).collect();
         let shape = format!("residual block, 8 AdamW steps, {}, fused: {}", precision.name(), listed.join("; "));
         let right = same && made == expected;
-        checks.push(Check {
-            kernel: "nn fused capture = op by op".into(),
-            shape,
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        checks.push(Check::holds("nn fused capture = op by op", shape, right));
     }
     Ok(checks)
 }
@@ -1241,12 +1230,7 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let seen = if halves { format!(", seen as {}×{}", 2 * rows, classes / 2) } else { String::new() };
         let from = if halved { ", from half the loss" } else { "" };
         let shape = format!("{rows}×{inputs} → {classes}{seen}, bias {bias}, ignore {ignore:?}, 4 SGD steps{from}");
-        checks.push(Check {
-            kernel: "nn fused linear + cross_entropy".into(),
-            shape,
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        checks.push(Check::holds("nn fused linear + cross_entropy", shape, right));
     }
     let activations: [(&str, Activation); 6] = [
         ("relu", Tensor::relu),
@@ -1301,12 +1285,7 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
             "{rows}×{inputs} → {width}, {name}, → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps (dx fused: \
              {dx}, weight gradients together: {together}, beside: {forks} forks, = one stream)"
         );
-        checks.push(Check {
-            kernel: "nn fused linear + cross_entropy".into(),
-            shape,
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        checks.push(Check::holds("nn fused linear + cross_entropy", shape, right));
     }
     Ok(checks)
 }
@@ -1350,12 +1329,11 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
         device.set_backward_fusion(true);
         let ((unfused, _), (fused, taken)) = (unfused?, fused?);
         let right = unfused == fused && taken == 1;
-        checks.push(Check {
-            kernel: "nn backward fusion = unfused".into(),
-            shape: format!("linear 17→13, {name}, linear 13→5, {} (slopes taken: {taken})", precision.name()),
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        checks.push(Check::holds(
+            "nn backward fusion = unfused",
+            format!("linear 17→13, {name}, linear 13→5, {} (slopes taken: {taken})", precision.name()),
+            right,
+        ));
     }
     // The activation read twice (by the layer and by the sum): its gradient is the sum of two.
     let twice: &Op<'_> = &|t| {
@@ -1391,14 +1369,13 @@ fn pool_slope_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resul
         device.set_backward_fusion(true);
         let ((unfused, _), (fused, taken)) = (unfused?, fused?);
         let right = unfused == fused && taken == 1;
-        checks.push(Check {
-            kernel: "nn backward fusion = unfused".into(),
-            shape: format!(
+        checks.push(Check::holds(
+            "nn backward fusion = unfused",
+            format!(
                 "{image:?} relu, max_pool2d {kernel}×{kernel} stride {stride} padding {padding} (slopes taken: {taken})"
             ),
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+            right,
+        ));
     }
     Ok(checks)
 }
@@ -1535,16 +1512,15 @@ fn conv_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
                 && steps_bits(&eager) == steps_bits(&captured)
                 && steps_bits(&eager) == steps_bits(&unfused)
                 && steps_bits(&eager) == steps_bits(&one_stream);
-            checks.push(Check {
-                kernel: "nn fused conv2d = op by op".into(),
-                shape: format!(
+            checks.push(Check::holds(
+                "nn fused conv2d = op by op",
+                format!(
                     "[3, 2, 9, 11] conv 3×3 → 4, {first_name}, conv 3×3 → 5, {second_name}, 4 SGD steps, {} (fused: \
                      {forward} in the stores, {backward} slope; weight gradients beside: {forks}, = one stream)",
                     kernels.name()
                 ),
-                rel_error: if right { 0.0 } else { f64::INFINITY },
-                tolerance: 0.0,
-            });
+                right,
+            ));
         }
     }
     device.set_conv_kernels(ConvKernels::TensorCores);
@@ -1591,17 +1567,16 @@ fn add_relu_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<
             && addends == want_addends
             && steps_bits(&eager) == steps_bits(&captured)
             && steps_bits(&eager) == steps_bits(&unfused);
-        checks.push(Check {
-            kernel: format!("nn fused {fusion} = op by op"),
-            shape: format!(
+        checks.push(Check::holds(
+            format!("nn fused {fusion} = op by op"),
+            format!(
                 "{image:?} conv 3×3 → {width}, relu, {block}, relu, 4 SGD steps, {} (fused: {}; gradients added \
                  in dx: {addends}, = unfused backward)",
                 kernels.name(),
                 made(fusion)
             ),
-            rel_error: if right { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+            right,
+        ));
     }
     device.set_conv_kernels(ConvKernels::TensorCores);
     Ok(checks)

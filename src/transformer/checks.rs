@@ -418,16 +418,9 @@ pub fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Vec<Check>> {
             runs.push(t.params()?);
         }
         let same = runs[0].iter().zip(&runs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
-        out.push(Check {
-            kernel: format!(
-                "transformer 20 steps twice at {}{}: the same bits",
-                precision.name(),
-                if large_tiles { " on gemm_128" } else { "" }
-            ),
-            shape: label(&config, 32),
-            rel_error: if same { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        let tiles = if large_tiles { " on gemm_128" } else { "" };
+        let kernel = format!("transformer 20 steps twice at {}{tiles}: the same bits", precision.name());
+        out.push(Check::holds(kernel, label(&config, 32), same));
     }
     Ok(out)
 }

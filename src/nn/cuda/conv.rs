@@ -508,7 +508,9 @@ pub(crate) fn max_pool2d<F: Real>(
     let tiled = pool.stride == pool.kernel
         && pool.padding == 0
         && (pool.out_height * pool.kernel, pool.out_width * pool.kernel) == (pool.height, pool.width);
-    let (device_, input) = (Arc::clone(device), buffer(x));
+    // A ReLU's output is kept for the backward, which may take its slope (backward_fusion); no other input.
+    let relu_out = Some(buffer(x)).filter(|b| b.slope_extra().is_some_and(|(code, _)| code == UNARY_RELU));
+    let device_ = Arc::clone(device);
     let backward = move |grad: &DeviceBuffer, _needs: &[bool]| {
         let d = &device_;
         let dx = d.alloc(NAME, input_count as usize)?;
@@ -518,8 +520,8 @@ pub(crate) fn max_pool2d<F: Real>(
             (&d.kernels.max_pool_grad, input_count)
         };
         // Where a ReLU made x and the pool is its one reader, dx is the ReLU's input's gradient (backward_fusion).
-        let relu = d.take_slope(NAME, &input, |code| code == UNARY_RELU).is_some();
-        let args = [d.arg(grad), d.arg(&won), optional(d, relu.then_some(&input)), d.arg(&dx), Arg::i32(threads)];
+        let relu = relu_out.as_ref().filter(|x| d.take_slope(NAME, x, |code| code == UNARY_RELU).is_some());
+        let args = [d.arg(grad), d.arg(&won), optional(d, relu), d.arg(&dx), Arg::i32(threads)];
         let args = [&args[..], &sizes].concat();
         d.launch(NAME, kernel, d.blocks_for(threads as usize), 0, &args)?;
         Ok(vec![Some(dx)])

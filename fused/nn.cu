@@ -968,10 +968,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) nn_fill(float* __restrict_
 // Host side: src/nn/cuda/optim.rs, which builds the tables in this layout.
 
 constexpr int TENSOR_CHUNK = 8192;
-// The update's chunks are smaller, one element a thread: its elements are independent, and a thread
-// walking 32 of them, each waiting on four loads, kept a 100k-parameter model's update at 40 µs; with 4
-// a thread, a 60k-parameter model's update was 50 blocks on 132 SMs.
-constexpr int UPDATE_CHUNK = 256;
+// The update's chunks are smaller: its elements are independent, and a thread walking 32 of them, each
+// waiting on four loads, kept a 100k-parameter model's update at 40 µs.
+constexpr int UPDATE_CHUNK = 1024;
 static_assert(UPDATE_CHUNK % THREADS == 0, "a chunk is a whole number of elements a thread");
 constexpr int UPDATE_TABLE_TENSORS = 64;
 constexpr int CHUNK_TABLE_TENSORS = 128;

@@ -1112,7 +1112,9 @@ fn block_steps(
 }
 
 /// A captured residual block equals the same steps op by op to the bit, in fp32 and in bf16, and its
-/// capture fused what `fusion` says it fuses (a check that fused nothing would prove nothing).
+/// capture fused what `fusion` says it fuses (a check that fused nothing would prove nothing). In fp32 the
+/// head's weight gradient, deferred, goes on the backward's second stream when ln_f's backward launches
+/// (cuda::weight_grads): op by op, that equals one stream to the bit, and it forked.
 fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
     // gelu and relu into fc1's and proj's epilogues, the dropout into fc2's, both residual adds into the
@@ -1120,13 +1122,24 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     // blocks, and head's dx too; in bf16 the four products' operands (ln1's, the gelu's from fc1's epilogue,
     // ln2's and ln_f's).
     for (precision, expected) in [(Precision::Fp32, 8), (Precision::Bf16, 10)] {
-        let (eager, _) = block_steps(device, seed, precision, false)?;
+        let forks = device.branches();
+        let eager = block_steps(device, seed, precision, false);
+        let forks = device.branches() - forks;
+        device.set_branch(false)?;
+        let one_stream = block_steps(device, seed, precision, false);
+        device.set_branch(true)?;
+        let ((eager, _), (one_stream, _)) = (eager?, one_stream?);
         let (captured, fusions) = block_steps(device, seed, precision, true)?;
-        let same = steps_bits(&eager) == steps_bits(&captured);
+        let beside = precision != Precision::Fp32 || forks > 0;
+        let same = steps_bits(&eager) == steps_bits(&captured) && steps_bits(&eager) == steps_bits(&one_stream);
         let made: usize = fusions.iter().map(|(_, n)| n).sum();
         let listed: Vec<String> = fusions.iter().map(|(what, n)| format!("{what} ×{n}")).collect();
-        let shape = format!("residual block, 8 AdamW steps, {}, fused: {}", precision.name(), listed.join("; "));
-        let right = same && made == expected;
+        let shape = format!(
+            "residual block, 8 AdamW steps, {}, fused: {}; weight gradients beside: {forks} forks, = one stream",
+            precision.name(),
+            listed.join("; ")
+        );
+        let right = same && beside && made == expected;
         checks.push(Check::holds("nn fused capture = op by op", shape, right));
     }
     Ok(checks)
@@ -1203,8 +1216,7 @@ fn linear_loss_steps(
 /// one launch (`nn_linear_grad_weights`): equal to the bit too, sized to reach each of the three tiles, and
 /// both fusions made, with rows to ignore or not, where the loss's gradient reaches the layer as it is, and
 /// with layers whose inputs fill whole tiles, so that the bias's column is a tile of its own; and after a
-/// first layer with no activation, dx without a slope. Op by op, those weight gradients run on the
-/// backward's second stream (cuda::branch), and equal one stream's to the bit.
+/// first layer with no activation, dx without a slope.
 fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Result<Vec<Check>> {
     use rand::SeedableRng;
     let mut checks = Vec::new();
@@ -1266,24 +1278,16 @@ fn loss_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resu
         let form = (bias, ignore, false, false);
         let run =
             |captured| linear_loss_steps(device, &mut SeededRng::seed_from_u64(seed), sizes, form, hidden, captured);
-        let forks = device.branches();
-        let eager = run(false);
-        let forks = device.branches() - forks;
-        device.set_branch(false)?;
-        let one_stream = run(false);
-        device.set_branch(true)?;
-        let ((eager, _), (one_stream, _), (captured, fusions)) = (eager?, one_stream?, run(true)?);
+        let ((eager, _), (captured, fusions)) = (run(false)?, run(true)?);
         let made = |prefix: &str| fusions.iter().any(|(what, _)| what.starts_with(prefix));
         let (dx, together) = (made("linear ← cross_entropy"), made("linear ← linear"));
         // Every row ignored: the parameters must come through finite (zero gradients), as PyTorch's.
         let finite = i != 4 || eager.1.iter().all(|v| v.is_finite());
-        // The weight gradients on the backward's second stream (branch.rs), each step's, = one stream.
-        let beside = forks > 0 && steps_bits(&eager) == steps_bits(&one_stream);
-        let right = dx && together && finite && beside && steps_bits(&eager) == steps_bits(&captured);
+        let right = dx && together && finite && steps_bits(&eager) == steps_bits(&captured);
         let (rows, inputs, classes) = sizes;
         let shape = format!(
             "{rows}×{inputs} → {width}, {name}, → {classes}, bias {bias}, ignore {ignore:?}, 4 SGD steps (dx fused: \
-             {dx}, weight gradients together: {together}, beside: {forks} forks, = one stream)"
+             {dx}, weight gradients together: {together})"
         );
         checks.push(Check::holds("nn fused linear + cross_entropy", shape, right));
     }

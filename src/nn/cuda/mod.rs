@@ -474,8 +474,9 @@ impl Device {
         shared: u32,
         args: &[Arg],
     ) -> Result<()> {
-        // The weight gradients the backward deferred read what was written before this launch.
-        self.launch_pending()?;
+        // The weight gradients the backward deferred read what was written before this launch, and run
+        // beside it.
+        self.launch_pending_beside()?;
         self.branch_failure(op)?;
         let stream = self.stream_now();
         self.gpu
@@ -505,7 +506,7 @@ impl Device {
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_pending()?;
+        self.launch_pending_beside()?;
         self.branch_failure(op)?;
         let shape = (blocks, threads, shared, self.programmatic);
         self.gpu.launch_on_with_struct(self.stream_now(), kernel, shape, Some(table), args).map_err(launch_error(op))

@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub(crate) const TENSOR_CHUNK: usize = 8192;
 
 /// Elements a block of the update takes (UPDATE_CHUNK).
-pub(super) const UPDATE_CHUNK: usize = 256;
+pub(super) const UPDATE_CHUNK: usize = 1024;
 /// Parameters an optimizer launch takes (UPDATE_TABLE_TENSORS).
 const UPDATE_TABLE_TENSORS: usize = 64;
 /// Gradients a clip launch takes (CHUNK_TABLE_TENSORS).

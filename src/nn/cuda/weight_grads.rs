@@ -4,9 +4,12 @@
 //! end ([`Device::launch_pending`]). Two or more waiting go as one launch of `nn_linear_grad_weights`, a
 //! table of jobs (`WeightGradTable` of fused/nn.cu), each in the tile its own launch would take, so each
 //! gradient has its own launch's bits in one launch's time. In a small MLP's captured step the last layer's
-//! dW (its dx came with the loss, `nn_linear_cross_entropy`) and the first layer's run together. They run
-//! on the backward's second stream (branch.rs), beside the chain of input gradients: in the ResNet
-//! example's step the head's dW beside its max pool's and convolutions' input gradients.
+//! dW (its dx came with the loss, `nn_linear_cross_entropy`) and the first layer's run together. Flushed by
+//! a launch of the backward's, they run on its second stream (branch.rs), beside the chain of input
+//! gradients that goes on (in the ResNet example's step, the head's dW beside its max pool's and
+//! convolutions' input gradients); at the backward's end, on the main stream, where nothing is left to
+//! run beside them and a fork would only add its join to the step (the MLP's captured step took 22.65 µs
+//! against 22.07).
 
 use super::ops::{int, optional};
 use super::table::{Field, address, field, first_blocks, int_value, table_bytes};
@@ -50,15 +53,19 @@ impl Device {
         self.pending_weight_grads.lock().unwrap_or_else(|p| p.into_inner()).push(job);
     }
 
-    /// Launches the deferred weight gradients on the backward's second stream: one alone as its own
+    /// Launches the deferred weight gradients where launches go now: one alone as its own
     /// `nn_linear_grad_weight_{tile}`, more as `nn_linear_grad_weights`, a launch per table of jobs.
     pub(crate) fn launch_pending(&self) -> Result<()> {
-        let jobs = {
-            let mut pending = self.pending_weight_grads.lock().unwrap_or_else(|p| p.into_inner());
-            if pending.is_empty() {
-                return Ok(());
-            }
-            std::mem::take(&mut *pending)
+        match self.take_pending() {
+            Some(jobs) => self.launch_weight_grads(&jobs),
+            None => Ok(()),
+        }
+    }
+
+    /// `launch_pending` on the backward's second stream, for a launch about to go on beside them.
+    pub(crate) fn launch_pending_beside(&self) -> Result<()> {
+        let Some(jobs) = self.take_pending() else {
+            return Ok(());
         };
         let reads: Vec<&DeviceBuffer> = jobs.iter().flat_map(|job| [&job.dy, &job.x]).collect();
         self.on_branch(&reads, || {
@@ -70,7 +77,13 @@ impl Device {
         })
     }
 
-    /// `launch_pending`'s launches of `jobs`, where launches go now.
+    /// The deferred weight gradients, taken (none: `None`).
+    fn take_pending(&self) -> Option<Vec<WeightGradJob>> {
+        let mut pending = self.pending_weight_grads.lock().unwrap_or_else(|p| p.into_inner());
+        (!pending.is_empty()).then(|| std::mem::take(&mut *pending))
+    }
+
+    /// The launches of `jobs`, where launches go now.
     fn launch_weight_grads(&self, jobs: &[WeightGradJob]) -> Result<()> {
         const NAME: &str = "linear";
         if let [job] = jobs {

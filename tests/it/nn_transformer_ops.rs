@@ -1,10 +1,10 @@
-//! The Transformer's ops in `textnet::nn` — `layer_norm`, `embedding` (and `index_rows`, its gather along
-//! any tensor's first axis), `dropout`, `scaled_dot_product_attention` — and their modules (`LayerNorm`, `Embedding`, `Dropout`): every
-//! gradient against f64 central finite differences over seeded shapes with odd sizes and axes of size 1
-//! (T = 1, D odd, causal and not, weight and bias absent and present, the first, the last and repeated
-//! ids); layer_norm's and attention's values against naive formulas written out here (so the checks are
-//! not the op against itself); dropout's mask against the kernels' hash, its kept fraction, its seeding and
-//! its gradient; each bad input's one-line error; the modules' parameter names, initial values and switch.
+//! The Transformer's ops in `textnet::nn` — `layer_norm`, `embedding` (and `index_rows`, its gather along any tensor's
+//! first axis), `dropout`, `scaled_dot_product_attention` — and their modules (`LayerNorm`, `Embedding`, `Dropout`):
+//! every gradient against f64 central finite differences over seeded shapes with odd sizes and axes of size 1 (T = 1, D
+//! odd, causal and not, weight and bias absent and present, the first, the last and repeated ids); layer_norm's and
+//! attention's values against naive formulas written out here (so the checks are not the op against itself); dropout's
+//! mask against the kernels' hash, its kept fraction, its seeding and its gradient; each bad input's one-line error;
+//! the modules' parameter names, initial values and switch.
 
 use crate::common::gradcheck::{check, input, values};
 use rand::{RngExt, SeedableRng};

@@ -1,7 +1,8 @@
 //! The backward's second stream: a convolution's weight gradient, and linear layers' deferred ones
 //! (weight_grads.rs), run beside the chain of input gradients, as `fit`'s stack runs its convolutions'
 //! (`nn/stack/gpu.rs`), so that the two fill the SMs together where each alone leaves most of them idle
-//! (the ResNet example's kernels reach 20–40 % of an H200's warps). Captured, the two streams become two branches of the step's graph.
+//! (the ResNet example's kernels reach 20–40 % of an H200's warps). Captured, the two streams become two
+//! branches of the step's graph.
 //!
 //! [`Device::on_branch`] forks: the branch stream waits for everything launched so far, then takes every
 //! launch of the work it runs. Nothing the branch touches may change under it, so until the join:

@@ -1312,9 +1312,7 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
     for ((name, activation), precision) in activations.iter().flat_map(|a| [(a, Precision::Fp32), (a, Precision::Bf16)])
     {
         let _fp32_again = if precision == Precision::Bf16 { Some(bf16_products(device)?) } else { None };
-        let grads = |fused: bool| -> anyhow::Result<(Vec<u32>, usize)> {
-            device.set_backward_fusion(fused);
-            let before = device.slopes_taken();
+        let grads = || -> anyhow::Result<Vec<u32>> {
             let t: Vec<Tensor> = (inputs.iter())
                 .map(|(v, s)| Tensor::parameter(v.clone(), s)?.to_device(device))
                 .collect::<Result<_>>()?;
@@ -1326,13 +1324,10 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
                     p.grad().ok_or_else(|| anyhow::anyhow!("no gradient"))?.values()?.iter().map(|v| v.to_bits()),
                 );
             }
-            Ok((bits, device.slopes_taken() - before))
+            Ok(bits)
         };
-        let unfused = grads(false);
-        let fused = grads(true);
-        device.set_backward_fusion(true);
-        let ((unfused, _), (fused, taken)) = (unfused?, fused?);
-        let right = unfused == fused && taken == 1;
+        let (same, taken) = fused_against_unfused(device, grads)?;
+        let right = same && taken == 1;
         checks.push(Check::holds(
             "nn backward fusion = unfused",
             format!("linear 17→13, {name}, linear 13→5, {} (slopes taken: {taken})", precision.name()),
@@ -1349,6 +1344,21 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
     Ok(checks)
 }
 
+/// `grads` (a backward's gradients, as bits) with the backward's fusion off, then on (and left on): whether
+/// the two are the same bits, and how many activation slopes the fused run took.
+fn fused_against_unfused(
+    device: &Device,
+    grads: impl Fn() -> anyhow::Result<Vec<u32>>,
+) -> anyhow::Result<(bool, usize)> {
+    device.set_backward_fusion(false);
+    let unfused = grads();
+    device.set_backward_fusion(true);
+    let before = device.slopes_taken();
+    let fused = grads();
+    let taken = device.slopes_taken() - before;
+    Ok((unfused? == fused?, taken))
+}
+
 /// A max pool's backward that takes the slope of the ReLU before it (`nn_max_pool_grad`'s `relu_out`)
 /// equals the ReLU's own backward launch to the bit, where the windows tile the input and where they overlap
 /// and pass its edges; and the slope was taken (an equality that fused nothing would prove nothing). Most
@@ -1359,20 +1369,15 @@ fn pool_slope_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::Resul
         let pooled = |size: usize| (size + 2 * padding - kernel) / stride + 1;
         let out_shape = [image[0], image[1], pooled(image[2]), pooled(image[3])];
         let (x, seed) = (values(rng, &image, -1.0, 0.3), values(rng, &out_shape, -1.0, 1.0));
-        let grads = |fused: bool| -> anyhow::Result<(Vec<u32>, usize)> {
-            device.set_backward_fusion(fused);
-            let before = device.slopes_taken();
+        let grads = || -> anyhow::Result<Vec<u32>> {
             let t = Tensor::parameter(x.clone(), &image)?.to_device(device)?;
             let out = max_pool2d(&t.relu()?, kernel, stride, padding)?;
             out.backward_with(Some(&Tensor::from_vec(seed.clone(), &out_shape)?.to_device(device)?), false)?;
             let grad = t.grad().ok_or_else(|| anyhow::anyhow!("no gradient"))?.values()?;
-            Ok((grad.iter().map(|v| v.to_bits()).collect(), device.slopes_taken() - before))
+            Ok(grad.iter().map(|v| v.to_bits()).collect())
         };
-        let unfused = grads(false);
-        let fused = grads(true);
-        device.set_backward_fusion(true);
-        let ((unfused, _), (fused, taken)) = (unfused?, fused?);
-        let right = unfused == fused && taken == 1;
+        let (same, taken) = fused_against_unfused(device, grads)?;
+        let right = same && taken == 1;
         checks.push(Check::holds(
             "nn backward fusion = unfused",
             format!(

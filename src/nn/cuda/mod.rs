@@ -332,8 +332,8 @@ impl Device {
         let gemm_shared = FP32_TILES.map(shared_bytes);
         let conv_shared = CONV_TILES.map(shared_bytes);
         // The tiny tile's loss kernel forms its logits without staging them (`logit_block_rows`).
-        let mut logits_shared = FP32_TILES.map(|tile| shared_bytes(logits_tile(tile)));
-        logits_shared[FP32_TILES.len() - 1] = 0;
+        let logits_shared =
+            std::array::from_fn(|t| if t == TINY_TILE { 0 } else { shared_bytes(logits_tile(FP32_TILES[t])) });
         let zeroed = || gpu.stream.alloc_zeros::<u32>(1).map_err(driver("Device::open"));
         let tickets = [zeroed()?, zeroed()?];
         let gemm_shared_bf16 =
@@ -550,6 +550,8 @@ impl Device {
 /// 16 × 16, 64 deep, 2 × 2 a thread (k split four ways in the block); 8 × 8, 256 deep (k split sixteen ways).
 pub(crate) const FP32_TILES: [(usize, usize, usize, usize, usize); 3] =
     [(64, 64, 16, 4, 4), (16, 16, 64, 2, 2), (8, 8, 256, 2, 2)];
+/// The smallest tile's place in [`FP32_TILES`], the last.
+pub(crate) const TINY_TILE: usize = FP32_TILES.len() - 1;
 
 /// The tiles of the implicit conv products (`ConvTile16`, `ConvTile32` and `TileLarge` in fused/nn.cu), as
 /// [`FP32_TILES`]'s: 16, 32 and 64 rows (channels), 4 × 4 outputs a thread. A product takes the first whose
@@ -569,7 +571,7 @@ pub(crate) const fn logits_tile(tile: (usize, usize, usize, usize, usize)) -> (u
 /// the tile's, but the tiny tile's blocks take 2 (fused/nn.cu's LOGIT_ROWS), each group of the tile's k split
 /// summed by threads of its own, so that a small batch's head takes many SMs.
 pub(crate) const fn logit_block_rows(tile: usize) -> usize {
-    if tile == FP32_TILES.len() - 1 { 2 } else { FP32_TILES[tile].0 }
+    if tile == TINY_TILE { 2 } else { FP32_TILES[tile].0 }
 }
 
 /// The kernels that count their blocks' arrivals, each in a counter of its own.

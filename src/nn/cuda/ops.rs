@@ -8,7 +8,7 @@
 use super::fusion::{CrossEntropyOut, CrossEntropySite, Extra, NormParams, Producer, Want};
 use super::layers::draw_key;
 use super::weight_grads::WeightGradJob;
-use super::{Device, DeviceBuffer, FP32_TILES, Ticket, logit_block_rows};
+use super::{Device, DeviceBuffer, FP32_TILES, TINY_TILE, Ticket, logit_block_rows};
 use crate::device::launch::Arg;
 use crate::nn::error::{Error, Result};
 use crate::nn::shape::{broadcast_strides, contiguous_strides};
@@ -491,7 +491,7 @@ fn matmul_into(
 /// smallest tile's grid, but a number of slices that divides k (nn_matmul's slices are equal); 1 when none
 /// does.
 fn fp32_k_slices(device: &Device, (m, n): (usize, usize), k: usize) -> usize {
-    let (x, y) = grid_of(FP32_TILES[FP32_TILES.len() - 1], (m, n), 1);
+    let (x, y) = grid_of(FP32_TILES[TINY_TILE], (m, n), 1);
     (1..=k_slices(device, x * y, k, 4)).rev().find(|&s| k.is_multiple_of(s)).unwrap_or(1)
 }
 
@@ -551,7 +551,7 @@ fn filling_tile(device: &Device, blocks: impl Fn(Fp32Tile) -> usize) -> usize {
 /// [`filling_tile`] for a launch that gives every SM `waves` blocks.
 fn filling_tile_waves(device: &Device, waves: usize, blocks: impl Fn(Fp32Tile) -> usize) -> usize {
     let sms = device.gpu.sm_count as usize;
-    FP32_TILES.iter().position(|&t| blocks(t) >= waves * sms).unwrap_or(FP32_TILES.len() - 1)
+    FP32_TILES.iter().position(|&t| blocks(t) >= waves * sms).unwrap_or(TINY_TILE)
 }
 
 /// The address of an optional buffer, null when absent (a kernel's optional operand).
@@ -1263,7 +1263,7 @@ mod tests {
         let names = ["LINEAR_CROSS_ENTROPY_CLASSES", "LINEAR_CROSS_ENTROPY_COUNTED_ROWS", "LOGIT_ROWS"];
         let kernel = kernel_constants("nn", &[], &names);
         let counted_rows = super::LINEAR_CROSS_ENTROPY_COUNTED_ROWS as i64;
-        let tiny_rows = super::logit_block_rows(super::FP32_TILES.len() - 1) as i64;
+        let tiny_rows = super::logit_block_rows(super::TINY_TILE) as i64;
         assert_eq!(kernel.unwrap(), [super::LINEAR_CROSS_ENTROPY_CLASSES as i64, counted_rows, tiny_rows]);
         let kernel = kernel_constants("nn", &[], &["LINEAR_CROSS_ENTROPY_COUNT_ROWS == 0.0f"]).unwrap();
         assert_eq!(kernel, [i64::from(super::LINEAR_CROSS_ENTROPY_COUNT_ROWS == 0.0)]);

@@ -155,6 +155,24 @@ WGMMA_M64K16(128, 64, 65, 66, 67, 68, WGMMA_REGS_64, WGMMA_D64)
 WGMMA_M64K16(192, 96, 97, 98, 99, 100, WGMMA_REGS_96, WGMMA_D96)
 WGMMA_M64K16(256, 128, 129, 130, 131, 132, WGMMA_REGS_128, WGMMA_D128)
 
+// A store whose results go to the block's shared memory, over the stages (SharedStore{f} calls f as a
+// store): gemm_tile_bf16_wgmma then waits at a barrier for every warpgroup's last wgmma before the first
+// result, so that a caller can stage the tile there and write it out in whole rows (a wgmma thread's
+// results are pairs of columns in 8 rows apart, which an epilogue with operands to read made latency bound).
+template <class F>
+struct SharedStore {
+    F f;
+    __device__ __forceinline__ void operator()(int m, int n, float v0, float v1) const { f(m, n, v0, v1); }
+};
+template <class S>
+struct IsSharedStore {
+    static constexpr bool value = false;
+};
+template <class F>
+struct IsSharedStore<SharedStore<F>> {
+    static constexpr bool value = true;
+};
+
 template <int STAGES, bool A_TRANS, bool B_TRANS, class Store, class OnChunk = NoChunkHook>
 __device__ __forceinline__ void gemm_tile_bf16_wgmma(int M, int N, int K, int m0, int n0, const bf16* A, int lda,
                                                      const bf16* B, int ldb, Store store, float* smem,
@@ -198,6 +216,8 @@ __device__ __forceinline__ void gemm_tile_bf16_wgmma(int M, int N, int K, int m0
     }
     wgmma_wait<0>();
     cp_async_wait_pending<0>();
+    // A store into the stages' shared memory waits until no warpgroup's wgmma reads them.
+    if constexpr (IsSharedStore<Store>::value) __syncthreads();
     if (K <= 0) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) d[i] = 0.0f;

@@ -534,6 +534,41 @@ nn_to_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
 }
 
+// The bf16 tile's results by rows (the wgmma tile only): staged in shared memory over the stages
+// (SharedStore; rows BY_ROWS_LD floats apart, so that a wgmma thread's pairs land on distinct banks), then
+// handed out four adjacent columns at a time, a warp a row of the tile: out(m, n, v, count, whole) with (m, n)
+// the first one's place in C (M×N), v their values, count how many lie inside C (4, or fewer at its edge)
+// and whole whether all 4 do at an index m·N + n that is a multiple of 4 (a 16-byte access wherever C's and
+// its operands' starts are). An epilogue that reads operands of its own (a slope's, a bias) reads them as
+// 16-byte loads of whole rows, all in flight, where the wgmma fragments' pairs, 8 rows apart, left each
+// pair's loads waiting one after another.
+constexpr int BY_ROWS_LD = Bf16Tile::BN + 8;
+static_assert(!HAS_WGMMA || Bf16Tile::BM * BY_ROWS_LD <= Bf16Tile::SHARED_FLOATS, "the staged tile fits the stages");
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
+
+template <bool TA, bool TB, class Out>
+__device__ __forceinline__ void product_bf16_by_rows(int M, int N, int K, int m0, int n0, const bf16* a, int lda,
+                                                     const bf16* b, int ldb, float* smem, Out out) {
+    const auto stage = [&](int m, int n, float v0, float v1) {
+        float* t = smem + (m - m0) * BY_ROWS_LD + (n - n0);
+        t[0] = v0;
+        t[1] = v1;
+    };
+    gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, lda, b, ldb, SharedStore<decltype(stage)>{stage}, smem);
+    // gemm_tile_bf16_fast ends at a barrier: the whole tile is staged.
+    const int rows = min(Bf16Tile::BM, M - m0), cols = min(Bf16Tile::BN, N - n0);
+    constexpr int QUADS = Bf16Tile::BN / 4;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < rows * QUADS; i += THREADS) {
+        const int r = i / QUADS, q = i % QUADS * 4;
+        if (q >= cols) continue;
+        const float4 v = *reinterpret_cast<const float4*>(smem + r * BY_ROWS_LD + q);
+        const int count = min(4, cols - q);
+        out(m0 + r, n0 + q, v, count, count == 4 && N % 4 == 0);
+    }
+}
+
 // C = op(A)·op(B) (+ bias) per batch, A and B bf16 (nn_to_bf16's), as nn_matmul lays them out (batch z
 // reads A at z·stride_a, B at z·stride_b, in bf16 elements); bias of N optional. With slices > 1 (split k:
 // a weight gradient's few tiles over a long k), the blocks of slice s sum k in [s·k_per, (s + 1)·k_per)
@@ -556,22 +591,40 @@ __device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const b
     a += (size_t)batch * stride_a + (size_t)k0 * (TA ? M : 1);
     b += (size_t)batch * stride_b + (size_t)k0 * (TB ? 1 : N);
     c += ((size_t)slice * batches + batch) * M * N;
-    gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
-                                [&](int m, int n, float v0, float v1) {
-                                    float* out = c + (size_t)m * N + n;
-                                    out[0] = bias ? v0 + bias[n] : v0;
-                                    if (n + 1 < N) out[1] = bias ? v1 + bias[n + 1] : v1;
-                                },
-                                smem);
+    if constexpr (HAS_WGMMA) {
+        const bool vector = aligned16(c) && (!bias || aligned16(bias));
+        const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
+            float* out = c + (size_t)m * N + n;
+            if (whole && vector) {
+                if (bias) {
+                    const float4 add = *reinterpret_cast<const float4*>(bias + n);
+                    v = make_float4(v.x + add.x, v.y + add.y, v.z + add.z, v.w + add.w);
+                }
+                *reinterpret_cast<float4*>(out) = v;
+            } else {
+                const float values[4] = {v.x, v.y, v.z, v.w};
+                for (int j = 0; j < count; ++j) out[j] = bias ? values[j] + bias[n + j] : values[j];
+            }
+        };
+        product_bf16_by_rows<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N, smem, out_by_rows);
+    } else {
+        gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
+                                    [&](int m, int n, float v0, float v1) {
+                                        float* out = c + (size_t)m * N + n;
+                                        out[0] = bias ? v0 + bias[n] : v0;
+                                        if (n + 1 < N) out[1] = bias ? v1 + bias[n + 1] : v1;
+                                    },
+                                    smem);
+    }
 }
 
 // x·Wᵀ + b as nn_product_bf16_nt, kept in c (the activation's backward reads it), and its activation ACT
 // (UNARY_*) in y, and y's bf16 copy in y16 when not null: a linear layer and the activation after it in
 // one launch (capture-time fusion, src/nn/cuda/fusion.rs). With DROP (and no activation), y is instead c
 // times the dropout mask of the key drop_key[0] (nn_dropout_keyed's expression): a linear layer and the
-// dropout after it. The activation is a template argument and the results go out by pairs, as the
-// Transformer's GELU epilogue (tf_linear_forward_bf16): with a run-time switch and single stores the
-// epilogue ran the product at a third of its speed. Grid (⌈N/128⌉, ⌈M/128⌉).
+// dropout after it. The activation is a template argument (with a run-time switch and single stores the
+// epilogue ran the product at a third of its speed), and on the wgmma tile the results leave by rows,
+// 16 bytes a store (product_bf16_by_rows). Grid (⌈N/128⌉, ⌈M/128⌉).
 template <int ACT, bool DROP>
 __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b,
                                                  float* __restrict__ c, const float* __restrict__ bias,
@@ -581,24 +634,51 @@ __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, con
     extern __shared__ __align__(16) float smem[];
     const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
     const unsigned key = DROP ? drop_key[0] : 0u;
-    gemm_tile_bf16_fast<false, true>(M, N, K, m0, n0, a, K, b, K,
-                                     [&](int m, int n, float v0, float v1) {
-                                         const size_t e = (size_t)m * N + n;
-                                         const bool both = n + 1 < N;
-                                         if (bias) v0 += bias[n];
-                                         if (bias && both) v1 += bias[n + 1];
-                                         store_pair(c + e, v0, v1, both);
-                                         if (DROP) {
-                                             v0 *= dropout_factor(key, (unsigned)e, threshold, drop_scale);
-                                             v1 *= dropout_factor(key, (unsigned)e + 1u, threshold, drop_scale);
-                                         } else {
-                                             v0 = unary_apply(ACT, v0);
-                                             v1 = unary_apply(ACT, v1);
-                                         }
-                                         store_pair(y + e, v0, v1, both);
-                                         if (y16) store_pair(y16 + e, v0, v1, both);
-                                     },
-                                     smem);
+    // The activation of the sum with its bias, or the dropout's factor of element e.
+    const auto after = [&](float v, size_t e) {
+        return DROP ? v * dropout_factor(key, (unsigned)e, threshold, drop_scale) : unary_apply(ACT, v);
+    };
+    if constexpr (HAS_WGMMA) {
+        const bool vector = aligned16(c) && aligned16(y) && (!bias || aligned16(bias)) &&
+                            reinterpret_cast<size_t>(y16) % 8 == 0;
+        const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
+            const size_t e = (size_t)m * N + n;
+            float sum[4] = {v.x, v.y, v.z, v.w}, out[4];
+            if (whole && vector) {
+                if (bias) {
+                    const float4 add = *reinterpret_cast<const float4*>(bias + n);
+                    sum[0] += add.x, sum[1] += add.y, sum[2] += add.z, sum[3] += add.w;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) out[j] = after(sum[j], e + j);
+                *reinterpret_cast<float4*>(c + e) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+                *reinterpret_cast<float4*>(y + e) = make_float4(out[0], out[1], out[2], out[3]);
+                if (y16) *reinterpret_cast<uint2*>(y16 + e) = {bf16x2(out[0], out[1]), bf16x2(out[2], out[3])};
+            } else {
+                for (int j = 0; j < count; ++j) {
+                    const float s = bias ? sum[j] + bias[n + j] : sum[j], o = after(s, e + j);
+                    c[e + j] = s;
+                    y[e + j] = o;
+                    if (y16) y16[e + j] = to_bf16(o);
+                }
+            }
+        };
+        product_bf16_by_rows<false, true>(M, N, K, m0, n0, a, K, b, K, smem, out_by_rows);
+    } else {
+        gemm_tile_bf16_fast<false, true>(M, N, K, m0, n0, a, K, b, K,
+                                         [&](int m, int n, float v0, float v1) {
+                                             const size_t e = (size_t)m * N + n;
+                                             const bool both = n + 1 < N;
+                                             if (bias) v0 += bias[n];
+                                             if (bias && both) v1 += bias[n + 1];
+                                             store_pair(c + e, v0, v1, both);
+                                             v0 = after(v0, e);
+                                             v1 = after(v1, e + 1);
+                                             store_pair(y + e, v0, v1, both);
+                                             if (y16) store_pair(y16 + e, v0, v1, both);
+                                         },
+                                         smem);
+    }
 }
 
 #define NN_PRODUCT_BF16_ACT(NAME, ACT, DROP)                                                                   \
@@ -618,22 +698,42 @@ NN_PRODUCT_BF16_ACT(nn_product_bf16_dropout, -1, true)
 // dx = dy·W as nn_product_bf16_nn (no bias, no split k), each result times the slope of the activation
 // ACT whose output x = ACT(pre) the layer read: the backward's fusion (src/nn/cuda/fusion.rs), with
 // nn_unary_grad's expression, so the activation's backward is no launch and no pass over dx of its own.
-// Grid (⌈N/128⌉, ⌈M/128⌉).
+// On the wgmma tile the results leave by rows (product_bf16_by_rows): stored pair by pair, each pair after
+// its own loads of pre, the epilogue was latency bound (nanoGPT's MLP dx, 16384×1536 over k = 384: 310 µs
+// against 127 for the forward's product of the same size). Grid (⌈N/128⌉, ⌈M/128⌉).
 template <int ACT>
 __device__ __forceinline__ void product_bf16_slope(const bf16* __restrict__ a, const bf16* __restrict__ b,
                                                    float* __restrict__ c, const float* __restrict__ pre,
                                                    const float* __restrict__ x, int M, int N, int K) {
     extern __shared__ __align__(16) float smem[];
     const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
-    gemm_tile_bf16_fast<false, false>(M, N, K, m0, n0, a, K, b, N,
-                                      [&](int m, int n, float v0, float v1) {
-                                          const size_t e = (size_t)m * N + n;
-                                          const bool both = n + 1 < N;
-                                          v0 *= unary_slope(ACT, pre[e], x[e]);
-                                          if (both) v1 *= unary_slope(ACT, pre[e + 1], x[e + 1]);
-                                          store_pair(c + e, v0, v1, both);
-                                      },
-                                      smem);
+    if constexpr (HAS_WGMMA) {
+        const bool vector = aligned16(c) && aligned16(pre) && aligned16(x);
+        const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
+            const size_t e = (size_t)m * N + n;
+            if (whole && vector) {
+                const float4 p = *reinterpret_cast<const float4*>(pre + e);
+                const float4 y = *reinterpret_cast<const float4*>(x + e);
+                *reinterpret_cast<float4*>(c + e) =
+                    make_float4(v.x * unary_slope(ACT, p.x, y.x), v.y * unary_slope(ACT, p.y, y.y),
+                                v.z * unary_slope(ACT, p.z, y.z), v.w * unary_slope(ACT, p.w, y.w));
+            } else {
+                const float values[4] = {v.x, v.y, v.z, v.w};
+                for (int j = 0; j < count; ++j) c[e + j] = values[j] * unary_slope(ACT, pre[e + j], x[e + j]);
+            }
+        };
+        product_bf16_by_rows<false, false>(M, N, K, m0, n0, a, K, b, N, smem, out_by_rows);
+    } else {
+        gemm_tile_bf16_fast<false, false>(M, N, K, m0, n0, a, K, b, N,
+                                          [&](int m, int n, float v0, float v1) {
+                                              const size_t e = (size_t)m * N + n;
+                                              const bool both = n + 1 < N;
+                                              v0 *= unary_slope(ACT, pre[e], x[e]);
+                                              if (both) v1 *= unary_slope(ACT, pre[e + 1], x[e + 1]);
+                                              store_pair(c + e, v0, v1, both);
+                                          },
+                                          smem);
+    }
 }
 
 #define NN_PRODUCT_BF16_SLOPE(NAME, ACT)                                                                       \

@@ -1112,9 +1112,10 @@ fn block_steps(
 }
 
 /// A captured residual block equals the same steps op by op to the bit, in fp32 and in bf16, and its
-/// capture fused what `fusion` says it fuses (a check that fused nothing would prove nothing). In fp32 the
-/// head's weight gradient, deferred, goes on the backward's second stream when ln_f's backward launches
-/// (cuda::weight_grads): op by op, that equals one stream to the bit, and it forked.
+/// capture fused what `fusion` says it fuses (a check that fused nothing would prove nothing). In the fp32
+/// capture the head's weight gradient, deferred (its dx came with the loss), goes on the backward's second
+/// stream when ln_f's backward launches (cuda::weight_grads): the capture forked, and equals one stream's
+/// to the bit. (Op by op nothing is deferred there: the head's backward is one launch of dx, dW and db.)
 fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> {
     let mut checks = Vec::new();
     // gelu and relu into fc1's and proj's epilogues, the dropout into fc2's, both residual adds into the
@@ -1122,14 +1123,14 @@ fn fusion_checks(device: &Arc<Device>, seed: u64) -> anyhow::Result<Vec<Check>> 
     // blocks, and head's dx too; in bf16 the four products' operands (ln1's, the gelu's from fc1's epilogue,
     // ln2's and ln_f's).
     for (precision, expected) in [(Precision::Fp32, 8), (Precision::Bf16, 10)] {
+        let (eager, _) = block_steps(device, seed, precision, false)?;
         let forks = device.branches();
-        let eager = block_steps(device, seed, precision, false);
+        let captured = block_steps(device, seed, precision, true);
         let forks = device.branches() - forks;
         device.set_branch(false)?;
-        let one_stream = block_steps(device, seed, precision, false);
+        let one_stream = block_steps(device, seed, precision, true);
         device.set_branch(true)?;
-        let ((eager, _), (one_stream, _)) = (eager?, one_stream?);
-        let (captured, fusions) = block_steps(device, seed, precision, true)?;
+        let ((captured, fusions), (one_stream, _)) = (captured?, one_stream?);
         let beside = precision != Precision::Fp32 || forks > 0;
         let same = steps_bits(&eager) == steps_bits(&captured) && steps_bits(&eager) == steps_bits(&one_stream);
         let made: usize = fusions.iter().map(|(_, n)| n).sum();
@@ -1302,39 +1303,53 @@ fn backward_fusion_checks(device: &Arc<Device>, rng: &mut SeededRng) -> anyhow::
     let mut checks = Vec::new();
     let activations: [(&str, Activation); 4] =
         [("relu", Tensor::relu), ("sigmoid", Tensor::sigmoid), ("tanh", Tensor::tanh), ("gelu", Tensor::gelu)];
+    // A hidden width of 13 takes the bf16 slope epilogue's one-at-a-time path, 20 (over 130 rows, two
+    // tiles' rows) its four-at-a-time one.
+    for (rows, hidden) in [(9, 13), (130, 20)] {
+        let inputs = [
+            (values(rng, &[rows, 17], -1.0, 1.0), vec![rows, 17]),
+            (values(rng, &[hidden, 17], -1.0, 1.0), vec![hidden, 17]),
+            (values(rng, &[hidden], -1.0, 1.0), vec![hidden]),
+            (values(rng, &[5, hidden], -1.0, 1.0), vec![5, hidden]),
+        ];
+        let seed = values(rng, &[rows, 5], -1.0, 1.0);
+        for ((name, activation), precision) in
+            activations.iter().flat_map(|a| [(a, Precision::Fp32), (a, Precision::Bf16)])
+        {
+            let _fp32_again = if precision == Precision::Bf16 { Some(bf16_products(device)?) } else { None };
+            let grads = || -> anyhow::Result<Vec<u32>> {
+                let t: Vec<Tensor> = (inputs.iter())
+                    .map(|(v, s)| Tensor::parameter(v.clone(), s)?.to_device(device))
+                    .collect::<Result<_>>()?;
+                let out = linear(&activation(&linear(&t[0], &t[1], Some(&t[2]))?)?, &t[3], None)?;
+                out.backward_with(Some(&Tensor::from_vec(seed.clone(), &[rows, 5])?.to_device(device)?), false)?;
+                let mut bits = Vec::new();
+                for p in &t {
+                    bits.extend(
+                        p.grad().ok_or_else(|| anyhow::anyhow!("no gradient"))?.values()?.iter().map(|v| v.to_bits()),
+                    );
+                }
+                Ok(bits)
+            };
+            let (same, taken) = fused_against_unfused(device, grads)?;
+            let right = same && taken == 1;
+            checks.push(Check::holds(
+                "nn backward fusion = unfused",
+                format!(
+                    "{rows} rows, linear 17→{hidden}, {name}, linear {hidden}→5, {} (slopes taken: {taken})",
+                    precision.name()
+                ),
+                right,
+            ));
+        }
+    }
+    // The activation read twice (by the layer and by the sum): its gradient is the sum of two.
     let inputs = [
         (values(rng, &[9, 17], -1.0, 1.0), vec![9, 17]),
         (values(rng, &[13, 17], -1.0, 1.0), vec![13, 17]),
         (values(rng, &[13], -1.0, 1.0), vec![13]),
         (values(rng, &[5, 13], -1.0, 1.0), vec![5, 13]),
     ];
-    let seed = values(rng, &[9, 5], -1.0, 1.0);
-    for ((name, activation), precision) in activations.iter().flat_map(|a| [(a, Precision::Fp32), (a, Precision::Bf16)])
-    {
-        let _fp32_again = if precision == Precision::Bf16 { Some(bf16_products(device)?) } else { None };
-        let grads = || -> anyhow::Result<Vec<u32>> {
-            let t: Vec<Tensor> = (inputs.iter())
-                .map(|(v, s)| Tensor::parameter(v.clone(), s)?.to_device(device))
-                .collect::<Result<_>>()?;
-            let out = linear(&activation(&linear(&t[0], &t[1], Some(&t[2]))?)?, &t[3], None)?;
-            out.backward_with(Some(&Tensor::from_vec(seed.clone(), &[9, 5])?.to_device(device)?), false)?;
-            let mut bits = Vec::new();
-            for p in &t {
-                bits.extend(
-                    p.grad().ok_or_else(|| anyhow::anyhow!("no gradient"))?.values()?.iter().map(|v| v.to_bits()),
-                );
-            }
-            Ok(bits)
-        };
-        let (same, taken) = fused_against_unfused(device, grads)?;
-        let right = same && taken == 1;
-        checks.push(Check::holds(
-            "nn backward fusion = unfused",
-            format!("linear 17→13, {name}, linear 13→5, {} (slopes taken: {taken})", precision.name()),
-            right,
-        ));
-    }
-    // The activation read twice (by the layer and by the sum): its gradient is the sum of two.
     let twice: &Op<'_> = &|t| {
         let h = linear(&t[0], &t[1], Some(&t[2]))?.relu()?;
         linear(&h, &t[3], None)?.sum_all()?.add(&h.sum_all()?)

@@ -1,12 +1,21 @@
-// The text model's device buffers as every text kernel takes them: one struct, its first parameter, by
-// value (mirrored by `TextBuffers` in src/text/gpu/buffers.rs, which says why by value). The host fills it
-// when the buffers are allocated, not per launch; a kernel takes its sizes and the step's values (offset,
-// batch, rate) as parameters after it.
+// The text model's device buffers as the kernels of fused/text.cu and fused/text_batch.cu take them: one
+// struct, its first parameter, by value (mirrored by `TextBuffers` in src/text/gpu/buffers.rs, which says
+// why by value). The host fills it when the buffers are allocated, not per launch; a kernel takes its sizes
+// and the step's values (offset, batch, rate) as parameters after it.
+//
+// The single-sample kernels (fused/text_sample.cu) keep their buffers as parameters, and their buffers are
+// not in the struct. A scheduled single-sample run launches them one by one (three launches a ~10 µs step),
+// and with the struct (their bodies reading it through __ldg) that step took 10.64-10.68 µs against
+// 10.15-10.17 on an H200, where the same kernels in a CUDA graph took no longer. The driver's host time per
+// launch did not grow with the struct's bytes (a 336-byte struct launched as fast as 16 pointers there).
 //
 // The pointers carry no __restrict__, and NVRTC gives the read-only loads (ld.global.nc) only to
 // restrict-qualified pointers. So each kernel opens by naming the buffers it touches as __restrict__
 // locals, const where it only reads them, and reads the ones it only reads through __ldg, which keeps its
-// loads as they were when the buffers were parameters (compare the PTX before changing one).
+// loads as they were when the buffers were parameters (compare the PTX before changing one). Never through
+// __ldg a buffer that the launch itself writes (its outputs, tickets, the sums other blocks add to): the
+// read-only path may serve a line cached before another block's write. Those are read through L2 (__ldcg)
+// or with plain loads, as they were.
 //
 // __ldg is inline assembly, which the compiler does not copy into the versions of a loop it would
 // otherwise make (one per optimizer kind, a peeled or unrolled copy). Where a kernel's loop was copied
@@ -15,8 +24,8 @@
 #pragma once
 #include "common.cuh"
 
-// The text model's buffers: parameters, corpus, step buffers and those of the single-sample,
-// optimizer and bf16 steps (null where a step is not in use).
+// The text model's buffers: parameters, corpus, step buffers and those of the optimizer and bf16 steps
+// (null where a step is not in use).
 struct TextBuffers {
     // The parameters: E [V][D], W1 [H][D], b1 [H], W2 [V][H], b2 [V].
     float* embedding;
@@ -45,14 +54,6 @@ struct TextBuffers {
     float* grad_b1;
     double* loss_sum;
     unsigned long long* hit_counts;
-    // The single-sample step's (SampleBuffers).
-    float* partials;
-    float* sample_stats;
-    unsigned* records;
-    float* h_pending;
-    float* dx_shares;
-    float* w2_target;
-    float* next_rows;
     // The optimizer's (--optim momentum or adam; null with SGD).
     float* m;
     float* v;

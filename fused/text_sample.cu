@@ -31,7 +31,6 @@
 #include "common.cuh"
 #include "losses.cuh"
 #include "text_shape.cuh"
-#include "text_buffers.cuh"
 
 static_assert(H % 4 == 0, "the single-sample kernels read W2 rows as float4s");
 constexpr int H4 = H / 4;
@@ -80,19 +79,11 @@ __device__ __forceinline__ float pending_dlogit(float2 norm, unsigned target, fl
 // = R rounded up to 4: the compiled code may read es in 8-byte pairs that reach one float past the last row
 // (compute-sanitizer memcheck saw this at R = 1; the extra value is never used).
 extern "C" __global__ void __launch_bounds__(THREADS)
-sample_forward(const TextBuffers buf, unsigned offset, float lr, int V, int rows_per_block) {
-    float* __restrict__ W2 = buf.w2;
-    float* __restrict__ b2 = buf.b2;
-    const float* __restrict__ z1 = buf.z1;
-    const unsigned* __restrict__ tokens = buf.tokens;
-    const unsigned* __restrict__ positions = buf.positions;
-    const unsigned* __restrict__ cursor = buf.cursor;
-    PendingStep* __restrict__ records = reinterpret_cast<PendingStep*>(buf.records);
-    float* __restrict__ h_pending = buf.h_pending;
-    float* __restrict__ logits = buf.logits;
-    SoftmaxStat* __restrict__ stats = reinterpret_cast<SoftmaxStat*>(buf.sample_stats);
-    float* __restrict__ partials = buf.partials;
-    float* __restrict__ w2_target = buf.w2_target;
+sample_forward(float* __restrict__ W2, float* __restrict__ b2, const float* __restrict__ z1,
+               const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+               const unsigned* __restrict__ cursor, unsigned offset, float lr, int V, int rows_per_block,
+               PendingStep* __restrict__ records, float* __restrict__ h_pending, float* __restrict__ logits,
+               SoftmaxStat* __restrict__ stats, float* __restrict__ partials, float* __restrict__ w2_target) {
     extern __shared__ float4 smem4[];
     const int R = rows_per_block, G = gridDim.x;
     float* hs = reinterpret_cast<float*>(smem4);
@@ -129,7 +120,7 @@ sample_forward(const TextBuffers buf, unsigned offset, float lr, int V, int rows
     // The step's target (three dependent loads). Walking the chain here also holds the W2 update below
     // back by three round trips, which keeps the grid's 8 MB of W2 stores off sample_backward's critical
     // loads: with the target loaded after the wait instead, the step measured 10.08 µs, not 9.76.
-    const unsigned target = __ldg(&tokens[__ldg(&positions[__ldg(cursor) + offset])]);
+    const unsigned target = tokens[positions[*cursor + offset]];
     const PendingStep rec = {raw.x, raw.y, __uint_as_float(raw.z), raw.w};
     if (rec.pending) {
         const SoftmaxStat total = step_normaliser(rec.parity ? half[1] : half[0], stats + rec.parity * G, G, stat_scratch);
@@ -240,24 +231,14 @@ sample_forward(const TextBuffers buf, unsigned offset, float lr, int V, int rows
 // Kernel 2. Block k owns hidden units [k·HS, k·HS + HS); G is sample_forward's grid.
 // dynamic shared memory: w1s[HS][D] (the units' W1 rows), xs[D], scale[G], sums[GROUPS][HS], dz[HS]
 extern "C" __global__ void __launch_bounds__(THREADS)
-sample_backward(const TextBuffers buf, int G, unsigned offset, unsigned positions_len, int N, float lr) {
-    float* __restrict__ W1 = buf.w1;
-    float* __restrict__ b1 = buf.b1;
-    const float* __restrict__ x = buf.x;
-    const float* __restrict__ z1 = buf.z1;
-    const float* __restrict__ logits = buf.logits;
-    const PendingStep* __restrict__ records = reinterpret_cast<const PendingStep*>(buf.records);
-    const SoftmaxStat* __restrict__ stats = reinterpret_cast<const SoftmaxStat*>(buf.sample_stats);
-    const float* __restrict__ partials = buf.partials;
-    const float* __restrict__ w2_target = buf.w2_target;
-    const unsigned* __restrict__ tokens = buf.tokens;
-    const unsigned* __restrict__ positions = buf.positions;
-    const unsigned* __restrict__ cursor = buf.cursor;
-    const float* __restrict__ E = buf.embedding;
-    float* __restrict__ dh = buf.dh;
-    float* __restrict__ dx_shares = buf.dx_shares;
-    double* __restrict__ loss_sum = buf.loss_sum;
-    float* __restrict__ next_rows = buf.next_rows;
+sample_backward(float* __restrict__ W1, float* __restrict__ b1, const float* __restrict__ x,
+                const float* __restrict__ z1, const float* __restrict__ logits,
+                const PendingStep* __restrict__ records, const SoftmaxStat* __restrict__ stats,
+                const float* __restrict__ partials, const float* __restrict__ w2_target, int G,
+                const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
+                const unsigned* __restrict__ cursor, unsigned offset, unsigned positions_len, int N,
+                const float* __restrict__ E, float lr, float* __restrict__ dh, float* __restrict__ dx_shares,
+                double* __restrict__ loss_sum, float* __restrict__ next_rows) {
     extern __shared__ float4 smem4[];
     float* w1s = reinterpret_cast<float*>(smem4);
     float* xs = w1s + HS * D;
@@ -277,17 +258,14 @@ sample_backward(const TextBuffers buf, int G, unsigned offset, unsigned position
     const bool owns_unit = threadIdx.x < HS && unit < units;
     const float z = owns_unit ? __ldcg(&z1[k0 + unit]) : 0.0f;
     const float bias = owns_unit ? __ldcg(&b1[k0 + unit]) : 0.0f;
-    const unsigned first = __ldg(cursor) + offset;
-    const unsigned target = threadIdx.x == 0 ? __ldg(&tokens[__ldg(&positions[first])]) : 0u;  // thread 0 uses it
+    const unsigned target = threadIdx.x == 0 ? tokens[positions[*cursor + offset]] : 0u;  // thread 0 uses it
     // The last block copies the next sample's embedding rows for sample_update, whose block 0 adds this
     // step's update to E while its other blocks form the next x: from this copy, all of them see the rows
     // as the step found them. E, like W1, was last written by the previous step's sample_update.
-    const unsigned next = first + 1;
-    if (blockIdx.x == gridDim.x - 1 && next < positions_len) {
-        const unsigned next_position = __ldg(&positions[next]);
+    const unsigned next = *cursor + offset + 1;
+    if (blockIdx.x == gridDim.x - 1 && next < positions_len)
         for (int i = threadIdx.x; i < N * D; i += THREADS)
-            next_rows[i] = __ldcg(&E[(size_t)__ldg(&tokens[next_position - N + i / D]) * D + i % D]);
-    }
+            next_rows[i] = __ldcg(&E[(size_t)tokens[positions[next] - N + i / D] * D + i % D]);
     grid_dependency_wait();
     allow_dependent_launch();
 
@@ -352,17 +330,11 @@ sample_backward(const TextBuffers buf, int G, unsigned offset, unsigned position
 // Kernel 3. One warp per hidden row j, WARPS rows per block.
 // dynamic shared memory: context[N], next_context[N], rows[N][D] (the next sample's), delta[D] (−lr/N·dx), xn[D]
 extern "C" __global__ void __launch_bounds__(THREADS)
-sample_update(const TextBuffers buf, unsigned positions_len, unsigned offset, int N, float lr) {
-    float* __restrict__ E = buf.embedding;
-    const float* __restrict__ W1 = buf.w1;
-    const float* __restrict__ b1 = buf.b1;
-    float* __restrict__ x = buf.x;
-    float* __restrict__ z1 = buf.z1;
-    const float* __restrict__ dx_shares = buf.dx_shares;
-    const float* __restrict__ next_rows = buf.next_rows;
-    const unsigned* __restrict__ tokens = buf.tokens;
-    const unsigned* __restrict__ positions = buf.positions;
-    const unsigned* __restrict__ cursor = buf.cursor;
+sample_update(float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
+              float* __restrict__ x, float* __restrict__ z1, const float* __restrict__ dx_shares,
+              const float* __restrict__ next_rows, const unsigned* __restrict__ tokens,
+              const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
+              unsigned offset, int N, float lr) {
     extern __shared__ float4 smem4[];
     unsigned* context = reinterpret_cast<unsigned*>(smem4);
     unsigned* next_context = context + N;
@@ -371,7 +343,7 @@ sample_update(const TextBuffers buf, unsigned positions_len, unsigned offset, in
     float* xn = delta + D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j = blockIdx.x * WARPS + warp;
-    const unsigned first = __ldg(cursor) + offset, next = first + 1;
+    const unsigned first = *cursor + offset, next = first + 1;
     const bool has_next = next < positions_len;
 
     // The next step's sample_forward may launch now: before its wait it touches only W2, b2 and its own
@@ -379,10 +351,9 @@ sample_update(const TextBuffers buf, unsigned positions_len, unsigned offset, in
     allow_dependent_launch();
     // Prologue: only the token chain. The next sample's embedding rows come from sample_backward's copy,
     // not from E: block 0 adds this step's update to E, and a block that read E itself could see it.
-    const unsigned position = __ldg(&positions[first]), next_position = has_next ? __ldg(&positions[next]) : 0u;
     for (int i = threadIdx.x; i < N; i += THREADS) {
-        context[i] = __ldg(&tokens[position - N + i]);
-        if (has_next) next_context[i] = __ldg(&tokens[next_position - N + i]);
+        context[i] = tokens[positions[first] - N + i];
+        if (has_next) next_context[i] = tokens[positions[next] - N + i];
     }
     grid_dependency_wait();
 
@@ -455,16 +426,11 @@ sample_update(const TextBuffers buf, unsigned positions_len, unsigned offset, in
 // Applies each block's pending W2/b2 update (see the top of this file) where no sample_forward follows;
 // the caller then zeroes the records. Same grid as sample_forward.
 extern "C" __global__ void __launch_bounds__(THREADS)
-sample_flush(const TextBuffers buf, int V, int rows_per_block) {
-    float* __restrict__ W2 = buf.w2;
-    float* __restrict__ b2 = buf.b2;
-    const PendingStep* __restrict__ records = reinterpret_cast<const PendingStep*>(buf.records);
-    const float* __restrict__ h_pending = buf.h_pending;
-    const SoftmaxStat* __restrict__ stats = reinterpret_cast<const SoftmaxStat*>(buf.sample_stats);
-    const float* __restrict__ logits = buf.logits;
+sample_flush(float* __restrict__ W2, float* __restrict__ b2, const PendingStep* __restrict__ records,
+             const float* __restrict__ h_pending, const SoftmaxStat* __restrict__ stats,
+             const float* __restrict__ logits, int V, int rows_per_block) {
     __shared__ SoftmaxStat stat_scratch[WARPS];
-    const PendingStep* r = &records[blockIdx.x];
-    const PendingStep rec = {__ldg(&r->pending), __ldg(&r->target), __ldg(&r->lr), __ldg(&r->parity)};
+    const PendingStep rec = records[blockIdx.x];
     if (!rec.pending) return;
     const int G = gridDim.x;
     const SoftmaxStat* step_stats = stats + rec.parity * G;
@@ -477,8 +443,8 @@ sample_flush(const TextBuffers buf, int V, int rows_per_block) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int r = warp; r < rows; r += WARPS) {  // a warp per row: its dlogit once
         const int v = row0 + r;
-        const float g = pending_dlogit(norm, rec.target, __ldg(&logits[v]), v);
-        for (int k = lane; k < H; k += 32) W2[(size_t)v * H + k] -= rec.lr * (g * __ldg(&h[k]));
+        const float g = pending_dlogit(norm, rec.target, logits[v], v);
+        for (int k = lane; k < H; k += 32) W2[(size_t)v * H + k] -= rec.lr * (g * h[k]);
         if (lane == 0) b2[v] -= rec.lr * g;
     }
 }

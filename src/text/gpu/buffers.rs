@@ -1,18 +1,21 @@
-//! The text model's device buffers as the kernels of fused/text.cu, text_sample.cu and text_batch.cu take
-//! them: `TextBuffers`, one struct declared in fused/text_buffers.cuh, built when the buffers are allocated
+//! The text model's device buffers as the kernels of fused/text.cu and text_batch.cu take them:
+//! `TextBuffers`, one struct declared in fused/text_buffers.cuh, built when the buffers are allocated
 //! (`refresh_buffers`) and passed as each kernel's first parameter, in place of a list of pointers spelled
-//! out per launch. text_advance keeps its two parameters, the cursor and a count.
+//! out per launch. text_advance keeps its two parameters, the cursor and a count, and the single-sample
+//! kernels of text_sample.cu keep their buffers as parameters (fused/text_buffers.cuh says why).
 //!
 //! By value, not written to device memory and passed as one pointer: a by-value struct lives in the
 //! launch's parameter space, so a kernel reads a buffer's address from the constant bank exactly as it
 //! read a pointer parameter, where a struct in device memory would put one more dependent global load
-//! before a kernel's first load of each buffer. Its 320 bytes are copied by the driver with every
-//! launch (or once into a captured graph); the per-launch cost of parameter bytes is negligible beside
-//! a launch's own.
+//! before a kernel's first load of each buffer. Its 264 bytes go with every launch (or once into a
+//! captured graph), where the 5 to 18 pointers it replaces were 40 to 144 bytes; the driver's host time
+//! per launch did not grow with a struct's bytes on an H200 (a 336-byte struct launched as fast as 16
+//! pointers).
 //!
 //! The struct's pointers carry no `__restrict__`, so NVRTC no longer infers the read-only loads
 //! (`ld.global.nc`) a kernel's restrict parameters gave it: each kernel names its buffers as restrict
-//! locals (which keeps their aliasing) and reads the buffers it only reads through `__ldg`.
+//! locals (which keeps their aliasing) and reads the buffers it only reads through `__ldg`, never one that
+//! the same launch writes (those it reads through L2, `__ldcg`, or with plain loads, as before).
 //! text_batch_logits_bf16 keeps its buffers as parameters: its loads sit in fused/gemm_wgmma.cuh. So do a
 //! few buffers whose loads sit in a loop the compiler copies, which it does not do with `__ldg` (W1 and b1
 //! of text_batch_forward and text_batch_hidden_bf16, ∂W2 and ∂b2 of text_batch_optimize).
@@ -23,7 +26,7 @@ use crate::device::launch::StructArg;
 
 kernel_struct! {
     /// The text model's buffers as fused/text_buffers.cuh declares them: parameters, corpus, step buffers
-    /// and those of the single-sample, optimizer and bf16 steps (null where a step is not in use).
+    /// and those of the optimizer and bf16 steps (null where a step is not in use).
     pub struct TextBuffers {
         /// Embedding E, `[V][D]`.
         pub embedding: Address<f32>,
@@ -73,20 +76,6 @@ kernel_struct! {
         pub loss_sum: Address<f64>,
         /// Evaluation's top-1 and top-5 hits.
         pub hit_counts: Address<u64>,
-        /// `SampleBuffers::partials`.
-        pub partials: Address<f32>,
-        /// `SampleBuffers::stats`.
-        pub sample_stats: Address<f32>,
-        /// `SampleBuffers::records`.
-        pub records: Address<u32>,
-        /// `SampleBuffers::h_pending`.
-        pub h_pending: Address<f32>,
-        /// `SampleBuffers::dx_shares`.
-        pub dx_shares: Address<f32>,
-        /// `SampleBuffers::w2_target`.
-        pub w2_target: Address<f32>,
-        /// `SampleBuffers::next_rows`.
-        pub next_rows: Address<f32>,
         /// The optimizer's first moments over E, W1, b1, W2, b2 as one vector.
         pub m: Address<f32>,
         /// Its second moments.
@@ -112,7 +101,7 @@ impl GpuTrainer {
     /// Rebuilds the kernels' `TextBuffers` from the buffers as they are now: after any is allocated.
     pub(super) fn refresh_buffers(&mut self) {
         let g = &*self.gpu;
-        let (p, b, sb) = (&self.params, &self.buffers, &self.sample_buffers);
+        let (p, b) = (&self.params, &self.buffers);
         let optimizer = self.optimizer.as_ref();
         let bf16 = self.bf16.as_ref();
         let table = TextBuffers {
@@ -140,13 +129,6 @@ impl GpuTrainer {
             grad_b1: Address::of(g, &b.grad_b1),
             loss_sum: Address::of(g, &self.loss_sum),
             hit_counts: Address::of(g, &self.hit_counts),
-            partials: Address::of(g, &sb.partials),
-            sample_stats: Address::of(g, &sb.stats),
-            records: Address::of(g, &sb.records),
-            h_pending: Address::of(g, &sb.h_pending),
-            dx_shares: Address::of(g, &sb.dx_shares),
-            w2_target: Address::of(g, &sb.w2_target),
-            next_rows: Address::of(g, &sb.next_rows),
             m: optimizer.map_or(Address::NULL, |o| Address::of(g, &o.m)),
             v: optimizer.map_or(Address::NULL, |o| Address::of(g, &o.v)),
             grad_embedding: optimizer.map_or(Address::NULL, |o| Address::of(g, &o.grad_embedding)),

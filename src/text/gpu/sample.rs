@@ -69,15 +69,27 @@ impl GpuTrainer {
     pub fn launch_sample_forward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         self.ensure_capacity(1)?;
         let func = self.sample_kernels()?.forward.clone();
-        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
             Arg::u32(offset as u32),
             Arg::f32(lr),
             Arg::i32(self.shape.vocab as i32),
             Arg::i32(l.rows_per_block as i32),
+            Arg::buf(g, &sb.records),
+            Arg::buf(g, &sb.h_pending),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &sb.stats),
+            Arg::buf(g, &sb.partials),
+            Arg::buf(g, &sb.w2_target),
         ];
         let shared = l.sample_forward_shared() as u32;
-        g.launch_with_struct(&func, ((l.grid as u32, 1), shared, programmatic), table, &args)?;
+        g.launch(&func, (l.grid as u32, 1), shared, programmatic, &args)?;
         self.w2_pending = true;
         Ok(())
     }
@@ -86,30 +98,57 @@ impl GpuTrainer {
     /// embedding rows for sample_update.
     pub fn launch_sample_backward(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let func = self.sample_kernels()?.backward.clone();
-        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &b.logits),
+            Arg::buf(g, &sb.records),
+            Arg::buf(g, &sb.stats),
+            Arg::buf(g, &sb.partials),
+            Arg::buf(g, &sb.w2_target),
             Arg::i32(l.grid as i32),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
+            Arg::buf(g, &self.cursor),
             Arg::u32(offset as u32),
             Arg::u32(self.positions.len() as u32),
             Arg::i32(self.shape.context as i32),
+            Arg::buf(g, &p.embedding),
             Arg::f32(lr),
+            Arg::buf(g, &b.dh),
+            Arg::buf(g, &sb.dx_shares),
+            Arg::buf(g, &self.loss_sum),
+            Arg::buf(g, &sb.next_rows),
         ];
         let shared = l.sample_backward_shared() as u32;
-        g.launch_with_struct(&func, ((l.sample_backward_grid() as u32, 1), shared, programmatic), table, &args)
+        g.launch(&func, (l.sample_backward_grid() as u32, 1), shared, programmatic, &args)
     }
 
     /// Single-sample kernel 3: the embedding update, then x and z1 of the next sample.
     pub fn launch_sample_update(&mut self, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let func = self.sample_kernels()?.update.clone();
-        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
         let args = [
+            Arg::buf(g, &p.embedding),
+            Arg::buf(g, &p.w1),
+            Arg::buf(g, &p.b1),
+            Arg::buf(g, &b.x),
+            Arg::buf(g, &b.z1),
+            Arg::buf(g, &sb.dx_shares),
+            Arg::buf(g, &sb.next_rows),
+            Arg::buf(g, &self.tokens),
+            Arg::buf(g, &self.positions),
             Arg::u32(self.positions.len() as u32),
+            Arg::buf(g, &self.cursor),
             Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32),
             Arg::f32(lr),
         ];
         let shared = l.sample_update_shared() as u32;
-        g.launch_with_struct(&func, ((l.update_grid as u32, 1), shared, programmatic), table, &args)
+        g.launch(&func, (l.update_grid as u32, 1), shared, programmatic, &args)
     }
 
     /// The last sample_forward's softmax partials `[G]` (max, Σexp), from the half of the `[2][G]` array its
@@ -129,9 +168,18 @@ impl GpuTrainer {
             return Ok(());
         }
         let func = self.sample_kernels()?.flush.clone();
-        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
-        let args = [Arg::i32(self.shape.vocab as i32), Arg::i32(l.rows_per_block as i32)];
-        g.launch_with_struct(&func, ((l.grid as u32, 1), 0, false), table, &args)?;
+        let (g, p, b, sb, l) = (&*self.gpu, &self.params, &self.buffers, &self.sample_buffers, &self.layout);
+        let args = [
+            Arg::buf(g, &p.w2),
+            Arg::buf(g, &p.b2),
+            Arg::buf(g, &sb.records),
+            Arg::buf(g, &sb.h_pending),
+            Arg::buf(g, &sb.stats),
+            Arg::buf(g, &b.logits),
+            Arg::i32(self.shape.vocab as i32),
+            Arg::i32(l.rows_per_block as i32),
+        ];
+        g.launch(&func, (l.grid as u32, 1), 0, false, &args)?;
         self.gpu.stream.memset_zeros(&mut self.sample_buffers.records).context("clearing the pending-step records")?;
         self.w2_pending = false;
         Ok(())

@@ -284,9 +284,20 @@ fn launch_parameters(
     args: &[Arg],
 ) -> Result<()> {
     use cudarc::driver::sys;
+    if tables.len() > MAX_STRUCT_ARGUMENTS {
+        bail!(
+            "internal: {} is given {} structs, more than a launch takes ({MAX_STRUCT_ARGUMENTS})",
+            kernel.name,
+            tables.len()
+        );
+    }
     if let Some(sizes) = kernel.parameter_sizes() {
-        let bytes: Vec<usize> = tables.iter().map(|t| t.len()).collect();
-        check_parameters(&kernel.name, sizes, &bytes, args)?;
+        // The structs' sizes on the stack, as everything else here: no allocation per launch.
+        let mut bytes = [0usize; MAX_STRUCT_ARGUMENTS];
+        for (size, table) in bytes.iter_mut().zip(tables) {
+            *size = table.len();
+        }
+        check_parameters(&kernel.name, sizes, &bytes[..tables.len()], args)?;
     }
     // Every scalar argument lives in a u64, a 32-bit one in its low (first, little-endian) four bytes;
     // the struct in its own words (the driver reads each parameter's declared size from its pointer). On
@@ -304,13 +315,6 @@ fn launch_parameters(
             Arg::Ptr(p) => p,
             Arg::Word(w) => w as u64,
         };
-    }
-    if tables.len() > MAX_STRUCT_ARGUMENTS {
-        bail!(
-            "internal: {} is given {} structs, more than a launch takes ({MAX_STRUCT_ARGUMENTS})",
-            kernel.name,
-            tables.len()
-        );
     }
     let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_SCALAR_ARGUMENTS + MAX_STRUCT_ARGUMENTS];
     let structs = tables.iter().map(|t| t.words.as_ptr() as *mut std::ffi::c_void);

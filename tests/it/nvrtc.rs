@@ -140,12 +140,16 @@ fn one_module_compiles() {
 #[test]
 fn text_buffers_are_laid_out_as_text_buffers_cuh_declares_them() {
     use textnet::device::kernel_struct::layout_in_kernel;
-    let (kernel, mirror) = layout_in_kernel::<textnet::text::gpu::TextBuffers>("text_batch", &[]).unwrap();
-    for (k, m) in kernel.iter().zip(&mirror) {
-        assert_eq!(
-            k, m,
-            "TextBuffers.{}: as fused/text_buffers.cuh declares it (left), as mirrored in Rust (right)",
-            m.name
-        );
+    // Both kernel files whose kernels take the struct, as each compiles it.
+    for unit in ["text_batch", "text"] {
+        let (kernel, mirror) = layout_in_kernel::<textnet::text::gpu::TextBuffers>(unit, &[]).unwrap();
+        for (k, m) in kernel.iter().zip(&mirror) {
+            assert_eq!(
+                k, m,
+                "TextBuffers.{}: as fused/text_buffers.cuh declares it in fused/{unit}.cu (left), as mirrored in \
+                 Rust (right)",
+                m.name
+            );
+        }
     }
 }

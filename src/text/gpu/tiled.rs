@@ -86,7 +86,8 @@ impl Bf16State {
 /// What `--optim momentum` or `adam` adds to the tiled step: text_batch_optimize, the optimizer state over
 /// the parameters as one vector (E, W1, b1, W2, b2), and the dense embedding gradient.
 pub(super) struct OptimizerState {
-    config: OptimConfig,
+    /// The optimizer's settings as text_batch_optimize takes them (not the rate, the step's), built once.
+    settings: StructArg,
     kernel: Kernel,
     pub(super) m: CudaSlice<f32>,
     pub(super) v: CudaSlice<f32>,
@@ -117,7 +118,7 @@ impl GpuTrainer {
         let count = s.parameter_count() as usize;
         let room = "GPU out of memory for the optimizer state";
         self.optimizer = Some(OptimizerState {
-            config,
+            settings: StructArg::of(&config.kernel_settings()),
             kernel,
             m: stream.alloc_zeros::<f32>(count).context(room)?,
             v: stream.alloc_zeros::<f32>(count).context(room)?,
@@ -311,11 +312,10 @@ impl GpuTrainer {
 
         let Some(o) = &self.optimizer else { return Ok(()) };
         // The optimizer's settings by value (text_batch_optimize does not clip); the rate is the step's.
-        let settings = StructArg::of(&o.config.kernel_settings());
         let blocks = (self.shape.parameter_count() as usize)
             .div_ceil(THREADS_PER_BLOCK as usize * 8)
             .clamp(1, 4 * g.sm_count as usize);
         let args = [vi, Arg::f32(lr), Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2)];
-        g.launch_with_structs(&o.kernel, ((blocks as u32, 1), 0, false), &[table, &settings], &args)
+        g.launch_with_structs(&o.kernel, ((blocks as u32, 1), 0, false), &[table, &o.settings], &args)
     }
 }

@@ -35,6 +35,7 @@
 #include "common.cuh"
 #include "losses.cuh"
 #include "text_shape.cuh"
+#include "text_buffers.cuh"
 
 #ifndef TEXT_SB
 #define TEXT_SB 8
@@ -100,7 +101,8 @@ __device__ __forceinline__ void for_each_staged_row(float* ws, float* bs, const 
 // dependency wait (only text_advance, never a step kernel, moves the cursor).
 __device__ __forceinline__ void load_targets(unsigned* target, const unsigned* tokens, const unsigned* positions,
                                              const unsigned* cursor, unsigned offset, int c0, int sb) {
-    if (threadIdx.x < sb) target[threadIdx.x] = tokens[positions[*cursor + offset + c0 + threadIdx.x]];
+    if (threadIdx.x < sb)
+        target[threadIdx.x] = __ldg(&tokens[__ldg(&positions[__ldg(cursor) + offset + c0 + threadIdx.x])]);
 }
 
 // z1_out[s][j] = W1[j]·xs[s] + b1[j] for the sb samples. W1 and b1 are read through L2 (__ldcg): in
@@ -175,8 +177,8 @@ __device__ __forceinline__ void samples_hidden(const float* E, const float* W1, 
         const int sb = min(SB, count - c0);
         __syncthreads();
         for (int i = threadIdx.x; i < sb * N; i += THREADS) {
-            const unsigned p = positions[first + c0 + i / N];
-            context[i] = tokens[p - N + i % N];
+            const unsigned p = __ldg(&positions[first + c0 + i / N]);
+            context[i] = __ldg(&tokens[p - N + i % N]);
         }
         __syncthreads();
         for (int i = threadIdx.x; i < sb * D; i += THREADS) {
@@ -194,23 +196,33 @@ __device__ __forceinline__ void samples_hidden(const float* E, const float* W1, 
 // x and z1 of a step's B samples, where no text_update formed them (the first step of a run, evaluation).
 // Block b takes samples [b·SB, b·SB + SB). dynamic shared memory: xs[SB][D], context tokens [SB][N]
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_hidden(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-            const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-            const unsigned* __restrict__ cursor, unsigned offset, int N, int B, float* __restrict__ x_out,
-            float* __restrict__ z1_out) {
+text_hidden(const TextBuffers buf, unsigned offset, int N, int B) {
+    const float* __restrict__ E = buf.embedding;
+    const float* __restrict__ W1 = buf.w1;
+    const float* __restrict__ b1 = buf.b1;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ x_out = buf.x;
+    float* __restrict__ z1_out = buf.z1;
     extern __shared__ float smem[];
     float* xs = smem;
     unsigned* context = (unsigned*)(xs + SB * D);
     const int s0 = blockIdx.x * SB;
-    samples_hidden(E, W1, b1, tokens, positions, *cursor + offset + s0, min(SB, B - s0), N, x_out + (size_t)s0 * D,
-                   z1_out + (size_t)s0 * H, xs, context);
+    samples_hidden(E, W1, b1, tokens, positions, __ldg(cursor) + offset + s0, min(SB, B - s0), N,
+                   x_out + (size_t)s0 * D, z1_out + (size_t)s0 * H, xs, context);
 }
 
 // dynamic shared memory: ws[tile_rows][H], hs[SB][H], bs[tile_rows]
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-text_forward(const float* W2, const float* b2, const float* __restrict__ z1, int V, int B, int rows_per_block,
-             int tile_rows, float* __restrict__ logits, SoftmaxStat* __restrict__ stats, float* __restrict__ dh,
-             float* __restrict__ dx_sum) {
+text_forward(const TextBuffers buf, int V, int B, int rows_per_block, int tile_rows) {
+    const float* W2 = buf.w2;
+    const float* b2 = buf.b2;
+    const float* __restrict__ z1 = buf.z1;
+    float* __restrict__ logits = buf.logits;
+    SoftmaxStat* __restrict__ stats = reinterpret_cast<SoftmaxStat*>(buf.stats);
+    float* __restrict__ dh = buf.dh;
+    float* __restrict__ dx_sum = buf.dx_sum;
     extern __shared__ float4 smem4[];
     float* ws = reinterpret_cast<float*>(smem4);
     float* hs = ws + (size_t)tile_rows * H;
@@ -263,22 +275,31 @@ text_forward(const float* W2, const float* b2, const float* __restrict__ z1, int
     }
 }
 
+// A softmax partial that the kernel only reads, through the read-only path.
+__device__ __forceinline__ SoftmaxStat ldg_stat(const SoftmaxStat* p) { return {__ldg(&p->max), __ldg(&p->sum)}; }
+
 // Global softmax normaliser of sample s from the G block partials: one warp. Returns (max, sum).
 __device__ __forceinline__ SoftmaxStat combine_partials(const SoftmaxStat* stats, int s, int G) {
     const int lane = threadIdx.x % 32;
     SoftmaxStat st = softmax_stat_empty();
-    for (int g = lane; g < G; g += 32) st = softmax_merge(st, stats[(size_t)s * G + g]);
+    for (int g = lane; g < G; g += 32) st = softmax_merge(st, ldg_stat(&stats[(size_t)s * G + g]));
     return warp_softmax_merge(st);
 }
 
 // dynamic shared memory: ws[tile_rows][H], bs[tile_rows], hs[SB][H], dh_warp[WARPS][SB][H], dl[SB][R],
 // and when B > SB: gw2[R][H], gb2[R]
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-text_backward(float* W2, float* b2, const float* __restrict__ logits, const SoftmaxStat* __restrict__ stats,
-              const float* __restrict__ z1, const unsigned* __restrict__ tokens,
-              const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset, int V,
-              int B, int rows_per_block, int tile_rows, float lr, float* __restrict__ dh,
-              double* __restrict__ loss_sum) {
+text_backward(const TextBuffers buf, unsigned offset, int V, int B, int rows_per_block, int tile_rows, float lr) {
+    float* W2 = buf.w2;
+    float* b2 = buf.b2;
+    const float* __restrict__ logits = buf.logits;
+    const SoftmaxStat* __restrict__ stats = reinterpret_cast<const SoftmaxStat*>(buf.stats);
+    const float* __restrict__ z1 = buf.z1;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ dh = buf.dh;
+    double* __restrict__ loss_sum = buf.loss_sum;
     extern __shared__ float4 smem4[];
     const int R = rows_per_block;
     float* ws = reinterpret_cast<float*>(smem4);
@@ -319,16 +340,17 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
         SoftmaxStat st[SB];
 #pragma unroll
         for (int s = 0; s < SB; ++s)
-            st[s] = (s < sb && (int)threadIdx.x < G) ? stats[(size_t)(c0 + s) * G + threadIdx.x] : softmax_stat_empty();
+            st[s] = (s < sb && (int)threadIdx.x < G) ? ldg_stat(&stats[(size_t)(c0 + s) * G + threadIdx.x])
+                                                      : softmax_stat_empty();
         float lg[DL_SLOTS];
 #pragma unroll
         for (int k = 0; k < DL_SLOTS; ++k) {
             const int i = threadIdx.x + k * THREADS;
-            lg[k] = i < sb * rows ? logits[(size_t)(c0 + i / rows) * V + row0 + i % rows] : 0.0f;
+            lg[k] = i < sb * rows ? __ldg(&logits[(size_t)(c0 + i / rows) * V + row0 + i % rows]) : 0.0f;
         }
-        for (int i = threadIdx.x; i < sb * H; i += THREADS) hs[i] = fmaxf(z1[(size_t)c0 * H + i], 0.0f);
+        for (int i = threadIdx.x; i < sb * H; i += THREADS) hs[i] = fmaxf(__ldg(&z1[(size_t)c0 * H + i]), 0.0f);
         for (int g = threadIdx.x + THREADS; g < G; g += THREADS)  // grids wider than a block
-            for (int s = 0; s < sb; ++s) st[s] = softmax_merge(st[s], stats[(size_t)(c0 + s) * G + g]);
+            for (int s = 0; s < sb; ++s) st[s] = softmax_merge(st[s], ldg_stat(&stats[(size_t)(c0 + s) * G + g]));
 #pragma unroll
         for (int s = 0; s < SB; ++s) {
             st[s] = warp_softmax_merge(st[s]);
@@ -357,7 +379,7 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
             if (i < sb * rows) set_dl(i, lg[k]);
         }
         for (int i = threadIdx.x + DL_SLOTS * THREADS; i < sb * rows; i += THREADS)
-            set_dl(i, logits[(size_t)(c0 + i / rows) * V + row0 + i % rows]);
+            set_dl(i, __ldg(&logits[(size_t)(c0 + i / rows) * V + row0 + i % rows]));
         __syncthreads();
 
         float dh_acc[SB][HP];
@@ -438,11 +460,18 @@ text_backward(float* W2, float* b2, const float* __restrict__ logits, const Soft
 // already holds it. Otherwise the blocks sum dx with atomics and the last block to finish applies the
 // embedding update and forms x and z1 of every next sample.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ x,
-            float* __restrict__ z1, const float* __restrict__ dh, const unsigned* __restrict__ tokens,
-            const unsigned* __restrict__ positions, unsigned positions_len, const unsigned* __restrict__ cursor,
-            unsigned offset, int N, int B, float lr, int whole_dx, float* __restrict__ dx_sum,
-            unsigned* __restrict__ ticket) {
+text_update(const TextBuffers buf, unsigned positions_len, unsigned offset, int N, int B, float lr, int whole_dx) {
+    float* __restrict__ E = buf.embedding;
+    float* __restrict__ W1 = buf.w1;
+    float* __restrict__ b1 = buf.b1;
+    float* __restrict__ x = buf.x;
+    float* __restrict__ z1 = buf.z1;
+    const float* __restrict__ dh = buf.dh;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ dx_sum = buf.dx_sum;
+    unsigned* __restrict__ ticket = buf.ticket;
     extern __shared__ float4 smem4[];
     float* w1s = reinterpret_cast<float*>(smem4);          // [H][D] when whole_dx
     float* xs = w1s + (whole_dx ? H * D : 0);
@@ -457,7 +486,7 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     const int j0 = blockIdx.x * UPDATE_ROWS;
     const int j = j0 + warp;  // this warp's hidden row
     const bool has_row = j < H;
-    const unsigned first = *cursor + offset, next = first + B;
+    const unsigned first = __ldg(cursor) + offset, next = first + B;
     const int next_count = next < positions_len ? min(B, (int)(positions_len - next)) : 0;
     const bool local = whole_dx && B <= SB;
     const float embed_scale = -lr / N;
@@ -472,7 +501,8 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
     }
     const float bias = has_row ? __ldcg(&b1[j]) : 0.0f;
     float gb = 0.0f;
-    for (int i = threadIdx.x; i < min(SB, B) * N; i += THREADS) context[i] = tokens[positions[first + i / N] - N + i % N];
+    for (int i = threadIdx.x; i < min(SB, B) * N; i += THREADS)
+        context[i] = __ldg(&tokens[__ldg(&positions[first + i / N]) - N + i % N]);
     if (local) {
         if constexpr (D % 4 == 0) {
             for (int i = 4 * threadIdx.x; i < H * D; i += 4 * THREADS) cp_async16(w1s + i, W1 + i);
@@ -481,7 +511,7 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
         }
         cp_async_commit();
         for (int i = threadIdx.x; i < next_count * N; i += THREADS)
-            next_context[i] = tokens[positions[next + i / N] - N + i % N];
+            next_context[i] = __ldg(&tokens[__ldg(&positions[next + i / N]) - N + i % N]);
         __syncthreads();
         for (int i = threadIdx.x; i < next_count * N * D; i += THREADS)
             next_rows[i] = __ldcg(&E[(size_t)next_context[i / D] * D + i % D]);
@@ -624,7 +654,7 @@ text_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b
         if (c0 > 0) {
             __syncthreads();
             for (int i = threadIdx.x; i < sb * N; i += THREADS)
-                context[i] = tokens[positions[first + c0 + i / N] - N + i % N];
+                context[i] = __ldg(&tokens[__ldg(&positions[first + c0 + i / N]) - N + i % N]);
             __syncthreads();
         }
         for (int i = threadIdx.x; i < sb * D; i += THREADS) {
@@ -645,33 +675,41 @@ extern "C" __global__ void text_advance(unsigned* cursor, unsigned samples) { *c
 
 // Evaluation: after text_forward, counts per sample how many logits beat the target's (its rank).
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_eval_rank(const float* __restrict__ logits, const unsigned* __restrict__ tokens,
-               const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-               int V, int B, int rows_per_block, unsigned* __restrict__ rank) {
+text_eval_rank(const TextBuffers buf, unsigned offset, int V, int B, int rows_per_block) {
+    const float* __restrict__ logits = buf.logits;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    unsigned* __restrict__ rank = buf.rank;
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, V - row0);
+    const unsigned first = __ldg(cursor) + offset;
     for (int i = threadIdx.x; i < B * rows; i += THREADS) {
         const int s = i / rows, v = row0 + i % rows;
-        const unsigned target = tokens[positions[*cursor + offset + s]];
+        const unsigned target = __ldg(&tokens[__ldg(&positions[first + s])]);
         const float* row = logits + (size_t)s * V;
-        if (row[v] > row[target]) atomicAdd(&rank[s], 1u);
+        if (__ldg(&row[v]) > __ldg(&row[target])) atomicAdd(&rank[s], 1u);
     }
 }
 
 // Evaluation: loss and top-1/top-5 hits of the B samples into running sums; resets the ranks. One block.
 // counts: [0] top-1 hits, [1] top-5 hits.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_eval_finish(const float* __restrict__ logits, const SoftmaxStat* __restrict__ stats,
-                 const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-                 const unsigned* __restrict__ cursor, unsigned offset, int V, int B, int G,
-                 unsigned* __restrict__ rank, double* __restrict__ loss_sum,
-                 unsigned long long* __restrict__ counts) {
+text_eval_finish(const TextBuffers buf, unsigned offset, int V, int B, int G) {
+    const float* __restrict__ logits = buf.logits;
+    const SoftmaxStat* __restrict__ stats = reinterpret_cast<const SoftmaxStat*>(buf.stats);
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    unsigned* __restrict__ rank = buf.rank;
+    double* __restrict__ loss_sum = buf.loss_sum;
+    unsigned long long* __restrict__ counts = buf.hit_counts;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int s = warp; s < B; s += WARPS) {
         const SoftmaxStat st = combine_partials(stats, s, G);
         if (lane == 0) {
-            const unsigned target = tokens[positions[*cursor + offset + s]];
-            atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - logits[(size_t)s * V + target]));
+            const unsigned target = __ldg(&tokens[__ldg(&positions[__ldg(cursor) + offset + s])]);
+            atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - __ldg(&logits[(size_t)s * V + target])));
             if (rank[s] == 0) atomicAdd(&counts[0], 1ull);
             if (rank[s] < 5) atomicAdd(&counts[1], 1ull);
             rank[s] = 0;

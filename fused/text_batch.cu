@@ -32,6 +32,7 @@
 #include "gemm_wgmma.cuh"
 #include "optim.cuh"
 #include "text_shape.cuh"
+#include "text_buffers.cuh"
 
 constexpr int TILE = G128;  // samples × vocabulary rows per block tile
 constexpr int LD = G128_LD;
@@ -45,7 +46,7 @@ constexpr int B_SLICE = 128;
 
 __device__ __forceinline__ unsigned sample_position(const unsigned* positions, const unsigned* cursor, unsigned offset,
                                                     int s) {
-    return positions[*cursor + offset + s];
+    return __ldg(&positions[__ldg(cursor) + offset + s]);
 }
 
 // dst[j] += v[j] for j < min(4, count): one 16-byte atomic where rows of H floats keep it aligned.
@@ -70,7 +71,7 @@ __device__ __forceinline__ void gather_inputs(const float* E, const unsigned* to
         const int m = i / D, d = i % D;
         const unsigned pos = sample_position(positions, cursor, offset, s0 + m);
         float sum = 0.0f;
-        for (int n = 0; n < N; ++n) sum += E[(size_t)tokens[pos - N + n] * D + d];
+        for (int n = 0; n < N; ++n) sum += __ldg(&E[(size_t)__ldg(&tokens[pos - N + n]) * D + d]);
         const float x = sum * inv_n;
         xT[d * LD + m] = x;
         if (x_out) x_out[(size_t)s0 * D + i] = x;
@@ -93,15 +94,27 @@ __device__ __forceinline__ void hidden_tile(const float* W1, const float* b1, co
     });
 }
 
-// dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand.
+// dynamic shared memory: hT [H8][LD], then xT [D8][LD], then one staged operand. W1 and b1 are restrict
+// parameters, not read through __ldg: see fused/text_buffers.cuh.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-                   const float* __restrict__ W2, const float* __restrict__ b2, const unsigned* __restrict__ tokens,
-                   const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-                   int V, int N, int B, float* __restrict__ x_out, float* __restrict__ hidden_out,
-                   float* __restrict__ dh_out, float* __restrict__ logits, SoftmaxStat* __restrict__ stats,
-                   float* __restrict__ norm, unsigned* __restrict__ tickets, double* __restrict__ loss_sum,
-                   float* __restrict__ grad_w2, float* __restrict__ grad_b2) {
+text_batch_forward(const TextBuffers buf, unsigned offset, int V, int N, int B, const float* __restrict__ W1,
+                   const float* __restrict__ b1) {
+    const float* __restrict__ E = buf.embedding;
+    const float* __restrict__ W2 = buf.w2;
+    const float* __restrict__ b2 = buf.b2;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ x_out = buf.x;
+    float* __restrict__ hidden_out = buf.z1;
+    float* __restrict__ dh_out = buf.dh;
+    float* __restrict__ logits = buf.logits;
+    SoftmaxStat* __restrict__ stats = reinterpret_cast<SoftmaxStat*>(buf.stats);
+    float* __restrict__ norm = buf.norm;
+    unsigned* __restrict__ tickets = buf.tile_tickets;
+    double* __restrict__ loss_sum = buf.loss_sum;
+    float* __restrict__ grad_w2 = buf.grad_w2;
+    float* __restrict__ grad_b2 = buf.grad_b2;
     extern __shared__ __align__(16) float smem[];
     float* hT = smem;  // ReLU(z1) of the tile's samples, k-major: hT[h][m]
     float* xT = hT + H8 * LD;
@@ -138,10 +151,10 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
     Resident h_op{hT};
     for (int vt = blockIdx.x; vt < v_tiles; vt += gridDim.x) {
         const int v0 = vt * TILE;
-        auto w2 = staged<true>([=](int v, int h) { return W2[(size_t)v * H + h]; }, V, v0, H, stage);
+        auto w2 = staged<true>([=](int v, int h) { return __ldg(&W2[(size_t)v * H + h]); }, V, v0, H, stage);
         float bias[8];  // −∞ past V, which leaves those columns out of the partials; loaded before the product
 #pragma unroll
-        for (int j = 0; j < 8; ++j) bias[j] = v0 + t.col(j) < V ? b2[v0 + t.col(j)] : NEG_INF;
+        for (int j = 0; j < 8; ++j) bias[j] = v0 + t.col(j) < V ? __ldg(&b2[v0 + t.col(j)]) : NEG_INF;
         float acc[8][8];
         gemm_128_acc(H, h_op, w2, acc);
 #pragma unroll
@@ -202,7 +215,7 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
             const int s = s0 + m;
             norm[2 * s] = st.max;
             norm[2 * s + 1] = 1.0f / st.sum;
-            const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+            const unsigned target = __ldg(&tokens[sample_position(positions, cursor, offset, s)]);
             atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - __ldcg(&logits[(size_t)s * V + target])));
         }
     }
@@ -214,8 +227,8 @@ text_batch_forward(const float* __restrict__ E, const float* __restrict__ W1, co
 // (padding past B, V or the slice) gives 0.
 __device__ __forceinline__ float4 sample_record(const float* norm, const unsigned* tokens, const unsigned* positions,
                                                 const unsigned* cursor, unsigned offset, int s, float inv_b) {
-    const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
-    return make_float4(norm[2 * s], norm[2 * s + 1] * inv_b, __int_as_float((int)target), 0.0f);
+    const unsigned target = __ldg(&tokens[sample_position(positions, cursor, offset, s)]);
+    return make_float4(__ldg(&norm[2 * s]), __ldg(&norm[2 * s + 1]) * inv_b, __int_as_float((int)target), 0.0f);
 }
 
 __device__ __forceinline__ float4 empty_record() { return make_float4(0.0f, 0.0f, __int_as_float(-1), 0.0f); }
@@ -250,10 +263,10 @@ struct DlogitsByVocab {
         const float* p = logits + (size_t)k * V + v0;
         if (k < K && v0 + TILE <= V) {
 #pragma unroll
-            for (int r = 0; r < 4; ++r) l[r] = p[row(r)];
+            for (int r = 0; r < 4; ++r) l[r] = __ldg(&p[row(r)]);
         } else {
 #pragma unroll
-            for (int r = 0; r < 4; ++r) l[r] = k < K && v0 + row(r) < V ? p[row(r)] : NEG_INF;
+            for (int r = 0; r < 4; ++r) l[r] = k < K && v0 + row(r) < V ? __ldg(&p[row(r)]) : NEG_INF;
         }
     }
     __device__ __forceinline__ void commit(int buf) {
@@ -284,11 +297,11 @@ struct DlogitsBySample {
     __device__ __forceinline__ void fetch(int k0) {
         k = k0 + threadIdx.x % 2 * 4;
         if (aligned && k + 4 <= K) {
-            const float4 q = *reinterpret_cast<const float4*>(logits + k);
+            const float4 q = __ldg(reinterpret_cast<const float4*>(logits + k));
             l[0] = q.x, l[1] = q.y, l[2] = q.z, l[3] = q.w;
         } else {
 #pragma unroll
-            for (int r = 0; r < 4; ++r) l[r] = k + r < K ? logits[k + r] : NEG_INF;
+            for (int r = 0; r < 4; ++r) l[r] = k + r < K ? __ldg(&logits[k + r]) : NEG_INF;
         }
     }
     __device__ __forceinline__ void commit(int buf) {
@@ -304,10 +317,17 @@ struct DlogitsBySample {
 // dynamic shared memory: two staged operands, then the ∂W2 blocks' sample records [SLICE] (float4) and
 // ∂b2 sums [WARPS][TILE].
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logits, const float* __restrict__ norm,
-                    const float* __restrict__ hidden, const unsigned* __restrict__ tokens,
-                    const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-                    int V, int B, float* __restrict__ grad_w2, float* __restrict__ grad_b2, float* __restrict__ dh) {
+text_batch_backward(const TextBuffers buf, unsigned offset, int V, int B) {
+    const float* __restrict__ W2 = buf.w2;
+    const float* __restrict__ logits = buf.logits;
+    const float* __restrict__ norm = buf.norm;
+    const float* __restrict__ hidden = buf.z1;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ grad_w2 = buf.grad_w2;
+    float* __restrict__ grad_b2 = buf.grad_b2;
+    float* __restrict__ dh = buf.dh;
     extern __shared__ __align__(16) float smem[];
     float* a_stage = smem;
     float* b_stage = smem + G128_STAGED_FLOATS;
@@ -330,7 +350,7 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
             for (int i = threadIdx.x; i < WARPS * TILE; i += THREADS) sums[i] = 0.0f;
         __syncthreads();
         DlogitsByVocab g{logits + (size_t)ss * V, records, a_stage, sums, V, v0, sn, inv_b, {}, 0};
-        auto hs = staged<false>([=](int n, int k) { return hidden[(size_t)(ss + k) * H + n]; }, H, n0, sn, b_stage);
+        auto hs = staged<false>([=](int n, int k) { return __ldg(&hidden[(size_t)(ss + k) * H + n]); }, H, n0, sn, b_stage);
         gemm_128(V, H, sn, v0, n0, g, hs, [&](int v, int n, float4 acc) {
             add_row4(&grad_w2[(size_t)v * H + n], acc, H - n);
         });
@@ -353,7 +373,7 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
             g.record.z = __int_as_float(target < vn ? target : -1);  // −1 (none) outside the region
             g.K = vn;
         }
-        auto w2 = staged<false>([=](int n, int k) { return W2[(size_t)(vs + k) * H + n]; }, H, n0, vn, b_stage);
+        auto w2 = staged<false>([=](int n, int k) { return __ldg(&W2[(size_t)(vs + k) * H + n]); }, H, n0, vn, b_stage);
         gemm_128(B, H, vn, s0, n0, g, w2, [&](int s, int n, float4 acc) {
             add_row4(&dh[(size_t)s * H + n], acc, H - n);
         });
@@ -363,13 +383,25 @@ text_batch_backward(const float* __restrict__ W2, const float* __restrict__ logi
 // Blocks: [∂x tiles (sample tile × embedding tile)] [∂W1 tiles (hidden tile × (D+1) tile × sample slice)]
 // [W2 rows]. dynamic shared memory: two staged operands.
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1, float* __restrict__ W2,
-                  float* __restrict__ b2, const float* __restrict__ x, const float* __restrict__ hidden,
-                  const float* __restrict__ dh, const float* __restrict__ grad_w2, const float* __restrict__ grad_b2,
-                  float* __restrict__ grad_w1, float* __restrict__ grad_b1, const unsigned* __restrict__ tokens,
-                  const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-                  int V, int N, int B, float lr, int w2_blocks, unsigned* __restrict__ ticket,
-                  float* __restrict__ grad_E, int dh_parts, bf16* __restrict__ w2_bf16) {
+text_batch_update(const TextBuffers buf, unsigned offset, int V, int N, int B, float lr, int w2_blocks, int dh_parts) {
+    float* __restrict__ E = buf.embedding;
+    float* __restrict__ W1 = buf.w1;
+    float* __restrict__ b1 = buf.b1;
+    float* __restrict__ W2 = buf.w2;
+    float* __restrict__ b2 = buf.b2;
+    const float* __restrict__ x = buf.x;
+    const float* __restrict__ hidden = buf.z1;
+    const float* __restrict__ dh = buf.dh_parts ? buf.dh_parts : buf.dh;
+    const float* __restrict__ grad_w2 = buf.grad_w2;
+    const float* __restrict__ grad_b2 = buf.grad_b2;
+    float* __restrict__ grad_w1 = buf.grad_w1;
+    float* __restrict__ grad_b1 = buf.grad_b1;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    unsigned* __restrict__ ticket = buf.ticket;
+    float* __restrict__ grad_E = buf.grad_embedding;
+    bf16* __restrict__ w2_bf16 = buf.w2_bf16;
     extern __shared__ __align__(16) float smem[];
     // With grad_E, every gradient is left for text_batch_optimize: ∂E rows go there, W2 and W1 stay.
     const bool fused_sgd = grad_E == nullptr;
@@ -384,9 +416,9 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
     // parts ([dh_parts][B][H]) in order
     const auto dz1 = [=](int s, int h) {
         const size_t i = (size_t)s * H + h;
-        if (hidden[i] <= 0.0f) return 0.0f;
-        float sum = dh[i];
-        for (int part = 1; part < dh_parts; ++part) sum += dh[(size_t)part * B * H + i];
+        if (__ldg(&hidden[i]) <= 0.0f) return 0.0f;
+        float sum = __ldg(&dh[i]);
+        for (int part = 1; part < dh_parts; ++part) sum += __ldg(&dh[(size_t)part * B * H + i]);
         return sum;
     };
     int b = blockIdx.x;
@@ -400,7 +432,7 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
             const float dx[4] = {acc.x, acc.y, acc.z, acc.w};
             const unsigned pos = sample_position(positions, cursor, offset, s);
             for (int n = 0; n < N; ++n) {
-                float* row = target + (size_t)tokens[pos - N + n] * D;
+                float* row = target + (size_t)__ldg(&tokens[pos - N + n]) * D;
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     if (d + j < D) atomicAdd(&row[d + j], scale * dx[j]);
@@ -413,7 +445,7 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
         const int ss = slice * B_SLICE, sn = min(B_SLICE, B - ss);
         // [∂W1 | ∂b1] = dz1ᵀ·[x | 1]
         auto a = staged<false>([=](int h, int k) { return dz1(ss + k, h); }, H, m0, sn, a_stage);
-        auto xs = staged<false>([=](int d, int k) { return d < D ? x[(size_t)(ss + k) * D + d] : 1.0f; }, D + 1, n0,
+        auto xs = staged<false>([=](int d, int k) { return d < D ? __ldg(&x[(size_t)(ss + k) * D + d]) : 1.0f; }, D + 1, n0,
                                 sn, b_stage);
         gemm_128(H, D + 1, sn, m0, n0, a, xs, [&](int h, int d, float4 acc) {
             const float g[4] = {acc.x, acc.y, acc.z, acc.w};
@@ -427,10 +459,10 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
         b -= dw1_blocks;
         const size_t n = (size_t)V * H;
         for (size_t i = (size_t)b * THREADS + threadIdx.x; i < n; i += (size_t)w2_blocks * THREADS) {
-            W2[i] -= lr * grad_w2[i];
+            W2[i] -= lr * __ldg(&grad_w2[i]);
             if (w2_bf16) w2_bf16[i] = to_bf16(W2[i]);
         }
-        for (int v = b * THREADS + threadIdx.x; v < V; v += w2_blocks * THREADS) b2[v] -= lr * grad_b2[v];
+        for (int v = b * THREADS + threadIdx.x; v < V; v += w2_blocks * THREADS) b2[v] -= lr * __ldg(&grad_b2[v]);
     }
 
     if (!last_block_to_finish(ticket)) return;
@@ -450,12 +482,23 @@ text_batch_update(float* __restrict__ E, float* __restrict__ W1, float* __restri
 // gradient in memory: a grid-stride pass over the parameters as one vector E, W1, b1, W2, b2 (m and v
 // laid out the same), clearing the gradients text_batch_update accumulates into (text_batch_forward
 // clears ∂W2 and ∂b2). step: optimizer steps taken, advanced by the last block; ticket zero between launches.
+// ∂W2 and ∂b2 are restrict parameters, not read through __ldg: see fused/text_buffers.cuh.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_batch_optimize(const OptimSettings optim, float* __restrict__ E, float* __restrict__ W1, float* __restrict__ b1,
-                    float* __restrict__ W2, float* __restrict__ b2, float* __restrict__ grad_E,
-                    float* __restrict__ grad_w1, float* __restrict__ grad_b1, const float* __restrict__ grad_w2,
-                    const float* __restrict__ grad_b2, float* __restrict__ m, float* __restrict__ v, int V, float lr,
-                    unsigned* __restrict__ step, unsigned* __restrict__ ticket, bf16* __restrict__ w2_bf16) {
+text_batch_optimize(const TextBuffers buf, const OptimSettings optim, int V, float lr,
+                    const float* __restrict__ grad_w2, const float* __restrict__ grad_b2) {
+    float* __restrict__ E = buf.embedding;
+    float* __restrict__ W1 = buf.w1;
+    float* __restrict__ b1 = buf.b1;
+    float* __restrict__ W2 = buf.w2;
+    float* __restrict__ b2 = buf.b2;
+    float* __restrict__ grad_E = buf.grad_embedding;
+    float* __restrict__ grad_w1 = buf.grad_w1;
+    float* __restrict__ grad_b1 = buf.grad_b1;
+    float* __restrict__ m = buf.m;
+    float* __restrict__ v = buf.v;
+    unsigned* __restrict__ step = buf.step;
+    unsigned* __restrict__ ticket = buf.optimizer_ticket;
+    bf16* __restrict__ w2_bf16 = buf.w2_bf16;
     const unsigned t = *step + 1;
     OptimStep s = optim_step(optim, lr);
     optim_bias_corrections(s, t);
@@ -499,10 +542,15 @@ text_batch_optimize(const OptimSettings optim, float* __restrict__ E, float* __r
 
 // grid (ceil(H / TILE), ceil(B / TILE)); dynamic shared memory: xT [D8][LD], then one staged operand.
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_batch_hidden_bf16(const float* __restrict__ E, const float* __restrict__ W1, const float* __restrict__ b1,
-                       const unsigned* __restrict__ tokens, const unsigned* __restrict__ positions,
-                       const unsigned* __restrict__ cursor, unsigned offset, int N, int B, float* __restrict__ x_out,
-                       float* __restrict__ hidden_out, bf16* __restrict__ hidden_bf16) {
+text_batch_hidden_bf16(const TextBuffers buf, unsigned offset, int N, int B, const float* __restrict__ W1,
+                       const float* __restrict__ b1) {
+    const float* __restrict__ E = buf.embedding;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ x_out = buf.x;
+    float* __restrict__ hidden_out = buf.z1;
+    bf16* __restrict__ hidden_bf16 = buf.hidden_bf16;
     extern __shared__ __align__(16) float smem[];
     float* xT = smem;
     float* stage = xT + D8 * LD;
@@ -537,28 +585,32 @@ text_batch_logits_bf16(const bf16* __restrict__ hidden_bf16, const bf16* __restr
 // grid (B); block s: the softmax normaliser of logits row s (norm[2s], norm[2s + 1] = max, 1/Σexp, as
 // text_batch_forward leaves them), its loss into loss_sum, and row s of G (ldg bf16, zero from V on).
 extern "C" __global__ void __launch_bounds__(THREADS)
-text_batch_dlogits_bf16(const float* __restrict__ logits, const unsigned* __restrict__ tokens,
-                        const unsigned* __restrict__ positions, const unsigned* __restrict__ cursor, unsigned offset,
-                        int V, int ldg, int B, float* __restrict__ norm, double* __restrict__ loss_sum,
-                        bf16* __restrict__ dlogits) {
+text_batch_dlogits_bf16(const TextBuffers buf, unsigned offset, int V, int ldg, int B) {
+    const float* __restrict__ logits = buf.logits;
+    const unsigned* __restrict__ tokens = buf.tokens;
+    const unsigned* __restrict__ positions = buf.positions;
+    const unsigned* __restrict__ cursor = buf.cursor;
+    float* __restrict__ norm = buf.norm;
+    double* __restrict__ loss_sum = buf.loss_sum;
+    bf16* __restrict__ dlogits = buf.dlogits;
     __shared__ SoftmaxStat scratch[WARPS];
     const int s = blockIdx.x;
     const float* row = logits + (size_t)s * V;
     SoftmaxStat st = softmax_stat_empty();
-    for (int v = threadIdx.x; v < V; v += THREADS) st = softmax_push(st, row[v]);
+    for (int v = threadIdx.x; v < V; v += THREADS) st = softmax_push(st, __ldg(&row[v]));
     st = block_softmax_merge(st, scratch);
     const float inv_b = 1.0f / B;
-    const unsigned target = tokens[sample_position(positions, cursor, offset, s)];
+    const unsigned target = __ldg(&tokens[sample_position(positions, cursor, offset, s)]);
     const float4 record = make_float4(st.max, inv_b / st.sum, __int_as_float((int)target), 0.0f);
     if (threadIdx.x == 0) {
         norm[2 * s] = st.max;
         norm[2 * s + 1] = 1.0f / st.sum;
-        atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - row[target]));
+        atomicAdd(loss_sum, (double)(st.max + logf(st.sum) - __ldg(&row[target])));
     }
     unsigned* out = reinterpret_cast<unsigned*>(dlogits + (size_t)s * ldg);  // pairs: ldg is even
     for (int v = 2 * threadIdx.x; v < ldg; v += 2 * THREADS) {
-        const float g0 = v < V ? dlogit(row[v], record, v, inv_b) : 0.0f;
-        const float g1 = v + 1 < V ? dlogit(row[v + 1], record, v + 1, inv_b) : 0.0f;
+        const float g0 = v < V ? dlogit(__ldg(&row[v]), record, v, inv_b) : 0.0f;
+        const float g1 = v + 1 < V ? dlogit(__ldg(&row[v + 1]), record, v + 1, inv_b) : 0.0f;
         out[v / 2] = bf16x2(g0, g1);
     }
 }
@@ -567,9 +619,13 @@ text_batch_dlogits_bf16(const float* __restrict__ logits, const unsigned* __rest
 // then the ∂H tiles (sample tile, hidden tile, split), each split over split_k vocabulary rows (a multiple
 // of the tile's k). Dynamic shared memory: Bf16Tile::SHARED_FLOATS.
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-text_batch_backward_bf16(const bf16* __restrict__ dlogits, int ldg, const bf16* __restrict__ hidden_bf16,
-                         const bf16* __restrict__ w2_bf16, int V, int B, int split_k, float* __restrict__ grad_w2,
-                         float* __restrict__ grad_b2, float* __restrict__ dh_parts) {
+text_batch_backward_bf16(const TextBuffers buf, int ldg, int V, int B, int split_k) {
+    const bf16* __restrict__ dlogits = buf.dlogits;
+    const bf16* __restrict__ hidden_bf16 = buf.hidden_bf16;
+    const bf16* __restrict__ w2_bf16 = buf.w2_bf16;
+    float* __restrict__ grad_w2 = buf.grad_w2;
+    float* __restrict__ grad_b2 = buf.grad_b2;
+    float* __restrict__ dh_parts = buf.dh_parts;
     extern __shared__ __align__(16) float smem[];
     using T = Bf16Tile;
     constexpr int H_TILES_BF16 = (H + T::BN - 1) / T::BN;

@@ -9,8 +9,9 @@
 //! A struct's pointer fields carry no `__restrict__`: NVRTC gives the non-coherent read-only loads
 //! (`ld.global.nc`) only to restrict-qualified pointers that are kernel parameters themselves, not to
 //! pointers read from a struct, not even through an inlined function of restrict parameters in a kernel
-//! with atomics. So a kernel whose speed rests on those loads keeps its buffers as parameters and takes
-//! only its settings as a struct (`cnn_update`, `text_batch_optimize`); compare the PTX before moving one.
+//! with atomics. So a kernel whose speed rests on those loads either keeps its buffers as parameters and
+//! takes only its settings as a struct (`cnn_update`), or reads them through `__ldg`, as the text kernels
+//! do (fused/text_buffers.cuh says where that falls short); compare the PTX before moving one.
 
 use super::Gpu;
 use super::launch::{Arg, StructArg};

@@ -54,19 +54,19 @@ impl Kernel {
 /// An error unless `args` match the parameters of kernel `name` (`sizes`, in bytes) in number and size: a
 /// pointer (8 bytes) where it takes a pointer, a 32-bit word where it takes an int, unsigned or float.
 pub fn check_arguments(name: &str, sizes: &[usize], args: &[Arg]) -> Result<()> {
-    check_parameters(name, sizes, None, args)
+    check_parameters(name, sizes, &[], args)
 }
 
-/// `check_arguments` for a kernel given a struct of `table` bytes (when some) before `args`.
-fn check_parameters(name: &str, sizes: &[usize], table: Option<usize>, args: &[Arg]) -> Result<()> {
-    let leading = usize::from(table.is_some());
+/// `check_arguments` for a kernel given structs of `tables` bytes each before `args`.
+fn check_parameters(name: &str, sizes: &[usize], tables: &[usize], args: &[Arg]) -> Result<()> {
+    let leading = tables.len();
     if sizes.len() != leading + args.len() {
         bail!("internal: {name} takes {} arguments, given {}", sizes.len(), leading + args.len());
     }
-    if let Some(bytes) = table
-        && sizes[0] != bytes
-    {
-        bail!("internal: argument 0 of {name} is {} bytes, given a struct of {bytes}", sizes[0]);
+    for (i, (&size, &bytes)) in sizes.iter().zip(tables).enumerate() {
+        if size != bytes {
+            bail!("internal: argument {i} of {name} is {size} bytes, given a struct of {bytes}");
+        }
     }
     for (i, (size, arg)) in sizes[leading..].iter().zip(args).enumerate() {
         let given = match arg {
@@ -211,7 +211,7 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         let shape = LaunchShape { blocks, threads, shared, programmatic };
-        launch_parameters(stream, kernel, shape, table, args)
+        launch_parameters(stream, kernel, shape, table.as_slice(), args)
     }
 
     /// `launch_sized` of a kernel whose one parameter is the struct `args`, passed by value (a
@@ -237,6 +237,19 @@ impl Gpu {
         self.launch_sized_with_struct(kernel, (blocks, THREADS_PER_BLOCK, shared, programmatic), table, args)
     }
 
+    /// `launch` of a kernel whose first parameters are the structs `tables`, in order, each passed by
+    /// value, and `args` the rest.
+    pub fn launch_with_structs(
+        &self,
+        kernel: &Kernel,
+        (blocks, shared, programmatic): ((u32, u32), u32, bool),
+        tables: &[&StructArg],
+        args: &[Arg],
+    ) -> Result<()> {
+        let shape = LaunchShape { blocks, threads: THREADS_PER_BLOCK, shared, programmatic };
+        launch_parameters(&self.stream, kernel, shape, tables, args)
+    }
+
     /// `launch_with_struct` with blocks of `threads` threads, for a kernel compiled for that block size.
     pub fn launch_sized_with_struct(
         &self,
@@ -249,8 +262,10 @@ impl Gpu {
     }
 }
 
-/// The most scalar arguments one launch passes (after its struct, if any).
+/// The most scalar arguments one launch passes (after its structs, if any).
 const MAX_SCALAR_ARGUMENTS: usize = 48;
+/// The most structs one launch passes before its scalar arguments.
+const MAX_STRUCT_ARGUMENTS: usize = 2;
 
 /// A launch's grid, block size, dynamic shared memory (bytes) and whether it may start early.
 struct LaunchShape {
@@ -260,17 +275,29 @@ struct LaunchShape {
     programmatic: bool,
 }
 
-/// Launches `kernel` on `stream` with `table` (when given) as its first parameter and `args` after it.
+/// Launches `kernel` on `stream` with `tables` as its first parameters and `args` after them.
 fn launch_parameters(
     stream: &CudaStream,
     kernel: &Kernel,
     LaunchShape { blocks, threads, shared, programmatic }: LaunchShape,
-    table: Option<&StructArg>,
+    tables: &[&StructArg],
     args: &[Arg],
 ) -> Result<()> {
     use cudarc::driver::sys;
+    if tables.len() > MAX_STRUCT_ARGUMENTS {
+        bail!(
+            "internal: {} is given {} structs, more than a launch takes ({MAX_STRUCT_ARGUMENTS})",
+            kernel.name,
+            tables.len()
+        );
+    }
     if let Some(sizes) = kernel.parameter_sizes() {
-        check_parameters(&kernel.name, sizes, table.map(StructArg::len), args)?;
+        // The structs' sizes on the stack, as everything else here: no allocation per launch.
+        let mut bytes = [0usize; MAX_STRUCT_ARGUMENTS];
+        for (size, table) in bytes.iter_mut().zip(tables) {
+            *size = table.len();
+        }
+        check_parameters(&kernel.name, sizes, &bytes[..tables.len()], args)?;
     }
     // Every scalar argument lives in a u64, a 32-bit one in its low (first, little-endian) four bytes;
     // the struct in its own words (the driver reads each parameter's declared size from its pointer). On
@@ -289,10 +316,10 @@ fn launch_parameters(
             Arg::Word(w) => w as u64,
         };
     }
-    let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_SCALAR_ARGUMENTS + 1];
-    let table = table.map(|t| t.words.as_ptr() as *mut std::ffi::c_void);
+    let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_SCALAR_ARGUMENTS + MAX_STRUCT_ARGUMENTS];
+    let structs = tables.iter().map(|t| t.words.as_ptr() as *mut std::ffi::c_void);
     let scalars = storage[..args.len()].iter_mut().map(|v| v as *mut u64 as *mut std::ffi::c_void);
-    for (slot, param) in params.iter_mut().zip(table.into_iter().chain(scalars)) {
+    for (slot, param) in params.iter_mut().zip(structs.chain(scalars)) {
         *slot = param;
     }
     // SAFETY: CUlaunchAttribute is a plain C struct and union, for which all zero bytes are valid.
@@ -311,7 +338,7 @@ fn launch_parameters(
         attrs: &mut attribute,
         numAttrs: (programmatic && programmatic_launch_enabled()) as u32,
     };
-    // SAFETY: `params` holds one pointer per kernel parameter: the struct's live words first (as many
+    // SAFETY: `params` holds one pointer per kernel parameter: each struct's live words first (as many
     // bytes as the kernel declares, where the driver could say so; the driver only reads them), then
     // each to a live u64 of `storage`.
     let status =
@@ -360,13 +387,18 @@ mod tests {
         assert!(err.starts_with("internal: argument 1 of k is 4 bytes, given 8"), "{err}");
         // A struct first, checked by its size; the arguments after it counted from 1.
         let sizes = [3592, 8, 4];
-        assert!(check_parameters("k", &sizes, Some(3592), &[Arg::Ptr(0), Arg::i32(1)]).is_ok());
-        let err = check_parameters("k", &sizes, Some(3584), &[Arg::Ptr(0), Arg::i32(1)]).unwrap_err().to_string();
+        assert!(check_parameters("k", &sizes, &[3592], &[Arg::Ptr(0), Arg::i32(1)]).is_ok());
+        let err = check_parameters("k", &sizes, &[3584], &[Arg::Ptr(0), Arg::i32(1)]).unwrap_err().to_string();
         assert_eq!(err, "internal: argument 0 of k is 3592 bytes, given a struct of 3584");
-        let err = check_parameters("k", &sizes, Some(3592), &[Arg::Ptr(0), Arg::Ptr(0)]).unwrap_err().to_string();
+        let err = check_parameters("k", &sizes, &[3592], &[Arg::Ptr(0), Arg::Ptr(0)]).unwrap_err().to_string();
         assert!(err.starts_with("internal: argument 2 of k is 4 bytes, given 8"), "{err}");
-        let err = check_parameters("k", &sizes, Some(3592), &[Arg::Ptr(0)]).unwrap_err().to_string();
+        let err = check_parameters("k", &sizes, &[3592], &[Arg::Ptr(0)]).unwrap_err().to_string();
         assert_eq!(err, "internal: k takes 3 arguments, given 2");
+        // Two structs first, each checked by its size.
+        let sizes = [320, 28, 4];
+        assert!(check_parameters("k", &sizes, &[320, 28], &[Arg::i32(1)]).is_ok());
+        let err = check_parameters("k", &sizes, &[320, 32], &[Arg::i32(1)]).unwrap_err().to_string();
+        assert_eq!(err, "internal: argument 1 of k is 28 bytes, given a struct of 32");
     }
 
     #[test]

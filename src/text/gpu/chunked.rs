@@ -12,22 +12,10 @@ impl GpuTrainer {
         self.ensure_capacity(batch)?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.hidden.clone();
-        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
-        let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            Arg::buf(g, &self.tokens),
-            Arg::buf(g, &self.positions),
-            Arg::buf(g, &self.cursor),
-            Arg::u32(offset as u32),
-            Arg::i32(self.shape.context as i32),
-            Arg::i32(batch as i32),
-            Arg::buf(g, &b.x),
-            Arg::buf(g, &b.z1),
-        ];
+        let (g, table) = (&*self.gpu, &self.buffer_table);
+        let args = [Arg::u32(offset as u32), Arg::i32(self.shape.context as i32), Arg::i32(batch as i32)];
         let blocks = batch.div_ceil(chunk) as u32;
-        g.launch(&func, (blocks, 1), self.layout.hidden_shared(chunk) as u32, false, &args)
+        g.launch_with_struct(&func, ((blocks, 1), self.layout.hidden_shared(chunk) as u32, false), table, &args)
     }
 
     /// Kernel 1 for `batch` samples, whose z1 is in place (text_hidden or the previous step's text_update).
@@ -38,22 +26,14 @@ impl GpuTrainer {
         self.settle_w2()?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.forward.clone();
-        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
-        let l = &self.layout;
+        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
         let args = [
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &p.b2),
-            Arg::buf(g, &b.z1),
             Arg::i32(self.shape.vocab as i32),
             Arg::i32(batch as i32),
             Arg::i32(l.rows_per_block as i32),
             Arg::i32(l.tile_rows as i32),
-            Arg::buf(g, &b.logits),
-            Arg::buf(g, &b.stats),
-            Arg::buf(g, &b.dh),
-            Arg::buf(g, &b.dx_sum),
         ];
-        g.launch(&func, (l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic, &args)
+        g.launch_with_struct(&func, ((l.grid as u32, 1), l.forward_shared(chunk) as u32, programmatic), table, &args)
     }
 
     /// Kernel 2: softmax normalisation, W2/b2 update, dh partials, loss.
@@ -61,28 +41,17 @@ impl GpuTrainer {
         self.settle_w2()?;
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.backward.clone();
-        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
-        let l = &self.layout;
+        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
         let args = [
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &p.b2),
-            Arg::buf(g, &b.logits),
-            Arg::buf(g, &b.stats),
-            Arg::buf(g, &b.z1),
-            Arg::buf(g, &self.tokens),
-            Arg::buf(g, &self.positions),
-            Arg::buf(g, &self.cursor),
             Arg::u32(offset as u32),
             Arg::i32(self.shape.vocab as i32),
             Arg::i32(batch as i32),
             Arg::i32(l.rows_per_block as i32),
             Arg::i32(l.tile_rows as i32),
             Arg::f32(lr),
-            Arg::buf(g, &b.dh),
-            Arg::buf(g, &self.loss_sum),
         ];
         let shared = l.backward_shared(chunk, batch > chunk);
-        g.launch(&func, (l.grid as u32, 1), shared as u32, programmatic, &args)
+        g.launch_with_struct(&func, ((l.grid as u32, 1), shared as u32, programmatic), table, &args)
     }
 
     /// Kernel 3: W1/b1 update and the embedding rows of the context tokens; then x and z1 of the next
@@ -90,29 +59,17 @@ impl GpuTrainer {
     pub fn launch_update(&mut self, batch: usize, offset: usize, lr: f32, programmatic: bool) -> Result<()> {
         let chunk = self.layout.chunk(batch);
         let func = self.kernels_for(batch)?.update.clone();
-        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
-        let l = &self.layout;
+        let (g, l, table) = (&*self.gpu, &self.layout, &self.buffer_table);
         let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            Arg::buf(g, &b.x),
-            Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.dh),
-            Arg::buf(g, &self.tokens),
-            Arg::buf(g, &self.positions),
             Arg::u32(self.positions.len() as u32),
-            Arg::buf(g, &self.cursor),
             Arg::u32(offset as u32),
             Arg::i32(self.shape.context as i32),
             Arg::i32(batch as i32),
             Arg::f32(lr),
             Arg::i32(l.update_whole_dx(chunk) as i32),
-            Arg::buf(g, &b.dx_sum),
-            Arg::buf(g, &b.ticket),
         ];
         let shared = l.update_shared(chunk, l.update_whole_dx(chunk)) as u32;
-        g.launch(&func, (l.update_grid as u32, 1), shared, programmatic, &args)
+        g.launch_with_struct(&func, ((l.update_grid as u32, 1), shared, programmatic), table, &args)
     }
 
     /// Moves the device cursor `samples` samples on.

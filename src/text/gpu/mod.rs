@@ -11,17 +11,19 @@
 
 use super::TextTrainer;
 use super::model::{EvalSums, TextParams, TextShape};
-use crate::device::{Gpu, launch::Arg, launch::Kernel};
+use crate::device::{Gpu, launch::Arg, launch::Kernel, launch::StructArg};
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod buffers;
 mod chunked;
 mod layout;
 mod sample;
 mod tiled;
 
+pub use buffers::TextBuffers;
 use layout::{EVAL_BATCH, GRAPH_STEPS, TILE};
 pub use layout::{MAX_EMBED, MAX_HIDDEN, TILED_MIN_BATCH, TextLayout, max_chunk, modules};
 use sample::{SampleBuffers, SampleKernels};
@@ -124,6 +126,8 @@ pub struct GpuTrainer {
     optimizer: Option<OptimizerState>,
     /// Set for --precision bf16: every step then takes the tiled path's bf16 products.
     bf16: Option<Bf16State>,
+    /// Every buffer above as the kernels take them (`TextBuffers`), rebuilt whenever one is allocated.
+    buffer_table: StructArg,
 }
 
 impl GpuTrainer {
@@ -153,7 +157,7 @@ impl GpuTrainer {
             w2_target: stream.alloc_zeros::<f32>(h)?,
             next_rows: stream.alloc_zeros::<f32>(shape.context * shape.embed)?,
         };
-        Ok(GpuTrainer {
+        let mut trainer = GpuTrainer {
             positions: stream.clone_htod(&[shape.context as u32])?,
             cursor: stream.alloc_zeros::<u32>(1)?,
             loss_sum: stream.alloc_zeros::<f64>(1)?,
@@ -172,7 +176,10 @@ impl GpuTrainer {
             captured: None,
             optimizer: None,
             bf16: None,
-        })
+            buffer_table: StructArg::new(&[]),
+        };
+        trainer.refresh_buffers();
+        Ok(trainer)
     }
 
     /// The kernels for steps of `batch` samples, compiled on first use.
@@ -238,6 +245,7 @@ impl GpuTrainer {
             self.settle_w2()?; // a pending update's logits live in the buffers being replaced
             self.captured = None;
             self.buffers = Self::alloc_buffers(&self.gpu, self.shape, &self.layout, batch)?;
+            self.refresh_buffers();
         }
         self.ensure_bf16_capacity(self.buffers.capacity)
     }
@@ -247,6 +255,7 @@ impl GpuTrainer {
         if positions.len() > self.positions.len() {
             self.captured = None;
             self.positions = self.gpu.stream.clone_htod(&vec![self.shape.context as u32; positions.len()])?;
+            self.refresh_buffers();
         }
         let stream = &self.gpu.stream;
         stream.memcpy_htod(positions, &mut self.positions.slice_mut(..positions.len()))?;
@@ -399,13 +408,6 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// The kernels' view of the step's samples: the token stream, the sample positions, the device cursor
-    /// into them and the step's `offset` from the cursor.
-    fn sample_args(&self, offset: usize) -> [Arg; 4] {
-        let g = &*self.gpu;
-        [Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor), Arg::u32(offset as u32)]
-    }
-
     /// Waits for the queued kernels; an error names a failed text kernel.
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.stream.synchronize().context("a text kernel failed")
@@ -483,36 +485,11 @@ impl TextTrainer for GpuTrainer {
             self.launch_forward(b, false)?;
             let k = self.kernels_for(b)?;
             let (rank_fn, finish_fn) = (k.eval_rank.clone(), k.eval_finish.clone());
-            let (g, buf) = (&*self.gpu, &self.buffers);
-            let (tokens, positions, cursor) =
-                (Arg::buf(g, &self.tokens), Arg::buf(g, &self.positions), Arg::buf(g, &self.cursor));
-            let args = [
-                Arg::buf(g, &buf.logits),
-                tokens,
-                positions,
-                cursor,
-                Arg::u32(0),
-                Arg::i32(v),
-                Arg::i32(b as i32),
-                Arg::i32(rows),
-                Arg::buf(g, &buf.rank),
-            ];
-            g.launch(&rank_fn, (grid as u32, 1), 0, false, &args)?;
-            let args = [
-                Arg::buf(g, &buf.logits),
-                Arg::buf(g, &buf.stats),
-                tokens,
-                positions,
-                cursor,
-                Arg::u32(0),
-                Arg::i32(v),
-                Arg::i32(b as i32),
-                Arg::i32(grid),
-                Arg::buf(g, &buf.rank),
-                Arg::buf(g, &self.loss_sum),
-                Arg::buf(g, &self.hit_counts),
-            ];
-            g.launch(&finish_fn, (1, 1), 0, false, &args)?;
+            let (g, table) = (&*self.gpu, &self.buffer_table);
+            let args = [Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(rows)];
+            g.launch_with_struct(&rank_fn, ((grid as u32, 1), 0, false), table, &args)?;
+            let args = [Arg::u32(0), Arg::i32(v), Arg::i32(b as i32), Arg::i32(grid)];
+            g.launch_with_struct(&finish_fn, ((1, 1), 0, false), table, &args)?;
             self.launch_advance(b)?;
         }
         let counts = self.gpu.stream.clone_dtoh(&self.hit_counts).context("a text evaluation kernel failed")?;

@@ -35,14 +35,14 @@ pub(super) struct TiledKernels {
 /// What `--precision bf16` adds to the tiled step: W2's bf16 copy (kept by the update kernels) and the
 /// step's bf16 operands and ∂H parts, sized for `capacity` samples.
 pub(super) struct Bf16State {
-    w2: CudaSlice<u16>,
-    capacity: usize,
+    pub(super) w2: CudaSlice<u16>,
+    pub(super) capacity: usize,
     /// `[B][H]` h's bf16 copy.
-    hidden: CudaSlice<u16>,
+    pub(super) hidden: CudaSlice<u16>,
     /// `[B][ldg]` G = (softmax − onehot)/B, rows of V rounded up to 8.
-    dlogits: CudaSlice<u16>,
+    pub(super) dlogits: CudaSlice<u16>,
     /// `[splits][B][H]` ∂H's parts over the splits of V.
-    dh_parts: CudaSlice<f32>,
+    pub(super) dh_parts: CudaSlice<f32>,
 }
 
 impl Bf16State {
@@ -86,13 +86,14 @@ impl Bf16State {
 /// What `--optim momentum` or `adam` adds to the tiled step: text_batch_optimize, the optimizer state over
 /// the parameters as one vector (E, W1, b1, W2, b2), and the dense embedding gradient.
 pub(super) struct OptimizerState {
-    config: OptimConfig,
+    /// The optimizer's settings as text_batch_optimize takes them (not the rate, the step's), built once.
+    settings: StructArg,
     kernel: Kernel,
-    m: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    grad_embedding: CudaSlice<f32>,
-    step: CudaSlice<u32>,
-    ticket: CudaSlice<u32>,
+    pub(super) m: CudaSlice<f32>,
+    pub(super) v: CudaSlice<f32>,
+    pub(super) grad_embedding: CudaSlice<f32>,
+    pub(super) step: CudaSlice<u32>,
+    pub(super) ticket: CudaSlice<u32>,
 }
 
 impl GpuTrainer {
@@ -106,6 +107,7 @@ impl GpuTrainer {
         }
         if config.kind == OptimKind::Sgd {
             self.optimizer = None;
+            self.refresh_buffers();
             return Ok(());
         }
         self.settle_w2()?;
@@ -116,7 +118,7 @@ impl GpuTrainer {
         let count = s.parameter_count() as usize;
         let room = "GPU out of memory for the optimizer state";
         self.optimizer = Some(OptimizerState {
-            config,
+            settings: StructArg::of(&config.kernel_settings()),
             kernel,
             m: stream.alloc_zeros::<f32>(count).context(room)?,
             v: stream.alloc_zeros::<f32>(count).context(room)?,
@@ -124,6 +126,7 @@ impl GpuTrainer {
             step: stream.alloc_zeros::<u32>(1)?,
             ticket: stream.alloc_zeros::<u32>(1)?,
         });
+        self.refresh_buffers();
         self.captured = None;
         Ok(())
     }
@@ -155,6 +158,7 @@ impl GpuTrainer {
                 self.bf16 = Some(state);
             }
         }
+        self.refresh_buffers();
         self.captured = None;
         Ok(())
     }
@@ -168,6 +172,7 @@ impl GpuTrainer {
     pub(super) fn ensure_bf16_capacity(&mut self, capacity: usize) -> Result<()> {
         if let Some(state) = self.bf16.take_if(|b| b.capacity < capacity) {
             self.bf16 = Some(Bf16State::alloc(&self.gpu, self.shape, capacity, state.w2)?);
+            self.refresh_buffers();
         }
         Ok(())
     }
@@ -227,61 +232,22 @@ impl GpuTrainer {
             // Says which flag to lower.
             self.gpu.reserve_shared(&forward, self.layout.tiled_forward_shared(), "--hidden")?;
         }
-        let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
+        let (g, p, l, table) = (&*self.gpu, &self.params, &self.layout, &self.buffer_table);
         let TextShape { vocab: v, hidden: h, context: n, .. } = self.shape;
-        let [tokens, positions, cursor, off] = self.sample_args(offset);
-        let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
+        let (off, vi, bi) = (Arg::u32(offset as u32), Arg::i32(v as i32), Arg::i32(batch as i32));
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
         let (v_tiles, s_tiles, h_tiles) = (l.vocab_tiles(), batch.div_ceil(TILE), h.div_ceil(TILE));
         // text_batch_forward: one block per SM, each sample tile's vocabulary tiles split into groups.
         let groups = (g.sm_count as usize / s_tiles).clamp(1, v_tiles);
-        let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &p.b2),
-            tokens,
-            positions,
-            cursor,
-            off,
-            vi,
-            Arg::i32(n as i32),
-            bi,
-            Arg::buf(g, &b.x),
-            Arg::buf(g, &b.z1),
-            Arg::buf(g, &b.dh),
-            Arg::buf(g, &b.logits),
-            Arg::buf(g, &b.stats),
-            Arg::buf(g, &b.norm),
-            Arg::buf(g, &b.tile_tickets),
-            Arg::buf(g, &self.loss_sum),
-            Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2),
-        ];
-        // b.z1 holds h = ReLU(z1) on this path (text_batch_backward and text_batch_update read it).
+        // z1 holds h = ReLU(z1) on this path (text_batch_backward and text_batch_update read it).
         let grid = (groups as u32, s_tiles as u32);
-        g.launch(&forward, grid, l.tiled_forward_shared() as u32, false, &args)?;
+        let args = [off, vi, Arg::i32(n as i32), bi, Arg::buf(g, &p.w1), Arg::buf(g, &p.b1)];
+        g.launch_with_struct(&forward, (grid, l.tiled_forward_shared() as u32, false), table, &args)?;
 
-        let args = [
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &b.logits),
-            Arg::buf(g, &b.norm),
-            Arg::buf(g, &b.z1),
-            tokens,
-            positions,
-            cursor,
-            off,
-            vi,
-            bi,
-            Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2),
-            Arg::buf(g, &b.dh),
-        ];
         // Regions of SLICE samples × SLICE vocabulary rows, each with SLICE/TILE × h_tiles blocks of two kinds.
         let blocks = batch.div_ceil(SLICE) * v.div_ceil(SLICE) * 2 * (SLICE / TILE) * h_tiles;
         let shared = stage + (TILED_BACKWARD_EXTRA * F32) as u32;
-        g.launch(&backward, (blocks as u32, 1), shared, false, &args)?;
+        g.launch_with_struct(&backward, ((blocks as u32, 1), shared, false), table, &[off, vi, bi])?;
         Ok(())
     }
 
@@ -291,66 +257,33 @@ impl GpuTrainer {
         let k = self.tiled_kernels()?;
         let (hidden, logits, dlogits, backward) =
             (k.hidden_bf16.clone(), k.logits_bf16.clone(), k.dlogits_bf16.clone(), k.backward_bf16.clone());
-        let (g, p, b, l) = (&*self.gpu, &self.params, &self.buffers, &self.layout);
+        let (g, p, b, l, table) = (&*self.gpu, &self.params, &self.buffers, &self.layout, &self.buffer_table);
         let Some(bf) = self.bf16.as_ref() else { bail!("internal: the bf16 step without its buffers") };
         let TextShape { vocab: v, hidden: h, context: n, .. } = self.shape;
-        let [tokens, positions, cursor, off] = self.sample_args(offset);
-        let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
-        let ldg = Bf16State::ldg(v);
+        let (off, vi, bi) = (Arg::u32(offset as u32), Arg::i32(v as i32), Arg::i32(batch as i32));
+        let ldg = Arg::i32(Bf16State::ldg(v) as i32);
         let tile_shared = (bf16_tile_shared_floats(has_wgmma(g.compute_capability)) * F32) as u32;
         let (s_tiles, h_tiles) = (batch.div_ceil(TILE), h.div_ceil(TILE));
 
-        let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            tokens,
-            positions,
-            cursor,
-            off,
-            Arg::i32(n as i32),
-            bi,
-            Arg::buf(g, &b.x),
-            Arg::buf(g, &b.z1),
-            Arg::buf(g, &bf.hidden),
-        ];
-        g.launch(&hidden, (h_tiles as u32, s_tiles as u32), l.tiled_hidden_shared() as u32, false, &args)?;
+        let grid = (h_tiles as u32, s_tiles as u32);
+        g.launch_with_struct(
+            &hidden,
+            (grid, l.tiled_hidden_shared() as u32, false),
+            table,
+            &[off, Arg::i32(n as i32), bi, Arg::buf(g, &p.w1), Arg::buf(g, &p.b1)],
+        )?;
 
         let args = [Arg::buf(g, &bf.hidden), Arg::buf(g, &bf.w2), Arg::buf(g, &p.b2), Arg::buf(g, &b.logits), vi, bi];
         let grid = (v.div_ceil(BF16_TILE) as u32, batch.div_ceil(BF16_TILE) as u32);
         g.launch(&logits, grid, tile_shared, false, &args)?;
 
-        let args = [
-            Arg::buf(g, &b.logits),
-            tokens,
-            positions,
-            cursor,
-            off,
-            vi,
-            Arg::i32(ldg as i32),
-            bi,
-            Arg::buf(g, &b.norm),
-            Arg::buf(g, &self.loss_sum),
-            Arg::buf(g, &bf.dlogits),
-        ];
-        g.launch(&dlogits, (batch as u32, 1), 0, false, &args)?;
+        g.launch_with_struct(&dlogits, ((batch as u32, 1), 0, false), table, &[off, vi, ldg, bi])?;
 
         let (split_k, splits) = Bf16State::dh_split(v, batch);
-        let args = [
-            Arg::buf(g, &bf.dlogits),
-            Arg::i32(ldg as i32),
-            Arg::buf(g, &bf.hidden),
-            Arg::buf(g, &bf.w2),
-            vi,
-            bi,
-            Arg::i32(split_k as i32),
-            Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2),
-            Arg::buf(g, &bf.dh_parts),
-        ];
         let hb = h.div_ceil(BF16_TILE);
         let blocks = v.div_ceil(BF16_TILE) * hb + splits * batch.div_ceil(BF16_TILE) * hb;
-        g.launch(&backward, (blocks as u32, 1), tile_shared, false, &args)?;
+        let args = [ldg, vi, bi, Arg::i32(split_k as i32)];
+        g.launch_with_struct(&backward, ((blocks as u32, 1), tile_shared, false), table, &args)?;
         Ok(splits as i32)
     }
 
@@ -358,72 +291,31 @@ impl GpuTrainer {
     /// parts (the bf16 step's, or b.dh), then every update; at bf16 also W2's bf16 copy.
     fn launch_tiled_update(&mut self, batch: usize, offset: usize, lr: f32, dh_parts: i32) -> Result<()> {
         let update = self.tiled_kernels()?.update.clone();
-        let (g, p, b) = (&*self.gpu, &self.params, &self.buffers);
+        let (g, b, table) = (&*self.gpu, &self.buffers, &self.buffer_table);
         let TextShape { vocab: v, embed: d, hidden: h, context: n } = self.shape;
-        let [tokens, positions, cursor, off] = self.sample_args(offset);
-        let (vi, bi) = (Arg::i32(v as i32), Arg::i32(batch as i32));
+        let vi = Arg::i32(v as i32);
         let stage = (2 * G128_STAGED_FLOATS * F32) as u32;
         let (s_tiles, h_tiles) = (batch.div_ceil(TILE), h.div_ceil(TILE));
-        let (dh, w2_bf16) = match &self.bf16 {
-            Some(bf) => (Arg::buf(g, &bf.dh_parts), Arg::buf(g, &bf.w2)),
-            None => (Arg::buf(g, &b.dh), Arg::Ptr(0)),
-        };
+        // ∂H is the bf16 step's parts where the table holds them (text_batch_update reads dh_parts then).
         let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &p.b2),
-            Arg::buf(g, &b.x),
-            Arg::buf(g, &b.z1),
-            dh,
-            Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2),
-            Arg::buf(g, &b.grad_w1),
-            Arg::buf(g, &b.grad_b1),
-            tokens,
-            positions,
-            cursor,
-            off,
+            Arg::u32(offset as u32),
             vi,
             Arg::i32(n as i32),
-            bi,
+            Arg::i32(batch as i32),
             Arg::f32(lr),
             Arg::i32(W2_UPDATE_BLOCKS as i32),
-            Arg::buf(g, &b.ticket),
-            self.optimizer.as_ref().map_or(Arg::Ptr(0), |o| Arg::buf(g, &o.grad_embedding)),
             Arg::i32(dh_parts),
-            w2_bf16,
         ];
         let blocks =
             s_tiles * d.div_ceil(TILE) + h_tiles * (d + 1).div_ceil(TILE) * batch.div_ceil(B_SLICE) + W2_UPDATE_BLOCKS;
-        g.launch(&update, (blocks as u32, 1), stage, false, &args)?;
+        g.launch_with_struct(&update, ((blocks as u32, 1), stage, false), table, &args)?;
 
         let Some(o) = &self.optimizer else { return Ok(()) };
         // The optimizer's settings by value (text_batch_optimize does not clip); the rate is the step's.
-        let settings = StructArg::of(&o.config.kernel_settings());
-        let args = [
-            Arg::buf(g, &p.embedding),
-            Arg::buf(g, &p.w1),
-            Arg::buf(g, &p.b1),
-            Arg::buf(g, &p.w2),
-            Arg::buf(g, &p.b2),
-            Arg::buf(g, &o.grad_embedding),
-            Arg::buf(g, &b.grad_w1),
-            Arg::buf(g, &b.grad_b1),
-            Arg::buf(g, &b.grad_w2),
-            Arg::buf(g, &b.grad_b2),
-            Arg::buf(g, &o.m),
-            Arg::buf(g, &o.v),
-            vi,
-            Arg::f32(lr),
-            Arg::buf(g, &o.step),
-            Arg::buf(g, &o.ticket),
-            w2_bf16,
-        ];
         let blocks = (self.shape.parameter_count() as usize)
             .div_ceil(THREADS_PER_BLOCK as usize * 8)
             .clamp(1, 4 * g.sm_count as usize);
-        g.launch_with_struct(&o.kernel, ((blocks as u32, 1), 0, false), &settings, &args)
+        let args = [vi, Arg::f32(lr), Arg::buf(g, &b.grad_w2), Arg::buf(g, &b.grad_b2)];
+        g.launch_with_structs(&o.kernel, ((blocks as u32, 1), 0, false), &[table, &o.settings], &args)
     }
 }

@@ -2,6 +2,19 @@
 //! steps to a CUDA graph. Parameters, AdamW's moments, the training and validation ids and every
 //! activation stay on the device; the host uploads each graph's batch offsets and reads its losses back.
 //! This file holds the trainer, its buffers and what it offers; `step` the launches of one step.
+//!
+//! The kernels take their buffers as parameters, not as one struct of the step's buffers as the text
+//! kernels take `TextBuffers`: the compiler gives `__restrict__` its meaning on parameters only, and these
+//! kernels' code rests on it. With their buffers in a struct (compute_90a, TF_C=384 TF_HS=64 TF_T=256;
+//! ld.global.nc / other ld.global / st.global / instructions), tf_adamw's loop lost its four-way unrolling
+//! (14/19/22/639 -> 2/3/4/302, and 5/10/14/415 with only the step count, ticket, clipping factor and bf16
+//! copy in the struct); tf_embed_layernorm (72/1/50/724 -> 50/1/38/806) and tf_embedding_backward
+//! (31/8/14/912 -> 11/8/4/579) lost the versions of their loops that `__ldg`, inline assembly, is not
+//! copied into. Their read-only buffers as parameters again brought those loads back, leaving the struct
+//! only their outputs; tf_classifier kept its code but would move three pointers of twelve arguments.
+//! tf_layernorm_backward and tf_linear_backward_bf16 run once per LayerNorm and per linear layer on that
+//! layer's buffers, and their loads sit in fused/layernorm.cuh (shared with fused/nn.cu) and the gemm
+//! headers, which would need `__ldg` of their own to keep them.
 
 pub mod flash;
 pub mod parallel;

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import textnet
@@ -27,21 +28,27 @@ def test_training_releases_the_gil(small):
             time.sleep(0.001)  # releases the GIL, and needs it back to return
             wakeups.append(time.perf_counter())
 
+    # Epochs of 50 ms or more on this machine, whatever its speed (a pass over the samples, timed first,
+    # sets how many times they repeat), so that a wakeup every millisecond and one an epoch differ.
     model = textnet.Sequential(SPEC, device="cpu")
+    started = time.perf_counter()
+    model.fit(X, y, epochs=1, verbose=0)
+    repeats = min(50, int(0.05 / max(time.perf_counter() - started, 1e-6)) + 1)
+    X, y, epochs = np.concatenate([X] * repeats), np.concatenate([y] * repeats), 10
     thread = threading.Thread(target=tick)
     thread.start()
     try:
         started = time.perf_counter()
-        model.fit(X, y, epochs=10, verbose=0)
+        model.fit(X, y, epochs=epochs, verbose=0)
         ended = time.perf_counter()
     finally:
         stop.set()
         thread.join()
     during = [t for t in wakeups if started <= t <= ended]
     seconds = ended - started
-    # Held through training, the GIL would let the thread run only between epochs: a few wakeups.
-    assert seconds > 0.3
-    assert len(during) > 100 * seconds, (len(during), seconds)
+    # Held through training, the GIL would let the thread run only between epochs: about one wakeup an
+    # epoch, where released it wakes about every millisecond.
+    assert len(during) > max(100 * seconds, 5 * epochs), (len(during), seconds, epochs)
 
 
 # The child restores Python's own Ctrl-C handler first: a process started in the background by a

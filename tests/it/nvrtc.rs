@@ -136,20 +136,3 @@ fn one_module_compiles() {
     let ptx = compile_ptx(kernel_source("xor").unwrap(), (9, 0), &[]).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(ptx.contains(".entry"));
 }
-
-#[test]
-fn text_buffers_are_laid_out_as_text_buffers_cuh_declares_them() {
-    use textnet::device::kernel_struct::layout_in_kernel;
-    // Both kernel files whose kernels take the struct, as each compiles it.
-    for unit in ["text_batch", "text"] {
-        let (kernel, mirror) = layout_in_kernel::<textnet::text::gpu::TextBuffers>(unit, &[]).unwrap();
-        for (k, m) in kernel.iter().zip(&mirror) {
-            assert_eq!(
-                k, m,
-                "TextBuffers.{}: as fused/text_buffers.cuh declares it in fused/{unit}.cu (left), as mirrored in \
-                 Rust (right)",
-                m.name
-            );
-        }
-    }
-}

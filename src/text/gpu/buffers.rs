@@ -142,3 +142,17 @@ impl GpuTrainer {
         self.buffer_table = StructArg::of(&table);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TextBuffers;
+    use crate::device::kernel_struct::assert_kernel_layout;
+
+    #[test]
+    fn text_buffers_are_laid_out_as_text_buffers_cuh_declares_them() {
+        // Both kernel files whose kernels take the struct, as each compiles it.
+        for unit in ["text_batch", "text"] {
+            assert_kernel_layout::<TextBuffers>(unit, &[]);
+        }
+    }
+}

@@ -23,7 +23,6 @@ mod layout;
 mod sample;
 mod tiled;
 
-pub use buffers::TextBuffers;
 use layout::{EVAL_BATCH, GRAPH_STEPS, TILE};
 pub use layout::{MAX_EMBED, MAX_HIDDEN, TILED_MIN_BATCH, TextLayout, max_chunk, modules};
 use sample::{SampleBuffers, SampleKernels};

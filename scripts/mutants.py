@@ -4,7 +4,7 @@ of fused/, runs the selftest on it (TEXTNET_FUSED_DIR: the binary compiles the c
 expects a failure. The unmutated copy goes first, through the same path, and must pass. Exits non-zero when
 the control fails or a mutant survives. Needs a CUDA GPU.
 
-usage: scripts/mutants.py [--bin target/release/textnet] [--jobs 4] [--seed S] [--out FILE] [NAME...]
+usage: scripts/mutants.py [--bin target/release/textnet] [--jobs 4] [--seed S] [--out FILE] [--part PART] [NAME...]
 """
 import argparse, json, os, random, shutil, subprocess, sys, tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -414,9 +414,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--seed", type=int, default=random.getrandbits(63))
     ap.add_argument("--out", help="write the results as JSON lines here too")
+    ap.add_argument("--part", action="append", default=[], help="run only mutations the selftest's PART runs")
     ap.add_argument("names", nargs="*", help="run only mutations whose name contains one of these")
     a = ap.parse_args()
-    chosen = [m for m in MUTATIONS if not a.names or any(n in m[0] for n in a.names)]
+    chosen = [m for m in MUTATIONS if (not a.names or any(n in m[0] for n in a.names))
+              and (not a.part or m[4] in a.part)]
     print(f"seed {a.seed}; control plus {len(chosen)} mutations, {a.jobs} at a time", flush=True)
     # The control runs the parts the chosen mutations run (all of the selftest when they span several).
     parts = {m[4] for m in chosen}

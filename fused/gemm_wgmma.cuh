@@ -255,3 +255,38 @@ __device__ __forceinline__ void gemm_tile_bf16_fast(int M, int N, int K, int m0,
         gemm_tile_bf16_async<T::BM, T::BN, T::BK, T::STAGES, A_TRANS, B_TRANS>(M, N, K, m0, n0, A, lda, B, ldb, -1,
                                                                               store, smem, on_chunk);
 }
+
+// The bf16 tile's results by rows (the wgmma tile only): staged in shared memory over the stages
+// (SharedStore; rows BY_ROWS_LD floats apart, so that a wgmma thread's pairs land on distinct banks), then
+// handed out four adjacent columns at a time, a warp a row of the tile: out(m, n, v, count, whole) with (m, n)
+// the first one's place in C (M×N), v their values, count how many lie inside C (4, or fewer at its edge)
+// and whole whether all 4 do at an index m·N + n that is a multiple of 4 (a 16-byte access wherever C's and
+// its operands' starts are). An epilogue that reads operands of its own (a slope's, a bias) reads them as
+// 16-byte loads of whole rows, all in flight, where the wgmma fragments' pairs, 8 rows apart, left each
+// pair's loads waiting one after another.
+constexpr int BY_ROWS_LD = Bf16Tile::BN + 8;
+static_assert(!HAS_WGMMA || Bf16Tile::BM * BY_ROWS_LD <= Bf16Tile::SHARED_FLOATS, "the staged tile fits the stages");
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
+
+template <bool TA, bool TB, class Out>
+__device__ __forceinline__ void gemm_tile_bf16_by_rows(int M, int N, int K, int m0, int n0, const bf16* a, int lda,
+                                                       const bf16* b, int ldb, float* smem, Out out) {
+    const auto stage = [&](int m, int n, float v0, float v1) {
+        float* t = smem + (m - m0) * BY_ROWS_LD + (n - n0);
+        t[0] = v0;
+        t[1] = v1;
+    };
+    gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, lda, b, ldb, SharedStore<decltype(stage)>{stage}, smem);
+    // gemm_tile_bf16_fast ends at a barrier: the whole tile is staged.
+    const int rows = min(Bf16Tile::BM, M - m0), cols = min(Bf16Tile::BN, N - n0);
+    constexpr int QUADS = Bf16Tile::BN / 4;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < rows * QUADS; i += THREADS) {
+        const int r = i / QUADS, q = i % QUADS * 4;
+        if (q >= cols) continue;
+        const float4 v = *reinterpret_cast<const float4*>(smem + r * BY_ROWS_LD + q);
+        const int count = min(4, cols - q);
+        out(m0 + r, n0 + q, v, count, count == 4 && N % 4 == 0);
+    }
+}

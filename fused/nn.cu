@@ -534,41 +534,6 @@ nn_to_bf16(const float* __restrict__ x, bf16* __restrict__ out, int n) {
     for (int i = grid_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
 }
 
-// The bf16 tile's results by rows (the wgmma tile only): staged in shared memory over the stages
-// (SharedStore; rows BY_ROWS_LD floats apart, so that a wgmma thread's pairs land on distinct banks), then
-// handed out four adjacent columns at a time, a warp a row of the tile: out(m, n, v, count, whole) with (m, n)
-// the first one's place in C (M×N), v their values, count how many lie inside C (4, or fewer at its edge)
-// and whole whether all 4 do at an index m·N + n that is a multiple of 4 (a 16-byte access wherever C's and
-// its operands' starts are). An epilogue that reads operands of its own (a slope's, a bias) reads them as
-// 16-byte loads of whole rows, all in flight, where the wgmma fragments' pairs, 8 rows apart, left each
-// pair's loads waiting one after another.
-constexpr int BY_ROWS_LD = Bf16Tile::BN + 8;
-static_assert(!HAS_WGMMA || Bf16Tile::BM * BY_ROWS_LD <= Bf16Tile::SHARED_FLOATS, "the staged tile fits the stages");
-
-__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
-
-template <bool TA, bool TB, class Out>
-__device__ __forceinline__ void product_bf16_by_rows(int M, int N, int K, int m0, int n0, const bf16* a, int lda,
-                                                     const bf16* b, int ldb, float* smem, Out out) {
-    const auto stage = [&](int m, int n, float v0, float v1) {
-        float* t = smem + (m - m0) * BY_ROWS_LD + (n - n0);
-        t[0] = v0;
-        t[1] = v1;
-    };
-    gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, lda, b, ldb, SharedStore<decltype(stage)>{stage}, smem);
-    // gemm_tile_bf16_fast ends at a barrier: the whole tile is staged.
-    const int rows = min(Bf16Tile::BM, M - m0), cols = min(Bf16Tile::BN, N - n0);
-    constexpr int QUADS = Bf16Tile::BN / 4;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < rows * QUADS; i += THREADS) {
-        const int r = i / QUADS, q = i % QUADS * 4;
-        if (q >= cols) continue;
-        const float4 v = *reinterpret_cast<const float4*>(smem + r * BY_ROWS_LD + q);
-        const int count = min(4, cols - q);
-        out(m0 + r, n0 + q, v, count, count == 4 && N % 4 == 0);
-    }
-}
-
 // C = op(A)·op(B) (+ bias) per batch, A and B bf16 (nn_to_bf16's), as nn_matmul lays them out (batch z
 // reads A at z·stride_a, B at z·stride_b, in bf16 elements); bias of N optional. With slices > 1 (split k:
 // a weight gradient's few tiles over a long k), the blocks of slice s sum k in [s·k_per, (s + 1)·k_per)
@@ -606,7 +571,7 @@ __device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const b
                 for (int j = 0; j < count; ++j) out[j] = bias ? values[j] + bias[n + j] : values[j];
             }
         };
-        product_bf16_by_rows<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N, smem, out_by_rows);
+        gemm_tile_bf16_by_rows<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N, smem, out_by_rows);
     } else {
         gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
                                     [&](int m, int n, float v0, float v1) {
@@ -624,7 +589,7 @@ __device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const b
 // times the dropout mask of the key drop_key[0] (nn_dropout_keyed's expression): a linear layer and the
 // dropout after it. The activation is a template argument (with a run-time switch and single stores the
 // epilogue ran the product at a third of its speed), and on the wgmma tile the results leave by rows,
-// 16 bytes a store (product_bf16_by_rows). Grid (⌈N/128⌉, ⌈M/128⌉).
+// 16 bytes a store (gemm_tile_bf16_by_rows). Grid (⌈N/128⌉, ⌈M/128⌉).
 template <int ACT, bool DROP>
 __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, const bf16* __restrict__ b,
                                                  float* __restrict__ c, const float* __restrict__ bias,
@@ -663,7 +628,7 @@ __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, con
                 }
             }
         };
-        product_bf16_by_rows<false, true>(M, N, K, m0, n0, a, K, b, K, smem, out_by_rows);
+        gemm_tile_bf16_by_rows<false, true>(M, N, K, m0, n0, a, K, b, K, smem, out_by_rows);
     } else {
         gemm_tile_bf16_fast<false, true>(M, N, K, m0, n0, a, K, b, K,
                                          [&](int m, int n, float v0, float v1) {
@@ -698,7 +663,7 @@ NN_PRODUCT_BF16_ACT(nn_product_bf16_dropout, -1, true)
 // dx = dy·W as nn_product_bf16_nn (no bias, no split k), each result times the slope of the activation
 // ACT whose output x = ACT(pre) the layer read: the backward's fusion (src/nn/cuda/fusion.rs), with
 // nn_unary_grad's expression, so the activation's backward is no launch and no pass over dx of its own.
-// On the wgmma tile the results leave by rows (product_bf16_by_rows): stored pair by pair, each pair after
+// On the wgmma tile the results leave by rows (gemm_tile_bf16_by_rows): stored pair by pair, each pair after
 // its own loads of pre, the epilogue was latency bound (nanoGPT's MLP dx, 16384×1536 over k = 384: 310 µs
 // against 127 for the forward's product of the same size). Grid (⌈N/128⌉, ⌈M/128⌉).
 template <int ACT>
@@ -722,7 +687,7 @@ __device__ __forceinline__ void product_bf16_slope(const bf16* __restrict__ a, c
                 for (int j = 0; j < count; ++j) c[e + j] = values[j] * unary_slope(ACT, pre[e + j], x[e + j]);
             }
         };
-        product_bf16_by_rows<false, false>(M, N, K, m0, n0, a, K, b, N, smem, out_by_rows);
+        gemm_tile_bf16_by_rows<false, false>(M, N, K, m0, n0, a, K, b, N, smem, out_by_rows);
     } else {
         gemm_tile_bf16_fast<false, false>(M, N, K, m0, n0, a, K, b, N,
                                           [&](int m, int n, float v0, float v1) {

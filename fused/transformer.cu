@@ -11,7 +11,8 @@
 //   tf_residual_layernorm  x = x + dropout(delta) (the sublayer's output), then the next LayerNorm
 //   tf_linear_forward      out = in·Wᵀ + b, and with `pre` the FFN's GELU in the epilogue (gemm.cuh; with
 //                          `tf32` every product of the linear layers runs on the tensor cores in TF32;
-//                          the _bf16 twins of both linear kernels run them in bf16 with fp32 sums)
+//                          the _bf16 twins of both linear kernels run them in bf16 with fp32 sums, on
+//                          `wgmma` their forward and dx tiles staged and written by whole rows)
 //   tf_attention_forward   a block per (sequence, head), scores in shared memory (attention.cuh)
 //   tf_classifier          softmax + cross-entropy over a row's V logits, leaving dlogits in place, and
 //                          the step's loss summed over the rows in row order by the last block
@@ -273,6 +274,64 @@ __device__ __forceinline__ auto dx_epilogue(float* __restrict__ dx, bf16* __rest
     };
 }
 
+// The two epilogues above by rows, for the wgmma tile's staged results (gemm_tile_bf16_by_rows): four
+// adjacent results at a time, out(m, n, v, count, whole), each result through the same operations in the
+// same order as a pair's, operands and results moved 16 bytes at a time (8 in bf16) where `whole` and
+// every pointer allows it. (Pair by pair, 8 rows apart, the epilogue's loads and stores bounded the tile.)
+__device__ __forceinline__ auto forward_epilogue_by_rows(const float* __restrict__ bias, float* __restrict__ out,
+                                                         bf16* __restrict__ out_bf16, float* __restrict__ pre, int O) {
+    const bool vector = aligned16(bias) && (!out || aligned16(out)) && (!pre || aligned16(pre)) &&
+                        reinterpret_cast<size_t>(out_bf16) % 8 == 0;
+    return [=](int m, int n, float4 v, int count, bool whole) {
+        const size_t at = (size_t)m * O + n;
+        float z[4] = {v.x, v.y, v.z, v.w};
+        if (whole && vector) {
+            const float4 b = __ldg(reinterpret_cast<const float4*>(bias + n));
+            z[0] += b.x, z[1] += b.y, z[2] += b.z, z[3] += b.w;
+            if (pre) {
+                *reinterpret_cast<float4*>(pre + at) = make_float4(z[0], z[1], z[2], z[3]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) z[j] = gelu(z[j]);
+            }
+            if (out) *reinterpret_cast<float4*>(out + at) = make_float4(z[0], z[1], z[2], z[3]);
+            if (out_bf16) *reinterpret_cast<uint2*>(out_bf16 + at) = {bf16x2(z[0], z[1]), bf16x2(z[2], z[3])};
+        } else {
+            for (int j = 0; j < count; ++j) {
+                float zj = z[j] + __ldg(bias + n + j);
+                if (pre) {
+                    pre[at + j] = zj;
+                    zj = gelu(zj);
+                }
+                if (out) out[at + j] = zj;
+                if (out_bf16) out_bf16[at + j] = to_bf16(zj);
+            }
+        }
+    };
+}
+
+__device__ __forceinline__ auto dx_epilogue_by_rows(float* __restrict__ dx, bf16* __restrict__ dx_bf16,
+                                                    const float* __restrict__ pre, int K) {
+    const bool vector = (!dx || aligned16(dx)) && (!pre || aligned16(pre)) && reinterpret_cast<size_t>(dx_bf16) % 8 == 0;
+    return [=](int m, int k, float4 v, int count, bool whole) {
+        const size_t at = (size_t)m * K + k;
+        float g[4] = {v.x, v.y, v.z, v.w};
+        if (whole && vector) {
+            if (pre) {
+                const float4 z = __ldg(reinterpret_cast<const float4*>(pre + at));
+                g[0] *= gelu_slope(z.x), g[1] *= gelu_slope(z.y), g[2] *= gelu_slope(z.z), g[3] *= gelu_slope(z.w);
+            }
+            if (dx) *reinterpret_cast<float4*>(dx + at) = make_float4(g[0], g[1], g[2], g[3]);
+            if (dx_bf16) *reinterpret_cast<uint2*>(dx_bf16 + at) = {bf16x2(g[0], g[1]), bf16x2(g[2], g[3])};
+        } else {
+            for (int j = 0; j < count; ++j) {
+                if (pre) g[j] *= gelu_slope(__ldg(pre + at + j));
+                if (dx) dx[at + j] = g[j];
+                if (dx_bf16) dx_bf16[at + j] = to_bf16(g[j]);
+            }
+        }
+    };
+}
+
 // Grid (ceil(out_features / BN), ceil(N / BM)) of LinearTiles<P>. out = in·Wᵀ + bias (W: out_features ×
 // in_features), in fp32, bf16 (out_bf16) or both (a null pointer skips one). With `pre`: pre = in·Wᵀ + bias
 // and out = gelu(pre).
@@ -284,9 +343,14 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
                                                int out_features, int in_features, float* smem) {
     using L = LinearTiles<P>;
     const int K = in_features, O = out_features;
-    const auto store = forward_epilogue(bias, out, out_bf16, pre, O);
-    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, true>(N, O, K, blockIdx.y * L::BM, blockIdx.x * L::BN, in, K, W, K, store,
-                                                      smem);
+    const int m0 = blockIdx.y * L::BM, n0 = blockIdx.x * L::BN;
+    if constexpr (P == BF16 && HAS_WGMMA) {
+        gemm_tile_bf16_by_rows<false, true>(N, O, K, m0, n0, in, K, W, K, smem,
+                                            forward_epilogue_by_rows(bias, out, out_bf16, pre, O));
+    } else {
+        const auto store = forward_epilogue(bias, out, out_bf16, pre, O);
+        tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, true>(N, O, K, m0, n0, in, K, W, K, store, smem);
+    }
 }
 
 // fp32 with k split in two halves, for layers whose tiles fill under two waves of two blocks an SM and
@@ -530,8 +594,13 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     block -= tiles * slices;
     const int dx_columns = ceil_div(K, L::BN);
     const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
-    const auto store = dx_epilogue(dx, dx_bf16, pre, K);
-    tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, store, smem);
+    if constexpr (P == BF16 && HAS_WGMMA) {
+        gemm_tile_bf16_by_rows<false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, smem,
+                                             dx_epilogue_by_rows(dx, dx_bf16, pre, K));
+    } else {
+        const auto store = dx_epilogue(dx, dx_bf16, pre, K);
+        tile_product<P, L::BM, L::BN, L::BK, L::STAGES, false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, store, smem);
+    }
 }
 
 // fp32 on gemm_128. Two blocks an SM (128 registers a thread, no spills).

@@ -32,7 +32,11 @@
 //            first, so the blocks running at once share B's columns and A's rows in L2.
 //   store    from the accumulators straight to store(m, n, v0, v1), the pairs of adjacent columns
 //            gemm_tile_bf16_wgmma hands out (m < M and n < N only; the caller's epilogue: bias, GELU, bf16
-//            copies), while the producer already loads the next tile's stages.
+//            copies), while the producer already loads the next tile's stages. Or by rows
+//            (gemm_bf16_tma_tiles_by_rows): each consumer stages its rows in a shared-memory area of its
+//            own after the stages (TmaByRows), then hands them out four adjacent columns at a time, as
+//            gemm_tile_bf16_by_rows does, so that an epilogue with operands of its own reads and writes
+//            whole rows.
 //   shapes   every operand's leading dimension a multiple of 8 and its start 16-byte aligned (TMA needs
 //            16-byte row strides; gemm_bf16_tma's row-major operands: N and K multiples of 8), any M, N,
 //            K; the launch layer refuses the rest. Past M, N, K the copies read zeros.
@@ -87,6 +91,14 @@ struct GemmTma {
     static constexpr int SHARED_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
 };
 
+// The staged results of gemm_bf16_tma_tiles_by_rows: each consumer's CONSUMER_ROWS rows of the tile, LD
+// floats apart (BN + 8, so that a wgmma thread's pairs land on distinct banks), after the mbarriers.
+template <class G>
+struct TmaByRows {
+    static constexpr int LD = G::BN + 8;
+    static constexpr int SHARED_BYTES = G::SHARED_BYTES + 2 * G::CONSUMER_ROWS * LD * 4;
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -129,6 +141,9 @@ __device__ __forceinline__ void tma_load_2d(bf16* dst, const TmaTensorMap* map, 
         : "memory");
 }
 
+// A barrier of one warpgroup's 128 threads (named barrier `id`; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_barrier(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+
 __device__ __forceinline__ void tma_prefetch_map(const TmaTensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }
@@ -164,11 +179,12 @@ __device__ __forceinline__ void tma_tile_origin(int t, int m_tiles, int n_tiles,
 #endif
 
 // op(A)·op(B) as the header says, by the block's share of the tiles, each result pair to store(m, n, v0, v1)
-// (m < M, n < N, n even; v1 is column n + 1's, which the caller keeps only when n + 1 < N). A_TRANS: A
+// (m < M, n < N, n even; v1 is column n + 1's, which the caller keeps only when n + 1 < N); with BY_ROWS,
+// four adjacent results at a time to store(m, n, v, count, whole) as gemm_tile_bf16_by_rows's out. A_TRANS: A
 // lies K×M (maps.a over it: dims {M, K}, box {64, 64}), else M×K (dims {K, M}, box {64, BM}); B_TRANS: B
 // lies N×K (dims {K, N}, box {64, BN}), else K×N (dims {N, K}, box {64, 64}). smem: the dynamic shared
 // memory.
-template <class G, bool A_TRANS, bool B_TRANS, class Store>
+template <class G, bool A_TRANS, bool B_TRANS, bool BY_ROWS = false, class Store>
 __device__ __forceinline__ void gemm_bf16_tma_tiles(const TmaOperands& maps, int M, int N, int K, Store store,
                                                     char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -261,19 +277,52 @@ __device__ __forceinline__ void gemm_bf16_tma_tiles(const TmaOperands& maps, int
         wgmma_wait<0>();
         if (chunks > 0 && signals) mbarrier_arrive(&empty[previous]);
 
-        const int lane = threadIdx.x % 32, row = m0 + rows + threadIdx.x / 32 % 4 * 16 + lane / 4;
-        const int column = n0 + 2 * (lane % 4);
+        const int lane = threadIdx.x % 32, row = rows + threadIdx.x / 32 % 4 * 16 + lane / 4;
+        const int column = 2 * (lane % 4);
+        if constexpr (BY_ROWS) {
+            using R = TmaByRows<G>;
+            float* staged = reinterpret_cast<float*>(empty + G::STAGES) + (warpgroup - 1) * G::CONSUMER_ROWS * R::LD;
+            // The consumer's reads of the last tile's rows are done before its pairs overwrite them.
+            warpgroup_barrier(warpgroup);
 #pragma unroll
-        for (int i = 0; i < G::M_WGMMAS; ++i)
+            for (int i = 0; i < G::M_WGMMAS; ++i)
 #pragma unroll
-            for (int j = 0; j < G::ACCUMULATORS / 4; ++j)
+                for (int j = 0; j < G::ACCUMULATORS / 4; ++j)
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int m = row + 64 * i + 8 * half, n = column + 8 * j;
-                    if (m < M && n < N) store(m, n, d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
-                }
+                    for (int half = 0; half < 2; ++half)
+                        *reinterpret_cast<float2*>(staged + (row - rows + 64 * i + 8 * half) * R::LD + column + 8 * j) =
+                            make_float2(d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
+            warpgroup_barrier(warpgroup);
+            const int count_rows = min(G::CONSUMER_ROWS, M - m0 - rows), cols = min(G::BN, N - n0);
+            constexpr int QUADS = G::BN / 4;
+#pragma unroll 4
+            for (int i = threadIdx.x % 128; i < count_rows * QUADS; i += 128) {
+                const int r = i / QUADS, q = i % QUADS * 4;
+                if (q >= cols) continue;
+                const float4 v = *reinterpret_cast<const float4*>(staged + r * R::LD + q);
+                const int count = min(4, cols - q);
+                store(m0 + rows + r, n0 + q, v, count, count == 4 && N % 4 == 0);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < G::M_WGMMAS; ++i)
+#pragma unroll
+                for (int j = 0; j < G::ACCUMULATORS / 4; ++j)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int m = m0 + row + 64 * i + 8 * half, n = n0 + column + 8 * j;
+                        if (m < M && n < N) store(m, n, d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
+                    }
+        }
     }
 #endif
+}
+
+// gemm_bf16_tma_tiles with its results by rows (TmaByRows<G>::SHARED_BYTES of dynamic shared memory).
+template <class G, bool A_TRANS, bool B_TRANS, class Out>
+__device__ __forceinline__ void gemm_bf16_tma_tiles_by_rows(const TmaOperands& maps, int M, int N, int K, Out out,
+                                                            char* smem) {
+    gemm_bf16_tma_tiles<G, A_TRANS, B_TRANS, true>(maps, M, N, K, out, smem);
 }
 
 // C = A·B, both row-major (A M×K, B K×N), into row-major fp32 C (N a multiple of 8, so every pair is whole).

@@ -18,9 +18,8 @@
 //                          the step's loss summed over the rows in row order by the last block
 //   tf_linear_backward     dW, db = Σ_rows dy·[x | 1] (each tile over row slices, the slices added in
 //                          order by the tile's last block) and dx = dy·W (× GELU′ of `pre`), one launch
-//   tf_linear_{forward,dx}_tma_*  on Hopper, the bf16 forward and dx products on gemm_tma.cuh's TMA
-//                          pipeline with the same epilogues (the bf16 weight gradient stays in
-//                          tf_linear_backward_bf16, then launched without its dx tiles)
+//   tf_linear_forward_tma_*  on Hopper, the bf16 forward products on gemm_tma.cuh's TMA pipeline with the
+//                          same epilogue, by rows
 //   tf_layernorm_backward  dx added into the residual gradient; dw, db from per-block partials
 //   tf_attention_backward  dq, dk, dv of a (sequence, head) a chunk of keys per block, p rebuilt from the
 //                          saved log-sum-exp
@@ -642,37 +641,24 @@ tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __re
                           dx_bf16, pre, smem);
 }
 
-// The bf16 forward and dx products on Hopper's TMA pipeline (gemm_tma.cuh: persistent blocks of 384
-// threads, grid min(tiles, SMs)), with the epilogues of tf_linear_forward_bf16 and tf_linear_backward_bf16;
-// launched where the GPU has `wgmma`, TMA can copy the operands (leading dimensions multiples of 8) and
-// TEXTNET_TMA=1 asks for them, on 128×128 tiles (src/transformer/gpu/mod.rs `TMA_TILE` says why).
-// Elsewhere they compile to nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
-//   tf_linear_forward_tma_*  out = in·Wᵀ + bias (GELU with `pre`): A = in (N × in_features), B = W stored
-//                            out_features × in_features (K-contiguous).
-//   tf_linear_dx_tma_*       dx = dy·W (× gelu′(pre)): A = dy (N × out_features, row stride dy_ld), B = W
-//                            (out_features × in_features, rows of n).
-// (The weight gradient stays in tf_linear_backward_bf16, launched without dx tiles: its row slices and
-// the bias sums from dy's chunks are that kernel's.)
+// The bf16 forward products on Hopper's TMA pipeline (gemm_tma.cuh: persistent blocks of 384 threads, grid
+// min(tiles, SMs)), out = in·Wᵀ + bias (GELU with `pre`) with tf_linear_forward_bf16's epilogue by rows
+// (each consumer's rows staged after the stages, TmaByRows, which leaves room for TF_TMA_STAGES stages of
+// 128×128): A = in (N × in_features), B = W stored out_features × in_features (K-contiguous). Launched
+// where the GPU has `wgmma`, TMA can copy the operands (leading dimensions multiples of 8) and
+// TEXTNET_TMA=0 does not turn it off (src/transformer/gpu/mod.rs `TMA_TILE` says why this tile); elsewhere
+// it compiles to nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
+// (The dx products stay in tf_linear_backward_bf16, whose dx tiles run beside its weight gradient's.)
+constexpr int TF_TMA_STAGES = 4;
 #define TF_LINEAR_TMA(BM, BN)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)    \
+    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TF_TMA_STAGES>::BLOCK_THREADS, 1)             \
         tf_linear_forward_tma_##BM##x##BN(const __grid_constant__ TmaOperands maps, const float* __restrict__ bias, \
                                           float* __restrict__ out, bf16* __restrict__ out_bf16,               \
                                           float* __restrict__ pre, int N, int out_features, int in_features) { \
         extern __shared__ __align__(16) char tma_smem[];                                                       \
-        const auto store = forward_epilogue(bias, out, out_bf16, pre, out_features);                           \
-        gemm_bf16_tma_tiles<GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>, false, true>(                             \
-            maps, N, out_features, in_features,                                                                \
-            [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < out_features); }, tma_smem);   \
-    }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>::BLOCK_THREADS, 1)    \
-        tf_linear_dx_tma_##BM##x##BN(const __grid_constant__ TmaOperands maps, int N, int out_features,       \
-                                     int in_features, float* __restrict__ dx, bf16* __restrict__ dx_bf16,      \
-                                     const float* __restrict__ pre) {                                          \
-        extern __shared__ __align__(16) char tma_smem[];                                                       \
-        const auto store = dx_epilogue(dx, dx_bf16, pre, in_features);                                         \
-        gemm_bf16_tma_tiles<GemmTma<BM, BN, TMA_STAGES_##BM##x##BN>, false, false>(                            \
-            maps, N, in_features, out_features,                                                                \
-            [&](int m, int n, float v0, float v1) { store(m, n, v0, v1, n + 1 < in_features); }, tma_smem);    \
+        gemm_bf16_tma_tiles_by_rows<GemmTma<BM, BN, TF_TMA_STAGES>, false, true>(                              \
+            maps, N, out_features, in_features, forward_epilogue_by_rows(bias, out, out_bf16, pre, out_features), \
+            tma_smem);                                                                                         \
     }
 TF_LINEAR_TMA(128, 128)
 

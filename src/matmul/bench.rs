@@ -310,7 +310,7 @@ fn bench_layers(gpu: &Gpu, kernels: &GpuMatmul, blas: Option<&Cublas>, repeats: 
             rows.push(measure(gpu, name, &want, s, repeats, |c| {
                 kernels.enqueue_linear((&a_dev, a_layout), (&b_dev, b_layout), c, m, n, k, ones, s)
             })?);
-            // The TMA pipeline on the same memory, 128×128 tiles (the Transformer's with TEXTNET_TMA=1):
+            // The TMA pipeline on the same memory, 128×128 tiles (the Transformer's forward products'):
             // what a transposed operand costs it, beside the row-major rows below.
             let tile = TmaTile::M128N128;
             let copyable = !p.bias_column && Bf16Kernel::Tma.takes(m, n, k) && m.is_multiple_of(8);

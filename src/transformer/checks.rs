@@ -158,15 +158,18 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
         let mut rng = plan.rng("transformer kernels");
         // fp32 on the tiles these small steps take, and on gemm_128 (which steps of 64 rows an SM take).
         for (config, batch) in kernel_shapes(plan.quick) {
-            for large_tiles in [false, true] {
-                out.extend(kernel_checks(gpu, config, batch, Precision::Fp32, large_tiles, &mut rng)?);
+            for tiles in [Tiles::Default, Tiles::Large] {
+                out.extend(kernel_checks(gpu, config, batch, Precision::Fp32, tiles, &mut rng)?);
             }
         }
         let (config, batch) = kernel_shapes(false).pop().expect("the default shape");
-        out.extend(kernel_checks(gpu, config, batch, Precision::Tf32, false, &mut rng)?);
-        // bf16 at the default shape and at the block of 150 (attention tiles cut short, heads of 32).
+        out.extend(kernel_checks(gpu, config, batch, Precision::Tf32, Tiles::Default, &mut rng)?);
+        // bf16 at the default shape and at the block of 150 (attention tiles cut short, heads of 32), the
+        // forward products on the TMA pipeline where the GPU has it and on gemm_tile_bf16_wgmma.
         for (config, batch) in [kernel_shapes(false)[1], (config, batch)] {
-            out.extend(kernel_checks(gpu, config, batch, Precision::Bf16, false, &mut rng)?);
+            for tiles in [Tiles::Default, Tiles::NoTma] {
+                out.extend(kernel_checks(gpu, config, batch, Precision::Bf16, tiles, &mut rng)?);
+            }
         }
     }
     if plan.wants(Group::Kernels) {
@@ -194,6 +197,28 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     Ok(out)
 }
 
+/// Which products a check's step runs on, where the trainer has a choice.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Tiles {
+    /// The trainer's own choice.
+    Default,
+    /// fp32 on gemm_128 whatever the size.
+    Large,
+    /// bf16 forward products on gemm_tile_bf16_wgmma rather than the TMA pipeline.
+    NoTma,
+}
+
+impl Tiles {
+    /// What the checks' shape labels add.
+    fn label(self) -> &'static str {
+        match self {
+            Tiles::Default => "",
+            Tiles::Large => " gemm_128",
+            Tiles::NoTma => " no TMA",
+        }
+    }
+}
+
 /// One batch of fresh random data through a fresh random model, on the CPU in fp32 (forward and backward,
 /// with the masks of `dropout` at the trainer's first step when given) and on the GPU at `precision`
 /// (the trainer kept for its gradient).
@@ -209,7 +234,7 @@ fn batch_run(
     config: Config,
     batch: usize,
     precision: Precision,
-    large_tiles: bool,
+    tiles: Tiles,
     dropout: bool,
     rng: &mut SeededRng,
 ) -> Result<BatchRun> {
@@ -226,26 +251,25 @@ fn batch_run(
         trainer.set_dropout(DROPOUT, DROPOUT_SEED);
     }
     trainer.set_precision(precision)?;
-    trainer.set_large_tiles_always(large_tiles);
+    trainer.set_large_tiles_always(tiles == Tiles::Large);
+    trainer.set_tma_forward(tiles != Tiles::NoTma);
     let got = trainer.forward_backward_alone(&offsets)?;
     Ok(BatchRun { want, want_back, trainer, got })
 }
 
-/// Forward stage by stage and backward (every gradient) of one batch at `precision` (fp32 on gemm_128
-/// whatever the size with `large_tiles`), against the same fp32 reference at
-/// `tensor_core_tolerance(precision)`.
+/// Forward stage by stage and backward (every gradient) of one batch at `precision` on `tiles`, against
+/// the same fp32 reference at `tensor_core_tolerance(precision)`.
 pub fn kernel_checks(
     gpu: &Arc<Gpu>,
     config: Config,
     batch: usize,
     precision: Precision,
-    large_tiles: bool,
+    tiles: Tiles,
     rng: &mut SeededRng,
 ) -> Result<Vec<Check>> {
     let BatchRun { want: f, want_back: back, trainer, got } =
-        batch_run(gpu, config, batch, precision, large_tiles, false, rng)?;
-    let tiles = if large_tiles { " gemm_128" } else { "" };
-    let shape = format!("{}{tiles}", label_at(&config, batch, precision));
+        batch_run(gpu, config, batch, precision, tiles, false, rng)?;
+    let shape = format!("{}{}", label_at(&config, batch, precision), tiles.label());
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
@@ -294,7 +318,7 @@ pub fn dropout_checks(
     rng: &mut SeededRng,
 ) -> Result<Vec<Check>> {
     let BatchRun { want: f, want_back: back, trainer, got } =
-        batch_run(gpu, config, batch, precision, false, true, rng)?;
+        batch_run(gpu, config, batch, precision, Tiles::Default, true, rng)?;
     let shape = format!("{} dropout {DROPOUT}", label_at(&config, batch, precision));
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();

@@ -150,10 +150,9 @@ struct Kernels {
     adamw: Kernel,
     round_bf16: Kernel,
     accumulate: Kernel,
-    /// tf_linear_forward_tma_128x128 and tf_linear_dx_tma_128x128: the bf16 forward and dx products on the
-    /// TMA pipeline ([`TMA_TILE`]), where the GPU has `wgmma` and `TEXTNET_TMA=1` asks for them.
+    /// tf_linear_forward_tma_128x128: the bf16 forward products on the TMA pipeline ([`TMA_TILE`]), where
+    /// the GPU has `wgmma` and `TEXTNET_TMA=0` does not turn them off.
     linear_forward_tma: Option<Kernel>,
-    linear_dx_tma: Option<Kernel>,
 }
 
 /// An activation a linear layer reads: fp32 (the fp32 and TF32 products' operand), and its bf16 copy
@@ -267,6 +266,9 @@ pub struct GpuTransformer {
     /// Whether fp32 products run on gemm_128 at any size (the checks'), not only in steps of
     /// `LARGE_TILE_ROWS_PER_SM` rows an SM and more.
     large_tiles_always: bool,
+    /// Whether the bf16 forward products take the TMA pipeline where its kernel is loaded (the checks
+    /// turn it off to check gemm_tile_bf16_wgmma's forward too).
+    tma_forward: bool,
     grad: CudaSlice<f32>,
     /// Micro-batches a step's gradient is summed over (--grad-accum), and the sum of a step's micro-batches
     /// before its last (allocated when there are more than one).
@@ -324,13 +326,25 @@ pub struct GpuTransformer {
 /// (benches/results/2026-11-29-h200-5dec4ca/ncu.txt), where the bare product ran as fast.
 const TMA_TILE: TmaTile = TmaTile::M128N128;
 
-/// Whether the bf16 forward and dx products may run on the TMA pipeline where the GPU has `wgmma`: only
-/// with `TEXTNET_TMA=1` (read once). Inside the Transformer's products they ran slower than
-/// gemm_tile_bf16_wgmma at nanoGPT's shape (9.51 against 8.33 ms a step,
-/// benches/results/2026-11-29-h200-e45a9b0), though the bare product is faster: off until that is found.
+/// Stages of the TMA products (fused/transformer.cu's TF_TMA_STAGES): fewer than `TMA_TILE.stages()`, as
+/// each consumer's rows are staged after them for the epilogue by rows.
+const TMA_STAGES: usize = 4;
+
+/// Dynamic shared bytes of the TMA products (`TmaByRows<GemmTma<128, 128, TF_TMA_STAGES>>::SHARED_BYTES`):
+/// the stages of 64 k, 1 KB of alignment, two mbarriers a stage, and each consumer's half of the tile in
+/// fp32 rows of BN + 8.
+fn tma_shared_bytes() -> usize {
+    let (bm, bn) = TMA_TILE.shape();
+    TMA_STAGES * (bm + bn) * 64 * 2 + 1024 + 2 * TMA_STAGES * 8 + bm * (bn + 8) * 4
+}
+
+/// Whether the bf16 forward products run on the TMA pipeline where the GPU has `wgmma`: unless
+/// `TEXTNET_TMA=0` (read once). With their results by rows they are faster than gemm_tile_bf16_wgmma's in
+/// the step (benches/results/2026-12-02-h200-*-tma). The dx products stay in tf_linear_backward_bf16 beside
+/// the weight gradients' tiles: apart, on the TMA pipeline, the two launches took longer than the one.
 fn tma_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_TMA").is_some_and(|v| v == "1"))
+    *ENABLED.get_or_init(|| std::env::var_os("TEXTNET_TMA").is_none_or(|v| v != "0"))
 }
 
 /// Tickets: one for the classifier, one for layernorm_backward, one for AdamW, then the linear tiles'.
@@ -381,15 +395,12 @@ impl GpuTransformer {
             round_bf16: load("tf_round_bf16")?,
             accumulate: load("tf_accumulate")?,
             linear_forward_tma: None,
-            linear_dx_tma: None,
         };
         if has_wgmma(gpu.compute_capability) && tma_enabled() {
             let (bm, bn) = TMA_TILE.shape();
-            for (name, to) in [("forward", &mut kernels.linear_forward_tma), ("dx", &mut kernels.linear_dx_tma)] {
-                let kernel = load(&format!("tf_linear_{name}_tma_{bm}x{bn}"))?;
-                gpu.reserve_shared(&kernel, TMA_TILE.shared_bytes(), "--embed")?;
-                *to = Some(kernel);
-            }
+            let kernel = load(&format!("tf_linear_forward_tma_{bm}x{bn}"))?;
+            gpu.reserve_shared(&kernel, tma_shared_bytes(), "--embed")?;
+            kernels.linear_forward_tma = Some(kernel);
         }
         let sizes = AttentionSizes { t: config.block, hs: config.head_size(), warps: WARPS };
         let attention_forward_shared = 4 * sizes.forward_floats();
@@ -413,6 +424,7 @@ impl GpuTransformer {
             params_bf16: stream.alloc_zeros(n)?,
             fp32_activations: false,
             large_tiles_always: false,
+            tma_forward: true,
             grad: stream.alloc_zeros(n)?,
             grad_accum: 1,
             grad_sum: stream.alloc_zeros(1)?,
@@ -550,6 +562,15 @@ impl GpuTransformer {
         if self.large_tiles_always != always {
             self.captured = None;
             self.large_tiles_always = always;
+        }
+    }
+
+    /// Runs the bf16 forward products on the TMA pipeline where it is loaded (`on`), or on
+    /// gemm_tile_bf16_wgmma as the backward's.
+    pub fn set_tma_forward(&mut self, on: bool) {
+        if self.tma_forward != on {
+            self.captured = None;
+            self.tma_forward = on;
         }
     }
 
@@ -929,6 +950,8 @@ mod tests {
             expressions.push(format!("(int)Wgrad<{p}>::ONES_COLUMN"));
         }
         expressions.push("EMB_SLICE_ROWS".to_string());
+        expressions.push("TF_TMA_STAGES".to_string());
+        expressions.push("TmaByRows<GemmTma<128, 128, TF_TMA_STAGES>>::SHARED_BYTES".to_string());
         let expressions: Vec<&str> = expressions.iter().map(String::as_str).collect();
         // kernel_constants compiles for sm_90a, whose kernels have wgmma.
         let kernel = kernel_constants("transformer", &[], &expressions).unwrap();
@@ -940,6 +963,8 @@ mod tests {
             mirror.extend([t.bm, t.bn, t.wg_bm, t.wg_bn, t.shared_bytes, t.ones_column as usize]);
         }
         mirror.push(EMBEDDING_SLICE_ROWS);
+        assert_eq!(TMA_TILE.shape(), (128, 128), "the test names TF_LINEAR_TMA(128, 128)");
+        mirror.extend([TMA_STAGES, tma_shared_bytes()]);
         assert_eq!(kernel, mirror.iter().map(|&v| v as i64).collect::<Vec<_>>());
     }
 }

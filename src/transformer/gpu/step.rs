@@ -4,7 +4,7 @@
 
 use super::{
     EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_CLASSIFIER, TICKET_LAYERNORM, TMA_TILE,
-    WARPS, ln_rows_per_warp,
+    WARPS, ln_rows_per_warp, tma_shared_bytes,
 };
 use crate::device::kernel_struct::DropoutArgs;
 use crate::device::launch::{Arg, Kernel, StructArg};
@@ -139,7 +139,8 @@ impl GpuTransformer {
     }
 
     /// `kernel` (a TMA product on [`TMA_TILE`]) for `product`, its launch shape and its operands' maps (each
-    /// encoded once, then kept); None where the pipeline does not run (no `wgmma`, no `TEXTNET_TMA=1`) or
+    /// encoded once, then kept); None where the pipeline does not run (no `wgmma`, `TEXTNET_TMA=0`, or turned off by
+    /// `set_tma_forward`) or
     /// TMA cannot copy an operand (a leading dimension not a multiple of 8, a start not 16-byte aligned):
     /// the caller's gemm_tile_bf16_wgmma kernel then runs it.
     fn tma_product<'k>(
@@ -148,7 +149,7 @@ impl GpuTransformer {
         TmaProduct { a: (a, a_layout), b: (b, b_layout), m, n, k }: TmaProduct,
     ) -> Result<Option<TmaLaunch<'k>>> {
         let tile = TMA_TILE;
-        let (Some(kernel), Arg::Ptr(a), Arg::Ptr(b)) = (kernel, a, b) else {
+        let (true, Some(kernel), Arg::Ptr(a), Arg::Ptr(b)) = (self.tma_forward, kernel, a, b) else {
             return Ok(None);
         };
         let operands = [TmaOperand::a(a, a_layout, m, k, tile), TmaOperand::b(b, b_layout, n, k, tile)];
@@ -163,16 +164,16 @@ impl GpuTransformer {
                 Entry::Vacant(slot) => *slot.insert(operand.encode()?),
             };
         }
-        let shape = ((tile.blocks(m, n, self.gpu.sm_count), 1), TMA_THREADS, tile.shared_bytes() as u32, false);
+        let shape = ((tile.blocks(m, n, self.gpu.sm_count), 1), TMA_THREADS, tma_shared_bytes() as u32, false);
         Ok(Some((kernel, shape, tma_operands(&encoded[0], &encoded[1]))))
     }
 
     /// Which GEMM the linear layers' products run on at this precision, for the benches' reports.
     pub fn linear_gemm(&self) -> &'static str {
         match self.precision {
-            Precision::Bf16 if self.kernels.linear_forward_tma.is_some() => {
-                "bf16 forward and dx products on the TMA pipeline (gemm_bf16_tma_tiles, persistent, wgmma), \
-                 weight gradients on gemm_tile_bf16_wgmma"
+            Precision::Bf16 if self.kernels.linear_forward_tma.is_some() && self.tma_forward => {
+                "bf16 forward products on the TMA pipeline (gemm_bf16_tma_tiles, persistent, wgmma, results by \
+                 rows), the backward's on gemm_tile_bf16_wgmma"
             }
             Precision::Bf16 if self.wgmma() => "bf16 on gemm_tile_bf16_wgmma (cp.async, wgmma)",
             Precision::Bf16 => "bf16 on gemm_tile_bf16_async (cp.async, mma.sync)",
@@ -203,22 +204,7 @@ impl GpuTransformer {
         let slices = Self::slices(&self.gpu, tiles, t.wg_bm * t.wg_bn, n);
         let writes_dx = !matches!(dx[0], Arg::Ptr(0)) || (self.bf16() && !matches!(dx[1], Arg::Ptr(0)));
         let weight = format!("{layer}.weight");
-        // dx on the TMA pipeline where it runs (A = dy, B = W as stored, out_features × in_features), the
-        // weight gradient below without its dx tiles.
-        let tma_dx = if writes_dx && self.bf16() {
-            let a = Strided { trans: false, ld: dy_ld };
-            let b = Strided { trans: false, ld: in_features };
-            let product =
-                TmaProduct { a: (dy[1], a), b: (self.param_bf16(&weight), b), m: n, n: in_features, k: out_features };
-            self.tma_product(self.kernels.linear_dx_tma.as_ref(), product)?
-        } else {
-            None
-        };
-        if let Some((kernel, shape, maps)) = &tma_dx {
-            let sizes = [Arg::i32(n as i32), Arg::i32(out_features as i32), Arg::i32(in_features as i32)];
-            self.gpu.launch_sized_with_struct(kernel, *shape, maps, &[&sizes[..], &[dx[0], dx[1], pre]].concat())?;
-        }
-        let dx_blocks = if writes_dx && tma_dx.is_none() { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
+        let dx_blocks = if writes_dx { in_features.div_ceil(t.bn) * n.div_ceil(t.bm) } else { 0 };
         let b = &self.buffers;
         let sizes = [
             Arg::i32(n as i32),

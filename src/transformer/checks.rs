@@ -21,7 +21,7 @@
 //! and the reference differ by rounding only, amplified by AdamW where a gradient is near zero.
 
 use super::data::{self, CharVocab, Corpus, UNKNOWN};
-use super::gpu::{GpuTransformer, module_request};
+use super::gpu::{GpuTransformer, Tiles, module_request};
 use super::model::{self, Config, CpuTrainer, Dropout, Layout};
 use crate::device::precision::Precision;
 use crate::device::{Gpu, compile::ModuleRequest};
@@ -197,28 +197,6 @@ pub fn selftest_checks(gpu: &Arc<Gpu>, plan: &Plan) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// Which products a check's step runs on, where the trainer has a choice.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Tiles {
-    /// The trainer's own choice.
-    Default,
-    /// fp32 on gemm_128 whatever the size.
-    Large,
-    /// bf16 forward products on gemm_tile_bf16_wgmma rather than the TMA pipeline.
-    NoTma,
-}
-
-impl Tiles {
-    /// What the checks' shape labels add.
-    fn label(self) -> &'static str {
-        match self {
-            Tiles::Default => "",
-            Tiles::Large => " gemm_128",
-            Tiles::NoTma => " no TMA",
-        }
-    }
-}
-
 /// One batch of fresh random data through a fresh random model, on the CPU in fp32 (forward and backward,
 /// with the masks of `dropout` at the trainer's first step when given) and on the GPU at `precision`
 /// (the trainer kept for its gradient).
@@ -251,8 +229,7 @@ fn batch_run(
         trainer.set_dropout(DROPOUT, DROPOUT_SEED);
     }
     trainer.set_precision(precision)?;
-    trainer.set_large_tiles_always(tiles == Tiles::Large);
-    trainer.set_tma_forward(tiles != Tiles::NoTma);
+    trainer.set_tiles(tiles);
     let got = trainer.forward_backward_alone(&offsets)?;
     Ok(BatchRun { want, want_back, trainer, got })
 }
@@ -269,7 +246,12 @@ pub fn kernel_checks(
 ) -> Result<Vec<Check>> {
     let BatchRun { want: f, want_back: back, trainer, got } =
         batch_run(gpu, config, batch, precision, tiles, false, rng)?;
-    let shape = format!("{}{}", label_at(&config, batch, precision), tiles.label());
+    let label = match tiles {
+        Tiles::Default => "",
+        Tiles::Large => " gemm_128",
+        Tiles::NoTma => " no TMA",
+    };
+    let shape = format!("{}{label}", label_at(&config, batch, precision));
     let tolerance = tensor_core_tolerance(precision);
     let mut out = Vec::new();
     let mut check = |kernel: String, got: &[f32], want: &[f32]| {
@@ -437,7 +419,7 @@ pub fn repeat_check(gpu: &Arc<Gpu>, rng: &mut SeededRng) -> Result<Vec<Check>> {
         for _ in 0..2 {
             let mut t = GpuTransformer::new(gpu.clone(), config, &params, adamw(), &corpus)?;
             t.set_precision(precision)?;
-            t.set_large_tiles_always(large_tiles);
+            t.set_tiles(if large_tiles { Tiles::Large } else { Tiles::Default });
             t.train_steps(&offsets, 32, &[adamw().lr; 20])?;
             runs.push(t.params()?);
         }

@@ -155,6 +155,18 @@ struct Kernels {
     linear_forward_tma: Option<Kernel>,
 }
 
+/// Which GEMMs a trainer's products run on where it has a choice: training keeps `Default`, the checks take
+/// each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tiles {
+    /// The trainer's own choice.
+    Default,
+    /// fp32 on gemm_128 whatever the size.
+    Large,
+    /// bf16 forward products on gemm_tile_bf16_wgmma rather than the TMA pipeline.
+    NoTma,
+}
+
 /// An activation a linear layer reads: fp32 (the fp32 and TF32 products' operand), and its bf16 copy
 /// (the bf16 products'). In bf16 the fp32 one is only written for the kernel checks.
 struct Operand {
@@ -263,12 +275,8 @@ pub struct GpuTransformer {
     params_bf16: CudaSlice<u16>,
     /// Whether a bf16 forward pass also writes the fp32 activations `ForwardOut` reports (the checks').
     fp32_activations: bool,
-    /// Whether fp32 products run on gemm_128 at any size (the checks'), not only in steps of
-    /// `LARGE_TILE_ROWS_PER_SM` rows an SM and more.
-    large_tiles_always: bool,
-    /// Whether the bf16 forward products take the TMA pipeline where its kernel is loaded (the checks
-    /// turn it off to check gemm_tile_bf16_wgmma's forward too).
-    tma_forward: bool,
+    /// The products' GEMMs where there is a choice (the checks set them).
+    tiles: Tiles,
     grad: CudaSlice<f32>,
     /// Micro-batches a step's gradient is summed over (--grad-accum), and the sum of a step's micro-batches
     /// before its last (allocated when there are more than one).
@@ -423,8 +431,7 @@ impl GpuTransformer {
             params: upload_f32(params)?,
             params_bf16: stream.alloc_zeros(n)?,
             fp32_activations: false,
-            large_tiles_always: false,
-            tma_forward: true,
+            tiles: Tiles::Default,
             grad: stream.alloc_zeros(n)?,
             grad_accum: 1,
             grad_sum: stream.alloc_zeros(1)?,
@@ -552,25 +559,16 @@ impl GpuTransformer {
     }
 
     /// Whether this step's fp32 products run on the small tiles: under LARGE_TILE_ROWS_PER_SM rows an SM,
-    /// too few 128-row tiles to fill the GPU (unless `large_tiles_always`).
+    /// too few 128-row tiles to fill the GPU (unless `Tiles::Large`).
     fn small_tiles(&self) -> bool {
-        !self.large_tiles_always && self.rows() < LARGE_TILE_ROWS_PER_SM * self.gpu.sm_count as usize
+        self.tiles != Tiles::Large && self.rows() < LARGE_TILE_ROWS_PER_SM * self.gpu.sm_count as usize
     }
 
-    /// Runs the fp32 products on gemm_128 at any size (for the checks, whose shapes are small).
-    pub fn set_large_tiles_always(&mut self, always: bool) {
-        if self.large_tiles_always != always {
+    /// Runs the products on `tiles` where there is a choice (for the checks).
+    pub fn set_tiles(&mut self, tiles: Tiles) {
+        if self.tiles != tiles {
             self.captured = None;
-            self.large_tiles_always = always;
-        }
-    }
-
-    /// Runs the bf16 forward products on the TMA pipeline where it is loaded (`on`), or on
-    /// gemm_tile_bf16_wgmma as the backward's.
-    pub fn set_tma_forward(&mut self, on: bool) {
-        if self.tma_forward != on {
-            self.captured = None;
-            self.tma_forward = on;
+            self.tiles = tiles;
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::{
     EMBEDDING_SLICE_ROWS, GpuTransformer, LinearTiles, Operand, THREADS, TICKET_CLASSIFIER, TICKET_LAYERNORM, TMA_TILE,
-    WARPS, ln_rows_per_warp, tma_shared_bytes,
+    Tiles, WARPS, ln_rows_per_warp, tma_shared_bytes,
 };
 use crate::device::kernel_struct::DropoutArgs;
 use crate::device::launch::{Arg, Kernel, StructArg};
@@ -139,17 +139,16 @@ impl GpuTransformer {
     }
 
     /// `kernel` (a TMA product on [`TMA_TILE`]) for `product`, its launch shape and its operands' maps (each
-    /// encoded once, then kept); None where the pipeline does not run (no `wgmma`, `TEXTNET_TMA=0`, or turned off by
-    /// `set_tma_forward`) or
-    /// TMA cannot copy an operand (a leading dimension not a multiple of 8, a start not 16-byte aligned):
-    /// the caller's gemm_tile_bf16_wgmma kernel then runs it.
+    /// encoded once, then kept); None where the pipeline does not run (no `wgmma`, `TEXTNET_TMA=0`, or
+    /// `Tiles::NoTma`) or TMA cannot copy an operand (a leading dimension not a multiple of 8, a start not
+    /// 16-byte aligned): the caller's gemm_tile_bf16_wgmma kernel then runs it.
     fn tma_product<'k>(
         &self,
         kernel: Option<&'k Kernel>,
         TmaProduct { a: (a, a_layout), b: (b, b_layout), m, n, k }: TmaProduct,
     ) -> Result<Option<TmaLaunch<'k>>> {
         let tile = TMA_TILE;
-        let (true, Some(kernel), Arg::Ptr(a), Arg::Ptr(b)) = (self.tma_forward, kernel, a, b) else {
+        let (true, Some(kernel), Arg::Ptr(a), Arg::Ptr(b)) = (self.tiles != Tiles::NoTma, kernel, a, b) else {
             return Ok(None);
         };
         let operands = [TmaOperand::a(a, a_layout, m, k, tile), TmaOperand::b(b, b_layout, n, k, tile)];
@@ -171,7 +170,7 @@ impl GpuTransformer {
     /// Which GEMM the linear layers' products run on at this precision, for the benches' reports.
     pub fn linear_gemm(&self) -> &'static str {
         match self.precision {
-            Precision::Bf16 if self.kernels.linear_forward_tma.is_some() && self.tma_forward => {
+            Precision::Bf16 if self.kernels.linear_forward_tma.is_some() && self.tiles != Tiles::NoTma => {
                 "bf16 forward products on the TMA pipeline (gemm_bf16_tma_tiles, persistent, wgmma, results by \
                  rows), the backward's on gemm_tile_bf16_wgmma"
             }

@@ -645,9 +645,9 @@ tf_linear_backward_bf16(const bf16* __restrict__ dy, int dy_ld, const bf16* __re
 // min(tiles, SMs)), out = in·Wᵀ + bias (GELU with `pre`) with tf_linear_forward_bf16's epilogue by rows
 // (each consumer's rows staged after the stages, TmaByRows, which leaves room for TF_TMA_STAGES stages of
 // 128×128): A = in (N × in_features), B = W stored out_features × in_features (K-contiguous). Launched
-// where the GPU has `wgmma`, TMA can copy the operands (leading dimensions multiples of 8) and
-// TEXTNET_TMA=0 does not turn it off (src/transformer/gpu/mod.rs `TMA_TILE` says why this tile); elsewhere
-// it compiles to nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
+// where the GPU has `wgmma` and TMA can copy the operands (leading dimensions multiples of 8), unless
+// TEXTNET_TMA=0 (src/transformer/gpu/mod.rs `TMA_TILE` says why this tile); elsewhere it compiles to
+// nothing. maps: the operands' tensor maps, encoded once per buffer by the launch layer.
 // (The dx products stay in tf_linear_backward_bf16, whose dx tiles run beside its weight gradient's.)
 constexpr int TF_TMA_STAGES = 4;
 #define TF_LINEAR_TMA(BM, BN)                                                                                  \

@@ -151,7 +151,7 @@ struct Kernels {
     round_bf16: Kernel,
     accumulate: Kernel,
     /// tf_linear_forward_tma_128x128: the bf16 forward products on the TMA pipeline ([`TMA_TILE`]), where
-    /// the GPU has `wgmma` and `TEXTNET_TMA=0` does not turn them off.
+    /// the GPU has `wgmma`, unless `TEXTNET_TMA=0`.
     linear_forward_tma: Option<Kernel>,
 }
 
@@ -331,7 +331,8 @@ pub struct GpuTransformer {
 
 /// The tile of the TMA products (fused/transformer.cu's TF_LINEAR_TMA): not `TmaTile::choose`'s pick, as
 /// with the Transformer's epilogues the 128×256 tile ran 3–9× slower than 128×128 under ncu
-/// (benches/results/2026-11-29-h200-5dec4ca/ncu.txt), where the bare product ran as fast.
+/// (benches/results/2026-11-29-h200-5dec4ca/ncu.txt), where the bare product ran as fast; and with the
+/// epilogue by rows, a larger tile's staged results would leave shared memory for one or two stages.
 const TMA_TILE: TmaTile = TmaTile::M128N128;
 
 /// Stages of the TMA products (fused/transformer.cu's TF_TMA_STAGES): fewer than `TMA_TILE.stages()`, as
@@ -348,7 +349,7 @@ fn tma_shared_bytes() -> usize {
 
 /// Whether the bf16 forward products run on the TMA pipeline where the GPU has `wgmma`: unless
 /// `TEXTNET_TMA=0` (read once). With their results by rows they are faster than gemm_tile_bf16_wgmma's in
-/// the step (benches/results/2026-12-02-h200-*-tma). The dx products stay in tf_linear_backward_bf16 beside
+/// the step (benches/results/2026-12-02-h200-ce2d60d). The dx products stay in tf_linear_backward_bf16 beside
 /// the weight gradients' tiles: apart, on the TMA pipeline, the two launches took longer than the one.
 fn tma_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();

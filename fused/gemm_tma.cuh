@@ -293,16 +293,8 @@ __device__ __forceinline__ void gemm_bf16_tma_tiles(const TmaOperands& maps, int
                         *reinterpret_cast<float2*>(staged + (row - rows + 64 * i + 8 * half) * R::LD + column + 8 * j) =
                             make_float2(d[i][4 * j + 2 * half], d[i][4 * j + 2 * half + 1]);
             warpgroup_barrier(warpgroup);
-            const int count_rows = min(G::CONSUMER_ROWS, M - m0 - rows), cols = min(G::BN, N - n0);
-            constexpr int QUADS = G::BN / 4;
-#pragma unroll 4
-            for (int i = threadIdx.x % 128; i < count_rows * QUADS; i += 128) {
-                const int r = i / QUADS, q = i % QUADS * 4;
-                if (q >= cols) continue;
-                const float4 v = *reinterpret_cast<const float4*>(staged + r * R::LD + q);
-                const int count = min(4, cols - q);
-                store(m0 + rows + r, n0 + q, v, count, count == 4 && N % 4 == 0);
-            }
+            out_staged_rows<G::BN>(staged, R::LD, min(G::CONSUMER_ROWS, M - m0 - rows), min(G::BN, N - n0), m0 + rows,
+                                   n0, N, threadIdx.x % 128, 128, store);
         } else {
 #pragma unroll
             for (int i = 0; i < G::M_WGMMAS; ++i)

@@ -256,14 +256,33 @@ __device__ __forceinline__ void gemm_tile_bf16_fast(int M, int N, int K, int m0,
                                                                               store, smem, on_chunk);
 }
 
-// The bf16 tile's results by rows (the wgmma tile only): staged in shared memory over the stages
-// (SharedStore; rows BY_ROWS_LD floats apart, so that a wgmma thread's pairs land on distinct banks), then
-// handed out four adjacent columns at a time, a warp a row of the tile: out(m, n, v, count, whole) with (m, n)
-// the first one's place in C (M×N), v their values, count how many lie inside C (4, or fewer at its edge)
-// and whole whether all 4 do at an index m·N + n that is a multiple of 4 (a 16-byte access wherever C's and
-// its operands' starts are). An epilogue that reads operands of its own (a slope's, a bias) reads them as
-// 16-byte loads of whole rows, all in flight, where the wgmma fragments' pairs, 8 rows apart, left each
-// pair's loads waiting one after another.
+// Hands out the staged results of a tile by rows: `rows` × `cols` of them, rows `ld` floats apart, the
+// first at (m0, n0) of C (M×N; `cols` ≤ BN, a multiple of 4 apart from C's edge), four adjacent columns at
+// a time, thread t of `threads` taking every threads-th group (a warp a row where BN is 128): out(m, n, v,
+// count, whole) as gemm_tile_bf16_by_rows says.
+template <int BN, class Out>
+__device__ __forceinline__ void out_staged_rows(const float* staged, int ld, int rows, int cols, int m0, int n0, int N,
+                                                int t, int threads, Out out) {
+    constexpr int QUADS = BN / 4;
+#pragma unroll 4
+    for (int i = t; i < rows * QUADS; i += threads) {
+        const int r = i / QUADS, q = i % QUADS * 4;
+        if (q >= cols) continue;
+        const float4 v = *reinterpret_cast<const float4*>(staged + r * ld + q);
+        const int count = min(4, cols - q);
+        out(m0 + r, n0 + q, v, count, count == 4 && N % 4 == 0);
+    }
+}
+
+// The bf16 tile's results by rows: out(m, n, v, count, whole) with (m, n) the first result's place in C
+// (M×N), v its value and the next three's, count how many of the four lie inside C (4, or fewer at its
+// edge) and whole whether all 4 do at an index m·N + n that is a multiple of 4 (a 16-byte access wherever
+// C's and its operands' starts are). On the wgmma tile the results are staged in shared memory over the
+// stages (SharedStore; rows BY_ROWS_LD floats apart, so that a wgmma thread's pairs land on distinct banks)
+// and handed out by rows (out_staged_rows): an epilogue that reads operands of its own (a slope's, a bias)
+// reads them as 16-byte loads of whole rows, all in flight, where the wgmma fragments' pairs, 8 rows apart,
+// left each pair's loads waiting one after another. The mma.sync tile hands its pairs out as they come, as
+// runs of two (count ≤ 2, never whole), so that one epilogue serves both.
 constexpr int BY_ROWS_LD = Bf16Tile::BN + 8;
 static_assert(!HAS_WGMMA || Bf16Tile::BM * BY_ROWS_LD <= Bf16Tile::SHARED_FLOATS, "the staged tile fits the stages");
 
@@ -272,21 +291,20 @@ __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_ca
 template <bool TA, bool TB, class Out>
 __device__ __forceinline__ void gemm_tile_bf16_by_rows(int M, int N, int K, int m0, int n0, const bf16* a, int lda,
                                                        const bf16* b, int ldb, float* smem, Out out) {
-    const auto stage = [&](int m, int n, float v0, float v1) {
-        float* t = smem + (m - m0) * BY_ROWS_LD + (n - n0);
-        t[0] = v0;
-        t[1] = v1;
-    };
-    gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, lda, b, ldb, SharedStore<decltype(stage)>{stage}, smem);
-    // gemm_tile_bf16_fast ends at a barrier: the whole tile is staged.
-    const int rows = min(Bf16Tile::BM, M - m0), cols = min(Bf16Tile::BN, N - n0);
-    constexpr int QUADS = Bf16Tile::BN / 4;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < rows * QUADS; i += THREADS) {
-        const int r = i / QUADS, q = i % QUADS * 4;
-        if (q >= cols) continue;
-        const float4 v = *reinterpret_cast<const float4*>(smem + r * BY_ROWS_LD + q);
-        const int count = min(4, cols - q);
-        out(m0 + r, n0 + q, v, count, count == 4 && N % 4 == 0);
+    if constexpr (HAS_WGMMA) {
+        const auto stage = [&](int m, int n, float v0, float v1) {
+            float* t = smem + (m - m0) * BY_ROWS_LD + (n - n0);
+            t[0] = v0;
+            t[1] = v1;
+        };
+        gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, lda, b, ldb, SharedStore<decltype(stage)>{stage}, smem);
+        // gemm_tile_bf16_fast ends at a barrier: the whole tile is staged.
+        out_staged_rows<Bf16Tile::BN>(smem, BY_ROWS_LD, min(Bf16Tile::BM, M - m0), min(Bf16Tile::BN, N - n0), m0, n0,
+                                      N, threadIdx.x, THREADS, out);
+    } else {
+        const auto pairs = [&](int m, int n, float v0, float v1) {
+            out(m, n, make_float4(v0, v1, 0.0f, 0.0f), min(2, N - n), false);
+        };
+        gemm_tile_bf16_fast<TA, TB>(M, N, K, m0, n0, a, lda, b, ldb, pairs, smem);
     }
 }

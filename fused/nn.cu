@@ -556,31 +556,21 @@ __device__ __forceinline__ void product_bf16(const bf16* __restrict__ a, const b
     a += (size_t)batch * stride_a + (size_t)k0 * (TA ? M : 1);
     b += (size_t)batch * stride_b + (size_t)k0 * (TB ? 1 : N);
     c += ((size_t)slice * batches + batch) * M * N;
-    if constexpr (HAS_WGMMA) {
-        const bool vector = aligned16(c) && (!bias || aligned16(bias));
-        const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
-            float* out = c + (size_t)m * N + n;
-            if (whole && vector) {
-                if (bias) {
-                    const float4 add = *reinterpret_cast<const float4*>(bias + n);
-                    v = make_float4(v.x + add.x, v.y + add.y, v.z + add.z, v.w + add.w);
-                }
-                *reinterpret_cast<float4*>(out) = v;
-            } else {
-                const float values[4] = {v.x, v.y, v.z, v.w};
-                for (int j = 0; j < count; ++j) out[j] = bias ? values[j] + bias[n + j] : values[j];
+    const bool vector = aligned16(c) && (!bias || aligned16(bias));
+    const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
+        float* out = c + (size_t)m * N + n;
+        if (whole && vector) {
+            if (bias) {
+                const float4 add = *reinterpret_cast<const float4*>(bias + n);
+                v = make_float4(v.x + add.x, v.y + add.y, v.z + add.z, v.w + add.w);
             }
-        };
-        gemm_tile_bf16_by_rows<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N, smem, out_by_rows);
-    } else {
-        gemm_tile_bf16_fast<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N,
-                                    [&](int m, int n, float v0, float v1) {
-                                        float* out = c + (size_t)m * N + n;
-                                        out[0] = bias ? v0 + bias[n] : v0;
-                                        if (n + 1 < N) out[1] = bias ? v1 + bias[n + 1] : v1;
-                                    },
-                                    smem);
-    }
+            *reinterpret_cast<float4*>(out) = v;
+        } else {
+            const float values[4] = {v.x, v.y, v.z, v.w};
+            for (int j = 0; j < count; ++j) out[j] = bias ? values[j] + bias[n + j] : values[j];
+        }
+    };
+    gemm_tile_bf16_by_rows<TA, TB>(M, N, k_count, m0, n0, a, TA ? M : K, b, TB ? K : N, smem, out_by_rows);
 }
 
 // x·Wᵀ + b as nn_product_bf16_nt, kept in c (the activation's backward reads it), and its activation ACT
@@ -603,47 +593,31 @@ __device__ __forceinline__ void product_bf16_act(const bf16* __restrict__ a, con
     const auto after = [&](float v, size_t e) {
         return DROP ? v * dropout_factor(key, (unsigned)e, threshold, drop_scale) : unary_apply(ACT, v);
     };
-    if constexpr (HAS_WGMMA) {
-        const bool vector = aligned16(c) && aligned16(y) && (!bias || aligned16(bias)) &&
-                            reinterpret_cast<size_t>(y16) % 8 == 0;
-        const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
-            const size_t e = (size_t)m * N + n;
-            float sum[4] = {v.x, v.y, v.z, v.w}, out[4];
-            if (whole && vector) {
-                if (bias) {
-                    const float4 add = *reinterpret_cast<const float4*>(bias + n);
-                    sum[0] += add.x, sum[1] += add.y, sum[2] += add.z, sum[3] += add.w;
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) out[j] = after(sum[j], e + j);
-                *reinterpret_cast<float4*>(c + e) = make_float4(sum[0], sum[1], sum[2], sum[3]);
-                *reinterpret_cast<float4*>(y + e) = make_float4(out[0], out[1], out[2], out[3]);
-                if (y16) *reinterpret_cast<uint2*>(y16 + e) = {bf16x2(out[0], out[1]), bf16x2(out[2], out[3])};
-            } else {
-                for (int j = 0; j < count; ++j) {
-                    const float s = bias ? sum[j] + bias[n + j] : sum[j], o = after(s, e + j);
-                    c[e + j] = s;
-                    y[e + j] = o;
-                    if (y16) y16[e + j] = to_bf16(o);
-                }
+    const bool vector = aligned16(c) && aligned16(y) && (!bias || aligned16(bias)) &&
+                        reinterpret_cast<size_t>(y16) % 8 == 0;
+    const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
+        const size_t e = (size_t)m * N + n;
+        float sum[4] = {v.x, v.y, v.z, v.w}, out[4];
+        if (whole && vector) {
+            if (bias) {
+                const float4 add = *reinterpret_cast<const float4*>(bias + n);
+                sum[0] += add.x, sum[1] += add.y, sum[2] += add.z, sum[3] += add.w;
             }
-        };
-        gemm_tile_bf16_by_rows<false, true>(M, N, K, m0, n0, a, K, b, K, smem, out_by_rows);
-    } else {
-        gemm_tile_bf16_fast<false, true>(M, N, K, m0, n0, a, K, b, K,
-                                         [&](int m, int n, float v0, float v1) {
-                                             const size_t e = (size_t)m * N + n;
-                                             const bool both = n + 1 < N;
-                                             if (bias) v0 += bias[n];
-                                             if (bias && both) v1 += bias[n + 1];
-                                             store_pair(c + e, v0, v1, both);
-                                             v0 = after(v0, e);
-                                             v1 = after(v1, e + 1);
-                                             store_pair(y + e, v0, v1, both);
-                                             if (y16) store_pair(y16 + e, v0, v1, both);
-                                         },
-                                         smem);
-    }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[j] = after(sum[j], e + j);
+            *reinterpret_cast<float4*>(c + e) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+            *reinterpret_cast<float4*>(y + e) = make_float4(out[0], out[1], out[2], out[3]);
+            if (y16) *reinterpret_cast<uint2*>(y16 + e) = {bf16x2(out[0], out[1]), bf16x2(out[2], out[3])};
+        } else {
+            for (int j = 0; j < count; ++j) {
+                const float s = bias ? sum[j] + bias[n + j] : sum[j], o = after(s, e + j);
+                c[e + j] = s;
+                y[e + j] = o;
+                if (y16) y16[e + j] = to_bf16(o);
+            }
+        }
+    };
+    gemm_tile_bf16_by_rows<false, true>(M, N, K, m0, n0, a, K, b, K, smem, out_by_rows);
 }
 
 #define NN_PRODUCT_BF16_ACT(NAME, ACT, DROP)                                                                   \
@@ -672,33 +646,21 @@ __device__ __forceinline__ void product_bf16_slope(const bf16* __restrict__ a, c
                                                    const float* __restrict__ x, int M, int N, int K) {
     extern __shared__ __align__(16) float smem[];
     const int m0 = blockIdx.y * Bf16Tile::BM, n0 = blockIdx.x * Bf16Tile::BN;
-    if constexpr (HAS_WGMMA) {
-        const bool vector = aligned16(c) && aligned16(pre) && aligned16(x);
-        const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
-            const size_t e = (size_t)m * N + n;
-            if (whole && vector) {
-                const float4 p = *reinterpret_cast<const float4*>(pre + e);
-                const float4 y = *reinterpret_cast<const float4*>(x + e);
-                *reinterpret_cast<float4*>(c + e) =
-                    make_float4(v.x * unary_slope(ACT, p.x, y.x), v.y * unary_slope(ACT, p.y, y.y),
-                                v.z * unary_slope(ACT, p.z, y.z), v.w * unary_slope(ACT, p.w, y.w));
-            } else {
-                const float values[4] = {v.x, v.y, v.z, v.w};
-                for (int j = 0; j < count; ++j) c[e + j] = values[j] * unary_slope(ACT, pre[e + j], x[e + j]);
-            }
-        };
-        gemm_tile_bf16_by_rows<false, false>(M, N, K, m0, n0, a, K, b, N, smem, out_by_rows);
-    } else {
-        gemm_tile_bf16_fast<false, false>(M, N, K, m0, n0, a, K, b, N,
-                                          [&](int m, int n, float v0, float v1) {
-                                              const size_t e = (size_t)m * N + n;
-                                              const bool both = n + 1 < N;
-                                              v0 *= unary_slope(ACT, pre[e], x[e]);
-                                              if (both) v1 *= unary_slope(ACT, pre[e + 1], x[e + 1]);
-                                              store_pair(c + e, v0, v1, both);
-                                          },
-                                          smem);
-    }
+    const bool vector = aligned16(c) && aligned16(pre) && aligned16(x);
+    const auto out_by_rows = [&](int m, int n, float4 v, int count, bool whole) {
+        const size_t e = (size_t)m * N + n;
+        if (whole && vector) {
+            const float4 p = *reinterpret_cast<const float4*>(pre + e);
+            const float4 y = *reinterpret_cast<const float4*>(x + e);
+            *reinterpret_cast<float4*>(c + e) =
+                make_float4(v.x * unary_slope(ACT, p.x, y.x), v.y * unary_slope(ACT, p.y, y.y),
+                            v.z * unary_slope(ACT, p.z, y.z), v.w * unary_slope(ACT, p.w, y.w));
+        } else {
+            const float values[4] = {v.x, v.y, v.z, v.w};
+            for (int j = 0; j < count; ++j) c[e + j] = values[j] * unary_slope(ACT, pre[e + j], x[e + j]);
+        }
+    };
+    gemm_tile_bf16_by_rows<false, false>(M, N, K, m0, n0, a, K, b, N, smem, out_by_rows);
 }
 
 #define NN_PRODUCT_BF16_SLOPE(NAME, ACT)                                                                       \

@@ -273,10 +273,11 @@ __device__ __forceinline__ auto dx_epilogue(float* __restrict__ dx, bf16* __rest
     };
 }
 
-// The two epilogues above by rows, for the wgmma tile's staged results (gemm_tile_bf16_by_rows): four
-// adjacent results at a time, out(m, n, v, count, whole), each result through the same operations in the
-// same order as a pair's, operands and results moved 16 bytes at a time (8 in bf16) where `whole` and
-// every pointer allows it. (Pair by pair, 8 rows apart, the epilogue's loads and stores bounded the tile.)
+// The two epilogues above by rows, for the bf16 products (gemm_tile_bf16_by_rows, and the TMA products'
+// gemm_bf16_tma_tiles_by_rows): four adjacent results at a time, out(m, n, v, count, whole), each result
+// through the same operations in the same order as a pair's, operands and results moved 16 bytes at a
+// time (8 in bf16) where `whole` and every pointer allows it. (Pair by pair, 8 rows apart, the wgmma
+// tile's epilogue loads and stores bounded it.)
 __device__ __forceinline__ auto forward_epilogue_by_rows(const float* __restrict__ bias, float* __restrict__ out,
                                                          bf16* __restrict__ out_bf16, float* __restrict__ pre, int O) {
     const bool vector = aligned16(bias) && (!out || aligned16(out)) && (!pre || aligned16(pre)) &&
@@ -343,7 +344,7 @@ __device__ __forceinline__ void linear_forward(const typename OperandOf<P>::type
     using L = LinearTiles<P>;
     const int K = in_features, O = out_features;
     const int m0 = blockIdx.y * L::BM, n0 = blockIdx.x * L::BN;
-    if constexpr (P == BF16 && HAS_WGMMA) {
+    if constexpr (P == BF16) {
         gemm_tile_bf16_by_rows<false, true>(N, O, K, m0, n0, in, K, W, K, smem,
                                             forward_epilogue_by_rows(bias, out, out_bf16, pre, O));
     } else {
@@ -593,7 +594,7 @@ __device__ __forceinline__ void linear_backward(const typename OperandOf<P>::typ
     block -= tiles * slices;
     const int dx_columns = ceil_div(K, L::BN);
     const int m0 = block / dx_columns * L::BM, n0 = block % dx_columns * L::BN;
-    if constexpr (P == BF16 && HAS_WGMMA) {
+    if constexpr (P == BF16) {
         gemm_tile_bf16_by_rows<false, false>(N, K, O, m0, n0, dy, dy_ld, W, K, smem,
                                              dx_epilogue_by_rows(dx, dx_bf16, pre, K));
     } else {

@@ -234,7 +234,7 @@ impl Gpu {
         table: &StructArg,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_sized_with_struct(kernel, (blocks, THREADS_PER_BLOCK, shared, programmatic), table, args)
+        self.launch_with_structs(kernel, (blocks, shared, programmatic), &[table], args)
     }
 
     /// `launch` of a kernel whose first parameters are the structs `tables`, in order, each passed by
